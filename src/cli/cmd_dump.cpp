@@ -1,0 +1,52 @@
+// `soltrain dump`: logits, loss and every parameter gradient of one batch, for comparison with PyTorch.
+#include <iostream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/device_option.h"
+#include "data/batch_file.h"
+#include "io/safetensors.h"
+#include "model/checkpoint.h"
+
+namespace soltrain {
+
+std::function<int()> add_dump_command(CLI::App& app) {
+  struct Opts {
+    std::string model, batch, out, device = "cpu";
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* c = app.add_subcommand("dump", "write logits, loss and gradients of one batch as safetensors");
+  c->add_option("--model", o->model, "Hugging Face model folder")->required();
+  c->add_option("--batch", o->batch, "safetensors with input_ids and targets [B,T]")->required();
+  c->add_option("--out", o->out, "output .safetensors file")->required();
+  add_device_option(c, o->device);
+  return [o]() {
+    auto ops = make_ops(o->device);
+    auto model = load_pretrained(o->model, *ops);
+    const HostBatch batch = load_batch_file(o->batch);
+    validate_batch(batch, model->config().vocab_size, o->batch);
+    model->plan(batch.rows, batch.seq_len);
+    const int64_t V = model->config().vocab_size;
+    std::vector<float> logits(size_t(batch.rows) * size_t(batch.seq_len) * size_t(V));
+    ops->zero(model->params().all_grads());
+    const StepResult r = model->step(batch, true, logits.data());
+
+    float loss = float(r.loss);
+    std::vector<NamedTensor> out{
+        {"logits", Tensor{logits.data(), DType::F32, {batch.rows, batch.seq_len, V}, Device::CPU}},
+        {"loss", Tensor{&loss, DType::F32, {1}, Device::CPU}}};
+    std::vector<std::vector<float>> grads;
+    grads.reserve(model->params().all().size());
+    for (const Parameter& p : model->params().all()) {
+      grads.emplace_back(size_t(shape_numel(p.shape)));
+      Tensor h{grads.back().data(), DType::F32, p.shape, Device::CPU};
+      ops->copy(h, p.grad);
+      out.push_back({"grad." + p.name, h});
+    }
+    write_safetensors(o->out, out);
+    std::cout << "loss " << r.loss << " over " << r.counted << " targets; wrote " << o->out << "\n";
+    return 0;
+  };
+}
+
+}  // namespace soltrain

@@ -1,0 +1,12 @@
+// The subcommands of the soltrain binary; each registers its flags and runs.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace soltrain {
+
+// Each returns the function that runs the subcommand once its flags are parsed.
+std::function<int()> add_dump_command(CLI::App& app);
+std::function<int()> add_train_command(CLI::App& app);
+
+}  // namespace soltrain

@@ -1,0 +1,35 @@
+// soltrain: entry point. Bad input → one line on stderr and exit code 2; our own bugs → exit code 1.
+#include <iostream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"soltrain: fast training and fine-tuning of language models"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all");
+  std::vector<std::pair<CLI::App*, std::function<int()>>> commands;
+  auto dump = soltrain::add_dump_command(app);
+  auto train = soltrain::add_train_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "error: " << e.what() << " (see soltrain --help)\n";
+    return 2;
+  }
+  try {
+    if (app.got_subcommand("dump")) return dump();
+    if (app.got_subcommand("train")) return train();
+  } catch (const soltrain::UserError& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "internal error (please report): " << e.what() << "\n";
+    return 1;
+  }
+  return 1;
+}

@@ -1,0 +1,35 @@
+#include "core/buffer.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace soltrain {
+
+Buffer Buffer::host(size_t bytes) {
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded ? rounded : 64);
+  if (!p) throw std::bad_alloc();
+  std::memset(p, 0, rounded);
+  return Buffer(p, bytes, Device::CPU, [](void* q) { std::free(q); });
+}
+
+size_t Arena::plan(Shape shape, DType dtype) {
+  const size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+  slots_.push_back({std::move(shape), dtype, total_});
+  total_ += (bytes + 255) / 256 * 256;  // 256-byte alignment suits vector loads on every backend
+  return slots_.size() - 1;
+}
+
+void Arena::bind(Buffer buffer) {
+  SOLTRAIN_CHECK(buffer.bytes() >= total_, "arena needs ", total_, " bytes, got ", buffer.bytes());
+  buffer_ = std::move(buffer);
+}
+
+Tensor Arena::get(size_t handle) const {
+  const Slot& s = slots_.at(handle);
+  SOLTRAIN_CHECK(buffer_.data(), "arena used before bind()");
+  return Tensor{static_cast<char*>(buffer_.data()) + s.offset, s.dtype, s.shape, buffer_.device()};
+}
+
+}  // namespace soltrain

@@ -1,0 +1,50 @@
+#include "core/dtype.h"
+
+#include <cmath>
+
+namespace soltrain {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::F32: return 4;
+    case DType::BF16: return 2;
+    case DType::F16: return 2;
+    case DType::I32: return 4;
+    case DType::I64: return 8;
+  }
+  return 0;
+}
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "F32";
+    case DType::BF16: return "BF16";
+    case DType::F16: return "F16";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+  }
+  return "?";
+}
+
+std::optional<DType> dtype_from_name(std::string_view n) {
+  if (n == "F32") return DType::F32;
+  if (n == "BF16") return DType::BF16;
+  if (n == "F16") return DType::F16;
+  if (n == "I32") return DType::I32;
+  if (n == "I64") return DType::I64;
+  return std::nullopt;
+}
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  float v;
+  if (exp == 0)
+    v = std::ldexp(float(mant), -24);  // subnormal
+  else if (exp == 31)
+    v = mant ? NAN : INFINITY;
+  else
+    v = std::ldexp(float(mant | 0x400), int(exp) - 25);
+  return sign ? -v : v;
+}
+
+}  // namespace soltrain

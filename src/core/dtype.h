@@ -1,0 +1,35 @@
+// Element types of tensors and their conversions to fp32 (bf16/f16 are widened on the CPU).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string_view>
+
+namespace soltrain {
+
+enum class DType { F32, BF16, F16, I32, I64 };
+
+size_t dtype_size(DType t);
+std::string_view dtype_name(DType t);  // safetensors spelling: "F32", "BF16", ...
+std::optional<DType> dtype_from_name(std::string_view name);
+
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Round to nearest even, as torch does; NaN stays NaN.
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+float f16_to_f32(uint16_t h);
+
+}  // namespace soltrain

@@ -1,0 +1,77 @@
+#include "io/atomic_file.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace soltrain {
+
+namespace {
+fs::path temp_sibling(const fs::path& p, const char* tag) {
+  return p.parent_path() / cat(".", p.filename().string(), ".", tag, "-", getpid());
+}
+}  // namespace
+
+void write_file_atomic(const fs::path& path, const std::string& bytes) {
+  const fs::path tmp = temp_sibling(path, "tmp");
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) user_error(path.string(), ": cannot write (", std::strerror(errno), ")");
+    f.write(bytes.data(), std::streamsize(bytes.size()));
+    f.flush();
+    if (!f) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      user_error(path.string(), ": write failed (disk full?)");
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    user_error(path.string(), ": cannot rename into place (", ec.message(), ")");
+  }
+}
+
+StagedDir::StagedDir(fs::path final_path) : final_(std::move(final_path)) {
+  if (final_.filename().empty()) final_ = final_.parent_path();  // "out/" -> "out"
+  staging_ = temp_sibling(final_, "partial");
+  std::error_code ec;
+  if (!final_.parent_path().empty()) fs::create_directories(final_.parent_path(), ec);
+  fs::remove_all(staging_, ec);
+  if (!fs::create_directories(staging_, ec))
+    user_error(final_.string(), ": cannot create output folder (", ec.message(), ")");
+}
+
+StagedDir::~StagedDir() {
+  if (!committed_) {
+    std::error_code ec;
+    fs::remove_all(staging_, ec);
+  }
+}
+
+void StagedDir::commit() {
+  std::error_code ec;
+  const fs::path old = temp_sibling(final_, "old");
+  const bool had_old = fs::exists(final_);
+  if (had_old) {
+    fs::remove_all(old, ec);
+    fs::rename(final_, old, ec);
+    if (ec) user_error(final_.string(), ": cannot replace existing folder (", ec.message(), ")");
+  }
+  fs::rename(staging_, final_, ec);
+  if (ec) {
+    if (had_old) fs::rename(old, final_, ec);
+    user_error(final_.string(), ": cannot move output into place (", ec.message(), ")");
+  }
+  committed_ = true;
+  if (had_old) fs::remove_all(old, ec);
+}
+
+}  // namespace soltrain

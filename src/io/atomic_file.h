@@ -1,0 +1,29 @@
+// Atomic writes: files and folders appear under their final name complete, or not at all.
+#pragma once
+#include <filesystem>
+#include <string>
+
+namespace soltrain {
+
+// Writes `bytes` to `path` through a temporary sibling and a rename.
+void write_file_atomic(const std::filesystem::path& path, const std::string& bytes);
+
+// A folder built under a temporary sibling name; commit() swaps it into place (an existing folder of
+// the same name is replaced only then, so a crash leaves the user's old folder untouched). Without
+// commit() the temporary folder is removed.
+class StagedDir {
+ public:
+  explicit StagedDir(std::filesystem::path final_path);
+  ~StagedDir();
+  StagedDir(const StagedDir&) = delete;
+  StagedDir& operator=(const StagedDir&) = delete;
+
+  const std::filesystem::path& path() const { return staging_; }  // write files here
+  void commit();
+
+ private:
+  std::filesystem::path final_, staging_;
+  bool committed_ = false;
+};
+
+}  // namespace soltrain

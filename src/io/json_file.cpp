@@ -1,0 +1,22 @@
+#include "io/json_file.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace soltrain {
+
+nlohmann::json read_json_file(const std::filesystem::path& path) {
+  std::ifstream f(path);
+  if (!f) user_error(path.string(), ": cannot open (missing or unreadable)");
+  std::stringstream s;
+  s << f.rdbuf();
+  try {
+    return nlohmann::json::parse(s.str());
+  } catch (const nlohmann::json::parse_error& e) {
+    user_error(path.string(), ": not valid JSON (", e.what(), ")");
+  }
+}
+
+}  // namespace soltrain

@@ -1,0 +1,39 @@
+// The CPU backend: fp32 loops and BLAS. It is the reference every other backend is checked against, so
+// it favours exactness (double accumulators in reductions) over speed.
+#pragma once
+#include "kernels/ops.h"
+
+namespace soltrain {
+
+class CpuOps final : public Ops {
+ public:
+  Device device() const override { return Device::CPU; }
+  Buffer alloc(size_t bytes) override { return Buffer::host(bytes); }
+  void copy(Tensor dst, const Tensor& src) override;
+  void zero(Tensor t) override;
+
+  void embedding_forward(Tensor out, const Tensor& ids, const Tensor& table) override;
+  void embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout) override;
+  void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor* bias) override;
+  void linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy, const Tensor& x,
+                       const Tensor& w) override;
+  void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) override;
+  void rmsnorm_backward(Tensor dx, bool accumulate_dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                        const Tensor& rstd) override;
+  void rope(Tensor x, const SeqLayout& seq, const Tensor& inv_freq, bool inverse) override;
+  void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const SeqLayout& seq, float scale) override;
+  void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                          const Tensor& v, const Tensor& out, const Tensor& lse, const SeqLayout& seq,
+                          float scale) override;
+  void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) override;
+  void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) override;
+  void add_inplace(Tensor x, const Tensor& y) override;
+  void cross_entropy(Tensor logits, Tensor row_loss, const Tensor& targets, float grad_scale) override;
+  double sum(const Tensor& x) override;
+  double sum_squares(const Tensor& x) override;
+  void scale(Tensor x, float factor) override;
+  void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p) override;
+};
+
+}  // namespace soltrain

@@ -1,0 +1,83 @@
+// The op interface the transformer is written against, once for every backend. The CPU backend
+// (fp32 loops + BLAS, cpu/) is the numeric reference; the CUDA backend implements the same interface.
+// Shapes use N = tokens of the batch (B*T flattened), D = model width, H/Hkv = query/kv heads.
+// "accumulate" means add into the output instead of overwriting it (gradients of shared inputs).
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "core/buffer.h"
+#include "core/tensor.h"
+
+namespace soltrain {
+
+// Packed sequences: documents [cu_seqlens[i], cu_seqlens[i+1]) of the flattened tokens attend only
+// within themselves (causally). A plain batch of B rows of T tokens is {0, T, 2T, ..., B*T}.
+struct SeqLayout {
+  Tensor cu_seqlens;  // I32 [docs + 1]
+  Tensor positions;   // I32 [N], position of each token inside its document (RoPE)
+  int max_seqlen = 0;
+};
+
+struct AdamWParams {
+  float lr, beta1, beta2, eps, weight_decay;
+  int step;  // 1-based, for bias correction
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual Device device() const = 0;
+  virtual Buffer alloc(size_t bytes) = 0;  // zeroed
+  virtual void copy(Tensor dst, const Tensor& src) = 0;  // either side may be host memory
+  virtual void zero(Tensor t) = 0;
+
+  // out[n] = table[ids[n]]; backward: dtable[ids[n]] += dout[n], accumulated deterministically.
+  virtual void embedding_forward(Tensor out, const Tensor& ids, const Tensor& table) = 0;
+  virtual void embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout) = 0;
+
+  // y[N,out] = x[N,in] · w[out,in]ᵀ (+ bias[out])
+  virtual void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor* bias) = 0;
+  // dx (= or +=) dy · w;  dw += dyᵀ · x;  dbias += Σₙ dy. Null outputs are skipped.
+  virtual void linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy,
+                               const Tensor& x, const Tensor& w) = 0;
+
+  // Row-wise over the last dim C of x [R, C]: y = x / sqrt(mean(x²) + eps) * w; rstd [R] saved.
+  virtual void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) = 0;
+  // dx (= or +=), dw +=.
+  virtual void rmsnorm_backward(Tensor dx, bool accumulate_dx, Tensor dw, const Tensor& dy, const Tensor& x,
+                                const Tensor& w, const Tensor& rstd) = 0;
+
+  // In place on x [N, heads, hd], half-rotation layout (pairs i, i + hd/2); inverse = the backward.
+  virtual void rope(Tensor x, const SeqLayout& seq, const Tensor& inv_freq, bool inverse) = 0;
+
+  // Causal attention within documents. q [N,H,hd], k/v [N,Hkv,hd], out [N,H,hd], lse [H,N] (natural log
+  // of each softmax denominator, fp32, saved for backward). Query head h reads kv head h / (H/Hkv).
+  virtual void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const SeqLayout& seq, float scale) = 0;
+  virtual void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
+                                  const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                                  const SeqLayout& seq, float scale) = 0;
+
+  // out = silu(gate) * up; backward writes dgate, dup.
+  virtual void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) = 0;
+  virtual void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate,
+                               const Tensor& up) = 0;
+
+  virtual void add_inplace(Tensor x, const Tensor& y) = 0;  // x += y
+
+  // logits [n,V] (fp32) → row_loss[n] = -log softmax(logits)[target] (0 where target == -100), and the
+  // logits overwritten by their gradient scaled by grad_scale. Targets outside [0,V) are the caller's bug.
+  virtual void cross_entropy(Tensor logits, Tensor row_loss, const Tensor& targets, float grad_scale) = 0;
+
+  // Σ x over all elements, read back to the host (a sync point: call once per step).
+  virtual double sum(const Tensor& x) = 0;
+  virtual double sum_squares(const Tensor& x) = 0;
+  virtual void scale(Tensor x, float factor) = 0;
+  // torch.optim.AdamW on one flat range of parameters (decoupled decay, bias correction).
+  virtual void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p) = 0;
+};
+
+std::unique_ptr<Ops> make_cpu_ops();
+
+}  // namespace soltrain

@@ -1,0 +1,66 @@
+#include "model/checkpoint.h"
+
+#include <iostream>
+#include <set>
+
+#include "io/atomic_file.h"
+#include "io/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace soltrain {
+
+std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops) {
+  auto model = std::make_unique<Transformer>(load_model_config(dir), ops);
+  load_weights(*model, dir);
+  return model;
+}
+
+void load_weights(Transformer& model, const fs::path& dir) {
+  const CheckpointReader ckpt(dir);
+  std::vector<float> staging;
+  std::set<std::string> used;
+  for (Parameter& p : model.params().all()) {
+    if (!ckpt.has(p.name))
+      user_error(dir.string(), ": checkpoint has no tensor '", p.name, "' (does config.json match the weights?)");
+    staging.resize(size_t(shape_numel(p.shape)));
+    read_as_f32(ckpt.entry(p.name), p.shape, staging.data(), ckpt.describe(p.name));
+    model.ops().copy(p.value, Tensor{staging.data(), DType::F32, p.shape, Device::CPU});
+    used.insert(p.name);
+  }
+  // Tied checkpoints sometimes carry lm_head.weight too, and old ones RoPE buffers: transformers ignores
+  // them, and so do we. Anything else means config and weights disagree.
+  for (const std::string& n : ckpt.names()) {
+    if (used.count(n) || n.ends_with("rotary_emb.inv_freq")) continue;
+    if (n == "lm_head.weight" && model.config().tie_word_embeddings) continue;
+    std::cerr << "warning: " << ckpt.describe(n) << " is not used by " << model.config().architecture << "\n";
+  }
+}
+
+void save_pretrained(const Transformer& model, const fs::path& out_dir, const fs::path& source_dir,
+                     size_t max_shard_bytes) {
+  StagedDir staged(out_dir);
+  // Host copies of every parameter, in the checkpoint's conventional (HF registration) order.
+  std::vector<std::vector<float>> host;
+  std::vector<NamedTensor> tensors;
+  host.reserve(model.params().all().size());
+  for (const Parameter& p : model.params().all()) {
+    host.emplace_back(size_t(shape_numel(p.shape)));
+    Tensor h{host.back().data(), DType::F32, p.shape, Device::CPU};
+    const_cast<Transformer&>(model).ops().copy(h, p.value);
+    tensors.push_back({p.name, h});
+  }
+  write_checkpoint(staged.path(), tensors, max_shard_bytes);
+  nlohmann::json cfg = model.config().raw;
+  cfg["dtype"] = "float32";
+  write_file_atomic(staged.path() / "config.json", cfg.dump(2) + "\n");
+  for (const char* f : {"generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                        "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model"}) {
+    std::error_code ec;
+    if (!source_dir.empty() && fs::exists(source_dir / f)) fs::copy_file(source_dir / f, staged.path() / f, ec);
+    if (ec) user_error((source_dir / f).string(), ": cannot copy (", ec.message(), ")");
+  }
+  staged.commit();
+}
+
+}  // namespace soltrain

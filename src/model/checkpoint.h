@@ -1,0 +1,21 @@
+// Moving a Transformer's weights to and from Hugging Face model folders.
+#pragma once
+#include <filesystem>
+
+#include "model/transformer.h"
+
+namespace soltrain {
+
+// Loads config.json and the weights of an HF folder onto the ops' device.
+std::unique_ptr<Transformer> load_pretrained(const std::filesystem::path& dir, Ops& ops);
+
+// Copies every parameter (fp32) from the checkpoint; missing or mis-shaped tensors are UserErrors.
+void load_weights(Transformer& model, const std::filesystem::path& dir);
+
+// Writes an HF folder that transformers loads: config.json, safetensors (sharded past max_shard_bytes,
+// with an index) and the tokenizer/generation files found in `source_dir`. Atomic: the folder appears
+// complete or not at all.
+void save_pretrained(const Transformer& model, const std::filesystem::path& out_dir,
+                     const std::filesystem::path& source_dir, size_t max_shard_bytes = size_t(5) << 30);
+
+}  // namespace soltrain

@@ -1,0 +1,179 @@
+#include "model/config.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "io/json_file.h"
+
+using nlohmann::json;
+
+namespace soltrain {
+
+namespace {
+
+struct Reader {
+  const json& j;
+  std::string where;
+
+  template <typename T>
+  T get(const char* key, T fallback) const {
+    if (!j.contains(key) || j[key].is_null()) return fallback;
+    return typed<T>(j[key], key);
+  }
+  template <typename T>
+  T need(const char* key) const {
+    if (!j.contains(key) || j[key].is_null()) user_error(where, ": missing required field \"", key, "\"");
+    return typed<T>(j[key], key);
+  }
+  template <typename T>
+  T typed(const json& v, const std::string& key) const {
+    if constexpr (std::is_same_v<T, bool>) {
+      if (!v.is_boolean()) user_error(where, ": \"", key, "\" must be true or false, got ", v.dump());
+    } else if constexpr (std::is_integral_v<T>) {
+      if (!v.is_number_integer() || v.get<long long>() < 0)
+        user_error(where, ": \"", key, "\" must be a non-negative integer, got ", v.dump());
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (!v.is_number()) user_error(where, ": \"", key, "\" must be a number, got ", v.dump());
+    } else {
+      if (!v.is_string()) user_error(where, ": \"", key, "\" must be a string, got ", v.dump());
+    }
+    return v.get<T>();
+  }
+};
+
+RopeConfig parse_rope(const json& j, const std::string& where) {
+  RopeConfig r;
+  // transformers 5 writes rope_parameters {rope_type, rope_theta, ...}; 4.x wrote rope_theta at the top
+  // level and an optional rope_scaling {type|rope_type, factor, ...}.
+  const json* params = nullptr;
+  std::string field;
+  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+    params = &j["rope_parameters"];
+    field = "rope_parameters";
+  } else if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    params = &j["rope_scaling"];
+    field = "rope_scaling";
+  }
+  Reader top{j, where};
+  r.theta = top.get<double>("rope_theta", 10000.0);
+  if (!params) return r;
+  if (!params->is_object()) user_error(where, ": \"", field, "\" must be an object");
+  Reader p{*params, where + ": " + field};
+  r.theta = p.get<double>("rope_theta", r.theta);
+  r.type = p.get<std::string>("rope_type", p.get<std::string>("type", "default"));
+  if (r.type == "default") return r;
+  if (r.type == "linear") {
+    r.factor = p.need<double>("factor");
+  } else if (r.type == "llama3") {
+    r.factor = p.need<double>("factor");
+    r.low_freq_factor = p.need<double>("low_freq_factor");
+    r.high_freq_factor = p.need<double>("high_freq_factor");
+    r.original_max_position_embeddings = p.need<double>("original_max_position_embeddings");
+    if (r.high_freq_factor <= r.low_freq_factor)
+      user_error(where, ": ", field, ".high_freq_factor must exceed low_freq_factor");
+  } else {
+    user_error(where, ": ", field, ".rope_type \"", r.type, "\" is not supported (supported: default, linear, llama3)");
+  }
+  if (!(r.factor > 0)) user_error(where, ": ", field, ".factor must be positive");
+  return r;
+}
+
+}  // namespace
+
+ModelConfig parse_model_config(const json& j, const std::string& where) {
+  if (!j.is_object()) user_error(where, ": expected a JSON object");
+  Reader r{j, where};
+  ModelConfig c;
+  c.raw = j;
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty())
+    c.architecture = r.typed<std::string>(j["architectures"][0], "architectures[0]");
+  const std::string model_type = r.get<std::string>("model_type", "");
+  if (c.architecture == "LlamaForCausalLM" || (c.architecture.empty() && model_type == "llama"))
+    c.family = Family::Llama, c.architecture = "LlamaForCausalLM";
+  else if (c.architecture == "Qwen2ForCausalLM" || (c.architecture.empty() && model_type == "qwen2"))
+    c.family = Family::Qwen2, c.architecture = "Qwen2ForCausalLM";
+  else if (c.architecture == "Qwen3ForCausalLM" || (c.architecture.empty() && model_type == "qwen3"))
+    c.family = Family::Qwen3, c.architecture = "Qwen3ForCausalLM";
+  else
+    user_error(where, ": architecture \"", c.architecture.empty() ? model_type : c.architecture,
+               "\" is not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
+
+  c.vocab_size = r.need<int>("vocab_size");
+  c.hidden_size = r.need<int>("hidden_size");
+  c.intermediate_size = r.need<int>("intermediate_size");
+  c.num_layers = r.need<int>("num_hidden_layers");
+  c.num_heads = r.need<int>("num_attention_heads");
+  c.num_kv_heads = r.get<int>("num_key_value_heads", c.num_heads);
+  c.max_position_embeddings = r.get<int>("max_position_embeddings", 4096);
+  c.rms_norm_eps = r.get<double>("rms_norm_eps", 1e-6);
+  c.tie_word_embeddings = r.get<bool>("tie_word_embeddings", false);
+  for (auto [v, name] : {std::pair{c.vocab_size, "vocab_size"}, {c.hidden_size, "hidden_size"},
+                         {c.intermediate_size, "intermediate_size"}, {c.num_layers, "num_hidden_layers"},
+                         {c.num_heads, "num_attention_heads"}, {c.num_kv_heads, "num_key_value_heads"}})
+    if (v <= 0) user_error(where, ": \"", name, "\" must be positive, got ", v);
+  if (c.num_heads % c.num_kv_heads != 0)
+    user_error(where, ": num_attention_heads (", c.num_heads, ") must be a multiple of num_key_value_heads (",
+               c.num_kv_heads, ")");
+  if (c.hidden_size % c.num_heads != 0 && !j.contains("head_dim"))
+    user_error(where, ": hidden_size is not a multiple of num_attention_heads and no head_dim is given");
+  c.head_dim = r.get<int>("head_dim", c.hidden_size / c.num_heads);
+  if (c.head_dim <= 0 || c.head_dim % 2) user_error(where, ": head_dim must be positive and even, got ", c.head_dim);
+
+  const std::string act = r.get<std::string>("hidden_act", "silu");
+  if (act != "silu") user_error(where, ": hidden_act \"", act, "\" is not supported (only silu)");
+
+  // Biases: Qwen2 always has q/k/v biases and none on o_proj; Llama and Qwen3 put attention_bias on all
+  // four projections; Llama's mlp_bias covers gate/up/down.
+  if (c.family == Family::Qwen2) {
+    c.qkv_bias = true;
+  } else {
+    c.qkv_bias = c.o_bias = r.get<bool>("attention_bias", false);
+  }
+  if (c.family == Family::Llama) c.mlp_bias = r.get<bool>("mlp_bias", false);
+  c.qk_norm = c.family == Family::Qwen3;
+
+  if (r.get<int>("pretraining_tp", 1) != 1) user_error(where, ": pretraining_tp other than 1 is not supported");
+  if (r.get<bool>("use_sliding_window", false))
+    user_error(where, ": use_sliding_window is true: sliding-window attention is not supported");
+  if (j.contains("layer_types") && j["layer_types"].is_array())
+    for (const auto& t : j["layer_types"])
+      if (t != "full_attention")
+        user_error(where, ": layer_types contains ", t.dump(), ": only full_attention is supported");
+  c.rope = parse_rope(j, where);
+  return c;
+}
+
+ModelConfig load_model_config(const std::filesystem::path& model_dir) {
+  const auto path = model_dir / "config.json";
+  if (!std::filesystem::exists(path))
+    user_error(model_dir.string(), ": no config.json (expected a Hugging Face model folder)");
+  return parse_model_config(read_json_file(path), path.string());
+}
+
+std::vector<float> rope_inv_freq(const RopeConfig& rope, int head_dim) {
+  std::vector<float> inv(size_t(head_dim / 2));
+  for (int i = 0; i < head_dim / 2; ++i) {
+    // torch: 1 / (base ** (arange(0, dim, 2).float() / dim)), all in fp32
+    const float exponent = float(2 * i) / float(head_dim);
+    inv[i] = 1.0f / std::pow(float(rope.theta), exponent);
+  }
+  if (rope.type == "linear") {
+    for (float& f : inv) f = f / float(rope.factor);
+  } else if (rope.type == "llama3") {
+    const double low_wavelen = rope.original_max_position_embeddings / rope.low_freq_factor;
+    const double high_wavelen = rope.original_max_position_embeddings / rope.high_freq_factor;
+    for (float& f : inv) {
+      const double wavelen = 2 * M_PI / f;
+      if (wavelen > low_wavelen) {
+        f = f / float(rope.factor);
+      } else if (wavelen >= high_wavelen) {  // medium band: interpolate between scaled and unscaled
+        const float smooth = float((rope.original_max_position_embeddings / wavelen - rope.low_freq_factor) /
+                                   (rope.high_freq_factor - rope.low_freq_factor));
+        f = (1 - smooth) * f / float(rope.factor) + smooth * f;
+      }
+    }
+  }
+  return inv;
+}
+
+}  // namespace soltrain

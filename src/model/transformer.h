@@ -1,0 +1,62 @@
+// The decoder-only transformer (Llama / Qwen2 / Qwen3), forward and backward, written once against Ops.
+// Activations for a (rows × seq_len) batch are planned and allocated once by plan(); a step allocates
+// nothing. The LM head and cross-entropy run in token chunks so full logits never exist at once.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/buffer.h"
+#include "kernels/ops.h"
+#include "model/config.h"
+#include "model/parameters.h"
+
+namespace soltrain {
+
+// One batch on the host: rows × seq_len tokens, targets already shifted (-100 = not counted).
+struct HostBatch {
+  int rows = 0, seq_len = 0;
+  std::vector<int32_t> input_ids, targets;
+};
+
+struct StepResult {
+  double loss;         // mean cross-entropy over counted targets (NaN when none is counted)
+  int64_t counted;     // targets != -100
+};
+
+class Transformer {
+ public:
+  Transformer(ModelConfig config, Ops& ops);
+  ~Transformer();
+
+  const ModelConfig& config() const { return config_; }
+  ParameterStore& params() { return params_; }
+  const ParameterStore& params() const { return params_; }
+  Ops& ops() { return ops_; }
+
+  // Sizes and allocates every activation for batches of `rows` × `seq_len` tokens.
+  void plan(int rows, int seq_len);
+  size_t activation_bytes() const;
+
+  // Forward, then (if `backward`) backward: gradients are added into params().grad. When `logits_out`
+  // is given (host, [rows*seq_len, vocab]) the logits are copied there as they are computed.
+  StepResult step(const HostBatch& batch, bool backward, float* logits_out = nullptr);
+
+  // The name of the tensor that holds the LM head (the embedding when tied).
+  const std::string& lm_head_name() const;
+
+ private:
+  struct Layer;
+  struct Activations;
+  ModelConfig config_;
+  Ops& ops_;
+  ParameterStore params_;
+  std::vector<Layer> layers_;
+  std::unique_ptr<Activations> acts_;
+  Buffer inv_freq_;
+};
+
+// Checks every id and target against the vocabulary; errors name `source`.
+void validate_batch(const HostBatch& b, int vocab_size, const std::string& source);
+
+}  // namespace soltrain

@@ -1,0 +1,30 @@
+// AdamW over a ParameterStore (torch semantics) and global-norm gradient clipping.
+#pragma once
+#include "model/parameters.h"
+
+namespace soltrain {
+
+struct OptimizerConfig {
+  float lr = 1e-5f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
+  float max_grad_norm = 1.0f;  // <= 0 disables clipping
+};
+
+// Returns the global L2 norm of all gradients before clipping; scales them by
+// max_norm / (norm + 1e-6) when that is below 1, as torch.nn.utils.clip_grad_norm_ does.
+double clip_grad_norm(Ops& ops, ParameterStore& params, float max_norm);
+
+class AdamW {
+ public:
+  AdamW(ParameterStore& params, Ops& ops);
+  // One update with learning rate `lr` (the schedule's value for this step).
+  void step(const OptimizerConfig& cfg, float lr);
+  int steps_done() const { return step_; }
+
+ private:
+  ParameterStore& params_;
+  Ops& ops_;
+  Buffer m_, v_;  // laid out like the parameters: [decayed | other]
+  int step_ = 0;
+};
+
+}  // namespace soltrain
