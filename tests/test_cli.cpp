@@ -32,14 +32,15 @@ void expect_user_error(const CliRun& r, const std::string& needle) {
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line: " << r.err;
 }
 
-std::string model_dir(const char* name = "qwen3-tiny") { return (fixtures() / "models" / name).string(); }
+std::string model_dir(const char* name = "qwen3-tiny") {
+  return (fixtures() / "models" / name).string();
+}
 
 TEST(Cli, DumpWritesLogitsLossAndGradients) {
   TempDir t;
   const auto out = t.path / "dump.safetensors";
-  const CliRun r = run("dump --model " + model_dir() + " --batch " + model_dir() + "/batch.safetensors --out " +
-                        out.string(),
-                    t);
+  const CliRun r =
+      run("dump --model " + model_dir() + " --batch " + model_dir() + "/batch.safetensors --out " + out.string(), t);
   ASSERT_EQ(r.code, 0) << r.err;
   const SafetensorsFile f(out);
   const SafetensorsFile ref(fixtures() / "models" / "qwen3-tiny" / "expected.safetensors");
@@ -56,8 +57,8 @@ TEST(Cli, CorruptCheckpointIsExitCode2) {
   std::filesystem::copy(model_dir(), t.path / "m");
   std::filesystem::resize_file(t.path / "m" / "model.safetensors", 1000);  // truncated download
   const CliRun r = run("dump --model " + (t.path / "m").string() + " --batch " + model_dir() +
-                        "/batch.safetensors --out " + (t.path / "o.safetensors").string(),
-                    t);
+                           "/batch.safetensors --out " + (t.path / "o.safetensors").string(),
+                       t);
   expect_user_error(r, "model.safetensors");
   EXPECT_FALSE(std::filesystem::exists(t.path / "o.safetensors"));
 }
@@ -65,11 +66,11 @@ TEST(Cli, CorruptCheckpointIsExitCode2) {
 TEST(Cli, BadBatchIsExitCode2) {
   TempDir t;
   std::vector<int32_t> ids = {1, 2, 999, 3}, tgt = {2, 5, 3, -100};
-  write_safetensors(t.path / "b.safetensors",
-                    {{"input_ids", Tensor{ids.data(), DType::I32, {1, 4}}}, {"targets", Tensor{tgt.data(), DType::I32, {1, 4}}}});
+  write_safetensors(t.path / "b.safetensors", {{"input_ids", Tensor{ids.data(), DType::I32, {1, 4}}},
+                                               {"targets", Tensor{tgt.data(), DType::I32, {1, 4}}}});
   CliRun r = run("dump --model " + model_dir() + " --batch " + (t.path / "b.safetensors").string() + " --out " +
-                  (t.path / "o.safetensors").string(),
-              t);
+                     (t.path / "o.safetensors").string(),
+                 t);
   expect_user_error(r, "input_ids[0, 2] = 999");
   write_safetensors(t.path / "c.safetensors", {{"input_ids", Tensor{ids.data(), DType::I32, {1, 4}}}});
   r = run("dump --model " + model_dir() + " --batch " + (t.path / "c.safetensors").string() + " --out " +
@@ -90,8 +91,8 @@ TEST(Cli, BadFlagsAndFoldersAreExitCode2) {
 TEST(Cli, TrainLowersTheLossAndSavesALoadableModel) {
   TempDir t;
   const CliRun r = run("train --model " + model_dir("llama-tiny") + " --batch " + model_dir("llama-tiny") +
-                        "/batch.safetensors --steps 15 --lr 0.01 --out " + (t.path / "trained").string(),
-                    t);
+                           "/batch.safetensors --steps 15 --lr 0.01 --out " + (t.path / "trained").string(),
+                       t);
   ASSERT_EQ(r.code, 0) << r.err;
   double before = 0, after = 0;
   const auto at = r.out.find("\nloss ");
@@ -100,8 +101,8 @@ TEST(Cli, TrainLowersTheLossAndSavesALoadableModel) {
   EXPECT_LT(after, before - 1.0) << r.out;
   // the saved model reproduces that loss
   const CliRun d = run("dump --model " + (t.path / "trained").string() + " --batch " + model_dir("llama-tiny") +
-                        "/batch.safetensors --out " + (t.path / "d.safetensors").string(),
-                    t);
+                           "/batch.safetensors --out " + (t.path / "d.safetensors").string(),
+                       t);
   ASSERT_EQ(d.code, 0) << d.err;
   const SafetensorsFile f(t.path / "d.safetensors");
   EXPECT_NEAR(to_f32(f.at("loss"))[0], after, 1e-3);

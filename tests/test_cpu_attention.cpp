@@ -58,7 +58,7 @@ TEST(CpuAttention, PackedDocumentsEqualSeparateRuns) {
 TEST(CpuAttention, BackwardMatchesFiniteDifferences) {
   std::mt19937 rng(std::random_device{}());
   auto ops = make_cpu_ops();
-  Problem p = make({0, 4, 11}, 4, 2, 6, rng);  // GQA 4:2, two documents
+  Problem p = make({0, 4, 11}, 4, 2, 6, rng);                // GQA 4:2, two documents
   const auto R = random_vec(size_t(p.N * p.H * p.hd), rng);  // loss = Σ out ⊙ R
   auto loss = [&]() {
     const auto o = forward(*ops, p);
@@ -69,11 +69,11 @@ TEST(CpuAttention, BackwardMatchesFiniteDifferences) {
   std::vector<float> lse;
   auto out = forward(*ops, p, &lse);
   std::vector<float> dq(p.q.size()), dk(p.k.size()), dv(p.v.size());
-  ops->attention_backward(Tensor{dq.data(), DType::F32, {p.N, p.H, p.hd}}, Tensor{dk.data(), DType::F32, {p.N, p.Hkv, p.hd}},
-                          Tensor{dv.data(), DType::F32, {p.N, p.Hkv, p.hd}},
-                          Tensor{const_cast<float*>(R.data()), DType::F32, {p.N, p.H, p.hd}}, p.Q(), p.K(), p.V(),
-                          Tensor{out.data(), DType::F32, {p.N, p.H, p.hd}}, Tensor{lse.data(), DType::F32, {p.H, p.N}},
-                          p.seq(), 0.3f);
+  ops->attention_backward(
+      Tensor{dq.data(), DType::F32, {p.N, p.H, p.hd}}, Tensor{dk.data(), DType::F32, {p.N, p.Hkv, p.hd}},
+      Tensor{dv.data(), DType::F32, {p.N, p.Hkv, p.hd}},
+      Tensor{const_cast<float*>(R.data()), DType::F32, {p.N, p.H, p.hd}}, p.Q(), p.K(), p.V(),
+      Tensor{out.data(), DType::F32, {p.N, p.H, p.hd}}, Tensor{lse.data(), DType::F32, {p.H, p.N}}, p.seq(), 0.3f);
   for (auto [x, g, name] : {std::tuple{&p.q, &dq, "dq"}, {&p.k, &dk, "dk"}, {&p.v, &dv, "dv"}}) {
     std::vector<float> fd(x->size());
     for (size_t i = 0; i < x->size(); ++i) {

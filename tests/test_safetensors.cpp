@@ -1,8 +1,8 @@
 // safetensors reading and writing: bit-exact round trips, sharded checkpoints, and every kind of corrupt
 // file getting a UserError that names the file (never a crash).
 #include <fstream>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/error.h"
 #include "test_util.h"
@@ -50,10 +50,11 @@ TEST(Safetensors, RoundTripIsBitExactForEveryDtype) {
   for (auto& x : l) x = int64_t(rng()) << 20;
   TempDir t;
   const auto p = t.path / "x.safetensors";
-  write_safetensors(p, {{"a.weight", Tensor{f.data(), DType::F32, {6, 7}}},
-                        {"b", Tensor{b.data(), DType::BF16, {5, 3}}},
-                        {"ids", Tensor{i.data(), DType::I32, {9}}},
-                        {"big", Tensor{l.data(), DType::I64, {2, 2}}}},
+  write_safetensors(p,
+                    {{"a.weight", Tensor{f.data(), DType::F32, {6, 7}}},
+                     {"b", Tensor{b.data(), DType::BF16, {5, 3}}},
+                     {"ids", Tensor{i.data(), DType::I32, {9}}},
+                     {"big", Tensor{l.data(), DType::I64, {2, 2}}}},
                     {{"format", "pt"}});
   const SafetensorsFile r(p);
   EXPECT_EQ(r.metadata().at("format"), "pt");
@@ -95,8 +96,7 @@ TEST(Safetensors, ShardedCheckpointRoundTrip) {
   EXPECT_EQ(index["metadata"]["total_size"].get<size_t>(), size_t(7 * 100 + 37 * 21) * 4);
   const CheckpointReader r(t.path);
   EXPECT_EQ(r.names().size(), 7u);
-  for (int k = 0; k < 7; ++k)
-    EXPECT_EQ(0, std::memcmp(r.entry(cat("t", k)).data, data[k].data(), data[k].size() * 4));
+  for (int k = 0; k < 7; ++k) EXPECT_EQ(0, std::memcmp(r.entry(cat("t", k)).data, data[k].data(), data[k].size() * 4));
   // a shard that the index names but that is gone
   std::filesystem::remove(t.path / index["weight_map"]["t3"].get<std::string>());
   EXPECT_THROW(CheckpointReader{t.path}, UserError);
@@ -105,10 +105,10 @@ TEST(Safetensors, ShardedCheckpointRoundTrip) {
 TEST(Safetensors, CorruptFilesGetOneClearError) {
   const std::string good_header = R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})";
   const std::string good = with_header(good_header, 16);
-  expect_rejected(good.substr(0, good.size() - 5), "out of range");            // truncated data
-  expect_rejected(good.substr(0, 20), "exceeds the file size");               // truncated header
-  expect_rejected("abc", "truncated");                                        // shorter than the length
-  expect_rejected(with_header("{\"w\": [1, 2", 0), "header is not JSON");     // not JSON
+  expect_rejected(good.substr(0, good.size() - 5), "out of range");        // truncated data
+  expect_rejected(good.substr(0, 20), "exceeds the file size");            // truncated header
+  expect_rejected("abc", "truncated");                                     // shorter than the length
+  expect_rejected(with_header("{\"w\": [1, 2", 0), "header is not JSON");  // not JSON
   expect_rejected(with_header("[1,2]", 0), "not a JSON object");
   expect_rejected(with_header(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[8,40]}})", 16), "out of range");
   expect_rejected(with_header(R"({"w":{"dtype":"F32","shape":[3,2],"data_offsets":[0,16]}})", 16), "needs 24 bytes");

@@ -13,7 +13,9 @@
 
 namespace soltrain::test {
 
-inline std::filesystem::path fixtures() { return SOLTRAIN_FIXTURES; }
+inline std::filesystem::path fixtures() {
+  return SOLTRAIN_FIXTURES;
+}
 
 // ‖a − b‖₂ / ‖b‖₂; NaN anywhere gives infinity so it can never pass a tolerance.
 inline double rel_err(const float* a, const float* b, size_t n) {

@@ -25,11 +25,10 @@ template <typename... Args>
 }
 
 // An internal invariant: a failure is a bug in soltrain, not the user's input.
-#define SOLTRAIN_CHECK(cond, ...)                                                                      \
-  do {                                                                                             \
-    if (!(cond))                                                                                   \
-      throw std::logic_error(::soltrain::cat(__FILE__, ":", __LINE__, ": check failed: " #cond " ", \
-                                             ##__VA_ARGS__));                                      \
+#define SOLTRAIN_CHECK(cond, ...)                                                                                    \
+  do {                                                                                                               \
+    if (!(cond))                                                                                                     \
+      throw std::logic_error(::soltrain::cat(__FILE__, ":", __LINE__, ": check failed: " #cond " ", ##__VA_ARGS__)); \
   } while (0)
 
 }  // namespace soltrain

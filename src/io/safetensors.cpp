@@ -30,7 +30,7 @@ constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) user_error(path.string(), ": cannot open (", std::strerror(errno), ")");
-  struct stat st{};
+  struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
     user_error(path.string(), ": not a regular file");
@@ -72,7 +72,8 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
         bad(path, where + "needs dtype, shape and data_offsets");
       if (!v["dtype"].is_string()) bad(path, where + "dtype is not a string");
       const auto dt = dtype_from_name(v["dtype"].get<std::string>());
-      if (!dt) bad(path, where + cat("unsupported dtype ", v["dtype"].get<std::string>(), " (F32, BF16, F16, I32, I64)"));
+      if (!dt)
+        bad(path, where + cat("unsupported dtype ", v["dtype"].get<std::string>(), " (F32, BF16, F16, I32, I64)"));
       if (!v["shape"].is_array()) bad(path, where + "shape is not a list");
       Shape shape;
       uint64_t numel = 1;
@@ -88,7 +89,8 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
         bad(path, where + "data_offsets must be two non-negative integers");
       const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
       if (b > e || e > data_size)
-        bad(path, where + cat("data_offsets [", b, ", ", e, "] out of range (data is ", data_size, " bytes; truncated?)"));
+        bad(path,
+            where + cat("data_offsets [", b, ", ", e, "] out of range (data is ", data_size, " bytes; truncated?)"));
       if (e - b != numel * dtype_size(*dt))
         bad(path, where + cat("shape ", shape_str(shape), " of ", dtype_name(*dt), " needs ", numel * dtype_size(*dt),
                               " bytes, data_offsets give ", e - b));

@@ -28,7 +28,7 @@ class Ops {
  public:
   virtual ~Ops() = default;
   virtual Device device() const = 0;
-  virtual Buffer alloc(size_t bytes) = 0;  // zeroed
+  virtual Buffer alloc(size_t bytes) = 0;                // zeroed
   virtual void copy(Tensor dst, const Tensor& src) = 0;  // either side may be host memory
   virtual void zero(Tensor t) = 0;
 
@@ -55,14 +55,13 @@ class Ops {
   // of each softmax denominator, fp32, saved for backward). Query head h reads kv head h / (H/Hkv).
   virtual void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                                  const SeqLayout& seq, float scale) = 0;
-  virtual void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
-                                  const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                                  const SeqLayout& seq, float scale) = 0;
+  virtual void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const Tensor& out, const Tensor& lse, const SeqLayout& seq,
+                                  float scale) = 0;
 
   // out = silu(gate) * up; backward writes dgate, dup.
   virtual void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) = 0;
-  virtual void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate,
-                               const Tensor& up) = 0;
+  virtual void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) = 0;
 
   virtual void add_inplace(Tensor x, const Tensor& y) = 0;  // x += y
 

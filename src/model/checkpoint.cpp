@@ -54,8 +54,8 @@ void save_pretrained(const Transformer& model, const fs::path& out_dir, const fs
   nlohmann::json cfg = model.config().raw;
   cfg["dtype"] = "float32";
   write_file_atomic(staged.path() / "config.json", cfg.dump(2) + "\n");
-  for (const char* f : {"generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                        "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model"}) {
+  for (const char* f : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                        "vocab.json", "merges.txt", "tokenizer.model"}) {
     std::error_code ec;
     if (!source_dir.empty() && fs::exists(source_dir / f)) fs::copy_file(source_dir / f, staged.path() / f, ec);
     if (ec) user_error((source_dir / f).string(), ": cannot copy (", ec.message(), ")");

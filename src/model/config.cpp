@@ -107,9 +107,12 @@ ModelConfig parse_model_config(const json& j, const std::string& where) {
   c.max_position_embeddings = r.get<int>("max_position_embeddings", 4096);
   c.rms_norm_eps = r.get<double>("rms_norm_eps", 1e-6);
   c.tie_word_embeddings = r.get<bool>("tie_word_embeddings", false);
-  for (auto [v, name] : {std::pair{c.vocab_size, "vocab_size"}, {c.hidden_size, "hidden_size"},
-                         {c.intermediate_size, "intermediate_size"}, {c.num_layers, "num_hidden_layers"},
-                         {c.num_heads, "num_attention_heads"}, {c.num_kv_heads, "num_key_value_heads"}})
+  for (auto [v, name] : {std::pair{c.vocab_size, "vocab_size"},
+                         {c.hidden_size, "hidden_size"},
+                         {c.intermediate_size, "intermediate_size"},
+                         {c.num_layers, "num_hidden_layers"},
+                         {c.num_heads, "num_attention_heads"},
+                         {c.num_kv_heads, "num_key_value_heads"}})
     if (v <= 0) user_error(where, ": \"", name, "\" must be positive, got ", v);
   if (c.num_heads % c.num_kv_heads != 0)
     user_error(where, ": num_attention_heads (", c.num_heads, ") must be a multiple of num_key_value_heads (",

@@ -14,7 +14,7 @@ struct RopeConfig {
   double theta = 10000.0;
   double factor = 1.0;
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
-  double original_max_position_embeddings = 8192;      // llama3
+  double original_max_position_embeddings = 8192;        // llama3
 };
 
 struct ModelConfig {

@@ -84,7 +84,9 @@ const std::string& Transformer::lm_head_name() const {
   return config_.tie_word_embeddings ? embed : head;
 }
 
-size_t Transformer::activation_bytes() const { return acts_ ? acts_->arena.total_bytes() : 0; }
+size_t Transformer::activation_bytes() const {
+  return acts_ ? acts_->arena.total_bytes() : 0;
+}
 
 void Transformer::plan(int rows, int seq_len) {
   const auto& c = config_;
@@ -240,8 +242,8 @@ StepResult Transformer::step(const HostBatch& batch, bool backward, float* logit
     o.rmsnorm_backward(a.dres, true, w.ln2->grad, a.dh, a.mid[l], w.ln2->value, a.rstd2[l]);
     // attention: mid = resid[l] + o_proj(attn(rope(norm(q)), rope(norm(k)), v))
     o.linear_backward(&a.dattn, false, &w.o->grad, grad(w.o_b), a.dres, a.attn[l], w.o->value);
-    o.attention_backward(a.dq, a.dk, a.dv, a.dattn.view({N, H, hd}), a.q[l], a.k[l], a.v[l],
-                         a.attn[l].view({N, H, hd}), a.lse[l], a.seq, scale);
+    o.attention_backward(a.dq, a.dk, a.dv, a.dattn.view({N, H, hd}), a.q[l], a.k[l], a.v[l], a.attn[l].view({N, H, hd}),
+                         a.lse[l], a.seq, scale);
     o.rope(a.dq, a.seq, inv_freq, true);
     o.rope(a.dk, a.seq, inv_freq, true);
     Tensor dq_raw = a.dq, dk_raw = a.dk;

@@ -20,8 +20,8 @@ struct HostBatch {
 };
 
 struct StepResult {
-  double loss;         // mean cross-entropy over counted targets (NaN when none is counted)
-  int64_t counted;     // targets != -100
+  double loss;      // mean cross-entropy over counted targets (NaN when none is counted)
+  int64_t counted;  // targets != -100
 };
 
 class Transformer {

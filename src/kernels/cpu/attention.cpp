@@ -45,9 +45,9 @@ void CpuOps::attention_forward(Tensor out, Tensor lse, const Tensor& q, const Te
   }
 }
 
-void CpuOps::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
-                                const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                                const SeqLayout& seq, float scale) {
+void CpuOps::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                                const Tensor& v, const Tensor& out, const Tensor& lse, const SeqLayout& seq,
+                                float scale) {
   const int64_t N = q.dim(0), H = q.dim(1), hd = q.dim(2), Hkv = k.dim(1), group = H / Hkv;
   const int32_t* cu = seq.cu_seqlens.i32();
   zero(dq);

@@ -5,7 +5,9 @@
 
 namespace soltrain {
 
-std::unique_ptr<Ops> make_cpu_ops() { return std::make_unique<CpuOps>(); }
+std::unique_ptr<Ops> make_cpu_ops() {
+  return std::make_unique<CpuOps>();
+}
 
 void CpuOps::copy(Tensor dst, const Tensor& src) {
   SOLTRAIN_CHECK(dst.bytes() == src.bytes() && dst.dtype == src.dtype, "copy ", shape_str(src.shape), " -> ",
@@ -13,7 +15,9 @@ void CpuOps::copy(Tensor dst, const Tensor& src) {
   std::memcpy(dst.data, src.data, src.bytes());
 }
 
-void CpuOps::zero(Tensor t) { std::memset(t.data, 0, t.bytes()); }
+void CpuOps::zero(Tensor t) {
+  std::memset(t.data, 0, t.bytes());
+}
 
 void CpuOps::add_inplace(Tensor x, const Tensor& y) {
   SOLTRAIN_CHECK(x.numel() == y.numel());

@@ -23,8 +23,8 @@ void CpuOps::linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor*
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, out, 1.0f, dy.f32(), out, w.f32(), in,
                 accumulate_dx ? 1.0f : 0.0f, dx->f32(), in);
   if (dw)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, N, 1.0f, dy.f32(), out, x.f32(), in, 1.0f,
-                dw->f32(), in);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, N, 1.0f, dy.f32(), out, x.f32(), in, 1.0f, dw->f32(),
+                in);
   if (dbias) {
     float* db = dbias->f32();
     for (int n = 0; n < N; ++n)
