@@ -1,5 +1,6 @@
 // Saving a model as an HF folder and loading it back: bit-exact, sharded or not, atomic, and with clear
 // errors when weights and config disagree.
+#include <bit>
 #include <fstream>
 
 #include "core/error.h"
@@ -92,6 +93,49 @@ TEST(Checkpoint, WeightsThatDisagreeWithTheConfigAreUserErrors) {
   std::ofstream(t.path / "m" / "config.json") << cfg.dump();
   EXPECT_THROW(load_pretrained(t.path / "m", *ops), UserError);
   EXPECT_THROW(load_pretrained(t.path / "nowhere", *ops), UserError);
+}
+
+}  // namespace
+}  // namespace soltrain::test
+
+namespace soltrain::test {
+namespace {
+
+// Checkpoints on the hub are mostly bf16 (some f16): they load widened exactly to fp32.
+TEST(Checkpoint, LoadsBf16AndF16Weights) {
+  auto ops = make_cpu_ops();
+  const auto src = fixtures() / "models" / "qwen3-tiny";
+  auto ref = load_pretrained(src, *ops);
+  for (DType dt : {DType::BF16, DType::F16}) {
+    TempDir t;
+    std::filesystem::create_directories(t.path / "m");
+    std::filesystem::copy_file(src / "config.json", t.path / "m" / "config.json");
+    std::vector<std::vector<uint16_t>> half;
+    std::vector<NamedTensor> tensors;
+    for (const Parameter& p : ref->params().all()) {
+      half.emplace_back(size_t(p.value.numel()));
+      for (int64_t i = 0; i < p.value.numel(); ++i) {
+        const float x = p.value.f32()[i];
+        // f16 by the compiler's own conversion, bf16 by ours (round to nearest even)
+        half.back()[size_t(i)] = dt == DType::BF16 ? f32_to_bf16(x) : std::bit_cast<uint16_t>(_Float16(x));
+      }
+      tensors.push_back({p.name, Tensor{half.back().data(), dt, p.shape}});
+    }
+    write_checkpoint(t.path / "m", tensors, size_t(1) << 30);
+    auto m = load_pretrained(t.path / "m", *ops);
+    size_t k = 0;
+    for (const Parameter& p : m->params().all()) {
+      for (int64_t i = 0; i < p.value.numel(); ++i) {
+        const float want = dt == DType::BF16 ? bf16_to_f32(half[k][size_t(i)])
+                                             : float(std::bit_cast<_Float16>(half[k][size_t(i)]));
+        ASSERT_EQ(p.value.f32()[i], want) << p.name << "[" << i << "] " << dtype_name(dt);
+      }
+      const double err = rel_err(p.value.f32(), ref->params().at(p.name).value.f32(), size_t(p.value.numel()));
+      EXPECT_LT(err, dt == DType::BF16 ? 5e-3 : 5e-4) << p.name;
+      EXPECT_GT(err, 0) << p.name;  // rounding really happened
+      ++k;
+    }
+  }
 }
 
 }  // namespace
