@@ -28,8 +28,12 @@ class Ops {
  public:
   virtual ~Ops() = default;
   virtual Device device() const = 0;
-  virtual Buffer alloc(size_t bytes) = 0;                // zeroed
-  virtual void copy(Tensor dst, const Tensor& src) = 0;  // either side may be host memory
+  // The dtype of activations and of the weights' compute copy: F32 on CPU, BF16 on CUDA. Gradients of
+  // parameters, master weights, optimizer moments, norms' rstd and attention's lse are always F32.
+  virtual DType activation_dtype() const = 0;
+  virtual Buffer alloc(size_t bytes) = 0;                   // zeroed
+  virtual void copy(Tensor dst, const Tensor& src) = 0;     // same dtype; either side may be host memory
+  virtual void convert(Tensor dst, const Tensor& src) = 0;  // device tensors, F32 <-> activation dtype
   virtual void zero(Tensor t) = 0;
 
   // out[n] = table[ids[n]]; backward: dtable[ids[n]] += dout[n], accumulated deterministically.
@@ -65,18 +69,24 @@ class Ops {
 
   virtual void add_inplace(Tensor x, const Tensor& y) = 0;  // x += y
 
-  // logits [n,V] (fp32) → row_loss[n] = -log softmax(logits)[target] (0 where target == -100), and the
-  // logits overwritten by their gradient scaled by grad_scale. Targets outside [0,V) are the caller's bug.
-  virtual void cross_entropy(Tensor logits, Tensor row_loss, const Tensor& targets, float grad_scale) = 0;
+  // logits [n,V] (fp32) → row_loss[n] = -log softmax(logits)[target] (0 where target == -100), and
+  // dlogits [n,V] (activation dtype; may be the logits themselves when that is F32) = the gradient scaled
+  // by grad_scale. Targets outside [0,V) are the caller's bug.
+  virtual void cross_entropy(const Tensor& logits, Tensor dlogits, Tensor row_loss, const Tensor& targets,
+                             float grad_scale) = 0;
 
   // Σ x over all elements, read back to the host (a sync point: call once per step).
   virtual double sum(const Tensor& x) = 0;
   virtual double sum_squares(const Tensor& x) = 0;
   virtual void scale(Tensor x, float factor) = 0;
-  // torch.optim.AdamW on one flat range of parameters (decoupled decay, bias correction).
-  virtual void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p) = 0;
+  // torch.optim.AdamW on one flat range of fp32 master parameters (decoupled decay, bias correction);
+  // `compute_copy`, when given, receives the updated values in the activation dtype in the same pass.
+  virtual void adamw(Tensor master, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p,
+                     Tensor* compute_copy) = 0;
 };
 
 std::unique_ptr<Ops> make_cpu_ops();
+// The CUDA backend on the current device; a UserError when this build has none or no GPU is present.
+std::unique_ptr<Ops> make_cuda_ops();
 
 }  // namespace soltrain

@@ -25,9 +25,10 @@ void load_weights(Transformer& model, const fs::path& dir) {
       user_error(dir.string(), ": checkpoint has no tensor '", p.name, "' (does config.json match the weights?)");
     staging.resize(size_t(shape_numel(p.shape)));
     read_as_f32(ckpt.entry(p.name), p.shape, staging.data(), ckpt.describe(p.name));
-    model.ops().copy(p.value, Tensor{staging.data(), DType::F32, p.shape, Device::CPU});
+    model.ops().copy(p.master, Tensor{staging.data(), DType::F32, p.shape, Device::CPU});
     used.insert(p.name);
   }
+  model.params().sync_values(model.ops());
   // Tied checkpoints sometimes carry lm_head.weight too, and old ones RoPE buffers: transformers ignores
   // them, and so do we. Anything else means config and weights disagree.
   for (const std::string& n : ckpt.names()) {
@@ -47,7 +48,7 @@ void save_pretrained(const Transformer& model, const fs::path& out_dir, const fs
   for (const Parameter& p : model.params().all()) {
     host.emplace_back(size_t(shape_numel(p.shape)));
     Tensor h{host.back().data(), DType::F32, p.shape, Device::CPU};
-    const_cast<Transformer&>(model).ops().copy(h, p.value);
+    const_cast<Transformer&>(model).ops().copy(h, p.master);
     tensors.push_back({p.name, h});
   }
   write_checkpoint(staged.path(), tensors, max_shard_bytes);

@@ -1,6 +1,7 @@
-// ParameterStore: the model's trainable tensors by Hugging Face name, with their gradients. Values and
-// gradients each live in one flat buffer laid out as [decayed (2-D) params | the rest], so clipping and the
-// optimizer run over two contiguous ranges instead of one launch per tensor.
+// ParameterStore: the model's trainable tensors by Hugging Face name: fp32 master values, fp32 gradients
+// and the compute copy the forward/backward read (the master itself on CPU, bf16 on CUDA). Each lives in
+// one flat buffer laid out as [decayed (2-D) params | the rest], so clipping and the optimizer run over two
+// contiguous ranges instead of one launch per tensor.
 #pragma once
 #include <map>
 #include <string>
@@ -14,14 +15,18 @@ struct Parameter {
   std::string name;  // HF name, e.g. model.layers.0.self_attn.q_proj.weight
   Shape shape;
   bool decay;  // weight decay applies (matrices and embeddings; not norms or biases)
-  Tensor value, grad;
+  Tensor master;  // F32, what the optimizer updates and checkpoints hold
+  Tensor value;   // activation dtype, what the model computes with (aliases master when that is F32)
+  Tensor grad;    // F32
 };
 
 class ParameterStore {
  public:
   void add(const std::string& name, Shape shape);
-  // Allocates the flat value and gradient buffers on the ops' device (zeroed).
+  // Allocates the flat buffers on the ops' device (zeroed).
   void allocate(Ops& ops);
+  // Refreshes the compute copy from the masters (after loading; the optimizer does it itself).
+  void sync_values(Ops& ops);
 
   Parameter& at(const std::string& name);
   const Parameter& at(const std::string& name) const;
@@ -30,16 +35,19 @@ class ParameterStore {
   const std::vector<Parameter>& all() const { return params_; }
   int64_t numel() const { return decay_numel_ + other_numel_; }
 
-  // Flat views: every gradient, and the values / gradients of the decayed or the other parameters.
+  // Flat views: every gradient, and the masters / compute values / gradients of the decayed or the other
+  // parameters.
   Tensor all_grads() const;
+  Tensor masters(bool decayed) const;
   Tensor values(bool decayed) const;
   Tensor grads(bool decayed) const;
+  bool values_alias_masters() const { return !values_.data(); }
 
  private:
   std::vector<Parameter> params_;
   std::map<std::string, size_t> index_;
   int64_t decay_numel_ = 0, other_numel_ = 0;
-  Buffer values_, grads_;
+  Buffer masters_, values_, grads_;  // values_ stays empty when the activation dtype is F32
 };
 
 }  // namespace soltrain

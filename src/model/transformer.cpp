@@ -26,7 +26,7 @@ struct Transformer::Activations {
   std::vector<Tensor> h1, rstd1, q_raw, k_raw, q_rstd, k_rstd, q, k, v, attn, lse, mid, h2, rstd2, gate, up, act;
   Tensor hf, rstdf;  // final norm
   // scratch
-  Tensor tmp, dres, dh, dhf, dact, dgate, dup, dattn, dq, dk, dv, dq_raw, dk_raw, logits, row_loss;
+  Tensor tmp, dres, dh, dhf, dact, dgate, dup, dattn, dq, dk, dv, dq_raw, dk_raw, logits, dlogits, row_loss;
   // batch on the device
   Tensor ids, targets, positions, cu_seqlens;
   SeqLayout seq;
@@ -98,54 +98,55 @@ void Transformer::plan(int rows, int seq_len) {
   // Logits are materialised for this many tokens at a time: ~64 MiB of fp32.
   a->head_chunk = int(std::max<int64_t>(1, std::min<int64_t>(N, (int64_t(64) << 20) / (4 * V))));
   Arena& ar = a->arena;
-  const DType f = DType::F32;
+  const DType act = ops_.activation_dtype(), f32 = DType::F32;
   std::vector<std::pair<Tensor*, size_t>> bind;
-  auto one = [&](Tensor& t, Shape s, DType dt = DType::F32) { bind.push_back({&t, ar.plan(std::move(s), dt)}); };
-  auto per_layer = [&](std::vector<Tensor>& v, Shape s, int64_t count) {
+  auto one = [&](Tensor& t, Shape s, DType dt) { bind.push_back({&t, ar.plan(std::move(s), dt)}); };
+  auto per_layer = [&](std::vector<Tensor>& v, Shape s, int64_t count, DType dt) {
     v.resize(size_t(count));
-    for (auto& t : v) one(t, s);
+    for (auto& t : v) one(t, s, dt);
   };
-  per_layer(a->resid, {N, D}, L + 1);
-  per_layer(a->h1, {N, D}, L);
-  per_layer(a->rstd1, {N}, L);
-  per_layer(a->q, {N, H, hd}, L);
-  per_layer(a->k, {N, Hkv, hd}, L);
-  per_layer(a->v, {N, Hkv, hd}, L);
+  per_layer(a->resid, {N, D}, L + 1, act);
+  per_layer(a->h1, {N, D}, L, act);
+  per_layer(a->rstd1, {N}, L, f32);
+  per_layer(a->q, {N, H, hd}, L, act);
+  per_layer(a->k, {N, Hkv, hd}, L, act);
+  per_layer(a->v, {N, Hkv, hd}, L, act);
   if (c.qk_norm) {
-    per_layer(a->q_raw, {N, H, hd}, L);
-    per_layer(a->k_raw, {N, Hkv, hd}, L);
-    per_layer(a->q_rstd, {N * H}, L);
-    per_layer(a->k_rstd, {N * Hkv}, L);
+    per_layer(a->q_raw, {N, H, hd}, L, act);
+    per_layer(a->k_raw, {N, Hkv, hd}, L, act);
+    per_layer(a->q_rstd, {N * H}, L, f32);
+    per_layer(a->k_rstd, {N * Hkv}, L, f32);
   }
-  per_layer(a->attn, {N, H * hd}, L);
-  per_layer(a->lse, {H, N}, L);
-  per_layer(a->mid, {N, D}, L);
-  per_layer(a->h2, {N, D}, L);
-  per_layer(a->rstd2, {N}, L);
-  per_layer(a->gate, {N, F}, L);
-  per_layer(a->up, {N, F}, L);
-  per_layer(a->act, {N, F}, L);
-  one(a->hf, {N, D});
-  one(a->rstdf, {N});
-  for (Tensor* t : {&a->tmp, &a->dres, &a->dh, &a->dhf}) one(*t, {N, D});
-  for (Tensor* t : {&a->dact, &a->dgate, &a->dup}) one(*t, {N, F});
-  one(a->dattn, {N, H * hd});
-  one(a->dq, {N, H, hd});
-  one(a->dk, {N, Hkv, hd});
-  one(a->dv, {N, Hkv, hd});
+  per_layer(a->attn, {N, H * hd}, L, act);
+  per_layer(a->lse, {H, N}, L, f32);
+  per_layer(a->mid, {N, D}, L, act);
+  per_layer(a->h2, {N, D}, L, act);
+  per_layer(a->rstd2, {N}, L, f32);
+  per_layer(a->gate, {N, F}, L, act);
+  per_layer(a->up, {N, F}, L, act);
+  per_layer(a->act, {N, F}, L, act);
+  one(a->hf, {N, D}, act);
+  one(a->rstdf, {N}, f32);
+  for (Tensor* t : {&a->tmp, &a->dres, &a->dh, &a->dhf}) one(*t, {N, D}, act);
+  for (Tensor* t : {&a->dact, &a->dgate, &a->dup}) one(*t, {N, F}, act);
+  one(a->dattn, {N, H * hd}, act);
+  one(a->dq, {N, H, hd}, act);
+  one(a->dk, {N, Hkv, hd}, act);
+  one(a->dv, {N, Hkv, hd}, act);
   if (c.qk_norm) {
-    one(a->dq_raw, {N, H, hd});
-    one(a->dk_raw, {N, Hkv, hd});
+    one(a->dq_raw, {N, H, hd}, act);
+    one(a->dk_raw, {N, Hkv, hd}, act);
   }
-  one(a->logits, {a->head_chunk, V});
-  one(a->row_loss, {N});
+  one(a->logits, {a->head_chunk, V}, f32);
+  if (act != f32) one(a->dlogits, {a->head_chunk, V}, act);
+  one(a->row_loss, {N}, f32);
   one(a->ids, {N}, DType::I32);
   one(a->targets, {N}, DType::I32);
   one(a->positions, {N}, DType::I32);
   one(a->cu_seqlens, {rows + 1}, DType::I32);
-  (void)f;
   ar.bind(ops_.alloc(ar.total_bytes()));
   for (auto& [t, h] : bind) *t = ar.get(h);
+  if (act == f32) a->dlogits = a->logits;  // the gradient overwrites the logits in place
   if (!c.qk_norm) {  // without q/k norm, RoPE rotates the projections in place
     a->q_raw = a->q;
     a->k_raw = a->k;
@@ -220,10 +221,11 @@ StepResult Transformer::step(const HostBatch& batch, bool backward, float* logit
     const Tensor hf = a.hf.rows(t0, t1);
     o.linear_forward(logits, hf, head.value, nullptr);
     if (logits_out) o.copy(Tensor{logits_out + t0 * V, DType::F32, {t1 - t0, V}, Device::CPU}, logits);
-    o.cross_entropy(logits, a.row_loss.rows(t0, t1), a.targets.rows(t0, t1), grad_scale);
+    Tensor dlogits = a.dlogits.rows(0, t1 - t0);
+    o.cross_entropy(logits, dlogits, a.row_loss.rows(t0, t1), a.targets.rows(t0, t1), grad_scale);
     if (backward) {
       Tensor dhf = a.dhf.rows(t0, t1);
-      o.linear_backward(&dhf, false, &head.grad, nullptr, logits, hf, head.value);
+      o.linear_backward(&dhf, false, &head.grad, nullptr, dlogits, hf, head.value);
     }
   }
   const double loss = counted ? o.sum(a.row_loss) / double(counted) : std::numeric_limits<double>::quiet_NaN();

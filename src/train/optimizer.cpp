@@ -22,14 +22,15 @@ void AdamW::step(const OptimizerConfig& cfg, float lr) {
   ++step_;
   float* m = static_cast<float*>(m_.data());
   float* v = static_cast<float*>(v_.data());
-  const int64_t n_decay = params_.values(true).numel();
+  const int64_t n_decay = params_.masters(true).numel();
   for (bool decayed : {true, false}) {
-    Tensor value = params_.values(decayed);
-    if (value.numel() == 0) continue;
+    Tensor master = params_.masters(decayed);
+    if (master.numel() == 0) continue;
     const int64_t off = decayed ? 0 : n_decay;
-    Tensor mt{m + off, DType::F32, value.shape, ops_.device()}, vt{v + off, DType::F32, value.shape, ops_.device()};
+    Tensor mt{m + off, DType::F32, master.shape, ops_.device()}, vt{v + off, DType::F32, master.shape, ops_.device()};
     const AdamWParams p{lr, cfg.beta1, cfg.beta2, cfg.eps, decayed ? cfg.weight_decay : 0.0f, step_};
-    ops_.adamw(value, params_.grads(decayed), mt, vt, p);
+    Tensor copy = params_.values(decayed);
+    ops_.adamw(master, params_.grads(decayed), mt, vt, p, params_.values_alias_masters() ? nullptr : &copy);
   }
 }
 

@@ -5,7 +5,9 @@
 
 namespace soltrain {
 
-void CpuOps::adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p) {
+void CpuOps::adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p,
+                   Tensor* compute_copy) {
+  SOLTRAIN_CHECK(!compute_copy || compute_copy->data == param.data, "the CPU computes in fp32: no copy");
   float *w = param.f32(), *mp = m.f32(), *vp = v.f32();
   const float* g = grad.f32();
   const double bc1 = 1.0 - std::pow(double(p.beta1), p.step);

@@ -8,8 +8,10 @@ namespace soltrain {
 class CpuOps final : public Ops {
  public:
   Device device() const override { return Device::CPU; }
+  DType activation_dtype() const override { return DType::F32; }
   Buffer alloc(size_t bytes) override { return Buffer::host(bytes); }
   void copy(Tensor dst, const Tensor& src) override;
+  void convert(Tensor dst, const Tensor& src) override { copy(dst, src); }
   void zero(Tensor t) override;
 
   void embedding_forward(Tensor out, const Tensor& ids, const Tensor& table) override;
@@ -29,11 +31,13 @@ class CpuOps final : public Ops {
   void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) override;
   void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) override;
   void add_inplace(Tensor x, const Tensor& y) override;
-  void cross_entropy(Tensor logits, Tensor row_loss, const Tensor& targets, float grad_scale) override;
+  void cross_entropy(const Tensor& logits, Tensor dlogits, Tensor row_loss, const Tensor& targets,
+                     float grad_scale) override;
   double sum(const Tensor& x) override;
   double sum_squares(const Tensor& x) override;
   void scale(Tensor x, float factor) override;
-  void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p) override;
+  void adamw(Tensor master, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p,
+             Tensor* compute_copy) override;
 };
 
 }  // namespace soltrain

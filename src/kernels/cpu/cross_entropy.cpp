@@ -5,11 +5,13 @@
 
 namespace soltrain {
 
-void CpuOps::cross_entropy(Tensor logits, Tensor row_loss, const Tensor& targets, float grad_scale) {
+void CpuOps::cross_entropy(const Tensor& logits, Tensor dlogits, Tensor row_loss, const Tensor& targets,
+                           float grad_scale) {
   const int64_t n = logits.dim(0), V = logits.dim(1);
   const int32_t* t = targets.i32();
+  if (dlogits.data != logits.data) copy(dlogits, logits);  // then compute in place
   for (int64_t r = 0; r < n; ++r) {
-    float* l = logits.f32() + r * V;
+    float* l = dlogits.f32() + r * V;
     if (t[r] == -100) {
       row_loss.f32()[r] = 0;
       for (int64_t j = 0; j < V; ++j) l[j] = 0;
