@@ -10,7 +10,8 @@ void add_device_option(CLI::App* cmd, std::string& device) {
 
 std::unique_ptr<Ops> make_ops(const std::string& device) {
   if (device == "cpu") return make_cpu_ops();
-  user_error("--device ", device, ": this build of soltrain has no CUDA backend (rebuild with -DSOLTRAIN_CUDA=ON)");
+  if (device == "cuda") return make_cuda_ops();
+  user_error("--device ", device, ": expected cpu or cuda");
 }
 
 }  // namespace soltrain

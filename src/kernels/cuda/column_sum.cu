@@ -1,0 +1,61 @@
+// CUDA: deterministic column sums (RMSNorm weight gradients, bias gradients): fixed row splits write
+// partials, a second pass adds them in order. No float atomics, so results repeat bit for bit.
+#include <algorithm>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/launchers.h"
+
+namespace soltrain::cuda {
+
+namespace {
+constexpr int kCols = 32, kRowsPar = 8;
+
+int64_t splits_for(int64_t R, int64_t C, int sms) {
+  const int64_t col_blocks = (C + kCols - 1) / kCols;
+  return std::clamp<int64_t>((4 * sms + col_blocks - 1) / col_blocks, 1, std::max<int64_t>(1, R / 64));
+}
+
+__global__ void column_partials(float* partials, const bf16* dy, const bf16* x, const float* rstd, int64_t R,
+                                int64_t C, int64_t rows_per_split) {
+  __shared__ float acc[kRowsPar][kCols + 1];
+  const int64_t c = int64_t(blockIdx.x) * kCols + threadIdx.x;
+  const int64_t r0 = int64_t(blockIdx.y) * rows_per_split, r1 = min(R, r0 + rows_per_split);
+  float s = 0.f;
+  if (c < C)
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowsPar) {
+      const float g = to_f(dy[r * C + c]);
+      s += x ? g * (to_f(x[r * C + c]) * rstd[r]) : g;
+    }
+  acc[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float t = 0.f;
+    for (int i = 0; i < kRowsPar; ++i) t += acc[i][threadIdx.x];
+    partials[int64_t(blockIdx.y) * C + c] = t;
+  }
+}
+
+__global__ void column_finish(float* out, const float* partials, int64_t C, int64_t splits) {
+  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < C; c += int64_t(gridDim.x) * blockDim.x) {
+    float t = 0.f;
+    for (int64_t s = 0; s < splits; ++s) t += partials[s * C + c];
+    out[c] += t;
+  }
+}
+}  // namespace
+
+int64_t column_sum_partial_floats(int64_t R, int64_t C, int sms) { return splits_for(R, C, sms) * C; }
+
+void column_sum(float* out, const bf16* dy, const bf16* x, const float* rstd, int64_t R, int64_t C, float* partials,
+                int sms, cudaStream_t s) {
+  const int64_t splits = splits_for(R, C, sms);
+  const int64_t rows_per_split = (R + splits - 1) / splits;
+  const dim3 grid(unsigned((C + kCols - 1) / kCols), unsigned(splits));
+  column_partials<<<grid, dim3(kCols, kRowsPar), 0, s>>>(partials, dy, x, rstd, R, C, rows_per_split);
+  CUDA_CHECK_LAUNCH();
+  column_finish<<<blocks_for(C, 256), 256, 0, s>>>(out, partials, C, splits);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace soltrain::cuda

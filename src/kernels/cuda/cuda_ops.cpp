@@ -1,0 +1,73 @@
+// CUDA backend: construction, memory, copies. The ops themselves live in one .cu file each.
+#include "kernels/cuda/cuda_ops.h"
+
+#include "core/error.h"
+#include "kernels/cuda/check.h"
+
+namespace soltrain {
+
+std::unique_ptr<Ops> make_cuda_ops() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    user_error("--device cuda: no CUDA GPU is visible (use --device cpu)");
+  }
+  return std::make_unique<CudaOps>();
+}
+
+CudaOps::CudaOps() {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, dev));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  CUBLAS_CHECK(cublasLtCreate(&lt_));
+  workspace_ = alloc(size_t(32) << 20);  // cuBLASLt's recommended workspace on Hopper
+  reduce_out_ = alloc(64 * sizeof(double));
+  void* pinned = nullptr;
+  CUDA_CHECK(cudaMallocHost(&pinned, sizeof(double)));
+  host_result_ = static_cast<double*>(pinned);
+}
+
+CudaOps::~CudaOps() {
+  cudaStreamSynchronize(stream_);
+  plans_.clear();
+  if (host_result_) cudaFreeHost(host_result_);
+  if (lt_) cublasLtDestroy(lt_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+Buffer CudaOps::alloc(size_t bytes) {
+  void* p = nullptr;
+  const size_t rounded = (bytes + 255) / 256 * 256;
+  const cudaError_t err = cudaMalloc(&p, rounded ? rounded : 256);
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    user_error("out of GPU memory: needed ", double(bytes) / (1 << 30), " GiB more, ", double(free_b) / (1 << 30),
+               " GiB free of ", double(total_b) / (1 << 30), " (lower the batch size or sequence length)");
+  }
+  CUDA_CHECK(err);
+  CUDA_CHECK(cudaMemsetAsync(p, 0, rounded ? rounded : 256, stream_));
+  return Buffer(p, bytes, Device::CUDA, [](void* q) { cudaFree(q); });
+}
+
+void CudaOps::copy(Tensor dst, const Tensor& src) {
+  SOLTRAIN_CHECK(dst.bytes() == src.bytes() && dst.dtype == src.dtype, "copy ", shape_str(src.shape), " -> ",
+                 shape_str(dst.shape));
+  CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDefault, stream_));
+  // A host destination must be complete when copy() returns (callers read it next).
+  if (dst.device == Device::CPU || src.device == Device::CPU) CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaOps::zero(Tensor t) { CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.bytes(), stream_)); }
+
+void* CudaOps::scratch(size_t bytes) {
+  if (scratch_.bytes() < bytes) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old scratch may still be in use
+    scratch_ = alloc(bytes);
+  }
+  return scratch_.data();
+}
+
+}  // namespace soltrain

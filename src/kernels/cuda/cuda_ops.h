@@ -1,0 +1,76 @@
+// The CUDA backend: bf16 activations and weight copies, fp32 masters/gradients/statistics, GEMMs through
+// cuBLASLt, everything else in our kernels (one op per .cu file, each with its CPU twin in ../cpu).
+// All work is queued on one stream; only sum()/sum_squares() wait for it.
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "kernels/ops.h"
+
+namespace soltrain {
+
+class CudaOps final : public Ops {
+ public:
+  CudaOps();
+  ~CudaOps() override;
+  Device device() const override { return Device::CUDA; }
+  DType activation_dtype() const override { return DType::BF16; }
+  Buffer alloc(size_t bytes) override;
+  void copy(Tensor dst, const Tensor& src) override;
+  void convert(Tensor dst, const Tensor& src) override;
+  void zero(Tensor t) override;
+
+  void embedding_forward(Tensor out, const Tensor& ids, const Tensor& table) override;
+  void embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout) override;
+  void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor* bias) override;
+  void linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy, const Tensor& x,
+                       const Tensor& w) override;
+  void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) override;
+  void rmsnorm_backward(Tensor dx, bool accumulate_dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                        const Tensor& rstd) override;
+  void rope(Tensor x, const SeqLayout& seq, const Tensor& inv_freq, bool inverse) override;
+  void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const SeqLayout& seq, float scale) override;
+  void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                          const Tensor& v, const Tensor& out, const Tensor& lse, const SeqLayout& seq,
+                          float scale) override;
+  void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) override;
+  void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) override;
+  void add_inplace(Tensor x, const Tensor& y) override;
+  void cross_entropy(const Tensor& logits, Tensor dlogits, Tensor row_loss, const Tensor& targets,
+                     float grad_scale) override;
+  double sum(const Tensor& x) override;
+  double sum_squares(const Tensor& x) override;
+  void scale(Tensor x, float factor) override;
+  void adamw(Tensor master, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p,
+             Tensor* compute_copy) override;
+
+  cudaStream_t stream() const { return stream_; }
+  int sm_count() const { return sm_count_; }
+
+ private:
+  // D = alpha·op(A)·op(B) + beta·C in cuBLASLt's column-major terms (C aliases D).
+  void gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor& a, int lda, const Tensor& b, int ldb,
+            Tensor d, int ldd, float beta, const Tensor* bias);
+  // Scratch of at least `bytes` bytes on the device (grows; only between steps in practice).
+  void* scratch(size_t bytes);
+
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  Buffer workspace_, scratch_, reduce_out_;
+  double* host_result_ = nullptr;  // pinned
+  int sm_count_ = 0;
+  struct Plan {  // one cuBLASLt problem: descriptors and the algorithm picked once
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    ~Plan();
+  };
+  std::map<std::vector<int64_t>, std::unique_ptr<Plan>> plans_;  // cuBLASLt set-ups by shape
+};
+
+}  // namespace soltrain

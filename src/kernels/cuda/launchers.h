@@ -1,0 +1,16 @@
+// Launchers shared between CUDA op files (kernels used by more than one op). Plain C++ signatures.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace soltrain::cuda {
+
+// out[c] += Σ_r dy[r,c] · (x ? x[r,c]·rstd[r] : 1), in a fixed order (deterministic): the weight gradient
+// of RMSNorm, or a bias gradient when x is null. `partials` needs partial_floats(R, C, sms) floats.
+void column_sum(float* out, const __nv_bfloat16* dy, const __nv_bfloat16* x, const float* rstd, int64_t R, int64_t C,
+                float* partials, int sms, cudaStream_t s);
+int64_t column_sum_partial_floats(int64_t R, int64_t C, int sms);
+
+}  // namespace soltrain::cuda
