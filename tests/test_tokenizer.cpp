@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "io/json_file.h"
 #include "test_util.h"
+#include "tokenizer/regex.h"
 #include "tokenizer/tokenizer.h"
 
 namespace soltrain {
@@ -149,6 +150,74 @@ TEST(TokenizerSmall, MergePairsAndStringsAgree) {
   Tokenizer strings = Tokenizer::from_json(j);
   for (const char* text : {"hello", "hello world", "hell", "wow hello\nhe"})
     EXPECT_EQ(pairs.encode(text), strings.encode(text)) << text;
+}
+
+// GPT-2 style: ByteLevel with add_prefix_space and its built-in regex, and the ByteLevel decoder.
+TEST(TokenizerSmall, ByteLevelGpt2Style) {
+  json j;
+  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}};
+  j["decoder"] = {{"type", "ByteLevel"}};
+  j["model"] = {{"type", "BPE"},
+                {"vocab", json::parse(R"({"Ġ": 0, "h": 1, "i": 2, "Ġh": 3, "Ġhi": 4, "!": 5, "Ċ": 6})")},
+                {"merges", json::parse(R"(["Ġ h", "Ġh i"])")}};
+  Tokenizer tok = Tokenizer::from_json(j);
+  // " hi hi!\n" splits into " hi" " hi" "!" "\n"; bytes 0x20 and 0x0A are spelled Ġ and Ċ.
+  const auto ids = tok.encode("hi hi!\n");
+  EXPECT_EQ(ids, (std::vector<int32_t>{4, 4, 5, 6}));
+  EXPECT_EQ(tok.decode(ids), " hi hi!\n");
+}
+
+// Added tokens: lstrip/rstrip swallow the spaces around them, single_word needs word boundaries, and
+// normalized=true tokens are matched in the normalized text.
+TEST(TokenizerSmall, AddedTokenOptions) {
+  json j;
+  j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"String", "X"}}}, {"content", "a"}};
+  j["model"] = {
+      {"type", "BPE"}, {"vocab", json::parse(R"({"a": 0, "b": 1, " ": 2, "x": 3})")}, {"merges", json::array()}};
+  j["added_tokens"] = json::parse(R"([
+    {"id": 10, "content": "<m>", "single_word": false, "lstrip": true, "rstrip": true, "normalized": false, "special": true},
+    {"id": 11, "content": "ab", "single_word": true, "lstrip": false, "rstrip": false, "normalized": false, "special": false},
+    {"id": 12, "content": "aa", "single_word": false, "lstrip": false, "rstrip": false, "normalized": true, "special": false},
+    {"id": 13, "content": "XX", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": false}])");
+  Tokenizer tok = Tokenizer::from_json(j);
+  EXPECT_EQ(tok.encode("a  <m>  b"), (std::vector<int32_t>{0, 10, 1}));
+  EXPECT_EQ(tok.encode("ab"), (std::vector<int32_t>{11}));
+  EXPECT_EQ(tok.encode(" ab b"), (std::vector<int32_t>{2, 11, 2, 1}));
+  EXPECT_EQ(tok.encode("xab"), (std::vector<int32_t>{3, 0, 1}));           // "ab" inside a word is not the token
+  EXPECT_EQ(tok.encode("Xa"), (std::vector<int32_t>{12}));                 // normalized to "aa" first
+  EXPECT_EQ(tok.encode("XXa"), (std::vector<int32_t>{13, 0}));             // raw match wins before normalization
+  EXPECT_EQ(tok.decode(std::vector<int32_t>{11, 10, 12}, true), "ab aa");  // no decoder: joined by spaces
+}
+
+// Split behaviours on a character-level vocab (HF's SplitDelimiterBehavior), observed through the ids.
+TEST(TokenizerSmall, SplitBehaviors) {
+  const auto make = [](const std::string& behavior, bool invert) {
+    json j;
+    j["pre_tokenizer"] = {
+        {"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", behavior}, {"invert", invert}};
+    j["model"] = {{"type", "BPE"},
+                  {"vocab", json::parse(R"({"a": 0, "-": 1, "a-": 2, "-a": 3, "--": 4, "aa": 5})")},
+                  {"merges", json::parse(R"(["a -", "- a", "- -", "a a"])")}};
+    return Tokenizer::from_json(j);
+  };
+  const std::string text = "a--a";
+  EXPECT_EQ(make("Removed", false).encode(text), (std::vector<int32_t>{0, 0}));
+  EXPECT_EQ(make("Isolated", false).encode(text), (std::vector<int32_t>{0, 1, 1, 0}));
+  EXPECT_EQ(make("MergedWithPrevious", false).encode(text), (std::vector<int32_t>{2, 1, 0}));
+  EXPECT_EQ(make("MergedWithNext", false).encode(text), (std::vector<int32_t>{0, 1, 3}));
+  EXPECT_EQ(make("Contiguous", false).encode(text), (std::vector<int32_t>{0, 4, 0}));
+  EXPECT_EQ(make("Removed", true).encode(text), (std::vector<int32_t>{1, 1}));
+}
+
+// Patterns use Oniguruma's \s (as HF does), which unlike PCRE2's own excludes U+180E.
+TEST(TokenizerSmall, RegexSpaceIsOniguruma) {
+  Regex space("\\s+", "test");
+  EXPECT_TRUE(space.find_all("\xE1\xA0\x8E").empty());
+  EXPECT_EQ(space.find_all(" \xC2\xA0\xE3\x80\x80").size(), 1u);
+  Regex not_space("[^\\s]+", "test");
+  EXPECT_EQ(not_space.find_all("a\xE1\xA0\x8E b").size(), 2u);
+  Regex quoted(regex_escape("\\s"), "test");  // a literal backslash-s stays literal
+  EXPECT_EQ(quoted.find_all("x\\sy").size(), 1u);
 }
 
 // A message check: the UserError thrown by fn contains `needle`.
