@@ -1,5 +1,7 @@
 // Tokenizer tests: exact HF ids on the real Qwen3 / Llama 3 tokenizers, and small hand-made tokenizer.json
 // files for byte fallback, Metaspace, merge formats and error messages.
+#include <sys/wait.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -65,6 +67,23 @@ void check_fixture(const std::string& name) {
 
 TEST(TokenizerReal, Qwen3MatchesHF) { check_fixture("qwen3"); }
 TEST(TokenizerReal, Llama3MatchesHF) { check_fixture("llama3"); }
+
+// Rendered chat templates (special tokens mid-text) encode to the ids HF gives; the templates themselves
+// are tested with the chat-template code.
+void check_chat_fixture(const std::string& name) {
+  Tokenizer& tok = real_tokenizer(name);
+  const json cases = read_json_file(test::fixtures() / "tokenizer" / (name + "_chat.json"));
+  ASSERT_GT(cases.size(), 5u);
+  for (const json& c : cases) {
+    const std::string text = c["text"].get<std::string>();
+    const auto want = c["ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(tok.encode(text), want) << name << " text: " << json(text).dump();
+    EXPECT_EQ(tok.decode(want), text);
+  }
+}
+
+TEST(TokenizerReal, Qwen3ChatTextMatchesHF) { check_chat_fixture("qwen3"); }
+TEST(TokenizerReal, Llama3ChatTextMatchesHF) { check_chat_fixture("llama3"); }
 
 TEST(TokenizerReal, SpecialTokensAndSkip) {
   Tokenizer& tok = real_tokenizer("qwen3");
@@ -268,6 +287,40 @@ TEST(TokenizerSmall, CorruptFilesGiveOneLine) {
   Tokenizer tok = Tokenizer::from_json(llama2_style());
   expect_user_error([&] { tok.encode("bad \xFF byte"); }, "not valid UTF-8");
   expect_user_error([&] { tok.decode(std::vector<int32_t>{99}); }, "token id 99 is outside the vocabulary");
+}
+
+// The CLI end to end: JSON lines in, ids out; a bad line is exit code 2 with one message.
+TEST(TokenizerCli, EncodeJsonLines) {
+  test::TempDir dir;
+  { std::ofstream(dir.path / "tokenizer.json") << llama2_style().dump(); }
+  {
+    std::ofstream(dir.path / "in.jsonl") << R"({"text": "hello\n\u00e9"})"
+                                         << "\n\n"
+                                         << R"({"text": ""})"
+                                         << "\n";
+  }
+  {
+    std::ofstream(dir.path / "bad.jsonl") << R"({"txt": 1})"
+                                          << "\n";
+  }
+  const std::string bin = SOLTRAIN_BIN;
+  const auto run = [&](const std::string& in, const std::string& out) {
+    const std::string cmd = bin + " encode --tokenizer " + dir.path.string() + " < " + (dir.path / in).string() +
+                            " > " + (dir.path / out).string() + " 2>&1";
+    return WEXITSTATUS(std::system(cmd.c_str()));
+  };
+  ASSERT_EQ(run("in.jsonl", "out.jsonl"), 0);
+  std::ifstream out(dir.path / "out.jsonl");
+  std::string l1, l2, l3;
+  std::getline(out, l1);
+  std::getline(out, l2);
+  EXPECT_EQ(l1, R"({"ids": [15, 3, 4, 5]})");
+  EXPECT_EQ(l2, R"({"ids": []})");
+  EXPECT_FALSE(std::getline(out, l3));
+  EXPECT_EQ(run("bad.jsonl", "err.txt"), 2);
+  std::ifstream err(dir.path / "err.txt");
+  std::getline(err, l1);
+  EXPECT_EQ(l1, R"(error: stdin line 1: expected an object with a string field "text")");
 }
 
 }  // namespace
