@@ -93,6 +93,46 @@ TEST(TokenizerReal, SpecialTokensAndSkip) {
   EXPECT_EQ(tok.decode(ids, /*skip_special_tokens=*/true), "user\nhi");
 }
 
+// Byte-level BPE without a normalizer loses nothing: decode(encode(x)) == x for any UTF-8 text, including
+// text full of special-token fragments, odd whitespace and unpaired combining marks.
+TEST(TokenizerReal, Llama3RoundTripsRandomText) {
+  Tokenizer& tok = real_tokenizer("llama3");
+  const std::vector<std::string> atoms = {"a",
+                                          "Z",
+                                          " ",
+                                          "  ",
+                                          "\n",
+                                          "\r\n",
+                                          "\t",
+                                          "7",
+                                          "123",
+                                          "'s",
+                                          "'LL",
+                                          "<|",
+                                          "|>",
+                                          "<|eot_id|>",
+                                          "<|begin_of_text",
+                                          "\xC3\xA9",
+                                          "e\xCC\x81",
+                                          "\xE4\xB8\xAD",
+                                          "\xF0\x9F\xA4\x97",
+                                          "\xE1\xA0\x8E",
+                                          "\xC2\xA0",
+                                          "!?",
+                                          "\xE2\x80\x8B",
+                                          "\xEF\xBF\xBD",
+                                          "x",
+                                          ".",
+                                          "--"};
+  std::mt19937 rng(7);
+  for (int k = 0; k < 300; ++k) {
+    std::string text;
+    const int n = int(rng() % 40);
+    for (int i = 0; i < n; ++i) text += atoms[rng() % atoms.size()];
+    EXPECT_EQ(tok.decode(tok.encode(text)), text) << json(text).dump();
+  }
+}
+
 // ---- Small hand-made tokenizers ----
 
 const char* kLlama2Vocab = R"({"<unk>": 0, "<s>": 1, "</s>": 2, "<0x0A>": 3, "<0xC3>": 4, "<0xA9>": 5, "▁": 6,

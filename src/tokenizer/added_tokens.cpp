@@ -24,6 +24,7 @@ void AddedTokenMatcher::add(const AddedToken& token, std::string pattern) {
       next.insert(std::lower_bound(next.begin(), next.end(), std::make_pair(c, int32_t(-1))), {c, nx});
       nodes_.emplace_back();
     }
+    if (node == 0) root_[c] = nx;
     node = nx;
   }
   // The first token with a given pattern keeps it, as in HF.
@@ -53,16 +54,16 @@ std::vector<TextPart> AddedTokenMatcher::split(std::string_view s) const {
   size_t done = 0;  // end of the last emitted part
   size_t pos = 0;
   while (pos < s.size()) {
-    // Longest pattern starting at pos.
-    int32_t node = 0, found = -1;
+    // Longest pattern starting at pos; `node` spells s[pos, k).
+    int32_t node = root_[static_cast<unsigned char>(s[pos])], found = -1;
     size_t found_end = 0;
-    for (size_t k = pos; k < s.size(); ++k) {
-      node = child(node, static_cast<unsigned char>(s[k]));
-      if (node < 0) break;
+    for (size_t k = pos + 1; node > 0; ++k) {
       if (nodes_[size_t(node)].token >= 0) {
         found = nodes_[size_t(node)].token;
-        found_end = k + 1;
+        found_end = k;
       }
+      if (k >= s.size()) break;
+      node = child(node, static_cast<unsigned char>(s[k]));
     }
     if (found < 0) {
       ++pos;

@@ -1,5 +1,6 @@
 // tokenizer.json "added_tokens": strings matched in the raw text before normalization and BPE.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -37,6 +38,7 @@ class AddedTokenMatcher {
   };
   int32_t child(int32_t node, unsigned char c) const;
   std::vector<Node> nodes_{Node{}};
+  std::array<int32_t, 256> root_{};  // child of the root per first byte (0 = none): most bytes start no token
   std::vector<AddedToken> tokens_;
 };
 
