@@ -94,6 +94,7 @@ std::vector<TextPart> AddedTokenMatcher::split(std::string_view s) const {
         e = i;
       }
       stop = e;
+      // HF resumes its search inside the stripped spaces, which can yield overlapping parts; we skip them.
       pos = std::max(pos, stop);
     }
     if (start > done) parts.push_back({s.substr(done, start - done), -1, done});
