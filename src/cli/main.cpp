@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   std::vector<std::pair<CLI::App*, std::function<int()>>> commands;
   auto dump = soltrain::add_dump_command(app);
   auto train = soltrain::add_train_command(app);
+  auto encode = soltrain::add_encode_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -24,6 +25,7 @@ int main(int argc, char** argv) {
   try {
     if (app.got_subcommand("dump")) return dump();
     if (app.got_subcommand("train")) return train();
+    if (app.got_subcommand("encode")) return encode();
   } catch (const soltrain::UserError& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;

@@ -1,0 +1,32 @@
+// Typed reads of tokenizer.json fields whose mistakes become one UserError line naming the field.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/error.h"
+
+namespace soltrain {
+
+// j[key] as T, or `fallback` when the key is absent or null.
+template <typename T>
+T json_or(const nlohmann::json& j, const char* key, const T& fallback, const std::string& where) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const nlohmann::json::exception&) {
+    user_error(where, ": field '", key, "' has the wrong type (", it->type_name(), ")");
+  }
+}
+
+// j[key] as T; a missing key is an error.
+template <typename T>
+T json_req(const nlohmann::json& j, const char* key, const std::string& where) {
+  if (!j.is_object() || !j.contains(key) || j[key].is_null()) user_error(where, ": missing field '", key, "'");
+  return json_or<T>(j, key, T{}, where);
+}
+
+// A {"String": s} or {"Regex": r} pattern as a PCRE2 pattern string.
+std::string json_pattern(const nlohmann::json& j, const std::string& where);
+
+}  // namespace soltrain

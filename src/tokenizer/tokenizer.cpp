@@ -1,0 +1,138 @@
+// Loading tokenizer.json and the encode pipeline: added tokens → normalizer → pre-tokenizer → BPE.
+#include "tokenizer/tokenizer.h"
+
+#include "core/error.h"
+#include "io/json_file.h"
+#include "tokenizer/json_fields.h"
+#include "tokenizer/utf8.h"
+
+namespace soltrain {
+
+Tokenizer Tokenizer::load(const std::filesystem::path& path) {
+  std::filesystem::path file = path;
+  if (std::filesystem::is_directory(path)) {
+    file = path / "tokenizer.json";
+    if (!std::filesystem::exists(file))
+      user_error(path.string(), ": folder has no tokenizer.json (only the tokenizer.json format is supported)");
+  }
+  return from_json(read_json_file(file), file.string());
+}
+
+Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) user_error(where, ": expected a JSON object at the top level");
+  Tokenizer t;
+  t.where_ = where;
+  const auto model = json_req<nlohmann::json>(j, "model", where);
+  const std::string type =
+      json_or<std::string>(model, "type", model.contains("merges") ? "BPE" : "", where + ": model");
+  if (type != "BPE") user_error(where, ": model type '", type, "' is not supported (only BPE)");
+  t.model_ = std::make_unique<Bpe>(model, where);
+  t.normalizer_ = make_normalizer(j.value("normalizer", nlohmann::json()), where);
+  t.pre_tokenizer_ = make_pre_tokenizer(j.value("pre_tokenizer", nlohmann::json()), where);
+  t.decoder_ = make_decoder(j.value("decoder", nlohmann::json()), where);
+  // post_processor only matters for add_special_tokens=True, which encode() does not do.
+
+  for (const auto& [token, id] : t.model_->vocab()) {
+    if (size_t(id) >= t.id_to_token_.size()) t.id_to_token_.resize(size_t(id) + 1);
+    t.id_to_token_[size_t(id)] = token;
+  }
+  const auto added = json_or<nlohmann::json>(j, "added_tokens", nlohmann::json::array(), where);
+  if (!added.is_array()) user_error(where, ": 'added_tokens' must be a list");
+  for (const auto& a : added) {
+    const std::string w = where + ": added_tokens";
+    AddedToken tok;
+    const int64_t id = json_req<int64_t>(a, "id", w);
+    if (id < 0 || id > INT32_MAX) user_error(w, ": id ", id, " is out of range");
+    tok.id = int32_t(id);
+    tok.content = json_req<std::string>(a, "content", w);
+    tok.single_word = json_or<bool>(a, "single_word", false, w);
+    tok.lstrip = json_or<bool>(a, "lstrip", false, w);
+    tok.rstrip = json_or<bool>(a, "rstrip", false, w);
+    tok.special = json_or<bool>(a, "special", false, w);
+    tok.normalized = json_or<bool>(a, "normalized", !tok.special, w);
+    if (!utf8_valid(tok.content)) user_error(w, ": content of id ", id, " is not valid UTF-8");
+    t.added_by_id_[tok.id] = t.added_.size();
+    t.added_.push_back(tok);
+    if (size_t(tok.id) >= t.id_to_token_.size()) t.id_to_token_.resize(size_t(tok.id) + 1);
+    t.id_to_token_[size_t(tok.id)] = tok.content;
+  }
+  // Match order follows the added_tokens list, so on equal content the first entry wins.
+  for (const AddedToken& tok : t.added_) {
+    if (tok.normalized && t.normalizer_) {
+      std::string pattern = tok.content;
+      t.normalizer_->normalize(pattern);
+      t.norm_matcher_.add(tok, std::move(pattern));
+    } else if (tok.normalized) {
+      t.norm_matcher_.add(tok, tok.content);
+    } else {
+      t.raw_matcher_.add(tok, tok.content);
+    }
+  }
+  return t;
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text) {
+  if (!utf8_valid(text)) user_error("text to encode is not valid UTF-8");
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 4);
+  for (const TextPart& part : raw_matcher_.split(text)) {
+    if (part.id >= 0)
+      out.push_back(part.id);
+    else
+      encode_text(part.text, part.offset == 0, out);
+  }
+  return out;
+}
+
+// Normalizes one stretch of text between raw added tokens, then matches the normalized added tokens
+// and pre-tokenizes and BPE-encodes what lies between them.
+void Tokenizer::encode_text(std::string_view raw, bool at_start, std::vector<int32_t>& out) {
+  std::string normalized(raw);
+  if (normalizer_) normalizer_->normalize(normalized);
+  for (const TextPart& part : norm_matcher_.split(normalized)) {
+    if (part.id >= 0) {
+      out.push_back(part.id);
+      continue;
+    }
+    pieces_.clear();
+    pieces_.push_back({std::string(part.text), at_start && part.offset == 0});
+    if (pre_tokenizer_) pre_tokenizer_->pre_tokenize(pieces_);
+    for (const Piece& p : pieces_) model_->encode_word(p.text, out);
+  }
+}
+
+std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
+  for (const AddedToken& a : added_)
+    if (a.content == token) return a.id;
+  return model_->token_to_id(token);
+}
+
+const std::string& Tokenizer::id_to_token(int32_t id) const {
+  if (id < 0 || size_t(id) >= id_to_token_.size())
+    user_error(where_, ": token id ", id, " is outside the vocabulary (size ", id_to_token_.size(), ")");
+  return id_to_token_[size_t(id)];
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
+  for (int32_t id : ids) {
+    if (skip_special_tokens) {
+      const auto it = added_by_id_.find(id);
+      if (it != added_by_id_.end() && added_[it->second].special) continue;
+    }
+    tokens.push_back(id_to_token(id));
+  }
+  if (!decoder_) {
+    // HF joins the tokens with spaces when there is no decoder.
+    std::string s;
+    for (size_t i = 0; i < tokens.size(); ++i) s += (i ? " " : "") + tokens[i];
+    return s;
+  }
+  decoder_->decode(tokens);
+  std::string s;
+  for (const std::string& t : tokens) s += t;
+  return s;
+}
+
+}  // namespace soltrain
