@@ -1,0 +1,65 @@
+// Our flash attention against the CPU reference: causal, GQA/MQA, packed documents, head dims 16-128.
+#include "gpu_test_util.h"
+
+namespace soltrain::test {
+namespace {
+
+struct Case {
+  std::vector<int32_t> cu;
+  int64_t H, Hkv, hd;
+};
+
+class CudaAttention : public CudaTest, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(CudaAttention, ForwardAndBackwardMatchTheCpu) {
+  const Case c = GetParam();
+  const int64_t N = c.cu.back(), H = c.H, Hkv = c.Hkv, hd = c.hd;
+  std::vector<int32_t> cu = c.cu, pos;
+  int max_len = 0;
+  for (size_t d = 0; d + 1 < cu.size(); ++d) {
+    max_len = std::max(max_len, cu[d + 1] - cu[d]);
+    for (int32_t i = cu[d]; i < cu[d + 1]; ++i) pos.push_back(i - cu[d]);
+  }
+  auto q = randn(static_cast<size_t>(N * H * hd)), k = randn(static_cast<size_t>(N * Hkv * hd)), v = randn(static_cast<size_t>(N * Hkv * hd));
+  auto dout = randn(static_cast<size_t>(N * H * hd));
+  const float scale = 1.0f / std::sqrt(float(hd));
+  // CPU reference on the same (bf16-representable) inputs
+  std::vector<float> out(q.size()), lse(static_cast<size_t>(H * N)), dq(q.size()), dk(k.size()), dv(v.size());
+  const SeqLayout cs{host_i32(cu), host_i32(pos), max_len};
+  cpu->attention_forward(host(out, {N, H, hd}), host(lse, {H, N}), host(q, {N, H, hd}), host(k, {N, Hkv, hd}),
+                         host(v, {N, Hkv, hd}), cs, scale);
+  // The GPU's backward sees its own (bf16) output, as in training; the CPU's its own.
+  cpu->attention_backward(host(dq, {N, H, hd}), host(dk, {N, Hkv, hd}), host(dv, {N, Hkv, hd}),
+                          host(dout, {N, H, hd}), host(q, {N, H, hd}), host(k, {N, Hkv, hd}), host(v, {N, Hkv, hd}),
+                          host(out, {N, H, hd}), host(lse, {H, N}), cs, scale);
+
+  const SeqLayout gs{upload_i32(cu), upload_i32(pos), max_len};
+  Tensor gq = upload(q, {N, H, hd}), gk = upload(k, {N, Hkv, hd}), gv = upload(v, {N, Hkv, hd});
+  Tensor gout = poisoned({N, H, hd}), glse = poisoned({H, N}, DType::F32);
+  gpu->attention_forward(gout, glse, gq, gk, gv, gs, scale);
+  Tensor gdq = poisoned({N, H, hd}), gdk = poisoned({N, Hkv, hd}), gdv = poisoned({N, Hkv, hd});
+  gpu->attention_backward(gdq, gdk, gdv, upload(dout, {N, H, hd}), gq, gk, gv, gout, glse, gs, scale);
+
+  EXPECT_LE(rel(download(gout), out), 1e-2);
+  EXPECT_LE(rel(download(glse), lse), 1e-4);
+  EXPECT_LE(rel(download(gdq), dq), 2e-2);
+  EXPECT_LE(rel(download(gdk), dk), 2e-2);
+  EXPECT_LE(rel(download(gdv), dv), 2e-2);
+
+  // bitwise repeatable
+  const auto dq1 = download(gdq), dk1 = download(gdk);
+  gpu->attention_backward(gdq, gdk, gdv, upload(dout, {N, H, hd}), gq, gk, gv, gout, glse, gs, scale);
+  EXPECT_EQ(download(gdq), dq1);
+  EXPECT_EQ(download(gdk), dk1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention,
+                         ::testing::Values(Case{{0, 200, 333}, 4, 2, 64},       // packed, GQA 2:1
+                                           Case{{0, 256}, 8, 2, 128},           // GQA 4:1, hd 128
+                                           Case{{0, 77, 100, 190}, 4, 1, 16},   // MQA, tiny head dim
+                                           Case{{0, 130}, 6, 2, 24},            // hd not a multiple of 16
+                                           Case{{0, 1, 65, 129}, 2, 2, 32},     // a one-token document
+                                           Case{{0, 700, 1024}, 4, 4, 128}));  // MHA, longer
+
+}  // namespace
+}  // namespace soltrain::test

@@ -1,0 +1,56 @@
+// The whole model on CUDA (bf16 compute, fp32 masters) against transformers' fp32 references, and the
+// same training run twice giving bitwise-identical losses.
+#include "data/batch_file.h"
+#include "gpu_test_util.h"
+#include "model/checkpoint.h"
+#include "train/trainer.h"
+
+namespace soltrain::test {
+namespace {
+
+class CudaModel : public CudaTest, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(CudaModel, MatchesTransformersWithinBf16Error) {
+  const auto dir = fixtures() / "models" / GetParam();
+  auto model = load_pretrained(dir, *gpu);
+  const HostBatch batch = load_batch_file(dir / "batch.safetensors");
+  const SafetensorsFile expected(dir / "expected.safetensors");
+  model->plan(batch.rows, batch.seq_len);
+  std::vector<float> logits(size_t(batch.rows) * batch.seq_len * model->config().vocab_size);
+  gpu->zero(model->params().all_grads());
+  const StepResult r = model->step(batch, true, logits.data());
+  EXPECT_LE(rel_err(logits.data(), to_f32(expected.at("logits")).data(), logits.size()), 2e-2);
+  const float ref_loss = to_f32(expected.at("loss"))[0];
+  EXPECT_NEAR(r.loss, ref_loss, 1e-2 * ref_loss);
+  for (const Parameter& p : model->params().all()) {
+    const auto ref = to_f32(expected.at("grad." + p.name));
+    EXPECT_LE(rel(download(p.grad), ref), 5e-2) << p.name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel,
+                         ::testing::Values("qwen3-tiny", "llama-tiny", "qwen2-tiny-mqa-bias", "llama3-tiny-scaled",
+                                           "qwen3-tiny-linear"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n)
+                             if (!isalnum(c)) c = '_';
+                           return n;
+                         });
+
+TEST_F(CudaTest, SameRunTwiceGivesBitwiseIdenticalLosses) {
+  const auto dir = fixtures() / "models" / "qwen3-tiny";
+  const HostBatch batch = load_batch_file(dir / "batch.safetensors");
+  const OptimizerConfig opt{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+  std::vector<TrainHistory> runs;
+  for (int i = 0; i < 2; ++i) {
+    auto model = load_pretrained(dir, *gpu);
+    runs.push_back(train_on_batch(*model, batch, opt, 5));
+  }
+  EXPECT_EQ(runs[0].losses, runs[1].losses);
+  EXPECT_EQ(runs[0].grad_norms, runs[1].grad_norms);
+  EXPECT_LT(runs[0].losses.back(), runs[0].losses.front());
+}
+
+}  // namespace
+}  // namespace soltrain::test

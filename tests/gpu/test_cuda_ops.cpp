@@ -1,0 +1,155 @@
+// Every CUDA op against its CPU twin on fresh random bf16-representable inputs, at several shapes
+// (odd sizes included). Outputs start as NaN, so an element a kernel forgets to write fails the test.
+#include "gpu_test_util.h"
+
+namespace soltrain::test {
+namespace {
+
+using CudaOps = CudaTest;
+
+TEST_F(CudaOps, LinearForwardAndBackward) {
+  for (auto [N, in, out, with_bias] : {std::tuple{77, 96, 136, true}, {256, 512, 384, false}, {5, 64, 320, true}}) {
+    auto x = randn(static_cast<size_t>(N * in)), w = randn(static_cast<size_t>(out * in), 0.05f), b = randn(static_cast<size_t>(out));
+    auto dy = randn(static_cast<size_t>(N * out)), dx0 = randn(static_cast<size_t>(N * in)), dw0 = randn(static_cast<size_t>(out * in)), db0 = randn(static_cast<size_t>(out));
+    // GPU
+    Tensor gx = upload(x, {N, in}), gw = upload(w, {out, in}), gb = upload(b, {out}), gdy = upload(dy, {N, out});
+    Tensor gy = poisoned({N, out}), gdx = upload(dx0, {N, in}), gdw = upload(dw0, {out, in}, DType::F32),
+           gdb = upload(db0, {out}, DType::F32);
+    gpu->linear_forward(gy, gx, gw, with_bias ? &gb : nullptr);
+    gpu->linear_backward(&gdx, true, &gdw, with_bias ? &gdb : nullptr, gdy, gx, gw);
+    // CPU twin
+    std::vector<float> y(static_cast<size_t>(N * out)), dx = dx0, dw = dw0, db = db0;
+    Tensor cy = host(y, {N, out}), cdx = host(dx, {N, in}), cdw = host(dw, {out, in}), cdb = host(db, {out});
+    Tensor cb = host(b, {out});
+    cpu->linear_forward(cy, host(x, {N, in}), host(w, {out, in}), with_bias ? &cb : nullptr);
+    cpu->linear_backward(&cdx, true, &cdw, with_bias ? &cdb : nullptr, host(dy, {N, out}), host(x, {N, in}),
+                         host(w, {out, in}));
+    EXPECT_LE(rel(download(gy), y), 1e-2) << N << "x" << in << "x" << out;
+    EXPECT_LE(rel(download(gdx), dx), 1e-2);
+    EXPECT_LE(rel(download(gdw), dw), 1e-5);  // fp32 output, fp32 accumulation
+    if (with_bias) {
+      EXPECT_LE(rel(download(gdb), db), 1e-5);
+    }
+    // fp32 output (the LM head's logits)
+    Tensor gy32 = poisoned({N, out}, DType::F32);
+    gpu->linear_forward(gy32, gx, gw, nullptr);
+    cpu->linear_forward(cy, host(x, {N, in}), host(w, {out, in}), nullptr);
+    EXPECT_LE(rel(download(gy32), y), 1e-5);
+  }
+}
+
+TEST_F(CudaOps, RmsNormForwardAndBackward) {
+  for (auto [R, C] : {std::pair{100, 160}, {4096, 128}, {33, 1024}}) {
+    auto x = randn(static_cast<size_t>(R * C), 2.0f), w = randn(static_cast<size_t>(C)), dy = randn(static_cast<size_t>(R * C));
+    auto dx0 = randn(static_cast<size_t>(R * C)), dw0 = randn(static_cast<size_t>(C));
+    Tensor gy = poisoned({R, C}), grs = poisoned({R}, DType::F32), gx = upload(x, {R, C}), gw = upload(w, {C});
+    Tensor gdx = upload(dx0, {R, C}), gdw = upload(dw0, {C}, DType::F32);
+    gpu->rmsnorm_forward(gy, grs, gx, gw, 1e-6f);
+    gpu->rmsnorm_backward(gdx, true, gdw, upload(dy, {R, C}), gx, gw, grs);
+    std::vector<float> y(static_cast<size_t>(R * C)), rs(static_cast<size_t>(R)), dx = dx0, dw = dw0;
+    cpu->rmsnorm_forward(host(y, {R, C}), host(rs, {R}), host(x, {R, C}), host(w, {C}), 1e-6f);
+    cpu->rmsnorm_backward(host(dx, {R, C}), true, host(dw, {C}), host(dy, {R, C}), host(x, {R, C}), host(w, {C}),
+                          host(rs, {R}));
+    EXPECT_LE(rel(download(gy), y), 1e-2) << R << "x" << C;
+    EXPECT_LE(rel(download(grs), rs), 1e-5);
+    EXPECT_LE(rel(download(gdx), dx), 1e-2);
+    EXPECT_LE(rel(download(gdw), dw), 1e-4);
+  }
+}
+
+TEST_F(CudaOps, RopeBothDirections) {
+  const int64_t N = 50, heads = 3, hd = 64;
+  std::vector<int32_t> pos(N), cu = {0, int32_t(N)};
+  for (auto& p : pos) p = int32_t(rng() % 5000);
+  std::vector<float> inv(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) inv[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(hd));
+  auto x = randn(static_cast<size_t>(N * heads * hd));
+  for (bool inverse : {false, true}) {
+    Tensor gx = upload(x, {N, heads, hd});
+    gpu->rope(gx, SeqLayout{upload_i32(cu), upload_i32(pos), int(N)}, upload(inv, {hd / 2}, DType::F32), inverse);
+    std::vector<float> cx = x;
+    cpu->rope(host(cx, {N, heads, hd}), SeqLayout{host_i32(cu), host_i32(pos), int(N)}, host(inv, {hd / 2}), inverse);
+    EXPECT_LE(rel(download(gx), cx), 1e-2) << (inverse ? "inverse" : "forward");
+  }
+}
+
+TEST_F(CudaOps, SwiGluForwardAndBackward) {
+  const int64_t n = 3 * 1000 + 7;
+  auto g = randn(static_cast<size_t>(n), 2.0f), u = randn(static_cast<size_t>(n)), d = randn(static_cast<size_t>(n));
+  Tensor go = poisoned({n}), gdg = poisoned({n}), gdu = poisoned({n});
+  Tensor gg = upload(g, {n}), gu = upload(u, {n});
+  gpu->swiglu_forward(go, gg, gu);
+  gpu->swiglu_backward(gdg, gdu, upload(d, {n}), gg, gu);
+  std::vector<float> o(static_cast<size_t>(n)), dg(static_cast<size_t>(n)), du(static_cast<size_t>(n));
+  cpu->swiglu_forward(host(o, {n}), host(g, {n}), host(u, {n}));
+  cpu->swiglu_backward(host(dg, {n}), host(du, {n}), host(d, {n}), host(g, {n}), host(u, {n}));
+  EXPECT_LE(rel(download(go), o), 1e-2);
+  EXPECT_LE(rel(download(gdg), dg), 1e-2);
+  EXPECT_LE(rel(download(gdu), du), 1e-2);
+}
+
+TEST_F(CudaOps, CrossEntropyWithIgnoredTargets) {
+  for (auto [n, V] : {std::pair{37, 1000}, {8, 151936}}) {
+    auto logits = randn(static_cast<size_t>(n * V), 3.0f);
+    std::vector<int32_t> tgt(static_cast<size_t>(n));
+    for (auto& t : tgt) t = rng() % 4 == 0 ? -100 : int32_t(rng() % uint32_t(V));
+    Tensor gl = upload(logits, {n, V}, DType::F32), gd = poisoned({n, V}), gloss = poisoned({n}, DType::F32);
+    gpu->cross_entropy(gl, gd, gloss, upload_i32(tgt), 0.125f);
+    std::vector<float> d = logits, loss(static_cast<size_t>(n));
+    cpu->cross_entropy(host(d, {n, V}), host(d, {n, V}), host(loss, {n}), host_i32(tgt), 0.125f);
+    EXPECT_LE(rel(download(gloss), loss), 1e-5) << n << "x" << V;
+    EXPECT_LE(rel(download(gd), d), 1e-2);
+  }
+}
+
+TEST_F(CudaOps, EmbeddingForwardAndDeterministicBackward) {
+  const int64_t V = 1000, D = 96, N = 500;
+  auto table = randn(static_cast<size_t>(V * D)), dout = randn(static_cast<size_t>(N * D)), dt0 = randn(static_cast<size_t>(V * D));
+  std::vector<int32_t> ids(static_cast<size_t>(N));
+  for (auto& i : ids) i = int32_t(rng() % 40);  // many repeats: the accumulation order matters
+  Tensor gids = upload_i32(ids), gout = poisoned({N, D}), gdt = upload(dt0, {V, D}, DType::F32);
+  gpu->embedding_forward(gout, gids, upload(table, {V, D}));
+  const Tensor gdout = upload(dout, {N, D});
+  gpu->embedding_backward(gdt, gids, gdout);
+  std::vector<float> out(static_cast<size_t>(N * D)), dt = dt0;
+  cpu->embedding_forward(host(out, {N, D}), host_i32(ids), host(table, {V, D}));
+  cpu->embedding_backward(host(dt, {V, D}), host_i32(ids), host(dout, {N, D}));
+  EXPECT_EQ(download(gout), out);  // a copy: exact
+  const auto first = download(gdt);
+  EXPECT_LE(rel(first, dt), 1e-6);
+  gpu->copy(gdt, upload(dt0, {V, D}, DType::F32));
+  gpu->embedding_backward(gdt, gids, gdout);
+  EXPECT_EQ(download(gdt), first) << "not bitwise repeatable";
+}
+
+TEST_F(CudaOps, AdamWMatchesTheCpuAndWritesTheBf16Copy) {
+  const int64_t n = 10007;
+  auto w = randn(static_cast<size_t>(n)), m0 = randn(static_cast<size_t>(n), 0.01f), v0 = randn(static_cast<size_t>(n), 0.01f);
+  for (float& x : v0) x = x * x;
+  Tensor gw = upload(w, {n}, DType::F32), gm = upload(m0, {n}, DType::F32), gv = upload(v0, {n}, DType::F32);
+  Tensor copy = poisoned({n});
+  std::vector<float> cw = w, cm = m0, cv = v0;
+  for (int step = 1; step <= 3; ++step) {
+    auto g = randn(static_cast<size_t>(n), 0.1f);
+    const AdamWParams p{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step};
+    gpu->adamw(gw, upload(g, {n}, DType::F32), gm, gv, p, &copy);
+    cpu->adamw(host(cw, {n}), host(g, {n}), host(cm, {n}), host(cv, {n}), p, nullptr);
+  }
+  const auto got = download(gw);
+  EXPECT_LE(rel(got, cw), 1e-6);
+  const auto c = download(copy);
+  for (size_t i = 0; i < c.size(); ++i) ASSERT_EQ(c[i], bf16_to_f32(f32_to_bf16(got[i]))) << i;
+}
+
+TEST_F(CudaOps, SumsAreExactEnoughAndRepeatable) {
+  const int64_t n = 3000017;
+  auto x = randn(static_cast<size_t>(n));
+  Tensor gx = upload(x, {n}, DType::F32);
+  const double s = gpu->sum_squares(gx), t = gpu->sum(gx);
+  EXPECT_NEAR(s, cpu->sum_squares(host(x, {n})), 1e-9 * s);
+  EXPECT_NEAR(t, cpu->sum(host(x, {n})), 1e-6 * std::sqrt(s));
+  EXPECT_EQ(s, gpu->sum_squares(gx));
+}
+
+}  // namespace
+}  // namespace soltrain::test
