@@ -48,8 +48,8 @@ class CudaTest : public ::testing::Test {
   }
   // An output tensor filled with NaN.
   Tensor poisoned(Shape s, DType dt = DType::BF16) {
-    return upload(std::vector<float>(size_t(shape_numel(s)), std::numeric_limits<float>::quiet_NaN()), std::move(s),
-                  dt);
+    const std::vector<float> nan(size_t(shape_numel(s)), std::numeric_limits<float>::quiet_NaN());
+    return upload(nan, s, dt);
   }
   std::vector<float> download(const Tensor& t) {
     std::vector<float> out(size_t(t.numel()));

@@ -24,7 +24,9 @@ TEST_P(CudaModel, MatchesTransformersWithinBf16Error) {
   EXPECT_NEAR(r.loss, ref_loss, 1e-2 * ref_loss);
   for (const Parameter& p : model->params().all()) {
     const auto ref = to_f32(expected.at("grad." + p.name));
-    EXPECT_LE(rel(download(p.grad), ref), 5e-2) << p.name;
+    // k biases: their true gradient is mostly cancellation (see test_reference_models.cpp), so bf16
+    // rounding is large relative to it; every other gradient holds 5e-2.
+    EXPECT_LE(rel(download(p.grad), ref), p.name.ends_with("k_proj.bias") ? 2e-1 : 5e-2) << p.name;
   }
 }
 
