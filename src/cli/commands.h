@@ -9,5 +9,7 @@ namespace soltrain {
 std::function<int()> add_dump_command(CLI::App& app);
 std::function<int()> add_train_command(CLI::App& app);
 std::function<int()> add_encode_command(CLI::App& app);
+std::function<int()> add_bench_command(CLI::App& app);
+std::function<int()> add_bench_attention_command(CLI::App& app);
 
 }  // namespace soltrain

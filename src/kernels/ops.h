@@ -35,6 +35,8 @@ class Ops {
   virtual void copy(Tensor dst, const Tensor& src) = 0;     // same dtype; either side may be host memory
   virtual void convert(Tensor dst, const Tensor& src) = 0;  // device tensors, F32 <-> activation dtype
   virtual void zero(Tensor t) = 0;
+  virtual void synchronize() {}                             // wait for queued work (timing only)
+  virtual double memory_used_gib() const { return 0.0; }    // device memory in use (all processes)
 
   // out[n] = table[ids[n]]; backward: dtable[ids[n]] += dout[n], accumulated deterministically.
   virtual void embedding_forward(Tensor out, const Tensor& ids, const Tensor& table) = 0;

@@ -62,6 +62,14 @@ void CudaOps::copy(Tensor dst, const Tensor& src) {
 
 void CudaOps::zero(Tensor t) { CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.bytes(), stream_)); }
 
+void CudaOps::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+double CudaOps::memory_used_gib() const {
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return double(total_b - free_b) / double(1u << 30);
+}
+
 void* CudaOps::scratch(size_t bytes) {
   if (scratch_.bytes() < bytes) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old scratch may still be in use

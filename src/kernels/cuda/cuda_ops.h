@@ -23,6 +23,8 @@ class CudaOps final : public Ops {
   void copy(Tensor dst, const Tensor& src) override;
   void convert(Tensor dst, const Tensor& src) override;
   void zero(Tensor t) override;
+  void synchronize() override;
+  double memory_used_gib() const override;
 
   void embedding_forward(Tensor out, const Tensor& ids, const Tensor& table) override;
   void embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout) override;

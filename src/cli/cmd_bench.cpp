@@ -1,0 +1,154 @@
+// `soltrain bench` and `soltrain bench-attention`: timing of whole training steps on random tokens, and of
+// the attention kernels alone. Each prints one JSON line for bench/run_bench.py to tabulate.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "cli/commands.h"
+#include "cli/device_option.h"
+#include "model/checkpoint.h"
+#include "train/optimizer.h"
+
+namespace soltrain {
+
+namespace {
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? NAN : v[v.size() / 2];
+}
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+std::function<int()> add_bench_command(CLI::App& app) {
+  struct Opts {
+    std::string model, device = "cuda";
+    int batch = 8, seq = 2048, steps = 10, warmup = 3;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* c = app.add_subcommand("bench", "time full training steps (AdamW) on random tokens");
+  c->add_option("--model", o->model, "Hugging Face model folder")->required();
+  c->add_option("--batch-size", o->batch)->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--seq-len", o->seq)->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--steps", o->steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--warmup", o->warmup)->check(CLI::NonNegativeNumber)->capture_default_str();
+  add_device_option(c, o->device);
+  return [o]() {
+    auto ops = make_ops(o->device);
+    auto model = load_pretrained(o->model, *ops);
+    const int V = model->config().vocab_size;
+    HostBatch batch{o->batch, o->seq, {}, {}};
+    std::mt19937 rng(1234);
+    for (int i = 0; i < o->batch * o->seq; ++i) batch.input_ids.push_back(int32_t(rng() % uint32_t(V)));
+    batch.targets = batch.input_ids;
+    std::rotate(batch.targets.begin(), batch.targets.begin() + 1, batch.targets.end());
+    model->plan(o->batch, o->seq);
+    AdamW opt(model->params(), *ops);
+    const OptimizerConfig cfg{1e-5f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+    std::vector<double> times;
+    double loss = 0;
+    for (int s = 0; s < o->warmup + o->steps; ++s) {
+      ops->synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      ops->zero(model->params().all_grads());
+      loss = model->step(batch, true).loss;
+      clip_grad_norm(*ops, model->params(), cfg.max_grad_norm);
+      opt.step(cfg, cfg.lr);
+      ops->synchronize();
+      if (s >= o->warmup) times.push_back(seconds_since(t0));
+    }
+    const double step = median(times), tokens = double(o->batch) * o->seq;
+    nlohmann::json r{{"engine", "soltrain"},
+                     {"params", model->params().numel()},
+                     {"batch", o->batch},
+                     {"seq", o->seq},
+                     {"step_s", step},
+                     {"tokens_per_s", tokens / step},
+                     {"memory_gib", ops->memory_used_gib()},
+                     {"activation_gib", double(model->activation_bytes()) / double(1u << 30)},
+                     {"loss", loss}};
+    std::cout << r.dump() << std::endl;
+    return 0;
+  };
+}
+
+std::function<int()> add_bench_attention_command(CLI::App& app) {
+  struct Opts {
+    int batch = 8, heads = 16, kv_heads = 8, seq = 2048, head_dim = 128, iters = 20;
+    std::string device = "cuda";
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* c = app.add_subcommand("bench-attention", "time causal flash attention forward and backward");
+  c->add_option("--batch", o->batch)->capture_default_str();
+  c->add_option("--heads", o->heads)->capture_default_str();
+  c->add_option("--kv-heads", o->kv_heads)->capture_default_str();
+  c->add_option("--seq-len", o->seq)->capture_default_str();
+  c->add_option("--head-dim", o->head_dim)->capture_default_str();
+  c->add_option("--iters", o->iters)->capture_default_str();
+  add_device_option(c, o->device);
+  return [o]() {
+    auto ops = make_ops(o->device);
+    const int64_t N = int64_t(o->batch) * o->seq, H = o->heads, Hkv = o->kv_heads, hd = o->head_dim;
+    const DType dt = ops->activation_dtype();
+    auto make = [&](Shape s, DType t) {
+      auto b = std::make_shared<Buffer>(ops->alloc(size_t(shape_numel(s)) * dtype_size(t)));
+      return std::pair{b, Tensor{b->data(), t, std::move(s), ops->device()}};
+    };
+    auto [bq, q] = make({N, H, hd}, dt);
+    auto [bk, k] = make({N, Hkv, hd}, dt);
+    auto [bv, v] = make({N, Hkv, hd}, dt);
+    auto [bo, out] = make({N, H, hd}, dt);
+    auto [bdo, dout] = make({N, H, hd}, dt);
+    auto [bdq, dq] = make({N, H, hd}, dt);
+    auto [bdk, dk] = make({N, Hkv, hd}, dt);
+    auto [bdv, dv] = make({N, Hkv, hd}, dt);
+    auto [bl, lse] = make({H, N}, DType::F32);
+    // random inputs: fill through an fp32 staging tensor
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd;
+    for (Tensor* t : {&q, &k, &v, &dout}) {
+      std::vector<float> h(size_t(t->numel()));
+      for (float& x : h) x = nd(rng);
+      auto [bs, staged] = make(t->shape, DType::F32);
+      ops->copy(staged, Tensor{h.data(), DType::F32, t->shape, Device::CPU});
+      ops->convert(*t, staged);
+    }
+    std::vector<int32_t> cu(size_t(o->batch) + 1), pos(size_t(N));
+    for (int b = 0; b <= o->batch; ++b) cu[size_t(b)] = b * o->seq;
+    for (int64_t n = 0; n < N; ++n) pos[size_t(n)] = int32_t(n % o->seq);
+    auto [bcu, tcu] = make({int64_t(cu.size())}, DType::I32);
+    auto [bpos, tpos] = make({N}, DType::I32);
+    ops->copy(tcu, Tensor{cu.data(), DType::I32, tcu.shape, Device::CPU});
+    ops->copy(tpos, Tensor{pos.data(), DType::I32, tpos.shape, Device::CPU});
+    const SeqLayout seq{tcu, tpos, o->seq};
+    const float scale = 1.0f / std::sqrt(float(hd));
+    std::vector<double> fwd, bwd;
+    for (int i = 0; i < o->iters + 3; ++i) {
+      ops->synchronize();
+      auto t0 = std::chrono::steady_clock::now();
+      ops->attention_forward(out, lse, q, k, v, seq, scale);
+      ops->synchronize();
+      const double f = seconds_since(t0);
+      t0 = std::chrono::steady_clock::now();
+      ops->attention_backward(dq, dk, dv, dout, q, k, v, out, lse, seq, scale);
+      ops->synchronize();
+      if (i >= 3) fwd.push_back(f), bwd.push_back(seconds_since(t0));
+    }
+    // causal: half of the 4·B·H·T²·hd forward FLOPs; backward 2.5x forward (the FlashAttention convention)
+    const double flops = 4.0 * o->batch * H * double(o->seq) * o->seq * hd / 2;
+    nlohmann::json r{{"engine", "soltrain"}, {"batch", o->batch}, {"heads", H},          {"kv_heads", Hkv},
+                     {"seq", o->seq},        {"head_dim", hd},    {"fwd_ms", median(fwd) * 1e3},
+                     {"bwd_ms", median(bwd) * 1e3},
+                     {"fwd_tflops", flops / median(fwd) / 1e12},
+                     {"bwd_tflops", 2.5 * flops / median(bwd) / 1e12}};
+    std::cout << r.dump() << std::endl;
+    return 0;
+  };
+}
+
+}  // namespace soltrain
