@@ -1,0 +1,18 @@
+// UTF-8 helpers for the template engine: Python strings index, slice and strip by code point.
+#pragma once
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace soltrain::jinja {
+
+// Code points of a UTF-8 string; an invalid byte becomes one code point of its own value.
+std::u32string decode_utf8(std::string_view s);
+std::string encode_utf8(std::u32string_view s);
+void append_utf8(std::string& out, char32_t c);
+// Python's str.isspace() for one code point.
+bool is_py_space(char32_t c);
+// Python's str.strip/lstrip/rstrip: `chars` == nullptr strips whitespace, else the given code points.
+std::string py_strip(const std::string& s, const std::string* chars, bool left, bool right);
+
+}  // namespace soltrain::jinja
