@@ -112,7 +112,16 @@ void Interpreter::exec_set(const Stmt& s, const Value& v) {
 }
 
 Interpreter::Flow Interpreter::exec_for(const Stmt& s, std::string& out) {
-  List all = iterate(eval(*s.expr));
+  List all;
+  try {
+    all = iterate(eval(*s.expr));
+  } catch (EvalError& e) {
+    if (e.line == 0) {  // point at what is being iterated, not at the "for"
+      e.line = s.expr->line;
+      e.column = s.expr->column;
+    }
+    throw;
+  }
   List items;
   if (s.cond) {
     // The loop filter sees the loop target but not `loop` (jinja2 filters before counting).
