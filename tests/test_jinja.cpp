@@ -200,8 +200,10 @@ TEST(Jinja, Filters) {
   EXPECT_EQ(render("{{ \"hello\"|replace(\"l\", \"L\") }} {{ \"hello\"|replace(\"l\", \"L\", 1) }} {{ \"Hi\"|upper }} "
                    "{{ \"Hi\"|lower }} {{ 1|string }} {{ none|string }} {{ \"<b>\"|safe }}"),
             "heLLo heLlo HI hi 1 None <b>");
-  EXPECT_EQ(render("{{ \"a\\nb\\n\\nc\"|indent(2) }}|{{ \"a\\nb\"|indent(2, true) }}|{{ \"a\\n\\nb\"|indent(2, blank=true) }}"),
-            "a\n  b\n\n  c|  a\n  b|a\n  \n  b");
+  EXPECT_EQ(
+      render(
+          "{{ \"a\\nb\\n\\nc\"|indent(2) }}|{{ \"a\\nb\"|indent(2, true) }}|{{ \"a\\n\\nb\"|indent(2, blank=true) }}"),
+      "a\n  b\n\n  c|  a\n  b|a\n  \n  b");
   EXPECT_EQ(render("{{ [{\"n\":\"a\"},{\"n\":\"b\"}]|join(\",\", attribute=\"n\") }}"), "a,b");
 }
 
@@ -259,13 +261,15 @@ TEST(Jinja, SyntaxErrorsSayWhereAndWhy) {
 
 TEST(Jinja, RuntimeErrorsSayWhereAndWhy) {
   EXPECT_EQ(error_of("{{ 1 / 0 }}"), "t line 1, column 6: division by zero");
-  EXPECT_EQ(error_of("x\n{{ none + \"a\" }}"), "t line 2, column 9: unsupported operand type(s) for +: 'NoneType' and 'str'");
+  EXPECT_EQ(error_of("x\n{{ none + \"a\" }}"),
+            "t line 2, column 9: unsupported operand type(s) for +: 'NoneType' and 'str'");
   EXPECT_EQ(error_of("{% for m in 3 %}{% endfor %}"), "t line 1, column 13: 'int' object is not iterable");
 }
 
 TEST(Jinja, RaiseExceptionAndStrftimeInChatTemplates) {
-  ChatTemplate t("{% if messages[0].role != 'user' %}{{ raise_exception('Conversations must start with user') }}"
-                 "{% endif %}ok");
+  ChatTemplate t(
+      "{% if messages[0].role != 'user' %}{{ raise_exception('Conversations must start with user') }}"
+      "{% endif %}ok");
   EXPECT_EQ(t.render(nlohmann::json::parse(R"({"messages": [{"role": "user"}]})")), "ok");
   try {
     t.render(nlohmann::json::parse(R"({"messages": [{"role": "assistant"}]})"));
