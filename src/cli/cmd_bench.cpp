@@ -118,7 +118,7 @@ std::function<int()> add_bench_attention_command(CLI::App& app) {
       ops->copy(staged, Tensor{h.data(), DType::F32, t->shape, Device::CPU});
       ops->convert(*t, staged);
     }
-    std::vector<int32_t> cu(size_t(o->batch) + 1), pos(size_t(N));
+    std::vector<int32_t> cu(static_cast<size_t>(o->batch) + 1), pos(static_cast<size_t>(N));
     for (int b = 0; b <= o->batch; ++b) cu[size_t(b)] = b * o->seq;
     for (int64_t n = 0; n < N; ++n) pos[size_t(n)] = int32_t(n % o->seq);
     auto [bcu, tcu] = make({int64_t(cu.size())}, DType::I32);
