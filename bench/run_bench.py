@@ -1,0 +1,163 @@
+# End-to-end benchmark on one GPU, side by side in one run: soltrain vs Hugging Face transformers (eager and
+# torch.compile) on random-init Qwen3 shapes (full fine-tuning, bf16, AdamW), plus our attention kernels vs
+# torch's scaled_dot_product_attention (flash backend). Prints one table; JSON results go to --out.
+#   python3 bench/run_bench.py --soltrain build/soltrain --sizes 0.6B,1.7B,4B --peers eager,compile
+# Tokens/s count B x T per whole step (forward, backward, optimizer), median over timed steps after warm-up.
+# MFU = tokens/s x FLOPs/token (bench/qwen3_shapes.py) / the bf16 GEMM rate measured here (8192^3).
+import argparse, gc, json, os, subprocess, sys, time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+from qwen3_shapes import config, flops_per_token  # noqa: E402
+
+BATCH = {"0.6B": 8, "1.7B": 4, "4B": 2, "8B": 1}
+
+
+def gemm_ceiling():
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3): a @ b
+    times = []
+    for _ in range(20):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(); a @ b; e.record(); torch.cuda.synchronize(); times.append(s.elapsed_time(e) / 1e3)
+    times.sort()
+    return 2 * 8192 ** 3 / times[len(times) // 2] / 1e12
+
+
+def save_model(name, root):
+    from transformers import AutoModelForCausalLM
+    path = os.path.join(root, name)
+    if not os.path.exists(os.path.join(path, "config.json")):
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            m = AutoModelForCausalLM.from_config(config(name), dtype=torch.bfloat16)
+        m.save_pretrained(path)
+        del m
+        gc.collect(); torch.cuda.empty_cache()
+    return path
+
+
+def run_soltrain(binary, path, batch, seq, steps):
+    out = subprocess.run([binary, "bench", "--model", path, "--batch-size", str(batch), "--seq-len", str(seq),
+                          "--steps", str(steps), "--device", "cuda"], capture_output=True, text=True)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip()[-300:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_hf(name, batch, seq, steps, compile_):
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    torch.cuda.reset_peak_memory_stats()
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config(name), dtype=torch.bfloat16)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    fwd = torch.compile(model) if compile_ else model
+    ids = torch.randint(0, model.config.vocab_size, (batch, seq), device="cuda")
+    times = []
+    try:
+        for i in range(steps + 3):
+            torch.cuda.synchronize(); t0 = time.perf_counter()
+            loss = fwd(input_ids=ids, labels=ids).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step(); opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            if i >= 3: times.append(time.perf_counter() - t0)
+        times.sort()
+        step = times[len(times) // 2]
+        r = {"engine": "transformers" + (" + compile" if compile_ else " eager"), "step_s": step,
+             "tokens_per_s": batch * seq / step, "memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30}
+    except torch.OutOfMemoryError:
+        r = {"engine": "transformers" + (" + compile" if compile_ else " eager"), "error": "out of memory"}
+    del model, opt, fwd
+    gc.collect(); torch.cuda.empty_cache()
+    return r
+
+
+def torch_attention(b, h, kv, t, d, iters=20):
+    q = torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(b, kv, t, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(b, kv, t, d, device="cuda", dtype=torch.bfloat16)
+    k = k.repeat_interleave(h // kv, dim=1).requires_grad_()  # the flash backend wants equal heads
+    v = v.repeat_interleave(h // kv, dim=1).requires_grad_()
+    do = torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16)
+    fwd, bwd = [], []
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        for i in range(iters + 3):
+            s, m, e = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            s.record(); o = F.scaled_dot_product_attention(q, k, v, is_causal=True); m.record()
+            torch.autograd.grad(o, (q, k, v), do); e.record(); torch.cuda.synchronize()
+            if i >= 3: fwd.append(s.elapsed_time(m)); bwd.append(m.elapsed_time(e))
+    fwd.sort(); bwd.sort()
+    flops = 4 * b * h * t * t * d / 2
+    f, bw = fwd[len(fwd) // 2] / 1e3, bwd[len(bwd) // 2] / 1e3
+    return {"engine": "torch sdpa flash", "fwd_ms": f * 1e3, "bwd_ms": bw * 1e3, "fwd_tflops": flops / f / 1e12,
+            "bwd_tflops": 2.5 * flops / bw / 1e12}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--soltrain", default="build/soltrain")
+    ap.add_argument("--sizes", default="0.6B,1.7B,4B")
+    ap.add_argument("--peers", default="eager,compile", help="eager, compile, or none")
+    ap.add_argument("--compile-sizes", default="0.6B", help="sizes to also run with torch.compile")
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--attention", default="8x16x8x2048,4x32x8x4096,2x32x8x8192")
+    ap.add_argument("--models", default="/tmp/soltrain-bench-models")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    results = {"gpu": torch.cuda.get_device_name(), "gemm_tflops": gemm_ceiling(), "train": [], "attention": []}
+    peak = results["gemm_tflops"]
+    print(f"bf16 GEMM 8192^3: {peak:.1f} TFLOP/s", flush=True)
+    for name in [s for s in a.sizes.split(",") if s]:
+        batch, fpt = BATCH[name], flops_per_token(name, a.seq)
+        path = save_model(name, a.models)
+        rows = [run_soltrain(a.soltrain, path, batch, a.seq, a.steps)]
+        if "eager" in a.peers: rows.append(run_hf(name, batch, a.seq, a.steps, False))
+        if "compile" in a.peers and name in a.compile_sizes.split(","): rows.append(run_hf(name, batch, a.seq, a.steps, True))
+        for r in rows:
+            r.update(model=f"Qwen3-{name}", batch=batch, seq=a.seq)
+            if "tokens_per_s" in r:
+                r["tflops"] = r["tokens_per_s"] * fpt / 1e12
+                r["mfu"] = r["tflops"] / peak
+            print(json.dumps(r), flush=True)
+            results["train"].append(r)
+    for shape in [s for s in a.attention.split(",") if s]:
+        b, h, kv, t = map(int, shape.split("x"))
+        out = subprocess.run([a.soltrain, "bench-attention", "--batch", str(b), "--heads", str(h), "--kv-heads",
+                              str(kv), "--seq-len", str(t), "--head-dim", "128"], capture_output=True, text=True)
+        ours = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-300:]}
+        theirs = torch_attention(b, h, kv, t, 128)
+        for r in (ours, theirs):
+            r["shape"] = f"{b}x{h}({kv})x{t}"
+            print(json.dumps(r), flush=True)
+            results["attention"].append(r)
+    with open(os.path.join(a.out, "bench_results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"\n| model | batch x seq | engine | tokens/s | model TFLOP/s | MFU | memory GiB |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results["train"]:
+        if "error" in r:
+            print(f"| {r['model']} | {r['batch']}x{r['seq']} | {r.get('engine')} | error: {r['error'][:80]} | | | |")
+        else:
+            print(f"| {r['model']} | {r['batch']}x{r['seq']} | {r['engine']} | {r['tokens_per_s']:.0f} | "
+                  f"{r['tflops']:.0f} | {100 * r['mfu']:.1f}% | {r['memory_gib']:.1f} |")
+    print(f"\n| attention B x H(kv) x T, hd 128, causal | engine | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |")
+    print("|---|---|---|---|---|---|")
+    for r in results["attention"]:
+        if "error" in r:
+            print(f"| {r['shape']} | {r.get('engine', 'soltrain')} | error | | | |")
+        else:
+            print(f"| {r['shape']} | {r['engine']} | {r['fwd_ms']:.2f} | {r['fwd_tflops']:.0f} | {r['bwd_ms']:.2f} | "
+                  f"{r['bwd_tflops']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
