@@ -95,8 +95,11 @@ void Transformer::plan(int rows, int seq_len) {
   auto a = std::make_unique<Activations>();
   a->rows = rows;
   a->seq_len = seq_len;
-  // Logits are materialised for this many tokens at a time: ~64 MiB of fp32.
-  a->head_chunk = int(std::max<int64_t>(1, std::min<int64_t>(N, (int64_t(64) << 20) / (4 * V))));
+  // Logits are materialised for this many tokens at a time. On the GPU the chunk must stay a good GEMM
+  // shape: 64 MiB chunks (110 tokens at vocab 151936) made the LM head 150 thin GEMMs per step; 1 GiB of
+  // fp32 logits (+0.5 GiB bf16 gradient) gives ~1770-token chunks. The CPU keeps 64 MiB.
+  const int64_t chunk_bytes = ops_.activation_dtype() == DType::F32 ? int64_t(64) << 20 : int64_t(1) << 30;
+  a->head_chunk = int(std::max<int64_t>(1, std::min<int64_t>(N, chunk_bytes / (4 * V))));
   Arena& ar = a->arena;
   const DType act = ops_.activation_dtype(), f32 = DType::F32;
   std::vector<std::pair<Tensor*, size_t>> bind;

@@ -1,8 +1,9 @@
-// Building blocks of our flash attention kernels: bf16 tensor-core MMA (m16n8k16, sm_80+), fragment
-// loads from shared memory, and tile loads from [tokens, heads, hd] global tensors.
+// Building blocks of our flash attention kernels (sm_80+): bf16 tensor-core MMA (m16n8k16), fragments
+// loaded with ldmatrix (.trans gives the B operand straight from row-major V/Q/dO/K tiles, so no
+// transposed copies exist), and tile loads by cp.async (16-byte, zero-filling rows past the end).
 // Fragment layouts (g = lane / 4, t = lane % 4):
 //   A 16x16 row-major: a0 = A[g][2t..], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
-//   B 16x8 given as Bᵀ rows (n, k contiguous): b0 = Bᵀ[g][2t..], b1 = Bᵀ[g][2t+8..]
+//   B 16(k)x8(n): b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]
 //   C 16x8: c0,c1 = C[g][2t, 2t+1], c2,c3 = C[g+8][2t, 2t+1]
 #pragma once
 #include <cuda_bf16.h>
@@ -13,10 +14,13 @@
 
 namespace soltrain::cuda::attn {
 
-constexpr int kTile = 64;    // queries and keys per block tile
-constexpr int kWarps = 4;    // 16 rows each
-constexpr int kPad = 8;      // bf16 elements of row padding against bank conflicts
+constexpr int kTile = 64;  // keys per tile (and queries per tile in the backward kernels)
+constexpr int kPad = 8;    // bf16 row padding: a 272-byte row stride keeps ldmatrix conflict-free
 constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
 
 __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
   asm volatile(
@@ -26,29 +30,41 @@ __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], const uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-__device__ __forceinline__ uint32_t ld32(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
-
-// A fragment of the 16x16 tile at `base` (row-major, leading dimension ld elements).
-__device__ __forceinline__ void load_a(uint32_t a[4], const bf16* base, int ld) {
-  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  a[0] = ld32(base + g * ld + 2 * t);
-  a[1] = ld32(base + (g + 8) * ld + 2 * t);
-  a[2] = ld32(base + g * ld + 2 * t + 8);
-  a[3] = ld32(base + (g + 8) * ld + 2 * t + 8);
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
 }
 
-// B fragment of a 16(k) x 8(n) tile stored transposed at `base`: 8 rows of n, k contiguous.
-__device__ __forceinline__ void load_b(uint32_t b[2], const bf16* base, int ld) {
-  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  b[0] = ld32(base + g * ld + 2 * t);
-  b[1] = ld32(base + g * ld + 2 * t + 8);
+// A fragment of the 16x16 row-major tile at `base`.
+__device__ __forceinline__ void load_a(uint32_t a[4], const bf16* base, int ld) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix_x4(a, base + ((lane % 8) + (lane / 8 % 2) * 8) * ld + (lane / 16) * 8);
+}
+// B fragments of two n-tiles (n 0-7, 8-15; k 0-15) from Bᵀ stored row-major as [n][k] at `base`.
+__device__ __forceinline__ void load_b2(uint32_t b0[2], uint32_t b1[2], const bf16* base, int ld) {
+  const int lane = threadIdx.x % 32;
+  uint32_t r[4];
+  ldmatrix_x4(r, base + ((lane % 8) + (lane / 16) * 8) * ld + (lane / 8 % 2) * 8);
+  b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
+}
+// B fragments of two n-tiles from B stored row-major as [k][n] at `base` (k 0-15, n 0-15).
+__device__ __forceinline__ void load_b2_trans(uint32_t b0[2], uint32_t b1[2], const bf16* base, int ld) {
+  const int lane = threadIdx.x % 32;
+  uint32_t r[4];
+  ldmatrix_x4_trans(r, base + ((lane % 8) + (lane / 8 % 2) * 8) * ld + (lane / 16) * 8);
+  b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
 }
 
 __device__ __forceinline__ uint32_t pack(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
-
 // An A fragment (16 rows x 16 k) from two C accumulators covering k columns [0,8) and [8,16).
 __device__ __forceinline__ void c_to_a(uint32_t a[4], const float lo[4], const float hi[4]) {
   a[0] = pack(lo[0], lo[1]);
@@ -57,31 +73,30 @@ __device__ __forceinline__ void c_to_a(uint32_t a[4], const float lo[4], const f
   a[3] = pack(hi[2], hi[3]);
 }
 
-// Copies rows [0, kTile) x [0, D) of a head's slice into shared memory: row r is token `first + r` of
-// src [tokens, heads, hd] at head `head`; rows at or past `valid` and columns at or past hd are zero.
-// With `transpose`, writes dst[d][r] (ld = kTile + kPad) instead of dst[r][d] (ld = D + kPad).
-template <int D, bool kTranspose>
-__device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int64_t first, int valid, int heads, int head,
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// Rows [0, kRows) x [0, D) of one head's slice into shared memory (ld = D + kPad): row r is token
+// `first + r` of src [tokens, heads, hd]; rows at or past `valid` and columns at or past hd are zero.
+// kAsync (needs hd == D): 16-byte cp.async, complete after cp_async_wait_all(); else plain loads/stores.
+template <int D, int kRows, bool kAsync>
+__device__ __forceinline__ void load_rows(bf16* dst, const bf16* src, int64_t first, int valid, int heads, int head,
                                           int hd) {
-  constexpr int ld = kTranspose ? kTile + kPad : D + kPad;
-  const bf16 zero = to_bf(0.f);
-  if (hd == D && hd % 8 == 0) {  // 16-byte vectors
-    for (int i = threadIdx.x; i < kTile * D / 8; i += blockDim.x) {
+  constexpr int ld = D + kPad;
+  if constexpr (kAsync) {
+    for (int i = threadIdx.x; i < kRows * (D / 8); i += blockDim.x) {
       const int r = i / (D / 8), c = i % (D / 8) * 8;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (r < valid) v = *reinterpret_cast<const uint4*>(src + ((first + r) * heads + head) * hd + c);
-      if (!kTranspose) {
-        *reinterpret_cast<uint4*>(dst + r * ld + c) = v;
-      } else {
-        const bf16* e = reinterpret_cast<const bf16*>(&v);
-        for (int j = 0; j < 8; ++j) dst[(c + j) * ld + r] = e[j];
-      }
+      const bool ok = r < valid;
+      cp_async16(dst + r * ld + c, src + ((first + (ok ? r : 0)) * heads + head) * int64_t(D) + c, ok);
     }
   } else {
-    for (int i = threadIdx.x; i < kTile * D; i += blockDim.x) {
+    for (int i = threadIdx.x; i < kRows * D; i += blockDim.x) {
       const int r = i / D, c = i % D;
-      const bf16 v = (r < valid && c < hd) ? src[((first + r) * heads + head) * hd + c] : zero;
-      dst[kTranspose ? c * ld + r : r * ld + c] = v;
+      dst[r * ld + c] = (r < valid && c < hd) ? src[((first + r) * heads + head) * int64_t(hd) + c] : to_bf(0.f);
     }
   }
 }
