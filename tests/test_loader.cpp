@@ -45,7 +45,8 @@ TEST(Loader, PacksGreedilyWithPositionsCuSeqlensAndTargets) {
   // and on padding.
   EXPECT_EQ(b.targets, (std::vector<int32_t>{-100, 102, -100, -100, 202, 203, -100, -100,  //
                                              -100, 302, 303, 304, -100, -100, -100, -100}));
-  EXPECT_EQ(l.state(), (LoaderState{0, 4}));
+  // Looking for a third document for row 1 already started epoch 1 (document 0 did not fit).
+  EXPECT_EQ(l.state(), (LoaderState{1, 0}));
 }
 
 TEST(Loader, NoTargetCrossesADocumentBoundary) {
@@ -94,8 +95,8 @@ TEST(Loader, ShuffleIsDeterministicPerSeedAndEpoch) {
   std::sort(sorted.begin(), sorted.end());
   for (int64_t i = 0; i < 50; ++i) EXPECT_EQ(sorted[size_t(i)], i) << "a permutation";
   // Pinned: the order must not change between builds or machines (resume depends on it).
-  const std::vector<int64_t> first = {a.epoch_order(0).begin(), a.epoch_order(0).begin() + 5};
-  EXPECT_EQ(first, (std::vector<int64_t>{first[0], first[1], first[2], first[3], first[4]}));
+  const std::vector<int64_t> order = a.epoch_order(0);
+  EXPECT_EQ(std::vector<int64_t>(order.begin(), order.begin() + 5), (std::vector<int64_t>{48, 46, 18, 28, 37}));
 }
 
 TEST(Loader, ResumeFromSavedStateGivesTheSameBatches) {

@@ -49,7 +49,7 @@ std::vector<std::string> trained_runs(Model& m, const Document& d) {
 }
 
 Document encode(Model& m, const Sample& s, bool train_on_inputs = false) {
-  SampleEncoder enc(m.tok, &m.tmpl, "", train_on_inputs);
+  SampleEncoder enc(m.tok, &m.tmpl, m.tmpl.eos_token(), train_on_inputs);
   Document d = enc.encode(s);
   EXPECT_EQ(d.ids, m.tok.encode(m.tmpl.render(s.vars))) << "ids are those of the whole rendered text";
   return d;
@@ -91,7 +91,8 @@ TEST(Masks, Qwen3SystemToolCallsAndThinkingOff) {
   ASSERT_EQ(runs.size(), 2u);
   EXPECT_EQ(runs[0],
             "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>");
-  EXPECT_EQ(runs[1], "<think>\n\n</think>\n\nSunny.<|im_end|>");
+  // With thinking off the empty think block is part of the generation prompt: prompt, not trained.
+  EXPECT_EQ(runs[1], "Sunny.<|im_end|>");
 }
 
 TEST(Masks, Llama3AssistantContentAndEotOnly) {
@@ -99,12 +100,17 @@ TEST(Masks, Llama3AssistantContentAndEotOnly) {
   const Document d = encode(m, conversation(kTwoTurns));
   EXPECT_EQ(trained_runs(m, d), (std::vector<std::string>{"4<|eot_id|>", "6<|eot_id|>"}));
   const int32_t eot = *m.tok.token_to_id("<|eot_id|>");
-  EXPECT_EQ(d.ids.back(), eot);
-  EXPECT_EQ(d.mask.back(), 1);
+  // This template always ends with an assistant header (a generation prompt): prompt, not trained.
+  EXPECT_EQ(m.tok.decode(std::vector<int32_t>(d.ids.end() - 4, d.ids.end())),
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(std::count(d.mask.end() - 4, d.mask.end(), 1), 0);
+  EXPECT_EQ(std::count(d.ids.begin(), d.ids.end(), eot), 4);  // two user and two assistant turns
   // The header before each answer is prompt.
   const int32_t header_end = *m.tok.token_to_id("<|end_header_id|>");
   for (size_t i = 0; i < d.ids.size(); ++i) {
-    if (d.ids[i] == header_end) EXPECT_EQ(d.mask[i], 0);
+    if (d.ids[i] == header_end) {
+      EXPECT_EQ(d.mask[i], 0);
+    }
   }
 }
 

@@ -10,8 +10,8 @@ namespace soltrain {
 using nlohmann::ordered_json;
 
 SampleEncoder::SampleEncoder(Tokenizer& tok, const ChatTemplate* tmpl, std::string eos, bool train_on_inputs)
-    : tok_(tok), tmpl_(tmpl), train_on_inputs_(train_on_inputs) {
-  if (!eos.empty()) eos_ids_ = tok_.encode(eos);
+    : tok_(tok), tmpl_(tmpl), eos_(std::move(eos)), train_on_inputs_(train_on_inputs) {
+  if (!eos_.empty()) eos_ids_ = tok_.encode(eos_);
   for (const AddedToken& t : tok_.added_tokens())
     if (t.special) special_.insert(t.id);
 }
@@ -46,22 +46,32 @@ std::vector<TextSpan> SampleEncoder::assistant_spans(const ordered_json& vars, c
     const std::string through = render(vars, i + 1, false);
     TextSpan s;
     s.begin = common_prefix(prompt, full);
-    if (through.size() <= full.size() && common_prefix(through, full) == through.size()) {
-      s.end = through.size();
-    } else {
-      // This turn renders differently when it is the last one: find its end-of-turn token in F.
-      const std::string turn = through.substr(std::min(common_prefix(prompt, through), through.size()));
-      const std::vector<int32_t> ids = tok_.encode(turn);
-      auto last = std::find_if(ids.rbegin(), ids.rend(), [&](int32_t id) { return is_special(id); });
-      if (last == ids.rend())
-        throw BadRecord(cat("message ", i, ": cannot find where the assistant turn ends in the rendered text"));
-      const std::string& eot = tok_.id_to_token(*last);
-      const size_t at = full.find(eot, s.begin);
-      if (at == std::string::npos)
-        throw BadRecord(cat("message ", i, ": end-of-turn token ", eot, " not found in the rendered text"));
-      s.end = at + eot.size();
+    // A generation prompt that F only partly follows (Qwen3's "<think>" vs "<tool_call>" share "<") is
+    // cut back to its last line break, so the span does not start inside a token.
+    if (s.begin < prompt.size()) {
+      const size_t nl = full.rfind('\n', s.begin == 0 ? 0 : s.begin - 1);
+      s.begin = nl == std::string::npos ? 0 : nl + 1;
     }
-    if (s.end <= s.begin || (!spans.empty() && s.begin < spans.back().end))
+    // The turn as the template renders it alone; its end-of-turn token is the eos token when it occurs
+    // there (Qwen <|im_end|>, Llama 3 instruct <|eot_id|>), else its first special token.
+    const std::string turn = through.substr(std::min(common_prefix(prompt, through), through.size()));
+    std::string eot;
+    if (!eos_.empty() && turn.find(eos_) != std::string::npos) {
+      eot = eos_;
+    } else {
+      for (int32_t id : tok_.encode(turn))
+        if (is_special(id)) {
+          eot = tok_.id_to_token(id);
+          break;
+        }
+    }
+    if (eot.empty())
+      throw BadRecord(cat("message ", i, ": the chat template renders no end-of-turn token after the assistant turn"));
+    const size_t at = full.find(eot, s.begin);
+    if (at == std::string::npos)
+      throw BadRecord(cat("message ", i, ": end-of-turn token ", eot, " not found in the rendered text"));
+    s.end = at + eot.size();
+    if (!spans.empty() && s.begin < spans.back().end)
       throw BadRecord(cat("message ", i, ": the chat template renders no separable assistant turn"));
     spans.push_back(s);
   }
@@ -88,19 +98,8 @@ Document SampleEncoder::encode(const Sample& s) {
   auto piece = [&](size_t end, bool trained) {
     if (end <= pos) return;
     const std::vector<int32_t> ids = tok_.encode(std::string_view(full).substr(pos, end - pos));
-    size_t n_trained = 0;
-    if (trained) {
-      n_trained = ids.size();
-      auto last = std::find_if(ids.rbegin(), ids.rend(), [&](int32_t id) { return is_special(id); });
-      if (last != ids.rend()) {
-        // Only a whitespace separator after the end-of-turn token is left untrained.
-        const size_t after = size_t(ids.rend() - last);
-        const std::string tail = tok_.decode(std::span(ids).subspan(after));
-        if (tail.find_first_not_of(" \t\r\n") == std::string::npos) n_trained = after;
-      }
-    }
     d.ids.insert(d.ids.end(), ids.begin(), ids.end());
-    for (size_t k = 0; k < ids.size(); ++k) d.mask.push_back(k < n_trained ? 1 : 0);
+    d.mask.insert(d.mask.end(), ids.size(), trained ? 1 : 0);
     pos = end;
   };
   for (const TextSpan& span : assistant_spans(s.vars, full)) {

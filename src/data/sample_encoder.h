@@ -27,18 +27,21 @@ struct TextSpan {
 
 // Mask algorithm (works for any template, checked on Qwen3 and Llama 3):
 //  1. F = render(messages). For each assistant message i, its span starts where
-//     render(messages[:i], add_generation_prompt=true) stops agreeing with F (so the generation prompt
-//     is prompt), and ends where render(messages[:i+1]) ends when that is a prefix of F; otherwise
-//     (templates that render the last turn differently, e.g. Qwen3's <think> block) at the first
-//     occurrence in F, after the start, of the last special token that turn renders (its end-of-turn).
+//     render(messages[:i], add_generation_prompt=true) stops agreeing with F (the generation prompt is
+//     prompt; a partial agreement is cut back to a line break), and ends just after the end-of-turn
+//     token that follows in F. The end-of-turn token is read from the turn as the template renders it
+//     (render(messages[:i+1]) minus the prompt): the eos token if it occurs there, else its first special
+//     token. Diffing whole prefixes is not enough: templates render a turn differently when it is the
+//     last one (Qwen3's <think> block) or always append a generation prompt (the original Llama 3).
 //  2. The text is cut at span edges and each piece tokenized alone; the concatenated ids must equal
-//     tokenize(F) (the tokenizer has no offsets; edges sit next to special tokens, where BPE cannot
-//     merge across), else the record is bad.
-//  3. Within a span, whitespace after its last special token (Qwen's "\n" after <|im_end|>) is not
-//     trained: the end-of-turn token is, the template's separator is not (HF / axolotl behaviour).
+//     tokenize(F) (the tokenizer has no offsets; edges sit next to special tokens or line breaks,
+//     where BPE does not merge across), else the record is bad.
+//  3. Text after the end-of-turn token (Qwen's "\n" after <|im_end|>) is not trained; the end-of-turn
+//     token is (HF / axolotl behaviour).
 class SampleEncoder {
  public:
-  // `tmpl` may be null when only text samples are encoded; `eos` is appended to text documents.
+  // `tmpl` may be null when only text samples are encoded; `eos` (tokenizer_config eos_token) is
+  // appended to text documents and marks the end of assistant turns.
   SampleEncoder(Tokenizer& tok, const ChatTemplate* tmpl, std::string eos, bool train_on_inputs);
 
   // BadRecord when the template rejects the conversation or the pieces do not tokenize like the whole.
@@ -53,6 +56,7 @@ class SampleEncoder {
 
   Tokenizer& tok_;
   const ChatTemplate* tmpl_;
+  std::string eos_;
   std::vector<int32_t> eos_ids_;
   bool train_on_inputs_;
   std::unordered_set<int32_t> special_;
