@@ -44,7 +44,7 @@ std::function<int()> add_chat_template_command(CLI::App& app) {
       } catch (const UserError& e) {
         user_error("stdin line ", n, ": ", e.what());
       }
-      const nlohmann::json out = {{"text", text}, {"ids", tok.encode(text)}};
+      const nlohmann::ordered_json out = {{"text", text}, {"ids", tok.encode(text)}};
       std::cout << out.dump() << "\n";
     }
     std::cout.flush();
