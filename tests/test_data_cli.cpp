@@ -41,8 +41,8 @@ void check_chat_fixture(const std::string& name) {
     input += line.dump() + "\n";
   }
   test::write_text(t.path / "in.jsonl", input);
-  const CliResult r = run("chat-template --tokenizer " + test::tokenizer_folder(name).string(), t,
-                    (t.path / "in.jsonl").string());
+  const CliResult r =
+      run("chat-template --tokenizer " + test::tokenizer_folder(name).string(), t, (t.path / "in.jsonl").string());
   ASSERT_EQ(r.code, 0) << r.err;
   std::istringstream lines(r.out);
   std::string l;
@@ -56,14 +56,17 @@ void check_chat_fixture(const std::string& name) {
   EXPECT_EQ(i, cases.size());
 }
 
-TEST(DataCli, ChatTemplateReproducesQwen3Fixtures) { check_chat_fixture("qwen3"); }
-TEST(DataCli, ChatTemplateReproducesLlama3Fixtures) { check_chat_fixture("llama3"); }
+TEST(DataCli, ChatTemplateReproducesQwen3Fixtures) {
+  check_chat_fixture("qwen3");
+}
+TEST(DataCli, ChatTemplateReproducesLlama3Fixtures) {
+  check_chat_fixture("llama3");
+}
 
 TEST(DataCli, TokenizeWritesThenReusesAndBadRecordIsExit2) {
   test::TempDir t;
-  test::write_text(t.path / "d.jsonl",
-                   R"({"instruction": "Say hi", "output": "hi"})"
-                   "\n");
+  test::write_text(t.path / "d.jsonl", R"({"instruction": "Say hi", "output": "hi"})"
+                                       "\n");
   const std::string args = "tokenize --tokenizer " + test::tokenizer_folder("qwen3").string() + " --data " +
                            (t.path / "d.jsonl").string() + ":instruction --out " + (t.path / "out").string();
   CliResult r = run(args, t);

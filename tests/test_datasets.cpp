@@ -8,6 +8,7 @@
 #include "data/sample_encoder.h"
 #include "data/shards.h"
 #include "data/tokenize_job.h"
+#include "io/sha256.h"
 #include "data_test_util.h"
 #include "test_util.h"
 
@@ -62,11 +63,12 @@ TEST(Datasets, InstructionBecomesUserAndAssistantTurns) {
 
 TEST(Datasets, ConversationOpenAIKeepsExtraKeysAndToolsInOrder) {
   test::TempDir t;
-  test::write_text(t.path / "a.jsonl",
-                   R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null, )"
-                   R"("tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"b": 1, "a": 2}}}]}], )"
-                   R"("tools": [{"name": "f"}]})"
-                   "\n");
+  test::write_text(
+      t.path / "a.jsonl",
+      R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null, )"
+      R"("tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"b": 1, "a": 2}}}]}], )"
+      R"("tools": [{"name": "f"}]})"
+      "\n");
   auto s = read_all(t.path / "a.jsonl");
   ASSERT_EQ(s.size(), 1u);
   EXPECT_FALSE(s[0].is_text);
@@ -83,9 +85,8 @@ TEST(Datasets, ConversationShareGPTRolesMappedAndSystemPromptPrepended) {
   f.system_prompt = "Be brief.";
   auto s = read_all(t.path / "a.json", DatasetType::kConversation, f);
   ASSERT_EQ(s.size(), 2u);
-  EXPECT_EQ(s[0].vars["messages"].dump(),
-            R"([{"role":"system","content":"Be brief."},{"role":"user","content":"q"},)"
-            R"({"role":"assistant","content":"a"}])");
+  EXPECT_EQ(s[0].vars["messages"].dump(), R"([{"role":"system","content":"Be brief."},{"role":"user","content":"q"},)"
+                                          R"({"role":"assistant","content":"a"}])");
   EXPECT_EQ(s[1].vars["messages"][0]["content"], "own");  // a record's own system message wins
   f.roles["bot"] = "assistant";
   test::write_text(t.path / "b.jsonl", R"({"conversations": [{"from": "bot", "value": "x"}]})");
@@ -221,6 +222,24 @@ TEST(Shards, SplitAtTheTokenLimitAndLoadBackInOrder) {
   EXPECT_EQ(s.doc_offsets, (std::vector<int64_t>{0, 3, 5, 9}));
   fs::resize_file(t.path / "shard-00001.tokens", 4);
   EXPECT_THROW(load_shards(t.path), UserError);
+}
+
+}  // namespace
+}  // namespace soltrain
+
+namespace soltrain {
+namespace {
+
+// FIPS 180-4 example values, and a file hashed across block boundaries.
+TEST(Sha256, KnownAnswers) {
+  EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  test::TempDir t;
+  test::write_text(t.path / "a", std::string(1000000, 'a'));
+  EXPECT_EQ(sha256_file(t.path / "a"), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  EXPECT_NE(sha256_file_edges(t.path / "a", 1000), sha256_file(t.path / "a"));
 }
 
 }  // namespace

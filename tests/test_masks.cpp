@@ -55,17 +55,16 @@ Document encode(Model& m, const Sample& s, bool train_on_inputs = false) {
   return d;
 }
 
-const char* kTwoTurns =
-    R"([{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"},)"
-    R"( {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "6"}])";
+const char* kTwoTurns = R"([{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"},)"
+                        R"( {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "6"}])";
 
 TEST(Masks, Qwen3SingleTurnMatchesFixtureIds) {
   Model& m = model("qwen3");
   const Document d = encode(m, conversation(R"([{"role": "user", "content": "What is 2+2?"},)"
                                             R"( {"role": "assistant", "content": "4"}])"));
   // ids from transformers (tests/fixtures/tokenizer/qwen3_chat.json entry 0).
-  const std::vector<int32_t> want = {151644, 872, 198, 3838,   374, 220,    17,  10,  17, 30,     151645,
-                                     198,    151644, 77091, 198, 151667, 271, 151668, 271, 19, 151645, 198};
+  const std::vector<int32_t> want = {151644, 872,    198,   3838, 374,    220, 17,     10,  17, 30,     151645,
+                                     198,    151644, 77091, 198,  151667, 271, 151668, 271, 19, 151645, 198};
   ASSERT_EQ(d.ids, want);
   // Trained: what the model writes after "<|im_start|>assistant\n" (the template's empty think block,
   // the answer) and <|im_end|>; not the "\n" after it.
@@ -81,12 +80,12 @@ TEST(Masks, Qwen3MultiTurnEarlierTurnsWithoutThinkBlock) {
 
 TEST(Masks, Qwen3SystemToolCallsAndThinkingOff) {
   Model& m = model("qwen3");
-  const Document d = encode(
-      m, conversation(R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"},)"
-                      R"( {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function":)"
-                      R"( {"name": "get_weather", "arguments": {"city": "Paris"}}}]},)"
-                      R"( {"role": "tool", "content": "sunny"}, {"role": "assistant", "content": "Sunny."}])",
-                      ordered_json{{"enable_thinking", false}}));
+  const Document d =
+      encode(m, conversation(R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"},)"
+                             R"( {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function":)"
+                             R"( {"name": "get_weather", "arguments": {"city": "Paris"}}}]},)"
+                             R"( {"role": "tool", "content": "sunny"}, {"role": "assistant", "content": "Sunny."}])",
+                             ordered_json{{"enable_thinking", false}}));
   const auto runs = trained_runs(m, d);
   ASSERT_EQ(runs.size(), 2u);
   EXPECT_EQ(runs[0],

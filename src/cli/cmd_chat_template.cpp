@@ -18,8 +18,7 @@ std::function<int()> add_chat_template_command(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand(
       "chat-template", "render JSON lines {\"messages\": [...], <template variables>} into {\"text\", \"ids\"}");
-  c->add_option("--tokenizer", o->tokenizer, "model folder with tokenizer.json and tokenizer_config.json")
-      ->required();
+  c->add_option("--tokenizer", o->tokenizer, "model folder with tokenizer.json and tokenizer_config.json")->required();
   return [o]() {
     const std::filesystem::path dir = o->tokenizer;
     Tokenizer tok = Tokenizer::load(dir / "tokenizer.json");

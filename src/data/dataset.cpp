@@ -33,7 +33,9 @@ BadRecordPolicy parse_bad_record_policy(const std::string& s) {
 
 namespace {
 
-[[noreturn]] void bad(const std::string& why) { throw BadRecord(why); }
+[[noreturn]] void bad(const std::string& why) {
+  throw BadRecord(why);
+}
 
 const std::string& string_field(const ordered_json& r, const std::string& key, bool* present = nullptr) {
   static const std::string empty;
@@ -108,8 +110,8 @@ DatasetType detect_type(const ordered_json& r, const DatasetFields& f) {
   if (r.contains(f.messages) || r.contains(f.conversations)) return DatasetType::kConversation;
   if (r.contains(f.instruction) && r.contains(f.output)) return DatasetType::kInstruction;
   if (r.contains(f.text)) return DatasetType::kText;
-  bad(cat("cannot detect the dataset type: the first record has none of \"", f.text, "\", \"", f.instruction,
-          "\"+\"", f.output, "\", \"", f.messages, "\", \"", f.conversations, "\" (give FILE:TYPE)"));
+  bad(cat("cannot detect the dataset type: the first record has none of \"", f.text, "\", \"", f.instruction, "\"+\"",
+          f.output, "\", \"", f.messages, "\", \"", f.conversations, "\" (give FILE:TYPE)"));
 }
 
 Sample to_sample(const ordered_json& r, DatasetType type, const DatasetFields& f) {

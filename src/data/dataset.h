@@ -30,9 +30,9 @@ struct DatasetFields {
   std::string role = "role", content = "content";  // OpenAI style
   std::string from = "from", value = "value";      // ShareGPT style
   // Role names as they appear in the data → the template's roles; applied to both styles.
-  std::map<std::string, std::string> roles = {{"human", "user"},         {"gpt", "assistant"}, {"system", "system"},
-                                              {"tool", "tool"},          {"user", "user"},     {"assistant", "assistant"},
-                                              {"function_call", "tool"}, {"observation", "tool"}};
+  std::map<std::string, std::string> roles = {
+      {"human", "user"}, {"gpt", "assistant"},       {"system", "system"},      {"tool", "tool"},
+      {"user", "user"},  {"assistant", "assistant"}, {"function_call", "tool"}, {"observation", "tool"}};
   std::string system_prompt;  // prepended as a system message when non-empty and the sample has none
 };
 

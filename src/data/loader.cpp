@@ -14,7 +14,9 @@ OverlongPolicy parse_overlong_policy(const std::string& s) {
   user_error("over-long policy \"", s, "\": expected truncate or drop");
 }
 
-nlohmann::json LoaderState::to_json() const { return {{"epoch", epoch}, {"index", index}}; }
+nlohmann::json LoaderState::to_json() const {
+  return {{"epoch", epoch}, {"index", index}};
+}
 
 LoaderState LoaderState::from_json(const nlohmann::json& j) {
   try {

@@ -39,7 +39,7 @@ class Loader {
   HostBatch next();
 
   const LoaderState& state() const { return state_; }
-  void restore(const LoaderState& s);  // UserError if s.index is outside the epoch
+  void restore(const LoaderState& s);                            // UserError if s.index is outside the epoch
   int64_t documents() const { return int64_t(usable_.size()); }  // per epoch, after dropping
   int64_t dropped() const { return dropped_; }
 

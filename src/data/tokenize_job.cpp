@@ -19,7 +19,9 @@ using nlohmann::json;
 
 namespace {
 
-fs::path tokenizer_dir(const fs::path& p) { return fs::is_directory(p) ? p : p.parent_path(); }
+fs::path tokenizer_dir(const fs::path& p) {
+  return fs::is_directory(p) ? p : p.parent_path();
+}
 
 json fields_json(const DatasetFields& f) {
   return {{"text", f.text},         {"instruction", f.instruction},
