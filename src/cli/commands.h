@@ -9,6 +9,8 @@ namespace soltrain {
 std::function<int()> add_dump_command(CLI::App& app);
 std::function<int()> add_train_command(CLI::App& app);
 std::function<int()> add_encode_command(CLI::App& app);
+std::function<int()> add_tokenize_command(CLI::App& app);
+std::function<int()> add_chat_template_command(CLI::App& app);
 std::function<int()> add_bench_command(CLI::App& app);
 std::function<int()> add_bench_attention_command(CLI::App& app);
 

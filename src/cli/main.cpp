@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   auto dump = soltrain::add_dump_command(app);
   auto train = soltrain::add_train_command(app);
   auto encode = soltrain::add_encode_command(app);
+  auto tokenize = soltrain::add_tokenize_command(app);
+  auto chat_template = soltrain::add_chat_template_command(app);
   auto bench = soltrain::add_bench_command(app);
   auto bench_attention = soltrain::add_bench_attention_command(app);
   try {
@@ -28,6 +30,8 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("dump")) return dump();
     if (app.got_subcommand("train")) return train();
     if (app.got_subcommand("encode")) return encode();
+    if (app.got_subcommand("tokenize")) return tokenize();
+    if (app.got_subcommand("chat-template")) return chat_template();
     if (app.got_subcommand("bench")) return bench();
     if (app.got_subcommand("bench-attention")) return bench_attention();
   } catch (const soltrain::UserError& e) {

@@ -17,6 +17,10 @@ namespace soltrain {
 struct HostBatch {
   int rows = 0, seq_len = 0;
   std::vector<int32_t> input_ids, targets;
+  // From the packing loader (empty = one document per row): positions restart at 0 for every packed
+  // document; cu_seqlens are document start offsets into the flattened rows × seq_len tokens, ending
+  // with rows × seq_len (a row's padding is a segment of its own), so attention can stay per document.
+  std::vector<int32_t> positions, cu_seqlens;
 };
 
 struct StepResult {

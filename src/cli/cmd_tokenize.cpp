@@ -1,0 +1,58 @@
+// `soltrain tokenize`: datasets (FILE[:type]) → token/mask shards and a manifest in --out, reused when
+// nothing changed.
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "data/tokenize_job.h"
+
+namespace soltrain {
+
+namespace {
+
+// "path[:type]": a type suffix is recognised only when it names a type, so paths with colons still work.
+DatasetSource parse_source(const std::string& arg) {
+  const size_t colon = arg.rfind(':');
+  if (colon != std::string::npos) {
+    const std::string suffix = arg.substr(colon + 1);
+    for (const char* t : {"auto", "text", "instruction", "alpaca", "conversation", "chat"})
+      if (suffix == t) return {arg.substr(0, colon), parse_dataset_type(suffix)};
+  }
+  return {arg, DatasetType::kAuto};
+}
+
+}  // namespace
+
+std::function<int()> add_tokenize_command(CLI::App& app) {
+  struct Opts {
+    TokenizeOptions t;
+    std::vector<std::string> data;
+    std::string bad_records = "error";
+    bool quiet = false;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* c = app.add_subcommand("tokenize", "tokenize datasets into token/loss-mask shards");
+  c->add_option("--tokenizer", o->t.tokenizer, "model folder with tokenizer.json and tokenizer_config.json")
+      ->required();
+  c->add_option("--data", o->data, "FILE[:auto|text|instruction|conversation] (.jsonl or .json), repeatable")
+      ->required();
+  c->add_option("--out", o->t.out, "output folder for the shards and manifest.json")->required();
+  c->add_option("--seq-len", o->t.seq_len, "training sequence length (reports documents longer than it)");
+  c->add_flag("--train-on-inputs", o->t.train_on_inputs, "train on prompt tokens too, not only assistant turns");
+  c->add_option("--bad-records", o->bad_records, "skip (count and continue) or error (stop) on a bad record");
+  c->add_option("--text-field", o->t.fields.text, "field holding the text of text datasets");
+  c->add_option("--system-prompt", o->t.fields.system_prompt, "system message prepended to conversations");
+  c->add_flag("--quiet", o->quiet, "no progress line");
+  return [o]() {
+    o->t.bad_records = parse_bad_record_policy(o->bad_records);
+    for (const std::string& d : o->data) o->t.sources.push_back(parse_source(d));
+    o->t.progress = !o->quiet;
+    run_tokenize(o->t, std::cerr);
+    return 0;
+  };
+}
+
+}  // namespace soltrain

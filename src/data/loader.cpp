@@ -1,0 +1,113 @@
+// Packing and shuffling. The shuffle is our own Fisher-Yates over mt19937_64 (std::shuffle and the
+// std distributions differ between standard libraries), so an order is the same on every machine.
+#include "data/loader.h"
+
+#include <random>
+
+#include "core/error.h"
+
+namespace soltrain {
+
+OverlongPolicy parse_overlong_policy(const std::string& s) {
+  if (s == "truncate") return OverlongPolicy::kTruncate;
+  if (s == "drop") return OverlongPolicy::kDrop;
+  user_error("over-long policy \"", s, "\": expected truncate or drop");
+}
+
+nlohmann::json LoaderState::to_json() const {
+  return {{"epoch", epoch}, {"index", index}};
+}
+
+LoaderState LoaderState::from_json(const nlohmann::json& j) {
+  try {
+    LoaderState s{j.at("epoch").get<int64_t>(), j.at("index").get<int64_t>()};
+    if (s.epoch < 0 || s.index < 0) user_error("loader state: negative epoch or index");
+    return s;
+  } catch (const nlohmann::json::exception& e) {
+    user_error("loader state: expected {\"epoch\": N, \"index\": N} (", e.what(), ")");
+  }
+}
+
+Loader::Loader(ShardSet data, LoaderOptions options) : data_(std::move(data)), o_(options) {
+  if (o_.rows <= 0 || o_.seq_len <= 0) user_error("loader: rows and seq_len must be positive");
+  for (int64_t d = 0; d < data_.documents(); ++d) {
+    const int64_t len = data_.doc_offsets[d + 1] - data_.doc_offsets[d];
+    if (len == 0 || (len > o_.seq_len && o_.overlong == OverlongPolicy::kDrop))
+      ++dropped_;
+    else
+      usable_.push_back(d);
+  }
+  if (usable_.empty())
+    user_error("loader: no document fits in seq_len ", o_.seq_len, " (", dropped_, " dropped as too long)");
+}
+
+std::vector<int64_t> Loader::epoch_order(int64_t epoch) const {
+  std::vector<int64_t> order = usable_;
+  if (!o_.shuffle) return order;
+  // Seeds from (seed, epoch) through a seed sequence so neighbouring epochs get unrelated orders.
+  std::seed_seq seq{uint32_t(o_.seed), uint32_t(o_.seed >> 32), uint32_t(epoch), uint32_t(uint64_t(epoch) >> 32)};
+  std::mt19937_64 rng(seq);
+  for (size_t i = order.size(); i > 1; --i) {
+    const size_t j = size_t(rng() % i);  // modulo bias is < i / 2^64: irrelevant here
+    std::swap(order[i - 1], order[j]);
+  }
+  return order;
+}
+
+void Loader::ensure_order() {
+  if (state_.index >= int64_t(usable_.size())) {
+    ++state_.epoch;
+    state_.index = 0;
+  }
+  if (order_epoch_ != state_.epoch) {
+    order_ = epoch_order(state_.epoch);
+    order_epoch_ = state_.epoch;
+  }
+}
+
+void Loader::restore(const LoaderState& s) {
+  if (s.index > int64_t(usable_.size()))
+    user_error("loader state: index ", s.index, " is past the ", usable_.size(), " documents of an epoch");
+  state_ = s;
+}
+
+HostBatch Loader::next() {
+  const int T = o_.seq_len;
+  HostBatch b;
+  b.rows = o_.rows;
+  b.seq_len = T;
+  const size_t n = size_t(o_.rows) * size_t(T);
+  b.input_ids.assign(n, o_.pad_id);
+  b.targets.assign(n, -100);
+  b.positions.assign(n, 0);
+  b.cu_seqlens.assign(1, 0);
+  for (int r = 0; r < o_.rows; ++r) {
+    const size_t row = size_t(r) * size_t(T);
+    int fill = 0;
+    while (fill < T) {
+      ensure_order();
+      const int64_t d = order_[size_t(state_.index)];
+      const int64_t begin = data_.doc_offsets[d];
+      const int len = int(std::min<int64_t>(data_.doc_offsets[d + 1] - begin, T));
+      if (fill + len > T) break;  // starts the next row
+      for (int k = 0; k < len; ++k) {
+        const size_t at = row + size_t(fill + k);
+        b.input_ids[at] = data_.tokens[size_t(begin + k)];
+        b.positions[at] = k;
+        // A target is the document's next token, counted only where that token is trained.
+        if (k + 1 < len && data_.mask[size_t(begin + k + 1)]) b.targets[at] = data_.tokens[size_t(begin + k + 1)];
+      }
+      fill += len;
+      b.cu_seqlens.push_back(int32_t(row) + fill);
+      ++state_.index;
+    }
+    // Padding is a segment of its own, so no row's segments reach into the next row.
+    if (fill < T) {
+      for (int k = fill; k < T; ++k) b.positions[row + size_t(k)] = k - fill;
+      b.cu_seqlens.push_back(int32_t(row) + T);
+    }
+  }
+  return b;
+}
+
+}  // namespace soltrain

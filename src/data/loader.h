@@ -1,0 +1,61 @@
+// The training data loader: documents from shards, shuffled per epoch by seed, packed greedily in order
+// into rows of seq_len tokens with per-document positions and cu_seqlens, resumable from (epoch, index).
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "data/shards.h"
+#include "model/transformer.h"
+
+namespace soltrain {
+
+// Documents longer than seq_len: keep their first seq_len tokens, or leave them out.
+enum class OverlongPolicy { kTruncate, kDrop };
+OverlongPolicy parse_overlong_policy(const std::string& s);  // "truncate" | "drop"
+
+struct LoaderOptions {
+  int rows = 1, seq_len = 0;
+  uint64_t seed = 0;
+  bool shuffle = true;
+  OverlongPolicy overlong = OverlongPolicy::kTruncate;
+  int32_t pad_id = 0;  // fills the end of a row no next document fits in (never a target)
+};
+
+// Where the next batch starts: document `index` of epoch `epoch`'s order. Saved with checkpoints.
+struct LoaderState {
+  int64_t epoch = 0, index = 0;
+  bool operator==(const LoaderState&) const = default;
+  nlohmann::json to_json() const;
+  static LoaderState from_json(const nlohmann::json& j);  // UserError on a malformed state
+};
+
+class Loader {
+ public:
+  Loader(ShardSet data, LoaderOptions options);  // UserError when no document is usable
+
+  // The next rows × seq_len batch (input_ids, targets, positions, cu_seqlens); continues into the next
+  // epoch when this one runs out, so every batch is full.
+  HostBatch next();
+
+  const LoaderState& state() const { return state_; }
+  void restore(const LoaderState& s);                            // UserError if s.index is outside the epoch
+  int64_t documents() const { return int64_t(usable_.size()); }  // per epoch, after dropping
+  int64_t dropped() const { return dropped_; }
+
+  // The order in which epoch `epoch` visits documents (indices into the ShardSet).
+  std::vector<int64_t> epoch_order(int64_t epoch) const;
+
+ private:
+  void ensure_order();
+
+  ShardSet data_;
+  LoaderOptions o_;
+  std::vector<int64_t> usable_;
+  int64_t dropped_ = 0;
+  LoaderState state_;
+  std::vector<int64_t> order_;
+  int64_t order_epoch_ = -1;
+};
+
+}  // namespace soltrain

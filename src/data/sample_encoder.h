@@ -1,0 +1,68 @@
+// Samples → token ids and loss masks. Conversations are rendered with the model's chat template and
+// the trained spans (assistant turns) are found from the rendered text itself, not guessed per model.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "data/dataset.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace soltrain {
+
+// One training document: ids and, per id, 1 if the model is trained to predict it.
+struct Document {
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
+};
+
+// A character range [begin, end) of the rendered text.
+struct TextSpan {
+  size_t begin = 0, end = 0;
+};
+
+// Mask algorithm (works for any template, checked on Qwen3 and Llama 3):
+//  1. F = render(messages). For each assistant message i, its span starts where
+//     render(messages[:i], add_generation_prompt=true) stops agreeing with F (the generation prompt is
+//     prompt; a partial agreement is cut back to a line break), and ends just after the end-of-turn
+//     token that follows in F. The end-of-turn token is read from the turn as the template renders it
+//     (render(messages[:i+1]) minus the prompt): the eos token if it occurs there, else its first special
+//     token. Diffing whole prefixes is not enough: templates render a turn differently when it is the
+//     last one (Qwen3's <think> block) or always append a generation prompt (the original Llama 3).
+//  2. The text is cut at span edges and each piece tokenized alone; the concatenated ids must equal
+//     tokenize(F) (the tokenizer has no offsets; edges sit next to special tokens or line breaks,
+//     where BPE does not merge across), else the record is bad.
+//  3. Text after the end-of-turn token (Qwen's "\n" after <|im_end|>) is not trained; the end-of-turn
+//     token is (HF / axolotl behaviour).
+class SampleEncoder {
+ public:
+  // `tmpl` may be null when only text samples are encoded; `eos` (tokenizer_config eos_token) is
+  // appended to text documents and marks the end of assistant turns.
+  SampleEncoder(Tokenizer& tok, const ChatTemplate* tmpl, std::string eos, bool train_on_inputs);
+
+  // BadRecord when the template rejects the conversation or the pieces do not tokenize like the whole.
+  Document encode(const Sample& s);
+
+  // The assistant spans of a conversation in its rendered text (step 1 above).
+  std::vector<TextSpan> assistant_spans(const nlohmann::ordered_json& vars, const std::string& full);
+
+ private:
+  std::string render(const nlohmann::ordered_json& vars, size_t n_messages, bool generation_prompt) const;
+  bool is_special(int32_t id) const { return special_.count(id) != 0; }
+
+  Tokenizer& tok_;
+  const ChatTemplate* tmpl_;
+  std::string eos_;
+  std::vector<int32_t> eos_ids_;
+  bool train_on_inputs_;
+  std::unordered_set<int32_t> special_;
+};
+
+// tokenizer_config.json's eos_token (a string or {"content": ...}); UserError if absent.
+std::string read_eos_token(const std::filesystem::path& tokenizer_config);
+
+}  // namespace soltrain

@@ -1,0 +1,54 @@
+// Tokenized shards on disk: per shard `<name>.tokens` (int32), `<name>.mask` (uint8, 1 = trained) and
+// `<name>.docs` (int64 document start offsets into the shard plus the end), all little-endian, and a
+// manifest.json naming them, with what produced them (inputs, settings, tokenizer) for reuse checks.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "data/sample_encoder.h"
+
+namespace soltrain {
+
+inline constexpr int kShardFormatVersion = 1;
+
+struct ShardInfo {
+  std::string name;  // file stem inside the folder
+  int64_t tokens = 0, documents = 0;
+};
+
+// Appends documents to shards of at most `max_tokens` tokens (a document is never split) in `dir`.
+class ShardWriter {
+ public:
+  explicit ShardWriter(std::filesystem::path dir, int64_t max_tokens = int64_t(1) << 26);
+  void add(const Document& d);
+  std::vector<ShardInfo> finish();  // flushes the open shard
+
+ private:
+  void flush();
+  std::filesystem::path dir_;
+  int64_t max_tokens_;
+  std::vector<int32_t> tokens_;
+  std::vector<uint8_t> mask_;
+  std::vector<int64_t> docs_{0};
+  std::vector<ShardInfo> shards_;
+};
+
+// Every shard of a folder, concatenated in memory: document d is tokens[doc_offsets[d], doc_offsets[d+1]).
+struct ShardSet {
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;
+  std::vector<int64_t> doc_offsets{0};
+  int64_t documents() const { return int64_t(doc_offsets.size()) - 1; }
+};
+
+// Reads manifest.json and its shards; UserError naming the file when one is missing or inconsistent.
+ShardSet load_shards(const std::filesystem::path& dir);
+
+// True when `dir` holds a manifest whose "key" equals `key` and whose shard files are all present with
+// the sizes the manifest gives.
+bool shards_match(const std::filesystem::path& dir, const nlohmann::json& key);
+
+}  // namespace soltrain

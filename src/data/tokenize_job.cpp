@@ -1,0 +1,165 @@
+// Reads every source, encodes samples, writes shards through a StagedDir, reports progress and skips.
+#include "data/tokenize_job.h"
+
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <ostream>
+
+#include "data/sample_encoder.h"
+#include "data/shards.h"
+#include "io/atomic_file.h"
+#include "io/json_file.h"
+#include "io/sha256.h"
+
+namespace soltrain {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+fs::path tokenizer_dir(const fs::path& p) {
+  return fs::is_directory(p) ? p : p.parent_path();
+}
+
+json fields_json(const DatasetFields& f) {
+  return {{"text", f.text},         {"instruction", f.instruction},
+          {"input", f.input},       {"output", f.output},
+          {"messages", f.messages}, {"conversations", f.conversations},
+          {"role", f.role},         {"content", f.content},
+          {"from", f.from},         {"value", f.value},
+          {"roles", f.roles},       {"system_prompt", f.system_prompt}};
+}
+
+// Redraws one status line at most 5 times a second.
+class Progress {
+ public:
+  Progress(std::ostream& log, bool on) : log_(log), on_(on) {}
+  void update(int64_t records, int64_t tokens, bool final = false) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!on_ || (!final && now - last_ < std::chrono::milliseconds(200))) return;
+    last_ = now;
+    const double s = std::chrono::duration<double>(now - start_).count();
+    char line[160];
+    std::snprintf(line, sizeof line, "\rtokenize: %lld records, %lld tokens, %.0f records/s, %.2fM tokens/s",
+                  static_cast<long long>(records), static_cast<long long>(tokens), s > 0 ? records / s : 0.0,
+                  s > 0 ? tokens / s / 1e6 : 0.0);
+    log_ << line << (final ? "\n" : "") << std::flush;
+  }
+
+ private:
+  std::ostream& log_;
+  bool on_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_{};
+};
+
+}  // namespace
+
+json tokenize_key(const TokenizeOptions& o) {
+  json inputs = json::array();
+  for (const DatasetSource& src : o.sources) {
+    if (!fs::is_regular_file(src.path)) user_error(src.path.string(), ": dataset file not found");
+    const uint64_t size = fs::file_size(src.path);
+    inputs.push_back({{"path", fs::absolute(src.path).lexically_normal().string()},
+                      {"type", to_string(src.type)},
+                      {"size", size},
+                      {"mtime_ns", int64_t(fs::last_write_time(src.path).time_since_epoch().count())},
+                      {"sha256", sha256_file_edges(src.path)},
+                      {"sha256_of", size <= 2u << 20 ? "file" : "size + first and last MiB"}});
+  }
+  const fs::path dir = tokenizer_dir(o.tokenizer);
+  return {{"inputs", inputs},
+          {"settings",
+           {{"train_on_inputs", o.train_on_inputs},
+            {"bad_records", o.bad_records == BadRecordPolicy::kSkip ? "skip" : "error"},
+            {"seq_len", o.seq_len},
+            {"fields", fields_json(o.fields)}}},
+          {"tokenizer",
+           {{"tokenizer.json", sha256_file(dir / "tokenizer.json")},
+            {"tokenizer_config.json", sha256_file(dir / "tokenizer_config.json")}}}};
+}
+
+TokenizeResult run_tokenize(const TokenizeOptions& o, std::ostream& log) {
+  if (o.sources.empty()) user_error("tokenize: no --data given");
+  const json key = tokenize_key(o);
+  TokenizeResult r;
+  if (shards_match(o.out, key)) {
+    const json m = read_json_file(o.out / "manifest.json");
+    r.reused = true;
+    r.documents = m.value("documents", int64_t(0));
+    r.tokens = m.value("tokens", int64_t(0));
+    r.trained_tokens = m.value("trained_tokens", int64_t(0));
+    r.skipped = m.value("skipped_records", int64_t(0));
+    r.longer_than_seq_len = m.value("longer_than_seq_len", int64_t(0));
+    log << "tokenize: " << o.out.string() << " is up to date (same inputs, settings and tokenizer): reusing "
+        << r.documents << " documents, " << r.tokens << " tokens\n";
+    return r;
+  }
+  const fs::path dir = tokenizer_dir(o.tokenizer);
+  Tokenizer tok = Tokenizer::load(dir / "tokenizer.json");
+  std::optional<ChatTemplate> tmpl;
+  std::optional<SampleEncoder> enc;
+  const std::string eos = read_eos_token(dir / "tokenizer_config.json");
+
+  StagedDir staged(o.out);
+  ShardWriter writer(staged.path());
+  Progress progress(log, o.progress);
+  std::string first_skip;
+  int64_t records = 0;
+  for (const DatasetSource& src : o.sources) {
+    RecordReader reader(src.path);
+    DatasetType type = src.type;
+    nlohmann::ordered_json rec;
+    std::string where, error;
+    while (reader.next(rec, where, error)) {
+      ++records;
+      try {
+        if (!error.empty()) throw BadRecord(error);
+        if (type == DatasetType::kAuto) type = detect_type(rec, o.fields);
+        const Sample s = to_sample(rec, type, o.fields);
+        // The template is parsed only when a conversation needs it: base models often have none.
+        if (!s.is_text && !tmpl) {
+          tmpl.emplace(ChatTemplate::from_tokenizer_config(dir / "tokenizer_config.json"));
+          enc.reset();
+        }
+        if (!enc) enc.emplace(tok, tmpl ? &*tmpl : nullptr, eos, o.train_on_inputs);
+        const Document d = enc->encode(s);
+        writer.add(d);
+        ++r.documents;
+        r.tokens += int64_t(d.ids.size());
+        for (uint8_t m : d.mask) r.trained_tokens += m;
+        if (o.seq_len > 0 && int64_t(d.ids.size()) > o.seq_len) ++r.longer_than_seq_len;
+      } catch (const BadRecord& e) {
+        if (o.bad_records == BadRecordPolicy::kError)
+          user_error(where, ": ", e.what(), " (--bad-records skip to skip such records)");
+        if (r.skipped++ == 0) first_skip = cat(where, ": ", e.what());
+      }
+      progress.update(records, r.tokens);
+    }
+  }
+  progress.update(records, r.tokens, true);
+  if (r.documents == 0) user_error("tokenize: no usable records in the given --data files");
+  json shards = json::array();
+  for (const ShardInfo& s : writer.finish())
+    shards.push_back({{"name", s.name}, {"tokens", s.tokens}, {"documents", s.documents}});
+  const json manifest = {{"format", "soltrain-shards"},
+                         {"version", kShardFormatVersion},
+                         {"key", key},
+                         {"shards", shards},
+                         {"documents", r.documents},
+                         {"tokens", r.tokens},
+                         {"trained_tokens", r.trained_tokens},
+                         {"skipped_records", r.skipped},
+                         {"longer_than_seq_len", r.longer_than_seq_len}};
+  write_file_atomic(staged.path() / "manifest.json", manifest.dump(2) + "\n");
+  staged.commit();
+  log << "tokenize: wrote " << r.documents << " documents, " << r.tokens << " tokens (" << r.trained_tokens
+      << " trained) to " << o.out.string() << "\n";
+  if (r.skipped > 0) log << "tokenize: skipped " << r.skipped << " bad records (first: " << first_skip << ")\n";
+  if (r.longer_than_seq_len > 0)
+    log << "tokenize: " << r.longer_than_seq_len << " documents are longer than --seq-len " << o.seq_len << "\n";
+  return r;
+}
+
+}  // namespace soltrain
