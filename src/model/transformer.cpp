@@ -146,7 +146,7 @@ void Transformer::plan(int rows, int seq_len) {
   one(a->ids, {N}, DType::I32);
   one(a->targets, {N}, DType::I32);
   one(a->positions, {N}, DType::I32);
-  one(a->cu_seqlens, {rows + 1}, DType::I32);
+  one(a->cu_seqlens, {N + 1}, DType::I32);  // packed batches: up to one document per token
   ar.bind(ops_.alloc(ar.total_bytes()));
   for (auto& [t, h] : bind) *t = ar.get(h);
   if (act == f32) a->dlogits = a->logits;  // the gradient overwrites the logits in place
@@ -154,7 +154,6 @@ void Transformer::plan(int rows, int seq_len) {
     a->q_raw = a->q;
     a->k_raw = a->k;
   }
-  a->seq = SeqLayout{a->cu_seqlens, a->positions, seq_len};
   acts_ = std::move(a);
 }
 
@@ -169,17 +168,29 @@ StepResult Transformer::step(const HostBatch& batch, bool backward, float* logit
   const float scale = 1.0f / std::sqrt(float(hd));
   const float eps = float(c.rms_norm_eps);
 
-  // The batch: plain rows, each its own document (packing arrives with the data loader).
-  std::vector<int32_t> pos(static_cast<size_t>(N)), cu(static_cast<size_t>(batch.rows) + 1);
-  for (int64_t n = 0; n < N; ++n) pos[n] = int32_t(n % batch.seq_len);
-  for (int r = 0; r <= batch.rows; ++r) cu[r] = r * batch.seq_len;
+  // Document layout: the packing loader's (positions restart per document), or one document per row.
+  std::vector<int32_t> pos = batch.positions, cu = batch.cu_seqlens;
+  if (cu.empty()) {
+    pos.resize(size_t(N));
+    cu.resize(size_t(batch.rows) + 1);
+    for (int64_t n = 0; n < N; ++n) pos[size_t(n)] = int32_t(n % batch.seq_len);
+    for (int r = 0; r <= batch.rows; ++r) cu[size_t(r)] = r * batch.seq_len;
+  }
+  SOLTRAIN_CHECK(int64_t(pos.size()) == N && cu.size() >= 2 && cu.front() == 0 && cu.back() == N,
+                 "batch positions / cu_seqlens do not describe ", N, " tokens");
+  int max_len = 0;
+  for (size_t d = 0; d + 1 < cu.size(); ++d) {
+    SOLTRAIN_CHECK(cu[d + 1] > cu[d], "empty or decreasing document in cu_seqlens");
+    max_len = std::max(max_len, cu[d + 1] - cu[d]);
+  }
   auto host = [](const std::vector<int32_t>& v) {
     return Tensor{const_cast<int32_t*>(v.data()), DType::I32, {int64_t(v.size())}, Device::CPU};
   };
   o.copy(a.ids, host(batch.input_ids));
   o.copy(a.targets, host(batch.targets));
   o.copy(a.positions, host(pos));
-  o.copy(a.cu_seqlens, host(cu));
+  a.seq = SeqLayout{a.cu_seqlens.rows(0, int64_t(cu.size())), a.positions, max_len};
+  o.copy(a.seq.cu_seqlens, host(cu));
   int64_t counted = 0;
   for (int32_t t : batch.targets) counted += t != -100;
   const float grad_scale = counted ? 1.0f / float(counted) : 0.0f;
