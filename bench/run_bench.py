@@ -149,6 +149,14 @@ def main():
         else:
             print(f"| {r['model']} | {r['batch']}x{r['seq']} | {r['engine']} | {r['tokens_per_s']:.0f} | "
                   f"{r['tflops']:.0f} | {100 * r['mfu']:.1f}% | {r['memory_gib']:.1f} |")
+    for r in results["train"]:
+        prof = r.get("profile_ms")
+        if not prof:
+            continue
+        total = sum(prof.values())
+        print(f"\nsoltrain {r['model']} per-op device time in one step ({total:.1f} ms summed):")
+        for name, ms in sorted(prof.items(), key=lambda kv: -kv[1]):
+            print(f"  {name:28s} {ms:8.2f} ms  {100 * ms / total:5.1f}%")
     print(f"\n| attention B x H(kv) x T, hd 128, causal | engine | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |")
     print("|---|---|---|---|---|---|")
     for r in results["attention"]:

@@ -62,6 +62,14 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ops->synchronize();
       if (s >= o->warmup) times.push_back(seconds_since(t0));
     }
+    // One more step with per-op device timing, for the breakdown (the profiled step is not in step_s).
+    ops->enable_profiling(true);
+    ops->zero(model->params().all_grads());
+    model->step(batch, true);
+    clip_grad_norm(*ops, model->params(), cfg.max_grad_norm);
+    opt.step(cfg, cfg.lr);
+    const std::map<std::string, double> profile = ops->collect_profile();
+    ops->enable_profiling(false);
     const double step = median(times), tokens = double(o->batch) * o->seq;
     nlohmann::json r{{"engine", "soltrain"},
                      {"params", model->params().numel()},
@@ -71,7 +79,8 @@ std::function<int()> add_bench_command(CLI::App& app) {
                      {"tokens_per_s", tokens / step},
                      {"memory_gib", ops->memory_used_gib()},
                      {"activation_gib", double(model->activation_bytes()) / double(1u << 30)},
-                     {"loss", loss}};
+                     {"loss", loss},
+                     {"profile_ms", profile}};
     std::cout << r.dump() << std::endl;
     return 0;
   };

@@ -4,7 +4,9 @@
 // "accumulate" means add into the output instead of overwriting it (gradients of shared inputs).
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 
 #include "core/buffer.h"
 #include "core/tensor.h"
@@ -37,6 +39,9 @@ class Ops {
   virtual void zero(Tensor t) = 0;
   virtual void synchronize() {}                             // wait for queued work (timing only)
   virtual double memory_used_gib() const { return 0.0; }    // device memory in use (all processes)
+  // Per-op device time: enable, run, then collect milliseconds by op name (empty where unsupported).
+  virtual void enable_profiling(bool) {}
+  virtual std::map<std::string, double> collect_profile() { return {}; }
 
   // out[n] = table[ids[n]]; backward: dtable[ids[n]] += dout[n], accumulated deterministically.
   virtual void embedding_forward(Tensor out, const Tensor& ids, const Tensor& table) = 0;

@@ -284,6 +284,7 @@ void launch_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const
 void CudaOps::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                                  const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                                  const SeqLayout& seq, float scale) {
+  const auto prof = profile("attention_backward");
   const int64_t N = q.dim(0), H = q.dim(1), hd = q.dim(2);
   float* delta = static_cast<float*>(scratch(size_t(N * H) * sizeof(float)));
   attention_delta<<<unsigned((N * H + 7) / 8), 256, 0, stream_>>>(delta, dout.as<bf16>(), out.as<bf16>(), N, int(H),

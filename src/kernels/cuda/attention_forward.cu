@@ -173,6 +173,7 @@ void launch_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const
 
 void CudaOps::attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                                 const SeqLayout& seq, float scale) {
+  const auto prof = profile("attention_forward");
   const int64_t hd = q.dim(2);
   if (hd <= 32)
     launch_forward<32>(out, lse, q, k, v, seq, scale, stream_);

@@ -57,6 +57,7 @@ __global__ void cross_entropy_kernel(const float* logits, bf16* dlogits, float* 
 
 void CudaOps::cross_entropy(const Tensor& logits, Tensor dlogits, Tensor row_loss, const Tensor& targets,
                             float grad_scale) {
+  const auto prof = profile("cross_entropy");
   const int64_t n = logits.dim(0), V = logits.dim(1);
   if (n == 0) return;
   cross_entropy_kernel<<<unsigned(n), kThreads, 0, stream_>>>(logits.f32(), dlogits.as<bf16>(), row_loss.f32(),

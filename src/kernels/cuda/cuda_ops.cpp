@@ -53,6 +53,7 @@ Buffer CudaOps::alloc(size_t bytes) {
 }
 
 void CudaOps::copy(Tensor dst, const Tensor& src) {
+  const auto prof = profile(dst.device == Device::CPU || src.device == Device::CPU ? "copy host<->device" : "copy");
   SOLTRAIN_CHECK(dst.bytes() == src.bytes() && dst.dtype == src.dtype, "copy ", shape_str(src.shape), " -> ",
                  shape_str(dst.shape));
   CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDefault, stream_));
@@ -60,7 +61,10 @@ void CudaOps::copy(Tensor dst, const Tensor& src) {
   if (dst.device == Device::CPU || src.device == Device::CPU) CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-void CudaOps::zero(Tensor t) { CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.bytes(), stream_)); }
+void CudaOps::zero(Tensor t) {
+  const auto prof = profile("zero");
+  CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.bytes(), stream_));
+}
 
 void CudaOps::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 

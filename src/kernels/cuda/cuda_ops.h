@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/cuda/op_profiler.h"
 #include "kernels/ops.h"
 
 namespace soltrain {
@@ -24,6 +25,8 @@ class CudaOps final : public Ops {
   void convert(Tensor dst, const Tensor& src) override;
   void zero(Tensor t) override;
   void synchronize() override;
+  void enable_profiling(bool on) override { profiler_.enable(on); }
+  std::map<std::string, double> collect_profile() override { return profiler_.collect(stream_); }
   double memory_used_gib() const override;
 
   void embedding_forward(Tensor out, const Tensor& ids, const Tensor& table) override;
@@ -58,6 +61,7 @@ class CudaOps final : public Ops {
   // D = alpha·op(A)·op(B) + beta·C in cuBLASLt's column-major terms (C aliases D).
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor& a, int lda, const Tensor& b, int ldb,
             Tensor d, int ldd, float beta, const Tensor* bias);
+  OpProfiler::Scope profile(const char* name) { return OpProfiler::Scope(&profiler_, name, stream_); }
   // Scratch of at least `bytes` bytes on the device (grows; only between steps in practice).
   void* scratch(size_t bytes);
 
@@ -66,6 +70,7 @@ class CudaOps final : public Ops {
   Buffer workspace_, scratch_, reduce_out_;
   double* host_result_ = nullptr;  // pinned
   int sm_count_ = 0;
+  OpProfiler profiler_;
   struct Plan {  // one cuBLASLt problem: descriptors and the algorithm picked once
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;

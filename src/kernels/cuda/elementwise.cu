@@ -58,6 +58,7 @@ __global__ void final_sum(double* out, const double* partials, int n) {
 }  // namespace
 
 void CudaOps::convert(Tensor dst, const Tensor& src) {
+  const auto prof = profile("convert");
   SOLTRAIN_CHECK(dst.numel() == src.numel(), "convert sizes");
   const int64_t n = src.numel();
   if (dst.dtype == src.dtype) return copy(dst, src);
@@ -71,12 +72,14 @@ void CudaOps::convert(Tensor dst, const Tensor& src) {
 }
 
 void CudaOps::add_inplace(Tensor x, const Tensor& y) {
+  const auto prof = profile("add_inplace");
   SOLTRAIN_CHECK(x.numel() == y.numel() && x.dtype == DType::BF16 && y.dtype == DType::BF16, "add_inplace");
   add_bf16_kernel<<<blocks_for(x.numel(), 256), 256, 0, stream_>>>(x.as<bf16>(), y.as<bf16>(), x.numel());
   CUDA_CHECK_LAUNCH();
 }
 
 void CudaOps::scale(Tensor x, float factor) {
+  const auto prof = profile("scale");
   scale_f32_kernel<<<blocks_for(x.numel(), 256), 256, 0, stream_>>>(x.f32(), factor, x.numel());
   CUDA_CHECK_LAUNCH();
 }
@@ -98,11 +101,13 @@ double reduce(CudaOps& ops, const Tensor& x, bool square, double* partials, doub
 }  // namespace
 
 double CudaOps::sum(const Tensor& x) {
+  const auto prof = profile("sum (host sync)");
   auto* partials = static_cast<double*>(scratch(kReduceBlocks * sizeof(double)));
   return reduce(*this, x, false, partials, static_cast<double*>(reduce_out_.data()), host_result_);
 }
 
 double CudaOps::sum_squares(const Tensor& x) {
+  const auto prof = profile("sum_squares (host sync)");
   auto* partials = static_cast<double*>(scratch(kReduceBlocks * sizeof(double)));
   return reduce(*this, x, true, partials, static_cast<double*>(reduce_out_.data()), host_result_);
 }

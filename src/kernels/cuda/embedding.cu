@@ -38,12 +38,14 @@ __global__ void embedding_bwd(float* dtable, const int32_t* ids, const bf16* dou
 }  // namespace
 
 void CudaOps::embedding_forward(Tensor out, const Tensor& ids, const Tensor& table) {
+  const auto prof = profile("embedding_forward");
   const int64_t N = ids.numel(), D = table.dim(1);
   embedding_fwd<<<unsigned(N), 256, 0, stream_>>>(out.as<bf16>(), ids.i32(), table.as<bf16>(), D);
   CUDA_CHECK_LAUNCH();
 }
 
 void CudaOps::embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout) {
+  const auto prof = profile("embedding_backward");
   const int64_t N = ids.numel(), V = dtable.dim(0), D = dtable.dim(1);
   const int64_t blocks = std::min<int64_t>(V, 4 * int64_t(sm_count_));
   const int64_t rows = (V + blocks - 1) / blocks;

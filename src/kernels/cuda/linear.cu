@@ -85,6 +85,7 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor
 
 // Row-major y[N,out] = x[N,in]·wᵀ is column-major yᵀ = w_cm ᵀ · xᵀ with w_cm = wᵀ (in × out, ld in).
 void CudaOps::linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor* bias) {
+  const auto prof = profile("linear_forward");
   const int N = int(x.dim(0)), in = int(x.dim(1)), out = int(w.dim(0));
   SOLTRAIN_CHECK(w.dim(1) == in && y.dim(0) == N && y.dim(1) == out, "linear shapes");
   gemm(true, false, out, N, in, w, in, x, in, y, out, 0.0f, bias);
@@ -94,10 +95,17 @@ void CudaOps::linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor
                               const Tensor& x, const Tensor& w) {
   const int N = int(dy.dim(0)), out = int(w.dim(0)), in = int(w.dim(1));
   // dx[N,in] = dy[N,out]·w[out,in]  →  column-major dxᵀ = w_cm · dyᵀ
-  if (dx) gemm(false, false, in, N, out, w, in, dy, out, *dx, in, accumulate_dx ? 1.0f : 0.0f, nullptr);
+  if (dx) {
+    const auto prof = profile("linear_backward dx");
+    gemm(false, false, in, N, out, w, in, dy, out, *dx, in, accumulate_dx ? 1.0f : 0.0f, nullptr);
+  }
   // dw[out,in] += dyᵀ·x  →  column-major dwᵀ = xᵀ · dy
-  if (dw) gemm(false, true, in, out, N, x, in, dy, out, *dw, in, 1.0f, nullptr);
+  if (dw) {
+    const auto prof = profile("linear_backward dw");
+    gemm(false, true, in, out, N, x, in, dy, out, *dw, in, 1.0f, nullptr);
+  }
   if (dbias) {
+    const auto prof = profile("linear_backward dbias");
     float* partials =
         static_cast<float*>(scratch(size_t(cuda::column_sum_partial_floats(N, out, sm_count_)) * sizeof(float)));
     cuda::column_sum(dbias->f32(), dy.as<__nv_bfloat16>(), nullptr, nullptr, N, out, partials, sm_count_, stream_);

@@ -45,6 +45,7 @@ __global__ void rmsnorm_bwd(bf16* dx, bool accumulate, const bf16* dy, const bf1
 }  // namespace
 
 void CudaOps::rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) {
+  const auto prof = profile("rmsnorm_forward");
   const int64_t C = x.dim(-1), R = x.numel() / C;
   rmsnorm_fwd<<<unsigned((R + kWarps - 1) / kWarps), dim3(32, kWarps), 0, stream_>>>(
       y.as<bf16>(), rstd.f32(), x.as<bf16>(), w.as<bf16>(), R, C, eps);
@@ -53,6 +54,7 @@ void CudaOps::rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tens
 
 void CudaOps::rmsnorm_backward(Tensor dx, bool accumulate_dx, Tensor dw, const Tensor& dy, const Tensor& x,
                                const Tensor& w, const Tensor& rstd) {
+  const auto prof = profile("rmsnorm_backward");
   const int64_t C = x.dim(-1), R = x.numel() / C;
   rmsnorm_bwd<<<unsigned((R + kWarps - 1) / kWarps), dim3(32, kWarps), 0, stream_>>>(
       dx.as<bf16>(), accumulate_dx, dy.as<bf16>(), x.as<bf16>(), w.as<bf16>(), rstd.f32(), R, C);

@@ -27,12 +27,14 @@ __global__ void swiglu_bwd(bf16* dgate, bf16* dup, const bf16* dout, const bf16*
 }  // namespace
 
 void CudaOps::swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) {
+  const auto prof = profile("swiglu_forward");
   swiglu_fwd<<<cuda::blocks_for(out.numel(), 256), 256, 0, stream_>>>(out.as<bf16>(), gate.as<bf16>(),
                                                                         up.as<bf16>(), out.numel());
   CUDA_CHECK_LAUNCH();
 }
 
 void CudaOps::swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) {
+  const auto prof = profile("swiglu_backward");
   swiglu_bwd<<<cuda::blocks_for(gate.numel(), 256), 256, 0, stream_>>>(
       dgate.as<bf16>(), dup.as<bf16>(), dout.as<bf16>(), gate.as<bf16>(), up.as<bf16>(), gate.numel());
   CUDA_CHECK_LAUNCH();
