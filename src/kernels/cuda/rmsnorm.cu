@@ -1,5 +1,7 @@
 // CUDA: RMSNorm, one warp per row; fp32 statistics, the normalised value rounded to bf16 before the
 // weight multiplies it (as transformers does). The weight gradient is a deterministic column sum.
+// Rows whose width is a multiple of 8 move 16-byte vectors (8 bf16 per lane per access): with 2-byte
+// accesses these kernels ran at a sixth of the memory bandwidth (32 ms of a 270 ms Qwen3-0.6B step).
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -14,41 +16,93 @@ using cuda::to_f;
 namespace {
 constexpr int kWarps = 8;
 
+struct Vec8 {  // 8 bf16 as one 16-byte access
+  uint4 raw;
+  __device__ float operator[](int i) const { return to_f(reinterpret_cast<const bf16*>(&raw)[i]); }
+  __device__ void set(int i, float v) { reinterpret_cast<bf16*>(&raw)[i] = to_bf(v); }
+};
+__device__ __forceinline__ Vec8 load8(const bf16* p) { return {*reinterpret_cast<const uint4*>(p)}; }
+__device__ __forceinline__ void store8(bf16* p, const Vec8& v) { *reinterpret_cast<uint4*>(p) = v.raw; }
+
+template <bool kVec>
 __global__ void rmsnorm_fwd(bf16* y, float* rstd, const bf16* x, const bf16* w, int64_t R, int64_t C, float eps) {
   const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.y;
   if (r >= R) return;
   const bf16* xr = x + r * C;
   float ss = 0.f;
-  for (int64_t c = threadIdx.x; c < C; c += 32) {
-    const float v = to_f(xr[c]);
-    ss += v * v;
+  if constexpr (kVec) {
+    for (int64_t c = threadIdx.x * 8; c < C; c += 256) {
+      const Vec8 v = load8(xr + c);
+      for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < C; c += 32) ss += to_f(xr[c]) * to_f(xr[c]);
   }
   const float rs = rsqrtf(cuda::warp_sum(ss) / float(C) + eps);
   if (threadIdx.x == 0) rstd[r] = rs;
-  for (int64_t c = threadIdx.x; c < C; c += 32) y[r * C + c] = to_bf(to_f(w[c]) * to_f(to_bf(to_f(xr[c]) * rs)));
+  if constexpr (kVec) {
+    for (int64_t c = threadIdx.x * 8; c < C; c += 256) {
+      const Vec8 v = load8(xr + c), wv = load8(w + c);
+      Vec8 out;
+      for (int i = 0; i < 8; ++i) out.set(i, wv[i] * to_f(to_bf(v[i] * rs)));
+      store8(y + r * C + c, out);
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < C; c += 32) y[r * C + c] = to_bf(to_f(w[c]) * to_f(to_bf(to_f(xr[c]) * rs)));
+  }
 }
 
+template <bool kVec>
 __global__ void rmsnorm_bwd(bf16* dx, bool accumulate, const bf16* dy, const bf16* x, const bf16* w,
                             const float* rstd, int64_t R, int64_t C) {
   const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.y;
   if (r >= R) return;
   const float rs = rstd[r];
+  const bf16 *xr = x + r * C, *gr = dy + r * C;
+  bf16* dr = dx + r * C;
   float dot = 0.f;
-  for (int64_t c = threadIdx.x; c < C; c += 32) dot += to_f(dy[r * C + c]) * to_f(w[c]) * to_f(x[r * C + c]) * rs;
-  const float mean = cuda::warp_sum(dot) / float(C);
-  for (int64_t c = threadIdx.x; c < C; c += 32) {
-    const float xh = to_f(x[r * C + c]) * rs;
-    const float v = rs * (to_f(dy[r * C + c]) * to_f(w[c]) - xh * mean);
-    dx[r * C + c] = to_bf(accumulate ? to_f(dx[r * C + c]) + v : v);
+  if constexpr (kVec) {
+    for (int64_t c = threadIdx.x * 8; c < C; c += 256) {
+      const Vec8 g = load8(gr + c), xv = load8(xr + c), wv = load8(w + c);
+      for (int i = 0; i < 8; ++i) dot += g[i] * wv[i] * xv[i] * rs;
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < C; c += 32) dot += to_f(gr[c]) * to_f(w[c]) * to_f(xr[c]) * rs;
   }
+  const float mean = cuda::warp_sum(dot) / float(C);
+  if constexpr (kVec) {
+    for (int64_t c = threadIdx.x * 8; c < C; c += 256) {
+      const Vec8 g = load8(gr + c), xv = load8(xr + c), wv = load8(w + c);
+      Vec8 out;
+      if (accumulate) out = load8(dr + c);
+      for (int i = 0; i < 8; ++i) {
+        const float v = rs * (g[i] * wv[i] - xv[i] * rs * mean);
+        out.set(i, accumulate ? out[i] + v : v);
+      }
+      store8(dr + c, out);
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < C; c += 32) {
+      const float xh = to_f(xr[c]) * rs;
+      const float v = rs * (to_f(gr[c]) * to_f(w[c]) - xh * mean);
+      dr[c] = to_bf(accumulate ? to_f(dr[c]) + v : v);
+    }
+  }
+}
+
+bool vectorizable(const Tensor& t, int64_t C) {
+  return C % 8 == 0 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
 }
 }  // namespace
 
 void CudaOps::rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) {
   const auto prof = profile("rmsnorm_forward");
   const int64_t C = x.dim(-1), R = x.numel() / C;
-  rmsnorm_fwd<<<unsigned((R + kWarps - 1) / kWarps), dim3(32, kWarps), 0, stream_>>>(
-      y.as<bf16>(), rstd.f32(), x.as<bf16>(), w.as<bf16>(), R, C, eps);
+  const dim3 grid(unsigned((R + kWarps - 1) / kWarps)), block(32, kWarps);
+  if (vectorizable(x, C) && vectorizable(y, C) && vectorizable(w, C))
+    rmsnorm_fwd<true><<<grid, block, 0, stream_>>>(y.as<bf16>(), rstd.f32(), x.as<bf16>(), w.as<bf16>(), R, C, eps);
+  else
+    rmsnorm_fwd<false><<<grid, block, 0, stream_>>>(y.as<bf16>(), rstd.f32(), x.as<bf16>(), w.as<bf16>(), R, C, eps);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -56,8 +110,13 @@ void CudaOps::rmsnorm_backward(Tensor dx, bool accumulate_dx, Tensor dw, const T
                                const Tensor& w, const Tensor& rstd) {
   const auto prof = profile("rmsnorm_backward");
   const int64_t C = x.dim(-1), R = x.numel() / C;
-  rmsnorm_bwd<<<unsigned((R + kWarps - 1) / kWarps), dim3(32, kWarps), 0, stream_>>>(
-      dx.as<bf16>(), accumulate_dx, dy.as<bf16>(), x.as<bf16>(), w.as<bf16>(), rstd.f32(), R, C);
+  const dim3 grid(unsigned((R + kWarps - 1) / kWarps)), block(32, kWarps);
+  if (vectorizable(x, C) && vectorizable(dy, C) && vectorizable(dx, C) && vectorizable(w, C))
+    rmsnorm_bwd<true><<<grid, block, 0, stream_>>>(dx.as<bf16>(), accumulate_dx, dy.as<bf16>(), x.as<bf16>(),
+                                                   w.as<bf16>(), rstd.f32(), R, C);
+  else
+    rmsnorm_bwd<false><<<grid, block, 0, stream_>>>(dx.as<bf16>(), accumulate_dx, dy.as<bf16>(), x.as<bf16>(),
+                                                    w.as<bf16>(), rstd.f32(), R, C);
   CUDA_CHECK_LAUNCH();
   float* partials = static_cast<float*>(scratch(size_t(cuda::column_sum_partial_floats(R, C, sm_count_)) * 4));
   cuda::column_sum(dw.f32(), dy.as<bf16>(), x.as<bf16>(), rstd.f32(), R, C, partials, sm_count_, stream_);
