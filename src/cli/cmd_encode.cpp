@@ -1,6 +1,6 @@
 // `soltrain encode`: JSON lines {"text": ...} on stdin → {"ids": [...]} lines on stdout, with a tokenizer.json.
-// Lines are encoded in parallel (one tokenizer per thread: its word cache is not shared) and written in
-// input order, a batch of lines at a time so memory stays bounded on big inputs.
+// Lines are encoded in parallel by one shared tokenizer (its caches are per thread) and written in input
+// order, a batch of lines at a time so memory stays bounded on big inputs.
 #include <algorithm>
 #include <iostream>
 #include <memory>
@@ -49,22 +49,8 @@ std::function<int()> add_encode_command(CLI::App& app) {
       ->check(CLI::Range(1u, 1024u))
       ->capture_default_str();
   return [o]() {
-    // Load one tokenizer per thread, in parallel (parsing tokenizer.json is most of the start-up time).
-    std::vector<std::optional<Tokenizer>> toks(o->threads);
+    Tokenizer tok = Tokenizer::load(o->tokenizer);
     std::vector<std::exception_ptr> errors(o->threads);
-    {
-      std::vector<std::jthread> loaders;
-      for (unsigned t = 0; t < o->threads; ++t)
-        loaders.emplace_back([&, t] {
-          try {
-            toks[t].emplace(Tokenizer::load(o->tokenizer));
-          } catch (...) {
-            errors[t] = std::current_exception();
-          }
-        });
-    }
-    for (auto& e : errors)
-      if (e) std::rethrow_exception(e);
 
     std::ios::sync_with_stdio(false);
     constexpr size_t kBatch = 16384;
@@ -89,7 +75,7 @@ std::function<int()> add_encode_command(CLI::App& app) {
           workers.emplace_back([&, t] {
             size_t i = t;
             try {
-              for (; i < lines.size(); i += o->threads) outs[i] = encode_line(*toks[t], lines[i], numbers[i]);
+              for (; i < lines.size(); i += o->threads) outs[i] = encode_line(tok, lines[i], numbers[i]);
             } catch (...) {
               errors[t] = std::current_exception();
               failed_at[t] = i;

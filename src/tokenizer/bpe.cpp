@@ -2,6 +2,7 @@
 // symbols, so equal-rank merges resolve leftmost first, exactly as in its word.rs.
 #include "tokenizer/bpe.h"
 
+#include <atomic>
 #include <queue>
 
 #include "core/error.h"
@@ -18,7 +19,23 @@ constexpr size_t kMaxCacheEntries = 1 << 20;
 
 }  // namespace
 
-Bpe::Bpe(const nlohmann::json& model, const std::string& where) {
+namespace {
+using WordCache = std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>>;
+std::atomic<uint64_t> next_bpe_id{1};
+// This thread's cache for the Bpe with the given id (the last one used is remembered: the common case).
+WordCache& thread_cache(uint64_t id) {
+  thread_local std::unordered_map<uint64_t, WordCache> caches;
+  thread_local uint64_t last_id = 0;
+  thread_local WordCache* last = nullptr;
+  if (id != last_id) {
+    last = &caches[id];
+    last_id = id;
+  }
+  return *last;
+}
+}  // namespace
+
+Bpe::Bpe(const nlohmann::json& model, const std::string& where) : id_(next_bpe_id++) {
   const std::string w = where + ": model";
   const auto vocab = json_req<nlohmann::json>(model, "vocab", w);
   if (!vocab.is_object()) user_error(w, ": 'vocab' must be an object of token -> id");
@@ -78,7 +95,9 @@ std::optional<int32_t> Bpe::token_to_id(std::string_view token) const {
   return it->second;
 }
 
-void Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) {
+
+void Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) const {
+  WordCache& cache_ = thread_cache(id_);
   if (word.empty()) return;
   if (ignore_merges_) {
     if (const auto it = vocab_.find(word); it != vocab_.end()) {

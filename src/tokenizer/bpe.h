@@ -22,8 +22,9 @@ class Bpe {
   // Reads model{type: BPE, vocab, merges, ...}; throws UserError naming `where` on anything malformed.
   Bpe(const nlohmann::json& model, const std::string& where);
 
-  // Appends the ids of `word` to out. Results are cached per word, hence non-const.
-  void encode_word(std::string_view word, std::vector<int32_t>& out);
+  // Appends the ids of `word` to out. Results are cached per word in a cache of the calling thread, so one
+  // Bpe serves many threads.
+  void encode_word(std::string_view word, std::vector<int32_t>& out) const;
 
   const TokenMap& vocab() const { return vocab_; }
   std::optional<int32_t> token_to_id(std::string_view token) const;
@@ -41,7 +42,7 @@ class Bpe {
   std::optional<int32_t> unk_id_;
   std::string prefix_, suffix_;  // continuing_subword_prefix / end_of_word_suffix
   bool byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
-  std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
+  uint64_t id_;  // distinguishes this Bpe's entries in the per-thread caches (addresses can be reused)
 };
 
 }  // namespace soltrain

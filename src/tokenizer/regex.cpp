@@ -63,12 +63,22 @@ std::string onig_compatible(const std::string& p) {
 
 struct Regex::Impl {
   pcre2_code* code = nullptr;
-  pcre2_match_data* data = nullptr;
-  ~Impl() {
-    pcre2_match_data_free(data);
-    pcre2_code_free(code);
-  }
+  ~Impl() { pcre2_code_free(code); }
 };
+
+namespace {
+// Match data per call keeps find_all() safe to call from many threads on one Regex (one small
+// allocation per piece of text, not per word).
+struct MatchData {
+  pcre2_match_data* data;
+  explicit MatchData(const pcre2_code* code) : data(pcre2_match_data_create_from_pattern(code, nullptr)) {
+    if (!data) throw std::bad_alloc();
+  }
+  ~MatchData() { pcre2_match_data_free(data); }
+  MatchData(const MatchData&) = delete;
+  MatchData& operator=(const MatchData&) = delete;
+};
+}  // namespace
 
 Regex::Regex(const std::string& pattern, const std::string& where) : impl_(std::make_unique<Impl>()) {
   int err = 0;
@@ -83,7 +93,6 @@ Regex::Regex(const std::string& pattern, const std::string& where) : impl_(std::
                "): ", reinterpret_cast<const char*>(msg));
   }
   pcre2_jit_compile(impl_->code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is unavailable
-  impl_->data = pcre2_match_data_create_from_pattern(impl_->code, nullptr);
 }
 
 Regex::~Regex() = default;
@@ -92,18 +101,19 @@ Regex& Regex::operator=(Regex&&) noexcept = default;
 
 std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view s) const {
   std::vector<std::pair<size_t, size_t>> out;
+  const MatchData md(impl_->code);
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
   size_t start = 0;
   while (start <= s.size()) {
     // The input is validated once up front, so PCRE2 need not re-check UTF-8 on every call.
-    const int rc = pcre2_match(impl_->code, subject, s.size(), start, PCRE2_NO_UTF_CHECK, impl_->data, nullptr);
+    const int rc = pcre2_match(impl_->code, subject, s.size(), start, PCRE2_NO_UTF_CHECK, md.data, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(rc, msg, sizeof msg);
       throw std::runtime_error(cat("regex match failed: ", reinterpret_cast<const char*>(msg)));
     }
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(impl_->data);
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.data);
     const size_t b = ov[0], e = ov[1];
     out.emplace_back(b, e);
     if (e > b) {

@@ -17,7 +17,7 @@ class Regex {
   Regex& operator=(Regex&&) noexcept;
 
   // Non-overlapping matches left to right, as [begin, end) byte offsets; s must be valid UTF-8.
-  // Not thread-safe: the match buffer is reused between calls.
+  // Safe to call from several threads at once.
   std::vector<std::pair<size_t, size_t>> find_all(std::string_view s) const;
 
  private:

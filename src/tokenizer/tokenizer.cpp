@@ -94,10 +94,11 @@ void Tokenizer::encode_text(std::string_view raw, bool at_start, std::vector<int
       out.push_back(part.id);
       continue;
     }
-    pieces_.clear();
-    pieces_.push_back({std::string(part.text), at_start && part.offset == 0});
-    if (pre_tokenizer_) pre_tokenizer_->pre_tokenize(pieces_);
-    for (const Piece& p : pieces_) model_->encode_word(p.text, out);
+    thread_local std::vector<Piece> pieces;  // scratch reused between calls, one per thread
+    pieces.clear();
+    pieces.push_back({std::string(part.text), at_start && part.offset == 0});
+    if (pre_tokenizer_) pre_tokenizer_->pre_tokenize(pieces);
+    for (const Piece& p : pieces) model_->encode_word(p.text, out);
   }
 }
 

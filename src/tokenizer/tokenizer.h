@@ -19,7 +19,7 @@
 
 namespace soltrain {
 
-// Not thread-safe (encode caches words and reuses regex buffers): use one Tokenizer per thread.
+// encode() may be called from several threads at once (word caches and scratch are per thread).
 class Tokenizer {
  public:
   // `path` is a tokenizer.json or a folder holding one. Bad or unsupported content throws UserError.
@@ -55,7 +55,6 @@ class Tokenizer {
   AddedTokenMatcher raw_matcher_;                    // added tokens with normalized=false, matched in the raw text
   AddedTokenMatcher norm_matcher_;                   // normalized=true ones, matched after normalization
   std::vector<std::string> id_to_token_;
-  std::vector<Piece> pieces_;  // scratch, reused between calls
 };
 
 }  // namespace soltrain
