@@ -6,10 +6,13 @@
 
 namespace soltrain {
 
-// Loads config.json and the weights of an HF folder onto the ops' device.
-std::unique_ptr<Transformer> load_pretrained(const std::filesystem::path& dir, Ops& ops);
+// Loads config.json and the weights of an HF folder onto the ops' device; with `lora`, the base is frozen
+// and fresh adapters are added (see peft_adapter.h to load saved ones instead).
+std::unique_ptr<Transformer> load_pretrained(const std::filesystem::path& dir, Ops& ops,
+                                             std::optional<LoraConfig> lora = std::nullopt);
 
-// Copies every parameter (fp32) from the checkpoint; missing or mis-shaped tensors are UserErrors.
+// Copies every base parameter from the checkpoint (adapters excepted); missing or mis-shaped tensors are
+// UserErrors.
 void load_weights(Transformer& model, const std::filesystem::path& dir);
 
 // Writes an HF folder that transformers loads: config.json, safetensors (sharded past max_shard_bytes,

@@ -28,8 +28,8 @@ __global__ void rmsnorm_fwd(bf16* y, float* rstd, const bf16* x, const bf16* w, 
   for (int64_t c = threadIdx.x; c < C; c += 32) y[r * C + c] = to_bf(to_f(w[c]) * to_f(to_bf(to_f(xr[c]) * rs)));
 }
 
-__global__ void rmsnorm_bwd(bf16* dx, bool accumulate, const bf16* dy, const bf16* x, const bf16* w,
-                            const float* rstd, int64_t R, int64_t C) {
+__global__ void rmsnorm_bwd(bf16* dx, bool accumulate, const bf16* dy, const bf16* x, const bf16* w, const float* rstd,
+                            int64_t R, int64_t C) {
   const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.y;
   if (r >= R) return;
   const float rs = rstd[r];
@@ -57,6 +57,7 @@ void CudaOps::rmsnorm_backward(Tensor dx, bool accumulate_dx, Tensor dw, const T
   rmsnorm_bwd<<<unsigned((R + kWarps - 1) / kWarps), dim3(32, kWarps), 0, stream_>>>(
       dx.as<bf16>(), accumulate_dx, dy.as<bf16>(), x.as<bf16>(), w.as<bf16>(), rstd.f32(), R, C);
   CUDA_CHECK_LAUNCH();
+  if (!dw.defined()) return;  // a frozen weight: no gradient
   float* partials = static_cast<float*>(scratch(size_t(cuda::column_sum_partial_floats(R, C, sm_count_)) * 4));
   cuda::column_sum(dw.f32(), dy.as<bf16>(), x.as<bf16>(), rstd.f32(), R, C, partials, sm_count_, stream_);
 }

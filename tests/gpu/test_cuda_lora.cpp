@@ -1,0 +1,70 @@
+// LoRA on CUDA (bf16 compute, frozen bf16 base, fp32 adapter masters) against PEFT's fp32 fixture, LoRA
+// training on the GPU, and the dropout op against its CPU twin.
+#include "data/batch_file.h"
+#include "gpu_test_util.h"
+#include "model/checkpoint.h"
+#include "model/peft_adapter.h"
+#include "train/trainer.h"
+
+namespace soltrain::test {
+namespace {
+
+const std::filesystem::path kBase = fixtures() / "models" / "qwen3-tiny";
+const std::filesystem::path kPeft = fixtures() / "peft" / "qwen3-tiny";
+
+TEST_F(CudaTest, LoraMatchesPeftWithinBf16Error) {
+  auto model = load_pretrained_with_adapter(kBase, kPeft / "adapter", *gpu);
+  const HostBatch batch = load_batch_file(kBase / "batch.safetensors");
+  const SafetensorsFile expected(kPeft / "expected_lora.safetensors");
+  model->plan(batch.rows, batch.seq_len);
+  std::vector<float> logits(size_t(batch.rows) * batch.seq_len * model->config().vocab_size);
+  gpu->zero(model->params().all_grads());
+  const StepResult r = model->step(batch, true, logits.data());
+  EXPECT_LE(rel_err(logits.data(), to_f32(expected.at("logits")).data(), logits.size()), 2e-2);
+  const float ref_loss = to_f32(expected.at("loss"))[0];
+  EXPECT_NEAR(r.loss, ref_loss, 1e-2 * ref_loss);
+  size_t checked = 0;
+  for (const Parameter& p : model->params().all()) {
+    if (!p.trainable) continue;
+    EXPECT_LE(rel(download(p.grad), to_f32(expected.at("grad." + p.name))), 5e-2) << p.name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, size_t(28));
+}
+
+TEST_F(CudaTest, LoraTrainingLowersTheLossAndKeepsTheBase) {
+  const HostBatch batch = load_batch_file(kBase / "batch.safetensors");
+  LoraConfig c;
+  c.r = 8;
+  c.alpha = 16;
+  c.dropout = 0.1f;
+  c.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  auto model = load_pretrained(kBase, *gpu, c);
+  const Parameter& w = model->params().at("model.layers.1.mlp.down_proj.weight");
+  const auto before = download(w.value);
+  const TrainHistory h = train_on_batch(*model, batch, OptimizerConfig{1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f}, 8);
+  EXPECT_LT(h.losses.back(), h.losses.front() - 0.1);
+  EXPECT_EQ(download(w.value), before);
+  // The frozen base is the checkpoint rounded to bf16.
+  auto ref = to_f32(CheckpointReader(kBase).entry(w.name));
+  for (float& x : ref) x = bf16_to_f32(f32_to_bf16(x));
+  EXPECT_EQ(before, ref);
+  TempDir t;
+  save_adapter(*model, t.path / "adapter", kBase.string());
+  EXPECT_EQ(read_adapter_config(t.path / "adapter").r, 8);
+}
+
+TEST_F(CudaTest, DropoutMatchesTheCpuMask) {
+  const int64_t n = 1 << 16;
+  auto x = randn(size_t(n));
+  const Tensor dx = upload(x, {n});
+  Tensor dy = poisoned({n});
+  gpu->dropout_scale(dy, dx, 2.0f, 0.2f, 99);
+  std::vector<float> y(x.size());
+  cpu->dropout_scale(host(y, {n}), host(x, {n}), 2.0f, 0.2f, 99);
+  for (float& v : y) v = bf16_to_f32(f32_to_bf16(v));
+  EXPECT_EQ(download(dy), y);
+}
+
+}  // namespace
+}  // namespace soltrain::test
