@@ -182,7 +182,9 @@ TEST(LoraPeft, UnsupportedAdapterFeaturesAreUserErrors) {
                                                                      {"peft_type", "IA3"},
                                                                      {"target_modules", ".*proj"},
                                                                      {"target_modules", {"q_proj", "lm_head"}},
-                                                                     {"layers_to_transform", {0}}};
+                                                                     {"layers_to_transform", {0}},
+      {"alora_invocation_tokens", {1, 2}},
+      {"fan_in_fan_out", true}};
   for (const auto& [key, value] : cases) {
     const auto dir = adapter_with(t, key, value);
     try {

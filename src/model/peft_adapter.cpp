@@ -44,7 +44,14 @@ LoraConfig read_adapter_config(const fs::path& adapter_dir) {
       {"use_qalora", "QALoRA"},
       {"target_parameters", "target_parameters"},
       {"trainable_token_indices", "trainable_token_indices"},
-      {"exclude_modules", "exclude_modules"}};
+      {"exclude_modules", "exclude_modules"},
+      // LoRA variants whose forward differs from W·x + scale·B·A·x (or that soltrain does not know)
+      {"alora_invocation_tokens", "activated LoRA (alora_invocation_tokens)"},
+      {"arrow_config", "Arrow routing (arrow_config)"},
+      {"use_bdlora", "BD-LoRA (use_bdlora)"},
+      {"kasa_config", "KaSA (kasa_config)"},
+      {"monteclora_config", "MonteCLoRA (monteclora_config)"},
+      {"velora_config", "VeLoRA (velora_config)"}};
   for (auto [key, what] : unsupported)
     if (!unset(cfg, key)) user_error(src, ": '", key, "' is set: ", what, " is not supported by soltrain");
   const std::string bias = cfg.value("bias", std::string("none"));
