@@ -183,8 +183,8 @@ TEST(LoraPeft, UnsupportedAdapterFeaturesAreUserErrors) {
                                                                      {"target_modules", ".*proj"},
                                                                      {"target_modules", {"q_proj", "lm_head"}},
                                                                      {"layers_to_transform", {0}},
-      {"alora_invocation_tokens", {1, 2}},
-      {"fan_in_fan_out", true}};
+                                                                     {"alora_invocation_tokens", {1, 2}},
+                                                                     {"fan_in_fan_out", true}};
   for (const auto& [key, value] : cases) {
     const auto dir = adapter_with(t, key, value);
     try {
