@@ -29,9 +29,10 @@ const std::string peft = (fixtures() / "peft" / "qwen3-tiny").string();
 TEST(LoraCli, DumpWithAdapterMatchesPeft) {
   TempDir t;
   const auto out = t.path / "dump.safetensors";
-  const CliResult r = soltrain("dump --model " + base + " --adapter " + peft + "/adapter --batch " + base +
-                                   "/batch.safetensors --out " + out.string(),
-                               t);
+  const CliResult r =
+      soltrain("dump --model " + base + " --adapter " + peft + "/adapter --batch " + base +
+                   "/batch.safetensors --out " + out.string() + " --save-adapter " + (t.path / "saved").string(),
+               t);
   ASSERT_EQ(r.code, 0) << r.err;
   const SafetensorsFile ours(out), ref(peft + "/expected_lora.safetensors");
   EXPECT_EQ(ours.entries().size(), ref.entries().size());  // logits, loss and exactly the LoRA gradients
@@ -41,6 +42,11 @@ TEST(LoraCli, DumpWithAdapterMatchesPeft) {
     ASSERT_EQ(a.size(), b.size()) << name;
     EXPECT_LE(rel_err(a.data(), b.data(), a.size()), name == "logits" ? 1e-4 : 1e-3) << name;
   }
+  // --save-adapter writes the same tensors back, bit for bit.
+  const SafetensorsFile saved(t.path / "saved" / "adapter_model.safetensors"),
+      orig(peft + "/adapter/adapter_model.safetensors");
+  ASSERT_EQ(saved.entries().size(), orig.entries().size());
+  for (const auto& [name, e] : orig.entries()) EXPECT_EQ(std::memcmp(saved.at(name).data, e.data, e.bytes), 0) << name;
 }
 
 TEST(LoraCli, MergeWritesTheMergedFolder) {

@@ -40,14 +40,14 @@ void load_weights(Transformer& model, const fs::path& dir) {
 
 void save_pretrained(const Transformer& model, const fs::path& out_dir, const fs::path& source_dir,
                      size_t max_shard_bytes) {
+  // A LoRA run's base is frozen (and only a bf16 copy on the GPU): what it produced is the adapter.
+  SOLTRAIN_CHECK(!model.lora(), "save_pretrained on a LoRA model: use save_adapter, then merge_adapter for a folder");
   StagedDir staged(out_dir);
-  // Host copies of every base parameter, in the checkpoint's conventional (HF registration) order.
-  // (A LoRA model's adapters are saved with save_adapter, or folded in with merge_adapter.)
+  // Host copies of every parameter, in the checkpoint's conventional (HF registration) order.
   std::vector<std::vector<float>> host;
   std::vector<NamedTensor> tensors;
   host.reserve(model.params().all().size());
   for (const Parameter& p : model.params().all()) {
-    if (is_lora_name(p.name)) continue;
     host.emplace_back(size_t(shape_numel(p.shape)));
     model.params().download(const_cast<Transformer&>(model).ops(), p, host.back().data());
     tensors.push_back({p.name, Tensor{host.back().data(), DType::F32, p.shape, Device::CPU}});

@@ -17,7 +17,7 @@ void load_weights(Transformer& model, const std::filesystem::path& dir);
 
 // Writes an HF folder that transformers loads: config.json, safetensors (sharded past max_shard_bytes,
 // with an index) and the tokenizer/generation files found in `source_dir`. Atomic: the folder appears
-// complete or not at all.
+// complete or not at all. Full fine-tuning only: a LoRA model saves its adapter (peft_adapter.h).
 void save_pretrained(const Transformer& model, const std::filesystem::path& out_dir,
                      const std::filesystem::path& source_dir, size_t max_shard_bytes = size_t(5) << 30);
 
