@@ -166,6 +166,20 @@ TEST(Lora, TrainingLowersTheLossAndLeavesTheBaseBitIdentical) {
   EXPECT_NEAR(merged->step(batch, false).loss, h.losses.back(), 1e-5 * h.losses.back());
 }
 
+// The CPU twin of the CUDA LoRA training test (tests/gpu/test_cuda_lora.cpp): same config and margin.
+TEST(Lora, TrainingWithDropoutOnAllProjectionsLowersTheLoss) {
+  const auto dir = fixtures() / "models" / "qwen3-tiny";
+  const HostBatch batch = load_batch_file(dir / "batch.safetensors");
+  auto ops = make_cpu_ops();
+  LoraConfig c = cfg(8, 16.0f, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, false);
+  c.dropout = 0.1f;
+  auto model = load_pretrained(dir, *ops, c);
+  model->plan(batch.rows, batch.seq_len);
+  const double start = model->step(batch, false).loss;
+  const TrainHistory h = train_on_batch(*model, batch, OptimizerConfig{1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f}, 8);
+  EXPECT_LT(h.losses.back(), start - 0.1) << start << " -> " << h.losses.back();
+}
+
 TEST(Lora, DropoutOpKeepsOneMinusPScaledUp) {
   auto ops = make_cpu_ops();
   std::vector<float> x(100000, 2.0f), y(x.size());
