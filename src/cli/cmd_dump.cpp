@@ -1,4 +1,5 @@
-// `soltrain dump`: logits, loss and every parameter gradient of one batch, for comparison with PyTorch.
+// `soltrain dump`: logits, loss and every trainable parameter's gradient of one batch (all weights, or with
+// --adapter the LoRA tensors under PEFT's names), for comparison with PyTorch / PEFT.
 #include <iostream>
 #include <memory>
 
@@ -7,22 +8,29 @@
 #include "data/batch_file.h"
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
+#include "model/peft_adapter.h"
 
 namespace soltrain {
 
 std::function<int()> add_dump_command(CLI::App& app) {
   struct Opts {
-    std::string model, batch, out, device = "cpu";
+    std::string model, adapter, save_adapter, batch, out, device = "cpu";
   };
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand("dump", "write logits, loss and gradients of one batch as safetensors");
   c->add_option("--model", o->model, "Hugging Face model folder")->required();
+  c->add_option("--adapter", o->adapter, "PEFT LoRA adapter folder: the base is frozen, gradients are the adapter's");
+  c->add_option("--save-adapter", o->save_adapter,
+                "also write the loaded adapter back out as soltrain saves adapters (PEFT round-trip checks)")
+      ->needs("--adapter");
   c->add_option("--batch", o->batch, "safetensors with input_ids and targets [B,T]")->required();
   c->add_option("--out", o->out, "output .safetensors file")->required();
   add_device_option(c, o->device);
   return [o]() {
     auto ops = make_ops(o->device);
-    auto model = load_pretrained(o->model, *ops);
+    auto model =
+        o->adapter.empty() ? load_pretrained(o->model, *ops) : load_pretrained_with_adapter(o->model, o->adapter, *ops);
+    model->enable_dropout(false);  // a reference to compare with is deterministic (PEFT in eval mode)
     const HostBatch batch = load_batch_file(o->batch);
     validate_batch(batch, model->config().vocab_size, o->batch);
     model->plan(batch.rows, batch.seq_len);
@@ -38,12 +46,14 @@ std::function<int()> add_dump_command(CLI::App& app) {
     std::vector<std::vector<float>> grads;
     grads.reserve(model->params().all().size());
     for (const Parameter& p : model->params().all()) {
+      if (!p.trainable) continue;
       grads.emplace_back(size_t(shape_numel(p.shape)));
       Tensor h{grads.back().data(), DType::F32, p.shape, Device::CPU};
       ops->copy(h, p.grad);
       out.push_back({"grad." + p.name, h});
     }
     write_safetensors(o->out, out);
+    if (!o->save_adapter.empty()) save_adapter(*model, o->save_adapter, o->model);
     std::cout << "loss " << r.loss << " over " << r.counted << " targets; wrote " << o->out << "\n";
     return 0;
   };

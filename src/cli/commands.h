@@ -8,6 +8,7 @@ namespace soltrain {
 // Each returns the function that runs the subcommand once its flags are parsed.
 std::function<int()> add_dump_command(CLI::App& app);
 std::function<int()> add_train_command(CLI::App& app);
+std::function<int()> add_merge_command(CLI::App& app);
 std::function<int()> add_encode_command(CLI::App& app);
 std::function<int()> add_tokenize_command(CLI::App& app);
 std::function<int()> add_chat_template_command(CLI::App& app);

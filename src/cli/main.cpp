@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   std::vector<std::pair<CLI::App*, std::function<int()>>> commands;
   auto dump = soltrain::add_dump_command(app);
   auto train = soltrain::add_train_command(app);
+  auto merge = soltrain::add_merge_command(app);
   auto encode = soltrain::add_encode_command(app);
   auto tokenize = soltrain::add_tokenize_command(app);
   auto chat_template = soltrain::add_chat_template_command(app);
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   try {
     if (app.got_subcommand("dump")) return dump();
     if (app.got_subcommand("train")) return train();
+    if (app.got_subcommand("merge")) return merge();
     if (app.got_subcommand("encode")) return encode();
     if (app.got_subcommand("tokenize")) return tokenize();
     if (app.got_subcommand("chat-template")) return chat_template();

@@ -55,7 +55,7 @@ class Ops {
 
   // Row-wise over the last dim C of x [R, C]: y = x / sqrt(mean(x²) + eps) * w; rstd [R] saved.
   virtual void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) = 0;
-  // dx (= or +=), dw +=.
+  // dx (= or +=), dw += (skipped when dw is undefined: a frozen weight).
   virtual void rmsnorm_backward(Tensor dx, bool accumulate_dx, Tensor dw, const Tensor& dy, const Tensor& x,
                                 const Tensor& w, const Tensor& rstd) = 0;
 
@@ -75,6 +75,10 @@ class Ops {
   virtual void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) = 0;
 
   virtual void add_inplace(Tensor x, const Tensor& y) = 0;  // x += y
+  // y = x · factor, times keep/(1-p) when p > 0: keep[i] = dropout_keep(seed, i, p) (kernels/dropout_mask.h),
+  // identical on every backend, so a backward pass regenerates forward's mask from the seed alone.
+  // Activation dtype; y may alias x.
+  virtual void dropout_scale(Tensor y, const Tensor& x, float factor, float p, uint64_t seed) = 0;
 
   // logits [n,V] (fp32) → row_loss[n] = -log softmax(logits)[target] (0 where target == -100), and
   // dlogits [n,V] (activation dtype; may be the logits themselves when that is F32) = the gradient scaled

@@ -10,8 +10,8 @@ namespace fs = std::filesystem;
 
 namespace soltrain {
 
-std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops) {
-  auto model = std::make_unique<Transformer>(load_model_config(dir), ops);
+std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops, std::optional<LoraConfig> lora) {
+  auto model = std::make_unique<Transformer>(load_model_config(dir), ops, std::move(lora));
   load_weights(*model, dir);
   return model;
 }
@@ -21,14 +21,14 @@ void load_weights(Transformer& model, const fs::path& dir) {
   std::vector<float> staging;
   std::set<std::string> used;
   for (Parameter& p : model.params().all()) {
+    if (is_lora_name(p.name)) continue;  // adapters come from their own files
     if (!ckpt.has(p.name))
       user_error(dir.string(), ": checkpoint has no tensor '", p.name, "' (does config.json match the weights?)");
     staging.resize(size_t(shape_numel(p.shape)));
     read_as_f32(ckpt.entry(p.name), p.shape, staging.data(), ckpt.describe(p.name));
-    model.ops().copy(p.master, Tensor{staging.data(), DType::F32, p.shape, Device::CPU});
+    model.params().upload(model.ops(), p, staging.data());
     used.insert(p.name);
   }
-  model.params().sync_values(model.ops());
   // Tied checkpoints sometimes carry lm_head.weight too, and old ones RoPE buffers: transformers ignores
   // them, and so do we. Anything else means config and weights disagree.
   for (const std::string& n : ckpt.names()) {
@@ -40,6 +40,8 @@ void load_weights(Transformer& model, const fs::path& dir) {
 
 void save_pretrained(const Transformer& model, const fs::path& out_dir, const fs::path& source_dir,
                      size_t max_shard_bytes) {
+  // A LoRA run's base is frozen (and only a bf16 copy on the GPU): what it produced is the adapter.
+  SOLTRAIN_CHECK(!model.lora(), "save_pretrained on a LoRA model: use save_adapter, then merge_adapter for a folder");
   StagedDir staged(out_dir);
   // Host copies of every parameter, in the checkpoint's conventional (HF registration) order.
   std::vector<std::vector<float>> host;
@@ -47,9 +49,8 @@ void save_pretrained(const Transformer& model, const fs::path& out_dir, const fs
   host.reserve(model.params().all().size());
   for (const Parameter& p : model.params().all()) {
     host.emplace_back(size_t(shape_numel(p.shape)));
-    Tensor h{host.back().data(), DType::F32, p.shape, Device::CPU};
-    const_cast<Transformer&>(model).ops().copy(h, p.master);
-    tensors.push_back({p.name, h});
+    model.params().download(const_cast<Transformer&>(model).ops(), p, host.back().data());
+    tensors.push_back({p.name, Tensor{host.back().data(), DType::F32, p.shape, Device::CPU}});
   }
   write_checkpoint(staged.path(), tensors, max_shard_bytes);
   nlohmann::json cfg = model.config().raw;

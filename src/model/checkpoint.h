@@ -6,15 +6,18 @@
 
 namespace soltrain {
 
-// Loads config.json and the weights of an HF folder onto the ops' device.
-std::unique_ptr<Transformer> load_pretrained(const std::filesystem::path& dir, Ops& ops);
+// Loads config.json and the weights of an HF folder onto the ops' device; with `lora`, the base is frozen
+// and fresh adapters are added (see peft_adapter.h to load saved ones instead).
+std::unique_ptr<Transformer> load_pretrained(const std::filesystem::path& dir, Ops& ops,
+                                             std::optional<LoraConfig> lora = std::nullopt);
 
-// Copies every parameter (fp32) from the checkpoint; missing or mis-shaped tensors are UserErrors.
+// Copies every base parameter from the checkpoint (adapters excepted); missing or mis-shaped tensors are
+// UserErrors.
 void load_weights(Transformer& model, const std::filesystem::path& dir);
 
 // Writes an HF folder that transformers loads: config.json, safetensors (sharded past max_shard_bytes,
 // with an index) and the tokenizer/generation files found in `source_dir`. Atomic: the folder appears
-// complete or not at all.
+// complete or not at all. Full fine-tuning only: a LoRA model saves its adapter (peft_adapter.h).
 void save_pretrained(const Transformer& model, const std::filesystem::path& out_dir,
                      const std::filesystem::path& source_dir, size_t max_shard_bytes = size_t(5) << 30);
 

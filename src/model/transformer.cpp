@@ -1,5 +1,6 @@
 #include "model/transformer.h"
 
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -9,12 +10,41 @@ namespace {
 const char* kEmbed = "model.embed_tokens.weight";
 const char* kFinalNorm = "model.norm.weight";
 const char* kLmHead = "lm_head.weight";
+
+// The gradient of a parameter, or null when it is frozen (the op then skips that output).
+Tensor* grad(Parameter* p) {
+  return p->trainable ? &p->grad : nullptr;
+}
+// For ops whose weight gradient is not optional (RMSNorm): an empty tensor the op must skip.
+Tensor grad_or_empty(Parameter* p) {
+  return p->trainable ? p->grad : Tensor{};
+}
+
+// [out, in] of a projection's weight.
+std::pair<int64_t, int64_t> proj_shape(const ModelConfig& c, LoraTarget t) {
+  const int64_t D = c.hidden_size, F = c.intermediate_size;
+  switch (t) {
+    case LoraTarget::q: return {c.q_dim(), D};
+    case LoraTarget::k:
+    case LoraTarget::v: return {c.kv_dim(), D};
+    case LoraTarget::o: return {D, c.q_dim()};
+    case LoraTarget::gate:
+    case LoraTarget::up: return {F, D};
+    case LoraTarget::down: return {D, F};
+  }
+  return {0, 0};
+}
 }  // namespace
+
+// A projection's tensors: weight, bias and adapter; null where the config has none.
+struct Transformer::Proj {
+  Parameter *w = nullptr, *b = nullptr, *lora_a = nullptr, *lora_b = nullptr;
+};
 
 // Pointers into the ParameterStore for one decoder layer; null where the config has no such tensor.
 struct Transformer::Layer {
-  Parameter *ln1, *q, *q_b, *k, *k_b, *v, *v_b, *q_norm, *k_norm, *o, *o_b;
-  Parameter *ln2, *gate, *gate_b, *up, *up_b, *down, *down_b;
+  Parameter *ln1, *q_norm, *k_norm, *ln2;
+  std::array<Proj, kLoraTargets> proj;  // indexed by LoraTarget
 };
 
 // Everything forward saves for backward, plus backward's scratch.
@@ -30,45 +60,74 @@ struct Transformer::Activations {
   // batch on the device
   Tensor ids, targets, positions, cu_seqlens;
   SeqLayout seq;
+  // LoRA: scale·(x·Aᵀ) per layer and projection [N, r] (saved), and scratch sized for the widest projection
+  std::array<std::vector<Tensor>, kLoraTargets> lora_u;
+  Tensor lora_x, lora_dx, lora_y, lora_g;  // flat; dropout(x) / its gradient, B's output, dU
 };
 
-Transformer::Transformer(ModelConfig config, Ops& ops) : config_(std::move(config)), ops_(ops) {
+Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig> lora)
+    : config_(std::move(config)), lora_(std::move(lora)), ops_(ops) {
   const auto& c = config_;
   const int64_t D = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
-  params_.add(kEmbed, {c.vocab_size, D});
+  if (lora_) lora_->validate("lora config");
+  const bool base_trains = !lora_;
+  // Base parameters train in full fine-tuning and are frozen under LoRA.
+  auto add = [&](const std::string& n, Shape s) { params_.add(n, std::move(s), base_trains); };
+  add(kEmbed, {c.vocab_size, D});
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = cat("model.layers.", l, ".");
-    params_.add(p + "input_layernorm.weight", {D});
+    add(p + "input_layernorm.weight", {D});
     for (auto [proj, out] : {std::pair{"q_proj", c.q_dim()}, {"k_proj", c.kv_dim()}, {"v_proj", c.kv_dim()}}) {
-      params_.add(p + "self_attn." + proj + ".weight", {out, D});
-      if (c.qkv_bias) params_.add(p + "self_attn." + proj + ".bias", {out});
+      add(p + "self_attn." + proj + ".weight", {out, D});
+      if (c.qkv_bias) add(p + "self_attn." + proj + ".bias", {out});
     }
     if (c.qk_norm) {
-      params_.add(p + "self_attn.q_norm.weight", {hd});
-      params_.add(p + "self_attn.k_norm.weight", {hd});
+      add(p + "self_attn.q_norm.weight", {hd});
+      add(p + "self_attn.k_norm.weight", {hd});
     }
-    params_.add(p + "self_attn.o_proj.weight", {D, c.q_dim()});
-    if (c.o_bias) params_.add(p + "self_attn.o_proj.bias", {D});
-    params_.add(p + "post_attention_layernorm.weight", {D});
+    add(p + "self_attn.o_proj.weight", {D, c.q_dim()});
+    if (c.o_bias) add(p + "self_attn.o_proj.bias", {D});
+    add(p + "post_attention_layernorm.weight", {D});
     for (auto [proj, out, in] : {std::tuple{"gate_proj", F, D}, {"up_proj", F, D}, {"down_proj", D, F}}) {
-      params_.add(p + "mlp." + proj + ".weight", {out, in});
-      if (c.mlp_bias) params_.add(p + "mlp." + proj + ".bias", {out});
+      add(p + "mlp." + proj + ".weight", {out, in});
+      if (c.mlp_bias) add(p + "mlp." + proj + ".bias", {out});
     }
   }
-  params_.add(kFinalNorm, {D});
-  if (!c.tie_word_embeddings) params_.add(kLmHead, {c.vocab_size, D});
+  add(kFinalNorm, {D});
+  if (!c.tie_word_embeddings) add(kLmHead, {c.vocab_size, D});
+  if (lora_) {
+    for (int l = 0; l < c.num_layers; ++l)
+      for (int t = 0; t < kLoraTargets; ++t) {
+        if (!lora_->targets(LoraTarget(t))) continue;
+        const auto [out, in] = proj_shape(c, LoraTarget(t));
+        params_.add(lora_a_name(l, LoraTarget(t)), {lora_->r, in});
+        params_.add(lora_b_name(l, LoraTarget(t)), {out, lora_->r});
+      }
+  }
   params_.allocate(ops_);
+  ParameterStore& ps = params_;
 
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = cat("model.layers.", l, ".");
-    auto P = [&](const std::string& n) { return params_.find(p + n); };
-    layers_.push_back(Layer{P("input_layernorm.weight"), P("self_attn.q_proj.weight"), P("self_attn.q_proj.bias"),
-                            P("self_attn.k_proj.weight"), P("self_attn.k_proj.bias"), P("self_attn.v_proj.weight"),
-                            P("self_attn.v_proj.bias"), P("self_attn.q_norm.weight"), P("self_attn.k_norm.weight"),
-                            P("self_attn.o_proj.weight"), P("self_attn.o_proj.bias"),
-                            P("post_attention_layernorm.weight"), P("mlp.gate_proj.weight"), P("mlp.gate_proj.bias"),
-                            P("mlp.up_proj.weight"), P("mlp.up_proj.bias"), P("mlp.down_proj.weight"),
-                            P("mlp.down_proj.bias")});
+    auto P = [&](const std::string& n) { return ps.find(p + n); };
+    Layer layer{P("input_layernorm.weight"),
+                P("self_attn.q_norm.weight"),
+                P("self_attn.k_norm.weight"),
+                P("post_attention_layernorm.weight"),
+                {}};
+    for (int t = 0; t < kLoraTargets; ++t) {
+      const std::string m = lora_module_path(l, LoraTarget(t));
+      Proj& pr = layer.proj[size_t(t)];
+      pr.w = ps.find(m + ".weight");
+      pr.b = ps.find(m + ".bias");
+      pr.lora_a = ps.find(lora_a_name(l, LoraTarget(t)));
+      pr.lora_b = ps.find(lora_b_name(l, LoraTarget(t)));
+      if (pr.lora_a) {
+        const auto a = lora_a_init(lora_->r, int(pr.lora_a->shape[1]), lora_->seed, pr.lora_a->name);
+        ps.upload(ops_, *pr.lora_a, a.data());
+      }
+    }
+    layers_.push_back(std::move(layer));
   }
 
   const std::vector<float> inv = rope_inv_freq(c.rope, c.head_dim);
@@ -147,10 +206,23 @@ void Transformer::plan(int rows, int seq_len) {
   one(a->targets, {N}, DType::I32);
   one(a->positions, {N}, DType::I32);
   one(a->cu_seqlens, {N + 1}, DType::I32);  // packed batches: up to one document per token
+  if (lora_) {
+    int64_t widest = 0;
+    for (int t = 0; t < kLoraTargets; ++t) {
+      const auto [out, in] = proj_shape(c, LoraTarget(t));
+      widest = std::max({widest, out, in});
+      if (lora_->targets(LoraTarget(t))) per_layer(a->lora_u[size_t(t)], {N, lora_->r}, L, act);
+    }
+    // dropout(x) and its gradient exist only with dropout; B's output always
+    if (lora_->dropout > 0)
+      for (Tensor* t : {&a->lora_x, &a->lora_dx}) one(*t, {N * widest}, act);
+    one(a->lora_y, {N * widest}, act);
+    one(a->lora_g, {N, lora_->r}, act);
+  }
   ar.bind(ops_.alloc(ar.total_bytes()));
   for (auto& [t, h] : bind) *t = ar.get(h);
   if (act == f32) a->dlogits = a->logits;  // the gradient overwrites the logits in place
-  if (!c.qk_norm) {  // without q/k norm, RoPE rotates the projections in place
+  if (!c.qk_norm) {                        // without q/k norm, RoPE rotates the projections in place
     a->q_raw = a->q;
     a->k_raw = a->k;
   }
@@ -194,8 +266,8 @@ StepResult Transformer::step(const HostBatch& batch, bool backward, float* logit
   int64_t counted = 0;
   for (int32_t t : batch.targets) counted += t != -100;
   const float grad_scale = counted ? 1.0f / float(counted) : 0.0f;
+  dropout_now_ = backward && dropout_enabled_ && lora_ && lora_->dropout > 0;
   const Tensor inv_freq{inv_freq_.data(), DType::F32, {hd / 2}, o.device()};
-  auto bias = [](Parameter* p) { return p ? &p->value : nullptr; };
 
   // ---- forward
   Parameter& embed = params_.at(kEmbed);
@@ -203,9 +275,9 @@ StepResult Transformer::step(const HostBatch& batch, bool backward, float* logit
   for (int64_t l = 0; l < L; ++l) {
     const Layer& w = layers_[size_t(l)];
     o.rmsnorm_forward(a.h1[l], a.rstd1[l], a.resid[l], w.ln1->value, eps);
-    o.linear_forward(a.q_raw[l].view({N, H * hd}), a.h1[l], w.q->value, bias(w.q_b));
-    o.linear_forward(a.k_raw[l].view({N, Hkv * hd}), a.h1[l], w.k->value, bias(w.k_b));
-    o.linear_forward(a.v[l].view({N, Hkv * hd}), a.h1[l], w.v->value, bias(w.v_b));
+    proj_forward(l, LoraTarget::q, a.q_raw[l].view({N, H * hd}), a.h1[l]);
+    proj_forward(l, LoraTarget::k, a.k_raw[l].view({N, Hkv * hd}), a.h1[l]);
+    proj_forward(l, LoraTarget::v, a.v[l].view({N, Hkv * hd}), a.h1[l]);
     if (c.qk_norm) {
       o.rmsnorm_forward(a.q[l], a.q_rstd[l], a.q_raw[l], w.q_norm->value, eps);
       o.rmsnorm_forward(a.k[l], a.k_rstd[l], a.k_raw[l], w.k_norm->value, eps);
@@ -213,14 +285,14 @@ StepResult Transformer::step(const HostBatch& batch, bool backward, float* logit
     o.rope(a.q[l], a.seq, inv_freq, false);
     o.rope(a.k[l], a.seq, inv_freq, false);
     o.attention_forward(a.attn[l].view({N, H, hd}), a.lse[l], a.q[l], a.k[l], a.v[l], a.seq, scale);
-    o.linear_forward(a.tmp, a.attn[l], w.o->value, bias(w.o_b));
+    proj_forward(l, LoraTarget::o, a.tmp, a.attn[l]);
     o.copy(a.mid[l], a.resid[l]);
     o.add_inplace(a.mid[l], a.tmp);
     o.rmsnorm_forward(a.h2[l], a.rstd2[l], a.mid[l], w.ln2->value, eps);
-    o.linear_forward(a.gate[l], a.h2[l], w.gate->value, bias(w.gate_b));
-    o.linear_forward(a.up[l], a.h2[l], w.up->value, bias(w.up_b));
+    proj_forward(l, LoraTarget::gate, a.gate[l], a.h2[l]);
+    proj_forward(l, LoraTarget::up, a.up[l], a.h2[l]);
     o.swiglu_forward(a.act[l], a.gate[l], a.up[l]);
-    o.linear_forward(a.tmp, a.act[l], w.down->value, bias(w.down_b));
+    proj_forward(l, LoraTarget::down, a.tmp, a.act[l]);
     o.copy(a.resid[l + 1], a.mid[l]);
     o.add_inplace(a.resid[l + 1], a.tmp);
   }
@@ -239,25 +311,24 @@ StepResult Transformer::step(const HostBatch& batch, bool backward, float* logit
     o.cross_entropy(logits, dlogits, a.row_loss.rows(t0, t1), a.targets.rows(t0, t1), grad_scale);
     if (backward) {
       Tensor dhf = a.dhf.rows(t0, t1);
-      o.linear_backward(&dhf, false, &head.grad, nullptr, dlogits, hf, head.value);
+      o.linear_backward(&dhf, false, grad(&head), nullptr, dlogits, hf, head.value);
     }
   }
   const double loss = counted ? o.sum(a.row_loss) / double(counted) : std::numeric_limits<double>::quiet_NaN();
   if (!backward) return {loss, counted};
 
-  // ---- backward
-  auto grad = [](Parameter* p) { return p ? &p->grad : nullptr; };
-  o.rmsnorm_backward(a.dres, false, final_norm.grad, a.dhf, a.resid[L], final_norm.value, a.rstdf);
+  // ---- backward (frozen parameters get no gradient: their grad pointers are null)
+  o.rmsnorm_backward(a.dres, false, grad_or_empty(&final_norm), a.dhf, a.resid[L], final_norm.value, a.rstdf);
   for (int64_t l = L - 1; l >= 0; --l) {
     const Layer& w = layers_[size_t(l)];
     // MLP: resid[l+1] = mid + down(swiglu(gate(h2), up(h2)))
-    o.linear_backward(&a.dact, false, &w.down->grad, grad(w.down_b), a.dres, a.act[l], w.down->value);
+    proj_backward(l, LoraTarget::down, &a.dact, false, a.dres, a.act[l]);
     o.swiglu_backward(a.dgate, a.dup, a.dact, a.gate[l], a.up[l]);
-    o.linear_backward(&a.dh, false, &w.gate->grad, grad(w.gate_b), a.dgate, a.h2[l], w.gate->value);
-    o.linear_backward(&a.dh, true, &w.up->grad, grad(w.up_b), a.dup, a.h2[l], w.up->value);
-    o.rmsnorm_backward(a.dres, true, w.ln2->grad, a.dh, a.mid[l], w.ln2->value, a.rstd2[l]);
+    proj_backward(l, LoraTarget::gate, &a.dh, false, a.dgate, a.h2[l]);
+    proj_backward(l, LoraTarget::up, &a.dh, true, a.dup, a.h2[l]);
+    o.rmsnorm_backward(a.dres, true, grad_or_empty(w.ln2), a.dh, a.mid[l], w.ln2->value, a.rstd2[l]);
     // attention: mid = resid[l] + o_proj(attn(rope(norm(q)), rope(norm(k)), v))
-    o.linear_backward(&a.dattn, false, &w.o->grad, grad(w.o_b), a.dres, a.attn[l], w.o->value);
+    proj_backward(l, LoraTarget::o, &a.dattn, false, a.dres, a.attn[l]);
     o.attention_backward(a.dq, a.dk, a.dv, a.dattn.view({N, H, hd}), a.q[l], a.k[l], a.v[l], a.attn[l].view({N, H, hd}),
                          a.lse[l], a.seq, scale);
     o.rope(a.dq, a.seq, inv_freq, true);
@@ -266,16 +337,71 @@ StepResult Transformer::step(const HostBatch& batch, bool backward, float* logit
     if (c.qk_norm) {
       dq_raw = a.dq_raw;
       dk_raw = a.dk_raw;
-      o.rmsnorm_backward(dq_raw, false, w.q_norm->grad, a.dq, a.q_raw[l], w.q_norm->value, a.q_rstd[l]);
-      o.rmsnorm_backward(dk_raw, false, w.k_norm->grad, a.dk, a.k_raw[l], w.k_norm->value, a.k_rstd[l]);
+      o.rmsnorm_backward(dq_raw, false, grad_or_empty(w.q_norm), a.dq, a.q_raw[l], w.q_norm->value, a.q_rstd[l]);
+      o.rmsnorm_backward(dk_raw, false, grad_or_empty(w.k_norm), a.dk, a.k_raw[l], w.k_norm->value, a.k_rstd[l]);
     }
-    o.linear_backward(&a.dh, false, &w.q->grad, grad(w.q_b), dq_raw.view({N, H * hd}), a.h1[l], w.q->value);
-    o.linear_backward(&a.dh, true, &w.k->grad, grad(w.k_b), dk_raw.view({N, Hkv * hd}), a.h1[l], w.k->value);
-    o.linear_backward(&a.dh, true, &w.v->grad, grad(w.v_b), a.dv.view({N, Hkv * hd}), a.h1[l], w.v->value);
-    o.rmsnorm_backward(a.dres, true, w.ln1->grad, a.dh, a.resid[l], w.ln1->value, a.rstd1[l]);
+    proj_backward(l, LoraTarget::q, &a.dh, false, dq_raw.view({N, H * hd}), a.h1[l]);
+    proj_backward(l, LoraTarget::k, &a.dh, true, dk_raw.view({N, Hkv * hd}), a.h1[l]);
+    proj_backward(l, LoraTarget::v, &a.dh, true, a.dv.view({N, Hkv * hd}), a.h1[l]);
+    o.rmsnorm_backward(a.dres, true, grad_or_empty(w.ln1), a.dh, a.resid[l], w.ln1->value, a.rstd1[l]);
   }
-  o.embedding_backward(embed.grad, a.ids, a.dres);
+  // The embedding's backward only produces its gradient: a frozen one needs none.
+  if (embed.trainable) o.embedding_backward(embed.grad, a.ids, a.dres);
+  if (dropout_now_) ++dropout_step_;  // after backward, which regenerates this step's masks
   return {loss, counted};
+}
+
+uint64_t Transformer::dropout_seed(int64_t l, LoraTarget t) const {
+  // Distinct streams per (seed, step, layer, projection); the mask hash mixes the bits further.
+  return lora_->seed * 0x9E3779B97F4A7C15ull + uint64_t(dropout_step_) * 0xD1B54A32D192ED03ull +
+         uint64_t(l * kLoraTargets + int(t)) * 0xBF58476D1CE4E5B9ull;
+}
+
+void Transformer::proj_forward(int64_t l, LoraTarget t, Tensor y, const Tensor& x) {
+  const Proj& p = layers_[size_t(l)].proj[size_t(t)];
+  Ops& o = ops_;
+  o.linear_forward(y, x, p.w->value, p.b ? &p.b->value : nullptr);
+  if (!p.lora_a) return;
+  Activations& a = *acts_;
+  const int64_t N = x.dim(0), in = x.dim(1), out = y.dim(1);
+  Tensor xin = x;
+  if (dropout_now_) {
+    xin = Tensor{a.lora_x.data, a.lora_x.dtype, {N, in}, a.lora_x.device};
+    o.dropout_scale(xin, x, 1.0f, lora_->dropout, dropout_seed(l, t));
+  }
+  // u = scale·(x·Aᵀ) is saved: B's gradient is dyᵀ·u, and the scale costs an [N, r] pass, not [N, out].
+  Tensor u = a.lora_u[size_t(t)][size_t(l)];
+  o.linear_forward(u, xin, p.lora_a->value, nullptr);
+  o.dropout_scale(u, u, lora_->scale(), 0.0f, 0);
+  Tensor by{a.lora_y.data, a.lora_y.dtype, {N, out}, a.lora_y.device};
+  o.linear_forward(by, u, p.lora_b->value, nullptr);
+  o.add_inplace(y, by);
+}
+
+void Transformer::proj_backward(int64_t l, LoraTarget t, Tensor* dx, bool accumulate_dx, const Tensor& dy,
+                                const Tensor& x) {
+  const Proj& p = layers_[size_t(l)].proj[size_t(t)];
+  Ops& o = ops_;
+  // A frozen base linear still passes the gradient on to its input, but computes no dW / db.
+  o.linear_backward(dx, accumulate_dx, grad(p.w), p.b ? grad(p.b) : nullptr, dy, x, p.w->value);
+  if (!p.lora_a) return;
+  Activations& a = *acts_;
+  const int64_t N = x.dim(0), in = x.dim(1);
+  // g = scale·(dy·B) = d loss / d(x·Aᵀ); dB += dyᵀ·u.
+  o.linear_backward(&a.lora_g, false, &p.lora_b->grad, nullptr, dy, a.lora_u[size_t(t)][size_t(l)], p.lora_b->value);
+  o.dropout_scale(a.lora_g, a.lora_g, lora_->scale(), 0.0f, 0);
+  if (!dropout_now_) {
+    o.linear_backward(dx, true, &p.lora_a->grad, nullptr, a.lora_g, x, p.lora_a->value);
+    return;
+  }
+  // With dropout, regenerate forward's dropped input from the same seed, and drop the same gradient entries.
+  const uint64_t seed = dropout_seed(l, t);
+  Tensor xin{a.lora_x.data, a.lora_x.dtype, {N, in}, a.lora_x.device};
+  Tensor dxin{a.lora_dx.data, a.lora_dx.dtype, {N, in}, a.lora_dx.device};
+  o.dropout_scale(xin, x, 1.0f, lora_->dropout, seed);
+  o.linear_backward(&dxin, false, &p.lora_a->grad, nullptr, a.lora_g, xin, p.lora_a->value);
+  o.dropout_scale(dxin, dxin, 1.0f, lora_->dropout, seed);
+  o.add_inplace(*dx, dxin);
 }
 
 void validate_batch(const HostBatch& b, int vocab_size, const std::string& source) {

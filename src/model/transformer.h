@@ -1,14 +1,18 @@
 // The decoder-only transformer (Llama / Qwen2 / Qwen3), forward and backward, written once against Ops.
 // Activations for a (rows × seq_len) batch are planned and allocated once by plan(); a step allocates
 // nothing. The LM head and cross-entropy run in token chunks so full logits never exist at once.
+// With a LoraConfig the base weights are frozen and every targeted projection gains a trainable adapter:
+// y = x·Wᵀ (+b) + scale·(dropout(x)·Aᵀ)·Bᵀ, and backward computes the adapters' gradients only.
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/buffer.h"
 #include "kernels/ops.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/parameters.h"
 
 namespace soltrain {
@@ -30,10 +34,18 @@ struct StepResult {
 
 class Transformer {
  public:
-  Transformer(ModelConfig config, Ops& ops);
+  // Without `lora` every parameter trains (full fine-tuning); with it only the adapters do (A initialised as
+  // PEFT does, B zero).
+  Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig> lora = std::nullopt);
   ~Transformer();
 
   const ModelConfig& config() const { return config_; }
+  const std::optional<LoraConfig>& lora() const { return lora_; }
+  // LoRA dropout is applied in steps with backward (training), as PEFT applies it in train() mode only.
+  // Each such step draws fresh masks from (seed, step count); set_dropout_step restores the count on resume,
+  // and enable_dropout(false) turns it off (gradient dumps against a reference).
+  void enable_dropout(bool on) { dropout_enabled_ = on; }
+  void set_dropout_step(int64_t s) { dropout_step_ = s; }
   ParameterStore& params() { return params_; }
   const ParameterStore& params() const { return params_; }
   Ops& ops() { return ops_; }
@@ -52,7 +64,16 @@ class Transformer {
  private:
   struct Layer;
   struct Activations;
+  struct Proj;
+  // One projection of layer l, with its adapter if it has one (forward, then backward into dx).
+  void proj_forward(int64_t l, LoraTarget t, Tensor y, const Tensor& x);
+  void proj_backward(int64_t l, LoraTarget t, Tensor* dx, bool accumulate_dx, const Tensor& dy, const Tensor& x);
+  uint64_t dropout_seed(int64_t l, LoraTarget t) const;
+
   ModelConfig config_;
+  std::optional<LoraConfig> lora_;
+  bool dropout_enabled_ = true, dropout_now_ = false;
+  int64_t dropout_step_ = 0;
   Ops& ops_;
   ParameterStore params_;
   std::vector<Layer> layers_;

@@ -31,6 +31,7 @@ class CpuOps final : public Ops {
   void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) override;
   void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) override;
   void add_inplace(Tensor x, const Tensor& y) override;
+  void dropout_scale(Tensor y, const Tensor& x, float factor, float p, uint64_t seed) override;
   void cross_entropy(const Tensor& logits, Tensor dlogits, Tensor row_loss, const Tensor& targets,
                      float grad_scale) override;
   double sum(const Tensor& x) override;

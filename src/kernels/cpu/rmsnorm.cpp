@@ -37,7 +37,7 @@ void CpuOps::rmsnorm_backward(Tensor dx, bool accumulate_dx, Tensor dw, const Te
       const float xh = xr[c] * rs;
       const float v = rs * (gr[c] * wp[c] - xh * mean);
       dxr[c] = accumulate_dx ? dxr[c] + v : v;
-      dwp[c] += gr[c] * xh;
+      if (dwp) dwp[c] += gr[c] * xh;  // undefined dw: a frozen weight
     }
   }
 }

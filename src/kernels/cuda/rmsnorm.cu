@@ -118,6 +118,7 @@ void CudaOps::rmsnorm_backward(Tensor dx, bool accumulate_dx, Tensor dw, const T
     rmsnorm_bwd<false><<<grid, block, 0, stream_>>>(dx.as<bf16>(), accumulate_dx, dy.as<bf16>(), x.as<bf16>(),
                                                     w.as<bf16>(), rstd.f32(), R, C);
   CUDA_CHECK_LAUNCH();
+  if (!dw.defined()) return;  // a frozen weight: no gradient
   float* partials = static_cast<float*>(scratch(size_t(cuda::column_sum_partial_floats(R, C, sm_count_)) * 4));
   cuda::column_sum(dw.f32(), dy.as<bf16>(), x.as<bf16>(), rstd.f32(), R, C, partials, sm_count_, stream_);
 }

@@ -1,0 +1,43 @@
+// LoRA adapters: their configuration (PEFT's meaning of r, lora_alpha, use_rslora, target_modules) and the
+// names their tensors carry, which are PEFT's saved names so files and gradients need no translation.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace soltrain {
+
+// The projections LoRA can adapt, in the order a decoder layer runs them.
+enum class LoraTarget { q, k, v, o, gate, up, down };
+inline constexpr int kLoraTargets = 7;
+inline constexpr std::array<const char*, kLoraTargets> kLoraModuleNames = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                                           "gate_proj", "up_proj", "down_proj"};
+
+struct LoraConfig {
+  int r = 8;
+  float alpha = 16;
+  float dropout = 0;                        // on the adapter's input only, in training steps
+  std::vector<std::string> target_modules;  // names from kLoraModuleNames
+  bool use_rslora = false;                  // scale alpha / sqrt(r) instead of alpha / r
+  uint64_t seed = 0;                        // adapter initialisation and the dropout masks
+
+  // scale · B·A is what the adapter adds to a weight.
+  float scale() const;
+  bool targets(LoraTarget t) const;
+  // Checks r, alpha, dropout and module names; a UserError names `source` (a config file) and the key.
+  void validate(const std::string& source) const;
+};
+
+// HF module path of a projection ("model.layers.3.self_attn.q_proj").
+std::string lora_module_path(int layer, LoraTarget t);
+// PEFT's saved tensor names: "base_model.model.<module path>.lora_A.weight" / "...lora_B.weight".
+std::string lora_a_name(int layer, LoraTarget t);
+std::string lora_b_name(int layer, LoraTarget t);
+bool is_lora_name(const std::string& name);
+
+// A's PEFT initialisation (kaiming_uniform_ with a = sqrt(5): U(-1/sqrt(in), 1/sqrt(in))), deterministic
+// in (seed, tensor name). B starts at zero, so a fresh adapter leaves the model unchanged.
+std::vector<float> lora_a_init(int r, int in, uint64_t seed, const std::string& name);
+
+}  // namespace soltrain

@@ -1,0 +1,102 @@
+#include "model/lora_merge.h"
+
+#include <cstring>
+#include <set>
+
+#include "io/atomic_file.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "model/lora.h"
+#include "model/peft_adapter.h"
+
+namespace fs = std::filesystem;
+
+namespace soltrain {
+
+namespace {
+// fp32 values into `dtype` (the base tensor's) as host bytes.
+std::vector<char> encode(const std::vector<float>& v, DType dtype) {
+  std::vector<char> out(v.size() * dtype_size(dtype));
+  if (dtype == DType::F32) {
+    std::memcpy(out.data(), v.data(), out.size());
+  } else if (dtype == DType::BF16) {
+    auto* o = reinterpret_cast<uint16_t*>(out.data());
+    for (size_t i = 0; i < v.size(); ++i) o[i] = f32_to_bf16(v[i]);
+  } else {
+    SOLTRAIN_CHECK(dtype == DType::F16, "merge into ", dtype_name(dtype));
+    auto* o = reinterpret_cast<uint16_t*>(out.data());
+    for (size_t i = 0; i < v.size(); ++i) {
+      const _Float16 h = static_cast<_Float16>(v[i]);  // round to nearest even, as torch's .half()
+      std::memcpy(&o[i], &h, 2);
+    }
+  }
+  return out;
+}
+}  // namespace
+
+void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const fs::path& out_dir,
+                   size_t max_shard_bytes) {
+  const ModelConfig config = load_model_config(model_dir);
+  const LoraConfig lora = read_adapter_config(adapter_dir);
+  const float scale = lora.scale();
+  const CheckpointReader base(model_dir);
+  const fs::path adapter_file = adapter_dir / "adapter_model.safetensors";
+  if (!fs::exists(adapter_file)) user_error(adapter_dir.string(), ": no adapter_model.safetensors");
+  const SafetensorsFile adapter(adapter_file);
+
+  // Which base weights change, and by which A/B pair.
+  std::map<std::string, std::pair<std::string, std::string>> deltas;
+  for (int l = 0; l < config.num_layers; ++l)
+    for (int t = 0; t < kLoraTargets; ++t)
+      if (lora.targets(LoraTarget(t)))
+        deltas[lora_module_path(l, LoraTarget(t)) + ".weight"] = {lora_a_name(l, LoraTarget(t)),
+                                                                  lora_b_name(l, LoraTarget(t))};
+  std::set<std::string> used;
+  std::vector<std::vector<char>> bytes;
+  std::vector<NamedTensor> tensors;
+  const auto names = base.names();
+  bytes.reserve(names.size());
+  for (const std::string& name : names) {
+    const TensorEntry& e = base.entry(name);
+    auto it = deltas.find(name);
+    if (it == deltas.end()) {  // unchanged: the bytes as they are
+      bytes.emplace_back(static_cast<const char*>(e.data), static_cast<const char*>(e.data) + e.bytes);
+      tensors.push_back({name, Tensor{bytes.back().data(), e.dtype, e.shape, Device::CPU}});
+      continue;
+    }
+    if (e.shape.size() != 2) user_error(base.describe(name), ": expected a matrix, got ", shape_str(e.shape));
+    const int64_t out = e.shape[0], in = e.shape[1], r = lora.r;
+    std::vector<float> w(size_t(out * in)), a(size_t(r * in)), b(size_t(out * r));
+    read_as_f32(e, e.shape, w.data(), base.describe(name));
+    const auto& [a_name, b_name] = it->second;
+    read_as_f32(adapter.at(a_name), {r, in}, a.data(), adapter_file.string() + ": " + a_name);
+    read_as_f32(adapter.at(b_name), {out, r}, b.data(), adapter_file.string() + ": " + b_name);
+    used.insert(a_name);
+    used.insert(b_name);
+    // W + scale·(B·A), each entry's r-term dot product in double, rounded once to fp32.
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) {
+        double d = 0;
+        for (int64_t k = 0; k < r; ++k) d += double(b[size_t(o * r + k)]) * a[size_t(k * in + i)];
+        float& x = w[size_t(o * in + i)];
+        x = float(double(x) + double(scale) * d);
+      }
+    bytes.push_back(encode(w, e.dtype));
+    tensors.push_back({name, Tensor{bytes.back().data(), e.dtype, e.shape, Device::CPU}});
+  }
+  for (const auto& [name, e] : adapter.entries())
+    if (!used.count(name))
+      user_error(adapter_file.string(), ": tensor '", name, "' does not match a weight of ", model_dir.string());
+
+  StagedDir staged(out_dir);
+  write_checkpoint(staged.path(), tensors, max_shard_bytes);
+  for (const char* f : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                        "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model"}) {
+    std::error_code ec;
+    if (fs::exists(model_dir / f)) fs::copy_file(model_dir / f, staged.path() / f, ec);
+    if (ec) user_error((model_dir / f).string(), ": cannot copy (", ec.message(), ")");
+  }
+  staged.commit();
+}
+
+}  // namespace soltrain

@@ -1,0 +1,187 @@
+#include "model/peft_adapter.h"
+
+#include <algorithm>
+#include <set>
+
+#include "io/atomic_file.h"
+#include "io/json_file.h"
+#include "io/safetensors.h"
+#include "model/checkpoint.h"
+
+namespace fs = std::filesystem;
+
+namespace soltrain {
+
+namespace {
+const char* kConfigFile = "adapter_config.json";
+const char* kWeightsFile = "adapter_model.safetensors";
+
+bool unset(const nlohmann::json& cfg, const char* key) {
+  if (!cfg.contains(key)) return true;
+  const auto& v = cfg[key];
+  return v.is_null() || v == false || (v.is_object() || v.is_array() ? v.empty() : false);
+}
+}  // namespace
+
+LoraConfig read_adapter_config(const fs::path& adapter_dir) {
+  const fs::path path = adapter_dir / kConfigFile;
+  if (!fs::exists(path)) user_error(adapter_dir.string(), ": not a PEFT adapter folder (no ", kConfigFile, ")");
+  const nlohmann::json cfg = read_json_file(path);
+  const std::string src = path.string();
+  if (!cfg.is_object()) user_error(src, ": expected a JSON object");
+  const std::string type = cfg.value("peft_type", std::string());
+  if (type != "LORA") user_error(src, ": peft_type is '", type, "', soltrain loads LORA adapters only");
+  // Features that change the math or the tensor set; silently ignoring any of them would give wrong outputs.
+  const std::pair<const char*, const char*> unsupported[] = {
+      {"use_dora", "DoRA"},
+      {"modules_to_save", "fully trained extra modules (modules_to_save)"},
+      {"rank_pattern", "per-module ranks (rank_pattern)"},
+      {"alpha_pattern", "per-module alphas (alpha_pattern)"},
+      {"layers_to_transform", "adapting a subset of layers (layers_to_transform)"},
+      {"layer_replication", "layer_replication"},
+      {"fan_in_fan_out", "fan_in_fan_out (Conv1D-style weights)"},
+      {"lora_bias", "trained LoRA biases (lora_bias)"},
+      {"use_qalora", "QALoRA"},
+      {"target_parameters", "target_parameters"},
+      {"trainable_token_indices", "trainable_token_indices"},
+      {"exclude_modules", "exclude_modules"},
+      // LoRA variants whose forward differs from W·x + scale·B·A·x (or that soltrain does not know)
+      {"alora_invocation_tokens", "activated LoRA (alora_invocation_tokens)"},
+      {"arrow_config", "Arrow routing (arrow_config)"},
+      {"use_bdlora", "BD-LoRA (use_bdlora)"},
+      {"kasa_config", "KaSA (kasa_config)"},
+      {"monteclora_config", "MonteCLoRA (monteclora_config)"},
+      {"velora_config", "VeLoRA (velora_config)"}};
+  for (auto [key, what] : unsupported)
+    if (!unset(cfg, key)) user_error(src, ": '", key, "' is set: ", what, " is not supported by soltrain");
+  const std::string bias = cfg.value("bias", std::string("none"));
+  if (bias != "none") user_error(src, ": bias is '", bias, "', soltrain supports bias \"none\" only");
+
+  LoraConfig lora;
+  try {
+    lora.r = cfg.at("r").get<int>();
+    lora.alpha = cfg.at("lora_alpha").get<float>();
+    lora.dropout = cfg.value("lora_dropout", 0.0f);
+    lora.use_rslora = cfg.value("use_rslora", false);
+    const auto& t = cfg.at("target_modules");
+    if (t.is_string()) {
+      // "all-linear" is PEFT's shorthand for every linear layer but the output head: our seven projections.
+      if (t.get<std::string>() != "all-linear")
+        user_error(src, ": target_modules is the pattern '", t.get<std::string>(),
+                   "'; soltrain reads a list of module names or \"all-linear\"");
+      lora.target_modules.assign(kLoraModuleNames.begin(), kLoraModuleNames.end());
+    } else {
+      lora.target_modules = t.get<std::vector<std::string>>();
+    }
+  } catch (const nlohmann::json::exception& e) {
+    user_error(src, ": ", e.what());
+  }
+  lora.validate(src);
+  return lora;
+}
+
+void load_adapter_weights(Transformer& model, const fs::path& adapter_dir) {
+  const fs::path path = adapter_dir / kWeightsFile;
+  if (!fs::exists(path))
+    user_error(adapter_dir.string(), ": no ", kWeightsFile,
+               fs::exists(adapter_dir / "adapter_model.bin")
+                   ? " (adapter_model.bin is not read: re-save with safetensors)"
+                   : "");
+  const SafetensorsFile file(path);
+  std::vector<float> staging;
+  std::set<std::string> used;
+  for (Parameter& p : model.params().all()) {
+    if (!is_lora_name(p.name)) continue;
+    const TensorEntry& e = file.at(p.name);
+    staging.resize(size_t(shape_numel(p.shape)));
+    read_as_f32(e, p.shape, staging.data(), path.string() + ": " + p.name);
+    model.params().upload(model.ops(), p, staging.data());
+    used.insert(p.name);
+  }
+  for (const auto& [name, e] : file.entries())
+    if (!used.count(name))
+      user_error(path.string(), ": tensor '", name, "' is not part of a LoRA adapter on ",
+                 model.lora() ? "the configured target modules" : "this model");
+}
+
+std::unique_ptr<Transformer> load_pretrained_with_adapter(const fs::path& model_dir, const fs::path& adapter_dir,
+                                                          Ops& ops) {
+  auto model = load_pretrained(model_dir, ops, read_adapter_config(adapter_dir));
+  load_adapter_weights(*model, adapter_dir);
+  return model;
+}
+
+nlohmann::json adapter_config_json(const LoraConfig& lora, const std::string& base_model_name_or_path) {
+  // Every key PEFT 0.21's LoraConfig writes, with its defaults where soltrain has no such feature. PEFT
+  // itself writes target_modules from a set (any order); ours follow the layer's order.
+  std::vector<std::string> targets;
+  for (const char* m : kLoraModuleNames)
+    if (std::find(lora.target_modules.begin(), lora.target_modules.end(), m) != lora.target_modules.end())
+      targets.push_back(m);
+  using J = nlohmann::json;
+  // Integral alphas are written as integers, as Python writes lora_alpha=16.
+  // Floats go through their shortest decimal form, so 0.05f is written 0.05, not 0.05000000074505806.
+  const J alpha = lora.alpha == float(int64_t(lora.alpha)) ? J(int64_t(lora.alpha)) : J(std::stod(cat(lora.alpha)));
+  return J{{"alora_invocation_tokens", nullptr},
+           {"alpha_pattern", J::object()},
+           {"arrow_config", nullptr},
+           {"auto_mapping", nullptr},
+           {"base_model_name_or_path", base_model_name_or_path},
+           {"bias", "none"},
+           {"corda_config", nullptr},
+           {"ensure_weight_tying", false},
+           {"eva_config", nullptr},
+           {"exclude_modules", nullptr},
+           {"fan_in_fan_out", false},
+           {"inference_mode", true},
+           {"init_lora_weights", true},
+           {"kasa_config", nullptr},
+           {"layer_replication", nullptr},
+           {"layers_pattern", nullptr},
+           {"layers_to_transform", nullptr},
+           {"loftq_config", J::object()},
+           {"lora_alpha", alpha},
+           {"lora_bias", false},
+           {"lora_dropout", std::stod(cat(lora.dropout))},
+           {"lora_ga_config", nullptr},
+           {"megatron_config", nullptr},
+           {"megatron_core", "megatron.core"},
+           {"modules_to_save", nullptr},
+           {"monteclora_config", nullptr},
+           {"peft_type", "LORA"},
+           {"peft_version", "0.21.0"},
+           {"qalora_group_size", 16},
+           {"r", lora.r},
+           {"rank_pattern", J::object()},
+           {"revision", nullptr},
+           {"target_modules", targets},
+           {"target_parameters", nullptr},
+           {"task_type", "CAUSAL_LM"},
+           {"trainable_token_indices", nullptr},
+           {"use_bdlora", nullptr},
+           {"use_dora", false},
+           {"use_qalora", false},
+           {"use_rslora", lora.use_rslora},
+           {"velora_config", nullptr}};
+}
+
+void save_adapter(const Transformer& model, const fs::path& out_dir, const std::string& base_model_name_or_path) {
+  SOLTRAIN_CHECK(model.lora(), "save_adapter on a model without LoRA");
+  std::vector<std::vector<float>> host;
+  std::vector<NamedTensor> tensors;
+  host.reserve(model.params().all().size());
+  for (const Parameter& p : model.params().all()) {
+    if (!is_lora_name(p.name)) continue;
+    host.emplace_back(size_t(shape_numel(p.shape)));
+    model.params().download(const_cast<Transformer&>(model).ops(), p, host.back().data());
+    tensors.push_back({p.name, Tensor{host.back().data(), DType::F32, p.shape, Device::CPU}});
+  }
+  // safetensors' own writer orders tensors by name (all share one dtype): do the same, so files compare.
+  std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  StagedDir staged(out_dir);
+  write_safetensors(staged.path() / kWeightsFile, tensors, {{"format", "pt"}});
+  write_file_atomic(staged.path() / kConfigFile, adapter_config_json(*model.lora(), base_model_name_or_path).dump(2));
+  staged.commit();
+}
+
+}  // namespace soltrain

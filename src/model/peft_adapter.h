@@ -1,0 +1,32 @@
+// LoRA adapters as PEFT files: adapter_config.json + adapter_model.safetensors, read and written exactly as
+// PeftModel.save_pretrained / from_pretrained do, so PEFT and vLLM load ours and we load theirs.
+#pragma once
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "model/transformer.h"
+
+namespace soltrain {
+
+// The LoraConfig of an adapter folder. Features soltrain does not implement (DoRA, modules_to_save, trained
+// biases, per-layer ranks or alphas, layer subsets, ...) are UserErrors naming the key.
+LoraConfig read_adapter_config(const std::filesystem::path& adapter_dir);
+
+// The base model of `model_dir` with the adapter of `adapter_dir` loaded (frozen base, trainable adapter).
+std::unique_ptr<Transformer> load_pretrained_with_adapter(const std::filesystem::path& model_dir,
+                                                          const std::filesystem::path& adapter_dir, Ops& ops);
+
+// Copies every adapter tensor of `model` from adapter_model.safetensors; missing, mis-shaped or unused
+// tensors are UserErrors.
+void load_adapter_weights(Transformer& model, const std::filesystem::path& adapter_dir);
+
+// adapter_config.json as PEFT 0.21 writes it for this configuration.
+nlohmann::json adapter_config_json(const LoraConfig& lora, const std::string& base_model_name_or_path);
+
+// Writes the adapter folder (fp32 tensors under PEFT's names, metadata {"format": "pt"}), atomically.
+void save_adapter(const Transformer& model, const std::filesystem::path& out_dir,
+                  const std::string& base_model_name_or_path);
+
+}  // namespace soltrain
