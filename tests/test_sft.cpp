@@ -29,8 +29,8 @@ struct SftSetup {
     DemoModelShape s;
     s.hidden = 32, s.layers = 1, s.heads = 2, s.kv_heads = 1, s.head_dim = 16, s.intermediate = 64;
     write_random_model(t.path / "model", s, 7);
-    write_addition_dataset(t.path / "train.jsonl", 300, 8);
-    write_addition_dataset(t.path / "val.jsonl", 40, 9);
+    write_reversal_dataset(t.path / "train.jsonl", 300, 8);
+    write_reversal_dataset(t.path / "val.jsonl", 40, 9);
   }
   // A config in the temp folder; `extra` lines are appended (later keys are --set style overrides).
   fs::path config(const std::string& out, const std::string& extra) const {

@@ -1,5 +1,5 @@
 // `soltrain demo-setup --out DIR`: writes what scripts/demo.sh trains: DIR/model (a random small Qwen3 with
-// a byte tokenizer) and DIR/train.jsonl, DIR/validation.jsonl (two-digit additions as conversations).
+// a byte tokenizer) and DIR/train.jsonl, DIR/validation.jsonl (word reversal as conversations).
 #include <iostream>
 #include <memory>
 
@@ -25,8 +25,8 @@ std::function<int()> add_demo_setup_command(CLI::App& app) {
   return [o]() {
     const std::filesystem::path out = o->out;
     write_random_model(out / "model", DemoModelShape{}, o->seed);
-    write_addition_dataset(out / "train.jsonl", o->train, o->seed + 1);
-    write_addition_dataset(out / "validation.jsonl", o->validation, o->seed + 2);
+    write_reversal_dataset(out / "train.jsonl", o->train, o->seed + 1);
+    write_reversal_dataset(out / "validation.jsonl", o->validation, o->seed + 2);
     std::cerr << "demo-setup: wrote " << (out / "model").string() << ", " << o->train << " training and "
               << o->validation << " validation conversations\n";
     return 0;

@@ -116,14 +116,14 @@ void write_random_model(const fs::path& dir, const DemoModelShape& s, uint64_t s
   fs::remove_all(src);
 }
 
-void write_addition_dataset(const fs::path& file, int n, uint64_t seed) {
+void write_reversal_dataset(const fs::path& file, int n, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::string out;
   for (int i = 0; i < n; ++i) {
-    const int a = int(rng() % 100), b = int(rng() % 100);
-    const json rec = {{"messages",
-                       {{{"role", "user"}, {"content", cat(a, "+", b)}},
-                        {{"role", "assistant"}, {"content", cat(a + b)}}}}};
+    std::string word(size_t(3 + rng() % 4), ' ');
+    for (char& ch : word) ch = char('a' + rng() % 26);
+    const std::string reversed(word.rbegin(), word.rend());
+    const json rec = {{"messages", {{{"role", "user"}, {"content", word}}, {{"role", "assistant"}, {"content", reversed}}}}};
     out += rec.dump() + "\n";
   }
   if (file.has_parent_path()) fs::create_directories(file.parent_path());

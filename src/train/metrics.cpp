@@ -28,6 +28,7 @@ nlohmann::json number(double v) {
 MetricsLog::MetricsLog(const fs::path& output_dir, int64_t resume_step)
     : jsonl_(output_dir / "metrics.jsonl"), tb_(output_dir / "tensorboard") {
   // A resumed run repeats the steps after its checkpoint: their old lines would be duplicates.
+  if (resume_step == 0) fs::remove(jsonl_);  // a fresh run in a used folder starts a fresh log
   if (fs::exists(jsonl_)) {
     std::ifstream in(jsonl_);
     std::string kept, l;
