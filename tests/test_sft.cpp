@@ -199,5 +199,36 @@ TEST(Sft, CtrlCSavesACheckpointAndResumeFinishesTheSameModel) {
             read_bytes(s.t.path / "ref" / "model" / "model.safetensors"));
 }
 
+TEST(Sft, PretrainOnTextTrainsEveryToken) {
+  SftSetup s;
+  std::string text;
+  for (int i = 0; i < 50; ++i) text += nlohmann::json{{"text", "the quick brown fox jumps over the lazy dog"}}.dump() + "\n";
+  test::write_text(s.t.path / "text.jsonl", text);
+  test::write_text(s.t.path / "pt.yaml",
+                   "model: model\noutput_dir: pt\ndatasets: [text.jsonl]\nsequence_len: 64\nmax_steps: 30\n"
+                   "learning_rate: 3.0e-3\nvalidation_split_ratio: 0.1\n");
+  auto ops = make_cpu_ops();
+  std::ostringstream log;
+  const TrainConfig c = load_train_config(s.t.path / "pt.yaml", {}, TrainMode::kPretrain);
+  const RunResult r = run_training(c, TrainMode::kPretrain, *ops, log);
+  EXPECT_EQ(r.steps, 30);
+  EXPECT_LT(r.last_eval_loss, r.first_eval_loss - 1.0) << log.str();
+  // 5 of 50 documents held out; each has 43 bytes + eos = 44 tokens, so 43 targets (all trained in pt)
+  EXPECT_NE(log.str().find("45 training documents"), std::string::npos) << log.str();
+  EXPECT_EQ(read_jsonl(s.t.path / "pt" / "metrics.jsonl").front()["eval_tokens"], 5 * 43);
+}
+
+TEST(Sft, TokenizeCommandPreparesAConfigsDatasets) {
+  SftSetup s;
+  const fs::path cfg = s.config("run", "max_steps: 1\n");
+  const pid_t pid = spawn_sft(cfg, s.t.path / "log", {});
+  ASSERT_EQ(wait_exit(pid), 0);
+  const std::string cmd = std::string(SOLTRAIN_BIN) + " tokenize " + cfg.string() + " 2>" + (s.t.path / "tok").string();
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string out = read_bytes(s.t.path / "tok");
+  EXPECT_NE(out.find("is up to date"), std::string::npos) << out;  // sft's shard cache is the same one
+  EXPECT_NE(out.find("300 training and 40 validation documents ready"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace soltrain
