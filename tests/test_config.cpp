@@ -64,16 +64,16 @@ TEST(Config, BadValuesSayWhatIsExpected) {
 }
 
 TEST(Config, SetOverridesAndIsCheckedToo) {
-  const TrainConfig c =
-      parse_train_config(kBase + "learning_rate: 1e-4\n", "cfg.yaml",
-                         {"learning_rate=3e-4", "max_steps=7", "lora=true", "lora_target_modules=[q_proj, v_proj]"},
-                         TrainMode::kSft);
+  const TrainConfig c = parse_train_config(
+      kBase + "learning_rate: 1e-4\n", "cfg.yaml",
+      {"learning_rate=3e-4", "max_steps=7", "lora=true", "lora_target_modules=[q_proj, v_proj]"}, TrainMode::kSft);
   EXPECT_DOUBLE_EQ(c.learning_rate, 3e-4);
   EXPECT_EQ(c.max_steps, 7);
   EXPECT_TRUE(c.lora.enabled);
   EXPECT_EQ(c.lora.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
   EXPECT_NE(c.source_text.find("# --set max_steps=7"), std::string::npos);
-  EXPECT_EQ(error_of(kBase, {"max_step=3"}), "--set max_step=3: unknown key \"max_step\" (did you mean \"max_steps\"?)");
+  EXPECT_EQ(error_of(kBase, {"max_step=3"}),
+            "--set max_step=3: unknown key \"max_step\" (did you mean \"max_steps\"?)");
   EXPECT_EQ(error_of(kBase, {"seed=-1"}), "--set seed=-1: seed: \"-1\" is not valid: expected an integer >= 0");
   EXPECT_EQ(error_of(kBase, {"nonsense"}), "--set \"nonsense\": expected key=value");
 }
@@ -92,8 +92,8 @@ TEST(Config, DatasetFieldsRolesAndModes) {
   EXPECT_EQ(f.roles.at("bot"), "assistant");
   EXPECT_EQ(c.resume_from_checkpoint, "true");
   // pt: text only, every token trained
-  const TrainConfig p = parse_train_config("model: m\noutput_dir: o\ndatasets: [t.jsonl]\n", "cfg.yaml", {},
-                                           TrainMode::kPretrain);
+  const TrainConfig p =
+      parse_train_config("model: m\noutput_dir: o\ndatasets: [t.jsonl]\n", "cfg.yaml", {}, TrainMode::kPretrain);
   EXPECT_EQ(p.datasets[0].type, DatasetType::kText);
   EXPECT_TRUE(p.train_on_inputs);
   EXPECT_EQ(error_of(kBase, {}, TrainMode::kPretrain),

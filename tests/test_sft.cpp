@@ -202,7 +202,8 @@ TEST(Sft, CtrlCSavesACheckpointAndResumeFinishesTheSameModel) {
 TEST(Sft, PretrainOnTextTrainsEveryToken) {
   SftSetup s;
   std::string text;
-  for (int i = 0; i < 50; ++i) text += nlohmann::json{{"text", "the quick brown fox jumps over the lazy dog"}}.dump() + "\n";
+  for (int i = 0; i < 50; ++i)
+    text += nlohmann::json{{"text", "the quick brown fox jumps over the lazy dog"}}.dump() + "\n";
   test::write_text(s.t.path / "text.jsonl", text);
   test::write_text(s.t.path / "pt.yaml",
                    "model: model\noutput_dir: pt\ndatasets: [text.jsonl]\nsequence_len: 64\nmax_steps: 30\n"

@@ -112,11 +112,14 @@ std::string where_of(const std::string& file, const YAML::Node& n) {
 }
 
 DatasetType dataset_type(const Entry& e, TrainMode mode) {
-  static const std::map<std::string, DatasetType> names = {
-      {"auto", DatasetType::kAuto},           {"text", DatasetType::kText},
-      {"completion", DatasetType::kText},     {"instruction", DatasetType::kInstruction},
-      {"alpaca", DatasetType::kInstruction},  {"conversation", DatasetType::kConversation},
-      {"chat_template", DatasetType::kConversation}, {"sharegpt", DatasetType::kConversation}};
+  static const std::map<std::string, DatasetType> names = {{"auto", DatasetType::kAuto},
+                                                           {"text", DatasetType::kText},
+                                                           {"completion", DatasetType::kText},
+                                                           {"instruction", DatasetType::kInstruction},
+                                                           {"alpaca", DatasetType::kInstruction},
+                                                           {"conversation", DatasetType::kConversation},
+                                                           {"chat_template", DatasetType::kConversation},
+                                                           {"sharegpt", DatasetType::kConversation}};
   const std::string s = get_string(e, "type");
   const auto it = names.find(s);
   if (it == names.end()) bad_value(e, "type", "text, instruction, conversation or auto");
@@ -143,11 +146,9 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
       {"field_instruction", [&](const Entry& e) { f.instruction = get_string(e, "field_instruction"); }},
       {"field_input", [&](const Entry& e) { f.input = get_string(e, "field_input"); }},
       {"field_output", [&](const Entry& e) { f.output = get_string(e, "field_output"); }},
-      {"field_messages",
-       [&](const Entry& e) { f.messages = f.conversations = get_string(e, "field_messages"); }},
+      {"field_messages", [&](const Entry& e) { f.messages = f.conversations = get_string(e, "field_messages"); }},
       {"message_field_role", [&](const Entry& e) { f.role = f.from = get_string(e, "message_field_role"); }},
-      {"message_field_content",
-       [&](const Entry& e) { f.content = f.value = get_string(e, "message_field_content"); }},
+      {"message_field_content", [&](const Entry& e) { f.content = f.value = get_string(e, "message_field_content"); }},
       {"system_prompt",
        [&](const Entry& e) {
          if (!e.node.IsScalar()) bad_value(e, "system_prompt", "a string");
@@ -179,8 +180,8 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
   return d;
 }
 
-std::vector<DatasetSpec> parse_datasets(const Entry& e, const std::string& key, const std::string& file,
-                                        TrainMode mode, const fs::path& base) {
+std::vector<DatasetSpec> parse_datasets(const Entry& e, const std::string& key, const std::string& file, TrainMode mode,
+                                        const fs::path& base) {
   std::vector<DatasetSpec> out;
   if (e.node.IsScalar() || e.node.IsMap())
     out.push_back(parse_dataset(e.node, e.where, file, mode));
@@ -327,9 +328,12 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
        [&](const Entry& e) {
          if (!e.node.IsScalar()) bad_value(e, "resume_from_checkpoint", "true, false or a checkpoint folder");
          const std::string s = e.node.Scalar();
-         if (s == "true" || s == "True") c.resume_from_checkpoint = "true";
-         else if (s == "false" || s == "False" || s.empty() || s == "null" || s == "~") c.resume_from_checkpoint = "";
-         else c.resume_from_checkpoint = path_value(e, "resume_from_checkpoint").string();
+         if (s == "true" || s == "True")
+           c.resume_from_checkpoint = "true";
+         else if (s == "false" || s == "False" || s.empty() || s == "null" || s == "~")
+           c.resume_from_checkpoint = "";
+         else
+           c.resume_from_checkpoint = path_value(e, "resume_from_checkpoint").string();
        }},
       {"eval_steps", [&](const Entry& e) { c.eval_steps = get_int(e, "eval_steps", 0); }},
       {"logging_steps", [&](const Entry& e) { c.logging_steps = get_int(e, "logging_steps", 1); }},

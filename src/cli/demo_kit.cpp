@@ -54,14 +54,14 @@ void write_byte_tokenizer(const fs::path& dir) {
                      {"rstrip", false},
                      {"normalized", false},
                      {"special", true}});
-  const json tok = {{"version", "1.0"},
-                    {"added_tokens", added},
-                    {"normalizer", nullptr},
-                    {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-                    {"post_processor", nullptr},
-                    {"decoder", {{"type", "ByteLevel"}}},
-                    {"model",
-                     {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}, {"ignore_merges", false}}}};
+  const json tok = {
+      {"version", "1.0"},
+      {"added_tokens", added},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}, {"ignore_merges", false}}}};
   write_file_atomic(dir / "tokenizer.json", tok.dump(1) + "\n");
   const std::string tmpl =
       "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -123,7 +123,8 @@ void write_reversal_dataset(const fs::path& file, int n, uint64_t seed) {
     std::string word(size_t(3 + rng() % 4), ' ');
     for (char& ch : word) ch = char('a' + rng() % 26);
     const std::string reversed(word.rbegin(), word.rend());
-    const json rec = {{"messages", {{{"role", "user"}, {"content", word}}, {{"role", "assistant"}, {"content", reversed}}}}};
+    const json rec = {
+        {"messages", {{{"role", "user"}, {"content", word}}, {{"role", "assistant"}, {"content", reversed}}}}};
     out += rec.dump() + "\n";
   }
   if (file.has_parent_path()) fs::create_directories(file.parent_path());

@@ -40,6 +40,7 @@ class ProgressLine {
   explicit ProgressLine(std::ostream& out);
   void show(const StepMetrics& m);
   void message(const std::string& text);  // a line of its own, not overwritten by the next redraw
+  bool tty() const { return tty_; }
 
  private:
   std::ostream& out_;

@@ -65,7 +65,8 @@ void AdamW::load(const std::filesystem::path& file) {
   std::vector<float> host(size_t(params_.numel()));
   for (auto [name, buf] : {std::pair{"exp_avg", &m_}, std::pair{"exp_avg_sq", &v_}}) {
     read_as_f32(f.at(name), shape, host.data(), file.string() + ": " + name);
-    ops_.copy(Tensor{buf->data(), DType::F32, shape, ops_.device()}, Tensor{host.data(), DType::F32, shape, Device::CPU});
+    ops_.copy(Tensor{buf->data(), DType::F32, shape, ops_.device()},
+              Tensor{host.data(), DType::F32, shape, Device::CPU});
   }
   try {
     step_ = std::stoi(meta("step"));

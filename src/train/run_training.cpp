@@ -59,8 +59,7 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
   const char* cmd = mode == TrainMode::kSft ? "sft" : "pt";
   if (c.lora.enabled)
     user_error("lora: true: LoRA training arrives with the LoRA change (set lora: false for full fine-tuning)");
-  if (c.recompute != "none")
-    user_error("recompute: ", c.recompute, " is not implemented yet (only recompute: none)");
+  if (c.recompute != "none") user_error("recompute: ", c.recompute, " is not implemented yet (only recompute: none)");
 
   fs::create_directories(c.output_dir);
   TrainData data = prepare_train_data(c, log);
@@ -85,7 +84,7 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
 
   model->plan(rows, T);
   AdamW adamw(model->params(), ops);
-  const OptimizerConfig opt{float(c.learning_rate), float(c.adamw_beta1), float(c.adamw_beta2),
+  const OptimizerConfig opt{float(c.learning_rate), float(c.adamw_beta1),  float(c.adamw_beta2),
                             float(c.adamw_epsilon), float(c.weight_decay), float(c.max_grad_norm)};
   TrainerState state;
   state.total_steps = total;
@@ -104,11 +103,10 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
   }
 
   log << cmd << ": " << model->config().architecture << " " << double(model->params().numel()) / 1e6
-      << "M parameters on " << c.device << "; " << loader.documents() << " training documents ("
-      << micro_per_epoch << " micro-batches of " << rows << " x " << T << " per epoch), "
-      << data.validation.documents() << " validation; " << total << " steps, gradient accumulation " << ga
-      << ", lr " << c.learning_rate << " " << to_string(c.lr_scheduler_type) << " (warmup " << sched.warmup_steps
-      << ")\n";
+      << "M parameters on " << c.device << "; " << loader.documents() << " training documents (" << micro_per_epoch
+      << " micro-batches of " << rows << " x " << T << " per epoch), " << data.validation.documents() << " validation; "
+      << total << " steps, gradient accumulation " << ga << ", lr " << c.learning_rate << " "
+      << to_string(c.lr_scheduler_type) << " (warmup " << sched.warmup_steps << ")\n";
 
   MetricsLog metrics(c.output_dir, state.step);
   ProgressLine progress(log);
@@ -184,10 +182,10 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
     m.tokens_per_s = double(rows) * T * ga / dt;
     m.seconds_left = elapsed / double(state.step - first_step) * double(total - state.step);
     m.gpu_memory_gib = ops.device() == Device::CPU ? 0.0 : ops.memory_used_gib();
-    if (state.step % c.logging_steps == 0 || state.step == total) {
-      metrics.train(m);
-      progress.show(m);
-    }
+    // A terminal gets the line redrawn every step; logs and files get one entry per logging_steps.
+    const bool log_step = state.step % c.logging_steps == 0 || state.step == total;
+    if (log_step) metrics.train(m);
+    if (log_step || progress.tty()) progress.show(m);
     if (c.eval_steps > 0 && state.step % c.eval_steps == 0 && state.step < total) run_eval(state.step);
     if (c.save_steps > 0 && state.step % c.save_steps == 0) checkpoint();
   }

@@ -6,7 +6,7 @@ namespace soltrain {
 
 class StopSignal {
  public:
-  StopSignal();  // installs the SIGINT / SIGTERM handlers
+  StopSignal();   // installs the SIGINT / SIGTERM handlers
   ~StopSignal();  // restores the previous ones
   StopSignal(const StopSignal&) = delete;
   StopSignal& operator=(const StopSignal&) = delete;

@@ -20,8 +20,8 @@ struct TrainerState {
   uint64_t seed = 0;
 };
 
-void save_checkpoint(const std::filesystem::path& dir, const TrainConfig& c, const Transformer& model,
-                     const AdamW& opt, const TrainerState& s);
+void save_checkpoint(const std::filesystem::path& dir, const TrainConfig& c, const Transformer& model, const AdamW& opt,
+                     const TrainerState& s);
 
 // Loads weights, optimizer state and returns the trainer state; UserError naming what is missing.
 TrainerState load_checkpoint(const std::filesystem::path& dir, Transformer& model, AdamW& opt);

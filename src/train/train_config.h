@@ -22,7 +22,7 @@ struct LoraConfig {
   bool enabled = false;
   int rank = 16;
   double alpha = 32, dropout = 0.0;
-  std::vector<std::string> target_modules = {"q_proj", "k_proj", "v_proj", "o_proj",
+  std::vector<std::string> target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                              "gate_proj", "up_proj", "down_proj"};
   bool use_rslora = false;
 };
@@ -47,15 +47,15 @@ struct TrainConfig {
   uint64_t seed = 42;
   std::string recompute = "none";
   LoraConfig lora;
-  int64_t save_steps = 0;  // 0 = only at the end (and on Ctrl-C)
-  int save_total_limit = 0;  // 0 = keep all
+  int64_t save_steps = 0;              // 0 = only at the end (and on Ctrl-C)
+  int save_total_limit = 0;            // 0 = keep all
   std::string resume_from_checkpoint;  // "" = start fresh, "true" = latest in output_dir, else a path
-  int64_t eval_steps = 0;  // 0 = only before and after training
+  int64_t eval_steps = 0;              // 0 = only before and after training
   int64_t logging_steps = 1;
   std::string device = "cpu";
   BadRecordPolicy bad_records = BadRecordPolicy::kError;
   std::filesystem::path dataset_prepared_path;  // shard cache; default output_dir/prepared
-  std::string source_text;  // the YAML as given plus overrides, saved with checkpoints
+  std::string source_text;                      // the YAML as given plus overrides, saved with checkpoints
 };
 
 }  // namespace soltrain

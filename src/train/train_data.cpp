@@ -65,7 +65,8 @@ TrainData prepare_train_data(const TrainConfig& c, std::ostream& log) {
     std::mt19937_64 rng(c.seed ^ 0x5eed5eedULL);
     for (size_t i = idx.size(); i > 1; --i) std::swap(idx[i - 1], idx[size_t(rng() % i)]);
     const int64_t n_val = std::min<int64_t>(n - 1, int64_t(std::ceil(double(n) * c.validation_split_ratio)));
-    if (n_val <= 0) user_error("validation_split_ratio ", c.validation_split_ratio, ": ", n, " documents are too few to split");
+    if (n_val <= 0)
+      user_error("validation_split_ratio ", c.validation_split_ratio, ": ", n, " documents are too few to split");
     std::vector<int64_t> val(idx.begin(), idx.begin() + n_val), train(idx.begin() + n_val, idx.end());
     std::sort(val.begin(), val.end());
     std::sort(train.begin(), train.end());
