@@ -68,8 +68,15 @@ RunResult train(const fs::path& cfg, std::vector<std::string> set = {}, std::str
 TEST(Sft, ShortRunLearnsAndWritesMetrics) {
   SftSetup s;
   const fs::path cfg = s.config("run", "max_steps: 30\neval_steps: 10\nlogging_steps: 5\n");
-  const RunResult r = train(cfg);
+  std::string log;
+  const RunResult r = train(cfg, {}, &log);
   EXPECT_EQ(r.steps, 30);
+  // Not a terminal: one progress line per logging_steps, with the fields a user watches.
+  size_t lines = 0;
+  for (size_t at = 0; (at = log.find("/30 | loss ", at)) != std::string::npos; ++at) ++lines;
+  EXPECT_EQ(lines, 6u) << log;
+  EXPECT_NE(log.find("step 30/30 | loss "), std::string::npos) << log;
+  EXPECT_NE(log.find(" tok/s | ETA "), std::string::npos) << log;
   EXPECT_FALSE(r.interrupted);
   EXPECT_LT(r.last_eval_loss, r.first_eval_loss - 1.5) << r.first_eval_loss << " -> " << r.last_eval_loss;
   const fs::path out = s.t.path / "run";
@@ -229,6 +236,26 @@ TEST(Sft, TokenizeCommandPreparesAConfigsDatasets) {
   const std::string out = read_bytes(s.t.path / "tok");
   EXPECT_NE(out.find("is up to date"), std::string::npos) << out;  // sft's shard cache is the same one
   EXPECT_NE(out.find("300 training and 40 validation documents ready"), std::string::npos) << out;
+}
+
+// HF's num_items_in_batch semantics: two micro-batches of one row accumulate to the same update as one
+// batch of two rows (the loader fills both the same way), whatever their counted tokens.
+TEST(Sft, GradientAccumulationWeighsTokensLikeOneBigBatch) {
+  SftSetup s;
+  train(s.config("big", "max_steps: 4\nper_device_train_batch_size: 2\n"));
+  train(s.config("acc", "max_steps: 4\nper_device_train_batch_size: 1\ngradient_accumulation_steps: 2\n"));
+  const auto big = read_jsonl(s.t.path / "big" / "metrics.jsonl"), acc = read_jsonl(s.t.path / "acc" / "metrics.jsonl");
+  int compared = 0;
+  for (size_t i = 0; i < big.size(); ++i) {
+    if (!big[i].contains("loss")) continue;
+    ASSERT_EQ(big[i]["step"], acc[i]["step"]);
+    EXPECT_EQ(big[i]["tokens"], acc[i]["tokens"]);
+    EXPECT_NEAR(acc[i]["loss"].get<double>(), big[i]["loss"].get<double>(), 1e-5 * big[i]["loss"].get<double>());
+    EXPECT_NEAR(acc[i]["grad_norm"].get<double>(), big[i]["grad_norm"].get<double>(),
+                1e-4 * big[i]["grad_norm"].get<double>());
+    ++compared;
+  }
+  EXPECT_EQ(compared, 4);
 }
 
 }  // namespace
