@@ -258,5 +258,15 @@ TEST(Sft, GradientAccumulationWeighsTokensLikeOneBigBatch) {
   EXPECT_EQ(compared, 4);
 }
 
+TEST(Sft, WithoutPackingEachDocumentGetsARow) {
+  SftSetup s;
+  std::string packed, unpacked;
+  train(s.config("p", "max_steps: 1\n"), {}, &packed);
+  train(s.config("u", "max_steps: 1\nsample_packing: false\n"), {}, &unpacked);
+  // 300 documents of 20-30 tokens: two share a 64-token row when packed, one per row otherwise.
+  EXPECT_NE(unpacked.find("300 training documents (150 micro-batches of 2 x 64"), std::string::npos) << unpacked;
+  EXPECT_EQ(packed.find("(150 micro-batches"), std::string::npos) << packed;
+}
+
 }  // namespace
 }  // namespace soltrain

@@ -106,7 +106,8 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
       << "M parameters on " << c.device << "; " << loader.documents() << " training documents (" << micro_per_epoch
       << " micro-batches of " << rows << " x " << T << " per epoch), " << data.validation.documents() << " validation; "
       << total << " steps, gradient accumulation " << ga << ", lr " << c.learning_rate << " "
-      << to_string(c.lr_scheduler_type) << " (warmup " << sched.warmup_steps << ")\n";
+      << to_string(c.lr_scheduler_type) << " (warmup " << sched.warmup_steps << "); activations "
+      << double(model->activation_bytes()) / double(1 << 20) << " MiB\n";
 
   MetricsLog metrics(c.output_dir, state.step);
   ProgressLine progress(log);
