@@ -177,7 +177,9 @@ int wait_exit(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-TEST(Sft, CtrlCSavesACheckpointAndResumeFinishesTheSameModel) {
+class SftSignal : public ::testing::TestWithParam<int> {};
+
+TEST_P(SftSignal, SavesACheckpointAndResumeFinishesTheSameModel) {
   SftSetup s;
   const std::string extra = "max_steps: 400\neval_steps: 0\n";
   const fs::path cfg = s.config("run", extra), out = s.t.path / "run";
@@ -189,7 +191,7 @@ TEST(Sft, CtrlCSavesACheckpointAndResumeFinishesTheSameModel) {
     started = read_bytes(out / "metrics.jsonl").find("\"loss\"") != std::string::npos;
   }
   ASSERT_TRUE(started) << read_bytes(s.t.path / "log1");
-  kill(pid, SIGINT);
+  kill(pid, GetParam());
   ASSERT_EQ(wait_exit(pid), 130) << read_bytes(s.t.path / "log1");
   const auto ckpts = list_checkpoints(out);
   ASSERT_EQ(ckpts.size(), 1u) << read_bytes(s.t.path / "log1");
@@ -205,6 +207,8 @@ TEST(Sft, CtrlCSavesACheckpointAndResumeFinishesTheSameModel) {
   EXPECT_EQ(read_bytes(out / "model" / "model.safetensors"),
             read_bytes(s.t.path / "ref" / "model" / "model.safetensors"));
 }
+
+INSTANTIATE_TEST_SUITE_P(CtrlCAndTerm, SftSignal, ::testing::Values(SIGINT, SIGTERM));
 
 TEST(Sft, PretrainOnTextTrainsEveryToken) {
   SftSetup s;

@@ -65,10 +65,11 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
   TrainData data = prepare_train_data(c, log);
   auto model = load_pretrained(c.model, ops);
   const int rows = c.per_device_train_batch_size, T = c.sequence_len, ga = c.gradient_accumulation_steps;
-  for (int32_t id : data.train.tokens)
-    if (id < 0 || id >= model->config().vocab_size)
-      user_error(c.model.string(), ": the tokenizer produced id ", id, " but the model's vocab_size is ",
-                 model->config().vocab_size);
+  for (const ShardSet* set : {&data.train, &data.validation})
+    for (int32_t id : set->tokens)
+      if (id < 0 || id >= model->config().vocab_size)
+        user_error(c.model.string(), ": the tokenizer produced id ", id, " but the model's vocab_size is ",
+                   model->config().vocab_size);
 
   LoaderOptions lo;
   lo.rows = rows;
@@ -100,6 +101,9 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
   } else if (c.resume_from_checkpoint == "true") {
     log << cmd << ": resume_from_checkpoint: true, but " << c.output_dir.string()
         << " has no checkpoint yet: starting fresh\n";
+  } else if (const auto old = list_checkpoints(c.output_dir); !old.empty()) {
+    log << cmd << ": note: starting fresh although " << old.back().string()
+        << " exists (resume_from_checkpoint: true continues it); checkpoints of this run replace same-numbered ones\n";
   }
 
   log << cmd << ": " << model->config().architecture << " " << double(model->params().numel()) / 1e6
