@@ -55,11 +55,15 @@ std::string fmt_loss(double v) {
 
 }  // namespace
 
-RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostream& log) {
-  const char* cmd = mode == TrainMode::kSft ? "sft" : "pt";
+void check_implemented(const TrainConfig& c) {
   if (c.lora.enabled)
     user_error("lora: true: LoRA training arrives with the LoRA change (set lora: false for full fine-tuning)");
   if (c.recompute != "none") user_error("recompute: ", c.recompute, " is not implemented yet (only recompute: none)");
+}
+
+RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostream& log) {
+  const char* cmd = mode == TrainMode::kSft ? "sft" : "pt";
+  check_implemented(c);
 
   fs::create_directories(c.output_dir);
   TrainData data = prepare_train_data(c, log);
