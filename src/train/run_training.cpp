@@ -32,11 +32,11 @@ int64_t total_training_steps(const TrainConfig& c, int64_t micro_batches_per_epo
 namespace {
 
 // How many rows the loader fills in one pass over epoch 0's order (greedy packing, like Loader::next).
-int64_t rows_per_epoch(const Loader& loader, const ShardSet& data, int seq_len, bool pack) {
+int64_t rows_per_epoch(const Loader& loader, const std::vector<int64_t>& doc_lengths, int seq_len, bool pack) {
   int64_t rows = 0;
   int fill = 0;
   for (int64_t d : loader.epoch_order(0)) {
-    const int len = int(std::min<int64_t>(data.doc_offsets[size_t(d) + 1] - data.doc_offsets[size_t(d)], seq_len));
+    const int len = int(std::min<int64_t>(doc_lengths[size_t(d)], seq_len));
     if (fill > 0 && (!pack || fill + len > seq_len)) ++rows, fill = 0;
     fill += len;
   }
@@ -80,9 +80,12 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
   lo.seq_len = T;
   lo.seed = c.seed;
   lo.pack = c.sample_packing;
-  const ShardSet train_view = data.train;  // kept for counting rows; the loader owns its copy
+  // Lengths are kept for counting rows: the loader takes the tokens, and copying them could double memory.
+  std::vector<int64_t> doc_lengths;
+  for (size_t d = 0; d + 1 < data.train.doc_offsets.size(); ++d)
+    doc_lengths.push_back(data.train.doc_offsets[d + 1] - data.train.doc_offsets[d]);
   Loader loader(std::move(data.train), lo);
-  const int64_t micro_per_epoch = (rows_per_epoch(loader, train_view, T, c.sample_packing) + rows - 1) / rows;
+  const int64_t micro_per_epoch = (rows_per_epoch(loader, doc_lengths, T, c.sample_packing) + rows - 1) / rows;
   const int64_t total = total_training_steps(c, micro_per_epoch);
   ScheduleConfig sched{c.lr_scheduler_type, total, c.warmup_steps, c.wsd_decay_ratio};
   if (c.warmup_steps == 0 && c.warmup_ratio > 0) sched.warmup_steps = warmup_from_ratio(total, c.warmup_ratio);

@@ -1,8 +1,10 @@
 #include "train/train_data.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
-#include <ostream>
+#include <iostream>
 #include <random>
 
 #include "core/error.h"
@@ -43,7 +45,7 @@ ShardSet tokenize_all(const TrainConfig& c, const std::vector<DatasetSpec>& spec
     o.seq_len = c.sequence_len;
     o.train_on_inputs = c.train_on_inputs;
     o.bad_records = c.bad_records;
-    o.progress = false;
+    o.progress = &log == &std::cerr && ::isatty(2);  // a redrawn line only makes sense on a terminal
     run_tokenize(o, log);
     append_shards(all, load_shards(o.out));
   }
