@@ -1,13 +1,15 @@
 // `soltrain tokenize`: datasets (FILE[:type]) → token/mask shards and a manifest in --out, reused when
-// nothing changed.
+// nothing changed. `soltrain tokenize config.yaml` prepares a training config's datasets the way sft will.
 #include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/config.h"
 #include "core/error.h"
 #include "data/tokenize_job.h"
+#include "train/train_data.h"
 
 namespace soltrain {
 
@@ -30,16 +32,17 @@ std::function<int()> add_tokenize_command(CLI::App& app) {
   struct Opts {
     TokenizeOptions t;
     std::vector<std::string> data;
-    std::string bad_records = "error";
+    std::string bad_records = "error", config;
+    std::vector<std::string> set;
     bool quiet = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand("tokenize", "tokenize datasets into token/loss-mask shards");
-  c->add_option("--tokenizer", o->t.tokenizer, "model folder with tokenizer.json and tokenizer_config.json")
-      ->required();
-  c->add_option("--data", o->data, "FILE[:auto|text|instruction|conversation] (.jsonl or .json), repeatable")
-      ->required();
-  c->add_option("--out", o->t.out, "output folder for the shards and manifest.json")->required();
+  c->add_option("config", o->config, "a training config: tokenize its datasets into its dataset_prepared_path");
+  c->add_option("--set", o->set, "override a config key: key=value (repeatable)");
+  c->add_option("--tokenizer", o->t.tokenizer, "model folder with tokenizer.json and tokenizer_config.json");
+  c->add_option("--data", o->data, "FILE[:auto|text|instruction|conversation] (.jsonl or .json), repeatable");
+  c->add_option("--out", o->t.out, "output folder for the shards and manifest.json");
   c->add_option("--seq-len", o->t.seq_len, "training sequence length (reports documents longer than it)");
   c->add_flag("--train-on-inputs", o->t.train_on_inputs, "train on prompt tokens too, not only assistant turns");
   c->add_option("--bad-records", o->bad_records, "skip (count and continue) or error (stop) on a bad record");
@@ -47,6 +50,16 @@ std::function<int()> add_tokenize_command(CLI::App& app) {
   c->add_option("--system-prompt", o->t.fields.system_prompt, "system message prepended to conversations");
   c->add_flag("--quiet", o->quiet, "no progress line");
   return [o]() {
+    if (!o->config.empty()) {
+      if (!o->data.empty() || !o->t.tokenizer.empty() || !o->t.out.empty())
+        user_error("tokenize: give either a config file or --tokenizer/--data/--out, not both");
+      const TrainData d = prepare_train_data(load_train_config(o->config, o->set, TrainMode::kSft), std::cerr);
+      std::cerr << "tokenize: " << d.train.documents() << " training and " << d.validation.documents()
+                << " validation documents ready\n";
+      return 0;
+    }
+    if (o->t.tokenizer.empty() || o->data.empty() || o->t.out.empty())
+      user_error("tokenize: give a config file, or --tokenizer, --data and --out");
     o->t.bad_records = parse_bad_record_policy(o->bad_records);
     for (const std::string& d : o->data) o->t.sources.push_back(parse_source(d));
     o->t.progress = !o->quiet;

@@ -14,5 +14,8 @@ std::function<int()> add_tokenize_command(CLI::App& app);
 std::function<int()> add_chat_template_command(CLI::App& app);
 std::function<int()> add_bench_command(CLI::App& app);
 std::function<int()> add_bench_attention_command(CLI::App& app);
+std::function<int()> add_sft_command(CLI::App& app);
+std::function<int()> add_pt_command(CLI::App& app);
+std::function<int()> add_demo_setup_command(CLI::App& app);
 
 }  // namespace soltrain

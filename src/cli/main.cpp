@@ -17,6 +17,9 @@ int main(int argc, char** argv) {
   auto chat_template = soltrain::add_chat_template_command(app);
   auto bench = soltrain::add_bench_command(app);
   auto bench_attention = soltrain::add_bench_attention_command(app);
+  auto sft = soltrain::add_sft_command(app);
+  auto pt = soltrain::add_pt_command(app);
+  auto demo_setup = soltrain::add_demo_setup_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -36,6 +39,9 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("chat-template")) return chat_template();
     if (app.got_subcommand("bench")) return bench();
     if (app.got_subcommand("bench-attention")) return bench_attention();
+    if (app.got_subcommand("sft")) return sft();
+    if (app.got_subcommand("pt")) return pt();
+    if (app.got_subcommand("demo-setup")) return demo_setup();
   } catch (const soltrain::UserError& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;

@@ -85,6 +85,7 @@ HostBatch Loader::next() {
     const size_t row = size_t(r) * size_t(T);
     int fill = 0;
     while (fill < T) {
+      if (!o_.pack && fill > 0) break;
       ensure_order();
       const int64_t d = order_[size_t(state_.index)];
       const int64_t begin = data_.doc_offsets[d];

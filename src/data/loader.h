@@ -20,6 +20,7 @@ struct LoaderOptions {
   bool shuffle = true;
   OverlongPolicy overlong = OverlongPolicy::kTruncate;
   int32_t pad_id = 0;  // fills the end of a row no next document fits in (never a target)
+  bool pack = true;    // false: one document per row (sample_packing: false)
 };
 
 // Where the next batch starts: document `index` of epoch `epoch`'s order. Saved with checkpoints.

@@ -1,6 +1,11 @@
 #include "train/optimizer.h"
 
 #include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "io/safetensors.h"
 
 namespace soltrain {
 
@@ -31,6 +36,42 @@ void AdamW::step(const OptimizerConfig& cfg, float lr) {
     const AdamWParams p{lr, cfg.beta1, cfg.beta2, cfg.eps, decayed ? cfg.weight_decay : 0.0f, step_};
     Tensor copy = params_.values(decayed);
     ops_.adamw(master, params_.grads(decayed), mt, vt, p, params_.values_alias_masters() ? nullptr : &copy);
+  }
+}
+
+void AdamW::save(const std::filesystem::path& file) const {
+  const Shape shape{params_.numel()};
+  std::vector<float> m(size_t(params_.numel())), v(m.size());
+  ops_.copy(Tensor{m.data(), DType::F32, shape, Device::CPU}, Tensor{m_.data(), DType::F32, shape, ops_.device()});
+  ops_.copy(Tensor{v.data(), DType::F32, shape, Device::CPU}, Tensor{v_.data(), DType::F32, shape, ops_.device()});
+  write_safetensors(file,
+                    {{"exp_avg", Tensor{m.data(), DType::F32, shape, Device::CPU}},
+                     {"exp_avg_sq", Tensor{v.data(), DType::F32, shape, Device::CPU}}},
+                    {{"step", std::to_string(step_)},
+                     {"decayed_numel", std::to_string(params_.masters(true).numel())},
+                     {"format", "soltrain-adamw"}});
+}
+
+void AdamW::load(const std::filesystem::path& file) {
+  const SafetensorsFile f(file);
+  const Shape shape{params_.numel()};
+  auto meta = [&](const std::string& k) {
+    const auto it = f.metadata().find(k);
+    if (it == f.metadata().end()) user_error(file.string(), ": optimizer state has no '", k, "' in its metadata");
+    return it->second;
+  };
+  if (meta("decayed_numel") != std::to_string(params_.masters(true).numel()))
+    user_error(file.string(), ": optimizer state was saved for another model (parameter layout differs)");
+  std::vector<float> host(size_t(params_.numel()));
+  for (auto [name, buf] : {std::pair{"exp_avg", &m_}, std::pair{"exp_avg_sq", &v_}}) {
+    read_as_f32(f.at(name), shape, host.data(), file.string() + ": " + name);
+    ops_.copy(Tensor{buf->data(), DType::F32, shape, ops_.device()},
+              Tensor{host.data(), DType::F32, shape, Device::CPU});
+  }
+  try {
+    step_ = std::stoi(meta("step"));
+  } catch (const std::exception&) {
+    user_error(file.string(), ": optimizer step \"", meta("step"), "\" is not a number");
   }
 }
 

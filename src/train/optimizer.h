@@ -1,5 +1,7 @@
 // AdamW over a ParameterStore (torch semantics) and global-norm gradient clipping.
 #pragma once
+#include <filesystem>
+
 #include "model/parameters.h"
 
 namespace soltrain {
@@ -19,6 +21,11 @@ class AdamW {
   // One update with learning rate `lr` (the schedule's value for this step).
   void step(const OptimizerConfig& cfg, float lr);
   int steps_done() const { return step_; }
+
+  // The state as a safetensors file: flat fp32 `exp_avg` and `exp_avg_sq` (laid out like the
+  // parameters' flat buffers) and the step count in the metadata. load() checks the layout matches.
+  void save(const std::filesystem::path& file) const;
+  void load(const std::filesystem::path& file);
 
  private:
   ParameterStore& params_;

@@ -1,0 +1,36 @@
+// `soltrain demo-setup --out DIR`: writes what scripts/demo.sh trains: DIR/model (a random small Qwen3 with
+// a byte tokenizer) and DIR/train.jsonl, DIR/validation.jsonl (word reversal as conversations).
+#include <iostream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/demo_kit.h"
+
+namespace soltrain {
+
+std::function<int()> add_demo_setup_command(CLI::App& app) {
+  struct Opts {
+    std::string out;
+    int train = 4000, validation = 200;
+    uint64_t seed = 1;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* c = app.add_subcommand("demo-setup", "write the demo's random model and synthetic datasets");
+  c->add_option("--out", o->out, "folder to write model/, train.jsonl and validation.jsonl into")->required();
+  c->add_option("--train", o->train, "training conversations")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--validation", o->validation, "validation conversations")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  c->add_option("--seed", o->seed)->capture_default_str();
+  return [o]() {
+    const std::filesystem::path out = o->out;
+    write_random_model(out / "model", DemoModelShape{}, o->seed);
+    write_reversal_dataset(out / "train.jsonl", o->train, o->seed + 1);
+    write_reversal_dataset(out / "validation.jsonl", o->validation, o->seed + 2);
+    std::cerr << "demo-setup: wrote " << (out / "model").string() << ", " << o->train << " training and "
+              << o->validation << " validation conversations\n";
+    return 0;
+  };
+}
+
+}  // namespace soltrain

@@ -1,0 +1,376 @@
+// The config reader: a table of known keys, each with a parser that checks its value. yaml-cpp gives line
+// numbers (Mark) for the "unknown key" message; --set overrides replace a key's node before parsing.
+#include "cli/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace soltrain {
+
+namespace fs = std::filesystem;
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+namespace {
+
+// A value and where it came from ("file:line" or "--set key=value"), for messages.
+struct Entry {
+  YAML::Node node;
+  std::string where;
+};
+
+std::string scalar_text(const YAML::Node& n) {
+  if (n.IsScalar()) return n.Scalar();
+  YAML::Emitter e;
+  e << YAML::Flow << n;
+  return e.c_str();
+}
+
+[[noreturn]] void bad_value(const Entry& e, const std::string& key, const std::string& expected) {
+  user_error(e.where, ": ", key, ": \"", scalar_text(e.node), "\" is not valid: expected ", expected);
+}
+
+std::string closest(const std::string& key, const std::vector<std::string>& known) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const std::string& k : known) {
+    const size_t d = edit_distance(key, k);
+    if (d < best_d) best_d = d, best = k;
+  }
+  // A suggestion further away than half the key is noise, not help.
+  return best_d <= std::max<size_t>(2, key.size() / 2) ? best : "";
+}
+
+[[noreturn]] void unknown_key(const std::string& where, const std::string& key, const std::vector<std::string>& known,
+                              const std::string& what) {
+  const std::string s = closest(key, known);
+  user_error(where, ": unknown ", what, " \"", key, "\"", s.empty() ? "" : cat(" (did you mean \"", s, "\"?)"));
+}
+
+template <typename T>
+T get(const Entry& e, const std::string& key, const std::string& expected) {
+  if (!e.node.IsScalar()) bad_value(e, key, expected);
+  try {
+    return e.node.as<T>();
+  } catch (const YAML::Exception&) {
+    bad_value(e, key, expected);
+  }
+}
+
+bool get_bool(const Entry& e, const std::string& key) {
+  return get<bool>(e, key, "true or false");
+}
+
+std::string get_string(const Entry& e, const std::string& key) {
+  if (!e.node.IsScalar() || e.node.Scalar().empty()) bad_value(e, key, "a non-empty string");
+  return e.node.Scalar();
+}
+
+int64_t get_int(const Entry& e, const std::string& key, int64_t min) {
+  const int64_t v = get<int64_t>(e, key, cat("an integer >= ", min));
+  if (v < min) bad_value(e, key, cat("an integer >= ", min));
+  return v;
+}
+
+double get_double(const Entry& e, const std::string& key, double min, double max, bool open_min = false) {
+  const std::string expected = cat("a number in ", open_min ? "(" : "[", min, ", ", max, "]");
+  const double v = get<double>(e, key, expected);
+  if (!(v <= max) || v < min || (open_min && v == min)) bad_value(e, key, expected);
+  return v;
+}
+
+std::vector<std::string> get_string_list(const Entry& e, const std::string& key) {
+  if (e.node.IsScalar()) return {get_string(e, key)};
+  if (!e.node.IsSequence()) bad_value(e, key, "a list of strings");
+  std::vector<std::string> out;
+  for (const YAML::Node& n : e.node) out.push_back(get_string({n, e.where}, key));
+  return out;
+}
+
+std::string where_of(const std::string& file, const YAML::Node& n) {
+  return cat(file, ":", n.Mark().line + 1);
+}
+
+DatasetType dataset_type(const Entry& e, TrainMode mode) {
+  static const std::map<std::string, DatasetType> names = {{"auto", DatasetType::kAuto},
+                                                           {"text", DatasetType::kText},
+                                                           {"completion", DatasetType::kText},
+                                                           {"instruction", DatasetType::kInstruction},
+                                                           {"alpaca", DatasetType::kInstruction},
+                                                           {"conversation", DatasetType::kConversation},
+                                                           {"chat_template", DatasetType::kConversation},
+                                                           {"sharegpt", DatasetType::kConversation}};
+  const std::string s = get_string(e, "type");
+  const auto it = names.find(s);
+  if (it == names.end()) bad_value(e, "type", "text, instruction, conversation or auto");
+  if (mode == TrainMode::kPretrain && it->second != DatasetType::kText && it->second != DatasetType::kAuto)
+    user_error(e.where, ": type: \"", s, "\": pt trains on text datasets (use `soltrain sft` for ", s, ")");
+  return it->second;
+}
+
+DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const std::string& file, TrainMode mode) {
+  DatasetSpec d;
+  if (mode == TrainMode::kPretrain) d.type = DatasetType::kText;
+  if (n.IsScalar()) {  // a bare path
+    d.path = n.Scalar();
+    return d;
+  }
+  if (!n.IsMap()) user_error(where, ": a dataset is a path or a map with at least `path`");
+  using Setter = std::function<void(const Entry&)>;
+  DatasetFields& f = d.fields;
+  const std::map<std::string, Setter> keys = {
+      {"path", [&](const Entry& e) { d.path = get_string(e, "path"); }},
+      {"type", [&](const Entry& e) { d.type = dataset_type(e, mode); }},
+      {"field", [&](const Entry& e) { f.text = get_string(e, "field"); }},
+      {"field_text", [&](const Entry& e) { f.text = get_string(e, "field_text"); }},
+      {"field_instruction", [&](const Entry& e) { f.instruction = get_string(e, "field_instruction"); }},
+      {"field_input", [&](const Entry& e) { f.input = get_string(e, "field_input"); }},
+      {"field_output", [&](const Entry& e) { f.output = get_string(e, "field_output"); }},
+      {"field_messages", [&](const Entry& e) { f.messages = f.conversations = get_string(e, "field_messages"); }},
+      {"message_field_role", [&](const Entry& e) { f.role = f.from = get_string(e, "message_field_role"); }},
+      {"message_field_content", [&](const Entry& e) { f.content = f.value = get_string(e, "message_field_content"); }},
+      {"system_prompt",
+       [&](const Entry& e) {
+         if (!e.node.IsScalar()) bad_value(e, "system_prompt", "a string");
+         f.system_prompt = e.node.Scalar();
+       }},
+      // Axolotl's form: template role → the names it has in the data.
+      {"roles",
+       [&](const Entry& e) {
+         if (!e.node.IsMap()) bad_value(e, "roles", "a map like {user: [human], assistant: [gpt]}");
+         for (const auto& kv : e.node) {
+           const std::string role = kv.first.as<std::string>();
+           if (role != "user" && role != "assistant" && role != "system" && role != "tool")
+             user_error(where_of(file, kv.first), ": roles: \"", role, "\" is not a role: expected user, assistant, ",
+                        "system or tool");
+           for (const std::string& name : get_string_list({kv.second, where_of(file, kv.second)}, "roles." + role))
+             f.roles[name] = role;
+         }
+       }},
+  };
+  std::vector<std::string> names;
+  for (const auto& [k, v] : keys) names.push_back(k);
+  for (const auto& kv : n) {
+    const std::string key = kv.first.as<std::string>();
+    const auto it = keys.find(key);
+    if (it == keys.end()) unknown_key(where_of(file, kv.first), key, names, "dataset key");
+    it->second({kv.second, where_of(file, kv.second)});
+  }
+  if (d.path.empty()) user_error(where, ": a dataset needs `path`");
+  return d;
+}
+
+std::vector<DatasetSpec> parse_datasets(const Entry& e, const std::string& key, const std::string& file, TrainMode mode,
+                                        const fs::path& base) {
+  std::vector<DatasetSpec> out;
+  if (e.node.IsScalar() || e.node.IsMap())
+    out.push_back(parse_dataset(e.node, e.where, file, mode));
+  else if (e.node.IsSequence())
+    for (const YAML::Node& n : e.node) out.push_back(parse_dataset(n, where_of(file, n), file, mode));
+  else
+    bad_value(e, key, "a list of datasets");
+  // Relative dataset paths are relative to the config file, so a config works from any directory.
+  for (DatasetSpec& d : out)
+    if (d.path.is_relative() && !base.empty()) d.path = (base / d.path).lexically_normal();
+  return out;
+}
+
+}  // namespace
+
+TrainConfig parse_train_config(const std::string& yaml, const std::string& where,
+                               const std::vector<std::string>& overrides, TrainMode mode) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    user_error(where, ":", e.mark.line + 1, ": not valid YAML: ", e.msg);
+  }
+  if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  if (!root.IsMap()) user_error(where, ": expected a map of settings at the top level");
+
+  std::map<std::string, Entry> entries;
+  std::vector<std::string> order;
+  for (const auto& kv : root) {
+    const std::string key = kv.first.as<std::string>();
+    if (!entries.count(key)) order.push_back(key);
+    entries[key] = {kv.second, where_of(where, kv.first)};
+  }
+  std::string source = yaml;
+  for (const std::string& o : overrides) {
+    const size_t eq = o.find('=');
+    if (eq == std::string::npos || eq == 0) user_error("--set \"", o, "\": expected key=value");
+    const std::string key = o.substr(0, eq);
+    YAML::Node value;
+    try {
+      value = YAML::Load(o.substr(eq + 1));
+    } catch (const YAML::Exception& e) {
+      user_error("--set ", key, ": \"", o.substr(eq + 1), "\" is not a YAML value (", e.msg, ")");
+    }
+    if (!entries.count(key)) order.push_back(key);
+    entries[key] = {value, "--set " + o};
+    source += cat("\n# --set ", o, "\n", key, ": ", scalar_text(value), "\n");
+  }
+
+  TrainConfig c;
+  c.source_text = source;
+  if (mode == TrainMode::kPretrain) c.train_on_inputs = true;
+  const fs::path base = fs::path(where).parent_path();
+  auto path_value = [&](const Entry& e, const std::string& k) {
+    fs::path p = get_string(e, k);
+    return p.is_relative() && !base.empty() && e.where.rfind("--set", 0) != 0 ? (base / p).lexically_normal() : p;
+  };
+  using Setter = std::function<void(const Entry&)>;
+  const std::map<std::string, Setter> keys = {
+      {"base_model", [&](const Entry& e) { c.model = path_value(e, "base_model"); }},
+      {"model", [&](const Entry& e) { c.model = path_value(e, "model"); }},
+      {"output_dir", [&](const Entry& e) { c.output_dir = path_value(e, "output_dir"); }},
+      {"dataset_prepared_path",
+       [&](const Entry& e) { c.dataset_prepared_path = path_value(e, "dataset_prepared_path"); }},
+      {"datasets", [&](const Entry& e) { c.datasets = parse_datasets(e, "datasets", where, mode, base); }},
+      {"validation_datasets",
+       [&](const Entry& e) { c.validation_datasets = parse_datasets(e, "validation_datasets", where, mode, base); }},
+      {"validation_split_ratio",
+       [&](const Entry& e) { c.validation_split_ratio = get_double(e, "validation_split_ratio", 0, 0.9); }},
+      {"val_set_size", [&](const Entry& e) { c.validation_split_ratio = get_double(e, "val_set_size", 0, 0.9); }},
+      {"sequence_len", [&](const Entry& e) { c.sequence_len = int(get_int(e, "sequence_len", 2)); }},
+      {"sample_packing", [&](const Entry& e) { c.sample_packing = get_bool(e, "sample_packing"); }},
+      {"train_on_inputs",
+       [&](const Entry& e) {
+         c.train_on_inputs = get_bool(e, "train_on_inputs");
+         if (mode == TrainMode::kPretrain && !c.train_on_inputs)
+           user_error(e.where, ": train_on_inputs: false has no meaning for pt (every token of text is trained)");
+       }},
+      {"per_device_train_batch_size",
+       [&](const Entry& e) { c.per_device_train_batch_size = int(get_int(e, "per_device_train_batch_size", 1)); }},
+      {"micro_batch_size",
+       [&](const Entry& e) { c.per_device_train_batch_size = int(get_int(e, "micro_batch_size", 1)); }},
+      {"gradient_accumulation_steps",
+       [&](const Entry& e) { c.gradient_accumulation_steps = int(get_int(e, "gradient_accumulation_steps", 1)); }},
+      {"num_epochs", [&](const Entry& e) { c.num_epochs = get_double(e, "num_epochs", 0, 1e6, true); }},
+      {"max_steps", [&](const Entry& e) { c.max_steps = get_int(e, "max_steps", 0); }},
+      {"learning_rate", [&](const Entry& e) { c.learning_rate = get_double(e, "learning_rate", 0, 10, true); }},
+      {"lr_scheduler_type",
+       [&](const Entry& e) {
+         try {
+           c.lr_scheduler_type = parse_schedule_type(get_string(e, "lr_scheduler_type"));
+         } catch (const UserError&) {
+           bad_value(e, "lr_scheduler_type", "constant, constant_with_warmup, linear, cosine or wsd");
+         }
+       }},
+      {"lr_scheduler",
+       [&](const Entry& e) {
+         try {
+           c.lr_scheduler_type = parse_schedule_type(get_string(e, "lr_scheduler"));
+         } catch (const UserError&) {
+           bad_value(e, "lr_scheduler", "constant, constant_with_warmup, linear, cosine or wsd");
+         }
+       }},
+      {"warmup_steps", [&](const Entry& e) { c.warmup_steps = get_int(e, "warmup_steps", 0); }},
+      {"warmup_ratio", [&](const Entry& e) { c.warmup_ratio = get_double(e, "warmup_ratio", 0, 1); }},
+      {"wsd_decay_ratio", [&](const Entry& e) { c.wsd_decay_ratio = get_double(e, "wsd_decay_ratio", 0, 1); }},
+      {"weight_decay", [&](const Entry& e) { c.weight_decay = get_double(e, "weight_decay", 0, 10); }},
+      {"max_grad_norm", [&](const Entry& e) { c.max_grad_norm = get_double(e, "max_grad_norm", 0, 1e9); }},
+      {"adamw_beta1", [&](const Entry& e) { c.adamw_beta1 = get_double(e, "adamw_beta1", 0, 1); }},
+      {"adamw_beta2", [&](const Entry& e) { c.adamw_beta2 = get_double(e, "adamw_beta2", 0, 1); }},
+      {"adamw_epsilon", [&](const Entry& e) { c.adamw_epsilon = get_double(e, "adamw_epsilon", 0, 1, true); }},
+      {"seed", [&](const Entry& e) { c.seed = uint64_t(get_int(e, "seed", 0)); }},
+      {"recompute",
+       [&](const Entry& e) {
+         c.recompute = get_string(e, "recompute");
+         if (c.recompute != "none" && c.recompute != "selective" && c.recompute != "full")
+           bad_value(e, "recompute", "none, selective or full");
+       }},
+      {"adapter",
+       [&](const Entry& e) {
+         const std::string a = get_string(e, "adapter");
+         if (a != "lora") bad_value(e, "adapter", "lora");
+         c.lora.enabled = true;
+       }},
+      {"lora", [&](const Entry& e) { c.lora.enabled = get_bool(e, "lora"); }},
+      {"lora_rank", [&](const Entry& e) { c.lora.rank = int(get_int(e, "lora_rank", 1)); }},
+      {"lora_r", [&](const Entry& e) { c.lora.rank = int(get_int(e, "lora_r", 1)); }},
+      {"lora_alpha", [&](const Entry& e) { c.lora.alpha = get_double(e, "lora_alpha", 0, 1e6, true); }},
+      {"lora_dropout", [&](const Entry& e) { c.lora.dropout = get_double(e, "lora_dropout", 0, 0.99); }},
+      {"lora_target_modules",
+       [&](const Entry& e) {
+         static const std::vector<std::string> known = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                        "gate_proj", "up_proj", "down_proj"};
+         c.lora.target_modules = get_string_list(e, "lora_target_modules");
+         if (c.lora.target_modules.empty()) bad_value(e, "lora_target_modules", "a non-empty list");
+         for (const std::string& m : c.lora.target_modules)
+           if (std::find(known.begin(), known.end(), m) == known.end())
+             unknown_key(e.where, m, known, "lora_target_modules entry");
+       }},
+      {"use_rslora", [&](const Entry& e) { c.lora.use_rslora = get_bool(e, "use_rslora"); }},
+      {"save_steps", [&](const Entry& e) { c.save_steps = get_int(e, "save_steps", 0); }},
+      {"save_total_limit", [&](const Entry& e) { c.save_total_limit = int(get_int(e, "save_total_limit", 0)); }},
+      {"resume_from_checkpoint",
+       [&](const Entry& e) {
+         if (!e.node.IsScalar()) bad_value(e, "resume_from_checkpoint", "true, false or a checkpoint folder");
+         const std::string s = e.node.Scalar();
+         if (s == "true" || s == "True")
+           c.resume_from_checkpoint = "true";
+         else if (s == "false" || s == "False" || s.empty() || s == "null" || s == "~")
+           c.resume_from_checkpoint = "";
+         else
+           c.resume_from_checkpoint = path_value(e, "resume_from_checkpoint").string();
+       }},
+      {"eval_steps", [&](const Entry& e) { c.eval_steps = get_int(e, "eval_steps", 0); }},
+      {"logging_steps", [&](const Entry& e) { c.logging_steps = get_int(e, "logging_steps", 1); }},
+      {"device",
+       [&](const Entry& e) {
+         c.device = get_string(e, "device");
+         if (c.device != "cpu" && c.device != "cuda") bad_value(e, "device", "cpu or cuda");
+       }},
+      {"bad_records",
+       [&](const Entry& e) {
+         const std::string s = get_string(e, "bad_records");
+         if (s != "skip" && s != "error") bad_value(e, "bad_records", "skip or error");
+         c.bad_records = parse_bad_record_policy(s);
+       }},
+  };
+  std::vector<std::string> names;
+  for (const auto& [k, v] : keys) names.push_back(k);
+  for (const std::string& key : order) {
+    const Entry& e = entries.at(key);
+    const auto it = keys.find(key);
+    if (it == keys.end()) unknown_key(e.where, key, names, "key");
+    if (e.node.IsNull()) continue;  // `key:` with nothing keeps the default
+    it->second(e);
+  }
+  if (c.model.empty()) user_error(where, ": `model` is required (a Hugging Face model folder)");
+  if (c.output_dir.empty()) user_error(where, ": `output_dir` is required");
+  if (c.datasets.empty()) user_error(where, ": `datasets` is required (a list of {path, type})");
+  if (c.dataset_prepared_path.empty()) c.dataset_prepared_path = c.output_dir / "prepared";
+  return c;
+}
+
+TrainConfig load_train_config(const fs::path& file, const std::vector<std::string>& overrides, TrainMode mode) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) user_error(file.string(), ": config file not found or unreadable");
+  std::stringstream s;
+  s << in.rdbuf();
+  return parse_train_config(s.str(), file.string(), overrides, mode);
+}
+
+}  // namespace soltrain

@@ -1,0 +1,46 @@
+#include "train/evaluate.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace soltrain {
+
+EvalResult evaluate(Transformer& model, const ShardSet& docs, int rows, int seq_len) {
+  double loss_sum = 0;
+  int64_t counted = 0;
+  const int64_t n = docs.documents();
+  for (int64_t d0 = 0; d0 < n; d0 += rows) {
+    HostBatch b;
+    b.rows = rows;
+    b.seq_len = seq_len;
+    const size_t total = size_t(rows) * size_t(seq_len);
+    b.input_ids.assign(total, 0);
+    b.targets.assign(total, -100);
+    b.positions.assign(total, 0);
+    b.cu_seqlens = {0};
+    for (int r = 0; r < rows; ++r) {
+      const size_t row = size_t(r) * size_t(seq_len);
+      int len = 0;
+      if (d0 + r < n) {
+        const int64_t begin = docs.doc_offsets[size_t(d0 + r)], end = docs.doc_offsets[size_t(d0 + r) + 1];
+        len = int(std::min<int64_t>(end - begin, seq_len));
+        for (int k = 0; k < len; ++k) {
+          b.input_ids[row + size_t(k)] = docs.tokens[size_t(begin + k)];
+          b.positions[row + size_t(k)] = k;
+          if (k + 1 < len && docs.mask[size_t(begin + k + 1)])
+            b.targets[row + size_t(k)] = docs.tokens[size_t(begin + k + 1)];
+        }
+        if (len > 0) b.cu_seqlens.push_back(int32_t(row) + len);
+      }
+      if (len < seq_len) {
+        for (int k = len; k < seq_len; ++k) b.positions[row + size_t(k)] = k - len;
+        b.cu_seqlens.push_back(int32_t(row) + seq_len);
+      }
+    }
+    const StepResult s = model.step(b, /*backward=*/false);
+    if (s.counted > 0) loss_sum += s.loss * double(s.counted), counted += s.counted;
+  }
+  return {counted ? loss_sum / double(counted) : std::numeric_limits<double>::quiet_NaN(), counted};
+}
+
+}  // namespace soltrain

@@ -1,0 +1,28 @@
+// `soltrain sft` / `soltrain pt` as a library call: data → plan → the training loop with gradient
+// accumulation, schedule, evaluation, metrics and checkpoints → the final model in output_dir/model.
+#pragma once
+#include <cstdint>
+#include <iosfwd>
+
+#include "kernels/ops.h"
+#include "train/train_config.h"
+
+namespace soltrain {
+
+struct RunResult {
+  int64_t steps = 0, total_steps = 0;
+  double first_eval_loss = 0, last_eval_loss = 0;  // NaN without a validation set
+  bool interrupted = false;                        // stopped by SIGINT / SIGTERM after a checkpoint
+};
+
+// The number of optimizer updates of a run (max_steps, or num_epochs over the packed batches).
+int64_t total_training_steps(const TrainConfig& c, int64_t micro_batches_per_epoch);
+
+// UserError for settings that parse but are not implemented yet (LoRA, recompute other than none); run
+// first so the user hears about them before a device is set up.
+void check_implemented(const TrainConfig& c);
+
+// `ops` is the backend chosen by `device` (the CLI makes it; the train layer knows no device names).
+RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostream& log);
+
+}  // namespace soltrain

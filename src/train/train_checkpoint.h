@@ -1,0 +1,38 @@
+// Training checkpoints: output_dir/checkpoint-<step>/ holds model/ (an HF folder of the fp32 masters),
+// optimizer.safetensors (AdamW moments and step), trainer_state.json (step, loader position, seed,
+// schedule) and config.yaml. Each is written whole under a temporary name, then renamed into place.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <vector>
+
+#include "data/loader.h"
+#include "model/transformer.h"
+#include "train/optimizer.h"
+#include "train/train_config.h"
+
+namespace soltrain {
+
+struct TrainerState {
+  int64_t step = 0, total_steps = 0;
+  LoaderState loader;
+  uint64_t seed = 0;
+};
+
+void save_checkpoint(const std::filesystem::path& dir, const TrainConfig& c, const Transformer& model, const AdamW& opt,
+                     const TrainerState& s);
+
+// Loads weights, optimizer state and returns the trainer state; UserError naming what is missing.
+TrainerState load_checkpoint(const std::filesystem::path& dir, Transformer& model, AdamW& opt);
+
+// checkpoint-<N> folders of output_dir, oldest (smallest N) first.
+std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& output_dir);
+
+// Removes the oldest checkpoints beyond `keep` (0 keeps all).
+void prune_checkpoints(const std::filesystem::path& output_dir, int keep);
+
+// resume_from_checkpoint → the folder to resume from, or nothing ("" or "true" with no checkpoint yet).
+std::optional<std::filesystem::path> resolve_resume(const TrainConfig& c);
+
+}  // namespace soltrain

@@ -1,0 +1,61 @@
+// The typed configuration of a training run (what the YAML file says, defaults filled in). The CLI
+// parses and validates it (cli/config.h); the trainer only reads it.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "train/schedule.h"
+
+namespace soltrain {
+
+struct DatasetSpec {
+  std::filesystem::path path;
+  DatasetType type = DatasetType::kAuto;
+  DatasetFields fields;  // field names, roles and system_prompt of this dataset
+};
+
+struct LoraConfig {
+  bool enabled = false;
+  int rank = 16;
+  double alpha = 32, dropout = 0.0;
+  std::vector<std::string> target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                             "gate_proj", "up_proj", "down_proj"};
+  bool use_rslora = false;
+};
+
+enum class TrainMode { kSft, kPretrain };
+
+struct TrainConfig {
+  std::filesystem::path model, output_dir;
+  std::vector<DatasetSpec> datasets, validation_datasets;
+  double validation_split_ratio = 0.0;  // used when validation_datasets is empty
+  int sequence_len = 2048;
+  bool sample_packing = true, train_on_inputs = false;
+  int per_device_train_batch_size = 1, gradient_accumulation_steps = 1;
+  double num_epochs = 1;
+  int64_t max_steps = 0;  // > 0 overrides num_epochs
+  double learning_rate = 1e-5;
+  ScheduleType lr_scheduler_type = ScheduleType::kLinear;
+  int64_t warmup_steps = 0;
+  double warmup_ratio = 0.0, wsd_decay_ratio = 0.1;
+  double weight_decay = 0.0, max_grad_norm = 1.0;
+  double adamw_beta1 = 0.9, adamw_beta2 = 0.999, adamw_epsilon = 1e-8;
+  uint64_t seed = 42;
+  std::string recompute = "none";
+  LoraConfig lora;
+  int64_t save_steps = 0;              // 0 = only at the end (and on Ctrl-C)
+  int save_total_limit = 0;            // 0 = keep all
+  std::string resume_from_checkpoint;  // "" = start fresh, "true" = latest in output_dir, else a path
+  int64_t eval_steps = 0;              // 0 = only before and after training
+  int64_t logging_steps = 1;
+  std::string device = "cpu";
+  BadRecordPolicy bad_records = BadRecordPolicy::kError;
+  std::filesystem::path dataset_prepared_path;  // shard cache; default output_dir/prepared
+  std::string source_text;                      // the YAML as given plus overrides, saved with checkpoints
+};
+
+}  // namespace soltrain

@@ -1,0 +1,81 @@
+#include "train/train_data.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <random>
+
+#include "core/error.h"
+#include "data/tokenize_job.h"
+
+namespace soltrain {
+
+void append_shards(ShardSet& a, const ShardSet& b) {
+  const int64_t base = int64_t(a.tokens.size());
+  a.tokens.insert(a.tokens.end(), b.tokens.begin(), b.tokens.end());
+  a.mask.insert(a.mask.end(), b.mask.begin(), b.mask.end());
+  for (size_t d = 1; d < b.doc_offsets.size(); ++d) a.doc_offsets.push_back(base + b.doc_offsets[d]);
+}
+
+ShardSet select_documents(const ShardSet& from, const std::vector<int64_t>& docs) {
+  ShardSet out;
+  for (int64_t d : docs) {
+    const int64_t b = from.doc_offsets[size_t(d)], e = from.doc_offsets[size_t(d) + 1];
+    out.tokens.insert(out.tokens.end(), from.tokens.begin() + b, from.tokens.begin() + e);
+    out.mask.insert(out.mask.end(), from.mask.begin() + b, from.mask.begin() + e);
+    out.doc_offsets.push_back(int64_t(out.tokens.size()));
+  }
+  return out;
+}
+
+namespace {
+
+ShardSet tokenize_all(const TrainConfig& c, const std::vector<DatasetSpec>& specs, const std::string& kind,
+                      std::ostream& log) {
+  ShardSet all;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    TokenizeOptions o;
+    o.tokenizer = c.model;
+    o.sources = {{specs[i].path, specs[i].type}};
+    o.fields = specs[i].fields;
+    // One folder per dataset: each keeps its own cache key, so editing one dataset re-tokenizes only it.
+    o.out = c.dataset_prepared_path / cat(kind, "-", i, "-", specs[i].path.stem().string());
+    o.seq_len = c.sequence_len;
+    o.train_on_inputs = c.train_on_inputs;
+    o.bad_records = c.bad_records;
+    o.progress = &log == &std::cerr && ::isatty(2);  // a redrawn line only makes sense on a terminal
+    run_tokenize(o, log);
+    append_shards(all, load_shards(o.out));
+  }
+  return all;
+}
+
+}  // namespace
+
+TrainData prepare_train_data(const TrainConfig& c, std::ostream& log) {
+  TrainData d;
+  d.train = tokenize_all(c, c.datasets, "train", log);
+  if (!c.validation_datasets.empty()) {
+    d.validation = tokenize_all(c, c.validation_datasets, "validation", log);
+  } else if (c.validation_split_ratio > 0) {
+    // A seeded choice of documents, kept in their original order on both sides.
+    const int64_t n = d.train.documents();
+    std::vector<int64_t> idx(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) idx[size_t(i)] = i;
+    std::mt19937_64 rng(c.seed ^ 0x5eed5eedULL);
+    for (size_t i = idx.size(); i > 1; --i) std::swap(idx[i - 1], idx[size_t(rng() % i)]);
+    const int64_t n_val = std::min<int64_t>(n - 1, int64_t(std::ceil(double(n) * c.validation_split_ratio)));
+    if (n_val <= 0)
+      user_error("validation_split_ratio ", c.validation_split_ratio, ": ", n, " documents are too few to split");
+    std::vector<int64_t> val(idx.begin(), idx.begin() + n_val), train(idx.begin() + n_val, idx.end());
+    std::sort(val.begin(), val.end());
+    std::sort(train.begin(), train.end());
+    d.validation = select_documents(d.train, val);
+    d.train = select_documents(d.train, train);
+  }
+  return d;
+}
+
+}  // namespace soltrain

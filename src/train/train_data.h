@@ -1,0 +1,23 @@
+// A run's data: every dataset tokenized into its own cached shard folder (its own field mappings), the
+// documents concatenated, and the validation set taken from validation_datasets or split off by ratio.
+#pragma once
+#include <iosfwd>
+
+#include "data/shards.h"
+#include "train/train_config.h"
+
+namespace soltrain {
+
+struct TrainData {
+  ShardSet train, validation;  // validation may have no documents
+};
+
+TrainData prepare_train_data(const TrainConfig& c, std::ostream& log);
+
+// Appends b's documents to a.
+void append_shards(ShardSet& a, const ShardSet& b);
+
+// Documents [d] of `from` for the given indices, in that order.
+ShardSet select_documents(const ShardSet& from, const std::vector<int64_t>& docs);
+
+}  // namespace soltrain

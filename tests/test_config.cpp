@@ -1,0 +1,110 @@
+// YAML configs: defaults, every error a user can make named with key, line and what is expected, --set.
+#include <gtest/gtest.h>
+
+#include "cli/config.h"
+#include "core/error.h"
+
+namespace soltrain {
+namespace {
+
+const std::string kBase = "model: m\noutput_dir: out\ndatasets:\n  - path: d.jsonl\n    type: conversation\n";
+
+std::string error_of(const std::string& yaml, const std::vector<std::string>& set = {},
+                     TrainMode mode = TrainMode::kSft) {
+  try {
+    parse_train_config(yaml, "cfg.yaml", set, mode);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Config, MinimalConfigGetsDefaults) {
+  const TrainConfig c = parse_train_config(kBase, "dir/cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_EQ(c.model, "dir/m");  // relative to the config file
+  EXPECT_EQ(c.output_dir, "dir/out");
+  ASSERT_EQ(c.datasets.size(), 1u);
+  EXPECT_EQ(c.datasets[0].path, "dir/d.jsonl");
+  EXPECT_EQ(c.datasets[0].type, DatasetType::kConversation);
+  EXPECT_EQ(c.dataset_prepared_path, "dir/out/prepared");
+  EXPECT_EQ(c.lr_scheduler_type, ScheduleType::kLinear);
+  EXPECT_EQ(c.per_device_train_batch_size, 1);
+  EXPECT_FALSE(c.train_on_inputs);
+  EXPECT_FALSE(c.lora.enabled);
+  EXPECT_EQ(c.device, "cpu");
+}
+
+TEST(Config, UnknownKeyNamesLineAndSuggests) {
+  EXPECT_EQ(error_of(kBase + "learning_rat: 1e-4\n"),
+            "cfg.yaml:6: unknown key \"learning_rat\" (did you mean \"learning_rate\"?)");
+  EXPECT_EQ(error_of(kBase + "gradient_acumulation_steps: 2\n"),
+            "cfg.yaml:6: unknown key \"gradient_acumulation_steps\" (did you mean \"gradient_accumulation_steps\"?)");
+  EXPECT_EQ(error_of(kBase + "zzzzzz: 1\n"), "cfg.yaml:6: unknown key \"zzzzzz\"");
+  EXPECT_EQ(error_of("model: m\noutput_dir: o\ndatasets:\n  - path: d\n    typ: text\n"),
+            "cfg.yaml:5: unknown dataset key \"typ\" (did you mean \"type\"?)");
+}
+
+TEST(Config, BadValuesSayWhatIsExpected) {
+  EXPECT_EQ(error_of(kBase + "learning_rate: fast\n"),
+            "cfg.yaml:6: learning_rate: \"fast\" is not valid: expected a number in (0, 10]");
+  EXPECT_EQ(error_of(kBase + "per_device_train_batch_size: 0\n"),
+            "cfg.yaml:6: per_device_train_batch_size: \"0\" is not valid: expected an integer >= 1");
+  EXPECT_EQ(error_of(kBase + "lr_scheduler_type: exponential\n"),
+            "cfg.yaml:6: lr_scheduler_type: \"exponential\" is not valid: expected constant, "
+            "constant_with_warmup, linear, cosine or wsd");
+  EXPECT_EQ(error_of(kBase + "sample_packing: maybe\n"),
+            "cfg.yaml:6: sample_packing: \"maybe\" is not valid: expected true or false");
+  EXPECT_EQ(error_of(kBase + "recompute: some\n"),
+            "cfg.yaml:6: recompute: \"some\" is not valid: expected none, selective or full");
+  EXPECT_EQ(error_of(kBase + "lora_target_modules: [q_proj, qkv_proj]\n"),
+            "cfg.yaml:6: unknown lora_target_modules entry \"qkv_proj\" (did you mean \"q_proj\"?)");
+  EXPECT_EQ(error_of("output_dir: o\ndatasets: [d.jsonl]\n"),
+            "cfg.yaml: `model` is required (a Hugging Face model folder)");
+  EXPECT_EQ(error_of("model: [unclosed\n").rfind("cfg.yaml:", 0), 0u);
+}
+
+TEST(Config, SetOverridesAndIsCheckedToo) {
+  const TrainConfig c = parse_train_config(
+      kBase + "learning_rate: 1e-4\n", "cfg.yaml",
+      {"learning_rate=3e-4", "max_steps=7", "lora=true", "lora_target_modules=[q_proj, v_proj]"}, TrainMode::kSft);
+  EXPECT_DOUBLE_EQ(c.learning_rate, 3e-4);
+  EXPECT_EQ(c.max_steps, 7);
+  EXPECT_TRUE(c.lora.enabled);
+  EXPECT_EQ(c.lora.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_NE(c.source_text.find("# --set max_steps=7"), std::string::npos);
+  EXPECT_EQ(error_of(kBase, {"max_step=3"}),
+            "--set max_step=3: unknown key \"max_step\" (did you mean \"max_steps\"?)");
+  EXPECT_EQ(error_of(kBase, {"seed=-1"}), "--set seed=-1: seed: \"-1\" is not valid: expected an integer >= 0");
+  EXPECT_EQ(error_of(kBase, {"nonsense"}), "--set \"nonsense\": expected key=value");
+}
+
+TEST(Config, DatasetFieldsRolesAndModes) {
+  const TrainConfig c = parse_train_config(
+      "model: m\noutput_dir: o\nresume_from_checkpoint: true\ndatasets:\n"
+      "  - path: a.jsonl\n    type: sharegpt\n    field_messages: convo\n    system_prompt: Be brief.\n"
+      "    roles: {user: [human, person], assistant: bot}\n",
+      "cfg.yaml", {}, TrainMode::kSft);
+  const DatasetFields& f = c.datasets[0].fields;
+  EXPECT_EQ(c.datasets[0].type, DatasetType::kConversation);
+  EXPECT_EQ(f.messages, "convo");
+  EXPECT_EQ(f.system_prompt, "Be brief.");
+  EXPECT_EQ(f.roles.at("person"), "user");
+  EXPECT_EQ(f.roles.at("bot"), "assistant");
+  EXPECT_EQ(c.resume_from_checkpoint, "true");
+  // pt: text only, every token trained
+  const TrainConfig p =
+      parse_train_config("model: m\noutput_dir: o\ndatasets: [t.jsonl]\n", "cfg.yaml", {}, TrainMode::kPretrain);
+  EXPECT_EQ(p.datasets[0].type, DatasetType::kText);
+  EXPECT_TRUE(p.train_on_inputs);
+  EXPECT_EQ(error_of(kBase, {}, TrainMode::kPretrain),
+            "cfg.yaml:5: type: \"conversation\": pt trains on text datasets (use `soltrain sft` for conversation)");
+}
+
+TEST(Config, EditDistance) {
+  EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
+  EXPECT_EQ(edit_distance("", "abc"), 3u);
+  EXPECT_EQ(edit_distance("seed", "seed"), 0u);
+}
+
+}  // namespace
+}  // namespace soltrain

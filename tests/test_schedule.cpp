@@ -1,0 +1,66 @@
+// LR schedules against values worked out by hand from transformers' formulas (optimization.py).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numbers>
+
+#include "core/error.h"
+#include "train/schedule.h"
+
+namespace soltrain {
+namespace {
+
+TEST(Schedule, LinearWithWarmup) {
+  const ScheduleConfig s{ScheduleType::kLinear, 10, 2};
+  // warmup k/2, then (10 - k) / 8
+  EXPECT_DOUBLE_EQ(lr_factor(s, 0), 0.0);
+  EXPECT_DOUBLE_EQ(lr_factor(s, 1), 0.5);
+  EXPECT_DOUBLE_EQ(lr_factor(s, 2), 1.0);
+  EXPECT_DOUBLE_EQ(lr_factor(s, 3), 7.0 / 8.0);
+  EXPECT_DOUBLE_EQ(lr_factor(s, 6), 0.5);
+  EXPECT_DOUBLE_EQ(lr_factor(s, 9), 1.0 / 8.0);
+  EXPECT_DOUBLE_EQ(lr_factor(s, 10), 0.0);
+  EXPECT_DOUBLE_EQ(lr_factor(s, 12), 0.0);  // clamped, never negative
+}
+
+TEST(Schedule, CosineWithWarmup) {
+  const ScheduleConfig s{ScheduleType::kCosine, 12, 4};
+  EXPECT_DOUBLE_EQ(lr_factor(s, 2), 0.5);
+  EXPECT_DOUBLE_EQ(lr_factor(s, 4), 1.0);
+  // progress (k-4)/8: k=6 → 0.25 → 0.5(1+cos(π/4)); k=8 → 0.5; k=10 → 0.5(1+cos(3π/4))
+  EXPECT_NEAR(lr_factor(s, 6), 0.5 * (1 + std::sqrt(0.5)), 1e-15);
+  EXPECT_NEAR(lr_factor(s, 8), 0.5, 1e-15);
+  EXPECT_NEAR(lr_factor(s, 10), 0.5 * (1 - std::sqrt(0.5)), 1e-15);
+  EXPECT_NEAR(lr_factor(s, 12), 0.0, 1e-15);
+}
+
+TEST(Schedule, ConstantAndConstantWithWarmup) {
+  EXPECT_DOUBLE_EQ(lr_factor({ScheduleType::kConstant, 10, 5}, 0), 1.0);  // HF's "constant" has no warmup
+  const ScheduleConfig w{ScheduleType::kConstantWithWarmup, 10, 4};
+  EXPECT_DOUBLE_EQ(lr_factor(w, 1), 0.25);
+  EXPECT_DOUBLE_EQ(lr_factor(w, 4), 1.0);
+  EXPECT_DOUBLE_EQ(lr_factor(w, 9), 1.0);
+}
+
+TEST(Schedule, WarmupStableDecay) {
+  // 20 steps, warmup 2, decay ceil(20 × 0.25) = 5, stable 13: steps 2..14 at 1, 15..19 cosine down.
+  const ScheduleConfig s{ScheduleType::kWsd, 20, 2, 0.25};
+  EXPECT_DOUBLE_EQ(lr_factor(s, 1), 0.5);
+  EXPECT_DOUBLE_EQ(lr_factor(s, 2), 1.0);
+  EXPECT_DOUBLE_EQ(lr_factor(s, 14), 1.0);
+  EXPECT_DOUBLE_EQ(lr_factor(s, 15), 1.0);  // progress 0
+  EXPECT_NEAR(lr_factor(s, 16), 0.5 * (1 + std::cos(std::numbers::pi * 0.2)), 1e-15);
+  EXPECT_NEAR(lr_factor(s, 19), 0.5 * (1 + std::cos(std::numbers::pi * 0.8)), 1e-15);
+  EXPECT_DOUBLE_EQ(lr_factor(s, 20), 0.0);
+}
+
+TEST(Schedule, WarmupRatioRoundsUpAndNamesParse) {
+  EXPECT_EQ(warmup_from_ratio(100, 0.03), 3);
+  EXPECT_EQ(warmup_from_ratio(10, 0.05), 1);  // ceil(0.5)
+  EXPECT_EQ(parse_schedule_type("cosine"), ScheduleType::kCosine);
+  EXPECT_EQ(parse_schedule_type("warmup_stable_decay"), ScheduleType::kWsd);
+  EXPECT_THROW(parse_schedule_type("cosine_with_restarts"), UserError);
+}
+
+}  // namespace
+}  // namespace soltrain
