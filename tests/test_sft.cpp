@@ -101,20 +101,38 @@ TEST(Sft, ShortRunLearnsAndWritesMetrics) {
   EXPECT_FALSE(fs::is_empty(out / "tensorboard"));
 }
 
-TEST(Sft, LoraAndRecomputeSayNotYet) {
+TEST(Sft, RecomputeSaysNotYet) {
   SftSetup s;
   const fs::path cfg = s.config("run", "max_steps: 1\n");
-  EXPECT_THROW(
-      {
-        try {
-          train(cfg, {"lora=true"});
-        } catch (const UserError& e) {
-          EXPECT_NE(std::string(e.what()).find("LoRA training arrives with the LoRA change"), std::string::npos);
-          throw;
-        }
-      },
-      UserError);
   EXPECT_THROW(train(cfg, {"recompute=full"}), UserError);
+}
+
+TEST(Sft, LoraLearnsSavesAPeftAdapterAndResumesExactly) {
+  SftSetup s;
+  // A random base cannot be steered far by adapters alone (its frozen LM head is tiny): start LoRA from a
+  // briefly fully-trained model, as users start from a pretrained one.
+  train(s.config("base", "max_steps: 10\n"));
+  const std::string extra = "model: base/model\n"
+      "max_steps: 30\nsave_steps: 15\nlora: true\nlora_rank: 8\nlora_alpha: 16\nlora_dropout: 0.1\n"
+      "learning_rate: 2.0e-2\neval_steps: 30\n";
+  const RunResult r = train(s.config("a", extra));
+  // Adapters on q/k/v/o/gate/up/down cannot reach the frozen LM head of so small a model, so the gain is
+  // modest (5.24 -> 5.20 when written); a broken adapter path (B stuck at zero) leaves it exactly equal.
+  EXPECT_LT(r.last_eval_loss, r.first_eval_loss - 0.02) << r.first_eval_loss << " -> " << r.last_eval_loss;
+  const fs::path a = s.t.path / "a", b = s.t.path / "b";
+  EXPECT_TRUE(fs::exists(a / "adapter" / "adapter_config.json"));
+  EXPECT_TRUE(fs::exists(a / "adapter" / "adapter_model.safetensors"));
+  EXPECT_FALSE(fs::exists(a / "model"));  // the frozen base is not written again
+  EXPECT_TRUE(fs::exists(a / "checkpoint-15" / "adapter" / "adapter_model.safetensors"));
+  // Killed after step 15, resumed: the same adapter, bit for bit (dropout masks continue too).
+  train(s.config("b", extra));
+  fs::remove_all(b / "checkpoint-30");
+  fs::remove_all(b / "adapter");
+  std::string log;
+  train(s.config("b", extra), {"resume_from_checkpoint=true"}, &log);
+  EXPECT_NE(log.find("checkpoint-15 at step 15"), std::string::npos) << log;
+  EXPECT_EQ(read_bytes(a / "adapter" / "adapter_model.safetensors"),
+            read_bytes(b / "adapter" / "adapter_model.safetensors"));
 }
 
 TEST(Sft, ResumeFromCheckpointIsBitwiseExact) {

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "data/loader.h"
 #include "model/checkpoint.h"
+#include "model/peft_adapter.h"
 #include "train/curves_svg.h"
 #include "train/evaluate.h"
 #include "train/metrics.h"
@@ -56,8 +57,6 @@ std::string fmt_loss(double v) {
 }  // namespace
 
 void check_implemented(const TrainConfig& c) {
-  if (c.lora.enabled)
-    user_error("lora: true: LoRA training arrives with the LoRA change (set lora: false for full fine-tuning)");
   if (c.recompute != "none") user_error("recompute: ", c.recompute, " is not implemented yet (only recompute: none)");
 }
 
@@ -67,7 +66,13 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
 
   fs::create_directories(c.output_dir);
   TrainData data = prepare_train_data(c, log);
-  auto model = load_pretrained(c.model, ops);
+  std::optional<LoraConfig> lora;
+  if (c.lora.enabled) {
+    lora = LoraConfig{c.lora.rank, float(c.lora.alpha), float(c.lora.dropout), c.lora.target_modules,
+                      c.lora.use_rslora, c.seed};
+    lora->validate("config.yaml");
+  }
+  auto model = load_pretrained(c.model, ops, lora);
   const int rows = c.per_device_train_batch_size, T = c.sequence_len, ga = c.gradient_accumulation_steps;
   for (const ShardSet* set : {&data.train, &data.validation})
     for (int32_t id : set->tokens)
@@ -211,7 +216,11 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
     return result;
   }
   run_eval(state.step);
-  save_pretrained(*model, c.output_dir / "model", c.model);
+  const fs::path saved = c.output_dir / (lora ? "adapter" : "model");
+  if (lora)
+    save_adapter(*model, saved, c.model.string());  // PEFT's layout: peft, vLLM and soltrain merge read it
+  else
+    save_pretrained(*model, saved, c.model);
   write_training_curves(metrics.jsonl_path(), c.output_dir / "training_curves.svg");
   std::string summary = cat(cmd, ": done, ", state.step, " steps; model saved to ", (c.output_dir / "model").string());
   if (has_val)

@@ -6,6 +6,7 @@
 #include "io/atomic_file.h"
 #include "io/json_file.h"
 #include "model/checkpoint.h"
+#include "model/peft_adapter.h"
 
 namespace soltrain {
 
@@ -14,8 +15,11 @@ namespace fs = std::filesystem;
 void save_checkpoint(const fs::path& dir, const TrainConfig& c, const Transformer& model, const AdamW& opt,
                      const TrainerState& s) {
   StagedDir staged(dir);
-  // save_pretrained stages its own folder, so the model goes one level down inside ours.
-  save_pretrained(model, staged.path() / "model", c.model);
+  // save_pretrained / save_adapter stage their own folder, so the weights go one level down inside ours.
+  if (c.lora.enabled)
+    save_adapter(model, staged.path() / "adapter", c.model.string());
+  else
+    save_pretrained(model, staged.path() / "model", c.model);
   opt.save(staged.path() / "optimizer.safetensors");
   const nlohmann::json state = {{"step", s.step},
                                 {"total_steps", s.total_steps},
@@ -29,8 +33,9 @@ void save_checkpoint(const fs::path& dir, const TrainConfig& c, const Transforme
 }
 
 TrainerState load_checkpoint(const fs::path& dir, Transformer& model, AdamW& opt) {
-  for (const char* f : {"trainer_state.json", "optimizer.safetensors", "model"})
-    if (!fs::exists(dir / f)) user_error(dir.string(), ": not a soltrain checkpoint (no ", f, ")");
+  const bool lora = model.lora().has_value();
+  for (const char* f : {"trainer_state.json", "optimizer.safetensors", lora ? "adapter" : "model"})
+    if (!fs::exists(dir / f)) user_error(dir.string(), ": not a soltrain checkpoint of this kind (no ", f, ")");
   const nlohmann::json j = read_json_file(dir / "trainer_state.json");
   TrainerState s;
   try {
@@ -41,7 +46,11 @@ TrainerState load_checkpoint(const fs::path& dir, Transformer& model, AdamW& opt
   } catch (const nlohmann::json::exception& e) {
     user_error((dir / "trainer_state.json").string(), ": malformed (", e.what(), ")");
   }
-  load_weights(model, dir / "model");
+  if (lora)
+    load_adapter_weights(model, dir / "adapter");
+  else
+    load_weights(model, dir / "model");
+  model.set_dropout_step(s.step);  // the dropout masks continue where the interrupted run was
   opt.load(dir / "optimizer.safetensors");
   if (opt.steps_done() != s.step)
     user_error(dir.string(), ": optimizer step ", opt.steps_done(), " does not match trainer step ", s.step);

@@ -18,7 +18,7 @@ struct DatasetSpec {
   DatasetFields fields;  // field names, roles and system_prompt of this dataset
 };
 
-struct LoraConfig {
+struct LoraSettings {  // as written in the YAML; the model layer's LoraConfig is built from it
   bool enabled = false;
   int rank = 16;
   double alpha = 32, dropout = 0.0;
@@ -46,7 +46,7 @@ struct TrainConfig {
   double adamw_beta1 = 0.9, adamw_beta2 = 0.999, adamw_epsilon = 1e-8;
   uint64_t seed = 42;
   std::string recompute = "none";
-  LoraConfig lora;
+  LoraSettings lora;
   int64_t save_steps = 0;              // 0 = only at the end (and on Ctrl-C)
   int save_total_limit = 0;            // 0 = keep all
   std::string resume_from_checkpoint;  // "" = start fresh, "true" = latest in output_dir, else a path
