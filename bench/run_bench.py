@@ -40,22 +40,29 @@ def save_model(name, root):
     return path
 
 
-def run_soltrain(binary, path, batch, seq, steps):
+def run_soltrain(binary, path, batch, seq, steps, lora_rank=0):
     out = subprocess.run([binary, "bench", "--model", path, "--batch-size", str(batch), "--seq-len", str(seq),
-                          "--steps", str(steps), "--device", "cuda"], capture_output=True, text=True)
+                          "--steps", str(steps), "--device", "cuda", "--lora-rank", str(lora_rank)],
+                         capture_output=True, text=True)
     if out.returncode != 0:
         return {"error": out.stderr.strip()[-300:]}
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run_hf(name, batch, seq, steps, compile_):
+def run_hf(name, batch, seq, steps, compile_, lora_rank=0):
     from transformers import AutoModelForCausalLM
     torch.manual_seed(0)
     torch.cuda.reset_peak_memory_stats()
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config(name), dtype=torch.bfloat16)
+    if lora_rank:  # PEFT, LoRA on all seven projections, as users run it
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0,
+                                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                 "gate_proj", "up_proj", "down_proj"]))
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     fwd = torch.compile(model) if compile_ else model
     ids = torch.randint(0, model.config.vocab_size, (batch, seq), device="cuda")
     times = []
@@ -64,13 +71,14 @@ def run_hf(name, batch, seq, steps, compile_):
             torch.cuda.synchronize(); t0 = time.perf_counter()
             loss = fwd(input_ids=ids, labels=ids).loss
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step(); opt.zero_grad(set_to_none=True)
             torch.cuda.synchronize()
             if i >= 3: times.append(time.perf_counter() - t0)
         times.sort()
         step = times[len(times) // 2]
-        r = {"engine": "transformers" + (" + compile" if compile_ else " eager"), "step_s": step,
+        r = {"engine": "transformers" + (" + PEFT" if lora_rank else "") + (" + compile" if compile_ else " eager"),
+             "step_s": step,
              "tokens_per_s": batch * seq / step, "memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30}
     except torch.OutOfMemoryError:
         r = {"engine": "transformers" + (" + compile" if compile_ else " eager"), "error": "out of memory"}
@@ -111,19 +119,23 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--attention", default="8x16x8x2048,4x32x8x4096,2x32x8x8192")
     ap.add_argument("--models", default="/tmp/soltrain-bench-models")
+    ap.add_argument("--lora-rank", type=int, default=0, help="LoRA on all seven projections (PEFT for the peer)")
+    ap.add_argument("--batch", default="", help="override batch sizes, e.g. 8B=2,0.6B=8")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     results = {"gpu": torch.cuda.get_device_name(), "gemm_tflops": gemm_ceiling(), "train": [], "attention": []}
     peak = results["gemm_tflops"]
     print(f"bf16 GEMM 8192^3: {peak:.1f} TFLOP/s", flush=True)
+    batches = dict(BATCH, **{k: int(v) for k, v in (kv.split("=") for kv in a.batch.split(",") if kv)})
     for name in [s for s in a.sizes.split(",") if s]:
-        batch, fpt = BATCH[name], flops_per_token(name, a.seq)
+        batch, fpt = batches[name], flops_per_token(name, a.seq, lora=a.lora_rank > 0)
         path = save_model(name, a.models)
-        rows = [run_soltrain(a.soltrain, path, batch, a.seq, a.steps)]
-        if "eager" in a.peers: rows.append(run_hf(name, batch, a.seq, a.steps, False))
-        if "compile" in a.peers and name in a.compile_sizes.split(","): rows.append(run_hf(name, batch, a.seq, a.steps, True))
+        rows = [run_soltrain(a.soltrain, path, batch, a.seq, a.steps, a.lora_rank)]
+        if "eager" in a.peers: rows.append(run_hf(name, batch, a.seq, a.steps, False, a.lora_rank))
+        if "compile" in a.peers and name in a.compile_sizes.split(","):
+            rows.append(run_hf(name, batch, a.seq, a.steps, True, a.lora_rank))
         for r in rows:
-            r.update(model=f"Qwen3-{name}", batch=batch, seq=a.seq)
+            r.update(model=f"Qwen3-{name}" + (f" LoRA r{a.lora_rank}" if a.lora_rank else ""), batch=batch, seq=a.seq)
             if "tokens_per_s" in r:
                 r["tflops"] = r["tokens_per_s"] * fpt / 1e12
                 r["mfu"] = r["tflops"] / peak

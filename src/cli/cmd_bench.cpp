@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/device_option.h"
 #include "model/checkpoint.h"
+#include "model/lora.h"
 #include "train/optimizer.h"
 
 namespace soltrain {
@@ -28,10 +29,13 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 std::function<int()> add_bench_command(CLI::App& app) {
   struct Opts {
     std::string model, device = "cuda";
-    int batch = 8, seq = 2048, steps = 10, warmup = 3;
+    int batch = 8, seq = 2048, steps = 10, warmup = 3, lora_rank = 0;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand("bench", "time full training steps (AdamW) on random tokens");
+  c->add_option("--lora-rank", o->lora_rank, "LoRA on all seven projections with this rank (alpha 2r); 0 = full")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   c->add_option("--model", o->model, "Hugging Face model folder")->required();
   c->add_option("--batch-size", o->batch)->check(CLI::PositiveNumber)->capture_default_str();
   c->add_option("--seq-len", o->seq)->check(CLI::PositiveNumber)->capture_default_str();
@@ -40,7 +44,11 @@ std::function<int()> add_bench_command(CLI::App& app) {
   add_device_option(c, o->device);
   return [o]() {
     auto ops = make_ops(o->device);
-    auto model = load_pretrained(o->model, *ops);
+    std::optional<LoraConfig> lora;
+    if (o->lora_rank > 0)
+      lora = LoraConfig{o->lora_rank, 2.0f * float(o->lora_rank), 0.0f,
+                        std::vector<std::string>(kLoraModuleNames.begin(), kLoraModuleNames.end()), false, 1};
+    auto model = load_pretrained(o->model, *ops, lora);
     const int V = model->config().vocab_size;
     HostBatch batch{o->batch, o->seq, {}, {}, {}, {}};
     std::mt19937 rng(1234);
@@ -72,7 +80,8 @@ std::function<int()> add_bench_command(CLI::App& app) {
     ops->enable_profiling(false);
     const double step = median(times), tokens = double(o->batch) * o->seq;
     nlohmann::json r{{"engine", "soltrain"},
-                     {"params", model->params().numel()},
+                     {"trainable_params", model->params().numel()},
+                     {"lora_rank", o->lora_rank},
                      {"batch", o->batch},
                      {"seq", o->seq},
                      {"step_s", step},
