@@ -40,9 +40,10 @@ def save_model(name, root):
     return path
 
 
-def run_soltrain(binary, path, batch, seq, steps, lora_rank=0):
+def run_soltrain(binary, path, batch, seq, steps, lora_rank=0, recompute="none"):
     out = subprocess.run([binary, "bench", "--model", path, "--batch-size", str(batch), "--seq-len", str(seq),
-                          "--steps", str(steps), "--device", "cuda", "--lora-rank", str(lora_rank)],
+                          "--steps", str(steps), "--device", "cuda", "--lora-rank", str(lora_rank),
+                          "--recompute", recompute],
                          capture_output=True, text=True)
     if out.returncode != 0:
         return {"error": out.stderr.strip()[-300:]}
@@ -119,6 +120,7 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--attention", default="8x16x8x2048,4x32x8x4096,2x32x8x8192")
     ap.add_argument("--models", default="/tmp/soltrain-bench-models")
+    ap.add_argument("--recompute", default="none", help="soltrain's activation recompute: none, selective, full")
     ap.add_argument("--lora-rank", type=int, default=0, help="LoRA on all seven projections (PEFT for the peer)")
     ap.add_argument("--batch", default="", help="override batch sizes, e.g. 8B=2,0.6B=8")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -130,7 +132,7 @@ def main():
     for name in [s for s in a.sizes.split(",") if s]:
         batch, fpt = batches[name], flops_per_token(name, a.seq, lora=a.lora_rank > 0)
         path = save_model(name, a.models)
-        rows = [run_soltrain(a.soltrain, path, batch, a.seq, a.steps, a.lora_rank)]
+        rows = [run_soltrain(a.soltrain, path, batch, a.seq, a.steps, a.lora_rank, a.recompute)]
         if "eager" in a.peers: rows.append(run_hf(name, batch, a.seq, a.steps, False, a.lora_rank))
         if "compile" in a.peers and name in a.compile_sizes.split(","):
             rows.append(run_hf(name, batch, a.seq, a.steps, True, a.lora_rank))

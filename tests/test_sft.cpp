@@ -101,10 +101,15 @@ TEST(Sft, ShortRunLearnsAndWritesMetrics) {
   EXPECT_FALSE(fs::is_empty(out / "tensorboard"));
 }
 
-TEST(Sft, RecomputeSaysNotYet) {
+TEST(Sft, RecomputeGivesTheSameRunBitForBit) {
   SftSetup s;
-  const fs::path cfg = s.config("run", "max_steps: 1\n");
-  EXPECT_THROW(train(cfg, {"recompute=full"}), UserError);
+  train(s.config("none", "max_steps: 6\n"));
+  train(s.config("full", "max_steps: 6\nrecompute: full\n"));
+  const auto a = read_jsonl(s.t.path / "none" / "metrics.jsonl"), b = read_jsonl(s.t.path / "full" / "metrics.jsonl");
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].value("loss", 0.0), b[i].value("loss", 0.0)) << i;
+  EXPECT_EQ(read_bytes(s.t.path / "none" / "model" / "model.safetensors"),
+            read_bytes(s.t.path / "full" / "model" / "model.safetensors"));
 }
 
 TEST(Sft, LoraLearnsSavesAPeftAdapterAndResumesExactly) {

@@ -30,9 +30,13 @@ std::function<int()> add_bench_command(CLI::App& app) {
   struct Opts {
     std::string model, device = "cuda";
     int batch = 8, seq = 2048, steps = 10, warmup = 3, lora_rank = 0;
+    std::string recompute = "none";
   };
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand("bench", "time full training steps (AdamW) on random tokens");
+  c->add_option("--recompute", o->recompute, "activation recompute: none, selective or full")
+      ->check(CLI::IsMember({"none", "selective", "full"}))
+      ->capture_default_str();
   c->add_option("--lora-rank", o->lora_rank, "LoRA on all seven projections with this rank (alpha 2r); 0 = full")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -55,7 +59,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
     for (int i = 0; i < o->batch * o->seq; ++i) batch.input_ids.push_back(int32_t(rng() % uint32_t(V)));
     batch.targets = batch.input_ids;
     std::rotate(batch.targets.begin(), batch.targets.begin() + 1, batch.targets.end());
-    model->plan(o->batch, o->seq);
+    model->plan(o->batch, o->seq, parse_recompute(o->recompute, "--recompute"));
     AdamW opt(model->params(), *ops);
     const OptimizerConfig cfg{1e-5f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
     std::vector<double> times;
@@ -82,6 +86,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
     nlohmann::json r{{"engine", "soltrain"},
                      {"trainable_params", model->params().numel()},
                      {"lora_rank", o->lora_rank},
+                     {"recompute", o->recompute},
                      {"batch", o->batch},
                      {"seq", o->seq},
                      {"step_s", step},

@@ -23,7 +23,6 @@ std::function<int()> add_run_command(CLI::App& app, const char* name, const char
   c->add_option("--set", o->set, "override a config key: key=value (repeatable; values are YAML)");
   return [o, mode]() {
     const TrainConfig cfg = load_train_config(o->config, o->set, mode);
-    check_implemented(cfg);
     auto ops = make_ops(cfg.device);
     const RunResult r = run_training(cfg, mode, *ops, std::cerr);
     return r.interrupted ? 130 : 0;

@@ -49,6 +49,9 @@ struct Transformer::Layer {
 
 // Everything forward saves for backward, plus backward's scratch.
 struct Transformer::Activations {
+  Recompute recompute = Recompute::None;
+  float scale = 0, eps = 0;
+  Tensor inv_freq;
   int rows = 0, seq_len = 0, head_chunk = 0;
   Arena arena;
   // per layer, saved
@@ -147,7 +150,14 @@ size_t Transformer::activation_bytes() const {
   return acts_ ? acts_->arena.total_bytes() : 0;
 }
 
-void Transformer::plan(int rows, int seq_len) {
+Recompute parse_recompute(const std::string& s, const std::string& where) {
+  if (s == "none") return Recompute::None;
+  if (s == "selective") return Recompute::Selective;
+  if (s == "full") return Recompute::Full;
+  user_error(where, ": recompute must be none, selective or full, got '", s, "'");
+}
+
+void Transformer::plan(int rows, int seq_len, Recompute recompute) {
   const auto& c = config_;
   const int64_t N = int64_t(rows) * seq_len, D = c.hidden_size, F = c.intermediate_size, L = c.num_layers;
   const int64_t H = c.num_heads, Hkv = c.num_kv_heads, hd = c.head_dim, V = c.vocab_size;
@@ -163,30 +173,39 @@ void Transformer::plan(int rows, int seq_len) {
   const DType act = ops_.activation_dtype(), f32 = DType::F32;
   std::vector<std::pair<Tensor*, size_t>> bind;
   auto one = [&](Tensor& t, Shape s, DType dt) { bind.push_back({&t, ar.plan(std::move(s), dt)}); };
-  auto per_layer = [&](std::vector<Tensor>& v, Shape s, int64_t count, DType dt) {
+  // Recomputed tensors get one buffer that every layer's entry aliases: only the layer in hand needs it.
+  std::vector<std::pair<std::vector<Tensor>*, size_t>> aliased;
+  auto per_layer = [&](std::vector<Tensor>& v, Shape s, int64_t count, DType dt, bool recomputed = false) {
     v.resize(size_t(count));
-    for (auto& t : v) one(t, s, dt);
+    if (recomputed) {
+      one(v[0], s, dt);
+      aliased.push_back({&v, size_t(count)});
+    } else {
+      for (auto& t : v) one(t, s, dt);
+    }
   };
+  a->recompute = recompute;
+  const bool attn_rc = recompute == Recompute::Full, mlp_rc = recompute != Recompute::None;
   per_layer(a->resid, {N, D}, L + 1, act);
-  per_layer(a->h1, {N, D}, L, act);
-  per_layer(a->rstd1, {N}, L, f32);
-  per_layer(a->q, {N, H, hd}, L, act);
-  per_layer(a->k, {N, Hkv, hd}, L, act);
-  per_layer(a->v, {N, Hkv, hd}, L, act);
+  per_layer(a->h1, {N, D}, L, act, attn_rc);
+  per_layer(a->rstd1, {N}, L, f32, attn_rc);
+  per_layer(a->q, {N, H, hd}, L, act, attn_rc);
+  per_layer(a->k, {N, Hkv, hd}, L, act, attn_rc);
+  per_layer(a->v, {N, Hkv, hd}, L, act, attn_rc);
   if (c.qk_norm) {
-    per_layer(a->q_raw, {N, H, hd}, L, act);
-    per_layer(a->k_raw, {N, Hkv, hd}, L, act);
-    per_layer(a->q_rstd, {N * H}, L, f32);
-    per_layer(a->k_rstd, {N * Hkv}, L, f32);
+    per_layer(a->q_raw, {N, H, hd}, L, act, attn_rc);
+    per_layer(a->k_raw, {N, Hkv, hd}, L, act, attn_rc);
+    per_layer(a->q_rstd, {N * H}, L, f32, attn_rc);
+    per_layer(a->k_rstd, {N * Hkv}, L, f32, attn_rc);
   }
-  per_layer(a->attn, {N, H * hd}, L, act);
-  per_layer(a->lse, {H, N}, L, f32);
-  per_layer(a->mid, {N, D}, L, act);
-  per_layer(a->h2, {N, D}, L, act);
-  per_layer(a->rstd2, {N}, L, f32);
-  per_layer(a->gate, {N, F}, L, act);
-  per_layer(a->up, {N, F}, L, act);
-  per_layer(a->act, {N, F}, L, act);
+  per_layer(a->attn, {N, H * hd}, L, act, attn_rc);
+  per_layer(a->lse, {H, N}, L, f32, attn_rc);
+  per_layer(a->mid, {N, D}, L, act, attn_rc);
+  per_layer(a->h2, {N, D}, L, act, mlp_rc);
+  per_layer(a->rstd2, {N}, L, f32, mlp_rc);
+  per_layer(a->gate, {N, F}, L, act, mlp_rc);
+  per_layer(a->up, {N, F}, L, act, mlp_rc);
+  per_layer(a->act, {N, F}, L, act, mlp_rc);
   one(a->hf, {N, D}, act);
   one(a->rstdf, {N}, f32);
   for (Tensor* t : {&a->tmp, &a->dres, &a->dh, &a->dhf}) one(*t, {N, D}, act);
@@ -211,7 +230,9 @@ void Transformer::plan(int rows, int seq_len) {
     for (int t = 0; t < kLoraTargets; ++t) {
       const auto [out, in] = proj_shape(c, LoraTarget(t));
       widest = std::max({widest, out, in});
-      if (lora_->targets(LoraTarget(t))) per_layer(a->lora_u[size_t(t)], {N, lora_->r}, L, act);
+      const bool mlp_target = t >= int(LoraTarget::gate);  // gate, up, down belong to the MLP half
+      if (lora_->targets(LoraTarget(t)))
+        per_layer(a->lora_u[size_t(t)], {N, lora_->r}, L, act, mlp_target ? mlp_rc : attn_rc);
     }
     // dropout(x) and its gradient exist only with dropout; B's output always
     if (lora_->dropout > 0)
@@ -221,6 +242,7 @@ void Transformer::plan(int rows, int seq_len) {
   }
   ar.bind(ops_.alloc(ar.total_bytes()));
   for (auto& [t, h] : bind) *t = ar.get(h);
+  for (auto& [v, count] : aliased) v->assign(count, (*v)[0]);
   if (act == f32) a->dlogits = a->logits;  // the gradient overwrites the logits in place
   if (!c.qk_norm) {                        // without q/k norm, RoPE rotates the projections in place
     a->q_raw = a->q;
@@ -270,31 +292,14 @@ StepResult Transformer::step(const HostBatch& batch, bool backward, float* logit
   const Tensor inv_freq{inv_freq_.data(), DType::F32, {hd / 2}, o.device()};
 
   // ---- forward
+  a.scale = scale;
+  a.eps = eps;
+  a.inv_freq = inv_freq;
   Parameter& embed = params_.at(kEmbed);
   o.embedding_forward(a.resid[0], a.ids, embed.value);
   for (int64_t l = 0; l < L; ++l) {
-    const Layer& w = layers_[size_t(l)];
-    o.rmsnorm_forward(a.h1[l], a.rstd1[l], a.resid[l], w.ln1->value, eps);
-    proj_forward(l, LoraTarget::q, a.q_raw[l].view({N, H * hd}), a.h1[l]);
-    proj_forward(l, LoraTarget::k, a.k_raw[l].view({N, Hkv * hd}), a.h1[l]);
-    proj_forward(l, LoraTarget::v, a.v[l].view({N, Hkv * hd}), a.h1[l]);
-    if (c.qk_norm) {
-      o.rmsnorm_forward(a.q[l], a.q_rstd[l], a.q_raw[l], w.q_norm->value, eps);
-      o.rmsnorm_forward(a.k[l], a.k_rstd[l], a.k_raw[l], w.k_norm->value, eps);
-    }
-    o.rope(a.q[l], a.seq, inv_freq, false);
-    o.rope(a.k[l], a.seq, inv_freq, false);
-    o.attention_forward(a.attn[l].view({N, H, hd}), a.lse[l], a.q[l], a.k[l], a.v[l], a.seq, scale);
-    proj_forward(l, LoraTarget::o, a.tmp, a.attn[l]);
-    o.copy(a.mid[l], a.resid[l]);
-    o.add_inplace(a.mid[l], a.tmp);
-    o.rmsnorm_forward(a.h2[l], a.rstd2[l], a.mid[l], w.ln2->value, eps);
-    proj_forward(l, LoraTarget::gate, a.gate[l], a.h2[l]);
-    proj_forward(l, LoraTarget::up, a.up[l], a.h2[l]);
-    o.swiglu_forward(a.act[l], a.gate[l], a.up[l]);
-    proj_forward(l, LoraTarget::down, a.tmp, a.act[l]);
-    o.copy(a.resid[l + 1], a.mid[l]);
-    o.add_inplace(a.resid[l + 1], a.tmp);
+    forward_attention(l);
+    forward_mlp(l, true);
   }
   Parameter& final_norm = params_.at(kFinalNorm);
   o.rmsnorm_forward(a.hf, a.rstdf, a.resid[L], final_norm.value, eps);
@@ -321,6 +326,9 @@ StepResult Transformer::step(const HostBatch& batch, bool backward, float* logit
   o.rmsnorm_backward(a.dres, false, grad_or_empty(&final_norm), a.dhf, a.resid[L], final_norm.value, a.rstdf);
   for (int64_t l = L - 1; l >= 0; --l) {
     const Layer& w = layers_[size_t(l)];
+    // Recompute what was not kept (same ops, same inputs, same dropout seeds: bitwise the same values).
+    if (a.recompute == Recompute::Full) forward_attention(l);
+    if (a.recompute != Recompute::None) forward_mlp(l, false);
     // MLP: resid[l+1] = mid + down(swiglu(gate(h2), up(h2)))
     proj_backward(l, LoraTarget::down, &a.dact, false, a.dres, a.act[l]);
     o.swiglu_backward(a.dgate, a.dup, a.dact, a.gate[l], a.up[l]);
@@ -349,6 +357,46 @@ StepResult Transformer::step(const HostBatch& batch, bool backward, float* logit
   if (embed.trainable) o.embedding_backward(embed.grad, a.ids, a.dres);
   if (dropout_now_) ++dropout_step_;  // after backward, which regenerates this step's masks
   return {loss, counted};
+}
+
+void Transformer::forward_attention(int64_t l) {
+  Activations& a = *acts_;
+  Ops& o = ops_;
+  const auto& c = config_;
+  const Layer& w = layers_[size_t(l)];
+  const int64_t N = a.resid[0].dim(0), H = c.num_heads, Hkv = c.num_kv_heads, hd = c.head_dim;
+  o.rmsnorm_forward(a.h1[l], a.rstd1[l], a.resid[l], w.ln1->value, a.eps);
+  proj_forward(l, LoraTarget::q, a.q_raw[l].view({N, H * hd}), a.h1[l]);
+  proj_forward(l, LoraTarget::k, a.k_raw[l].view({N, Hkv * hd}), a.h1[l]);
+  proj_forward(l, LoraTarget::v, a.v[l].view({N, Hkv * hd}), a.h1[l]);
+  if (c.qk_norm) {
+    o.rmsnorm_forward(a.q[l], a.q_rstd[l], a.q_raw[l], w.q_norm->value, a.eps);
+    o.rmsnorm_forward(a.k[l], a.k_rstd[l], a.k_raw[l], w.k_norm->value, a.eps);
+  }
+  o.rope(a.q[l], a.seq, a.inv_freq, false);
+  o.rope(a.k[l], a.seq, a.inv_freq, false);
+  o.attention_forward(a.attn[l].view({N, H, hd}), a.lse[l], a.q[l], a.k[l], a.v[l], a.seq, a.scale);
+  proj_forward(l, LoraTarget::o, a.tmp, a.attn[l]);
+  o.copy(a.mid[l], a.resid[l]);
+  o.add_inplace(a.mid[l], a.tmp);
+}
+
+void Transformer::forward_mlp(int64_t l, bool write_residual) {
+  Activations& a = *acts_;
+  Ops& o = ops_;
+  const Layer& w = layers_[size_t(l)];
+  o.rmsnorm_forward(a.h2[l], a.rstd2[l], a.mid[l], w.ln2->value, a.eps);
+  proj_forward(l, LoraTarget::gate, a.gate[l], a.h2[l]);
+  proj_forward(l, LoraTarget::up, a.up[l], a.h2[l]);
+  o.swiglu_forward(a.act[l], a.gate[l], a.up[l]);
+  // The down projection's output is needed only for the residual; with LoRA its adapter input u (saved
+  // by proj_forward) is needed by backward, so a recompute still runs it when down has an adapter.
+  const bool down_adapted = layers_[size_t(l)].proj[size_t(LoraTarget::down)].lora_a != nullptr;
+  if (!write_residual && !down_adapted) return;
+  proj_forward(l, LoraTarget::down, a.tmp, a.act[l]);
+  if (!write_residual) return;
+  o.copy(a.resid[l + 1], a.mid[l]);
+  o.add_inplace(a.resid[l + 1], a.tmp);
 }
 
 uint64_t Transformer::dropout_seed(int64_t l, LoraTarget t) const {

@@ -32,6 +32,13 @@ struct StepResult {
   int64_t counted;  // targets != -100
 };
 
+// Activation recompute: `none` keeps every layer's activations for backward; `selective` keeps the
+// attention side (its recompute would cost a flash-attention forward) and recomputes each layer's MLP
+// (norm, gate/up, SwiGLU: 3·F + D values per token, the largest share); `full` keeps only each layer's input
+// and recomputes the whole layer before its backward. All three give bitwise-identical results.
+enum class Recompute { None, Selective, Full };
+Recompute parse_recompute(const std::string& s, const std::string& where);  // none | selective | full
+
 class Transformer {
  public:
   // Without `lora` every parameter trains (full fine-tuning); with it only the adapters do (A initialised as
@@ -51,7 +58,7 @@ class Transformer {
   Ops& ops() { return ops_; }
 
   // Sizes and allocates every activation for batches of `rows` × `seq_len` tokens.
-  void plan(int rows, int seq_len);
+  void plan(int rows, int seq_len, Recompute recompute = Recompute::None);
   size_t activation_bytes() const;
 
   // Forward, then (if `backward`) backward: gradients are added into params().grad. When `logits_out`
@@ -69,6 +76,10 @@ class Transformer {
   void proj_forward(int64_t l, LoraTarget t, Tensor y, const Tensor& x);
   void proj_backward(int64_t l, LoraTarget t, Tensor* dx, bool accumulate_dx, const Tensor& dy, const Tensor& x);
   uint64_t dropout_seed(int64_t l, LoraTarget t) const;
+  // Layer l's forward in two halves: attention (resid[l] → mid[l]) and MLP (mid[l] → resid[l+1]; the
+  // residual write is skipped when recomputing for backward).
+  void forward_attention(int64_t l);
+  void forward_mlp(int64_t l, bool write_residual);
 
   ModelConfig config_;
   std::optional<LoraConfig> lora_;

@@ -56,13 +56,8 @@ std::string fmt_loss(double v) {
 
 }  // namespace
 
-void check_implemented(const TrainConfig& c) {
-  if (c.recompute != "none") user_error("recompute: ", c.recompute, " is not implemented yet (only recompute: none)");
-}
-
 RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostream& log) {
   const char* cmd = mode == TrainMode::kSft ? "sft" : "pt";
-  check_implemented(c);
 
   fs::create_directories(c.output_dir);
   TrainData data = prepare_train_data(c, log);
@@ -95,7 +90,7 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
   ScheduleConfig sched{c.lr_scheduler_type, total, c.warmup_steps, c.wsd_decay_ratio};
   if (c.warmup_steps == 0 && c.warmup_ratio > 0) sched.warmup_steps = warmup_from_ratio(total, c.warmup_ratio);
 
-  model->plan(rows, T);
+  model->plan(rows, T, parse_recompute(c.recompute, "recompute"));
   AdamW adamw(model->params(), ops);
   const OptimizerConfig opt{float(c.learning_rate), float(c.adamw_beta1),  float(c.adamw_beta2),
                             float(c.adamw_epsilon), float(c.weight_decay), float(c.max_grad_norm)};

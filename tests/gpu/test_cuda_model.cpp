@@ -54,5 +54,23 @@ TEST_F(CudaTest, SameRunTwiceGivesBitwiseIdenticalLosses) {
   EXPECT_LT(runs[0].losses.back(), runs[0].losses.front());
 }
 
+TEST_F(CudaTest, RecomputeGivesBitwiseIdenticalLossesAndGradients) {
+  const auto dir = fixtures() / "models" / "qwen3-tiny";
+  const HostBatch batch = load_batch_file(dir / "batch.safetensors");
+  std::vector<double> losses;
+  std::vector<std::vector<float>> grads;
+  for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+    auto model = load_pretrained(dir, *gpu);
+    model->plan(batch.rows, batch.seq_len, rc);
+    gpu->zero(model->params().all_grads());
+    losses.push_back(model->step(batch, true).loss);
+    grads.push_back(download(model->params().all_grads()));
+  }
+  EXPECT_EQ(losses[1], losses[0]);
+  EXPECT_EQ(losses[2], losses[0]);
+  EXPECT_EQ(grads[1], grads[0]);
+  EXPECT_EQ(grads[2], grads[0]);
+}
+
 }  // namespace
 }  // namespace soltrain::test
