@@ -117,8 +117,22 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
       << "M parameters on " << c.device << "; " << loader.documents() << " training documents (" << micro_per_epoch
       << " micro-batches of " << rows << " x " << T << " per epoch), " << data.validation.documents() << " validation; "
       << total << " steps, gradient accumulation " << ga << ", lr " << c.learning_rate << " "
-      << to_string(c.lr_scheduler_type) << " (warmup " << sched.warmup_steps << "); activations "
-      << double(model->activation_bytes()) / double(1 << 20) << " MiB\n";
+      << to_string(c.lr_scheduler_type) << " (warmup " << sched.warmup_steps << ")\n";
+  {
+    // The memory plan, all allocated already (a run that does not fit has stopped before this line).
+    const double gib = double(1u << 30), trainable = double(model->params().numel());
+    double all_weights = 0;
+    for (const Parameter& p : model->params().all()) all_weights += double(shape_numel(p.shape));
+    // fp32 masters of the trainable weights, plus the compute copy of every weight (bf16 on GPU; on the CPU
+    // the masters are the compute copy, and frozen weights are fp32 values)
+    const double weights = ops.activation_dtype() == DType::F32
+                               ? 4 * all_weights
+                               : 4 * trainable + double(dtype_size(ops.activation_dtype())) * all_weights;
+    log << cmd << ": memory plan: weights " << weights / gib
+        << " GiB, gradients " << 4 * trainable / gib
+        << " GiB, AdamW moments " << 8 * trainable / gib << " GiB, activations "
+        << double(model->activation_bytes()) / gib << " GiB (recompute " << c.recompute << ")\n";
+  }
 
   MetricsLog metrics(c.output_dir, state.step);
   ProgressLine progress(log);

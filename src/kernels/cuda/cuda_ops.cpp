@@ -45,7 +45,8 @@ Buffer CudaOps::alloc(size_t bytes) {
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
     user_error("out of GPU memory: needed ", double(bytes) / (1 << 30), " GiB more, ", double(free_b) / (1 << 30),
-               " GiB free of ", double(total_b) / (1 << 30), " (lower the batch size or sequence length)");
+               " GiB free of ", double(total_b) / (1 << 30),
+               ": lower per_device_train_batch_size or sequence_len, set recompute: selective (or full), or use lora");
   }
   CUDA_CHECK(err);
   CUDA_CHECK(cudaMemsetAsync(p, 0, rounded ? rounded : 256, stream_));
