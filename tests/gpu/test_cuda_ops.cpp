@@ -73,19 +73,26 @@ TEST_F(CudaOps, RopeBothDirections) {
   }
 }
 
-TEST_F(CudaOps, SwiGluForwardAndBackward) {
-  const int64_t n = 3 * 1000 + 7;
-  auto g = randn(static_cast<size_t>(n), 2.0f), u = randn(static_cast<size_t>(n)), d = randn(static_cast<size_t>(n));
-  Tensor go = poisoned({n}), gdg = poisoned({n}), gdu = poisoned({n});
-  Tensor gg = upload(g, {n}), gu = upload(u, {n});
-  gpu->swiglu_forward(go, gg, gu);
-  gpu->swiglu_backward(gdg, gdu, upload(d, {n}), gg, gu);
-  std::vector<float> o(static_cast<size_t>(n)), dg(static_cast<size_t>(n)), du(static_cast<size_t>(n));
-  cpu->swiglu_forward(host(o, {n}), host(g, {n}), host(u, {n}));
-  cpu->swiglu_backward(host(dg, {n}), host(du, {n}), host(d, {n}), host(g, {n}), host(u, {n}));
-  EXPECT_LE(rel(download(go), o), 1e-2);
-  EXPECT_LE(rel(download(gdg), dg), 1e-2);
-  EXPECT_LE(rel(download(gdu), du), 1e-2);
+TEST_F(CudaOps, SwiGluAndResidualAddBothPaths) {
+  for (int64_t n : {int64_t(3 * 1000 + 7), int64_t(3 * 4096)}) {  // scalar tail path, 16-byte vector path
+    auto g = randn(static_cast<size_t>(n), 2.0f), u = randn(static_cast<size_t>(n)), d = randn(static_cast<size_t>(n));
+    Tensor go = poisoned({n}), gdg = poisoned({n}), gdu = poisoned({n});
+    Tensor gg = upload(g, {n}), gu = upload(u, {n});
+    gpu->swiglu_forward(go, gg, gu);
+    gpu->swiglu_backward(gdg, gdu, upload(d, {n}), gg, gu);
+    std::vector<float> o(static_cast<size_t>(n)), dg(static_cast<size_t>(n)), du(static_cast<size_t>(n));
+    cpu->swiglu_forward(host(o, {n}), host(g, {n}), host(u, {n}));
+    cpu->swiglu_backward(host(dg, {n}), host(du, {n}), host(d, {n}), host(g, {n}), host(u, {n}));
+    EXPECT_LE(rel(download(go), o), 1e-2) << n;
+    EXPECT_LE(rel(download(gdg), dg), 1e-2) << n;
+    EXPECT_LE(rel(download(gdu), du), 1e-2) << n;
+    // x += y, against the CPU on the same bf16 inputs
+    Tensor gx = upload(g, {n});
+    gpu->add_inplace(gx, gu);
+    std::vector<float> x = g;
+    cpu->add_inplace(host(x, {n}), host(u, {n}));
+    EXPECT_LE(rel(download(gx), x), 1e-2) << n;
+  }
 }
 
 TEST_F(CudaOps, CrossEntropyWithIgnoredTargets) {

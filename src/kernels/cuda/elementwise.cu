@@ -21,6 +21,14 @@ __global__ void add_bf16_kernel(bf16* x, const bf16* y, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] = cuda::to_bf(cuda::to_f(x[i]) + cuda::to_f(y[i]));
 }
+__global__ void add_bf16x8_kernel(bf16* x, const bf16* y, int64_t n8) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n8; i += int64_t(gridDim.x) * blockDim.x) {
+    cuda::Vec8 a = cuda::load8(x + 8 * i);
+    const cuda::Vec8 b = cuda::load8(y + 8 * i);
+    for (int j = 0; j < 8; ++j) a.set(j, a[j] + b[j]);
+    cuda::store8(x + 8 * i, a);
+  }
+}
 __global__ void scale_f32_kernel(float* x, float f, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] *= f;
@@ -74,7 +82,11 @@ void CudaOps::convert(Tensor dst, const Tensor& src) {
 void CudaOps::add_inplace(Tensor x, const Tensor& y) {
   const auto prof = profile("add_inplace");
   SOLTRAIN_CHECK(x.numel() == y.numel() && x.dtype == DType::BF16 && y.dtype == DType::BF16, "add_inplace");
-  add_bf16_kernel<<<blocks_for(x.numel(), 256), 256, 0, stream_>>>(x.as<bf16>(), y.as<bf16>(), x.numel());
+  const int64_t n = x.numel();
+  if (n % 8 == 0 && cuda::aligned16(x.data) && cuda::aligned16(y.data))
+    add_bf16x8_kernel<<<blocks_for(n / 8, 256), 256, 0, stream_>>>(x.as<bf16>(), y.as<bf16>(), n / 8);
+  else
+    add_bf16_kernel<<<blocks_for(n, 256), 256, 0, stream_>>>(x.as<bf16>(), y.as<bf16>(), n);
   CUDA_CHECK_LAUNCH();
 }
 

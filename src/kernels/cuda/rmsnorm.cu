@@ -11,18 +11,14 @@ namespace soltrain {
 
 using cuda::bf16;
 using cuda::to_bf;
+using cuda::load8;
+using cuda::store8;
 using cuda::to_f;
+using cuda::Vec8;
 
 namespace {
 constexpr int kWarps = 8;
 
-struct Vec8 {  // 8 bf16 as one 16-byte access
-  uint4 raw;
-  __device__ float operator[](int i) const { return to_f(reinterpret_cast<const bf16*>(&raw)[i]); }
-  __device__ void set(int i, float v) { reinterpret_cast<bf16*>(&raw)[i] = to_bf(v); }
-};
-__device__ __forceinline__ Vec8 load8(const bf16* p) { return {*reinterpret_cast<const uint4*>(p)}; }
-__device__ __forceinline__ void store8(bf16* p, const Vec8& v) { *reinterpret_cast<uint4*>(p) = v.raw; }
 
 template <bool kVec>
 __global__ void rmsnorm_fwd(bf16* y, float* rstd, const bf16* x, const bf16* w, int64_t R, int64_t C, float eps) {
@@ -90,9 +86,7 @@ __global__ void rmsnorm_bwd(bf16* dx, bool accumulate, const bf16* dy, const bf1
   }
 }
 
-bool vectorizable(const Tensor& t, int64_t C) {
-  return C % 8 == 0 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
-}
+bool vectorizable(const Tensor& t, int64_t C) { return C % 8 == 0 && cuda::aligned16(t.data); }
 }  // namespace
 
 void CudaOps::rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) {
