@@ -69,8 +69,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
       const auto t0 = std::chrono::steady_clock::now();
       ops->zero(model->params().all_grads());
       loss = model->step(batch, true).loss;
-      clip_grad_norm(*ops, model->params(), cfg.max_grad_norm);
-      opt.step(cfg, cfg.lr);
+      opt.step(cfg, cfg.lr, grad_norm(*ops, model->params(), cfg.max_grad_norm).clip_scale);
       ops->synchronize();
       if (s >= o->warmup) times.push_back(seconds_since(t0));
     }
@@ -78,8 +77,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
     ops->enable_profiling(true);
     ops->zero(model->params().all_grads());
     model->step(batch, true);
-    clip_grad_norm(*ops, model->params(), cfg.max_grad_norm);
-    opt.step(cfg, cfg.lr);
+    opt.step(cfg, cfg.lr, grad_norm(*ops, model->params(), cfg.max_grad_norm).clip_scale);
     const std::map<std::string, double> profile = ops->collect_profile();
     ops->enable_profiling(false);
     const double step = median(times), tokens = double(o->batch) * o->seq;

@@ -23,7 +23,8 @@ struct SeqLayout {
 
 struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay;
-  int step;  // 1-based, for bias correction
+  int step;                // 1-based, for bias correction
+  float grad_scale = 1.0f;  // gradient clipping's factor, applied as the gradient is read (no extra pass)
 };
 
 class Ops {

@@ -9,13 +9,10 @@
 
 namespace soltrain {
 
-double clip_grad_norm(Ops& ops, ParameterStore& params, float max_norm) {
+GradNorm grad_norm(Ops& ops, const ParameterStore& params, float max_norm) {
   const double norm = std::sqrt(ops.sum_squares(params.all_grads()));
-  if (max_norm > 0) {
-    const double coef = double(max_norm) / (norm + 1e-6);
-    if (coef < 1.0) ops.scale(params.all_grads(), float(coef));
-  }
-  return norm;
+  const double coef = max_norm > 0 ? double(max_norm) / (norm + 1e-6) : 1.0;
+  return {norm, coef < 1.0 ? float(coef) : 1.0f};
 }
 
 AdamW::AdamW(ParameterStore& params, Ops& ops) : params_(params), ops_(ops) {
@@ -23,7 +20,7 @@ AdamW::AdamW(ParameterStore& params, Ops& ops) : params_(params), ops_(ops) {
   v_ = ops.alloc(size_t(params.numel()) * 4);
 }
 
-void AdamW::step(const OptimizerConfig& cfg, float lr) {
+void AdamW::step(const OptimizerConfig& cfg, float lr, float grad_scale) {
   ++step_;
   float* m = static_cast<float*>(m_.data());
   float* v = static_cast<float*>(v_.data());
@@ -33,7 +30,7 @@ void AdamW::step(const OptimizerConfig& cfg, float lr) {
     if (master.numel() == 0) continue;
     const int64_t off = decayed ? 0 : n_decay;
     Tensor mt{m + off, DType::F32, master.shape, ops_.device()}, vt{v + off, DType::F32, master.shape, ops_.device()};
-    const AdamWParams p{lr, cfg.beta1, cfg.beta2, cfg.eps, decayed ? cfg.weight_decay : 0.0f, step_};
+    const AdamWParams p{lr, cfg.beta1, cfg.beta2, cfg.eps, decayed ? cfg.weight_decay : 0.0f, step_, grad_scale};
     Tensor copy = params_.values(decayed);
     ops_.adamw(master, params_.grads(decayed), mt, vt, p, params_.values_alias_masters() ? nullptr : &copy);
   }

@@ -11,15 +11,21 @@ struct OptimizerConfig {
   float max_grad_norm = 1.0f;  // <= 0 disables clipping
 };
 
-// Returns the global L2 norm of all gradients before clipping; scales them by
-// max_norm / (norm + 1e-6) when that is below 1, as torch.nn.utils.clip_grad_norm_ does.
-double clip_grad_norm(Ops& ops, ParameterStore& params, float max_norm);
+// The global L2 norm of all gradients, and the factor torch.nn.utils.clip_grad_norm_ would scale them by
+// (max_norm / (norm + 1e-6) when below 1, else 1). The factor is applied inside the AdamW update: a
+// separate scaling pass over the gradients cost 10.6 ms of a 310 ms Qwen3-4B step.
+struct GradNorm {
+  double norm;
+  float clip_scale;
+};
+GradNorm grad_norm(Ops& ops, const ParameterStore& params, float max_norm);
 
 class AdamW {
  public:
   AdamW(ParameterStore& params, Ops& ops);
-  // One update with learning rate `lr` (the schedule's value for this step).
-  void step(const OptimizerConfig& cfg, float lr);
+  // One update with learning rate `lr` (the schedule's value for this step), gradients read times
+  // `grad_scale` (clipping's factor).
+  void step(const OptimizerConfig& cfg, float lr, float grad_scale = 1.0f);
   int steps_done() const { return step_; }
 
   // The state as a safetensors file: flat fp32 `exp_avg` and `exp_avg_sq` (laid out like the

@@ -188,9 +188,10 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
     }
     if (prev > 0 && prev != n_items) ops.scale(grads, float(double(prev) / double(n_items)));
     const double loss = n_items ? loss_sum / double(n_items) : NAN;
-    const double norm = clip_grad_norm(ops, model->params(), opt.max_grad_norm);
+    const GradNorm gn = grad_norm(ops, model->params(), opt.max_grad_norm);
+    const double norm = gn.norm;
     const double lr = c.learning_rate * lr_factor(sched, state.step);
-    adamw.step(opt, float(lr));
+    adamw.step(opt, float(lr), gn.clip_scale);
     ++state.step;
     if (!std::isfinite(loss) && n_items > 0)
       user_error("training diverged at step ", state.step, " (loss ", loss, "): lower learning_rate");

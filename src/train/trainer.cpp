@@ -14,8 +14,9 @@ TrainHistory train_on_batch(Transformer& model, const HostBatch& batch, const Op
     const auto t0 = std::chrono::steady_clock::now();
     ops.zero(model.params().all_grads());
     const StepResult r = model.step(batch, /*backward=*/true);
-    const double norm = clip_grad_norm(ops, model.params(), opt.max_grad_norm);
-    adamw.step(opt, opt.lr);
+    const GradNorm g = grad_norm(ops, model.params(), opt.max_grad_norm);
+    const double norm = g.norm;
+    adamw.step(opt, opt.lr, g.clip_scale);
     h.losses.push_back(r.loss);
     h.grad_norms.push_back(norm);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

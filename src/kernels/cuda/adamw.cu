@@ -11,10 +11,11 @@ using cuda::bf16;
 
 namespace {
 __global__ void adamw_kernel(float* w, const float* g, float* m, float* v, bf16* copy, int64_t n, float decay,
-                             float b1c, float beta2, float b2c, float step_size, float bc2_sqrt, float eps) {
+                             float b1c, float beta2, float b2c, float step_size, float bc2_sqrt, float eps,
+                             float grad_scale) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     float wi = w[i] * decay;
-    const float gi = g[i];
+    const float gi = g[i] * grad_scale;
     const float mi = m[i] + b1c * (gi - m[i]);
     const float vi = v[i] * beta2 + b2c * gi * gi;
     wi -= step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
@@ -35,7 +36,7 @@ void CudaOps::adamw(Tensor master, const Tensor& grad, Tensor m, Tensor v, const
   adamw_kernel<<<cuda::blocks_for(n, 256, 8 * 1024), 256, 0, stream_>>>(
       master.f32(), grad.f32(), m.f32(), v.f32(), compute_copy ? compute_copy->as<bf16>() : nullptr, n,
       float(1.0 - double(p.lr) * double(p.weight_decay)), float(1.0 - double(p.beta1)), p.beta2,
-      float(1.0 - double(p.beta2)), float(double(p.lr) / bc1), float(bc2_sqrt), p.eps);
+      float(1.0 - double(p.beta2)), float(double(p.lr) / bc1), float(bc2_sqrt), p.eps, p.grad_scale);
   CUDA_CHECK_LAUNCH();
 }
 
