@@ -71,15 +71,7 @@ TEST_P(ReferenceModel, FiveAdamWStepsMatchTorch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, ReferenceModel,
-                         ::testing::Values("qwen3-tiny", "llama-tiny", "qwen2-tiny-mqa-bias", "llama3-tiny-scaled",
-                                           "qwen3-tiny-linear"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n)
-                             if (!isalnum(c)) c = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Fixtures, ReferenceModel, kReferenceModels, fixture_test_name);
 
 }  // namespace
 }  // namespace soltrain::test

@@ -17,6 +17,17 @@ inline std::filesystem::path fixtures() {
   return SOLTRAIN_FIXTURES;
 }
 
+// The reference model fixtures every whole-model test runs on (tests/fixtures/models).
+inline const auto kReferenceModels = ::testing::Values("qwen3-tiny", "llama-tiny", "qwen2-tiny-mqa-bias",
+                                                       "llama3-tiny-scaled", "qwen3-tiny-linear");
+// A fixture name as a test name (gtest allows only letters, digits and '_').
+inline std::string fixture_test_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string n = info.param;
+  for (char& c : n)
+    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+  return n;
+}
+
 // ‖a − b‖₂ / ‖b‖₂; NaN anywhere gives infinity so it can never pass a tolerance.
 inline double rel_err(const float* a, const float* b, size_t n) {
   double num = 0, den = 0;

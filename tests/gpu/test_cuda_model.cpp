@@ -30,15 +30,7 @@ TEST_P(CudaModel, MatchesTransformersWithinBf16Error) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel,
-                         ::testing::Values("qwen3-tiny", "llama-tiny", "qwen2-tiny-mqa-bias", "llama3-tiny-scaled",
-                                           "qwen3-tiny-linear"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n)
-                             if (!isalnum(c)) c = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, kReferenceModels, fixture_test_name);
 
 TEST_F(CudaTest, SameRunTwiceGivesBitwiseIdenticalLosses) {
   const auto dir = fixtures() / "models" / "qwen3-tiny";
