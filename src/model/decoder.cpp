@@ -147,7 +147,7 @@ void KvDecoder::feed(std::span<const int32_t> tokens, int T, float* last_logits,
     const Tensor lx = view(last_x_, {B, D}), lh = view(last_h_, {B, D});
     for (int64_t b = 0; b < B; ++b) ops_.copy(lx.rows(b, b + 1), x.rows(b * Tc + Tc - 1, b * Tc + Tc));
     ops_.rmsnorm_forward(lh, last_rstd_, lx, w_->final_norm->value, eps);
-    ops_.linear_forward(logits_, lh, w_->head->value, nullptr);
+    ops_.linear_forward(view(logits_, {B, V}), lh, w_->head->value, nullptr);
     ops_.copy(Tensor{last_logits, DType::F32, {B * V}, Device::CPU}, logits_);
   }
 }

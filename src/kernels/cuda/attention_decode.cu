@@ -1,5 +1,7 @@
 // CUDA: attention of new query tokens against a bf16 KV cache (decoding and prefill). One block per
 // (query, head); its warps take every kWarps-th key with an online fp32 softmax, then merge.
+#include <cmath>
+
 #include "core/error.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/common.cuh"
@@ -82,7 +84,7 @@ void CudaOps::attention_decode(Tensor out, const Tensor& q, const Tensor& k_cach
   SOLTRAIN_CHECK(rows % B == 0 && q.dim(2) == hd && lens.numel() == B && H % Hkv == 0, "attention_decode shapes");
   if (hd > 32 * kMaxPerLane) user_error("head_dim ", hd, " is above the decoder's limit of ", 32 * kMaxPerLane);
   if (rows == 0) return;
-  const dim3 grid(unsigned(rows), unsigned(H));
+  const dim3 grid{unsigned(rows), unsigned(H)};
   attention_decode_kernel<<<grid, 32 * kWarps, 0, stream_>>>(out.as<bf16>(), q.as<bf16>(), k_cache.as<bf16>(),
                                                              v_cache.as<bf16>(), lens.i32(), int(rows / B), int(H),
                                                              int(Hkv), int(S), int(hd), scale);
