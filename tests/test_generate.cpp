@@ -216,6 +216,27 @@ TEST(Sampler, TopPKeepsTheSmallestSetReachingP) {
   EXPECT_THROW((SamplingParams{1.0f, -2, 1.0f, 0}.validate()), UserError);
 }
 
+TEST(Sampler, TopPOverALargeVocabularyEqualsAFullSort) {
+  std::mt19937 rng(4);
+  const auto logits = random_vec(5000, rng, 1.5f);
+  std::vector<std::pair<double, int32_t>> order;  // (-probability, id): a full sort
+  double z = 0;
+  for (float l : logits) z += std::exp(double(l));
+  for (size_t i = 0; i < logits.size(); ++i) order.push_back({-std::exp(double(logits[i])) / z, int32_t(i)});
+  std::sort(order.begin(), order.end());
+  for (float top_p : {0.2f, 0.9f, 0.999f}) {
+    std::vector<int32_t> want;
+    double cum = 0;
+    for (auto [neg, id] : order) {
+      want.push_back(id);
+      if ((cum -= neg) >= double(top_p)) break;
+    }
+    std::vector<int32_t> got;
+    for (auto [id, prob] : sampling_candidates(logits, SamplingParams{1.0f, 0, top_p, 0})) got.push_back(id);
+    EXPECT_EQ(got, want) << "top_p " << top_p;
+  }
+}
+
 struct CliRun {
   int code;
   std::string out, err;

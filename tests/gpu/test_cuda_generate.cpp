@@ -56,14 +56,35 @@ TEST_P(CudaGenerate, DecodeLogitsAndGreedyTokensMatchCpu) {
     cd.feed(std::span(ids).subspan(size_t(t), 1), 1, cl.data());
     EXPECT_LE(rel(gl, cl), 2e-2) << "position " << t;
   }
-  // Greedy: bf16 rounding may flip a near-tie and the runs then diverge, so most (not all) tokens agree.
+  // Greedy: bf16 rounding may flip a near-tie, after which free runs diverge. So the GPU follows the CPU's
+  // greedy tokens (teacher forcing) and must pick the same token wherever the CPU's choice is clear (top-2
+  // margin > 0.1), and most tokens overall.
   const int steps = 16;
   KvDecoder g2(*gm, 1, P + steps), c2(*cm, 1, P + steps);
-  const auto gt = generate(g2, std::span(ids).first(P), GenerationOptions{steps, {}, {}});
   const auto ct = generate(c2, std::span(ids).first(P), GenerationOptions{steps, {}, {}});
-  int prefix = 0;
-  while (prefix < steps && gt[size_t(prefix)] == ct[size_t(prefix)]) ++prefix;
-  EXPECT_GE(prefix, steps / 2) << "greedy tokens agree for the first " << prefix << " of " << steps;
+  ASSERT_EQ(int(ct.size()), steps);
+  g2.feed(std::span(ids).first(P), P, gl.data());
+  c2.reset();
+  c2.feed(std::span(ids).first(P), P, cl.data());
+  int agree = 0;
+  for (int i = 0; i < steps; ++i) {
+    const int32_t want = ct[size_t(i)];
+    ASSERT_EQ(argmax(cl), want) << "the CPU decoder is deterministic";
+    float second = -INFINITY;
+    for (int j = 0; j < V; ++j)
+      if (j != want) second = std::max(second, cl[size_t(j)]);
+    const int32_t got = argmax(gl);
+    agree += got == want;
+    if (cl[size_t(want)] - second > 0.1f) {
+      EXPECT_EQ(got, want) << "step " << i << ", a clear choice";
+    }
+    if (i + 1 == steps) break;
+    g2.feed(std::span(ct).subspan(size_t(i), 1), 1, gl.data());
+    c2.feed(std::span(ct).subspan(size_t(i), 1), 1, cl.data());
+  }
+  EXPECT_GE(agree, steps * 3 / 4) << agree << " of " << steps << " greedy tokens agree";
+  KvDecoder g3(*gm, 1, P + steps);
+  EXPECT_EQ(int(generate(g3, std::span(ids).first(P), GenerationOptions{steps, {}, {}}).size()), steps);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGenerate,
