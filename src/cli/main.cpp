@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   auto sft = soltrain::add_sft_command(app);
   auto pt = soltrain::add_pt_command(app);
   auto demo_setup = soltrain::add_demo_setup_command(app);
+  auto generate = soltrain::add_generate_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("sft")) return sft();
     if (app.got_subcommand("pt")) return pt();
     if (app.got_subcommand("demo-setup")) return demo_setup();
+    if (app.got_subcommand("generate")) return generate();
   } catch (const soltrain::UserError& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;

@@ -71,6 +71,14 @@ class Ops {
                                   const Tensor& v, const Tensor& out, const Tensor& lse, const SeqLayout& seq,
                                   float scale) = 0;
 
+  // Decoding: new query tokens against a KV cache. q/out [B*Tq, H, hd] (sequence b's queries are rows
+  // b*Tq ..), k_cache/v_cache [B, S, Hkv, hd] already holding the new tokens' keys and values, lens [B]
+  // (I32, on the ops' device) the tokens in each sequence's cache including the new ones. Query t of
+  // sequence b sits at position lens[b] - Tq + t and attends to cache rows [0, that position] (causal
+  // within the new tokens too, so a whole prompt is one call); GQA as above, fp32 softmax.
+  virtual void attention_decode(Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                const Tensor& lens, float scale) = 0;
+
   // out = silu(gate) * up; backward writes dgate, dup.
   virtual void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) = 0;
   virtual void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) = 0;

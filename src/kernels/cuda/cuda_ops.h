@@ -43,6 +43,8 @@ class CudaOps final : public Ops {
   void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                           const Tensor& v, const Tensor& out, const Tensor& lse, const SeqLayout& seq,
                           float scale) override;
+  void attention_decode(Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& lens,
+                        float scale) override;
   void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) override;
   void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) override;
   void add_inplace(Tensor x, const Tensor& y) override;

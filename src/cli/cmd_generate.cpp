@@ -1,0 +1,131 @@
+// `soltrain generate`: text from a model (optionally with a PEFT LoRA adapter) through the KV-cache
+// decoder, greedy or sampled, streamed to stdout as it is produced; --chat renders the model's template.
+#include <chrono>
+#include <iostream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/device_option.h"
+#include "core/error.h"
+#include "io/json_file.h"
+#include "model/checkpoint.h"
+#include "model/generation.h"
+#include "model/peft_adapter.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace soltrain {
+
+namespace {
+// How many leading bytes of `s` can be printed now: a byte-level token may end inside a character that the
+// next token completes, so a truncated UTF-8 sequence and trailing U+FFFD (its lossy decoding) wait.
+size_t printable_prefix(const std::string& s) {
+  size_t end = s.size(), i = end;
+  int cont = 0;
+  while (i > 0 && cont < 3 && (uint8_t(s[i - 1]) & 0xC0) == 0x80) {
+    --i;
+    ++cont;
+  }
+  if (i > 0) {
+    const uint8_t lead = uint8_t(s[i - 1]);
+    const int need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+    if (need > cont + 1) end = i - 1;
+  }
+  while (end >= 3 && s.compare(end - 3, 3, "\xEF\xBF\xBD") == 0) end -= 3;
+  return end;
+}
+
+// generation_config.json's eos_token_id, else tokenizer_config.json's eos_token.
+std::vector<int32_t> eos_ids(const std::filesystem::path& model, const Tokenizer& tok) {
+  std::vector<int32_t> ids = read_generation_eos(model);
+  const auto cfg = model / "tokenizer_config.json";
+  if (!ids.empty() || !std::filesystem::exists(cfg)) return ids;
+  const nlohmann::json j = read_json_file(cfg);
+  const auto it = j.find("eos_token");
+  if (it == j.end()) return ids;
+  const nlohmann::json& e = it->is_object() ? it->value("content", nlohmann::json()) : *it;
+  if (e.is_string())
+    if (auto id = tok.token_to_id(e.get<std::string>())) ids.push_back(*id);
+  return ids;
+}
+}  // namespace
+
+std::function<int()> add_generate_command(CLI::App& app) {
+  struct Opts {
+    std::string model, adapter, prompt, chat, device = "cpu";
+    bool enable_thinking = true, print_ids = false;
+    int max_new_tokens = 256;
+    SamplingParams sampling;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* c = app.add_subcommand("generate", "generate text with a KV cache (greedy or sampled), streamed to stdout");
+  c->add_option("--model", o->model, "Hugging Face model folder (with tokenizer.json)")->required();
+  c->add_option("--adapter", o->adapter, "PEFT LoRA adapter folder applied on top of the model");
+  c->add_option("--prompt", o->prompt, "text to continue (encoded without special tokens)");
+  c->add_option("--chat", o->chat, "a user message, rendered through the model's chat template");
+  c->add_option("--enable-thinking", o->enable_thinking, "the template variable enable_thinking with --chat")
+      ->capture_default_str();
+  c->add_option("--max-new-tokens", o->max_new_tokens, "stop after this many new tokens")->capture_default_str();
+  c->add_option("--temperature", o->sampling.temperature, "0 = greedy; otherwise sample from softmax(logits / T)")
+      ->capture_default_str();
+  c->add_option("--top-k", o->sampling.top_k, "sample among the k most likely tokens (0 = all)")->capture_default_str();
+  c->add_option("--top-p", o->sampling.top_p, "sample within the smallest set of mass >= p")->capture_default_str();
+  c->add_option("--seed", o->sampling.seed, "random seed of the sampler")->capture_default_str();
+  c->add_flag("--print-ids", o->print_ids, "print the new token ids (one line) instead of text (reference checks)");
+  add_device_option(c, o->device);
+  return [o]() {
+    if (o->prompt.empty() == o->chat.empty()) user_error("generate: give exactly one of --prompt TEXT or --chat TEXT");
+    if (o->max_new_tokens < 1) user_error("--max-new-tokens ", o->max_new_tokens, ": expected >= 1");
+    o->sampling.validate();
+    const std::filesystem::path dir = o->model;
+    if (!std::filesystem::exists(dir / "tokenizer.json"))
+      user_error(dir.string(), ": no tokenizer.json (generate needs the model's tokenizer)");
+    Tokenizer tok = Tokenizer::load(dir / "tokenizer.json");
+    std::string text = o->prompt;
+    if (!o->chat.empty()) {
+      const ChatTemplate tmpl = ChatTemplate::from_tokenizer_config(dir / "tokenizer_config.json");
+      nlohmann::ordered_json vars;
+      vars["messages"] = nlohmann::ordered_json::array({{{"role", "user"}, {"content", o->chat}}});
+      vars["add_generation_prompt"] = true;
+      vars["enable_thinking"] = o->enable_thinking;
+      text = tmpl.render(vars);
+    }
+    const std::vector<int32_t> prompt = tok.encode(text);
+    GenerationOptions g{o->max_new_tokens, o->sampling, eos_ids(dir, tok)};
+
+    auto ops = make_ops(o->device);
+    auto model = o->adapter.empty() ? load_pretrained(dir, *ops) : load_pretrained_with_adapter(dir, o->adapter, *ops);
+    KvDecoder decoder(*model, 1, int(prompt.size()) + o->max_new_tokens, 512);
+
+    // Decode everything generated so far and print what became complete: a token's text can depend on its
+    // neighbours (multi-byte characters), so tokens are not decoded one by one.
+    std::vector<int32_t> shown_ids;
+    std::string printed;
+    auto show = [&](bool final) {
+      const std::string s = tok.decode(shown_ids, /*skip_special_tokens=*/true);
+      const size_t end = final ? s.size() : printable_prefix(s);
+      if (end > printed.size() && s.compare(0, printed.size(), printed) == 0) {
+        std::cout << s.substr(printed.size(), end - printed.size()) << std::flush;
+        printed = s.substr(0, end);
+      }
+    };
+    int id_count = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<int32_t> out = generate(decoder, prompt, g, [&](int32_t id) {
+      if (o->print_ids) {
+        std::cout << (id_count++ ? " " : "") << id << std::flush;
+        return;
+      }
+      if (size_t(id) < tok.vocab_size()) shown_ids.push_back(id);  // padded vocab rows have no text
+      show(false);
+    });
+    if (!o->print_ids) show(true);
+    std::cout << "\n";
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::cerr << "generate: " << prompt.size() << " prompt tokens, " << out.size() << " new in " << s << " s ("
+              << double(out.size()) / s << " tokens/s)\n";
+    return 0;
+  };
+}
+
+}  // namespace soltrain

@@ -1,0 +1,49 @@
+// CPU: attention of new query tokens against a KV cache (decoding). The arithmetic follows
+// attention_forward step for step (fp32 dot products, double denominator), so a cached decode
+// reproduces the training forward's logits.
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+
+namespace soltrain {
+
+void CpuOps::attention_decode(Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                              const Tensor& lens, float scale) {
+  const int64_t B = k_cache.dim(0), S = k_cache.dim(1), Hkv = k_cache.dim(2), hd = k_cache.dim(3);
+  const int64_t Tq = q.dim(0) / B, H = q.dim(1), group = H / Hkv;
+  SOLTRAIN_CHECK(q.dim(0) == B * Tq && q.dim(2) == hd && lens.numel() == B, "attention_decode shapes");
+  std::vector<float> p(static_cast<size_t>(S));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t len = lens.i32()[b];
+    SOLTRAIN_CHECK(len >= Tq && len <= S, "attention_decode: length ", len, " with ", Tq, " new tokens, cache ", S);
+    const float* kb = k_cache.f32() + b * S * Hkv * hd;
+    const float* vb = v_cache.f32() + b * S * Hkv * hd;
+    for (int64_t t = 0; t < Tq; ++t) {
+      const int64_t pos = len - Tq + t, row = b * Tq + t;
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t kh = h / group;
+        const float* qi = q.f32() + (row * H + h) * hd;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j <= pos; ++j) {
+          const float* kj = kb + (j * Hkv + kh) * hd;
+          float s = 0;
+          for (int64_t c = 0; c < hd; ++c) s += qi[c] * kj[c];
+          p[size_t(j)] = s * scale;
+          mx = std::max(mx, p[size_t(j)]);
+        }
+        double z = 0;
+        for (int64_t j = 0; j <= pos; ++j) z += (p[size_t(j)] = std::exp(p[size_t(j)] - mx));
+        float* o = out.f32() + (row * H + h) * hd;
+        for (int64_t c = 0; c < hd; ++c) o[c] = 0;
+        for (int64_t j = 0; j <= pos; ++j) {
+          const float w = float(p[size_t(j)] / z);
+          const float* vj = vb + (j * Hkv + kh) * hd;
+          for (int64_t c = 0; c < hd; ++c) o[c] += w * vj[c];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace soltrain

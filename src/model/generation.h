@@ -1,0 +1,29 @@
+// Text generation by token ids: the prompt through the KV-cache decoder, then one token at a time chosen by
+// the sampler until an end-of-sequence id or the token budget. Tokenizing and printing are the caller's.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "model/decoder.h"
+#include "model/sampler.h"
+
+namespace soltrain {
+
+struct GenerationOptions {
+  int max_new_tokens = 256;
+  SamplingParams sampling;
+  std::vector<int32_t> eos_ids;  // generation stops after producing any of these
+};
+
+// Generates after `prompt` with a batch-1 decoder (reset first). `on_token` sees each new token as it is
+// chosen. Returns the new tokens, the stopping EOS included.
+std::vector<int32_t> generate(KvDecoder& decoder, std::span<const int32_t> prompt, const GenerationOptions& opts,
+                              const std::function<void(int32_t)>& on_token = {});
+
+// eos_token_id of a model folder's generation_config.json (an int or a list); empty when absent.
+std::vector<int32_t> read_generation_eos(const std::filesystem::path& model_dir);
+
+}  // namespace soltrain
