@@ -48,8 +48,10 @@ class Ops {
   virtual void embedding_forward(Tensor out, const Tensor& ids, const Tensor& table) = 0;
   virtual void embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout) = 0;
 
-  // y[N,out] = x[N,in] · w[out,in]ᵀ (+ bias[out])
-  virtual void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor* bias) = 0;
+  // y[N,out] = alpha · x[N,in] · w[out,in]ᵀ (+ bias[out]), or with `accumulate` added onto y. The alpha and
+  // the accumulation ride on the GEMM (LoRA's scale and its B product cost no extra pass over y).
+  virtual void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor* bias, float alpha = 1.0f,
+                              bool accumulate = false) = 0;
   // dx (= or +=) dy · w;  dw += dyᵀ · x;  dbias += Σₙ dy. Null outputs are skipped.
   virtual void linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy,
                                const Tensor& x, const Tensor& w) = 0;

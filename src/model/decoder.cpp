@@ -42,7 +42,7 @@ KvDecoder::KvDecoder(Transformer& model, int batch, int max_len, int max_chunk)
   w_->final_norm = &ps.at("model.norm.weight");
   w_->head = &ps.at(model.lm_head_name());
   if (model.lora()) w_->lora_scale = model.lora()->scale();
-  int64_t lora_r = 0, widest = 0;
+  int64_t lora_r = 0;
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = cat("model.layers.", l, ".");
     Weights::Layer L{&ps.at(p + "input_layernorm.weight"),
@@ -57,10 +57,7 @@ KvDecoder::KvDecoder(Transformer& model, int batch, int max_len, int max_chunk)
       pr.b = ps.find(m + ".bias");
       pr.lora_a = ps.find(lora_a_name(l, LoraTarget(t)));
       pr.lora_b = ps.find(lora_b_name(l, LoraTarget(t)));
-      if (pr.lora_a) {
-        lora_r = pr.lora_a->shape[0];
-        widest = std::max(widest, pr.w->shape[0]);
-      }
+      if (pr.lora_a) lora_r = pr.lora_a->shape[0];
     }
     w_->layers.push_back(L);
   }
@@ -82,7 +79,6 @@ KvDecoder::KvDecoder(Transformer& model, int batch, int max_len, int max_chunk)
   one(rstd_, N * std::max<int64_t>(H, 1), f32);
   if (lora_r) {
     one(lora_u_, N * lora_r, act);
-    one(lora_y_, N * widest, act);
   }
   for (Tensor* t : {&last_x_, &last_h_}) one(*t, int64_t(batch) * D, act);
   one(last_rstd_, batch, f32);
@@ -206,11 +202,9 @@ void KvDecoder::proj(int l, int t, Tensor y, const Tensor& x) {
   ops_.linear_forward(y, x, p.w->value, p.b ? &p.b->value : nullptr);
   if (!p.lora_a) return;
   const int64_t N = x.dim(0);
-  const Tensor u = view(lora_u_, {N, p.lora_a->shape[0]}), by = view(lora_y_, {N, y.dim(1)});
-  ops_.linear_forward(u, x, p.lora_a->value, nullptr);
-  ops_.dropout_scale(u, u, w_->lora_scale, 0.0f, 0);
-  ops_.linear_forward(by, u, p.lora_b->value, nullptr);
-  ops_.add_inplace(y, by);
+  const Tensor u = view(lora_u_, {N, p.lora_a->shape[0]});
+  ops_.linear_forward(u, x, p.lora_a->value, nullptr, w_->lora_scale);
+  ops_.linear_forward(y, u, p.lora_b->value, nullptr, 1.0f, /*accumulate=*/true);
 }
 
 }  // namespace soltrain

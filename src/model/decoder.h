@@ -43,7 +43,7 @@ class KvDecoder {
   Arena arena_;
   std::vector<Tensor> k_cache_, v_cache_;  // per layer [batch, max_len, Hkv, hd]
   // activations for batch × max_chunk tokens
-  Tensor x_, h_, rstd_, q_raw_, k_raw_, q_, k_, v_, attn_, tmp_, gate_, up_, act_, lora_u_, lora_y_;
+  Tensor x_, h_, rstd_, q_raw_, k_raw_, q_, k_, v_, attn_, tmp_, gate_, up_, act_, lora_u_;
   Tensor last_x_, last_h_, last_rstd_, logits_;  // [batch, ...]
   Tensor ids_, positions_, lens_;
   Buffer inv_freq_;

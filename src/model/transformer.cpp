@@ -65,7 +65,7 @@ struct Transformer::Activations {
   SeqLayout seq;
   // LoRA: scale·(x·Aᵀ) per layer and projection [N, r] (saved), and scratch sized for the widest projection
   std::array<std::vector<Tensor>, kLoraTargets> lora_u;
-  Tensor lora_x, lora_dx, lora_y, lora_g;  // flat; dropout(x) / its gradient, B's output, dU
+  Tensor lora_x, lora_dx, lora_g;  // flat; dropout(x) / its gradient, dU
 };
 
 Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig> lora)
@@ -237,7 +237,6 @@ void Transformer::plan(int rows, int seq_len, Recompute recompute) {
     // dropout(x) and its gradient exist only with dropout; B's output always
     if (lora_->dropout > 0)
       for (Tensor* t : {&a->lora_x, &a->lora_dx}) one(*t, {N * widest}, act);
-    one(a->lora_y, {N * widest}, act);
     one(a->lora_g, {N, lora_->r}, act);
   }
   ar.bind(ops_.alloc(ar.total_bytes()));
@@ -411,19 +410,17 @@ void Transformer::proj_forward(int64_t l, LoraTarget t, Tensor y, const Tensor& 
   o.linear_forward(y, x, p.w->value, p.b ? &p.b->value : nullptr);
   if (!p.lora_a) return;
   Activations& a = *acts_;
-  const int64_t N = x.dim(0), in = x.dim(1), out = y.dim(1);
+  const int64_t N = x.dim(0), in = x.dim(1);
   Tensor xin = x;
   if (dropout_now_) {
     xin = Tensor{a.lora_x.data, a.lora_x.dtype, {N, in}, a.lora_x.device};
     o.dropout_scale(xin, x, 1.0f, lora_->dropout, dropout_seed(l, t));
   }
-  // u = scale·(x·Aᵀ) is saved: B's gradient is dyᵀ·u, and the scale costs an [N, r] pass, not [N, out].
+  // u = scale·(x·Aᵀ) is saved: B's gradient is dyᵀ·u. The scale rides on the GEMM's alpha, and B's
+  // product accumulates straight into y (beta = 1): no pass over [N, out] beyond the GEMMs.
   Tensor u = a.lora_u[size_t(t)][size_t(l)];
-  o.linear_forward(u, xin, p.lora_a->value, nullptr);
-  o.dropout_scale(u, u, lora_->scale(), 0.0f, 0);
-  Tensor by{a.lora_y.data, a.lora_y.dtype, {N, out}, a.lora_y.device};
-  o.linear_forward(by, u, p.lora_b->value, nullptr);
-  o.add_inplace(y, by);
+  o.linear_forward(u, xin, p.lora_a->value, nullptr, lora_->scale());
+  o.linear_forward(y, u, p.lora_b->value, nullptr, 1.0f, /*accumulate=*/true);
 }
 
 void Transformer::proj_backward(int64_t l, LoraTarget t, Tensor* dx, bool accumulate_dx, const Tensor& dy,

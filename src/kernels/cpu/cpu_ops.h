@@ -16,7 +16,8 @@ class CpuOps final : public Ops {
 
   void embedding_forward(Tensor out, const Tensor& ids, const Tensor& table) override;
   void embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout) override;
-  void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor* bias) override;
+  void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor* bias, float alpha,
+                      bool accumulate) override;
   void linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy, const Tensor& x,
                        const Tensor& w) override;
   void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) override;

@@ -5,10 +5,12 @@
 
 namespace soltrain {
 
-void CpuOps::linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor* bias) {
+void CpuOps::linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor* bias, float alpha,
+                            bool accumulate) {
   const int N = int(x.dim(0)), in = int(x.dim(1)), out = int(w.dim(0));
   SOLTRAIN_CHECK(w.dim(1) == in && y.dim(0) == N && y.dim(1) == out, "linear shapes");
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out, in, 1.0f, x.f32(), in, w.f32(), in, 0.0f, y.f32(), out);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out, in, alpha, x.f32(), in, w.f32(), in,
+              accumulate ? 1.0f : 0.0f, y.f32(), out);
   if (bias) {
     const float* b = bias->f32();
     for (int n = 0; n < N; ++n)

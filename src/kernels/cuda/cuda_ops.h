@@ -31,7 +31,8 @@ class CudaOps final : public Ops {
 
   void embedding_forward(Tensor out, const Tensor& ids, const Tensor& table) override;
   void embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout) override;
-  void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor* bias) override;
+  void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor* bias, float alpha,
+                      bool accumulate) override;
   void linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy, const Tensor& x,
                        const Tensor& w) override;
   void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) override;
@@ -63,7 +64,7 @@ class CudaOps final : public Ops {
  private:
   // D = alpha·op(A)·op(B) + beta·C in cuBLASLt's column-major terms (C aliases D).
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor& a, int lda, const Tensor& b, int ldb,
-            Tensor d, int ldd, float beta, const Tensor* bias);
+            Tensor d, int ldd, float beta, const Tensor* bias, float alpha = 1.0f);
   OpProfiler::Scope profile(const char* name) { return OpProfiler::Scope(&profiler_, name, stream_); }
   // Scratch of at least `bytes` bytes on the device (grows; only between steps in practice).
   void* scratch(size_t bytes);

@@ -35,7 +35,7 @@ CudaOps::Plan::~Plan() {
 }
 
 void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor& A, int lda, const Tensor& B,
-                   int ldb, Tensor D, int ldd, float beta, const Tensor* bias) {
+                   int ldb, Tensor D, int ldd, float beta, const Tensor* bias, float alpha) {
   const std::vector<int64_t> key{trans_a,          trans_b,          m,    n,    k,   lda, ldb, ldd, int(A.dtype),
                                  int(D.dtype),     bias != nullptr,  alignment(A.data), alignment(B.data),
                                  alignment(D.data), bias ? alignment(bias->data) : 0};
@@ -78,17 +78,17 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor
   if (bias)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias->data,
                                                 sizeof(void*)));
-  const float alpha = 1.0f;
   CUBLAS_CHECK(cublasLtMatmul(lt_, plan->desc, &alpha, A.data, plan->a, B.data, plan->b, &beta, D.data, plan->d,
                               D.data, plan->d, &plan->algo, workspace_.data(), workspace_.bytes(), stream_));
 }
 
 // Row-major y[N,out] = x[N,in]·wᵀ is column-major yᵀ = w_cm ᵀ · xᵀ with w_cm = wᵀ (in × out, ld in).
-void CudaOps::linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor* bias) {
+void CudaOps::linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor* bias, float alpha,
+                             bool accumulate) {
   const auto prof = profile("linear_forward");
   const int N = int(x.dim(0)), in = int(x.dim(1)), out = int(w.dim(0));
   SOLTRAIN_CHECK(w.dim(1) == in && y.dim(0) == N && y.dim(1) == out, "linear shapes");
-  gemm(true, false, out, N, in, w, in, x, in, y, out, 0.0f, bias);
+  gemm(true, false, out, N, in, w, in, x, in, y, out, accumulate ? 1.0f : 0.0f, bias, alpha);
 }
 
 void CudaOps::linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy,
