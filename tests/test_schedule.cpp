@@ -5,6 +5,9 @@
 #include <numbers>
 
 #include "core/error.h"
+#include "kernels/ops.h"
+#include "model/config.h"
+#include "train/mfu.h"
 #include "train/schedule.h"
 
 namespace soltrain {
@@ -60,6 +63,30 @@ TEST(Schedule, WarmupRatioRoundsUpAndNamesParse) {
   EXPECT_EQ(parse_schedule_type("cosine"), ScheduleType::kCosine);
   EXPECT_EQ(parse_schedule_type("warmup_stable_decay"), ScheduleType::kWsd);
   EXPECT_THROW(parse_schedule_type("cosine_with_restarts"), UserError);
+}
+
+}  // namespace
+}  // namespace soltrain
+
+namespace soltrain {
+namespace {
+
+// PERFORMANCE.md's FLOP count for Qwen3-0.6B: N = 28 layers x 15,728,640 + 151,936 x 1,024 (the tied LM
+// head) = 595,984,384 matmul parameters (the 596,049,920 parameters less the 65,536 of the norms).
+TEST(Mfu, FlopsPerTokenFollowThePalmConvention) {
+  ModelConfig c;
+  c.vocab_size = 151936, c.hidden_size = 1024, c.intermediate_size = 3072, c.num_layers = 28, c.num_heads = 16,
+  c.num_kv_heads = 8, c.head_dim = 128;
+  const double N = 595984384.0, attention = 12.0 * 28 * 16 * 128 * 2048;
+  EXPECT_DOUBLE_EQ(model_flops_per_token(c, 2048, false), 6 * N + attention);
+  EXPECT_DOUBLE_EQ(model_flops_per_token(c, 2048, true), 4 * N + attention);
+}
+
+TEST(Mfu, MeasuresAPositiveMatmulRateOnTheCpu) {
+  auto ops = make_cpu_ops();
+  const double t = measure_matmul_tflops(*ops);
+  EXPECT_GT(t, 1e-4);  // 2 cores of fp32 BLAS: well above 0.1 GFLOP/s,
+  EXPECT_LT(t, 10.0);  // and far below any GPU's rate
 }
 
 }  // namespace

@@ -55,12 +55,14 @@ void MetricsLog::train(const StepMetrics& m) {
                       {"learning_rate", number(m.lr)},
                       {"grad_norm", number(m.grad_norm)},
                       {"tokens", m.tokens},
-                      {"tokens_per_s", number(m.tokens_per_s)}}
+                      {"tokens_per_s", number(m.tokens_per_s)},
+                      {"mfu", number(m.mfu)}}
            .dump());
   tb_.scalar("train/loss", m.step, m.loss);
   tb_.scalar("train/learning_rate", m.step, m.lr);
   tb_.scalar("train/grad_norm", m.step, m.grad_norm);
   tb_.scalar("train/tokens_per_s", m.step, m.tokens_per_s);
+  if (m.mfu > 0) tb_.scalar("train/mfu", m.step, m.mfu);
 }
 
 void MetricsLog::eval(int64_t step, double loss, int64_t tokens) {
@@ -87,6 +89,8 @@ void ProgressLine::show(const StepMetrics& m) {
   int n = std::snprintf(b, sizeof b, "step %lld/%lld | loss %.4f | lr %.2e | grad %.3f | %.1fk tok/s",
                         static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.loss, m.lr,
                         m.grad_norm, ktok);
+  if (m.mfu > 0 && n > 0 && size_t(n) < sizeof b)
+    n += std::snprintf(b + n, sizeof b - size_t(n), " | MFU %.1f%%", 100 * m.mfu);
   if (m.gpu_memory_gib > 0 && n > 0 && size_t(n) < sizeof b)
     n += std::snprintf(b + n, sizeof b - size_t(n), " | mem %.1f GiB", m.gpu_memory_gib);
   if (n > 0 && size_t(n) < sizeof b)

@@ -15,6 +15,7 @@
 #include "train/evaluate.h"
 #include "train/metrics.h"
 #include "train/stop_signal.h"
+#include "train/mfu.h"
 #include "train/train_checkpoint.h"
 #include "train/train_data.h"
 
@@ -134,6 +135,14 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
         << double(model->activation_bytes()) / gib << " GiB (recompute " << c.recompute << ")\n";
   }
 
+  // MFU on the GPU, against the matmul rate measured here and now (PERFORMANCE.md's convention).
+  double flops_per_token = 0, matmul_tflops = 0;
+  if (ops.device() != Device::CPU) {
+    matmul_tflops = measure_matmul_tflops(ops);
+    flops_per_token = model_flops_per_token(model->config(), T, c.lora.enabled);
+    log << cmd << ": measured bf16 matmul rate " << matmul_tflops << " TFLOP/s (the MFU roof); "
+        << flops_per_token / 1e9 << " GFLOP per token\n";
+  }
   MetricsLog metrics(c.output_dir, state.step);
   ProgressLine progress(log);
   const bool has_val = data.validation.documents() > 0;
@@ -209,6 +218,7 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
     m.tokens_per_s = double(rows) * T * ga / dt;
     m.seconds_left = elapsed / double(state.step - first_step) * double(total - state.step);
     m.gpu_memory_gib = ops.device() == Device::CPU ? 0.0 : ops.memory_used_gib();
+    if (matmul_tflops > 0) m.mfu = m.tokens_per_s * flops_per_token / (matmul_tflops * 1e12);
     // A terminal gets the line redrawn every step; logs and files get one entry per logging_steps.
     const bool log_step = state.step % c.logging_steps == 0 || state.step == total;
     if (log_step) metrics.train(m);
