@@ -126,8 +126,8 @@ TEST(Checkpoint, LoadsBf16AndF16Weights) {
     size_t k = 0;
     for (const Parameter& p : m->params().all()) {
       for (int64_t i = 0; i < p.value.numel(); ++i) {
-        const float want = dt == DType::BF16 ? bf16_to_f32(half[k][size_t(i)])
-                                             : float(std::bit_cast<_Float16>(half[k][size_t(i)]));
+        const float want =
+            dt == DType::BF16 ? bf16_to_f32(half[k][size_t(i)]) : float(std::bit_cast<_Float16>(half[k][size_t(i)]));
         ASSERT_EQ(p.value.f32()[i], want) << p.name << "[" << i << "] " << dtype_name(dt);
       }
       const double err = rel_err(p.value.f32(), ref->params().at(p.name).value.f32(), size_t(p.value.numel()));

@@ -8,8 +8,8 @@
 #include "data/sample_encoder.h"
 #include "data/shards.h"
 #include "data/tokenize_job.h"
-#include "io/sha256.h"
 #include "data_test_util.h"
+#include "io/sha256.h"
 #include "test_util.h"
 
 namespace soltrain {

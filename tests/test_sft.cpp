@@ -117,7 +117,8 @@ TEST(Sft, LoraLearnsSavesAPeftAdapterAndResumesExactly) {
   // A random base cannot be steered far by adapters alone (its frozen LM head is tiny): start LoRA from a
   // briefly fully-trained model, as users start from a pretrained one.
   train(s.config("base", "max_steps: 10\n"));
-  const std::string extra = "model: base/model\n"
+  const std::string extra =
+      "model: base/model\n"
       "max_steps: 30\nsave_steps: 15\nlora: true\nlora_rank: 8\nlora_alpha: 16\nlora_dropout: 0.1\n"
       "learning_rate: 2.0e-2\neval_steps: 30\n";
   const RunResult r = train(s.config("a", extra));

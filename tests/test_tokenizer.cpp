@@ -65,8 +65,12 @@ void check_fixture(const std::string& name) {
             << " decode round trips checked\n";
 }
 
-TEST(TokenizerReal, Qwen3MatchesHF) { check_fixture("qwen3"); }
-TEST(TokenizerReal, Llama3MatchesHF) { check_fixture("llama3"); }
+TEST(TokenizerReal, Qwen3MatchesHF) {
+  check_fixture("qwen3");
+}
+TEST(TokenizerReal, Llama3MatchesHF) {
+  check_fixture("llama3");
+}
 
 // Rendered chat templates (special tokens mid-text) encode to the ids HF gives; the templates themselves
 // are tested with the chat-template code.
@@ -82,8 +86,12 @@ void check_chat_fixture(const std::string& name) {
   }
 }
 
-TEST(TokenizerReal, Qwen3ChatTextMatchesHF) { check_chat_fixture("qwen3"); }
-TEST(TokenizerReal, Llama3ChatTextMatchesHF) { check_chat_fixture("llama3"); }
+TEST(TokenizerReal, Qwen3ChatTextMatchesHF) {
+  check_chat_fixture("qwen3");
+}
+TEST(TokenizerReal, Llama3ChatTextMatchesHF) {
+  check_chat_fixture("llama3");
+}
 
 TEST(TokenizerReal, SpecialTokensAndSkip) {
   Tokenizer& tok = real_tokenizer("qwen3");

@@ -18,8 +18,8 @@ inline std::filesystem::path fixtures() {
 }
 
 // The reference model fixtures every whole-model test runs on (tests/fixtures/models).
-inline const auto kReferenceModels = ::testing::Values("qwen3-tiny", "llama-tiny", "qwen2-tiny-mqa-bias",
-                                                       "llama3-tiny-scaled", "qwen3-tiny-linear");
+inline const auto kReferenceModels =
+    ::testing::Values("qwen3-tiny", "llama-tiny", "qwen2-tiny-mqa-bias", "llama3-tiny-scaled", "qwen3-tiny-linear");
 // A fixture name as a test name (gtest allows only letters, digits and '_').
 inline std::string fixture_test_name(const ::testing::TestParamInfo<std::string>& info) {
   std::string n = info.param;

@@ -50,8 +50,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
     auto ops = make_ops(o->device);
     std::optional<LoraConfig> lora;
     if (o->lora_rank > 0)
-      lora = LoraConfig{o->lora_rank, 2.0f * float(o->lora_rank), 0.0f,
-                        std::vector<std::string>(kLoraModuleNames.begin(), kLoraModuleNames.end()), false, 1};
+      lora = LoraConfig{o->lora_rank, 2.0f * float(o->lora_rank),
+                        0.0f,         std::vector<std::string>(kLoraModuleNames.begin(), kLoraModuleNames.end()),
+                        false,        1};
     auto model = load_pretrained(o->model, *ops, lora);
     const int V = model->config().vocab_size;
     HostBatch batch{o->batch, o->seq, {}, {}, {}, {}};
@@ -162,8 +163,13 @@ std::function<int()> add_bench_attention_command(CLI::App& app) {
     }
     // causal: half of the 4·B·H·T²·hd forward FLOPs; backward 2.5x forward (the FlashAttention convention)
     const double flops = 4.0 * o->batch * H * double(o->seq) * o->seq * hd / 2;
-    nlohmann::json r{{"engine", "soltrain"}, {"batch", o->batch}, {"heads", H},          {"kv_heads", Hkv},
-                     {"seq", o->seq},        {"head_dim", hd},    {"fwd_ms", median(fwd) * 1e3},
+    nlohmann::json r{{"engine", "soltrain"},
+                     {"batch", o->batch},
+                     {"heads", H},
+                     {"kv_heads", Hkv},
+                     {"seq", o->seq},
+                     {"head_dim", hd},
+                     {"fwd_ms", median(fwd) * 1e3},
                      {"bwd_ms", median(bwd) * 1e3},
                      {"fwd_tflops", flops / median(fwd) / 1e12},
                      {"bwd_tflops", 2.5 * flops / median(bwd) / 1e12}};

@@ -23,7 +23,7 @@ struct SeqLayout {
 
 struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay;
-  int step;                // 1-based, for bias correction
+  int step;                 // 1-based, for bias correction
   float grad_scale = 1.0f;  // gradient clipping's factor, applied as the gradient is read (no extra pass)
 };
 
@@ -38,8 +38,8 @@ class Ops {
   virtual void copy(Tensor dst, const Tensor& src) = 0;     // same dtype; either side may be host memory
   virtual void convert(Tensor dst, const Tensor& src) = 0;  // device tensors, F32 <-> activation dtype
   virtual void zero(Tensor t) = 0;
-  virtual void synchronize() {}                             // wait for queued work (timing only)
-  virtual double memory_used_gib() const { return 0.0; }    // device memory in use (all processes)
+  virtual void synchronize() {}                           // wait for queued work (timing only)
+  virtual double memory_used_gib() const { return 0.0; }  // device memory in use (all processes)
   // Per-op device time: enable, run, then collect milliseconds by op name (empty where unsupported).
   virtual void enable_profiling(bool) {}
   virtual std::map<std::string, double> collect_profile() { return {}; }

@@ -95,7 +95,6 @@ std::optional<int32_t> Bpe::token_to_id(std::string_view token) const {
   return it->second;
 }
 
-
 void Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) const {
   WordCache& cache_ = thread_cache(id_);
   if (word.empty()) return;

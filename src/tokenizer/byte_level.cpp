@@ -29,7 +29,9 @@ const Table& table() {
 
 }  // namespace
 
-const std::string& byte_level_char(unsigned char b) { return table().to_char[b]; }
+const std::string& byte_level_char(unsigned char b) {
+  return table().to_char[b];
+}
 
 std::string byte_level_encode(std::string_view s) {
   const Table& t = table();
@@ -39,6 +41,8 @@ std::string byte_level_encode(std::string_view s) {
   return out;
 }
 
-int byte_level_byte(char32_t cp) { return cp < 512 ? table().to_byte[cp] : -1; }
+int byte_level_byte(char32_t cp) {
+  return cp < 512 ? table().to_byte[cp] : -1;
+}
 
 }  // namespace soltrain

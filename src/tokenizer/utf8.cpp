@@ -10,17 +10,10 @@ char32_t utf8_next(std::string_view s, size_t& i) {
   const size_t n = utf8_len(static_cast<unsigned char>(s[i]));
   char32_t cp;
   switch (n) {
-    case 2:
-      cp = ((b(0) & 0x1F) << 6) | (b(1) & 0x3F);
-      break;
-    case 3:
-      cp = ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
-      break;
-    case 4:
-      cp = ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
-      break;
-    default:
-      cp = b(0);
+    case 2: cp = ((b(0) & 0x1F) << 6) | (b(1) & 0x3F); break;
+    case 3: cp = ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F); break;
+    case 4: cp = ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F); break;
+    default: cp = b(0);
   }
   i += n;
   return cp;
@@ -121,10 +114,8 @@ bool is_unicode_whitespace(char32_t cp) {
     case 0x2029:
     case 0x202F:
     case 0x205F:
-    case 0x3000:
-      return true;
-    default:
-      return cp >= 0x2000 && cp <= 0x200A;
+    case 0x3000: return true;
+    default: return cp >= 0x2000 && cp <= 0x200A;
   }
 }
 
@@ -139,10 +130,8 @@ bool is_unicode_alphanumeric(char32_t cp) {
     case UTF8PROC_CATEGORY_LO:
     case UTF8PROC_CATEGORY_NL:
     case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_NO:
-      return true;
-    default:
-      return false;
+    case UTF8PROC_CATEGORY_NO: return true;
+    default: return false;
   }
 }
 

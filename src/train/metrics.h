@@ -15,7 +15,7 @@ struct StepMetrics {
   int64_t step = 0, total_steps = 0;
   double loss = 0, lr = 0, grad_norm = 0, epoch = 0;
   double tokens_per_s = 0, seconds_left = 0, gpu_memory_gib = 0;
-  double mfu = 0;  // model FLOPs / measured matmul rate; 0 = not measured
+  double mfu = 0;      // model FLOPs / measured matmul rate; 0 = not measured
   int64_t tokens = 0;  // counted (trained) targets of this step
 };
 

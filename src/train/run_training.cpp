@@ -14,8 +14,8 @@
 #include "train/curves_svg.h"
 #include "train/evaluate.h"
 #include "train/metrics.h"
-#include "train/stop_signal.h"
 #include "train/mfu.h"
+#include "train/stop_signal.h"
 #include "train/train_checkpoint.h"
 #include "train/train_data.h"
 
@@ -64,8 +64,8 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
   TrainData data = prepare_train_data(c, log);
   std::optional<LoraConfig> lora;
   if (c.lora.enabled) {
-    lora = LoraConfig{c.lora.rank, float(c.lora.alpha), float(c.lora.dropout), c.lora.target_modules,
-                      c.lora.use_rslora, c.seed};
+    lora = LoraConfig{c.lora.rank,           float(c.lora.alpha), float(c.lora.dropout),
+                      c.lora.target_modules, c.lora.use_rslora,   c.seed};
     lora->validate("config.yaml");
   }
   auto model = load_pretrained(c.model, ops, lora);
@@ -129,8 +129,7 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
     const double weights = ops.activation_dtype() == DType::F32
                                ? 4 * all_weights
                                : 4 * trainable + double(dtype_size(ops.activation_dtype())) * all_weights;
-    log << cmd << ": memory plan: weights " << weights / gib
-        << " GiB, gradients " << 4 * trainable / gib
+    log << cmd << ": memory plan: weights " << weights / gib << " GiB, gradients " << 4 * trainable / gib
         << " GiB, AdamW moments " << 8 * trainable / gib << " GiB, activations "
         << double(model->activation_bytes()) / gib << " GiB (recompute " << c.recompute << ")\n";
   }

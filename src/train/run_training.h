@@ -18,7 +18,6 @@ struct RunResult {
 // The number of optimizer updates of a run (max_steps, or num_epochs over the packed batches).
 int64_t total_training_steps(const TrainConfig& c, int64_t micro_batches_per_epoch);
 
-
 // `ops` is the backend chosen by `device` (the CLI makes it; the train layer knows no device names).
 RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostream& log);
 

@@ -20,7 +20,8 @@ TEST_P(CudaAttention, ForwardAndBackwardMatchTheCpu) {
     max_len = std::max(max_len, cu[d + 1] - cu[d]);
     for (int32_t i = cu[d]; i < cu[d + 1]; ++i) pos.push_back(i - cu[d]);
   }
-  auto q = randn(static_cast<size_t>(N * H * hd)), k = randn(static_cast<size_t>(N * Hkv * hd)), v = randn(static_cast<size_t>(N * Hkv * hd));
+  auto q = randn(static_cast<size_t>(N * H * hd)), k = randn(static_cast<size_t>(N * Hkv * hd)),
+       v = randn(static_cast<size_t>(N * Hkv * hd));
   auto dout = randn(static_cast<size_t>(N * H * hd));
   const float scale = 1.0f / std::sqrt(float(hd));
   // CPU reference on the same (bf16-representable) inputs
@@ -29,9 +30,9 @@ TEST_P(CudaAttention, ForwardAndBackwardMatchTheCpu) {
   cpu->attention_forward(host(out, {N, H, hd}), host(lse, {H, N}), host(q, {N, H, hd}), host(k, {N, Hkv, hd}),
                          host(v, {N, Hkv, hd}), cs, scale);
   // The GPU's backward sees its own (bf16) output, as in training; the CPU's its own.
-  cpu->attention_backward(host(dq, {N, H, hd}), host(dk, {N, Hkv, hd}), host(dv, {N, Hkv, hd}),
-                          host(dout, {N, H, hd}), host(q, {N, H, hd}), host(k, {N, Hkv, hd}), host(v, {N, Hkv, hd}),
-                          host(out, {N, H, hd}), host(lse, {H, N}), cs, scale);
+  cpu->attention_backward(host(dq, {N, H, hd}), host(dk, {N, Hkv, hd}), host(dv, {N, Hkv, hd}), host(dout, {N, H, hd}),
+                          host(q, {N, H, hd}), host(k, {N, Hkv, hd}), host(v, {N, Hkv, hd}), host(out, {N, H, hd}),
+                          host(lse, {H, N}), cs, scale);
 
   const SeqLayout gs{upload_i32(cu), upload_i32(pos), max_len};
   Tensor gq = upload(q, {N, H, hd}), gk = upload(k, {N, Hkv, hd}), gv = upload(v, {N, Hkv, hd});
@@ -54,11 +55,11 @@ TEST_P(CudaAttention, ForwardAndBackwardMatchTheCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention,
-                         ::testing::Values(Case{{0, 200, 333}, 4, 2, 64},       // packed, GQA 2:1
-                                           Case{{0, 256}, 8, 2, 128},           // GQA 4:1, hd 128
-                                           Case{{0, 77, 100, 190}, 4, 1, 16},   // MQA, tiny head dim
-                                           Case{{0, 130}, 6, 2, 24},            // hd not a multiple of 16
-                                           Case{{0, 1, 65, 129}, 2, 2, 32},     // a one-token document
+                         ::testing::Values(Case{{0, 200, 333}, 4, 2, 64},      // packed, GQA 2:1
+                                           Case{{0, 256}, 8, 2, 128},          // GQA 4:1, hd 128
+                                           Case{{0, 77, 100, 190}, 4, 1, 16},  // MQA, tiny head dim
+                                           Case{{0, 130}, 6, 2, 24},           // hd not a multiple of 16
+                                           Case{{0, 1, 65, 129}, 2, 2, 32},    // a one-token document
                                            Case{{0, 700, 1024}, 4, 4, 128}));  // MHA, longer
 
 }  // namespace

@@ -9,8 +9,10 @@ using CudaOps = CudaTest;
 
 TEST_F(CudaOps, LinearForwardAndBackward) {
   for (auto [N, in, out, with_bias] : {std::tuple{77, 96, 136, true}, {256, 512, 384, false}, {5, 64, 320, true}}) {
-    auto x = randn(static_cast<size_t>(N * in)), w = randn(static_cast<size_t>(out * in), 0.05f), b = randn(static_cast<size_t>(out));
-    auto dy = randn(static_cast<size_t>(N * out)), dx0 = randn(static_cast<size_t>(N * in)), dw0 = randn(static_cast<size_t>(out * in)), db0 = randn(static_cast<size_t>(out));
+    auto x = randn(static_cast<size_t>(N * in)), w = randn(static_cast<size_t>(out * in), 0.05f),
+         b = randn(static_cast<size_t>(out));
+    auto dy = randn(static_cast<size_t>(N * out)), dx0 = randn(static_cast<size_t>(N * in)),
+         dw0 = randn(static_cast<size_t>(out * in)), db0 = randn(static_cast<size_t>(out));
     // GPU
     Tensor gx = upload(x, {N, in}), gw = upload(w, {out, in}), gb = upload(b, {out}), gdy = upload(dy, {N, out});
     Tensor gy = poisoned({N, out}), gdx = upload(dx0, {N, in}), gdw = upload(dw0, {out, in}, DType::F32),
@@ -40,7 +42,8 @@ TEST_F(CudaOps, LinearForwardAndBackward) {
 
 TEST_F(CudaOps, RmsNormForwardAndBackward) {
   for (auto [R, C] : {std::pair{100, 160}, {4096, 128}, {33, 1024}}) {
-    auto x = randn(static_cast<size_t>(R * C), 2.0f), w = randn(static_cast<size_t>(C)), dy = randn(static_cast<size_t>(R * C));
+    auto x = randn(static_cast<size_t>(R * C), 2.0f), w = randn(static_cast<size_t>(C)),
+         dy = randn(static_cast<size_t>(R * C));
     auto dx0 = randn(static_cast<size_t>(R * C)), dw0 = randn(static_cast<size_t>(C));
     Tensor gy = poisoned({R, C}), grs = poisoned({R}, DType::F32), gx = upload(x, {R, C}), gw = upload(w, {C});
     Tensor gdx = upload(dx0, {R, C}), gdw = upload(dw0, {C}, DType::F32);
@@ -111,7 +114,8 @@ TEST_F(CudaOps, CrossEntropyWithIgnoredTargets) {
 
 TEST_F(CudaOps, EmbeddingForwardAndDeterministicBackward) {
   const int64_t V = 1000, D = 96, N = 500;
-  auto table = randn(static_cast<size_t>(V * D)), dout = randn(static_cast<size_t>(N * D)), dt0 = randn(static_cast<size_t>(V * D));
+  auto table = randn(static_cast<size_t>(V * D)), dout = randn(static_cast<size_t>(N * D)),
+       dt0 = randn(static_cast<size_t>(V * D));
   std::vector<int32_t> ids(static_cast<size_t>(N));
   for (auto& i : ids) i = int32_t(rng() % 40);  // many repeats: the accumulation order matters
   Tensor gids = upload_i32(ids), gout = poisoned({N, D}), gdt = upload(dt0, {V, D}, DType::F32);
@@ -131,7 +135,8 @@ TEST_F(CudaOps, EmbeddingForwardAndDeterministicBackward) {
 
 TEST_F(CudaOps, AdamWMatchesTheCpuAndWritesTheBf16Copy) {
   const int64_t n = 10007;
-  auto w = randn(static_cast<size_t>(n)), m0 = randn(static_cast<size_t>(n), 0.01f), v0 = randn(static_cast<size_t>(n), 0.01f);
+  auto w = randn(static_cast<size_t>(n)), m0 = randn(static_cast<size_t>(n), 0.01f),
+       v0 = randn(static_cast<size_t>(n), 0.01f);
   for (float& x : v0) x = x * x;
   Tensor gw = upload(w, {n}, DType::F32), gm = upload(m0, {n}, DType::F32), gv = upload(v0, {n}, DType::F32);
   Tensor copy = poisoned({n});

@@ -27,8 +27,7 @@ __global__ void adamw_kernel(float* w, const float* g, float* m, float* v, bf16*
 }
 }  // namespace
 
-void CudaOps::adamw(Tensor master, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p,
-                    Tensor* compute_copy) {
+void CudaOps::adamw(Tensor master, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p, Tensor* compute_copy) {
   const auto prof = profile("adamw");
   const double bc1 = 1.0 - std::pow(double(p.beta1), p.step);
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(double(p.beta2), p.step));

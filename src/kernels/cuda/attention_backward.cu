@@ -61,13 +61,13 @@ __global__ void __launch_bounds__(kWarps * 32)
   // item i = (query head h = kh * group + i / q_tiles, query tile starting at k0 + (i % q_tiles) * kTile)
   auto load_item = [&](int i, int b) {
     const int h = kh * group + i / q_tiles, q0 = k0 + (i % q_tiles) * kTile;
-    load_rows<D, kTile, kAsync>((Qb + (b) * kTile * ld), q, start + q0, len - q0, H, h, hd);
-    load_rows<D, kTile, kAsync>((dOb + (b) * kTile * ld), dout, start + q0, len - q0, H, h, hd);
+    load_rows<D, kTile, kAsync>((Qb + (b)*kTile * ld), q, start + q0, len - q0, H, h, hd);
+    load_rows<D, kTile, kAsync>((dOb + (b)*kTile * ld), dout, start + q0, len - q0, H, h, hd);
     cp_async_commit();
     for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
       const bool ok = q0 + r < len;
-      lse_b[(b) * kTile + r] = ok ? lse[int64_t(h) * N + start + q0 + r] * kLog2e : 0.f;
-      delta_b[(b) * kTile + r] = ok ? delta[int64_t(h) * N + start + q0 + r] : 0.f;
+      lse_b[(b)*kTile + r] = ok ? lse[int64_t(h) * N + start + q0 + r] * kLog2e : 0.f;
+      delta_b[(b)*kTile + r] = ok ? delta[int64_t(h) * N + start + q0 + r] : 0.f;
     }
   };
   load_rows<D, kTile, kAsync>(Ks, k, start + k0, len - k0, Hkv, kh, hd);
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int b = it % 2, q0 = k0 + (it % q_tiles) * kTile;
     if (it + 1 < items) load_item(it + 1, b ^ 1);
     for (int n0 = 0; n0 < kTile; n0 += 32) {  // 32 queries at a time keeps the register count down
-      if (q0 + n0 + 31 < wk0) continue;         // all these queries precede this warp's keys
+      if (q0 + n0 + 31 < wk0) continue;       // all these queries precede this warp's keys
       float p[4][4], ds[4][4];
       for (int i = 0; i < 4; ++i)
         for (int e = 0; e < 4; ++e) p[i][e] = ds[i][e] = 0.f;
@@ -96,10 +96,10 @@ __global__ void __launch_bounds__(kWarps * 32)
         load_a(av, Vs + warp * 16 * ld + ks * 16, ld);
         for (int qp = 0; qp < 2; ++qp) {
           uint32_t b0[2], b1[2];
-          load_b2(b0, b1, (Qb + (b) * kTile * ld) + (n0 + qp * 16) * ld + ks * 16, ld);
+          load_b2(b0, b1, (Qb + (b)*kTile * ld) + (n0 + qp * 16) * ld + ks * 16, ld);
           mma(p[2 * qp], ak, b0);  // Sᵀ: keys x queries
           mma(p[2 * qp + 1], ak, b1);
-          load_b2(b0, b1, (dOb + (b) * kTile * ld) + (n0 + qp * 16) * ld + ks * 16, ld);
+          load_b2(b0, b1, (dOb + (b)*kTile * ld) + (n0 + qp * 16) * ld + ks * 16, ld);
           mma(ds[2 * qp], av, b0);  // dPᵀ
           mma(ds[2 * qp + 1], av, b1);
         }
@@ -109,9 +109,9 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int e = 0; e < 4; ++e) {
           const int qc = n0 + nt * 8 + 2 * t + (e & 1), query = q0 + qc, kr = key[e / 2];
           const bool ok = !masked || (kr <= query && query < len && kr < len);
-          const float pe = ok ? exp2f(p[nt][e] * scale_log2 - lse_b[(b) * kTile + qc]) : 0.f;
+          const float pe = ok ? exp2f(p[nt][e] * scale_log2 - lse_b[(b)*kTile + qc]) : 0.f;
           p[nt][e] = pe;
-          ds[nt][e] = pe * (ds[nt][e] - delta_b[(b) * kTile + qc]);
+          ds[nt][e] = pe * (ds[nt][e] - delta_b[(b)*kTile + qc]);
         }
       for (int kk = 0; kk < 2; ++kk) {
         uint32_t ap[4], ad[4];
@@ -119,10 +119,10 @@ __global__ void __launch_bounds__(kWarps * 32)
         c_to_a(ad, ds[2 * kk], ds[2 * kk + 1]);
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t b0[2], b1[2];
-          load_b2_trans(b0, b1, (dOb + (b) * kTile * ld) + (n0 + kk * 16) * ld + dp * 16, ld);
+          load_b2_trans(b0, b1, (dOb + (b)*kTile * ld) + (n0 + kk * 16) * ld + dp * 16, ld);
           mma(dv_acc[2 * dp], ap, b0);
           mma(dv_acc[2 * dp + 1], ap, b1);
-          load_b2_trans(b0, b1, (Qb + (b) * kTile * ld) + (n0 + kk * 16) * ld + dp * 16, ld);
+          load_b2_trans(b0, b1, (Qb + (b)*kTile * ld) + (n0 + kk * 16) * ld + dp * 16, ld);
           mma(dk_acc[2 * dp], ad, b0);
           mma(dk_acc[2 * dp + 1], ad, b1);
         }
@@ -139,7 +139,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       if (c >= hd) continue;  // hd is even: c < hd means the pair fits
       *reinterpret_cast<__nv_bfloat162*>(dk + base + c) =
           __floats2bfloat162_rn(dk_acc[dt][2 * r] * scale, dk_acc[dt][2 * r + 1] * scale);
-      *reinterpret_cast<__nv_bfloat162*>(dv + base + c) = __floats2bfloat162_rn(dv_acc[dt][2 * r], dv_acc[dt][2 * r + 1]);
+      *reinterpret_cast<__nv_bfloat162*>(dv + base + c) =
+          __floats2bfloat162_rn(dv_acc[dt][2 * r], dv_acc[dt][2 * r + 1]);
     }
   }
 }
@@ -203,10 +204,10 @@ __global__ void __launch_bounds__(kWarps * 32)
       load_a(ado, dOs + warp * 16 * ld + ks * 16, ld);
       for (int np = 0; np < kTile / 16; ++np) {
         uint32_t b0[2], b1[2];
-        load_b2(b0, b1, (Kb + (b) * kTile * ld) + np * 16 * ld + ks * 16, ld);
+        load_b2(b0, b1, (Kb + (b)*kTile * ld) + np * 16 * ld + ks * 16, ld);
         mma(p[2 * np], aq, b0);  // S
         mma(p[2 * np + 1], aq, b1);
-        load_b2(b0, b1, (Vb + (b) * kTile * ld) + np * 16 * ld + ks * 16, ld);
+        load_b2(b0, b1, (Vb + (b)*kTile * ld) + np * 16 * ld + ks * 16, ld);
         mma(ds[2 * np], ado, b0);  // dP
         mma(ds[2 * np + 1], ado, b1);
       }
@@ -224,7 +225,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       c_to_a(a, ds[2 * kk], ds[2 * kk + 1]);
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t b0[2], b1[2];
-        load_b2_trans(b0, b1, (Kb + (b) * kTile * ld) + kk * 16 * ld + dp * 16, ld);
+        load_b2_trans(b0, b1, (Kb + (b)*kTile * ld) + kk * 16 * ld + dp * 16, ld);
         mma(acc[2 * dp], a, b0);
         mma(acc[2 * dp + 1], a, b1);
       }
@@ -245,9 +246,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 template <int D, bool kAsync>
-void launch(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
-            const Tensor& k, const Tensor& v, const Tensor& lse, const float* delta, const SeqLayout& seq, float scale,
-            cudaStream_t s) {
+void launch(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+            const Tensor& v, const Tensor& lse, const float* delta, const SeqLayout& seq, float scale, cudaStream_t s) {
   static bool configured = false;
   if (!configured) {
     CUDA_CHECK(cudaFuncSetAttribute(flash_backward_dkdv<D, kAsync>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -264,8 +264,8 @@ void launch(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& 
       seq.cu_seqlens.i32(), N, H, Hkv, hd, scale);
   CUDA_CHECK_LAUNCH();
   flash_backward_dq<D, kAsync><<<dim3(tiles, unsigned(H), docs), kWarps * 32, dq_smem<D>(), s>>>(
-      dq.as<bf16>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), dout.as<bf16>(), lse.f32(), delta,
-      seq.cu_seqlens.i32(), N, H, Hkv, hd, scale);
+      dq.as<bf16>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), dout.as<bf16>(), lse.f32(), delta, seq.cu_seqlens.i32(),
+      N, H, Hkv, hd, scale);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -281,14 +281,14 @@ void launch_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const
 
 }  // namespace
 
-void CudaOps::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
-                                 const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                                 const SeqLayout& seq, float scale) {
+void CudaOps::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                                 const Tensor& v, const Tensor& out, const Tensor& lse, const SeqLayout& seq,
+                                 float scale) {
   const auto prof = profile("attention_backward");
   const int64_t N = q.dim(0), H = q.dim(1), hd = q.dim(2);
   float* delta = static_cast<float*>(scratch(size_t(N * H) * sizeof(float)));
   attention_delta<<<unsigned((N * H + 7) / 8), 256, 0, stream_>>>(delta, dout.as<bf16>(), out.as<bf16>(), N, int(H),
-                                                                   int(hd));
+                                                                  int(hd));
   CUDA_CHECK_LAUNCH();
   if (hd <= 32)
     launch_backward<32>(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, stream_);

@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int ks = 0; ks < D / 16; ++ks)
         for (int np = 0; np < kTile / 16; ++np) {
           uint32_t b0[2], b1[2];
-          load_b2(b0, b1, (Kb + (buf) * kTile * ld) + np * 16 * ld + ks * 16, ld);
+          load_b2(b0, b1, (Kb + (buf)*kTile * ld) + np * 16 * ld + ks * 16, ld);
           mma(s[2 * np], qf[ks], b0);
           mma(s[2 * np + 1], qf[ks], b1);
         }
@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         c_to_a(a, s[2 * kk], s[2 * kk + 1]);
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t b0[2], b1[2];
-          load_b2_trans(b0, b1, (Vb + (buf) * kTile * ld) + kk * 16 * ld + dp * 16, ld);
+          load_b2_trans(b0, b1, (Vb + (buf)*kTile * ld) + kk * 16 * ld + dp * 16, ld);
           mma(o[2 * dp], a, b0);
           mma(o[2 * dp + 1], a, b1);
         }
@@ -133,8 +133,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int dt = 0; dt < D / 8; ++dt) {
       const int c = dt * 8 + 2 * t;
       if (c + 1 < hd) {  // hd is even (config check), so pairs never straddle the end
-        *reinterpret_cast<__nv_bfloat162*>(dst + c) =
-            __floats2bfloat162_rn(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+        *reinterpret_cast<__nv_bfloat162*>(dst + c) = __floats2bfloat162_rn(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
       } else if (c < hd) {
         dst[c] = cuda::to_bf(o[dt][2 * r] * inv);
       }
@@ -154,9 +153,9 @@ void launch(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor&
   }
   const int H = int(q.dim(1)), Hkv = int(k.dim(1)), hd = int(q.dim(2));
   const dim3 grid(unsigned((seq.max_seqlen + kRows - 1) / kRows), unsigned(H), unsigned(seq.cu_seqlens.numel() - 1));
-  flash_forward<D, kAsync><<<grid, kWarps * 32, forward_smem<D>(), s>>>(
-      out.as<bf16>(), lse.f32(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), seq.cu_seqlens.i32(), q.dim(0), H, Hkv, hd,
-      scale * kLog2e);
+  flash_forward<D, kAsync>
+      <<<grid, kWarps * 32, forward_smem<D>(), s>>>(out.as<bf16>(), lse.f32(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(),
+                                                    seq.cu_seqlens.i32(), q.dim(0), H, Hkv, hd, scale * kLog2e);
   CUDA_CHECK_LAUNCH();
 }
 

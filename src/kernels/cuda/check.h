@@ -14,16 +14,16 @@ namespace soltrain::cuda {
 
 }  // namespace soltrain::cuda
 
-#define CUDA_CHECK(call)                                                                            \
-  do {                                                                                              \
-    cudaError_t err_ = (call);                                                                      \
+#define CUDA_CHECK(call)                                                                                  \
+  do {                                                                                                    \
+    cudaError_t err_ = (call);                                                                            \
     if (err_ != cudaSuccess) ::soltrain::cuda::fail(#call, cudaGetErrorString(err_), __FILE__, __LINE__); \
   } while (0)
 
-#define CUBLAS_CHECK(call)                                                                            \
-  do {                                                                                                \
-    cublasStatus_t st_ = (call);                                                                      \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                                 \
+#define CUBLAS_CHECK(call)                                                                                         \
+  do {                                                                                                             \
+    cublasStatus_t st_ = (call);                                                                                   \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                                              \
       ::soltrain::cuda::fail(#call, std::string("cuBLAS status ") + std::to_string(int(st_)), __FILE__, __LINE__); \
   } while (0)
 

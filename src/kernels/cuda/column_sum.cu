@@ -17,8 +17,8 @@ int64_t splits_for(int64_t R, int64_t C, int sms) {
   return std::clamp<int64_t>((4 * sms + col_blocks - 1) / col_blocks, 1, std::max<int64_t>(1, R / 64));
 }
 
-__global__ void column_partials(float* partials, const bf16* dy, const bf16* x, const float* rstd, int64_t R,
-                                int64_t C, int64_t rows_per_split) {
+__global__ void column_partials(float* partials, const bf16* dy, const bf16* x, const float* rstd, int64_t R, int64_t C,
+                                int64_t rows_per_split) {
   __shared__ float acc[kRowsPar][kCols + 1];
   const int64_t c = int64_t(blockIdx.x) * kCols + threadIdx.x;
   const int64_t r0 = int64_t(blockIdx.y) * rows_per_split, r1 = min(R, r0 + rows_per_split);
@@ -76,14 +76,16 @@ __global__ void column_finish(float* out, const float* partials, int64_t C, int6
 }
 }  // namespace
 
-int64_t column_sum_partial_floats(int64_t R, int64_t C, int sms) { return splits_for(R, C, sms) * C; }
+int64_t column_sum_partial_floats(int64_t R, int64_t C, int sms) {
+  return splits_for(R, C, sms) * C;
+}
 
 void column_sum(float* out, const bf16* dy, const bf16* x, const float* rstd, int64_t R, int64_t C, float* partials,
                 int sms, cudaStream_t s) {
   const int64_t splits = splits_for(R, C, sms);
   const int64_t rows_per_split = (R + splits - 1) / splits;
-  const bool vec = C % 8 == 0 && reinterpret_cast<uintptr_t>(dy) % 16 == 0 &&
-                   (!x || reinterpret_cast<uintptr_t>(x) % 16 == 0);
+  const bool vec =
+      C % 8 == 0 && reinterpret_cast<uintptr_t>(dy) % 16 == 0 && (!x || reinterpret_cast<uintptr_t>(x) % 16 == 0);
   if (vec) {
     const dim3 grid(unsigned((C / 8 + kCols - 1) / kCols), unsigned(splits));
     column_partials_vec8<<<grid, dim3(kCols, kRowsPar), 0, s>>>(partials, dy, x, rstd, R, C, rows_per_split);

@@ -67,7 +67,9 @@ void CudaOps::zero(Tensor t) {
   CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.bytes(), stream_));
 }
 
-void CudaOps::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+void CudaOps::synchronize() {
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
 
 double CudaOps::memory_used_gib() const {
   size_t free_b = 0, total_b = 0;

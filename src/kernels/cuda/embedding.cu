@@ -49,8 +49,8 @@ void CudaOps::embedding_backward(Tensor dtable, const Tensor& ids, const Tensor&
   const int64_t N = ids.numel(), V = dtable.dim(0), D = dtable.dim(1);
   const int64_t blocks = std::min<int64_t>(V, 4 * int64_t(sm_count_));
   const int64_t rows = (V + blocks - 1) / blocks;
-  embedding_bwd<<<unsigned((V + rows - 1) / rows), 256, 0, stream_>>>(dtable.f32(), ids.i32(), dout.as<bf16>(), N,
-                                                                       D, rows);
+  embedding_bwd<<<unsigned((V + rows - 1) / rows), 256, 0, stream_>>>(dtable.f32(), ids.i32(), dout.as<bf16>(), N, D,
+                                                                      rows);
   CUDA_CHECK_LAUNCH();
 }
 

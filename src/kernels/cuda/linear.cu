@@ -34,11 +34,23 @@ CudaOps::Plan::~Plan() {
   if (d) cublasLtMatrixLayoutDestroy(d);
 }
 
-void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor& A, int lda, const Tensor& B,
-                   int ldb, Tensor D, int ldd, float beta, const Tensor* bias, float alpha) {
-  const std::vector<int64_t> key{trans_a,          trans_b,          m,    n,    k,   lda, ldb, ldd, int(A.dtype),
-                                 int(D.dtype),     bias != nullptr,  alignment(A.data), alignment(B.data),
-                                 alignment(D.data), bias ? alignment(bias->data) : 0};
+void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor& A, int lda, const Tensor& B, int ldb,
+                   Tensor D, int ldd, float beta, const Tensor* bias, float alpha) {
+  const std::vector<int64_t> key{trans_a,
+                                 trans_b,
+                                 m,
+                                 n,
+                                 k,
+                                 lda,
+                                 ldb,
+                                 ldd,
+                                 int(A.dtype),
+                                 int(D.dtype),
+                                 bias != nullptr,
+                                 alignment(A.data),
+                                 alignment(B.data),
+                                 alignment(D.data),
+                                 bias ? alignment(bias->data) : 0};
   auto& plan = plans_[key];
   if (!plan) {
     plan = std::make_unique<Plan>();
@@ -50,8 +62,7 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor
       const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
       CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
       const cudaDataType_t bt = lt_type(bias->dtype);
-      CUBLAS_CHECK(
-          cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
     }
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, lt_type(A.dtype), trans_a ? k : m, trans_a ? m : k, lda));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, lt_type(B.dtype), trans_b ? n : k, trans_b ? k : n, ldb));
@@ -59,8 +70,7 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const size_t ws = workspace_.bytes();
-    CUBLAS_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
     const uint32_t al_a = uint32_t(key[11]), al_b = uint32_t(key[12]), al_d = uint32_t(key[13]);
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
@@ -76,10 +86,10 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor
     plan->algo = result.algo;
   }
   if (bias)
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias->data,
-                                                sizeof(void*)));
-  CUBLAS_CHECK(cublasLtMatmul(lt_, plan->desc, &alpha, A.data, plan->a, B.data, plan->b, &beta, D.data, plan->d,
-                              D.data, plan->d, &plan->algo, workspace_.data(), workspace_.bytes(), stream_));
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias->data, sizeof(void*)));
+  CUBLAS_CHECK(cublasLtMatmul(lt_, plan->desc, &alpha, A.data, plan->a, B.data, plan->b, &beta, D.data, plan->d, D.data,
+                              plan->d, &plan->algo, workspace_.data(), workspace_.bytes(), stream_));
 }
 
 // Row-major y[N,out] = x[N,in]·wᵀ is column-major yᵀ = w_cm ᵀ · xᵀ with w_cm = wᵀ (in × out, ld in).

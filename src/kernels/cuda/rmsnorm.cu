@@ -10,15 +10,14 @@
 namespace soltrain {
 
 using cuda::bf16;
-using cuda::to_bf;
 using cuda::load8;
 using cuda::store8;
+using cuda::to_bf;
 using cuda::to_f;
 using cuda::Vec8;
 
 namespace {
 constexpr int kWarps = 8;
-
 
 template <bool kVec>
 __global__ void rmsnorm_fwd(bf16* y, float* rstd, const bf16* x, const bf16* w, int64_t R, int64_t C, float eps) {
@@ -49,8 +48,8 @@ __global__ void rmsnorm_fwd(bf16* y, float* rstd, const bf16* x, const bf16* w, 
 }
 
 template <bool kVec>
-__global__ void rmsnorm_bwd(bf16* dx, bool accumulate, const bf16* dy, const bf16* x, const bf16* w,
-                            const float* rstd, int64_t R, int64_t C) {
+__global__ void rmsnorm_bwd(bf16* dx, bool accumulate, const bf16* dy, const bf16* x, const bf16* w, const float* rstd,
+                            int64_t R, int64_t C) {
   const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.y;
   if (r >= R) return;
   const float rs = rstd[r];
@@ -86,7 +85,9 @@ __global__ void rmsnorm_bwd(bf16* dx, bool accumulate, const bf16* dy, const bf1
   }
 }
 
-bool vectorizable(const Tensor& t, int64_t C) { return C % 8 == 0 && cuda::aligned16(t.data); }
+bool vectorizable(const Tensor& t, int64_t C) {
+  return C % 8 == 0 && cuda::aligned16(t.data);
+}
 }  // namespace
 
 void CudaOps::rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) {

@@ -8,8 +8,8 @@ namespace soltrain {
 using cuda::bf16;
 
 namespace {
-__global__ void rope_kernel(bf16* x, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads,
-                            int64_t half, float sign) {
+__global__ void rope_kernel(bf16* x, const int32_t* pos, const float* inv_freq, int64_t N, int64_t heads, int64_t half,
+                            float sign) {
   const int64_t total = N * heads * half;
   for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i = t % half, nh = t / half, n = nh / heads;

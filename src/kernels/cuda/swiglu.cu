@@ -54,7 +54,7 @@ void CudaOps::swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) {
   const int64_t n = out.numel();
   if (n % 8 == 0 && cuda::aligned16(out.data) && cuda::aligned16(gate.data) && cuda::aligned16(up.data))
     swiglu_fwd8<<<cuda::blocks_for(n / 8, 256), 256, 0, stream_>>>(out.as<bf16>(), gate.as<bf16>(), up.as<bf16>(),
-                                                                    n / 8);
+                                                                   n / 8);
   else
     swiglu_fwd<<<cuda::blocks_for(n, 256), 256, 0, stream_>>>(out.as<bf16>(), gate.as<bf16>(), up.as<bf16>(), n);
   CUDA_CHECK_LAUNCH();
@@ -66,10 +66,10 @@ void CudaOps::swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, cons
   if (n % 8 == 0 && cuda::aligned16(dgate.data) && cuda::aligned16(dup.data) && cuda::aligned16(dout.data) &&
       cuda::aligned16(gate.data) && cuda::aligned16(up.data))
     swiglu_bwd8<<<cuda::blocks_for(n / 8, 256), 256, 0, stream_>>>(dgate.as<bf16>(), dup.as<bf16>(), dout.as<bf16>(),
-                                                                    gate.as<bf16>(), up.as<bf16>(), n / 8);
+                                                                   gate.as<bf16>(), up.as<bf16>(), n / 8);
   else
     swiglu_bwd<<<cuda::blocks_for(n, 256), 256, 0, stream_>>>(dgate.as<bf16>(), dup.as<bf16>(), dout.as<bf16>(),
-                                                               gate.as<bf16>(), up.as<bf16>(), n);
+                                                              gate.as<bf16>(), up.as<bf16>(), n);
   CUDA_CHECK_LAUNCH();
 }
 
