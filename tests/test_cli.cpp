@@ -5,26 +5,11 @@
 #include <cstdio>
 #include <fstream>
 
+#include "cli_test_util.h"
 #include "test_util.h"
 
 namespace soltrain::test {
 namespace {
-
-struct CliRun {
-  int code;
-  std::string out, err;
-};
-
-CliRun run(const std::string& args, const TempDir& t) {
-  const auto out = t.path / "stdout", err = t.path / "stderr";
-  const std::string cmd = std::string(SOLTRAIN_BIN) + " " + args + " >" + out.string() + " 2>" + err.string();
-  const int status = std::system(cmd.c_str());
-  auto read = [](const std::filesystem::path& p) {
-    std::ifstream f(p);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  };
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read(out), read(err)};
-}
 
 void expect_user_error(const CliRun& r, const std::string& needle) {
   EXPECT_EQ(r.code, 2) << r.err;

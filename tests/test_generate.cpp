@@ -7,6 +7,7 @@
 #include <set>
 
 #include "cli/demo_kit.h"
+#include "cli_test_util.h"
 #include "model/checkpoint.h"
 #include "model/generation.h"
 #include "model/peft_adapter.h"
@@ -235,22 +236,6 @@ TEST(Sampler, TopPOverALargeVocabularyEqualsAFullSort) {
     for (auto [id, prob] : sampling_candidates(logits, SamplingParams{1.0f, 0, top_p, 0})) got.push_back(id);
     EXPECT_EQ(got, want) << "top_p " << top_p;
   }
-}
-
-struct CliRun {
-  int code;
-  std::string out, err;
-};
-
-CliRun run(const std::string& args, const TempDir& t) {
-  const auto out = t.path / "stdout", err = t.path / "stderr";
-  const std::string cmd = std::string(SOLTRAIN_BIN) + " " + args + " >" + out.string() + " 2>" + err.string();
-  const int status = std::system(cmd.c_str());
-  auto read = [](const std::filesystem::path& p) {
-    std::ifstream f(p);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  };
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read(out), read(err)};
 }
 
 TEST(GenerateCli, GeneratesAndFailsWithOneLine) {
