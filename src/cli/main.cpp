@@ -8,19 +8,26 @@ int main(int argc, char** argv) {
   CLI::App app{"soltrain: fast training and fine-tuning of language models"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all");
+  // Each registrar adds its subcommand and returns what runs it; the pair is kept here so a subcommand's
+  // name is written in one place only.
+  using Registrar = std::function<int()> (*)(CLI::App&);
+  const Registrar registrars[] = {soltrain::add_sft_command,
+                                  soltrain::add_pt_command,
+                                  soltrain::add_tokenize_command,
+                                  soltrain::add_generate_command,
+                                  soltrain::add_merge_command,
+                                  soltrain::add_dump_command,
+                                  soltrain::add_train_command,
+                                  soltrain::add_encode_command,
+                                  soltrain::add_chat_template_command,
+                                  soltrain::add_bench_command,
+                                  soltrain::add_bench_attention_command,
+                                  soltrain::add_demo_setup_command};
   std::vector<std::pair<CLI::App*, std::function<int()>>> commands;
-  auto dump = soltrain::add_dump_command(app);
-  auto train = soltrain::add_train_command(app);
-  auto merge = soltrain::add_merge_command(app);
-  auto encode = soltrain::add_encode_command(app);
-  auto tokenize = soltrain::add_tokenize_command(app);
-  auto chat_template = soltrain::add_chat_template_command(app);
-  auto bench = soltrain::add_bench_command(app);
-  auto bench_attention = soltrain::add_bench_attention_command(app);
-  auto sft = soltrain::add_sft_command(app);
-  auto pt = soltrain::add_pt_command(app);
-  auto demo_setup = soltrain::add_demo_setup_command(app);
-  auto generate = soltrain::add_generate_command(app);
+  for (Registrar add : registrars) {
+    std::function<int()> run = add(app);
+    commands.emplace_back(app.get_subcommands([](CLI::App*) { return true; }).back(), std::move(run));
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -32,18 +39,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    if (app.got_subcommand("dump")) return dump();
-    if (app.got_subcommand("train")) return train();
-    if (app.got_subcommand("merge")) return merge();
-    if (app.got_subcommand("encode")) return encode();
-    if (app.got_subcommand("tokenize")) return tokenize();
-    if (app.got_subcommand("chat-template")) return chat_template();
-    if (app.got_subcommand("bench")) return bench();
-    if (app.got_subcommand("bench-attention")) return bench_attention();
-    if (app.got_subcommand("sft")) return sft();
-    if (app.got_subcommand("pt")) return pt();
-    if (app.got_subcommand("demo-setup")) return demo_setup();
-    if (app.got_subcommand("generate")) return generate();
+    for (const auto& [cmd, run] : commands)
+      if (cmd->parsed()) return run();
   } catch (const soltrain::UserError& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;

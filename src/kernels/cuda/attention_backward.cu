@@ -290,14 +290,8 @@ void CudaOps::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& 
   attention_delta<<<unsigned((N * H + 7) / 8), 256, 0, stream_>>>(delta, dout.as<bf16>(), out.as<bf16>(), N, int(H),
                                                                   int(hd));
   CUDA_CHECK_LAUNCH();
-  if (hd <= 32)
-    launch_backward<32>(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, stream_);
-  else if (hd <= 64)
-    launch_backward<64>(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, stream_);
-  else if (hd <= 128)
-    launch_backward<128>(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, stream_);
-  else
-    user_error("head_dim ", hd, " is not supported on CUDA yet (at most 128)");
+  with_head_dim(hd,
+                [&](auto D) { launch_backward<D.value>(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, stream_); });
 }
 
 }  // namespace soltrain

@@ -9,7 +9,9 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
+#include "core/error.h"
 #include "kernels/cuda/common.cuh"
 
 namespace soltrain::cuda::attn {
@@ -102,6 +104,20 @@ __device__ __forceinline__ void load_rows(bf16* dst, const bf16* src, int64_t fi
       dst[r * ld + c] = (r < valid && c < hd) ? src[((first + r) * heads + head) * int64_t(hd) + c] : to_bf(0.f);
     }
   }
+}
+
+// Calls f(std::integral_constant<int, D>{}) with the narrowest compiled tile width D ≥ hd (32, 64, 128);
+// wider heads are a UserError. One place decides which head dims the attention kernels serve.
+template <typename F>
+void with_head_dim(int64_t hd, F&& f) {
+  if (hd <= 32)
+    f(std::integral_constant<int, 32>{});
+  else if (hd <= 64)
+    f(std::integral_constant<int, 64>{});
+  else if (hd <= 128)
+    f(std::integral_constant<int, 128>{});
+  else
+    user_error("head_dim ", hd, " is not supported on CUDA yet (at most 128)");
 }
 
 }  // namespace soltrain::cuda::attn

@@ -174,14 +174,7 @@ void CudaOps::attention_forward(Tensor out, Tensor lse, const Tensor& q, const T
                                 const SeqLayout& seq, float scale) {
   const auto prof = profile("attention_forward");
   const int64_t hd = q.dim(2);
-  if (hd <= 32)
-    launch_forward<32>(out, lse, q, k, v, seq, scale, stream_);
-  else if (hd <= 64)
-    launch_forward<64>(out, lse, q, k, v, seq, scale, stream_);
-  else if (hd <= 128)
-    launch_forward<128>(out, lse, q, k, v, seq, scale, stream_);
-  else
-    user_error("head_dim ", hd, " is not supported on CUDA yet (at most 128)");
+  with_head_dim(hd, [&](auto D) { launch_forward<D.value>(out, lse, q, k, v, seq, scale, stream_); });
 }
 
 }  // namespace soltrain
