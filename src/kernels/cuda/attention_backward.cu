@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -290,6 +291,8 @@ void CudaOps::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& 
   attention_delta<<<unsigned((N * H + 7) / 8), 256, 0, stream_>>>(delta, dout.as<bf16>(), out.as<bf16>(), N, int(H),
                                                                   int(hd));
   CUDA_CHECK_LAUNCH();
+  if (hopper_attention(hd))
+    return cuda::flash_backward_sm90(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, stream_);
   with_head_dim(hd,
                 [&](auto D) { launch_backward<D.value>(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, stream_); });
 }

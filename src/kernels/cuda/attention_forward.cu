@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -170,10 +171,15 @@ void launch_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const
 
 }  // namespace
 
+bool CudaOps::hopper_attention(int64_t head_dim) const {
+  return hopper_attention_ && cuda::sm90_attention_head_dim(head_dim);
+}
+
 void CudaOps::attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                                 const SeqLayout& seq, float scale) {
   const auto prof = profile("attention_forward");
   const int64_t hd = q.dim(2);
+  if (hopper_attention(hd)) return cuda::flash_forward_sm90(out, lse, q, k, v, seq, scale, stream_);
   with_head_dim(hd, [&](auto D) { launch_forward<D.value>(out, lse, q, k, v, seq, scale, stream_); });
 }
 

@@ -1,6 +1,9 @@
 // CUDA backend: construction, memory, copies. The ops themselves live in one .cu file each.
 #include "kernels/cuda/cuda_ops.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "core/error.h"
 #include "kernels/cuda/check.h"
 
@@ -19,6 +22,13 @@ CudaOps::CudaOps() {
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, dev));
+  int major = 0, minor = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  // The sm_90a image runs only on 9.0 exactly. SOLTRAIN_ATTENTION=portable keeps the sm_80 kernels (tests
+  // run both; benchmarks compare them).
+  const char* choice = std::getenv("SOLTRAIN_ATTENTION");
+  hopper_attention_ = major == 9 && minor == 0 && !(choice && std::strcmp(choice, "portable") == 0);
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasLtCreate(&lt_));
   workspace_ = alloc(size_t(32) << 20);  // cuBLASLt's recommended workspace on Hopper

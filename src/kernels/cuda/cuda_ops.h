@@ -60,6 +60,8 @@ class CudaOps final : public Ops {
 
   cudaStream_t stream() const { return stream_; }
   int sm_count() const { return sm_count_; }
+  // Whether attention of this head dim runs on the Hopper kernels (attention_*_sm90.cu).
+  bool hopper_attention(int64_t head_dim) const;
 
  private:
   // D = alpha·op(A)·op(B) + beta·C in cuBLASLt's column-major terms (C aliases D).
@@ -74,6 +76,7 @@ class CudaOps final : public Ops {
   Buffer workspace_, scratch_, reduce_out_;
   double* host_result_ = nullptr;  // pinned
   int sm_count_ = 0;
+  bool hopper_attention_ = false;  // compute capability 9.0 and not SOLTRAIN_ATTENTION=portable
   OpProfiler profiler_;
   struct Plan {  // one cuBLASLt problem: descriptors and the algorithm picked once
     cublasLtMatmulDesc_t desc = nullptr;

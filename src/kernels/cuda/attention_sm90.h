@@ -1,0 +1,21 @@
+// Host entry points of the Hopper (sm_90a) flash attention kernels: warpgroup MMA, the FA2 algorithm and
+// memory layouts otherwise (same inputs, outputs and determinism as the portable kernels). They serve
+// head dims 64 and 128 exactly; CudaOps picks them on compute capability 9.0 (see use_sm90_attention).
+#pragma once
+#include <cuda_runtime.h>
+
+#include "core/tensor.h"
+#include "kernels/ops.h"
+
+namespace soltrain::cuda {
+
+inline bool sm90_attention_head_dim(int64_t hd) { return hd == 64 || hd == 128; }
+
+void flash_forward_sm90(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const SeqLayout& seq, float scale, cudaStream_t s);
+// delta[h, n] = Σ_d dO·O, computed by the caller.
+void flash_backward_sm90(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                         const Tensor& k, const Tensor& v, const Tensor& lse, const float* delta,
+                         const SeqLayout& seq, float scale, cudaStream_t s);
+
+}  // namespace soltrain::cuda
