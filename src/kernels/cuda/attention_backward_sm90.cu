@@ -1,15 +1,18 @@
 // CUDA sm_90a: flash attention backward on warpgroup MMA, deterministic like the portable kernels in
-// attention_backward.cu (same split, no float atomics): one kernel owns 128 keys (64 per warpgroup) and
-// accumulates dK, dV over the query tiles of every query head in its GQA group; another owns 128 queries
-// and accumulates dQ over key tiles. Both recompute P from the saved log-sum-exp. Score-shaped products
-// (Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, S = Q Kᵀ, dP = dO Vᵀ) read both operands from shared memory; the products that
-// accumulate gradients (dV += Pᵀ dO, dK += dSᵀ Q, dQ += dS K) take P or dS from registers and the other
-// operand transposed from the same shared-memory tile. The streamed tiles are double-buffered by cp.async.
+// attention_backward.cu (same split, no float atomics): one kernel owns 128 keys (64 per consumer
+// warpgroup) and accumulates dK, dV over the query tiles of every query head in its GQA group; another
+// owns 128 queries and accumulates dQ over key tiles. Both recompute P from the saved log-sum-exp.
+// Each block is laid out like the forward (attention_forward_sm90.cu): a copy warpgroup streams tiles by
+// TMA through a two-stage ring, and each consumer overlaps the elementwise work of one tile with the
+// gradient products of the previous one. Score-shaped products (Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, S = Q Kᵀ,
+// dP = dO Vᵀ) read both operands from shared memory; gradient products (dV += Pᵀ dO, dK += dSᵀ Q,
+// dQ += dS K) take P or dS from registers and the other operand transposed from the same tile.
 #include <cfloat>
 
 #include "kernels/cuda/attention_sm90.cuh"
 #include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/tensor_map.h"
 
 namespace soltrain::cuda {
 
@@ -18,112 +21,223 @@ using namespace attn::sm90;
 
 namespace {
 
-constexpr int kThreads = 2 * kWarpgroup;
-constexpr int kKeys = 128, kQueryTile = 64;  // dK/dV kernel: keys per block, queries per streamed tile
-constexpr int kQueries = 128, kKeyTile = 64;  // dQ kernel: queries per block, keys per streamed tile
+constexpr int kThreads = 3 * kWarpgroup;
+[[maybe_unused]] constexpr int kConsumerWarps = 8;  // arrivals that release a stage
+constexpr int kKeys = 128, kQueryTile = 64;         // dK/dV kernel: keys per block, queries per streamed tile
+constexpr int kQueries = 128, kKeyTile = 64;        // dQ kernel: queries per block, keys per streamed tile
 
-template <int D>
-constexpr size_t dkdv_smem() {
-  return size_t(2 * kKeys + 4 * kQueryTile) * D * sizeof(bf16) + 4 * kQueryTile * sizeof(float) + 1024;
+// Shared memory: two resident tiles of kResident rows, then two stages of two kStream-row tiles, then
+// per-stage statistics (log-sum-exp and delta of kStream queries; dK/dV kernel only), then mbarriers:
+// resident full, stage full [2], stage free [2].
+template <int D, int kResident, int kStream>
+struct BackwardSmem {
+  static constexpr int kB = kResident * D, kStage = 2 * kResident * D, kStats = kStage + 4 * kStream * D;
+  static constexpr int kBars = kStats + 2 * 2 * kStream * 2;  // bf16 offsets (stats: 2 stages x 2 x fp32)
+  static constexpr size_t bytes() { return size_t(kBars) * sizeof(bf16) + 5 * sizeof(uint64_t) + 1024; }
+  static_assert(kB > 0 && kStats > kStage);  // (also keeps the host pass from calling them unused)
+};
+
+#ifdef SOLTRAIN_SM90_DEVICE
+// Issued by one thread: both resident tiles once (resident barrier).
+template <int D, int kResident, int kStream>
+__device__ __forceinline__ void load_resident(bf16* tiles, uint64_t* bars, const CUtensorMap* a, const CUtensorMap* b,
+                                              int head, int token) {
+  using L = BackwardSmem<D, kResident, kStream>;
+  mbar_expect_tx(bars, 2 * kResident * D * sizeof(bf16));
+  for (int j = 0; j < D / 64; ++j) {
+    tma_load(tiles + j * kResident * 64, a, j * 64, head, token, bars);
+    tma_load(tiles + L::kB + j * kResident * 64, b, j * 64, head, token, bars);
+  }
 }
+// Issued by one thread: streamed step i's two tiles into stage i % 2, once the consumers have freed it.
+template <int D, int kResident, int kStream>
+__device__ __forceinline__ void load_step(bf16* tiles, uint64_t* bars, const CUtensorMap* a, const CUtensorMap* b,
+                                          int i, int head, int token) {
+  using L = BackwardSmem<D, kResident, kStream>;
+  const int s = i % 2, use = i / 2;
+  if (use > 0) mbar_wait(bars + 3 + s, (use - 1) % 2);
+  mbar_expect_tx(bars + 1 + s, 2 * kStream * D * sizeof(bf16));
+  bf16* dst = tiles + L::kStage + s * 2 * kStream * D;
+  for (int j = 0; j < D / 64; ++j) {
+    tma_load(dst + j * kStream * 64, a, j * 64, head, token, bars + 1 + s);
+    tma_load(dst + kStream * D + j * kStream * 64, b, j * 64, head, token, bars + 1 + s);
+  }
+}
+
+// Stage-full barriers count `full_arrivals` (the TMA issuer's expect_tx plus any plain arrivals).
+__device__ __forceinline__ void init_barriers(uint64_t* bars, int full_arrivals) {
+  if (threadIdx.x == 0) {
+    mbar_init(bars, 1);
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(bars + 1 + s, full_arrivals);
+      mbar_init(bars + 3 + s, kConsumerWarps);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+}
+#endif
 
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1)
-    dkdv_kernel(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,
-                const float* delta, const int32_t* cu, int64_t N, int H, int Hkv, float scale) {
+    dkdv_kernel(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
+                const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap do_map, bf16* dk,
+                bf16* dv, const float* lse, const float* delta, const int32_t* cu, int64_t N, int H, int Hkv,
+                float scale) {
 #ifdef SOLTRAIN_SM90_DEVICE
+  using L = BackwardSmem<D, kKeys, kQueryTile>;
   extern __shared__ unsigned char smem_raw[];
-  bf16* const Ks = align1024(smem_raw);
-  bf16* const Vs = Ks + kKeys * D;
-  bf16* const Qb = Vs + kKeys * D;  // stage b at Qb + b * kQueryTile * D
-  bf16* const dOb = Qb + 2 * kQueryTile * D;
-  float* const lse_b = reinterpret_cast<float*>(dOb + 2 * kQueryTile * D);
-  float* const delta_b = lse_b + 2 * kQueryTile;
+  bf16* const tiles = align1024(smem_raw);
+  float* const stats = reinterpret_cast<float*>(tiles + L::kStats);  // stage s: lse at 2s, delta at 2s + 1
+  uint64_t* const bars = reinterpret_cast<uint64_t*>(tiles + L::kBars);
 
   const int kh = blockIdx.y, group = H / Hkv, doc = blockIdx.z;
-  const int64_t start = cu[doc];
-  const int len = cu[doc + 1] - cu[doc];
+  const int start = cu[doc], len = cu[doc + 1] - cu[doc];
   const int k0 = (gridDim.x - 1 - blockIdx.x) * kKeys;  // early keys see the most queries: start them first
   if (k0 >= len) return;
-  const int tid = threadIdx.x, wg = tid / kWarpgroup, warp = tid % kWarpgroup / 32, g = tid % 32 / 4, t = tid % 4;
-  const float scale_log2 = scale * kLog2e;
-  const int wk0 = k0 + wg * 64;  // this warpgroup's first key
-  const int key[2] = {wk0 + warp * 16 + g, wk0 + warp * 16 + g + 8};
   const int q_tiles = (len - k0 + kQueryTile - 1) / kQueryTile;  // causal: query tiles from this key block on
   const int items = group * q_tiles;
-
   // item i = (query head kh * group + i / q_tiles, query tile starting at k0 + (i % q_tiles) * kQueryTile)
-  auto load_item = [&](int i, int b) {
-    const int h = kh * group + i / q_tiles, q0 = k0 + (i % q_tiles) * kQueryTile;
-    load_tile<D, kQueryTile>(Qb + b * kQueryTile * D, q, start + q0, len - q0, H, h, tid, kThreads);
-    load_tile<D, kQueryTile>(dOb + b * kQueryTile * D, dout, start + q0, len - q0, H, h, tid, kThreads);
-    cp_async_commit();
-    if (tid < kQueryTile) {
-      const bool ok = q0 + tid < len;
-      lse_b[b * kQueryTile + tid] = ok ? lse[int64_t(h) * N + start + q0 + tid] * kLog2e : 0.f;
-      delta_b[b * kQueryTile + tid] = ok ? delta[int64_t(h) * N + start + q0 + tid] : 0.f;
-    }
+  auto item = [&](int i, int& head, int& q0) {
+    head = kh * group + i / q_tiles;
+    q0 = k0 + i % q_tiles * kQueryTile;
   };
-  load_tile<D, kKeys>(Ks, k, start + k0, len - k0, Hkv, kh, tid, kThreads);
-  load_tile<D, kKeys>(Vs, v, start + k0, len - k0, Hkv, kh, tid, kThreads);
-  load_item(0, 0);
+  init_barriers(bars, 32);
+
+  const int wg = threadIdx.x / kWarpgroup;
+  if (wg == 0) {  // warp 0 of the copy warpgroup: lane 0 issues the TMA, every lane copies statistics
+    release_registers<40>();  // the statistics loop needs more than 24
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    if (lane == 0) load_resident<D, kKeys, kQueryTile>(tiles, bars, &k_map, &v_map, kh, start + k0);
+    for (int i = 0; i < items; ++i) {
+      int h, q0;
+      item(i, h, q0);
+      const int s = i % 2;
+      if (lane == 0) {
+        load_step<D, kKeys, kQueryTile>(tiles, bars, &q_map, &do_map, i, h, start + q0);
+      } else if (i >= 2) {
+        mbar_wait(bars + 3 + s, (i / 2 - 1) % 2);  // the stage's statistics are free too
+      }
+      for (int c = lane; c < kQueryTile; c += 32) {
+        const bool ok = q0 + c < len;
+        stats[(2 * s) * kQueryTile + c] = ok ? lse[int64_t(h) * N + start + q0 + c] * kLog2e : 0.f;
+        stats[(2 * s + 1) * kQueryTile + c] = ok ? delta[int64_t(h) * N + start + q0 + c] : 0.f;
+      }
+      if (lane != 0) mbar_arrive(bars + 1 + s);  // lane 0 arrived with its expect_tx
+    }
+    return;
+  }
+  claim_registers<232>();  // 40 + 2 x 232 per thread fits the 64K registers
+
+  const int cw = wg - 1, tid = threadIdx.x % kWarpgroup, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
+  const bool leader = tid % 32 == 0;
+  const float scale_log2 = scale * kLog2e;
+  const int wk0 = k0 + cw * 64;  // this warpgroup's first key
+  const int key[2] = {wk0 + warp * 16 + g, wk0 + warp * 16 + g + 8};
+  const bf16* Ks = tiles;
+  const bf16* Vs = tiles + L::kB;
+  auto Qs = [&](int i) { return tiles + L::kStage + i % 2 * 2 * kQueryTile * D; };
+  auto dOs = [&](int i) { return Qs(i) + kQueryTile * D; };
 
   float dk_acc[D / 2], dv_acc[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk_acc[i] = dv_acc[i] = 0.f;
+  float p[kQueryTile / 2], ds[kQueryTile / 2];  // Sᵀ then Pᵀ; dPᵀ then dSᵀ (keys x queries)
+  uint32_t ap[kQueryTile / 16][4], ad[kQueryTile / 16][4];
 
-  for (int it = 0; it < items; ++it) {
-    const int b = it % 2, q0 = k0 + (it % q_tiles) * kQueryTile;
-    cp_async_wait_all();
-    fence_proxy_async();
-    __syncthreads();  // item it has landed for every thread, and every thread is done with item it - 1
-    if (it + 1 < items) load_item(it + 1, b ^ 1);
-    if (q0 + kQueryTile - 1 < wk0 || wk0 >= len) continue;  // every query precedes this group's keys
-    const bf16* Qs = Qb + b * kQueryTile * D;
-    const bf16* dOs = dOb + b * kQueryTile * D;
-
-    float p[kQueryTile / 2], ds[kQueryTile / 2];  // Sᵀ then Pᵀ; dPᵀ then dSᵀ (keys x queries)
-    wgmma_fence();
+  auto scores = [&](int i) {  // issue Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for item i
+    mbar_wait(bars + 1 + i % 2, i / 2 % 2);
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
-      wgmma_ss<kQueryTile>(p, k_major<kKeys>(Ks, wg * 64, ks), k_major<kQueryTile>(Qs, 0, ks), ks > 0);
+      wgmma_ss<kQueryTile>(p, k_major<kKeys>(Ks, cw * 64, ks), k_major<kQueryTile>(Qs(i), 0, ks), ks > 0);
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
-      wgmma_ss<kQueryTile>(ds, k_major<kKeys>(Vs, wg * 64, ks), k_major<kQueryTile>(dOs, 0, ks), ks > 0);
+      wgmma_ss<kQueryTile>(ds, k_major<kKeys>(Vs, cw * 64, ks), k_major<kQueryTile>(dOs(i), 0, ks), ks > 0);
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(p);
-    fence_accumulators(ds);
-
+  };
+  auto gradients_of_scores = [&](int i) {  // Pᵀ and dSᵀ in place
+    int h, q0;
+    item(i, h, q0);
     const bool masked = q0 < wk0 + 63 || q0 + kQueryTile > len || wk0 + 64 > len;
+    const float* lse_s = stats + (2 * (i % 2)) * kQueryTile;
+    const float* delta_s = lse_s + kQueryTile;
 #pragma unroll
-    for (int i = 0; i < kQueryTile / 2; ++i) {
-      const int qc = i / 4 * 8 + 2 * t + (i & 1), query = q0 + qc, kr = key[i / 2 % 2];
-      const bool ok = !masked || (kr <= query && query < len && kr < len);
-      const float pe = ok ? exp2f(p[i] * scale_log2 - lse_b[b * kQueryTile + qc]) : 0.f;
-      p[i] = pe;
-      ds[i] = pe * (ds[i] - delta_b[b * kQueryTile + qc]);
+    for (int e = 0; e < kQueryTile / 2; ++e) {
+      const int qc = e / 4 * 8 + 2 * t + e % 2, query = q0 + qc, kr = key[e / 2 % 2];
+      float pe = fast_exp2(fmaf(p[e], scale_log2, -lse_s[qc]));
+      if (masked && !(kr <= query && query < len && kr < len)) pe = 0.f;
+      p[e] = pe;
+      ds[e] = pe * (ds[e] - delta_s[qc]);
     }
-    uint32_t ap[kQueryTile / 16][4], ad[kQueryTile / 16][4];
+  };
+  auto to_fragments = [&]() {
 #pragma unroll
     for (int kk = 0; kk < kQueryTile / 16; ++kk) {
       c_to_a(ap[kk], &p[8 * kk], &p[8 * kk + 4]);
       c_to_a(ad[kk], &ds[8 * kk], &ds[8 * kk + 4]);
     }
-    wgmma_fence();
+  };
+  auto accumulate = [&](int i) {  // issue dV += Pᵀ dO and dK += dSᵀ Q for item i
 #pragma unroll
-    for (int kk = 0; kk < kQueryTile / 16; ++kk) wgmma_rs<D>(dv_acc, ap[kk], mn_major<kQueryTile>(dOs, kk), 1);
+    for (int kk = 0; kk < kQueryTile / 16; ++kk) wgmma_rs<D>(dv_acc, ap[kk], mn_major<kQueryTile>(dOs(i), kk), 1);
 #pragma unroll
-    for (int kk = 0; kk < kQueryTile / 16; ++kk) wgmma_rs<D>(dk_acc, ad[kk], mn_major<kQueryTile>(Qs, kk), 1);
+    for (int kk = 0; kk < kQueryTile / 16; ++kk) wgmma_rs<D>(dk_acc, ad[kk], mn_major<kQueryTile>(Qs(i), kk), 1);
     wgmma_commit();
+  };
+
+  mbar_wait(bars, 0);
+  if constexpr (D > 64) {
+    // Sequential per warpgroup: overlapping would keep P and dS live twice over on top of 128 accumulator
+    // registers, past the 240 a consumer has; the two warpgroups still take turns on the tensor cores.
+    for (int i = 0; i < items; ++i) {
+      wgmma_fence();
+      scores(i);
+      wgmma_wait<0>();
+      fence_accumulators(p);
+      fence_accumulators(ds);
+      gradients_of_scores(i);
+      to_fragments();
+      wgmma_fence();
+      accumulate(i);
+      wgmma_wait<0>();
+      fence_accumulators(dv_acc);
+      fence_accumulators(dk_acc);
+      if (leader) mbar_arrive(bars + 3 + i % 2);
+    }
+  } else {
+    wgmma_fence();
+    scores(0);
+    wgmma_wait<0>();
+    fence_accumulators(p);
+    fence_accumulators(ds);
+    gradients_of_scores(0);
+    to_fragments();
+    for (int i = 1; i < items; ++i) {
+      wgmma_fence();
+      scores(i);
+      accumulate(i - 1);
+      wgmma_wait<1>();  // item i's scores are in; item i - 1's gradient products may still run
+      fence_accumulators(p);
+      fence_accumulators(ds);
+      gradients_of_scores(i);
+      wgmma_wait<0>();
+      fence_accumulators(dv_acc);
+      fence_accumulators(dk_acc);
+      if (leader) mbar_arrive(bars + 3 + (i - 1) % 2);
+      to_fragments();
+    }
+    wgmma_fence();
+    accumulate(items - 1);
     wgmma_wait<0>();
     fence_accumulators(dv_acc);
     fence_accumulators(dk_acc);
   }
+
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (key[r] >= len) continue;
-    const int64_t base = ((start + key[r]) * Hkv + kh) * int64_t(D);
+    const int64_t base = ((int64_t(start) + key[r]) * Hkv + kh) * int64_t(D);
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
       const int c = dt * 8 + 2 * t;
@@ -137,36 +251,44 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 template <int D>
-constexpr size_t dq_smem() {
-  return size_t(2 * kQueries + 4 * kKeyTile) * D * sizeof(bf16) + 1024;
-}
-
-template <int D>
 __global__ void __launch_bounds__(kThreads, 1)
-    dq_kernel(bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,
-              const float* delta, const int32_t* cu, int64_t N, int H, int Hkv, float scale) {
+    dq_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap do_map,
+              const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map, bf16* dq,
+              const float* lse, const float* delta, const int32_t* cu, int64_t N, int H, int Hkv, float scale) {
 #ifdef SOLTRAIN_SM90_DEVICE
+  using L = BackwardSmem<D, kQueries, kKeyTile>;
   extern __shared__ unsigned char smem_raw[];
-  bf16* const Qs = align1024(smem_raw);
-  bf16* const dOs = Qs + kQueries * D;
-  bf16* const Kb = dOs + kQueries * D;  // stage b at Kb + b * kKeyTile * D
-  bf16* const Vb = Kb + 2 * kKeyTile * D;
+  bf16* const tiles = align1024(smem_raw);
+  uint64_t* const bars = reinterpret_cast<uint64_t*>(tiles + L::kBars);
 
   const int h = blockIdx.y, kh = h / (H / Hkv), doc = blockIdx.z;
-  const int64_t start = cu[doc];
-  const int len = cu[doc + 1] - cu[doc];
+  const int start = cu[doc], len = cu[doc + 1] - cu[doc];
   const int q0 = (gridDim.x - 1 - blockIdx.x) * kQueries;  // late queries see the most keys: start them first
   if (q0 >= len) return;
-  const int tid = threadIdx.x, wg = tid / kWarpgroup, warp = tid % kWarpgroup / 32, g = tid % 32 / 4, t = tid % 4;
-  const float scale_log2 = scale * kLog2e;
-  const int wq0 = q0 + wg * 64;
-  const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
+  const int key_tiles = min(q0 + kQueries, len) / kKeyTile + (min(q0 + kQueries, len) % kKeyTile != 0);
+  init_barriers(bars, 1);
 
-  load_tile<D, kQueries>(Qs, q, start + q0, len - q0, H, h, tid, kThreads);
-  load_tile<D, kQueries>(dOs, dout, start + q0, len - q0, H, h, tid, kThreads);
-  load_tile<D, kKeyTile>(Kb, k, start, len, Hkv, kh, tid, kThreads);
-  load_tile<D, kKeyTile>(Vb, v, start, len, Hkv, kh, tid, kThreads);
-  cp_async_commit();
+  const int wg = threadIdx.x / kWarpgroup;
+  if (wg == 0) {  // the copy warpgroup: one thread issues every TMA
+    release_registers<24>();
+    if (threadIdx.x == 0) {
+      load_resident<D, kQueries, kKeyTile>(tiles, bars, &q_map, &do_map, h, start + q0);
+      for (int i = 0; i < key_tiles; ++i)
+        load_step<D, kQueries, kKeyTile>(tiles, bars, &k_map, &v_map, i, kh, start + i * kKeyTile);
+    }
+    return;
+  }
+  claim_registers<240>();
+
+  const int cw = wg - 1, tid = threadIdx.x % kWarpgroup, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
+  const bool leader = tid % 32 == 0;
+  const float scale_log2 = scale * kLog2e;
+  const int wq0 = q0 + cw * 64;
+  const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
+  const bf16* Qs = tiles;
+  const bf16* dOs = tiles + L::kB;
+  auto Ks = [&](int i) { return tiles + L::kStage + i % 2 * 2 * kKeyTile * D; };
+  auto Vs = [&](int i) { return Ks(i) + kKeyTile * D; };
   float lse2[2], dl[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -174,63 +296,74 @@ __global__ void __launch_bounds__(kThreads, 1)
     lse2[r] = ok ? lse[int64_t(h) * N + start + row[r]] * kLog2e : 0.f;
     dl[r] = ok ? delta[int64_t(h) * N + start + row[r]] : 0.f;
   }
+
   float acc[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
+  float p[kKeyTile / 2], ds[kKeyTile / 2];  // S then P; dP then dS (queries x keys)
+  uint32_t a[kKeyTile / 16][4];
 
-  const int last_tile = min(q0 + kQueries - 1, len - 1) / kKeyTile;
-  const int wg_last = wq0 < len ? min(wq0 + 63, len - 1) / kKeyTile : -1;
-  for (int kt = 0; kt <= last_tile; ++kt) {
-    const int k0 = kt * kKeyTile, b = kt % 2;
-    cp_async_wait_all();
-    fence_proxy_async();
-    __syncthreads();  // tile kt has landed for every thread, and every thread is done with tile kt - 1
-    if (kt < last_tile) {
-      load_tile<D, kKeyTile>(Kb + (b ^ 1) * kKeyTile * D, k, start + k0 + kKeyTile, len - k0 - kKeyTile, Hkv, kh, tid,
-                             kThreads);
-      load_tile<D, kKeyTile>(Vb + (b ^ 1) * kKeyTile * D, v, start + k0 + kKeyTile, len - k0 - kKeyTile, Hkv, kh, tid,
-                             kThreads);
-      cp_async_commit();
-    }
-    if (kt > wg_last) continue;
-    const bf16* Ks = Kb + b * kKeyTile * D;
-    const bf16* Vs = Vb + b * kKeyTile * D;
-
-    float p[kKeyTile / 2], ds[kKeyTile / 2];  // S then P; dP then dS (queries x keys)
-    wgmma_fence();
+  auto scores = [&](int i) {  // issue S = Q Kᵀ and dP = dO Vᵀ for key tile i
+    mbar_wait(bars + 1 + i % 2, i / 2 % 2);
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
-      wgmma_ss<kKeyTile>(p, k_major<kQueries>(Qs, wg * 64, ks), k_major<kKeyTile>(Ks, 0, ks), ks > 0);
+      wgmma_ss<kKeyTile>(p, k_major<kQueries>(Qs, cw * 64, ks), k_major<kKeyTile>(Ks(i), 0, ks), ks > 0);
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
-      wgmma_ss<kKeyTile>(ds, k_major<kQueries>(dOs, wg * 64, ks), k_major<kKeyTile>(Vs, 0, ks), ks > 0);
+      wgmma_ss<kKeyTile>(ds, k_major<kQueries>(dOs, cw * 64, ks), k_major<kKeyTile>(Vs(i), 0, ks), ks > 0);
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(p);
-    fence_accumulators(ds);
-
+  };
+  auto gradients_of_scores = [&](int i) {  // dS in place
+    const int k0 = i * kKeyTile;
     const bool masked = k0 + kKeyTile - 1 > wq0 || k0 + kKeyTile > len || wq0 + 64 > len;
 #pragma unroll
-    for (int i = 0; i < kKeyTile / 2; ++i) {
-      const int r = i / 2 % 2, kc = k0 + i / 4 * 8 + 2 * t + (i & 1);
-      const bool ok = !masked || (kc <= row[r] && kc < len && row[r] < len);
-      const float pe = ok ? exp2f(p[i] * scale_log2 - lse2[r]) : 0.f;
-      ds[i] = pe * (ds[i] - dl[r]);
+    for (int e = 0; e < kKeyTile / 2; ++e) {
+      const int r = e / 2 % 2, kc = k0 + e / 4 * 8 + 2 * t + e % 2;
+      float pe = fast_exp2(fmaf(p[e], scale_log2, -lse2[r]));
+      if (masked && !(kc <= row[r] && kc < len && row[r] < len)) pe = 0.f;
+      ds[e] = pe * (ds[e] - dl[r]);
     }
-    uint32_t a[kKeyTile / 16][4];
+  };
+  auto to_fragments = [&]() {
 #pragma unroll
     for (int kk = 0; kk < kKeyTile / 16; ++kk) c_to_a(a[kk], &ds[8 * kk], &ds[8 * kk + 4]);
-    wgmma_fence();
+  };
+  auto accumulate = [&](int i) {  // issue dQ += dS K for key tile i
 #pragma unroll
-    for (int kk = 0; kk < kKeyTile / 16; ++kk) wgmma_rs<D>(acc, a[kk], mn_major<kKeyTile>(Ks, kk), 1);
+    for (int kk = 0; kk < kKeyTile / 16; ++kk) wgmma_rs<D>(acc, a[kk], mn_major<kKeyTile>(Ks(i), kk), 1);
     wgmma_commit();
+  };
+
+  mbar_wait(bars, 0);
+  wgmma_fence();
+  scores(0);
+  wgmma_wait<0>();
+  fence_accumulators(p);
+  fence_accumulators(ds);
+  gradients_of_scores(0);
+  to_fragments();
+  for (int i = 1; i < key_tiles; ++i) {
+    wgmma_fence();
+    scores(i);
+    accumulate(i - 1);
+    wgmma_wait<1>();
+    fence_accumulators(p);
+    fence_accumulators(ds);
+    gradients_of_scores(i);
     wgmma_wait<0>();
     fence_accumulators(acc);
+    if (leader) mbar_arrive(bars + 3 + (i - 1) % 2);
+    to_fragments();
   }
+  wgmma_fence();
+  accumulate(key_tiles - 1);
+  wgmma_wait<0>();
+  fence_accumulators(acc);
+
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= len) continue;
-    bf16* dst = dq + ((start + row[r]) * H + h) * int64_t(D);
+    bf16* dst = dq + ((int64_t(start) + row[r]) * H + h) * int64_t(D);
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt)
       *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8 + 2 * t) =
@@ -242,23 +375,26 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int D>
 void launch(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
             const Tensor& v, const Tensor& lse, const float* delta, const SeqLayout& seq, float scale, cudaStream_t s) {
+  using DkDv = BackwardSmem<D, kKeys, kQueryTile>;
+  using Dq = BackwardSmem<D, kQueries, kKeyTile>;
   static bool configured = false;
   if (!configured) {
-    CUDA_CHECK(
-        cudaFuncSetAttribute(dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dkdv_smem<D>())));
-    CUDA_CHECK(cudaFuncSetAttribute(dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dq_smem<D>())));
+    CUDA_CHECK(cudaFuncSetAttribute(dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(DkDv::bytes())));
+    CUDA_CHECK(cudaFuncSetAttribute(dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Dq::bytes())));
     configured = true;
   }
   const int H = int(q.dim(1)), Hkv = int(k.dim(1));
   const int64_t N = q.dim(0);
   const unsigned docs = unsigned(seq.cu_seqlens.numel() - 1);
   dkdv_kernel<D><<<dim3(unsigned((seq.max_seqlen + kKeys - 1) / kKeys), unsigned(Hkv), docs), kThreads,
-                   dkdv_smem<D>(), s>>>(dk.as<bf16>(), dv.as<bf16>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(),
-                                        dout.as<bf16>(), lse.f32(), delta, seq.cu_seqlens.i32(), N, H, Hkv, scale);
+                   DkDv::bytes(), s>>>(head_tile_map(k, kKeys), head_tile_map(v, kKeys),
+                                       head_tile_map(q, kQueryTile), head_tile_map(dout, kQueryTile), dk.as<bf16>(),
+                                       dv.as<bf16>(), lse.f32(), delta, seq.cu_seqlens.i32(), N, H, Hkv, scale);
   CUDA_CHECK_LAUNCH();
   dq_kernel<D><<<dim3(unsigned((seq.max_seqlen + kQueries - 1) / kQueries), unsigned(H), docs), kThreads,
-                 dq_smem<D>(), s>>>(dq.as<bf16>(), q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), dout.as<bf16>(),
-                                    lse.f32(), delta, seq.cu_seqlens.i32(), N, H, Hkv, scale);
+                 Dq::bytes(), s>>>(head_tile_map(q, kQueries), head_tile_map(dout, kQueries),
+                                   head_tile_map(k, kKeyTile), head_tile_map(v, kKeyTile), dq.as<bf16>(), lse.f32(),
+                                   delta, seq.cu_seqlens.i32(), N, H, Hkv, scale);
   CUDA_CHECK_LAUNCH();
 }
 
