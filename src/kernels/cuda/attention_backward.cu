@@ -29,6 +29,27 @@ __global__ void attention_delta(float* delta, const bf16* dout, const bf16* out,
   if (threadIdx.x % 32 == 0) delta[(i % H) * N + i / H] = s;
 }
 
+// The same for hd = 8 * kLanes: kLanes lanes per (token, head) row, 16-byte loads (a bandwidth-bound pass
+// over dO and O that the scalar version above ran at a fraction of the memory rate).
+template <int kLanes>
+__global__ void attention_delta_vec(float* delta, const bf16* dout, const bf16* out, int64_t N, int H) {
+  const int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kLanes;  // n * H + h
+  const int lane = threadIdx.x % kLanes;
+  float s = 0.f;
+  if (i < N * H) {
+    const uint4 a = reinterpret_cast<const uint4*>(dout + i * kLanes * 8)[lane];
+    const uint4 b = reinterpret_cast<const uint4*>(out + i * kLanes * 8)[lane];
+    const auto* x = reinterpret_cast<const __nv_bfloat162*>(&a);
+    const auto* y = reinterpret_cast<const __nv_bfloat162*>(&b);
+    for (int j = 0; j < 4; ++j) {
+      const float2 u = __bfloat1622float2(x[j]), v = __bfloat1622float2(y[j]);
+      s += u.x * v.x + u.y * v.y;
+    }
+  }
+  for (int o = kLanes / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (i < N * H && lane == 0) delta[(i % H) * N + i / H] = s;
+}
+
 template <int D>
 constexpr size_t dkdv_smem() {
   return size_t(6 * kTile) * (D + kPad) * sizeof(bf16) + 4 * kTile * sizeof(float);
@@ -288,8 +309,18 @@ void CudaOps::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& 
   const auto prof = profile("attention_backward");
   const int64_t N = q.dim(0), H = q.dim(1), hd = q.dim(2);
   float* delta = static_cast<float*>(scratch(size_t(N * H) * sizeof(float)));
-  attention_delta<<<unsigned((N * H + 7) / 8), 256, 0, stream_>>>(delta, dout.as<bf16>(), out.as<bf16>(), N, int(H),
-                                                                  int(hd));
+  if (hd == 128 || hd == 64) {
+    const int64_t threads = N * H * (hd / 8);
+    if (hd == 128)
+      attention_delta_vec<16><<<unsigned((threads + 255) / 256), 256, 0, stream_>>>(delta, dout.as<bf16>(),
+                                                                                    out.as<bf16>(), N, int(H));
+    else
+      attention_delta_vec<8><<<unsigned((threads + 255) / 256), 256, 0, stream_>>>(delta, dout.as<bf16>(),
+                                                                                   out.as<bf16>(), N, int(H));
+  } else {
+    attention_delta<<<unsigned((N * H + 7) / 8), 256, 0, stream_>>>(delta, dout.as<bf16>(), out.as<bf16>(), N,
+                                                                    int(H), int(hd));
+  }
   CUDA_CHECK_LAUNCH();
   if (hopper_attention(hd))
     return cuda::flash_backward_sm90(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, stream_);

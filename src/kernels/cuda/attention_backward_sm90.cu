@@ -24,7 +24,7 @@ namespace {
 constexpr int kThreads = 3 * kWarpgroup;
 [[maybe_unused]] constexpr int kConsumerWarps = 8;  // arrivals that release a stage
 constexpr int kKeys = 128, kQueryTile = 64;         // dK/dV kernel: keys per block, queries per streamed tile
-constexpr int kQueries = 128, kKeyTile = 64;        // dQ kernel: queries per block, keys per streamed tile
+constexpr int kQueries = 128, kKeyTile = 128;       // dQ kernel: queries per block, keys per streamed tile
 
 // Shared memory: two resident tiles of kResident rows, then two stages of two kStream-row tiles, then
 // per-stage statistics (log-sum-exp and delta of kStream queries; dK/dV kernel only), then mbarriers:
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int wg = threadIdx.x / kWarpgroup;
   if (wg == 0) {  // warp 0 of the copy warpgroup: lane 0 issues the TMA, every lane copies statistics
-    release_registers<40>();  // the statistics loop needs more than 24
+    release_registers<24>();
     if (threadIdx.x >= 32) return;
     const int lane = threadIdx.x;
     if (lane == 0) load_resident<D, kKeys, kQueryTile>(tiles, bars, &k_map, &v_map, kh, start + k0);
@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return;
   }
-  claim_registers<232>();  // 40 + 2 x 232 per thread fits the 64K registers
+  claim_registers<240>();
 
   const int cw = wg - 1, tid = threadIdx.x % kWarpgroup, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
   const bool leader = tid % 32 == 0;
@@ -137,101 +137,78 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int key[2] = {wk0 + warp * 16 + g, wk0 + warp * 16 + g + 8};
   const bf16* Ks = tiles;
   const bf16* Vs = tiles + L::kB;
-  auto Qs = [&](int i) { return tiles + L::kStage + i % 2 * 2 * kQueryTile * D; };
-  auto dOs = [&](int i) { return Qs(i) + kQueryTile * D; };
 
   float dk_acc[D / 2], dv_acc[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk_acc[i] = dv_acc[i] = 0.f;
   float p[kQueryTile / 2], ds[kQueryTile / 2];  // Sᵀ then Pᵀ; dPᵀ then dSᵀ (keys x queries)
-  uint32_t ap[kQueryTile / 16][4], ad[kQueryTile / 16][4];
 
-  auto scores = [&](int i) {  // issue Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for item i
-    mbar_wait(bars + 1 + i % 2, i / 2 % 2);
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks)
-      wgmma_ss<kQueryTile>(p, k_major<kKeys>(Ks, cw * 64, ks), k_major<kQueryTile>(Qs(i), 0, ks), ks > 0);
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks)
-      wgmma_ss<kQueryTile>(ds, k_major<kKeys>(Vs, cw * 64, ks), k_major<kQueryTile>(dOs(i), 0, ks), ks > 0);
-    wgmma_commit();
-  };
-  auto gradients_of_scores = [&](int i) {  // Pᵀ and dSᵀ in place
+  // One item is four product batches, each committed as its own wgmma group so that the elementwise work
+  // between them overlaps the batch still running (groups complete in order):
+  //   [Sᵀ = K Qᵀ] [dPᵀ = V dOᵀ] | wait Sᵀ: Pᵀ | [dV += Pᵀ dO] | wait dPᵀ: dSᵀ | [dK += dSᵀ Q] | wait all
+  // Overlapping across items instead would keep P and dS live twice over next to 128 accumulator
+  // registers (past 240); the two groups also overlap each other.
+  mbar_wait(bars, 0);
+  for (int i = 0; i < items; ++i) {
     int h, q0;
     item(i, h, q0);
-    const bool masked = q0 < wk0 + 63 || q0 + kQueryTile > len || wk0 + 64 > len;
-    const float* lse_s = stats + (2 * (i % 2)) * kQueryTile;
+    if (q0 + kQueryTile - 1 < wk0 || wk0 >= len) {  // every query precedes this group's keys: nothing to add
+      mbar_wait(bars + 1 + i % 2, i / 2 % 2);  // (waiting first keeps this arrival in the stage's own phase)
+      if (leader) mbar_arrive(bars + 3 + i % 2);
+      continue;
+    }
+    const bf16* Qs = tiles + L::kStage + i % 2 * 2 * kQueryTile * D;
+    const bf16* dOs = Qs + kQueryTile * D;
+    const float* lse_s = stats + 2 * (i % 2) * kQueryTile;
     const float* delta_s = lse_s + kQueryTile;
+    const bool masked = q0 < wk0 + 63 || q0 + kQueryTile > len || wk0 + 64 > len;
+
+    mbar_wait(bars + 1 + i % 2, i / 2 % 2);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+      wgmma_ss<kQueryTile>(p, k_major<kKeys>(Ks, cw * 64, ks), k_major<kQueryTile>(Qs, 0, ks), ks > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+      wgmma_ss<kQueryTile>(ds, k_major<kKeys>(Vs, cw * 64, ks), k_major<kQueryTile>(dOs, 0, ks), ks > 0);
+    wgmma_commit();
+
+    wgmma_wait<1>();
+    fence_accumulators(p);
 #pragma unroll
     for (int e = 0; e < kQueryTile / 2; ++e) {
       const int qc = e / 4 * 8 + 2 * t + e % 2, query = q0 + qc, kr = key[e / 2 % 2];
-      float pe = fast_exp2(fmaf(p[e], scale_log2, -lse_s[qc]));
-      if (masked && !(kr <= query && query < len && kr < len)) pe = 0.f;
-      p[e] = pe;
-      ds[e] = pe * (ds[e] - delta_s[qc]);
+      const float pe = fast_exp2(fmaf(p[e], scale_log2, -lse_s[qc]));
+      p[e] = masked && !(kr <= query && query < len && kr < len) ? 0.f : pe;
     }
-  };
-  auto to_fragments = [&]() {
+    uint32_t frag[kQueryTile / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < kQueryTile / 16; ++kk) {
-      c_to_a(ap[kk], &p[8 * kk], &p[8 * kk + 4]);
-      c_to_a(ad[kk], &ds[8 * kk], &ds[8 * kk + 4]);
-    }
-  };
-  auto accumulate = [&](int i) {  // issue dV += Pᵀ dO and dK += dSᵀ Q for item i
+    for (int kk = 0; kk < kQueryTile / 16; ++kk) c_to_a(frag[kk], &p[8 * kk], &p[8 * kk + 4]);
+    wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kQueryTile / 16; ++kk) wgmma_rs<D>(dv_acc, ap[kk], mn_major<kQueryTile>(dOs(i), kk), 1);
-#pragma unroll
-    for (int kk = 0; kk < kQueryTile / 16; ++kk) wgmma_rs<D>(dk_acc, ad[kk], mn_major<kQueryTile>(Qs(i), kk), 1);
+    for (int kk = 0; kk < kQueryTile / 16; ++kk) wgmma_rs<D>(dv_acc, frag[kk], mn_major<kQueryTile>(dOs, kk), 1);
     wgmma_commit();
-  };
 
-  mbar_wait(bars, 0);
-  if constexpr (D > 64) {
-    // Sequential per warpgroup: overlapping would keep P and dS live twice over on top of 128 accumulator
-    // registers, past the 240 a consumer has; the two warpgroups still take turns on the tensor cores.
-    for (int i = 0; i < items; ++i) {
-      wgmma_fence();
-      scores(i);
-      wgmma_wait<0>();
-      fence_accumulators(p);
-      fence_accumulators(ds);
-      gradients_of_scores(i);
-      to_fragments();
-      wgmma_fence();
-      accumulate(i);
-      wgmma_wait<0>();
-      fence_accumulators(dv_acc);
-      fence_accumulators(dk_acc);
-      if (leader) mbar_arrive(bars + 3 + i % 2);
-    }
-  } else {
-    wgmma_fence();
-    scores(0);
-    wgmma_wait<0>();
-    fence_accumulators(p);
+    wgmma_wait<1>();
     fence_accumulators(ds);
-    gradients_of_scores(0);
-    to_fragments();
-    for (int i = 1; i < items; ++i) {
-      wgmma_fence();
-      scores(i);
-      accumulate(i - 1);
-      wgmma_wait<1>();  // item i's scores are in; item i - 1's gradient products may still run
-      fence_accumulators(p);
-      fence_accumulators(ds);
-      gradients_of_scores(i);
-      wgmma_wait<0>();
-      fence_accumulators(dv_acc);
-      fence_accumulators(dk_acc);
-      if (leader) mbar_arrive(bars + 3 + (i - 1) % 2);
-      to_fragments();
+#pragma unroll
+    for (int e = 0; e < kQueryTile / 2; ++e) {
+      const int qc = e / 4 * 8 + 2 * t + e % 2;
+      ds[e] = p[e] * (ds[e] - delta_s[qc]);
     }
+    uint32_t frag2[kQueryTile / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kQueryTile / 16; ++kk) c_to_a(frag2[kk], &ds[8 * kk], &ds[8 * kk + 4]);
     wgmma_fence();
-    accumulate(items - 1);
+#pragma unroll
+    for (int kk = 0; kk < kQueryTile / 16; ++kk) wgmma_rs<D>(dk_acc, frag2[kk], mn_major<kQueryTile>(Qs, kk), 1);
+    wgmma_commit();
+
     wgmma_wait<0>();
     fence_accumulators(dv_acc);
     fence_accumulators(dk_acc);
+    if (leader) mbar_arrive(bars + 3 + i % 2);
   }
 
 #pragma unroll
@@ -287,8 +264,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
   const bf16* Qs = tiles;
   const bf16* dOs = tiles + L::kB;
-  auto Ks = [&](int i) { return tiles + L::kStage + i % 2 * 2 * kKeyTile * D; };
-  auto Vs = [&](int i) { return Ks(i) + kKeyTile * D; };
   float lse2[2], dl[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -301,64 +276,57 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
   float p[kKeyTile / 2], ds[kKeyTile / 2];  // S then P; dP then dS (queries x keys)
-  uint32_t a[kKeyTile / 16][4];
 
-  auto scores = [&](int i) {  // issue S = Q Kᵀ and dP = dO Vᵀ for key tile i
-    mbar_wait(bars + 1 + i % 2, i / 2 % 2);
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks)
-      wgmma_ss<kKeyTile>(p, k_major<kQueries>(Qs, cw * 64, ks), k_major<kKeyTile>(Ks(i), 0, ks), ks > 0);
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks)
-      wgmma_ss<kKeyTile>(ds, k_major<kQueries>(dOs, cw * 64, ks), k_major<kKeyTile>(Vs(i), 0, ks), ks > 0);
-    wgmma_commit();
-  };
-  auto gradients_of_scores = [&](int i) {  // dS in place
+  // One key tile is three product batches, each its own wgmma group, with the elementwise work between
+  // them overlapping the batch still running (128-key tiles leave no registers to overlap across tiles;
+  // the two groups also overlap each other):
+  //   [S = Q Kᵀ] [dP = dO Vᵀ] | wait S: P | wait dP: dS | [dQ += dS K] | wait
+  mbar_wait(bars, 0);
+  for (int i = 0; i < key_tiles; ++i) {
+    if (i * kKeyTile > wq0 + 63) {  // every key follows this group's queries: nothing to add
+      mbar_wait(bars + 1 + i % 2, i / 2 % 2);  // (waiting first keeps this arrival in the stage's own phase)
+      if (leader) mbar_arrive(bars + 3 + i % 2);
+      continue;
+    }
+    const bf16* Ks = tiles + L::kStage + i % 2 * 2 * kKeyTile * D;
+    const bf16* Vs = Ks + kKeyTile * D;
     const int k0 = i * kKeyTile;
     const bool masked = k0 + kKeyTile - 1 > wq0 || k0 + kKeyTile > len || wq0 + 64 > len;
+
+    mbar_wait(bars + 1 + i % 2, i / 2 % 2);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+      wgmma_ss<kKeyTile>(p, k_major<kQueries>(Qs, cw * 64, ks), k_major<kKeyTile>(Ks, 0, ks), ks > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+      wgmma_ss<kKeyTile>(ds, k_major<kQueries>(dOs, cw * 64, ks), k_major<kKeyTile>(Vs, 0, ks), ks > 0);
+    wgmma_commit();
+
+    wgmma_wait<1>();
+    fence_accumulators(p);
 #pragma unroll
     for (int e = 0; e < kKeyTile / 2; ++e) {
       const int r = e / 2 % 2, kc = k0 + e / 4 * 8 + 2 * t + e % 2;
-      float pe = fast_exp2(fmaf(p[e], scale_log2, -lse2[r]));
-      if (masked && !(kc <= row[r] && kc < len && row[r] < len)) pe = 0.f;
-      ds[e] = pe * (ds[e] - dl[r]);
+      const float pe = fast_exp2(fmaf(p[e], scale_log2, -lse2[r]));
+      p[e] = masked && !(kc <= row[r] && kc < len && row[r] < len) ? 0.f : pe;
     }
-  };
-  auto to_fragments = [&]() {
-#pragma unroll
-    for (int kk = 0; kk < kKeyTile / 16; ++kk) c_to_a(a[kk], &ds[8 * kk], &ds[8 * kk + 4]);
-  };
-  auto accumulate = [&](int i) {  // issue dQ += dS K for key tile i
-#pragma unroll
-    for (int kk = 0; kk < kKeyTile / 16; ++kk) wgmma_rs<D>(acc, a[kk], mn_major<kKeyTile>(Ks(i), kk), 1);
-    wgmma_commit();
-  };
-
-  mbar_wait(bars, 0);
-  wgmma_fence();
-  scores(0);
-  wgmma_wait<0>();
-  fence_accumulators(p);
-  fence_accumulators(ds);
-  gradients_of_scores(0);
-  to_fragments();
-  for (int i = 1; i < key_tiles; ++i) {
-    wgmma_fence();
-    scores(i);
-    accumulate(i - 1);
-    wgmma_wait<1>();
-    fence_accumulators(p);
+    wgmma_wait<0>();
     fence_accumulators(ds);
-    gradients_of_scores(i);
+#pragma unroll
+    for (int e = 0; e < kKeyTile / 2; ++e) ds[e] = p[e] * (ds[e] - dl[e / 2 % 2]);
+    uint32_t frag[kKeyTile / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kKeyTile / 16; ++kk) c_to_a(frag[kk], &ds[8 * kk], &ds[8 * kk + 4]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeyTile / 16; ++kk) wgmma_rs<D>(acc, frag[kk], mn_major<kKeyTile>(Ks, kk), 1);
+    wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(acc);
-    if (leader) mbar_arrive(bars + 3 + (i - 1) % 2);
-    to_fragments();
+    if (leader) mbar_arrive(bars + 3 + i % 2);
   }
-  wgmma_fence();
-  accumulate(key_tiles - 1);
-  wgmma_wait<0>();
-  fence_accumulators(acc);
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
