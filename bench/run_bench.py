@@ -1,6 +1,6 @@
 # End-to-end benchmark on one GPU, side by side in one run: soltrain vs Hugging Face transformers (eager and
 # torch.compile) on random-init Qwen3 shapes (full fine-tuning, bf16, AdamW), plus our attention kernels vs
-# torch's scaled_dot_product_attention (flash backend). Prints one table; JSON results go to --out.
+# torch's scaled_dot_product_attention (flash and cuDNN backends). Prints one table; JSON results go to --out.
 #   python3 bench/run_bench.py --soltrain build/soltrain --sizes 0.6B,1.7B,4B --peers eager,compile
 # Tokens/s count B x T per whole step (forward, backward, optimizer), median over timed steps after warm-up.
 # MFU = tokens/s x FLOPs/token (bench/qwen3_shapes.py) / the bf16 GEMM rate measured here (8192^3).
@@ -88,7 +88,7 @@ def run_hf(name, batch, seq, steps, compile_, lora_rank=0):
     return r
 
 
-def torch_attention(b, h, kv, t, d, iters=20):
+def torch_attention(b, h, kv, t, d, backend="flash", iters=20):
     q = torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(b, kv, t, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(b, kv, t, d, device="cuda", dtype=torch.bfloat16)
@@ -97,7 +97,8 @@ def torch_attention(b, h, kv, t, d, iters=20):
     do = torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16)
     fwd, bwd = [], []
     from torch.nn.attention import sdpa_kernel, SDPBackend
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+    chosen = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+    with sdpa_kernel(chosen):
         for i in range(iters + 3):
             s, m, e = (torch.cuda.Event(enable_timing=True) for _ in range(3))
             s.record(); o = F.scaled_dot_product_attention(q, k, v, is_causal=True); m.record()
@@ -106,7 +107,7 @@ def torch_attention(b, h, kv, t, d, iters=20):
     fwd.sort(); bwd.sort()
     flops = 4 * b * h * t * t * d / 2
     f, bw = fwd[len(fwd) // 2] / 1e3, bwd[len(bwd) // 2] / 1e3
-    return {"engine": "torch sdpa flash", "fwd_ms": f * 1e3, "bwd_ms": bw * 1e3, "fwd_tflops": flops / f / 1e12,
+    return {"engine": f"torch sdpa {backend}", "fwd_ms": f * 1e3, "bwd_ms": bw * 1e3, "fwd_tflops": flops / f / 1e12,
             "bwd_tflops": 2.5 * flops / bw / 1e12}
 
 
@@ -145,11 +146,20 @@ def main():
             results["train"].append(r)
     for shape in [s for s in a.attention.split(",") if s]:
         b, h, kv, t = map(int, shape.split("x"))
-        out = subprocess.run([a.soltrain, "bench-attention", "--batch", str(b), "--heads", str(h), "--kv-heads",
-                              str(kv), "--seq-len", str(t), "--head-dim", "128"], capture_output=True, text=True)
-        ours = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-300:]}
-        theirs = torch_attention(b, h, kv, t, 128)
-        for r in (ours, theirs):
+        rows = []
+        for kernels in ("hopper", "portable"):  # on an H200 the sm_90a kernels; then the sm_80 ones for reference
+            out = subprocess.run([a.soltrain, "bench-attention", "--batch", str(b), "--heads", str(h), "--kv-heads",
+                                  str(kv), "--seq-len", str(t), "--head-dim", "128"], capture_output=True, text=True,
+                                 env=dict(os.environ, SOLTRAIN_ATTENTION=kernels))
+            r = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-300:]}
+            r["engine"] = "soltrain" if kernels == "hopper" else "soltrain (sm_80 kernels)"
+            rows.append(r)
+        for backend in ("flash", "cudnn"):
+            try:
+                rows.append(torch_attention(b, h, kv, t, 128, backend))
+            except RuntimeError as e:
+                rows.append({"engine": f"torch sdpa {backend}", "error": str(e)[:200]})
+        for r in rows:
             r["shape"] = f"{b}x{h}({kv})x{t}"
             print(json.dumps(r), flush=True)
             results["attention"].append(r)
