@@ -65,6 +65,30 @@ class Ops {
   // In place on x [N, heads, hd], half-rotation layout (pairs i, i + hd/2); inverse = the backward.
   virtual void rope(Tensor x, const SeqLayout& seq, const Tensor& inv_freq, bool inverse) = 0;
 
+  // Fused forms. The defaults run the separate ops in turn and define the result; a backend may do the
+  // same work in one pass (the CUDA backend does), matching them within rounding.
+  //
+  // The residual add and the RMSNorm that follows it: sum = a + b (in the activation dtype), then
+  // rmsnorm_forward(y, rstd, sum, w, eps).
+  virtual void add_rmsnorm_forward(Tensor sum, Tensor y, Tensor rstd, const Tensor& a, const Tensor& b,
+                                   const Tensor& w, float eps) {
+    copy(sum, a);
+    add_inplace(sum, b);
+    rmsnorm_forward(y, rstd, sum, w, eps);
+  }
+  // Qwen3's per-head q/k norm and then RoPE: y = rope(rmsnorm(x) · w) on x [N, heads, hd], rstd [N·heads].
+  virtual void qk_norm_rope_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, const SeqLayout& seq,
+                                    const Tensor& inv_freq, float eps) {
+    rmsnorm_forward(y, rstd, x, w, eps);
+    rope(y, seq, inv_freq, false);
+  }
+  // Its backward: dy is rotated back in place (and left so), then rmsnorm_backward(dx, false, dw, dy, ...).
+  virtual void qk_norm_rope_backward(Tensor dx, Tensor dw, Tensor dy, const Tensor& x, const Tensor& w,
+                                     const Tensor& rstd, const SeqLayout& seq, const Tensor& inv_freq) {
+    rope(dy, seq, inv_freq, true);
+    rmsnorm_backward(dx, false, dw, dy, x, w, rstd);
+  }
+
   // Causal attention within documents. q [N,H,hd], k/v [N,Hkv,hd], out [N,H,hd], lse [H,N] (natural log
   // of each softmax denominator, fp32, saved for backward). Query head h reads kv head h / (H/Hkv).
   virtual void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -296,12 +296,13 @@ StepResult Transformer::step(const HostBatch& batch, bool backward, float* logit
   a.inv_freq = inv_freq;
   Parameter& embed = params_.at(kEmbed);
   o.embedding_forward(a.resid[0], a.ids, embed.value);
+  // Each residual add is fused with the RMSNorm after it (the next layer's ln1, or the final norm), so
+  // only the first layer normalises its own input here.
   for (int64_t l = 0; l < L; ++l) {
-    forward_attention(l);
+    forward_attention(l, l == 0);
     forward_mlp(l, true);
   }
   Parameter& final_norm = params_.at(kFinalNorm);
-  o.rmsnorm_forward(a.hf, a.rstdf, a.resid[L], final_norm.value, eps);
 
   // ---- LM head + cross-entropy, chunked over tokens; backward through the head happens per chunk
   Parameter& head = params_.at(lm_head_name());
@@ -326,7 +327,7 @@ StepResult Transformer::step(const HostBatch& batch, bool backward, float* logit
   for (int64_t l = L - 1; l >= 0; --l) {
     const Layer& w = layers_[size_t(l)];
     // Recompute what was not kept (same ops, same inputs, same dropout seeds: bitwise the same values).
-    if (a.recompute == Recompute::Full) forward_attention(l);
+    if (a.recompute == Recompute::Full) forward_attention(l, true);
     if (a.recompute != Recompute::None) forward_mlp(l, false);
     // MLP: resid[l+1] = mid + down(swiglu(gate(h2), up(h2)))
     proj_backward(l, LoraTarget::down, &a.dact, false, a.dres, a.act[l]);
@@ -338,14 +339,17 @@ StepResult Transformer::step(const HostBatch& batch, bool backward, float* logit
     proj_backward(l, LoraTarget::o, &a.dattn, false, a.dres, a.attn[l]);
     o.attention_backward(a.dq, a.dk, a.dv, a.dattn.view({N, H, hd}), a.q[l], a.k[l], a.v[l], a.attn[l].view({N, H, hd}),
                          a.lse[l], a.seq, scale);
-    o.rope(a.dq, a.seq, inv_freq, true);
-    o.rope(a.dk, a.seq, inv_freq, true);
     Tensor dq_raw = a.dq, dk_raw = a.dk;
     if (c.qk_norm) {
       dq_raw = a.dq_raw;
       dk_raw = a.dk_raw;
-      o.rmsnorm_backward(dq_raw, false, grad_or_empty(w.q_norm), a.dq, a.q_raw[l], w.q_norm->value, a.q_rstd[l]);
-      o.rmsnorm_backward(dk_raw, false, grad_or_empty(w.k_norm), a.dk, a.k_raw[l], w.k_norm->value, a.k_rstd[l]);
+      o.qk_norm_rope_backward(dq_raw, grad_or_empty(w.q_norm), a.dq, a.q_raw[l], w.q_norm->value, a.q_rstd[l], a.seq,
+                              inv_freq);
+      o.qk_norm_rope_backward(dk_raw, grad_or_empty(w.k_norm), a.dk, a.k_raw[l], w.k_norm->value, a.k_rstd[l], a.seq,
+                              inv_freq);
+    } else {
+      o.rope(a.dq, a.seq, inv_freq, true);
+      o.rope(a.dk, a.seq, inv_freq, true);
     }
     proj_backward(l, LoraTarget::q, &a.dh, false, dq_raw.view({N, H * hd}), a.h1[l]);
     proj_backward(l, LoraTarget::k, &a.dh, true, dk_raw.view({N, Hkv * hd}), a.h1[l]);
@@ -358,33 +362,35 @@ StepResult Transformer::step(const HostBatch& batch, bool backward, float* logit
   return {loss, counted};
 }
 
-void Transformer::forward_attention(int64_t l) {
+void Transformer::forward_attention(int64_t l, bool norm_input) {
   Activations& a = *acts_;
   Ops& o = ops_;
   const auto& c = config_;
   const Layer& w = layers_[size_t(l)];
   const int64_t N = a.resid[0].dim(0), H = c.num_heads, Hkv = c.num_kv_heads, hd = c.head_dim;
-  o.rmsnorm_forward(a.h1[l], a.rstd1[l], a.resid[l], w.ln1->value, a.eps);
+  if (norm_input) o.rmsnorm_forward(a.h1[l], a.rstd1[l], a.resid[l], w.ln1->value, a.eps);
   proj_forward(l, LoraTarget::q, a.q_raw[l].view({N, H * hd}), a.h1[l]);
   proj_forward(l, LoraTarget::k, a.k_raw[l].view({N, Hkv * hd}), a.h1[l]);
   proj_forward(l, LoraTarget::v, a.v[l].view({N, Hkv * hd}), a.h1[l]);
   if (c.qk_norm) {
-    o.rmsnorm_forward(a.q[l], a.q_rstd[l], a.q_raw[l], w.q_norm->value, a.eps);
-    o.rmsnorm_forward(a.k[l], a.k_rstd[l], a.k_raw[l], w.k_norm->value, a.eps);
+    o.qk_norm_rope_forward(a.q[l], a.q_rstd[l], a.q_raw[l], w.q_norm->value, a.seq, a.inv_freq, a.eps);
+    o.qk_norm_rope_forward(a.k[l], a.k_rstd[l], a.k_raw[l], w.k_norm->value, a.seq, a.inv_freq, a.eps);
+  } else {
+    o.rope(a.q[l], a.seq, a.inv_freq, false);
+    o.rope(a.k[l], a.seq, a.inv_freq, false);
   }
-  o.rope(a.q[l], a.seq, a.inv_freq, false);
-  o.rope(a.k[l], a.seq, a.inv_freq, false);
   o.attention_forward(a.attn[l].view({N, H, hd}), a.lse[l], a.q[l], a.k[l], a.v[l], a.seq, a.scale);
   proj_forward(l, LoraTarget::o, a.tmp, a.attn[l]);
-  o.copy(a.mid[l], a.resid[l]);
-  o.add_inplace(a.mid[l], a.tmp);
+  // mid = resid + o_proj(...), fused with the MLP's input norm (bitwise the norm forward_mlp recomputes)
+  o.add_rmsnorm_forward(a.mid[l], a.h2[l], a.rstd2[l], a.resid[l], a.tmp, w.ln2->value, a.eps);
 }
 
 void Transformer::forward_mlp(int64_t l, bool write_residual) {
   Activations& a = *acts_;
   Ops& o = ops_;
   const Layer& w = layers_[size_t(l)];
-  o.rmsnorm_forward(a.h2[l], a.rstd2[l], a.mid[l], w.ln2->value, a.eps);
+  // In the forward pass forward_attention has normalised mid already; a recompute does it again here.
+  if (!write_residual) o.rmsnorm_forward(a.h2[l], a.rstd2[l], a.mid[l], w.ln2->value, a.eps);
   proj_forward(l, LoraTarget::gate, a.gate[l], a.h2[l]);
   proj_forward(l, LoraTarget::up, a.up[l], a.h2[l]);
   o.swiglu_forward(a.act[l], a.gate[l], a.up[l]);
@@ -394,8 +400,13 @@ void Transformer::forward_mlp(int64_t l, bool write_residual) {
   if (!write_residual && !down_adapted) return;
   proj_forward(l, LoraTarget::down, a.tmp, a.act[l]);
   if (!write_residual) return;
-  o.copy(a.resid[l + 1], a.mid[l]);
-  o.add_inplace(a.resid[l + 1], a.tmp);
+  // resid[l+1] = mid + down(...), fused with the norm that reads it: the next layer's ln1, or the final norm
+  const int64_t L = int64_t(layers_.size());
+  if (l + 1 < L)
+    o.add_rmsnorm_forward(a.resid[l + 1], a.h1[l + 1], a.rstd1[l + 1], a.mid[l], a.tmp, layers_[size_t(l + 1)].ln1->value,
+                          a.eps);
+  else
+    o.add_rmsnorm_forward(a.resid[L], a.hf, a.rstdf, a.mid[l], a.tmp, params_.at(kFinalNorm).value, a.eps);
 }
 
 uint64_t Transformer::dropout_seed(int64_t l, LoraTarget t) const {

@@ -78,7 +78,7 @@ class Transformer {
   uint64_t dropout_seed(int64_t l, LoraTarget t) const;
   // Layer l's forward in two halves: attention (resid[l] → mid[l]) and MLP (mid[l] → resid[l+1]; the
   // residual write is skipped when recomputing for backward).
-  void forward_attention(int64_t l);
+  void forward_attention(int64_t l, bool norm_input);  // norm_input: compute h1 from resid (else done by l-1)
   void forward_mlp(int64_t l, bool write_residual);
 
   ModelConfig config_;

@@ -76,6 +76,58 @@ TEST_F(CudaOps, RopeBothDirections) {
   }
 }
 
+// The fused residual-add + RMSNorm: against the CPU's separate ops, and bitwise against the GPU's own
+// separate norm of the sum it wrote (a recompute normalises that stored sum with rmsnorm_forward).
+TEST_F(CudaOps, AddRmsNormMatchesTheSeparateOps) {
+  for (auto [R, C] : {std::pair{100, 160}, {513, 1024}, {37, 100}}) {  // vector paths, then the scalar one
+    auto a = randn(static_cast<size_t>(R * C), 2.0f), b = randn(static_cast<size_t>(R * C)),
+         w = randn(static_cast<size_t>(C));
+    Tensor gsum = poisoned({R, C}), gy = poisoned({R, C}), grs = poisoned({R}, DType::F32), gw = upload(w, {C});
+    gpu->add_rmsnorm_forward(gsum, gy, grs, upload(a, {R, C}), upload(b, {R, C}), gw, 1e-6f);
+    std::vector<float> sum(a.size()), y(a.size()), rs(static_cast<size_t>(R));
+    cpu->add_rmsnorm_forward(host(sum, {R, C}), host(y, {R, C}), host(rs, {R}), host(a, {R, C}), host(b, {R, C}),
+                             host(w, {C}), 1e-6f);
+    EXPECT_LE(rel(download(gsum), sum), 1e-2) << R << "x" << C;
+    EXPECT_LE(rel(download(gy), y), 1e-2);
+    EXPECT_LE(rel(download(grs), rs), 2e-3);  // the GPU normalises the bf16-rounded sum
+    Tensor gy2 = poisoned({R, C}), grs2 = poisoned({R}, DType::F32);
+    gpu->rmsnorm_forward(gy2, grs2, gsum, gw, 1e-6f);
+    EXPECT_EQ(download(gy2), download(gy));
+    EXPECT_EQ(download(grs2), download(grs));
+  }
+}
+
+// Qwen3's q/k norm fused with RoPE, both directions, against the CPU's separate ops (its default).
+TEST_F(CudaOps, QkNormRopeMatchesTheSeparateOps) {
+  for (auto [heads, hd] : {std::pair{16, 128}, {3, 64}, {5, 24}, {2, 256}, {3, 18}}) {  // 18: separate ops
+    const int64_t N = 70, H = heads;
+    std::vector<int32_t> pos(N), cu = {0, 30, int32_t(N)};
+    for (int64_t i = 0; i < N; ++i) pos[size_t(i)] = int32_t(i < 30 ? i : i - 30) + int32_t(rng() % 3000);
+    std::vector<float> inv(size_t(hd / 2));
+    for (int i = 0; i < hd / 2; ++i) inv[size_t(i)] = std::pow(1e6f, -2.0f * float(i) / float(hd));
+    auto x = randn(static_cast<size_t>(N * H * hd), 3.0f), w = randn(static_cast<size_t>(hd)),
+         dy = randn(static_cast<size_t>(N * H * hd));
+    auto dw0 = randn(static_cast<size_t>(hd));
+    const SeqLayout gs{upload_i32(cu), upload_i32(pos), int(N)}, cs{host_i32(cu), host_i32(pos), int(N)};
+    const Tensor ginv = upload(inv, {hd / 2}, DType::F32), gx = upload(x, {N, H, hd}), gw = upload(w, {hd});
+    Tensor gy = poisoned({N, H, hd}), grs = poisoned({N * H}, DType::F32);
+    gpu->qk_norm_rope_forward(gy, grs, gx, gw, gs, ginv, 1e-6f);
+    Tensor gdx = poisoned({N, H, hd}), gdy = upload(dy, {N, H, hd}), gdw = upload(dw0, {hd}, DType::F32);
+    gpu->qk_norm_rope_backward(gdx, gdw, gdy, gx, gw, grs, gs, ginv);
+
+    std::vector<float> y(x.size()), rs(static_cast<size_t>(N * H)), dx(x.size()), cdy = dy, dw = dw0;
+    cpu->qk_norm_rope_forward(host(y, {N, H, hd}), host(rs, {N * H}), host(x, {N, H, hd}), host(w, {hd}), cs,
+                              host(inv, {hd / 2}), 1e-6f);
+    cpu->qk_norm_rope_backward(host(dx, {N, H, hd}), host(dw, {hd}), host(cdy, {N, H, hd}), host(x, {N, H, hd}),
+                               host(w, {hd}), host(rs, {N * H}), cs, host(inv, {hd / 2}));
+    EXPECT_LE(rel(download(gy), y), 1e-2) << H << "x" << hd;
+    EXPECT_LE(rel(download(grs), rs), 1e-5);
+    EXPECT_LE(rel(download(gdy), cdy), 1e-2);  // dy rotated back in place
+    EXPECT_LE(rel(download(gdx), dx), 1e-2);
+    EXPECT_LE(rel(download(gdw), dw), 5e-3);  // from the bf16-rounded, rotated-back dy
+  }
+}
+
 TEST_F(CudaOps, SwiGluAndResidualAddBothPaths) {
   for (int64_t n : {int64_t(3 * 1000 + 7), int64_t(3 * 4096)}) {  // scalar tail path, 16-byte vector path
     auto g = randn(static_cast<size_t>(n), 2.0f), u = randn(static_cast<size_t>(n)), d = randn(static_cast<size_t>(n));

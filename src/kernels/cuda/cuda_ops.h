@@ -39,6 +39,12 @@ class CudaOps final : public Ops {
   void rmsnorm_backward(Tensor dx, bool accumulate_dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                         const Tensor& rstd) override;
   void rope(Tensor x, const SeqLayout& seq, const Tensor& inv_freq, bool inverse) override;
+  void add_rmsnorm_forward(Tensor sum, Tensor y, Tensor rstd, const Tensor& a, const Tensor& b, const Tensor& w,
+                           float eps) override;
+  void qk_norm_rope_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, const SeqLayout& seq,
+                            const Tensor& inv_freq, float eps) override;
+  void qk_norm_rope_backward(Tensor dx, Tensor dw, Tensor dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                             const SeqLayout& seq, const Tensor& inv_freq) override;
   void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                          const SeqLayout& seq, float scale) override;
   void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,

@@ -19,19 +19,36 @@ using cuda::Vec8;
 namespace {
 constexpr int kWarps = 8;
 
-template <bool kVec>
-__global__ void rmsnorm_fwd(bf16* y, float* rstd, const bf16* x, const bf16* w, int64_t R, int64_t C, float eps) {
+// kAdd: x is a, and the row is sum = a + b, rounded to bf16 and written out before it is normalised, in
+// the same order and from the same rounded values as the plain kernel reading that sum (so a recompute
+// through rmsnorm_forward gives bitwise the same y and rstd).
+template <bool kVec, bool kAdd>
+__global__ void rmsnorm_fwd(bf16* y, float* rstd, const bf16* x, const bf16* w, int64_t R, int64_t C, float eps,
+                            bf16* sum, const bf16* b) {
   const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.y;
   if (r >= R) return;
-  const bf16* xr = x + r * C;
+  const bf16* xr = (kAdd ? sum : x) + r * C;  // the row normalised (its second read)
   float ss = 0.f;
   if constexpr (kVec) {
     for (int64_t c = threadIdx.x * 8; c < C; c += 256) {
-      const Vec8 v = load8(xr + c);
+      Vec8 v = load8(x + r * C + c);
+      if constexpr (kAdd) {
+        const Vec8 u = load8(b + r * C + c);
+        for (int i = 0; i < 8; ++i) v.set(i, v[i] + u[i]);  // set() rounds to bf16
+        store8(sum + r * C + c, v);
+      }
       for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
     }
   } else {
-    for (int64_t c = threadIdx.x; c < C; c += 32) ss += to_f(xr[c]) * to_f(xr[c]);
+    for (int64_t c = threadIdx.x; c < C; c += 32) {
+      float v = to_f(x[r * C + c]);
+      if constexpr (kAdd) {
+        const bf16 rounded = to_bf(v + to_f(b[r * C + c]));
+        sum[r * C + c] = rounded;
+        v = to_f(rounded);
+      }
+      ss += v * v;
+    }
   }
   const float rs = rsqrtf(cuda::warp_sum(ss) / float(C) + eps);
   if (threadIdx.x == 0) rstd[r] = rs;
@@ -95,9 +112,25 @@ void CudaOps::rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tens
   const int64_t C = x.dim(-1), R = x.numel() / C;
   const dim3 grid(unsigned((R + kWarps - 1) / kWarps)), block(32, kWarps);
   if (vectorizable(x, C) && vectorizable(y, C) && vectorizable(w, C))
-    rmsnorm_fwd<true><<<grid, block, 0, stream_>>>(y.as<bf16>(), rstd.f32(), x.as<bf16>(), w.as<bf16>(), R, C, eps);
+    rmsnorm_fwd<true, false><<<grid, block, 0, stream_>>>(y.as<bf16>(), rstd.f32(), x.as<bf16>(), w.as<bf16>(), R, C,
+                                                          eps, nullptr, nullptr);
   else
-    rmsnorm_fwd<false><<<grid, block, 0, stream_>>>(y.as<bf16>(), rstd.f32(), x.as<bf16>(), w.as<bf16>(), R, C, eps);
+    rmsnorm_fwd<false, false><<<grid, block, 0, stream_>>>(y.as<bf16>(), rstd.f32(), x.as<bf16>(), w.as<bf16>(), R,
+                                                           C, eps, nullptr, nullptr);
+  CUDA_CHECK_LAUNCH();
+}
+
+void CudaOps::add_rmsnorm_forward(Tensor sum, Tensor y, Tensor rstd, const Tensor& a, const Tensor& b,
+                                  const Tensor& w, float eps) {
+  const auto prof = profile("add_rmsnorm_forward");
+  const int64_t C = a.dim(-1), R = a.numel() / C;
+  const dim3 grid(unsigned((R + kWarps - 1) / kWarps)), block(32, kWarps);
+  if (vectorizable(a, C) && vectorizable(b, C) && vectorizable(sum, C) && vectorizable(y, C) && vectorizable(w, C))
+    rmsnorm_fwd<true, true><<<grid, block, 0, stream_>>>(y.as<bf16>(), rstd.f32(), a.as<bf16>(), w.as<bf16>(), R, C,
+                                                         eps, sum.as<bf16>(), b.as<bf16>());
+  else
+    rmsnorm_fwd<false, true><<<grid, block, 0, stream_>>>(y.as<bf16>(), rstd.f32(), a.as<bf16>(), w.as<bf16>(), R, C,
+                                                          eps, sum.as<bf16>(), b.as<bf16>());
   CUDA_CHECK_LAUNCH();
 }
 
