@@ -3,10 +3,12 @@
 // warpgroup) and accumulates dK, dV over the query tiles of every query head in its GQA group; another
 // owns 128 queries and accumulates dQ over key tiles. Both recompute P from the saved log-sum-exp.
 // Each block is laid out like the forward (attention_forward_sm90.cu): a copy warpgroup streams tiles by
-// TMA through a two-stage ring, and each consumer overlaps the elementwise work of one tile with the
-// gradient products of the previous one. Score-shaped products (Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, S = Q Kᵀ,
+// TMA through a two-stage ring (a third stage measured no faster: bench/NOTES.md run 13),
+// and two consumer warpgroups work on them. Score-shaped products (Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, S = Q Kᵀ,
 // dP = dO Vᵀ) read both operands from shared memory; gradient products (dV += Pᵀ dO, dK += dSᵀ Q,
-// dQ += dS K) take P or dS from registers and the other operand transposed from the same tile.
+// dQ += dS K) take P or dS from registers and the other operand transposed from the same tile. Each
+// product batch is its own wgmma group, so the elementwise work on one batch's result runs while the
+// next batch is still on the tensor cores.
 #include <cfloat>
 
 #include "kernels/cuda/attention_sm90.cuh"
@@ -23,58 +25,70 @@ namespace {
 
 constexpr int kThreads = 3 * kWarpgroup;
 [[maybe_unused]] constexpr int kConsumerWarps = 8;  // arrivals that release a stage
-constexpr int kKeys = 128, kQueryTile = 64;         // dK/dV kernel: keys per block, queries per streamed tile
-constexpr int kQueries = 128, kKeyTile = 128;       // dQ kernel: queries per block, keys per streamed tile
+constexpr int kKeys = 128, kQueryTile = 64, kDkDvStages = 2;  // dK/dV kernel: keys per block, queries per item
+constexpr int kQueries = 128, kKeyTile = 128, kDqStages = 2;  // dQ kernel: queries per block, keys per tile
 
-// Shared memory: two resident tiles of kResident rows, then two stages of two kStream-row tiles, then
+// Shared memory: two resident tiles of kResident rows, then kStages stages of two kStream-row tiles, then
 // per-stage statistics (log-sum-exp and delta of kStream queries; dK/dV kernel only), then mbarriers:
-// resident full, stage full [2], stage free [2].
-template <int D, int kResident, int kStream>
+// resident full, stage full [kStages], stage free [kStages].
+template <int D, int kResident, int kStream, int kStages>
 struct BackwardSmem {
-  static constexpr int kB = kResident * D, kStage = 2 * kResident * D, kStats = kStage + 4 * kStream * D;
-  static constexpr int kBars = kStats + 2 * 2 * kStream * 2;  // bf16 offsets (stats: 2 stages x 2 x fp32)
-  static constexpr size_t bytes() { return size_t(kBars) * sizeof(bf16) + 5 * sizeof(uint64_t) + 1024; }
+  static constexpr int kB = kResident * D, kStage = 2 * kResident * D, kStats = kStage + kStages * 2 * kStream * D;
+  static constexpr int kBars = kStats + kStages * 2 * kStream * 2;  // bf16 offsets (stats: 2 fp32 per query)
+  static constexpr size_t bytes() {
+    return size_t(kBars) * sizeof(bf16) + (1 + 2 * kStages) * sizeof(uint64_t) + 1024;
+  }
   static_assert(kB > 0 && kStats > kStage);  // (also keeps the host pass from calling them unused)
 };
 
 #ifdef SOLTRAIN_SM90_DEVICE
-// Issued by one thread: both resident tiles once (resident barrier).
-template <int D, int kResident, int kStream>
-__device__ __forceinline__ void load_resident(bf16* tiles, uint64_t* bars, const CUtensorMap* a, const CUtensorMap* b,
-                                              int head, int token) {
-  using L = BackwardSmem<D, kResident, kStream>;
-  mbar_expect_tx(bars, 2 * kResident * D * sizeof(bf16));
-  for (int j = 0; j < D / 64; ++j) {
-    tma_load(tiles + j * kResident * 64, a, j * 64, head, token, bars);
-    tma_load(tiles + L::kB + j * kResident * 64, b, j * 64, head, token, bars);
+// The streamed ring's barriers: step i uses stage i % kStages; the n-th use of a stage is phase n.
+template <int kStages>
+struct Ring {
+  uint64_t* bars;  // resident full, then full [kStages], then free [kStages]
+  __device__ uint64_t* resident() const { return bars; }
+  __device__ uint64_t* full(int i) const { return bars + 1 + i % kStages; }
+  __device__ uint64_t* free(int i) const { return bars + 1 + kStages + i % kStages; }
+  __device__ void wait_full(int i) const { mbar_wait(full(i), i / kStages % 2); }
+  // Before step i refills its stage: the consumers have released step i - kStages.
+  __device__ void wait_free(int i) const {
+    if (i >= kStages) mbar_wait(free(i), (i / kStages - 1) % 2);
   }
-}
-// Issued by one thread: streamed step i's two tiles into stage i % 2, once the consumers have freed it.
-template <int D, int kResident, int kStream>
-__device__ __forceinline__ void load_step(bf16* tiles, uint64_t* bars, const CUtensorMap* a, const CUtensorMap* b,
-                                          int i, int head, int token) {
-  using L = BackwardSmem<D, kResident, kStream>;
-  const int s = i % 2, use = i / 2;
-  if (use > 0) mbar_wait(bars + 3 + s, (use - 1) % 2);
-  mbar_expect_tx(bars + 1 + s, 2 * kStream * D * sizeof(bf16));
-  bf16* dst = tiles + L::kStage + s * 2 * kStream * D;
-  for (int j = 0; j < D / 64; ++j) {
-    tma_load(dst + j * kStream * 64, a, j * 64, head, token, bars + 1 + s);
-    tma_load(dst + kStream * D + j * kStream * 64, b, j * 64, head, token, bars + 1 + s);
-  }
-}
-
-// Stage-full barriers count `full_arrivals` (the TMA issuer's expect_tx plus any plain arrivals).
-__device__ __forceinline__ void init_barriers(uint64_t* bars, int full_arrivals) {
-  if (threadIdx.x == 0) {
-    mbar_init(bars, 1);
-    for (int s = 0; s < 2; ++s) {
-      mbar_init(bars + 1 + s, full_arrivals);
-      mbar_init(bars + 3 + s, kConsumerWarps);
+  // Stage-full barriers count `full_arrivals` (the TMA issuer's expect_tx plus any plain arrivals).
+  __device__ void init(int full_arrivals) const {
+    if (threadIdx.x == 0) {
+      mbar_init(resident(), 1);
+      for (int s = 0; s < kStages; ++s) {
+        mbar_init(full(s), full_arrivals);
+        mbar_init(free(s), kConsumerWarps);
+      }
+      mbar_init_fence();
     }
-    mbar_init_fence();
+    __syncthreads();
   }
-  __syncthreads();
+};
+
+// Issued by one thread: both resident tiles once.
+template <class L, int D, int kResident, int kStages>
+__device__ __forceinline__ void load_resident(bf16* tiles, const Ring<kStages>& ring, const CUtensorMap* a,
+                                              const CUtensorMap* b, int head, int token) {
+  mbar_expect_tx(ring.resident(), 2 * kResident * D * sizeof(bf16));
+  for (int j = 0; j < D / 64; ++j) {
+    tma_load(tiles + j * kResident * 64, a, j * 64, head, token, ring.resident());
+    tma_load(tiles + L::kB + j * kResident * 64, b, j * 64, head, token, ring.resident());
+  }
+}
+// Issued by one thread: streamed step i's two tiles into its stage, once the consumers have freed it.
+template <class L, int D, int kStream, int kStages>
+__device__ __forceinline__ void load_step(bf16* tiles, const Ring<kStages>& ring, const CUtensorMap* a,
+                                          const CUtensorMap* b, int i, int head, int token) {
+  ring.wait_free(i);
+  mbar_expect_tx(ring.full(i), 2 * kStream * D * sizeof(bf16));
+  bf16* dst = tiles + L::kStage + i % kStages * 2 * kStream * D;
+  for (int j = 0; j < D / 64; ++j) {
+    tma_load(dst + j * kStream * 64, a, j * 64, head, token, ring.full(i));
+    tma_load(dst + kStream * D + j * kStream * 64, b, j * 64, head, token, ring.full(i));
+  }
 }
 #endif
 
@@ -85,11 +99,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                 bf16* dv, const float* lse, const float* delta, const int32_t* cu, int64_t N, int H, int Hkv,
                 float scale) {
 #ifdef SOLTRAIN_SM90_DEVICE
-  using L = BackwardSmem<D, kKeys, kQueryTile>;
+  using L = BackwardSmem<D, kKeys, kQueryTile, kDkDvStages>;
   extern __shared__ unsigned char smem_raw[];
   bf16* const tiles = align1024(smem_raw);
   float* const stats = reinterpret_cast<float*>(tiles + L::kStats);  // stage s: lse at 2s, delta at 2s + 1
-  uint64_t* const bars = reinterpret_cast<uint64_t*>(tiles + L::kBars);
+  const Ring<kDkDvStages> ring{reinterpret_cast<uint64_t*>(tiles + L::kBars)};
 
   const int kh = blockIdx.y, group = H / Hkv, doc = blockIdx.z;
   const int start = cu[doc], len = cu[doc + 1] - cu[doc];
@@ -102,29 +116,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     head = kh * group + i / q_tiles;
     q0 = k0 + i % q_tiles * kQueryTile;
   };
-  init_barriers(bars, 32);
+  ring.init(32);
 
   const int wg = threadIdx.x / kWarpgroup;
   if (wg == 0) {  // warp 0 of the copy warpgroup: lane 0 issues the TMA, every lane copies statistics
     release_registers<24>();
     if (threadIdx.x >= 32) return;
     const int lane = threadIdx.x;
-    if (lane == 0) load_resident<D, kKeys, kQueryTile>(tiles, bars, &k_map, &v_map, kh, start + k0);
+    if (lane == 0) load_resident<L, D, kKeys>(tiles, ring, &k_map, &v_map, kh, start + k0);
     for (int i = 0; i < items; ++i) {
       int h, q0;
       item(i, h, q0);
-      const int s = i % 2;
-      if (lane == 0) {
-        load_step<D, kKeys, kQueryTile>(tiles, bars, &q_map, &do_map, i, h, start + q0);
-      } else if (i >= 2) {
-        mbar_wait(bars + 3 + s, (i / 2 - 1) % 2);  // the stage's statistics are free too
-      }
+      const int s = i % kDkDvStages;
+      if (lane == 0)
+        load_step<L, D, kQueryTile>(tiles, ring, &q_map, &do_map, i, h, start + q0);
+      else
+        ring.wait_free(i);  // the stage's statistics are free too
       for (int c = lane; c < kQueryTile; c += 32) {
         const bool ok = q0 + c < len;
         stats[(2 * s) * kQueryTile + c] = ok ? lse[int64_t(h) * N + start + q0 + c] * kLog2e : 0.f;
         stats[(2 * s + 1) * kQueryTile + c] = ok ? delta[int64_t(h) * N + start + q0 + c] : 0.f;
       }
-      if (lane != 0) mbar_arrive(bars + 1 + s);  // lane 0 arrived with its expect_tx
+      if (lane != 0) mbar_arrive(ring.full(i));  // lane 0 arrived with its expect_tx
     }
     return;
   }
@@ -148,22 +161,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   //   [Sᵀ = K Qᵀ] [dPᵀ = V dOᵀ] | wait Sᵀ: Pᵀ | [dV += Pᵀ dO] | wait dPᵀ: dSᵀ | [dK += dSᵀ Q] | wait all
   // Overlapping across items instead would keep P and dS live twice over next to 128 accumulator
   // registers (past 240); the two groups also overlap each other.
-  mbar_wait(bars, 0);
+  mbar_wait(ring.resident(), 0);
   for (int i = 0; i < items; ++i) {
     int h, q0;
     item(i, h, q0);
     if (q0 + kQueryTile - 1 < wk0 || wk0 >= len) {  // every query precedes this group's keys: nothing to add
-      mbar_wait(bars + 1 + i % 2, i / 2 % 2);  // (waiting first keeps this arrival in the stage's own phase)
-      if (leader) mbar_arrive(bars + 3 + i % 2);
+      ring.wait_full(i);  // (waiting first keeps this arrival in the stage's own phase)
+      if (leader) mbar_arrive(ring.free(i));
       continue;
     }
-    const bf16* Qs = tiles + L::kStage + i % 2 * 2 * kQueryTile * D;
+    const bf16* Qs = tiles + L::kStage + i % kDkDvStages * 2 * kQueryTile * D;
     const bf16* dOs = Qs + kQueryTile * D;
-    const float* lse_s = stats + 2 * (i % 2) * kQueryTile;
+    const float* lse_s = stats + 2 * (i % kDkDvStages) * kQueryTile;
     const float* delta_s = lse_s + kQueryTile;
     const bool masked = q0 < wk0 + 63 || q0 + kQueryTile > len || wk0 + 64 > len;
 
-    mbar_wait(bars + 1 + i % 2, i / 2 % 2);
+    ring.wait_full(i);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
@@ -208,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     fence_accumulators(dv_acc);
     fence_accumulators(dk_acc);
-    if (leader) mbar_arrive(bars + 3 + i % 2);
+    if (leader) mbar_arrive(ring.free(i));
   }
 
 #pragma unroll
@@ -233,25 +246,25 @@ __global__ void __launch_bounds__(kThreads, 1)
               const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map, bf16* dq,
               const float* lse, const float* delta, const int32_t* cu, int64_t N, int H, int Hkv, float scale) {
 #ifdef SOLTRAIN_SM90_DEVICE
-  using L = BackwardSmem<D, kQueries, kKeyTile>;
+  using L = BackwardSmem<D, kQueries, kKeyTile, kDqStages>;
   extern __shared__ unsigned char smem_raw[];
   bf16* const tiles = align1024(smem_raw);
-  uint64_t* const bars = reinterpret_cast<uint64_t*>(tiles + L::kBars);
+  const Ring<kDqStages> ring{reinterpret_cast<uint64_t*>(tiles + L::kBars)};
 
   const int h = blockIdx.y, kh = h / (H / Hkv), doc = blockIdx.z;
   const int start = cu[doc], len = cu[doc + 1] - cu[doc];
   const int q0 = (gridDim.x - 1 - blockIdx.x) * kQueries;  // late queries see the most keys: start them first
   if (q0 >= len) return;
   const int key_tiles = min(q0 + kQueries, len) / kKeyTile + (min(q0 + kQueries, len) % kKeyTile != 0);
-  init_barriers(bars, 1);
+  ring.init(1);
 
   const int wg = threadIdx.x / kWarpgroup;
   if (wg == 0) {  // the copy warpgroup: one thread issues every TMA
     release_registers<24>();
     if (threadIdx.x == 0) {
-      load_resident<D, kQueries, kKeyTile>(tiles, bars, &q_map, &do_map, h, start + q0);
+      load_resident<L, D, kQueries>(tiles, ring, &q_map, &do_map, h, start + q0);
       for (int i = 0; i < key_tiles; ++i)
-        load_step<D, kQueries, kKeyTile>(tiles, bars, &k_map, &v_map, i, kh, start + i * kKeyTile);
+        load_step<L, D, kKeyTile>(tiles, ring, &k_map, &v_map, i, kh, start + i * kKeyTile);
     }
     return;
   }
@@ -281,19 +294,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   // them overlapping the batch still running (128-key tiles leave no registers to overlap across tiles;
   // the two groups also overlap each other):
   //   [S = Q Kᵀ] [dP = dO Vᵀ] | wait S: P | wait dP: dS | [dQ += dS K] | wait
-  mbar_wait(bars, 0);
+  mbar_wait(ring.resident(), 0);
   for (int i = 0; i < key_tiles; ++i) {
     if (i * kKeyTile > wq0 + 63) {  // every key follows this group's queries: nothing to add
-      mbar_wait(bars + 1 + i % 2, i / 2 % 2);  // (waiting first keeps this arrival in the stage's own phase)
-      if (leader) mbar_arrive(bars + 3 + i % 2);
+      ring.wait_full(i);  // (waiting first keeps this arrival in the stage's own phase)
+      if (leader) mbar_arrive(ring.free(i));
       continue;
     }
-    const bf16* Ks = tiles + L::kStage + i % 2 * 2 * kKeyTile * D;
+    const bf16* Ks = tiles + L::kStage + i % kDqStages * 2 * kKeyTile * D;
     const bf16* Vs = Ks + kKeyTile * D;
     const int k0 = i * kKeyTile;
     const bool masked = k0 + kKeyTile - 1 > wq0 || k0 + kKeyTile > len || wq0 + 64 > len;
 
-    mbar_wait(bars + 1 + i % 2, i / 2 % 2);
+    ring.wait_full(i);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
@@ -325,7 +338,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(acc);
-    if (leader) mbar_arrive(bars + 3 + i % 2);
+    if (leader) mbar_arrive(ring.free(i));
   }
 
 #pragma unroll
@@ -343,8 +356,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int D>
 void launch(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
             const Tensor& v, const Tensor& lse, const float* delta, const SeqLayout& seq, float scale, cudaStream_t s) {
-  using DkDv = BackwardSmem<D, kKeys, kQueryTile>;
-  using Dq = BackwardSmem<D, kQueries, kKeyTile>;
+  using DkDv = BackwardSmem<D, kKeys, kQueryTile, kDkDvStages>;
+  using Dq = BackwardSmem<D, kQueries, kKeyTile, kDqStages>;
   static bool configured = false;
   if (!configured) {
     CUDA_CHECK(cudaFuncSetAttribute(dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(DkDv::bytes())));

@@ -20,13 +20,14 @@ using namespace attn::sm90;
 namespace {
 
 constexpr int kM = 128, kN = 128;  // queries per block, keys per tile
+constexpr int kStages = 2;         // K/V ring depth (3 measured no faster: bench/NOTES.md run 13)
 constexpr int kThreads = 3 * kWarpgroup;
 [[maybe_unused]] constexpr int kConsumerWarps = 8;  // arrivals that release a stage (each consumer warp's first lane)
 
 template <int D>
 struct ForwardSmem {
-  static constexpr int kK = kM * D, kV = kK + 2 * kN * D, kEnd = kV + 2 * kN * D;  // bf16 offsets
-  static constexpr size_t bytes() { return size_t(kEnd) * sizeof(bf16) + 9 * sizeof(uint64_t) + 1024; }
+  static constexpr int kK = kM * D, kV = kK + kStages * kN * D, kEnd = kV + kStages * kN * D;  // bf16 offsets
+  static constexpr size_t bytes() { return size_t(kEnd) * sizeof(bf16) + (1 + 4 * kStages) * sizeof(uint64_t) + 1024; }
 };
 
 #ifdef SOLTRAIN_SM90_DEVICE
@@ -81,10 +82,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   bf16* const Vb = tiles + L::kV;
   uint64_t* const bars = reinterpret_cast<uint64_t*>(tiles + L::kEnd);
   uint64_t* const q_full = bars;
-  uint64_t* const k_full = bars + 1;  // [2]
-  uint64_t* const v_full = bars + 3;  // [2]
-  uint64_t* const k_free = bars + 5;  // [2]
-  uint64_t* const v_free = bars + 7;  // [2]
+  uint64_t* const k_full = bars + 1;  // [kStages] each
+  uint64_t* const v_full = k_full + kStages;
+  uint64_t* const k_free = v_full + kStages;
+  uint64_t* const v_free = k_free + kStages;
 
   const int h = blockIdx.y, kh = h / (H / Hkv), doc = blockIdx.z;
   const int start = cu[doc], len = cu[doc + 1] - cu[doc];
@@ -93,7 +94,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int last_tile = min(q0 + kM - 1, len - 1) / kN;
   if (threadIdx.x == 0) {
     mbar_init(q_full, 1);
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < kStages; ++s) {
       mbar_init(k_full + s, 1);
       mbar_init(v_full + s, 1);
       mbar_init(k_free + s, kConsumerWarps);
@@ -110,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_expect_tx(q_full, kM * D * sizeof(bf16));
     for (int j = 0; j < D / 64; ++j) tma_load(Qs + j * kM * 64, &q_map, j * 64, h, start + q0, q_full);
     for (int kt = 0; kt <= last_tile; ++kt) {
-      const int s = kt % 2, use = kt / 2;
+      const int s = kt % kStages, use = kt / kStages;
       if (use > 0) mbar_wait(k_free + s, (use - 1) % 2);
       mbar_expect_tx(k_full + s, kN * D * sizeof(bf16));
       for (int j = 0; j < D / 64; ++j)
@@ -139,8 +140,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t p[kN / 16][4];
 
   auto scores = [&](int kt) {  // issue S = Q Kᵀ for tile kt (not waited for)
-    mbar_wait(k_full + kt % 2, kt / 2 % 2);
-    const bf16* Ks = Kb + kt % 2 * kN * D;
+    mbar_wait(k_full + kt % kStages, kt / kStages % 2);
+    const bf16* Ks = Kb + kt % kStages * kN * D;
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) wgmma_ss<kN>(s, k_major<kM>(Qs, cw * 64, ks), k_major<kN>(Ks, 0, ks), ks > 0);
     wgmma_commit();
@@ -156,8 +157,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kk = 0; kk < kN / 16; ++kk) c_to_a(p[kk], &s[8 * kk], &s[8 * kk + 4]);
   };
   auto values = [&](int kt) {  // issue O += P V for tile kt (not waited for)
-    mbar_wait(v_full + kt % 2, kt / 2 % 2);
-    const bf16* Vs = Vb + kt % 2 * kN * D;
+    mbar_wait(v_full + kt % kStages, kt / kStages % 2);
+    const bf16* Vs = Vb + kt % kStages * kN * D;
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) wgmma_rs<D>(o, p[kk], mn_major<kN>(Vs, kk), 1);
     wgmma_commit();
@@ -177,11 +178,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     values(kt - 1);
     wgmma_wait<1>();  // S of tile kt is in; P V of tile kt - 1 may still run
     fence_accumulators(s);
-    if (leader) mbar_arrive(k_free + kt % 2);
+    if (leader) mbar_arrive(k_free + kt % kStages);
     softmax(kt);
     wgmma_wait<0>();
     fence_accumulators(o);
-    if (leader) mbar_arrive(v_free + (kt - 1) % 2);
+    if (leader) mbar_arrive(v_free + (kt - 1) % kStages);
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] *= alpha[i / 2 % 2];
     to_p();
