@@ -70,8 +70,8 @@ class Ops {
   //
   // The residual add and the RMSNorm that follows it: sum = a + b (in the activation dtype), then
   // rmsnorm_forward(y, rstd, sum, w, eps).
-  virtual void add_rmsnorm_forward(Tensor sum, Tensor y, Tensor rstd, const Tensor& a, const Tensor& b,
-                                   const Tensor& w, float eps) {
+  virtual void add_rmsnorm_forward(Tensor sum, Tensor y, Tensor rstd, const Tensor& a, const Tensor& b, const Tensor& w,
+                                   float eps) {
     copy(sum, a);
     add_inplace(sum, b);
     rmsnorm_forward(y, rstd, sum, w, eps);

@@ -403,8 +403,8 @@ void Transformer::forward_mlp(int64_t l, bool write_residual) {
   // resid[l+1] = mid + down(...), fused with the norm that reads it: the next layer's ln1, or the final norm
   const int64_t L = int64_t(layers_.size());
   if (l + 1 < L)
-    o.add_rmsnorm_forward(a.resid[l + 1], a.h1[l + 1], a.rstd1[l + 1], a.mid[l], a.tmp, layers_[size_t(l + 1)].ln1->value,
-                          a.eps);
+    o.add_rmsnorm_forward(a.resid[l + 1], a.h1[l + 1], a.rstd1[l + 1], a.mid[l], a.tmp,
+                          layers_[size_t(l + 1)].ln1->value, a.eps);
   else
     o.add_rmsnorm_forward(a.resid[L], a.hf, a.rstdf, a.mid[l], a.tmp, params_.at(kFinalNorm).value, a.eps);
 }

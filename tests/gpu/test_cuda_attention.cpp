@@ -27,8 +27,12 @@ class CudaAttentionPortable : public CudaAttention {
   }
 };
 
-TEST_P(CudaAttention, ForwardAndBackwardMatchTheCpu) { check(GetParam()); }
-TEST_P(CudaAttentionPortable, ForwardAndBackwardMatchTheCpu) { check(GetParam()); }
+TEST_P(CudaAttention, ForwardAndBackwardMatchTheCpu) {
+  check(GetParam());
+}
+TEST_P(CudaAttentionPortable, ForwardAndBackwardMatchTheCpu) {
+  check(GetParam());
+}
 
 void CudaAttention::check(const Case& c) {
   const int64_t N = c.cu.back(), H = c.H, Hkv = c.Hkv, hd = c.hd;
@@ -72,16 +76,16 @@ void CudaAttention::check(const Case& c) {
   EXPECT_EQ(download(gdk), dk1);
 }
 
-const auto kCases = ::testing::Values(Case{{0, 200, 333}, 4, 2, 64},      // packed, GQA 2:1
-                                           Case{{0, 256}, 8, 2, 128},          // GQA 4:1, hd 128
-                                           Case{{0, 77, 100, 190}, 4, 1, 16},  // MQA, tiny head dim
-                                           Case{{0, 130}, 6, 2, 24},           // hd not a multiple of 16
-                                           Case{{0, 1, 65, 129}, 2, 2, 32},    // a one-token document
-                                           Case{{0, 700, 1024}, 4, 4, 128},   // MHA, longer
-                                           Case{{0, 1000, 1300, 2600}, 4, 2, 128},  // many tiles, ragged ends
-                                           Case{{0, 520, 1500}, 6, 3, 64},           // hd 64, several tiles
-                                           Case{{0, 1, 3, 140, 141}, 4, 2, 128},     // one-token documents
-                                           Case{{0, 17, 300}, 2, 1, 64});            // MQA, hd 64
+const auto kCases = ::testing::Values(Case{{0, 200, 333}, 4, 2, 64},           // packed, GQA 2:1
+                                      Case{{0, 256}, 8, 2, 128},               // GQA 4:1, hd 128
+                                      Case{{0, 77, 100, 190}, 4, 1, 16},       // MQA, tiny head dim
+                                      Case{{0, 130}, 6, 2, 24},                // hd not a multiple of 16
+                                      Case{{0, 1, 65, 129}, 2, 2, 32},         // a one-token document
+                                      Case{{0, 700, 1024}, 4, 4, 128},         // MHA, longer
+                                      Case{{0, 1000, 1300, 2600}, 4, 2, 128},  // many tiles, ragged ends
+                                      Case{{0, 520, 1500}, 6, 3, 64},          // hd 64, several tiles
+                                      Case{{0, 1, 3, 140, 141}, 4, 2, 128},    // one-token documents
+                                      Case{{0, 17, 300}, 2, 1, 64});           // MQA, hd 64
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention, kCases);
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionPortable, kCases);
 

@@ -312,14 +312,14 @@ void CudaOps::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& 
   if (hd == 128 || hd == 64) {
     const int64_t threads = N * H * (hd / 8);
     if (hd == 128)
-      attention_delta_vec<16><<<unsigned((threads + 255) / 256), 256, 0, stream_>>>(delta, dout.as<bf16>(),
-                                                                                    out.as<bf16>(), N, int(H));
+      attention_delta_vec<16>
+          <<<unsigned((threads + 255) / 256), 256, 0, stream_>>>(delta, dout.as<bf16>(), out.as<bf16>(), N, int(H));
     else
-      attention_delta_vec<8><<<unsigned((threads + 255) / 256), 256, 0, stream_>>>(delta, dout.as<bf16>(),
-                                                                                   out.as<bf16>(), N, int(H));
+      attention_delta_vec<8>
+          <<<unsigned((threads + 255) / 256), 256, 0, stream_>>>(delta, dout.as<bf16>(), out.as<bf16>(), N, int(H));
   } else {
-    attention_delta<<<unsigned((N * H + 7) / 8), 256, 0, stream_>>>(delta, dout.as<bf16>(), out.as<bf16>(), N,
-                                                                    int(H), int(hd));
+    attention_delta<<<unsigned((N * H + 7) / 8), 256, 0, stream_>>>(delta, dout.as<bf16>(), out.as<bf16>(), N, int(H),
+                                                                    int(hd));
   }
   CUDA_CHECK_LAUNCH();
   if (hopper_attention(hd))

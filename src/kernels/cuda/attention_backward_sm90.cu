@@ -24,7 +24,7 @@ using namespace attn::sm90;
 namespace {
 
 constexpr int kThreads = 3 * kWarpgroup;
-[[maybe_unused]] constexpr int kConsumerWarps = 8;  // arrivals that release a stage
+[[maybe_unused]] constexpr int kConsumerWarps = 8;            // arrivals that release a stage
 constexpr int kKeys = 128, kQueryTile = 64, kDkDvStages = 2;  // dK/dV kernel: keys per block, queries per item
 constexpr int kQueries = 128, kKeyTile = 128, kDqStages = 2;  // dQ kernel: queries per block, keys per tile
 
@@ -35,9 +35,7 @@ template <int D, int kResident, int kStream, int kStages>
 struct BackwardSmem {
   static constexpr int kB = kResident * D, kStage = 2 * kResident * D, kStats = kStage + kStages * 2 * kStream * D;
   static constexpr int kBars = kStats + kStages * 2 * kStream * 2;  // bf16 offsets (stats: 2 fp32 per query)
-  static constexpr size_t bytes() {
-    return size_t(kBars) * sizeof(bf16) + (1 + 2 * kStages) * sizeof(uint64_t) + 1024;
-  }
+  static constexpr size_t bytes() { return size_t(kBars) * sizeof(bf16) + (1 + 2 * kStages) * sizeof(uint64_t) + 1024; }
   static_assert(kB > 0 && kStats > kStage);  // (also keeps the host pass from calling them unused)
 };
 
@@ -166,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     int h, q0;
     item(i, h, q0);
     if (q0 + kQueryTile - 1 < wk0 || wk0 >= len) {  // every query precedes this group's keys: nothing to add
-      ring.wait_full(i);  // (waiting first keeps this arrival in the stage's own phase)
+      ring.wait_full(i);                            // (waiting first keeps this arrival in the stage's own phase)
       if (leader) mbar_arrive(ring.free(i));
       continue;
     }
@@ -297,7 +295,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   mbar_wait(ring.resident(), 0);
   for (int i = 0; i < key_tiles; ++i) {
     if (i * kKeyTile > wq0 + 63) {  // every key follows this group's queries: nothing to add
-      ring.wait_full(i);  // (waiting first keeps this arrival in the stage's own phase)
+      ring.wait_full(i);            // (waiting first keeps this arrival in the stage's own phase)
       if (leader) mbar_arrive(ring.free(i));
       continue;
     }
@@ -367,23 +365,24 @@ void launch(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& 
   const int H = int(q.dim(1)), Hkv = int(k.dim(1));
   const int64_t N = q.dim(0);
   const unsigned docs = unsigned(seq.cu_seqlens.numel() - 1);
-  dkdv_kernel<D><<<dim3(unsigned((seq.max_seqlen + kKeys - 1) / kKeys), unsigned(Hkv), docs), kThreads,
-                   DkDv::bytes(), s>>>(head_tile_map(k, kKeys), head_tile_map(v, kKeys),
-                                       head_tile_map(q, kQueryTile), head_tile_map(dout, kQueryTile), dk.as<bf16>(),
-                                       dv.as<bf16>(), lse.f32(), delta, seq.cu_seqlens.i32(), N, H, Hkv, scale);
+  dkdv_kernel<D>
+      <<<dim3(unsigned((seq.max_seqlen + kKeys - 1) / kKeys), unsigned(Hkv), docs), kThreads, DkDv::bytes(), s>>>(
+          head_tile_map(k, kKeys), head_tile_map(v, kKeys), head_tile_map(q, kQueryTile),
+          head_tile_map(dout, kQueryTile), dk.as<bf16>(), dv.as<bf16>(), lse.f32(), delta, seq.cu_seqlens.i32(), N, H,
+          Hkv, scale);
   CUDA_CHECK_LAUNCH();
-  dq_kernel<D><<<dim3(unsigned((seq.max_seqlen + kQueries - 1) / kQueries), unsigned(H), docs), kThreads,
-                 Dq::bytes(), s>>>(head_tile_map(q, kQueries), head_tile_map(dout, kQueries),
-                                   head_tile_map(k, kKeyTile), head_tile_map(v, kKeyTile), dq.as<bf16>(), lse.f32(),
-                                   delta, seq.cu_seqlens.i32(), N, H, Hkv, scale);
+  dq_kernel<D>
+      <<<dim3(unsigned((seq.max_seqlen + kQueries - 1) / kQueries), unsigned(H), docs), kThreads, Dq::bytes(), s>>>(
+          head_tile_map(q, kQueries), head_tile_map(dout, kQueries), head_tile_map(k, kKeyTile),
+          head_tile_map(v, kKeyTile), dq.as<bf16>(), lse.f32(), delta, seq.cu_seqlens.i32(), N, H, Hkv, scale);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 void flash_backward_sm90(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
-                         const Tensor& k, const Tensor& v, const Tensor& lse, const float* delta,
-                         const SeqLayout& seq, float scale, cudaStream_t s) {
+                         const Tensor& k, const Tensor& v, const Tensor& lse, const float* delta, const SeqLayout& seq,
+                         float scale, cudaStream_t s) {
   if (q.dim(2) == 64)
     launch<64>(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, s);
   else

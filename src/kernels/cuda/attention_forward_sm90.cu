@@ -71,8 +71,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[kN / 2], float (&m)[2]
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_forward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-                         const __grid_constant__ CUtensorMap v_map, bf16* out, float* lse, const int32_t* cu,
-                         int64_t N, int H, int Hkv, float scale_log2) {
+                         const __grid_constant__ CUtensorMap v_map, bf16* out, float* lse, const int32_t* cu, int64_t N,
+                         int H, int Hkv, float scale_log2) {
 #ifdef SOLTRAIN_SM90_DEVICE
   using L = ForwardSmem<D>;
   extern __shared__ unsigned char smem_raw[];
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int cw = wg - 1, tid = threadIdx.x % kWarpgroup, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
   const bool leader = tid % 32 == 0;  // arrives for its warp
-  const int wq0 = q0 + cw * 64;        // this warpgroup's first query
+  const int wq0 = q0 + cw * 64;       // this warpgroup's first query
   const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
   // tiles that cross this group's diagonal or the document's end need masking
   auto needs_mask = [&](int kt) { return kt * kN + kN - 1 > wq0 || kt * kN + kN > len; };
@@ -223,8 +223,8 @@ void launch(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor&
   const int H = int(q.dim(1)), Hkv = int(k.dim(1));
   const dim3 grid(unsigned((seq.max_seqlen + kM - 1) / kM), unsigned(H), unsigned(seq.cu_seqlens.numel() - 1));
   flash_forward_kernel<D><<<grid, kThreads, ForwardSmem<D>::bytes(), s>>>(
-      head_tile_map(q, kM), head_tile_map(k, kN), head_tile_map(v, kN), out.as<bf16>(), lse.f32(),
-      seq.cu_seqlens.i32(), q.dim(0), H, Hkv, scale * kLog2e);
+      head_tile_map(q, kM), head_tile_map(k, kN), head_tile_map(v, kN), out.as<bf16>(), lse.f32(), seq.cu_seqlens.i32(),
+      q.dim(0), H, Hkv, scale * kLog2e);
   CUDA_CHECK_LAUNCH();
 }
 

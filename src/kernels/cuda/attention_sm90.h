@@ -9,13 +9,15 @@
 
 namespace soltrain::cuda {
 
-inline bool sm90_attention_head_dim(int64_t hd) { return hd == 64 || hd == 128; }
+inline bool sm90_attention_head_dim(int64_t hd) {
+  return hd == 64 || hd == 128;
+}
 
 void flash_forward_sm90(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                         const SeqLayout& seq, float scale, cudaStream_t s);
 // delta[h, n] = Σ_d dO·O, computed by the caller.
 void flash_backward_sm90(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
-                         const Tensor& k, const Tensor& v, const Tensor& lse, const float* delta,
-                         const SeqLayout& seq, float scale, cudaStream_t s);
+                         const Tensor& k, const Tensor& v, const Tensor& lse, const float* delta, const SeqLayout& seq,
+                         float scale, cudaStream_t s);
 
 }  // namespace soltrain::cuda

@@ -112,10 +112,10 @@ __global__ void qk_norm_rope_bwd(bf16* dx, bf16* dy, const bf16* x, const bf16* 
     for (int m = 0; m < kIters; ++m) {
       const int i = 2 * threadIdx.x + 64 * m;
       if (i >= half) continue;
-      *reinterpret_cast<__nv_bfloat162*>(dx + row * C + i) = __floats2bfloat162_rn(
-          grad(glo[m].x, wlo[m].x, xlo[m].x), grad(glo[m].y, wlo[m].y, xlo[m].y));
-      *reinterpret_cast<__nv_bfloat162*>(dx + row * C + i + half) = __floats2bfloat162_rn(
-          grad(ghi[m].x, whi[m].x, xhi[m].x), grad(ghi[m].y, whi[m].y, xhi[m].y));
+      *reinterpret_cast<__nv_bfloat162*>(dx + row * C + i) =
+          __floats2bfloat162_rn(grad(glo[m].x, wlo[m].x, xlo[m].x), grad(glo[m].y, wlo[m].y, xlo[m].y));
+      *reinterpret_cast<__nv_bfloat162*>(dx + row * C + i + half) =
+          __floats2bfloat162_rn(grad(ghi[m].x, whi[m].x, xhi[m].x), grad(ghi[m].y, whi[m].y, xhi[m].y));
     }
   }
 }

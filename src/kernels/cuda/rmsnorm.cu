@@ -115,13 +115,13 @@ void CudaOps::rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tens
     rmsnorm_fwd<true, false><<<grid, block, 0, stream_>>>(y.as<bf16>(), rstd.f32(), x.as<bf16>(), w.as<bf16>(), R, C,
                                                           eps, nullptr, nullptr);
   else
-    rmsnorm_fwd<false, false><<<grid, block, 0, stream_>>>(y.as<bf16>(), rstd.f32(), x.as<bf16>(), w.as<bf16>(), R,
-                                                           C, eps, nullptr, nullptr);
+    rmsnorm_fwd<false, false><<<grid, block, 0, stream_>>>(y.as<bf16>(), rstd.f32(), x.as<bf16>(), w.as<bf16>(), R, C,
+                                                           eps, nullptr, nullptr);
   CUDA_CHECK_LAUNCH();
 }
 
-void CudaOps::add_rmsnorm_forward(Tensor sum, Tensor y, Tensor rstd, const Tensor& a, const Tensor& b,
-                                  const Tensor& w, float eps) {
+void CudaOps::add_rmsnorm_forward(Tensor sum, Tensor y, Tensor rstd, const Tensor& a, const Tensor& b, const Tensor& w,
+                                  float eps) {
   const auto prof = profile("add_rmsnorm_forward");
   const int64_t C = a.dim(-1), R = a.numel() / C;
   const dim3 grid(unsigned((R + kWarps - 1) / kWarps)), block(32, kWarps);

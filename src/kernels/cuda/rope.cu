@@ -31,8 +31,8 @@ __global__ void rope_kernel(bf16* x, const int32_t* pos, const float* inv_freq, 
 void CudaOps::rope(Tensor x, const SeqLayout& seq, const Tensor& inv_freq, bool inverse) {
   const auto prof = profile("rope");
   const int64_t N = x.dim(0), heads = x.dim(1), half = x.dim(2) / 2;
-  rope_kernel<<<cuda::blocks_for(N * half, 256), 256, 0, stream_>>>(
-      x.as<bf16>(), seq.positions.i32(), inv_freq.f32(), N, heads, half, inverse ? -1.f : 1.f);
+  rope_kernel<<<cuda::blocks_for(N * half, 256), 256, 0, stream_>>>(x.as<bf16>(), seq.positions.i32(), inv_freq.f32(),
+                                                                    N, heads, half, inverse ? -1.f : 1.f);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -2,8 +2,8 @@
 // links against libcuda directly.
 #include "kernels/cuda/tensor_map.h"
 
-#include <cuda_runtime.h>
 #include <cudaTypedefs.h>
+#include <cuda_runtime.h>
 
 #include "core/error.h"
 #include "kernels/cuda/check.h"
