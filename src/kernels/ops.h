@@ -4,6 +4,7 @@
 // "accumulate" means add into the output instead of overwriting it (gradients of shared inputs).
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -88,6 +89,9 @@ class Ops {
     rope(dy, seq, inv_freq, true);
     rmsnorm_backward(dx, false, dw, dy, x, w, rstd);
   }
+
+  // The widest head the attention ops serve on this backend (models with wider heads are refused at load).
+  virtual int64_t max_attention_head_dim() const { return std::numeric_limits<int64_t>::max(); }
 
   // Causal attention within documents. q [N,H,hd], k/v [N,Hkv,hd], out [N,H,hd], lse [H,N] (natural log
   // of each softmax denominator, fp32, saved for backward). Query head h reads kv head h / (H/Hkv).

@@ -73,6 +73,9 @@ Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig>
   const auto& c = config_;
   const int64_t D = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
   if (lora_) lora_->validate("lora config");
+  if (hd > ops.max_attention_head_dim())
+    user_error("head_dim ", hd, " is not supported on ", ops.device() == Device::CUDA ? "CUDA" : "this device",
+               " yet (at most ", ops.max_attention_head_dim(), ")");
   const bool base_trains = !lora_;
   // Base parameters train in full fine-tuning and are frozen under LoRA.
   auto add = [&](const std::string& n, Shape s) { params_.add(n, std::move(s), base_trains); };

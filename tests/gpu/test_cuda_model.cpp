@@ -32,6 +32,20 @@ TEST_P(CudaModel, MatchesTransformersWithinBf16Error) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, kReferenceModels, fixture_test_name);
 
+// A head wider than the CUDA attention kernels serve is refused when the model is built, not mid-step.
+TEST_F(CudaTest, TooWideHeadIsRefusedAtLoad) {
+  ModelConfig c = load_model_config(fixtures() / "models" / "qwen3-tiny");
+  c.head_dim = 160;
+  try {
+    Transformer model(c, *gpu);
+    FAIL() << "expected a UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim 160 is not supported on CUDA"), std::string::npos) << e.what();
+  }
+  c.head_dim = 128;
+  EXPECT_NO_THROW(Transformer(c, *gpu));
+}
+
 TEST_F(CudaTest, SameRunTwiceGivesBitwiseIdenticalLosses) {
   const auto dir = fixtures() / "models" / "qwen3-tiny";
   const HostBatch batch = load_batch_file(dir / "batch.safetensors");
