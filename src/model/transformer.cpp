@@ -303,7 +303,7 @@ StepResult Transformer::step(const HostBatch& batch, bool backward, float* logit
   // only the first layer normalises its own input here.
   for (int64_t l = 0; l < L; ++l) {
     forward_attention(l, l == 0);
-    forward_mlp(l, true);
+    forward_mlp(l, true, false);
   }
   Parameter& final_norm = params_.at(kFinalNorm);
 
@@ -330,8 +330,8 @@ StepResult Transformer::step(const HostBatch& batch, bool backward, float* logit
   for (int64_t l = L - 1; l >= 0; --l) {
     const Layer& w = layers_[size_t(l)];
     // Recompute what was not kept (same ops, same inputs, same dropout seeds: bitwise the same values).
-    if (a.recompute == Recompute::Full) forward_attention(l, true);
-    if (a.recompute != Recompute::None) forward_mlp(l, false);
+    if (a.recompute == Recompute::Full) forward_attention(l, true);  // (its fused add + norm refills h2 too)
+    if (a.recompute != Recompute::None) forward_mlp(l, false, a.recompute == Recompute::Selective);
     // MLP: resid[l+1] = mid + down(swiglu(gate(h2), up(h2)))
     proj_backward(l, LoraTarget::down, &a.dact, false, a.dres, a.act[l]);
     o.swiglu_backward(a.dgate, a.dup, a.dact, a.gate[l], a.up[l]);
@@ -388,12 +388,11 @@ void Transformer::forward_attention(int64_t l, bool norm_input) {
   o.add_rmsnorm_forward(a.mid[l], a.h2[l], a.rstd2[l], a.resid[l], a.tmp, w.ln2->value, a.eps);
 }
 
-void Transformer::forward_mlp(int64_t l, bool write_residual) {
+void Transformer::forward_mlp(int64_t l, bool write_residual, bool norm_input) {
   Activations& a = *acts_;
   Ops& o = ops_;
   const Layer& w = layers_[size_t(l)];
-  // In the forward pass forward_attention has normalised mid already; a recompute does it again here.
-  if (!write_residual) o.rmsnorm_forward(a.h2[l], a.rstd2[l], a.mid[l], w.ln2->value, a.eps);
+  if (norm_input) o.rmsnorm_forward(a.h2[l], a.rstd2[l], a.mid[l], w.ln2->value, a.eps);
   proj_forward(l, LoraTarget::gate, a.gate[l], a.h2[l]);
   proj_forward(l, LoraTarget::up, a.up[l], a.h2[l]);
   o.swiglu_forward(a.act[l], a.gate[l], a.up[l]);

@@ -76,10 +76,12 @@ class Transformer {
   void proj_forward(int64_t l, LoraTarget t, Tensor y, const Tensor& x);
   void proj_backward(int64_t l, LoraTarget t, Tensor* dx, bool accumulate_dx, const Tensor& dy, const Tensor& x);
   uint64_t dropout_seed(int64_t l, LoraTarget t) const;
-  // Layer l's forward in two halves: attention (resid[l] → mid[l]) and MLP (mid[l] → resid[l+1]; the
-  // residual write is skipped when recomputing for backward).
-  void forward_attention(int64_t l, bool norm_input);  // norm_input: compute h1 from resid (else done by l-1)
-  void forward_mlp(int64_t l, bool write_residual);
+  // Layer l's forward in two halves: attention (resid[l] → mid[l], and h2 = ln2(mid) fused with that add)
+  // and MLP (mid[l] → resid[l+1], and the next norm fused with that add; the residual write is skipped
+  // when recomputing for backward). norm_input: normalise the half's input here (h1 from resid, h2 from
+  // mid), when no fused add before it has.
+  void forward_attention(int64_t l, bool norm_input);
+  void forward_mlp(int64_t l, bool write_residual, bool norm_input);
 
   ModelConfig config_;
   std::optional<LoraConfig> lora_;

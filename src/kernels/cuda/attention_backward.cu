@@ -309,18 +309,17 @@ void CudaOps::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& 
   const auto prof = profile("attention_backward");
   const int64_t N = q.dim(0), H = q.dim(1), hd = q.dim(2);
   float* delta = static_cast<float*>(scratch(size_t(N * H) * sizeof(float)));
-  if (hd == 128 || hd == 64) {
-    const int64_t threads = N * H * (hd / 8);
-    if (hd == 128)
-      attention_delta_vec<16>
-          <<<unsigned((threads + 255) / 256), 256, 0, stream_>>>(delta, dout.as<bf16>(), out.as<bf16>(), N, int(H));
-    else
-      attention_delta_vec<8>
-          <<<unsigned((threads + 255) / 256), 256, 0, stream_>>>(delta, dout.as<bf16>(), out.as<bf16>(), N, int(H));
-  } else {
+  const auto vec = [&](auto lanes) {  // hd / 8 lanes per row
+    attention_delta_vec<lanes.value><<<unsigned((N * H * lanes.value + 255) / 256), 256, 0, stream_>>>(
+        delta, dout.as<bf16>(), out.as<bf16>(), N, int(H));
+  };
+  if (hd == 128)
+    vec(std::integral_constant<int, 16>{});
+  else if (hd == 64)
+    vec(std::integral_constant<int, 8>{});
+  else
     attention_delta<<<unsigned((N * H + 7) / 8), 256, 0, stream_>>>(delta, dout.as<bf16>(), out.as<bf16>(), N, int(H),
                                                                     int(hd));
-  }
   CUDA_CHECK_LAUNCH();
   if (hopper_attention(hd))
     return cuda::flash_backward_sm90(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, stream_);

@@ -88,6 +88,33 @@ __device__ __forceinline__ void load_step(bf16* tiles, const Ring<kStages>& ring
     tma_load(dst + kStream * D + j * kStream * 64, b, j * 64, head, token, ring.full(i));
   }
 }
+
+// The two score-shaped products of a step over the head dim, each committed as its own wgmma group (so
+// the first can be waited for alone): p = A Bᵀ, ds = A2 B2ᵀ, with A, A2 rows [row0, row0 + 64) of
+// kRowsA-row tiles and B, B2 whole kN-row tiles.
+template <int D, int kRowsA, int kN>
+__device__ __forceinline__ void score_products(float (&p)[kN / 2], float (&ds)[kN / 2], const bf16* a, const bf16* b,
+                                               const bf16* a2, const bf16* b2, int row0) {
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) wgmma_ss<kN>(p, k_major<kRowsA>(a, row0, ks), k_major<kN>(b, 0, ks), ks > 0);
+  wgmma_commit();
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) wgmma_ss<kN>(ds, k_major<kRowsA>(a2, row0, ks), k_major<kN>(b2, 0, ks), ks > 0);
+  wgmma_commit();
+}
+// A gradient product, committed as one wgmma group: acc += X B, with X (64 x kK, in the accumulator
+// layout) rounded to bf16 fragments and B a kK-row tile read transposed.
+template <int D, int kK>
+__device__ __forceinline__ void gradient_product(float (&acc)[D / 2], float (&x)[kK / 2], const bf16* b) {
+  uint32_t frag[kK / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk) c_to_a(frag[kk], &x[8 * kk], &x[8 * kk + 4]);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk) wgmma_rs<D>(acc, frag[kk], mn_major<kK>(b, kk), 1);
+  wgmma_commit();
+}
 #endif
 
 template <int D>
@@ -175,15 +202,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool masked = q0 < wk0 + 63 || q0 + kQueryTile > len || wk0 + 64 > len;
 
     ring.wait_full(i);
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks)
-      wgmma_ss<kQueryTile>(p, k_major<kKeys>(Ks, cw * 64, ks), k_major<kQueryTile>(Qs, 0, ks), ks > 0);
-    wgmma_commit();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks)
-      wgmma_ss<kQueryTile>(ds, k_major<kKeys>(Vs, cw * 64, ks), k_major<kQueryTile>(dOs, 0, ks), ks > 0);
-    wgmma_commit();
+    score_products<D, kKeys, kQueryTile>(p, ds, Ks, Qs, Vs, dOs, cw * 64);
 
     wgmma_wait<1>();
     fence_accumulators(p);
@@ -193,13 +212,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float pe = fast_exp2(fmaf(p[e], scale_log2, -lse_s[qc]));
       p[e] = masked && !(kr <= query && query < len && kr < len) ? 0.f : pe;
     }
-    uint32_t frag[kQueryTile / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kQueryTile / 16; ++kk) c_to_a(frag[kk], &p[8 * kk], &p[8 * kk + 4]);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kQueryTile / 16; ++kk) wgmma_rs<D>(dv_acc, frag[kk], mn_major<kQueryTile>(dOs, kk), 1);
-    wgmma_commit();
+    gradient_product<D, kQueryTile>(dv_acc, p, dOs);
 
     wgmma_wait<1>();
     fence_accumulators(ds);
@@ -208,13 +221,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int qc = e / 4 * 8 + 2 * t + e % 2;
       ds[e] = p[e] * (ds[e] - delta_s[qc]);
     }
-    uint32_t frag2[kQueryTile / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kQueryTile / 16; ++kk) c_to_a(frag2[kk], &ds[8 * kk], &ds[8 * kk + 4]);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kQueryTile / 16; ++kk) wgmma_rs<D>(dk_acc, frag2[kk], mn_major<kQueryTile>(Qs, kk), 1);
-    wgmma_commit();
+    gradient_product<D, kQueryTile>(dk_acc, ds, Qs);
 
     wgmma_wait<0>();
     fence_accumulators(dv_acc);
@@ -226,14 +233,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int r = 0; r < 2; ++r) {
     if (key[r] >= len) continue;
     const int64_t base = ((int64_t(start) + key[r]) * Hkv + kh) * int64_t(D);
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      const int c = dt * 8 + 2 * t;
-      *reinterpret_cast<__nv_bfloat162*>(dk + base + c) =
-          __floats2bfloat162_rn(dk_acc[4 * dt + 2 * r] * scale, dk_acc[4 * dt + 2 * r + 1] * scale);
-      *reinterpret_cast<__nv_bfloat162*>(dv + base + c) =
-          __floats2bfloat162_rn(dv_acc[4 * dt + 2 * r], dv_acc[4 * dt + 2 * r + 1]);
-    }
+    store_row<D>(dk + base, dk_acc, r, scale);
+    store_row<D>(dv + base, dv_acc, r, 1.f);
   }
 #endif
 }
@@ -305,15 +306,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool masked = k0 + kKeyTile - 1 > wq0 || k0 + kKeyTile > len || wq0 + 64 > len;
 
     ring.wait_full(i);
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks)
-      wgmma_ss<kKeyTile>(p, k_major<kQueries>(Qs, cw * 64, ks), k_major<kKeyTile>(Ks, 0, ks), ks > 0);
-    wgmma_commit();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks)
-      wgmma_ss<kKeyTile>(ds, k_major<kQueries>(dOs, cw * 64, ks), k_major<kKeyTile>(Vs, 0, ks), ks > 0);
-    wgmma_commit();
+    score_products<D, kQueries, kKeyTile>(p, ds, Qs, Ks, dOs, Vs, cw * 64);
 
     wgmma_wait<1>();
     fence_accumulators(p);
@@ -327,13 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_accumulators(ds);
 #pragma unroll
     for (int e = 0; e < kKeyTile / 2; ++e) ds[e] = p[e] * (ds[e] - dl[e / 2 % 2]);
-    uint32_t frag[kKeyTile / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kKeyTile / 16; ++kk) c_to_a(frag[kk], &ds[8 * kk], &ds[8 * kk + 4]);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kKeyTile / 16; ++kk) wgmma_rs<D>(acc, frag[kk], mn_major<kKeyTile>(Ks, kk), 1);
-    wgmma_commit();
+    gradient_product<D, kKeyTile>(acc, ds, Ks);
     wgmma_wait<0>();
     fence_accumulators(acc);
     if (leader) mbar_arrive(ring.free(i));
@@ -342,11 +329,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= len) continue;
-    bf16* dst = dq + ((int64_t(start) + row[r]) * H + h) * int64_t(D);
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-      *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8 + 2 * t) =
-          __floats2bfloat162_rn(acc[4 * dt + 2 * r] * scale, acc[4 * dt + 2 * r + 1] * scale);
+    store_row<D>(dq + ((int64_t(start) + row[r]) * H + h) * int64_t(D), acc, r, scale);
   }
 #endif
 }

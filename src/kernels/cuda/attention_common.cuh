@@ -107,17 +107,19 @@ __device__ __forceinline__ void load_rows(bf16* dst, const bf16* src, int64_t fi
 }
 
 // Calls f(std::integral_constant<int, D>{}) with the narrowest compiled tile width D ≥ hd (32, 64, 128);
-// wider heads are a UserError. One place decides which head dims the attention kernels serve.
+// wider heads are a UserError (models are refused earlier, at load: CudaOps::max_attention_head_dim).
+// One place decides which head dims the attention kernels serve.
+constexpr int kMaxHeadDim = 128;
 template <typename F>
 void with_head_dim(int64_t hd, F&& f) {
   if (hd <= 32)
     f(std::integral_constant<int, 32>{});
   else if (hd <= 64)
     f(std::integral_constant<int, 64>{});
-  else if (hd <= 128)
-    f(std::integral_constant<int, 128>{});
+  else if (hd <= kMaxHeadDim)
+    f(std::integral_constant<int, kMaxHeadDim>{});
   else
-    user_error("head_dim ", hd, " is not supported on CUDA yet (at most 128)");
+    user_error("head_dim ", hd, " is not supported on CUDA yet (at most ", kMaxHeadDim, ")");
 }
 
 }  // namespace soltrain::cuda::attn

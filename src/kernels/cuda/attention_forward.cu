@@ -171,6 +171,10 @@ void launch_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const
 
 }  // namespace
 
+int64_t CudaOps::max_attention_head_dim() const {
+  return kMaxHeadDim;
+}
+
 bool CudaOps::hopper_attention(int64_t head_dim) const {
   return hopper_attention_ && cuda::sm90_attention_head_dim(head_dim);
 }

@@ -200,12 +200,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= len) continue;
-    const float inv = 1.f / l[r];
-    bf16* dst = out + ((int64_t(start) + row[r]) * H + h) * int64_t(D);
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-      *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8 + 2 * t) =
-          __floats2bfloat162_rn(o[4 * dt + 2 * r] * inv, o[4 * dt + 2 * r + 1] * inv);
+    store_row<D>(out + ((int64_t(start) + row[r]) * H + h) * int64_t(D), o, r, 1.f / l[r]);
     if (t == 0) lse[int64_t(h) * N + start + row[r]] = (m[r] + log2f(l[r])) / kLog2e;
   }
 #endif

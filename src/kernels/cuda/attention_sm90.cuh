@@ -1,6 +1,7 @@
 // Building blocks of the Hopper (sm_90a) flash attention kernels: warpgroup MMA (wgmma) with operands in
 // shared memory described by 64-bit matrix descriptors, tiles stored in the 128-byte-swizzled layout those
-// descriptors read, and the fences wgmma needs. Everything here compiles only into the sm_90a image
+// descriptors read (which one TMA box per 64 columns writes: tensor_map.h), mbarriers, and the fences
+// wgmma needs. Everything here compiles only into the sm_90a image
 // (guarded by SOLTRAIN_SM90_DEVICE); the sm_80 image keeps the mma.sync kernels of attention_common.cuh.
 //
 // Tile layout ("sw128"): a tile of R rows x D bf16 columns (D = 64 or 128) is D/64 column blocks of R x 64;
@@ -28,6 +29,8 @@ namespace soltrain::cuda::attn::sm90 {
 constexpr int kWarpgroup = 128;  // threads
 
 #ifdef SOLTRAIN_SM90_DEVICE
+// The four wrappers below differ only in N (64, 128) and the A source; inline asm must name every
+// accumulator register, so each spells its operand list out (as CUTLASS does).
 // D[64 x 64] (+)= A[64 x 16] (smem) * B[16 x 64] (smem, K-major); fp32 accumulators in the C layout.
 __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
@@ -131,10 +134,6 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-// cp.async writes are generic-proxy stores; the tensor cores read through the async proxy.
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 
 // mbarriers (64-bit words in shared memory): TMA copies complete on them by transaction bytes; consumers
 // release a stage by arriving. Waits name the phase parity they wait for.
@@ -202,18 +201,14 @@ __device__ __forceinline__ uint64_t mn_major(const bf16* tile, int kk) {
   return descriptor(smem_addr(tile) + kk * 16 * 128, kRows * 128, 1024);
 }
 
-// Rows [0, kRows) x [0, D) of one head's slice into a sw128 tile by 16-byte cp.async: row r is token
-// `first + r` of src [tokens, heads, D]; rows at or past `valid` are zero-filled. Threads [0, nthreads).
-template <int D, int kRows>
-__device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int64_t first, int valid, int heads, int head,
-                                          int tid, int nthreads) {
-  constexpr int kChunks = D / 8;
-  for (int i = tid; i < kRows * kChunks; i += nthreads) {
-    const int r = i / kChunks, c = i % kChunks;
-    const bool ok = r < valid;
-    cp_async16(dst + (c / 8) * (kRows * 64) + r * 64 + ((c % 8) ^ (r % 8)) * 8,
-               src + ((first + (ok ? r : 0)) * heads + head) * int64_t(D) + c * 8, ok);
-  }
+// Row r (0 or 1: g or g + 8 of the warp's 16) of a 64 x D accumulator, times `scale`, as bf16 into dst[0, D).
+template <int D>
+__device__ __forceinline__ void store_row(bf16* dst, const float (&acc)[D / 2], int r, float scale) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt)
+    *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8 + 2 * t) =
+        __floats2bfloat162_rn(acc[4 * dt + 2 * r] * scale, acc[4 * dt + 2 * r + 1] * scale);
 }
 
 // The first 1024-byte boundary at or after p (dynamic shared memory is only 16-byte aligned).

@@ -45,7 +45,7 @@ class CudaOps final : public Ops {
                             const Tensor& inv_freq, float eps) override;
   void qk_norm_rope_backward(Tensor dx, Tensor dw, Tensor dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                              const SeqLayout& seq, const Tensor& inv_freq) override;
-  int64_t max_attention_head_dim() const override { return 128; }  // attention_common.cuh's with_head_dim
+  int64_t max_attention_head_dim() const override;
   void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                          const SeqLayout& seq, float scale) override;
   void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
