@@ -244,6 +244,18 @@ TEST(Jinja, UndefinedIsLenientUntilUsedDeeply) {
   EXPECT_EQ(error_of("{{ \"abc\".nomethod() }}"), "t line 1, column 18: 'str object' has no attribute 'nomethod'");
 }
 
+// Numbers and escapes the template spells badly are template errors (a UserError), never a stray
+// std::invalid_argument / out_of_range from the number parsing.
+TEST(Jinja, BadNumbersAndEscapesAreTemplateErrors) {
+  EXPECT_NE(error_of("{{ \"\\xZZ\" }}").find("bad \\x/\\u/\\U escape"), std::string::npos);
+  EXPECT_NE(error_of("{{ \"\\x1g\" }}").find("bad \\x/\\u/\\U escape"), std::string::npos);
+  EXPECT_NE(error_of("{{ \"\\U00110000\" }}").find("bad \\x/\\u/\\U escape"), std::string::npos);
+  EXPECT_NE(error_of("{{ l.99999999999999999999 }}", R"({"l": [1]})").find("index out of range"), std::string::npos);
+  EXPECT_NE(error_of("{{ 99999999999999999999 }}").find("number out of range"), std::string::npos);
+  EXPECT_NE(error_of("{{ '{99999999999999999999}'.format(1) }}").find("positional argument"), std::string::npos);
+  EXPECT_EQ(render("{{ \"\\x41\\u00e9\" }}"), "A\u00e9");
+}
+
 TEST(Jinja, SyntaxErrorsSayWhereAndWhy) {
   EXPECT_EQ(error_of("{{ 1 + }}"), "t line 1, column 8: expected an expression, got end of print statement '}}'");
   EXPECT_EQ(error_of("ok\n  {{ \"x\" | nofilter }}"), "t line 2, column 12: no filter named 'nofilter'");

@@ -234,6 +234,18 @@ TEST_P(SftSignal, SavesACheckpointAndResumeFinishesTheSameModel) {
 
 INSTANTIATE_TEST_SUITE_P(CtrlCAndTerm, SftSignal, ::testing::Values(SIGINT, SIGTERM));
 
+// An output_dir that cannot be a folder (a file stands there) is the user's input: one line, exit 2.
+TEST(Sft, OutputDirThatIsAFileIsExit2) {
+  SftSetup s;
+  test::write_text(s.t.path / "taken", "a file the user already had\n");
+  const fs::path cfg = s.config("taken", "max_steps: 1\n");
+  ASSERT_EQ(wait_exit(spawn_sft(cfg, s.t.path / "log")), 2) << read_bytes(s.t.path / "log");
+  const std::string log = read_bytes(s.t.path / "log");
+  EXPECT_NE(log.rfind("error: "), std::string::npos) << log;
+  EXPECT_EQ(log.find("internal error"), std::string::npos) << log;
+  EXPECT_EQ(read_bytes(s.t.path / "taken"), "a file the user already had\n");  // nothing of theirs lost
+}
+
 TEST(Sft, PretrainOnTextTrainsEveryToken) {
   SftSetup s;
   std::string text;
@@ -264,6 +276,17 @@ TEST(Sft, TokenizeCommandPreparesAConfigsDatasets) {
   const std::string out = read_bytes(s.t.path / "tok");
   EXPECT_NE(out.find("is up to date"), std::string::npos) << out;  // sft's shard cache is the same one
   EXPECT_NE(out.find("300 training and 40 validation documents ready"), std::string::npos) << out;
+  // `--pt` prepares what `soltrain pt` trains on (text, every token): pt then finds its shards up to date.
+  std::string text;
+  for (int i = 0; i < 20; ++i) text += nlohmann::json{{"text", "some plain text " + std::to_string(i)}}.dump() + "\n";
+  test::write_text(s.t.path / "text.jsonl", text);
+  test::write_text(s.t.path / "pt.yaml",
+                   "model: model\noutput_dir: pt\ndatasets: [text.jsonl]\nsequence_len: 64\n"
+                   "max_steps: 1\ndataset_prepared_path: prepared_pt\n");
+  const std::string pt_cfg = (s.t.path / "pt.yaml").string(), log = (s.t.path / "ptlog").string();
+  ASSERT_EQ(std::system((std::string(SOLTRAIN_BIN) + " tokenize --pt " + pt_cfg + " 2>/dev/null").c_str()), 0);
+  ASSERT_EQ(std::system((std::string(SOLTRAIN_BIN) + " pt " + pt_cfg + " 2>" + log).c_str()), 0) << read_bytes(log);
+  EXPECT_NE(read_bytes(log).find("is up to date"), std::string::npos) << read_bytes(log);
 }
 
 // HF's num_items_in_batch semantics: two micro-batches of one row accumulate to the same update as one

@@ -19,9 +19,7 @@ namespace {
 DatasetSource parse_source(const std::string& arg) {
   const size_t colon = arg.rfind(':');
   if (colon != std::string::npos) {
-    const std::string suffix = arg.substr(colon + 1);
-    for (const char* t : {"auto", "text", "instruction", "alpaca", "conversation", "chat"})
-      if (suffix == t) return {arg.substr(0, colon), parse_dataset_type(suffix)};
+    if (const auto t = find_dataset_type(std::string_view(arg).substr(colon + 1))) return {arg.substr(0, colon), *t};
   }
   return {arg, DatasetType::kAuto};
 }
@@ -34,12 +32,13 @@ std::function<int()> add_tokenize_command(CLI::App& app) {
     std::vector<std::string> data;
     std::string bad_records = "error", config;
     std::vector<std::string> set;
-    bool quiet = false;
+    bool quiet = false, pt = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand("tokenize", "tokenize datasets into token/loss-mask shards");
   c->add_option("config", o->config, "a training config: tokenize its datasets into its dataset_prepared_path");
   c->add_option("--set", o->set, "override a config key: key=value (repeatable)");
+  c->add_flag("--pt", o->pt, "prepare the config for `soltrain pt` (text, every token trained) rather than sft");
   c->add_option("--tokenizer", o->t.tokenizer, "model folder with tokenizer.json and tokenizer_config.json");
   c->add_option("--data", o->data, "FILE[:auto|text|instruction|conversation] (.jsonl or .json), repeatable");
   c->add_option("--out", o->t.out, "output folder for the shards and manifest.json");
@@ -53,7 +52,8 @@ std::function<int()> add_tokenize_command(CLI::App& app) {
     if (!o->config.empty()) {
       if (!o->data.empty() || !o->t.tokenizer.empty() || !o->t.out.empty())
         user_error("tokenize: give either a config file or --tokenizer/--data/--out, not both");
-      const TrainData d = prepare_train_data(load_train_config(o->config, o->set, TrainMode::kSft), std::cerr);
+      const TrainMode mode = o->pt ? TrainMode::kPretrain : TrainMode::kSft;  // the shards' settings differ
+      const TrainData d = prepare_train_data(load_train_config(o->config, o->set, mode), std::cerr);
       std::cerr << "tokenize: " << d.train.documents() << " training and " << d.validation.documents()
                 << " validation documents ready\n";
       return 0;

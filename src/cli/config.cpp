@@ -112,20 +112,12 @@ std::string where_of(const std::string& file, const YAML::Node& n) {
 }
 
 DatasetType dataset_type(const Entry& e, TrainMode mode) {
-  static const std::map<std::string, DatasetType> names = {{"auto", DatasetType::kAuto},
-                                                           {"text", DatasetType::kText},
-                                                           {"completion", DatasetType::kText},
-                                                           {"instruction", DatasetType::kInstruction},
-                                                           {"alpaca", DatasetType::kInstruction},
-                                                           {"conversation", DatasetType::kConversation},
-                                                           {"chat_template", DatasetType::kConversation},
-                                                           {"sharegpt", DatasetType::kConversation}};
   const std::string s = get_string(e, "type");
-  const auto it = names.find(s);
-  if (it == names.end()) bad_value(e, "type", "text, instruction, conversation or auto");
-  if (mode == TrainMode::kPretrain && it->second != DatasetType::kText && it->second != DatasetType::kAuto)
+  const auto t = find_dataset_type(s);
+  if (!t) bad_value(e, "type", "text, instruction, conversation or auto");
+  if (mode == TrainMode::kPretrain && *t != DatasetType::kText && *t != DatasetType::kAuto)
     user_error(e.where, ": type: \"", s, "\": pt trains on text datasets (use `soltrain sft` for ", s, ")");
-  return it->second;
+  return *t;
 }
 
 DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const std::string& file, TrainMode mode) {

@@ -1,4 +1,5 @@
 // soltrain: entry point. Bad input → one line on stderr and exit code 2; our own bugs → exit code 1.
+#include <filesystem>
 #include <iostream>
 
 #include "cli/commands.h"
@@ -42,6 +43,9 @@ int main(int argc, char** argv) {
     for (const auto& [cmd, run] : commands)
       if (cmd->parsed()) return run();
   } catch (const soltrain::UserError& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::filesystem::filesystem_error& e) {  // a path the user gave: not there, not writable
     std::cerr << "error: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {

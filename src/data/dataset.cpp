@@ -7,11 +7,24 @@ namespace soltrain {
 
 using nlohmann::ordered_json;
 
+std::optional<DatasetType> find_dataset_type(std::string_view s) {
+  // Our names, then the ones Axolotl and other trainers' configs use for the same formats.
+  static const std::map<std::string_view, DatasetType> names = {{"auto", DatasetType::kAuto},
+                                                                {"text", DatasetType::kText},
+                                                                {"completion", DatasetType::kText},
+                                                                {"instruction", DatasetType::kInstruction},
+                                                                {"alpaca", DatasetType::kInstruction},
+                                                                {"conversation", DatasetType::kConversation},
+                                                                {"chat", DatasetType::kConversation},
+                                                                {"chat_template", DatasetType::kConversation},
+                                                                {"sharegpt", DatasetType::kConversation}};
+  const auto it = names.find(s);
+  if (it == names.end()) return std::nullopt;
+  return it->second;
+}
+
 DatasetType parse_dataset_type(const std::string& s) {
-  if (s == "auto") return DatasetType::kAuto;
-  if (s == "text") return DatasetType::kText;
-  if (s == "instruction" || s == "alpaca") return DatasetType::kInstruction;
-  if (s == "conversation" || s == "chat") return DatasetType::kConversation;
+  if (const auto t = find_dataset_type(s)) return *t;
   user_error("dataset type \"", s, "\": expected auto, text, instruction or conversation");
 }
 

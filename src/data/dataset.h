@@ -8,14 +8,18 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "core/error.h"
 
 namespace soltrain {
 
 enum class DatasetType { kAuto, kText, kInstruction, kConversation };
-DatasetType parse_dataset_type(const std::string& s);  // "auto", "text", ...; UserError otherwise
+// Our type names and their aliases ("alpaca", "sharegpt", "chat_template", ...); nullopt for others.
+std::optional<DatasetType> find_dataset_type(std::string_view s);
+DatasetType parse_dataset_type(const std::string& s);  // find_dataset_type, or a UserError
 std::string to_string(DatasetType t);
 
 // What to do with a record that cannot be used: skip it (counted, reported at the end) or stop.

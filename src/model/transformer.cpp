@@ -322,8 +322,11 @@ StepResult Transformer::step(const HostBatch& batch, bool backward, float* logit
       o.linear_backward(&dhf, false, grad(&head), nullptr, dlogits, hf, head.value);
     }
   }
-  const double loss = counted ? o.sum(a.row_loss) / double(counted) : std::numeric_limits<double>::quiet_NaN();
-  if (!backward) return {loss, counted};
+  // Summing the loss waits for the device: done last, so backward is queued behind the forward first.
+  const auto loss = [&] {
+    return counted ? o.sum(a.row_loss) / double(counted) : std::numeric_limits<double>::quiet_NaN();
+  };
+  if (!backward) return {loss(), counted};
 
   // ---- backward (frozen parameters get no gradient: their grad pointers are null)
   o.rmsnorm_backward(a.dres, false, grad_or_empty(&final_norm), a.dhf, a.resid[L], final_norm.value, a.rstdf);
@@ -362,7 +365,7 @@ StepResult Transformer::step(const HostBatch& batch, bool backward, float* logit
   // The embedding's backward only produces its gradient: a frozen one needs none.
   if (embed.trainable) o.embedding_backward(embed.grad, a.ids, a.dres);
   if (dropout_now_) ++dropout_step_;  // after backward, which regenerates this step's masks
-  return {loss, counted};
+  return {loss(), counted};
 }
 
 void Transformer::forward_attention(int64_t l, bool norm_input) {

@@ -10,6 +10,7 @@
 #include "tokenizer/jinja_error.h"
 #include "tokenizer/jinja_ops.h"
 #include "tokenizer/jinja_text.h"
+#include "tokenizer/utf8.h"
 
 namespace soltrain::jinja {
 namespace {
@@ -127,7 +128,7 @@ std::string replace_all(const std::string& s, const std::string& from, const std
         out += to;
         ++done;
       }
-      append_utf8(out, c);
+      utf8_append(out, c);
     }
     if (count < 0 || done < count) out += to;
     return out;
@@ -169,9 +170,9 @@ std::string py_format(const std::string& fmt, CallArgs& args) {
         if (auto_index >= args.positional.size()) fail("format: not enough positional arguments");
         v = args.positional[auto_index++];
       } else if (std::all_of(field.begin(), field.end(), [](char d) { return std::isdigit((unsigned char)d); })) {
-        size_t k = std::stoul(field);
-        if (k >= args.positional.size()) fail("format: positional argument " + field + " missing");
-        v = args.positional[k];
+        const auto k = parse_int(field);
+        if (!k || size_t(*k) >= args.positional.size()) fail("format: positional argument " + field + " missing");
+        v = args.positional[size_t(*k)];
       } else {
         bool found = false;
         for (auto& [name, x] : args.keyword)
@@ -374,7 +375,9 @@ Value attr_path(const Value& v, const std::string& path) {
     size_t dot = path.find('.', pos);
     std::string part = path.substr(pos, dot == std::string::npos ? std::string::npos : dot - pos);
     bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return std::isdigit(c); });
-    cur = numeric ? get_item(cur, Value::from(int64_t(std::stoll(part)))) : get_item(cur, Value::from(part));
+    const auto index = numeric ? parse_int(part) : std::nullopt;
+    if (numeric && !index) fail("attribute path: index " + part + " out of range");
+    cur = numeric ? get_item(cur, Value::from(*index)) : get_item(cur, Value::from(part));
     if (dot == std::string::npos) return cur;
     pos = dot + 1;
   }

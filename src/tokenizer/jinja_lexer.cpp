@@ -6,6 +6,7 @@
 
 #include "tokenizer/jinja_error.h"
 #include "tokenizer/jinja_text.h"
+#include "tokenizer/utf8.h"
 
 namespace soltrain::jinja {
 namespace {
@@ -247,9 +248,10 @@ class Lexer {
       q += 2;
       auto hex = [&](int n) {
         if (q + n > src_.size()) fail("truncated \\x/\\u escape in string literal", p);
-        char32_t v = char32_t(std::stoul(src_.substr(q, n), nullptr, 16));
+        const auto v = parse_int(std::string_view(src_).substr(q, n), 16);
+        if (!v || *v < 0 || *v > 0x10FFFF) fail("bad \\x/\\u/\\U escape in string literal", p);
         q += n;
-        append_utf8(out, v);
+        utf8_append(out, char32_t(*v));
       };
       switch (e) {
         case 'n': out += '\n'; break;

@@ -6,6 +6,7 @@
 
 #include "tokenizer/jinja_builtins.h"
 #include "tokenizer/jinja_error.h"
+#include "tokenizer/jinja_text.h"
 
 namespace soltrain::jinja {
 namespace {
@@ -424,10 +425,16 @@ class Parser {
       case TK::Float: {
         ++i_;
         auto e = node(EK::Literal, t);
-        try {
-          e->value = t.kind == TK::Int ? Value::from(int64_t(std::stoll(t.text))) : Value::from(std::stod(t.text));
-        } catch (const std::out_of_range&) {
-          fail("number out of range: " + t.text, t);
+        if (t.kind == TK::Int) {
+          const auto v = parse_int(t.text);
+          if (!v) fail("number out of range: " + t.text, t);
+          e->value = Value::from(*v);
+        } else {
+          try {
+            e->value = Value::from(std::stod(t.text));
+          } catch (const std::out_of_range&) {
+            fail("number out of range: " + t.text, t);
+          }
         }
         return e;
       }
@@ -511,7 +518,10 @@ class Parser {
         auto e = node(EK::Item, at);
         e->args.push_back(std::move(target));
         auto idx = node(EK::Literal, n);
-        idx->value = Value::from(int64_t(std::stoll(t_[i_++].text)));
+        const auto v = parse_int(n.text);
+        if (!v) fail("index out of range: " + n.text, n);
+        idx->value = Value::from(*v);
+        ++i_;
         e->args.push_back(std::move(idx));
         return e;
       }

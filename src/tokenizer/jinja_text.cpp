@@ -1,6 +1,10 @@
 // UTF-8 decoding/encoding and Python's whitespace rules for the template engine.
 #include "tokenizer/jinja_text.h"
 
+#include <charconv>
+
+#include "tokenizer/utf8.h"
+
 namespace soltrain::jinja {
 
 std::u32string decode_utf8(std::string_view s) {
@@ -28,28 +32,10 @@ std::u32string decode_utf8(std::string_view s) {
   return out;
 }
 
-void append_utf8(std::string& out, char32_t c) {
-  if (c < 0x80) {
-    out += char(c);
-  } else if (c < 0x800) {
-    out += char(0xc0 | (c >> 6));
-    out += char(0x80 | (c & 0x3f));
-  } else if (c < 0x10000) {
-    out += char(0xe0 | (c >> 12));
-    out += char(0x80 | ((c >> 6) & 0x3f));
-    out += char(0x80 | (c & 0x3f));
-  } else {
-    out += char(0xf0 | (c >> 18));
-    out += char(0x80 | ((c >> 12) & 0x3f));
-    out += char(0x80 | ((c >> 6) & 0x3f));
-    out += char(0x80 | (c & 0x3f));
-  }
-}
-
 std::string encode_utf8(std::u32string_view s) {
   std::string out;
   out.reserve(s.size());
-  for (char32_t c : s) append_utf8(out, c);
+  for (char32_t c : s) utf8_append(out, c);
   return out;
 }
 
@@ -68,6 +54,13 @@ std::string py_strip(const std::string& s, const std::string* chars, bool left, 
   if (right)
     while (e > b && strip_it(cps[e - 1])) --e;
   return encode_utf8(std::u32string_view(cps).substr(b, e - b));
+}
+
+std::optional<int64_t> parse_int(std::string_view s, int base) {
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, base);
+  if (ec != std::errc() || end != s.data() + s.size() || s.empty()) return std::nullopt;
+  return v;
 }
 
 }  // namespace soltrain::jinja

@@ -122,8 +122,7 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
   {
     // The memory plan, all allocated already (a run that does not fit has stopped before this line).
     const double gib = double(1u << 30), trainable = double(model->params().numel());
-    double all_weights = 0;
-    for (const Parameter& p : model->params().all()) all_weights += double(shape_numel(p.shape));
+    const double all_weights = trainable + double(model->params().frozen_numel());
     // fp32 masters of the trainable weights, plus the compute copy of every weight (bf16 on GPU; on the CPU
     // the masters are the compute copy, and frozen weights are fp32 values)
     const double weights = ops.activation_dtype() == DType::F32
@@ -241,7 +240,8 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
   else
     save_pretrained(*model, saved, c.model);
   write_training_curves(metrics.jsonl_path(), c.output_dir / "training_curves.svg");
-  std::string summary = cat(cmd, ": done, ", state.step, " steps; model saved to ", (c.output_dir / "model").string());
+  std::string summary =
+      cat(cmd, ": done, ", state.step, " steps; ", lora ? "adapter" : "model", " saved to ", saved.string());
   if (has_val)
     summary += cat("; validation loss ", fmt_loss(result.first_eval_loss), " -> ", fmt_loss(result.last_eval_loss));
   progress.message(summary);
