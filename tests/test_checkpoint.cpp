@@ -29,7 +29,7 @@ void expect_same_bits(const Transformer& a, const Transformer& b) {
 }
 
 TEST(Checkpoint, SaveThenLoadIsBitExact) {
-  std::mt19937 rng(std::random_device{}());
+  SOLTRAIN_SEEDED_RNG(rng, 201u);
   auto ops = make_cpu_ops();
   for (const char* name : {"qwen3-tiny", "llama3-tiny-scaled"}) {
     const auto src = fixtures() / "models" / name;
@@ -50,7 +50,7 @@ TEST(Checkpoint, SaveThenLoadIsBitExact) {
 }
 
 TEST(Checkpoint, ShardedSaveLoadsBackBitExact) {
-  std::mt19937 rng(std::random_device{}());
+  SOLTRAIN_SEEDED_RNG(rng, 202u);
   auto ops = make_cpu_ops();
   const auto src = fixtures() / "models" / "llama-tiny";
   auto model = load_pretrained(src, *ops);

@@ -31,7 +31,7 @@ TEST(Config, MinimalConfigGetsDefaults) {
   EXPECT_EQ(c.per_device_train_batch_size, 1);
   EXPECT_FALSE(c.train_on_inputs);
   EXPECT_FALSE(c.lora.enabled);
-  EXPECT_EQ(c.device, "cpu");
+  EXPECT_EQ(c.device, Device::CPU);
 }
 
 TEST(Config, UnknownKeyNamesLineAndSuggests) {
@@ -90,7 +90,7 @@ TEST(Config, DatasetFieldsRolesAndModes) {
   EXPECT_EQ(f.system_prompt, "Be brief.");
   EXPECT_EQ(f.roles.at("person"), "user");
   EXPECT_EQ(f.roles.at("bot"), "assistant");
-  EXPECT_EQ(c.resume_from_checkpoint, "true");
+  EXPECT_EQ(c.resume_from_checkpoint.kind, ResumeFrom::kLatest);
   // pt: text only, every token trained
   const TrainConfig p =
       parse_train_config("model: m\noutput_dir: o\ndatasets: [t.jsonl]\n", "cfg.yaml", {}, TrainMode::kPretrain);

@@ -39,7 +39,7 @@ std::vector<float> forward(Ops& ops, Problem& p, std::vector<float>* lse = nullp
 }
 
 TEST(CpuAttention, PackedDocumentsEqualSeparateRuns) {
-  std::mt19937 rng(std::random_device{}());
+  SOLTRAIN_SEEDED_RNG(rng, 301u);
   auto ops = make_cpu_ops();
   Problem packed = make({0, 5, 14, 17}, 4, 2, 8, rng);
   const auto out = forward(*ops, packed);
@@ -56,7 +56,7 @@ TEST(CpuAttention, PackedDocumentsEqualSeparateRuns) {
 }
 
 TEST(CpuAttention, BackwardMatchesFiniteDifferences) {
-  std::mt19937 rng(std::random_device{}());
+  SOLTRAIN_SEEDED_RNG(rng, 302u);
   auto ops = make_cpu_ops();
   Problem p = make({0, 4, 11}, 4, 2, 6, rng);                // GQA 4:2, two documents
   const auto R = random_vec(size_t(p.N * p.H * p.hd), rng);  // loss = Σ out ⊙ R

@@ -85,7 +85,7 @@ TEST(LoraPeft, FrozenBaseHasNoMasterOrGradient) {
   }
   EXPECT_EQ(ps.numel(), lora);  // what the optimizer allocates moments for
   EXPECT_EQ(ps.all_grads().numel(), lora);
-  EXPECT_EQ(ps.masters(true).numel(), lora);  // every adapter tensor is a matrix: all decayed
+  EXPECT_EQ(ps.decayed_numel(), lora);  // every adapter tensor is a matrix: all decayed
   EXPECT_GT(ps.frozen_numel(), 0);
 }
 

@@ -8,7 +8,7 @@ namespace soltrain::test {
 namespace {
 
 TEST(PackedModel, APackedDocumentEqualsTheDocumentAlone) {
-  std::mt19937 rng(std::random_device{}());
+  SOLTRAIN_SEEDED_RNG(rng, 401u);
   auto ops = make_cpu_ops();
   auto model = load_pretrained(fixtures() / "models" / "qwen3-tiny", *ops);
   const int V = model->config().vocab_size, A = 9, B = 15;

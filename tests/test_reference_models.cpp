@@ -37,6 +37,8 @@ TEST_P(ReferenceModel, LogitsLossAndGradientsMatchTransformers) {
     const auto ref = to_f32(expected.at("grad." + p.name));
     ASSERT_EQ(ref.size(), size_t(p.grad.numel())) << p.name;
     EXPECT_LE(rel_err(p.grad.f32(), ref.data(), ref.size()), 1e-4) << p.name;
+    // and element by element (fp32 both sides: a wrong row would stand out by orders of magnitude)
+    EXPECT_TRUE(all_close(p.grad.f32(), ref.data(), ref.size(), 1e-3 * rms(ref), 1e-3)) << p.name;
     ++checked;
   }
   // Every gradient the reference has, we have (none silently skipped).

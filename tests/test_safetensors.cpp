@@ -40,7 +40,7 @@ void expect_rejected(const std::string& bytes, const std::string& needle) {
 }
 
 TEST(Safetensors, RoundTripIsBitExactForEveryDtype) {
-  std::mt19937 rng(std::random_device{}());
+  SOLTRAIN_SEEDED_RNG(rng, 101u);
   auto f = random_vec(6 * 7, rng);
   std::vector<uint16_t> b(5 * 3);
   for (auto& x : b) x = f32_to_bf16(std::normal_distribution<float>()(rng));
@@ -78,7 +78,7 @@ TEST(Safetensors, ReadsFilesWrittenByTheReferenceLibrary) {
 }
 
 TEST(Safetensors, ShardedCheckpointRoundTrip) {
-  std::mt19937 rng(std::random_device{}());
+  SOLTRAIN_SEEDED_RNG(rng, 102u);
   std::vector<std::vector<float>> data;
   std::vector<NamedTensor> tensors;
   for (int k = 0; k < 7; ++k) data.push_back(random_vec(size_t(100 + 37 * k), rng));

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -38,6 +39,54 @@ inline double rel_err(const float* a, const float* b, size_t n) {
   }
   return den == 0 ? (num == 0 ? 0 : INFINITY) : std::sqrt(num / den);
 }
+
+// Element by element: |a − b| ≤ atol + rtol·|b| everywhere. A whole-tensor L2 error can hide one wrong row
+// among thousands; this cannot. On failure it says how many elements fail and shows the worst.
+inline ::testing::AssertionResult all_close(const float* a, const float* b, size_t n, double atol, double rtol) {
+  size_t bad = 0, worst = 0;
+  double worst_excess = -1;
+  for (size_t i = 0; i < n; ++i) {
+    const double err = std::fabs(double(a[i]) - b[i]), allowed = atol + rtol * std::fabs(double(b[i]));
+    const double excess = std::isfinite(err) ? err - allowed : INFINITY;
+    if (excess > 0) ++bad;
+    if (excess > worst_excess) worst_excess = excess, worst = i;
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << n << " elements differ by more than " << atol << " + "
+                                       << rtol << "·|ref|; worst at [" << worst << "]: " << a[worst] << " vs "
+                                       << b[worst];
+}
+inline ::testing::AssertionResult all_close(const std::vector<float>& a, const std::vector<float>& b, double atol,
+                                            double rtol) {
+  if (a.size() != b.size()) return ::testing::AssertionFailure() << "sizes " << a.size() << " vs " << b.size();
+  return all_close(a.data(), b.data(), a.size(), atol, rtol);
+}
+// Root mean square, the scale per-element tolerances are set against.
+inline double rms(const float* v, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += double(v[i]) * v[i];
+  return n ? std::sqrt(s / double(n)) : 0.0;
+}
+inline double rms(const std::vector<float>& v) {
+  return rms(v.data(), v.size());
+}
+
+// The seed a randomised test draws from: SOLTRAIN_TEST_SEED when set (to replay a failure), else the test's
+// own fixed `fallback`, so a run is repeatable. Keep the returned trace alive in the test's scope: every
+// failure then prints the seed.
+inline uint32_t test_seed(uint32_t fallback) {
+  const char* env = std::getenv("SOLTRAIN_TEST_SEED");
+  return env && *env ? uint32_t(std::strtoul(env, nullptr, 10)) : fallback;
+}
+inline std::string seed_message(uint32_t seed) {
+  return "random inputs from seed " + std::to_string(seed) + " (replay: SOLTRAIN_TEST_SEED=" + std::to_string(seed) +
+         ")";
+}
+// A std::mt19937 named `name` from test_seed(fallback), with the seed printed on any failure in this scope.
+#define SOLTRAIN_SEEDED_RNG(name, fallback)                                  \
+  const uint32_t name##_seed = ::soltrain::test::test_seed(fallback);        \
+  SCOPED_TRACE(::soltrain::test::seed_message(name##_seed));                 \
+  std::mt19937 name(name##_seed)
 
 inline std::vector<float> to_f32(const TensorEntry& e) {
   std::vector<float> v(size_t(shape_numel(e.shape)));

@@ -12,7 +12,7 @@
 #include "cli/device_option.h"
 #include "model/checkpoint.h"
 #include "model/lora.h"
-#include "train/optimizer.h"
+#include "train/train_step.h"
 
 namespace soltrain {
 
@@ -61,24 +61,20 @@ std::function<int()> add_bench_command(CLI::App& app) {
     batch.targets = batch.input_ids;
     std::rotate(batch.targets.begin(), batch.targets.begin() + 1, batch.targets.end());
     model->plan(o->batch, o->seq, parse_recompute(o->recompute, "--recompute"));
-    AdamW opt(model->params(), *ops);
     const OptimizerConfig cfg{1e-5f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+    TrainStep train_step(*model, cfg);  // the trainer's own step path
     std::vector<double> times;
-    double loss = 0;
     for (int s = 0; s < o->warmup + o->steps; ++s) {
       ops->synchronize();
       const auto t0 = std::chrono::steady_clock::now();
-      ops->zero(model->params().all_grads());
-      loss = model->step(batch, true).loss;
-      opt.step(cfg, cfg.lr, grad_norm(*ops, model->params(), cfg.max_grad_norm).clip_scale);
+      train_step.run({&batch, 1}, cfg.lr);
       ops->synchronize();
       if (s >= o->warmup) times.push_back(seconds_since(t0));
     }
+    const double loss = train_step.loss();
     // One more step with per-op device timing, for the breakdown (the profiled step is not in step_s).
     ops->enable_profiling(true);
-    ops->zero(model->params().all_grads());
-    model->step(batch, true);
-    opt.step(cfg, cfg.lr, grad_norm(*ops, model->params(), cfg.max_grad_norm).clip_scale);
+    train_step.run({&batch, 1}, cfg.lr);
     const std::map<std::string, double> profile = ops->collect_profile();
     ops->enable_profiling(false);
     const double step = median(times), tokens = double(o->batch) * o->seq;

@@ -16,13 +16,18 @@ std::function<int()> add_run_command(CLI::App& app, const char* name, const char
   struct Opts {
     std::string config;
     std::vector<std::string> set;
+    std::string dump_batches;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand(name, help);
   c->add_option("config", o->config, "YAML config (see examples/)")->required();
   c->add_option("--set", o->set, "override a config key: key=value (repeatable; values are YAML)");
+  c->add_option("--dump-batches", o->dump_batches,
+                "write every micro-batch trained on to DIR/step-S-micro-M.safetensors (input_ids, targets, "
+                "positions, cu_seqlens), for checks against other trainers");
   return [o, mode]() {
-    const TrainConfig cfg = load_train_config(o->config, o->set, mode);
+    TrainConfig cfg = load_train_config(o->config, o->set, mode);
+    cfg.dump_batches = o->dump_batches;
     auto ops = make_ops(cfg.device);
     const RunResult r = run_training(cfg, mode, *ops, std::cerr);
     return r.interrupted ? 130 : 0;

@@ -288,9 +288,9 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       {"seed", [&](const Entry& e) { c.seed = uint64_t(get_int(e, "seed", 0)); }},
       {"recompute",
        [&](const Entry& e) {
-         c.recompute = get_string(e, "recompute");
-         if (c.recompute != "none" && c.recompute != "selective" && c.recompute != "full")
-           bad_value(e, "recompute", "none, selective or full");
+         const std::string r = get_string(e, "recompute");
+         if (r != "none" && r != "selective" && r != "full") bad_value(e, "recompute", "none, selective or full");
+         c.recompute = parse_recompute(r, "recompute");
        }},
       {"adapter",
        [&](const Entry& e) {
@@ -305,8 +305,7 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       {"lora_dropout", [&](const Entry& e) { c.lora.dropout = get_double(e, "lora_dropout", 0, 0.99); }},
       {"lora_target_modules",
        [&](const Entry& e) {
-         static const std::vector<std::string> known = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                                        "gate_proj", "up_proj", "down_proj"};
+         static const std::vector<std::string> known = all_lora_module_names();
          c.lora.target_modules = get_string_list(e, "lora_target_modules");
          if (c.lora.target_modules.empty()) bad_value(e, "lora_target_modules", "a non-empty list");
          for (const std::string& m : c.lora.target_modules)
@@ -321,18 +320,19 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
          if (!e.node.IsScalar()) bad_value(e, "resume_from_checkpoint", "true, false or a checkpoint folder");
          const std::string s = e.node.Scalar();
          if (s == "true" || s == "True")
-           c.resume_from_checkpoint = "true";
+           c.resume_from_checkpoint = {ResumeFrom::kLatest, {}};
          else if (s == "false" || s == "False" || s.empty() || s == "null" || s == "~")
-           c.resume_from_checkpoint = "";
+           c.resume_from_checkpoint = {ResumeFrom::kFresh, {}};
          else
-           c.resume_from_checkpoint = path_value(e, "resume_from_checkpoint").string();
+           c.resume_from_checkpoint = {ResumeFrom::kFolder, path_value(e, "resume_from_checkpoint")};
        }},
       {"eval_steps", [&](const Entry& e) { c.eval_steps = get_int(e, "eval_steps", 0); }},
       {"logging_steps", [&](const Entry& e) { c.logging_steps = get_int(e, "logging_steps", 1); }},
       {"device",
        [&](const Entry& e) {
-         c.device = get_string(e, "device");
-         if (c.device != "cpu" && c.device != "cuda") bad_value(e, "device", "cpu or cuda");
+         const std::string d = get_string(e, "device");
+         if (d != "cpu" && d != "cuda") bad_value(e, "device", "cpu or cuda");
+         c.device = d == "cuda" ? Device::CUDA : Device::CPU;
        }},
       {"bad_records",
        [&](const Entry& e) {

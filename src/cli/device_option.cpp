@@ -15,3 +15,11 @@ std::unique_ptr<Ops> make_ops(const std::string& device) {
 }
 
 }  // namespace soltrain
+
+namespace soltrain {
+
+std::unique_ptr<Ops> make_ops(Device device) {
+  return device == Device::CUDA ? make_cuda_ops() : make_cpu_ops();
+}
+
+}  // namespace soltrain

@@ -11,5 +11,6 @@ namespace soltrain {
 void add_device_option(CLI::App* cmd, std::string& device);
 // "cpu" (this build) or "cuda" (when built with SOLTRAIN_CUDA); anything else is a UserError.
 std::unique_ptr<Ops> make_ops(const std::string& device);
+std::unique_ptr<Ops> make_ops(Device device);
 
 }  // namespace soltrain

@@ -11,6 +11,7 @@ size_t dtype_size(DType t) {
     case DType::F16: return 2;
     case DType::I32: return 4;
     case DType::I64: return 8;
+    case DType::F64: return 8;
   }
   return 0;
 }
@@ -22,6 +23,7 @@ std::string_view dtype_name(DType t) {
     case DType::F16: return "F16";
     case DType::I32: return "I32";
     case DType::I64: return "I64";
+    case DType::F64: return "F64";
   }
   return "?";
 }
@@ -32,6 +34,7 @@ std::optional<DType> dtype_from_name(std::string_view n) {
   if (n == "F16") return DType::F16;
   if (n == "I32") return DType::I32;
   if (n == "I64") return DType::I64;
+  if (n == "F64") return DType::F64;
   return std::nullopt;
 }
 

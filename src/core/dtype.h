@@ -8,7 +8,7 @@
 
 namespace soltrain {
 
-enum class DType { F32, BF16, F16, I32, I64 };
+enum class DType { F32, BF16, F16, I32, I64, F64 };  // F64: device-side scalars (loss, norms)
 
 size_t dtype_size(DType t);
 std::string_view dtype_name(DType t);  // safetensors spelling: "F32", "BF16", ...

@@ -10,6 +10,9 @@
 namespace soltrain {
 
 enum class Device { CPU, CUDA };
+inline const char* device_name(Device d) {  // as configs and flags spell it
+  return d == Device::CUDA ? "cuda" : "cpu";
+}
 
 using Shape = std::vector<int64_t>;
 

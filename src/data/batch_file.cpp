@@ -17,7 +17,29 @@ HostBatch load_batch_file(const std::filesystem::path& path) {
   b.seq_len = int(ids.shape[1]);
   b.input_ids = read_as_i32(ids, path.string() + ": input_ids");
   b.targets = read_as_i32(tgt, path.string() + ": targets");
+  if (f.find("cu_seqlens")) {
+    b.positions = read_as_i32(f.at("positions"), path.string() + ": positions");
+    b.cu_seqlens = read_as_i32(f.at("cu_seqlens"), path.string() + ": cu_seqlens");
+    const int32_t n = b.rows * b.seq_len;
+    bool ok = int32_t(b.positions.size()) == n && b.cu_seqlens.size() >= 2 && b.cu_seqlens.front() == 0 &&
+              b.cu_seqlens.back() == n;
+    for (size_t d = 0; ok && d + 1 < b.cu_seqlens.size(); ++d) ok = b.cu_seqlens[d + 1] > b.cu_seqlens[d];
+    if (!ok) user_error(path.string(), ": positions / cu_seqlens do not describe ", n, " tokens in documents");
+  }
   return b;
+}
+
+void save_batch_file(const std::filesystem::path& path, const HostBatch& b) {
+  auto t = [&](const std::vector<int32_t>& v, Shape s) {
+    return Tensor{const_cast<int32_t*>(v.data()), DType::I32, std::move(s), Device::CPU};
+  };
+  std::vector<NamedTensor> tensors = {{"input_ids", t(b.input_ids, {b.rows, b.seq_len})},
+                                      {"targets", t(b.targets, {b.rows, b.seq_len})}};
+  if (!b.cu_seqlens.empty()) {
+    tensors.push_back({"positions", t(b.positions, {b.rows, b.seq_len})});
+    tensors.push_back({"cu_seqlens", t(b.cu_seqlens, {int64_t(b.cu_seqlens.size())})});
+  }
+  write_safetensors(path, tensors);
 }
 
 }  // namespace soltrain

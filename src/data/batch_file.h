@@ -7,6 +7,10 @@
 
 namespace soltrain {
 
+// Reads input_ids and targets, and positions / cu_seqlens (packed documents) when the file has them.
 HostBatch load_batch_file(const std::filesystem::path& path);
+// Writes a batch with its document layout (what `sft --dump-batches` leaves for checks against other
+// trainers).
+void save_batch_file(const std::filesystem::path& path, const HostBatch& b);
 
 }  // namespace soltrain

@@ -71,6 +71,21 @@ void Loader::restore(const LoaderState& s) {
   state_ = s;
 }
 
+int Loader::capped_length(int64_t doc) const {
+  return int(std::min<int64_t>(data_.doc_offsets[size_t(doc) + 1] - data_.doc_offsets[size_t(doc)], o_.seq_len));
+}
+
+int64_t Loader::rows_in_epoch(int64_t epoch) const {
+  int64_t rows = 0;
+  int fill = 0;
+  for (int64_t d : epoch_order(epoch)) {
+    const int len = capped_length(d);
+    if (fill > 0 && !fits(fill, len)) ++rows, fill = 0;
+    fill += len;
+  }
+  return rows + (fill > 0);
+}
+
 HostBatch Loader::next() {
   const int T = o_.seq_len;
   HostBatch b;
@@ -85,12 +100,12 @@ HostBatch Loader::next() {
     const size_t row = size_t(r) * size_t(T);
     int fill = 0;
     while (fill < T) {
-      if (!o_.pack && fill > 0) break;
+      if (!o_.pack && fill > 0) break;  // (before ensure_order, which would roll the epoch over early)
       ensure_order();
       const int64_t d = order_[size_t(state_.index)];
       const int64_t begin = data_.doc_offsets[d];
-      const int len = int(std::min<int64_t>(data_.doc_offsets[d + 1] - begin, T));
-      if (fill + len > T) break;  // starts the next row
+      const int len = capped_length(d);
+      if (!fits(fill, len)) break;  // starts the next row
       for (int k = 0; k < len; ++k) {
         const size_t at = row + size_t(fill + k);
         b.input_ids[at] = data_.tokens[size_t(begin + k)];

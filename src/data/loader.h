@@ -46,9 +46,14 @@ class Loader {
 
   // The order in which epoch `epoch` visits documents (indices into the ShardSet).
   std::vector<int64_t> epoch_order(int64_t epoch) const;
+  // How many rows next() fills in one pass over epoch `epoch`'s order (the packing rule of next()).
+  int64_t rows_in_epoch(int64_t epoch) const;
 
  private:
   void ensure_order();
+  // Whether a document of `len` tokens (already capped at seq_len) goes into a row holding `fill` tokens.
+  bool fits(int fill, int len) const { return (o_.pack || fill == 0) && fill + len <= o_.seq_len; }
+  int capped_length(int64_t doc) const;
 
   ShardSet data_;
   LoaderOptions o_;

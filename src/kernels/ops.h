@@ -3,11 +3,13 @@
 // Shapes use N = tokens of the batch (B*T flattened), D = model width, H/Hkv = query/kv heads.
 // "accumulate" means add into the output instead of overwriting it (gradients of shared inputs).
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "core/buffer.h"
 #include "core/tensor.h"
@@ -26,7 +28,46 @@ struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay;
   int step;                 // 1-based, for bias correction
   float grad_scale = 1.0f;  // gradient clipping's factor, applied as the gradient is read (no extra pass)
+  // Clipping decided on the device: with `grad_sumsq` (F64 [1], Σg² over every gradient, on the ops'
+  // device) the update itself computes torch's factor max_grad_norm / (‖g‖ + 1e-6), capped at 1, in double,
+  // and multiplies it into grad_scale. No host round trip between backward and the update.
+  const Tensor* grad_sumsq = nullptr;
+  float max_grad_norm = 0;
 };
+
+#ifdef __CUDACC__
+#define SOLTRAIN_HOST_DEVICE __host__ __device__
+#else
+#define SOLTRAIN_HOST_DEVICE
+#endif
+// torch.nn.utils.clip_grad_norm_'s factor from Σg²: max_norm / (‖g‖ + 1e-6) when that is below 1, else 1
+// (and 1 when max_norm <= 0: no clipping). One definition for the host and the device, in double.
+SOLTRAIN_HOST_DEVICE inline float clip_factor(double sumsq, float max_norm) {
+  const double coef = max_norm > 0 ? double(max_norm) / (sqrt(sumsq) + 1e-6) : 1.0;
+  return coef < 1.0 ? float(coef) : 1.0f;
+}
+// The factor an update applies for p's device-side clipping (the CPU reads Σg² directly).
+inline float host_clip_factor(const AdamWParams& p) {
+  return p.grad_sumsq ? clip_factor(*static_cast<const double*>(p.grad_sumsq->data), p.max_grad_norm) : 1.0f;
+}
+
+// How a weight is stored for the matmuls that read it. Dense: plain values in the tensor's dtype (the
+// activation dtype on the GPU, fp32 on the CPU). Quantised formats (FP8 with scales, NF4 with block absmax)
+// are further enumerators with their scales in `scale`; a backend refuses a format it cannot run.
+enum class WeightFormat { Dense };
+struct Weight {
+  Tensor data;
+  WeightFormat format = WeightFormat::Dense;
+  Tensor scale;  // the format's scales; empty for Dense
+  Weight(const Tensor& dense) : data(dense) {}  // NOLINT: a dense tensor is a weight
+  Weight(const Tensor& d, WeightFormat f, const Tensor& s) : data(d), format(f), scale(s) {}
+};
+inline std::string_view weight_format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::Dense: return "dense";
+  }
+  return "?";
+}
 
 class Ops {
  public:
@@ -40,6 +81,20 @@ class Ops {
   virtual void convert(Tensor dst, const Tensor& src) = 0;  // device tensors, F32 <-> activation dtype
   virtual void zero(Tensor t) = 0;
   virtual void synchronize() {}                           // wait for queued work (timing only)
+
+  // Streams. Main runs the step; Side runs what per-layer hooks queue (communication, prefetch, offload
+  // copies) so it overlaps compute. Work on one stream is ordered; across streams only by wait(). The
+  // CPU backend runs every op as it is called, so there both are the same and these do nothing.
+  enum class Stream { Main, Side };
+  virtual void use_stream(Stream) {}                // where the ops called next are queued
+  virtual void wait(Stream /*waiter*/, Stream /*on*/) {}  // waiter's later work starts after on's queued work
+  virtual void* native_stream(Stream) { return nullptr; }  // cudaStream_t, for libraries (NCCL)
+  // Host memory the device copies from asynchronously (pinned on CUDA), and such a copy: it is queued and
+  // returns at once, so `src` must stay unchanged until host_wait(mark()) taken after it returns.
+  virtual Buffer alloc_host(size_t bytes) { return Buffer::host(bytes); }
+  virtual void upload_async(Tensor dst, const Tensor& src) { copy(dst, src); }
+  virtual uint64_t mark() { return 0; }   // a point in the current stream's queue
+  virtual void host_wait(uint64_t) {}     // returns once the device has passed that point
   virtual double memory_used_gib() const { return 0.0; }  // device memory in use (all processes)
   // Per-op device time: enable, run, then collect milliseconds by op name (empty where unsupported).
   virtual void enable_profiling(bool) {}
@@ -51,11 +106,12 @@ class Ops {
 
   // y[N,out] = alpha · x[N,in] · w[out,in]ᵀ (+ bias[out]), or with `accumulate` added onto y. The alpha and
   // the accumulation ride on the GEMM (LoRA's scale and its B product cost no extra pass over y).
-  virtual void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor* bias, float alpha = 1.0f,
+  // The weight's storage format is the weight's own (Weight); x and y are in the activation dtype.
+  virtual void linear_forward(Tensor y, const Tensor& x, const Weight& w, const Tensor* bias, float alpha = 1.0f,
                               bool accumulate = false) = 0;
   // dx (= or +=) dy · w;  dw += dyᵀ · x;  dbias += Σₙ dy. Null outputs are skipped.
   virtual void linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy,
-                               const Tensor& x, const Tensor& w) = 0;
+                               const Tensor& x, const Weight& w) = 0;
 
   // Row-wise over the last dim C of x [R, C]: y = x / sqrt(mean(x²) + eps) * w; rstd [R] saved.
   virtual void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) = 0;
@@ -119,15 +175,21 @@ class Ops {
   // Activation dtype; y may alias x.
   virtual void dropout_scale(Tensor y, const Tensor& x, float factor, float p, uint64_t seed) = 0;
 
-  // logits [n,V] (fp32) → row_loss[n] = -log softmax(logits)[target] (0 where target == -100), and
-  // dlogits [n,V] (activation dtype; may be the logits themselves when that is F32) = the gradient scaled
-  // by grad_scale. Targets outside [0,V) are the caller's bug.
-  virtual void cross_entropy(const Tensor& logits, Tensor dlogits, Tensor row_loss, const Tensor& targets,
-                             float grad_scale) = 0;
+  // logits [n,V] (fp32) → row_nll[n] = -log softmax(logits)[target] (0 where target == -100), and, when
+  // row_weight (F32 [n], d loss / d row_nll) is given, dlogits [n,V] (activation dtype; may be the logits
+  // themselves when that is F32) = (softmax − onehot(target)) · row_weight (0 on rows with target -100).
+  // Targets outside [0,V) are the caller's bug.
+  virtual void cross_entropy(const Tensor& logits, Tensor dlogits, Tensor row_nll, const Tensor& targets,
+                             const Tensor& row_weight) = 0;
 
-  // Σ x over all elements, read back to the host (a sync point: call once per step).
+  // Σ x over all elements, read back to the host (a sync point: keep out of the step).
   virtual double sum(const Tensor& x) = 0;
   virtual double sum_squares(const Tensor& x) = 0;
+  // The same on the device, no sync: out (F64 [1]) = or += Σx (or Σx² with `squares`), in a fixed order.
+  virtual void reduce_sum(Tensor out, const Tensor& x, bool squares, bool accumulate) = 0;
+  // out[s] (F32) = Σ x[n] over document s, n in [cu_seqlens[s], cu_seqlens[s+1]), in a fixed order.
+  virtual void segment_sum(Tensor out, const Tensor& x, const Tensor& cu_seqlens) = 0;
+  virtual void fill(Tensor x, float value) = 0;  // F32
   virtual void scale(Tensor x, float factor) = 0;
   // torch.optim.AdamW on one flat range of fp32 master parameters (decoupled decay, bias correction);
   // `compute_copy`, when given, receives the updated values in the activation dtype in the same pass.

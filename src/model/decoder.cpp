@@ -1,6 +1,5 @@
 #include "model/decoder.h"
 
-#include <array>
 #include <cmath>
 
 #include "model/lora.h"
@@ -18,49 +17,15 @@ Tensor host_i32(std::vector<int32_t>& v) {
 }
 }  // namespace
 
-// The model's tensors by HF name, looked up once; null where the config has none.
-struct KvDecoder::Weights {
-  struct Proj {
-    Parameter *w = nullptr, *b = nullptr, *lora_a = nullptr, *lora_b = nullptr;
-  };
-  struct Layer {
-    Parameter *ln1, *q_norm, *k_norm, *ln2;
-    std::array<Proj, kLoraTargets> proj;
-  };
-  Parameter *embed, *final_norm, *head;
-  std::vector<Layer> layers;
-  float lora_scale = 0;
-};
-
 KvDecoder::KvDecoder(Transformer& model, int batch, int max_len, int max_chunk)
     : model_(model), ops_(model.ops()), batch_(batch), max_len_(max_len), max_chunk_(max_chunk) {
   SOLTRAIN_CHECK(batch > 0 && max_len > 0 && max_chunk > 0, "decoder sizes");
   const ModelConfig& c = model.config();
   ParameterStore& ps = model.params();
-  w_ = std::make_unique<Weights>();
-  w_->embed = &ps.at("model.embed_tokens.weight");
-  w_->final_norm = &ps.at("model.norm.weight");
-  w_->head = &ps.at(model.lm_head_name());
-  if (model.lora()) w_->lora_scale = model.lora()->scale();
-  int64_t lora_r = 0;
-  for (int l = 0; l < c.num_layers; ++l) {
-    const std::string p = cat("model.layers.", l, ".");
-    Weights::Layer L{&ps.at(p + "input_layernorm.weight"),
-                     ps.find(p + "self_attn.q_norm.weight"),
-                     ps.find(p + "self_attn.k_norm.weight"),
-                     &ps.at(p + "post_attention_layernorm.weight"),
-                     {}};
-    for (int t = 0; t < kLoraTargets; ++t) {
-      const std::string m = lora_module_path(l, LoraTarget(t));
-      Weights::Proj& pr = L.proj[size_t(t)];
-      pr.w = &ps.at(m + ".weight");
-      pr.b = ps.find(m + ".bias");
-      pr.lora_a = ps.find(lora_a_name(l, LoraTarget(t)));
-      pr.lora_b = ps.find(lora_b_name(l, LoraTarget(t)));
-      if (pr.lora_a) lora_r = pr.lora_a->shape[0];
-    }
-    w_->layers.push_back(L);
-  }
+  embed_ = &ps.at("model.embed_tokens.weight");
+  final_norm_ = &ps.at("model.norm.weight");
+  head_ = &ps.at(model.lm_head_name());
+  const int64_t lora_r = model.lora() ? model.lora()->r : 0;
 
   const int64_t N = int64_t(batch) * max_chunk, D = c.hidden_size, F = c.intermediate_size;
   const int64_t H = c.num_heads, Hkv = c.num_kv_heads, hd = c.head_dim, V = c.vocab_size;
@@ -77,9 +42,7 @@ KvDecoder::KvDecoder(Transformer& model, int batch, int max_len, int max_chunk)
   for (Tensor* t : {&k_raw_, &k_, &v_}) one(*t, N * Hkv * hd, act);
   for (Tensor* t : {&gate_, &up_, &act_}) one(*t, N * F, act);
   one(rstd_, N * std::max<int64_t>(H, 1), f32);
-  if (lora_r) {
-    one(lora_u_, N * lora_r, act);
-  }
+  if (lora_r) one(lora_u_, N * lora_r, act);
   for (Tensor* t : {&last_x_, &last_h_}) one(*t, int64_t(batch) * D, act);
   one(last_rstd_, batch, f32);
   one(logits_, int64_t(batch) * V, f32);
@@ -88,11 +51,6 @@ KvDecoder::KvDecoder(Transformer& model, int batch, int max_len, int max_chunk)
   one(lens_, batch, i32);
   arena_.bind(ops_.alloc(arena_.total_bytes()));
   for (auto& [t, hnd] : bind) *t = arena_.get(hnd);
-
-  const std::vector<float> inv = rope_inv_freq(c.rope, c.head_dim);
-  inv_freq_ = ops_.alloc(inv.size() * 4);
-  ops_.copy(Tensor{inv_freq_.data(), DType::F32, {int64_t(inv.size())}, ops_.device()},
-            Tensor{const_cast<float*>(inv.data()), DType::F32, {int64_t(inv.size())}, Device::CPU});
 }
 
 KvDecoder::~KvDecoder() = default;
@@ -127,11 +85,11 @@ void KvDecoder::feed(std::span<const int32_t> tokens, int T, float* last_logits,
     const Tensor x = view(x_, {N, D});
     if (all_logits) {  // every position: the final norm over the chunk, the head B rows at a time
       const Tensor h = view(h_, {N, D});
-      ops_.rmsnorm_forward(h, view(rstd_, {N}), x, w_->final_norm->value, eps);
+      ops_.rmsnorm_forward(h, view(rstd_, {N}), x, final_norm_->value, eps);
       for (int64_t r0 = 0; r0 < N; r0 += B) {
         const int64_t r1 = std::min(N, r0 + B);
         const Tensor lg = view(logits_, {r1 - r0, V});
-        ops_.linear_forward(lg, h.rows(r0, r1), w_->head->value, nullptr);
+        ops_.linear_forward(lg, h.rows(r0, r1), head_->value, nullptr);
         for (int64_t r = r0; r < r1; ++r) {
           const int64_t b = r / Tc, t = t0 + r % Tc;
           ops_.copy(Tensor{all_logits + (b * T + t) * V, DType::F32, {1, V}, Device::CPU}, lg.rows(r - r0, r - r0 + 1));
@@ -142,8 +100,8 @@ void KvDecoder::feed(std::span<const int32_t> tokens, int T, float* last_logits,
     // The LM head on each sequence's last token only: one [B, V] GEMM however long the prompt.
     const Tensor lx = view(last_x_, {B, D}), lh = view(last_h_, {B, D});
     for (int64_t b = 0; b < B; ++b) ops_.copy(lx.rows(b, b + 1), x.rows(b * Tc + Tc - 1, b * Tc + Tc));
-    ops_.rmsnorm_forward(lh, last_rstd_, lx, w_->final_norm->value, eps);
-    ops_.linear_forward(view(logits_, {B, V}), lh, w_->head->value, nullptr);
+    ops_.rmsnorm_forward(lh, last_rstd_, lx, final_norm_->value, eps);
+    ops_.linear_forward(view(logits_, {B, V}), lh, head_->value, nullptr);
     ops_.copy(Tensor{last_logits, DType::F32, {B * V}, Device::CPU}, logits_);
   }
 }
@@ -158,24 +116,20 @@ void KvDecoder::forward_chunk(int Tc) {
   const Tensor q = view(q_, {N, H, hd}), k = view(k_, {N, Hkv, hd}), v = view(v_, {N, Hkv, hd});
   // Without q/k norm, RoPE rotates the projections in place (as in training).
   const Tensor q_raw = c.qk_norm ? view(q_raw_, {N, H, hd}) : q, k_raw = c.qk_norm ? view(k_raw_, {N, Hkv, hd}) : k;
-  const Tensor attn = view(attn_, {N, H * hd}), gate = view(gate_, {N, F}), up = view(up_, {N, F}),
-               act = view(act_, {N, F});
+  const Tensor attn = view(attn_, {N, H * hd});
+  const int64_t r = lora_u_.defined() ? lora_u_.numel() / (B * max_chunk_) : 0;
+  const Tensor u = r ? view(lora_u_, {N, r}) : Tensor{};
+  // One adapter output at a time: each projection's u is consumed by its own B product at once.
+  const QkvTensors qkv{q_raw, k_raw, v, q, k, view(rstd_, {N * H}), view(rstd_, {N * Hkv}), u, u, u};
+  const MlpTensors mlp{view(gate_, {N, F}), view(up_, {N, F}), view(act_, {N, F}), u, u, u};
   SeqLayout seq{Tensor{}, view(positions_, {N}), 0};  // RoPE reads positions only
-  const Tensor inv_freq{inv_freq_.data(), DType::F32, {hd / 2}, o.device()};
+  const LoraPass no_dropout;
 
-  o.embedding_forward(x, view(ids_, {N}), w_->embed->value);
+  o.embedding_forward(x, view(ids_, {N}), embed_->value);
   for (int l = 0; l < c.num_layers; ++l) {
-    const Weights::Layer& w = w_->layers[size_t(l)];
+    const DecoderLayer& w = model_.layers()[size_t(l)];
     o.rmsnorm_forward(h, view(rstd_, {N}), x, w.ln1->value, eps);
-    proj(l, int(LoraTarget::q), q_raw.view({N, H * hd}), h);
-    proj(l, int(LoraTarget::k), k_raw.view({N, Hkv * hd}), h);
-    proj(l, int(LoraTarget::v), v.view({N, Hkv * hd}), h);
-    if (c.qk_norm) {
-      o.rmsnorm_forward(q, view(rstd_, {N * H}), q_raw, w.q_norm->value, eps);
-      o.rmsnorm_forward(k, view(rstd_, {N * Hkv}), k_raw, w.k_norm->value, eps);
-    }
-    o.rope(q, seq, inv_freq, false);
-    o.rope(k, seq, inv_freq, false);
+    w.attn.forward_qkv(o, h, qkv, seq, model_.inv_freq(), eps, no_dropout, l);
     // Keys and values of the new tokens go to the end of each sequence's cache.
     const Tensor kc = k_cache_[size_t(l)], vc = v_cache_[size_t(l)];
     const Tensor kflat = kc.view({B * max_len_, Hkv, hd}), vflat = vc.view({B * max_len_, Hkv, hd});
@@ -185,26 +139,13 @@ void KvDecoder::forward_chunk(int Tc) {
       o.copy(vflat.rows(at, at + Tc), v.rows(b * Tc, b * Tc + Tc));
     }
     o.attention_decode(attn.view({N, H, hd}), q, kc, vc, lens_, scale);
-    proj(l, int(LoraTarget::o), tmp, attn);
+    w.attn.o.forward(o, tmp, attn, u, {}, no_dropout.scratch);
     o.add_inplace(x, tmp);
     o.rmsnorm_forward(h, view(rstd_, {N}), x, w.ln2->value, eps);
-    proj(l, int(LoraTarget::gate), gate, h);
-    proj(l, int(LoraTarget::up), up, h);
-    o.swiglu_forward(act, gate, up);
-    proj(l, int(LoraTarget::down), tmp, act);
+    Tensor out = tmp;
+    w.mlp.forward(o, &out, h, mlp, no_dropout, l, tmp);
     o.add_inplace(x, tmp);
   }
-}
-
-// y = x·Wᵀ (+ b) (+ scale·(x·Aᵀ)·Bᵀ), in the order Transformer's projection computes it.
-void KvDecoder::proj(int l, int t, Tensor y, const Tensor& x) {
-  const Weights::Proj& p = w_->layers[size_t(l)].proj[size_t(t)];
-  ops_.linear_forward(y, x, p.w->value, p.b ? &p.b->value : nullptr);
-  if (!p.lora_a) return;
-  const int64_t N = x.dim(0);
-  const Tensor u = view(lora_u_, {N, p.lora_a->shape[0]});
-  ops_.linear_forward(u, x, p.lora_a->value, nullptr, w_->lora_scale);
-  ops_.linear_forward(y, u, p.lora_b->value, nullptr, 1.0f, /*accumulate=*/true);
 }
 
 }  // namespace soltrain

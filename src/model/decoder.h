@@ -1,6 +1,7 @@
-// Incremental decoding with a KV cache: the same layer computation as Transformer::step's forward (RMSNorm,
-// q/k/v with LoRA, Qwen3 q/k norm, RoPE, attention, o_proj, MLP), fed a few tokens at a time, with keys and
-// values of earlier tokens kept per layer. The LM head runs on each sequence's last token only.
+// Incremental decoding with a KV cache: the training model's own layers (model/layer.h: the same
+// projections with LoRA, Qwen3 q/k norm and RoPE, MLP block), fed a few tokens at a time, with keys and
+// values of earlier tokens kept per layer and cached attention in place of flash attention. The LM head
+// runs on each sequence's last token only.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -32,21 +33,18 @@ class KvDecoder {
   void feed(std::span<const int32_t> tokens, int T, float* last_logits, float* all_logits = nullptr);
 
  private:
-  struct Weights;
   void forward_chunk(int Tc);  // ids of the chunk are already on the device; writes x (the final residual)
-  void proj(int l, int t, Tensor y, const Tensor& x);
 
   Transformer& model_;
   Ops& ops_;
   int batch_, max_len_, max_chunk_, length_ = 0;
-  std::unique_ptr<Weights> w_;
+  Parameter *embed_, *final_norm_, *head_;
   Arena arena_;
   std::vector<Tensor> k_cache_, v_cache_;  // per layer [batch, max_len, Hkv, hd]
   // activations for batch × max_chunk tokens
   Tensor x_, h_, rstd_, q_raw_, k_raw_, q_, k_, v_, attn_, tmp_, gate_, up_, act_, lora_u_;
   Tensor last_x_, last_h_, last_rstd_, logits_;  // [batch, ...]
   Tensor ids_, positions_, lens_;
-  Buffer inv_freq_;
 };
 
 }  // namespace soltrain

@@ -31,8 +31,7 @@ void LoraConfig::validate(const std::string& source) const {
 }
 
 std::string lora_module_path(int layer, LoraTarget t) {
-  const bool attn = int(t) <= int(LoraTarget::o);
-  return cat("model.layers.", layer, attn ? ".self_attn." : ".mlp.", kLoraModuleNames[int(t)]);
+  return cat("model.layers.", layer, is_attention_target(t) ? ".self_attn." : ".mlp.", kLoraModuleNames[int(t)]);
 }
 
 std::string lora_a_name(int layer, LoraTarget t) {

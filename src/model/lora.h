@@ -8,11 +8,18 @@
 
 namespace soltrain {
 
-// The projections LoRA can adapt, in the order a decoder layer runs them.
+// The projections LoRA can adapt, in the order a decoder layer runs them. This is the one table of their
+// names (HF module names, PEFT's target_modules): configs, PEFT files and the model all read it.
 enum class LoraTarget { q, k, v, o, gate, up, down };
 inline constexpr int kLoraTargets = 7;
 inline constexpr std::array<const char*, kLoraTargets> kLoraModuleNames = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                                            "gate_proj", "up_proj", "down_proj"};
+inline bool is_attention_target(LoraTarget t) {  // self_attn.* (else mlp.*)
+  return int(t) <= int(LoraTarget::o);
+}
+inline std::vector<std::string> all_lora_module_names() {
+  return {kLoraModuleNames.begin(), kLoraModuleNames.end()};
+}
 
 struct LoraConfig {
   int r = 8;

@@ -1,56 +1,69 @@
 #include "model/parameters.h"
 
+#include <algorithm>
+
 namespace soltrain {
 
 namespace {
-// The decayed range or the rest of a flat buffer of `dtype` elements.
-Tensor range(const Buffer& b, DType dtype, int64_t decay_numel, int64_t other_numel, bool decayed) {
-  char* base = static_cast<char*>(b.data());
-  return decayed ? Tensor{base, dtype, {decay_numel}, b.device()}
-                 : Tensor{base + size_t(decay_numel) * dtype_size(dtype), dtype, {other_numel}, b.device()};
+Tensor flat(const Buffer& b, DType dtype, int64_t offset, int64_t numel) {
+  return Tensor{static_cast<char*>(b.data()) + size_t(offset) * dtype_size(dtype), dtype, {numel}, b.device()};
 }
 }  // namespace
 
-void ParameterStore::add(const std::string& name, Shape shape, bool trainable) {
+void ParameterStore::add(const std::string& name, Shape shape, bool trainable, int group) {
   SOLTRAIN_CHECK(!index_.count(name), "duplicate parameter ", name);
+  SOLTRAIN_CHECK(group >= 0 && !masters_.data() && !frozen_.data(), "parameter ", name, " added after allocate()");
   const bool decay = shape.size() >= 2;
-  (!trainable ? frozen_numel_ : decay ? decay_numel_ : other_numel_) += shape_numel(shape);
   index_[name] = params_.size();
-  params_.push_back(Parameter{name, std::move(shape), decay, trainable, {}, {}, {}});
+  params_.push_back(Parameter{name, std::move(shape), decay, trainable, group, {}, {}, {}});
 }
 
 void ParameterStore::allocate(Ops& ops) {
   const DType act = ops.activation_dtype();
   values_dtype_ = act;
-  masters_ = ops.alloc(size_t(numel()) * 4);
-  grads_ = ops.alloc(size_t(numel()) * 4);
-  if (act != DType::F32) values_ = ops.alloc(size_t(numel()) * dtype_size(act));
+  int groups = 0;
+  for (const auto& p : params_) groups = std::max(groups, p.group + 1);
+  // Offsets: group by group, decayed tensors first, each in the order added.
+  numel_ = decayed_numel_ = frozen_numel_ = 0;
+  group_begin_.assign(1, 0);
+  ranges_.clear();
+  for (int g = 0; g < groups; ++g) {
+    for (bool decay : {true, false}) {
+      const int64_t begin = numel_;
+      for (auto& p : params_)
+        if (p.trainable && p.group == g && p.decay == decay) {
+          p.offset = numel_;
+          numel_ += shape_numel(p.shape);
+        }
+      if (numel_ > begin) ranges_.push_back({g, decay, begin, numel_ - begin});
+      if (decay) decayed_numel_ += numel_ - begin;
+    }
+    group_begin_.push_back(numel_);
+  }
+  for (const auto& p : params_)
+    if (!p.trainable) frozen_numel_ += shape_numel(p.shape);
+  masters_ = ops.alloc(size_t(numel_) * 4);
+  grads_ = ops.alloc(size_t(numel_) * 4);
+  if (act != DType::F32) values_ = ops.alloc(size_t(numel_) * dtype_size(act));
   frozen_ = ops.alloc(size_t(frozen_numel_) * dtype_size(act));
-  int64_t off[2] = {0, decay_numel_};  // [decayed, other]
   int64_t frozen_off = 0;
   for (auto& p : params_) {
     if (!p.trainable) {
-      p.value =
-          Tensor{static_cast<char*>(frozen_.data()) + size_t(frozen_off) * dtype_size(act), act, p.shape, ops.device()};
+      p.value = flat(frozen_, act, frozen_off, shape_numel(p.shape)).view(p.shape);
       frozen_off += shape_numel(p.shape);
       continue;
     }
-    int64_t& o = off[p.decay ? 0 : 1];
-    p.master = Tensor{static_cast<float*>(masters_.data()) + o, DType::F32, p.shape, ops.device()};
-    p.grad = Tensor{static_cast<float*>(grads_.data()) + o, DType::F32, p.shape, ops.device()};
-    p.value = values_.data()
-                  ? Tensor{static_cast<char*>(values_.data()) + size_t(o) * dtype_size(act), act, p.shape, ops.device()}
-                  : p.master;
-    o += shape_numel(p.shape);
+    const int64_t n = shape_numel(p.shape);
+    p.master = flat(masters_, DType::F32, p.offset, n).view(p.shape);
+    p.grad = flat(grads_, DType::F32, p.offset, n).view(p.shape);
+    p.value = values_.data() ? flat(values_, act, p.offset, n).view(p.shape) : p.master;
   }
 }
 
 void ParameterStore::sync_values(Ops& ops) {
   if (values_alias_masters()) return;
-  for (bool d : {true, false})
-    if (values(d).numel()) ops.convert(values(d), masters(d));
+  for (const ParamRange& r : ranges_) ops.convert(values(r), masters(r));
 }
-
 void ParameterStore::upload(Ops& ops, Parameter& p, const float* host) {
   const Tensor h{const_cast<float*>(host), DType::F32, p.shape, Device::CPU};
   if (p.trainable) {
@@ -92,20 +105,25 @@ const Parameter& ParameterStore::at(const std::string& name) const {
 }
 
 Tensor ParameterStore::all_grads() const {
-  return Tensor{grads_.data(), DType::F32, {numel()}, grads_.device()};
+  return flat(grads_, DType::F32, 0, numel_);
 }
 
-Tensor ParameterStore::masters(bool decayed) const {
-  return range(masters_, DType::F32, decay_numel_, other_numel_, decayed);
+Tensor ParameterStore::group_grads(int group) const {
+  SOLTRAIN_CHECK(group >= 0 && group < groups(), "no parameter group ", group);
+  return flat(grads_, DType::F32, group_begin_[size_t(group)], group_begin_[size_t(group) + 1] - group_begin_[size_t(group)]);
 }
 
-Tensor ParameterStore::values(bool decayed) const {
-  if (values_alias_masters()) return masters(decayed);
-  return range(values_, values_dtype_, decay_numel_, other_numel_, decayed);
+Tensor ParameterStore::masters(const ParamRange& r) const {
+  return flat(masters_, DType::F32, r.offset, r.numel);
 }
 
-Tensor ParameterStore::grads(bool decayed) const {
-  return range(grads_, DType::F32, decay_numel_, other_numel_, decayed);
+Tensor ParameterStore::values(const ParamRange& r) const {
+  if (values_alias_masters()) return masters(r);
+  return flat(values_, values_dtype_, r.offset, r.numel);
+}
+
+Tensor ParameterStore::grads(const ParamRange& r) const {
+  return flat(grads_, DType::F32, r.offset, r.numel);
 }
 
 }  // namespace soltrain

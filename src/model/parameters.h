@@ -1,8 +1,11 @@
 // ParameterStore: the model's trainable tensors by Hugging Face name: fp32 master values, fp32 gradients
-// and the compute copy the forward/backward read (the master itself on CPU, bf16 on CUDA). Each lives in
-// one flat buffer laid out as [decayed (2-D) params | the rest], so clipping and the optimizer run over two
-// contiguous ranges instead of one launch per tensor. Frozen parameters (a LoRA run's base weights) keep
-// only the compute copy, in a buffer of their own: no master, no gradient, nothing for the optimizer.
+// and the compute copy the forward/backward read (the master itself on CPU, bf16 on CUDA).
+// Every parameter belongs to a group (a decoder layer, or the group of the embedding, final norm and LM
+// head), and each group's tensors are one contiguous range of the flat buffers, laid out as
+// [decayed (2-D) | the rest]: a group's gradients can be reduced or sharded as one range the moment the
+// group's backward is done, and the optimizer runs over two ranges per group instead of one launch per
+// tensor. Frozen parameters (a LoRA run's base weights) keep only the compute copy, in a buffer of their
+// own: no master, no gradient, nothing for the optimizer.
 #pragma once
 #include <map>
 #include <string>
@@ -17,15 +20,24 @@ struct Parameter {
   Shape shape;
   bool decay;      // weight decay applies (matrices and embeddings; not norms or biases)
   bool trainable;  // false: frozen, `master` and `grad` stay undefined
+  int group;       // contiguous range of the flat buffers it lives in
   Tensor master;   // F32, what the optimizer updates and checkpoints hold
   Tensor value;    // activation dtype, what the model computes with (aliases master when that is F32)
   Tensor grad;     // F32
+  int64_t offset = -1;  // element offset in the flat trainable buffers (-1: frozen)
+};
+
+// A contiguous range of trainable elements sharing a group and a decay setting.
+struct ParamRange {
+  int group;
+  bool decay;
+  int64_t offset, numel;
 };
 
 class ParameterStore {
  public:
-  void add(const std::string& name, Shape shape, bool trainable = true);
-  // Allocates the flat buffers on the ops' device (zeroed).
+  void add(const std::string& name, Shape shape, bool trainable, int group);
+  // Lays out the groups in order and allocates the flat buffers on the ops' device (zeroed).
   void allocate(Ops& ops);
   // Refreshes the compute copy from the masters (after loading; the optimizer does it itself).
   void sync_values(Ops& ops);
@@ -36,26 +48,32 @@ class ParameterStore {
   std::vector<Parameter>& all() { return params_; }
   const std::vector<Parameter>& all() const { return params_; }
   // Trainable elements (what the optimizer and clipping see); frozen ones are counted apart.
-  int64_t numel() const { return decay_numel_ + other_numel_; }
+  int64_t numel() const { return numel_; }
+  int64_t decayed_numel() const { return decayed_numel_; }
   int64_t frozen_numel() const { return frozen_numel_; }
+  int groups() const { return int(group_begin_.size()) - 1; }
 
   // Sets a parameter from fp32 host values (master and compute copy, or the frozen compute copy).
   void upload(Ops& ops, Parameter& p, const float* host);
   // Reads a parameter back as fp32 (the master, or the frozen compute copy widened).
   void download(Ops& ops, const Parameter& p, float* host) const;
 
-  // Flat views over the trainable parameters: every gradient, and the masters / compute values /
-  // gradients of the decayed or the other ones.
+  // Every gradient, flat; the gradients of one group (contiguous); the (group, decay) ranges in order.
   Tensor all_grads() const;
-  Tensor masters(bool decayed) const;
-  Tensor values(bool decayed) const;
-  Tensor grads(bool decayed) const;
+  Tensor group_grads(int group) const;
+  const std::vector<ParamRange>& ranges() const { return ranges_; }
+  // Views of a range of the flat masters / compute values / gradients.
+  Tensor masters(const ParamRange& r) const;
+  Tensor values(const ParamRange& r) const;
+  Tensor grads(const ParamRange& r) const;
   bool values_alias_masters() const { return !values_.data(); }
 
  private:
   std::vector<Parameter> params_;
   std::map<std::string, size_t> index_;
-  int64_t decay_numel_ = 0, other_numel_ = 0, frozen_numel_ = 0;
+  int64_t numel_ = 0, decayed_numel_ = 0, frozen_numel_ = 0;
+  std::vector<int64_t> group_begin_;  // element offset of each group, then the end
+  std::vector<ParamRange> ranges_;
   Buffer masters_, values_, grads_;  // values_ stays empty when the activation dtype is F32
   Buffer frozen_;                    // frozen compute copies, activation dtype
   DType values_dtype_ = DType::F32;

@@ -1,6 +1,6 @@
 #include "model/transformer.h"
 
-#include <array>
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -11,47 +11,20 @@ const char* kEmbed = "model.embed_tokens.weight";
 const char* kFinalNorm = "model.norm.weight";
 const char* kLmHead = "lm_head.weight";
 
-// The gradient of a parameter, or null when it is frozen (the op then skips that output).
-Tensor* grad(Parameter* p) {
-  return p->trainable ? &p->grad : nullptr;
-}
 // For ops whose weight gradient is not optional (RMSNorm): an empty tensor the op must skip.
 Tensor grad_or_empty(Parameter* p) {
   return p->trainable ? p->grad : Tensor{};
 }
-
-// [out, in] of a projection's weight.
-std::pair<int64_t, int64_t> proj_shape(const ModelConfig& c, LoraTarget t) {
-  const int64_t D = c.hidden_size, F = c.intermediate_size;
-  switch (t) {
-    case LoraTarget::q: return {c.q_dim(), D};
-    case LoraTarget::k:
-    case LoraTarget::v: return {c.kv_dim(), D};
-    case LoraTarget::o: return {D, c.q_dim()};
-    case LoraTarget::gate:
-    case LoraTarget::up: return {F, D};
-    case LoraTarget::down: return {D, F};
-  }
-  return {0, 0};
-}
 }  // namespace
 
-// A projection's tensors: weight, bias and adapter; null where the config has none.
-struct Transformer::Proj {
-  Parameter *w = nullptr, *b = nullptr, *lora_a = nullptr, *lora_b = nullptr;
-};
-
-// Pointers into the ParameterStore for one decoder layer; null where the config has no such tensor.
-struct Transformer::Layer {
-  Parameter *ln1, *q_norm, *k_norm, *ln2;
-  std::array<Proj, kLoraTargets> proj;  // indexed by LoraTarget
-};
+int64_t HostBatch::counted() const {
+  return std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != -100; });
+}
 
 // Everything forward saves for backward, plus backward's scratch.
 struct Transformer::Activations {
   Recompute recompute = Recompute::None;
   float scale = 0, eps = 0;
-  Tensor inv_freq;
   int rows = 0, seq_len = 0, head_chunk = 0;
   Arena arena;
   // per layer, saved
@@ -59,87 +32,54 @@ struct Transformer::Activations {
   std::vector<Tensor> h1, rstd1, q_raw, k_raw, q_rstd, k_rstd, q, k, v, attn, lse, mid, h2, rstd2, gate, up, act;
   Tensor hf, rstdf;  // final norm
   // scratch
-  Tensor tmp, dres, dh, dhf, dact, dgate, dup, dattn, dq, dk, dv, dq_raw, dk_raw, logits, dlogits, row_loss;
-  // batch on the device
+  Tensor tmp, dres, dh, dhf, dact, dgate, dup, dattn, dq, dk, dv, dq_raw, dk_raw, logits, dlogits;
+  // the objective's view: per-token NLL, d loss / d NLL, per-document sums
+  Tensor token_nll, token_weight, doc_nll;
+  ForwardOutputs out;
+  bool head_fused = false, backward_pending = false;
+  // batch on the device, and its pinned staging (two slots, so one can fill while the other is copied)
   Tensor ids, targets, positions, cu_seqlens;
   SeqLayout seq;
+  Buffer staging;
+  uint64_t staged_mark[2] = {0, 0};
+  int next_slot = 0;
   // LoRA: scale·(x·Aᵀ) per layer and projection [N, r] (saved), and scratch sized for the widest projection
   std::array<std::vector<Tensor>, kLoraTargets> lora_u;
-  Tensor lora_x, lora_dx, lora_g;  // flat; dropout(x) / its gradient, dU
+  LoraScratch lora_scratch;
 };
 
 Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig> lora)
     : config_(std::move(config)), lora_(std::move(lora)), ops_(ops) {
   const auto& c = config_;
-  const int64_t D = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
+  const int64_t D = c.hidden_size, hd = c.head_dim;
   if (lora_) lora_->validate("lora config");
   if (hd > ops.max_attention_head_dim())
     user_error("head_dim ", hd, " is not supported on ", ops.device() == Device::CUDA ? "CUDA" : "this device",
                " yet (at most ", ops.max_attention_head_dim(), ")");
   const bool base_trains = !lora_;
-  // Base parameters train in full fine-tuning and are frozen under LoRA.
-  auto add = [&](const std::string& n, Shape s) { params_.add(n, std::move(s), base_trains); };
-  add(kEmbed, {c.vocab_size, D});
-  for (int l = 0; l < c.num_layers; ++l) {
-    const std::string p = cat("model.layers.", l, ".");
-    add(p + "input_layernorm.weight", {D});
-    for (auto [proj, out] : {std::pair{"q_proj", c.q_dim()}, {"k_proj", c.kv_dim()}, {"v_proj", c.kv_dim()}}) {
-      add(p + "self_attn." + proj + ".weight", {out, D});
-      if (c.qkv_bias) add(p + "self_attn." + proj + ".bias", {out});
-    }
-    if (c.qk_norm) {
-      add(p + "self_attn.q_norm.weight", {hd});
-      add(p + "self_attn.k_norm.weight", {hd});
-    }
-    add(p + "self_attn.o_proj.weight", {D, c.q_dim()});
-    if (c.o_bias) add(p + "self_attn.o_proj.bias", {D});
-    add(p + "post_attention_layernorm.weight", {D});
-    for (auto [proj, out, in] : {std::tuple{"gate_proj", F, D}, {"up_proj", F, D}, {"down_proj", D, F}}) {
-      add(p + "mlp." + proj + ".weight", {out, in});
-      if (c.mlp_bias) add(p + "mlp." + proj + ".bias", {out});
-    }
-  }
-  add(kFinalNorm, {D});
-  if (!c.tie_word_embeddings) add(kLmHead, {c.vocab_size, D});
-  if (lora_) {
-    for (int l = 0; l < c.num_layers; ++l)
-      for (int t = 0; t < kLoraTargets; ++t) {
-        if (!lora_->targets(LoraTarget(t))) continue;
-        const auto [out, in] = proj_shape(c, LoraTarget(t));
-        params_.add(lora_a_name(l, LoraTarget(t)), {lora_->r, in});
-        params_.add(lora_b_name(l, LoraTarget(t)), {out, lora_->r});
-      }
-  }
+  const int outer = c.num_layers;  // the group of the embedding, final norm and LM head
+  params_.add(kEmbed, {c.vocab_size, D}, base_trains, outer);
+  for (int l = 0; l < c.num_layers; ++l) add_layer_parameters(params_, c, l, lora_);
+  params_.add(kFinalNorm, {D}, base_trains, outer);
+  if (!c.tie_word_embeddings) params_.add(kLmHead, {c.vocab_size, D}, base_trains, outer);
+  if (lora_)
+    for (int l = 0; l < c.num_layers; ++l) add_lora_parameters(params_, c, l, *lora_);
   params_.allocate(ops_);
-  ParameterStore& ps = params_;
 
   for (int l = 0; l < c.num_layers; ++l) {
-    const std::string p = cat("model.layers.", l, ".");
-    auto P = [&](const std::string& n) { return ps.find(p + n); };
-    Layer layer{P("input_layernorm.weight"),
-                P("self_attn.q_norm.weight"),
-                P("self_attn.k_norm.weight"),
-                P("post_attention_layernorm.weight"),
-                {}};
-    for (int t = 0; t < kLoraTargets; ++t) {
-      const std::string m = lora_module_path(l, LoraTarget(t));
-      Proj& pr = layer.proj[size_t(t)];
-      pr.w = ps.find(m + ".weight");
-      pr.b = ps.find(m + ".bias");
-      pr.lora_a = ps.find(lora_a_name(l, LoraTarget(t)));
-      pr.lora_b = ps.find(lora_b_name(l, LoraTarget(t)));
-      if (pr.lora_a) {
-        const auto a = lora_a_init(lora_->r, int(pr.lora_a->shape[1]), lora_->seed, pr.lora_a->name);
-        ps.upload(ops_, *pr.lora_a, a.data());
+    layers_.push_back(bind_layer(params_, l, lora_));
+    if (!lora_) continue;
+    for (int t = 0; t < kLoraTargets; ++t)
+      if (Parameter* a = params_.find(lora_a_name(l, LoraTarget(t)))) {
+        const auto init = lora_a_init(lora_->r, int(a->shape[1]), lora_->seed, a->name);
+        params_.upload(ops_, *a, init.data());
       }
-    }
-    layers_.push_back(std::move(layer));
   }
 
   const std::vector<float> inv = rope_inv_freq(c.rope, c.head_dim);
   inv_freq_ = ops_.alloc(inv.size() * 4);
-  ops_.copy(Tensor{inv_freq_.data(), DType::F32, {int64_t(inv.size())}, ops_.device()},
-            Tensor{const_cast<float*>(inv.data()), DType::F32, {int64_t(inv.size())}, Device::CPU});
+  inv_freq_t_ = Tensor{inv_freq_.data(), DType::F32, {int64_t(inv.size())}, ops_.device()};
+  ops_.copy(inv_freq_t_, Tensor{const_cast<float*>(inv.data()), DType::F32, {int64_t(inv.size())}, Device::CPU});
 }
 
 Transformer::~Transformer() = default;
@@ -154,10 +94,18 @@ size_t Transformer::activation_bytes() const {
 }
 
 Recompute parse_recompute(const std::string& s, const std::string& where) {
-  if (s == "none") return Recompute::None;
-  if (s == "selective") return Recompute::Selective;
-  if (s == "full") return Recompute::Full;
+  for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})
+    if (s == recompute_name(r)) return r;
   user_error(where, ": recompute must be none, selective or full, got '", s, "'");
+}
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::None: return "none";
+    case Recompute::Selective: return "selective";
+    case Recompute::Full: return "full";
+  }
+  return "?";
 }
 
 void Transformer::plan(int rows, int seq_len, Recompute recompute) {
@@ -223,24 +171,26 @@ void Transformer::plan(int rows, int seq_len, Recompute recompute) {
   }
   one(a->logits, {a->head_chunk, V}, f32);
   if (act != f32) one(a->dlogits, {a->head_chunk, V}, act);
-  one(a->row_loss, {N}, f32);
+  one(a->token_nll, {N}, f32);
+  one(a->token_weight, {N}, f32);
+  one(a->doc_nll, {N}, f32);  // packed batches: up to one document per token
   one(a->ids, {N}, DType::I32);
   one(a->targets, {N}, DType::I32);
   one(a->positions, {N}, DType::I32);
-  one(a->cu_seqlens, {N + 1}, DType::I32);  // packed batches: up to one document per token
+  one(a->cu_seqlens, {N + 1}, DType::I32);
   if (lora_) {
     int64_t widest = 0;
     for (int t = 0; t < kLoraTargets; ++t) {
-      const auto [out, in] = proj_shape(c, LoraTarget(t));
+      const auto [out, in] = projection_shape(c, LoraTarget(t));
       widest = std::max({widest, out, in});
-      const bool mlp_target = t >= int(LoraTarget::gate);  // gate, up, down belong to the MLP half
+      const bool mlp_target = !is_attention_target(LoraTarget(t));
       if (lora_->targets(LoraTarget(t)))
         per_layer(a->lora_u[size_t(t)], {N, lora_->r}, L, act, mlp_target ? mlp_rc : attn_rc);
     }
     // dropout(x) and its gradient exist only with dropout; B's output always
     if (lora_->dropout > 0)
-      for (Tensor* t : {&a->lora_x, &a->lora_dx}) one(*t, {N * widest}, act);
-    one(a->lora_g, {N, lora_->r}, act);
+      for (Tensor* t : {&a->lora_scratch.x, &a->lora_scratch.dx}) one(*t, {N * widest}, act);
+    one(a->lora_scratch.g, {N, lora_->r}, act);
   }
   ar.bind(ops_.alloc(ar.total_bytes()));
   for (auto& [t, h] : bind) *t = ar.get(h);
@@ -250,143 +200,207 @@ void Transformer::plan(int rows, int seq_len, Recompute recompute) {
     a->q_raw = a->q;
     a->k_raw = a->k;
   }
+  // ids, targets, positions (N each) and cu_seqlens (up to N + 1) per slot
+  a->staging = ops_.alloc_host(2 * size_t(4 * N + 1) * sizeof(int32_t));
   acts_ = std::move(a);
 }
 
-StepResult Transformer::step(const HostBatch& batch, bool backward, float* logits_out) {
-  SOLTRAIN_CHECK(acts_ && acts_->rows == batch.rows && acts_->seq_len == batch.seq_len,
-                 "step() on a batch shape that plan() did not size");
-  Activations& a = *acts_;
-  Ops& o = ops_;
-  const auto& c = config_;
-  const int64_t N = int64_t(batch.rows) * batch.seq_len, H = c.num_heads, Hkv = c.num_kv_heads, hd = c.head_dim;
-  const int64_t V = c.vocab_size, L = c.num_layers;
-  const float scale = 1.0f / std::sqrt(float(hd));
-  const float eps = float(c.rms_norm_eps);
+Tensor Transformer::lora_u(LoraTarget t, int64_t l) const {
+  const auto& u = acts_->lora_u[size_t(t)];
+  return u.empty() ? Tensor{} : u[size_t(l)];
+}
 
-  // Document layout: the packing loader's (positions restart per document), or one document per row.
-  std::vector<int32_t> pos = batch.positions, cu = batch.cu_seqlens;
-  if (cu.empty()) {
-    pos.resize(size_t(N));
-    cu.resize(size_t(batch.rows) + 1);
-    for (int64_t n = 0; n < N; ++n) pos[size_t(n)] = int32_t(n % batch.seq_len);
-    for (int r = 0; r <= batch.rows; ++r) cu[size_t(r)] = r * batch.seq_len;
+QkvTensors Transformer::qkv(int64_t l) const {
+  const Activations& a = *acts_;
+  const bool qk = config_.qk_norm;
+  return {a.q_raw[l],
+          a.k_raw[l],
+          a.v[l],
+          a.q[l],
+          a.k[l],
+          qk ? a.q_rstd[l] : Tensor{},
+          qk ? a.k_rstd[l] : Tensor{},
+          lora_u(LoraTarget::q, l),
+          lora_u(LoraTarget::k, l),
+          lora_u(LoraTarget::v, l)};
+}
+
+MlpTensors Transformer::mlp(int64_t l) const {
+  const Activations& a = *acts_;
+  return {a.gate[l],
+          a.up[l],
+          a.act[l],
+          lora_u(LoraTarget::gate, l),
+          lora_u(LoraTarget::up, l),
+          lora_u(LoraTarget::down, l)};
+}
+
+LoraPass Transformer::lora_pass() const {
+  LoraPass p;
+  if (lora_) {
+    p.dropout = dropout_now_ ? lora_->dropout : 0.0f;
+    p.seed = lora_->seed;
+    p.step = uint64_t(dropout_step_);
+    p.scratch = acts_->lora_scratch;
   }
-  SOLTRAIN_CHECK(int64_t(pos.size()) == N && cu.size() >= 2 && cu.front() == 0 && cu.back() == N,
-                 "batch positions / cu_seqlens do not describe ", N, " tokens");
+  return p;
+}
+
+void Transformer::upload(const HostBatch& batch) {
+  Activations& a = *acts_;
+  const int64_t N = int64_t(batch.rows) * batch.seq_len;
+  // Document layout: the packing loader's (positions restart per document), or one document per row.
+  // It is written straight into the pinned slot, which waits only for its own previous copy.
+  const int slot = a.next_slot;
+  a.next_slot ^= 1;
+  ops_.host_wait(a.staged_mark[slot]);
+  int32_t* base = static_cast<int32_t*>(a.staging.data()) + size_t(slot) * size_t(4 * N + 1);
+  int32_t *ids = base, *targets = base + N, *pos = base + 2 * N, *cu = base + 3 * N;
+  std::copy(batch.input_ids.begin(), batch.input_ids.end(), ids);
+  std::copy(batch.targets.begin(), batch.targets.end(), targets);
+  int64_t docs = 0;
+  if (batch.cu_seqlens.empty()) {
+    for (int64_t n = 0; n < N; ++n) pos[n] = int32_t(n % batch.seq_len);
+    for (int r = 0; r <= batch.rows; ++r) cu[r] = r * batch.seq_len;
+    docs = batch.rows;
+  } else {
+    SOLTRAIN_CHECK(int64_t(batch.positions.size()) == N && int64_t(batch.cu_seqlens.size()) <= N + 1,
+                   "batch positions / cu_seqlens do not describe ", N, " tokens");
+    std::copy(batch.positions.begin(), batch.positions.end(), pos);
+    std::copy(batch.cu_seqlens.begin(), batch.cu_seqlens.end(), cu);
+    docs = int64_t(batch.cu_seqlens.size()) - 1;
+  }
+  SOLTRAIN_CHECK(docs >= 1 && cu[0] == 0 && cu[docs] == N, "batch cu_seqlens do not describe ", N, " tokens");
   int max_len = 0;
-  for (size_t d = 0; d + 1 < cu.size(); ++d) {
+  for (int64_t d = 0; d < docs; ++d) {
     SOLTRAIN_CHECK(cu[d + 1] > cu[d], "empty or decreasing document in cu_seqlens");
     max_len = std::max(max_len, cu[d + 1] - cu[d]);
   }
-  auto host = [](const std::vector<int32_t>& v) {
-    return Tensor{const_cast<int32_t*>(v.data()), DType::I32, {int64_t(v.size())}, Device::CPU};
-  };
-  o.copy(a.ids, host(batch.input_ids));
-  o.copy(a.targets, host(batch.targets));
-  o.copy(a.positions, host(pos));
-  a.seq = SeqLayout{a.cu_seqlens.rows(0, int64_t(cu.size())), a.positions, max_len};
-  o.copy(a.seq.cu_seqlens, host(cu));
-  int64_t counted = 0;
-  for (int32_t t : batch.targets) counted += t != -100;
-  const float grad_scale = counted ? 1.0f / float(counted) : 0.0f;
-  dropout_now_ = backward && dropout_enabled_ && lora_ && lora_->dropout > 0;
-  const Tensor inv_freq{inv_freq_.data(), DType::F32, {hd / 2}, o.device()};
+  auto host = [&](int32_t* p, int64_t n) { return Tensor{p, DType::I32, {n}, Device::CPU}; };
+  ops_.upload_async(a.ids, host(ids, N));
+  ops_.upload_async(a.targets, host(targets, N));
+  ops_.upload_async(a.positions, host(pos, N));
+  a.seq = SeqLayout{a.cu_seqlens.rows(0, docs + 1), a.positions, max_len};
+  ops_.upload_async(a.seq.cu_seqlens, host(cu, docs + 1));
+  a.staged_mark[slot] = ops_.mark();
 
-  // ---- forward
-  a.scale = scale;
-  a.eps = eps;
-  a.inv_freq = inv_freq;
-  Parameter& embed = params_.at(kEmbed);
-  o.embedding_forward(a.resid[0], a.ids, embed.value);
+  a.out = ForwardOutputs{a.token_nll, a.doc_nll.rows(0, docs), a.targets, a.seq, batch.counted(), &batch};
+}
+
+const ForwardOutputs& Transformer::outputs() const {
+  SOLTRAIN_CHECK(acts_, "outputs() before plan()");
+  return acts_->out;
+}
+
+void Transformer::forward(const HostBatch& batch, Objective* objective, bool backward_follows, float* logits_out) {
+  SOLTRAIN_CHECK(acts_ && acts_->rows == batch.rows && acts_->seq_len == batch.seq_len,
+                 "forward() on a batch shape that plan() did not size");
+  SOLTRAIN_CHECK(!backward_follows || objective, "a forward for backward needs an objective");
+  Activations& a = *acts_;
+  const auto& c = config_;
+  const int64_t L = c.num_layers;
+  a.scale = 1.0f / std::sqrt(float(c.head_dim));
+  a.eps = float(c.rms_norm_eps);
+  upload(batch);
+  dropout_now_ = backward_follows && dropout_enabled_ && lora_ && lora_->dropout > 0;
+  a.head_fused = backward_follows && objective->weights_before_forward();
+  a.backward_pending = backward_follows;
+  if (a.head_fused) objective->token_weights(ops_, a.out, a.token_weight);
+
+  if (hooks_) hooks_->before_forward(head_group());
+  ops_.embedding_forward(a.resid[0], a.ids, params_.at(kEmbed).value);
   // Each residual add is fused with the RMSNorm after it (the next layer's ln1, or the final norm), so
   // only the first layer normalises its own input here.
   for (int64_t l = 0; l < L; ++l) {
+    if (hooks_) hooks_->before_forward(int(l));
     forward_attention(l, l == 0);
     forward_mlp(l, true, false);
   }
-  Parameter& final_norm = params_.at(kFinalNorm);
+  head_pass(a.head_fused ? &a.token_weight : nullptr, logits_out);
+  if (objective && objective->needs_document_sums())
+    ops_.segment_sum(a.out.doc_nll, a.token_nll, a.seq.cu_seqlens);
+  if (objective) objective->add_loss(ops_, a.out);
+}
 
-  // ---- LM head + cross-entropy, chunked over tokens; backward through the head happens per chunk
+void Transformer::head_pass(const Tensor* weights, float* logits_out) {
+  Activations& a = *acts_;
+  const int64_t N = a.hf.dim(0), V = config_.vocab_size;
   Parameter& head = params_.at(lm_head_name());
   for (int64_t t0 = 0; t0 < N; t0 += a.head_chunk) {
     const int64_t t1 = std::min(N, t0 + a.head_chunk);
     Tensor logits = a.logits.rows(0, t1 - t0);
     const Tensor hf = a.hf.rows(t0, t1);
-    o.linear_forward(logits, hf, head.value, nullptr);
-    if (logits_out) o.copy(Tensor{logits_out + t0 * V, DType::F32, {t1 - t0, V}, Device::CPU}, logits);
+    ops_.linear_forward(logits, hf, head.value, nullptr);
+    if (logits_out) ops_.copy(Tensor{logits_out + t0 * V, DType::F32, {t1 - t0, V}, Device::CPU}, logits);
     Tensor dlogits = a.dlogits.rows(0, t1 - t0);
-    o.cross_entropy(logits, dlogits, a.row_loss.rows(t0, t1), a.targets.rows(t0, t1), grad_scale);
-    if (backward) {
+    ops_.cross_entropy(logits, dlogits, a.token_nll.rows(t0, t1), a.targets.rows(t0, t1),
+                       weights ? weights->rows(t0, t1) : Tensor{});
+    if (weights) {
       Tensor dhf = a.dhf.rows(t0, t1);
-      o.linear_backward(&dhf, false, grad(&head), nullptr, dlogits, hf, head.value);
+      ops_.linear_backward(&dhf, false, head.trainable ? &head.grad : nullptr, nullptr, dlogits, hf, head.value);
     }
   }
-  // Summing the loss waits for the device: done last, so backward is queued behind the forward first.
-  const auto loss = [&] {
-    return counted ? o.sum(a.row_loss) / double(counted) : std::numeric_limits<double>::quiet_NaN();
-  };
-  if (!backward) return {loss(), counted};
+}
 
-  // ---- backward (frozen parameters get no gradient: their grad pointers are null)
-  o.rmsnorm_backward(a.dres, false, grad_or_empty(&final_norm), a.dhf, a.resid[L], final_norm.value, a.rstdf);
+void Transformer::backward(Objective& objective) {
+  SOLTRAIN_CHECK(acts_ && acts_->backward_pending, "backward() without a forward(..., backward_follows) before it");
+  Activations& a = *acts_;
+  a.backward_pending = false;
+  const int64_t L = config_.num_layers;
+  if (hooks_) hooks_->before_backward(head_group());
+  if (!a.head_fused) {  // the weights depend on forward's results: the head's chunks run again
+    objective.token_weights(ops_, a.out, a.token_weight);
+    head_pass(&a.token_weight, nullptr);
+  }
+  Parameter& final_norm = params_.at(kFinalNorm);
+  ops_.rmsnorm_backward(a.dres, false, grad_or_empty(&final_norm), a.dhf, a.resid[L], final_norm.value, a.rstdf);
   for (int64_t l = L - 1; l >= 0; --l) {
-    const Layer& w = layers_[size_t(l)];
-    // Recompute what was not kept (same ops, same inputs, same dropout seeds: bitwise the same values).
-    if (a.recompute == Recompute::Full) forward_attention(l, true);  // (its fused add + norm refills h2 too)
-    if (a.recompute != Recompute::None) forward_mlp(l, false, a.recompute == Recompute::Selective);
-    // MLP: resid[l+1] = mid + down(swiglu(gate(h2), up(h2)))
-    proj_backward(l, LoraTarget::down, &a.dact, false, a.dres, a.act[l]);
-    o.swiglu_backward(a.dgate, a.dup, a.dact, a.gate[l], a.up[l]);
-    proj_backward(l, LoraTarget::gate, &a.dh, false, a.dgate, a.h2[l]);
-    proj_backward(l, LoraTarget::up, &a.dh, true, a.dup, a.h2[l]);
-    o.rmsnorm_backward(a.dres, true, grad_or_empty(w.ln2), a.dh, a.mid[l], w.ln2->value, a.rstd2[l]);
-    // attention: mid = resid[l] + o_proj(attn(rope(norm(q)), rope(norm(k)), v))
-    proj_backward(l, LoraTarget::o, &a.dattn, false, a.dres, a.attn[l]);
-    o.attention_backward(a.dq, a.dk, a.dv, a.dattn.view({N, H, hd}), a.q[l], a.k[l], a.v[l], a.attn[l].view({N, H, hd}),
-                         a.lse[l], a.seq, scale);
-    Tensor dq_raw = a.dq, dk_raw = a.dk;
-    if (c.qk_norm) {
-      dq_raw = a.dq_raw;
-      dk_raw = a.dk_raw;
-      o.qk_norm_rope_backward(dq_raw, grad_or_empty(w.q_norm), a.dq, a.q_raw[l], w.q_norm->value, a.q_rstd[l], a.seq,
-                              inv_freq);
-      o.qk_norm_rope_backward(dk_raw, grad_or_empty(w.k_norm), a.dk, a.k_raw[l], w.k_norm->value, a.k_rstd[l], a.seq,
-                              inv_freq);
-    } else {
-      o.rope(a.dq, a.seq, inv_freq, true);
-      o.rope(a.dk, a.seq, inv_freq, true);
-    }
-    proj_backward(l, LoraTarget::q, &a.dh, false, dq_raw.view({N, H * hd}), a.h1[l]);
-    proj_backward(l, LoraTarget::k, &a.dh, true, dk_raw.view({N, Hkv * hd}), a.h1[l]);
-    proj_backward(l, LoraTarget::v, &a.dh, true, a.dv.view({N, Hkv * hd}), a.h1[l]);
-    o.rmsnorm_backward(a.dres, true, grad_or_empty(w.ln1), a.dh, a.resid[l], w.ln1->value, a.rstd1[l]);
+    if (hooks_) hooks_->before_backward(int(l));
+    backward_layer(l);
+    if (hooks_) hooks_->grads_ready(int(l));
   }
   // The embedding's backward only produces its gradient: a frozen one needs none.
-  if (embed.trainable) o.embedding_backward(embed.grad, a.ids, a.dres);
-  if (dropout_now_) ++dropout_step_;  // after backward, which regenerates this step's masks
-  return {loss(), counted};
+  Parameter& embed = params_.at(kEmbed);
+  if (embed.trainable) ops_.embedding_backward(embed.grad, a.ids, a.dres);
+  if (hooks_) hooks_->grads_ready(head_group());
+  if (dropout_now_) ++dropout_step_;  // after backward, which regenerates this pass's masks
+}
+
+void Transformer::backward_layer(int64_t l) {
+  Activations& a = *acts_;
+  Ops& o = ops_;
+  const auto& c = config_;
+  const DecoderLayer& w = layers_[size_t(l)];
+  const int64_t N = a.resid[0].dim(0), H = c.num_heads, hd = c.head_dim;
+  const LoraPass lp = lora_pass();
+  // Recompute what was not kept (same ops, same inputs, same dropout seeds: bitwise the same values).
+  if (a.recompute == Recompute::Full) forward_attention(l, true);  // (its fused add + norm refills h2 too)
+  if (a.recompute != Recompute::None) forward_mlp(l, false, a.recompute == Recompute::Selective);
+  // MLP: resid[l+1] = mid + down(swiglu(gate(h2), up(h2)))
+  w.mlp.backward(o, a.dh, a.dres, a.h2[l], mlp(l), MlpGrads{a.dact, a.dgate, a.dup}, lp, l);
+  o.rmsnorm_backward(a.dres, true, grad_or_empty(w.ln2), a.dh, a.mid[l], w.ln2->value, a.rstd2[l]);
+  // attention: mid = resid[l] + o_proj(attn(rope(norm(q)), rope(norm(k)), v))
+  const QkvTensors t = qkv(l);
+  w.attn.o.backward(o, &a.dattn, false, a.dres, a.attn[l], lora_u(LoraTarget::o, l), lp.at(l, LoraTarget::o),
+                    lp.scratch);
+  o.attention_backward(a.dq, a.dk, a.dv, a.dattn.view({N, H, hd}), a.q[l], a.k[l], a.v[l], a.attn[l].view({N, H, hd}),
+                       a.lse[l], a.seq, a.scale);
+  w.attn.backward_qkv(o, a.dh, false, QkvGrads{a.dq, a.dk, a.dv, a.dq_raw, a.dk_raw}, a.h1[l], t, a.seq, inv_freq_t_,
+                      lp, l);
+  o.rmsnorm_backward(a.dres, true, grad_or_empty(w.ln1), a.dh, a.resid[l], w.ln1->value, a.rstd1[l]);
 }
 
 void Transformer::forward_attention(int64_t l, bool norm_input) {
   Activations& a = *acts_;
   Ops& o = ops_;
   const auto& c = config_;
-  const Layer& w = layers_[size_t(l)];
-  const int64_t N = a.resid[0].dim(0), H = c.num_heads, Hkv = c.num_kv_heads, hd = c.head_dim;
+  const DecoderLayer& w = layers_[size_t(l)];
+  const int64_t N = a.resid[0].dim(0), H = c.num_heads, hd = c.head_dim;
+  const LoraPass lp = lora_pass();
   if (norm_input) o.rmsnorm_forward(a.h1[l], a.rstd1[l], a.resid[l], w.ln1->value, a.eps);
-  proj_forward(l, LoraTarget::q, a.q_raw[l].view({N, H * hd}), a.h1[l]);
-  proj_forward(l, LoraTarget::k, a.k_raw[l].view({N, Hkv * hd}), a.h1[l]);
-  proj_forward(l, LoraTarget::v, a.v[l].view({N, Hkv * hd}), a.h1[l]);
-  if (c.qk_norm) {
-    o.qk_norm_rope_forward(a.q[l], a.q_rstd[l], a.q_raw[l], w.q_norm->value, a.seq, a.inv_freq, a.eps);
-    o.qk_norm_rope_forward(a.k[l], a.k_rstd[l], a.k_raw[l], w.k_norm->value, a.seq, a.inv_freq, a.eps);
-  } else {
-    o.rope(a.q[l], a.seq, a.inv_freq, false);
-    o.rope(a.k[l], a.seq, a.inv_freq, false);
-  }
+  w.attn.forward_qkv(o, a.h1[l], qkv(l), a.seq, inv_freq_t_, a.eps, lp, l);
   o.attention_forward(a.attn[l].view({N, H, hd}), a.lse[l], a.q[l], a.k[l], a.v[l], a.seq, a.scale);
-  proj_forward(l, LoraTarget::o, a.tmp, a.attn[l]);
+  w.attn.o.forward(o, a.tmp, a.attn[l], lora_u(LoraTarget::o, l), lp.at(l, LoraTarget::o), lp.scratch);
   // mid = resid + o_proj(...), fused with the MLP's input norm (bitwise the norm forward_mlp recomputes)
   o.add_rmsnorm_forward(a.mid[l], a.h2[l], a.rstd2[l], a.resid[l], a.tmp, w.ln2->value, a.eps);
 }
@@ -394,16 +408,9 @@ void Transformer::forward_attention(int64_t l, bool norm_input) {
 void Transformer::forward_mlp(int64_t l, bool write_residual, bool norm_input) {
   Activations& a = *acts_;
   Ops& o = ops_;
-  const Layer& w = layers_[size_t(l)];
+  const DecoderLayer& w = layers_[size_t(l)];
   if (norm_input) o.rmsnorm_forward(a.h2[l], a.rstd2[l], a.mid[l], w.ln2->value, a.eps);
-  proj_forward(l, LoraTarget::gate, a.gate[l], a.h2[l]);
-  proj_forward(l, LoraTarget::up, a.up[l], a.h2[l]);
-  o.swiglu_forward(a.act[l], a.gate[l], a.up[l]);
-  // The down projection's output is needed only for the residual; with LoRA its adapter input u (saved
-  // by proj_forward) is needed by backward, so a recompute still runs it when down has an adapter.
-  const bool down_adapted = layers_[size_t(l)].proj[size_t(LoraTarget::down)].lora_a != nullptr;
-  if (!write_residual && !down_adapted) return;
-  proj_forward(l, LoraTarget::down, a.tmp, a.act[l]);
+  w.mlp.forward(o, write_residual ? &a.tmp : nullptr, a.h2[l], mlp(l), lora_pass(), l, a.tmp);
   if (!write_residual) return;
   // resid[l+1] = mid + down(...), fused with the norm that reads it: the next layer's ln1, or the final norm
   const int64_t L = int64_t(layers_.size());
@@ -414,55 +421,12 @@ void Transformer::forward_mlp(int64_t l, bool write_residual, bool norm_input) {
     o.add_rmsnorm_forward(a.resid[L], a.hf, a.rstdf, a.mid[l], a.tmp, params_.at(kFinalNorm).value, a.eps);
 }
 
-uint64_t Transformer::dropout_seed(int64_t l, LoraTarget t) const {
-  // Distinct streams per (seed, step, layer, projection); the mask hash mixes the bits further.
-  return lora_->seed * 0x9E3779B97F4A7C15ull + uint64_t(dropout_step_) * 0xD1B54A32D192ED03ull +
-         uint64_t(l * kLoraTargets + int(t)) * 0xBF58476D1CE4E5B9ull;
-}
-
-void Transformer::proj_forward(int64_t l, LoraTarget t, Tensor y, const Tensor& x) {
-  const Proj& p = layers_[size_t(l)].proj[size_t(t)];
-  Ops& o = ops_;
-  o.linear_forward(y, x, p.w->value, p.b ? &p.b->value : nullptr);
-  if (!p.lora_a) return;
-  Activations& a = *acts_;
-  const int64_t N = x.dim(0), in = x.dim(1);
-  Tensor xin = x;
-  if (dropout_now_) {
-    xin = Tensor{a.lora_x.data, a.lora_x.dtype, {N, in}, a.lora_x.device};
-    o.dropout_scale(xin, x, 1.0f, lora_->dropout, dropout_seed(l, t));
-  }
-  // u = scale·(x·Aᵀ) is saved: B's gradient is dyᵀ·u. The scale rides on the GEMM's alpha, and B's
-  // product accumulates straight into y (beta = 1): no pass over [N, out] beyond the GEMMs.
-  Tensor u = a.lora_u[size_t(t)][size_t(l)];
-  o.linear_forward(u, xin, p.lora_a->value, nullptr, lora_->scale());
-  o.linear_forward(y, u, p.lora_b->value, nullptr, 1.0f, /*accumulate=*/true);
-}
-
-void Transformer::proj_backward(int64_t l, LoraTarget t, Tensor* dx, bool accumulate_dx, const Tensor& dy,
-                                const Tensor& x) {
-  const Proj& p = layers_[size_t(l)].proj[size_t(t)];
-  Ops& o = ops_;
-  // A frozen base linear still passes the gradient on to its input, but computes no dW / db.
-  o.linear_backward(dx, accumulate_dx, grad(p.w), p.b ? grad(p.b) : nullptr, dy, x, p.w->value);
-  if (!p.lora_a) return;
-  Activations& a = *acts_;
-  const int64_t N = x.dim(0), in = x.dim(1);
-  // g = scale·(dy·B) = d loss / d(x·Aᵀ); dB += dyᵀ·u.
-  o.linear_backward(&a.lora_g, false, &p.lora_b->grad, nullptr, dy, a.lora_u[size_t(t)][size_t(l)], p.lora_b->value);
-  o.dropout_scale(a.lora_g, a.lora_g, lora_->scale(), 0.0f, 0);
-  if (!dropout_now_) {
-    o.linear_backward(dx, true, &p.lora_a->grad, nullptr, a.lora_g, x, p.lora_a->value);
-    return;
-  }
-  // With dropout, regenerate forward's dropped input from the same seed, and drop the same gradient entries.
-  const uint64_t seed = dropout_seed(l, t);
-  Tensor xin{a.lora_x.data, a.lora_x.dtype, {N, in}, a.lora_x.device};
-  Tensor dxin{a.lora_dx.data, a.lora_dx.dtype, {N, in}, a.lora_dx.device};
-  o.dropout_scale(xin, x, 1.0f, lora_->dropout, seed);
-  o.linear_backward(&dxin, false, &p.lora_a->grad, nullptr, a.lora_g, xin, p.lora_a->value);
-  o.dropout_scale(dxin, dxin, 1.0f, lora_->dropout, seed);
-  o.add_inplace(*dx, dxin);
+StepResult Transformer::step(const HostBatch& batch, bool backward_too, float* logits_out) {
+  if (!own_sft_) own_sft_ = std::make_unique<SftObjective>(ops_);
+  own_sft_->begin_update(batch.counted());
+  forward(batch, own_sft_.get(), backward_too, logits_out);
+  if (backward_too) backward(*own_sft_);
+  return {own_sft_->read_loss(ops_), batch.counted()};
 }
 
 void validate_batch(const HostBatch& b, int vocab_size, const std::string& source) {

@@ -1,18 +1,24 @@
-// The decoder-only transformer (Llama / Qwen2 / Qwen3), forward and backward, written once against Ops.
+// The decoder-only transformer (Llama / Qwen2 / Qwen3) for training, written once against Ops.
+// A step flows one way: the batch goes to the device (through pinned staging, asynchronously) →
+// forward (per-token NLL of the targets; per-document sums when the objective asks) → the Objective
+// (loss and d loss / d NLL per token, on the device) → backward, with per-layer hooks → the optimizer.
 // Activations for a (rows × seq_len) batch are planned and allocated once by plan(); a step allocates
-// nothing. The LM head and cross-entropy run in token chunks so full logits never exist at once.
-// With a LoraConfig the base weights are frozen and every targeted projection gains a trainable adapter:
-// y = x·Wᵀ (+b) + scale·(dropout(x)·Aᵀ)·Bᵀ, and backward computes the adapters' gradients only.
+// nothing and never waits for the host. The LM head and cross-entropy run in token chunks so full logits
+// never exist at once. With a LoraConfig the base weights are frozen and every targeted projection gains
+// a trainable adapter (model/linear.h).
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/buffer.h"
 #include "kernels/ops.h"
 #include "model/config.h"
+#include "model/layer.h"
 #include "model/lora.h"
+#include "model/objective.h"
 #include "model/parameters.h"
 
 namespace soltrain {
@@ -25,6 +31,8 @@ struct HostBatch {
   // document; cu_seqlens are document start offsets into the flattened rows × seq_len tokens, ending
   // with rows × seq_len (a row's padding is a segment of its own), so attention can stay per document.
   std::vector<int32_t> positions, cu_seqlens;
+
+  int64_t counted() const;  // targets != -100
 };
 
 struct StepResult {
@@ -38,6 +46,21 @@ struct StepResult {
 // and recomputes the whole layer before its backward. All three give bitwise-identical results.
 enum class Recompute { None, Selective, Full };
 Recompute parse_recompute(const std::string& s, const std::string& where);  // none | selective | full
+const char* recompute_name(Recompute r);
+
+// Per-layer events of a step, for work that must follow the layers: reducing a layer's gradients as soon
+// as they are final, gathering or prefetching its weights before use, offload copies. Parameter groups
+// 0..L-1 are the decoder layers; group L holds the embedding, the final norm and the LM head (its
+// gradients are final only after the embedding's backward, at the very end). Work a hook queues belongs
+// on Ops::Stream::Side (switch with use_stream and back to Main, ordering with wait()); the caller makes
+// Main wait for Side before the optimizer reads the gradients.
+class LayerHooks {
+ public:
+  virtual ~LayerHooks() = default;
+  virtual void before_forward(int /*group*/) {}   // its weights are about to be read by forward
+  virtual void before_backward(int /*group*/) {}  // ... by backward (recompute included)
+  virtual void grads_ready(int /*group*/) {}      // ParameterStore::group_grads(group) is final for this pass
+};
 
 class Transformer {
  public:
@@ -48,40 +71,56 @@ class Transformer {
 
   const ModelConfig& config() const { return config_; }
   const std::optional<LoraConfig>& lora() const { return lora_; }
-  // LoRA dropout is applied in steps with backward (training), as PEFT applies it in train() mode only.
-  // Each such step draws fresh masks from (seed, step count); set_dropout_step restores the count on resume,
+  // LoRA dropout is applied in passes with backward (training), as PEFT applies it in train() mode only.
+  // Each such pass draws fresh masks from (seed, pass count); set_dropout_step restores the count on resume,
   // and enable_dropout(false) turns it off (gradient dumps against a reference).
   void enable_dropout(bool on) { dropout_enabled_ = on; }
   void set_dropout_step(int64_t s) { dropout_step_ = s; }
   ParameterStore& params() { return params_; }
   const ParameterStore& params() const { return params_; }
   Ops& ops() { return ops_; }
+  const std::vector<DecoderLayer>& layers() const { return layers_; }
+  const Tensor& inv_freq() const { return inv_freq_t_; }
+  int head_group() const { return config_.num_layers; }  // the parameter group of embedding, norm, head
 
   // Sizes and allocates every activation for batches of `rows` × `seq_len` tokens.
   void plan(int rows, int seq_len, Recompute recompute = Recompute::None);
   size_t activation_bytes() const;
+  void set_hooks(LayerHooks* hooks) { hooks_ = hooks; }
 
-  // Forward, then (if `backward`) backward: gradients are added into params().grad. When `logits_out`
-  // is given (host, [rows*seq_len, vocab]) the logits are copied there as they are computed.
+  // Forward of one micro-batch. With `objective` and `backward_follows`, the objective's token weights
+  // are taken (before forward when it knows them, fusing the LM head's backward into forward's chunks)
+  // and backward() must be called next. `logits_out` (host, [rows*seq_len, vocab]) receives the logits.
+  // Nothing here waits for the device except copying logits out.
+  void forward(const HostBatch& batch, Objective* objective, bool backward_follows, float* logits_out = nullptr);
+  // Gradients of the objective's loss added into params().grad (every trainable parameter).
+  void backward(Objective& objective);
+  // What the last forward produced (on the device).
+  const ForwardOutputs& outputs() const;
+
+  // Forward (and backward) of one batch on its own under SFT's loss, read back: for tests and tools.
   StepResult step(const HostBatch& batch, bool backward, float* logits_out = nullptr);
 
   // The name of the tensor that holds the LM head (the embedding when tied).
   const std::string& lm_head_name() const;
 
  private:
-  struct Layer;
   struct Activations;
-  struct Proj;
-  // One projection of layer l, with its adapter if it has one (forward, then backward into dx).
-  void proj_forward(int64_t l, LoraTarget t, Tensor y, const Tensor& x);
-  void proj_backward(int64_t l, LoraTarget t, Tensor* dx, bool accumulate_dx, const Tensor& dy, const Tensor& x);
-  uint64_t dropout_seed(int64_t l, LoraTarget t) const;
   // Layer l's forward in two halves: attention (resid[l] → mid[l], and h2 = ln2(mid) fused with that add)
   // and MLP (mid[l] → resid[l+1], and the next norm fused with that add; the residual write is skipped
   // when recomputing for backward). norm_input: normalise the half's input here (h1 from resid, h2 from
   // mid), when no fused add before it has.
   void forward_attention(int64_t l, bool norm_input);
   void forward_mlp(int64_t l, bool write_residual, bool norm_input);
+  void upload(const HostBatch& batch);
+  // The LM head over forward's final hidden states, chunk by chunk: logits, cross-entropy (NLL per token),
+  // and with `weights` its backward into dhf and the head's gradient.
+  void head_pass(const Tensor* weights, float* logits_out);
+  void backward_layer(int64_t l);
+  QkvTensors qkv(int64_t l) const;
+  MlpTensors mlp(int64_t l) const;
+  LoraPass lora_pass() const;
+  Tensor lora_u(LoraTarget t, int64_t l) const;  // the adapter's saved u (empty without one)
 
   ModelConfig config_;
   std::optional<LoraConfig> lora_;
@@ -89,9 +128,12 @@ class Transformer {
   int64_t dropout_step_ = 0;
   Ops& ops_;
   ParameterStore params_;
-  std::vector<Layer> layers_;
+  std::vector<DecoderLayer> layers_;
   std::unique_ptr<Activations> acts_;
   Buffer inv_freq_;
+  Tensor inv_freq_t_;
+  LayerHooks* hooks_ = nullptr;
+  std::unique_ptr<SftObjective> own_sft_;  // step()'s objective
 };
 
 // Checks every id and target against the vocabulary; errors name `source`.

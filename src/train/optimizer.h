@@ -24,19 +24,20 @@ class AdamW {
  public:
   AdamW(ParameterStore& params, Ops& ops);
   // One update with learning rate `lr` (the schedule's value for this step), gradients read times
-  // `grad_scale` (clipping's factor).
-  void step(const OptimizerConfig& cfg, float lr, float grad_scale = 1.0f);
+  // `grad_scale`, and times clipping's factor computed on the device from `grad_sumsq` (F64 [1], Σg²) when
+  // given: then nothing waits for the host between backward and the update.
+  void step(const OptimizerConfig& cfg, float lr, float grad_scale = 1.0f, const Tensor* grad_sumsq = nullptr);
   int steps_done() const { return step_; }
 
-  // The state as a safetensors file: flat fp32 `exp_avg` and `exp_avg_sq` (laid out like the
-  // parameters' flat buffers) and the step count in the metadata. load() checks the layout matches.
+  // The state as a safetensors file: fp32 `exp_avg.<name>` and `exp_avg_sq.<name>` per trainable parameter
+  // and the step count in the metadata. load() also reads the first format (two flat tensors).
   void save(const std::filesystem::path& file) const;
   void load(const std::filesystem::path& file);
 
  private:
   ParameterStore& params_;
   Ops& ops_;
-  Buffer m_, v_;  // laid out like the parameters: [decayed | other]
+  Buffer m_, v_;  // laid out like the parameters' flat buffers
   int step_ = 0;
 };
 

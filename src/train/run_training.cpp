@@ -1,6 +1,8 @@
 // The training loop. Gradient accumulation follows HF Trainer with num_items_in_batch: the update's loss is
 // the sum of token losses over all micro-batches divided by all their counted tokens, so a micro-batch
-// with more trained tokens weighs more (not the mean of per-micro-batch means).
+// with more trained tokens weighs more (not the mean of per-micro-batch means). The pieces below run in
+// order: set up (data, model, loader, schedule) → resume → print the plan → the loop of updates (logging,
+// evaluation, checkpoints) → the final save.
 #include "train/run_training.h"
 
 #include <chrono>
@@ -8,6 +10,7 @@
 #include <ostream>
 
 #include "core/error.h"
+#include "data/batch_file.h"
 #include "data/loader.h"
 #include "model/checkpoint.h"
 #include "model/peft_adapter.h"
@@ -18,6 +21,7 @@
 #include "train/stop_signal.h"
 #include "train/train_checkpoint.h"
 #include "train/train_data.h"
+#include "train/train_step.h"
 
 namespace soltrain {
 
@@ -33,218 +37,237 @@ int64_t total_training_steps(const TrainConfig& c, int64_t micro_batches_per_epo
 
 namespace {
 
-// How many rows the loader fills in one pass over epoch 0's order (greedy packing, like Loader::next).
-int64_t rows_per_epoch(const Loader& loader, const std::vector<int64_t>& doc_lengths, int seq_len, bool pack) {
-  int64_t rows = 0;
-  int fill = 0;
-  for (int64_t d : loader.epoch_order(0)) {
-    const int len = int(std::min<int64_t>(doc_lengths[size_t(d)], seq_len));
-    if (fill > 0 && (!pack || fill + len > seq_len)) ++rows, fill = 0;
-    fill += len;
-  }
-  return rows + (fill > 0);
-}
-
-int64_t counted_targets(const HostBatch& b) {
-  int64_t n = 0;
-  for (int32_t t : b.targets) n += t != -100;
-  return n;
-}
-
 std::string fmt_loss(double v) {
   return std::isfinite(v) ? cat(std::round(v * 1e4) / 1e4) : "n/a";
+}
+
+// Everything a run holds between its pieces.
+struct Run {
+  const TrainConfig& c;
+  const char* cmd;
+  std::ostream& log;
+  Ops& ops;
+  TrainData data;
+  std::optional<LoraConfig> lora;
+  std::unique_ptr<Transformer> model;
+  std::unique_ptr<Loader> loader;
+  int64_t micro_per_epoch = 0;
+  ScheduleConfig sched;
+  OptimizerConfig opt;
+  std::unique_ptr<TrainStep> step;
+  TrainerState state;
+};
+
+void set_up(Run& r) {
+  const TrainConfig& c = r.c;
+  fs::create_directories(c.output_dir);
+  r.data = prepare_train_data(c, r.log);
+  if (c.lora.enabled) {
+    r.lora = LoraConfig{c.lora.rank,           float(c.lora.alpha), float(c.lora.dropout),
+                        c.lora.target_modules, c.lora.use_rslora,   c.seed};
+    r.lora->validate("config.yaml");
+  }
+  r.model = load_pretrained(c.model, r.ops, r.lora);
+  for (const ShardSet* set : {&r.data.train, &r.data.validation})
+    for (int32_t id : set->tokens)
+      if (id < 0 || id >= r.model->config().vocab_size)
+        user_error(c.model.string(), ": the tokenizer produced id ", id, " but the model's vocab_size is ",
+                   r.model->config().vocab_size);
+
+  LoaderOptions lo;
+  lo.rows = c.per_device_train_batch_size;
+  lo.seq_len = c.sequence_len;
+  lo.seed = c.seed;
+  lo.pack = c.sample_packing;
+  r.loader = std::make_unique<Loader>(std::move(r.data.train), lo);
+  r.micro_per_epoch = (r.loader->rows_in_epoch(0) + lo.rows - 1) / lo.rows;
+  const int64_t total = total_training_steps(c, r.micro_per_epoch);
+  r.sched = ScheduleConfig{c.lr_scheduler_type, total, c.warmup_steps, c.wsd_decay_ratio};
+  if (c.warmup_steps == 0 && c.warmup_ratio > 0) r.sched.warmup_steps = warmup_from_ratio(total, c.warmup_ratio);
+
+  r.model->plan(lo.rows, lo.seq_len, c.recompute);
+  r.opt = OptimizerConfig{float(c.learning_rate), float(c.adamw_beta1),  float(c.adamw_beta2),
+                          float(c.adamw_epsilon), float(c.weight_decay), float(c.max_grad_norm)};
+  r.step = std::make_unique<TrainStep>(*r.model, r.opt);
+  r.state.total_steps = total;
+  r.state.seed = c.seed;
+}
+
+void resume_or_start(Run& r) {
+  const TrainConfig& c = r.c;
+  const int64_t total = r.state.total_steps;
+  if (const auto from = resolve_resume(c)) {
+    r.state = load_checkpoint(*from, *r.model, r.step->optimizer());
+    if (r.state.seed != c.seed)
+      user_error(from->string(), ": checkpoint was trained with seed ", r.state.seed, ", config says ", c.seed,
+                 " (the data order would differ)");
+    r.loader->restore(r.state.loader);
+    r.state.total_steps = total;
+    r.log << r.cmd << ": resuming from " << from->string() << " at step " << r.state.step << "\n";
+  } else if (c.resume_from_checkpoint.kind == ResumeFrom::kLatest) {
+    r.log << r.cmd << ": resume_from_checkpoint: true, but " << c.output_dir.string()
+          << " has no checkpoint yet: starting fresh\n";
+  } else if (const auto old = list_checkpoints(c.output_dir); !old.empty()) {
+    r.log << r.cmd << ": note: starting fresh although " << old.back().string()
+          << " exists (resume_from_checkpoint: true continues it); checkpoints of this run replace same-numbered ones\n";
+  }
+}
+
+void print_plan(const Run& r) {
+  const TrainConfig& c = r.c;
+  const ParameterStore& ps = r.model->params();
+  r.log << r.cmd << ": " << r.model->config().architecture << " " << double(ps.numel()) / 1e6 << "M parameters on "
+        << device_name(c.device) << "; " << r.loader->documents() << " training documents (" << r.micro_per_epoch
+        << " micro-batches of " << c.per_device_train_batch_size << " x " << c.sequence_len << " per epoch), "
+        << r.data.validation.documents() << " validation; " << r.state.total_steps << " steps, gradient accumulation "
+        << c.gradient_accumulation_steps << ", lr " << c.learning_rate << " " << to_string(c.lr_scheduler_type)
+        << " (warmup " << r.sched.warmup_steps << ")\n";
+  // The memory plan, all allocated already (a run that does not fit has stopped before this line).
+  const double gib = double(1u << 30), trainable = double(ps.numel());
+  const double all_weights = trainable + double(ps.frozen_numel());
+  // fp32 masters of the trainable weights, plus the compute copy of every weight (bf16 on GPU; on the CPU
+  // the masters are the compute copy, and frozen weights are fp32 values)
+  const DType act = r.ops.activation_dtype();
+  const double weights =
+      act == DType::F32 ? 4 * all_weights : 4 * trainable + double(dtype_size(act)) * all_weights;
+  r.log << r.cmd << ": memory plan: weights " << weights / gib << " GiB, gradients " << 4 * trainable / gib
+        << " GiB, AdamW moments " << 8 * trainable / gib << " GiB, activations "
+        << double(r.model->activation_bytes()) / gib << " GiB (recompute " << recompute_name(c.recompute) << ")\n";
+}
+
+// The per-step log: progress line, metrics files; MFU against the matmul rate measured at the start.
+class StepLogger {
+ public:
+  StepLogger(const Run& r, MetricsLog& metrics, ProgressLine& progress)
+      : r_(r), metrics_(metrics), progress_(progress), start_(Clock::now()), first_step_(r.state.step) {
+    if (r.ops.device() == Device::CPU) return;
+    matmul_tflops_ = measure_matmul_tflops(r.ops);
+    flops_per_token_ = model_flops_per_token(r.model->config(), r.c.sequence_len, r.c.lora.enabled);
+    r.log << r.cmd << ": measured bf16 matmul rate " << matmul_tflops_ << " TFLOP/s (the MFU roof); "
+          << flops_per_token_ / 1e9 << " GFLOP per token\n";
+  }
+
+  // After update `state.step` (1-based), queued from `t0` on. Reads the loss back (waiting for the update to
+  // finish) only when it logs, and times the step then.
+  void after_update(double lr, Clock::time_point t0) {
+    const TrainConfig& c = r_.c;
+    const int64_t step = r_.state.step, total = r_.state.total_steps;
+    // A terminal gets the line redrawn every step; logs and files get one entry per logging_steps.
+    const bool log_step = step % c.logging_steps == 0 || step == total;
+    if (!log_step && !progress_.tty()) return;
+    StepMetrics m;
+    m.step = step;
+    m.total_steps = total;
+    m.loss = r_.step->loss();
+    if (!std::isfinite(m.loss) && r_.step->counted() > 0)
+      user_error("training diverged at step ", step, " (loss ", m.loss, "): lower learning_rate");
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    m.lr = lr;
+    m.grad_norm = r_.step->grad_norm();
+    m.tokens = r_.step->counted();
+    const LoaderState& ls = r_.loader->state();
+    m.epoch = double(ls.epoch) + double(ls.index) / double(r_.loader->documents());
+    m.tokens_per_s = double(c.per_device_train_batch_size) * c.sequence_len * c.gradient_accumulation_steps / dt;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
+    m.seconds_left = elapsed / double(step - first_step_) * double(total - step);
+    m.gpu_memory_gib = r_.ops.device() == Device::CPU ? 0.0 : r_.ops.memory_used_gib();
+    if (matmul_tflops_ > 0) m.mfu = m.tokens_per_s * flops_per_token_ / (matmul_tflops_ * 1e12);
+    if (log_step) metrics_.train(m);
+    progress_.show(m);
+  }
+
+ private:
+  const Run& r_;
+  MetricsLog& metrics_;
+  ProgressLine& progress_;
+  Clock::time_point start_;
+  int64_t first_step_;
+  double flops_per_token_ = 0, matmul_tflops_ = 0;
+};
+
+void dump_batches(const fs::path& dir, int64_t step, const std::vector<HostBatch>& micro) {
+  fs::create_directories(dir);
+  for (size_t m = 0; m < micro.size(); ++m)
+    save_batch_file(dir / cat("step-", step, "-micro-", m, ".safetensors"), micro[m]);
+}
+
+void save_final(const Run& r, const RunResult& result, bool has_val, ProgressLine& progress,
+                const MetricsLog& metrics) {
+  const TrainConfig& c = r.c;
+  const fs::path saved = c.output_dir / (r.lora ? "adapter" : "model");
+  if (r.lora)
+    save_adapter(*r.model, saved, c.model.string());  // PEFT's layout: peft, vLLM and soltrain merge read it
+  else
+    save_pretrained(*r.model, saved, c.model);
+  write_training_curves(metrics.jsonl_path(), c.output_dir / "training_curves.svg");
+  std::string summary =
+      cat(r.cmd, ": done, ", r.state.step, " steps; ", r.lora ? "adapter" : "model", " saved to ", saved.string());
+  if (has_val)
+    summary += cat("; validation loss ", fmt_loss(result.first_eval_loss), " -> ", fmt_loss(result.last_eval_loss));
+  progress.message(summary);
 }
 
 }  // namespace
 
 RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostream& log) {
-  const char* cmd = mode == TrainMode::kSft ? "sft" : "pt";
+  Run r{c, mode == TrainMode::kSft ? "sft" : "pt", log, ops, {}, {}, {}, {}, 0, {}, {}, {}, {}};
+  set_up(r);
+  resume_or_start(r);
+  print_plan(r);
 
-  fs::create_directories(c.output_dir);
-  TrainData data = prepare_train_data(c, log);
-  std::optional<LoraConfig> lora;
-  if (c.lora.enabled) {
-    lora = LoraConfig{c.lora.rank,           float(c.lora.alpha), float(c.lora.dropout),
-                      c.lora.target_modules, c.lora.use_rslora,   c.seed};
-    lora->validate("config.yaml");
-  }
-  auto model = load_pretrained(c.model, ops, lora);
-  const int rows = c.per_device_train_batch_size, T = c.sequence_len, ga = c.gradient_accumulation_steps;
-  for (const ShardSet* set : {&data.train, &data.validation})
-    for (int32_t id : set->tokens)
-      if (id < 0 || id >= model->config().vocab_size)
-        user_error(c.model.string(), ": the tokenizer produced id ", id, " but the model's vocab_size is ",
-                   model->config().vocab_size);
-
-  LoaderOptions lo;
-  lo.rows = rows;
-  lo.seq_len = T;
-  lo.seed = c.seed;
-  lo.pack = c.sample_packing;
-  // Lengths are kept for counting rows: the loader takes the tokens, and copying them could double memory.
-  std::vector<int64_t> doc_lengths;
-  for (size_t d = 0; d + 1 < data.train.doc_offsets.size(); ++d)
-    doc_lengths.push_back(data.train.doc_offsets[d + 1] - data.train.doc_offsets[d]);
-  Loader loader(std::move(data.train), lo);
-  const int64_t micro_per_epoch = (rows_per_epoch(loader, doc_lengths, T, c.sample_packing) + rows - 1) / rows;
-  const int64_t total = total_training_steps(c, micro_per_epoch);
-  ScheduleConfig sched{c.lr_scheduler_type, total, c.warmup_steps, c.wsd_decay_ratio};
-  if (c.warmup_steps == 0 && c.warmup_ratio > 0) sched.warmup_steps = warmup_from_ratio(total, c.warmup_ratio);
-
-  model->plan(rows, T, parse_recompute(c.recompute, "recompute"));
-  AdamW adamw(model->params(), ops);
-  const OptimizerConfig opt{float(c.learning_rate), float(c.adamw_beta1),  float(c.adamw_beta2),
-                            float(c.adamw_epsilon), float(c.weight_decay), float(c.max_grad_norm)};
-  TrainerState state;
-  state.total_steps = total;
-  state.seed = c.seed;
-  if (const auto from = resolve_resume(c)) {
-    state = load_checkpoint(*from, *model, adamw);
-    if (state.seed != c.seed)
-      user_error(from->string(), ": checkpoint was trained with seed ", state.seed, ", config says ", c.seed,
-                 " (the data order would differ)");
-    loader.restore(state.loader);
-    state.total_steps = total;
-    log << cmd << ": resuming from " << from->string() << " at step " << state.step << "\n";
-  } else if (c.resume_from_checkpoint == "true") {
-    log << cmd << ": resume_from_checkpoint: true, but " << c.output_dir.string()
-        << " has no checkpoint yet: starting fresh\n";
-  } else if (const auto old = list_checkpoints(c.output_dir); !old.empty()) {
-    log << cmd << ": note: starting fresh although " << old.back().string()
-        << " exists (resume_from_checkpoint: true continues it); checkpoints of this run replace same-numbered ones\n";
-  }
-
-  log << cmd << ": " << model->config().architecture << " " << double(model->params().numel()) / 1e6
-      << "M parameters on " << c.device << "; " << loader.documents() << " training documents (" << micro_per_epoch
-      << " micro-batches of " << rows << " x " << T << " per epoch), " << data.validation.documents() << " validation; "
-      << total << " steps, gradient accumulation " << ga << ", lr " << c.learning_rate << " "
-      << to_string(c.lr_scheduler_type) << " (warmup " << sched.warmup_steps << ")\n";
-  {
-    // The memory plan, all allocated already (a run that does not fit has stopped before this line).
-    const double gib = double(1u << 30), trainable = double(model->params().numel());
-    const double all_weights = trainable + double(model->params().frozen_numel());
-    // fp32 masters of the trainable weights, plus the compute copy of every weight (bf16 on GPU; on the CPU
-    // the masters are the compute copy, and frozen weights are fp32 values)
-    const double weights = ops.activation_dtype() == DType::F32
-                               ? 4 * all_weights
-                               : 4 * trainable + double(dtype_size(ops.activation_dtype())) * all_weights;
-    log << cmd << ": memory plan: weights " << weights / gib << " GiB, gradients " << 4 * trainable / gib
-        << " GiB, AdamW moments " << 8 * trainable / gib << " GiB, activations "
-        << double(model->activation_bytes()) / gib << " GiB (recompute " << c.recompute << ")\n";
-  }
-
-  // MFU on the GPU, against the matmul rate measured here and now (PERFORMANCE.md's convention).
-  double flops_per_token = 0, matmul_tflops = 0;
-  if (ops.device() != Device::CPU) {
-    matmul_tflops = measure_matmul_tflops(ops);
-    flops_per_token = model_flops_per_token(model->config(), T, c.lora.enabled);
-    log << cmd << ": measured bf16 matmul rate " << matmul_tflops << " TFLOP/s (the MFU roof); "
-        << flops_per_token / 1e9 << " GFLOP per token\n";
-  }
-  MetricsLog metrics(c.output_dir, state.step);
+  MetricsLog metrics(c.output_dir, r.state.step);
   ProgressLine progress(log);
-  const bool has_val = data.validation.documents() > 0;
+  StepLogger step_log(r, metrics, progress);
+  const bool has_val = r.data.validation.documents() > 0;
   RunResult result;
-  result.total_steps = total;
+  result.total_steps = r.state.total_steps;
   result.first_eval_loss = result.last_eval_loss = NAN;
   auto run_eval = [&](int64_t step) {
     if (!has_val) return;
-    const EvalResult e = evaluate(*model, data.validation, rows, T);
+    const EvalResult e = evaluate(*r.model, r.data.validation, c.per_device_train_batch_size, c.sequence_len);
     metrics.eval(step, e.loss, e.tokens);
     result.last_eval_loss = e.loss;
     progress.message(cat("step ", step, ": validation loss ", fmt_loss(e.loss), " over ", e.tokens, " tokens"));
   };
-  if (state.step == 0) {
+  if (r.state.step == 0) {
     run_eval(0);
     result.first_eval_loss = result.last_eval_loss;
   }
-  int64_t last_saved = state.step;
+  int64_t last_saved = r.state.step;
   auto checkpoint = [&]() {
-    state.loader = loader.state();
-    const fs::path dir = c.output_dir / cat("checkpoint-", state.step);
-    save_checkpoint(dir, c, *model, adamw, state);
+    r.state.loader = r.loader->state();
+    const fs::path dir = c.output_dir / cat("checkpoint-", r.state.step);
+    save_checkpoint(dir, c, *r.model, r.step->optimizer(), r.state);
     prune_checkpoints(c.output_dir, c.save_total_limit);
-    last_saved = state.step;
-    progress.message(cat("step ", state.step, ": saved ", dir.string()));
+    last_saved = r.state.step;
+    progress.message(cat("step ", r.state.step, ": saved ", dir.string()));
   };
 
   StopSignal stop;
-  const auto run_start = Clock::now();
-  const int64_t first_step = state.step;
-  Tensor grads = model->params().all_grads();
-  std::vector<HostBatch> micro(static_cast<size_t>(ga));
-  while (state.step < total && !StopSignal::requested()) {
+  std::vector<HostBatch> micro(static_cast<size_t>(c.gradient_accumulation_steps));
+  while (r.state.step < r.state.total_steps && !StopSignal::requested()) {
     const auto t0 = Clock::now();
-    ops.zero(grads);
-    int64_t n_items = 0;
-    for (HostBatch& b : micro) {
-      b = loader.next();
-      n_items += counted_targets(b);
-    }
-    // Accumulate Σ cᵢ·gᵢ / N where gᵢ is micro-batch i's mean gradient (what step() adds): before adding gₖ,
-    // the running sum is rescaled from 1/c_{k-1} to 1/c_k units; the last factor turns 1/c_K into 1/N.
-    double loss_sum = 0;
-    int64_t prev = 0;
-    for (const HostBatch& b : micro) {
-      const int64_t ck = counted_targets(b);
-      if (ck == 0) continue;  // nothing trained in it: contributes nothing
-      if (prev > 0) ops.scale(grads, float(double(prev) / double(ck)));
-      const StepResult r = model->step(b, /*backward=*/true);
-      loss_sum += r.loss * double(ck);
-      prev = ck;
-    }
-    if (prev > 0 && prev != n_items) ops.scale(grads, float(double(prev) / double(n_items)));
-    const double loss = n_items ? loss_sum / double(n_items) : NAN;
-    const GradNorm gn = grad_norm(ops, model->params(), opt.max_grad_norm);
-    const double norm = gn.norm;
-    const double lr = c.learning_rate * lr_factor(sched, state.step);
-    adamw.step(opt, float(lr), gn.clip_scale);
-    ++state.step;
-    if (!std::isfinite(loss) && n_items > 0)
-      user_error("training diverged at step ", state.step, " (loss ", loss, "): lower learning_rate");
-
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
-    StepMetrics m;
-    m.step = state.step;
-    m.total_steps = total;
-    m.loss = loss;
-    m.lr = lr;
-    m.grad_norm = norm;
-    m.tokens = n_items;
-    m.epoch = double(loader.state().epoch) + double(loader.state().index) / double(loader.documents());
-    m.tokens_per_s = double(rows) * T * ga / dt;
-    m.seconds_left = elapsed / double(state.step - first_step) * double(total - state.step);
-    m.gpu_memory_gib = ops.device() == Device::CPU ? 0.0 : ops.memory_used_gib();
-    if (matmul_tflops > 0) m.mfu = m.tokens_per_s * flops_per_token / (matmul_tflops * 1e12);
-    // A terminal gets the line redrawn every step; logs and files get one entry per logging_steps.
-    const bool log_step = state.step % c.logging_steps == 0 || state.step == total;
-    if (log_step) metrics.train(m);
-    if (log_step || progress.tty()) progress.show(m);
-    if (c.eval_steps > 0 && state.step % c.eval_steps == 0 && state.step < total) run_eval(state.step);
-    if (c.save_steps > 0 && state.step % c.save_steps == 0) checkpoint();
+    for (HostBatch& b : micro) b = r.loader->next();
+    if (!c.dump_batches.empty()) dump_batches(c.dump_batches, r.state.step + 1, micro);
+    const double lr = c.learning_rate * lr_factor(r.sched, r.state.step);
+    r.step->run(micro, float(lr));
+    ++r.state.step;
+    step_log.after_update(lr, t0);
+    if (c.eval_steps > 0 && r.state.step % c.eval_steps == 0 && r.state.step < r.state.total_steps)
+      run_eval(r.state.step);
+    if (c.save_steps > 0 && r.state.step % c.save_steps == 0) checkpoint();
   }
-  result.steps = state.step;
+  result.steps = r.state.step;
   if (StopSignal::requested()) {
-    if (state.step > last_saved) checkpoint();
+    if (r.state.step > last_saved) checkpoint();
     write_training_curves(metrics.jsonl_path(), c.output_dir / "training_curves.svg");
-    progress.message(cat(cmd, ": stopped by signal ", StopSignal::signal_number(), " at step ", state.step,
+    progress.message(cat(r.cmd, ": stopped by signal ", StopSignal::signal_number(), " at step ", r.state.step,
                          "; resume with resume_from_checkpoint: true"));
     result.interrupted = true;
     return result;
   }
-  run_eval(state.step);
-  const fs::path saved = c.output_dir / (lora ? "adapter" : "model");
-  if (lora)
-    save_adapter(*model, saved, c.model.string());  // PEFT's layout: peft, vLLM and soltrain merge read it
-  else
-    save_pretrained(*model, saved, c.model);
-  write_training_curves(metrics.jsonl_path(), c.output_dir / "training_curves.svg");
-  std::string summary =
-      cat(cmd, ": done, ", state.step, " steps; ", lora ? "adapter" : "model", " saved to ", saved.string());
-  if (has_val)
-    summary += cat("; validation loss ", fmt_loss(result.first_eval_loss), " -> ", fmt_loss(result.last_eval_loss));
-  progress.message(summary);
+  run_eval(r.state.step);
+  save_final(r, result, has_val, progress, metrics);
   return result;
 }
 

@@ -80,13 +80,14 @@ void prune_checkpoints(const fs::path& output_dir, int keep) {
 }
 
 std::optional<fs::path> resolve_resume(const TrainConfig& c) {
-  if (c.resume_from_checkpoint.empty()) return std::nullopt;
-  if (c.resume_from_checkpoint == "true") {
+  const ResumeFrom& r = c.resume_from_checkpoint;
+  if (r.kind == ResumeFrom::kFresh) return std::nullopt;
+  if (r.kind == ResumeFrom::kLatest) {
     const std::vector<fs::path> all = list_checkpoints(c.output_dir);
     if (all.empty()) return std::nullopt;
     return all.back();
   }
-  const fs::path p = c.resume_from_checkpoint;
+  const fs::path& p = r.folder;
   if (!fs::is_directory(p)) user_error("resume_from_checkpoint: ", p.string(), " is not a folder");
   return p;
 }

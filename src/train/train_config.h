@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "model/lora.h"
+#include "model/transformer.h"
 #include "train/schedule.h"
 
 namespace soltrain {
@@ -22,12 +24,17 @@ struct LoraSettings {  // as written in the YAML; the model layer's LoraConfig i
   bool enabled = false;
   int rank = 16;
   double alpha = 32, dropout = 0.0;
-  std::vector<std::string> target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                             "gate_proj", "up_proj", "down_proj"};
+  std::vector<std::string> target_modules = all_lora_module_names();
   bool use_rslora = false;
 };
 
 enum class TrainMode { kSft, kPretrain };
+
+// resume_from_checkpoint: start fresh, continue the newest checkpoint in output_dir (`true`), or a folder.
+struct ResumeFrom {
+  enum Kind { kFresh, kLatest, kFolder } kind = kFresh;
+  std::filesystem::path folder;  // kFolder only
+};
 
 struct TrainConfig {
   std::filesystem::path model, output_dir;
@@ -45,17 +52,18 @@ struct TrainConfig {
   double weight_decay = 0.0, max_grad_norm = 1.0;
   double adamw_beta1 = 0.9, adamw_beta2 = 0.999, adamw_epsilon = 1e-8;
   uint64_t seed = 42;
-  std::string recompute = "none";
+  Recompute recompute = Recompute::None;
   LoraSettings lora;
   int64_t save_steps = 0;              // 0 = only at the end (and on Ctrl-C)
   int save_total_limit = 0;            // 0 = keep all
-  std::string resume_from_checkpoint;  // "" = start fresh, "true" = latest in output_dir, else a path
+  ResumeFrom resume_from_checkpoint;
   int64_t eval_steps = 0;              // 0 = only before and after training
   int64_t logging_steps = 1;
-  std::string device = "cpu";
+  Device device = Device::CPU;
   BadRecordPolicy bad_records = BadRecordPolicy::kError;
   std::filesystem::path dataset_prepared_path;  // shard cache; default output_dir/prepared
   std::string source_text;                      // the YAML as given plus overrides, saved with checkpoints
+  std::filesystem::path dump_batches;           // `--dump-batches DIR`: every micro-batch trained on, as files
 };
 
 }  // namespace soltrain

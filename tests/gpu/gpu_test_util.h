@@ -18,7 +18,9 @@ class CudaTest : public ::testing::Test {
       GTEST_SKIP() << "skipped, no GPU here: " << e.what();
     }
     cpu = make_cpu_ops();
-    rng.seed(std::random_device{}());
+    const uint32_t seed = test_seed(12345u);
+    rng.seed(seed);
+    seed_trace_ = std::make_unique<::testing::ScopedTrace>(__FILE__, __LINE__, seed_message(seed));
   }
 
   // Fresh normal(0, scale) values rounded to bf16, so CPU and GPU see identical inputs.
@@ -68,6 +70,7 @@ class CudaTest : public ::testing::Test {
   std::unique_ptr<Ops> gpu, cpu;
   std::vector<Buffer> buffers;
   std::mt19937 rng;
+  std::unique_ptr<::testing::ScopedTrace> seed_trace_;  // prints the seed with every failure of the test
 };
 
 inline double rel(const std::vector<float>& got, const std::vector<float>& want) {

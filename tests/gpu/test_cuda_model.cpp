@@ -26,7 +26,11 @@ TEST_P(CudaModel, MatchesTransformersWithinBf16Error) {
     const auto ref = to_f32(expected.at("grad." + p.name));
     // k biases: their true gradient is mostly cancellation (see test_reference_models.cpp), so bf16
     // rounding is large relative to it; every other gradient holds 5e-2.
-    EXPECT_LE(rel(download(p.grad), ref), p.name.ends_with("k_proj.bias") ? 2e-1 : 5e-2) << p.name;
+    const bool k_bias = p.name.ends_with("k_proj.bias");
+    const auto got = download(p.grad);
+    EXPECT_LE(rel(got, ref), k_bias ? 2e-1 : 5e-2) << p.name;
+    // Element by element too, scaled to the tensor: bf16 noise stays well inside, one wrong row does not.
+    if (!k_bias) EXPECT_TRUE(all_close(got, ref, 0.3 * rms(ref), 0.1)) << p.name;
   }
 }
 

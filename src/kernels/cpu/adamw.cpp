@@ -14,9 +14,10 @@ void CpuOps::adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const A
   const float step_size = float(double(p.lr) / bc1);
   const float decay = float(1.0 - double(p.lr) * double(p.weight_decay));
   const float b1c = float(1.0 - double(p.beta1)), b2c = float(1.0 - double(p.beta2));
+  const float grad_scale = p.grad_scale * host_clip_factor(p);
   for (int64_t i = 0, n = param.numel(); i < n; ++i) {
     w[i] *= decay;
-    const float gi = g[i] * p.grad_scale;  // the one fp32 multiply torch's clip_grad_norm_ does in place
+    const float gi = g[i] * grad_scale;  // the one fp32 multiply torch's clip_grad_norm_ does in place
     mp[i] += b1c * (gi - mp[i]);           // lerp, as torch writes it
     vp[i] = vp[i] * p.beta2 + b2c * gi * gi;
     const float denom = std::sqrt(vp[i]) / float(bc2_sqrt) + p.eps;

@@ -16,10 +16,10 @@ class CpuOps final : public Ops {
 
   void embedding_forward(Tensor out, const Tensor& ids, const Tensor& table) override;
   void embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout) override;
-  void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor* bias, float alpha,
+  void linear_forward(Tensor y, const Tensor& x, const Weight& w, const Tensor* bias, float alpha,
                       bool accumulate) override;
   void linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy, const Tensor& x,
-                       const Tensor& w) override;
+                       const Weight& w) override;
   void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) override;
   void rmsnorm_backward(Tensor dx, bool accumulate_dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                         const Tensor& rstd) override;
@@ -36,9 +36,12 @@ class CpuOps final : public Ops {
   void add_inplace(Tensor x, const Tensor& y) override;
   void dropout_scale(Tensor y, const Tensor& x, float factor, float p, uint64_t seed) override;
   void cross_entropy(const Tensor& logits, Tensor dlogits, Tensor row_loss, const Tensor& targets,
-                     float grad_scale) override;
+                     const Tensor& row_weight) override;
   double sum(const Tensor& x) override;
   double sum_squares(const Tensor& x) override;
+  void reduce_sum(Tensor out, const Tensor& x, bool squares, bool accumulate) override;
+  void segment_sum(Tensor out, const Tensor& x, const Tensor& cu_seqlens) override;
+  void fill(Tensor x, float value) override;
   void scale(Tensor x, float factor) override;
   void adamw(Tensor master, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p,
              Tensor* compute_copy) override;

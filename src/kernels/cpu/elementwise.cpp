@@ -40,6 +40,30 @@ double CpuOps::sum_squares(const Tensor& x) {
   return s;
 }
 
+void CpuOps::reduce_sum(Tensor out, const Tensor& x, bool squares, bool accumulate) {
+  SOLTRAIN_CHECK(out.dtype == DType::F64 && out.numel() == 1, "reduce_sum into ", dtype_name(out.dtype));
+  const double s = squares ? sum_squares(x) : sum(x);
+  double* o = out.as<double>();
+  *o = accumulate ? *o + s : s;
+}
+
+void CpuOps::segment_sum(Tensor out, const Tensor& x, const Tensor& cu_seqlens) {
+  const int32_t* cu = cu_seqlens.i32();
+  const float* a = x.f32();
+  SOLTRAIN_CHECK(out.numel() == cu_seqlens.numel() - 1, "segment_sum: ", out.numel(), " outputs for ",
+                 cu_seqlens.numel() - 1, " documents");
+  for (int64_t d = 0; d < out.numel(); ++d) {
+    double s = 0;
+    for (int32_t i = cu[d]; i < cu[d + 1]; ++i) s += a[i];
+    out.f32()[d] = float(s);
+  }
+}
+
+void CpuOps::fill(Tensor x, float value) {
+  float* a = x.f32();
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) a[i] = value;
+}
+
 void CpuOps::scale(Tensor x, float factor) {
   float* a = x.f32();
   for (int64_t i = 0, n = x.numel(); i < n; ++i) a[i] *= factor;

@@ -5,8 +5,18 @@
 
 namespace soltrain {
 
-void CpuOps::linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor* bias, float alpha,
+namespace {
+// The CPU runs dense fp32 weights only; quantised formats are dequantised by the caller for a reference.
+const Tensor& dense(const Weight& w) {
+  SOLTRAIN_CHECK(w.format == WeightFormat::Dense, "the CPU backend has no ", weight_format_name(w.format),
+                 " matmul");
+  return w.data;
+}
+}  // namespace
+
+void CpuOps::linear_forward(Tensor y, const Tensor& x, const Weight& weight, const Tensor* bias, float alpha,
                             bool accumulate) {
+  const Tensor& w = dense(weight);
   const int N = int(x.dim(0)), in = int(x.dim(1)), out = int(w.dim(0));
   SOLTRAIN_CHECK(w.dim(1) == in && y.dim(0) == N && y.dim(1) == out, "linear shapes");
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out, in, alpha, x.f32(), in, w.f32(), in,
@@ -19,7 +29,8 @@ void CpuOps::linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Te
 }
 
 void CpuOps::linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy,
-                             const Tensor& x, const Tensor& w) {
+                             const Tensor& x, const Weight& weight) {
+  const Tensor& w = dense(weight);
   const int N = int(dy.dim(0)), out = int(w.dim(0)), in = int(w.dim(1));
   if (dx)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, out, 1.0f, dy.f32(), out, w.f32(), in,

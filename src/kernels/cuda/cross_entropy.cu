@@ -1,5 +1,5 @@
-// CUDA: cross-entropy per row of fp32 logits (one block per row, online max/sum), writing the loss and
-// the scaled gradient in bf16 for the LM head's backward GEMMs.
+// CUDA: cross-entropy per row of fp32 logits (one block per row, online max/sum), writing the loss and,
+// when asked, the gradient weighted per row in bf16 for the LM head's backward GEMMs.
 #include <cfloat>
 
 #include "kernels/cuda/check.h"
@@ -14,14 +14,15 @@ namespace {
 constexpr int kThreads = 512;
 
 __global__ void cross_entropy_kernel(const float* logits, bf16* dlogits, float* row_loss, const int32_t* targets,
-                                     int64_t V, float scale) {
+                                     int64_t V, const float* row_weight) {
   __shared__ float sm[kThreads / 32], ss[kThreads / 32];
   const int64_t r = blockIdx.x;
   const float* l = logits + r * V;
   bf16* g = dlogits + r * V;
   const int t = targets[r];
   if (t == -100) {
-    for (int64_t j = threadIdx.x; j < V; j += kThreads) g[j] = cuda::to_bf(0.f);
+    if (row_weight)
+      for (int64_t j = threadIdx.x; j < V; j += kThreads) g[j] = cuda::to_bf(0.f);
     if (threadIdx.x == 0) row_loss[r] = 0.f;
     return;
   }
@@ -50,18 +51,21 @@ __global__ void cross_entropy_kernel(const float* logits, bf16* dlogits, float* 
   for (int w = 0; w < kThreads / 32; ++w) S += ss[w] * expf(sm[w] - M);
   const float lse = M + logf(S);
   if (threadIdx.x == 0) row_loss[r] = lse - l[t];
+  if (!row_weight) return;
+  const float scale = row_weight[r];
   for (int64_t j = threadIdx.x; j < V; j += kThreads)
     g[j] = cuda::to_bf((expf(l[j] - lse) - (j == t ? 1.f : 0.f)) * scale);
 }
 }  // namespace
 
 void CudaOps::cross_entropy(const Tensor& logits, Tensor dlogits, Tensor row_loss, const Tensor& targets,
-                            float grad_scale) {
+                            const Tensor& row_weight) {
   const auto prof = profile("cross_entropy");
   const int64_t n = logits.dim(0), V = logits.dim(1);
   if (n == 0) return;
   cross_entropy_kernel<<<unsigned(n), kThreads, 0, stream_>>>(logits.f32(), dlogits.as<bf16>(), row_loss.f32(),
-                                                              targets.i32(), V, grad_scale);
+                                                              targets.i32(), V,
+                                                              row_weight.defined() ? row_weight.f32() : nullptr);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -29,7 +29,10 @@ CudaOps::CudaOps() {
   // run both; benchmarks compare them).
   const char* choice = std::getenv("SOLTRAIN_ATTENTION");
   hopper_attention_ = major == 9 && minor == 0 && !(choice && std::strcmp(choice, "portable") == 0);
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  for (cudaStream_t& st : streams_) CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  stream_ = streams_[0];
+  for (cudaEvent_t& e : marks_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&order_, cudaEventDisableTiming));
   CUBLAS_CHECK(cublasLtCreate(&lt_));
   workspace_ = alloc(size_t(32) << 20);  // cuBLASLt's recommended workspace on Hopper
   reduce_out_ = alloc(64 * sizeof(double));
@@ -39,11 +42,13 @@ CudaOps::CudaOps() {
 }
 
 CudaOps::~CudaOps() {
-  cudaStreamSynchronize(stream_);
+  cudaDeviceSynchronize();
   plans_.clear();
   if (host_result_) cudaFreeHost(host_result_);
   if (lt_) cublasLtDestroy(lt_);
-  if (stream_) cudaStreamDestroy(stream_);
+  for (cudaEvent_t e : marks_) cudaEventDestroy(e);
+  if (order_) cudaEventDestroy(order_);
+  for (cudaStream_t st : streams_) cudaStreamDestroy(st);
 }
 
 Buffer CudaOps::alloc(size_t bytes) {
@@ -78,7 +83,37 @@ void CudaOps::zero(Tensor t) {
 }
 
 void CudaOps::synchronize() {
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (cudaStream_t st : streams_) CUDA_CHECK(cudaStreamSynchronize(st));
+}
+
+void CudaOps::wait(Stream waiter, Stream on) {
+  if (waiter == on) return;
+  CUDA_CHECK(cudaEventRecord(order_, streams_[int(on)]));
+  CUDA_CHECK(cudaStreamWaitEvent(streams_[int(waiter)], order_, 0));
+}
+
+Buffer CudaOps::alloc_host(size_t bytes) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaMallocHost(&p, bytes ? bytes : 1));
+  std::memset(p, 0, bytes);
+  return Buffer(p, bytes, Device::CPU, [](void* q) { cudaFreeHost(q); });
+}
+
+void CudaOps::upload_async(Tensor dst, const Tensor& src) {
+  const auto prof = profile("copy host->device (async)");
+  SOLTRAIN_CHECK(dst.bytes() == src.bytes() && dst.dtype == src.dtype && src.device == Device::CPU, "upload_async");
+  CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyHostToDevice, stream_));
+}
+
+uint64_t CudaOps::mark() {
+  ++marks_made_;
+  CUDA_CHECK(cudaEventRecord(marks_[marks_made_ % kMarks], stream_));
+  return marks_made_;
+}
+
+void CudaOps::host_wait(uint64_t mark) {
+  if (mark == 0 || mark > marks_made_) return;
+  CUDA_CHECK(cudaEventSynchronize(marks_[mark % kMarks]));
 }
 
 double CudaOps::memory_used_gib() const {
@@ -89,7 +124,7 @@ double CudaOps::memory_used_gib() const {
 
 void* CudaOps::scratch(size_t bytes) {
   if (scratch_.bytes() < bytes) {
-    CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old scratch may still be in use
+    synchronize();  // the old scratch may still be in use
     scratch_ = alloc(bytes);
   }
   return scratch_.data();

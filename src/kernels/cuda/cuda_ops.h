@@ -1,6 +1,7 @@
 // The CUDA backend: bf16 activations and weight copies, fp32 masters/gradients/statistics, GEMMs through
 // cuBLASLt, everything else in our kernels (one op per .cu file, each with its CPU twin in ../cpu).
-// All work is queued on one stream; only sum()/sum_squares() wait for it.
+// Work is queued on the main stream (hooks' work on a side stream); only sum()/sum_squares() and copies
+// into host memory wait for it.
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -25,16 +26,23 @@ class CudaOps final : public Ops {
   void convert(Tensor dst, const Tensor& src) override;
   void zero(Tensor t) override;
   void synchronize() override;
+  void use_stream(Stream s) override { stream_ = streams_[int(s)]; }
+  void wait(Stream waiter, Stream on) override;
+  void* native_stream(Stream s) override { return streams_[int(s)]; }
+  Buffer alloc_host(size_t bytes) override;
+  void upload_async(Tensor dst, const Tensor& src) override;
+  uint64_t mark() override;
+  void host_wait(uint64_t mark) override;
   void enable_profiling(bool on) override { profiler_.enable(on); }
   std::map<std::string, double> collect_profile() override { return profiler_.collect(stream_); }
   double memory_used_gib() const override;
 
   void embedding_forward(Tensor out, const Tensor& ids, const Tensor& table) override;
   void embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout) override;
-  void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor* bias, float alpha,
+  void linear_forward(Tensor y, const Tensor& x, const Weight& w, const Tensor* bias, float alpha,
                       bool accumulate) override;
   void linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy, const Tensor& x,
-                       const Tensor& w) override;
+                       const Weight& w) override;
   void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) override;
   void rmsnorm_backward(Tensor dx, bool accumulate_dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                         const Tensor& rstd) override;
@@ -58,9 +66,12 @@ class CudaOps final : public Ops {
   void add_inplace(Tensor x, const Tensor& y) override;
   void dropout_scale(Tensor y, const Tensor& x, float factor, float p, uint64_t seed) override;
   void cross_entropy(const Tensor& logits, Tensor dlogits, Tensor row_loss, const Tensor& targets,
-                     float grad_scale) override;
+                     const Tensor& row_weight) override;
   double sum(const Tensor& x) override;
   double sum_squares(const Tensor& x) override;
+  void reduce_sum(Tensor out, const Tensor& x, bool squares, bool accumulate) override;
+  void segment_sum(Tensor out, const Tensor& x, const Tensor& cu_seqlens) override;
+  void fill(Tensor x, float value) override;
   void scale(Tensor x, float factor) override;
   void adamw(Tensor master, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p,
              Tensor* compute_copy) override;
@@ -78,7 +89,11 @@ class CudaOps final : public Ops {
   // Scratch of at least `bytes` bytes on the device (grows; only between steps in practice).
   void* scratch(size_t bytes);
 
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;          // the current one of streams_
+  cudaStream_t streams_[2] = {nullptr, nullptr};  // [Main, Side]
+  static constexpr int kMarks = 32;        // a ring: waiting on an overwritten mark waits for a later point
+  cudaEvent_t marks_[kMarks] = {}, order_ = nullptr;
+  uint64_t marks_made_ = 0;
   cublasLtHandle_t lt_ = nullptr;
   Buffer workspace_, scratch_, reduce_out_;
   double* host_result_ = nullptr;  // pinned

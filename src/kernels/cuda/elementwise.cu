@@ -63,6 +63,36 @@ __global__ void final_sum(double* out, const double* partials, int n) {
   }
   if (threadIdx.x == 0) *out = s[0];
 }
+__global__ void final_sum_to(double* out, const double* partials, int n, bool accumulate) {
+  __shared__ double s[kReduceThreads];
+  double t = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) t += partials[i];
+  s[threadIdx.x] = t;
+  __syncthreads();
+  for (int w = kReduceThreads / 2; w > 0; w >>= 1) {
+    if (int(threadIdx.x) < w) s[threadIdx.x] += s[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = accumulate ? *out + s[0] : s[0];
+}
+// One block per document: a fixed tree over its tokens, in double.
+__global__ void segment_sum_kernel(float* out, const float* x, const int32_t* cu) {
+  __shared__ double s[kReduceThreads];
+  const int d = blockIdx.x;
+  double t = 0;
+  for (int i = cu[d] + int(threadIdx.x); i < cu[d + 1]; i += blockDim.x) t += x[i];
+  s[threadIdx.x] = t;
+  __syncthreads();
+  for (int w = kReduceThreads / 2; w > 0; w >>= 1) {
+    if (int(threadIdx.x) < w) s[threadIdx.x] += s[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[d] = float(s[0]);
+}
+__global__ void fill_f32_kernel(float* x, float v, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = v;
+}
 }  // namespace
 
 void CudaOps::convert(Tensor dst, const Tensor& src) {
@@ -122,6 +152,38 @@ double CudaOps::sum_squares(const Tensor& x) {
   const auto prof = profile("sum_squares (host sync)");
   auto* partials = static_cast<double*>(scratch(kReduceBlocks * sizeof(double)));
   return reduce(*this, x, true, partials, static_cast<double*>(reduce_out_.data()), host_result_);
+}
+
+}  // namespace soltrain
+
+namespace soltrain {
+
+void CudaOps::reduce_sum(Tensor out, const Tensor& x, bool squares, bool accumulate) {
+  const auto prof = profile("reduce_sum");
+  SOLTRAIN_CHECK(out.dtype == DType::F64 && out.numel() == 1, "reduce_sum into ", dtype_name(out.dtype));
+  auto* partials = static_cast<double*>(scratch(kReduceBlocks * sizeof(double)));
+  if (squares)
+    partial_sums<true><<<kReduceBlocks, kReduceThreads, 0, stream_>>>(partials, x.f32(), x.numel());
+  else
+    partial_sums<false><<<kReduceBlocks, kReduceThreads, 0, stream_>>>(partials, x.f32(), x.numel());
+  CUDA_CHECK_LAUNCH();
+  final_sum_to<<<1, kReduceThreads, 0, stream_>>>(out.as<double>(), partials, kReduceBlocks, accumulate);
+  CUDA_CHECK_LAUNCH();
+}
+
+void CudaOps::segment_sum(Tensor out, const Tensor& x, const Tensor& cu_seqlens) {
+  const auto prof = profile("segment_sum");
+  SOLTRAIN_CHECK(out.numel() == cu_seqlens.numel() - 1, "segment_sum: ", out.numel(), " outputs for ",
+                 cu_seqlens.numel() - 1, " documents");
+  if (out.numel() == 0) return;
+  segment_sum_kernel<<<unsigned(out.numel()), kReduceThreads, 0, stream_>>>(out.f32(), x.f32(), cu_seqlens.i32());
+  CUDA_CHECK_LAUNCH();
+}
+
+void CudaOps::fill(Tensor x, float value) {
+  const auto prof = profile("fill");
+  fill_f32_kernel<<<blocks_for(x.numel(), 256), 256, 0, stream_>>>(x.f32(), value, x.numel());
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace soltrain

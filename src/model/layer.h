@@ -1,0 +1,90 @@
+// One decoder layer (Llama / Qwen2 / Qwen3): its parameters and its computation, shared by training
+// (Transformer, which saves what backward needs) and decoding (KvDecoder, which keeps a KV cache). The
+// attention half and the MLP block are separate so each caller runs the attention core its own way
+// (flash attention over packed documents, or cached decoding) around the same projections and norms.
+#pragma once
+#include <cstdint>
+#include <optional>
+
+#include "kernels/ops.h"
+#include "model/config.h"
+#include "model/linear.h"
+#include "model/lora.h"
+#include "model/parameters.h"
+
+namespace soltrain {
+
+// LoRA's state for one pass: whether dropout is on, and the step's masks (distinct per layer and
+// projection, regenerated in backward from the same seed).
+struct LoraPass {
+  float dropout = 0;  // 0: off (no adapter, evaluation, or no dropout configured)
+  uint64_t seed = 0, step = 0;
+  LoraScratch scratch;
+  LoraDropout at(int64_t layer, LoraTarget t) const;
+};
+
+// The tensors of the attention half's input side for one layer: projections, Qwen3's normed q/k and their
+// statistics, the rotated q/k, and each adapter's u (scale·x·Aᵀ; empty without an adapter).
+struct QkvTensors {
+  Tensor q_raw, k_raw, v, q, k, q_rstd, k_rstd;
+  Tensor u_q, u_k, u_v;
+};
+// Backward's scratch for it.
+struct QkvGrads {
+  Tensor dq, dk, dv, dq_raw, dk_raw;
+};
+
+class Attention {
+ public:
+  Parameter *q_norm = nullptr, *k_norm = nullptr;  // Qwen3's per-head norms (null elsewhere)
+  Linear q, k, v, o;
+
+  // q, k, v of the normed input h, then q/k norm (Qwen3) and RoPE at seq's positions.
+  void forward_qkv(Ops& ops, const Tensor& h, const QkvTensors& t, const SeqLayout& seq, const Tensor& inv_freq,
+                   float eps, const LoraPass& lora, int64_t layer) const;
+  // From d loss / d(q, k, v) after attention (g.dq, g.dk are rotated back in place) to dh (= or +=).
+  void backward_qkv(Ops& ops, Tensor dh, bool accumulate_dh, const QkvGrads& g, const Tensor& h, const QkvTensors& t,
+                    const SeqLayout& seq, const Tensor& inv_freq, const LoraPass& lora, int64_t layer) const;
+};
+
+// The MLP block types. Dense SwiGLU is the one the supported models use; Mixture-of-Experts adds a
+// block class of its own beside it (the layer then holds one of the two), not flags in this one.
+struct MlpTensors {
+  Tensor gate, up, act;        // [N, F]
+  Tensor u_gate, u_up, u_down;  // adapters' u
+};
+struct MlpGrads {
+  Tensor dact, dgate, dup;
+};
+
+class DenseSwiGLU {
+ public:
+  Linear gate, up, down;
+
+  // out = down(silu(gate(h)) · up(h)). Without `out` the down projection is skipped (a recompute for
+  // backward needs only its saved inputs), except that an adapted down still runs to refill its u.
+  void forward(Ops& ops, Tensor* out, const Tensor& h, const MlpTensors& t, const LoraPass& lora,
+               int64_t layer, const Tensor& scratch_out) const;
+  // dh (=) d loss / dh from dout.
+  void backward(Ops& ops, Tensor dh, const Tensor& dout, const Tensor& h, const MlpTensors& t, const MlpGrads& g,
+                const LoraPass& lora, int64_t layer) const;
+};
+
+struct DecoderLayer {
+  Parameter *ln1 = nullptr, *ln2 = nullptr;  // input_layernorm, post_attention_layernorm
+  Attention attn;
+  DenseSwiGLU mlp;
+};
+
+// [out, in] of a projection's weight.
+std::pair<int64_t, int64_t> projection_shape(const ModelConfig& c, LoraTarget t);
+
+// Adds layer l's parameters (HF names, in model order) to `ps` in parameter group l; with `lora`, the base is
+// frozen and every targeted projection gains an adapter.
+void add_layer_parameters(ParameterStore& ps, const ModelConfig& c, int l, const std::optional<LoraConfig>& lora);
+// Adds the adapters of layer l's targeted projections (trainable, in group l).
+void add_lora_parameters(ParameterStore& ps, const ModelConfig& c, int l, const LoraConfig& lora);
+// Looks layer l's parameters up (after ps.allocate()).
+DecoderLayer bind_layer(ParameterStore& ps, int l, const std::optional<LoraConfig>& lora);
+
+}  // namespace soltrain

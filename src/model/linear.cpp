@@ -1,0 +1,50 @@
+#include "model/linear.h"
+
+namespace soltrain {
+
+namespace {
+// The gradient of a parameter, or null when it is frozen (the op then skips that output).
+Tensor* grad(Parameter* p) {
+  return p && p->trainable ? &p->grad : nullptr;
+}
+Tensor rows_of(const Tensor& flat, int64_t n, int64_t width) {
+  return Tensor{flat.data, flat.dtype, {n, width}, flat.device};
+}
+}  // namespace
+
+void Linear::forward(Ops& o, Tensor y, const Tensor& x, Tensor u, const LoraDropout& d, const LoraScratch& s) const {
+  o.linear_forward(y, x, weight(), b_ ? &b_->value : nullptr);
+  if (!lora_a_) return;
+  Tensor xin = x;
+  if (d.p > 0) {
+    xin = rows_of(s.x, x.dim(0), x.dim(1));
+    o.dropout_scale(xin, x, 1.0f, d.p, d.seed);
+  }
+  // The scale rides on the GEMM's alpha, and B's product accumulates straight into y (beta = 1): no pass
+  // over [N, out] beyond the GEMMs.
+  o.linear_forward(u, xin, lora_a_->value, nullptr, lora_scale_);
+  o.linear_forward(y, u, lora_b_->value, nullptr, 1.0f, /*accumulate=*/true);
+}
+
+void Linear::backward(Ops& o, Tensor* dx, bool accumulate_dx, const Tensor& dy, const Tensor& x, const Tensor& u,
+                      const LoraDropout& d, const LoraScratch& s) const {
+  // A frozen base linear still passes the gradient on to its input, but computes no dW / db.
+  o.linear_backward(dx, accumulate_dx, grad(w_), grad(b_), dy, x, weight());
+  if (!lora_a_) return;
+  // g = scale·(dy·B) = d loss / d(x·Aᵀ); dB += dyᵀ·u.
+  Tensor g = s.g;
+  o.linear_backward(&g, false, grad(lora_b_), nullptr, dy, u, lora_b_->value);
+  o.dropout_scale(g, g, lora_scale_, 0.0f, 0);
+  if (d.p == 0) {
+    o.linear_backward(dx, true, grad(lora_a_), nullptr, g, x, lora_a_->value);
+    return;
+  }
+  // With dropout, regenerate forward's dropped input from the same seed, and drop the same gradient entries.
+  Tensor xin = rows_of(s.x, x.dim(0), x.dim(1)), dxin = rows_of(s.dx, x.dim(0), x.dim(1));
+  o.dropout_scale(xin, x, 1.0f, d.p, d.seed);
+  o.linear_backward(&dxin, false, grad(lora_a_), nullptr, g, xin, lora_a_->value);
+  o.dropout_scale(dxin, dxin, 1.0f, d.p, d.seed);
+  o.add_inplace(*dx, dxin);
+}
+
+}  // namespace soltrain

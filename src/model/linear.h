@@ -1,0 +1,48 @@
+// Linear: one projection of the model: its weight (in the weight's own storage format), optional bias and
+// optional LoRA adapter, with forward and backward. Training and the KV-cache decoder both run it.
+// With an adapter: y = x·Wᵀ (+b) + scale·(dropout(x)·Aᵀ)·Bᵀ; the base is frozen and backward computes the
+// adapter's gradients (and the base's only when it trains).
+#pragma once
+#include <cstdint>
+
+#include "kernels/ops.h"
+#include "model/parameters.h"
+
+namespace soltrain {
+
+// LoRA dropout of one projection in one step: p == 0 is off. The mask is regenerated from the seed in
+// backward, so nothing is saved for it.
+struct LoraDropout {
+  float p = 0;
+  uint64_t seed = 0;
+};
+
+// Scratch the adapters share (sized for the widest projection): dropout(x) and its gradient when dropout
+// is on, and g = d loss / d(x·Aᵀ).
+struct LoraScratch {
+  Tensor x, dx, g;
+};
+
+class Linear {
+ public:
+  Linear() = default;
+  Linear(Parameter* w, Parameter* b, Parameter* lora_a, Parameter* lora_b, float lora_scale)
+      : w_(w), b_(b), lora_a_(lora_a), lora_b_(lora_b), lora_scale_(lora_scale) {}
+
+  // The weight as the matmuls read it (dense in the compute dtype today; the format travels with it).
+  Weight weight() const { return Weight(w_->value); }
+  bool adapted() const { return lora_a_ != nullptr; }
+  int64_t lora_rank() const { return lora_a_ ? lora_a_->shape[0] : 0; }
+
+  // y = x·Wᵀ (+ b) (+ the adapter's term). u [N, r] receives scale·dropout(x)·Aᵀ, what B's gradient needs.
+  void forward(Ops& o, Tensor y, const Tensor& x, Tensor u, const LoraDropout& d, const LoraScratch& s) const;
+  // dx (= or +=) d loss / dx; gradients of the trainable tensors among W, b, A, B added into their grads.
+  void backward(Ops& o, Tensor* dx, bool accumulate_dx, const Tensor& dy, const Tensor& x, const Tensor& u,
+                const LoraDropout& d, const LoraScratch& s) const;
+
+ private:
+  Parameter *w_ = nullptr, *b_ = nullptr, *lora_a_ = nullptr, *lora_b_ = nullptr;
+  float lora_scale_ = 0;
+};
+
+}  // namespace soltrain
