@@ -4,7 +4,9 @@
 #   soltrain dump  --adapter  → logits, loss and every LoRA gradient vs PEFT (fp32, eval mode: no dropout),
 #   soltrain merge            → merged weights vs merge_and_unload() (and the base tensor's dtype kept),
 #   soltrain dump --save-adapter → PEFT loads OUR adapter files: same tensor names, same logits.
-# Run: python3 tests/tools/check_peft.py build/soltrain [--cases 12] [--seed 0] [--keep DIR]
+#   with --cuda: soltrain dump --device cuda (bf16) → every LoRA gradient against PEFT fp32, next to PEFT's own
+#                bf16 autocast run on the same inputs: ours may not be worse than the peer's, tensor by tensor.
+# Run: python3 tests/tools/check_peft.py build/soltrain [--cases 12] [--seed 0] [--keep DIR] [--cuda]
 import argparse, json, os, random, shutil, subprocess, sys, tempfile
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -63,7 +65,33 @@ def soltrain(binary, *args):
         raise RuntimeError(f"soltrain {' '.join(args)} failed ({r.returncode}): {r.stderr.strip()}")
 
 
-def check_case(binary, work, base_dir, batch, ids, tgt, case, fails):
+def check_cuda_grads(binary, cdir, base_dir, adapter, batch, ids, tgt, grads, expect, fails, name, stats):
+    """Our bf16 CUDA LoRA gradients vs PEFT fp32, next to PEFT under bf16 autocast on the GPU."""
+    dump = os.path.join(cdir, "dump-cuda.safetensors")
+    soltrain(binary, "dump", "--model", base_dir, "--adapter", adapter, "--batch", batch, "--out", dump,
+             "--device", "cuda")
+    d = load_file(dump)
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).cuda()
+    peer = PeftModel.from_pretrained(base, adapter, is_trainable=True).cuda()
+    peer.eval()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = peer(input_ids=ids.cuda()).logits
+    loss_of(logits.float(), tgt.cuda()).backward()
+    peer_grads = {"grad." + n.replace(".default", ""): p.grad.float().cpu()
+                  for n, p in peer.named_parameters() if p.grad is not None}
+    worst_ratio, worse = 0.0, []
+    for k, g in grads.items():
+        ours, theirs = rel(d[k], g), rel(peer_grads[k], g)
+        stats.append((ours, theirs))
+        worst_ratio = max(worst_ratio, ours / max(theirs, 1e-12))
+        if ours > theirs * 1.05 + 1e-4: worse.append(f"{k}: ours {ours:.2e} vs PEFT bf16 {theirs:.2e}")
+    print(f"  {'ok  ' if not worse else 'FAIL'} CUDA LoRA gradients vs PEFT fp32: worst ours {max(s[0] for s in stats[-len(grads):]):.2e},"
+          f" worst PEFT bf16 {max(s[1] for s in stats[-len(grads):]):.2e}, worst ratio {worst_ratio:.2f}")
+    for w in worse[:5]: print("       " + w)
+    if worse: fails.append(f"{name} CUDA LoRA gradients worse than PEFT's bf16 on {len(worse)} tensors")
+
+
+def check_case(binary, work, base_dir, batch, ids, tgt, case, fails, cuda=False, stats=None):
     name = f"case{case['index']}"
     cdir = os.path.join(work, name)
     os.makedirs(cdir, exist_ok=True)
@@ -118,6 +146,9 @@ def check_case(binary, work, base_dir, batch, ids, tgt, case, fails):
     with torch.no_grad():
         expect("PEFT on our adapter: logits", rel(reloaded(input_ids=ids).logits, logits.detach()), 1e-6)
 
+    if cuda:
+        check_cuda_grads(binary, cdir, base_dir, adapter, batch, ids, tgt, grads, expect, fails, name, stats)
+
     # 3. merge, for the fp32 base and the same base stored in bf16 (dtype kept; PEFT rounds W and the delta
     # separately in bf16, we round once, so up to one bf16 ulp apart)
     for bdir, tol in ((base_dir, 1e-6), (case["bf16_base"], 8e-3)):
@@ -139,6 +170,7 @@ def main():
     ap.add_argument("--cases", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", help="work in this folder and keep it (default: a temporary one)")
+    ap.add_argument("--cuda", action="store_true", help="also check soltrain's CUDA LoRA gradients (bf16)")
     a = ap.parse_args()
     binary = os.path.abspath(a.soltrain)
     work = a.keep or tempfile.mkdtemp(prefix="check_peft-")
@@ -147,7 +179,7 @@ def main():
     torch.manual_seed(a.seed)
     bases = {n: (make_base(work, n, torch.float32), make_base(work, n, torch.bfloat16)) for n in BASES}
     batch, ids, tgt = make_batch(work, COMMON["vocab_size"])
-    fails = []
+    fails, stats = [], []
     for i in range(a.cases):
         base_name = list(BASES)[i % len(BASES)]
         targets = ALL if i % 4 == 0 else sorted(rng.sample(ALL, rng.randint(1, len(ALL))), key=ALL.index)
@@ -157,11 +189,16 @@ def main():
         print(f"case {i}: {base_name} r={case['r']} alpha={case['alpha']} rslora={case['rslora']} "
               f"dropout={case['dropout']} targets={targets}")
         try:
-            check_case(binary, work, bases[base_name][0], batch, ids, tgt, case, fails)
+            check_case(binary, work, bases[base_name][0], batch, ids, tgt, case, fails, a.cuda, stats)
         except Exception as e:  # one broken case should not hide the others
             fails.append(f"case{i}: {e}")
             print("  FAIL", e)
     if not a.keep: shutil.rmtree(work, ignore_errors=True)
+    if stats:
+        ours, theirs = sorted(s[0] for s in stats), sorted(s[1] for s in stats)
+        print(f"\nCUDA LoRA gradients over {len(stats)} tensors, relative L2 error vs PEFT fp32: ours median "
+              f"{ours[len(ours) // 2]:.3e} worst {ours[-1]:.3e}; PEFT bf16 autocast median {theirs[len(theirs) // 2]:.3e} "
+              f"worst {theirs[-1]:.3e}")
     print(f"\n{a.cases} cases, {len(fails)} failures")
     for f in fails: print("  " + f)
     sys.exit(1 if fails else 0)
