@@ -114,6 +114,7 @@ def torch_attention(b, h, kv, t, d, backend="flash", iters=20):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--soltrain", default="build/soltrain")
+    ap.add_argument("--baseline", default="", help="another soltrain binary (an earlier build) run in the same table")
     ap.add_argument("--sizes", default="0.6B,1.7B,4B")
     ap.add_argument("--peers", default="eager,compile", help="eager, compile, or none")
     ap.add_argument("--compile-sizes", default="0.6B", help="sizes to also run with torch.compile")
@@ -134,6 +135,9 @@ def main():
         batch, fpt = batches[name], flops_per_token(name, a.seq, lora=a.lora_rank > 0)
         path = save_model(name, a.models)
         rows = [run_soltrain(a.soltrain, path, batch, a.seq, a.steps, a.lora_rank, a.recompute)]
+        if a.baseline:
+            rows.append(run_soltrain(a.baseline, path, batch, a.seq, a.steps, a.lora_rank, a.recompute))
+            rows[-1]["engine"] = "soltrain (baseline)"
         if "eager" in a.peers: rows.append(run_hf(name, batch, a.seq, a.steps, False, a.lora_rank))
         if "compile" in a.peers and name in a.compile_sizes.split(","):
             rows.append(run_hf(name, batch, a.seq, a.steps, True, a.lora_rank))

@@ -83,9 +83,9 @@ inline std::string seed_message(uint32_t seed) {
          ")";
 }
 // A std::mt19937 named `name` from test_seed(fallback), with the seed printed on any failure in this scope.
-#define SOLTRAIN_SEEDED_RNG(name, fallback)                                  \
-  const uint32_t name##_seed = ::soltrain::test::test_seed(fallback);        \
-  SCOPED_TRACE(::soltrain::test::seed_message(name##_seed));                 \
+#define SOLTRAIN_SEEDED_RNG(name, fallback)                           \
+  const uint32_t name##_seed = ::soltrain::test::test_seed(fallback); \
+  SCOPED_TRACE(::soltrain::test::seed_message(name##_seed));          \
   std::mt19937 name(name##_seed)
 
 inline std::vector<float> to_f32(const TensorEntry& e) {

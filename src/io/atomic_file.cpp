@@ -74,4 +74,40 @@ void StagedDir::commit() {
   if (had_old) fs::remove_all(old, ec);
 }
 
+AtomicFileWriter::AtomicFileWriter(fs::path path) : path_(std::move(path)), tmp_(temp_sibling(path_, "tmp")) {
+  f_ = std::fopen(tmp_.c_str(), "wb");
+  if (!f_) user_error(path_.string(), ": cannot write (", std::strerror(errno), ")");
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (!f_) return;
+  std::fclose(f_);
+  std::error_code ec;
+  fs::remove(tmp_, ec);
+}
+
+void AtomicFileWriter::write(const void* data, size_t bytes) {
+  SOLTRAIN_CHECK(f_, "write after commit: ", path_.string());
+  if (bytes && std::fwrite(data, 1, bytes, f_) != bytes)
+    user_error(path_.string(), ": write failed (", std::strerror(errno), "; disk full?)");
+}
+
+void AtomicFileWriter::commit() {
+  SOLTRAIN_CHECK(f_, "commit twice: ", path_.string());
+  const bool flushed = std::fflush(f_) == 0;
+  const int err = errno;
+  std::fclose(f_);
+  f_ = nullptr;
+  std::error_code ec;
+  if (!flushed) {
+    fs::remove(tmp_, ec);
+    user_error(path_.string(), ": write failed (", std::strerror(err), "; disk full?)");
+  }
+  fs::rename(tmp_, path_, ec);
+  if (ec) {
+    fs::remove(tmp_, ec);
+    user_error(path_.string(), ": cannot rename into place (", ec.message(), ")");
+  }
+}
+
 }  // namespace soltrain

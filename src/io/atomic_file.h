@@ -1,5 +1,6 @@
 // Atomic writes: files and folders appear under their final name complete, or not at all.
 #pragma once
+#include <cstdio>
 #include <filesystem>
 #include <string>
 
@@ -7,6 +8,22 @@ namespace soltrain {
 
 // Writes `bytes` to `path` through a temporary sibling and a rename.
 void write_file_atomic(const std::filesystem::path& path, const std::string& bytes);
+
+// A file written piece by piece through a temporary sibling; commit() renames it into place. Without
+// commit() (an error on the way) the temporary file is removed. Every write is checked.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(std::filesystem::path path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+  void write(const void* data, size_t bytes);
+  void commit();
+
+ private:
+  std::filesystem::path path_, tmp_;
+  std::FILE* f_ = nullptr;
+};
 
 // A folder built under a temporary sibling name; commit() swaps it into place (an existing folder of
 // the same name is replaced only then, so a crash leaves the user's old folder untouched). Without

@@ -224,39 +224,23 @@ std::string safetensors_bytes(const std::vector<NamedTensor>& tensors,
   return out;
 }
 
+std::vector<StreamedTensor> as_streamed(const std::vector<NamedTensor>& tensors) {
+  std::vector<StreamedTensor> out;
+  for (const auto& t : tensors) {
+    SOLTRAIN_CHECK(t.tensor.device == Device::CPU, "writing a device tensor: ", t.name);
+    out.push_back({t.name, t.tensor.dtype, t.tensor.shape,
+                   [p = t.tensor.data, n = t.tensor.bytes()](void* dst) { std::memcpy(dst, p, n); }});
+  }
+  return out;
+}
+
 void write_safetensors(const fs::path& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  write_file_atomic(path, safetensors_bytes(tensors, metadata));
+  write_safetensors_streamed(path, as_streamed(tensors), metadata);
 }
 
 void write_checkpoint(const fs::path& dir, const std::vector<NamedTensor>& tensors, size_t max_shard_bytes) {
-  std::vector<std::vector<NamedTensor>> shards(1);
-  size_t in_shard = 0, total = 0;
-  for (const auto& t : tensors) {
-    if (in_shard > 0 && in_shard + t.tensor.bytes() > max_shard_bytes) {
-      shards.emplace_back();
-      in_shard = 0;
-    }
-    shards.back().push_back(t);
-    in_shard += t.tensor.bytes();
-    total += t.tensor.bytes();
-  }
-  const std::map<std::string, std::string> meta{{"format", "pt"}};
-  if (shards.size() == 1) {
-    write_safetensors(dir / "model.safetensors", tensors, meta);
-    return;
-  }
-  nlohmann::ordered_json index;
-  index["metadata"] = {{"total_size", total}};
-  nlohmann::ordered_json map = nlohmann::ordered_json::object();
-  for (size_t i = 0; i < shards.size(); ++i) {
-    char name[64];
-    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
-    write_safetensors(dir / name, shards[i], meta);
-    for (const auto& t : shards[i]) map[t.name] = name;
-  }
-  index["weight_map"] = map;
-  write_file_atomic(dir / "model.safetensors.index.json", index.dump(2) + "\n");
+  write_checkpoint_streamed(dir, as_streamed(tensors), max_shard_bytes);
 }
 
 }  // namespace soltrain

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "io/safetensors_writer.h"
 
 namespace soltrain {
 
@@ -71,6 +72,8 @@ struct NamedTensor {
 // Serialises tensors (in the given order) as one safetensors file's bytes.
 std::string safetensors_bytes(const std::vector<NamedTensor>& tensors,
                               const std::map<std::string, std::string>& metadata = {});
+// Host tensors as the streaming writer's producers (io/safetensors_writer.h).
+std::vector<StreamedTensor> as_streamed(const std::vector<NamedTensor>& tensors);
 // Writes one file atomically.
 void write_safetensors(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});

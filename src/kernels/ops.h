@@ -58,7 +58,7 @@ enum class WeightFormat { Dense };
 struct Weight {
   Tensor data;
   WeightFormat format = WeightFormat::Dense;
-  Tensor scale;  // the format's scales; empty for Dense
+  Tensor scale;                                 // the format's scales; empty for Dense
   Weight(const Tensor& dense) : data(dense) {}  // NOLINT: a dense tensor is a weight
   Weight(const Tensor& d, WeightFormat f, const Tensor& s) : data(d), format(f), scale(s) {}
 };
@@ -80,21 +80,21 @@ class Ops {
   virtual void copy(Tensor dst, const Tensor& src) = 0;     // same dtype; either side may be host memory
   virtual void convert(Tensor dst, const Tensor& src) = 0;  // device tensors, F32 <-> activation dtype
   virtual void zero(Tensor t) = 0;
-  virtual void synchronize() {}                           // wait for queued work (timing only)
+  virtual void synchronize() {}  // wait for queued work (timing only)
 
   // Streams. Main runs the step; Side runs what per-layer hooks queue (communication, prefetch, offload
   // copies) so it overlaps compute. Work on one stream is ordered; across streams only by wait(). The
   // CPU backend runs every op as it is called, so there both are the same and these do nothing.
   enum class Stream { Main, Side };
-  virtual void use_stream(Stream) {}                // where the ops called next are queued
-  virtual void wait(Stream /*waiter*/, Stream /*on*/) {}  // waiter's later work starts after on's queued work
+  virtual void use_stream(Stream) {}                       // where the ops called next are queued
+  virtual void wait(Stream /*waiter*/, Stream /*on*/) {}   // waiter's later work starts after on's queued work
   virtual void* native_stream(Stream) { return nullptr; }  // cudaStream_t, for libraries (NCCL)
   // Host memory the device copies from asynchronously (pinned on CUDA), and such a copy: it is queued and
   // returns at once, so `src` must stay unchanged until host_wait(mark()) taken after it returns.
   virtual Buffer alloc_host(size_t bytes) { return Buffer::host(bytes); }
   virtual void upload_async(Tensor dst, const Tensor& src) { copy(dst, src); }
-  virtual uint64_t mark() { return 0; }   // a point in the current stream's queue
-  virtual void host_wait(uint64_t) {}     // returns once the device has passed that point
+  virtual uint64_t mark() { return 0; }                   // a point in the current stream's queue
+  virtual void host_wait(uint64_t) {}                     // returns once the device has passed that point
   virtual double memory_used_gib() const { return 0.0; }  // device memory in use (all processes)
   // Per-op device time: enable, run, then collect milliseconds by op name (empty where unsupported).
   virtual void enable_profiling(bool) {}

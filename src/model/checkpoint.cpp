@@ -43,16 +43,14 @@ void save_pretrained(const Transformer& model, const fs::path& out_dir, const fs
   // A LoRA run's base is frozen (and only a bf16 copy on the GPU): what it produced is the adapter.
   SOLTRAIN_CHECK(!model.lora(), "save_pretrained on a LoRA model: use save_adapter, then merge_adapter for a folder");
   StagedDir staged(out_dir);
-  // Host copies of every parameter, in the checkpoint's conventional (HF registration) order.
-  std::vector<std::vector<float>> host;
-  std::vector<NamedTensor> tensors;
-  host.reserve(model.params().all().size());
-  for (const Parameter& p : model.params().all()) {
-    host.emplace_back(size_t(shape_numel(p.shape)));
-    model.params().download(const_cast<Transformer&>(model).ops(), p, host.back().data());
-    tensors.push_back({p.name, Tensor{host.back().data(), DType::F32, p.shape, Device::CPU}});
-  }
-  write_checkpoint(staged.path(), tensors, max_shard_bytes);
+  // Every parameter in the checkpoint's conventional (HF registration) order, fetched from the device one
+  // at a time as the file is written (never the whole model in host memory).
+  std::vector<StreamedTensor> tensors;
+  Ops& ops = const_cast<Transformer&>(model).ops();
+  for (const Parameter& p : model.params().all())
+    tensors.push_back({p.name, DType::F32, p.shape,
+                       [&ops, &model, &p](void* dst) { model.params().download(ops, p, static_cast<float*>(dst)); }});
+  write_checkpoint_streamed(staged.path(), tensors, max_shard_bytes);
   nlohmann::json cfg = model.config().raw;
   cfg["dtype"] = "float32";
   write_file_atomic(staged.path() / "config.json", cfg.dump(2) + "\n");

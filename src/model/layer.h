@@ -50,7 +50,7 @@ class Attention {
 // The MLP block types. Dense SwiGLU is the one the supported models use; Mixture-of-Experts adds a
 // block class of its own beside it (the layer then holds one of the two), not flags in this one.
 struct MlpTensors {
-  Tensor gate, up, act;        // [N, F]
+  Tensor gate, up, act;         // [N, F]
   Tensor u_gate, u_up, u_down;  // adapters' u
 };
 struct MlpGrads {
@@ -63,8 +63,8 @@ class DenseSwiGLU {
 
   // out = down(silu(gate(h)) · up(h)). Without `out` the down projection is skipped (a recompute for
   // backward needs only its saved inputs), except that an adapted down still runs to refill its u.
-  void forward(Ops& ops, Tensor* out, const Tensor& h, const MlpTensors& t, const LoraPass& lora,
-               int64_t layer, const Tensor& scratch_out) const;
+  void forward(Ops& ops, Tensor* out, const Tensor& h, const MlpTensors& t, const LoraPass& lora, int64_t layer,
+               const Tensor& scratch_out) const;
   // dh (=) d loss / dh from dout.
   void backward(Ops& ops, Tensor dh, const Tensor& dout, const Tensor& h, const MlpTensors& t, const MlpGrads& g,
                 const LoraPass& lora, int64_t layer) const;

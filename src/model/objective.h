@@ -14,11 +14,11 @@ struct HostBatch;
 
 // What forward produced for one micro-batch, on the device.
 struct ForwardOutputs {
-  Tensor token_nll;  // F32 [N]: -log p(target) at every token, 0 where the target is -100
-  Tensor doc_nll;    // F32 [documents]: Σ token_nll per document of seq (only when the objective asks)
-  Tensor targets;    // I32 [N]
-  SeqLayout seq;     // the documents (cu_seqlens) and positions
-  int64_t counted = 0;             // targets != -100, counted on the host
+  Tensor token_nll;                 // F32 [N]: -log p(target) at every token, 0 where the target is -100
+  Tensor doc_nll;                   // F32 [documents]: Σ token_nll per document of seq (only when the objective asks)
+  Tensor targets;                   // I32 [N]
+  SeqLayout seq;                    // the documents (cu_seqlens) and positions
+  int64_t counted = 0;              // targets != -100, counted on the host
   const HostBatch* host = nullptr;  // the batch as given
 };
 

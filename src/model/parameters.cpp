@@ -110,7 +110,8 @@ Tensor ParameterStore::all_grads() const {
 
 Tensor ParameterStore::group_grads(int group) const {
   SOLTRAIN_CHECK(group >= 0 && group < groups(), "no parameter group ", group);
-  return flat(grads_, DType::F32, group_begin_[size_t(group)], group_begin_[size_t(group) + 1] - group_begin_[size_t(group)]);
+  return flat(grads_, DType::F32, group_begin_[size_t(group)],
+              group_begin_[size_t(group) + 1] - group_begin_[size_t(group)]);
 }
 
 Tensor ParameterStore::masters(const ParamRange& r) const {

@@ -18,12 +18,12 @@ namespace soltrain {
 struct Parameter {
   std::string name;  // HF name, e.g. model.layers.0.self_attn.q_proj.weight
   Shape shape;
-  bool decay;      // weight decay applies (matrices and embeddings; not norms or biases)
-  bool trainable;  // false: frozen, `master` and `grad` stay undefined
-  int group;       // contiguous range of the flat buffers it lives in
-  Tensor master;   // F32, what the optimizer updates and checkpoints hold
-  Tensor value;    // activation dtype, what the model computes with (aliases master when that is F32)
-  Tensor grad;     // F32
+  bool decay;           // weight decay applies (matrices and embeddings; not norms or biases)
+  bool trainable;       // false: frozen, `master` and `grad` stay undefined
+  int group;            // contiguous range of the flat buffers it lives in
+  Tensor master;        // F32, what the optimizer updates and checkpoints hold
+  Tensor value;         // activation dtype, what the model computes with (aliases master when that is F32)
+  Tensor grad;          // F32
   int64_t offset = -1;  // element offset in the flat trainable buffers (-1: frozen)
 };
 

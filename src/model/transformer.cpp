@@ -317,8 +317,7 @@ void Transformer::forward(const HostBatch& batch, Objective* objective, bool bac
     forward_mlp(l, true, false);
   }
   head_pass(a.head_fused ? &a.token_weight : nullptr, logits_out);
-  if (objective && objective->needs_document_sums())
-    ops_.segment_sum(a.out.doc_nll, a.token_nll, a.seq.cu_seqlens);
+  if (objective && objective->needs_document_sums()) ops_.segment_sum(a.out.doc_nll, a.token_nll, a.seq.cu_seqlens);
   if (objective) objective->add_loss(ops_, a.out);
 }
 

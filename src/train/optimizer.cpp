@@ -39,17 +39,18 @@ constexpr const char* kFormat = "soltrain-adamw-2";  // moments per parameter na
 }  // namespace
 
 void AdamW::save(const std::filesystem::path& file) const {
-  const Shape shape{params_.numel()};
-  std::vector<float> m(size_t(params_.numel())), v(m.size());
-  ops_.copy(Tensor{m.data(), DType::F32, shape, Device::CPU}, Tensor{m_.data(), DType::F32, shape, ops_.device()});
-  ops_.copy(Tensor{v.data(), DType::F32, shape, Device::CPU}, Tensor{v_.data(), DType::F32, shape, ops_.device()});
-  // Named per parameter, so the file does not depend on how the flat buffers are laid out.
-  std::vector<NamedTensor> tensors;
+  // Named per parameter, so the file does not depend on how the flat buffers are laid out; each tensor is
+  // fetched from the device as the file is written (the moments are never all in host memory).
+  std::vector<StreamedTensor> tensors;
   for (const Parameter& p : params_.all())
     if (p.trainable)
-      for (auto [prefix, host] : {std::pair{"exp_avg.", &m}, std::pair{"exp_avg_sq.", &v}})
-        tensors.push_back({prefix + p.name, Tensor{host->data() + p.offset, DType::F32, p.shape, Device::CPU}});
-  write_safetensors(file, tensors, {{"step", std::to_string(step_)}, {"format", kFormat}});
+      for (auto [prefix, buf] : {std::pair{"exp_avg.", &m_}, std::pair{"exp_avg_sq.", &v_}})
+        tensors.push_back(
+            {prefix + p.name, DType::F32, p.shape, [this, &p, buf](void* dst) {
+               const Tensor src{static_cast<float*>(buf->data()) + p.offset, DType::F32, p.shape, ops_.device()};
+               ops_.copy(Tensor{dst, DType::F32, p.shape, Device::CPU}, src);
+             }});
+  write_safetensors_streamed(file, tensors, {{"step", std::to_string(step_)}, {"format", kFormat}});
 }
 
 void AdamW::load(const std::filesystem::path& file) {

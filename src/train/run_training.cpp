@@ -108,8 +108,9 @@ void resume_or_start(Run& r) {
     r.log << r.cmd << ": resume_from_checkpoint: true, but " << c.output_dir.string()
           << " has no checkpoint yet: starting fresh\n";
   } else if (const auto old = list_checkpoints(c.output_dir); !old.empty()) {
-    r.log << r.cmd << ": note: starting fresh although " << old.back().string()
-          << " exists (resume_from_checkpoint: true continues it); checkpoints of this run replace same-numbered ones\n";
+    r.log
+        << r.cmd << ": note: starting fresh although " << old.back().string()
+        << " exists (resume_from_checkpoint: true continues it); checkpoints of this run replace same-numbered ones\n";
   }
 }
 
@@ -128,8 +129,7 @@ void print_plan(const Run& r) {
   // fp32 masters of the trainable weights, plus the compute copy of every weight (bf16 on GPU; on the CPU
   // the masters are the compute copy, and frozen weights are fp32 values)
   const DType act = r.ops.activation_dtype();
-  const double weights =
-      act == DType::F32 ? 4 * all_weights : 4 * trainable + double(dtype_size(act)) * all_weights;
+  const double weights = act == DType::F32 ? 4 * all_weights : 4 * trainable + double(dtype_size(act)) * all_weights;
   r.log << r.cmd << ": memory plan: weights " << weights / gib << " GiB, gradients " << 4 * trainable / gib
         << " GiB, AdamW moments " << 8 * trainable / gib << " GiB, activations "
         << double(r.model->activation_bytes()) / gib << " GiB (recompute " << recompute_name(c.recompute) << ")\n";

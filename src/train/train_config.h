@@ -54,10 +54,10 @@ struct TrainConfig {
   uint64_t seed = 42;
   Recompute recompute = Recompute::None;
   LoraSettings lora;
-  int64_t save_steps = 0;              // 0 = only at the end (and on Ctrl-C)
-  int save_total_limit = 0;            // 0 = keep all
+  int64_t save_steps = 0;    // 0 = only at the end (and on Ctrl-C)
+  int save_total_limit = 0;  // 0 = keep all
   ResumeFrom resume_from_checkpoint;
-  int64_t eval_steps = 0;              // 0 = only before and after training
+  int64_t eval_steps = 0;  // 0 = only before and after training
   int64_t logging_steps = 1;
   Device device = Device::CPU;
   BadRecordPolicy bad_records = BadRecordPolicy::kError;

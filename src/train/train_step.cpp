@@ -5,7 +5,10 @@
 namespace soltrain {
 
 TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt)
-    : model_(model), opt_(opt), adamw_(model.params(), model.ops()), sft_(model.ops()),
+    : model_(model),
+      opt_(opt),
+      adamw_(model.params(), model.ops()),
+      sft_(model.ops()),
       sumsq_(model.ops().alloc(sizeof(double))) {}
 
 void TrainStep::run(std::span<const HostBatch> micro_batches, float lr) {

@@ -3,6 +3,7 @@
 #include "data/batch_file.h"
 #include "gpu_test_util.h"
 #include "model/checkpoint.h"
+#include "objective_test_util.h"
 #include "train/trainer.h"
 
 namespace soltrain::test {
@@ -30,7 +31,9 @@ TEST_P(CudaModel, MatchesTransformersWithinBf16Error) {
     const auto got = download(p.grad);
     EXPECT_LE(rel(got, ref), k_bias ? 2e-1 : 5e-2) << p.name;
     // Element by element too, scaled to the tensor: bf16 noise stays well inside, one wrong row does not.
-    if (!k_bias) EXPECT_TRUE(all_close(got, ref, 0.3 * rms(ref), 0.1)) << p.name;
+    if (!k_bias) {
+      EXPECT_TRUE(all_close(got, ref, 0.3 * rms(ref), 0.1)) << p.name;
+    }
   }
 }
 
@@ -80,6 +83,46 @@ TEST_F(CudaTest, RecomputeGivesBitwiseIdenticalLossesAndGradients) {
   EXPECT_EQ(losses[2], losses[0]);
   EXPECT_EQ(grads[1], grads[0]);
   EXPECT_EQ(grads[2], grads[0]);
+}
+
+}  // namespace
+}  // namespace soltrain::test
+
+namespace soltrain::test {
+namespace {
+
+// The objective interface on the GPU: a per-document objective (weights after forward, the LM head's chunks
+// recomputed in backward) against transformers' fp32 gradients, and SFT through that deferred path giving
+// bitwise the gradients of the fused one.
+TEST_F(CudaTest, PerDocumentObjectiveMatchesTransformersWithinBf16Error) {
+  const auto ref_file = fixtures() / "objective" / "qwen3-tiny.safetensors";
+  const SafetensorsFile ref(ref_file);
+  const HostBatch batch = load_batch_file(ref_file);
+  auto model = load_pretrained(fixtures() / "models" / "qwen3-tiny", *gpu);
+  model->plan(batch.rows, batch.seq_len);
+  gpu->zero(model->params().all_grads());
+  SquaredDocumentMean objective(to_f32(ref.at("coef")));
+  model->forward(batch, &objective, true);
+  model->backward(objective);
+  EXPECT_NEAR(objective.loss, to_f32(ref.at("loss"))[0], 2e-2 * to_f32(ref.at("loss"))[0]);
+  for (const Parameter& p : model->params().all())
+    EXPECT_LE(rel(download(p.grad), to_f32(ref.at("grad." + p.name))), 6e-2) << p.name;
+}
+
+TEST_F(CudaTest, DeferredHeadBackwardEqualsTheFusedOne) {
+  const auto dir = fixtures() / "models" / "llama-tiny";
+  const HostBatch batch = load_batch_file(dir / "batch.safetensors");
+  auto model = load_pretrained(dir, *gpu);
+  model->plan(batch.rows, batch.seq_len);
+  gpu->zero(model->params().all_grads());
+  model->step(batch, true);
+  const auto fused = all_grads(*gpu, *model);
+  gpu->zero(model->params().all_grads());
+  DeferredSft deferred(*gpu);
+  deferred.sft.begin_update(batch.counted());
+  model->forward(batch, &deferred, true);
+  model->backward(deferred);
+  EXPECT_EQ(all_grads(*gpu, *model), fused);
 }
 
 }  // namespace

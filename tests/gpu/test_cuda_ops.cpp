@@ -150,18 +150,100 @@ TEST_F(CudaOps, SwiGluAndResidualAddBothPaths) {
   }
 }
 
-TEST_F(CudaOps, CrossEntropyWithIgnoredTargets) {
+TEST_F(CudaOps, CrossEntropyWithIgnoredTargetsAndRowWeights) {
   for (auto [n, V] : {std::pair{37, 1000}, {8, 151936}}) {
     auto logits = randn(static_cast<size_t>(n * V), 3.0f);
     std::vector<int32_t> tgt(static_cast<size_t>(n));
     for (auto& t : tgt) t = rng() % 4 == 0 ? -100 : int32_t(rng() % uint32_t(V));
+    auto weight = randn(static_cast<size_t>(n), 0.3f);  // any sign: DPO's weights are
     Tensor gl = upload(logits, {n, V}, DType::F32), gd = poisoned({n, V}), gloss = poisoned({n}, DType::F32);
-    gpu->cross_entropy(gl, gd, gloss, upload_i32(tgt), 0.125f);
+    gpu->cross_entropy(gl, gd, gloss, upload_i32(tgt), upload(weight, {n}, DType::F32));
     std::vector<float> d = logits, loss(static_cast<size_t>(n));
-    cpu->cross_entropy(host(d, {n, V}), host(d, {n, V}), host(loss, {n}), host_i32(tgt), 0.125f);
+    cpu->cross_entropy(host(d, {n, V}), host(d, {n, V}), host(loss, {n}), host_i32(tgt), host(weight, {n}));
     EXPECT_LE(rel(download(gloss), loss), 1e-5) << n << "x" << V;
-    EXPECT_LE(rel(download(gd), d), 1e-2);
+    const auto got = download(gd);
+    EXPECT_LE(rel(got, d), 1e-2);
+    EXPECT_TRUE(all_close(got, d, 1e-2 * rms(d), 1e-2));
+    // Without weights only the loss is written: the gradient buffer keeps what it had.
+    Tensor untouched = poisoned({n, V}), gloss2 = poisoned({n}, DType::F32);
+    gpu->cross_entropy(gl, untouched, gloss2, upload_i32(tgt), Tensor{});
+    EXPECT_EQ(download(gloss2), download(gloss));
+    EXPECT_TRUE(std::isnan(download(untouched)[0]));
   }
+}
+
+TEST_F(CudaOps, DeviceSideReductionsFillAndDocumentSums) {
+  const int64_t n = 200003;
+  auto x = randn(static_cast<size_t>(n));
+  Tensor gx = upload(x, {n}, DType::F32);
+  Buffer acc = gpu->alloc(sizeof(double));
+  const Tensor gacc{acc.data(), DType::F64, {1}, Device::CUDA};
+  auto read = [&] {
+    double v = 0;
+    gpu->copy(Tensor{&v, DType::F64, {1}, Device::CPU}, gacc);
+    return v;
+  };
+  gpu->reduce_sum(gacc, gx, true, false);
+  const double sq = read();
+  EXPECT_EQ(sq, gpu->sum_squares(gx));  // the same fixed order as the host-returning sum
+  gpu->reduce_sum(gacc, gx, false, true);
+  EXPECT_NEAR(read(), sq + cpu->sum(host(x, {n})), 1e-9 * sq);
+  // documents of random lengths, one of a single token
+  std::vector<int32_t> cu = {0, 1};
+  while (cu.back() < n) cu.push_back(std::min<int32_t>(int32_t(n), cu.back() + 1 + int32_t(rng() % 3000)));
+  const int64_t docs = int64_t(cu.size()) - 1;
+  Tensor gs = poisoned({docs}, DType::F32);
+  gpu->segment_sum(gs, gx, upload_i32(cu));
+  std::vector<float> want(static_cast<size_t>(docs));
+  cpu->segment_sum(host(want, {docs}), host(x, {n}), host_i32(cu));
+  EXPECT_TRUE(all_close(download(gs), want, 1e-5, 1e-6));
+  gpu->fill(gx, -0.25f);
+  for (float v : download(gx)) ASSERT_EQ(v, -0.25f);
+}
+
+TEST_F(CudaOps, AdamWClipsFromTheDeviceSideNormLikeTheHost) {
+  const int64_t n = 4099;
+  auto w = randn(static_cast<size_t>(n)), g = randn(static_cast<size_t>(n), 3.0f);
+  std::vector<float> m(static_cast<size_t>(n), 0.0f), v = m;
+  Tensor gw = upload(w, {n}, DType::F32), gm = upload(m, {n}, DType::F32), gv = upload(v, {n}, DType::F32);
+  Tensor gg = upload(g, {n}, DType::F32);
+  Buffer acc = gpu->alloc(sizeof(double));
+  const Tensor gsum{acc.data(), DType::F64, {1}, Device::CUDA};
+  gpu->reduce_sum(gsum, gg, true, false);
+  AdamWParams p{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1};
+  p.grad_sumsq = &gsum;
+  p.max_grad_norm = 1.0f;
+  gpu->adamw(gw, gg, gm, gv, p, nullptr);
+  // The host path: the factor from the norm, passed in.
+  const double sumsq = cpu->sum_squares(host(g, {n}));
+  AdamWParams q{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, clip_factor(sumsq, 1.0f)};
+  ASSERT_LT(q.grad_scale, 0.5f) << "the gradient must be clipped for this test to mean anything";
+  cpu->adamw(host(w, {n}), host(g, {n}), host(m, {n}), host(v, {n}), q, nullptr);
+  EXPECT_LE(rel(download(gw), w), 1e-6);
+  EXPECT_LE(rel(download(gm), m), 1e-6);
+}
+
+TEST_F(CudaOps, AsyncUploadsFromPinnedMemoryAndASideStream) {
+  const int64_t n = 1 << 20;
+  Buffer pinned = gpu->alloc_host(size_t(n) * 4);
+  auto* h = static_cast<float*>(pinned.data());
+  auto x = randn(static_cast<size_t>(n));
+  std::copy(x.begin(), x.end(), h);
+  Tensor dst = poisoned({n}, DType::F32);
+  gpu->upload_async(dst, Tensor{h, DType::F32, {n}, Device::CPU});
+  gpu->host_wait(gpu->mark());
+  std::fill(h, h + n, 0.0f);  // the copy is done: changing the source changes nothing
+  EXPECT_EQ(download(dst), x);
+  // Work on the side stream, ordered after the main stream's and before the main stream's next.
+  Tensor y = upload(x, {n}, DType::F32);
+  gpu->use_stream(Ops::Stream::Side);
+  gpu->wait(Ops::Stream::Side, Ops::Stream::Main);
+  gpu->scale(y, 2.0f);
+  gpu->use_stream(Ops::Stream::Main);
+  gpu->wait(Ops::Stream::Main, Ops::Stream::Side);
+  gpu->scale(y, 0.5f);
+  EXPECT_EQ(download(y), x);
+  EXPECT_NE(gpu->native_stream(Ops::Stream::Main), gpu->native_stream(Ops::Stream::Side));
 }
 
 TEST_F(CudaOps, EmbeddingForwardAndDeterministicBackward) {
@@ -195,7 +277,7 @@ TEST_F(CudaOps, AdamWMatchesTheCpuAndWritesTheBf16Copy) {
   std::vector<float> cw = w, cm = m0, cv = v0;
   for (int step = 1; step <= 3; ++step) {
     auto g = randn(static_cast<size_t>(n), 0.1f);
-    const AdamWParams p{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, step == 2 ? 0.37f : 1.0f};  // a clipped step too
+    const AdamWParams p{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, step == 2 ? 0.37f : 1.0f, nullptr, 0};  // clipped too
     gpu->adamw(gw, upload(g, {n}, DType::F32), gm, gv, p, &copy);
     cpu->adamw(host(cw, {n}), host(g, {n}), host(cm, {n}), host(cv, {n}), p, nullptr);
   }

@@ -18,7 +18,7 @@ void CpuOps::adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const A
   for (int64_t i = 0, n = param.numel(); i < n; ++i) {
     w[i] *= decay;
     const float gi = g[i] * grad_scale;  // the one fp32 multiply torch's clip_grad_norm_ does in place
-    mp[i] += b1c * (gi - mp[i]);           // lerp, as torch writes it
+    mp[i] += b1c * (gi - mp[i]);         // lerp, as torch writes it
     vp[i] = vp[i] * p.beta2 + b2c * gi * gi;
     const float denom = std::sqrt(vp[i]) / float(bc2_sqrt) + p.eps;
     w[i] -= step_size * (mp[i] / denom);

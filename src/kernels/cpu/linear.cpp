@@ -8,8 +8,7 @@ namespace soltrain {
 namespace {
 // The CPU runs dense fp32 weights only; quantised formats are dequantised by the caller for a reference.
 const Tensor& dense(const Weight& w) {
-  SOLTRAIN_CHECK(w.format == WeightFormat::Dense, "the CPU backend has no ", weight_format_name(w.format),
-                 " matmul");
+  SOLTRAIN_CHECK(w.format == WeightFormat::Dense, "the CPU backend has no ", weight_format_name(w.format), " matmul");
   return w.data;
 }
 }  // namespace

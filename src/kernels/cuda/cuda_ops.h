@@ -89,9 +89,9 @@ class CudaOps final : public Ops {
   // Scratch of at least `bytes` bytes on the device (grows; only between steps in practice).
   void* scratch(size_t bytes);
 
-  cudaStream_t stream_ = nullptr;          // the current one of streams_
+  cudaStream_t stream_ = nullptr;                 // the current one of streams_
   cudaStream_t streams_[2] = {nullptr, nullptr};  // [Main, Side]
-  static constexpr int kMarks = 32;        // a ring: waiting on an overwritten mark waits for a later point
+  static constexpr int kMarks = 32;               // a ring: waiting on an overwritten mark waits for a later point
   cudaEvent_t marks_[kMarks] = {}, order_ = nullptr;
   uint64_t marks_made_ = 0;
   cublasLtHandle_t lt_ = nullptr;
