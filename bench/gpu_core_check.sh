@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One GPU-machine call for the model core (issue "Open the model core"): references made with transformers
+# (the objective fixtures, the sft trajectory), the GPU tests, soltrain's LoRA against PEFT (fp32 and PEFT's
+# bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
+# (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
+#   bash bench/gpu_core_check.sh [refs] [tests] [peft] [bench] [bench8b]   (no argument: all but bench8b)
+set -u
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(refs tests peft bench)
+mkdir -p /work && ln -sfn "$PWD" /work/main
+mkdir -p build-cuda && ln -sf "$PWD/.devbin/soltrain" build-cuda/soltrain  # the tests' compiled-in binary path
+export LD_LIBRARY_PATH=$PWD/.devbin/lib:/usr/local/cuda/lib64
+B=$PWD/.devbin
+for s in "${steps[@]}"; do
+  echo "== $s $(date +%T)"
+  case $s in
+    refs)
+      timeout 200 python3 tests/tools/make_objective_reference.py tests/fixtures/models tests/fixtures/objective
+      timeout 200 python3 tests/tools/make_sft_trajectory_reference.py "$B/soltrain" tests/fixtures/sft_trajectory
+      tar czf "$OUT/fixtures.tgz" tests/fixtures/objective tests/fixtures/sft_trajectory/expected.json ;;
+    tests)
+      timeout 300 "$B/soltrain_tests" --gtest_filter='*Cuda*:Shapes/*:*Objective*:LayerHooks*:SftTrajectory*:Fixtures/*' \
+        > "$OUT/gpu-tests.log" 2>&1
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/gpu-tests.log" ;;
+    peft)
+      timeout 200 python3 tests/tools/check_peft.py "$B/soltrain" --cases 6 --cuda > "$OUT/peft.log" 2>&1
+      tail -12 "$OUT/peft.log" ;;
+    bench)
+      timeout 330 python3 bench/run_bench.py --soltrain "$B/soltrain" --baseline "$B/soltrain-before" --sizes 0.6B \
+        --peers eager --attention "" --out "$OUT" > "$OUT/bench.log" 2>&1
+      tail -40 "$OUT/bench.log" ;;
+    bench8b)
+      timeout 500 python3 bench/run_bench.py --soltrain "$B/soltrain" --baseline "$B/soltrain-before" --sizes 8B \
+        --batch 8B=2 --lora-rank 16 --peers eager --attention "" --out "$OUT" > "$OUT/bench8b.log" 2>&1
+      tail -40 "$OUT/bench8b.log" ;;
+  esac
+done
+echo "== done $(date +%T)"
