@@ -109,9 +109,10 @@ class Ops {
   // The weight's storage format is the weight's own (Weight); x and y are in the activation dtype.
   virtual void linear_forward(Tensor y, const Tensor& x, const Weight& w, const Tensor* bias, float alpha = 1.0f,
                               bool accumulate = false) = 0;
-  // dx (= or +=) dy · w;  dw += dyᵀ · x;  dbias += Σₙ dy. Null outputs are skipped.
+  // dx (= or +=) dx_alpha · dy · w;  dw += dyᵀ · x;  dbias += Σₙ dy. Null outputs are skipped. dx_alpha rides
+  // on the GEMM (LoRA's scale on its A-side gradient: one rounding, no extra pass).
   virtual void linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy,
-                               const Tensor& x, const Weight& w) = 0;
+                               const Tensor& x, const Weight& w, float dx_alpha = 1.0f) = 0;
 
   // Row-wise over the last dim C of x [R, C]: y = x / sqrt(mean(x²) + eps) * w; rstd [R] saved.
   virtual void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) = 0;

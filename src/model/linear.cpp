@@ -31,10 +31,9 @@ void Linear::backward(Ops& o, Tensor* dx, bool accumulate_dx, const Tensor& dy, 
   // A frozen base linear still passes the gradient on to its input, but computes no dW / db.
   o.linear_backward(dx, accumulate_dx, grad(w_), grad(b_), dy, x, weight());
   if (!lora_a_) return;
-  // g = scale·(dy·B) = d loss / d(x·Aᵀ); dB += dyᵀ·u.
+  // g = scale·(dy·B) = d loss / d(x·Aᵀ), the scale on the GEMM's alpha (one rounding); dB += dyᵀ·u.
   Tensor g = s.g;
-  o.linear_backward(&g, false, grad(lora_b_), nullptr, dy, u, lora_b_->value);
-  o.dropout_scale(g, g, lora_scale_, 0.0f, 0);
+  o.linear_backward(&g, false, grad(lora_b_), nullptr, dy, u, lora_b_->value, lora_scale_);
   if (d.p == 0) {
     o.linear_backward(dx, true, grad(lora_a_), nullptr, g, x, lora_a_->value);
     return;

@@ -28,11 +28,11 @@ void CpuOps::linear_forward(Tensor y, const Tensor& x, const Weight& weight, con
 }
 
 void CpuOps::linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy,
-                             const Tensor& x, const Weight& weight) {
+                             const Tensor& x, const Weight& weight, float dx_alpha) {
   const Tensor& w = dense(weight);
   const int N = int(dy.dim(0)), out = int(w.dim(0)), in = int(w.dim(1));
   if (dx)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, out, 1.0f, dy.f32(), out, w.f32(), in,
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, out, dx_alpha, dy.f32(), out, w.f32(), in,
                 accumulate_dx ? 1.0f : 0.0f, dx->f32(), in);
   if (dw)
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, N, 1.0f, dy.f32(), out, x.f32(), in, 1.0f, dw->f32(),

@@ -98,4 +98,19 @@ void column_sum(float* out, const bf16* dy, const bf16* x, const float* rstd, in
   CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+__global__ void add_partial_rows_kernel(float* out, const float* partials, int blocks, int64_t C) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float s = 0.f;
+  for (int b = 0; b < blocks; ++b) s += partials[int64_t(b) * C + c];
+  out[c] += s;
+}
+}  // namespace
+
+void add_partial_rows(float* out, const float* partials, int blocks, int64_t C, cudaStream_t s) {
+  add_partial_rows_kernel<<<unsigned((C + 127) / 128), 128, 0, s>>>(out, partials, blocks, C);
+  CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace soltrain::cuda

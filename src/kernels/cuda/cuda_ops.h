@@ -42,7 +42,7 @@ class CudaOps final : public Ops {
   void linear_forward(Tensor y, const Tensor& x, const Weight& w, const Tensor* bias, float alpha,
                       bool accumulate) override;
   void linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy, const Tensor& x,
-                       const Weight& w) override;
+                       const Weight& w, float dx_alpha) override;
   void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) override;
   void rmsnorm_backward(Tensor dx, bool accumulate_dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                         const Tensor& rstd) override;

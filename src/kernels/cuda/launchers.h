@@ -12,5 +12,8 @@ namespace soltrain::cuda {
 void column_sum(float* out, const __nv_bfloat16* dy, const __nv_bfloat16* x, const float* rstd, int64_t R, int64_t C,
                 float* partials, int sms, cudaStream_t s);
 int64_t column_sum_partial_floats(int64_t R, int64_t C, int sms);
+// out[c] += Σ_b partials[b·C + c] over b in [0, blocks), in that order: the second pass of kernels that write
+// one partial row of a column sum per block.
+void add_partial_rows(float* out, const float* partials, int blocks, int64_t C, cudaStream_t s);
 
 }  // namespace soltrain::cuda

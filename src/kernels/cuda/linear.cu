@@ -113,13 +113,13 @@ void CudaOps::linear_forward(Tensor y, const Tensor& x, const Weight& weight, co
 }
 
 void CudaOps::linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy,
-                              const Tensor& x, const Weight& weight) {
+                              const Tensor& x, const Weight& weight, float dx_alpha) {
   const Tensor& w = dense(weight);
   const int N = int(dy.dim(0)), out = int(w.dim(0)), in = int(w.dim(1));
   // dx[N,in] = dy[N,out]·w[out,in]  →  column-major dxᵀ = w_cm · dyᵀ
   if (dx) {
     const auto prof = profile("linear_backward dx");
-    gemm(false, false, in, N, out, w, in, dy, out, *dx, in, accumulate_dx ? 1.0f : 0.0f, nullptr);
+    gemm(false, false, in, N, out, w, in, dy, out, *dx, in, accumulate_dx ? 1.0f : 0.0f, nullptr, dx_alpha);
   }
   // dw[out,in] += dyᵀ·x  →  column-major dwᵀ = xᵀ · dy
   if (dw) {

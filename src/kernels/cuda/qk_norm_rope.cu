@@ -14,6 +14,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/launchers.h"
 
 namespace soltrain {
 
@@ -162,15 +163,6 @@ __global__ void qk_norm_rope_bwd(bf16* dx, bf16* dy, const bf16* x, const bf16* 
   }
 }
 
-// dw[c] += Σ_b partials[b][c], in block order.
-__global__ void add_partial_rows(float* dw, const float* partials, int blocks, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float s = 0.f;
-  for (int b = 0; b < blocks; ++b) s += partials[int64_t(b) * C + c];
-  dw[c] += s;
-}
-
 // Calls f(std::integral_constant<int, kIters>{}) for a head dim the kernels serve; false when they don't
 // (an odd half, or hd > 256), and the caller falls back to the separate ops.
 template <typename F>
@@ -212,8 +204,7 @@ void CudaOps::qk_norm_rope_backward(Tensor dx, Tensor dw, Tensor dy, const Tenso
         int(heads), int(half), partials);
     CUDA_CHECK_LAUNCH();
     if (!partials) return;
-    add_partial_rows<<<unsigned((C + 127) / 128), 128, 0, stream_>>>(dw.f32(), partials, int(blocks), int(C));
-    CUDA_CHECK_LAUNCH();
+    cuda::add_partial_rows(dw.f32(), partials, int(blocks), C, stream_);
   });
   if (!fused) Ops::qk_norm_rope_backward(dx, dw, dy, x, w, rstd, seq, inv_freq);
 }
