@@ -15,23 +15,53 @@ __global__ void embedding_fwd(bf16* out, const int32_t* ids, const bf16* table, 
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[n * D + d] = row[d];
 }
 
-constexpr int kIdChunk = 1024;
+constexpr int kIdChunk = 1024, kThreads = 256;
 
+// A chunk of ids is tested in parallel (each thread tests kIdChunk / kThreads of them) and the matches
+// are compacted into a list in token order (warp ballots and per-warp counts); then the block adds the
+// matching rows one after another. Each row's sum keeps the token order: deterministic. A serial scan of
+// every id by the whole block cost 2.4 ms of a Qwen3-0.6B step (16384 tokens, 528 blocks).
 __global__ void embedding_bwd(float* dtable, const int32_t* ids, const bf16* dout, int64_t N, int64_t D,
                               int64_t rows_per_block) {
-  __shared__ int32_t chunk[kIdChunk];
+  constexpr int kPerThread = kIdChunk / kThreads, kWarpsPerBlock = kThreads / 32;
+  __shared__ int32_t hits[kIdChunk];
+  __shared__ int warp_count[kPerThread][kWarpsPerBlock];
+  __shared__ int total;
   const int64_t lo = int64_t(blockIdx.x) * rows_per_block, hi = lo + rows_per_block;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int64_t base = 0; base < N; base += kIdChunk) {
-    const int64_t m = min(int64_t(kIdChunk), N - base);
+    // Slice k of the chunk is ids [base + k·kThreads, base + (k+1)·kThreads): thread t tests its t-th id.
+    bool match[kPerThread];
+    unsigned ballot[kPerThread];
+    __syncthreads();  // the previous chunk's list is done with
+    for (int k = 0; k < kPerThread; ++k) {
+      const int64_t i = base + k * kThreads + threadIdx.x;
+      const int64_t id = i < N ? ids[i] : -1;
+      match[k] = id >= lo && id < hi;
+      ballot[k] = __ballot_sync(0xffffffffu, match[k]);
+      if (lane == 0) warp_count[k][warp] = __popc(ballot[k]);
+    }
     __syncthreads();
-    for (int64_t i = threadIdx.x; i < m; i += blockDim.x) chunk[i] = ids[base + i];
+    if (threadIdx.x == 0) {  // exclusive prefix over (slice, warp) in token order
+      int run = 0;
+      for (int k = 0; k < kPerThread; ++k)
+        for (int w = 0; w < kWarpsPerBlock; ++w) {
+          const int c = warp_count[k][w];
+          warp_count[k][w] = run;
+          run += c;
+        }
+      total = run;
+    }
     __syncthreads();
-    for (int64_t i = 0; i < m; ++i) {
-      const int64_t id = chunk[i];
-      if (id < lo || id >= hi) continue;
-      const bf16* g = dout + (base + i) * D;
-      float* row = dtable + id * D;
-      for (int64_t d = threadIdx.x; d < D; d += blockDim.x) row[d] += cuda::to_f(g[d]);
+    for (int k = 0; k < kPerThread; ++k)
+      if (match[k])
+        hits[warp_count[k][warp] + __popc(ballot[k] & ((1u << lane) - 1u))] = int32_t(k * kThreads + threadIdx.x);
+    __syncthreads();
+    for (int h = 0; h < total; ++h) {
+      const int64_t i = base + hits[h];
+      const bf16* g = dout + i * D;
+      float* row = dtable + int64_t(ids[i]) * D;
+      for (int64_t d = threadIdx.x; d < D; d += kThreads) row[d] += cuda::to_f(g[d]);
     }
   }
 }
@@ -49,8 +79,8 @@ void CudaOps::embedding_backward(Tensor dtable, const Tensor& ids, const Tensor&
   const int64_t N = ids.numel(), V = dtable.dim(0), D = dtable.dim(1);
   const int64_t blocks = std::min<int64_t>(V, 4 * int64_t(sm_count_));
   const int64_t rows = (V + blocks - 1) / blocks;
-  embedding_bwd<<<unsigned((V + rows - 1) / rows), 256, 0, stream_>>>(dtable.f32(), ids.i32(), dout.as<bf16>(), N, D,
-                                                                      rows);
+  embedding_bwd<<<unsigned((V + rows - 1) / rows), kThreads, 0, stream_>>>(dtable.f32(), ids.i32(), dout.as<bf16>(), N,
+                                                                           D, rows);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -1,10 +1,7 @@
 // CUDA: RMSNorm, one warp per row; fp32 statistics, the normalised value rounded to bf16 before the
-// weight multiplies it (as transformers does). The weight gradient is summed by the backward kernel itself
-// (per-block partial rows, added in order: deterministic).
+// weight multiplies it (as transformers does). The weight gradient is a deterministic column sum.
 // Rows whose width is a multiple of 8 move 16-byte vectors (8 bf16 per lane per access): with 2-byte
 // accesses these kernels ran at a sixth of the memory bandwidth (32 ms of a 270 ms Qwen3-0.6B step).
-#include <algorithm>
-
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -21,8 +18,6 @@ using cuda::Vec8;
 
 namespace {
 constexpr int kWarps = 8;
-constexpr int kBlocksPerSm = 4;               // the backward's fixed grid
-constexpr size_t kMaxFusedSmem = 224 * 1024;  // shared memory a block may opt into on sm_90 (227 KB)
 
 // kAdd: x is a, and the row is sum = a + b, rounded to bf16 and written out before it is normalised, in
 // the same order and from the same rounded values as the plain kernel reading that sum (so a recompute
@@ -69,58 +64,41 @@ __global__ void rmsnorm_fwd(bf16* y, float* rstd, const bf16* x, const bf16* w, 
   }
 }
 
-// A fixed grid strides over the rows, one warp per row. With `partials`, each warp also adds its rows'
-// dy · x · rstd per column into its own shared-memory row (lanes own distinct columns: no atomics), and the
-// block writes the sum of its warps' rows, in warp order, as partials[block][C]: the weight gradient
-// without a second pass over dy and x (that column sum cost about as much as this kernel).
 template <bool kVec>
 __global__ void rmsnorm_bwd(bf16* dx, bool accumulate, const bf16* dy, const bf16* x, const bf16* w, const float* rstd,
-                            int64_t R, int64_t C, float* partials) {
-  extern __shared__ float dw_acc[];  // [kWarps][C] when partials
-  float* mine = dw_acc + threadIdx.y * C;
-  if (partials)
-    for (int64_t c = threadIdx.x; c < C; c += 32) mine[c] = 0.f;
-  for (int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.y; r < R; r += int64_t(gridDim.x) * kWarps) {
-    const float rs = rstd[r];
-    const bf16 *xr = x + r * C, *gr = dy + r * C;
-    bf16* dr = dx + r * C;
-    float dot = 0.f;
-    if constexpr (kVec) {
-      for (int64_t c = threadIdx.x * 8; c < C; c += 256) {
-        const Vec8 g = load8(gr + c), xv = load8(xr + c), wv = load8(w + c);
-        for (int i = 0; i < 8; ++i) dot += g[i] * wv[i] * xv[i] * rs;
-      }
-    } else {
-      for (int64_t c = threadIdx.x; c < C; c += 32) dot += to_f(gr[c]) * to_f(w[c]) * to_f(xr[c]) * rs;
+                            int64_t R, int64_t C) {
+  const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.y;
+  if (r >= R) return;
+  const float rs = rstd[r];
+  const bf16 *xr = x + r * C, *gr = dy + r * C;
+  bf16* dr = dx + r * C;
+  float dot = 0.f;
+  if constexpr (kVec) {
+    for (int64_t c = threadIdx.x * 8; c < C; c += 256) {
+      const Vec8 g = load8(gr + c), xv = load8(xr + c), wv = load8(w + c);
+      for (int i = 0; i < 8; ++i) dot += g[i] * wv[i] * xv[i] * rs;
     }
-    const float mean = cuda::warp_sum(dot) / float(C);
-    if constexpr (kVec) {
-      for (int64_t c = threadIdx.x * 8; c < C; c += 256) {
-        const Vec8 g = load8(gr + c), xv = load8(xr + c), wv = load8(w + c);
-        Vec8 out;
-        if (accumulate) out = load8(dr + c);
-        for (int i = 0; i < 8; ++i) {
-          const float v = rs * (g[i] * wv[i] - xv[i] * rs * mean);
-          out.set(i, accumulate ? out[i] + v : v);
-          if (partials) mine[c + i] += g[i] * (xv[i] * rs);
-        }
-        store8(dr + c, out);
-      }
-    } else {
-      for (int64_t c = threadIdx.x; c < C; c += 32) {
-        const float xh = to_f(xr[c]) * rs;
-        const float v = rs * (to_f(gr[c]) * to_f(w[c]) - xh * mean);
-        dr[c] = to_bf(accumulate ? to_f(dr[c]) + v : v);
-        if (partials) mine[c] += to_f(gr[c]) * xh;
-      }
-    }
+  } else {
+    for (int64_t c = threadIdx.x; c < C; c += 32) dot += to_f(gr[c]) * to_f(w[c]) * to_f(xr[c]) * rs;
   }
-  if (!partials) return;
-  __syncthreads();
-  for (int64_t c = threadIdx.y * 32 + threadIdx.x; c < C; c += kWarps * 32) {
-    float sum = 0.f;
-    for (int wi = 0; wi < kWarps; ++wi) sum += dw_acc[wi * C + c];
-    partials[int64_t(blockIdx.x) * C + c] = sum;
+  const float mean = cuda::warp_sum(dot) / float(C);
+  if constexpr (kVec) {
+    for (int64_t c = threadIdx.x * 8; c < C; c += 256) {
+      const Vec8 g = load8(gr + c), xv = load8(xr + c), wv = load8(w + c);
+      Vec8 out;
+      if (accumulate) out = load8(dr + c);
+      for (int i = 0; i < 8; ++i) {
+        const float v = rs * (g[i] * wv[i] - xv[i] * rs * mean);
+        out.set(i, accumulate ? out[i] + v : v);
+      }
+      store8(dr + c, out);
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < C; c += 32) {
+      const float xh = to_f(xr[c]) * rs;
+      const float v = rs * (to_f(gr[c]) * to_f(w[c]) - xh * mean);
+      dr[c] = to_bf(accumulate ? to_f(dr[c]) + v : v);
+    }
   }
 }
 
@@ -160,31 +138,17 @@ void CudaOps::rmsnorm_backward(Tensor dx, bool accumulate_dx, Tensor dw, const T
                                const Tensor& w, const Tensor& rstd) {
   const auto prof = profile("rmsnorm_backward");
   const int64_t C = x.dim(-1), R = x.numel() / C;
-  const int64_t blocks = std::min<int64_t>((R + kWarps - 1) / kWarps, int64_t(sm_count_) * kBlocksPerSm);
-  // The weight gradient rides along when the warps' column sums fit in shared memory (widths up to 7168);
-  // wider rows fall back to the separate column sum.
-  const size_t smem = size_t(kWarps) * size_t(C) * sizeof(float);
-  const bool fused_dw = dw.defined() && smem <= kMaxFusedSmem;
-  float* partials = fused_dw ? static_cast<float*>(scratch(size_t(blocks) * size_t(C) * 4)) : nullptr;
-  const dim3 block(32, kWarps);
-  const bool vec = vectorizable(x, C) && vectorizable(dy, C) && vectorizable(dx, C) && vectorizable(w, C);
-  auto launch = [&](auto kernel) {
-    if (fused_dw) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    kernel<<<unsigned(blocks), block, fused_dw ? smem : 0, stream_>>>(
-        dx.as<bf16>(), accumulate_dx, dy.as<bf16>(), x.as<bf16>(), w.as<bf16>(), rstd.f32(), R, C, partials);
-  };
-  if (vec)
-    launch(rmsnorm_bwd<true>);
+  const dim3 grid(unsigned((R + kWarps - 1) / kWarps)), block(32, kWarps);
+  if (vectorizable(x, C) && vectorizable(dy, C) && vectorizable(dx, C) && vectorizable(w, C))
+    rmsnorm_bwd<true><<<grid, block, 0, stream_>>>(dx.as<bf16>(), accumulate_dx, dy.as<bf16>(), x.as<bf16>(),
+                                                   w.as<bf16>(), rstd.f32(), R, C);
   else
-    launch(rmsnorm_bwd<false>);
+    rmsnorm_bwd<false><<<grid, block, 0, stream_>>>(dx.as<bf16>(), accumulate_dx, dy.as<bf16>(), x.as<bf16>(),
+                                                    w.as<bf16>(), rstd.f32(), R, C);
   CUDA_CHECK_LAUNCH();
   if (!dw.defined()) return;  // a frozen weight: no gradient
-  if (fused_dw) {
-    cuda::add_partial_rows(dw.f32(), partials, int(blocks), C, stream_);
-    return;
-  }
-  float* cs = static_cast<float*>(scratch(size_t(cuda::column_sum_partial_floats(R, C, sm_count_)) * 4));
-  cuda::column_sum(dw.f32(), dy.as<bf16>(), x.as<bf16>(), rstd.f32(), R, C, cs, sm_count_, stream_);
+  float* partials = static_cast<float*>(scratch(size_t(cuda::column_sum_partial_floats(R, C, sm_count_)) * 4));
+  cuda::column_sum(dw.f32(), dy.as<bf16>(), x.as<bf16>(), rstd.f32(), R, C, partials, sm_count_, stream_);
 }
 
 }  // namespace soltrain
