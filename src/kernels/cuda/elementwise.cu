@@ -51,18 +51,7 @@ __global__ void partial_sums(double* partials, const float* x, int64_t n) {
   }
   if (threadIdx.x == 0) partials[blockIdx.x] = s[0];
 }
-__global__ void final_sum(double* out, const double* partials, int n) {
-  __shared__ double s[kReduceThreads];
-  double t = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) t += partials[i];
-  s[threadIdx.x] = t;
-  __syncthreads();
-  for (int w = kReduceThreads / 2; w > 0; w >>= 1) {
-    if (int(threadIdx.x) < w) s[threadIdx.x] += s[threadIdx.x + w];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) *out = s[0];
-}
+// out (=, or += with accumulate) the partials added in order by one block.
 __global__ void final_sum_to(double* out, const double* partials, int n, bool accumulate) {
   __shared__ double s[kReduceThreads];
   double t = 0;
@@ -134,7 +123,7 @@ double reduce(CudaOps& ops, const Tensor& x, bool square, double* partials, doub
   else
     partial_sums<false><<<kReduceBlocks, kReduceThreads, 0, s>>>(partials, x.f32(), x.numel());
   CUDA_CHECK_LAUNCH();
-  final_sum<<<1, kReduceThreads, 0, s>>>(out, partials, kReduceBlocks);
+  final_sum_to<<<1, kReduceThreads, 0, s>>>(out, partials, kReduceBlocks, false);
   CUDA_CHECK_LAUNCH();
   CUDA_CHECK(cudaMemcpyAsync(host, out, sizeof(double), cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaStreamSynchronize(s));
