@@ -1,5 +1,13 @@
-// CUDA: cross-entropy per row of fp32 logits (one block per row, online max/sum), writing the loss and,
-// when asked, the gradient weighted per row in bf16 for the LM head's backward GEMMs.
+// CUDA: cross-entropy per row of fp32 logits, writing the loss and, when asked, the gradient weighted per
+// row in bf16 for the LM head's backward GEMMs. Two kernels:
+// - Hopper: a cluster of kClusterBlocks blocks per row, each holding its slice of the row in shared memory;
+//   the blocks exchange their (max, Σexp) through distributed shared memory, so the logits are read from
+//   HBM once. The one-block kernel reads them twice (statistics, then gradient): 8.9 ms of a Qwen3-0.6B
+//   step for 16384 rows of 151936, where one read and one bf16 write are ~15 GB.
+// - elsewhere (and rows too wide for the clusters' shared memory): one block per row, online max/sum.
+#include <cooperative_groups.h>
+
+#include <algorithm>
 #include <cfloat>
 
 #include "kernels/cuda/check.h"
@@ -56,6 +64,71 @@ __global__ void cross_entropy_kernel(const float* logits, bf16* dlogits, float* 
   for (int64_t j = threadIdx.x; j < V; j += kThreads)
     g[j] = cuda::to_bf((expf(l[j] - lse) - (j == t ? 1.f : 0.f)) * scale);
 }
+constexpr int kClusterBlocks = 8, kClusterThreads = 512;
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+// (max, Σexp(x − max)) of two parts combined.
+__device__ __forceinline__ void combine(float& m, float& s, float m2, float s2) {
+  const float mx = fmaxf(m, m2);
+  s = (m == -FLT_MAX ? 0.f : s * expf(m - mx)) + (m2 == -FLT_MAX ? 0.f : s2 * expf(m2 - mx));
+  m = mx;
+}
+#endif
+
+__global__ void cross_entropy_cluster(const float* logits, bf16* dlogits, float* row_loss, const int32_t* targets,
+                                      int64_t V, int64_t slice, const float* row_weight) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  extern __shared__ float part[];  // this block's slice of the row
+  __shared__ float stat[2], wm[kClusterThreads / 32], ws[kClusterThreads / 32];
+  cg::cluster_group cluster = cg::this_cluster();
+  const unsigned rank = cluster.block_rank();
+  const int64_t r = blockIdx.y, j0 = int64_t(rank) * slice, j1 = min(V, j0 + slice);
+  const int t = targets[r];
+  bf16* g = dlogits + r * V;
+  if (t == -100) {  // the whole cluster leaves here together (no cluster barrier is skipped by some only)
+    if (row_weight)
+      for (int64_t j = j0 + threadIdx.x; j < j1; j += kClusterThreads) g[j] = cuda::to_bf(0.f);
+    if (rank == 0 && threadIdx.x == 0) row_loss[r] = 0.f;
+    return;
+  }
+  const float* l = logits + r * V;
+  float m = -FLT_MAX, s = 0.f;
+  for (int64_t j = j0 + threadIdx.x; j < j1; j += kClusterThreads) {
+    const float x = l[j];
+    part[j - j0] = x;
+    if (x > m) {
+      s = s * expf(m - x) + 1.f;
+      m = x;
+    } else {
+      s += expf(x - m);
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1)
+    combine(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) wm[warp] = m, ws[warp] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float M = -FLT_MAX, S = 0.f;
+    for (int w = 0; w < kClusterThreads / 32; ++w) combine(M, S, wm[w], ws[w]);
+    stat[0] = M, stat[1] = S;
+  }
+  cluster.sync();  // every block's (max, Σexp) is visible to the others
+  float M = -FLT_MAX, S = 0.f;
+  for (unsigned b = 0; b < cluster.num_blocks(); ++b) {
+    const float* o = cluster.map_shared_rank(stat, b);
+    combine(M, S, o[0], o[1]);
+  }
+  cluster.sync();  // no block leaves (its shared memory) while another still reads it
+  const float lse = M + logf(S);
+  if (t >= j0 && t < j1 && threadIdx.x == 0) row_loss[r] = lse - part[t - j0];
+  if (!row_weight) return;
+  const float scale = row_weight[r];
+  for (int64_t j = j0 + threadIdx.x; j < j1; j += kClusterThreads)
+    g[j] = cuda::to_bf((expf(part[j - j0] - lse) - (j == t ? 1.f : 0.f)) * scale);
+#endif
+}
 }  // namespace
 
 void CudaOps::cross_entropy(const Tensor& logits, Tensor dlogits, Tensor row_loss, const Tensor& targets,
@@ -63,6 +136,27 @@ void CudaOps::cross_entropy(const Tensor& logits, Tensor dlogits, Tensor row_los
   const auto prof = profile("cross_entropy");
   const int64_t n = logits.dim(0), V = logits.dim(1);
   if (n == 0) return;
+  const int64_t slice = (V + kClusterBlocks - 1) / kClusterBlocks;
+  const size_t smem = size_t(slice) * sizeof(float);
+  if (sm90_ && smem <= 200 * 1024 && n <= 65535) {
+    auto kernel = cross_entropy_cluster;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(kClusterBlocks, unsigned(n));
+    cfg.blockDim = dim3(kClusterThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream_;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kClusterBlocks;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, logits.f32(), dlogits.as<bf16>(), row_loss.f32(), targets.i32(), V,
+                                  slice, row_weight.defined() ? row_weight.f32() : nullptr));
+    return;
+  }
   cross_entropy_kernel<<<unsigned(n), kThreads, 0, stream_>>>(logits.f32(), dlogits.as<bf16>(), row_loss.f32(),
                                                               targets.i32(), V,
                                                               row_weight.defined() ? row_weight.f32() : nullptr);

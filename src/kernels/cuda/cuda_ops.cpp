@@ -28,7 +28,8 @@ CudaOps::CudaOps() {
   // The sm_90a image runs only on 9.0 exactly. SOLTRAIN_ATTENTION=portable keeps the sm_80 kernels (tests
   // run both; benchmarks compare them).
   const char* choice = std::getenv("SOLTRAIN_ATTENTION");
-  hopper_attention_ = major == 9 && minor == 0 && !(choice && std::strcmp(choice, "portable") == 0);
+  sm90_ = major == 9 && minor == 0;
+  hopper_attention_ = sm90_ && !(choice && std::strcmp(choice, "portable") == 0);
   for (cudaStream_t& st : streams_) CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   stream_ = streams_[0];
   for (cudaEvent_t& e : marks_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));

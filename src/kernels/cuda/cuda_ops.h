@@ -99,6 +99,7 @@ class CudaOps final : public Ops {
   double* host_result_ = nullptr;  // pinned
   int sm_count_ = 0;
   bool hopper_attention_ = false;  // compute capability 9.0 and not SOLTRAIN_ATTENTION=portable
+  bool sm90_ = false;              // compute capability 9.0: the sm_90a kernels (clusters, wgmma) run
   OpProfiler profiler_;
   struct Plan {  // one cuBLASLt problem: descriptors and the algorithm picked once
     cublasLtMatmulDesc_t desc = nullptr;
