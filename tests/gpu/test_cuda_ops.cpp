@@ -151,7 +151,8 @@ TEST_F(CudaOps, SwiGluAndResidualAddBothPaths) {
 }
 
 TEST_F(CudaOps, CrossEntropyWithIgnoredTargetsAndRowWeights) {
-  for (auto [n, V] : {std::pair{37, 1000}, {8, 151936}}) {
+  // vocabularies split evenly, unevenly, odd (scalar accesses), and smaller than one block per cluster slot
+  for (auto [n, V] : {std::pair{37, 1000}, {8, 151936}, {5, 997}, {3, 10}}) {
     auto logits = randn(static_cast<size_t>(n * V), 3.0f);
     std::vector<int32_t> tgt(static_cast<size_t>(n));
     for (auto& t : tgt) t = rng() % 4 == 0 ? -100 : int32_t(rng() % uint32_t(V));
