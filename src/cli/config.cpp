@@ -236,6 +236,7 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       {"base_model", [&](const Entry& e) { c.model = path_value(e, "base_model"); }},
       {"model", [&](const Entry& e) { c.model = path_value(e, "model"); }},
       {"output_dir", [&](const Entry& e) { c.output_dir = path_value(e, "output_dir"); }},
+      {"overwrite_output_dir", [&](const Entry& e) { c.overwrite_output_dir = get_bool(e, "overwrite_output_dir"); }},
       {"dataset_prepared_path",
        [&](const Entry& e) { c.dataset_prepared_path = path_value(e, "dataset_prepared_path"); }},
       {"datasets", [&](const Entry& e) { c.datasets = parse_datasets(e, "datasets", where, mode, base); }},

@@ -55,6 +55,7 @@ struct TrainConfig {
   std::string device = "cpu";
   BadRecordPolicy bad_records = BadRecordPolicy::kError;
   std::filesystem::path dataset_prepared_path;  // shard cache; default output_dir/prepared
+  bool overwrite_output_dir = false;            // write into a non-empty folder soltrain did not create
   std::string source_text;                      // the YAML as given plus overrides, saved with checkpoints
 };
 
