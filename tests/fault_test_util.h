@@ -5,6 +5,7 @@
 #include <map>
 #include <string>
 
+#include "cli/demo_kit.h"
 #include "cli_test_util.h"
 #include "data_test_util.h"
 #include "io/sha256.h"
@@ -24,6 +25,17 @@ inline std::map<std::string, std::string> snapshot(const std::filesystem::path& 
   for (const auto& e : fs::recursive_directory_iterator(root))
     out[fs::relative(e.path(), root).string()] = e.is_regular_file() ? sha256_file(e.path()) : "dir";
   return out;
+}
+
+// Leftovers of an interrupted write (".NAME.partial-PID", ".NAME.tmp-PID") anywhere under `root`.
+inline std::string leftovers(const std::filesystem::path& root) {
+  std::string found;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
+    const std::string n = e.path().filename().string();
+    if (n.find(".partial-") != std::string::npos || n.find(".tmp-") != std::string::npos)
+      found += e.path().string() + " ";
+  }
+  return found;
 }
 
 // Runs a command that must finish within `max_seconds` (a hang is a failure, not a stuck CI job: the
@@ -59,5 +71,24 @@ inline void expect_refused(const CliRun& r, const std::string& needle) {
   EXPECT_EQ(error_line.rfind("error: ", 0), 0u) << r.err;
   EXPECT_NE(error_line.find(needle), std::string::npos) << "expected '" << needle << "' in: " << error_line;
 }
+
+// A tiny model (byte tokenizer) and a small conversation dataset in a temporary folder, for sft/pt runs.
+struct TinyRun {
+  TempDir t;
+  TinyRun() {
+    DemoModelShape s;
+    s.hidden = 32, s.layers = 1, s.heads = 2, s.kv_heads = 1, s.head_dim = 16, s.intermediate = 64;
+    write_random_model(t.path / "model", s, 7);
+    write_reversal_dataset(t.path / "train.jsonl", 20, 8);
+  }
+  // c.yaml: the dataset, sequence_len 64, one step, plus `body`; returns its path.
+  std::string config(const std::string& body) const {
+    write_text(t.path / "c.yaml",
+               "datasets: [{path: train.jsonl, type: conversation}]\nsequence_len: 64\n"
+               "max_steps: 1\n" +
+                   body);
+    return (t.path / "c.yaml").string();
+  }
+};
 
 }  // namespace soltrain::test

@@ -3,7 +3,6 @@
 // byte-identical.
 #include <fstream>
 
-#include "cli/demo_kit.h"
 #include "fault_test_util.h"
 #include "io/output_dir.h"
 #include "io/stale_partials.h"
@@ -96,26 +95,8 @@ TEST(UserFiles, TokenizeRefusesAFolderItDidNotWrite) {
   EXPECT_EQ(snapshot(out), before);
 }
 
-// sft/pt: the run folder, and the model it saves, against what the user has.
-struct SftFolders {
-  TempDir t;
-  SftFolders() {
-    DemoModelShape s;
-    s.hidden = 32, s.layers = 1, s.heads = 2, s.kv_heads = 1, s.head_dim = 16, s.intermediate = 64;
-    write_random_model(t.path / "model", s, 7);
-    write_reversal_dataset(t.path / "train.jsonl", 20, 8);
-  }
-  std::string config(const std::string& body) const {
-    write_text(t.path / "c.yaml",
-               "datasets: [{path: train.jsonl, type: conversation}]\nsequence_len: 64\n"
-               "max_steps: 1\n" +
-                   body);
-    return (t.path / "c.yaml").string();
-  }
-};
-
 TEST(UserFiles, SftRefusesAnOutputDirItDidNotWrite) {
-  SftFolders f;
+  TinyRun f;
   users_folder(f.t.path / "mine");
   const auto before = snapshot(f.t.path / "mine");
   expect_refused(run_bounded("sft " + f.config("model: model\noutput_dir: mine\n"), f.t), "overwrite_output_dir");
@@ -128,7 +109,7 @@ TEST(UserFiles, SftRefusesAnOutputDirItDidNotWrite) {
 }
 
 TEST(UserFiles, SftNeverWritesOverTheBaseModel) {
-  SftFolders f;
+  TinyRun f;
   const auto base = snapshot(f.t.path / "model");
   // output_dir/model would be the base model's own folder
   expect_refused(run_bounded("sft " + f.config("model: model\noutput_dir: .\noverwrite_output_dir: true\n"), f.t),
@@ -174,7 +155,7 @@ TEST(StalePartials, LeftoversOfDeadProcessesAreRemovedLiveOnesKept) {
 }
 
 TEST(StalePartials, SftRemovesThemAtTheStartAndSaysSo) {
-  SftFolders f;
+  TinyRun f;
   const std::string dead = "999999999";
   fs::create_directories(f.t.path / "run" / (".checkpoint-3.partial-" + dead));
   fs::create_directories(f.t.path / "run" / "prepared" / (".train-0-train.partial-" + dead));

@@ -3,6 +3,7 @@
 
 #include "tokenizer/jinja_builtins.h"
 #include "tokenizer/jinja_error.h"
+#include "tokenizer/jinja_limits.h"
 #include "tokenizer/jinja_ops.h"
 
 namespace soltrain::jinja {
@@ -19,7 +20,20 @@ struct Restore {
   Restore(T& r, T next) : ref(r), saved(std::move(r)) { ref = std::move(next); }
   ~Restore() { ref = std::move(saved); }
 };
+// Counts one level of evaluation in progress against a limit, also when unwinding by exception.
+struct Depth {
+  int& d;
+  Depth(int& depth, int limit, const char* what) : d(depth) {
+    if (d >= limit) limit_exceeded(what, limit);
+    ++d;
+  }
+  ~Depth() { --d; }
+};
 }  // namespace
+
+void Interpreter::step() {
+  if (++steps_ > kMaxSteps) limit_exceeded("total steps", kMaxSteps);
+}
 
 Interpreter::Interpreter(const Dict& globals) {
   auto root = std::make_shared<Scope>();
@@ -62,9 +76,19 @@ Interpreter::Flow Interpreter::exec(const Body& body, std::string& out) {
 
 Interpreter::Flow Interpreter::exec(const Stmt& s, std::string& out) {
   try {
+    step();
+    Depth depth(eval_depth_, kMaxEvalDepth, "evaluation depth");
     switch (s.kind) {
-      case SK::Text: out += s.text; return Flow::Normal;
-      case SK::Output: out += to_str(eval(*s.expr)); return Flow::Normal;
+      case SK::Text:
+        check_string_size(int64_t(out.size() + s.text.size()));
+        out += s.text;
+        return Flow::Normal;
+      case SK::Output: {
+        const std::string v = to_str(eval(*s.expr));
+        check_string_size(int64_t(out.size() + v.size()));
+        out += v;
+        return Flow::Normal;
+      }
       case SK::If:
         for (size_t i = 0; i < s.conds.size(); ++i)
           if (eval(*s.conds[i]).truthy()) return exec(s.bodies[i], out);
@@ -126,6 +150,7 @@ Interpreter::Flow Interpreter::exec_for(const Stmt& s, std::string& out) {
   if (s.cond) {
     // The loop filter sees the loop target but not `loop` (jinja2 filters before counting).
     for (const Value& item : all) {
+      step();
       Restore<decltype(scopes_)> guard(scopes_, scopes_);
       scopes_.push_back(std::make_shared<Scope>());
       assign(s.targets, item);
@@ -142,6 +167,7 @@ Interpreter::Flow Interpreter::exec_for(const Stmt& s, std::string& out) {
     ~DepthGuard() { --d; }
   } depth_guard{loop_depth_};
   for (int64_t i = 0; i < n; ++i) {
+    step();
     Restore<decltype(scopes_)> guard(scopes_, scopes_);
     scopes_.push_back(std::make_shared<Scope>());
     assign(s.targets, items[size_t(i)]);
@@ -184,6 +210,7 @@ Value Interpreter::define_macro(const Stmt& s) {
       for (const auto& p : def->params) known = known || p.first == kv.first;
       if (!known) throw EvalError("macro '" + def->text + "' takes no keyword argument '" + kv.first + "'");
     }
+    Depth calls(call_depth_, kMaxCallDepth, "macro call depth");
     std::vector<std::shared_ptr<Scope>> chain;
     for (const auto& w : closure)
       if (auto sp = w.lock()) chain.push_back(sp);
@@ -221,7 +248,11 @@ CallArgs Interpreter::eval_args(const Expr& e, size_t first) {
 
 Value Interpreter::eval(const Expr& e) {
   try {
-    return eval_node(e);
+    step();
+    Depth depth(eval_depth_, kMaxEvalDepth, "evaluation depth");
+    Value v = eval_node(e);
+    if (v.is_string()) check_string_size(int64_t(v.str.size()));  // what filters and methods built
+    return v;
   } catch (EvalError& err) {
     if (err.line == 0) {
       err.line = e.line;
@@ -309,6 +340,8 @@ Value Interpreter::eval_node(const Expr& e) {
       if (v.is_undefined()) undefined_error(v);
       if (!v.is_number()) throw EvalError("bad operand type for unary " + e.name + ": '" + type_name(v) + "'");
       if (e.name == "+") return v.is_integral() ? Value::from(v.as_int()) : v;
+      if (v.is_integral() && v.as_int() == INT64_MIN)
+        throw EvalError("integer overflow: the result does not fit in 64 bits");
       return v.is_integral() ? Value::from(-v.as_int()) : Value::from(-v.number);
     }
     case EK::Binary: {
