@@ -328,6 +328,10 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
          else
            c.resume_from_checkpoint = path_value(e, "resume_from_checkpoint").string();
        }},
+      {"loss_watchdog_threshold",
+       [&](const Entry& e) { c.loss_watchdog_threshold = get_double(e, "loss_watchdog_threshold", 0, 1e9, true); }},
+      {"loss_watchdog_patience",
+       [&](const Entry& e) { c.loss_watchdog_patience = int(get_int(e, "loss_watchdog_patience", 1)); }},
       {"eval_steps", [&](const Entry& e) { c.eval_steps = get_int(e, "eval_steps", 0); }},
       {"logging_steps", [&](const Entry& e) { c.logging_steps = get_int(e, "logging_steps", 1); }},
       {"device",

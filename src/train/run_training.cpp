@@ -13,6 +13,7 @@
 #include "model/peft_adapter.h"
 #include "train/curves_svg.h"
 #include "train/evaluate.h"
+#include "train/loss_watchdog.h"
 #include "train/metrics.h"
 #include "train/mfu.h"
 #include "train/stop_signal.h"
@@ -169,6 +170,7 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
   };
 
   StopSignal stop;
+  LossWatchdog watchdog(c.loss_watchdog_threshold, c.loss_watchdog_patience);
   const auto run_start = Clock::now();
   const int64_t first_step = state.step;
   Tensor grads = model->params().all_grads();
@@ -200,8 +202,8 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
     const double lr = c.learning_rate * lr_factor(sched, state.step);
     adamw.step(opt, float(lr), gn.clip_scale);
     ++state.step;
-    if (!std::isfinite(loss) && n_items > 0)
-      user_error("training diverged at step ", state.step, " (loss ", loss, "): lower learning_rate");
+    watchdog.after_step(state.step, loss, norm, n_items > 0, c.learning_rate,
+                        c.output_dir);  // NaN/inf, loss_watchdog_*
 
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
