@@ -48,7 +48,15 @@ TEST(Config, BadValuesSayWhatIsExpected) {
   EXPECT_EQ(error_of(kBase + "learning_rate: fast\n"),
             "cfg.yaml:6: learning_rate: \"fast\" is not valid: expected a number in (0, 10]");
   EXPECT_EQ(error_of(kBase + "per_device_train_batch_size: 0\n"),
-            "cfg.yaml:6: per_device_train_batch_size: \"0\" is not valid: expected an integer >= 1");
+            "cfg.yaml:6: per_device_train_batch_size: \"0\" is not valid: expected an integer from 1 to 2147483647");
+  // values past what the key's int holds name the key instead of wrapping around
+  EXPECT_EQ(error_of(kBase + "sequence_len: 3000000000\n"),
+            "cfg.yaml:6: sequence_len: \"3000000000\" is not valid: expected an integer from 2 to 16777216");
+  EXPECT_EQ(error_of(kBase + "sequence_len: 1e11\n"),
+            "cfg.yaml:6: sequence_len: \"1e11\" is not valid: expected an integer from 2 to 16777216");
+  EXPECT_EQ(error_of(kBase + "gradient_accumulation_steps: 99999999999\n"),
+            "cfg.yaml:6: gradient_accumulation_steps: \"99999999999\" is not valid: expected an integer from 1 to "
+            "2147483647");
   EXPECT_EQ(error_of(kBase + "lr_scheduler_type: exponential\n"),
             "cfg.yaml:6: lr_scheduler_type: \"exponential\" is not valid: expected constant, "
             "constant_with_warmup, linear, cosine or wsd");

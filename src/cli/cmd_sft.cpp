@@ -7,6 +7,7 @@
 #include "cli/config.h"
 #include "cli/device_option.h"
 #include "train/output_guard.h"
+#include "train/run_checks.h"
 #include "train/run_training.h"
 
 namespace soltrain {
@@ -24,6 +25,7 @@ std::function<int()> add_run_command(CLI::App& app, const char* name, const char
   c->add_option("--set", o->set, "override a config key: key=value (repeatable; values are YAML)");
   return [o, mode]() {
     const TrainConfig cfg = load_train_config(o->config, o->set, mode);
+    check_run_inputs(cfg);
     prepare_run_outputs(cfg, std::cerr);  // before any work: nothing the user had is written over
     auto ops = make_ops(cfg.device);
     const RunResult r = run_training(cfg, mode, *ops, std::cerr);

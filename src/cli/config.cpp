@@ -33,6 +33,9 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 
 namespace {
 
+// Longer than any model's context (the largest are ~10^7): a bigger value is a typo, not a plan.
+constexpr int64_t kMaxSequenceLen = int64_t(1) << 24;
+
 // A value and where it came from ("file:line" or "--set key=value"), for messages.
 struct Entry {
   YAML::Node node;
@@ -86,10 +89,17 @@ std::string get_string(const Entry& e, const std::string& key) {
   return e.node.Scalar();
 }
 
-int64_t get_int(const Entry& e, const std::string& key, int64_t min) {
-  const int64_t v = get<int64_t>(e, key, cat("an integer >= ", min));
-  if (v < min) bad_value(e, key, cat("an integer >= ", min));
+int64_t get_int(const Entry& e, const std::string& key, int64_t min, int64_t max = INT64_MAX) {
+  const std::string expected =
+      max == INT64_MAX ? cat("an integer >= ", min) : cat("an integer from ", min, " to ", max);
+  const int64_t v = get<int64_t>(e, key, expected);
+  if (v < min || v > max) bad_value(e, key, expected);
   return v;
+}
+
+// Keys held in an int: a larger value is refused here, naming the key, rather than wrapping around.
+int get_int32(const Entry& e, const std::string& key, int64_t min, int64_t max = INT32_MAX) {
+  return int(get_int(e, key, min, max));
 }
 
 double get_double(const Entry& e, const std::string& key, double min, double max, bool open_min = false) {
@@ -245,7 +255,7 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       {"validation_split_ratio",
        [&](const Entry& e) { c.validation_split_ratio = get_double(e, "validation_split_ratio", 0, 0.9); }},
       {"val_set_size", [&](const Entry& e) { c.validation_split_ratio = get_double(e, "val_set_size", 0, 0.9); }},
-      {"sequence_len", [&](const Entry& e) { c.sequence_len = int(get_int(e, "sequence_len", 2)); }},
+      {"sequence_len", [&](const Entry& e) { c.sequence_len = get_int32(e, "sequence_len", 2, kMaxSequenceLen); }},
       {"sample_packing", [&](const Entry& e) { c.sample_packing = get_bool(e, "sample_packing"); }},
       {"train_on_inputs",
        [&](const Entry& e) {
@@ -254,11 +264,11 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
            user_error(e.where, ": train_on_inputs: false has no meaning for pt (every token of text is trained)");
        }},
       {"per_device_train_batch_size",
-       [&](const Entry& e) { c.per_device_train_batch_size = int(get_int(e, "per_device_train_batch_size", 1)); }},
+       [&](const Entry& e) { c.per_device_train_batch_size = get_int32(e, "per_device_train_batch_size", 1); }},
       {"micro_batch_size",
-       [&](const Entry& e) { c.per_device_train_batch_size = int(get_int(e, "micro_batch_size", 1)); }},
+       [&](const Entry& e) { c.per_device_train_batch_size = get_int32(e, "micro_batch_size", 1); }},
       {"gradient_accumulation_steps",
-       [&](const Entry& e) { c.gradient_accumulation_steps = int(get_int(e, "gradient_accumulation_steps", 1)); }},
+       [&](const Entry& e) { c.gradient_accumulation_steps = get_int32(e, "gradient_accumulation_steps", 1); }},
       {"num_epochs", [&](const Entry& e) { c.num_epochs = get_double(e, "num_epochs", 0, 1e6, true); }},
       {"max_steps", [&](const Entry& e) { c.max_steps = get_int(e, "max_steps", 0); }},
       {"learning_rate", [&](const Entry& e) { c.learning_rate = get_double(e, "learning_rate", 0, 10, true); }},
@@ -300,8 +310,8 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
          c.lora.enabled = true;
        }},
       {"lora", [&](const Entry& e) { c.lora.enabled = get_bool(e, "lora"); }},
-      {"lora_rank", [&](const Entry& e) { c.lora.rank = int(get_int(e, "lora_rank", 1)); }},
-      {"lora_r", [&](const Entry& e) { c.lora.rank = int(get_int(e, "lora_r", 1)); }},
+      {"lora_rank", [&](const Entry& e) { c.lora.rank = get_int32(e, "lora_rank", 1); }},
+      {"lora_r", [&](const Entry& e) { c.lora.rank = get_int32(e, "lora_r", 1); }},
       {"lora_alpha", [&](const Entry& e) { c.lora.alpha = get_double(e, "lora_alpha", 0, 1e6, true); }},
       {"lora_dropout", [&](const Entry& e) { c.lora.dropout = get_double(e, "lora_dropout", 0, 0.99); }},
       {"lora_target_modules",
@@ -316,7 +326,7 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
        }},
       {"use_rslora", [&](const Entry& e) { c.lora.use_rslora = get_bool(e, "use_rslora"); }},
       {"save_steps", [&](const Entry& e) { c.save_steps = get_int(e, "save_steps", 0); }},
-      {"save_total_limit", [&](const Entry& e) { c.save_total_limit = int(get_int(e, "save_total_limit", 0)); }},
+      {"save_total_limit", [&](const Entry& e) { c.save_total_limit = get_int32(e, "save_total_limit", 0); }},
       {"resume_from_checkpoint",
        [&](const Entry& e) {
          if (!e.node.IsScalar()) bad_value(e, "resume_from_checkpoint", "true, false or a checkpoint folder");
@@ -331,7 +341,7 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       {"loss_watchdog_threshold",
        [&](const Entry& e) { c.loss_watchdog_threshold = get_double(e, "loss_watchdog_threshold", 0, 1e9, true); }},
       {"loss_watchdog_patience",
-       [&](const Entry& e) { c.loss_watchdog_patience = int(get_int(e, "loss_watchdog_patience", 1)); }},
+       [&](const Entry& e) { c.loss_watchdog_patience = get_int32(e, "loss_watchdog_patience", 1); }},
       {"eval_steps", [&](const Entry& e) { c.eval_steps = get_int(e, "eval_steps", 0); }},
       {"logging_steps", [&](const Entry& e) { c.logging_steps = get_int(e, "logging_steps", 1); }},
       {"device",

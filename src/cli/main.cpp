@@ -1,6 +1,8 @@
 // soltrain: entry point. Bad input → one line on stderr and exit code 2; our own bugs → exit code 1.
 #include <filesystem>
 #include <iostream>
+#include <new>
+#include <stdexcept>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -47,6 +49,12 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const std::filesystem::filesystem_error& e) {  // a path the user gave: not there, not writable
     std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::bad_alloc&) {  // sizes are checked before allocating; this is what slipped through
+    std::cerr << "error: out of memory: the input asks for more memory than this machine has (std::bad_alloc)\n";
+    return 2;
+  } catch (const std::length_error& e) {  // a container asked for more elements than it can hold
+    std::cerr << "error: out of memory: the input asks for an impossibly large buffer (" << e.what() << ")\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "internal error (please report): " << e.what() << "\n";
