@@ -40,10 +40,12 @@ inline std::string leftovers(const std::filesystem::path& root) {
 
 // Runs a command that must finish within `max_seconds` (a hang is a failure, not a stuck CI job: the
 // command runs under `timeout`).
-inline CliRun run_bounded(const std::string& args, const TempDir& t, int max_seconds = 60) {
+// `env` ("NAME=value ...") is set for the command only.
+inline CliRun run_bounded(const std::string& args, const TempDir& t, int max_seconds = 60,
+                          const std::string& env = "") {
   const auto out = t.path / "stdout", err = t.path / "stderr";
-  const std::string cmd = "timeout -k 5 " + std::to_string(max_seconds) + " " + std::string(SOLTRAIN_BIN) + " " + args +
-                          " >" + out.string() + " 2>" + err.string();
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + "timeout -k 5 " + std::to_string(max_seconds) +
+                          " " + std::string(SOLTRAIN_BIN) + " " + args + " >" + out.string() + " 2>" + err.string();
   const int status = std::system(cmd.c_str());
   auto read = [](const std::filesystem::path& p) {
     std::ifstream f(p);

@@ -13,6 +13,7 @@
 #include "model/peft_adapter.h"
 #include "train/curves_svg.h"
 #include "train/evaluate.h"
+#include "train/failed_write.h"
 #include "train/loss_watchdog.h"
 #include "train/metrics.h"
 #include "train/mfu.h"
@@ -221,7 +222,7 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
     if (matmul_tflops > 0) m.mfu = m.tokens_per_s * flops_per_token / (matmul_tflops * 1e12);
     // A terminal gets the line redrawn every step; logs and files get one entry per logging_steps.
     const bool log_step = state.step % c.logging_steps == 0 || state.step == total;
-    if (log_step) metrics.train(m);
+    if (log_step) write_or_save_and_stop([&] { metrics.train(m); }, checkpoint);  // a full disk stops the run
     if (log_step || progress.tty()) progress.show(m);
     if (c.eval_steps > 0 && state.step % c.eval_steps == 0 && state.step < total) run_eval(state.step);
     if (c.save_steps > 0 && state.step % c.save_steps == 0) checkpoint();
