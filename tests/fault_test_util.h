@@ -85,10 +85,9 @@ struct TinyRun {
   }
   // c.yaml: the dataset, sequence_len 64, one step, plus `body`; returns its path.
   std::string config(const std::string& body) const {
-    write_text(t.path / "c.yaml",
-               "datasets: [{path: train.jsonl, type: conversation}]\nsequence_len: 64\n"
-               "max_steps: 1\n" +
-                   body);
+    write_text(
+        t.path / "c.yaml",
+        yaml_with("datasets: [{path: train.jsonl, type: conversation}]\nsequence_len: 64\nmax_steps: 1\n", body));
     return (t.path / "c.yaml").string();
   }
 };

@@ -2,6 +2,7 @@
 // numbers (Mark) for the "unknown key" message; --set overrides replace a key's node before parsing.
 #include "cli/config.h"
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -161,7 +162,7 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
        [&](const Entry& e) {
          if (!e.node.IsMap()) bad_value(e, "roles", "a map like {user: [human], assistant: [gpt]}");
          for (const auto& kv : e.node) {
-           const std::string role = kv.first.as<std::string>();
+           const std::string role = scalar_text(kv.first);
            if (role != "user" && role != "assistant" && role != "system" && role != "tool")
              user_error(where_of(file, kv.first), ": roles: \"", role, "\" is not a role: expected user, assistant, ",
                         "system or tool");
@@ -172,8 +173,13 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
   };
   std::vector<std::string> names;
   for (const auto& [k, v] : keys) names.push_back(k);
+  std::map<std::string, std::string> seen;  // key -> where, for repeated keys
   for (const auto& kv : n) {
-    const std::string key = kv.first.as<std::string>();
+    const std::string key = scalar_text(kv.first);
+    if (seen.count(key))
+      user_error(where_of(file, kv.first), ": dataset key \"", key, "\" appears twice (also at ", seen[key],
+                 "); keep one");
+    seen[key] = where_of(file, kv.first);
     const auto it = keys.find(key);
     if (it == keys.end()) unknown_key(where_of(file, kv.first), key, names, "dataset key");
     it->second({kv.second, where_of(file, kv.second)});
@@ -204,6 +210,9 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
   YAML::Node root;
   try {
     root = YAML::Load(yaml);
+  } catch (const YAML::DeepRecursion& e) {  // yaml-cpp's own message for it is "bad file"
+    user_error(where, ":", e.mark.line + 1, ": not valid YAML: nested more than ", e.depth(),
+               " levels deep (a training config needs a few)");
   } catch (const YAML::Exception& e) {
     user_error(where, ":", e.mark.line + 1, ": not valid YAML: ", e.msg);
   }
@@ -213,8 +222,12 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
   std::map<std::string, Entry> entries;
   std::vector<std::string> order;
   for (const auto& kv : root) {
-    const std::string key = kv.first.as<std::string>();
-    if (!entries.count(key)) order.push_back(key);
+    const std::string key = scalar_text(kv.first);
+    // yaml-cpp keeps both of a repeated key; YAML forbids it, and one of the two values would be ignored.
+    if (entries.count(key))
+      user_error(where_of(where, kv.first), ": key \"", key, "\" appears twice (also at ", entries[key].where,
+                 "); keep one");
+    order.push_back(key);
     entries[key] = {kv.second, where_of(where, kv.first)};
   }
   std::string source = yaml;

@@ -124,7 +124,8 @@ DatasetType detect_type(const ordered_json& r, const DatasetFields& f) {
   if (r.contains(f.instruction) && r.contains(f.output)) return DatasetType::kInstruction;
   if (r.contains(f.text)) return DatasetType::kText;
   bad(cat("cannot detect the dataset type: the first record has none of \"", f.text, "\", \"", f.instruction, "\"+\"",
-          f.output, "\", \"", f.messages, "\", \"", f.conversations, "\" (give FILE:TYPE)"));
+          f.output, "\", \"", f.messages, "\", \"", f.conversations,
+          "\" (give the dataset's type: `type:` in a config, FILE:TYPE with --data)"));
 }
 
 Sample to_sample(const ordered_json& r, DatasetType type, const DatasetFields& f) {

@@ -104,6 +104,10 @@ void ProgressLine::show(const StepMetrics& m) {
   }
 }
 
+ProgressLine::~ProgressLine() {
+  if (dirty_) out_ << "\n" << std::flush;
+}
+
 void ProgressLine::message(const std::string& text) {
   if (dirty_) out_ << "\r\033[K";
   dirty_ = false;
