@@ -112,3 +112,19 @@ TEST(HostileInputs, GenerateChecksMaxNewTokensAndAnEmptyPrompt) {
 
 }  // namespace
 }  // namespace soltrain::test
+
+namespace soltrain::test {
+namespace {
+
+TEST(HostileInputs, ADatasetRecordNestedDeepIsABadRecordNotACrash) {
+  TinyRun r;
+  write_text(r.t.path / "deep.jsonl", "{\"messages\": " + std::string(100000, '[') + std::string(100000, ']') + "}\n" +
+                                          "{\"messages\": [{\"role\": \"user\", \"content\": 1e99999}]}\n");
+  const std::string tok = "tokenize --tokenizer " + (r.t.path / "model").string() + " --data " +
+                          (r.t.path / "deep.jsonl").string() + " --out " + (r.t.path / "sh").string();
+  expect_refused(run_bounded(tok, r.t), "deep.jsonl:1: not valid JSON (nested more than 512 levels deep)");
+  expect_refused(run_bounded(tok + " --bad-records skip", r.t), "no usable records in");
+}
+
+}  // namespace
+}  // namespace soltrain::test

@@ -125,6 +125,10 @@ TEST(Safetensors, CorruptFilesGetOneClearError) {
   expect_rejected(with_header(good_header, 20), "bytes [16, 20) at the end of the data belong to no tensor");
   expect_rejected(with_header(R"({"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", 16),
                   "bytes [0, 8) of the data belong to no tensor");
+  // JSON the parser refuses for other reasons than syntax: a number out of range, nesting 10^5 deep
+  expect_rejected(with_header(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"x":1e99999})", 8),
+                  "header is not JSON");
+  expect_rejected(with_header(std::string(100000, '[') + std::string(100000, ']'), 0), "header is not JSON");
   // the header's key order need not follow the offsets (JSON objects have no order)
   {
     TempDir t;

@@ -55,8 +55,11 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
     const char* base = static_cast<const char*>(map_);
     json header;
     try {
-      header = json::parse(base + 8, base + 8 + header_len);
-    } catch (const json::parse_error& e) {
+      header = json::parse(base + 8, base + 8 + header_len, [](int depth, json::parse_event_t, json&) {
+        if (depth > kMaxJsonDepth) throw json::other_error::create(600, "nested too deep", nullptr);
+        return true;
+      });
+    } catch (const json::exception& e) {  // syntax, or a number out of range
       bad(path, cat("header is not JSON (", e.what(), ")"));
     }
     if (!header.is_object()) bad(path, "header is not a JSON object");

@@ -905,7 +905,8 @@ Dict builtin_globals() {
       d = *a.positional[0].dict;
     }
     for (auto& [k, v] : a.keyword) {
-      auto it = std::find_if(d.begin(), d.end(), [&](auto& kv) { return kv.first == k; });
+      const std::string& key = k;  // clang 14 cannot capture a structured binding
+      auto it = std::find_if(d.begin(), d.end(), [&](auto& kv) { return kv.first == key; });
       if (it != d.end())
         it->second = v;
       else
