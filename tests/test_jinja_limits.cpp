@@ -39,7 +39,7 @@ std::string repeated(const std::string& s, int n) {
 
 void expect_limit(const std::string& tpl, const std::string& limit) {
   const std::string msg = error_of(tpl);
-  EXPECT_NE(msg.find("exceeds the sandbox's " + limit + " limit"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("exceeds the sandbox's " + limit), std::string::npos) << msg;
   EXPECT_EQ(msg.rfind("t line ", 0), 0u) << "the error says where: " << msg;
 }
 
@@ -51,6 +51,10 @@ TEST(JinjaLimits, RecursiveMacrosStopAtTheCallDepth) {
   expect_limit("{% macro f(n) %}" + repeated("{% if true %}", 150) + "{{ f(n - 1) }}" + repeated("{% endif %}", 150) +
                    "{% endmacro %}{{ f(90) }}",
                "evaluation depth");
+  // deep expressions inside each call: the same limit, however large the build's stack frames are
+  expect_limit(
+      "{% macro f(n) %}{{ " + repeated("(1 + ", 60) + "f(n - 1)" + repeated(")", 60) + " }}{% endmacro %}{{ f(99) }}",
+      "evaluation depth");
   // a bounded recursion a real template might do is fine
   EXPECT_EQ(error_of("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}x{% endif %}{% endmacro %}{{ f(50) }}"), "");
 }

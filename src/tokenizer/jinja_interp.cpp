@@ -20,11 +20,14 @@ struct Restore {
   Restore(T& r, T next) : ref(r), saved(std::move(r)) { ref = std::move(next); }
   ~Restore() { ref = std::move(saved); }
 };
-// Counts one level of evaluation in progress against a limit, also when unwinding by exception.
+// Counts one level of evaluation in progress against a limit, also when unwinding by exception. With
+// `stack_base`, the C++ stack used since then is bounded too (it grows down on every platform we build for).
 struct Depth {
   int& d;
-  Depth(int& depth, int limit, const char* what) : d(depth) {
+  Depth(int& depth, int limit, const char* what, const char* stack_base = nullptr) : d(depth) {
     if (d >= limit) limit_exceeded(what, limit);
+    if (stack_base && stack_base - static_cast<const char*>(__builtin_frame_address(0)) > kMaxEvalStackBytes)
+      limit_exceeded(std::string(what) + " (stack bytes)", kMaxEvalStackBytes);
     ++d;
   }
   ~Depth() { --d; }
@@ -42,6 +45,7 @@ Interpreter::Interpreter(const Dict& globals) {
 }
 
 void Interpreter::run(const Body& body, std::string& out) {
+  stack_base_ = static_cast<const char*>(__builtin_frame_address(0));
   if (exec(body, out) != Flow::Normal) throw EvalError("'break' or 'continue' outside a for loop");
 }
 
@@ -77,7 +81,7 @@ Interpreter::Flow Interpreter::exec(const Body& body, std::string& out) {
 Interpreter::Flow Interpreter::exec(const Stmt& s, std::string& out) {
   try {
     step();
-    Depth depth(eval_depth_, kMaxEvalDepth, "evaluation depth");
+    Depth depth(eval_depth_, kMaxEvalDepth, "evaluation depth", stack_base_);
     switch (s.kind) {
       case SK::Text:
         check_string_size(int64_t(out.size() + s.text.size()));
@@ -249,7 +253,7 @@ CallArgs Interpreter::eval_args(const Expr& e, size_t first) {
 Value Interpreter::eval(const Expr& e) {
   try {
     step();
-    Depth depth(eval_depth_, kMaxEvalDepth, "evaluation depth");
+    Depth depth(eval_depth_, kMaxEvalDepth, "evaluation depth", stack_base_);
     Value v = eval_node(e);
     if (v.is_string()) check_string_size(int64_t(v.str.size()));  // what filters and methods built
     return v;

@@ -16,8 +16,10 @@ inline constexpr int kMaxNesting = 200;
 // Macro calls in progress at once (a macro calling itself).
 inline constexpr int kMaxCallDepth = 100;
 // Statements and expressions being evaluated at once, across macro calls: what bounds the interpreter's
-// C++ stack (~ 0.5 KB per level; 4 MB at the limit under ASan, measured in scripts/fuzz.sh's build).
+// C++ stack. A level's frames differ by build (ASan pads every local: 8 MB of stack overflowed at ~1500
+// levels in scripts/fuzz.sh's build), so the stack used is bounded in bytes as well.
 inline constexpr int kMaxEvalDepth = 2000;
+inline constexpr int64_t kMaxEvalStackBytes = 2 << 20;
 // Statements, expressions and loop iterations executed in one render: nested loops stop here.
 inline constexpr int64_t kMaxSteps = 1'000'000;  // ~0.8 s of nested loops
 // Bytes of any one string (the rendered text included) the template may build.
