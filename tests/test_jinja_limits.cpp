@@ -73,6 +73,25 @@ TEST(JinjaLimits, DeepNestingIsAParseErrorNotAStackOverflow) {
   EXPECT_EQ(error_of("{{ " + repeated("(", 50) + "1" + repeated(")", 50) + " }}"), "");
 }
 
+TEST(JinjaLimits, ValuesBuiltDeepStopAtTheValueDepth) {
+  // printing or freeing a list nested 10^5 deep would recurse 10^5 times
+  expect_limit(
+      "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}"
+      "{{ ns.x }}",
+      "value nesting depth");
+  expect_limit("{% set ns = namespace(x={}) %}{% for i in range(100000) %}{% set ns.x = {'a': ns.x} %}{% endfor %}",
+               "value nesting depth");
+  // a namespace inside a namespace could become a cycle
+  EXPECT_NE(error_of("{% set ns = namespace(x=1) %}{% set ns.x = ns %}{{ ns }}").find("keeps namespaces apart"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% set a = namespace() %}{% set b = namespace(a=[a]) %}{% set a.b = [b] %}")
+                .find("keeps namespaces apart"),
+            std::string::npos);
+  EXPECT_EQ(error_of("{% set ns = namespace(x=[]) %}{% for i in range(50) %}{% set ns.x = [ns.x] %}{% endfor %}"
+                     "{{ ns.x | length }}"),
+            "");
+}
+
 TEST(JinjaLimits, NestedLoopsStopAtTheStepLimit) {
   expect_limit("{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}", "total steps");
   expect_limit("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}", "total steps");

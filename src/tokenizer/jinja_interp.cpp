@@ -131,6 +131,12 @@ void Interpreter::exec_set(const Stmt& s, const Value& v) {
   Value ns = lookup(s.targets[0]);
   if (ns.kind != Value::Kind::Namespace)
     throw EvalError("cannot assign attribute '" + s.attr + "' on '" + s.targets[0] + "': it is not a namespace");
+  // Namespaces are the only mutable values: one inside another could make a cycle, and a value that grows
+  // deeper at every assignment must stop where constructed ones do.
+  if (v.holds_namespace)
+    throw EvalError("cannot assign a namespace (or a value holding one) to '" + s.targets[0] + "." + s.attr +
+                    "': the sandbox keeps namespaces apart");
+  if (v.depth + 1 > kMaxValueDepth) limit_exceeded("value nesting depth", kMaxValueDepth);
   for (auto& kv : *ns.dict)
     if (kv.first == s.attr) {
       kv.second = v;

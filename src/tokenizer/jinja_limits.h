@@ -22,6 +22,8 @@ inline constexpr int kMaxEvalDepth = 2000;
 inline constexpr int64_t kMaxEvalStackBytes = 2 << 20;
 // Statements, expressions and loop iterations executed in one render: nested loops stop here.
 inline constexpr int64_t kMaxSteps = 1'000'000;  // ~0.8 s of nested loops
+// Nesting of lists and dicts in one value (JSON inputs are refused past 512 levels when parsed).
+inline constexpr int kMaxValueDepth = 1000;
 // Bytes of any one string (the rendered text included) the template may build.
 inline constexpr int64_t kMaxStringBytes = 100'000'000;
 
