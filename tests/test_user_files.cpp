@@ -83,6 +83,23 @@ TEST(UserFiles, MergeIntoItsOwnInputIsRefused) {
   EXPECT_EQ(snapshot(t.path / "adapter"), adapter);
 }
 
+TEST(UserFiles, DumpSaveAdapterAndDemoSetupRefuseAFolderTheyDidNotWrite) {
+  TempDir t;
+  const fs::path mine = users_folder(t.path / "mine");
+  const auto before = snapshot(mine);
+  expect_refused(run_bounded("dump --model " + fixture_model() + " --adapter " + peft() + "/adapter --batch " +
+                                 fixture_model() + "/batch.safetensors --out " + (t.path / "d.safetensors").string() +
+                                 " --save-adapter " + mine.string(),
+                             t),
+                 "or empty it");
+  users_folder(t.path / "demo" / "model");
+  const auto demo = snapshot(t.path / "demo");
+  expect_refused(run_bounded("demo-setup --out " + (t.path / "demo").string(), t), "not written by soltrain");
+  EXPECT_EQ(snapshot(mine), before);
+  EXPECT_EQ(snapshot(t.path / "demo"), demo);
+  EXPECT_FALSE(fs::exists(t.path / "d.safetensors"));
+}
+
 TEST(UserFiles, TokenizeRefusesAFolderItDidNotWrite) {
   TempDir t;
   write_reversal_dataset(t.path / "d.jsonl", 5, 1);

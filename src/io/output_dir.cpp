@@ -29,7 +29,8 @@ void check_output_dir(const fs::path& dir, bool overwrite, const std::string& fl
     user_error(dir.string(), ": is a file, not a folder; give a folder for the ", what);
   if (overwrite || is_replaceable_output(dir)) return;
   user_error(dir.string(), ": folder is not empty and was not written by soltrain (no ", kOutputMarker,
-             "); choose another folder for the ", what, ", or set ", flag, " to write over it");
+             "); choose another folder for the ", what,
+             flag.empty() ? std::string(" or empty it") : cat(", or set ", flag, " to write over it"));
 }
 
 bool path_within(const fs::path& inner, const fs::path& outer) {

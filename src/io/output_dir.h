@@ -19,7 +19,8 @@ bool is_replaceable_output(const std::filesystem::path& dir);
 
 // Before any work: `dir` may be written (created, or replaced as a whole) only if it is a soltrain output or
 // empty, or if `overwrite` is set. A file there is never replaced by a folder. `flag` names the switch that
-// allows it ("--overwrite", "overwrite_output_dir: true") in the message. UserError otherwise.
+// allows it ("--overwrite", "overwrite_output_dir: true"; empty where there is none) in the message.
+// UserError otherwise.
 void check_output_dir(const std::filesystem::path& dir, bool overwrite, const std::string& flag,
                       const std::string& what);
 
