@@ -203,8 +203,8 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
     const double lr = c.learning_rate * lr_factor(sched, state.step);
     adamw.step(opt, float(lr), gn.clip_scale);
     ++state.step;
-    watchdog.after_step(state.step, loss, norm, n_items > 0, c.learning_rate,
-                        c.output_dir);  // NaN/inf, loss_watchdog_*
+    // NaN/inf loss or gradient norm, loss_watchdog_threshold: stops the run (UserError), checkpoints untouched
+    watchdog.after_step(state.step, loss, norm, n_items > 0, c.learning_rate, c.output_dir);
 
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
