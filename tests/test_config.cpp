@@ -44,11 +44,32 @@ TEST(Config, UnknownKeyNamesLineAndSuggests) {
             "cfg.yaml:5: unknown dataset key \"typ\" (did you mean \"type\"?)");
 }
 
+TEST(Config, RepeatedKeysAndDeepNestingAreClearErrors) {
+  EXPECT_EQ(error_of(kBase + "model: other\n"),
+            "cfg.yaml:6: key \"model\" appears twice (also at cfg.yaml:1); keep one");
+  EXPECT_EQ(error_of("model: m\noutput_dir: o\ndatasets:\n  - path: a\n    path: b\n"),
+            "cfg.yaml:5: dataset key \"path\" appears twice (also at cfg.yaml:4); keep one");
+  const std::string deep = kBase + "lora_target_modules: " + std::string(100000, '[') + std::string(100000, ']') + "\n";
+  EXPECT_NE(error_of(deep).find("cfg.yaml:6: not valid YAML: nested more than"), std::string::npos) << error_of(deep);
+  // --set replaces a key on purpose: not a repetition
+  EXPECT_EQ(error_of(kBase, {"model=other"}), "no error");
+  // a key that is not a string is an unknown key, not a crash
+  EXPECT_NE(error_of(kBase + "[a]: 1\n").find("unknown key \"[a]\""), std::string::npos);
+}
+
 TEST(Config, BadValuesSayWhatIsExpected) {
   EXPECT_EQ(error_of(kBase + "learning_rate: fast\n"),
             "cfg.yaml:6: learning_rate: \"fast\" is not valid: expected a number in (0, 10]");
   EXPECT_EQ(error_of(kBase + "per_device_train_batch_size: 0\n"),
-            "cfg.yaml:6: per_device_train_batch_size: \"0\" is not valid: expected an integer >= 1");
+            "cfg.yaml:6: per_device_train_batch_size: \"0\" is not valid: expected an integer from 1 to 2147483647");
+  // values past what the key's int holds name the key instead of wrapping around
+  EXPECT_EQ(error_of(kBase + "sequence_len: 3000000000\n"),
+            "cfg.yaml:6: sequence_len: \"3000000000\" is not valid: expected an integer from 2 to 16777216");
+  EXPECT_EQ(error_of(kBase + "sequence_len: 1e11\n"),
+            "cfg.yaml:6: sequence_len: \"1e11\" is not valid: expected an integer from 2 to 16777216");
+  EXPECT_EQ(error_of(kBase + "gradient_accumulation_steps: 99999999999\n"),
+            "cfg.yaml:6: gradient_accumulation_steps: \"99999999999\" is not valid: expected an integer from 1 to "
+            "2147483647");
   EXPECT_EQ(error_of(kBase + "lr_scheduler_type: exponential\n"),
             "cfg.yaml:6: lr_scheduler_type: \"exponential\" is not valid: expected constant, "
             "constant_with_warmup, linear, cosine or wsd");

@@ -116,6 +116,27 @@ TEST(Safetensors, CorruptFilesGetOneClearError) {
   expect_rejected(with_header(R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8), "negative");
   expect_rejected(with_header(R"({"w":{"dtype":"F32","shape":[2]}})", 8), "needs dtype, shape and data_offsets");
   expect_rejected(with_header(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8), "out of range");
+  // the data must be the tensors laid end to end: no overlap, no gap, nothing left over
+  const std::string two = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)";
+  expect_rejected(with_header(two + R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12), "overlap");
+  expect_rejected(with_header(two + R"("b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8), "overlap");
+  expect_rejected(with_header(two + R"("b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}})", 20),
+                  "bytes [8, 12) of the data belong to no tensor");
+  expect_rejected(with_header(good_header, 20), "bytes [16, 20) at the end of the data belong to no tensor");
+  expect_rejected(with_header(R"({"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", 16),
+                  "bytes [0, 8) of the data belong to no tensor");
+  // JSON the parser refuses for other reasons than syntax: a number out of range, nesting 10^5 deep
+  expect_rejected(with_header(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"x":1e99999})", 8),
+                  "header is not JSON");
+  expect_rejected(with_header(std::string(100000, '[') + std::string(100000, ']'), 0), "header is not JSON");
+  // the header's key order need not follow the offsets (JSON objects have no order)
+  {
+    TempDir t;
+    spit(t.path / "swapped.safetensors", with_header(R"({"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},)"
+                                                     R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                                                     16));
+    EXPECT_NO_THROW(SafetensorsFile(t.path / "swapped.safetensors"));
+  }
   // the well-formed one is accepted
   TempDir t;
   spit(t.path / "ok.safetensors", good);

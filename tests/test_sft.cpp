@@ -32,15 +32,16 @@ struct SftSetup {
     write_reversal_dataset(t.path / "train.jsonl", 300, 8);
     write_reversal_dataset(t.path / "val.jsonl", 40, 9);
   }
-  // A config in the temp folder; `extra` lines are appended (later keys are --set style overrides).
+  // A config in the temp folder; `extra` lines are added, replacing the same keys of the base.
   fs::path config(const std::string& out, const std::string& extra) const {
     const fs::path p = t.path / (out + ".yaml");
-    test::write_text(p, "model: model\noutput_dir: " + out +
-                            "\ndatasets:\n  - path: train.jsonl\n    type: conversation\n"
-                            "validation_datasets: [{path: val.jsonl, type: conversation}]\n"
-                            "dataset_prepared_path: prepared\nsequence_len: 64\nper_device_train_batch_size: 2\n"
-                            "learning_rate: 3.0e-3\nlr_scheduler_type: cosine\nwarmup_steps: 2\nlogging_steps: 1\n" +
-                            extra);
+    test::write_text(p, test::yaml_with("model: model\noutput_dir: " + out +
+                                            "\ndatasets:\n  - path: train.jsonl\n    type: conversation\n"
+                                            "validation_datasets: [{path: val.jsonl, type: conversation}]\n"
+                                            "dataset_prepared_path: prepared\nsequence_len: 64\n"
+                                            "per_device_train_batch_size: 2\nlearning_rate: 3.0e-3\n"
+                                            "lr_scheduler_type: cosine\nwarmup_steps: 2\nlogging_steps: 1\n",
+                                        extra));
     return p;
   }
 };

@@ -30,7 +30,7 @@ std::function<int()> add_chat_template_command(CLI::App& app) {
       nlohmann::ordered_json vars;  // ordered: tojson in templates shows keys in the input's order, as HF
       try {
         vars = nlohmann::ordered_json::parse(line);
-      } catch (const nlohmann::json::parse_error& e) {
+      } catch (const nlohmann::json::exception& e) {
         user_error("stdin line ", n, ": not valid JSON (", e.what(), ")");
       }
       if (!vars.is_object() || !vars.contains("messages") || !vars["messages"].is_array())

@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "cli/demo_kit.h"
+#include "io/output_dir.h"
 
 namespace soltrain {
 
@@ -24,6 +25,7 @@ std::function<int()> add_demo_setup_command(CLI::App& app) {
   c->add_option("--seed", o->seed)->capture_default_str();
   return [o]() {
     const std::filesystem::path out = o->out;
+    check_output_dir(out / "model", false, "", "demo model (--out/model)");
     write_random_model(out / "model", DemoModelShape{}, o->seed);
     write_reversal_dataset(out / "train.jsonl", o->train, o->seed + 1);
     write_reversal_dataset(out / "validation.jsonl", o->validation, o->seed + 2);

@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/device_option.h"
 #include "data/batch_file.h"
+#include "io/output_dir.h"
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
 #include "model/peft_adapter.h"
@@ -27,6 +28,11 @@ std::function<int()> add_dump_command(CLI::App& app) {
   c->add_option("--out", o->out, "output .safetensors file")->required();
   add_device_option(c, o->device);
   return [o]() {
+    if (!o->save_adapter.empty()) {
+      check_output_dir(o->save_adapter, false, "", "adapter (--save-adapter)");
+      check_output_apart_from_inputs(o->save_adapter, "--save-adapter",
+                                     {{o->model, "--model"}, {o->adapter, "--adapter"}});
+    }
     auto ops = make_ops(o->device);
     auto model =
         o->adapter.empty() ? load_pretrained(o->model, *ops) : load_pretrained_with_adapter(o->model, o->adapter, *ops);

@@ -21,7 +21,7 @@ std::string encode_line(Tokenizer& tok, const std::string& line, size_t n) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     user_error("stdin line ", n, ": not valid JSON (", e.what(), ")");
   }
   if (!j.is_object() || !j.contains("text") || !j["text"].is_string())

@@ -73,11 +73,16 @@ std::function<int()> add_generate_command(CLI::App& app) {
   c->add_option("--seed", o->sampling.seed, "random seed of the sampler")->capture_default_str();
   c->add_flag("--print-ids", o->print_ids, "print the new token ids (one line) instead of text (reference checks)");
   add_device_option(c, o->device);
-  return [o]() {
-    if (o->prompt.empty() == o->chat.empty()) user_error("generate: give exactly one of --prompt TEXT or --chat TEXT");
+  return [o, c]() {
+    const bool has_prompt = c->count("--prompt") > 0, has_chat = c->count("--chat") > 0;
+    if (has_prompt == has_chat) user_error("generate: give exactly one of --prompt TEXT or --chat TEXT");
+    if (has_prompt && o->prompt.empty())
+      user_error("generate: --prompt is empty: give text for the model to continue (or --chat for a message)");
+    if (has_chat && o->chat.empty()) user_error("generate: --chat is empty: give a message for the model to answer");
     if (o->max_new_tokens < 1) user_error("--max-new-tokens ", o->max_new_tokens, ": expected >= 1");
     o->sampling.validate();
     const std::filesystem::path dir = o->model;
+    if (!std::filesystem::is_directory(dir)) user_error("--model ", dir.string(), ": no such folder");
     if (!std::filesystem::exists(dir / "tokenizer.json"))
       user_error(dir.string(), ": no tokenizer.json (generate needs the model's tokenizer)");
     Tokenizer tok = Tokenizer::load(dir / "tokenizer.json");
@@ -91,6 +96,12 @@ std::function<int()> add_generate_command(CLI::App& app) {
       text = tmpl.render(vars);
     }
     const std::vector<int32_t> prompt = tok.encode(text);
+    // The KV cache is sized for prompt + new tokens: checked against the model before it is allocated.
+    const int max_pos = load_model_config(dir).max_position_embeddings;
+    if (int64_t(prompt.size()) + o->max_new_tokens > max_pos)
+      user_error("--max-new-tokens ", o->max_new_tokens, ": the prompt's ", prompt.size(),
+                 " tokens plus the new ones exceed the model's max_position_embeddings (", max_pos, ", ",
+                 (dir / "config.json").string(), ")");
     GenerationOptions g{o->max_new_tokens, o->sampling, eos_ids(dir, tok)};
 
     auto ops = make_ops(o->device);

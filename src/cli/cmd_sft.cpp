@@ -6,6 +6,8 @@
 #include "cli/commands.h"
 #include "cli/config.h"
 #include "cli/device_option.h"
+#include "train/output_guard.h"
+#include "train/run_checks.h"
 #include "train/run_training.h"
 
 namespace soltrain {
@@ -28,6 +30,8 @@ std::function<int()> add_run_command(CLI::App& app, const char* name, const char
   return [o, mode]() {
     TrainConfig cfg = load_train_config(o->config, o->set, mode);
     cfg.dump_batches = o->dump_batches;
+    check_run_inputs(cfg);
+    prepare_run_outputs(cfg, std::cerr);  // before any work: nothing the user had is written over
     auto ops = make_ops(cfg.device);
     const RunResult r = run_training(cfg, mode, *ops, std::cerr);
     return r.interrupted ? 130 : 0;

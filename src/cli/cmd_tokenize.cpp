@@ -9,6 +9,8 @@
 #include "cli/config.h"
 #include "core/error.h"
 #include "data/tokenize_job.h"
+#include "io/output_dir.h"
+#include "train/output_guard.h"
 #include "train/train_data.h"
 
 namespace soltrain {
@@ -32,7 +34,7 @@ std::function<int()> add_tokenize_command(CLI::App& app) {
     std::vector<std::string> data;
     std::string bad_records = "error", config;
     std::vector<std::string> set;
-    bool quiet = false, pt = false;
+    bool quiet = false, pt = false, overwrite = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand("tokenize", "tokenize datasets into token/loss-mask shards");
@@ -48,18 +50,25 @@ std::function<int()> add_tokenize_command(CLI::App& app) {
   c->add_option("--text-field", o->t.fields.text, "field holding the text of text datasets");
   c->add_option("--system-prompt", o->t.fields.system_prompt, "system message prepended to conversations");
   c->add_flag("--quiet", o->quiet, "no progress line");
+  c->add_flag("--overwrite", o->overwrite, "replace --out even if it holds files soltrain did not write");
   return [o]() {
     if (!o->config.empty()) {
       if (!o->data.empty() || !o->t.tokenizer.empty() || !o->t.out.empty())
         user_error("tokenize: give either a config file or --tokenizer/--data/--out, not both");
       const TrainMode mode = o->pt ? TrainMode::kPretrain : TrainMode::kSft;  // the shards' settings differ
-      const TrainData d = prepare_train_data(load_train_config(o->config, o->set, mode), std::cerr);
+      const TrainConfig cfg = load_train_config(o->config, o->set, mode);
+      prepare_run_outputs(cfg, std::cerr);
+      const TrainData d = prepare_train_data(cfg, std::cerr);
       std::cerr << "tokenize: " << d.train.documents() << " training and " << d.validation.documents()
                 << " validation documents ready\n";
       return 0;
     }
     if (o->t.tokenizer.empty() || o->data.empty() || o->t.out.empty())
       user_error("tokenize: give a config file, or --tokenizer, --data and --out");
+    check_output_dir(o->t.out, o->overwrite, "--overwrite", "shards (--out)");
+    std::vector<std::pair<std::filesystem::path, std::string>> inputs = {{o->t.tokenizer, "--tokenizer"}};
+    for (const std::string& d : o->data) inputs.emplace_back(parse_source(d).path, "--data");
+    check_output_apart_from_inputs(o->t.out, "--out", inputs);
     o->t.bad_records = parse_bad_record_policy(o->bad_records);
     for (const std::string& d : o->data) o->t.sources.push_back(parse_source(d));
     o->t.progress = !o->quiet;

@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/device_option.h"
 #include "data/batch_file.h"
+#include "io/output_dir.h"
 #include "model/checkpoint.h"
 #include "train/trainer.h"
 
@@ -17,6 +18,7 @@ std::function<int()> add_train_command(CLI::App& app) {
   struct Opts {
     std::string model, batch, out, device = "cpu";
     int steps = 20;
+    bool overwrite = false;
     OptimizerConfig opt{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
   };
   auto o = std::make_shared<Opts>();
@@ -33,8 +35,11 @@ std::function<int()> add_train_command(CLI::App& app) {
   c->add_option("--max-grad-norm", o->opt.max_grad_norm, "global-norm clipping; 0 disables")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  c->add_flag("--overwrite", o->overwrite, "replace --out even if it holds files soltrain did not write");
   add_device_option(c, o->device);
   return [o]() {
+    check_output_dir(o->out, o->overwrite, "--overwrite", "trained model (--out)");
+    check_output_apart_from_inputs(o->out, "--out", {{o->model, "--model"}, {o->batch, "--batch"}});
     auto ops = make_ops(o->device);
     auto model = load_pretrained(o->model, *ops);
     const HostBatch batch = load_batch_file(o->batch);

@@ -2,6 +2,7 @@
 // numbers (Mark) for the "unknown key" message; --set overrides replace a key's node before parsing.
 #include "cli/config.h"
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -32,6 +33,9 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 }
 
 namespace {
+
+// Longer than any model's context (the largest are ~10^7): a bigger value is a typo, not a plan.
+constexpr int64_t kMaxSequenceLen = int64_t(1) << 24;
 
 // A value and where it came from ("file:line" or "--set key=value"), for messages.
 struct Entry {
@@ -86,10 +90,17 @@ std::string get_string(const Entry& e, const std::string& key) {
   return e.node.Scalar();
 }
 
-int64_t get_int(const Entry& e, const std::string& key, int64_t min) {
-  const int64_t v = get<int64_t>(e, key, cat("an integer >= ", min));
-  if (v < min) bad_value(e, key, cat("an integer >= ", min));
+int64_t get_int(const Entry& e, const std::string& key, int64_t min, int64_t max = INT64_MAX) {
+  const std::string expected =
+      max == INT64_MAX ? cat("an integer >= ", min) : cat("an integer from ", min, " to ", max);
+  const int64_t v = get<int64_t>(e, key, expected);
+  if (v < min || v > max) bad_value(e, key, expected);
   return v;
+}
+
+// Keys held in an int: a larger value is refused here, naming the key, rather than wrapping around.
+int get_int32(const Entry& e, const std::string& key, int64_t min, int64_t max = INT32_MAX) {
+  return int(get_int(e, key, min, max));
 }
 
 double get_double(const Entry& e, const std::string& key, double min, double max, bool open_min = false) {
@@ -151,7 +162,7 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
        [&](const Entry& e) {
          if (!e.node.IsMap()) bad_value(e, "roles", "a map like {user: [human], assistant: [gpt]}");
          for (const auto& kv : e.node) {
-           const std::string role = kv.first.as<std::string>();
+           const std::string role = scalar_text(kv.first);
            if (role != "user" && role != "assistant" && role != "system" && role != "tool")
              user_error(where_of(file, kv.first), ": roles: \"", role, "\" is not a role: expected user, assistant, ",
                         "system or tool");
@@ -162,8 +173,13 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
   };
   std::vector<std::string> names;
   for (const auto& [k, v] : keys) names.push_back(k);
+  std::map<std::string, std::string> seen;  // key -> where, for repeated keys
   for (const auto& kv : n) {
-    const std::string key = kv.first.as<std::string>();
+    const std::string key = scalar_text(kv.first);
+    if (seen.count(key))
+      user_error(where_of(file, kv.first), ": dataset key \"", key, "\" appears twice (also at ", seen[key],
+                 "); keep one");
+    seen[key] = where_of(file, kv.first);
     const auto it = keys.find(key);
     if (it == keys.end()) unknown_key(where_of(file, kv.first), key, names, "dataset key");
     it->second({kv.second, where_of(file, kv.second)});
@@ -194,6 +210,9 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
   YAML::Node root;
   try {
     root = YAML::Load(yaml);
+  } catch (const YAML::DeepRecursion& e) {  // yaml-cpp's own message for it is "bad file"
+    user_error(where, ":", e.mark.line + 1, ": not valid YAML: nested more than ", e.depth(),
+               " levels deep (a training config needs a few)");
   } catch (const YAML::Exception& e) {
     user_error(where, ":", e.mark.line + 1, ": not valid YAML: ", e.msg);
   }
@@ -203,8 +222,12 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
   std::map<std::string, Entry> entries;
   std::vector<std::string> order;
   for (const auto& kv : root) {
-    const std::string key = kv.first.as<std::string>();
-    if (!entries.count(key)) order.push_back(key);
+    const std::string key = scalar_text(kv.first);
+    // yaml-cpp keeps both of a repeated key; YAML forbids it, and one of the two values would be ignored.
+    if (entries.count(key))
+      user_error(where_of(where, kv.first), ": key \"", key, "\" appears twice (also at ", entries[key].where,
+                 "); keep one");
+    order.push_back(key);
     entries[key] = {kv.second, where_of(where, kv.first)};
   }
   std::string source = yaml;
@@ -236,6 +259,7 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       {"base_model", [&](const Entry& e) { c.model = path_value(e, "base_model"); }},
       {"model", [&](const Entry& e) { c.model = path_value(e, "model"); }},
       {"output_dir", [&](const Entry& e) { c.output_dir = path_value(e, "output_dir"); }},
+      {"overwrite_output_dir", [&](const Entry& e) { c.overwrite_output_dir = get_bool(e, "overwrite_output_dir"); }},
       {"dataset_prepared_path",
        [&](const Entry& e) { c.dataset_prepared_path = path_value(e, "dataset_prepared_path"); }},
       {"datasets", [&](const Entry& e) { c.datasets = parse_datasets(e, "datasets", where, mode, base); }},
@@ -244,7 +268,7 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       {"validation_split_ratio",
        [&](const Entry& e) { c.validation_split_ratio = get_double(e, "validation_split_ratio", 0, 0.9); }},
       {"val_set_size", [&](const Entry& e) { c.validation_split_ratio = get_double(e, "val_set_size", 0, 0.9); }},
-      {"sequence_len", [&](const Entry& e) { c.sequence_len = int(get_int(e, "sequence_len", 2)); }},
+      {"sequence_len", [&](const Entry& e) { c.sequence_len = get_int32(e, "sequence_len", 2, kMaxSequenceLen); }},
       {"sample_packing", [&](const Entry& e) { c.sample_packing = get_bool(e, "sample_packing"); }},
       {"train_on_inputs",
        [&](const Entry& e) {
@@ -253,11 +277,11 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
            user_error(e.where, ": train_on_inputs: false has no meaning for pt (every token of text is trained)");
        }},
       {"per_device_train_batch_size",
-       [&](const Entry& e) { c.per_device_train_batch_size = int(get_int(e, "per_device_train_batch_size", 1)); }},
+       [&](const Entry& e) { c.per_device_train_batch_size = get_int32(e, "per_device_train_batch_size", 1); }},
       {"micro_batch_size",
-       [&](const Entry& e) { c.per_device_train_batch_size = int(get_int(e, "micro_batch_size", 1)); }},
+       [&](const Entry& e) { c.per_device_train_batch_size = get_int32(e, "micro_batch_size", 1); }},
       {"gradient_accumulation_steps",
-       [&](const Entry& e) { c.gradient_accumulation_steps = int(get_int(e, "gradient_accumulation_steps", 1)); }},
+       [&](const Entry& e) { c.gradient_accumulation_steps = get_int32(e, "gradient_accumulation_steps", 1); }},
       {"num_epochs", [&](const Entry& e) { c.num_epochs = get_double(e, "num_epochs", 0, 1e6, true); }},
       {"max_steps", [&](const Entry& e) { c.max_steps = get_int(e, "max_steps", 0); }},
       {"learning_rate", [&](const Entry& e) { c.learning_rate = get_double(e, "learning_rate", 0, 10, true); }},
@@ -299,8 +323,8 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
          c.lora.enabled = true;
        }},
       {"lora", [&](const Entry& e) { c.lora.enabled = get_bool(e, "lora"); }},
-      {"lora_rank", [&](const Entry& e) { c.lora.rank = int(get_int(e, "lora_rank", 1)); }},
-      {"lora_r", [&](const Entry& e) { c.lora.rank = int(get_int(e, "lora_r", 1)); }},
+      {"lora_rank", [&](const Entry& e) { c.lora.rank = get_int32(e, "lora_rank", 1); }},
+      {"lora_r", [&](const Entry& e) { c.lora.rank = get_int32(e, "lora_r", 1); }},
       {"lora_alpha", [&](const Entry& e) { c.lora.alpha = get_double(e, "lora_alpha", 0, 1e6, true); }},
       {"lora_dropout", [&](const Entry& e) { c.lora.dropout = get_double(e, "lora_dropout", 0, 0.99); }},
       {"lora_target_modules",
@@ -314,7 +338,7 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
        }},
       {"use_rslora", [&](const Entry& e) { c.lora.use_rslora = get_bool(e, "use_rslora"); }},
       {"save_steps", [&](const Entry& e) { c.save_steps = get_int(e, "save_steps", 0); }},
-      {"save_total_limit", [&](const Entry& e) { c.save_total_limit = int(get_int(e, "save_total_limit", 0)); }},
+      {"save_total_limit", [&](const Entry& e) { c.save_total_limit = get_int32(e, "save_total_limit", 0); }},
       {"resume_from_checkpoint",
        [&](const Entry& e) {
          if (!e.node.IsScalar()) bad_value(e, "resume_from_checkpoint", "true, false or a checkpoint folder");
@@ -326,6 +350,10 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
          else
            c.resume_from_checkpoint = {ResumeFrom::kFolder, path_value(e, "resume_from_checkpoint")};
        }},
+      {"loss_watchdog_threshold",
+       [&](const Entry& e) { c.loss_watchdog_threshold = get_double(e, "loss_watchdog_threshold", 0, 1e9, true); }},
+      {"loss_watchdog_patience",
+       [&](const Entry& e) { c.loss_watchdog_patience = get_int32(e, "loss_watchdog_patience", 1); }},
       {"eval_steps", [&](const Entry& e) { c.eval_steps = get_int(e, "eval_steps", 0); }},
       {"logging_steps", [&](const Entry& e) { c.logging_steps = get_int(e, "logging_steps", 1); }},
       {"device",

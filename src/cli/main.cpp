@@ -1,8 +1,11 @@
 // soltrain: entry point. Bad input → one line on stderr and exit code 2; our own bugs → exit code 1.
 #include <filesystem>
 #include <iostream>
+#include <new>
+#include <stdexcept>
 
 #include "cli/commands.h"
+#include "cli/error_text.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
@@ -36,20 +39,27 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "error: " << e.what() << " (see soltrain --help)\n";
+    std::cerr << "error: " << soltrain::printable_line(e.what()) << " (see soltrain --help)\n";
     return 2;
   }
   try {
     for (const auto& [cmd, run] : commands)
       if (cmd->parsed()) return run();
   } catch (const soltrain::UserError& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    std::cerr << "error: " << soltrain::printable_line(e.what()) << "\n";
     return 2;
   } catch (const std::filesystem::filesystem_error& e) {  // a path the user gave: not there, not writable
-    std::cerr << "error: " << e.what() << "\n";
+    std::cerr << "error: " << soltrain::printable_line(e.what()) << "\n";
+    return 2;
+  } catch (const std::bad_alloc&) {  // sizes are checked before allocating; this is what slipped through
+    std::cerr << "error: out of memory: the input asks for more memory than this machine has (std::bad_alloc)\n";
+    return 2;
+  } catch (const std::length_error& e) {  // a container asked for more elements than it can hold
+    std::cerr << "error: out of memory: the input asks for an impossibly large buffer ("
+              << soltrain::printable_line(e.what()) << ")\n";
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "internal error (please report): " << e.what() << "\n";
+    std::cerr << "internal error (please report): " << soltrain::printable_line(e.what()) << "\n";
     return 1;
   }
   return 1;

@@ -4,12 +4,17 @@
 #include <cstring>
 #include <new>
 
+#include "core/error.h"
+
 namespace soltrain {
 
 Buffer Buffer::host(size_t bytes) {
   const size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded ? rounded : 64);
-  if (!p) throw std::bad_alloc();
+  void* p = rounded < bytes ? nullptr : std::aligned_alloc(64, rounded ? rounded : 64);
+  // What the input asked for does not fit this machine: the user's to fix (smaller batch, sequence, model).
+  if (!p)
+    user_error("out of memory: cannot allocate ", double(bytes) / double(1u << 30),
+               " GiB of host memory (a smaller batch, sequence length or model needs less)");
   std::memset(p, 0, rounded);
   return Buffer(p, bytes, Device::CPU, [](void* q) { std::free(q); });
 }

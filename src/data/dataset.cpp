@@ -3,6 +3,8 @@
 
 #include <sstream>
 
+#include "io/json_file.h"
+
 namespace soltrain {
 
 using nlohmann::ordered_json;
@@ -124,7 +126,8 @@ DatasetType detect_type(const ordered_json& r, const DatasetFields& f) {
   if (r.contains(f.instruction) && r.contains(f.output)) return DatasetType::kInstruction;
   if (r.contains(f.text)) return DatasetType::kText;
   bad(cat("cannot detect the dataset type: the first record has none of \"", f.text, "\", \"", f.instruction, "\"+\"",
-          f.output, "\", \"", f.messages, "\", \"", f.conversations, "\" (give FILE:TYPE)"));
+          f.output, "\", \"", f.messages, "\", \"", f.conversations,
+          "\" (give the dataset's type: `type:` in a config, FILE:TYPE with --data)"));
 }
 
 Sample to_sample(const ordered_json& r, DatasetType type, const DatasetFields& f) {
@@ -172,11 +175,7 @@ RecordReader::RecordReader(const std::filesystem::path& path) : path_(path) {
     // A JSON array is parsed whole: a syntax error anywhere makes every element unusable.
     std::stringstream s;
     s << in_.rdbuf();
-    try {
-      elements_ = ordered_json::parse(s.str());
-    } catch (const nlohmann::json::parse_error& e) {
-      user_error(path.string(), ": not valid JSON (", e.what(), ")");
-    }
+    elements_ = parse_json_text<ordered_json>(s.str(), path.string());
     if (!elements_.is_array()) user_error(path.string(), ": expected a JSON array of records (or use .jsonl)");
     array_ = true;
   }
@@ -196,10 +195,10 @@ bool RecordReader::next(ordered_json& record, std::string& where, std::string& e
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     where = cat(path_.string(), ":", line_);
     try {
-      record = ordered_json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+      record = parse_json_text<ordered_json>(line, "record");
+    } catch (const UserError& e) {
       record = nullptr;
-      error = cat("not valid JSON (", e.what(), ")");
+      error = std::string(e.what()).substr(std::string("record: ").size());  // "not valid JSON (...)"
     }
     return true;
   }

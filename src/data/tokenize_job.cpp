@@ -20,6 +20,7 @@ using nlohmann::json;
 namespace {
 
 fs::path tokenizer_dir(const fs::path& p) {
+  if (!fs::exists(p)) user_error(p.string(), ": no such folder (expected a model folder with tokenizer.json)");
   return fs::is_directory(p) ? p : p.parent_path();
 }
 
@@ -36,6 +37,10 @@ json fields_json(const DatasetFields& f) {
 class Progress {
  public:
   Progress(std::ostream& log, bool on) : log_(log), on_(on) {}
+  // Ended by an error: the line is finished, so the error line that follows starts a line of its own.
+  ~Progress() {
+    if (open_) log_ << "\n" << std::flush;
+  }
   void update(int64_t records, int64_t tokens, bool final = false) {
     const auto now = std::chrono::steady_clock::now();
     if (!on_ || (!final && now - last_ < std::chrono::milliseconds(200))) return;
@@ -46,11 +51,12 @@ class Progress {
                   static_cast<long long>(records), static_cast<long long>(tokens), s > 0 ? records / s : 0.0,
                   s > 0 ? tokens / s / 1e6 : 0.0);
     log_ << line << (final ? "\n" : "") << std::flush;
+    open_ = !final;
   }
 
  private:
   std::ostream& log_;
-  bool on_;
+  bool on_, open_ = false;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_{};
 };
 
@@ -94,6 +100,7 @@ TokenizeResult run_tokenize(const TokenizeOptions& o, std::ostream& log) {
     r.longer_than_seq_len = m.value("longer_than_seq_len", int64_t(0));
     log << "tokenize: " << o.out.string() << " is up to date (same inputs, settings and tokenizer): reusing "
         << r.documents << " documents, " << r.tokens << " tokens\n";
+    if (r.skipped > 0) log << "tokenize: " << r.skipped << " bad records were skipped when these shards were written\n";
     return r;
   }
   const fs::path dir = tokenizer_dir(o.tokenizer);
@@ -132,14 +139,20 @@ TokenizeResult run_tokenize(const TokenizeOptions& o, std::ostream& log) {
         if (o.seq_len > 0 && int64_t(d.ids.size()) > o.seq_len) ++r.longer_than_seq_len;
       } catch (const BadRecord& e) {
         if (o.bad_records == BadRecordPolicy::kError)
-          user_error(where, ": ", e.what(), " (--bad-records skip to skip such records)");
+          user_error(where, ": ", e.what(),
+                     o.from_config ? " (bad_records: skip in the config skips such records)"
+                                   : " (--bad-records skip to skip such records)");
         if (r.skipped++ == 0) first_skip = cat(where, ": ", e.what());
       }
       progress.update(records, r.tokens);
     }
   }
   progress.update(records, r.tokens, true);
-  if (r.documents == 0) user_error("tokenize: no usable records in the given --data files");
+  if (r.documents == 0) {
+    std::string files;
+    for (const DatasetSource& src : o.sources) files += (files.empty() ? "" : ", ") + src.path.string();
+    user_error("tokenize: no usable records in ", files, r.skipped ? cat(" (", r.skipped, " skipped as bad)") : "");
+  }
   json shards = json::array();
   for (const ShardInfo& s : writer.finish())
     shards.push_back({{"name", s.name}, {"tokens", s.tokens}, {"documents", s.documents}});
@@ -158,7 +171,8 @@ TokenizeResult run_tokenize(const TokenizeOptions& o, std::ostream& log) {
       << " trained) to " << o.out.string() << "\n";
   if (r.skipped > 0) log << "tokenize: skipped " << r.skipped << " bad records (first: " << first_skip << ")\n";
   if (r.longer_than_seq_len > 0)
-    log << "tokenize: " << r.longer_than_seq_len << " documents are longer than --seq-len " << o.seq_len << "\n";
+    log << "tokenize: " << r.longer_than_seq_len << " documents are longer than "
+        << (o.from_config ? "sequence_len " : "--seq-len ") << o.seq_len << "\n";
   return r;
 }
 

@@ -18,7 +18,8 @@ struct TokenizeOptions {
   bool train_on_inputs = false;
   BadRecordPolicy bad_records = BadRecordPolicy::kError;
   DatasetFields fields;
-  bool progress = true;  // a progress line on `log`, redrawn in place
+  bool progress = true;      // a progress line on `log`, redrawn in place
+  bool from_config = false;  // hints name the YAML keys (bad_records, sequence_len) rather than the flags
 };
 
 struct TokenizeResult {

@@ -5,8 +5,11 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 
 #include "core/error.h"
+#include "io/output_dir.h"
+#include "io/stale_partials.h"
 
 namespace fs = std::filesystem;
 
@@ -44,9 +47,12 @@ StagedDir::StagedDir(fs::path final_path) : final_(std::move(final_path)) {
   staging_ = temp_sibling(final_, "partial");
   std::error_code ec;
   if (!final_.parent_path().empty()) fs::create_directories(final_.parent_path(), ec);
+  clean_stale_partials(final_.parent_path().empty() ? fs::path(".") : final_.parent_path(), std::cerr);
   fs::remove_all(staging_, ec);
   if (!fs::create_directories(staging_, ec))
     user_error(final_.string(), ": cannot create output folder (", ec.message(), ")");
+  // Marks the folder as ours, so a later run may replace it (output_dir.h); a user's folder never has it.
+  mark_output_dir(staging_, final_.filename().string());
 }
 
 StagedDir::~StagedDir() {

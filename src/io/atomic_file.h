@@ -27,7 +27,9 @@ class AtomicFileWriter {
 
 // A folder built under a temporary sibling name; commit() swaps it into place (an existing folder of
 // the same name is replaced only then, so a crash leaves the user's old folder untouched). Without
-// commit() the temporary folder is removed.
+// commit() the temporary folder is removed. The folder gets output_dir.h's marker; leftovers of killed
+// processes next to it are cleaned up first (stale_partials.h). Whether an existing folder may be replaced
+// is the caller's check (check_output_dir), made before any work.
 class StagedDir {
  public:
   explicit StagedDir(std::filesystem::path final_path);

@@ -12,11 +12,7 @@ nlohmann::json read_json_file(const std::filesystem::path& path) {
   if (!f) user_error(path.string(), ": cannot open (missing or unreadable)");
   std::stringstream s;
   s << f.rdbuf();
-  try {
-    return nlohmann::json::parse(s.str());
-  } catch (const nlohmann::json::parse_error& e) {
-    user_error(path.string(), ": not valid JSON (", e.what(), ")");
-  }
+  return parse_json_text(s.str(), path.string());
 }
 
 }  // namespace soltrain

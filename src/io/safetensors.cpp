@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -54,12 +55,16 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
     const char* base = static_cast<const char*>(map_);
     json header;
     try {
-      header = json::parse(base + 8, base + 8 + header_len);
-    } catch (const json::parse_error& e) {
+      header = json::parse(base + 8, base + 8 + header_len, [](int depth, json::parse_event_t, json&) {
+        if (depth > kMaxJsonDepth) throw json::other_error::create(600, "nested too deep", nullptr);
+        return true;
+      });
+    } catch (const json::exception& e) {  // syntax, or a number out of range
       bad(path, cat("header is not JSON (", e.what(), ")"));
     }
     if (!header.is_object()) bad(path, "header is not a JSON object");
     const size_t data_start = 8 + header_len, data_size = size_ - data_start;
+    std::vector<std::pair<std::pair<uint64_t, uint64_t>, std::string>> spans;  // [begin, end) and the name
     for (auto& [name, v] : header.items()) {
       if (name == "__metadata__") {
         if (!v.is_object()) bad(path, "__metadata__ is not an object");
@@ -95,7 +100,23 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
         bad(path, where + cat("shape ", shape_str(shape), " of ", dtype_name(*dt), " needs ", numel * dtype_size(*dt),
                               " bytes, data_offsets give ", e - b));
       entries_[name] = TensorEntry{*dt, shape, base + data_start + b, size_t(e - b)};
+      spans.push_back({{b, e}, name});
     }
+    // The format's data is exactly the tensors laid end to end: an overlap would let two tensors share
+    // bytes, a gap hides bytes no tensor owns. Sorting by offset allows any order of the header's keys.
+    std::sort(spans.begin(), spans.end());
+    uint64_t covered = 0;
+    for (const auto& [span, name] : spans) {
+      if (span.first < covered)
+        bad(path, cat("tensor '", name, "': data_offsets [", span.first, ", ", span.second,
+                      "] overlap the previous tensor's bytes (which end at ", covered, ")"));
+      if (span.first > covered)
+        bad(path, cat("bytes [", covered, ", ", span.first, ") of the data belong to no tensor (before tensor '", name,
+                      "')"));
+      covered = span.second;
+    }
+    if (covered != data_size)
+      bad(path, cat("bytes [", covered, ", ", data_size, ") at the end of the data belong to no tensor"));
   } catch (...) {
     munmap(map_, size_);
     map_ = nullptr;

@@ -5,13 +5,16 @@
 
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
+#include "model/checkpoint_check.h"
 
 namespace fs = std::filesystem;
 
 namespace soltrain {
 
 std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops, std::optional<LoraConfig> lora) {
-  auto model = std::make_unique<Transformer>(load_model_config(dir), ops, std::move(lora));
+  ModelConfig config = load_model_config(dir);
+  check_config_fits_checkpoint(config, CheckpointReader(dir), dir);  // before anything is allocated
+  auto model = std::make_unique<Transformer>(std::move(config), ops, std::move(lora));
   load_weights(*model, dir);
   return model;
 }

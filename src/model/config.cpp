@@ -1,6 +1,7 @@
 #include "model/config.h"
 
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 #include "io/json_file.h"
@@ -30,8 +31,12 @@ struct Reader {
     if constexpr (std::is_same_v<T, bool>) {
       if (!v.is_boolean()) user_error(where, ": \"", key, "\" must be true or false, got ", v.dump());
     } else if constexpr (std::is_integral_v<T>) {
-      if (!v.is_number_integer() || v.get<long long>() < 0)
-        user_error(where, ": \"", key, "\" must be a non-negative integer, got ", v.dump());
+      // Range-checked before conversion: 10^12 must not wrap around to a negative int.
+      constexpr uint64_t max = uint64_t(std::numeric_limits<T>::max());
+      const bool ok = v.is_number_unsigned()  ? v.get<uint64_t>() <= max
+                      : v.is_number_integer() ? v.get<int64_t>() >= 0 && uint64_t(v.get<int64_t>()) <= max
+                                              : false;
+      if (!ok) user_error(where, ": \"", key, "\" must be an integer from 0 to ", max, ", got ", v.dump());
     } else if constexpr (std::is_floating_point_v<T>) {
       if (!v.is_number()) user_error(where, ": \"", key, "\" must be a number, got ", v.dump());
     } else {

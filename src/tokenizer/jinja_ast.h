@@ -40,6 +40,7 @@ struct Expr {
   std::vector<ExprPtr> args;
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
   std::vector<std::string> ops;
+  int depth = 1;  // of the tree below and including this node (the parser keeps it under kMaxNesting)
 };
 
 struct Stmt;

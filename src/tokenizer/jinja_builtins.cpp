@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "tokenizer/jinja_error.h"
+#include "tokenizer/jinja_limits.h"
 #include "tokenizer/jinja_ops.h"
 #include "tokenizer/jinja_text.h"
 #include "tokenizer/utf8.h"
@@ -125,6 +126,7 @@ std::string replace_all(const std::string& s, const std::string& from, const std
     int64_t done = 0;
     for (char32_t c : cps) {
       if (count < 0 || done < count) {
+        check_string_size(int64_t(out.size() + to.size()));
         out += to;
         ++done;
       }
@@ -139,6 +141,7 @@ std::string replace_all(const std::string& s, const std::string& from, const std
     size_t f = s.find(from, pos);
     if (f == std::string::npos) break;
     out.append(s, pos, f - pos);
+    check_string_size(int64_t(out.size() + to.size()));
     out += to;
     pos = f + from.size();
     ++done;
@@ -442,6 +445,7 @@ Value f_tojson(const Value& v, CallArgs& a) {
   Value indent = a.get(0, "indent", Value::none());
   if (indent.is_integral()) {
     st.indented = true;
+    check_string_size(indent.as_int());
     st.indent = std::string(size_t(std::max<int64_t>(0, indent.as_int())), ' ');
   } else if (indent.is_string()) {
     st.indented = true;
@@ -547,6 +551,7 @@ Value min_max(const Value& v, CallArgs& a, bool want_max) {
 
 Value f_indent(const Value& v, CallArgs& a) {
   Value w = a.get(0, "width", Value::from(4));
+  if (!w.is_string()) check_string_size(need_int(w, "indent"));
   std::string ind = w.is_string() ? w.str : std::string(size_t(std::max<int64_t>(0, need_int(w, "indent"))), ' ');
   bool first = a.get(1, "first", Value::from(false)).truthy();
   bool blank = a.get(2, "blank", Value::from(false)).truthy();
@@ -723,7 +728,7 @@ const std::map<std::string, TestFn>& tests() {
       {"divisibleby",
        [](const Value& v, CallArgs& a) {
          int64_t n = need_int(a.get(0, "num"), "divisibleby");
-         return n != 0 && need_int(v, "divisibleby") % n == 0;
+         return n != 0 && (n == -1 || need_int(v, "divisibleby") % n == 0);  // INT64_MIN % -1 traps
        }},
       {"lower",
        [](const Value& v, CallArgs&) {
@@ -885,9 +890,10 @@ Dict builtin_globals() {
                    }
                    if (step == 0) fail("range() arg 3 must not be zero");
                    List out;
-                   for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+                   for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
                      if (out.size() >= 100000) fail("range too big, the sandbox allows at most 100000 items");
                      out.push_back(Value::from(i));
+                     if (__builtin_add_overflow(i, step, &i)) break;  // past INT64_MAX/MIN: nothing more in range
                    }
                    return Value::from(std::move(out));
                  }));
@@ -899,7 +905,8 @@ Dict builtin_globals() {
       d = *a.positional[0].dict;
     }
     for (auto& [k, v] : a.keyword) {
-      auto it = std::find_if(d.begin(), d.end(), [&](auto& kv) { return kv.first == k; });
+      const std::string& key = k;  // clang 14 cannot capture a structured binding
+      auto it = std::find_if(d.begin(), d.end(), [&](auto& kv) { return kv.first == key; });
       if (it != d.end())
         it->second = v;
       else

@@ -3,6 +3,7 @@
 
 #include "tokenizer/jinja_builtins.h"
 #include "tokenizer/jinja_error.h"
+#include "tokenizer/jinja_limits.h"
 #include "tokenizer/jinja_ops.h"
 
 namespace soltrain::jinja {
@@ -19,7 +20,23 @@ struct Restore {
   Restore(T& r, T next) : ref(r), saved(std::move(r)) { ref = std::move(next); }
   ~Restore() { ref = std::move(saved); }
 };
+// Counts one level of evaluation in progress against a limit, also when unwinding by exception. With
+// `stack_base`, the C++ stack used since then is bounded too (it grows down on every platform we build for).
+struct Depth {
+  int& d;
+  Depth(int& depth, int limit, const char* what, const char* stack_base = nullptr) : d(depth) {
+    if (d >= limit) limit_exceeded(what, limit);
+    if (stack_base && stack_base - static_cast<const char*>(__builtin_frame_address(0)) > kMaxEvalStackBytes)
+      limit_exceeded(std::string(what) + " (stack bytes)", kMaxEvalStackBytes);
+    ++d;
+  }
+  ~Depth() { --d; }
+};
 }  // namespace
+
+void Interpreter::step() {
+  if (++steps_ > kMaxSteps) limit_exceeded("total steps", kMaxSteps);
+}
 
 Interpreter::Interpreter(const Dict& globals) {
   auto root = std::make_shared<Scope>();
@@ -28,6 +45,7 @@ Interpreter::Interpreter(const Dict& globals) {
 }
 
 void Interpreter::run(const Body& body, std::string& out) {
+  stack_base_ = static_cast<const char*>(__builtin_frame_address(0));
   if (exec(body, out) != Flow::Normal) throw EvalError("'break' or 'continue' outside a for loop");
 }
 
@@ -62,9 +80,19 @@ Interpreter::Flow Interpreter::exec(const Body& body, std::string& out) {
 
 Interpreter::Flow Interpreter::exec(const Stmt& s, std::string& out) {
   try {
+    step();
+    Depth depth(eval_depth_, kMaxEvalDepth, "evaluation depth", stack_base_);
     switch (s.kind) {
-      case SK::Text: out += s.text; return Flow::Normal;
-      case SK::Output: out += to_str(eval(*s.expr)); return Flow::Normal;
+      case SK::Text:
+        check_string_size(int64_t(out.size() + s.text.size()));
+        out += s.text;
+        return Flow::Normal;
+      case SK::Output: {
+        const std::string v = to_str(eval(*s.expr));
+        check_string_size(int64_t(out.size() + v.size()));
+        out += v;
+        return Flow::Normal;
+      }
       case SK::If:
         for (size_t i = 0; i < s.conds.size(); ++i)
           if (eval(*s.conds[i]).truthy()) return exec(s.bodies[i], out);
@@ -103,6 +131,12 @@ void Interpreter::exec_set(const Stmt& s, const Value& v) {
   Value ns = lookup(s.targets[0]);
   if (ns.kind != Value::Kind::Namespace)
     throw EvalError("cannot assign attribute '" + s.attr + "' on '" + s.targets[0] + "': it is not a namespace");
+  // Namespaces are the only mutable values: one inside another could make a cycle, and a value that grows
+  // deeper at every assignment must stop where constructed ones do.
+  if (v.holds_namespace)
+    throw EvalError("cannot assign a namespace (or a value holding one) to '" + s.targets[0] + "." + s.attr +
+                    "': the sandbox keeps namespaces apart");
+  if (v.depth + 1 > kMaxValueDepth) limit_exceeded("value nesting depth", kMaxValueDepth);
   for (auto& kv : *ns.dict)
     if (kv.first == s.attr) {
       kv.second = v;
@@ -126,6 +160,7 @@ Interpreter::Flow Interpreter::exec_for(const Stmt& s, std::string& out) {
   if (s.cond) {
     // The loop filter sees the loop target but not `loop` (jinja2 filters before counting).
     for (const Value& item : all) {
+      step();
       Restore<decltype(scopes_)> guard(scopes_, scopes_);
       scopes_.push_back(std::make_shared<Scope>());
       assign(s.targets, item);
@@ -142,6 +177,7 @@ Interpreter::Flow Interpreter::exec_for(const Stmt& s, std::string& out) {
     ~DepthGuard() { --d; }
   } depth_guard{loop_depth_};
   for (int64_t i = 0; i < n; ++i) {
+    step();
     Restore<decltype(scopes_)> guard(scopes_, scopes_);
     scopes_.push_back(std::make_shared<Scope>());
     assign(s.targets, items[size_t(i)]);
@@ -184,6 +220,7 @@ Value Interpreter::define_macro(const Stmt& s) {
       for (const auto& p : def->params) known = known || p.first == kv.first;
       if (!known) throw EvalError("macro '" + def->text + "' takes no keyword argument '" + kv.first + "'");
     }
+    Depth calls(call_depth_, kMaxCallDepth, "macro call depth");
     std::vector<std::shared_ptr<Scope>> chain;
     for (const auto& w : closure)
       if (auto sp = w.lock()) chain.push_back(sp);
@@ -221,7 +258,11 @@ CallArgs Interpreter::eval_args(const Expr& e, size_t first) {
 
 Value Interpreter::eval(const Expr& e) {
   try {
-    return eval_node(e);
+    step();
+    Depth depth(eval_depth_, kMaxEvalDepth, "evaluation depth", stack_base_);
+    Value v = eval_node(e);
+    if (v.is_string()) check_string_size(int64_t(v.str.size()));  // what filters and methods built
+    return v;
   } catch (EvalError& err) {
     if (err.line == 0) {
       err.line = e.line;
@@ -309,6 +350,8 @@ Value Interpreter::eval_node(const Expr& e) {
       if (v.is_undefined()) undefined_error(v);
       if (!v.is_number()) throw EvalError("bad operand type for unary " + e.name + ": '" + type_name(v) + "'");
       if (e.name == "+") return v.is_integral() ? Value::from(v.as_int()) : v;
+      if (v.is_integral() && v.as_int() == INT64_MIN)
+        throw EvalError("integer overflow: the result does not fit in 64 bits");
       return v.is_integral() ? Value::from(-v.as_int()) : Value::from(-v.number);
     }
     case EK::Binary: {

@@ -22,6 +22,11 @@ class Interpreter {
 
   std::vector<std::shared_ptr<Scope>> scopes_;  // innermost last
   int loop_depth_ = 0;
+  int eval_depth_ = 0, call_depth_ = 0;  // see jinja_limits.h
+  int64_t steps_ = 0;
+  const char* stack_base_ = nullptr;  // the C++ stack where run() began
+
+  void step();  // counts one statement, expression or loop iteration against kMaxSteps
 
   Flow exec(const Body& body, std::string& out);
   Flow exec(const Stmt& s, std::string& out);

@@ -6,6 +6,7 @@
 
 #include "tokenizer/jinja_builtins.h"
 #include "tokenizer/jinja_error.h"
+#include "tokenizer/jinja_limits.h"
 #include "tokenizer/jinja_text.h"
 
 namespace soltrain::jinja {
@@ -73,6 +74,28 @@ class Parser {
     ++i_;
   }
 
+  // The parser's recursion depth, one per level a reader sees (a block, a bracket, a call's arguments, a
+  // prefix operator, an inline else): every cycle of the recursive descent passes through one of them.
+  int nesting_ = 0;
+  struct Nest {
+    Parser& p;
+    explicit Nest(Parser& parser) : p(parser) {
+      if (++p.nesting_ > kMaxNesting) p.fail_limit();
+    }
+    ~Nest() { --p.nesting_; }
+  };
+  [[noreturn]] void fail_limit() const { fail(limit_message("nesting depth", kMaxNesting), cur()); }
+  // Operator chains (a + b + c ...) deepen the tree without recursing: the depth is kept per node instead.
+  void grow(Expr& parent, const ExprPtr& child) {
+    if (!child) return;
+    parent.depth = std::max(parent.depth, child->depth + 1);
+    if (parent.depth > kMaxNesting) fail_limit();
+  }
+  void adopt(Expr& parent, ExprPtr child) {
+    grow(parent, child);
+    parent.args.push_back(std::move(child));
+  }
+
   ExprPtr node(EK kind, const Token& at) {
     auto e = std::make_unique<Expr>();
     e->kind = kind;
@@ -91,6 +114,7 @@ class Parser {
   // Statements until one of `ends` ({% endfor %}, {% else %}...); stores which one in *end, positioned
   // just after its name. `opener` is the block being closed, for the error at the end of the template.
   Body parse_body(const std::vector<std::string>& ends, std::string* end, const Token* opener) {
+    Nest nest(*this);
     Body body;
     while (true) {
       const Token& t = cur();
@@ -262,10 +286,10 @@ class Parser {
     ExprPtr first = parse_expression(with_cond);
     if (!is_op(",")) return first;
     auto t = node(EK::Tuple, at);
-    t->args.push_back(std::move(first));
+    adopt(*t, std::move(first));
     while (accept_op(",")) {
       if (at_expression_end()) break;
-      t->args.push_back(parse_expression(with_cond));
+      adopt(*t, parse_expression(with_cond));
     }
     return t;
   }
@@ -281,10 +305,11 @@ class Parser {
       auto c = node(EK::Cond, cur());
       ++i_;
       ExprPtr test = parse_or();
+      Nest nest(*this);
       ExprPtr other = accept_name("else") ? parse_cond() : nullptr;
-      c->args.push_back(std::move(e));
-      c->args.push_back(std::move(test));
-      c->args.push_back(std::move(other));
+      adopt(*c, std::move(e));
+      adopt(*c, std::move(test));
+      adopt(*c, std::move(other));
       e = std::move(c);
     }
     return e;
@@ -293,8 +318,8 @@ class Parser {
   ExprPtr binary(EK kind, const Token& at, ExprPtr a, ExprPtr b, std::string op = {}) {
     auto e = node(kind, at);
     e->name = std::move(op);
-    e->args.push_back(std::move(a));
-    e->args.push_back(std::move(b));
+    adopt(*e, std::move(a));
+    adopt(*e, std::move(b));
     return e;
   }
 
@@ -316,9 +341,10 @@ class Parser {
   }
   ExprPtr parse_not() {
     if (is_name("not")) {
+      Nest nest(*this);
       auto e = node(EK::Unary, t_[i_++]);
       e->name = "not";
-      e->args.push_back(parse_not());
+      adopt(*e, parse_not());
       return e;
     }
     return parse_compare();
@@ -343,10 +369,10 @@ class Parser {
       }
       if (!cmp) {
         cmp = node(EK::Compare, at);
-        cmp->args.push_back(std::move(first));
+        adopt(*cmp, std::move(first));
       }
       cmp->ops.push_back(op);
-      cmp->args.push_back(parse_math1());
+      adopt(*cmp, parse_math1());
     }
     return cmp ? std::move(cmp) : std::move(first);
   }
@@ -385,9 +411,10 @@ class Parser {
   ExprPtr parse_unary(bool with_filter) {
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
+      Nest nest(*this);
       e = node(EK::Unary, cur());
       e->name = t_[i_++].text;
-      e->args.push_back(parse_unary(false));
+      adopt(*e, parse_unary(false));
     } else {
       e = parse_primary();
     }
@@ -440,6 +467,7 @@ class Parser {
       }
       case TK::Op:
         if (t.text == "(") {
+          Nest nest(*this);
           ++i_;
           if (accept_op(")")) return node(EK::Tuple, t);
           ExprPtr inner = parse_tuple();
@@ -447,6 +475,7 @@ class Parser {
           return inner;
         }
         if (t.text == "[") {
+          Nest nest(*this);
           ++i_;
           auto e = node(EK::List, t);
           while (!accept_op("]")) {
@@ -454,11 +483,12 @@ class Parser {
               expect_op(",");
               if (accept_op("]")) break;
             }
-            e->args.push_back(parse_expression(true));
+            adopt(*e, parse_expression(true));
           }
           return e;
         }
         if (t.text == "{") {
+          Nest nest(*this);
           ++i_;
           auto e = node(EK::Dict, t);
           while (!accept_op("}")) {
@@ -466,9 +496,9 @@ class Parser {
               expect_op(",");
               if (accept_op("}")) break;
             }
-            e->args.push_back(parse_expression(true));
+            adopt(*e, parse_expression(true));
             expect_op(":");
-            e->args.push_back(parse_expression(true));
+            adopt(*e, parse_expression(true));
           }
           return e;
         }
@@ -511,23 +541,24 @@ class Parser {
       if (n.kind == TK::Name) {
         auto e = node(EK::Attr, at);
         e->name = t_[i_++].text;
-        e->args.push_back(std::move(target));
+        adopt(*e, std::move(target));
         return e;
       }
       if (n.kind == TK::Int) {  // foo.0 is foo[0]
         auto e = node(EK::Item, at);
-        e->args.push_back(std::move(target));
+        adopt(*e, std::move(target));
         auto idx = node(EK::Literal, n);
         const auto v = parse_int(n.text);
         if (!v) fail("index out of range: " + n.text, n);
         idx->value = Value::from(*v);
         ++i_;
-        e->args.push_back(std::move(idx));
+        adopt(*e, std::move(idx));
         return e;
       }
       fail("expected an attribute name after '.', got " + describe(n), n);
     }
     // '[' index or slice ']'
+    Nest nest(*this);
     ExprPtr parts[3];
     int colons = 0;
     while (!is_op("]")) {
@@ -542,17 +573,18 @@ class Parser {
     if (colons == 0) {
       if (!parts[0]) fail("empty subscript '[]'", at);
       auto e = node(EK::Item, at);
-      e->args.push_back(std::move(target));
-      e->args.push_back(std::move(parts[0]));
+      adopt(*e, std::move(target));
+      adopt(*e, std::move(parts[0]));
       return e;
     }
     auto e = node(EK::Slice, at);
-    e->args.push_back(std::move(target));
-    for (auto& p : parts) e->args.push_back(std::move(p));
+    adopt(*e, std::move(target));
+    for (auto& p : parts) adopt(*e, std::move(p));
     return e;
   }
 
   void parse_call_args(Expr& e) {
+    Nest nest(*this);
     expect_op("(");
     bool first = true;
     while (!accept_op(")")) {
@@ -564,17 +596,19 @@ class Parser {
       if (cur().kind == TK::Name && peek().kind == TK::Op && peek().text == "=") {
         std::string key = t_[i_].text;
         i_ += 2;
-        e.kwargs.emplace_back(std::move(key), parse_expression(true));
+        ExprPtr v = parse_expression(true);
+        grow(e, v);
+        e.kwargs.emplace_back(std::move(key), std::move(v));
       } else {
         if (!e.kwargs.empty()) fail("positional argument after keyword argument", cur());
-        e.args.push_back(parse_expression(true));
+        adopt(e, parse_expression(true));
       }
     }
   }
 
   ExprPtr parse_call(ExprPtr callee) {
     auto e = node(EK::Call, cur());
-    e->args.push_back(std::move(callee));
+    adopt(*e, std::move(callee));
     parse_call_args(*e);
     return e;
   }
@@ -585,7 +619,7 @@ class Parser {
     const Token& name = cur();
     e->name = expect_name("a filter name after '|'");
     if (!has_filter(e->name)) fail("no filter named '" + e->name + "'", name);
-    e->args.push_back(std::move(target));
+    adopt(*e, std::move(target));
     if (is_op("(")) parse_call_args(*e);
     return e;
   }
@@ -597,7 +631,7 @@ class Parser {
     const Token& name = cur();
     e->name = expect_name("a test name after 'is'");
     if (!has_test(e->name)) fail("no test named '" + e->name + "'", name);
-    e->args.push_back(std::move(target));
+    adopt(*e, std::move(target));
     if (is_op("(")) {
       parse_call_args(*e);
     } else if ((cur().kind == TK::Name && !is_name("else") && !is_name("or") && !is_name("and") && !is_name("if") &&
@@ -605,7 +639,7 @@ class Parser {
                cur().kind == TK::String || cur().kind == TK::Int || cur().kind == TK::Float || is_op("[") ||
                is_op("{")) {
       // jinja2 takes one bare argument: "x is divisibleby 3", "x is sameas false".
-      e->args.push_back(parse_postfix(parse_primary()));
+      adopt(*e, parse_postfix(parse_primary()));
     }
     return e;
   }

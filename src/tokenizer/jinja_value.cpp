@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "tokenizer/jinja_error.h"
+#include "tokenizer/jinja_limits.h"
 
 namespace soltrain::jinja {
 
@@ -44,22 +45,37 @@ Value Value::from(std::string s) {
   v.str = std::move(s);
   return v;
 }
+namespace {
+void contain(Value& outer, const Value& item) {
+  outer.depth = std::max(outer.depth, item.depth + 1);
+  outer.holds_namespace = outer.holds_namespace || item.holds_namespace;
+}
+void check_depth(const Value& v) {
+  if (v.depth > kMaxValueDepth) limit_exceeded("value nesting depth", kMaxValueDepth);
+}
+}  // namespace
+
 Value Value::from(List l, bool is_tuple) {
   Value v;
   v.kind = Kind::List;
   v.tuple = is_tuple;
+  for (const Value& x : l) contain(v, x);
+  check_depth(v);
   v.list = std::make_shared<List>(std::move(l));
   return v;
 }
 Value Value::from(Dict d) {
   Value v;
   v.kind = Kind::Dict;
+  for (const auto& kv : d) contain(v, kv.second);
+  check_depth(v);
   v.dict = std::make_shared<Dict>(std::move(d));
   return v;
 }
 Value Value::make_namespace(Dict d) {
   Value v = from(std::move(d));
   v.kind = Kind::Namespace;
+  v.holds_namespace = true;
   return v;
 }
 Value Value::function(Function f) {

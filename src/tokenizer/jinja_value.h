@@ -31,6 +31,11 @@ struct Value {
   std::shared_ptr<List> list;
   std::shared_ptr<Dict> dict;  // Dict and Namespace
   std::shared_ptr<Function> fn;
+  // Nesting of lists/dicts below this value, and whether a namespace is among them: kept at construction
+  // so that no value is deeper than kMaxValueDepth (printing and freeing one recurse) and no namespace
+  // can end up inside itself (jinja_limits.h).
+  int depth = 0;
+  bool holds_namespace = false;
 
   static Value undefined(std::string name = {});
   static Value none();

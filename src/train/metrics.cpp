@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/checked_write.h"
 
 namespace soltrain {
 
@@ -45,7 +46,7 @@ MetricsLog::MetricsLog(const fs::path& output_dir, int64_t resume_step)
 }
 
 void MetricsLog::line(const std::string& json) {
-  out_ << json << "\n" << std::flush;
+  append_checked(out_, json + "\n", jsonl_, "the metrics log");
 }
 
 void MetricsLog::train(const StepMetrics& m) {
@@ -101,6 +102,10 @@ void ProgressLine::show(const StepMetrics& m) {
   } else {
     out_ << b << "\n" << std::flush;
   }
+}
+
+ProgressLine::~ProgressLine() {
+  if (dirty_) out_ << "\n" << std::flush;
 }
 
 void ProgressLine::message(const std::string& text) {

@@ -39,6 +39,7 @@ class MetricsLog {
 class ProgressLine {
  public:
   explicit ProgressLine(std::ostream& out);
+  ~ProgressLine();  // ends a redrawn line, so an error that stopped the run gets a line of its own
   void show(const StepMetrics& m);
   void message(const std::string& text);  // a line of its own, not overwritten by the next redraw
   bool tty() const { return tty_; }

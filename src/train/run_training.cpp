@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <ostream>
 
 #include "core/error.h"
@@ -16,6 +17,8 @@
 #include "model/peft_adapter.h"
 #include "train/curves_svg.h"
 #include "train/evaluate.h"
+#include "train/failed_write.h"
+#include "train/loss_watchdog.h"
 #include "train/metrics.h"
 #include "train/mfu.h"
 #include "train/stop_signal.h"
@@ -138,8 +141,14 @@ void print_plan(const Run& r) {
 // The per-step log: progress line, metrics files; MFU against the matmul rate measured at the start.
 class StepLogger {
  public:
-  StepLogger(const Run& r, MetricsLog& metrics, ProgressLine& progress)
-      : r_(r), metrics_(metrics), progress_(progress), start_(Clock::now()), first_step_(r.state.step) {
+  StepLogger(const Run& r, MetricsLog& metrics, ProgressLine& progress, std::function<void()> save)
+      : r_(r),
+        metrics_(metrics),
+        progress_(progress),
+        save_(std::move(save)),
+        start_(Clock::now()),
+        first_step_(r.state.step),
+        watchdog_(r.c.loss_watchdog_threshold, r.c.loss_watchdog_patience) {
     if (r.ops.device() == Device::CPU) return;
     matmul_tflops_ = measure_matmul_tflops(r.ops);
     flops_per_token_ = model_flops_per_token(r.model->config(), r.c.sequence_len, r.c.lora.enabled);
@@ -148,22 +157,23 @@ class StepLogger {
   }
 
   // After update `state.step` (1-based), queued from `t0` on. Reads the loss back (waiting for the update to
-  // finish) only when it logs, and times the step then.
-  void after_update(double lr, Clock::time_point t0) {
+  // finish) only when it logs, or when `must_check` (a checkpoint follows: it must not hold a diverged
+  // model), and times the step then. The watchdog sees every value read: a NaN or infinite loss or gradient
+  // norm, or loss_watchdog_threshold exceeded, stops the run (as Axolotl's watchdog, on logged steps).
+  void after_update(double lr, Clock::time_point t0, bool must_check) {
     const TrainConfig& c = r_.c;
     const int64_t step = r_.state.step, total = r_.state.total_steps;
     // A terminal gets the line redrawn every step; logs and files get one entry per logging_steps.
     const bool log_step = step % c.logging_steps == 0 || step == total;
-    if (!log_step && !progress_.tty()) return;
+    if (!log_step && !progress_.tty() && !must_check) return;
     StepMetrics m;
     m.step = step;
     m.total_steps = total;
     m.loss = r_.step->loss();
-    if (!std::isfinite(m.loss) && r_.step->counted() > 0)
-      user_error("training diverged at step ", step, " (loss ", m.loss, "): lower learning_rate");
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     m.lr = lr;
     m.grad_norm = r_.step->grad_norm();
+    watchdog_.after_step(step, m.loss, m.grad_norm, r_.step->counted() > 0, c.learning_rate, c.output_dir);
     m.tokens = r_.step->counted();
     const LoaderState& ls = r_.loader->state();
     m.epoch = double(ls.epoch) + double(ls.index) / double(r_.loader->documents());
@@ -172,16 +182,18 @@ class StepLogger {
     m.seconds_left = elapsed / double(step - first_step_) * double(total - step);
     m.gpu_memory_gib = r_.ops.device() == Device::CPU ? 0.0 : r_.ops.memory_used_gib();
     if (matmul_tflops_ > 0) m.mfu = m.tokens_per_s * flops_per_token_ / (matmul_tflops_ * 1e12);
-    if (log_step) metrics_.train(m);
-    progress_.show(m);
+    if (log_step) write_or_save_and_stop([&] { metrics_.train(m); }, save_);  // a full disk stops the run
+    if (log_step || progress_.tty()) progress_.show(m);
   }
 
  private:
   const Run& r_;
   MetricsLog& metrics_;
   ProgressLine& progress_;
+  std::function<void()> save_;
   Clock::time_point start_;
   int64_t first_step_;
+  LossWatchdog watchdog_;
   double flops_per_token_ = 0, matmul_tflops_ = 0;
 };
 
@@ -217,7 +229,6 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
 
   MetricsLog metrics(c.output_dir, r.state.step);
   ProgressLine progress(log);
-  StepLogger step_log(r, metrics, progress);
   const bool has_val = r.data.validation.documents() > 0;
   RunResult result;
   result.total_steps = r.state.total_steps;
@@ -243,6 +254,7 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
     progress.message(cat("step ", r.state.step, ": saved ", dir.string()));
   };
 
+  StepLogger step_log(r, metrics, progress, checkpoint);
   StopSignal stop;
   std::vector<HostBatch> micro(static_cast<size_t>(c.gradient_accumulation_steps));
   while (r.state.step < r.state.total_steps && !StopSignal::requested()) {
@@ -252,10 +264,11 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
     const double lr = c.learning_rate * lr_factor(r.sched, r.state.step);
     r.step->run(micro, float(lr));
     ++r.state.step;
-    step_log.after_update(lr, t0);
+    const bool save_step = c.save_steps > 0 && r.state.step % c.save_steps == 0;
+    step_log.after_update(lr, t0, save_step);
     if (c.eval_steps > 0 && r.state.step % c.eval_steps == 0 && r.state.step < r.state.total_steps)
       run_eval(r.state.step);
-    if (c.save_steps > 0 && r.state.step % c.save_steps == 0) checkpoint();
+    if (save_step) checkpoint();
   }
   result.steps = r.state.step;
   if (StopSignal::requested()) {

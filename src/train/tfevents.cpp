@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "io/checked_write.h"
 
 namespace soltrain {
 
@@ -115,11 +116,12 @@ TfEventsWriter::TfEventsWriter(const std::filesystem::path& dir) {
   path_ = dir / cat("events.out.tfevents.", int64_t(now_seconds()), ".", host, ".", ::getpid());
   out_.open(path_, std::ios::binary | std::ios::app);
   if (!out_) user_error(path_.string(), ": cannot create the TensorBoard event file");
-  out_ << tfrecord(event_file_version(now_seconds())) << std::flush;
+  append_checked(out_, tfrecord(event_file_version(now_seconds())), path_, "the TensorBoard event file");
 }
 
 void TfEventsWriter::scalar(const std::string& tag, int64_t step, double value) {
-  out_ << tfrecord(event_scalar(now_seconds(), step, tag, float(value))) << std::flush;
+  append_checked(out_, tfrecord(event_scalar(now_seconds(), step, tag, float(value))), path_,
+                 "the TensorBoard event file");
 }
 
 }  // namespace soltrain

@@ -62,6 +62,9 @@ struct TrainConfig {
   Device device = Device::CPU;
   BadRecordPolicy bad_records = BadRecordPolicy::kError;
   std::filesystem::path dataset_prepared_path;  // shard cache; default output_dir/prepared
+  double loss_watchdog_threshold = 0;           // > 0: stop when the loss stays above it (Axolotl's key)
+  int loss_watchdog_patience = 3;               // for this many consecutive steps
+  bool overwrite_output_dir = false;            // write into a non-empty folder soltrain did not create
   std::string source_text;                      // the YAML as given plus overrides, saved with checkpoints
   std::filesystem::path dump_batches;           // `--dump-batches DIR`: every micro-batch trained on, as files
 };

@@ -45,6 +45,7 @@ ShardSet tokenize_all(const TrainConfig& c, const std::vector<DatasetSpec>& spec
     o.seq_len = c.sequence_len;
     o.train_on_inputs = c.train_on_inputs;
     o.bad_records = c.bad_records;
+    o.from_config = true;
     o.progress = &log == &std::cerr && ::isatty(2);  // a redrawn line only makes sense on a terminal
     run_tokenize(o, log);
     append_shards(all, load_shards(o.out));

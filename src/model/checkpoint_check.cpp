@@ -1,0 +1,34 @@
+#include "model/checkpoint_check.h"
+
+#include "core/error.h"
+
+namespace soltrain {
+
+void check_config_fits_checkpoint(const ModelConfig& c, const CheckpointReader& ckpt,
+                                  const std::filesystem::path& dir) {
+  const std::string cfg = (dir / "config.json").string();
+  const std::string embed = "model.embed_tokens.weight";
+  if (ckpt.has(embed)) {
+    const Shape& s = ckpt.entry(embed).shape;
+    if (s.size() != 2 || s[0] != c.vocab_size || s[1] != c.hidden_size)
+      user_error(cfg, ": vocab_size ", c.vocab_size, " and hidden_size ", c.hidden_size, " disagree with ",
+                 ckpt.describe(embed), " of shape ", shape_str(s));
+  }
+  const std::string last = cat("model.layers.", c.num_layers - 1, ".input_layernorm.weight");
+  if (!ckpt.has(last))
+    user_error(cfg, ": num_hidden_layers is ", c.num_layers, " but the checkpoint has no tensor '", last,
+               "' (does config.json match the weights?)");
+  // Parameters the config implies (in double: no overflow), against what the checkpoint holds. LoRA and
+  // biases only add to the checkpoint's side, so a config needing more can never load.
+  const double D = c.hidden_size, layers = c.num_layers;
+  const double per_layer = D * c.num_heads * double(c.head_dim) * 2 + D * c.num_kv_heads * double(c.head_dim) * 2 +
+                           3 * D * c.intermediate_size;
+  const double needed = layers * per_layer + double(c.vocab_size) * D;
+  double held = 0;
+  for (const std::string& n : ckpt.names()) held += double(shape_numel(ckpt.entry(n).shape));
+  if (needed > held)
+    user_error(cfg, ": describes a model of at least ", needed, " parameters, but the checkpoint's tensors hold ", held,
+               " (does config.json match the weights?)");
+}
+
+}  // namespace soltrain

@@ -1,0 +1,28 @@
+#include "train/run_checks.h"
+
+#include <climits>
+
+#include "core/error.h"
+#include "model/config.h"
+
+namespace fs = std::filesystem;
+
+namespace soltrain {
+
+void check_run_inputs(const TrainConfig& c) {
+  std::error_code ec;
+  if (!fs::is_directory(c.model, ec))
+    user_error("model: ", c.model.string(), ": ", fs::exists(c.model, ec) ? "is not a folder" : "no such folder",
+               " (expected a Hugging Face model folder with config.json, the weights and tokenizer.json)");
+  const ModelConfig m = load_model_config(c.model);
+  if (c.sequence_len > m.max_position_embeddings)
+    user_error("sequence_len ", c.sequence_len, " is longer than the model's max_position_embeddings (",
+               m.max_position_embeddings, ", ", (c.model / "config.json").string(),
+               "): lower sequence_len, or raise max_position_embeddings there if you mean to extend the context");
+  const int64_t tokens = int64_t(c.per_device_train_batch_size) * c.sequence_len;
+  if (tokens > INT_MAX)
+    user_error("per_device_train_batch_size ", c.per_device_train_batch_size, " x sequence_len ", c.sequence_len, " = ",
+               tokens, " tokens per micro-batch: more than ", INT_MAX, "; lower one of them");
+}
+
+}  // namespace soltrain
