@@ -79,10 +79,18 @@ def check_cuda_grads(binary, cdir, base_dir, adapter, batch, ids, tgt, grads, ex
     loss_of(logits.float(), tgt.cuda()).backward()
     peer_grads = {"grad." + n.replace(".default", ""): p.grad.float().cpu()
                   for n, p in peer.named_parameters() if p.grad is not None}
+    # For the diagnosis only: the same model held in bf16 end to end (no autocast: bf16 residual stream and
+    # bf16 gradients between the matmuls, as soltrain's CUDA backend computes).
+    pure = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.bfloat16).cuda(),
+                                     adapter, is_trainable=True).cuda()
+    pure.eval()
+    loss_of(pure(input_ids=ids.cuda()).logits.float(), tgt.cuda()).backward()
+    pure_grads = {"grad." + n.replace(".default", ""): p.grad.float().cpu()
+                  for n, p in pure.named_parameters() if p.grad is not None}
     worst_ratio, worse = 0.0, []
     for k, g in grads.items():
         ours, theirs = rel(d[k], g), rel(peer_grads[k], g)
-        stats.append((ours, theirs))
+        stats.append((ours, theirs, rel(pure_grads[k], g)))
         worst_ratio = max(worst_ratio, ours / max(theirs, 1e-12))
         if ours > theirs * 1.05 + 1e-4: worse.append(f"{k}: ours {ours:.2e} vs PEFT bf16 {theirs:.2e}")
     print(f"  {'ok  ' if not worse else 'FAIL'} CUDA LoRA gradients vs PEFT fp32: worst ours {max(s[0] for s in stats[-len(grads):]):.2e},"
@@ -195,10 +203,10 @@ def main():
             print("  FAIL", e)
     if not a.keep: shutil.rmtree(work, ignore_errors=True)
     if stats:
-        ours, theirs = sorted(s[0] for s in stats), sorted(s[1] for s in stats)
+        ours, theirs, pure = (sorted(s[i] for s in stats) for i in range(3))
         print(f"\nCUDA LoRA gradients over {len(stats)} tensors, relative L2 error vs PEFT fp32: ours median "
               f"{ours[len(ours) // 2]:.3e} worst {ours[-1]:.3e}; PEFT bf16 autocast median {theirs[len(theirs) // 2]:.3e} "
-              f"worst {theirs[-1]:.3e}")
+              f"worst {theirs[-1]:.3e}; PEFT pure bf16 (no autocast) median {pure[len(pure) // 2]:.3e} worst {pure[-1]:.3e}")
     print(f"\n{a.cases} cases, {len(fails)} failures")
     for f in fails: print("  " + f)
     sys.exit(1 if fails else 0)
