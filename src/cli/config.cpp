@@ -9,8 +9,10 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 
+#include "cli/peer_keys.h"
 #include "core/error.h"
 
 namespace soltrain {
@@ -220,13 +222,16 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
   if (!root.IsMap()) user_error(where, ": expected a map of settings at the top level");
 
   std::map<std::string, Entry> entries;
-  std::vector<std::string> order;
+  std::vector<std::string> order, errors;
+  std::set<std::string> failed;  // keys whose value was refused: not "missing" as well
   for (const auto& kv : root) {
     const std::string key = scalar_text(kv.first);
     // yaml-cpp keeps both of a repeated key; YAML forbids it, and one of the two values would be ignored.
-    if (entries.count(key))
-      user_error(where_of(where, kv.first), ": key \"", key, "\" appears twice (also at ", entries[key].where,
-                 "); keep one");
+    if (entries.count(key)) {
+      errors.push_back(cat(where_of(where, kv.first), ": key \"", key, "\" appears twice (also at ", entries[key].where,
+                           "); keep one"));
+      continue;
+    }
     order.push_back(key);
     entries[key] = {kv.second, where_of(where, kv.first)};
   }
@@ -259,6 +264,7 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       {"base_model", [&](const Entry& e) { c.model = path_value(e, "base_model"); }},
       {"model", [&](const Entry& e) { c.model = path_value(e, "model"); }},
       {"output_dir", [&](const Entry& e) { c.output_dir = path_value(e, "output_dir"); }},
+      {"save_path", [&](const Entry& e) { c.output_dir = path_value(e, "save_path"); }},  // Surogate's name
       {"overwrite_output_dir", [&](const Entry& e) { c.overwrite_output_dir = get_bool(e, "overwrite_output_dir"); }},
       {"dataset_prepared_path",
        [&](const Entry& e) { c.dataset_prepared_path = path_value(e, "dataset_prepared_path"); }},
@@ -267,7 +273,15 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
        [&](const Entry& e) { c.validation_datasets = parse_datasets(e, "validation_datasets", where, mode, base); }},
       {"validation_split_ratio",
        [&](const Entry& e) { c.validation_split_ratio = get_double(e, "validation_split_ratio", 0, 0.9); }},
-      {"val_set_size", [&](const Entry& e) { c.validation_split_ratio = get_double(e, "val_set_size", 0, 0.9); }},
+      // Axolotl's val_set_size: a fraction below 1, a number of documents from 1 on.
+      {"val_set_size",
+       [&](const Entry& e) {
+         const double v = get<double>(e, "val_set_size", "a fraction in [0, 0.9] or a count of documents");
+         if (v >= 1 && v == double(int64_t(v)))
+           c.validation_count = int64_t(v);
+         else
+           c.validation_split_ratio = get_double(e, "val_set_size", 0, 0.9);
+       }},
       {"sequence_len", [&](const Entry& e) { c.sequence_len = get_int32(e, "sequence_len", 2, kMaxSequenceLen); }},
       {"sample_packing", [&](const Entry& e) { c.sample_packing = get_bool(e, "sample_packing"); }},
       {"train_on_inputs",
@@ -371,16 +385,55 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
   };
   std::vector<std::string> names;
   for (const auto& [k, v] : keys) names.push_back(k);
+  for (const std::string& k : peer_key_names()) names.push_back(k);
   for (const std::string& key : order) {
     const Entry& e = entries.at(key);
-    const auto it = keys.find(key);
-    if (it == keys.end()) unknown_key(e.where, key, names, "key");
-    if (e.node.IsNull()) continue;  // `key:` with nothing keeps the default
-    it->second(e);
+    try {
+      const auto it = keys.find(key);
+      if (it != keys.end()) {
+        if (!e.node.IsNull()) it->second(e);  // `key:` with nothing keeps the default
+        continue;
+      }
+      try {
+        if (apply_peer_key(key, e.node, c)) continue;
+      } catch (const UserError& p) {
+        user_error(e.where, ": ", p.what());
+      }
+      unknown_key(e.where, key, names, "key");
+    } catch (const UserError& err) {
+      errors.push_back(err.what());
+      failed.insert(key);
+    }
   }
-  if (c.model.empty()) user_error(where, ": `model` is required (a Hugging Face model folder)");
-  if (c.output_dir.empty()) user_error(where, ": `output_dir` is required");
-  if (c.datasets.empty()) user_error(where, ": `datasets` is required (a list of {path, type})");
+  auto given = [&](std::initializer_list<const char*> ks) {
+    for (const char* k : ks)
+      if (entries.count(k) && (failed.count(k) || !entries.at(k).node.IsNull())) return true;
+    return false;
+  };
+  if (entries.count("save_path") && entries.count("output_dir") && !entries.at("save_path").node.IsNull() &&
+      !entries.at("output_dir").node.IsNull())
+    errors.push_back(cat(entries.at("save_path").where, ": save_path and output_dir (", entries.at("output_dir").where,
+                         ") are the same setting; keep one"));
+  // LoRA settings without `adapter: lora` / `lora: true`: the user meant LoRA (Surogate turns it on by
+  // default); training the full model instead would be a silent, expensive surprise.
+  if (!given({"adapter", "lora"}) &&
+      given({"lora_r", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_linear"})) {
+    c.lora.enabled = true;
+    c.notes.push_back("LoRA settings are given without `adapter: lora` or `lora: true`: training a LoRA adapter");
+  }
+  if (c.model.empty() && !given({"model", "base_model"}))
+    errors.push_back(cat(where, ": `model` is required (a Hugging Face model folder)"));
+  if (c.output_dir.empty() && !given({"output_dir", "save_path"}))
+    errors.push_back(cat(where, ": `output_dir` is required"));
+  if (c.datasets.empty() && !given({"datasets"}))
+    errors.push_back(cat(where, ": `datasets` is required (a list of {path, type})"));
+  // Every problem at once, so a config is fixed in one edit rather than one rerun per key.
+  if (errors.size() == 1) throw UserError(errors[0]);
+  if (!errors.empty()) {
+    std::string all = cat(where, ": ", errors.size(), " problems: ");
+    for (size_t i = 0; i < errors.size(); ++i) all += (i ? "; " : "") + errors[i];
+    throw UserError(all);
+  }
   if (c.dataset_prepared_path.empty()) c.dataset_prepared_path = c.output_dir / "prepared";
   return c;
 }

@@ -60,14 +60,19 @@ TrainData prepare_train_data(const TrainConfig& c, std::ostream& log) {
   d.train = tokenize_all(c, c.datasets, "train", log);
   if (!c.validation_datasets.empty()) {
     d.validation = tokenize_all(c, c.validation_datasets, "validation", log);
-  } else if (c.validation_split_ratio > 0) {
+  } else if (c.validation_split_ratio > 0 || c.validation_count > 0) {
     // A seeded choice of documents, kept in their original order on both sides.
     const int64_t n = d.train.documents();
     std::vector<int64_t> idx(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) idx[size_t(i)] = i;
     std::mt19937_64 rng(c.seed ^ 0x5eed5eedULL);
     for (size_t i = idx.size(); i > 1; --i) std::swap(idx[i - 1], idx[size_t(rng() % i)]);
-    const int64_t n_val = std::min<int64_t>(n - 1, int64_t(std::ceil(double(n) * c.validation_split_ratio)));
+    if (c.validation_count > 0 && c.validation_count >= n)
+      user_error("val_set_size ", c.validation_count, ": the training data has only ", n,
+                 " documents (a count must leave some to train on)");
+    const int64_t n_val = c.validation_count > 0
+                              ? c.validation_count
+                              : std::min<int64_t>(n - 1, int64_t(std::ceil(double(n) * c.validation_split_ratio)));
     if (n_val <= 0)
       user_error("validation_split_ratio ", c.validation_split_ratio, ": ", n, " documents are too few to split");
     std::vector<int64_t> val(idx.begin(), idx.begin() + n_val), train(idx.begin() + n_val, idx.end());
