@@ -96,8 +96,7 @@ void set_up(Run& r) {
   r.state.total_steps = total;
   r.state.seed = c.seed;
   // Axolotl's per-epoch counts, in optimizer steps of this run's epoch.
-  const int64_t steps_per_epoch =
-      std::max<int64_t>(1, (r.micro_per_epoch + c.gradient_accumulation_steps - 1) / c.gradient_accumulation_steps);
+  const int64_t steps_per_epoch = std::max<int64_t>(1, r.micro_per_epoch / c.gradient_accumulation_steps);
   auto every = [&](double per_epoch) { return std::max<int64_t>(1, int64_t(double(steps_per_epoch) / per_epoch)); };
   r.save_steps = c.save_steps == 0 && c.saves_per_epoch > 0 ? every(c.saves_per_epoch) : c.save_steps;
   r.eval_steps = c.eval_steps == 0 && c.evals_per_epoch > 0 ? every(c.evals_per_epoch) : c.eval_steps;
