@@ -127,7 +127,7 @@ std::string where_of(const std::string& file, const YAML::Node& n) {
 DatasetType dataset_type(const Entry& e, TrainMode mode) {
   const std::string s = get_string(e, "type");
   const auto t = find_dataset_type(s);
-  if (!t) bad_value(e, "type", "text, instruction, conversation or auto");
+  if (!t) bad_value(e, "type", "text, instruction, alpaca, conversation or auto");
   if (mode == TrainMode::kPretrain && *t != DatasetType::kText && *t != DatasetType::kAuto)
     user_error(e.where, ": type: \"", s, "\": pt trains on text datasets (use `soltrain sft` for ", s, ")");
   return *t;

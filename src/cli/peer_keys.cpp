@@ -173,7 +173,8 @@ const std::map<std::string, Apply>& table() {
   return t;
 }
 
-// Whole families of logging integrations: their settings never change the training.
+// Whole families whose settings never change the training: logging integrations, and Liger's fused kernels
+// (soltrain fuses its own).
 bool is_logging_family(const std::string& key) {
   for (const char* p : {"wandb_", "mlflow_", "comet_", "swanlab_", "liger_"})
     if (key.rfind(p, 0) == 0) return true;
