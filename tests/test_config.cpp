@@ -143,6 +143,15 @@ TEST(Config, PeerKeysMapToSoltrainSettings) {
             Recompute::None);
   EXPECT_EQ(parse_train_config(kBase + "val_set_size: 0.05\n", "cfg.yaml", {}, TrainMode::kSft).validation_split_ratio,
             0.05);
+  const TrainConfig g = parse_train_config(
+      "model: m\nsave_path: o\nnum_train_epochs: 3\nlora_target_modules: [all-linear]\ndatasets:\n"
+      "  - {path: d.jsonl, type: instruction, instruction_field: q, input_field: i, output_field: a}\n",
+      "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_EQ(g.num_epochs, 3);
+  EXPECT_EQ(g.lora.target_modules, all_lora_module_names());
+  EXPECT_EQ(g.datasets[0].fields.instruction, "q");
+  EXPECT_EQ(g.datasets[0].fields.input, "i");
+  EXPECT_EQ(g.datasets[0].fields.output, "a");
   const std::string surogate = "model: m\nsave_path: out\ndatasets: [d.jsonl]\n";
   EXPECT_EQ(parse_train_config(surogate, "dir/cfg.yaml", {}, TrainMode::kSft).output_dir, "dir/out");
   EXPECT_EQ(error_of(surogate + "output_dir: o\n"),

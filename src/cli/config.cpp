@@ -152,6 +152,18 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
       {"field_input", [&](const Entry& e) { f.input = get_string(e, "field_input"); }},
       {"field_output", [&](const Entry& e) { f.output = get_string(e, "field_output"); }},
       {"field_messages", [&](const Entry& e) { f.messages = f.conversations = get_string(e, "field_messages"); }},
+      // Surogate's names for the same fields.
+      {"text_field", [&](const Entry& e) { f.text = get_string(e, "text_field"); }},
+      {"instruction_field", [&](const Entry& e) { f.instruction = get_string(e, "instruction_field"); }},
+      {"input_field", [&](const Entry& e) { f.input = get_string(e, "input_field"); }},
+      {"output_field", [&](const Entry& e) { f.output = get_string(e, "output_field"); }},
+      {"messages_field", [&](const Entry& e) { f.messages = f.conversations = get_string(e, "messages_field"); }},
+      {"samples",
+       [&](const Entry& e) {
+         user_error(e.where,
+                    ": samples: taking a subset of a dataset's records is not built yet; drop it to train on "
+                    "every record");
+       }},
       {"message_field_role", [&](const Entry& e) { f.role = f.from = get_string(e, "message_field_role"); }},
       {"message_field_content", [&](const Entry& e) { f.content = f.value = get_string(e, "message_field_content"); }},
       {"system_prompt",
@@ -297,6 +309,8 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       {"gradient_accumulation_steps",
        [&](const Entry& e) { c.gradient_accumulation_steps = get_int32(e, "gradient_accumulation_steps", 1); }},
       {"num_epochs", [&](const Entry& e) { c.num_epochs = get_double(e, "num_epochs", 0, 1e6, true); }},
+      {"num_train_epochs",  // transformers' (and Surogate's) name
+       [&](const Entry& e) { c.num_epochs = get_double(e, "num_train_epochs", 0, 1e6, true); }},
       {"max_steps", [&](const Entry& e) { c.max_steps = get_int(e, "max_steps", 0); }},
       {"learning_rate", [&](const Entry& e) { c.learning_rate = get_double(e, "learning_rate", 0, 10, true); }},
       {"lr_scheduler_type",
@@ -346,6 +360,8 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
          static const std::vector<std::string> known = all_lora_module_names();
          c.lora.target_modules = get_string_list(e, "lora_target_modules");
          if (c.lora.target_modules.empty()) bad_value(e, "lora_target_modules", "a non-empty list");
+         // PEFT's (and Surogate's) shorthand for every linear layer of the blocks.
+         if (c.lora.target_modules == std::vector<std::string>{"all-linear"}) c.lora.target_modules = known;
          for (const std::string& m : c.lora.target_modules)
            if (std::find(known.begin(), known.end(), m) == known.end())
              unknown_key(e.where, m, known, "lora_target_modules entry");

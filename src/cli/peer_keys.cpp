@@ -126,6 +126,8 @@ const std::map<std::string, Apply>& table() {
       {"is_mistral_derived_model", any()},
       {"auto_resume_from_checkpoints", any()},
       {"apply_recommended_values", any()},
+      {"dataloader_num_workers", any()},
+      {"merge_adapter", off_or("merging is a separate step: `soltrain merge` after training")},
       {"special_tokens", any()},  // soltrain uses the tokenizer's own special tokens (not compared yet)
       {"bf16", one_of({"true", "True", "auto"},
                       "soltrain computes in bf16 with fp32 masters; fp32-only training "
