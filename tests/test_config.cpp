@@ -189,6 +189,13 @@ TEST(Config, EveryProblemIsReportedAtOnce) {
             "cfg.yaml: `output_dir` is required; cfg.yaml: `datasets` is required (a list of {path, type})");
 }
 
+TEST(Config, EmptyRequiredKeysAreStillMissing) {
+  EXPECT_EQ(error_of("model: m\noutput_dir: o\ndatasets: []\n"),
+            "cfg.yaml: `datasets` is required (a list of {path, type})");
+  EXPECT_EQ(error_of("model:\noutput_dir: o\ndatasets: [d]\n"),
+            "cfg.yaml: `model` is required (a Hugging Face model folder)");
+}
+
 TEST(Config, LoraSettingsWithoutAdapterMeanLora) {
   const TrainConfig c = parse_train_config(kBase + "lora_rank: 8\nlora_alpha: 16\n", "cfg.yaml", {}, TrainMode::kSft);
   EXPECT_TRUE(c.lora.enabled);
@@ -199,6 +206,8 @@ TEST(Config, LoraSettingsWithoutAdapterMeanLora) {
   EXPECT_FALSE(parse_train_config(kBase + "lora: false\nlora_r: 8\n", "cfg.yaml", {}, TrainMode::kSft).lora.enabled);
   EXPECT_FALSE(parse_train_config(kBase + "lora_r:\nadapter:\n", "cfg.yaml", {}, TrainMode::kSft).lora.enabled);
   EXPECT_TRUE(parse_train_config(kBase + "adapter: lora\n", "cfg.yaml", {}, TrainMode::kSft).notes.empty());
+  EXPECT_FALSE(parse_train_config(kBase + "lora_target_linear: false\n", "cfg.yaml", {}, TrainMode::kSft).lora.enabled);
+  EXPECT_TRUE(parse_train_config(kBase + "lora_target_linear: true\n", "cfg.yaml", {}, TrainMode::kSft).lora.enabled);
 }
 
 }  // namespace

@@ -433,15 +433,22 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
   // LoRA settings without `adapter: lora` / `lora: true`: the user meant LoRA (Surogate turns it on by
   // default); training the full model instead would be a silent, expensive surprise.
   if (!given({"adapter", "lora"}) &&
-      given({"lora_r", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_linear"})) {
+      (given({"lora_r", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules"}) ||
+       (given({"lora_target_linear"}) && entries.at("lora_target_linear").node.Scalar() == "true"))) {
     c.lora.enabled = true;
     c.notes.push_back("LoRA settings are given without `adapter: lora` or `lora: true`: training a LoRA adapter");
   }
-  if (c.model.empty() && !given({"model", "base_model"}))
+  // A key whose value was refused is reported once, not again as missing.
+  auto refused = [&](std::initializer_list<const char*> ks) {
+    for (const char* k : ks)
+      if (failed.count(k)) return true;
+    return false;
+  };
+  if (c.model.empty() && !refused({"model", "base_model"}))
     errors.push_back(cat(where, ": `model` is required (a Hugging Face model folder)"));
-  if (c.output_dir.empty() && !given({"output_dir", "save_path"}))
+  if (c.output_dir.empty() && !refused({"output_dir", "save_path"}))
     errors.push_back(cat(where, ": `output_dir` is required"));
-  if (c.datasets.empty() && !given({"datasets"}))
+  if (c.datasets.empty() && !refused({"datasets"}))
     errors.push_back(cat(where, ": `datasets` is required (a list of {path, type})"));
   // Every problem at once, so a config is fixed in one edit rather than one rerun per key.
   if (errors.size() == 1) throw UserError(errors[0]);
