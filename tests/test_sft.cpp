@@ -13,6 +13,7 @@
 
 #include "cli/config.h"
 #include "cli/demo_kit.h"
+#include "data/sample_encoder.h"
 #include "data_test_util.h"
 #include "test_util.h"
 #include "train/run_training.h"
@@ -200,6 +201,24 @@ TEST(Sft, PerEpochSavesAndEvalsAndLoraIntent) {
   std::string full;
   train(s.config("full", "max_steps: 1\n"), {}, &full);
   EXPECT_EQ(full.rfind("sft: full fine-tune\n", 0), 0u) << full;
+}
+
+// Axolotl's special_tokens: the tokenizer's own eos (and any pad) are accepted, a different eos is refused.
+TEST(Sft, SpecialTokensMustMatchTheTokenizer) {
+  SftSetup s;
+  const std::string eos = read_eos_token(s.t.path / "model" / "tokenizer_config.json");
+  EXPECT_EQ(
+      train(s.config("same", "max_steps: 1\nspecial_tokens: {eos_token: \"" + eos + "\", pad_token: x}\n")).total_steps,
+      1);
+  try {
+    train(s.config("other", "max_steps: 1\nspecial_tokens: {eos_token: \"<|other|>\"}\n"));
+    FAIL() << "a different eos token was accepted";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(
+                  "special_tokens: eos_token \"<|other|>\" differs from the tokenizer's \"" + eos + "\"", 0),
+              0u)
+        << e.what();
+  }
 }
 
 // Runs `soltrain sft cfg [args]` as a child; returns its pid.

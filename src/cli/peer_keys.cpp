@@ -128,7 +128,15 @@ const std::map<std::string, Apply>& table() {
       {"apply_recommended_values", any()},
       {"dataloader_num_workers", any()},
       {"merge_adapter", off_or("merging is a separate step: `soltrain merge` after training")},
-      {"special_tokens", any()},  // soltrain uses the tokenizer's own special tokens (not compared yet)
+      {"special_tokens",  // kept to be compared with the tokenizer's when the data is prepared
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (!n.IsDefined() || n.IsNull()) return;
+         if (!n.IsMap()) user_error(k, ": \"", text(n), "\" is not valid: expected a map like {eos_token: ...}");
+         for (const auto& kv : n) {
+           if (!kv.second.IsScalar()) user_error(k, ".", text(kv.first), ": expected a token (a string)");
+           c.special_tokens[text(kv.first)] = kv.second.Scalar();
+         }
+       }},
       {"bf16", one_of({"true", "True", "auto"},
                       "soltrain computes in bf16 with fp32 masters; fp32-only training "
                       "is not offered (use bf16: true)")},

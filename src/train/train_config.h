@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -63,6 +64,8 @@ struct TrainConfig {
   // save_steps / eval_steps win when both are given.
   double saves_per_epoch = 0, evals_per_epoch = 0;
   std::vector<std::string> notes;  // what the reader decided for the user, printed first by the run
+  // Axolotl's special_tokens (name → token): checked against the tokenizer's own when the data is prepared.
+  std::map<std::string, std::string> special_tokens;
   int64_t logging_steps = 1;
   Device device = Device::CPU;
   BadRecordPolicy bad_records = BadRecordPolicy::kError;
