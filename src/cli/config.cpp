@@ -133,6 +133,12 @@ DatasetType dataset_type(const Entry& e, TrainMode mode) {
   return *t;
 }
 
+// The problems of one dataset entry; the top-level loop lists each of them.
+struct DatasetErrors : UserError {
+  std::vector<std::string> all;
+  explicit DatasetErrors(std::vector<std::string> e) : UserError(e.front()), all(std::move(e)) {}
+};
+
 DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const std::string& file, TrainMode mode) {
   DatasetSpec d;
   if (mode == TrainMode::kPretrain) d.type = DatasetType::kText;
@@ -188,17 +194,24 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
   std::vector<std::string> names;
   for (const auto& [k, v] : keys) names.push_back(k);
   std::map<std::string, std::string> seen;  // key -> where, for repeated keys
+  // Every problem of the dataset, as for the top-level keys.
+  std::vector<std::string> errors;
   for (const auto& kv : n) {
     const std::string key = scalar_text(kv.first);
-    if (seen.count(key))
-      user_error(where_of(file, kv.first), ": dataset key \"", key, "\" appears twice (also at ", seen[key],
-                 "); keep one");
-    seen[key] = where_of(file, kv.first);
-    const auto it = keys.find(key);
-    if (it == keys.end()) unknown_key(where_of(file, kv.first), key, names, "dataset key");
-    it->second({kv.second, where_of(file, kv.second)});
+    try {
+      if (seen.count(key))
+        user_error(where_of(file, kv.first), ": dataset key \"", key, "\" appears twice (also at ", seen[key],
+                   "); keep one");
+      seen[key] = where_of(file, kv.first);
+      const auto it = keys.find(key);
+      if (it == keys.end()) unknown_key(where_of(file, kv.first), key, names, "dataset key");
+      it->second({kv.second, where_of(file, kv.second)});
+    } catch (const UserError& e) {
+      errors.push_back(e.what());
+    }
   }
-  if (d.path.empty()) user_error(where, ": a dataset needs `path`");
+  if (d.path.empty() && !seen.count("path")) errors.push_back(cat(where, ": a dataset needs `path`"));
+  if (!errors.empty()) throw DatasetErrors(errors);
   return d;
 }
 
@@ -207,10 +220,17 @@ std::vector<DatasetSpec> parse_datasets(const Entry& e, const std::string& key, 
   std::vector<DatasetSpec> out;
   if (e.node.IsScalar() || e.node.IsMap())
     out.push_back(parse_dataset(e.node, e.where, file, mode));
-  else if (e.node.IsSequence())
-    for (const YAML::Node& n : e.node) out.push_back(parse_dataset(n, where_of(file, n), file, mode));
-  else
+  else if (!e.node.IsSequence())
     bad_value(e, key, "a list of datasets");
+  std::vector<std::string> errors;
+  for (const YAML::Node& n : e.node.IsSequence() ? e.node : YAML::Node()) try {
+      out.push_back(parse_dataset(n, where_of(file, n), file, mode));
+    } catch (const DatasetErrors& d) {
+      errors.insert(errors.end(), d.all.begin(), d.all.end());
+    } catch (const UserError& u) {
+      errors.push_back(u.what());
+    }
+  if (!errors.empty()) throw DatasetErrors(errors);
   // Relative dataset paths are relative to the config file, so a config works from any directory.
   for (DatasetSpec& d : out)
     if (d.path.is_relative() && !base.empty()) d.path = (base / d.path).lexically_normal();
@@ -416,6 +436,9 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
         user_error(e.where, ": ", p.what());
       }
       unknown_key(e.where, key, names, "key");
+    } catch (const DatasetErrors& err) {
+      errors.insert(errors.end(), err.all.begin(), err.all.end());
+      failed.insert(key);
     } catch (const UserError& err) {
       errors.push_back(err.what());
       failed.insert(key);
