@@ -161,7 +161,7 @@ Sample to_sample(const ordered_json& r, DatasetType type, const DatasetFields& f
       break;
     }
     case DatasetType::kAlpaca: {
-      bool has_input = false;
+      bool has_input = false;  // the input field is optional: missing or empty is the no-input prompt
       const std::string prompt = alpaca_prompt(string_field(r, f.instruction), string_field(r, f.input, &has_input));
       s.is_text = true;
       s.text = prompt + string_field(r, f.output);
