@@ -127,5 +127,99 @@ TEST(Config, EditDistance) {
   EXPECT_EQ(edit_distance("seed", "seed"), 0u);
 }
 
+TEST(Config, PeerKeysMapToSoltrainSettings) {
+  const TrainConfig c = parse_train_config(kBase +
+                                               "gradient_checkpointing: true\noptimizer: adamw_torch_fused\n"
+                                               "recipe: bf16\nval_set_size: 100\nsaves_per_epoch: 2\n"
+                                               "evals_per_epoch: 4\nadapter: lora\nlora_target_linear: true\n",
+                                           "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_EQ(c.recompute, Recompute::Full);
+  EXPECT_EQ(c.validation_count, 100);
+  EXPECT_EQ(c.validation_split_ratio, 0);
+  EXPECT_EQ(c.saves_per_epoch, 2);
+  EXPECT_EQ(c.evals_per_epoch, 4);
+  EXPECT_EQ(c.lora.target_modules, all_lora_module_names());
+  EXPECT_EQ(parse_train_config(kBase + "gradient_checkpointing: false\n", "cfg.yaml", {}, TrainMode::kSft).recompute,
+            Recompute::None);
+  EXPECT_EQ(parse_train_config(kBase + "val_set_size: 0.05\n", "cfg.yaml", {}, TrainMode::kSft).validation_split_ratio,
+            0.05);
+  const TrainConfig g = parse_train_config(
+      "model: m\nsave_path: o\nnum_train_epochs: 3\nlora_target_modules: [all-linear]\ndatasets:\n"
+      "  - {path: d.jsonl, type: instruction, instruction_field: q, input_field: i, output_field: a}\n",
+      "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_EQ(g.num_epochs, 3);
+  EXPECT_EQ(g.lora.target_modules, all_lora_module_names());
+  EXPECT_EQ(g.datasets[0].fields.instruction, "q");
+  EXPECT_EQ(g.datasets[0].fields.input, "i");
+  EXPECT_EQ(g.datasets[0].fields.output, "a");
+  const std::string surogate = "model: m\nsave_path: out\ndatasets: [d.jsonl]\n";
+  EXPECT_EQ(parse_train_config(surogate, "dir/cfg.yaml", {}, TrainMode::kSft).output_dir, "dir/out");
+  EXPECT_EQ(error_of(surogate + "output_dir: o\n"),
+            "cfg.yaml:2: save_path and output_dir (cfg.yaml:4) are the same setting; keep one");
+}
+
+TEST(Config, EmptyFalseOrAlreadyDoneSettingsAreAccepted) {
+  EXPECT_EQ(error_of(kBase + "wandb_project:\nwandb_entity:\nmlflow_tracking_uri:\ndeepspeed:\nfsdp:\n"
+                             "fsdp_config:\nfp16: false\nbf16: auto\ntf32: false\nstrict: false\n"
+                             "load_in_4bit: false\nflash_attention: true\nhub_model_id:\n"
+                             "special_tokens:\n  pad_token: x\nlora_model_dir:\n"),
+            "no error");
+}
+
+TEST(Config, MissingFeaturesAreNamedInOneLine) {
+  EXPECT_EQ(error_of(kBase + "deepspeed: zero3.json\n"),
+            "cfg.yaml:6: deepspeed: not supported; soltrain runs multi-GPU itself (zero_stage, when it lands)");
+  EXPECT_EQ(error_of(kBase + "load_in_4bit: true\n"),
+            "cfg.yaml:6: load_in_4bit: 4-bit quantised base weights (QLoRA) are not built yet; drop it for bf16 LoRA");
+  EXPECT_EQ(error_of(kBase + "optimizer: lion_8bit\n"),
+            "cfg.yaml:6: optimizer: \"lion_8bit\": not supported; soltrain trains with AdamW (fp32 moments): use "
+            "optimizer: adamw_torch");
+  EXPECT_EQ(error_of(kBase + "recipe: fp8_hybrid\n"),
+            "cfg.yaml:6: recipe: \"fp8_hybrid\": not built yet (FP8/FP4 training); use recipe: bf16");
+  EXPECT_EQ(error_of(kBase + "gradient_checkpointing: sometimes\n"),
+            "cfg.yaml:6: gradient_checkpointing: \"sometimes\" is not valid: expected true or false");
+}
+
+TEST(Config, EveryProblemIsReportedAtOnce) {
+  EXPECT_EQ(error_of("model: m\nlearning_rat: 1e-4\ndeepspeed: ds.json\nsequence_len: -3\nmodel: n\n"),
+            "cfg.yaml: 6 problems: cfg.yaml:5: key \"model\" appears twice (also at cfg.yaml:1); keep one; "
+            "cfg.yaml:2: unknown key \"learning_rat\" (did you mean \"learning_rate\"?); "
+            "cfg.yaml:3: deepspeed: not supported; soltrain runs multi-GPU itself (zero_stage, when it lands); "
+            "cfg.yaml:4: sequence_len: \"-3\" is not valid: expected an integer from 2 to 16777216; "
+            "cfg.yaml: `output_dir` is required; cfg.yaml: `datasets` is required (a list of {path, type})");
+}
+
+TEST(Config, EveryDatasetProblemIsReportedToo) {
+  EXPECT_EQ(error_of("model: m\noutput_dir: o\ndatasets: d.jsonl\n"), "no error");  // one dataset, not a list
+  EXPECT_EQ(error_of("model: m\noutput_dir: o\ndatasets: {path: d.jsonl, type: text}\n"), "no error");
+  EXPECT_EQ(error_of("model: m\noutput_dir: o\ndatasets:\n  - path: a\n    typ: text\n    samples: 3\n"
+                     "  - type: text\n    field_txt: t\n"),
+            "cfg.yaml: 4 problems: cfg.yaml:5: unknown dataset key \"typ\" (did you mean \"type\"?); cfg.yaml:6: "
+            "samples: taking a subset of a dataset's records is not built yet; drop it to train on every record; "
+            "cfg.yaml:8: unknown dataset key \"field_txt\" (did you mean \"field_text\"?); cfg.yaml:7: a dataset "
+            "needs `path`");
+}
+
+TEST(Config, EmptyRequiredKeysAreStillMissing) {
+  EXPECT_EQ(error_of("model: m\noutput_dir: o\ndatasets: []\n"),
+            "cfg.yaml: `datasets` is required (a list of {path, type})");
+  EXPECT_EQ(error_of("model:\noutput_dir: o\ndatasets: [d]\n"),
+            "cfg.yaml: `model` is required (a Hugging Face model folder)");
+}
+
+TEST(Config, LoraSettingsWithoutAdapterMeanLora) {
+  const TrainConfig c = parse_train_config(kBase + "lora_rank: 8\nlora_alpha: 16\n", "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_TRUE(c.lora.enabled);
+  EXPECT_EQ(c.lora.rank, 8);
+  ASSERT_EQ(c.notes.size(), 1u);
+  EXPECT_NE(c.notes[0].find("training a LoRA adapter"), std::string::npos);
+  // Said off, or said nothing: as given.
+  EXPECT_FALSE(parse_train_config(kBase + "lora: false\nlora_r: 8\n", "cfg.yaml", {}, TrainMode::kSft).lora.enabled);
+  EXPECT_FALSE(parse_train_config(kBase + "lora_r:\nadapter:\n", "cfg.yaml", {}, TrainMode::kSft).lora.enabled);
+  EXPECT_TRUE(parse_train_config(kBase + "adapter: lora\n", "cfg.yaml", {}, TrainMode::kSft).notes.empty());
+  EXPECT_FALSE(parse_train_config(kBase + "lora_target_linear: false\n", "cfg.yaml", {}, TrainMode::kSft).lora.enabled);
+  EXPECT_TRUE(parse_train_config(kBase + "lora_target_linear: true\n", "cfg.yaml", {}, TrainMode::kSft).lora.enabled);
+}
+
 }  // namespace
 }  // namespace soltrain

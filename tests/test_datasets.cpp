@@ -61,6 +61,29 @@ TEST(Datasets, InstructionBecomesUserAndAssistantTurns) {
   EXPECT_EQ(s[2].vars["messages"][1]["content"], "ok");
 }
 
+// `type: alpaca` is Axolotl's prompt as plain text (not the chat template); the response follows it.
+TEST(Datasets, AlpacaIsAxolotlsPromptWithAndWithoutInput) {
+  test::TempDir t;
+  test::write_text(t.path / "a.jsonl",
+                   "{\"instruction\": \"Translate\", \"input\": \"chat\", \"output\": \"cat\"}\n"
+                   "{\"instruction\": \"Say hi\", \"input\": \"\", \"output\": \"hi\"}\n");
+  auto s = read_all(t.path / "a.jsonl", *find_dataset_type("alpaca"));
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_TRUE(s[0].is_text);
+  const std::string with_input =
+      "Below is an instruction that describes a task, paired with an input that provides further context. Write a "
+      "response that appropriately completes the request.\n\n### Instruction:\nTranslate\n\n### Input:\nchat\n\n"
+      "### Response:\n";
+  EXPECT_EQ(s[0].text, with_input + "cat");
+  EXPECT_EQ(s[0].prompt_chars, with_input.size());
+  const std::string no_input =
+      "Below is an instruction that describes a task. Write a response that appropriately completes the request."
+      "\n\n### Instruction:\nSay hi\n\n### Response:\n";
+  EXPECT_EQ(s[1].text, no_input + "hi");
+  EXPECT_EQ(s[1].prompt_chars, no_input.size());
+  EXPECT_EQ(to_string(*find_dataset_type("alpaca")), "alpaca");
+}
+
 TEST(Datasets, ConversationOpenAIKeepsExtraKeysAndToolsInOrder) {
   test::TempDir t;
   test::write_text(

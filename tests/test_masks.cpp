@@ -119,6 +119,25 @@ TEST(Masks, TrainOnInputsTrainsEverything) {
   EXPECT_EQ(std::count(d.mask.begin(), d.mask.end(), 1), int64_t(d.ids.size()));
 }
 
+// Alpaca: the prompt's tokens are not trained, the response and the eos token are (Axolotl's masking).
+TEST(Masks, AlpacaTrainsTheResponseAndEos) {
+  Model& m = model("qwen3");
+  Sample s;
+  s.is_text = true;
+  const std::string prompt = alpaca_prompt("Say hi", "");
+  s.text = prompt + "Hello there";
+  s.prompt_chars = prompt.size();
+  SampleEncoder enc(m.tok, &m.tmpl, m.tmpl.eos_token(), false);
+  const Document d = enc.encode(s);
+  std::vector<int32_t> want = m.tok.encode(s.text);
+  want.push_back(*m.tok.token_to_id(m.tmpl.eos_token()));
+  EXPECT_EQ(d.ids, want);
+  EXPECT_EQ(trained_runs(m, d), (std::vector<std::string>{"Hello there" + m.tmpl.eos_token()}));
+  SampleEncoder all(m.tok, &m.tmpl, m.tmpl.eos_token(), true);
+  const Document a = all.encode(s);
+  EXPECT_EQ(std::count(a.mask.begin(), a.mask.end(), 1), int64_t(a.ids.size()));
+}
+
 TEST(Masks, TemplateErrorIsABadRecord) {
   Model& m = model("qwen3");
   SampleEncoder enc(m.tok, &m.tmpl, "", false);

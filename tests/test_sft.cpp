@@ -13,6 +13,7 @@
 
 #include "cli/config.h"
 #include "cli/demo_kit.h"
+#include "data/sample_encoder.h"
 #include "data_test_util.h"
 #include "test_util.h"
 #include "train/run_training.h"
@@ -177,6 +178,47 @@ TEST(Sft, CheckpointsKeepSaveTotalLimit) {
   EXPECT_EQ(state["step"], 6);
   EXPECT_TRUE(fs::exists(all[1] / "model" / "config.json"));
   EXPECT_TRUE(fs::exists(all[1] / "config.yaml"));
+}
+
+// Axolotl's saves_per_epoch / evals_per_epoch become steps once the run knows its steps per epoch; the run
+// says first what it trains (LoRA here, turned on by lora_r alone, as Surogate does).
+TEST(Sft, PerEpochSavesAndEvalsAndLoraIntent) {
+  SftSetup s;
+  write_reversal_dataset(s.t.path / "small.jsonl", 48, 3);
+  std::string log;
+  const RunResult r = train(s.config("per_epoch",
+                                     "datasets: [{path: small.jsonl, type: conversation}]\n"
+                                     "sample_packing: false\nnum_epochs: 1\nsaves_per_epoch: 3\n"
+                                     "evals_per_epoch: 2\nlora_r: 4\n"),
+                            {}, &log);
+  ASSERT_EQ(r.total_steps, 24);  // 48 rows of one document, 2 per micro-batch
+  EXPECT_EQ(log.rfind("sft: LoRA settings are given without", 0), 0u) << log;
+  EXPECT_NE(log.find("\nsft: LoRA r4 on q,k,v,o,gate,up,down\n"), std::string::npos) << log;
+  std::vector<std::string> names;
+  for (const fs::path& p : list_checkpoints(s.t.path / "per_epoch")) names.push_back(p.filename().string());
+  EXPECT_EQ(names, (std::vector<std::string>{"checkpoint-8", "checkpoint-16", "checkpoint-24"}));
+  EXPECT_NE(log.find("step 12: validation loss"), std::string::npos) << log;
+  std::string full;
+  train(s.config("full", "max_steps: 1\n"), {}, &full);
+  EXPECT_EQ(full.rfind("sft: full fine-tune\n", 0), 0u) << full;
+}
+
+// Axolotl's special_tokens: the tokenizer's own eos (and any pad) are accepted, a different eos is refused.
+TEST(Sft, SpecialTokensMustMatchTheTokenizer) {
+  SftSetup s;
+  const std::string eos = read_eos_token(s.t.path / "model" / "tokenizer_config.json");
+  EXPECT_EQ(
+      train(s.config("same", "max_steps: 1\nspecial_tokens: {eos_token: \"" + eos + "\", pad_token: x}\n")).total_steps,
+      1);
+  try {
+    train(s.config("other", "max_steps: 1\nspecial_tokens: {eos_token: \"<|other|>\"}\n"));
+    FAIL() << "a different eos token was accepted";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(
+                  "special_tokens: eos_token \"<|other|>\" differs from the tokenizer's \"" + eos + "\"", 0),
+              0u)
+        << e.what();
+  }
 }
 
 // Runs `soltrain sft cfg [args]` as a child; returns its pid.

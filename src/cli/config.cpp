@@ -9,8 +9,10 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 
+#include "cli/peer_keys.h"
 #include "core/error.h"
 
 namespace soltrain {
@@ -125,11 +127,17 @@ std::string where_of(const std::string& file, const YAML::Node& n) {
 DatasetType dataset_type(const Entry& e, TrainMode mode) {
   const std::string s = get_string(e, "type");
   const auto t = find_dataset_type(s);
-  if (!t) bad_value(e, "type", "text, instruction, conversation or auto");
+  if (!t) bad_value(e, "type", "text, instruction, alpaca, conversation or auto");
   if (mode == TrainMode::kPretrain && *t != DatasetType::kText && *t != DatasetType::kAuto)
     user_error(e.where, ": type: \"", s, "\": pt trains on text datasets (use `soltrain sft` for ", s, ")");
   return *t;
 }
+
+// The problems of one dataset entry; the top-level loop lists each of them.
+struct DatasetErrors : UserError {
+  std::vector<std::string> all;
+  explicit DatasetErrors(std::vector<std::string> e) : UserError(e.front()), all(std::move(e)) {}
+};
 
 DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const std::string& file, TrainMode mode) {
   DatasetSpec d;
@@ -150,6 +158,18 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
       {"field_input", [&](const Entry& e) { f.input = get_string(e, "field_input"); }},
       {"field_output", [&](const Entry& e) { f.output = get_string(e, "field_output"); }},
       {"field_messages", [&](const Entry& e) { f.messages = f.conversations = get_string(e, "field_messages"); }},
+      // Surogate's names for the same fields.
+      {"text_field", [&](const Entry& e) { f.text = get_string(e, "text_field"); }},
+      {"instruction_field", [&](const Entry& e) { f.instruction = get_string(e, "instruction_field"); }},
+      {"input_field", [&](const Entry& e) { f.input = get_string(e, "input_field"); }},
+      {"output_field", [&](const Entry& e) { f.output = get_string(e, "output_field"); }},
+      {"messages_field", [&](const Entry& e) { f.messages = f.conversations = get_string(e, "messages_field"); }},
+      {"samples",
+       [&](const Entry& e) {
+         user_error(e.where,
+                    ": samples: taking a subset of a dataset's records is not built yet; drop it to train on "
+                    "every record");
+       }},
       {"message_field_role", [&](const Entry& e) { f.role = f.from = get_string(e, "message_field_role"); }},
       {"message_field_content", [&](const Entry& e) { f.content = f.value = get_string(e, "message_field_content"); }},
       {"system_prompt",
@@ -174,17 +194,24 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
   std::vector<std::string> names;
   for (const auto& [k, v] : keys) names.push_back(k);
   std::map<std::string, std::string> seen;  // key -> where, for repeated keys
+  // Every problem of the dataset, as for the top-level keys.
+  std::vector<std::string> errors;
   for (const auto& kv : n) {
     const std::string key = scalar_text(kv.first);
-    if (seen.count(key))
-      user_error(where_of(file, kv.first), ": dataset key \"", key, "\" appears twice (also at ", seen[key],
-                 "); keep one");
-    seen[key] = where_of(file, kv.first);
-    const auto it = keys.find(key);
-    if (it == keys.end()) unknown_key(where_of(file, kv.first), key, names, "dataset key");
-    it->second({kv.second, where_of(file, kv.second)});
+    try {
+      if (seen.count(key))
+        user_error(where_of(file, kv.first), ": dataset key \"", key, "\" appears twice (also at ", seen[key],
+                   "); keep one");
+      seen[key] = where_of(file, kv.first);
+      const auto it = keys.find(key);
+      if (it == keys.end()) unknown_key(where_of(file, kv.first), key, names, "dataset key");
+      it->second({kv.second, where_of(file, kv.second)});
+    } catch (const UserError& e) {
+      errors.push_back(e.what());
+    }
   }
-  if (d.path.empty()) user_error(where, ": a dataset needs `path`");
+  if (d.path.empty() && !seen.count("path")) errors.push_back(cat(where, ": a dataset needs `path`"));
+  if (!errors.empty()) throw DatasetErrors(errors);
   return d;
 }
 
@@ -193,10 +220,17 @@ std::vector<DatasetSpec> parse_datasets(const Entry& e, const std::string& key, 
   std::vector<DatasetSpec> out;
   if (e.node.IsScalar() || e.node.IsMap())
     out.push_back(parse_dataset(e.node, e.where, file, mode));
-  else if (e.node.IsSequence())
-    for (const YAML::Node& n : e.node) out.push_back(parse_dataset(n, where_of(file, n), file, mode));
-  else
+  else if (!e.node.IsSequence())
     bad_value(e, key, "a list of datasets");
+  std::vector<std::string> errors;
+  for (const YAML::Node& n : e.node.IsSequence() ? e.node : YAML::Node()) try {
+      out.push_back(parse_dataset(n, where_of(file, n), file, mode));
+    } catch (const DatasetErrors& d) {
+      errors.insert(errors.end(), d.all.begin(), d.all.end());
+    } catch (const UserError& u) {
+      errors.push_back(u.what());
+    }
+  if (!errors.empty()) throw DatasetErrors(errors);
   // Relative dataset paths are relative to the config file, so a config works from any directory.
   for (DatasetSpec& d : out)
     if (d.path.is_relative() && !base.empty()) d.path = (base / d.path).lexically_normal();
@@ -220,13 +254,16 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
   if (!root.IsMap()) user_error(where, ": expected a map of settings at the top level");
 
   std::map<std::string, Entry> entries;
-  std::vector<std::string> order;
+  std::vector<std::string> order, errors;
+  std::set<std::string> failed;  // keys whose value was refused: not "missing" as well
   for (const auto& kv : root) {
     const std::string key = scalar_text(kv.first);
     // yaml-cpp keeps both of a repeated key; YAML forbids it, and one of the two values would be ignored.
-    if (entries.count(key))
-      user_error(where_of(where, kv.first), ": key \"", key, "\" appears twice (also at ", entries[key].where,
-                 "); keep one");
+    if (entries.count(key)) {
+      errors.push_back(cat(where_of(where, kv.first), ": key \"", key, "\" appears twice (also at ", entries[key].where,
+                           "); keep one"));
+      continue;
+    }
     order.push_back(key);
     entries[key] = {kv.second, where_of(where, kv.first)};
   }
@@ -259,6 +296,7 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       {"base_model", [&](const Entry& e) { c.model = path_value(e, "base_model"); }},
       {"model", [&](const Entry& e) { c.model = path_value(e, "model"); }},
       {"output_dir", [&](const Entry& e) { c.output_dir = path_value(e, "output_dir"); }},
+      {"save_path", [&](const Entry& e) { c.output_dir = path_value(e, "save_path"); }},  // Surogate's name
       {"overwrite_output_dir", [&](const Entry& e) { c.overwrite_output_dir = get_bool(e, "overwrite_output_dir"); }},
       {"dataset_prepared_path",
        [&](const Entry& e) { c.dataset_prepared_path = path_value(e, "dataset_prepared_path"); }},
@@ -267,7 +305,15 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
        [&](const Entry& e) { c.validation_datasets = parse_datasets(e, "validation_datasets", where, mode, base); }},
       {"validation_split_ratio",
        [&](const Entry& e) { c.validation_split_ratio = get_double(e, "validation_split_ratio", 0, 0.9); }},
-      {"val_set_size", [&](const Entry& e) { c.validation_split_ratio = get_double(e, "val_set_size", 0, 0.9); }},
+      // Axolotl's val_set_size: a fraction below 1, a number of documents from 1 on.
+      {"val_set_size",
+       [&](const Entry& e) {
+         const double v = get<double>(e, "val_set_size", "a fraction in [0, 0.9] or a count of documents");
+         if (v >= 1 && v == double(int64_t(v)))
+           c.validation_count = int64_t(v);
+         else
+           c.validation_split_ratio = get_double(e, "val_set_size", 0, 0.9);
+       }},
       {"sequence_len", [&](const Entry& e) { c.sequence_len = get_int32(e, "sequence_len", 2, kMaxSequenceLen); }},
       {"sample_packing", [&](const Entry& e) { c.sample_packing = get_bool(e, "sample_packing"); }},
       {"train_on_inputs",
@@ -283,6 +329,8 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       {"gradient_accumulation_steps",
        [&](const Entry& e) { c.gradient_accumulation_steps = get_int32(e, "gradient_accumulation_steps", 1); }},
       {"num_epochs", [&](const Entry& e) { c.num_epochs = get_double(e, "num_epochs", 0, 1e6, true); }},
+      {"num_train_epochs",  // transformers' (and Surogate's) name
+       [&](const Entry& e) { c.num_epochs = get_double(e, "num_train_epochs", 0, 1e6, true); }},
       {"max_steps", [&](const Entry& e) { c.max_steps = get_int(e, "max_steps", 0); }},
       {"learning_rate", [&](const Entry& e) { c.learning_rate = get_double(e, "learning_rate", 0, 10, true); }},
       {"lr_scheduler_type",
@@ -332,6 +380,8 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
          static const std::vector<std::string> known = all_lora_module_names();
          c.lora.target_modules = get_string_list(e, "lora_target_modules");
          if (c.lora.target_modules.empty()) bad_value(e, "lora_target_modules", "a non-empty list");
+         // PEFT's (and Surogate's) shorthand for every linear layer of the blocks.
+         if (c.lora.target_modules == std::vector<std::string>{"all-linear"}) c.lora.target_modules = known;
          for (const std::string& m : c.lora.target_modules)
            if (std::find(known.begin(), known.end(), m) == known.end())
              unknown_key(e.where, m, known, "lora_target_modules entry");
@@ -371,16 +421,65 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
   };
   std::vector<std::string> names;
   for (const auto& [k, v] : keys) names.push_back(k);
+  for (const std::string& k : peer_key_names()) names.push_back(k);
   for (const std::string& key : order) {
     const Entry& e = entries.at(key);
-    const auto it = keys.find(key);
-    if (it == keys.end()) unknown_key(e.where, key, names, "key");
-    if (e.node.IsNull()) continue;  // `key:` with nothing keeps the default
-    it->second(e);
+    try {
+      const auto it = keys.find(key);
+      if (it != keys.end()) {
+        if (!e.node.IsNull()) it->second(e);  // `key:` with nothing keeps the default
+        continue;
+      }
+      try {
+        if (apply_peer_key(key, e.node, c)) continue;
+      } catch (const UserError& p) {
+        user_error(e.where, ": ", p.what());
+      }
+      unknown_key(e.where, key, names, "key");
+    } catch (const DatasetErrors& err) {
+      errors.insert(errors.end(), err.all.begin(), err.all.end());
+      failed.insert(key);
+    } catch (const UserError& err) {
+      errors.push_back(err.what());
+      failed.insert(key);
+    }
   }
-  if (c.model.empty()) user_error(where, ": `model` is required (a Hugging Face model folder)");
-  if (c.output_dir.empty()) user_error(where, ": `output_dir` is required");
-  if (c.datasets.empty()) user_error(where, ": `datasets` is required (a list of {path, type})");
+  auto given = [&](std::initializer_list<const char*> ks) {
+    for (const char* k : ks)
+      if (entries.count(k) && (failed.count(k) || !entries.at(k).node.IsNull())) return true;
+    return false;
+  };
+  if (entries.count("save_path") && entries.count("output_dir") && !entries.at("save_path").node.IsNull() &&
+      !entries.at("output_dir").node.IsNull())
+    errors.push_back(cat(entries.at("save_path").where, ": save_path and output_dir (", entries.at("output_dir").where,
+                         ") are the same setting; keep one"));
+  // LoRA settings without `adapter: lora` / `lora: true`: the user meant LoRA (Surogate turns it on by
+  // default); training the full model instead would be a silent, expensive surprise.
+  if (!given({"adapter", "lora"}) &&
+      (given({"lora_r", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules"}) ||
+       (given({"lora_target_linear"}) && entries.at("lora_target_linear").node.Scalar() == "true"))) {
+    c.lora.enabled = true;
+    c.notes.push_back("LoRA settings are given without `adapter: lora` or `lora: true`: training a LoRA adapter");
+  }
+  // A key whose value was refused is reported once, not again as missing.
+  auto refused = [&](std::initializer_list<const char*> ks) {
+    for (const char* k : ks)
+      if (failed.count(k)) return true;
+    return false;
+  };
+  if (c.model.empty() && !refused({"model", "base_model"}))
+    errors.push_back(cat(where, ": `model` is required (a Hugging Face model folder)"));
+  if (c.output_dir.empty() && !refused({"output_dir", "save_path"}))
+    errors.push_back(cat(where, ": `output_dir` is required"));
+  if (c.datasets.empty() && !refused({"datasets"}))
+    errors.push_back(cat(where, ": `datasets` is required (a list of {path, type})"));
+  // Every problem at once, so a config is fixed in one edit rather than one rerun per key.
+  if (errors.size() == 1) throw UserError(errors[0]);
+  if (!errors.empty()) {
+    std::string all = cat(where, ": ", errors.size(), " problems: ");
+    for (size_t i = 0; i < errors.size(); ++i) all += (i ? "; " : "") + errors[i];
+    throw UserError(all);
+  }
   if (c.dataset_prepared_path.empty()) c.dataset_prepared_path = c.output_dir / "prepared";
   return c;
 }

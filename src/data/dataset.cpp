@@ -15,7 +15,7 @@ std::optional<DatasetType> find_dataset_type(std::string_view s) {
                                                                 {"text", DatasetType::kText},
                                                                 {"completion", DatasetType::kText},
                                                                 {"instruction", DatasetType::kInstruction},
-                                                                {"alpaca", DatasetType::kInstruction},
+                                                                {"alpaca", DatasetType::kAlpaca},
                                                                 {"conversation", DatasetType::kConversation},
                                                                 {"chat", DatasetType::kConversation},
                                                                 {"chat_template", DatasetType::kConversation},
@@ -27,7 +27,7 @@ std::optional<DatasetType> find_dataset_type(std::string_view s) {
 
 DatasetType parse_dataset_type(const std::string& s) {
   if (const auto t = find_dataset_type(s)) return *t;
-  user_error("dataset type \"", s, "\": expected auto, text, instruction or conversation");
+  user_error("dataset type \"", s, "\": expected auto, text, instruction, alpaca or conversation");
 }
 
 std::string to_string(DatasetType t) {
@@ -36,6 +36,7 @@ std::string to_string(DatasetType t) {
     case DatasetType::kText: return "text";
     case DatasetType::kInstruction: return "instruction";
     case DatasetType::kConversation: return "conversation";
+    case DatasetType::kAlpaca: return "alpaca";
   }
   return "?";
 }
@@ -130,6 +131,18 @@ DatasetType detect_type(const ordered_json& r, const DatasetFields& f) {
           "\" (give the dataset's type: `type:` in a config, FILE:TYPE with --data)"));
 }
 
+std::string alpaca_prompt(const std::string& instruction, const std::string& input) {
+  // Axolotl's AlpacaPrompter (prompt_style "instruct"), character for character: a model fine-tuned by
+  // Axolotl on `type: alpaca` expects exactly this at inference.
+  if (input.empty())
+    return "Below is an instruction that describes a task. Write a response that appropriately completes the "
+           "request.\n\n### Instruction:\n" +
+           instruction + "\n\n### Response:\n";
+  return "Below is an instruction that describes a task, paired with an input that provides further context. "
+         "Write a response that appropriately completes the request.\n\n### Instruction:\n" +
+         instruction + "\n\n### Input:\n" + input + "\n\n### Response:\n";
+}
+
 Sample to_sample(const ordered_json& r, DatasetType type, const DatasetFields& f) {
   if (!r.is_object()) bad(cat("record is ", r.type_name(), ", expected an object"));
   Sample s;
@@ -146,6 +159,14 @@ Sample to_sample(const ordered_json& r, DatasetType type, const DatasetFields& f
       if (!input.empty()) user += "\n\n" + input;
       s.vars["messages"] = user_assistant(std::move(user), string_field(r, f.output));
       break;
+    }
+    case DatasetType::kAlpaca: {
+      bool has_input = false;  // the input field is optional: missing or empty is the no-input prompt
+      const std::string prompt = alpaca_prompt(string_field(r, f.instruction), string_field(r, f.input, &has_input));
+      s.is_text = true;
+      s.text = prompt + string_field(r, f.output);
+      s.prompt_chars = prompt.size();
+      return s;
     }
     case DatasetType::kConversation: {
       const bool openai = r.contains(f.messages);

@@ -1,6 +1,7 @@
 // Dataset records from local .jsonl / .json files, turned into samples: plain text, or a conversation
 // (messages plus template variables) for the chat template. Formats: text, instruction (alpaca),
-// conversation (OpenAI `messages` or ShareGPT `conversations`), auto (detected from the first record).
+// conversation (OpenAI `messages` or ShareGPT `conversations`), alpaca (Axolotl's `### Instruction:` prompt
+// as plain text), auto (detected from the first record).
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -16,7 +17,7 @@
 
 namespace soltrain {
 
-enum class DatasetType { kAuto, kText, kInstruction, kConversation };
+enum class DatasetType { kAuto, kText, kInstruction, kConversation, kAlpaca };
 // Our type names and their aliases ("alpaca", "sharegpt", "chat_template", ...); nullopt for others.
 std::optional<DatasetType> find_dataset_type(std::string_view s);
 DatasetType parse_dataset_type(const std::string& s);  // find_dataset_type, or a UserError
@@ -50,6 +51,7 @@ struct DatasetSource {
 struct Sample {
   bool is_text = false;
   std::string text;
+  size_t prompt_chars = 0;  // text samples: the first prompt_chars of `text` are prompt (not trained)
   nlohmann::ordered_json vars;
 };
 
@@ -60,6 +62,8 @@ struct BadRecord : std::runtime_error {
 
 // The type the first record looks like (BadRecord if it matches none).
 DatasetType detect_type(const nlohmann::ordered_json& record, const DatasetFields& f);
+// Axolotl's alpaca prompt for an instruction and an optional input (empty: the no-input form).
+std::string alpaca_prompt(const std::string& instruction, const std::string& input);
 // Converts one record of a known type (not kAuto); BadRecord on a missing field, wrong type, empty
 // conversation or unknown role.
 Sample to_sample(const nlohmann::ordered_json& record, DatasetType type, const DatasetFields& f);

@@ -84,6 +84,11 @@ Document SampleEncoder::encode(const Sample& s) {
     d.ids = tok_.encode(s.text);
     d.ids.insert(d.ids.end(), eos_ids_.begin(), eos_ids_.end());
     d.mask.assign(d.ids.size(), 1);
+    // A prompt + response text (alpaca): as Axolotl does, the prompt's own token count is not trained.
+    if (s.prompt_chars > 0 && !train_on_inputs_) {
+      const size_t n = std::min(d.ids.size(), tok_.encode(std::string_view(s.text).substr(0, s.prompt_chars)).size());
+      std::fill(d.mask.begin(), d.mask.begin() + std::ptrdiff_t(n), uint8_t(0));
+    }
     return d;
   }
   SOLTRAIN_CHECK(tmpl_ != nullptr, "conversation sample without a chat template");

@@ -55,6 +55,7 @@ struct Run {
   std::unique_ptr<Transformer> model;
   std::unique_ptr<Loader> loader;
   int64_t micro_per_epoch = 0;
+  int64_t save_steps = 0, eval_steps = 0;  // the config's, or from saves_per_epoch / evals_per_epoch
   ScheduleConfig sched;
   OptimizerConfig opt;
   std::unique_ptr<TrainStep> step;
@@ -94,6 +95,11 @@ void set_up(Run& r) {
   r.step = std::make_unique<TrainStep>(*r.model, r.opt);
   r.state.total_steps = total;
   r.state.seed = c.seed;
+  // Axolotl's per-epoch counts, in optimizer steps of this run's epoch.
+  const int64_t steps_per_epoch = std::max<int64_t>(1, r.micro_per_epoch / c.gradient_accumulation_steps);
+  auto every = [&](double per_epoch) { return std::max<int64_t>(1, int64_t(double(steps_per_epoch) / per_epoch)); };
+  r.save_steps = c.save_steps == 0 && c.saves_per_epoch > 0 ? every(c.saves_per_epoch) : c.save_steps;
+  r.eval_steps = c.eval_steps == 0 && c.evals_per_epoch > 0 ? every(c.evals_per_epoch) : c.eval_steps;
 }
 
 void resume_or_start(Run& r) {
@@ -115,6 +121,18 @@ void resume_or_start(Run& r) {
         << r.cmd << ": note: starting fresh although " << old.back().string()
         << " exists (resume_from_checkpoint: true continues it); checkpoints of this run replace same-numbered ones\n";
   }
+}
+
+// First of all: what kind of training this is, and what the config reader decided for the user.
+void print_intent(const Run& r) {
+  for (const std::string& n : r.c.notes) r.log << r.cmd << ": " << n << "\n";
+  if (!r.c.lora.enabled) {
+    r.log << r.cmd << ": full fine-tune\n";
+    return;
+  }
+  std::string mods;
+  for (const std::string& m : r.c.lora.target_modules) mods += (mods.empty() ? "" : ",") + m.substr(0, m.find("_proj"));
+  r.log << r.cmd << ": LoRA r" << r.c.lora.rank << " on " << mods << "\n";
 }
 
 void print_plan(const Run& r) {
@@ -222,7 +240,8 @@ void save_final(const Run& r, const RunResult& result, bool has_val, ProgressLin
 }  // namespace
 
 RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostream& log) {
-  Run r{c, mode == TrainMode::kSft ? "sft" : "pt", log, ops, {}, {}, {}, {}, 0, {}, {}, {}, {}};
+  Run r{c, mode == TrainMode::kSft ? "sft" : "pt", log, ops, {}, {}, {}, {}, 0, 0, 0, {}, {}, {}, {}};
+  print_intent(r);
   set_up(r);
   resume_or_start(r);
   print_plan(r);
@@ -264,9 +283,9 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
     const double lr = c.learning_rate * lr_factor(r.sched, r.state.step);
     r.step->run(micro, float(lr));
     ++r.state.step;
-    const bool save_step = c.save_steps > 0 && r.state.step % c.save_steps == 0;
+    const bool save_step = r.save_steps > 0 && r.state.step % r.save_steps == 0;
     step_log.after_update(lr, t0, save_step);
-    if (c.eval_steps > 0 && r.state.step % c.eval_steps == 0 && r.state.step < r.state.total_steps)
+    if (r.eval_steps > 0 && r.state.step % r.eval_steps == 0 && r.state.step < r.state.total_steps)
       run_eval(r.state.step);
     if (save_step) checkpoint();
   }

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,6 +41,7 @@ struct TrainConfig {
   std::filesystem::path model, output_dir;
   std::vector<DatasetSpec> datasets, validation_datasets;
   double validation_split_ratio = 0.0;  // used when validation_datasets is empty
+  int64_t validation_count = 0;         // > 0: this many documents instead of the ratio (val_set_size: 100)
   int sequence_len = 2048;
   bool sample_packing = true, train_on_inputs = false;
   int per_device_train_batch_size = 1, gradient_accumulation_steps = 1;
@@ -58,6 +60,12 @@ struct TrainConfig {
   int save_total_limit = 0;  // 0 = keep all
   ResumeFrom resume_from_checkpoint;
   int64_t eval_steps = 0;  // 0 = only before and after training
+  // Axolotl's saves_per_epoch / evals_per_epoch: turned into steps once the steps per epoch are known;
+  // save_steps / eval_steps win when both are given.
+  double saves_per_epoch = 0, evals_per_epoch = 0;
+  std::vector<std::string> notes;  // what the reader decided for the user, printed first by the run
+  // Axolotl's special_tokens (name → token): checked against the tokenizer's own when the data is prepared.
+  std::map<std::string, std::string> special_tokens;
   int64_t logging_steps = 1;
   Device device = Device::CPU;
   BadRecordPolicy bad_records = BadRecordPolicy::kError;

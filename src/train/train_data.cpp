@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "data/tokenize_job.h"
+#include "io/json_file.h"
 
 namespace soltrain {
 
@@ -55,19 +56,53 @@ ShardSet tokenize_all(const TrainConfig& c, const std::vector<DatasetSpec>& spec
 
 }  // namespace
 
+namespace {
+
+namespace fs = std::filesystem;
+
+// Axolotl's special_tokens sets tokens on the tokenizer; soltrain uses the tokenizer as it is. A pad token
+// never reaches the loss (rows are packed or masked), so any is fine; the others must be what the tokenizer
+// already has, or the documents would end (eos) or start (bos) differently from what the user asked.
+void check_special_tokens(const TrainConfig& c) {
+  if (c.special_tokens.empty()) return;
+  const fs::path file = (fs::is_directory(c.model) ? c.model : c.model.parent_path()) / "tokenizer_config.json";
+  const nlohmann::json j = read_json_file(file);
+  for (const auto& [name, want] : c.special_tokens) {
+    if (name == "pad_token") continue;
+    if (name != "eos_token" && name != "bos_token" && name != "unk_token")
+      user_error("special_tokens: ", name, ": adding tokens to the tokenizer is not built yet");
+    std::string have;
+    if (const auto it = j.find(name); it != j.end()) {
+      if (it->is_string()) have = it->get<std::string>();
+      if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) have = (*it)["content"];
+    }
+    if (have != want)
+      user_error("special_tokens: ", name, " \"", want, "\" differs from the tokenizer's \"", have, "\" (",
+                 file.string(), "); soltrain uses the tokenizer's own: drop it or make it match");
+  }
+}
+
+}  // namespace
+
 TrainData prepare_train_data(const TrainConfig& c, std::ostream& log) {
   TrainData d;
+  check_special_tokens(c);
   d.train = tokenize_all(c, c.datasets, "train", log);
   if (!c.validation_datasets.empty()) {
     d.validation = tokenize_all(c, c.validation_datasets, "validation", log);
-  } else if (c.validation_split_ratio > 0) {
+  } else if (c.validation_split_ratio > 0 || c.validation_count > 0) {
     // A seeded choice of documents, kept in their original order on both sides.
     const int64_t n = d.train.documents();
     std::vector<int64_t> idx(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) idx[size_t(i)] = i;
     std::mt19937_64 rng(c.seed ^ 0x5eed5eedULL);
     for (size_t i = idx.size(); i > 1; --i) std::swap(idx[i - 1], idx[size_t(rng() % i)]);
-    const int64_t n_val = std::min<int64_t>(n - 1, int64_t(std::ceil(double(n) * c.validation_split_ratio)));
+    if (c.validation_count > 0 && c.validation_count >= n)
+      user_error("val_set_size ", c.validation_count, ": the training data has only ", n,
+                 " documents (a count must leave some to train on)");
+    const int64_t n_val = c.validation_count > 0
+                              ? c.validation_count
+                              : std::min<int64_t>(n - 1, int64_t(std::ceil(double(n) * c.validation_split_ratio)));
     if (n_val <= 0)
       user_error("validation_split_ratio ", c.validation_split_ratio, ": ", n, " documents are too few to split");
     std::vector<int64_t> val(idx.begin(), idx.begin() + n_val), train(idx.begin() + n_val, idx.end());

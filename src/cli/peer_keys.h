@@ -1,0 +1,22 @@
+// Keys of the peer tools' configs (Axolotl, Surogate) that soltrain has no key of that name for: what each
+// means to soltrain. The README's "Keys from Axolotl and Surogate" table documents the same list.
+#pragma once
+#include <yaml-cpp/yaml.h>
+
+#include <string>
+#include <vector>
+
+#include "train/train_config.h"
+
+namespace soltrain {
+
+// Applies `key` to `c` when it is a peer key: a soltrain setting under another name, a setting that is
+// empty, false or already what soltrain does (accepted, nothing changes), or a feature soltrain lacks
+// (UserError "key: ... not built yet; use ..." without a location; the caller adds the line).
+// Returns false when `key` is not a peer key.
+bool apply_peer_key(const std::string& key, const YAML::Node& value, TrainConfig& c);
+
+// Every peer key, for "did you mean" suggestions.
+std::vector<std::string> peer_key_names();
+
+}  // namespace soltrain

@@ -1,0 +1,97 @@
+// Real example configs of Axolotl, pointed at a tiny local model and data by their paths only, run through
+// the soltrain binary: what runs, runs to the end; what asks for a missing feature names it in one line.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "cli/demo_kit.h"
+#include "cli_test_util.h"
+#include "data_test_util.h"
+#include "test_util.h"
+
+namespace soltrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+struct PeerSetup {
+  test::TempDir t;
+  PeerSetup() {
+    DemoModelShape s;
+    s.hidden = 32, s.layers = 1, s.heads = 2, s.kv_heads = 1, s.head_dim = 16, s.intermediate = 64;
+    write_random_model(t.path / "model", s, 7);
+    std::ofstream d(t.path / "alpaca.jsonl");
+    for (int i = 0; i < 40; ++i)
+      d << "{\"instruction\": \"Reverse the word.\", \"input\": \"w" << i << "\", \"output\": \"" << i << "w\"}\n";
+  }
+  // The fixture config with MODEL_DIR, DATA_FILE and OUTPUT_DIR filled in, written next to the data.
+  fs::path config(const std::string& name) const {
+    std::string y = read_text(fs::path(SOLTRAIN_FIXTURES) / "peer_configs" / name);
+    for (const auto& [from, to] : {std::pair<std::string, std::string>{"MODEL_DIR", (t.path / "model").string()},
+                                   {"DATA_FILE", (t.path / "alpaca.jsonl").string()},
+                                   {"OUTPUT_DIR", (t.path / "out").string()}})
+      y.replace(y.find(from), from.size(), to);
+    const fs::path p = t.path / name;
+    test::write_text(p, y);
+    return p;
+  }
+};
+
+TEST(PeerConfigs, AxolotlQwen3LoraRunsToTheEnd) {
+  PeerSetup s;
+  const test::CliRun r = test::run("sft " + s.config("axolotl-qwen3-8b-lora-fused-attn.yaml").string(), s.t);
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string all = r.out + r.err;
+  EXPECT_EQ(all.rfind("sft: LoRA r32 on q,k,v,o,gate,up,down\n", 0), 0u) << all;  // the first line
+  // type: alpaca is Axolotl's prompt in bytes (the demo tokenizer), not the chat template: 9140 tokens, of
+  // which only the responses "0w".."39w" (110 bytes) and the 40 eos tokens are trained.
+  EXPECT_NE(all.find("wrote 40 documents, 9140 tokens (150 trained)"), std::string::npos) << all;
+  EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << all;
+}
+
+TEST(PeerConfigs, AxolotlLlama3LoraNamesTheOptimizer) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-llama-3-lora-1b.yml");
+  const test::CliRun r = test::run("sft " + cfg.string(), s.t);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  // The only key soltrain cannot honour: 8-bit AdamW (empty wandb_*, deepspeed:, fp16: etc. are accepted).
+  EXPECT_EQ(r.err, "error: " + cfg.string() +
+                       ":46: optimizer: \"adamw_8bit\": not supported; soltrain trains with AdamW (fp32 moments): "
+                       "use optimizer: adamw_torch\n");
+  // With that one key changed, it runs to the end.
+  const test::CliRun ok = test::run("sft " + cfg.string() + " --set optimizer=adamw_torch --set max_steps=2", s.t);
+  ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
+}
+
+// Surogate's simple example: LoRA settings without `lora: true` train LoRA (Surogate's default), and the run
+// says so before anything else; `samples` (a subset of the records) is named as not built yet.
+TEST(PeerConfigs, SurogateSimpleLoraIntentAndSamples) {
+  PeerSetup s;
+  const fs::path cfg = s.config("surogate-qwen3-0.6b-simple.yaml");
+  const test::CliRun r = test::run("sft " + cfg.string(), s.t);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(r.err, "error: " + cfg.string() +
+                       ":19: samples: taking a subset of a dataset's records is not built yet; drop it to train on "
+                       "every record\n");
+  const std::string data = (s.t.path / "alpaca.jsonl").string();
+  const test::CliRun ok = test::run("sft " + cfg.string() + " --set 'datasets=[{path: " + data +
+                                        ", type: instruction, instruction_field: instruction, input_field: input, "
+                                        "output_field: output}]' --set max_steps=2",
+                                    s.t);
+  ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
+  const std::string all = ok.out + ok.err;
+  EXPECT_EQ(all.rfind("sft: LoRA settings are given without `adapter: lora` or `lora: true`: training a LoRA "
+                      "adapter\nsft: LoRA r32 on q,k,v,o,gate,up,down\n",
+                      0),
+            0u)
+      << all;
+  EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << all;
+}
+
+}  // namespace
+}  // namespace soltrain
