@@ -51,45 +51,51 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
       if (lora.targets(LoraTarget(t)))
         deltas[lora_module_path(l, LoraTarget(t)) + ".weight"] = {lora_a_name(l, LoraTarget(t)),
                                                                   lora_b_name(l, LoraTarget(t))};
+  // Everything is checked before anything is written; then each tensor is produced as the file is
+  // written (an unchanged one straight from the mapped base, a merged one computed then): the merged model
+  // is never held in memory whole.
   std::set<std::string> used;
-  std::vector<std::vector<char>> bytes;
-  std::vector<NamedTensor> tensors;
-  const auto names = base.names();
-  bytes.reserve(names.size());
-  for (const std::string& name : names) {
+  std::vector<StreamedTensor> tensors;
+  for (const std::string& name : base.names()) {
     const TensorEntry& e = base.entry(name);
     auto it = deltas.find(name);
     if (it == deltas.end()) {  // unchanged: the bytes as they are
-      bytes.emplace_back(static_cast<const char*>(e.data), static_cast<const char*>(e.data) + e.bytes);
-      tensors.push_back({name, Tensor{bytes.back().data(), e.dtype, e.shape, Device::CPU}});
+      tensors.push_back({name, e.dtype, e.shape, [&e](void* dst) { std::memcpy(dst, e.data, e.bytes); }});
       continue;
     }
     if (e.shape.size() != 2) user_error(base.describe(name), ": expected a matrix, got ", shape_str(e.shape));
     const int64_t out = e.shape[0], in = e.shape[1], r = lora.r;
-    std::vector<float> w(size_t(out * in)), a(size_t(r * in)), b(size_t(out * r));
-    read_as_f32(e, e.shape, w.data(), base.describe(name));
     const auto& [a_name, b_name] = it->second;
-    read_as_f32(adapter.at(a_name), {r, in}, a.data(), adapter_file.string() + ": " + a_name);
-    read_as_f32(adapter.at(b_name), {out, r}, b.data(), adapter_file.string() + ": " + b_name);
+    const TensorEntry &ae = adapter.at(a_name), &be = adapter.at(b_name);
+    if (ae.shape != Shape{r, in} || be.shape != Shape{out, r})
+      user_error(adapter_file.string(), ": ", a_name, " / ", b_name, " are ", shape_str(ae.shape), " / ",
+                 shape_str(be.shape), ", expected ", shape_str({r, in}), " / ", shape_str({out, r}));
     used.insert(a_name);
     used.insert(b_name);
-    // W + scale·(B·A), each entry's r-term dot product in double, rounded once to fp32.
-    for (int64_t o = 0; o < out; ++o)
-      for (int64_t i = 0; i < in; ++i) {
-        double d = 0;
-        for (int64_t k = 0; k < r; ++k) d += double(b[size_t(o * r + k)]) * a[size_t(k * in + i)];
-        float& x = w[size_t(o * in + i)];
-        x = float(double(x) + double(scale) * d);
-      }
-    bytes.push_back(encode(w, e.dtype));
-    tensors.push_back({name, Tensor{bytes.back().data(), e.dtype, e.shape, Device::CPU}});
+    tensors.push_back({name, e.dtype, e.shape, [&, name, out, in, r](void* dst) {
+                         const TensorEntry& we = base.entry(name);
+                         std::vector<float> w(size_t(out * in)), a(size_t(r * in)), b(size_t(out * r));
+                         read_as_f32(we, we.shape, w.data(), base.describe(name));
+                         read_as_f32(ae, {r, in}, a.data(), adapter_file.string() + ": " + a_name);
+                         read_as_f32(be, {out, r}, b.data(), adapter_file.string() + ": " + b_name);
+                         // W + scale·(B·A), each entry's r-term dot product in double, rounded once to fp32.
+                         for (int64_t o = 0; o < out; ++o)
+                           for (int64_t i = 0; i < in; ++i) {
+                             double d = 0;
+                             for (int64_t k = 0; k < r; ++k) d += double(b[size_t(o * r + k)]) * a[size_t(k * in + i)];
+                             float& x = w[size_t(o * in + i)];
+                             x = float(double(x) + double(scale) * d);
+                           }
+                         const std::vector<char> bytes = encode(w, we.dtype);
+                         std::memcpy(dst, bytes.data(), bytes.size());
+                       }});
   }
   for (const auto& [name, e] : adapter.entries())
     if (!used.count(name))
       user_error(adapter_file.string(), ": tensor '", name, "' does not match a weight of ", model_dir.string());
 
   StagedDir staged(out_dir);
-  write_checkpoint(staged.path(), tensors, max_shard_bytes);
+  write_checkpoint_streamed(staged.path(), tensors, max_shard_bytes);
   for (const char* f : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                         "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model"}) {
     std::error_code ec;
