@@ -4,7 +4,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 
 #include "core/error.h"
@@ -22,24 +21,9 @@ fs::path temp_sibling(const fs::path& p, const char* tag) {
 }  // namespace
 
 void write_file_atomic(const fs::path& path, const std::string& bytes) {
-  const fs::path tmp = temp_sibling(path, "tmp");
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) user_error(path.string(), ": cannot write (", std::strerror(errno), ")");
-    f.write(bytes.data(), std::streamsize(bytes.size()));
-    f.flush();
-    if (!f) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      user_error(path.string(), ": write failed (disk full?)");
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    user_error(path.string(), ": cannot rename into place (", ec.message(), ")");
-  }
+  AtomicFileWriter out(path);
+  out.write(bytes.data(), bytes.size());
+  out.commit();
 }
 
 StagedDir::StagedDir(fs::path final_path) : final_(std::move(final_path)) {

@@ -222,29 +222,6 @@ std::string CheckpointReader::describe(const std::string& name) const {
                             : cat(files_[it->second]->path().string(), ": tensor '", name, "'");
 }
 
-std::string safetensors_bytes(const std::vector<NamedTensor>& tensors,
-                              const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json header;
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  size_t offset = 0;
-  for (const auto& t : tensors) {
-    SOLTRAIN_CHECK(t.tensor.device == Device::CPU, "writing a device tensor: ", t.name);
-    header[t.name] = {{"dtype", dtype_name(t.tensor.dtype)},
-                      {"shape", t.tensor.shape},
-                      {"data_offsets", {offset, offset + t.tensor.bytes()}}};
-    offset += t.tensor.bytes();
-  }
-  std::string h = header.dump();
-  h.append((8 - h.size() % 8) % 8, ' ');  // data starts 8-byte aligned, as the reference writer does
-  std::string out;
-  out.reserve(8 + h.size() + offset);
-  const uint64_t n = h.size();
-  out.append(reinterpret_cast<const char*>(&n), 8);
-  out += h;
-  for (const auto& t : tensors) out.append(static_cast<const char*>(t.tensor.data), t.tensor.bytes());
-  return out;
-}
-
 std::vector<StreamedTensor> as_streamed(const std::vector<NamedTensor>& tensors) {
   std::vector<StreamedTensor> out;
   for (const auto& t : tensors) {

@@ -69,9 +69,6 @@ struct NamedTensor {
   Tensor tensor;  // host memory
 };
 
-// Serialises tensors (in the given order) as one safetensors file's bytes.
-std::string safetensors_bytes(const std::vector<NamedTensor>& tensors,
-                              const std::map<std::string, std::string>& metadata = {});
 // Host tensors as the streaming writer's producers (io/safetensors_writer.h).
 std::vector<StreamedTensor> as_streamed(const std::vector<NamedTensor>& tensors);
 // Writes one file atomically.

@@ -10,11 +10,6 @@
 
 namespace soltrain {
 
-GradNorm grad_norm(Ops& ops, const ParameterStore& params, float max_norm) {
-  const double sumsq = ops.sum_squares(params.all_grads());
-  return {std::sqrt(sumsq), clip_factor(sumsq, max_norm)};
-}
-
 AdamW::AdamW(ParameterStore& params, Ops& ops) : params_(params), ops_(ops) {
   m_ = ops.alloc(size_t(params.numel()) * 4);
   v_ = ops.alloc(size_t(params.numel()) * 4);

@@ -1,4 +1,4 @@
-// AdamW over a ParameterStore (torch semantics) and global-norm gradient clipping.
+// AdamW over a ParameterStore (torch semantics), with global-norm gradient clipping folded into the update.
 #pragma once
 #include <filesystem>
 
@@ -11,21 +11,13 @@ struct OptimizerConfig {
   float max_grad_norm = 1.0f;  // <= 0 disables clipping
 };
 
-// The global L2 norm of all gradients, and the factor torch.nn.utils.clip_grad_norm_ would scale them by
-// (max_norm / (norm + 1e-6) when below 1, else 1). The factor is applied inside the AdamW update: a
-// separate scaling pass over the gradients cost 10.6 ms of a 310 ms Qwen3-4B step.
-struct GradNorm {
-  double norm;
-  float clip_scale;
-};
-GradNorm grad_norm(Ops& ops, const ParameterStore& params, float max_norm);
-
 class AdamW {
  public:
   AdamW(ParameterStore& params, Ops& ops);
   // One update with learning rate `lr` (the schedule's value for this step), gradients read times
-  // `grad_scale`, and times clipping's factor computed on the device from `grad_sumsq` (F64 [1], Σg²) when
-  // given: then nothing waits for the host between backward and the update.
+  // `grad_scale`, and times clipping's factor (torch's clip_grad_norm_, kernels/ops.h clip_factor) computed
+  // on the device from `grad_sumsq` (F64 [1], Σg²) when given: nothing waits for the host between backward
+  // and the update, and no pass scales the gradients (a separate one cost 10.6 ms of a 310 ms Qwen3-4B step).
   void step(const OptimizerConfig& cfg, float lr, float grad_scale = 1.0f, const Tensor* grad_sumsq = nullptr);
   int steps_done() const { return step_; }
 
