@@ -184,8 +184,8 @@ TEST(Config, MissingFeaturesAreNamedInOneLine) {
   EXPECT_EQ(error_of(kBase + "load_in_4bit: true\n"),
             "cfg.yaml:6: load_in_4bit: 4-bit quantised base weights (QLoRA) are not built yet; drop it for bf16 LoRA");
   EXPECT_EQ(error_of(kBase + "optimizer: lion_8bit\n"),
-            "cfg.yaml:6: optimizer: \"lion_8bit\": not supported; soltrain trains with AdamW (fp32 moments): use "
-            "optimizer: adamw_torch");
+            "cfg.yaml:6: optimizer: \"lion_8bit\": not supported; soltrain trains with AdamW: use optimizer: "
+            "adamw_torch (fp32 moments) or adamw_8bit");
   EXPECT_EQ(error_of(kBase + "recipe: fp8_hybrid\n"),
             "cfg.yaml:6: recipe: \"fp8_hybrid\": not built yet (FP8/FP4 training); use recipe: bf16");
   EXPECT_EQ(error_of(kBase + "gradient_checkpointing: sometimes\n"),

@@ -52,7 +52,7 @@ TEST_P(ReferenceModel, FiveAdamWStepsMatchTorch) {
   auto model = load_pretrained(dir(), *ops);
   const HostBatch batch = load_batch_file(dir() / "batch.safetensors");
   const auto hp = read_json_file(dir() / "train.json");
-  OptimizerConfig opt{hp["lr"].get<float>(),  hp["beta1"].get<float>(),        hp["beta2"].get<float>(),
+  OptimizerConfig opt{hp["lr"].get<float>(),  hp["beta1"].get<double>(),       hp["beta2"].get<double>(),
                       hp["eps"].get<float>(), hp["weight_decay"].get<float>(), hp["max_grad_norm"].get<float>()};
   const TrainHistory h = train_on_batch(*model, batch, opt, hp["steps"].get<int>());
 

@@ -30,7 +30,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
   struct Opts {
     std::string model, device = "cuda";
     int batch = 8, seq = 2048, steps = 10, warmup = 3, lora_rank = 0;
-    std::string recompute = "none", residual_dtype = "auto";
+    std::string recompute = "none", residual_dtype = "auto", optimizer = "adamw";
   };
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand("bench", "time full training steps (AdamW) on random tokens");
@@ -40,6 +40,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
   c->add_option("--residual-dtype", o->residual_dtype,
                 "the residual stream's dtype on the GPU: auto (fp32 with LoRA, else bf16), fp32 or bf16")
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
+      ->capture_default_str();
+  c->add_option("--optimizer", o->optimizer, "adamw (fp32 moments) or adamw_8bit (bitsandbytes' 8-bit blockwise)")
+      ->check(CLI::IsMember({"adamw", "adamw_8bit"}))
       ->capture_default_str();
   c->add_option("--lora-rank", o->lora_rank, "LoRA on all seven projections with this rank (alpha 2r); 0 = full")
       ->check(CLI::NonNegativeNumber)
@@ -66,7 +69,8 @@ std::function<int()> add_bench_command(CLI::App& app) {
     std::rotate(batch.targets.begin(), batch.targets.begin() + 1, batch.targets.end());
     model->set_residual_dtype(parse_residual_dtype(o->residual_dtype, "--residual-dtype"));
     model->plan(o->batch, o->seq, parse_recompute(o->recompute, "--recompute"));
-    const OptimizerConfig cfg{1e-5f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+    const OptimizerConfig cfg{
+        1e-5f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, o->optimizer == "adamw_8bit" ? Moments::Blockwise8 : Moments::F32};
     TrainStep train_step(*model, cfg);  // the trainer's own step path
     std::vector<double> times;
     for (int s = 0; s < o->warmup + o->steps; ++s) {
@@ -87,6 +91,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
                      {"trainable_params", model->params().numel()},
                      {"lora_rank", o->lora_rank},
                      {"recompute", o->recompute},
+                     {"optimizer", o->optimizer},
                      {"residual_dtype", model->residual_dtype() == DType::F32 ? "fp32" : "bf16"},
                      {"batch", o->batch},
                      {"seq", o->seq},

@@ -86,8 +86,17 @@ const std::map<std::string, Apply>& table() {
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          if (as_bool(k, n)) c.lora.target_modules = all_lora_module_names();
        }},
-      {"optimizer", one_of({"adamw_torch", "adamw_torch_fused", "adamw", "adamw_hf"},
-                           "not supported; soltrain trains with AdamW (fp32 moments): use optimizer: adamw_torch")},
+      {"optimizer",  // HF Trainer's names: the fp32 AdamW ones, and bitsandbytes' 8-bit AdamW
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         const std::string s = text(n);
+         for (const char* o : {"adamw_torch", "adamw_torch_fused", "adamw", "adamw_hf"})
+           if (s == o) return void(c.moments = Moments::F32);
+         for (const char* o : {"adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit"})
+           if (s == o) return void(c.moments = Moments::Blockwise8);
+         user_error(k, ": \"", s,
+                    "\": not supported; soltrain trains with AdamW: use optimizer: adamw_torch "
+                    "(fp32 moments) or adamw_8bit");
+       }},
       {"recipe", one_of({"bf16"}, "not built yet (FP8/FP4 training); use recipe: bf16")},
       {"saves_per_epoch",
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.saves_per_epoch = as_positive(k, n); }},

@@ -12,6 +12,7 @@ size_t dtype_size(DType t) {
     case DType::I32: return 4;
     case DType::I64: return 8;
     case DType::F64: return 8;
+    case DType::U8: return 1;
   }
   return 0;
 }
@@ -24,6 +25,7 @@ std::string_view dtype_name(DType t) {
     case DType::I32: return "I32";
     case DType::I64: return "I64";
     case DType::F64: return "F64";
+    case DType::U8: return "U8";
   }
   return "?";
 }
@@ -35,6 +37,7 @@ std::optional<DType> dtype_from_name(std::string_view n) {
   if (n == "I32") return DType::I32;
   if (n == "I64") return DType::I64;
   if (n == "F64") return DType::F64;
+  if (n == "U8") return DType::U8;
   return std::nullopt;
 }
 

@@ -8,7 +8,8 @@
 
 namespace soltrain {
 
-enum class DType { F32, BF16, F16, I32, I64, F64 };  // F64: device-side scalars (loss, norms)
+// F64: device-side scalars (loss, norms); U8: codes of 8-bit quantised optimizer state
+enum class DType { F32, BF16, F16, I32, I64, F64, U8 };
 
 size_t dtype_size(DType t);
 std::string_view dtype_name(DType t);  // safetensors spelling: "F32", "BF16", ...

@@ -25,7 +25,9 @@ struct SeqLayout {
 };
 
 struct AdamWParams {
-  float lr, beta1, beta2, eps, weight_decay;
+  float lr;
+  double beta1, beta2;  // as given (torch computes 1 - beta and the bias corrections from the Python float)
+  float eps, weight_decay;
   int step;                 // 1-based, for bias correction
   float grad_scale = 1.0f;  // gradient clipping's factor, applied as the gradient is read (no extra pass)
   // Clipping decided on the device: with `grad_sumsq` (F64 [1], Σg² over every gradient, on the ops'
@@ -33,6 +35,12 @@ struct AdamWParams {
   // and multiplies it into grad_scale. No host round trip between backward and the update.
   const Tensor* grad_sumsq = nullptr;
   float max_grad_norm = 0;
+};
+
+// A moment stored 8-bit blockwise: U8 codes [n], F32 absmax [ceil(n / 256)], and the F32 [256] map the codes
+// index (on the ops' device).
+struct Blockwise8 {
+  Tensor code, absmax, map;
 };
 
 #ifdef __CUDACC__
@@ -201,6 +209,11 @@ class Ops {
   // `compute_copy`, when given, receives the updated values in the activation dtype in the same pass.
   virtual void adamw(Tensor master, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p,
                      Tensor* compute_copy) = 0;
+  // The same update with m and v stored 8-bit blockwise (kernels/blockwise8.h: bitsandbytes' format): each is
+  // dequantised, updated in fp32 exactly as adamw() does, and quantised again with fresh per-block absmax.
+  // `master` is one parameter (blocks start at its first element).
+  virtual void adamw_8bit(Tensor master, const Tensor& grad, const Blockwise8& m, const Blockwise8& v,
+                          const AdamWParams& p, Tensor* compute_copy) = 0;
 };
 
 std::unique_ptr<Ops> make_cpu_ops();

@@ -1,22 +1,89 @@
 #include "train/optimizer.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "kernels/blockwise8.h"
 
 namespace soltrain {
 
-AdamW::AdamW(ParameterStore& params, Ops& ops) : params_(params), ops_(ops) {
-  m_ = ops.alloc(size_t(params.numel()) * 4);
-  v_ = ops.alloc(size_t(params.numel()) * 4);
+AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments) : params_(params), ops_(ops), moments_(moments) {
+  if (moments_ == Moments::F32) {
+    m_ = ops.alloc(size_t(params.numel()) * 4);
+    v_ = ops.alloc(size_t(params.numel()) * 4);
+    return;
+  }
+  // Zeroed codes are zero moments: code 0 is -1 (signed map) or 0 (unsigned), times an absmax of 0.
+  int64_t small = 0, bytes = 0, blocks = 0;
+  for (const Parameter& p : params.all()) {
+    if (!p.trainable) continue;
+    const int64_t n = shape_numel(p.shape);
+    if (n >= kBlockwise8MinNumel) {
+      slots_.push_back({&p, true, bytes, blocks});
+      bytes += n;
+      blocks += (n + kBlockwise8Block - 1) / kBlockwise8Block;
+    } else {
+      slots_.push_back({&p, false, small, 0});
+      small += n;
+    }
+  }
+  m_ = ops.alloc(size_t(std::max<int64_t>(small, 1)) * 4);
+  v_ = ops.alloc(size_t(std::max<int64_t>(small, 1)) * 4);
+  mq_ = ops.alloc(size_t(std::max<int64_t>(bytes, 1)));
+  vq_ = ops.alloc(size_t(std::max<int64_t>(bytes, 1)));
+  mabs_ = ops.alloc(size_t(std::max<int64_t>(blocks, 1)) * 4);
+  vabs_ = ops.alloc(size_t(std::max<int64_t>(blocks, 1)) * 4);
+  std::array<float, 512> maps{};
+  const auto signed_map = dynamic_quant_map(true), unsigned_map = dynamic_quant_map(false);
+  std::copy(signed_map.begin(), signed_map.end(), maps.begin());
+  std::copy(unsigned_map.begin(), unsigned_map.end(), maps.begin() + 256);
+  maps_ = ops.alloc(maps.size() * 4);
+  ops.copy(Tensor{maps_.data(), DType::F32, {512}, ops.device()}, Tensor{maps.data(), DType::F32, {512}, Device::CPU});
+}
+
+size_t AdamW::state_bytes() const {
+  return m_.bytes() + v_.bytes() + mq_.bytes() + vq_.bytes() + mabs_.bytes() + vabs_.bytes() + maps_.bytes();
+}
+
+Blockwise8 AdamW::quantised(const Slot& s, bool second) const {
+  const int64_t n = shape_numel(s.param->shape), blocks = (n + kBlockwise8Block - 1) / kBlockwise8Block;
+  const Buffer& codes = second ? vq_ : mq_;
+  const Buffer& absmax = second ? vabs_ : mabs_;
+  return {Tensor{static_cast<uint8_t*>(codes.data()) + s.offset, DType::U8, {n}, ops_.device()},
+          Tensor{static_cast<float*>(absmax.data()) + s.block, DType::F32, {blocks}, ops_.device()},
+          Tensor{static_cast<float*>(maps_.data()) + (second ? 256 : 0), DType::F32, {256}, ops_.device()}};
+}
+
+Tensor AdamW::fp32_moment(const Slot& s, bool second) const {
+  const Buffer& b = second ? v_ : m_;
+  return Tensor{static_cast<float*>(b.data()) + s.offset, DType::F32, {shape_numel(s.param->shape)}, ops_.device()};
+}
+
+// One launch per parameter (8-bit blocks start at each parameter's first element, as bitsandbytes' do).
+void AdamW::step_8bit(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq) {
+  for (const Slot& s : slots_) {
+    const Parameter& p = *s.param;
+    AdamWParams a{lr, cfg.beta1, cfg.beta2, cfg.eps, p.decay ? cfg.weight_decay : 0.0f, step_, grad_scale};
+    a.grad_sumsq = grad_sumsq;
+    a.max_grad_norm = cfg.max_grad_norm;
+    const Shape flat{shape_numel(p.shape)};
+    Tensor copy = p.value.view(flat);
+    Tensor* copy_out = params_.values_alias_masters() ? nullptr : &copy;
+    if (s.quantised)
+      ops_.adamw_8bit(p.master.view(flat), p.grad.view(flat), quantised(s, false), quantised(s, true), a, copy_out);
+    else
+      ops_.adamw(p.master.view(flat), p.grad.view(flat), fp32_moment(s, false), fp32_moment(s, true), a, copy_out);
+  }
 }
 
 void AdamW::step(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq) {
   ++step_;
+  if (moments_ == Moments::Blockwise8) return step_8bit(cfg, lr, grad_scale, grad_sumsq);
   for (const ParamRange& r : params_.ranges()) {
     Tensor master = params_.masters(r);
     Tensor mt{static_cast<float*>(m_.data()) + r.offset, DType::F32, master.shape, ops_.device()};
@@ -30,10 +97,33 @@ void AdamW::step(const OptimizerConfig& cfg, float lr, float grad_scale, const T
 }
 
 namespace {
-constexpr const char* kFormat = "soltrain-adamw-2";  // moments per parameter name
+constexpr const char* kFormat = "soltrain-adamw-2";        // moments per parameter name
+constexpr const char* kFormat8 = "soltrain-adamw-8bit-1";  // the same, 8-bit codes and absmax where quantised
+
+StreamedTensor fetched(std::string name, const Tensor& src, Ops& ops) {
+  return {std::move(name), src.dtype, src.shape, [src, &ops](void* dst) {
+            ops.copy(Tensor{dst, src.dtype, src.shape, Device::CPU}, src);
+          }};
+}
 }  // namespace
 
 void AdamW::save(const std::filesystem::path& file) const {
+  if (moments_ == Moments::Blockwise8) {
+    std::vector<StreamedTensor> tensors;
+    for (const Slot& s : slots_)
+      for (bool second : {false, true}) {
+        const std::string prefix = second ? "exp_avg_sq." : "exp_avg.";
+        if (s.quantised) {
+          const Blockwise8 q = quantised(s, second);
+          tensors.push_back(fetched(prefix + s.param->name, q.code.view(s.param->shape), ops_));
+          tensors.push_back(fetched(prefix + "absmax." + s.param->name, q.absmax, ops_));
+        } else {
+          tensors.push_back(fetched(prefix + s.param->name, fp32_moment(s, second).view(s.param->shape), ops_));
+        }
+      }
+    write_safetensors_streamed(file, tensors, {{"step", std::to_string(step_)}, {"format", kFormat8}});
+    return;
+  }
   // Named per parameter, so the file does not depend on how the flat buffers are laid out; each tensor is
   // fetched from the device as the file is written (the moments are never all in host memory).
   std::vector<StreamedTensor> tensors;
@@ -55,6 +145,37 @@ void AdamW::load(const std::filesystem::path& file) {
     if (it == f.metadata().end()) user_error(file.string(), ": optimizer state has no '", k, "' in its metadata");
     return it->second;
   };
+  const bool file_8bit = meta("format") == kFormat8;
+  if (file_8bit != (moments_ == Moments::Blockwise8))
+    user_error(file.string(), ": optimizer state was saved with ", file_8bit ? "adamw_8bit" : "adamw (fp32 moments)",
+               ", this run uses ", file_8bit ? "adamw (fp32 moments)" : "adamw_8bit",
+               ": resume with the same optimizer, or start a fresh run");
+  if (file_8bit) {
+    for (const Slot& s : slots_)
+      for (bool second : {false, true}) {
+        const std::string name = (second ? "exp_avg_sq." : "exp_avg.") + s.param->name;
+        const std::string abs_name = (second ? "exp_avg_sq.absmax." : "exp_avg.absmax.") + s.param->name;
+        const Tensor dst = s.quantised ? quantised(s, second).code : fp32_moment(s, second);
+        const TensorEntry& e = f.at(name);
+        if (e.dtype != dst.dtype || shape_numel(e.shape) != dst.numel())
+          user_error(file.string(), ": ", name, " is ", dtype_name(e.dtype), " ", shape_str(e.shape), ", expected ",
+                     dtype_name(dst.dtype), " ", shape_str(s.param->shape));
+        ops_.copy(dst, Tensor{const_cast<void*>(e.data), dst.dtype, dst.shape, Device::CPU});
+        if (!s.quantised) continue;
+        const Tensor abs_dst = quantised(s, second).absmax;
+        const TensorEntry& a = f.at(abs_name);
+        if (a.dtype != DType::F32 || a.shape != abs_dst.shape)
+          user_error(file.string(), ": ", abs_name, " is ", dtype_name(a.dtype), " ", shape_str(a.shape),
+                     ", expected F32 ", shape_str(abs_dst.shape));
+        ops_.copy(abs_dst, Tensor{const_cast<void*>(a.data), DType::F32, abs_dst.shape, Device::CPU});
+      }
+    try {
+      step_ = std::stoi(meta("step"));
+    } catch (const std::exception&) {
+      user_error(file.string(), ": optimizer step \"", meta("step"), "\" is not a number");
+    }
+    return;
+  }
   std::vector<float> m(size_t(params_.numel())), v(m.size());
   if (meta("format") == kFormat) {
     for (const Parameter& p : params_.all())

@@ -1,35 +1,59 @@
 // AdamW over a ParameterStore (torch semantics), with global-norm gradient clipping folded into the update.
 #pragma once
 #include <filesystem>
+#include <vector>
 
 #include "model/parameters.h"
 
 namespace soltrain {
 
+// How AdamW keeps its moments: fp32, or 8-bit blockwise as bitsandbytes' AdamW8bit does (kernels/blockwise8.h;
+// `optimizer: adamw_8bit`): 2.03 bytes per parameter instead of 8, for parameters of 4096 elements or more.
+enum class Moments { F32, Blockwise8 };
+
 struct OptimizerConfig {
-  float lr = 1e-5f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
+  float lr = 1e-5f;
+  double beta1 = 0.9, beta2 = 0.999;  // doubles, as torch takes them: float(1 - 0.999) is not 1 - float(0.999)
+  float eps = 1e-8f, weight_decay = 0.0f;
   float max_grad_norm = 1.0f;  // <= 0 disables clipping
+  Moments moments = Moments::F32;
 };
 
 class AdamW {
  public:
-  AdamW(ParameterStore& params, Ops& ops);
+  AdamW(ParameterStore& params, Ops& ops, Moments moments = Moments::F32);
   // One update with learning rate `lr` (the schedule's value for this step), gradients read times
   // `grad_scale`, and times clipping's factor (torch's clip_grad_norm_, kernels/ops.h clip_factor) computed
   // on the device from `grad_sumsq` (F64 [1], Σg²) when given: nothing waits for the host between backward
   // and the update, and no pass scales the gradients (a separate one cost 10.6 ms of a 310 ms Qwen3-4B step).
   void step(const OptimizerConfig& cfg, float lr, float grad_scale = 1.0f, const Tensor* grad_sumsq = nullptr);
   int steps_done() const { return step_; }
+  size_t state_bytes() const;  // the moments' device memory
 
-  // The state as a safetensors file: fp32 `exp_avg.<name>` and `exp_avg_sq.<name>` per trainable parameter
-  // and the step count in the metadata. load() also reads the first format (two flat tensors).
+  // The state as a safetensors file: `exp_avg.<name>` and `exp_avg_sq.<name>` per trainable parameter (fp32,
+  // or the 8-bit codes with `exp_avg.absmax.<name>` / `exp_avg_sq.absmax.<name>`: resumed bit for bit) and the
+  // step count in the metadata. load() also reads the first format (two flat tensors).
   void save(const std::filesystem::path& file) const;
   void load(const std::filesystem::path& file);
 
  private:
+  // With 8-bit moments, where each parameter's state lives: codes at `offset` bytes and absmax at `block`
+  // floats into the 8-bit buffers, or (parameters under 4096 elements) fp32 at `offset` floats into m_ / v_.
+  struct Slot {
+    const Parameter* param;
+    bool quantised;
+    int64_t offset, block;
+  };
+  Blockwise8 quantised(const Slot& s, bool second) const;
+  Tensor fp32_moment(const Slot& s, bool second) const;
+  void step_8bit(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq);
+
   ParameterStore& params_;
   Ops& ops_;
-  Buffer m_, v_;  // laid out like the parameters' flat buffers
+  Moments moments_;
+  Buffer m_, v_;             // fp32: laid out like the parameters' flat buffers (8-bit: the small parameters only)
+  std::vector<Slot> slots_;  // 8-bit only
+  Buffer mq_, vq_, mabs_, vabs_, maps_;  // 8-bit codes, absmax per block, the two maps [2, 256]
   int step_ = 0;
 };
 

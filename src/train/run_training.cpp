@@ -91,8 +91,8 @@ void set_up(Run& r) {
 
   r.model->set_residual_dtype(c.residual_dtype);
   r.model->plan(lo.rows, lo.seq_len, c.recompute);
-  r.opt = OptimizerConfig{float(c.learning_rate), float(c.adamw_beta1),  float(c.adamw_beta2),
-                          float(c.adamw_epsilon), float(c.weight_decay), float(c.max_grad_norm)};
+  r.opt = OptimizerConfig{float(c.learning_rate), c.adamw_beta1,          c.adamw_beta2, float(c.adamw_epsilon),
+                          float(c.weight_decay),  float(c.max_grad_norm), c.moments};
   r.step = std::make_unique<TrainStep>(*r.model, r.opt);
   r.state.total_steps = total;
   r.state.seed = c.seed;
@@ -153,7 +153,8 @@ void print_plan(const Run& r) {
   const DType act = r.ops.activation_dtype();
   const double weights = act == DType::F32 ? 4 * all_weights : 4 * trainable + double(dtype_size(act)) * all_weights;
   r.log << r.cmd << ": memory plan: weights " << weights / gib << " GiB, gradients " << 4 * trainable / gib
-        << " GiB, AdamW moments " << 8 * trainable / gib << " GiB, activations "
+        << " GiB, AdamW moments " << double(r.step->optimizer().state_bytes()) / gib
+        << (r.opt.moments == Moments::Blockwise8 ? " GiB (8-bit)" : " GiB") << ", activations "
         << double(r.model->activation_bytes()) / gib << " GiB (recompute " << recompute_name(c.recompute)
         << ", residual stream " << (r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16") << ")\n";
 }

@@ -11,6 +11,7 @@
 #include "data/dataset.h"
 #include "model/lora.h"
 #include "model/transformer.h"
+#include "train/optimizer.h"
 #include "train/schedule.h"
 
 namespace soltrain {
@@ -53,6 +54,7 @@ struct TrainConfig {
   double warmup_ratio = 0.0, wsd_decay_ratio = 0.1;
   double weight_decay = 0.0, max_grad_norm = 1.0;
   double adamw_beta1 = 0.9, adamw_beta2 = 0.999, adamw_epsilon = 1e-8;
+  Moments moments = Moments::F32;  // `optimizer: adamw_8bit` (and bitsandbytes' names for it): Blockwise8
   uint64_t seed = 42;
   Recompute recompute = Recompute::None;
   std::optional<DType> residual_dtype;  // the residual stream on the GPU; unset: the run chooses (Transformer)

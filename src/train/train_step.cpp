@@ -7,7 +7,7 @@ namespace soltrain {
 TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt)
     : model_(model),
       opt_(opt),
-      adamw_(model.params(), model.ops()),
+      adamw_(model.params(), model.ops(), opt.moments),
       sft_(model.ops()),
       sumsq_(model.ops().alloc(sizeof(double))) {}
 

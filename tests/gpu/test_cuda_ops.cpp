@@ -1,6 +1,7 @@
 // Every CUDA op against its CPU twin on fresh random bf16-representable inputs, at several shapes
 // (odd sizes included). Outputs start as NaN, so an element a kernel forgets to write fails the test.
 #include "gpu_test_util.h"
+#include "kernels/blockwise8.h"
 
 namespace soltrain::test {
 namespace {
@@ -286,6 +287,50 @@ TEST_F(CudaOps, AdamWMatchesTheCpuAndWritesTheBf16Copy) {
   EXPECT_LE(rel(got, cw), 1e-6);
   const auto c = download(copy);
   for (size_t i = 0; i < c.size(); ++i) ASSERT_EQ(c[i], bf16_to_f32(f32_to_bf16(got[i]))) << i;
+}
+
+// 8-bit blockwise AdamW (bitsandbytes' format) against the CPU twin over several steps, a tail block included:
+// codes may differ only where a moment lands within rounding of a bucket boundary (fused multiply-adds on the
+// GPU), parameters and absmax to fp32 rounding.
+TEST_F(CudaOps, AdamW8bitMatchesTheCpu) {
+  const int64_t n = 9000, blocks = (n + 255) / 256;
+  auto w = random_vec(static_cast<size_t>(n), rng, 1.0f);
+  const auto ms = dynamic_quant_map(true), us = dynamic_quant_map(false);
+  std::vector<float> maps(ms.begin(), ms.end());
+  maps.insert(maps.end(), us.begin(), us.end());
+  Tensor gw = upload(w, {n}, DType::F32), gmaps = upload(maps, {512}, DType::F32);
+  buffers.push_back(gpu->alloc(size_t(2 * n)));
+  Tensor gcodes{buffers.back().data(), DType::U8, {2 * n}, Device::CUDA};
+  Tensor gabs = upload(std::vector<float>(size_t(2 * blocks), 0.0f), {2 * blocks}, DType::F32);
+  Tensor copy = poisoned({n});
+  std::vector<uint8_t> ccodes(size_t(2 * n), 0);
+  std::vector<float> cw = w, cabs(size_t(2 * blocks), 0.0f);
+  auto part = [&](Tensor codes, Tensor abs, Tensor map, int k) {
+    return Blockwise8{Tensor{codes.as<uint8_t>() + k * n, DType::U8, {n}, codes.device},
+                      Tensor{abs.as<float>() + k * blocks, DType::F32, {blocks}, abs.device},
+                      Tensor{map.as<float>() + k * 256, DType::F32, {256}, map.device}};
+  };
+  Tensor hcodes{ccodes.data(), DType::U8, {2 * n}}, habs = host(cabs, {2 * blocks}), hmaps = host(maps, {512});
+  for (int step = 1; step <= 4; ++step) {
+    auto g = random_vec(static_cast<size_t>(n), rng, 0.1f * float(step));
+    const AdamWParams p{1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, step, step == 3 ? 0.5f : 1.0f, nullptr, 0};
+    gpu->adamw_8bit(gw, upload(g, {n}, DType::F32), part(gcodes, gabs, gmaps, 0), part(gcodes, gabs, gmaps, 1), p,
+                    &copy);
+    cpu->adamw_8bit(host(cw, {n}), host(g, {n}), part(hcodes, habs, hmaps, 0), part(hcodes, habs, hmaps, 1), p,
+                    nullptr);
+  }
+  EXPECT_LE(rel(download(gw), cw), 1e-5);
+  EXPECT_LE(rel(download(gabs), cabs), 1e-5);
+  std::vector<uint8_t> got(size_t(2 * n));
+  gpu->copy(Tensor{got.data(), DType::U8, {2 * n}}, gcodes);
+  int64_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_LE(std::abs(int(got[i]) - int(ccodes[i])), 1) << i;
+    differ += got[i] != ccodes[i];
+  }
+  EXPECT_LE(differ, 2 * n / 200) << "codes differing by one step";
+  const auto gcopy = download(copy), gwd = download(gw);
+  for (size_t i = 0; i < gcopy.size(); ++i) ASSERT_EQ(gcopy[i], bf16_to_f32(f32_to_bf16(gwd[i]))) << i;
 }
 
 TEST_F(CudaOps, SumsAreExactEnoughAndRepeatable) {

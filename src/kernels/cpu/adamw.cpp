@@ -1,6 +1,9 @@
 // CPU: torch.optim.AdamW's single-tensor update, operation for operation (so fp32 results match).
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
+#include "kernels/blockwise8.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace soltrain {
@@ -9,19 +12,69 @@ void CpuOps::adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const A
   SOLTRAIN_CHECK(!compute_copy || compute_copy->data == param.data, "the CPU computes in fp32: no copy");
   float *w = param.f32(), *mp = m.f32(), *vp = v.f32();
   const float* g = grad.f32();
-  const double bc1 = 1.0 - std::pow(double(p.beta1), p.step);
-  const double bc2_sqrt = std::sqrt(1.0 - std::pow(double(p.beta2), p.step));
+  const double bc1 = 1.0 - std::pow(p.beta1, p.step);
+  const double bc2_sqrt = std::sqrt(1.0 - std::pow(p.beta2, p.step));
   const float step_size = float(double(p.lr) / bc1);
   const float decay = float(1.0 - double(p.lr) * double(p.weight_decay));
-  const float b1c = float(1.0 - double(p.beta1)), b2c = float(1.0 - double(p.beta2));
+  const float b1c = float(1.0 - p.beta1), b2c = float(1.0 - p.beta2);
   const float grad_scale = p.grad_scale * host_clip_factor(p);
   for (int64_t i = 0, n = param.numel(); i < n; ++i) {
     w[i] *= decay;
     const float gi = g[i] * grad_scale;  // the one fp32 multiply torch's clip_grad_norm_ does in place
     mp[i] += b1c * (gi - mp[i]);         // lerp, as torch writes it
-    vp[i] = vp[i] * p.beta2 + b2c * gi * gi;
+    vp[i] = vp[i] * float(p.beta2) + b2c * gi * gi;
     const float denom = std::sqrt(vp[i]) / float(bc2_sqrt) + p.eps;
     w[i] -= step_size * (mp[i] / denom);
+  }
+}
+
+// bitsandbytes' 8-bit blockwise AdamW (kernels/blockwise8.h) with the update above, element for element.
+void CpuOps::adamw_8bit(Tensor param, const Tensor& grad, const Blockwise8& m, const Blockwise8& v,
+                        const AdamWParams& p, Tensor* compute_copy) {
+  SOLTRAIN_CHECK(!compute_copy || compute_copy->data == param.data, "the CPU computes in fp32: no copy");
+  float* w = param.f32();
+  const float* g = grad.f32();
+  uint8_t *mc = m.code.as<uint8_t>(), *vc = v.code.as<uint8_t>();
+  float *ma = m.absmax.f32(), *va = v.absmax.f32();
+  const float *mmap = m.map.f32(), *vmap = v.map.f32();
+  float mmid[255], vmid[255];  // (map[i] + map[i+1]) / 2, as torch computes the bucket bounds
+  for (int i = 0; i < 255; ++i) {
+    mmid[i] = (mmap[i] + mmap[i + 1]) / 2;
+    vmid[i] = (vmap[i] + vmap[i + 1]) / 2;
+  }
+  const double bc1 = 1.0 - std::pow(p.beta1, p.step);
+  const double bc2_sqrt = std::sqrt(1.0 - std::pow(p.beta2, p.step));
+  const float step_size = float(double(p.lr) / bc1);
+  const float decay = float(1.0 - double(p.lr) * double(p.weight_decay));
+  const float b1c = float(1.0 - p.beta1), b2c = float(1.0 - p.beta2);
+  const float grad_scale = p.grad_scale * host_clip_factor(p);
+  const int64_t n = param.numel();
+  std::vector<float> mb(kBlockwise8Block), vb(kBlockwise8Block);
+  for (int64_t b0 = 0, blk = 0; b0 < n; b0 += kBlockwise8Block, ++blk) {
+    const int64_t len = std::min(kBlockwise8Block, n - b0);
+    float mmax = 0, vmax = 0;
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t i = b0 + j;
+      float mi = mmap[mc[i]] * ma[blk], vi = vmap[vc[i]] * va[blk];
+      w[i] *= decay;
+      const float gi = g[i] * grad_scale;
+      mi += b1c * (gi - mi);
+      vi = vi * float(p.beta2) + b2c * gi * gi;
+      const float denom = std::sqrt(vi) / float(bc2_sqrt) + p.eps;
+      w[i] -= step_size * (mi / denom);
+      mb[size_t(j)] = mi;
+      vb[size_t(j)] = vi;
+      mmax = std::max(mmax, std::fabs(mi));
+      vmax = std::max(vmax, std::fabs(vi));
+    }
+    // bitsandbytes: scaled = clamp(x * (1 / max(absmax, 1e-38)), -1, 1), then the nearest code
+    const float minv = 1.0f / std::max(mmax, 1e-38f), vinv = 1.0f / std::max(vmax, 1e-38f);
+    for (int64_t j = 0; j < len; ++j) {
+      mc[b0 + j] = quantize_to_map(std::clamp(mb[size_t(j)] * minv, -1.0f, 1.0f), mmid);
+      vc[b0 + j] = quantize_to_map(std::clamp(vb[size_t(j)] * vinv, -1.0f, 1.0f), vmid);
+    }
+    ma[blk] = mmax;
+    va[blk] = vmax;
   }
 }
 

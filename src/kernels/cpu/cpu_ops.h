@@ -45,6 +45,8 @@ class CpuOps final : public Ops {
   void scale(Tensor x, float factor) override;
   void adamw(Tensor master, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p,
              Tensor* compute_copy) override;
+  void adamw_8bit(Tensor master, const Tensor& grad, const Blockwise8& m, const Blockwise8& v, const AdamWParams& p,
+                  Tensor* compute_copy) override;
 };
 
 }  // namespace soltrain

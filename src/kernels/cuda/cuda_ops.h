@@ -75,6 +75,8 @@ class CudaOps final : public Ops {
   void scale(Tensor x, float factor) override;
   void adamw(Tensor master, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p,
              Tensor* compute_copy) override;
+  void adamw_8bit(Tensor master, const Tensor& grad, const Blockwise8& m, const Blockwise8& v, const AdamWParams& p,
+                  Tensor* compute_copy) override;
 
   cudaStream_t stream() const { return stream_; }
   int sm_count() const { return sm_count_; }
