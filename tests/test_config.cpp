@@ -195,7 +195,7 @@ TEST(Config, EveryDatasetProblemIsReportedToo) {
   EXPECT_EQ(error_of("model: m\noutput_dir: o\ndatasets:\n  - path: a\n    typ: text\n    samples: 3\n"
                      "  - type: text\n    field_txt: t\n"),
             "cfg.yaml: 4 problems: cfg.yaml:5: unknown dataset key \"typ\" (did you mean \"type\"?); cfg.yaml:6: "
-            "samples: taking a subset of a dataset's records is not built yet; drop it to train on every record; "
+            "samples: \"0\" is not valid: expected an integer >= 1; "
             "cfg.yaml:8: unknown dataset key \"field_txt\" (did you mean \"field_text\"?); cfg.yaml:7: a dataset "
             "needs `path`");
 }

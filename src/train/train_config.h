@@ -19,6 +19,8 @@ struct DatasetSpec {
   std::filesystem::path path;
   DatasetType type = DatasetType::kAuto;
   DatasetFields fields;  // field names, roles and system_prompt of this dataset
+  std::string split;     // Axolotl / Surogate `split`: a folder's files of this split
+  int64_t samples = 0;   // Surogate `samples`: > 0 takes this many documents (see train_data.cpp)
 };
 
 struct LoraSettings {  // as written in the YAML; the model layer's LoraConfig is built from it
