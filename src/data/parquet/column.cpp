@@ -6,6 +6,7 @@
 #include "data/parquet/hybrid.h"
 #include "data/parquet/thrift.h"
 #include "io/compression.h"
+#include "tokenizer/utf8.h"
 
 namespace soltrain::parquet {
 
@@ -87,6 +88,9 @@ void decode_plain(std::string_view data, PhysicalType type, size_t count, std::v
         const uint32_t n = load<uint32_t>(data.data() + pos);
         pos += 4;
         need(n);
+        // Text reaches JSON values and the tokenizer, which need UTF-8 (a JSONL line with invalid UTF-8 is
+        // refused by its parser the same way).
+        if (!utf8_valid(data.substr(pos, n))) corrupt("a string column holds text that is not valid UTF-8");
         out.emplace_back(std::string(data.substr(pos, n)));
         pos += n;
         break;

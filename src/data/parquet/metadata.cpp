@@ -77,8 +77,9 @@ RowGroup row_group(ThriftReader& r) {
         ColumnChunk c;
         bool has_meta = false;
         r.read_struct([&](int16_t cid, uint8_t ct) {
-          if (cid == 1) corrupt("columns stored in another file (file_path) are not supported");
-          if (cid == 3) {
+          if (cid == 1) {
+            if (!r.binary(ct).empty()) corrupt("columns stored in another file (file_path) are not supported");
+          } else if (cid == 3) {
             if (ct != T::kStruct) corrupt("column metadata is not a struct");
             c = column_metadata(r);
             has_meta = true;
