@@ -264,7 +264,7 @@ TEST(DataFormats, MalformedFilesAreOneLineAndExit2) {
   for (const Case& c : cases) {
     test::write_text(t.path / c.name, c.bytes);
     const test::CliRun r = test::run("tokenize --tokenizer " + test::tokenizer_folder("qwen3").string() + " --data " +
-                                         (t.path / c.name).string() + ":alpaca --out " + (t.path / "out").string(),
+                                         (t.path / c.name).string() + ":alpaca --quiet --out " + (t.path / "out").string(),
                                      t);
     EXPECT_EQ(r.code, 2) << c.name << r.out << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.name << ": " << r.err;
