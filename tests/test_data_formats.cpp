@@ -203,6 +203,20 @@ TEST(DataFormats, CsvAndCompressedFilesGiveTheSameTokensAsJsonl) {
   }
 }
 
+// A folder's cache key is every file it holds: a new file re-tokenizes, an unchanged folder is reused.
+TEST(DataFormats, FolderCacheKeyCoversItsFiles) {
+  test::TempDir t;
+  fs::create_directories(t.path / "ds");
+  test::write_text(t.path / "ds" / "a.jsonl", jsonl({kRows[0]}));
+  std::ostringstream log;
+  EXPECT_EQ(run_tokenize(options(t.path / "ds", t.path / "out", DatasetType::kAlpaca), log).documents, 1);
+  EXPECT_TRUE(run_tokenize(options(t.path / "ds", t.path / "out", DatasetType::kAlpaca), log).reused);
+  test::write_text(t.path / "ds" / "b.csv", csv({kRows[1], kRows[2]}, ','));
+  const TokenizeResult r = run_tokenize(options(t.path / "ds", t.path / "out", DatasetType::kAlpaca), log);
+  EXPECT_FALSE(r.reused);
+  EXPECT_EQ(r.documents, 3);
+}
+
 // --- parquet: the fixtures are pyarrow's (tests/tools/make_parquet_fixtures.py) ---
 
 TEST(DataFormats, ParquetFlatFilesGiveTheJsonlRows) {

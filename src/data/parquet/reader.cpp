@@ -96,7 +96,8 @@ size_t ParquetFile::build(size_t& next, int def, int rep, int depth, std::vector
   const size_t id = nodes_.size();
   nodes_.push_back({});
   nodes_[id].el = meta_.schema[next++];
-  const SchemaElement& el = nodes_[id].el;
+  // A copy: the recursion below grows nodes_, which would leave a reference into it dangling.
+  const SchemaElement el = nodes_[id].el;
   if (depth > 0) {  // the root's repetition says nothing
     if (el.repetition != Repetition::kRequired) ++def;
     if (el.repetition == Repetition::kRepeated) ++rep;
