@@ -79,6 +79,11 @@ TEST(DatasetTypes, SystemPromptTypeAndChatTemplateKeysInConfigs) {
   EXPECT_EQ(f.roles_to_train, (std::vector<std::string>{"user", "assistant"}));
   EXPECT_EQ(f.train_on_eos, "all");
   EXPECT_EQ(f.system, "sys");
+  // Axolotl's chat_template takes a record's "system" field unless field_system names another; Surogate's
+  // conversation type has no such default.
+  EXPECT_EQ(parse_train_config(chat, "cfg.yaml", {}, TrainMode::kSft).datasets[0].fields.system, "system");
+  const std::string conv = "model: m\noutput_dir: o\ndatasets:\n  - path: d.jsonl\n    type: conversation\n";
+  EXPECT_EQ(parse_train_config(conv, "cfg.yaml", {}, TrainMode::kSft).datasets[0].fields.system, "");
   auto error_of = [&](const std::string& extra) {
     try {
       parse_train_config(chat + extra, "cfg.yaml", {}, TrainMode::kSft);

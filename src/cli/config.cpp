@@ -154,10 +154,14 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
   // Keys whose meaning depends on others, resolved after every key is read.
   std::string system_prompt_type, system_prompt_type_where, system_prompt_field;
   std::vector<std::string> roles_to_train;
-  std::string roles_to_train_where;
+  std::string roles_to_train_where, type_name;
   const std::map<std::string, Setter> keys = {
       {"path", [&](const Entry& e) { d.path = get_string(e, "path"); }},
-      {"type", [&](const Entry& e) { d.type = dataset_type(e, mode); }},
+      {"type",
+       [&](const Entry& e) {
+         d.type = dataset_type(e, mode);
+         type_name = e.node.Scalar();
+       }},
       {"field", [&](const Entry& e) { f.text = get_string(e, "field"); }},
       {"field_text", [&](const Entry& e) { f.text = get_string(e, "field_text"); }},
       {"field_instruction", [&](const Entry& e) { f.instruction = get_string(e, "field_instruction"); }},
@@ -274,6 +278,9 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
     f.system = system_prompt_field;
     f.system_prompt.clear();
   }
+  // Axolotl's chat_template reads a record's "system" column as its system message unless told another
+  // field (ChatTemplatePrompter field_system="system", prompt_strategies/chat_template.py).
+  if (type_name == "chat_template" && !seen.count("field_system")) f.system = "system";
   // Axolotl maps the names through `roles` (human -> user) before comparing with the turns' roles.
   if (!roles_to_train_where.empty()) {
     f.roles_to_train.clear();
