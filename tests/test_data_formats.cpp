@@ -87,8 +87,8 @@ std::string csv_field(const ordered_json& v, char delim) {
 std::string csv(const std::vector<ordered_json>& rows, char delim, const std::string& eol = "\n") {
   std::string s = std::string("instruction") + delim + "input" + delim + "output" + eol;
   for (const auto& r : rows)
-    s += csv_field(r["instruction"], delim) + delim + csv_field(r["input"], delim) + delim + csv_field(r["output"], delim) +
-         eol;
+    s += csv_field(r["instruction"], delim) + delim + csv_field(r["input"], delim) + delim +
+         csv_field(r["output"], delim) + eol;
   return s;
 }
 
@@ -277,9 +277,10 @@ TEST(DataFormats, MalformedFilesAreOneLineAndExit2) {
   cases.push_back({"page.parquet", page, "row group 0"});
   for (const Case& c : cases) {
     test::write_text(t.path / c.name, c.bytes);
-    const test::CliRun r = test::run("tokenize --tokenizer " + test::tokenizer_folder("qwen3").string() + " --data " +
-                                         (t.path / c.name).string() + ":alpaca --quiet --out " + (t.path / "out").string(),
-                                     t);
+    const test::CliRun r =
+        test::run("tokenize --tokenizer " + test::tokenizer_folder("qwen3").string() + " --data " +
+                      (t.path / c.name).string() + ":alpaca --quiet --out " + (t.path / "out").string(),
+                  t);
     EXPECT_EQ(r.code, 2) << c.name << r.out << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.name << ": " << r.err;
     EXPECT_NE(r.err.find((t.path / c.name).string()), std::string::npos) << r.err;

@@ -39,8 +39,8 @@ TEST(DatasetTypes, AlpacaChatIsAxolotlsChatStylePrompt) {
 TEST(DatasetTypes, SurogateInstructionPromptAndSystemField) {
   DatasetFields f;
   f.system = "sys";
-  const Sample s = sample(R"({"instruction": "Translate", "input": "chat", "output": "cat", "sys": "Be brief."})",
-                          "instruction", f);
+  const Sample s =
+      sample(R"({"instruction": "Translate", "input": "chat", "output": "cat", "sys": "Be brief."})", "instruction", f);
   EXPECT_EQ(s.vars["messages"].dump(),
             R"([{"role":"system","content":"Be brief."},{"role":"user","content":"Translate\nchat"},)"
             R"({"role":"assistant","content":"cat"}])");
@@ -56,8 +56,9 @@ TEST(DatasetTypes, SurogateInstructionPromptAndSystemField) {
 
 TEST(DatasetTypes, SystemPromptTypeAndChatTemplateKeysInConfigs) {
   const std::string base = "model: m\noutput_dir: o\ndatasets:\n  - path: d.jsonl\n    type: instruction\n";
-  TrainConfig c = parse_train_config(base + "    system_prompt_type: field\n    system_prompt_field: sys\n"
-                                            "    system_prompt: ignored\n    samples: 10\n    split: train\n",
+  TrainConfig c = parse_train_config(base +
+                                         "    system_prompt_type: field\n    system_prompt_field: sys\n"
+                                         "    system_prompt: ignored\n    samples: 10\n    split: train\n",
                                      "cfg.yaml", {}, TrainMode::kSft);
   EXPECT_EQ(c.datasets[0].fields.system, "sys");
   EXPECT_EQ(c.datasets[0].fields.system_prompt, "");
@@ -68,9 +69,10 @@ TEST(DatasetTypes, SystemPromptTypeAndChatTemplateKeysInConfigs) {
   EXPECT_EQ(c.datasets[0].fields.system, "");
   EXPECT_EQ(c.datasets[0].fields.system_prompt, "S");
   const std::string chat = "model: m\noutput_dir: o\ndatasets:\n  - path: d.jsonl\n    type: chat_template\n";
-  c = parse_train_config(chat + "    field_messages: conv\n    message_property_mappings: {role: from, content: value}\n"
-                                "    roles: {user: [human]}\n    roles_to_train: [human, assistant]\n"
-                                "    train_on_eos: all\n    field_system: sys\n    chat_template: tokenizer_default\n",
+  c = parse_train_config(chat +
+                             "    field_messages: conv\n    message_property_mappings: {role: from, content: value}\n"
+                             "    roles: {user: [human]}\n    roles_to_train: [human, assistant]\n"
+                             "    train_on_eos: all\n    field_system: sys\n    chat_template: tokenizer_default\n",
                          "cfg.yaml", {}, TrainMode::kSft);
   const DatasetFields& f = c.datasets[0].fields;
   EXPECT_EQ(f.messages, "conv");
@@ -182,8 +184,8 @@ TEST(DatasetTypes, InputOutputSegmentsTokenizedAloneWithTheirLabels) {
   const Document d = enc.encode(s);
   std::vector<int32_t> ids;
   std::vector<uint8_t> mask;
-  for (const auto& [text, label] : std::vector<std::pair<std::string, bool>>{
-           {"Q: 2+2?\n", false}, {"A: 4", true}, {" (end)", false}}) {
+  for (const auto& [text, label] :
+       std::vector<std::pair<std::string, bool>>{{"Q: 2+2?\n", false}, {"A: 4", true}, {" (end)", false}}) {
     const auto t = m.tok.encode(text);
     ids.insert(ids.end(), t.begin(), t.end());
     mask.insert(mask.end(), t.size(), label);

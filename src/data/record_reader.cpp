@@ -2,6 +2,7 @@
 #include "data/record_reader.h"
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <sstream>
 
@@ -233,7 +234,8 @@ std::unique_ptr<RecordSource> open_source(const fs::path& p, const std::vector<s
         if (!*in) user_error(p.string(), ": cannot open (unreadable)");
         return std::make_unique<JsonLinesSource>(p.string(), std::move(in));
       }
-      return std::make_unique<JsonLinesSource>(p.string(), std::make_unique<std::istringstream>(read_text(p, k.packing)));
+      return std::make_unique<JsonLinesSource>(p.string(),
+                                               std::make_unique<std::istringstream>(read_text(p, k.packing)));
   }
   return nullptr;
 }

@@ -26,14 +26,22 @@ fs::path tokenizer_dir(const fs::path& p) {
 }
 
 json fields_json(const DatasetFields& f) {
-  return {{"text", f.text},         {"instruction", f.instruction},
-          {"input", f.input},       {"output", f.output},
-          {"messages", f.messages}, {"conversations", f.conversations},
-          {"role", f.role},         {"content", f.content},
-          {"from", f.from},         {"value", f.value},
-          {"roles", f.roles},       {"system_prompt", f.system_prompt},
-          {"system", f.system},     {"segments", f.segments},
-          {"roles_to_train", f.roles_to_train}, {"train_on_eos", f.train_on_eos}};
+  return {{"text", f.text},
+          {"instruction", f.instruction},
+          {"input", f.input},
+          {"output", f.output},
+          {"messages", f.messages},
+          {"conversations", f.conversations},
+          {"role", f.role},
+          {"content", f.content},
+          {"from", f.from},
+          {"value", f.value},
+          {"roles", f.roles},
+          {"system_prompt", f.system_prompt},
+          {"system", f.system},
+          {"segments", f.segments},
+          {"roles_to_train", f.roles_to_train},
+          {"train_on_eos", f.train_on_eos}};
 }
 
 // Redraws one status line at most 5 times a second.

@@ -209,9 +209,8 @@ ColumnValues read_column_chunk(std::string_view chunk, const ColumnChunk& meta, 
         const size_t d0 = c.def.size();
         read_levels(body.substr(size_t(h.rep_levels_bytes), size_t(h.def_levels_bytes)), false, max_def, n, c.def);
         const std::string_view packed = body.substr(levels);
-        const std::string data = h.is_compressed
-                                     ? decompress(meta.codec, packed, size_t(h.uncompressed_size) - levels)
-                                     : std::string(packed);
+        const std::string data = h.is_compressed ? decompress(meta.codec, packed, size_t(h.uncompressed_size) - levels)
+                                                 : std::string(packed);
         size_t present = 0;
         for (size_t i = d0; i < c.def.size(); ++i) present += c.def[i] == uint32_t(max_def);
         decode_values(data, h.encoding, meta.type, present, has_dict ? &dict : nullptr, c.values);

@@ -54,9 +54,7 @@ ColumnChunk column_metadata(ThriftReader& r) {
   r.read_struct([&](int16_t id, uint8_t t) {
     switch (id) {
       case 1: c.type = PhysicalType(std::min(std::max(r.i32(t), -1), 7)); break;
-      case 3:
-        each(r, t, [&](uint8_t et) { c.path.push_back(r.binary(et)); });
-        break;
+      case 3: each(r, t, [&](uint8_t et) { c.path.push_back(r.binary(et)); }); break;
       case 4: c.codec = Codec(r.i32(t)); break;
       case 5: c.num_values = r.i64(t); break;
       case 7: c.total_compressed_size = r.i64(t); break;
@@ -143,9 +141,12 @@ PageHeader parse_page_header(std::string_view data) {
       case 7:  // DictionaryPageHeader: num_values, encoding
         if (t != T::kStruct) corrupt("page header is malformed");
         r.read_struct([&](int16_t sid, uint8_t st) {
-          if (sid == 1) h.num_values = r.i32(st);
-          else if (sid == 2) h.encoding = encoding(st);
-          else r.skip(st);
+          if (sid == 1)
+            h.num_values = r.i32(st);
+          else if (sid == 2)
+            h.encoding = encoding(st);
+          else
+            r.skip(st);
         });
         break;
       case 8:  // DataPageHeaderV2

@@ -202,8 +202,8 @@ std::vector<ordered_json> ParquetFile::read_row_group(size_t g, const std::vecto
           nodes_[node.children[0]].el.repetition == Repetition::kRepeated) {
         const size_t rg_node = node.children[0];
         const Node& r = nodes_[rg_node];
-        const bool three_level = r.leaf < 0 && r.children.size() == 1 && r.el.name != "array" &&
-                                 r.el.name != node.el.name + "_tuple";
+        const bool three_level =
+            r.leaf < 0 && r.children.size() == 1 && r.el.name != "array" && r.el.name != node.el.name + "_tuple";
         return repeated(rg_node, [&] { return three_level ? read(r.children[0]) : instance(rg_node); });
       }
       ordered_json o = ordered_json::object();

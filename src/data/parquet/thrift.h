@@ -22,8 +22,21 @@ class ThriftReader {
   explicit ThriftReader(std::string_view data) : data_(data) {}
 
   // Compact-protocol type codes of a field header.
-  enum Type : uint8_t { kStop = 0, kTrue = 1, kFalse = 2, kByte = 3, kI16 = 4, kI32 = 5, kI64 = 6,
-                        kDouble = 7, kBinary = 8, kList = 9, kSet = 10, kMap = 11, kStruct = 12 };
+  enum Type : uint8_t {
+    kStop = 0,
+    kTrue = 1,
+    kFalse = 2,
+    kByte = 3,
+    kI16 = 4,
+    kI32 = 5,
+    kI64 = 6,
+    kDouble = 7,
+    kBinary = 8,
+    kList = 9,
+    kSet = 10,
+    kMap = 11,
+    kStruct = 12
+  };
 
   // Reads a struct: calls `field(id, type)` for each field, which must read or skip() its value.
   void read_struct(const std::function<void(int16_t id, uint8_t type)>& field);
