@@ -5,8 +5,12 @@
 
 #include "cli/config.h"
 #include "data/dataset.h"
+#include "data/named_templates.h"
 #include "data/sample_encoder.h"
+#include "data/shards.h"
+#include "data/tokenize_job.h"
 #include "data_test_util.h"
+#include "test_util.h"
 
 namespace soltrain {
 namespace {
@@ -94,9 +98,17 @@ TEST(DatasetTypes, SystemPromptTypeAndChatTemplateKeysInConfigs) {
       return std::string(e.what());
     }
   };
-  EXPECT_EQ(error_of("    chat_template: chatml\n"),
-            "cfg.yaml:6: chat_template: \"chatml\": named templates (chatml, llama3, qwen3, ...) are not built yet; "
-            "soltrain renders with the model's own template (chat_template: tokenizer_default)");
+  EXPECT_EQ(error_of("    chat_template: llama3\n"),
+            "cfg.yaml:6: chat_template: \"llama3\": named templates other than chatml (llama3, qwen3, ...) are not "
+            "built yet; soltrain renders with the model's own template (chat_template: tokenizer_default)");
+  EXPECT_EQ(parse_train_config(chat + "    chat_template: chatml\n", "cfg.yaml", {}, TrainMode::kSft)
+                .datasets[0]
+                .fields.chat_template,
+            "chatml");
+  EXPECT_EQ(parse_train_config(chat + "chat_template: chatml\n", "cfg.yaml", {}, TrainMode::kSft).chat_template,
+            "chatml");
+  EXPECT_NE(error_of("chat_template: qwen3\n").find("cfg.yaml:6: chat_template: \"qwen3\": named templates"),
+            std::string::npos);
   EXPECT_EQ(error_of("    train_on_eos: sometimes\n"),
             "cfg.yaml:6: train_on_eos: \"sometimes\" is not valid: expected turn, all, none or last");
   EXPECT_EQ(error_of("    roles_to_train: [wizard]\n"),
@@ -194,6 +206,38 @@ TEST(DatasetTypes, InputOutputSegmentsTokenizedAloneWithTheirLabels) {
   EXPECT_EQ(d.mask, mask);
   EXPECT_THROW(sample(R"({"segments": [{"text": "x"}]})", "input_output"), BadRecord);
   EXPECT_THROW(sample(R"({"segments": []})", "input_output"), BadRecord);
+}
+
+// chat_template: chatml renders ChatML (Axolotl's chatml: "<|im_start|>{role}\n{content}<|im_end|>\n" per turn)
+// in place of the model's own template, through the tokenize job; the assistant turn and <|im_end|> are trained.
+TEST(DatasetTypes, ChatmlTemplateByName) {
+  test::TempDir t;
+  test::write_text(
+      t.path / "d.jsonl",
+      R"({"messages": [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"}]})"
+      "\n");
+  TokenizeOptions o;
+  o.tokenizer = test::tokenizer_folder("qwen3");
+  o.sources = {{t.path / "d.jsonl", DatasetType::kConversation}};
+  o.out = t.path / "out";
+  o.progress = false;
+  o.fields.chat_template = "chatml";
+  std::ostringstream log;
+  run_tokenize(o, log);
+  const ShardSet s = load_shards(o.out);
+  Model& m = model("qwen3");
+  const std::string prompt = "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n";
+  const std::vector<int32_t> head = m.tok.encode(prompt), answer = m.tok.encode("4<|im_end|>"),
+                             tail = m.tok.encode("\n");
+  std::vector<int32_t> ids = head;
+  ids.insert(ids.end(), answer.begin(), answer.end());
+  ids.insert(ids.end(), tail.begin(), tail.end());
+  EXPECT_EQ(s.tokens, ids);
+  std::vector<uint8_t> mask(head.size(), 0);
+  mask.insert(mask.end(), answer.size(), 1);
+  mask.insert(mask.end(), tail.size(), 0);
+  EXPECT_EQ(s.mask, mask);
+  EXPECT_FALSE(named_chat_template("llama3"));
 }
 
 }  // namespace

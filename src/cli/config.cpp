@@ -224,10 +224,11 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
       {"chat_template",
        [&](const Entry& e) {
          const std::string s = get_string(e, "chat_template");
-         if (s != "tokenizer_default")
+         if (s != "tokenizer_default" && s != "chatml")
            user_error(e.where, ": chat_template: \"", s,
-                      "\": named templates (chatml, llama3, qwen3, ...) are not built yet; soltrain renders with the "
-                      "model's own template (chat_template: tokenizer_default)");
+                      "\": named templates other than chatml (llama3, qwen3, ...) are not built yet; soltrain renders "
+                      "with the model's own template (chat_template: tokenizer_default)");
+         f.chat_template = s;
        }},
       {"message_field_role", [&](const Entry& e) { f.role = f.from = get_string(e, "message_field_role"); }},
       {"message_field_content", [&](const Entry& e) { f.content = f.value = get_string(e, "message_field_content"); }},

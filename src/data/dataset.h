@@ -47,6 +47,9 @@ struct DatasetFields {
   // last); the defaults are Axolotl's and soltrain's own.
   std::vector<std::string> roles_to_train = {"assistant"};
   std::string train_on_eos = "turn";
+  // Axolotl's chat_template: "" (not said: the config's top-level choice), "tokenizer_default" (the
+  // model's own) or a name from named_templates.h.
+  std::string chat_template;
 };
 
 struct DatasetSource {

@@ -6,6 +6,7 @@
 #include <optional>
 #include <ostream>
 
+#include "data/named_templates.h"
 #include "data/record_reader.h"
 #include "data/sample_encoder.h"
 #include "data/shards.h"
@@ -41,7 +42,8 @@ json fields_json(const DatasetFields& f) {
           {"system", f.system},
           {"segments", f.segments},
           {"roles_to_train", f.roles_to_train},
-          {"train_on_eos", f.train_on_eos}};
+          {"train_on_eos", f.train_on_eos},
+          {"chat_template", f.chat_template}};
 }
 
 // Redraws one status line at most 5 times a second.
@@ -139,7 +141,16 @@ TokenizeResult run_tokenize(const TokenizeOptions& o, std::ostream& log) {
         const Sample s = to_sample(rec, type, o.fields);
         // The template is parsed only when a conversation needs it: base models often have none.
         if (!s.is_text && !tmpl) {
-          tmpl.emplace(ChatTemplate::from_tokenizer_config(dir / "tokenizer_config.json"));
+          const std::string& name = o.fields.chat_template;
+          if (name.empty() || name == "tokenizer_default") {
+            tmpl.emplace(ChatTemplate::from_tokenizer_config(dir / "tokenizer_config.json"));
+          } else {
+            const auto source = named_chat_template(name);
+            if (!source) user_error("chat_template: \"", name, "\" is not a template soltrain has");
+            tmpl.emplace(*source);
+            const ChatTemplate own = ChatTemplate::from_tokenizer_config(dir / "tokenizer_config.json");
+            tmpl->set_special_tokens(own.bos_token(), own.eos_token());
+          }
           enc.reset();
         }
         if (!enc) {

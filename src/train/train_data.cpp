@@ -58,6 +58,7 @@ ShardSet tokenize_all(const TrainConfig& c, const std::vector<DatasetSpec>& spec
     o.tokenizer = c.model;
     o.sources = {{specs[i].path, specs[i].type, specs[i].split}};
     o.fields = specs[i].fields;
+    if (o.fields.chat_template.empty()) o.fields.chat_template = c.chat_template;
     // One folder per dataset: each keeps its own cache key, so editing one dataset re-tokenizes only it.
     o.out = c.dataset_prepared_path / cat(kind, "-", i, "-", specs[i].path.stem().string());
     o.seq_len = c.sequence_len;
