@@ -3,6 +3,8 @@
 // instruction prompt and system_prompt_type, and the config keys that choose them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "cli/config.h"
 #include "data/dataset.h"
 #include "data/named_templates.h"
@@ -238,6 +240,34 @@ TEST(DatasetTypes, ChatmlTemplateByName) {
   mask.insert(mask.end(), tail.size(), 0);
   EXPECT_EQ(s.mask, mask);
   EXPECT_FALSE(named_chat_template("llama3"));
+}
+
+// Axolotl's InstructionPromptTokenizingStrategy (src/axolotl/prompt_tokenizers.py): prompt and response are
+// tokenized apart; the prompt is untrained, the response and the eos token are trained.
+TEST(DatasetTypes, AlpacaChatPromptAndResponseTokenizedApart) {
+  Model& m = model("qwen3");
+  const Sample s = sample(R"({"instruction": "Translate", "input": "chat", "output": "cat"})", "alpaca_chat");
+  SampleEncoder enc(m.tok, nullptr, m.tmpl.eos_token(), false);
+  const Document d = enc.encode(s);
+  const std::vector<int32_t> prompt = m.tok.encode(std::string_view(s.text).substr(0, s.prompt_chars));
+  std::vector<int32_t> want = prompt, response = m.tok.encode("cat");
+  response.push_back(*m.tok.token_to_id(m.tmpl.eos_token()));
+  want.insert(want.end(), response.begin(), response.end());
+  EXPECT_EQ(d.ids, want);
+  std::vector<uint8_t> mask(prompt.size(), 0);
+  mask.insert(mask.end(), response.size(), 1);
+  EXPECT_EQ(d.mask, mask);
+  // Whole, a text can tokenize differently at the edge: "ASSISTANT:" + "//x" would be one "://" token.
+  const Sample url = sample(R"({"instruction": "Scheme?", "output": "//x"})", "alpaca_chat");
+  const Document du = enc.encode(url);
+  std::vector<int32_t> whole = m.tok.encode(url.text);
+  whole.push_back(*m.tok.token_to_id(m.tmpl.eos_token()));
+  EXPECT_NE(du.ids, whole);
+  EXPECT_EQ(m.tok.decode(std::vector<int32_t>(du.ids.end() - 3, du.ids.end())), "//x<|im_end|>");
+  // A response that already ends with the eos token gets no second one.
+  const Sample e = sample(R"({"instruction": "x", "output": "y<|im_end|>"})", "alpaca_chat");
+  const Document de = enc.encode(e);
+  EXPECT_EQ(std::count(de.ids.begin(), de.ids.end(), *m.tok.token_to_id("<|im_end|>")), 1);
 }
 
 }  // namespace

@@ -65,7 +65,8 @@ struct DatasetSource {
 struct Sample {
   bool is_text = false;
   std::string text;
-  size_t prompt_chars = 0;  // text samples: the first prompt_chars of `text` are prompt (not trained)
+  // Text samples: the first prompt_chars of `text` are a prompt (tokenized apart from the rest, not trained).
+  size_t prompt_chars = 0;
   // input_output: the text is these pieces, each tokenized alone and trained when its label says so.
   std::vector<std::pair<std::string, bool>> segments;
   nlohmann::ordered_json vars;

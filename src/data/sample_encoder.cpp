@@ -123,7 +123,8 @@ std::vector<TextSpan> SampleEncoder::trained_spans(const ordered_json& vars, con
     if (!trained && train_on_eos_ != "all" && !(train_on_eos_ == "last" && last)) continue;
     const Turn t = role == "assistant" ? assistant_turn(vars, full, i) : other_turn(vars, full, i);
     if (trained) add(t.begin, t.end, i);
-    const bool eot = train_on_eos_ == "all" || (train_on_eos_ == "turn" && trained) || (train_on_eos_ == "last" && last);
+    const bool eot =
+        train_on_eos_ == "all" || (train_on_eos_ == "turn" && trained) || (train_on_eos_ == "last" && last);
     if (eot && t.eot_begin != std::string::npos) add(t.eot_begin, t.eot_end, i);
   }
   return spans;
@@ -140,15 +141,24 @@ Document SampleEncoder::encode(const Sample& s) {
     }
     return d;
   }
+  if (s.is_text && s.prompt_chars > 0) {
+    // A prompt + response text (alpaca, alpaca_chat) as Axolotl's InstructionPromptTokenizingStrategy
+    // (src/axolotl/prompt_tokenizers.py) does it: the prompt and the response are tokenized apart and joined,
+    // the prompt untrained; the eos token ends the response unless the response already ends with it.
+    // Apart, not whole: "ASSISTANT:" + "//x" would otherwise become one "://" token across the edge.
+    d.ids = tok_.encode(std::string_view(s.text).substr(0, s.prompt_chars));
+    d.mask.assign(d.ids.size(), train_on_inputs_ ? 1 : 0);
+    std::vector<int32_t> response = tok_.encode(std::string_view(s.text).substr(s.prompt_chars));
+    if (response.size() < eos_ids_.size() || !std::equal(eos_ids_.rbegin(), eos_ids_.rend(), response.rbegin()))
+      response.insert(response.end(), eos_ids_.begin(), eos_ids_.end());
+    d.ids.insert(d.ids.end(), response.begin(), response.end());
+    d.mask.insert(d.mask.end(), response.size(), 1);
+    return d;
+  }
   if (s.is_text) {
     d.ids = tok_.encode(s.text);
     d.ids.insert(d.ids.end(), eos_ids_.begin(), eos_ids_.end());
     d.mask.assign(d.ids.size(), 1);
-    // A prompt + response text (alpaca): as Axolotl does, the prompt's own token count is not trained.
-    if (s.prompt_chars > 0 && !train_on_inputs_) {
-      const size_t n = std::min(d.ids.size(), tok_.encode(std::string_view(s.text).substr(0, s.prompt_chars)).size());
-      std::fill(d.mask.begin(), d.mask.begin() + std::ptrdiff_t(n), uint8_t(0));
-    }
     return d;
   }
   SOLTRAIN_CHECK(tmpl_ != nullptr, "conversation sample without a chat template");
