@@ -218,7 +218,8 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
       {"train_on_eos",
        [&](const Entry& e) {
          const std::string s = get_string(e, "train_on_eos");
-         if (s != "turn" && s != "all" && s != "none" && s != "last") bad_value(e, "train_on_eos", "turn, all, none or last");
+         if (s != "turn" && s != "all" && s != "none" && s != "last")
+           bad_value(e, "train_on_eos", "turn, all, none or last");
          f.train_on_eos = s;
        }},
       {"chat_template",

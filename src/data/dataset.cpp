@@ -191,7 +191,8 @@ namespace {
 std::vector<std::pair<std::string, bool>> segments_of(const ordered_json& r, const DatasetFields& f) {
   auto it = r.find(f.segments);
   if (it == r.end() || it->is_null()) bad(cat("missing field \"", f.segments, "\""));
-  if (!it->is_array()) bad(cat("field \"", f.segments, "\" is ", it->type_name(), ", expected a list of {label, text}"));
+  if (!it->is_array())
+    bad(cat("field \"", f.segments, "\" is ", it->type_name(), ", expected a list of {label, text}"));
   if (it->empty()) bad(cat("field \"", f.segments, "\" is empty"));
   std::vector<std::pair<std::string, bool>> out;
   for (size_t i = 0; i < it->size(); ++i) {

@@ -66,7 +66,7 @@ struct TrainConfig {
   // Axolotl's saves_per_epoch / evals_per_epoch: turned into steps once the steps per epoch are known;
   // save_steps / eval_steps win when both are given.
   double saves_per_epoch = 0, evals_per_epoch = 0;
-  std::string chat_template;  // Axolotl's top-level chat_template: datasets without their own use it
+  std::string chat_template;       // Axolotl's top-level chat_template: datasets without their own use it
   std::vector<std::string> notes;  // what the reader decided for the user, printed first by the run
   // Axolotl's special_tokens (name → token): checked against the tokenizer's own when the data is prepared.
   std::map<std::string, std::string> special_tokens;
