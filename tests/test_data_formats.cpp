@@ -16,6 +16,7 @@
 #include "data/tokenize_job.h"
 #include "data_test_util.h"
 #include "test_util.h"
+#include "train/train_data.h"
 
 namespace soltrain {
 namespace {
@@ -249,6 +250,30 @@ TEST(DataFormats, ParquetGivesTheSameTokensAsJsonl) {
   }
   const auto chat = tokens(kParquet / "chat.jsonl", t.path / "d", DatasetType::kConversation);
   EXPECT_EQ(tokens(kParquet / "chat_zstd.parquet", t.path / "e", DatasetType::kConversation), chat);
+}
+
+// A config's dataset entry: a parquet folder with `split: train` and Surogate's `samples` (the 57 rows once,
+// then 43 of them drawn at random) through the training data path.
+TEST(DataFormats, ConfigFolderSplitAndSamplesReachTheTrainingData) {
+  test::TempDir t;
+  TrainConfig c;
+  c.model = test::tokenizer_folder("qwen3");
+  c.dataset_prepared_path = t.path / "prepared";
+  DatasetSpec spec;
+  spec.path = kParquet / "folder";
+  spec.type = DatasetType::kAlpaca;
+  spec.split = "train";
+  spec.samples = 100;
+  c.datasets = {spec};
+  std::ostringstream log;
+  const TrainData d = prepare_train_data(c, log);
+  EXPECT_EQ(d.train.documents(), 100);
+  const ShardSet all = load_shards(c.dataset_prepared_path / "train-0-folder");
+  ASSERT_EQ(all.documents(), 57);
+  // The first 57 documents are the dataset in order.
+  EXPECT_TRUE(std::equal(all.tokens.begin(), all.tokens.end(), d.train.tokens.begin()));
+  c.datasets[0].split = "test";
+  EXPECT_THROW(prepare_train_data(c, log), UserError);
 }
 
 // Malformed files through the CLI: one line naming the file, exit 2, nothing written.
