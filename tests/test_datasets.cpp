@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "data/dataset.h"
+#include "data/record_reader.h"
 #include "data/sample_encoder.h"
 #include "data/shards.h"
 #include "data/tokenize_job.h"
@@ -56,7 +57,7 @@ TEST(Datasets, InstructionBecomesUserAndAssistantTurns) {
   auto s = read_all(t.path / "a.jsonl");
   ASSERT_EQ(s.size(), 3u);
   EXPECT_EQ(s[0].vars["messages"].dump(),
-            R"([{"role":"user","content":"Translate\n\nchat"},{"role":"assistant","content":"cat"}])");
+            R"([{"role":"user","content":"Translate\nchat"},{"role":"assistant","content":"cat"}])");
   EXPECT_EQ(s[1].vars["messages"][0]["content"], "Say hi");
   EXPECT_EQ(s[2].vars["messages"][1]["content"], "ok");
 }

@@ -42,7 +42,9 @@ std::function<int()> add_tokenize_command(CLI::App& app) {
   c->add_option("--set", o->set, "override a config key: key=value (repeatable)");
   c->add_flag("--pt", o->pt, "prepare the config for `soltrain pt` (text, every token trained) rather than sft");
   c->add_option("--tokenizer", o->t.tokenizer, "model folder with tokenizer.json and tokenizer_config.json");
-  c->add_option("--data", o->data, "FILE[:auto|text|instruction|conversation] (.jsonl or .json), repeatable");
+  c->add_option("--data", o->data,
+                "FILE[:type] (.jsonl, .json, .csv, .tsv, .parquet, .gz/.zst of the text formats, or a folder of them), "
+                "repeatable");
   c->add_option("--out", o->t.out, "output folder for the shards and manifest.json");
   c->add_option("--seq-len", o->t.seq_len, "training sequence length (reports documents longer than it)");
   c->add_flag("--train-on-inputs", o->t.train_on_inputs, "train on prompt tokens too, not only assistant turns");

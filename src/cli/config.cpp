@@ -127,7 +127,9 @@ std::string where_of(const std::string& file, const YAML::Node& n) {
 DatasetType dataset_type(const Entry& e, TrainMode mode) {
   const std::string s = get_string(e, "type");
   const auto t = find_dataset_type(s);
-  if (!t) bad_value(e, "type", "text, instruction, alpaca, conversation or auto");
+  if (!t)
+    bad_value(e, "type",
+              "text, completion, instruction, alpaca, alpaca_chat, input_output, conversation, chat_template or auto");
   if (mode == TrainMode::kPretrain && *t != DatasetType::kText && *t != DatasetType::kAuto)
     user_error(e.where, ": type: \"", s, "\": pt trains on text datasets (use `soltrain sft` for ", s, ")");
   return *t;
@@ -149,9 +151,17 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
   if (!n.IsMap()) user_error(where, ": a dataset is a path or a map with at least `path`");
   using Setter = std::function<void(const Entry&)>;
   DatasetFields& f = d.fields;
+  // Keys whose meaning depends on others, resolved after every key is read.
+  std::string system_prompt_type, system_prompt_type_where, system_prompt_field;
+  std::vector<std::string> roles_to_train;
+  std::string roles_to_train_where, type_name;
   const std::map<std::string, Setter> keys = {
       {"path", [&](const Entry& e) { d.path = get_string(e, "path"); }},
-      {"type", [&](const Entry& e) { d.type = dataset_type(e, mode); }},
+      {"type",
+       [&](const Entry& e) {
+         d.type = dataset_type(e, mode);
+         type_name = e.node.Scalar();
+       }},
       {"field", [&](const Entry& e) { f.text = get_string(e, "field"); }},
       {"field_text", [&](const Entry& e) { f.text = get_string(e, "field_text"); }},
       {"field_instruction", [&](const Entry& e) { f.instruction = get_string(e, "field_instruction"); }},
@@ -164,11 +174,62 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
       {"input_field", [&](const Entry& e) { f.input = get_string(e, "input_field"); }},
       {"output_field", [&](const Entry& e) { f.output = get_string(e, "output_field"); }},
       {"messages_field", [&](const Entry& e) { f.messages = f.conversations = get_string(e, "messages_field"); }},
-      {"samples",
+      {"samples", [&](const Entry& e) { d.samples = get_int(e, "samples", 1); }},
+      {"split", [&](const Entry& e) { d.split = get_string(e, "split"); }},
+      // Axolotl's ds_type names the file format; soltrain reads it from the file name.
+      {"ds_type",
        [&](const Entry& e) {
-         user_error(e.where,
-                    ": samples: taking a subset of a dataset's records is not built yet; drop it to train on "
-                    "every record");
+         const std::string s = get_string(e, "ds_type");
+         if (s != "json" && s != "parquet" && s != "csv")
+           bad_value(e, "ds_type", "json, parquet or csv (the format is read from the file name)");
+       }},
+      {"field_system", [&](const Entry& e) { f.system = get_string(e, "field_system"); }},
+      {"system_field", [&](const Entry& e) { f.system = get_string(e, "system_field"); }},  // Surogate
+      {"system_prompt_field", [&](const Entry& e) { system_prompt_field = get_string(e, "system_prompt_field"); }},
+      {"system_prompt_type",
+       [&](const Entry& e) {
+         system_prompt_type = get_string(e, "system_prompt_type");
+         if (system_prompt_type != "fixed" && system_prompt_type != "field")
+           bad_value(e, "system_prompt_type", "fixed (system_prompt) or field (system_prompt_field)");
+         system_prompt_type_where = e.where;
+       }},
+      {"message_property_mappings",
+       [&](const Entry& e) {
+         if (!e.node.IsMap()) bad_value(e, "message_property_mappings", "a map like {role: from, content: value}");
+         for (const auto& kv : e.node) {
+           const std::string prop = scalar_text(kv.first);
+           const std::string field = get_string({kv.second, where_of(file, kv.second)}, "message_property_mappings");
+           if (prop == "role") {
+             f.role = f.from = field;
+           } else if (prop == "content") {
+             f.content = f.value = field;
+           } else if (prop != field) {
+             // Other message keys pass to the template under their own names.
+             user_error(where_of(file, kv.first), ": message_property_mappings: renaming \"", field, "\" to \"", prop,
+                        "\" is not built yet (role and content can be renamed; other keys pass as they are)");
+           }
+         }
+       }},
+      {"roles_to_train",
+       [&](const Entry& e) {
+         roles_to_train = get_string_list(e, "roles_to_train");
+         roles_to_train_where = e.where;
+       }},
+      {"train_on_eos",
+       [&](const Entry& e) {
+         const std::string s = get_string(e, "train_on_eos");
+         if (s != "turn" && s != "all" && s != "none" && s != "last")
+           bad_value(e, "train_on_eos", "turn, all, none or last");
+         f.train_on_eos = s;
+       }},
+      {"chat_template",
+       [&](const Entry& e) {
+         const std::string s = get_string(e, "chat_template");
+         if (s != "tokenizer_default" && s != "chatml")
+           user_error(e.where, ": chat_template: \"", s,
+                      "\": named templates other than chatml (llama3, qwen3, ...) are not built yet; soltrain renders "
+                      "with the model's own template (chat_template: tokenizer_default)");
+         f.chat_template = s;
        }},
       {"message_field_role", [&](const Entry& e) { f.role = f.from = get_string(e, "message_field_role"); }},
       {"message_field_content", [&](const Entry& e) { f.content = f.value = get_string(e, "message_field_content"); }},
@@ -211,6 +272,29 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
     }
   }
   if (d.path.empty() && !seen.count("path")) errors.push_back(cat(where, ": a dataset needs `path`"));
+  // Surogate: system_prompt_type: field takes each record's system_prompt_field (no system message where it
+  // is missing); otherwise the fixed system_prompt applies and system_prompt_field is unused.
+  if (system_prompt_type == "field") {
+    if (system_prompt_field.empty())
+      errors.push_back(cat(system_prompt_type_where, ": system_prompt_type: field needs system_prompt_field"));
+    f.system = system_prompt_field;
+    f.system_prompt.clear();
+  }
+  // Axolotl's chat_template reads a record's "system" column as its system message unless told another
+  // field (ChatTemplatePrompter field_system="system", prompt_strategies/chat_template.py).
+  if (type_name == "chat_template" && !seen.count("field_system")) f.system = "system";
+  // Axolotl maps the names through `roles` (human -> user) before comparing with the turns' roles.
+  if (!roles_to_train_where.empty()) {
+    f.roles_to_train.clear();
+    for (const std::string& r : roles_to_train) {
+      const auto it = f.roles.find(r);
+      const std::string role = it == f.roles.end() ? r : it->second;
+      if (role != "user" && role != "assistant" && role != "system" && role != "tool")
+        errors.push_back(cat(roles_to_train_where, ": roles_to_train: \"", r,
+                             "\" is not a role: expected user, assistant, system or tool"));
+      f.roles_to_train.push_back(role);
+    }
+  }
   if (!errors.empty()) throw DatasetErrors(errors);
   return d;
 }

@@ -151,9 +151,16 @@ const std::map<std::string, Apply>& table() {
                       "is not offered (use bf16: true)")},
       {"recompute_full", any()},
       {"save_safetensors", one_of({"true", "True"}, "soltrain writes safetensors only (use save_safetensors: true)")},
-      {"chat_template", one_of({"tokenizer_default"},
-                               "soltrain uses the model's own chat template for now "
-                               "(chat_template: tokenizer_default)")},
+      {"chat_template",
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (!n.IsDefined() || n.IsNull()) return;
+         const std::string s = text(n);
+         if (s != "tokenizer_default" && s != "chatml")
+           user_error(k, ": \"", s,
+                      "\": named templates other than chatml (llama3, qwen3, ...) are not built yet; soltrain renders "
+                      "with the model's own template (chat_template: tokenizer_default)");
+         c.chat_template = s;
+       }},
       {"gpus", one_of({"1"}, "multi-GPU training is not built yet (zero_stage, when it lands); use gpus: 1")},
       {"zero_level", one_of({"1"}, "ZeRO sharding is not built yet (zero_stage, when it lands)")},
       // Features soltrain lacks: accepted when off.

@@ -1,7 +1,7 @@
 // Record → Sample conversion for the text, instruction and conversation formats.
 #include "data/dataset.h"
 
-#include <sstream>
+#include <algorithm>
 
 #include "io/json_file.h"
 
@@ -16,6 +16,8 @@ std::optional<DatasetType> find_dataset_type(std::string_view s) {
                                                                 {"completion", DatasetType::kText},
                                                                 {"instruction", DatasetType::kInstruction},
                                                                 {"alpaca", DatasetType::kAlpaca},
+                                                                {"alpaca_chat", DatasetType::kAlpacaChat},
+                                                                {"input_output", DatasetType::kInputOutput},
                                                                 {"conversation", DatasetType::kConversation},
                                                                 {"chat", DatasetType::kConversation},
                                                                 {"chat_template", DatasetType::kConversation},
@@ -27,7 +29,8 @@ std::optional<DatasetType> find_dataset_type(std::string_view s) {
 
 DatasetType parse_dataset_type(const std::string& s) {
   if (const auto t = find_dataset_type(s)) return *t;
-  user_error("dataset type \"", s, "\": expected auto, text, instruction, alpaca or conversation");
+  user_error("dataset type \"", s,
+             "\": expected auto, text, instruction, alpaca, alpaca_chat, input_output or conversation");
 }
 
 std::string to_string(DatasetType t) {
@@ -37,6 +40,8 @@ std::string to_string(DatasetType t) {
     case DatasetType::kInstruction: return "instruction";
     case DatasetType::kConversation: return "conversation";
     case DatasetType::kAlpaca: return "alpaca";
+    case DatasetType::kAlpacaChat: return "alpaca_chat";
+    case DatasetType::kInputOutput: return "input_output";
   }
   return "?";
 }
@@ -143,6 +148,79 @@ std::string alpaca_prompt(const std::string& instruction, const std::string& inp
          instruction + "\n\n### Input:\n" + input + "\n\n### Response:\n";
 }
 
+std::string alpaca_chat_prompt(const std::string& instruction, const std::string& input) {
+  // Axolotl's AlpacaPrompter with PromptStyle.CHAT (src/axolotl/prompters.py: system_format
+  // "SYSTEM: {system}\n", turn_format "USER: {instruction}\n{input}\nASSISTANT:", turn_no_input_format
+  // "USER: {instruction}\nASSISTANT:", the same two system prompts as "instruct"); `type: alpaca_chat` loads
+  // it (prompt_strategies/alpaca_chat.py). The response follows "ASSISTANT:" with no space.
+  if (input.empty())
+    return "SYSTEM: Below is an instruction that describes a task. Write a response that appropriately completes "
+           "the request.\nUSER: " +
+           instruction + "\nASSISTANT:";
+  return "SYSTEM: Below is an instruction that describes a task, paired with an input that provides further "
+         "context. Write a response that appropriately completes the request.\nUSER: " +
+         instruction + "\n" + input + "\nASSISTANT:";
+}
+
+std::vector<std::string> needed_fields(DatasetType type, const DatasetFields& f) {
+  std::vector<std::string> out;
+  auto add = [&](const std::string& k) {
+    if (!k.empty() && std::find(out.begin(), out.end(), k) == out.end()) out.push_back(k);
+  };
+  const bool any = type == DatasetType::kAuto;
+  if (any || type == DatasetType::kText) add(f.text);
+  if (any || type == DatasetType::kInstruction || type == DatasetType::kAlpaca || type == DatasetType::kAlpacaChat)
+    for (const std::string* k : {&f.instruction, &f.input, &f.output}) add(*k);
+  if (any || type == DatasetType::kInputOutput) add(f.segments);
+  if (any || type == DatasetType::kConversation) {
+    add(f.messages);
+    add(f.conversations);
+    // The template variables chat templates take besides the messages (tools for function calling,
+    // documents for RAG); a JSONL record passes every key, a parquet file only these columns.
+    add("tools");
+    add("documents");
+  }
+  add(f.system);
+  return out;
+}
+
+namespace {
+
+// Axolotl's input_output (prompt_strategies/input_output.py): `segments` is a list of {label, text}; each
+// text is tokenized alone, with no special tokens added, and trained when label is true.
+std::vector<std::pair<std::string, bool>> segments_of(const ordered_json& r, const DatasetFields& f) {
+  auto it = r.find(f.segments);
+  if (it == r.end() || it->is_null()) bad(cat("missing field \"", f.segments, "\""));
+  if (!it->is_array())
+    bad(cat("field \"", f.segments, "\" is ", it->type_name(), ", expected a list of {label, text}"));
+  if (it->empty()) bad(cat("field \"", f.segments, "\" is empty"));
+  std::vector<std::pair<std::string, bool>> out;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const ordered_json& s = (*it)[i];
+    if (!s.is_object()) bad(cat("segment ", i, " is ", s.type_name(), ", expected {label, text}"));
+    const auto label = s.find("label");
+    if (label == s.end() || !label->is_boolean()) bad(cat("segment ", i, ": \"label\" must be true or false"));
+    try {
+      out.emplace_back(string_field(s, "text"), label->get<bool>());
+    } catch (const BadRecord& e) {
+      bad(cat("segment ", i, ": ", e.what()));
+    }
+  }
+  return out;
+}
+
+// The record's own system message (field_system), else the dataset's system_prompt.
+std::string system_message(const ordered_json& r, const DatasetFields& f) {
+  if (!f.system.empty()) {
+    bool present = false;
+    const std::string& s = string_field(r, f.system, &present);
+    if (present && !s.empty()) return s;
+  }
+  return f.system_prompt;
+}
+
+}  // namespace
+
 Sample to_sample(const ordered_json& r, DatasetType type, const DatasetFields& f) {
   if (!r.is_object()) bad(cat("record is ", r.type_name(), ", expected an object"));
   Sample s;
@@ -156,18 +234,29 @@ Sample to_sample(const ordered_json& r, DatasetType type, const DatasetFields& f
       std::string user = string_field(r, f.instruction);
       bool has_input = false;
       const std::string& input = string_field(r, f.input, &has_input);
-      if (!input.empty()) user += "\n\n" + input;
+      // Surogate's InstructionPreprocessor (surogate/core/datasets/preprocessor/instruction.py): the user turn
+      // is "{instruction}\n{input}", or the instruction alone when the input is missing or empty.
+      if (!input.empty()) user += "\n" + input;
       s.vars["messages"] = user_assistant(std::move(user), string_field(r, f.output));
       break;
     }
-    case DatasetType::kAlpaca: {
+    case DatasetType::kAlpaca:
+    case DatasetType::kAlpacaChat: {
       bool has_input = false;  // the input field is optional: missing or empty is the no-input prompt
-      const std::string prompt = alpaca_prompt(string_field(r, f.instruction), string_field(r, f.input, &has_input));
+      const std::string& instruction = string_field(r, f.instruction);
+      const std::string& input = string_field(r, f.input, &has_input);
+      const std::string prompt =
+          type == DatasetType::kAlpaca ? alpaca_prompt(instruction, input) : alpaca_chat_prompt(instruction, input);
       s.is_text = true;
       s.text = prompt + string_field(r, f.output);
       s.prompt_chars = prompt.size();
       return s;
     }
+    case DatasetType::kInputOutput:
+      s.is_text = true;
+      s.segments = segments_of(r, f);
+      for (const auto& [text, label] : s.segments) s.text += text;
+      return s;
     case DatasetType::kConversation: {
       const bool openai = r.contains(f.messages);
       const std::string& key = openai ? f.messages : f.conversations;
@@ -178,52 +267,15 @@ Sample to_sample(const ordered_json& r, DatasetType type, const DatasetFields& f
       s.vars["messages"] = openai ? openai_messages(*it, f) : sharegpt_messages(*it, f);
       // Other keys (tools, documents, ...) are template variables, as HF's apply_chat_template takes them.
       for (const auto& [k, v] : r.items())
-        if (k != f.messages && k != f.conversations) s.vars[k] = v;
+        if (k != f.messages && k != f.conversations && k != f.system) s.vars[k] = v;
       break;
     }
   }
   ordered_json& messages = s.vars["messages"];
-  if (!f.system_prompt.empty() && messages[0]["role"] != "system")
-    messages.insert(messages.begin(), ordered_json{{"role", "system"}, {"content", f.system_prompt}});
+  const std::string system = system_message(r, f);
+  if (!system.empty() && messages[0]["role"] != "system")
+    messages.insert(messages.begin(), ordered_json{{"role", "system"}, {"content", system}});
   return s;
-}
-
-RecordReader::RecordReader(const std::filesystem::path& path) : path_(path) {
-  if (!std::filesystem::is_regular_file(path)) user_error(path.string(), ": dataset file not found");
-  in_.open(path, std::ios::binary);
-  if (!in_) user_error(path.string(), ": cannot open (unreadable)");
-  if (path.extension() == ".json") {
-    // A JSON array is parsed whole: a syntax error anywhere makes every element unusable.
-    std::stringstream s;
-    s << in_.rdbuf();
-    elements_ = parse_json_text<ordered_json>(s.str(), path.string());
-    if (!elements_.is_array()) user_error(path.string(), ": expected a JSON array of records (or use .jsonl)");
-    array_ = true;
-  }
-}
-
-bool RecordReader::next(ordered_json& record, std::string& where, std::string& error) {
-  error.clear();
-  if (array_) {
-    if (index_ >= elements_.size()) return false;
-    where = cat(path_.string(), ": element ", index_);
-    record = std::move(elements_[index_++]);
-    return true;
-  }
-  std::string line;
-  while (std::getline(in_, line)) {
-    ++line_;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    where = cat(path_.string(), ":", line_);
-    try {
-      record = parse_json_text<ordered_json>(line, "record");
-    } catch (const UserError& e) {
-      record = nullptr;
-      error = std::string(e.what()).substr(std::string("record: ").size());  // "not valid JSON (...)"
-    }
-    return true;
-  }
-  return false;
 }
 
 }  // namespace soltrain

@@ -1,23 +1,23 @@
-// Dataset records from local .jsonl / .json files, turned into samples: plain text, or a conversation
-// (messages plus template variables) for the chat template. Formats: text, instruction (alpaca),
-// conversation (OpenAI `messages` or ShareGPT `conversations`), alpaca (Axolotl's `### Instruction:` prompt
-// as plain text), auto (detected from the first record).
+// Dataset records (read by record_reader.h), turned into samples: plain text, or a conversation (messages
+// plus template variables) for the chat template. Types: text, instruction (Surogate's user/assistant
+// turns), conversation (OpenAI `messages` or ShareGPT `conversations`), alpaca and alpaca_chat (Axolotl's
+// prompts as plain text), input_output (Axolotl's labelled segments), auto (detected from the first record).
 #pragma once
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/error.h"
 
 namespace soltrain {
 
-enum class DatasetType { kAuto, kText, kInstruction, kConversation, kAlpaca };
+enum class DatasetType { kAuto, kText, kInstruction, kConversation, kAlpaca, kAlpacaChat, kInputOutput };
 // Our type names and their aliases ("alpaca", "sharegpt", "chat_template", ...); nullopt for others.
 std::optional<DatasetType> find_dataset_type(std::string_view s);
 DatasetType parse_dataset_type(const std::string& s);  // find_dataset_type, or a UserError
@@ -39,11 +39,25 @@ struct DatasetFields {
       {"human", "user"}, {"gpt", "assistant"},       {"system", "system"},      {"tool", "tool"},
       {"user", "user"},  {"assistant", "assistant"}, {"function_call", "tool"}, {"observation", "tool"}};
   std::string system_prompt;  // prepended as a system message when non-empty and the sample has none
+  // A record field holding the system message (Axolotl `field_system`, Surogate `system_prompt_field` /
+  // `system_field`); when set and non-empty in a record it replaces system_prompt for that record.
+  std::string system;
+  std::string segments = "segments";  // input_output: a list of {label: bool, text: string}
+  // Which turns the loss covers (Axolotl chat_template `roles_to_train`, `train_on_eos`: turn | all | none |
+  // last); the defaults are Axolotl's and soltrain's own.
+  std::vector<std::string> roles_to_train = {"assistant"};
+  std::string train_on_eos = "turn";
+  // Axolotl's chat_template: "" (not said: the config's top-level choice), "tokenizer_default" (the
+  // model's own) or a name from named_templates.h.
+  std::string chat_template;
 };
 
 struct DatasetSource {
-  std::filesystem::path path;
+  DatasetSource(std::filesystem::path p = {}, DatasetType t = DatasetType::kAuto, std::string s = {})
+      : path(std::move(p)), type(t), split(std::move(s)) {}
+  std::filesystem::path path;  // a file or a folder of files (one dataset)
   DatasetType type = DatasetType::kAuto;
+  std::string split;  // a folder's files of this split only (empty: all)
 };
 
 // A usable record. For conversations `vars` holds "messages" and any other template variables the
@@ -51,7 +65,10 @@ struct DatasetSource {
 struct Sample {
   bool is_text = false;
   std::string text;
-  size_t prompt_chars = 0;  // text samples: the first prompt_chars of `text` are prompt (not trained)
+  // Text samples: the first prompt_chars of `text` are a prompt (tokenized apart from the rest, not trained).
+  size_t prompt_chars = 0;
+  // input_output: the text is these pieces, each tokenized alone and trained when its label says so.
+  std::vector<std::pair<std::string, bool>> segments;
   nlohmann::ordered_json vars;
 };
 
@@ -64,25 +81,14 @@ struct BadRecord : std::runtime_error {
 DatasetType detect_type(const nlohmann::ordered_json& record, const DatasetFields& f);
 // Axolotl's alpaca prompt for an instruction and an optional input (empty: the no-input form).
 std::string alpaca_prompt(const std::string& instruction, const std::string& input);
+// Axolotl's alpaca_chat prompt (AlpacaPrompter, prompt style "chat"): SYSTEM/USER/ASSISTANT lines.
+std::string alpaca_chat_prompt(const std::string& instruction, const std::string& input);
 // Converts one record of a known type (not kAuto); BadRecord on a missing field, wrong type, empty
 // conversation or unknown role.
 Sample to_sample(const nlohmann::ordered_json& record, DatasetType type, const DatasetFields& f);
 
-// Reads the records of a .jsonl file (one object per non-empty line) or a .json file (one array of
-// objects); `where` is "file:line" (JSON lines) or "file: element N" (JSON array).
-class RecordReader {
- public:
-  explicit RecordReader(const std::filesystem::path& path);  // UserError if missing or unreadable
-  // The next record: true and `where` set; `record` is null when the line is not valid JSON, with
-  // `error` saying why. False at the end.
-  bool next(nlohmann::ordered_json& record, std::string& where, std::string& error);
-
- private:
-  std::filesystem::path path_;
-  std::ifstream in_;
-  bool array_ = false;
-  nlohmann::ordered_json elements_;
-  size_t index_ = 0, line_ = 0;
-};
+// The fields a dataset of `type` reads from each record (kAuto: those of every type): a parquet file
+// decodes only these columns.
+std::vector<std::string> needed_fields(DatasetType type, const DatasetFields& f);
 
 }  // namespace soltrain

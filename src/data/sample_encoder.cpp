@@ -37,58 +37,128 @@ size_t common_prefix(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-std::vector<TextSpan> SampleEncoder::assistant_spans(const ordered_json& vars, const std::string& full) {
+void SampleEncoder::set_turn_training(std::vector<std::string> roles, std::string train_on_eos) {
+  roles_ = std::move(roles);
+  train_on_eos_ = std::move(train_on_eos);
+}
+
+// The end-of-turn token of a turn as the template renders it: the eos token when it occurs there (Qwen
+// <|im_end|>, Llama 3 instruct <|eot_id|>), else its first special token.
+std::string SampleEncoder::end_of_turn(const std::string& turn) const {
+  if (!eos_.empty() && turn.find(eos_) != std::string::npos) return eos_;
+  for (int32_t id : tok_.encode(turn))
+    if (is_special(id)) return tok_.id_to_token(id);
+  return "";
+}
+
+SampleEncoder::Turn SampleEncoder::assistant_turn(const ordered_json& vars, const std::string& full, size_t i) {
+  const std::string prompt = render(vars, i, true);
+  const std::string through = render(vars, i + 1, false);
+  Turn t;
+  t.begin = common_prefix(prompt, full);
+  // A generation prompt that F only partly follows (Qwen3's "<think>" vs "<tool_call>" share "<") is
+  // cut back to its last line break, so the span does not start inside a token.
+  if (t.begin < prompt.size()) {
+    const size_t nl = full.rfind('\n', t.begin == 0 ? 0 : t.begin - 1);
+    t.begin = nl == std::string::npos ? 0 : nl + 1;
+  }
+  const std::string eot = end_of_turn(through.substr(std::min(common_prefix(prompt, through), through.size())));
+  if (eot.empty())
+    throw BadRecord(cat("message ", i, ": the chat template renders no end-of-turn token after the assistant turn"));
+  const size_t at = full.find(eot, t.begin);
+  if (at == std::string::npos)
+    throw BadRecord(cat("message ", i, ": end-of-turn token ", eot, " not found in the rendered text"));
+  t.end = at;
+  t.eot_begin = at;
+  t.eot_end = at + eot.size();
+  return t;
+}
+
+SampleEncoder::Turn SampleEncoder::other_turn(const ordered_json& vars, const std::string& full, size_t i) {
+  // Axolotl's find_turn (prompt_strategies/chat_template.py): the conversation through this turn, rendered
+  // with the turn's content and with "[[dummy_message]]", differs in the content alone.
+  const std::string with = render(vars, i + 1, false);
+  ordered_json dummy_vars = vars;
+  dummy_vars["messages"][i]["content"] = "[[dummy_message]]";
+  const std::string dummy = render(dummy_vars, i + 1, false);
+  const std::string content = vars["messages"][i].value("content", "");
+  Turn t;
+  const size_t diff = common_prefix(with, dummy);
+  // The content starts at or before the first difference (the dummy may share its first characters).
+  const size_t at = content.empty() ? std::string::npos : with.rfind(content, diff);
+  if (at == std::string::npos || full.compare(at, content.size(), content) != 0 ||
+      full.compare(0, at, with, 0, at) != 0)
+    throw BadRecord(cat("message ", i, ": cannot find the ", vars["messages"][i].value("role", ""),
+                        " turn's text in the rendered conversation (roles_to_train)"));
+  t.begin = at;
+  t.end = at + content.size();
+  const std::string eot = end_of_turn(with.substr(t.end));
+  const size_t e = eot.empty() ? std::string::npos : full.find(eot, t.end);
+  // As Axolotl, an end-of-turn token counts only right after the turn (it allows 3 tokens of template
+  // padding; a few characters here).
+  if (e != std::string::npos && e - t.end <= 8) {
+    t.eot_begin = e;
+    t.eot_end = e + eot.size();
+  }
+  return t;
+}
+
+std::vector<TextSpan> SampleEncoder::trained_spans(const ordered_json& vars, const std::string& full) {
   const ordered_json& messages = vars.at("messages");
   std::vector<TextSpan> spans;
+  auto add = [&](size_t b, size_t e, size_t i) {
+    if (e <= b) return;
+    if (!spans.empty() && b < spans.back().end)
+      throw BadRecord(cat("message ", i, ": the chat template renders no separable turn"));
+    if (!spans.empty() && b == spans.back().end) {
+      spans.back().end = e;
+      return;
+    }
+    spans.push_back({b, e});
+  };
   for (size_t i = 0; i < messages.size(); ++i) {
-    if (messages[i].value("role", "") != "assistant") continue;
-    const std::string prompt = render(vars, i, true);
-    const std::string through = render(vars, i + 1, false);
-    TextSpan s;
-    s.begin = common_prefix(prompt, full);
-    // A generation prompt that F only partly follows (Qwen3's "<think>" vs "<tool_call>" share "<") is
-    // cut back to its last line break, so the span does not start inside a token.
-    if (s.begin < prompt.size()) {
-      const size_t nl = full.rfind('\n', s.begin == 0 ? 0 : s.begin - 1);
-      s.begin = nl == std::string::npos ? 0 : nl + 1;
-    }
-    // The turn as the template renders it alone; its end-of-turn token is the eos token when it occurs
-    // there (Qwen <|im_end|>, Llama 3 instruct <|eot_id|>), else its first special token.
-    const std::string turn = through.substr(std::min(common_prefix(prompt, through), through.size()));
-    std::string eot;
-    if (!eos_.empty() && turn.find(eos_) != std::string::npos) {
-      eot = eos_;
-    } else {
-      for (int32_t id : tok_.encode(turn))
-        if (is_special(id)) {
-          eot = tok_.id_to_token(id);
-          break;
-        }
-    }
-    if (eot.empty())
-      throw BadRecord(cat("message ", i, ": the chat template renders no end-of-turn token after the assistant turn"));
-    const size_t at = full.find(eot, s.begin);
-    if (at == std::string::npos)
-      throw BadRecord(cat("message ", i, ": end-of-turn token ", eot, " not found in the rendered text"));
-    s.end = at + eot.size();
-    if (!spans.empty() && s.begin < spans.back().end)
-      throw BadRecord(cat("message ", i, ": the chat template renders no separable assistant turn"));
-    spans.push_back(s);
+    const std::string role = messages[i].value("role", "");
+    const bool trained = std::find(roles_.begin(), roles_.end(), role) != roles_.end();
+    const bool last = i + 1 == messages.size();
+    if (!trained && train_on_eos_ != "all" && !(train_on_eos_ == "last" && last)) continue;
+    const Turn t = role == "assistant" ? assistant_turn(vars, full, i) : other_turn(vars, full, i);
+    if (trained) add(t.begin, t.end, i);
+    const bool eot =
+        train_on_eos_ == "all" || (train_on_eos_ == "turn" && trained) || (train_on_eos_ == "last" && last);
+    if (eot && t.eot_begin != std::string::npos) add(t.eot_begin, t.eot_end, i);
   }
   return spans;
 }
 
 Document SampleEncoder::encode(const Sample& s) {
   Document d;
+  if (!s.segments.empty()) {
+    // Axolotl's input_output: each segment alone, no eos added.
+    for (const auto& [text, label] : s.segments) {
+      const std::vector<int32_t> ids = tok_.encode(text);
+      d.ids.insert(d.ids.end(), ids.begin(), ids.end());
+      d.mask.insert(d.mask.end(), ids.size(), label || train_on_inputs_ ? 1 : 0);
+    }
+    return d;
+  }
+  if (s.is_text && s.prompt_chars > 0) {
+    // A prompt + response text (alpaca, alpaca_chat) as Axolotl's InstructionPromptTokenizingStrategy
+    // (src/axolotl/prompt_tokenizers.py) does it: the prompt and the response are tokenized apart and joined,
+    // the prompt untrained; the eos token ends the response unless the response already ends with it.
+    // Apart, not whole: "ASSISTANT:" + "//x" would otherwise become one "://" token across the edge.
+    d.ids = tok_.encode(std::string_view(s.text).substr(0, s.prompt_chars));
+    d.mask.assign(d.ids.size(), train_on_inputs_ ? 1 : 0);
+    std::vector<int32_t> response = tok_.encode(std::string_view(s.text).substr(s.prompt_chars));
+    if (response.size() < eos_ids_.size() || !std::equal(eos_ids_.rbegin(), eos_ids_.rend(), response.rbegin()))
+      response.insert(response.end(), eos_ids_.begin(), eos_ids_.end());
+    d.ids.insert(d.ids.end(), response.begin(), response.end());
+    d.mask.insert(d.mask.end(), response.size(), 1);
+    return d;
+  }
   if (s.is_text) {
     d.ids = tok_.encode(s.text);
     d.ids.insert(d.ids.end(), eos_ids_.begin(), eos_ids_.end());
     d.mask.assign(d.ids.size(), 1);
-    // A prompt + response text (alpaca): as Axolotl does, the prompt's own token count is not trained.
-    if (s.prompt_chars > 0 && !train_on_inputs_) {
-      const size_t n = std::min(d.ids.size(), tok_.encode(std::string_view(s.text).substr(0, s.prompt_chars)).size());
-      std::fill(d.mask.begin(), d.mask.begin() + std::ptrdiff_t(n), uint8_t(0));
-    }
     return d;
   }
   SOLTRAIN_CHECK(tmpl_ != nullptr, "conversation sample without a chat template");
@@ -107,7 +177,7 @@ Document SampleEncoder::encode(const Sample& s) {
     d.mask.insert(d.mask.end(), ids.size(), trained ? 1 : 0);
     pos = end;
   };
-  for (const TextSpan& span : assistant_spans(s.vars, full)) {
+  for (const TextSpan& span : trained_spans(s.vars, full)) {
     piece(span.begin, false);
     piece(span.end, true);
   }

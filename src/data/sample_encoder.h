@@ -38,19 +38,32 @@ struct TextSpan {
 //     where BPE does not merge across), else the record is bad.
 //  3. Text after the end-of-turn token (Qwen's "\n" after <|im_end|>) is not trained; the end-of-turn
 //     token is (HF / axolotl behaviour).
+// Other roles (Axolotl's roles_to_train: [user, assistant], ...) are found as Axolotl's find_turn does:
+// the turn rendered with its content and with a dummy content differ exactly in the content. Axolotl's
+// train_on_eos decides which end-of-turn tokens are trained: after trained turns (turn, the default),
+// after every turn (all), none, or only the last one (last).
 class SampleEncoder {
  public:
   // `tmpl` may be null when only text samples are encoded; `eos` (tokenizer_config eos_token) is
   // appended to text documents and marks the end of assistant turns.
   SampleEncoder(Tokenizer& tok, const ChatTemplate* tmpl, std::string eos, bool train_on_inputs);
+  // Which turns and end-of-turn tokens are trained (DatasetFields::roles_to_train / train_on_eos).
+  void set_turn_training(std::vector<std::string> roles, std::string train_on_eos);
 
   // BadRecord when the template rejects the conversation or the pieces do not tokenize like the whole.
   Document encode(const Sample& s);
 
-  // The assistant spans of a conversation in its rendered text (step 1 above).
-  std::vector<TextSpan> assistant_spans(const nlohmann::ordered_json& vars, const std::string& full);
+  // The trained spans of a conversation in its rendered text (step 1 above), in order.
+  std::vector<TextSpan> trained_spans(const nlohmann::ordered_json& vars, const std::string& full);
 
  private:
+  // A turn's content [begin, end) and its end-of-turn token [eot_begin, eot_end) (eot_begin == npos: none).
+  struct Turn {
+    size_t begin = 0, end = 0, eot_begin = std::string::npos, eot_end = std::string::npos;
+  };
+  Turn assistant_turn(const nlohmann::ordered_json& vars, const std::string& full, size_t i);
+  Turn other_turn(const nlohmann::ordered_json& vars, const std::string& full, size_t i);
+  std::string end_of_turn(const std::string& turn) const;
   std::string render(const nlohmann::ordered_json& vars, size_t n_messages, bool generation_prompt) const;
   bool is_special(int32_t id) const { return special_.count(id) != 0; }
 
@@ -59,6 +72,8 @@ class SampleEncoder {
   std::string eos_;
   std::vector<int32_t> eos_ids_;
   bool train_on_inputs_;
+  std::vector<std::string> roles_ = {"assistant"};
+  std::string train_on_eos_ = "turn";
   std::unordered_set<int32_t> special_;
 };
 

@@ -6,6 +6,8 @@
 #include <optional>
 #include <ostream>
 
+#include "data/named_templates.h"
+#include "data/record_reader.h"
 #include "data/sample_encoder.h"
 #include "data/shards.h"
 #include "io/atomic_file.h"
@@ -25,12 +27,23 @@ fs::path tokenizer_dir(const fs::path& p) {
 }
 
 json fields_json(const DatasetFields& f) {
-  return {{"text", f.text},         {"instruction", f.instruction},
-          {"input", f.input},       {"output", f.output},
-          {"messages", f.messages}, {"conversations", f.conversations},
-          {"role", f.role},         {"content", f.content},
-          {"from", f.from},         {"value", f.value},
-          {"roles", f.roles},       {"system_prompt", f.system_prompt}};
+  return {{"text", f.text},
+          {"instruction", f.instruction},
+          {"input", f.input},
+          {"output", f.output},
+          {"messages", f.messages},
+          {"conversations", f.conversations},
+          {"role", f.role},
+          {"content", f.content},
+          {"from", f.from},
+          {"value", f.value},
+          {"roles", f.roles},
+          {"system_prompt", f.system_prompt},
+          {"system", f.system},
+          {"segments", f.segments},
+          {"roles_to_train", f.roles_to_train},
+          {"train_on_eos", f.train_on_eos},
+          {"chat_template", f.chat_template}};
 }
 
 // Redraws one status line at most 5 times a second.
@@ -64,16 +77,17 @@ class Progress {
 
 json tokenize_key(const TokenizeOptions& o) {
   json inputs = json::array();
-  for (const DatasetSource& src : o.sources) {
-    if (!fs::is_regular_file(src.path)) user_error(src.path.string(), ": dataset file not found");
-    const uint64_t size = fs::file_size(src.path);
-    inputs.push_back({{"path", fs::absolute(src.path).lexically_normal().string()},
-                      {"type", to_string(src.type)},
-                      {"size", size},
-                      {"mtime_ns", int64_t(fs::last_write_time(src.path).time_since_epoch().count())},
-                      {"sha256", sha256_file_edges(src.path)},
-                      {"sha256_of", size <= 2u << 20 ? "file" : "size + first and last MiB"}});
-  }
+  for (const DatasetSource& src : o.sources)
+    // A folder is every file it holds: adding, removing or changing one re-tokenizes the dataset.
+    for (const fs::path& file : dataset_files(src.path, src.split)) {
+      const uint64_t size = fs::file_size(file);
+      inputs.push_back({{"path", fs::absolute(file).lexically_normal().string()},
+                        {"type", to_string(src.type)},
+                        {"size", size},
+                        {"mtime_ns", int64_t(fs::last_write_time(file).time_since_epoch().count())},
+                        {"sha256", sha256_file_edges(file)},
+                        {"sha256_of", size <= 2u << 20 ? "file" : "size + first and last MiB"}});
+    }
   const fs::path dir = tokenizer_dir(o.tokenizer);
   return {{"inputs", inputs},
           {"settings",
@@ -115,7 +129,7 @@ TokenizeResult run_tokenize(const TokenizeOptions& o, std::ostream& log) {
   std::string first_skip;
   int64_t records = 0;
   for (const DatasetSource& src : o.sources) {
-    RecordReader reader(src.path);
+    RecordReader reader(src.path, needed_fields(src.type, o.fields), src.split);
     DatasetType type = src.type;
     nlohmann::ordered_json rec;
     std::string where, error;
@@ -127,10 +141,22 @@ TokenizeResult run_tokenize(const TokenizeOptions& o, std::ostream& log) {
         const Sample s = to_sample(rec, type, o.fields);
         // The template is parsed only when a conversation needs it: base models often have none.
         if (!s.is_text && !tmpl) {
-          tmpl.emplace(ChatTemplate::from_tokenizer_config(dir / "tokenizer_config.json"));
+          const std::string& name = o.fields.chat_template;
+          if (name.empty() || name == "tokenizer_default") {
+            tmpl.emplace(ChatTemplate::from_tokenizer_config(dir / "tokenizer_config.json"));
+          } else {
+            const auto source = named_chat_template(name);
+            if (!source) user_error("chat_template: \"", name, "\" is not a template soltrain has");
+            tmpl.emplace(*source);
+            const ChatTemplate own = ChatTemplate::from_tokenizer_config(dir / "tokenizer_config.json");
+            tmpl->set_special_tokens(own.bos_token(), own.eos_token());
+          }
           enc.reset();
         }
-        if (!enc) enc.emplace(tok, tmpl ? &*tmpl : nullptr, eos, o.train_on_inputs);
+        if (!enc) {
+          enc.emplace(tok, tmpl ? &*tmpl : nullptr, eos, o.train_on_inputs);
+          enc->set_turn_training(o.fields.roles_to_train, o.fields.train_on_eos);
+        }
         const Document d = enc->encode(s);
         writer.add(d);
         ++r.documents;

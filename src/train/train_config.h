@@ -20,6 +20,8 @@ struct DatasetSpec {
   std::filesystem::path path;
   DatasetType type = DatasetType::kAuto;
   DatasetFields fields;  // field names, roles and system_prompt of this dataset
+  std::string split;     // Axolotl / Surogate `split`: a folder's files of this split
+  int64_t samples = 0;   // Surogate `samples`: > 0 takes this many documents (see train_data.cpp)
 };
 
 struct LoraSettings {  // as written in the YAML; the model layer's LoraConfig is built from it
@@ -66,6 +68,7 @@ struct TrainConfig {
   // Axolotl's saves_per_epoch / evals_per_epoch: turned into steps once the steps per epoch are known;
   // save_steps / eval_steps win when both are given.
   double saves_per_epoch = 0, evals_per_epoch = 0;
+  std::string chat_template;       // Axolotl's top-level chat_template: datasets without their own use it
   std::vector<std::string> notes;  // what the reader decided for the user, printed first by the run
   // Axolotl's special_tokens (name → token): checked against the tokenizer's own when the data is prepared.
   std::map<std::string, std::string> special_tokens;

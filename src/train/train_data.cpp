@@ -31,6 +31,23 @@ ShardSet select_documents(const ShardSet& from, const std::vector<int64_t>& docs
   return out;
 }
 
+ShardSet sample_documents(const ShardSet& from, int64_t n, uint64_t seed) {
+  // Surogate's `samples` (post_process → sample_dataset, the ms-swift rule): the whole dataset n / size
+  // times, then a random n % size of its documents. The random choice is ours (mt19937_64 keyed by the
+  // seed), not numpy's, so the same count but not the same documents as Surogate.
+  const int64_t size = from.documents();
+  if (size == 0) return from;
+  std::vector<int64_t> docs;
+  for (int64_t r = 0; r < n / size; ++r)
+    for (int64_t d = 0; d < size; ++d) docs.push_back(d);
+  std::vector<int64_t> perm(static_cast<size_t>(size));
+  for (int64_t d = 0; d < size; ++d) perm[size_t(d)] = d;
+  std::mt19937_64 rng(seed ^ 0x5a3b1e5ULL);
+  for (size_t k = perm.size(); k > 1; --k) std::swap(perm[k - 1], perm[size_t(rng() % k)]);
+  docs.insert(docs.end(), perm.begin(), perm.begin() + (n % size));
+  return select_documents(from, docs);
+}
+
 namespace {
 
 ShardSet tokenize_all(const TrainConfig& c, const std::vector<DatasetSpec>& specs, const std::string& kind,
@@ -39,8 +56,9 @@ ShardSet tokenize_all(const TrainConfig& c, const std::vector<DatasetSpec>& spec
   for (size_t i = 0; i < specs.size(); ++i) {
     TokenizeOptions o;
     o.tokenizer = c.model;
-    o.sources = {{specs[i].path, specs[i].type}};
+    o.sources = {{specs[i].path, specs[i].type, specs[i].split}};
     o.fields = specs[i].fields;
+    if (o.fields.chat_template.empty()) o.fields.chat_template = c.chat_template;
     // One folder per dataset: each keeps its own cache key, so editing one dataset re-tokenizes only it.
     o.out = c.dataset_prepared_path / cat(kind, "-", i, "-", specs[i].path.stem().string());
     o.seq_len = c.sequence_len;
@@ -49,7 +67,9 @@ ShardSet tokenize_all(const TrainConfig& c, const std::vector<DatasetSpec>& spec
     o.from_config = true;
     o.progress = &log == &std::cerr && ::isatty(2);  // a redrawn line only makes sense on a terminal
     run_tokenize(o, log);
-    append_shards(all, load_shards(o.out));
+    ShardSet set = load_shards(o.out);
+    if (specs[i].samples > 0) set = sample_documents(set, specs[i].samples, c.seed + i);
+    append_shards(all, set);
   }
   return all;
 }

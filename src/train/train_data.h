@@ -20,4 +20,7 @@ void append_shards(ShardSet& a, const ShardSet& b);
 // Documents [d] of `from` for the given indices, in that order.
 ShardSet select_documents(const ShardSet& from, const std::vector<int64_t>& docs);
 
+// Surogate's `samples: n`: the dataset repeated n / size times plus a seeded random n % size of it.
+ShardSet sample_documents(const ShardSet& from, int64_t n, uint64_t seed);
+
 }  // namespace soltrain
