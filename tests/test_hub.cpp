@@ -12,6 +12,7 @@
 #include "cli_test_util.h"
 #include "data_test_util.h"
 #include "fake_hub.h"
+#include "hub/hub_download.h"
 #include "hub/hub_resolve.h"
 #include "io/sha256.h"
 #include "model/checkpoint.h"
