@@ -1,7 +1,8 @@
 // A fake Hugging Face hub for the download tests: an HTTP/1.1 server on 127.0.0.1 (a thread, an ephemeral
 // port) speaking the part of the hub's protocol huggingface_hub uses: the file list
 // (/api/{models|datasets}/ID/revision/REV), resolve URLs answering HEAD and GET (X-Repo-Commit, ETag; LFS
-// files as a 302 to a blob URL with X-Linked-Etag = sha256 and X-Linked-Size), Range requests on blobs,
+// files as a 302 to a blob URL on a second port, the "CDN", with X-Linked-Etag = sha256 and X-Linked-Size;
+// the CDN refuses a hub token, as a signed storage URL would not expect one), Range requests on blobs,
 // 401 for a private repository without the token, 404 for a missing one. Switches make the next blob
 // answers corrupt (one byte flipped) or cut (the connection closes halfway).
 #pragma once
@@ -39,23 +40,27 @@ class FakeHub {
   std::string token = "hf_test_token";
 
   FakeHub() {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;  // ephemeral
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd_, 16) != 0) std::abort();
-    socklen_t len = sizeof a;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
+    for (int i = 0; i < 2; ++i) {
+      fd_[i] = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = 0;  // ephemeral
+      if (::bind(fd_[i], reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd_[i], 16) != 0) std::abort();
+      socklen_t len = sizeof a;
+      ::getsockname(fd_[i], reinterpret_cast<sockaddr*>(&a), &len);
+      port_[i] = ntohs(a.sin_port);
+    }
     thread_ = std::thread([this] { serve(); });
   }
   ~FakeHub() {
     stop_ = true;
     thread_.join();
-    ::close(fd_);
+    ::close(fd_[0]);
+    ::close(fd_[1]);
   }
-  std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(port_[0]); }
+  std::string cdn() const { return "http://127.0.0.1:" + std::to_string(port_[1]); }
   // key: "models/Org/Name" or "datasets/Org/Name"
   void add(const std::string& key, FakeRepo repo) {
     std::lock_guard<std::mutex> l(mu_);
@@ -75,12 +80,15 @@ class FakeHub {
 
   void serve() {
     while (!stop_) {
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) continue;
-      const int c = ::accept(fd_, nullptr, nullptr);
-      if (c < 0) continue;
-      handle(c);
-      ::close(c);  // one request per connection (Connection: close)
+      pollfd p[2] = {{fd_[0], POLLIN, 0}, {fd_[1], POLLIN, 0}};
+      if (::poll(p, 2, 50) <= 0) continue;
+      for (int i = 0; i < 2; ++i) {
+        if (!(p[i].revents & POLLIN)) continue;
+        const int c = ::accept(fd_[i], nullptr, nullptr);
+        if (c < 0) continue;
+        handle(c, i == 1);
+        ::close(c);  // one request per connection (Connection: close)
+      }
     }
   }
 
@@ -142,7 +150,7 @@ class FakeHub {
     return out;
   }
 
-  void handle(int c) {
+  void handle(int c, bool on_cdn) {
     const auto q = read_request(c);
     if (!q) return;
     std::lock_guard<std::mutex> l(mu_);
@@ -151,7 +159,7 @@ class FakeHub {
     if (q->headers.count("authorization")) note += " [auth]";
     requests_.push_back(note);
     const std::vector<std::string> p = split(q->target);
-    if (p.size() >= 2 && p[0] == "cdn") return blob(c, *q, p[1]);
+    if (on_cdn) return p.size() == 2 && p[0] == "cdn" ? blob(c, *q, p[1]) : reply(c, *q, 404, {}, "no such blob");
     // /api/{kind}s/Org/Name/revision/REV
     if (p.size() == 6 && p[0] == "api" && p[4] == "revision") {
       FakeRepo* r = repo(c, *q, p[1] + "/" + p[2] + "/" + p[3]);
@@ -175,7 +183,7 @@ class FakeHub {
       const std::string sha = sha256_hex(bytes);
       if (std::find(r->lfs.begin(), r->lfs.end(), file) != r->lfs.end())
         return reply(c, *q, 302,
-                     {{"Location", endpoint() + "/cdn/" + sha},
+                     {{"Location", cdn() + "/cdn/" + sha},
                       {"X-Repo-Commit", r->commit},
                       {"X-Linked-Etag", "\"" + sha + "\""},
                       {"X-Linked-Size", std::to_string(bytes.size())},
@@ -223,7 +231,7 @@ class FakeHub {
     reply(c, q, 404, {}, "no such blob");
   }
 
-  int fd_ = -1, port_ = 0;
+  int fd_[2] = {-1, -1}, port_[2] = {0, 0};  // the hub, the CDN
   std::atomic<bool> stop_{false};
   std::thread thread_;
   std::mutex mu_;

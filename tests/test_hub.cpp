@@ -14,6 +14,7 @@
 #include "fake_hub.h"
 #include "hub/hub_download.h"
 #include "hub/hub_resolve.h"
+#include "io/safetensors.h"
 #include "io/sha256.h"
 #include "model/checkpoint.h"
 #include "test_util.h"
@@ -222,8 +223,33 @@ TEST(Hub, PrivateRepoNeedsTheToken) {
   const fs::path dir = resolve_hub_model(hub_client_from_env(log, false), "tiny-org/private", "main");
   EXPECT_TRUE(fs::exists(dir / "model.safetensors"));
   bool sent = false;
-  for (const std::string& q : hub.requests()) sent = sent || (q.rfind("HEAD ", 0) == 0 && q.ends_with("[auth]"));
+  for (const std::string& q : hub.requests()) {
+    sent = sent || (q.rfind("HEAD ", 0) == 0 && q.ends_with("[auth]"));
+    if (q.find(" /cdn/") != std::string::npos) EXPECT_FALSE(q.ends_with("[auth]")) << q;  // not to the storage
+  }
   EXPECT_TRUE(sent);
+}
+
+TEST(Hub, ShardedModelFetchesTheIndexAndItsShards) {
+  FakeHub hub;
+  FakeRepo r = fixture_model_repo();
+  const fs::path src = test::fixtures() / "models" / "qwen3-tiny";
+  nlohmann::json index = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
+  for (const std::string& n : CheckpointReader(src).names())
+    index["weight_map"][n] = "model-00001-of-00001.safetensors";
+  r.files.erase("model.safetensors");
+  r.files["model.safetensors.index.json"] = index.dump();
+  r.files["model-00001-of-00001.safetensors"] = read_file(src / "model.safetensors");
+  r.files["model-00002-of-00002.safetensors"] = "a shard the index does not name";
+  r.lfs = {"model-00001-of-00001.safetensors", "model-00002-of-00002.safetensors"};
+  hub.add("models/tiny-org/sharded", r);
+  HubEnv env(hub.endpoint());
+  std::ostringstream log;
+  const fs::path dir = resolve_hub_model(hub_client_from_env(log, false), "tiny-org/sharded", "main");
+  EXPECT_TRUE(fs::exists(dir / "model-00001-of-00001.safetensors"));
+  EXPECT_FALSE(fs::exists(dir / "model-00002-of-00002.safetensors"));
+  auto ops = make_cpu_ops();
+  EXPECT_NO_THROW(load_pretrained(dir, *ops));
 }
 
 // Through the binary: a config naming hub ids trains, then trains again offline with no server.

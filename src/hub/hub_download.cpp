@@ -101,8 +101,8 @@ void download_blob(const HubClient& c, const RepoRef& r, const std::string& file
                    const fs::path& blob) {
   const fs::path part = blob.string() + ".incomplete";
   const bool check_hash = is_sha256(m.etag);
-  // The token goes to the hub only: file_download.py drops Authorization before following the redirect of
-  // an LFS file to its storage (a CDN with its own signed URL).
+  // The token goes to the hub only: _get_metadata_or_catch_error in file_download.py drops Authorization
+  // when the redirect of an LFS file leads to another netloc (its storage, with its own signed URL).
   std::vector<std::string> headers;
   if (url_origin(m.location) == url_origin(c.endpoint)) headers = hub_headers(c);
   int transfer_failures = 0, hash_failures = 0;
