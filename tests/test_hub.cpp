@@ -300,6 +300,9 @@ TEST(Hub, SftTrainsFromHubIdsThenOfflineFromTheCache) {
   const auto again = test::run("sft " + h.config("org/tiny", "out2").string(), h.t);
   ASSERT_EQ(again.code, 0) << again.err;
   EXPECT_EQ(again.err.find("download "), std::string::npos) << again.err;
+  // `generate --model` takes a hub id as well.
+  const auto gen = test::run("generate --model org/tiny --prompt ab --max-new-tokens 2", h.t);
+  EXPECT_EQ(gen.code, 0) << gen.err;
 }
 
 int lines(const std::string& s) {

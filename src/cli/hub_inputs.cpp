@@ -4,6 +4,7 @@
 
 #include <iostream>
 
+#include "hub/hub_cache.h"
 #include "hub/hub_resolve.h"
 
 namespace soltrain {
@@ -44,6 +45,12 @@ void resolve_hub_inputs(TrainConfig& c, std::ostream& log) {
   }
   c.datasets = resolve_datasets(hub, c.datasets, log);
   c.validation_datasets = resolve_datasets(hub, c.validation_datasets, log);
+}
+
+std::filesystem::path local_or_hub_model(const std::string& arg, std::ostream& log) {
+  std::error_code ec;
+  if (std::filesystem::exists(arg, ec) || !looks_like_hub_id(arg)) return arg;
+  return resolve_hub_model(hub_client_from_env(log, &log == &std::cerr && ::isatty(2)), arg, "main");
 }
 
 }  // namespace soltrain

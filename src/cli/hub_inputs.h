@@ -12,4 +12,7 @@ namespace soltrain {
 // each with the same type and fields) with local paths; says on `log` what it resolved.
 void resolve_hub_inputs(TrainConfig& c, std::ostream& log);
 
+// A --model argument: itself when it exists or is no hub id, else the hub model's folder (revision main).
+std::filesystem::path local_or_hub_model(const std::string& arg, std::ostream& log);
+
 }  // namespace soltrain
