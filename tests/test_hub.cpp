@@ -225,7 +225,9 @@ TEST(Hub, PrivateRepoNeedsTheToken) {
   bool sent = false;
   for (const std::string& q : hub.requests()) {
     sent = sent || (q.rfind("HEAD ", 0) == 0 && q.ends_with("[auth]"));
-    if (q.find(" /cdn/") != std::string::npos) EXPECT_FALSE(q.ends_with("[auth]")) << q;  // not to the storage
+    if (q.find(" /cdn/") != std::string::npos) {
+      EXPECT_FALSE(q.ends_with("[auth]")) << q;  // not to the storage
+    }
   }
   EXPECT_TRUE(sent);
 }
