@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "cli/device_option.h"
+#include "cli/hub_inputs.h"
 #include "core/error.h"
 #include "io/json_file.h"
 #include "model/checkpoint.h"
@@ -59,7 +60,8 @@ std::function<int()> add_generate_command(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand("generate", "generate text with a KV cache (greedy or sampled), streamed to stdout");
-  c->add_option("--model", o->model, "Hugging Face model folder (with tokenizer.json)")->required();
+  c->add_option("--model", o->model, "Hugging Face model folder (with tokenizer.json) or hub id (Org/Name)")
+      ->required();
   c->add_option("--adapter", o->adapter, "PEFT LoRA adapter folder applied on top of the model");
   c->add_option("--prompt", o->prompt, "text to continue (encoded without special tokens)");
   c->add_option("--chat", o->chat, "a user message, rendered through the model's chat template");
@@ -81,7 +83,7 @@ std::function<int()> add_generate_command(CLI::App& app) {
     if (has_chat && o->chat.empty()) user_error("generate: --chat is empty: give a message for the model to answer");
     if (o->max_new_tokens < 1) user_error("--max-new-tokens ", o->max_new_tokens, ": expected >= 1");
     o->sampling.validate();
-    const std::filesystem::path dir = o->model;
+    const std::filesystem::path dir = local_or_hub_model(o->model, std::cerr);
     if (!std::filesystem::is_directory(dir)) user_error("--model ", dir.string(), ": no such folder");
     if (!std::filesystem::exists(dir / "tokenizer.json"))
       user_error(dir.string(), ": no tokenizer.json (generate needs the model's tokenizer)");

@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/config.h"
 #include "cli/device_option.h"
+#include "cli/hub_inputs.h"
 #include "train/output_guard.h"
 #include "train/run_checks.h"
 #include "train/run_training.h"
@@ -30,6 +31,7 @@ std::function<int()> add_run_command(CLI::App& app, const char* name, const char
   return [o, mode]() {
     TrainConfig cfg = load_train_config(o->config, o->set, mode);
     cfg.dump_batches = o->dump_batches;
+    resolve_hub_inputs(cfg, std::cerr);
     check_run_inputs(cfg);
     prepare_run_outputs(cfg, std::cerr);  // before any work: nothing the user had is written over
     auto ops = make_ops(cfg.device);

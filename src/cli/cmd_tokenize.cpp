@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/config.h"
+#include "cli/hub_inputs.h"
 #include "core/error.h"
 #include "data/tokenize_job.h"
 #include "io/output_dir.h"
@@ -58,7 +59,8 @@ std::function<int()> add_tokenize_command(CLI::App& app) {
       if (!o->data.empty() || !o->t.tokenizer.empty() || !o->t.out.empty())
         user_error("tokenize: give either a config file or --tokenizer/--data/--out, not both");
       const TrainMode mode = o->pt ? TrainMode::kPretrain : TrainMode::kSft;  // the shards' settings differ
-      const TrainConfig cfg = load_train_config(o->config, o->set, mode);
+      TrainConfig cfg = load_train_config(o->config, o->set, mode);
+      resolve_hub_inputs(cfg, std::cerr);
       prepare_run_outputs(cfg, std::cerr);
       const TrainData d = prepare_train_data(cfg, std::cerr);
       std::cerr << "tokenize: " << d.train.documents() << " training and " << d.validation.documents()

@@ -14,6 +14,7 @@
 
 #include "cli/peer_keys.h"
 #include "core/error.h"
+#include "hub/hub_cache.h"
 
 namespace soltrain {
 
@@ -162,6 +163,7 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
          d.type = dataset_type(e, mode);
          type_name = e.node.Scalar();
        }},
+      {"revision", [&](const Entry& e) { d.revision = get_string(e, "revision"); }},  // of a hub dataset
       {"field", [&](const Entry& e) { f.text = get_string(e, "field"); }},
       {"field_text", [&](const Entry& e) { f.text = get_string(e, "field_text"); }},
       {"field_instruction", [&](const Entry& e) { f.instruction = get_string(e, "field_instruction"); }},
@@ -315,9 +317,15 @@ std::vector<DatasetSpec> parse_datasets(const Entry& e, const std::string& key, 
       errors.push_back(u.what());
     }
   if (!errors.empty()) throw DatasetErrors(errors);
-  // Relative dataset paths are relative to the config file, so a config works from any directory.
-  for (DatasetSpec& d : out)
-    if (d.path.is_relative() && !base.empty()) d.path = (base / d.path).lexically_normal();
+  // Relative dataset paths are relative to the config file, so a config works from any directory. An
+  // `org/name` that is not a local file is a hub dataset.
+  for (DatasetSpec& d : out) {
+    std::error_code ec;
+    if (looks_like_hub_id(d.path.string()) && !fs::exists(base / d.path, ec) && !fs::exists(d.path, ec))
+      d.hub_id = d.path.string();
+    else if (d.path.is_relative() && !base.empty())
+      d.path = (base / d.path).lexically_normal();
+  }
   return out;
 }
 
@@ -375,10 +383,24 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
     fs::path p = get_string(e, k);
     return p.is_relative() && !base.empty() && e.where.rfind("--set", 0) != 0 ? (base / p).lexically_normal() : p;
   };
+  // `Org/Name` that is no local folder (next to the config or from here) is a hub model id.
+  auto model_value = [&](const Entry& e, const std::string& k) {
+    const std::string s = get_string(e, k);
+    std::error_code ec;
+    if (looks_like_hub_id(s) && !fs::exists(base / s, ec) && !fs::exists(s, ec)) {
+      c.model_hub_id = s;
+      c.model = s;
+    } else {
+      c.model_hub_id.clear();
+      c.model = path_value(e, k);
+    }
+  };
   using Setter = std::function<void(const Entry&)>;
   const std::map<std::string, Setter> keys = {
-      {"base_model", [&](const Entry& e) { c.model = path_value(e, "base_model"); }},
-      {"model", [&](const Entry& e) { c.model = path_value(e, "model"); }},
+      {"base_model", [&](const Entry& e) { model_value(e, "base_model"); }},
+      {"model", [&](const Entry& e) { model_value(e, "model"); }},
+      {"revision", [&](const Entry& e) { c.revision = get_string(e, "revision"); }},
+      {"revision_of_model", [&](const Entry& e) { c.revision = get_string(e, "revision_of_model"); }},  // Axolotl's
       {"output_dir", [&](const Entry& e) { c.output_dir = path_value(e, "output_dir"); }},
       {"save_path", [&](const Entry& e) { c.output_dir = path_value(e, "save_path"); }},  // Surogate's name
       {"overwrite_output_dir", [&](const Entry& e) { c.overwrite_output_dir = get_bool(e, "overwrite_output_dir"); }},

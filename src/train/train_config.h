@@ -22,6 +22,8 @@ struct DatasetSpec {
   DatasetFields fields;  // field names, roles and system_prompt of this dataset
   std::string split;     // Axolotl / Surogate `split`: a folder's files of this split
   int64_t samples = 0;   // Surogate `samples`: > 0 takes this many documents (see train_data.cpp)
+  std::string hub_id;    // `path: org/name` naming a hub dataset (not a local path): resolved by cli/hub_inputs.h
+  std::string revision = "main";
 };
 
 struct LoraSettings {  // as written in the YAML; the model layer's LoraConfig is built from it
@@ -42,6 +44,8 @@ struct ResumeFrom {
 
 struct TrainConfig {
   std::filesystem::path model, output_dir;
+  std::string model_hub_id;       // `model: Org/Name` naming a hub model: resolved into `model` by cli/hub_inputs.h
+  std::string revision = "main";  // of the hub model
   std::vector<DatasetSpec> datasets, validation_datasets;
   double validation_split_ratio = 0.0;  // used when validation_datasets is empty
   int64_t validation_count = 0;         // > 0: this many documents instead of the ratio (val_set_size: 100)

@@ -1,0 +1,126 @@
+#include "hub/http.h"
+
+#include <curl/curl.h>
+
+#include <algorithm>
+#include <cctype>
+#include <memory>
+#include <mutex>
+
+namespace soltrain {
+
+namespace {
+
+void global_init() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+struct Transfer {
+  CURL* curl = nullptr;
+  HttpResponse r;
+  const std::function<bool(long status, const char*, size_t)>* sink = nullptr;
+};
+
+size_t on_header(char* data, size_t size, size_t n, void* user) {
+  auto* t = static_cast<Transfer*>(user);
+  std::string line(data, size * n);
+  while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
+  if (line.rfind("HTTP/", 0) == 0) {
+    t->r.headers.clear();  // a new response (after a followed redirect or a 100 Continue)
+    return size * n;
+  }
+  const size_t colon = line.find(':');
+  if (colon == std::string::npos) return size * n;
+  std::string name = line.substr(0, colon), value = line.substr(colon + 1);
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  value.erase(0, value.find_first_not_of(" \t"));
+  t->r.headers[name] = value;
+  return size * n;
+}
+
+size_t on_body(char* data, size_t size, size_t n, void* user) {
+  auto* t = static_cast<Transfer*>(user);
+  const size_t bytes = size * n;
+  long status = 0;
+  curl_easy_getinfo(t->curl, CURLINFO_RESPONSE_CODE, &status);
+  if (!t->sink || status < 200 || status >= 300) {
+    if (t->r.body.size() < 4096 || !t->sink) t->r.body.append(data, bytes);
+    return bytes;
+  }
+  if (!(*t->sink)(status, data, bytes)) return 0;  // CURLE_WRITE_ERROR: the caller asked to stop
+  t->r.received += bytes;
+  return bytes;
+}
+
+HttpResponse perform(const HttpRequest& req, const std::function<bool(long status, const char*, size_t)>* sink) {
+  global_init();
+  std::unique_ptr<CURL, void (*)(CURL*)> curl(curl_easy_init(), curl_easy_cleanup);
+  Transfer t;
+  t.curl = curl.get();
+  t.sink = sink;
+  if (!curl) {
+    t.r.error = "libcurl could not start a transfer";
+    return t.r;
+  }
+  curl_slist* list = nullptr;
+  for (const std::string& h : req.headers) list = curl_slist_append(list, h.c_str());
+  std::unique_ptr<curl_slist, void (*)(curl_slist*)> headers(list, curl_slist_free_all);
+  char errbuf[CURL_ERROR_SIZE] = {};
+  CURL* c = curl.get();
+  curl_easy_setopt(c, CURLOPT_URL, req.url.c_str());
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, list);
+  curl_easy_setopt(c, CURLOPT_NOBODY, req.head ? 1L : 0L);
+  curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, req.follow_redirects ? 1L : 0L);
+  curl_easy_setopt(c, CURLOPT_MAXREDIRS, 10L);
+  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(c, CURLOPT_HEADERDATA, &t);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &t);
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_USERAGENT, "soltrain (huggingface_hub-compatible cache)");
+  // huggingface_hub's DEFAULT_ETAG_TIMEOUT / DEFAULT_DOWNLOAD_TIMEOUT are 10 s to connect or between
+  // bytes; a stalled transfer is cut after 60 s below 1 byte/s and then resumed.
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 10L);
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, 60L);
+  const CURLcode rc = curl_easy_perform(c);
+  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &t.r.status);
+  if (rc != CURLE_OK) t.r.error = errbuf[0] ? errbuf : curl_easy_strerror(rc);
+  return t.r;
+}
+
+}  // namespace
+
+HttpResponse http_fetch(const HttpRequest& req) {
+  return perform(req, nullptr);
+}
+
+HttpResponse http_stream(const HttpRequest& req, const std::function<bool(long status, const char*, size_t)>& sink) {
+  return perform(req, &sink);
+}
+
+std::string url_quote(const std::string& s, const std::string& safe) {
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '_' || c == '.' || c == '-' || c == '~' || safe.find(char(c)) != std::string::npos) {
+      out += char(c);
+    } else {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
+std::string url_origin(const std::string& url) {
+  const size_t scheme = url.find("://");
+  if (scheme == std::string::npos) return "";
+  const size_t path = url.find('/', scheme + 3);
+  return path == std::string::npos ? url : url.substr(0, path);
+}
+
+}  // namespace soltrain

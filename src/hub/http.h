@@ -1,0 +1,44 @@
+// A thin libcurl client for the hub: one request at a time, headers as a map, bodies either kept (API
+// answers, error pages) or streamed to a sink (files). Transport failures are reported, not thrown, so the
+// caller decides between resuming, falling back to the cache and a message.
+#pragma once
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace soltrain {
+
+struct HttpResponse {
+  long status = 0;                             // 0: no HTTP answer (see error)
+  std::map<std::string, std::string> headers;  // of the last response, names lower-cased
+  std::string body;                            // kept bodies; for streamed ones, the first 4 KB of a non-2xx answer
+  std::string error;                           // libcurl's message when the transfer failed, else empty
+  size_t received = 0;                         // bytes handed to the sink
+  std::string header(const std::string& lower_name) const {
+    const auto it = headers.find(lower_name);
+    return it == headers.end() ? "" : it->second;
+  }
+};
+
+struct HttpRequest {
+  std::string url;
+  std::vector<std::string> headers;  // "Name: value"
+  bool head = false;
+  bool follow_redirects = false;
+};
+
+// The whole body in memory (API listings, HEAD).
+HttpResponse http_fetch(const HttpRequest& req);
+
+// A 2xx body goes to `sink` as it arrives, with the answer's status (200, or 206 for a Range); `sink`
+// returns false to stop the transfer.
+HttpResponse http_stream(const HttpRequest& req, const std::function<bool(long status, const char*, size_t)>& sink);
+
+// urllib.parse.quote: percent-encodes all but letters, digits, "_.-~" and the characters in `safe`.
+std::string url_quote(const std::string& s, const std::string& safe = "/");
+
+// "scheme://host:port" of an absolute URL (empty for a relative one).
+std::string url_origin(const std::string& url);
+
+}  // namespace soltrain

@@ -1,0 +1,202 @@
+#include "hub/hub_resolve.h"
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/error.h"
+#include "hub/hub_download.h"
+
+namespace fs = std::filesystem;
+
+namespace soltrain {
+
+namespace {
+
+const std::vector<std::string> kModelFiles = {"config.json", "generation_config.json", "tokenizer.json",
+                                              "tokenizer_config.json", "special_tokens_map.json"};
+constexpr const char* kWeights = "model.safetensors";                  // constants.py SAFETENSORS_SINGLE_FILE
+constexpr const char* kWeightsIndex = "model.safetensors.index.json";  // SAFETENSORS_INDEX_FILE
+
+struct Listing {
+  std::string commit;
+  std::vector<std::string> files;
+};
+
+// hf_api.py model_info / dataset_info: the commit ("sha") and the files ("siblings[].rfilename").
+// nullopt when the hub cannot be reached (the caller may fall back to the cache).
+std::optional<Listing> list_repo(const HubClient& c, const RepoRef& r, HttpResponse& resp) {
+  const std::string url =
+      c.endpoint + "/api/" + repo_kind(r.type) + "s/" + r.id + "/revision/" + url_quote(r.revision, "");
+  resp = http_fetch({url, hub_headers(c), false, true});
+  if (resp.status == 0) return std::nullopt;
+  if (resp.status >= 300) hub_request_failed(c, r, "file list", resp);
+  Listing l;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(resp.body);
+    l.commit = j.at("sha").get<std::string>();
+    for (const auto& s : j.at("siblings")) l.files.push_back(s.at("rfilename").get<std::string>());
+  } catch (const nlohmann::json::exception& e) {
+    user_error(repo_kind(r.type), " ", r.id, ": the hub's file list is not what huggingface_hub reads (", e.what(),
+               "); is HF_ENDPOINT (", c.endpoint, ") a Hugging Face hub?");
+  }
+  if (!is_commit_hash(l.commit))
+    user_error(repo_kind(r.type), " ", r.id, ": the hub's file list names no commit (\"", l.commit, "\")");
+  for (const std::string& f : l.files)  // a name from the network must not leave the snapshot folder
+    if (f.empty() || f[0] == '/' || f.find("..") != std::string::npos)
+      user_error(repo_kind(r.type), " ", r.id, ": the hub lists a file with an unsafe name: \"", f, "\"");
+  return l;
+}
+
+std::vector<std::string> shards_of_index(const fs::path& index) {
+  std::ifstream in(index);
+  std::set<std::string> shards;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    for (const auto& [name, shard] : j.at("weight_map").items()) shards.insert(shard.get<std::string>());
+  } catch (const nlohmann::json::exception& e) {
+    user_error(index.string(), ": not a safetensors index (", e.what(), ")");
+  }
+  for (const std::string& s : shards)
+    if (s.empty() || s[0] == '/' || s.find("..") != std::string::npos)
+      user_error(index.string(), ": a shard name leaves the folder: \"", s, "\"");
+  return {shards.begin(), shards.end()};
+}
+
+// Files present under a snapshot, relative to it (links followed: a dangling one is not there).
+std::vector<std::string> files_under(const fs::path& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec))
+    if (fs::is_regular_file(it->path(), ec)) out.push_back(it->path().lexically_relative(dir).generic_string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The model's files in a cached snapshot, or why it is not complete.
+std::string missing_model_file(const fs::path& snap) {
+  std::error_code ec;
+  if (!fs::exists(snap / "config.json", ec)) return "config.json";
+  if (fs::exists(snap / kWeightsIndex, ec)) {
+    for (const std::string& s : shards_of_index(snap / kWeightsIndex))
+      if (!fs::exists(snap / s, ec)) return s;
+    return "";
+  }
+  return fs::exists(snap / kWeights, ec) ? "" : kWeights;
+}
+
+[[noreturn]] void not_cached(const RepoRef& r, const std::string& why) {
+  user_error(repo_kind(r.type), " ", r.id, ": ", why, " in the Hugging Face cache (", hub_cache_dir().string(),
+             ") and HF_HUB_OFFLINE=1 forbids downloading: unset HF_HUB_OFFLINE to download it, or set HF_HUB_CACHE / "
+             "HF_HOME to the cache that holds it");
+}
+
+fs::path cached_snapshot(const RepoRef& r) {
+  const auto commit = cached_commit(r);
+  if (!commit) not_cached(r, cat("revision \"", r.revision, "\" is not"));
+  return repo_cache_dir(r) / "snapshots" / *commit;
+}
+
+bool ends_with_any(const std::string& s, std::initializer_list<const char*> ends) {
+  for (const char* e : ends)
+    if (s.ends_with(e)) return true;
+  return false;
+}
+
+}  // namespace
+
+fs::path resolve_hub_model(const HubClient& c, const std::string& id, const std::string& revision) {
+  const RepoRef r{RepoType::kModel, id, revision};
+  if (hub_offline()) {
+    const fs::path snap = cached_snapshot(r);
+    const std::string missing = missing_model_file(snap);
+    if (!missing.empty()) not_cached(r, missing + " is not");
+    return snap;
+  }
+  HttpResponse resp;
+  const auto listing = list_repo(c, r, resp);
+  if (!listing) {  // huggingface_hub falls back to the cache when the hub is unreachable; so do we
+    const auto commit = cached_commit(r);
+    if (commit && missing_model_file(repo_cache_dir(r) / "snapshots" / *commit).empty()) {
+      if (c.log) *c.log << "model " << id << ": the hub is unreachable (" << resp.error << "); using the cached copy\n";
+      return repo_cache_dir(r) / "snapshots" / *commit;
+    }
+    hub_request_failed(c, r, "file list", resp);
+  }
+  write_ref(r, listing->commit);
+  const std::set<std::string> has(listing->files.begin(), listing->files.end());
+  std::vector<std::string> want;
+  for (const std::string& f : kModelFiles)
+    if (has.count(f)) want.push_back(f);
+  if (!has.count("config.json"))
+    user_error("model ", id, ": the repository has no config.json (not a transformers model)");
+  if (has.count(kWeightsIndex)) {
+    const fs::path index = hub_download_file(c, r, listing->commit, kWeightsIndex);
+    for (const std::string& s : shards_of_index(index)) want.push_back(s);
+  } else if (has.count(kWeights)) {
+    want.push_back(kWeights);
+  } else {
+    user_error("model ", id,
+               ": the repository has no model.safetensors or model.safetensors.index.json (soltrain "
+               "reads safetensors weights only)");
+  }
+  for (const std::string& f : want) hub_download_file(c, r, listing->commit, f);
+  return repo_cache_dir(r) / "snapshots" / listing->commit;
+}
+
+std::vector<std::string> pick_dataset_files(const std::vector<std::string>& repo_files) {
+  std::vector<std::string> data;
+  static const std::set<std::string> metadata = {"dataset_infos.json", "dataset_info.json", "dataset_dict.json",
+                                                 "state.json"};
+  bool parquet = false;
+  for (const std::string& f : repo_files) {
+    const std::string base = fs::path(f).filename().string();
+    if (base.empty() || base[0] == '.' || f[0] == '.' || metadata.count(base)) continue;
+    const std::string plain = ends_with_any(f, {".gz", ".zst"}) ? fs::path(f).replace_extension().string() : f;
+    if (!ends_with_any(plain, {".parquet", ".jsonl", ".json", ".csv", ".tsv"})) continue;
+    data.push_back(f);
+    parquet = parquet || plain.ends_with(".parquet");
+  }
+  // One copy of the data: repositories that also hold the hub's parquet conversion train from that.
+  if (parquet) std::erase_if(data, [](const std::string& f) { return !f.ends_with(".parquet"); });
+  // A split in a file or folder name (data/train-00000-of-00001.parquet, train.jsonl, train/0.parquet):
+  // the train split's files only, as datasets.load_dataset(split="train") would read.
+  auto is_train = [](const std::string& f) {
+    for (const auto& part : fs::path(f))
+      if (part.string().rfind("train", 0) == 0) return true;
+    return false;
+  };
+  if (std::any_of(data.begin(), data.end(), is_train))
+    std::erase_if(data, [&](const std::string& f) { return !is_train(f); });
+  std::sort(data.begin(), data.end());
+  return data;
+}
+
+std::vector<fs::path> resolve_hub_dataset(const HubClient& c, const std::string& id, const std::string& revision) {
+  const RepoRef r{RepoType::kDataset, id, revision};
+  fs::path snap;
+  std::vector<std::string> files;
+  if (hub_offline()) {
+    snap = cached_snapshot(r);
+    files = pick_dataset_files(files_under(snap));
+    if (files.empty()) not_cached(r, "no data file is");
+  } else {
+    HttpResponse resp;
+    const auto listing = list_repo(c, r, resp);
+    if (!listing) hub_request_failed(c, r, "file list", resp);
+    write_ref(r, listing->commit);
+    files = pick_dataset_files(listing->files);
+    if (files.empty())
+      user_error("dataset ", id, ": the repository has no parquet, JSONL, JSON or CSV files (", listing->files.size(),
+                 " files listed)");
+    for (const std::string& f : files) hub_download_file(c, r, listing->commit, f);
+    snap = repo_cache_dir(r) / "snapshots" / listing->commit;
+  }
+  std::vector<fs::path> out;
+  for (const std::string& f : files) out.push_back(snap / f);
+  return out;
+}
+
+}  // namespace soltrain

@@ -1,0 +1,27 @@
+// A hub id → local files: the model folder (snapshot) with the files soltrain reads, or a dataset's data
+// files. From the cache alone with HF_HUB_OFFLINE=1; otherwise the repository's file list for the revision
+// (GET {endpoint}/api/{models|datasets}/{id}/revision/{revision}, as hf_api.py model_info / dataset_info)
+// names the commit, and missing files are downloaded (hub_download.h).
+#pragma once
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "hub/hub_client.h"
+
+namespace soltrain {
+
+// The files of a model soltrain reads: config.json, generation_config.json, tokenizer.json,
+// tokenizer_config.json, special_tokens_map.json (those the repository has) and the safetensors weights
+// (model.safetensors, or model.safetensors.index.json and every shard it names).
+std::filesystem::path resolve_hub_model(const HubClient& c, const std::string& id, const std::string& revision);
+
+// A dataset's data files (parquet, else JSONL / JSON / CSV / TSV, plain or .gz/.zst; the train split's
+// files when the repository names splits), sorted by path.
+std::vector<std::filesystem::path> resolve_hub_dataset(const HubClient& c, const std::string& id,
+                                                       const std::string& revision);
+
+// Which of a dataset repository's files are its training data (exposed for tests).
+std::vector<std::string> pick_dataset_files(const std::vector<std::string>& repo_files);
+
+}  // namespace soltrain

@@ -1,0 +1,353 @@
+// Hub ids: downloads into huggingface_hub's cache layout from a fake hub on 127.0.0.1 (tests/fake_hub.h),
+// the model loading from it, the second run offline from the cache alone, corrupt and interrupted
+// transfers, and the one-line errors (401, 404, offline with an empty cache).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "cli/config.h"
+#include "cli/demo_kit.h"
+#include "cli_test_util.h"
+#include "data_test_util.h"
+#include "fake_hub.h"
+#include "hub/hub_download.h"
+#include "hub/hub_resolve.h"
+#include "io/safetensors.h"
+#include "io/sha256.h"
+#include "model/checkpoint.h"
+#include "test_util.h"
+
+namespace soltrain {
+namespace {
+
+namespace fs = std::filesystem;
+using test::FakeHub;
+using test::FakeRepo;
+
+const std::string kCommit = "0123456789abcdef0123456789abcdef01234567";
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Sets (or, with nullptr, unsets) an environment variable for the test's scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    value ? ::setenv(name, value, 1) : ::unsetenv(name);
+  }
+  ~ScopedEnv() { old_ ? ::setenv(name_.c_str(), old_->c_str(), 1) : ::unsetenv(name_.c_str()); }
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+// A temporary cache and home (so no real token or cache is read), pointed at `endpoint`.
+struct HubEnv {
+  test::TempDir t;
+  ScopedEnv cache{"HF_HUB_CACHE", (t.path / "cache").c_str()}, home{"HF_HOME", (t.path / "home").c_str()},
+      token{"HF_TOKEN", nullptr}, offline{"HF_HUB_OFFLINE", nullptr}, offline2{"TRANSFORMERS_OFFLINE", nullptr};
+  std::optional<ScopedEnv> endpoint;
+  explicit HubEnv(const std::string& url) { endpoint.emplace("HF_ENDPOINT", url.c_str()); }
+  fs::path cache_dir() const { return t.path / "cache"; }
+};
+
+FakeRepo fixture_model_repo() {
+  FakeRepo r;
+  r.commit = kCommit;
+  const fs::path src = test::fixtures() / "models" / "qwen3-tiny";
+  r.files["config.json"] = read_file(src / "config.json");
+  r.files["model.safetensors"] = read_file(src / "model.safetensors");
+  r.files["README.md"] = "not downloaded";
+  r.lfs = {"model.safetensors"};
+  return r;
+}
+
+TEST(Hub, IdsAndCacheLayout) {
+  EXPECT_TRUE(looks_like_hub_id("Qwen/Qwen3-0.6B"));
+  EXPECT_TRUE(looks_like_hub_id("tatsu-lab/alpaca"));
+  for (const char* local : {"model", "./a/b", "../x/y", "/abs/m", "data/train.jsonl", "a/b/c", "a--b/c", "a/.x"})
+    EXPECT_FALSE(looks_like_hub_id(local)) << local;
+  EXPECT_EQ(repo_folder_name({RepoType::kModel, "Qwen/Qwen3-0.6B"}), "models--Qwen--Qwen3-0.6B");
+  EXPECT_EQ(repo_folder_name({RepoType::kDataset, "tatsu-lab/alpaca"}), "datasets--tatsu-lab--alpaca");
+  {
+    ScopedEnv a("HF_HUB_CACHE", nullptr), b("HUGGINGFACE_HUB_CACHE", nullptr), c("HF_HOME", "/h"), d("HOME", "/u");
+    EXPECT_EQ(hub_cache_dir(), fs::path("/h/hub"));
+    ScopedEnv e("HF_HUB_CACHE", "/c");
+    EXPECT_EQ(hub_cache_dir(), fs::path("/c"));
+  }
+  {
+    ScopedEnv a("HF_HUB_CACHE", nullptr), b("HUGGINGFACE_HUB_CACHE", nullptr), c("HF_HOME", nullptr),
+        d("XDG_CACHE_HOME", nullptr), e("HOME", "/u");
+    EXPECT_EQ(hub_cache_dir(), fs::path("/u/.cache/huggingface/hub"));
+  }
+  EXPECT_EQ(normalize_etag("W/\"abc\""), "abc");
+  EXPECT_EQ(pick_dataset_files({"README.md", ".gitattributes", "data/train-00000-of-00001.parquet",
+                                "data/test-00000-of-00001.parquet", "alpaca_data.json", "dataset_infos.json"}),
+            (std::vector<std::string>{"data/train-00000-of-00001.parquet"}));
+  EXPECT_EQ(pick_dataset_files({"b.jsonl", "a.jsonl.gz", "notes.txt"}),
+            (std::vector<std::string>{"a.jsonl.gz", "b.jsonl"}));
+}
+
+TEST(Hub, ConfigKeepsHubIdsAndRevision) {
+  const TrainConfig c = parse_train_config(
+      "base_model: Qwen/Qwen3-0.6B\nrevision: v1.0\noutput_dir: o\n"
+      "datasets:\n  - path: tatsu-lab/alpaca\n    type: alpaca\n    revision: refs/convert/parquet\n  - data/x.jsonl\n",
+      "dir/cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_EQ(c.model_hub_id, "Qwen/Qwen3-0.6B");
+  EXPECT_EQ(c.revision, "v1.0");
+  ASSERT_EQ(c.datasets.size(), 2u);
+  EXPECT_EQ(c.datasets[0].hub_id, "tatsu-lab/alpaca");
+  EXPECT_EQ(c.datasets[0].revision, "refs/convert/parquet");
+  EXPECT_EQ(c.datasets[1].hub_id, "");
+  EXPECT_EQ(c.datasets[1].path, fs::path("dir/data/x.jsonl"));
+  // A local folder of that name wins over the hub.
+  test::TempDir t;
+  fs::create_directories(t.path / "Org" / "local");
+  const TrainConfig l = parse_train_config("model: Org/local\noutput_dir: o\ndatasets: [x.jsonl]\n",
+                                           (t.path / "cfg.yaml").string(), {}, TrainMode::kSft);
+  EXPECT_EQ(l.model_hub_id, "");
+  EXPECT_EQ(l.model, t.path / "Org" / "local");
+}
+
+TEST(Hub, FreshCacheDownloadsVerifiesAndLoadsThenOfflineReadsTheCache) {
+  std::optional<FakeHub> hub(std::in_place);
+  hub->add("models/tiny-org/qwen3-tiny", fixture_model_repo());
+  HubEnv env(hub->endpoint());
+  std::ostringstream log;
+  const HubClient c = hub_client_from_env(log, false);
+  const fs::path dir = resolve_hub_model(c, "tiny-org/qwen3-tiny", "main");
+
+  // huggingface_hub's layout: refs/main → commit, snapshots/<commit>/<file> → ../../blobs/<etag>.
+  const fs::path repo = env.cache_dir() / "models--tiny-org--qwen3-tiny";
+  EXPECT_EQ(dir, repo / "snapshots" / kCommit);
+  EXPECT_EQ(read_file(repo / "refs" / "main"), kCommit);
+  const std::string bytes = read_file(test::fixtures() / "models" / "qwen3-tiny" / "model.safetensors");
+  const std::string sha = sha256_hex(bytes);
+  ASSERT_TRUE(fs::is_symlink(dir / "model.safetensors"));
+  EXPECT_EQ(fs::read_symlink(dir / "model.safetensors"), fs::path("../../blobs") / sha);
+  EXPECT_EQ(read_file(repo / "blobs" / sha), bytes);
+  EXPECT_TRUE(fs::is_symlink(dir / "config.json"));
+  EXPECT_FALSE(fs::exists(dir / "README.md"));  // only the files soltrain reads
+  EXPECT_NE(log.str().find("model.safetensors: 100%"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("sha256 ok"), std::string::npos) << log.str();
+  // The token was never sent to the blob storage, and the LFS file came through the redirect.
+  bool blob_get = false;
+  for (const std::string& r : hub->requests()) {
+    EXPECT_EQ(r.find("[auth]"), std::string::npos) << r;
+    blob_get = blob_get || r == "GET /cdn/" + sha;
+  }
+  EXPECT_TRUE(blob_get);
+
+  auto ops = make_cpu_ops();
+  const auto model = load_pretrained(dir, *ops);
+  const auto ref = load_pretrained(test::fixtures() / "models" / "qwen3-tiny", *ops);
+  EXPECT_EQ(model->params().numel(), ref->params().numel());
+
+  hub.reset();  // no server any more
+  ScopedEnv offline("HF_HUB_OFFLINE", "1");
+  std::ostringstream log2;
+  EXPECT_EQ(resolve_hub_model(hub_client_from_env(log2, false), "tiny-org/qwen3-tiny", "main"), dir);
+  EXPECT_EQ(log2.str(), "");
+}
+
+TEST(Hub, CorruptDownloadIsRefetched) {
+  FakeHub hub;
+  hub.add("models/tiny-org/qwen3-tiny", fixture_model_repo());
+  HubEnv env(hub.endpoint());
+  hub.corrupt_next = 1;
+  std::ostringstream log;
+  const fs::path dir = resolve_hub_model(hub_client_from_env(log, false), "tiny-org/qwen3-tiny", "main");
+  EXPECT_NE(log.str().find("does not match the hub's"), std::string::npos) << log.str();
+  const std::string bytes = read_file(test::fixtures() / "models" / "qwen3-tiny" / "model.safetensors");
+  EXPECT_EQ(read_file(dir / "model.safetensors"), bytes);
+  EXPECT_EQ(hub.corrupt_next, 0);
+}
+
+TEST(Hub, CorruptEveryTimeIsOneLine) {
+  FakeHub hub;
+  hub.add("models/tiny-org/qwen3-tiny", fixture_model_repo());
+  HubEnv env(hub.endpoint());
+  hub.corrupt_next = 100;
+  std::ostringstream log;
+  try {
+    resolve_hub_model(hub_client_from_env(log, false), "tiny-org/qwen3-tiny", "main");
+    FAIL() << "a corrupt blob was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("arrived corrupted 3 times"), std::string::npos) << e.what();
+  }
+  const std::string sha = sha256_hex(read_file(test::fixtures() / "models" / "qwen3-tiny" / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(env.cache_dir() / "models--tiny-org--qwen3-tiny" / "blobs" / sha));
+}
+
+TEST(Hub, InterruptedDownloadResumesFromIncompleteFile) {
+  FakeHub hub;
+  hub.add("models/tiny-org/qwen3-tiny", fixture_model_repo());
+  HubEnv env(hub.endpoint());
+  const std::string bytes = read_file(test::fixtures() / "models" / "qwen3-tiny" / "model.safetensors");
+  const std::string sha = sha256_hex(bytes);
+  // A previous run stopped after 1000 bytes.
+  const fs::path blobs = env.cache_dir() / "models--tiny-org--qwen3-tiny" / "blobs";
+  fs::create_directories(blobs);
+  test::write_text(blobs / (sha + ".incomplete"), bytes.substr(0, 1000));
+  // And this run's transfer is cut halfway once more.
+  hub.cut_next = 1;
+  std::ostringstream log;
+  const fs::path dir = resolve_hub_model(hub_client_from_env(log, false), "tiny-org/qwen3-tiny", "main");
+  EXPECT_EQ(read_file(dir / "model.safetensors"), bytes);
+  EXPECT_FALSE(fs::exists(blobs / (sha + ".incomplete")));
+  EXPECT_NE(log.str().find("interrupted at byte"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("sha256 ok"), std::string::npos) << log.str();
+  std::vector<std::string> ranges;
+  for (const std::string& r : hub.requests())
+    if (r.find("Range:") != std::string::npos) ranges.push_back(r);
+  const size_t after_cut = 1000 + (bytes.size() - 1000) / 2;
+  ASSERT_EQ(ranges.size(), 2u) << ::testing::PrintToString(hub.requests());
+  EXPECT_EQ(ranges[0], "GET /cdn/" + sha + " Range: bytes=1000-");
+  EXPECT_EQ(ranges[1], "GET /cdn/" + sha + " Range: bytes=" + std::to_string(after_cut) + "-");
+}
+
+TEST(Hub, PrivateRepoNeedsTheToken) {
+  FakeHub hub;
+  FakeRepo r = fixture_model_repo();
+  r.private_repo = true;
+  hub.add("models/tiny-org/private", r);
+  HubEnv env(hub.endpoint());
+  std::ostringstream log;
+  ScopedEnv token("HF_TOKEN", hub.token.c_str());
+  const fs::path dir = resolve_hub_model(hub_client_from_env(log, false), "tiny-org/private", "main");
+  EXPECT_TRUE(fs::exists(dir / "model.safetensors"));
+  bool sent = false;
+  for (const std::string& q : hub.requests()) {
+    sent = sent || (q.rfind("HEAD ", 0) == 0 && q.ends_with("[auth]"));
+    if (q.find(" /cdn/") != std::string::npos) {
+      EXPECT_FALSE(q.ends_with("[auth]")) << q;  // not to the storage
+    }
+  }
+  EXPECT_TRUE(sent);
+}
+
+TEST(Hub, ShardedModelFetchesTheIndexAndItsShards) {
+  FakeHub hub;
+  FakeRepo r = fixture_model_repo();
+  const fs::path src = test::fixtures() / "models" / "qwen3-tiny";
+  nlohmann::json index = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
+  for (const std::string& n : CheckpointReader(src).names())
+    index["weight_map"][n] = "model-00001-of-00001.safetensors";
+  r.files.erase("model.safetensors");
+  r.files["model.safetensors.index.json"] = index.dump();
+  r.files["model-00001-of-00001.safetensors"] = read_file(src / "model.safetensors");
+  r.files["model-00002-of-00002.safetensors"] = "a shard the index does not name";
+  r.lfs = {"model-00001-of-00001.safetensors", "model-00002-of-00002.safetensors"};
+  hub.add("models/tiny-org/sharded", r);
+  HubEnv env(hub.endpoint());
+  std::ostringstream log;
+  const fs::path dir = resolve_hub_model(hub_client_from_env(log, false), "tiny-org/sharded", "main");
+  EXPECT_TRUE(fs::exists(dir / "model-00001-of-00001.safetensors"));
+  EXPECT_FALSE(fs::exists(dir / "model-00002-of-00002.safetensors"));
+  auto ops = make_cpu_ops();
+  EXPECT_NO_THROW(load_pretrained(dir, *ops));
+}
+
+// Through the binary: a config naming hub ids trains, then trains again offline with no server.
+struct CliHub {
+  test::TempDir t;
+  CliHub(FakeHub& hub) {
+    DemoModelShape s;
+    s.hidden = 32, s.layers = 1, s.heads = 2, s.kv_heads = 1, s.head_dim = 16, s.intermediate = 64;
+    write_random_model(t.path / "m", s, 7);
+    FakeRepo model;
+    model.commit = kCommit;
+    for (const auto& e : fs::directory_iterator(t.path / "m"))
+      model.files[e.path().filename().string()] = read_file(e.path());
+    model.lfs = {"model.safetensors"};
+    hub.add("models/org/tiny", model);
+    write_reversal_dataset(t.path / "train.jsonl", 40, 8);
+    FakeRepo data;
+    data.commit = "fedcba9876543210fedcba9876543210fedcba98";
+    data.files["data/train.jsonl"] = read_file(t.path / "train.jsonl");
+    data.files["data/test.jsonl"] = "not a training file";
+    data.files["README.md"] = "# reversal";
+    data.lfs = {"data/train.jsonl"};
+    hub.add("datasets/org/reversal", data);
+    hub.add("models/org/private", FakeRepo{kCommit, {{"config.json", "{}"}}, {}, true});
+  }
+  fs::path config(const std::string& model, const std::string& out) const {
+    const fs::path p = t.path / (out + ".yaml");
+    test::write_text(p, "model: " + model + "\noutput_dir: " + out +
+                            "\ndatasets:\n  - path: org/reversal\n    type: conversation\n"
+                            "sequence_len: 64\nper_device_train_batch_size: 2\nmax_steps: 2\nlogging_steps: 1\n");
+    return p;
+  }
+};
+
+TEST(Hub, SftTrainsFromHubIdsThenOfflineFromTheCache) {
+  std::optional<FakeHub> hub(std::in_place);
+  CliHub h(*hub);
+  HubEnv env(hub->endpoint());
+  const auto r = test::run("sft " + h.config("org/tiny", "out1").string(), h.t);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("download org/tiny model.safetensors: 100%"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("dataset org/reversal: 1 file"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(h.t.path / "out1" / "model" / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(h.t.path / "out1" / "model" / "tokenizer.json"));  // copied from the snapshot
+
+  hub.reset();
+  ScopedEnv offline("HF_HUB_OFFLINE", "1");
+  const auto again = test::run("sft " + h.config("org/tiny", "out2").string(), h.t);
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(again.err.find("download "), std::string::npos) << again.err;
+  // `generate --model` takes a hub id as well.
+  const auto gen = test::run("generate --model org/tiny --prompt ab --max-new-tokens 2", h.t);
+  EXPECT_EQ(gen.code, 0) << gen.err;
+}
+
+int lines(const std::string& s) {
+  return int(std::count(s.begin(), s.end(), '\n'));
+}
+
+TEST(Hub, RefusedAndMissingReposAreOneLine) {
+  FakeHub hub;
+  CliHub h(hub);
+  HubEnv env(hub.endpoint());
+  const auto gated = test::run("sft " + h.config("org/private", "o").string(), h.t);
+  EXPECT_EQ(gated.code, 2) << gated.err;
+  EXPECT_EQ(lines(gated.err), 1) << gated.err;
+  EXPECT_NE(gated.err.find("model org/private"), std::string::npos) << gated.err;
+  EXPECT_NE(gated.err.find("set HF_TOKEN"), std::string::npos) << gated.err;
+  EXPECT_NE(gated.err.find("401"), std::string::npos) << gated.err;
+
+  const auto missing = test::run("sft " + h.config("org/no-such-model", "o").string(), h.t);
+  EXPECT_EQ(missing.code, 2) << missing.err;
+  EXPECT_EQ(lines(missing.err), 1) << missing.err;
+  EXPECT_NE(missing.err.find("model org/no-such-model"), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find("check the spelling"), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find("404"), std::string::npos) << missing.err;
+
+  ScopedEnv offline("HF_HUB_OFFLINE", "1");
+  const auto empty = test::run("sft " + h.config("org/tiny", "o").string(), h.t);
+  EXPECT_EQ(empty.code, 2) << empty.err;
+  EXPECT_EQ(lines(empty.err), 1) << empty.err;
+  EXPECT_NE(empty.err.find("model org/tiny"), std::string::npos) << empty.err;
+  EXPECT_NE(empty.err.find("HF_HUB_OFFLINE=1"), std::string::npos) << empty.err;
+}
+
+TEST(Hub, UnreachableHubIsOneLine) {
+  test::TempDir t;
+  HubEnv env("http://127.0.0.1:1");  // nothing listens on port 1
+  std::ostringstream log;
+  try {
+    resolve_hub_model(hub_client_from_env(log, false), "org/tiny", "main");
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot reach http://127.0.0.1:1"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace soltrain
