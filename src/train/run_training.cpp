@@ -6,6 +6,9 @@
 #include "train/run_training.h"
 
 #include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <functional>
 #include <optional>
@@ -231,6 +234,19 @@ class StepLogger {
   double flops_per_token_ = 0, matmul_tflops_ = 0;
 };
 
+// Fault tests (tests/test_data_parallel.cpp): SOLTRAIN_TEST_RANK_FAULT=R:STEP:kill|raise makes rank R die
+// by SIGKILL, or throw, after update STEP.
+void test_fault(int rank, int64_t step) {
+  const char* v = std::getenv("SOLTRAIN_TEST_RANK_FAULT");
+  if (!v) return;
+  int r = -1;
+  long long s = -1;
+  char how[8] = {};
+  if (std::sscanf(v, "%d:%lld:%7s", &r, &s, how) != 3 || r != rank || s != step) return;
+  if (std::string(how) == "kill") std::raise(SIGKILL);
+  throw std::runtime_error(cat("injected fault after step ", step));
+}
+
 void dump_batches(const fs::path& dir, int64_t step, const std::vector<HostBatch>& micro) {
   fs::create_directories(dir);
   for (size_t m = 0; m < micro.size(); ++m)
@@ -308,6 +324,9 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
     return r.world > 1 ? comm->all_max_host(here ? 1 : 0) > 0 : here;
   };
   bool stopping = false;
+  // Data parallel: LoRA dropout passes before this update (resume restarts the count at the step, as one
+  // process does, transformer.h set_dropout_step).
+  int64_t passes = r.state.step;
   while (r.state.step < r.state.total_steps && !(stopping = stop_requested())) {
     const auto t0 = Clock::now();
     int64_t counted_all = 0;
@@ -317,11 +336,19 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
     }
     if (!c.dump_batches.empty() && lead) dump_batches(c.dump_batches, r.state.step + 1, micro);
     const double lr = c.learning_rate * lr_factor(r.sched, r.state.step);
-    if (r.world > 1)
+    if (r.world > 1) {
+      // LoRA dropout draws its masks from the pass count (passes with targets): each rank starts its share
+      // where one process would be at that micro-batch.
+      int64_t before_mine = 0, with_targets = 0;
+      for (size_t i = 0; i < micro.size(); ++i)
+        if (micro[i].counted() > 0) before_mine += i < size_t(r.rank) * accum, ++with_targets;
+      r.model->set_dropout_step(passes + before_mine);
+      passes += with_targets;
       r.step->run(std::span<const HostBatch>(micro).subspan(size_t(r.rank) * accum, accum), float(lr), counted_all);
-    else
+    } else
       r.step->run(micro, float(lr));
     ++r.state.step;
+    test_fault(r.rank, r.state.step);
     const bool save_step = r.save_steps > 0 && r.state.step % r.save_steps == 0;
     step_log.after_update(lr, t0, save_step);
     if (r.eval_steps > 0 && r.state.step % r.eval_steps == 0 && r.state.step < r.state.total_steps)
