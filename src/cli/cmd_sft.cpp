@@ -1,5 +1,6 @@
 // `soltrain sft config.yaml` and `soltrain pt config.yaml`: one YAML file (plus --set overrides) runs a
 // whole training job. Exit code 130 when stopped by Ctrl-C / SIGTERM after saving a checkpoint.
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 
@@ -41,16 +42,21 @@ std::function<int()> add_run_command(CLI::App& app, const char* name, const char
     if (o->gpus > 0) cfg.gpus = o->gpus;
     const LaunchEnv env = read_launch_env();
     if (cfg.gpus > 1 && env.kind == LaunchEnv::Kind::Single) {
+      check_worker_count(cfg.gpus, cfg.device);
       check_run_inputs(cfg);
       prepare_run_outputs(cfg, std::cerr);  // once, before the workers start
       return launch_workers(cfg.gpus, cfg.device);
     }
     select_local_device(env, cfg.device);
     auto ops = make_ops(cfg.device);
-    auto comm = make_communicator(env, *ops);
+    // SOLTRAIN_COMMUNICATOR=nccl (or mpi) runs that communicator even alone, for checks that it trains
+    // bitwise as a single process does.
+    const char* force = std::getenv("SOLTRAIN_COMMUNICATOR");
+    auto comm = make_communicator(env, *ops, force ? force : "");
     if (comm->size() > 1) set_error_prefix(cat("rank ", comm->rank(), ": "));
     check_run_inputs(cfg);
-    if (comm->rank() == 0) prepare_run_outputs(cfg, std::cerr);  // before any work: nothing the user had is written over
+    if (comm->rank() == 0)
+      prepare_run_outputs(cfg, std::cerr);  // before any work: nothing the user had is written over
     comm->barrier();
     const RunResult r = run_training(cfg, mode, *ops, std::cerr, comm.get());
     return r.interrupted ? 130 : 0;

@@ -54,13 +54,16 @@ std::vector<std::string> own_arguments() {
 
 }  // namespace
 
+void check_worker_count(int n, Device device) {
+  if (device != Device::CUDA) return;
+  const int seen = visible_gpus();
+  if (n > seen)
+    user_error("gpus: ", n, " but this machine shows ", seen, " GPU(s) (CUDA_VISIBLE_DEVICES): use gpus: ", seen,
+               " or fewer");
+}
+
 int launch_workers(int n, Device device) {
-  if (device == Device::CUDA) {
-    const int seen = visible_gpus();
-    if (n > seen)
-      user_error("gpus: ", n, " but this machine shows ", seen, " GPU(s) (CUDA_VISIBLE_DEVICES): use gpus: ", seen,
-                 " or fewer");
-  }
+  check_worker_count(n, device);
   const char* port_env = std::getenv("MASTER_PORT");
   const std::string port = port_env && *port_env ? port_env : std::to_string(free_port());
   std::vector<std::string> args = own_arguments();

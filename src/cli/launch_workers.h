@@ -7,6 +7,8 @@
 
 namespace soltrain {
 
+// UserError when `n` workers need more GPUs than this process sees (device: cuda).
+void check_worker_count(int n, Device device);
 // The exit code of the job (0, 130 when stopped by a signal after a checkpoint, else the first failure's).
 int launch_workers(int n, Device device);
 

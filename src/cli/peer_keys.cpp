@@ -145,7 +145,8 @@ const std::map<std::string, Apply>& table() {
       {"chat_template", one_of({"tokenizer_default"},
                                "soltrain uses the model's own chat template for now "
                                "(chat_template: tokenizer_default)")},
-      {"zero_level", one_of({"1"}, "Surogate's ZeRO levels are not read; soltrain's is zero_stage: 0-2 (DeepSpeed's meaning)")},
+      {"zero_level",
+       one_of({"1"}, "Surogate's ZeRO levels are not read; soltrain's is zero_stage: 0-2 (DeepSpeed's meaning)")},
       // Features soltrain lacks: accepted when off.
       {"deepspeed", off_or(kMultiGpu)},
       {"fsdp", off_or(kMultiGpu)},

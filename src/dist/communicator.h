@@ -29,10 +29,11 @@ class Communicator {
   // as the CPU backend runs every op). The caller orders them against compute with Ops events: before,
   // ops.wait(Side, Main) so they read finished gradients; after, ops.wait(Main, Side) before anything
   // on Main reads what they wrote. A failure of any rank ends every rank with an error naming it.
-  virtual void all_reduce_sum(Tensor t) = 0;                          // in place, Σ over ranks
-  virtual void reduce_scatter_sum(Tensor out, const Tensor& in) = 0;  // in [size·n] → out [n]: Σ of every rank's in[rank·n ..]
-  virtual void all_gather(Tensor out, const Tensor& in) = 0;          // in [n] → out [size·n], rank r's at r·n
-  virtual void broadcast(Tensor t, int root) = 0;                     // in place, from `root`
+  virtual void all_reduce_sum(Tensor t) = 0;  // in place, Σ over ranks
+  virtual void reduce_scatter_sum(Tensor out,
+                                  const Tensor& in) = 0;  // in [size·n] → out [n]: Σ of every rank's in[rank·n ..]
+  virtual void all_gather(Tensor out, const Tensor& in) = 0;  // in [n] → out [size·n], rank r's at r·n
+  virtual void broadcast(Tensor t, int root) = 0;             // in place, from `root`
   // Host side (a sync): returns once every rank has called it.
   virtual void barrier() = 0;
   // Host side (a sync): the largest of every rank's `v` (fault and stop flags, counts).

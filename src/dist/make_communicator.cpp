@@ -48,7 +48,8 @@ LaunchEnv read_launch_env() {
                  "for every rank, or launch with mpirun or `gpus: N`");
   e.kind = LaunchEnv::Kind::Env;
   e.world_size = env_int("WORLD_SIZE", 1, 1 << 20, "the number of ranks (1 or more)");
-  e.rank = env_int("RANK", 0, e.world_size - 1, cat("a rank in [0, ", e.world_size - 1, "] (WORLD_SIZE is ", e.world_size, ")"));
+  e.rank = env_int("RANK", 0, e.world_size - 1,
+                   cat("a rank in [0, ", e.world_size - 1, "] (WORLD_SIZE is ", e.world_size, ")"));
   e.local_rank = env("LOCAL_RANK") ? env_int("LOCAL_RANK", 0, 1 << 20, "a number") : e.rank;
   e.master_addr = env("MASTER_ADDR");
   e.master_port = env_int("MASTER_PORT", 1, 65535, "a TCP port in [1, 65535]");
@@ -86,7 +87,7 @@ std::unique_ptr<Communicator> make_communicator(const LaunchEnv& e, Ops& ops, co
 #else
   if (force == "nccl") user_error("this soltrain was built without CUDA, so without NCCL");
 #endif
-  if (e.kind == LaunchEnv::Kind::Mpi) {
+  if (e.kind == LaunchEnv::Kind::Mpi || force == "mpi") {
     if (cuda) user_error("CUDA ranks need NCCL, and this soltrain was built without it");
     return make_mpi_communicator();
   }
@@ -94,6 +95,8 @@ std::unique_ptr<Communicator> make_communicator(const LaunchEnv& e, Ops& ops, co
     if (cuda) user_error("CUDA ranks need NCCL, and this soltrain was built without it");
     return make_tcp_communicator(e);
   }
+  if (!force.empty() && force != "nccl" && force != "mpi")
+    user_error("SOLTRAIN_COMMUNICATOR=", force, ": expected nccl or mpi");
   return make_single_communicator();
 }
 

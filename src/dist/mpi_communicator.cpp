@@ -55,9 +55,9 @@ class MpiCommunicator final : public Communicator {
   }
   void all_gather(Tensor out, const Tensor& in) override {
     SOLTRAIN_CHECK(out.numel() == in.numel() * size_ && in.dtype == out.dtype);
-    check(MPI_Allgather(in.data, int(in.numel()), mpi_type(in), out.data, int(in.numel()), mpi_type(out),
-                        MPI_COMM_WORLD),
-          "MPI_Allgather");
+    check(
+        MPI_Allgather(in.data, int(in.numel()), mpi_type(in), out.data, int(in.numel()), mpi_type(out), MPI_COMM_WORLD),
+        "MPI_Allgather");
   }
   void broadcast(Tensor t, int root) override {
     check(MPI_Bcast(t.data, int(t.numel()), mpi_type(t), root, MPI_COMM_WORLD), "MPI_Bcast");

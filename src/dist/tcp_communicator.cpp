@@ -65,7 +65,8 @@ TcpCommunicator::TcpCommunicator(const LaunchEnv& env) : rank_(env.rank), size_(
                  "): choose a free port");
     peers_.assign(size_t(size_), -1);
     for (int joined = 1; joined < size_;) {
-      const int left = int(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
+      const int left = int(
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
       pollfd p{listen_fd_, POLLIN, 0};
       if (left <= 0 || ::poll(&p, 1, left) <= 0)
         throw RankFailure(cat("rendezvous: only ", joined, " of ", size_, " ranks reached ", where, " within ",

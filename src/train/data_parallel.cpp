@@ -61,7 +61,7 @@ void DataParallel::grads_ready(int group) {
 void DataParallel::reduce_group(int g) {
   reduced_[size_t(g)] = true;
   const ShardPlan::Group& gr = plan_.groups[size_t(g)];
-  if (gr.numel == 0) return;  // nothing trains in it (a LoRA run's embedding and head)
+  if (gr.numel == 0) return;                        // nothing trains in it (a LoRA run's embedding and head)
   ops_.wait(Ops::Stream::Side, Ops::Stream::Main);  // backward has written the group's gradients
   ops_.use_stream(Ops::Stream::Side);
   const Tensor grads = model_.params().group_grads(g);

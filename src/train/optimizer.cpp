@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
-#include <nlohmann/json.hpp>
 
 namespace soltrain {
 
@@ -59,7 +59,8 @@ std::string layout_fingerprint(const ParameterStore& ps) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (const Parameter& p : ps.all())
     if (p.trainable)
-      for (char ch : cat(p.name, ":", p.offset, ":", shape_numel(p.shape), ";")) h = (h ^ uint8_t(ch)) * 1099511628211ull;
+      for (char ch : cat(p.name, ":", p.offset, ":", shape_numel(p.shape), ";"))
+        h = (h ^ uint8_t(ch)) * 1099511628211ull;
   return std::to_string(h);
 }
 
@@ -106,64 +107,65 @@ void AdamW::load(const std::vector<std::filesystem::path>& files) {
   std::string step_text;
   int64_t covered = 0;
   for (const std::filesystem::path& file : files) {
-  const SafetensorsFile f(file);
-  auto meta = [&](const std::string& k) {
-    const auto it = f.metadata().find(k);
-    if (it == f.metadata().end()) user_error(file.string(), ": optimizer state has no '", k, "' in its metadata");
-    return it->second;
-  };
-  if (!step_text.empty() && meta("step") != step_text)
-    user_error(file.string(), ": optimizer shard at step ", meta("step"), ", another at ", step_text);
-  step_text = meta("step");
-  covered += params_.numel();
-  if (meta("format") == kShardFormat) {
-    if (meta("numel") != std::to_string(params_.numel()) || meta("layout") != layout_fingerprint(params_))
-      user_error(file.string(), ": optimizer shard was saved for another model (parameter layout differs)");
-    covered -= params_.numel();
-    std::vector<std::pair<int64_t, int64_t>> ranges;
-    try {
-      ranges = nlohmann::json::parse(meta("ranges")).get<std::vector<std::pair<int64_t, int64_t>>>();
-    } catch (const nlohmann::json::exception&) {
-      user_error(file.string(), ": malformed 'ranges' in its metadata");
+    const SafetensorsFile f(file);
+    auto meta = [&](const std::string& k) {
+      const auto it = f.metadata().find(k);
+      if (it == f.metadata().end()) user_error(file.string(), ": optimizer state has no '", k, "' in its metadata");
+      return it->second;
+    };
+    if (!step_text.empty() && meta("step") != step_text)
+      user_error(file.string(), ": optimizer shard at step ", meta("step"), ", another at ", step_text);
+    step_text = meta("step");
+    covered += params_.numel();
+    if (meta("format") == kShardFormat) {
+      if (meta("numel") != std::to_string(params_.numel()) || meta("layout") != layout_fingerprint(params_))
+        user_error(file.string(), ": optimizer shard was saved for another model (parameter layout differs)");
+      covered -= params_.numel();
+      std::vector<std::pair<int64_t, int64_t>> ranges;
+      try {
+        ranges = nlohmann::json::parse(meta("ranges")).get<std::vector<std::pair<int64_t, int64_t>>>();
+      } catch (const nlohmann::json::exception&) {
+        user_error(file.string(), ": malformed 'ranges' in its metadata");
+      }
+      int64_t n = 0;
+      for (const auto& [off, len] : ranges) {
+        if (off < 0 || len < 0 || off + len > params_.numel()) user_error(file.string(), ": range outside the model");
+        n += len;
+      }
+      std::vector<float> fm(size_t(std::max<int64_t>(1, n))), fv(fm.size());
+      read_as_f32(f.at("exp_avg"), Shape{int64_t(fm.size())}, fm.data(), file.string() + ": exp_avg");
+      read_as_f32(f.at("exp_avg_sq"), Shape{int64_t(fv.size())}, fv.data(), file.string() + ": exp_avg_sq");
+      int64_t local = 0;
+      for (const auto& [off, len] : ranges) {
+        std::copy_n(fm.begin() + local, len, m.begin() + off);
+        std::copy_n(fv.begin() + local, len, v.begin() + off);
+        local += len;
+        covered += len;
+      }
+    } else if (meta("format") == kFormat) {
+      for (const Parameter& p : params_.all())
+        if (p.trainable)
+          for (auto [prefix, host] : {std::pair{"exp_avg.", &m}, std::pair{"exp_avg_sq.", &v}})
+            read_as_f32(f.at(prefix + p.name), p.shape, host->data() + p.offset,
+                        file.string() + ": " + prefix + p.name);
+    } else {
+      // The first format: two flat tensors laid out [every decayed parameter | the rest], each in model order.
+      if (meta("decayed_numel") != std::to_string(params_.decayed_numel()))
+        user_error(file.string(), ": optimizer state was saved for another model (parameter layout differs)");
+      const Shape flat{params_.numel()};
+      std::vector<float> fm(m.size()), fv(m.size());
+      read_as_f32(f.at("exp_avg"), flat, fm.data(), file.string() + ": exp_avg");
+      read_as_f32(f.at("exp_avg_sq"), flat, fv.data(), file.string() + ": exp_avg_sq");
+      int64_t off[2] = {0, params_.decayed_numel()};
+      for (const Parameter& p : params_.all()) {
+        if (!p.trainable) continue;
+        int64_t& o = off[p.decay ? 0 : 1];
+        const int64_t n = shape_numel(p.shape);
+        std::copy_n(fm.begin() + o, n, m.begin() + p.offset);
+        std::copy_n(fv.begin() + o, n, v.begin() + p.offset);
+        o += n;
+      }
     }
-    int64_t n = 0;
-    for (const auto& [off, len] : ranges) {
-      if (off < 0 || len < 0 || off + len > params_.numel()) user_error(file.string(), ": range outside the model");
-      n += len;
-    }
-    std::vector<float> fm(size_t(std::max<int64_t>(1, n))), fv(fm.size());
-    read_as_f32(f.at("exp_avg"), Shape{int64_t(fm.size())}, fm.data(), file.string() + ": exp_avg");
-    read_as_f32(f.at("exp_avg_sq"), Shape{int64_t(fv.size())}, fv.data(), file.string() + ": exp_avg_sq");
-    int64_t local = 0;
-    for (const auto& [off, len] : ranges) {
-      std::copy_n(fm.begin() + local, len, m.begin() + off);
-      std::copy_n(fv.begin() + local, len, v.begin() + off);
-      local += len;
-      covered += len;
-    }
-  } else if (meta("format") == kFormat) {
-    for (const Parameter& p : params_.all())
-      if (p.trainable)
-        for (auto [prefix, host] : {std::pair{"exp_avg.", &m}, std::pair{"exp_avg_sq.", &v}})
-          read_as_f32(f.at(prefix + p.name), p.shape, host->data() + p.offset, file.string() + ": " + prefix + p.name);
-  } else {
-    // The first format: two flat tensors laid out [every decayed parameter | the rest], each in model order.
-    if (meta("decayed_numel") != std::to_string(params_.decayed_numel()))
-      user_error(file.string(), ": optimizer state was saved for another model (parameter layout differs)");
-    const Shape flat{params_.numel()};
-    std::vector<float> fm(m.size()), fv(m.size());
-    read_as_f32(f.at("exp_avg"), flat, fm.data(), file.string() + ": exp_avg");
-    read_as_f32(f.at("exp_avg_sq"), flat, fv.data(), file.string() + ": exp_avg_sq");
-    int64_t off[2] = {0, params_.decayed_numel()};
-    for (const Parameter& p : params_.all()) {
-      if (!p.trainable) continue;
-      int64_t& o = off[p.decay ? 0 : 1];
-      const int64_t n = shape_numel(p.shape);
-      std::copy_n(fm.begin() + o, n, m.begin() + p.offset);
-      std::copy_n(fv.begin() + o, n, v.begin() + p.offset);
-      o += n;
-    }
-  }
   }
   if (covered != params_.numel())
     user_error(files[0].parent_path().string(), ": the optimizer shards hold ", covered, " of the model's ",

@@ -6,14 +6,14 @@
 #include "train/run_training.h"
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <cmath>
 #include <functional>
 #include <optional>
-#include <span>
 #include <ostream>
+#include <span>
 
 #include "core/error.h"
 #include "data/batch_file.h"
@@ -55,8 +55,11 @@ struct Run {
   const char* cmd;
   std::ostream& log;  // rank 0's log; other ranks get a stream that prints nothing
   Ops& ops;
-  Communicator* comm = nullptr;  // null or world size 1: a single process
+  Communicator* comm = nullptr;  // null (or the single-process one): a single process
   int rank = 0, world = 1;
+  // The data-parallel step path: more than one rank, or a real communicator at world size 1 (NCCL or MPI
+  // alone, which must train bitwise as the single process does).
+  bool dp = false;
   bool lead() const { return rank == 0; }
   TrainData data;
   std::optional<LoraConfig> lora;
@@ -75,7 +78,7 @@ void set_up(Run& r) {
   fs::create_directories(c.output_dir);
   // Rank 0 tokenizes into the shared cache first; the others then read it.
   if (r.lead()) r.data = prepare_train_data(c, r.log);
-  if (r.world > 1) r.comm->barrier();
+  if (r.dp) r.comm->barrier();
   if (!r.lead()) r.data = prepare_train_data(c, r.log);
   if (c.lora.enabled) {
     r.lora = LoraConfig{c.lora.rank,           float(c.lora.alpha), float(c.lora.dropout),
@@ -104,13 +107,12 @@ void set_up(Run& r) {
   r.model->plan(lo.rows, lo.seq_len, c.recompute);
   r.opt = OptimizerConfig{float(c.learning_rate), float(c.adamw_beta1),  float(c.adamw_beta2),
                           float(c.adamw_epsilon), float(c.weight_decay), float(c.max_grad_norm)};
-  r.step = r.world > 1 ? std::make_unique<TrainStep>(*r.model, r.opt, *r.comm, c.zero_stage)
-                       : std::make_unique<TrainStep>(*r.model, r.opt);
+  r.step = r.dp ? std::make_unique<TrainStep>(*r.model, r.opt, *r.comm, c.zero_stage)
+                : std::make_unique<TrainStep>(*r.model, r.opt);
   r.state.total_steps = total;
   r.state.seed = c.seed;
   // Axolotl's per-epoch counts, in optimizer steps of this run's epoch.
-  const int64_t steps_per_epoch =
-      std::max<int64_t>(1, r.micro_per_epoch / r.world / c.gradient_accumulation_steps);
+  const int64_t steps_per_epoch = std::max<int64_t>(1, r.micro_per_epoch / r.world / c.gradient_accumulation_steps);
   auto every = [&](double per_epoch) { return std::max<int64_t>(1, int64_t(double(steps_per_epoch) / per_epoch)); };
   r.save_steps = c.save_steps == 0 && c.saves_per_epoch > 0 ? every(c.saves_per_epoch) : c.save_steps;
   r.eval_steps = c.eval_steps == 0 && c.evals_per_epoch > 0 ? every(c.evals_per_epoch) : c.eval_steps;
@@ -158,7 +160,7 @@ void print_plan(const Run& r) {
         << r.data.validation.documents() << " validation; " << r.state.total_steps << " steps, gradient accumulation "
         << c.gradient_accumulation_steps << ", lr " << c.learning_rate << " " << to_string(c.lr_scheduler_type)
         << " (warmup " << r.sched.warmup_steps << ")\n";
-  if (r.world > 1)
+  if (r.dp)
     r.log << r.cmd << ": data parallel over " << r.world << " ranks (" << r.comm->backend() << "), ZeRO stage "
           << c.zero_stage << ": global batch " << c.per_device_train_batch_size << " x "
           << c.gradient_accumulation_steps << " x " << r.world << " micro-batches per update\n";
@@ -170,8 +172,9 @@ void print_plan(const Run& r) {
   const DType act = r.ops.activation_dtype();
   const double weights = act == DType::F32 ? 4 * all_weights : 4 * trainable + double(dtype_size(act)) * all_weights;
   r.log << r.cmd << ": memory plan: weights " << weights / gib << " GiB, gradients " << 4 * trainable / gib
-        << " GiB, AdamW moments " << 8 * trainable / gib << " GiB, activations "
-        << double(r.model->activation_bytes()) / gib << " GiB (recompute " << recompute_name(c.recompute) << ")\n";
+        << " GiB, AdamW moments " << 8 * trainable / (r.dp && c.zero_stage >= 1 ? r.world : 1) / gib
+        << " GiB, activations " << double(r.model->activation_bytes()) / gib << " GiB (recompute "
+        << recompute_name(c.recompute) << ")\n";
 }
 
 // The per-step log: progress line, metrics files; MFU against the matmul rate measured at the start.
@@ -275,8 +278,26 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
   std::ostream quiet(nullptr);  // what ranks other than 0 log to: nothing
   const bool lead = !comm || comm->rank() == 0;
   std::ostream& log = lead ? log_in : quiet;
-  Run r{c, mode == TrainMode::kSft ? "sft" : "pt", log, ops, comm, comm ? comm->rank() : 0, comm ? comm->size() : 1,
-        {}, {}, {}, {}, 0, 0, 0, {}, {}, {}, {}};
+  Run r{c,
+        mode == TrainMode::kSft ? "sft" : "pt",
+        log,
+        ops,
+        comm,
+        comm ? comm->rank() : 0,
+        comm ? comm->size() : 1,
+        false,
+        {},
+        {},
+        {},
+        {},
+        0,
+        0,
+        0,
+        {},
+        {},
+        {},
+        {}};
+  r.dp = comm && (comm->size() > 1 || std::string(comm->backend()) != "single");
   print_intent(r);
   set_up(r);
   resume_or_start(r);
@@ -321,7 +342,7 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
   // Every rank stops at the same step: a signal seen by any stops all (after the same update).
   auto stop_requested = [&] {
     const bool here = StopSignal::requested();
-    return r.world > 1 ? comm->all_max_host(here ? 1 : 0) > 0 : here;
+    return r.dp ? comm->all_max_host(here ? 1 : 0) > 0 : here;
   };
   bool stopping = false;
   // Data parallel: LoRA dropout passes before this update (resume restarts the count at the step, as one
@@ -336,7 +357,7 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
     }
     if (!c.dump_batches.empty() && lead) dump_batches(c.dump_batches, r.state.step + 1, micro);
     const double lr = c.learning_rate * lr_factor(r.sched, r.state.step);
-    if (r.world > 1) {
+    if (r.dp) {
       // LoRA dropout draws its masks from the pass count (passes with targets): each rank starts its share
       // where one process would be at that micro-batch.
       int64_t before_mine = 0, with_targets = 0;
@@ -366,7 +387,7 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
   }
   run_eval(r.state.step);
   if (lead) save_final(r, result, has_val, progress, *metrics);
-  if (r.world > 1) comm->barrier();  // no rank reports done before the model is written
+  if (r.dp) comm->barrier();  // no rank reports done before the model is written
   return result;
 }
 

@@ -80,8 +80,8 @@ std::vector<fs::path> optimizer_files(const fs::path& dir) {
   }
   if (found.empty()) user_error(dir.string(), ": not a soltrain checkpoint of this kind (no optimizer.safetensors)");
   if (int(found.size()) != of)
-    user_error(dir.string(), ": has ", found.size(), " of the ", of, " optimizer shards (",
-               shard_name(0, of), " ...): the checkpoint is incomplete");
+    user_error(dir.string(), ": has ", found.size(), " of the ", of, " optimizer shards (", shard_name(0, of),
+               " ...): the checkpoint is incomplete");
   std::sort(found.begin(), found.end());
   return found;
 }

@@ -67,7 +67,8 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
 double TrainStep::loss() const {
   if (!dp_) return sft_.read_loss(model_.ops());
   double s = 0;
-  model_.ops().copy(Tensor{&s, DType::F64, {1}, Device::CPU}, Tensor{loss_sum_.data(), DType::F64, {1}, loss_sum_.device()});
+  model_.ops().copy(Tensor{&s, DType::F64, {1}, Device::CPU},
+                    Tensor{loss_sum_.data(), DType::F64, {1}, loss_sum_.device()});
   return counted_ > 0 ? s / double(counted_) : NAN;
 }
 
