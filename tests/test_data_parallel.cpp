@@ -98,6 +98,27 @@ TEST(DataParallel, MpiRanksMatchOneProcessWithTheMatchingAccumulation) {
   }
 }
 
+// The data-parallel path at world size 1 (MPI alone: collectives, hooks, the sharded update and the gathers)
+// trains bitwise as the single process does.
+TEST(DataParallel, OneMpiRankIsBitwiseTheSingleProcess) {
+  DpSetup s;
+  ASSERT_EQ(s.sft(0, "one", "--set gradient_accumulation_steps=2").code, 0);
+  const auto want = s.losses("one");
+  for (int zero : {0, 2}) {
+    const std::string out = "mpi1-z" + std::to_string(zero);
+    ::setenv("SOLTRAIN_COMMUNICATOR", "mpi", 1);
+    const CliRun r = s.sft(0, out, "--set gradient_accumulation_steps=2 --set zero_stage=" + std::to_string(zero));
+    ::unsetenv("SOLTRAIN_COMMUNICATOR");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.err.find("data parallel over 1 ranks (mpi)"), std::string::npos) << r.err;
+    EXPECT_EQ(s.losses(out), want) << out;
+    ASSERT_TRUE(fs::exists(s.t.path / out / "model" / "model.safetensors"));
+    EXPECT_EQ(s.read(s.t.path / out / "model" / "model.safetensors"),
+              s.read(s.t.path / "one" / "model" / "model.safetensors"))
+        << out;
+  }
+}
+
 TEST(DataParallel, GpusWorkersOverTcpMatchOneProcess) {
   DpSetup s;
   ASSERT_EQ(s.sft(0, "one", "--set gradient_accumulation_steps=3").code, 0);
