@@ -6,6 +6,9 @@
 #   bash bench/gpu_core_check.sh [refs] [tests] [peft] [bench] [bench8b]   (no argument: all but bench8b)
 set -u
 steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(refs tests peft bench8b)
+set -u
+steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(refs tests peft bench)
 mkdir -p /work && ln -sfn "$PWD" /work/main
 mkdir -p build-cuda && ln -sf "$PWD/.devbin/soltrain" build-cuda/soltrain  # the tests' compiled-in binary path
@@ -22,15 +25,20 @@ for s in "${steps[@]}"; do
       timeout 300 "$B/soltrain_tests" --gtest_filter='*Cuda*:Shapes/*:*Objective*:LayerHooks*:SftTrajectory*:Fixtures/*' \
         > "$OUT/gpu-tests.log" 2>&1
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/gpu-tests.log" ;;
+    probe)
+      timeout 300 python3 tests/tools/probe_lora_precision.py "$B/soltrain" --cases 6 > "$OUT/probe.log" 2>&1
+      tail -8 "$OUT/probe.log" ;;
     peft)
-      timeout 200 python3 tests/tools/check_peft.py "$B/soltrain" --cases 6 --cuda > "$OUT/peft.log" 2>&1
-      tail -12 "$OUT/peft.log" ;;
+      timeout 300 python3 tests/tools/check_peft.py "$B/soltrain" --cases 12 --cuda > "$OUT/peft.log" 2>&1
+      grep -E "CUDA LoRA|^case|failures" "$OUT/peft.log" | tail -40 ;;
     bench)
-      timeout 330 python3 bench/run_bench.py --soltrain "$B/soltrain" --baseline "$B/soltrain-before" --sizes 0.6B \
+      timeout 400 python3 bench/run_bench.py --soltrain "$B/soltrain" --baseline "$B/soltrain-before" --sizes 0.6B \
+        --variant "fp32 residual=--residual-dtype fp32" \
         --peers eager --attention "" --out "$OUT" > "$OUT/bench.log" 2>&1
       tail -40 "$OUT/bench.log" ;;
     bench8b)
-      timeout 500 python3 bench/run_bench.py --soltrain "$B/soltrain" --baseline "$B/soltrain-before" --sizes 8B \
+      timeout 550 python3 bench/run_bench.py --soltrain "$B/soltrain" --baseline "$B/soltrain-before" --sizes 8B \
+        --variant "bf16 residual=--residual-dtype bf16" \
         --batch 8B=2 --lora-rank 16 --peers eager --attention "" --out "$OUT" > "$OUT/bench8b.log" 2>&1
       tail -40 "$OUT/bench8b.log" ;;
   esac

@@ -40,10 +40,10 @@ def save_model(name, root):
     return path
 
 
-def run_soltrain(binary, path, batch, seq, steps, lora_rank=0, recompute="none"):
+def run_soltrain(binary, path, batch, seq, steps, lora_rank=0, recompute="none", extra=()):
     out = subprocess.run([binary, "bench", "--model", path, "--batch-size", str(batch), "--seq-len", str(seq),
                           "--steps", str(steps), "--device", "cuda", "--lora-rank", str(lora_rank),
-                          "--recompute", recompute],
+                          "--recompute", recompute, *extra],
                          capture_output=True, text=True)
     if out.returncode != 0:
         return {"error": out.stderr.strip()[-300:]}
@@ -124,6 +124,9 @@ def main():
     ap.add_argument("--models", default="/tmp/soltrain-bench-models")
     ap.add_argument("--recompute", default="none", help="soltrain's activation recompute: none, selective, full")
     ap.add_argument("--lora-rank", type=int, default=0, help="LoRA on all seven projections (PEFT for the peer)")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="LABEL=ARGS: one more run of --soltrain with these extra bench arguments, e.g. "
+                         "'bf16 residual=--residual-dtype bf16'")
     ap.add_argument("--batch", default="", help="override batch sizes, e.g. 8B=2,0.6B=8")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
@@ -135,6 +138,10 @@ def main():
         batch, fpt = batches[name], flops_per_token(name, a.seq, lora=a.lora_rank > 0)
         path = save_model(name, a.models)
         rows = [run_soltrain(a.soltrain, path, batch, a.seq, a.steps, a.lora_rank, a.recompute)]
+        for v in a.variant:
+            label, args = v.split("=", 1)
+            rows.append(run_soltrain(a.soltrain, path, batch, a.seq, a.steps, a.lora_rank, a.recompute, args.split()))
+            rows[-1]["engine"] = f"soltrain ({label})"
         if a.baseline:
             rows.append(run_soltrain(a.baseline, path, batch, a.seq, a.steps, a.lora_rank, a.recompute))
             rows[-1]["engine"] = "soltrain (baseline)"

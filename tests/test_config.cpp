@@ -127,6 +127,18 @@ TEST(Config, EditDistance) {
   EXPECT_EQ(edit_distance("seed", "seed"), 0u);
 }
 
+TEST(Config, ResidualDtype) {
+  const auto parse = [](const std::string& v) {
+    return parse_train_config(kBase + "residual_dtype: " + v + "\n", "cfg.yaml", {}, TrainMode::kSft).residual_dtype;
+  };
+  EXPECT_EQ(parse("fp32"), DType::F32);
+  EXPECT_EQ(parse("bf16"), DType::BF16);
+  EXPECT_EQ(parse("auto"), std::nullopt);
+  EXPECT_EQ(parse_train_config(kBase, "cfg.yaml", {}, TrainMode::kSft).residual_dtype, std::nullopt);
+  EXPECT_EQ(error_of(kBase + "residual_dtype: fp16\n"),
+            "cfg.yaml:6: residual_dtype: \"fp16\" is not valid: expected auto, fp32 or bf16");
+}
+
 TEST(Config, PeerKeysMapToSoltrainSettings) {
   const TrainConfig c = parse_train_config(kBase +
                                                "gradient_checkpointing: true\noptimizer: adamw_torch_fused\n"

@@ -30,12 +30,16 @@ std::function<int()> add_bench_command(CLI::App& app) {
   struct Opts {
     std::string model, device = "cuda";
     int batch = 8, seq = 2048, steps = 10, warmup = 3, lora_rank = 0;
-    std::string recompute = "none";
+    std::string recompute = "none", residual_dtype = "auto";
   };
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand("bench", "time full training steps (AdamW) on random tokens");
   c->add_option("--recompute", o->recompute, "activation recompute: none, selective or full")
       ->check(CLI::IsMember({"none", "selective", "full"}))
+      ->capture_default_str();
+  c->add_option("--residual-dtype", o->residual_dtype,
+                "the residual stream's dtype on the GPU: auto (fp32 with LoRA, else bf16), fp32 or bf16")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
       ->capture_default_str();
   c->add_option("--lora-rank", o->lora_rank, "LoRA on all seven projections with this rank (alpha 2r); 0 = full")
       ->check(CLI::NonNegativeNumber)
@@ -60,6 +64,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
     for (int i = 0; i < o->batch * o->seq; ++i) batch.input_ids.push_back(int32_t(rng() % uint32_t(V)));
     batch.targets = batch.input_ids;
     std::rotate(batch.targets.begin(), batch.targets.begin() + 1, batch.targets.end());
+    model->set_residual_dtype(parse_residual_dtype(o->residual_dtype, "--residual-dtype"));
     model->plan(o->batch, o->seq, parse_recompute(o->recompute, "--recompute"));
     const OptimizerConfig cfg{1e-5f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
     TrainStep train_step(*model, cfg);  // the trainer's own step path
@@ -82,6 +87,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
                      {"trainable_params", model->params().numel()},
                      {"lora_rank", o->lora_rank},
                      {"recompute", o->recompute},
+                     {"residual_dtype", model->residual_dtype() == DType::F32 ? "fp32" : "bf16"},
                      {"batch", o->batch},
                      {"seq", o->seq},
                      {"step_s", step},

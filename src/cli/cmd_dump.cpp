@@ -15,7 +15,7 @@ namespace soltrain {
 
 std::function<int()> add_dump_command(CLI::App& app) {
   struct Opts {
-    std::string model, adapter, save_adapter, batch, out, device = "cpu";
+    std::string model, adapter, save_adapter, batch, out, device = "cpu", residual_dtype = "auto";
   };
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand("dump", "write logits, loss and gradients of one batch as safetensors");
@@ -26,6 +26,10 @@ std::function<int()> add_dump_command(CLI::App& app) {
       ->needs("--adapter");
   c->add_option("--batch", o->batch, "safetensors with input_ids and targets [B,T]")->required();
   c->add_option("--out", o->out, "output .safetensors file")->required();
+  c->add_option("--residual-dtype", o->residual_dtype,
+                "the residual stream's dtype on the GPU: auto (fp32 with LoRA, else bf16), fp32 or bf16")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
+      ->capture_default_str();
   add_device_option(c, o->device);
   return [o]() {
     if (!o->save_adapter.empty()) {
@@ -39,6 +43,7 @@ std::function<int()> add_dump_command(CLI::App& app) {
     model->enable_dropout(false);  // a reference to compare with is deterministic (PEFT in eval mode)
     const HostBatch batch = load_batch_file(o->batch);
     validate_batch(batch, model->config().vocab_size, o->batch);
+    model->set_residual_dtype(parse_residual_dtype(o->residual_dtype, "--residual-dtype"));
     model->plan(batch.rows, batch.seq_len);
     const int64_t V = model->config().vocab_size;
     std::vector<float> logits(size_t(batch.rows) * size_t(batch.seq_len) * size_t(V));

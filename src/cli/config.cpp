@@ -372,6 +372,12 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
          if (r != "none" && r != "selective" && r != "full") bad_value(e, "recompute", "none, selective or full");
          c.recompute = parse_recompute(r, "recompute");
        }},
+      {"residual_dtype",
+       [&](const Entry& e) {
+         const std::string r = get_string(e, "residual_dtype");
+         if (r != "auto" && r != "fp32" && r != "bf16") bad_value(e, "residual_dtype", "auto, fp32 or bf16");
+         c.residual_dtype = parse_residual_dtype(r, "residual_dtype");
+       }},
       {"adapter",
        [&](const Entry& e) {
          const std::string a = get_string(e, "adapter");

@@ -100,7 +100,8 @@ class Ops {
   virtual void enable_profiling(bool) {}
   virtual std::map<std::string, double> collect_profile() { return {}; }
 
-  // out[n] = table[ids[n]]; backward: dtable[ids[n]] += dout[n], accumulated deterministically.
+  // out[n] = table[ids[n]]; backward: dtable[ids[n]] += dout[n], accumulated deterministically. out and
+  // dout are in the residual stream's dtype.
   virtual void embedding_forward(Tensor out, const Tensor& ids, const Tensor& table) = 0;
   virtual void embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout) = 0;
 
@@ -114,11 +115,14 @@ class Ops {
   virtual void linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy,
                                const Tensor& x, const Weight& w, float dx_alpha = 1.0f) = 0;
 
-  // Row-wise over the last dim C of x [R, C]: y = x / sqrt(mean(x²) + eps) * w; rstd [R] saved.
+  // Row-wise over the last dim C of x [R, C]: y = x / sqrt(mean(x²) + eps) * w; rstd [R] saved. x may be in
+  // the residual stream's dtype (fp32 next to bf16 activations), y is in the activation dtype.
   virtual void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) = 0;
-  // dx (= or +=), dw += (skipped when dw is undefined: a frozen weight).
+  // dx (= or +=), dw += (skipped when dw is undefined: a frozen weight). x and dx may be the residual
+  // stream's dtype (fp32 next to bf16 activations); then dx_rounded, when given, receives dx's new value in
+  // the activation dtype too (what the GEMMs of the layer below read) in the same pass.
   virtual void rmsnorm_backward(Tensor dx, bool accumulate_dx, Tensor dw, const Tensor& dy, const Tensor& x,
-                                const Tensor& w, const Tensor& rstd) = 0;
+                                const Tensor& w, const Tensor& rstd, Tensor dx_rounded = {}) = 0;
 
   // In place on x [N, heads, hd], half-rotation layout (pairs i, i + hd/2); inverse = the backward.
   virtual void rope(Tensor x, const SeqLayout& seq, const Tensor& inv_freq, bool inverse) = 0;
@@ -126,7 +130,8 @@ class Ops {
   // Fused forms. The defaults run the separate ops in turn and define the result; a backend may do the
   // same work in one pass (the CUDA backend does), matching them within rounding.
   //
-  // The residual add and the RMSNorm that follows it: sum = a + b (in the activation dtype), then
+  // The residual add and the RMSNorm that follows it: sum = a + b (in the residual stream's dtype, a's; b in
+  // the activation dtype), then
   // rmsnorm_forward(y, rstd, sum, w, eps).
   virtual void add_rmsnorm_forward(Tensor sum, Tensor y, Tensor rstd, const Tensor& a, const Tensor& b, const Tensor& w,
                                    float eps) {

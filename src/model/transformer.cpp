@@ -31,8 +31,9 @@ struct Transformer::Activations {
   std::vector<Tensor> resid;  // L+1 residual streams [N,D]: input of layer l, and the final one
   std::vector<Tensor> h1, rstd1, q_raw, k_raw, q_rstd, k_rstd, q, k, v, attn, lse, mid, h2, rstd2, gate, up, act;
   Tensor hf, rstdf;  // final norm
-  // scratch
-  Tensor tmp, dres, dh, dhf, dact, dgate, dup, dattn, dq, dk, dv, dq_raw, dk_raw, logits, dlogits;
+  // scratch. dres is the residual stream's gradient (in its dtype); dres_act the same rounded to the
+  // activation dtype for the GEMMs that read it (the same tensor when the dtypes agree).
+  Tensor tmp, dres, dres_act, dh, dhf, dact, dgate, dup, dattn, dq, dk, dv, dq_raw, dk_raw, logits, dlogits;
   // the objective's view: per-token NLL, d loss / d NLL, per-document sums
   Tensor token_nll, token_weight, doc_nll;
   ForwardOutputs out;
@@ -99,6 +100,13 @@ Recompute parse_recompute(const std::string& s, const std::string& where) {
   user_error(where, ": recompute must be none, selective or full, got '", s, "'");
 }
 
+std::optional<DType> parse_residual_dtype(const std::string& s, const std::string& where) {
+  if (s == "auto") return std::nullopt;
+  if (s == "fp32") return DType::F32;
+  if (s == "bf16") return DType::BF16;
+  user_error(where, ": residual_dtype must be auto, fp32 or bf16, got '", s, "'");
+}
+
 const char* recompute_name(Recompute r) {
   switch (r) {
     case Recompute::None: return "none";
@@ -137,7 +145,8 @@ void Transformer::plan(int rows, int seq_len, Recompute recompute) {
   };
   a->recompute = recompute;
   const bool attn_rc = recompute == Recompute::Full, mlp_rc = recompute != Recompute::None;
-  per_layer(a->resid, {N, D}, L + 1, act);
+  const DType res = residual_dtype();
+  per_layer(a->resid, {N, D}, L + 1, res);
   per_layer(a->h1, {N, D}, L, act, attn_rc);
   per_layer(a->rstd1, {N}, L, f32, attn_rc);
   per_layer(a->q, {N, H, hd}, L, act, attn_rc);
@@ -151,7 +160,7 @@ void Transformer::plan(int rows, int seq_len, Recompute recompute) {
   }
   per_layer(a->attn, {N, H * hd}, L, act, attn_rc);
   per_layer(a->lse, {H, N}, L, f32, attn_rc);
-  per_layer(a->mid, {N, D}, L, act, attn_rc);
+  per_layer(a->mid, {N, D}, L, res, attn_rc);
   per_layer(a->h2, {N, D}, L, act, mlp_rc);
   per_layer(a->rstd2, {N}, L, f32, mlp_rc);
   per_layer(a->gate, {N, F}, L, act, mlp_rc);
@@ -159,7 +168,9 @@ void Transformer::plan(int rows, int seq_len, Recompute recompute) {
   per_layer(a->act, {N, F}, L, act, mlp_rc);
   one(a->hf, {N, D}, act);
   one(a->rstdf, {N}, f32);
-  for (Tensor* t : {&a->tmp, &a->dres, &a->dh, &a->dhf}) one(*t, {N, D}, act);
+  for (Tensor* t : {&a->tmp, &a->dh, &a->dhf}) one(*t, {N, D}, act);
+  one(a->dres, {N, D}, res);
+  if (res != act) one(a->dres_act, {N, D}, act);
   for (Tensor* t : {&a->dact, &a->dgate, &a->dup}) one(*t, {N, F}, act);
   one(a->dattn, {N, H * hd}, act);
   one(a->dq, {N, H, hd}, act);
@@ -195,6 +206,7 @@ void Transformer::plan(int rows, int seq_len, Recompute recompute) {
   ar.bind(ops_.alloc(ar.total_bytes()));
   for (auto& [t, h] : bind) *t = ar.get(h);
   for (auto& [v, count] : aliased) v->assign(count, (*v)[0]);
+  if (res == act) a->dres_act = a->dres;
   if (act == f32) a->dlogits = a->logits;  // the gradient overwrites the logits in place
   if (!c.qk_norm) {                        // without q/k norm, RoPE rotates the projections in place
     a->q_raw = a->q;
@@ -352,7 +364,8 @@ void Transformer::backward(Objective& objective) {
     head_pass(&a.token_weight, nullptr);
   }
   Parameter& final_norm = params_.at(kFinalNorm);
-  ops_.rmsnorm_backward(a.dres, false, grad_or_empty(&final_norm), a.dhf, a.resid[L], final_norm.value, a.rstdf);
+  ops_.rmsnorm_backward(a.dres, false, grad_or_empty(&final_norm), a.dhf, a.resid[L], final_norm.value, a.rstdf,
+                        dres_rounded());
   for (int64_t l = L - 1; l >= 0; --l) {
     if (hooks_) hooks_->before_backward(int(l));
     backward_layer(l);
@@ -376,17 +389,23 @@ void Transformer::backward_layer(int64_t l) {
   if (a.recompute == Recompute::Full) forward_attention(l, true);  // (its fused add + norm refills h2 too)
   if (a.recompute != Recompute::None) forward_mlp(l, false, a.recompute == Recompute::Selective);
   // MLP: resid[l+1] = mid + down(swiglu(gate(h2), up(h2)))
-  w.mlp.backward(o, a.dh, a.dres, a.h2[l], mlp(l), MlpGrads{a.dact, a.dgate, a.dup}, lp, l);
-  o.rmsnorm_backward(a.dres, true, grad_or_empty(w.ln2), a.dh, a.mid[l], w.ln2->value, a.rstd2[l]);
+  w.mlp.backward(o, a.dh, a.dres_act, a.h2[l], mlp(l), MlpGrads{a.dact, a.dgate, a.dup}, lp, l);
+  o.rmsnorm_backward(a.dres, true, grad_or_empty(w.ln2), a.dh, a.mid[l], w.ln2->value, a.rstd2[l], dres_rounded());
   // attention: mid = resid[l] + o_proj(attn(rope(norm(q)), rope(norm(k)), v))
   const QkvTensors t = qkv(l);
-  w.attn.o.backward(o, &a.dattn, false, a.dres, a.attn[l], lora_u(LoraTarget::o, l), lp.at(l, LoraTarget::o),
+  w.attn.o.backward(o, &a.dattn, false, a.dres_act, a.attn[l], lora_u(LoraTarget::o, l), lp.at(l, LoraTarget::o),
                     lp.scratch);
   o.attention_backward(a.dq, a.dk, a.dv, a.dattn.view({N, H, hd}), a.q[l], a.k[l], a.v[l], a.attn[l].view({N, H, hd}),
                        a.lse[l], a.seq, a.scale);
   w.attn.backward_qkv(o, a.dh, false, QkvGrads{a.dq, a.dk, a.dv, a.dq_raw, a.dk_raw}, a.h1[l], t, a.seq, inv_freq_t_,
                       lp, l);
-  o.rmsnorm_backward(a.dres, true, grad_or_empty(w.ln1), a.dh, a.resid[l], w.ln1->value, a.rstd1[l]);
+  // (layer 0's rounded copy has no reader: the embedding's backward takes the residual gradient itself)
+  o.rmsnorm_backward(a.dres, true, grad_or_empty(w.ln1), a.dh, a.resid[l], w.ln1->value, a.rstd1[l],
+                     l > 0 ? dres_rounded() : Tensor{});
+}
+
+Tensor Transformer::dres_rounded() const {
+  return acts_->dres_act.data != acts_->dres.data ? acts_->dres_act : Tensor{};
 }
 
 void Transformer::forward_attention(int64_t l, bool norm_input) {

@@ -47,6 +47,8 @@ struct StepResult {
 enum class Recompute { None, Selective, Full };
 Recompute parse_recompute(const std::string& s, const std::string& where);  // none | selective | full
 const char* recompute_name(Recompute r);
+// The residual stream's dtype as users spell it: auto (nullopt: the run chooses), fp32 or bf16.
+std::optional<DType> parse_residual_dtype(const std::string& s, const std::string& where);
 
 // Per-layer events of a step, for work that must follow the layers: reducing a layer's gradients as soon
 // as they are final, gathering or prefetching its weights before use, offload copies. Parameter groups
@@ -83,6 +85,19 @@ class Transformer {
   const Tensor& inv_freq() const { return inv_freq_t_; }
   int head_group() const { return config_.num_layers; }  // the parameter group of embedding, norm, head
 
+  // The dtype of the residual stream (the embedding output, every layer's sums, the final hidden state) and of
+  // its gradient, next to bf16 activations on the GPU. fp32 is what PEFT under bf16 autocast computes (its
+  // residual adds run on fp32 tensors; only matmul inputs are rounded, here the norms' outputs and a bf16 copy
+  // of the gradient); bf16 is what transformers computes on a model held in bf16, and halves those tensors'
+  // memory and traffic. Unset (nullopt) chooses per run: fp32 with LoRA, where the adapters' small gradients
+  // are the whole update and the step is GEMM-bound (1.1% of a Qwen3-8B LoRA step, 2.3 GiB), bf16 for full
+  // fine-tuning (fp32 costs 2.2% of a Qwen3-0.6B step and 1.8 GiB; bench/NOTES.md run 19). Set before
+  // plan(); the CPU computes in fp32 either way.
+  void set_residual_dtype(std::optional<DType> d) { residual_dtype_ = d; }
+  DType residual_dtype() const {
+    if (ops_.activation_dtype() == DType::F32) return DType::F32;
+    return residual_dtype_.value_or(lora_ ? DType::F32 : ops_.activation_dtype());
+  }
   // Sizes and allocates every activation for batches of `rows` × `seq_len` tokens.
   void plan(int rows, int seq_len, Recompute recompute = Recompute::None);
   size_t activation_bytes() const;
@@ -117,6 +132,7 @@ class Transformer {
   // and with `weights` its backward into dhf and the head's gradient.
   void head_pass(const Tensor* weights, float* logits_out);
   void backward_layer(int64_t l);
+  Tensor dres_rounded() const;  // where rmsnorm_backward also writes dres in the activation dtype (or none)
   QkvTensors qkv(int64_t l) const;
   MlpTensors mlp(int64_t l) const;
   LoraPass lora_pass() const;
@@ -133,6 +149,7 @@ class Transformer {
   Buffer inv_freq_;
   Tensor inv_freq_t_;
   LayerHooks* hooks_ = nullptr;
+  std::optional<DType> residual_dtype_;
   std::unique_ptr<SftObjective> own_sft_;  // step()'s objective
 };
 

@@ -104,6 +104,7 @@ void set_up(Run& r) {
   r.sched = ScheduleConfig{c.lr_scheduler_type, total, c.warmup_steps, c.wsd_decay_ratio};
   if (c.warmup_steps == 0 && c.warmup_ratio > 0) r.sched.warmup_steps = warmup_from_ratio(total, c.warmup_ratio);
 
+  r.model->set_residual_dtype(c.residual_dtype);
   r.model->plan(lo.rows, lo.seq_len, c.recompute);
   r.opt = OptimizerConfig{float(c.learning_rate), float(c.adamw_beta1),  float(c.adamw_beta2),
                           float(c.adamw_epsilon), float(c.weight_decay), float(c.max_grad_norm)};
@@ -174,7 +175,8 @@ void print_plan(const Run& r) {
   r.log << r.cmd << ": memory plan: weights " << weights / gib << " GiB, gradients " << 4 * trainable / gib
         << " GiB, AdamW moments " << 8 * trainable / (r.dp && c.zero_stage >= 1 ? r.world : 1) / gib
         << " GiB, activations " << double(r.model->activation_bytes()) / gib << " GiB (recompute "
-        << recompute_name(c.recompute) << ")\n";
+        << recompute_name(c.recompute) << ", residual stream "
+        << (r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16") << ")\n";
 }
 
 // The per-step log: progress line, metrics files; MFU against the matmul rate measured at the start.

@@ -55,6 +55,7 @@ struct TrainConfig {
   double adamw_beta1 = 0.9, adamw_beta2 = 0.999, adamw_epsilon = 1e-8;
   uint64_t seed = 42;
   Recompute recompute = Recompute::None;
+  std::optional<DType> residual_dtype;  // the residual stream on the GPU; unset: the run chooses (Transformer)
   LoraSettings lora;
   int64_t save_steps = 0;    // 0 = only at the end (and on Ctrl-C)
   int save_total_limit = 0;  // 0 = keep all

@@ -22,7 +22,7 @@ class CpuOps final : public Ops {
                        const Weight& w, float dx_alpha) override;
   void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) override;
   void rmsnorm_backward(Tensor dx, bool accumulate_dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                        const Tensor& rstd) override;
+                        const Tensor& rstd, Tensor dx_rounded = {}) override;
   void rope(Tensor x, const SeqLayout& seq, const Tensor& inv_freq, bool inverse) override;
   void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                          const SeqLayout& seq, float scale) override;

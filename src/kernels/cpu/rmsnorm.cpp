@@ -20,7 +20,7 @@ void CpuOps::rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tenso
 }
 
 void CpuOps::rmsnorm_backward(Tensor dx, bool accumulate_dx, Tensor dw, const Tensor& dy, const Tensor& x,
-                              const Tensor& w, const Tensor& rstd) {
+                              const Tensor& w, const Tensor& rstd, Tensor dx_rounded) {
   const int64_t C = x.dim(-1), R = x.numel() / C;
   const float* wp = w.f32();
   float* dwp = dw.f32();
@@ -40,6 +40,7 @@ void CpuOps::rmsnorm_backward(Tensor dx, bool accumulate_dx, Tensor dw, const Te
       if (dwp) dwp[c] += gr[c] * xh;  // undefined dw: a frozen weight
     }
   }
+  if (dx_rounded.defined()) copy(dx_rounded, dx);  // the CPU computes in fp32 throughout: a plain copy
 }
 
 }  // namespace soltrain

@@ -17,7 +17,9 @@ int64_t splits_for(int64_t R, int64_t C, int sms) {
   return std::clamp<int64_t>((4 * sms + col_blocks - 1) / col_blocks, 1, std::max<int64_t>(1, R / 64));
 }
 
-__global__ void column_partials(float* partials, const bf16* dy, const bf16* x, const float* rstd, int64_t R, int64_t C,
+// x (the normalised rows' input) is bf16 or fp32: the residual stream's type.
+template <typename TX>
+__global__ void column_partials(float* partials, const bf16* dy, const TX* x, const float* rstd, int64_t R, int64_t C,
                                 int64_t rows_per_split) {
   __shared__ float acc[kRowsPar][kCols + 1];
   const int64_t c = int64_t(blockIdx.x) * kCols + threadIdx.x;
@@ -26,7 +28,7 @@ __global__ void column_partials(float* partials, const bf16* dy, const bf16* x, 
   if (c < C)
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowsPar) {
       const float g = to_f(dy[r * C + c]);
-      s += x ? g * (to_f(x[r * C + c]) * rstd[r]) : g;
+      s += x ? g * (ld(x + r * C + c) * rstd[r]) : g;
     }
   acc[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
@@ -38,7 +40,8 @@ __global__ void column_partials(float* partials, const bf16* dy, const bf16* x, 
 }
 
 // The same with 8 consecutive columns per thread and 16-byte loads (C % 8 == 0, aligned rows).
-__global__ void column_partials_vec8(float* partials, const bf16* dy, const bf16* x, const float* rstd, int64_t R,
+template <typename TX>
+__global__ void column_partials_vec8(float* partials, const bf16* dy, const TX* x, const float* rstd, int64_t R,
                                      int64_t C, int64_t rows_per_split) {
   __shared__ float acc[kRowsPar][kCols * 8 + 4];
   const int64_t c = (int64_t(blockIdx.x) * kCols + threadIdx.x) * 8;
@@ -49,10 +52,9 @@ __global__ void column_partials_vec8(float* partials, const bf16* dy, const bf16
       const uint4 g4 = *reinterpret_cast<const uint4*>(dy + r * C + c);
       const bf16* g = reinterpret_cast<const bf16*>(&g4);
       if (x) {
-        const uint4 x4 = *reinterpret_cast<const uint4*>(x + r * C + c);
-        const bf16* xv = reinterpret_cast<const bf16*>(&x4);
+        const F8 xv = load8f(x + r * C + c);
         const float rs = rstd[r];
-        for (int i = 0; i < 8; ++i) s[i] += to_f(g[i]) * (to_f(xv[i]) * rs);
+        for (int i = 0; i < 8; ++i) s[i] += to_f(g[i]) * (xv.v[i] * rs);
       } else {
         for (int i = 0; i < 8; ++i) s[i] += to_f(g[i]);
       }
@@ -80,8 +82,10 @@ int64_t column_sum_partial_floats(int64_t R, int64_t C, int sms) {
   return splits_for(R, C, sms) * C;
 }
 
-void column_sum(float* out, const bf16* dy, const bf16* x, const float* rstd, int64_t R, int64_t C, float* partials,
-                int sms, cudaStream_t s) {
+namespace {
+template <typename TX>
+void column_sum_of(float* out, const bf16* dy, const TX* x, const float* rstd, int64_t R, int64_t C, float* partials,
+                   int sms, cudaStream_t s) {
   const int64_t splits = splits_for(R, C, sms);
   const int64_t rows_per_split = (R + splits - 1) / splits;
   const bool vec =
@@ -96,6 +100,16 @@ void column_sum(float* out, const bf16* dy, const bf16* x, const float* rstd, in
   CUDA_CHECK_LAUNCH();
   column_finish<<<blocks_for(C, 256), 256, 0, s>>>(out, partials, C, splits);
   CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
+void column_sum(float* out, const bf16* dy, const bf16* x, const float* rstd, int64_t R, int64_t C, float* partials,
+                int sms, cudaStream_t s) {
+  column_sum_of(out, dy, x, rstd, R, C, partials, sms, s);
+}
+void column_sum(float* out, const bf16* dy, const float* x, const float* rstd, int64_t R, int64_t C, float* partials,
+                int sms, cudaStream_t s) {
+  column_sum_of(out, dy, x, rstd, R, C, partials, sms, s);
 }
 
 namespace {

@@ -45,7 +45,7 @@ class CudaOps final : public Ops {
                        const Weight& w, float dx_alpha) override;
   void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) override;
   void rmsnorm_backward(Tensor dx, bool accumulate_dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                        const Tensor& rstd) override;
+                        const Tensor& rstd, Tensor dx_rounded = {}) override;
   void rope(Tensor x, const SeqLayout& seq, const Tensor& inv_freq, bool inverse) override;
   void add_rmsnorm_forward(Tensor sum, Tensor y, Tensor rstd, const Tensor& a, const Tensor& b, const Tensor& w,
                            float eps) override;

@@ -9,10 +9,12 @@ namespace soltrain {
 using cuda::bf16;
 
 namespace {
-__global__ void embedding_fwd(bf16* out, const int32_t* ids, const bf16* table, int64_t D) {
+// out is the residual stream: bf16 or fp32 (the bf16 table's values exactly).
+template <typename TR>
+__global__ void embedding_fwd(TR* out, const int32_t* ids, const bf16* table, int64_t D) {
   const int64_t n = blockIdx.x;
   const bf16* row = table + int64_t(ids[n]) * D;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[n * D + d] = row[d];
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) cuda::st(out + n * D + d, cuda::to_f(row[d]));
 }
 
 constexpr int kIdChunk = 1024, kThreads = 256;
@@ -21,7 +23,8 @@ constexpr int kIdChunk = 1024, kThreads = 256;
 // are compacted into a list in token order (warp ballots and per-warp counts); then the block adds the
 // matching rows one after another. Each row's sum keeps the token order: deterministic. A serial scan of
 // every id by the whole block cost 2.4 ms of a Qwen3-0.6B step (16384 tokens, 528 blocks).
-__global__ void embedding_bwd(float* dtable, const int32_t* ids, const bf16* dout, int64_t N, int64_t D,
+template <typename TR>
+__global__ void embedding_bwd(float* dtable, const int32_t* ids, const TR* dout, int64_t N, int64_t D,
                               int64_t rows_per_block) {
   constexpr int kPerThread = kIdChunk / kThreads, kWarpsPerBlock = kThreads / 32;
   __shared__ int32_t hits[kIdChunk];
@@ -59,9 +62,9 @@ __global__ void embedding_bwd(float* dtable, const int32_t* ids, const bf16* dou
     __syncthreads();
     for (int h = 0; h < total; ++h) {
       const int64_t i = base + hits[h];
-      const bf16* g = dout + i * D;
+      const TR* g = dout + i * D;
       float* row = dtable + int64_t(ids[i]) * D;
-      for (int64_t d = threadIdx.x; d < D; d += kThreads) row[d] += cuda::to_f(g[d]);
+      for (int64_t d = threadIdx.x; d < D; d += kThreads) row[d] += cuda::ld(g + d);
     }
   }
 }
@@ -70,7 +73,10 @@ __global__ void embedding_bwd(float* dtable, const int32_t* ids, const bf16* dou
 void CudaOps::embedding_forward(Tensor out, const Tensor& ids, const Tensor& table) {
   const auto prof = profile("embedding_forward");
   const int64_t N = ids.numel(), D = table.dim(1);
-  embedding_fwd<<<unsigned(N), 256, 0, stream_>>>(out.as<bf16>(), ids.i32(), table.as<bf16>(), D);
+  if (out.dtype == DType::F32)
+    embedding_fwd<<<unsigned(N), 256, 0, stream_>>>(out.f32(), ids.i32(), table.as<bf16>(), D);
+  else
+    embedding_fwd<<<unsigned(N), 256, 0, stream_>>>(out.as<bf16>(), ids.i32(), table.as<bf16>(), D);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -79,8 +85,11 @@ void CudaOps::embedding_backward(Tensor dtable, const Tensor& ids, const Tensor&
   const int64_t N = ids.numel(), V = dtable.dim(0), D = dtable.dim(1);
   const int64_t blocks = std::min<int64_t>(V, 4 * int64_t(sm_count_));
   const int64_t rows = (V + blocks - 1) / blocks;
-  embedding_bwd<<<unsigned((V + rows - 1) / rows), kThreads, 0, stream_>>>(dtable.f32(), ids.i32(), dout.as<bf16>(), N,
-                                                                           D, rows);
+  const unsigned blocks_used = unsigned((V + rows - 1) / rows);
+  if (dout.dtype == DType::F32)
+    embedding_bwd<<<blocks_used, kThreads, 0, stream_>>>(dtable.f32(), ids.i32(), dout.f32(), N, D, rows);
+  else
+    embedding_bwd<<<blocks_used, kThreads, 0, stream_>>>(dtable.f32(), ids.i32(), dout.as<bf16>(), N, D, rows);
   CUDA_CHECK_LAUNCH();
 }
 

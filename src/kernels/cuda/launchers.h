@@ -11,6 +11,8 @@ namespace soltrain::cuda {
 // of RMSNorm, or a bias gradient when x is null. `partials` needs partial_floats(R, C, sms) floats.
 void column_sum(float* out, const __nv_bfloat16* dy, const __nv_bfloat16* x, const float* rstd, int64_t R, int64_t C,
                 float* partials, int sms, cudaStream_t s);
+void column_sum(float* out, const __nv_bfloat16* dy, const float* x, const float* rstd, int64_t R, int64_t C,
+                float* partials, int sms, cudaStream_t s);  // x in fp32 (an fp32 residual stream)
 int64_t column_sum_partial_floats(int64_t R, int64_t C, int sms);
 // out[c] += Σ_b partials[b·C + c] over b in [0, blocks), in that order: the second pass of kernels that write
 // one partial row of a column sum per block.

@@ -130,7 +130,8 @@ void CudaOps::linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor
     const auto prof = profile("linear_backward dbias");
     float* partials =
         static_cast<float*>(scratch(size_t(cuda::column_sum_partial_floats(N, out, sm_count_)) * sizeof(float)));
-    cuda::column_sum(dbias->f32(), dy.as<__nv_bfloat16>(), nullptr, nullptr, N, out, partials, sm_count_, stream_);
+    cuda::column_sum(dbias->f32(), dy.as<__nv_bfloat16>(), static_cast<const __nv_bfloat16*>(nullptr), nullptr, N, out,
+                     partials, sm_count_, stream_);
   }
 }
 

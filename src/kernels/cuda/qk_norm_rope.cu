@@ -6,8 +6,10 @@
 // partials in block order (deterministic). Before, a separate column sum reread dy and x: the fused
 // backward took 9.5 ms of a Qwen3-0.6B step, about twice its memory time.
 // Head dims whose half is odd or above 128 take the separate ops (Ops' defaults).
-// Rounding follows the separate ops exactly (normalised value to bf16, times the weight to bf16, then
-// rotated to bf16), so results match rmsnorm_forward + rope within the order of one reduction.
+// Rounding follows transformers under bf16 autocast: the normalised value is rounded to bf16 (q and k are
+// bf16, and Qwen3's norm casts x̂ back to its input's dtype), the weight's product and the rotation stay in
+// fp32, and y is rounded once. (The separate ops, which head dims this kernel does not serve take, round
+// after the weight and after the rotation too: within a bf16 ulp of this.)
 #include <algorithm>
 #include <type_traits>
 
@@ -68,7 +70,7 @@ __global__ void qk_norm_rope_fwd(bf16* y, float* rstd, const bf16* x, const bf16
       }
       const float rs = rsqrtf(cuda::warp_sum(ss) / float(C) + eps);
       if (threadIdx.x == 0) rstd[row] = rs;
-      auto norm = [&](float v, int c) { return to_f(to_bf(to_f(w[c]) * to_f(to_bf(v * rs)))); };
+      auto norm = [&](float v, int c) { return to_f(w[c]) * to_f(to_bf(v * rs)); };
 #pragma unroll
       for (int m = 0; m < kIters; ++m) {
         const int i = 2 * threadIdx.x + 64 * m;
