@@ -2,7 +2,7 @@
 # Installs the Debian 12 packages soltrain builds and tests with (skipped when all are present).
 set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config libopenblas-dev nlohmann-json3-dev libcli11-dev libpcre2-dev
-          libutf8proc-dev libyaml-cpp-dev libgtest-dev
+          libutf8proc-dev libyaml-cpp-dev libgtest-dev libopenmpi-dev openmpi-bin
           zlib1g-dev libzstd-dev libsnappy-dev  # compressed datasets and parquet pages
           libcurl4-openssl-dev  # Hugging Face hub downloads (src/hub/)
           clang-14 libclang-rt-14-dev)  # scripts/fuzz.sh: libFuzzer and the sanitizer runtimes

@@ -180,7 +180,7 @@ TEST(Config, EmptyFalseOrAlreadyDoneSettingsAreAccepted) {
 
 TEST(Config, MissingFeaturesAreNamedInOneLine) {
   EXPECT_EQ(error_of(kBase + "deepspeed: zero3.json\n"),
-            "cfg.yaml:6: deepspeed: not supported; soltrain runs multi-GPU itself (zero_stage, when it lands)");
+            "cfg.yaml:6: deepspeed: not supported; soltrain runs multi-GPU itself (gpus: N or mpirun, zero_stage)");
   EXPECT_EQ(error_of(kBase + "load_in_4bit: true\n"),
             "cfg.yaml:6: load_in_4bit: 4-bit quantised base weights (QLoRA) are not built yet; drop it for bf16 LoRA");
   EXPECT_EQ(error_of(kBase + "optimizer: lion_8bit\n"),
@@ -196,7 +196,7 @@ TEST(Config, EveryProblemIsReportedAtOnce) {
   EXPECT_EQ(error_of("model: m\nlearning_rat: 1e-4\ndeepspeed: ds.json\nsequence_len: -3\nmodel: n\n"),
             "cfg.yaml: 6 problems: cfg.yaml:5: key \"model\" appears twice (also at cfg.yaml:1); keep one; "
             "cfg.yaml:2: unknown key \"learning_rat\" (did you mean \"learning_rate\"?); "
-            "cfg.yaml:3: deepspeed: not supported; soltrain runs multi-GPU itself (zero_stage, when it lands); "
+            "cfg.yaml:3: deepspeed: not supported; soltrain runs multi-GPU itself (gpus: N or mpirun, zero_stage); "
             "cfg.yaml:4: sequence_len: \"-3\" is not valid: expected an integer from 2 to 16777216; "
             "cfg.yaml: `output_dir` is required; cfg.yaml: `datasets` is required (a list of {path, type})");
 }

@@ -7,6 +7,8 @@
 #include "cli/commands.h"
 #include "cli/error_text.h"
 #include "core/error.h"
+#include "dist/communicator.h"
+#include "dist/launch.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"soltrain: fast training and fine-tuning of language models"};
@@ -46,10 +48,13 @@ int main(int argc, char** argv) {
     for (const auto& [cmd, run] : commands)
       if (cmd->parsed()) return run();
   } catch (const soltrain::UserError& e) {
-    std::cerr << "error: " << soltrain::printable_line(e.what()) << "\n";
+    std::cerr << soltrain::error_prefix() << "error: " << soltrain::printable_line(e.what()) << "\n";
     return 2;
+  } catch (const soltrain::RankFailure& e) {  // another rank of a data-parallel job failed: this one stops
+    std::cerr << soltrain::error_prefix() << "error: " << soltrain::printable_line(e.what()) << "\n";
+    return 1;
   } catch (const std::filesystem::filesystem_error& e) {  // a path the user gave: not there, not writable
-    std::cerr << "error: " << soltrain::printable_line(e.what()) << "\n";
+    std::cerr << soltrain::error_prefix() << "error: " << soltrain::printable_line(e.what()) << "\n";
     return 2;
   } catch (const std::bad_alloc&) {  // sizes are checked before allocating; this is what slipped through
     std::cerr << "error: out of memory: the input asks for more memory than this machine has (std::bad_alloc)\n";
@@ -59,7 +64,8 @@ int main(int argc, char** argv) {
               << soltrain::printable_line(e.what()) << ")\n";
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "internal error (please report): " << soltrain::printable_line(e.what()) << "\n";
+    std::cerr << soltrain::error_prefix() << "internal error (please report): " << soltrain::printable_line(e.what())
+              << "\n";
     return 1;
   }
   return 1;

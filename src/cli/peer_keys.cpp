@@ -72,7 +72,7 @@ Apply one_of(std::vector<std::string> ok, const std::string& feature) {
   };
 }
 
-const std::string kMultiGpu = "not supported; soltrain runs multi-GPU itself (zero_stage, when it lands)";
+const std::string kMultiGpu = "not supported; soltrain runs multi-GPU itself (gpus: N or mpirun, zero_stage)";
 
 const std::map<std::string, Apply>& table() {
   static const std::map<std::string, Apply> t = {
@@ -161,8 +161,8 @@ const std::map<std::string, Apply>& table() {
                       "with the model's own template (chat_template: tokenizer_default)");
          c.chat_template = s;
        }},
-      {"gpus", one_of({"1"}, "multi-GPU training is not built yet (zero_stage, when it lands); use gpus: 1")},
-      {"zero_level", one_of({"1"}, "ZeRO sharding is not built yet (zero_stage, when it lands)")},
+      {"zero_level",
+       one_of({"1"}, "Surogate's ZeRO levels are not read; soltrain's is zero_stage: 0-2 (DeepSpeed's meaning)")},
       // Features soltrain lacks: accepted when off.
       {"deepspeed", off_or(kMultiGpu)},
       {"fsdp", off_or(kMultiGpu)},

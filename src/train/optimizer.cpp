@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "kernels/blockwise8.h"
+#include "io/safetensors_writer.h"
 
 namespace soltrain {
 
@@ -81,13 +83,31 @@ void AdamW::step_8bit(const OptimizerConfig& cfg, float lr, float grad_scale, co
   }
 }
 
+namespace {
+int64_t total(const std::vector<ParamRange>& rs) {
+  int64_t n = 0;
+  for (const ParamRange& r : rs) n += r.numel;
+  return n;
+}
+}  // namespace
+
+AdamW::AdamW(ParameterStore& params, Ops& ops, std::vector<ParamRange> shard)
+    : params_(params), ops_(ops), shard_(std::move(shard)) {
+  const size_t n = size_t(std::max<int64_t>(1, total(*shard_)));
+  m_ = ops.alloc(n * 4);
+  v_ = ops.alloc(n * 4);
+}
+
 void AdamW::step(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq) {
   ++step_;
   if (moments_ == Moments::Blockwise8) return step_8bit(cfg, lr, grad_scale, grad_sumsq);
-  for (const ParamRange& r : params_.ranges()) {
+  int64_t local = 0;
+  for (const ParamRange& r : shard_ ? *shard_ : params_.ranges()) {
     Tensor master = params_.masters(r);
-    Tensor mt{static_cast<float*>(m_.data()) + r.offset, DType::F32, master.shape, ops_.device()};
-    Tensor vt{static_cast<float*>(v_.data()) + r.offset, DType::F32, master.shape, ops_.device()};
+    const int64_t at = shard_ ? local : r.offset;
+    local += r.numel;
+    Tensor mt{static_cast<float*>(m_.data()) + at, DType::F32, master.shape, ops_.device()};
+    Tensor vt{static_cast<float*>(v_.data()) + at, DType::F32, master.shape, ops_.device()};
     AdamWParams p{lr, cfg.beta1, cfg.beta2, cfg.eps, r.decay ? cfg.weight_decay : 0.0f, step_, grad_scale};
     p.grad_sumsq = grad_sumsq;
     p.max_grad_norm = cfg.max_grad_norm;
@@ -105,7 +125,18 @@ StreamedTensor fetched(std::string name, const Tensor& src, Ops& ops) {
             ops.copy(Tensor{dst, src.dtype, src.shape, Device::CPU}, src);
           }};
 }
+constexpr const char* kShardFormat = "soltrain-adamw-shard-1";  // one rank's ranges of the flat moments
 }  // namespace
+
+// The flat layout a shard's offsets refer to: every trainable parameter's name, offset and size.
+std::string layout_fingerprint(const ParameterStore& ps) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (const Parameter& p : ps.all())
+    if (p.trainable)
+      for (char ch : cat(p.name, ":", p.offset, ":", shape_numel(p.shape), ";"))
+        h = (h ^ uint8_t(ch)) * 1099511628211ull;
+  return std::to_string(h);
+}
 
 void AdamW::save(const std::filesystem::path& file) const {
   if (moments_ == Moments::Blockwise8) {
@@ -124,6 +155,24 @@ void AdamW::save(const std::filesystem::path& file) const {
     write_safetensors_streamed(file, tensors, {{"step", std::to_string(step_)}, {"format", kFormat8}});
     return;
   }
+  if (shard_) {
+    nlohmann::json ranges = nlohmann::json::array();
+    for (const ParamRange& r : *shard_) ranges.push_back({r.offset, r.numel});
+    const Shape shape{std::max<int64_t>(1, total(*shard_))};
+    std::vector<StreamedTensor> tensors;
+    for (auto [name, buf] : {std::pair{"exp_avg", &m_}, std::pair{"exp_avg_sq", &v_}})
+      tensors.push_back({name, DType::F32, shape, [this, shape, buf](void* dst) {
+                           ops_.copy(Tensor{dst, DType::F32, shape, Device::CPU},
+                                     Tensor{buf->data(), DType::F32, shape, ops_.device()});
+                         }});
+    write_safetensors_streamed(file, tensors,
+                               {{"step", std::to_string(step_)},
+                                {"format", kShardFormat},
+                                {"ranges", ranges.dump()},
+                                {"numel", std::to_string(params_.numel())},
+                                {"layout", layout_fingerprint(params_)}});
+    return;
+  }
   // Named per parameter, so the file does not depend on how the flat buffers are laid out; each tensor is
   // fetched from the device as the file is written (the moments are never all in host memory).
   std::vector<StreamedTensor> tensors;
@@ -139,74 +188,138 @@ void AdamW::save(const std::filesystem::path& file) const {
 }
 
 void AdamW::load(const std::filesystem::path& file) {
-  const SafetensorsFile f(file);
-  auto meta = [&](const std::string& k) {
-    const auto it = f.metadata().find(k);
-    if (it == f.metadata().end()) user_error(file.string(), ": optimizer state has no '", k, "' in its metadata");
-    return it->second;
-  };
-  const bool file_8bit = meta("format") == kFormat8;
-  if (file_8bit != (moments_ == Moments::Blockwise8))
-    user_error(file.string(), ": optimizer state was saved with ", file_8bit ? "adamw_8bit" : "adamw (fp32 moments)",
-               ", this run uses ", file_8bit ? "adamw (fp32 moments)" : "adamw_8bit",
-               ": resume with the same optimizer, or start a fresh run");
-  if (file_8bit) {
-    for (const Slot& s : slots_)
-      for (bool second : {false, true}) {
-        const std::string name = (second ? "exp_avg_sq." : "exp_avg.") + s.param->name;
-        const std::string abs_name = (second ? "exp_avg_sq.absmax." : "exp_avg.absmax.") + s.param->name;
-        const Tensor dst = s.quantised ? quantised(s, second).code : fp32_moment(s, second);
-        const TensorEntry& e = f.at(name);
-        if (e.dtype != dst.dtype || shape_numel(e.shape) != dst.numel())
-          user_error(file.string(), ": ", name, " is ", dtype_name(e.dtype), " ", shape_str(e.shape), ", expected ",
-                     dtype_name(dst.dtype), " ", shape_str(s.param->shape));
-        ops_.copy(dst, Tensor{const_cast<void*>(e.data), dst.dtype, dst.shape, Device::CPU});
-        if (!s.quantised) continue;
-        const Tensor abs_dst = quantised(s, second).absmax;
-        const TensorEntry& a = f.at(abs_name);
-        if (a.dtype != DType::F32 || a.shape != abs_dst.shape)
-          user_error(file.string(), ": ", abs_name, " is ", dtype_name(a.dtype), " ", shape_str(a.shape),
-                     ", expected F32 ", shape_str(abs_dst.shape));
-        ops_.copy(abs_dst, Tensor{const_cast<void*>(a.data), DType::F32, abs_dst.shape, Device::CPU});
+  load(std::vector<std::filesystem::path>{file});
+}
+
+void AdamW::load(const std::vector<std::filesystem::path>& files) {
+  SOLTRAIN_CHECK(!files.empty());
+  {  // 8-bit state: one file, never sharded
+    const SafetensorsFile f(files[0]);
+    auto meta = [&](const std::string& k) {
+      const auto it = f.metadata().find(k);
+      if (it == f.metadata().end()) user_error(files[0].string(), ": optimizer state has no '", k, "' in its metadata");
+      return it->second;
+    };
+    const bool file_8bit = meta("format") == kFormat8;
+    if (file_8bit != (moments_ == Moments::Blockwise8))
+      user_error(files[0].string(), ": optimizer state was saved with ", file_8bit ? "adamw_8bit" : "adamw (fp32 moments)",
+                 ", this run uses ", file_8bit ? "adamw (fp32 moments)" : "adamw_8bit",
+                 ": resume with the same optimizer, or start a fresh run");
+    if (file_8bit) {
+      if (files.size() != 1)
+        user_error(files[0].string(), ": 8-bit optimizer state is saved whole, not in shards");
+      for (const Slot& s : slots_)
+        for (bool second : {false, true}) {
+          const std::string name = (second ? "exp_avg_sq." : "exp_avg.") + s.param->name;
+          const std::string abs_name = (second ? "exp_avg_sq.absmax." : "exp_avg.absmax.") + s.param->name;
+          const Tensor dst = s.quantised ? quantised(s, second).code : fp32_moment(s, second);
+          const TensorEntry& e = f.at(name);
+          if (e.dtype != dst.dtype || shape_numel(e.shape) != dst.numel())
+            user_error(files[0].string(), ": ", name, " is ", dtype_name(e.dtype), " ", shape_str(e.shape), ", expected ",
+                       dtype_name(dst.dtype), " ", shape_str(s.param->shape));
+          ops_.copy(dst, Tensor{const_cast<void*>(e.data), dst.dtype, dst.shape, Device::CPU});
+          if (!s.quantised) continue;
+          const Tensor abs_dst = quantised(s, second).absmax;
+          const TensorEntry& a = f.at(abs_name);
+          if (a.dtype != DType::F32 || a.shape != abs_dst.shape)
+            user_error(files[0].string(), ": ", abs_name, " is ", dtype_name(a.dtype), " ", shape_str(a.shape),
+                       ", expected F32 ", shape_str(abs_dst.shape));
+          ops_.copy(abs_dst, Tensor{const_cast<void*>(a.data), DType::F32, abs_dst.shape, Device::CPU});
+        }
+      try {
+        step_ = std::stoi(meta("step"));
+      } catch (const std::exception&) {
+        user_error(files[0].string(), ": optimizer step \"", meta("step"), "\" is not a number");
       }
-    try {
-      step_ = std::stoi(meta("step"));
-    } catch (const std::exception&) {
-      user_error(file.string(), ": optimizer step \"", meta("step"), "\" is not a number");
+      return;
     }
-    return;
   }
   std::vector<float> m(size_t(params_.numel())), v(m.size());
-  if (meta("format") == kFormat) {
-    for (const Parameter& p : params_.all())
-      if (p.trainable)
-        for (auto [prefix, host] : {std::pair{"exp_avg.", &m}, std::pair{"exp_avg_sq.", &v}})
-          read_as_f32(f.at(prefix + p.name), p.shape, host->data() + p.offset, file.string() + ": " + prefix + p.name);
-  } else {
-    // The first format: two flat tensors laid out [every decayed parameter | the rest], each in model order.
-    if (meta("decayed_numel") != std::to_string(params_.decayed_numel()))
-      user_error(file.string(), ": optimizer state was saved for another model (parameter layout differs)");
-    const Shape flat{params_.numel()};
-    std::vector<float> fm(m.size()), fv(m.size());
-    read_as_f32(f.at("exp_avg"), flat, fm.data(), file.string() + ": exp_avg");
-    read_as_f32(f.at("exp_avg_sq"), flat, fv.data(), file.string() + ": exp_avg_sq");
-    int64_t off[2] = {0, params_.decayed_numel()};
-    for (const Parameter& p : params_.all()) {
-      if (!p.trainable) continue;
-      int64_t& o = off[p.decay ? 0 : 1];
-      const int64_t n = shape_numel(p.shape);
-      std::copy_n(fm.begin() + o, n, m.begin() + p.offset);
-      std::copy_n(fv.begin() + o, n, v.begin() + p.offset);
-      o += n;
+  std::string step_text;
+  int64_t covered = 0;
+  for (const std::filesystem::path& file : files) {
+    const SafetensorsFile f(file);
+    auto meta = [&](const std::string& k) {
+      const auto it = f.metadata().find(k);
+      if (it == f.metadata().end()) user_error(file.string(), ": optimizer state has no '", k, "' in its metadata");
+      return it->second;
+    };
+    if (!step_text.empty() && meta("step") != step_text)
+      user_error(file.string(), ": optimizer shard at step ", meta("step"), ", another at ", step_text);
+    step_text = meta("step");
+    covered += params_.numel();
+    if (meta("format") == kShardFormat) {
+      if (meta("numel") != std::to_string(params_.numel()) || meta("layout") != layout_fingerprint(params_))
+        user_error(file.string(), ": optimizer shard was saved for another model (parameter layout differs)");
+      covered -= params_.numel();
+      std::vector<std::pair<int64_t, int64_t>> ranges;
+      try {
+        ranges = nlohmann::json::parse(meta("ranges")).get<std::vector<std::pair<int64_t, int64_t>>>();
+      } catch (const nlohmann::json::exception&) {
+        user_error(file.string(), ": malformed 'ranges' in its metadata");
+      }
+      int64_t n = 0;
+      for (const auto& [off, len] : ranges) {
+        if (off < 0 || len < 0 || off + len > params_.numel()) user_error(file.string(), ": range outside the model");
+        n += len;
+      }
+      std::vector<float> fm(size_t(std::max<int64_t>(1, n))), fv(fm.size());
+      read_as_f32(f.at("exp_avg"), Shape{int64_t(fm.size())}, fm.data(), file.string() + ": exp_avg");
+      read_as_f32(f.at("exp_avg_sq"), Shape{int64_t(fv.size())}, fv.data(), file.string() + ": exp_avg_sq");
+      int64_t local = 0;
+      for (const auto& [off, len] : ranges) {
+        std::copy_n(fm.begin() + local, len, m.begin() + off);
+        std::copy_n(fv.begin() + local, len, v.begin() + off);
+        local += len;
+        covered += len;
+      }
+    } else if (meta("format") == kFormat) {
+      for (const Parameter& p : params_.all())
+        if (p.trainable)
+          for (auto [prefix, host] : {std::pair{"exp_avg.", &m}, std::pair{"exp_avg_sq.", &v}})
+            read_as_f32(f.at(prefix + p.name), p.shape, host->data() + p.offset,
+                        file.string() + ": " + prefix + p.name);
+    } else {
+      // The first format: two flat tensors laid out [every decayed parameter | the rest], each in model order.
+      if (meta("decayed_numel") != std::to_string(params_.decayed_numel()))
+        user_error(file.string(), ": optimizer state was saved for another model (parameter layout differs)");
+      const Shape flat{params_.numel()};
+      std::vector<float> fm(m.size()), fv(m.size());
+      read_as_f32(f.at("exp_avg"), flat, fm.data(), file.string() + ": exp_avg");
+      read_as_f32(f.at("exp_avg_sq"), flat, fv.data(), file.string() + ": exp_avg_sq");
+      int64_t off[2] = {0, params_.decayed_numel()};
+      for (const Parameter& p : params_.all()) {
+        if (!p.trainable) continue;
+        int64_t& o = off[p.decay ? 0 : 1];
+        const int64_t n = shape_numel(p.shape);
+        std::copy_n(fm.begin() + o, n, m.begin() + p.offset);
+        std::copy_n(fv.begin() + o, n, v.begin() + p.offset);
+        o += n;
+      }
     }
   }
-  const Shape shape{params_.numel()};
-  ops_.copy(Tensor{m_.data(), DType::F32, shape, ops_.device()}, Tensor{m.data(), DType::F32, shape, Device::CPU});
-  ops_.copy(Tensor{v_.data(), DType::F32, shape, ops_.device()}, Tensor{v.data(), DType::F32, shape, Device::CPU});
+  if (covered != params_.numel())
+    user_error(files[0].parent_path().string(), ": the optimizer shards hold ", covered, " of the model's ",
+               params_.numel(), " moments (a shard file is missing or repeated)");
+  if (shard_) {  // keep this rank's ranges
+    int64_t local = 0;
+    for (const ParamRange& r : *shard_) {
+      const Shape s{r.numel};
+      ops_.copy(Tensor{static_cast<float*>(m_.data()) + local, DType::F32, s, ops_.device()},
+                Tensor{m.data() + r.offset, DType::F32, s, Device::CPU});
+      ops_.copy(Tensor{static_cast<float*>(v_.data()) + local, DType::F32, s, ops_.device()},
+                Tensor{v.data() + r.offset, DType::F32, s, Device::CPU});
+      local += r.numel;
+    }
+  } else {
+    const Shape shape{params_.numel()};
+    ops_.copy(Tensor{m_.data(), DType::F32, shape, ops_.device()}, Tensor{m.data(), DType::F32, shape, Device::CPU});
+    ops_.copy(Tensor{v_.data(), DType::F32, shape, ops_.device()}, Tensor{v.data(), DType::F32, shape, Device::CPU});
+  }
   try {
-    step_ = std::stoi(meta("step"));
+    step_ = std::stoi(step_text);
   } catch (const std::exception&) {
-    user_error(file.string(), ": optimizer step \"", meta("step"), "\" is not a number");
+    user_error(files[0].string(), ": optimizer step \"", step_text, "\" is not a number");
   }
 }
 

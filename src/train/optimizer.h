@@ -1,6 +1,7 @@
 // AdamW over a ParameterStore (torch semantics), with global-norm gradient clipping folded into the update.
 #pragma once
 #include <filesystem>
+#include <optional>
 #include <vector>
 
 #include "model/parameters.h"
@@ -22,6 +23,9 @@ struct OptimizerConfig {
 class AdamW {
  public:
   AdamW(ParameterStore& params, Ops& ops, Moments moments = Moments::F32);
+  // ZeRO-1/2: moments (and updates) for `shard` only, ranges of the flat buffers (data_parallel.h); fp32.
+  AdamW(ParameterStore& params, Ops& ops, std::vector<ParamRange> shard);
+  bool sharded() const { return shard_.has_value(); }
   // One update with learning rate `lr` (the schedule's value for this step), gradients read times
   // `grad_scale`, and times clipping's factor (torch's clip_grad_norm_, kernels/ops.h clip_factor) computed
   // on the device from `grad_sumsq` (F64 [1], Σg²) when given: nothing waits for the host between backward
@@ -33,8 +37,12 @@ class AdamW {
   // The state as a safetensors file: `exp_avg.<name>` and `exp_avg_sq.<name>` per trainable parameter (fp32,
   // or the 8-bit codes with `exp_avg.absmax.<name>` / `exp_avg_sq.absmax.<name>`: resumed bit for bit) and the
   // step count in the metadata. load() also reads the first format (two flat tensors).
+  // A sharded optimizer saves its shard: flat `exp_avg` / `exp_avg_sq` with the ranges they hold (offsets
+  // into the flat buffers) and a fingerprint of that layout in the metadata.
   void save(const std::filesystem::path& file) const;
   void load(const std::filesystem::path& file);
+  // Reads one full file or a set of shard files (any number of ranks) and keeps what this one holds.
+  void load(const std::vector<std::filesystem::path>& files);
 
  private:
   // With 8-bit moments, where each parameter's state lives: codes at `offset` bytes and absmax at `block`
@@ -50,9 +58,12 @@ class AdamW {
 
   ParameterStore& params_;
   Ops& ops_;
-  Moments moments_;
-  Buffer m_, v_;             // fp32: laid out like the parameters' flat buffers (8-bit: the small parameters only)
-  std::vector<Slot> slots_;  // 8-bit only
+  Moments moments_ = Moments::F32;
+  // fp32: laid out like the parameters' flat buffers, or the shard's ranges one after another (8-bit: the
+  // small parameters only)
+  Buffer m_, v_;
+  std::optional<std::vector<ParamRange>> shard_;
+  std::vector<Slot> slots_;              // 8-bit only
   Buffer mq_, vq_, mabs_, vabs_, maps_;  // 8-bit codes, absmax per block, the two maps [2, 256]
   int step_ = 0;
 };

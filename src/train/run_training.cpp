@@ -7,8 +7,13 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <optional>
 #include <ostream>
+#include <span>
 
 #include "core/error.h"
 #include "data/batch_file.h"
@@ -48,8 +53,14 @@ std::string fmt_loss(double v) {
 struct Run {
   const TrainConfig& c;
   const char* cmd;
-  std::ostream& log;
+  std::ostream& log;  // rank 0's log; other ranks get a stream that prints nothing
   Ops& ops;
+  Communicator* comm = nullptr;  // null (or the single-process one): a single process
+  int rank = 0, world = 1;
+  // The data-parallel step path: more than one rank, or a real communicator at world size 1 (NCCL or MPI
+  // alone, which must train bitwise as the single process does).
+  bool dp = false;
+  bool lead() const { return rank == 0; }
   TrainData data;
   std::optional<LoraConfig> lora;
   std::unique_ptr<Transformer> model;
@@ -65,7 +76,10 @@ struct Run {
 void set_up(Run& r) {
   const TrainConfig& c = r.c;
   fs::create_directories(c.output_dir);
-  r.data = prepare_train_data(c, r.log);
+  // Rank 0 tokenizes into the shared cache first; the others then read it.
+  if (r.lead()) r.data = prepare_train_data(c, r.log);
+  if (r.dp) r.comm->barrier();
+  if (!r.lead()) r.data = prepare_train_data(c, r.log);
   if (c.lora.enabled) {
     r.lora = LoraConfig{c.lora.rank,           float(c.lora.alpha), float(c.lora.dropout),
                         c.lora.target_modules, c.lora.use_rslora,   c.seed};
@@ -85,7 +99,8 @@ void set_up(Run& r) {
   lo.pack = c.sample_packing;
   r.loader = std::make_unique<Loader>(std::move(r.data.train), lo);
   r.micro_per_epoch = (r.loader->rows_in_epoch(0) + lo.rows - 1) / lo.rows;
-  const int64_t total = total_training_steps(c, r.micro_per_epoch);
+  // Data parallel: an update takes accumulation × world micro-batches (floor(m / (a·w)) = floor(floor(m / w) / a)).
+  const int64_t total = total_training_steps(c, r.micro_per_epoch / r.world);
   r.sched = ScheduleConfig{c.lr_scheduler_type, total, c.warmup_steps, c.wsd_decay_ratio};
   if (c.warmup_steps == 0 && c.warmup_ratio > 0) r.sched.warmup_steps = warmup_from_ratio(total, c.warmup_ratio);
 
@@ -93,11 +108,15 @@ void set_up(Run& r) {
   r.model->plan(lo.rows, lo.seq_len, c.recompute);
   r.opt = OptimizerConfig{float(c.learning_rate), c.adamw_beta1,          c.adamw_beta2, float(c.adamw_epsilon),
                           float(c.weight_decay),  float(c.max_grad_norm), c.moments};
-  r.step = std::make_unique<TrainStep>(*r.model, r.opt);
+  if (r.dp && c.zero_stage >= 1 && c.moments == Moments::Blockwise8)
+    user_error("optimizer: adamw_8bit with zero_stage ", c.zero_stage,
+               " is not built yet (8-bit moments are not sharded); use zero_stage: 0 or optimizer: adamw_torch");
+  r.step = r.dp ? std::make_unique<TrainStep>(*r.model, r.opt, *r.comm, c.zero_stage)
+                : std::make_unique<TrainStep>(*r.model, r.opt);
   r.state.total_steps = total;
   r.state.seed = c.seed;
   // Axolotl's per-epoch counts, in optimizer steps of this run's epoch.
-  const int64_t steps_per_epoch = std::max<int64_t>(1, r.micro_per_epoch / c.gradient_accumulation_steps);
+  const int64_t steps_per_epoch = std::max<int64_t>(1, r.micro_per_epoch / r.world / c.gradient_accumulation_steps);
   auto every = [&](double per_epoch) { return std::max<int64_t>(1, int64_t(double(steps_per_epoch) / per_epoch)); };
   r.save_steps = c.save_steps == 0 && c.saves_per_epoch > 0 ? every(c.saves_per_epoch) : c.save_steps;
   r.eval_steps = c.eval_steps == 0 && c.evals_per_epoch > 0 ? every(c.evals_per_epoch) : c.eval_steps;
@@ -145,6 +164,10 @@ void print_plan(const Run& r) {
         << r.data.validation.documents() << " validation; " << r.state.total_steps << " steps, gradient accumulation "
         << c.gradient_accumulation_steps << ", lr " << c.learning_rate << " " << to_string(c.lr_scheduler_type)
         << " (warmup " << r.sched.warmup_steps << ")\n";
+  if (r.dp)
+    r.log << r.cmd << ": data parallel over " << r.world << " ranks (" << r.comm->backend() << "), ZeRO stage "
+          << c.zero_stage << ": global batch " << c.per_device_train_batch_size << " x "
+          << c.gradient_accumulation_steps << " x " << r.world << " micro-batches per update\n";
   // The memory plan, all allocated already (a run that does not fit has stopped before this line).
   const double gib = double(1u << 30), trainable = double(ps.numel());
   const double all_weights = trainable + double(ps.frozen_numel());
@@ -162,7 +185,7 @@ void print_plan(const Run& r) {
 // The per-step log: progress line, metrics files; MFU against the matmul rate measured at the start.
 class StepLogger {
  public:
-  StepLogger(const Run& r, MetricsLog& metrics, ProgressLine& progress, std::function<void()> save)
+  StepLogger(const Run& r, MetricsLog* metrics, ProgressLine& progress, std::function<void()> save)
       : r_(r),
         metrics_(metrics),
         progress_(progress),
@@ -198,18 +221,19 @@ class StepLogger {
     m.tokens = r_.step->counted();
     const LoaderState& ls = r_.loader->state();
     m.epoch = double(ls.epoch) + double(ls.index) / double(r_.loader->documents());
-    m.tokens_per_s = double(c.per_device_train_batch_size) * c.sequence_len * c.gradient_accumulation_steps / dt;
+    m.tokens_per_s =
+        double(c.per_device_train_batch_size) * c.sequence_len * c.gradient_accumulation_steps * r_.world / dt;
     const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
     m.seconds_left = elapsed / double(step - first_step_) * double(total - step);
     m.gpu_memory_gib = r_.ops.device() == Device::CPU ? 0.0 : r_.ops.memory_used_gib();
     if (matmul_tflops_ > 0) m.mfu = m.tokens_per_s * flops_per_token_ / (matmul_tflops_ * 1e12);
-    if (log_step) write_or_save_and_stop([&] { metrics_.train(m); }, save_);  // a full disk stops the run
+    if (log_step && metrics_) write_or_save_and_stop([&] { metrics_->train(m); }, save_);  // a full disk stops the run
     if (log_step || progress_.tty()) progress_.show(m);
   }
 
  private:
   const Run& r_;
-  MetricsLog& metrics_;
+  MetricsLog* metrics_;  // rank 0 only
   ProgressLine& progress_;
   std::function<void()> save_;
   Clock::time_point start_;
@@ -217,6 +241,19 @@ class StepLogger {
   LossWatchdog watchdog_;
   double flops_per_token_ = 0, matmul_tflops_ = 0;
 };
+
+// Fault tests (tests/test_data_parallel.cpp): SOLTRAIN_TEST_RANK_FAULT=R:STEP:kill|raise makes rank R die
+// by SIGKILL, or throw, after update STEP.
+void test_fault(int rank, int64_t step) {
+  const char* v = std::getenv("SOLTRAIN_TEST_RANK_FAULT");
+  if (!v) return;
+  int r = -1;
+  long long s = -1;
+  char how[8] = {};
+  if (std::sscanf(v, "%d:%lld:%7s", &r, &s, how) != 3 || r != rank || s != step) return;
+  if (std::string(how) == "kill") std::raise(SIGKILL);
+  throw std::runtime_error(cat("injected fault after step ", step));
+}
 
 void dump_batches(const fs::path& dir, int64_t step, const std::vector<HostBatch>& micro) {
   fs::create_directories(dir);
@@ -242,23 +279,47 @@ void save_final(const Run& r, const RunResult& result, bool has_val, ProgressLin
 
 }  // namespace
 
-RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostream& log) {
-  Run r{c, mode == TrainMode::kSft ? "sft" : "pt", log, ops, {}, {}, {}, {}, 0, 0, 0, {}, {}, {}, {}};
+RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostream& log_in, Communicator* comm) {
+  std::ostream quiet(nullptr);  // what ranks other than 0 log to: nothing
+  const bool lead = !comm || comm->rank() == 0;
+  std::ostream& log = lead ? log_in : quiet;
+  Run r{c,
+        mode == TrainMode::kSft ? "sft" : "pt",
+        log,
+        ops,
+        comm,
+        comm ? comm->rank() : 0,
+        comm ? comm->size() : 1,
+        false,
+        {},
+        {},
+        {},
+        {},
+        0,
+        0,
+        0,
+        {},
+        {},
+        {},
+        {}};
+  r.dp = comm && (comm->size() > 1 || std::string(comm->backend()) != "single");
   print_intent(r);
   set_up(r);
   resume_or_start(r);
   print_plan(r);
 
-  MetricsLog metrics(c.output_dir, r.state.step);
+  std::optional<MetricsLog> metrics_file;
+  if (lead) metrics_file.emplace(c.output_dir, r.state.step);
+  MetricsLog* metrics = metrics_file ? &*metrics_file : nullptr;
   ProgressLine progress(log);
   const bool has_val = r.data.validation.documents() > 0;
   RunResult result;
   result.total_steps = r.state.total_steps;
   result.first_eval_loss = result.last_eval_loss = NAN;
   auto run_eval = [&](int64_t step) {
-    if (!has_val) return;
+    if (!has_val || !lead) return;  // rank 0 evaluates; the others wait at their next collective
     const EvalResult e = evaluate(*r.model, r.data.validation, c.per_device_train_batch_size, c.sequence_len);
-    metrics.eval(step, e.loss, e.tokens);
+    metrics->eval(step, e.loss, e.tokens);
     result.last_eval_loss = e.loss;
     progress.message(cat("step ", step, ": validation loss ", fmt_loss(e.loss), " over ", e.tokens, " tokens"));
   };
@@ -270,22 +331,50 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
   auto checkpoint = [&]() {
     r.state.loader = r.loader->state();
     const fs::path dir = c.output_dir / cat("checkpoint-", r.state.step);
-    save_checkpoint(dir, c, *r.model, r.step->optimizer(), r.state);
-    prune_checkpoints(c.output_dir, c.save_total_limit);
+    save_checkpoint(dir, c, *r.model, r.step->optimizer(), r.state, comm);
+    if (lead) prune_checkpoints(c.output_dir, c.save_total_limit);
     last_saved = r.state.step;
     progress.message(cat("step ", r.state.step, ": saved ", dir.string()));
   };
 
   StepLogger step_log(r, metrics, progress, checkpoint);
   StopSignal stop;
-  std::vector<HostBatch> micro(static_cast<size_t>(c.gradient_accumulation_steps));
-  while (r.state.step < r.state.total_steps && !StopSignal::requested()) {
+  // Every rank packs the whole global batch (the same on each: one seed, one loader state, which is also
+  // what makes a checkpoint resumable on another rank count) and trains on its own contiguous share, so
+  // the ranks together run what one process with world × the accumulation would.
+  const size_t accum = size_t(c.gradient_accumulation_steps);
+  std::vector<HostBatch> micro(accum * size_t(r.world));
+  // Every rank stops at the same step: a signal seen by any stops all (after the same update).
+  auto stop_requested = [&] {
+    const bool here = StopSignal::requested();
+    return r.dp ? comm->all_max_host(here ? 1 : 0) > 0 : here;
+  };
+  bool stopping = false;
+  // Data parallel: LoRA dropout passes before this update (resume restarts the count at the step, as one
+  // process does, transformer.h set_dropout_step).
+  int64_t passes = r.state.step;
+  while (r.state.step < r.state.total_steps && !(stopping = stop_requested())) {
     const auto t0 = Clock::now();
-    for (HostBatch& b : micro) b = r.loader->next();
-    if (!c.dump_batches.empty()) dump_batches(c.dump_batches, r.state.step + 1, micro);
+    int64_t counted_all = 0;
+    for (HostBatch& b : micro) {
+      b = r.loader->next();
+      counted_all += b.counted();
+    }
+    if (!c.dump_batches.empty() && lead) dump_batches(c.dump_batches, r.state.step + 1, micro);
     const double lr = c.learning_rate * lr_factor(r.sched, r.state.step);
-    r.step->run(micro, float(lr));
+    if (r.dp) {
+      // LoRA dropout draws its masks from the pass count (passes with targets): each rank starts its share
+      // where one process would be at that micro-batch.
+      int64_t before_mine = 0, with_targets = 0;
+      for (size_t i = 0; i < micro.size(); ++i)
+        if (micro[i].counted() > 0) before_mine += i < size_t(r.rank) * accum, ++with_targets;
+      r.model->set_dropout_step(passes + before_mine);
+      passes += with_targets;
+      r.step->run(std::span<const HostBatch>(micro).subspan(size_t(r.rank) * accum, accum), float(lr), counted_all);
+    } else
+      r.step->run(micro, float(lr));
     ++r.state.step;
+    test_fault(r.rank, r.state.step);
     const bool save_step = r.save_steps > 0 && r.state.step % r.save_steps == 0;
     step_log.after_update(lr, t0, save_step);
     if (r.eval_steps > 0 && r.state.step % r.eval_steps == 0 && r.state.step < r.state.total_steps)
@@ -293,16 +382,17 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
     if (save_step) checkpoint();
   }
   result.steps = r.state.step;
-  if (StopSignal::requested()) {
+  if (stopping) {
     if (r.state.step > last_saved) checkpoint();
-    write_training_curves(metrics.jsonl_path(), c.output_dir / "training_curves.svg");
+    if (lead) write_training_curves(metrics->jsonl_path(), c.output_dir / "training_curves.svg");
     progress.message(cat(r.cmd, ": stopped by signal ", StopSignal::signal_number(), " at step ", r.state.step,
                          "; resume with resume_from_checkpoint: true"));
     result.interrupted = true;
     return result;
   }
   run_eval(r.state.step);
-  save_final(r, result, has_val, progress, metrics);
+  if (lead) save_final(r, result, has_val, progress, *metrics);
+  if (r.dp) comm->barrier();  // no rank reports done before the model is written
   return result;
 }
 

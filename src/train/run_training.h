@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <iosfwd>
 
+#include "dist/communicator.h"
 #include "kernels/ops.h"
 #include "train/train_config.h"
 
@@ -19,6 +20,9 @@ struct RunResult {
 int64_t total_training_steps(const TrainConfig& c, int64_t micro_batches_per_epoch);
 
 // `ops` is the backend chosen by `device` (the CLI makes it; the train layer knows no device names).
-RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostream& log);
+// With `comm` of world size > 1 this process is one rank of a data-parallel job: it trains on its share of
+// every global batch (per_device_train_batch_size × gradient_accumulation_steps × world size), and only
+// rank 0 logs, evaluates and writes metrics, checkpoints (optimizer shards: every rank) and the model.
+RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostream& log, Communicator* comm = nullptr);
 
 }  // namespace soltrain

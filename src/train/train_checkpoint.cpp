@@ -1,6 +1,7 @@
 #include "train/train_checkpoint.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
@@ -12,15 +13,43 @@ namespace soltrain {
 
 namespace fs = std::filesystem;
 
+namespace {
+std::string shard_name(int rank, int size) {
+  return cat("optimizer-shard-", rank, "-of-", size, ".safetensors");
+}
+}  // namespace
+
 void save_checkpoint(const fs::path& dir, const TrainConfig& c, const Transformer& model, const AdamW& opt,
-                     const TrainerState& s) {
+                     const TrainerState& s, Communicator* comm) {
+  const bool many = comm && comm->size() > 1, lead = !comm || comm->rank() == 0;
+  // Sharded moments: every rank writes its shard into a folder beside the checkpoint; rank 0 moves them in.
+  const fs::path shards = dir.parent_path() / (dir.filename().string() + ".shards.tmp");
+  if (many && opt.sharded()) {
+    if (lead) {
+      fs::remove_all(shards);
+      fs::create_directories(shards);
+    }
+    comm->barrier();
+    opt.save(shards / shard_name(comm->rank(), comm->size()));
+    comm->barrier();
+  }
+  if (!lead) {
+    comm->barrier();  // until rank 0 has committed the checkpoint
+    return;
+  }
   StagedDir staged(dir);
   // save_pretrained / save_adapter stage their own folder, so the weights go one level down inside ours.
   if (c.lora.enabled)
     save_adapter(model, staged.path() / "adapter", c.model.string());
   else
     save_pretrained(model, staged.path() / "model", c.model);
-  opt.save(staged.path() / "optimizer.safetensors");
+  if (many && opt.sharded()) {
+    for (int r = 0; r < comm->size(); ++r)
+      fs::rename(shards / shard_name(r, comm->size()), staged.path() / shard_name(r, comm->size()));
+    fs::remove_all(shards);
+  } else {
+    opt.save(staged.path() / "optimizer.safetensors");  // every rank holds all of it: rank 0 writes it
+  }
   const nlohmann::json state = {{"step", s.step},
                                 {"total_steps", s.total_steps},
                                 {"loader", s.loader.to_json()},
@@ -30,11 +59,37 @@ void save_checkpoint(const fs::path& dir, const TrainConfig& c, const Transforme
   write_file_atomic(staged.path() / "trainer_state.json", state.dump(2) + "\n");
   write_file_atomic(staged.path() / "config.yaml", c.source_text);
   staged.commit();
+  if (many) comm->barrier();
 }
+
+namespace {
+// optimizer.safetensors, or every optimizer-shard-<r>-of-<n>.safetensors (all n of them).
+std::vector<fs::path> optimizer_files(const fs::path& dir) {
+  if (fs::exists(dir / "optimizer.safetensors")) return {dir / "optimizer.safetensors"};
+  std::vector<fs::path> found;
+  int of = -1;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    int r = 0, size = 0;
+    if (std::sscanf(n.c_str(), "optimizer-shard-%d-of-%d.safetensors", &r, &size) != 2 || shard_name(r, size) != n)
+      continue;
+    if (of >= 0 && size != of) user_error(dir.string(), ": optimizer shards of ", of, " and of ", size, " ranks mixed");
+    of = size;
+    found.push_back(e.path());
+  }
+  if (found.empty()) user_error(dir.string(), ": not a soltrain checkpoint of this kind (no optimizer.safetensors)");
+  if (int(found.size()) != of)
+    user_error(dir.string(), ": has ", found.size(), " of the ", of, " optimizer shards (", shard_name(0, of),
+               " ...): the checkpoint is incomplete");
+  std::sort(found.begin(), found.end());
+  return found;
+}
+}  // namespace
 
 TrainerState load_checkpoint(const fs::path& dir, Transformer& model, AdamW& opt) {
   const bool lora = model.lora().has_value();
-  for (const char* f : {"trainer_state.json", "optimizer.safetensors", lora ? "adapter" : "model"})
+  for (const char* f : {"trainer_state.json", lora ? "adapter" : "model"})
     if (!fs::exists(dir / f)) user_error(dir.string(), ": not a soltrain checkpoint of this kind (no ", f, ")");
   const nlohmann::json j = read_json_file(dir / "trainer_state.json");
   TrainerState s;
@@ -51,7 +106,7 @@ TrainerState load_checkpoint(const fs::path& dir, Transformer& model, AdamW& opt
   else
     load_weights(model, dir / "model");
   model.set_dropout_step(s.step);  // the dropout masks continue where the interrupted run was
-  opt.load(dir / "optimizer.safetensors");
+  opt.load(optimizer_files(dir));
   if (opt.steps_done() != s.step)
     user_error(dir.string(), ": optimizer step ", opt.steps_done(), " does not match trainer step ", s.step);
   return s;

@@ -1,6 +1,8 @@
 // Training checkpoints: output_dir/checkpoint-<step>/ holds model/ (an HF folder of the fp32 masters),
 // optimizer.safetensors (AdamW moments and step), trainer_state.json (step, loader position, seed,
 // schedule) and config.yaml. Each is written whole under a temporary name, then renamed into place.
+// Data parallel with a sharded optimizer (ZeRO-1/2): optimizer-shard-<r>-of-<n>.safetensors, one per rank,
+// each holding its ranges of the flat moments (train/optimizer.h); any rank count resumes from them.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -8,6 +10,7 @@
 #include <vector>
 
 #include "data/loader.h"
+#include "dist/communicator.h"
 #include "model/transformer.h"
 #include "train/optimizer.h"
 #include "train/train_config.h"
@@ -20,8 +23,10 @@ struct TrainerState {
   uint64_t seed = 0;
 };
 
+// With `comm` (world size > 1) every rank calls it: rank 0 writes the model and the state, each rank its
+// optimizer shard; it returns on every rank once the checkpoint is complete.
 void save_checkpoint(const std::filesystem::path& dir, const TrainConfig& c, const Transformer& model, const AdamW& opt,
-                     const TrainerState& s);
+                     const TrainerState& s, Communicator* comm = nullptr);
 
 // Loads weights, optimizer state and returns the trainer state; UserError naming what is missing.
 TrainerState load_checkpoint(const std::filesystem::path& dir, Transformer& model, AdamW& opt);

@@ -85,6 +85,10 @@ struct TrainConfig {
   bool overwrite_output_dir = false;            // write into a non-empty folder soltrain did not create
   std::string source_text;                      // the YAML as given plus overrides, saved with checkpoints
   std::filesystem::path dump_batches;           // `--dump-batches DIR`: every micro-batch trained on, as files
+  // Data parallel: `gpus: N` starts N worker processes of this binary on this machine (CPU ranks when
+  // device: cpu); ZeRO's stage (DeepSpeed's meaning) when there is more than one rank.
+  int gpus = 1;
+  int zero_stage = 0;
 };
 
 }  // namespace soltrain

@@ -7,30 +7,69 @@ namespace soltrain {
 TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt)
     : model_(model),
       opt_(opt),
-      adamw_(model.params(), model.ops(), opt.moments),
+      adamw_(std::make_unique<AdamW>(model.params(), model.ops(), opt.moments)),
       sft_(model.ops()),
       sumsq_(model.ops().alloc(sizeof(double))) {}
 
-void TrainStep::run(std::span<const HostBatch> micro_batches, float lr) {
+TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt, Communicator& comm, int zero_stage)
+    : model_(model),
+      opt_(opt),
+      dp_(std::make_unique<DataParallel>(model, comm, zero_stage)),
+      adamw_(zero_stage >= 1 ? std::make_unique<AdamW>(model.params(), model.ops(), dp_->plan().owned)
+                             : std::make_unique<AdamW>(model.params(), model.ops(), opt.moments)),
+      sft_(model.ops()),
+      sumsq_(model.ops().alloc(sizeof(double))),
+      loss_sum_(model.ops().alloc(sizeof(double))) {
+  model.set_hooks(dp_.get());
+}
+
+TrainStep::~TrainStep() {
+  if (dp_) model_.set_hooks(nullptr);
+}
+
+void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t counted_all) {
   Ops& ops = model_.ops();
   ops.zero(model_.params().all_grads());
   counted_ = 0;
   for (const HostBatch& b : micro_batches) counted_ += b.counted();
+  if (counted_all >= 0) counted_ = counted_all;
   // Every token weighs 1 / (the update's counted targets), so gradients accumulate without rescaling.
   sft_.begin_update(counted_);
-  for (const HostBatch& b : micro_batches) {
+  size_t last = micro_batches.size();  // the last micro-batch with targets: its backward reduces the groups
+  for (size_t i = 0; i < micro_batches.size(); ++i)
+    if (micro_batches[i].counted() > 0) last = i;
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    const HostBatch& b = micro_batches[i];
     if (b.counted() == 0) continue;  // nothing trained in it: contributes nothing
+    if (dp_ && i == last) dp_->arm();
     model_.forward(b, &sft_, /*backward_follows=*/true);
     model_.backward(sft_);
   }
-  ops.wait(Ops::Stream::Main, Ops::Stream::Side);  // whatever the layer hooks queued
   const Tensor sumsq{sumsq_.data(), DType::F64, {1}, sumsq_.device()};
+  if (dp_) {
+    dp_->finish_gradients();
+    const Tensor loss_sum{loss_sum_.data(), DType::F64, {1}, loss_sum_.device()};
+    if (last < micro_batches.size())
+      ops.copy(loss_sum, sft_.loss_sum());
+    else
+      ops.zero(loss_sum);  // none of this rank's micro-batches had targets
+    dp_->all_reduce(loss_sum);
+    dp_->grad_sumsq(sumsq);
+    adamw_->step(opt_, lr, 1.0f, &sumsq);
+    dp_->gather_weights();
+    return;
+  }
+  ops.wait(Ops::Stream::Main, Ops::Stream::Side);  // whatever the layer hooks queued
   ops.reduce_sum(sumsq, model_.params().all_grads(), /*squares=*/true, /*accumulate=*/false);
-  adamw_.step(opt_, lr, 1.0f, &sumsq);
+  adamw_->step(opt_, lr, 1.0f, &sumsq);
 }
 
 double TrainStep::loss() const {
-  return sft_.read_loss(model_.ops());
+  if (!dp_) return sft_.read_loss(model_.ops());
+  double s = 0;
+  model_.ops().copy(Tensor{&s, DType::F64, {1}, Device::CPU},
+                    Tensor{loss_sum_.data(), DType::F64, {1}, loss_sum_.device()});
+  return counted_ > 0 ? s / double(counted_) : NAN;
 }
 
 double TrainStep::grad_norm() const {

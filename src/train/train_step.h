@@ -3,11 +3,14 @@
 // the divisor), the global gradient norm and clipping computed on the device, AdamW. Nothing in it waits
 // for the device; the loss and the gradient norm are read back only when asked for (logging steps).
 #pragma once
+#include <memory>
 #include <span>
 
 #include "core/buffer.h"
+#include "dist/communicator.h"
 #include "model/objective.h"
 #include "model/transformer.h"
+#include "train/data_parallel.h"
 #include "train/optimizer.h"
 
 namespace soltrain {
@@ -15,21 +18,30 @@ namespace soltrain {
 class TrainStep {
  public:
   TrainStep(Transformer& model, const OptimizerConfig& opt);
+  // Data parallel over `comm` (world size > 1) with ZeRO `zero_stage` 0-2 (train/data_parallel.h).
+  TrainStep(Transformer& model, const OptimizerConfig& opt, Communicator& comm, int zero_stage);
+  ~TrainStep();
   // One update at learning rate `lr` over these micro-batches (the model is planned for their shape).
-  void run(std::span<const HostBatch> micro_batches, float lr);
+  // In data parallel they are this rank's share, and `counted_all` the targets of every rank's share (the
+  // loss's divisor: every rank sees the whole global batch, so it counts without communicating).
+  void run(std::span<const HostBatch> micro_batches, float lr, int64_t counted_all = -1);
   // The last update's loss (mean cross-entropy over its counted targets; NaN when none) and gradient norm
   // before clipping: each reads back from the device (a sync).
   double loss() const;
   double grad_norm() const;
-  int64_t counted() const { return counted_; }  // the last update's counted targets
-  AdamW& optimizer() { return adamw_; }
+  int64_t counted() const { return counted_; }  // the last update's counted targets (every rank's)
+  AdamW& optimizer() { return *adamw_; }
+  const AdamW& optimizer() const { return *adamw_; }
+  DataParallel* data_parallel() { return dp_.get(); }
 
  private:
   Transformer& model_;
   OptimizerConfig opt_;
-  AdamW adamw_;
+  std::unique_ptr<DataParallel> dp_;  // null in a single process
+  std::unique_ptr<AdamW> adamw_;
   mutable SftObjective sft_;
-  Buffer sumsq_;  // F64: Σ g² of the last update
+  Buffer sumsq_;     // F64: Σ g² of the last update
+  Buffer loss_sum_;  // F64: data parallel: Σ token NLL of the update over every rank
   int64_t counted_ = 0;
 };
 

@@ -1,0 +1,137 @@
+#include "cli/launch_workers.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "dist/launch.h"
+
+namespace soltrain {
+
+namespace {
+
+std::vector<pid_t> g_workers;
+
+extern "C" void forward_signal(int sig) {
+  for (pid_t p : g_workers)
+    if (p > 0) ::kill(p, sig);
+}
+
+// A port the kernel says is free now (the workers' rendezvous binds it a moment later).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    throw std::runtime_error(cat("cannot find a free TCP port: ", std::strerror(errno)));
+  const int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+std::vector<std::string> own_arguments() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> args;
+  for (std::string a; std::getline(in, a, '\0');) args.push_back(a);
+  return args;
+}
+
+}  // namespace
+
+void check_worker_count(int n, Device device) {
+  if (device != Device::CUDA) return;
+  const int seen = visible_gpus();
+  if (n > seen)
+    user_error("gpus: ", n, " but this machine shows ", seen, " GPU(s) (CUDA_VISIBLE_DEVICES): use gpus: ", seen,
+               " or fewer");
+}
+
+int launch_workers(int n, Device device) {
+  check_worker_count(n, device);
+  const char* port_env = std::getenv("MASTER_PORT");
+  const std::string port = port_env && *port_env ? port_env : std::to_string(free_port());
+  std::vector<std::string> args = own_arguments();
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::cerr << "launching " << n << " workers (" << device_name(device) << " ranks, rendezvous 127.0.0.1:" << port
+            << ")" << std::endl;
+  g_workers.assign(size_t(n), 0);
+  // Ctrl-C reaches the workers from the terminal (one process group); a SIGTERM to this process is passed on.
+  struct sigaction sa {};
+  sa.sa_handler = forward_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGINT, SIG_IGN);
+  for (int r = 0; r < n; ++r) {
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::runtime_error(cat("fork failed: ", std::strerror(errno)));
+    if (pid == 0) {
+      signal(SIGINT, SIG_DFL);
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", port.c_str(), 1);
+      ::execv("/proc/self/exe", argv.data());
+      _exit(127);
+    }
+    g_workers[size_t(r)] = pid;
+  }
+  int code = 0, running = n;
+  bool failed = false;
+  auto deadline = std::chrono::steady_clock::time_point::max();
+  while (running > 0) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, failed ? WNOHANG : 0);
+    if (pid < 0 && errno == EINTR) continue;
+    if (pid < 0) break;
+    if (pid == 0) {  // a worker failed: the others get 60 s to stop on their own
+      if (std::chrono::steady_clock::now() > deadline) {
+        for (int r = 0; r < n; ++r)
+          if (g_workers[size_t(r)] > 0) {
+            std::cerr << "error: rank " << r << " did not stop within 60 s of the failure: killed" << std::endl;
+            ::kill(g_workers[size_t(r)], SIGKILL);
+          }
+        deadline = std::chrono::steady_clock::time_point::max();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
+    int rank = -1;
+    for (int r = 0; r < n; ++r)
+      if (g_workers[size_t(r)] == pid) rank = r, g_workers[size_t(r)] = 0;
+    --running;
+    const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (WIFSIGNALED(status))
+      std::cerr << "error: rank " << rank << " was killed by signal " << WTERMSIG(status) << " ("
+                << strsignal(WTERMSIG(status)) << ")" << std::endl;
+    if (rc != 0 && rc != 130 && !failed) {
+      failed = true;
+      code = rc;
+      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    } else if (rc == 130 && code == 0) {
+      code = 130;
+    }
+  }
+  g_workers.clear();
+  return code;
+}
+
+}  // namespace soltrain

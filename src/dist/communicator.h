@@ -1,0 +1,46 @@
+// The ranks of a data-parallel job and the collectives between them. One process per rank (per GPU);
+// every rank calls the same collectives in the same order with the same sizes. Implementations: a single
+// process (world size 1, no library), MPI (CPU ranks; mpirun / srun launch), TCP (CPU ranks started with
+// torchrun-style variables or `gpus: N`), and NCCL (CUDA ranks, built with SOLTRAIN_CUDA).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace soltrain {
+
+// Another rank failed or went away: this one stops too (the CLI prints it and exits 1).
+struct RankFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* backend() const = 0;  // "single", "mpi", "tcp", "nccl"
+
+  // Collectives on tensors of the training device (F32 or F64; sums). Ordering: they are queued on
+  // Ops::Stream::Side (NCCL: on that stream's cudaStream_t; the CPU implementations run them at once,
+  // as the CPU backend runs every op). The caller orders them against compute with Ops events: before,
+  // ops.wait(Side, Main) so they read finished gradients; after, ops.wait(Main, Side) before anything
+  // on Main reads what they wrote. A failure of any rank ends every rank with an error naming it.
+  virtual void all_reduce_sum(Tensor t) = 0;  // in place, Σ over ranks
+  virtual void reduce_scatter_sum(Tensor out,
+                                  const Tensor& in) = 0;  // in [size·n] → out [n]: Σ of every rank's in[rank·n ..]
+  virtual void all_gather(Tensor out, const Tensor& in) = 0;  // in [n] → out [size·n], rank r's at r·n
+  virtual void broadcast(Tensor t, int root) = 0;             // in place, from `root`
+  // Host side (a sync): returns once every rank has called it.
+  virtual void barrier() = 0;
+  // Host side (a sync): the largest of every rank's `v` (fault and stop flags, counts).
+  virtual int64_t all_max_host(int64_t v) = 0;
+};
+
+// World size 1: every collective is the identity (all_gather / reduce_scatter copy).
+std::unique_ptr<Communicator> make_single_communicator();
+
+}  // namespace soltrain

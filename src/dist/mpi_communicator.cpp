@@ -1,0 +1,82 @@
+// The MPI communicator: CPU ranks launched by mpirun (or srun with PMIx). Collectives run at once on host
+// memory, as the CPU backend runs every op. A rank that dies or exits with an error has not called
+// MPI_Finalize, so mpirun ends the others and names it.
+#include <mpi.h>
+
+#include <cstdlib>
+#include <exception>
+
+#include "core/error.h"
+#include "dist/launch.h"
+
+namespace soltrain {
+
+namespace {
+
+MPI_Datatype mpi_type(const Tensor& t) {
+  SOLTRAIN_CHECK(t.device == Device::CPU, "MPI collectives take host tensors (CUDA ranks use NCCL)");
+  SOLTRAIN_CHECK(t.dtype == DType::F32 || t.dtype == DType::F64, "MPI collectives sum F32 or F64");
+  return t.dtype == DType::F32 ? MPI_FLOAT : MPI_DOUBLE;
+}
+
+void check(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw std::runtime_error(cat(call, " failed: ", std::string(text, size_t(len))));
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator() {
+    int ready = 0;
+    MPI_Initialized(&ready);
+    if (!ready) check(MPI_Init(nullptr, nullptr), "MPI_Init");
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  }
+  ~MpiCommunicator() override {
+    // Unwinding an error: leave without MPI_Finalize (it would wait for ranks still in a collective);
+    // mpirun sees a rank end without finalising and stops the others.
+    if (std::uncaught_exceptions() == 0) MPI_Finalize();
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "mpi"; }
+
+  void all_reduce_sum(Tensor t) override {
+    check(MPI_Allreduce(MPI_IN_PLACE, t.data, int(t.numel()), mpi_type(t), MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+  }
+  void reduce_scatter_sum(Tensor out, const Tensor& in) override {
+    SOLTRAIN_CHECK(in.numel() == out.numel() * size_ && in.dtype == out.dtype);
+    check(MPI_Reduce_scatter_block(in.data, out.data, int(out.numel()), mpi_type(in), MPI_SUM, MPI_COMM_WORLD),
+          "MPI_Reduce_scatter_block");
+  }
+  void all_gather(Tensor out, const Tensor& in) override {
+    SOLTRAIN_CHECK(out.numel() == in.numel() * size_ && in.dtype == out.dtype);
+    check(
+        MPI_Allgather(in.data, int(in.numel()), mpi_type(in), out.data, int(in.numel()), mpi_type(out), MPI_COMM_WORLD),
+        "MPI_Allgather");
+  }
+  void broadcast(Tensor t, int root) override {
+    check(MPI_Bcast(t.data, int(t.numel()), mpi_type(t), root, MPI_COMM_WORLD), "MPI_Bcast");
+  }
+  void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+  int64_t all_max_host(int64_t v) override {
+    long long x = v, out = 0;
+    check(MPI_Allreduce(&x, &out, 1, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
+    return out;
+  }
+
+ private:
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator() {
+  return std::make_unique<MpiCommunicator>();
+}
+
+}  // namespace soltrain

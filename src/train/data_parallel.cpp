@@ -1,0 +1,137 @@
+#include "train/data_parallel.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace soltrain {
+
+std::pair<int64_t, int64_t> ShardPlan::owned_span(int g) const {
+  const Group& gr = groups[size_t(g)];
+  const int64_t b = std::min(gr.numel, int64_t(rank) * gr.chunk), e = std::min(gr.numel, b + gr.chunk);
+  return {gr.begin + b, gr.begin + e};
+}
+
+ShardPlan make_shard_plan(const ParameterStore& params, int rank, int size) {
+  ShardPlan p;
+  p.rank = rank;
+  p.size = size;
+  const char* base = static_cast<const char*>(params.all_grads().data);
+  for (int g = 0; g < params.groups(); ++g) {
+    const Tensor t = params.group_grads(g);
+    const int64_t n = t.numel();
+    p.groups.push_back({int64_t(static_cast<const char*>(t.data) - base) / 4, n, (n + size - 1) / size});
+  }
+  for (const ParamRange& r : params.ranges()) {
+    const auto [b, e] = p.owned_span(r.group);
+    const int64_t lo = std::max(b, r.offset), hi = std::min(e, r.offset + r.numel);
+    if (hi > lo) p.owned.push_back({r.group, r.decay, lo, hi - lo});
+  }
+  return p;
+}
+
+namespace {
+Tensor slice(const Tensor& t, int64_t offset, int64_t n) {
+  return Tensor{static_cast<char*>(t.data) + size_t(offset) * dtype_size(t.dtype), t.dtype, {n}, t.device};
+}
+}  // namespace
+
+DataParallel::DataParallel(Transformer& model, Communicator& comm, int zero_stage)
+    : model_(model), comm_(comm), ops_(model.ops()), stage_(zero_stage) {
+  SOLTRAIN_CHECK(zero_stage >= 0 && zero_stage <= 2, "ZeRO stage ", zero_stage);
+  plan_ = make_shard_plan(model.params(), comm.rank(), comm.size());
+  reduced_.assign(plan_.groups.size(), false);
+  int64_t chunk = 1;
+  for (const auto& g : plan_.groups) chunk = std::max(chunk, g.chunk);
+  if (stage_ > 0) {
+    stage_in_ = ops_.alloc(size_t(chunk) * size_t(comm.size()) * 4);
+    stage_out_ = ops_.alloc(size_t(chunk) * size_t(comm.size()) * 4);
+  }
+}
+
+Tensor DataParallel::scratch(int64_t elements, int which) {
+  const Buffer& b = which == 0 ? stage_in_ : stage_out_;
+  return Tensor{b.data(), DType::F32, {elements}, b.device()};
+}
+
+void DataParallel::grads_ready(int group) {
+  if (armed_ && !reduced_[size_t(group)]) reduce_group(group);
+}
+
+void DataParallel::reduce_group(int g) {
+  reduced_[size_t(g)] = true;
+  const ShardPlan::Group& gr = plan_.groups[size_t(g)];
+  if (gr.numel == 0) return;                        // nothing trains in it (a LoRA run's embedding and head)
+  ops_.wait(Ops::Stream::Side, Ops::Stream::Main);  // backward has written the group's gradients
+  ops_.use_stream(Ops::Stream::Side);
+  const Tensor grads = model_.params().group_grads(g);
+  if (stage_ < 2) {
+    comm_.all_reduce_sum(grads);
+  } else {
+    const int64_t padded = gr.chunk * comm_.size();
+    const Tensor in = scratch(padded, 0), out = scratch(gr.chunk, 1);
+    ops_.copy(slice(in, 0, gr.numel), grads);
+    if (padded > gr.numel) ops_.zero(slice(in, gr.numel, padded - gr.numel));
+    comm_.reduce_scatter_sum(out, in);
+    const auto [b, e] = plan_.owned_span(g);
+    if (e > b) ops_.copy(slice(grads, b - gr.begin, e - b), slice(out, 0, e - b));
+  }
+  ops_.use_stream(Ops::Stream::Main);
+}
+
+void DataParallel::finish_gradients() {
+  // Backward's order: the decoder layers from the last, then the group of embedding, norm and head.
+  const int head = int(plan_.groups.size()) - 1;
+  for (int g = head - 1; g >= 0; --g)
+    if (!reduced_[size_t(g)]) reduce_group(g);
+  if (!reduced_[size_t(head)]) reduce_group(head);
+  ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
+  armed_ = false;
+  std::fill(reduced_.begin(), reduced_.end(), false);
+}
+
+void DataParallel::grad_sumsq(Tensor out) {
+  const ParameterStore& ps = model_.params();
+  if (stage_ < 2) {  // every rank holds every summed gradient
+    ops_.reduce_sum(out, ps.all_grads(), /*squares=*/true, /*accumulate=*/false);
+    return;
+  }
+  ops_.zero(out);
+  for (int g = 0; g < int(plan_.groups.size()); ++g) {
+    const auto [b, e] = plan_.owned_span(g);
+    if (e > b) ops_.reduce_sum(out, slice(ps.all_grads(), b, e - b), true, /*accumulate=*/true);
+  }
+  all_reduce(out);
+}
+
+void DataParallel::all_reduce(Tensor t) {
+  ops_.wait(Ops::Stream::Side, Ops::Stream::Main);
+  ops_.use_stream(Ops::Stream::Side);
+  comm_.all_reduce_sum(t);
+  ops_.use_stream(Ops::Stream::Main);
+  ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
+}
+
+void DataParallel::gather_weights() {
+  if (stage_ == 0) return;
+  ParameterStore& ps = model_.params();
+  ops_.wait(Ops::Stream::Side, Ops::Stream::Main);  // the update has written the owned masters
+  ops_.use_stream(Ops::Stream::Side);
+  for (int g = 0; g < int(plan_.groups.size()); ++g) {
+    const ShardPlan::Group& gr = plan_.groups[size_t(g)];
+    if (gr.numel == 0) continue;
+    const ParamRange whole{g, false, gr.begin, gr.numel};
+    const Tensor masters = ps.masters(whole);
+    const auto [b, e] = plan_.owned_span(g);
+    const Tensor mine = scratch(gr.chunk, 1), all = scratch(gr.chunk * comm_.size(), 0);
+    if (e > b) ops_.copy(slice(mine, 0, e - b), slice(masters, b - gr.begin, e - b));
+    if (e - b < gr.chunk) ops_.zero(slice(mine, e - b, gr.chunk - (e - b)));
+    comm_.all_gather(all, mine);
+    ops_.copy(masters, slice(all, 0, gr.numel));
+    if (!ps.values_alias_masters()) ops_.convert(ps.values(whole), masters);
+  }
+  ops_.use_stream(Ops::Stream::Main);
+  ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
+}
+
+}  // namespace soltrain

@@ -1,0 +1,65 @@
+// Data parallel over a Communicator with ZeRO stages 0-2 (DeepSpeed's meaning). Every rank holds the whole
+// model; a parameter group's elements [begin, begin + n) are split into `size` chunks of ceil(n / size), and
+// rank r owns chunk r of every group. Stage 0: gradients all-reduced, every rank updates everything.
+// Stage 1: gradients all-reduced, each rank updates (and keeps AdamW moments for) only what it owns, then
+// the groups are all-gathered. Stage 2: each group's gradients are reduce-scattered as soon as backward
+// finishes the group (LayerHooks::grads_ready of the update's last micro-batch), so a rank receives only
+// the sums it owns; then as stage 1. The reductions are queued on Ops::Stream::Side after Main's work.
+#pragma once
+#include <optional>
+#include <vector>
+
+#include "core/buffer.h"
+#include "dist/communicator.h"
+#include "model/transformer.h"
+
+namespace soltrain {
+
+// Which elements of the flat trainable buffers a rank owns.
+struct ShardPlan {
+  struct Group {
+    int64_t begin = 0, numel = 0, chunk = 0;  // chunk = ceil(numel / size)
+  };
+  std::vector<Group> groups;
+  std::vector<ParamRange> owned;  // ParameterStore::ranges() cut to the owned chunks, in order
+  int rank = 0, size = 1;
+  // [begin, end) of group g owned by this rank (empty when the group is smaller than size chunks).
+  std::pair<int64_t, int64_t> owned_span(int g) const;
+};
+ShardPlan make_shard_plan(const ParameterStore& params, int rank, int size);
+
+class DataParallel final : public LayerHooks {
+ public:
+  DataParallel(Transformer& model, Communicator& comm, int zero_stage);
+  int zero_stage() const { return stage_; }
+  const ShardPlan& plan() const { return plan_; }
+
+  // Before the update's last micro-batch with targets: its backward reduces each group as it finishes.
+  void arm() { armed_ = true; }
+  // After the micro-batches: reduces the groups backward did not (a rank whose last micro-batches had no
+  // targets), in the order backward would have, so every rank calls the same collectives. Main then waits.
+  void finish_gradients();
+  // Σg² of the reduced gradients (F64 [1], device), equal on every rank (stage 2: summed over the shards).
+  void grad_sumsq(Tensor out);
+  // Stages 1-2, after the sharded update: every rank gets every group's new weights from their owners.
+  void gather_weights();
+  // Σ loss over ranks into `sum` (F64 [1], device; in place).
+  void all_reduce(Tensor t);
+
+  void grads_ready(int group) override;
+
+ private:
+  void reduce_group(int g);
+  Tensor scratch(int64_t elements, int which);
+
+  Transformer& model_;
+  Communicator& comm_;
+  Ops& ops_;
+  int stage_;
+  ShardPlan plan_;
+  bool armed_ = false;
+  std::vector<bool> reduced_;
+  Buffer stage_in_, stage_out_;  // staging for collectives over padded chunks (size × the largest chunk)
+};
+
+}  // namespace soltrain
