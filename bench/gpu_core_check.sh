@@ -3,7 +3,8 @@
 # (the objective fixtures, the sft trajectory), the GPU tests, soltrain's LoRA against PEFT (fp32 and PEFT's
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
-#   bash bench/gpu_core_check.sh [refs] [tests] [peft] [bench] [bench8b]   (no argument: all but bench8b)
+#   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b]
+#   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(refs tests peft bench8b)
@@ -12,7 +13,11 @@ steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(refs tests peft bench)
 mkdir -p /work && ln -sfn "$PWD" /work/main
 mkdir -p build-cuda && ln -sf "$PWD/.devbin/soltrain" build-cuda/soltrain  # the tests' compiled-in binary path
-export LD_LIBRARY_PATH=$PWD/.devbin/lib:/usr/local/cuda/lib64
+# NCCL lives in the Python environment there (nvidia.nccl)
+NCCL_LIB=$(python3 -c 'import nvidia.nccl as m; print(m.__path__[0])' 2>/dev/null)/lib
+# Only soltrain's own binaries see the carried libraries (.devbin/soltrain is a wrapper that sets them):
+# exported, they would shadow what torch loads.
+TESTS_ENV="LD_LIBRARY_PATH=$PWD/.devbin/lib:/usr/local/cuda/lib64:$NCCL_LIB"
 B=$PWD/.devbin
 for s in "${steps[@]}"; do
   echo "== $s $(date +%T)"
@@ -22,12 +27,21 @@ for s in "${steps[@]}"; do
       timeout 200 python3 tests/tools/make_sft_trajectory_reference.py "$B/soltrain" tests/fixtures/sft_trajectory
       tar czf "$OUT/fixtures.tgz" tests/fixtures/objective tests/fixtures/sft_trajectory/expected.json ;;
     tests)
-      timeout 300 "$B/soltrain_tests" --gtest_filter='*Cuda*:Shapes/*:*Objective*:LayerHooks*:SftTrajectory*:Fixtures/*' \
+      timeout 300 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='*Cuda*:Shapes/*:*Objective*:LayerHooks*:SftTrajectory*:Fixtures/*:AdamW8bit*:-CudaDataParallel*' \
         > "$OUT/gpu-tests.log" 2>&1
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/gpu-tests.log" ;;
     probe)
       timeout 300 python3 tests/tools/probe_lora_precision.py "$B/soltrain" --cases 6 > "$OUT/probe.log" 2>&1
       tail -8 "$OUT/probe.log" ;;
+    dp)  # the NCCL communicator: world size 1 bitwise as one process; 2 GPUs when this machine has them
+      timeout 300 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaDataParallel*' > "$OUT/dp-tests.log" 2>&1
+      grep -E "^\[  (PASSED|FAILED|SKIPPED)|FAILED  \]|OK \]|SKIPPED \]" "$OUT/dp-tests.log" ;;
+    bench4b)  # Qwen3-4B full: the data-parallel path's cost at world size 1, and 8-bit AdamW
+      timeout 500 python3 bench/run_bench.py --soltrain "$B/soltrain" --sizes 4B \
+        --variant "data parallel ZeRO-2 (NCCL, 1 rank)=--data-parallel 2" \
+        --variant "8-bit AdamW=--optimizer adamw_8bit" \
+        --peers none --attention "" --out "$OUT" > "$OUT/bench4b.log" 2>&1
+      grep -E "^\| Qwen" "$OUT/bench4b.log" ;;
     peft)
       timeout 300 python3 tests/tools/check_peft.py "$B/soltrain" --cases 12 --cuda > "$OUT/peft.log" 2>&1
       grep -E "CUDA LoRA|^case|failures" "$OUT/peft.log" | tail -40 ;;
@@ -37,9 +51,9 @@ for s in "${steps[@]}"; do
         --peers eager --attention "" --out "$OUT" > "$OUT/bench.log" 2>&1
       tail -40 "$OUT/bench.log" ;;
     bench8b)
-      timeout 550 python3 bench/run_bench.py --soltrain "$B/soltrain" --baseline "$B/soltrain-before" --sizes 8B \
-        --variant "bf16 residual=--residual-dtype bf16" \
-        --batch 8B=2 --lora-rank 16 --peers eager --attention "" --out "$OUT" > "$OUT/bench8b.log" 2>&1
+      timeout 550 python3 bench/run_bench.py --soltrain "$B/soltrain" --sizes 8B \
+        --variant "data parallel ZeRO-0 (NCCL, 1 rank)=--data-parallel 0" \
+        --batch 8B=2 --lora-rank 16 --peers "${PEERS:-eager}" --attention "" --out "$OUT" > "$OUT/bench8b.log" 2>&1
       tail -40 "$OUT/bench8b.log" ;;
   esac
 done

@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/device_option.h"
+#include "dist/launch.h"
 #include "model/checkpoint.h"
 #include "model/lora.h"
 #include "train/train_step.h"
@@ -29,7 +30,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 std::function<int()> add_bench_command(CLI::App& app) {
   struct Opts {
     std::string model, device = "cuda";
-    int batch = 8, seq = 2048, steps = 10, warmup = 3, lora_rank = 0;
+    int batch = 8, seq = 2048, steps = 10, warmup = 3, lora_rank = 0, data_parallel = -1;
     std::string recompute = "none", residual_dtype = "auto", optimizer = "adamw";
   };
   auto o = std::make_shared<Opts>();
@@ -44,6 +45,10 @@ std::function<int()> add_bench_command(CLI::App& app) {
   c->add_option("--optimizer", o->optimizer, "adamw (fp32 moments) or adamw_8bit (bitsandbytes' 8-bit blockwise)")
       ->check(CLI::IsMember({"adamw", "adamw_8bit"}))
       ->capture_default_str();
+  c->add_option("--data-parallel", o->data_parallel,
+                "run the step through the data-parallel path at this ZeRO stage (0-2) with a communicator of one "
+                "rank (NCCL on the GPU): what its collectives, events and hooks cost")
+      ->check(CLI::Range(0, 2));
   c->add_option("--lora-rank", o->lora_rank, "LoRA on all seven projections with this rank (alpha 2r); 0 = full")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -71,7 +76,11 @@ std::function<int()> add_bench_command(CLI::App& app) {
     model->plan(o->batch, o->seq, parse_recompute(o->recompute, "--recompute"));
     const OptimizerConfig cfg{
         1e-5f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, o->optimizer == "adamw_8bit" ? Moments::Blockwise8 : Moments::F32};
-    TrainStep train_step(*model, cfg);  // the trainer's own step path
+    std::unique_ptr<Communicator> comm;
+    if (o->data_parallel >= 0)
+      comm = make_communicator(LaunchEnv{}, *ops, ops->device() == Device::CUDA ? "nccl" : "mpi");
+    // the trainer's own step path
+    TrainStep train_step = comm ? TrainStep(*model, cfg, *comm, o->data_parallel) : TrainStep(*model, cfg);
     std::vector<double> times;
     for (int s = 0; s < o->warmup + o->steps; ++s) {
       ops->synchronize();
@@ -92,6 +101,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
                      {"lora_rank", o->lora_rank},
                      {"recompute", o->recompute},
                      {"optimizer", o->optimizer},
+                     {"data_parallel", o->data_parallel},
                      {"residual_dtype", model->residual_dtype() == DType::F32 ? "fp32" : "bf16"},
                      {"batch", o->batch},
                      {"seq", o->seq},
