@@ -92,7 +92,9 @@ void DataParallel::finish_gradients() {
 
 void DataParallel::grad_sumsq(Tensor out) {
   const ParameterStore& ps = model_.params();
-  if (stage_ < 2) {  // every rank holds every summed gradient
+  // Every rank holds every summed gradient below stage 2; alone, a rank owns them all: one reduction over
+  // the whole buffer, in the single process's order (so one rank trains bitwise as no data parallel does).
+  if (stage_ < 2 || comm_.size() == 1) {
     ops_.reduce_sum(out, ps.all_grads(), /*squares=*/true, /*accumulate=*/false);
     return;
   }

@@ -19,7 +19,7 @@ class CudaDataParallel : public CudaTest {
     CudaTest::SetUp();
     if (IsSkipped()) return;
     const CliRun setup =
-        run("demo-setup --out " + (t.path / "data").string() + " --train 200 --validation 0 --seed 5", t);
+        run("demo-setup --out " + (t.path / "data").string() + " --train 200 --validation 1 --seed 5", t);
     ASSERT_EQ(setup.code, 0) << setup.err;
     std::ofstream(t.path / "base.yaml") << "model: data/model\ndatasets:\n  - path: data/train.jsonl\n"
                                            "    type: conversation\nsequence_len: 128\nper_device_train_batch_size: 4\n"
