@@ -8,24 +8,37 @@
 
 namespace soltrain {
 
+namespace {
+// One update's scalars, as torch computes them (bias corrections in double from the Python-float betas), and
+// the element update itself, shared by the fp32 and the 8-bit moments.
+struct AdamWStep {
+  explicit AdamWStep(const AdamWParams& p)
+      : bc2_sqrt(float(std::sqrt(1.0 - std::pow(p.beta2, p.step)))),
+        step_size(float(double(p.lr) / (1.0 - std::pow(p.beta1, p.step)))),
+        decay(float(1.0 - double(p.lr) * double(p.weight_decay))),
+        b1c(float(1.0 - p.beta1)),
+        b2c(float(1.0 - p.beta2)),
+        beta2(float(p.beta2)),
+        eps(p.eps),
+        grad_scale(p.grad_scale * host_clip_factor(p)) {}
+  void update(float& w, float& m, float& v, float g) const {
+    w *= decay;
+    const float gi = g * grad_scale;  // the one fp32 multiply torch's clip_grad_norm_ does in place
+    m += b1c * (gi - m);              // lerp, as torch writes it
+    v = v * beta2 + b2c * gi * gi;
+    const float denom = std::sqrt(v) / bc2_sqrt + eps;
+    w -= step_size * (m / denom);
+  }
+  float bc2_sqrt, step_size, decay, b1c, b2c, beta2, eps, grad_scale;
+};
+}  // namespace
+
 void CpuOps::adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p, Tensor* compute_copy) {
   SOLTRAIN_CHECK(!compute_copy || compute_copy->data == param.data, "the CPU computes in fp32: no copy");
   float *w = param.f32(), *mp = m.f32(), *vp = v.f32();
   const float* g = grad.f32();
-  const double bc1 = 1.0 - std::pow(p.beta1, p.step);
-  const double bc2_sqrt = std::sqrt(1.0 - std::pow(p.beta2, p.step));
-  const float step_size = float(double(p.lr) / bc1);
-  const float decay = float(1.0 - double(p.lr) * double(p.weight_decay));
-  const float b1c = float(1.0 - p.beta1), b2c = float(1.0 - p.beta2);
-  const float grad_scale = p.grad_scale * host_clip_factor(p);
-  for (int64_t i = 0, n = param.numel(); i < n; ++i) {
-    w[i] *= decay;
-    const float gi = g[i] * grad_scale;  // the one fp32 multiply torch's clip_grad_norm_ does in place
-    mp[i] += b1c * (gi - mp[i]);         // lerp, as torch writes it
-    vp[i] = vp[i] * float(p.beta2) + b2c * gi * gi;
-    const float denom = std::sqrt(vp[i]) / float(bc2_sqrt) + p.eps;
-    w[i] -= step_size * (mp[i] / denom);
-  }
+  const AdamWStep step(p);
+  for (int64_t i = 0, n = param.numel(); i < n; ++i) step.update(w[i], mp[i], vp[i], g[i]);
 }
 
 // bitsandbytes' 8-bit blockwise AdamW (kernels/blockwise8.h) with the update above, element for element.
@@ -42,12 +55,7 @@ void CpuOps::adamw_8bit(Tensor param, const Tensor& grad, const Blockwise8& m, c
     mmid[i] = (mmap[i] + mmap[i + 1]) / 2;
     vmid[i] = (vmap[i] + vmap[i + 1]) / 2;
   }
-  const double bc1 = 1.0 - std::pow(p.beta1, p.step);
-  const double bc2_sqrt = std::sqrt(1.0 - std::pow(p.beta2, p.step));
-  const float step_size = float(double(p.lr) / bc1);
-  const float decay = float(1.0 - double(p.lr) * double(p.weight_decay));
-  const float b1c = float(1.0 - p.beta1), b2c = float(1.0 - p.beta2);
-  const float grad_scale = p.grad_scale * host_clip_factor(p);
+  const AdamWStep step(p);
   const int64_t n = param.numel();
   std::vector<float> mb(kBlockwise8Block), vb(kBlockwise8Block);
   for (int64_t b0 = 0, blk = 0; b0 < n; b0 += kBlockwise8Block, ++blk) {
@@ -56,12 +64,7 @@ void CpuOps::adamw_8bit(Tensor param, const Tensor& grad, const Blockwise8& m, c
     for (int64_t j = 0; j < len; ++j) {
       const int64_t i = b0 + j;
       float mi = mmap[mc[i]] * ma[blk], vi = vmap[vc[i]] * va[blk];
-      w[i] *= decay;
-      const float gi = g[i] * grad_scale;
-      mi += b1c * (gi - mi);
-      vi = vi * float(p.beta2) + b2c * gi * gi;
-      const float denom = std::sqrt(vi) / float(bc2_sqrt) + p.eps;
-      w[i] -= step_size * (mi / denom);
+      step.update(w[i], mi, vi, g[i]);
       mb[size_t(j)] = mi;
       vb[size_t(j)] = vi;
       mmax = std::max(mmax, std::fabs(mi));
