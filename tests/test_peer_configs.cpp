@@ -24,6 +24,7 @@ struct PeerSetup {
   PeerSetup() {
     DemoModelShape s;
     s.hidden = 32, s.layers = 1, s.heads = 2, s.kv_heads = 1, s.head_dim = 16, s.intermediate = 64;
+    s.max_positions = 8192;  // Llama 3's context: the fft-8b example asks for sequence_len 8192
     write_random_model(t.path / "model", s, 7);
     std::ofstream d(t.path / "alpaca.jsonl");
     for (int i = 0; i < 40; ++i)
@@ -62,6 +63,50 @@ TEST(PeerConfigs, AxolotlLlama3LoraRunsWith8bitAdamW) {
   ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
   const std::string all = ok.out + ok.err;
   EXPECT_NE(all.find(" GiB (8-bit), activations"), std::string::npos) << all;
+}
+
+// Llama 3 full fine-tune with paged 8-bit AdamW (gradient_checkpointing_kwargs, empty deepspeed:/fsdp: etc. are
+// accepted): runs to the end with 8-bit moments and recompute.
+TEST(PeerConfigs, AxolotlLlama3FullFineTuneRunsWith8bitAdamW) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-llama-3-fft-8b.yaml");
+  // one update: 8 micro-batches of 8192 tokens (the example's accumulation), ~10 s on CI's cores
+  const test::CliRun r = test::run("sft " + cfg.string() + " --set max_steps=1", s.t);
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string all = r.out + r.err;
+  EXPECT_EQ(all.rfind("sft: full fine-tune\n", 0), 0u) << all;
+  EXPECT_NE(all.find(" GiB (8-bit), activations"), std::string::npos) << all;
+  EXPECT_NE(all.find("(recompute full, "), std::string::npos) << all;
+  EXPECT_TRUE(fs::exists(s.t.path / "out" / "model" / "model.safetensors")) << all;
+}
+
+// Llama 3 8B LoRA over an 8-bit base with embed/lm_head trained next to it: both missing features named, in
+// one line, exit 2 (its 8-bit AdamW is not among them).
+TEST(PeerConfigs, AxolotlLlama3Lora8bNamesTheMissingFeatures) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-llama-3-lora-8b.yml");
+  const test::CliRun r = test::run("sft " + cfg.string(), s.t);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  const std::string c = cfg.string();
+  EXPECT_EQ(r.err, "error: " + c + ": 2 problems: " + c +
+                       ":10: load_in_8bit: 8-bit quantised base weights are not built yet; drop it for bf16 LoRA; " +
+                       c + ":31: lora_modules_to_save: training full modules next to LoRA is not built yet\n");
+}
+
+// Llama 3.2 1B QLoRA: the 4-bit base named twice (load_in_4bit, adapter: qlora), nothing else refused
+// (attn_implementation, the loss watchdog and 8-bit AdamW are accepted).
+TEST(PeerConfigs, AxolotlLlama3QloraNamesFourBitBase) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-llama-3-qlora-1b.yml");
+  const test::CliRun r = test::run("sft " + cfg.string(), s.t);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  const std::string c = cfg.string();
+  EXPECT_EQ(r.err, "error: " + c + ": 2 problems: " + c +
+                       ":8: load_in_4bit: 4-bit quantised base weights (QLoRA) are not built yet; drop it for bf16 "
+                       "LoRA; " +
+                       c +
+                       ":17: adapter: qlora: 4-bit quantised base weights (QLoRA) are not built yet; use adapter: "
+                       "lora for bf16 LoRA\n");
 }
 
 // Surogate's simple example: LoRA settings without `lora: true` train LoRA (Surogate's default), and the run

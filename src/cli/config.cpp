@@ -487,6 +487,10 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       {"adapter",
        [&](const Entry& e) {
          const std::string a = get_string(e, "adapter");
+         if (a == "qlora")  // Axolotl's LoRA over a 4-bit base
+           user_error(e.where,
+                      ": adapter: qlora: 4-bit quantised base weights (QLoRA) are not built yet; use "
+                      "adapter: lora for bf16 LoRA");
          if (a != "lora") bad_value(e, "adapter", "lora");
          c.lora.enabled = true;
        }},

@@ -102,7 +102,7 @@ void write_random_model(const fs::path& dir, const DemoModelShape& s, uint64_t s
                     {"num_key_value_heads", s.kv_heads},
                     {"head_dim", s.head_dim},
                     {"hidden_act", "silu"},
-                    {"max_position_embeddings", 4096},
+                    {"max_position_embeddings", s.max_positions},
                     {"rms_norm_eps", 1e-6},
                     {"rope_theta", 1000000.0},
                     {"attention_bias", false},

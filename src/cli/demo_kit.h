@@ -10,6 +10,7 @@ namespace soltrain {
 struct DemoModelShape {
   int hidden = 128, layers = 4, heads = 4, kv_heads = 2, head_dim = 32, intermediate = 384;
   int vocab = 320;  // 256 bytes + 3 specials, padded to a multiple of 64 as real checkpoints are
+  int max_positions = 4096;
 };
 
 // tokenizer.json + tokenizer_config.json (ChatML template, eos <|im_end|>) into `dir`.

@@ -103,7 +103,9 @@ const std::map<std::string, Apply>& table() {
       {"evals_per_epoch",
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.evals_per_epoch = as_positive(k, n); }},
       // What soltrain does anyway.
-      {"flash_attention", any()},  // soltrain's attention is a flash (tiled, online-softmax) kernel
+      {"flash_attention", any()},                // soltrain's attention is a flash (tiled, online-softmax) kernel
+      {"attn_implementation", any()},            // transformers' attention backend: the same choice
+      {"gradient_checkpointing_kwargs", any()},  // torch's use_reentrant: recompute is the same either way
       {"sdp_attention", any()},
       {"xformers_attention", any()},
       {"fused_attn_kernel", any()},
