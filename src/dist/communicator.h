@@ -34,6 +34,9 @@ class Communicator {
                                   const Tensor& in) = 0;  // in [size·n] → out [n]: Σ of every rank's in[rank·n ..]
   virtual void all_gather(Tensor out, const Tensor& in) = 0;  // in [n] → out [size·n], rank r's at r·n
   virtual void broadcast(Tensor t, int root) = 0;             // in place, from `root`
+  // Whether reduce_scatter_sum and all_gather may work in place on one full buffer: out (or in) being the
+  // rank's own slice of in (or out), at rank·n, as NCCL allows. Saves the staging copies around them.
+  virtual bool shards_in_place() const { return false; }
   // Host side (a sync): returns once every rank has called it.
   virtual void barrier() = 0;
   // Host side (a sync): the largest of every rank's `v` (fault and stop flags, counts).

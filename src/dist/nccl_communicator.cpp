@@ -70,6 +70,7 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "nccl"; }
+  bool shards_in_place() const override { return true; }
 
   void all_reduce_sum(Tensor t) override {
     NCCL_CHECK(ncclAllReduce(t.data, t.data, size_t(t.numel()), nccl_type(t), ncclSum, comm_, stream()));

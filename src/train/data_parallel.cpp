@@ -67,6 +67,9 @@ void DataParallel::reduce_group(int g) {
   const Tensor grads = model_.params().group_grads(g);
   if (stage_ < 2) {
     comm_.all_reduce_sum(grads);
+  } else if (comm_.shards_in_place() && gr.chunk * comm_.size() == gr.numel) {
+    // Straight from the gradients into this rank's own slice of them: no staging copy either way.
+    comm_.reduce_scatter_sum(slice(grads, int64_t(comm_.rank()) * gr.chunk, gr.chunk), grads);
   } else {
     const int64_t padded = gr.chunk * comm_.size();
     const Tensor in = scratch(padded, 0), out = scratch(gr.chunk, 1);
@@ -124,6 +127,17 @@ void DataParallel::gather_weights() {
     if (gr.numel == 0) continue;
     const ParamRange whole{g, false, gr.begin, gr.numel};
     const Tensor masters = ps.masters(whole);
+    if (comm_.shards_in_place() && gr.chunk * comm_.size() == gr.numel) {  // this rank's slice gathered in place
+      comm_.all_gather(masters, slice(masters, int64_t(comm_.rank()) * gr.chunk, gr.chunk));
+      // The update wrote this rank's compute copy itself: only the other ranks' slices need converting.
+      const auto [b, e] = plan_.owned_span(g);
+      for (const auto [lo, hi] : {std::pair{gr.begin, b}, std::pair{e, gr.begin + gr.numel}})
+        if (hi > lo && !ps.values_alias_masters()) {
+          const ParamRange part{g, false, lo, hi - lo};
+          ops_.convert(ps.values(part), ps.masters(part));
+        }
+      continue;
+    }
     const auto [b, e] = plan_.owned_span(g);
     const Tensor mine = scratch(gr.chunk, 1), all = scratch(gr.chunk * comm_.size(), 0);
     if (e > b) ops_.copy(slice(mine, 0, e - b), slice(masters, b - gr.begin, e - b));
