@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "chat_test_util.h"
 #include "cli/config.h"
 #include "data/dataset.h"
 #include "data/named_templates.h"
@@ -119,46 +120,16 @@ TEST(DatasetTypes, SystemPromptTypeAndChatTemplateKeysInConfigs) {
             "cfg.yaml:6: system_prompt_type: field needs system_prompt_field");
 }
 
-struct Model {
-  Tokenizer tok;
-  ChatTemplate tmpl;
-};
-
-Model& model(const std::string& name) {
-  static std::map<std::string, std::unique_ptr<Model>> cache;
-  auto& m = cache[name];
-  if (!m) {
-    const auto dir = test::tokenizer_folder(name);
-    m = std::make_unique<Model>(
-        Model{Tokenizer::load(dir), ChatTemplate::from_tokenizer_config(dir / "tokenizer_config.json")});
-  }
-  return *m;
-}
-
-std::vector<std::string> trained_runs(Model& m, const Document& d) {
-  std::vector<std::string> runs;
-  std::vector<int32_t> run;
-  for (size_t i = 0; i <= d.ids.size(); ++i) {
-    if (i < d.ids.size() && d.mask[i]) {
-      run.push_back(d.ids[i]);
-    } else if (!run.empty()) {
-      runs.push_back(m.tok.decode(run));
-      run.clear();
-    }
-  }
-  return runs;
-}
-
 std::vector<std::string> runs(const std::string& name, const std::string& messages, std::vector<std::string> roles,
                               const std::string& eos) {
-  Model& m = model(name);
+  test::ChatModel& m = test::chat_model(name);
   SampleEncoder enc(m.tok, &m.tmpl, m.tmpl.eos_token(), false);
   enc.set_turn_training(std::move(roles), eos);
   Sample s;
   s.vars["messages"] = ordered_json::parse(messages);
   const Document d = enc.encode(s);
   EXPECT_EQ(d.ids, m.tok.encode(m.tmpl.render(s.vars))) << "ids are those of the whole rendered text";
-  return trained_runs(m, d);
+  return test::trained_runs(m, d);
 }
 
 const char* kChat = R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"},)"
@@ -190,7 +161,7 @@ TEST(DatasetTypes, RolesToTrainLlama3) {
 // Axolotl prompt_strategies/input_output.py: each segment tokenized alone (no special tokens, no eos
 // appended), trained where its label is true.
 TEST(DatasetTypes, InputOutputSegmentsTokenizedAloneWithTheirLabels) {
-  Model& m = model("qwen3");
+  test::ChatModel& m = test::chat_model("qwen3");
   const Sample s = sample(R"j({"segments": [{"label": false, "text": "Q: 2+2?\n"}, {"label": true, "text": "A: 4"},)j"
                           R"j( {"label": false, "text": " (end)"}]})j",
                           "input_output");
@@ -227,7 +198,7 @@ TEST(DatasetTypes, ChatmlTemplateByName) {
   std::ostringstream log;
   run_tokenize(o, log);
   const ShardSet s = load_shards(o.out);
-  Model& m = model("qwen3");
+  test::ChatModel& m = test::chat_model("qwen3");
   const std::string prompt = "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n";
   const std::vector<int32_t> head = m.tok.encode(prompt), answer = m.tok.encode("4<|im_end|>"),
                              tail = m.tok.encode("\n");
@@ -245,7 +216,7 @@ TEST(DatasetTypes, ChatmlTemplateByName) {
 // Axolotl's InstructionPromptTokenizingStrategy (src/axolotl/prompt_tokenizers.py): prompt and response are
 // tokenized apart; the prompt is untrained, the response and the eos token are trained.
 TEST(DatasetTypes, AlpacaChatPromptAndResponseTokenizedApart) {
-  Model& m = model("qwen3");
+  test::ChatModel& m = test::chat_model("qwen3");
   const Sample s = sample(R"({"instruction": "Translate", "input": "chat", "output": "cat"})", "alpaca_chat");
   SampleEncoder enc(m.tok, nullptr, m.tmpl.eos_token(), false);
   const Document d = enc.encode(s);

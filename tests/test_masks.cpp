@@ -2,6 +2,7 @@
 // end-of-turn tokens are trained, and the masked ids are the ids of the whole rendered text.
 #include <gtest/gtest.h>
 
+#include "chat_test_util.h"
 #include "data/sample_encoder.h"
 #include "data_test_util.h"
 
@@ -10,45 +11,7 @@ namespace {
 
 using nlohmann::ordered_json;
 
-struct Model {
-  Tokenizer tok;
-  ChatTemplate tmpl;
-};
-
-Model& model(const std::string& name) {
-  static std::map<std::string, std::unique_ptr<Model>> cache;
-  auto& m = cache[name];
-  if (!m) {
-    const auto dir = test::tokenizer_folder(name);
-    m = std::make_unique<Model>(
-        Model{Tokenizer::load(dir), ChatTemplate::from_tokenizer_config(dir / "tokenizer_config.json")});
-  }
-  return *m;
-}
-
-Sample conversation(const std::string& messages_json, ordered_json extra = ordered_json::object()) {
-  Sample s;
-  s.vars = extra;
-  s.vars["messages"] = ordered_json::parse(messages_json);
-  return s;
-}
-
-// The trained runs of a document, decoded.
-std::vector<std::string> trained_runs(Model& m, const Document& d) {
-  std::vector<std::string> runs;
-  std::vector<int32_t> run;
-  for (size_t i = 0; i <= d.ids.size(); ++i) {
-    if (i < d.ids.size() && d.mask[i]) {
-      run.push_back(d.ids[i]);
-    } else if (!run.empty()) {
-      runs.push_back(m.tok.decode(run));
-      run.clear();
-    }
-  }
-  return runs;
-}
-
-Document encode(Model& m, const Sample& s, bool train_on_inputs = false) {
+Document encode(test::ChatModel& m, const Sample& s, bool train_on_inputs = false) {
   SampleEncoder enc(m.tok, &m.tmpl, m.tmpl.eos_token(), train_on_inputs);
   Document d = enc.encode(s);
   EXPECT_EQ(d.ids, m.tok.encode(m.tmpl.render(s.vars))) << "ids are those of the whole rendered text";
@@ -59,7 +22,7 @@ const char* kTwoTurns = R"([{"role": "user", "content": "What is 2+2?"}, {"role"
                         R"( {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "6"}])";
 
 TEST(Masks, Qwen3SingleTurnMatchesFixtureIds) {
-  Model& m = model("qwen3");
+  test::ChatModel& m = test::chat_model("qwen3");
   const Document d = encode(m, conversation(R"([{"role": "user", "content": "What is 2+2?"},)"
                                             R"( {"role": "assistant", "content": "4"}])"));
   // ids from transformers (tests/fixtures/tokenizer/qwen3_chat.json entry 0).
@@ -73,20 +36,20 @@ TEST(Masks, Qwen3SingleTurnMatchesFixtureIds) {
 }
 
 TEST(Masks, Qwen3MultiTurnEarlierTurnsWithoutThinkBlock) {
-  Model& m = model("qwen3");
+  test::ChatModel& m = test::chat_model("qwen3");
   const Document d = encode(m, conversation(kTwoTurns));
-  EXPECT_EQ(trained_runs(m, d), (std::vector<std::string>{"4<|im_end|>", "<think>\n\n</think>\n\n6<|im_end|>"}));
+  EXPECT_EQ(test::trained_runs(m, d), (std::vector<std::string>{"4<|im_end|>", "<think>\n\n</think>\n\n6<|im_end|>"}));
 }
 
 TEST(Masks, Qwen3SystemToolCallsAndThinkingOff) {
-  Model& m = model("qwen3");
+  test::ChatModel& m = test::chat_model("qwen3");
   const Document d =
       encode(m, conversation(R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"},)"
                              R"( {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function":)"
                              R"( {"name": "get_weather", "arguments": {"city": "Paris"}}}]},)"
                              R"( {"role": "tool", "content": "sunny"}, {"role": "assistant", "content": "Sunny."}])",
                              ordered_json{{"enable_thinking", false}}));
-  const auto runs = trained_runs(m, d);
+  const auto runs = test::trained_runs(m, d);
   ASSERT_EQ(runs.size(), 2u);
   EXPECT_EQ(runs[0],
             "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>");
@@ -95,9 +58,9 @@ TEST(Masks, Qwen3SystemToolCallsAndThinkingOff) {
 }
 
 TEST(Masks, Llama3AssistantContentAndEotOnly) {
-  Model& m = model("llama3");
+  test::ChatModel& m = test::chat_model("llama3");
   const Document d = encode(m, conversation(kTwoTurns));
-  EXPECT_EQ(trained_runs(m, d), (std::vector<std::string>{"4<|eot_id|>", "6<|eot_id|>"}));
+  EXPECT_EQ(test::trained_runs(m, d), (std::vector<std::string>{"4<|eot_id|>", "6<|eot_id|>"}));
   const int32_t eot = *m.tok.token_to_id("<|eot_id|>");
   // This template always ends with an assistant header (a generation prompt): prompt, not trained.
   EXPECT_EQ(m.tok.decode(std::vector<int32_t>(d.ids.end() - 4, d.ids.end())),
@@ -114,14 +77,14 @@ TEST(Masks, Llama3AssistantContentAndEotOnly) {
 }
 
 TEST(Masks, TrainOnInputsTrainsEverything) {
-  Model& m = model("llama3");
+  test::ChatModel& m = test::chat_model("llama3");
   const Document d = encode(m, conversation(kTwoTurns), true);
   EXPECT_EQ(std::count(d.mask.begin(), d.mask.end(), 1), int64_t(d.ids.size()));
 }
 
 // Alpaca: the prompt's tokens are not trained, the response and the eos token are (Axolotl's masking).
 TEST(Masks, AlpacaTrainsTheResponseAndEos) {
-  Model& m = model("qwen3");
+  test::ChatModel& m = test::chat_model("qwen3");
   Sample s;
   s.is_text = true;
   const std::string prompt = alpaca_prompt("Say hi", "");
@@ -132,14 +95,14 @@ TEST(Masks, AlpacaTrainsTheResponseAndEos) {
   std::vector<int32_t> want = m.tok.encode(s.text);
   want.push_back(*m.tok.token_to_id(m.tmpl.eos_token()));
   EXPECT_EQ(d.ids, want);
-  EXPECT_EQ(trained_runs(m, d), (std::vector<std::string>{"Hello there" + m.tmpl.eos_token()}));
+  EXPECT_EQ(test::trained_runs(m, d), (std::vector<std::string>{"Hello there" + m.tmpl.eos_token()}));
   SampleEncoder all(m.tok, &m.tmpl, m.tmpl.eos_token(), true);
   const Document a = all.encode(s);
   EXPECT_EQ(std::count(a.mask.begin(), a.mask.end(), 1), int64_t(a.ids.size()));
 }
 
 TEST(Masks, TemplateErrorIsABadRecord) {
-  Model& m = model("qwen3");
+  test::ChatModel& m = test::chat_model("qwen3");
   SampleEncoder enc(m.tok, &m.tmpl, "", false);
   // Qwen3's template raises when no user query exists.
   EXPECT_THROW(enc.encode(conversation(R"([{"role": "assistant", "content": "x"}])")), BadRecord);

@@ -49,6 +49,12 @@ DataParallel::DataParallel(Transformer& model, Communicator& comm, int zero_stag
   }
 }
 
+// The collectives can run on the group's own buffer: the communicator allows it and the ranks' slices tile
+// the group exactly (no padding).
+bool DataParallel::in_place(const ShardPlan::Group& gr) const {
+  return comm_.shards_in_place() && gr.chunk * comm_.size() == gr.numel;
+}
+
 Tensor DataParallel::scratch(int64_t elements, int which) {
   const Buffer& b = which == 0 ? stage_in_ : stage_out_;
   return Tensor{b.data(), DType::F32, {elements}, b.device()};
@@ -67,7 +73,7 @@ void DataParallel::reduce_group(int g) {
   const Tensor grads = model_.params().group_grads(g);
   if (stage_ < 2) {
     comm_.all_reduce_sum(grads);
-  } else if (comm_.shards_in_place() && gr.chunk * comm_.size() == gr.numel) {
+  } else if (in_place(gr)) {
     // Straight from the gradients into this rank's own slice of them: no staging copy either way.
     comm_.reduce_scatter_sum(slice(grads, int64_t(comm_.rank()) * gr.chunk, gr.chunk), grads);
   } else {
@@ -127,11 +133,11 @@ void DataParallel::gather_weights() {
     if (gr.numel == 0) continue;
     const ParamRange whole{g, false, gr.begin, gr.numel};
     const Tensor masters = ps.masters(whole);
-    if (comm_.shards_in_place() && gr.chunk * comm_.size() == gr.numel) {  // this rank's slice gathered in place
+    if (in_place(gr)) {  // this rank's slice gathered in place
       comm_.all_gather(masters, slice(masters, int64_t(comm_.rank()) * gr.chunk, gr.chunk));
       // The update wrote this rank's compute copy itself: only the other ranks' slices need converting.
       const auto [b, e] = plan_.owned_span(g);
-      for (const auto [lo, hi] : {std::pair{gr.begin, b}, std::pair{e, gr.begin + gr.numel}})
+      for (const auto& [lo, hi] : {std::pair{gr.begin, b}, std::pair{e, gr.begin + gr.numel}})
         if (hi > lo && !ps.values_alias_masters()) {
           const ParamRange part{g, false, lo, hi - lo};
           ops_.convert(ps.values(part), ps.masters(part));

@@ -51,6 +51,7 @@ class DataParallel final : public LayerHooks {
  private:
   void reduce_group(int g);
   Tensor scratch(int64_t elements, int which);
+  bool in_place(const ShardPlan::Group& gr) const;
 
   Transformer& model_;
   Communicator& comm_;

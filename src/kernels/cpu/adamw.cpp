@@ -1,7 +1,6 @@
 // CPU: torch.optim.AdamW's single-tensor update, operation for operation (so fp32 results match).
 #include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "kernels/blockwise8.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -57,7 +56,7 @@ void CpuOps::adamw_8bit(Tensor param, const Tensor& grad, const Blockwise8& m, c
   }
   const AdamWStep step(p);
   const int64_t n = param.numel();
-  std::vector<float> mb(kBlockwise8Block), vb(kBlockwise8Block);
+  float mb[kBlockwise8Block], vb[kBlockwise8Block];  // one block's updated moments, before quantising
   for (int64_t b0 = 0, blk = 0; b0 < n; b0 += kBlockwise8Block, ++blk) {
     const int64_t len = std::min(kBlockwise8Block, n - b0);
     float mmax = 0, vmax = 0;
@@ -65,16 +64,16 @@ void CpuOps::adamw_8bit(Tensor param, const Tensor& grad, const Blockwise8& m, c
       const int64_t i = b0 + j;
       float mi = mmap[mc[i]] * ma[blk], vi = vmap[vc[i]] * va[blk];
       step.update(w[i], mi, vi, g[i]);
-      mb[size_t(j)] = mi;
-      vb[size_t(j)] = vi;
+      mb[j] = mi;
+      vb[j] = vi;
       mmax = std::max(mmax, std::fabs(mi));
       vmax = std::max(vmax, std::fabs(vi));
     }
     // bitsandbytes: scaled = clamp(x * (1 / max(absmax, 1e-38)), -1, 1), then the nearest code
     const float minv = 1.0f / std::max(mmax, 1e-38f), vinv = 1.0f / std::max(vmax, 1e-38f);
     for (int64_t j = 0; j < len; ++j) {
-      mc[b0 + j] = quantize_to_map(std::clamp(mb[size_t(j)] * minv, -1.0f, 1.0f), mmid);
-      vc[b0 + j] = quantize_to_map(std::clamp(vb[size_t(j)] * vinv, -1.0f, 1.0f), vmid);
+      mc[b0 + j] = quantize_to_map(std::clamp(mb[j] * minv, -1.0f, 1.0f), mmid);
+      vc[b0 + j] = quantize_to_map(std::clamp(vb[j] * vinv, -1.0f, 1.0f), vmid);
     }
     ma[blk] = mmax;
     va[blk] = vmax;
