@@ -11,6 +11,13 @@ namespace {
 
 using nlohmann::ordered_json;
 
+Sample conversation(const std::string& messages_json, ordered_json extra = ordered_json::object()) {
+  Sample s;
+  s.vars = extra;
+  s.vars["messages"] = ordered_json::parse(messages_json);
+  return s;
+}
+
 Document encode(test::ChatModel& m, const Sample& s, bool train_on_inputs = false) {
   SampleEncoder enc(m.tok, &m.tmpl, m.tmpl.eos_token(), train_on_inputs);
   Document d = enc.encode(s);
