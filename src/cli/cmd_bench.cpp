@@ -10,6 +10,8 @@
 
 #include "cli/commands.h"
 #include "cli/device_option.h"
+#include "cli/launch_workers.h"
+#include "core/error.h"
 #include "dist/launch.h"
 #include "model/checkpoint.h"
 #include "model/lora.h"
@@ -30,7 +32,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 std::function<int()> add_bench_command(CLI::App& app) {
   struct Opts {
     std::string model, device = "cuda";
-    int batch = 8, seq = 2048, steps = 10, warmup = 3, lora_rank = 0, data_parallel = -1;
+    int batch = 8, seq = 2048, steps = 10, warmup = 3, lora_rank = 0, data_parallel = -1, gpus = 1;
     std::string recompute = "none", residual_dtype = "auto", optimizer = "adamw";
   };
   auto o = std::make_shared<Opts>();
@@ -49,6 +51,11 @@ std::function<int()> add_bench_command(CLI::App& app) {
                 "run the step through the data-parallel path at this ZeRO stage (0-2) with a communicator of one "
                 "rank (NCCL on the GPU): what its collectives, events and hooks cost")
       ->check(CLI::Range(0, 2));
+  c->add_option("--gpus", o->gpus,
+                "data parallel over N worker processes, one per GPU (NCCL; ZeRO stage from --data-parallel, 0 "
+                "by default); each rank steps its own --batch-size rows and rank 0 prints tokens/s of all")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   c->add_option("--lora-rank", o->lora_rank, "LoRA on all seven projections with this rank (alpha 2r); 0 = full")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -59,7 +66,20 @@ std::function<int()> add_bench_command(CLI::App& app) {
   c->add_option("--warmup", o->warmup)->check(CLI::NonNegativeNumber)->capture_default_str();
   add_device_option(c, o->device);
   return [o]() {
+    const LaunchEnv env = read_launch_env();
+    const Device device = o->device == "cuda" ? Device::CUDA : Device::CPU;  // the flag admits only these two
+    if (o->gpus > 1 && env.kind == LaunchEnv::Kind::Single) return launch_workers(o->gpus, device);
+    select_local_device(env, device);
     auto ops = make_ops(o->device);
+    const bool parallel = env.world_size > 1 || o->data_parallel >= 0;
+    std::unique_ptr<Communicator> comm;
+    if (parallel) {
+      // Alone with --data-parallel: NCCL (or MPI on the CPU) at world size 1, the path's own cost.
+      comm = make_communicator(env, *ops, env.world_size > 1 ? "" : ops->device() == Device::CUDA ? "nccl" : "mpi");
+      if (comm->size() > 1) set_error_prefix(cat("rank ", comm->rank(), ": "));
+    }
+    const int zero_stage = std::max(0, o->data_parallel), rank = comm ? comm->rank() : 0;
+    const int world = comm ? comm->size() : 1;
     std::optional<LoraConfig> lora;
     if (o->lora_rank > 0)
       lora = LoraConfig{o->lora_rank, 2.0f * float(o->lora_rank),
@@ -68,7 +88,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
     auto model = load_pretrained(o->model, *ops, lora);
     const int V = model->config().vocab_size;
     HostBatch batch{o->batch, o->seq, {}, {}, {}, {}};
-    std::mt19937 rng(1234);
+    std::mt19937 rng(1234u + unsigned(rank));  // each rank its own rows
     for (int i = 0; i < o->batch * o->seq; ++i) batch.input_ids.push_back(int32_t(rng() % uint32_t(V)));
     batch.targets = batch.input_ids;
     std::rotate(batch.targets.begin(), batch.targets.begin() + 1, batch.targets.end());
@@ -76,38 +96,46 @@ std::function<int()> add_bench_command(CLI::App& app) {
     model->plan(o->batch, o->seq, parse_recompute(o->recompute, "--recompute"));
     const OptimizerConfig cfg{
         1e-5f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, o->optimizer == "adamw_8bit" ? Moments::Blockwise8 : Moments::F32};
-    std::unique_ptr<Communicator> comm;
-    if (o->data_parallel >= 0)
-      comm = make_communicator(LaunchEnv{}, *ops, ops->device() == Device::CUDA ? "nccl" : "mpi");
-    // the trainer's own step path
-    TrainStep train_step = comm ? TrainStep(*model, cfg, *comm, o->data_parallel) : TrainStep(*model, cfg);
+    // the trainer's own step path; counted_all: every rank's targets (each rank's rows count the same)
+    TrainStep train_step = comm ? TrainStep(*model, cfg, *comm, zero_stage) : TrainStep(*model, cfg);
+    const int64_t counted_all = int64_t(o->batch) * o->seq * world;
+    // Each step timed from the end of the previous one's work on the main stream to the end of its own:
+    // steps run back to back as in training, so work a step leaves in flight on the side stream (data
+    // parallel's weight gathers, overlapped with the next forward) counts where it delays the next step.
     std::vector<double> times;
+    ops->synchronize();
+    auto t0 = std::chrono::steady_clock::now();
     for (int s = 0; s < o->warmup + o->steps; ++s) {
-      ops->synchronize();
-      const auto t0 = std::chrono::steady_clock::now();
-      train_step.run({&batch, 1}, cfg.lr);
-      ops->synchronize();
-      if (s >= o->warmup) times.push_back(seconds_since(t0));
+      train_step.run({&batch, 1}, cfg.lr, counted_all);
+      ops->host_wait(ops->mark());
+      const auto t1 = std::chrono::steady_clock::now();
+      if (s >= o->warmup) times.push_back(std::chrono::duration<double>(t1 - t0).count());
+      t0 = t1;
     }
+    ops->synchronize();
     const double loss = train_step.loss();
     // One more step with per-op device timing, for the breakdown (the profiled step is not in step_s).
     ops->enable_profiling(true);
-    train_step.run({&batch, 1}, cfg.lr);
+    train_step.run({&batch, 1}, cfg.lr, counted_all);
     const std::map<std::string, double> profile = ops->collect_profile();
     ops->enable_profiling(false);
-    const double step = median(times), tokens = double(o->batch) * o->seq;
+    const double step = median(times), tokens = double(o->batch) * o->seq * world;
+    const double memory = ops->memory_used_gib();
+    if (rank != 0) return 0;  // rank 0 speaks for all (its step time is the job's: every step ends in collectives)
     nlohmann::json r{{"engine", "soltrain"},
                      {"trainable_params", model->params().numel()},
                      {"lora_rank", o->lora_rank},
                      {"recompute", o->recompute},
                      {"optimizer", o->optimizer},
                      {"data_parallel", o->data_parallel},
+                     {"gpus", world},
                      {"residual_dtype", model->residual_dtype() == DType::F32 ? "fp32" : "bf16"},
                      {"batch", o->batch},
                      {"seq", o->seq},
                      {"step_s", step},
                      {"tokens_per_s", tokens / step},
-                     {"memory_gib", ops->memory_used_gib()},
+                     {"memory_gib", memory},
+                     {"optimizer_gib", double(train_step.optimizer().state_bytes()) / double(1u << 30)},
                      {"activation_gib", double(model->activation_bytes()) / double(1u << 30)},
                      {"loss", loss},
                      {"profile_ms", profile}};

@@ -103,6 +103,9 @@ class Ops {
   virtual void upload_async(Tensor dst, const Tensor& src) { copy(dst, src); }
   virtual uint64_t mark() { return 0; }                   // a point in the current stream's queue
   virtual void host_wait(uint64_t) {}                     // returns once the device has passed that point
+  // The current stream's later work starts after `mark` (taken on any stream): a finer wait() that orders
+  // one piece of another stream's work, not all of it (a layer's gathered weights, not every layer's).
+  virtual void wait_mark(uint64_t) {}
   virtual double memory_used_gib() const { return 0.0; }  // device memory in use (all processes)
   // Per-op device time: enable, run, then collect milliseconds by op name (empty where unsupported).
   virtual void enable_profiling(bool) {}

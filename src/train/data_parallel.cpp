@@ -41,11 +41,15 @@ DataParallel::DataParallel(Transformer& model, Communicator& comm, int zero_stag
   SOLTRAIN_CHECK(zero_stage >= 0 && zero_stage <= 2, "ZeRO stage ", zero_stage);
   plan_ = make_shard_plan(model.params(), comm.rank(), comm.size());
   reduced_.assign(plan_.groups.size(), false);
-  int64_t chunk = 1;
-  for (const auto& g : plan_.groups) chunk = std::max(chunk, g.chunk);
-  if (stage_ > 0) {
+  gathered_.assign(plan_.groups.size(), 0);
+  // Staging only for the groups whose collectives cannot run in place (padded chunks, or a communicator
+  // that needs separate buffers): on NCCL with evenly divisible groups none is allocated.
+  int64_t chunk = 0;
+  for (const auto& g : plan_.groups)
+    if (g.numel > 0 && !in_place(g)) chunk = std::max(chunk, g.chunk);
+  if (stage_ > 0 && chunk > 0) {
     stage_in_ = ops_.alloc(size_t(chunk) * size_t(comm.size()) * 4);
-    stage_out_ = ops_.alloc(size_t(chunk) * size_t(comm.size()) * 4);
+    stage_out_ = ops_.alloc(size_t(chunk) * 4);  // one rank's chunk
   }
 }
 
@@ -125,25 +129,44 @@ void DataParallel::all_reduce(Tensor t) {
 
 void DataParallel::gather_weights() {
   if (stage_ == 0) return;
-  ParameterStore& ps = model_.params();
   ops_.wait(Ops::Stream::Side, Ops::Stream::Main);  // the update has written the owned masters
   ops_.use_stream(Ops::Stream::Side);
-  for (int g = 0; g < int(plan_.groups.size()); ++g) {
-    const ShardPlan::Group& gr = plan_.groups[size_t(g)];
-    if (gr.numel == 0) continue;
-    const ParamRange whole{g, false, gr.begin, gr.numel};
-    const Tensor masters = ps.masters(whole);
-    if (in_place(gr)) {  // this rank's slice gathered in place
-      comm_.all_gather(masters, slice(masters, int64_t(comm_.rank()) * gr.chunk, gr.chunk));
-      // The update wrote this rank's compute copy itself: only the other ranks' slices need converting.
-      const auto [b, e] = plan_.owned_span(g);
-      for (const auto& [lo, hi] : {std::pair{gr.begin, b}, std::pair{e, gr.begin + gr.numel}})
-        if (hi > lo && !ps.values_alias_masters()) {
-          const ParamRange part{g, false, lo, hi - lo};
-          ops_.convert(ps.values(part), ps.masters(part));
-        }
-      continue;
-    }
+  // Forward's order: the embedding's group first, then the layers from the first.
+  const int head = int(plan_.groups.size()) - 1;
+  gather_group(head);
+  for (int g = 0; g < head; ++g) gather_group(g);
+  ops_.use_stream(Ops::Stream::Main);
+}
+
+void DataParallel::await_gather(int g) {
+  uint64_t& m = gathered_[size_t(g)];
+  if (m == 0) return;
+  ops_.wait_mark(m);  // on the current stream (Main): the group's weights are whole from here on
+  m = 0;
+}
+
+void DataParallel::settle() {
+  if (std::none_of(gathered_.begin(), gathered_.end(), [](uint64_t m) { return m != 0; })) return;
+  ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
+  std::fill(gathered_.begin(), gathered_.end(), 0);
+}
+
+void DataParallel::gather_group(int g) {
+  ParameterStore& ps = model_.params();
+  const ShardPlan::Group& gr = plan_.groups[size_t(g)];
+  if (gr.numel == 0) return;
+  const ParamRange whole{g, false, gr.begin, gr.numel};
+  const Tensor masters = ps.masters(whole);
+  if (in_place(gr)) {  // this rank's slice gathered in place
+    comm_.all_gather(masters, slice(masters, int64_t(comm_.rank()) * gr.chunk, gr.chunk));
+    // The update wrote this rank's compute copy itself: only the other ranks' slices need converting.
+    const auto [b, e] = plan_.owned_span(g);
+    for (const auto& [lo, hi] : {std::pair{gr.begin, b}, std::pair{e, gr.begin + gr.numel}})
+      if (hi > lo && !ps.values_alias_masters()) {
+        const ParamRange part{g, false, lo, hi - lo};
+        ops_.convert(ps.values(part), ps.masters(part));
+      }
+  } else {
     const auto [b, e] = plan_.owned_span(g);
     const Tensor mine = scratch(gr.chunk, 1), all = scratch(gr.chunk * comm_.size(), 0);
     if (e > b) ops_.copy(slice(mine, 0, e - b), slice(masters, b - gr.begin, e - b));
@@ -152,8 +175,7 @@ void DataParallel::gather_weights() {
     ops_.copy(masters, slice(all, 0, gr.numel));
     if (!ps.values_alias_masters()) ops_.convert(ps.values(whole), masters);
   }
-  ops_.use_stream(Ops::Stream::Main);
-  ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
+  gathered_[size_t(g)] = ops_.mark();  // taken on Side, after the group's gather
 }
 
 }  // namespace soltrain

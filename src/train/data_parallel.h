@@ -42,16 +42,25 @@ class DataParallel final : public LayerHooks {
   // Σg² of the reduced gradients (F64 [1], device), equal on every rank (stage 2: summed over the shards).
   void grad_sumsq(Tensor out);
   // Stages 1-2, after the sharded update: every rank gets every group's new weights from their owners.
+  // Queued on Side group by group in forward's order and left in flight: the next forward waits for each
+  // group's gather just before the group is used (before_forward / before_backward), so the gathers overlap
+  // the next step's compute. Anything else that reads the weights calls settle() first.
   void gather_weights();
+  // Main waits for every gather still in flight (before a checkpoint, an evaluation, the final save).
+  void settle();
   // Σ loss over ranks into `sum` (F64 [1], device; in place).
   void all_reduce(Tensor t);
 
   void grads_ready(int group) override;
+  void before_forward(int group) override { await_gather(group); }
+  void before_backward(int group) override { await_gather(group); }
 
  private:
   void reduce_group(int g);
   Tensor scratch(int64_t elements, int which);
   bool in_place(const ShardPlan::Group& gr) const;
+  void gather_group(int g);
+  void await_gather(int g);
 
   Transformer& model_;
   Communicator& comm_;
@@ -60,7 +69,8 @@ class DataParallel final : public LayerHooks {
   ShardPlan plan_;
   bool armed_ = false;
   std::vector<bool> reduced_;
-  Buffer stage_in_, stage_out_;  // staging for collectives over padded chunks (size × the largest chunk)
+  std::vector<uint64_t> gathered_;  // per group: the Side mark after its gather still awaited (0: none)
+  Buffer stage_in_, stage_out_;  // staging for collectives not in place (size × the largest such chunk)
 };
 
 }  // namespace soltrain

@@ -317,6 +317,7 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
   result.total_steps = r.state.total_steps;
   result.first_eval_loss = result.last_eval_loss = NAN;
   auto run_eval = [&](int64_t step) {
+    r.step->settle();
     if (!has_val || !lead) return;  // rank 0 evaluates; the others wait at their next collective
     const EvalResult e = evaluate(*r.model, r.data.validation, c.per_device_train_batch_size, c.sequence_len);
     metrics->eval(step, e.loss, e.tokens);
@@ -329,6 +330,7 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
   }
   int64_t last_saved = r.state.step;
   auto checkpoint = [&]() {
+    r.step->settle();  // the weights whole before they are written
     r.state.loader = r.loader->state();
     const fs::path dir = c.output_dir / cat("checkpoint-", r.state.step);
     save_checkpoint(dir, c, *r.model, r.step->optimizer(), r.state, comm);
@@ -382,6 +384,7 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
     if (save_step) checkpoint();
   }
   result.steps = r.state.step;
+  r.step->settle();
   if (stopping) {
     if (r.state.step > last_saved) checkpoint();
     if (lead) write_training_curves(metrics->jsonl_path(), c.output_dir / "training_curves.svg");

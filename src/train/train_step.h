@@ -28,6 +28,11 @@ class TrainStep {
   // The last update's loss (mean cross-entropy over its counted targets; NaN when none) and gradient norm
   // before clipping: each reads back from the device (a sync).
   double loss() const;
+  // Data parallel leaves the last update's weight gathers in flight (the next forward waits per layer):
+  // call before reading the weights outside a step (checkpoint, evaluation, export). Free otherwise.
+  void settle() {
+    if (dp_) dp_->settle();
+  }
   double grad_norm() const;
   int64_t counted() const { return counted_; }  // the last update's counted targets (every rank's)
   AdamW& optimizer() { return *adamw_; }

@@ -117,6 +117,11 @@ void CudaOps::host_wait(uint64_t mark) {
   CUDA_CHECK(cudaEventSynchronize(marks_[mark % kMarks]));
 }
 
+void CudaOps::wait_mark(uint64_t mark) {
+  if (mark == 0 || mark > marks_made_) return;
+  CUDA_CHECK(cudaStreamWaitEvent(stream_, marks_[mark % kMarks], 0));
+}
+
 double CudaOps::memory_used_gib() const {
   size_t free_b = 0, total_b = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));

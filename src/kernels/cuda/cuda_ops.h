@@ -33,8 +33,13 @@ class CudaOps final : public Ops {
   void upload_async(Tensor dst, const Tensor& src) override;
   uint64_t mark() override;
   void host_wait(uint64_t mark) override;
+  void wait_mark(uint64_t mark) override;
   void enable_profiling(bool on) override { profiler_.enable(on); }
-  std::map<std::string, double> collect_profile() override { return profiler_.collect(stream_); }
+  // Every stream finished first: ops queued on Side (a data-parallel step's gathers) end after Main's last.
+  std::map<std::string, double> collect_profile() override {
+    synchronize();
+    return profiler_.collect(stream_);
+  }
   double memory_used_gib() const override;
 
   void embedding_forward(Tensor out, const Tensor& ids, const Tensor& table) override;
@@ -93,7 +98,9 @@ class CudaOps final : public Ops {
 
   cudaStream_t stream_ = nullptr;                 // the current one of streams_
   cudaStream_t streams_[2] = {nullptr, nullptr};  // [Main, Side]
-  static constexpr int kMarks = 32;               // a ring: waiting on an overwritten mark waits for a later point
+  // A ring: waiting on an overwritten mark waits for a later point. Sized for a step's marks (one per
+  // parameter group from the data-parallel gathers, a few per batch upload) so that does not happen.
+  static constexpr int kMarks = 256;
   cudaEvent_t marks_[kMarks] = {}, order_ = nullptr;
   uint64_t marks_made_ = 0;
   cublasLtHandle_t lt_ = nullptr;
