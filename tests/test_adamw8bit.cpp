@@ -1,7 +1,9 @@
 // 8-bit blockwise AdamW (bitsandbytes' format, kernels/blockwise8.h) on the CPU: its quantisation maps and six
 // updates against bitsandbytes' algorithm computed in torch (tests/tools/make_adamw8bit_reference.py, fixture
 // tests/fixtures/adamw8bit), and the optimizer's state surviving a save and load bit for bit.
+#include <algorithm>
 #include <cmath>
+#include <random>
 
 #include "io/safetensors.h"
 #include "kernels/blockwise8.h"
@@ -137,6 +139,39 @@ TEST(AdamW8bit, StateSurvivesSaveAndLoadBitForBit) {
     EXPECT_NE(std::string(e.what()).find("saved with adamw_8bit, this run uses adamw (fp32 moments)"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// The GPU quantises through a bucket table instead of a binary search per value; it must pick the same code
+// for every value: each midpoint and its float neighbours (the ties), the bucket edges, ±0, ±1, and random
+// values of every magnitude down to 1e-12.
+TEST(AdamW8bit, BucketedQuantisingEqualsTheBinarySearch) {
+  SOLTRAIN_SEEDED_RNG(rng, 811);
+  for (bool is_signed : {true, false}) {
+    const auto map = dynamic_quant_map(is_signed);
+    float mid[255];
+    for (int i = 0; i < 255; ++i) mid[i] = (map[size_t(i)] + map[size_t(i) + 1]) / 2;
+    uint8_t below[2][kQuantBuckets];
+    for (int b = 0; b < kQuantBuckets; ++b) fill_quant_bucket(below, b, mid);
+    std::vector<float> xs = {0.0f, -0.0f, 1.0f, -1.0f};
+    for (float m : mid)
+      for (float x : {m, std::nextafter(m, 2.0f), std::nextafter(m, -2.0f)}) xs.push_back(x);
+    for (int b = 0; b < kQuantBuckets; ++b) {
+      const float lo = blockwise8_detail::bucket_low(b), hi = blockwise8_detail::bucket_high(b);
+      for (float x : {lo, std::nextafter(lo, 0.0f), std::nextafter(hi, 0.0f)})
+        if (x <= 1.0f) xs.push_back(x), xs.push_back(-x);
+    }
+    std::uniform_real_distribution<float> exponent(-12.0f, 0.0f);
+    for (int i = 0; i < 200000; ++i) {
+      const float x = std::min(1.0f, std::pow(10.0f, exponent(rng)));
+      xs.push_back(rng() % 2 ? x : -x);
+    }
+    int64_t longest = 0;
+    for (float x : xs) {
+      ASSERT_EQ(int(quantize_bucketed(x, mid, below)), int(quantize_to_map(x, mid))) << x << " signed " << is_signed;
+      longest = std::max<int64_t>(longest, quantize_to_map(x, mid) - below[x < 0][blockwise8_detail::bucket_of(x)]);
+    }
+    EXPECT_LE(longest, 8) << "a bucket's scan should stay short";
   }
 }
 

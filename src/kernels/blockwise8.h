@@ -9,6 +9,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace soltrain {
@@ -54,12 +55,14 @@ inline std::array<float, 256> dynamic_quant_map(bool is_signed) {
   return out;
 }
 
-// The nearest map entry's index for x already scaled into [-1, 1] (`midpoints` = (map[i] + map[i+1]) / 2).
 #ifdef __CUDACC__
-__host__ __device__
+#define SOLTRAIN_BW8_HD __host__ __device__
+#else
+#define SOLTRAIN_BW8_HD
 #endif
-    inline uint8_t
-    quantize_to_map(float x, const float* midpoints) {
+
+// The nearest map entry's index for x already scaled into [-1, 1] (`midpoints` = (map[i] + map[i+1]) / 2).
+SOLTRAIN_BW8_HD inline uint8_t quantize_to_map(float x, const float* midpoints) {
   int lo = 0, hi = 255;  // the answer is the count of midpoints strictly below x
   while (lo < hi) {
     const int mid = (lo + hi) / 2;
@@ -69,6 +72,50 @@ __host__ __device__
       hi = mid;
   }
   return uint8_t(lo);
+}
+
+// Quantising without a binary search per value (the GPU's 8-bit AdamW; the binary search above defines the
+// result): |x| in [0, 1] falls in one of kQuantBuckets ranges (64 per binade from 2^-27 up; all of [0, 2^-27)
+// in bucket 0; 1.0 alone in the last), a table holds per bucket how many midpoints lie below the whole range,
+// and a short scan from there counts the rest (a bucket holds at most a few midpoints; the maps' smallest
+// midpoint, ~1e-7, is above bucket 0).
+constexpr int kQuantBuckets = 27 * 64 + 2;
+namespace blockwise8_detail {
+SOLTRAIN_BW8_HD inline uint32_t bits_of(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+SOLTRAIN_BW8_HD inline float float_of(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+SOLTRAIN_BW8_HD inline int bucket_of(float x) {  // by |x| <= 1 (the sign bit dropped: -0 is 0)
+  const uint32_t u = bits_of(x) & 0x7fffffffu;
+  const int e = int(u >> 23);
+  return e < 127 - 27 ? 0 : (e - (127 - 27)) * 64 + int((u >> 17) & 63) + 1;
+}
+SOLTRAIN_BW8_HD inline float bucket_low(int b) {
+  return b == 0 ? 0.0f : float_of(uint32_t((b - 1) / 64 + 127 - 27) << 23 | uint32_t((b - 1) % 64) << 17);
+}
+SOLTRAIN_BW8_HD inline float bucket_high(int b) {  // the next bucket's low end
+  return b == 0 ? float_of(uint32_t(127 - 27) << 23) : float_of(bits_of(bucket_low(b)) + (1u << 17));
+}
+}  // namespace blockwise8_detail
+
+// below[0][b]: midpoints below bucket b's lowest |x| (for x >= 0); below[1][b]: midpoints below minus its
+// highest (for x < 0).
+SOLTRAIN_BW8_HD inline void fill_quant_bucket(uint8_t (*below)[kQuantBuckets], int b, const float* midpoints) {
+  below[0][b] = quantize_to_map(blockwise8_detail::bucket_low(b), midpoints);
+  below[1][b] = quantize_to_map(-blockwise8_detail::bucket_high(b), midpoints);
+}
+// quantize_to_map(x, midpoints), from the table filled for those midpoints.
+SOLTRAIN_BW8_HD inline uint8_t quantize_bucketed(float x, const float* midpoints,
+                                                 const uint8_t (*below)[kQuantBuckets]) {
+  int i = below[x < 0.0f][blockwise8_detail::bucket_of(x)];
+  while (i < 255 && midpoints[i] < x) ++i;
+  return uint8_t(i);
 }
 
 }  // namespace soltrain
