@@ -106,7 +106,9 @@ TEST(Fp8Checkpoint, MergeWritesAPlainBf16Model) {
   const SafetensorsFile merged(t.path / "merged" / "model.safetensors");
   for (const auto& [name, e] : merged.entries()) {
     EXPECT_FALSE(name.ends_with("_scale_inv")) << name;
-    if (is_projection(name)) EXPECT_EQ(e.dtype, DType::BF16) << name;
+    if (is_projection(name)) {
+      EXPECT_EQ(e.dtype, DType::BF16) << name;
+    }
   }
   // The merged model computes what the FP8 base with its adapter computes (up to bf16 weights).
   const HostBatch batch = load_batch_file(src / "batch.safetensors");

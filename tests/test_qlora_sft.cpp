@@ -17,9 +17,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Setup {
+struct QloraSetup {
   test::TempDir t;
-  Setup() {
+  QloraSetup() {
     DemoModelShape s;
     s.hidden = 64, s.layers = 2, s.heads = 2, s.kv_heads = 1, s.head_dim = 32, s.intermediate = 128;
     write_random_model(t.path / "model", s, 11);
@@ -53,7 +53,7 @@ std::string text_of(const fs::path& p) {
 }
 
 TEST(QloraSft, Nf4AndFp8TrainNearLoraAndExportAdapters) {
-  Setup s;
+  QloraSetup s;
   // Adapters steer a pretrained model: start from a briefly fully-trained one (as test_sft's LoRA test).
   train(s.config("base", "max_steps: 40\n"));
   const std::string lora =
@@ -87,7 +87,7 @@ TEST(QloraSft, Nf4AndFp8TrainNearLoraAndExportAdapters) {
 }
 
 TEST(QloraSft, QuantisedBaseWithoutLoraIsOneLine) {
-  Setup s;
+  QloraSetup s;
   try {
     load_train_config(s.config("x", "qlora_nf4: true\n"), {}, TrainMode::kSft);
     FAIL() << "accepted";

@@ -70,7 +70,7 @@ TEST(QuantFixtures, Nf4EqualsBitsandbytesInTorch) {
     std::vector<uint8_t> data(size_t(l.data_bytes())), scale(size_t(l.scale_bytes()));
     nf4_quantize(w.data(), n, data.data(), scale.data());
     EXPECT_EQ(data, bytes_of(ref.at(name + ".packed")));  // bitsandbytes' quantize_4bit in torch picked these
-    std::vector<float> back(size_t(n));
+    std::vector<float> back(static_cast<size_t>(n));
     nf4_dequantize(data.data(), scale.data(), n, back.data());
     EXPECT_EQ(back, to_f32(ref.at(name + ".dequantised")));  // torch's code book lookup over our blocks
     ++checked;

@@ -87,8 +87,12 @@ TEST(Fp8Rounding, E5m2HandCheckedBitPatterns) {
 TEST(Fp8Rounding, EveryFiniteCodeRoundTrips) {
   for (int b = 0; b < 256; ++b) {
     const float x4 = e4m3_to_f32(uint8_t(b)), x5 = e5m2_to_f32(uint8_t(b));
-    if (std::isfinite(x4)) EXPECT_EQ(int(f32_to_e4m3(x4, false)), b) << "e4m3 " << b;
-    if (std::isfinite(x5)) EXPECT_EQ(int(f32_to_e5m2(x5, false)), b) << "e5m2 " << b;
+    if (std::isfinite(x4)) {
+      EXPECT_EQ(int(f32_to_e4m3(x4, false)), b) << "e4m3 " << b;
+    }
+    if (std::isfinite(x5)) {
+      EXPECT_EQ(int(f32_to_e5m2(x5, false)), b) << "e5m2 " << b;
+    }
   }
 }
 
@@ -163,7 +167,7 @@ TEST(Nf4, RandomRoundTripPicksNearestCodesAndKeepsAbsmax) {
   double widest_gap = 0;  // of the map, near its ends, where the absmaxes less their mean fall
   for (int i = 0; i + 1 < 256; ++i) widest_gap = std::max(widest_gap, double(map[size_t(i) + 1]) - map[size_t(i)]);
   const float* nested = reinterpret_cast<const float*>(scale.data() + l.nested_offset());
-  std::vector<float> back(size_t(n));
+  std::vector<float> back(static_cast<size_t>(n));
   nf4_dequantize(data.data(), scale.data(), n, back.data());
   for (int64_t b = 0; b < l.blocks; ++b) {
     const int64_t begin = b * kNf4Block, end = std::min(n, begin + kNf4Block);

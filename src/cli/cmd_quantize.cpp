@@ -41,7 +41,7 @@ std::function<int()> add_quantize_command(CLI::App& app) {
       const int64_t rows = e.shape[0], cols = e.shape[1], n = rows * cols;
       if (o->format == "fp8") {
         const int64_t T = quant::kFp8Tile;
-        std::vector<uint8_t> q(size_t(n));
+        std::vector<uint8_t> q(static_cast<size_t>(n));
         std::vector<float> s(size_t(((rows + T - 1) / T) * ((cols + T - 1) / T)));
         fp8_block_quantize(w.data(), rows, cols, q.data(), s.data());
         add(name, DType::F8E4M3, e.shape, q.data());

@@ -86,8 +86,6 @@ inline std::string_view weight_format_name(WeightFormat f) {
   }
   return "?";
 }
-// Bytes a weight of `numel` elements ([out, in]) takes in a format, scales included (the memory plan).
-double weight_format_bytes(WeightFormat f, int64_t out, int64_t in, DType dense_dtype);
 
 class Ops {
  public:

@@ -5,7 +5,6 @@
 #include <cmath>
 
 #include "kernels/blockwise8.h"
-#include "kernels/ops.h"
 #include "kernels/quant.h"
 
 namespace soltrain {
@@ -36,8 +35,15 @@ void nf4_quantize(const float* x, int64_t n, uint8_t* data, uint8_t* scale) {
     const float inv = reciprocal(m);
     for (int64_t i = begin; i < end; ++i) {
       const float s = scaled(x[i], inv);
-      uint8_t q = 0;  // torch.bucketize(right=False): how many midpoints lie strictly below s
-      while (q < 15 && mid[q] < s) ++q;
+      int lo = 0, hi = 15;  // torch.bucketize(right=False): how many midpoints lie strictly below s
+      while (lo < hi) {
+        const int m = (lo + hi) / 2;
+        if (mid[size_t(m)] < s)
+          lo = m + 1;
+        else
+          hi = m;
+      }
+      const uint8_t q = uint8_t(lo);
       data[i / 2] |= (i & 1) ? q : uint8_t(q << 4);
     }
   }
@@ -91,21 +97,6 @@ void fp8_block_quantize(const float* x, int64_t rows, int64_t cols, uint8_t* q, 
 void fp8_block_dequantize(const uint8_t* q, const float* scale_inv, int64_t rows, int64_t cols, float* out) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = quant::fp8_block_value(q, scale_inv, cols, r, c);
-}
-
-double weight_format_bytes(WeightFormat f, int64_t out, int64_t in, DType dense_dtype) {
-  switch (f) {
-    case WeightFormat::Dense: return double(out) * double(in) * double(dtype_size(dense_dtype));
-    case WeightFormat::Nf4: {
-      const quant::Nf4Layout l(out * in);
-      return double(l.data_bytes() + l.scale_bytes());
-    }
-    case WeightFormat::Fp8Block: {
-      const int64_t T = quant::kFp8Tile;
-      return double(out) * double(in) + 4.0 * double((out + T - 1) / T) * double((in + T - 1) / T);
-    }
-  }
-  return 0;
 }
 
 }  // namespace soltrain
