@@ -76,12 +76,14 @@ TEST(Fp8Checkpoint, LoadsAsStoredWithItsTwinsLogits) {
   const LoraConfig lora{4, 8.0f, 0.0f, all_lora_module_names(), false, 1};
   auto twin = load_pretrained(t.path / "twin", *ops, lora);
   std::vector<float> expected(batch.input_ids.size() * size_t(twin->config().vocab_size)), got(expected.size());
+  twin->plan(batch.rows, batch.seq_len);
   twin->step(batch, false, expected.data());
   for (bool with_lora : {true, false}) {
     SCOPED_TRACE(with_lora ? "LoRA: FP8 as stored" : "full: dequantised");
     auto model = load_pretrained(t.path / "fp8", *ops, with_lora ? std::optional(lora) : std::nullopt);
     EXPECT_EQ(model->params().at("model.layers.1.mlp.down_proj.weight").format,
               with_lora ? WeightFormat::Fp8Block : WeightFormat::Dense);
+    model->plan(batch.rows, batch.seq_len);
     model->step(batch, false, got.data());
     EXPECT_LT(rel_err(got.data(), expected.data(), got.size()), 1e-5);
   }
@@ -113,8 +115,11 @@ TEST(Fp8Checkpoint, MergeWritesAPlainBf16Model) {
   // The merged model computes what the FP8 base with its adapter computes (up to bf16 weights).
   const HostBatch batch = load_batch_file(src / "batch.safetensors");
   std::vector<float> a(batch.input_ids.size() * size_t(model->config().vocab_size)), b(a.size());
+  model->plan(batch.rows, batch.seq_len);
   model->step(batch, false, a.data());
-  load_pretrained(t.path / "merged", *ops)->step(batch, false, b.data());
+  auto merged_model = load_pretrained(t.path / "merged", *ops);
+  merged_model->plan(batch.rows, batch.seq_len);
+  merged_model->step(batch, false, b.data());
   EXPECT_LT(rel_err(b.data(), a.data(), a.size()), 1e-2);
 }
 
@@ -128,8 +133,8 @@ TEST(Fp8Checkpoint, UnknownBlockSizeOrScaleLayoutIsOneLine) {
   write_fp8_model(src, t.path / "bnb", t.path / "twin", 128, {{"quant_method", "bitsandbytes"}});
   const fs::path batch = src / "batch.safetensors";
   for (const auto& [dir, message] :
-       {std::pair{"rows64", "model.layers.0.mlp.gate_proj.weight_scale_inv: shape [3, 1] is not one scale per "
-                            "128x128 block"},
+       {std::pair{"rows64", "tensor 'model.layers.0.mlp.gate_proj.weight_scale_inv': shape [3, 1] is not one "
+                            "scale per 128x128 block"},
         std::pair{"block64", "quantization_config.weight_block_size [64,64] is not supported"},
         std::pair{"bnb", "quantization_config.quant_method \"bitsandbytes\" is not supported"}}) {
     SCOPED_TRACE(dir);

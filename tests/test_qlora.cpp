@@ -75,6 +75,8 @@ TEST_P(QuantisedBase, EqualsADenseBaseHoldingItsDequantisedValues) {
 
   const int64_t V = quantised->config().vocab_size, N = int64_t(batch.input_ids.size());
   std::vector<float> lq(size_t(N * V)), ld(size_t(N * V));
+  quantised->plan(batch.rows, batch.seq_len);
+  dense->plan(batch.rows, batch.seq_len);
   const StepResult rq = quantised->step(batch, true, lq.data()), rd = dense->step(batch, true, ld.data());
   EXPECT_EQ(rq.loss, rd.loss);
   EXPECT_EQ(lq, ld);

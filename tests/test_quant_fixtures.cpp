@@ -119,6 +119,7 @@ TEST(QuantFixtures, Fp8CheckpointGivesItsDequantisedTwinsLogits) {
       EXPECT_GT(model->params().quantised_bytes(), 0u);
     }
     std::vector<float> logits(expected.size());
+    model->plan(batch.rows, batch.seq_len);
     model->step(batch, false, logits.data());
     EXPECT_LE(rel_err(logits.data(), expected.data(), expected.size()), 1e-2);
   }

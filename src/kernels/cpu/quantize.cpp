@@ -18,6 +18,18 @@ float scaled(float x, float inv) {
 float reciprocal(float absmax) {
   return 1.0f / std::max(absmax, 1e-38f);
 }
+// The NF4 code of a scaled value: torch.bucketize(right=False), how many midpoints lie strictly below it.
+uint8_t code_of(float s, const std::array<float, 15>& mid) {
+  int lo = 0, hi = 15;
+  while (lo < hi) {
+    const int m = (lo + hi) / 2;
+    if (mid[size_t(m)] < s)
+      lo = m + 1;
+    else
+      hi = m;
+  }
+  return uint8_t(lo);
+}
 }  // namespace
 
 void nf4_quantize(const float* x, int64_t n, uint8_t* data, uint8_t* scale) {
@@ -27,6 +39,8 @@ void nf4_quantize(const float* x, int64_t n, uint8_t* data, uint8_t* scale) {
   for (int i = 0; i < 15; ++i) mid[size_t(i)] = (quant::nf4_code(i) + quant::nf4_code(i + 1)) / 2.0f;
   std::vector<float> absmax(size_t(l.blocks));
   std::fill(data, data + l.data_bytes(), uint8_t(0));
+  // An odd count leaves the last byte's low nibble over: bitsandbytes pads the scaled values with a 0 there.
+  if (n & 1) data[n / 2] = code_of(0.0f, mid);
   for (int64_t b = 0; b < l.blocks; ++b) {
     const int64_t begin = b * quant::kNf4Block, end = std::min(n, begin + quant::kNf4Block);
     float m = 0;
@@ -35,15 +49,7 @@ void nf4_quantize(const float* x, int64_t n, uint8_t* data, uint8_t* scale) {
     const float inv = reciprocal(m);
     for (int64_t i = begin; i < end; ++i) {
       const float s = scaled(x[i], inv);
-      int lo = 0, hi = 15;  // torch.bucketize(right=False): how many midpoints lie strictly below s
-      while (lo < hi) {
-        const int m = (lo + hi) / 2;
-        if (mid[size_t(m)] < s)
-          lo = m + 1;
-        else
-          hi = m;
-      }
-      const uint8_t q = uint8_t(lo);
+      const uint8_t q = code_of(s, mid);
       data[i / 2] |= (i & 1) ? q : uint8_t(q << 4);
     }
   }
