@@ -55,10 +55,10 @@ std::string text_of(const fs::path& p) {
 TEST(QloraSft, Nf4AndFp8TrainNearLoraAndExportAdapters) {
   QloraSetup s;
   // Adapters steer a pretrained model: start from a briefly fully-trained one (as test_sft's LoRA test).
-  train(s.config("base", "max_steps: 40\n"));
+  train(s.config("base", "max_steps: 30\n"));
   const std::string lora =
-      "model: base/model\nmax_steps: 40\nlora: true\nlora_rank: 8\nlora_alpha: 16\nlearning_rate: 2.0e-2\n"
-      "eval_steps: 40\n";
+      "model: base/model\nmax_steps: 80\nlora: true\nlora_rank: 16\nlora_alpha: 32\nlearning_rate: 1.0e-2\n"
+      "eval_steps: 80\n";
   const RunResult dense = train(s.config("lora", lora));
   ASSERT_LT(dense.last_eval_loss, dense.first_eval_loss - 0.02) << dense.first_eval_loss << " -> "
                                                                 << dense.last_eval_loss;
@@ -67,15 +67,17 @@ TEST(QloraSft, Nf4AndFp8TrainNearLoraAndExportAdapters) {
     std::string log;
     const std::string out = std::string(key) + "_run";
     const RunResult q = train(s.config(out, lora + key + ": true\n"), &log);
-    EXPECT_NE(log.find(std::string("over a frozen ") + (key == std::string("qlora_nf4") ? "NF4" : "FP8") + " base (" +
-                       key + ")"),
-              std::string::npos)
-        << log;
+    const std::string intent = key == std::string("qlora_nf4") ? "over a frozen NF4 base (qlora_nf4)"
+                                                                : "over a frozen FP8 (128x128 blocks) base (qlora_fp8)";
+    EXPECT_NE(log.find(intent), std::string::npos) << log;
     EXPECT_NE(log.find("GiB of it)"), std::string::npos) << log;  // the quantised base in the memory plan
-    // It learns, and ends within 3% of LoRA on the dense base (the bar).
+    // It learns, ends within 3% of LoRA on the dense base (the bar), and gets at least 3/4 of LoRA's
+    // gain (when written: LoRA 3.368 -> 3.311, NF4 3.368 -> 3.309, FP8 3.368 -> 3.312).
     EXPECT_LT(q.last_eval_loss, q.first_eval_loss - 0.02) << q.first_eval_loss << " -> " << q.last_eval_loss;
     EXPECT_LT(std::fabs(q.last_eval_loss - dense.last_eval_loss), 0.03 * dense.last_eval_loss)
         << q.last_eval_loss << " vs LoRA " << dense.last_eval_loss;
+    EXPECT_LT(q.last_eval_loss - dense.last_eval_loss, 0.25 * (dense.first_eval_loss - dense.last_eval_loss))
+        << q.last_eval_loss << " vs LoRA " << dense.first_eval_loss << " -> " << dense.last_eval_loss;
     // The adapter is a plain PEFT adapter: the same config keys as LoRA's, and it merges into the base.
     const auto a = nlohmann::json::parse(text_of(s.t.path / out / "adapter" / "adapter_config.json"));
     const auto b = nlohmann::json::parse(text_of(s.t.path / "lora" / "adapter" / "adapter_config.json"));
