@@ -224,5 +224,29 @@ TEST(Fp8Block, RandomRoundTrip) {
     }
 }
 
+// Large weights are quantised on several threads (chunks of blocks or tiles): the codes must be those of the
+// same weight quantised in independent halves (blocks and tiles do not depend on each other).
+TEST(QuantThreads, LargeWeightsQuantiseAsTheirIndependentHalves) {
+  SOLTRAIN_SEEDED_RNG(rng, 31);
+  const int64_t rows = 1024, cols = 2048, n = rows * cols, half = n / 2;
+  const std::vector<float> x = random_vec(size_t(n), rng, 0.02f);
+  const Nf4Layout whole(n), part(half);
+  std::vector<uint8_t> data(size_t(whole.data_bytes())), scale(size_t(whole.scale_bytes()));
+  nf4_quantize(x.data(), n, data.data(), scale.data());
+  std::vector<uint8_t> halves, hd(size_t(part.data_bytes())), hs(size_t(part.scale_bytes()));
+  for (int64_t h = 0; h < 2; ++h) {
+    nf4_quantize(x.data() + h * half, half, hd.data(), hs.data());
+    halves.insert(halves.end(), hd.begin(), hd.end());
+  }
+  EXPECT_EQ(data, halves);
+  std::vector<uint8_t> q(x.size()), qh(x.size());
+  std::vector<float> s(size_t((rows / 128) * (cols / 128))), sh(s.size());
+  fp8_block_quantize(x.data(), rows, cols, q.data(), s.data());
+  for (int64_t h = 0; h < 2; ++h)
+    fp8_block_quantize(x.data() + h * half, rows / 2, cols, qh.data() + h * half, sh.data() + h * s.size() / 2);
+  EXPECT_EQ(q, qh);
+  EXPECT_EQ(s, sh);
+}
+
 }  // namespace
 }  // namespace soltrain::test
