@@ -181,8 +181,15 @@ void print_plan(const Run& r) {
   // fp32 per 128x128 block).
   const double weights = double(ps.weight_bytes());
   std::string quantised;
-  if (ps.quantised_bytes() > 0)
-    quantised = cat(" (the quantised base ", double(ps.quantised_bytes()) / gib, " GiB of it)");
+  if (ps.quantised_bytes() > 0) {
+    // Plus the scratch a linear dequantises its weight into, sized for the largest projection.
+    int64_t widest = 0;
+    for (const Parameter& p : ps.all())
+      if (p.format != WeightFormat::Dense) widest = std::max(widest, shape_numel(p.shape));
+    quantised = cat(" (the quantised base ", double(ps.quantised_bytes()) / gib, " GiB of it; + ",
+                    double(widest) * double(dtype_size(r.ops.activation_dtype())) / gib,
+                    " GiB to dequantise one weight at a time)");
+  }
   r.log << r.cmd << ": memory plan: weights " << weights / gib << " GiB" << quantised << ", gradients " << 4 * trainable / gib
         << " GiB, AdamW moments " << double(r.step->optimizer().state_bytes()) / gib
         << (r.opt.moments == Moments::Blockwise8 ? " GiB (8-bit)" : " GiB") << ", activations "
