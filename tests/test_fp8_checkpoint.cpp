@@ -26,11 +26,13 @@ bool is_projection(const std::string& n) {
 
 // qwen3-tiny as an FP8 checkpoint (and its dequantised fp32 twin); `tile_rows` != 128 writes a scale grid of
 // another block size.
+// `bf16_scales` stores scale_inv in BF16, as later Qwen FP8 releases do (the twin uses the rounded scales).
 void write_fp8_model(const fs::path& src, const fs::path& dst, const fs::path& twin, int64_t tile_rows = 128,
                      const nlohmann::json& quant = {{"quant_method", "fp8"},
                                                     {"fmt", "e4m3"},
                                                     {"activation_scheme", "dynamic"},
-                                                    {"weight_block_size", {128, 128}}}) {
+                                                    {"weight_block_size", {128, 128}}},
+                     bool bf16_scales = false) {
   const SafetensorsFile in(src / "model.safetensors");
   std::vector<std::vector<uint8_t>> store;
   store.reserve(3 * in.entries().size());
@@ -47,11 +49,20 @@ void write_fp8_model(const fs::path& src, const fs::path& dst, const fs::path& t
       std::vector<uint8_t> q(w.size());
       std::vector<float> s(size_t(((rows + 127) / 128) * ((cols + 127) / 128)));
       fp8_block_quantize(w.data(), rows, cols, q.data(), s.data());
+      std::vector<uint16_t> s16(s.size());
+      for (size_t i = 0; i < s.size(); ++i) {
+        s16[i] = f32_to_bf16(s[i]);
+        if (bf16_scales) s[i] = bf16_to_f32(s16[i]);
+      }
       fp8_block_dequantize(q.data(), s.data(), rows, cols, w.data());
       keep(fp8, name, DType::F8E4M3, e.shape, q.data());
       const int64_t scale_rows = (rows + tile_rows - 1) / tile_rows;
       s.resize(size_t(scale_rows * ((cols + 127) / 128)), 1.0f);
-      keep(fp8, name + "_scale_inv", DType::F32, {scale_rows, (cols + 127) / 128}, s.data());
+      s16.resize(s.size(), f32_to_bf16(1.0f));
+      if (bf16_scales)
+        keep(fp8, name + "_scale_inv", DType::BF16, {scale_rows, (cols + 127) / 128}, s16.data());
+      else
+        keep(fp8, name + "_scale_inv", DType::F32, {scale_rows, (cols + 127) / 128}, s.data());
     } else {
       keep(fp8, name, DType::F32, e.shape, w.data());
     }
@@ -67,10 +78,13 @@ void write_fp8_model(const fs::path& src, const fs::path& dst, const fs::path& t
   }
 }
 
-TEST(Fp8Checkpoint, LoadsAsStoredWithItsTwinsLogits) {
+class Fp8Scales : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Fp8Scales, LoadsAsStoredWithItsTwinsLogits) {
   TempDir t;
   const fs::path src = fixtures() / "models" / "qwen3-tiny";
-  write_fp8_model(src, t.path / "fp8", t.path / "twin");
+  write_fp8_model(src, t.path / "fp8", t.path / "twin", 128,
+                  {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}}, GetParam());
   const HostBatch batch = load_batch_file(src / "batch.safetensors");
   auto ops = make_cpu_ops();
   const LoraConfig lora{4, 8.0f, 0.0f, all_lora_module_names(), false, 1};
@@ -88,6 +102,9 @@ TEST(Fp8Checkpoint, LoadsAsStoredWithItsTwinsLogits) {
     EXPECT_LT(rel_err(got.data(), expected.data(), got.size()), 1e-5);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Fp8Checkpoint, Fp8Scales, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "bf16_scales" : "f32_scales"; });
 
 TEST(Fp8Checkpoint, MergeWritesAPlainBf16Model) {
   TempDir t;
