@@ -104,7 +104,9 @@ TEST_P(Fp8Scales, LoadsAsStoredWithItsTwinsLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fp8Checkpoint, Fp8Scales, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "bf16_scales" : "f32_scales"; });
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "bf16_scales" : "f32_scales";
+                         });
 
 TEST(Fp8Checkpoint, MergeWritesAPlainBf16Model) {
   TempDir t;
@@ -150,8 +152,9 @@ TEST(Fp8Checkpoint, UnknownBlockSizeOrScaleLayoutIsOneLine) {
   write_fp8_model(src, t.path / "bnb", t.path / "twin", 128, {{"quant_method", "bitsandbytes"}});
   const fs::path batch = src / "batch.safetensors";
   for (const auto& [dir, message] :
-       {std::pair{"rows64", "tensor 'model.layers.0.mlp.gate_proj.weight_scale_inv': shape [3, 1] is not one "
-                            "scale per 128x128 block"},
+       {std::pair{"rows64",
+                  "tensor 'model.layers.0.mlp.gate_proj.weight_scale_inv': shape [3, 1] is not one "
+                  "scale per 128x128 block"},
         std::pair{"block64", "quantization_config.weight_block_size [64,64] is not supported"},
         std::pair{"bnb", "quantization_config.quant_method \"bitsandbytes\" is not supported"}}) {
     SCOPED_TRACE(dir);

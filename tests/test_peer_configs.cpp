@@ -88,10 +88,11 @@ TEST(PeerConfigs, AxolotlLlama3Lora8bNamesTheMissingFeatures) {
   const test::CliRun r = test::run("sft " + cfg.string(), s.t);
   EXPECT_EQ(r.code, 2) << r.out << r.err;
   const std::string c = cfg.string();
-  EXPECT_EQ(r.err, "error: " + c + ": 2 problems: " + c +
-                       ":10: load_in_8bit: 8-bit (LLM.int8) base weights are not built; use load_in_4bit: true (NF4) or "
-                       "qlora_fp8: true; " +
-                       c + ":31: lora_modules_to_save: training full modules next to LoRA is not built yet\n");
+  EXPECT_EQ(r.err,
+            "error: " + c + ": 2 problems: " + c +
+                ":10: load_in_8bit: 8-bit (LLM.int8) base weights are not built; use load_in_4bit: true (NF4) or "
+                "qlora_fp8: true; " +
+                c + ":31: lora_modules_to_save: training full modules next to LoRA is not built yet\n");
 }
 
 // Llama 3.2 1B QLoRA: the 4-bit base asked for twice (load_in_4bit, adapter: qlora) trains LoRA over NF4, and

@@ -153,9 +153,8 @@ TEST(QuantizeTool, WritesTheFormatsUnderTheirUsualNames) {
   for (const char* f : {"nf4", "fp8"}) {
     SCOPED_TRACE(f);
     const fs::path out = t.path / (std::string(f) + ".safetensors");
-    const CliRun r = run(cat("quantize --format ", f, " --in ", (t.path / "in.safetensors").string(), " --out ",
-                             out.string()),
-                         t);
+    const CliRun r =
+        run(cat("quantize --format ", f, " --in ", (t.path / "in.safetensors").string(), " --out ", out.string()), t);
     ASSERT_EQ(r.code, 0) << r.out << r.err;
     const SafetensorsFile q(out);
     std::vector<float> back(w.size());
@@ -178,8 +177,8 @@ TEST(QuantizeTool, WritesTheFormatsUnderTheirUsualNames) {
       fp8_block_dequantize(static_cast<const uint8_t*>(q.at("w").data), to_f32(q.at("w_scale_inv")).data(), 37, 523,
                            back.data());
     }
-    EXPECT_EQ(back, quantised_roundtrip(f == std::string("nf4") ? WeightFormat::Nf4 : WeightFormat::Fp8Block, w, 37,
-                                        523));
+    EXPECT_EQ(back,
+              quantised_roundtrip(f == std::string("nf4") ? WeightFormat::Nf4 : WeightFormat::Fp8Block, w, 37, 523));
   }
 }
 

@@ -60,17 +60,18 @@ TEST(QloraSft, Nf4AndFp8TrainNearLoraAndExportAdapters) {
       "model: base/model\nmax_steps: 80\nlora: true\nlora_rank: 16\nlora_alpha: 32\nlearning_rate: 1.0e-2\n"
       "eval_steps: 80\n";
   const RunResult dense = train(s.config("lora", lora));
-  ASSERT_LT(dense.last_eval_loss, dense.first_eval_loss - 0.02) << dense.first_eval_loss << " -> "
-                                                                << dense.last_eval_loss;
+  ASSERT_LT(dense.last_eval_loss, dense.first_eval_loss - 0.02)
+      << dense.first_eval_loss << " -> " << dense.last_eval_loss;
   for (const char* key : {"qlora_nf4", "qlora_fp8"}) {
     SCOPED_TRACE(key);
     std::string log;
     const std::string out = std::string(key) + "_run";
     const RunResult q = train(s.config(out, lora + key + ": true\n"), &log);
     const std::string intent = key == std::string("qlora_nf4") ? "over a frozen NF4 base (qlora_nf4)"
-                                                                : "over a frozen FP8 (128x128 blocks) base (qlora_fp8)";
+                                                               : "over a frozen FP8 (128x128 blocks) base (qlora_fp8)";
     EXPECT_NE(log.find(intent), std::string::npos) << log;
-    EXPECT_NE(log.find("GiB to dequantise one weight at a time)"), std::string::npos) << log;  // the quantised base in the memory plan
+    EXPECT_NE(log.find("GiB to dequantise one weight at a time)"), std::string::npos)
+        << log;  // the quantised base in the memory plan
     // It learns, ends within 3% of LoRA on the dense base (the bar), and gets at least 3/4 of LoRA's
     // gain (when written: LoRA 3.368 -> 3.311, NF4 3.368 -> 3.309, FP8 3.368 -> 3.312).
     EXPECT_LT(q.last_eval_loss, q.first_eval_loss - 0.02) << q.first_eval_loss << " -> " << q.last_eval_loss;

@@ -22,9 +22,9 @@ namespace fs = std::filesystem;
 fs::path quant_fixture(const std::string& name) {
   return fixtures() / "quant" / name;
 }
-#define SKIP_WITHOUT(path)                                                                                    \
-  if (!fs::exists(path))                                                                                      \
-  GTEST_SKIP() << path.string()                                                                               \
+#define SKIP_WITHOUT(path)                                                                                        \
+  if (!fs::exists(path))                                                                                          \
+  GTEST_SKIP() << path.string()                                                                                   \
                << " is missing: run `python3 tests/tools/check_quant.py build/soltrain` on a machine with torch " \
                   "and commit tests/fixtures/quant"
 

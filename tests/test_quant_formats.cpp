@@ -20,23 +20,23 @@ TEST(Fp8Rounding, E4m3HandCheckedBitPatterns) {
     uint8_t bits;
   };
   const Case cases[] = {
-      {1.0f, 0x38},                // exponent 7 (the bias), mantissa 0
-      {-2.0f, 0xc0},               // sign, exponent 8
-      {448.0f, 0x7e},              // the largest finite: 1.75 · 2^8
-      {464.0f, 0x7e},              // the tie between 448 and 480 goes to the even mantissa (448)
-      {470.0f, 0x7f},              // nearer 480, which E4M3 spends on NaN: torch gives NaN
-      {480.0f, 0x7f},              // overflow: NaN (torch does not saturate)
-      {INFINITY, 0x7f},            // no inf in E4M3fn: NaN
-      {-INFINITY, 0xff},           //
-      {0.015625f, 0x08},           // 2^-6, the smallest normal
-      {0.001953125f, 0x01},        // 2^-9, the smallest subnormal
-      {0.0009765625f, 0x00},       // 2^-10: the tie between 0 and 2^-9 goes to 0 (even)
-      {0.0029296875f, 0x02},       // 3·2^-10: the tie between 1 and 2 subnormal steps goes to 2
-      {0.013671875f, 0x07},        // 7·2^-9, the largest subnormal
-      {1.0625f, 0x38},             // 1 + 1/16: the tie between 1.0 and 1.125 goes to 1.0 (even)
-      {1.1875f, 0x3a},             // 1 + 3/16: the tie between 1.125 and 1.25 goes to 1.25 (even)
-      {-0.0f, 0x80},               //
-      {1e-30f, 0x00},              // underflow to zero
+      {1.0f, 0x38},           // exponent 7 (the bias), mantissa 0
+      {-2.0f, 0xc0},          // sign, exponent 8
+      {448.0f, 0x7e},         // the largest finite: 1.75 · 2^8
+      {464.0f, 0x7e},         // the tie between 448 and 480 goes to the even mantissa (448)
+      {470.0f, 0x7f},         // nearer 480, which E4M3 spends on NaN: torch gives NaN
+      {480.0f, 0x7f},         // overflow: NaN (torch does not saturate)
+      {INFINITY, 0x7f},       // no inf in E4M3fn: NaN
+      {-INFINITY, 0xff},      //
+      {0.015625f, 0x08},      // 2^-6, the smallest normal
+      {0.001953125f, 0x01},   // 2^-9, the smallest subnormal
+      {0.0009765625f, 0x00},  // 2^-10: the tie between 0 and 2^-9 goes to 0 (even)
+      {0.0029296875f, 0x02},  // 3·2^-10: the tie between 1 and 2 subnormal steps goes to 2
+      {0.013671875f, 0x07},   // 7·2^-9, the largest subnormal
+      {1.0625f, 0x38},        // 1 + 1/16: the tie between 1.0 and 1.125 goes to 1.0 (even)
+      {1.1875f, 0x3a},        // 1 + 3/16: the tie between 1.125 and 1.25 goes to 1.25 (even)
+      {-0.0f, 0x80},          //
+      {1e-30f, 0x00},         // underflow to zero
   };
   for (const Case& c : cases) EXPECT_EQ(int(f32_to_e4m3(c.x, false)), int(c.bits)) << c.x;
   EXPECT_EQ(int(f32_to_e4m3(std::numeric_limits<float>::quiet_NaN(), false)), 0x7f);
@@ -59,19 +59,19 @@ TEST(Fp8Rounding, E5m2HandCheckedBitPatterns) {
     uint8_t bits;
   };
   const Case cases[] = {
-      {1.0f, 0x3c},                // exponent 15 (the bias)
-      {57344.0f, 0x7b},            // the largest finite: 1.75 · 2^15
-      {61439.0f, 0x7b},            // below the tie
-      {61440.0f, 0x7c},            // the tie between 57344 (odd mantissa) and 65536 rounds up: inf
-      {65536.0f, 0x7c},            // overflow: inf (torch does not saturate)
-      {INFINITY, 0x7c},            //
-      {-INFINITY, 0xfc},           //
-      {6.103515625e-05f, 0x04},    // 2^-14, the smallest normal
-      {1.52587890625e-05f, 0x01},  // 2^-16, the smallest subnormal
-      {7.62939453125e-06f, 0x00},  // 2^-17: tie to 0 (even)
-      {2.288818359375e-05f, 0x02}, // 3·2^-17: tie to 2 subnormal steps (even)
-      {1.125f, 0x3c},              // 1 + 1/8: tie between 1.0 and 1.25 goes to 1.0
-      {1.375f, 0x3e},              // 1 + 3/8: tie between 1.25 and 1.5 goes to 1.5
+      {1.0f, 0x3c},                 // exponent 15 (the bias)
+      {57344.0f, 0x7b},             // the largest finite: 1.75 · 2^15
+      {61439.0f, 0x7b},             // below the tie
+      {61440.0f, 0x7c},             // the tie between 57344 (odd mantissa) and 65536 rounds up: inf
+      {65536.0f, 0x7c},             // overflow: inf (torch does not saturate)
+      {INFINITY, 0x7c},             //
+      {-INFINITY, 0xfc},            //
+      {6.103515625e-05f, 0x04},     // 2^-14, the smallest normal
+      {1.52587890625e-05f, 0x01},   // 2^-16, the smallest subnormal
+      {7.62939453125e-06f, 0x00},   // 2^-17: tie to 0 (even)
+      {2.288818359375e-05f, 0x02},  // 3·2^-17: tie to 2 subnormal steps (even)
+      {1.125f, 0x3c},               // 1 + 1/8: tie between 1.0 and 1.25 goes to 1.0
+      {1.375f, 0x3e},               // 1 + 3/8: tie between 1.25 and 1.5 goes to 1.5
   };
   for (const Case& c : cases) EXPECT_EQ(int(f32_to_e5m2(c.x, false)), int(c.bits)) << c.x;
   EXPECT_EQ(int(f32_to_e5m2(std::numeric_limits<float>::quiet_NaN(), false)), 0x7f);

@@ -487,8 +487,10 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       {"adapter",
        [&](const Entry& e) {
          const std::string a = get_string(e, "adapter");
-         if (a == "qlora") set_quantised_base(c, WeightFormat::Nf4, "adapter: qlora", e.where);  // Axolotl: LoRA over NF4
-         else if (a != "lora") bad_value(e, "adapter", "lora or qlora");
+         if (a == "qlora")
+           set_quantised_base(c, WeightFormat::Nf4, "adapter: qlora", e.where);  // Axolotl: LoRA over NF4
+         else if (a != "lora")
+           bad_value(e, "adapter", "lora or qlora");
          c.lora.enabled = true;
        }},
       {"lora", [&](const Entry& e) { c.lora.enabled = get_bool(e, "lora"); }},
@@ -592,9 +594,10 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
   }
   // A quantised base is frozen: only adapters can train over it.
   if (c.lora.base != WeightFormat::Dense && !c.lora.enabled)
-    errors.push_back(cat(where, ": ", c.lora.base_key,
-                         ": a quantised base is frozen, so it trains LoRA adapters only (QLoRA): add `adapter: lora`, or "
-                         "drop it for full fine-tuning in bf16/fp32"));
+    errors.push_back(
+        cat(where, ": ", c.lora.base_key,
+            ": a quantised base is frozen, so it trains LoRA adapters only (QLoRA): add `adapter: lora`, or "
+            "drop it for full fine-tuning in bf16/fp32"));
   // A key whose value was refused is reported once, not again as missing.
   auto refused = [&](std::initializer_list<const char*> ks) {
     for (const char* k : ks)

@@ -17,7 +17,8 @@ bool is_fp8_block_checkpoint(const ModelConfig& c, const std::filesystem::path& 
     user_error(where, ".quant_method \"", method,
                "\" is not supported: soltrain reads FP8 block checkpoints (quant_method: fp8) and quantises bf16/fp32 "
                "checkpoints itself (qlora_nf4: true)");
-  if (q.contains("fmt") && q["fmt"] != "e4m3") user_error(where, ".fmt ", q["fmt"].dump(), " is not supported: expected \"e4m3\"");
+  if (q.contains("fmt") && q["fmt"] != "e4m3")
+    user_error(where, ".fmt ", q["fmt"].dump(), " is not supported: expected \"e4m3\"");
   if (q.contains("weight_block_size") && q["weight_block_size"] != nlohmann::json::array({128, 128}))
     user_error(where, ".weight_block_size ", q["weight_block_size"].dump(),
                " is not supported: expected [128, 128] (the Qwen3 FP8 layout)");

@@ -153,8 +153,7 @@ void ParameterStore::download(Ops& ops, const Parameter& p, float* host) const {
     std::vector<uint8_t> codes(size_t(p.value.bytes())), scale(size_t(p.scale.bytes()));
     ops.copy(Tensor{codes.data(), p.value.dtype, p.value.shape, Device::CPU}, p.value);
     ops.copy(Tensor{scale.data(), p.scale.dtype, p.scale.shape, Device::CPU}, p.scale);
-    if (p.format == WeightFormat::Nf4)
-      return nf4_dequantize(codes.data(), scale.data(), shape_numel(p.shape), host);
+    if (p.format == WeightFormat::Nf4) return nf4_dequantize(codes.data(), scale.data(), shape_numel(p.shape), host);
     return fp8_block_dequantize(codes.data(), reinterpret_cast<const float*>(scale.data()), p.shape[0], p.shape[1],
                                 host);
   }

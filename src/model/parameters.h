@@ -39,8 +39,7 @@ struct ParamRange {
 
 class ParameterStore {
  public:
-  void add(const std::string& name, Shape shape, bool trainable, int group,
-           WeightFormat format = WeightFormat::Dense);
+  void add(const std::string& name, Shape shape, bool trainable, int group, WeightFormat format = WeightFormat::Dense);
   // Lays out the groups in order and allocates the flat buffers on the ops' device (zeroed).
   void allocate(Ops& ops);
   // Refreshes the compute copy from the masters (after loading; the optimizer does it itself).

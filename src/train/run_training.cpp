@@ -190,8 +190,8 @@ void print_plan(const Run& r) {
                     double(widest) * double(dtype_size(r.ops.activation_dtype())) / gib,
                     " GiB to dequantise one weight at a time)");
   }
-  r.log << r.cmd << ": memory plan: weights " << weights / gib << " GiB" << quantised << ", gradients " << 4 * trainable / gib
-        << " GiB, AdamW moments " << double(r.step->optimizer().state_bytes()) / gib
+  r.log << r.cmd << ": memory plan: weights " << weights / gib << " GiB" << quantised << ", gradients "
+        << 4 * trainable / gib << " GiB, AdamW moments " << double(r.step->optimizer().state_bytes()) / gib
         << (r.opt.moments == Moments::Blockwise8 ? " GiB (8-bit)" : " GiB") << ", activations "
         << double(r.model->activation_bytes()) / gib << " GiB (recompute " << recompute_name(c.recompute)
         << ", residual stream " << (r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16") << ")\n";

@@ -48,8 +48,8 @@ __global__ void dequantize_fp8_block_kernel(bf16* out, const uint8_t* q, const f
       const int64_t r = i0 / cols, c = i0 % cols;
       const uint2 raw = *reinterpret_cast<const uint2*>(q + i0);
       const auto* b = reinterpret_cast<const uint8_t*>(&raw);
-      const float s = scale_inv[(r / quant::kFp8Tile) * ((cols + quant::kFp8Tile - 1) / quant::kFp8Tile) +
-                                c / quant::kFp8Tile];
+      const float s =
+          scale_inv[(r / quant::kFp8Tile) * ((cols + quant::kFp8Tile - 1) / quant::kFp8Tile) + c / quant::kFp8Tile];
       cuda::Vec8 v;
       for (int k = 0; k < kPer; ++k) v.set(k, quant::mul_rn(quant::e4m3_to_f32(b[k]), s));
       cuda::store8(out + i0, v);

@@ -92,7 +92,6 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor
                               plan->d, &plan->algo, workspace_.data(), workspace_.bytes(), stream_));
 }
 
-
 // Row-major y[N,out] = x[N,in]·wᵀ is column-major yᵀ = w_cm ᵀ · xᵀ with w_cm = wᵀ (in × out, ld in).
 void CudaOps::linear_forward(Tensor y, const Tensor& x, const Weight& weight, const Tensor* bias, float alpha,
                              bool accumulate) {
