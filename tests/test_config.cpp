@@ -181,8 +181,12 @@ TEST(Config, EmptyFalseOrAlreadyDoneSettingsAreAccepted) {
 TEST(Config, MissingFeaturesAreNamedInOneLine) {
   EXPECT_EQ(error_of(kBase + "deepspeed: zero3.json\n"),
             "cfg.yaml:6: deepspeed: not supported; soltrain runs multi-GPU itself (gpus: N or mpirun, zero_stage)");
+  EXPECT_EQ(error_of(kBase + "load_in_8bit: true\n"),
+            "cfg.yaml:6: load_in_8bit: 8-bit (LLM.int8) base weights are not built; use load_in_4bit: true (NF4) or "
+            "qlora_fp8: true");
   EXPECT_EQ(error_of(kBase + "load_in_4bit: true\n"),
-            "cfg.yaml:6: load_in_4bit: 4-bit quantised base weights (QLoRA) are not built yet; drop it for bf16 LoRA");
+            "cfg.yaml: load_in_4bit: a quantised base is frozen, so it trains LoRA adapters only (QLoRA): add "
+            "`adapter: lora`, or drop it for full fine-tuning in bf16/fp32");
   EXPECT_EQ(error_of(kBase + "optimizer: lion_8bit\n"),
             "cfg.yaml:6: optimizer: \"lion_8bit\": not supported; soltrain trains with AdamW: use optimizer: "
             "adamw_torch (fp32 moments) or adamw_8bit");

@@ -33,7 +33,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
   struct Opts {
     std::string model, device = "cuda";
     int batch = 8, seq = 2048, steps = 10, warmup = 3, lora_rank = 0, data_parallel = -1, gpus = 1;
-    std::string recompute = "none", residual_dtype = "auto", optimizer = "adamw";
+    std::string recompute = "none", residual_dtype = "auto", optimizer = "adamw", qlora = "none";
   };
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand("bench", "time full training steps (AdamW) on random tokens");
@@ -58,6 +58,11 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--lora-rank", o->lora_rank, "LoRA on all seven projections with this rank (alpha 2r); 0 = full")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  c->add_option("--qlora", o->qlora,
+                "hold the frozen base of a LoRA run quantised: nf4 (bitsandbytes' NF4, double quantised) or fp8 "
+                "(E4M3, 128x128 blocks); needs --lora-rank")
+      ->check(CLI::IsMember({"none", "nf4", "fp8"}))
       ->capture_default_str();
   c->add_option("--model", o->model, "Hugging Face model folder")->required();
   c->add_option("--batch-size", o->batch)->check(CLI::PositiveNumber)->capture_default_str();
@@ -85,6 +90,10 @@ std::function<int()> add_bench_command(CLI::App& app) {
       lora = LoraConfig{o->lora_rank, 2.0f * float(o->lora_rank),
                         0.0f,         std::vector<std::string>(kLoraModuleNames.begin(), kLoraModuleNames.end()),
                         false,        1};
+    if (o->qlora != "none") {
+      if (!lora) user_error("bench: --qlora ", o->qlora, " needs --lora-rank (a quantised base is frozen)");
+      lora->base_format = o->qlora == "nf4" ? WeightFormat::Nf4 : WeightFormat::Fp8Block;
+    }
     auto model = load_pretrained(o->model, *ops, lora);
     const int V = model->config().vocab_size;
     HostBatch batch{o->batch, o->seq, {}, {}, {}, {}};
@@ -125,6 +134,8 @@ std::function<int()> add_bench_command(CLI::App& app) {
     nlohmann::json r{{"engine", "soltrain"},
                      {"trainable_params", model->params().numel()},
                      {"lora_rank", o->lora_rank},
+                     {"qlora", o->qlora},
+                     {"weight_gib", double(model->params().weight_bytes()) / double(1u << 30)},
                      {"recompute", o->recompute},
                      {"optimizer", o->optimizer},
                      {"data_parallel", o->data_parallel},

@@ -15,7 +15,7 @@ namespace soltrain {
 
 std::function<int()> add_dump_command(CLI::App& app) {
   struct Opts {
-    std::string model, adapter, save_adapter, batch, out, device = "cpu", residual_dtype = "auto";
+    std::string model, adapter, save_adapter, batch, out, device = "cpu", residual_dtype = "auto", qlora = "none";
   };
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand("dump", "write logits, loss and gradients of one batch as safetensors");
@@ -24,6 +24,11 @@ std::function<int()> add_dump_command(CLI::App& app) {
   c->add_option("--save-adapter", o->save_adapter,
                 "also write the loaded adapter back out as soltrain saves adapters (PEFT round-trip checks)")
       ->needs("--adapter");
+  c->add_option("--qlora", o->qlora,
+                "hold the frozen base quantised: nf4 or fp8 (quantised on load; an FP8 checkpoint is fp8 as stored)")
+      ->check(CLI::IsMember({"none", "nf4", "fp8"}))
+      ->needs("--adapter")
+      ->capture_default_str();
   c->add_option("--batch", o->batch, "safetensors with input_ids and targets [B,T]")->required();
   c->add_option("--out", o->out, "output .safetensors file")->required();
   c->add_option("--residual-dtype", o->residual_dtype,
@@ -38,8 +43,11 @@ std::function<int()> add_dump_command(CLI::App& app) {
                                      {{o->model, "--model"}, {o->adapter, "--adapter"}});
     }
     auto ops = make_ops(o->device);
-    auto model =
-        o->adapter.empty() ? load_pretrained(o->model, *ops) : load_pretrained_with_adapter(o->model, o->adapter, *ops);
+    const WeightFormat base = o->qlora == "nf4"   ? WeightFormat::Nf4
+                              : o->qlora == "fp8" ? WeightFormat::Fp8Block
+                                                  : WeightFormat::Dense;
+    auto model = o->adapter.empty() ? load_pretrained(o->model, *ops)
+                                    : load_pretrained_with_adapter(o->model, o->adapter, *ops, base);
     model->enable_dropout(false);  // a reference to compare with is deterministic (PEFT in eval mode)
     const HostBatch batch = load_batch_file(o->batch);
     validate_batch(batch, model->config().vocab_size, o->batch);

@@ -18,5 +18,6 @@ std::function<int()> add_sft_command(CLI::App& app);
 std::function<int()> add_pt_command(CLI::App& app);
 std::function<int()> add_demo_setup_command(CLI::App& app);
 std::function<int()> add_generate_command(CLI::App& app);
+std::function<int()> add_quantize_command(CLI::App& app);  // hidden: a test tool
 
 }  // namespace soltrain

@@ -487,14 +487,21 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       {"adapter",
        [&](const Entry& e) {
          const std::string a = get_string(e, "adapter");
-         if (a == "qlora")  // Axolotl's LoRA over a 4-bit base
-           user_error(e.where,
-                      ": adapter: qlora: 4-bit quantised base weights (QLoRA) are not built yet; use "
-                      "adapter: lora for bf16 LoRA");
-         if (a != "lora") bad_value(e, "adapter", "lora");
+         if (a == "qlora")
+           set_quantised_base(c, WeightFormat::Nf4, "adapter: qlora", e.where);  // Axolotl: LoRA over NF4
+         else if (a != "lora")
+           bad_value(e, "adapter", "lora or qlora");
          c.lora.enabled = true;
        }},
       {"lora", [&](const Entry& e) { c.lora.enabled = get_bool(e, "lora"); }},
+      {"qlora_nf4",
+       [&](const Entry& e) {
+         if (get_bool(e, "qlora_nf4")) set_quantised_base(c, WeightFormat::Nf4, "qlora_nf4", e.where);
+       }},
+      {"qlora_fp8",
+       [&](const Entry& e) {
+         if (get_bool(e, "qlora_fp8")) set_quantised_base(c, WeightFormat::Fp8Block, "qlora_fp8", e.where);
+       }},
       {"lora_rank", [&](const Entry& e) { c.lora.rank = get_int32(e, "lora_rank", 1); }},
       {"lora_r", [&](const Entry& e) { c.lora.rank = get_int32(e, "lora_r", 1); }},
       {"lora_alpha", [&](const Entry& e) { c.lora.alpha = get_double(e, "lora_alpha", 0, 1e6, true); }},
@@ -585,6 +592,12 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
     c.lora.enabled = true;
     c.notes.push_back("LoRA settings are given without `adapter: lora` or `lora: true`: training a LoRA adapter");
   }
+  // A quantised base is frozen: only adapters can train over it.
+  if (c.lora.base != WeightFormat::Dense && !c.lora.enabled)
+    errors.push_back(
+        cat(where, ": ", c.lora.base_key,
+            ": a quantised base is frozen, so it trains LoRA adapters only (QLoRA): add `adapter: lora`, or "
+            "drop it for full fine-tuning in bf16/fp32"));
   // A key whose value was refused is reported once, not again as missing.
   auto refused = [&](std::initializer_list<const char*> ks) {
     for (const char* k : ks)

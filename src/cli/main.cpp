@@ -28,7 +28,8 @@ int main(int argc, char** argv) {
                                   soltrain::add_chat_template_command,
                                   soltrain::add_bench_command,
                                   soltrain::add_bench_attention_command,
-                                  soltrain::add_demo_setup_command};
+                                  soltrain::add_demo_setup_command,
+                                  soltrain::add_quantize_command};
   std::vector<std::pair<CLI::App*, std::function<int()>>> commands;
   for (Registrar add : registrars) {
     std::function<int()> run = add(app);

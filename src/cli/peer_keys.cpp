@@ -170,8 +170,12 @@ const std::map<std::string, Apply>& table() {
       {"fsdp", off_or(kMultiGpu)},
       {"fsdp_config", off_or(kMultiGpu)},
       {"fsdp_version", off_or(kMultiGpu)},
-      {"load_in_4bit", off_or("4-bit quantised base weights (QLoRA) are not built yet; drop it for bf16 LoRA")},
-      {"load_in_8bit", off_or("8-bit quantised base weights are not built yet; drop it for bf16 LoRA")},
+      {"load_in_4bit",  // transformers' BitsAndBytesConfig: NF4 is what QLoRA configs ask for
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (as_bool(k, n)) set_quantised_base(c, WeightFormat::Nf4, k);
+       }},
+      {"load_in_8bit",
+       off_or("8-bit (LLM.int8) base weights are not built; use load_in_4bit: true (NF4) or qlora_fp8: true")},
       {"gptq", off_or("GPTQ-quantised base weights are not supported")},
       {"fp16", off_or("fp16 training is not supported; soltrain computes in bf16 (bf16: true)")},
       {"fp8", off_or("FP8 training is not built yet; drop it for bf16")},
@@ -196,7 +200,10 @@ const std::map<std::string, Apply>& table() {
       {"offload_optimizer", off_or("offloading to host memory is not built yet")},
       {"offload_residual", off_or("offloading to host memory is not built yet")},
       {"offload_grads", off_or("offloading to host memory is not built yet")},
-      {"qlora", off_or("4-bit quantised base weights (QLoRA) are not built yet; drop it for bf16 LoRA")},
+      {"qlora",
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (as_bool(k, n)) set_quantised_base(c, WeightFormat::Nf4, k);
+       }},
   };
   return t;
 }
@@ -210,6 +217,14 @@ bool is_logging_family(const std::string& key) {
 }
 
 }  // namespace
+
+void set_quantised_base(TrainConfig& c, WeightFormat f, const std::string& key, const std::string& where) {
+  if (c.lora.base != WeightFormat::Dense && c.lora.base != f)
+    user_error(where, where.empty() ? "" : ": ", key, " asks for a ", weight_format_name(f), " base but ",
+               c.lora.base_key, " for ", weight_format_name(c.lora.base), "; keep one");
+  c.lora.base = f;
+  c.lora.base_key = key;
+}
 
 bool apply_peer_key(const std::string& key, const YAML::Node& value, TrainConfig& c) {
   if (is_logging_family(key)) return true;

@@ -16,6 +16,10 @@ namespace soltrain {
 // Returns false when `key` is not a peer key.
 bool apply_peer_key(const std::string& key, const YAML::Node& value, TrainConfig& c);
 
+// Sets the QLoRA base format `f` that `key` asks for (qlora_nf4, load_in_4bit, adapter: qlora, ...); two keys
+// asking for different formats are a UserError naming both (`where`, when given, prefixes it).
+void set_quantised_base(TrainConfig& c, WeightFormat f, const std::string& key, const std::string& where = "");
+
 // Every peer key, for "did you mean" suggestions.
 std::vector<std::string> peer_key_names();
 

@@ -13,6 +13,8 @@ size_t dtype_size(DType t) {
     case DType::I64: return 8;
     case DType::F64: return 8;
     case DType::U8: return 1;
+    case DType::F8E4M3: return 1;
+    case DType::F8E5M2: return 1;
   }
   return 0;
 }
@@ -26,6 +28,8 @@ std::string_view dtype_name(DType t) {
     case DType::I64: return "I64";
     case DType::F64: return "F64";
     case DType::U8: return "U8";
+    case DType::F8E4M3: return "F8_E4M3";
+    case DType::F8E5M2: return "F8_E5M2";
   }
   return "?";
 }
@@ -38,6 +42,8 @@ std::optional<DType> dtype_from_name(std::string_view n) {
   if (n == "I64") return DType::I64;
   if (n == "F64") return DType::F64;
   if (n == "U8") return DType::U8;
+  if (n == "F8_E4M3") return DType::F8E4M3;
+  if (n == "F8_E5M2") return DType::F8E5M2;
   return std::nullopt;
 }
 

@@ -8,8 +8,9 @@
 
 namespace soltrain {
 
-// F64: device-side scalars (loss, norms); U8: codes of 8-bit quantised optimizer state
-enum class DType { F32, BF16, F16, I32, I64, F64, U8 };
+// F64: device-side scalars (loss, norms); U8: codes of 8-bit quantised optimizer state and NF4 weights;
+// F8E4M3 / F8E5M2: FP8 weights (safetensors' F8_E4M3 / F8_E5M2, torch's float8_e4m3fn / float8_e5m2)
+enum class DType { F32, BF16, F16, I32, I64, F64, U8, F8E4M3, F8E5M2 };
 
 size_t dtype_size(DType t);
 std::string_view dtype_name(DType t);  // safetensors spelling: "F32", "BF16", ...

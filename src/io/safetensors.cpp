@@ -155,6 +155,9 @@ void read_as_f32(const TensorEntry& e, const Shape& expected, float* dst, const 
       for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
       break;
     }
+    case DType::F8E4M3:
+    case DType::F8E5M2:  // FP8 values mean something only with their scales (model/fp8_checkpoint.h)
+      user_error(what, ": dtype ", dtype_name(e.dtype), " without a weight_scale_inv next to it is not supported");
     default: user_error(what, ": dtype ", dtype_name(e.dtype), " is not a floating-point type");
   }
 }

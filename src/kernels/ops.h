@@ -60,19 +60,29 @@ inline float host_clip_factor(const AdamWParams& p) {
 }
 
 // How a weight is stored for the matmuls that read it. Dense: plain values in the tensor's dtype (the
-// activation dtype on the GPU, fp32 on the CPU). Quantised formats (FP8 with scales, NF4 with block absmax)
-// are further enumerators with their scales in `scale`; a backend refuses a format it cannot run.
-enum class WeightFormat { Dense };
+// activation dtype on the GPU, fp32 on the CPU). The quantised formats hold a frozen base (QLoRA; the layouts
+// and their arithmetic are kernels/quant.h): Nf4: `data` U8 [ceil(out·in / 2)] packed codes, `scale` U8, the
+// byte blob of Nf4Layout (absmax codes, nested absmax, their mean, the map); Fp8Block: `data` F8E4M3
+// [out, in], `scale` F32 [ceil(out/128), ceil(in/128)] (scale_inv, what the checkpoints store). A backend
+// dequantises a quantised weight into scratch in the activation dtype, one weight at a time, and runs its
+// dense GEMM on that: never the whole model.
+enum class WeightFormat { Dense, Nf4, Fp8Block };
 struct Weight {
   Tensor data;
   WeightFormat format = WeightFormat::Dense;
-  Tensor scale;                                 // the format's scales; empty for Dense
-  Weight(const Tensor& dense) : data(dense) {}  // NOLINT: a dense tensor is a weight
-  Weight(const Tensor& d, WeightFormat f, const Tensor& s) : data(d), format(f), scale(s) {}
+  Tensor scale;  // the format's scales; empty for Dense
+  Shape shape;   // the logical [out, in] (data's own shape for Dense)
+  Weight(const Tensor& dense) : data(dense), shape(dense.shape) {}  // NOLINT: a dense tensor is a weight
+  Weight(const Tensor& d, WeightFormat f, const Tensor& s, Shape logical)
+      : data(d), format(f), scale(s), shape(std::move(logical)) {}
+  int64_t out() const { return shape[0]; }
+  int64_t in() const { return shape[1]; }
 };
 inline std::string_view weight_format_name(WeightFormat f) {
   switch (f) {
     case WeightFormat::Dense: return "dense";
+    case WeightFormat::Nf4: return "nf4";
+    case WeightFormat::Fp8Block: return "fp8";
   }
   return "?";
 }
@@ -125,6 +135,10 @@ class Ops {
   // on the GEMM (LoRA's scale on its A-side gradient: one rounding, no extra pass).
   virtual void linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy,
                                const Tensor& x, const Weight& w, float dx_alpha = 1.0f) = 0;
+
+  // out [out, in] (activation dtype) = a quantised weight's values (kernels/quant.h: fp32 arithmetic, then
+  // rounded once to the activation dtype); what the linear ops run on before their dense GEMM.
+  virtual void dequantize(Tensor out, const Weight& w) = 0;
 
   // Row-wise over the last dim C of x [R, C]: y = x / sqrt(mean(x²) + eps) * w; rstd [R] saved. x may be in
   // the residual stream's dtype (fp32 next to bf16 activations), y is in the activation dtype.

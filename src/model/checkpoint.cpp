@@ -6,6 +6,7 @@
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "model/checkpoint_check.h"
+#include "model/fp8_checkpoint.h"
 
 namespace fs = std::filesystem;
 
@@ -14,6 +15,10 @@ namespace soltrain {
 std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops, std::optional<LoraConfig> lora) {
   ModelConfig config = load_model_config(dir);
   check_config_fits_checkpoint(config, CheckpointReader(dir), dir);  // before anything is allocated
+  // A pre-quantised FP8 checkpoint under LoRA keeps its base as stored (QLoRA over FP8 blocks) unless NF4
+  // was asked for; without LoRA it is dequantised into the fp32 masters.
+  if (is_fp8_block_checkpoint(config, dir) && lora && lora->base_format == WeightFormat::Dense)
+    lora->base_format = WeightFormat::Fp8Block;
   auto model = std::make_unique<Transformer>(std::move(config), ops, std::move(lora));
   load_weights(*model, dir);
   return model;
@@ -21,16 +26,23 @@ std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops, std:
 
 void load_weights(Transformer& model, const fs::path& dir) {
   const CheckpointReader ckpt(dir);
-  std::vector<float> staging;
+  std::vector<float> staging, scale_inv;
+  std::vector<uint8_t> codes;
   std::set<std::string> used;
   for (Parameter& p : model.params().all()) {
     if (is_lora_name(p.name)) continue;  // adapters come from their own files
     if (!ckpt.has(p.name))
       user_error(dir.string(), ": checkpoint has no tensor '", p.name, "' (does config.json match the weights?)");
-    staging.resize(size_t(shape_numel(p.shape)));
-    read_as_f32(ckpt.entry(p.name), p.shape, staging.data(), ckpt.describe(p.name));
-    model.params().upload(model.ops(), p, staging.data());
     used.insert(p.name);
+    if (stored_as_fp8(ckpt, p.name)) used.insert(fp8_scale_name(p.name));
+    if (p.format == WeightFormat::Fp8Block && stored_as_fp8(ckpt, p.name)) {  // as stored: no requantising
+      read_fp8_weight(ckpt, p.name, p.shape, codes, scale_inv);
+      model.params().upload_quantised(model.ops(), p, codes.data(), scale_inv.data());
+      continue;
+    }
+    staging.resize(size_t(shape_numel(p.shape)));
+    read_weight_f32(ckpt, p.name, p.shape, staging.data());  // FP8 blocks dequantised, NF4 quantised on upload
+    model.params().upload(model.ops(), p, staging.data());
   }
   // Tied checkpoints sometimes carry lm_head.weight too, and old ones RoPE buffers: transformers ignores
   // them, and so do we. Anything else means config and weights disagree.
@@ -56,6 +68,7 @@ void save_pretrained(const Transformer& model, const fs::path& out_dir, const fs
   write_checkpoint_streamed(staged.path(), tensors, max_shard_bytes);
   nlohmann::json cfg = model.config().raw;
   cfg["dtype"] = "float32";
+  cfg.erase("quantization_config");  // an FP8 checkpoint trained in full is saved dequantised
   write_file_atomic(staged.path() / "config.json", cfg.dump(2) + "\n");
   for (const char* f : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                         "vocab.json", "merges.txt", "tokenizer.model"}) {

@@ -95,28 +95,23 @@ void add_layer_parameters(ParameterStore& ps, const ModelConfig& c, int l, const
   const bool base_trains = !lora;  // base parameters train in full fine-tuning and are frozen under LoRA
   const std::string p = cat("model.layers.", l, ".");
   auto add = [&](const std::string& n, Shape s) { ps.add(n, std::move(s), base_trains, l); };
+  // A QLoRA base holds the projection matrices quantised (their biases stay dense).
+  const WeightFormat proj = lora ? lora->base_format : WeightFormat::Dense;
+  auto add_proj = [&](LoraTarget t) {
+    const auto [out, in] = projection_shape(c, t);
+    ps.add(lora_module_path(l, t) + ".weight", {out, in}, base_trains, l, proj);
+    if (has_bias(c, t)) add(lora_module_path(l, t) + ".bias", {out});
+  };
   // In the order of HF's state dict (q, k, v, q/k norms, o; then the MLP), which checkpoints follow.
   add(p + "input_layernorm.weight", {c.hidden_size});
-  for (LoraTarget t : {LoraTarget::q, LoraTarget::k, LoraTarget::v}) {
-    const auto [out, in] = projection_shape(c, t);
-    add(lora_module_path(l, t) + ".weight", {out, in});
-    if (has_bias(c, t)) add(lora_module_path(l, t) + ".bias", {out});
-  }
+  for (LoraTarget t : {LoraTarget::q, LoraTarget::k, LoraTarget::v}) add_proj(t);
   if (c.qk_norm) {
     add(p + "self_attn.q_norm.weight", {c.head_dim});
     add(p + "self_attn.k_norm.weight", {c.head_dim});
   }
-  for (LoraTarget t : {LoraTarget::o}) {
-    const auto [out, in] = projection_shape(c, t);
-    add(lora_module_path(l, t) + ".weight", {out, in});
-    if (has_bias(c, t)) add(lora_module_path(l, t) + ".bias", {out});
-  }
+  add_proj(LoraTarget::o);
   add(p + "post_attention_layernorm.weight", {c.hidden_size});
-  for (LoraTarget t : {LoraTarget::gate, LoraTarget::up, LoraTarget::down}) {
-    const auto [out, in] = projection_shape(c, t);
-    add(lora_module_path(l, t) + ".weight", {out, in});
-    if (has_bias(c, t)) add(lora_module_path(l, t) + ".bias", {out});
-  }
+  for (LoraTarget t : {LoraTarget::gate, LoraTarget::up, LoraTarget::down}) add_proj(t);
 }
 
 void add_lora_parameters(ParameterStore& ps, const ModelConfig& c, int l, const LoraConfig& lora) {

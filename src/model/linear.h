@@ -29,8 +29,12 @@ class Linear {
   Linear(Parameter* w, Parameter* b, Parameter* lora_a, Parameter* lora_b, float lora_scale)
       : w_(w), b_(b), lora_a_(lora_a), lora_b_(lora_b), lora_scale_(lora_scale) {}
 
-  // The weight as the matmuls read it (dense in the compute dtype today; the format travels with it).
-  Weight weight() const { return Weight(w_->value); }
+  // The weight as the matmuls read it: dense in the compute dtype, or a QLoRA base's quantised codes with
+  // their scales (the backend dequantises them per call).
+  Weight weight() const {
+    if (w_->format == WeightFormat::Dense) return Weight(w_->value);
+    return Weight(w_->value, w_->format, w_->scale, w_->shape);
+  }
   bool adapted() const { return lora_a_ != nullptr; }
   int64_t lora_rank() const { return lora_a_ ? lora_a_->shape[0] : 0; }
 

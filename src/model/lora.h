@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/ops.h"
+
 namespace soltrain {
 
 // The projections LoRA can adapt, in the order a decoder layer runs them. This is the one table of their
@@ -28,6 +30,10 @@ struct LoraConfig {
   std::vector<std::string> target_modules;  // names from kLoraModuleNames
   bool use_rslora = false;                  // scale alpha / sqrt(r) instead of alpha / r
   uint64_t seed = 0;                        // adapter initialisation and the dropout masks
+  // QLoRA: how the frozen projections (q, k, v, o, gate, up, down) of the base are held. Dense keeps them
+  // in the compute dtype; Nf4 / Fp8Block quantise them on load (or keep a pre-quantised FP8 checkpoint as
+  // stored). Embedding, LM head, norms and biases stay dense.
+  WeightFormat base_format = WeightFormat::Dense;
 
   // scale · B·A is what the adapter adds to a weight.
   float scale() const;

@@ -6,6 +6,7 @@
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "model/fp8_checkpoint.h"
 #include "model/lora.h"
 #include "model/peft_adapter.h"
 
@@ -54,11 +55,27 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
   // Everything is checked before anything is written; then each tensor is produced as the file is
   // written (an unchanged one straight from the mapped base, a merged one computed then): the merged model
   // is never held in memory whole.
+  // An FP8 block checkpoint (Qwen3-FP8 layout) merges into bf16: every FP8 weight is dequantised and its
+  // scale dropped, so the result is a plain bf16 model (config.json loses its quantization_config).
+  const bool fp8 = is_fp8_block_checkpoint(config, model_dir);
   std::set<std::string> used;
   std::vector<StreamedTensor> tensors;
   for (const std::string& name : base.names()) {
     const TensorEntry& e = base.entry(name);
+    const bool stored_fp8 = fp8 && stored_as_fp8(base, name);
+    if (fp8 && name.ends_with("_scale_inv") && stored_as_fp8(base, name.substr(0, name.size() - 10))) continue;
+    const DType out_dtype = stored_fp8 ? DType::BF16 : e.dtype;
     auto it = deltas.find(name);
+    if (it == deltas.end() && stored_fp8) {
+      tensors.push_back({name, out_dtype, e.shape, [&base, name](void* dst) {
+                           const TensorEntry& we = base.entry(name);
+                           std::vector<float> w(size_t(shape_numel(we.shape)));
+                           read_weight_f32(base, name, we.shape, w.data());
+                           const std::vector<char> bytes = encode(w, DType::BF16);
+                           std::memcpy(dst, bytes.data(), bytes.size());
+                         }});
+      continue;
+    }
     if (it == deltas.end()) {  // unchanged: the bytes as they are
       tensors.push_back({name, e.dtype, e.shape, [&e](void* dst) { std::memcpy(dst, e.data, e.bytes); }});
       continue;
@@ -72,10 +89,10 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
                  shape_str(be.shape), ", expected ", shape_str({r, in}), " / ", shape_str({out, r}));
     used.insert(a_name);
     used.insert(b_name);
-    tensors.push_back({name, e.dtype, e.shape, [&, name, out, in, r](void* dst) {
+    tensors.push_back({name, out_dtype, e.shape, [&, name, out, in, r, out_dtype](void* dst) {
                          const TensorEntry& we = base.entry(name);
                          std::vector<float> w(size_t(out * in)), a(size_t(r * in)), b(size_t(out * r));
-                         read_as_f32(we, we.shape, w.data(), base.describe(name));
+                         read_weight_f32(base, name, we.shape, w.data());
                          read_as_f32(ae, {r, in}, a.data(), adapter_file.string() + ": " + a_name);
                          read_as_f32(be, {out, r}, b.data(), adapter_file.string() + ": " + b_name);
                          // W + scale·(B·A), each entry's r-term dot product in double, rounded once to fp32.
@@ -86,7 +103,7 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
                              float& x = w[size_t(o * in + i)];
                              x = float(double(x) + double(scale) * d);
                            }
-                         const std::vector<char> bytes = encode(w, we.dtype);
+                         const std::vector<char> bytes = encode(w, out_dtype);
                          std::memcpy(dst, bytes.data(), bytes.size());
                        }});
   }
@@ -96,9 +113,17 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
 
   StagedDir staged(out_dir);
   write_checkpoint_streamed(staged.path(), tensors, max_shard_bytes);
+  if (fp8) {
+    nlohmann::json cfg = config.raw;
+    cfg.erase("quantization_config");
+    cfg["dtype"] = "bfloat16";
+    if (cfg.contains("torch_dtype")) cfg["torch_dtype"] = "bfloat16";
+    write_file_atomic(staged.path() / "config.json", cfg.dump(2) + "\n");
+  }
   for (const char* f : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                         "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model"}) {
     std::error_code ec;
+    if (fp8 && std::string(f) == "config.json") continue;
     if (fs::exists(model_dir / f)) fs::copy_file(model_dir / f, staged.path() / f, ec);
     if (ec) user_error((model_dir / f).string(), ": cannot copy (", ec.message(), ")");
   }

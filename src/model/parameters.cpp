@@ -2,20 +2,52 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/quantize.h"
+#include "kernels/quant.h"
+
 namespace soltrain {
 
 namespace {
+// Where a quantised weight's codes and scales sit in the quantised buffer (each start 256-byte aligned, as
+// the GEMMs and vector loads like).
+struct QuantisedLayout {
+  size_t codes, scales, scale_at, total;
+};
+size_t align256(size_t n) {
+  return (n + 255) / 256 * 256;
+}
+Shape fp8_scale_shape(const Shape& s) {
+  return {(s[0] + quant::kFp8Tile - 1) / quant::kFp8Tile, (s[1] + quant::kFp8Tile - 1) / quant::kFp8Tile};
+}
+QuantisedLayout quantised_layout(const Parameter& p) {
+  const int64_t n = shape_numel(p.shape);
+  QuantisedLayout l{};
+  if (p.format == WeightFormat::Nf4) {
+    const quant::Nf4Layout nf(n);
+    l.codes = size_t(nf.data_bytes());
+    l.scales = size_t(nf.scale_bytes());
+  } else {
+    l.codes = size_t(n);
+    l.scales = size_t(shape_numel(fp8_scale_shape(p.shape)));  // floats
+  }
+  l.scale_at = align256(l.codes);
+  l.total = l.scale_at + align256(p.format == WeightFormat::Nf4 ? l.scales : 4 * l.scales);
+  return l;
+}
 Tensor flat(const Buffer& b, DType dtype, int64_t offset, int64_t numel) {
   return Tensor{static_cast<char*>(b.data()) + size_t(offset) * dtype_size(dtype), dtype, {numel}, b.device()};
 }
 }  // namespace
 
-void ParameterStore::add(const std::string& name, Shape shape, bool trainable, int group) {
+void ParameterStore::add(const std::string& name, Shape shape, bool trainable, int group, WeightFormat format) {
   SOLTRAIN_CHECK(!index_.count(name), "duplicate parameter ", name);
   SOLTRAIN_CHECK(group >= 0 && !masters_.data() && !frozen_.data(), "parameter ", name, " added after allocate()");
   const bool decay = shape.size() >= 2;
   index_[name] = params_.size();
+  SOLTRAIN_CHECK(format == WeightFormat::Dense || (!trainable && shape.size() == 2), "quantised ", name,
+                 " must be a frozen matrix");
   params_.push_back(Parameter{name, std::move(shape), decay, trainable, group, {}, {}, {}});
+  params_.back().format = format;
 }
 
 void ParameterStore::allocate(Ops& ops) {
@@ -40,14 +72,34 @@ void ParameterStore::allocate(Ops& ops) {
     }
     group_begin_.push_back(numel_);
   }
-  for (const auto& p : params_)
-    if (!p.trainable) frozen_numel_ += shape_numel(p.shape);
+  size_t dense_frozen = 0, quantised = 0;
+  for (const auto& p : params_) {
+    if (p.trainable) continue;
+    frozen_numel_ += shape_numel(p.shape);
+    if (p.format == WeightFormat::Dense)
+      dense_frozen += size_t(shape_numel(p.shape));
+    else
+      quantised += quantised_layout(p).total;
+  }
   masters_ = ops.alloc(size_t(numel_) * 4);
   grads_ = ops.alloc(size_t(numel_) * 4);
   if (act != DType::F32) values_ = ops.alloc(size_t(numel_) * dtype_size(act));
-  frozen_ = ops.alloc(size_t(frozen_numel_) * dtype_size(act));
+  frozen_ = ops.alloc(dense_frozen * dtype_size(act));
+  quantised_ = ops.alloc(quantised);
   int64_t frozen_off = 0;
+  size_t quantised_off = 0;
   for (auto& p : params_) {
+    if (!p.trainable && p.format != WeightFormat::Dense) {
+      const QuantisedLayout l = quantised_layout(p);
+      char* base = static_cast<char*>(quantised_.data()) + quantised_off;
+      const bool nf4 = p.format == WeightFormat::Nf4;
+      p.value = nf4 ? Tensor{base, DType::U8, {int64_t(l.codes)}, quantised_.device()}
+                    : Tensor{base, DType::F8E4M3, p.shape, quantised_.device()};
+      p.scale = nf4 ? Tensor{base + l.scale_at, DType::U8, {int64_t(l.scales)}, quantised_.device()}
+                    : Tensor{base + l.scale_at, DType::F32, fp8_scale_shape(p.shape), quantised_.device()};
+      quantised_off += l.total;
+      continue;
+    }
     if (!p.trainable) {
       p.value = flat(frozen_, act, frozen_off, shape_numel(p.shape)).view(p.shape);
       frozen_off += shape_numel(p.shape);
@@ -66,6 +118,16 @@ void ParameterStore::sync_values(Ops& ops) {
 }
 void ParameterStore::upload(Ops& ops, Parameter& p, const float* host) {
   const Tensor h{const_cast<float*>(host), DType::F32, p.shape, Device::CPU};
+  if (p.format != WeightFormat::Dense) {
+    // Quantised on the host (the CPU twin's arithmetic), then copied up as stored.
+    std::vector<uint8_t> codes(size_t(p.value.bytes()));
+    std::vector<uint8_t> scale(size_t(p.scale.bytes()));
+    if (p.format == WeightFormat::Nf4)
+      nf4_quantize(host, shape_numel(p.shape), codes.data(), scale.data());
+    else
+      fp8_block_quantize(host, p.shape[0], p.shape[1], codes.data(), reinterpret_cast<float*>(scale.data()));
+    return upload_quantised(ops, p, codes.data(), scale.data());
+  }
   if (p.trainable) {
     ops.copy(p.master, h);
     if (p.value.data != p.master.data) ops.convert(p.value, p.master);
@@ -80,7 +142,21 @@ void ParameterStore::upload(Ops& ops, Parameter& p, const float* host) {
   }
 }
 
+void ParameterStore::upload_quantised(Ops& ops, Parameter& p, const void* codes, const void* scale) {
+  SOLTRAIN_CHECK(p.format != WeightFormat::Dense, p.name, " is not quantised");
+  ops.copy(p.value, Tensor{const_cast<void*>(codes), p.value.dtype, p.value.shape, Device::CPU});
+  ops.copy(p.scale, Tensor{const_cast<void*>(scale), p.scale.dtype, p.scale.shape, Device::CPU});
+}
+
 void ParameterStore::download(Ops& ops, const Parameter& p, float* host) const {
+  if (p.format != WeightFormat::Dense) {
+    std::vector<uint8_t> codes(size_t(p.value.bytes())), scale(size_t(p.scale.bytes()));
+    ops.copy(Tensor{codes.data(), p.value.dtype, p.value.shape, Device::CPU}, p.value);
+    ops.copy(Tensor{scale.data(), p.scale.dtype, p.scale.shape, Device::CPU}, p.scale);
+    if (p.format == WeightFormat::Nf4) return nf4_dequantize(codes.data(), scale.data(), shape_numel(p.shape), host);
+    return fp8_block_dequantize(codes.data(), reinterpret_cast<const float*>(scale.data()), p.shape[0], p.shape[1],
+                                host);
+  }
   const Tensor& src = p.trainable ? p.master : p.value;
   if (src.dtype == DType::F32) return ops.copy(Tensor{host, DType::F32, p.shape, Device::CPU}, src);
   SOLTRAIN_CHECK(src.dtype == DType::BF16, "download ", p.name, " in ", dtype_name(src.dtype));

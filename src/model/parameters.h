@@ -5,7 +5,8 @@
 // [decayed (2-D) | the rest]: a group's gradients can be reduced or sharded as one range the moment the
 // group's backward is done, and the optimizer runs over two ranges per group instead of one launch per
 // tensor. Frozen parameters (a LoRA run's base weights) keep only the compute copy, in a buffer of their
-// own: no master, no gradient, nothing for the optimizer.
+// own: no master, no gradient, nothing for the optimizer. A frozen projection of a QLoRA base is held
+// quantised (NF4 or FP8 blocks, kernels/quant.h) in a third buffer: `value` the codes, `scale` its scales.
 #pragma once
 #include <map>
 #include <string>
@@ -25,6 +26,8 @@ struct Parameter {
   Tensor value;         // activation dtype, what the model computes with (aliases master when that is F32)
   Tensor grad;          // F32
   int64_t offset = -1;  // element offset in the flat trainable buffers (-1: frozen)
+  WeightFormat format = WeightFormat::Dense;  // quantised formats: frozen 2-D weights only
+  Tensor scale;                               // the format's scales (see Weight)
 };
 
 // A contiguous range of trainable elements sharing a group and a decay setting.
@@ -36,7 +39,7 @@ struct ParamRange {
 
 class ParameterStore {
  public:
-  void add(const std::string& name, Shape shape, bool trainable, int group);
+  void add(const std::string& name, Shape shape, bool trainable, int group, WeightFormat format = WeightFormat::Dense);
   // Lays out the groups in order and allocates the flat buffers on the ops' device (zeroed).
   void allocate(Ops& ops);
   // Refreshes the compute copy from the masters (after loading; the optimizer does it itself).
@@ -51,11 +54,16 @@ class ParameterStore {
   int64_t numel() const { return numel_; }
   int64_t decayed_numel() const { return decayed_numel_; }
   int64_t frozen_numel() const { return frozen_numel_; }
+  // Device bytes of every weight's storage: masters, compute copies, frozen copies, quantised codes + scales.
+  size_t weight_bytes() const { return masters_.bytes() + values_.bytes() + frozen_.bytes() + quantised_.bytes(); }
+  size_t quantised_bytes() const { return quantised_.bytes(); }
   int groups() const { return int(group_begin_.size()) - 1; }
 
   // Sets a parameter from fp32 host values (master and compute copy, or the frozen compute copy).
   void upload(Ops& ops, Parameter& p, const float* host);
-  // Reads a parameter back as fp32 (the master, or the frozen compute copy widened).
+  // A quantised parameter as stored (a pre-quantised checkpoint): codes and scales in its own layout.
+  void upload_quantised(Ops& ops, Parameter& p, const void* codes, const void* scale);
+  // Reads a parameter back as fp32 (the master, or the frozen compute copy widened or dequantised).
   void download(Ops& ops, const Parameter& p, float* host) const;
 
   // Every gradient, flat; the gradients of one group (contiguous); the (group, decay) ranges in order.
@@ -76,6 +84,7 @@ class ParameterStore {
   std::vector<ParamRange> ranges_;
   Buffer masters_, values_, grads_;  // values_ stays empty when the activation dtype is F32
   Buffer frozen_;                    // frozen compute copies, activation dtype
+  Buffer quantised_;                 // frozen quantised weights: each one's codes, then its scales
   DType values_dtype_ = DType::F32;
 };
 

@@ -105,8 +105,10 @@ void load_adapter_weights(Transformer& model, const fs::path& adapter_dir) {
 }
 
 std::unique_ptr<Transformer> load_pretrained_with_adapter(const fs::path& model_dir, const fs::path& adapter_dir,
-                                                          Ops& ops) {
-  auto model = load_pretrained(model_dir, ops, read_adapter_config(adapter_dir));
+                                                          Ops& ops, WeightFormat base) {
+  LoraConfig lora = read_adapter_config(adapter_dir);
+  lora.base_format = base;
+  auto model = load_pretrained(model_dir, ops, lora);
   load_adapter_weights(*model, adapter_dir);
   return model;
 }

@@ -14,9 +14,11 @@ namespace soltrain {
 // biases, per-layer ranks or alphas, layer subsets, ...) are UserErrors naming the key.
 LoraConfig read_adapter_config(const std::filesystem::path& adapter_dir);
 
-// The base model of `model_dir` with the adapter of `adapter_dir` loaded (frozen base, trainable adapter).
+// The base model of `model_dir` with the adapter of `adapter_dir` loaded (frozen base, trainable adapter),
+// the base held in `base` (QLoRA: Nf4 / Fp8Block quantise it on load).
 std::unique_ptr<Transformer> load_pretrained_with_adapter(const std::filesystem::path& model_dir,
-                                                          const std::filesystem::path& adapter_dir, Ops& ops);
+                                                          const std::filesystem::path& adapter_dir, Ops& ops,
+                                                          WeightFormat base = WeightFormat::Dense);
 
 // Copies every adapter tensor of `model` from adapter_model.safetensors; missing, mis-shaped or unused
 // tensors are UserErrors.

@@ -83,6 +83,7 @@ void set_up(Run& r) {
   if (c.lora.enabled) {
     r.lora = LoraConfig{c.lora.rank,           float(c.lora.alpha), float(c.lora.dropout),
                         c.lora.target_modules, c.lora.use_rslora,   c.seed};
+    r.lora->base_format = c.lora.base;
     r.lora->validate("config.yaml");
   }
   r.model = load_pretrained(c.model, r.ops, r.lora);
@@ -152,7 +153,11 @@ void print_intent(const Run& r) {
   }
   std::string mods;
   for (const std::string& m : r.c.lora.target_modules) mods += (mods.empty() ? "" : ",") + m.substr(0, m.find("_proj"));
-  r.log << r.cmd << ": LoRA r" << r.c.lora.rank << " on " << mods << "\n";
+  r.log << r.cmd << ": LoRA r" << r.c.lora.rank << " on " << mods;
+  if (r.c.lora.base != WeightFormat::Dense)
+    r.log << " over a frozen " << (r.c.lora.base == WeightFormat::Nf4 ? "NF4" : "FP8 (128x128 blocks)") << " base ("
+          << r.c.lora.base_key << ")";
+  r.log << "\n";
 }
 
 void print_plan(const Run& r) {
@@ -170,13 +175,23 @@ void print_plan(const Run& r) {
           << c.gradient_accumulation_steps << " x " << r.world << " micro-batches per update\n";
   // The memory plan, all allocated already (a run that does not fit has stopped before this line).
   const double gib = double(1u << 30), trainable = double(ps.numel());
-  const double all_weights = trainable + double(ps.frozen_numel());
-  // fp32 masters of the trainable weights, plus the compute copy of every weight (bf16 on GPU; on the CPU
-  // the masters are the compute copy, and frozen weights are fp32 values)
-  const DType act = r.ops.activation_dtype();
-  const double weights = act == DType::F32 ? 4 * all_weights : 4 * trainable + double(dtype_size(act)) * all_weights;
-  r.log << r.cmd << ": memory plan: weights " << weights / gib << " GiB, gradients " << 4 * trainable / gib
-        << " GiB, AdamW moments " << double(r.step->optimizer().state_bytes()) / gib
+  // Every weight's storage as allocated: fp32 masters of the trainable ones, the compute copies (bf16 on the
+  // GPU; on the CPU the masters are the compute copy, and frozen weights are fp32 values), and a QLoRA base's
+  // quantised codes with their scales (NF4: 0.5 byte + 1/64 byte absmax code per weight; FP8: 1 byte + an
+  // fp32 per 128x128 block).
+  const double weights = double(ps.weight_bytes());
+  std::string quantised;
+  if (ps.quantised_bytes() > 0) {
+    // Plus the scratch a linear dequantises its weight into, sized for the largest projection.
+    int64_t widest = 0;
+    for (const Parameter& p : ps.all())
+      if (p.format != WeightFormat::Dense) widest = std::max(widest, shape_numel(p.shape));
+    quantised = cat(" (the quantised base ", double(ps.quantised_bytes()) / gib, " GiB of it; + ",
+                    double(widest) * double(dtype_size(r.ops.activation_dtype())) / gib,
+                    " GiB to dequantise one weight at a time)");
+  }
+  r.log << r.cmd << ": memory plan: weights " << weights / gib << " GiB" << quantised << ", gradients "
+        << 4 * trainable / gib << " GiB, AdamW moments " << double(r.step->optimizer().state_bytes()) / gib
         << (r.opt.moments == Moments::Blockwise8 ? " GiB (8-bit)" : " GiB") << ", activations "
         << double(r.model->activation_bytes()) / gib << " GiB (recompute " << recompute_name(c.recompute)
         << ", residual stream " << (r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16") << ")\n";

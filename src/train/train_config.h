@@ -32,6 +32,10 @@ struct LoraSettings {  // as written in the YAML; the model layer's LoraConfig i
   double alpha = 32, dropout = 0.0;
   std::vector<std::string> target_modules = all_lora_module_names();
   bool use_rslora = false;
+  // QLoRA (`qlora_nf4`, `qlora_fp8`, Axolotl's `load_in_4bit` / `adapter: qlora`): the frozen base's
+  // projections held quantised. `base_key` is the key that asked, for messages.
+  WeightFormat base = WeightFormat::Dense;
+  std::string base_key;
 };
 
 enum class TrainMode { kSft, kPretrain };

@@ -18,6 +18,7 @@ class CpuOps final : public Ops {
   void embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout) override;
   void linear_forward(Tensor y, const Tensor& x, const Weight& w, const Tensor* bias, float alpha,
                       bool accumulate) override;
+  void dequantize(Tensor out, const Weight& w) override;
   void linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy, const Tensor& x,
                        const Weight& w, float dx_alpha) override;
   void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) override;

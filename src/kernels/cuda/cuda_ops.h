@@ -46,6 +46,7 @@ class CudaOps final : public Ops {
   void embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout) override;
   void linear_forward(Tensor y, const Tensor& x, const Weight& w, const Tensor* bias, float alpha,
                       bool accumulate) override;
+  void dequantize(Tensor out, const Weight& w) override;
   void linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy, const Tensor& x,
                        const Weight& w, float dx_alpha) override;
   void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) override;
@@ -105,6 +106,10 @@ class CudaOps final : public Ops {
   uint64_t marks_made_ = 0;
   cublasLtHandle_t lt_ = nullptr;
   Buffer workspace_, scratch_, reduce_out_;
+  // A quantised weight dequantised to bf16 for one GEMM (sized to the widest weight; grows only on the first
+  // steps, never holds more than one weight: the quantised base stays quantised).
+  Buffer dequantised_;
+  Tensor dense_weight(const Weight& w);
   double* host_result_ = nullptr;  // pinned
   int sm_count_ = 0;
   bool hopper_attention_ = false;  // compute capability 9.0 and not SOLTRAIN_ATTENTION=portable

@@ -92,21 +92,11 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor
                               plan->d, &plan->algo, workspace_.data(), workspace_.bytes(), stream_));
 }
 
-namespace {
-// The bf16 GEMMs read dense weights; FP8 / NF4 formats get their own paths when they land.
-const Tensor& dense(const Weight& w) {
-  if (w.format != WeightFormat::Dense)
-    user_error("the CUDA backend has no ", weight_format_name(w.format), " matmul yet");
-  SOLTRAIN_CHECK(w.data.dtype == DType::BF16, "dense CUDA weights are BF16, got ", dtype_name(w.data.dtype));
-  return w.data;
-}
-}  // namespace
-
 // Row-major y[N,out] = x[N,in]·wᵀ is column-major yᵀ = w_cm ᵀ · xᵀ with w_cm = wᵀ (in × out, ld in).
 void CudaOps::linear_forward(Tensor y, const Tensor& x, const Weight& weight, const Tensor* bias, float alpha,
                              bool accumulate) {
   const auto prof = profile("linear_forward");
-  const Tensor& w = dense(weight);
+  const Tensor w = dense_weight(weight);
   const int N = int(x.dim(0)), in = int(x.dim(1)), out = int(w.dim(0));
   SOLTRAIN_CHECK(w.dim(1) == in && y.dim(0) == N && y.dim(1) == out, "linear shapes");
   gemm(true, false, out, N, in, w, in, x, in, y, out, accumulate ? 1.0f : 0.0f, bias, alpha);
@@ -114,8 +104,10 @@ void CudaOps::linear_forward(Tensor y, const Tensor& x, const Weight& weight, co
 
 void CudaOps::linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy,
                               const Tensor& x, const Weight& weight, float dx_alpha) {
-  const Tensor& w = dense(weight);
-  const int N = int(dy.dim(0)), out = int(w.dim(0)), in = int(w.dim(1));
+  SOLTRAIN_CHECK(!dw || weight.format == WeightFormat::Dense, "a quantised weight is frozen: no dW");
+  // A quantised weight is dequantised only when dx needs it (a frozen base computes no dW).
+  const Tensor w = dx ? dense_weight(weight) : weight.data;
+  const int N = int(dy.dim(0)), out = int(weight.out()), in = int(weight.in());
   // dx[N,in] = dy[N,out]·w[out,in]  →  column-major dxᵀ = w_cm · dyᵀ
   if (dx) {
     const auto prof = profile("linear_backward dx");
