@@ -3,11 +3,8 @@
 # (the objective fixtures, the sft trajectory), the GPU tests, soltrain's LoRA against PEFT (fp32 and PEFT's
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
-#   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b]
+#   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b]
 #   (no argument: refs tests peft bench)
-set -u
-steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(refs tests peft bench8b)
 set -u
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(refs tests peft bench)
@@ -42,6 +39,18 @@ for s in "${steps[@]}"; do
         --variant "8-bit AdamW=--optimizer adamw_8bit" \
         --peers none --attention "" --out "$OUT" > "$OUT/bench4b.log" 2>&1
       grep -E "^\| Qwen" "$OUT/bench4b.log" ;;
+    quant)  # QLoRA formats against torch (writes tests/fixtures/quant), then the GPU tests that read them
+      timeout 300 python3 tests/tools/check_quant.py "$B/soltrain" --cuda > "$OUT/quant.log" 2>&1
+      grep -E "^FAIL|passed|failed" "$OUT/quant.log"
+      [ -d tests/fixtures/quant ] && tar czf "$OUT/quant-fixtures.tgz" tests/fixtures/quant
+      timeout 300 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaQuant*:Quant*:CudaOps*:CudaLora*' \
+        > "$OUT/quant-tests.log" 2>&1
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/quant-tests.log" ;;
+    qlora8b)  # Qwen3-8B LoRA r16 at 1 x 2048 with full recompute: bf16 base, NF4, FP8 (issue 10's QLoRA targets)
+      timeout 550 python3 bench/run_bench.py --soltrain "$B/soltrain" --sizes 8B --batch 8B=1 --lora-rank 16 \
+        --recompute full --variant "QLoRA NF4=--qlora nf4" --variant "QLoRA FP8=--qlora fp8" \
+        --peers none --attention "" --out "$OUT" > "$OUT/qlora8b.log" 2>&1
+      grep -E "^\| Qwen" "$OUT/qlora8b.log" ;;
     peft)
       timeout 300 python3 tests/tools/check_peft.py "$B/soltrain" --cases 12 --cuda > "$OUT/peft.log" 2>&1
       grep -E "CUDA LoRA|^case|failures" "$OUT/peft.log" | tail -40 ;;

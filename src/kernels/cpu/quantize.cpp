@@ -54,8 +54,8 @@ void nf4_quantize(const float* x, int64_t n, uint8_t* data, uint8_t* scale) {
   for (int i = 0; i < 15; ++i) mid[size_t(i)] = (quant::nf4_code(i) + quant::nf4_code(i + 1)) / 2.0f;
   std::vector<float> absmax(size_t(l.blocks));
   std::fill(data, data + l.data_bytes(), uint8_t(0));
-  // An odd count leaves the last byte's low nibble over: bitsandbytes pads the scaled values with a 0 there.
-  if (n & 1) data[n / 2] = code_of(0.0f, mid);
+  // An odd count leaves the last byte's low nibble over: bitsandbytes (quantize_4bit) pads the codes with index
+  // 0 there (torch.cat with a zero code, not the code of 0.0); the zero fill above does the same.
   // Blocks are 64 values, 32 whole bytes: chunks of blocks write disjoint bytes.
   parallel_chunks(l.blocks, quant::kNf4Block, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
@@ -111,7 +111,9 @@ void fp8_block_quantize(const float* x, int64_t rows, int64_t cols, uint8_t* q, 
       float amax = 0;
       for (int64_t r = bi * T; r < r1; ++r)
         for (int64_t c = bj * T; c < c1; ++c) amax = std::max(amax, std::fabs(x[r * cols + c]));
-      const float s = amax > 0 ? quant::kE4m3Max / amax : 1.0f;
+      // transformers writes fp8_max / amax with a Python float over a tensor: torch's rdiv is reciprocal then
+      // multiply (two roundings), and the scale_inv stored is that scale's reciprocal.
+      const float s = amax > 0 ? (1.0f / amax) * quant::kE4m3Max : 1.0f;
       for (int64_t r = bi * T; r < r1; ++r)
         for (int64_t c = bj * T; c < c1; ++c) q[r * cols + c] = quant::f32_to_e4m3(x[r * cols + c] * s, true);
       scale_inv[bi * tc + bj] = 1.0f / s;

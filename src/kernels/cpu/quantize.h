@@ -12,8 +12,8 @@ void nf4_quantize(const float* x, int64_t n, uint8_t* data, uint8_t* scale);
 void nf4_dequantize(const uint8_t* data, const uint8_t* scale, int64_t n, float* out);
 
 // FP8 128×128 blocks of a row-major [rows, cols] matrix: q [rows·cols] E4M3, scale_inv
-// [ceil(rows/128), ceil(cols/128)] fp32. Per tile, as transformers' FP8 quantizer: scale = 448 / amax
-// (1 for an all-zero tile), q = e4m3(x · scale) saturated, scale_inv = 1 / scale.
+// [ceil(rows/128), ceil(cols/128)] fp32. Per tile, as transformers' FP8 quantizer: scale = 448 / amax as torch
+// computes it, (1 / amax) · 448 (1 for an all-zero tile), q = e4m3(x · scale) saturated, scale_inv = 1 / scale.
 void fp8_block_quantize(const float* x, int64_t rows, int64_t cols, uint8_t* q, float* scale_inv);
 void fp8_block_dequantize(const uint8_t* q, const float* scale_inv, int64_t rows, int64_t cols, float* out);
 
