@@ -18,6 +18,7 @@ namespace soltrain {
 // projection, regenerated in backward from the same seed).
 struct LoraPass {
   float dropout = 0;  // 0: off (no adapter, evaluation, or no dropout configured)
+  bool adapters_off = false;  // every adapter skipped: the frozen base model (a reference forward)
   uint64_t seed = 0, step = 0;
   LoraScratch scratch;
   LoraDropout at(int64_t layer, LoraTarget t) const;
