@@ -144,4 +144,20 @@ void write_reversal_dataset(const fs::path& file, int n, uint64_t seed) {
   write_file_atomic(file, out);
 }
 
+void write_reversal_preferences(const fs::path& file, int n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::string out;
+  for (int i = 0; i < n; ++i) {
+    std::string word(size_t(3 + rng() % 4), ' ');
+    for (char& ch : word) ch = char('a' + rng() % 26);
+    const std::string reversed(word.rbegin(), word.rend());
+    std::string near = reversed;
+    char& wrong = near[size_t(rng() % near.size())];
+    wrong = char('a' + (wrong - 'a' + 1 + int(rng() % 25)) % 26);  // any other letter
+    out += json{{"prompt", word}, {"chosen", reversed}, {"rejected", near}}.dump() + "\n";
+  }
+  if (file.has_parent_path()) fs::create_directories(file.parent_path());
+  write_file_atomic(file, out);
+}
+
 }  // namespace soltrain
