@@ -88,6 +88,39 @@ TEST(DpoRun, FullFineTuneRaisesHeldOutAccuracyAndReusesReference) {
   EXPECT_NE(log.find("reference log-probs reused"), std::string::npos) << log;
 }
 
+TEST(DpoRun, IpoAndHingeLearnToo) {
+  DpoSetup s;
+  for (const char* loss : {"ipo", "hinge"}) {
+    SCOPED_TRACE(loss);
+    std::string log;
+    dpo(s.config(loss, std::string("max_steps: 40\nlora: true\nloss_type: ") + loss + "\n"), &log);
+    expect_learns(s.t.path / loss, log);
+  }
+}
+
+std::string bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A run stopped at a checkpoint and resumed ends bitwise where the uninterrupted run ends (the pair order,
+// the stored reference and the optimizer state all come back).
+TEST(DpoRun, ResumeIsBitwiseExact) {
+  DpoSetup s;
+  dpo(s.config("whole", "max_steps: 12\nvalidation_datasets: []\n"));
+  dpo(s.config("parts", "max_steps: 12\nvalidation_datasets: []\nsave_steps: 5\n"), nullptr);
+  fs::remove_all(s.t.path / "parts" / "model");
+  fs::remove_all(s.t.path / "parts" / "checkpoint-10");  // resume from step 5
+  std::string log;
+  dpo(s.config("parts", "max_steps: 12\nvalidation_datasets: []\nsave_steps: 5\nresume_from_checkpoint: true\n"),
+      &log);
+  EXPECT_NE(log.find("resuming from"), std::string::npos) << log;
+  EXPECT_NE(log.find("reference log-probs reused"), std::string::npos) << log;
+  const std::string a = bytes(s.t.path / "whole" / "model" / "model.safetensors");
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == bytes(s.t.path / "parts" / "model" / "model.safetensors"));
+}
+
 TEST(DpoRun, AxolotlRlKeyInAnSftConfigRunsDpo) {
   DpoSetup s;
   std::string log;
