@@ -51,14 +51,16 @@ TEST(PreferencePair, DerivativeMatchesFiniteDifferences) {
     p.beta = 0.3f;
     p.label_smoothing = l == PreferenceLoss::Sigmoid ? 0.1f : 0.0f;
     // nll_c, nll_r, ref_c, ref_r, len_c, len_r: z = −1.5 (hinge active), 2.5, and around 0
-    for (auto [nc, nr, rc, rr] : {std::array{4.0, 3.0, 3.5, 4.0}, std::array{2.0, 5.0, 2.5, 3.0},
-                                  std::array{3.0, 3.1, 3.0, 3.0}}) {
+    for (auto [nc, nr, rc, rr] :
+         {std::array{4.0, 3.0, 3.5, 4.0}, std::array{2.0, 5.0, 2.5, 3.0}, std::array{3.0, 3.1, 3.0, 3.0}}) {
       const PairResult q = preference_pair(p, nc, nr, rc, rr, 3, 5);
       const double h = 1e-6;
-      const double dc = (preference_pair(p, nc + h, nr, rc, rr, 3, 5).loss -
-                         preference_pair(p, nc - h, nr, rc, rr, 3, 5).loss) / (2 * h);
-      const double dr = (preference_pair(p, nc, nr + h, rc, rr, 3, 5).loss -
-                         preference_pair(p, nc, nr - h, rc, rr, 3, 5).loss) / (2 * h);
+      const double dc =
+          (preference_pair(p, nc + h, nr, rc, rr, 3, 5).loss - preference_pair(p, nc - h, nr, rc, rr, 3, 5).loss) /
+          (2 * h);
+      const double dr =
+          (preference_pair(p, nc, nr + h, rc, rr, 3, 5).loss - preference_pair(p, nc, nr - h, rc, rr, 3, 5).loss) /
+          (2 * h);
       EXPECT_NEAR(q.dz * q.dnll_c, dc, 1e-6);
       EXPECT_NEAR(q.dz * q.dnll_r, dr, 1e-6);
       EXPECT_NE(dc, 0.0);
@@ -179,9 +181,8 @@ TEST(Dpo, GradientMatchesFiniteDifferences) {
       Parameter& p = model->params().at(name);
       float* w = p.value.f32();
       const float* g = p.grad.f32();
-      const int64_t at = std::max_element(g, g + p.grad.numel(), [](float x, float y) {
-                           return std::fabs(x) < std::fabs(y);
-                         }) - g;
+      const int64_t at =
+          std::max_element(g, g + p.grad.numel(), [](float x, float y) { return std::fabs(x) < std::fabs(y); }) - g;
       const float keep = w[at], h = 1e-2f;
       w[at] = keep + h;
       const double up = loss(false);

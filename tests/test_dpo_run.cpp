@@ -112,8 +112,7 @@ TEST(DpoRun, ResumeIsBitwiseExact) {
   fs::remove_all(s.t.path / "parts" / "model");
   fs::remove_all(s.t.path / "parts" / "checkpoint-10");  // resume from step 5
   std::string log;
-  dpo(s.config("parts", "max_steps: 12\nvalidation_datasets: []\nsave_steps: 5\nresume_from_checkpoint: true\n"),
-      &log);
+  dpo(s.config("parts", "max_steps: 12\nvalidation_datasets: []\nsave_steps: 5\nresume_from_checkpoint: true\n"), &log);
   EXPECT_NE(log.find("resuming from"), std::string::npos) << log;
   EXPECT_NE(log.find("reference log-probs reused"), std::string::npos) << log;
   const std::string a = bytes(s.t.path / "whole" / "model" / "model.safetensors");
@@ -142,8 +141,10 @@ TEST(DpoRun, BadRecordsAreSkippedOrNamed) {
                    "{\"prompt\": \"abc\", \"chosen\": \"cba\", \"rejected\": \"cbb\"}\n"
                    "{\"prompt\": \"abc\", \"chosen\": \"cba\"}\n"
                    "{\"prompt\": \"abc\", \"chosen\": \"\", \"rejected\": \"x\"}\n"
-                   "{\"prompt\": \"" + std::string(200, 'q') + "\", \"chosen\": \"a\", \"rejected\": \"b\"}\n"
-                   "{\"prompt\": \"xyz\", \"chosen\": \"zyx\", \"rejected\": \"zyy\"}\n");
+                   "{\"prompt\": \"" +
+                       std::string(200, 'q') +
+                       "\", \"chosen\": \"a\", \"rejected\": \"b\"}\n"
+                       "{\"prompt\": \"xyz\", \"chosen\": \"zyx\", \"rejected\": \"zyy\"}\n");
   const std::string data = "datasets: [{path: bad.jsonl}]\nvalidation_datasets: []\nmax_steps: 1\n";
   const test::CliRun err = test::run("dpo " + s.config("e", data).string(), s.t);
   EXPECT_EQ(err.code, 2);

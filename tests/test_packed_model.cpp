@@ -18,9 +18,14 @@ TEST(PackedModel, APackedDocumentEqualsTheDocumentAlone) {
     packed.targets.push_back(i == A - 1 || i == A + B - 1 ? -100 : packed.input_ids[i + 1]);
   for (int i = 0; i < A + B; ++i) packed.positions.push_back(i < A ? i : i - A);
   packed.cu_seqlens = {0, A, A + B};
-  HostBatch alone{
-      1,  B, {packed.input_ids.begin() + A, packed.input_ids.end()}, {packed.targets.begin() + A, packed.targets.end()},
-      {}, {}, {}, {}};
+  HostBatch alone{1,
+                  B,
+                  {packed.input_ids.begin() + A, packed.input_ids.end()},
+                  {packed.targets.begin() + A, packed.targets.end()},
+                  {},
+                  {},
+                  {},
+                  {}};
 
   std::vector<float> lp(size_t(A + B) * V), la(size_t(B) * V);
   model->plan(1, A + B);

@@ -13,10 +13,10 @@
 #include <sstream>
 
 #include "cli/peer_keys.h"
-#include "data/preference.h"
-#include "model/dpo_objective.h"
 #include "core/error.h"
+#include "data/preference.h"
 #include "hub/hub_cache.h"
+#include "model/dpo_objective.h"
 
 namespace soltrain {
 
@@ -453,7 +453,8 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
        [&](const Entry& e) {
          const std::string v = get_string(e, "rl");
          if (v != "dpo" && v != "ipo")
-           user_error(e.where, ": rl: \"", v, "\": soltrain trains dpo and ipo (other preference methods are not built yet)");
+           user_error(e.where, ": rl: \"", v,
+                      "\": soltrain trains dpo and ipo (other preference methods are not built yet)");
        }},
       {"loss_type",
        [&](const Entry& e) {
@@ -472,7 +473,8 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
        [&](const Entry& e) {
          dpo_only(e, "dpo_label_smoothing"), c.dpo.label_smoothing = get_double(e, "dpo_label_smoothing", 0, 0.49);
        }},
-      {"rpo_alpha", [&](const Entry& e) { dpo_only(e, "rpo_alpha"), c.dpo.rpo_alpha = get_double(e, "rpo_alpha", 0, 1e6); }},
+      {"rpo_alpha",
+       [&](const Entry& e) { dpo_only(e, "rpo_alpha"), c.dpo.rpo_alpha = get_double(e, "rpo_alpha", 0, 1e6); }},
       {"max_prompt_len",
        [&](const Entry& e) { dpo_only(e, "max_prompt_len"), c.dpo.max_prompt_len = get_int(e, "max_prompt_len", 1); }},
       {"sequence_len", [&](const Entry& e) { c.sequence_len = get_int32(e, "sequence_len", 2, kMaxSequenceLen); }},

@@ -9,7 +9,11 @@ namespace soltrain {
 
 PairLoader::PairLoader(const ShardSet& docs, std::vector<float> ref_nll, int pairs_per_batch, int seq_len,
                        uint64_t seed, bool shuffle)
-    : docs_(docs), ref_(std::move(ref_nll)), per_batch_(pairs_per_batch), seq_len_(seq_len), seed_(seed),
+    : docs_(docs),
+      ref_(std::move(ref_nll)),
+      per_batch_(pairs_per_batch),
+      seq_len_(seq_len),
+      seed_(seed),
       shuffle_(shuffle) {
   SOLTRAIN_CHECK(docs.documents() % 2 == 0, "a pair set with an odd number of documents");
   SOLTRAIN_CHECK(ref_.empty() || int64_t(ref_.size()) == docs.documents(), "reference sums do not match the pairs");

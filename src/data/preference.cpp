@@ -34,8 +34,7 @@ ordered_json map_message(const ordered_json& m, const DatasetFields& f) {
   if (!m.is_object()) throw BadRecord("a message is not an object");
   const auto role = m.find(f.role), content = m.find(f.content);
   if (role == m.end() || !role->is_string()) throw BadRecord(cat("a message has no \"", f.role, "\" string"));
-  if (content == m.end() || !content->is_string())
-    throw BadRecord(cat("a message has no \"", f.content, "\" string"));
+  if (content == m.end() || !content->is_string()) throw BadRecord(cat("a message has no \"", f.content, "\" string"));
   const auto r = f.roles.find(role->get<std::string>());
   if (r == f.roles.end()) throw BadRecord(cat("unknown role \"", role->get<std::string>(), "\""));
   return message(r->second, content->get<std::string>());
@@ -103,7 +102,7 @@ PreferenceSample to_preference_sample(const ordered_json& r, PreferenceFormat fo
     case PreferenceFormat::kPromptPairs: s.prompt = text_prompt(r, f.prompt, f); break;
     case PreferenceFormat::kChatTemplate: {
       const ordered_json& m = field(r, f.messages);
-      s.prompt = m.is_string() ? ordered_json::array({message("user", m.get<std::string>())})
+      s.prompt = m.is_string()  ? ordered_json::array({message("user", m.get<std::string>())})
                  : m.is_array() ? map_messages(m, f)
                                 : throw BadRecord(cat("\"", f.messages, "\" is not a list of messages"));
       break;

@@ -24,7 +24,7 @@ std::optional<PreferenceFormat> find_preference_format(std::string_view type);
 
 struct PreferenceSample {
   nlohmann::ordered_json prompt = nlohmann::ordered_json::array();  // messages
-  nlohmann::ordered_json chosen, rejected;                            // messages after the prompt
+  nlohmann::ordered_json chosen, rejected;                          // messages after the prompt
 };
 
 // BadRecord on a missing or empty answer, a missing prompt, or fields of the wrong kind.

@@ -76,8 +76,15 @@ struct PreferenceParams {
 // The sums preference_loss accumulates (F64 each): Σ ℓ, Σ chosen reward β(π_c − ref_c), Σ rejected reward,
 // Σ [chosen reward > rejected reward], Σ π_c, Σ π_r, Σ NLL(chosen) (summed, not averaged), pairs.
 enum PreferenceStat {
-  kPrefLoss, kPrefRewardChosen, kPrefRewardRejected, kPrefAccuracy, kPrefLogpChosen, kPrefLogpRejected,
-  kPrefChosenNll, kPrefPairs, kPreferenceStats
+  kPrefLoss,
+  kPrefRewardChosen,
+  kPrefRewardRejected,
+  kPrefAccuracy,
+  kPrefLogpChosen,
+  kPrefLogpRejected,
+  kPrefChosenNll,
+  kPrefPairs,
+  kPreferenceStats
 };
 
 enum class WeightFormat { Dense };

@@ -11,21 +11,25 @@
 namespace soltrain {
 
 struct PairResult {
-  double loss;                   // ℓ of the pair
-  double dz;                     // d ℓ / d z
-  double logp_c, logp_r;         // the policy's log-probs (averaged over tokens for IPO)
-  double reward_c, reward_r;     // β (π − ref) of each answer
-  double dnll_c, dnll_r;         // d z / d NLL sum of each answer (before dℓ/dz)
+  double loss;                // ℓ of the pair
+  double dz;                  // d ℓ / d z
+  double logp_c, logp_r;      // the policy's log-probs (averaged over tokens for IPO)
+  double reward_c, reward_r;  // β (π − ref) of each answer
+  double dnll_c, dnll_r;      // d z / d NLL sum of each answer (before dℓ/dz)
 };
 
 // log σ(x) without overflow: min(x, 0) − log1p(e^−|x|).
-SOLTRAIN_HOST_DEVICE inline double log_sigmoid(double x) { return fmin(x, 0.0) - log1p(exp(-fabs(x))); }
-SOLTRAIN_HOST_DEVICE inline double sigmoid(double x) { return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x)); }
+SOLTRAIN_HOST_DEVICE inline double log_sigmoid(double x) {
+  return fmin(x, 0.0) - log1p(exp(-fabs(x)));
+}
+SOLTRAIN_HOST_DEVICE inline double sigmoid(double x) {
+  return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x));
+}
 
 // nll_* / ref_nll_*: Σ NLL of each answer (policy, reference); len_*: counted targets of each answer.
 SOLTRAIN_HOST_DEVICE inline PairResult preference_pair(const PreferenceParams& p, double nll_c, double nll_r,
-                                                      double ref_nll_c, double ref_nll_r, int32_t len_c,
-                                                      int32_t len_r) {
+                                                       double ref_nll_c, double ref_nll_r, int32_t len_c,
+                                                       int32_t len_r) {
   // TRL averages the log-probs over the answer's tokens for IPO only (the IPO paper's per-token form).
   const bool avg = p.loss == PreferenceLoss::Ipo;
   const double sc = avg && len_c > 0 ? 1.0 / len_c : 1.0, sr = avg && len_r > 0 ? 1.0 / len_r : 1.0;

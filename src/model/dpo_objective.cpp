@@ -116,9 +116,9 @@ DpoMetrics DpoObjective::read(Ops& ops) const {
   if (m.pairs == 0) return m;
   const double n = s[kPrefPairs];
   // The loss as trained: Σℓ over the update's pairs (its divisor) plus the rpo term over its chosen tokens.
-  m.loss = (update_pairs_ > 0 ? s[kPrefLoss] / double(update_pairs_) : 0.0) +
-           (update_chosen_tokens_ > 0 ? double(cfg_.rpo_alpha) * s[kPrefChosenNll] / double(update_chosen_tokens_)
-                                      : 0.0);
+  m.loss =
+      (update_pairs_ > 0 ? s[kPrefLoss] / double(update_pairs_) : 0.0) +
+      (update_chosen_tokens_ > 0 ? double(cfg_.rpo_alpha) * s[kPrefChosenNll] / double(update_chosen_tokens_) : 0.0);
   m.reward_chosen = s[kPrefRewardChosen] / n;
   m.reward_rejected = s[kPrefRewardRejected] / n;
   m.accuracy = s[kPrefAccuracy] / n;

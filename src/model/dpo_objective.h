@@ -23,8 +23,7 @@ const char* preference_loss_name(PreferenceLoss l);
 
 // What an update (or an evaluation) measured, as TRL names it: means over its pairs.
 struct DpoMetrics {
-  double loss = 0, reward_chosen = 0, reward_rejected = 0, accuracy = 0, margin = 0, logp_chosen = 0,
-         logp_rejected = 0;
+  double loss = 0, reward_chosen = 0, reward_rejected = 0, accuracy = 0, margin = 0, logp_chosen = 0, logp_rejected = 0;
   int64_t pairs = 0;
 };
 

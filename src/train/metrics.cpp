@@ -51,13 +51,13 @@ void MetricsLog::line(const std::string& json) {
 
 void MetricsLog::train(const StepMetrics& m) {
   nlohmann::json j{{"step", m.step},
-                      {"epoch", number(m.epoch)},
-                      {"loss", number(m.loss)},
-                      {"learning_rate", number(m.lr)},
-                      {"grad_norm", number(m.grad_norm)},
-                      {"tokens", m.tokens},
-                      {"tokens_per_s", number(m.tokens_per_s)},
-                      {"mfu", number(m.mfu)}};
+                   {"epoch", number(m.epoch)},
+                   {"loss", number(m.loss)},
+                   {"learning_rate", number(m.lr)},
+                   {"grad_norm", number(m.grad_norm)},
+                   {"tokens", m.tokens},
+                   {"tokens_per_s", number(m.tokens_per_s)},
+                   {"mfu", number(m.mfu)}};
   for (const auto& [name, v] : m.extra) j[name] = number(v);
   line(j.dump());
   tb_.scalar("train/loss", m.step, m.loss);

@@ -50,9 +50,12 @@ ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs:
   o.bad_records = c.bad_records;
   key = tokenize_key(o);
   const DatasetFields& f = spec.fields;
-  key["preference"] = {{"type", spec.preference_type},   {"max_prompt_len", c.dpo.max_prompt_len},
-                       {"prompt", f.prompt},             {"chosen", f.chosen},
-                       {"rejected", f.rejected},         {"chat_template", f.chat_template.empty() ? c.chat_template : f.chat_template},
+  key["preference"] = {{"type", spec.preference_type},
+                       {"max_prompt_len", c.dpo.max_prompt_len},
+                       {"prompt", f.prompt},
+                       {"chosen", f.chosen},
+                       {"rejected", f.rejected},
+                       {"chat_template", f.chat_template.empty() ? c.chat_template : f.chat_template},
                        {"format", 1}};
   if (shards_match(out, key)) {
     const json m = read_json_file(out / "manifest.json");
@@ -86,13 +89,19 @@ ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs:
     }
   }
   if (pairs == 0)
-    user_error(spec.path.string(), ": no usable preference pairs", skipped ? cat(" (", skipped, " skipped as bad)") : "");
+    user_error(spec.path.string(), ": no usable preference pairs",
+               skipped ? cat(" (", skipped, " skipped as bad)") : "");
   json shards = json::array();
   for (const ShardInfo& s : writer.finish())
     shards.push_back({{"name", s.name}, {"tokens", s.tokens}, {"documents", s.documents}});
-  const json manifest = {{"format", "soltrain-shards"}, {"version", kShardFormatVersion}, {"key", key},
-                         {"shards", shards},            {"documents", 2 * pairs},       {"pairs", pairs},
-                         {"tokens", tokens},            {"skipped_records", skipped}};
+  const json manifest = {{"format", "soltrain-shards"},
+                         {"version", kShardFormatVersion},
+                         {"key", key},
+                         {"shards", shards},
+                         {"documents", 2 * pairs},
+                         {"pairs", pairs},
+                         {"tokens", tokens},
+                         {"skipped_records", skipped}};
   write_file_atomic(staged.path() / "manifest.json", manifest.dump(2) + "\n");
   staged.commit();
   log << "dpo: wrote " << pairs << " pairs (" << tokens << " tokens) to " << out.string() << "\n";
@@ -105,9 +114,10 @@ ShardSet tokenize_all_pairs(const TrainConfig& c, const std::vector<DatasetSpec>
   ShardSet all;
   for (size_t i = 0; i < specs.size(); ++i) {
     json key;
-    append_shards(all, tokenize_pairs(c, specs[i],
-                                      c.dataset_prepared_path / cat("dpo-", kind, "-", i, "-", specs[i].path.stem().string()),
-                                      key, log));
+    append_shards(
+        all, tokenize_pairs(c, specs[i],
+                            c.dataset_prepared_path / cat("dpo-", kind, "-", i, "-", specs[i].path.stem().string()),
+                            key, log));
     keys.push_back(key);
   }
   return all;
@@ -146,7 +156,8 @@ PreferenceData prepare_preference_data(const TrainConfig& c, std::ostream& log) 
     std::sort(train.begin(), train.end());
     d.validation = select_pairs(d.train, val);
     d.train = select_pairs(d.train, train);
-    keys.push_back({{"validation_split_ratio", c.validation_split_ratio}, {"validation_count", c.validation_count},
+    keys.push_back({{"validation_split_ratio", c.validation_split_ratio},
+                    {"validation_count", c.validation_count},
                     {"seed", c.seed}});
   }
   d.key = keys.dump();

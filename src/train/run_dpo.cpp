@@ -29,9 +29,9 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 std::vector<std::pair<std::string, double>> trl_values(const DpoMetrics& m) {
-  return {{"rewards/chosen", m.reward_chosen},     {"rewards/rejected", m.reward_rejected},
-          {"rewards/accuracies", m.accuracy},      {"rewards/margins", m.margin},
-          {"logps/chosen", m.logp_chosen},         {"logps/rejected", m.logp_rejected}};
+  return {{"rewards/chosen", m.reward_chosen}, {"rewards/rejected", m.reward_rejected},
+          {"rewards/accuracies", m.accuracy},  {"rewards/margins", m.margin},
+          {"logps/chosen", m.logp_chosen},     {"logps/rejected", m.logp_rejected}};
 }
 
 // Every pair of `docs` in order, as micro-batches (the last one padded with empty rows).
@@ -69,7 +69,8 @@ DpoMetrics evaluate_pairs(Transformer& model, DpoObjective& dpo, const std::vect
 }  // namespace
 
 RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log) {
-  if (c.gpus > 1) user_error("dpo: data parallel (gpus: ", c.gpus, ") is not built yet for preference training; use gpus: 1");
+  if (c.gpus > 1)
+    user_error("dpo: data parallel (gpus: ", c.gpus, ") is not built yet for preference training; use gpus: 1");
   if (c.dpo.max_prompt_len >= c.sequence_len)
     user_error("max_prompt_len ", c.dpo.max_prompt_len, " leaves no room for an answer in sequence_len ",
                c.sequence_len, ": make it smaller");
@@ -78,8 +79,8 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log) {
   const PreferenceData data = prepare_preference_data(c, log);
   std::optional<LoraConfig> lora;
   if (c.lora.enabled) {
-    lora = LoraConfig{c.lora.rank, float(c.lora.alpha), float(c.lora.dropout), c.lora.target_modules,
-                      c.lora.use_rslora, c.seed};
+    lora = LoraConfig{c.lora.rank,           float(c.lora.alpha), float(c.lora.dropout),
+                      c.lora.target_modules, c.lora.use_rslora,   c.seed};
     lora->validate("config.yaml");
   }
   auto model = load_pretrained(c.model, ops, lora);
@@ -98,7 +99,8 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log) {
   // before any update, once (a resumed run reads what the first run stored).
   std::vector<float> ref_train, ref_val;
   if (!lora) {
-    ref_train = cached_reference(c, data, [&] { return reference_of(*model, data.train, B, T); }, log);
+    ref_train = cached_reference(
+        c, data, [&] { return reference_of(*model, data.train, B, T); }, log);
     ref_val = reference_of(*model, data.validation, B, T);
   }
   const std::vector<HostBatch> val_batches = all_batches(data.validation, ref_val, B, T);
@@ -108,7 +110,8 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log) {
   state.total_steps = total_training_steps(c, micro_per_epoch);
   state.seed = c.seed;
   ScheduleConfig sched{c.lr_scheduler_type, state.total_steps, c.warmup_steps, c.wsd_decay_ratio};
-  if (c.warmup_steps == 0 && c.warmup_ratio > 0) sched.warmup_steps = warmup_from_ratio(state.total_steps, c.warmup_ratio);
+  if (c.warmup_steps == 0 && c.warmup_ratio > 0)
+    sched.warmup_steps = warmup_from_ratio(state.total_steps, c.warmup_ratio);
   const OptimizerConfig opt{float(c.learning_rate), c.adamw_beta1,          c.adamw_beta2, float(c.adamw_epsilon),
                             float(c.weight_decay),  float(c.max_grad_norm), c.moments};
   TrainStep step(*model, opt);
@@ -133,8 +136,8 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log) {
       << (lora ? cat("LoRA r", c.lora.rank, " (reference: the base, adapters off)")
                : "full fine-tune (reference log-probs computed before training)")
       << "; " << loader.pairs() << " training pairs, " << data.validation.documents() / 2 << " validation; "
-      << state.total_steps << " steps of " << B << " pairs x " << c.gradient_accumulation_steps
-      << " accumulation, lr " << c.learning_rate << " " << to_string(c.lr_scheduler_type) << "\n";
+      << state.total_steps << " steps of " << B << " pairs x " << c.gradient_accumulation_steps << " accumulation, lr "
+      << c.learning_rate << " " << to_string(c.lr_scheduler_type) << "\n";
 
   MetricsLog metrics(c.output_dir, state.step);
   ProgressLine progress(log);
@@ -148,7 +151,8 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log) {
     metrics.eval_values(at, trl_values(m));
     result.last_eval_loss = m.loss;
     char line[200];
-    std::snprintf(line, sizeof line, "step %lld: validation loss %.4f, rewards/accuracies %.3f, margins %.3f over %lld pairs",
+    std::snprintf(line, sizeof line,
+                  "step %lld: validation loss %.4f, rewards/accuracies %.3f, margins %.3f over %lld pairs",
                   static_cast<long long>(at), m.loss, m.accuracy, m.margin, static_cast<long long>(m.pairs));
     progress.message(line);
   };
@@ -219,8 +223,8 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log) {
   else
     save_pretrained(*model, saved, c.model);
   write_training_curves(metrics.jsonl_path(), c.output_dir / "training_curves.svg");
-  progress.message(cat("dpo: done, ", state.step, " steps; ", lora ? "adapter" : "model", " saved to ",
-                       saved.string()));
+  progress.message(
+      cat("dpo: done, ", state.step, " steps; ", lora ? "adapter" : "model", " saved to ", saved.string()));
   return result;
 }
 

@@ -18,9 +18,9 @@ void CpuOps::segment_broadcast(Tensor out, const Tensor& x, const Tensor& cu_seq
 void CpuOps::preference_loss(Tensor doc_weight, Tensor stats, const Tensor& doc_nll, const Tensor& ref_doc_nll,
                              const Tensor& pairs, const PreferenceParams& p, bool accumulate) {
   SOLTRAIN_CHECK(stats.dtype == DType::F64 && stats.numel() == kPreferenceStats, "preference_loss: stats shape");
-  SOLTRAIN_CHECK(pairs.numel() % 4 == 0 && doc_weight.numel() == doc_nll.numel() &&
-                     ref_doc_nll.numel() == doc_nll.numel(),
-                 "preference_loss: shapes");
+  SOLTRAIN_CHECK(
+      pairs.numel() % 4 == 0 && doc_weight.numel() == doc_nll.numel() && ref_doc_nll.numel() == doc_nll.numel(),
+      "preference_loss: shapes");
   const int64_t P = pairs.numel() / 4, D = doc_nll.numel();
   const int32_t* pr = pairs.i32();
   const float *nll = doc_nll.f32(), *ref = ref_doc_nll.f32();
@@ -29,8 +29,8 @@ void CpuOps::preference_loss(Tensor doc_weight, Tensor stats, const Tensor& doc_
   double acc[kPreferenceStats] = {};
   for (int64_t i = 0; i < P; ++i) {
     const int32_t c = pr[4 * i], r = pr[4 * i + 1];
-    SOLTRAIN_CHECK(c >= 0 && c < D && r >= 0 && r < D && c != r, "preference_loss: pair ", i, " names documents ",
-                   c, ", ", r, " of ", D);
+    SOLTRAIN_CHECK(c >= 0 && c < D && r >= 0 && r < D && c != r, "preference_loss: pair ", i, " names documents ", c,
+                   ", ", r, " of ", D);
     const PairResult q = preference_pair(p, nll[c], nll[r], ref[c], ref[r], pr[4 * i + 2], pr[4 * i + 3]);
     w[c] = float(p.pair_scale * q.dz * q.dnll_c + double(p.rpo_alpha) * p.nll_scale);
     w[r] = float(p.pair_scale * q.dz * q.dnll_r);

@@ -56,9 +56,9 @@ void CudaOps::preference_loss(Tensor doc_weight, Tensor stats, const Tensor& doc
                               const Tensor& pairs, const PreferenceParams& p, bool accumulate) {
   const auto prof = profile("preference_loss");
   SOLTRAIN_CHECK(stats.dtype == DType::F64 && stats.numel() == kPreferenceStats, "preference_loss: stats shape");
-  SOLTRAIN_CHECK(pairs.numel() % 4 == 0 && doc_weight.numel() == doc_nll.numel() &&
-                     ref_doc_nll.numel() == doc_nll.numel(),
-                 "preference_loss: shapes");
+  SOLTRAIN_CHECK(
+      pairs.numel() % 4 == 0 && doc_weight.numel() == doc_nll.numel() && ref_doc_nll.numel() == doc_nll.numel(),
+      "preference_loss: shapes");
   preference_loss_kernel<<<1, kPairThreads, 0, stream_>>>(doc_weight.f32(), stats.as<double>(), doc_nll.f32(),
                                                           ref_doc_nll.f32(), pairs.i32(), int(pairs.numel() / 4),
                                                           int(doc_nll.numel()), p, accumulate);
