@@ -88,6 +88,20 @@ TEST(DpoRun, FullFineTuneRaisesHeldOutAccuracyAndReusesReference) {
   EXPECT_NE(log.find("reference log-probs reused"), std::string::npos) << log;
 }
 
+// Axolotl's precompute_ref_log_probs with LoRA: the stored sums replace the adapters-off forward, and train
+// the same model to float rounding (the two references are the same base model's sums).
+TEST(DpoRun, LoraWithPrecomputedReferenceTrainsTheSame) {
+  DpoSetup s;
+  std::string log;
+  dpo(s.config("live", "max_steps: 10\nlora: true\n"));
+  dpo(s.config("pre", "max_steps: 10\nlora: true\nprecompute_ref_log_probs: true\n"), &log);
+  EXPECT_NE(log.find("reference log-probs of 400 pairs stored"), std::string::npos) << log;
+  const auto a = evals(s.t.path / "live" / "metrics.jsonl"), b = evals(s.t.path / "pre" / "metrics.jsonl");
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_NEAR(a.back()["eval_rewards/margins"].get<double>(), b.back()["eval_rewards/margins"].get<double>(), 1e-4);
+  EXPECT_GT(a.back()["eval_rewards/margins"].get<double>(), 0.01);
+}
+
 TEST(DpoRun, IpoAndHingeLearnToo) {
   DpoSetup s;
   for (const char* loss : {"ipo", "hinge"}) {

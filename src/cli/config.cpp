@@ -475,6 +475,10 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
        }},
       {"rpo_alpha",
        [&](const Entry& e) { dpo_only(e, "rpo_alpha"), c.dpo.rpo_alpha = get_double(e, "rpo_alpha", 0, 1e6); }},
+      {"precompute_ref_log_probs",
+       [&](const Entry& e) {
+         dpo_only(e, "precompute_ref_log_probs"), c.dpo.precompute_ref = get_bool(e, "precompute_ref_log_probs");
+       }},
       {"max_prompt_len",
        [&](const Entry& e) { dpo_only(e, "max_prompt_len"), c.dpo.max_prompt_len = get_int(e, "max_prompt_len", 1); }},
       {"sequence_len", [&](const Entry& e) { c.sequence_len = get_int32(e, "sequence_len", 2, kMaxSequenceLen); }},

@@ -153,7 +153,7 @@ std::vector<float> reference_nll(Transformer& model, const HostBatch& batch) {
 }
 
 void dpo_micro_batch(Transformer& model, DpoObjective& dpo, const HostBatch& batch, bool backward) {
-  if (model.lora()) {
+  if (model.lora() && batch.ref_nll.empty()) {
     ReferenceSums ref(dpo);
     model.enable_adapters(false);
     model.forward(batch, &ref, false);

@@ -80,8 +80,8 @@ std::vector<int32_t> counted_per_document(const HostBatch& b);
 // reference, computed once before training and stored with the data.
 std::vector<float> reference_nll(Transformer& model, const HostBatch& batch);
 
-// One micro-batch's forward and backward under DPO, the reference first: with LoRA a forward with the
-// adapters off; otherwise the batch's precomputed ref_nll.
+// One micro-batch's forward and backward under DPO, the reference first: the batch's precomputed ref_nll when
+// it has them (full fine-tuning; LoRA with precompute_ref_log_probs), else (LoRA) a forward with the adapters off.
 void dpo_micro_batch(Transformer& model, DpoObjective& dpo, const HostBatch& batch, bool backward);
 
 }  // namespace soltrain

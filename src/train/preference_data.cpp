@@ -29,7 +29,9 @@ namespace {
 
 ChatTemplate load_template(const TrainConfig& c, const DatasetSpec& spec) {
   const fs::path cfg = (fs::is_directory(c.model) ? c.model : c.model.parent_path()) / "tokenizer_config.json";
-  const std::string name = spec.fields.chat_template.empty() ? c.chat_template : spec.fields.chat_template;
+  std::string name = spec.fields.chat_template.empty() ? c.chat_template : spec.fields.chat_template;
+  // Axolotl's chatml.* types write ChatML whatever the model's template is.
+  if (spec.fields.chat_template.empty() && spec.preference_type.starts_with("chatml.")) name = "chatml";
   if (name.empty() || name == "tokenizer_default") return ChatTemplate::from_tokenizer_config(cfg);
   const auto source = named_chat_template(name);
   if (!source) user_error("chat_template: \"", name, "\" is not a template soltrain has");

@@ -98,10 +98,14 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log) {
   // The reference: with LoRA the base itself (adapters off, each micro-batch); otherwise the model as loaded,
   // before any update, once (a resumed run reads what the first run stored).
   std::vector<float> ref_train, ref_val;
-  if (!lora) {
+  const bool precomputed = !lora || c.dpo.precompute_ref;
+  if (precomputed) {
+    // With LoRA the adapters are turned off for it: a resumed run's adapters are trained, the reference is not.
+    model->enable_adapters(false);
     ref_train = cached_reference(
         c, data, [&] { return reference_of(*model, data.train, B, T); }, log);
     ref_val = reference_of(*model, data.validation, B, T);
+    model->enable_adapters(true);
   }
   const std::vector<HostBatch> val_batches = all_batches(data.validation, ref_val, B, T);
   PairLoader loader(data.train, ref_train, B, T, c.seed);
@@ -133,7 +137,9 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log) {
   log << "dpo: " << preference_loss_name(c.dpo.loss) << " loss, beta " << c.dpo.beta
       << (c.dpo.label_smoothing > 0 ? cat(", label_smoothing ", c.dpo.label_smoothing) : "")
       << (c.dpo.rpo_alpha > 0 ? cat(", rpo_alpha ", c.dpo.rpo_alpha) : "") << "; "
-      << (lora ? cat("LoRA r", c.lora.rank, " (reference: the base, adapters off)")
+      << (lora ? cat("LoRA r", c.lora.rank,
+                     precomputed ? " (reference: the base's log-probs, computed before training)"
+                                 : " (reference: the base, adapters off)")
                : "full fine-tune (reference log-probs computed before training)")
       << "; " << loader.pairs() << " training pairs, " << data.validation.documents() / 2 << " validation; "
       << state.total_steps << " steps of " << B << " pairs x " << c.gradient_accumulation_steps << " accumulation, lr "

@@ -33,6 +33,9 @@ struct DpoSettings {
   PreferenceLoss loss = PreferenceLoss::Sigmoid;
   double beta = 0.1, label_smoothing = 0, rpo_alpha = 0;
   int64_t max_prompt_len = 0;  // 0: prompts are not cut (a prompt with no room for an answer is a bad record)
+  // LoRA: the reference's log-probs computed once before training (the adapters off) and stored, as full
+  // fine-tuning always does, instead of a forward with the adapters off in every step (Axolotl's key).
+  bool precompute_ref = false;
 };
 
 struct LoraSettings {  // as written in the YAML; the model layer's LoraConfig is built from it
