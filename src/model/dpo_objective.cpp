@@ -1,5 +1,7 @@
 #include "model/dpo_objective.h"
 
+#include <cstring>
+
 #include "core/error.h"
 
 namespace soltrain {
@@ -30,6 +32,17 @@ std::vector<int32_t> counted_per_document(const HostBatch& b) {
   return n;
 }
 
+void StagedUpload::operator()(Ops& ops, Tensor dst, const void* src) {
+  SOLTRAIN_CHECK(dst.bytes() <= bytes_, "staged upload of ", dst.bytes(), " bytes into a ", bytes_, "-byte slot");
+  const int s = next_;
+  next_ ^= 1;
+  ops.host_wait(marks_[s]);
+  char* slot = static_cast<char*>(buf_.data()) + size_t(s) * bytes_;
+  std::memcpy(slot, src, dst.bytes());
+  ops.upload_async(dst, Tensor{slot, dst.dtype, dst.shape, Device::CPU});
+  marks_[s] = ops.mark();
+}
+
 DpoObjective::DpoObjective(Ops& ops, DpoConfig cfg, int64_t max_tokens)
     : ops_(ops),
       cfg_(cfg),
@@ -38,7 +51,9 @@ DpoObjective::DpoObjective(Ops& ops, DpoConfig cfg, int64_t max_tokens)
       pairs_(ops.alloc(size_t(max_tokens / 2 + 1) * 4 * sizeof(int32_t))),
       ref_(ops.alloc(size_t(max_tokens) * sizeof(float))),
       doc_weight_(ops.alloc(size_t(max_tokens) * sizeof(float))),
-      stats_(ops.alloc(kPreferenceStats * sizeof(double))) {
+      stats_(ops.alloc(kPreferenceStats * sizeof(double))),
+      upload_pairs_(ops, size_t(max_tokens / 2 + 1) * 4 * sizeof(int32_t)),
+      upload_ref_(ops, size_t(max_tokens) * sizeof(float)) {
   if (!(cfg.beta > 0)) user_error("beta must be > 0 (got ", cfg.beta, ")");
   if (!(cfg.label_smoothing >= 0 && cfg.label_smoothing < 0.5f))
     user_error("label_smoothing must be in [0, 0.5) (got ", cfg.label_smoothing, ")");
@@ -62,8 +77,7 @@ void DpoObjective::set_reference(Ops& ops, const HostBatch& b) {
                  "a preference batch without reference sums for its pairs");
   host_ref_.assign(docs, 0.0f);
   for (size_t i = 0; i < b.pairs.size(); ++i) host_ref_[size_t(b.pairs[i])] = b.ref_nll[i];
-  ops.upload_async(Tensor{ref_.data(), DType::F32, {int64_t(docs)}, ref_.device()},
-                   Tensor{host_ref_.data(), DType::F32, {int64_t(docs)}, Device::CPU});
+  upload_ref_(ops, Tensor{ref_.data(), DType::F32, {int64_t(docs)}, ref_.device()}, host_ref_.data());
 }
 
 void DpoObjective::add_loss(Ops& ops, const ForwardOutputs& out) {
@@ -83,7 +97,7 @@ void DpoObjective::add_loss(Ops& ops, const ForwardOutputs& out) {
     host_pairs_[4 * i + 3] = counted[size_t(r)];
   }
   const Tensor pairs{pairs_.data(), DType::I32, {int64_t(P), 4}, pairs_.device()};
-  if (P > 0) ops.upload_async(pairs, Tensor{host_pairs_.data(), DType::I32, {int64_t(P), 4}, Device::CPU});
+  if (P > 0) upload_pairs_(ops, pairs, host_pairs_.data());
   PreferenceParams p;
   p.loss = cfg_.loss;
   p.beta = cfg_.beta;

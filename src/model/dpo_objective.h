@@ -27,6 +27,20 @@ struct DpoMetrics {
   int64_t pairs = 0;
 };
 
+// Host → device copies that never wait for the device: two pinned slots used in turn, each reused only once
+// its previous copy is done (an upload from pageable memory would wait for the whole queued forward first).
+class StagedUpload {
+ public:
+  StagedUpload(Ops& ops, size_t bytes) : buf_(ops.alloc_host(2 * bytes)), bytes_(bytes) {}
+  void operator()(Ops& ops, Tensor dst, const void* src);
+
+ private:
+  Buffer buf_;
+  size_t bytes_;
+  uint64_t marks_[2] = {0, 0};
+  int next_ = 0;
+};
+
 class DpoObjective final : public Objective {
  public:
   // Buffers for micro-batches of up to `max_tokens` tokens (documents: at most one per token).
@@ -55,6 +69,7 @@ class DpoObjective final : public Objective {
   Buffer pairs_, ref_, doc_weight_, stats_;
   std::vector<int32_t> host_pairs_;
   std::vector<float> host_ref_;
+  StagedUpload upload_pairs_, upload_ref_;
   int64_t docs_ = 0;  // documents of the current micro-batch
   int64_t update_pairs_ = 0, update_chosen_tokens_ = 0;
   bool first_ = true;
