@@ -143,7 +143,14 @@ TEST(DpoRun, AxolotlRlKeyInAnSftConfigRunsDpo) {
   const test::CliRun run = test::run("sft " + cfg.string(), s.t);
   EXPECT_EQ(run.code, 0) << run.err;
   EXPECT_NE(run.err.find("dpo: sigmoid loss, beta 0.1"), std::string::npos) << run.err;
+  // Not built yet: one line, exit 2.
+  const test::CliRun dp = test::run("dpo " + cfg.string() + " --gpus 2", s.t);
+  EXPECT_EQ(dp.code, 2);
+  EXPECT_NE(dp.err.find("not built yet for preference training"), std::string::npos) << dp.err;
   // A DPO key without a preference run is one line naming it.
+  const test::CliRun key = test::run("sft " + s.config("k", "max_steps: 2\nbeta: 0.2\n").string(), s.t);
+  EXPECT_EQ(key.code, 2);
+  EXPECT_NE(key.err.find("beta is a preference-training key"), std::string::npos) << key.err;
   const test::CliRun bad = test::run("sft " + s.config("bad", "max_steps: 2\nrl: kto\n").string(), s.t);
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("rl: \"kto\""), std::string::npos) << bad.err;

@@ -108,6 +108,8 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log) {
     model->enable_adapters(true);
   }
   const std::vector<HostBatch> val_batches = all_batches(data.validation, ref_val, B, T);
+  int64_t val_tokens = 0;  // the answers' counted targets, what eval_tokens reports
+  for (const HostBatch& b : val_batches) val_tokens += b.counted();
   PairLoader loader(data.train, ref_train, B, T, c.seed);
   const int64_t micro_per_epoch = (loader.pairs() + B - 1) / B;
   TrainerState state;
@@ -153,7 +155,7 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log) {
   auto run_eval = [&](int64_t at) {
     if (val_batches.empty()) return;
     const DpoMetrics m = evaluate_pairs(*model, eval_dpo, val_batches);
-    metrics.eval(at, m.loss, m.pairs);
+    metrics.eval(at, m.loss, val_tokens);
     metrics.eval_values(at, trl_values(m));
     result.last_eval_loss = m.loss;
     char line[200];
