@@ -4,10 +4,14 @@
 // each loss_type against torch (tests/tools/make_dpo_reference.py writes tests/fixtures/dpo/).
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "data/batch_file.h"
+#include "data/pair_loader.h"
 #include "kernels/preference_math.h"
 #include "model/checkpoint.h"
 #include "model/dpo_objective.h"
@@ -245,6 +249,62 @@ TEST_P(DpoReference, LossAndEveryGradientMatchTorch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DpoReference, ::testing::Values("qwen3-tiny", "llama-tiny"), fixture_test_name);
+
+}  // namespace
+}  // namespace soltrain::test
+
+namespace soltrain::test {
+namespace {
+
+// Packed micro-batches keep both answers of a pair together, visit every pair once per epoch, use fewer rows
+// than one document per row, and give the same log-probs (documents never attend to one another).
+TEST(PairLoader, PackingKeepsPairsTogetherAndChangesNoLogProb) {
+  ShardSet docs;
+  std::mt19937 rng(3);
+  const int pairs = 10, T = 16;
+  for (int d = 0; d < 2 * pairs; ++d) {
+    const int len = 3 + int(rng() % 10);
+    for (int i = 0; i < len; ++i) {
+      docs.tokens.push_back(int32_t(1 + rng() % 40));
+      docs.mask.push_back(i >= 2);  // a 2-token prompt
+    }
+    docs.doc_offsets.push_back(int64_t(docs.tokens.size()));
+  }
+  auto ops = make_cpu_ops();
+  auto model = load_pretrained(fixtures() / "models" / "qwen3-tiny", *ops);
+  model->plan(4, T);
+  std::map<bool, DpoMetrics> metrics;
+  std::map<bool, int> batches;
+  for (bool pack : {false, true}) {
+    PairLoader l(docs, std::vector<float>(size_t(2 * pairs), 0.0f), 2, T, 0, false, pack);
+    DpoObjective dpo(*ops, DpoConfig{}, 4 * T);
+    dpo.begin_update(pairs, 1);
+    std::set<int32_t> seen;
+    for (HostBatch b = l.next(true); !b.pairs.empty(); b = l.next(true)) {
+      ++batches[pack];
+      ASSERT_EQ(b.cu_seqlens.back(), 4 * T);
+      for (size_t i = 1; i < b.cu_seqlens.size(); ++i) ASSERT_LT(b.cu_seqlens[i - 1], b.cu_seqlens[i]);
+      for (size_t i = 0; i < b.pairs.size(); i += 2) {
+        // the chosen document's first token identifies its source document (prompt tokens differ by draw)
+        const int32_t at = b.cu_seqlens[size_t(b.pairs[i])];
+        for (int32_t d = 0; d < 2 * pairs; d += 2)
+          if (docs.tokens[size_t(docs.doc_offsets[size_t(d)])] == b.input_ids[size_t(at)] &&
+              docs.tokens[size_t(docs.doc_offsets[size_t(d)]) + 1] == b.input_ids[size_t(at) + 1])
+            seen.insert(d / 2);
+      }
+      dpo_micro_batch(*model, dpo, b, false);
+    }
+    EXPECT_EQ(int(seen.size()), pairs) << "pack " << pack;
+    metrics[pack] = dpo.read(*ops);
+  }
+  EXPECT_EQ(batches[false], 5);
+  EXPECT_LT(batches[true], batches[false]);
+  EXPECT_EQ(metrics[true].pairs, pairs);
+  EXPECT_NEAR(metrics[true].logp_chosen, metrics[false].logp_chosen, 1e-5 * std::fabs(metrics[false].logp_chosen));
+  EXPECT_NEAR(metrics[true].logp_rejected, metrics[false].logp_rejected,
+              1e-5 * std::fabs(metrics[false].logp_rejected));
+  EXPECT_NEAR(metrics[true].loss, metrics[false].loss, 1e-6);
+}
 
 }  // namespace
 }  // namespace soltrain::test

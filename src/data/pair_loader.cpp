@@ -8,13 +8,14 @@
 namespace soltrain {
 
 PairLoader::PairLoader(const ShardSet& docs, std::vector<float> ref_nll, int pairs_per_batch, int seq_len,
-                       uint64_t seed, bool shuffle)
+                       uint64_t seed, bool shuffle, bool pack)
     : docs_(docs),
       ref_(std::move(ref_nll)),
       per_batch_(pairs_per_batch),
       seq_len_(seq_len),
       seed_(seed),
-      shuffle_(shuffle) {
+      shuffle_(shuffle),
+      pack_(pack) {
   SOLTRAIN_CHECK(docs.documents() % 2 == 0, "a pair set with an odd number of documents");
   SOLTRAIN_CHECK(ref_.empty() || int64_t(ref_.size()) == docs.documents(), "reference sums do not match the pairs");
   if (pairs() == 0) user_error("no preference pairs to train on");
@@ -40,6 +41,45 @@ void PairLoader::restore(const LoaderState& s) {
 }
 
 HostBatch PairLoader::next(bool partial) {
+  // Place the pairs first: each document at the end of the first row it fits in (packed), or alone in an
+  // empty row; a pair goes in only when both its answers do, so none is ever split between micro-batches.
+  struct Placed {
+    int64_t doc;
+    int row, start, len;
+  };
+  std::vector<Placed> placed;
+  std::vector<int> fill(size_t(rows()), 0);
+  auto fit = [&](int len) {
+    for (int r = 0; r < rows(); ++r)
+      if ((pack_ || fill[size_t(r)] == 0) && fill[size_t(r)] + len <= seq_len_) return r;
+    return -1;
+  };
+  auto length = [&](int64_t d) {  // the encoder already fits every answer in seq_len
+    return int(std::min<int64_t>(docs_.doc_offsets[size_t(d) + 1] - docs_.doc_offsets[size_t(d)], seq_len_));
+  };
+  for (int taken = 0; pack_ || taken < per_batch_; ++taken) {
+    if (state_.index >= pairs()) {
+      if (partial) break;
+      ++state_.epoch;
+      state_.index = 0;
+    }
+    ensure_order();
+    const int64_t pair = order_[size_t(state_.index)];
+    const int lc = length(2 * pair), lr = length(2 * pair + 1);
+    const int rc = fit(lc);
+    if (rc < 0) break;
+    fill[size_t(rc)] += lc;
+    const int rr = fit(lr);
+    if (rr < 0) {
+      fill[size_t(rc)] -= lc;
+      break;
+    }
+    placed.push_back({2 * pair, rc, fill[size_t(rc)] - lc, lc});
+    placed.push_back({2 * pair + 1, rr, fill[size_t(rr)], lr});
+    fill[size_t(rr)] += lr;
+    ++state_.index;
+  }
+  // Then lay the rows out: documents in position order, each row's unused end a padding segment of its own.
   HostBatch b;
   b.rows = rows();
   b.seq_len = seq_len_;
@@ -48,41 +88,41 @@ HostBatch PairLoader::next(bool partial) {
   b.targets.assign(N, -100);
   b.positions.assign(N, 0);
   b.cu_seqlens = {0};
-  int row = 0;
-  for (int p = 0; p < per_batch_; ++p) {
-    if (state_.index >= pairs()) {
-      if (partial) break;
-      ++state_.epoch;
-      state_.index = 0;
-    }
-    ensure_order();
-    const int64_t pair = order_[size_t(state_.index++)];
-    for (int side = 0; side < 2; ++side, ++row) {
-      const int64_t d = 2 * pair + side;
-      const int64_t a = docs_.doc_offsets[size_t(d)], e = docs_.doc_offsets[size_t(d) + 1];
-      const int len = int(std::min<int64_t>(e - a, seq_len_));  // the encoder already fits answers in
-      const size_t base = size_t(row) * size_t(seq_len_);
-      for (int i = 0; i < len; ++i) {
-        b.input_ids[base + size_t(i)] = docs_.tokens[size_t(a + i)];
-        b.positions[base + size_t(i)] = i;
+  std::vector<int32_t> index_of(placed.size());  // placed document -> its index among cu_seqlens' documents
+  for (int r = 0; r < rows(); ++r) {
+    const size_t base = size_t(r) * size_t(seq_len_);
+    for (size_t k = 0; k < placed.size(); ++k) {  // a row's documents were placed in position order
+      const Placed& p = placed[k];
+      if (p.row != r) continue;
+      const int64_t a = docs_.doc_offsets[size_t(p.doc)];
+      for (int i = 0; i < p.len; ++i) {
+        const size_t at = base + size_t(p.start + i);
+        b.input_ids[at] = docs_.tokens[size_t(a + i)];
+        b.positions[at] = i;
         // the target of position i is token i+1, trained when the mask says that token is
-        if (i + 1 < len && docs_.mask[size_t(a + i + 1)]) b.targets[base + size_t(i)] = docs_.tokens[size_t(a + i + 1)];
+        if (i + 1 < p.len && docs_.mask[size_t(a + i + 1)]) b.targets[at] = docs_.tokens[size_t(a + i + 1)];
       }
-      b.pairs.push_back(int32_t(b.cu_seqlens.size() - 1));
-      b.cu_seqlens.push_back(int32_t(base) + len);
-      if (len < seq_len_) {  // the row's padding: a segment of its own, never a target
-        for (int i = len; i < seq_len_; ++i) b.positions[base + size_t(i)] = i - len;
-        b.cu_seqlens.push_back(int32_t(base) + seq_len_);
-      }
-      if (!ref_.empty()) b.ref_nll.push_back(ref_[size_t(d)]);
+      index_of[k] = int32_t(b.cu_seqlens.size() - 1);
+      b.cu_seqlens.push_back(int32_t(base) + p.start + p.len);
+    }
+    const int used = fill[size_t(r)];
+    if (used < seq_len_) {  // never a target; positions restart as for a document
+      for (int i = used; i < seq_len_; ++i) b.positions[base + size_t(i)] = i - used;
+      b.cu_seqlens.push_back(int32_t(base) + seq_len_);
     }
   }
-  for (; row < b.rows; ++row) {  // rows no pair filled (the end of an evaluation): padding
-    const size_t base = size_t(row) * size_t(seq_len_);
-    for (int i = 0; i < seq_len_; ++i) b.positions[base + size_t(i)] = i;
-    b.cu_seqlens.push_back(int32_t(base) + seq_len_);
+  for (size_t k = 0; k < placed.size(); ++k) {  // chosen, rejected of each pair, in pair order
+    b.pairs.push_back(index_of[k]);
+    if (!ref_.empty()) b.ref_nll.push_back(ref_[size_t(placed[k].doc)]);
   }
   return b;
+}
+
+int64_t PairLoader::batches_in_epoch() const {
+  PairLoader probe(docs_, {}, per_batch_, seq_len_, seed_, shuffle_, pack_);
+  int64_t n = 0;
+  while (probe.state_.epoch == 0 && probe.state_.index < probe.pairs()) probe.next(), ++n;
+  return n;
 }
 
 }  // namespace soltrain

@@ -35,10 +35,11 @@ std::vector<std::pair<std::string, double>> trl_values(const DpoMetrics& m) {
 }
 
 // Every pair of `docs` in order, as micro-batches (the last one padded with empty rows).
-std::vector<HostBatch> all_batches(const ShardSet& docs, std::vector<float> ref, int pairs_per_batch, int seq_len) {
+std::vector<HostBatch> all_batches(const ShardSet& docs, std::vector<float> ref, int pairs_per_batch, int seq_len,
+                                   bool pack) {
   std::vector<HostBatch> out;
   if (docs.documents() == 0) return out;
-  PairLoader l(docs, std::move(ref), pairs_per_batch, seq_len, 0, false);
+  PairLoader l(docs, std::move(ref), pairs_per_batch, seq_len, 0, false, pack);
   for (HostBatch b = l.next(true); !b.pairs.empty(); b = l.next(true)) out.push_back(std::move(b));
   return out;
 }
@@ -46,7 +47,7 @@ std::vector<HostBatch> all_batches(const ShardSet& docs, std::vector<float> ref,
 // The reference's Σ NLL of every document of `docs`, in document order (full fine-tuning, before training).
 std::vector<float> reference_of(Transformer& model, const ShardSet& docs, int pairs_per_batch, int seq_len) {
   std::vector<float> out;
-  for (const HostBatch& b : all_batches(docs, {}, pairs_per_batch, seq_len)) {
+  for (const HostBatch& b : all_batches(docs, {}, pairs_per_batch, seq_len, true)) {
     const std::vector<float> v = reference_nll(model, b);  // chosen, rejected of each pair, in pair order
     out.insert(out.end(), v.begin(), v.end());
   }
@@ -107,11 +108,11 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log) {
     ref_val = reference_of(*model, data.validation, B, T);
     model->enable_adapters(true);
   }
-  const std::vector<HostBatch> val_batches = all_batches(data.validation, ref_val, B, T);
+  const std::vector<HostBatch> val_batches = all_batches(data.validation, ref_val, B, T, c.sample_packing);
   int64_t val_tokens = 0;  // the answers' counted targets, what eval_tokens reports
   for (const HostBatch& b : val_batches) val_tokens += b.counted();
-  PairLoader loader(data.train, ref_train, B, T, c.seed);
-  const int64_t micro_per_epoch = (loader.pairs() + B - 1) / B;
+  PairLoader loader(data.train, ref_train, B, T, c.seed, true, c.sample_packing);
+  const int64_t micro_per_epoch = loader.batches_in_epoch();
   TrainerState state;
   state.total_steps = total_training_steps(c, micro_per_epoch);
   state.seed = c.seed;
@@ -144,8 +145,9 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log) {
                                  : " (reference: the base, adapters off)")
                : "full fine-tune (reference log-probs computed before training)")
       << "; " << loader.pairs() << " training pairs, " << data.validation.documents() / 2 << " validation; "
-      << state.total_steps << " steps of " << B << " pairs x " << c.gradient_accumulation_steps << " accumulation, lr "
-      << c.learning_rate << " " << to_string(c.lr_scheduler_type) << "\n";
+      << state.total_steps << " steps of " << (c.sample_packing ? "at least " : "") << B << " pairs x "
+      << c.gradient_accumulation_steps << " accumulation, lr " << c.learning_rate << " "
+      << to_string(c.lr_scheduler_type) << "\n";
 
   MetricsLog metrics(c.output_dir, state.step);
   ProgressLine progress(log);
