@@ -12,15 +12,20 @@ TEST(PackedModel, APackedDocumentEqualsTheDocumentAlone) {
   auto ops = make_cpu_ops();
   auto model = load_pretrained(fixtures() / "models" / "qwen3-tiny", *ops);
   const int V = model->config().vocab_size, A = 9, B = 15;
-  HostBatch packed{1, A + B, {}, {}, {}, {}};
+  HostBatch packed{1, A + B, {}, {}, {}, {}, {}, {}};
   for (int i = 0; i < A + B; ++i) packed.input_ids.push_back(int32_t(rng() % uint32_t(V)));
   for (int i = 0; i < A + B; ++i)
     packed.targets.push_back(i == A - 1 || i == A + B - 1 ? -100 : packed.input_ids[i + 1]);
   for (int i = 0; i < A + B; ++i) packed.positions.push_back(i < A ? i : i - A);
   packed.cu_seqlens = {0, A, A + B};
-  HostBatch alone{
-      1,  B, {packed.input_ids.begin() + A, packed.input_ids.end()}, {packed.targets.begin() + A, packed.targets.end()},
-      {}, {}};
+  HostBatch alone{1,
+                  B,
+                  {packed.input_ids.begin() + A, packed.input_ids.end()},
+                  {packed.targets.begin() + A, packed.targets.end()},
+                  {},
+                  {},
+                  {},
+                  {}};
 
   std::vector<float> lp(size_t(A + B) * V), la(size_t(B) * V);
   model->plan(1, A + B);

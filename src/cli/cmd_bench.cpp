@@ -96,7 +96,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
     }
     auto model = load_pretrained(o->model, *ops, lora);
     const int V = model->config().vocab_size;
-    HostBatch batch{o->batch, o->seq, {}, {}, {}, {}};
+    HostBatch batch{o->batch, o->seq, {}, {}, {}, {}, {}, {}};
     std::mt19937 rng(1234u + unsigned(rank));  // each rank its own rows
     for (int i = 0; i < o->batch * o->seq; ++i) batch.input_ids.push_back(int32_t(rng() % uint32_t(V)));
     batch.targets = batch.input_ids;

@@ -1,5 +1,6 @@
 // `soltrain demo-setup --out DIR`: writes what scripts/demo.sh trains: DIR/model (a random small Qwen3 with
-// a byte tokenizer) and DIR/train.jsonl, DIR/validation.jsonl (word reversal as conversations).
+// a byte tokenizer) and DIR/train.jsonl, DIR/validation.jsonl (word reversal as conversations), and the same
+// task as preference pairs for `soltrain dpo` (DIR/dpo_train.jsonl, DIR/dpo_validation.jsonl).
 #include <iostream>
 #include <memory>
 
@@ -29,6 +30,8 @@ std::function<int()> add_demo_setup_command(CLI::App& app) {
     write_random_model(out / "model", DemoModelShape{}, o->seed);
     write_reversal_dataset(out / "train.jsonl", o->train, o->seed + 1);
     write_reversal_dataset(out / "validation.jsonl", o->validation, o->seed + 2);
+    write_reversal_preferences(out / "dpo_train.jsonl", o->train, o->seed + 3);
+    write_reversal_preferences(out / "dpo_validation.jsonl", o->validation, o->seed + 4);
     std::cerr << "demo-setup: wrote " << (out / "model").string() << ", " << o->train << " training and "
               << o->validation << " validation conversations\n";
     return 0;

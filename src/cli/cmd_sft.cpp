@@ -13,6 +13,7 @@
 #include "dist/launch.h"
 #include "train/output_guard.h"
 #include "train/run_checks.h"
+#include "train/run_dpo.h"
 #include "train/run_training.h"
 
 namespace soltrain {
@@ -42,6 +43,15 @@ std::function<int()> add_run_command(CLI::App& app, const char* name, const char
     cfg.dump_batches = o->dump_batches;
     resolve_hub_inputs(cfg, std::cerr);
     if (o->gpus > 0) cfg.gpus = o->gpus;
+    if (cfg.dpo.enabled) {  // `soltrain dpo`, or an sft config with Axolotl's `rl: dpo`
+      if (cfg.gpus > 1)
+        user_error("dpo: data parallel (gpus: ", cfg.gpus, ") is not built yet for preference training; use gpus: 1");
+      if (!o->dump_batches.empty()) user_error("--dump-batches is not built yet for dpo");
+      check_run_inputs(cfg);
+      prepare_run_outputs(cfg, std::cerr);
+      auto ops = make_ops(cfg.device);
+      return run_dpo(cfg, *ops, std::cerr).interrupted ? 130 : 0;
+    }
     const LaunchEnv env = read_launch_env();
     if (cfg.gpus > 1 && env.kind == LaunchEnv::Kind::Single) {
       check_worker_count(cfg.gpus, cfg.device);
@@ -69,6 +79,10 @@ std::function<int()> add_run_command(CLI::App& app, const char* name, const char
 
 std::function<int()> add_sft_command(CLI::App& app) {
   return add_run_command(app, "sft", "supervised fine-tuning from a YAML config", TrainMode::kSft);
+}
+
+std::function<int()> add_dpo_command(CLI::App& app) {
+  return add_run_command(app, "dpo", "preference training (DPO, IPO, hinge) from a YAML config", TrainMode::kDpo);
 }
 
 std::function<int()> add_pt_command(CLI::App& app) {

@@ -14,7 +14,9 @@
 
 #include "cli/peer_keys.h"
 #include "core/error.h"
+#include "data/preference.h"
 #include "hub/hub_cache.h"
+#include "model/dpo_objective.h"
 
 namespace soltrain {
 
@@ -160,9 +162,20 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
       {"path", [&](const Entry& e) { d.path = get_string(e, "path"); }},
       {"type",
        [&](const Entry& e) {
-         d.type = dataset_type(e, mode);
          type_name = e.node.Scalar();
+         if (mode == TrainMode::kDpo) {  // preference records: their shape (data/preference.h)
+           if (!find_preference_format(get_string(e, "type")))
+             bad_value(e, "type",
+                       "a preference shape: auto, prompt_pairs (chatml.prompt_pairs), intel (chatml.intel), "
+                       "chat_template.default or conversational");
+           d.preference_type = type_name;
+           return;
+         }
+         d.type = dataset_type(e, mode);
        }},
+      {"field_prompt", [&](const Entry& e) { f.prompt = get_string(e, "field_prompt"); }},
+      {"field_chosen", [&](const Entry& e) { f.chosen = get_string(e, "field_chosen"); }},
+      {"field_rejected", [&](const Entry& e) { f.rejected = get_string(e, "field_rejected"); }},
       {"revision", [&](const Entry& e) { d.revision = get_string(e, "revision"); }},  // of a hub dataset
       {"field", [&](const Entry& e) { f.text = get_string(e, "field"); }},
       {"field_text", [&](const Entry& e) { f.text = get_string(e, "field_text"); }},
@@ -377,6 +390,22 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
 
   TrainConfig c;
   c.source_text = source;
+  // Axolotl's `rl: dpo` (or `ipo`) makes an sft-style config a preference run: known before the datasets are
+  // read, since it decides how their records are read.
+  if (const auto rl = entries.find("rl"); rl != entries.end() && rl->second.node.IsScalar()) {
+    const std::string v = rl->second.node.Scalar();
+    if (v == "dpo" || v == "ipo") {
+      if (mode == TrainMode::kPretrain) user_error(rl->second.where, ": rl: ", v, " is a preference run, not pt");
+      mode = TrainMode::kDpo;
+      if (v == "ipo") c.dpo.loss = PreferenceLoss::Ipo;
+    }
+  }
+  c.dpo.enabled = mode == TrainMode::kDpo;
+  // Keys that only mean something in a preference run.
+  auto dpo_only = [&](const Entry& e, const std::string& k) {
+    if (mode != TrainMode::kDpo)
+      user_error(e.where, ": ", k, " is a preference-training key: run `soltrain dpo` or set rl: dpo");
+  };
   if (mode == TrainMode::kPretrain) c.train_on_inputs = true;
   const fs::path base = fs::path(where).parent_path();
   auto path_value = [&](const Entry& e, const std::string& k) {
@@ -420,6 +449,38 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
          else
            c.validation_split_ratio = get_double(e, "val_set_size", 0, 0.9);
        }},
+      {"rl",
+       [&](const Entry& e) {
+         const std::string v = get_string(e, "rl");
+         if (v != "dpo" && v != "ipo")
+           user_error(e.where, ": rl: \"", v,
+                      "\": soltrain trains dpo and ipo (other preference methods are not built yet)");
+       }},
+      {"loss_type",
+       [&](const Entry& e) {
+         dpo_only(e, "loss_type");
+         const std::string v = get_string(e, "loss_type");
+         if (v != "sigmoid" && v != "ipo" && v != "hinge") bad_value(e, "loss_type", "sigmoid, ipo or hinge");
+         c.dpo.loss = parse_preference_loss(v, e.where);
+       }},
+      {"beta", [&](const Entry& e) { dpo_only(e, "beta"), c.dpo.beta = get_double(e, "beta", 0, 1e6, true); }},
+      {"rl_beta", [&](const Entry& e) { dpo_only(e, "rl_beta"), c.dpo.beta = get_double(e, "rl_beta", 0, 1e6, true); }},
+      {"label_smoothing",
+       [&](const Entry& e) {
+         dpo_only(e, "label_smoothing"), c.dpo.label_smoothing = get_double(e, "label_smoothing", 0, 0.49);
+       }},
+      {"dpo_label_smoothing",
+       [&](const Entry& e) {
+         dpo_only(e, "dpo_label_smoothing"), c.dpo.label_smoothing = get_double(e, "dpo_label_smoothing", 0, 0.49);
+       }},
+      {"rpo_alpha",
+       [&](const Entry& e) { dpo_only(e, "rpo_alpha"), c.dpo.rpo_alpha = get_double(e, "rpo_alpha", 0, 1e6); }},
+      {"precompute_ref_log_probs",
+       [&](const Entry& e) {
+         dpo_only(e, "precompute_ref_log_probs"), c.dpo.precompute_ref = get_bool(e, "precompute_ref_log_probs");
+       }},
+      {"max_prompt_len",
+       [&](const Entry& e) { dpo_only(e, "max_prompt_len"), c.dpo.max_prompt_len = get_int(e, "max_prompt_len", 1); }},
       {"sequence_len", [&](const Entry& e) { c.sequence_len = get_int32(e, "sequence_len", 2, kMaxSequenceLen); }},
       {"sample_packing", [&](const Entry& e) { c.sample_packing = get_bool(e, "sample_packing"); }},
       {"train_on_inputs",

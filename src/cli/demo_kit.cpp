@@ -144,4 +144,23 @@ void write_reversal_dataset(const fs::path& file, int n, uint64_t seed) {
   write_file_atomic(file, out);
 }
 
+void write_reversal_preferences(const fs::path& file, int n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::string out;
+  for (int i = 0; i < n; ++i) {
+    // Words from a..t; the near miss has one letter replaced by one of u..z, which no word has. Measured on
+    // the demo model from random weights: with the replacement drawn from a..z instead (any letter the word
+    // lacks), 150 DPO steps fit the training pairs but held-out accuracy stayed near 0.5; this way the
+    // preference is one a small model learns and carries to new words in a few dozen steps.
+    std::string word(size_t(3 + rng() % 4), ' ');
+    for (char& ch : word) ch = char('a' + rng() % 20);
+    const std::string reversed(word.rbegin(), word.rend());
+    std::string near = reversed;
+    near[size_t(rng() % near.size())] = char('u' + rng() % 6);
+    out += json{{"prompt", word}, {"chosen", reversed}, {"rejected", near}}.dump() + "\n";
+  }
+  if (file.has_parent_path()) fs::create_directories(file.parent_path());
+  write_file_atomic(file, out);
+}
+
 }  // namespace soltrain

@@ -24,4 +24,9 @@ void write_random_model(const std::filesystem::path& dir, const DemoModelShape& 
 // 0.02 in 300 steps), while two-digit addition plateaued near 1.3 in the same budget.
 void write_reversal_dataset(const std::filesystem::path& file, int n, uint64_t seed);
 
+// The same task as `n` preference pairs for `soltrain dpo`: {"prompt": word (letters a..t), "chosen": the word
+// reversed, "rejected": a near miss, the reversal with one letter replaced by one of u..z}: same length, all but
+// one letter right, so preferring the chosen answer on separately drawn words is a learnt preference.
+void write_reversal_preferences(const std::filesystem::path& file, int n, uint64_t seed);
+
 }  // namespace soltrain

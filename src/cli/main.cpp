@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   using Registrar = std::function<int()> (*)(CLI::App&);
   const Registrar registrars[] = {soltrain::add_sft_command,
                                   soltrain::add_pt_command,
+                                  soltrain::add_dpo_command,
                                   soltrain::add_tokenize_command,
                                   soltrain::add_generate_command,
                                   soltrain::add_merge_command,

@@ -43,6 +43,8 @@ struct DatasetFields {
   // `system_field`); when set and non-empty in a record it replaces system_prompt for that record.
   std::string system;
   std::string segments = "segments";  // input_output: a list of {label: bool, text: string}
+  // Preference pairs (data/preference.h): Axolotl's field_prompt / field_chosen / field_rejected.
+  std::string prompt = "prompt", chosen = "chosen", rejected = "rejected";
   // Which turns the loss covers (Axolotl chat_template `roles_to_train`, `train_on_eos`: turn | all | none |
   // last); the defaults are Axolotl's and soltrain's own.
   std::vector<std::string> roles_to_train = {"assistant"};

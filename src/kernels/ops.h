@@ -59,6 +59,31 @@ inline float host_clip_factor(const AdamWParams& p) {
   return p.grad_sumsq ? clip_factor(*static_cast<const double*>(p.grad_sumsq->data), p.max_grad_norm) : 1.0f;
 }
 
+// Preference optimisation (DPO and relatives): the loss per pair of z = (π_c − π_r) − (ref_c − ref_r), where π
+// and ref are the answers' summed log-probs (averaged over their tokens for IPO, as TRL does):
+//   sigmoid: −(1−ε)·logσ(βz) − ε·logσ(−βz)     ipo: (z − 1/(2β))²     hinge: relu(1 − βz)
+// The op's loss is pair_scale · Σ_pairs ℓ + rpo_alpha · nll_scale · Σ_pairs NLL(chosen) (TRL's rpo_alpha term:
+// the chosen answers' mean token NLL, nll_scale = 1 / their counted tokens).
+enum class PreferenceLoss { Sigmoid, Ipo, Hinge };
+struct PreferenceParams {
+  PreferenceLoss loss = PreferenceLoss::Sigmoid;
+  float beta = 0.1f, label_smoothing = 0, rpo_alpha = 0;
+  float pair_scale = 1, nll_scale = 0;
+};
+// The sums preference_loss accumulates (F64 each): Σ ℓ, Σ chosen reward β(π_c − ref_c), Σ rejected reward,
+// Σ [chosen reward > rejected reward], Σ π_c, Σ π_r, Σ NLL(chosen) (summed, not averaged), pairs.
+enum PreferenceStat {
+  kPrefLoss,
+  kPrefRewardChosen,
+  kPrefRewardRejected,
+  kPrefAccuracy,
+  kPrefLogpChosen,
+  kPrefLogpRejected,
+  kPrefChosenNll,
+  kPrefPairs,
+  kPreferenceStats
+};
+
 // How a weight is stored for the matmuls that read it. Dense: plain values in the tensor's dtype (the
 // activation dtype on the GPU, fp32 on the CPU). The quantised formats hold a frozen base (QLoRA; the layouts
 // and their arithmetic are kernels/quant.h): Nf4: `data` U8 [ceil(out·in / 2)] packed codes, `scale` U8, the
@@ -220,6 +245,16 @@ class Ops {
   virtual void reduce_sum(Tensor out, const Tensor& x, bool squares, bool accumulate) = 0;
   // out[s] (F32) = Σ x[n] over document s, n in [cu_seqlens[s], cu_seqlens[s+1]), in a fixed order.
   virtual void segment_sum(Tensor out, const Tensor& x, const Tensor& cu_seqlens) = 0;
+  // out[n] (F32) = x[s] for every n of document s (the inverse of segment_sum's grouping): per-document
+  // gradient weights spread onto the document's tokens.
+  virtual void segment_broadcast(Tensor out, const Tensor& x, const Tensor& cu_seqlens) = 0;
+  // Preference losses over the P pairs of one micro-batch (model/dpo_objective.h; TRL's definitions).
+  // pairs (I32 [P,4]): chosen document, rejected document, and their counted targets (IPO averages log-probs
+  // over them); doc_nll / ref_doc_nll (F32 [D]): Σ NLL per document of the policy and of the reference.
+  // doc_weight (F32 [D]) = d loss / d doc_nll (0 for documents in no pair); stats (F64 [kPreferenceStats],
+  // = or += with accumulate) sums over the pairs, in pair order: see PreferenceStat.
+  virtual void preference_loss(Tensor doc_weight, Tensor stats, const Tensor& doc_nll, const Tensor& ref_doc_nll,
+                               const Tensor& pairs, const PreferenceParams& p, bool accumulate) = 0;
   virtual void fill(Tensor x, float value) = 0;  // F32
   virtual void scale(Tensor x, float factor) = 0;
   // torch.optim.AdamW on one flat range of fp32 master parameters (decoupled decay, bias correction);

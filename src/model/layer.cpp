@@ -9,6 +9,7 @@ Tensor grad_or_empty(Parameter* p) {  // for ops whose weight gradient is skippe
 }  // namespace
 
 LoraDropout LoraPass::at(int64_t layer, LoraTarget t) const {
+  if (adapters_off) return {0, 0, true};
   if (dropout == 0) return {};
   // Distinct streams per (seed, step, layer, projection); the mask hash mixes the bits further.
   return {dropout, seed * 0x9E3779B97F4A7C15ull + step * 0xD1B54A32D192ED03ull +

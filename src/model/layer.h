@@ -17,7 +17,8 @@ namespace soltrain {
 // LoRA's state for one pass: whether dropout is on, and the step's masks (distinct per layer and
 // projection, regenerated in backward from the same seed).
 struct LoraPass {
-  float dropout = 0;  // 0: off (no adapter, evaluation, or no dropout configured)
+  float dropout = 0;          // 0: off (no adapter, evaluation, or no dropout configured)
+  bool adapters_off = false;  // every adapter skipped: the frozen base model (a reference forward)
   uint64_t seed = 0, step = 0;
   LoraScratch scratch;
   LoraDropout at(int64_t layer, LoraTarget t) const;

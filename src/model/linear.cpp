@@ -14,7 +14,7 @@ Tensor rows_of(const Tensor& flat, int64_t n, int64_t width) {
 
 void Linear::forward(Ops& o, Tensor y, const Tensor& x, Tensor u, const LoraDropout& d, const LoraScratch& s) const {
   o.linear_forward(y, x, weight(), b_ ? &b_->value : nullptr);
-  if (!lora_a_) return;
+  if (!lora_a_ || d.off) return;
   Tensor xin = x;
   if (d.p > 0) {
     xin = rows_of(s.x, x.dim(0), x.dim(1));

@@ -15,6 +15,7 @@ namespace soltrain {
 struct LoraDropout {
   float p = 0;
   uint64_t seed = 0;
+  bool off = false;  // the adapter is skipped: the base alone (DPO's reference forward; no backward follows)
 };
 
 // Scratch the adapters share (sized for the widest projection): dropout(x) and its gradient when dropout

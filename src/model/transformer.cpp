@@ -251,6 +251,7 @@ LoraPass Transformer::lora_pass() const {
   LoraPass p;
   if (lora_) {
     p.dropout = dropout_now_ ? lora_->dropout : 0.0f;
+    p.adapters_off = !adapters_on_;
     p.seed = lora_->seed;
     p.step = uint64_t(dropout_step_);
     p.scratch = acts_->lora_scratch;
@@ -308,6 +309,7 @@ void Transformer::forward(const HostBatch& batch, Objective* objective, bool bac
   SOLTRAIN_CHECK(acts_ && acts_->rows == batch.rows && acts_->seq_len == batch.seq_len,
                  "forward() on a batch shape that plan() did not size");
   SOLTRAIN_CHECK(!backward_follows || objective, "a forward for backward needs an objective");
+  SOLTRAIN_CHECK(!backward_follows || adapters_on_, "a forward with the adapters off cannot be trained");
   Activations& a = *acts_;
   const auto& c = config_;
   const int64_t L = c.num_layers;

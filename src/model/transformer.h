@@ -31,6 +31,11 @@ struct HostBatch {
   // document; cu_seqlens are document start offsets into the flattened rows × seq_len tokens, ending
   // with rows × seq_len (a row's padding is a segment of its own), so attention can stay per document.
   std::vector<int32_t> positions, cu_seqlens;
+  // Preference batches (DPO): per pair, the chosen then the rejected answer's document (indices into the
+  // documents of cu_seqlens), flat; with full fine-tuning ref_nll holds the reference's Σ NLL of each of
+  // those documents (same order), computed before training (model/dpo_objective.h). Empty otherwise.
+  std::vector<int32_t> pairs;
+  std::vector<float> ref_nll;
 
   int64_t counted() const;  // targets != -100
 };
@@ -78,6 +83,9 @@ class Transformer {
   // and enable_dropout(false) turns it off (gradient dumps against a reference).
   void enable_dropout(bool on) { dropout_enabled_ = on; }
   void set_dropout_step(int64_t s) { dropout_step_ = s; }
+  // With LoRA, enable_adapters(false) makes forward run the frozen base alone: the reference model of
+  // preference training at no memory cost. Forward only (no backward may follow) until turned back on.
+  void enable_adapters(bool on) { adapters_on_ = on; }
   ParameterStore& params() { return params_; }
   const ParameterStore& params() const { return params_; }
   Ops& ops() { return ops_; }
@@ -140,7 +148,7 @@ class Transformer {
 
   ModelConfig config_;
   std::optional<LoraConfig> lora_;
-  bool dropout_enabled_ = true, dropout_now_ = false;
+  bool dropout_enabled_ = true, dropout_now_ = false, adapters_on_ = true;
   int64_t dropout_step_ = 0;
   Ops& ops_;
   ParameterStore params_;

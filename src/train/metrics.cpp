@@ -50,25 +50,36 @@ void MetricsLog::line(const std::string& json) {
 }
 
 void MetricsLog::train(const StepMetrics& m) {
-  line(nlohmann::json{{"step", m.step},
-                      {"epoch", number(m.epoch)},
-                      {"loss", number(m.loss)},
-                      {"learning_rate", number(m.lr)},
-                      {"grad_norm", number(m.grad_norm)},
-                      {"tokens", m.tokens},
-                      {"tokens_per_s", number(m.tokens_per_s)},
-                      {"mfu", number(m.mfu)}}
-           .dump());
+  nlohmann::json j{{"step", m.step},
+                   {"epoch", number(m.epoch)},
+                   {"loss", number(m.loss)},
+                   {"learning_rate", number(m.lr)},
+                   {"grad_norm", number(m.grad_norm)},
+                   {"tokens", m.tokens},
+                   {"tokens_per_s", number(m.tokens_per_s)},
+                   {"mfu", number(m.mfu)}};
+  for (const auto& [name, v] : m.extra) j[name] = number(v);
+  line(j.dump());
   tb_.scalar("train/loss", m.step, m.loss);
   tb_.scalar("train/learning_rate", m.step, m.lr);
   tb_.scalar("train/grad_norm", m.step, m.grad_norm);
   tb_.scalar("train/tokens_per_s", m.step, m.tokens_per_s);
   if (m.mfu > 0) tb_.scalar("train/mfu", m.step, m.mfu);
+  for (const auto& [name, v] : m.extra) tb_.scalar("train/" + name, m.step, v);
 }
 
 void MetricsLog::eval(int64_t step, double loss, int64_t tokens) {
   line(nlohmann::json{{"step", step}, {"eval_loss", number(loss)}, {"eval_tokens", tokens}}.dump());
   tb_.scalar("eval/loss", step, loss);
+}
+
+void MetricsLog::eval_values(int64_t step, const std::vector<std::pair<std::string, double>>& values) {
+  nlohmann::json j{{"step", step}};
+  for (const auto& [name, v] : values) {
+    j["eval_" + name] = number(v);
+    tb_.scalar("eval/" + name, step, v);
+  }
+  line(j.dump());
 }
 
 std::string format_duration(double s) {
@@ -92,6 +103,11 @@ void ProgressLine::show(const StepMetrics& m) {
                         m.grad_norm, ktok);
   if (m.mfu > 0 && n > 0 && size_t(n) < sizeof b)
     n += std::snprintf(b + n, sizeof b - size_t(n), " | MFU %.1f%%", 100 * m.mfu);
+  // DPO's two numbers that say whether it learns (TRL's names, shortened for the line)
+  for (const auto& [name, v] : m.extra) {
+    const char* shown = name == "rewards/accuracies" ? "acc" : name == "rewards/margins" ? "margin" : nullptr;
+    if (shown && n > 0 && size_t(n) < sizeof b) n += std::snprintf(b + n, sizeof b - size_t(n), " | %s %.3f", shown, v);
+  }
   if (m.gpu_memory_gib > 0 && n > 0 && size_t(n) < sizeof b)
     n += std::snprintf(b + n, sizeof b - size_t(n), " | mem %.1f GiB", m.gpu_memory_gib);
   if (n > 0 && size_t(n) < sizeof b)

@@ -6,6 +6,9 @@
 #include <fstream>
 #include <iosfwd>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "train/tfevents.h"
 
@@ -17,6 +20,9 @@ struct StepMetrics {
   double tokens_per_s = 0, seconds_left = 0, gpu_memory_gib = 0;
   double mfu = 0;      // model FLOPs / measured matmul rate; 0 = not measured
   int64_t tokens = 0;  // counted (trained) targets of this step
+  // Objective-specific values under their TRL names (DPO: rewards/chosen, rewards/accuracies, ...): written to
+  // the JSONL and TensorBoard (train/<name>), the ones named in the progress line shown there too.
+  std::vector<std::pair<std::string, double>> extra;
 };
 
 class MetricsLog {
@@ -25,6 +31,9 @@ class MetricsLog {
   MetricsLog(const std::filesystem::path& output_dir, int64_t resume_step);
   void train(const StepMetrics& m);
   void eval(int64_t step, double loss, int64_t tokens);
+  // An evaluation's further values: eval_<name> in the JSONL (TRL's eval_rewards/accuracies), eval/<name> in
+  // TensorBoard.
+  void eval_values(int64_t step, const std::vector<std::pair<std::string, double>>& values);
   const std::filesystem::path& jsonl_path() const { return jsonl_; }
 
  private:

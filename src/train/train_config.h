@@ -24,6 +24,18 @@ struct DatasetSpec {
   int64_t samples = 0;   // Surogate `samples`: > 0 takes this many documents (see train_data.cpp)
   std::string hub_id;    // `path: org/name` naming a hub dataset (not a local path): resolved by cli/hub_inputs.h
   std::string revision = "main";
+  std::string preference_type = "auto";  // DPO runs: the record shape (data/preference.h find_preference_format)
+};
+
+// Preference training (`soltrain dpo`, or `rl: dpo` in a config): TRL's DPOConfig names and defaults.
+struct DpoSettings {
+  bool enabled = false;
+  PreferenceLoss loss = PreferenceLoss::Sigmoid;
+  double beta = 0.1, label_smoothing = 0, rpo_alpha = 0;
+  int64_t max_prompt_len = 0;  // 0: prompts are not cut (a prompt with no room for an answer is a bad record)
+  // LoRA: the reference's log-probs computed once before training (the adapters off) and stored, as full
+  // fine-tuning always does, instead of a forward with the adapters off in every step (Axolotl's key).
+  bool precompute_ref = false;
 };
 
 struct LoraSettings {  // as written in the YAML; the model layer's LoraConfig is built from it
@@ -38,7 +50,7 @@ struct LoraSettings {  // as written in the YAML; the model layer's LoraConfig i
   std::string base_key;
 };
 
-enum class TrainMode { kSft, kPretrain };
+enum class TrainMode { kSft, kPretrain, kDpo };
 
 // resume_from_checkpoint: start fresh, continue the newest checkpoint in output_dir (`true`), or a folder.
 struct ResumeFrom {
@@ -69,6 +81,7 @@ struct TrainConfig {
   Recompute recompute = Recompute::None;
   std::optional<DType> residual_dtype;  // the residual stream on the GPU; unset: the run chooses (Transformer)
   LoraSettings lora;
+  DpoSettings dpo;
   int64_t save_steps = 0;    // 0 = only at the end (and on Ctrl-C)
   int save_total_limit = 0;  // 0 = keep all
   ResumeFrom resume_from_checkpoint;

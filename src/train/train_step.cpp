@@ -64,6 +64,27 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
   adamw_->step(opt_, lr, 1.0f, &sumsq);
 }
 
+void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, DpoObjective& dpo) {
+  SOLTRAIN_CHECK(!dp_, "preference updates run in a single process");
+  Ops& ops = model_.ops();
+  ops.zero(model_.params().all_grads());
+  int64_t pairs = 0, chosen = 0;
+  counted_ = 0;
+  for (const HostBatch& b : micro_batches) {
+    const std::vector<int32_t> n = counted_per_document(b);
+    for (size_t i = 0; i < b.pairs.size(); i += 2) chosen += n[size_t(b.pairs[i])];
+    pairs += int64_t(b.pairs.size() / 2);
+    counted_ += b.counted();
+  }
+  dpo.begin_update(pairs, chosen);
+  for (const HostBatch& b : micro_batches)
+    if (!b.pairs.empty()) dpo_micro_batch(model_, dpo, b, true);
+  const Tensor sumsq{sumsq_.data(), DType::F64, {1}, sumsq_.device()};
+  ops.wait(Ops::Stream::Main, Ops::Stream::Side);
+  ops.reduce_sum(sumsq, model_.params().all_grads(), /*squares=*/true, /*accumulate=*/false);
+  adamw_->step(opt_, lr, 1.0f, &sumsq);
+}
+
 double TrainStep::loss() const {
   if (!dp_) return sft_.read_loss(model_.ops());
   double s = 0;

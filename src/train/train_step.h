@@ -8,6 +8,7 @@
 
 #include "core/buffer.h"
 #include "dist/communicator.h"
+#include "model/dpo_objective.h"
 #include "model/objective.h"
 #include "model/transformer.h"
 #include "train/data_parallel.h"
@@ -25,6 +26,10 @@ class TrainStep {
   // In data parallel they are this rank's share, and `counted_all` the targets of every rank's share (the
   // loss's divisor: every rank sees the whole global batch, so it counts without communicating).
   void run(std::span<const HostBatch> micro_batches, float lr, int64_t counted_all = -1);
+  // One preference update (a single process): each micro-batch's reference pass, forward and backward under
+  // `dpo`, whose divisors are the update's pairs and chosen tokens; then clipping and AdamW as run() does.
+  // The loss and metrics are dpo.read()'s; loss() is not meaningful after it.
+  void run(std::span<const HostBatch> micro_batches, float lr, DpoObjective& dpo);
   // The last update's loss (mean cross-entropy over its counted targets; NaN when none) and gradient norm
   // before clipping: each reads back from the device (a sync).
   double loss() const;

@@ -42,6 +42,9 @@ class CpuOps final : public Ops {
   double sum_squares(const Tensor& x) override;
   void reduce_sum(Tensor out, const Tensor& x, bool squares, bool accumulate) override;
   void segment_sum(Tensor out, const Tensor& x, const Tensor& cu_seqlens) override;
+  void segment_broadcast(Tensor out, const Tensor& x, const Tensor& cu_seqlens) override;
+  void preference_loss(Tensor doc_weight, Tensor stats, const Tensor& doc_nll, const Tensor& ref_doc_nll,
+                       const Tensor& pairs, const PreferenceParams& p, bool accumulate) override;
   void fill(Tensor x, float value) override;
   void scale(Tensor x, float factor) override;
   void adamw(Tensor master, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p,

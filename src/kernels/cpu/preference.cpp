@@ -1,0 +1,50 @@
+// CPU preference loss (DPO, IPO, hinge) and the per-document weights' spread onto tokens: the reference
+// the CUDA kernels are tested against.
+#include "core/error.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/preference_math.h"
+
+namespace soltrain {
+
+void CpuOps::segment_broadcast(Tensor out, const Tensor& x, const Tensor& cu_seqlens) {
+  const int32_t* cu = cu_seqlens.i32();
+  SOLTRAIN_CHECK(x.numel() == cu_seqlens.numel() - 1, "segment_broadcast: ", x.numel(), " values for ",
+                 cu_seqlens.numel() - 1, " documents");
+  SOLTRAIN_CHECK(x.numel() == 0 || cu[x.numel()] <= out.numel(), "segment_broadcast: documents past the output");
+  for (int64_t d = 0; d < x.numel(); ++d)
+    for (int32_t i = cu[d]; i < cu[d + 1]; ++i) out.f32()[i] = x.f32()[d];
+}
+
+void CpuOps::preference_loss(Tensor doc_weight, Tensor stats, const Tensor& doc_nll, const Tensor& ref_doc_nll,
+                             const Tensor& pairs, const PreferenceParams& p, bool accumulate) {
+  SOLTRAIN_CHECK(stats.dtype == DType::F64 && stats.numel() == kPreferenceStats, "preference_loss: stats shape");
+  SOLTRAIN_CHECK(
+      pairs.numel() % 4 == 0 && doc_weight.numel() == doc_nll.numel() && ref_doc_nll.numel() == doc_nll.numel(),
+      "preference_loss: shapes");
+  const int64_t P = pairs.numel() / 4, D = doc_nll.numel();
+  const int32_t* pr = pairs.i32();
+  const float *nll = doc_nll.f32(), *ref = ref_doc_nll.f32();
+  float* w = doc_weight.f32();
+  for (int64_t d = 0; d < D; ++d) w[d] = 0;
+  double acc[kPreferenceStats] = {};
+  for (int64_t i = 0; i < P; ++i) {
+    const int32_t c = pr[4 * i], r = pr[4 * i + 1];
+    SOLTRAIN_CHECK(c >= 0 && c < D && r >= 0 && r < D && c != r, "preference_loss: pair ", i, " names documents ", c,
+                   ", ", r, " of ", D);
+    const PairResult q = preference_pair(p, nll[c], nll[r], ref[c], ref[r], pr[4 * i + 2], pr[4 * i + 3]);
+    w[c] = float(p.pair_scale * q.dz * q.dnll_c + double(p.rpo_alpha) * p.nll_scale);
+    w[r] = float(p.pair_scale * q.dz * q.dnll_r);
+    acc[kPrefLoss] += q.loss;
+    acc[kPrefRewardChosen] += q.reward_c;
+    acc[kPrefRewardRejected] += q.reward_r;
+    acc[kPrefAccuracy] += q.reward_c > q.reward_r ? 1.0 : 0.0;
+    acc[kPrefLogpChosen] += q.logp_c;
+    acc[kPrefLogpRejected] += q.logp_r;
+    acc[kPrefChosenNll] += nll[c];
+    acc[kPrefPairs] += 1;
+  }
+  double* s = stats.as<double>();
+  for (int k = 0; k < kPreferenceStats; ++k) s[k] = accumulate ? s[k] + acc[k] : acc[k];
+}
+
+}  // namespace soltrain

@@ -1,0 +1,77 @@
+// CUDA preference loss (DPO, IPO, hinge) and segment_broadcast. The pairs of a micro-batch are few (its
+// answer pairs), so one block does the whole loss: each thread takes a fixed stride of pairs in order and a
+// fixed tree adds the threads' sums, so the result is the same on every run (no float atomics).
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/preference_math.h"
+
+namespace soltrain {
+
+namespace {
+
+constexpr int kPairThreads = 256;
+
+__global__ void preference_loss_kernel(float* w, double* stats, const float* nll, const float* ref,
+                                       const int32_t* pairs, int P, int D, PreferenceParams p, bool accumulate) {
+  __shared__ double s[kPairThreads];
+  for (int d = threadIdx.x; d < D; d += blockDim.x) w[d] = 0.0f;
+  __syncthreads();  // a pair's weights are written after every document's zero
+  double acc[kPreferenceStats] = {};
+  for (int i = threadIdx.x; i < P; i += blockDim.x) {
+    const int c = pairs[4 * i], r = pairs[4 * i + 1];
+    const PairResult q = preference_pair(p, nll[c], nll[r], ref[c], ref[r], pairs[4 * i + 2], pairs[4 * i + 3]);
+    w[c] = float(p.pair_scale * q.dz * q.dnll_c + double(p.rpo_alpha) * p.nll_scale);
+    w[r] = float(p.pair_scale * q.dz * q.dnll_r);
+    acc[kPrefLoss] += q.loss;
+    acc[kPrefRewardChosen] += q.reward_c;
+    acc[kPrefRewardRejected] += q.reward_r;
+    acc[kPrefAccuracy] += q.reward_c > q.reward_r ? 1.0 : 0.0;
+    acc[kPrefLogpChosen] += q.logp_c;
+    acc[kPrefLogpRejected] += q.logp_r;
+    acc[kPrefChosenNll] += nll[c];
+    acc[kPrefPairs] += 1.0;
+  }
+  for (int k = 0; k < kPreferenceStats; ++k) {
+    s[threadIdx.x] = acc[k];
+    __syncthreads();
+    for (int half = kPairThreads / 2; half > 0; half >>= 1) {
+      if (int(threadIdx.x) < half) s[threadIdx.x] += s[threadIdx.x + half];
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) stats[k] = accumulate ? stats[k] + s[0] : s[0];
+    __syncthreads();  // s is reused by the next statistic
+  }
+}
+
+// One block per document.
+__global__ void segment_broadcast_kernel(float* out, const float* x, const int32_t* cu) {
+  const int d = blockIdx.x;
+  const float v = x[d];
+  for (int i = cu[d] + int(threadIdx.x); i < cu[d + 1]; i += blockDim.x) out[i] = v;
+}
+
+}  // namespace
+
+void CudaOps::preference_loss(Tensor doc_weight, Tensor stats, const Tensor& doc_nll, const Tensor& ref_doc_nll,
+                              const Tensor& pairs, const PreferenceParams& p, bool accumulate) {
+  const auto prof = profile("preference_loss");
+  SOLTRAIN_CHECK(stats.dtype == DType::F64 && stats.numel() == kPreferenceStats, "preference_loss: stats shape");
+  SOLTRAIN_CHECK(
+      pairs.numel() % 4 == 0 && doc_weight.numel() == doc_nll.numel() && ref_doc_nll.numel() == doc_nll.numel(),
+      "preference_loss: shapes");
+  preference_loss_kernel<<<1, kPairThreads, 0, stream_>>>(doc_weight.f32(), stats.as<double>(), doc_nll.f32(),
+                                                          ref_doc_nll.f32(), pairs.i32(), int(pairs.numel() / 4),
+                                                          int(doc_nll.numel()), p, accumulate);
+  CUDA_CHECK_LAUNCH();
+}
+
+void CudaOps::segment_broadcast(Tensor out, const Tensor& x, const Tensor& cu_seqlens) {
+  const auto prof = profile("segment_broadcast");
+  SOLTRAIN_CHECK(x.numel() == cu_seqlens.numel() - 1, "segment_broadcast: ", x.numel(), " values for ",
+                 cu_seqlens.numel() - 1, " documents");
+  if (x.numel() == 0) return;
+  segment_broadcast_kernel<<<unsigned(x.numel()), 256, 0, stream_>>>(out.f32(), x.f32(), cu_seqlens.i32());
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace soltrain

@@ -1,0 +1,69 @@
+// One preference pair's loss, its derivative and its metrics, as a pure function shared by the CPU and
+// CUDA backends (kernels/ops.h preference_loss), so both compute the same values in the same order. In
+// double: the pair terms are few (one per answer pair), and logσ of a large margin loses nothing.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/dropout_mask.h"  // SOLTRAIN_HOST_DEVICE
+#include "kernels/ops.h"
+
+namespace soltrain {
+
+struct PairResult {
+  double loss;                // ℓ of the pair
+  double dz;                  // d ℓ / d z
+  double logp_c, logp_r;      // the policy's log-probs (averaged over tokens for IPO)
+  double reward_c, reward_r;  // β (π − ref) of each answer
+  double dnll_c, dnll_r;      // d z / d NLL sum of each answer (before dℓ/dz)
+};
+
+// log σ(x) without overflow: min(x, 0) − log1p(e^−|x|).
+SOLTRAIN_HOST_DEVICE inline double log_sigmoid(double x) {
+  return fmin(x, 0.0) - log1p(exp(-fabs(x)));
+}
+SOLTRAIN_HOST_DEVICE inline double sigmoid(double x) {
+  return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x));
+}
+
+// nll_* / ref_nll_*: Σ NLL of each answer (policy, reference); len_*: counted targets of each answer.
+SOLTRAIN_HOST_DEVICE inline PairResult preference_pair(const PreferenceParams& p, double nll_c, double nll_r,
+                                                       double ref_nll_c, double ref_nll_r, int32_t len_c,
+                                                       int32_t len_r) {
+  // TRL averages the log-probs over the answer's tokens for IPO only (the IPO paper's per-token form).
+  const bool avg = p.loss == PreferenceLoss::Ipo;
+  const double sc = avg && len_c > 0 ? 1.0 / len_c : 1.0, sr = avg && len_r > 0 ? 1.0 / len_r : 1.0;
+  PairResult r;
+  r.logp_c = -nll_c * sc;
+  r.logp_r = -nll_r * sr;
+  const double ref_c = -ref_nll_c * sc, ref_r = -ref_nll_r * sr;
+  const double beta = p.beta, z = (r.logp_c - r.logp_r) - (ref_c - ref_r);
+  switch (p.loss) {
+    case PreferenceLoss::Sigmoid: {
+      const double eps = p.label_smoothing;
+      r.loss = -(1 - eps) * log_sigmoid(beta * z) - eps * log_sigmoid(-beta * z);
+      // d/dz −logσ(βz) = −β σ(−βz); d/dz −logσ(−βz) = β σ(βz)
+      r.dz = -(1 - eps) * beta * sigmoid(-beta * z) + eps * beta * sigmoid(beta * z);
+      break;
+    }
+    case PreferenceLoss::Ipo: {
+      const double d = z - 1.0 / (2.0 * beta);
+      r.loss = d * d;
+      r.dz = 2.0 * d;
+      break;
+    }
+    case PreferenceLoss::Hinge: {
+      const double h = 1.0 - beta * z;
+      r.loss = h > 0 ? h : 0.0;
+      r.dz = h > 0 ? -beta : 0.0;  // torch's relu has gradient 0 at 0
+      break;
+    }
+  }
+  r.reward_c = beta * (r.logp_c - ref_c);
+  r.reward_r = beta * (r.logp_r - ref_r);
+  r.dnll_c = -sc;  // z rises with π_c = −nll_c·sc
+  r.dnll_r = sr;
+  return r;
+}
+
+}  // namespace soltrain

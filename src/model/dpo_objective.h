@@ -1,0 +1,102 @@
+// Direct preference optimisation (DPO) and its relatives (IPO, hinge) as an Objective: forward's Σ NLL per
+// document gives each answer's log-prob, the op (kernels/ops.h preference_loss) turns a pair's policy and
+// reference log-probs into the loss and d loss / d NLL per document, and backward gets those spread over
+// the document's tokens. The reference sums come from a forward of the frozen base (LoRA: adapters off,
+// ReferenceSums below) or, with full fine-tuning, from the batch (HostBatch::ref_nll, computed once before
+// training).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "model/objective.h"
+#include "model/transformer.h"
+
+namespace soltrain {
+
+struct DpoConfig {
+  PreferenceLoss loss = PreferenceLoss::Sigmoid;
+  float beta = 0.1f, label_smoothing = 0, rpo_alpha = 0;
+};
+PreferenceLoss parse_preference_loss(const std::string& s, const std::string& where);  // sigmoid | ipo | hinge
+const char* preference_loss_name(PreferenceLoss l);
+
+// What an update (or an evaluation) measured, as TRL names it: means over its pairs.
+struct DpoMetrics {
+  double loss = 0, reward_chosen = 0, reward_rejected = 0, accuracy = 0, margin = 0, logp_chosen = 0, logp_rejected = 0;
+  int64_t pairs = 0;
+};
+
+// Host → device copies that never wait for the device: two pinned slots used in turn, each reused only once
+// its previous copy is done (an upload from pageable memory would wait for the whole queued forward first).
+class StagedUpload {
+ public:
+  StagedUpload(Ops& ops, size_t bytes) : buf_(ops.alloc_host(2 * bytes)), bytes_(bytes) {}
+  void operator()(Ops& ops, Tensor dst, const void* src);
+
+ private:
+  Buffer buf_;
+  size_t bytes_;
+  uint64_t marks_[2] = {0, 0};
+  int next_ = 0;
+};
+
+class DpoObjective final : public Objective {
+ public:
+  // Buffers for micro-batches of up to `max_tokens` tokens (documents: at most one per token).
+  DpoObjective(Ops& ops, DpoConfig cfg, int64_t max_tokens);
+  // An update (or an evaluation) over `pairs` pairs whose chosen answers count `chosen_tokens` targets: the
+  // loss is the mean over the pairs (TRL's per-batch mean, over the whole accumulated batch) plus rpo_alpha
+  // times the chosen answers' mean token NLL.
+  void begin_update(int64_t pairs, int64_t chosen_tokens);
+  // The reference's Σ NLL per document of the micro-batch forward runs next: from the device (a reference
+  // forward's doc_nll) or from the batch's ref_nll.
+  void set_reference(Ops& ops, const Tensor& ref_doc_nll);
+  void set_reference(Ops& ops, const HostBatch& batch);
+
+  bool weights_before_forward() const override { return false; }
+  bool needs_document_sums() const override { return true; }
+  void token_weights(Ops& ops, const ForwardOutputs& out, Tensor weight) override;
+  void add_loss(Ops& ops, const ForwardOutputs& out) override;
+  // The update's metrics so far, read back (a sync: call on logging steps).
+  DpoMetrics read(Ops& ops) const;
+  const DpoConfig& config() const { return cfg_; }
+
+ private:
+  Ops& ops_;
+  DpoConfig cfg_;
+  int64_t max_docs_;
+  Buffer pairs_, ref_, doc_weight_, stats_;
+  std::vector<int32_t> host_pairs_;
+  std::vector<float> host_ref_;
+  StagedUpload upload_pairs_, upload_ref_;
+  int64_t docs_ = 0;  // documents of the current micro-batch
+  int64_t update_pairs_ = 0, update_chosen_tokens_ = 0;
+  bool first_ = true;
+};
+
+// The reference pass's objective: keeps forward's Σ NLL per document (no loss, no backward).
+class ReferenceSums final : public Objective {
+ public:
+  explicit ReferenceSums(DpoObjective& dpo) : dpo_(dpo) {}
+  bool weights_before_forward() const override { return false; }
+  bool needs_document_sums() const override { return true; }
+  void token_weights(Ops&, const ForwardOutputs&, Tensor) override {}
+  void add_loss(Ops& ops, const ForwardOutputs& out) override { dpo_.set_reference(ops, out.doc_nll); }
+
+ private:
+  DpoObjective& dpo_;
+};
+
+// Counted targets per document of a batch (its cu_seqlens, or one document per row).
+std::vector<int32_t> counted_per_document(const HostBatch& b);
+
+// The model's Σ NLL of each pair document of `batch` (in batch.pairs' order), read back: full fine-tuning's
+// reference, computed once before training and stored with the data.
+std::vector<float> reference_nll(Transformer& model, const HostBatch& batch);
+
+// One micro-batch's forward and backward under DPO, the reference first: the batch's precomputed ref_nll when
+// it has them (full fine-tuning; LoRA with precompute_ref_log_probs), else (LoRA) a forward with the adapters off.
+void dpo_micro_batch(Transformer& model, DpoObjective& dpo, const HostBatch& batch, bool backward);
+
+}  // namespace soltrain

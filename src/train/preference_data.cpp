@@ -1,0 +1,200 @@
+#include "train/preference_data.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <ostream>
+#include <random>
+
+#include "core/error.h"
+#include "data/named_templates.h"
+#include "data/preference.h"
+#include "data/record_reader.h"
+#include "data/tokenize_job.h"
+#include "io/atomic_file.h"
+#include "io/json_file.h"
+#include "io/sha256.h"
+#include "train/train_data.h"
+
+namespace soltrain {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+ChatTemplate load_template(const TrainConfig& c, const DatasetSpec& spec) {
+  const fs::path cfg = (fs::is_directory(c.model) ? c.model : c.model.parent_path()) / "tokenizer_config.json";
+  std::string name = spec.fields.chat_template.empty() ? c.chat_template : spec.fields.chat_template;
+  // Axolotl's chatml.* types write ChatML whatever the model's template is.
+  if (spec.fields.chat_template.empty() && spec.preference_type.starts_with("chatml.")) name = "chatml";
+  if (name.empty() || name == "tokenizer_default") return ChatTemplate::from_tokenizer_config(cfg);
+  const auto source = named_chat_template(name);
+  if (!source) user_error("chat_template: \"", name, "\" is not a template soltrain has");
+  ChatTemplate t(*source);
+  const ChatTemplate own = ChatTemplate::from_tokenizer_config(cfg);
+  t.set_special_tokens(own.bos_token(), own.eos_token());
+  return t;
+}
+
+// One dataset's pairs into `out` (reused when its manifest key matches), returned as documents.
+ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs::path& out, json& key,
+                        std::ostream& log) {
+  TokenizeOptions o;  // its key names the inputs, tokenizer and the settings shared with SFT
+  o.tokenizer = c.model;
+  o.sources = {{spec.path, DatasetType::kAuto, spec.split}};
+  o.fields = spec.fields;
+  o.seq_len = c.sequence_len;
+  o.bad_records = c.bad_records;
+  key = tokenize_key(o);
+  const DatasetFields& f = spec.fields;
+  key["preference"] = {{"type", spec.preference_type},
+                       {"max_prompt_len", c.dpo.max_prompt_len},
+                       {"prompt", f.prompt},
+                       {"chosen", f.chosen},
+                       {"rejected", f.rejected},
+                       {"chat_template", f.chat_template.empty() ? c.chat_template : f.chat_template},
+                       {"format", 1}};
+  if (shards_match(out, key)) {
+    const json m = read_json_file(out / "manifest.json");
+    log << "dpo: " << out.string() << " is up to date: reusing " << m.value("pairs", int64_t(0)) << " pairs\n";
+    return load_shards(out);
+  }
+  const PreferenceFormat format = *find_preference_format(spec.preference_type);
+  const fs::path tok_dir = fs::is_directory(c.model) ? c.model : c.model.parent_path();
+  Tokenizer tok = Tokenizer::load(tok_dir / "tokenizer.json");
+  const ChatTemplate tmpl = load_template(c, spec);
+  PreferenceEncoder enc(tok, tmpl, c.sequence_len, c.dpo.max_prompt_len);
+  StagedDir staged(out);
+  ShardWriter writer(staged.path());
+  int64_t pairs = 0, skipped = 0, tokens = 0;
+  std::string first_skip;
+  RecordReader reader(spec.path, {}, spec.split);
+  nlohmann::ordered_json rec;
+  std::string where, error;
+  while (reader.next(rec, where, error)) {
+    try {
+      if (!error.empty()) throw BadRecord(error);
+      const auto [chosen, rejected] = enc.encode(to_preference_sample(rec, format, f));
+      writer.add(chosen);  // a pair's two documents stay adjacent: 2i chosen, 2i+1 rejected
+      writer.add(rejected);
+      ++pairs;
+      tokens += int64_t(chosen.ids.size() + rejected.ids.size());
+    } catch (const BadRecord& e) {
+      if (c.bad_records == BadRecordPolicy::kError)
+        user_error(where, ": ", e.what(), " (bad_records: skip in the config skips such records)");
+      if (skipped++ == 0) first_skip = cat(where, ": ", e.what());
+    }
+  }
+  if (pairs == 0)
+    user_error(spec.path.string(), ": no usable preference pairs",
+               skipped ? cat(" (", skipped, " skipped as bad)") : "");
+  json shards = json::array();
+  for (const ShardInfo& s : writer.finish())
+    shards.push_back({{"name", s.name}, {"tokens", s.tokens}, {"documents", s.documents}});
+  const json manifest = {{"format", "soltrain-shards"},
+                         {"version", kShardFormatVersion},
+                         {"key", key},
+                         {"shards", shards},
+                         {"documents", 2 * pairs},
+                         {"pairs", pairs},
+                         {"tokens", tokens},
+                         {"skipped_records", skipped}};
+  write_file_atomic(staged.path() / "manifest.json", manifest.dump(2) + "\n");
+  staged.commit();
+  log << "dpo: wrote " << pairs << " pairs (" << tokens << " tokens) to " << out.string() << "\n";
+  if (skipped > 0) log << "dpo: skipped " << skipped << " bad records (first: " << first_skip << ")\n";
+  return load_shards(out);
+}
+
+ShardSet tokenize_all_pairs(const TrainConfig& c, const std::vector<DatasetSpec>& specs, const std::string& kind,
+                            json& keys, std::ostream& log) {
+  ShardSet all;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    json key;
+    append_shards(
+        all, tokenize_pairs(c, specs[i],
+                            c.dataset_prepared_path / cat("dpo-", kind, "-", i, "-", specs[i].path.stem().string()),
+                            key, log));
+    keys.push_back(key);
+  }
+  return all;
+}
+
+// Documents of the given pairs, in that order.
+ShardSet select_pairs(const ShardSet& from, const std::vector<int64_t>& pairs) {
+  std::vector<int64_t> docs;
+  for (int64_t p : pairs) docs.push_back(2 * p), docs.push_back(2 * p + 1);
+  return select_documents(from, docs);
+}
+
+}  // namespace
+
+PreferenceData prepare_preference_data(const TrainConfig& c, std::ostream& log) {
+  PreferenceData d;
+  json keys = json::array();
+  d.train = tokenize_all_pairs(c, c.datasets, "train", keys, log);
+  if (!c.validation_datasets.empty()) {
+    json vkeys = json::array();
+    d.validation = tokenize_all_pairs(c, c.validation_datasets, "validation", vkeys, log);
+  } else if (c.validation_split_ratio > 0 || c.validation_count > 0) {
+    // A seeded choice of pairs (both answers go together), in their original order on both sides.
+    const int64_t n = d.train.documents() / 2;
+    std::vector<int64_t> idx(size_t(n), 0);
+    for (int64_t i = 0; i < n; ++i) idx[size_t(i)] = i;
+    std::mt19937_64 rng(c.seed ^ 0x5eed5eedULL);
+    for (size_t i = idx.size(); i > 1; --i) std::swap(idx[i - 1], idx[size_t(rng() % i)]);
+    const int64_t n_val = c.validation_count > 0
+                              ? c.validation_count
+                              : std::min<int64_t>(n - 1, int64_t(std::ceil(double(n) * c.validation_split_ratio)));
+    if (n_val <= 0 || n_val >= n)
+      user_error("validation split: ", n, " preference pairs are too few to split off ", n_val);
+    std::vector<int64_t> val(idx.begin(), idx.begin() + n_val), train(idx.begin() + n_val, idx.end());
+    std::sort(val.begin(), val.end());
+    std::sort(train.begin(), train.end());
+    d.validation = select_pairs(d.train, val);
+    d.train = select_pairs(d.train, train);
+    keys.push_back({{"validation_split_ratio", c.validation_split_ratio},
+                    {"validation_count", c.validation_count},
+                    {"seed", c.seed}});
+  }
+  d.key = keys.dump();
+  return d;
+}
+
+std::vector<float> cached_reference(const TrainConfig& c, const PreferenceData& d,
+                                    const std::function<std::vector<float>()>& compute, std::ostream& log) {
+  // The reference is the model as loaded: its files (size, mtime, config) identify it.
+  json model = json::array();
+  const fs::path dir = fs::is_directory(c.model) ? c.model : c.model.parent_path();
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file() && (e.path().extension() == ".safetensors" || e.path().filename() == "config.json"))
+      model.push_back({e.path().filename().string(), e.file_size(),
+                       int64_t(fs::last_write_time(e.path()).time_since_epoch().count())});
+  std::sort(model.begin(), model.end());
+  const std::string key = json{{"pairs", d.key}, {"model", model}, {"sequence_len", c.sequence_len}}.dump();
+  const fs::path file = c.dataset_prepared_path / cat("dpo-reference-", sha256_hex(key).substr(0, 16), ".f32");
+  const size_t n = size_t(d.train.documents());
+  if (fs::exists(file) && fs::file_size(file) == n * sizeof(float)) {
+    std::vector<float> v(n);
+    std::ifstream in(file, std::ios::binary);
+    in.read(reinterpret_cast<char*>(v.data()), std::streamsize(n * sizeof(float)));
+    if (in) {
+      log << "dpo: reference log-probs reused from " << file.string() << "\n";
+      return v;
+    }
+  }
+  std::vector<float> v = compute();
+  SOLTRAIN_CHECK(v.size() == n, "reference sums for ", v.size(), " of ", n, " documents");
+  std::string bytes(n * sizeof(float), '\0');
+  std::memcpy(bytes.data(), v.data(), bytes.size());
+  write_file_atomic(file, bytes);  // little-endian fp32, one per document
+  log << "dpo: reference log-probs of " << n / 2 << " pairs stored in " << file.string() << "\n";
+  return v;
+}
+
+}  // namespace soltrain
