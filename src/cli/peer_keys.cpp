@@ -8,6 +8,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "data/named_templates.h"
 
 namespace soltrain {
 
@@ -77,9 +78,10 @@ const std::string kMultiGpu = "not supported; soltrain runs multi-GPU itself (gp
 const std::map<std::string, Apply>& table() {
   static const std::map<std::string, Apply> t = {
       // Renames.
-      {"gradient_checkpointing",  // Axolotl; "unsloth" is its offloaded variant, the same recompute here
+      {"gradient_checkpointing",  // Axolotl; "unsloth" and "offload" keep the checkpoints in host memory
+       // there: the same recompute, the same results, here with the checkpoints left on the device
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
-         const bool on = n.IsScalar() && n.Scalar() == "unsloth" ? true : as_bool(k, n);
+         const bool on = n.IsScalar() && (n.Scalar() == "unsloth" || n.Scalar() == "offload") ? true : as_bool(k, n);
          c.recompute = on ? Recompute::Full : Recompute::None;
        }},
       {"lora_target_linear",
@@ -89,8 +91,11 @@ const std::map<std::string, Apply>& table() {
       {"optimizer",  // HF Trainer's names: the fp32 AdamW ones, and bitsandbytes' 8-bit AdamW
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          const std::string s = text(n);
-         for (const char* o : {"adamw_torch", "adamw_torch_fused", "adamw", "adamw_hf"})
+         // paged_adamw_32bit is bitsandbytes' fp32 AdamW in paged (unified) memory: the same updates.
+         for (const char* o : {"adamw_torch", "adamw_torch_fused", "adamw", "adamw_hf", "paged_adamw_32bit"})
            if (s == o) return void(c.moments = Moments::F32);
+         if (s == "adamw_torch_4bit")
+           user_error(k, ": \"", s, "\": 4-bit optimizer moments are not built yet; use adamw_8bit or adamw_torch");
          for (const char* o : {"adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit"})
            if (s == o) return void(c.moments = Moments::Blockwise8);
          user_error(k, ": \"", s,
@@ -102,6 +107,36 @@ const std::map<std::string, Apply>& table() {
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.saves_per_epoch = as_positive(k, n); }},
       {"evals_per_epoch",
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.evals_per_epoch = as_positive(k, n); }},
+      // Axolotl: documents in the datasets' order every epoch instead of shuffled.
+      {"curriculum_sampling",
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.shuffle = !as_bool(k, n); }},
+      // Axolotl: drop tokenized documents identical to an earlier one (train/train_data.cpp).
+      {"dataset_exact_deduplication", [](const std::string& k, const YAML::Node& n,
+                                         TrainConfig& c) { c.dataset_exact_deduplication = as_bool(k, n); }},
+      // Surogate: fold the trained LoRA adapter into the base model, written to output_dir/merged.
+      {"merge_adapter",
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.merge_adapter = as_bool(k, n); }},
+      {"plugins",  // Axolotl plugins: the two whose work soltrain does itself are accepted
+       [](const std::string& k, const YAML::Node& n, TrainConfig&) {
+         if (is_off(n)) return;
+         if (!n.IsSequence()) user_error(k, ": \"", text(n), "\" is not valid: expected a list of plugin classes");
+         for (const YAML::Node& p : n) {
+           const std::string name = text(p);
+           // Cut Cross Entropy: soltrain's loss never materialises the full logits either; Liger: fused
+           // kernels (norms, SwiGLU, RoPE, loss) that soltrain has its own of.
+           if (name == "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin" ||
+               name == "axolotl.integrations.liger.LigerPlugin")
+             continue;
+           user_error(k, ": \"", name, "\": Axolotl plugins are not supported");
+         }
+       }},
+      {"rl",  // Axolotl's preference and RL trainers
+       [](const std::string& k, const YAML::Node& n, TrainConfig&) {
+         if (!is_off(n))
+           user_error(k, ": \"", text(n),
+                      "\": preference and RL training (dpo, ipo, kto, orpo, simpo, grpo) is not "
+                      "built yet; soltrain trains with supervised fine-tuning (sft) and pretraining (pt)");
+       }},
       // What soltrain does anyway.
       {"flash_attention", any()},                // soltrain's attention is a flash (tiled, online-softmax) kernel
       {"attn_implementation", any()},            // transformers' attention backend: the same choice
@@ -109,6 +144,18 @@ const std::map<std::string, Apply>& table() {
       {"sdp_attention", any()},
       {"xformers_attention", any()},
       {"fused_attn_kernel", any()},
+      // Axolotl's Triton LoRA kernels (MLP, QKV, O): soltrain's LoRA layers are its own fused code, same math.
+      {"lora_mlp_kernel", any()},
+      {"lora_qkv_kernel", any()},
+      {"lora_o_kernel", any()},
+      // Axolotl's next-fit packing in sampler order: how soltrain always packs (data/loader.cpp).
+      {"sample_packing_sequentially", any()},
+      // A key of one Axolotl example (llama-3/lora-1b-sample-packing-sequentially.yml) that no Axolotl code
+      // reads (its schema ignores unknown keys): accepted so that example runs as Axolotl runs it.
+      {"test_value", any()},
+      // Tune Surogate's qlora_bnb, which is refused itself when on: one line for the one missing feature.
+      {"qlora_bnb_block_size", any()},
+      {"qlora_bnb_double_quant", any()},
       {"use_fused_rope", any()},
       {"cut_cross_entropy", any()},  // soltrain never materialises the full logits either
       {"torch_compile", any()},
@@ -138,7 +185,6 @@ const std::map<std::string, Apply>& table() {
       {"auto_resume_from_checkpoints", any()},
       {"apply_recommended_values", any()},
       {"dataloader_num_workers", any()},
-      {"merge_adapter", off_or("merging is a separate step: `soltrain merge` after training")},
       {"special_tokens",  // kept to be compared with the tokenizer's when the data is prepared
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          if (!n.IsDefined() || n.IsNull()) return;
@@ -157,10 +203,10 @@ const std::map<std::string, Apply>& table() {
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          if (!n.IsDefined() || n.IsNull()) return;
          const std::string s = text(n);
-         if (s != "tokenizer_default" && s != "chatml")
+         if (s != "tokenizer_default" && !named_chat_template(s))
            user_error(k, ": \"", s,
-                      "\": named templates other than chatml (llama3, qwen3, ...) are not built yet; soltrain renders "
-                      "with the model's own template (chat_template: tokenizer_default)");
+                      "\": not a template soltrain has; use tokenizer_default (the model's own) or one of ",
+                      named_chat_template_list());
          c.chat_template = s;
        }},
       {"zero_level",
@@ -188,7 +234,6 @@ const std::map<std::string, Apply>& table() {
       {"hub_model_id", off_or("pushing to the Hugging Face hub is not built; upload output_dir yourself")},
       {"hub_strategy", off_or("pushing to the Hugging Face hub is not built; upload output_dir yourself")},
       {"push_dataset_to_hub", off_or("pushing to the Hugging Face hub is not built")},
-      {"plugins", off_or("Axolotl plugins are not supported")},
       {"unfrozen_parameters", off_or("training a chosen subset of weights is not built yet")},
       {"checkpoint_dir", off_or("checkpoints are written into output_dir; drop checkpoint_dir")},
       {"from_scratch", off_or("training from random weights is not built yet")},
@@ -197,6 +242,10 @@ const std::map<std::string, Apply>& table() {
       {"offload_residual", off_or("offloading to host memory is not built yet")},
       {"offload_grads", off_or("offloading to host memory is not built yet")},
       {"qlora", off_or("4-bit quantised base weights (QLoRA) are not built yet; drop it for bf16 LoRA")},
+      {"qlora_bnb",
+       off_or("4-bit quantised base weights (bitsandbytes NF4 QLoRA) are not built yet; drop it for bf16 LoRA")},
+      {"qlora_fp8", off_or("FP8 quantised base weights are not built yet; drop it for bf16 LoRA")},
+      {"qlora_fp4", off_or("FP4 quantised base weights are not built yet; drop it for bf16 LoRA")},
   };
   return t;
 }

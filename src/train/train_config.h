@@ -21,8 +21,11 @@ struct DatasetSpec {
   DatasetType type = DatasetType::kAuto;
   DatasetFields fields;  // field names, roles and system_prompt of this dataset
   std::string split;     // Axolotl / Surogate `split`: a folder's files of this split
-  int64_t samples = 0;   // Surogate `samples`: > 0 takes this many documents (see train_data.cpp)
-  std::string hub_id;    // `path: org/name` naming a hub dataset (not a local path): resolved by cli/hub_inputs.h
+  // Hugging Face's slice of a split, `train[:20%]`, `train[10:-5]`: bounds as written (empty: open), kept
+  // as text and resolved against the number of documents (train_data.cpp).
+  std::optional<std::pair<std::string, std::string>> slice;
+  int64_t samples = 0;  // Surogate `samples`: > 0 takes this many documents (see train_data.cpp)
+  std::string hub_id;   // `path: org/name` naming a hub dataset (not a local path): resolved by cli/hub_inputs.h
   std::string revision = "main";
 };
 
@@ -89,6 +92,9 @@ struct TrainConfig {
   // device: cpu); ZeRO's stage (DeepSpeed's meaning) when there is more than one rank.
   int gpus = 1;
   int zero_stage = 0;
+  bool shuffle = true;                       // false (Axolotl's curriculum_sampling): the datasets' order
+  bool dataset_exact_deduplication = false;  // Axolotl's: identical tokenized documents kept once
+  bool merge_adapter = false;                // Surogate's: LoRA folded into the base, output_dir/merged
 };
 
 }  // namespace soltrain
