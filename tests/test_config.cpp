@@ -170,6 +170,37 @@ TEST(Config, PeerKeysMapToSoltrainSettings) {
             "cfg.yaml:2: save_path and output_dir (cfg.yaml:4) are the same setting; keep one");
 }
 
+// The keys the second round of real peer configs brought (tests/test_peer_configs.cpp runs them).
+TEST(Config, MorePeerKeys) {
+  const TrainConfig c =
+      parse_train_config(kBase +
+                             "curriculum_sampling: true\ndataset_exact_deduplication: true\nmerge_adapter: true\n"
+                             "gradient_checkpointing: offload\noptimizer: paged_adamw_32bit\nchat_template: qwen3\n"
+                             "plugins:\n  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin\n"
+                             "lora_mlp_kernel: true\nsample_packing_sequentially: true\nrl:\n",
+                         "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_FALSE(c.shuffle);
+  EXPECT_TRUE(c.dataset_exact_deduplication);
+  EXPECT_TRUE(c.merge_adapter);
+  EXPECT_EQ(c.recompute, Recompute::Full);
+  EXPECT_EQ(c.moments, Moments::F32);
+  EXPECT_EQ(c.chat_template, "qwen3");
+  // Empty is off (or the default), as the peers read it.
+  const TrainConfig e = parse_train_config(
+      kBase + "curriculum_sampling:\nmerge_adapter:\noptimizer:\nsaves_per_epoch:\ngradient_checkpointing:\n",
+      "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_TRUE(e.shuffle);
+  EXPECT_FALSE(e.merge_adapter);
+  EXPECT_EQ(e.moments, Moments::F32);
+  EXPECT_EQ(e.saves_per_epoch, 0);
+  EXPECT_EQ(error_of(kBase + "plugins: [axolotl.integrations.kd.KDPlugin]\nrl: kto\noptimizer: adamw_torch_4bit\n"),
+            "cfg.yaml: 3 problems: cfg.yaml:6: plugins: \"axolotl.integrations.kd.KDPlugin\": Axolotl plugins are "
+            "not supported; cfg.yaml:7: rl: \"kto\": preference and RL training (dpo, ipo, kto, orpo, simpo, grpo) is "
+            "not built yet; soltrain trains with supervised fine-tuning (sft) and pretraining (pt); cfg.yaml:8: "
+            "optimizer: \"adamw_torch_4bit\": 4-bit optimizer moments are not built yet; use adamw_8bit or "
+            "adamw_torch");
+}
+
 TEST(Config, EmptyFalseOrAlreadyDoneSettingsAreAccepted) {
   EXPECT_EQ(error_of(kBase + "wandb_project:\nwandb_entity:\nmlflow_tracking_uri:\ndeepspeed:\nfsdp:\n"
                              "fsdp_config:\nfp16: false\nbf16: auto\ntf32: false\nstrict: false\n"

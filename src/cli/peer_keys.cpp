@@ -29,7 +29,9 @@ bool is_off(const YAML::Node& n) {
   return s.empty() || s == "false" || s == "False" || s == "null" || s == "~" || s == "none" || s == "None";
 }
 
+// An empty value (`merge_adapter:`) is off, as it is for Axolotl's and Surogate's readers.
 bool as_bool(const std::string& key, const YAML::Node& n) {
+  if (!n.IsDefined() || n.IsNull() || (n.IsScalar() && n.Scalar().empty())) return false;
   if (n.IsScalar()) try {
       return n.as<bool>();
     } catch (const YAML::Exception&) {
@@ -37,7 +39,9 @@ bool as_bool(const std::string& key, const YAML::Node& n) {
   user_error(key, ": \"", text(n), "\" is not valid: expected true or false");
 }
 
+// Empty is 0: not given.
 double as_positive(const std::string& key, const YAML::Node& n) {
+  if (!n.IsDefined() || n.IsNull() || (n.IsScalar() && n.Scalar().empty())) return 0;
   double v = 0;
   if (n.IsScalar()) try {
       v = n.as<double>();
@@ -90,6 +94,7 @@ const std::map<std::string, Apply>& table() {
        }},
       {"optimizer",  // HF Trainer's names: the fp32 AdamW ones, and bitsandbytes' 8-bit AdamW
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (is_off(n)) return;  // `optimizer:` with nothing: the default, AdamW
          const std::string s = text(n);
          // paged_adamw_32bit is bitsandbytes' fp32 AdamW in paged (unified) memory: the same updates.
          for (const char* o : {"adamw_torch", "adamw_torch_fused", "adamw", "adamw_hf", "paged_adamw_32bit"})
