@@ -201,6 +201,23 @@ TEST(Config, MorePeerKeys) {
             "adamw_torch");
 }
 
+// Axolotl's default scheduler is cosine (Surogate's and soltrain's: linear): a config with Axolotl's base_model
+// and no scheduler gets cosine, and says so; one with `model:` keeps linear.
+TEST(Config, AxolotlConfigsDefaultToCosine) {
+  const std::string axolotl = "base_model: m\noutput_dir: out\ndatasets: [d.jsonl]\n";
+  const TrainConfig a = parse_train_config(axolotl, "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_EQ(a.lr_scheduler_type, ScheduleType::kCosine);
+  ASSERT_EQ(a.notes.size(), 1u);
+  EXPECT_EQ(a.notes[0], "lr_scheduler is not given: cosine, Axolotl's default (the config uses Axolotl's base_model)");
+  EXPECT_EQ(parse_train_config(axolotl + "lr_scheduler: linear\n", "cfg.yaml", {}, TrainMode::kSft).lr_scheduler_type,
+            ScheduleType::kLinear);
+  EXPECT_EQ(parse_train_config(kBase, "cfg.yaml", {}, TrainMode::kSft).lr_scheduler_type, ScheduleType::kLinear);
+  // Two keys asking for one missing feature: one problem.
+  EXPECT_EQ(error_of(kBase + "fsdp_version: 2\nfsdp_config:\n  offload_params: false\n"),
+            "cfg.yaml:6: fsdp_version: not supported; soltrain runs multi-GPU itself (gpus: N or mpirun, zero_stage) "
+            "(also asked for by fsdp_config at cfg.yaml:7)");
+}
+
 TEST(Config, EmptyFalseOrAlreadyDoneSettingsAreAccepted) {
   EXPECT_EQ(error_of(kBase + "wandb_project:\nwandb_entity:\nmlflow_tracking_uri:\ndeepspeed:\nfsdp:\n"
                              "fsdp_config:\nfp16: false\nbf16: auto\ntf32: false\nstrict: false\n"

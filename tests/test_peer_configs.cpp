@@ -360,5 +360,83 @@ TEST(PeerConfigs, SurogateQloraBnbNamesFp8AndFourBit) {
                                    "yet; drop it for bf16 LoRA"}}));
 }
 
+// Multi-GPU examples: FSDP asked for by two keys (fsdp and fsdp_config, or fsdp_version and fsdp_config) is
+// one problem naming both; Liger's keys are accepted.
+TEST(PeerConfigs, AxolotlFsdpIsOneProblem) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-llama-3-fft-8b-liger-fsdp.yaml");
+  const test::CliRun r = s.sft(cfg);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  const std::string fsdp = "not supported; soltrain runs multi-GPU itself (gpus: N or mpirun, zero_stage)";
+  EXPECT_EQ(r.err,
+            problems(cfg, {{60, "fsdp: " + fsdp + " (also asked for by fsdp_config at " + cfg.string() + ":63)"}}));
+  const fs::path q = s.config("axolotl-qwen3-qlora-fsdp.yaml");
+  const test::CliRun rq = s.sft(q);
+  EXPECT_EQ(rq.code, 2) << rq.out << rq.err;
+  EXPECT_EQ(rq.err, problems(q, {{8,
+                                  "load_in_4bit: 4-bit quantised base weights (QLoRA) are not built yet; drop it "
+                                  "for bf16 LoRA"},
+                                 {23,
+                                  "adapter: qlora: 4-bit quantised base weights (QLoRA) are not built yet; use "
+                                  "adapter: lora for bf16 LoRA"},
+                                 {57, "fsdp: " + fsdp + " (also asked for by fsdp_config at " + q.string() + ":60)"}}));
+}
+
+// Llama 3.2 3B with FP8 over FSDP2: the cosine floor, FP8 and FSDP are named; its compile, Liger and
+// save_only_model settings are accepted.
+TEST(PeerConfigs, AxolotlFp8Fsdp2NamesThreeFeatures) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-llama-3-3b-fp8-fsdp2.yaml");
+  const test::CliRun r = s.sft(cfg);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(r.err, problems(cfg, {{48,
+                                   "cosine_min_lr_ratio: \"1.0\": a floor for the cosine schedule is not built "
+                                   "yet; soltrain's cosine decays to 0"},
+                                  {52, "fp8: FP8 training is not built yet; drop it for bf16"},
+                                  {64,
+                                   "fsdp_version: not supported; soltrain runs multi-GPU itself (gpus: N or "
+                                   "mpirun, zero_stage) (also asked for by fsdp_config at " +
+                                       cfg.string() + ":65)"}}));
+}
+
+// Ray with DeepSpeed: both named.
+TEST(PeerConfigs, AxolotlRayNamesRayAndDeepspeed) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-llama-3-lora-1b-ray.yml");
+  const test::CliRun r = s.sft(cfg);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(r.err, problems(cfg, {{62,
+                                   "deepspeed: not supported; soltrain runs multi-GPU itself (gpus: N or mpirun, "
+                                   "zero_stage)"},
+                                  {67,
+                                   "use_ray: Ray is not supported; soltrain runs multi-GPU itself (gpus: N or "
+                                   "mpirun)"}}));
+}
+
+// Llama 3 Instruct DPO over an 8-bit base: both named, the DPO dataset's keys accepted.
+TEST(PeerConfigs, AxolotlLlama3DpoNamesEightBitAndDpo) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-llama-3-instruct-dpo-lora-8b.yml", "messages.jsonl", "llama");
+  const test::CliRun r = s.sft(cfg);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(r.err, problems(cfg, {{14,
+                                   "load_in_8bit: 8-bit quantised base weights are not built yet; drop it for "
+                                   "bf16 LoRA"},
+                                  {18,
+                                   "rl: \"dpo\": preference and RL training (dpo, ipo, kto, orpo, simpo, grpo) "
+                                   "is not built yet; soltrain trains with supervised fine-tuning (sft) and "
+                                   "pretraining (pt)"}}));
+}
+
+// Qwen3 8B LoRA with torch.compile (torch_compile_mode) runs to the end as it is.
+TEST(PeerConfigs, AxolotlQwen3CompileRunsToTheEnd) {
+  PeerSetup s;
+  const test::CliRun r = s.sft(s.config("axolotl-qwen3-8b-lora-fused-attn-compile.yaml"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string all = r.out + r.err;
+  EXPECT_EQ(all.rfind("sft: LoRA r32 on q,k,v,o,gate,up,down\n", 0), 0u) << all;
+  EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << all;
+}
+
 }  // namespace
 }  // namespace soltrain

@@ -572,6 +572,7 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
   std::vector<std::string> names;
   for (const auto& [k, v] : keys) names.push_back(k);
   for (const std::string& k : peer_key_names()) names.push_back(k);
+  std::map<std::string, size_t> feature_error;  // a missing feature's text -> its entry in `errors`
   for (const std::string& key : order) {
     const Entry& e = entries.at(key);
     try {
@@ -583,7 +584,16 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       try {
         if (apply_peer_key(key, e.node, c)) continue;
       } catch (const UserError& p) {
-        user_error(e.where, ": ", p.what());
+        // Keys asking for the same missing feature (fsdp and fsdp_config) make one problem, not one each.
+        const std::string what = p.what();
+        const std::string feature = what.rfind(key + ": ", 0) == 0 ? what.substr(key.size() + 2) : what;
+        if (const auto same = feature_error.find(feature); same != feature_error.end()) {
+          errors[same->second] += cat(" (also asked for by ", key, " at ", e.where, ")");
+          failed.insert(key);
+          continue;
+        }
+        feature_error[feature] = errors.size();
+        user_error(e.where, ": ", what);
       }
       unknown_key(e.where, key, names, "key");
     } catch (const DatasetErrors& err) {
@@ -610,6 +620,12 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
        (given({"lora_target_linear"}) && entries.at("lora_target_linear").node.Scalar() == "true"))) {
     c.lora.enabled = true;
     c.notes.push_back("LoRA settings are given without `adapter: lora` or `lora: true`: training a LoRA adapter");
+  }
+  // Axolotl's scheduler is cosine unless the config says otherwise (Surogate's and HF's: linear, soltrain's
+  // default); a config written for Axolotl (its base_model key) gets Axolotl's, and the run says so.
+  if (entries.count("base_model") && !given({"lr_scheduler", "lr_scheduler_type"})) {
+    c.lr_scheduler_type = ScheduleType::kCosine;
+    c.notes.push_back("lr_scheduler is not given: cosine, Axolotl's default (the config uses Axolotl's base_model)");
   }
   // A key whose value was refused is reported once, not again as missing.
   auto refused = [&](std::initializer_list<const char*> ks) {

@@ -162,7 +162,15 @@ const std::map<std::string, Apply>& table() {
       {"qlora_bnb_block_size", any()},
       {"qlora_bnb_double_quant", any()},
       {"use_fused_rope", any()},
-      {"cut_cross_entropy", any()},  // soltrain never materialises the full logits either
+      {"torch_compile_mode", any()},
+      {"flex_attn_compile_kwargs", any()},
+      // Checkpoints without the optimizer state: soltrain's keep it (resumable); the training is the same.
+      {"save_only_model", any()},
+      // Settings of features refused themselves when on (fp8, use_ray, cosine_min_lr_ratio): one line each.
+      {"fp8_enable_fsdp_float8_all_gather", any()},
+      {"ray_num_workers", any()},
+      {"cosine_constant_lr_ratio", any()},  // Axolotl reads it only together with a non-zero cosine_min_lr_ratio
+      {"cut_cross_entropy", any()},         // soltrain never materialises the full logits either
       {"torch_compile", any()},
       {"use_cuda_graphs", any()},
       {"tf32", any()},  // matmuls are bf16 on GPU; tf32 would only touch fp32 matmuls soltrain does not run
@@ -246,6 +254,9 @@ const std::map<std::string, Apply>& table() {
       {"offload_optimizer", off_or("offloading to host memory is not built yet")},
       {"offload_residual", off_or("offloading to host memory is not built yet")},
       {"offload_grads", off_or("offloading to host memory is not built yet")},
+      {"use_ray", off_or("Ray is not supported; soltrain runs multi-GPU itself (gpus: N or mpirun)")},
+      {"cosine_min_lr_ratio",
+       one_of({"0", "0.0"}, "a floor for the cosine schedule is not built yet; soltrain's cosine decays to 0")},
       {"qlora", off_or("4-bit quantised base weights (QLoRA) are not built yet; drop it for bf16 LoRA")},
       {"qlora_bnb",
        off_or("4-bit quantised base weights (bitsandbytes NF4 QLoRA) are not built yet; drop it for bf16 LoRA")},
