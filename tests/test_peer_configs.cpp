@@ -49,6 +49,12 @@ struct PeerSetup {
       pc << R"({"prompt": [{"role": "system", "content": "Reverse the text."}, {"role": "user", "content": ")" << w
          << R"("}], "completion": [{"role": "assistant", "content": ")" << r << "\"}]}\n";
     }
+    // A folder dataset with train and test splits of text rows ("Text", as Trelis/tiny-shakespeare has it).
+    fs::create_directories(t.path / "shakespeare");
+    std::ofstream train(t.path / "shakespeare" / "train-00000-of-00001.jsonl"),
+        test(t.path / "shakespeare" / "test-00000-of-00001.jsonl");
+    for (int i = 0; i < 30; ++i) train << R"({"Text": "To be, or not to be, line )" << i << "\"}\n";
+    for (int i = 0; i < 5; ++i) test << R"({"Text": "That is the question, line )" << i << "\"}\n";
   }
   // The fixture config with MODEL_DIR (`model`: "model" or "llama"), every DATA_FILE (as `data`) and
   // OUTPUT_DIR filled in, written next to the data.
@@ -436,6 +442,27 @@ TEST(PeerConfigs, AxolotlQwen3CompileRunsToTheEnd) {
   const std::string all = r.out + r.err;
   EXPECT_EQ(all.rfind("sft: LoRA r32 on q,k,v,o,gate,up,down\n", 0), 0u) << all;
   EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << all;
+}
+
+// Surogate's pretraining example: its FP8 recipe and NorMuon optimizer are named; with bf16 AdamW `soltrain pt`
+// trains on the train split's text and validates on the test split (a folder with both), loss_scale: all and
+// the unread truncation_strategy / use_chat_template accepted.
+TEST(PeerConfigs, SurogatePretrainingNamesFp8AndNormuonThenRuns) {
+  PeerSetup s;
+  const fs::path cfg = s.config("surogate-pt-qwen3.yaml", "shakespeare");
+  const test::CliRun r = test::run("pt " + cfg.string(), s.t);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(r.err, problems(cfg, {{24, "recipe: \"fp8-hybrid\": not built yet (FP8/FP4 training); use recipe: bf16"},
+                                  {25,
+                                   "optimizer: \"normuon\": not supported; soltrain trains with AdamW: use "
+                                   "optimizer: adamw_torch (fp32 moments) or adamw_8bit"}}));
+  const test::CliRun ok =
+      test::run("pt " + cfg.string() + " --set recipe=bf16 --set optimizer=adamw_torch --set max_steps=2", s.t);
+  ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
+  const std::string all = ok.out + ok.err;
+  EXPECT_NE(all.find("; 30 training documents ("), std::string::npos) << all;
+  EXPECT_NE(all.find(", 5 validation;"), std::string::npos) << all;
+  EXPECT_TRUE(fs::exists(s.t.path / "out" / "model" / "model.safetensors")) << all;
 }
 
 }  // namespace

@@ -162,6 +162,18 @@ const std::map<std::string, Apply>& table() {
       {"qlora_bnb_block_size", any()},
       {"qlora_bnb_double_quant", any()},
       {"use_fused_rope", any()},
+      // Surogate's keys that its code (invergent-ai/surogate at 524fb77) stores but never reads: documents
+      // longer than sequence_len and the chat template follow soltrain's own rules either way.
+      {"truncation_strategy", any()},
+      {"use_chat_template", any()},
+      // Surogate's loss_scale: "default" trains the assistant turns, "all" every token (its pt forces "all").
+      {"loss_scale",
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (is_off(n) || text(n) == "default") return;
+         if (text(n) != "all")
+           user_error(k, ": \"", text(n), "\": not supported; use default (the assistant turns) or all (every token)");
+         c.train_on_inputs = true;
+       }},
       {"torch_compile_mode", any()},
       {"flex_attn_compile_kwargs", any()},
       // Checkpoints without the optimizer state: soltrain's keep it (resumable); the training is the same.
