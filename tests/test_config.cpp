@@ -218,6 +218,18 @@ TEST(Config, AxolotlConfigsDefaultToCosine) {
             "(also asked for by fsdp_config at cfg.yaml:7)");
 }
 
+TEST(Config, CosineFloor) {
+  EXPECT_EQ(
+      parse_train_config(kBase + "cosine_min_lr_ratio: 0.1\n", "cfg.yaml", {}, TrainMode::kSft).cosine_min_lr_ratio,
+      0.1);
+  EXPECT_EQ(error_of(kBase + "cosine_min_lr_ratio: 2\n"),
+            "cfg.yaml:6: cosine_min_lr_ratio: \"2\" is not valid: expected a number in [0, 1]");
+  EXPECT_EQ(error_of(kBase + "cosine_min_lr_ratio: 0.1\ncosine_constant_lr_ratio: 0.8\n"),
+            "cfg.yaml:7: cosine_constant_lr_ratio: a constant learning rate at the cosine floor for the last part of "
+            "training is not built yet; drop it (the cosine then reaches its floor at the end)");
+  EXPECT_EQ(error_of(kBase + "cosine_min_lr_ratio: 0\ncosine_constant_lr_ratio: 0.8\n"), "no error");
+}
+
 TEST(Config, EmptyFalseOrAlreadyDoneSettingsAreAccepted) {
   EXPECT_EQ(error_of(kBase + "wandb_project:\nwandb_entity:\nmlflow_tracking_uri:\ndeepspeed:\nfsdp:\n"
                              "fsdp_config:\nfp16: false\nbf16: auto\ntf32: false\nstrict: false\n"

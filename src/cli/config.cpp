@@ -627,6 +627,12 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
     c.lr_scheduler_type = ScheduleType::kCosine;
     c.notes.push_back("lr_scheduler is not given: cosine, Axolotl's default (the config uses Axolotl's base_model)");
   }
+  // Axolotl's constant tail after the cosine floor (get_cosine_schedule_with_warmup_decay_constant), used when
+  // both ratios are non-zero.
+  if (c.cosine_min_lr_ratio > 0 && c.cosine_constant_lr_ratio > 0)
+    errors.push_back(cat(entries.at("cosine_constant_lr_ratio").where,
+                         ": cosine_constant_lr_ratio: a constant learning rate at the cosine floor for the last part "
+                         "of training is not built yet; drop it (the cosine then reaches its floor at the end)"));
   // A key whose value was refused is reported once, not again as missing.
   auto refused = [&](std::initializer_list<const char*> ks) {
     for (const char* k : ks)

@@ -51,6 +51,18 @@ double as_positive(const std::string& key, const YAML::Node& n) {
   return v;
 }
 
+// A number in [0, 1]; empty is 0.
+double as_fraction(const std::string& key, const YAML::Node& n) {
+  if (!n.IsDefined() || n.IsNull() || (n.IsScalar() && n.Scalar().empty())) return 0;
+  double v = -1;
+  if (n.IsScalar()) try {
+      v = n.as<double>();
+    } catch (const YAML::Exception&) {
+    }
+  if (!(v >= 0 && v <= 1)) user_error(key, ": \"", text(n), "\" is not valid: expected a number in [0, 1]");
+  return v;
+}
+
 using Apply = std::function<void(const std::string&, const YAML::Node&, TrainConfig&)>;
 
 // Accepted with any value: the setting picks something soltrain has no choice about (attention kernel,
@@ -181,8 +193,7 @@ const std::map<std::string, Apply>& table() {
       // Settings of features refused themselves when on (fp8, use_ray, cosine_min_lr_ratio): one line each.
       {"fp8_enable_fsdp_float8_all_gather", any()},
       {"ray_num_workers", any()},
-      {"cosine_constant_lr_ratio", any()},  // Axolotl reads it only together with a non-zero cosine_min_lr_ratio
-      {"cut_cross_entropy", any()},         // soltrain never materialises the full logits either
+      {"cut_cross_entropy", any()},  // soltrain never materialises the full logits either
       {"torch_compile", any()},
       {"use_cuda_graphs", any()},
       {"tf32", any()},  // matmuls are bf16 on GPU; tf32 would only touch fp32 matmuls soltrain does not run
@@ -267,8 +278,10 @@ const std::map<std::string, Apply>& table() {
       {"offload_residual", off_or("offloading to host memory is not built yet")},
       {"offload_grads", off_or("offloading to host memory is not built yet")},
       {"use_ray", off_or("Ray is not supported; soltrain runs multi-GPU itself (gpus: N or mpirun)")},
-      {"cosine_min_lr_ratio",
-       one_of({"0", "0.0"}, "a floor for the cosine schedule is not built yet; soltrain's cosine decays to 0")},
+      {"cosine_min_lr_ratio",  // the cosine schedule's floor; Axolotl applies it only to lr_scheduler: cosine
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.cosine_min_lr_ratio = as_fraction(k, n); }},
+      {"cosine_constant_lr_ratio", [](const std::string& k, const YAML::Node& n,
+                                      TrainConfig& c) { c.cosine_constant_lr_ratio = as_fraction(k, n); }},
       {"qlora", off_or("4-bit quantised base weights (QLoRA) are not built yet; drop it for bf16 LoRA")},
       {"qlora_bnb",
        off_or("4-bit quantised base weights (bitsandbytes NF4 QLoRA) are not built yet; drop it for bf16 LoRA")},

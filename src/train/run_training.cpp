@@ -103,7 +103,7 @@ void set_up(Run& r) {
   r.micro_per_epoch = (r.loader->rows_in_epoch(0) + lo.rows - 1) / lo.rows;
   // Data parallel: an update takes accumulation × world micro-batches (floor(m / (a·w)) = floor(floor(m / w) / a)).
   const int64_t total = total_training_steps(c, r.micro_per_epoch / r.world);
-  r.sched = ScheduleConfig{c.lr_scheduler_type, total, c.warmup_steps, c.wsd_decay_ratio};
+  r.sched = ScheduleConfig{c.lr_scheduler_type, total, c.warmup_steps, c.wsd_decay_ratio, c.cosine_min_lr_ratio};
   if (c.warmup_steps == 0 && c.warmup_ratio > 0) r.sched.warmup_steps = warmup_from_ratio(total, c.warmup_ratio);
 
   r.model->set_residual_dtype(c.residual_dtype);
