@@ -118,6 +118,25 @@ TEST(Bos, ChatTemplateWritesTheOnlyBos) {
                             {kEot}}));
 }
 
+// A malformed post_processor is one UserError naming the file, never a crash.
+TEST(Bos, MalformedPostProcessorIsAUserError) {
+  test::TempDir t;
+  const fs::path dir = bos_tokenizer(t.path / "tok", false);
+  const json tok = read_json_file(dir / "tokenizer.json");
+  for (const char* p :
+       {R"({"type": "TemplateProcessing", "single": 5, "special_tokens": {}})",
+        R"({"type": "TemplateProcessing", "single": ["x"], "special_tokens": {}})",
+        R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}}], "special_tokens": {}})",
+        R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}}],
+                            "special_tokens": {"<s>": {"ids": ["a"]}}})",
+        R"({"type": "Sequence", "processors": 3})", R"({"type": "BertProcessing", "cls": []})", R"({"no_type": 1})"}) {
+    json bad = tok;
+    bad["post_processor"] = json::parse(p);
+    test::write_text(dir / "tokenizer.json", bad.dump());
+    EXPECT_THROW(Tokenizer::load(dir), UserError) << p;
+  }
+}
+
 // An unknown post_processor type is named when special tokens are asked for, not guessed.
 TEST(Bos, UnknownPostProcessorIsNamed) {
   test::TempDir t;
