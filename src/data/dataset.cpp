@@ -2,6 +2,7 @@
 #include "data/dataset.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "io/json_file.h"
 
@@ -136,7 +137,8 @@ std::string key_like(const ordered_json& r, const std::string& name) {
   for (auto it = r.begin(); it != r.end(); ++it) {
     const std::string& k = it.key();
     if (!name.empty() && k.size() == name.size() &&
-        std::equal(k.begin(), k.end(), name.begin(), [](char a, char b) { return std::tolower(a) == std::tolower(b); }))
+        std::equal(k.begin(), k.end(), name.begin(),
+                   [](unsigned char a, unsigned char b) { return std::tolower(a) == std::tolower(b); }))
       return k;
   }
   return "";

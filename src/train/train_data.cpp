@@ -68,7 +68,7 @@ ShardSet slice_documents(const ShardSet& from, const std::pair<std::string, std:
   return select_documents(from, docs);
 }
 
-int64_t drop_duplicate_documents(ShardSet& set, ShardSet* seen_in) {
+int64_t drop_duplicate_documents(ShardSet& set, const ShardSet* seen_in) {
   // Axolotl's dataset_exact_deduplication hashes each tokenized row (input_ids, labels, ...) and keeps the
   // first of equal ones; here a document's tokens and loss mask are that row. Buckets by a 64-bit FNV-1a
   // hash, then compares the documents themselves, so a hash collision never drops a document.
