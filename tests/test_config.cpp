@@ -170,6 +170,66 @@ TEST(Config, PeerKeysMapToSoltrainSettings) {
             "cfg.yaml:2: save_path and output_dir (cfg.yaml:4) are the same setting; keep one");
 }
 
+// The keys the second round of real peer configs brought (tests/test_peer_configs.cpp runs them).
+TEST(Config, MorePeerKeys) {
+  const TrainConfig c =
+      parse_train_config(kBase +
+                             "curriculum_sampling: true\ndataset_exact_deduplication: true\nmerge_adapter: true\n"
+                             "gradient_checkpointing: offload\noptimizer: paged_adamw_32bit\nchat_template: qwen3\n"
+                             "plugins:\n  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin\n"
+                             "lora_mlp_kernel: true\nsample_packing_sequentially: true\nrl:\n",
+                         "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_FALSE(c.shuffle);
+  EXPECT_TRUE(c.dataset_exact_deduplication);
+  EXPECT_TRUE(c.merge_adapter);
+  EXPECT_EQ(c.recompute, Recompute::Full);
+  EXPECT_EQ(c.moments, Moments::F32);
+  EXPECT_EQ(c.chat_template, "qwen3");
+  // Empty is off (or the default), as the peers read it.
+  const TrainConfig e = parse_train_config(
+      kBase + "curriculum_sampling:\nmerge_adapter:\noptimizer:\nsaves_per_epoch:\ngradient_checkpointing:\n",
+      "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_TRUE(e.shuffle);
+  EXPECT_FALSE(e.merge_adapter);
+  EXPECT_EQ(e.moments, Moments::F32);
+  EXPECT_EQ(e.saves_per_epoch, 0);
+  EXPECT_EQ(error_of(kBase + "plugins: [axolotl.integrations.kd.KDPlugin]\nrl: kto\noptimizer: adamw_torch_4bit\n"),
+            "cfg.yaml: 3 problems: cfg.yaml:6: plugins: \"axolotl.integrations.kd.KDPlugin\": Axolotl plugins are "
+            "not supported; cfg.yaml:7: rl: \"kto\": preference and RL training (dpo, ipo, kto, orpo, simpo, grpo) is "
+            "not built yet; soltrain trains with supervised fine-tuning (sft) and pretraining (pt); cfg.yaml:8: "
+            "optimizer: \"adamw_torch_4bit\": 4-bit optimizer moments are not built yet; use adamw_8bit or "
+            "adamw_torch");
+}
+
+// Axolotl's default scheduler is cosine (Surogate's and soltrain's: linear): a config with Axolotl's base_model
+// and no scheduler gets cosine, and says so; one with `model:` keeps linear.
+TEST(Config, AxolotlConfigsDefaultToCosine) {
+  const std::string axolotl = "base_model: m\noutput_dir: out\ndatasets: [d.jsonl]\n";
+  const TrainConfig a = parse_train_config(axolotl, "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_EQ(a.lr_scheduler_type, ScheduleType::kCosine);
+  ASSERT_EQ(a.notes.size(), 1u);
+  EXPECT_EQ(a.notes[0], "lr_scheduler is not given: cosine, Axolotl's default (the config uses Axolotl's base_model)");
+  EXPECT_EQ(parse_train_config(axolotl + "lr_scheduler: linear\n", "cfg.yaml", {}, TrainMode::kSft).lr_scheduler_type,
+            ScheduleType::kLinear);
+  EXPECT_EQ(parse_train_config(kBase, "cfg.yaml", {}, TrainMode::kSft).lr_scheduler_type, ScheduleType::kLinear);
+  // Two keys asking for one missing feature: one problem.
+  EXPECT_EQ(error_of(kBase + "fsdp_version: 2\nfsdp_config:\n  offload_params: false\n"),
+            "cfg.yaml:6: fsdp_version: not supported; soltrain runs multi-GPU itself (gpus: N or mpirun, zero_stage) "
+            "(also asked for by fsdp_config at cfg.yaml:7)");
+}
+
+TEST(Config, CosineFloor) {
+  EXPECT_EQ(
+      parse_train_config(kBase + "cosine_min_lr_ratio: 0.1\n", "cfg.yaml", {}, TrainMode::kSft).cosine_min_lr_ratio,
+      0.1);
+  EXPECT_EQ(error_of(kBase + "cosine_min_lr_ratio: 2\n"),
+            "cfg.yaml:6: cosine_min_lr_ratio: \"2\" is not valid: expected a number in [0, 1]");
+  EXPECT_EQ(error_of(kBase + "cosine_min_lr_ratio: 0.1\ncosine_constant_lr_ratio: 0.8\n"),
+            "cfg.yaml:7: cosine_constant_lr_ratio: a constant learning rate at the cosine floor for the last part of "
+            "training is not built yet; drop it (the cosine then reaches its floor at the end)");
+  EXPECT_EQ(error_of(kBase + "cosine_min_lr_ratio: 0\ncosine_constant_lr_ratio: 0.8\n"), "no error");
+}
+
 TEST(Config, EmptyFalseOrAlreadyDoneSettingsAreAccepted) {
   EXPECT_EQ(error_of(kBase + "wandb_project:\nwandb_entity:\nmlflow_tracking_uri:\ndeepspeed:\nfsdp:\n"
                              "fsdp_config:\nfp16: false\nbf16: auto\ntf32: false\nstrict: false\n"

@@ -101,17 +101,22 @@ TEST(DatasetTypes, SystemPromptTypeAndChatTemplateKeysInConfigs) {
       return std::string(e.what());
     }
   };
-  EXPECT_EQ(error_of("    chat_template: llama3\n"),
-            "cfg.yaml:6: chat_template: \"llama3\": named templates other than chatml (llama3, qwen3, ...) are not "
-            "built yet; soltrain renders with the model's own template (chat_template: tokenizer_default)");
+  EXPECT_EQ(error_of("    chat_template: llama2\n"),
+            "cfg.yaml:6: chat_template: \"llama2\": not a template soltrain has; use tokenizer_default (the model's "
+            "own) or one of chatml, llama3, qwen3, qwen_25");
+  EXPECT_EQ(parse_train_config(chat + "    chat_template: llama3\n", "cfg.yaml", {}, TrainMode::kSft)
+                .datasets[0]
+                .fields.chat_template,
+            "llama3");
   EXPECT_EQ(parse_train_config(chat + "    chat_template: chatml\n", "cfg.yaml", {}, TrainMode::kSft)
                 .datasets[0]
                 .fields.chat_template,
             "chatml");
   EXPECT_EQ(parse_train_config(chat + "chat_template: chatml\n", "cfg.yaml", {}, TrainMode::kSft).chat_template,
             "chatml");
-  EXPECT_NE(error_of("chat_template: qwen3\n").find("cfg.yaml:6: chat_template: \"qwen3\": named templates"),
-            std::string::npos);
+  EXPECT_EQ(error_of("chat_template: phi_3\n"),
+            "cfg.yaml:6: chat_template: \"phi_3\": not a template soltrain has; use tokenizer_default (the model's "
+            "own) or one of chatml, llama3, qwen3, qwen_25");
   EXPECT_EQ(error_of("    train_on_eos: sometimes\n"),
             "cfg.yaml:6: train_on_eos: \"sometimes\" is not valid: expected turn, all, none or last");
   EXPECT_EQ(error_of("    roles_to_train: [wizard]\n"),
@@ -210,7 +215,7 @@ TEST(DatasetTypes, ChatmlTemplateByName) {
   mask.insert(mask.end(), answer.size(), 1);
   mask.insert(mask.end(), tail.size(), 0);
   EXPECT_EQ(s.mask, mask);
-  EXPECT_FALSE(named_chat_template("llama3"));
+  EXPECT_FALSE(named_chat_template("llama2"));
 }
 
 // Axolotl's InstructionPromptTokenizingStrategy (src/axolotl/prompt_tokenizers.py): prompt and response are

@@ -27,7 +27,7 @@ std::vector<Sample> read_all(const fs::path& p, DatasetType type = DatasetType::
   std::string where, error;
   while (r.next(rec, where, error)) {
     EXPECT_EQ(error, "") << where;
-    if (type == DatasetType::kAuto) type = detect_type(rec, f);
+    if (type == DatasetType::kAuto) type = detect_auto(rec, f);
     out.push_back(to_sample(rec, type, f));
   }
   return out;
@@ -124,7 +124,8 @@ TEST(Datasets, MissingFileAndUndetectableTypeAreClear) {
   } catch (const UserError& e) {
     EXPECT_STREQ(e.what(), "/nonexistent/data.jsonl: dataset file not found");
   }
-  EXPECT_THROW(detect_type(ordered_json{{"prompt", "x"}}, {}), BadRecord);
+  DatasetFields f;
+  EXPECT_THROW(detect_auto(ordered_json{{"prompt", "x"}}, f), BadRecord);
 }
 
 // One bad record of each kind; the message names the file and line and why.

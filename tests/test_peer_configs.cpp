@@ -6,7 +6,10 @@
 
 #include "cli/demo_kit.h"
 #include "cli_test_util.h"
+#include "data/batch_file.h"
+#include "data/dataset.h"
 #include "data_test_util.h"
+#include "llama_tokenizer.h"
 #include "test_util.h"
 
 namespace soltrain {
@@ -19,6 +22,9 @@ std::string read_text(const fs::path& p) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// The model and every data file the configs point at: 40 records each, in the shapes the configs' own
+// datasets have (alpaca rows, OpenAI messages, ShareGPT conversations, GSM8K question/answer, prompt/completion
+// message lists).
 struct PeerSetup {
   test::TempDir t;
   PeerSetup() {
@@ -26,22 +32,61 @@ struct PeerSetup {
     s.hidden = 32, s.layers = 1, s.heads = 2, s.kv_heads = 1, s.head_dim = 16, s.intermediate = 64;
     s.max_positions = 8192;  // Llama 3's context: the fft-8b example asks for sequence_len 8192
     write_random_model(t.path / "model", s, 7);
-    std::ofstream d(t.path / "alpaca.jsonl");
-    for (int i = 0; i < 40; ++i)
-      d << "{\"instruction\": \"Reverse the word.\", \"input\": \"w" << i << "\", \"output\": \"" << i << "w\"}\n";
+    // The same model with the Llama 3.1 stand-in tokenizer (its chat specials, BOS added by the
+    // post_processor), for the Llama examples whose templates and BOS it exercises.
+    write_random_model(t.path / "llama", s, 7);
+    test::add_llama3_specials(t.path / "llama", true);
+    std::ofstream d(t.path / "alpaca.jsonl"), m(t.path / "messages.jsonl"), g(t.path / "sharegpt.jsonl"),
+        q(t.path / "gsm8k.jsonl"), pc(t.path / "prompt_completion.jsonl");
+    for (int i = 0; i < 40; ++i) {
+      const std::string w = "w" + std::to_string(i), r = std::to_string(i) + "w";
+      d << "{\"instruction\": \"Reverse the word.\", \"input\": \"" << w << "\", \"output\": \"" << r << "\"}\n";
+      m << R"({"messages": [{"role": "user", "content": "Reverse )" << w << R"("}, {"role": "assistant", "content": ")"
+        << r << "\"}]}\n";
+      g << R"({"conversations": [{"from": "human", "value": "Reverse )" << w << R"("}, {"from": "gpt", "value": ")" << r
+        << "\"}]}\n";
+      q << R"({"question": "Reverse )" << w << R"(", "answer": ")" << r << "\"}\n";
+      pc << R"({"prompt": [{"role": "system", "content": "Reverse the text."}, {"role": "user", "content": ")" << w
+         << R"("}], "completion": [{"role": "assistant", "content": ")" << r << "\"}]}\n";
+    }
+    // A folder dataset with train and test splits of text rows ("Text", as Trelis/tiny-shakespeare has it).
+    fs::create_directories(t.path / "shakespeare");
+    std::ofstream train(t.path / "shakespeare" / "train-00000-of-00001.jsonl"),
+        test(t.path / "shakespeare" / "test-00000-of-00001.jsonl");
+    for (int i = 0; i < 30; ++i) train << R"({"Text": "To be, or not to be, line )" << i << "\"}\n";
+    for (int i = 0; i < 5; ++i) test << R"({"Text": "That is the question, line )" << i << "\"}\n";
   }
-  // The fixture config with MODEL_DIR, DATA_FILE and OUTPUT_DIR filled in, written next to the data.
-  fs::path config(const std::string& name) const {
+  // The fixture config with MODEL_DIR (`model`: "model" or "llama"), every DATA_FILE (as `data`) and
+  // OUTPUT_DIR filled in, written next to the data.
+  fs::path config(const std::string& name, const std::string& data = "alpaca.jsonl",
+                  const std::string& model = "model") const {
     std::string y = read_text(fs::path(SOLTRAIN_FIXTURES) / "peer_configs" / name);
-    for (const auto& [from, to] : {std::pair<std::string, std::string>{"MODEL_DIR", (t.path / "model").string()},
-                                   {"DATA_FILE", (t.path / "alpaca.jsonl").string()},
-                                   {"OUTPUT_DIR", (t.path / "out").string()}})
-      y.replace(y.find(from), from.size(), to);
+    for (const auto& [from, to] : {std::pair<std::string, std::string>{"MODEL_DIR", (t.path / model).string()},
+                                   {"DATA_FILE", (t.path / data).string()},
+                                   {"OUTPUT_DIR", (t.path / "out").string()}}) {
+      EXPECT_NE(y.find(from), std::string::npos) << name << " has no " << from;
+      for (size_t at = y.find(from); at != std::string::npos; at = y.find(from, at + to.size()))
+        y.replace(at, from.size(), to);
+    }
     const fs::path p = t.path / name;
     test::write_text(p, y);
     return p;
   }
+  // `soltrain sft` on the config with overrides; stdout and stderr together.
+  test::CliRun sft(const fs::path& cfg, const std::string& sets = "") const {
+    return test::run("sft " + cfg.string() + (sets.empty() ? "" : " " + sets), t);
+  }
 };
+
+// "error: CFG: N problems: CFG:L1: ...; CFG:L2: ..." as the reader joins a config's problems.
+std::string problems(const fs::path& cfg, const std::vector<std::pair<int, std::string>>& lines) {
+  const std::string c = cfg.string();
+  std::string out = "error: ";
+  if (lines.size() > 1) out += c + ": " + std::to_string(lines.size()) + " problems: ";
+  for (size_t i = 0; i < lines.size(); ++i)
+    out += (i ? "; " : "") + c + ":" + std::to_string(lines[i].first) + ": " + lines[i].second;
+  return out + "\n";
+}
 
 TEST(PeerConfigs, AxolotlQwen3LoraRunsToTheEnd) {
   PeerSetup s;
@@ -121,6 +166,298 @@ TEST(PeerConfigs, SurogateSimpleLoraIntentAndSamples) {
             0u)
       << all;
   EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << all;
+}
+
+// Llama 3 8B Instruct LoRA over an 8-bit base, `chat_template: llama3` on a messages dataset: the 8-bit base
+// is named (nothing else); without it the run renders Axolotl's llama3 template and trains to the end.
+TEST(PeerConfigs, AxolotlLlama3InstructLoraNamesEightBitThenRendersLlama3) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-llama-3-instruct-lora-8b.yml", "messages.jsonl", "llama");
+  const test::CliRun r = s.sft(cfg);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(r.err, problems(cfg, {{10,
+                                   "load_in_8bit: 8-bit quantised base weights are not built yet; drop it for "
+                                   "bf16 LoRA"}}));
+  // One update on rows of 256 (the example's rows are 4096 wide and unpacked: all padding here).
+  const test::CliRun ok = s.sft(cfg, "--set load_in_8bit=false --set max_steps=1 --set sequence_len=256");
+  ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
+  // Axolotl's llama3 template: 7 special tokens (BOS written by the template, not a second one from the
+  // tokenizer; header start and end, eot, twice) and the bytes of "user", "\n\nReverse wI", "assistant",
+  // "\n\nIw"; the assistant's "Iw" and its <|eot_id|> trained.
+  size_t tokens = 0, trained = 0;
+  for (int i = 0; i < 40; ++i) {
+    const size_t digits = std::to_string(i).size();
+    tokens += 7 + 4 + (11 + digits) + 9 + (2 + digits + 1);
+    trained += digits + 1 + 1;
+  }
+  const std::string all = ok.out + ok.err;
+  EXPECT_NE(
+      all.find("wrote 40 documents, " + std::to_string(tokens) + " tokens (" + std::to_string(trained) + " trained)"),
+      std::string::npos)
+      << all;
+}
+
+// Axolotl's Triton LoRA kernel switches (lora_mlp_kernel, lora_qkv_kernel, lora_o_kernel) are soltrain's own
+// LoRA path: the example runs to the end as it is.
+TEST(PeerConfigs, AxolotlLlama3LoraKernelsRunsToTheEnd) {
+  PeerSetup s;
+  const test::CliRun r = s.sft(s.config("axolotl-llama-3-lora-1b-kernels.yml", "alpaca.jsonl", "llama"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string all = r.out + r.err;
+  EXPECT_EQ(all.rfind("sft: LoRA r16 on gate,down,up,q,v,k,o\n", 0), 0u) << all;  // the config's order
+  // Axolotl's alpaca with Llama 3.1's tokenizer: the Qwen run's 9140 tokens plus one BOS per document, none
+  // of them trained.
+  EXPECT_NE(all.find("wrote 40 documents, 9180 tokens (150 trained)"), std::string::npos) << all;
+  EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << all;
+}
+
+// Sequential packing with curriculum sampling: the 8-bit base and modules_to_save are named; without them
+// the documents are trained in the datasets' order (the first micro-batch starts with the first record).
+TEST(PeerConfigs, AxolotlSamplePackingSequentiallyTrainsInOrder) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-llama-3-lora-1b-sample-packing-sequentially.yml", "alpaca.jsonl", "llama");
+  const test::CliRun r = s.sft(cfg);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(r.err,
+            problems(cfg, {{10, "load_in_8bit: 8-bit quantised base weights are not built yet; drop it for bf16 LoRA"},
+                           {37, "lora_modules_to_save: training full modules next to LoRA is not built yet"}}));
+  const fs::path dump = s.t.path / "batches";
+  const std::string sets = "--set load_in_8bit=false --set lora_modules_to_save=null --set max_steps=1";
+  const test::CliRun ok = s.sft(cfg, sets + " --dump-batches " + dump.string());
+  ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
+  const HostBatch b = load_batch_file(dump / "step-1-micro-0.safetensors");
+  // The first record as Axolotl tokenizes alpaca with Llama 3.1's tokenizer: BOS, prompt, response, eos.
+  std::vector<int32_t> first = {test::kLlamaBos};
+  for (char ch : alpaca_prompt("Reverse the word.", "w0") + "0w") first.push_back(int32_t(uint8_t(ch)));
+  first.push_back(test::kLlamaEot);
+  ASSERT_GE(b.input_ids.size(), first.size());
+  EXPECT_EQ(std::vector<int32_t>(b.input_ids.begin(), b.input_ids.begin() + long(first.size())), first);
+  // The same run shuffled (curriculum_sampling off) starts elsewhere: the check above can fail.
+  const test::CliRun shuffled = s.sft(cfg, sets + " --set curriculum_sampling=false --set overwrite_output_dir=true " +
+                                               "--dump-batches " + (s.t.path / "shuffled").string());
+  ASSERT_EQ(shuffled.code, 0) << shuffled.out << shuffled.err;
+  const HostBatch c = load_batch_file(s.t.path / "shuffled" / "step-1-micro-0.safetensors");
+  EXPECT_NE(std::vector<int32_t>(c.input_ids.begin(), c.input_ids.begin() + long(first.size())), first);
+}
+
+// The same dataset twice with dataset_exact_deduplication: the 8-bit base and modules_to_save are named;
+// without them the second copy's 40 documents are dropped.
+TEST(PeerConfigs, AxolotlDeduplicateDropsTheSecondCopy) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-llama-3-lora-1b-deduplicate-sft.yml", "alpaca.jsonl", "llama");
+  const test::CliRun r = s.sft(cfg);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(r.err,
+            problems(cfg, {{10, "load_in_8bit: 8-bit quantised base weights are not built yet; drop it for bf16 LoRA"},
+                           {35, "lora_modules_to_save: training full modules next to LoRA is not built yet"}}));
+  const test::CliRun ok = s.sft(cfg, "--set load_in_8bit=false --set lora_modules_to_save=null --set max_steps=1");
+  ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
+  const std::string all = ok.out + ok.err;
+  EXPECT_NE(all.find("dataset_exact_deduplication: dropped 40 duplicate documents, 40 left\n"), std::string::npos)
+      << all;
+}
+
+// Llama 3 8B QLoRA with paged 32-bit AdamW: only the 4-bit base is named (twice: load_in_4bit, adapter).
+TEST(PeerConfigs, AxolotlLlama3QloraNamesOnlyTheFourBitBase) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-llama-3-qlora.yml");
+  const test::CliRun r = s.sft(cfg);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(r.err, problems(cfg, {{11,
+                                   "load_in_4bit: 4-bit quantised base weights (QLoRA) are not built yet; drop "
+                                   "it for bf16 LoRA"},
+                                  {20,
+                                   "adapter: qlora: 4-bit quantised base weights (QLoRA) are not built yet; use "
+                                   "adapter: lora for bf16 LoRA"}}));
+}
+
+// Qwen3 32B QLoRA: the 4-bit base and 4-bit optimizer are named; the rest (the Cut Cross Entropy plugin,
+// chat_template: qwen3, a ShareGPT dataset mapped by message_property_mappings, split train[:20%],
+// gradient_checkpointing: offload) runs: 20% of 40 conversations, rendered with Axolotl's qwen3 template.
+TEST(PeerConfigs, AxolotlQwen3QloraNamesFourBitThenRunsQwen3Template) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-qwen3-32b-qlora.yaml", "sharegpt.jsonl");
+  const test::CliRun r = s.sft(cfg);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(r.err, problems(cfg, {{29,
+                                   "load_in_4bit: 4-bit quantised base weights (QLoRA) are not built yet; drop "
+                                   "it for bf16 LoRA"},
+                                  {30,
+                                   "adapter: qlora: 4-bit quantised base weights (QLoRA) are not built yet; use "
+                                   "adapter: lora for bf16 LoRA"},
+                                  {53,
+                                   "optimizer: \"adamw_torch_4bit\": 4-bit optimizer moments are not built yet; "
+                                   "use adamw_8bit or adamw_torch"}}));
+  const test::CliRun ok =
+      s.sft(cfg, "--set load_in_4bit=false --set adapter=lora --set optimizer=adamw_torch --set max_steps=1");
+  ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
+  const std::string all = ok.out + ok.err;
+  EXPECT_NE(all.find("(recompute full, "), std::string::npos) << all;
+  // Axolotl's qwen3 template on each conversation: "<|im_start|>user\nReverse wI<|im_end|>\n<|im_start|>assistant
+  // \n<think>\n\n</think>\n\nIw<|im_end|>\n" (the last assistant turn shows an empty think block): 4 special
+  // tokens and 46 + 2 * digits(I) bytes; then train[:20%] keeps the first 8 of the 40.
+  int64_t tokens = 0;
+  for (int i = 0; i < 40; ++i) tokens += 50 + 2 * int64_t(std::to_string(i).size());
+  EXPECT_NE(all.find("wrote 40 documents, " + std::to_string(tokens) + " tokens"), std::string::npos) << all;
+  EXPECT_NE(all.find("; 8 training documents ("), std::string::npos) << all;
+}
+
+// Axolotl's DPO example for Qwen2: preference training is named in one line; its keys (chat_template
+// qwen_25, type chat_template.default, field_chosen / field_rejected) are not refused besides.
+TEST(PeerConfigs, AxolotlQwen2DpoNamesPreferenceTraining) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-qwen2-dpo.yaml", "messages.jsonl");
+  const test::CliRun r = s.sft(cfg);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(r.err, problems(cfg, {{8,
+                                   "rl: \"dpo\": preference and RL training (dpo, ipo, kto, orpo, simpo, grpo) is "
+                                   "not built yet; soltrain trains with supervised fine-tuning (sft) and "
+                                   "pretraining (pt)"}}));
+}
+
+// Surogate's Qwen3 LoRA bf16 example as it is: `type: auto` on GSM8K-style question/answer rows (Surogate's
+// AutoPreprocessor: question → user, answer → assistant), 10 steps, to the end.
+TEST(PeerConfigs, SurogateQwen3LoraAutoRunsToTheEnd) {
+  PeerSetup s;
+  const test::CliRun r = s.sft(s.config("surogate-qwen3-lora-bf16.yaml", "gsm8k.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string all = r.out + r.err;
+  EXPECT_EQ(all.rfind("sft: LoRA r16 on q,k,v,o,gate,up,down\n", 0), 0u) << all;
+  EXPECT_NE(all.find("sft: done, 10 steps"), std::string::npos) << all;
+  // The demo model's template (ChatML) around each question and answer: 40 conversations.
+  EXPECT_NE(all.find("wrote 40 documents"), std::string::npos) << all;
+}
+
+// Surogate's Llama 3.2 1B LoRA example (the same keys, 100 steps: 2 here) runs to the end.
+TEST(PeerConfigs, SurogateLlamaLoraRunsToTheEnd) {
+  PeerSetup s;
+  const test::CliRun r = s.sft(s.config("surogate-llama31-lora-bf16.yaml", "gsm8k.jsonl"), "--set max_steps=2");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << r.out << r.err;
+}
+
+// Surogate's reverse-text example: its FP8 recipe is named; with bf16 it trains the prompt messages plus the
+// completion message (completion_field) and merges the adapter into output_dir/merged (merge_adapter).
+TEST(PeerConfigs, SurogateReverseTextNamesFp8ThenMerges) {
+  PeerSetup s;
+  const fs::path cfg = s.config("surogate-reverse-text-qwen3.yaml", "prompt_completion.jsonl");
+  const test::CliRun r = s.sft(cfg);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(r.err, problems(cfg, {{19, "recipe: \"fp8-hybrid\": not built yet (FP8/FP4 training); use recipe: bf16"}}));
+  // One update on rows of 256 (the example's 16 x 2 rows of 4096 would take minutes on a CPU).
+  const test::CliRun ok = s.sft(cfg, "--set recipe=bf16 --set max_steps=1 --set sequence_len=256");
+  ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
+  const std::string all = ok.out + ok.err;
+  EXPECT_TRUE(fs::exists(s.t.path / "out" / "merged" / "model.safetensors")) << all;
+  EXPECT_NE(all.find("merged model saved to "), std::string::npos) << all;
+}
+
+// Surogate's bitsandbytes QLoRA example: the FP8 recipe and the NF4 base are named, nothing else.
+TEST(PeerConfigs, SurogateQloraBnbNamesFp8AndFourBit) {
+  PeerSetup s;
+  const fs::path cfg = s.config("surogate-qwen3-lora-qbnb.yaml", "gsm8k.jsonl");
+  const test::CliRun r = s.sft(cfg);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(r.err, problems(cfg, {{18, "recipe: \"fp8-hybrid\": not built yet (FP8/FP4 training); use recipe: bf16"},
+                                  {32,
+                                   "qlora_bnb: 4-bit quantised base weights (bitsandbytes NF4 QLoRA) are not built "
+                                   "yet; drop it for bf16 LoRA"}}));
+}
+
+// Multi-GPU examples: FSDP asked for by two keys (fsdp and fsdp_config, or fsdp_version and fsdp_config) is
+// one problem naming both; Liger's keys are accepted.
+TEST(PeerConfigs, AxolotlFsdpIsOneProblem) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-llama-3-fft-8b-liger-fsdp.yaml");
+  const test::CliRun r = s.sft(cfg);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  const std::string fsdp = "not supported; soltrain runs multi-GPU itself (gpus: N or mpirun, zero_stage)";
+  EXPECT_EQ(r.err,
+            problems(cfg, {{60, "fsdp: " + fsdp + " (also asked for by fsdp_config at " + cfg.string() + ":63)"}}));
+  const fs::path q = s.config("axolotl-qwen3-qlora-fsdp.yaml");
+  const test::CliRun rq = s.sft(q);
+  EXPECT_EQ(rq.code, 2) << rq.out << rq.err;
+  EXPECT_EQ(rq.err, problems(q, {{8,
+                                  "load_in_4bit: 4-bit quantised base weights (QLoRA) are not built yet; drop it "
+                                  "for bf16 LoRA"},
+                                 {23,
+                                  "adapter: qlora: 4-bit quantised base weights (QLoRA) are not built yet; use "
+                                  "adapter: lora for bf16 LoRA"},
+                                 {57, "fsdp: " + fsdp + " (also asked for by fsdp_config at " + q.string() + ":60)"}}));
+}
+
+// Llama 3.2 3B with FP8 over FSDP2: FP8 and FSDP are named; its cosine floor (cosine_min_lr_ratio: 1.0, a
+// constant lr after the warmup), compile, Liger and save_only_model settings are accepted.
+TEST(PeerConfigs, AxolotlFp8Fsdp2NamesFp8AndFsdp) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-llama-3-3b-fp8-fsdp2.yaml");
+  const test::CliRun r = s.sft(cfg);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(r.err, problems(cfg, {{52, "fp8: FP8 training is not built yet; drop it for bf16"},
+                                  {64,
+                                   "fsdp_version: not supported; soltrain runs multi-GPU itself (gpus: N or "
+                                   "mpirun, zero_stage) (also asked for by fsdp_config at " +
+                                       cfg.string() + ":65)"}}));
+}
+
+// Ray with DeepSpeed: both named.
+TEST(PeerConfigs, AxolotlRayNamesRayAndDeepspeed) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-llama-3-lora-1b-ray.yml");
+  const test::CliRun r = s.sft(cfg);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(r.err, problems(cfg, {{62,
+                                   "deepspeed: not supported; soltrain runs multi-GPU itself (gpus: N or mpirun, "
+                                   "zero_stage)"},
+                                  {67,
+                                   "use_ray: Ray is not supported; soltrain runs multi-GPU itself (gpus: N or "
+                                   "mpirun)"}}));
+}
+
+// Llama 3 Instruct DPO over an 8-bit base: both named, the DPO dataset's keys accepted.
+TEST(PeerConfigs, AxolotlLlama3DpoNamesEightBitAndDpo) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-llama-3-instruct-dpo-lora-8b.yml", "messages.jsonl", "llama");
+  const test::CliRun r = s.sft(cfg);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(r.err, problems(cfg, {{14,
+                                   "load_in_8bit: 8-bit quantised base weights are not built yet; drop it for "
+                                   "bf16 LoRA"},
+                                  {18,
+                                   "rl: \"dpo\": preference and RL training (dpo, ipo, kto, orpo, simpo, grpo) "
+                                   "is not built yet; soltrain trains with supervised fine-tuning (sft) and "
+                                   "pretraining (pt)"}}));
+}
+
+// Qwen3 8B LoRA with torch.compile (torch_compile_mode) runs to the end as it is.
+TEST(PeerConfigs, AxolotlQwen3CompileRunsToTheEnd) {
+  PeerSetup s;
+  const test::CliRun r = s.sft(s.config("axolotl-qwen3-8b-lora-fused-attn-compile.yaml"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string all = r.out + r.err;
+  EXPECT_EQ(all.rfind("sft: LoRA r32 on q,k,v,o,gate,up,down\n", 0), 0u) << all;
+  EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << all;
+}
+
+// Surogate's pretraining example: its FP8 recipe and NorMuon optimizer are named; with bf16 AdamW `soltrain pt`
+// trains on the train split's text and validates on the test split (a folder with both), loss_scale: all and
+// the unread truncation_strategy / use_chat_template accepted.
+TEST(PeerConfigs, SurogatePretrainingNamesFp8AndNormuonThenRuns) {
+  PeerSetup s;
+  const fs::path cfg = s.config("surogate-pt-qwen3.yaml", "shakespeare");
+  const test::CliRun r = test::run("pt " + cfg.string(), s.t);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(r.err, problems(cfg, {{24, "recipe: \"fp8-hybrid\": not built yet (FP8/FP4 training); use recipe: bf16"},
+                                  {25,
+                                   "optimizer: \"normuon\": not supported; soltrain trains with AdamW: use "
+                                   "optimizer: adamw_torch (fp32 moments) or adamw_8bit"}}));
+  const test::CliRun ok =
+      test::run("pt " + cfg.string() + " --set recipe=bf16 --set optimizer=adamw_torch --set max_steps=2", s.t);
+  ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
+  const std::string all = ok.out + ok.err;
+  EXPECT_NE(all.find("; 30 training documents ("), std::string::npos) << all;
+  EXPECT_NE(all.find(", 5 validation;"), std::string::npos) << all;
+  EXPECT_TRUE(fs::exists(s.t.path / "out" / "model" / "model.safetensors")) << all;
 }
 
 }  // namespace

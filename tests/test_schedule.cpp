@@ -89,5 +89,18 @@ TEST(Mfu, MeasuresAPositiveMatmulRateOnTheCpu) {
   EXPECT_LT(t, 10.0);  // and far below any GPU's rate
 }
 
+// Axolotl's cosine_min_lr_ratio (get_cosine_schedule_with_min_lr): (1 - r) * cosine + r after the warmup.
+TEST(Schedule, CosineWithAFloor) {
+  ScheduleConfig s{ScheduleType::kCosine, 10, 2, 0.1, 0.1};
+  EXPECT_DOUBLE_EQ(lr_factor(s, 1), 0.5);                // warmup is unchanged
+  EXPECT_DOUBLE_EQ(lr_factor(s, 2), 1.0);                // progress 0
+  EXPECT_NEAR(lr_factor(s, 6), 0.9 * 0.5 + 0.1, 1e-15);  // progress 1/2: the cosine at 0.5
+  EXPECT_NEAR(lr_factor(s, 10), 0.1, 1e-15);             // the floor at the end
+  s.min_lr_ratio = 1.0;                                  // a floor at the base lr: constant after the warmup
+  EXPECT_DOUBLE_EQ(lr_factor(s, 7), 1.0);
+  s.min_lr_ratio = 0;
+  EXPECT_NEAR(lr_factor(s, 10), 0.0, 1e-15);
+}
+
 }  // namespace
 }  // namespace soltrain

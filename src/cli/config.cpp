@@ -15,6 +15,7 @@
 #include "cli/peer_keys.h"
 #include "core/error.h"
 #include "data/preference.h"
+#include "data/named_templates.h"
 #include "hub/hub_cache.h"
 #include "model/dpo_objective.h"
 
@@ -189,8 +190,32 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
       {"input_field", [&](const Entry& e) { f.input = get_string(e, "input_field"); }},
       {"output_field", [&](const Entry& e) { f.output = get_string(e, "output_field"); }},
       {"messages_field", [&](const Entry& e) { f.messages = f.conversations = get_string(e, "messages_field"); }},
+      {"completion_field", [&](const Entry& e) { f.completion = get_string(e, "completion_field"); }},
+      // Axolotl's preference pairs: read only by its rl trainers, which `rl:` refuses when asked for.
+      {"field_chosen", [&](const Entry& e) { get_string(e, "field_chosen"); }},
+      {"field_rejected", [&](const Entry& e) { get_string(e, "field_rejected"); }},
       {"samples", [&](const Entry& e) { d.samples = get_int(e, "samples", 1); }},
-      {"split", [&](const Entry& e) { d.split = get_string(e, "split"); }},
+      {"split",
+       [&](const Entry& e) {
+         d.split = get_string(e, "split");
+         // Hugging Face's slice syntax: NAME[FROM:TO], each bound an integer or a percentage, or empty.
+         if (const size_t open = d.split.find('['); open != std::string::npos) {
+           const std::string inner = d.split.substr(open + 1, d.split.size() - open - 2);
+           const size_t colon = inner.find(':');
+           auto bound_ok = [](const std::string& b) {
+             std::string digits = b.substr(b.size() && b[0] == '-' ? 1 : 0);
+             if (digits.size() && digits.back() == '%') digits.pop_back();
+             return b.empty() || (!digits.empty() && digits.size() <= 12 &&
+                                  digits.find_first_not_of("0123456789") == std::string::npos);
+           };
+           if (d.split.back() != ']' || colon == std::string::npos || open == 0 || !bound_ok(inner.substr(0, colon)) ||
+               !bound_ok(inner.substr(colon + 1)))
+             bad_value(e, "split",
+                       "a split name, optionally sliced as name[from:to] (e.g. train[:20%], train[10:-10])");
+           d.slice = std::pair{inner.substr(0, colon), inner.substr(colon + 1)};
+           d.split = d.split.substr(0, open);
+         }
+       }},
       // Axolotl's ds_type names the file format; soltrain reads it from the file name.
       {"ds_type",
        [&](const Entry& e) {
@@ -240,10 +265,10 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
       {"chat_template",
        [&](const Entry& e) {
          const std::string s = get_string(e, "chat_template");
-         if (s != "tokenizer_default" && s != "chatml")
+         if (s != "tokenizer_default" && !named_chat_template(s))
            user_error(e.where, ": chat_template: \"", s,
-                      "\": named templates other than chatml (llama3, qwen3, ...) are not built yet; soltrain renders "
-                      "with the model's own template (chat_template: tokenizer_default)");
+                      "\": not a template soltrain has; use tokenizer_default (the model's own) or one of ",
+                      named_chat_template_list());
          f.chat_template = s;
        }},
       {"message_field_role", [&](const Entry& e) { f.role = f.from = get_string(e, "message_field_role"); }},
@@ -297,7 +322,8 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
   }
   // Axolotl's chat_template reads a record's "system" column as its system message unless told another
   // field (ChatTemplatePrompter field_system="system", prompt_strategies/chat_template.py).
-  if (type_name == "chat_template" && !seen.count("field_system")) f.system = "system";
+  if ((type_name == "chat_template" || type_name == "chat_template.default") && !seen.count("field_system"))
+    f.system = "system";
   // Axolotl maps the names through `roles` (human -> user) before comparing with the turns' roles.
   if (!roles_to_train_where.empty()) {
     f.roles_to_train.clear();
@@ -614,6 +640,7 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
   std::vector<std::string> names;
   for (const auto& [k, v] : keys) names.push_back(k);
   for (const std::string& k : peer_key_names()) names.push_back(k);
+  std::map<std::string, size_t> feature_error;  // a missing feature's text -> its entry in `errors`
   for (const std::string& key : order) {
     const Entry& e = entries.at(key);
     try {
@@ -625,7 +652,16 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       try {
         if (apply_peer_key(key, e.node, c)) continue;
       } catch (const UserError& p) {
-        user_error(e.where, ": ", p.what());
+        // Keys asking for the same missing feature (fsdp and fsdp_config) make one problem, not one each.
+        const std::string what = p.what();
+        const std::string feature = what.rfind(key + ": ", 0) == 0 ? what.substr(key.size() + 2) : what;
+        if (const auto same = feature_error.find(feature); same != feature_error.end()) {
+          errors[same->second] += cat(" (also asked for by ", key, " at ", e.where, ")");
+          failed.insert(key);
+          continue;
+        }
+        feature_error[feature] = errors.size();
+        user_error(e.where, ": ", what);
       }
       unknown_key(e.where, key, names, "key");
     } catch (const DatasetErrors& err) {
@@ -659,6 +695,18 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
         cat(where, ": ", c.lora.base_key,
             ": a quantised base is frozen, so it trains LoRA adapters only (QLoRA): add `adapter: lora`, or "
             "drop it for full fine-tuning in bf16/fp32"));
+  // Axolotl's scheduler is cosine unless the config says otherwise (Surogate's and HF's: linear, soltrain's
+  // default); a config written for Axolotl (its base_model key) gets Axolotl's, and the run says so.
+  if (entries.count("base_model") && !given({"lr_scheduler", "lr_scheduler_type"})) {
+    c.lr_scheduler_type = ScheduleType::kCosine;
+    c.notes.push_back("lr_scheduler is not given: cosine, Axolotl's default (the config uses Axolotl's base_model)");
+  }
+  // Axolotl's constant tail after the cosine floor (get_cosine_schedule_with_warmup_decay_constant), used when
+  // both ratios are non-zero.
+  if (c.cosine_min_lr_ratio > 0 && c.cosine_constant_lr_ratio > 0)
+    errors.push_back(cat(entries.at("cosine_constant_lr_ratio").where,
+                         ": cosine_constant_lr_ratio: a constant learning rate at the cosine floor for the last part "
+                         "of training is not built yet; drop it (the cosine then reaches its floor at the end)"));
   // A key whose value was refused is reported once, not again as missing.
   auto refused = [&](std::initializer_list<const char*> ks) {
     for (const char* k : ks)

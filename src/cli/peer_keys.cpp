@@ -8,6 +8,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "data/named_templates.h"
 
 namespace soltrain {
 
@@ -28,7 +29,9 @@ bool is_off(const YAML::Node& n) {
   return s.empty() || s == "false" || s == "False" || s == "null" || s == "~" || s == "none" || s == "None";
 }
 
+// An empty value (`merge_adapter:`) is off, as it is for Axolotl's and Surogate's readers.
 bool as_bool(const std::string& key, const YAML::Node& n) {
+  if (!n.IsDefined() || n.IsNull() || (n.IsScalar() && n.Scalar().empty())) return false;
   if (n.IsScalar()) try {
       return n.as<bool>();
     } catch (const YAML::Exception&) {
@@ -36,13 +39,27 @@ bool as_bool(const std::string& key, const YAML::Node& n) {
   user_error(key, ": \"", text(n), "\" is not valid: expected true or false");
 }
 
+// Empty is 0: not given.
 double as_positive(const std::string& key, const YAML::Node& n) {
+  if (!n.IsDefined() || n.IsNull() || (n.IsScalar() && n.Scalar().empty())) return 0;
   double v = 0;
   if (n.IsScalar()) try {
       v = n.as<double>();
     } catch (const YAML::Exception&) {
     }
   if (!(v > 0 && v <= 1e6)) user_error(key, ": \"", text(n), "\" is not valid: expected a number > 0");
+  return v;
+}
+
+// A number in [0, 1]; empty is 0.
+double as_fraction(const std::string& key, const YAML::Node& n) {
+  if (!n.IsDefined() || n.IsNull() || (n.IsScalar() && n.Scalar().empty())) return 0;
+  double v = -1;
+  if (n.IsScalar()) try {
+      v = n.as<double>();
+    } catch (const YAML::Exception&) {
+    }
+  if (!(v >= 0 && v <= 1)) user_error(key, ": \"", text(n), "\" is not valid: expected a number in [0, 1]");
   return v;
 }
 
@@ -77,9 +94,10 @@ const std::string kMultiGpu = "not supported; soltrain runs multi-GPU itself (gp
 const std::map<std::string, Apply>& table() {
   static const std::map<std::string, Apply> t = {
       // Renames.
-      {"gradient_checkpointing",  // Axolotl; "unsloth" is its offloaded variant, the same recompute here
+      {"gradient_checkpointing",  // Axolotl; "unsloth" and "offload" keep the checkpoints in host memory
+       // there: the same recompute, the same results, here with the checkpoints left on the device
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
-         const bool on = n.IsScalar() && n.Scalar() == "unsloth" ? true : as_bool(k, n);
+         const bool on = n.IsScalar() && (n.Scalar() == "unsloth" || n.Scalar() == "offload") ? true : as_bool(k, n);
          c.recompute = on ? Recompute::Full : Recompute::None;
        }},
       {"lora_target_linear",
@@ -88,9 +106,13 @@ const std::map<std::string, Apply>& table() {
        }},
       {"optimizer",  // HF Trainer's names: the fp32 AdamW ones, and bitsandbytes' 8-bit AdamW
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (is_off(n)) return;  // `optimizer:` with nothing: the default, AdamW
          const std::string s = text(n);
-         for (const char* o : {"adamw_torch", "adamw_torch_fused", "adamw", "adamw_hf"})
+         // paged_adamw_32bit is bitsandbytes' fp32 AdamW in paged (unified) memory: the same updates.
+         for (const char* o : {"adamw_torch", "adamw_torch_fused", "adamw", "adamw_hf", "paged_adamw_32bit"})
            if (s == o) return void(c.moments = Moments::F32);
+         if (s == "adamw_torch_4bit")
+           user_error(k, ": \"", s, "\": 4-bit optimizer moments are not built yet; use adamw_8bit or adamw_torch");
          for (const char* o : {"adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit"})
            if (s == o) return void(c.moments = Moments::Blockwise8);
          user_error(k, ": \"", s,
@@ -102,6 +124,36 @@ const std::map<std::string, Apply>& table() {
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.saves_per_epoch = as_positive(k, n); }},
       {"evals_per_epoch",
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.evals_per_epoch = as_positive(k, n); }},
+      // Axolotl: documents in the datasets' order every epoch instead of shuffled.
+      {"curriculum_sampling",
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.shuffle = !as_bool(k, n); }},
+      // Axolotl: drop tokenized documents identical to an earlier one (train/train_data.cpp).
+      {"dataset_exact_deduplication", [](const std::string& k, const YAML::Node& n,
+                                         TrainConfig& c) { c.dataset_exact_deduplication = as_bool(k, n); }},
+      // Surogate: fold the trained LoRA adapter into the base model, written to output_dir/merged.
+      {"merge_adapter",
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.merge_adapter = as_bool(k, n); }},
+      {"plugins",  // Axolotl plugins: the two whose work soltrain does itself are accepted
+       [](const std::string& k, const YAML::Node& n, TrainConfig&) {
+         if (is_off(n)) return;
+         if (!n.IsSequence()) user_error(k, ": \"", text(n), "\" is not valid: expected a list of plugin classes");
+         for (const YAML::Node& p : n) {
+           const std::string name = text(p);
+           // Cut Cross Entropy: soltrain's loss never materialises the full logits either; Liger: fused
+           // kernels (norms, SwiGLU, RoPE, loss) that soltrain has its own of.
+           if (name == "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin" ||
+               name == "axolotl.integrations.liger.LigerPlugin")
+             continue;
+           user_error(k, ": \"", name, "\": Axolotl plugins are not supported");
+         }
+       }},
+      {"rl",  // Axolotl's preference and RL trainers
+       [](const std::string& k, const YAML::Node& n, TrainConfig&) {
+         if (!is_off(n))
+           user_error(k, ": \"", text(n),
+                      "\": preference and RL training (dpo, ipo, kto, orpo, simpo, grpo) is not "
+                      "built yet; soltrain trains with supervised fine-tuning (sft) and pretraining (pt)");
+       }},
       // What soltrain does anyway.
       {"flash_attention", any()},                // soltrain's attention is a flash (tiled, online-softmax) kernel
       {"attn_implementation", any()},            // transformers' attention backend: the same choice
@@ -109,7 +161,38 @@ const std::map<std::string, Apply>& table() {
       {"sdp_attention", any()},
       {"xformers_attention", any()},
       {"fused_attn_kernel", any()},
+      // Axolotl's Triton LoRA kernels (MLP, QKV, O): soltrain's LoRA layers are its own fused code, same math.
+      {"lora_mlp_kernel", any()},
+      {"lora_qkv_kernel", any()},
+      {"lora_o_kernel", any()},
+      // Axolotl's next-fit packing in sampler order: how soltrain always packs (data/loader.cpp).
+      {"sample_packing_sequentially", any()},
+      // A key of one Axolotl example (llama-3/lora-1b-sample-packing-sequentially.yml) that no Axolotl code
+      // reads (its schema ignores unknown keys): accepted so that example runs as Axolotl runs it.
+      {"test_value", any()},
+      // Tune Surogate's qlora_bnb, which is refused itself when on: one line for the one missing feature.
+      {"qlora_bnb_block_size", any()},
+      {"qlora_bnb_double_quant", any()},
       {"use_fused_rope", any()},
+      // Surogate's keys that its code (invergent-ai/surogate at 524fb77) stores but never reads: documents
+      // longer than sequence_len and the chat template follow soltrain's own rules either way.
+      {"truncation_strategy", any()},
+      {"use_chat_template", any()},
+      // Surogate's loss_scale: "default" trains the assistant turns, "all" every token (its pt forces "all").
+      {"loss_scale",
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (is_off(n) || text(n) == "default") return;
+         if (text(n) != "all")
+           user_error(k, ": \"", text(n), "\": not supported; use default (the assistant turns) or all (every token)");
+         c.train_on_inputs = true;
+       }},
+      {"torch_compile_mode", any()},
+      {"flex_attn_compile_kwargs", any()},
+      // Checkpoints without the optimizer state: soltrain's keep it (resumable); the training is the same.
+      {"save_only_model", any()},
+      // Settings of features refused themselves when on (fp8, use_ray, cosine_min_lr_ratio): one line each.
+      {"fp8_enable_fsdp_float8_all_gather", any()},
+      {"ray_num_workers", any()},
       {"cut_cross_entropy", any()},  // soltrain never materialises the full logits either
       {"torch_compile", any()},
       {"use_cuda_graphs", any()},
@@ -138,7 +221,6 @@ const std::map<std::string, Apply>& table() {
       {"auto_resume_from_checkpoints", any()},
       {"apply_recommended_values", any()},
       {"dataloader_num_workers", any()},
-      {"merge_adapter", off_or("merging is a separate step: `soltrain merge` after training")},
       {"special_tokens",  // kept to be compared with the tokenizer's when the data is prepared
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          if (!n.IsDefined() || n.IsNull()) return;
@@ -157,10 +239,10 @@ const std::map<std::string, Apply>& table() {
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          if (!n.IsDefined() || n.IsNull()) return;
          const std::string s = text(n);
-         if (s != "tokenizer_default" && s != "chatml")
+         if (s != "tokenizer_default" && !named_chat_template(s))
            user_error(k, ": \"", s,
-                      "\": named templates other than chatml (llama3, qwen3, ...) are not built yet; soltrain renders "
-                      "with the model's own template (chat_template: tokenizer_default)");
+                      "\": not a template soltrain has; use tokenizer_default (the model's own) or one of ",
+                      named_chat_template_list());
          c.chat_template = s;
        }},
       {"zero_level",
@@ -192,7 +274,6 @@ const std::map<std::string, Apply>& table() {
       {"hub_model_id", off_or("pushing to the Hugging Face hub is not built; upload output_dir yourself")},
       {"hub_strategy", off_or("pushing to the Hugging Face hub is not built; upload output_dir yourself")},
       {"push_dataset_to_hub", off_or("pushing to the Hugging Face hub is not built")},
-      {"plugins", off_or("Axolotl plugins are not supported")},
       {"unfrozen_parameters", off_or("training a chosen subset of weights is not built yet")},
       {"checkpoint_dir", off_or("checkpoints are written into output_dir; drop checkpoint_dir")},
       {"from_scratch", off_or("training from random weights is not built yet")},
@@ -204,6 +285,16 @@ const std::map<std::string, Apply>& table() {
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          if (as_bool(k, n)) set_quantised_base(c, WeightFormat::Nf4, k);
        }},
+      {"use_ray", off_or("Ray is not supported; soltrain runs multi-GPU itself (gpus: N or mpirun)")},
+      {"cosine_min_lr_ratio",  // the cosine schedule's floor; Axolotl applies it only to lr_scheduler: cosine
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.cosine_min_lr_ratio = as_fraction(k, n); }},
+      {"cosine_constant_lr_ratio", [](const std::string& k, const YAML::Node& n,
+                                      TrainConfig& c) { c.cosine_constant_lr_ratio = as_fraction(k, n); }},
+      {"qlora_bnb",  // Surogate: LoRA over a bitsandbytes NF4 base
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (as_bool(k, n)) set_quantised_base(c, WeightFormat::Nf4, k);
+       }},
+      {"qlora_fp4", off_or("FP4 quantised base weights are not built yet; drop it for bf16 LoRA")},
   };
   return t;
 }

@@ -2,6 +2,7 @@
 #include "data/dataset.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "io/json_file.h"
 
@@ -21,6 +22,8 @@ std::optional<DatasetType> find_dataset_type(std::string_view s) {
                                                                 {"conversation", DatasetType::kConversation},
                                                                 {"chat", DatasetType::kConversation},
                                                                 {"chat_template", DatasetType::kConversation},
+                                                                // Axolotl's module.function form of the same loader
+                                                                {"chat_template.default", DatasetType::kConversation},
                                                                 {"sharegpt", DatasetType::kConversation}};
   const auto it = names.find(s);
   if (it == names.end()) return std::nullopt;
@@ -126,14 +129,71 @@ ordered_json sharegpt_messages(const ordered_json& list, const DatasetFields& f)
 
 }  // namespace
 
-DatasetType detect_type(const ordered_json& r, const DatasetFields& f) {
+namespace {
+
+// The record's key equal to `name` ignoring case (Surogate's safe_rename_columns matches columns so), or ""
+// when it has none.
+std::string key_like(const ordered_json& r, const std::string& name) {
+  for (auto it = r.begin(); it != r.end(); ++it) {
+    const std::string& k = it.key();
+    if (!name.empty() && k.size() == name.size() &&
+        std::equal(k.begin(), k.end(), name.begin(),
+                   [](unsigned char a, unsigned char b) { return std::tolower(a) == std::tolower(b); }))
+      return k;
+  }
+  return "";
+}
+
+// The one key among `candidates` the record has. As Surogate's rename: the target name itself wins; when
+// two or more others are present none is taken (empty).
+std::string unique_key(const ordered_json& r, const std::string& target, const std::vector<std::string>& candidates) {
+  if (std::string k = key_like(r, target); !k.empty()) return k;
+  std::string found;
+  int n = 0;
+  for (const std::string& c : candidates)
+    if (std::string k = key_like(r, c); !k.empty()) found = k, ++n;
+  return n == 1 ? found : "";
+}
+
+}  // namespace
+
+DatasetType detect_auto(const ordered_json& r, DatasetFields& out) {
   if (!r.is_object()) bad(cat("record is ", r.type_name(), ", expected an object"));
-  if (r.contains(f.messages) || r.contains(f.conversations)) return DatasetType::kConversation;
-  if (r.contains(f.instruction) && r.contains(f.output)) return DatasetType::kInstruction;
-  if (r.contains(f.text)) return DatasetType::kText;
-  bad(cat("cannot detect the dataset type: the first record has none of \"", f.text, "\", \"", f.instruction, "\"+\"",
-          f.output, "\", \"", f.messages, "\", \"", f.conversations,
-          "\" (give the dataset's type: `type:` in a config, FILE:TYPE with --data)"));
+  DatasetFields f = out;  // `out` changes only when a type is found
+  const auto found = [&](DatasetType t) {
+    out = f;
+    return t;
+  };
+  const std::string system = unique_key(r, "system", {"system_prompt"});
+  if (f.system.empty()) f.system = system;
+  // Messages: role/content or from/value, told apart by the first message (Surogate's MessagesPreprocessor).
+  for (const std::string& name : {f.messages, f.conversations, std::string("conversation")})
+    if (const std::string k = key_like(r, name); !k.empty()) {
+      const ordered_json& list = r.at(k);
+      f.messages = k;
+      if (list.is_array() && !list.empty() && list[0].is_object() && !list[0].contains(f.role) &&
+          list[0].contains(f.from)) {
+        f.role = f.from;
+        f.content = f.value;
+      }
+      return found(DatasetType::kConversation);
+    }
+  if (!key_like(r, f.instruction).empty() && !key_like(r, f.input).empty()) return found(DatasetType::kInstruction);
+  const std::string query = unique_key(r, "query", {"prompt", "input", "instruction", "question", "problem"});
+  const std::string response = unique_key(
+      r, "response",
+      {"answer", "output", "targets", "target", "answer_key", "answers", "solution", "text", "completion", "content"});
+  if (query.empty() && r.contains(f.text)) return found(DatasetType::kText);
+  if (query.empty() || response.empty())
+    bad(cat("cannot detect the dataset type: the first record has no messages, no instruction + input, and no ",
+            query.empty() ? "query (query, prompt, input, instruction, question or problem)"
+                          : "response (response, answer, output, targets, target, answer_key, answers, solution, "
+                            "text, completion or content)",
+            " (give the dataset's type: `type:` in a config, FILE:TYPE with --data)"));
+  f.instruction = query;
+  f.output = response;
+  f.input.clear();
+  return found(DatasetType::kInstruction);
 }
 
 std::string alpaca_prompt(const std::string& instruction, const std::string& input) {
@@ -175,12 +235,18 @@ std::vector<std::string> needed_fields(DatasetType type, const DatasetFields& f)
   if (any || type == DatasetType::kConversation) {
     add(f.messages);
     add(f.conversations);
+    add(f.completion);
     // The template variables chat templates take besides the messages (tools for function calling,
     // documents for RAG); a JSONL record passes every key, a parquet file only these columns.
     add("tools");
     add("documents");
   }
   add(f.system);
+  if (any)  // the columns detect_auto looks for besides the configured ones (Surogate's names)
+    for (const char* k :
+         {"conversation", "query", "prompt", "question", "problem", "response", "answer", "targets", "target",
+          "answer_key", "answers", "solution", "completion", "content", "system", "system_prompt"})
+      add(k);
   return out;
 }
 
@@ -237,7 +303,12 @@ Sample to_sample(const ordered_json& r, DatasetType type, const DatasetFields& f
       // Surogate's InstructionPreprocessor (surogate/core/datasets/preprocessor/instruction.py): the user turn
       // is "{instruction}\n{input}", or the instruction alone when the input is missing or empty.
       if (!input.empty()) user += "\n" + input;
-      s.vars["messages"] = user_assistant(std::move(user), string_field(r, f.output));
+      // A list of responses (Surogate's ResponsePreprocessor, e.g. `answers`) trains on the first.
+      const auto out = r.find(f.output);
+      if (out != r.end() && out->is_array() && !out->empty() && (*out)[0].is_string())
+        s.vars["messages"] = user_assistant(std::move(user), (*out)[0].get<std::string>());
+      else
+        s.vars["messages"] = user_assistant(std::move(user), string_field(r, f.output));
       break;
     }
     case DatasetType::kAlpaca:
@@ -264,10 +335,20 @@ Sample to_sample(const ordered_json& r, DatasetType type, const DatasetFields& f
       if (it == r.end()) bad(cat("missing field \"", f.messages, "\" or \"", f.conversations, "\""));
       if (!it->is_array()) bad(cat("field \"", key, "\" is ", it->type_name(), ", expected an array"));
       if (it->empty()) bad(cat("field \"", key, "\" is an empty conversation"));
-      s.vars["messages"] = openai ? openai_messages(*it, f) : sharegpt_messages(*it, f);
+      ordered_json list = *it;
+      // Surogate's completion_field: the completion's message(s) follow the prompt's.
+      if (const auto c = f.completion.empty() ? r.end() : r.find(f.completion); c != r.end() && !c->is_null()) {
+        if (c->is_object())
+          list.push_back(*c);
+        else if (c->is_array())
+          list.insert(list.end(), c->begin(), c->end());
+        else
+          bad(cat("field \"", f.completion, "\" is ", c->type_name(), ", expected a message or a list of them"));
+      }
+      s.vars["messages"] = openai ? openai_messages(list, f) : sharegpt_messages(list, f);
       // Other keys (tools, documents, ...) are template variables, as HF's apply_chat_template takes them.
       for (const auto& [k, v] : r.items())
-        if (k != f.messages && k != f.conversations && k != f.system) s.vars[k] = v;
+        if (k != f.messages && k != f.conversations && k != f.system && k != f.completion) s.vars[k] = v;
       break;
     }
   }

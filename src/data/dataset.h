@@ -32,6 +32,8 @@ struct DatasetFields {
   std::string text = "text";
   std::string instruction = "instruction", input = "input", output = "output";
   std::string messages = "messages", conversations = "conversations";
+  // Surogate's completion_field: a message (or list of them) appended to the conversation's messages.
+  std::string completion;
   std::string role = "role", content = "content";  // OpenAI style
   std::string from = "from", value = "value";      // ShareGPT style
   // Role names as they appear in the data → the template's roles; applied to both styles.
@@ -79,8 +81,13 @@ struct BadRecord : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The type the first record looks like (BadRecord if it matches none).
-DatasetType detect_type(const nlohmann::ordered_json& record, const DatasetFields& f);
+// `type: auto` (BadRecord if the first record matches nothing), as Surogate's AutoPreprocessor decides from a dataset's
+// columns (here the first record's keys): a messages / conversation / conversations list, else instruction + input
+// (Alpaca), else a query column (query, prompt, input, instruction, question, problem) and a response column (response,
+// answer, output, targets, target, answer_key, answers, solution, text, completion, content), and a system column
+// (system, system_prompt). `f` is set to read the columns found. One difference: a record with a "text"
+// column and no query stays a text document (Surogate makes it a lone assistant turn of the template).
+DatasetType detect_auto(const nlohmann::ordered_json& record, DatasetFields& f);
 // Axolotl's alpaca prompt for an instruction and an optional input (empty: the no-input form).
 std::string alpaca_prompt(const std::string& instruction, const std::string& input);
 // Axolotl's alpaca_chat prompt (AlpacaPrompter, prompt style "chat"): SYSTEM/USER/ASSISTANT lines.

@@ -9,4 +9,7 @@ namespace soltrain {
 // (and "") mean the model's own template and are not names here.
 std::optional<std::string> named_chat_template(const std::string& name);
 
+// The names named_chat_template knows, for messages ("chatml, llama3, ...").
+std::string named_chat_template_list();
+
 }  // namespace soltrain

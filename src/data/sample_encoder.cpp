@@ -37,6 +37,11 @@ size_t common_prefix(const std::string& a, const std::string& b) {
 
 }  // namespace
 
+void SampleEncoder::set_bos(const std::string& bos) {
+  bos_id_.reset();
+  if (!bos.empty()) bos_id_ = tok_.token_to_id(bos);
+}
+
 void SampleEncoder::set_turn_training(std::vector<std::string> roles, std::string train_on_eos) {
   roles_ = std::move(roles);
   train_on_eos_ = std::move(train_on_eos);
@@ -141,23 +146,29 @@ Document SampleEncoder::encode(const Sample& s) {
     }
     return d;
   }
+  // Axolotl's _tokenize (src/axolotl/prompt_tokenizers.py) calls tokenizer(text), whose add_special_tokens
+  // puts the post_processor's specials around the text (Llama 3.1: <|begin_of_text|> first; Qwen: none), and
+  // appends the eos token unless the text already ends with it.
+  const auto ends_with_eos = [&](const std::vector<int32_t>& ids) {
+    return ids.size() >= eos_ids_.size() && std::equal(eos_ids_.rbegin(), eos_ids_.rend(), ids.rbegin());
+  };
   if (s.is_text && s.prompt_chars > 0) {
-    // A prompt + response text (alpaca, alpaca_chat) as Axolotl's InstructionPromptTokenizingStrategy
-    // (src/axolotl/prompt_tokenizers.py) does it: the prompt and the response are tokenized apart and joined,
-    // the prompt untrained; the eos token ends the response unless the response already ends with it.
+    // A prompt + response text (alpaca, alpaca_chat) as Axolotl's InstructionPromptTokenizingStrategy does it:
+    // the prompt and the response are tokenized apart and joined, the prompt untrained; the response loses a
+    // leading BOS (strip_bos_token) and gets the eos token unless it already ends with it.
     // Apart, not whole: "ASSISTANT:" + "//x" would otherwise become one "://" token across the edge.
-    d.ids = tok_.encode(std::string_view(s.text).substr(0, s.prompt_chars));
+    d.ids = tok_.encode_with_special_tokens(std::string_view(s.text).substr(0, s.prompt_chars));
     d.mask.assign(d.ids.size(), train_on_inputs_ ? 1 : 0);
-    std::vector<int32_t> response = tok_.encode(std::string_view(s.text).substr(s.prompt_chars));
-    if (response.size() < eos_ids_.size() || !std::equal(eos_ids_.rbegin(), eos_ids_.rend(), response.rbegin()))
-      response.insert(response.end(), eos_ids_.begin(), eos_ids_.end());
+    std::vector<int32_t> response = tok_.encode_with_special_tokens(std::string_view(s.text).substr(s.prompt_chars));
+    if (bos_id_ && !response.empty() && response.front() == *bos_id_) response.erase(response.begin());
+    if (!ends_with_eos(response)) response.insert(response.end(), eos_ids_.begin(), eos_ids_.end());
     d.ids.insert(d.ids.end(), response.begin(), response.end());
     d.mask.insert(d.mask.end(), response.size(), 1);
     return d;
   }
-  if (s.is_text) {
-    d.ids = tok_.encode(s.text);
-    d.ids.insert(d.ids.end(), eos_ids_.begin(), eos_ids_.end());
+  if (s.is_text) {  // Axolotl's completion (and pretraining) rows: tokenizer(text) + eos
+    d.ids = tok_.encode_with_special_tokens(s.text);
+    if (!ends_with_eos(d.ids)) d.ids.insert(d.ids.end(), eos_ids_.begin(), eos_ids_.end());
     d.mask.assign(d.ids.size(), 1);
     return d;
   }
@@ -187,6 +198,15 @@ Document SampleEncoder::encode(const Sample& s) {
         "the rendered conversation tokenizes differently when cut at the assistant turns; cannot place the loss "
         "mask");
   return d;
+}
+
+std::string read_bos_token(const std::filesystem::path& tokenizer_config) {
+  const nlohmann::json j = read_json_file(tokenizer_config);
+  auto it = j.find("bos_token");
+  if (it != j.end() && it->is_string()) return it->get<std::string>();
+  if (it != j.end() && it->is_object() && it->contains("content") && (*it)["content"].is_string())
+    return (*it)["content"].get<std::string>();
+  return "";
 }
 
 std::string read_eos_token(const std::filesystem::path& tokenizer_config) {

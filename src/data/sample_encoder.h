@@ -49,6 +49,8 @@ class SampleEncoder {
   SampleEncoder(Tokenizer& tok, const ChatTemplate* tmpl, std::string eos, bool train_on_inputs);
   // Which turns and end-of-turn tokens are trained (DatasetFields::roles_to_train / train_on_eos).
   void set_turn_training(std::vector<std::string> roles, std::string train_on_eos);
+  // tokenizer_config's bos_token ("" when it has none): a response that starts with it loses it (below).
+  void set_bos(const std::string& bos);
 
   // BadRecord when the template rejects the conversation or the pieces do not tokenize like the whole.
   Document encode(const Sample& s);
@@ -71,6 +73,7 @@ class SampleEncoder {
   const ChatTemplate* tmpl_;
   std::string eos_;
   std::vector<int32_t> eos_ids_;
+  std::optional<int32_t> bos_id_;
   bool train_on_inputs_;
   std::vector<std::string> roles_ = {"assistant"};
   std::string train_on_eos_ = "turn";
@@ -79,5 +82,7 @@ class SampleEncoder {
 
 // tokenizer_config.json's eos_token (a string or {"content": ...}); UserError if absent.
 std::string read_eos_token(const std::filesystem::path& tokenizer_config);
+// tokenizer_config.json's bos_token, "" when absent or null (Qwen's).
+std::string read_bos_token(const std::filesystem::path& tokenizer_config);
 
 }  // namespace soltrain

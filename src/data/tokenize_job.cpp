@@ -41,6 +41,7 @@ json fields_json(const DatasetFields& f) {
           {"system_prompt", f.system_prompt},
           {"system", f.system},
           {"segments", f.segments},
+          {"completion", f.completion},
           {"roles_to_train", f.roles_to_train},
           {"train_on_eos", f.train_on_eos},
           {"chat_template", f.chat_template}};
@@ -94,7 +95,10 @@ json tokenize_key(const TokenizeOptions& o) {
            {{"train_on_inputs", o.train_on_inputs},
             {"bad_records", o.bad_records == BadRecordPolicy::kSkip ? "skip" : "error"},
             {"seq_len", o.seq_len},
-            {"fields", fields_json(o.fields)}}},
+            {"fields", fields_json(o.fields)},
+            // How samples become tokens; raised when that changes, so older shards are not reused
+            // (2: the post_processor's BOS on text and alpaca rows, Surogate's auto detection).
+            {"encoding", 2}}},
           {"tokenizer",
            {{"tokenizer.json", sha256_file(dir / "tokenizer.json")},
             {"tokenizer_config.json", sha256_file(dir / "tokenizer_config.json")}}}};
@@ -122,6 +126,7 @@ TokenizeResult run_tokenize(const TokenizeOptions& o, std::ostream& log) {
   std::optional<ChatTemplate> tmpl;
   std::optional<SampleEncoder> enc;
   const std::string eos = read_eos_token(dir / "tokenizer_config.json");
+  const std::string bos = read_bos_token(dir / "tokenizer_config.json");
 
   StagedDir staged(o.out);
   ShardWriter writer(staged.path());
@@ -131,14 +136,15 @@ TokenizeResult run_tokenize(const TokenizeOptions& o, std::ostream& log) {
   for (const DatasetSource& src : o.sources) {
     RecordReader reader(src.path, needed_fields(src.type, o.fields), src.split);
     DatasetType type = src.type;
+    DatasetFields fields = o.fields;  // `type: auto` sets which columns to read from the first record
     nlohmann::ordered_json rec;
     std::string where, error;
     while (reader.next(rec, where, error)) {
       ++records;
       try {
         if (!error.empty()) throw BadRecord(error);
-        if (type == DatasetType::kAuto) type = detect_type(rec, o.fields);
-        const Sample s = to_sample(rec, type, o.fields);
+        if (type == DatasetType::kAuto) type = detect_auto(rec, fields);
+        const Sample s = to_sample(rec, type, fields);
         // The template is parsed only when a conversation needs it: base models often have none.
         if (!s.is_text && !tmpl) {
           const std::string& name = o.fields.chat_template;
@@ -156,6 +162,7 @@ TokenizeResult run_tokenize(const TokenizeOptions& o, std::ostream& log) {
         if (!enc) {
           enc.emplace(tok, tmpl ? &*tmpl : nullptr, eos, o.train_on_inputs);
           enc->set_turn_training(o.fields.roles_to_train, o.fields.train_on_eos);
+          enc->set_bos(bos);
         }
         const Document d = enc->encode(s);
         writer.add(d);

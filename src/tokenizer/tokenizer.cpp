@@ -30,7 +30,11 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& where
   t.normalizer_ = make_normalizer(j.value("normalizer", nlohmann::json()), where);
   t.pre_tokenizer_ = make_pre_tokenizer(j.value("pre_tokenizer", nlohmann::json()), where);
   t.decoder_ = make_decoder(j.value("decoder", nlohmann::json()), where);
-  // post_processor only matters for add_special_tokens=True, which encode() does not do.
+  try {
+    t.read_post_processor(j.value("post_processor", nlohmann::json()));
+  } catch (const nlohmann::json::exception& e) {  // a wrong type or shape deep inside it
+    user_error(where, ": post_processor: ", e.what());
+  }
 
   for (const auto& [token, id] : t.model_->vocab()) {
     if (size_t(id) >= t.id_to_token_.size()) t.id_to_token_.resize(size_t(id) + 1);
@@ -69,6 +73,47 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& where
     }
   }
   return t;
+}
+
+void Tokenizer::read_post_processor(const nlohmann::json& p) {
+  if (p.is_null()) return;
+  const std::string w = where_ + ": post_processor";
+  const std::string type = json_req<std::string>(p, "type", w);
+  if (type == "Sequence") {  // e.g. ByteLevel (offsets only) then TemplateProcessing (the specials)
+    for (const nlohmann::json& q : json_req<nlohmann::json>(p, "processors", w)) read_post_processor(q);
+  } else if (type == "TemplateProcessing") {
+    // "single": [{"SpecialToken": {"id": "<|begin_of_text|>"}}, {"Sequence": {"id": "A"}}, ...]; the special
+    // tokens' ids are in "special_tokens": {"<|begin_of_text|>": {"ids": [128000]}}.
+    const auto specials = json_req<nlohmann::json>(p, "special_tokens", w);
+    bool after = false;
+    for (const nlohmann::json& item : json_req<nlohmann::json>(p, "single", w)) {
+      if (item.contains("Sequence")) {
+        after = true;
+        continue;
+      }
+      const std::string id = json_req<std::string>(json_req<nlohmann::json>(item, "SpecialToken", w), "id", w);
+      const auto s = specials.find(id);
+      if (s == specials.end()) user_error(w, ": special token '", id, "' of the template is not in special_tokens");
+      for (const nlohmann::json& v : json_req<nlohmann::json>(*s, "ids", w))
+        (after ? special_suffix_ : special_prefix_).push_back(v.get<int32_t>());
+    }
+  } else if (type == "BertProcessing" || type == "RobertaProcessing") {  // [cls] text [sep]
+    special_prefix_.push_back(json_req<nlohmann::json>(p, "cls", w).at(1).get<int32_t>());
+    special_suffix_.push_back(json_req<nlohmann::json>(p, "sep", w).at(1).get<int32_t>());
+  } else if (type != "ByteLevel") {  // ByteLevel only adjusts offsets
+    unread_post_processor_ = type;
+  }
+}
+
+std::vector<int32_t> Tokenizer::encode_with_special_tokens(std::string_view text) {
+  if (!unread_post_processor_.empty())
+    user_error(where_, ": post_processor type '", unread_post_processor_,
+               "' is not supported (the special tokens it adds are unknown)");
+  std::vector<int32_t> out = special_prefix_;
+  const std::vector<int32_t> ids = encode(text);
+  out.insert(out.end(), ids.begin(), ids.end());
+  out.insert(out.end(), special_suffix_.begin(), special_suffix_.end());
+  return out;
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) {

@@ -31,6 +31,15 @@ class Tokenizer {
   // but no BOS/EOS or template is added (the post_processor is not applied). text must be UTF-8.
   std::vector<int32_t> encode(std::string_view text);
 
+  // HF's Tokenizer.encode(text, add_special_tokens=True) for one sequence: encode() inside the ids the
+  // post_processor puts around a single sequence (Llama 3.1's TemplateProcessing: <|begin_of_text|> first;
+  // Qwen's ByteLevel: nothing). What transformers' tokenizer(text) gives, and so what Axolotl trains on for
+  // text and alpaca prompts. A post_processor of a kind soltrain does not read throws UserError here.
+  std::vector<int32_t> encode_with_special_tokens(std::string_view text);
+  // The ids encode_with_special_tokens adds before and after the text.
+  const std::vector<int32_t>& special_prefix() const { return special_prefix_; }
+  const std::vector<int32_t>& special_suffix() const { return special_suffix_; }
+
   // HF's Tokenizer.decode(ids, skip_special_tokens). An id outside the vocabulary throws UserError.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
 
@@ -55,6 +64,9 @@ class Tokenizer {
   AddedTokenMatcher raw_matcher_;                    // added tokens with normalized=false, matched in the raw text
   AddedTokenMatcher norm_matcher_;                   // normalized=true ones, matched after normalization
   std::vector<std::string> id_to_token_;
+  std::vector<int32_t> special_prefix_, special_suffix_;  // from the post_processor's single-sequence template
+  std::string unread_post_processor_;                     // its type, when it is one soltrain does not read
+  void read_post_processor(const nlohmann::json& p);
 };
 
 }  // namespace soltrain

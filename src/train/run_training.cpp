@@ -19,6 +19,7 @@
 #include "data/batch_file.h"
 #include "data/loader.h"
 #include "model/checkpoint.h"
+#include "model/lora_merge.h"
 #include "model/peft_adapter.h"
 #include "train/curves_svg.h"
 #include "train/evaluate.h"
@@ -98,11 +99,12 @@ void set_up(Run& r) {
   lo.seq_len = c.sequence_len;
   lo.seed = c.seed;
   lo.pack = c.sample_packing;
+  lo.shuffle = c.shuffle;
   r.loader = std::make_unique<Loader>(std::move(r.data.train), lo);
   r.micro_per_epoch = (r.loader->rows_in_epoch(0) + lo.rows - 1) / lo.rows;
   // Data parallel: an update takes accumulation × world micro-batches (floor(m / (a·w)) = floor(floor(m / w) / a)).
   const int64_t total = total_training_steps(c, r.micro_per_epoch / r.world);
-  r.sched = ScheduleConfig{c.lr_scheduler_type, total, c.warmup_steps, c.wsd_decay_ratio};
+  r.sched = ScheduleConfig{c.lr_scheduler_type, total, c.warmup_steps, c.wsd_decay_ratio, c.cosine_min_lr_ratio};
   if (c.warmup_steps == 0 && c.warmup_ratio > 0) r.sched.warmup_steps = warmup_from_ratio(total, c.warmup_ratio);
 
   r.model->set_residual_dtype(c.residual_dtype);
@@ -287,6 +289,12 @@ void save_final(const Run& r, const RunResult& result, bool has_val, ProgressLin
   write_training_curves(metrics.jsonl_path(), c.output_dir / "training_curves.svg");
   std::string summary =
       cat(r.cmd, ": done, ", r.state.step, " steps; ", r.lora ? "adapter" : "model", " saved to ", saved.string());
+  // Surogate's merge_adapter: the adapter stays where PEFT reads it, the merged model goes next to it.
+  if (r.lora && c.merge_adapter) {
+    const fs::path merged = c.output_dir / "merged";
+    merge_adapter(c.model, saved, merged);
+    summary += cat("; merged model saved to ", merged.string());
+  }
   if (has_val)
     summary += cat("; validation loss ", fmt_loss(result.first_eval_loss), " -> ", fmt_loss(result.last_eval_loss));
   progress.message(summary);

@@ -45,7 +45,11 @@ double lr_factor(const ScheduleConfig& s, int64_t step) {
     case ScheduleType::kLinear: return std::max(0.0, (total - k) / std::max(1.0, total - w));
     case ScheduleType::kCosine: {
       const double progress = (k - w) / std::max(1.0, total - w);
-      return std::max(0.0, 0.5 * (1.0 + std::cos(std::numbers::pi * 0.5 * 2.0 * progress)));
+      const double scaling = std::max(0.0, 0.5 * (1.0 + std::cos(std::numbers::pi * 0.5 * 2.0 * progress)));
+      // Axolotl's get_cosine_schedule_with_min_lr (src/axolotl/utils/schedulers.py): the cosine between the
+      // base lr and the floor.
+      if (s.min_lr_ratio > 0) return (1 - s.min_lr_ratio) * scaling + s.min_lr_ratio;
+      return scaling;
     }
     case ScheduleType::kWsd: {
       // HF derives the stable length as total − warmup − decay when only the decay length is given.

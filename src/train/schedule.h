@@ -14,6 +14,7 @@ struct ScheduleConfig {
   ScheduleType type = ScheduleType::kLinear;
   int64_t total_steps = 0, warmup_steps = 0;
   double decay_ratio = 0.1;  // wsd: the last decay_ratio × total_steps steps decay (cosine) to 0
+  double min_lr_ratio = 0;   // cosine: decays to this fraction of the base lr (Axolotl's cosine_min_lr_ratio)
 };
 
 // The multiplier of the base lr for update `step` (0-based), in [0, 1].

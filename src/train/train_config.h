@@ -21,8 +21,11 @@ struct DatasetSpec {
   DatasetType type = DatasetType::kAuto;
   DatasetFields fields;  // field names, roles and system_prompt of this dataset
   std::string split;     // Axolotl / Surogate `split`: a folder's files of this split
-  int64_t samples = 0;   // Surogate `samples`: > 0 takes this many documents (see train_data.cpp)
-  std::string hub_id;    // `path: org/name` naming a hub dataset (not a local path): resolved by cli/hub_inputs.h
+  // Hugging Face's slice of a split, `train[:20%]`, `train[10:-5]`: bounds as written (empty: open), kept
+  // as text and resolved against the number of documents (train_data.cpp).
+  std::optional<std::pair<std::string, std::string>> slice;
+  int64_t samples = 0;  // Surogate `samples`: > 0 takes this many documents (see train_data.cpp)
+  std::string hub_id;   // `path: org/name` naming a hub dataset (not a local path): resolved by cli/hub_inputs.h
   std::string revision = "main";
   std::string preference_type = "auto";  // DPO runs: the record shape (data/preference.h find_preference_format)
 };
@@ -74,6 +77,9 @@ struct TrainConfig {
   ScheduleType lr_scheduler_type = ScheduleType::kLinear;
   int64_t warmup_steps = 0;
   double warmup_ratio = 0.0, wsd_decay_ratio = 0.1;
+  // Axolotl's cosine_min_lr_ratio (the cosine schedule's floor) and cosine_constant_lr_ratio (a constant tail
+  // at the floor, not built: refused when both are non-zero).
+  double cosine_min_lr_ratio = 0, cosine_constant_lr_ratio = 0;
   double weight_decay = 0.0, max_grad_norm = 1.0;
   double adamw_beta1 = 0.9, adamw_beta2 = 0.999, adamw_epsilon = 1e-8;
   Moments moments = Moments::F32;  // `optimizer: adamw_8bit` (and bitsandbytes' names for it): Blockwise8
@@ -106,6 +112,9 @@ struct TrainConfig {
   // device: cpu); ZeRO's stage (DeepSpeed's meaning) when there is more than one rank.
   int gpus = 1;
   int zero_stage = 0;
+  bool shuffle = true;                       // false (Axolotl's curriculum_sampling): the datasets' order
+  bool dataset_exact_deduplication = false;  // Axolotl's: identical tokenized documents kept once
+  bool merge_adapter = false;                // Surogate's: LoRA folded into the base, output_dir/merged
 };
 
 }  // namespace soltrain

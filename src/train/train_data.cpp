@@ -6,6 +6,7 @@
 #include <cmath>
 #include <iostream>
 #include <random>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "data/tokenize_job.h"
@@ -48,6 +49,60 @@ ShardSet sample_documents(const ShardSet& from, int64_t n, uint64_t seed) {
   return select_documents(from, docs);
 }
 
+ShardSet slice_documents(const ShardSet& from, const std::pair<std::string, std::string>& slice) {
+  // Hugging Face datasets' ReadInstruction with its default rounding ("closest"): a percentage p is
+  // round(p * n / 100) documents (Python's round: halves to even, as nearbyint), a negative bound counts
+  // from the end, and the result is clamped to [0, n]. Applied to the documents made from the records, so
+  // a skipped bad record (bad_records: skip) shifts the bounds by one.
+  const int64_t n = from.documents();
+  auto resolve = [&](const std::string& b, int64_t open) {
+    if (b.empty()) return open;
+    int64_t v = b.back() == '%' ? int64_t(std::nearbyint(std::stod(b.substr(0, b.size() - 1)) * double(n) / 100.0))
+                                : std::stoll(b);
+    if (v < 0) v += n;
+    return std::clamp<int64_t>(v, 0, n);
+  };
+  const int64_t begin = resolve(slice.first, 0), end = resolve(slice.second, n);
+  std::vector<int64_t> docs;
+  for (int64_t d = begin; d < end; ++d) docs.push_back(d);
+  return select_documents(from, docs);
+}
+
+int64_t drop_duplicate_documents(ShardSet& set, const ShardSet* seen_in) {
+  // Axolotl's dataset_exact_deduplication hashes each tokenized row (input_ids, labels, ...) and keeps the
+  // first of equal ones; here a document's tokens and loss mask are that row. Buckets by a 64-bit FNV-1a
+  // hash, then compares the documents themselves, so a hash collision never drops a document.
+  auto hash_of = [](const ShardSet& s, int64_t d) {
+    uint64_t h = 1469598103934665603ULL;
+    for (int64_t i = s.doc_offsets[size_t(d)]; i < s.doc_offsets[size_t(d) + 1]; ++i)
+      h = (h ^ (uint64_t(uint32_t(s.tokens[size_t(i)])) << 1 ^ s.mask[size_t(i)])) * 1099511628211ULL;
+    return h;
+  };
+  auto same = [](const ShardSet& a, int64_t da, const ShardSet& b, int64_t db) {
+    const int64_t ba = a.doc_offsets[size_t(da)], ea = a.doc_offsets[size_t(da) + 1];
+    const int64_t bb = b.doc_offsets[size_t(db)], eb = b.doc_offsets[size_t(db) + 1];
+    return ea - ba == eb - bb && std::equal(a.tokens.begin() + ba, a.tokens.begin() + ea, b.tokens.begin() + bb) &&
+           std::equal(a.mask.begin() + ba, a.mask.begin() + ea, b.mask.begin() + bb);
+  };
+  // (set, document) pairs already kept, by hash: the other set's documents first (the validation data is
+  // checked against the training data), then this set's own.
+  std::unordered_map<uint64_t, std::vector<std::pair<const ShardSet*, int64_t>>> kept;
+  if (seen_in)
+    for (int64_t d = 0; d < seen_in->documents(); ++d) kept[hash_of(*seen_in, d)].push_back({seen_in, d});
+  std::vector<int64_t> keep;
+  for (int64_t d = 0; d < set.documents(); ++d) {
+    auto& bucket = kept[hash_of(set, d)];
+    const bool dup =
+        std::any_of(bucket.begin(), bucket.end(), [&](const auto& k) { return same(*k.first, k.second, set, d); });
+    if (dup) continue;
+    bucket.push_back({&set, d});
+    keep.push_back(d);
+  }
+  const int64_t dropped = set.documents() - int64_t(keep.size());
+  if (dropped > 0) set = select_documents(set, keep);
+  return dropped;
+}
+
 namespace {
 
 ShardSet tokenize_all(const TrainConfig& c, const std::vector<DatasetSpec>& specs, const std::string& kind,
@@ -68,6 +123,7 @@ ShardSet tokenize_all(const TrainConfig& c, const std::vector<DatasetSpec>& spec
     o.progress = &log == &std::cerr && ::isatty(2);  // a redrawn line only makes sense on a terminal
     run_tokenize(o, log);
     ShardSet set = load_shards(o.out);
+    if (specs[i].slice) set = slice_documents(set, *specs[i].slice);
     if (specs[i].samples > 0) set = sample_documents(set, specs[i].samples, c.seed + i);
     append_shards(all, set);
   }
@@ -108,8 +164,18 @@ TrainData prepare_train_data(const TrainConfig& c, std::ostream& log) {
   TrainData d;
   check_special_tokens(c);
   d.train = tokenize_all(c, c.datasets, "train", log);
+  if (c.dataset_exact_deduplication) {
+    const int64_t dropped = drop_duplicate_documents(d.train, nullptr);
+    log << "dataset_exact_deduplication: dropped " << dropped << " duplicate documents, " << d.train.documents()
+        << " left\n";
+  }
   if (!c.validation_datasets.empty()) {
     d.validation = tokenize_all(c, c.validation_datasets, "validation", log);
+    if (c.dataset_exact_deduplication) {
+      const int64_t dropped = drop_duplicate_documents(d.validation, &d.train);
+      log << "dataset_exact_deduplication: dropped " << dropped << " validation documents also in the training data"
+          << " or repeated, " << d.validation.documents() << " left\n";
+    }
   } else if (c.validation_split_ratio > 0 || c.validation_count > 0) {
     // A seeded choice of documents, kept in their original order on both sides.
     const int64_t n = d.train.documents();

@@ -10,6 +10,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto ids = t.encode("Hello world! 123 \xc3\xbc\xe2\x9c\x93 <|im_start|>user\n  tabs\tand\r\nlines");
     (void)t.decode(ids, false);
     (void)t.decode(ids, true);
+    (void)t.encode_with_special_tokens("Hello");  // the post_processor's specials
   });
   return 0;
 }
