@@ -3,7 +3,7 @@
 # (the objective fixtures, the sft trajectory), the GPU tests, soltrain's LoRA against PEFT (fp32 and PEFT's
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
-#   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b]
+#   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -51,6 +51,22 @@ for s in "${steps[@]}"; do
         --recompute full --variant "QLoRA NF4=--qlora nf4" --variant "QLoRA FP8=--qlora fp8" \
         --peers none --attention "" --out "$OUT" > "$OUT/qlora8b.log" 2>&1
       grep -E "^\| Qwen" "$OUT/qlora8b.log" ;;
+    dpo)  # preference training: the torch reference fixture, CPU/GPU tests, the demo task on the GPU, throughput
+      timeout 200 python3 tests/tools/make_dpo_reference.py tests/fixtures/models tests/fixtures/dpo > "$OUT/dpo-ref.log" 2>&1
+      tail -2 "$OUT/dpo-ref.log"; [ -d tests/fixtures/dpo ] && tar czf "$OUT/dpo-fixtures.tgz" tests/fixtures/dpo
+      timeout 300 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='*Dpo*:*Preference*:CudaModel*:CudaLora*:*Objective*' \
+        > "$OUT/dpo-tests.log" 2>&1
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/dpo-tests.log"
+      "$B/soltrain" demo-setup --out runs/demo-data > /dev/null 2>&1
+      for lora in true false; do
+        timeout 120 "$B/soltrain" dpo examples/dpo-demo.yaml --set device=cuda --set lora=$lora \
+          --set output_dir=../runs/dpo-demo-$lora > "$OUT/dpo-demo-lora-$lora.log" 2>&1
+        grep -E "validation|acc|error" "$OUT/dpo-demo-lora-$lora.log" | tail -4
+        cp runs/dpo-demo-$lora/metrics.jsonl "$OUT/dpo-demo-lora-$lora.metrics.jsonl" 2>/dev/null
+      done
+      timeout 330 python3 bench/dpo_bench.py --soltrain "$B/soltrain" --size 8B --pairs 1 --seq 2048 --steps 6 \
+        > "$OUT/dpo-bench.log" 2>&1
+      tail -12 "$OUT/dpo-bench.log" ;;
     peft)
       timeout 300 python3 tests/tools/check_peft.py "$B/soltrain" --cases 12 --cuda > "$OUT/peft.log" 2>&1
       grep -E "CUDA LoRA|^case|failures" "$OUT/peft.log" | tail -40 ;;

@@ -195,8 +195,8 @@ TEST(Config, MorePeerKeys) {
   EXPECT_EQ(e.saves_per_epoch, 0);
   EXPECT_EQ(error_of(kBase + "plugins: [axolotl.integrations.kd.KDPlugin]\nrl: kto\noptimizer: adamw_torch_4bit\n"),
             "cfg.yaml: 3 problems: cfg.yaml:6: plugins: \"axolotl.integrations.kd.KDPlugin\": Axolotl plugins are "
-            "not supported; cfg.yaml:7: rl: \"kto\": preference and RL training (dpo, ipo, kto, orpo, simpo, grpo) is "
-            "not built yet; soltrain trains with supervised fine-tuning (sft) and pretraining (pt); cfg.yaml:8: "
+            "not supported; cfg.yaml:7: rl: \"kto\": soltrain trains dpo and ipo (other preference methods are not "
+            "built yet); cfg.yaml:8: "
             "optimizer: \"adamw_torch_4bit\": 4-bit optimizer moments are not built yet; use adamw_8bit or "
             "adamw_torch");
 }

@@ -37,7 +37,7 @@ struct PeerSetup {
     write_random_model(t.path / "llama", s, 7);
     test::add_llama3_specials(t.path / "llama", true);
     std::ofstream d(t.path / "alpaca.jsonl"), m(t.path / "messages.jsonl"), g(t.path / "sharegpt.jsonl"),
-        q(t.path / "gsm8k.jsonl"), pc(t.path / "prompt_completion.jsonl");
+        q(t.path / "gsm8k.jsonl"), pc(t.path / "prompt_completion.jsonl"), pref(t.path / "dpo_chat.jsonl");
     for (int i = 0; i < 40; ++i) {
       const std::string w = "w" + std::to_string(i), r = std::to_string(i) + "w";
       d << "{\"instruction\": \"Reverse the word.\", \"input\": \"" << w << "\", \"output\": \"" << r << "\"}\n";
@@ -48,6 +48,10 @@ struct PeerSetup {
       q << R"({"question": "Reverse )" << w << R"(", "answer": ")" << r << "\"}\n";
       pc << R"({"prompt": [{"role": "system", "content": "Reverse the text."}, {"role": "user", "content": ")" << w
          << R"("}], "completion": [{"role": "assistant", "content": ")" << r << "\"}]}\n";
+      // Axolotl's chat_template.default preference rows (field_messages: conversation, chosen/rejected turns)
+      pref << R"({"conversation": [{"role": "user", "content": "Reverse )" << w
+           << R"("}], "chosen": {"role": "assistant", "content": ")" << r
+           << R"("}, "rejected": {"role": "assistant", "content": ")" << w << "\"}}\n";
     }
     // A folder dataset with train and test splits of text rows ("Text", as Trelis/tiny-shakespeare has it).
     fs::create_directories(t.path / "shakespeare");
@@ -176,8 +180,8 @@ TEST(PeerConfigs, AxolotlLlama3InstructLoraNamesEightBitThenRendersLlama3) {
   const test::CliRun r = s.sft(cfg);
   EXPECT_EQ(r.code, 2) << r.out << r.err;
   EXPECT_EQ(r.err, problems(cfg, {{10,
-                                   "load_in_8bit: 8-bit quantised base weights are not built yet; drop it for "
-                                   "bf16 LoRA"}}));
+                                   "load_in_8bit: 8-bit (LLM.int8) base weights are not built; use load_in_4bit: true "
+                                   "(NF4) or qlora_fp8: true"}}));
   // One update on rows of 256 (the example's rows are 4096 wide and unpacked: all padding here).
   const test::CliRun ok = s.sft(cfg, "--set load_in_8bit=false --set max_steps=1 --set sequence_len=256");
   ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
@@ -219,7 +223,8 @@ TEST(PeerConfigs, AxolotlSamplePackingSequentiallyTrainsInOrder) {
   const test::CliRun r = s.sft(cfg);
   EXPECT_EQ(r.code, 2) << r.out << r.err;
   EXPECT_EQ(r.err,
-            problems(cfg, {{10, "load_in_8bit: 8-bit quantised base weights are not built yet; drop it for bf16 LoRA"},
+            problems(cfg, {{10, "load_in_8bit: 8-bit (LLM.int8) base weights are not built; use load_in_4bit: true (NF4) or "
+                                "qlora_fp8: true"},
                            {37, "lora_modules_to_save: training full modules next to LoRA is not built yet"}}));
   const fs::path dump = s.t.path / "batches";
   const std::string sets = "--set load_in_8bit=false --set lora_modules_to_save=null --set max_steps=1";
@@ -248,7 +253,8 @@ TEST(PeerConfigs, AxolotlDeduplicateDropsTheSecondCopy) {
   const test::CliRun r = s.sft(cfg);
   EXPECT_EQ(r.code, 2) << r.out << r.err;
   EXPECT_EQ(r.err,
-            problems(cfg, {{10, "load_in_8bit: 8-bit quantised base weights are not built yet; drop it for bf16 LoRA"},
+            problems(cfg, {{10, "load_in_8bit: 8-bit (LLM.int8) base weights are not built; use load_in_4bit: true (NF4) or "
+                                "qlora_fp8: true"},
                            {35, "lora_modules_to_save: training full modules next to LoRA is not built yet"}}));
   const test::CliRun ok = s.sft(cfg, "--set load_in_8bit=false --set lora_modules_to_save=null --set max_steps=1");
   ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
@@ -257,39 +263,31 @@ TEST(PeerConfigs, AxolotlDeduplicateDropsTheSecondCopy) {
       << all;
 }
 
-// Llama 3 8B QLoRA with paged 32-bit AdamW: only the 4-bit base is named (twice: load_in_4bit, adapter).
-TEST(PeerConfigs, AxolotlLlama3QloraNamesOnlyTheFourBitBase) {
+// Llama 3 8B QLoRA with paged 32-bit AdamW (fp32 AdamW): the 4-bit base it asks for twice (load_in_4bit,
+// adapter: qlora) is NF4 now, and the example trains LoRA over it to the end.
+TEST(PeerConfigs, AxolotlLlama3QloraTrainsOverNf4) {
   PeerSetup s;
   const fs::path cfg = s.config("axolotl-llama-3-qlora.yml");
-  const test::CliRun r = s.sft(cfg);
-  EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_EQ(r.err, problems(cfg, {{11,
-                                   "load_in_4bit: 4-bit quantised base weights (QLoRA) are not built yet; drop "
-                                   "it for bf16 LoRA"},
-                                  {20,
-                                   "adapter: qlora: 4-bit quantised base weights (QLoRA) are not built yet; use "
-                                   "adapter: lora for bf16 LoRA"}}));
+  const test::CliRun r = s.sft(cfg, "--set max_steps=2");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string all = r.out + r.err;
+  EXPECT_NE(all.find("over a frozen NF4 base"), std::string::npos) << all;
+  EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << all;
 }
 
-// Qwen3 32B QLoRA: the 4-bit base and 4-bit optimizer are named; the rest (the Cut Cross Entropy plugin,
-// chat_template: qwen3, a ShareGPT dataset mapped by message_property_mappings, split train[:20%],
-// gradient_checkpointing: offload) runs: 20% of 40 conversations, rendered with Axolotl's qwen3 template.
-TEST(PeerConfigs, AxolotlQwen3QloraNamesFourBitThenRunsQwen3Template) {
+// Qwen3 32B QLoRA: the 4-bit optimizer is named (its 4-bit base is NF4); the rest (the Cut Cross Entropy
+// plugin, chat_template: qwen3, a ShareGPT dataset mapped by message_property_mappings, split train[:20%],
+// gradient_checkpointing: offload) runs over the NF4 base: 20% of 40 conversations, with Axolotl's qwen3 template.
+TEST(PeerConfigs, AxolotlQwen3QloraNamesFourBitOptimizerThenRunsQwen3Template) {
   PeerSetup s;
   const fs::path cfg = s.config("axolotl-qwen3-32b-qlora.yaml", "sharegpt.jsonl");
   const test::CliRun r = s.sft(cfg);
   EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_EQ(r.err, problems(cfg, {{29,
-                                   "load_in_4bit: 4-bit quantised base weights (QLoRA) are not built yet; drop "
-                                   "it for bf16 LoRA"},
-                                  {30,
-                                   "adapter: qlora: 4-bit quantised base weights (QLoRA) are not built yet; use "
-                                   "adapter: lora for bf16 LoRA"},
-                                  {53,
+  EXPECT_EQ(r.err, problems(cfg, {{53,
                                    "optimizer: \"adamw_torch_4bit\": 4-bit optimizer moments are not built yet; "
                                    "use adamw_8bit or adamw_torch"}}));
   const test::CliRun ok =
-      s.sft(cfg, "--set load_in_4bit=false --set adapter=lora --set optimizer=adamw_torch --set max_steps=1");
+      s.sft(cfg, "--set optimizer=adamw_torch --set max_steps=1");
   ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
   const std::string all = ok.out + ok.err;
   EXPECT_NE(all.find("(recompute full, "), std::string::npos) << all;
@@ -302,17 +300,16 @@ TEST(PeerConfigs, AxolotlQwen3QloraNamesFourBitThenRunsQwen3Template) {
   EXPECT_NE(all.find("; 8 training documents ("), std::string::npos) << all;
 }
 
-// Axolotl's DPO example for Qwen2: preference training is named in one line; its keys (chat_template
-// qwen_25, type chat_template.default, field_chosen / field_rejected) are not refused besides.
-TEST(PeerConfigs, AxolotlQwen2DpoNamesPreferenceTraining) {
+// Axolotl's Qwen2 DPO example (`rl: dpo` in an sft config; chat_template: qwen_25; chat_template.default rows
+// with field_messages / field_chosen / field_rejected): preference training runs to the end (4 epochs of 40
+// pairs) and logs TRL's metrics.
+TEST(PeerConfigs, AxolotlQwen2DpoRunsPreferenceTraining) {
   PeerSetup s;
-  const fs::path cfg = s.config("axolotl-qwen2-dpo.yaml", "messages.jsonl");
+  const fs::path cfg = s.config("axolotl-qwen2-dpo.yaml", "dpo_chat.jsonl");
   const test::CliRun r = s.sft(cfg);
-  EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_EQ(r.err, problems(cfg, {{8,
-                                   "rl: \"dpo\": preference and RL training (dpo, ipo, kto, orpo, simpo, grpo) is "
-                                   "not built yet; soltrain trains with supervised fine-tuning (sft) and "
-                                   "pretraining (pt)"}}));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string metrics = read_text(s.t.path / "out" / "metrics.jsonl");
+  EXPECT_NE(metrics.find("\"rewards/accuracies\""), std::string::npos) << metrics.substr(0, 400);
 }
 
 // Surogate's Qwen3 LoRA bf16 example as it is: `type: auto` on GSM8K-style question/answer rows (Surogate's
@@ -352,16 +349,17 @@ TEST(PeerConfigs, SurogateReverseTextNamesFp8ThenMerges) {
   EXPECT_NE(all.find("merged model saved to "), std::string::npos) << all;
 }
 
-// Surogate's bitsandbytes QLoRA example: the FP8 recipe and the NF4 base are named, nothing else.
-TEST(PeerConfigs, SurogateQloraBnbNamesFp8AndFourBit) {
+// Surogate's bitsandbytes QLoRA example: the FP8 recipe is named (qlora_bnb is the NF4 base); with recipe:
+// bf16 it trains LoRA over NF4.
+TEST(PeerConfigs, SurogateQloraBnbNamesFp8ThenTrainsOverNf4) {
   PeerSetup s;
   const fs::path cfg = s.config("surogate-qwen3-lora-qbnb.yaml", "gsm8k.jsonl");
   const test::CliRun r = s.sft(cfg);
   EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_EQ(r.err, problems(cfg, {{18, "recipe: \"fp8-hybrid\": not built yet (FP8/FP4 training); use recipe: bf16"},
-                                  {32,
-                                   "qlora_bnb: 4-bit quantised base weights (bitsandbytes NF4 QLoRA) are not built "
-                                   "yet; drop it for bf16 LoRA"}}));
+  EXPECT_EQ(r.err, problems(cfg, {{18, "recipe: \"fp8-hybrid\": not built yet (FP8/FP4 training); use recipe: bf16"}}));
+  const test::CliRun ok = s.sft(cfg, "--set recipe=bf16 --set max_steps=2");
+  ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
+  EXPECT_NE((ok.out + ok.err).find("over a frozen NF4 base"), std::string::npos) << ok.out << ok.err;
 }
 
 // Multi-GPU examples: FSDP asked for by two keys (fsdp and fsdp_config, or fsdp_version and fsdp_config) is
@@ -377,13 +375,7 @@ TEST(PeerConfigs, AxolotlFsdpIsOneProblem) {
   const fs::path q = s.config("axolotl-qwen3-qlora-fsdp.yaml");
   const test::CliRun rq = s.sft(q);
   EXPECT_EQ(rq.code, 2) << rq.out << rq.err;
-  EXPECT_EQ(rq.err, problems(q, {{8,
-                                  "load_in_4bit: 4-bit quantised base weights (QLoRA) are not built yet; drop it "
-                                  "for bf16 LoRA"},
-                                 {23,
-                                  "adapter: qlora: 4-bit quantised base weights (QLoRA) are not built yet; use "
-                                  "adapter: lora for bf16 LoRA"},
-                                 {57, "fsdp: " + fsdp + " (also asked for by fsdp_config at " + q.string() + ":60)"}}));
+  EXPECT_EQ(rq.err, problems(q, {{57, "fsdp: " + fsdp + " (also asked for by fsdp_config at " + q.string() + ":60)"}}));
 }
 
 // Llama 3.2 3B with FP8 over FSDP2: FP8 and FSDP are named; its cosine floor (cosine_min_lr_ratio: 1.0, a
@@ -414,19 +406,19 @@ TEST(PeerConfigs, AxolotlRayNamesRayAndDeepspeed) {
                                    "mpirun)"}}));
 }
 
-// Llama 3 Instruct DPO over an 8-bit base: both named, the DPO dataset's keys accepted.
-TEST(PeerConfigs, AxolotlLlama3DpoNamesEightBitAndDpo) {
+// Llama 3 Instruct DPO over an 8-bit base: the 8-bit base is named (DPO and its dataset keys are accepted);
+// without it preference training runs on chat_template.default rows with Axolotl's llama3 template.
+TEST(PeerConfigs, AxolotlLlama3DpoNamesEightBitThenRuns) {
   PeerSetup s;
-  const fs::path cfg = s.config("axolotl-llama-3-instruct-dpo-lora-8b.yml", "messages.jsonl", "llama");
+  const fs::path cfg = s.config("axolotl-llama-3-instruct-dpo-lora-8b.yml", "dpo_chat.jsonl", "llama");
   const test::CliRun r = s.sft(cfg);
   EXPECT_EQ(r.code, 2) << r.out << r.err;
   EXPECT_EQ(r.err, problems(cfg, {{14,
-                                   "load_in_8bit: 8-bit quantised base weights are not built yet; drop it for "
-                                   "bf16 LoRA"},
-                                  {18,
-                                   "rl: \"dpo\": preference and RL training (dpo, ipo, kto, orpo, simpo, grpo) "
-                                   "is not built yet; soltrain trains with supervised fine-tuning (sft) and "
-                                   "pretraining (pt)"}}));
+                                   "load_in_8bit: 8-bit (LLM.int8) base weights are not built; use load_in_4bit: true "
+                                   "(NF4) or qlora_fp8: true"}}));
+  const test::CliRun ok = s.sft(cfg, "--set load_in_8bit=false --set max_steps=2 --set sequence_len=256");
+  ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
+  EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << ok.out << ok.err;
 }
 
 // Qwen3 8B LoRA with torch.compile (torch_compile_mode) runs to the end as it is.

@@ -147,13 +147,6 @@ const std::map<std::string, Apply>& table() {
            user_error(k, ": \"", name, "\": Axolotl plugins are not supported");
          }
        }},
-      {"rl",  // Axolotl's preference and RL trainers
-       [](const std::string& k, const YAML::Node& n, TrainConfig&) {
-         if (!is_off(n))
-           user_error(k, ": \"", text(n),
-                      "\": preference and RL training (dpo, ipo, kto, orpo, simpo, grpo) is not "
-                      "built yet; soltrain trains with supervised fine-tuning (sft) and pretraining (pt)");
-       }},
       // What soltrain does anyway.
       {"flash_attention", any()},                // soltrain's attention is a flash (tiled, online-softmax) kernel
       {"attn_implementation", any()},            // transformers' attention backend: the same choice
