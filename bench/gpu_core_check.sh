@@ -64,7 +64,7 @@ for s in "${steps[@]}"; do
         grep -E "validation|acc|error" "$OUT/dpo-demo-lora-$lora.log" | tail -4
         cp runs/dpo-demo-$lora/metrics.jsonl "$OUT/dpo-demo-lora-$lora.metrics.jsonl" 2>/dev/null
       done
-      timeout 330 python3 bench/dpo_bench.py --soltrain "$B/soltrain" --size 8B --pairs 1 --seq 2048 --steps 6 \
+      timeout 240 python3 bench/dpo_bench.py --soltrain "$B/soltrain" --size 8B --pairs 1 --seq 2048 --steps 4 \
         > "$OUT/dpo-bench.log" 2>&1
       tail -12 "$OUT/dpo-bench.log" ;;
     peft)
