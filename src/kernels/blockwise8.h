@@ -9,8 +9,9 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
+
+#include "kernels/quant.h"  // SOLTRAIN_HOST_DEVICE, bits_of / float_of
 
 namespace soltrain {
 
@@ -55,14 +56,8 @@ inline std::array<float, 256> dynamic_quant_map(bool is_signed) {
   return out;
 }
 
-#ifdef __CUDACC__
-#define SOLTRAIN_BW8_HD __host__ __device__
-#else
-#define SOLTRAIN_BW8_HD
-#endif
-
 // The nearest map entry's index for x already scaled into [-1, 1] (`midpoints` = (map[i] + map[i+1]) / 2).
-SOLTRAIN_BW8_HD inline uint8_t quantize_to_map(float x, const float* midpoints) {
+SOLTRAIN_HOST_DEVICE inline uint8_t quantize_to_map(float x, const float* midpoints) {
   int lo = 0, hi = 255;  // the answer is the count of midpoints strictly below x
   while (lo < hi) {
     const int mid = (lo + hi) / 2;
@@ -81,37 +76,29 @@ SOLTRAIN_BW8_HD inline uint8_t quantize_to_map(float x, const float* midpoints) 
 // midpoint, ~1e-7, is above bucket 0).
 constexpr int kQuantBuckets = 27 * 64 + 2;
 namespace blockwise8_detail {
-SOLTRAIN_BW8_HD inline uint32_t bits_of(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
-SOLTRAIN_BW8_HD inline float float_of(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-SOLTRAIN_BW8_HD inline int bucket_of(float x) {  // by |x| <= 1 (the sign bit dropped: -0 is 0)
+using quant::bits_of;
+using quant::float_of;
+SOLTRAIN_HOST_DEVICE inline int bucket_of(float x) {  // by |x| <= 1 (the sign bit dropped: -0 is 0)
   const uint32_t u = bits_of(x) & 0x7fffffffu;
   const int e = int(u >> 23);
   return e < 127 - 27 ? 0 : (e - (127 - 27)) * 64 + int((u >> 17) & 63) + 1;
 }
-SOLTRAIN_BW8_HD inline float bucket_low(int b) {
+SOLTRAIN_HOST_DEVICE inline float bucket_low(int b) {
   return b == 0 ? 0.0f : float_of(uint32_t((b - 1) / 64 + 127 - 27) << 23 | uint32_t((b - 1) % 64) << 17);
 }
-SOLTRAIN_BW8_HD inline float bucket_high(int b) {  // the next bucket's low end
+SOLTRAIN_HOST_DEVICE inline float bucket_high(int b) {  // the next bucket's low end
   return b == 0 ? float_of(uint32_t(127 - 27) << 23) : float_of(bits_of(bucket_low(b)) + (1u << 17));
 }
 }  // namespace blockwise8_detail
 
 // below[0][b]: midpoints below bucket b's lowest |x| (for x >= 0); below[1][b]: midpoints below minus its
 // highest (for x < 0).
-SOLTRAIN_BW8_HD inline void fill_quant_bucket(uint8_t (*below)[kQuantBuckets], int b, const float* midpoints) {
+SOLTRAIN_HOST_DEVICE inline void fill_quant_bucket(uint8_t (*below)[kQuantBuckets], int b, const float* midpoints) {
   below[0][b] = quantize_to_map(blockwise8_detail::bucket_low(b), midpoints);
   below[1][b] = quantize_to_map(-blockwise8_detail::bucket_high(b), midpoints);
 }
 // quantize_to_map(x, midpoints), from the table filled for those midpoints.
-SOLTRAIN_BW8_HD inline uint8_t quantize_bucketed(float x, const float* midpoints,
+SOLTRAIN_HOST_DEVICE inline uint8_t quantize_bucketed(float x, const float* midpoints,
                                                  const uint8_t (*below)[kQuantBuckets]) {
   int i = below[x < 0.0f][blockwise8_detail::bucket_of(x)];
   while (i < 255 && midpoints[i] < x) ++i;

@@ -66,4 +66,21 @@ SOLTRAIN_HOST_DEVICE inline PairResult preference_pair(const PreferenceParams& p
   return r;
 }
 
+// Pair q's part of a micro-batch: its two documents' weights d loss / d doc_nll (chosen c, rejected r; the
+// chosen one also carries rpo_alpha's NLL term) and its metrics added to acc (kPreferenceStats sums). The CPU
+// loop and each CUDA thread call it alike.
+SOLTRAIN_HOST_DEVICE inline void apply_pair(const PreferenceParams& p, const PairResult& q, double nll_c, int64_t c,
+                                            int64_t r, float* w, double* acc) {
+  w[c] = float(p.pair_scale * q.dz * q.dnll_c + double(p.rpo_alpha) * p.nll_scale);
+  w[r] = float(p.pair_scale * q.dz * q.dnll_r);
+  acc[kPrefLoss] += q.loss;
+  acc[kPrefRewardChosen] += q.reward_c;
+  acc[kPrefRewardRejected] += q.reward_r;
+  acc[kPrefAccuracy] += q.reward_c > q.reward_r ? 1.0 : 0.0;
+  acc[kPrefLogpChosen] += q.logp_c;
+  acc[kPrefLogpRejected] += q.logp_r;
+  acc[kPrefChosenNll] += nll_c;
+  acc[kPrefPairs] += 1.0;
+}
+
 }  // namespace soltrain

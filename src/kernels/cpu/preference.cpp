@@ -32,16 +32,7 @@ void CpuOps::preference_loss(Tensor doc_weight, Tensor stats, const Tensor& doc_
     SOLTRAIN_CHECK(c >= 0 && c < D && r >= 0 && r < D && c != r, "preference_loss: pair ", i, " names documents ", c,
                    ", ", r, " of ", D);
     const PairResult q = preference_pair(p, nll[c], nll[r], ref[c], ref[r], pr[4 * i + 2], pr[4 * i + 3]);
-    w[c] = float(p.pair_scale * q.dz * q.dnll_c + double(p.rpo_alpha) * p.nll_scale);
-    w[r] = float(p.pair_scale * q.dz * q.dnll_r);
-    acc[kPrefLoss] += q.loss;
-    acc[kPrefRewardChosen] += q.reward_c;
-    acc[kPrefRewardRejected] += q.reward_r;
-    acc[kPrefAccuracy] += q.reward_c > q.reward_r ? 1.0 : 0.0;
-    acc[kPrefLogpChosen] += q.logp_c;
-    acc[kPrefLogpRejected] += q.logp_r;
-    acc[kPrefChosenNll] += nll[c];
-    acc[kPrefPairs] += 1;
+    apply_pair(p, q, nll[c], c, r, w, acc);
   }
   double* s = stats.as<double>();
   for (int k = 0; k < kPreferenceStats; ++k) s[k] = accumulate ? s[k] + acc[k] : acc[k];

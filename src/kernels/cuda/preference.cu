@@ -20,16 +20,7 @@ __global__ void preference_loss_kernel(float* w, double* stats, const float* nll
   for (int i = threadIdx.x; i < P; i += blockDim.x) {
     const int c = pairs[4 * i], r = pairs[4 * i + 1];
     const PairResult q = preference_pair(p, nll[c], nll[r], ref[c], ref[r], pairs[4 * i + 2], pairs[4 * i + 3]);
-    w[c] = float(p.pair_scale * q.dz * q.dnll_c + double(p.rpo_alpha) * p.nll_scale);
-    w[r] = float(p.pair_scale * q.dz * q.dnll_r);
-    acc[kPrefLoss] += q.loss;
-    acc[kPrefRewardChosen] += q.reward_c;
-    acc[kPrefRewardRejected] += q.reward_r;
-    acc[kPrefAccuracy] += q.reward_c > q.reward_r ? 1.0 : 0.0;
-    acc[kPrefLogpChosen] += q.logp_c;
-    acc[kPrefLogpRejected] += q.logp_r;
-    acc[kPrefChosenNll] += nll[c];
-    acc[kPrefPairs] += 1.0;
+    apply_pair(p, q, nll[c], c, r, w, acc);
   }
   for (int k = 0; k < kPreferenceStats; ++k) {
     s[threadIdx.x] = acc[k];
