@@ -3,7 +3,7 @@
 # (the objective fixtures, the sft trajectory), the GPU tests, soltrain's LoRA against PEFT (fp32 and PEFT's
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
-#   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo]
+#   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -67,6 +67,18 @@ for s in "${steps[@]}"; do
       timeout 240 python3 bench/dpo_bench.py --soltrain "$B/soltrain" --size 8B --pairs 1 --seq 2048 --steps 4 \
         > "$OUT/dpo-bench.log" 2>&1
       tail -12 "$OUT/dpo-bench.log" ;;
+    fp8)  # the fp8-hybrid recipe: its GPU tests against the CPU twin, then speed next to bf16 in one call
+      timeout 300 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaFp8*:Fp8*:CudaOps*:CudaTest*' \
+        > "$OUT/fp8-tests.log" 2>&1
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/fp8-tests.log"
+      timeout 400 python3 bench/run_bench.py --soltrain "$B/soltrain" --sizes 8B --batch 8B=2 --lora-rank 16 \
+        --variant "fp8-hybrid=--recipe fp8-hybrid" --variant "fp8-hybrid current=--recipe fp8-hybrid --fp8-scaling current" \
+        --peers "${PEERS:-none}" --attention "" --out "$OUT" > "$OUT/fp8-8b.log" 2>&1
+      grep -E "^\| Qwen" "$OUT/fp8-8b.log"
+      timeout 300 python3 bench/run_bench.py --soltrain "$B/soltrain" --sizes 0.6B \
+        --variant "fp8-hybrid=--recipe fp8-hybrid" --peers "${PEERS:-none}" --attention "" --out "$OUT" \
+        > "$OUT/fp8-06b.log" 2>&1
+      grep -E "^\| Qwen" "$OUT/fp8-06b.log" ;;
     peft)
       timeout 300 python3 tests/tools/check_peft.py "$B/soltrain" --cases 12 --cuda > "$OUT/peft.log" 2>&1
       grep -E "CUDA LoRA|^case|failures" "$OUT/peft.log" | tail -40 ;;

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,18 @@ inline std::filesystem::path tokenizer_folder(const std::string& name) {
   if (!std::filesystem::exists(root / name / "tokenizer_config.json"))
     throw std::runtime_error(cat((root / name).string(), " is missing: run tests/tools/fetch_tokenizers.sh ", root));
   return root / name;
+}
+
+inline std::string read_bytes(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+// A JSON-lines file (metrics.jsonl), one value per line.
+inline std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::vector<nlohmann::json> out;
+  for (std::string l; std::getline(in, l);) out.push_back(nlohmann::json::parse(l));
+  return out;
 }
 
 inline void write_text(const std::filesystem::path& p, const std::string& s) {

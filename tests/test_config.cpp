@@ -251,7 +251,7 @@ TEST(Config, MissingFeaturesAreNamedInOneLine) {
             "cfg.yaml:6: optimizer: \"lion_8bit\": not supported; soltrain trains with AdamW: use optimizer: "
             "adamw_torch (fp32 moments) or adamw_8bit");
   EXPECT_EQ(error_of(kBase + "recipe: fp8_hybrid\n"),
-            "cfg.yaml:6: recipe: \"fp8_hybrid\": not built yet (FP8/FP4 training); use recipe: bf16");
+            "cfg.yaml:6: recipe: \"fp8_hybrid\": soltrain's recipes are bf16 and fp8-hybrid");
   EXPECT_EQ(error_of(kBase + "gradient_checkpointing: sometimes\n"),
             "cfg.yaml:6: gradient_checkpointing: \"sometimes\" is not valid: expected true or false");
 }

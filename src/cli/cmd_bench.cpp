@@ -33,7 +33,8 @@ std::function<int()> add_bench_command(CLI::App& app) {
   struct Opts {
     std::string model, device = "cuda";
     int batch = 8, seq = 2048, steps = 10, warmup = 3, lora_rank = 0, data_parallel = -1, gpus = 1;
-    std::string recompute = "none", residual_dtype = "auto", optimizer = "adamw", qlora = "none";
+    std::string recompute = "none", residual_dtype = "auto", optimizer = "adamw", qlora = "none", recipe = "bf16";
+    std::string fp8_scaling = "delayed";
   };
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand("bench", "time full training steps (AdamW) on random tokens");
@@ -63,6 +64,12 @@ std::function<int()> add_bench_command(CLI::App& app) {
                 "hold the frozen base of a LoRA run quantised: nf4 (bitsandbytes' NF4, double quantised) or fp8 "
                 "(E4M3, 128x128 blocks); needs --lora-rank")
       ->check(CLI::IsMember({"none", "nf4", "fp8"}))
+      ->capture_default_str();
+  c->add_option("--recipe", o->recipe, "bf16, or fp8-hybrid (the projections' GEMMs in FP8: needs a GPU of sm_89+)")
+      ->check(CLI::IsMember({"bf16", "fp8-hybrid"}))
+      ->capture_default_str();
+  c->add_option("--fp8-scaling", o->fp8_scaling, "fp8-hybrid's activation/gradient scales: delayed or current")
+      ->check(CLI::IsMember({"delayed", "current"}))
       ->capture_default_str();
   c->add_option("--model", o->model, "Hugging Face model folder")->required();
   c->add_option("--batch-size", o->batch)->check(CLI::PositiveNumber)->capture_default_str();
@@ -94,7 +101,16 @@ std::function<int()> add_bench_command(CLI::App& app) {
       if (!lora) user_error("bench: --qlora ", o->qlora, " needs --lora-rank (a quantised base is frozen)");
       lora->base_format = o->qlora == "nf4" ? WeightFormat::Nf4 : WeightFormat::Fp8Block;
     }
+    // A speed run of FP8 on the CPU's emulation would time nothing real.
+    if (o->recipe == "fp8-hybrid" && ops->device() != Device::CUDA)
+      user_error("bench --recipe fp8-hybrid times FP8 GEMMs: it needs an NVIDIA GPU of compute capability 8.9 or newer "
+                 "(the CPU only emulates them, for tests)");
     auto model = load_pretrained(o->model, *ops, lora);
+    if (o->recipe == "fp8-hybrid") {
+      Fp8Settings fs;
+      fs.delayed = o->fp8_scaling == "delayed";
+      model->enable_fp8(fs);
+    }
     const int V = model->config().vocab_size;
     HostBatch batch{o->batch, o->seq, {}, {}, {}, {}, {}, {}};
     std::mt19937 rng(1234u + unsigned(rank));  // each rank its own rows
@@ -137,6 +153,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
                      {"qlora", o->qlora},
                      {"weight_gib", double(model->params().weight_bytes()) / double(1u << 30)},
                      {"recompute", o->recompute},
+                     {"recipe", o->recipe == "bf16" ? o->recipe : o->recipe + " " + o->fp8_scaling},
                      {"optimizer", o->optimizer},
                      {"data_parallel", o->data_parallel},
                      {"gpus", world},

@@ -565,6 +565,27 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
          if (r != "none" && r != "selective" && r != "full") bad_value(e, "recompute", "none, selective or full");
          c.recompute = parse_recompute(r, "recompute");
        }},
+      // The precision recipe (Surogate's key and names; model/fp8_recipe.h) and its FP8 settings.
+      {"recipe",
+       [&](const Entry& e) {
+         const std::string r = get_string(e, "recipe");
+         if (r != "bf16" && r != "fp8-hybrid")
+           user_error(e.where, ": recipe: \"", r, "\": soltrain's recipes are bf16 and fp8-hybrid",
+                      r == "nvfp4" ? " (NVFP4 needs a Blackwell GPU and is not built)" : "");
+         c.fp8_hybrid = r == "fp8-hybrid";
+       }},
+      {"fp8_scaling",
+       [&](const Entry& e) {
+         const std::string r = get_string(e, "fp8_scaling");
+         if (r != "delayed" && r != "current") bad_value(e, "fp8_scaling", "delayed or current");
+         c.fp8.delayed = r == "delayed";
+       }},
+      {"fp8_amax_history", [&](const Entry& e) { c.fp8.amax_history = get_int32(e, "fp8_amax_history", 1, 8192); }},
+      {"fp8_margin", [&](const Entry& e) { c.fp8.margin = get_int32(e, "fp8_margin", 0, 64); }},
+      {"skip_quant_first_layers",
+       [&](const Entry& e) { c.fp8.skip_first_layers = get_int32(e, "skip_quant_first_layers", 0); }},
+      {"skip_quant_last_layers",
+       [&](const Entry& e) { c.fp8.skip_last_layers = get_int32(e, "skip_quant_last_layers", 0); }},
       {"residual_dtype",
        [&](const Entry& e) {
          const std::string r = get_string(e, "residual_dtype");
@@ -695,6 +716,11 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
         cat(where, ": ", c.lora.base_key,
             ": a quantised base is frozen, so it trains LoRA adapters only (QLoRA): add `adapter: lora`, or "
             "drop it for full fine-tuning in bf16/fp32"));
+  // The FP8 recipe's GEMMs read a bf16 base (Transformer::enable_fp8 says the same at run time).
+  if (c.fp8_hybrid && c.lora.base != WeightFormat::Dense)
+    errors.push_back(cat(where, ": recipe fp8-hybrid runs on a bf16 base; a quantised QLoRA base (",
+                         weight_format_name(c.lora.base), ", ", c.lora.base_key,
+                         ") dequantises into bf16 GEMMs: use recipe: bf16 with it"));
   // Axolotl's scheduler is cosine unless the config says otherwise (Surogate's and HF's: linear, soltrain's
   // default); a config written for Axolotl (its base_model key) gets Axolotl's, and the run says so.
   if (entries.count("base_model") && !given({"lr_scheduler", "lr_scheduler_type"})) {

@@ -119,7 +119,6 @@ const std::map<std::string, Apply>& table() {
                     "\": not supported; soltrain trains with AdamW: use optimizer: adamw_torch "
                     "(fp32 moments) or adamw_8bit");
        }},
-      {"recipe", one_of({"bf16"}, "not built yet (FP8/FP4 training); use recipe: bf16")},
       {"saves_per_epoch",
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.saves_per_epoch = as_positive(k, n); }},
       {"evals_per_epoch",
@@ -253,7 +252,15 @@ const std::map<std::string, Apply>& table() {
        off_or("8-bit (LLM.int8) base weights are not built; use load_in_4bit: true (NF4) or qlora_fp8: true")},
       {"gptq", off_or("GPTQ-quantised base weights are not supported")},
       {"fp16", off_or("fp16 training is not supported; soltrain computes in bf16 (bf16: true)")},
-      {"fp8", off_or("FP8 training is not built yet; drop it for bf16")},
+      // Axolotl's torchao float8 training: per-tensor dynamic scales, E4M3 forward and E5M2 gradients: our
+      // fp8-hybrid recipe with current scaling.
+      {"fp8",
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (!as_bool(k, n)) return;
+         c.fp8_hybrid = true;
+         c.fp8.delayed = false;
+         c.notes.push_back("fp8: true (torchao float8, dynamic scales) runs as recipe: fp8-hybrid, fp8_scaling: current");
+       }},
       {"peft_use_dora", off_or("DoRA adapters are not built yet; drop it for plain LoRA")},
       {"lora_model_dir", off_or("continuing from an existing LoRA adapter is not built yet")},
       {"lora_modules_to_save", off_or("training full modules next to LoRA is not built yet")},

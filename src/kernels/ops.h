@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -160,6 +161,43 @@ class Ops {
   // on the GEMM (LoRA's scale on its A-side gradient: one rounding, no extra pass).
   virtual void linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy,
                                const Tensor& x, const Weight& w, float dx_alpha = 1.0f) = 0;
+
+  // FP8 GEMMs (the fp8-hybrid recipe, model/fp8_recipe.h). A per-tensor FP8 operand is its codes (F8E4M3 or
+  // F8E5M2) with an F32 [4] `scale` record on the device, 16-byte aligned: {scale_inv, scale, unused, unused};
+  // the codes are round_sat(x · scale) and stand for codes · scale_inv (scale_inv first: cuBLASLt reads it
+  // through an aligned pointer). Scales never come back to the host: the step stays free of syncs.
+  //
+  // fp8_quantize: out (= codes of x [R, C], when defined) and out_t (= codes of xᵀ [C, R], when defined) in
+  // the dtype each has, scaled by s.scale. With s.current, scale is first set from this x's own max|x|
+  // (current scaling: scale = fp8_max / amax; 1 when amax is 0 or not finite); otherwise the scale already
+  // there is used (delayed scaling). max|x| is max-ed into s.amax when it is defined (delayed scaling's
+  // history slot 0). Rounding is kernels/quant.h's, saturating: every backend's codes are bitwise equal.
+  struct Fp8Scaling {
+    Tensor scale;  // F32 [4]: {scale_inv, scale, -, -}
+    Tensor amax;   // F32 [1] or empty
+    bool current = false;
+  };
+  virtual void fp8_quantize(Tensor /*out*/, Tensor /*out_t*/, const Tensor& /*x*/, const Fp8Scaling& /*s*/) {
+    throw std::logic_error(fp8_unsupported());
+  }
+  // y[M, N] (= or += with accumulate) = alpha · (a · a_scale_inv)[M, K] · (b · b_scale_inv)[N, K]ᵀ (+ bias[N]),
+  // a and b FP8 codes (not both E5M2), a_scale / b_scale their scale records; y bf16, or F32 on the CPU
+  // and for weight gradients. `precise` keeps fp32 accumulation throughout (Hopper's fast FP8 accumulation
+  // is used only without it: the forward GEMMs; dgrad and wgrad are precise, as TransformerEngine runs them).
+  virtual void fp8_matmul(Tensor y, const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
+                          const Tensor* bias, float alpha, bool accumulate, bool precise) {
+    (void)y, (void)a, (void)a_scale, (void)b, (void)b_scale, (void)bias, (void)alpha, (void)accumulate, (void)precise;
+    throw std::logic_error(fp8_unsupported());
+  }
+  // Delayed scaling's update (TransformerEngine's DelayedScaling, amax_compute_algo "max") for Q tensors at
+  // once: history [Q, H] (slot 0 holds this step's amax), scales [Q, 4] (records as above). Per q: amax = max over the window;
+  // the window rolls (slot i ← i+1, the last ← old slot 0, slot 0 ← 0); if amax is finite and > 0, scale =
+  // fp8_max · 2^-margin / amax (inf clamped to FLT_MAX) and scale_inv = 1 / scale, else both are kept.
+  virtual void fp8_update_scales(Tensor /*history*/, Tensor /*scales*/, float /*fp8_max*/, int /*margin*/) {
+    throw std::logic_error(fp8_unsupported());
+  }
+  // Empty when this backend runs fp8_matmul, else why not (one line naming what is needed).
+  virtual std::string fp8_unsupported() const { return "this backend has no FP8 operations"; }
 
   // out [out, in] (activation dtype) = a quantised weight's values (kernels/quant.h: fp32 arithmetic, then
   // rounded once to the activation dtype); what the linear ops run on before their dense GEMM.

@@ -105,6 +105,32 @@ SOLTRAIN_HOST_DEVICE inline float e5m2_to_f32(uint8_t b) {
   return float_of(sign | ((exp + 112) << 23) | (man << 21));
 }
 
+// ---- Per-tensor FP8 (the fp8-hybrid recipe) ----
+// TransformerEngine's compute_scale_from_amax: scale = fp8_max / amax, 1 when amax is 0, inf or NaN (nothing
+// usable seen), FLT_MAX when the quotient overflows. scale_inv = 1 / scale is what a GEMM multiplies by.
+SOLTRAIN_HOST_DEVICE inline float fp8_scale_from_amax(float amax, float fp8_max) {
+  if (!(amax > 0.0f) || !(amax <= 3.4028234663852886e38f)) return 1.0f;
+#ifdef __CUDA_ARCH__
+  const float s = __fdiv_rn(fp8_max, amax);
+#else
+  const float s = fp8_max / amax;
+#endif
+  return s <= 3.4028234663852886e38f ? s : 3.4028234663852886e38f;
+}
+SOLTRAIN_HOST_DEVICE inline float reciprocal_rn(float s) {
+#ifdef __CUDA_ARCH__
+  return __frcp_rn(s);
+#else
+  return 1.0f / s;
+#endif
+}
+// One value's code: x · scale rounded once to fp32, then to the format, saturating (never NaN from range).
+SOLTRAIN_HOST_DEVICE inline uint8_t fp8_encode(float x, float scale, bool e5m2) {
+  const float v = mul_rn(x, scale);
+  return e5m2 ? f32_to_e5m2(v, true) : f32_to_e4m3(v, true);
+}
+SOLTRAIN_HOST_DEVICE inline float fp8_decode(uint8_t b, bool e5m2) { return e5m2 ? e5m2_to_f32(b) : e4m3_to_f32(b); }
+
 // ---- Fp8Block ----
 constexpr int64_t kFp8Tile = 128;
 

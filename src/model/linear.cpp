@@ -13,7 +13,10 @@ Tensor rows_of(const Tensor& flat, int64_t n, int64_t width) {
 }  // namespace
 
 void Linear::forward(Ops& o, Tensor y, const Tensor& x, Tensor u, const LoraDropout& d, const LoraScratch& s) const {
-  o.linear_forward(y, x, weight(), b_ ? &b_->value : nullptr);
+  if (fp8_ && Fp8Projection::usable(x.dim(0)))
+    fp8_->forward(o, y, x, w_->value, b_ ? &b_->value : nullptr);
+  else
+    o.linear_forward(y, x, weight(), b_ ? &b_->value : nullptr);
   if (!lora_a_ || d.off) return;
   Tensor xin = x;
   if (d.p > 0) {
@@ -29,7 +32,12 @@ void Linear::forward(Ops& o, Tensor y, const Tensor& x, Tensor u, const LoraDrop
 void Linear::backward(Ops& o, Tensor* dx, bool accumulate_dx, const Tensor& dy, const Tensor& x, const Tensor& u,
                       const LoraDropout& d, const LoraScratch& s) const {
   // A frozen base linear still passes the gradient on to its input, but computes no dW / db.
-  o.linear_backward(dx, accumulate_dx, grad(w_), grad(b_), dy, x, weight());
+  if (fp8_ && Fp8Projection::usable(dy.dim(0))) {
+    fp8_->backward(o, dx, accumulate_dx, grad(w_), dy, x, w_->value);
+    if (grad(b_)) o.linear_backward(nullptr, false, nullptr, grad(b_), dy, x, weight());
+  } else {
+    o.linear_backward(dx, accumulate_dx, grad(w_), grad(b_), dy, x, weight());
+  }
   if (!lora_a_) return;
   // g = scale·(dy·B) = d loss / d(x·Aᵀ), the scale on the GEMM's alpha (one rounding); dB += dyᵀ·u.
   Tensor g = s.g;

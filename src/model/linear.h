@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/ops.h"
+#include "model/fp8_recipe.h"
 #include "model/parameters.h"
 
 namespace soltrain {
@@ -37,6 +38,10 @@ class Linear {
     return Weight(w_->value, w_->format, w_->scale, w_->shape);
   }
   bool adapted() const { return lora_a_ != nullptr; }
+  // The fp8-hybrid recipe's state for this projection's base GEMMs (null: bf16). Passes whose token count
+  // FP8 GEMMs cannot take (Fp8Projection::usable) run in bf16.
+  void set_fp8(Fp8Projection* f) { fp8_ = f; }
+  const Parameter& weight_parameter() const { return *w_; }
   int64_t lora_rank() const { return lora_a_ ? lora_a_->shape[0] : 0; }
 
   // y = x·Wᵀ (+ b) (+ the adapter's term). u [N, r] receives scale·dropout(x)·Aᵀ, what B's gradient needs.
@@ -48,6 +53,7 @@ class Linear {
  private:
   Parameter *w_ = nullptr, *b_ = nullptr, *lora_a_ = nullptr, *lora_b_ = nullptr;
   float lora_scale_ = 0;
+  Fp8Projection* fp8_ = nullptr;
 };
 
 }  // namespace soltrain

@@ -85,6 +85,10 @@ Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig>
 
 Transformer::~Transformer() = default;
 
+size_t Transformer::fp8_bytes() const {
+  return fp8_ ? fp8_->device_bytes() : 0;
+}
+
 const std::string& Transformer::lm_head_name() const {
   static const std::string embed = kEmbed, head = kLmHead;
   return config_.tie_word_embeddings ? embed : head;
@@ -116,9 +120,49 @@ const char* recompute_name(Recompute r) {
   return "?";
 }
 
+void Transformer::enable_fp8(const Fp8Settings& s) {
+  SOLTRAIN_CHECK(!fp8_, "enable_fp8 twice");
+  const std::string why = ops_.fp8_unsupported();
+  if (!why.empty()) user_error("recipe fp8-hybrid: ", why);
+  const int L = config_.num_layers;
+  if (s.skip_first_layers < 0 || s.skip_last_layers < 0 || s.skip_first_layers + s.skip_last_layers > L)
+    user_error("skip_quant_first_layers + skip_quant_last_layers must be between 0 and the model's ", L, " layers");
+  for (const DecoderLayer& layer : layers_)
+    for (const Linear* lin : {&layer.attn.q, &layer.attn.k, &layer.attn.v, &layer.attn.o, &layer.mlp.gate,
+                              &layer.mlp.up, &layer.mlp.down})
+      if (lin->weight_parameter().format != WeightFormat::Dense)
+        user_error("recipe fp8-hybrid runs on a bf16 base; a quantised QLoRA base (", weight_format_name(
+                       lin->weight_parameter().format), ") dequantises into bf16 GEMMs: use recipe: bf16 with it");
+  fp8_ = std::make_unique<Fp8Recipe>(ops_, s);
+  for (int l = s.skip_first_layers; l < L - s.skip_last_layers; ++l) {
+    DecoderLayer& layer = layers_[size_t(l)];
+    auto add = [&](Linear& lin, Fp8Projection* same_input_as) {
+      const Parameter& w = lin.weight_parameter();
+      Fp8Projection* p = fp8_->add(w.shape[0], w.shape[1], w.trainable, same_input_as);
+      lin.set_fp8(p);
+      return p;
+    };
+    // q, k, v read the normed input in that order, gate and up the MLP's: one cast each (layer.cpp's order).
+    Fp8Projection* q = add(layer.attn.q, nullptr);
+    add(layer.attn.k, q);
+    add(layer.attn.v, q);
+    add(layer.attn.o, nullptr);
+    Fp8Projection* gate = add(layer.mlp.gate, nullptr);
+    add(layer.mlp.up, gate);
+    add(layer.mlp.down, nullptr);
+  }
+  fp8_->allocate();
+  if (acts_) fp8_->plan(int64_t(acts_->rows) * acts_->seq_len);
+}
+
+void Transformer::after_update() {
+  if (fp8_) fp8_->after_update();
+}
+
 void Transformer::plan(int rows, int seq_len, Recompute recompute) {
   const auto& c = config_;
   const int64_t N = int64_t(rows) * seq_len, D = c.hidden_size, F = c.intermediate_size, L = c.num_layers;
+  if (fp8_) fp8_->plan(N);
   const int64_t H = c.num_heads, Hkv = c.num_kv_heads, hd = c.head_dim, V = c.vocab_size;
   auto a = std::make_unique<Activations>();
   a->rows = rows;

@@ -16,6 +16,7 @@
 #include "core/buffer.h"
 #include "kernels/ops.h"
 #include "model/config.h"
+#include "model/fp8_recipe.h"
 #include "model/layer.h"
 #include "model/lora.h"
 #include "model/objective.h"
@@ -109,6 +110,14 @@ class Transformer {
   // Sizes and allocates every activation for batches of `rows` × `seq_len` tokens.
   void plan(int rows, int seq_len, Recompute recompute = Recompute::None);
   size_t activation_bytes() const;
+  // The fp8-hybrid recipe (model/fp8_recipe.h) for the decoder layers' projections; a UserError when the
+  // backend cannot run FP8 GEMMs (with the GPU it needs) or the base is quantised. Call once, before training.
+  void enable_fp8(const Fp8Settings& s);
+  const Fp8Recipe* fp8() const { return fp8_.get(); }
+  Fp8Recipe* fp8() { return fp8_.get(); }
+  size_t fp8_bytes() const;  // device memory of the recipe's FP8 copies, scales and scratch
+  // After every optimizer update (the trainer's step does it): the recipe's scales and weight copies follow.
+  void after_update();
   void set_hooks(LayerHooks* hooks) { hooks_ = hooks; }
 
   // Forward of one micro-batch. With `objective` and `backward_follows`, the objective's token weights
@@ -159,6 +168,7 @@ class Transformer {
   LayerHooks* hooks_ = nullptr;
   std::optional<DType> residual_dtype_;
   std::unique_ptr<SftObjective> own_sft_;  // step()'s objective
+  std::unique_ptr<Fp8Recipe> fp8_;
 };
 
 // Checks every id and target against the vocabulary; errors name `source`.

@@ -108,6 +108,11 @@ void set_up(Run& r) {
   if (c.warmup_steps == 0 && c.warmup_ratio > 0) r.sched.warmup_steps = warmup_from_ratio(total, c.warmup_ratio);
 
   r.model->set_residual_dtype(c.residual_dtype);
+  if (c.fp8_hybrid) {
+    // The amaxes would need a max-reduction across ranks each update to keep the ranks' scales equal.
+    if (r.dp) user_error("recipe: fp8-hybrid with data parallel is not built yet; use one GPU or recipe: bf16");
+    r.model->enable_fp8(c.fp8);
+  }
   r.model->plan(lo.rows, lo.seq_len, c.recompute);
   r.opt = OptimizerConfig{float(c.learning_rate), c.adamw_beta1,          c.adamw_beta2, float(c.adamw_epsilon),
                           float(c.weight_decay),  float(c.max_grad_norm), c.moments};
@@ -196,7 +201,15 @@ void print_plan(const Run& r) {
         << 4 * trainable / gib << " GiB, AdamW moments " << double(r.step->optimizer().state_bytes()) / gib
         << (r.opt.moments == Moments::Blockwise8 ? " GiB (8-bit)" : " GiB") << ", activations "
         << double(r.model->activation_bytes()) / gib << " GiB (recompute " << recompute_name(c.recompute)
-        << ", residual stream " << (r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16") << ")\n";
+        << ", residual stream " << (r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16") << ")\n";  if (const Fp8Recipe* f = r.model->fp8()) {
+    const Fp8Settings& s = f->settings();
+    r.log << r.cmd << ": recipe fp8-hybrid: the decoder layers' projections in FP8 (E4M3 forward, E5M2 gradients; "
+          << (s.delayed ? cat("delayed scaling, amax history ", s.amax_history) : std::string("current scaling"))
+          << (s.margin ? cat(", margin ", s.margin) : std::string());
+    if (s.skip_first_layers || s.skip_last_layers)
+      r.log << "; first " << s.skip_first_layers << " and last " << s.skip_last_layers << " layers in bf16";
+    r.log << "); its FP8 weight copies, scales and scratch " << double(r.model->fp8_bytes()) / gib << " GiB\n";
+  }
 }
 
 // The per-step log: progress line, metrics files; MFU against the matmul rate measured at the start.

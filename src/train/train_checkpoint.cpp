@@ -50,6 +50,7 @@ void save_checkpoint(const fs::path& dir, const TrainConfig& c, const Transforme
   } else {
     opt.save(staged.path() / "optimizer.safetensors");  // every rank holds all of it: rank 0 writes it
   }
+  if (const Fp8Recipe* f = model.fp8()) f->save(staged.path() / "fp8_state.safetensors");
   const nlohmann::json state = {{"step", s.step},
                                 {"total_steps", s.total_steps},
                                 {"loader", s.loader.to_json()},
@@ -106,6 +107,8 @@ TrainerState load_checkpoint(const fs::path& dir, Transformer& model, AdamW& opt
   else
     load_weights(model, dir / "model");
   model.set_dropout_step(s.step);  // the dropout masks continue where the interrupted run was
+  // FP8 scaling continues too; a checkpoint of a bf16 run (none stored) starts it as a new run does.
+  if (Fp8Recipe* f = model.fp8(); f && fs::exists(dir / "fp8_state.safetensors")) f->load(dir / "fp8_state.safetensors");
   opt.load(optimizer_files(dir));
   if (opt.steps_done() != s.step)
     user_error(dir.string(), ": optimizer step ", opt.steps_done(), " does not match trainer step ", s.step);

@@ -86,6 +86,8 @@ struct TrainConfig {
   uint64_t seed = 42;
   Recompute recompute = Recompute::None;
   std::optional<DType> residual_dtype;  // the residual stream on the GPU; unset: the run chooses (Transformer)
+  bool fp8_hybrid = false;               // recipe: fp8-hybrid (model/fp8_recipe.h)
+  Fp8Settings fp8;
   LoraSettings lora;
   DpoSettings dpo;
   int64_t save_steps = 0;    // 0 = only at the end (and on Ctrl-C)

@@ -56,12 +56,14 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
     dp_->all_reduce(loss_sum);
     dp_->grad_sumsq(sumsq);
     adamw_->step(opt_, lr, 1.0f, &sumsq);
+    model_.after_update();
     dp_->gather_weights();
     return;
   }
   ops.wait(Ops::Stream::Main, Ops::Stream::Side);  // whatever the layer hooks queued
   ops.reduce_sum(sumsq, model_.params().all_grads(), /*squares=*/true, /*accumulate=*/false);
   adamw_->step(opt_, lr, 1.0f, &sumsq);
+  model_.after_update();
 }
 
 void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, DpoObjective& dpo) {
@@ -83,6 +85,7 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, DpoObjec
   ops.wait(Ops::Stream::Main, Ops::Stream::Side);
   ops.reduce_sum(sumsq, model_.params().all_grads(), /*squares=*/true, /*accumulate=*/false);
   adamw_->step(opt_, lr, 1.0f, &sumsq);
+  model_.after_update();
 }
 
 double TrainStep::loss() const {

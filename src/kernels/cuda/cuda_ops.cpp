@@ -29,6 +29,7 @@ CudaOps::CudaOps() {
   // run both; benchmarks compare them).
   const char* choice = std::getenv("SOLTRAIN_ATTENTION");
   sm90_ = major == 9 && minor == 0;
+  compute_capability_ = major * 10 + minor;
   hopper_attention_ = sm90_ && !(choice && std::strcmp(choice, "portable") == 0);
   for (cudaStream_t& st : streams_) CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   stream_ = streams_[0];

@@ -87,15 +87,27 @@ class CudaOps final : public Ops {
   void adamw_8bit(Tensor master, const Tensor& grad, const Blockwise8& m, const Blockwise8& v, const AdamWParams& p,
                   Tensor* compute_copy) override;
 
+  void fp8_quantize(Tensor out, Tensor out_t, const Tensor& x, const Fp8Scaling& s) override;
+  void fp8_matmul(Tensor y, const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
+                  const Tensor* bias, float alpha, bool accumulate, bool precise) override;
+  void fp8_update_scales(Tensor history, Tensor scales, float fp8_max, int margin) override;
+  std::string fp8_unsupported() const override;
+
   cudaStream_t stream() const { return stream_; }
   int sm_count() const { return sm_count_; }
   // Whether attention of this head dim runs on the Hopper kernels (attention_*_sm90.cu).
   bool hopper_attention(int64_t head_dim) const;
 
  private:
-  // D = alpha·op(A)·op(B) + beta·C in cuBLASLt's column-major terms (C aliases D).
+  // FP8 operands of a GEMM: their scale_inv (device pointers, read when the GEMM runs) and whether Hopper's
+  // fast (reduced-precision) accumulation may be used.
+  struct Fp8Gemm {
+    const float *a_scale_inv, *b_scale_inv;
+    bool fast_accumulation;
+  };
+  // D = alpha·op(A)·op(B) + beta·C in cuBLASLt's column-major terms (C aliases D); FP8 A/B with `fp8`.
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor& a, int lda, const Tensor& b, int ldb,
-            Tensor d, int ldd, float beta, const Tensor* bias, float alpha = 1.0f);
+            Tensor d, int ldd, float beta, const Tensor* bias, float alpha = 1.0f, const Fp8Gemm* fp8 = nullptr);
   OpProfiler::Scope profile(const char* name) { return OpProfiler::Scope(&profiler_, name, stream_); }
   // Scratch of at least `bytes` bytes on the device (grows; only between steps in practice).
   void* scratch(size_t bytes);
@@ -115,13 +127,15 @@ class CudaOps final : public Ops {
   Tensor dense_weight(const Weight& w);
   double* host_result_ = nullptr;  // pinned
   int sm_count_ = 0;
+  int compute_capability_ = 0;  // major · 10 + minor
   bool hopper_attention_ = false;  // compute capability 9.0 and not SOLTRAIN_ATTENTION=portable
   bool sm90_ = false;              // compute capability 9.0: the sm_90a kernels (clusters, wgmma) run
   OpProfiler profiler_;
   struct Plan {  // one cuBLASLt problem: descriptors and the algorithm picked once
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-    cublasLtMatmulAlgo_t algo{};
+    cublasLtMatmulAlgo_t algos[8] = {};  // the heuristic's candidates, best first
+    int algo_count = 0, chosen = -1;     // chosen: the first that ran
     ~Plan();
   };
   std::map<std::vector<int64_t>, std::unique_ptr<Plan>> plans_;  // cuBLASLt set-ups by shape

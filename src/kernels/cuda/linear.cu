@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/launchers.h"
 
@@ -15,6 +16,8 @@ cudaDataType_t lt_type(DType t) {
     case DType::BF16: return CUDA_R_16BF;
     case DType::F32: return CUDA_R_32F;
     case DType::F16: return CUDA_R_16F;
+    case DType::F8E4M3: return CUDA_R_8F_E4M3;
+    case DType::F8E5M2: return CUDA_R_8F_E5M2;
     default: throw std::logic_error("cuBLASLt: unsupported dtype");
   }
 }
@@ -35,7 +38,7 @@ CudaOps::Plan::~Plan() {
 }
 
 void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor& A, int lda, const Tensor& B, int ldb,
-                   Tensor D, int ldd, float beta, const Tensor* bias, float alpha) {
+                   Tensor D, int ldd, float beta, const Tensor* bias, float alpha, const Fp8Gemm* fp8) {
   const std::vector<int64_t> key{trans_a,
                                  trans_b,
                                  m,
@@ -45,7 +48,9 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor
                                  ldb,
                                  ldd,
                                  int(A.dtype),
+                                 int(B.dtype),
                                  int(D.dtype),
+                                 fp8 ? 1 + int(fp8->fast_accumulation) : 0,
                                  bias != nullptr,
                                  alignment(A.data),
                                  alignment(B.data),
@@ -58,6 +63,16 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor
     const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (fp8) {
+      // The scale pointers are set before the algorithm is chosen (an algorithm picked without them may not
+      // take them), and again on every call below.
+      const int8_t fast = fp8->fast_accumulation ? 1 : 0;
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                  &fp8->a_scale_inv, sizeof(void*)));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                  &fp8->b_scale_inv, sizeof(void*)));
+    }
     if (bias) {
       const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
       CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
@@ -71,25 +86,51 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const size_t ws = workspace_.bytes();
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    const uint32_t al_a = uint32_t(key[11]), al_b = uint32_t(key[12]), al_d = uint32_t(key[13]);
+    const uint32_t al_a = uint32_t(key[13]), al_b = uint32_t(key[14]), al_d = uint32_t(key[15]);
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, 4));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, 4));
-    cublasLtMatmulHeuristicResult_t result{};
+    // FP8 asks for several candidates: the first suggestion is not always one that runs (cuBLASLt's own FP8
+    // sample says to try them in turn); the first call keeps the first that does.
+    cublasLtMatmulHeuristicResult_t results[8] = {};
     int found = 0;
-    const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref, 1, &result, &found);
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref,
+                                                             fp8 ? 8 : 1, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0)
-      throw std::runtime_error(cat("cuBLASLt has no algorithm for m=", m, " n=", n, " k=", k));
-    plan->algo = result.algo;
+      throw std::runtime_error(cat("cuBLASLt has no algorithm for m=", m, " n=", n, " k=", k, " (", dtype_name(A.dtype),
+                                   " x ", dtype_name(B.dtype), " -> ", dtype_name(D.dtype), ")"));
+    for (int i = 0; i < found; ++i) plan->algos[i] = results[i].algo;
+    plan->algo_count = found;
   }
   if (bias)
     CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias->data, sizeof(void*)));
-  CUBLAS_CHECK(cublasLtMatmul(lt_, plan->desc, &alpha, A.data, plan->a, B.data, plan->b, &beta, D.data, plan->d, D.data,
-                              plan->d, &plan->algo, workspace_.data(), workspace_.bytes(), stream_));
+  if (fp8) {
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &fp8->a_scale_inv,
+                                                sizeof(void*)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &fp8->b_scale_inv,
+                                                sizeof(void*)));
+  }
+  const size_t first = plan->chosen >= 0 ? size_t(plan->chosen) : 0;
+  for (size_t i = first; i < size_t(plan->algo_count); ++i) {
+    const cublasStatus_t st =
+        cublasLtMatmul(lt_, plan->desc, &alpha, A.data, plan->a, B.data, plan->b, &beta, D.data, plan->d, D.data,
+                       plan->d, &plan->algos[i], workspace_.data(), workspace_.bytes(), stream_);
+    if (plan->chosen >= 0) {
+      CUBLAS_CHECK(st);
+      return;
+    }
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      plan->chosen = int(i);
+      return;
+    }
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(st);
+  }
+  throw std::runtime_error(cat("cuBLASLt runs none of its ", plan->algo_count, " algorithms for m=", m, " n=", n,
+                               " k=", k, " (", dtype_name(A.dtype), " x ", dtype_name(B.dtype), " -> ",
+                               dtype_name(D.dtype), ")"));
 }
 
 // Row-major y[N,out] = x[N,in]·wᵀ is column-major yᵀ = w_cm ᵀ · xᵀ with w_cm = wᵀ (in × out, ld in).
@@ -125,6 +166,21 @@ void CudaOps::linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor
     cuda::column_sum(dbias->f32(), dy.as<__nv_bfloat16>(), static_cast<const __nv_bfloat16*>(nullptr), nullptr, N, out,
                      partials, sm_count_, stream_);
   }
+}
+
+// Row-major y[M,N] = a[M,K]·bᵀ is column-major yᵀ = b_cm ᵀ · a_cm: the TN layout, the only one Hopper's FP8
+// GEMMs take (a and b are K-contiguous). The scale_inv of each operand rides as cuBLASLt's A/B scale.
+void CudaOps::fp8_matmul(Tensor y, const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
+                         const Tensor* bias, float alpha, bool accumulate, bool precise) {
+  const auto prof = profile(precise ? "fp8_matmul precise" : "fp8_matmul");
+  const int M = int(a.dim(0)), K = int(a.dim(1)), N = int(b.dim(0));
+  SOLTRAIN_CHECK(b.dim(1) == K && y.dim(0) == M && y.dim(1) == N, "fp8_matmul shapes");
+  SOLTRAIN_CHECK(!(a.dtype == DType::F8E5M2 && b.dtype == DType::F8E5M2), "fp8_matmul: E5M2 x E5M2");
+  SOLTRAIN_CHECK(K % 16 == 0 && N % 16 == 0 && M % 16 == 0, "fp8_matmul: dims must be multiples of 16, got ", M, "x",
+                 N, "x", K);
+  SOLTRAIN_CHECK(cuda::aligned16(a_scale.data) && cuda::aligned16(b_scale.data), "fp8_matmul: scale records");
+  const Fp8Gemm f{b_scale.f32(), a_scale.f32(), !precise};
+  gemm(true, false, N, M, K, b, K, a, K, y, N, accumulate ? 1.0f : 0.0f, bias, alpha, &f);
 }
 
 }  // namespace soltrain
