@@ -109,6 +109,7 @@ class Transformer {
   // Sizes and allocates every activation for batches of `rows` × `seq_len` tokens.
   void plan(int rows, int seq_len, Recompute recompute = Recompute::None);
   size_t activation_bytes() const;
+  size_t staging_bytes() const;  // the batch's pinned host staging (both slots)
   void set_hooks(LayerHooks* hooks) { hooks_ = hooks; }
 
   // Forward of one micro-batch. With `objective` and `backward_follows`, the objective's token weights
