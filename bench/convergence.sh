@@ -58,6 +58,7 @@ soltrain=$(cd "$(dirname "$soltrain")" && pwd)/$(basename "$soltrain")
 mkdir -p "$out/runs"
 out=$(cd "$out" && pwd)
 rm -f "$out"/runs/*.rc  # the report reads the variants with an exit status: only this invocation's
+cp "$variants" "$out/variants.txt"  # the report reads this copy: the list as it was when the runs started
 
 # The data and the model, made fresh: a changed --label-noise or --train must not meet old files.
 rm -rf "$out/data" "$out/prepared"
@@ -134,4 +135,4 @@ done <<<"$plan"
 tokens=$(cat "$out"/runs/*/metrics.jsonl 2>/dev/null | grep -o '"eval_tokens":[0-9]*' | head -1 | cut -d: -f2 || true)
 floor=$(python3 "$here/task_floor.py" "$out/data/validation.jsonl" "$noise" ${tokens:+--tokens "$tokens"})
 echo
-python3 "$here/convergence_report.py" report "$out" "$variants" --floor "$floor"
+python3 "$here/convergence_report.py" report "$out" "$out/variants.txt" --floor "$floor"

@@ -36,6 +36,8 @@ def read_metrics(path):
 
 
 def nice_ticks_log(lo, hi):
+    if hi / lo < 20:  # under ~one decade 1-2-5 leaves one tick or none: evenly spaced values instead
+        return nice_ticks_lin(lo, hi)
     ticks = []
     for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1):
         for m in (1, 2, 5):
