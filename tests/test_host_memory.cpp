@@ -1,7 +1,5 @@
 // Host memory limits (core/host_memory.h) read from fake /proc/meminfo and cgroup files: v2, v1, "max",
 // missing and unreadable files, and the refusal line.
-#include "core/host_memory.h"
-
 #include <fstream>
 #include <sstream>
 
@@ -9,9 +7,9 @@
 #include "cli/demo_kit.h"
 #include "core/buffer.h"
 #include "core/error.h"
-#include "train/run_training.h"
-
+#include "core/host_memory.h"
 #include "test_util.h"
+#include "train/run_training.h"
 
 namespace soltrain {
 namespace {
@@ -41,8 +39,8 @@ TEST(HostMemory, CgroupV2LimitBelowMemTotalWins) {
   write(f.files.cgroup_root / "memory.max", cat(16 * GiB, "\n"));
   write(f.files.cgroup_root / "memory.current", cat(6 * GiB, "\n"));
   // 2 GiB of the usage is page cache the kernel gives back: the working set is 4 GiB.
-  write(f.files.cgroup_root / "memory.stat", cat("anon 4000\nfile 9000\nactive_file 1\ninactive_file ", 2 * GiB,
-                                                 "\nshmem 0\n"));
+  write(f.files.cgroup_root / "memory.stat",
+        cat("anon 4000\nfile 9000\nactive_file 1\ninactive_file ", 2 * GiB, "\nshmem 0\n"));
   const HostMemory m = read_host_memory(f.files);
   ASSERT_TRUE(m.known);
   EXPECT_EQ(m.limit, 16 * GiB);

@@ -18,10 +18,10 @@ struct HostMemoryFiles {
 };
 
 struct HostMemory {
-  bool known = false;       // false: nothing could be read (no /proc, no cgroup files); checks let everything pass
-  uint64_t limit = 0;       // bytes this process may use at most: min(cgroup limit, MemTotal)
-  uint64_t available = 0;   // bytes it may still allocate now: min(MemAvailable, cgroup limit - working set)
-  std::string limit_from;   // which figure set `limit`: "cgroup v2 memory.max", "cgroup v1 ...", "MemTotal"
+  bool known = false;      // false: nothing could be read (no /proc, no cgroup files); checks let everything pass
+  uint64_t limit = 0;      // bytes this process may use at most: min(cgroup limit, MemTotal)
+  uint64_t available = 0;  // bytes it may still allocate now: min(MemAvailable, cgroup limit - working set)
+  std::string limit_from;  // which figure set `limit`: "cgroup v2 memory.max", "cgroup v1 ...", "MemTotal"
 };
 
 HostMemory read_host_memory(const HostMemoryFiles& files = {});
