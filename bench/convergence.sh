@@ -13,16 +13,18 @@
 # have most of the way still to go.
 #
 # Usage: bench/convergence.sh --out DIR [--soltrain BIN] [--device cuda|cpu] [--steps N] [--base-steps N]
-#          [--eval-steps N] [--label-noise P] [--train N] [--variants FILE] [--only a,b] [--set key=value ...]
+#          [--eval-steps N] [--label-noise P] [--train N] [--validation N] [--variants FILE] [--only a,b]
+#          [--set key=value ...]
 #   --only: run these variants (and the baselines they compare with); --set: extra settings for every run.
 # On the H200: bench/convergence.sh --soltrain .devbin/soltrain --device cuda --out runs/convergence
-# Here, end to end on the CPU: bench/convergence.sh --device cpu --steps 20 --base-steps 10 --out /tmp/conv
+# Here, end to end on the CPU (evaluations dominate there: each runs the validation records one per 256-token
+# row): bench/convergence.sh --device cpu --steps 10 --base-steps 5 --validation 100 --out /tmp/conv
 # Exit status: 0 when every comparison passes, 1 when one fails or its run failed, 2 for bad arguments.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
 die() { echo "convergence.sh: $*" >&2; exit 2; }
-soltrain=build/soltrain device=cuda steps=300 base_steps=100 eval_steps="" noise=0.2 train=20000 out=""
+soltrain=build/soltrain device=cuda steps=300 base_steps=100 eval_steps="" noise=0.2 train=20000 validation=400 out=""
 variants=$here/convergence_variants.txt only=""
 extra=()
 while [ $# -gt 0 ]; do
@@ -35,6 +37,7 @@ while [ $# -gt 0 ]; do
     --eval-steps) eval_steps=$2 ;;
     --label-noise) noise=$2 ;;
     --train) train=$2 ;;
+    --validation) validation=$2 ;;
     --out) out=$2 ;;
     --variants) variants=$2 ;;
     --only) only=$2 ;;
@@ -46,7 +49,7 @@ done
 [ -n "$out" ] || die "--out DIR is required"
 [ -x "$soltrain" ] || die "--soltrain $soltrain: not an executable (build it, or pass the binary)"
 case $device in cpu | cuda) ;; *) die "--device $device: expected cpu or cuda" ;; esac
-for v in steps base_steps train; do
+for v in steps base_steps train validation; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "--${v/_/-} ${!v}: expected a positive whole number"
 done
 [ -z "$eval_steps" ] && eval_steps=$(( steps >= 10 ? steps / 10 : 1 ))
@@ -62,7 +65,7 @@ cp "$variants" "$out/variants.txt"  # the report reads this copy: the list as it
 
 # The data and the model, made fresh: a changed --label-noise or --train must not meet old files.
 rm -rf "$out/data" "$out/prepared"
-"$soltrain" demo-setup --out "$out/data" --train "$train" --validation 400 --label-noise "$noise" --seed 1 \
+"$soltrain" demo-setup --out "$out/data" --train "$train" --validation "$validation" --label-noise "$noise" --seed 1 \
   >"$out/demo-setup.log" 2>&1 || { cat "$out/demo-setup.log" >&2; die "demo-setup failed"; }
 
 # The demo's settings (examples/demo.yaml), with the steps asked for. Evaluations every eval_steps, the loss
