@@ -129,13 +129,19 @@ void write_random_model(const fs::path& dir, const DemoModelShape& s, uint64_t s
   fs::remove_all(src);
 }
 
-void write_reversal_dataset(const fs::path& file, int n, uint64_t seed) {
+void write_reversal_dataset(const fs::path& file, int n, uint64_t seed, double label_noise) {
   std::mt19937_64 rng(seed);
+  // The noise draws come from a stream of their own, so the words (and, at label_noise 0, the whole file) are
+  // the same as without noise.
+  std::mt19937_64 noise_rng(seed ^ 0x9e3779b97f4a7c15ull);
+  std::uniform_real_distribution<double> coin(0.0, 1.0);
   std::string out;
   for (int i = 0; i < n; ++i) {
     std::string word(size_t(3 + rng() % 4), ' ');
     for (char& ch : word) ch = char('a' + rng() % 26);
-    const std::string reversed(word.rbegin(), word.rend());
+    std::string reversed(word.rbegin(), word.rend());
+    if (label_noise > 0 && coin(noise_rng) < label_noise)
+      for (char& ch : reversed) ch = char('a' + noise_rng() % 26);
     const json rec = {
         {"messages", {{{"role", "user"}, {"content", word}}, {{"role", "assistant"}, {"content", reversed}}}}};
     out += rec.dump() + "\n";

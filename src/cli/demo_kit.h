@@ -22,7 +22,10 @@ void write_random_model(const std::filesystem::path& dir, const DemoModelShape& 
 // `n` conversations "word" → "drow" (3 to 6 random lowercase letters) as JSON lines, from `seed`. Chosen
 // because the tiny model learns it in a few hundred CPU steps on separately drawn words (validation loss 5.8 →
 // 0.02 in 300 steps), while two-digit addition plateaued near 1.3 in the same budget.
-void write_reversal_dataset(const std::filesystem::path& file, int n, uint64_t seed);
+// With `label_noise` p > 0, each answer is, with probability p, a uniformly random word of the same length
+// instead: no model can predict those, so the best achievable loss is known and far from 0 (the convergence
+// benchmark, bench/convergence.sh, computes it from the file: bench/task_floor.py).
+void write_reversal_dataset(const std::filesystem::path& file, int n, uint64_t seed, double label_noise = 0.0);
 
 // The same task as `n` preference pairs for `soltrain dpo`: {"prompt": word (letters a..t), "chosen": the word
 // reversed, "rejected": a near miss, the reversal with one letter replaced by one of u..z}: same length, all but

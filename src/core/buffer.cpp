@@ -5,10 +5,15 @@
 #include <new>
 
 #include "core/error.h"
+#include "core/host_memory.h"
 
 namespace soltrain {
 
 Buffer Buffer::host(size_t bytes) {
+  // Under a container's cgroup limit malloc succeeds (overcommit) and the memset below gets the process
+  // killed without a word; so a large buffer is checked against the real limit first. Small ones are not:
+  // reading the limit costs a few file reads, and they cannot decide whether a run fits.
+  if (bytes >= kCheckedHostBytes) check_host_memory(bytes, "the next host buffer");
   const size_t rounded = (bytes + 63) / 64 * 64;
   void* p = rounded < bytes ? nullptr : std::aligned_alloc(64, rounded ? rounded : 64);
   // What the input asked for does not fit this machine: the user's to fix (smaller batch, sequence, model).

@@ -12,8 +12,10 @@ namespace soltrain {
 class Buffer {
  public:
   Buffer() = default;
-  // Host memory, 64-byte aligned and zeroed.
+  // Host memory, 64-byte aligned and zeroed. From kCheckedHostBytes on, refused (UserError, with the
+  // figures) when it exceeds the host memory still available under the cgroup limit (core/host_memory.h).
   static Buffer host(size_t bytes);
+  static constexpr size_t kCheckedHostBytes = size_t(64) << 20;
   // Takes ownership of memory a backend allocated; `release` frees it.
   Buffer(void* ptr, size_t bytes, Device device, void (*release)(void*))
       : ptr_(ptr, release), bytes_(bytes), device_(device) {}

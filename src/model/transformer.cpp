@@ -98,6 +98,10 @@ size_t Transformer::activation_bytes() const {
   return acts_ ? acts_->arena.total_bytes() : 0;
 }
 
+size_t Transformer::staging_bytes() const {
+  return acts_ ? acts_->staging.bytes() : 0;
+}
+
 Recompute parse_recompute(const std::string& s, const std::string& where) {
   for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})
     if (s == recompute_name(r)) return r;

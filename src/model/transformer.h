@@ -110,6 +110,7 @@ class Transformer {
   // Sizes and allocates every activation for batches of `rows` × `seq_len` tokens.
   void plan(int rows, int seq_len, Recompute recompute = Recompute::None);
   size_t activation_bytes() const;
+  size_t staging_bytes() const;  // the batch's pinned host staging (both slots)
   // The fp8-hybrid recipe (model/fp8_recipe.h) for the decoder layers' projections; a UserError when the
   // backend cannot run FP8 GEMMs (with the GPU it needs) or the base is quantised. Call once, before training.
   void enable_fp8(const Fp8Settings& s);

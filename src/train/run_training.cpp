@@ -16,6 +16,7 @@
 #include <span>
 
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "data/batch_file.h"
 #include "data/loader.h"
 #include "model/checkpoint.h"
@@ -66,6 +67,7 @@ struct Run {
   std::optional<LoraConfig> lora;
   std::unique_ptr<Transformer> model;
   std::unique_ptr<Loader> loader;
+  size_t data_bytes = 0;  // the tokenized training and validation data, held in host memory
   int64_t micro_per_epoch = 0;
   int64_t save_steps = 0, eval_steps = 0;  // the config's, or from saves_per_epoch / evals_per_epoch
   ScheduleConfig sched;
@@ -94,6 +96,8 @@ void set_up(Run& r) {
         user_error(c.model.string(), ": the tokenizer produced id ", id, " but the model's vocab_size is ",
                    r.model->config().vocab_size);
 
+  for (const ShardSet* set : {&r.data.train, &r.data.validation})
+    r.data_bytes += set->tokens.size() * sizeof(int32_t) + set->mask.size() + set->doc_offsets.size() * sizeof(int64_t);
   LoaderOptions lo;
   lo.rows = c.per_device_train_batch_size;
   lo.seq_len = c.sequence_len;
@@ -167,6 +171,28 @@ void print_intent(const Run& r) {
   r.log << "\n";
 }
 
+// Host memory: what the run holds there (the batch's pinned staging, the tokenized data; on the CPU backend
+// every buffer of the plan) against the real limit, a container's cgroup rather than MemTotal. Each large
+// host buffer was checked against what was available as it was allocated (Buffer::host, alloc_host); they
+// are all allocated by now and count in the usage, so the plan as a whole is held against the limit.
+void print_host_plan(const Run& r) {
+  const double gib = double(1u << 30);
+  size_t planned = r.model->staging_bytes() + r.data_bytes;
+  if (r.ops.device() == Device::CPU)
+    planned += r.model->params().weight_bytes() + 4 * size_t(r.model->params().numel()) +
+               r.step->optimizer().state_bytes() + r.model->activation_bytes();
+  const HostMemory m = read_host_memory();
+  r.log << r.cmd << ": host memory: " << double(planned) / gib << " GiB planned (batch staging "
+        << double(r.model->staging_bytes()) / gib << " GiB" << (r.ops.device() == Device::CPU ? "" : " pinned")
+        << ", tokenized data " << double(r.data_bytes) / gib << " GiB"
+        << (r.ops.device() == Device::CPU ? ", and every buffer above: the CPU backend's device is the host" : "")
+        << "); " << describe_host_memory(m) << "\n";
+  HostMemory whole = m;
+  whole.available = m.limit;
+  const std::string refusal = host_memory_refusal(planned, whole, "the memory plan");
+  if (!refusal.empty()) throw UserError(refusal);
+}
+
 void print_plan(const Run& r) {
   const TrainConfig& c = r.c;
   const ParameterStore& ps = r.model->params();
@@ -201,7 +227,8 @@ void print_plan(const Run& r) {
         << 4 * trainable / gib << " GiB, AdamW moments " << double(r.step->optimizer().state_bytes()) / gib
         << (r.opt.moments == Moments::Blockwise8 ? " GiB (8-bit)" : " GiB") << ", activations "
         << double(r.model->activation_bytes()) / gib << " GiB (recompute " << recompute_name(c.recompute)
-        << ", residual stream " << (r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16") << ")\n";  if (const Fp8Recipe* f = r.model->fp8()) {
+        << ", residual stream " << (r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16") << ")\n";
+  if (const Fp8Recipe* f = r.model->fp8()) {
     const Fp8Settings& s = f->settings();
     r.log << r.cmd << ": recipe fp8-hybrid: the decoder layers' projections in FP8 (E4M3 forward, E5M2 gradients; "
           << (s.delayed ? cat("delayed scaling, amax history ", s.amax_history) : std::string("current scaling"))
@@ -210,6 +237,7 @@ void print_plan(const Run& r) {
       r.log << "; first " << s.skip_first_layers << " and last " << s.skip_last_layers << " layers in bf16";
     r.log << "); its FP8 weight copies, scales and scratch " << double(r.model->fp8_bytes()) / gib << " GiB\n";
   }
+  print_host_plan(r);
 }
 
 // The per-step log: progress line, metrics files; MFU against the matmul rate measured at the start.

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "kernels/cuda/check.h"
 
 namespace soltrain {
@@ -95,6 +96,9 @@ void CudaOps::wait(Stream waiter, Stream on) {
 }
 
 Buffer CudaOps::alloc_host(size_t bytes) {
+  // Pinned pages cannot be swapped or reclaimed: one past the cgroup limit gets the process killed, so every
+  // pinned buffer (few, all planned) is checked against the real limit first.
+  check_host_memory(bytes, "pinned host memory");
   void* p = nullptr;
   CUDA_CHECK(cudaMallocHost(&p, bytes ? bytes : 1));
   std::memset(p, 0, bytes);

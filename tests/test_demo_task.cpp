@@ -1,0 +1,57 @@
+// The demo's reversal task with label noise (bench/convergence.sh's task): the noise replaces only answers,
+// leaves the prompts and the noiseless file as they were, and hits about the fraction asked for.
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/demo_kit.h"
+#include "test_util.h"
+
+namespace soltrain {
+namespace {
+
+struct Pair {
+  std::string word, answer;
+};
+
+std::vector<Pair> read_pairs(const std::filesystem::path& file) {
+  std::vector<Pair> out;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    out.push_back({j["messages"][0]["content"], j["messages"][1]["content"]});
+  }
+  return out;
+}
+
+std::string slurp(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+TEST(DemoTask, LabelNoiseReplacesAboutThatFractionOfAnswersOnly) {
+  test::TempDir t;
+  const int n = 4000;
+  write_reversal_dataset(t.path / "clean.jsonl", n, 7);
+  write_reversal_dataset(t.path / "zero.jsonl", n, 7, 0.0);
+  write_reversal_dataset(t.path / "noisy.jsonl", n, 7, 0.25);
+  // No noise asked: byte for byte the file every existing test and fixture was made from.
+  EXPECT_EQ(slurp(t.path / "clean.jsonl"), slurp(t.path / "zero.jsonl"));
+
+  const auto clean = read_pairs(t.path / "clean.jsonl"), noisy = read_pairs(t.path / "noisy.jsonl");
+  ASSERT_EQ(clean.size(), size_t(n));
+  ASSERT_EQ(noisy.size(), size_t(n));
+  int replaced = 0;
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(noisy[i].word, clean[i].word) << "record " << i;  // the prompts stay
+    ASSERT_EQ(noisy[i].answer.size(), clean[i].answer.size()) << "record " << i;
+    for (char ch : noisy[i].answer) EXPECT_TRUE(ch >= 'a' && ch <= 'z') << "record " << i;
+    if (noisy[i].answer != std::string(clean[i].word.rbegin(), clean[i].word.rend())) ++replaced;
+  }
+  // Binomial(4000, 0.25 × (1 − the chance a random word is the reversal, ≤ 26^-3)): sd 27, so ±150 is > 5 sd.
+  EXPECT_NEAR(replaced, 1000, 150);
+}
+
+}  // namespace
+}  // namespace soltrain
