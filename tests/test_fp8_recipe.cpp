@@ -8,8 +8,7 @@
 #include <sstream>
 
 #include "cli/config.h"
-#include "cli/demo_kit.h"
-#include "data_test_util.h"
+#include "demo_run_util.h"
 #include "kernels/quant.h"
 #include "test_util.h"
 #include "train/run_training.h"
@@ -156,27 +155,8 @@ TEST(Fp8Ops, UpdateScalesRollsTheHistoryAndScalesFromItsMax) {
   }
 }
 
-struct Fp8Setup {
-  test::TempDir t;
-  Fp8Setup() {
-    DemoModelShape s;
-    s.hidden = 64, s.layers = 2, s.heads = 2, s.kv_heads = 1, s.head_dim = 32, s.intermediate = 128;
-    write_random_model(t.path / "model", s, 11);
-    write_reversal_dataset(t.path / "train.jsonl", 300, 8);
-    write_reversal_dataset(t.path / "val.jsonl", 40, 9);
-  }
-  fs::path config(const std::string& out, const std::string& extra) const {
-    const fs::path p = t.path / (out + ".yaml");
-    test::write_text(p, test::yaml_with("model: model\noutput_dir: " + out +
-                                            "\ndatasets:\n  - path: train.jsonl\n    type: conversation\n"
-                                            "validation_datasets: [{path: val.jsonl, type: conversation}]\n"
-                                            "dataset_prepared_path: prepared\nsequence_len: 64\n"
-                                            "per_device_train_batch_size: 4\nlearning_rate: 3.0e-3\n"
-                                            "lr_scheduler_type: cosine\nwarmup_steps: 2\nlogging_steps: 10\n"
-                                            "max_steps: 60\neval_steps: 60\n",
-                                        extra));
-    return p;
-  }
+struct Fp8Setup : test::DemoRunSetup {
+  Fp8Setup() : DemoRunSetup("max_steps: 60\neval_steps: 60\n") {}
   RunResult train(const std::string& out, const std::string& extra, std::string* log_text = nullptr) const {
     auto ops = make_cpu_ops();
     std::ostringstream log;
