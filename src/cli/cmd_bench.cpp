@@ -48,9 +48,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"adamw", "adamw_8bit"}))
       ->capture_default_str();
   c->add_option("--data-parallel", o->data_parallel,
-                "run the step through the data-parallel path at this ZeRO stage (0-2) with a communicator of one "
+                "run the step through the data-parallel path at this ZeRO stage (0-3) with a communicator of one "
                 "rank (NCCL on the GPU): what its collectives, events and hooks cost")
-      ->check(CLI::Range(0, 2));
+      ->check(CLI::Range(0, 3));
   c->add_option("--gpus", o->gpus,
                 "data parallel over N worker processes, one per GPU (NCCL; ZeRO stage from --data-parallel, 0 "
                 "by default); each rank steps its own --batch-size rows and rank 0 prints tokens/s of all")

@@ -60,7 +60,8 @@ std::optional<DType> parse_residual_dtype(const std::string& s, const std::strin
 // 0..L-1 are the decoder layers; group L holds the embedding, the final norm and the LM head (its
 // gradients are final only after the embedding's backward, at the very end). Work a hook queues belongs
 // on Ops::Stream::Side (switch with use_stream and back to Main, ordering with wait()); the caller makes
-// Main wait for Side before the optimizer reads the gradients.
+// Main wait for Side before the optimizer reads the gradients. before_forward(l + 1) fires inside layer l's
+// forward, before the fused add + norm that reads layer l + 1's ln1 (the first read of its weights).
 class LayerHooks {
  public:
   virtual ~LayerHooks() = default;
