@@ -185,7 +185,8 @@ void print_plan(const Run& r) {
     const Zero3::Bytes b = z->bytes();
     r.log << r.cmd << ": ZeRO-3 per rank: " << b.held_elements << " of the model's " << b.trainable_elements
           << " trainable elements held: masters " << held.masters << " B, compute copy " << held.values
-          << " B (0: the masters are the CPU's compute copy), gradients " << held.grads << " B, AdamW moments "
+          << (held.values ? " B" : " B (the masters are the CPU's compute copy)") << ", gradients " << held.grads
+          << " B, AdamW moments "
           << r.step->optimizer().state_bytes() << " B; while a pass runs, gather buffers " << b.gathered
           << " B and gradient scratch " << b.grad_scratch << " B (two layers and the embedding/head group)\n";
   }
