@@ -60,13 +60,16 @@ TEST(Zero3, AnIdleMicroBatchMakesTheCollectivesOfATrainedOne) {
   HostBatch none = batch;
   std::fill(none.targets.begin(), none.targets.end(), -100);
   auto ops = make_cpu_ops();
-  auto model = load_pretrained(dir, *ops);
+  auto model = load_pretrained(dir, *ops, std::nullopt, /*gradients=*/false);
+  EXPECT_EQ(model->params().trainable_bytes().grads, 0u) << "no full-size gradient buffer, ever";
+  EXPECT_ANY_THROW(model->params().all_grads());
   model->plan(batch.rows, batch.seq_len, Recompute::Full);
   RecordingCommunicator comm;
   TrainStep step(*model, kOpt, comm, 3);
   // Weights and gradients are this rank's slices only: at world size 1 exactly the model, no second copy.
   EXPECT_EQ(model->params().all_grads().numel(), model->params().numel());
   EXPECT_EQ(model->params().trainable_bytes().masters, size_t(model->params().numel()) * 4);
+  EXPECT_EQ(model->params().trainable_bytes().grads, size_t(model->params().numel()) * 4);
   const std::vector<HostBatch> both{batch, batch}, one{batch, none};
   step.run(both, 1e-3f, 2 * batch.counted());
   const std::vector<std::string> trained = comm.calls;
@@ -90,7 +93,7 @@ TEST(Zero3, OneRankTrainsAsTheSingleProcessForEveryRecompute) {
     const std::vector<HostBatch> micro{batch, second};
     const int64_t counted = batch.counted() + second.counted();
     auto ops = make_cpu_ops();
-    auto single = load_pretrained(dir, *ops), sharded = load_pretrained(dir, *ops);
+    auto single = load_pretrained(dir, *ops), sharded = load_pretrained(dir, *ops, std::nullopt, false);
     single->plan(batch.rows, batch.seq_len, rc);
     sharded->plan(batch.rows, batch.seq_len, rc);
     TrainStep a(*single, kOpt);

@@ -94,7 +94,8 @@ std::function<int()> add_bench_command(CLI::App& app) {
       if (!lora) user_error("bench: --qlora ", o->qlora, " needs --lora-rank (a quantised base is frozen)");
       lora->base_format = o->qlora == "nf4" ? WeightFormat::Nf4 : WeightFormat::Fp8Block;
     }
-    auto model = load_pretrained(o->model, *ops, lora);
+    // (ZeRO-3 allocates only this rank's slices of the gradients)
+    auto model = load_pretrained(o->model, *ops, lora, /*gradients=*/!(comm && zero_stage == 3));
     const int V = model->config().vocab_size;
     HostBatch batch{o->batch, o->seq, {}, {}, {}, {}, {}, {}};
     std::mt19937 rng(1234u + unsigned(rank));  // each rank its own rows

@@ -50,8 +50,9 @@ void ParameterStore::add(const std::string& name, Shape shape, bool trainable, i
   params_.back().format = format;
 }
 
-void ParameterStore::allocate(Ops& ops) {
+void ParameterStore::allocate(Ops& ops, bool gradients) {
   const DType act = ops.activation_dtype();
+  gradients_ = gradients;
   values_dtype_ = act;
   int groups = 0;
   for (const auto& p : params_) groups = std::max(groups, p.group + 1);
@@ -82,7 +83,7 @@ void ParameterStore::allocate(Ops& ops) {
       quantised += quantised_layout(p).total;
   }
   masters_ = ops.alloc(size_t(numel_) * 4);
-  grads_ = ops.alloc(size_t(numel_) * 4);
+  if (gradients) grads_ = ops.alloc(size_t(numel_) * 4);
   if (act != DType::F32) values_ = ops.alloc(size_t(numel_) * dtype_size(act));
   frozen_ = ops.alloc(dense_frozen * dtype_size(act));
   quantised_ = ops.alloc(quantised);
@@ -107,7 +108,7 @@ void ParameterStore::allocate(Ops& ops) {
     }
     const int64_t n = shape_numel(p.shape);
     p.master = flat(masters_, DType::F32, p.offset, n).view(p.shape);
-    p.grad = flat(grads_, DType::F32, p.offset, n).view(p.shape);
+    p.grad = gradients ? flat(grads_, DType::F32, p.offset, n).view(p.shape) : Tensor{};
     p.value = values_.data() ? flat(values_, act, p.offset, n).view(p.shape) : p.master;
   }
 }
@@ -183,12 +184,14 @@ const Parameter& ParameterStore::at(const std::string& name) const {
 }
 
 Tensor ParameterStore::all_grads() const {
+  SOLTRAIN_CHECK(gradients_, "the model was made without gradients (for ZeRO-3, which allocates their slices)");
   return flat(grads_, DType::F32, 0, sharded() ? held_ : numel_);
 }
 
 Tensor ParameterStore::group_grads(int group) const {
   SOLTRAIN_CHECK(group >= 0 && group < groups(), "no parameter group ", group);
   SOLTRAIN_CHECK(!sharded(), "group_grads() of a sharded store: its groups are whole only while bound");
+  SOLTRAIN_CHECK(gradients_, "the model was made without gradients");
   return flat(grads_, DType::F32, group_begin_[size_t(group)],
               group_begin_[size_t(group) + 1] - group_begin_[size_t(group)]);
 }
@@ -211,6 +214,7 @@ Tensor ParameterStore::values(const ParamRange& r) const {
 }
 
 Tensor ParameterStore::grads(const ParamRange& r) const {
+  SOLTRAIN_CHECK(gradients_, "the model was made without gradients");
   return flat(grads_, DType::F32, held_offset(r), r.numel);
 }
 
@@ -240,6 +244,7 @@ void ParameterStore::keep_shards(Ops& ops, const std::vector<std::pair<int64_t, 
   values_ = std::move(v);
   slices_ = std::move(slices);
   held_ = held;
+  gradients_ = true;  // the slices'
   for (Parameter& p : params_)
     if (p.trainable) p.master = p.value = p.grad = Tensor{};
 }

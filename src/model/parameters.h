@@ -42,8 +42,10 @@ struct ParamRange {
 class ParameterStore {
  public:
   void add(const std::string& name, Shape shape, bool trainable, int group, WeightFormat format = WeightFormat::Dense);
-  // Lays out the groups in order and allocates the flat buffers on the ops' device (zeroed).
-  void allocate(Ops& ops);
+  // Lays out the groups in order and allocates the flat buffers on the ops' device (zeroed). Without
+  // `gradients` no gradient buffer is allocated: a model that ZeRO-3 will shard gets only its rank's slices
+  // of them (keep_shards), so a full-size gradient buffer never exists there.
+  void allocate(Ops& ops, bool gradients = true);
   // Refreshes the compute copy from the masters (after loading; the optimizer does it itself).
   void sync_values(Ops& ops);
 
@@ -117,6 +119,7 @@ class ParameterStore {
   Buffer frozen_;                    // frozen compute copies, activation dtype
   Buffer quantised_;                 // frozen quantised weights: each one's codes, then its scales
   DType values_dtype_ = DType::F32;
+  bool gradients_ = true;  // allocate() made the flat gradient buffer (or keep_shards the slices')
   // ZeRO-3: per group the owned flat [begin, end) and where its slice starts in the held buffers.
   struct Slice {
     int64_t begin, end, at, chunk;

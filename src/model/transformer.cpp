@@ -49,7 +49,7 @@ struct Transformer::Activations {
   LoraScratch lora_scratch;
 };
 
-Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig> lora)
+Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig> lora, bool gradients)
     : config_(std::move(config)), lora_(std::move(lora)), ops_(ops) {
   const auto& c = config_;
   const int64_t D = c.hidden_size, hd = c.head_dim;
@@ -65,7 +65,7 @@ Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig>
   if (!c.tie_word_embeddings) params_.add(kLmHead, {c.vocab_size, D}, base_trains, outer);
   if (lora_)
     for (int l = 0; l < c.num_layers; ++l) add_lora_parameters(params_, c, l, *lora_);
-  params_.allocate(ops_);
+  params_.allocate(ops_, gradients);
 
   for (int l = 0; l < c.num_layers; ++l) {
     layers_.push_back(bind_layer(params_, l, lora_));

@@ -73,8 +73,9 @@ class LayerHooks {
 class Transformer {
  public:
   // Without `lora` every parameter trains (full fine-tuning); with it only the adapters do (A initialised as
-  // PEFT does, B zero).
-  Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig> lora = std::nullopt);
+  // PEFT does, B zero). Without `gradients` no gradient buffer is allocated (ParameterStore::allocate: for a
+  // model ZeRO-3 shards, which gives each rank only its slices of them).
+  Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig> lora = std::nullopt, bool gradients = true);
   ~Transformer();
 
   const ModelConfig& config() const { return config_; }

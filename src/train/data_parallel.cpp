@@ -16,11 +16,9 @@ ShardPlan make_shard_plan(const ParameterStore& params, int rank, int size) {
   ShardPlan p;
   p.rank = rank;
   p.size = size;
-  const char* base = static_cast<const char*>(params.all_grads().data);
   for (int g = 0; g < params.groups(); ++g) {
-    const Tensor t = params.group_grads(g);
-    const int64_t n = t.numel();
-    p.groups.push_back({int64_t(static_cast<const char*>(t.data) - base) / 4, n, (n + size - 1) / size});
+    const int64_t n = params.group_numel(g);
+    p.groups.push_back({params.group_begin(g), n, (n + size - 1) / size});
   }
   for (const ParamRange& r : params.ranges()) {
     const auto [b, e] = p.owned_span(r.group);

@@ -89,7 +89,8 @@ void set_up(Run& r) {
     r.lora->base_format = c.lora.base;
     r.lora->validate("config.yaml");
   }
-  r.model = load_pretrained(c.model, r.ops, r.lora);
+  // ZeRO-3 gives each rank only its slices of the gradients: no full-size buffer is made for them here.
+  r.model = load_pretrained(c.model, r.ops, r.lora, /*gradients=*/!(r.dp && c.zero_stage == 3));
   for (const ShardSet* set : {&r.data.train, &r.data.validation})
     for (int32_t id : set->tokens)
       if (id < 0 || id >= r.model->config().vocab_size)
