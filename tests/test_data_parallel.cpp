@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <nlohmann/json.hpp>
-
 #include <regex>
 
 #include "cli/demo_kit.h"
@@ -137,8 +136,8 @@ TEST(DataParallel, MpiRanksMatchOneProcessWithTheMatchingAccumulation) {
         EXPECT_TRUE(fs::exists(s.t.path / out / (kind.empty() ? "model" : "adapter")));
         if (zero == 3) expect_sharded_memory(r.err, ranks, /*groups: 3 layers + embedding/head*/ 4);
         // What rank 0 saved is what the one process trained (ZeRO-3: gathered from every rank's slices).
-        const fs::path file = kind.empty() ? fs::path("model") / "model.safetensors"
-                                           : fs::path("adapter") / "adapter_model.safetensors";
+        const fs::path file =
+            kind.empty() ? fs::path("model") / "model.safetensors" : fs::path("adapter") / "adapter_model.safetensors";
         expect_same_model(s.t.path / (name + "-1") / file, s.t.path / out / file, out);
       }
   }
@@ -220,24 +219,26 @@ TEST(DataParallel, FourRanksResumeATwoRankZero3Checkpoint) {
   // the passes made, so with accumulation > 1 its masks differ from the uninterrupted run's, ZeRO or not.)
   for (const std::string& kind : {std::string(), kLora + " --set lora_dropout=0"}) {
     const std::string name = kind.empty() ? "full" : "lora";
-    const fs::path file = kind.empty() ? fs::path("model") / "model.safetensors"
-                                       : fs::path("adapter") / "adapter_model.safetensors";
+    const fs::path file =
+        kind.empty() ? fs::path("model") / "model.safetensors" : fs::path("adapter") / "adapter_model.safetensors";
     ASSERT_EQ(s.sft(0, name + "-one", kind + " --set gradient_accumulation_steps=4").code, 0);
-    const CliRun two = s.sft(2, name + "-two",
-                             kind + " --set gradient_accumulation_steps=2 --set zero_stage=3 --set save_steps=1");
+    const CliRun two =
+        s.sft(2, name + "-two", kind + " --set gradient_accumulation_steps=2 --set zero_stage=3 --set save_steps=1");
     ASSERT_EQ(two.code, 0) << two.err;
     const fs::path ck = s.t.path / (name + "-two") / "checkpoint-1";
     ASSERT_TRUE(fs::exists(ck / "optimizer-shard-1-of-2.safetensors"));
     const CliRun four = s.sft(4, name + "-four",
-                              kind + " --set gradient_accumulation_steps=1 --set zero_stage=3 "
-                                     "--set resume_from_checkpoint=" + ck.string());
+                              kind +
+                                  " --set gradient_accumulation_steps=1 --set zero_stage=3 "
+                                  "--set resume_from_checkpoint=" +
+                                  ck.string());
     ASSERT_EQ(four.code, 0) << four.err;
     auto want = s.losses(name + "-one");
     want.erase(1);
     expect_same_losses(want, s.losses(name + "-four"), name + ": 4 ZeRO-3 ranks from a 2-rank ZeRO-3 checkpoint");
     expect_same_model(s.t.path / (name + "-one") / file, s.t.path / (name + "-four") / file, name + " final model");
-    const CliRun again =
-        s.sft(0, name + "-again", kind + " --set gradient_accumulation_steps=4 --set resume_from_checkpoint=" + ck.string());
+    const CliRun again = s.sft(
+        0, name + "-again", kind + " --set gradient_accumulation_steps=4 --set resume_from_checkpoint=" + ck.string());
     ASSERT_EQ(again.code, 0) << again.err;
     expect_same_losses(want, s.losses(name + "-again"), name + ": 1 process from a 2-rank ZeRO-3 checkpoint");
   }

@@ -84,37 +84,37 @@ TEST(Zero3, AnIdleMicroBatchMakesTheCollectivesOfATrainedOne) {
 TEST(Zero3, OneRankTrainsAsTheSingleProcessForEveryRecompute) {
   // Tied (2 layers) and untied (3 layers: the two layer buffers are reused within a pass).
   for (const char* name : {"qwen3-tiny", "qwen3-tiny-linear"})
-  for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
-    SCOPED_TRACE(std::string(name) + ", recompute " + recompute_name(rc));
-    const auto dir = fixtures() / "models" / name;
-    const HostBatch batch = load_batch_file(dir / "batch.safetensors");
-    HostBatch second = batch;
-    std::rotate(second.input_ids.begin(), second.input_ids.begin() + 3, second.input_ids.end());
-    const std::vector<HostBatch> micro{batch, second};
-    const int64_t counted = batch.counted() + second.counted();
-    auto ops = make_cpu_ops();
-    auto single = load_pretrained(dir, *ops), sharded = load_pretrained(dir, *ops, std::nullopt, false);
-    single->plan(batch.rows, batch.seq_len, rc);
-    sharded->plan(batch.rows, batch.seq_len, rc);
-    TrainStep a(*single, kOpt);
-    RecordingCommunicator comm;
-    TrainStep b(*sharded, kOpt, comm, 3);
-    for (int s = 0; s < 2; ++s) {
-      a.run(micro, 1e-3f, counted);
-      b.run(micro, 1e-3f, counted);
-      EXPECT_NEAR(b.loss(), a.loss(), 1e-6 * a.loss()) << "update " << s;
-      EXPECT_NEAR(b.grad_norm(), a.grad_norm(), 1e-6 * a.grad_norm()) << "update " << s;
+    for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+      SCOPED_TRACE(std::string(name) + ", recompute " + recompute_name(rc));
+      const auto dir = fixtures() / "models" / name;
+      const HostBatch batch = load_batch_file(dir / "batch.safetensors");
+      HostBatch second = batch;
+      std::rotate(second.input_ids.begin(), second.input_ids.begin() + 3, second.input_ids.end());
+      const std::vector<HostBatch> micro{batch, second};
+      const int64_t counted = batch.counted() + second.counted();
+      auto ops = make_cpu_ops();
+      auto single = load_pretrained(dir, *ops), sharded = load_pretrained(dir, *ops, std::nullopt, false);
+      single->plan(batch.rows, batch.seq_len, rc);
+      sharded->plan(batch.rows, batch.seq_len, rc);
+      TrainStep a(*single, kOpt);
+      RecordingCommunicator comm;
+      TrainStep b(*sharded, kOpt, comm, 3);
+      for (int s = 0; s < 2; ++s) {
+        a.run(micro, 1e-3f, counted);
+        b.run(micro, 1e-3f, counted);
+        EXPECT_NEAR(b.loss(), a.loss(), 1e-6 * a.loss()) << "update " << s;
+        EXPECT_NEAR(b.grad_norm(), a.grad_norm(), 1e-6 * a.grad_norm()) << "update " << s;
+      }
+      // The sharded model's masters, gathered to the host as a checkpoint reads them.
+      b.settle();
+      b.data_parallel()->zero3()->masters_to_host();
+      const std::vector<float> want = masters(*ops, *single), got = masters(*ops, *sharded);
+      b.data_parallel()->zero3()->release_host_masters();
+      ASSERT_EQ(got.size(), want.size());
+      double worst = 0;
+      for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, double(std::abs(got[i] - want[i])));
+      EXPECT_LT(worst, 1e-6);
     }
-    // The sharded model's masters, gathered to the host as a checkpoint reads them.
-    b.settle();
-    b.data_parallel()->zero3()->masters_to_host();
-    const std::vector<float> want = masters(*ops, *single), got = masters(*ops, *sharded);
-    b.data_parallel()->zero3()->release_host_masters();
-    ASSERT_EQ(got.size(), want.size());
-    double worst = 0;
-    for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, double(std::abs(got[i] - want[i])));
-    EXPECT_LT(worst, 1e-6);
-  }
 }
 
 }  // namespace

@@ -138,7 +138,7 @@ void DataParallel::all_reduce(Tensor t) {
 
 void DataParallel::gather_weights() {
   if (stage_ == 0) return;
-  if (zero3_) return zero3_->weights_changed();  // each group is gathered when next used
+  if (zero3_) return zero3_->weights_changed();     // each group is gathered when next used
   ops_.wait(Ops::Stream::Side, Ops::Stream::Main);  // the update has written the owned masters
   ops_.use_stream(Ops::Stream::Side);
   // Forward's order: the embedding's group first, then the layers from the first.

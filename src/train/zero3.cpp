@@ -175,8 +175,8 @@ void Zero3::masters_to_host() {
     ops_.use_stream(Ops::Stream::Main);
     ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
     if (!lead) continue;
-    const Tensor host{static_cast<float*>(host_masters_.data()) + ps_.group_begin(g), DType::F32,
-                      {ps_.group_numel(g)}, Device::CPU};
+    const Tensor host{
+        static_cast<float*>(host_masters_.data()) + ps_.group_begin(g), DType::F32, {ps_.group_numel(g)}, Device::CPU};
     ops_.copy(host, slice(all, 0, ps_.group_numel(g)));
     ps_.bind_masters(g, host);
   }
@@ -186,8 +186,10 @@ void Zero3::masters_for_loading() {
   host_masters_ = Buffer::host(size_t(ps_.numel()) * 4);
   for (int g = 0; g < int(plan_.groups.size()); ++g)
     if (!empty(g))
-      ps_.bind_masters(g, Tensor{static_cast<float*>(host_masters_.data()) + ps_.group_begin(g), DType::F32,
-                                 {ps_.group_numel(g)}, Device::CPU});
+      ps_.bind_masters(g, Tensor{static_cast<float*>(host_masters_.data()) + ps_.group_begin(g),
+                                 DType::F32,
+                                 {ps_.group_numel(g)},
+                                 Device::CPU});
 }
 
 void Zero3::scatter_loaded_masters() {

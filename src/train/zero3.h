@@ -50,7 +50,7 @@ class Zero3 {
   // Bytes this rank holds persistently (slices) and as per-pass buffers, for the memory plan and tests.
   struct Bytes {
     int64_t held_elements = 0, trainable_elements = 0;  // Σ slices vs the model's trainable elements
-    size_t gathered = 0, grad_scratch = 0;               // the gather buffers; gradient scratch + reduce staging
+    size_t gathered = 0, grad_scratch = 0;              // the gather buffers; gradient scratch + reduce staging
   };
   Bytes bytes() const;
 
@@ -77,7 +77,7 @@ class Zero3 {
   uint64_t clock_ = 0;
   Slot slots_[3];  // two for the layers, the third for the head group
   Buffer gathered_[3];
-  Buffer grads_[3];                // scratch: layers g % 2, then the head group's
+  Buffer grads_[3];                  // scratch: layers g % 2, then the head group's
   uint64_t reduced_[3] = {0, 0, 0};  // Side mark after the last reduction that read each scratch
   int grad_bound_[2] = {-1, -1};     // the layer whose gradients each layer scratch holds
   Buffer reduced_part_;              // one rank's part of a reduce-scatter (the largest chunk)

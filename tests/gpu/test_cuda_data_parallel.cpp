@@ -65,7 +65,8 @@ TEST_F(CudaDataParallel, NcclAtWorldSizeOneTrainsBitwiseAsOneProcess) {
   }
   // ZeRO-3 adds each micro-batch's gradients into the rank's slice (no full-size gradient to accumulate in):
   // another order of fp32 sums, so close (bf16 compute) rather than bitwise.
-  const CliRun r = sft("SOLTRAIN_COMMUNICATOR=nccl", "nccl-z3", "--set gradient_accumulation_steps=2 --set zero_stage=3");
+  const CliRun r =
+      sft("SOLTRAIN_COMMUNICATOR=nccl", "nccl-z3", "--set gradient_accumulation_steps=2 --set zero_stage=3");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("ZeRO-3 per rank: "), std::string::npos) << r.err;
   const auto got = metrics("nccl-z3");
