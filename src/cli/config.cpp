@@ -553,12 +553,7 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       {"seed", [&](const Entry& e) { c.seed = uint64_t(get_int(e, "seed", 0)); }},
       // Data parallel: worker processes started on this machine, and ZeRO's stage (DeepSpeed's meaning).
       {"gpus", [&](const Entry& e) { c.gpus = get_int32(e, "gpus", 1, 1024); }},
-      {"zero_stage",
-       [&](const Entry& e) {
-         c.zero_stage = get_int32(e, "zero_stage", 0, 3);
-         if (c.zero_stage == 3)
-           user_error(e.where, ": zero_stage: 3 (sharded weights, gathered per layer) is not built yet; use 0, 1 or 2");
-       }},
+      {"zero_stage", [&](const Entry& e) { c.zero_stage = get_int32(e, "zero_stage", 0, 3); }},
       {"recompute",
        [&](const Entry& e) {
          const std::string r = get_string(e, "recompute");

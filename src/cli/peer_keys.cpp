@@ -238,7 +238,7 @@ const std::map<std::string, Apply>& table() {
          c.chat_template = s;
        }},
       {"zero_level",
-       one_of({"1"}, "Surogate's ZeRO levels are not read; soltrain's is zero_stage: 0-2 (DeepSpeed's meaning)")},
+       one_of({"1"}, "Surogate's ZeRO levels are not read; soltrain's is zero_stage: 0-3 (DeepSpeed's meaning)")},
       // Features soltrain lacks: accepted when off.
       {"deepspeed", off_or(kMultiGpu)},
       {"fsdp", off_or(kMultiGpu)},

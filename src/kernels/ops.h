@@ -263,7 +263,7 @@ class Ops {
   virtual void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) = 0;
   virtual void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) = 0;
 
-  virtual void add_inplace(Tensor x, const Tensor& y) = 0;  // x += y
+  virtual void add_inplace(Tensor x, const Tensor& y) = 0;  // x += y (activation dtype, or F32)
   // y = x · factor, times keep/(1-p) when p > 0: keep[i] = dropout_keep(seed, i, p) (kernels/dropout_mask.h),
   // identical on every backend, so a backward pass regenerates forward's mask from the seed alone.
   // Activation dtype; y may alias x.

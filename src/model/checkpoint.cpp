@@ -12,14 +12,15 @@ namespace fs = std::filesystem;
 
 namespace soltrain {
 
-std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops, std::optional<LoraConfig> lora) {
+std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops, std::optional<LoraConfig> lora,
+                                             bool gradients) {
   ModelConfig config = load_model_config(dir);
   check_config_fits_checkpoint(config, CheckpointReader(dir), dir);  // before anything is allocated
   // A pre-quantised FP8 checkpoint under LoRA keeps its base as stored (QLoRA over FP8 blocks) unless NF4
   // was asked for; without LoRA it is dequantised into the fp32 masters.
   if (is_fp8_block_checkpoint(config, dir) && lora && lora->base_format == WeightFormat::Dense)
     lora->base_format = WeightFormat::Fp8Block;
-  auto model = std::make_unique<Transformer>(std::move(config), ops, std::move(lora));
+  auto model = std::make_unique<Transformer>(std::move(config), ops, std::move(lora), gradients);
   load_weights(*model, dir);
   return model;
 }

@@ -7,9 +7,9 @@
 namespace soltrain {
 
 // Loads config.json and the weights of an HF folder onto the ops' device; with `lora`, the base is frozen
-// and fresh adapters are added (see peft_adapter.h to load saved ones instead).
+// and fresh adapters are added (see peft_adapter.h to load saved ones instead). `gradients`: Transformer's.
 std::unique_ptr<Transformer> load_pretrained(const std::filesystem::path& dir, Ops& ops,
-                                             std::optional<LoraConfig> lora = std::nullopt);
+                                             std::optional<LoraConfig> lora = std::nullopt, bool gradients = true);
 
 // Copies every base parameter from the checkpoint (adapters excepted); missing or mis-shaped tensors are
 // UserErrors.

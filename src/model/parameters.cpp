@@ -50,8 +50,9 @@ void ParameterStore::add(const std::string& name, Shape shape, bool trainable, i
   params_.back().format = format;
 }
 
-void ParameterStore::allocate(Ops& ops) {
+void ParameterStore::allocate(Ops& ops, bool gradients) {
   const DType act = ops.activation_dtype();
+  gradients_ = gradients;
   values_dtype_ = act;
   int groups = 0;
   for (const auto& p : params_) groups = std::max(groups, p.group + 1);
@@ -82,7 +83,7 @@ void ParameterStore::allocate(Ops& ops) {
       quantised += quantised_layout(p).total;
   }
   masters_ = ops.alloc(size_t(numel_) * 4);
-  grads_ = ops.alloc(size_t(numel_) * 4);
+  if (gradients) grads_ = ops.alloc(size_t(numel_) * 4);
   if (act != DType::F32) values_ = ops.alloc(size_t(numel_) * dtype_size(act));
   frozen_ = ops.alloc(dense_frozen * dtype_size(act));
   quantised_ = ops.alloc(quantised);
@@ -107,13 +108,14 @@ void ParameterStore::allocate(Ops& ops) {
     }
     const int64_t n = shape_numel(p.shape);
     p.master = flat(masters_, DType::F32, p.offset, n).view(p.shape);
-    p.grad = flat(grads_, DType::F32, p.offset, n).view(p.shape);
+    p.grad = gradients ? flat(grads_, DType::F32, p.offset, n).view(p.shape) : Tensor{};
     p.value = values_.data() ? flat(values_, act, p.offset, n).view(p.shape) : p.master;
   }
 }
 
 void ParameterStore::sync_values(Ops& ops) {
   if (values_alias_masters()) return;
+  if (sharded()) return ops.convert(flat(values_, values_dtype_, 0, held_), flat(masters_, DType::F32, 0, held_));
   for (const ParamRange& r : ranges_) ops.convert(values(r), masters(r));
 }
 void ParameterStore::upload(Ops& ops, Parameter& p, const float* host) {
@@ -130,7 +132,8 @@ void ParameterStore::upload(Ops& ops, Parameter& p, const float* host) {
   }
   if (p.trainable) {
     ops.copy(p.master, h);
-    if (p.value.data != p.master.data) ops.convert(p.value, p.master);
+    // (ZeRO-3 loads into masters bound on the host with the compute copy unbound: its owner re-derives it.)
+    if (p.value.data && p.value.data != p.master.data) ops.convert(p.value, p.master);
   } else if (p.value.dtype == DType::F32) {
     ops.copy(p.value, h);
   } else {
@@ -181,26 +184,99 @@ const Parameter& ParameterStore::at(const std::string& name) const {
 }
 
 Tensor ParameterStore::all_grads() const {
-  return flat(grads_, DType::F32, 0, numel_);
+  SOLTRAIN_CHECK(gradients_, "the model was made without gradients (for ZeRO-3, which allocates their slices)");
+  return flat(grads_, DType::F32, 0, sharded() ? held_ : numel_);
 }
 
 Tensor ParameterStore::group_grads(int group) const {
   SOLTRAIN_CHECK(group >= 0 && group < groups(), "no parameter group ", group);
+  SOLTRAIN_CHECK(!sharded(), "group_grads() of a sharded store: its groups are whole only while bound");
+  SOLTRAIN_CHECK(gradients_, "the model was made without gradients");
   return flat(grads_, DType::F32, group_begin_[size_t(group)],
               group_begin_[size_t(group) + 1] - group_begin_[size_t(group)]);
 }
 
+int64_t ParameterStore::held_offset(const ParamRange& r) const {
+  if (!sharded()) return r.offset;
+  const Slice& s = slices_.at(size_t(r.group));
+  SOLTRAIN_CHECK(r.offset >= s.begin && r.offset + r.numel <= s.end, "range [", r.offset, ", ", r.offset + r.numel,
+                 ") of group ", r.group, " is not this rank's [", s.begin, ", ", s.end, ")");
+  return s.at + (r.offset - s.begin);
+}
+
 Tensor ParameterStore::masters(const ParamRange& r) const {
-  return flat(masters_, DType::F32, r.offset, r.numel);
+  return flat(masters_, DType::F32, held_offset(r), r.numel);
 }
 
 Tensor ParameterStore::values(const ParamRange& r) const {
   if (values_alias_masters()) return masters(r);
-  return flat(values_, values_dtype_, r.offset, r.numel);
+  return flat(values_, values_dtype_, held_offset(r), r.numel);
 }
 
 Tensor ParameterStore::grads(const ParamRange& r) const {
-  return flat(grads_, DType::F32, r.offset, r.numel);
+  SOLTRAIN_CHECK(gradients_, "the model was made without gradients");
+  return flat(grads_, DType::F32, held_offset(r), r.numel);
+}
+
+void ParameterStore::keep_shards(Ops& ops, const std::vector<std::pair<int64_t, int64_t>>& owned,
+                                 const std::vector<int64_t>& chunk) {
+  SOLTRAIN_CHECK(!sharded() && int(owned.size()) == groups() && int(chunk.size()) == groups(), "keep_shards");
+  std::vector<Slice> slices;
+  int64_t held = 0;
+  for (int g = 0; g < groups(); ++g) {
+    const auto [b, e] = owned[size_t(g)];
+    SOLTRAIN_CHECK(group_begin(g) <= b && b <= e && e <= group_begin(g + 1) && e - b <= chunk[size_t(g)],
+                   "shard of group ", g);
+    slices.push_back({b, e, held, chunk[size_t(g)]});
+    held += chunk[size_t(g)];
+  }
+  const DType act = values_dtype_;
+  Buffer m = ops.alloc(size_t(held) * 4), gr = ops.alloc(size_t(held) * 4);  // zeroed: the padding stays 0
+  Buffer v = values_.data() ? ops.alloc(size_t(held) * dtype_size(act)) : Buffer{};
+  for (const Slice& s : slices) {
+    if (s.end == s.begin) continue;
+    const int64_t n = s.end - s.begin;
+    ops.copy(flat(m, DType::F32, s.at, n), flat(masters_, DType::F32, s.begin, n));
+    if (v.data()) ops.copy(flat(v, act, s.at, n), flat(values_, act, s.begin, n));  // the compute copy as it is
+  }
+  masters_ = std::move(m);
+  grads_ = std::move(gr);
+  values_ = std::move(v);
+  slices_ = std::move(slices);
+  held_ = held;
+  gradients_ = true;  // the slices'
+  for (Parameter& p : params_)
+    if (p.trainable) p.master = p.value = p.grad = Tensor{};
+}
+
+Tensor ParameterStore::shard_masters(int group) const {
+  const Slice& s = slices_.at(size_t(group));
+  return flat(masters_, DType::F32, s.at, s.chunk);
+}
+
+Tensor ParameterStore::shard_values(int group) const {
+  if (values_alias_masters()) return shard_masters(group);
+  const Slice& s = slices_.at(size_t(group));
+  return flat(values_, values_dtype_, s.at, s.chunk);
+}
+
+Tensor ParameterStore::shard_grads(int group) const {
+  const Slice& s = slices_.at(size_t(group));
+  return flat(grads_, DType::F32, s.at, s.chunk);
+}
+
+void ParameterStore::bind(int group, const Tensor& base, Tensor Parameter::*member) {
+  SOLTRAIN_CHECK(!base.data || base.numel() >= group_numel(group), "binding group ", group, " to ", base.numel(),
+                 " elements");
+  for (Parameter& p : params_) {
+    if (!p.trainable || p.group != group) continue;
+    if (!base.data) {
+      p.*member = Tensor{};
+      continue;
+    }
+    const size_t at = size_t(p.offset - group_begin(group)) * dtype_size(base.dtype);
+    p.*member = Tensor{static_cast<char*>(base.data) + at, base.dtype, p.shape, base.device};
+  }
 }
 
 }  // namespace soltrain

@@ -7,6 +7,8 @@
 // tensor. Frozen parameters (a LoRA run's base weights) keep only the compute copy, in a buffer of their
 // own: no master, no gradient, nothing for the optimizer. A frozen projection of a QLoRA base is held
 // quantised (NF4 or FP8 blocks, kernels/quant.h) in a third buffer: `value` the codes, `scale` its scales.
+// ZeRO-3 (train/zero3.h) shards the trainable buffers: the store then holds one slice per group and the
+// data-parallel machinery points the parameters' tensors at wherever a group is whole for a while.
 #pragma once
 #include <map>
 #include <string>
@@ -40,8 +42,10 @@ struct ParamRange {
 class ParameterStore {
  public:
   void add(const std::string& name, Shape shape, bool trainable, int group, WeightFormat format = WeightFormat::Dense);
-  // Lays out the groups in order and allocates the flat buffers on the ops' device (zeroed).
-  void allocate(Ops& ops);
+  // Lays out the groups in order and allocates the flat buffers on the ops' device (zeroed). Without
+  // `gradients` no gradient buffer is allocated: a model that ZeRO-3 will shard gets only its rank's slices
+  // of them (keep_shards), so a full-size gradient buffer never exists there.
+  void allocate(Ops& ops, bool gradients = true);
   // Refreshes the compute copy from the masters (after loading; the optimizer does it itself).
   void sync_values(Ops& ops);
 
@@ -75,6 +79,35 @@ class ParameterStore {
   Tensor values(const ParamRange& r) const;
   Tensor grads(const ParamRange& r) const;
   bool values_alias_masters() const { return !values_.data(); }
+  int64_t group_begin(int group) const { return group_begin_[size_t(group)]; }
+  int64_t group_numel(int group) const { return group_begin_[size_t(group) + 1] - group_begin_[size_t(group)]; }
+
+  // ZeRO-3: keep only this rank's slice of each group: flat [owned[g].first, owned[g].second), held in a
+  // slice `chunk[g]` elements long (zero padding after the owned part, so every rank's slice of a group has
+  // one length for the collectives). Masters, compute copies and gradients all shrink to the slices (the
+  // full buffers are freed), so a rank holds about 1/world of each. Afterwards masters(r) / values(r) /
+  // grads(r) take owned ranges only (the sharded optimizer's), all_grads() is the slices' gradients, and every
+  // trainable Parameter's master, value and grad is unbound (empty) until bind_*() points it somewhere.
+  // Why here and not in train/: the store is what maps a flat range to its storage, so the optimizer and
+  // clipping keep their one way of reading it whatever the stage.
+  void keep_shards(Ops& ops, const std::vector<std::pair<int64_t, int64_t>>& owned, const std::vector<int64_t>& chunk);
+  bool sharded() const { return !slices_.empty(); }
+  // Device bytes of the trainable buffers as allocated (the slices when sharded; values 0 where they are the
+  // masters, on the CPU): what the memory plan and its test read.
+  struct TrainableBytes {
+    size_t masters, values, grads;
+  };
+  TrainableBytes trainable_bytes() const { return {masters_.bytes(), values_.bytes(), grads_.bytes()}; }
+  // Group g's slice (chunk[g] elements) of the held masters, compute copies (the masters on the CPU), gradients.
+  Tensor shard_masters(int group) const;
+  Tensor shard_values(int group) const;
+  Tensor shard_grads(int group) const;
+  // Points group g's trainable parameters' value / grad / master into `base` (any device; the dtype of what
+  // is bound), laid out as the group's flat range (element 0 is the group's first); an empty `base` unbinds.
+  // The model reads Parameter::value and grad only, so a gathered copy of a layer is bound for its use.
+  void bind_values(int group, const Tensor& base) { bind(group, base, &Parameter::value); }
+  void bind_grads(int group, const Tensor& base) { bind(group, base, &Parameter::grad); }
+  void bind_masters(int group, const Tensor& base) { bind(group, base, &Parameter::master); }
 
  private:
   std::vector<Parameter> params_;
@@ -86,6 +119,15 @@ class ParameterStore {
   Buffer frozen_;                    // frozen compute copies, activation dtype
   Buffer quantised_;                 // frozen quantised weights: each one's codes, then its scales
   DType values_dtype_ = DType::F32;
+  bool gradients_ = true;  // allocate() made the flat gradient buffer (or keep_shards the slices')
+  // ZeRO-3: per group the owned flat [begin, end) and where its slice starts in the held buffers.
+  struct Slice {
+    int64_t begin, end, at, chunk;
+  };
+  std::vector<Slice> slices_;
+  int64_t held_ = 0;                               // Σ chunk: the held buffers' length in elements
+  int64_t held_offset(const ParamRange& r) const;  // r's first element in the held buffers
+  void bind(int group, const Tensor& base, Tensor Parameter::*member);
 };
 
 }  // namespace soltrain

@@ -49,7 +49,7 @@ struct Transformer::Activations {
   LoraScratch lora_scratch;
 };
 
-Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig> lora)
+Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig> lora, bool gradients)
     : config_(std::move(config)), lora_(std::move(lora)), ops_(ops) {
   const auto& c = config_;
   const int64_t D = c.hidden_size, hd = c.head_dim;
@@ -65,7 +65,7 @@ Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig>
   if (!c.tie_word_embeddings) params_.add(kLmHead, {c.vocab_size, D}, base_trains, outer);
   if (lora_)
     for (int l = 0; l < c.num_layers; ++l) add_lora_parameters(params_, c, l, *lora_);
-  params_.allocate(ops_);
+  params_.allocate(ops_, gradients);
 
   for (int l = 0; l < c.num_layers; ++l) {
     layers_.push_back(bind_layer(params_, l, lora_));
@@ -373,8 +373,8 @@ void Transformer::forward(const HostBatch& batch, Objective* objective, bool bac
   ops_.embedding_forward(a.resid[0], a.ids, params_.at(kEmbed).value);
   // Each residual add is fused with the RMSNorm after it (the next layer's ln1, or the final norm), so
   // only the first layer normalises its own input here.
+  if (hooks_) hooks_->before_forward(0);  // each later layer's fires inside the layer before (forward_mlp)
   for (int64_t l = 0; l < L; ++l) {
-    if (hooks_) hooks_->before_forward(int(l));
     forward_attention(l, l == 0);
     forward_mlp(l, true, false);
   }
@@ -482,11 +482,14 @@ void Transformer::forward_mlp(int64_t l, bool write_residual, bool norm_input) {
   if (!write_residual) return;
   // resid[l+1] = mid + down(...), fused with the norm that reads it: the next layer's ln1, or the final norm
   const int64_t L = int64_t(layers_.size());
-  if (l + 1 < L)
+  if (l + 1 < L) {
+    // The next layer's ln1 is the first of its weights read, here inside this layer's forward.
+    if (hooks_) hooks_->before_forward(int(l + 1));
     o.add_rmsnorm_forward(a.resid[l + 1], a.h1[l + 1], a.rstd1[l + 1], a.mid[l], a.tmp,
                           layers_[size_t(l + 1)].ln1->value, a.eps);
-  else
+  } else {
     o.add_rmsnorm_forward(a.resid[L], a.hf, a.rstdf, a.mid[l], a.tmp, params_.at(kFinalNorm).value, a.eps);
+  }
 }
 
 StepResult Transformer::step(const HostBatch& batch, bool backward_too, float* logits_out) {

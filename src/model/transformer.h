@@ -61,7 +61,8 @@ std::optional<DType> parse_residual_dtype(const std::string& s, const std::strin
 // 0..L-1 are the decoder layers; group L holds the embedding, the final norm and the LM head (its
 // gradients are final only after the embedding's backward, at the very end). Work a hook queues belongs
 // on Ops::Stream::Side (switch with use_stream and back to Main, ordering with wait()); the caller makes
-// Main wait for Side before the optimizer reads the gradients.
+// Main wait for Side before the optimizer reads the gradients. before_forward(l + 1) fires inside layer l's
+// forward, before the fused add + norm that reads layer l + 1's ln1 (the first read of its weights).
 class LayerHooks {
  public:
   virtual ~LayerHooks() = default;
@@ -73,8 +74,9 @@ class LayerHooks {
 class Transformer {
  public:
   // Without `lora` every parameter trains (full fine-tuning); with it only the adapters do (A initialised as
-  // PEFT does, B zero).
-  Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig> lora = std::nullopt);
+  // PEFT does, B zero). Without `gradients` no gradient buffer is allocated (ParameterStore::allocate: for a
+  // model ZeRO-3 shards, which gives each rank only its slices of them).
+  Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig> lora = std::nullopt, bool gradients = true);
   ~Transformer();
 
   const ModelConfig& config() const { return config_; }

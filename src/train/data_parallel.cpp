@@ -16,11 +16,9 @@ ShardPlan make_shard_plan(const ParameterStore& params, int rank, int size) {
   ShardPlan p;
   p.rank = rank;
   p.size = size;
-  const char* base = static_cast<const char*>(params.all_grads().data);
   for (int g = 0; g < params.groups(); ++g) {
-    const Tensor t = params.group_grads(g);
-    const int64_t n = t.numel();
-    p.groups.push_back({int64_t(static_cast<const char*>(t.data) - base) / 4, n, (n + size - 1) / size});
+    const int64_t n = params.group_numel(g);
+    p.groups.push_back({params.group_begin(g), n, (n + size - 1) / size});
   }
   for (const ParamRange& r : params.ranges()) {
     const auto [b, e] = p.owned_span(r.group);
@@ -38,10 +36,14 @@ Tensor slice(const Tensor& t, int64_t offset, int64_t n) {
 
 DataParallel::DataParallel(Transformer& model, Communicator& comm, int zero_stage)
     : model_(model), comm_(comm), ops_(model.ops()), stage_(zero_stage) {
-  SOLTRAIN_CHECK(zero_stage >= 0 && zero_stage <= 2, "ZeRO stage ", zero_stage);
+  SOLTRAIN_CHECK(zero_stage >= 0 && zero_stage <= 3, "ZeRO stage ", zero_stage);
   plan_ = make_shard_plan(model.params(), comm.rank(), comm.size());
   reduced_.assign(plan_.groups.size(), false);
   gathered_.assign(plan_.groups.size(), 0);
+  if (stage_ == 3) {  // its own buffers, never staged
+    zero3_ = std::make_unique<Zero3>(model.params(), ops_, comm, plan_, model.head_group());
+    return;
+  }
   // Staging only for the groups whose collectives cannot run in place (padded chunks, or a communicator
   // that needs separate buffers): on NCCL with evenly divisible groups none is allocated.
   int64_t chunk = 0;
@@ -65,6 +67,7 @@ Tensor DataParallel::scratch(int64_t elements, int which) {
 }
 
 void DataParallel::grads_ready(int group) {
+  if (zero3_) return zero3_->grads_ready(group);
   if (armed_ && !reduced_[size_t(group)]) reduce_group(group);
 }
 
@@ -93,6 +96,11 @@ void DataParallel::reduce_group(int g) {
 }
 
 void DataParallel::finish_gradients() {
+  if (zero3_) {  // every micro-batch's pass (or idle_pass) has reduced every group
+    ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
+    armed_ = false;
+    return;
+  }
   // Backward's order: the decoder layers from the last, then the group of embedding, norm and head.
   const int head = int(plan_.groups.size()) - 1;
   for (int g = head - 1; g >= 0; --g)
@@ -106,7 +114,8 @@ void DataParallel::finish_gradients() {
 void DataParallel::grad_sumsq(Tensor out) {
   const ParameterStore& ps = model_.params();
   // Every rank holds every summed gradient below stage 2; alone, a rank owns them all: one reduction over
-  // the whole buffer, in the single process's order (so one rank trains bitwise as no data parallel does).
+  // the whole buffer, in the single process's order (so one rank trains bitwise as no data parallel does;
+  // stage 3's slices of one rank are the flat layout itself, unpadded).
   if (stage_ < 2 || comm_.size() == 1) {
     ops_.reduce_sum(out, ps.all_grads(), /*squares=*/true, /*accumulate=*/false);
     return;
@@ -114,7 +123,7 @@ void DataParallel::grad_sumsq(Tensor out) {
   ops_.zero(out);
   for (int g = 0; g < int(plan_.groups.size()); ++g) {
     const auto [b, e] = plan_.owned_span(g);
-    if (e > b) ops_.reduce_sum(out, slice(ps.all_grads(), b, e - b), true, /*accumulate=*/true);
+    if (e > b) ops_.reduce_sum(out, ps.grads(ParamRange{g, false, b, e - b}), true, /*accumulate=*/true);
   }
   all_reduce(out);
 }
@@ -129,6 +138,7 @@ void DataParallel::all_reduce(Tensor t) {
 
 void DataParallel::gather_weights() {
   if (stage_ == 0) return;
+  if (zero3_) return zero3_->weights_changed();     // each group is gathered when next used
   ops_.wait(Ops::Stream::Side, Ops::Stream::Main);  // the update has written the owned masters
   ops_.use_stream(Ops::Stream::Side);
   // Forward's order: the embedding's group first, then the layers from the first.
@@ -146,6 +156,7 @@ void DataParallel::await_gather(int g) {
 }
 
 void DataParallel::settle() {
+  if (zero3_) return ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
   if (std::none_of(gathered_.begin(), gathered_.end(), [](uint64_t m) { return m != 0; })) return;
   ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
   std::fill(gathered_.begin(), gathered_.end(), 0);

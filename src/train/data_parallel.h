@@ -1,17 +1,21 @@
-// Data parallel over a Communicator with ZeRO stages 0-2 (DeepSpeed's meaning). Every rank holds the whole
+// Data parallel over a Communicator with ZeRO stages 0-3 (DeepSpeed's meaning). Every rank holds the whole
 // model; a parameter group's elements [begin, begin + n) are split into `size` chunks of ceil(n / size), and
 // rank r owns chunk r of every group. Stage 0: gradients all-reduced, every rank updates everything.
 // Stage 1: gradients all-reduced, each rank updates (and keeps AdamW moments for) only what it owns, then
 // the groups are all-gathered. Stage 2: each group's gradients are reduce-scattered as soon as backward
 // finishes the group (LayerHooks::grads_ready of the update's last micro-batch), so a rank receives only
-// the sums it owns; then as stage 1. The reductions are queued on Ops::Stream::Side after Main's work.
+// the sums it owns; then as stage 1. Stage 3: the weights' compute copy, the masters and the gradients are
+// sharded too, and a group is made whole only around its use (train/zero3.h). The reductions are queued on
+// Ops::Stream::Side after Main's work.
 #pragma once
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "core/buffer.h"
 #include "dist/communicator.h"
 #include "model/transformer.h"
+#include "train/zero3.h"
 
 namespace soltrain {
 
@@ -30,30 +34,40 @@ ShardPlan make_shard_plan(const ParameterStore& params, int rank, int size);
 
 class DataParallel final : public LayerHooks {
  public:
+  // Stage 3 shards the model's parameters at once (it must hold the loaded model whole).
   DataParallel(Transformer& model, Communicator& comm, int zero_stage);
   int zero_stage() const { return stage_; }
   const ShardPlan& plan() const { return plan_; }
+  Zero3* zero3() { return zero3_.get(); }  // stage 3's weights and gradients (null below it)
+  const Zero3* zero3() const { return zero3_.get(); }
 
   // Before the update's last micro-batch with targets: its backward reduces each group as it finishes.
+  // (Stage 3 reduces every micro-batch's gradients: it keeps no full gradient to accumulate in.)
   void arm() { armed_ = true; }
+  // Stage 3, for a micro-batch this rank skips (no targets): joins the collectives its pass would make.
+  void idle_pass() {
+    if (zero3_) zero3_->idle_pass();
+  }
   // After the micro-batches: reduces the groups backward did not (a rank whose last micro-batches had no
   // targets), in the order backward would have, so every rank calls the same collectives. Main then waits.
   void finish_gradients();
-  // Σg² of the reduced gradients (F64 [1], device), equal on every rank (stage 2: summed over the shards).
+  // Σg² of the reduced gradients (F64 [1], device), equal on every rank (stages 2-3: summed over the shards).
   void grad_sumsq(Tensor out);
   // Stages 1-2, after the sharded update: every rank gets every group's new weights from their owners.
   // Queued on Side group by group in forward's order and left in flight: the next forward waits for each
   // group's gather just before the group is used (before_forward / before_backward), so the gathers overlap
-  // the next step's compute. Anything else that reads the weights calls settle() first.
+  // the next step's compute. Anything else that reads the weights calls settle() first. Stage 3: the
+  // gathered copies are stale; each group is gathered again just before its next use.
   void gather_weights();
   // Main waits for every gather still in flight (before a checkpoint, an evaluation, the final save).
+  // Stage 3 keeps no whole weights to wait for: writing or reading a checkpoint goes through zero3().
   void settle();
   // Σ loss over ranks into `sum` (F64 [1], device; in place).
   void all_reduce(Tensor t);
 
   void grads_ready(int group) override;
-  void before_forward(int group) override { await_gather(group); }
-  void before_backward(int group) override { await_gather(group); }
+  void before_forward(int group) override { zero3_ ? zero3_->before_forward(group) : await_gather(group); }
+  void before_backward(int group) override { zero3_ ? zero3_->before_backward(group) : await_gather(group); }
 
  private:
   void reduce_group(int g);
@@ -71,6 +85,7 @@ class DataParallel final : public LayerHooks {
   std::vector<bool> reduced_;
   std::vector<uint64_t> gathered_;  // per group: the Side mark after its gather still awaited (0: none)
   Buffer stage_in_, stage_out_;  // staging for collectives not in place (size × the largest such chunk)
+  std::unique_ptr<Zero3> zero3_;
 };
 
 }  // namespace soltrain

@@ -74,6 +74,8 @@ struct Run {
   OptimizerConfig opt;
   std::unique_ptr<TrainStep> step;
   TrainerState state;
+  // ZeRO-3's sharded weights (null otherwise): checkpoints and evaluation go through it.
+  Zero3* zero3() const { return step && step->data_parallel() ? step->data_parallel()->zero3() : nullptr; }
 };
 
 void set_up(Run& r) {
@@ -89,7 +91,8 @@ void set_up(Run& r) {
     r.lora->base_format = c.lora.base;
     r.lora->validate("config.yaml");
   }
-  r.model = load_pretrained(c.model, r.ops, r.lora);
+  // ZeRO-3 gives each rank only its slices of the gradients: no full-size buffer is made for them here.
+  r.model = load_pretrained(c.model, r.ops, r.lora, /*gradients=*/!(r.dp && c.zero_stage == 3));
   for (const ShardSet* set : {&r.data.train, &r.data.validation})
     for (int32_t id : set->tokens)
       if (id < 0 || id >= r.model->config().vocab_size)
@@ -138,7 +141,9 @@ void resume_or_start(Run& r) {
   const TrainConfig& c = r.c;
   const int64_t total = r.state.total_steps;
   if (const auto from = resolve_resume(c)) {
+    if (r.zero3()) r.zero3()->masters_for_loading();  // read whole, then each rank keeps its slices
     r.state = load_checkpoint(*from, *r.model, r.step->optimizer());
+    if (r.zero3()) r.zero3()->scatter_loaded_masters();
     if (r.state.seed != c.seed)
       user_error(from->string(), ": checkpoint was trained with seed ", r.state.seed, ", config says ", c.seed,
                  " (the data order would differ)");
@@ -206,6 +211,17 @@ void print_plan(const Run& r) {
     r.log << r.cmd << ": data parallel over " << r.world << " ranks (" << r.comm->backend() << "), ZeRO stage "
           << c.zero_stage << ": global batch " << c.per_device_train_batch_size << " x "
           << c.gradient_accumulation_steps << " x " << r.world << " micro-batches per update\n";
+  if (const Zero3* z = r.zero3()) {
+    // Exact bytes as allocated, so a test can check that each persistent piece is 1/world of the model.
+    const ParameterStore::TrainableBytes held = ps.trainable_bytes();
+    const Zero3::Bytes b = z->bytes();
+    r.log << r.cmd << ": ZeRO-3 per rank: " << b.held_elements << " of the model's " << b.trainable_elements
+          << " trainable elements held: masters " << held.masters << " B, compute copy " << held.values
+          << (held.values ? " B" : " B (the masters are the CPU's compute copy)") << ", gradients " << held.grads
+          << " B, AdamW moments " << r.step->optimizer().state_bytes() << " B; while a pass runs, gather buffers "
+          << b.gathered << " B and gradient scratch " << b.grad_scratch
+          << " B (two layers and the embedding/head group)\n";
+  }
   // The memory plan, all allocated already (a run that does not fit has stopped before this line).
   const double gib = double(1u << 30), trainable = double(ps.numel());
   // Every weight's storage as allocated: fp32 masters of the trainable ones, the compute copies (bf16 on the
@@ -223,8 +239,12 @@ void print_plan(const Run& r) {
                     double(widest) * double(dtype_size(r.ops.activation_dtype())) / gib,
                     " GiB to dequantise one weight at a time)");
   }
-  r.log << r.cmd << ": memory plan: weights " << weights / gib << " GiB" << quantised << ", gradients "
-        << 4 * trainable / gib << " GiB, AdamW moments " << double(r.step->optimizer().state_bytes()) / gib
+  // ZeRO-3: the slices, plus the buffers a group is gathered into and its gradients computed in.
+  const Zero3* z = r.zero3();
+  const double gathered = z ? double(z->bytes().gathered) : 0.0;
+  const double grads = z ? double(ps.trainable_bytes().grads + z->bytes().grad_scratch) : 4 * trainable;
+  r.log << r.cmd << ": memory plan: weights " << (weights + gathered) / gib << " GiB" << quantised << ", gradients "
+        << grads / gib << " GiB, AdamW moments " << double(r.step->optimizer().state_bytes()) / gib
         << (r.opt.moments == Moments::Blockwise8 ? " GiB (8-bit)" : " GiB") << ", activations "
         << double(r.model->activation_bytes()) / gib << " GiB (recompute " << recompute_name(c.recompute)
         << ", residual stream " << (r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16") << ")\n";
@@ -382,8 +402,11 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
   result.first_eval_loss = result.last_eval_loss = NAN;
   auto run_eval = [&](int64_t step) {
     r.step->settle();
-    if (!has_val || !lead) return;  // rank 0 evaluates; the others wait at their next collective
+    // Rank 0 evaluates; the others wait at their next collective. ZeRO-3 gathers each layer as it goes, a
+    // collective: every rank runs the same evaluation, and rank 0 reports it.
+    if (!has_val || (!lead && !r.zero3())) return;
     const EvalResult e = evaluate(*r.model, r.data.validation, c.per_device_train_batch_size, c.sequence_len);
+    if (!lead) return;
     metrics->eval(step, e.loss, e.tokens);
     result.last_eval_loss = e.loss;
     progress.message(cat("step ", step, ": validation loss ", fmt_loss(e.loss), " over ", e.tokens, " tokens"));
@@ -397,7 +420,9 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
     r.step->settle();  // the weights whole before they are written
     r.state.loader = r.loader->state();
     const fs::path dir = c.output_dir / cat("checkpoint-", r.state.step);
+    if (r.zero3()) r.zero3()->masters_to_host();  // ZeRO-3: rank 0 writes the masters gathered whole
     save_checkpoint(dir, c, *r.model, r.step->optimizer(), r.state, comm);
+    if (r.zero3()) r.zero3()->release_host_masters();
     if (lead) prune_checkpoints(c.output_dir, c.save_total_limit);
     last_saved = r.state.step;
     progress.message(cat("step ", r.state.step, ": saved ", dir.string()));
@@ -458,7 +483,9 @@ RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostr
     return result;
   }
   run_eval(r.state.step);
+  if (r.zero3()) r.zero3()->masters_to_host();
   if (lead) save_final(r, result, has_val, progress, *metrics);
+  if (r.zero3()) r.zero3()->release_host_masters();
   if (r.dp) comm->barrier();  // no rank reports done before the model is written
   return result;
 }

@@ -40,7 +40,10 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
     if (micro_batches[i].counted() > 0) last = i;
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const HostBatch& b = micro_batches[i];
-    if (b.counted() == 0) continue;  // nothing trained in it: contributes nothing
+    if (b.counted() == 0) {       // nothing trained in it: contributes nothing
+      if (dp_) dp_->idle_pass();  // (but ZeRO-3's ranks gather and reduce in step: this one joins them)
+      continue;
+    }
     if (dp_ && i == last) dp_->arm();
     model_.forward(b, &sft_, /*backward_follows=*/true);
     model_.backward(sft_);

@@ -19,7 +19,7 @@ namespace soltrain {
 class TrainStep {
  public:
   TrainStep(Transformer& model, const OptimizerConfig& opt);
-  // Data parallel over `comm` (world size > 1) with ZeRO `zero_stage` 0-2 (train/data_parallel.h).
+  // Data parallel over `comm` (world size > 1) with ZeRO `zero_stage` 0-3 (train/data_parallel.h).
   TrainStep(Transformer& model, const OptimizerConfig& opt, Communicator& comm, int zero_stage);
   ~TrainStep();
   // One update at learning rate `lr` over these micro-batches (the model is planned for their shape).

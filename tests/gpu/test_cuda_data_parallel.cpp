@@ -1,7 +1,7 @@
 // The NCCL communicator on the GPU: at world size 1 it goes through the whole data-parallel path
 // (collectives on the side stream, events, the per-layer hooks, the sharded update and the gathers) and must
 // train bitwise as the single process does; with two GPUs visible, `--gpus 2` trains what one GPU does with
-// twice the accumulation (bf16 compute: within 2e-3 relative per step). Skips, saying so, without a GPU.
+// twice the accumulation (bf16 compute: within 2e-3 relative per step), ZeRO 0-3. Skips, saying so, without a GPU.
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
@@ -63,13 +63,22 @@ TEST_F(CudaDataParallel, NcclAtWorldSizeOneTrainsBitwiseAsOneProcess) {
     EXPECT_NE(r.err.find("data parallel over 1 ranks (nccl)"), std::string::npos) << r.err;
     EXPECT_EQ(metrics(out), want) << out;
   }
+  // ZeRO-3 adds each micro-batch's gradients into the rank's slice (no full-size gradient to accumulate in):
+  // another order of fp32 sums, so close (bf16 compute) rather than bitwise.
+  const CliRun r =
+      sft("SOLTRAIN_COMMUNICATOR=nccl", "nccl-z3", "--set gradient_accumulation_steps=2 --set zero_stage=3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("ZeRO-3 per rank: "), std::string::npos) << r.err;
+  const auto got = metrics("nccl-z3");
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i].first, want[i].first, 2e-3 * want[i].first) << i;
 }
 
 TEST_F(CudaDataParallel, TwoGpusTrainWhatOneDoesWithTwiceTheAccumulation) {
   if (visible_gpus() < 2) GTEST_SKIP() << "skipped: needs 2 GPUs, sees " << visible_gpus();
   ASSERT_EQ(sft("", "one", "--set gradient_accumulation_steps=2").code, 0);
   const auto want = metrics("one");
-  for (int zero : {0, 1, 2}) {
+  for (int zero : {0, 1, 2, 3}) {
     const std::string out = "two-z" + std::to_string(zero);
     const CliRun r =
         sft("", out, "--gpus 2 --set gradient_accumulation_steps=1 --set zero_stage=" + std::to_string(zero));

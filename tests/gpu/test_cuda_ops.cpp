@@ -148,6 +148,12 @@ TEST_F(CudaOps, SwiGluAndResidualAddBothPaths) {
     std::vector<float> x = g;
     cpu->add_inplace(host(x, {n}), host(u, {n}));
     EXPECT_LE(rel(download(gx), x), 1e-2) << n;
+    // and in fp32 (ZeRO-3's gradient slices): exactly the CPU's sums
+    std::vector<float> fx = randn(static_cast<size_t>(n)), fy = randn(static_cast<size_t>(n));
+    Tensor fdx = upload(fx, {n}, DType::F32);
+    gpu->add_inplace(fdx, upload(fy, {n}, DType::F32));
+    cpu->add_inplace(host(fx, {n}), host(fy, {n}));
+    EXPECT_EQ(download(fdx), fx) << n;
   }
 }
 

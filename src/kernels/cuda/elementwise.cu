@@ -29,6 +29,10 @@ __global__ void add_bf16x8_kernel(bf16* x, const bf16* y, int64_t n8) {
     cuda::store8(x + 8 * i, a);
   }
 }
+__global__ void add_f32_kernel(float* x, const float* y, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] += y[i];
+}
 __global__ void scale_f32_kernel(float* x, float f, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] *= f;
@@ -100,9 +104,12 @@ void CudaOps::convert(Tensor dst, const Tensor& src) {
 
 void CudaOps::add_inplace(Tensor x, const Tensor& y) {
   const auto prof = profile("add_inplace");
-  SOLTRAIN_CHECK(x.numel() == y.numel() && x.dtype == DType::BF16 && y.dtype == DType::BF16, "add_inplace");
+  SOLTRAIN_CHECK(x.numel() == y.numel() && x.dtype == y.dtype && (x.dtype == DType::BF16 || x.dtype == DType::F32),
+                 "add_inplace");
   const int64_t n = x.numel();
-  if (n % 8 == 0 && cuda::aligned16(x.data) && cuda::aligned16(y.data))
+  if (x.dtype == DType::F32) {  // ZeRO-3 adds each micro-batch's reduced gradients into the rank's slice
+    add_f32_kernel<<<blocks_for(n, 256), 256, 0, stream_>>>(x.f32(), y.f32(), n);
+  } else if (n % 8 == 0 && cuda::aligned16(x.data) && cuda::aligned16(y.data))
     add_bf16x8_kernel<<<blocks_for(n / 8, 256), 256, 0, stream_>>>(x.as<bf16>(), y.as<bf16>(), n / 8);
   else
     add_bf16_kernel<<<blocks_for(n, 256), 256, 0, stream_>>>(x.as<bf16>(), y.as<bf16>(), n);

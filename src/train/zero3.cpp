@@ -1,0 +1,226 @@
+#include "train/zero3.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "train/data_parallel.h"
+
+namespace soltrain {
+
+namespace {
+Tensor slice(const Tensor& t, int64_t offset, int64_t n) {
+  return Tensor{static_cast<char*>(t.data) + size_t(offset) * dtype_size(t.dtype), t.dtype, {n}, t.device};
+}
+Buffer alloc_nonempty(Ops& ops, size_t bytes) {
+  return bytes ? ops.alloc(bytes) : Buffer{};
+}
+}  // namespace
+
+Zero3::Zero3(ParameterStore& ps, Ops& ops, Communicator& comm, const ShardPlan& plan, int head)
+    : ps_(ps), ops_(ops), comm_(comm), plan_(plan), head_(head) {
+  std::vector<std::pair<int64_t, int64_t>> owned;
+  std::vector<int64_t> chunk;
+  for (int g = 0; g < int(plan.groups.size()); ++g) {
+    owned.push_back(plan.owned_span(g));
+    chunk.push_back(plan.groups[size_t(g)].chunk);
+  }
+  ps.keep_shards(ops, owned, chunk);
+  // Buffers sized for the largest layer (all layers are alike) and for the head group, padded to whole chunks.
+  int64_t layer = 0, part = 0;
+  for (int g = 0; g < int(plan.groups.size()); ++g) {
+    const auto& gr = plan.groups[size_t(g)];
+    if (g != head) layer = std::max(layer, gr.chunk * comm.size());
+    part = std::max(part, gr.chunk);
+  }
+  const int64_t head_n = plan.groups[size_t(head)].chunk * comm.size();
+  const size_t act = dtype_size(ps.shard_values(head).dtype);
+  for (int i = 0; i < 2; ++i) {
+    gathered_[i] = alloc_nonempty(ops, size_t(layer) * act);
+    grads_[i] = alloc_nonempty(ops, size_t(layer) * 4);
+  }
+  gathered_[2] = alloc_nonempty(ops, size_t(head_n) * act);
+  grads_[2] = alloc_nonempty(ops, size_t(head_n) * 4);
+  reduced_part_ = alloc_nonempty(ops, size_t(part) * 4);
+  // The head group's gradients start in forward (the LM head's backward fused into its chunks): bound for good.
+  if (!empty(head)) ps.bind_grads(head, grad_scratch(head));
+}
+
+bool Zero3::empty(int g) const {
+  return plan_.groups[size_t(g)].numel == 0;  // nothing trains in it (a LoRA run's embedding and head)
+}
+
+int Zero3::next(int g, bool forward) const {
+  if (forward) return g == head_ ? 0 : g + 1 < head_ ? g + 1 : -1;
+  return g == head_ ? head_ - 1 : g - 1;
+}
+
+Tensor Zero3::slot_tensor(int s, int64_t n) const {
+  return Tensor{gathered_[s].data(), ps_.shard_values(head_).dtype, {n}, gathered_[s].device()};
+}
+
+Tensor Zero3::grad_scratch(int g) const {
+  const Buffer& b = grads_[g == head_ ? 2 : g % 2];
+  return Tensor{b.data(), DType::F32, {plan_.groups[size_t(g)].chunk * comm_.size()}, b.device()};
+}
+
+Zero3::Slot& Zero3::gather(int g) {
+  int s = 2;
+  if (g != head_) {
+    // Never the buffer of the layer in use; of the others the one needed longest ago.
+    const bool busy0 = current_ >= 0 && slots_[0].group == current_;
+    const bool busy1 = current_ >= 0 && slots_[1].group == current_;
+    s = busy0 ? 1 : busy1 ? 0 : slots_[0].used <= slots_[1].used ? 0 : 1;
+    if (slots_[s].group >= 0) ps_.bind_values(slots_[s].group, Tensor{});
+  }
+  Slot& slot = slots_[s];
+  const Tensor out = slot_tensor(s, plan_.groups[size_t(g)].chunk * comm_.size());
+  // Main's reads of what the buffer held, and the update that wrote the slices, are queued before this.
+  ops_.wait(Ops::Stream::Side, Ops::Stream::Main);
+  ops_.use_stream(Ops::Stream::Side);
+  comm_.all_gather(out, ps_.shard_values(g));  // rank r's slice at r·chunk: the group's flat layout, padded
+  slot.ready = ops_.mark();
+  ops_.use_stream(Ops::Stream::Main);
+  slot.group = g;
+  slot.awaited = false;
+  ps_.bind_values(g, out);
+  return slot;
+}
+
+void Zero3::ensure(int g) {
+  if (empty(g)) return;
+  Slot* s = nullptr;
+  for (Slot& c : slots_)
+    if (c.group == g) s = &c;
+  if (!s) s = &gather(g);
+  if (!s->awaited) {
+    if (s->ready) ops_.wait_mark(s->ready);  // on Main: the weights are whole from here on
+    s->awaited = true;
+  }
+  s->used = ++clock_;
+  if (g != head_) current_ = g;
+}
+
+void Zero3::prefetch(int g) {
+  if (g < 0 || empty(g)) return;
+  for (const Slot& c : slots_)
+    if (c.group == g) return;
+  gather(g);
+}
+
+void Zero3::before_forward(int g) {
+  ensure(g);
+  prefetch(next(g, true));
+  if (g == head_ && !empty(g)) {  // a pass begins: the head group's gradient scratch starts from zero
+    if (reduced_[2]) ops_.wait_mark(reduced_[2]);
+    ops_.zero(grad_scratch(g));
+  }
+}
+
+void Zero3::before_backward(int g) {
+  ensure(g);
+  prefetch(next(g, false));
+  if (g == head_ || empty(g)) return;
+  const int s = g % 2;  // backward alternates the two: one is reduced while the other fills
+  if (grad_bound_[s] != g) {
+    if (grad_bound_[s] >= 0) ps_.bind_grads(grad_bound_[s], Tensor{});
+    ps_.bind_grads(g, grad_scratch(g));
+    grad_bound_[s] = g;
+  }
+  if (reduced_[s]) ops_.wait_mark(reduced_[s]);  // its previous reduction has read it
+  ops_.zero(grad_scratch(g));
+}
+
+void Zero3::grads_ready(int g) {
+  if (empty(g)) return;
+  const int64_t chunk = plan_.groups[size_t(g)].chunk;
+  const Tensor part{reduced_part_.data(), DType::F32, {chunk}, reduced_part_.device()};
+  ops_.wait(Ops::Stream::Side, Ops::Stream::Main);  // backward has written the group's gradients
+  ops_.use_stream(Ops::Stream::Side);
+  comm_.reduce_scatter_sum(part, grad_scratch(g));
+  ops_.add_inplace(ps_.shard_grads(g), part);  // micro-batches accumulate in the slice
+  reduced_[g == head_ ? 2 : g % 2] = ops_.mark();
+  ops_.use_stream(Ops::Stream::Main);
+}
+
+void Zero3::idle_pass() {
+  // Transformer::forward and backward's hook order (a repeated hook adds no collective).
+  before_forward(head_);
+  for (int l = 0; l < head_; ++l) before_forward(l);
+  before_backward(head_);
+  for (int l = head_ - 1; l >= 0; --l) {
+    before_backward(l);
+    grads_ready(l);
+  }
+  grads_ready(head_);
+}
+
+void Zero3::weights_changed() {
+  for (Slot& s : slots_) {
+    if (s.group >= 0) ps_.bind_values(s.group, Tensor{});
+    s = Slot{};
+  }
+  current_ = -1;
+}
+
+void Zero3::masters_to_host() {
+  const bool lead = comm_.rank() == 0;
+  if (lead) host_masters_ = Buffer::host(size_t(ps_.numel()) * 4);
+  for (int g = 0; g < int(plan_.groups.size()); ++g) {
+    if (empty(g)) continue;
+    // The gradient scratch is idle between updates (settled): the masters are gathered through it.
+    const Tensor all = grad_scratch(g);
+    ops_.wait(Ops::Stream::Side, Ops::Stream::Main);
+    ops_.use_stream(Ops::Stream::Side);
+    comm_.all_gather(all, ps_.shard_masters(g));
+    ops_.use_stream(Ops::Stream::Main);
+    ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
+    if (!lead) continue;
+    const Tensor host{
+        static_cast<float*>(host_masters_.data()) + ps_.group_begin(g), DType::F32, {ps_.group_numel(g)}, Device::CPU};
+    ops_.copy(host, slice(all, 0, ps_.group_numel(g)));
+    ps_.bind_masters(g, host);
+  }
+}
+
+void Zero3::masters_for_loading() {
+  host_masters_ = Buffer::host(size_t(ps_.numel()) * 4);
+  for (int g = 0; g < int(plan_.groups.size()); ++g)
+    if (!empty(g))
+      ps_.bind_masters(g, Tensor{static_cast<float*>(host_masters_.data()) + ps_.group_begin(g),
+                                 DType::F32,
+                                 {ps_.group_numel(g)},
+                                 Device::CPU});
+}
+
+void Zero3::scatter_loaded_masters() {
+  ops_.wait(Ops::Stream::Main, Ops::Stream::Side);  // no gather still reads the slices
+  for (int g = 0; g < int(plan_.groups.size()); ++g) {
+    const auto [b, e] = plan_.owned_span(g);
+    if (e > b)
+      ops_.copy(slice(ps_.shard_masters(g), 0, e - b),
+                Tensor{static_cast<float*>(host_masters_.data()) + b, DType::F32, {e - b}, Device::CPU});
+  }
+  ps_.sync_values(ops_);
+  release_host_masters();
+  weights_changed();
+}
+
+void Zero3::release_host_masters() {
+  for (int g = 0; g < int(plan_.groups.size()); ++g)
+    if (!empty(g)) ps_.bind_masters(g, Tensor{});
+  host_masters_ = Buffer{};
+}
+
+Zero3::Bytes Zero3::bytes() const {
+  Bytes b;
+  b.held_elements = ps_.all_grads().numel();
+  b.trainable_elements = ps_.numel();
+  for (int i = 0; i < 3; ++i) {
+    b.gathered += gathered_[i].bytes();
+    b.grad_scratch += grads_[i].bytes();
+  }
+  b.grad_scratch += reduced_part_.bytes();
+  return b;
+}
+
+}  // namespace soltrain

@@ -1,0 +1,87 @@
+// ZeRO stage 3's weights and gradients (train/data_parallel.h runs it): every rank keeps only its slice of
+// each parameter group (ParameterStore::keep_shards: masters, compute copy, gradients), and a group is made
+// whole just for its use. Before a layer's forward, and again before its backward (recompute included), its
+// compute copy is all-gathered into one of two layer buffers and bound to the parameters (Parameter::value),
+// while the next layer in that pass's order is gathered into the other one (prefetch); a buffer is reused
+// only after Main's reads of the layer it held. The group of the embedding, final norm and LM head has a
+// buffer of its own: it is read at both ends of forward (the embedding, then the norm and head) and of
+// backward (the head and norm, then the embedding's gradient), so it stays gathered for the pass.
+// Each micro-batch's gradients of a group land in a scratch buffer the size of the group (two for the
+// layers, alternating, so one is reduced while backward fills the other; one for the head group, whose
+// gradients start in forward's fused LM-head pass), are reduce-scattered as soon as they are final, and the
+// rank's own part is added to its gradient slice: no rank ever holds a full-size gradient buffer.
+// All of it is queued on Ops::Stream::Side and ordered with marks; the CPU runs it all at once.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/buffer.h"
+#include "dist/communicator.h"
+#include "model/parameters.h"
+
+namespace soltrain {
+
+struct ShardPlan;
+
+class Zero3 {
+ public:
+  // Shards `ps` (which must hold the loaded model whole) by `plan`; `head` is the embedding/head group.
+  Zero3(ParameterStore& ps, Ops& ops, Communicator& comm, const ShardPlan& plan, int head);
+
+  // The LayerHooks of a pass, in the model's order (transformer.h).
+  void before_forward(int g);
+  void before_backward(int g);
+  void grads_ready(int g);
+  // The collectives of one micro-batch's forward and backward, with zero gradients: a rank whose micro-batch
+  // has no targets (and so runs no pass) still joins every gather and reduction the others make.
+  void idle_pass();
+  // After the optimizer wrote the slices: every gathered copy is stale (the next use gathers again).
+  void weights_changed();
+
+  // Checkpoints: the fp32 masters whole on the host of rank 0 (gathered group by group; every rank calls
+  // it), bound as the parameters' masters so the usual writers read them; release() unbinds and frees.
+  void masters_to_host();
+  // Loading: every rank binds a whole host copy of the masters to be written, then scatter() keeps its
+  // slices (masters and compute copy) and frees it.
+  void masters_for_loading();
+  void scatter_loaded_masters();
+  void release_host_masters();
+
+  // Bytes this rank holds persistently (slices) and as per-pass buffers, for the memory plan and tests.
+  struct Bytes {
+    int64_t held_elements = 0, trainable_elements = 0;  // Σ slices vs the model's trainable elements
+    size_t gathered = 0, grad_scratch = 0;              // the gather buffers; gradient scratch + reduce staging
+  };
+  Bytes bytes() const;
+
+ private:
+  struct Slot {
+    int group = -1;       // the group it holds (-1: none, or stale)
+    uint64_t ready = 0;   // Side mark after its gather
+    bool awaited = true;  // Main has waited for `ready`
+    uint64_t used = 0;    // when it was last needed (picks which to reuse)
+  };
+  bool empty(int g) const;
+  int next(int g, bool forward) const;  // the group after g in a pass's order (-1: none)
+  void ensure(int g);                   // g's weights whole and bound, Main ordered after their gather
+  void prefetch(int g);                 // g's gather queued (into a buffer not holding the current group)
+  Slot& gather(int g);
+  Tensor slot_tensor(int s, int64_t n) const;
+  Tensor grad_scratch(int g) const;
+
+  ParameterStore& ps_;
+  Ops& ops_;
+  Communicator& comm_;
+  const ShardPlan& plan_;
+  int head_, current_ = -1;
+  uint64_t clock_ = 0;
+  Slot slots_[3];  // two for the layers, the third for the head group
+  Buffer gathered_[3];
+  Buffer grads_[3];                  // scratch: layers g % 2, then the head group's
+  uint64_t reduced_[3] = {0, 0, 0};  // Side mark after the last reduction that read each scratch
+  int grad_bound_[2] = {-1, -1};     // the layer whose gradients each layer scratch holds
+  Buffer reduced_part_;              // one rank's part of a reduce-scatter (the largest chunk)
+  Buffer host_masters_;              // rank 0's whole masters while a checkpoint is written or read
+};
+
+}  // namespace soltrain

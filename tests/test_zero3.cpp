@@ -1,0 +1,121 @@
+// ZeRO-3 inside one process, where every collective can be watched: a rank that skips a micro-batch (no
+// targets) makes the same collectives, in the same order and sizes, as one that trains on it (else the ranks
+// would hang or mix up their layers); no full-size buffer is left for the weights or gradients; and at world
+// size 1 the step is the single process's, for every recompute policy (recompute gathers a layer again).
+// The multi-rank trajectories, checkpoints and memory plan are tests/test_data_parallel.cpp's.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "data/batch_file.h"
+#include "model/checkpoint.h"
+#include "test_util.h"
+#include "train/train_step.h"
+
+namespace soltrain::test {
+namespace {
+
+// World size 1, every collective recorded by kind and size.
+class RecordingCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const char* backend() const override { return "recording"; }
+  void all_reduce_sum(Tensor t) override { calls.push_back("all_reduce " + std::to_string(t.numel())); }
+  void reduce_scatter_sum(Tensor out, const Tensor& in) override {
+    calls.push_back("reduce_scatter " + std::to_string(in.numel()));
+    copy(out, in);
+  }
+  void all_gather(Tensor out, const Tensor& in) override {
+    calls.push_back("all_gather " + std::to_string(in.numel()));
+    copy(out, in);
+  }
+  void broadcast(Tensor, int) override { calls.push_back("broadcast"); }
+  void barrier() override {}
+  int64_t all_max_host(int64_t v) override { return v; }
+  std::vector<std::string> calls;
+
+ private:
+  static void copy(Tensor out, const Tensor& in) {
+    ASSERT_EQ(out.numel(), in.numel());
+    if (out.data != in.data) std::memcpy(out.data, in.data, size_t(in.bytes()));
+  }
+};
+
+const OptimizerConfig kOpt{5e-3f, 0.9, 0.999, 1e-8f, 0.01f, 0.5f, Moments::F32};
+
+std::vector<float> masters(Ops& ops, const Transformer& m) {
+  std::vector<float> all;
+  for (const Parameter& p : m.params().all()) {
+    std::vector<float> v(size_t(shape_numel(p.shape)));
+    m.params().download(ops, p, v.data());
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  return all;
+}
+
+TEST(Zero3, AnIdleMicroBatchMakesTheCollectivesOfATrainedOne) {
+  const auto dir = fixtures() / "models" / "qwen3-tiny-linear";  // 3 layers: the two buffers are reused
+  const HostBatch batch = load_batch_file(dir / "batch.safetensors");
+  HostBatch none = batch;
+  std::fill(none.targets.begin(), none.targets.end(), -100);
+  auto ops = make_cpu_ops();
+  auto model = load_pretrained(dir, *ops, std::nullopt, /*gradients=*/false);
+  EXPECT_EQ(model->params().trainable_bytes().grads, 0u) << "no full-size gradient buffer, ever";
+  EXPECT_ANY_THROW(model->params().all_grads());
+  model->plan(batch.rows, batch.seq_len, Recompute::Full);
+  RecordingCommunicator comm;
+  TrainStep step(*model, kOpt, comm, 3);
+  // Weights and gradients are this rank's slices only: at world size 1 exactly the model, no second copy.
+  EXPECT_EQ(model->params().all_grads().numel(), model->params().numel());
+  EXPECT_EQ(model->params().trainable_bytes().masters, size_t(model->params().numel()) * 4);
+  EXPECT_EQ(model->params().trainable_bytes().grads, size_t(model->params().numel()) * 4);
+  const std::vector<HostBatch> both{batch, batch}, one{batch, none};
+  step.run(both, 1e-3f, 2 * batch.counted());
+  const std::vector<std::string> trained = comm.calls;
+  comm.calls.clear();
+  step.run(one, 1e-3f, batch.counted());
+  EXPECT_EQ(comm.calls, trained);
+  // Two passes of 3 layers + the head group: reductions in every pass, not one per update.
+  EXPECT_EQ(std::count_if(trained.begin(), trained.end(), [](const std::string& c) { return c.starts_with("reduce"); }),
+            2 * 4);
+}
+
+TEST(Zero3, OneRankTrainsAsTheSingleProcessForEveryRecompute) {
+  // Tied (2 layers) and untied (3 layers: the two layer buffers are reused within a pass).
+  for (const char* name : {"qwen3-tiny", "qwen3-tiny-linear"})
+    for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+      SCOPED_TRACE(std::string(name) + ", recompute " + recompute_name(rc));
+      const auto dir = fixtures() / "models" / name;
+      const HostBatch batch = load_batch_file(dir / "batch.safetensors");
+      HostBatch second = batch;
+      std::rotate(second.input_ids.begin(), second.input_ids.begin() + 3, second.input_ids.end());
+      const std::vector<HostBatch> micro{batch, second};
+      const int64_t counted = batch.counted() + second.counted();
+      auto ops = make_cpu_ops();
+      auto single = load_pretrained(dir, *ops), sharded = load_pretrained(dir, *ops, std::nullopt, false);
+      single->plan(batch.rows, batch.seq_len, rc);
+      sharded->plan(batch.rows, batch.seq_len, rc);
+      TrainStep a(*single, kOpt);
+      RecordingCommunicator comm;
+      TrainStep b(*sharded, kOpt, comm, 3);
+      for (int s = 0; s < 2; ++s) {
+        a.run(micro, 1e-3f, counted);
+        b.run(micro, 1e-3f, counted);
+        EXPECT_NEAR(b.loss(), a.loss(), 1e-6 * a.loss()) << "update " << s;
+        EXPECT_NEAR(b.grad_norm(), a.grad_norm(), 1e-6 * a.grad_norm()) << "update " << s;
+      }
+      // The sharded model's masters, gathered to the host as a checkpoint reads them.
+      b.settle();
+      b.data_parallel()->zero3()->masters_to_host();
+      const std::vector<float> want = masters(*ops, *single), got = masters(*ops, *sharded);
+      b.data_parallel()->zero3()->release_host_masters();
+      ASSERT_EQ(got.size(), want.size());
+      double worst = 0;
+      for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, double(std::abs(got[i] - want[i])));
+      EXPECT_LT(worst, 1e-6);
+    }
+}
+
+}  // namespace
+}  // namespace soltrain::test
