@@ -24,7 +24,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
 die() { echo "convergence.sh: $*" >&2; exit 2; }
-soltrain=build/soltrain device=cuda steps=300 base_steps=100 eval_steps="" noise=0.2 train=20000 validation=1000 out=""
+soltrain=build/soltrain device=cuda steps=2000 base_steps=600 eval_steps="" noise=0.2 train=20000 validation=1000 out=""
 variants=$here/convergence_variants.txt only=""
 extra=()
 while [ $# -gt 0 ]; do

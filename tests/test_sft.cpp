@@ -122,7 +122,7 @@ TEST(Sft, LoraLearnsSavesAPeftAdapterAndResumesExactly) {
   const std::string extra =
       "model: base/model\n"
       "max_steps: 30\nsave_steps: 15\nlora: true\nlora_rank: 8\nlora_alpha: 16\nlora_dropout: 0.1\n"
-      "learning_rate: 2.0e-2\neval_steps: 30\n";
+      "learning_rate: 2.0e-2\neval_steps: 30\ngradient_accumulation_steps: 2\n";  // masks drawn per micro-batch
   const RunResult r = train(s.config("a", extra));
   // Adapters on q/k/v/o/gate/up/down cannot reach the frozen LM head of so small a model, so the gain is
   // modest (5.24 -> 5.20 when written); a broken adapter path (B stuck at zero) leaves it exactly equal.

@@ -86,6 +86,7 @@ class Transformer {
   // and enable_dropout(false) turns it off (gradient dumps against a reference).
   void enable_dropout(bool on) { dropout_enabled_ = on; }
   void set_dropout_step(int64_t s) { dropout_step_ = s; }
+  int64_t dropout_step() const { return dropout_step_; }  // passes with dropout so far (checkpoints keep it)
   // With LoRA, enable_adapters(false) makes forward run the frozen base alone: the reference model of
   // preference training at no memory cost. Forward only (no backward may follow) until turned back on.
   void enable_adapters(bool on) { adapters_on_ = on; }

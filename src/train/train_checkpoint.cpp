@@ -55,6 +55,7 @@ void save_checkpoint(const fs::path& dir, const TrainConfig& c, const Transforme
                                 {"total_steps", s.total_steps},
                                 {"loader", s.loader.to_json()},
                                 {"seed", s.seed},
+                                {"dropout_passes", model.dropout_step()},
                                 {"lr_scheduler_type", to_string(c.lr_scheduler_type)},
                                 {"learning_rate", c.learning_rate}};
   write_file_atomic(staged.path() / "trainer_state.json", state.dump(2) + "\n");
@@ -94,11 +95,13 @@ TrainerState load_checkpoint(const fs::path& dir, Transformer& model, AdamW& opt
     if (!fs::exists(dir / f)) user_error(dir.string(), ": not a soltrain checkpoint of this kind (no ", f, ")");
   const nlohmann::json j = read_json_file(dir / "trainer_state.json");
   TrainerState s;
+  int64_t dropout_passes = 0;
   try {
     s.step = j.at("step").get<int64_t>();
     s.total_steps = j.at("total_steps").get<int64_t>();
     s.seed = j.at("seed").get<uint64_t>();
     s.loader = LoaderState::from_json(j.at("loader"));
+    dropout_passes = j.value("dropout_passes", s.step);
   } catch (const nlohmann::json::exception& e) {
     user_error((dir / "trainer_state.json").string(), ": malformed (", e.what(), ")");
   }
@@ -106,7 +109,9 @@ TrainerState load_checkpoint(const fs::path& dir, Transformer& model, AdamW& opt
     load_adapter_weights(model, dir / "adapter");
   else
     load_weights(model, dir / "model");
-  model.set_dropout_step(s.step);  // the dropout masks continue where the interrupted run was
+  // The dropout masks continue where the interrupted run was: they are drawn per pass (micro-batch), so the
+  // count of passes is stored; a checkpoint from before it was (one pass per step then) falls back to the step.
+  model.set_dropout_step(dropout_passes);
   // FP8 scaling continues too; a checkpoint of a bf16 run (none stored) starts it as a new run does.
   if (Fp8Recipe* f = model.fp8(); f && fs::exists(dir / "fp8_state.safetensors")) f->load(dir / "fp8_state.safetensors");
   opt.load(optimizer_files(dir));
