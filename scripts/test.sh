@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
-ctest --test-dir build --output-on-failure -j2
+ctest --test-dir build --output-on-failure -j3  # many tests wait on subprocesses
