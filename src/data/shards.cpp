@@ -121,4 +121,10 @@ bool shards_match(const fs::path& dir, const nlohmann::json& key) {
   return true;
 }
 
+nlohmann::json shard_manifest(const nlohmann::json& key, const std::vector<ShardInfo>& shards) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const ShardInfo& s : shards) list.push_back({{"name", s.name}, {"tokens", s.tokens}, {"documents", s.documents}});
+  return {{"format", "soltrain-shards"}, {"version", kShardFormatVersion}, {"key", key}, {"shards", list}};
+}
+
 }  // namespace soltrain

@@ -44,6 +44,10 @@ struct ShardSet {
   int64_t documents() const { return int64_t(doc_offsets.size()) - 1; }
 };
 
+// The part of manifest.json every writer shares and load_shards / shards_match read: format, version, the
+// reuse key and the shard list. Writers add their own counts (documents, tokens, ...) to it.
+nlohmann::json shard_manifest(const nlohmann::json& key, const std::vector<ShardInfo>& shards);
+
 // Reads manifest.json and its shards; UserError naming the file when one is missing or inconsistent.
 ShardSet load_shards(const std::filesystem::path& dir);
 

@@ -186,18 +186,12 @@ TokenizeResult run_tokenize(const TokenizeOptions& o, std::ostream& log) {
     for (const DatasetSource& src : o.sources) files += (files.empty() ? "" : ", ") + src.path.string();
     user_error("tokenize: no usable records in ", files, r.skipped ? cat(" (", r.skipped, " skipped as bad)") : "");
   }
-  json shards = json::array();
-  for (const ShardInfo& s : writer.finish())
-    shards.push_back({{"name", s.name}, {"tokens", s.tokens}, {"documents", s.documents}});
-  const json manifest = {{"format", "soltrain-shards"},
-                         {"version", kShardFormatVersion},
-                         {"key", key},
-                         {"shards", shards},
-                         {"documents", r.documents},
-                         {"tokens", r.tokens},
-                         {"trained_tokens", r.trained_tokens},
-                         {"skipped_records", r.skipped},
-                         {"longer_than_seq_len", r.longer_than_seq_len}};
+  json manifest = shard_manifest(key, writer.finish());
+  manifest.update({{"documents", r.documents},
+                   {"tokens", r.tokens},
+                   {"trained_tokens", r.trained_tokens},
+                   {"skipped_records", r.skipped},
+                   {"longer_than_seq_len", r.longer_than_seq_len}});
   write_file_atomic(staged.path() / "manifest.json", manifest.dump(2) + "\n");
   staged.commit();
   log << "tokenize: wrote " << r.documents << " documents, " << r.tokens << " tokens (" << r.trained_tokens

@@ -93,17 +93,8 @@ ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs:
   if (pairs == 0)
     user_error(spec.path.string(), ": no usable preference pairs",
                skipped ? cat(" (", skipped, " skipped as bad)") : "");
-  json shards = json::array();
-  for (const ShardInfo& s : writer.finish())
-    shards.push_back({{"name", s.name}, {"tokens", s.tokens}, {"documents", s.documents}});
-  const json manifest = {{"format", "soltrain-shards"},
-                         {"version", kShardFormatVersion},
-                         {"key", key},
-                         {"shards", shards},
-                         {"documents", 2 * pairs},
-                         {"pairs", pairs},
-                         {"tokens", tokens},
-                         {"skipped_records", skipped}};
+  json manifest = shard_manifest(key, writer.finish());
+  manifest.update({{"documents", 2 * pairs}, {"pairs", pairs}, {"tokens", tokens}, {"skipped_records", skipped}});
   write_file_atomic(staged.path() / "manifest.json", manifest.dump(2) + "\n");
   staged.commit();
   log << "dpo: wrote " << pairs << " pairs (" << tokens << " tokens) to " << out.string() << "\n";
