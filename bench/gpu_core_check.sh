@@ -9,7 +9,7 @@ set -u
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(refs tests peft bench)
 mkdir -p /work && ln -sfn "$PWD" /work/main
-mkdir -p build-cuda && ln -sf "$PWD/.devbin/soltrain" build-cuda/soltrain  # the tests' compiled-in binary path
+for d in build build-cuda; do mkdir -p $d && ln -sf "$PWD/.devbin/soltrain" $d/soltrain; done  # the tests' compiled-in binary path (either build folder)
 # NCCL lives in the Python environment there (nvidia.nccl)
 NCCL_LIB=$(python3 -c 'import nvidia.nccl as m; print(m.__path__[0])' 2>/dev/null)/lib
 # Only soltrain's own binaries see the carried libraries (.devbin/soltrain is a wrapper that sets them):

@@ -44,6 +44,10 @@ class DataParallel final : public LayerHooks {
   // Before the update's last micro-batch with targets: its backward reduces each group as it finishes.
   // (Stage 3 reduces every micro-batch's gradients: it keeps no full gradient to accumulate in.)
   void arm() { armed_ = true; }
+  // An update begins (TrainStep zeroed the gradients).
+  void begin_update() {
+    if (zero3_) zero3_->begin_update();
+  }
   // Stage 3, for a micro-batch this rank skips (no targets): joins the collectives its pass would make.
   void idle_pass() {
     if (zero3_) zero3_->idle_pass();

@@ -30,6 +30,7 @@ TrainStep::~TrainStep() {
 void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t counted_all) {
   Ops& ops = model_.ops();
   ops.zero(model_.params().all_grads());
+  if (dp_) dp_->begin_update();
   counted_ = 0;
   for (const HostBatch& b : micro_batches) counted_ += b.counted();
   if (counted_all >= 0) counted_ = counted_all;

@@ -41,6 +41,9 @@ Zero3::Zero3(ParameterStore& ps, Ops& ops, Communicator& comm, const ShardPlan& 
   gathered_[2] = alloc_nonempty(ops, size_t(head_n) * act);
   grads_[2] = alloc_nonempty(ops, size_t(head_n) * 4);
   reduced_part_ = alloc_nonempty(ops, size_t(part) * 4);
+  for (const Buffer& b : grads_)  // cleared once here, then by each reduction that reads one (grads_ready)
+    if (b.bytes()) ops.zero(Tensor{b.data(), DType::F32, {int64_t(b.bytes() / 4)}, b.device()});
+  in_slice_.assign(plan.groups.size(), false);
   // The head group's gradients start in forward (the LM head's backward fused into its chunks): bound for good.
   if (!empty(head)) ps.bind_grads(head, grad_scratch(head));
 }
@@ -110,10 +113,7 @@ void Zero3::prefetch(int g) {
 void Zero3::before_forward(int g) {
   ensure(g);
   prefetch(next(g, true));
-  if (g == head_ && !empty(g)) {  // a pass begins: the head group's gradient scratch starts from zero
-    if (reduced_[2]) ops_.wait_mark(reduced_[2]);
-    ops_.zero(grad_scratch(g));
-  }
+  if (g == head_ && !empty(g) && reduced_[2]) ops_.wait_mark(reduced_[2]);  // its scratch, read and cleared
 }
 
 void Zero3::before_backward(int g) {
@@ -126,8 +126,7 @@ void Zero3::before_backward(int g) {
     ps_.bind_grads(g, grad_scratch(g));
     grad_bound_[s] = g;
   }
-  if (reduced_[s]) ops_.wait_mark(reduced_[s]);  // its previous reduction has read it
-  ops_.zero(grad_scratch(g));
+  if (reduced_[s]) ops_.wait_mark(reduced_[s]);  // its previous reduction has read and cleared it
 }
 
 void Zero3::grads_ready(int g) {
@@ -136,10 +135,21 @@ void Zero3::grads_ready(int g) {
   const Tensor part{reduced_part_.data(), DType::F32, {chunk}, reduced_part_.device()};
   ops_.wait(Ops::Stream::Side, Ops::Stream::Main);  // backward has written the group's gradients
   ops_.use_stream(Ops::Stream::Side);
-  comm_.reduce_scatter_sum(part, grad_scratch(g));
-  ops_.add_inplace(ps_.shard_grads(g), part);  // micro-batches accumulate in the slice
+  const Tensor scratch = grad_scratch(g);
+  if (in_slice_[size_t(g)]) {
+    comm_.reduce_scatter_sum(part, scratch);
+    ops_.add_inplace(ps_.shard_grads(g), part);  // later micro-batches accumulate in the slice
+  } else {
+    comm_.reduce_scatter_sum(ps_.shard_grads(g), scratch);  // the update's first: the slice is zero
+    in_slice_[size_t(g)] = true;
+  }
+  ops_.zero(scratch);  // ready for the next use, off the Main stream
   reduced_[g == head_ ? 2 : g % 2] = ops_.mark();
   ops_.use_stream(Ops::Stream::Main);
+}
+
+void Zero3::begin_update() {
+  std::fill(in_slice_.begin(), in_slice_.end(), false);
 }
 
 void Zero3::idle_pass() {
@@ -174,11 +184,15 @@ void Zero3::masters_to_host() {
     comm_.all_gather(all, ps_.shard_masters(g));
     ops_.use_stream(Ops::Stream::Main);
     ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
-    if (!lead) continue;
-    const Tensor host{
-        static_cast<float*>(host_masters_.data()) + ps_.group_begin(g), DType::F32, {ps_.group_numel(g)}, Device::CPU};
-    ops_.copy(host, slice(all, 0, ps_.group_numel(g)));
-    ps_.bind_masters(g, host);
+    if (lead) {
+      const Tensor host{static_cast<float*>(host_masters_.data()) + ps_.group_begin(g),
+                        DType::F32,
+                        {ps_.group_numel(g)},
+                        Device::CPU};
+      ops_.copy(host, slice(all, 0, ps_.group_numel(g)));
+      ps_.bind_masters(g, host);
+    }
+    ops_.zero(all);  // the scratch starts every use from zero
   }
 }
 

@@ -9,7 +9,9 @@
 // Each micro-batch's gradients of a group land in a scratch buffer the size of the group (two for the
 // layers, alternating, so one is reduced while backward fills the other; one for the head group, whose
 // gradients start in forward's fused LM-head pass), are reduce-scattered as soon as they are final, and the
-// rank's own part is added to its gradient slice: no rank ever holds a full-size gradient buffer.
+// rank's own part goes to its gradient slice: no rank ever holds a full-size gradient buffer. The first
+// micro-batch of an update reduces straight into the slice; later ones into a part that is added to it.
+// A scratch is cleared on Side right after its reduction read it, so clearing costs backward nothing.
 // All of it is queued on Ops::Stream::Side and ordered with marks; the CPU runs it all at once.
 #pragma once
 #include <cstdint>
@@ -32,6 +34,8 @@ class Zero3 {
   void before_forward(int g);
   void before_backward(int g);
   void grads_ready(int g);
+  // An update begins (its gradient slices were zeroed): each group's first reduction writes its slice.
+  void begin_update();
   // The collectives of one micro-batch's forward and backward, with zero gradients: a rank whose micro-batch
   // has no targets (and so runs no pass) still joins every gather and reduction the others make.
   void idle_pass();
@@ -81,6 +85,7 @@ class Zero3 {
   uint64_t reduced_[3] = {0, 0, 0};  // Side mark after the last reduction that read each scratch
   int grad_bound_[2] = {-1, -1};     // the layer whose gradients each layer scratch holds
   Buffer reduced_part_;              // one rank's part of a reduce-scatter (the largest chunk)
+  std::vector<bool> in_slice_;       // a group's reduced gradients of this update are in its slice
   Buffer host_masters_;              // rank 0's whole masters while a checkpoint is written or read
 };
 
