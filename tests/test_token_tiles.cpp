@@ -1,0 +1,219 @@
+// Long sequences: the MLP run in token tiles (model/activation_plan.h) against the untiled pass, on every
+// recompute policy, with and without LoRA (dropout included: a tile must draw the untiled mask), for tiles
+// that divide the tokens and one that does not; against transformers' references; and the plan arithmetic
+// of a 512k-token Qwen3-8B LoRA run, where nothing but the layer-input checkpoints may grow large.
+#include <nlohmann/json.hpp>
+
+#include "data/batch_file.h"
+#include "model/activation_plan.h"
+#include "model/checkpoint.h"
+#include "test_util.h"
+
+namespace soltrain::test {
+namespace {
+
+struct Pass {
+  std::vector<float> logits;
+  double loss = 0;
+  std::vector<std::string> names;
+  std::vector<std::vector<float>> grads;
+  int64_t tile = 0;
+};
+
+// Random tokens and targets (some -100) for rows × seq_len, from a fixed seed.
+HostBatch random_batch(int rows, int seq_len, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  HostBatch b{rows, seq_len, {}, {}, {}, {}, {}, {}};
+  for (int i = 0; i < rows * seq_len; ++i) {
+    b.input_ids.push_back(int32_t(rng() % uint32_t(vocab)));
+    b.targets.push_back(rng() % 5 == 0 ? -100 : int32_t(rng() % uint32_t(vocab)));
+  }
+  return b;
+}
+
+// One forward + backward at token tile `tile` (0: the automatic tile, which covers these small batches).
+Pass run(const std::string& name, const HostBatch* given, Recompute rc, bool lora, int64_t tile) {
+  auto ops = make_cpu_ops();
+  const auto dir = fixtures() / "models" / name;
+  std::optional<LoraConfig> cfg;
+  // Adapters on the MLP's three projections and two attention ones, with dropout.
+  if (lora) cfg = LoraConfig{4, 8.0f, 0.2f, {"q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"}, false, 3};
+  auto model = load_pretrained(dir, *ops, cfg);
+  // B starts at zero (PEFT's init), which would leave A's gradient zero: random B makes every adapter count.
+  std::mt19937 rng(99);
+  for (Parameter& p : model->params().all())
+    if (p.name.find("lora_B") != std::string::npos) {
+      const auto v = random_vec(size_t(p.value.numel()), rng, 0.1f);
+      model->params().upload(*ops, p, v.data());
+    }
+  const HostBatch batch = given ? *given : load_batch_file(dir / "batch.safetensors");
+  model->set_token_tile(tile);
+  model->plan(batch.rows, batch.seq_len, rc);
+  Pass r;
+  r.tile = model->activation_plan().tile;
+  r.logits.resize(size_t(batch.rows) * batch.seq_len * model->config().vocab_size);
+  ops->zero(model->params().all_grads());
+  r.loss = model->step(batch, true, r.logits.data()).loss;
+  for (const Parameter& p : model->params().all())
+    if (p.trainable) {
+      r.names.push_back(p.name);
+      r.grads.emplace_back(p.grad.f32(), p.grad.f32() + p.grad.numel());
+    }
+  return r;
+}
+
+// The MLP's weight gradients (base and adapters) sum over tokens tile by tile: each tile's partial sum is
+// rounded before the next is added, so they match within fp32 summation error, not bitwise. Biases are
+// summed token by token in order on the CPU, so they stay bitwise; so does everything else.
+bool summed_over_tiles(const std::string& param) {
+  return param.find(".mlp.") != std::string::npos && param.find(".bias") == std::string::npos;
+}
+
+void expect_same(const Pass& tiled, const Pass& whole, const std::string& what) {
+  EXPECT_EQ(tiled.loss, whole.loss) << what;
+  EXPECT_EQ(tiled.logits, whole.logits) << what;
+  ASSERT_EQ(tiled.grads.size(), whole.grads.size()) << what;
+  size_t checked = 0, summed = 0;
+  for (size_t i = 0; i < whole.grads.size(); ++i) {
+    const std::string& p = whole.names[i];
+    ASSERT_GT(rms(whole.grads[i]), 0) << what << " " << p << ": a zero gradient checks nothing";
+    if (summed_over_tiles(p)) {
+      EXPECT_LE(rel_err(tiled.grads[i].data(), whole.grads[i].data(), whole.grads[i].size()), 1e-6) << what << " " << p;
+      EXPECT_TRUE(all_close(tiled.grads[i], whole.grads[i], 1e-5 * rms(whole.grads[i]), 1e-5)) << what << " " << p;
+      ++summed;
+    } else {
+      EXPECT_EQ(tiled.grads[i], whole.grads[i]) << what << " " << p;
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, whole.grads.size());
+  EXPECT_GT(summed, 0u) << what;  // the tiled sums were among them
+}
+
+TEST(TokenTiles, TiledEqualsUntiledOnEveryRecomputePolicy) {
+  const uint32_t seed = test_seed(2024u);
+  SCOPED_TRACE(seed_message(seed));
+  for (const char* name : {"qwen3-tiny", "llama3-tiny-scaled", "qwen2-tiny-mqa-bias"}) {
+    const int vocab = load_model_config(fixtures() / "models" / name).vocab_size;
+    const HostBatch batch = random_batch(2, 64, vocab, seed);  // 128 tokens
+    for (bool lora : {false, true})
+      for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+        const Pass whole = run(name, &batch, rc, lora, 128);
+        ASSERT_EQ(whole.tile, 128);
+        for (int64_t tile : {16, 24}) {  // 8 tiles; 5 tiles and a last one of 8
+          const Pass tiled = run(name, &batch, rc, lora, tile);
+          ASSERT_EQ(tiled.tile, tile);
+          expect_same(tiled, whole, cat(name, " lora ", lora, " recompute ", recompute_name(rc), " tile ", tile));
+        }
+      }
+  }
+}
+
+// Tiled passes against transformers (the fixtures' batch: 48 tokens, tiles of 16 and of 20).
+TEST(TokenTiles, TiledMatchesTransformers) {
+  for (const char* name : {"qwen3-tiny", "llama-tiny", "qwen2-tiny-mqa-bias", "llama3-tiny-scaled"})
+    for (int64_t tile : {16, 20}) {
+      auto ops = make_cpu_ops();
+      const auto dir = fixtures() / "models" / name;
+      auto model = load_pretrained(dir, *ops);
+      const HostBatch batch = load_batch_file(dir / "batch.safetensors");
+      const SafetensorsFile expected(dir / "expected.safetensors");
+      model->set_token_tile(tile);
+      model->plan(batch.rows, batch.seq_len, Recompute::Full);
+      ASSERT_EQ(model->activation_plan().tile, tile);
+      std::vector<float> logits(size_t(batch.rows) * batch.seq_len * model->config().vocab_size);
+      ops->zero(model->params().all_grads());
+      const StepResult r = model->step(batch, true, logits.data());
+      const auto ref_logits = to_f32(expected.at("logits"));
+      EXPECT_LE(rel_err(logits.data(), ref_logits.data(), logits.size()), 1e-5) << name;
+      const float ref_loss = to_f32(expected.at("loss"))[0];
+      EXPECT_LE(std::abs(r.loss - ref_loss) / ref_loss, 1e-6) << name;
+      size_t checked = 0, ref_grads = 0;
+      for (const Parameter& p : model->params().all()) {
+        const auto ref = to_f32(expected.at("grad." + p.name));
+        EXPECT_LE(rel_err(p.grad.f32(), ref.data(), ref.size()), 1e-4) << name << " " << p.name;
+        EXPECT_TRUE(all_close(p.grad.f32(), ref.data(), ref.size(), 1e-3 * rms(ref), 1e-3)) << name << " " << p.name;
+        ++checked;
+      }
+      for (auto& [n, e] : expected.entries()) ref_grads += n.starts_with("grad.");
+      EXPECT_EQ(checked, ref_grads) << name;
+    }
+}
+
+TEST(TokenTiles, AutomaticTileIsSizedByBytes) {
+  // Qwen3-8B's intermediate 12288 in bf16: 512 MiB / 24 KiB = 21845 tokens, down to a multiple of 1024.
+  EXPECT_EQ(token_tile_for(kTokenTileAuto, 524288, 12288, DType::BF16), 21504);
+  EXPECT_EQ(token_tile_for(kTokenTileAuto, 4096, 12288, DType::BF16), 4096);      // never above the tokens
+  EXPECT_EQ(token_tile_for(kTokenTileAuto, 1 << 20, 1 << 20, DType::F32), 1024);  // at least 1024
+  EXPECT_EQ(token_tile_for(16, 64, 160, DType::F32), 16);
+  EXPECT_EQ(token_tile_for(100, 64, 160, DType::F32), 64);
+}
+
+// The arena holds exactly the planned buffers (plus alignment), so the plan arithmetic is what a run allocates.
+TEST(TokenTiles, PlanArithmeticIsWhatIsAllocated) {
+  auto ops = make_cpu_ops();
+  auto model = load_pretrained(fixtures() / "models" / "qwen3-tiny", *ops,
+                               LoraConfig{4, 8.0f, 0.1f, {"q_proj", "down_proj"}, false, 3});
+  model->set_token_tile(16);
+  model->plan(2, 64, Recompute::Full);
+  const ActivationPlan& p = model->activation_plan();
+  EXPECT_GE(model->activation_bytes(), p.total_bytes());
+  EXPECT_LE(model->activation_bytes(), p.total_bytes() + 256 * p.buffers.size());
+  // Under full recompute only the layer inputs are kept per layer; the MLP's buffers are one tile.
+  for (const PlannedBuffer& b : p.buffers) EXPECT_TRUE(b.checkpoint || b.copies == 1) << b.name;
+  EXPECT_EQ(p.find("gate")->shape, (Shape{16, 160}));
+  EXPECT_EQ(p.find("dact")->shape, (Shape{16, 160}));
+}
+
+ModelConfig qwen3_8b() {
+  // Qwen/Qwen3-8B's config.json (the fields the plan reads).
+  return parse_model_config(nlohmann::json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 4096,
+    "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "head_dim": 128, "max_position_embeddings": 40960, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
+    "tie_word_embeddings": false, "attention_bias": false, "hidden_act": "silu"})"));
+}
+
+// The plan of a Qwen3-8B LoRA run at batch 1 × 512k tokens, recompute full, as the GPU would allocate it
+// (bf16 activations): apart from the layer-input checkpoints nothing exceeds 4 GiB, except, with LoRA's
+// default fp32 residual stream, that stream's gradient and the recomputed mid-layer sum (fp32 [T, 4096]:
+// 8 GiB), which attention couples across every token. Untiled, the MLP alone would need 6 × 12 GiB.
+TEST(TokenTiles, Qwen3_8bLoraPlanAt512kTokens) {
+  const ModelConfig c = qwen3_8b();
+  const LoraConfig lora{
+      16, 32.0f, 0.0f, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, false, 1};
+  const int T = 512 * 1024;
+  const size_t gib = size_t(1) << 30;
+  for (DType res : {DType::BF16, DType::F32}) {
+    const ActivationSettings s{1, T, Recompute::Full, DType::BF16, res, &lora, kTokenTileAuto, int64_t(1) << 30};
+    const ActivationPlan p = plan_activations(c, s);
+    SCOPED_TRACE(cat("residual ", dtype_name(res), ": ", describe_largest(p, 8)));
+    EXPECT_EQ(p.tile, 21504);
+    size_t rest = 0;
+    for (const PlannedBuffer& b : p.buffers) {
+      if (b.checkpoint) {
+        EXPECT_EQ(b.name, "resid");
+        EXPECT_EQ(b.copies, 37);
+        EXPECT_EQ(b.bytes(), size_t(T) * 4096 * dtype_size(res));
+        continue;
+      }
+      EXPECT_EQ(b.copies, 1) << b.name;  // recompute full: nothing else is kept per layer
+      rest += b.total_bytes();
+      const bool residual = b.name == "mid" || b.name == "dres";
+      EXPECT_LE(b.bytes(), residual && res == DType::F32 ? 8 * gib : 4 * gib) << b.name;
+      // No [T, intermediate] or [T, vocab] buffer: those have at most a tile's (or a head chunk's) rows.
+      for (int64_t wide : {int64_t(c.intermediate_size), int64_t(c.vocab_size)})
+        if (b.shape.size() == 2 && b.shape[1] == wide) EXPECT_LE(b.shape[0], p.tile) << b.name;
+    }
+    // Everything but the checkpoints: 78-86 GiB, beside 16 GiB of bf16 weights on a 139 GiB H200.
+    EXPECT_LT(rest, (res == DType::F32 ? 87 : 79) * gib);
+    // The untiled plan needs the MLP's six [T, 12288] bf16 buffers (12 GiB each) instead of tiles.
+    ActivationSettings untiled = s;
+    untiled.token_tile = T;
+    const ActivationPlan u = plan_activations(c, untiled);
+    EXPECT_EQ(u.total_bytes() - p.total_bytes(), 6 * (size_t(T) - size_t(p.tile)) * 12288 * 2);
+  }
+}
+
+}  // namespace
+}  // namespace soltrain::test
