@@ -7,6 +7,7 @@
 #include "data/batch_file.h"
 #include "model/activation_plan.h"
 #include "model/checkpoint.h"
+#include "model/layer.h"
 #include "test_util.h"
 
 namespace soltrain::test {
@@ -62,32 +63,42 @@ Pass run(const std::string& name, const HostBatch* given, Recompute rc, bool lor
   return r;
 }
 
-// The MLP's weight gradients (base and adapters) sum over tokens tile by tile: each tile's partial sum is
-// rounded before the next is added, so they match within fp32 summation error, not bitwise. Biases are
-// summed token by token in order on the CPU, so they stay bitwise; so does everything else.
-bool summed_over_tiles(const std::string& param) {
-  return param.find(".mlp.") != std::string::npos && param.find(".bias") == std::string::npos;
-}
-
+// Within fp32 rounding, not bitwise: besides the MLP's weight gradients, which sum tile by tile (each tile's
+// partial sum rounded before the next is added), OpenBLAS picks its kernel and its split over threads by the
+// matrix shape, so a row's dot products can round differently at M = tile than at M = all tokens (measured:
+// last-bit differences in the logits at tile 16 on one thread, at 24 on two). A wrong tile (a missed row, a
+// mask drawn at the wrong offset, a gradient not accumulated) moves values by far more than these bounds.
 void expect_same(const Pass& tiled, const Pass& whole, const std::string& what) {
-  EXPECT_EQ(tiled.loss, whole.loss) << what;
-  EXPECT_EQ(tiled.logits, whole.logits) << what;
+  EXPECT_NEAR(tiled.loss, whole.loss, 1e-6 * whole.loss) << what;
+  EXPECT_LE(rel_err(tiled.logits.data(), whole.logits.data(), whole.logits.size()), 1e-6) << what;
+  EXPECT_TRUE(all_close(tiled.logits, whole.logits, 1e-5 * rms(whole.logits), 1e-5)) << what;
   ASSERT_EQ(tiled.grads.size(), whole.grads.size()) << what;
-  size_t checked = 0, summed = 0;
   for (size_t i = 0; i < whole.grads.size(); ++i) {
     const std::string& p = whole.names[i];
     ASSERT_GT(rms(whole.grads[i]), 0) << what << " " << p << ": a zero gradient checks nothing";
-    if (summed_over_tiles(p)) {
-      EXPECT_LE(rel_err(tiled.grads[i].data(), whole.grads[i].data(), whole.grads[i].size()), 1e-6) << what << " " << p;
-      EXPECT_TRUE(all_close(tiled.grads[i], whole.grads[i], 1e-5 * rms(whole.grads[i]), 1e-5)) << what << " " << p;
-      ++summed;
-    } else {
-      EXPECT_EQ(tiled.grads[i], whole.grads[i]) << what << " " << p;
-    }
-    ++checked;
+    EXPECT_LE(rel_err(tiled.grads[i].data(), whole.grads[i].data(), whole.grads[i].size()), 1e-5) << what << " " << p;
+    EXPECT_TRUE(all_close(tiled.grads[i], whole.grads[i], 1e-4 * rms(whole.grads[i]), 1e-4)) << what << " " << p;
   }
-  EXPECT_EQ(checked, whole.grads.size());
-  EXPECT_GT(summed, 0u) << what;  // the tiled sums were among them
+}
+
+// A tile's LoRA dropout draws exactly the whole input's mask over its rows (LoraPass::at's offset): bitwise.
+TEST(TokenTiles, TileDropoutMasksAreTheWholeMasksRows) {
+  auto ops = make_cpu_ops();
+  std::mt19937 rng(test_seed(7u));
+  const int64_t N = 40, W = 24, t0 = 16, t1 = 36;
+  std::vector<float> x = random_vec(size_t(N * W), rng), whole(x.size()), tile(size_t((t1 - t0) * W));
+  LoraPass lp;
+  lp.dropout = 0.3f, lp.seed = 11, lp.step = 2;
+  const LoraDropout all = lp.at(1, LoraTarget::up), part = lp.at(1, LoraTarget::up, t0, W);
+  ops->dropout_scale(Tensor{whole.data(), DType::F32, {N, W}}, Tensor{x.data(), DType::F32, {N, W}}, 1.0f, all.p,
+                     all.seed);
+  ops->dropout_scale(Tensor{tile.data(), DType::F32, {t1 - t0, W}}, Tensor{x.data() + t0 * W, DType::F32, {t1 - t0, W}},
+                     1.0f, part.p, part.seed);
+  EXPECT_EQ(tile, std::vector<float>(whole.begin() + t0 * W, whole.begin() + t1 * W));
+  size_t dropped = 0;
+  for (float v : tile) dropped += v == 0;
+  EXPECT_GT(dropped, tile.size() / 10);  // the mask does drop (p = 0.3)
+  EXPECT_LT(dropped, tile.size() / 2);
 }
 
 TEST(TokenTiles, TiledEqualsUntiledOnEveryRecomputePolicy) {
