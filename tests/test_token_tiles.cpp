@@ -2,13 +2,18 @@
 // recompute policy, with and without LoRA (dropout included: a tile must draw the untiled mask), for tiles
 // that divide the tokens and one that does not; against transformers' references; and the plan arithmetic
 // of a 512k-token Qwen3-8B LoRA run, where nothing but the layer-input checkpoints may grow large.
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
+#include "cli/config.h"
+#include "cli/demo_kit.h"
 #include "data/batch_file.h"
 #include "model/activation_plan.h"
 #include "model/checkpoint.h"
 #include "model/layer.h"
 #include "test_util.h"
+#include "train/run_training.h"
 
 namespace soltrain::test {
 namespace {
@@ -224,6 +229,27 @@ TEST(TokenTiles, Qwen3_8bLoraPlanAt512kTokens) {
     const ActivationPlan u = plan_activations(c, untiled);
     EXPECT_EQ(u.total_bytes() - p.total_bytes(), 6 * (size_t(T) - size_t(p.tile)) * 12288 * 2);
   }
+}
+
+// A run's memory plan names the tile and the largest buffers (here the MLP's tile buffers are 16 rows).
+TEST(TokenTiles, MemoryPlanShowsTheTileAndTheLargestBuffers) {
+  TempDir t;
+  DemoModelShape shape;
+  shape.hidden = 64, shape.layers = 1, shape.heads = 2, shape.kv_heads = 1, shape.intermediate = 128;
+  write_random_model(t.path / "model", shape, 3);
+  write_reversal_dataset(t.path / "train.jsonl", 20, 4);
+  std::ofstream(t.path / "c.yaml") << "model: model\noutput_dir: out\ndatasets:\n  - path: train.jsonl\n"
+                                      "    type: conversation\nsequence_len: 64\nmax_steps: 1\ndevice: cpu\n"
+                                      "recompute: full\ntoken_tile: 16\n";
+  auto ops = make_cpu_ops();
+  std::ostringstream log;
+  run_training(load_train_config(t.path / "c.yaml", {}, TrainMode::kSft), TrainMode::kSft, *ops, log);
+  const std::string text = log.str();
+  const size_t at = text.find("sft: memory plan: ");
+  ASSERT_NE(at, std::string::npos) << text;
+  const std::string line = text.substr(at, text.find('\n', at) - at);
+  EXPECT_NE(line.find("MLP token tile 16); largest: "), std::string::npos) << line;
+  EXPECT_NE(line.find("(layer inputs)"), std::string::npos) << line;
 }
 
 }  // namespace
