@@ -139,6 +139,13 @@ TEST(Config, ResidualDtype) {
             "cfg.yaml:6: residual_dtype: \"fp16\" is not valid: expected auto, fp32 or bf16");
 }
 
+TEST(Config, TokenTile) {
+  EXPECT_EQ(parse_train_config(kBase, "cfg.yaml", {}, TrainMode::kSft).token_tile, 0);  // automatic
+  EXPECT_EQ(parse_train_config(kBase + "token_tile: 4096\n", "cfg.yaml", {}, TrainMode::kSft).token_tile, 4096);
+  EXPECT_EQ(error_of(kBase + "token_tile: -1\n"),
+            "cfg.yaml:6: token_tile: \"-1\" is not valid: expected an integer >= 0");
+}
+
 TEST(Config, PeerKeysMapToSoltrainSettings) {
   const TrainConfig c = parse_train_config(kBase +
                                                "gradient_checkpointing: true\noptimizer: adamw_torch_fused\n"

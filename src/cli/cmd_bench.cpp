@@ -13,7 +13,9 @@
 #include "cli/launch_workers.h"
 #include "core/error.h"
 #include "dist/launch.h"
+#include "model/activation_plan.h"
 #include "model/checkpoint.h"
+#include "model/config.h"
 #include "model/lora.h"
 #include "train/train_step.h"
 
@@ -29,13 +31,70 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
+namespace {
+struct BenchOpts {
+  std::string model, device = "cuda";
+  int batch = 8, seq = 2048, steps = 10, warmup = 3, lora_rank = 0, data_parallel = -1, gpus = 1;
+  int64_t token_tile = 0;
+  bool plan_only = false;
+  std::string recompute = "none", residual_dtype = "auto", optimizer = "adamw", qlora = "none", recipe = "bf16";
+  std::string fp8_scaling = "delayed";
+};
+
+// bench's LoRA: all seven projections, alpha 2r, no dropout.
+std::optional<LoraConfig> bench_lora(const BenchOpts& o) {
+  if (o.lora_rank <= 0) return std::nullopt;
+  return LoraConfig{o.lora_rank, 2.0f * float(o.lora_rank),
+                    0.0f,        std::vector<std::string>(kLoraModuleNames.begin(), kLoraModuleNames.end()),
+                    false,       1};
+}
+
+// --plan-only: the activation plan the run would allocate (Transformer::plan's list), one JSON line.
+int print_activation_plan(const BenchOpts& o) {
+  const ModelConfig c = load_model_config(o.model);
+  const std::optional<LoraConfig> lora = bench_lora(o);
+  const DType act = o.device == "cuda" ? DType::BF16 : DType::F32;
+  // Transformer::residual_dtype()'s choice: fp32 with LoRA, else the activation dtype (auto).
+  const std::optional<DType> res = parse_residual_dtype(o.residual_dtype, "--residual-dtype");
+  ActivationSettings s{o.batch,
+                       o.seq,
+                       parse_recompute(o.recompute, "--recompute"),
+                       act,
+                       act == DType::F32 ? act : res.value_or(lora ? DType::F32 : act),
+                       lora ? &*lora : nullptr,
+                       o.token_tile,
+                       act == DType::F32 ? int64_t(64) << 20 : int64_t(1) << 30};
+  const ActivationPlan p = plan_activations(c, s);
+  const double gib = double(size_t(1) << 30);
+  nlohmann::json buffers = nlohmann::json::array();
+  size_t checkpoints = 0;
+  for (const PlannedBuffer* b : p.largest()) {
+    if (b->checkpoint) checkpoints += b->total_bytes();
+    buffers.push_back({{"name", b->name},
+                       {"shape", b->shape},
+                       {"gib", double(b->bytes()) / gib},
+                       {"copies", b->copies},
+                       {"checkpoint", b->checkpoint}});
+  }
+  nlohmann::json r{{"engine", "soltrain"},
+                   {"plan_only", true},
+                   {"batch", o.batch},
+                   {"seq", o.seq},
+                   {"recompute", o.recompute},
+                   {"lora_rank", o.lora_rank},
+                   {"token_tile", p.tile},
+                   {"head_chunk", p.head_chunk},
+                   {"activation_gib", double(p.total_bytes()) / gib},
+                   {"checkpoint_gib", double(checkpoints) / gib},
+                   {"largest_activations", describe_largest(p, 4)},
+                   {"buffers", buffers}};
+  std::cout << r.dump() << std::endl;
+  return 0;
+}
+}  // namespace
+
 std::function<int()> add_bench_command(CLI::App& app) {
-  struct Opts {
-    std::string model, device = "cuda";
-    int batch = 8, seq = 2048, steps = 10, warmup = 3, lora_rank = 0, data_parallel = -1, gpus = 1;
-    std::string recompute = "none", residual_dtype = "auto", optimizer = "adamw", qlora = "none", recipe = "bf16";
-    std::string fp8_scaling = "delayed";
-  };
+  using Opts = BenchOpts;
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand("bench", "time full training steps (AdamW) on random tokens");
   c->add_option("--recompute", o->recompute, "activation recompute: none, selective or full")
@@ -71,6 +130,12 @@ std::function<int()> add_bench_command(CLI::App& app) {
   c->add_option("--fp8-scaling", o->fp8_scaling, "fp8-hybrid's activation/gradient scales: delayed or current")
       ->check(CLI::IsMember({"delayed", "current"}))
       ->capture_default_str();
+  c->add_option("--token-tile", o->token_tile, "the MLP's token tile for long sequences (0 = automatic)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  c->add_flag("--plan-only", o->plan_only,
+              "print the activation plan (every buffer, largest first) from config.json alone and exit: no "
+              "weights are loaded, no device is needed (a 500k-token plan on any machine)");
   c->add_option("--model", o->model, "Hugging Face model folder")->required();
   c->add_option("--batch-size", o->batch)->check(CLI::PositiveNumber)->capture_default_str();
   c->add_option("--seq-len", o->seq)->check(CLI::PositiveNumber)->capture_default_str();
@@ -78,6 +143,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
   c->add_option("--warmup", o->warmup)->check(CLI::NonNegativeNumber)->capture_default_str();
   add_device_option(c, o->device);
   return [o]() {
+    if (o->plan_only) return print_activation_plan(*o);
     const LaunchEnv env = read_launch_env();
     const Device device = o->device == "cuda" ? Device::CUDA : Device::CPU;  // the flag admits only these two
     if (o->gpus > 1 && env.kind == LaunchEnv::Kind::Single) return launch_workers(o->gpus, device);
@@ -92,11 +158,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
     }
     const int zero_stage = std::max(0, o->data_parallel), rank = comm ? comm->rank() : 0;
     const int world = comm ? comm->size() : 1;
-    std::optional<LoraConfig> lora;
-    if (o->lora_rank > 0)
-      lora = LoraConfig{o->lora_rank, 2.0f * float(o->lora_rank),
-                        0.0f,         std::vector<std::string>(kLoraModuleNames.begin(), kLoraModuleNames.end()),
-                        false,        1};
+    std::optional<LoraConfig> lora = bench_lora(*o);
     if (o->qlora != "none") {
       if (!lora) user_error("bench: --qlora ", o->qlora, " needs --lora-rank (a quantised base is frozen)");
       lora->base_format = o->qlora == "nf4" ? WeightFormat::Nf4 : WeightFormat::Fp8Block;
@@ -105,8 +167,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
       user_error("bench --recipe fp8-hybrid with data parallel is not built yet (the ranks' amaxes are not reduced)");
     // A speed run of FP8 on the CPU's emulation would time nothing real.
     if (o->recipe == "fp8-hybrid" && ops->device() != Device::CUDA)
-      user_error("bench --recipe fp8-hybrid times FP8 GEMMs: it needs an NVIDIA GPU of compute capability 8.9 or newer "
-                 "(the CPU only emulates them, for tests)");
+      user_error(
+          "bench --recipe fp8-hybrid times FP8 GEMMs: it needs an NVIDIA GPU of compute capability 8.9 or newer "
+          "(the CPU only emulates them, for tests)");
     // (ZeRO-3 allocates only this rank's slices of the gradients)
     auto model = load_pretrained(o->model, *ops, lora, /*gradients=*/!(comm && zero_stage == 3));
     if (o->recipe == "fp8-hybrid") {
@@ -121,6 +184,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
     batch.targets = batch.input_ids;
     std::rotate(batch.targets.begin(), batch.targets.begin() + 1, batch.targets.end());
     model->set_residual_dtype(parse_residual_dtype(o->residual_dtype, "--residual-dtype"));
+    model->set_token_tile(o->token_tile);
     model->plan(o->batch, o->seq, parse_recompute(o->recompute, "--recompute"));
     const OptimizerConfig cfg{
         1e-5f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, o->optimizer == "adamw_8bit" ? Moments::Blockwise8 : Moments::F32};
@@ -168,6 +232,8 @@ std::function<int()> add_bench_command(CLI::App& app) {
                      {"memory_gib", memory},
                      {"optimizer_gib", double(train_step.optimizer().state_bytes()) / double(1u << 30)},
                      {"activation_gib", double(model->activation_bytes()) / double(1u << 30)},
+                     {"token_tile", model->activation_plan().tile},
+                     {"largest_activations", describe_largest(model->activation_plan(), 4)},
                      {"loss", loss},
                      {"profile_ms", profile}};
     std::cout << r.dump() << std::endl;

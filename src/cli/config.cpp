@@ -14,8 +14,8 @@
 
 #include "cli/peer_keys.h"
 #include "core/error.h"
-#include "data/preference.h"
 #include "data/named_templates.h"
+#include "data/preference.h"
 #include "hub/hub_cache.h"
 #include "model/dpo_objective.h"
 
@@ -560,6 +560,8 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
          if (r != "none" && r != "selective" && r != "full") bad_value(e, "recompute", "none, selective or full");
          c.recompute = parse_recompute(r, "recompute");
        }},
+      // Long sequences: the MLP's token tile (model/activation_plan.h; 0 = automatic).
+      {"token_tile", [&](const Entry& e) { c.token_tile = get_int(e, "token_tile", 0); }},
       // The precision recipe (Surogate's key and names; model/fp8_recipe.h) and its FP8 settings.
       {"recipe",
        [&](const Entry& e) {

@@ -20,4 +20,10 @@ SOLTRAIN_HOST_DEVICE inline bool dropout_keep(uint64_t seed, uint64_t i, float p
   return float(z >> 40) * (1.0f / 16777216.0f) >= p;
 }
 
+// The seed that makes element i of a slice draw what element offset + i of the whole tensor draws under
+// `seed` (the hash reads seed + (i + 1)·step): a tensor processed in tiles keeps the untiled mask.
+SOLTRAIN_HOST_DEVICE inline uint64_t dropout_seed_at(uint64_t seed, uint64_t offset) {
+  return seed + offset * 0x9E3779B97F4A7C15ull;
+}
+
 }  // namespace soltrain

@@ -21,7 +21,9 @@ struct LoraPass {
   bool adapters_off = false;  // every adapter skipped: the frozen base model (a reference forward)
   uint64_t seed = 0, step = 0;
   LoraScratch scratch;
-  LoraDropout at(int64_t layer, LoraTarget t) const;
+  // The mask of (layer, projection); for a tile of tokens starting at row `first_row` of an input `width`
+  // wide, the part of the whole input's mask those rows draw (a tiled pass drops what an untiled one does).
+  LoraDropout at(int64_t layer, LoraTarget t, int64_t first_row = 0, int64_t width = 0) const;
 };
 
 // The tensors of the attention half's input side for one layer: projections, Qwen3's normed q/k and their
@@ -64,11 +66,13 @@ class DenseSwiGLU {
 
   // out = down(silu(gate(h)) · up(h)). Without `out` the down projection is skipped (a recompute for
   // backward needs only its saved inputs), except that an adapted down still runs to refill its u.
+  // Every tensor may be a tile of the tokens (rows row0 .. of the pass): the MLP is token-wise, so a
+  // caller runs long sequences tile by tile; row0 places the tile in the LoRA dropout masks.
   void forward(Ops& ops, Tensor* out, const Tensor& h, const MlpTensors& t, const LoraPass& lora, int64_t layer,
-               const Tensor& scratch_out) const;
-  // dh (=) d loss / dh from dout.
+               const Tensor& scratch_out, int64_t row0 = 0) const;
+  // dh (=) d loss / dh from dout; weight gradients are added (+=), so tiles accumulate into them.
   void backward(Ops& ops, Tensor dh, const Tensor& dout, const Tensor& h, const MlpTensors& t, const MlpGrads& g,
-                const LoraPass& lora, int64_t layer) const;
+                const LoraPass& lora, int64_t layer, int64_t row0 = 0) const;
 };
 
 struct DecoderLayer {

@@ -40,7 +40,7 @@ void Linear::backward(Ops& o, Tensor* dx, bool accumulate_dx, const Tensor& dy, 
   }
   if (!lora_a_) return;
   // g = scale·(dy·B) = d loss / d(x·Aᵀ), the scale on the GEMM's alpha (one rounding); dB += dyᵀ·u.
-  Tensor g = s.g;
+  Tensor g = s.g.rows(0, dy.dim(0));  // sized for a whole pass; a tile of tokens uses its first rows
   o.linear_backward(&g, false, grad(lora_b_), nullptr, dy, u, lora_b_->value, lora_scale_);
   if (d.p == 0) {
     o.linear_backward(dx, true, grad(lora_a_), nullptr, g, x, lora_a_->value);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 
 namespace soltrain {
 
@@ -26,6 +27,8 @@ struct Transformer::Activations {
   Recompute recompute = Recompute::None;
   float scale = 0, eps = 0;
   int rows = 0, seq_len = 0, head_chunk = 0;
+  int64_t tile = 0;  // the MLP's token tile
+  ActivationPlan plan;
   Arena arena;
   // per layer, saved
   std::vector<Tensor> resid;  // L+1 residual streams [N,D]: input of layer l, and the final one
@@ -98,14 +101,13 @@ size_t Transformer::activation_bytes() const {
   return acts_ ? acts_->arena.total_bytes() : 0;
 }
 
-size_t Transformer::staging_bytes() const {
-  return acts_ ? acts_->staging.bytes() : 0;
+const ActivationPlan& Transformer::activation_plan() const {
+  SOLTRAIN_CHECK(acts_, "activation_plan() before plan()");
+  return acts_->plan;
 }
 
-Recompute parse_recompute(const std::string& s, const std::string& where) {
-  for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})
-    if (s == recompute_name(r)) return r;
-  user_error(where, ": recompute must be none, selective or full, got '", s, "'");
+size_t Transformer::staging_bytes() const {
+  return acts_ ? acts_->staging.bytes() : 0;
 }
 
 std::optional<DType> parse_residual_dtype(const std::string& s, const std::string& where) {
@@ -113,15 +115,6 @@ std::optional<DType> parse_residual_dtype(const std::string& s, const std::strin
   if (s == "fp32") return DType::F32;
   if (s == "bf16") return DType::BF16;
   user_error(where, ": residual_dtype must be auto, fp32 or bf16, got '", s, "'");
-}
-
-const char* recompute_name(Recompute r) {
-  switch (r) {
-    case Recompute::None: return "none";
-    case Recompute::Selective: return "selective";
-    case Recompute::Full: return "full";
-  }
-  return "?";
 }
 
 void Transformer::enable_fp8(const Fp8Settings& s) {
@@ -132,11 +125,12 @@ void Transformer::enable_fp8(const Fp8Settings& s) {
   if (s.skip_first_layers < 0 || s.skip_last_layers < 0 || s.skip_first_layers + s.skip_last_layers > L)
     user_error("skip_quant_first_layers + skip_quant_last_layers must be between 0 and the model's ", L, " layers");
   for (const DecoderLayer& layer : layers_)
-    for (const Linear* lin : {&layer.attn.q, &layer.attn.k, &layer.attn.v, &layer.attn.o, &layer.mlp.gate,
-                              &layer.mlp.up, &layer.mlp.down})
+    for (const Linear* lin :
+         {&layer.attn.q, &layer.attn.k, &layer.attn.v, &layer.attn.o, &layer.mlp.gate, &layer.mlp.up, &layer.mlp.down})
       if (lin->weight_parameter().format != WeightFormat::Dense)
-        user_error("recipe fp8-hybrid runs on a bf16 base; a quantised QLoRA base (", weight_format_name(
-                       lin->weight_parameter().format), ") dequantises into bf16 GEMMs: use recipe: bf16 with it");
+        user_error("recipe fp8-hybrid runs on a bf16 base; a quantised QLoRA base (",
+                   weight_format_name(lin->weight_parameter().format),
+                   ") dequantises into bf16 GEMMs: use recipe: bf16 with it");
   fp8_ = std::make_unique<Fp8Recipe>(ops_, s);
   for (int l = s.skip_first_layers; l < L - s.skip_last_layers; ++l) {
     DecoderLayer& layer = layers_[size_t(l)];
@@ -164,93 +158,75 @@ void Transformer::after_update() {
 }
 
 void Transformer::plan(int rows, int seq_len, Recompute recompute) {
-  const auto& c = config_;
-  const int64_t N = int64_t(rows) * seq_len, D = c.hidden_size, F = c.intermediate_size, L = c.num_layers;
+  const int64_t N = int64_t(rows) * seq_len;
   if (fp8_) fp8_->plan(N);
-  const int64_t H = c.num_heads, Hkv = c.num_kv_heads, hd = c.head_dim, V = c.vocab_size;
   auto a = std::make_unique<Activations>();
   a->rows = rows;
   a->seq_len = seq_len;
+  a->recompute = recompute;
   // Logits are materialised for this many tokens at a time. On the GPU the chunk must stay a good GEMM
   // shape: 64 MiB chunks (110 tokens at vocab 151936) made the LM head 150 thin GEMMs per step; 1 GiB of
   // fp32 logits (+0.5 GiB bf16 gradient) gives ~1770-token chunks. The CPU keeps 64 MiB.
   const int64_t chunk_bytes = ops_.activation_dtype() == DType::F32 ? int64_t(64) << 20 : int64_t(1) << 30;
-  a->head_chunk = int(std::max<int64_t>(1, std::min<int64_t>(N, chunk_bytes / (4 * V))));
+  a->plan = plan_activations(config_, {rows, seq_len, recompute, ops_.activation_dtype(), residual_dtype(),
+                                       lora_ ? &*lora_ : nullptr, token_tile_, chunk_bytes});
+  a->head_chunk = int(a->plan.head_chunk);
+  a->tile = a->plan.tile;
+  // The plan's buffers by name: per-layer ones, then single tensors.
+  std::map<std::string, std::vector<Tensor>*> layered = {
+      {"resid", &a->resid}, {"h1", &a->h1},       {"rstd1", &a->rstd1}, {"q", &a->q},           {"k", &a->k},
+      {"v", &a->v},         {"q_raw", &a->q_raw}, {"k_raw", &a->k_raw}, {"q_rstd", &a->q_rstd}, {"k_rstd", &a->k_rstd},
+      {"attn", &a->attn},   {"lse", &a->lse},     {"mid", &a->mid},     {"h2", &a->h2},         {"rstd2", &a->rstd2},
+      {"gate", &a->gate},   {"up", &a->up},       {"act", &a->act}};
+  for (int t = 0; t < kLoraTargets; ++t) layered[cat("lora_u.", kLoraModuleNames[size_t(t)])] = &a->lora_u[size_t(t)];
+  const std::map<std::string, Tensor*> single = {{"hf", &a->hf},
+                                                 {"rstdf", &a->rstdf},
+                                                 {"tmp", &a->tmp},
+                                                 {"dh", &a->dh},
+                                                 {"dhf", &a->dhf},
+                                                 {"dres", &a->dres},
+                                                 {"dres_act", &a->dres_act},
+                                                 {"dact", &a->dact},
+                                                 {"dgate", &a->dgate},
+                                                 {"dup", &a->dup},
+                                                 {"dattn", &a->dattn},
+                                                 {"dq", &a->dq},
+                                                 {"dk", &a->dk},
+                                                 {"dv", &a->dv},
+                                                 {"dq_raw", &a->dq_raw},
+                                                 {"dk_raw", &a->dk_raw},
+                                                 {"logits", &a->logits},
+                                                 {"dlogits", &a->dlogits},
+                                                 {"token_nll", &a->token_nll},
+                                                 {"token_weight", &a->token_weight},
+                                                 {"doc_nll", &a->doc_nll},
+                                                 {"ids", &a->ids},
+                                                 {"targets", &a->targets},
+                                                 {"positions", &a->positions},
+                                                 {"cu_seqlens", &a->cu_seqlens},
+                                                 {"lora_x", &a->lora_scratch.x},
+                                                 {"lora_dx", &a->lora_scratch.dx},
+                                                 {"lora_g", &a->lora_scratch.g}};
   Arena& ar = a->arena;
-  const DType act = ops_.activation_dtype(), f32 = DType::F32;
   std::vector<std::pair<Tensor*, size_t>> bind;
-  auto one = [&](Tensor& t, Shape s, DType dt) { bind.push_back({&t, ar.plan(std::move(s), dt)}); };
-  // Recomputed tensors get one buffer that every layer's entry aliases: only the layer in hand needs it.
+  // Recomputed tensors: one buffer that every layer's entry aliases.
   std::vector<std::pair<std::vector<Tensor>*, size_t>> aliased;
-  auto per_layer = [&](std::vector<Tensor>& v, Shape s, int64_t count, DType dt, bool recomputed = false) {
-    v.resize(size_t(count));
-    if (recomputed) {
-      one(v[0], s, dt);
-      aliased.push_back({&v, size_t(count)});
-    } else {
-      for (auto& t : v) one(t, s, dt);
+  for (const PlannedBuffer& b : a->plan.buffers) {
+    if (b.layers == 0) {
+      const auto it = single.find(b.name);
+      SOLTRAIN_CHECK(it != single.end(), "planned buffer ", b.name, " has no tensor");
+      bind.push_back({it->second, ar.plan(b.shape, b.dtype)});
+      continue;
     }
-  };
-  a->recompute = recompute;
-  const bool attn_rc = recompute == Recompute::Full, mlp_rc = recompute != Recompute::None;
-  const DType res = residual_dtype();
-  per_layer(a->resid, {N, D}, L + 1, res);
-  per_layer(a->h1, {N, D}, L, act, attn_rc);
-  per_layer(a->rstd1, {N}, L, f32, attn_rc);
-  per_layer(a->q, {N, H, hd}, L, act, attn_rc);
-  per_layer(a->k, {N, Hkv, hd}, L, act, attn_rc);
-  per_layer(a->v, {N, Hkv, hd}, L, act, attn_rc);
-  if (c.qk_norm) {
-    per_layer(a->q_raw, {N, H, hd}, L, act, attn_rc);
-    per_layer(a->k_raw, {N, Hkv, hd}, L, act, attn_rc);
-    per_layer(a->q_rstd, {N * H}, L, f32, attn_rc);
-    per_layer(a->k_rstd, {N * Hkv}, L, f32, attn_rc);
+    const auto it = layered.find(b.name);
+    SOLTRAIN_CHECK(it != layered.end(), "planned buffer ", b.name, " has no tensors");
+    std::vector<Tensor>& v = *it->second;
+    v.resize(size_t(b.layers));
+    for (int64_t i = 0; i < b.copies; ++i) bind.push_back({&v[size_t(i)], ar.plan(b.shape, b.dtype)});
+    if (b.copies == 1) aliased.push_back({&v, size_t(b.layers)});
   }
-  per_layer(a->attn, {N, H * hd}, L, act, attn_rc);
-  per_layer(a->lse, {H, N}, L, f32, attn_rc);
-  per_layer(a->mid, {N, D}, L, res, attn_rc);
-  per_layer(a->h2, {N, D}, L, act, mlp_rc);
-  per_layer(a->rstd2, {N}, L, f32, mlp_rc);
-  per_layer(a->gate, {N, F}, L, act, mlp_rc);
-  per_layer(a->up, {N, F}, L, act, mlp_rc);
-  per_layer(a->act, {N, F}, L, act, mlp_rc);
-  one(a->hf, {N, D}, act);
-  one(a->rstdf, {N}, f32);
-  for (Tensor* t : {&a->tmp, &a->dh, &a->dhf}) one(*t, {N, D}, act);
-  one(a->dres, {N, D}, res);
-  if (res != act) one(a->dres_act, {N, D}, act);
-  for (Tensor* t : {&a->dact, &a->dgate, &a->dup}) one(*t, {N, F}, act);
-  one(a->dattn, {N, H * hd}, act);
-  one(a->dq, {N, H, hd}, act);
-  one(a->dk, {N, Hkv, hd}, act);
-  one(a->dv, {N, Hkv, hd}, act);
-  if (c.qk_norm) {
-    one(a->dq_raw, {N, H, hd}, act);
-    one(a->dk_raw, {N, Hkv, hd}, act);
-  }
-  one(a->logits, {a->head_chunk, V}, f32);
-  if (act != f32) one(a->dlogits, {a->head_chunk, V}, act);
-  one(a->token_nll, {N}, f32);
-  one(a->token_weight, {N}, f32);
-  one(a->doc_nll, {N}, f32);  // packed batches: up to one document per token
-  one(a->ids, {N}, DType::I32);
-  one(a->targets, {N}, DType::I32);
-  one(a->positions, {N}, DType::I32);
-  one(a->cu_seqlens, {N + 1}, DType::I32);
-  if (lora_) {
-    int64_t widest = 0;
-    for (int t = 0; t < kLoraTargets; ++t) {
-      const auto [out, in] = projection_shape(c, LoraTarget(t));
-      widest = std::max({widest, out, in});
-      const bool mlp_target = !is_attention_target(LoraTarget(t));
-      if (lora_->targets(LoraTarget(t)))
-        per_layer(a->lora_u[size_t(t)], {N, lora_->r}, L, act, mlp_target ? mlp_rc : attn_rc);
-    }
-    // dropout(x) and its gradient exist only with dropout; B's output always
-    if (lora_->dropout > 0)
-      for (Tensor* t : {&a->lora_scratch.x, &a->lora_scratch.dx}) one(*t, {N * widest}, act);
-    one(a->lora_scratch.g, {N, lora_->r}, act);
-  }
+  const auto& c = config_;
+  const DType res = residual_dtype(), act = ops_.activation_dtype(), f32 = DType::F32;
   ar.bind(ops_.alloc(ar.total_bytes()));
   for (auto& [t, h] : bind) *t = ar.get(h);
   for (auto& [v, count] : aliased) v->assign(count, (*v)[0]);
@@ -285,14 +261,16 @@ QkvTensors Transformer::qkv(int64_t l) const {
           lora_u(LoraTarget::v, l)};
 }
 
-MlpTensors Transformer::mlp(int64_t l) const {
+MlpTensors Transformer::mlp_tile(int64_t l, int64_t t0, int64_t t1) const {
   const Activations& a = *acts_;
-  return {a.gate[l],
-          a.up[l],
-          a.act[l],
-          lora_u(LoraTarget::gate, l),
-          lora_u(LoraTarget::up, l),
-          lora_u(LoraTarget::down, l)};
+  // Kept for every token without recompute; else one tile's buffer, refilled for each tile.
+  const bool whole = a.recompute == Recompute::None;
+  auto f = [&](const Tensor& t) { return whole ? t.rows(t0, t1) : t.rows(0, t1 - t0); };
+  auto u = [&](LoraTarget t) {  // the adapters' u are small ([tokens, r]) and kept whole
+    const Tensor x = lora_u(t, l);
+    return x.data ? x.rows(t0, t1) : x;
+  };
+  return {f(a.gate[l]), f(a.up[l]), f(a.act[l]), u(LoraTarget::gate), u(LoraTarget::up), u(LoraTarget::down)};
 }
 
 LoraPass Transformer::lora_pass() const {
@@ -376,7 +354,7 @@ void Transformer::forward(const HostBatch& batch, Objective* objective, bool bac
   if (hooks_) hooks_->before_forward(0);  // each later layer's fires inside the layer before (forward_mlp)
   for (int64_t l = 0; l < L; ++l) {
     forward_attention(l, l == 0);
-    forward_mlp(l, true, false);
+    forward_mlp(l);
   }
   head_pass(a.head_fused ? &a.token_weight : nullptr, logits_out);
   if (objective && objective->needs_document_sums()) ops_.segment_sum(a.out.doc_nll, a.token_nll, a.seq.cu_seqlens);
@@ -437,9 +415,9 @@ void Transformer::backward_layer(int64_t l) {
   const LoraPass lp = lora_pass();
   // Recompute what was not kept (same ops, same inputs, same dropout seeds: bitwise the same values).
   if (a.recompute == Recompute::Full) forward_attention(l, true);  // (its fused add + norm refills h2 too)
-  if (a.recompute != Recompute::None) forward_mlp(l, false, a.recompute == Recompute::Selective);
+  if (a.recompute == Recompute::Selective) o.rmsnorm_forward(a.h2[l], a.rstd2[l], a.mid[l], w.ln2->value, a.eps);
   // MLP: resid[l+1] = mid + down(swiglu(gate(h2), up(h2)))
-  w.mlp.backward(o, a.dh, a.dres_act, a.h2[l], mlp(l), MlpGrads{a.dact, a.dgate, a.dup}, lp, l);
+  backward_mlp(l);
   o.rmsnorm_backward(a.dres, true, grad_or_empty(w.ln2), a.dh, a.mid[l], w.ln2->value, a.rstd2[l], dres_rounded());
   // attention: mid = resid[l] + o_proj(attn(rope(norm(q)), rope(norm(k)), v))
   const QkvTensors t = qkv(l);
@@ -452,6 +430,24 @@ void Transformer::backward_layer(int64_t l) {
   // (layer 0's rounded copy has no reader: the embedding's backward takes the residual gradient itself)
   o.rmsnorm_backward(a.dres, true, grad_or_empty(w.ln1), a.dh, a.resid[l], w.ln1->value, a.rstd1[l],
                      l > 0 ? dres_rounded() : Tensor{});
+}
+
+void Transformer::backward_mlp(int64_t l) {
+  Activations& a = *acts_;
+  const DecoderLayer& w = layers_[size_t(l)];
+  const LoraPass lp = lora_pass();
+  const int64_t N = a.h2[l].dim(0);
+  // Weight gradients accumulate across tiles (the ops add into them): no full-size buffer, but each
+  // tile's partial sum is rounded before the next is added, where one pass summed all tokens at once.
+  for (int64_t t0 = 0; t0 < N; t0 += a.tile) {
+    const int64_t t1 = std::min(N, t0 + a.tile), n = t1 - t0;
+    const MlpTensors t = mlp_tile(l, t0, t1);
+    const Tensor h = a.h2[l].rows(t0, t1);
+    // (an adapted down runs again to refill its u: its output goes to tmp, which holds nothing by now)
+    if (a.recompute != Recompute::None) w.mlp.forward(ops_, nullptr, h, t, lp, l, a.tmp.rows(t0, t1), t0);
+    w.mlp.backward(ops_, a.dh.rows(t0, t1), a.dres_act.rows(t0, t1), h, t,
+                   MlpGrads{a.dact.rows(0, n), a.dgate.rows(0, n), a.dup.rows(0, n)}, lp, l, t0);
+  }
 }
 
 Tensor Transformer::dres_rounded() const {
@@ -469,17 +465,21 @@ void Transformer::forward_attention(int64_t l, bool norm_input) {
   w.attn.forward_qkv(o, a.h1[l], qkv(l), a.seq, inv_freq_t_, a.eps, lp, l);
   o.attention_forward(a.attn[l].view({N, H, hd}), a.lse[l], a.q[l], a.k[l], a.v[l], a.seq, a.scale);
   w.attn.o.forward(o, a.tmp, a.attn[l], lora_u(LoraTarget::o, l), lp.at(l, LoraTarget::o), lp.scratch);
-  // mid = resid + o_proj(...), fused with the MLP's input norm (bitwise the norm forward_mlp recomputes)
+  // mid = resid + o_proj(...), fused with the MLP's input norm (bitwise the norm selective recompute redoes)
   o.add_rmsnorm_forward(a.mid[l], a.h2[l], a.rstd2[l], a.resid[l], a.tmp, w.ln2->value, a.eps);
 }
 
-void Transformer::forward_mlp(int64_t l, bool write_residual, bool norm_input) {
+void Transformer::forward_mlp(int64_t l) {
   Activations& a = *acts_;
   Ops& o = ops_;
   const DecoderLayer& w = layers_[size_t(l)];
-  if (norm_input) o.rmsnorm_forward(a.h2[l], a.rstd2[l], a.mid[l], w.ln2->value, a.eps);
-  w.mlp.forward(o, write_residual ? &a.tmp : nullptr, a.h2[l], mlp(l), lora_pass(), l, a.tmp);
-  if (!write_residual) return;
+  const LoraPass lp = lora_pass();
+  const int64_t N = a.h2[l].dim(0);
+  for (int64_t t0 = 0; t0 < N; t0 += a.tile) {
+    const int64_t t1 = std::min(N, t0 + a.tile);
+    Tensor out = a.tmp.rows(t0, t1);
+    w.mlp.forward(o, &out, a.h2[l].rows(t0, t1), mlp_tile(l, t0, t1), lp, l, out, t0);
+  }
   // resid[l+1] = mid + down(...), fused with the norm that reads it: the next layer's ln1, or the final norm
   const int64_t L = int64_t(layers_.size());
   if (l + 1 < L) {

@@ -15,6 +15,7 @@
 
 #include "core/buffer.h"
 #include "kernels/ops.h"
+#include "model/activation_plan.h"
 #include "model/config.h"
 #include "model/fp8_recipe.h"
 #include "model/layer.h"
@@ -46,13 +47,6 @@ struct StepResult {
   int64_t counted;  // targets != -100
 };
 
-// Activation recompute: `none` keeps every layer's activations for backward; `selective` keeps the
-// attention side (its recompute would cost a flash-attention forward) and recomputes each layer's MLP
-// (norm, gate/up, SwiGLU: 3·F + D values per token, the largest share); `full` keeps only each layer's input
-// and recomputes the whole layer before its backward. All three give bitwise-identical results.
-enum class Recompute { None, Selective, Full };
-Recompute parse_recompute(const std::string& s, const std::string& where);  // none | selective | full
-const char* recompute_name(Recompute r);
 // The residual stream's dtype as users spell it: auto (nullopt: the run chooses), fp32 or bf16.
 std::optional<DType> parse_residual_dtype(const std::string& s, const std::string& where);
 
@@ -110,10 +104,15 @@ class Transformer {
     if (ops_.activation_dtype() == DType::F32) return DType::F32;
     return residual_dtype_.value_or(lora_ ? DType::F32 : ops_.activation_dtype());
   }
+  // The MLP's token tile (model/activation_plan.h): at most this many tokens of a pass run through the MLP at
+  // once, so long sequences need no [tokens, intermediate] buffer (with recompute). 0: automatic. Set before
+  // plan(). Results equal the untiled pass's, but for the weight gradients' summation order across tiles.
+  void set_token_tile(int64_t tokens) { token_tile_ = tokens; }
   // Sizes and allocates every activation for batches of `rows` × `seq_len` tokens.
   void plan(int rows, int seq_len, Recompute recompute = Recompute::None);
   size_t activation_bytes() const;
-  size_t staging_bytes() const;  // the batch's pinned host staging (both slots)
+  const ActivationPlan& activation_plan() const;  // what plan() allocated, by buffer
+  size_t staging_bytes() const;                   // the batch's pinned host staging (both slots)
   // The fp8-hybrid recipe (model/fp8_recipe.h) for the decoder layers' projections; a UserError when the
   // backend cannot run FP8 GEMMs (with the GPU it needs) or the base is quantised. Call once, before training.
   void enable_fp8(const Fp8Settings& s);
@@ -142,12 +141,13 @@ class Transformer {
 
  private:
   struct Activations;
-  // Layer l's forward in two halves: attention (resid[l] → mid[l], and h2 = ln2(mid) fused with that add)
-  // and MLP (mid[l] → resid[l+1], and the next norm fused with that add; the residual write is skipped
-  // when recomputing for backward). norm_input: normalise the half's input here (h1 from resid, h2 from
-  // mid), when no fused add before it has.
+  // Layer l's forward in two halves: attention (resid[l] → mid[l], and h2 = ln2(mid) fused with that add;
+  // norm_input: normalise h1 from resid here, when no fused add before it has) and MLP (mid[l] → resid[l+1]
+  // tile by tile, and the next norm fused with that add).
   void forward_attention(int64_t l, bool norm_input);
-  void forward_mlp(int64_t l, bool write_residual, bool norm_input);
+  void forward_mlp(int64_t l);
+  // The MLP's backward, tile by tile (recomputing each tile first when recompute keeps no MLP tensors).
+  void backward_mlp(int64_t l);
   void upload(const HostBatch& batch);
   // The LM head over forward's final hidden states, chunk by chunk: logits, cross-entropy (NLL per token),
   // and with `weights` its backward into dhf and the head's gradient.
@@ -155,7 +155,7 @@ class Transformer {
   void backward_layer(int64_t l);
   Tensor dres_rounded() const;  // where rmsnorm_backward also writes dres in the activation dtype (or none)
   QkvTensors qkv(int64_t l) const;
-  MlpTensors mlp(int64_t l) const;
+  MlpTensors mlp_tile(int64_t l, int64_t t0, int64_t t1) const;  // tokens [t0, t1) of layer l's MLP tensors
   LoraPass lora_pass() const;
   Tensor lora_u(LoraTarget t, int64_t l) const;  // the adapter's saved u (empty without one)
 
@@ -171,6 +171,7 @@ class Transformer {
   Tensor inv_freq_t_;
   LayerHooks* hooks_ = nullptr;
   std::optional<DType> residual_dtype_;
+  int64_t token_tile_ = kTokenTileAuto;
   std::unique_ptr<SftObjective> own_sft_;  // step()'s objective
   std::unique_ptr<Fp8Recipe> fp8_;
 };

@@ -93,6 +93,7 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log) {
   const int B = c.per_device_train_batch_size, T = c.sequence_len;
   model->set_residual_dtype(c.residual_dtype);
   if (c.fp8_hybrid) model->enable_fp8(c.fp8);
+  model->set_token_tile(c.token_tile);
   model->plan(2 * B, T, c.recompute);
   const DpoConfig dcfg{c.dpo.loss, float(c.dpo.beta), float(c.dpo.label_smoothing), float(c.dpo.rpo_alpha)};
   DpoObjective dpo(ops, dcfg, int64_t(2 * B) * T), eval_dpo(ops, dcfg, int64_t(2 * B) * T);

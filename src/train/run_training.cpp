@@ -120,6 +120,7 @@ void set_up(Run& r) {
     if (r.dp) user_error("recipe: fp8-hybrid with data parallel is not built yet; use one GPU or recipe: bf16");
     r.model->enable_fp8(c.fp8);
   }
+  r.model->set_token_tile(c.token_tile);
   r.model->plan(lo.rows, lo.seq_len, c.recompute);
   r.opt = OptimizerConfig{float(c.learning_rate), c.adamw_beta1,          c.adamw_beta2, float(c.adamw_epsilon),
                           float(c.weight_decay),  float(c.max_grad_norm), c.moments};
@@ -247,7 +248,8 @@ void print_plan(const Run& r) {
         << grads / gib << " GiB, AdamW moments " << double(r.step->optimizer().state_bytes()) / gib
         << (r.opt.moments == Moments::Blockwise8 ? " GiB (8-bit)" : " GiB") << ", activations "
         << double(r.model->activation_bytes()) / gib << " GiB (recompute " << recompute_name(c.recompute)
-        << ", residual stream " << (r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16") << ")\n";
+        << ", residual stream " << (r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16") << ", MLP token tile "
+        << r.model->activation_plan().tile << "); largest: " << describe_largest(r.model->activation_plan(), 4) << "\n";
   if (const Fp8Recipe* f = r.model->fp8()) {
     const Fp8Settings& s = f->settings();
     r.log << r.cmd << ": recipe fp8-hybrid: the decoder layers' projections in FP8 (E4M3 forward, E5M2 gradients; "

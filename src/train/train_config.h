@@ -85,8 +85,9 @@ struct TrainConfig {
   Moments moments = Moments::F32;  // `optimizer: adamw_8bit` (and bitsandbytes' names for it): Blockwise8
   uint64_t seed = 42;
   Recompute recompute = Recompute::None;
+  int64_t token_tile = 0;  // the MLP's token tile for long sequences; 0 = automatic (model/activation_plan.h)
   std::optional<DType> residual_dtype;  // the residual stream on the GPU; unset: the run chooses (Transformer)
-  bool fp8_hybrid = false;               // recipe: fp8-hybrid (model/fp8_recipe.h)
+  bool fp8_hybrid = false;              // recipe: fp8-hybrid (model/fp8_recipe.h)
   Fp8Settings fp8;
   LoraSettings lora;
   DpoSettings dpo;

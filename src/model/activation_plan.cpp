@@ -1,0 +1,147 @@
+#include "model/activation_plan.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace soltrain {
+
+Recompute parse_recompute(const std::string& s, const std::string& where) {
+  for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})
+    if (s == recompute_name(r)) return r;
+  user_error(where, ": recompute must be none, selective or full, got '", s, "'");
+}
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::None: return "none";
+    case Recompute::Selective: return "selective";
+    case Recompute::Full: return "full";
+  }
+  return "?";
+}
+
+int64_t token_tile_for(int64_t token_tile, int64_t tokens, int64_t intermediate, DType act) {
+  SOLTRAIN_CHECK(token_tile >= 0 && tokens > 0, "token_tile ", token_tile, " for ", tokens, " tokens");
+  int64_t tile = token_tile;
+  if (tile == kTokenTileAuto) {
+    tile = kTokenTileBytes / (intermediate * int64_t(dtype_size(act)));
+    tile = std::max<int64_t>(1024, tile / 1024 * 1024);
+  }
+  return std::min(tile, tokens);
+}
+
+size_t ActivationPlan::total_bytes() const {
+  size_t n = 0;
+  for (const PlannedBuffer& b : buffers) n += b.total_bytes();
+  return n;
+}
+
+const PlannedBuffer* ActivationPlan::find(const std::string& name) const {
+  for (const PlannedBuffer& b : buffers)
+    if (b.name == name) return &b;
+  return nullptr;
+}
+
+std::vector<const PlannedBuffer*> ActivationPlan::largest() const {
+  std::vector<const PlannedBuffer*> v;
+  for (const PlannedBuffer& b : buffers) v.push_back(&b);
+  std::stable_sort(v.begin(), v.end(),
+                   [](const PlannedBuffer* a, const PlannedBuffer* b) { return a->bytes() > b->bytes(); });
+  return v;
+}
+
+ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& s) {
+  const int64_t N = int64_t(s.rows) * s.seq_len, D = c.hidden_size, F = c.intermediate_size, L = c.num_layers;
+  const int64_t H = c.num_heads, Hkv = c.num_kv_heads, hd = c.head_dim, V = c.vocab_size;
+  const DType act = s.act, res = s.res, f32 = DType::F32, i32 = DType::I32;
+  ActivationPlan p;
+  p.tokens = N;
+  p.tile = token_tile_for(s.token_tile, N, F, act);
+  p.head_chunk = std::max<int64_t>(1, std::min<int64_t>(N, s.head_chunk_bytes / (4 * V)));
+  const int64_t T = p.tile;
+  auto one = [&](const char* name, Shape shape, DType dt) { p.buffers.push_back({name, std::move(shape), dt, 0, 1}); };
+  // Recomputed tensors get one buffer that every layer's entry aliases: only the layer in hand needs it.
+  auto per_layer = [&](std::string name, Shape shape, DType dt, bool recomputed, int64_t layers = 0) {
+    layers = layers ? layers : L;
+    p.buffers.push_back({std::move(name), std::move(shape), dt, layers, recomputed ? 1 : layers});
+  };
+  const bool attn_rc = s.recompute == Recompute::Full, mlp_rc = s.recompute != Recompute::None;
+  per_layer("resid", {N, D}, res, false, L + 1);
+  p.buffers.back().checkpoint = true;
+  per_layer("h1", {N, D}, act, attn_rc);
+  per_layer("rstd1", {N}, f32, attn_rc);
+  per_layer("q", {N, H, hd}, act, attn_rc);
+  per_layer("k", {N, Hkv, hd}, act, attn_rc);
+  per_layer("v", {N, Hkv, hd}, act, attn_rc);
+  if (c.qk_norm) {
+    per_layer("q_raw", {N, H, hd}, act, attn_rc);
+    per_layer("k_raw", {N, Hkv, hd}, act, attn_rc);
+    per_layer("q_rstd", {N * H}, f32, attn_rc);
+    per_layer("k_rstd", {N * Hkv}, f32, attn_rc);
+  }
+  per_layer("attn", {N, H * hd}, act, attn_rc);
+  per_layer("lse", {H, N}, f32, attn_rc);
+  per_layer("mid", {N, D}, res, attn_rc);
+  per_layer("h2", {N, D}, act, mlp_rc);
+  per_layer("rstd2", {N}, f32, mlp_rc);
+  // The MLP's [tokens, F] tensors: kept whole for every layer without recompute; else one tile, refilled
+  // tile by tile in forward and again in backward.
+  for (const char* n : {"gate", "up", "act"}) per_layer(n, {mlp_rc ? T : N, F}, act, mlp_rc);
+  one("hf", {N, D}, act);
+  one("rstdf", {N}, f32);
+  for (const char* n : {"tmp", "dh", "dhf"}) one(n, {N, D}, act);
+  one("dres", {N, D}, res);
+  if (res != act) one("dres_act", {N, D}, act);
+  for (const char* n : {"dact", "dgate", "dup"}) one(n, {T, F}, act);
+  one("dattn", {N, H * hd}, act);
+  one("dq", {N, H, hd}, act);
+  one("dk", {N, Hkv, hd}, act);
+  one("dv", {N, Hkv, hd}, act);
+  if (c.qk_norm) {
+    one("dq_raw", {N, H, hd}, act);
+    one("dk_raw", {N, Hkv, hd}, act);
+  }
+  one("logits", {p.head_chunk, V}, f32);
+  if (act != f32) one("dlogits", {p.head_chunk, V}, act);
+  one("token_nll", {N}, f32);
+  one("token_weight", {N}, f32);
+  one("doc_nll", {N}, f32);  // packed batches: up to one document per token
+  one("ids", {N}, i32);
+  one("targets", {N}, i32);
+  one("positions", {N}, i32);
+  one("cu_seqlens", {N + 1}, i32);
+  if (const LoraConfig* lora = s.lora) {
+    for (int t = 0; t < kLoraTargets; ++t)
+      if (lora->targets(LoraTarget(t))) {
+        const bool mlp_target = !is_attention_target(LoraTarget(t));
+        per_layer(cat("lora_u.", kLoraModuleNames[size_t(t)]), {N, lora->r}, act, mlp_target ? mlp_rc : attn_rc);
+      }
+    // dropout(x) and its gradient exist only with dropout, as wide as the widest adapted input: the attention
+    // projections see every token at once, the MLP's one tile.
+    if (lora->dropout > 0) {
+      const int64_t widest = std::max(N * std::max<int64_t>(D, c.q_dim()), T * std::max(D, F));
+      one("lora_x", {widest}, act);
+      one("lora_dx", {widest}, act);
+    }
+    one("lora_g", {N, lora->r}, act);  // B's output gradient, always
+  }
+  return p;
+}
+
+std::string describe_largest(const ActivationPlan& p, size_t n) {
+  const double gib = double(size_t(1) << 30);
+  std::string out;
+  const auto v = p.largest();
+  for (size_t i = 0; i < v.size() && i < n; ++i) {
+    const PlannedBuffer& b = *v[i];
+    if (!out.empty()) out += ", ";
+    out += cat(b.name, " ");
+    if (b.copies > 1) out += cat(b.copies, " x ");
+    out += cat(double(int64_t(double(b.bytes()) / gib * 100 + 0.5)) / 100, " GiB");
+    if (b.checkpoint) out += " (layer inputs)";
+  }
+  return out;
+}
+
+}  // namespace soltrain

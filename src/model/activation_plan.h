@@ -1,0 +1,70 @@
+// The activation plan as arithmetic: every buffer a training pass holds for a (rows × seq_len) batch, by
+// name, shape and dtype, computed from the config alone. Transformer::plan() allocates exactly this list;
+// a plan can also be printed or checked without the weights (a 500k-token Qwen3-8B plan on a laptop).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/config.h"
+#include "model/lora.h"
+
+namespace soltrain {
+
+// Activation recompute: `none` keeps every layer's activations for backward; `selective` keeps the
+// attention side (its recompute would cost a flash-attention forward) and recomputes each layer's MLP
+// (norm, gate/up, SwiGLU: 3·F + D values per token, the largest share); `full` keeps only each layer's input
+// and recomputes the whole layer before its backward. All three give bitwise-identical results.
+enum class Recompute { None, Selective, Full };
+Recompute parse_recompute(const std::string& s, const std::string& where);  // none | selective | full
+const char* recompute_name(Recompute r);
+
+// Long sequences: the MLP (gate/up, SwiGLU, down; forward, backward and its recompute) runs over the tokens
+// in tiles of at most this many, so its [tokens, intermediate] buffers are tile-sized unless recompute
+// `none` keeps them for every layer. 0 chooses kTokenTileBytes' worth (token_tile_for).
+inline constexpr int64_t kTokenTileAuto = 0;
+// The automatic tile: as many tokens as fit one [tile, intermediate] buffer of this size, a multiple of
+// 1024. At Qwen3-8B (intermediate 12288, bf16) that is 21504 tokens: its GEMMs (M = 21504, K = 4096) are far
+// inside cuBLAS's efficient range (the LM head ran well at 1770-token chunks, transformer.cpp), the six tile
+// buffers take 3 GiB, and micro-batches of up to 21504 tokens (every bench/NOTES.md run) stay one tile.
+inline constexpr int64_t kTokenTileBytes = int64_t(512) << 20;
+// The tile for `tokens` tokens (at most `tokens`) under the setting `token_tile` (0 = automatic).
+int64_t token_tile_for(int64_t token_tile, int64_t tokens, int64_t intermediate, DType act);
+
+struct ActivationSettings {
+  int rows = 1, seq_len = 1;
+  Recompute recompute = Recompute::None;
+  DType act = DType::F32, res = DType::F32;  // activation and residual-stream dtypes
+  const LoraConfig* lora = nullptr;          // adapters (their saved u and scratch); null: none
+  int64_t token_tile = kTokenTileAuto;
+  int64_t head_chunk_bytes = int64_t(64) << 20;  // fp32 logits of the LM head's token chunk
+};
+
+// One named buffer: `layers` per-layer entries (0: one tensor, not per layer) backed by `copies` distinct
+// allocations (layers when each layer keeps its own, 1 when every layer's entry aliases one: recomputed).
+struct PlannedBuffer {
+  std::string name;
+  Shape shape;
+  DType dtype;
+  int64_t layers = 0, copies = 1;
+  bool checkpoint = false;  // a layer-input checkpoint: what recompute full keeps (offload's candidates)
+  size_t bytes() const { return size_t(shape_numel(shape)) * dtype_size(dtype); }  // of one copy
+  size_t total_bytes() const { return bytes() * size_t(copies); }
+};
+
+struct ActivationPlan {
+  int64_t tokens = 0, tile = 0, head_chunk = 0;
+  std::vector<PlannedBuffer> buffers;  // in allocation order
+  size_t total_bytes() const;          // before the arena's alignment padding
+  const PlannedBuffer* find(const std::string& name) const;
+  // The buffers by the size of one copy, largest first (what the memory plan prints).
+  std::vector<const PlannedBuffer*> largest() const;
+};
+
+ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& s);
+
+// "name 4.00 GiB, name 37 x 8.00 GiB (checkpoints), ...": the `n` largest buffers, for the memory plan.
+std::string describe_largest(const ActivationPlan& p, size_t n);
+
+}  // namespace soltrain
