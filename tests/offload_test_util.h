@@ -73,7 +73,9 @@ inline UpdateResult run_updates(Ops& ops, uint32_t seed, Offload offload, int st
 // Offload settings worth comparing: each kind alone and both, with chunks smaller than every range.
 inline std::vector<std::pair<std::string, Offload>> offload_cases() {
   const int64_t chunk = 37;  // a prime: chunk edges fall inside parameters and at ragged range ends
-  return {{"master", {true, false, chunk}}, {"optimizer", {false, true, chunk}}, {"both", {true, true, chunk}},
+  return {{"master", {true, false, chunk}},
+          {"optimizer", {false, true, chunk}},
+          {"both", {true, true, chunk}},
           {"both, one chunk per range", {true, true, int64_t(1) << 30}}};
 }
 

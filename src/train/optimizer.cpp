@@ -32,6 +32,8 @@ AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload)
       chunk_ = std::clamp<int64_t>(offload_.chunk, 1, widest);
       const size_t per_slot = size_t(chunk_) * 4 * (size_t(offload_.master) + 2 * size_t(offload_.optimizer));
       for (Buffer& b : stage_) b = ops.alloc(per_slot);
+      // The slots are zeroed on the main stream and first filled on the side stream, which waits for nothing.
+      ops.synchronize();
     }
     return;
   }

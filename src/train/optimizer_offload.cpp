@@ -24,7 +24,9 @@ void AdamW::step_streamed(const OptimizerConfig& cfg, float lr, float grad_scale
   const int where[3] = {host_master ? 0 : -1, host_moments ? at_m : -1, host_moments ? at_m + 1 : -1};
   auto staged = [&](size_t i, int which) {
     const Buffer& slot = stage_[i % 2];
-    return Tensor{static_cast<float*>(slot.data()) + int64_t(where[which]) * chunk_, DType::F32, {pieces[i].numel},
+    return Tensor{static_cast<float*>(slot.data()) + int64_t(where[which]) * chunk_,
+                  DType::F32,
+                  {pieces[i].numel},
                   slot.device()};
   };
   // The home of piece i's master / m / v: the store's masters, or the moments' buffers (host or device).
