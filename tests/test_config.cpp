@@ -297,9 +297,6 @@ TEST(Config, LoraSettingsWithoutAdapterMeanLora) {
   EXPECT_TRUE(parse_train_config(kBase + "lora_target_linear: true\n", "cfg.yaml", {}, TrainMode::kSft).lora.enabled);
 }
 
-}  // namespace
-}  // namespace soltrain
-
 // Offload settings (Surogate's names) and the combinations not built, each refused with one line.
 TEST(Config, OffloadKeys) {
   const TrainConfig c =
@@ -324,3 +321,6 @@ TEST(Config, OffloadKeys) {
   // The peer keys that still name missing features keep refusing.
   EXPECT_NE(error_of(kBase + "offload_residual: true\n").find("not built yet"), std::string::npos);
 }
+
+}  // namespace
+}  // namespace soltrain
