@@ -32,7 +32,7 @@ struct OptimizerConfig {
   float eps = 1e-8f, weight_decay = 0.0f;
   float max_grad_norm = 1.0f;  // <= 0 disables clipping
   Moments moments = Moments::F32;
-  Offload offload;
+  Offload offload{};  // (a default member initializer: brace-initialised configs that stop earlier stay -Wextra clean)
 };
 
 class AdamW {
