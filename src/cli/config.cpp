@@ -744,8 +744,8 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
   if (c.datasets.empty() && !refused({"datasets"}))
     errors.push_back(cat(where, ": `datasets` is required (a list of {path, type})"));
   // Offload streams the whole-model fp32 update; the sharded (ZeRO) and 8-bit updates keep theirs on the device.
-  for (const auto& [k, on] : {std::pair{"offload_master", c.offload.master},
-                              std::pair{"offload_optimizer", c.offload.optimizer}}) {
+  for (const auto& [k, on] :
+       {std::pair{"offload_master", c.offload.master}, std::pair{"offload_optimizer", c.offload.optimizer}}) {
     if (!on || !entries.count(k)) continue;
     if (c.zero_stage >= 1)
       errors.push_back(cat(entries.at(k).where, ": ", k, " with zero_stage ", c.zero_stage,
