@@ -144,6 +144,21 @@ TEST(Offload, TrainingRunEqualsResidentAndResumes) {
   EXPECT_NE(read_bytes(a / "model" / "model.safetensors"), read_bytes(s.t.path / "model" / "model.safetensors"));
 }
 
+// LoRA: only the adapters are trainable, so only theirs move to the host; the frozen base stays put.
+TEST(Offload, LoraRunEqualsResident) {
+  RunSetup s;
+  const std::string lora = "lora: true\nlora_rank: 4\nlora_alpha: 8\nlearning_rate: 2.0e-2\n";
+  s.train("resident", lora);
+  s.train("offloaded", lora + "offload_master: true\noffload_optimizer: true\n");
+  const fs::path a = s.t.path / "resident", b = s.t.path / "offloaded";
+  const std::string adapter = read_bytes(a / "adapter" / "adapter_model.safetensors");
+  EXPECT_FALSE(adapter.empty());
+  EXPECT_EQ(adapter, read_bytes(b / "adapter" / "adapter_model.safetensors"));
+  const auto ma = read_jsonl(a / "metrics.jsonl"), mb = read_jsonl(b / "metrics.jsonl");
+  ASSERT_EQ(ma.size(), mb.size());
+  for (size_t i = 0; i < ma.size(); ++i) EXPECT_EQ(ma[i].value("loss", 0.0), mb[i].value("loss", 0.0)) << i;
+}
+
 // Resident and offloaded checkpoints are one format: a run resumes the other's.
 TEST(Offload, ResidentCheckpointResumesOffloaded) {
   RunSetup s;
