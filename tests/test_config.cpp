@@ -304,5 +304,30 @@ TEST(Config, LoraSettingsWithoutAdapterMeanLora) {
   EXPECT_TRUE(parse_train_config(kBase + "lora_target_linear: true\n", "cfg.yaml", {}, TrainMode::kSft).lora.enabled);
 }
 
+// Offload settings (Surogate's names) and the combinations not built, each refused with one line.
+TEST(Config, OffloadKeys) {
+  const TrainConfig c =
+      parse_train_config(kBase + "offload_master: true\noffload_optimizer: true\n", "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_TRUE(c.offload.master);
+  EXPECT_TRUE(c.offload.optimizer);
+  const TrainConfig d = parse_train_config(kBase, "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_FALSE(d.offload.master);
+  EXPECT_FALSE(d.offload.optimizer);
+  const TrainConfig o = parse_train_config(kBase + "offload_optimizer: true\noffload_master: false\nzero_stage: 0\n",
+                                           "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_TRUE(o.offload.optimizer);
+  EXPECT_FALSE(o.offload.master);
+  EXPECT_EQ(error_of(kBase + "offload_master: maybe\n"),
+            "cfg.yaml:6: offload_master: \"maybe\" is not valid: expected true or false");
+  EXPECT_EQ(error_of(kBase + "offload_optimizer: true\nzero_stage: 2\n"),
+            "cfg.yaml:6: offload_optimizer with zero_stage 2 is not built yet (the sharded update keeps its state on "
+            "the device): use zero_stage: 0 or drop offload_optimizer");
+  EXPECT_EQ(error_of(kBase + "offload_master: true\noptimizer: adamw_8bit\n"),
+            "cfg.yaml:6: offload_master with 8-bit AdamW moments is not built yet: use optimizer: adamw_torch (fp32 "
+            "moments) or drop offload_master");
+  // The peer keys that still name missing features keep refusing.
+  EXPECT_NE(error_of(kBase + "offload_residual: true\n").find("not built yet"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace soltrain

@@ -554,6 +554,9 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       // Data parallel: worker processes started on this machine, and ZeRO's stage (DeepSpeed's meaning).
       {"gpus", [&](const Entry& e) { c.gpus = get_int32(e, "gpus", 1, 1024); }},
       {"zero_stage", [&](const Entry& e) { c.zero_stage = get_int32(e, "zero_stage", 0, 3); }},
+      // Surogate's names: the fp32 masters / AdamW moments in host memory, streamed through the device each update.
+      {"offload_master", [&](const Entry& e) { c.offload.master = get_bool(e, "offload_master"); }},
+      {"offload_optimizer", [&](const Entry& e) { c.offload.optimizer = get_bool(e, "offload_optimizer"); }},
       {"recompute",
        [&](const Entry& e) {
          const std::string r = get_string(e, "recompute");
@@ -742,6 +745,21 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
     errors.push_back(cat(where, ": `output_dir` is required"));
   if (c.datasets.empty() && !refused({"datasets"}))
     errors.push_back(cat(where, ": `datasets` is required (a list of {path, type})"));
+  // Offload streams the whole-model fp32 update; the sharded (ZeRO) and 8-bit updates keep theirs on the device.
+  for (const auto& [k, on] :
+       {std::pair{"offload_master", c.offload.master}, std::pair{"offload_optimizer", c.offload.optimizer}}) {
+    if (!on || !entries.count(k)) continue;
+    if (c.zero_stage >= 1)
+      errors.push_back(cat(entries.at(k).where, ": ", k, " with zero_stage ", c.zero_stage,
+                           " is not built yet (the sharded update keeps its state on the device): use zero_stage: 0 "
+                           "or drop ",
+                           k));
+    if (c.moments == Moments::Blockwise8)
+      errors.push_back(cat(entries.at(k).where, ": ", k,
+                           " with 8-bit AdamW moments is not built yet: use optimizer: adamw_torch (fp32 moments) "
+                           "or drop ",
+                           k));
+  }
   // Every problem at once, so a config is fixed in one edit rather than one rerun per key.
   if (errors.size() == 1) throw UserError(errors[0]);
   if (!errors.empty()) {

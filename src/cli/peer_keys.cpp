@@ -277,10 +277,9 @@ const std::map<std::string, Apply>& table() {
       {"unfrozen_parameters", off_or("training a chosen subset of weights is not built yet")},
       {"checkpoint_dir", off_or("checkpoints are written into output_dir; drop checkpoint_dir")},
       {"from_scratch", off_or("training from random weights is not built yet")},
-      {"offload_master", off_or("offloading to host memory is not built yet")},
-      {"offload_optimizer", off_or("offloading to host memory is not built yet")},
-      {"offload_residual", off_or("offloading to host memory is not built yet")},
-      {"offload_grads", off_or("offloading to host memory is not built yet")},
+      // (offload_master and offload_optimizer are soltrain's own keys, cli/config.cpp.)
+      {"offload_residual", off_or("offloading activations to host memory is not built yet")},
+      {"offload_grads", off_or("offloading gradients to host memory is not built yet")},
       {"qlora",
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          if (as_bool(k, n)) set_quantised_base(c, WeightFormat::Nf4, k);

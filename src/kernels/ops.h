@@ -137,6 +137,9 @@ class Ops {
   // returns at once, so `src` must stay unchanged until host_wait(mark()) taken after it returns.
   virtual Buffer alloc_host(size_t bytes) { return Buffer::host(bytes); }
   virtual void upload_async(Tensor dst, const Tensor& src) { copy(dst, src); }
+  // The other direction: `dst` (such host memory) is complete only after host_wait(mark()) taken after it, or
+  // for later work on the current stream; unlike copy(), nothing waits here (offload's write-back overlaps).
+  virtual void download_async(Tensor dst, const Tensor& src) { copy(dst, src); }
   virtual uint64_t mark() { return 0; }                   // a point in the current stream's queue
   virtual void host_wait(uint64_t) {}                     // returns once the device has passed that point
   // The current stream's later work starts after `mark` (taken on any stream): a finer wait() that orders

@@ -113,8 +113,32 @@ void ParameterStore::allocate(Ops& ops, bool gradients) {
   }
 }
 
+void ParameterStore::move_masters_to_host(Ops& ops) {
+  SOLTRAIN_CHECK(!sharded() && !masters_on_host_, "move_masters_to_host on a sharded store or twice");
+  Buffer host = ops.alloc_host(size_t(std::max<int64_t>(numel_, 1)) * 4);
+  if (numel_ > 0) ops.copy(flat(host, DType::F32, 0, numel_), flat(masters_, DType::F32, 0, numel_));
+  masters_ = std::move(host);
+  masters_on_host_ = true;
+  for (auto& p : params_) {
+    if (!p.trainable) continue;
+    p.master = flat(masters_, DType::F32, p.offset, shape_numel(p.shape)).view(p.shape);
+    if (values_alias_masters()) p.value = p.master;
+  }
+}
+
+void ParameterStore::round_value(Ops& ops, const Tensor& value, const float* host) const {
+  SOLTRAIN_CHECK(value.dtype == DType::BF16, "compute copy in ", dtype_name(value.dtype));
+  std::vector<uint16_t> b(size_t(value.numel()));
+  for (size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16(host[i]);
+  ops.copy(value, Tensor{b.data(), DType::BF16, value.shape, Device::CPU});
+}
+
 void ParameterStore::sync_values(Ops& ops) {
   if (values_alias_masters()) return;
+  if (masters_on_host_) {
+    for (const ParamRange& r : ranges_) round_value(ops, values(r), static_cast<const float*>(masters(r).data));
+    return;
+  }
   if (sharded()) return ops.convert(flat(values_, values_dtype_, 0, held_), flat(masters_, DType::F32, 0, held_));
   for (const ParamRange& r : ranges_) ops.convert(values(r), masters(r));
 }
@@ -133,7 +157,12 @@ void ParameterStore::upload(Ops& ops, Parameter& p, const float* host) {
   if (p.trainable) {
     ops.copy(p.master, h);
     // (ZeRO-3 loads into masters bound on the host with the compute copy unbound: its owner re-derives it.)
-    if (p.value.data && p.value.data != p.master.data) ops.convert(p.value, p.master);
+    if (p.value.data && p.value.data != p.master.data) {
+      if (masters_on_host_)
+        round_value(ops, p.value, host);
+      else
+        ops.convert(p.value, p.master);
+    }
   } else if (p.value.dtype == DType::F32) {
     ops.copy(p.value, h);
   } else {

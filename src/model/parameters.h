@@ -59,7 +59,16 @@ class ParameterStore {
   int64_t decayed_numel() const { return decayed_numel_; }
   int64_t frozen_numel() const { return frozen_numel_; }
   // Device bytes of every weight's storage: masters, compute copies, frozen copies, quantised codes + scales.
-  size_t weight_bytes() const { return masters_.bytes() + values_.bytes() + frozen_.bytes() + quantised_.bytes(); }
+  size_t weight_bytes() const {
+    return (masters_on_host_ ? 0 : masters_.bytes()) + values_.bytes() + frozen_.bytes() + quantised_.bytes();
+  }
+  // `offload_master`: the fp32 masters move into host memory the device copies from asynchronously (pinned on
+  // CUDA), freeing 4 bytes per trainable parameter on the device; the compute copy stays on the device (on the
+  // CPU the masters are the compute copy and move with them). Only the optimizer's streamed update
+  // (train/optimizer_offload.cpp) writes them afterwards. Not with ZeRO-3's slices.
+  void move_masters_to_host(Ops& ops);
+  bool masters_on_host() const { return masters_on_host_; }
+  size_t host_master_bytes() const { return masters_on_host_ ? masters_.bytes() : 0; }
   size_t quantised_bytes() const { return quantised_.bytes(); }
   int groups() const { return int(group_begin_.size()) - 1; }
 
@@ -119,6 +128,10 @@ class ParameterStore {
   Buffer frozen_;                    // frozen compute copies, activation dtype
   Buffer quantised_;                 // frozen quantised weights: each one's codes, then its scales
   DType values_dtype_ = DType::F32;
+  bool masters_on_host_ = false;
+  // The compute copy of `p` rounded on the host from fp32 `host` (masters in host memory: convert() reads
+  // device tensors only); round to nearest even, as convert does.
+  void round_value(Ops& ops, const Tensor& value, const float* host) const;
   bool gradients_ = true;  // allocate() made the flat gradient buffer (or keep_shards the slices')
   // ZeRO-3: per group the owned flat [begin, end) and where its slice starts in the held buffers.
   struct Slice {

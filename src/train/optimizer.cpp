@@ -14,12 +14,30 @@
 
 namespace soltrain {
 
-AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments) : params_(params), ops_(ops), moments_(moments) {
+AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload)
+    : params_(params), ops_(ops), moments_(moments), offload_(offload) {
   if (moments_ == Moments::F32) {
-    m_ = ops.alloc(size_t(params.numel()) * 4);
-    v_ = ops.alloc(size_t(params.numel()) * 4);
+    const size_t bytes = size_t(std::max<int64_t>(params.numel(), 1)) * 4;
+    if (offload_.optimizer) {
+      m_ = ops.alloc_host(bytes);
+      v_ = ops.alloc_host(bytes);
+    } else {
+      m_ = ops.alloc(bytes);
+      v_ = ops.alloc(bytes);
+    }
+    if (offload_.master) params.move_masters_to_host(ops);
+    if (offload_.any()) {
+      int64_t widest = 1;
+      for (const ParamRange& r : params.ranges()) widest = std::max(widest, r.numel);
+      chunk_ = std::clamp<int64_t>(offload_.chunk, 1, widest);
+      const size_t per_slot = size_t(chunk_) * 4 * (size_t(offload_.master) + 2 * size_t(offload_.optimizer));
+      for (Buffer& b : stage_) b = ops.alloc(per_slot);
+      // The slots are zeroed on the main stream and first filled on the side stream, which waits for nothing.
+      ops.synchronize();
+    }
     return;
   }
+  SOLTRAIN_CHECK(!offload_.any(), "offload with 8-bit moments is not built (the config reader refuses it)");
   // Zeroed codes are zero moments: code 0 is -1 (signed map) or 0 (unsigned), times an absmax of 0.
   int64_t small = 0, bytes = 0, blocks = 0;
   for (const Parameter& p : params.all()) {
@@ -49,7 +67,8 @@ AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments) : params_(params
 }
 
 size_t AdamW::state_bytes() const {
-  return m_.bytes() + v_.bytes() + mq_.bytes() + vq_.bytes() + mabs_.bytes() + vabs_.bytes() + maps_.bytes();
+  return (offload_.optimizer ? 0 : m_.bytes() + v_.bytes()) + stage_[0].bytes() + stage_[1].bytes() + mq_.bytes() +
+         vq_.bytes() + mabs_.bytes() + vabs_.bytes() + maps_.bytes();
 }
 
 Blockwise8 AdamW::quantised(const Slot& s, bool second) const {
@@ -101,6 +120,7 @@ AdamW::AdamW(ParameterStore& params, Ops& ops, std::vector<ParamRange> shard)
 void AdamW::step(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq) {
   ++step_;
   if (moments_ == Moments::Blockwise8) return step_8bit(cfg, lr, grad_scale, grad_sumsq);
+  if (offload_.any()) return step_streamed(cfg, lr, grad_scale, grad_sumsq);
   int64_t local = 0;
   for (const ParamRange& r : shard_ ? *shard_ : params_.ranges()) {
     Tensor master = params_.masters(r);
@@ -181,7 +201,7 @@ void AdamW::save(const std::filesystem::path& file) const {
       for (auto [prefix, buf] : {std::pair{"exp_avg.", &m_}, std::pair{"exp_avg_sq.", &v_}})
         tensors.push_back(
             {prefix + p.name, DType::F32, p.shape, [this, &p, buf](void* dst) {
-               const Tensor src{static_cast<float*>(buf->data()) + p.offset, DType::F32, p.shape, ops_.device()};
+               const Tensor src{static_cast<float*>(buf->data()) + p.offset, DType::F32, p.shape, buf->device()};
                ops_.copy(Tensor{dst, DType::F32, p.shape, Device::CPU}, src);
              }});
   write_safetensors_streamed(file, tensors, {{"step", std::to_string(step_)}, {"format", kFormat}});
@@ -313,8 +333,8 @@ void AdamW::load(const std::vector<std::filesystem::path>& files) {
     }
   } else {
     const Shape shape{params_.numel()};
-    ops_.copy(Tensor{m_.data(), DType::F32, shape, ops_.device()}, Tensor{m.data(), DType::F32, shape, Device::CPU});
-    ops_.copy(Tensor{v_.data(), DType::F32, shape, ops_.device()}, Tensor{v.data(), DType::F32, shape, Device::CPU});
+    ops_.copy(Tensor{m_.data(), DType::F32, shape, m_.device()}, Tensor{m.data(), DType::F32, shape, Device::CPU});
+    ops_.copy(Tensor{v_.data(), DType::F32, shape, v_.device()}, Tensor{v.data(), DType::F32, shape, Device::CPU});
   }
   try {
     step_ = std::stoi(step_text);

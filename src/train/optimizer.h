@@ -12,17 +12,34 @@ namespace soltrain {
 // `optimizer: adamw_8bit`): 2.03 bytes per parameter instead of 8, for parameters of 4096 elements or more.
 enum class Moments { F32, Blockwise8 };
 
+// Offload (`offload_master`, `offload_optimizer`; Surogate's and llmq's names): the fp32 masters and/or the fp32
+// moments live in host memory (pinned on CUDA) instead of the device, and each update streams them through
+// the device `chunk` elements at a time: copied up on the side stream into one of two staging slots while the
+// previous chunk is updated on the main stream, then written back (train/optimizer_offload.cpp). The update
+// itself is the same adamw() on the same values, so results equal the resident run's bit for bit.
+struct Offload {
+  bool master = false, optimizer = false;
+  // 16M elements: 64 MiB per fp32 tensor, ~1.2 ms at the 53 GB/s PCIe 5 rate Surogate measured, long enough
+  // to hide a copy's fixed cost; two slots of master + m + v then hold 384 MiB of device memory. Tests lower
+  // it to cut the tiny models into many chunks.
+  int64_t chunk = int64_t(16) << 20;
+  bool any() const { return master || optimizer; }
+};
+
 struct OptimizerConfig {
   float lr = 1e-5f;
   double beta1 = 0.9, beta2 = 0.999;  // doubles, as torch takes them: float(1 - 0.999) is not 1 - float(0.999)
   float eps = 1e-8f, weight_decay = 0.0f;
   float max_grad_norm = 1.0f;  // <= 0 disables clipping
   Moments moments = Moments::F32;
+  Offload offload{};  // (a default member initializer: brace-initialised configs that stop earlier stay -Wextra clean)
 };
 
 class AdamW {
  public:
-  AdamW(ParameterStore& params, Ops& ops, Moments moments = Moments::F32);
+  // With `offload.master` the store's masters move to host memory here (before the first update, after they
+  // were loaded). Offload is fp32 moments only (8-bit: refused by the config reader).
+  AdamW(ParameterStore& params, Ops& ops, Moments moments = Moments::F32, Offload offload = {});
   // ZeRO-1/2: moments (and updates) for `shard` only, ranges of the flat buffers (data_parallel.h); fp32.
   AdamW(ParameterStore& params, Ops& ops, std::vector<ParamRange> shard);
   bool sharded() const { return shard_.has_value(); }
@@ -32,7 +49,8 @@ class AdamW {
   // and the update, and no pass scales the gradients (a separate one cost 10.6 ms of a 310 ms Qwen3-4B step).
   void step(const OptimizerConfig& cfg, float lr, float grad_scale = 1.0f, const Tensor* grad_sumsq = nullptr);
   int steps_done() const { return step_; }
-  size_t state_bytes() const;  // the moments' device memory
+  size_t state_bytes() const;  // the moments' device memory (with offload: the two staging slots)
+  size_t host_state_bytes() const { return offload_.optimizer ? m_.bytes() + v_.bytes() : 0; }  // offloaded moments
 
   // The state as a safetensors file: `exp_avg.<name>` and `exp_avg_sq.<name>` per trainable parameter (fp32,
   // or the 8-bit codes with `exp_avg.absmax.<name>` / `exp_avg_sq.absmax.<name>`: resumed bit for bit) and the
@@ -55,6 +73,8 @@ class AdamW {
   Blockwise8 quantised(const Slot& s, bool second) const;
   Tensor fp32_moment(const Slot& s, bool second) const;
   void step_8bit(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq);
+  // The update with masters and/or moments in host memory, streamed through stage_ (optimizer_offload.cpp).
+  void step_streamed(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq);
 
   ParameterStore& params_;
   Ops& ops_;
@@ -66,6 +86,9 @@ class AdamW {
   std::vector<Slot> slots_;              // 8-bit only
   Buffer mq_, vq_, mabs_, vabs_, maps_;  // 8-bit codes, absmax per block, the two maps [2, 256]
   int step_ = 0;
+  Offload offload_;
+  int64_t chunk_ = 0;  // elements per staged chunk (offload only)
+  Buffer stage_[2];    // offload: per slot [master chunk (offload_master) | m chunk | v chunk (offload_optimizer)]
 };
 
 }  // namespace soltrain

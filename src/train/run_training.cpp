@@ -123,10 +123,13 @@ void set_up(Run& r) {
   r.model->set_token_tile(c.token_tile);
   r.model->plan(lo.rows, lo.seq_len, c.recompute);
   r.opt = OptimizerConfig{float(c.learning_rate), c.adamw_beta1,          c.adamw_beta2, float(c.adamw_epsilon),
-                          float(c.weight_decay),  float(c.max_grad_norm), c.moments};
+                          float(c.weight_decay),  float(c.max_grad_norm), c.moments, c.offload};
   if (r.dp && c.zero_stage >= 1 && c.moments == Moments::Blockwise8)
     user_error("optimizer: adamw_8bit with zero_stage ", c.zero_stage,
                " is not built yet (8-bit moments are not sharded); use zero_stage: 0 or optimizer: adamw_torch");
+  if (r.dp && c.zero_stage >= 1 && c.offload.any())  // the config reader says so first; a guard for callers
+    user_error("offload_master / offload_optimizer with zero_stage ", c.zero_stage,
+               " is not built yet (the sharded update keeps its state on the device); use zero_stage: 0");
   r.step = r.dp ? std::make_unique<TrainStep>(*r.model, r.opt, *r.comm, c.zero_stage)
                 : std::make_unique<TrainStep>(*r.model, r.opt);
   r.state.total_steps = total;
@@ -183,7 +186,10 @@ void print_intent(const Run& r) {
 // are all allocated by now and count in the usage, so the plan as a whole is held against the limit.
 void print_host_plan(const Run& r) {
   const double gib = double(1u << 30);
-  size_t planned = r.model->staging_bytes() + r.data_bytes;
+  // Offloaded masters and moments: host memory on either backend (pinned on CUDA, where each buffer was also
+  // checked as it was allocated).
+  const size_t offloaded = r.model->params().host_master_bytes() + r.step->optimizer().host_state_bytes();
+  size_t planned = r.model->staging_bytes() + r.data_bytes + offloaded;
   if (r.ops.device() == Device::CPU)
     planned += r.model->params().weight_bytes() + 4 * size_t(r.model->params().numel()) +
                r.step->optimizer().state_bytes() + r.model->activation_bytes();
@@ -191,6 +197,7 @@ void print_host_plan(const Run& r) {
   r.log << r.cmd << ": host memory: " << double(planned) / gib << " GiB planned (batch staging "
         << double(r.model->staging_bytes()) / gib << " GiB" << (r.ops.device() == Device::CPU ? "" : " pinned")
         << ", tokenized data " << double(r.data_bytes) / gib << " GiB"
+        << (offloaded ? cat(", offloaded masters and moments ", double(offloaded) / gib, " GiB") : std::string())
         << (r.ops.device() == Device::CPU ? ", and every buffer above: the CPU backend's device is the host" : "")
         << "); " << describe_host_memory(m) << "\n";
   HostMemory whole = m;
@@ -250,6 +257,17 @@ void print_plan(const Run& r) {
         << double(r.model->activation_bytes()) / gib << " GiB (recompute " << recompute_name(c.recompute)
         << ", residual stream " << (r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16") << ", MLP token tile "
         << r.model->activation_plan().tile << "); largest: " << describe_largest(r.model->activation_plan(), 4) << "\n";
+  if (c.offload.any()) {
+    // Where the update's fp32 state lives: host (offloaded) next to the device's staging slots.
+    const AdamW& opt = r.step->optimizer();
+    r.log << r.cmd << ": offload: host memory holds " << (c.offload.master ? "the fp32 masters " : "")
+          << (c.offload.master ? cat(double(ps.host_master_bytes()) / gib, " GiB") : std::string())
+          << (c.offload.master && c.offload.optimizer ? " and " : "")
+          << (c.offload.optimizer ? cat("the AdamW moments ", double(opt.host_state_bytes()) / gib, " GiB")
+                                  : std::string())
+          << "; the device stages them in two chunks, " << double(opt.state_bytes()) / gib
+          << " GiB (counted in AdamW moments above), each update streaming them through it\n";
+  }
   if (const Fp8Recipe* f = r.model->fp8()) {
     const Fp8Settings& s = f->settings();
     r.log << r.cmd << ": recipe fp8-hybrid: the decoder layers' projections in FP8 (E4M3 forward, E5M2 gradients; "

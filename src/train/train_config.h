@@ -83,6 +83,7 @@ struct TrainConfig {
   double weight_decay = 0.0, max_grad_norm = 1.0;
   double adamw_beta1 = 0.9, adamw_beta2 = 0.999, adamw_epsilon = 1e-8;
   Moments moments = Moments::F32;  // `optimizer: adamw_8bit` (and bitsandbytes' names for it): Blockwise8
+  Offload offload;                 // `offload_master`, `offload_optimizer`: that state in host memory
   uint64_t seed = 42;
   Recompute recompute = Recompute::None;
   int64_t token_tile = 0;  // the MLP's token tile for long sequences; 0 = automatic (model/activation_plan.h)

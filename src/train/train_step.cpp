@@ -7,7 +7,7 @@ namespace soltrain {
 TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt)
     : model_(model),
       opt_(opt),
-      adamw_(std::make_unique<AdamW>(model.params(), model.ops(), opt.moments)),
+      adamw_(std::make_unique<AdamW>(model.params(), model.ops(), opt.moments, opt.offload)),
       sft_(model.ops()),
       sumsq_(model.ops().alloc(sizeof(double))) {}
 
@@ -16,7 +16,7 @@ TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt, Communicato
       opt_(opt),
       dp_(std::make_unique<DataParallel>(model, comm, zero_stage)),
       adamw_(zero_stage >= 1 ? std::make_unique<AdamW>(model.params(), model.ops(), dp_->plan().owned)
-                             : std::make_unique<AdamW>(model.params(), model.ops(), opt.moments)),
+                             : std::make_unique<AdamW>(model.params(), model.ops(), opt.moments, opt.offload)),
       sft_(model.ops()),
       sumsq_(model.ops().alloc(sizeof(double))),
       loss_sum_(model.ops().alloc(sizeof(double))) {

@@ -111,6 +111,12 @@ void CudaOps::upload_async(Tensor dst, const Tensor& src) {
   CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyHostToDevice, stream_));
 }
 
+void CudaOps::download_async(Tensor dst, const Tensor& src) {
+  const auto prof = profile("copy device->host (async)");
+  SOLTRAIN_CHECK(dst.bytes() == src.bytes() && dst.dtype == src.dtype && dst.device == Device::CPU, "download_async");
+  CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDeviceToHost, stream_));
+}
+
 uint64_t CudaOps::mark() {
   ++marks_made_;
   CUDA_CHECK(cudaEventRecord(marks_[marks_made_ % kMarks], stream_));

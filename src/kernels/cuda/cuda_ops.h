@@ -31,6 +31,7 @@ class CudaOps final : public Ops {
   void* native_stream(Stream s) override { return streams_[int(s)]; }
   Buffer alloc_host(size_t bytes) override;
   void upload_async(Tensor dst, const Tensor& src) override;
+  void download_async(Tensor dst, const Tensor& src) override;
   uint64_t mark() override;
   void host_wait(uint64_t mark) override;
   void wait_mark(uint64_t mark) override;

@@ -1,0 +1,177 @@
+// Offload (`offload_master`, `offload_optimizer`): the update streamed through the device from host memory
+// gives the resident update's bits: AdamW alone over several chunked groups, and whole training runs with
+// gradient accumulation, active clipping, a checkpoint and a resume; the memory plan shows the host bytes.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/config.h"
+#include "cli/demo_kit.h"
+#include "data_test_util.h"
+#include "offload_test_util.h"
+#include "test_util.h"
+#include "train/run_training.h"
+
+namespace soltrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(Offload, UpdateEqualsResidentBitwise) {
+  const uint32_t seed = test::test_seed(20261201u);
+  SCOPED_TRACE(test::seed_message(seed));
+  test::TempDir t;
+  auto ops = make_cpu_ops();
+  const test::UpdateResult resident = test::run_updates(*ops, seed, {}, 5, t.path / "resident.safetensors");
+  EXPECT_GT(resident.last_sumsq, 4.0);  // ‖g‖ > 2 × max_grad_norm: clipping scaled every update
+  for (const auto& [name, offload] : test::offload_cases()) {
+    SCOPED_TRACE(name);
+    const test::UpdateResult o = test::run_updates(*ops, seed, offload, 5, t.path / (name + ".safetensors"));
+    ASSERT_EQ(o.masters.size(), resident.masters.size());
+    for (size_t i = 0; i < o.masters.size(); ++i)
+      ASSERT_EQ(std::bit_cast<uint32_t>(o.masters[i]), std::bit_cast<uint32_t>(resident.masters[i])) << "element " << i;
+    EXPECT_EQ(o.values, resident.values);
+    EXPECT_EQ(o.state, resident.state);  // moments and step count, as saved
+  }
+  // A different seed moves the result: the comparison above can fail.
+  const test::UpdateResult other = test::run_updates(*ops, seed + 1, {true, true, 37}, 5, t.path / "other.safetensors");
+  EXPECT_NE(other.masters, resident.masters);
+}
+
+// Where the bytes are: offloaded masters and moments in host memory, the device holding two staging chunks.
+TEST(Offload, BytesMoveToTheHost) {
+  auto ops = make_cpu_ops();
+  ParameterStore ps;
+  ps.add("model.layers.0.mlp.up_proj.weight", {64, 32}, true, 0);
+  ps.add("model.layers.0.post_attention_layernorm.weight", {32}, true, 0);
+  ps.allocate(*ops);
+  const size_t n = size_t(ps.numel());
+  const size_t resident_weights = ps.weight_bytes();
+  AdamW both(ps, *ops, Moments::F32, Offload{true, true, 100});
+  EXPECT_TRUE(ps.masters_on_host());
+  EXPECT_EQ(ps.host_master_bytes(), 4 * n);
+  EXPECT_EQ(ps.weight_bytes(), resident_weights - 4 * n);
+  EXPECT_EQ(both.host_state_bytes(), 8 * n);
+  EXPECT_EQ(both.state_bytes(), 2 * 3 * 100 * 4u);  // two slots of master + m + v chunks
+  ParameterStore ps2;
+  ps2.add("model.layers.0.mlp.up_proj.weight", {64, 32}, true, 0);
+  ps2.allocate(*ops);
+  AdamW moments(ps2, *ops, Moments::F32, Offload{false, true, 1 << 30});
+  EXPECT_FALSE(ps2.masters_on_host());
+  EXPECT_EQ(moments.state_bytes(), 2 * 2 * 64 * 32 * 4u);  // chunks cut to the widest range
+}
+
+struct RunSetup {
+  test::TempDir t;
+  RunSetup() {
+    DemoModelShape s;
+    s.hidden = 32, s.layers = 2, s.heads = 2, s.kv_heads = 1, s.head_dim = 16, s.intermediate = 64;
+    write_random_model(t.path / "model", s, 13);
+    write_reversal_dataset(t.path / "train.jsonl", 200, 8);
+  }
+  fs::path config(const std::string& out, const std::string& extra) const {
+    const fs::path p = t.path / (out + ".yaml");
+    test::write_text(p, test::yaml_with("model: model\noutput_dir: " + out +
+                                            "\ndatasets:\n  - path: train.jsonl\n    type: conversation\n"
+                                            "dataset_prepared_path: prepared\nsequence_len: 64\n"
+                                            "per_device_train_batch_size: 2\nlearning_rate: 3.0e-3\n"
+                                            "lr_scheduler_type: cosine\nwarmup_steps: 2\nlogging_steps: 1\n"
+                                            "weight_decay: 0.1\nmax_grad_norm: 0.05\n"
+                                            "gradient_accumulation_steps: 2\nmax_steps: 8\nsave_steps: 4\n",
+                                        extra));
+    return p;
+  }
+  RunResult train(const std::string& out, const std::string& extra, std::vector<std::string> set = {},
+                  std::string* log_text = nullptr) const {
+    auto ops = make_cpu_ops();
+    std::ostringstream log;
+    const RunResult r =
+        run_training(load_train_config(config(out, extra), set, TrainMode::kSft), TrainMode::kSft, *ops, log);
+    if (log_text) *log_text = log.str();
+    return r;
+  }
+};
+
+std::vector<nlohmann::json> read_jsonl(const fs::path& p) {
+  std::ifstream in(p);
+  std::vector<nlohmann::json> out;
+  for (std::string l; std::getline(in, l);) out.push_back(nlohmann::json::parse(l));
+  return out;
+}
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(Offload, TrainingRunEqualsResidentAndResumes) {
+  RunSetup s;
+  s.train("resident", "");
+  std::string log;
+  const std::string offload = "offload_master: true\noffload_optimizer: true\n";
+  s.train("offloaded", offload, {}, &log);
+  EXPECT_NE(log.find("offload: host memory holds the fp32 masters"), std::string::npos) << log;
+  EXPECT_NE(log.find("offloaded masters and moments"), std::string::npos) << log;
+  // Killed after step 4 and resumed, offloaded: the checkpoint's moments load into host memory.
+  s.train("resumed", offload);
+  const fs::path a = s.t.path / "resident", b = s.t.path / "offloaded", c = s.t.path / "resumed";
+  ASSERT_TRUE(fs::exists(c / "checkpoint-4" / "optimizer.safetensors"));
+  fs::remove_all(c / "checkpoint-8");
+  fs::remove_all(c / "model");
+  s.train("resumed", offload, {"resume_from_checkpoint=true"}, &log);
+  EXPECT_NE(log.find("checkpoint-4 at step 4"), std::string::npos) << log;
+  const auto ma = read_jsonl(a / "metrics.jsonl");
+  bool clipped = false;
+  for (const fs::path& other : {b, c}) {
+    SCOPED_TRACE(other.filename().string());
+    const auto mb = read_jsonl(other / "metrics.jsonl");
+    ASSERT_EQ(ma.size(), mb.size());
+    for (size_t i = 0; i < ma.size(); ++i) {
+      EXPECT_EQ(ma[i]["step"], mb[i]["step"]);
+      EXPECT_EQ(ma[i].value("loss", 0.0), mb[i].value("loss", 0.0)) << "line " << i;  // bitwise, not near
+      EXPECT_EQ(ma[i].value("grad_norm", 0.0), mb[i].value("grad_norm", 0.0)) << "line " << i;
+      clipped = clipped || ma[i].value("grad_norm", 0.0) > 0.05;
+    }
+    EXPECT_EQ(read_bytes(a / "model" / "model.safetensors"), read_bytes(other / "model" / "model.safetensors"));
+    EXPECT_EQ(read_bytes(a / "checkpoint-8" / "optimizer.safetensors"),
+              read_bytes(other / "checkpoint-8" / "optimizer.safetensors"));
+  }
+  EXPECT_TRUE(clipped) << "max_grad_norm 0.05 never clipped: the test would not cover clipping";
+  // The resident run trained: its weights moved from the start (else equal files would prove nothing).
+  EXPECT_NE(read_bytes(a / "model" / "model.safetensors"), read_bytes(s.t.path / "model" / "model.safetensors"));
+}
+
+// LoRA: only the adapters are trainable, so only theirs move to the host; the frozen base stays put.
+TEST(Offload, LoraRunEqualsResident) {
+  RunSetup s;
+  const std::string lora = "lora: true\nlora_rank: 4\nlora_alpha: 8\nlearning_rate: 2.0e-2\n";
+  s.train("resident", lora);
+  s.train("offloaded", lora + "offload_master: true\noffload_optimizer: true\n");
+  const fs::path a = s.t.path / "resident", b = s.t.path / "offloaded";
+  const std::string adapter = read_bytes(a / "adapter" / "adapter_model.safetensors");
+  EXPECT_FALSE(adapter.empty());
+  EXPECT_EQ(adapter, read_bytes(b / "adapter" / "adapter_model.safetensors"));
+  const auto ma = read_jsonl(a / "metrics.jsonl"), mb = read_jsonl(b / "metrics.jsonl");
+  ASSERT_EQ(ma.size(), mb.size());
+  for (size_t i = 0; i < ma.size(); ++i) EXPECT_EQ(ma[i].value("loss", 0.0), mb[i].value("loss", 0.0)) << i;
+}
+
+// Resident and offloaded checkpoints are one format: a run resumes the other's.
+TEST(Offload, ResidentCheckpointResumesOffloaded) {
+  RunSetup s;
+  s.train("resident", "");
+  s.train("mixed", "");
+  const fs::path a = s.t.path / "resident", m = s.t.path / "mixed";
+  fs::remove_all(m / "checkpoint-8");
+  fs::remove_all(m / "model");
+  std::string log;
+  s.train("mixed", "offload_optimizer: true\n", {"resume_from_checkpoint=true"}, &log);
+  EXPECT_NE(log.find("checkpoint-4 at step 4"), std::string::npos) << log;
+  EXPECT_EQ(read_bytes(a / "model" / "model.safetensors"), read_bytes(m / "model" / "model.safetensors"));
+}
+
+}  // namespace
+}  // namespace soltrain
