@@ -38,6 +38,7 @@ struct BenchOpts {
   int64_t token_tile = 0;
   bool plan_only = false;
   std::string recompute = "none", residual_dtype = "auto", optimizer = "adamw", qlora = "none", recipe = "bf16";
+  std::string offload = "none";
   std::string fp8_scaling = "delayed";
 };
 
@@ -106,6 +107,11 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--optimizer", o->optimizer, "adamw (fp32 moments) or adamw_8bit (bitsandbytes' 8-bit blockwise)")
       ->check(CLI::IsMember({"adamw", "adamw_8bit"}))
+      ->capture_default_str();
+  c->add_option("--offload", o->offload,
+                "fp32 state in host memory, streamed through the GPU each update: none, optimizer (the AdamW "
+                "moments: offload_optimizer), master (offload_master) or both")
+      ->check(CLI::IsMember({"none", "optimizer", "master", "both"}))
       ->capture_default_str();
   c->add_option("--data-parallel", o->data_parallel,
                 "run the step through the data-parallel path at this ZeRO stage (0-3) with a communicator of one "
@@ -186,8 +192,13 @@ std::function<int()> add_bench_command(CLI::App& app) {
     model->set_residual_dtype(parse_residual_dtype(o->residual_dtype, "--residual-dtype"));
     model->set_token_tile(o->token_tile);
     model->plan(o->batch, o->seq, parse_recompute(o->recompute, "--recompute"));
-    const OptimizerConfig cfg{
-        1e-5f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, o->optimizer == "adamw_8bit" ? Moments::Blockwise8 : Moments::F32};
+    Offload offload;
+    offload.master = o->offload == "master" || o->offload == "both";
+    offload.optimizer = o->offload == "optimizer" || o->offload == "both";
+    if (offload.any() && (o->optimizer != "adamw" || o->data_parallel >= 1 || world > 1))
+      user_error("bench --offload ", o->offload, ": fp32 AdamW moments on one process only (as training)");
+    const OptimizerConfig cfg{1e-5f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f,
+                              o->optimizer == "adamw_8bit" ? Moments::Blockwise8 : Moments::F32, offload};
     // the trainer's own step path; counted_all: every rank's targets (each rank's rows count the same)
     TrainStep train_step = comm ? TrainStep(*model, cfg, *comm, zero_stage) : TrainStep(*model, cfg);
     const int64_t counted_all = int64_t(o->batch) * o->seq * world;
@@ -222,6 +233,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
                      {"recompute", o->recompute},
                      {"recipe", o->recipe == "bf16" ? o->recipe : o->recipe + " " + o->fp8_scaling},
                      {"optimizer", o->optimizer},
+                     {"offload", o->offload},
                      {"data_parallel", o->data_parallel},
                      {"gpus", world},
                      {"residual_dtype", model->residual_dtype() == DType::F32 ? "fp32" : "bf16"},
