@@ -55,16 +55,15 @@ int print_activation_plan(const BenchOpts& o) {
   const ModelConfig c = load_model_config(o.model);
   const std::optional<LoraConfig> lora = bench_lora(o);
   const DType act = o.device == "cuda" ? DType::BF16 : DType::F32;
-  // Transformer::residual_dtype()'s choice: fp32 with LoRA, else the activation dtype (auto).
-  const std::optional<DType> res = parse_residual_dtype(o.residual_dtype, "--residual-dtype");
-  ActivationSettings s{o.batch,
-                       o.seq,
-                       parse_recompute(o.recompute, "--recompute"),
-                       act,
-                       act == DType::F32 ? act : res.value_or(lora ? DType::F32 : act),
-                       lora ? &*lora : nullptr,
-                       o.token_tile,
-                       act == DType::F32 ? int64_t(64) << 20 : int64_t(1) << 30};
+  ActivationSettings s{
+      o.batch,
+      o.seq,
+      parse_recompute(o.recompute, "--recompute"),
+      act,
+      residual_dtype_for(act, parse_residual_dtype(o.residual_dtype, "--residual-dtype"), lora.has_value()),
+      lora ? &*lora : nullptr,
+      o.token_tile,
+      head_chunk_bytes_for(act)};
   const ActivationPlan p = plan_activations(c, s);
   const double gib = double(size_t(1) << 30);
   nlohmann::json buffers = nlohmann::json::array();
@@ -197,8 +196,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
     offload.optimizer = o->offload == "optimizer" || o->offload == "both";
     if (offload.any() && (o->optimizer != "adamw" || o->data_parallel >= 1 || world > 1))
       user_error("bench --offload ", o->offload, ": fp32 AdamW moments on one process only (as training)");
-    const OptimizerConfig cfg{1e-5f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f,
-                              o->optimizer == "adamw_8bit" ? Moments::Blockwise8 : Moments::F32, offload};
+    const OptimizerConfig cfg{
+        1e-5f,  0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, o->optimizer == "adamw_8bit" ? Moments::Blockwise8 : Moments::F32,
+        offload};
     // the trainer's own step path; counted_all: every rank's targets (each rank's rows count the same)
     TrainStep train_step = comm ? TrainStep(*model, cfg, *comm, zero_stage) : TrainStep(*model, cfg);
     const int64_t counted_all = int64_t(o->batch) * o->seq * world;

@@ -31,6 +31,15 @@ int64_t token_tile_for(int64_t token_tile, int64_t tokens, int64_t intermediate,
   return std::min(tile, tokens);
 }
 
+DType residual_dtype_for(DType act, std::optional<DType> setting, bool lora) {
+  if (act == DType::F32) return DType::F32;
+  return setting.value_or(lora ? DType::F32 : act);
+}
+
+int64_t head_chunk_bytes_for(DType act) {
+  return act == DType::F32 ? int64_t(64) << 20 : int64_t(1) << 30;
+}
+
 size_t ActivationPlan::total_bytes() const {
   size_t n = 0;
   for (const PlannedBuffer& b : buffers) n += b.total_bytes();

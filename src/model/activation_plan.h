@@ -3,6 +3,7 @@
 // a plan can also be printed or checked without the weights (a 500k-token Qwen3-8B plan on a laptop).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,14 @@ inline constexpr int64_t kTokenTileAuto = 0;
 inline constexpr int64_t kTokenTileBytes = int64_t(512) << 20;
 // The tile for `tokens` tokens (at most `tokens`) under the setting `token_tile` (0 = automatic).
 int64_t token_tile_for(int64_t token_tile, int64_t tokens, int64_t intermediate, DType act);
+
+// The residual stream's dtype: fp32 on the fp32 backend; else the user's setting, or by default fp32 with
+// LoRA (adapter gradients read it) and the activation dtype without.
+DType residual_dtype_for(DType act, std::optional<DType> setting, bool lora);
+// Bytes of fp32 logits the LM head materialises per token chunk. On the GPU the chunk must stay a good GEMM
+// shape: 64 MiB chunks (110 tokens at vocab 151936) made the LM head 150 thin GEMMs per step; 1 GiB of fp32
+// logits (+0.5 GiB bf16 gradient) gives ~1770-token chunks. The CPU keeps 64 MiB.
+int64_t head_chunk_bytes_for(DType act);
 
 struct ActivationSettings {
   int rows = 1, seq_len = 1;

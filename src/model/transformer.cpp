@@ -164,12 +164,9 @@ void Transformer::plan(int rows, int seq_len, Recompute recompute) {
   a->rows = rows;
   a->seq_len = seq_len;
   a->recompute = recompute;
-  // Logits are materialised for this many tokens at a time. On the GPU the chunk must stay a good GEMM
-  // shape: 64 MiB chunks (110 tokens at vocab 151936) made the LM head 150 thin GEMMs per step; 1 GiB of
-  // fp32 logits (+0.5 GiB bf16 gradient) gives ~1770-token chunks. The CPU keeps 64 MiB.
-  const int64_t chunk_bytes = ops_.activation_dtype() == DType::F32 ? int64_t(64) << 20 : int64_t(1) << 30;
   a->plan = plan_activations(config_, {rows, seq_len, recompute, ops_.activation_dtype(), residual_dtype(),
-                                       lora_ ? &*lora_ : nullptr, token_tile_, chunk_bytes});
+                                       lora_ ? &*lora_ : nullptr, token_tile_,
+                                       head_chunk_bytes_for(ops_.activation_dtype())});
   a->head_chunk = int(a->plan.head_chunk);
   a->tile = a->plan.tile;
   // The plan's buffers by name: per-layer ones, then single tensors.

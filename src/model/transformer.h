@@ -101,8 +101,7 @@ class Transformer {
   // plan(); the CPU computes in fp32 either way.
   void set_residual_dtype(std::optional<DType> d) { residual_dtype_ = d; }
   DType residual_dtype() const {
-    if (ops_.activation_dtype() == DType::F32) return DType::F32;
-    return residual_dtype_.value_or(lora_ ? DType::F32 : ops_.activation_dtype());
+    return residual_dtype_for(ops_.activation_dtype(), residual_dtype_, lora_.has_value());
   }
   // The MLP's token tile (model/activation_plan.h): at most this many tokens of a pass run through the MLP at
   // once, so long sequences need no [tokens, intermediate] buffer (with recompute). 0: automatic. Set before

@@ -30,6 +30,9 @@ AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload)
       int64_t widest = 1;
       for (const ParamRange& r : params.ranges()) widest = std::max(widest, r.numel);
       chunk_ = std::clamp<int64_t>(offload_.chunk, 1, widest);
+      for (const ParamRange& r : params.ranges())
+        for (int64_t o = 0; o < r.numel; o += chunk_)
+          pieces_.push_back({r.group, r.decay, r.offset + o, std::min(chunk_, r.numel - o)});
       const size_t per_slot = size_t(chunk_) * 4 * (size_t(offload_.master) + 2 * size_t(offload_.optimizer));
       for (Buffer& b : stage_) b = ops.alloc(per_slot);
       // The slots are zeroed on the main stream and first filled on the side stream, which waits for nothing.

@@ -88,6 +88,9 @@ class AdamW {
   int step_ = 0;
   Offload offload_;
   int64_t chunk_ = 0;  // elements per staged chunk (offload only)
+  // Offload: the update's pieces, each range cut into chunks of at most chunk_ (fixed by the store's layout:
+  // cut once here, not every step). adamw() is elementwise, so any cut gives the resident update's bits.
+  std::vector<ParamRange> pieces_;
   Buffer stage_[2];    // offload: per slot [master chunk (offload_master) | m chunk | v chunk (offload_optimizer)]
 };
 

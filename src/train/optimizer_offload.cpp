@@ -3,7 +3,6 @@
 // stream, updated on the main stream by the same adamw() the resident update runs, and written back on the
 // side stream. Chunk i+1 is copied up while chunk i is updated, and a slot is refilled only after its
 // write-back, so the copies overlap the updates and no step waits for the host.
-#include <algorithm>
 #include <vector>
 
 #include "train/optimizer.h"
@@ -11,11 +10,7 @@
 namespace soltrain {
 
 void AdamW::step_streamed(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq) {
-  // Chunks within a range: adamw() is elementwise, so any cut gives the resident update's bits.
-  std::vector<ParamRange> pieces;
-  for (const ParamRange& r : params_.ranges())
-    for (int64_t o = 0; o < r.numel; o += chunk_)
-      pieces.push_back({r.group, r.decay, r.offset + o, std::min(chunk_, r.numel - o)});
+  const std::vector<ParamRange>& pieces = pieces_;  // cut once, in the constructor
   if (pieces.empty()) return;
 
   const bool host_master = offload_.master, host_moments = offload_.optimizer;

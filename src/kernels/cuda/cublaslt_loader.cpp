@@ -29,7 +29,8 @@ void* cublaslt_library() {
       handle = dlopen((std::string(SOLTRAIN_CUDA_LIBRARY_DIR) + "/" + soname).c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!handle)
       throw std::runtime_error("cannot load " + soname + " (cuBLASLt, CUDA " + std::to_string(CUBLAS_VER_MAJOR) +
-                               "): " + dlerror() + "; install the CUDA runtime or add its lib folder to LD_LIBRARY_PATH");
+                               "): " + dlerror() +
+                               "; install the CUDA runtime or add its lib folder to LD_LIBRARY_PATH");
   });
   return handle;
 }
@@ -45,15 +46,19 @@ Fn symbol(const char* name) {
 }  // namespace
 
 // Each entry point resolves once (a function-local static) and forwards its arguments unchanged.
-#define SOLTRAIN_FORWARD(name, ...)                                      \
+#define SOLTRAIN_FORWARD(name, ...)                      \
   static const auto fn = symbol<decltype(&name)>(#name); \
   return fn(__VA_ARGS__)
 
 extern "C" {
 
-cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) { SOLTRAIN_FORWARD(cublasLtCreate, handle); }
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+  SOLTRAIN_FORWARD(cublasLtCreate, handle);
+}
 
-cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) { SOLTRAIN_FORWARD(cublasLtDestroy, handle); }
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
+  SOLTRAIN_FORWARD(cublasLtDestroy, handle);
+}
 
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha, const void* A,
                               cublasLtMatrixLayout_t Adesc, const void* B, cublasLtMatrixLayout_t Bdesc,
@@ -73,12 +78,13 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
                    results, returned);
 }
 
-cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
-                                        cudaDataType_t scale) {
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute, cudaDataType_t scale) {
   SOLTRAIN_FORWARD(cublasLtMatmulDescCreate, desc, compute, scale);
 }
 
-cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) { SOLTRAIN_FORWARD(cublasLtMatmulDescDestroy, desc); }
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+  SOLTRAIN_FORWARD(cublasLtMatmulDescDestroy, desc);
+}
 
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
                                               const void* buf, size_t bytes) {
