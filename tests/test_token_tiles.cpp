@@ -231,6 +231,30 @@ TEST(TokenTiles, Qwen3_8bLoraPlanAt512kTokens) {
   }
 }
 
+// Without recompute every layer keeps gate and up for the SwiGLU backward, but not act = silu(gate)·up, nor q and
+// k after their norms and RoPE: one buffer each that backward refills (Recompute.SelectiveAndFullAreBitwise...
+// and the fixture tests check the values).
+// The LM head's chunk: whole 128-row tiles, 256 MiB of fp32 logits for a frozen head, 1 GiB for a trained one.
+TEST(TokenTiles, PlanKeepsNoSwigluOutputAndSizesTheHeadChunk) {
+  const ModelConfig c = qwen3_8b();
+  ActivationSettings s{2,           2048,    Recompute::None, DType::BF16,
+                       DType::BF16, nullptr, kTokenTileAuto,  head_chunk_bytes_for(DType::BF16, true)};
+  const ActivationPlan p = plan_activations(c, s);
+  EXPECT_EQ(p.find("gate")->copies, 36);
+  EXPECT_EQ(p.find("up")->copies, 36);
+  EXPECT_EQ(p.find("act")->copies, 1);
+  EXPECT_EQ(p.find("act")->shape, (Shape{4096, 12288}));
+  EXPECT_EQ(p.find("q")->copies, 1);  // refilled from q_raw / k_raw (kept) with Qwen3's q/k norms
+  EXPECT_EQ(p.find("k")->copies, 1);
+  EXPECT_EQ(p.find("q_raw")->copies, 36);
+  EXPECT_EQ(p.head_chunk, 1664);  // 1 GiB / (4 · 151936) = 1766 rows, 13 whole tiles
+  s.head_chunk_bytes = head_chunk_bytes_for(DType::BF16, false);
+  EXPECT_EQ(plan_activations(c, s).head_chunk, 384);  // 256 MiB: 441 rows, 3 whole tiles
+  EXPECT_EQ(head_chunk_bytes_for(DType::F32, true), int64_t(64) << 20);
+  s.rows = 1, s.seq_len = 100;
+  EXPECT_EQ(plan_activations(c, s).head_chunk, 100);  // never more than the tokens
+}
+
 // A run's memory plan names the tile and the largest buffers (here the MLP's tile buffers are 16 rows).
 TEST(TokenTiles, MemoryPlanShowsTheTileAndTheLargestBuffers) {
   TempDir t;

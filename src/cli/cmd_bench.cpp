@@ -63,7 +63,7 @@ int print_activation_plan(const BenchOpts& o) {
       residual_dtype_for(act, parse_residual_dtype(o.residual_dtype, "--residual-dtype"), lora.has_value()),
       lora ? &*lora : nullptr,
       o.token_tile,
-      head_chunk_bytes_for(act)};
+      head_chunk_bytes_for(act, !lora)};  // bench's LoRA freezes the head
   const ActivationPlan p = plan_activations(c, s);
   const double gib = double(size_t(1) << 30);
   nlohmann::json buffers = nlohmann::json::array();

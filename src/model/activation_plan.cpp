@@ -36,8 +36,9 @@ DType residual_dtype_for(DType act, std::optional<DType> setting, bool lora) {
   return setting.value_or(lora ? DType::F32 : act);
 }
 
-int64_t head_chunk_bytes_for(DType act) {
-  return act == DType::F32 ? int64_t(64) << 20 : int64_t(1) << 30;
+int64_t head_chunk_bytes_for(DType act, bool head_trains) {
+  if (act == DType::F32) return int64_t(64) << 20;
+  return head_trains ? int64_t(1) << 30 : int64_t(256) << 20;
 }
 
 size_t ActivationPlan::total_bytes() const {
@@ -67,7 +68,10 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
   ActivationPlan p;
   p.tokens = N;
   p.tile = token_tile_for(s.token_tile, N, F, act);
-  p.head_chunk = std::max<int64_t>(1, std::min<int64_t>(N, s.head_chunk_bytes / (4 * V)));
+  // Whole 128-row GEMM tiles where the budget allows (a 441-row chunk would run four tiles, the last half empty).
+  int64_t chunk = s.head_chunk_bytes / (4 * V);
+  if (chunk >= 128) chunk = chunk / 128 * 128;
+  p.head_chunk = std::max<int64_t>(1, std::min<int64_t>(N, chunk));
   const int64_t T = p.tile;
   auto one = [&](const char* name, Shape shape, DType dt) { p.buffers.push_back({name, std::move(shape), dt, 0, 1}); };
   // Recomputed tensors get one buffer that every layer's entry aliases: only the layer in hand needs it.
@@ -80,8 +84,10 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
   p.buffers.back().checkpoint = true;
   per_layer("h1", {N, D}, act, attn_rc);
   per_layer("rstd1", {N}, f32, attn_rc);
-  per_layer("q", {N, H, hd}, act, attn_rc);
-  per_layer("k", {N, Hkv, hd}, act, attn_rc);
+  // With q/k norms, the normed and rotated q and k are one buffer each that backward refills from q_raw /
+  // k_raw (one elementwise pass, <0.5% of a step) where keeping them costs L·N·(H + Hkv)·hd values.
+  per_layer("q", {N, H, hd}, act, attn_rc || c.qk_norm);
+  per_layer("k", {N, Hkv, hd}, act, attn_rc || c.qk_norm);
   per_layer("v", {N, Hkv, hd}, act, attn_rc);
   if (c.qk_norm) {
     per_layer("q_raw", {N, H, hd}, act, attn_rc);
@@ -95,8 +101,11 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
   per_layer("h2", {N, D}, act, mlp_rc);
   per_layer("rstd2", {N}, f32, mlp_rc);
   // The MLP's [tokens, F] tensors: kept whole for every layer without recompute; else one tile, refilled
-  // tile by tile in forward and again in backward.
-  for (const char* n : {"gate", "up", "act"}) per_layer(n, {mlp_rc ? T : N, F}, act, mlp_rc);
+  // tile by tile in forward and again in backward. act = silu(gate)·up is never kept: backward refills it
+  // from gate and up with one elementwise pass (~1% of a step) where keeping it costs L·N·F values (2.7 GiB
+  // for Qwen3-4B at 2x2048).
+  for (const char* n : {"gate", "up"}) per_layer(n, {mlp_rc ? T : N, F}, act, mlp_rc);
+  per_layer("act", {mlp_rc ? T : N, F}, act, true);
   one("hf", {N, D}, act);
   one("rstdf", {N}, f32);
   for (const char* n : {"tmp", "dh", "dhf"}) one(n, {N, D}, act);

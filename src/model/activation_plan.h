@@ -37,9 +37,12 @@ int64_t token_tile_for(int64_t token_tile, int64_t tokens, int64_t intermediate,
 // LoRA (adapter gradients read it) and the activation dtype without.
 DType residual_dtype_for(DType act, std::optional<DType> setting, bool lora);
 // Bytes of fp32 logits the LM head materialises per token chunk. On the GPU the chunk must stay a good GEMM
-// shape: 64 MiB chunks (110 tokens at vocab 151936) made the LM head 150 thin GEMMs per step; 1 GiB of fp32
-// logits (+0.5 GiB bf16 gradient) gives ~1770-token chunks. The CPU keeps 64 MiB.
-int64_t head_chunk_bytes_for(DType act);
+// shape: 64 MiB chunks (110 tokens at vocab 151936) made the LM head 150 thin GEMMs per step. A trained head
+// adds each chunk's weight gradient into its fp32 [vocab, hidden] gradient (a read and a write of it per
+// chunk: 5 GB for Qwen3-8B), so it takes 1 GiB of fp32 logits (+0.5 GiB bf16 gradient, ~1770-token chunks);
+// a frozen head (LoRA) has no such cost and takes 256 MiB (384 tokens, three 128-row GEMM tiles: 1.1 GiB
+// less memory at the same GEMM efficiency). The CPU keeps 64 MiB.
+int64_t head_chunk_bytes_for(DType act, bool head_trains);
 
 struct ActivationSettings {
   int rows = 1, seq_len = 1;

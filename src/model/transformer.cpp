@@ -164,9 +164,9 @@ void Transformer::plan(int rows, int seq_len, Recompute recompute) {
   a->rows = rows;
   a->seq_len = seq_len;
   a->recompute = recompute;
-  a->plan = plan_activations(config_, {rows, seq_len, recompute, ops_.activation_dtype(), residual_dtype(),
-                                       lora_ ? &*lora_ : nullptr, token_tile_,
-                                       head_chunk_bytes_for(ops_.activation_dtype())});
+  a->plan = plan_activations(
+      config_, {rows, seq_len, recompute, ops_.activation_dtype(), residual_dtype(), lora_ ? &*lora_ : nullptr,
+                token_tile_, head_chunk_bytes_for(ops_.activation_dtype(), params_.at(lm_head_name()).trainable)});
   a->head_chunk = int(a->plan.head_chunk);
   a->tile = a->plan.tile;
   // The plan's buffers by name: per-layer ones, then single tensors.
@@ -411,7 +411,10 @@ void Transformer::backward_layer(int64_t l) {
   const int64_t N = a.resid[0].dim(0), H = c.num_heads, hd = c.head_dim;
   const LoraPass lp = lora_pass();
   // Recompute what was not kept (same ops, same inputs, same dropout seeds: bitwise the same values).
-  if (a.recompute == Recompute::Full) forward_attention(l, true);  // (its fused add + norm refills h2 too)
+  if (a.recompute == Recompute::Full)
+    forward_attention(l, true);  // (its fused add + norm refills h2 too)
+  else if (c.qk_norm)
+    refill_qk(l);  // q and k are one buffer each for all layers (the plan)
   if (a.recompute == Recompute::Selective) o.rmsnorm_forward(a.h2[l], a.rstd2[l], a.mid[l], w.ln2->value, a.eps);
   // MLP: resid[l+1] = mid + down(swiglu(gate(h2), up(h2)))
   backward_mlp(l);
@@ -441,10 +444,21 @@ void Transformer::backward_mlp(int64_t l) {
     const MlpTensors t = mlp_tile(l, t0, t1);
     const Tensor h = a.h2[l].rows(t0, t1);
     // (an adapted down runs again to refill its u: its output goes to tmp, which holds nothing by now)
-    if (a.recompute != Recompute::None) w.mlp.forward(ops_, nullptr, h, t, lp, l, a.tmp.rows(t0, t1), t0);
+    if (a.recompute != Recompute::None)
+      w.mlp.forward(ops_, nullptr, h, t, lp, l, a.tmp.rows(t0, t1), t0);
+    else
+      ops_.swiglu_forward(t.act, t.gate, t.up);  // act is one buffer for all layers (the plan): refill it
     w.mlp.backward(ops_, a.dh.rows(t0, t1), a.dres_act.rows(t0, t1), h, t,
                    MlpGrads{a.dact.rows(0, n), a.dgate.rows(0, n), a.dup.rows(0, n)}, lp, l, t0);
   }
+}
+
+void Transformer::refill_qk(int64_t l) {
+  Activations& a = *acts_;
+  const Attention& w = layers_[size_t(l)].attn;
+  // The same op forward_qkv ran on the same q_raw / k_raw: bitwise the values attention read in forward.
+  ops_.qk_norm_rope_forward(a.q[l], a.q_rstd[l], a.q_raw[l], w.q_norm->value, a.seq, inv_freq_t_, a.eps);
+  ops_.qk_norm_rope_forward(a.k[l], a.k_rstd[l], a.k_raw[l], w.k_norm->value, a.seq, inv_freq_t_, a.eps);
 }
 
 Tensor Transformer::dres_rounded() const {

@@ -147,6 +147,7 @@ class Transformer {
   void forward_mlp(int64_t l);
   // The MLP's backward, tile by tile (recomputing each tile first when recompute keeps no MLP tensors).
   void backward_mlp(int64_t l);
+  void refill_qk(int64_t l);  // q, k from q_raw, k_raw: not kept per layer with q/k norms (the plan)
   void upload(const HostBatch& batch);
   // The LM head over forward's final hidden states, chunk by chunk: logits, cross-entropy (NLL per token),
   // and with `weights` its backward into dhf and the head's gradient.

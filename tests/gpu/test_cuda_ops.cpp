@@ -1,5 +1,7 @@
 // Every CUDA op against its CPU twin on fresh random bf16-representable inputs, at several shapes
 // (odd sizes included). Outputs start as NaN, so an element a kernel forgets to write fails the test.
+#include <bit>
+
 #include "gpu_test_util.h"
 #include "kernels/blockwise8.h"
 
@@ -337,6 +339,55 @@ TEST_F(CudaOps, AdamW8bitMatchesTheCpu) {
   EXPECT_LE(differ, 2 * n / 200) << "codes differing by one step";
   const auto gcopy = download(copy), gwd = download(gw);
   for (size_t i = 0; i < gcopy.size(); ++i) ASSERT_EQ(gcopy[i], bf16_to_f32(f32_to_bf16(gwd[i]))) << i;
+}
+
+// Whole blocks on aligned storage take a 16-byte kernel (lanes hold other elements of the block); storage one
+// float off alignment takes the element-wise one. Both must give the same bits: w, the bf16 copy, codes, absmax.
+TEST_F(CudaOps, AdamW8bitVectorPathEqualsTheElementwisePath) {
+  const int64_t n = 256 * 37 + 100, blocks = (n + 255) / 256;
+  const auto w0 = random_vec(static_cast<size_t>(n), rng, 1.0f);
+  const auto ms = dynamic_quant_map(true), us = dynamic_quant_map(false);
+  std::vector<float> maps(ms.begin(), ms.end());
+  maps.insert(maps.end(), us.begin(), us.end());
+  Tensor gmaps = upload(maps, {512}, DType::F32);
+  struct Run {
+    std::vector<float> w, copy, abs;
+    std::vector<uint8_t> codes;
+  };
+  std::vector<std::vector<float>> grads;
+  for (int step = 0; step < 3; ++step) grads.push_back(random_vec(static_cast<size_t>(n), rng, 0.1f));
+  auto run = [&](int64_t shift) {  // shift: elements of offset into every buffer (1 breaks 16-byte alignment)
+    std::vector<float> wpad(size_t(n + shift), 0.0f);
+    std::copy(w0.begin(), w0.end(), wpad.begin() + shift);
+    Tensor wb = upload(wpad, {n + shift}, DType::F32), cb = poisoned({n + shift});
+    Tensor w{wb.as<float>() + shift, DType::F32, {n}, Device::CUDA};
+    Tensor copy{static_cast<uint16_t*>(cb.data) + shift, DType::BF16, {n}, Device::CUDA};
+    buffers.push_back(gpu->alloc(size_t(2 * n + 2 * shift)));
+    uint8_t* codes = static_cast<uint8_t*>(buffers.back().data()) + shift;
+    gpu->copy(Tensor{codes, DType::U8, {2 * n}, Device::CUDA},
+              Tensor{std::vector<uint8_t>(size_t(2 * n), 127).data(), DType::U8, {2 * n}});
+    Tensor abs = upload(std::vector<float>(size_t(2 * blocks), 0.0f), {2 * blocks}, DType::F32);
+    auto part = [&](int k) {
+      return Blockwise8{Tensor{codes + k * n, DType::U8, {n}, Device::CUDA},
+                        Tensor{abs.as<float>() + k * blocks, DType::F32, {blocks}, Device::CUDA},
+                        Tensor{gmaps.as<float>() + k * 256, DType::F32, {256}, Device::CUDA}};
+    };
+    for (int step = 1; step <= 3; ++step) {
+      const AdamWParams p{1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, step, 1.0f, nullptr, 0};
+      gpu->adamw_8bit(w, upload(grads[size_t(step - 1)], {n}, DType::F32), part(0), part(1), p, &copy);
+    }
+    Run r{download(w), download(copy), download(abs), std::vector<uint8_t>(size_t(2 * n))};
+    gpu->copy(Tensor{r.codes.data(), DType::U8, {2 * n}}, Tensor{codes, DType::U8, {2 * n}, Device::CUDA});
+    return r;
+  };
+  const Run vec = run(0), elem = run(1);
+  for (size_t i = 0; i < size_t(n); ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(vec.w[i]), std::bit_cast<uint32_t>(elem.w[i])) << i;
+    ASSERT_EQ(std::bit_cast<uint32_t>(vec.copy[i]), std::bit_cast<uint32_t>(elem.copy[i])) << i;
+  }
+  for (size_t i = 0; i < vec.codes.size(); ++i) ASSERT_EQ(vec.codes[i], elem.codes[i]) << i;
+  for (size_t i = 0; i < vec.abs.size(); ++i)
+    ASSERT_EQ(std::bit_cast<uint32_t>(vec.abs[i]), std::bit_cast<uint32_t>(elem.abs[i])) << i;
 }
 
 TEST_F(CudaOps, SumsAreExactEnoughAndRepeatable) {
