@@ -76,7 +76,7 @@ TEST(Config, BadValuesSayWhatIsExpected) {
   EXPECT_EQ(error_of(kBase + "sample_packing: maybe\n"),
             "cfg.yaml:6: sample_packing: \"maybe\" is not valid: expected true or false");
   EXPECT_EQ(error_of(kBase + "recompute: some\n"),
-            "cfg.yaml:6: recompute: \"some\" is not valid: expected none, selective or full");
+            "cfg.yaml:6: recompute: \"some\" is not valid: expected none, elementwise, selective or full");
   EXPECT_EQ(error_of(kBase + "lora_target_modules: [q_proj, qkv_proj]\n"),
             "cfg.yaml:6: unknown lora_target_modules entry \"qkv_proj\" (did you mean \"q_proj\"?)");
   EXPECT_EQ(error_of("output_dir: o\ndatasets: [d.jsonl]\n"),

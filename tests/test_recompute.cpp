@@ -33,25 +33,28 @@ RecomputeRun run(const std::string& name, Recompute rc, bool lora) {
   return r;
 }
 
-TEST(Recompute, SelectiveAndFullAreBitwiseIdenticalAndSmaller) {
+TEST(Recompute, EveryLevelIsBitwiseIdenticalAndSmaller) {
   for (const char* name : {"qwen3-tiny", "llama3-tiny-scaled", "qwen2-tiny-mqa-bias"})
     for (bool lora : {false, true}) {
       const RecomputeRun none = run(name, Recompute::None, lora);
+      const RecomputeRun elem = run(name, Recompute::Elementwise, lora);
       const RecomputeRun sel = run(name, Recompute::Selective, lora);
       const RecomputeRun full = run(name, Recompute::Full, lora);
-      for (const RecomputeRun* r : {&sel, &full}) {
+      for (const RecomputeRun* r : {&elem, &sel, &full}) {
         EXPECT_EQ(r->loss, none.loss) << name << " lora " << lora;
         EXPECT_EQ(r->logits, none.logits) << name << " lora " << lora;
         ASSERT_EQ(r->grads.size(), none.grads.size());
         for (size_t i = 0; i < none.grads.size(); ++i) EXPECT_EQ(r->grads[i], none.grads[i]) << name << " grad " << i;
       }
-      EXPECT_LT(sel.activation_bytes, none.activation_bytes) << name;
+      EXPECT_LT(elem.activation_bytes, none.activation_bytes) << name;
+      EXPECT_LT(sel.activation_bytes, elem.activation_bytes) << name;
       EXPECT_LT(full.activation_bytes, sel.activation_bytes) << name;
     }
 }
 
 TEST(Recompute, ParsesTheThreeSettings) {
   EXPECT_EQ(parse_recompute("none", "x"), Recompute::None);
+  EXPECT_EQ(parse_recompute("elementwise", "x"), Recompute::Elementwise);
   EXPECT_EQ(parse_recompute("selective", "x"), Recompute::Selective);
   EXPECT_EQ(parse_recompute("full", "x"), Recompute::Full);
   EXPECT_THROW(parse_recompute("some", "x"), UserError);

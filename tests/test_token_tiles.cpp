@@ -113,7 +113,7 @@ TEST(TokenTiles, TiledEqualsUntiledOnEveryRecomputePolicy) {
     const int vocab = load_model_config(fixtures() / "models" / name).vocab_size;
     const HostBatch batch = random_batch(2, 64, vocab, seed);  // 128 tokens
     for (bool lora : {false, true})
-      for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+      for (Recompute rc : {Recompute::None, Recompute::Elementwise, Recompute::Selective, Recompute::Full}) {
         const Pass whole = run(name, &batch, rc, lora, 128);
         ASSERT_EQ(whole.tile, 128);
         for (int64_t tile : {16, 24}) {  // 8 tiles; 5 tiles and a last one of 8
@@ -231,14 +231,16 @@ TEST(TokenTiles, Qwen3_8bLoraPlanAt512kTokens) {
   }
 }
 
-// Without recompute every layer keeps gate and up for the SwiGLU backward, but not act = silu(gate)·up, nor q and
-// k after their norms and RoPE: one buffer each that backward refills (Recompute.SelectiveAndFullAreBitwise...
-// and the fixture tests check the values).
-// The LM head's chunk: whole 128-row tiles, 256 MiB of fp32 logits for a frozen head, 1 GiB for a trained one.
-TEST(TokenTiles, PlanKeepsNoSwigluOutputAndSizesTheHeadChunk) {
+// Recompute elementwise keeps gate and up for the SwiGLU backward, but not act = silu(gate)·up, nor q and k after
+// their norms and RoPE: one buffer each that backward refills (Recompute.EveryLevelIsBitwiseIdenticalAndSmaller
+// checks the values); none keeps them all. The LM head's chunk: whole 128-row tiles, 256 MiB of fp32 logits for
+// a frozen head, 1 GiB for a trained one.
+TEST(TokenTiles, PlanOfElementwiseRecomputeAndTheHeadChunk) {
   const ModelConfig c = qwen3_8b();
   ActivationSettings s{2,           2048,    Recompute::None, DType::BF16,
                        DType::BF16, nullptr, kTokenTileAuto,  head_chunk_bytes_for(DType::BF16, true)};
+  for (const char* n : {"gate", "up", "act", "q", "k", "q_raw"}) EXPECT_EQ(plan_activations(c, s).find(n)->copies, 36);
+  s.recompute = Recompute::Elementwise;
   const ActivationPlan p = plan_activations(c, s);
   EXPECT_EQ(p.find("gate")->copies, 36);
   EXPECT_EQ(p.find("up")->copies, 36);

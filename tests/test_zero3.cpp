@@ -84,7 +84,7 @@ TEST(Zero3, AnIdleMicroBatchMakesTheCollectivesOfATrainedOne) {
 TEST(Zero3, OneRankTrainsAsTheSingleProcessForEveryRecompute) {
   // Tied (2 layers) and untied (3 layers: the two layer buffers are reused within a pass).
   for (const char* name : {"qwen3-tiny", "qwen3-tiny-linear"})
-    for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+    for (Recompute rc : {Recompute::None, Recompute::Elementwise, Recompute::Selective, Recompute::Full}) {
       SCOPED_TRACE(std::string(name) + ", recompute " + recompute_name(rc));
       const auto dir = fixtures() / "models" / name;
       const HostBatch batch = load_batch_file(dir / "batch.safetensors");

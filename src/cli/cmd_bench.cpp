@@ -97,8 +97,8 @@ std::function<int()> add_bench_command(CLI::App& app) {
   using Opts = BenchOpts;
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand("bench", "time full training steps (AdamW) on random tokens");
-  c->add_option("--recompute", o->recompute, "activation recompute: none, selective or full")
-      ->check(CLI::IsMember({"none", "selective", "full"}))
+  c->add_option("--recompute", o->recompute, "activation recompute: none, elementwise, selective or full")
+      ->check(CLI::IsMember({"none", "elementwise", "selective", "full"}))
       ->capture_default_str();
   c->add_option("--residual-dtype", o->residual_dtype,
                 "the residual stream's dtype on the GPU: auto (fp32 with LoRA, else bf16), fp32 or bf16")

@@ -560,7 +560,8 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       {"recompute",
        [&](const Entry& e) {
          const std::string r = get_string(e, "recompute");
-         if (r != "none" && r != "selective" && r != "full") bad_value(e, "recompute", "none, selective or full");
+         if (r != "none" && r != "elementwise" && r != "selective" && r != "full")
+           bad_value(e, "recompute", "none, elementwise, selective or full");
          c.recompute = parse_recompute(r, "recompute");
        }},
       // Long sequences: the MLP's token tile (model/activation_plan.h; 0 = automatic).

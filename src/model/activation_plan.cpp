@@ -7,14 +7,15 @@
 namespace soltrain {
 
 Recompute parse_recompute(const std::string& s, const std::string& where) {
-  for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})
+  for (Recompute r : {Recompute::None, Recompute::Elementwise, Recompute::Selective, Recompute::Full})
     if (s == recompute_name(r)) return r;
-  user_error(where, ": recompute must be none, selective or full, got '", s, "'");
+  user_error(where, ": recompute must be none, elementwise, selective or full, got '", s, "'");
 }
 
 const char* recompute_name(Recompute r) {
   switch (r) {
     case Recompute::None: return "none";
+    case Recompute::Elementwise: return "elementwise";
     case Recompute::Selective: return "selective";
     case Recompute::Full: return "full";
   }
@@ -79,15 +80,16 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
     layers = layers ? layers : L;
     p.buffers.push_back({std::move(name), std::move(shape), dt, layers, recomputed ? 1 : layers});
   };
-  const bool attn_rc = s.recompute == Recompute::Full, mlp_rc = s.recompute != Recompute::None;
+  const bool attn_rc = s.recompute == Recompute::Full, mlp_rc = s.recompute >= Recompute::Selective;
+  const bool elem_rc = s.recompute != Recompute::None;
   per_layer("resid", {N, D}, res, false, L + 1);
   p.buffers.back().checkpoint = true;
   per_layer("h1", {N, D}, act, attn_rc);
   per_layer("rstd1", {N}, f32, attn_rc);
-  // With q/k norms, the normed and rotated q and k are one buffer each that backward refills from q_raw /
-  // k_raw (one elementwise pass, <0.5% of a step) where keeping them costs L·N·(H + Hkv)·hd values.
-  per_layer("q", {N, H, hd}, act, attn_rc || c.qk_norm);
-  per_layer("k", {N, Hkv, hd}, act, attn_rc || c.qk_norm);
+  // Recompute elementwise, with q/k norms: the normed and rotated q and k are one buffer each that backward
+  // refills from q_raw / k_raw (one elementwise pass) where keeping them costs L·N·(H + Hkv)·hd values.
+  per_layer("q", {N, H, hd}, act, attn_rc || (elem_rc && c.qk_norm));
+  per_layer("k", {N, Hkv, hd}, act, attn_rc || (elem_rc && c.qk_norm));
   per_layer("v", {N, Hkv, hd}, act, attn_rc);
   if (c.qk_norm) {
     per_layer("q_raw", {N, H, hd}, act, attn_rc);
@@ -101,11 +103,11 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
   per_layer("h2", {N, D}, act, mlp_rc);
   per_layer("rstd2", {N}, f32, mlp_rc);
   // The MLP's [tokens, F] tensors: kept whole for every layer without recompute; else one tile, refilled
-  // tile by tile in forward and again in backward. act = silu(gate)·up is never kept: backward refills it
-  // from gate and up with one elementwise pass (~1% of a step) where keeping it costs L·N·F values (2.7 GiB
-  // for Qwen3-4B at 2x2048).
+  // tile by tile in forward and again in backward. Recompute elementwise keeps gate and up but not act =
+  // silu(gate)·up: backward refills it with one pass at memory bandwidth where keeping it costs L·N·F values
+  // (2.7 GiB for Qwen3-4B at 2x2048).
   for (const char* n : {"gate", "up"}) per_layer(n, {mlp_rc ? T : N, F}, act, mlp_rc);
-  per_layer("act", {mlp_rc ? T : N, F}, act, true);
+  per_layer("act", {mlp_rc ? T : N, F}, act, elem_rc);
   one("hf", {N, D}, act);
   one("rstdf", {N}, f32);
   for (const char* n : {"tmp", "dh", "dhf"}) one(n, {N, D}, act);

@@ -17,8 +17,11 @@ namespace soltrain {
 // attention side (its recompute would cost a flash-attention forward) and recomputes each layer's MLP
 // (norm, gate/up, SwiGLU: 3·F + D values per token, the largest share); `full` keeps only each layer's input
 // and recomputes the whole layer before its backward. All three give bitwise-identical results.
-enum class Recompute { None, Selective, Full };
-Recompute parse_recompute(const std::string& s, const std::string& where);  // none | selective | full
+// What backward recomputes instead of keeping from forward, each level including the one before: nothing;
+// the elementwise outputs (SwiGLU's silu(gate)·up, q and k after their norms and RoPE: ~1-3% of a step for
+// ~25% of the activations); the MLP; whole layers (only the layer inputs kept). All give the same bits.
+enum class Recompute { None, Elementwise, Selective, Full };
+Recompute parse_recompute(const std::string& s, const std::string& where);  // none|elementwise|selective|full
 const char* recompute_name(Recompute r);
 
 // Long sequences: the MLP (gate/up, SwiGLU, down; forward, backward and its recompute) runs over the tokens

@@ -260,8 +260,8 @@ QkvTensors Transformer::qkv(int64_t l) const {
 
 MlpTensors Transformer::mlp_tile(int64_t l, int64_t t0, int64_t t1) const {
   const Activations& a = *acts_;
-  // Kept for every token without recompute; else one tile's buffer, refilled for each tile.
-  const bool whole = a.recompute == Recompute::None;
+  // Kept for every token unless the MLP is recomputed; else one tile's buffer, refilled for each tile.
+  const bool whole = a.recompute < Recompute::Selective;
   auto f = [&](const Tensor& t) { return whole ? t.rows(t0, t1) : t.rows(0, t1 - t0); };
   auto u = [&](LoraTarget t) {  // the adapters' u are small ([tokens, r]) and kept whole
     const Tensor x = lora_u(t, l);
@@ -413,7 +413,7 @@ void Transformer::backward_layer(int64_t l) {
   // Recompute what was not kept (same ops, same inputs, same dropout seeds: bitwise the same values).
   if (a.recompute == Recompute::Full)
     forward_attention(l, true);  // (its fused add + norm refills h2 too)
-  else if (c.qk_norm)
+  else if (a.recompute != Recompute::None && c.qk_norm)
     refill_qk(l);  // q and k are one buffer each for all layers (the plan)
   if (a.recompute == Recompute::Selective) o.rmsnorm_forward(a.h2[l], a.rstd2[l], a.mid[l], w.ln2->value, a.eps);
   // MLP: resid[l+1] = mid + down(swiglu(gate(h2), up(h2)))
@@ -444,10 +444,8 @@ void Transformer::backward_mlp(int64_t l) {
     const MlpTensors t = mlp_tile(l, t0, t1);
     const Tensor h = a.h2[l].rows(t0, t1);
     // (an adapted down runs again to refill its u: its output goes to tmp, which holds nothing by now)
-    if (a.recompute != Recompute::None)
-      w.mlp.forward(ops_, nullptr, h, t, lp, l, a.tmp.rows(t0, t1), t0);
-    else
-      ops_.swiglu_forward(t.act, t.gate, t.up);  // act is one buffer for all layers (the plan): refill it
+    if (a.recompute >= Recompute::Selective) w.mlp.forward(ops_, nullptr, h, t, lp, l, a.tmp.rows(t0, t1), t0);
+    if (a.recompute == Recompute::Elementwise) ops_.swiglu_forward(t.act, t.gate, t.up);  // one act for all layers
     w.mlp.backward(ops_, a.dh.rows(t0, t1), a.dres_act.rows(t0, t1), h, t,
                    MlpGrads{a.dact.rows(0, n), a.dgate.rows(0, n), a.dup.rows(0, n)}, lp, l, t0);
   }

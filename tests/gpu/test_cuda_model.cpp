@@ -72,7 +72,7 @@ TEST_F(CudaTest, RecomputeGivesBitwiseIdenticalLossesAndGradients) {
   const HostBatch batch = load_batch_file(dir / "batch.safetensors");
   std::vector<double> losses;
   std::vector<std::vector<float>> grads;
-  for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+  for (Recompute rc : {Recompute::None, Recompute::Elementwise, Recompute::Selective, Recompute::Full}) {
     auto model = load_pretrained(dir, *gpu);
     model->plan(batch.rows, batch.seq_len, rc);
     gpu->zero(model->params().all_grads());

@@ -1,8 +1,8 @@
-// CUDA: Qwen3's per-head q/k RMSNorm fused with RoPE, forward and backward. A fixed grid of blocks strides
-// over the tokens (one warp per head row); a token's sin/cos (full-precision sincosf, the costly part) are
-// computed once into shared memory for all its heads. Each lane owns pairs (i, i + hd/2), so the rotation
-// needs no shuffles. The backward also sums the norm weight's gradient: each lane keeps its columns' sums
-// in registers across the block's tokens, the block writes one partial row, and a second pass adds the
+// CUDA: Qwen3's per-head q/k RMSNorm fused with RoPE, forward and backward. Backward: a fixed grid of blocks
+// strides over the tokens (one warp per head row); a token's sin/cos (full-precision sincosf, the costly part)
+// are computed once into shared memory for all its heads (forward: see qk_norm_rope_fwd). Each lane owns pairs (i, i +
+// hd/2), so the rotation needs no shuffles. The backward also sums the norm weight's gradient: each lane keeps its
+// columns' sums in registers across the block's tokens, the block writes one partial row, and a second pass adds the
 // partials in block order (deterministic). Before, a separate column sum reread dy and x: the fused
 // backward took 9.5 ms of a Qwen3-0.6B step, about twice its memory time.
 // Head dims whose half is odd or above 128 take the separate ops (Ops' defaults).
@@ -45,43 +45,72 @@ __device__ __forceinline__ void token_angles(float* cs, const int32_t* pos, cons
   __syncthreads();
 }
 
-// Lane j of a row owns the column pairs (i, i+1) and (i + half, i + half + 1) for i = 2j + 64m, m < kIters,
-// held in registers between the reduction and the write (4-byte accesses; half must be even).
+// Forward: one warp per token, no shared memory and no barriers. Lane j owns the column pairs (i, i+1) and
+// (i + half, i + half + 1) for i = 2j + 64m, m < kIters (4-byte accesses; half must be even), so it needs the
+// angles i and i+1 alone: it computes their sin/cos itself, once per token, for all the token's heads, and
+// keeps its norm weights in registers. kRows heads are loaded before any is reduced, so a warp has that many
+// rows in flight. (A block per token with the angles in shared memory, two barriers per token and one row per
+// warp at a time kept too few loads in flight: 1.4 TB/s, 3.9 ms of a Qwen3-0.6B step.)
+constexpr int kFwdRows = 4;
 template <int kIters>
 __global__ void qk_norm_rope_fwd(bf16* y, float* rstd, const bf16* x, const bf16* w, const int32_t* pos,
                                  const float* inv_freq, int64_t N, int heads, int half, float eps) {
-  extern __shared__ float cs[];
   const int C = 2 * half;
-  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
-    token_angles(cs, pos, inv_freq, n, half, 1.f);
-    for (int h = threadIdx.y; h < heads; h += kWarps) {
-      const int64_t row = n * heads + h;
-      float2 lo[kIters], hi[kIters];  // x at (i, i+1) and (i + half, i + half + 1)
-      float ss = 0.f;
+  float wlo[kIters][2], whi[kIters][2], freq[kIters][2];
 #pragma unroll
-      for (int m = 0; m < kIters; ++m) {
-        const int i = 2 * threadIdx.x + 64 * m;
-        lo[m] = hi[m] = make_float2(0.f, 0.f);
-        if (i < half) {
-          lo[m] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + row * C + i));
-          hi[m] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + row * C + i + half));
+  for (int m = 0; m < kIters; ++m) {
+    const int i = 2 * threadIdx.x + 64 * m;
+    wlo[m][0] = wlo[m][1] = whi[m][0] = whi[m][1] = freq[m][0] = freq[m][1] = 0.f;
+    if (i >= half) continue;
+    wlo[m][0] = to_f(w[i]), wlo[m][1] = to_f(w[i + 1]), whi[m][0] = to_f(w[i + half]),
+    whi[m][1] = to_f(w[i + half + 1]);
+    freq[m][0] = inv_freq[i], freq[m][1] = inv_freq[i + 1];
+  }
+  for (int64_t n = int64_t(blockIdx.x) * kWarps + threadIdx.y; n < N; n += int64_t(gridDim.x) * kWarps) {
+    float cs[kIters][2], sn[kIters][2];
+    const float p = float(pos[n]);
+#pragma unroll
+    for (int m = 0; m < kIters; ++m) {
+      sincosf(p * freq[m][0], &sn[m][0], &cs[m][0]);
+      sincosf(p * freq[m][1], &sn[m][1], &cs[m][1]);
+    }
+    for (int h0 = 0; h0 < heads; h0 += kFwdRows) {
+      float2 lo[kFwdRows][kIters], hi[kFwdRows][kIters];  // x at (i, i+1) and (i + half, i + half + 1)
+#pragma unroll
+      for (int r = 0; r < kFwdRows; ++r)
+#pragma unroll
+        for (int m = 0; m < kIters; ++m) {
+          const int i = 2 * threadIdx.x + 64 * m;
+          const int64_t row = n * heads + h0 + r;
+          lo[r][m] = hi[r][m] = make_float2(0.f, 0.f);
+          if (i < half && h0 + r < heads) {
+            lo[r][m] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + row * C + i));
+            hi[r][m] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + row * C + i + half));
+          }
         }
-        ss += lo[m].x * lo[m].x + lo[m].y * lo[m].y + hi[m].x * hi[m].x + hi[m].y * hi[m].y;
-      }
-      const float rs = rsqrtf(cuda::warp_sum(ss) / float(C) + eps);
-      if (threadIdx.x == 0) rstd[row] = rs;
-      auto norm = [&](float v, int c) { return to_f(w[c]) * to_f(to_bf(v * rs)); };
 #pragma unroll
-      for (int m = 0; m < kIters; ++m) {
-        const int i = 2 * threadIdx.x + 64 * m;
-        if (i >= half) continue;
-        const float a0 = norm(lo[m].x, i), a1 = norm(lo[m].y, i + 1);
-        const float b0 = norm(hi[m].x, i + half), b1 = norm(hi[m].y, i + half + 1);
-        const float c0 = cs[i], s0 = cs[half + i], c1 = cs[i + 1], s1 = cs[half + i + 1];
-        *reinterpret_cast<__nv_bfloat162*>(y + row * C + i) =
-            __floats2bfloat162_rn(a0 * c0 - b0 * s0, a1 * c1 - b1 * s1);
-        *reinterpret_cast<__nv_bfloat162*>(y + row * C + i + half) =
-            __floats2bfloat162_rn(b0 * c0 + a0 * s0, b1 * c1 + a1 * s1);
+      for (int r = 0; r < kFwdRows; ++r) {
+        if (h0 + r >= heads) break;
+        const int64_t row = n * heads + h0 + r;
+        float ss = 0.f;
+#pragma unroll
+        for (int m = 0; m < kIters; ++m)
+          ss += lo[r][m].x * lo[r][m].x + lo[r][m].y * lo[r][m].y + hi[r][m].x * hi[r][m].x + hi[r][m].y * hi[r][m].y;
+        const float rs = rsqrtf(cuda::warp_sum(ss) / float(C) + eps);
+        if (threadIdx.x == 0) rstd[row] = rs;
+        auto norm = [&](float v, float wv) { return wv * to_f(to_bf(v * rs)); };
+#pragma unroll
+        for (int m = 0; m < kIters; ++m) {
+          const int i = 2 * threadIdx.x + 64 * m;
+          if (i >= half) continue;
+          const float a0 = norm(lo[r][m].x, wlo[m][0]), a1 = norm(lo[r][m].y, wlo[m][1]);
+          const float b0 = norm(hi[r][m].x, whi[m][0]), b1 = norm(hi[r][m].y, whi[m][1]);
+          const float c0 = cs[m][0], s0 = sn[m][0], c1 = cs[m][1], s1 = sn[m][1];
+          *reinterpret_cast<__nv_bfloat162*>(y + row * C + i) =
+              __floats2bfloat162_rn(a0 * c0 - b0 * s0, a1 * c1 - b1 * s1);
+          *reinterpret_cast<__nv_bfloat162*>(y + row * C + i + half) =
+              __floats2bfloat162_rn(b0 * c0 + a0 * s0, b1 * c1 + a1 * s1);
+        }
       }
     }
   }
@@ -181,12 +210,13 @@ bool with_iters(int64_t half, F&& f) {
 void CudaOps::qk_norm_rope_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, const SeqLayout& seq,
                                    const Tensor& inv_freq, float eps) {
   const int64_t N = x.dim(0), heads = x.dim(1), half = x.dim(2) / 2;
-  const unsigned blocks = unsigned(std::min<int64_t>(N, int64_t(sm_count_) * kBlocksPerSm));
+  // A warp per token, grid-stride: 8 blocks of 8 warps per SM (full occupancy) at most.
+  const unsigned blocks = unsigned(std::min<int64_t>((N + kWarps - 1) / kWarps, int64_t(sm_count_) * 8));
   const bool fused = with_iters(half, [&](auto iters) {
     const auto prof = profile("qk_norm_rope_forward");
-    qk_norm_rope_fwd<iters.value><<<blocks, dim3(32, kWarps), size_t(2 * half) * sizeof(float), stream_>>>(
-        y.as<bf16>(), rstd.f32(), x.as<bf16>(), w.as<bf16>(), seq.positions.i32(), inv_freq.f32(), N, int(heads),
-        int(half), eps);
+    qk_norm_rope_fwd<iters.value>
+        <<<blocks, dim3(32, kWarps), 0, stream_>>>(y.as<bf16>(), rstd.f32(), x.as<bf16>(), w.as<bf16>(),
+                                                   seq.positions.i32(), inv_freq.f32(), N, int(heads), int(half), eps);
     CUDA_CHECK_LAUNCH();
   });
   if (!fused) Ops::qk_norm_rope_forward(y, rstd, x, w, seq, inv_freq, eps);
