@@ -77,23 +77,29 @@ def context(chain, doc, k):
 
 
 def generate_docs(chain, rng, count=None, tokens=None):
-    alphabet, q, cap = chain["alphabet"], 1.0 / chain["mean_length"], chain["max_tokens"]
-    cum = {c: [sum(r[: i + 1]) for i in range(len(r))] for c, r in chain["rows"].items()}
+    alphabet, q, cap, o = chain["alphabet"], 1.0 / chain["mean_length"], chain["max_tokens"], chain["order"]
+    # Per context: the cumulative row and, per letter, the next context (the inner loop is all Python).
+    ctxs = list(chain["rows"])
+    at = {c: i for i, c in enumerate(ctxs)}
+    cum = [[sum(chain["rows"][c][: i + 1]) for i in range(len(alphabet))] for c in ctxs]
+    nxt = [[at[(c + a)[-o:]] if o else 0 for a in alphabet] for c in ctxs]
+    start, log_keep, last = at[START * o], math.log(1.0 - q), len(alphabet) - 1
     made_docs = made_tokens = 0
-    o = chain["order"]
+    rnd, bis = rng.random, bisect.bisect_right
     while (count is not None and made_docs < count) or (tokens is not None and made_tokens < tokens):
-        ctx, doc = START * o, []
-        while True:
-            c = cum[ctx]
-            i = min(bisect.bisect_right(c, rng.random() * c[-1]), len(c) - 1)
-            doc.append(alphabet[i])
-            if o:
-                ctx = (ctx + alphabet[i])[-o:]
-            if len(doc) >= cap or rng.random() < q:
-                break
+        # The length first: after each letter the document ends with probability q (geometric), cut at cap.
+        n = min(cap, 1 + int(math.log(1.0 - rnd()) / log_keep))
+        c, doc = start, []
+        for _ in range(n):
+            row = cum[c]
+            i = bis(row, rnd() * row[-1])
+            if i > last:
+                i = last
+            doc.append(i)
+            c = nxt[c][i]
         made_docs += 1
-        made_tokens += min(len(doc) + 1, cap)
-        yield "".join(doc)
+        made_tokens += min(n + 1, cap)
+        yield "".join(alphabet[i] for i in doc)
 
 
 def doc_nll(chain, doc):
@@ -145,23 +151,30 @@ def entropy_rate(chain):
     documents' floor approaches)."""
     o, alphabet, rows = chain["order"], chain["alphabet"], chain["rows"]
     q = 1.0 / chain["mean_length"]
-    h = {c: -sum(p * math.log(p) for p in r if p > 0) for c, r in rows.items()}
-    # The distribution of the context at letter k, iterated from the start over the length distribution.
-    dist, weight, acc, total_w = {START * o: 1.0}, 1.0, 0.0, 0.0
+    ctxs = list(rows)
+    at = {c: i for i, c in enumerate(ctxs)}
+    h = [-sum(p * math.log(p) for p in rows[c] if p > 0) for c in ctxs]
+    moves = [[(at[(c + a)[-o:]] if o else 0, p) for a, p in zip(alphabet, rows[c]) if p > 0] for c in ctxs]
+    # The distribution of the context at letter k, carried from the start; once it stops changing (stationary,
+    # to 1e-15) only the length weights move.
+    dist = [0.0] * len(ctxs)
+    dist[at[START * o]] = 1.0
+    weight, acc, total_w, settled = 1.0, 0.0, 0.0, False
     for k in range(chain["max_tokens"]):
-        # letter k is a target when k >= 1 (weight: the chance the document has it)
-        if k >= 1:
-            acc += weight * (sum(pr * h[c] for c, pr in dist.items()) - math.log(1.0 - q))
+        hk = sum(d * hc for d, hc in zip(dist, h))
+        if k >= 1:  # letter k is a target; weight: the chance the document has it
+            acc += weight * (hk - math.log(1.0 - q))
             total_w += weight
-        new = {}
-        for c, pr in dist.items():
-            for a, p in zip(alphabet, rows[c]):
-                if p > 0:
-                    nc = (c + a)[-o:] if o else ""
-                    new[nc] = new.get(nc, 0.0) + pr * p
-        dist = new
+        if not settled:
+            new = [0.0] * len(ctxs)
+            for c, d in enumerate(dist):
+                if d:
+                    for nc, p in moves[c]:
+                        new[nc] += d * p
+            settled = max(abs(a - b) for a, b in zip(new, dist)) < 1e-15
+            dist = new
         if k + 1 < chain["max_tokens"]:
-            acc += weight * q * -math.log(q)  # the eos after letter k
+            acc += weight * q * -math.log(q)  # the eos after letter k, a document of k + 1 letters
             total_w += weight * q
             weight *= 1.0 - q
     return acc / total_w
