@@ -132,6 +132,9 @@ def read_seeds(out, name, seeds):
     """read_run's tuple over runs/<name>-s<seed> for every seed (means of the losses; ERROR or NOT RUN when one
     run is), plus the per-seed final eval losses; writes OUT/mean/<name>/metrics.jsonl, the mean curves."""
     per = [(seed, read_run(out, f"{name}-s{seed}")) for seed in seeds]
+    mean_file = os.path.join(out, "mean", name, "metrics.jsonl")
+    if os.path.exists(mean_file):
+        os.remove(mean_file)  # an earlier invocation's: not to be drawn for a run that failed this time
     if all(r[0] == "NOT RUN" for _, r in per):
         return ("NOT RUN", None, None, None, ""), []
     for seed, r in per:
@@ -143,9 +146,8 @@ def read_seeds(out, name, seeds):
     note = "" if len(steps) == 1 else f"the seeds' last evals are at steps {sorted(steps)}"
     # The mean curves: the steps every seed logged, each loss averaged.
     curves = [read_curves(os.path.join(out, "runs", f"{name}-s{seed}", "metrics.jsonl")) for seed in seeds]
-    mean_dir = os.path.join(out, "mean", name)
-    os.makedirs(mean_dir, exist_ok=True)
-    with open(os.path.join(mean_dir, "metrics.jsonl"), "w") as f:
+    os.makedirs(os.path.dirname(mean_file), exist_ok=True)
+    with open(mean_file, "w") as f:
         for which, key in ((1, "loss"), (0, "eval_loss")):
             common = set.intersection(*(set(c[which]) for c in curves))
             for step in sorted(common):
@@ -198,7 +200,7 @@ def report(out, variants_path, floor, seeds=None):
         head[3:3] = [f"seeds {', '.join(str(x) for x in seeds)}", "seed spread"]
         head[7] = "vs baseline (means)"
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
-    floor_line = (f"Task floor (best achievable eval loss, bench/task_floor.py): {floor:.4f}"
+    floor_line = (f"Task floor (the best achievable eval loss on the validation file): {floor:.4f}"
                   if floor is not None else "Task floor: not computed")
     text = "\n".join(lines)
     if seeds:
