@@ -3,13 +3,17 @@
 
   convergence_report.py plan VARIANTS [--only a,b]   checks the file; prints "name<TAB>start<TAB>settings" per
                                                      variant to run (a baseline a chosen variant needs is run too)
-  convergence_report.py report OUT VARIANTS [--floor F]
+  convergence_report.py report OUT VARIANTS [--floor F] [--seeds 42,43,44]
         reads OUT/runs/<name>/metrics.jsonl, OUT/runs/<name>.rc and .log; prints the summary table, writes it to
         OUT/summary.md and one SVG per comparison (OUT/<baseline>_vs_<variants>.svg, bench/plot_curves.py)
+        --seeds: the runs are OUT/runs/<name>-s<seed>, one per seed; a variant's final eval loss is the mean
+        over its seeds, shown with each seed's and the spread (max - min, as a percentage of the mean); the
+        SVGs draw the mean curves (OUT/mean/<name>/metrics.jsonl: each step's loss averaged over the seeds)
 
-A variant passes when |its final eval loss / its baseline's - 1| is within the line's tolerance. A variant
-whose run failed (soltrain refused a setting, crashed) is ERROR with soltrain's last line, and the others are
-still reported. Exit status of `report`: 0 when every compared variant passes, 1 otherwise.
+A variant passes when |its final eval loss / its baseline's - 1| is within the line's tolerance (with seeds:
+the means'). A variant whose run failed (soltrain refused a setting, crashed; with seeds: any of its runs) is
+ERROR with soltrain's last line, and the others are still reported. Exit status of `report`: 0 when every
+compared variant passes, 1 otherwise.
 """
 import json
 import math
@@ -109,9 +113,57 @@ def read_run(out, name):
     return "OK", loss, step, (max(train)[1] if train else None), ""
 
 
-def report(out, variants_path, floor):
+def read_curves(path):
+    """{step: eval loss}, {step: train loss} of one metrics.jsonl."""
+    evals, train = {}, {}
+    for line in open(path):
+        try:
+            j = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(j.get("eval_loss"), (int, float)):
+            evals[j["step"]] = j["eval_loss"]
+        elif isinstance(j.get("loss"), (int, float)):
+            train[j["step"]] = j["loss"]
+    return evals, train
+
+
+def read_seeds(out, name, seeds):
+    """read_run's tuple over runs/<name>-s<seed> for every seed (means of the losses; ERROR or NOT RUN when one
+    run is), plus the per-seed final eval losses; writes OUT/mean/<name>/metrics.jsonl, the mean curves."""
+    per = [(seed, read_run(out, f"{name}-s{seed}")) for seed in seeds]
+    mean_file = os.path.join(out, "mean", name, "metrics.jsonl")
+    if os.path.exists(mean_file):
+        os.remove(mean_file)  # an earlier invocation's: not to be drawn for a run that failed this time
+    if all(r[0] == "NOT RUN" for _, r in per):
+        return ("NOT RUN", None, None, None, ""), []
+    for seed, r in per:
+        if r[0] != "OK":
+            return (r[0] if r[0] != "NOT RUN" else "ERROR", None, None, None, f"seed {seed}: {r[4] or r[0]}"), []
+    steps = {r[2] for _, r in per}
+    loss = sum(r[1] for _, r in per) / len(per)
+    trains = [r[3] for _, r in per if r[3] is not None]
+    note = "" if len(steps) == 1 else f"the seeds' last evals are at steps {sorted(steps)}"
+    # The mean curves: the steps every seed logged, each loss averaged.
+    curves = [read_curves(os.path.join(out, "runs", f"{name}-s{seed}", "metrics.jsonl")) for seed in seeds]
+    os.makedirs(os.path.dirname(mean_file), exist_ok=True)
+    with open(mean_file, "w") as f:
+        for which, key in ((1, "loss"), (0, "eval_loss")):
+            common = set.intersection(*(set(c[which]) for c in curves))
+            for step in sorted(common):
+                f.write(json.dumps({"step": step, key: sum(c[which][step] for c in curves) / len(curves)}) + "\n")
+    return ("OK", loss, max(steps), sum(trains) / len(trains) if trains else None, note), [r[1] for _, r in per]
+
+
+def report(out, variants_path, floor, seeds=None):
     variants = parse_variants(variants_path)
-    runs = {v["name"]: read_run(out, v["name"]) for v in variants}
+    per_seed = {}
+    if seeds:
+        runs = {}
+        for v in variants:
+            runs[v["name"]], per_seed[v["name"]] = read_seeds(out, v["name"], seeds)
+    else:
+        runs = {v["name"]: read_run(out, v["name"]) for v in variants}
     variants = [v for v in variants if runs[v["name"]][0] != "NOT RUN"]
     rows, all_pass = [], True
     for v in variants:
@@ -134,14 +186,27 @@ def report(out, variants_path, floor):
         elif status != "OK":
             verdict = "ERROR"
         fmt = lambda x: f"{x:.4f}" if isinstance(x, float) and math.isfinite(x) else "-"
-        rows.append([v["name"], " ".join(v["settings"]) or "-", fmt(loss), str(step or "-"), fmt(train), rel or "-",
-                     criterion or "baseline", verdict or "-", note.replace("|", "/")])
+        row = [v["name"], " ".join(v["settings"]) or "-", fmt(loss), str(step or "-"), fmt(train), rel or "-",
+               criterion or "baseline", verdict or "-", note.replace("|", "/")]
+        if seeds:
+            losses = per_seed[v["name"]]
+            spread = (f"{(max(losses) - min(losses)) / loss * 100:.2f}%" if losses else "-")
+            row[3:3] = [" / ".join(fmt(x) for x in losses) or "-", spread]
+        rows.append(row)
     head = ["variant", "settings", "final eval loss", "at step", "final train loss", "vs baseline", "criterion",
             "result", "note"]
+    if seeds:
+        head[2] = f"final eval loss (mean of {len(seeds)})"
+        head[3:3] = [f"seeds {', '.join(str(x) for x in seeds)}", "seed spread"]
+        head[7] = "vs baseline (means)"
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
-    floor_line = (f"Task floor (best achievable eval loss, bench/task_floor.py): {floor:.4f}"
+    floor_line = (f"Task floor (the best achievable eval loss on the validation file): {floor:.4f}"
                   if floor is not None else "Task floor: not computed")
     text = "\n".join(lines)
+    if seeds:
+        spreads = [f"{r[0]} {r[4]}" for r, v in zip(rows, variants) if not v["baseline"] and r[4] != "-"]
+        if spreads:
+            floor_line += "\nSeed spread of the baselines (max - min over the seeds, of the mean): " + ", ".join(spreads)
     print(text)
     print(floor_line)
 
@@ -152,11 +217,18 @@ def report(out, variants_path, floor):
             groups.setdefault((v["baseline"], v["within"]), []).append(v["name"])
     for (base, tol), members in groups.items():
         svg = os.path.join(out, f"{base}_vs_{'_'.join(members)}.svg")
-        args = [sys.executable, os.path.join(HERE, "plot_curves.py"), "--out", svg, "--title",
-                f"{' and '.join(members)} vs {base} (criterion: final eval loss within {tol * 100:g}%)"]
+        title = f"{' and '.join(members)} vs {base} (criterion: final eval loss within {tol * 100:g}%)"
+        if seeds:
+            title = f"{title}, means of {len(seeds)} seeds"
+        args = [sys.executable, os.path.join(HERE, "plot_curves.py"), "--out", svg, "--title", title]
         if floor is not None:
             args += ["--floor", str(floor)]
-        args += [f"{n}={os.path.join(out, 'runs', n, 'metrics.jsonl')}" for n in [base] + members]
+        where = (lambda n: os.path.join(out, "mean", n, "metrics.jsonl")) if seeds else (
+            lambda n: os.path.join(out, "runs", n, "metrics.jsonl"))
+        names = [n for n in [base] + members if os.path.exists(where(n))]
+        if not names:
+            continue
+        args += [f"{n}={where(n)}" for n in names]
         subprocess.run(args, check=True)
         svgs.append(os.path.basename(svg))
 
@@ -177,9 +249,19 @@ def main():
         for v in select(parse_variants(a[1]), a[3] if len(a) == 4 else ""):
             print("\t".join([v["name"], v["start"], " ".join(v["settings"])]))
         return 0
-    if a[:1] == ["report"] and len(a) in (3, 5) and (len(a) == 3 or a[3] == "--floor"):
-        return report(a[1], a[2], float(a[4]) if len(a) == 5 else None)
-    die("usage: plan VARIANTS [--only a,b] | report OUT VARIANTS [--floor F]")
+    if a[:1] == ["report"] and len(a) >= 3:
+        opts, rest = {}, a[3:]
+        while len(rest) >= 2 and rest[0] in ("--floor", "--seeds") and rest[0] not in opts:
+            opts[rest[0]], rest = rest[1], rest[2:]
+        if not rest:
+            seeds = None
+            if "--seeds" in opts:
+                try:
+                    seeds = [int(x) for x in opts["--seeds"].split(",")]
+                except ValueError:
+                    die(f"--seeds {opts['--seeds']}: expected whole numbers separated by commas")
+            return report(a[1], a[2], float(opts["--floor"]) if "--floor" in opts else None, seeds)
+    die("usage: plan VARIANTS [--only a,b] | report OUT VARIANTS [--floor F] [--seeds 42,43,44]")
 
 
 if __name__ == "__main__":

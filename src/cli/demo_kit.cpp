@@ -1,5 +1,6 @@
 #include "cli/demo_kit.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -39,6 +40,24 @@ std::string byte_symbol(int b) {
 }
 
 }  // namespace
+
+DemoModelShape demo_model_shape(int hidden, int layers, int heads, int kv_heads, int intermediate) {
+  if (hidden <= 0 || layers <= 0 || heads <= 0 || kv_heads < 0 || intermediate <= 0)
+    user_error("demo model: sizes must be positive (hidden ", hidden, ", layers ", layers, ", heads ", heads,
+               ", kv heads ", kv_heads, ", intermediate ", intermediate, ")");
+  if (kv_heads == 0) kv_heads = std::max(1, heads / 2);
+  if (hidden % heads != 0)
+    user_error("demo model: hidden size ", hidden, " is not a multiple of the ", heads, " heads");
+  if (heads % kv_heads != 0) user_error("demo model: ", heads, " heads are not a multiple of ", kv_heads, " kv heads");
+  DemoModelShape s;
+  s.hidden = hidden;
+  s.layers = layers;
+  s.heads = heads;
+  s.kv_heads = kv_heads;
+  s.head_dim = hidden / heads;
+  s.intermediate = intermediate;
+  return s;
+}
 
 void write_byte_tokenizer(const fs::path& dir) {
   fs::create_directories(dir);

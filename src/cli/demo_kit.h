@@ -13,6 +13,10 @@ struct DemoModelShape {
   int max_positions = 4096;
 };
 
+// The shape with these sizes: head_dim = hidden / heads, kv_heads 0 meaning half the heads (at least 1).
+// UserError when hidden is not a multiple of heads or heads of kv_heads.
+DemoModelShape demo_model_shape(int hidden, int layers, int heads, int kv_heads, int intermediate);
+
 // tokenizer.json + tokenizer_config.json (ChatML template, eos <|im_end|>) into `dir`.
 void write_byte_tokenizer(const std::filesystem::path& dir);
 

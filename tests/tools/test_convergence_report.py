@@ -13,6 +13,7 @@ import xml.dom.minidom
 
 BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench")
 sys.path.insert(0, BENCH)
+import markov_task  # noqa: E402
 import task_floor  # noqa: E402
 
 VARIANTS = """# name start baseline within settings
@@ -84,6 +85,34 @@ class Report(unittest.TestCase):
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
             self.assertEqual([rows[n][7] for n in "bcdq"], ["PASS"] * 4)
 
+    def test_seeds_judged_on_the_means(self):
+        with tempfile.TemporaryDirectory() as out:
+            with open(os.path.join(out, "variants.txt"), "w") as f:
+                f.write("a init - - x=1\nb init a 1% y=1\nc init a 1% z=1\n")
+            for seed, (la, lb, lc) in ((1, (1.00, 1.02, 1.0)), (2, (1.02, 1.00, 1.1))):
+                fake_run(out, f"a-s{seed}", 0, [(0, 5.0), (100, la)], train=[(1, 5.0), (100, la + 0.1)])
+                fake_run(out, f"b-s{seed}", 0, [(0, 5.0), (100, lb)])
+                fake_run(out, f"c-s{seed}", 0 if seed == 1 else 3, [(0, 5.0), (100, lc)], log="boom\n")
+            p = subprocess.run([sys.executable, os.path.join(BENCH, "convergence_report.py"), "report", out,
+                                os.path.join(out, "variants.txt"), "--floor", "0.5", "--seeds", "1,2"],
+                               capture_output=True, text=True)
+            self.assertEqual(p.returncode, 1, p.stdout + p.stderr)  # c: its seed 2 failed
+            rows = {}
+            for line in p.stdout.splitlines():
+                cells = [c.strip() for c in line.strip("|").split("|")]
+                if len(cells) == 11 and cells[0] not in ("variant", "---"):
+                    rows[cells[0]] = cells
+            self.assertEqual(rows["a"][2:5], ["1.0100", "1.0000 / 1.0200", "1.98%"])
+            self.assertEqual((rows["b"][7], rows["b"][9]), ("+0.00%", "PASS"))  # the means are equal
+            self.assertEqual(rows["c"][9], "ERROR")
+            self.assertIn("seed 2: exit 3: boom", rows["c"][10])
+            self.assertIn("Seed spread of the baselines (max - min over the seeds, of the mean): a 1.98%", p.stdout)
+            with open(os.path.join(out, "mean", "a", "metrics.jsonl")) as f:
+                mean = [json.loads(l) for l in f]
+            self.assertIn({"step": 100, "eval_loss": 1.01}, mean)
+            self.assertIn({"step": 100, "loss": 1.11}, mean)
+            xml.dom.minidom.parse(os.path.join(out, "a_vs_b_c.svg"))
+
     def test_bad_variants_file_is_one_line_exit_2(self):
         with tempfile.TemporaryDirectory() as out:
             path = os.path.join(out, "v.txt")
@@ -111,6 +140,38 @@ class Floor(unittest.TestCase):
             self.assertEqual(counted, 9)
             self.assertAlmostEqual(got, want, places=12)
             self.assertAlmostEqual(task_floor.floor(path, p, tokens=18)[0], want / 2, places=12)
+
+
+class MarkovFloor(unittest.TestCase):
+    def test_as_soltrain_counts(self):
+        # Order 1 over 3 letters, documents cut at 4 tokens: the first letter is no target, the eos is one
+        # unless the document was cut (4 letters: soltrain keeps 4 tokens, the appended eos goes).
+        chain = markov_task.make_chain(3, 1, 0.5, 4.0, 4, seed=3)
+        rows, q = chain["rows"], 0.25
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "v.jsonl")
+            with open(path, "w") as f:
+                for doc in ("ab", "abca", "c"):
+                    f.write(json.dumps({"text": doc}) + "\n")
+            p = lambda ctx, letter: 0.75 * rows[ctx]["abc".index(letter)]
+            want = -(math.log(p("a", "b")) + math.log(q)  # ab<eos>
+                     + math.log(p("a", "b")) + math.log(p("b", "c")) + math.log(p("c", "a"))  # abca, cut
+                     + math.log(q)) / 6  # c<eos>
+            got, counted, docs = markov_task.floor(chain, path)
+            self.assertEqual((counted, docs), (6, 3))
+            self.assertAlmostEqual(got, want, places=12)
+            self.assertAlmostEqual(markov_task.lm_score(chain, path)[0], want, places=12)
+
+    def test_generated_file_meets_the_entropy_rate(self):
+        chain = markov_task.make_chain(26, 2, 0.1, 50.0, 64, seed=1)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "t.jsonl")
+            import random
+            markov_task.write_jsonl(path, markov_task.generate_docs(chain, random.Random(5), tokens=60000))
+            got, counted, _ = markov_task.floor(chain, path)
+            self.assertGreaterEqual(counted, 55000)
+            # The sample mean of ~60k targets of sd ~1.3 nats: 4 sd is 0.02.
+            self.assertAlmostEqual(got, markov_task.entropy_rate(chain), delta=0.03)
 
 
 if __name__ == "__main__":
