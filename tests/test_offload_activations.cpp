@@ -14,6 +14,7 @@
 #include "cli/config.h"
 #include "cli/demo_kit.h"
 #include "cli_test_util.h"
+#include "core/host_memory.h"
 #include "data/batch_file.h"
 #include "data_test_util.h"
 #include "model/activation_plan.h"
@@ -297,6 +298,24 @@ TEST(OffloadActivations, DeviceBytesShrinkByTheHostCopies) {
     FAIL() << "plan() accepted offload_activations with recompute selective";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("offload_activations needs recompute: full"), std::string::npos) << e.what();
+  }
+}
+
+// Host copies that would not fit are refused with the figures, before anything is allocated.
+TEST(OffloadActivations, RefusesHostMemoryThatDoesNotFit) {
+  if (!read_host_memory().known) GTEST_SKIP() << "no /proc/meminfo or cgroup figures here";
+  auto ops = make_cpu_ops();
+  auto model = load_pretrained(test::fixtures() / "models" / "qwen3-tiny", *ops);
+  model->set_offload_checkpoints(true);
+  // 2^40 tokens: one host checkpoint of [2^40, 64] fp32 is 256 TiB.
+  try {
+    model->plan(1 << 20, 1 << 20, Recompute::Full);
+    FAIL() << "a 256 TiB host plan was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("out of host memory: offload_activations' layer-input checkpoints needs "
+                                         "262144.00 GiB"),
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -191,6 +191,9 @@ void Transformer::plan(int rows, int seq_len, Recompute recompute) {
   a->plan = plan_activations(
       config_, {rows, seq_len, recompute, ops_.activation_dtype(), residual_dtype(), lora_ ? &*lora_ : nullptr,
                 token_tile_, head_chunk_bytes_for(ops_.activation_dtype()), offload_checkpoints_});
+  // Offloaded checkpoints that would not fit the host are refused with the figures before anything is
+  // allocated (pinned pages past the cgroup's limit get the process killed without a word).
+  if (const size_t host = a->plan.host_bytes()) check_host_memory(host, "offload_activations' layer-input checkpoints");
   a->head_chunk = int(a->plan.head_chunk);
   a->tile = a->plan.tile;
   // The plan's buffers by name: per-layer ones, then single tensors.
@@ -266,8 +269,6 @@ void Transformer::plan(int rows, int seq_len, Recompute recompute) {
     ring.on = true;
     ring.slots = r->copies;
     ring.host_layers = r->host_copies;
-    // Refused with the figures before pinning anything (pinned pages past the cgroup's limit kill the process).
-    check_host_memory(r->host_bytes(), "offload_activations' layer-input checkpoints");
     ring.host_buffer = ops_.alloc_host(r->host_bytes());
     for (int64_t j = 0; j < ring.host_layers; ++j)
       ring.host.push_back(Tensor{static_cast<char*>(ring.host_buffer.data()) + size_t(j) * r->bytes(), r->dtype,
