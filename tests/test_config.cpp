@@ -190,6 +190,7 @@ TEST(Config, MorePeerKeys) {
   EXPECT_TRUE(c.dataset_exact_deduplication);
   EXPECT_TRUE(c.merge_adapter);
   EXPECT_EQ(c.recompute, Recompute::Full);
+  EXPECT_TRUE(c.offload_activations);  // "offload": the checkpoints in host memory, as Axolotl keeps them
   EXPECT_EQ(c.moments, Moments::F32);
   EXPECT_EQ(c.chat_template, "qwen3");
   // Empty is off (or the default), as the peers read it.
@@ -325,8 +326,11 @@ TEST(Config, OffloadKeys) {
   EXPECT_EQ(error_of(kBase + "offload_master: true\noptimizer: adamw_8bit\n"),
             "cfg.yaml:6: offload_master with 8-bit AdamW moments is not built yet: use optimizer: adamw_torch (fp32 "
             "moments) or drop offload_master");
-  // The peer keys that still name missing features keep refusing.
-  EXPECT_NE(error_of(kBase + "offload_residual: true\n").find("not built yet"), std::string::npos);
+  // Surogate's residual offload: refused, naming soltrain's key for it.
+  EXPECT_EQ(error_of(kBase + "offload_residual: true\n"),
+            "cfg.yaml:6: offload_residual: use offload_activations: true with recompute: full (soltrain's name; it "
+            "offloads the layer-input checkpoints, the residual stream full recompute keeps)");
+  EXPECT_NE(error_of(kBase + "offload_grads: true\n").find("not built yet"), std::string::npos);
 }
 
 }  // namespace

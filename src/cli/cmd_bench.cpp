@@ -36,7 +36,7 @@ struct BenchOpts {
   std::string model, device = "cuda";
   int batch = 8, seq = 2048, steps = 10, warmup = 3, lora_rank = 0, data_parallel = -1, gpus = 1;
   int64_t token_tile = 0;
-  bool plan_only = false;
+  bool plan_only = false, offload_activations = false;
   std::string recompute = "none", residual_dtype = "auto", optimizer = "adamw", qlora = "none", recipe = "bf16";
   std::string offload = "none";
   std::string fp8_scaling = "delayed";
@@ -63,7 +63,10 @@ int print_activation_plan(const BenchOpts& o) {
       residual_dtype_for(act, parse_residual_dtype(o.residual_dtype, "--residual-dtype"), lora.has_value()),
       lora ? &*lora : nullptr,
       o.token_tile,
-      head_chunk_bytes_for(act, !lora)};  // bench's LoRA freezes the head
+      head_chunk_bytes_for(act, !lora),  // bench's LoRA freezes the head
+      o.offload_activations};
+  if (o.offload_activations && s.recompute != Recompute::Full)
+    user_error("bench --offload-activations needs --recompute full (it offloads the layer-input checkpoints)");
   const ActivationPlan p = plan_activations(c, s);
   const double gib = double(size_t(1) << 30);
   nlohmann::json buffers = nlohmann::json::array();
@@ -74,6 +77,7 @@ int print_activation_plan(const BenchOpts& o) {
                        {"shape", b->shape},
                        {"gib", double(b->bytes()) / gib},
                        {"copies", b->copies},
+                       {"host_copies", b->host_copies},
                        {"checkpoint", b->checkpoint}});
   }
   nlohmann::json r{{"engine", "soltrain"},
@@ -84,8 +88,10 @@ int print_activation_plan(const BenchOpts& o) {
                    {"lora_rank", o.lora_rank},
                    {"token_tile", p.tile},
                    {"head_chunk", p.head_chunk},
+                   {"offload_activations", o.offload_activations},
                    {"activation_gib", double(p.total_bytes()) / gib},
-                   {"checkpoint_gib", double(checkpoints) / gib},
+                   {"checkpoint_gib", double(checkpoints) / gib},  // on the device (the ring, when offloaded)
+                   {"checkpoint_host_gib", double(p.host_bytes()) / gib},
                    {"largest_activations", describe_largest(p, 4)},
                    {"buffers", buffers}};
   std::cout << r.dump() << std::endl;
@@ -138,6 +144,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
   c->add_option("--token-tile", o->token_tile, "the MLP's token tile for long sequences (0 = automatic)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  c->add_flag("--offload-activations", o->offload_activations,
+              "offload_activations: with --recompute full, the layer-input checkpoints in pinned host memory, a "
+              "ring of two on the GPU (copied out in forward, prefetched a layer ahead in backward)");
   c->add_flag("--plan-only", o->plan_only,
               "print the activation plan (every buffer, largest first) from config.json alone and exit: no "
               "weights are loaded, no device is needed (a 500k-token plan on any machine)");
@@ -190,6 +199,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
     std::rotate(batch.targets.begin(), batch.targets.begin() + 1, batch.targets.end());
     model->set_residual_dtype(parse_residual_dtype(o->residual_dtype, "--residual-dtype"));
     model->set_token_tile(o->token_tile);
+    if (o->offload_activations && (o->data_parallel >= 0 || world > 1))
+      user_error("bench --offload-activations: one process without --data-parallel only (as training)");
+    model->set_offload_checkpoints(o->offload_activations);  // (plan() refuses it without --recompute full)
     model->plan(o->batch, o->seq, parse_recompute(o->recompute, "--recompute"));
     Offload offload;
     offload.master = o->offload == "master" || o->offload == "both";
@@ -243,7 +255,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
                      {"tokens_per_s", tokens / step},
                      {"memory_gib", memory},
                      {"optimizer_gib", double(train_step.optimizer().state_bytes()) / double(1u << 30)},
+                     {"offload_activations", o->offload_activations},
                      {"activation_gib", double(model->activation_bytes()) / double(1u << 30)},
+                     {"checkpoint_host_gib", double(model->checkpoint_host_bytes()) / double(1u << 30)},
                      {"token_tile", model->activation_plan().tile},
                      {"largest_activations", describe_largest(model->activation_plan(), 4)},
                      {"loss", loss},

@@ -557,6 +557,8 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       // Surogate's names: the fp32 masters / AdamW moments in host memory, streamed through the device each update.
       {"offload_master", [&](const Entry& e) { c.offload.master = get_bool(e, "offload_master"); }},
       {"offload_optimizer", [&](const Entry& e) { c.offload.optimizer = get_bool(e, "offload_optimizer"); }},
+      // The layer-input checkpoints of recompute full in host memory, a ring of two on the device.
+      {"offload_activations", [&](const Entry& e) { c.offload_activations = get_bool(e, "offload_activations"); }},
       {"recompute",
        [&](const Entry& e) {
          const std::string r = get_string(e, "recompute");
@@ -760,6 +762,20 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
                            " with 8-bit AdamW moments is not built yet: use optimizer: adamw_torch (fp32 moments) "
                            "or drop ",
                            k));
+  }
+  // Offloaded checkpoints are recompute full's (the only activations it keeps across the pass); data parallel's
+  // hooks queue their collectives on the side stream the copies use, an interleaving not built nor tested.
+  if (c.offload_activations && entries.count("offload_activations")) {
+    const std::string& at = entries.at("offload_activations").where;
+    if (c.recompute != Recompute::Full)
+      errors.push_back(cat(at,
+                           ": offload_activations needs recompute: full (it moves the layer-input checkpoints, "
+                           "the only activations full recompute keeps, to host memory); got recompute: ",
+                           recompute_name(c.recompute)));
+    if (c.zero_stage >= 1 || c.gpus > 1)
+      errors.push_back(cat(at, ": offload_activations with data parallel (",
+                           c.gpus > 1 ? "gpus: " : "zero_stage: ", c.gpus > 1 ? c.gpus : c.zero_stage,
+                           ") is not built yet: train on one GPU, or drop offload_activations"));
   }
   // Every problem at once, so a config is fixed in one edit rather than one rerun per key.
   if (errors.size() == 1) throw UserError(errors[0]);

@@ -95,10 +95,12 @@ const std::map<std::string, Apply>& table() {
   static const std::map<std::string, Apply> t = {
       // Renames.
       {"gradient_checkpointing",  // Axolotl; "unsloth" and "offload" keep the checkpoints in host memory
-       // there: the same recompute, the same results, here with the checkpoints left on the device
+       // there, as offload_activations does here (the same recompute, the same results)
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
-         const bool on = n.IsScalar() && (n.Scalar() == "unsloth" || n.Scalar() == "offload") ? true : as_bool(k, n);
+         const bool host = n.IsScalar() && (n.Scalar() == "unsloth" || n.Scalar() == "offload");
+         const bool on = host || as_bool(k, n);
          c.recompute = on ? Recompute::Full : Recompute::None;
+         c.offload_activations = host;
        }},
       {"lora_target_linear",
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
@@ -259,7 +261,8 @@ const std::map<std::string, Apply>& table() {
          if (!as_bool(k, n)) return;
          c.fp8_hybrid = true;
          c.fp8.delayed = false;
-         c.notes.push_back("fp8: true (torchao float8, dynamic scales) runs as recipe: fp8-hybrid, fp8_scaling: current");
+         c.notes.push_back(
+             "fp8: true (torchao float8, dynamic scales) runs as recipe: fp8-hybrid, fp8_scaling: current");
        }},
       {"peft_use_dora", off_or("DoRA adapters are not built yet; drop it for plain LoRA")},
       {"lora_model_dir", off_or("continuing from an existing LoRA adapter is not built yet")},
@@ -278,7 +281,10 @@ const std::map<std::string, Apply>& table() {
       {"checkpoint_dir", off_or("checkpoints are written into output_dir; drop checkpoint_dir")},
       {"from_scratch", off_or("training from random weights is not built yet")},
       // (offload_master and offload_optimizer are soltrain's own keys, cli/config.cpp.)
-      {"offload_residual", off_or("offloading activations to host memory is not built yet")},
+      // Surogate's residual offload keeps its other activations on the device unless it recomputes blocks;
+      // soltrain's key is the recompute-full form, stated rather than guessed.
+      {"offload_residual", off_or("use offload_activations: true with recompute: full (soltrain's name; it "
+                                  "offloads the layer-input checkpoints, the residual stream full recompute keeps)")},
       {"offload_grads", off_or("offloading gradients to host memory is not built yet")},
       {"qlora",
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {

@@ -48,6 +48,12 @@ size_t ActivationPlan::total_bytes() const {
   return n;
 }
 
+size_t ActivationPlan::host_bytes() const {
+  size_t n = 0;
+  for (const PlannedBuffer& b : buffers) n += b.host_bytes();
+  return n;
+}
+
 const PlannedBuffer* ActivationPlan::find(const std::string& name) const {
   for (const PlannedBuffer& b : buffers)
     if (b.name == name) return &b;
@@ -84,6 +90,14 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
   const bool elem_rc = s.recompute != Recompute::None;
   per_layer("resid", {N, D}, res, false, L + 1);
   p.buffers.back().checkpoint = true;
+  if (s.offload_checkpoints) {
+    SOLTRAIN_CHECK(s.recompute == Recompute::Full, "offloaded checkpoints without recompute full");
+    // The ring holds the last kCheckpointSlots written (layers L+1-slots .. L) when backward starts: those
+    // are read there and never need a host copy; every earlier one has its own host buffer.
+    PlannedBuffer& r = p.buffers.back();
+    r.copies = std::min<int64_t>(kCheckpointSlots, L + 1);
+    r.host_copies = L + 1 - r.copies;
+  }
   per_layer("h1", {N, D}, act, attn_rc);
   per_layer("rstd1", {N}, f32, attn_rc);
   // Recompute elementwise, with q/k norms: the normed and rotated q and k are one buffer each that backward
@@ -159,7 +173,8 @@ std::string describe_largest(const ActivationPlan& p, size_t n) {
     out += cat(b.name, " ");
     if (b.copies > 1) out += cat(b.copies, " x ");
     out += cat(double(int64_t(double(b.bytes()) / gib * 100 + 0.5)) / 100, " GiB");
-    if (b.checkpoint) out += " (layer inputs)";
+    if (b.checkpoint)
+      out += b.host_copies ? cat(" (layer inputs; ", b.host_copies, " more in host memory)") : " (layer inputs)";
   }
   return out;
 }

@@ -54,7 +54,16 @@ struct ActivationSettings {
   const LoraConfig* lora = nullptr;          // adapters (their saved u and scratch); null: none
   int64_t token_tile = kTokenTileAuto;
   int64_t head_chunk_bytes = int64_t(64) << 20;  // fp32 logits of the LM head's token chunk
+  // `offload_activations` (recompute full only): the layer-input checkpoints live in pinned host memory, one
+  // copy per layer, and the device keeps a ring of kCheckpointSlots of them (model/transformer.cpp).
+  bool offload_checkpoints = false;
 };
+
+// Device slots of the offloaded checkpoints' ring. Two suffice: forward overwrites a slot one layer after its
+// download was queued, and backward prefetches one layer ahead, so each copy has a whole layer's compute to
+// hide behind (at 512k tokens of Qwen3-8B a checkpoint is 8 GiB, ~150 ms at 55 GB/s; a layer's forward with
+// its attention takes seconds; at 4k tokens 64 MiB, ~1.2 ms, against a few ms of a layer).
+inline constexpr int64_t kCheckpointSlots = 2;
 
 // One named buffer: `layers` per-layer entries (0: one tensor, not per layer) backed by `copies` distinct
 // allocations (layers when each layer keeps its own, 1 when every layer's entry aliases one: recomputed).
@@ -64,14 +73,19 @@ struct PlannedBuffer {
   DType dtype;
   int64_t layers = 0, copies = 1;
   bool checkpoint = false;  // a layer-input checkpoint: what recompute full keeps (offload's candidates)
+  // Entries held in pinned host memory besides the `copies` on the device (offloaded checkpoints: layer i's
+  // entry is device copy i % copies, and its host copy for i < host_copies).
+  int64_t host_copies = 0;
   size_t bytes() const { return size_t(shape_numel(shape)) * dtype_size(dtype); }  // of one copy
-  size_t total_bytes() const { return bytes() * size_t(copies); }
+  size_t total_bytes() const { return bytes() * size_t(copies); }                  // on the device
+  size_t host_bytes() const { return bytes() * size_t(host_copies); }
 };
 
 struct ActivationPlan {
   int64_t tokens = 0, tile = 0, head_chunk = 0;
   std::vector<PlannedBuffer> buffers;  // in allocation order
-  size_t total_bytes() const;          // before the arena's alignment padding
+  size_t total_bytes() const;          // on the device, before the arena's alignment padding
+  size_t host_bytes() const;           // offloaded checkpoints in host memory (0 without offload)
   const PlannedBuffer* find(const std::string& name) const;
   // The buffers by the size of one copy, largest first (what the memory plan prints).
   std::vector<const PlannedBuffer*> largest() const;
@@ -79,7 +93,8 @@ struct ActivationPlan {
 
 ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& s);
 
-// "name 4.00 GiB, name 37 x 8.00 GiB (checkpoints), ...": the `n` largest buffers, for the memory plan.
+// "name 4.00 GiB, name 37 x 8.00 GiB (layer inputs), ...": the `n` largest buffers, for the memory plan
+// (offloaded checkpoints: "resid 2 x 8.00 GiB (layer inputs; 35 more in host memory)").
 std::string describe_largest(const ActivationPlan& p, size_t n);
 
 }  // namespace soltrain

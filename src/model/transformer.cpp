@@ -5,6 +5,8 @@
 #include <limits>
 #include <map>
 
+#include "core/host_memory.h"
+
 namespace soltrain {
 
 namespace {
@@ -50,6 +52,19 @@ struct Transformer::Activations {
   // LoRA: scale·(x·Aᵀ) per layer and projection [N, r] (saved), and scratch sized for the widest projection
   std::array<std::vector<Tensor>, kLoraTargets> lora_u;
   LoraScratch lora_scratch;
+  // `offload_activations`: resid[j] is device slot j % slots of a ring; layers below host_layers also have a
+  // host copy, host[j] (see "The offloaded checkpoints' ring" below).
+  struct Ring {
+    bool on = false, downloads = false;  // downloads: this forward copies out (a backward follows)
+    int64_t slots = 0, host_layers = 0;
+    int64_t fetched_down_to = 0;  // backward: uploads are queued for layers [fetched_down_to, host_layers)
+    Buffer host_buffer;
+    std::vector<Tensor> host;  // [host_layers] views of host_buffer
+    // Per slot: the mark after the last side-stream copy touching it that Main has not waited for yet (0:
+    // none), and the layer whose checkpoint it holds (-1: none).
+    std::vector<uint64_t> side_mark;
+    std::vector<int64_t> holds;
+  } ring;
 };
 
 Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig> lora, bool gradients)
@@ -106,6 +121,10 @@ const ActivationPlan& Transformer::activation_plan() const {
   return acts_->plan;
 }
 
+size_t Transformer::checkpoint_host_bytes() const {
+  return acts_ ? acts_->ring.host_buffer.bytes() : 0;
+}
+
 size_t Transformer::staging_bytes() const {
   return acts_ ? acts_->staging.bytes() : 0;
 }
@@ -159,14 +178,23 @@ void Transformer::after_update() {
 
 void Transformer::plan(int rows, int seq_len, Recompute recompute) {
   const int64_t N = int64_t(rows) * seq_len;
+  if (offload_checkpoints_ && recompute != Recompute::Full)
+    user_error(
+        "offload_activations needs recompute: full (it offloads the layer-input checkpoints, the only "
+        "activations full recompute keeps); got recompute: ",
+        recompute_name(recompute));
   if (fp8_) fp8_->plan(N);
   auto a = std::make_unique<Activations>();
   a->rows = rows;
   a->seq_len = seq_len;
   a->recompute = recompute;
   a->plan = plan_activations(
-      config_, {rows, seq_len, recompute, ops_.activation_dtype(), residual_dtype(), lora_ ? &*lora_ : nullptr,
-                token_tile_, head_chunk_bytes_for(ops_.activation_dtype(), params_.at(lm_head_name()).trainable)});
+      config_,
+      {rows, seq_len, recompute, ops_.activation_dtype(), residual_dtype(), lora_ ? &*lora_ : nullptr, token_tile_,
+       head_chunk_bytes_for(ops_.activation_dtype(), params_.at(lm_head_name()).trainable), offload_checkpoints_});
+  // Offloaded checkpoints that would not fit the host are refused with the figures before anything is
+  // allocated (pinned pages past the cgroup's limit get the process killed without a word).
+  if (const size_t host = a->plan.host_bytes()) check_host_memory(host, "offload_activations' layer-input checkpoints");
   a->head_chunk = int(a->plan.head_chunk);
   a->tile = a->plan.tile;
   // The plan's buffers by name: per-layer ones, then single tensors.
@@ -206,7 +234,8 @@ void Transformer::plan(int rows, int seq_len, Recompute recompute) {
                                                  {"lora_g", &a->lora_scratch.g}};
   Arena& ar = a->arena;
   std::vector<std::pair<Tensor*, size_t>> bind;
-  // Recomputed tensors: one buffer that every layer's entry aliases.
+  // Recomputed tensors: one buffer that every layer's entry aliases; offloaded checkpoints: a ring of
+  // `copies` buffers, entry i aliasing copy i % copies.
   std::vector<std::pair<std::vector<Tensor>*, size_t>> aliased;
   for (const PlannedBuffer& b : a->plan.buffers) {
     if (b.layers == 0) {
@@ -220,13 +249,14 @@ void Transformer::plan(int rows, int seq_len, Recompute recompute) {
     std::vector<Tensor>& v = *it->second;
     v.resize(size_t(b.layers));
     for (int64_t i = 0; i < b.copies; ++i) bind.push_back({&v[size_t(i)], ar.plan(b.shape, b.dtype)});
-    if (b.copies == 1) aliased.push_back({&v, size_t(b.layers)});
+    if (b.copies < b.layers) aliased.push_back({&v, size_t(b.copies)});
   }
   const auto& c = config_;
   const DType res = residual_dtype(), act = ops_.activation_dtype(), f32 = DType::F32;
   ar.bind(ops_.alloc(ar.total_bytes()));
   for (auto& [t, h] : bind) *t = ar.get(h);
-  for (auto& [v, count] : aliased) v->assign(count, (*v)[0]);
+  for (auto& [v, copies] : aliased)
+    for (size_t i = copies; i < v->size(); ++i) (*v)[i] = (*v)[i % copies];
   if (res == act) a->dres_act = a->dres;
   if (act == f32) a->dlogits = a->logits;  // the gradient overwrites the logits in place
   if (!c.qk_norm) {                        // without q/k norm, RoPE rotates the projections in place
@@ -235,6 +265,18 @@ void Transformer::plan(int rows, int seq_len, Recompute recompute) {
   }
   // ids, targets, positions (N each) and cu_seqlens (up to N + 1) per slot
   a->staging = ops_.alloc_host(2 * size_t(4 * N + 1) * sizeof(int32_t));
+  if (const PlannedBuffer* r = a->plan.find("resid"); r && r->host_copies > 0) {
+    Activations::Ring& ring = a->ring;
+    ring.on = true;
+    ring.slots = r->copies;
+    ring.host_layers = r->host_copies;
+    ring.host_buffer = ops_.alloc_host(r->host_bytes());
+    for (int64_t j = 0; j < ring.host_layers; ++j)
+      ring.host.push_back(Tensor{static_cast<char*>(ring.host_buffer.data()) + size_t(j) * r->bytes(), r->dtype,
+                                 r->shape, ring.host_buffer.device()});
+    ring.side_mark.assign(size_t(ring.slots), 0);
+    ring.holds.assign(size_t(ring.slots), -1);
+  }
   acts_ = std::move(a);
 }
 
@@ -344,8 +386,22 @@ void Transformer::forward(const HostBatch& batch, Objective* objective, bool bac
   a.backward_pending = backward_follows;
   if (a.head_fused) objective->token_weights(ops_, a.out, a.token_weight);
 
+  if (a.ring.on) {
+    // A pass that ended early (a forward whose backward never ran) may leave side copies Main never waited
+    // for: order everything after them once, rather than trusting marks that old.
+    for (uint64_t& m : a.ring.side_mark)
+      if (m) {
+        ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
+        std::fill(a.ring.side_mark.begin(), a.ring.side_mark.end(), uint64_t(0));
+        break;
+      }
+    a.ring.downloads = backward_follows;  // a forward alone (evaluation, DPO's reference) needs no host copy
+    a.ring.fetched_down_to = a.ring.host_layers;
+  }
   if (hooks_) hooks_->before_forward(head_group());
+  before_checkpoint_write(0);
   ops_.embedding_forward(a.resid[0], a.ids, params_.at(kEmbed).value);
+  checkpoint_written(0);
   // Each residual add is fused with the RMSNorm after it (the next layer's ln1, or the final norm), so
   // only the first layer normalises its own input here.
   if (hooks_) hooks_->before_forward(0);  // each later layer's fires inside the layer before (forward_mlp)
@@ -389,10 +445,13 @@ void Transformer::backward(Objective& objective) {
     head_pass(&a.token_weight, nullptr);
   }
   Parameter& final_norm = params_.at(kFinalNorm);
+  checkpoint_ready(L);
   ops_.rmsnorm_backward(a.dres, false, grad_or_empty(&final_norm), a.dhf, a.resid[L], final_norm.value, a.rstdf,
                         dres_rounded());
   for (int64_t l = L - 1; l >= 0; --l) {
     if (hooks_) hooks_->before_backward(int(l));
+    prefetch_checkpoints(l);
+    checkpoint_ready(l);
     backward_layer(l);
     if (hooks_) hooks_->grads_ready(int(l));
   }
@@ -494,11 +553,89 @@ void Transformer::forward_mlp(int64_t l) {
   if (l + 1 < L) {
     // The next layer's ln1 is the first of its weights read, here inside this layer's forward.
     if (hooks_) hooks_->before_forward(int(l + 1));
+    before_checkpoint_write(l + 1);
     o.add_rmsnorm_forward(a.resid[l + 1], a.h1[l + 1], a.rstd1[l + 1], a.mid[l], a.tmp,
                           layers_[size_t(l + 1)].ln1->value, a.eps);
   } else {
+    before_checkpoint_write(L);
     o.add_rmsnorm_forward(a.resid[L], a.hf, a.rstdf, a.mid[l], a.tmp, params_.at(kFinalNorm).value, a.eps);
   }
+  checkpoint_written(l + 1);
+}
+
+// The offloaded checkpoints' ring (`offload_activations`). resid[j], layer j's input (j = L: the final
+// residual), is device slot j % R of R = kCheckpointSlots buffers; layers j < H = L + 1 - R also have a pinned
+// host buffer host[j]. Who touches what:
+//  - Main writes slot j % R (forward: the embedding, or layer j-1's fused add + norm) and reads it (layer j's
+//    forward; backward: layer j's recompute and its ln1 backward; j = L: the final norm's backward).
+//  - Side downloads slot -> host[j] in forward and uploads host[j] -> slot in backward. Every access to the
+//    host buffers is a Side copy, so Side's own order keeps them apart (backward's upload of host[j] follows
+//    forward's download of it; the next forward's download follows that upload); the host never touches them.
+// Guards, per slot, between the streams:
+//  (1) download after write: Side waits on a mark Main takes right after the producing kernel; Main goes on.
+//  (2) write after download: before Main overwrites slot s (with resid[j + R]) it waits on side_mark[s], the
+//      mark after resid[j]'s download, queued a layer's compute earlier (R = 2), so Main rarely stalls.
+//  (3) upload after Main's last read: the upload of host[j] into slot s overwrites resid[j + R], last read by
+//      layer j + R's backward (or the final norm's, j + R = L); it is queued before layer j + R - 1's backward
+//      (R - 1 layers ahead), when that read is already queued on Main: Side waits on a mark taken then.
+//  (4) read after upload: Main waits on side_mark[s] before layer j's backward reads resid[j].
+// When backward starts the ring holds the last R checkpoints written (layers H..L), still on the device: they
+// are never downloaded nor uploaded. So every download is waited on by (2) within the forward, every upload by
+// (4) within the backward, and a forward + backward leaves no side copy unwaited (no stale marks: CudaOps
+// recycles its events after 256 marks). A forward without backward (evaluation) downloads nothing.
+// On the CPU the copies run as they are called and marks are 0: the same code, in program order.
+// Token tiles change nothing here: the MLP's tiles read h2 and write tmp, and resid[l + 1] is written once, by
+// the fused add after the last tile. Data parallel is refused (config, trainer, bench): its hooks queue
+// collectives on Side too, so Side's order would put each prefetch behind the layer's reduce-scatter and
+// weight gathers queued before it: still correct, but neither measured nor tested.
+void Transformer::before_checkpoint_write(int64_t j) {
+  Activations::Ring& r = acts_->ring;
+  if (!r.on) return;
+  const size_t s = size_t(j % r.slots);
+  if (r.side_mark[s]) ops_.wait_mark(r.side_mark[s]);  // (2) (or (4)'s upload, already waited on)
+  r.side_mark[s] = 0;
+  r.holds[s] = j;
+}
+
+void Transformer::checkpoint_written(int64_t j) {
+  Activations::Ring& r = acts_->ring;
+  if (!r.on || !r.downloads || j >= r.host_layers) return;
+  const size_t s = size_t(j % r.slots);
+  const uint64_t written = ops_.mark();  // (1)
+  ops_.use_stream(Ops::Stream::Side);
+  ops_.wait_mark(written);
+  ops_.download_async(r.host[size_t(j)], acts_->resid[size_t(j)]);
+  r.side_mark[s] = ops_.mark();
+  ops_.use_stream(Ops::Stream::Main);
+}
+
+void Transformer::prefetch_checkpoints(int64_t l) {
+  Activations::Ring& r = acts_->ring;
+  if (!r.on) return;
+  const int64_t lowest = std::max<int64_t>(0, l - (r.slots - 1));
+  if (r.fetched_down_to <= lowest) return;
+  const uint64_t main_done = ops_.mark();  // (3): every read of the slots' old checkpoints is queued by now
+  ops_.use_stream(Ops::Stream::Side);
+  ops_.wait_mark(main_done);
+  for (int64_t j = r.fetched_down_to - 1; j >= lowest; --j) {
+    const size_t s = size_t(j % r.slots);
+    SOLTRAIN_CHECK(r.holds[s] > l, "checkpoint slot ", s, " holds layer ", r.holds[s], ", still needed at ", l);
+    SOLTRAIN_CHECK(r.side_mark[s] == 0, "checkpoint slot ", s, " has an unwaited copy");
+    ops_.upload_async(acts_->resid[size_t(j)], r.host[size_t(j)]);
+    r.side_mark[s] = ops_.mark();
+    r.holds[s] = j;
+  }
+  r.fetched_down_to = lowest;
+  ops_.use_stream(Ops::Stream::Main);
+}
+
+void Transformer::checkpoint_ready(int64_t j) {
+  Activations::Ring& r = acts_->ring;
+  if (!r.on) return;
+  const size_t s = size_t(j % r.slots);
+  SOLTRAIN_CHECK(r.holds[s] == j, "checkpoint slot ", s, " holds layer ", r.holds[s], ", not ", j);
+  if (r.side_mark[s]) ops_.wait_mark(r.side_mark[s]);  // (4)
+  r.side_mark[s] = 0;
 }
 
 StepResult Transformer::step(const HostBatch& batch, bool backward_too, float* logits_out) {

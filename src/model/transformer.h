@@ -107,9 +107,16 @@ class Transformer {
   // once, so long sequences need no [tokens, intermediate] buffer (with recompute). 0: automatic. Set before
   // plan(). Results equal the untiled pass's, but for the weight gradients' summation order across tiles.
   void set_token_tile(int64_t tokens) { token_tile_ = tokens; }
+  // `offload_activations`: with recompute full, the layer-input checkpoints (the only activations kept across
+  // the pass) go to pinned host memory as forward writes them and come back one layer ahead of backward's
+  // recompute; the device keeps a ring of kCheckpointSlots (model/activation_plan.h). Results are the
+  // resident run's, bit for bit (the same values are read). Set before plan(); plan() refuses it without
+  // recompute full, and refuses host memory that would not fit.
+  void set_offload_checkpoints(bool on) { offload_checkpoints_ = on; }
   // Sizes and allocates every activation for batches of `rows` × `seq_len` tokens.
   void plan(int rows, int seq_len, Recompute recompute = Recompute::None);
   size_t activation_bytes() const;
+  size_t checkpoint_host_bytes() const;           // the offloaded checkpoints' host memory (0 without offload)
   const ActivationPlan& activation_plan() const;  // what plan() allocated, by buffer
   size_t staging_bytes() const;                   // the batch's pinned host staging (both slots)
   // The fp8-hybrid recipe (model/fp8_recipe.h) for the decoder layers' projections; a UserError when the
@@ -158,6 +165,14 @@ class Transformer {
   MlpTensors mlp_tile(int64_t l, int64_t t0, int64_t t1) const;  // tokens [t0, t1) of layer l's MLP tensors
   LoraPass lora_pass() const;
   Tensor lora_u(LoraTarget t, int64_t l) const;  // the adapter's saved u (empty without one)
+  // The offloaded checkpoints' ring (set_offload_checkpoints; no-ops without it), transformer.cpp says how the
+  // streams and marks guard each slot. Forward: before_checkpoint_write(j) before the kernel that writes
+  // resid[j], checkpoint_written(j) after it. Backward: prefetch_checkpoints(l) before layer l's backward,
+  // checkpoint_ready(j) before anything reads resid[j].
+  void before_checkpoint_write(int64_t j);
+  void checkpoint_written(int64_t j);
+  void prefetch_checkpoints(int64_t l);
+  void checkpoint_ready(int64_t j);
 
   ModelConfig config_;
   std::optional<LoraConfig> lora_;
@@ -172,6 +187,7 @@ class Transformer {
   LayerHooks* hooks_ = nullptr;
   std::optional<DType> residual_dtype_;
   int64_t token_tile_ = kTokenTileAuto;
+  bool offload_checkpoints_ = false;
   std::unique_ptr<SftObjective> own_sft_;  // step()'s objective
   std::unique_ptr<Fp8Recipe> fp8_;
 };

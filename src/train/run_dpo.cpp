@@ -94,6 +94,7 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log) {
   model->set_residual_dtype(c.residual_dtype);
   if (c.fp8_hybrid) model->enable_fp8(c.fp8);
   model->set_token_tile(c.token_tile);
+  model->set_offload_checkpoints(c.offload_activations);
   model->plan(2 * B, T, c.recompute);
   const DpoConfig dcfg{c.dpo.loss, float(c.dpo.beta), float(c.dpo.label_smoothing), float(c.dpo.rpo_alpha)};
   DpoObjective dpo(ops, dcfg, int64_t(2 * B) * T), eval_dpo(ops, dcfg, int64_t(2 * B) * T);
@@ -122,7 +123,7 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log) {
   if (c.warmup_steps == 0 && c.warmup_ratio > 0)
     sched.warmup_steps = warmup_from_ratio(state.total_steps, c.warmup_ratio);
   const OptimizerConfig opt{float(c.learning_rate), c.adamw_beta1,          c.adamw_beta2, float(c.adamw_epsilon),
-                            float(c.weight_decay),  float(c.max_grad_norm), c.moments, c.offload};
+                            float(c.weight_decay),  float(c.max_grad_norm), c.moments,     c.offload};
   TrainStep step(*model, opt);
   const int64_t steps_per_epoch = std::max<int64_t>(1, micro_per_epoch / c.gradient_accumulation_steps);
   auto every = [&](double per_epoch) { return std::max<int64_t>(1, int64_t(double(steps_per_epoch) / per_epoch)); };

@@ -121,9 +121,14 @@ void set_up(Run& r) {
     r.model->enable_fp8(c.fp8);
   }
   r.model->set_token_tile(c.token_tile);
+  // (the config reader refuses these first, with the key's line; a guard for callers and mpirun's ranks)
+  if (c.offload_activations && r.dp)
+    user_error(
+        "offload_activations with data parallel is not built yet: train on one GPU, or drop offload_activations");
+  r.model->set_offload_checkpoints(c.offload_activations);
   r.model->plan(lo.rows, lo.seq_len, c.recompute);
   r.opt = OptimizerConfig{float(c.learning_rate), c.adamw_beta1,          c.adamw_beta2, float(c.adamw_epsilon),
-                          float(c.weight_decay),  float(c.max_grad_norm), c.moments, c.offload};
+                          float(c.weight_decay),  float(c.max_grad_norm), c.moments,     c.offload};
   if (r.dp && c.zero_stage >= 1 && c.moments == Moments::Blockwise8)
     user_error("optimizer: adamw_8bit with zero_stage ", c.zero_stage,
                " is not built yet (8-bit moments are not sharded); use zero_stage: 0 or optimizer: adamw_torch");
@@ -189,7 +194,8 @@ void print_host_plan(const Run& r) {
   // Offloaded masters and moments: host memory on either backend (pinned on CUDA, where each buffer was also
   // checked as it was allocated).
   const size_t offloaded = r.model->params().host_master_bytes() + r.step->optimizer().host_state_bytes();
-  size_t planned = r.model->staging_bytes() + r.data_bytes + offloaded;
+  const size_t checkpoints = r.model->checkpoint_host_bytes();  // offload_activations
+  size_t planned = r.model->staging_bytes() + r.data_bytes + offloaded + checkpoints;
   if (r.ops.device() == Device::CPU)
     planned += r.model->params().weight_bytes() + 4 * size_t(r.model->params().numel()) +
                r.step->optimizer().state_bytes() + r.model->activation_bytes();
@@ -198,6 +204,8 @@ void print_host_plan(const Run& r) {
         << double(r.model->staging_bytes()) / gib << " GiB" << (r.ops.device() == Device::CPU ? "" : " pinned")
         << ", tokenized data " << double(r.data_bytes) / gib << " GiB"
         << (offloaded ? cat(", offloaded masters and moments ", double(offloaded) / gib, " GiB") : std::string())
+        << (checkpoints ? cat(", offloaded layer-input checkpoints ", double(checkpoints) / gib, " GiB")
+                        : std::string())
         << (r.ops.device() == Device::CPU ? ", and every buffer above: the CPU backend's device is the host" : "")
         << "); " << describe_host_memory(m) << "\n";
   HostMemory whole = m;
@@ -257,6 +265,14 @@ void print_plan(const Run& r) {
         << double(r.model->activation_bytes()) / gib << " GiB (recompute " << recompute_name(c.recompute)
         << ", residual stream " << (r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16") << ", MLP token tile "
         << r.model->activation_plan().tile << "); largest: " << describe_largest(r.model->activation_plan(), 4) << "\n";
+  if (const size_t host = r.model->checkpoint_host_bytes()) {
+    const PlannedBuffer* ck = r.model->activation_plan().find("resid");
+    r.log << r.cmd << ": offload_activations: the layer-input checkpoints take " << double(host) / gib
+          << " GiB of host memory (" << ck->host_copies << " x " << double(ck->bytes()) / gib << " GiB) and a ring of "
+          << ck->copies << " on the device, " << double(ck->total_bytes()) / gib
+          << " GiB (counted in activations above); each is copied out as forward writes it and back one layer "
+             "ahead of backward\n";
+  }
   if (c.offload.any()) {
     // Where the update's fp32 state lives: host (offloaded) next to the device's staging slots.
     const AdamW& opt = r.step->optimizer();

@@ -1,0 +1,142 @@
+// `offload_activations` on CUDA: the layer-input checkpoints copied to pinned host memory on the side stream
+// as forward writes them and prefetched back a layer ahead of backward, through a ring of two device slots,
+// give the resident run's bits. Layers here are wide and the tokens many, so each copy (32 MiB at PCIe speed)
+// takes about as long as a layer's compute: a missing event (a slot overwritten before its download finished,
+// or read before its upload did) would show as different bits.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "cli/config.h"
+#include "cli/demo_kit.h"
+#include "data_test_util.h"
+#include "gpu_test_util.h"
+#include "model/checkpoint.h"
+#include "train/run_training.h"
+
+namespace soltrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+class CudaOffloadActivations : public test::CudaTest {};
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+struct Pass {
+  double loss = 0;
+  std::vector<std::vector<float>> grads;
+};
+
+// Two forward + backward passes (gradients accumulate) with a forward-only pass between them.
+Pass run_pass(Ops& ops, const fs::path& dir, bool offload, bool lora, const HostBatch& batch) {
+  std::optional<LoraConfig> cfg;
+  if (lora) cfg = LoraConfig{8, 16.0f, 0.0f, {"q_proj", "v_proj", "gate_proj", "down_proj"}, false, 3};
+  auto model = load_pretrained(dir, ops, cfg);
+  std::mt19937 rng(99);
+  for (Parameter& p : model->params().all())
+    if (p.name.find("lora_B") != std::string::npos) {
+      const auto v = test::random_vec(size_t(p.value.numel()), rng, 0.1f);
+      model->params().upload(ops, p, v.data());
+    }
+  model->set_offload_checkpoints(offload);
+  model->plan(batch.rows, batch.seq_len, Recompute::Full);
+  EXPECT_EQ(model->checkpoint_host_bytes() > 0, offload);
+  Pass r;
+  model->step(batch, true);
+  model->step(batch, false);
+  r.loss = model->step(batch, true).loss;
+  for (Parameter& p : model->params().all())
+    if (p.trainable) {
+      std::vector<float> v(size_t(p.grad.numel()));
+      ops.copy(Tensor{v.data(), DType::F32, p.grad.shape, Device::CPU}, p.grad);
+      r.grads.push_back(std::move(v));
+    }
+  return r;
+}
+
+TEST_F(CudaOffloadActivations, ForwardBackwardEqualsResidentBitwise) {
+  test::TempDir t;
+  DemoModelShape s;
+  s.hidden = 1024, s.layers = 6, s.heads = 8, s.kv_heads = 4, s.head_dim = 128, s.intermediate = 2048;
+  s.max_positions = 8192;
+  write_random_model(t.path / "model", s, 21);
+  std::mt19937 rng(5);
+  HostBatch batch{2, 4096, {}, {}, {}, {}, {}, {}};
+  for (int i = 0; i < 2 * 4096; ++i) {
+    batch.input_ids.push_back(int32_t(rng() % 300));
+    batch.targets.push_back(rng() % 7 == 0 ? -100 : int32_t(rng() % 300));
+  }
+  for (bool lora : {false, true}) {  // bf16 / fp32 residual stream (and checkpoints)
+    SCOPED_TRACE(lora ? "LoRA" : "full");
+    const Pass a = run_pass(*gpu, t.path / "model", false, lora, batch);
+    const Pass a2 = run_pass(*gpu, t.path / "model", false, lora, batch);
+    const Pass b = run_pass(*gpu, t.path / "model", true, lora, batch);
+    ASSERT_EQ(a.grads.size(), b.grads.size());
+    EXPECT_EQ(std::bit_cast<uint64_t>(a.loss), std::bit_cast<uint64_t>(a2.loss)) << "two resident runs differ";
+    EXPECT_EQ(std::bit_cast<uint64_t>(a.loss), std::bit_cast<uint64_t>(b.loss));
+    for (size_t i = 0; i < a.grads.size(); ++i) {
+      ASSERT_EQ(0, std::memcmp(a.grads[i].data(), a2.grads[i].data(), a.grads[i].size() * 4))
+          << "two resident runs differ: the comparison would mean nothing (parameter " << i << ")";
+      ASSERT_EQ(0, std::memcmp(a.grads[i].data(), b.grads[i].data(), a.grads[i].size() * 4)) << "parameter " << i;
+    }
+  }
+}
+
+TEST_F(CudaOffloadActivations, TrainingRunEqualsResident) {
+  test::TempDir t;
+  DemoModelShape s;
+  s.hidden = 64, s.layers = 5, s.heads = 2, s.kv_heads = 1, s.head_dim = 32, s.intermediate = 128;
+  write_random_model(t.path / "model", s, 17);
+  write_reversal_dataset(t.path / "train.jsonl", 200, 8);
+  std::vector<std::string> logs;
+  auto train = [&](const std::string& out, const std::string& extra) {
+    const fs::path p = t.path / (out + ".yaml");
+    test::write_text(p, "model: model\noutput_dir: " + out +
+                            "\ndevice: cuda\ndatasets:\n  - path: train.jsonl\n    type: conversation\n"
+                            "dataset_prepared_path: prepared\nsequence_len: 64\nper_device_train_batch_size: 2\n"
+                            "learning_rate: 3.0e-3\nwarmup_steps: 2\nlogging_steps: 1\nweight_decay: 0.1\n"
+                            "max_grad_norm: 0.5\ngradient_accumulation_steps: 2\nmax_steps: 6\nrecompute: full\n"
+                            "validation_split_ratio: 0.1\neval_steps: 2\n" +
+                            extra);
+    std::ostringstream log;
+    run_training(load_train_config(p, {}, TrainMode::kSft), TrainMode::kSft, *gpu, log);
+    logs.push_back(log.str());
+  };
+  for (const std::string lora : {"", "lora: true\nlora_rank: 4\nlora_alpha: 8\nlearning_rate: 2.0e-2\n"}) {
+    SCOPED_TRACE(lora.empty() ? "full" : "LoRA");
+    const std::string tag = lora.empty() ? "full" : "lora";
+    train(tag + "_resident", lora);
+    train(tag + "_resident2", lora);
+    train(tag + "_offloaded", lora + "offload_activations: true\n");
+    EXPECT_NE(logs.back().find("offload_activations: the layer-input checkpoints take"), std::string::npos)
+        << logs.back();
+    auto numbers = [&](const std::string& out) {
+      std::ifstream in(t.path / out / "metrics.jsonl");
+      std::string l, keep;
+      while (std::getline(in, l)) {
+        for (const char* k : {"\"loss\":", "\"grad_norm\":", "\"eval_loss\":"}) {
+          const size_t at = l.find(k);
+          if (at != std::string::npos) keep += l.substr(at, l.find_first_of(",}", at) - at) + ";";
+        }
+      }
+      return keep;
+    };
+    EXPECT_NE(numbers(tag + "_resident").find("eval_loss"), std::string::npos);
+    ASSERT_EQ(numbers(tag + "_resident"), numbers(tag + "_resident2")) << "two resident runs differ";
+    EXPECT_EQ(numbers(tag + "_resident"), numbers(tag + "_offloaded"));
+    const fs::path saved =
+        lora.empty() ? fs::path("model") / "model.safetensors" : fs::path("adapter") / "adapter_model.safetensors";
+    EXPECT_EQ(read_bytes(t.path / (tag + "_resident") / saved), read_bytes(t.path / (tag + "_offloaded") / saved));
+  }
+}
+
+}  // namespace
+}  // namespace soltrain

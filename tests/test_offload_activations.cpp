@@ -1,0 +1,381 @@
+// `offload_activations`: with recompute full the layer-input checkpoints go to host memory as forward writes
+// them and come back a layer ahead of backward, through a ring of two device slots. The CPU backend runs the
+// same code (its copies are plain copies), so results must equal the resident run's bit for bit: a forward +
+// backward of the reference model, and whole training runs (full fine-tune and LoRA, with gradient
+// accumulation, evaluation passes and token tiles); the plan's device bytes shrink to the ring and the host
+// bytes are reported; the config refuses what is not built, in one line, exit code 2.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/config.h"
+#include "cli/demo_kit.h"
+#include "cli_test_util.h"
+#include "core/host_memory.h"
+#include "data/batch_file.h"
+#include "data_test_util.h"
+#include "model/activation_plan.h"
+#include "model/checkpoint.h"
+#include "test_util.h"
+#include "train/run_dpo.h"
+#include "train/run_training.h"
+
+namespace soltrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::vector<nlohmann::json> read_jsonl(const fs::path& p) {
+  std::ifstream in(p);
+  std::vector<nlohmann::json> out;
+  for (std::string l; std::getline(in, l);) out.push_back(nlohmann::json::parse(l));
+  return out;
+}
+
+ModelConfig qwen3_8b() {
+  // Qwen/Qwen3-8B's config.json (the fields the plan reads).
+  return parse_model_config(nlohmann::json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 4096,
+    "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "head_dim": 128, "max_position_embeddings": 40960, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
+    "tie_word_embeddings": false, "attention_bias": false, "hidden_act": "silu"})"));
+}
+
+// Issue 12's case: Qwen3-8B LoRA at 512k tokens, fp32 residual stream. The 37 checkpoints (296 GiB) leave
+// the device for a ring of two (16 GiB); the 35 the ring does not hold at backward's start go to the host.
+TEST(OffloadActivations, PlanKeepsARingOnTheDevice) {
+  const ModelConfig c = qwen3_8b();
+  const LoraConfig lora{
+      16, 32.0f, 0.0f, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, false, 1};
+  const int T = 512 * 1024;
+  const size_t gib = size_t(1) << 30, ckpt = size_t(T) * 4096 * 4;
+  ActivationSettings s{1, T, Recompute::Full, DType::BF16, DType::F32, &lora, kTokenTileAuto, int64_t(1) << 30};
+  const ActivationPlan resident = plan_activations(c, s);
+  s.offload_checkpoints = true;
+  const ActivationPlan offloaded = plan_activations(c, s);
+  const PlannedBuffer* r = offloaded.find("resid");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->bytes(), 8 * gib);
+  EXPECT_EQ(r->layers, 37);
+  EXPECT_EQ(r->copies, kCheckpointSlots);
+  EXPECT_EQ(r->host_copies, 37 - kCheckpointSlots);
+  EXPECT_EQ(resident.host_bytes(), 0u);
+  EXPECT_EQ(offloaded.host_bytes(), size_t(37 - kCheckpointSlots) * ckpt);
+  EXPECT_EQ(resident.total_bytes() - offloaded.total_bytes(), size_t(37 - kCheckpointSlots) * ckpt);
+  EXPECT_EQ(resident.find("resid")->total_bytes(), 296 * gib);
+  // Everything else is the same plan.
+  ASSERT_EQ(resident.buffers.size(), offloaded.buffers.size());
+  for (size_t i = 0; i < resident.buffers.size(); ++i) {
+    if (resident.buffers[i].checkpoint) continue;
+    EXPECT_EQ(resident.buffers[i].total_bytes(), offloaded.buffers[i].total_bytes()) << resident.buffers[i].name;
+  }
+  EXPECT_NE(describe_largest(offloaded, 1).find("resid 2 x 8 GiB (layer inputs; 35 more in host memory)"),
+            std::string::npos)
+      << describe_largest(offloaded, 1);
+  // The device's whole plan now fits beside the weights on a 139 GiB H200 (under 100 GiB).
+  EXPECT_LT(offloaded.total_bytes(), 100 * gib);
+}
+
+// A model of no more layers than the ring has nothing to offload.
+TEST(OffloadActivations, ShortModelNeedsNoHostCopies) {
+  ModelConfig c = qwen3_8b();
+  c.num_layers = 1;
+  ActivationSettings s{1, 64, Recompute::Full, DType::F32, DType::F32, nullptr, kTokenTileAuto, int64_t(64) << 20};
+  s.offload_checkpoints = true;
+  const ActivationPlan p = plan_activations(c, s);
+  EXPECT_EQ(p.find("resid")->copies, 2);
+  EXPECT_EQ(p.host_bytes(), 0u);
+}
+
+struct Grads {
+  double loss = 0;
+  std::vector<std::vector<float>> grads;
+  std::vector<float> logits;
+};
+
+// Forward + backward of the reference model's batch (2 layers: resid[0] leaves the ring and comes back),
+// repeated, with a forward-only pass in between (nothing downloaded, the ring's next forward unaffected).
+Grads pass(bool offload, bool lora, int64_t tile) {
+  auto ops = make_cpu_ops();
+  const auto dir = test::fixtures() / "models" / "qwen3-tiny";
+  std::optional<LoraConfig> cfg;
+  if (lora) cfg = LoraConfig{4, 8.0f, 0.2f, {"q_proj", "v_proj", "gate_proj", "down_proj"}, false, 3};
+  auto model = load_pretrained(dir, *ops, cfg);
+  std::mt19937 rng(99);
+  for (Parameter& p : model->params().all())
+    if (p.name.find("lora_B") != std::string::npos) {
+      const auto v = test::random_vec(size_t(p.value.numel()), rng, 0.1f);
+      model->params().upload(*ops, p, v.data());
+    }
+  const HostBatch batch = load_batch_file(dir / "batch.safetensors");
+  model->set_token_tile(tile);
+  model->set_offload_checkpoints(offload);
+  model->plan(batch.rows, batch.seq_len, Recompute::Full);
+  EXPECT_EQ(model->checkpoint_host_bytes() > 0, offload);
+  Grads g;
+  model->step(batch, true);
+  model->step(batch, false);  // evaluation-like: forward alone
+  g.logits.resize(size_t(batch.rows) * batch.seq_len * model->config().vocab_size);
+  g.loss = model->step(batch, true, g.logits.data()).loss;  // gradients of two passes, accumulated
+  for (Parameter& p : model->params().all())
+    if (p.trainable) {
+      std::vector<float> v(size_t(p.grad.numel()));
+      ops->copy(Tensor{v.data(), DType::F32, p.grad.shape, Device::CPU}, p.grad);
+      g.grads.push_back(std::move(v));
+    }
+  return g;
+}
+
+void expect_bitwise(const Grads& a, const Grads& b) {
+  EXPECT_EQ(std::bit_cast<uint64_t>(a.loss), std::bit_cast<uint64_t>(b.loss));
+  ASSERT_EQ(a.grads.size(), b.grads.size());
+  for (size_t i = 0; i < a.grads.size(); ++i)
+    ASSERT_EQ(0, std::memcmp(a.grads[i].data(), b.grads[i].data(), a.grads[i].size() * 4)) << "parameter " << i;
+  ASSERT_EQ(0, std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * 4));
+}
+
+TEST(OffloadActivations, ForwardBackwardEqualsResidentBitwise) {
+  for (bool lora : {false, true})
+    for (int64_t tile : {int64_t(0), int64_t(24)}) {
+      SCOPED_TRACE(cat(lora ? "LoRA" : "full", ", token tile ", tile));
+      const Grads resident = pass(false, lora, tile), offloaded = pass(true, lora, tile);
+      expect_bitwise(resident, offloaded);
+      // The gradients are not trivially equal: some are far from zero.
+      double norm = 0;
+      for (const auto& v : resident.grads)
+        for (float x : v) norm += double(x) * x;
+      EXPECT_GT(norm, 1e-8);
+    }
+}
+
+struct RunSetup {
+  test::TempDir t;
+  RunSetup() {
+    // Five layers: resid[0..3] go through the host, the ring's two slots are reused several times over.
+    DemoModelShape s;
+    s.hidden = 32, s.layers = 5, s.heads = 2, s.kv_heads = 1, s.head_dim = 16, s.intermediate = 64;
+    write_random_model(t.path / "model", s, 13);
+    write_reversal_dataset(t.path / "train.jsonl", 200, 8);
+  }
+  fs::path config(const std::string& out, const std::string& extra) const {
+    const fs::path p = t.path / (out + ".yaml");
+    test::write_text(p, test::yaml_with("model: model\noutput_dir: " + out +
+                                            "\ndatasets:\n  - path: train.jsonl\n    type: conversation\n"
+                                            "dataset_prepared_path: prepared\nsequence_len: 64\n"
+                                            "per_device_train_batch_size: 2\nlearning_rate: 3.0e-3\n"
+                                            "warmup_steps: 2\nlogging_steps: 1\nweight_decay: 0.1\n"
+                                            "max_grad_norm: 0.5\nrecompute: full\nvalidation_split_ratio: 0.1\n"
+                                            "eval_steps: 2\ngradient_accumulation_steps: 2\nmax_steps: 6\n",
+                                        extra));
+    return p;
+  }
+  std::string train(const std::string& out, const std::string& extra) const {
+    auto ops = make_cpu_ops();
+    std::ostringstream log;
+    run_training(load_train_config(config(out, extra), {}, TrainMode::kSft), TrainMode::kSft, *ops, log);
+    return log.str();
+  }
+};
+
+// Losses (training and evaluation) and grad norms of every logged step, bitwise.
+void expect_same_metrics(const fs::path& a, const fs::path& b) {
+  const auto ma = read_jsonl(a / "metrics.jsonl"), mb = read_jsonl(b / "metrics.jsonl");
+  ASSERT_EQ(ma.size(), mb.size());
+  ASSERT_FALSE(ma.empty());
+  int evals = 0;
+  for (size_t i = 0; i < ma.size(); ++i) {
+    for (const char* k : {"loss", "grad_norm", "eval_loss"}) {
+      ASSERT_EQ(ma[i].contains(k), mb[i].contains(k)) << k << " line " << i;
+      if (!ma[i].contains(k)) continue;
+      evals += std::string(k) == "eval_loss";
+      EXPECT_EQ(std::bit_cast<uint64_t>(ma[i][k].get<double>()), std::bit_cast<uint64_t>(mb[i][k].get<double>()))
+          << k << " line " << i;
+    }
+  }
+  EXPECT_GT(evals, 0) << "no evaluation ran: forward-only passes went untested";
+}
+
+TEST(OffloadActivations, FullFineTuneRunEqualsResidentBitwise) {
+  RunSetup s;
+  s.train("resident", "");
+  const std::string log = s.train("offloaded", "offload_activations: true\n");
+  EXPECT_NE(log.find("offload_activations: the layer-input checkpoints take "), std::string::npos) << log;
+  EXPECT_NE(log.find("(4 x "), std::string::npos) << log;  // layers 0-3 on the host, a ring of 2
+  EXPECT_NE(log.find("offloaded layer-input checkpoints"), std::string::npos) << log;  // the host plan
+  const fs::path a = s.t.path / "resident", b = s.t.path / "offloaded";
+  expect_same_metrics(a, b);
+  const std::string weights = read_bytes(a / "model" / "model.safetensors");
+  EXPECT_EQ(weights, read_bytes(b / "model" / "model.safetensors"));
+  EXPECT_NE(weights, read_bytes(s.t.path / "model" / "model.safetensors"));  // it trained
+}
+
+TEST(OffloadActivations, LoraRunWithTokenTilesEqualsResidentBitwise) {
+  RunSetup s;
+  const std::string lora =
+      "lora: true\nlora_rank: 4\nlora_alpha: 8\nlora_dropout: 0.1\nlearning_rate: 2.0e-2\n"
+      "token_tile: 40\n";
+  s.train("resident", lora);
+  s.train("offloaded", lora + "offload_activations: true\n");
+  const fs::path a = s.t.path / "resident", b = s.t.path / "offloaded";
+  expect_same_metrics(a, b);
+  const std::string adapter = read_bytes(a / "adapter" / "adapter_model.safetensors");
+  EXPECT_FALSE(adapter.empty());
+  EXPECT_EQ(adapter, read_bytes(b / "adapter" / "adapter_model.safetensors"));
+}
+
+// DPO with LoRA: each micro-batch runs the reference (adapters off: a forward alone, nothing copied out) and
+// then the policy's forward and backward through the same ring.
+TEST(OffloadActivations, DpoLoraRunEqualsResidentBitwise) {
+  test::TempDir t;
+  DemoModelShape shape;
+  shape.hidden = 32, shape.layers = 4, shape.heads = 2, shape.kv_heads = 1, shape.head_dim = 16,
+  shape.intermediate = 64;
+  write_random_model(t.path / "model", shape, 7);
+  write_reversal_preferences(t.path / "train.jsonl", 64, 8);
+  auto run = [&](const std::string& out, const std::string& extra) {
+    const fs::path p = t.path / (out + ".yaml");
+    test::write_text(p, "model: model\noutput_dir: " + out +
+                            "\ndatasets:\n  - path: train.jsonl\ndataset_prepared_path: prepared\nsequence_len: 48\n"
+                            "per_device_train_batch_size: 4\nlearning_rate: 1.0e-2\nlogging_steps: 1\nbeta: 0.1\n"
+                            "max_steps: 4\nlora: true\nlora_rank: 4\nlora_alpha: 8\nrecompute: full\n" +
+                            extra);
+    auto ops = make_cpu_ops();
+    std::ostringstream log;
+    run_dpo(load_train_config(p, {}, TrainMode::kDpo), *ops, log);
+  };
+  run("resident", "");
+  run("offloaded", "offload_activations: true\n");
+  const std::string adapter = read_bytes(t.path / "resident" / "adapter" / "adapter_model.safetensors");
+  EXPECT_FALSE(adapter.empty());
+  EXPECT_EQ(adapter, read_bytes(t.path / "offloaded" / "adapter" / "adapter_model.safetensors"));
+  const auto ma = read_jsonl(t.path / "resident" / "metrics.jsonl"),
+             mb = read_jsonl(t.path / "offloaded" / "metrics.jsonl");
+  ASSERT_EQ(ma.size(), mb.size());
+  ASSERT_FALSE(ma.empty());
+  int losses = 0;
+  for (size_t i = 0; i < ma.size(); ++i)
+    for (const auto& [k, v] : ma[i].items()) {
+      if (k == "tokens_per_s" || k == "mfu") continue;  // timings
+      losses += k == "loss";
+      EXPECT_EQ(v, mb[i][k]) << k << " line " << i;  // the loss, rewards and margins, exactly
+    }
+  EXPECT_GT(losses, 0);
+}
+
+// The device bytes shrink by the host copies; the host plan reports them.
+TEST(OffloadActivations, DeviceBytesShrinkByTheHostCopies) {
+  test::TempDir t;
+  DemoModelShape shape;
+  shape.hidden = 64, shape.layers = 6, shape.heads = 2, shape.kv_heads = 1, shape.intermediate = 128;
+  write_random_model(t.path / "model", shape, 3);
+  auto ops = make_cpu_ops();
+  size_t bytes[2] = {}, host[2] = {};
+  for (bool offload : {false, true}) {
+    auto model = load_pretrained(t.path / "model", *ops);
+    model->set_offload_checkpoints(offload);
+    model->plan(2, 64, Recompute::Full);
+    bytes[offload] = model->activation_bytes();
+    host[offload] = model->checkpoint_host_bytes();
+  }
+  const size_t ckpt = 2 * 64 * 64 * 4;  // [128 tokens, 64] fp32
+  EXPECT_EQ(host[0], 0u);
+  EXPECT_EQ(host[1], 5 * ckpt);  // 7 checkpoints, 2 in the ring
+  EXPECT_GE(bytes[0] - bytes[1], 5 * ckpt);
+  EXPECT_LE(bytes[0] - bytes[1], 5 * ckpt + 5 * 256);  // the arena's alignment apart
+  // Without recompute full there is nothing to offload: refused.
+  auto model = load_pretrained(t.path / "model", *ops);
+  model->set_offload_checkpoints(true);
+  try {
+    model->plan(2, 64, Recompute::Selective);
+    FAIL() << "plan() accepted offload_activations with recompute selective";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("offload_activations needs recompute: full"), std::string::npos) << e.what();
+  }
+}
+
+// Host copies that would not fit are refused with the figures, before anything is allocated.
+TEST(OffloadActivations, RefusesHostMemoryThatDoesNotFit) {
+  if (!read_host_memory().known) GTEST_SKIP() << "no /proc/meminfo or cgroup figures here";
+  auto ops = make_cpu_ops();
+  auto model = load_pretrained(test::fixtures() / "models" / "qwen3-tiny", *ops);
+  model->set_offload_checkpoints(true);
+  // 2^40 tokens: one host checkpoint of [2^40, 64] fp32 is 256 TiB.
+  try {
+    model->plan(1 << 20, 1 << 20, Recompute::Full);
+    FAIL() << "a 256 TiB host plan was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("out of host memory: offload_activations' layer-input checkpoints needs "
+                                         "262144.00 GiB"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+std::string config_error(const std::string& extra) {
+  const std::string base = "model: m\noutput_dir: out\ndatasets:\n  - path: d.jsonl\n    type: conversation\n";
+  try {
+    parse_train_config(base + extra, "cfg.yaml", {}, TrainMode::kSft);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(OffloadActivations, ConfigRefusesWhatIsNotBuilt) {
+  EXPECT_EQ(config_error("recompute: full\noffload_activations: true\n"), "");
+  EXPECT_TRUE(parse_train_config("model: m\noutput_dir: out\ndatasets: [d.jsonl]\nrecompute: full\n"
+                                 "offload_activations: true\n",
+                                 "cfg.yaml", {}, TrainMode::kSft)
+                  .offload_activations);
+  EXPECT_EQ(config_error("offload_activations: true\n"),
+            "cfg.yaml:6: offload_activations needs recompute: full (it moves the layer-input checkpoints, the only "
+            "activations full recompute keeps, to host memory); got recompute: none");
+  EXPECT_EQ(config_error("recompute: selective\noffload_activations: true\n"),
+            "cfg.yaml:7: offload_activations needs recompute: full (it moves the layer-input checkpoints, the only "
+            "activations full recompute keeps, to host memory); got recompute: selective");
+  EXPECT_EQ(config_error("recompute: full\noffload_activations: true\nzero_stage: 2\n"),
+            "cfg.yaml:7: offload_activations with data parallel (zero_stage: 2) is not built yet: train on one GPU, "
+            "or drop offload_activations");
+  EXPECT_EQ(config_error("recompute: full\noffload_activations: true\ngpus: 4\n"),
+            "cfg.yaml:7: offload_activations with data parallel (gpus: 4) is not built yet: train on one GPU, or "
+            "drop offload_activations");
+  EXPECT_EQ(config_error("offload_activations: false\n"), "");  // off needs nothing
+}
+
+// From the command line: one line, exit code 2; and bench --plan-only shows host and device bytes.
+TEST(OffloadActivations, CliRefusesAndBenchPlansIt) {
+  test::TempDir t;
+  std::ofstream(t.path / "c.yaml") << "model: model\noutput_dir: out\ndatasets:\n  - path: d.jsonl\n"
+                                      "    type: conversation\noffload_activations: true\n";
+  const test::CliRun bad = test::run("sft " + (t.path / "c.yaml").string(), t);
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("offload_activations needs recompute: full"), std::string::npos) << bad.err;
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+
+  const std::string model = (test::fixtures() / "models" / "qwen3-tiny").string();
+  const test::CliRun plan = test::run("bench --model " + model +
+                                          " --plan-only --device cpu --batch-size 2 --seq-len 64 --recompute full "
+                                          "--offload-activations",
+                                      t);
+  ASSERT_EQ(plan.code, 0) << plan.err;
+  const auto j = nlohmann::json::parse(plan.out);
+  EXPECT_TRUE(j["offload_activations"].get<bool>());
+  const double ckpt = 128.0 * 64 * 4 / double(1 << 30);                // [2 x 64 tokens, 64] fp32
+  EXPECT_DOUBLE_EQ(j["checkpoint_gib"].get<double>(), 2 * ckpt);       // the ring
+  EXPECT_DOUBLE_EQ(j["checkpoint_host_gib"].get<double>(), 1 * ckpt);  // 3 checkpoints, 2 in the ring
+  const test::CliRun refused =
+      test::run("bench --model " + model + " --plan-only --device cpu --recompute selective --offload-activations", t);
+  EXPECT_EQ(refused.code, 2);
+  EXPECT_NE(refused.err.find("--offload-activations needs --recompute full"), std::string::npos) << refused.err;
+}
+
+}  // namespace
+}  // namespace soltrain
