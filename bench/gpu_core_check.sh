@@ -4,6 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
+#     [memory] [full8b] [conv] [offloadact]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -79,6 +80,30 @@ for s in "${steps[@]}"; do
         --variant "fp8-hybrid=--recipe fp8-hybrid" --peers "${PEERS:-none}" --attention "" --out "$OUT" \
         > "$OUT/fp8-06b.log" 2>&1
       grep -E "^\| Qwen" "$OUT/fp8-06b.log" ;;
+    memory)  # recompute elementwise and 8-bit AdamW on 0.6B and 4B full, next to the previous build (issue 10)
+      timeout 400 python3 bench/run_bench.py --soltrain "$B/soltrain" --baseline "$B/soltrain-before" --sizes 0.6B,4B \
+        --variant "recompute elementwise=--recompute elementwise" \
+        --variant "8-bit AdamW, recompute elementwise=--optimizer adamw_8bit --recompute elementwise" \
+        --peers none --attention "" --out "$OUT" > "$OUT/memory.log" 2>&1
+      grep -E "^\| Qwen" "$OUT/memory.log" ;;
+    full8b)  # Qwen3-8B full fine-tuning on one GPU with 8-bit AdamW (issue 12: >= 10k tok/s)
+      timeout 400 python3 bench/run_bench.py --soltrain "$B/soltrain" --sizes 8B --batch 8B=2 \
+        --variant "8-bit AdamW, recompute elementwise=--optimizer adamw_8bit --recompute elementwise" \
+        --peers none --attention "" --out "$OUT" > "$OUT/full8b.log" 2>&1
+      grep -E "^\| Qwen" "$OUT/full8b.log" ;;
+    conv)  # convergence of the precision variants on the Markov task, 3 seeds (issue 10)
+      timeout 540 bash bench/convergence.sh --soltrain "$B/soltrain" --device cuda --seeds 42,43,44 --steps "${CONV_STEPS:-1500}" \
+        --out "$OUT/convergence" > "$OUT/convergence.log" 2>&1
+      tail -30 "$OUT/convergence.log"
+      rm -rf "$OUT"/convergence/data "$OUT"/convergence/prepared "$OUT"/convergence/runs/*/model \
+        "$OUT"/convergence/runs/*/checkpoint-* "$OUT"/convergence/runs/*/adapter ;;
+    offloadact)  # offload_activations: the CUDA tests, then Qwen3-4B LoRA at 32k tokens with and without it
+      timeout 200 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaOffloadActivations*' > "$OUT/offloadact-tests.log" 2>&1
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/offloadact-tests.log"
+      timeout 300 python3 bench/run_bench.py --soltrain "$B/soltrain" --sizes 4B --batch 4B=1 --seq 32768 --steps 3 \
+        --lora-rank 16 --recompute full --variant "offload_activations=--offload-activations" \
+        --peers none --attention "" --out "$OUT" > "$OUT/offloadact.log" 2>&1
+      grep -E "^\| Qwen" "$OUT/offloadact.log" ;;
     peft)
       timeout 300 python3 tests/tools/check_peft.py "$B/soltrain" --cases 12 --cuda > "$OUT/peft.log" 2>&1
       grep -E "CUDA LoRA|^case|failures" "$OUT/peft.log" | tail -40 ;;
