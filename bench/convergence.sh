@@ -78,7 +78,7 @@ case $task in
     [ -z "$noise" ] || die "--label-noise: only for --task reverse"
     : "${hidden:=512}" "${layers:=4}" "${heads:=8}" "${intermediate:=1536}" "${validation:=500}"
     : "${base_steps:=$((steps >= 7 ? steps * 3 / 20 : 1))}" # the base part of the way down: the adapters have the rest to do
-    batch=16 seq_len=256 lr=1.0e-3 command=pt data_type=text
+    batch=16 seq_len=256 lr=1.0e-3 lora_lr=1.0e-3 command=pt data_type=text
     : "${train:=$((steps * batch * seq_len * 5 / 4))}" # tokens: more than the runs read, no epoch repeats
     warmup=$((steps >= 1000 ? 100 : steps / 10))
     : "${eval_steps:=$((steps >= 20 ? steps / 20 : 1))}"
@@ -87,7 +87,7 @@ case $task in
     : "${hidden:=128}" "${layers:=4}" "${heads:=4}" "${intermediate:=384}" "${validation:=1000}" "${train:=20000}"
     : "${base_steps:=600}"
     : "${noise:=0.2}"
-    batch=4 seq_len=256 lr=3.0e-3 command=sft data_type=conversation
+    batch=4 seq_len=256 lr=3.0e-3 lora_lr=1.0e-2 command=sft data_type=conversation
     warmup=$((steps >= 200 ? 20 : steps / 10))
     : "${eval_steps:=$((steps >= 10 ? steps / 10 : 1))}"
     python3 -c "import sys; p = float(sys.argv[1]); sys.exit(not 0 <= p < 1)" "$noise" 2>/dev/null ||
@@ -190,7 +190,7 @@ run_seed() {
   fi
   while IFS=$'\t' read -r name start settings; do
     local sets=(--set seed="$s")
-    for kv in $settings; do sets+=(--set "$kv"); done
+    for kv in $settings; do sets+=(--set "${kv//LORA_LR/$lora_lr}"); done
     [ "$start" = base ] && sets+=(--set model="$out/runs/base$suffix/model")
     run "$name$suffix" "${sets[@]}"
   done <<<"$plan"

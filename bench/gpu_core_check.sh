@@ -92,7 +92,7 @@ for s in "${steps[@]}"; do
         --peers none --attention "" --out "$OUT" > "$OUT/full8b.log" 2>&1
       grep -E "^\| Qwen" "$OUT/full8b.log" ;;
     conv)  # convergence of the precision variants on the Markov task, 3 seeds (issue 10)
-      timeout 540 bash bench/convergence.sh --soltrain "$B/soltrain" --device cuda --seeds 42,43,44 --steps "${CONV_STEPS:-1500}" \
+      timeout 540 bash bench/convergence.sh --soltrain "$B/soltrain" --device cuda --seeds 42,43,44 --steps "${CONV_STEPS:-1500}" ${CONV_ONLY:+--only "$CONV_ONLY"} \
         --out "$OUT/convergence" > "$OUT/convergence.log" 2>&1
       tail -30 "$OUT/convergence.log"
       rm -rf "$OUT"/convergence/data "$OUT"/convergence/prepared "$OUT"/convergence/runs/*/model \

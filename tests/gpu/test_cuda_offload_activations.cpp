@@ -102,7 +102,7 @@ TEST_F(CudaOffloadActivations, TrainingRunEqualsResident) {
     test::write_text(p, "model: model\noutput_dir: " + out +
                             "\ndevice: cuda\ndatasets:\n  - path: train.jsonl\n    type: conversation\n"
                             "dataset_prepared_path: prepared\nsequence_len: 64\nper_device_train_batch_size: 2\n"
-                            "learning_rate: 3.0e-3\nwarmup_steps: 2\nlogging_steps: 1\nweight_decay: 0.1\n"
+                            "warmup_steps: 2\nlogging_steps: 1\nweight_decay: 0.1\n"
                             "max_grad_norm: 0.5\ngradient_accumulation_steps: 2\nmax_steps: 6\nrecompute: full\n"
                             "validation_split_ratio: 0.1\neval_steps: 2\n" +
                             extra);
@@ -110,9 +110,12 @@ TEST_F(CudaOffloadActivations, TrainingRunEqualsResident) {
     run_training(load_train_config(p, {}, TrainMode::kSft), TrainMode::kSft, *gpu, log);
     logs.push_back(log.str());
   };
-  for (const std::string lora : {"", "lora: true\nlora_rank: 4\nlora_alpha: 8\nlearning_rate: 2.0e-2\n"}) {
-    SCOPED_TRACE(lora.empty() ? "full" : "LoRA");
-    const std::string tag = lora.empty() ? "full" : "lora";
+  // (each run's learning rate in its own settings: a key given twice is refused)
+  for (const std::string lora :
+       {"learning_rate: 3.0e-3\n", "lora: true\nlora_rank: 4\nlora_alpha: 8\nlearning_rate: 2.0e-2\n"}) {
+    const bool full = lora.find("lora:") == std::string::npos;
+    SCOPED_TRACE(full ? "full" : "LoRA");
+    const std::string tag = full ? "full" : "lora";
     train(tag + "_resident", lora);
     train(tag + "_resident2", lora);
     train(tag + "_offloaded", lora + "offload_activations: true\n");
@@ -133,7 +136,7 @@ TEST_F(CudaOffloadActivations, TrainingRunEqualsResident) {
     ASSERT_EQ(numbers(tag + "_resident"), numbers(tag + "_resident2")) << "two resident runs differ";
     EXPECT_EQ(numbers(tag + "_resident"), numbers(tag + "_offloaded"));
     const fs::path saved =
-        lora.empty() ? fs::path("model") / "model.safetensors" : fs::path("adapter") / "adapter_model.safetensors";
+        full ? fs::path("model") / "model.safetensors" : fs::path("adapter") / "adapter_model.safetensors";
     EXPECT_EQ(read_bytes(t.path / (tag + "_resident") / saved), read_bytes(t.path / (tag + "_offloaded") / saved));
   }
 }
