@@ -1,10 +1,10 @@
-// CUDA: Qwen3's per-head q/k RMSNorm fused with RoPE, forward and backward: one warp per token (grid-stride),
-// each lane computing the sin/cos (full-precision sincosf) of its own angles once per token for all the token's
-// heads (see qk_norm_rope_fwd). Each lane owns pairs (i, i + hd/2), so the rotation needs no shuffles. The
-// backward also sums the norm weight's gradient: each lane keeps its columns' sums in registers across its
-// warp's tokens, the block adds its warps' sums in warp order into one partial row, and a second pass adds the
-// partials in block order (deterministic). Before, a separate column sum reread dy and x: the fused backward
-// took 9.5 ms of a Qwen3-0.6B step, about twice its memory time.
+// CUDA: Qwen3's per-head q/k RMSNorm fused with RoPE, forward and backward. Backward: a fixed grid of blocks
+// strides over the tokens (one warp per head row); a token's sin/cos (full-precision sincosf, the costly part)
+// are computed once into shared memory for all its heads (forward: see qk_norm_rope_fwd). Each lane owns pairs (i, i +
+// hd/2), so the rotation needs no shuffles. The backward also sums the norm weight's gradient: each lane keeps its
+// columns' sums in registers across the block's tokens, the block writes one partial row, and a second pass adds the
+// partials in block order (deterministic). Before, a separate column sum reread dy and x: the fused
+// backward took 9.5 ms of a Qwen3-0.6B step, about twice its memory time.
 // Head dims whose half is odd or above 128 take the separate ops (Ops' defaults).
 // Rounding follows transformers under bf16 autocast: the normalised value is rounded to bf16 (q and k are
 // bf16, and Qwen3's norm casts x̂ back to its input's dtype), the weight's product and the rotation stay in
@@ -27,9 +27,23 @@ using cuda::to_f;
 namespace {
 constexpr int kWarps = 8;
 
-// Blocks per SM for the backward's token-striding grid: full occupancy; its per-block partial rows of the
-// weight gradient stay small (8 · 132 rows of head_dim floats on an H200).
-constexpr int kBlocksPerSm = 8;
+// Blocks per SM for the token-striding grids: enough to hide latency, few enough that the backward's
+// per-block partial rows of the weight gradient stay small.
+constexpr int kBlocksPerSm = 4;
+
+// cs[i] = cos, cs[half + i] = sin of token n's angle i (sin negated for the inverse rotation). The leading
+// barrier keeps the previous token's angles until every warp is done with them.
+__device__ __forceinline__ void token_angles(float* cs, const int32_t* pos, const float* inv_freq, int64_t n, int half,
+                                             float sign) {
+  __syncthreads();
+  for (int i = threadIdx.y * 32 + threadIdx.x; i < half; i += kWarps * 32) {
+    float s, c;
+    sincosf(float(pos[n]) * inv_freq[i], &s, &c);
+    cs[i] = c;
+    cs[half + i] = sign * s;
+  }
+  __syncthreads();
+}
 
 // Forward: one warp per token, no shared memory and no barriers. Lane j owns the column pairs (i, i+1) and
 // (i + half, i + half + 1) for i = 2j + 64m, m < kIters (4-byte accesses; half must be even), so it needs the
@@ -103,96 +117,65 @@ __global__ void qk_norm_rope_fwd(bf16* y, float* rstd, const bf16* x, const bf16
 }
 
 // dy is rotated back in place, then dx as rmsnorm_bwd computes it; with `partials`, each block's sum of
-// dy_rotated · x · rstd per column (the weight gradient's share of its tokens) into partials[block][C]. One warp
-// per token with its own angles and kRows heads' loads in flight, as the forward (a block per token with the
-// angles in shared memory took 6.2 ms of a Qwen3-0.6B step, twice its memory time).
+// dy_rotated · x · rstd per column (the weight gradient's share of its tokens) into partials[block][C].
 template <int kIters>
 __global__ void qk_norm_rope_bwd(bf16* dx, bf16* dy, const bf16* x, const bf16* w, const float* rstd,
                                  const int32_t* pos, const float* inv_freq, int64_t N, int heads, int half,
                                  float* partials) {
-  extern __shared__ float smem[];  // [kWarps][C] for the block's reduction of the weight gradient
+  extern __shared__ float smem[];
+  float* cs = smem;  // then [kWarps][C] for the block's reduction of the weight gradient
   const int C = 2 * half;
-  float2 dwlo[kIters], dwhi[kIters], wlo[kIters], whi[kIters], freq[kIters];
+  float2 dwlo[kIters], dwhi[kIters];
 #pragma unroll
-  for (int m = 0; m < kIters; ++m) {
-    const int i = 2 * threadIdx.x + 64 * m;
-    dwlo[m] = dwhi[m] = wlo[m] = whi[m] = freq[m] = make_float2(0.f, 0.f);
-    if (i >= half) continue;
-    wlo[m] = make_float2(to_f(w[i]), to_f(w[i + 1]));
-    whi[m] = make_float2(to_f(w[i + half]), to_f(w[i + half + 1]));
-    freq[m] = make_float2(inv_freq[i], inv_freq[i + 1]);
-  }
-  auto load = [](const bf16* p) { return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p)); };
-  for (int64_t n = int64_t(blockIdx.x) * kWarps + threadIdx.y; n < N; n += int64_t(gridDim.x) * kWarps) {
-    float cs[kIters][2], sn[kIters][2];
-    const float p = float(pos[n]);
+  for (int m = 0; m < kIters; ++m) dwlo[m] = dwhi[m] = make_float2(0.f, 0.f);
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    token_angles(cs, pos, inv_freq, n, half, -1.f);
+    for (int h = threadIdx.y; h < heads; h += kWarps) {
+      const int64_t row = n * heads + h;
+      const float rs = rstd[row];
+      float2 glo[kIters], ghi[kIters], xlo[kIters], xhi[kIters], wlo[kIters], whi[kIters];
+      float dot = 0.f;
 #pragma unroll
-    for (int m = 0; m < kIters; ++m) {
-      sincosf(p * freq[m].x, &sn[m][0], &cs[m][0]);
-      sincosf(p * freq[m].y, &sn[m][1], &cs[m][1]);
-      sn[m][0] = -sn[m][0], sn[m][1] = -sn[m][1];  // the inverse rotation
-    }
-    for (int h0 = 0; h0 < heads; h0 += kFwdRows) {
-      float2 a[kFwdRows][kIters], b[kFwdRows][kIters], xlo[kFwdRows][kIters], xhi[kFwdRows][kIters];
-      float rs[kFwdRows];
-#pragma unroll
-      for (int r = 0; r < kFwdRows; ++r) {  // every load of the rows first
-        const int64_t row = n * heads + h0 + r;
-        rs[r] = h0 + r < heads ? rstd[row] : 0.f;
-#pragma unroll
-        for (int m = 0; m < kIters; ++m) {
-          const int i = 2 * threadIdx.x + 64 * m;
-          a[r][m] = b[r][m] = xlo[r][m] = xhi[r][m] = make_float2(0.f, 0.f);
-          if (i >= half || h0 + r >= heads) continue;
-          a[r][m] = load(dy + row * C + i), b[r][m] = load(dy + row * C + i + half);
-          xlo[r][m] = load(x + row * C + i), xhi[r][m] = load(x + row * C + i + half);
-        }
+      for (int m = 0; m < kIters; ++m) {
+        const int i = 2 * threadIdx.x + 64 * m;
+        glo[m] = ghi[m] = xlo[m] = xhi[m] = wlo[m] = whi[m] = make_float2(0.f, 0.f);
+        if (i >= half) continue;
+        auto load = [&](const bf16* p) { return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p)); };
+        const float2 a = load(dy + row * C + i), b = load(dy + row * C + i + half);
+        const float c0 = cs[i], s0 = cs[half + i], c1 = cs[i + 1], s1 = cs[half + i + 1];
+        const __nv_bfloat162 ga = __floats2bfloat162_rn(a.x * c0 - b.x * s0, a.y * c1 - b.y * s1);
+        const __nv_bfloat162 gb = __floats2bfloat162_rn(b.x * c0 + a.x * s0, b.y * c1 + a.y * s1);
+        *reinterpret_cast<__nv_bfloat162*>(dy + row * C + i) = ga;
+        *reinterpret_cast<__nv_bfloat162*>(dy + row * C + i + half) = gb;
+        glo[m] = __bfloat1622float2(ga);
+        ghi[m] = __bfloat1622float2(gb);
+        xlo[m] = load(x + row * C + i);
+        xhi[m] = load(x + row * C + i + half);
+        wlo[m] = load(w + i);
+        whi[m] = load(w + i + half);
+        dot += glo[m].x * wlo[m].x * xlo[m].x * rs + glo[m].y * wlo[m].y * xlo[m].y * rs;
+        dot += ghi[m].x * whi[m].x * xhi[m].x * rs + ghi[m].y * whi[m].y * xhi[m].y * rs;
       }
+      const float mean = cuda::warp_sum(dot) / float(C);
+      auto grad = [&](float g, float wv, float xv) { return rs * (g * wv - xv * rs * mean); };
 #pragma unroll
-      for (int r = 0; r < kFwdRows; ++r) {
-        if (h0 + r >= heads) break;
-        const int64_t row = n * heads + h0 + r;
-        float2 glo[kIters], ghi[kIters];
-        float dot = 0.f;
-#pragma unroll
-        for (int m = 0; m < kIters; ++m) {
-          const int i = 2 * threadIdx.x + 64 * m;
-          glo[m] = ghi[m] = make_float2(0.f, 0.f);
-          if (i >= half) continue;
-          const float c0 = cs[m][0], s0 = sn[m][0], c1 = cs[m][1], s1 = sn[m][1];
-          const float2 av = a[r][m], bv = b[r][m];
-          const __nv_bfloat162 ga = __floats2bfloat162_rn(av.x * c0 - bv.x * s0, av.y * c1 - bv.y * s1);
-          const __nv_bfloat162 gb = __floats2bfloat162_rn(bv.x * c0 + av.x * s0, bv.y * c1 + av.y * s1);
-          *reinterpret_cast<__nv_bfloat162*>(dy + row * C + i) = ga;
-          *reinterpret_cast<__nv_bfloat162*>(dy + row * C + i + half) = gb;
-          glo[m] = __bfloat1622float2(ga);
-          ghi[m] = __bfloat1622float2(gb);
-          const float2 xl = xlo[r][m], xh = xhi[r][m];
-          dot += glo[m].x * wlo[m].x * xl.x * rs[r] + glo[m].y * wlo[m].y * xl.y * rs[r];
-          dot += ghi[m].x * whi[m].x * xh.x * rs[r] + ghi[m].y * whi[m].y * xh.y * rs[r];
-        }
-        const float mean = cuda::warp_sum(dot) / float(C), rr = rs[r];
-        auto grad = [&](float g, float wv, float xv) { return rr * (g * wv - xv * rr * mean); };
-#pragma unroll
-        for (int m = 0; m < kIters; ++m) {
-          const int i = 2 * threadIdx.x + 64 * m;
-          if (i >= half) continue;
-          const float2 xl = xlo[r][m], xh = xhi[r][m];
-          *reinterpret_cast<__nv_bfloat162*>(dx + row * C + i) =
-              __floats2bfloat162_rn(grad(glo[m].x, wlo[m].x, xl.x), grad(glo[m].y, wlo[m].y, xl.y));
-          *reinterpret_cast<__nv_bfloat162*>(dx + row * C + i + half) =
-              __floats2bfloat162_rn(grad(ghi[m].x, whi[m].x, xh.x), grad(ghi[m].y, whi[m].y, xh.y));
-          dwlo[m].x += glo[m].x * xl.x * rr;
-          dwlo[m].y += glo[m].y * xl.y * rr;
-          dwhi[m].x += ghi[m].x * xh.x * rr;
-          dwhi[m].y += ghi[m].y * xh.y * rr;
-        }
+      for (int m = 0; m < kIters; ++m) {
+        const int i = 2 * threadIdx.x + 64 * m;
+        if (i >= half) continue;
+        *reinterpret_cast<__nv_bfloat162*>(dx + row * C + i) =
+            __floats2bfloat162_rn(grad(glo[m].x, wlo[m].x, xlo[m].x), grad(glo[m].y, wlo[m].y, xlo[m].y));
+        *reinterpret_cast<__nv_bfloat162*>(dx + row * C + i + half) =
+            __floats2bfloat162_rn(grad(ghi[m].x, whi[m].x, xhi[m].x), grad(ghi[m].y, whi[m].y, xhi[m].y));
+        dwlo[m].x += glo[m].x * xlo[m].x * rs;
+        dwlo[m].y += glo[m].y * xlo[m].y * rs;
+        dwhi[m].x += ghi[m].x * xhi[m].x * rs;
+        dwhi[m].y += ghi[m].y * xhi[m].y * rs;
       }
     }
   }
   if (!partials) return;
   // The warps' column sums, then their sum in warp order: one partial row per block.
-  __syncthreads();
+  __syncthreads();  // the angles are no longer read; their space and the rest hold the warps' sums
   float* red = smem + threadIdx.y * C;
 #pragma unroll
   for (int m = 0; m < kIters; ++m) {
@@ -242,13 +225,12 @@ void CudaOps::qk_norm_rope_forward(Tensor y, Tensor rstd, const Tensor& x, const
 void CudaOps::qk_norm_rope_backward(Tensor dx, Tensor dw, Tensor dy, const Tensor& x, const Tensor& w,
                                     const Tensor& rstd, const SeqLayout& seq, const Tensor& inv_freq) {
   const int64_t N = x.dim(0), heads = x.dim(1), half = x.dim(2) / 2, C = 2 * half;
-  // A warp per token; few enough blocks that the weight gradient's partial rows stay small.
-  const unsigned blocks = unsigned(std::min<int64_t>((N + kWarps - 1) / kWarps, int64_t(sm_count_) * kBlocksPerSm));
+  const unsigned blocks = unsigned(std::min<int64_t>(N, int64_t(sm_count_) * kBlocksPerSm));
   const bool fused = with_iters(half, [&](auto iters) {
     const auto prof = profile("qk_norm_rope_backward");
     // A frozen weight (dw undefined) needs no gradient: no partials.
     float* partials = dw.defined() ? static_cast<float*>(scratch(size_t(blocks) * size_t(C) * 4)) : nullptr;
-    const size_t smem = size_t(kWarps) * size_t(C) * sizeof(float);
+    const size_t smem = size_t(std::max<int64_t>(2 * half, int64_t(kWarps) * C)) * sizeof(float);
     qk_norm_rope_bwd<iters.value><<<blocks, dim3(32, kWarps), smem, stream_>>>(
         dx.as<bf16>(), dy.as<bf16>(), x.as<bf16>(), w.as<bf16>(), rstd.f32(), seq.positions.i32(), inv_freq.f32(), N,
         int(heads), int(half), partials);
