@@ -191,6 +191,12 @@ TEST(Config, MorePeerKeys) {
   EXPECT_TRUE(c.merge_adapter);
   EXPECT_EQ(c.recompute, Recompute::Full);
   EXPECT_TRUE(c.offload_activations);  // "offload": the checkpoints in host memory, as Axolotl keeps them
+  EXPECT_EQ(parse_train_config(kBase + "recompute_full: true\n", "cfg.yaml", {}, TrainMode::kSft).recompute,
+            Recompute::Full);
+  EXPECT_EQ(
+      parse_train_config(kBase + "recompute: elementwise\nrecompute_full: false\n", "cfg.yaml", {}, TrainMode::kSft)
+          .recompute,
+      Recompute::Elementwise);
   EXPECT_EQ(c.moments, Moments::F32);
   EXPECT_EQ(c.chat_template, "qwen3");
   // Empty is off (or the default), as the peers read it.

@@ -227,7 +227,11 @@ const std::map<std::string, Apply>& table() {
       {"bf16", one_of({"true", "True", "auto"},
                       "soltrain computes in bf16 with fp32 masters; fp32-only training "
                       "is not offered (use bf16: true)")},
-      {"recompute_full", any()},
+      {"recompute_full",  // Surogate's switch for whole-layer recompute: accepted and ignored before, a silent
+       // difference in memory; false leaves `recompute` as set
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (as_bool(k, n)) c.recompute = Recompute::Full;
+       }},
       {"save_safetensors", one_of({"true", "True"}, "soltrain writes safetensors only (use save_safetensors: true)")},
       {"chat_template",
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
