@@ -36,7 +36,7 @@ struct BenchOpts {
   std::string model, device = "cuda";
   int batch = 8, seq = 2048, steps = 10, warmup = 3, lora_rank = 0, data_parallel = -1, gpus = 1;
   int64_t token_tile = 0;
-  bool plan_only = false, offload_activations = false;
+  bool plan_only = false, offload_activations = false, profile = true;
   std::string recompute = "none", residual_dtype = "auto", optimizer = "adamw", qlora = "none", recipe = "bf16";
   std::string offload = "none";
   std::string fp8_scaling = "delayed";
@@ -147,6 +147,8 @@ std::function<int()> add_bench_command(CLI::App& app) {
   c->add_flag("--offload-activations", o->offload_activations,
               "offload_activations: with --recompute full, the layer-input checkpoints in pinned host memory, a "
               "ring of two on the GPU (copied out in forward, prefetched a layer ahead in backward)");
+  c->add_flag("!--no-profile", o->profile,
+              "skip the extra step timed op by op (its breakdown, profile_ms): a 256k-token step takes minutes");
   c->add_flag("--plan-only", o->plan_only,
               "print the activation plan (every buffer, largest first) from config.json alone and exit: no "
               "weights are loaded, no device is needed (a 500k-token plan on any machine)");
@@ -230,10 +232,13 @@ std::function<int()> add_bench_command(CLI::App& app) {
     ops->synchronize();
     const double loss = train_step.loss();
     // One more step with per-op device timing, for the breakdown (the profiled step is not in step_s).
-    ops->enable_profiling(true);
-    train_step.run({&batch, 1}, cfg.lr, counted_all);
-    const std::map<std::string, double> profile = ops->collect_profile();
-    ops->enable_profiling(false);
+    std::map<std::string, double> profile;
+    if (o->profile) {
+      ops->enable_profiling(true);
+      train_step.run({&batch, 1}, cfg.lr, counted_all);
+      profile = ops->collect_profile();
+      ops->enable_profiling(false);
+    }
     const double step = median(times), tokens = double(o->batch) * o->seq * world;
     const double memory = ops->memory_used_gib();
     if (rank != 0) return 0;  // rank 0 speaks for all (its step time is the job's: every step ends in collectives)
