@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [memory] [full8b] [conv] [offloadact]
+#     [memory] [full8b] [conv] [offloadact] [long256k]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -103,6 +103,13 @@ for s in "${steps[@]}"; do
         --lora-rank 16 --recompute full --variant "offload_activations=--offload-activations" \
         --peers none --attention "" --out "$OUT" > "$OUT/offloadact.log" 2>&1
       grep -E "^\| Qwen" "$OUT/offloadact.log" ;;
+    long256k)  # issue 12: one full Qwen3-8B LoRA step at 1 x 262144 tokens, checkpoints offloaded (~240 s, run 44)
+      # bf16 residual: fp32 checkpoints would take 140 GiB of host memory (128 GiB on the 1-GPU machine)
+      [ -d /tmp/soltrain-bench-models/8B ] || python3 -c "import sys; sys.path.insert(0, 'bench'); import run_bench; run_bench.save_model('8B', '/tmp/soltrain-bench-models')"
+      timeout 420 "$B/soltrain" bench --model /tmp/soltrain-bench-models/8B --batch-size 1 --seq-len 262144 \
+        --lora-rank 16 --recompute full --offload-activations --residual-dtype bf16 --warmup 0 --steps 1 --no-profile \
+        > "$OUT/long256k.json" 2> "$OUT/long256k.err"
+      tail -2 "$OUT/long256k.err"; cat "$OUT/long256k.json" ;;
     peft)
       timeout 300 python3 tests/tools/check_peft.py "$B/soltrain" --cases 12 --cuda > "$OUT/peft.log" 2>&1
       grep -E "CUDA LoRA|^case|failures" "$OUT/peft.log" | tail -40 ;;
