@@ -1,6 +1,6 @@
 // A small training setup on the demo's task (reverse a word) for whole-run tests: a random Qwen3-shaped model
-// of 2 layers (every projection width a multiple of 16, so FP8 GEMMs take it), 300 training and 40 validation
-// conversations, and configs over them with a test's own keys on top.
+// of 2 layers by default (every projection width a multiple of 16, so FP8 GEMMs take it), 300 training and 40
+// validation conversations, and configs over them with a test's own keys on top.
 #pragma once
 #include <string>
 #include <utility>
@@ -15,9 +15,10 @@ struct DemoRunSetup {
   TempDir t;
   std::string defaults;  // keys every config of this setup has (a test's `extra` still replaces them)
 
-  explicit DemoRunSetup(std::string common = "") : defaults(std::move(common)) {
+  // common: keys the base config below lacks (to replace one of its keys, pass it in config()'s `extra`).
+  explicit DemoRunSetup(std::string common = "", int layers = 2) : defaults(std::move(common)) {
     DemoModelShape s;
-    s.hidden = 64, s.layers = 2, s.heads = 2, s.kv_heads = 1, s.head_dim = 32, s.intermediate = 128;
+    s.hidden = 64, s.layers = layers, s.heads = 2, s.kv_heads = 1, s.head_dim = 32, s.intermediate = 128;
     write_random_model(t.path / "model", s, 11);
     write_reversal_dataset(t.path / "train.jsonl", 300, 8);
     write_reversal_dataset(t.path / "val.jsonl", 40, 9);
@@ -30,7 +31,7 @@ struct DemoRunSetup {
                                 "dataset_prepared_path: prepared\nsequence_len: 64\n"
                                 "per_device_train_batch_size: 4\nlearning_rate: 3.0e-3\n"
                                 "lr_scheduler_type: cosine\nwarmup_steps: 2\nlogging_steps: 10\n" +
-                                    defaults,
+                                defaults,
                             extra));
     return p;
   }

@@ -11,6 +11,7 @@
 #include "cli/config.h"
 #include "cli/demo_kit.h"
 #include "data_test_util.h"
+#include "demo_run_util.h"
 #include "offload_test_util.h"
 #include "test_util.h"
 #include "train/run_training.h"
@@ -19,6 +20,7 @@ namespace soltrain {
 namespace {
 
 namespace fs = std::filesystem;
+using test::read_jsonl;
 
 TEST(Offload, UpdateEqualsResidentBitwise) {
   const uint32_t seed = test::test_seed(20261201u);
@@ -64,43 +66,24 @@ TEST(Offload, BytesMoveToTheHost) {
   EXPECT_EQ(moments.state_bytes(), 2 * 2 * 64 * 32 * 4u);  // chunks cut to the widest range
 }
 
-struct RunSetup {
-  test::TempDir t;
-  RunSetup() {
-    DemoModelShape s;
-    s.hidden = 32, s.layers = 2, s.heads = 2, s.kv_heads = 1, s.head_dim = 16, s.intermediate = 64;
-    write_random_model(t.path / "model", s, 13);
-    write_reversal_dataset(t.path / "train.jsonl", 200, 8);
-  }
-  fs::path config(const std::string& out, const std::string& extra) const {
-    const fs::path p = t.path / (out + ".yaml");
-    test::write_text(p, test::yaml_with("model: model\noutput_dir: " + out +
-                                            "\ndatasets:\n  - path: train.jsonl\n    type: conversation\n"
-                                            "dataset_prepared_path: prepared\nsequence_len: 64\n"
-                                            "per_device_train_batch_size: 2\nlearning_rate: 3.0e-3\n"
-                                            "lr_scheduler_type: cosine\nwarmup_steps: 2\nlogging_steps: 1\n"
-                                            "weight_decay: 0.1\nmax_grad_norm: 0.05\n"
-                                            "gradient_accumulation_steps: 2\nmax_steps: 8\nsave_steps: 4\n",
-                                        extra));
-    return p;
-  }
+// The offload runs' keys over the demo setup: every step logged, clipping that bites, accumulation, a
+// checkpoint half way.
+constexpr const char* kRunKeys =
+    "per_device_train_batch_size: 2\nlogging_steps: 1\nweight_decay: 0.1\nmax_grad_norm: 0.05\n"
+    "gradient_accumulation_steps: 2\nmax_steps: 8\nsave_steps: 4\n";
+
+struct RunSetup : test::DemoRunSetup {
   RunResult train(const std::string& out, const std::string& extra, std::vector<std::string> set = {},
                   std::string* log_text = nullptr) const {
     auto ops = make_cpu_ops();
     std::ostringstream log;
     const RunResult r =
-        run_training(load_train_config(config(out, extra), set, TrainMode::kSft), TrainMode::kSft, *ops, log);
+        run_training(load_train_config(config(out, test::yaml_with(kRunKeys, extra)), set, TrainMode::kSft),
+                     TrainMode::kSft, *ops, log);
     if (log_text) *log_text = log.str();
     return r;
   }
 };
-
-std::vector<nlohmann::json> read_jsonl(const fs::path& p) {
-  std::ifstream in(p);
-  std::vector<nlohmann::json> out;
-  for (std::string l; std::getline(in, l);) out.push_back(nlohmann::json::parse(l));
-  return out;
-}
 
 std::string read_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

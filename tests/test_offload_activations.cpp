@@ -17,6 +17,7 @@
 #include "core/host_memory.h"
 #include "data/batch_file.h"
 #include "data_test_util.h"
+#include "demo_run_util.h"
 #include "model/activation_plan.h"
 #include "model/checkpoint.h"
 #include "test_util.h"
@@ -27,17 +28,11 @@ namespace soltrain {
 namespace {
 
 namespace fs = std::filesystem;
+using test::read_jsonl;
 
 std::string read_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-std::vector<nlohmann::json> read_jsonl(const fs::path& p) {
-  std::ifstream in(p);
-  std::vector<nlohmann::json> out;
-  for (std::string l; std::getline(in, l);) out.push_back(nlohmann::json::parse(l));
-  return out;
 }
 
 ModelConfig qwen3_8b() {
@@ -156,31 +151,19 @@ TEST(OffloadActivations, ForwardBackwardEqualsResidentBitwise) {
     }
 }
 
-struct RunSetup {
-  test::TempDir t;
-  RunSetup() {
-    // Five layers: resid[0..3] go through the host, the ring's two slots are reused several times over.
-    DemoModelShape s;
-    s.hidden = 32, s.layers = 5, s.heads = 2, s.kv_heads = 1, s.head_dim = 16, s.intermediate = 64;
-    write_random_model(t.path / "model", s, 13);
-    write_reversal_dataset(t.path / "train.jsonl", 200, 8);
-  }
-  fs::path config(const std::string& out, const std::string& extra) const {
-    const fs::path p = t.path / (out + ".yaml");
-    test::write_text(p, test::yaml_with("model: model\noutput_dir: " + out +
-                                            "\ndatasets:\n  - path: train.jsonl\n    type: conversation\n"
-                                            "dataset_prepared_path: prepared\nsequence_len: 64\n"
-                                            "per_device_train_batch_size: 2\nlearning_rate: 3.0e-3\n"
-                                            "warmup_steps: 2\nlogging_steps: 1\nweight_decay: 0.1\n"
-                                            "max_grad_norm: 0.5\nrecompute: full\nvalidation_split_ratio: 0.1\n"
-                                            "eval_steps: 2\ngradient_accumulation_steps: 2\nmax_steps: 6\n",
-                                        extra));
-    return p;
-  }
+// Every step logged, evaluations every 2 steps (forward-only passes in between), accumulation, full recompute.
+constexpr const char* kRunKeys =
+    "per_device_train_batch_size: 2\nlogging_steps: 1\nweight_decay: 0.1\nmax_grad_norm: 0.5\nrecompute: full\n"
+    "eval_steps: 2\ngradient_accumulation_steps: 2\nmax_steps: 6\n";
+
+// Five layers: resid[0..3] go through the host, the ring's two slots are reused several times over.
+struct RunSetup : test::DemoRunSetup {
+  RunSetup() : DemoRunSetup("", 5) {}
   std::string train(const std::string& out, const std::string& extra) const {
     auto ops = make_cpu_ops();
     std::ostringstream log;
-    run_training(load_train_config(config(out, extra), {}, TrainMode::kSft), TrainMode::kSft, *ops, log);
+    run_training(load_train_config(config(out, test::yaml_with(kRunKeys, extra)), {}, TrainMode::kSft), TrainMode::kSft,
+                 *ops, log);
     return log.str();
   }
 };

@@ -12,17 +12,47 @@ namespace soltrain {
 using cuda::bf16;
 
 namespace {
-__global__ void adamw_kernel(float* w, const float* g, float* m, float* v, bf16* copy, int64_t n, float decay,
-                             float b1c, float beta2, float b2c, float step_size, float bc2_sqrt, float eps,
-                             float grad_scale, const double* grad_sumsq, float max_grad_norm) {
-  // Clipping's factor from Σg² on the device (the same double arithmetic as the host's clip_factor)
-  if (grad_sumsq) grad_scale *= clip_factor(*grad_sumsq, max_grad_norm);
+// One AdamW update's constants as the kernels take them, and torch's arithmetic for one element, in one place
+// so that every kernel (fp32 moments, and both 8-bit paths, which must agree bit for bit) rounds the same way.
+struct AdamWStep {
+  float decay, b1c, beta2, b2c, step_size, bc2_sqrt, eps;  // 1 - lr·wd, 1 - β1, β2, 1 - β2, lr / (1 - β1^t), ...
+  float grad_scale;
+  const double* grad_sumsq;  // clipping's Σg² on the device, or null
+  float max_grad_norm;
+  // Folds clipping's factor into grad_scale (the same double arithmetic as the host's clip_factor).
+  __device__ void clip() {
+    if (grad_sumsq) grad_scale *= clip_factor(*grad_sumsq, max_grad_norm);
+  }
+  // The new weight from w and g; m and v in, updated.
+  __device__ float update(float w, float g, float& m, float& v) const {
+    float wi = w * decay;
+    const float gi = g * grad_scale;
+    m = m + b1c * (gi - m);
+    v = v * beta2 + b2c * gi * gi;
+    wi -= step_size * (m / (sqrtf(v) / bc2_sqrt + eps));
+    return wi;
+  }
+};
+
+AdamWStep adamw_step(const AdamWParams& p) {
+  const double bc1 = 1.0 - std::pow(p.beta1, p.step), bc2_sqrt = std::sqrt(1.0 - std::pow(p.beta2, p.step));
+  return {float(1.0 - double(p.lr) * double(p.weight_decay)),
+          float(1.0 - p.beta1),
+          float(p.beta2),
+          float(1.0 - p.beta2),
+          float(double(p.lr) / bc1),
+          float(bc2_sqrt),
+          p.eps,
+          p.grad_scale,
+          p.grad_sumsq ? static_cast<const double*>(p.grad_sumsq->data) : nullptr,
+          p.max_grad_norm};
+}
+
+__global__ void adamw_kernel(float* w, const float* g, float* m, float* v, bf16* copy, int64_t n, AdamWStep s) {
+  s.clip();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    float wi = w[i] * decay;
-    const float gi = g[i] * grad_scale;
-    const float mi = m[i] + b1c * (gi - m[i]);
-    const float vi = v[i] * beta2 + b2c * gi * gi;
-    wi -= step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
+    float mi = m[i], vi = v[i];
+    const float wi = s.update(w[i], g[i], mi, vi);
     w[i] = wi;
     m[i] = mi;
     v[i] = vi;
@@ -57,19 +87,18 @@ struct QuantTables {
       fill_quant_bucket(below[i / kQuantBuckets], i % kQuantBuckets, mid[i / kQuantBuckets]);
     __syncthreads();
   }
+  // Moment k's code for x, its block's absmax reciprocal inv: the nearest map entry of x·inv clamped to [-1, 1].
+  __device__ uint8_t quantize(int k, float x, float inv) const {
+    return quantize_bucketed(fminf(fmaxf(x * inv, -1.0f), 1.0f), mid[k], below[k]);
+  }
 };
 
 __global__ void __launch_bounds__(32 * kWarpsPer8bitCta)
     adamw_8bit_kernel(float* w, const float* g, uint8_t* mc, uint8_t* vc, float* ma, float* va, const float* mmap,
-                      const float* vmap, bf16* copy, int64_t n, float decay, float b1c, float beta2, float b2c,
-                      float step_size, float bc2_sqrt, float eps, float grad_scale, const double* grad_sumsq,
-                      float max_grad_norm) {
+                      const float* vmap, bf16* copy, int64_t n, AdamWStep s) {
   __shared__ QuantTables t;
   t.stage(mmap, vmap);
-  const auto& smap = t.map;
-  const auto& smid = t.mid;
-  const auto& below = t.below;
-  if (grad_sumsq) grad_scale *= clip_factor(*grad_sumsq, max_grad_norm);
+  s.clip();
   const int lane = int(threadIdx.x % 32);
   const int64_t blocks = (n + 255) / 256;
   for (int64_t blk = int64_t(blockIdx.x) * kWarpsPer8bitCta + threadIdx.x / 32; blk < blocks;
@@ -89,30 +118,24 @@ __global__ void __launch_bounds__(32 * kWarpsPer8bitCta)
       const int64_t i = blk * 256 + k * 32 + lane;
       mi[k] = vi[k] = 0.f;
       if (i < n) {
-        mi[k] = smap[0][mq[k]] * mscale;
-        vi[k] = smap[1][vq[k]] * vscale;
-        float wi = wv[k] * decay;
-        const float gi = gv[k] * grad_scale;
-        mi[k] = mi[k] + b1c * (gi - mi[k]);
-        vi[k] = vi[k] * beta2 + b2c * gi * gi;
-        wi -= step_size * (mi[k] / (sqrtf(vi[k]) / bc2_sqrt + eps));
+        mi[k] = t.map[0][mq[k]] * mscale;
+        vi[k] = t.map[1][vq[k]] * vscale;
+        const float wi = s.update(wv[k], gv[k], mi[k], vi[k]);
         w[i] = wi;
         if (copy) copy[i] = cuda::to_bf(wi);
       }
       am = fmaxf(am, fabsf(mi[k]));
       av = fmaxf(av, fabsf(vi[k]));
     }
-    for (int o = 16; o > 0; o >>= 1) {
-      am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
-      av = fmaxf(av, __shfl_xor_sync(0xffffffffu, av, o));
-    }
+    am = cuda::warp_max(am);
+    av = cuda::warp_max(av);
     const float minv = 1.0f / fmaxf(am, 1e-38f), vinv = 1.0f / fmaxf(av, 1e-38f);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       const int64_t i = blk * 256 + k * 32 + lane;
       if (i < n) {
-        mc[i] = quantize_bucketed(fminf(fmaxf(mi[k] * minv, -1.0f), 1.0f), smid[0], below[0]);
-        vc[i] = quantize_bucketed(fminf(fmaxf(vi[k] * vinv, -1.0f), 1.0f), smid[1], below[1]);
+        mc[i] = t.quantize(0, mi[k], minv);
+        vc[i] = t.quantize(1, vi[k], vinv);
       }
     }
     if (lane == 0) {
@@ -129,12 +152,10 @@ __global__ void __launch_bounds__(32 * kWarpsPer8bitCta)
 // holds which element of a block does not change the result: the absmax is over the whole block.
 __global__ void __launch_bounds__(32 * kWarpsPer8bitCta)
     adamw_8bit_vec_kernel(float* w, const float* g, uint8_t* mc, uint8_t* vc, float* ma, float* va, const float* mmap,
-                          const float* vmap, bf16* copy, int64_t blocks, float decay, float b1c, float beta2, float b2c,
-                          float step_size, float bc2_sqrt, float eps, float grad_scale, const double* grad_sumsq,
-                          float max_grad_norm) {
+                          const float* vmap, bf16* copy, int64_t blocks, AdamWStep s) {
   __shared__ QuantTables t;
   t.stage(mmap, vmap);
-  if (grad_sumsq) grad_scale *= clip_factor(*grad_sumsq, max_grad_norm);
+  s.clip();
   const int lane = int(threadIdx.x % 32);
   for (int64_t blk = int64_t(blockIdx.x) * kWarpsPer8bitCta + threadIdx.x / 32; blk < blocks;
        blk += int64_t(gridDim.x) * kWarpsPer8bitCta) {
@@ -155,12 +176,7 @@ __global__ void __launch_bounds__(32 * kWarpsPer8bitCta)
       const int shift = 8 * (k % 4);
       mi[k] = t.map[0][(mq[k / 4] >> shift) & 255u] * mscale;
       vi[k] = t.map[1][(vq[k / 4] >> shift) & 255u] * vscale;
-      const float gi = gv[k] * grad_scale;
-      mi[k] = mi[k] + b1c * (gi - mi[k]);
-      vi[k] = vi[k] * beta2 + b2c * gi * gi;
-      float wi = wv[k] * decay;  // written as the kernel above, so the compiler contracts it the same way
-      wi -= step_size * (mi[k] / (sqrtf(vi[k]) / bc2_sqrt + eps));
-      wv[k] = wi;
+      wv[k] = s.update(wv[k], gv[k], mi[k], vi[k]);
       am = fmaxf(am, fabsf(mi[k]));
       av = fmaxf(av, fabsf(vi[k]));
     }
@@ -183,8 +199,8 @@ __global__ void __launch_bounds__(32 * kWarpsPer8bitCta)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int k = 4 * h + j;
-        mo |= uint32_t(quantize_bucketed(fminf(fmaxf(mi[k] * minv, -1.0f), 1.0f), t.mid[0], t.below[0])) << (8 * j);
-        vo |= uint32_t(quantize_bucketed(fminf(fmaxf(vi[k] * vinv, -1.0f), 1.0f), t.mid[1], t.below[1])) << (8 * j);
+        mo |= uint32_t(t.quantize(0, mi[k], minv)) << (8 * j);
+        vo |= uint32_t(t.quantize(1, vi[k], vinv)) << (8 * j);
       }
       *reinterpret_cast<uint32_t*>(mc + i) = mo;
       *reinterpret_cast<uint32_t*>(vc + i) = vo;
@@ -203,30 +219,22 @@ bool aligned(const void* p, size_t bytes) {
 
 void CudaOps::adamw(Tensor master, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p, Tensor* compute_copy) {
   const auto prof = profile("adamw");
-  const double bc1 = 1.0 - std::pow(p.beta1, p.step);
-  const double bc2_sqrt = std::sqrt(1.0 - std::pow(p.beta2, p.step));
   const int64_t n = master.numel();
   adamw_kernel<<<cuda::blocks_for(n, 256, 8 * 1024), 256, 0, stream_>>>(
-      master.f32(), grad.f32(), m.f32(), v.f32(), compute_copy ? compute_copy->as<bf16>() : nullptr, n,
-      float(1.0 - double(p.lr) * double(p.weight_decay)), float(1.0 - p.beta1), float(p.beta2), float(1.0 - p.beta2),
-      float(double(p.lr) / bc1), float(bc2_sqrt), p.eps, p.grad_scale,
-      p.grad_sumsq ? static_cast<const double*>(p.grad_sumsq->data) : nullptr, p.max_grad_norm);
+      master.f32(), grad.f32(), m.f32(), v.f32(), compute_copy ? compute_copy->as<bf16>() : nullptr, n, adamw_step(p));
   CUDA_CHECK_LAUNCH();
 }
 
 void CudaOps::adamw_8bit(Tensor master, const Tensor& grad, const Blockwise8& m, const Blockwise8& v,
                          const AdamWParams& p, Tensor* compute_copy) {
   const auto prof = profile("adamw_8bit");
-  const double bc1 = 1.0 - std::pow(p.beta1, p.step);
-  const double bc2_sqrt = std::sqrt(1.0 - std::pow(p.beta2, p.step));
+  const AdamWStep step = adamw_step(p);
   const int64_t n = master.numel();
   static_assert(kBlockwise8Block == 256, "one warp per quantisation block, 8 elements per lane");
   float *w = master.f32(), *ma = m.absmax.f32(), *va = v.absmax.f32();
   const float* g = grad.f32();
   uint8_t *mc = m.code.as<uint8_t>(), *vc = v.code.as<uint8_t>();
   bf16* copy = compute_copy ? compute_copy->as<bf16>() : nullptr;
-  const float decay = float(1.0 - double(p.lr) * double(p.weight_decay)), step_size = float(double(p.lr) / bc1);
-  const double* sumsq = p.grad_sumsq ? static_cast<const double*>(p.grad_sumsq->data) : nullptr;
   // Enough CTAs to fill the GPU several times over; each warp then walks the blocks grid-stride.
   auto ctas = [](int64_t blocks) {
     return unsigned(std::min<int64_t>((blocks + kWarpsPer8bitCta - 1) / kWarpsPer8bitCta, 132 * 8));
@@ -237,9 +245,8 @@ void CudaOps::adamw_8bit(Tensor master, const Tensor& grad, const Blockwise8& m,
   if (aligned(w, 16) && aligned(g, 16) && aligned(mc, 4) && aligned(vc, 4) && (!copy || aligned(copy, 8))) {
     whole = n / kBlockwise8Block;
     if (whole > 0) {
-      adamw_8bit_vec_kernel<<<ctas(whole), 32 * kWarpsPer8bitCta, 0, stream_>>>(
-          w, g, mc, vc, ma, va, m.map.f32(), v.map.f32(), copy, whole, decay, float(1.0 - p.beta1), float(p.beta2),
-          float(1.0 - p.beta2), step_size, float(bc2_sqrt), p.eps, p.grad_scale, sumsq, p.max_grad_norm);
+      adamw_8bit_vec_kernel<<<ctas(whole), 32 * kWarpsPer8bitCta, 0, stream_>>>(w, g, mc, vc, ma, va, m.map.f32(),
+                                                                                v.map.f32(), copy, whole, step);
       CUDA_CHECK_LAUNCH();
     }
   }
@@ -247,8 +254,7 @@ void CudaOps::adamw_8bit(Tensor master, const Tensor& grad, const Blockwise8& m,
   if (rest == 0) return;
   adamw_8bit_kernel<<<ctas((rest + kBlockwise8Block - 1) / kBlockwise8Block), 32 * kWarpsPer8bitCta, 0, stream_>>>(
       w + done, g + done, mc + done, vc + done, ma + whole, va + whole, m.map.f32(), v.map.f32(),
-      copy ? copy + done : nullptr, rest, decay, float(1.0 - p.beta1), float(p.beta2), float(1.0 - p.beta2), step_size,
-      float(bc2_sqrt), p.eps, p.grad_scale, sumsq, p.max_grad_norm);
+      copy ? copy + done : nullptr, rest, step);
   CUDA_CHECK_LAUNCH();
 }
 
