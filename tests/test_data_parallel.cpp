@@ -4,14 +4,18 @@
 // does; ZeRO-3 holds 1/world of every persistent piece; a rank that dies or raises ends the job with a message
 // naming it; bad launch input is one line and exit 2. Small on purpose: a tiny model, three updates a run.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 
 #include "cli/demo_kit.h"
 #include "cli_test_util.h"
 #include "data_test_util.h"
+#include "dist/launch.h"
 #include "io/safetensors.h"
 
 namespace soltrain::test {
@@ -264,6 +268,46 @@ TEST(DataParallel, ARankThatDiesOrRaisesEndsTheJobNamingIt) {
       << raised.err;
   EXPECT_NE(raised.err.find("rank 0: error: rank 1 stopped"), std::string::npos) << raised.err;
   EXPECT_FALSE(fs::exists(s.t.path / "raised" / "model"));
+}
+
+// The ranks and their launcher share one stderr pipe: each error line must arrive whole, never interleaved with
+// another process's (CI once read "error: rank rank 2: 1 was killed by signal error: 9rank 1 stopped").
+TEST(DataParallel, ErrorLinesOfConcurrentProcessesArriveWhole) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const int writers = 8, lines = 200;
+  std::vector<pid_t> pids;
+  for (int w = 0; w < writers; ++w) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::close(fds[0]);
+      ::dup2(fds[1], STDERR_FILENO);
+      set_error_prefix(cat("rank ", w, ": "));
+      for (int i = 0; i < lines; ++i)
+        print_error_line(cat("error: line ", i, " of writer ", w, std::string(size_t(100 + 37 * w), 'x')));
+      ::_exit(0);
+    }
+    pids.push_back(pid);
+  }
+  ::close(fds[1]);
+  std::string all;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) all.append(buf, size_t(n));
+  ::close(fds[0]);
+  for (pid_t p : pids) ::waitpid(p, nullptr, 0);
+  const std::regex whole("rank (\\d+): error: line (\\d+) of writer (\\d+)(x+)");
+  std::vector<int> seen(writers, 0);
+  std::istringstream in(all);
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(line, m, whole)) << "a torn line: " << line.substr(0, 200);
+    const int w = std::stoi(m[1]);
+    ASSERT_EQ(std::stoi(m[3]), w);
+    ASSERT_EQ(m[4].length(), 100 + 37 * w);
+    EXPECT_EQ(std::stoi(m[2]), seen[size_t(w)]++) << "lines of one writer in order";
+  }
+  for (int w = 0; w < writers; ++w) EXPECT_EQ(seen[size_t(w)], lines) << "writer " << w;
 }
 
 TEST(DataParallel, BadLaunchInputIsOneLineAndExit2) {

@@ -106,7 +106,7 @@ int launch_workers(int n, Device device) {
       if (std::chrono::steady_clock::now() > deadline) {
         for (int r = 0; r < n; ++r)
           if (g_workers[size_t(r)] > 0) {
-            std::cerr << "error: rank " << r << " did not stop within 60 s of the failure: killed" << std::endl;
+            print_error_line(cat("error: rank ", r, " did not stop within 60 s of the failure: killed"));
             ::kill(g_workers[size_t(r)], SIGKILL);
           }
         deadline = std::chrono::steady_clock::time_point::max();
@@ -120,8 +120,8 @@ int launch_workers(int n, Device device) {
     --running;
     const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (WIFSIGNALED(status))
-      std::cerr << "error: rank " << rank << " was killed by signal " << WTERMSIG(status) << " ("
-                << strsignal(WTERMSIG(status)) << ")" << std::endl;
+      print_error_line(cat("error: rank ", rank, " was killed by signal ", WTERMSIG(status), " (",
+                           strsignal(WTERMSIG(status)), ")"));
     if (rc != 0 && rc != 130 && !failed) {
       failed = true;
       code = rc;

@@ -17,20 +17,12 @@ int main(int argc, char** argv) {
   // Each registrar adds its subcommand and returns what runs it; the pair is kept here so a subcommand's
   // name is written in one place only.
   using Registrar = std::function<int()> (*)(CLI::App&);
-  const Registrar registrars[] = {soltrain::add_sft_command,
-                                  soltrain::add_pt_command,
-                                  soltrain::add_dpo_command,
-                                  soltrain::add_tokenize_command,
-                                  soltrain::add_generate_command,
-                                  soltrain::add_merge_command,
-                                  soltrain::add_dump_command,
-                                  soltrain::add_train_command,
-                                  soltrain::add_encode_command,
-                                  soltrain::add_chat_template_command,
-                                  soltrain::add_bench_command,
-                                  soltrain::add_bench_attention_command,
-                                  soltrain::add_demo_setup_command,
-                                  soltrain::add_quantize_command};
+  const Registrar registrars[] = {
+      soltrain::add_sft_command,           soltrain::add_pt_command,       soltrain::add_dpo_command,
+      soltrain::add_tokenize_command,      soltrain::add_generate_command, soltrain::add_merge_command,
+      soltrain::add_dump_command,          soltrain::add_train_command,    soltrain::add_encode_command,
+      soltrain::add_chat_template_command, soltrain::add_bench_command,    soltrain::add_bench_attention_command,
+      soltrain::add_demo_setup_command,    soltrain::add_quantize_command};
   std::vector<std::pair<CLI::App*, std::function<int()>>> commands;
   for (Registrar add : registrars) {
     std::function<int()> run = add(app);
@@ -50,13 +42,13 @@ int main(int argc, char** argv) {
     for (const auto& [cmd, run] : commands)
       if (cmd->parsed()) return run();
   } catch (const soltrain::UserError& e) {
-    std::cerr << soltrain::error_prefix() << "error: " << soltrain::printable_line(e.what()) << "\n";
+    soltrain::print_error_line("error: " + soltrain::printable_line(e.what()));
     return 2;
   } catch (const soltrain::RankFailure& e) {  // another rank of a data-parallel job failed: this one stops
-    std::cerr << soltrain::error_prefix() << "error: " << soltrain::printable_line(e.what()) << "\n";
+    soltrain::print_error_line("error: " + soltrain::printable_line(e.what()));
     return 1;
   } catch (const std::filesystem::filesystem_error& e) {  // a path the user gave: not there, not writable
-    std::cerr << soltrain::error_prefix() << "error: " << soltrain::printable_line(e.what()) << "\n";
+    soltrain::print_error_line("error: " + soltrain::printable_line(e.what()));
     return 2;
   } catch (const std::bad_alloc&) {  // sizes are checked before allocating; this is what slipped through
     std::cerr << "error: out of memory: the input asks for more memory than this machine has (std::bad_alloc)\n";
@@ -66,8 +58,7 @@ int main(int argc, char** argv) {
               << soltrain::printable_line(e.what()) << ")\n";
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << soltrain::error_prefix() << "internal error (please report): " << soltrain::printable_line(e.what())
-              << "\n";
+    soltrain::print_error_line("internal error (please report): " + soltrain::printable_line(e.what()));
     return 1;
   }
   return 1;

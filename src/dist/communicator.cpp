@@ -1,5 +1,8 @@
 #include "dist/communicator.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 
 #include "core/error.h"
@@ -44,6 +47,15 @@ const std::string& error_prefix() {
 }
 void set_error_prefix(const std::string& p) {
   prefix() = p;
+}
+void print_error_line(const std::string& line) {
+  const std::string all = prefix() + line + "\n";
+  for (size_t done = 0; done < all.size();) {
+    const ssize_t n = ::write(STDERR_FILENO, all.data() + done, all.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // stderr is gone: nothing else can report it
+    done += size_t(n);
+  }
 }
 
 std::unique_ptr<Communicator> make_single_communicator() {

@@ -32,6 +32,10 @@ std::unique_ptr<Communicator> make_communicator(const LaunchEnv& env, Ops& ops, 
 // The prefix of every error line this process prints ("rank 3: " in a job of several ranks, else "").
 const std::string& error_prefix();
 void set_error_prefix(const std::string& p);
+// Writes error_prefix() + `line` + "\n" to stderr in one write(2): the ranks of a job and their launcher share
+// one stderr pipe, and a line streamed piece by piece interleaves with another process's line (seen in CI:
+// "error: rank rank 2: 1 was killed by signal error: 9rank 1 stopped"). Writes up to PIPE_BUF are atomic.
+void print_error_line(const std::string& line);
 
 // Implementations (dist/*_communicator.cpp).
 std::unique_ptr<Communicator> make_mpi_communicator();
