@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [memory] [full8b] [conv] [offloadact] [long256k]
+#     [memory] [full8b] [conv] [offloadact] [long256k] [offloadw]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -110,6 +110,18 @@ for s in "${steps[@]}"; do
         --lora-rank 16 --recompute full --offload-activations --residual-dtype bf16 --warmup 0 --steps 1 --no-profile \
         > "$OUT/long256k.json" 2> "$OUT/long256k.err"
       tail -2 "$OUT/long256k.err"; cat "$OUT/long256k.json" ;;
+    offloadw)  # issue 12: offload_weights. CUDA tests, then Qwen3-8B LoRA r16 at 8 x 2048, recompute full: the base
+      # resident vs streamed (target: <= 16 GiB at >= 90% of the resident speed), with and without offloaded checkpoints
+      timeout 200 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaOffloadWeights*' > "$OUT/offloadw-tests.log" 2>&1
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/offloadw-tests.log"
+      [ -d /tmp/soltrain-bench-models/8B ] || python3 -c "import sys; sys.path.insert(0, 'bench'); import run_bench; run_bench.save_model('8B', '/tmp/soltrain-bench-models')"
+      for v in "resident:" "streamed:--offload-weights" "streamed_ckpt:--offload-weights --offload-activations" \
+               "resident_ckpt:--offload-activations"; do
+        timeout 150 "$B/soltrain" bench --model /tmp/soltrain-bench-models/8B --batch-size 8 --seq-len 2048 --lora-rank 16 \
+          --recompute full --warmup 2 --steps 4 ${v#*:} > "$OUT/offloadw-${v%%:*}.json" 2> "$OUT/offloadw-${v%%:*}.err"
+        python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], round(j['tokens_per_s']), 'tok/s', round(j['memory_gib'],2), 'GiB', 'loss', j['loss'], 'host', round(j['weight_host_gib'],2))" \
+          "$OUT/offloadw-${v%%:*}.json" "${v%%:*}" || tail -3 "$OUT/offloadw-${v%%:*}.err"
+      done ;;
     peft)
       timeout 300 python3 tests/tools/check_peft.py "$B/soltrain" --cases 12 --cuda > "$OUT/peft.log" 2>&1
       grep -E "CUDA LoRA|^case|failures" "$OUT/peft.log" | tail -40 ;;

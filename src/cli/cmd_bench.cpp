@@ -36,7 +36,7 @@ struct BenchOpts {
   std::string model, device = "cuda";
   int batch = 8, seq = 2048, steps = 10, warmup = 3, lora_rank = 0, data_parallel = -1, gpus = 1;
   int64_t token_tile = 0;
-  bool plan_only = false, offload_activations = false, profile = true;
+  bool plan_only = false, offload_activations = false, offload_weights = false, profile = true;
   std::string recompute = "none", residual_dtype = "auto", optimizer = "adamw", qlora = "none", recipe = "bf16";
   std::string offload = "none";
   std::string fp8_scaling = "delayed";
@@ -147,6 +147,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
   c->add_flag("--offload-activations", o->offload_activations,
               "offload_activations: with --recompute full, the layer-input checkpoints in pinned host memory, a "
               "ring of two on the GPU (copied out in forward, prefetched a layer ahead in backward)");
+  c->add_flag("--offload-weights", o->offload_weights,
+              "offload_weights: with --lora-rank, the frozen base's decoder layers in pinned host memory, streamed "
+              "through two layer slots on the GPU (each copied in while the layer before it computes)");
   c->add_flag("!--no-profile", o->profile,
               "skip the extra step timed op by op (its breakdown, profile_ms): a 256k-token step takes minutes");
   c->add_flag("--plan-only", o->plan_only,
@@ -178,6 +181,11 @@ std::function<int()> add_bench_command(CLI::App& app) {
     if (o->qlora != "none") {
       if (!lora) user_error("bench: --qlora ", o->qlora, " needs --lora-rank (a quantised base is frozen)");
       lora->base_format = o->qlora == "nf4" ? WeightFormat::Nf4 : WeightFormat::Fp8Block;
+    }
+    if (o->offload_weights) {
+      if (!lora) user_error("bench --offload-weights needs --lora-rank (it streams a frozen base)");
+      if (comm) user_error("bench --offload-weights: one process without --data-parallel only (as training)");
+      lora->offload_base = true;  // (a quantised base and fp8-hybrid are refused where they meet it)
     }
     if (o->recipe == "fp8-hybrid" && comm)
       user_error("bench --recipe fp8-hybrid with data parallel is not built yet (the ranks' amaxes are not reduced)");
@@ -263,6 +271,10 @@ std::function<int()> add_bench_command(CLI::App& app) {
                      {"offload_activations", o->offload_activations},
                      {"activation_gib", double(model->activation_bytes()) / double(1u << 30)},
                      {"checkpoint_host_gib", double(model->checkpoint_host_bytes()) / double(1u << 30)},
+                     {"offload_weights", o->offload_weights},
+                     {"weight_host_gib", double(model->params().host_frozen_bytes()) / double(1u << 30)},
+                     {"weight_slots_gib",
+                      double(model->weight_stream() ? model->weight_stream()->device_bytes() : 0) / double(1u << 30)},
                      {"token_tile", model->activation_plan().tile},
                      {"largest_activations", describe_largest(model->activation_plan(), 4)},
                      {"loss", loss},

@@ -559,6 +559,7 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       {"offload_optimizer", [&](const Entry& e) { c.offload.optimizer = get_bool(e, "offload_optimizer"); }},
       // The layer-input checkpoints of recompute full in host memory, a ring of two on the device.
       {"offload_activations", [&](const Entry& e) { c.offload_activations = get_bool(e, "offload_activations"); }},
+      {"offload_weights", [&](const Entry& e) { c.offload_weights = get_bool(e, "offload_weights"); }},
       {"recompute",
        [&](const Entry& e) {
          const std::string r = get_string(e, "recompute");
@@ -776,6 +777,26 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       errors.push_back(cat(at, ": offload_activations with data parallel (",
                            c.gpus > 1 ? "gpus: " : "zero_stage: ", c.gpus > 1 ? c.gpus : c.zero_stage,
                            ") is not built yet: train on one GPU, or drop offload_activations"));
+  }
+  // Streamed weights are a frozen base's (LoRA); its own copies elsewhere (quantised, FP8) would stay resident.
+  if (c.offload_weights && entries.count("offload_weights")) {
+    const std::string& at = entries.at("offload_weights").where;
+    if (!c.lora.enabled)
+      errors.push_back(cat(at,
+                           ": offload_weights streams a frozen LoRA base from host memory, and full fine-tuning "
+                           "trains every weight: add adapter: lora, or use offload_master / offload_optimizer"));
+    else if (c.lora.base != WeightFormat::Dense)
+      errors.push_back(cat(at, ": offload_weights streams a bf16 base; a quantised QLoRA base (",
+                           weight_format_name(c.lora.base), ", ", c.lora.base_key,
+                           ") stays on the device: drop one of them"));
+    if (c.fp8_hybrid)
+      errors.push_back(cat(at,
+                           ": offload_weights with recipe fp8-hybrid, which keeps FP8 copies of the base's projections "
+                           "on the device: use one of them"));
+    if (c.zero_stage >= 1 || c.gpus > 1)
+      errors.push_back(cat(at, ": offload_weights with data parallel (",
+                           c.gpus > 1 ? "gpus: " : "zero_stage: ", c.gpus > 1 ? c.gpus : c.zero_stage,
+                           ") is not built yet: train on one GPU, or drop offload_weights"));
   }
   // Every problem at once, so a config is fixed in one edit rather than one rerun per key.
   if (errors.size() == 1) throw UserError(errors[0]);

@@ -127,9 +127,11 @@ class Ops {
   virtual void synchronize() {}  // wait for queued work (timing only)
 
   // Streams. Main runs the step; Side runs what per-layer hooks queue (communication, prefetch, offload
-  // copies) so it overlaps compute. Work on one stream is ordered; across streams only by wait(). The
-  // CPU backend runs every op as it is called, so there both are the same and these do nothing.
-  enum class Stream { Main, Side };
+  // copies) so it overlaps compute; Upload carries offload_weights' host-to-device layer copies, apart from
+  // Side's device-to-host checkpoint copies so that PCIe moves both directions at once. Work on one stream is
+  // ordered; across streams only by wait() and marks. The CPU backend runs every op as it is called, so
+  // there all are the same and these do nothing.
+  enum class Stream { Main, Side, Upload };
   virtual void use_stream(Stream) {}                       // where the ops called next are queued
   virtual void wait(Stream /*waiter*/, Stream /*on*/) {}   // waiter's later work starts after on's queued work
   virtual void* native_stream(Stream) { return nullptr; }  // cudaStream_t, for libraries (NCCL)
@@ -140,8 +142,8 @@ class Ops {
   // The other direction: `dst` (such host memory) is complete only after host_wait(mark()) taken after it, or
   // for later work on the current stream; unlike copy(), nothing waits here (offload's write-back overlaps).
   virtual void download_async(Tensor dst, const Tensor& src) { copy(dst, src); }
-  virtual uint64_t mark() { return 0; }                   // a point in the current stream's queue
-  virtual void host_wait(uint64_t) {}                     // returns once the device has passed that point
+  virtual uint64_t mark() { return 0; }  // a point in the current stream's queue
+  virtual void host_wait(uint64_t) {}    // returns once the device has passed that point
   // The current stream's later work starts after `mark` (taken on any stream): a finer wait() that orders
   // one piece of another stream's work, not all of it (a layer's gathered weights, not every layer's).
   virtual void wait_mark(uint64_t) {}
@@ -193,8 +195,8 @@ class Ops {
     throw std::logic_error(fp8_unsupported());
   }
   // Delayed scaling's update (TransformerEngine's DelayedScaling, amax_compute_algo "max") for Q tensors at
-  // once: history [Q, H] (slot 0 holds this step's amax), scales [Q, 4] (records as above). Per q: amax = max over the window;
-  // the window rolls (slot i ← i+1, the last ← old slot 0, slot 0 ← 0); if amax is finite and > 0, scale =
+  // once: history [Q, H] (slot 0 holds this step's amax), scales [Q, 4] (records as above). Per q: amax = max over the
+  // window; the window rolls (slot i ← i+1, the last ← old slot 0, slot 0 ← 0); if amax is finite and > 0, scale =
   // fp8_max · 2^-margin / amax (inf clamped to FLT_MAX) and scale_inv = 1 / scale, else both are kept.
   virtual void fp8_update_scales(Tensor /*history*/, Tensor /*scales*/, float /*fp8_max*/, int /*margin*/) {
     throw std::logic_error(fp8_unsupported());

@@ -28,6 +28,9 @@ void LoraConfig::validate(const std::string& source) const {
     if (std::find(kLoraModuleNames.begin(), kLoraModuleNames.end(), m) == kLoraModuleNames.end())
       user_error(source, ": lora target module '", m,
                  "' is not supported: use q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj or down_proj");
+  if (offload_base && base_format != WeightFormat::Dense)
+    user_error(source, ": offload_weights streams a bf16 base; a quantised QLoRA base (",
+               weight_format_name(base_format), ") stays on the device: drop one of them");
 }
 
 std::string lora_module_path(int layer, LoraTarget t) {

@@ -34,6 +34,9 @@ struct LoraConfig {
   // in the compute dtype; Nf4 / Fp8Block quantise them on load (or keep a pre-quantised FP8 checkpoint as
   // stored). Embedding, LM head, norms and biases stay dense.
   WeightFormat base_format = WeightFormat::Dense;
+  // `offload_weights`: the frozen base's decoder layers in host memory, streamed through the device a layer
+  // at a time (model/weight_stream.h). A dense base only.
+  bool offload_base = false;
 
   // scale · B·A is what the adapter adds to a weight.
   float scale() const;

@@ -73,10 +73,25 @@ void ParameterStore::allocate(Ops& ops, bool gradients) {
     }
     group_begin_.push_back(numel_);
   }
+  // Frozen weights: groups kept on the host (keep_frozen_on_host) first, group by group, in the order added.
+  frozen_host_at_.assign(params_.size(), -1);
+  frozen_host_begin_.assign(1, 0);
+  int64_t host_frozen = 0;
+  for (int g = 0; g < std::min(frozen_host_groups_, groups); ++g) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const Parameter& p = params_[i];
+      if (p.trainable || p.group != g) continue;
+      SOLTRAIN_CHECK(p.format == WeightFormat::Dense, "frozen ", p.name, " is quantised: it cannot stay on the host");
+      frozen_host_at_[i] = host_frozen;
+      host_frozen += shape_numel(p.shape);
+    }
+    frozen_host_begin_.push_back(host_frozen);
+  }
   size_t dense_frozen = 0, quantised = 0;
   for (const auto& p : params_) {
     if (p.trainable) continue;
     frozen_numel_ += shape_numel(p.shape);
+    if (on_host(p)) continue;
     if (p.format == WeightFormat::Dense)
       dense_frozen += size_t(shape_numel(p.shape));
     else
@@ -86,6 +101,7 @@ void ParameterStore::allocate(Ops& ops, bool gradients) {
   if (gradients) grads_ = ops.alloc(size_t(numel_) * 4);
   if (act != DType::F32) values_ = ops.alloc(size_t(numel_) * dtype_size(act));
   frozen_ = ops.alloc(dense_frozen * dtype_size(act));
+  if (host_frozen > 0) frozen_host_ = ops.alloc_host(size_t(host_frozen) * dtype_size(act));
   quantised_ = ops.alloc(quantised);
   int64_t frozen_off = 0;
   size_t quantised_off = 0;
@@ -99,6 +115,10 @@ void ParameterStore::allocate(Ops& ops, bool gradients) {
       p.scale = nf4 ? Tensor{base + l.scale_at, DType::U8, {int64_t(l.scales)}, quantised_.device()}
                     : Tensor{base + l.scale_at, DType::F32, fp8_scale_shape(p.shape), quantised_.device()};
       quantised_off += l.total;
+      continue;
+    }
+    if (on_host(p)) {
+      p.value = host_copy(p);
       continue;
     }
     if (!p.trainable) {
@@ -163,14 +183,14 @@ void ParameterStore::upload(Ops& ops, Parameter& p, const float* host) {
       else
         ops.convert(p.value, p.master);
     }
-  } else if (p.value.dtype == DType::F32) {
-    ops.copy(p.value, h);
   } else {
+    const Tensor value = on_host(p) ? host_copy(p) : p.value;  // (a streamed weight's home, wherever it is bound)
+    if (value.dtype == DType::F32) return ops.copy(value, h);
     // Frozen weights have no fp32 home on the device: round on the host (to nearest even, as convert does).
-    SOLTRAIN_CHECK(p.value.dtype == DType::BF16, "frozen ", p.name, " in ", dtype_name(p.value.dtype));
-    std::vector<uint16_t> b(size_t(p.value.numel()));
+    SOLTRAIN_CHECK(value.dtype == DType::BF16, "frozen ", p.name, " in ", dtype_name(value.dtype));
+    std::vector<uint16_t> b(size_t(value.numel()));
     for (size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16(host[i]);
-    ops.copy(p.value, Tensor{b.data(), DType::BF16, p.shape, Device::CPU});
+    ops.copy(value, Tensor{b.data(), DType::BF16, p.shape, Device::CPU});
   }
 }
 
@@ -189,7 +209,7 @@ void ParameterStore::download(Ops& ops, const Parameter& p, float* host) const {
     return fp8_block_dequantize(codes.data(), reinterpret_cast<const float*>(scale.data()), p.shape[0], p.shape[1],
                                 host);
   }
-  const Tensor& src = p.trainable ? p.master : p.value;
+  const Tensor src = p.trainable ? p.master : on_host(p) ? host_copy(p) : p.value;
   if (src.dtype == DType::F32) return ops.copy(Tensor{host, DType::F32, p.shape, Device::CPU}, src);
   SOLTRAIN_CHECK(src.dtype == DType::BF16, "download ", p.name, " in ", dtype_name(src.dtype));
   std::vector<uint16_t> b(size_t(src.numel()));
@@ -292,6 +312,40 @@ Tensor ParameterStore::shard_values(int group) const {
 Tensor ParameterStore::shard_grads(int group) const {
   const Slice& s = slices_.at(size_t(group));
   return flat(grads_, DType::F32, s.at, s.chunk);
+}
+
+Tensor ParameterStore::host_copy(const Parameter& p) const {
+  const int64_t at = frozen_host_at_[size_t(&p - params_.data())];
+  return flat(frozen_host_, values_dtype_, at, shape_numel(p.shape)).view(p.shape);
+}
+
+Tensor ParameterStore::frozen_on_host(int group) const {
+  SOLTRAIN_CHECK(group >= 0 && group + 1 < int(frozen_host_begin_.size()), "group ", group, " is not on the host");
+  const int64_t b = frozen_host_begin_[size_t(group)];
+  return flat(frozen_host_, values_dtype_, b, frozen_host_begin_[size_t(group) + 1] - b);
+}
+
+int64_t ParameterStore::max_frozen_host_group_numel() const {
+  int64_t m = 0;
+  for (size_t g = 0; g + 1 < frozen_host_begin_.size(); ++g)
+    m = std::max(m, frozen_host_begin_[g + 1] - frozen_host_begin_[g]);
+  return m;
+}
+
+void ParameterStore::bind_frozen(int group, const Tensor& base) {
+  const Tensor home = frozen_on_host(group);
+  SOLTRAIN_CHECK(!base.data || (base.numel() >= home.numel() && base.dtype == home.dtype), "binding frozen group ",
+                 group, " to ", base.numel(), " elements");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = params_[i];
+    if (p.group != group || frozen_host_at_[i] < 0) continue;
+    if (!base.data) {
+      p.value = host_copy(p);
+      continue;
+    }
+    const size_t at = size_t(frozen_host_at_[i] - frozen_host_begin_[size_t(group)]) * dtype_size(base.dtype);
+    p.value = Tensor{static_cast<char*>(base.data) + at, base.dtype, p.shape, base.device};
+  }
 }
 
 void ParameterStore::bind(int group, const Tensor& base, Tensor Parameter::*member) {

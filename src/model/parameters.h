@@ -59,6 +59,7 @@ class ParameterStore {
   int64_t decayed_numel() const { return decayed_numel_; }
   int64_t frozen_numel() const { return frozen_numel_; }
   // Device bytes of every weight's storage: masters, compute copies, frozen copies, quantised codes + scales.
+  // (Frozen weights kept on the host, keep_frozen_on_host, are not device bytes: host_frozen_bytes.)
   size_t weight_bytes() const {
     return (masters_on_host_ ? 0 : masters_.bytes()) + values_.bytes() + frozen_.bytes() + quantised_.bytes();
   }
@@ -71,6 +72,22 @@ class ParameterStore {
   size_t host_master_bytes() const { return masters_on_host_ ? masters_.bytes() : 0; }
   size_t quantised_bytes() const { return quantised_.bytes(); }
   int groups() const { return int(group_begin_.size()) - 1; }
+
+  // `offload_weights`: before allocate(), asks that the dense frozen weights of groups 0 .. groups - 1 (a
+  // LoRA base's decoder layers) live in host memory (pinned on CUDA) instead of on the device, each group's
+  // one contiguous range (frozen_on_host). Their parameters' value is that host copy until bind_frozen points
+  // it at a device copy (model/weight_stream.h streams them layer by layer); upload and download always use
+  // the host copy. Quantised frozen weights cannot stream (a check).
+  void keep_frozen_on_host(int groups) { frozen_host_groups_ = groups; }
+  int frozen_host_groups() const { return frozen_host_groups_; }
+  size_t host_frozen_bytes() const { return frozen_host_.bytes(); }
+  // Group g's frozen weights in host memory, flat in the activation dtype (g < frozen_host_groups()), and the
+  // largest such group's element count (what a device copy of one needs).
+  Tensor frozen_on_host(int group) const;
+  int64_t max_frozen_host_group_numel() const;
+  // Points group g's host-held frozen parameters' value into `base` (the group's flat layout, as
+  // frozen_on_host), or back at their host copy when `base` is empty.
+  void bind_frozen(int group, const Tensor& base);
 
   // Sets a parameter from fp32 host values (master and compute copy, or the frozen compute copy).
   void upload(Ops& ops, Parameter& p, const float* host);
@@ -126,7 +143,13 @@ class ParameterStore {
   std::vector<ParamRange> ranges_;
   Buffer masters_, values_, grads_;  // values_ stays empty when the activation dtype is F32
   Buffer frozen_;                    // frozen compute copies, activation dtype
-  Buffer quantised_;                 // frozen quantised weights: each one's codes, then its scales
+  Buffer frozen_host_;               // keep_frozen_on_host: those groups' frozen compute copies, by group
+  int frozen_host_groups_ = 0;
+  std::vector<int64_t> frozen_host_begin_;  // element offset of each host-held group in frozen_host_, then the end
+  std::vector<int64_t> frozen_host_at_;     // per parameter: its element offset in frozen_host_ (-1: not there)
+  bool on_host(const Parameter& p) const { return frozen_host_at_[size_t(&p - params_.data())] >= 0; }
+  Tensor host_copy(const Parameter& p) const;  // a host-held frozen parameter's home
+  Buffer quantised_;                           // frozen quantised weights: each one's codes, then its scales
   DType values_dtype_ = DType::F32;
   bool masters_on_host_ = false;
   // The compute copy of `p` rounded on the host from fp32 `host` (masters in host memory: convert() reads

@@ -83,7 +83,9 @@ Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig>
   if (!c.tie_word_embeddings) params_.add(kLmHead, {c.vocab_size, D}, base_trains, outer);
   if (lora_)
     for (int l = 0; l < c.num_layers; ++l) add_lora_parameters(params_, c, l, *lora_);
+  if (lora_ && lora_->offload_base) params_.keep_frozen_on_host(c.num_layers);  // before anything is allocated
   params_.allocate(ops_, gradients);
+  if (lora_ && lora_->offload_base) weight_stream_ = std::make_unique<WeightStream>(params_, ops_, c.num_layers);
 
   for (int l = 0; l < c.num_layers; ++l) {
     layers_.push_back(bind_layer(params_, l, lora_));
@@ -150,6 +152,10 @@ void Transformer::enable_fp8(const Fp8Settings& s) {
         user_error("recipe fp8-hybrid runs on a bf16 base; a quantised QLoRA base (",
                    weight_format_name(lin->weight_parameter().format),
                    ") dequantises into bf16 GEMMs: use recipe: bf16 with it");
+  if (weight_stream_)
+    user_error(
+        "recipe fp8-hybrid keeps FP8 copies of the base's projections on the device, and offload_weights "
+        "streams the base from host memory: use one of them");
   fp8_ = std::make_unique<Fp8Recipe>(ops_, s);
   for (int l = s.skip_first_layers; l < L - s.skip_last_layers; ++l) {
     DecoderLayer& layer = layers_[size_t(l)];
@@ -398,13 +404,13 @@ void Transformer::forward(const HostBatch& batch, Objective* objective, bool bac
     a.ring.downloads = backward_follows;  // a forward alone (evaluation, DPO's reference) needs no host copy
     a.ring.fetched_down_to = a.ring.host_layers;
   }
-  if (hooks_) hooks_->before_forward(head_group());
+  weights_needed_forward(head_group());
   before_checkpoint_write(0);
   ops_.embedding_forward(a.resid[0], a.ids, params_.at(kEmbed).value);
   checkpoint_written(0);
   // Each residual add is fused with the RMSNorm after it (the next layer's ln1, or the final norm), so
   // only the first layer normalises its own input here.
-  if (hooks_) hooks_->before_forward(0);  // each later layer's fires inside the layer before (forward_mlp)
+  weights_needed_forward(0);  // each later layer's fires inside the layer before (forward_mlp)
   for (int64_t l = 0; l < L; ++l) {
     forward_attention(l, l == 0);
     forward_mlp(l);
@@ -439,7 +445,7 @@ void Transformer::backward(Objective& objective) {
   Activations& a = *acts_;
   a.backward_pending = false;
   const int64_t L = config_.num_layers;
-  if (hooks_) hooks_->before_backward(head_group());
+  weights_needed_backward(head_group());
   if (!a.head_fused) {  // the weights depend on forward's results: the head's chunks run again
     objective.token_weights(ops_, a.out, a.token_weight);
     head_pass(&a.token_weight, nullptr);
@@ -449,7 +455,7 @@ void Transformer::backward(Objective& objective) {
   ops_.rmsnorm_backward(a.dres, false, grad_or_empty(&final_norm), a.dhf, a.resid[L], final_norm.value, a.rstdf,
                         dres_rounded());
   for (int64_t l = L - 1; l >= 0; --l) {
-    if (hooks_) hooks_->before_backward(int(l));
+    weights_needed_backward(int(l));
     prefetch_checkpoints(l);
     checkpoint_ready(l);
     backward_layer(l);
@@ -460,6 +466,16 @@ void Transformer::backward(Objective& objective) {
   if (embed.trainable) ops_.embedding_backward(embed.grad, a.ids, a.dres);
   if (hooks_) hooks_->grads_ready(head_group());
   if (dropout_now_) ++dropout_step_;  // after backward, which regenerates this pass's masks
+}
+
+void Transformer::weights_needed_forward(int group) {
+  if (weight_stream_) weight_stream_->before_forward(group);
+  if (hooks_) hooks_->before_forward(group);
+}
+
+void Transformer::weights_needed_backward(int group) {
+  if (weight_stream_) weight_stream_->before_backward(group);
+  if (hooks_) hooks_->before_backward(group);
 }
 
 void Transformer::backward_layer(int64_t l) {
@@ -552,7 +568,7 @@ void Transformer::forward_mlp(int64_t l) {
   const int64_t L = int64_t(layers_.size());
   if (l + 1 < L) {
     // The next layer's ln1 is the first of its weights read, here inside this layer's forward.
-    if (hooks_) hooks_->before_forward(int(l + 1));
+    weights_needed_forward(int(l + 1));
     before_checkpoint_write(l + 1);
     o.add_rmsnorm_forward(a.resid[l + 1], a.h1[l + 1], a.rstd1[l + 1], a.mid[l], a.tmp,
                           layers_[size_t(l + 1)].ln1->value, a.eps);

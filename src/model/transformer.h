@@ -22,6 +22,7 @@
 #include "model/lora.h"
 #include "model/objective.h"
 #include "model/parameters.h"
+#include "model/weight_stream.h"
 
 namespace soltrain {
 
@@ -128,6 +129,9 @@ class Transformer {
   // After every optimizer update (the trainer's step does it): the recipe's scales and weight copies follow.
   void after_update();
   void set_hooks(LayerHooks* hooks) { hooks_ = hooks; }
+  // `offload_weights` (LoraConfig::offload_base): the frozen base's decoder layers stream from host memory
+  // through two device slots (model/weight_stream.h); null when the base is resident.
+  const WeightStream* weight_stream() const { return weight_stream_.get(); }
 
   // Forward of one micro-batch. With `objective` and `backward_follows`, the objective's token weights
   // are taken (before forward when it knows them, fusing the LM head's backward into forward's chunks)
@@ -160,6 +164,9 @@ class Transformer {
   // and with `weights` its backward into dhf and the head's gradient.
   void head_pass(const Tensor* weights, float* logits_out);
   void backward_layer(int64_t l);
+  // Where a group's weights are first read in a pass: the weight stream's and the hooks' events, in that order.
+  void weights_needed_forward(int group);
+  void weights_needed_backward(int group);
   Tensor dres_rounded() const;  // where rmsnorm_backward also writes dres in the activation dtype (or none)
   QkvTensors qkv(int64_t l) const;
   MlpTensors mlp_tile(int64_t l, int64_t t0, int64_t t1) const;  // tokens [t0, t1) of layer l's MLP tensors
@@ -185,6 +192,7 @@ class Transformer {
   Buffer inv_freq_;
   Tensor inv_freq_t_;
   LayerHooks* hooks_ = nullptr;
+  std::unique_ptr<WeightStream> weight_stream_;
   std::optional<DType> residual_dtype_;
   int64_t token_tile_ = kTokenTileAuto;
   bool offload_checkpoints_ = false;

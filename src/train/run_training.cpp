@@ -89,8 +89,12 @@ void set_up(Run& r) {
     r.lora = LoraConfig{c.lora.rank,           float(c.lora.alpha), float(c.lora.dropout),
                         c.lora.target_modules, c.lora.use_rslora,   c.seed};
     r.lora->base_format = c.lora.base;
+    r.lora->offload_base = c.offload_weights;
     r.lora->validate("config.yaml");
   }
+  // (the config reader refuses it first, with the key's line; a guard for callers and mpirun's ranks)
+  if (c.offload_weights && r.dp)
+    user_error("offload_weights with data parallel is not built yet: train on one GPU, or drop offload_weights");
   // ZeRO-3 gives each rank only its slices of the gradients: no full-size buffer is made for them here.
   r.model = load_pretrained(c.model, r.ops, r.lora, /*gradients=*/!(r.dp && c.zero_stage == 3));
   for (const ShardSet* set : {&r.data.train, &r.data.validation})
@@ -185,6 +189,11 @@ void print_intent(const Run& r) {
   r.log << "\n";
 }
 
+// offload_weights' two device slots (0 when the base is resident).
+size_t stream_slot_bytes(const Transformer& m) {
+  return m.weight_stream() ? m.weight_stream()->device_bytes() : 0;
+}
+
 // Host memory: what the run holds there (the batch's pinned staging, the tokenized data; on the CPU backend
 // every buffer of the plan) against the real limit, a container's cgroup rather than MemTotal. Each large
 // host buffer was checked against what was available as it was allocated (Buffer::host, alloc_host); they
@@ -195,10 +204,11 @@ void print_host_plan(const Run& r) {
   // checked as it was allocated).
   const size_t offloaded = r.model->params().host_master_bytes() + r.step->optimizer().host_state_bytes();
   const size_t checkpoints = r.model->checkpoint_host_bytes();  // offload_activations
-  size_t planned = r.model->staging_bytes() + r.data_bytes + offloaded + checkpoints;
+  const size_t base = r.model->params().host_frozen_bytes();    // offload_weights
+  size_t planned = r.model->staging_bytes() + r.data_bytes + offloaded + checkpoints + base;
   if (r.ops.device() == Device::CPU)
     planned += r.model->params().weight_bytes() + 4 * size_t(r.model->params().numel()) +
-               r.step->optimizer().state_bytes() + r.model->activation_bytes();
+               r.step->optimizer().state_bytes() + r.model->activation_bytes() + stream_slot_bytes(*r.model);
   const HostMemory m = read_host_memory();
   r.log << r.cmd << ": host memory: " << double(planned) / gib << " GiB planned (batch staging "
         << double(r.model->staging_bytes()) / gib << " GiB" << (r.ops.device() == Device::CPU ? "" : " pinned")
@@ -206,6 +216,7 @@ void print_host_plan(const Run& r) {
         << (offloaded ? cat(", offloaded masters and moments ", double(offloaded) / gib, " GiB") : std::string())
         << (checkpoints ? cat(", offloaded layer-input checkpoints ", double(checkpoints) / gib, " GiB")
                         : std::string())
+        << (base ? cat(", the offloaded base's layers ", double(base) / gib, " GiB") : std::string())
         << (r.ops.device() == Device::CPU ? ", and every buffer above: the CPU backend's device is the host" : "")
         << "); " << describe_host_memory(m) << "\n";
   HostMemory whole = m;
@@ -259,8 +270,9 @@ void print_plan(const Run& r) {
   const Zero3* z = r.zero3();
   const double gathered = z ? double(z->bytes().gathered) : 0.0;
   const double grads = z ? double(ps.trainable_bytes().grads + z->bytes().grad_scratch) : 4 * trainable;
-  r.log << r.cmd << ": memory plan: weights " << (weights + gathered) / gib << " GiB" << quantised << ", gradients "
-        << grads / gib << " GiB, AdamW moments " << double(r.step->optimizer().state_bytes()) / gib
+  const double streamed = double(stream_slot_bytes(*r.model));
+  r.log << r.cmd << ": memory plan: weights " << (weights + gathered + streamed) / gib << " GiB" << quantised
+        << ", gradients " << grads / gib << " GiB, AdamW moments " << double(r.step->optimizer().state_bytes()) / gib
         << (r.opt.moments == Moments::Blockwise8 ? " GiB (8-bit)" : " GiB") << ", activations "
         << double(r.model->activation_bytes()) / gib << " GiB (recompute " << recompute_name(c.recompute)
         << ", residual stream " << (r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16") << ", MLP token tile "
@@ -272,6 +284,12 @@ void print_plan(const Run& r) {
           << ck->copies << " on the device, " << double(ck->total_bytes()) / gib
           << " GiB (counted in activations above); each is copied out as forward writes it and back one layer "
              "ahead of backward\n";
+  }
+  if (const WeightStream* w = r.model->weight_stream()) {
+    r.log << r.cmd << ": offload_weights: the frozen base's " << r.model->config().num_layers << " decoder layers take "
+          << double(ps.host_frozen_bytes()) / gib << " GiB of host memory; the device streams them through two slots, "
+          << double(w->device_bytes()) / gib
+          << " GiB (counted in weights above), copying each layer in while the one before it computes\n";
   }
   if (c.offload.any()) {
     // Where the update's fp32 state lives: host (offloaded) next to the device's staging slots.

@@ -113,8 +113,8 @@ class CudaOps final : public Ops {
   // Scratch of at least `bytes` bytes on the device (grows; only between steps in practice).
   void* scratch(size_t bytes);
 
-  cudaStream_t stream_ = nullptr;                 // the current one of streams_
-  cudaStream_t streams_[2] = {nullptr, nullptr};  // [Main, Side]
+  cudaStream_t stream_ = nullptr;                          // the current one of streams_
+  cudaStream_t streams_[3] = {nullptr, nullptr, nullptr};  // [Main, Side, Upload]
   // A ring: waiting on an overwritten mark waits for a later point. Sized for a step's marks (one per
   // parameter group from the data-parallel gathers, a few per batch upload) so that does not happen.
   static constexpr int kMarks = 256;
@@ -128,7 +128,7 @@ class CudaOps final : public Ops {
   Tensor dense_weight(const Weight& w);
   double* host_result_ = nullptr;  // pinned
   int sm_count_ = 0;
-  int compute_capability_ = 0;  // major · 10 + minor
+  int compute_capability_ = 0;     // major · 10 + minor
   bool hopper_attention_ = false;  // compute capability 9.0 and not SOLTRAIN_ATTENTION=portable
   bool sm90_ = false;              // compute capability 9.0: the sm_90a kernels (clusters, wgmma) run
   OpProfiler profiler_;

@@ -1,0 +1,61 @@
+// `offload_weights`: a frozen LoRA base's decoder layers live in pinned host memory
+// (ParameterStore::keep_frozen_on_host) and pass through two device slots, a layer at a time, so the device
+// holds two layers of the base instead of all of them (Qwen3-8B: 0.72 GiB instead of 14.1 GiB; the
+// embedding, final norm and LM head stay resident). The Transformer calls it where its layer hooks fire:
+// before a layer's weights are first read in forward, and before its backward (recompute included). A call
+// makes sure the layer is in a slot, Main ordered after its copy, and queues the copy of the layer the pass
+// reads next into the other slot on Ops::Stream::Upload, where it overlaps the current layer's compute (and
+// offload_activations' downloads on Side). A slot is refilled only once Main has queued every read of what
+// it held (Upload waits for Main first), and never while it holds the layer in use. The pass orders are
+// forward 0 .. L-1 and backward L-1 .. 0, so the two layers a pass ends with are the two the next one
+// starts with: they are not copied again.
+// Results are the resident run's, bit for bit: the same values are read. On the CPU the copies run as they
+// are called (marks are 0), the same code in program order.
+#pragma once
+#include <cstdint>
+
+#include "core/buffer.h"
+#include "kernels/ops.h"
+#include "model/parameters.h"
+
+namespace soltrain {
+
+class WeightStream {
+ public:
+  // Streams groups 0 .. layers-1, which `ps` holds on the host (keep_frozen_on_host(layers), allocated).
+  WeightStream(ParameterStore& ps, Ops& ops, int layers);
+  WeightStream(const WeightStream&) = delete;
+  WeightStream& operator=(const WeightStream&) = delete;
+
+  // Group g's weights are about to be read by forward / by backward (g == layers: the resident head group,
+  // whose call starts a pass).
+  void before_forward(int g);
+  void before_backward(int g);
+
+  size_t device_bytes() const { return 2 * slot_bytes_; }  // the two slots
+  int64_t copies() const { return copies_; }               // layer copies queued so far (tests read it)
+
+ private:
+  struct Slot {
+    Buffer buffer;
+    int group = -1;       // the layer it holds (-1: none)
+    uint64_t ready = 0;   // Upload's mark after its copy
+    bool awaited = true;  // Main has waited for `ready`
+    uint64_t used = 0;    // when it was last needed (the other one is refilled)
+  };
+  void start_pass();
+  void ensure(int g);    // g in a slot, bound, Main ordered after its copy
+  void prefetch(int g);  // g's copy queued unless a slot holds it (-1: nothing)
+  Slot& fill(int g);
+
+  ParameterStore& ps_;
+  Ops& ops_;
+  int layers_;
+  size_t slot_bytes_ = 0;
+  Slot slots_[2];
+  int current_ = -1;  // the layer being read now
+  uint64_t clock_ = 0;
+  int64_t copies_ = 0;
+};
+
+}  // namespace soltrain
