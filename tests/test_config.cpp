@@ -329,9 +329,7 @@ TEST(Config, OffloadKeys) {
   EXPECT_EQ(error_of(kBase + "offload_optimizer: true\nzero_stage: 2\n"),
             "cfg.yaml:6: offload_optimizer with zero_stage 2 is not built yet (the sharded update keeps its state on "
             "the device): use zero_stage: 0 or drop offload_optimizer");
-  EXPECT_EQ(error_of(kBase + "offload_master: true\noptimizer: adamw_8bit\n"),
-            "cfg.yaml:6: offload_master with 8-bit AdamW moments is not built yet: use optimizer: adamw_torch (fp32 "
-            "moments) or drop offload_master");
+  EXPECT_EQ(error_of(kBase + "offload_master: true\noffload_optimizer: true\noptimizer: adamw_8bit\n"), "no error");
   // Surogate's residual offload: refused, naming soltrain's key for it.
   EXPECT_EQ(error_of(kBase + "offload_residual: true\n"),
             "cfg.yaml:6: offload_residual: use offload_activations: true with recompute: full (soltrain's name; it "

@@ -27,20 +27,29 @@ TEST(Offload, UpdateEqualsResidentBitwise) {
   SCOPED_TRACE(test::seed_message(seed));
   test::TempDir t;
   auto ops = make_cpu_ops();
-  const test::UpdateResult resident = test::run_updates(*ops, seed, {}, 5, t.path / "resident.safetensors");
-  EXPECT_GT(resident.last_sumsq, 4.0);  // ‖g‖ > 2 × max_grad_norm: clipping scaled every update
-  for (const auto& [name, offload] : test::offload_cases()) {
-    SCOPED_TRACE(name);
-    const test::UpdateResult o = test::run_updates(*ops, seed, offload, 5, t.path / (name + ".safetensors"));
-    ASSERT_EQ(o.masters.size(), resident.masters.size());
-    for (size_t i = 0; i < o.masters.size(); ++i)
-      ASSERT_EQ(std::bit_cast<uint32_t>(o.masters[i]), std::bit_cast<uint32_t>(resident.masters[i])) << "element " << i;
-    EXPECT_EQ(o.values, resident.values);
-    EXPECT_EQ(o.state, resident.state);  // moments and step count, as saved
+  for (Moments moments : {Moments::F32, Moments::Blockwise8}) {
+    SCOPED_TRACE(moments == Moments::F32 ? "fp32 moments" : "8-bit moments");
+    const test::UpdateResult resident = test::run_updates(*ops, seed, {}, 5, t.path / "resident.safetensors", moments);
+    EXPECT_GT(resident.last_sumsq, 4.0);  // ‖g‖ > 2 × max_grad_norm: clipping scaled every update
+    for (const auto& [name, offload] : test::offload_cases()) {
+      SCOPED_TRACE(name);
+      const test::UpdateResult o = test::run_updates(*ops, seed, offload, 5, t.path / (name + ".safetensors"), moments);
+      ASSERT_EQ(o.masters.size(), resident.masters.size());
+      for (size_t i = 0; i < o.masters.size(); ++i)
+        ASSERT_EQ(std::bit_cast<uint32_t>(o.masters[i]), std::bit_cast<uint32_t>(resident.masters[i]))
+            << "element " << i;
+      EXPECT_EQ(o.values, resident.values);
+      EXPECT_EQ(o.state, resident.state);  // moments (8-bit: codes and absmax) and step count, as saved
+    }
+    // A different seed moves the result: the comparison above can fail.
+    const test::UpdateResult other =
+        test::run_updates(*ops, seed + 1, {true, true, 37}, 5, t.path / "other.safetensors", moments);
+    EXPECT_NE(other.masters, resident.masters);
   }
-  // A different seed moves the result: the comparison above can fail.
-  const test::UpdateResult other = test::run_updates(*ops, seed + 1, {true, true, 37}, 5, t.path / "other.safetensors");
-  EXPECT_NE(other.masters, resident.masters);
+  // The two kinds of moments differ (the 8-bit run quantised something).
+  const test::UpdateResult f32 = test::run_updates(*ops, seed, {}, 5, t.path / "f.safetensors", Moments::F32);
+  const test::UpdateResult b8 = test::run_updates(*ops, seed, {}, 5, t.path / "b.safetensors", Moments::Blockwise8);
+  EXPECT_NE(f32.masters, b8.masters);
 }
 
 // Where the bytes are: offloaded masters and moments in host memory, the device holding two staging chunks.
@@ -64,6 +73,16 @@ TEST(Offload, BytesMoveToTheHost) {
   AdamW moments(ps2, *ops, Moments::F32, Offload{false, true, 1 << 30});
   EXPECT_FALSE(ps2.masters_on_host());
   EXPECT_EQ(moments.state_bytes(), 2 * 2 * 64 * 32 * 4u);  // chunks cut to the widest range
+  // 8-bit: the codes (1 byte each) and absmax (one float per 256) of the quantised matrix and the small
+  // parameter's fp32 moments go to the host; the device keeps the maps and two slots of whole blocks.
+  ParameterStore ps3;
+  ps3.add("model.layers.0.mlp.up_proj.weight", {128, 40}, true, 0);  // 5120 elements: 20 blocks
+  ps3.add("model.layers.0.post_attention_layernorm.weight", {40}, true, 0);
+  ps3.allocate(*ops);
+  AdamW eight(ps3, *ops, Moments::Blockwise8, Offload{true, true, 600});  // 600 → 512: two blocks a piece
+  EXPECT_TRUE(ps3.masters_on_host());
+  EXPECT_EQ(eight.host_state_bytes(), 2 * (5120u + 20 * 4) + 2 * 40 * 4u);
+  EXPECT_EQ(eight.state_bytes(), 2 * (3 * 512 + 2 * 2) * 4u + 512 * 4u);  // slots [master | m | v | absmaxes], maps
 }
 
 // The offload runs' keys over the demo setup: every step logged, clipping that bites, accumulation, a
@@ -125,6 +144,34 @@ TEST(Offload, TrainingRunEqualsResidentAndResumes) {
   EXPECT_TRUE(clipped) << "max_grad_norm 0.05 never clipped: the test would not cover clipping";
   // The resident run trained: its weights moved from the start (else equal files would prove nothing).
   EXPECT_NE(read_bytes(a / "model" / "model.safetensors"), read_bytes(s.t.path / "model" / "model.safetensors"));
+}
+
+// 8-bit moments offloaded with the masters (what Qwen3-4B full fine-tuning needs to fit 40 GiB): the run, its
+// checkpoint (codes and absmax read back from host memory) and a resume from it equal the resident 8-bit run.
+TEST(Offload, EightBitRunEqualsResidentAndResumes) {
+  RunSetup s;
+  const std::string eight = "optimizer: adamw_8bit\n",
+                    offload = eight + "offload_master: true\noffload_optimizer: true\n";
+  s.train("resident", eight);
+  std::string log;
+  s.train("offloaded", offload, {}, &log);
+  EXPECT_NE(log.find("offload: host memory holds the fp32 masters"), std::string::npos) << log;
+  EXPECT_NE(log.find("GiB (8-bit)"), std::string::npos) << log;
+  s.train("resumed", offload);
+  const fs::path a = s.t.path / "resident", c = s.t.path / "resumed";
+  fs::remove_all(c / "checkpoint-8");
+  fs::remove_all(c / "model");
+  s.train("resumed", offload, {"resume_from_checkpoint=true"}, &log);
+  EXPECT_NE(log.find("checkpoint-4 at step 4"), std::string::npos) << log;
+  for (const fs::path& other : {s.t.path / "offloaded", c}) {
+    SCOPED_TRACE(other.filename().string());
+    const auto ma = read_jsonl(a / "metrics.jsonl"), mb = read_jsonl(other / "metrics.jsonl");
+    ASSERT_EQ(ma.size(), mb.size());
+    for (size_t i = 0; i < ma.size(); ++i) EXPECT_EQ(ma[i].value("loss", 0.0), mb[i].value("loss", 0.0)) << i;
+    EXPECT_EQ(read_bytes(a / "model" / "model.safetensors"), read_bytes(other / "model" / "model.safetensors"));
+    EXPECT_EQ(read_bytes(a / "checkpoint-8" / "optimizer.safetensors"),
+              read_bytes(other / "checkpoint-8" / "optimizer.safetensors"));
+  }
 }
 
 // LoRA: only the adapters are trainable, so only theirs move to the host; the frozen base stays put.

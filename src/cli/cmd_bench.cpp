@@ -216,8 +216,8 @@ std::function<int()> add_bench_command(CLI::App& app) {
     Offload offload;
     offload.master = o->offload == "master" || o->offload == "both";
     offload.optimizer = o->offload == "optimizer" || o->offload == "both";
-    if (offload.any() && (o->optimizer != "adamw" || o->data_parallel >= 1 || world > 1))
-      user_error("bench --offload ", o->offload, ": fp32 AdamW moments on one process only (as training)");
+    if (offload.any() && (o->data_parallel >= 1 || world > 1))
+      user_error("bench --offload ", o->offload, ": one process without ZeRO only (as training)");
     const OptimizerConfig cfg{
         1e-5f,  0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, o->optimizer == "adamw_8bit" ? Moments::Blockwise8 : Moments::F32,
         offload};

@@ -749,18 +749,13 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
     errors.push_back(cat(where, ": `output_dir` is required"));
   if (c.datasets.empty() && !refused({"datasets"}))
     errors.push_back(cat(where, ": `datasets` is required (a list of {path, type})"));
-  // Offload streams the whole-model fp32 update; the sharded (ZeRO) and 8-bit updates keep theirs on the device.
+  // Offload streams the whole-model update (fp32 or 8-bit moments); the sharded (ZeRO) one keeps its on the device.
   for (const auto& [k, on] :
        {std::pair{"offload_master", c.offload.master}, std::pair{"offload_optimizer", c.offload.optimizer}}) {
     if (!on || !entries.count(k)) continue;
     if (c.zero_stage >= 1)
       errors.push_back(cat(entries.at(k).where, ": ", k, " with zero_stage ", c.zero_stage,
                            " is not built yet (the sharded update keeps its state on the device): use zero_stage: 0 "
-                           "or drop ",
-                           k));
-    if (c.moments == Moments::Blockwise8)
-      errors.push_back(cat(entries.at(k).where, ": ", k,
-                           " with 8-bit AdamW moments is not built yet: use optimizer: adamw_torch (fp32 moments) "
                            "or drop ",
                            k));
   }

@@ -9,8 +9,8 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
-#include "kernels/blockwise8.h"
 #include "io/safetensors_writer.h"
+#include "kernels/blockwise8.h"
 
 namespace soltrain {
 
@@ -40,7 +40,6 @@ AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload)
     }
     return;
   }
-  SOLTRAIN_CHECK(!offload_.any(), "offload with 8-bit moments is not built (the config reader refuses it)");
   // Zeroed codes are zero moments: code 0 is -1 (signed map) or 0 (unsigned), times an absmax of 0.
   int64_t small = 0, bytes = 0, blocks = 0;
   for (const Parameter& p : params.all()) {
@@ -55,12 +54,31 @@ AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload)
       small += n;
     }
   }
-  m_ = ops.alloc(size_t(std::max<int64_t>(small, 1)) * 4);
-  v_ = ops.alloc(size_t(std::max<int64_t>(small, 1)) * 4);
-  mq_ = ops.alloc(size_t(std::max<int64_t>(bytes, 1)));
-  vq_ = ops.alloc(size_t(std::max<int64_t>(bytes, 1)));
-  mabs_ = ops.alloc(size_t(std::max<int64_t>(blocks, 1)) * 4);
-  vabs_ = ops.alloc(size_t(std::max<int64_t>(blocks, 1)) * 4);
+  // (offload_optimizer: all in host memory, pinned on CUDA; alloc_host zeroes too)
+  auto alloc = [&](int64_t b) { return offload_.optimizer ? ops.alloc_host(size_t(b)) : ops.alloc(size_t(b)); };
+  m_ = alloc(std::max<int64_t>(small, 1) * 4);
+  v_ = alloc(std::max<int64_t>(small, 1) * 4);
+  mq_ = alloc(std::max<int64_t>(bytes, 1));
+  vq_ = alloc(std::max<int64_t>(bytes, 1));
+  mabs_ = alloc(std::max<int64_t>(blocks, 1) * 4);
+  vabs_ = alloc(std::max<int64_t>(blocks, 1) * 4);
+  if (offload_.master) params.move_masters_to_host(ops);
+  if (offload_.any()) {
+    // Pieces of whole 256-element blocks (the chunk rounded down to blocks, at least one), so each updates
+    // exactly the blocks the resident update does, with their absmax.
+    int64_t widest = kBlockwise8Block;
+    for (const Slot& s : slots_) widest = std::max(widest, shape_numel(s.param->shape));
+    chunk_ = std::clamp<int64_t>(offload_.chunk / kBlockwise8Block * kBlockwise8Block, kBlockwise8Block,
+                                 (widest + kBlockwise8Block - 1) / kBlockwise8Block * kBlockwise8Block);
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const int64_t n = shape_numel(slots_[i].param->shape);
+      for (int64_t o = 0; o < n; o += chunk_) pieces8_.push_back({i, o, std::min(chunk_, n - o)});
+    }
+    const size_t floats = size_t(chunk_) * (size_t(offload_.master) + 2 * size_t(offload_.optimizer)) +
+                          size_t(chunk_ / kBlockwise8Block) * 2 * size_t(offload_.optimizer);
+    for (Buffer& b : stage_) b = ops.alloc(floats * 4);
+    ops.synchronize();  // (zeroed on the main stream, first filled on the side stream)
+  }
   std::array<float, 512> maps{};
   const auto signed_map = dynamic_quant_map(true), unsigned_map = dynamic_quant_map(false);
   std::copy(signed_map.begin(), signed_map.end(), maps.begin());
@@ -70,22 +88,23 @@ AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload)
 }
 
 size_t AdamW::state_bytes() const {
-  return (offload_.optimizer ? 0 : m_.bytes() + v_.bytes()) + stage_[0].bytes() + stage_[1].bytes() + mq_.bytes() +
-         vq_.bytes() + mabs_.bytes() + vabs_.bytes() + maps_.bytes();
+  return (offload_.optimizer ? 0
+                             : m_.bytes() + v_.bytes() + mq_.bytes() + vq_.bytes() + mabs_.bytes() + vabs_.bytes()) +
+         stage_[0].bytes() + stage_[1].bytes() + maps_.bytes();
 }
 
 Blockwise8 AdamW::quantised(const Slot& s, bool second) const {
   const int64_t n = shape_numel(s.param->shape), blocks = (n + kBlockwise8Block - 1) / kBlockwise8Block;
   const Buffer& codes = second ? vq_ : mq_;
   const Buffer& absmax = second ? vabs_ : mabs_;
-  return {Tensor{static_cast<uint8_t*>(codes.data()) + s.offset, DType::U8, {n}, ops_.device()},
-          Tensor{static_cast<float*>(absmax.data()) + s.block, DType::F32, {blocks}, ops_.device()},
-          Tensor{static_cast<float*>(maps_.data()) + (second ? 256 : 0), DType::F32, {256}, ops_.device()}};
+  return {Tensor{static_cast<uint8_t*>(codes.data()) + s.offset, DType::U8, {n}, codes.device()},
+          Tensor{static_cast<float*>(absmax.data()) + s.block, DType::F32, {blocks}, absmax.device()},
+          Tensor{static_cast<float*>(maps_.data()) + (second ? 256 : 0), DType::F32, {256}, maps_.device()}};
 }
 
 Tensor AdamW::fp32_moment(const Slot& s, bool second) const {
   const Buffer& b = second ? v_ : m_;
-  return Tensor{static_cast<float*>(b.data()) + s.offset, DType::F32, {shape_numel(s.param->shape)}, ops_.device()};
+  return Tensor{static_cast<float*>(b.data()) + s.offset, DType::F32, {shape_numel(s.param->shape)}, b.device()};
 }
 
 // One launch per parameter (8-bit blocks start at each parameter's first element, as bitsandbytes' do).
@@ -122,7 +141,9 @@ AdamW::AdamW(ParameterStore& params, Ops& ops, std::vector<ParamRange> shard)
 
 void AdamW::step(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq) {
   ++step_;
-  if (moments_ == Moments::Blockwise8) return step_8bit(cfg, lr, grad_scale, grad_sumsq);
+  if (moments_ == Moments::Blockwise8)
+    return offload_.any() ? step_streamed_8bit(cfg, lr, grad_scale, grad_sumsq)
+                          : step_8bit(cfg, lr, grad_scale, grad_sumsq);
   if (offload_.any()) return step_streamed(cfg, lr, grad_scale, grad_sumsq);
   int64_t local = 0;
   for (const ParamRange& r : shard_ ? *shard_ : params_.ranges()) {
@@ -225,12 +246,12 @@ void AdamW::load(const std::vector<std::filesystem::path>& files) {
     };
     const bool file_8bit = meta("format") == kFormat8;
     if (file_8bit != (moments_ == Moments::Blockwise8))
-      user_error(files[0].string(), ": optimizer state was saved with ", file_8bit ? "adamw_8bit" : "adamw (fp32 moments)",
-                 ", this run uses ", file_8bit ? "adamw (fp32 moments)" : "adamw_8bit",
+      user_error(files[0].string(), ": optimizer state was saved with ",
+                 file_8bit ? "adamw_8bit" : "adamw (fp32 moments)", ", this run uses ",
+                 file_8bit ? "adamw (fp32 moments)" : "adamw_8bit",
                  ": resume with the same optimizer, or start a fresh run");
     if (file_8bit) {
-      if (files.size() != 1)
-        user_error(files[0].string(), ": 8-bit optimizer state is saved whole, not in shards");
+      if (files.size() != 1) user_error(files[0].string(), ": 8-bit optimizer state is saved whole, not in shards");
       for (const Slot& s : slots_)
         for (bool second : {false, true}) {
           const std::string name = (second ? "exp_avg_sq." : "exp_avg.") + s.param->name;
@@ -238,8 +259,8 @@ void AdamW::load(const std::vector<std::filesystem::path>& files) {
           const Tensor dst = s.quantised ? quantised(s, second).code : fp32_moment(s, second);
           const TensorEntry& e = f.at(name);
           if (e.dtype != dst.dtype || shape_numel(e.shape) != dst.numel())
-            user_error(files[0].string(), ": ", name, " is ", dtype_name(e.dtype), " ", shape_str(e.shape), ", expected ",
-                       dtype_name(dst.dtype), " ", shape_str(s.param->shape));
+            user_error(files[0].string(), ": ", name, " is ", dtype_name(e.dtype), " ", shape_str(e.shape),
+                       ", expected ", dtype_name(dst.dtype), " ", shape_str(s.param->shape));
           ops_.copy(dst, Tensor{const_cast<void*>(e.data), dst.dtype, dst.shape, Device::CPU});
           if (!s.quantised) continue;
           const Tensor abs_dst = quantised(s, second).absmax;

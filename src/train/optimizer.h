@@ -1,6 +1,7 @@
 // AdamW over a ParameterStore (torch semantics), with global-norm gradient clipping folded into the update.
 #pragma once
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -12,11 +13,12 @@ namespace soltrain {
 // `optimizer: adamw_8bit`): 2.03 bytes per parameter instead of 8, for parameters of 4096 elements or more.
 enum class Moments { F32, Blockwise8 };
 
-// Offload (`offload_master`, `offload_optimizer`; Surogate's and llmq's names): the fp32 masters and/or the fp32
-// moments live in host memory (pinned on CUDA) instead of the device, and each update streams them through
-// the device `chunk` elements at a time: copied up on the side stream into one of two staging slots while the
-// previous chunk is updated on the main stream, then written back (train/optimizer_offload.cpp). The update
-// itself is the same adamw() on the same values, so results equal the resident run's bit for bit.
+// Offload (`offload_master`, `offload_optimizer`; Surogate's and llmq's names): the fp32 masters and/or the
+// moments (fp32 or 8-bit) live in host memory (pinned on CUDA) instead of the device, and each update streams
+// them through the device `chunk` elements at a time: copied up on the side stream into one of two staging
+// slots while the previous chunk is updated on the main stream, then written back
+// (train/optimizer_offload.cpp). The update itself is the same kernel on the same values, so results equal the
+// resident run's bit for bit.
 struct Offload {
   bool master = false, optimizer = false;
   // 16M elements: 64 MiB per fp32 tensor, ~1.2 ms at the 53 GB/s PCIe 5 rate Surogate measured, long enough
@@ -38,7 +40,7 @@ struct OptimizerConfig {
 class AdamW {
  public:
   // With `offload.master` the store's masters move to host memory here (before the first update, after they
-  // were loaded). Offload is fp32 moments only (8-bit: refused by the config reader).
+  // were loaded); with `offload.optimizer` the moments are made there.
   AdamW(ParameterStore& params, Ops& ops, Moments moments = Moments::F32, Offload offload = {});
   // ZeRO-1/2: moments (and updates) for `shard` only, ranges of the flat buffers (data_parallel.h); fp32.
   AdamW(ParameterStore& params, Ops& ops, std::vector<ParamRange> shard);
@@ -49,8 +51,10 @@ class AdamW {
   // and the update, and no pass scales the gradients (a separate one cost 10.6 ms of a 310 ms Qwen3-4B step).
   void step(const OptimizerConfig& cfg, float lr, float grad_scale = 1.0f, const Tensor* grad_sumsq = nullptr);
   int steps_done() const { return step_; }
-  size_t state_bytes() const;  // the moments' device memory (with offload: the two staging slots)
-  size_t host_state_bytes() const { return offload_.optimizer ? m_.bytes() + v_.bytes() : 0; }  // offloaded moments
+  size_t state_bytes() const;        // the moments' device memory (with offload: the two staging slots)
+  size_t host_state_bytes() const {  // the offloaded moments
+    return offload_.optimizer ? m_.bytes() + v_.bytes() + mq_.bytes() + vq_.bytes() + mabs_.bytes() + vabs_.bytes() : 0;
+  }
 
   // The state as a safetensors file: `exp_avg.<name>` and `exp_avg_sq.<name>` per trainable parameter (fp32,
   // or the 8-bit codes with `exp_avg.absmax.<name>` / `exp_avg_sq.absmax.<name>`: resumed bit for bit) and the
@@ -73,8 +77,16 @@ class AdamW {
   Blockwise8 quantised(const Slot& s, bool second) const;
   Tensor fp32_moment(const Slot& s, bool second) const;
   void step_8bit(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq);
-  // The update with masters and/or moments in host memory, streamed through stage_ (optimizer_offload.cpp).
+  // The update with masters and/or moments in host memory, streamed through stage_ (optimizer_offload.cpp):
+  // stream_pieces runs pieces 0 .. count-1, each staged tensor's home copied to its place in a slot before
+  // `update` and back after it; the two updates say what a piece stages and how it is updated.
+  struct Staged {
+    Tensor home, stage;
+  };
+  void stream_pieces(size_t count, const std::function<std::vector<Staged>(size_t)>& staged,
+                     const std::function<void(size_t, const std::vector<Staged>&)>& update);
   void step_streamed(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq);
+  void step_streamed_8bit(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq);
 
   ParameterStore& params_;
   Ops& ops_;
@@ -91,7 +103,13 @@ class AdamW {
   // Offload: the update's pieces, each range cut into chunks of at most chunk_ (fixed by the store's layout:
   // cut once here, not every step). adamw() is elementwise, so any cut gives the resident update's bits.
   std::vector<ParamRange> pieces_;
-  Buffer stage_[2];    // offload: per slot [master chunk (offload_master) | m chunk | v chunk (offload_optimizer)]
+  // 8-bit offload: pieces of one parameter (slots_[slot]) each, from element `at`, whole blocks but the last.
+  struct Piece8 {
+    size_t slot;
+    int64_t at, numel;
+  };
+  std::vector<Piece8> pieces8_;
+  Buffer stage_[2];  // offload: per slot [master chunk (offload_master) | m chunk | v chunk (offload_optimizer)]
 };
 
 }  // namespace soltrain

@@ -1,71 +1,157 @@
-// AdamW's update with the fp32 masters and/or moments in host memory (`offload_master`, `offload_optimizer`):
-// each (group, decay) range, cut into chunks, is copied into one of two device staging slots on the side
-// stream, updated on the main stream by the same adamw() the resident update runs, and written back on the
-// side stream. Chunk i+1 is copied up while chunk i is updated, and a slot is refilled only after its
-// write-back, so the copies overlap the updates and no step waits for the host.
+// AdamW's update with the fp32 masters and/or the moments in host memory (`offload_master`,
+// `offload_optimizer`; fp32 or 8-bit moments): the update is cut into pieces, and each piece's host-held
+// tensors are copied into one of two device staging slots on the side stream, updated on the main stream by
+// the same kernel the resident update runs (adamw, or adamw_8bit on whole 256-element blocks), and written
+// back on the side stream. Piece i+1 is copied up while piece i is updated, and a slot is refilled only after
+// its write-back, so the copies overlap the updates and no step waits for the host.
 #include <vector>
 
+#include "kernels/blockwise8.h"
 #include "train/optimizer.h"
 
 namespace soltrain {
 
+namespace {
+// Elements [at, at + n) of a flat tensor.
+Tensor part(const Tensor& t, int64_t at, int64_t n) {
+  return Tensor{static_cast<char*>(t.data) + size_t(at) * dtype_size(t.dtype), t.dtype, {n}, t.device};
+}
+}  // namespace
+
+void AdamW::stream_pieces(size_t count, const std::function<std::vector<Staged>(size_t)>& staged,
+                          const std::function<void(size_t, const std::vector<Staged>&)>& update) {
+  if (count == 0) return;
+  // On the side stream: queued behind the previous step's write-backs (same stream), and free to run during
+  // this step's backward still on the device, as nothing here reads what backward writes.
+  auto upload = [&](size_t i) {
+    for (const Staged& s : staged(i)) ops_.upload_async(s.stage, s.home);
+    return ops_.mark();
+  };
+  ops_.use_stream(Ops::Stream::Side);
+  uint64_t next = upload(0);
+  for (size_t i = 0; i < count; ++i) {
+    const uint64_t ready = next;
+    // The other slot: its last use, piece i-1's write-back, is already queued ahead on this stream.
+    if (i + 1 < count) next = upload(i + 1);
+    ops_.use_stream(Ops::Stream::Main);
+    ops_.wait_mark(ready);
+    const std::vector<Staged> st = staged(i);
+    update(i, st);
+    const uint64_t done = ops_.mark();
+    ops_.use_stream(Ops::Stream::Side);
+    ops_.wait_mark(done);
+    for (const Staged& s : st) ops_.download_async(s.home, s.stage);
+  }
+  // Whatever runs next on the main stream (a checkpoint reading the host masters and moments, the next step)
+  // sees the written-back values.
+  ops_.use_stream(Ops::Stream::Main);
+  ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
+}
+
 void AdamW::step_streamed(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq) {
   const std::vector<ParamRange>& pieces = pieces_;  // cut once, in the constructor
-  if (pieces.empty()) return;
-
   const bool host_master = offload_.master, host_moments = offload_.optimizer;
-  // Where each of master (0), m (1), v (2) sits in a slot; -1: not staged (resident on the device).
-  const int at_m = host_master ? 1 : 0;
-  const int where[3] = {host_master ? 0 : -1, host_moments ? at_m : -1, host_moments ? at_m + 1 : -1};
-  auto staged = [&](size_t i, int which) {
-    const Buffer& slot = stage_[i % 2];
-    return Tensor{static_cast<float*>(slot.data()) + int64_t(where[which]) * chunk_,
-                  DType::F32,
-                  {pieces[i].numel},
-                  slot.device()};
-  };
-  // The home of piece i's master / m / v: the store's masters, or the moments' buffers (host or device).
+  // The home of piece i's master (0) / m (1) / v (2): the store's masters, or the moments' buffers.
   auto home = [&](size_t i, int which) {
     const ParamRange& p = pieces[i];
     if (which == 0) return params_.masters(p);
     const Buffer& b = which == 1 ? m_ : v_;
     return Tensor{static_cast<float*>(b.data()) + p.offset, DType::F32, {p.numel}, b.device()};
   };
-  // On the side stream: queued behind the previous step's write-backs (same stream), and free to run during
-  // this step's backward still on the device, as nothing here reads what backward writes.
-  auto upload = [&](size_t i) {
-    for (int w = 0; w < 3; ++w)
-      if (where[w] >= 0) ops_.upload_async(staged(i, w), home(i, w));
-    return ops_.mark();
+  // Slot i % 2 holds [master (offload_master) | m | v (offload_optimizer)], chunk_ floats each.
+  auto staged = [&](size_t i) {
+    std::vector<Staged> st;
+    const Buffer& slot = stage_[i % 2];
+    int64_t at = 0;
+    for (int w = 0; w < 3; ++w) {
+      if (!(w == 0 ? host_master : host_moments)) continue;
+      st.push_back(
+          {home(i, w), Tensor{static_cast<float*>(slot.data()) + at, DType::F32, {pieces[i].numel}, slot.device()}});
+      at += chunk_;
+    }
+    return st;
   };
-
-  ops_.use_stream(Ops::Stream::Side);
-  uint64_t next = upload(0);
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const uint64_t ready = next;
-    // The other slot: its last use, piece i-1's write-back, is already queued ahead on this stream.
-    if (i + 1 < pieces.size()) next = upload(i + 1);
-    ops_.use_stream(Ops::Stream::Main);
-    ops_.wait_mark(ready);
+  stream_pieces(pieces.size(), staged, [&](size_t i, const std::vector<Staged>& st) {
     const ParamRange& p = pieces[i];
+    size_t k = 0;  // st holds the staged ones in the order master, m, v
+    Tensor master = host_master ? st[k++].stage : home(i, 0);
+    Tensor m = host_moments ? st[k++].stage : home(i, 1);
+    Tensor v = host_moments ? st[k++].stage : home(i, 2);
     AdamWParams a{lr, cfg.beta1, cfg.beta2, cfg.eps, p.decay ? cfg.weight_decay : 0.0f, step_, grad_scale};
     a.grad_sumsq = grad_sumsq;
     a.max_grad_norm = cfg.max_grad_norm;
-    Tensor master = where[0] >= 0 ? staged(i, 0) : home(i, 0);
     Tensor copy = params_.values(p);
     // On the CPU the masters are the compute copy: the written-back master is what the model reads.
-    ops_.adamw(master, params_.grads(p), where[1] >= 0 ? staged(i, 1) : home(i, 1),
-               where[2] >= 0 ? staged(i, 2) : home(i, 2), a, params_.values_alias_masters() ? nullptr : &copy);
-    const uint64_t done = ops_.mark();
-    ops_.use_stream(Ops::Stream::Side);
-    ops_.wait_mark(done);
-    for (int w = 0; w < 3; ++w)
-      if (where[w] >= 0) ops_.download_async(home(i, w), staged(i, w));
-  }
-  // Whatever runs next on the main stream (a checkpoint reading the host masters and moments, the next step)
-  // sees the written-back values.
-  ops_.use_stream(Ops::Stream::Main);
-  ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
+    ops_.adamw(master, params_.grads(p), m, v, a, params_.values_alias_masters() ? nullptr : &copy);
+  });
+}
+
+void AdamW::step_streamed_8bit(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq) {
+  const bool host_master = offload_.master, host_moments = offload_.optimizer;
+  const int64_t blocks = chunk_ / kBlockwise8Block;  // chunk_ is a whole number of blocks
+  // Slot i % 2 holds [master (offload_master) | m | v | m absmax | v absmax (offload_optimizer)]: chunk_ floats
+  // for each of the first three (codes take a quarter of it, small parameters' fp32 moments all), then
+  // `blocks` floats for each absmax.
+  auto staged = [&](size_t i) {
+    const Piece8& pc = pieces8_[i];
+    const Slot& s = slots_[pc.slot];
+    const Buffer& slot = stage_[i % 2];
+    auto at = [&](int64_t floats, DType t, int64_t n) {
+      return Tensor{static_cast<float*>(slot.data()) + floats, t, {n}, slot.device()};
+    };
+    std::vector<Staged> st;
+    int64_t next = 0;
+    if (host_master) {
+      st.push_back(
+          {part(s.param->master.view({shape_numel(s.param->shape)}), pc.at, pc.numel), at(0, DType::F32, pc.numel)});
+      next = chunk_;
+    }
+    if (!host_moments) return st;
+    for (bool second : {false, true}) {
+      const int64_t where = next + (second ? chunk_ : 0);
+      if (!s.quantised) {
+        st.push_back({part(fp32_moment(s, second), pc.at, pc.numel), at(where, DType::F32, pc.numel)});
+        continue;
+      }
+      st.push_back({part(quantised(s, second).code, pc.at, pc.numel), at(where, DType::U8, pc.numel)});
+    }
+    if (s.quantised) {
+      const int64_t b0 = pc.at / kBlockwise8Block, nb = (pc.numel + kBlockwise8Block - 1) / kBlockwise8Block;
+      for (bool second : {false, true})
+        st.push_back(
+            {part(quantised(s, second).absmax, b0, nb), at(next + 2 * chunk_ + (second ? blocks : 0), DType::F32, nb)});
+    }
+    return st;
+  };
+  stream_pieces(pieces8_.size(), staged, [&](size_t i, const std::vector<Staged>& st) {
+    const Piece8& pc = pieces8_[i];
+    const Slot& s = slots_[pc.slot];
+    const Parameter& p = *s.param;
+    const Shape flat{shape_numel(p.shape)};
+    AdamWParams a{lr, cfg.beta1, cfg.beta2, cfg.eps, p.decay ? cfg.weight_decay : 0.0f, step_, grad_scale};
+    a.grad_sumsq = grad_sumsq;
+    a.max_grad_norm = cfg.max_grad_norm;
+    size_t k = 0;  // st holds the staged ones in the order master, m, v, m absmax, v absmax
+    Tensor master = host_master ? st[k++].stage : part(p.master.view(flat), pc.at, pc.numel);
+    Tensor copy = part(p.value.view(flat), pc.at, pc.numel);
+    Tensor* copy_out = params_.values_alias_masters() ? nullptr : &copy;
+    const Tensor grad = part(p.grad.view(flat), pc.at, pc.numel);
+    if (!s.quantised) {
+      Tensor m = host_moments ? st[k++].stage : part(fp32_moment(s, false), pc.at, pc.numel);
+      Tensor v = host_moments ? st[k++].stage : part(fp32_moment(s, true), pc.at, pc.numel);
+      return ops_.adamw(master, grad, m, v, a, copy_out);
+    }
+    // A piece starts on a block boundary, so its blocks are the parameter's blocks from b0 on.
+    const int64_t b0 = pc.at / kBlockwise8Block, nb = (pc.numel + kBlockwise8Block - 1) / kBlockwise8Block;
+    Blockwise8 m = quantised(s, false), v = quantised(s, true);
+    if (host_moments) {
+      m.code = st[k].stage, v.code = st[k + 1].stage, m.absmax = st[k + 2].stage, v.absmax = st[k + 3].stage;
+    } else {
+      m.code = part(m.code, pc.at, pc.numel), v.code = part(v.code, pc.at, pc.numel);
+      m.absmax = part(m.absmax, b0, nb), v.absmax = part(v.absmax, b0, nb);
+    }
+    ops_.adamw_8bit(master, grad, m, v, a, copy_out);
+  });
 }
 
 }  // namespace soltrain

@@ -25,22 +25,26 @@ TEST_F(CudaOffload, UpdateEqualsResidentBitwise) {
   const uint32_t seed = test::test_seed(20261202u);
   SCOPED_TRACE(test::seed_message(seed));
   test::TempDir t;
-  const test::UpdateResult resident = test::run_updates(*gpu, seed, {}, 5, t.path / "resident.safetensors");
-  EXPECT_GT(resident.last_sumsq, 4.0);  // clipping active
-  for (const auto& [name, offload] : test::offload_cases()) {
-    SCOPED_TRACE(name);
-    const test::UpdateResult o = test::run_updates(*gpu, seed, offload, 5, t.path / (name + ".safetensors"));
-    ASSERT_EQ(o.masters.size(), resident.masters.size());
-    for (size_t i = 0; i < o.masters.size(); ++i)
-      ASSERT_EQ(std::bit_cast<uint32_t>(o.masters[i]), std::bit_cast<uint32_t>(resident.masters[i])) << "element " << i;
-    EXPECT_EQ(o.values, resident.values);  // the bf16 compute copy written by the update
-    EXPECT_EQ(o.state, resident.state);
+  for (Moments moments : {Moments::F32, Moments::Blockwise8}) {
+    SCOPED_TRACE(moments == Moments::F32 ? "fp32 moments" : "8-bit moments");
+    const test::UpdateResult resident = test::run_updates(*gpu, seed, {}, 5, t.path / "resident.safetensors", moments);
+    EXPECT_GT(resident.last_sumsq, 4.0);  // clipping active
+    for (const auto& [name, offload] : test::offload_cases()) {
+      SCOPED_TRACE(name);
+      const test::UpdateResult o = test::run_updates(*gpu, seed, offload, 5, t.path / (name + ".safetensors"), moments);
+      ASSERT_EQ(o.masters.size(), resident.masters.size());
+      for (size_t i = 0; i < o.masters.size(); ++i)
+        ASSERT_EQ(std::bit_cast<uint32_t>(o.masters[i]), std::bit_cast<uint32_t>(resident.masters[i]))
+            << "element " << i;
+      EXPECT_EQ(o.values, resident.values);  // the bf16 compute copy written by the update
+      EXPECT_EQ(o.state, resident.state);
+    }
+    // And the CUDA update is the CPU's (masters within fp32 rounding of the same arithmetic; 8-bit: the
+    // codes round alike): the offloaded path did not silently skip the update.
+    const test::UpdateResult on_cpu = test::run_updates(*cpu, seed, {}, 5, t.path / "cpu.safetensors", moments);
+    for (size_t i = 0; i < on_cpu.masters.size(); ++i)
+      ASSERT_NEAR(on_cpu.masters[i], resident.masters[i], 1e-5f + 1e-5f * std::abs(on_cpu.masters[i])) << i;
   }
-  // And the CUDA update is the CPU's (masters within fp32 rounding of the same arithmetic): the offloaded
-  // path did not silently skip the update.
-  const test::UpdateResult on_cpu = test::run_updates(*cpu, seed, {}, 5, t.path / "cpu.safetensors");
-  for (size_t i = 0; i < on_cpu.masters.size(); ++i)
-    ASSERT_NEAR(on_cpu.masters[i], resident.masters[i], 1e-5f + 1e-5f * std::abs(on_cpu.masters[i])) << i;
 }
 
 std::string read_bytes(const fs::path& p) {
