@@ -34,7 +34,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 namespace {
 struct BenchOpts {
   std::string model, device = "cuda";
-  int batch = 8, seq = 2048, steps = 10, warmup = 3, lora_rank = 0, data_parallel = -1, gpus = 1;
+  int batch = 8, seq = 2048, steps = 10, warmup = 3, lora_rank = 0, data_parallel = -1, gpus = 1, accumulation = 1;
   int64_t token_tile = 0;
   bool plan_only = false, offload_activations = false, offload_weights = false, profile = true;
   std::string recompute = "none", residual_dtype = "auto", optimizer = "adamw", qlora = "none", recipe = "bf16";
@@ -159,6 +159,11 @@ std::function<int()> add_bench_command(CLI::App& app) {
   c->add_option("--batch-size", o->batch)->check(CLI::PositiveNumber)->capture_default_str();
   c->add_option("--seq-len", o->seq)->check(CLI::PositiveNumber)->capture_default_str();
   c->add_option("--steps", o->steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--gradient-accumulation", o->accumulation,
+                "micro-batches per update (each step: that many forward + backward passes, then one update; "
+                "tokens/s counts them all)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   c->add_option("--warmup", o->warmup)->check(CLI::NonNegativeNumber)->capture_default_str();
   add_device_option(c, o->device);
   return [o]() {
@@ -223,7 +228,8 @@ std::function<int()> add_bench_command(CLI::App& app) {
         offload};
     // the trainer's own step path; counted_all: every rank's targets (each rank's rows count the same)
     TrainStep train_step = comm ? TrainStep(*model, cfg, *comm, zero_stage) : TrainStep(*model, cfg);
-    const int64_t counted_all = int64_t(o->batch) * o->seq * world;
+    const std::vector<HostBatch> micro(size_t(o->accumulation), batch);  // the same rows each micro-batch
+    const int64_t counted_all = int64_t(o->batch) * o->seq * world * o->accumulation;
     // Each step timed from the end of the previous one's work on the main stream to the end of its own:
     // steps run back to back as in training, so work a step leaves in flight on the side stream (data
     // parallel's weight gathers, overlapped with the next forward) counts where it delays the next step.
@@ -231,7 +237,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
     ops->synchronize();
     auto t0 = std::chrono::steady_clock::now();
     for (int s = 0; s < o->warmup + o->steps; ++s) {
-      train_step.run({&batch, 1}, cfg.lr, counted_all);
+      train_step.run(micro, cfg.lr, counted_all);
       ops->host_wait(ops->mark());
       const auto t1 = std::chrono::steady_clock::now();
       if (s >= o->warmup) times.push_back(std::chrono::duration<double>(t1 - t0).count());
@@ -243,11 +249,11 @@ std::function<int()> add_bench_command(CLI::App& app) {
     std::map<std::string, double> profile;
     if (o->profile) {
       ops->enable_profiling(true);
-      train_step.run({&batch, 1}, cfg.lr, counted_all);
+      train_step.run(micro, cfg.lr, counted_all);
       profile = ops->collect_profile();
       ops->enable_profiling(false);
     }
-    const double step = median(times), tokens = double(o->batch) * o->seq * world;
+    const double step = median(times), tokens = double(o->batch) * o->seq * world * o->accumulation;
     const double memory = ops->memory_used_gib();
     if (rank != 0) return 0;  // rank 0 speaks for all (its step time is the job's: every step ends in collectives)
     nlohmann::json r{{"engine", "soltrain"},
@@ -263,6 +269,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
                      {"gpus", world},
                      {"residual_dtype", model->residual_dtype() == DType::F32 ? "fp32" : "bf16"},
                      {"batch", o->batch},
+                     {"gradient_accumulation", o->accumulation},
                      {"seq", o->seq},
                      {"step_s", step},
                      {"tokens_per_s", tokens / step},

@@ -127,10 +127,10 @@ class Ops {
   virtual void synchronize() {}  // wait for queued work (timing only)
 
   // Streams. Main runs the step; Side runs what per-layer hooks queue (communication, prefetch, offload
-  // copies) so it overlaps compute; Upload carries offload_weights' host-to-device layer copies, apart from
-  // Side's device-to-host checkpoint copies so that PCIe moves both directions at once. Work on one stream is
-  // ordered; across streams only by wait() and marks. The CPU backend runs every op as it is called, so
-  // there all are the same and these do nothing.
+  // copies) so it overlaps compute; Upload carries host-to-device copies (offload_weights' layers, the offloaded
+  // update's pieces) apart from Side's device-to-host ones, so that PCIe moves both directions at once. Work on
+  // one stream is ordered; across streams only by wait() and marks. The CPU backend runs every op as it is
+  // called, so there all are the same and these do nothing.
   enum class Stream { Main, Side, Upload };
   virtual void use_stream(Stream) {}                       // where the ops called next are queued
   virtual void wait(Stream /*waiter*/, Stream /*on*/) {}   // waiter's later work starts after on's queued work
@@ -306,7 +306,7 @@ class Ops {
                      Tensor* compute_copy) = 0;
   // The same update with m and v stored 8-bit blockwise (kernels/blockwise8.h: bitsandbytes' format): each is
   // dequantised, updated in fp32 exactly as adamw() does, and quantised again with fresh per-block absmax.
-  // `master` is one parameter (blocks start at its first element).
+  // `master` is one parameter, or a piece of one that starts on a block boundary (blocks start there).
   virtual void adamw_8bit(Tensor master, const Tensor& grad, const Blockwise8& m, const Blockwise8& v,
                           const AdamWParams& p, Tensor* compute_copy) = 0;
 };

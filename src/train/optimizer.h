@@ -15,8 +15,8 @@ enum class Moments { F32, Blockwise8 };
 
 // Offload (`offload_master`, `offload_optimizer`; Surogate's and llmq's names): the fp32 masters and/or the
 // moments (fp32 or 8-bit) live in host memory (pinned on CUDA) instead of the device, and each update streams
-// them through the device `chunk` elements at a time: copied up on the side stream into one of two staging
-// slots while the previous chunk is updated on the main stream, then written back
+// them through the device `chunk` elements at a time: copied up on the upload stream into one of two staging
+// slots while the previous chunk is updated on the main stream, then written back on the side stream
 // (train/optimizer_offload.cpp). The update itself is the same kernel on the same values, so results equal the
 // resident run's bit for bit.
 struct Offload {

@@ -1,6 +1,6 @@
 // AdamW's update with the fp32 masters and/or the moments in host memory (`offload_master`,
 // `offload_optimizer`; fp32 or 8-bit moments): the update is cut into pieces, and each piece's host-held
-// tensors are copied into one of two device staging slots on the side stream, updated on the main stream by
+// tensors are copied into one of two device staging slots on the upload stream, updated on the main stream by
 // the same kernel the resident update runs (adamw, or adamw_8bit on whole 256-element blocks), and written
 // back on the side stream. Piece i+1 is copied up while piece i is updated, and a slot is refilled only after
 // its write-back, so the copies overlap the updates and no step waits for the host.
@@ -21,18 +21,21 @@ Tensor part(const Tensor& t, int64_t at, int64_t n) {
 void AdamW::stream_pieces(size_t count, const std::function<std::vector<Staged>(size_t)>& staged,
                           const std::function<void(size_t, const std::vector<Staged>&)>& update) {
   if (count == 0) return;
-  // On the side stream: queued behind the previous step's write-backs (same stream), and free to run during
-  // this step's backward still on the device, as nothing here reads what backward writes.
+  // Copies up on the Upload stream, write-backs on Side: PCIe carries both directions at once. Uploads are
+  // free to run during this step's backward still on the device (nothing here reads what backward writes),
+  // but not before the previous step's write-backs, which they read (the host homes) or overwrite (slots).
+  ops_.wait(Ops::Stream::Upload, Ops::Stream::Side);
+  uint64_t written_back[2] = {0, 0};  // per slot: Side's mark after the write-back of the last piece it held
   auto upload = [&](size_t i) {
+    ops_.use_stream(Ops::Stream::Upload);
+    if (written_back[i % 2]) ops_.wait_mark(written_back[i % 2]);  // the slot's previous piece is home
     for (const Staged& s : staged(i)) ops_.upload_async(s.stage, s.home);
     return ops_.mark();
   };
-  ops_.use_stream(Ops::Stream::Side);
   uint64_t next = upload(0);
   for (size_t i = 0; i < count; ++i) {
     const uint64_t ready = next;
-    // The other slot: its last use, piece i-1's write-back, is already queued ahead on this stream.
-    if (i + 1 < count) next = upload(i + 1);
+    if (i + 1 < count) next = upload(i + 1);  // into the other slot, once piece i-1's write-back is queued
     ops_.use_stream(Ops::Stream::Main);
     ops_.wait_mark(ready);
     const std::vector<Staged> st = staged(i);
@@ -41,6 +44,7 @@ void AdamW::stream_pieces(size_t count, const std::function<std::vector<Staged>(
     ops_.use_stream(Ops::Stream::Side);
     ops_.wait_mark(done);
     for (const Staged& s : st) ops_.download_async(s.home, s.stage);
+    written_back[i % 2] = ops_.mark();
   }
   // Whatever runs next on the main stream (a checkpoint reading the host masters and moments, the next step)
   // sees the written-back values.
