@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [full4b40]
+#     [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -115,11 +115,18 @@ for s in "${steps[@]}"; do
       timeout 200 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaOffloadWeights*' > "$OUT/offloadw-tests.log" 2>&1
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/offloadw-tests.log"
       [ -d /tmp/soltrain-bench-models/8B ] || python3 -c "import sys; sys.path.insert(0, 'bench'); import run_bench; run_bench.save_model('8B', '/tmp/soltrain-bench-models')"
-      for v in "resident:" "streamed:--offload-weights" "streamed_ckpt:--offload-weights --offload-activations" \
-               "resident_ckpt:--offload-activations"; do
+      for v in "resident:" "streamed:--offload-weights" "streamed_ckpt:--offload-weights --offload-activations"; do
         timeout 150 "$B/soltrain" bench --model /tmp/soltrain-bench-models/8B --batch-size 8 --seq-len 2048 --lora-rank 16 \
           --recompute full --warmup 2 --steps 4 ${v#*:} > "$OUT/offloadw-${v%%:*}.json" 2> "$OUT/offloadw-${v%%:*}.err"
         python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], round(j['tokens_per_s']), 'tok/s', round(j['memory_gib'],2), 'GiB', 'loss', j['loss'], 'host', round(j['weight_host_gib'],2))" \
+          "$OUT/offloadw-${v%%:*}.json" "${v%%:*}" || tail -3 "$OUT/offloadw-${v%%:*}.err"
+      done ;;
+    offloadw1)  # the same at 1 x 2048: all layers streamed (copy-bound, predicted), or 24 of 36 kept on the GPU
+      [ -d /tmp/soltrain-bench-models/8B ] || python3 -c "import sys; sys.path.insert(0, 'bench'); import run_bench; run_bench.save_model('8B', '/tmp/soltrain-bench-models')"
+      for v in "b1_resident:" "b1_streamed:--offload-weights" "b1_kept24:--offload-weights --offload-weights-resident-layers 24"; do
+        timeout 150 "$B/soltrain" bench --model /tmp/soltrain-bench-models/8B --batch-size 1 --seq-len 2048 --lora-rank 16 \
+          --recompute full --warmup 2 --steps 5 ${v#*:} > "$OUT/offloadw-${v%%:*}.json" 2> "$OUT/offloadw-${v%%:*}.err"
+        python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], round(j['tokens_per_s']), 'tok/s', round(j['memory_gib'],2), 'GiB', 'loss', j['loss'], 'streamed', j['streamed_layers'])" \
           "$OUT/offloadw-${v%%:*}.json" "${v%%:*}" || tail -3 "$OUT/offloadw-${v%%:*}.err"
       done ;;
     full4b40)  # issue 12: Qwen3-4B full in <= 40 GiB at >= 90% of 16.8k tok/s: 8-bit moments and the masters offloaded,

@@ -18,6 +18,7 @@
 #include "data_test_util.h"
 #include "demo_run_util.h"
 #include "model/checkpoint.h"
+#include "model/weight_stream.h"
 #include "test_util.h"
 #include "train/run_dpo.h"
 #include "train/run_training.h"
@@ -52,7 +53,7 @@ struct BindingCheck : LayerHooks {
   void before_forward(int g) override { check(g); }
   void before_backward(int g) override { check(g); }
   void check(int g) {
-    if (g >= layers) return;
+    if (g >= layers || !ps.frozen_group_on_host(g)) return;  // the head group, or a resident layer
     const Tensor home = ps.frozen_on_host(g);
     const char *h0 = static_cast<const char*>(home.data), *h1 = h0 + home.bytes();
     for (const Parameter& p : ps.all()) {
@@ -60,7 +61,7 @@ struct BindingCheck : LayerHooks {
       const char* at = static_cast<const char*>(p.value.data);
       EXPECT_FALSE(at >= h0 && at < h1) << p.name << " is read from its host copy";
       for (const Parameter& q : ps.all())
-        if (!q.trainable && q.group != g && q.group < layers)
+        if (!q.trainable && q.group != g && ps.frozen_group_on_host(q.group))
           EXPECT_NE(q.value.data, p.value.data) << p.name << " shares its slot with " << q.name;
       ++checks;
     }
@@ -76,10 +77,11 @@ struct Pass {
 
 // Forward + backward of a random batch, a forward alone (evaluation-like), then forward + backward again with
 // the logits read back: LoRA with dropout on four projections, B random so every adapter's gradient flows.
-Pass pass(const fs::path& model_dir, bool offload, Recompute recompute, bool offload_checkpoints) {
+Pass pass(const fs::path& model_dir, bool offload, Recompute recompute, bool offload_checkpoints, int resident = 0) {
   auto ops = make_cpu_ops();
   LoraConfig cfg{4, 8.0f, 0.2f, {"q_proj", "v_proj", "gate_proj", "down_proj"}, false, 3};
   cfg.offload_base = offload;
+  cfg.offload_resident_layers = resident;
   auto model = load_pretrained(model_dir, *ops, cfg);
   std::mt19937 rng(99);
   for (Parameter& p : model->params().all())
@@ -118,10 +120,13 @@ TEST(OffloadWeights, ForwardBackwardEqualsResidentBitwiseAtEveryRecompute) {
   test::TempDir t;
   const fs::path dir = five_layer_model(t);
   for (Recompute rc : {Recompute::None, Recompute::Elementwise, Recompute::Selective, Recompute::Full})
-    for (bool ckpt : {false, true}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool ckpt = variant == 1;         // with offloaded checkpoints
+      const int kept = variant == 2 ? 2 : 0;  // two layers resident: layers 0, 2 and 4 stream
       if (ckpt && rc != Recompute::Full) continue;
-      SCOPED_TRACE(cat("recompute ", recompute_name(rc), ckpt ? ", checkpoints offloaded" : ""));
-      const Pass resident = pass(dir, false, rc, ckpt), streamed = pass(dir, true, rc, ckpt);
+      SCOPED_TRACE(cat("recompute ", recompute_name(rc), ckpt ? ", checkpoints offloaded" : "",
+                       kept ? ", two layers resident" : ""));
+      const Pass resident = pass(dir, false, rc, ckpt), streamed = pass(dir, true, rc, ckpt, kept);
       EXPECT_EQ(std::bit_cast<uint64_t>(resident.loss), std::bit_cast<uint64_t>(streamed.loss));
       ASSERT_EQ(resident.grads.size(), streamed.grads.size());
       double norm = 0;
@@ -132,11 +137,29 @@ TEST(OffloadWeights, ForwardBackwardEqualsResidentBitwiseAtEveryRecompute) {
       }
       EXPECT_GT(norm, 1e-8);  // not trivially equal
       ASSERT_EQ(0, std::memcmp(resident.logits.data(), streamed.logits.data(), resident.logits.size() * 4));
-      // The ring copies what it does not hold. A pass's first two layers are the two the pass before ended
-      // with, except at the very start and after a forward alone (which ends where the next forward does not
-      // start): forward + backward L + (L - 2), forward alone L - 2, forward + backward L + (L - 2).
-      EXPECT_EQ(streamed.copies, (kLayers + kLayers - 2) + (kLayers - 2) + (kLayers + kLayers - 2));
+      // The ring copies what it does not hold. A pass's first two streamed layers are the two the pass before
+      // ended with, except at the very start and after a forward alone (which ends where the next forward does
+      // not start): for S streamed layers, forward + backward S + (S - 2), forward alone S - 2, forward +
+      // backward S + (S - 2).
+      const int S = kLayers - kept;
+      EXPECT_EQ(streamed.copies, (S + S - 2) + (S - 2) + (S + S - 2));
     }
+}
+
+// Which layers stream when some stay: spread evenly, the middle of equal spans of the depth.
+TEST(OffloadWeights, StreamedLayersAreSpreadEvenly) {
+  EXPECT_EQ(WeightStream::streamed_layers(5, 0), (std::vector<int>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(WeightStream::streamed_layers(5, 2), (std::vector<int>{0, 2, 4}));
+  EXPECT_EQ(WeightStream::streamed_layers(36, 29), (std::vector<int>{2, 7, 12, 18, 23, 28, 33}));
+  EXPECT_EQ(WeightStream::streamed_layers(36, 35), (std::vector<int>{18}));
+  for (int bad : {36, 40, -1}) {
+    try {
+      WeightStream::streamed_layers(36, bad);
+      FAIL() << bad << " resident layers accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("must be between 0 and 35"), std::string::npos) << e.what();
+    }
+  }
 }
 
 // The base's layers leave the device for two slots; the host holds them, and upload/download reach them
@@ -168,6 +191,14 @@ TEST(OffloadWeights, DeviceKeepsTwoLayersAndTheHostTheRest) {
       ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << p.name << " " << when;
     }
   };
+  // With two of the five layers resident, three are on the host, and the slots are as before.
+  LoraConfig kept = cfg;
+  kept.offload_resident_layers = 2;
+  auto partly = load_pretrained(dir, *ops, kept);
+  EXPECT_EQ(partly->params().host_frozen_bytes(), 3 * layer_bytes);
+  EXPECT_EQ(resident->params().weight_bytes() - partly->params().weight_bytes(), 3 * layer_bytes);
+  EXPECT_EQ(partly->weight_stream()->streamed(), 3);
+  EXPECT_EQ(partly->weight_stream()->device_bytes(), 2 * layer_bytes);
   same_base("after loading");
   HostBatch batch{1, 16, {}, {}, {}, {}, {}, {}};
   for (int i = 0; i < 16; ++i) batch.input_ids.push_back(int32_t(i * 7 % streamed->config().vocab_size));
@@ -202,25 +233,30 @@ TEST(OffloadWeights, LoraRunEqualsResidentBitwise) {
     return log.str();
   };
   train("resident", "");
+  train("partly", "offload_weights: true\noffload_weights_resident_layers: 3\n");
   const std::string log = train("streamed", "offload_weights: true\noffload_activations: true\n");
-  EXPECT_NE(log.find("offload_weights: the frozen base's 5 decoder layers take "), std::string::npos) << log;
+  EXPECT_NE(log.find("offload_weights: 5 of the frozen base's 5 decoder layers take "), std::string::npos) << log;
   EXPECT_NE(log.find("the offloaded base's layers "), std::string::npos) << log;  // the host plan
-  const fs::path a = s.t.path / "resident", b = s.t.path / "streamed";
-  const auto ma = read_jsonl(a / "metrics.jsonl"), mb = read_jsonl(b / "metrics.jsonl");
-  ASSERT_EQ(ma.size(), mb.size());
-  int evals = 0;
-  for (size_t i = 0; i < ma.size(); ++i)
-    for (const char* k : {"loss", "grad_norm", "eval_loss"}) {
-      ASSERT_EQ(ma[i].contains(k), mb[i].contains(k)) << k << " line " << i;
-      if (!ma[i].contains(k)) continue;
-      evals += std::string(k) == "eval_loss";
-      EXPECT_EQ(std::bit_cast<uint64_t>(ma[i][k].get<double>()), std::bit_cast<uint64_t>(mb[i][k].get<double>()))
-          << k << " line " << i;
-    }
-  EXPECT_GT(evals, 0);
+  const fs::path a = s.t.path / "resident";
   const std::string adapter = read_bytes(a / "adapter" / "adapter_model.safetensors");
   EXPECT_FALSE(adapter.empty());
-  EXPECT_EQ(adapter, read_bytes(b / "adapter" / "adapter_model.safetensors"));
+  for (const char* other : {"streamed", "partly"}) {
+    SCOPED_TRACE(other);
+    const fs::path b = s.t.path / other;
+    const auto ma = read_jsonl(a / "metrics.jsonl"), mb = read_jsonl(b / "metrics.jsonl");
+    ASSERT_EQ(ma.size(), mb.size());
+    int evals = 0;
+    for (size_t i = 0; i < ma.size(); ++i)
+      for (const char* k : {"loss", "grad_norm", "eval_loss"}) {
+        ASSERT_EQ(ma[i].contains(k), mb[i].contains(k)) << k << " line " << i;
+        if (!ma[i].contains(k)) continue;
+        evals += std::string(k) == "eval_loss";
+        EXPECT_EQ(std::bit_cast<uint64_t>(ma[i][k].get<double>()), std::bit_cast<uint64_t>(mb[i][k].get<double>()))
+            << k << " line " << i;
+      }
+    EXPECT_GT(evals, 0);
+    EXPECT_EQ(adapter, read_bytes(b / "adapter" / "adapter_model.safetensors"));
+  }
 }
 
 // DPO with LoRA: each micro-batch runs the reference (adapters off, a forward alone) and the policy's forward
@@ -287,6 +323,17 @@ TEST(OffloadWeights, ConfigRefusesWhatIsNotBuilt) {
             "cfg.yaml:7: offload_weights with data parallel (gpus: 2) is not built yet: train on one GPU, or drop "
             "offload_weights");
   EXPECT_EQ(config_error("offload_weights: false\n"), "");  // off needs nothing
+  EXPECT_EQ(parse_train_config("model: m\noutput_dir: out\ndatasets: [d.jsonl]\nadapter: lora\n"
+                               "offload_weights: true\noffload_weights_resident_layers: 20\n",
+                               "cfg.yaml", {}, TrainMode::kSft)
+                .offload_weights_resident_layers,
+            20);
+  EXPECT_EQ(config_error("adapter: lora\noffload_weights_resident_layers: 4\n"),
+            "cfg.yaml:7: offload_weights_resident_layers keeps some of a streamed base's layers on the device: it "
+            "needs offload_weights: true");
+  EXPECT_NE(config_error("adapter: lora\noffload_weights: true\noffload_weights_resident_layers: -1\n")
+                .find("offload_weights_resident_layers"),
+            std::string::npos);
 }
 
 // From the command line: one line, exit code 2; bench streams a LoRA base and reports the bytes.
@@ -311,6 +358,15 @@ TEST(OffloadWeights, CliRefusesAndBenchStreams) {
   EXPECT_GT(b["weight_host_gib"].get<double>(), 0);
   EXPECT_DOUBLE_EQ(b["weight_slots_gib"].get<double>(), 2.0 / kLayers * b["weight_host_gib"].get<double>());
   EXPECT_DOUBLE_EQ(a["weight_gib"].get<double>() - b["weight_gib"].get<double>(), b["weight_host_gib"].get<double>());
+  const test::CliRun partly = test::run(bench + " --offload-weights --offload-weights-resident-layers 2", t);
+  ASSERT_EQ(partly.code, 0) << partly.err;
+  const auto c = nlohmann::json::parse(partly.out);
+  EXPECT_EQ(c["streamed_layers"].get<int>(), 3);
+  EXPECT_EQ(a["loss"], c["loss"]);
+  const test::CliRun all_kept = test::run(bench + " --offload-weights --offload-weights-resident-layers 5", t);
+  EXPECT_EQ(all_kept.code, 2);
+  EXPECT_NE(all_kept.err.find("offload_weights_resident_layers 5 must be between 0 and 4"), std::string::npos)
+      << all_kept.err;
   const test::CliRun full = test::run("bench --model " + model.string() + " --device cpu --offload-weights", t);
   EXPECT_EQ(full.code, 2);
   EXPECT_NE(full.err.find("--offload-weights needs --lora-rank"), std::string::npos) << full.err;

@@ -35,6 +35,7 @@ namespace {
 struct BenchOpts {
   std::string model, device = "cuda";
   int batch = 8, seq = 2048, steps = 10, warmup = 3, lora_rank = 0, data_parallel = -1, gpus = 1, accumulation = 1;
+  int resident_layers = 0;
   int64_t token_tile = 0;
   bool plan_only = false, offload_activations = false, offload_weights = false, profile = true;
   std::string recompute = "none", residual_dtype = "auto", optimizer = "adamw", qlora = "none", recipe = "bf16";
@@ -150,6 +151,11 @@ std::function<int()> add_bench_command(CLI::App& app) {
   c->add_flag("--offload-weights", o->offload_weights,
               "offload_weights: with --lora-rank, the frozen base's decoder layers in pinned host memory, streamed "
               "through two layer slots on the GPU (each copied in while the layer before it computes)");
+  c->add_option("--offload-weights-resident-layers", o->resident_layers,
+                "with --offload-weights: keep this many of the base's layers on the GPU (the streamed ones spread "
+                "evenly between them)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   c->add_flag("!--no-profile", o->profile,
               "skip the extra step timed op by op (its breakdown, profile_ms): a 256k-token step takes minutes");
   c->add_flag("--plan-only", o->plan_only,
@@ -191,6 +197,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
       if (!lora) user_error("bench --offload-weights needs --lora-rank (it streams a frozen base)");
       if (comm) user_error("bench --offload-weights: one process without --data-parallel only (as training)");
       lora->offload_base = true;  // (a quantised base and fp8-hybrid are refused where they meet it)
+      lora->offload_resident_layers = o->resident_layers;
+    } else if (o->resident_layers > 0) {
+      user_error("bench --offload-weights-resident-layers needs --offload-weights");
     }
     if (o->recipe == "fp8-hybrid" && comm)
       user_error("bench --recipe fp8-hybrid with data parallel is not built yet (the ranks' amaxes are not reduced)");
@@ -279,6 +288,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
                      {"activation_gib", double(model->activation_bytes()) / double(1u << 30)},
                      {"checkpoint_host_gib", double(model->checkpoint_host_bytes()) / double(1u << 30)},
                      {"offload_weights", o->offload_weights},
+                     {"streamed_layers", model->weight_stream() ? model->weight_stream()->streamed() : 0},
                      {"weight_host_gib", double(model->params().host_frozen_bytes()) / double(1u << 30)},
                      {"weight_slots_gib",
                       double(model->weight_stream() ? model->weight_stream()->device_bytes() : 0) / double(1u << 30)},

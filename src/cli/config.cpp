@@ -560,6 +560,10 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       // The layer-input checkpoints of recompute full in host memory, a ring of two on the device.
       {"offload_activations", [&](const Entry& e) { c.offload_activations = get_bool(e, "offload_activations"); }},
       {"offload_weights", [&](const Entry& e) { c.offload_weights = get_bool(e, "offload_weights"); }},
+      {"offload_weights_resident_layers",
+       [&](const Entry& e) {
+         c.offload_weights_resident_layers = int(get_int(e, "offload_weights_resident_layers", 0, 1 << 20));
+       }},
       {"recompute",
        [&](const Entry& e) {
          const std::string r = get_string(e, "recompute");
@@ -773,6 +777,10 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
                            c.gpus > 1 ? "gpus: " : "zero_stage: ", c.gpus > 1 ? c.gpus : c.zero_stage,
                            ") is not built yet: train on one GPU, or drop offload_activations"));
   }
+  if (c.offload_weights_resident_layers > 0 && !c.offload_weights)
+    errors.push_back(cat(entries.at("offload_weights_resident_layers").where,
+                         ": offload_weights_resident_layers keeps some of a streamed base's layers on the device: it "
+                         "needs offload_weights: true"));
   // Streamed weights are a frozen base's (LoRA); its own copies elsewhere (quantised, FP8) would stay resident.
   if (c.offload_weights && entries.count("offload_weights")) {
     const std::string& at = entries.at("offload_weights").where;

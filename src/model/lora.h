@@ -35,8 +35,10 @@ struct LoraConfig {
   // stored). Embedding, LM head, norms and biases stay dense.
   WeightFormat base_format = WeightFormat::Dense;
   // `offload_weights`: the frozen base's decoder layers in host memory, streamed through the device a layer
-  // at a time (model/weight_stream.h). A dense base only.
+  // at a time (model/weight_stream.h), but for `offload_resident_layers` of them that stay on the device
+  // (`offload_weights_resident_layers`). A dense base only.
   bool offload_base = false;
+  int offload_resident_layers = 0;
 
   // scale · B·A is what the adapter adds to a weight.
   float scale() const;

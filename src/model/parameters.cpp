@@ -73,11 +73,13 @@ void ParameterStore::allocate(Ops& ops, bool gradients) {
     }
     group_begin_.push_back(numel_);
   }
-  // Frozen weights: groups kept on the host (keep_frozen_on_host) first, group by group, in the order added.
+  // Frozen weights of the groups kept on the host (keep_frozen_on_host): group by group, in the order added.
   frozen_host_at_.assign(params_.size(), -1);
-  frozen_host_begin_.assign(1, 0);
+  frozen_host_range_.assign(size_t(groups), {0, 0});
   int64_t host_frozen = 0;
-  for (int g = 0; g < std::min(frozen_host_groups_, groups); ++g) {
+  for (int g = 0; g < groups; ++g) {
+    if (std::find(frozen_host_groups_.begin(), frozen_host_groups_.end(), g) == frozen_host_groups_.end()) continue;
+    const int64_t begin = host_frozen;
     for (size_t i = 0; i < params_.size(); ++i) {
       const Parameter& p = params_[i];
       if (p.trainable || p.group != g) continue;
@@ -85,7 +87,7 @@ void ParameterStore::allocate(Ops& ops, bool gradients) {
       frozen_host_at_[i] = host_frozen;
       host_frozen += shape_numel(p.shape);
     }
-    frozen_host_begin_.push_back(host_frozen);
+    frozen_host_range_[size_t(g)] = {begin, host_frozen};
   }
   size_t dense_frozen = 0, quantised = 0;
   for (const auto& p : params_) {
@@ -319,16 +321,20 @@ Tensor ParameterStore::host_copy(const Parameter& p) const {
   return flat(frozen_host_, values_dtype_, at, shape_numel(p.shape)).view(p.shape);
 }
 
+bool ParameterStore::frozen_group_on_host(int group) const {
+  return group >= 0 && group < int(frozen_host_range_.size()) &&
+         frozen_host_range_[size_t(group)].second > frozen_host_range_[size_t(group)].first;
+}
+
 Tensor ParameterStore::frozen_on_host(int group) const {
-  SOLTRAIN_CHECK(group >= 0 && group + 1 < int(frozen_host_begin_.size()), "group ", group, " is not on the host");
-  const int64_t b = frozen_host_begin_[size_t(group)];
-  return flat(frozen_host_, values_dtype_, b, frozen_host_begin_[size_t(group) + 1] - b);
+  SOLTRAIN_CHECK(frozen_group_on_host(group), "group ", group, " is not in host memory");
+  const auto [b, e] = frozen_host_range_[size_t(group)];
+  return flat(frozen_host_, values_dtype_, b, e - b);
 }
 
 int64_t ParameterStore::max_frozen_host_group_numel() const {
   int64_t m = 0;
-  for (size_t g = 0; g + 1 < frozen_host_begin_.size(); ++g)
-    m = std::max(m, frozen_host_begin_[g + 1] - frozen_host_begin_[g]);
+  for (const auto& [b, e] : frozen_host_range_) m = std::max(m, e - b);
   return m;
 }
 
@@ -343,7 +349,7 @@ void ParameterStore::bind_frozen(int group, const Tensor& base) {
       p.value = host_copy(p);
       continue;
     }
-    const size_t at = size_t(frozen_host_at_[i] - frozen_host_begin_[size_t(group)]) * dtype_size(base.dtype);
+    const size_t at = size_t(frozen_host_at_[i] - frozen_host_range_[size_t(group)].first) * dtype_size(base.dtype);
     p.value = Tensor{static_cast<char*>(base.data) + at, base.dtype, p.shape, base.device};
   }
 }

@@ -12,6 +12,7 @@
 #pragma once
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -73,15 +74,15 @@ class ParameterStore {
   size_t quantised_bytes() const { return quantised_.bytes(); }
   int groups() const { return int(group_begin_.size()) - 1; }
 
-  // `offload_weights`: before allocate(), asks that the dense frozen weights of groups 0 .. groups - 1 (a
-  // LoRA base's decoder layers) live in host memory (pinned on CUDA) instead of on the device, each group's
+  // `offload_weights`: before allocate(), asks that the dense frozen weights of these groups (some or all of
+  // a LoRA base's decoder layers) live in host memory (pinned on CUDA) instead of on the device, each group's
   // one contiguous range (frozen_on_host). Their parameters' value is that host copy until bind_frozen points
   // it at a device copy (model/weight_stream.h streams them layer by layer); upload and download always use
   // the host copy. Quantised frozen weights cannot stream (a check).
-  void keep_frozen_on_host(int groups) { frozen_host_groups_ = groups; }
-  int frozen_host_groups() const { return frozen_host_groups_; }
+  void keep_frozen_on_host(std::vector<int> groups) { frozen_host_groups_ = std::move(groups); }
+  bool frozen_group_on_host(int group) const;
   size_t host_frozen_bytes() const { return frozen_host_.bytes(); }
-  // Group g's frozen weights in host memory, flat in the activation dtype (g < frozen_host_groups()), and the
+  // Group g's frozen weights in host memory, flat in the activation dtype (frozen_group_on_host(g)), and the
   // largest such group's element count (what a device copy of one needs).
   Tensor frozen_on_host(int group) const;
   int64_t max_frozen_host_group_numel() const;
@@ -144,9 +145,10 @@ class ParameterStore {
   Buffer masters_, values_, grads_;  // values_ stays empty when the activation dtype is F32
   Buffer frozen_;                    // frozen compute copies, activation dtype
   Buffer frozen_host_;               // keep_frozen_on_host: those groups' frozen compute copies, by group
-  int frozen_host_groups_ = 0;
-  std::vector<int64_t> frozen_host_begin_;  // element offset of each host-held group in frozen_host_, then the end
-  std::vector<int64_t> frozen_host_at_;     // per parameter: its element offset in frozen_host_ (-1: not there)
+  std::vector<int> frozen_host_groups_;
+  // Per group: its element range [first, second) in frozen_host_ (empty when the group is not there).
+  std::vector<std::pair<int64_t, int64_t>> frozen_host_range_;
+  std::vector<int64_t> frozen_host_at_;  // per parameter: its element offset in frozen_host_ (-1: not there)
   bool on_host(const Parameter& p) const { return frozen_host_at_[size_t(&p - params_.data())] >= 0; }
   Tensor host_copy(const Parameter& p) const;  // a host-held frozen parameter's home
   Buffer quantised_;                           // frozen quantised weights: each one's codes, then its scales

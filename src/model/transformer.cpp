@@ -83,7 +83,8 @@ Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig>
   if (!c.tie_word_embeddings) params_.add(kLmHead, {c.vocab_size, D}, base_trains, outer);
   if (lora_)
     for (int l = 0; l < c.num_layers; ++l) add_lora_parameters(params_, c, l, *lora_);
-  if (lora_ && lora_->offload_base) params_.keep_frozen_on_host(c.num_layers);  // before anything is allocated
+  if (lora_ && lora_->offload_base)  // before anything is allocated
+    params_.keep_frozen_on_host(WeightStream::streamed_layers(c.num_layers, lora_->offload_resident_layers));
   params_.allocate(ops_, gradients);
   if (lora_ && lora_->offload_base) weight_stream_ = std::make_unique<WeightStream>(params_, ops_, c.num_layers);
 

@@ -1,9 +1,25 @@
 #include "model/weight_stream.h"
 
+#include "core/error.h"
+
 namespace soltrain {
 
-WeightStream::WeightStream(ParameterStore& ps, Ops& ops, int layers) : ps_(ps), ops_(ops), layers_(layers) {
-  SOLTRAIN_CHECK(ps.frozen_host_groups() >= layers, "offload_weights: the base's layers are not in host memory");
+std::vector<int> WeightStream::streamed_layers(int layers, int resident) {
+  if (resident < 0 || resident >= layers)
+    user_error("offload_weights_resident_layers ", resident, " must be between 0 and ", layers - 1, " (the model has ",
+               layers, " decoder layers; keeping all of them means no offload_weights)");
+  // Streamed layer i of S sits at floor((2i + 1)·L / 2S): the middle of the i-th of S equal spans.
+  const int S = layers - resident;
+  std::vector<int> out;
+  for (int i = 0; i < S; ++i) out.push_back(int((2 * int64_t(i) + 1) * layers / (2 * int64_t(S))));
+  return out;
+}
+
+WeightStream::WeightStream(ParameterStore& ps, Ops& ops, int layers)
+    : ps_(ps), ops_(ops), layers_(layers), is_streamed_(size_t(layers), false) {
+  for (int g = 0; g < layers; ++g)
+    if (ps.frozen_group_on_host(g)) streamed_.push_back(g), is_streamed_[size_t(g)] = true;
+  SOLTRAIN_CHECK(!streamed_.empty(), "offload_weights: none of the base's layers is in host memory");
   const DType act = ops.activation_dtype();
   slot_bytes_ = size_t(ps.max_frozen_host_group_numel()) * dtype_size(act);
   for (Slot& s : slots_) s.buffer = ops.alloc(slot_bytes_);
@@ -52,26 +68,38 @@ void WeightStream::ensure(int g) {
 }
 
 void WeightStream::prefetch(int g) {
-  if (g < 0 || g >= layers_ || slots_[0].group == g || slots_[1].group == g) return;
+  if (g < 0 || slots_[0].group == g || slots_[1].group == g) return;
   fill(g);
 }
 
-void WeightStream::before_forward(int g) {
-  if (g == layers_) {  // the head group (resident) starts forward: layer 0 comes next
-    start_pass();
-    return prefetch(0);
+int WeightStream::next_streamed(int g, bool forward) const {
+  // (g == layers_: the head group, which starts either pass)
+  if (forward) {
+    for (int s : streamed_)
+      if (g == layers_ || s > g) return s;
+    return -1;
   }
-  ensure(g);
-  prefetch(g + 1);
+  for (auto it = streamed_.rbegin(); it != streamed_.rend(); ++it)
+    if (g == layers_ || *it < g) return *it;
+  return -1;
+}
+
+void WeightStream::before_forward(int g) {
+  if (g == layers_) start_pass();
+  if (g < layers_ && is_streamed_[size_t(g)])
+    ensure(g);
+  else
+    current_ = -1;  // a resident layer or the head: every read of the last streamed layer is queued
+  prefetch(next_streamed(g, true));
 }
 
 void WeightStream::before_backward(int g) {
-  if (g == layers_) {  // backward starts at the head, then the last layer
-    start_pass();
-    return prefetch(layers_ - 1);
-  }
-  ensure(g);
-  prefetch(g - 1);
+  if (g == layers_) start_pass();
+  if (g < layers_ && is_streamed_[size_t(g)])
+    ensure(g);
+  else
+    current_ = -1;
+  prefetch(next_streamed(g, false));
 }
 
 }  // namespace soltrain

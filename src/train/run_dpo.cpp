@@ -83,6 +83,7 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log) {
     lora = LoraConfig{c.lora.rank,           float(c.lora.alpha), float(c.lora.dropout),
                       c.lora.target_modules, c.lora.use_rslora,   c.seed};
     lora->offload_base = c.offload_weights;
+    lora->offload_resident_layers = c.offload_weights_resident_layers;
     lora->validate("config.yaml");
   }
   auto model = load_pretrained(c.model, ops, lora);

@@ -90,6 +90,7 @@ void set_up(Run& r) {
                         c.lora.target_modules, c.lora.use_rslora,   c.seed};
     r.lora->base_format = c.lora.base;
     r.lora->offload_base = c.offload_weights;
+    r.lora->offload_resident_layers = c.offload_weights_resident_layers;
     r.lora->validate("config.yaml");
   }
   // (the config reader refuses it first, with the key's line; a guard for callers and mpirun's ranks)
@@ -286,10 +287,10 @@ void print_plan(const Run& r) {
              "ahead of backward\n";
   }
   if (const WeightStream* w = r.model->weight_stream()) {
-    r.log << r.cmd << ": offload_weights: the frozen base's " << r.model->config().num_layers << " decoder layers take "
-          << double(ps.host_frozen_bytes()) / gib << " GiB of host memory; the device streams them through two slots, "
-          << double(w->device_bytes()) / gib
-          << " GiB (counted in weights above), copying each layer in while the one before it computes\n";
+    r.log << r.cmd << ": offload_weights: " << w->streamed() << " of the frozen base's " << r.model->config().num_layers
+          << " decoder layers take " << double(ps.host_frozen_bytes()) / gib
+          << " GiB of host memory; the device streams them through two slots, " << double(w->device_bytes()) / gib
+          << " GiB (counted in weights above), copying each in while the layers before it compute\n";
   }
   if (c.offload.any()) {
     // Where the update's fp32 state lives: host (offloaded) next to the device's staging slots.

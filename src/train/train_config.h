@@ -89,8 +89,9 @@ struct TrainConfig {
   int64_t token_tile = 0;            // the MLP's token tile for long sequences; 0 = automatic (model/activation_plan.h)
   bool offload_activations = false;  // recompute full's layer-input checkpoints in host memory (Transformer)
   bool offload_weights = false;      // a frozen LoRA base streamed from host memory (model/weight_stream.h)
-  std::optional<DType> residual_dtype;  // the residual stream on the GPU; unset: the run chooses (Transformer)
-  bool fp8_hybrid = false;              // recipe: fp8-hybrid (model/fp8_recipe.h)
+  int offload_weights_resident_layers = 0;  // ... but for this many of its layers, kept on the device
+  std::optional<DType> residual_dtype;      // the residual stream on the GPU; unset: the run chooses (Transformer)
+  bool fp8_hybrid = false;                  // recipe: fp8-hybrid (model/fp8_recipe.h)
   Fp8Settings fp8;
   LoraSettings lora;
   DpoSettings dpo;
