@@ -17,6 +17,16 @@ NCCL_LIB=$(python3 -c 'import nvidia.nccl as m; print(m.__path__[0])' 2>/dev/nul
 # exported, they would shadow what torch loads.
 TESTS_ENV="LD_LIBRARY_PATH=$PWD/.devbin/lib:/usr/local/cuda/lib64:$NCCL_LIB"
 B=$PWD/.devbin
+# One `soltrain bench` run on a generated model (made once per machine): its JSON in $OUT/<tag>.json and a line
+# of the figures, or the tail of its error.
+bench_one() {  # tag size bench-args...
+  local tag=$1 size=$2
+  shift 2
+  [ -d /tmp/soltrain-bench-models/$size ] || python3 -c "import sys; sys.path.insert(0, 'bench'); import run_bench; run_bench.save_model('$size', '/tmp/soltrain-bench-models')"
+  timeout 150 "$B/soltrain" bench --model /tmp/soltrain-bench-models/$size "$@" > "$OUT/$tag.json" 2> "$OUT/$tag.err"
+  python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], round(j['tokens_per_s']), 'tok/s,', round(j['memory_gib'], 2), 'GiB, loss', j['loss'], ', streamed layers', j.get('streamed_layers'))" \
+    "$OUT/$tag.json" "$tag" || tail -3 "$OUT/$tag.err"
+}
 for s in "${steps[@]}"; do
   echo "== $s $(date +%T)"
   case $s in
@@ -114,31 +124,21 @@ for s in "${steps[@]}"; do
       # resident vs streamed (target: <= 16 GiB at >= 90% of the resident speed), with and without offloaded checkpoints
       timeout 200 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaOffloadWeights*' > "$OUT/offloadw-tests.log" 2>&1
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/offloadw-tests.log"
-      [ -d /tmp/soltrain-bench-models/8B ] || python3 -c "import sys; sys.path.insert(0, 'bench'); import run_bench; run_bench.save_model('8B', '/tmp/soltrain-bench-models')"
       for v in "resident:" "streamed:--offload-weights" "streamed_ckpt:--offload-weights --offload-activations"; do
-        timeout 150 "$B/soltrain" bench --model /tmp/soltrain-bench-models/8B --batch-size 8 --seq-len 2048 --lora-rank 16 \
-          --recompute full --warmup 2 --steps 4 ${v#*:} > "$OUT/offloadw-${v%%:*}.json" 2> "$OUT/offloadw-${v%%:*}.err"
-        python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], round(j['tokens_per_s']), 'tok/s', round(j['memory_gib'],2), 'GiB', 'loss', j['loss'], 'host', round(j['weight_host_gib'],2))" \
-          "$OUT/offloadw-${v%%:*}.json" "${v%%:*}" || tail -3 "$OUT/offloadw-${v%%:*}.err"
+        bench_one "offloadw-${v%%:*}" 8B --batch-size 8 --seq-len 2048 --lora-rank 16 --recompute full --warmup 2 \
+          --steps 4 ${v#*:}
       done ;;
     offloadw1)  # the same at 1 x 2048: all layers streamed (copy-bound, predicted), or 24 of 36 kept on the GPU
-      [ -d /tmp/soltrain-bench-models/8B ] || python3 -c "import sys; sys.path.insert(0, 'bench'); import run_bench; run_bench.save_model('8B', '/tmp/soltrain-bench-models')"
-      for v in "b1_resident:" "b1_streamed:--offload-weights" "b1_kept24:--offload-weights --offload-weights-resident-layers 24"; do
-        timeout 150 "$B/soltrain" bench --model /tmp/soltrain-bench-models/8B --batch-size 1 --seq-len 2048 --lora-rank 16 \
-          --recompute full --warmup 2 --steps 5 ${v#*:} > "$OUT/offloadw-${v%%:*}.json" 2> "$OUT/offloadw-${v%%:*}.err"
-        python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], round(j['tokens_per_s']), 'tok/s', round(j['memory_gib'],2), 'GiB', 'loss', j['loss'], 'streamed', j['streamed_layers'])" \
-          "$OUT/offloadw-${v%%:*}.json" "${v%%:*}" || tail -3 "$OUT/offloadw-${v%%:*}.err"
+      for v in "resident:" "streamed:--offload-weights" "kept24:--offload-weights --offload-weights-resident-layers 24"; do
+        bench_one "offloadw-b1-${v%%:*}" 8B --batch-size 1 --seq-len 2048 --lora-rank 16 --recompute full --warmup 2 \
+          --steps 5 ${v#*:}
       done ;;
     full4b40)  # issue 12: Qwen3-4B full in <= 40 GiB at >= 90% of 16.8k tok/s: 8-bit moments and the masters offloaded,
       # the update amortised over micro-batches (1, 8, 16 per update), next to the resident 8-bit run
-      [ -d /tmp/soltrain-bench-models/4B ] || python3 -c "import sys; sys.path.insert(0, 'bench'); import run_bench; run_bench.save_model('4B', '/tmp/soltrain-bench-models')"
-      for v in "resident16:--gradient-accumulation 16" "offload1:--offload both" "offload8:--offload both --gradient-accumulation 8" \
-               "offload16:--offload both --gradient-accumulation 16"; do
-        timeout 150 "$B/soltrain" bench --model /tmp/soltrain-bench-models/4B --batch-size 2 --seq-len 2048 \
-          --optimizer adamw_8bit --recompute elementwise --warmup 1 --steps 3 --no-profile ${v#*:} \
-          > "$OUT/full4b40-${v%%:*}.json" 2> "$OUT/full4b40-${v%%:*}.err"
-        python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], round(j['tokens_per_s']), 'tok/s', round(j['memory_gib'],2), 'GiB', 'loss', j['loss'])" \
-          "$OUT/full4b40-${v%%:*}.json" "${v%%:*}" || tail -3 "$OUT/full4b40-${v%%:*}.err"
+      for v in "resident16:--gradient-accumulation 16" "offload1:--offload both" \
+               "offload8:--offload both --gradient-accumulation 8" "offload16:--offload both --gradient-accumulation 16"; do
+        bench_one "full4b40-${v%%:*}" 4B --batch-size 2 --seq-len 2048 --optimizer adamw_8bit --recompute elementwise \
+          --warmup 1 --steps 3 --no-profile ${v#*:}
       done ;;
     peft)
       timeout 300 python3 tests/tools/check_peft.py "$B/soltrain" --cases 12 --cuda > "$OUT/peft.log" 2>&1

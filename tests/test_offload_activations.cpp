@@ -14,12 +14,14 @@
 #include "cli/config.h"
 #include "cli/demo_kit.h"
 #include "cli_test_util.h"
+#include "config_test_util.h"
 #include "core/host_memory.h"
 #include "data/batch_file.h"
 #include "data_test_util.h"
 #include "demo_run_util.h"
 #include "model/activation_plan.h"
 #include "model/checkpoint.h"
+#include "run_compare_util.h"
 #include "test_util.h"
 #include "train/run_dpo.h"
 #include "train/run_training.h"
@@ -28,12 +30,8 @@ namespace soltrain {
 namespace {
 
 namespace fs = std::filesystem;
-using test::read_jsonl;
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using test::config_error;
+using test::read_bytes;
 
 ModelConfig qwen3_8b() {
   // Qwen/Qwen3-8B's config.json (the fields the plan reads).
@@ -90,9 +88,7 @@ TEST(OffloadActivations, ShortModelNeedsNoHostCopies) {
   EXPECT_EQ(p.host_bytes(), 0u);
 }
 
-struct Grads {
-  double loss = 0;
-  std::vector<std::vector<float>> grads;
+struct Grads : test::GradPass {
   std::vector<float> logits;
 };
 
@@ -120,21 +116,8 @@ Grads pass(bool offload, bool lora, int64_t tile) {
   model->step(batch, false);  // evaluation-like: forward alone
   g.logits.resize(size_t(batch.rows) * batch.seq_len * model->config().vocab_size);
   g.loss = model->step(batch, true, g.logits.data()).loss;  // gradients of two passes, accumulated
-  for (Parameter& p : model->params().all())
-    if (p.trainable) {
-      std::vector<float> v(size_t(p.grad.numel()));
-      ops->copy(Tensor{v.data(), DType::F32, p.grad.shape, Device::CPU}, p.grad);
-      g.grads.push_back(std::move(v));
-    }
+  g.grads = test::trainable_grads(*ops, model->params());
   return g;
-}
-
-void expect_bitwise(const Grads& a, const Grads& b) {
-  EXPECT_EQ(std::bit_cast<uint64_t>(a.loss), std::bit_cast<uint64_t>(b.loss));
-  ASSERT_EQ(a.grads.size(), b.grads.size());
-  for (size_t i = 0; i < a.grads.size(); ++i)
-    ASSERT_EQ(0, std::memcmp(a.grads[i].data(), b.grads[i].data(), a.grads[i].size() * 4)) << "parameter " << i;
-  ASSERT_EQ(0, std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * 4));
 }
 
 TEST(OffloadActivations, ForwardBackwardEqualsResidentBitwise) {
@@ -142,12 +125,8 @@ TEST(OffloadActivations, ForwardBackwardEqualsResidentBitwise) {
     for (int64_t tile : {int64_t(0), int64_t(24)}) {
       SCOPED_TRACE(cat(lora ? "LoRA" : "full", ", token tile ", tile));
       const Grads resident = pass(false, lora, tile), offloaded = pass(true, lora, tile);
-      expect_bitwise(resident, offloaded);
-      // The gradients are not trivially equal: some are far from zero.
-      double norm = 0;
-      for (const auto& v : resident.grads)
-        for (float x : v) norm += double(x) * x;
-      EXPECT_GT(norm, 1e-8);
+      test::expect_same_grads(resident, offloaded);
+      ASSERT_EQ(0, std::memcmp(resident.logits.data(), offloaded.logits.data(), resident.logits.size() * 4));
     }
 }
 
@@ -168,24 +147,6 @@ struct RunSetup : test::DemoRunSetup {
   }
 };
 
-// Losses (training and evaluation) and grad norms of every logged step, bitwise.
-void expect_same_metrics(const fs::path& a, const fs::path& b) {
-  const auto ma = read_jsonl(a / "metrics.jsonl"), mb = read_jsonl(b / "metrics.jsonl");
-  ASSERT_EQ(ma.size(), mb.size());
-  ASSERT_FALSE(ma.empty());
-  int evals = 0;
-  for (size_t i = 0; i < ma.size(); ++i) {
-    for (const char* k : {"loss", "grad_norm", "eval_loss"}) {
-      ASSERT_EQ(ma[i].contains(k), mb[i].contains(k)) << k << " line " << i;
-      if (!ma[i].contains(k)) continue;
-      evals += std::string(k) == "eval_loss";
-      EXPECT_EQ(std::bit_cast<uint64_t>(ma[i][k].get<double>()), std::bit_cast<uint64_t>(mb[i][k].get<double>()))
-          << k << " line " << i;
-    }
-  }
-  EXPECT_GT(evals, 0) << "no evaluation ran: forward-only passes went untested";
-}
-
 TEST(OffloadActivations, FullFineTuneRunEqualsResidentBitwise) {
   RunSetup s;
   s.train("resident", "");
@@ -194,7 +155,7 @@ TEST(OffloadActivations, FullFineTuneRunEqualsResidentBitwise) {
   EXPECT_NE(log.find("(4 x "), std::string::npos) << log;  // layers 0-3 on the host, a ring of 2
   EXPECT_NE(log.find("offloaded layer-input checkpoints"), std::string::npos) << log;  // the host plan
   const fs::path a = s.t.path / "resident", b = s.t.path / "offloaded";
-  expect_same_metrics(a, b);
+  test::expect_same_metrics(a, b);
   const std::string weights = read_bytes(a / "model" / "model.safetensors");
   EXPECT_EQ(weights, read_bytes(b / "model" / "model.safetensors"));
   EXPECT_NE(weights, read_bytes(s.t.path / "model" / "model.safetensors"));  // it trained
@@ -208,7 +169,7 @@ TEST(OffloadActivations, LoraRunWithTokenTilesEqualsResidentBitwise) {
   s.train("resident", lora);
   s.train("offloaded", lora + "offload_activations: true\n");
   const fs::path a = s.t.path / "resident", b = s.t.path / "offloaded";
-  expect_same_metrics(a, b);
+  test::expect_same_metrics(a, b);
   const std::string adapter = read_bytes(a / "adapter" / "adapter_model.safetensors");
   EXPECT_FALSE(adapter.empty());
   EXPECT_EQ(adapter, read_bytes(b / "adapter" / "adapter_model.safetensors"));
@@ -223,34 +184,9 @@ TEST(OffloadActivations, DpoLoraRunEqualsResidentBitwise) {
   shape.intermediate = 64;
   write_random_model(t.path / "model", shape, 7);
   write_reversal_preferences(t.path / "train.jsonl", 64, 8);
-  auto run = [&](const std::string& out, const std::string& extra) {
-    const fs::path p = t.path / (out + ".yaml");
-    test::write_text(p, "model: model\noutput_dir: " + out +
-                            "\ndatasets:\n  - path: train.jsonl\ndataset_prepared_path: prepared\nsequence_len: 48\n"
-                            "per_device_train_batch_size: 4\nlearning_rate: 1.0e-2\nlogging_steps: 1\nbeta: 0.1\n"
-                            "max_steps: 4\nlora: true\nlora_rank: 4\nlora_alpha: 8\nrecompute: full\n" +
-                            extra);
-    auto ops = make_cpu_ops();
-    std::ostringstream log;
-    run_dpo(load_train_config(p, {}, TrainMode::kDpo), *ops, log);
-  };
-  run("resident", "");
-  run("offloaded", "offload_activations: true\n");
-  const std::string adapter = read_bytes(t.path / "resident" / "adapter" / "adapter_model.safetensors");
-  EXPECT_FALSE(adapter.empty());
-  EXPECT_EQ(adapter, read_bytes(t.path / "offloaded" / "adapter" / "adapter_model.safetensors"));
-  const auto ma = read_jsonl(t.path / "resident" / "metrics.jsonl"),
-             mb = read_jsonl(t.path / "offloaded" / "metrics.jsonl");
-  ASSERT_EQ(ma.size(), mb.size());
-  ASSERT_FALSE(ma.empty());
-  int losses = 0;
-  for (size_t i = 0; i < ma.size(); ++i)
-    for (const auto& [k, v] : ma[i].items()) {
-      if (k == "tokens_per_s" || k == "mfu") continue;  // timings
-      losses += k == "loss";
-      EXPECT_EQ(v, mb[i][k]) << k << " line " << i;  // the loss, rewards and margins, exactly
-    }
-  EXPECT_GT(losses, 0);
+  test::run_dpo_lora(t.path, "resident", "recompute: full\n");
+  test::run_dpo_lora(t.path, "offloaded", "recompute: full\noffload_activations: true\n");
+  test::expect_same_dpo_run(t.path / "resident", t.path / "offloaded");
 }
 
 // The device bytes shrink by the host copies; the host plan reports them.
@@ -300,16 +236,6 @@ TEST(OffloadActivations, RefusesHostMemoryThatDoesNotFit) {
               std::string::npos)
         << e.what();
   }
-}
-
-std::string config_error(const std::string& extra) {
-  const std::string base = "model: m\noutput_dir: out\ndatasets:\n  - path: d.jsonl\n    type: conversation\n";
-  try {
-    parse_train_config(base + extra, "cfg.yaml", {}, TrainMode::kSft);
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(OffloadActivations, ConfigRefusesWhatIsNotBuilt) {

@@ -14,11 +14,13 @@
 #include "cli/config.h"
 #include "cli/demo_kit.h"
 #include "cli_test_util.h"
+#include "config_test_util.h"
 #include "data/batch_file.h"
 #include "data_test_util.h"
 #include "demo_run_util.h"
 #include "model/checkpoint.h"
 #include "model/weight_stream.h"
+#include "run_compare_util.h"
 #include "test_util.h"
 #include "train/run_dpo.h"
 #include "train/run_training.h"
@@ -27,12 +29,8 @@ namespace soltrain {
 namespace {
 
 namespace fs = std::filesystem;
-using test::read_jsonl;
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using test::config_error;
+using test::read_bytes;
 
 constexpr int kLayers = 5;  // more than the two slots: every layer is evicted and copied again in a pass
 
@@ -68,9 +66,7 @@ struct BindingCheck : LayerHooks {
   }
 };
 
-struct Pass {
-  double loss = 0;
-  std::vector<std::vector<float>> grads;
+struct Pass : test::GradPass {
   std::vector<float> logits;
   int64_t copies = -1;
 };
@@ -105,12 +101,7 @@ Pass pass(const fs::path& model_dir, bool offload, Recompute recompute, bool off
   model->step(batch, false);
   r.logits.resize(size_t(rows) * T * size_t(V));
   r.loss = model->step(batch, true, r.logits.data()).loss;  // gradients of two passes, accumulated
-  for (Parameter& p : model->params().all())
-    if (p.trainable) {
-      std::vector<float> v(size_t(p.grad.numel()));
-      ops->copy(Tensor{v.data(), DType::F32, p.grad.shape, Device::CPU}, p.grad);
-      r.grads.push_back(std::move(v));
-    }
+  r.grads = test::trainable_grads(*ops, model->params());
   if (model->weight_stream()) r.copies = model->weight_stream()->copies();
   if (offload) EXPECT_GT(binding.checks, 0);
   return r;
@@ -127,15 +118,7 @@ TEST(OffloadWeights, ForwardBackwardEqualsResidentBitwiseAtEveryRecompute) {
       SCOPED_TRACE(cat("recompute ", recompute_name(rc), ckpt ? ", checkpoints offloaded" : "",
                        kept ? ", two layers resident" : ""));
       const Pass resident = pass(dir, false, rc, ckpt), streamed = pass(dir, true, rc, ckpt, kept);
-      EXPECT_EQ(std::bit_cast<uint64_t>(resident.loss), std::bit_cast<uint64_t>(streamed.loss));
-      ASSERT_EQ(resident.grads.size(), streamed.grads.size());
-      double norm = 0;
-      for (size_t i = 0; i < resident.grads.size(); ++i) {
-        ASSERT_EQ(0, std::memcmp(resident.grads[i].data(), streamed.grads[i].data(), resident.grads[i].size() * 4))
-            << "adapter tensor " << i;
-        for (float x : resident.grads[i]) norm += double(x) * x;
-      }
-      EXPECT_GT(norm, 1e-8);  // not trivially equal
+      test::expect_same_grads(resident, streamed);
       ASSERT_EQ(0, std::memcmp(resident.logits.data(), streamed.logits.data(), resident.logits.size() * 4));
       // The ring copies what it does not hold. A pass's first two streamed layers are the two the pass before
       // ended with, except at the very start and after a forward alone (which ends where the next forward does
@@ -242,20 +225,8 @@ TEST(OffloadWeights, LoraRunEqualsResidentBitwise) {
   EXPECT_FALSE(adapter.empty());
   for (const char* other : {"streamed", "partly"}) {
     SCOPED_TRACE(other);
-    const fs::path b = s.t.path / other;
-    const auto ma = read_jsonl(a / "metrics.jsonl"), mb = read_jsonl(b / "metrics.jsonl");
-    ASSERT_EQ(ma.size(), mb.size());
-    int evals = 0;
-    for (size_t i = 0; i < ma.size(); ++i)
-      for (const char* k : {"loss", "grad_norm", "eval_loss"}) {
-        ASSERT_EQ(ma[i].contains(k), mb[i].contains(k)) << k << " line " << i;
-        if (!ma[i].contains(k)) continue;
-        evals += std::string(k) == "eval_loss";
-        EXPECT_EQ(std::bit_cast<uint64_t>(ma[i][k].get<double>()), std::bit_cast<uint64_t>(mb[i][k].get<double>()))
-            << k << " line " << i;
-      }
-    EXPECT_GT(evals, 0);
-    EXPECT_EQ(adapter, read_bytes(b / "adapter" / "adapter_model.safetensors"));
+    test::expect_same_metrics(a, s.t.path / other);
+    EXPECT_EQ(adapter, read_bytes(s.t.path / other / "adapter" / "adapter_model.safetensors"));
   }
 }
 
@@ -265,43 +236,9 @@ TEST(OffloadWeights, DpoLoraRunEqualsResidentBitwise) {
   test::TempDir t;
   five_layer_model(t);
   write_reversal_preferences(t.path / "train.jsonl", 48, 8);
-  auto run = [&](const std::string& out, const std::string& extra) {
-    const fs::path p = t.path / (out + ".yaml");
-    test::write_text(p, "model: model\noutput_dir: " + out +
-                            "\ndatasets:\n  - path: train.jsonl\ndataset_prepared_path: prepared\nsequence_len: 48\n"
-                            "per_device_train_batch_size: 4\nlearning_rate: 1.0e-2\nlogging_steps: 1\nbeta: 0.1\n"
-                            "max_steps: 3\nlora: true\nlora_rank: 4\nlora_alpha: 8\n" +
-                            extra);
-    auto ops = make_cpu_ops();
-    std::ostringstream log;
-    run_dpo(load_train_config(p, {}, TrainMode::kDpo), *ops, log);
-  };
-  run("resident", "");
-  run("streamed", "offload_weights: true\n");
-  const std::string adapter = read_bytes(t.path / "resident" / "adapter" / "adapter_model.safetensors");
-  EXPECT_FALSE(adapter.empty());
-  EXPECT_EQ(adapter, read_bytes(t.path / "streamed" / "adapter" / "adapter_model.safetensors"));
-  const auto ma = read_jsonl(t.path / "resident" / "metrics.jsonl"),
-             mb = read_jsonl(t.path / "streamed" / "metrics.jsonl");
-  ASSERT_EQ(ma.size(), mb.size());
-  int losses = 0;
-  for (size_t i = 0; i < ma.size(); ++i)
-    for (const auto& [k, v] : ma[i].items()) {
-      if (k == "tokens_per_s" || k == "mfu") continue;  // timings
-      losses += k == "loss";
-      EXPECT_EQ(v, mb[i][k]) << k << " line " << i;
-    }
-  EXPECT_GT(losses, 0);
-}
-
-std::string config_error(const std::string& extra) {
-  const std::string base = "model: m\noutput_dir: out\ndatasets:\n  - path: d.jsonl\n    type: conversation\n";
-  try {
-    parse_train_config(base + extra, "cfg.yaml", {}, TrainMode::kSft);
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
+  test::run_dpo_lora(t.path, "resident", "");
+  test::run_dpo_lora(t.path, "streamed", "offload_weights: true\n");
+  test::expect_same_dpo_run(t.path / "resident", t.path / "streamed");
 }
 
 TEST(OffloadWeights, ConfigRefusesWhatIsNotBuilt) {

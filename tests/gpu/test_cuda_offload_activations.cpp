@@ -16,6 +16,7 @@
 #include "data_test_util.h"
 #include "gpu_test_util.h"
 #include "model/checkpoint.h"
+#include "run_compare_util.h"
 #include "train/run_training.h"
 
 namespace soltrain {
@@ -30,10 +31,7 @@ std::string read_bytes(const fs::path& p) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-struct Pass {
-  double loss = 0;
-  std::vector<std::vector<float>> grads;
-};
+using Pass = test::GradPass;
 
 // Two forward + backward passes (gradients accumulate) with a forward-only pass between them.
 Pass run_pass(Ops& ops, const fs::path& dir, bool offload, bool lora, const HostBatch& batch) {
@@ -53,12 +51,7 @@ Pass run_pass(Ops& ops, const fs::path& dir, bool offload, bool lora, const Host
   model->step(batch, true);
   model->step(batch, false);
   r.loss = model->step(batch, true).loss;
-  for (Parameter& p : model->params().all())
-    if (p.trainable) {
-      std::vector<float> v(size_t(p.grad.numel()));
-      ops.copy(Tensor{v.data(), DType::F32, p.grad.shape, Device::CPU}, p.grad);
-      r.grads.push_back(std::move(v));
-    }
+  r.grads = test::trainable_grads(ops, model->params());
   return r;
 }
 
@@ -68,25 +61,13 @@ TEST_F(CudaOffloadActivations, ForwardBackwardEqualsResidentBitwise) {
   s.hidden = 1024, s.layers = 6, s.heads = 8, s.kv_heads = 4, s.head_dim = 128, s.intermediate = 2048;
   s.max_positions = 8192;
   write_random_model(t.path / "model", s, 21);
-  std::mt19937 rng(5);
-  HostBatch batch{2, 4096, {}, {}, {}, {}, {}, {}};
-  for (int i = 0; i < 2 * 4096; ++i) {
-    batch.input_ids.push_back(int32_t(rng() % 300));
-    batch.targets.push_back(rng() % 7 == 0 ? -100 : int32_t(rng() % 300));
-  }
+  const HostBatch batch = test::random_batch(2, 4096, 300, 5);
   for (bool lora : {false, true}) {  // bf16 / fp32 residual stream (and checkpoints)
     SCOPED_TRACE(lora ? "LoRA" : "full");
     const Pass a = run_pass(*gpu, t.path / "model", false, lora, batch);
     const Pass a2 = run_pass(*gpu, t.path / "model", false, lora, batch);
     const Pass b = run_pass(*gpu, t.path / "model", true, lora, batch);
-    ASSERT_EQ(a.grads.size(), b.grads.size());
-    EXPECT_EQ(std::bit_cast<uint64_t>(a.loss), std::bit_cast<uint64_t>(a2.loss)) << "two resident runs differ";
-    EXPECT_EQ(std::bit_cast<uint64_t>(a.loss), std::bit_cast<uint64_t>(b.loss));
-    for (size_t i = 0; i < a.grads.size(); ++i) {
-      ASSERT_EQ(0, std::memcmp(a.grads[i].data(), a2.grads[i].data(), a.grads[i].size() * 4))
-          << "two resident runs differ: the comparison would mean nothing (parameter " << i << ")";
-      ASSERT_EQ(0, std::memcmp(a.grads[i].data(), b.grads[i].data(), a.grads[i].size() * 4)) << "parameter " << i;
-    }
+    test::expect_same_grads(a, b, &a2);
   }
 }
 

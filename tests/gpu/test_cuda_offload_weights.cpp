@@ -16,6 +16,7 @@
 #include "data_test_util.h"
 #include "gpu_test_util.h"
 #include "model/checkpoint.h"
+#include "run_compare_util.h"
 #include "train/run_training.h"
 
 namespace soltrain {
@@ -25,9 +26,7 @@ namespace fs = std::filesystem;
 
 class CudaOffloadWeights : public test::CudaTest {};
 
-struct Pass {
-  double loss = 0;
-  std::vector<std::vector<float>> grads;
+struct Pass : test::GradPass {
   int64_t copies = 0;
 };
 
@@ -50,12 +49,7 @@ Pass run_pass(Ops& ops, const fs::path& dir, bool stream, Recompute rc, bool off
   model->step(batch, true);
   model->step(batch, false);
   r.loss = model->step(batch, true).loss;
-  for (Parameter& p : model->params().all())
-    if (p.trainable) {
-      std::vector<float> v(size_t(p.grad.numel()));
-      ops.copy(Tensor{v.data(), DType::F32, p.grad.shape, Device::CPU}, p.grad);
-      r.grads.push_back(std::move(v));
-    }
+  r.grads = test::trainable_grads(ops, model->params());
   if (model->weight_stream()) r.copies = model->weight_stream()->copies();
   return r;
 }
@@ -65,12 +59,7 @@ TEST_F(CudaOffloadWeights, ForwardBackwardEqualsResidentBitwise) {
   DemoModelShape s;
   s.hidden = 1024, s.layers = 6, s.heads = 8, s.kv_heads = 4, s.head_dim = 128, s.intermediate = 4096;
   write_random_model(t.path / "model", s, 23);
-  std::mt19937 rng(6);
-  HostBatch batch{2, 256, {}, {}, {}, {}, {}, {}};
-  for (int i = 0; i < 2 * 256; ++i) {
-    batch.input_ids.push_back(int32_t(rng() % 300));
-    batch.targets.push_back(rng() % 7 == 0 ? -100 : int32_t(rng() % 300));
-  }
+  const HostBatch batch = test::random_batch(2, 256, 300, 6);
   struct Case {
     Recompute rc;
     bool ckpt;
@@ -85,14 +74,7 @@ TEST_F(CudaOffloadWeights, ForwardBackwardEqualsResidentBitwise) {
     const Pass b = run_pass(*gpu, t.path / "model", true, c.rc, c.ckpt, batch, c.resident);
     const int S = 6 - c.resident;
     EXPECT_EQ(b.copies, 5 * S - 6);  // (test_offload_weights.cpp: what the ring copies)
-    ASSERT_EQ(a.grads.size(), b.grads.size());
-    EXPECT_EQ(std::bit_cast<uint64_t>(a.loss), std::bit_cast<uint64_t>(a2.loss)) << "two resident runs differ";
-    EXPECT_EQ(std::bit_cast<uint64_t>(a.loss), std::bit_cast<uint64_t>(b.loss));
-    for (size_t i = 0; i < a.grads.size(); ++i) {
-      ASSERT_EQ(0, std::memcmp(a.grads[i].data(), a2.grads[i].data(), a.grads[i].size() * 4))
-          << "two resident runs differ: the comparison would mean nothing (parameter " << i << ")";
-      ASSERT_EQ(0, std::memcmp(a.grads[i].data(), b.grads[i].data(), a.grads[i].size() * 4)) << "parameter " << i;
-    }
+    test::expect_same_grads(a, b, &a2);
   }
 }
 
@@ -118,21 +100,9 @@ TEST_F(CudaOffloadWeights, TrainingRunEqualsResident) {
   train("resident", "");
   const std::string log = train("streamed", "offload_weights: true\noffload_activations: true\n");
   EXPECT_NE(log.find("offload_weights: 5 of the frozen base's 5 decoder layers take"), std::string::npos) << log;
-  const auto ma = test::read_jsonl(t.path / "resident" / "metrics.jsonl"),
-             mb = test::read_jsonl(t.path / "streamed" / "metrics.jsonl");
-  ASSERT_EQ(ma.size(), mb.size());
-  int evals = 0;
-  for (size_t i = 0; i < ma.size(); ++i)
-    for (const char* k : {"loss", "grad_norm", "eval_loss"}) {
-      ASSERT_EQ(ma[i].contains(k), mb[i].contains(k)) << k << " line " << i;
-      if (!ma[i].contains(k)) continue;
-      evals += std::string(k) == "eval_loss";
-      EXPECT_EQ(ma[i][k], mb[i][k]) << k << " line " << i;
-    }
-  EXPECT_GT(evals, 0);
-  std::ifstream a(t.path / "resident" / "adapter" / "adapter_model.safetensors", std::ios::binary),
-      b(t.path / "streamed" / "adapter" / "adapter_model.safetensors", std::ios::binary);
-  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(a), {}), std::string(std::istreambuf_iterator<char>(b), {}));
+  test::expect_same_metrics(t.path / "resident", t.path / "streamed");
+  EXPECT_EQ(test::read_bytes(t.path / "resident" / "adapter" / "adapter_model.safetensors"),
+            test::read_bytes(t.path / "streamed" / "adapter" / "adapter_model.safetensors"));
 }
 
 }  // namespace
