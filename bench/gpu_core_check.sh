@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40]
+#     [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attn]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -140,6 +140,10 @@ for s in "${steps[@]}"; do
         bench_one "full4b40-${v%%:*}" 4B --batch-size 2 --seq-len 2048 --optimizer adamw_8bit --recompute elementwise \
           --warmup 1 --steps 3 --no-profile ${v#*:}
       done ;;
+    attn)  # issue 12 item 3: the attention table next to torch's flash and cuDNN backends at T = 2k .. 64k (Qwen3-8B heads)
+      timeout 400 python3 bench/run_bench.py --soltrain "$B/soltrain" --sizes "" --peers none \
+        --attention 8x32x8x2048,4x32x8x4096,2x32x8x8192,1x32x8x16384,1x32x8x65536 --out "$OUT" > "$OUT/attn.log" 2>&1
+      grep -E "^\| " "$OUT/attn.log" ;;
     peft)
       timeout 300 python3 tests/tools/check_peft.py "$B/soltrain" --cases 12 --cuda > "$OUT/peft.log" 2>&1
       grep -E "CUDA LoRA|^case|failures" "$OUT/peft.log" | tail -40 ;;
