@@ -155,10 +155,15 @@ TEST(OffloadWeights, DeviceKeepsTwoLayersAndTheHostTheRest) {
   auto resident = load_pretrained(dir, *ops, cfg);
   cfg.offload_base = true;
   auto streamed = load_pretrained(dir, *ops, cfg);
-  int64_t layer_numel = 0;  // one decoder layer's frozen elements (all layers alike)
+  // One decoder layer's frozen weights (all layers alike), fp32 on the CPU, each padded to 256 bytes.
+  size_t layer_bytes = 0;
   for (const Parameter& p : streamed->params().all())
-    if (!p.trainable && p.group == 0) layer_numel += shape_numel(p.shape);
-  const size_t layer_bytes = size_t(layer_numel) * 4;  // fp32 on the CPU
+    if (!p.trainable && p.group == 0) layer_bytes += (size_t(shape_numel(p.shape)) * 4 + 255) / 256 * 256;
+  EXPECT_EQ(streamed->params().frozen_on_host(0).bytes(), layer_bytes);
+  const char* layer0 = static_cast<const char*>(streamed->params().frozen_on_host(0).data);
+  for (const Parameter& p : streamed->params().all())
+    if (!p.trainable && p.group == 0)  // each 256 bytes apart from the group's start, as in the device buffer
+      EXPECT_EQ((static_cast<const char*>(p.value.data) - layer0) % 256, 0) << p.name;
   EXPECT_EQ(streamed->params().host_frozen_bytes(), kLayers * layer_bytes);
   EXPECT_EQ(resident->params().weight_bytes() - streamed->params().weight_bytes(), kLayers * layer_bytes);
   ASSERT_NE(streamed->weight_stream(), nullptr);
@@ -192,11 +197,11 @@ TEST(OffloadWeights, DeviceKeepsTwoLayersAndTheHostTheRest) {
   }
   same_base("after a pass");
   // An upload lands in the host copy, which the next pass streams: change one layer's weight in both.
-  std::vector<float> w(size_t(shape_numel(resident->params().at("model.layers.3.mlp.up_proj.weight").shape)));
+  std::vector<float> w(size_t(shape_numel(resident->params().at("model.layers.0.mlp.up_proj.weight").shape)));
   std::mt19937 rng(5);
   for (float& x : w) x = std::uniform_real_distribution<float>(-0.1f, 0.1f)(rng);
   for (Transformer* m : {resident.get(), streamed.get()})
-    m->params().upload(*ops, m->params().at("model.layers.3.mlp.up_proj.weight"), w.data());
+    m->params().upload(*ops, m->params().at("model.layers.0.mlp.up_proj.weight"), w.data());
   const double a = resident->step(batch, false).loss, b = streamed->step(batch, false).loss;
   EXPECT_EQ(std::bit_cast<uint64_t>(a), std::bit_cast<uint64_t>(b));
 }

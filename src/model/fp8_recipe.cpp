@@ -12,7 +12,9 @@ namespace {
 Tensor at(const Buffer& b, size_t offset_bytes, DType t, Shape s) {
   return Tensor{static_cast<char*>(b.data()) + offset_bytes, t, std::move(s), b.device()};
 }
-size_t round256(size_t n) { return (n + 255) / 256 * 256; }
+size_t round256(size_t n) {
+  return (n + 255) / 256 * 256;
+}
 }  // namespace
 
 Fp8Recipe::Fp8Recipe(Ops& ops, Fp8Settings s) : ops_(ops), settings_(s) {}
@@ -93,15 +95,17 @@ void Fp8Recipe::save(const std::filesystem::path& file) const {
   std::string seen;
   for (const auto& p : projections_) seen += cat(int(p->x_seen_), int(p->dy_seen_));
   const int64_t n = int64_t(state_.bytes() / sizeof(float));
-  write_safetensors_streamed(file,
-                             {{"fp8_state", DType::F32, {n},
-                               [this, n](void* dst) {
-                                 ops_.copy(Tensor{dst, DType::F32, {n}, Device::CPU},
-                                           Tensor{state_.data(), DType::F32, {n}, state_.device()});
-                               }}},
-                             {{"projections", std::to_string(projections_.size())},
-                              {"amax_history", std::to_string(settings_.amax_history)},
-                              {"seen", seen}});
+  write_safetensors_streamed(
+      file,
+      {{"fp8_state",
+        DType::F32,
+        {n},
+        [this, n](void* dst) {
+          ops_.copy(Tensor{dst, DType::F32, {n}, Device::CPU}, Tensor{state_.data(), DType::F32, {n}, state_.device()});
+        }}},
+      {{"projections", std::to_string(projections_.size())},
+       {"amax_history", std::to_string(settings_.amax_history)},
+       {"seen", seen}});
 }
 
 void Fp8Recipe::load(const std::filesystem::path& file) {

@@ -25,9 +25,9 @@
 namespace soltrain {
 
 struct Fp8Settings {
-  bool delayed = true;       // fp8_scaling: delayed | current
-  int amax_history = 1024;   // fp8_amax_history (TransformerEngine's and Surogate's default)
-  int margin = 0;            // fp8_margin: scale = fp8_max · 2^-margin / amax
+  bool delayed = true;        // fp8_scaling: delayed | current
+  int amax_history = 1024;    // fp8_amax_history (TransformerEngine's and Surogate's default)
+  int margin = 0;             // fp8_margin: scale = fp8_max · 2^-margin / amax
   int skip_first_layers = 0;  // skip_quant_first_layers: these decoder layers stay bf16
   int skip_last_layers = 0;   // skip_quant_last_layers
 };
@@ -52,10 +52,10 @@ class Fp8Projection {
 
   Fp8Recipe* recipe_ = nullptr;
   int64_t out_ = 0, in_ = 0;
-  Tensor w8_, w8t_, w_scale_;    // E4M3 [out, in] and [in, out]; its scale record
-  Ops::Fp8Scaling x_, dy_;       // scale record and history slot 0 of the input and of the output gradient
-  bool trains_ = false;          // the weight changes every update (else cast once)
-  bool weight_stale_ = true;     // the weight changed since w8_ was cast
+  Tensor w8_, w8t_, w_scale_;              // E4M3 [out, in] and [in, out]; its scale record
+  Ops::Fp8Scaling x_, dy_;                 // scale record and history slot 0 of the input and of the output gradient
+  bool trains_ = false;                    // the weight changes every update (else cast once)
+  bool weight_stale_ = true;               // the weight changed since w8_ was cast
   bool x_seen_ = false, dy_seen_ = false;  // delayed scaling has a scale for them (else cast currently)
   Fp8Projection* input_owner_ = nullptr;   // same_input_as
 };

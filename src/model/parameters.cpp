@@ -74,6 +74,11 @@ void ParameterStore::allocate(Ops& ops, bool gradients) {
     group_begin_.push_back(numel_);
   }
   // Frozen weights of the groups kept on the host (keep_frozen_on_host): group by group, in the order added.
+  // Every frozen weight, there and on the device, takes a whole number of 256 bytes: each starts on such a
+  // boundary, so a layer streamed into a slot has the alignment it has when resident, and the GEMMs pick the
+  // same algorithm (same bits).
+  const int64_t align = int64_t(256 / dtype_size(act));
+  auto aligned = [&](int64_t n) { return (n + align - 1) / align * align; };
   frozen_host_at_.assign(params_.size(), -1);
   frozen_host_range_.assign(size_t(groups), {0, 0});
   int64_t host_frozen = 0;
@@ -85,7 +90,7 @@ void ParameterStore::allocate(Ops& ops, bool gradients) {
       if (p.trainable || p.group != g) continue;
       SOLTRAIN_CHECK(p.format == WeightFormat::Dense, "frozen ", p.name, " is quantised: it cannot stay on the host");
       frozen_host_at_[i] = host_frozen;
-      host_frozen += shape_numel(p.shape);
+      host_frozen += aligned(shape_numel(p.shape));
     }
     frozen_host_range_[size_t(g)] = {begin, host_frozen};
   }
@@ -95,7 +100,7 @@ void ParameterStore::allocate(Ops& ops, bool gradients) {
     frozen_numel_ += shape_numel(p.shape);
     if (on_host(p)) continue;
     if (p.format == WeightFormat::Dense)
-      dense_frozen += size_t(shape_numel(p.shape));
+      dense_frozen += size_t(aligned(shape_numel(p.shape)));
     else
       quantised += quantised_layout(p).total;
   }
@@ -125,7 +130,7 @@ void ParameterStore::allocate(Ops& ops, bool gradients) {
     }
     if (!p.trainable) {
       p.value = flat(frozen_, act, frozen_off, shape_numel(p.shape)).view(p.shape);
-      frozen_off += shape_numel(p.shape);
+      frozen_off += aligned(shape_numel(p.shape));
       continue;
     }
     const int64_t n = shape_numel(p.shape);
@@ -186,6 +191,7 @@ void ParameterStore::upload(Ops& ops, Parameter& p, const float* host) {
         ops.convert(p.value, p.master);
     }
   } else {
+    if (on_host(p)) ++frozen_host_version_;                    // a device copy of its layer is stale now (WeightStream)
     const Tensor value = on_host(p) ? host_copy(p) : p.value;  // (a streamed weight's home, wherever it is bound)
     if (value.dtype == DType::F32) return ops.copy(value, h);
     // Frozen weights have no fp32 home on the device: round on the host (to nearest even, as convert does).

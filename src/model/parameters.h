@@ -81,6 +81,8 @@ class ParameterStore {
   // the host copy. Quantised frozen weights cannot stream (a check).
   void keep_frozen_on_host(std::vector<int> groups) { frozen_host_groups_ = std::move(groups); }
   bool frozen_group_on_host(int group) const;
+  // Counts uploads into host-held frozen weights: a device copy made before the count changed is stale.
+  uint64_t frozen_host_version() const { return frozen_host_version_; }
   size_t host_frozen_bytes() const { return frozen_host_.bytes(); }
   // Group g's frozen weights in host memory, flat in the activation dtype (frozen_group_on_host(g)), and the
   // largest such group's element count (what a device copy of one needs).
@@ -146,6 +148,7 @@ class ParameterStore {
   Buffer frozen_;                    // frozen compute copies, activation dtype
   Buffer frozen_host_;               // keep_frozen_on_host: those groups' frozen compute copies, by group
   std::vector<int> frozen_host_groups_;
+  uint64_t frozen_host_version_ = 0;
   // Per group: its element range [first, second) in frozen_host_ (empty when the group is not there).
   std::vector<std::pair<int64_t, int64_t>> frozen_host_range_;
   std::vector<int64_t> frozen_host_at_;  // per parameter: its element offset in frozen_host_ (-1: not there)

@@ -26,6 +26,12 @@ WeightStream::WeightStream(ParameterStore& ps, Ops& ops, int layers)
 }
 
 void WeightStream::start_pass() {
+  // Weights uploaded since the slots were filled (a model reloaded between passes): copy them again.
+  if (ps_.frozen_host_version() != version_) {
+    for (Slot& s : slots_)
+      if (s.group >= 0) ps_.bind_frozen(s.group, Tensor{}), s.group = -1;
+    version_ = ps_.frozen_host_version();
+  }
   // A pass that ended early (an exception between forward and backward) may leave a copy Main never waited
   // for, its mark since recycled: order Main after all of Upload once instead of trusting it.
   for (Slot& s : slots_)

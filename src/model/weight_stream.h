@@ -66,6 +66,7 @@ class WeightStream {
   int current_ = -1;  // the streamed layer being read now (-1: a resident one)
   uint64_t clock_ = 0;
   int64_t copies_ = 0;
+  uint64_t version_ = 0;  // ParameterStore::frozen_host_version() when the slots were last valid
 };
 
 }  // namespace soltrain

@@ -35,7 +35,7 @@ AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload)
           pieces_.push_back({r.group, r.decay, r.offset + o, std::min(chunk_, r.numel - o)});
       const size_t per_slot = size_t(chunk_) * 4 * (size_t(offload_.master) + 2 * size_t(offload_.optimizer));
       for (Buffer& b : stage_) b = ops.alloc(per_slot);
-      // The slots are zeroed on the main stream and first filled on the side stream, which waits for nothing.
+      // The slots are zeroed on the main stream and first filled on the upload stream, which waits for nothing.
       ops.synchronize();
     }
     return;
@@ -77,7 +77,7 @@ AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload)
     const size_t floats = size_t(chunk_) * (size_t(offload_.master) + 2 * size_t(offload_.optimizer)) +
                           size_t(chunk_ / kBlockwise8Block) * 2 * size_t(offload_.optimizer);
     for (Buffer& b : stage_) b = ops.alloc(floats * 4);
-    ops.synchronize();  // (zeroed on the main stream, first filled on the side stream)
+    ops.synchronize();  // (zeroed on the main stream, first filled on the upload stream)
   }
   std::array<float, 512> maps{};
   const auto signed_map = dynamic_quant_map(true), unsigned_map = dynamic_quant_map(false);

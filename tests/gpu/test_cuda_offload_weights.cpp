@@ -1,8 +1,8 @@
 // `offload_weights` on CUDA: a frozen LoRA base's decoder layers copied from pinned host memory into two
-// device slots on the side stream, a layer ahead of its use, give the resident run's bits. The layers here
+// device slots on the upload stream, a layer ahead of its use, give the resident run's bits. The layers here
 // are wide (30 MB of weights each) and the batch small, so a layer's copy takes longer than its compute: a
 // missing event (a slot refilled while Main still reads it, or read before its copy finished) would show as
-// different bits. With offloaded checkpoints too, both rings share the side stream.
+// different bits. With offloaded checkpoints too, whose copies run on the side stream at the same time.
 #include <gtest/gtest.h>
 
 #include <bit>

@@ -125,11 +125,20 @@ uint64_t CudaOps::mark() {
 
 void CudaOps::host_wait(uint64_t mark) {
   if (mark == 0 || mark > marks_made_) return;
+  if (marks_made_ - mark >= uint64_t(kMarks)) return synchronize();  // its event was recorded again since
   CUDA_CHECK(cudaEventSynchronize(marks_[mark % kMarks]));
 }
 
 void CudaOps::wait_mark(uint64_t mark) {
   if (mark == 0 || mark > marks_made_) return;
+  if (marks_made_ - mark >= uint64_t(kMarks)) {  // its event was recorded again since: wait for every stream
+    for (cudaStream_t st : streams_)
+      if (st != stream_) {
+        CUDA_CHECK(cudaEventRecord(order_, st));
+        CUDA_CHECK(cudaStreamWaitEvent(stream_, order_, 0));
+      }
+    return;
+  }
   CUDA_CHECK(cudaStreamWaitEvent(stream_, marks_[mark % kMarks], 0));
 }
 
