@@ -129,7 +129,8 @@ for s in "${steps[@]}"; do
           --steps 4 ${v#*:}
       done ;;
     offloadw1)  # the same at 1 x 2048: all layers streamed (copy-bound, predicted), or 24 of 36 kept on the GPU
-      for v in "resident:" "streamed:--offload-weights" "kept24:--offload-weights --offload-weights-resident-layers 24"; do
+      for v in "resident:" "streamed:--offload-weights" "kept24:--offload-weights --offload-weights-resident-layers 24" \
+               "kept24_ckpt:--offload-weights --offload-weights-resident-layers 24 --offload-activations"; do
         bench_one "offloadw-b1-${v%%:*}" 8B --batch-size 1 --seq-len 2048 --lora-rank 16 --recompute full --warmup 2 \
           --steps 5 ${v#*:}
       done ;;
