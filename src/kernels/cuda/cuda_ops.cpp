@@ -64,7 +64,9 @@ Buffer CudaOps::alloc(size_t bytes) {
     cudaMemGetInfo(&free_b, &total_b);
     user_error("out of GPU memory: needed ", double(bytes) / (1 << 30), " GiB more, ", double(free_b) / (1 << 30),
                " GiB free of ", double(total_b) / (1 << 30),
-               ": lower per_device_train_batch_size or sequence_len, set recompute: selective (or full), or use lora");
+               ": lower per_device_train_batch_size or sequence_len, set recompute: selective (or full), or use lora; "
+               "host memory can hold more (offload_activations with recompute: full; with lora offload_weights; "
+               "without it offload_master and offload_optimizer)");
   }
   CUDA_CHECK(err);
   CUDA_CHECK(cudaMemsetAsync(p, 0, rounded ? rounded : 256, stream_));
