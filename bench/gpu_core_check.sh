@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attn]
+#     [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attn] [peers8b] [peers4b]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -141,6 +141,16 @@ for s in "${steps[@]}"; do
         bench_one "full4b40-${v%%:*}" 4B --batch-size 2 --seq-len 2048 --optimizer adamw_8bit --recompute elementwise \
           --warmup 1 --steps 3 --no-profile ${v#*:}
       done ;;
+    peers8b)  # issue 12's rows next to the peer with its own best memory settings (gradient checkpointing): 8B LoRA
+      timeout 560 python3 bench/run_bench.py --soltrain "$B/soltrain" --sizes 8B --batch 8B=8 --lora-rank 16 \
+        --recompute full --variant "offload_weights + offload_activations=--offload-weights --offload-activations" \
+        --peers lowmem --attention "" --out "$OUT" > "$OUT/peers8b.log" 2>&1
+      grep -E "^\| Qwen" "$OUT/peers8b.log" ;;
+    peers4b)  # ... and 4B full: 8-bit AdamW, masters and moments offloaded, 16 micro-batches per update
+      timeout 560 python3 bench/run_bench.py --soltrain "$B/soltrain" --sizes 4B --batch 4B=2 \
+        --variant "8-bit, offload both, accumulation 16=--optimizer adamw_8bit --recompute elementwise --offload both --gradient-accumulation 16" \
+        --peers lowmem --attention "" --out "$OUT" > "$OUT/peers4b.log" 2>&1
+      grep -E "^\| Qwen" "$OUT/peers4b.log" ;;
     attn)  # issue 12 item 3: the attention table next to torch's flash and cuDNN backends at T = 2k .. 64k (Qwen3-8B heads)
       timeout 400 python3 bench/run_bench.py --soltrain "$B/soltrain" --sizes "" --peers none \
         --attention 8x32x8x2048,4x32x8x4096,2x32x8x8192,1x32x8x16384,1x32x8x65536 --out "$OUT" > "$OUT/attn.log" 2>&1

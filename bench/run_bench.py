@@ -50,20 +50,44 @@ def run_soltrain(binary, path, batch, seq, steps, lora_rank=0, recompute="none",
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run_hf(name, batch, seq, steps, compile_, lora_rank=0):
+def peer_optimizer(params, low_memory):
+    """The peer's AdamW: torch's fused one, or with low_memory an 8-bit one where a library for it is installed
+    (bitsandbytes, else torchao), as users cut optimizer memory. Returns (optimizer, label)."""
+    if low_memory:
+        try:
+            import bitsandbytes as bnb
+            return bnb.optim.AdamW8bit(params, lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1), " + bnb AdamW8bit"
+        except ImportError:
+            pass
+        try:
+            from torchao.optim import AdamW8bit
+            return AdamW8bit(params, lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1), " + torchao AdamW8bit"
+        except ImportError:
+            pass
+    return torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1, fused=True), ""
+
+
+def run_hf(name, batch, seq, steps, compile_, lora_rank=0, low_memory=False):
+    """transformers (+ PEFT) on the same shapes. low_memory: the peer's own best memory settings without
+    offloading libraries: gradient checkpointing, and 8-bit AdamW for full fine-tuning where installed."""
     from transformers import AutoModelForCausalLM
     torch.manual_seed(0)
     torch.cuda.reset_peak_memory_stats()
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config(name), dtype=torch.bfloat16)
+    if low_memory:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
     if lora_rank:  # PEFT, LoRA on all seven projections, as users run it
         from peft import LoraConfig, get_peft_model
+        if low_memory:
+            model.enable_input_require_grads()
         model = get_peft_model(model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0,
                                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
                                                                  "gate_proj", "up_proj", "down_proj"]))
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    opt, opt_label = peer_optimizer(params, low_memory and not lora_rank)
     fwd = torch.compile(model) if compile_ else model
     ids = torch.randint(0, model.config.vocab_size, (batch, seq), device="cuda")
     times = []
@@ -78,7 +102,8 @@ def run_hf(name, batch, seq, steps, compile_, lora_rank=0):
             if i >= 3: times.append(time.perf_counter() - t0)
         times.sort()
         step = times[len(times) // 2]
-        r = {"engine": "transformers" + (" + PEFT" if lora_rank else "") + (" + compile" if compile_ else " eager"),
+        r = {"engine": "transformers" + (" + PEFT" if lora_rank else "") + (" + compile" if compile_ else " eager")
+                       + (" + grad ckpt" if low_memory else "") + opt_label,
              "step_s": step,
              "tokens_per_s": batch * seq / step, "memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30}
     except torch.OutOfMemoryError:
@@ -116,7 +141,9 @@ def main():
     ap.add_argument("--soltrain", default="build/soltrain")
     ap.add_argument("--baseline", default="", help="another soltrain binary (an earlier build) run in the same table")
     ap.add_argument("--sizes", default="0.6B,1.7B,4B")
-    ap.add_argument("--peers", default="eager,compile", help="eager, compile, or none")
+    ap.add_argument("--peers", default="eager,compile",
+                    help="eager, compile, lowmem (eager with gradient checkpointing and, for full fine-tuning, "
+                         "8-bit AdamW where installed: the peer's own best memory settings), or none")
     ap.add_argument("--compile-sizes", default="0.6B", help="sizes to also run with torch.compile")
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=8)
@@ -146,6 +173,7 @@ def main():
             rows.append(run_soltrain(a.baseline, path, batch, a.seq, a.steps, a.lora_rank, a.recompute))
             rows[-1]["engine"] = "soltrain (baseline)"
         if "eager" in a.peers: rows.append(run_hf(name, batch, a.seq, a.steps, False, a.lora_rank))
+        if "lowmem" in a.peers: rows.append(run_hf(name, batch, a.seq, a.steps, False, a.lora_rank, low_memory=True))
         if "compile" in a.peers and name in a.compile_sizes.split(","):
             rows.append(run_hf(name, batch, a.seq, a.steps, True, a.lora_rank))
         for r in rows:
