@@ -207,7 +207,8 @@ TEST(OffloadWeights, DeviceKeepsTwoLayersAndTheHostTheRest) {
 }
 
 // SFT with LoRA: accumulation, evaluation passes in between (forward alone), full recompute with offloaded
-// checkpoints, against the resident run: metrics and the adapter bitwise.
+// checkpoints, some layers kept, a resume from a checkpoint, against the resident run: metrics and the adapter
+// bitwise.
 TEST(OffloadWeights, LoraRunEqualsResidentBitwise) {
   test::DemoRunSetup s("", kLayers);
   auto train = [&](const std::string& out, const std::string& extra) {
@@ -215,20 +216,28 @@ TEST(OffloadWeights, LoraRunEqualsResidentBitwise) {
     std::ostringstream log;
     const std::string keys =
         "lora: true\nlora_rank: 4\nlora_alpha: 8\nlora_dropout: 0.1\nlearning_rate: 2.0e-2\nlogging_steps: 1\n"
-        "eval_steps: 2\ngradient_accumulation_steps: 2\nmax_steps: 4\nrecompute: full\n";
+        "eval_steps: 2\ngradient_accumulation_steps: 2\nmax_steps: 4\nrecompute: full\nsave_steps: 2\n";
     run_training(load_train_config(s.config(out, test::yaml_with(keys, extra)), {}, TrainMode::kSft), TrainMode::kSft,
                  *ops, log);
     return log.str();
   };
   train("resident", "");
-  train("partly", "offload_weights: true\noffload_weights_resident_layers: 3\n");
+  const std::string partly = "offload_weights: true\noffload_weights_resident_layers: 3\n";
+  train("partly", partly);
   const std::string log = train("streamed", "offload_weights: true\noffload_activations: true\n");
   EXPECT_NE(log.find("offload_weights: 5 of the frozen base's 5 decoder layers take "), std::string::npos) << log;
   EXPECT_NE(log.find("the offloaded base's layers "), std::string::npos) << log;  // the host plan
+  // Stopped after step 2 and resumed with the base streamed: the adapter and its moments come back, the base
+  // is read into host memory again.
+  train("resumed", partly);
+  fs::remove_all(s.t.path / "resumed" / "checkpoint-4");
+  fs::remove_all(s.t.path / "resumed" / "adapter");
+  EXPECT_NE(train("resumed", partly + "resume_from_checkpoint: true\n").find("checkpoint-2 at step 2"),
+            std::string::npos);
   const fs::path a = s.t.path / "resident";
   const std::string adapter = read_bytes(a / "adapter" / "adapter_model.safetensors");
   EXPECT_FALSE(adapter.empty());
-  for (const char* other : {"streamed", "partly"}) {
+  for (const char* other : {"streamed", "partly", "resumed"}) {
     SCOPED_TRACE(other);
     test::expect_same_metrics(a, s.t.path / other);
     EXPECT_EQ(adapter, read_bytes(s.t.path / other / "adapter" / "adapter_model.safetensors"));
