@@ -192,6 +192,25 @@ TEST(DataParallel, GpusWorkersOverTcpMatchOneProcess) {
                     s.t.path / "three-z3" / "model" / "model.safetensors", "gpus: 3, ZeRO-3");
 }
 
+// offload_weights over ranks: each streams its own copy of the frozen base (LoRA); ZeRO-3 gathers the adapters
+// on the side stream meanwhile. Bitwise the same ranks without it.
+TEST(DataParallel, RanksStreamingTheBaseTrainAsWithItResident) {
+  DpSetup s;
+  for (int zero : {0, 3}) {
+    const std::string z = " --set zero_stage=" + std::to_string(zero), base = "z" + std::to_string(zero);
+    const CliRun a = s.sft(2, base + "-resident", kLora + z);
+    ASSERT_EQ(a.code, 0) << a.err;
+    const CliRun b = s.sft(2, base + "-streamed", kLora + z + " --set offload_weights=true");
+    ASSERT_EQ(b.code, 0) << b.err;
+    EXPECT_NE(b.err.find("offload_weights: 3 of the frozen base's 3 decoder layers"), std::string::npos) << b.err;
+    EXPECT_EQ(s.losses(base + "-resident"), s.losses(base + "-streamed")) << base;
+    EXPECT_FALSE(s.losses(base + "-resident").empty());
+    EXPECT_EQ(s.read(s.t.path / (base + "-resident") / "adapter" / "adapter_model.safetensors"),
+              s.read(s.t.path / (base + "-streamed") / "adapter" / "adapter_model.safetensors"))
+        << base;
+  }
+}
+
 TEST(DataParallel, FourRanksResumeATwoRankCheckpoint) {
   DpSetup s;
   ASSERT_EQ(s.sft(0, "one", "--set gradient_accumulation_steps=4").code, 0);

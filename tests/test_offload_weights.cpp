@@ -270,10 +270,8 @@ TEST(OffloadWeights, ConfigRefusesWhatIsNotBuilt) {
   EXPECT_EQ(config_error("adapter: lora\nrecipe: fp8-hybrid\noffload_weights: true\n"),
             "cfg.yaml:8: offload_weights with recipe fp8-hybrid, which keeps FP8 copies of the base's projections on "
             "the device: use one of them");
-  EXPECT_EQ(config_error("adapter: lora\noffload_weights: true\ngpus: 2\n"),
-            "cfg.yaml:7: offload_weights with data parallel (gpus: 2) is not built yet: train on one GPU, or drop "
-            "offload_weights");
-  EXPECT_EQ(config_error("offload_weights: false\n"), "");  // off needs nothing
+  EXPECT_EQ(config_error("adapter: lora\noffload_weights: true\ngpus: 2\nzero_stage: 3\n"), "");  // each rank streams
+  EXPECT_EQ(config_error("offload_weights: false\n"), "");                                        // off needs nothing
   EXPECT_EQ(parse_train_config("model: m\noutput_dir: out\ndatasets: [d.jsonl]\nadapter: lora\n"
                                "offload_weights: true\noffload_weights_resident_layers: 20\n",
                                "cfg.yaml", {}, TrainMode::kSft)

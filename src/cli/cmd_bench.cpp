@@ -195,7 +195,6 @@ std::function<int()> add_bench_command(CLI::App& app) {
     }
     if (o->offload_weights) {
       if (!lora) user_error("bench --offload-weights needs --lora-rank (it streams a frozen base)");
-      if (comm) user_error("bench --offload-weights: one process without --data-parallel only (as training)");
       lora->offload_base = true;  // (a quantised base and fp8-hybrid are refused where they meet it)
       lora->offload_resident_layers = o->resident_layers;
     } else if (o->resident_layers > 0) {

@@ -782,6 +782,8 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
                          ": offload_weights_resident_layers keeps some of a streamed base's layers on the device: it "
                          "needs offload_weights: true"));
   // Streamed weights are a frozen base's (LoRA); its own copies elsewhere (quantised, FP8) would stay resident.
+  // (Data parallel is fine: each rank streams its own copy of the base on the upload stream, apart from the
+  // collectives on the side stream.)
   if (c.offload_weights && entries.count("offload_weights")) {
     const std::string& at = entries.at("offload_weights").where;
     if (!c.lora.enabled)
@@ -796,10 +798,6 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
       errors.push_back(cat(at,
                            ": offload_weights with recipe fp8-hybrid, which keeps FP8 copies of the base's projections "
                            "on the device: use one of them"));
-    if (c.zero_stage >= 1 || c.gpus > 1)
-      errors.push_back(cat(at, ": offload_weights with data parallel (",
-                           c.gpus > 1 ? "gpus: " : "zero_stage: ", c.gpus > 1 ? c.gpus : c.zero_stage,
-                           ") is not built yet: train on one GPU, or drop offload_weights"));
   }
   // Every problem at once, so a config is fixed in one edit rather than one rerun per key.
   if (errors.size() == 1) throw UserError(errors[0]);

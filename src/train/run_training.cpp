@@ -93,9 +93,6 @@ void set_up(Run& r) {
     r.lora->offload_resident_layers = c.offload_weights_resident_layers;
     r.lora->validate("config.yaml");
   }
-  // (the config reader refuses it first, with the key's line; a guard for callers and mpirun's ranks)
-  if (c.offload_weights && r.dp)
-    user_error("offload_weights with data parallel is not built yet: train on one GPU, or drop offload_weights");
   // ZeRO-3 gives each rank only its slices of the gradients: no full-size buffer is made for them here.
   r.model = load_pretrained(c.model, r.ops, r.lora, /*gradients=*/!(r.dp && c.zero_stage == 3));
   for (const ShardSet* set : {&r.data.train, &r.data.validation})
