@@ -74,6 +74,21 @@ TEST_F(CudaDataParallel, NcclAtWorldSizeOneTrainsBitwiseAsOneProcess) {
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i].first, want[i].first, 2e-3 * want[i].first) << i;
 }
 
+// LoRA with the base streamed (offload_weights: the upload stream) while NCCL's collectives run on the side
+// stream, ZeRO 2 and 3 at world size 1: bitwise the same NCCL run with the base resident.
+TEST_F(CudaDataParallel, NcclWithTheBaseStreamedTrainsAsWithItResident) {
+  const std::string lora = "--set adapter=lora --set lora_r=8 --set lora_alpha=16 --set gradient_accumulation_steps=2 ";
+  for (int zero : {2, 3}) {
+    const std::string z = "--set zero_stage=" + std::to_string(zero), tag = "z" + std::to_string(zero);
+    ASSERT_EQ(sft("SOLTRAIN_COMMUNICATOR=nccl", tag + "-resident", lora + z).code, 0);
+    const CliRun r = sft("SOLTRAIN_COMMUNICATOR=nccl", tag + "-streamed", lora + z + " --set offload_weights=true");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.err.find("offload_weights: "), std::string::npos) << r.err;
+    EXPECT_EQ(metrics(tag + "-resident"), metrics(tag + "-streamed")) << tag;
+    EXPECT_EQ(metrics(tag + "-resident").size(), 4u);
+  }
+}
+
 TEST_F(CudaDataParallel, TwoGpusTrainWhatOneDoesWithTwiceTheAccumulation) {
   if (visible_gpus() < 2) GTEST_SKIP() << "skipped: needs 2 GPUs, sees " << visible_gpus();
   ASSERT_EQ(sft("", "one", "--set gradient_accumulation_steps=2").code, 0);
