@@ -192,23 +192,35 @@ TEST(DataParallel, GpusWorkersOverTcpMatchOneProcess) {
                     s.t.path / "three-z3" / "model" / "model.safetensors", "gpus: 3, ZeRO-3");
 }
 
-// offload_weights over ranks: each streams its own copy of the frozen base (LoRA); ZeRO-3 gathers the adapters
-// on the side stream meanwhile. Bitwise the same ranks without it.
-TEST(DataParallel, RanksStreamingTheBaseTrainAsWithItResident) {
+// Offload over ranks, each rank its own: the streamed base (offload_weights, LoRA) and the layer-input
+// checkpoints (offload_activations, recompute full, LoRA and full fine-tuning) while the collectives run (ZeRO-3
+// gathers on the side stream too). Bitwise the same ranks without them.
+TEST(DataParallel, RanksOffloadingTrainAsResidentOnes) {
   DpSetup s;
-  for (int zero : {0, 3}) {
-    const std::string z = " --set zero_stage=" + std::to_string(zero), base = "z" + std::to_string(zero);
-    const CliRun a = s.sft(2, base + "-resident", kLora + z);
-    ASSERT_EQ(a.code, 0) << a.err;
-    const CliRun b = s.sft(2, base + "-streamed", kLora + z + " --set offload_weights=true");
-    ASSERT_EQ(b.code, 0) << b.err;
-    EXPECT_NE(b.err.find("offload_weights: 3 of the frozen base's 3 decoder layers"), std::string::npos) << b.err;
-    EXPECT_EQ(s.losses(base + "-resident"), s.losses(base + "-streamed")) << base;
-    EXPECT_FALSE(s.losses(base + "-resident").empty());
-    EXPECT_EQ(s.read(s.t.path / (base + "-resident") / "adapter" / "adapter_model.safetensors"),
-              s.read(s.t.path / (base + "-streamed") / "adapter" / "adapter_model.safetensors"))
-        << base;
-  }
+  const std::string ckpt = " --set recompute=full --set offload_activations=true";
+  struct Case {
+    std::string name, kind, offload, saved, log;
+  };
+  const std::vector<Case> cases = {
+      {"weights", kLora, " --set offload_weights=true", "adapter/adapter_model.safetensors",
+       "offload_weights: 3 of the frozen base's 3 decoder layers"},
+      {"lora-ckpt", kLora + " --set recompute=full", ckpt, "adapter/adapter_model.safetensors",
+       "offload_activations: the layer-input checkpoints take"},
+      {"full-ckpt", " --set recompute=full", ckpt, "model/model.safetensors",
+       "offload_activations: the layer-input checkpoints take"}};
+  for (const Case& c : cases)
+    for (int zero : {0, 3}) {
+      const std::string z = " --set zero_stage=" + std::to_string(zero), tag = c.name + "-z" + std::to_string(zero);
+      const CliRun a = s.sft(2, tag + "-resident", c.kind + z);
+      ASSERT_EQ(a.code, 0) << a.err;
+      const CliRun b = s.sft(2, tag + "-offloaded", c.kind + z + c.offload);
+      ASSERT_EQ(b.code, 0) << b.err;
+      EXPECT_NE(b.err.find(c.log), std::string::npos) << b.err;
+      EXPECT_FALSE(s.losses(tag + "-resident").empty());
+      EXPECT_EQ(s.losses(tag + "-resident"), s.losses(tag + "-offloaded")) << tag;
+      EXPECT_EQ(s.read(s.t.path / (tag + "-resident") / c.saved), s.read(s.t.path / (tag + "-offloaded") / c.saved))
+          << tag;
+    }
 }
 
 TEST(DataParallel, FourRanksResumeATwoRankCheckpoint) {

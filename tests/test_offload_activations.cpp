@@ -250,12 +250,8 @@ TEST(OffloadActivations, ConfigRefusesWhatIsNotBuilt) {
   EXPECT_EQ(config_error("recompute: selective\noffload_activations: true\n"),
             "cfg.yaml:7: offload_activations needs recompute: full (it moves the layer-input checkpoints, the only "
             "activations full recompute keeps, to host memory); got recompute: selective");
-  EXPECT_EQ(config_error("recompute: full\noffload_activations: true\nzero_stage: 2\n"),
-            "cfg.yaml:7: offload_activations with data parallel (zero_stage: 2) is not built yet: train on one GPU, "
-            "or drop offload_activations");
-  EXPECT_EQ(config_error("recompute: full\noffload_activations: true\ngpus: 4\n"),
-            "cfg.yaml:7: offload_activations with data parallel (gpus: 4) is not built yet: train on one GPU, or "
-            "drop offload_activations");
+  // With data parallel each rank offloads its own (tests/test_data_parallel.cpp).
+  EXPECT_EQ(config_error("recompute: full\noffload_activations: true\nzero_stage: 3\ngpus: 4\n"), "");
   EXPECT_EQ(config_error("offload_activations: false\n"), "");  // off needs nothing
 }
 

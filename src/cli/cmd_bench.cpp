@@ -222,8 +222,6 @@ std::function<int()> add_bench_command(CLI::App& app) {
     std::rotate(batch.targets.begin(), batch.targets.begin() + 1, batch.targets.end());
     model->set_residual_dtype(parse_residual_dtype(o->residual_dtype, "--residual-dtype"));
     model->set_token_tile(o->token_tile);
-    if (o->offload_activations && (o->data_parallel >= 0 || world > 1))
-      user_error("bench --offload-activations: one process without --data-parallel only (as training)");
     model->set_offload_checkpoints(o->offload_activations);  // (plan() refuses it without --recompute full)
     model->plan(o->batch, o->seq, parse_recompute(o->recompute, "--recompute"));
     Offload offload;

@@ -763,8 +763,7 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
                            "or drop ",
                            k));
   }
-  // Offloaded checkpoints are recompute full's (the only activations it keeps across the pass); data parallel's
-  // hooks queue their collectives on the side stream the copies use, an interleaving not built nor tested.
+  // Offloaded checkpoints are recompute full's (the only activations it keeps across the pass).
   if (c.offload_activations && entries.count("offload_activations")) {
     const std::string& at = entries.at("offload_activations").where;
     if (c.recompute != Recompute::Full)
@@ -772,10 +771,6 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
                            ": offload_activations needs recompute: full (it moves the layer-input checkpoints, "
                            "the only activations full recompute keeps, to host memory); got recompute: ",
                            recompute_name(c.recompute)));
-    if (c.zero_stage >= 1 || c.gpus > 1)
-      errors.push_back(cat(at, ": offload_activations with data parallel (",
-                           c.gpus > 1 ? "gpus: " : "zero_stage: ", c.gpus > 1 ? c.gpus : c.zero_stage,
-                           ") is not built yet: train on one GPU, or drop offload_activations"));
   }
   if (c.offload_weights_resident_layers > 0 && !c.offload_weights)
     errors.push_back(cat(entries.at("offload_weights_resident_layers").where,

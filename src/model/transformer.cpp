@@ -602,9 +602,9 @@ void Transformer::forward_mlp(int64_t l) {
 // recycles its events after 256 marks). A forward without backward (evaluation) downloads nothing.
 // On the CPU the copies run as they are called and marks are 0: the same code, in program order.
 // Token tiles change nothing here: the MLP's tiles read h2 and write tmp, and resid[l + 1] is written once, by
-// the fused add after the last tile. Data parallel is refused (config, trainer, bench): its hooks queue
-// collectives on Side too, so Side's order would put each prefetch behind the layer's reduce-scatter and
-// weight gathers queued before it: still correct, but neither measured nor tested.
+// the fused add after the last tile. With data parallel the hooks queue their collectives on Side too (the
+// reduce-scatters, ZeRO-3's gathers): Side's order then puts a copy behind the collectives queued before it,
+// which delays it but changes no guard above (each still waits on marks of work queued earlier, so no cycle).
 void Transformer::before_checkpoint_write(int64_t j) {
   Activations::Ring& r = acts_->ring;
   if (!r.on) return;

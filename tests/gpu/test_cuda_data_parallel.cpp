@@ -74,19 +74,24 @@ TEST_F(CudaDataParallel, NcclAtWorldSizeOneTrainsBitwiseAsOneProcess) {
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i].first, want[i].first, 2e-3 * want[i].first) << i;
 }
 
-// LoRA with the base streamed (offload_weights: the upload stream) while NCCL's collectives run on the side
-// stream, ZeRO 2 and 3 at world size 1: bitwise the same NCCL run with the base resident.
-TEST_F(CudaDataParallel, NcclWithTheBaseStreamedTrainsAsWithItResident) {
+// Offload while NCCL's collectives run on the side stream, ZeRO 2 and 3 at world size 1, LoRA: the base
+// streamed (offload_weights, on the upload stream), and the layer-input checkpoints (offload_activations,
+// sharing the side stream with the collectives). Bitwise the same NCCL run without them.
+TEST_F(CudaDataParallel, NcclWithOffloadTrainsAsResident) {
   const std::string lora = "--set adapter=lora --set lora_r=8 --set lora_alpha=16 --set gradient_accumulation_steps=2 ";
-  for (int zero : {2, 3}) {
-    const std::string z = "--set zero_stage=" + std::to_string(zero), tag = "z" + std::to_string(zero);
-    ASSERT_EQ(sft("SOLTRAIN_COMMUNICATOR=nccl", tag + "-resident", lora + z).code, 0);
-    const CliRun r = sft("SOLTRAIN_COMMUNICATOR=nccl", tag + "-streamed", lora + z + " --set offload_weights=true");
-    ASSERT_EQ(r.code, 0) << r.err;
-    EXPECT_NE(r.err.find("offload_weights: "), std::string::npos) << r.err;
-    EXPECT_EQ(metrics(tag + "-resident"), metrics(tag + "-streamed")) << tag;
-    EXPECT_EQ(metrics(tag + "-resident").size(), 4u);
-  }
+  for (const std::string offload :
+       {"--set offload_weights=true", "--set recompute=full --set offload_activations=true"})
+    for (int zero : {2, 3}) {
+      const std::string z = "--set zero_stage=" + std::to_string(zero) + " ", tag = "z" + std::to_string(zero);
+      const std::string rc = offload.find("recompute") != std::string::npos ? "--set recompute=full " : "";
+      SCOPED_TRACE(offload + ", " + tag);
+      ASSERT_EQ(sft("SOLTRAIN_COMMUNICATOR=nccl", tag + "-resident", lora + z + rc).code, 0);
+      const CliRun r = sft("SOLTRAIN_COMMUNICATOR=nccl", tag + "-offloaded", lora + z + offload);
+      ASSERT_EQ(r.code, 0) << r.err;
+      EXPECT_NE(r.err.find("offload_"), std::string::npos) << r.err;
+      EXPECT_EQ(metrics(tag + "-resident"), metrics(tag + "-offloaded"));
+      EXPECT_EQ(metrics(tag + "-resident").size(), 4u);
+    }
 }
 
 TEST_F(CudaDataParallel, TwoGpusTrainWhatOneDoesWithTwiceTheAccumulation) {
