@@ -16,6 +16,7 @@
 #include "data_test_util.h"
 #include "model/parameters.h"
 #include "model/transformer.h"
+#include "test_util.h"
 #include "train/run_dpo.h"
 
 namespace soltrain::test {
@@ -29,6 +30,17 @@ inline HostBatch random_batch(int rows, int seq, int vocab, uint32_t seed) {
     b.targets.push_back(rng() % 7 == 0 ? -100 : int32_t(rng() % uint32_t(vocab)));
   }
   return b;
+}
+
+// Random LoRA B matrices (PEFT starts them at zero, where every adapter's A gradient is zero too): a pass then
+// has a gradient in every trainable tensor to compare.
+inline void randomize_lora_b(Ops& ops, ParameterStore& ps, uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (Parameter& p : ps.all())
+    if (p.name.find("lora_B") != std::string::npos) {
+      const auto v = random_vec(size_t(p.value.numel()), rng, 0.1f);
+      ps.upload(ops, p, v.data());
+    }
 }
 
 // A pass's loss and every trainable parameter's gradient, read back in store order.

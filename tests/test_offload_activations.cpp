@@ -100,12 +100,7 @@ Grads pass(bool offload, bool lora, int64_t tile) {
   std::optional<LoraConfig> cfg;
   if (lora) cfg = LoraConfig{4, 8.0f, 0.2f, {"q_proj", "v_proj", "gate_proj", "down_proj"}, false, 3};
   auto model = load_pretrained(dir, *ops, cfg);
-  std::mt19937 rng(99);
-  for (Parameter& p : model->params().all())
-    if (p.name.find("lora_B") != std::string::npos) {
-      const auto v = test::random_vec(size_t(p.value.numel()), rng, 0.1f);
-      model->params().upload(*ops, p, v.data());
-    }
+  test::randomize_lora_b(*ops, model->params(), 99);
   const HostBatch batch = load_batch_file(dir / "batch.safetensors");
   model->set_token_tile(tile);
   model->set_offload_checkpoints(offload);

@@ -79,14 +79,10 @@ Pass pass(const fs::path& model_dir, bool offload, Recompute recompute, bool off
   cfg.offload_base = offload;
   cfg.offload_resident_layers = resident;
   auto model = load_pretrained(model_dir, *ops, cfg);
-  std::mt19937 rng(99);
-  for (Parameter& p : model->params().all())
-    if (p.name.find("lora_B") != std::string::npos) {
-      const auto v = test::random_vec(size_t(p.value.numel()), rng, 0.1f);
-      model->params().upload(*ops, p, v.data());
-    }
+  test::randomize_lora_b(*ops, model->params(), 99);
   const int rows = 2, T = 24, V = model->config().vocab_size;
   HostBatch batch{rows, T, {}, {}, {}, {}, {}, {}};
+  std::mt19937 rng(98);
   for (int i = 0; i < rows * T; ++i) batch.input_ids.push_back(int32_t(rng() % uint32_t(V)));
   batch.targets = batch.input_ids;
   std::rotate(batch.targets.begin(), batch.targets.begin() + 1, batch.targets.end());

@@ -38,12 +38,7 @@ Pass run_pass(Ops& ops, const fs::path& dir, bool offload, bool lora, const Host
   std::optional<LoraConfig> cfg;
   if (lora) cfg = LoraConfig{8, 16.0f, 0.0f, {"q_proj", "v_proj", "gate_proj", "down_proj"}, false, 3};
   auto model = load_pretrained(dir, ops, cfg);
-  std::mt19937 rng(99);
-  for (Parameter& p : model->params().all())
-    if (p.name.find("lora_B") != std::string::npos) {
-      const auto v = test::random_vec(size_t(p.value.numel()), rng, 0.1f);
-      model->params().upload(ops, p, v.data());
-    }
+  test::randomize_lora_b(ops, model->params(), 99);
   model->set_offload_checkpoints(offload);
   model->plan(batch.rows, batch.seq_len, Recompute::Full);
   EXPECT_EQ(model->checkpoint_host_bytes() > 0, offload);

@@ -37,12 +37,7 @@ Pass run_pass(Ops& ops, const fs::path& dir, bool stream, Recompute rc, bool off
   cfg.offload_base = stream;
   cfg.offload_resident_layers = resident;
   auto model = load_pretrained(dir, ops, cfg);
-  std::mt19937 rng(99);
-  for (Parameter& p : model->params().all())
-    if (p.name.find("lora_B") != std::string::npos) {
-      const auto v = test::random_vec(size_t(p.value.numel()), rng, 0.1f);
-      model->params().upload(ops, p, v.data());
-    }
+  test::randomize_lora_b(ops, model->params(), 99);
   model->set_offload_checkpoints(offload_checkpoints);
   model->plan(batch.rows, batch.seq_len, rc);
   Pass r;
