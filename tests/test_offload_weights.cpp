@@ -320,5 +320,31 @@ TEST(OffloadWeights, CliRefusesAndBenchStreams) {
   EXPECT_NE(nf4.err.find("offload_weights streams a bf16 base"), std::string::npos) << nf4.err;
 }
 
+// `bench --plan-only` sizes weights, gradients and optimizer state from config.json alone, for every placement:
+// the same bytes a run then allocates (the CPU's here: fp32 compute copies are the masters).
+TEST(OffloadWeights, PlanOnlySizesWhatTheRunAllocates) {
+  test::TempDir t;
+  const std::string model = (test::fixtures() / "models" / "llama3-tiny-scaled").string();
+  const std::string common = " --model " + model + " --device cpu --batch-size 2 --seq-len 32";
+  for (const std::string args :
+       {"", "--optimizer adamw_8bit", "--offload master", "--offload both", "--optimizer adamw_8bit --offload both",
+        "--optimizer adamw_8bit --offload optimizer", "--lora-rank 4", "--lora-rank 4 --offload-weights",
+        "--lora-rank 4 --offload-weights --offload-weights-resident-layers 1", "--lora-rank 4 --qlora nf4",
+        "--lora-rank 4 --qlora fp8", "--lora-rank 4 --offload optimizer"}) {
+    SCOPED_TRACE(args);
+    const test::CliRun plan = test::run("bench --plan-only" + common + " " + args, t);
+    const test::CliRun run = test::run("bench --steps 1 --warmup 0 --no-profile" + common + " " + args, t);
+    ASSERT_EQ(plan.code, 0) << plan.err;
+    ASSERT_EQ(run.code, 0) << run.err;
+    const auto p = nlohmann::json::parse(plan.out), r = nlohmann::json::parse(run.out);
+    const double gib = double(1 << 30);
+    EXPECT_EQ(p["weight_gib"].get<double>() * gib,
+              (r["weight_gib"].get<double>() + r["weight_slots_gib"].get<double>()) * gib);
+    EXPECT_EQ(p["weight_host_gib"].get<double>() * gib, r["weight_host_gib"].get<double>() * gib);
+    EXPECT_EQ(p["optimizer_gib"].get<double>() * gib, r["optimizer_gib"].get<double>() * gib);
+    EXPECT_GT(p["total_gib"].get<double>(), p["activation_gib"].get<double>());
+  }
+}
+
 }  // namespace
 }  // namespace soltrain

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -13,6 +14,7 @@
 #include "cli/launch_workers.h"
 #include "core/error.h"
 #include "dist/launch.h"
+#include "kernels/blockwise8.h"
 #include "model/activation_plan.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
@@ -54,7 +56,14 @@ std::optional<LoraConfig> bench_lora(const BenchOpts& o) {
 // --plan-only: the activation plan the run would allocate (Transformer::plan's list), one JSON line.
 int print_activation_plan(const BenchOpts& o) {
   const ModelConfig c = load_model_config(o.model);
-  const std::optional<LoraConfig> lora = bench_lora(o);
+  std::optional<LoraConfig> lora = bench_lora(o);
+  if (lora && o.qlora != "none") lora->base_format = o.qlora == "nf4" ? WeightFormat::Nf4 : WeightFormat::Fp8Block;
+  if (o.offload_weights) {
+    if (!lora) user_error("bench --offload-weights needs --lora-rank (it streams a frozen base)");
+    lora->offload_base = true;
+    lora->offload_resident_layers = o.resident_layers;
+    lora->validate("bench");
+  }
   const DType act = o.device == "cuda" ? DType::BF16 : DType::F32;
   ActivationSettings s{
       o.batch,
@@ -81,6 +90,46 @@ int print_activation_plan(const BenchOpts& o) {
                        {"host_copies", b->host_copies},
                        {"checkpoint", b->checkpoint}});
   }
+  // The weights, gradients and optimizer state the run would hold (ParameterStore::planned_bytes, as allocate()
+  // lays them out), so one line says whether a run fits; the CUDA context and cuBLAS workspace are not counted.
+  ParameterStore ps;
+  add_model_parameters(ps, c, lora);
+  const ParameterStore::PlannedBytes w = ps.planned_bytes(act);
+  const bool host_master = o.offload == "master" || o.offload == "both";
+  const bool host_moments = o.offload == "optimizer" || o.offload == "both";
+  // Moments (fp32: 8 bytes a parameter; 8-bit: codes + absmax per 256 and the two maps, fp32 under 4096
+  // elements) and, when offloaded, the update's two staging slots (AdamW's constructor cuts the same chunks).
+  const bool eight_bit = o.optimizer == "adamw_8bit";
+  size_t moments = eight_bit ? 512 * 4 : 0;
+  int64_t widest_param = 0;
+  std::map<std::pair<int, bool>, int64_t> ranges;  // (group, decayed) → elements: the update's ranges
+  for (const Parameter& q : ps.all()) {
+    if (!q.trainable) continue;
+    const int64_t n = shape_numel(q.shape);
+    const bool eight = eight_bit && n >= kBlockwise8MinNumel;
+    moments += eight ? size_t(2 * n + 8 * ((n + kBlockwise8Block - 1) / kBlockwise8Block)) : size_t(8 * n);
+    widest_param = std::max(widest_param, n);
+    ranges[{q.group, q.shape.size() >= 2}] += n;
+  }
+  size_t staging = 0;
+  if (host_master || host_moments) {
+    const int64_t chunk16m = int64_t(16) << 20;  // Offload::chunk's default
+    if (eight_bit) {
+      const int64_t b = kBlockwise8Block,
+                    chunk = std::clamp<int64_t>(chunk16m / b * b, b, (widest_param + b - 1) / b * b);
+      staging =
+          2 * 4 * size_t(chunk * (int64_t(host_master) + 2 * int64_t(host_moments)) + chunk / b * 2 * host_moments);
+    } else {
+      int64_t widest = 1;
+      for (const auto& [k, n] : ranges) widest = std::max(widest, n);
+      staging =
+          2 * 4 * size_t(std::clamp<int64_t>(chunk16m, 1, widest)) * (size_t(host_master) + 2 * size_t(host_moments));
+    }
+  }
+  const size_t slots = 2 * size_t(w.largest_host_group) * dtype_size(act);
+  const double weights = double(w.weights() - (host_master ? w.masters : 0) + slots) / gib;
+  const size_t maps = eight_bit ? 512 * 4 : 0;  // the 8-bit maps stay on the device
+  const double optimizer = double((host_moments ? maps : moments) + staging) / gib;
   nlohmann::json r{{"engine", "soltrain"},
                    {"plan_only", true},
                    {"batch", o.batch},
@@ -94,6 +143,14 @@ int print_activation_plan(const BenchOpts& o) {
                    {"checkpoint_gib", double(checkpoints) / gib},  // on the device (the ring, when offloaded)
                    {"checkpoint_host_gib", double(p.host_bytes()) / gib},
                    {"largest_activations", describe_largest(p, 4)},
+                   {"offload_weights", o.offload_weights},
+                   {"weight_gib", weights},  // masters (unless offloaded), compute copies, frozen base, its slots
+                   {"weight_host_gib", double(w.frozen_host + (host_master ? w.masters : 0)) / gib},
+                   {"weight_slots_gib", double(slots) / gib},
+                   {"grad_gib", double(w.grads) / gib},
+                   {"optimizer_gib", optimizer},
+                   {"optimizer_host_gib", host_moments ? double(moments - maps) / gib : 0.0},
+                   {"total_gib", double(p.total_bytes()) / gib + weights + double(w.grads) / gib + optimizer},
                    {"buffers", buffers}};
   std::cout << r.dump() << std::endl;
   return 0;
@@ -262,37 +319,39 @@ std::function<int()> add_bench_command(CLI::App& app) {
     const double step = median(times), tokens = double(o->batch) * o->seq * world * o->accumulation;
     const double memory = ops->memory_used_gib();
     if (rank != 0) return 0;  // rank 0 speaks for all (its step time is the job's: every step ends in collectives)
-    nlohmann::json r{{"engine", "soltrain"},
-                     {"trainable_params", model->params().numel()},
-                     {"lora_rank", o->lora_rank},
-                     {"qlora", o->qlora},
-                     {"weight_gib", double(model->params().weight_bytes()) / double(1u << 30)},
-                     {"recompute", o->recompute},
-                     {"recipe", o->recipe == "bf16" ? o->recipe : o->recipe + " " + o->fp8_scaling},
-                     {"optimizer", o->optimizer},
-                     {"offload", o->offload},
-                     {"data_parallel", o->data_parallel},
-                     {"gpus", world},
-                     {"residual_dtype", model->residual_dtype() == DType::F32 ? "fp32" : "bf16"},
-                     {"batch", o->batch},
-                     {"gradient_accumulation", o->accumulation},
-                     {"seq", o->seq},
-                     {"step_s", step},
-                     {"tokens_per_s", tokens / step},
-                     {"memory_gib", memory},
-                     {"optimizer_gib", double(train_step.optimizer().state_bytes()) / double(1u << 30)},
-                     {"offload_activations", o->offload_activations},
-                     {"activation_gib", double(model->activation_bytes()) / double(1u << 30)},
-                     {"checkpoint_host_gib", double(model->checkpoint_host_bytes()) / double(1u << 30)},
-                     {"offload_weights", o->offload_weights},
-                     {"streamed_layers", model->weight_stream() ? model->weight_stream()->streamed() : 0},
-                     {"weight_host_gib", double(model->params().host_frozen_bytes()) / double(1u << 30)},
-                     {"weight_slots_gib",
-                      double(model->weight_stream() ? model->weight_stream()->device_bytes() : 0) / double(1u << 30)},
-                     {"token_tile", model->activation_plan().tile},
-                     {"largest_activations", describe_largest(model->activation_plan(), 4)},
-                     {"loss", loss},
-                     {"profile_ms", profile}};
+    nlohmann::json r{
+        {"engine", "soltrain"},
+        {"trainable_params", model->params().numel()},
+        {"lora_rank", o->lora_rank},
+        {"qlora", o->qlora},
+        {"weight_gib", double(model->params().weight_bytes()) / double(1u << 30)},
+        {"recompute", o->recompute},
+        {"recipe", o->recipe == "bf16" ? o->recipe : o->recipe + " " + o->fp8_scaling},
+        {"optimizer", o->optimizer},
+        {"offload", o->offload},
+        {"data_parallel", o->data_parallel},
+        {"gpus", world},
+        {"residual_dtype", model->residual_dtype() == DType::F32 ? "fp32" : "bf16"},
+        {"batch", o->batch},
+        {"gradient_accumulation", o->accumulation},
+        {"seq", o->seq},
+        {"step_s", step},
+        {"tokens_per_s", tokens / step},
+        {"memory_gib", memory},
+        {"optimizer_gib", double(train_step.optimizer().state_bytes()) / double(1u << 30)},
+        {"offload_activations", o->offload_activations},
+        {"activation_gib", double(model->activation_bytes()) / double(1u << 30)},
+        {"checkpoint_host_gib", double(model->checkpoint_host_bytes()) / double(1u << 30)},
+        {"offload_weights", o->offload_weights},
+        {"streamed_layers", model->weight_stream() ? model->weight_stream()->streamed() : 0},
+        {"weight_host_gib",
+         double(model->params().host_frozen_bytes() + model->params().host_master_bytes()) / double(1u << 30)},
+        {"weight_slots_gib",
+         double(model->weight_stream() ? model->weight_stream()->device_bytes() : 0) / double(1u << 30)},
+        {"token_tile", model->activation_plan().tile},
+        {"largest_activations", describe_largest(model->activation_plan(), 4)},
+        {"loss", loss},
+        {"profile_ms", profile}};
     std::cout << r.dump() << std::endl;
     return 0;
   };

@@ -322,6 +322,37 @@ Tensor ParameterStore::shard_grads(int group) const {
   return flat(grads_, DType::F32, s.at, s.chunk);
 }
 
+ParameterStore::PlannedBytes ParameterStore::planned_bytes(DType act) const {
+  // allocate()'s sizes, step for step: frozen weights in whole 256-byte units, quantised ones by their layout.
+  const int64_t align = int64_t(256 / dtype_size(act));
+  auto aligned = [&](int64_t n) { return (n + align - 1) / align * align; };
+  PlannedBytes b;
+  std::map<int, int64_t> host_groups;
+  for (const Parameter& p : params_) {
+    const int64_t n = shape_numel(p.shape);
+    if (p.trainable) {
+      b.trainable += n;
+      continue;
+    }
+    const bool host =
+        std::find(frozen_host_groups_.begin(), frozen_host_groups_.end(), p.group) != frozen_host_groups_.end();
+    if (host)
+      host_groups[p.group] += aligned(n);
+    else if (p.format == WeightFormat::Dense)
+      b.frozen += size_t(aligned(n)) * dtype_size(act);
+    else
+      b.quantised += quantised_layout(p).total;
+  }
+  for (const auto& [g, n] : host_groups) {
+    b.frozen_host += size_t(n) * dtype_size(act);
+    b.largest_host_group = std::max(b.largest_host_group, n);
+  }
+  b.masters = size_t(b.trainable) * 4;
+  b.grads = size_t(b.trainable) * 4;
+  b.values = act == DType::F32 ? 0 : size_t(b.trainable) * dtype_size(act);
+  return b;
+}
+
 Tensor ParameterStore::host_copy(const Parameter& p) const {
   const int64_t at = frozen_host_at_[size_t(&p - params_.data())];
   return flat(frozen_host_, values_dtype_, at, shape_numel(p.shape)).view(p.shape);

@@ -67,24 +67,28 @@ struct Transformer::Activations {
   } ring;
 };
 
+void add_model_parameters(ParameterStore& ps, const ModelConfig& c, const std::optional<LoraConfig>& lora) {
+  const bool base_trains = !lora;
+  const int outer = c.num_layers;  // the group of the embedding, final norm and LM head
+  ps.add(kEmbed, {c.vocab_size, c.hidden_size}, base_trains, outer);
+  for (int l = 0; l < c.num_layers; ++l) add_layer_parameters(ps, c, l, lora);
+  ps.add(kFinalNorm, {c.hidden_size}, base_trains, outer);
+  if (!c.tie_word_embeddings) ps.add(kLmHead, {c.vocab_size, c.hidden_size}, base_trains, outer);
+  if (lora)
+    for (int l = 0; l < c.num_layers; ++l) add_lora_parameters(ps, c, l, *lora);
+  if (lora && lora->offload_base)
+    ps.keep_frozen_on_host(WeightStream::streamed_layers(c.num_layers, lora->offload_resident_layers));
+}
+
 Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig> lora, bool gradients)
     : config_(std::move(config)), lora_(std::move(lora)), ops_(ops) {
   const auto& c = config_;
-  const int64_t D = c.hidden_size, hd = c.head_dim;
+  const int64_t hd = c.head_dim;
   if (lora_) lora_->validate("lora config");
   if (hd > ops.max_attention_head_dim())
     user_error("head_dim ", hd, " is not supported on ", ops.device() == Device::CUDA ? "CUDA" : "this device",
                " yet (at most ", ops.max_attention_head_dim(), ")");
-  const bool base_trains = !lora_;
-  const int outer = c.num_layers;  // the group of the embedding, final norm and LM head
-  params_.add(kEmbed, {c.vocab_size, D}, base_trains, outer);
-  for (int l = 0; l < c.num_layers; ++l) add_layer_parameters(params_, c, l, lora_);
-  params_.add(kFinalNorm, {D}, base_trains, outer);
-  if (!c.tie_word_embeddings) params_.add(kLmHead, {c.vocab_size, D}, base_trains, outer);
-  if (lora_)
-    for (int l = 0; l < c.num_layers; ++l) add_lora_parameters(params_, c, l, *lora_);
-  if (lora_ && lora_->offload_base)  // before anything is allocated
-    params_.keep_frozen_on_host(WeightStream::streamed_layers(c.num_layers, lora_->offload_resident_layers));
+  add_model_parameters(params_, c, lora_);
   params_.allocate(ops_, gradients);
   if (lora_ && lora_->offload_base) weight_stream_ = std::make_unique<WeightStream>(params_, ops_, c.num_layers);
 

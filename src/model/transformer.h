@@ -200,6 +200,11 @@ class Transformer {
   std::unique_ptr<Fp8Recipe> fp8_;
 };
 
+// The model's parameters by Hugging Face name, in the store's order (what the Transformer adds before allocating;
+// `bench --plan-only` sizes a run from them without allocating): the base, frozen under `lora` (and kept in
+// host memory with its offload_base), then the adapters.
+void add_model_parameters(ParameterStore& ps, const ModelConfig& c, const std::optional<LoraConfig>& lora);
+
 // Checks every id and target against the vocabulary; errors name `source`.
 void validate_batch(const HostBatch& b, int vocab_size, const std::string& source);
 
