@@ -265,12 +265,16 @@ void print_plan(const Run& r) {
   const double gathered = z ? double(z->bytes().gathered) : 0.0;
   const double grads = z ? double(ps.trainable_bytes().grads + z->bytes().grad_scratch) : 4 * trainable;
   const double streamed = double(stream_slot_bytes(*r.model));
+  const double moments = double(r.step->optimizer().state_bytes()), activations = double(r.model->activation_bytes());
+  const double total = weights + gathered + streamed + grads + moments + activations + double(r.model->fp8_bytes());
   r.log << r.cmd << ": memory plan: weights " << (weights + gathered + streamed) / gib << " GiB" << quantised
-        << ", gradients " << grads / gib << " GiB, AdamW moments " << double(r.step->optimizer().state_bytes()) / gib
-        << (r.opt.moments == Moments::Blockwise8 ? " GiB (8-bit)" : " GiB") << ", activations "
-        << double(r.model->activation_bytes()) / gib << " GiB (recompute " << recompute_name(c.recompute)
-        << ", residual stream " << (r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16") << ", MLP token tile "
-        << r.model->activation_plan().tile << "); largest: " << describe_largest(r.model->activation_plan(), 4) << "\n";
+        << ", gradients " << grads / gib << " GiB, AdamW moments " << moments / gib
+        << (r.opt.moments == Moments::Blockwise8 ? " GiB (8-bit)" : " GiB") << ", activations " << activations / gib
+        << " GiB (recompute " << recompute_name(c.recompute) << ", residual stream "
+        << (r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16") << ", MLP token tile "
+        << r.model->activation_plan().tile << "); largest: " << describe_largest(r.model->activation_plan(), 4)
+        << "; total " << total / gib << " GiB"
+        << (r.ops.device() == Device::CUDA ? " (and the CUDA context and workspace, ~1.3 GiB)" : "") << "\n";
   if (const size_t host = r.model->checkpoint_host_bytes()) {
     const PlannedBuffer* ck = r.model->activation_plan().find("resid");
     r.log << r.cmd << ": offload_activations: the layer-input checkpoints take " << double(host) / gib
