@@ -2,12 +2,16 @@
 // of 2 layers by default (every projection width a multiple of 16, so FP8 GEMMs take it), 300 training and 40
 // validation conversations, and configs over them with a test's own keys on top.
 #pragma once
+#include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "cli/config.h"
 #include "cli/demo_kit.h"
 #include "data_test_util.h"
 #include "test_util.h"
+#include "train/run_training.h"
 
 namespace soltrain::test {
 
@@ -34,6 +38,14 @@ struct DemoRunSetup {
                                 defaults,
                             extra));
     return p;
+  }
+  // `soltrain sft` in process on `ops` (the CPU's, or a CUDA test's) with config(out, extra) and `set`
+  // overrides: the log it printed.
+  std::string train(Ops& ops, const std::string& out, const std::string& extra,
+                    const std::vector<std::string>& set = {}) const {
+    std::ostringstream log;
+    run_training(load_train_config(config(out, extra), set, TrainMode::kSft), TrainMode::kSft, ops, log);
+    return log.str();
   }
 };
 

@@ -21,6 +21,7 @@
 #include "demo_run_util.h"
 #include "model/activation_plan.h"
 #include "model/checkpoint.h"
+#include "qwen3_configs.h"
 #include "run_compare_util.h"
 #include "test_util.h"
 #include "train/run_dpo.h"
@@ -33,19 +34,10 @@ namespace fs = std::filesystem;
 using test::config_error;
 using test::read_bytes;
 
-ModelConfig qwen3_8b() {
-  // Qwen/Qwen3-8B's config.json (the fields the plan reads).
-  return parse_model_config(nlohmann::json::parse(R"({
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 4096,
-    "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "head_dim": 128, "max_position_embeddings": 40960, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
-    "tie_word_embeddings": false, "attention_bias": false, "hidden_act": "silu"})"));
-}
-
 // Issue 12's case: Qwen3-8B LoRA at 512k tokens, fp32 residual stream. The 37 checkpoints (296 GiB) leave
 // the device for a ring of two (16 GiB); the 35 the ring does not hold at backward's start go to the host.
 TEST(OffloadActivations, PlanKeepsARingOnTheDevice) {
-  const ModelConfig c = qwen3_8b();
+  const ModelConfig c = test::qwen3_8b_config();
   const LoraConfig lora{
       16, 32.0f, 0.0f, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, false, 1};
   const int T = 512 * 1024;
@@ -79,7 +71,7 @@ TEST(OffloadActivations, PlanKeepsARingOnTheDevice) {
 
 // A model of no more layers than the ring has nothing to offload.
 TEST(OffloadActivations, ShortModelNeedsNoHostCopies) {
-  ModelConfig c = qwen3_8b();
+  ModelConfig c = test::qwen3_8b_config();
   c.num_layers = 1;
   ActivationSettings s{1, 64, Recompute::Full, DType::F32, DType::F32, nullptr, kTokenTileAuto, int64_t(64) << 20};
   s.offload_checkpoints = true;
@@ -135,10 +127,7 @@ struct RunSetup : test::DemoRunSetup {
   RunSetup() : DemoRunSetup("", 5) {}
   std::string train(const std::string& out, const std::string& extra) const {
     auto ops = make_cpu_ops();
-    std::ostringstream log;
-    run_training(load_train_config(config(out, test::yaml_with(kRunKeys, extra)), {}, TrainMode::kSft), TrainMode::kSft,
-                 *ops, log);
-    return log.str();
+    return DemoRunSetup::train(*ops, out, test::yaml_with(kRunKeys, extra));
   }
 };
 

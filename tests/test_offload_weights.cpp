@@ -209,13 +209,10 @@ TEST(OffloadWeights, LoraRunEqualsResidentBitwise) {
   test::DemoRunSetup s("", kLayers);
   auto train = [&](const std::string& out, const std::string& extra) {
     auto ops = make_cpu_ops();
-    std::ostringstream log;
     const std::string keys =
         "lora: true\nlora_rank: 4\nlora_alpha: 8\nlora_dropout: 0.1\nlearning_rate: 2.0e-2\nlogging_steps: 1\n"
         "eval_steps: 2\ngradient_accumulation_steps: 2\nmax_steps: 4\nrecompute: full\nsave_steps: 2\n";
-    run_training(load_train_config(s.config(out, test::yaml_with(keys, extra)), {}, TrainMode::kSft), TrainMode::kSft,
-                 *ops, log);
-    return log.str();
+    return s.train(*ops, out, test::yaml_with(keys, extra));
   };
   train("resident", "");
   const std::string partly = "offload_weights: true\noffload_weights_resident_layers: 3\n";

@@ -12,6 +12,7 @@
 #include "model/activation_plan.h"
 #include "model/checkpoint.h"
 #include "model/layer.h"
+#include "qwen3_configs.h"
 #include "test_util.h"
 #include "train/run_training.h"
 
@@ -181,21 +182,12 @@ TEST(TokenTiles, PlanArithmeticIsWhatIsAllocated) {
   EXPECT_EQ(p.find("dact")->shape, (Shape{16, 160}));
 }
 
-ModelConfig qwen3_8b() {
-  // Qwen/Qwen3-8B's config.json (the fields the plan reads).
-  return parse_model_config(nlohmann::json::parse(R"({
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 4096,
-    "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "head_dim": 128, "max_position_embeddings": 40960, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
-    "tie_word_embeddings": false, "attention_bias": false, "hidden_act": "silu"})"));
-}
-
 // The plan of a Qwen3-8B LoRA run at batch 1 × 512k tokens, recompute full, as the GPU would allocate it
 // (bf16 activations): apart from the layer-input checkpoints nothing exceeds 4 GiB, except, with LoRA's
 // default fp32 residual stream, that stream's gradient and the recomputed mid-layer sum (fp32 [T, 4096]:
 // 8 GiB), which attention couples across every token. Untiled, the MLP alone would need 6 × 12 GiB.
 TEST(TokenTiles, Qwen3_8bLoraPlanAt512kTokens) {
-  const ModelConfig c = qwen3_8b();
+  const ModelConfig c = test::qwen3_8b_config();
   const LoraConfig lora{
       16, 32.0f, 0.0f, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, false, 1};
   const int T = 512 * 1024;
@@ -236,7 +228,7 @@ TEST(TokenTiles, Qwen3_8bLoraPlanAt512kTokens) {
 // checks the values); none keeps them all. The LM head's chunk: whole 128-row tiles, 256 MiB of fp32 logits for
 // a frozen head, 1 GiB for a trained one.
 TEST(TokenTiles, PlanOfElementwiseRecomputeAndTheHeadChunk) {
-  const ModelConfig c = qwen3_8b();
+  const ModelConfig c = test::qwen3_8b_config();
   ActivationSettings s{2,           2048,    Recompute::None, DType::BF16,
                        DType::BF16, nullptr, kTokenTileAuto,  head_chunk_bytes_for(DType::BF16, true)};
   for (const char* n : {"gate", "up", "act", "q", "k", "q_raw"}) EXPECT_EQ(plan_activations(c, s).find(n)->copies, 36);

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
-#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -14,7 +13,6 @@
 #include "cli/launch_workers.h"
 #include "core/error.h"
 #include "dist/launch.h"
-#include "kernels/blockwise8.h"
 #include "model/activation_plan.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
@@ -45,25 +43,38 @@ struct BenchOpts {
   std::string fp8_scaling = "delayed";
 };
 
-// bench's LoRA: all seven projections, alpha 2r, no dropout.
+// bench's LoRA: all seven projections, alpha 2r, no dropout; its base quantised (--qlora) or streamed
+// (--offload-weights) as asked. One line and exit 2 for a flag that needs another.
 std::optional<LoraConfig> bench_lora(const BenchOpts& o) {
+  if (o.lora_rank <= 0) {
+    if (o.qlora != "none") user_error("bench: --qlora ", o.qlora, " needs --lora-rank (a quantised base is frozen)");
+    if (o.offload_weights) user_error("bench --offload-weights needs --lora-rank (it streams a frozen base)");
+  }
+  if (o.resident_layers > 0 && !o.offload_weights)
+    user_error("bench --offload-weights-resident-layers needs --offload-weights");
   if (o.lora_rank <= 0) return std::nullopt;
-  return LoraConfig{o.lora_rank, 2.0f * float(o.lora_rank),
-                    0.0f,        std::vector<std::string>(kLoraModuleNames.begin(), kLoraModuleNames.end()),
-                    false,       1};
+  LoraConfig lora{o.lora_rank, 2.0f * float(o.lora_rank),
+                  0.0f,        std::vector<std::string>(kLoraModuleNames.begin(), kLoraModuleNames.end()),
+                  false,       1};
+  if (o.qlora != "none") lora.base_format = o.qlora == "nf4" ? WeightFormat::Nf4 : WeightFormat::Fp8Block;
+  lora.offload_base = o.offload_weights;  // (a quantised base and fp8-hybrid are refused where they meet it)
+  lora.offload_resident_layers = o.resident_layers;
+  return lora;
+}
+
+// bench's --offload: where AdamW's fp32 masters and moments live.
+Offload bench_offload(const BenchOpts& o) {
+  Offload offload;
+  offload.master = o.offload == "master" || o.offload == "both";
+  offload.optimizer = o.offload == "optimizer" || o.offload == "both";
+  return offload;
 }
 
 // --plan-only: the activation plan the run would allocate (Transformer::plan's list), one JSON line.
 int print_activation_plan(const BenchOpts& o) {
   const ModelConfig c = load_model_config(o.model);
-  std::optional<LoraConfig> lora = bench_lora(o);
-  if (lora && o.qlora != "none") lora->base_format = o.qlora == "nf4" ? WeightFormat::Nf4 : WeightFormat::Fp8Block;
-  if (o.offload_weights) {
-    if (!lora) user_error("bench --offload-weights needs --lora-rank (it streams a frozen base)");
-    lora->offload_base = true;
-    lora->offload_resident_layers = o.resident_layers;
-    lora->validate("bench");
-  }
+  const std::optional<LoraConfig> lora = bench_lora(o);
+  if (lora) lora->validate("bench");
   const DType act = o.device == "cuda" ? DType::BF16 : DType::F32;
   ActivationSettings s{
       o.batch,
@@ -95,41 +106,12 @@ int print_activation_plan(const BenchOpts& o) {
   ParameterStore ps;
   add_model_parameters(ps, c, lora);
   const ParameterStore::PlannedBytes w = ps.planned_bytes(act);
-  const bool host_master = o.offload == "master" || o.offload == "both";
-  const bool host_moments = o.offload == "optimizer" || o.offload == "both";
-  // Moments (fp32: 8 bytes a parameter; 8-bit: codes + absmax per 256 and the two maps, fp32 under 4096
-  // elements) and, when offloaded, the update's two staging slots (AdamW's constructor cuts the same chunks).
-  const bool eight_bit = o.optimizer == "adamw_8bit";
-  size_t moments = eight_bit ? 512 * 4 : 0;
-  int64_t widest_param = 0;
-  std::map<std::pair<int, bool>, int64_t> ranges;  // (group, decayed) → elements: the update's ranges
-  for (const Parameter& q : ps.all()) {
-    if (!q.trainable) continue;
-    const int64_t n = shape_numel(q.shape);
-    const bool eight = eight_bit && n >= kBlockwise8MinNumel;
-    moments += eight ? size_t(2 * n + 8 * ((n + kBlockwise8Block - 1) / kBlockwise8Block)) : size_t(8 * n);
-    widest_param = std::max(widest_param, n);
-    ranges[{q.group, q.shape.size() >= 2}] += n;
-  }
-  size_t staging = 0;
-  if (host_master || host_moments) {
-    const int64_t chunk16m = int64_t(16) << 20;  // Offload::chunk's default
-    if (eight_bit) {
-      const int64_t b = kBlockwise8Block,
-                    chunk = std::clamp<int64_t>(chunk16m / b * b, b, (widest_param + b - 1) / b * b);
-      staging =
-          2 * 4 * size_t(chunk * (int64_t(host_master) + 2 * int64_t(host_moments)) + chunk / b * 2 * host_moments);
-    } else {
-      int64_t widest = 1;
-      for (const auto& [k, n] : ranges) widest = std::max(widest, n);
-      staging =
-          2 * 4 * size_t(std::clamp<int64_t>(chunk16m, 1, widest)) * (size_t(host_master) + 2 * size_t(host_moments));
-    }
-  }
+  const Offload offload = bench_offload(o);
+  const bool host_master = offload.master, host_moments = offload.optimizer;
+  const AdamW::Plan opt = AdamW::plan(ps, o.optimizer == "adamw_8bit" ? Moments::Blockwise8 : Moments::F32, offload);
   const size_t slots = 2 * size_t(w.largest_host_group) * dtype_size(act);
   const double weights = double(w.weights() - (host_master ? w.masters : 0) + slots) / gib;
-  const size_t maps = eight_bit ? 512 * 4 : 0;  // the 8-bit maps stay on the device
-  const double optimizer = double((host_moments ? maps : moments) + staging) / gib;
+  const double optimizer = double(opt.device(host_moments)) / gib;
   nlohmann::json r{{"engine", "soltrain"},
                    {"plan_only", true},
                    {"batch", o.batch},
@@ -149,7 +131,7 @@ int print_activation_plan(const BenchOpts& o) {
                    {"weight_slots_gib", double(slots) / gib},
                    {"grad_gib", double(w.grads) / gib},
                    {"optimizer_gib", optimizer},
-                   {"optimizer_host_gib", host_moments ? double(moments - maps) / gib : 0.0},
+                   {"optimizer_host_gib", host_moments ? double(opt.moments()) / gib : 0.0},
                    {"total_gib", double(p.total_bytes()) / gib + weights + double(w.grads) / gib + optimizer},
                    {"buffers", buffers}};
   std::cout << r.dump() << std::endl;
@@ -245,18 +227,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
     }
     const int zero_stage = std::max(0, o->data_parallel), rank = comm ? comm->rank() : 0;
     const int world = comm ? comm->size() : 1;
-    std::optional<LoraConfig> lora = bench_lora(*o);
-    if (o->qlora != "none") {
-      if (!lora) user_error("bench: --qlora ", o->qlora, " needs --lora-rank (a quantised base is frozen)");
-      lora->base_format = o->qlora == "nf4" ? WeightFormat::Nf4 : WeightFormat::Fp8Block;
-    }
-    if (o->offload_weights) {
-      if (!lora) user_error("bench --offload-weights needs --lora-rank (it streams a frozen base)");
-      lora->offload_base = true;  // (a quantised base and fp8-hybrid are refused where they meet it)
-      lora->offload_resident_layers = o->resident_layers;
-    } else if (o->resident_layers > 0) {
-      user_error("bench --offload-weights-resident-layers needs --offload-weights");
-    }
+    const std::optional<LoraConfig> lora = bench_lora(*o);
     if (o->recipe == "fp8-hybrid" && comm)
       user_error("bench --recipe fp8-hybrid with data parallel is not built yet (the ranks' amaxes are not reduced)");
     // A speed run of FP8 on the CPU's emulation would time nothing real.
@@ -281,9 +252,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
     model->set_token_tile(o->token_tile);
     model->set_offload_checkpoints(o->offload_activations);  // (plan() refuses it without --recompute full)
     model->plan(o->batch, o->seq, parse_recompute(o->recompute, "--recompute"));
-    Offload offload;
-    offload.master = o->offload == "master" || o->offload == "both";
-    offload.optimizer = o->offload == "optimizer" || o->offload == "both";
+    const Offload offload = bench_offload(*o);
     if (offload.any() && (o->data_parallel >= 1 || world > 1))
       user_error("bench --offload ", o->offload, ": one process without ZeRO only (as training)");
     const OptimizerConfig cfg{

@@ -34,6 +34,13 @@ QuantisedLayout quantised_layout(const Parameter& p) {
   l.total = l.scale_at + align256(p.format == WeightFormat::Nf4 ? l.scales : 4 * l.scales);
   return l;
 }
+// A frozen weight's elements rounded up to whole 256-byte units, on the host and the device alike: each then
+// starts on such a boundary, so a layer streamed into a slot has the alignment it has when resident, and the
+// GEMMs pick the same algorithm (same bits).
+int64_t frozen_units(int64_t n, DType act) {
+  const int64_t align = int64_t(256 / dtype_size(act));
+  return (n + align - 1) / align * align;
+}
 Tensor flat(const Buffer& b, DType dtype, int64_t offset, int64_t numel) {
   return Tensor{static_cast<char*>(b.data()) + size_t(offset) * dtype_size(dtype), dtype, {numel}, b.device()};
 }
@@ -74,11 +81,6 @@ void ParameterStore::allocate(Ops& ops, bool gradients) {
     group_begin_.push_back(numel_);
   }
   // Frozen weights of the groups kept on the host (keep_frozen_on_host): group by group, in the order added.
-  // Every frozen weight, there and on the device, takes a whole number of 256 bytes: each starts on such a
-  // boundary, so a layer streamed into a slot has the alignment it has when resident, and the GEMMs pick the
-  // same algorithm (same bits).
-  const int64_t align = int64_t(256 / dtype_size(act));
-  auto aligned = [&](int64_t n) { return (n + align - 1) / align * align; };
   frozen_host_at_.assign(params_.size(), -1);
   frozen_host_range_.assign(size_t(groups), {0, 0});
   int64_t host_frozen = 0;
@@ -90,26 +92,18 @@ void ParameterStore::allocate(Ops& ops, bool gradients) {
       if (p.trainable || p.group != g) continue;
       SOLTRAIN_CHECK(p.format == WeightFormat::Dense, "frozen ", p.name, " is quantised: it cannot stay on the host");
       frozen_host_at_[i] = host_frozen;
-      host_frozen += aligned(shape_numel(p.shape));
+      host_frozen += frozen_units(shape_numel(p.shape), act);
     }
     frozen_host_range_[size_t(g)] = {begin, host_frozen};
   }
-  size_t dense_frozen = 0, quantised = 0;
-  for (const auto& p : params_) {
-    if (p.trainable) continue;
-    frozen_numel_ += shape_numel(p.shape);
-    if (on_host(p)) continue;
-    if (p.format == WeightFormat::Dense)
-      dense_frozen += size_t(aligned(shape_numel(p.shape)));
-    else
-      quantised += quantised_layout(p).total;
-  }
-  masters_ = ops.alloc(size_t(numel_) * 4);
-  if (gradients) grads_ = ops.alloc(size_t(numel_) * 4);
-  if (act != DType::F32) values_ = ops.alloc(size_t(numel_) * dtype_size(act));
-  frozen_ = ops.alloc(dense_frozen * dtype_size(act));
-  if (host_frozen > 0) frozen_host_ = ops.alloc_host(size_t(host_frozen) * dtype_size(act));
-  quantised_ = ops.alloc(quantised);
+  const PlannedBytes b = planned_bytes(act);  // the buffers' sizes, as bench --plan-only reports them
+  frozen_numel_ = b.frozen_elements;
+  masters_ = ops.alloc(b.masters);
+  if (gradients) grads_ = ops.alloc(b.grads);
+  if (act != DType::F32) values_ = ops.alloc(b.values);
+  frozen_ = ops.alloc(b.frozen);
+  if (b.frozen_host > 0) frozen_host_ = ops.alloc_host(b.frozen_host);
+  quantised_ = ops.alloc(b.quantised);
   int64_t frozen_off = 0;
   size_t quantised_off = 0;
   for (auto& p : params_) {
@@ -130,7 +124,7 @@ void ParameterStore::allocate(Ops& ops, bool gradients) {
     }
     if (!p.trainable) {
       p.value = flat(frozen_, act, frozen_off, shape_numel(p.shape)).view(p.shape);
-      frozen_off += aligned(shape_numel(p.shape));
+      frozen_off += frozen_units(shape_numel(p.shape), act);
       continue;
     }
     const int64_t n = shape_numel(p.shape);
@@ -323,9 +317,7 @@ Tensor ParameterStore::shard_grads(int group) const {
 }
 
 ParameterStore::PlannedBytes ParameterStore::planned_bytes(DType act) const {
-  // allocate()'s sizes, step for step: frozen weights in whole 256-byte units, quantised ones by their layout.
-  const int64_t align = int64_t(256 / dtype_size(act));
-  auto aligned = [&](int64_t n) { return (n + align - 1) / align * align; };
+  // Frozen weights in whole 256-byte units (frozen_units), quantised ones by their layout.
   PlannedBytes b;
   std::map<int, int64_t> host_groups;
   for (const Parameter& p : params_) {
@@ -334,12 +326,13 @@ ParameterStore::PlannedBytes ParameterStore::planned_bytes(DType act) const {
       b.trainable += n;
       continue;
     }
+    b.frozen_elements += n;
     const bool host =
         std::find(frozen_host_groups_.begin(), frozen_host_groups_.end(), p.group) != frozen_host_groups_.end();
     if (host)
-      host_groups[p.group] += aligned(n);
+      host_groups[p.group] += frozen_units(n, act);
     else if (p.format == WeightFormat::Dense)
-      b.frozen += size_t(aligned(n)) * dtype_size(act);
+      b.frozen += size_t(frozen_units(n, act)) * dtype_size(act);
     else
       b.quantised += quantised_layout(p).total;
   }

@@ -92,11 +92,11 @@ class ParameterStore {
   // frozen_on_host), or back at their host copy when `base` is empty.
   void bind_frozen(int group, const Tensor& base);
 
-  // What allocate() would allocate for compute dtype `act`, without allocating: for `bench --plan-only`, which
-  // sizes a run from config.json alone. Device bytes exclude what keep_frozen_on_host moves to the host.
+  // The buffers allocate() makes for compute dtype `act` (it sizes them from this), without allocating: `bench
+  // --plan-only` sizes a run from config.json alone. Device bytes exclude what keep_frozen_on_host moves there.
   struct PlannedBytes {
     size_t masters = 0, values = 0, grads = 0, frozen = 0, frozen_host = 0, quantised = 0;
-    int64_t trainable = 0, largest_host_group = 0;                            // elements
+    int64_t trainable = 0, frozen_elements = 0, largest_host_group = 0;       // elements
     size_t weights() const { return masters + values + frozen + quantised; }  // as weight_bytes()
   };
   PlannedBytes planned_bytes(DType act) const;

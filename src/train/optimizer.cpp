@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -14,27 +15,61 @@
 
 namespace soltrain {
 
+AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offload) {
+  constexpr int64_t b = kBlockwise8Block;
+  std::map<std::pair<int, bool>, int64_t> ranges;  // (group, decayed): the store's flat ranges, which fp32 pieces cut
+  int64_t total = 0, small = 0, codes = 0, blocks = 0, widest_param = 0;
+  for (const Parameter& q : ps.all()) {
+    if (!q.trainable) continue;
+    const int64_t n = shape_numel(q.shape);
+    total += n;
+    ranges[{q.group, q.decay}] += n;
+    widest_param = std::max(widest_param, n);
+    if (n >= kBlockwise8MinNumel)
+      codes += n, blocks += (n + b - 1) / b;
+    else
+      small += n;
+  }
+  const size_t master = offload.master, opt = offload.optimizer;
+  Plan p;
+  if (moments == Moments::F32) {
+    p.m = p.v = size_t(std::max<int64_t>(total, 1)) * 4;
+    if (offload.any()) {
+      int64_t widest = 1;
+      for (const auto& [k, n] : ranges) widest = std::max(widest, n);
+      p.chunk = std::clamp<int64_t>(offload.chunk, 1, widest);
+      p.slot = size_t(p.chunk) * 4 * (master + 2 * opt);  // [master | m | v]
+    }
+    return p;
+  }
+  p.m = p.v = size_t(std::max<int64_t>(small, 1)) * 4;
+  p.mq = p.vq = size_t(std::max<int64_t>(codes, 1));
+  p.mabs = p.vabs = size_t(std::max<int64_t>(blocks, 1)) * 4;
+  p.maps = 512 * 4;
+  if (offload.any()) {
+    // Pieces of whole 256-element blocks (the chunk rounded down to blocks, at least one), so each updates
+    // exactly the blocks the resident update does, with their absmax.
+    p.chunk = std::clamp<int64_t>(offload.chunk / b * b, b, (std::max(widest_param, b) + b - 1) / b * b);
+    p.slot = 4 * (size_t(p.chunk) * (master + 2 * opt) + size_t(p.chunk / b) * 2 * opt);  // [master | m | v | absmaxes]
+  }
+  return p;
+}
+
 AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload)
     : params_(params), ops_(ops), moments_(moments), offload_(offload) {
+  const Plan pl = plan(params, moments, offload);
+  chunk_ = pl.chunk;
+  // (offload_optimizer: the moments in host memory, pinned on CUDA; alloc_host zeroes too)
+  auto alloc = [&](size_t b) { return offload_.optimizer ? ops.alloc_host(b) : ops.alloc(b); };
+  m_ = alloc(pl.m);
+  v_ = alloc(pl.v);
   if (moments_ == Moments::F32) {
-    const size_t bytes = size_t(std::max<int64_t>(params.numel(), 1)) * 4;
-    if (offload_.optimizer) {
-      m_ = ops.alloc_host(bytes);
-      v_ = ops.alloc_host(bytes);
-    } else {
-      m_ = ops.alloc(bytes);
-      v_ = ops.alloc(bytes);
-    }
     if (offload_.master) params.move_masters_to_host(ops);
     if (offload_.any()) {
-      int64_t widest = 1;
-      for (const ParamRange& r : params.ranges()) widest = std::max(widest, r.numel);
-      chunk_ = std::clamp<int64_t>(offload_.chunk, 1, widest);
       for (const ParamRange& r : params.ranges())
         for (int64_t o = 0; o < r.numel; o += chunk_)
           pieces_.push_back({r.group, r.decay, r.offset + o, std::min(chunk_, r.numel - o)});
-      const size_t per_slot = size_t(chunk_) * 4 * (size_t(offload_.master) + 2 * size_t(offload_.optimizer));
-      for (Buffer& b : stage_) b = ops.alloc(per_slot);
+      for (Buffer& b : stage_) b = ops.alloc(pl.slot);
       // The slots are zeroed on the main stream and first filled on the upload stream, which waits for nothing.
       ops.synchronize();
     }
@@ -54,36 +89,24 @@ AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload)
       small += n;
     }
   }
-  // (offload_optimizer: all in host memory, pinned on CUDA; alloc_host zeroes too)
-  auto alloc = [&](int64_t b) { return offload_.optimizer ? ops.alloc_host(size_t(b)) : ops.alloc(size_t(b)); };
-  m_ = alloc(std::max<int64_t>(small, 1) * 4);
-  v_ = alloc(std::max<int64_t>(small, 1) * 4);
-  mq_ = alloc(std::max<int64_t>(bytes, 1));
-  vq_ = alloc(std::max<int64_t>(bytes, 1));
-  mabs_ = alloc(std::max<int64_t>(blocks, 1) * 4);
-  vabs_ = alloc(std::max<int64_t>(blocks, 1) * 4);
+  mq_ = alloc(pl.mq);
+  vq_ = alloc(pl.vq);
+  mabs_ = alloc(pl.mabs);
+  vabs_ = alloc(pl.vabs);
   if (offload_.master) params.move_masters_to_host(ops);
   if (offload_.any()) {
-    // Pieces of whole 256-element blocks (the chunk rounded down to blocks, at least one), so each updates
-    // exactly the blocks the resident update does, with their absmax.
-    int64_t widest = kBlockwise8Block;
-    for (const Slot& s : slots_) widest = std::max(widest, shape_numel(s.param->shape));
-    chunk_ = std::clamp<int64_t>(offload_.chunk / kBlockwise8Block * kBlockwise8Block, kBlockwise8Block,
-                                 (widest + kBlockwise8Block - 1) / kBlockwise8Block * kBlockwise8Block);
     for (size_t i = 0; i < slots_.size(); ++i) {
       const int64_t n = shape_numel(slots_[i].param->shape);
       for (int64_t o = 0; o < n; o += chunk_) pieces8_.push_back({i, o, std::min(chunk_, n - o)});
     }
-    const size_t floats = size_t(chunk_) * (size_t(offload_.master) + 2 * size_t(offload_.optimizer)) +
-                          size_t(chunk_ / kBlockwise8Block) * 2 * size_t(offload_.optimizer);
-    for (Buffer& b : stage_) b = ops.alloc(floats * 4);
+    for (Buffer& b : stage_) b = ops.alloc(pl.slot);
     ops.synchronize();  // (zeroed on the main stream, first filled on the upload stream)
   }
   std::array<float, 512> maps{};
   const auto signed_map = dynamic_quant_map(true), unsigned_map = dynamic_quant_map(false);
   std::copy(signed_map.begin(), signed_map.end(), maps.begin());
   std::copy(unsigned_map.begin(), unsigned_map.end(), maps.begin() + 256);
-  maps_ = ops.alloc(maps.size() * 4);
+  maps_ = ops.alloc(pl.maps);
   ops.copy(Tensor{maps_.data(), DType::F32, {512}, ops.device()}, Tensor{maps.data(), DType::F32, {512}, Device::CPU});
 }
 

@@ -45,6 +45,16 @@ class AdamW {
   // ZeRO-1/2: moments (and updates) for `shard` only, ranges of the flat buffers (data_parallel.h); fp32.
   AdamW(ParameterStore& params, Ops& ops, std::vector<ParamRange> shard);
   bool sharded() const { return shard_.has_value(); }
+  // What an AdamW over `ps` allocates, from the parameters' shapes alone: the constructor sizes its buffers from
+  // this, and `bench --plan-only` sizes a run with it before anything is allocated.
+  struct Plan {
+    size_t m = 0, v = 0, mq = 0, vq = 0, mabs = 0, vabs = 0, maps = 0;  // bytes of each buffer
+    int64_t chunk = 0;                                                  // offload: elements per staged piece
+    size_t slot = 0;                                                    // offload: bytes of each staging slot
+    size_t moments() const { return m + v + mq + vq + mabs + vabs; }    // in host memory with offload_optimizer
+    size_t device(bool host_moments) const { return (host_moments ? 0 : moments()) + maps + 2 * slot; }
+  };
+  static Plan plan(const ParameterStore& ps, Moments moments, Offload offload);
   // One update with learning rate `lr` (the schedule's value for this step), gradients read times
   // `grad_scale`, and times clipping's factor (torch's clip_grad_norm_, kernels/ops.h clip_factor) computed
   // on the device from `grad_sumsq` (F64 [1], Σg²) when given: nothing waits for the host between backward

@@ -26,10 +26,12 @@ void AdamW::stream_pieces(size_t count, const std::function<std::vector<Staged>(
   // but not before the previous step's write-backs, which they read (the host homes) or overwrite (slots).
   ops_.wait(Ops::Stream::Upload, Ops::Stream::Side);
   uint64_t written_back[2] = {0, 0};  // per slot: Side's mark after the write-back of the last piece it held
+  std::vector<Staged> staged_in[2];   // per slot: what its piece staged (computed once, read again after update)
   auto upload = [&](size_t i) {
     ops_.use_stream(Ops::Stream::Upload);
     if (written_back[i % 2]) ops_.wait_mark(written_back[i % 2]);  // the slot's previous piece is home
-    for (const Staged& s : staged(i)) ops_.upload_async(s.stage, s.home);
+    staged_in[i % 2] = staged(i);
+    for (const Staged& s : staged_in[i % 2]) ops_.upload_async(s.stage, s.home);
     return ops_.mark();
   };
   uint64_t next = upload(0);
@@ -38,7 +40,7 @@ void AdamW::stream_pieces(size_t count, const std::function<std::vector<Staged>(
     if (i + 1 < count) next = upload(i + 1);  // into the other slot, once piece i-1's write-back is queued
     ops_.use_stream(Ops::Stream::Main);
     ops_.wait_mark(ready);
-    const std::vector<Staged> st = staged(i);
+    const std::vector<Staged>& st = staged_in[i % 2];
     update(i, st);
     const uint64_t done = ops_.mark();
     ops_.use_stream(Ops::Stream::Side);

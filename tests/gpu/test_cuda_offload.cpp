@@ -10,8 +10,10 @@
 #include "cli/config.h"
 #include "cli/demo_kit.h"
 #include "data_test_util.h"
+#include "demo_run_util.h"
 #include "gpu_test_util.h"
 #include "offload_test_util.h"
+#include "run_compare_util.h"
 #include "train/run_training.h"
 
 namespace soltrain {
@@ -47,51 +49,19 @@ TEST_F(CudaOffload, UpdateEqualsResidentBitwise) {
   }
 }
 
-std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 TEST_F(CudaOffload, TrainingRunEqualsResident) {
-  test::TempDir t;
-  DemoModelShape s;
-  s.hidden = 64, s.layers = 2, s.heads = 2, s.kv_heads = 1, s.head_dim = 32, s.intermediate = 128;
-  write_random_model(t.path / "model", s, 17);
-  write_reversal_dataset(t.path / "train.jsonl", 200, 8);
-  std::vector<std::string> logs;
-  auto train = [&](const std::string& out, const std::string& extra) {
-    const fs::path p = t.path / (out + ".yaml");
-    test::write_text(p, "model: model\noutput_dir: " + out +
-                            "\ndevice: cuda\ndatasets:\n  - path: train.jsonl\n    type: conversation\n"
-                            "dataset_prepared_path: prepared\nsequence_len: 64\nper_device_train_batch_size: 2\n"
-                            "learning_rate: 3.0e-3\nwarmup_steps: 2\nlogging_steps: 1\nweight_decay: 0.1\n"
-                            "max_grad_norm: 0.05\ngradient_accumulation_steps: 2\nmax_steps: 6\n" +
-                            extra);
-    std::ostringstream log;
-    run_training(load_train_config(p, {}, TrainMode::kSft), TrainMode::kSft, *gpu, log);
-    logs.push_back(log.str());
-  };
-  train("resident", "");
-  train("resident2", "");  // the control: two resident runs agree bit for bit
-  train("offloaded", "offload_master: true\noffload_optimizer: true\n");
-  EXPECT_NE(logs[2].find("offload: host memory holds"), std::string::npos) << logs[2];
-  // Losses and grad norms bitwise (the metrics lines' other fields, tokens/s, differ run to run).
-  auto numbers = [&](const std::string& out) {
-    std::ifstream in(t.path / out / "metrics.jsonl");
-    std::string l, keep;
-    while (std::getline(in, l)) {
-      for (const char* k : {"\"loss\":", "\"grad_norm\":"}) {
-        const size_t at = l.find(k);
-        if (at != std::string::npos) keep += l.substr(at, l.find_first_of(",}", at) - at) + ";";
-      }
-    }
-    return keep;
-  };
-  EXPECT_FALSE(numbers("resident").empty());
-  ASSERT_EQ(numbers("resident"), numbers("resident2")) << "two resident runs differ: the comparison would mean nothing";
-  EXPECT_EQ(numbers("resident"), numbers("offloaded"));
-  EXPECT_EQ(read_bytes(t.path / "resident" / "model" / "model.safetensors"),
-            read_bytes(t.path / "offloaded" / "model" / "model.safetensors"));
+  const test::DemoRunSetup s;
+  const std::string keys =
+      "device: cuda\nper_device_train_batch_size: 2\nlogging_steps: 1\nweight_decay: 0.1\nmax_grad_norm: 0.05\n"
+      "gradient_accumulation_steps: 2\nmax_steps: 6\n";
+  s.train(*gpu, "resident", keys);
+  s.train(*gpu, "resident2", keys);  // the control: two resident runs agree bit for bit
+  const std::string log = s.train(*gpu, "offloaded", keys + "offload_master: true\noffload_optimizer: true\n");
+  EXPECT_NE(log.find("offload: host memory holds"), std::string::npos) << log;
+  test::expect_same_metrics(s.t.path / "resident", s.t.path / "resident2");  // else the comparison means nothing
+  test::expect_same_metrics(s.t.path / "resident", s.t.path / "offloaded");
+  EXPECT_EQ(test::read_bytes(s.t.path / "resident" / "model" / "model.safetensors"),
+            test::read_bytes(s.t.path / "offloaded" / "model" / "model.safetensors"));
 }
 
 }  // namespace

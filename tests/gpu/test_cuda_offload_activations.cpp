@@ -14,6 +14,7 @@
 #include "cli/config.h"
 #include "cli/demo_kit.h"
 #include "data_test_util.h"
+#include "demo_run_util.h"
 #include "gpu_test_util.h"
 #include "model/checkpoint.h"
 #include "run_compare_util.h"
@@ -25,11 +26,6 @@ namespace {
 namespace fs = std::filesystem;
 
 class CudaOffloadActivations : public test::CudaTest {};
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 using Pass = test::GradPass;
 
@@ -67,53 +63,26 @@ TEST_F(CudaOffloadActivations, ForwardBackwardEqualsResidentBitwise) {
 }
 
 TEST_F(CudaOffloadActivations, TrainingRunEqualsResident) {
-  test::TempDir t;
-  DemoModelShape s;
-  s.hidden = 64, s.layers = 5, s.heads = 2, s.kv_heads = 1, s.head_dim = 32, s.intermediate = 128;
-  write_random_model(t.path / "model", s, 17);
-  write_reversal_dataset(t.path / "train.jsonl", 200, 8);
-  std::vector<std::string> logs;
-  auto train = [&](const std::string& out, const std::string& extra) {
-    const fs::path p = t.path / (out + ".yaml");
-    test::write_text(p, "model: model\noutput_dir: " + out +
-                            "\ndevice: cuda\ndatasets:\n  - path: train.jsonl\n    type: conversation\n"
-                            "dataset_prepared_path: prepared\nsequence_len: 64\nper_device_train_batch_size: 2\n"
-                            "warmup_steps: 2\nlogging_steps: 1\nweight_decay: 0.1\n"
-                            "max_grad_norm: 0.5\ngradient_accumulation_steps: 2\nmax_steps: 6\nrecompute: full\n"
-                            "validation_split_ratio: 0.1\neval_steps: 2\n" +
-                            extra);
-    std::ostringstream log;
-    run_training(load_train_config(p, {}, TrainMode::kSft), TrainMode::kSft, *gpu, log);
-    logs.push_back(log.str());
-  };
+  const test::DemoRunSetup s("", 5);
+  const std::string keys =
+      "device: cuda\nper_device_train_batch_size: 2\nlogging_steps: 1\nweight_decay: 0.1\nmax_grad_norm: 0.5\n"
+      "gradient_accumulation_steps: 2\nmax_steps: 6\nrecompute: full\neval_steps: 2\n";
   // (each run's learning rate in its own settings: a key given twice is refused)
   for (const std::string lora :
        {"learning_rate: 3.0e-3\n", "lora: true\nlora_rank: 4\nlora_alpha: 8\nlearning_rate: 2.0e-2\n"}) {
     const bool full = lora.find("lora:") == std::string::npos;
     SCOPED_TRACE(full ? "full" : "LoRA");
     const std::string tag = full ? "full" : "lora";
-    train(tag + "_resident", lora);
-    train(tag + "_resident2", lora);
-    train(tag + "_offloaded", lora + "offload_activations: true\n");
-    EXPECT_NE(logs.back().find("offload_activations: the layer-input checkpoints take"), std::string::npos)
-        << logs.back();
-    auto numbers = [&](const std::string& out) {
-      std::ifstream in(t.path / out / "metrics.jsonl");
-      std::string l, keep;
-      while (std::getline(in, l)) {
-        for (const char* k : {"\"loss\":", "\"grad_norm\":", "\"eval_loss\":"}) {
-          const size_t at = l.find(k);
-          if (at != std::string::npos) keep += l.substr(at, l.find_first_of(",}", at) - at) + ";";
-        }
-      }
-      return keep;
-    };
-    EXPECT_NE(numbers(tag + "_resident").find("eval_loss"), std::string::npos);
-    ASSERT_EQ(numbers(tag + "_resident"), numbers(tag + "_resident2")) << "two resident runs differ";
-    EXPECT_EQ(numbers(tag + "_resident"), numbers(tag + "_offloaded"));
+    s.train(*gpu, tag + "_resident", keys + lora);
+    s.train(*gpu, tag + "_resident2", keys + lora);
+    const std::string log = s.train(*gpu, tag + "_offloaded", keys + lora + "offload_activations: true\n");
+    EXPECT_NE(log.find("offload_activations: the layer-input checkpoints take"), std::string::npos) << log;
+    test::expect_same_metrics(s.t.path / (tag + "_resident"), s.t.path / (tag + "_resident2"));  // the control
+    test::expect_same_metrics(s.t.path / (tag + "_resident"), s.t.path / (tag + "_offloaded"));
     const fs::path saved =
         full ? fs::path("model") / "model.safetensors" : fs::path("adapter") / "adapter_model.safetensors";
-    EXPECT_EQ(read_bytes(t.path / (tag + "_resident") / saved), read_bytes(t.path / (tag + "_offloaded") / saved));
+    EXPECT_EQ(test::read_bytes(s.t.path / (tag + "_resident") / saved),
+              test::read_bytes(s.t.path / (tag + "_offloaded") / saved));
   }
 }
 

@@ -14,6 +14,7 @@
 #include "cli/config.h"
 #include "cli/demo_kit.h"
 #include "data_test_util.h"
+#include "demo_run_util.h"
 #include "gpu_test_util.h"
 #include "model/checkpoint.h"
 #include "run_compare_util.h"
@@ -74,30 +75,17 @@ TEST_F(CudaOffloadWeights, ForwardBackwardEqualsResidentBitwise) {
 }
 
 TEST_F(CudaOffloadWeights, TrainingRunEqualsResident) {
-  test::TempDir t;
-  DemoModelShape s;
-  s.hidden = 64, s.layers = 5, s.heads = 2, s.kv_heads = 1, s.head_dim = 32, s.intermediate = 128;
-  write_random_model(t.path / "model", s, 17);
-  write_reversal_dataset(t.path / "train.jsonl", 200, 8);
-  auto train = [&](const std::string& out, const std::string& extra) {
-    const fs::path p = t.path / (out + ".yaml");
-    test::write_text(p, "model: model\noutput_dir: " + out +
-                            "\ndevice: cuda\ndatasets:\n  - path: train.jsonl\n    type: conversation\n"
-                            "dataset_prepared_path: prepared\nsequence_len: 64\nper_device_train_batch_size: 2\n"
-                            "warmup_steps: 2\nlogging_steps: 1\nmax_grad_norm: 0.5\ngradient_accumulation_steps: 2\n"
-                            "max_steps: 6\nrecompute: full\nvalidation_split_ratio: 0.1\neval_steps: 2\n"
-                            "lora: true\nlora_rank: 4\nlora_alpha: 8\nlearning_rate: 2.0e-2\n" +
-                            extra);
-    std::ostringstream log;
-    run_training(load_train_config(p, {}, TrainMode::kSft), TrainMode::kSft, *gpu, log);
-    return log.str();
-  };
-  train("resident", "");
-  const std::string log = train("streamed", "offload_weights: true\noffload_activations: true\n");
+  const test::DemoRunSetup s("", 5);
+  const std::string keys =
+      "device: cuda\nper_device_train_batch_size: 2\nlogging_steps: 1\nmax_grad_norm: 0.5\n"
+      "gradient_accumulation_steps: 2\nmax_steps: 6\nrecompute: full\neval_steps: 2\nlora: true\nlora_rank: 4\n"
+      "lora_alpha: 8\nlearning_rate: 2.0e-2\n";
+  s.train(*gpu, "resident", keys);
+  const std::string log = s.train(*gpu, "streamed", keys + "offload_weights: true\noffload_activations: true\n");
   EXPECT_NE(log.find("offload_weights: 5 of the frozen base's 5 decoder layers take"), std::string::npos) << log;
-  test::expect_same_metrics(t.path / "resident", t.path / "streamed");
-  EXPECT_EQ(test::read_bytes(t.path / "resident" / "adapter" / "adapter_model.safetensors"),
-            test::read_bytes(t.path / "streamed" / "adapter" / "adapter_model.safetensors"));
+  test::expect_same_metrics(s.t.path / "resident", s.t.path / "streamed");
+  EXPECT_EQ(test::read_bytes(s.t.path / "resident" / "adapter" / "adapter_model.safetensors"),
+            test::read_bytes(s.t.path / "streamed" / "adapter" / "adapter_model.safetensors"));
 }
 
 }  // namespace
