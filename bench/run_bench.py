@@ -41,9 +41,11 @@ def save_model(name, root):
 
 
 def run_soltrain(binary, path, batch, seq, steps, lora_rank=0, recompute="none", extra=()):
+    # a variant's own --recompute replaces the table's (the CLI takes the flag once)
+    own_recompute = [] if "--recompute" in extra else ["--recompute", recompute]
     out = subprocess.run([binary, "bench", "--model", path, "--batch-size", str(batch), "--seq-len", str(seq),
                           "--steps", str(steps), "--device", "cuda", "--lora-rank", str(lora_rank),
-                          "--recompute", recompute, *extra],
+                          *own_recompute, *extra],
                          capture_output=True, text=True)
     if out.returncode != 0:
         return {"error": out.stderr.strip()[-300:]}
@@ -165,6 +167,7 @@ def main():
         batch, fpt = batches[name], flops_per_token(name, a.seq, lora=a.lora_rank > 0)
         path = save_model(name, a.models)
         rows = [run_soltrain(a.soltrain, path, batch, a.seq, a.steps, a.lora_rank, a.recompute)]
+        rows[0].setdefault("engine", "soltrain")  # an error row names its engine too
         for v in a.variant:
             label, args = v.split("=", 1)
             rows.append(run_soltrain(a.soltrain, path, batch, a.seq, a.steps, a.lora_rank, a.recompute, args.split()))
