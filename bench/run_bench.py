@@ -189,12 +189,16 @@ def main():
     for shape in [s for s in a.attention.split(",") if s]:
         b, h, kv, t = map(int, shape.split("x"))
         rows = []
-        for kernels in ("hopper", "portable"):  # on an H200 the sm_90a kernels; then the sm_80 ones for reference
+        # on an H200 the sm_90a kernels (the backward split, then its fused forms); the sm_80 ones for reference
+        for engine, env in (("soltrain", {}),
+                            ("soltrain (backward fused, atomic)", {"SOLTRAIN_ATTENTION_BACKWARD": "atomic"}),
+                            ("soltrain (backward fused, ordered)", {"SOLTRAIN_ATTENTION_BACKWARD": "ordered"}),
+                            ("soltrain (sm_80 kernels)", {"SOLTRAIN_ATTENTION": "portable"})):
             out = subprocess.run([a.soltrain, "bench-attention", "--batch", str(b), "--heads", str(h), "--kv-heads",
                                   str(kv), "--seq-len", str(t), "--head-dim", "128"], capture_output=True, text=True,
-                                 env=dict(os.environ, SOLTRAIN_ATTENTION=kernels))
+                                 env=dict(os.environ, **env))
             r = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-300:]}
-            r["engine"] = "soltrain" if kernels == "hopper" else "soltrain (sm_80 kernels)"
+            r["engine"] = engine
             rows.append(r)
         for backend in ("flash", "cudnn"):
             try:

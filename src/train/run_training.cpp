@@ -274,7 +274,7 @@ void print_plan(const Run& r) {
         << (r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16") << ", MLP token tile "
         << r.model->activation_plan().tile << "); largest: " << describe_largest(r.model->activation_plan(), 4)
         << "; total " << total / gib << " GiB"
-        << (r.ops.device() == Device::CUDA ? " (and the CUDA context and workspace, ~1.3 GiB)" : "") << "\n";
+        << (r.ops.device() == Device::CUDA ? " (and the CUDA context and workspace, ~0.6 GiB)" : "") << "\n";
   if (const size_t host = r.model->checkpoint_host_bytes()) {
     const PlannedBuffer* ck = r.model->activation_plan().find("resid");
     r.log << r.cmd << ": offload_activations: the layer-input checkpoints take " << double(host) / gib

@@ -1,5 +1,6 @@
 // Our flash attention against the CPU reference: causal, GQA/MQA, packed documents, head dims 16-128. On a
-// Hopper GPU head dims 64 and 128 run the sm_90a kernels; the Portable suite runs the sm_80 ones there too.
+// Hopper GPU head dims 64 and 128 run the sm_90a kernels; the Portable suite runs the sm_80 ones there too,
+// the Fused suites the Hopper backward's fused forms.
 #include <cstdlib>
 
 #include "gpu_test_util.h"
@@ -15,6 +16,7 @@ struct Case {
 class CudaAttention : public CudaTest, public ::testing::WithParamInterface<Case> {
  protected:
   void check(const Case& c);
+  bool repeatable_ = true;  // the backward gives the same bits twice
 };
 
 // The same checks with SOLTRAIN_ATTENTION=portable, which the backend reads when it is made.
@@ -27,10 +29,37 @@ class CudaAttentionPortable : public CudaAttention {
   }
 };
 
+// The Hopper backward's fused forms (SOLTRAIN_ATTENTION_BACKWARD, read when the backend is made): dQ inside
+// the dK/dV kernel, added in any order (atomic) or in a fixed one (ordered, bitwise repeatable). Head dim
+// 128 runs them; the other cases check that the rest still run split.
+class CudaAttentionFusedAtomic : public CudaAttention {
+ protected:
+  void SetUp() override {
+    setenv("SOLTRAIN_ATTENTION_BACKWARD", "atomic", 1);
+    CudaAttention::SetUp();
+    unsetenv("SOLTRAIN_ATTENTION_BACKWARD");
+    repeatable_ = false;
+  }
+};
+class CudaAttentionFusedOrdered : public CudaAttention {
+ protected:
+  void SetUp() override {
+    setenv("SOLTRAIN_ATTENTION_BACKWARD", "ordered", 1);
+    CudaAttention::SetUp();
+    unsetenv("SOLTRAIN_ATTENTION_BACKWARD");
+  }
+};
+
 TEST_P(CudaAttention, ForwardAndBackwardMatchTheCpu) {
   check(GetParam());
 }
 TEST_P(CudaAttentionPortable, ForwardAndBackwardMatchTheCpu) {
+  check(GetParam());
+}
+TEST_P(CudaAttentionFusedAtomic, ForwardAndBackwardMatchTheCpu) {
+  check(GetParam());
+}
+TEST_P(CudaAttentionFusedOrdered, ForwardAndBackwardMatchTheCpu) {
   check(GetParam());
 }
 
@@ -76,11 +105,14 @@ void CudaAttention::check(const Case& c) {
   EXPECT_TRUE(all_close(download(gdk), dk, 0.15 * rms(dk), 0.05)) << "dk";
   EXPECT_TRUE(all_close(download(gdv), dv, 0.15 * rms(dv), 0.05)) << "dv";
 
-  // bitwise repeatable
-  const auto dq1 = download(gdq), dk1 = download(gdk);
+  // bitwise repeatable (dK and dV always; dQ unless its adds may land in any order)
+  const auto dq1 = download(gdq), dk1 = download(gdk), dv1 = download(gdv);
   gpu->attention_backward(gdq, gdk, gdv, upload(dout, {N, H, hd}), gq, gk, gv, gout, glse, gs, scale);
-  EXPECT_EQ(download(gdq), dq1);
+  if (repeatable_) {
+    EXPECT_EQ(download(gdq), dq1);
+  }
   EXPECT_EQ(download(gdk), dk1);
+  EXPECT_EQ(download(gdv), dv1);
 }
 
 const auto kCases = ::testing::Values(Case{{0, 200, 333}, 4, 2, 64},           // packed, GQA 2:1
@@ -95,6 +127,8 @@ const auto kCases = ::testing::Values(Case{{0, 200, 333}, 4, 2, 64},           /
                                       Case{{0, 17, 300}, 2, 1, 64});           // MQA, hd 64
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention, kCases);
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionPortable, kCases);
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionFusedAtomic, kCases);
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionFusedOrdered, kCases);
 
 }  // namespace
 }  // namespace soltrain::test

@@ -308,7 +308,11 @@ void CudaOps::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& 
                                  float scale) {
   const auto prof = profile("attention_backward");
   const int64_t N = q.dim(0), H = q.dim(1), hd = q.dim(2);
-  float* delta = static_cast<float*>(scratch(size_t(N * H) * sizeof(float)));
+  // One scratch: delta, then what the Hopper backward's form needs (fp32 dQ sums when dQ is fused)
+  const size_t delta_bytes = (size_t(N * H) * sizeof(float) + 255) / 256 * 256;
+  const size_t form_bytes = hopper_attention(hd) ? cuda::flash_backward_sm90_scratch(attention_backward_, q, seq) : 0;
+  unsigned char* const scratch_bytes = static_cast<unsigned char*>(scratch(delta_bytes + form_bytes));
+  float* delta = reinterpret_cast<float*>(scratch_bytes);
   const auto vec = [&](auto lanes) {  // hd / 8 lanes per row
     attention_delta_vec<lanes.value><<<unsigned((N * H * lanes.value + 255) / 256), 256, 0, stream_>>>(
         delta, dout.as<bf16>(), out.as<bf16>(), N, int(H));
@@ -322,7 +326,8 @@ void CudaOps::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& 
                                                                     int(hd));
   CUDA_CHECK_LAUNCH();
   if (hopper_attention(hd))
-    return cuda::flash_backward_sm90(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, stream_);
+    return cuda::flash_backward_sm90(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, attention_backward_,
+                                     scratch_bytes + delta_bytes, stream_);
   with_head_dim(hd,
                 [&](auto D) { launch_backward<D.value>(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, stream_); });
 }

@@ -1,14 +1,22 @@
-// CUDA sm_90a: flash attention backward on warpgroup MMA, deterministic like the portable kernels in
-// attention_backward.cu (same split, no float atomics): one kernel owns 128 keys (64 per consumer
-// warpgroup) and accumulates dK, dV over the query tiles of every query head in its GQA group; another
-// owns 128 queries and accumulates dQ over key tiles. Both recompute P from the saved log-sum-exp.
+// CUDA sm_90a: flash attention backward on warpgroup MMA, in one of three forms (AttentionBackward):
+// - split (the default, bitwise repeatable like the portable kernels in attention_backward.cu, no float
+//   atomics): one kernel owns 128 keys (64 per consumer warpgroup) and accumulates dK, dV over the query
+//   tiles of every query head in its GQA group; another owns 128 queries and accumulates dQ over key tiles.
+//   Both recompute P from the saved log-sum-exp: seven products where the algorithm needs five.
+// - atomic (head dim 128): the dK/dV kernel also computes dQ's share of its keys, dQ += dS K, from a dSᵀ
+//   tile the two warpgroups write to shared memory, and adds it to an fp32 accumulator with vector
+//   reductions; a last pass scales it into dq. Five products, FA3's scheme; not bitwise repeatable (the
+//   adds land in any order).
+// - ordered: atomic's kernel, with each (query head, query tile)'s adds taken in a fixed order (key block
+//   by key block, latest keys first: the launch order, so a block only ever waits for one that started
+//   earlier) through a counter per tile. Bitwise repeatable.
 // Each block is laid out like the forward (attention_forward_sm90.cu): a copy warpgroup streams tiles by
 // TMA through a two-stage ring (a third stage measured no faster: bench/NOTES.md run 13),
 // and two consumer warpgroups work on them. Score-shaped products (Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, S = Q Kᵀ,
 // dP = dO Vᵀ) read both operands from shared memory; gradient products (dV += Pᵀ dO, dK += dSᵀ Q,
-// dQ += dS K) take P or dS from registers and the other operand transposed from the same tile. Each
-// product batch is its own wgmma group, so the elementwise work on one batch's result runs while the
-// next batch is still on the tensor cores.
+// dQ += dS K) take P or dS from registers and the other operand transposed from the same tile (the fused
+// dQ reads both from shared memory, transposed). Each product batch is its own wgmma group, so the
+// elementwise work on one batch's result runs while the next batch is still on the tensor cores.
 #include <cfloat>
 
 #include "kernels/cuda/attention_sm90.cuh"
@@ -37,6 +45,18 @@ struct BackwardSmem {
   static constexpr int kBars = kStats + kStages * 2 * kStream * 2;  // bf16 offsets (stats: 2 fp32 per query)
   static constexpr size_t bytes() { return size_t(kBars) * sizeof(bf16) + (1 + 2 * kStages) * sizeof(uint64_t) + 1024; }
   static_assert(kB > 0 && kStats > kStage);  // (also keeps the host pass from calling them unused)
+};
+
+// The dK/dV kernel's: BackwardSmem's, and with dQ fused two dSᵀ tiles (kKeys x kQueryTile, one per item
+// parity, so one warpgroup's next store never meets the other's reads) before the statistics.
+template <int D, bool kFused>
+struct DkDvSmem : BackwardSmem<D, kKeys, kQueryTile, kDkDvStages> {
+  using Base = BackwardSmem<D, kKeys, kQueryTile, kDkDvStages>;
+  static constexpr int kDs = Base::kStats, kDsTile = kKeys * kQueryTile;  // bf16 offsets, 1024-byte aligned
+  static constexpr int kStats = Base::kStats + (kFused ? 2 * kDsTile : 0);
+  static constexpr int kBars = Base::kBars + (kStats - Base::kStats);
+  static constexpr size_t bytes() { return size_t(kBars) * sizeof(bf16) + (1 + 2 * kDkDvStages) * sizeof(uint64_t) + 1024; }
+  static_assert(kDs * sizeof(bf16) % 1024 == 0 && kDsTile * sizeof(bf16) % 1024 == 0);
 };
 
 #ifdef SOLTRAIN_SM90_DEVICE
@@ -115,16 +135,38 @@ __device__ __forceinline__ void gradient_product(float (&acc)[D / 2], float (&x)
   for (int kk = 0; kk < kK / 16; ++kk) wgmma_rs<D>(acc, frag[kk], mn_major<kK>(b, kk), 1);
   wgmma_commit();
 }
+// This thread's rows (row, row + 8) of a dSᵀ tile (kKeys rows x kQueryTile query columns, sw128) from its
+// dSᵀ A fragments: frag[kk] holds queries [16 kk, 16 kk + 16) as c_to_a packed them (pairs of adjacent
+// queries), so each pair is one 4-byte store; the 8 rows of a warp's store land in 8 distinct chunks.
+__device__ __forceinline__ void store_ds_rows(bf16* tile, const uint32_t (&frag)[kQueryTile / 16][4], int row) {
+  const int t = threadIdx.x % 4;
+  unsigned char* base = reinterpret_cast<unsigned char*>(tile);
+#pragma unroll
+  for (int kk = 0; kk < kQueryTile / 16; ++kk)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // j: (query chunk 2 kk + j / 2, row + 8 (j % 2))
+      const int r = row + 8 * (j % 2), chunk = 2 * kk + j / 2;
+      *reinterpret_cast<uint32_t*>(base + r * 128 + (chunk ^ (r % 8)) * 16 + 4 * t) = frag[kk][j];
+    }
+}
+template <int R>
+__device__ __forceinline__ void fence_fragments(uint32_t (&frag)[R][4]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(frag[i][j])::"memory");
+}
 #endif
 
-template <int D>
+template <int D, bool kFused, bool kOrdered>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
                 const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap do_map, bf16* dk,
-                bf16* dv, const float* lse, const float* delta, const int32_t* cu, int64_t N, int H, int Hkv,
-                float scale) {
+                bf16* dv, float* dq_sum, int* dq_turn, const float* lse, const float* delta, const int32_t* cu,
+                int64_t N, int H, int Hkv, int q_tiles_max, float scale) {
 #ifdef SOLTRAIN_SM90_DEVICE
-  using L = BackwardSmem<D, kKeys, kQueryTile, kDkDvStages>;
+  static_assert(!kFused || D == 128, "the fused dQ splits head dim 128 between the two warpgroups");
+  using L = DkDvSmem<D, kFused>;
   extern __shared__ unsigned char smem_raw[];
   bf16* const tiles = align1024(smem_raw);
   float* const stats = reinterpret_cast<float*>(tiles + L::kStats);  // stage s: lse at 2s, delta at 2s + 1
@@ -180,53 +222,99 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk_acc[i] = dv_acc[i] = 0.f;
   float p[kQueryTile / 2], ds[kQueryTile / 2];  // Sᵀ then Pᵀ; dPᵀ then dSᵀ (keys x queries)
+  uint32_t ds_frag[kQueryTile / 16][4];         // dSᵀ in bf16: dK's A operand, and (fused) the shared dSᵀ tile
+  float dq[32];                                 // fused: this warpgroup's half of the item's dQ (64 x 64)
 
   // One item is four product batches, each committed as its own wgmma group so that the elementwise work
   // between them overlaps the batch still running (groups complete in order):
   //   [Sᵀ = K Qᵀ] [dPᵀ = V dOᵀ] | wait Sᵀ: Pᵀ | [dV += Pᵀ dO] | wait dPᵀ: dSᵀ | [dK += dSᵀ Q] | wait all
+  // Fused, a fifth after both warpgroups have stored their dSᵀ rows: [dQ = dS K] (this warpgroup's 64 of
+  // the head dim, over both warpgroups' keys), then its reductions into dq_sum.
   // Overlapping across items instead would keep P and dS live twice over next to 128 accumulator
   // registers (past 240); the two groups also overlap each other.
   mbar_wait(ring.resident(), 0);
   for (int i = 0; i < items; ++i) {
     int h, q0;
     item(i, h, q0);
-    if (q0 + kQueryTile - 1 < wk0 || wk0 >= len) {  // every query precedes this group's keys: nothing to add
-      ring.wait_full(i);                            // (waiting first keeps this arrival in the stage's own phase)
-      if (leader) mbar_arrive(ring.free(i));
-      continue;
-    }
+    // The upper warpgroup's keys all follow the tile's queries (or the document): it has nothing to add.
+    const bool upper_idle = q0 + kQueryTile - 1 < k0 + 64 || k0 + 64 >= len;
+    const bool idle = cw == 1 && upper_idle;  // (the lower one always has: k0 <= q0 < len)
     const bf16* Qs = tiles + L::kStage + i % kDkDvStages * 2 * kQueryTile * D;
     const bf16* dOs = Qs + kQueryTile * D;
     const float* lse_s = stats + 2 * (i % kDkDvStages) * kQueryTile;
     const float* delta_s = lse_s + kQueryTile;
     const bool masked = q0 < wk0 + 63 || q0 + kQueryTile > len || wk0 + 64 > len;
+    bf16* const ds_tile = tiles + L::kDs + i % 2 * L::kDsTile;
 
-    ring.wait_full(i);
-    score_products<D, kKeys, kQueryTile>(p, ds, Ks, Qs, Vs, dOs, cw * 64);
+    ring.wait_full(i);  // (idle, waiting first keeps this warpgroup's release in the stage's own phase)
+    if (!idle) {
+      score_products<D, kKeys, kQueryTile>(p, ds, Ks, Qs, Vs, dOs, cw * 64);
 
-    wgmma_wait<1>();
-    fence_accumulators(p);
+      wgmma_wait<1>();
+      fence_accumulators(p);
 #pragma unroll
-    for (int e = 0; e < kQueryTile / 2; ++e) {
-      const int qc = e / 4 * 8 + 2 * t + e % 2, query = q0 + qc, kr = key[e / 2 % 2];
-      const float pe = fast_exp2(fmaf(p[e], scale_log2, -lse_s[qc]));
-      p[e] = masked && !(kr <= query && query < len && kr < len) ? 0.f : pe;
-    }
-    gradient_product<D, kQueryTile>(dv_acc, p, dOs);
+      for (int e = 0; e < kQueryTile / 2; ++e) {
+        const int qc = e / 4 * 8 + 2 * t + e % 2, query = q0 + qc, kr = key[e / 2 % 2];
+        const float pe = fast_exp2(fmaf(p[e], scale_log2, -lse_s[qc]));
+        p[e] = masked && !(kr <= query && query < len && kr < len) ? 0.f : pe;
+      }
+      gradient_product<D, kQueryTile>(dv_acc, p, dOs);
 
-    wgmma_wait<1>();
-    fence_accumulators(ds);
+      wgmma_wait<1>();
+      fence_accumulators(ds);
 #pragma unroll
-    for (int e = 0; e < kQueryTile / 2; ++e) {
-      const int qc = e / 4 * 8 + 2 * t + e % 2;
-      ds[e] = p[e] * (ds[e] - delta_s[qc]);
+      for (int e = 0; e < kQueryTile / 2; ++e) {
+        const int qc = e / 4 * 8 + 2 * t + e % 2;
+        ds[e] = p[e] * (ds[e] - delta_s[qc]);
+      }
+#pragma unroll
+      for (int kk = 0; kk < kQueryTile / 16; ++kk) c_to_a(ds_frag[kk], &ds[8 * kk], &ds[8 * kk + 4]);
+      if constexpr (kFused) store_ds_rows(ds_tile, ds_frag, cw * 64 + warp * 16 + g);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kQueryTile / 16; ++kk) wgmma_rs<D>(dk_acc, ds_frag[kk], mn_major<kQueryTile>(Qs, kk), 1);
+      wgmma_commit();
     }
-    gradient_product<D, kQueryTile>(dk_acc, ds, Qs);
-
+    if constexpr (kFused) {
+      fence_shared_to_async();
+      named_barrier(1, 2 * kWarpgroup);  // both warpgroups' dSᵀ rows are in the tile
+      // dQ[:, 64 cw, +64) = dS K over the block's keys (the lower 64 alone when the upper warpgroup idles):
+      // dS from the dSᵀ tile and K's column block cw, both read transposed.
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk)
+        if (kk < 4 || !upper_idle)
+          wgmma_ss_tt_n64(dq, mn_major<kKeys>(ds_tile, kk), mn_major<kKeys>(Ks + cw * kKeys * 64, kk), kk > 0);
+      wgmma_commit();
+    }
     wgmma_wait<0>();
     fence_accumulators(dv_acc);
     fence_accumulators(dk_acc);
+    fence_fragments(ds_frag);  // (read by dK's product until here)
     if (leader) mbar_arrive(ring.free(i));
+    if constexpr (kFused) {
+      fence_accumulators(dq);
+      int* const turn = dq_turn + (int64_t(doc) * H + h) * q_tiles_max + q0 / kQueryTile;
+      if constexpr (kOrdered) {  // this block's place among the tile's adders: key blocks from q0's down
+        if (cw == 0 && tid == 0)
+          while (load_acquire(turn) != q0 / kKeys - k0 / kKeys) {
+          }
+        named_barrier(2, 2 * kWarpgroup);
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int query = q0 + warp * 16 + g + 8 * r;
+        if (query >= len) continue;
+        float* const row = dq_sum + ((int64_t(start) + query) * H + h) * int64_t(D) + cw * 64 + 2 * t;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) red_add2(row + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+      }
+      if constexpr (kOrdered) {  // every add of this block is done before the next block's turn
+        __threadfence();
+        named_barrier(2, 2 * kWarpgroup);
+        if (cw == 0 && tid == 0) atomicAdd(turn, 1);
+      }
+    }
   }
 
 #pragma unroll
@@ -334,26 +422,63 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// dq = scale * the fused kernels' fp32 sums, four values a thread.
+__global__ void dq_from_sums(bf16* dq, const float* sums, int64_t quads, float scale) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= quads) return;
+  const float4 v = reinterpret_cast<const float4*>(sums)[i];
+  uint2 out;
+  out.x = pack(v.x * scale, v.y * scale);
+  out.y = pack(v.z * scale, v.w * scale);
+  reinterpret_cast<uint2*>(dq)[i] = out;
+}
+
+// The fused forms serve head dim 128 (the two warpgroups take 64 columns of dQ each); others run split.
+bool fused(AttentionBackward form, const Tensor& q) {
+  return form != AttentionBackward::Split && q.dim(2) == 128;
+}
+int64_t q_tiles_max(const SeqLayout& seq) {
+  return (seq.max_seqlen + kQueryTile - 1) / kQueryTile;
+}
+size_t sums_bytes(const Tensor& q) {
+  return (size_t(q.numel()) * sizeof(float) + 255) / 256 * 256;
+}
+
+template <int D, bool kFused, bool kOrdered>
+void launch_dkdv(const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                 const Tensor& v, const Tensor& lse, const float* delta, const SeqLayout& seq, float scale,
+                 float* dq_sums, int* dq_turns, cudaStream_t s) {
+  using L = DkDvSmem<D, kFused>;
+  static bool configured = false;
+  if (!configured) {
+    CUDA_CHECK(cudaFuncSetAttribute(dkdv_kernel<D, kFused, kOrdered>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(L::bytes())));
+    configured = true;
+  }
+  const int H = int(q.dim(1)), Hkv = int(k.dim(1));
+  const unsigned docs = unsigned(seq.cu_seqlens.numel() - 1);
+  dkdv_kernel<D, kFused, kOrdered>
+      <<<dim3(unsigned((seq.max_seqlen + kKeys - 1) / kKeys), unsigned(Hkv), docs), kThreads, L::bytes(), s>>>(
+          head_tile_map(k, kKeys), head_tile_map(v, kKeys), head_tile_map(q, kQueryTile),
+          head_tile_map(dout, kQueryTile), dk.as<bf16>(), dv.as<bf16>(), dq_sums, dq_turns, lse.f32(), delta,
+          seq.cu_seqlens.i32(), q.dim(0), H, Hkv, int(q_tiles_max(seq)), scale);
+  CUDA_CHECK_LAUNCH();
+}
+
 template <int D>
-void launch(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-            const Tensor& v, const Tensor& lse, const float* delta, const SeqLayout& seq, float scale, cudaStream_t s) {
-  using DkDv = BackwardSmem<D, kKeys, kQueryTile, kDkDvStages>;
+void launch_split(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                  const Tensor& k, const Tensor& v, const Tensor& lse, const float* delta, const SeqLayout& seq,
+                  float scale, cudaStream_t s) {
   using Dq = BackwardSmem<D, kQueries, kKeyTile, kDqStages>;
   static bool configured = false;
   if (!configured) {
-    CUDA_CHECK(cudaFuncSetAttribute(dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(DkDv::bytes())));
     CUDA_CHECK(cudaFuncSetAttribute(dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Dq::bytes())));
     configured = true;
   }
   const int H = int(q.dim(1)), Hkv = int(k.dim(1));
   const int64_t N = q.dim(0);
   const unsigned docs = unsigned(seq.cu_seqlens.numel() - 1);
-  dkdv_kernel<D>
-      <<<dim3(unsigned((seq.max_seqlen + kKeys - 1) / kKeys), unsigned(Hkv), docs), kThreads, DkDv::bytes(), s>>>(
-          head_tile_map(k, kKeys), head_tile_map(v, kKeys), head_tile_map(q, kQueryTile),
-          head_tile_map(dout, kQueryTile), dk.as<bf16>(), dv.as<bf16>(), lse.f32(), delta, seq.cu_seqlens.i32(), N, H,
-          Hkv, scale);
-  CUDA_CHECK_LAUNCH();
+  launch_dkdv<D, false, false>(dk, dv, dout, q, k, v, lse, delta, seq, scale, nullptr, nullptr, s);
   dq_kernel<D>
       <<<dim3(unsigned((seq.max_seqlen + kQueries - 1) / kQueries), unsigned(H), docs), kThreads, Dq::bytes(), s>>>(
           head_tile_map(q, kQueries), head_tile_map(dout, kQueries), head_tile_map(k, kKeyTile),
@@ -363,13 +488,32 @@ void launch(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& 
 
 }  // namespace
 
+size_t flash_backward_sm90_scratch(AttentionBackward form, const Tensor& q, const SeqLayout& seq) {
+  if (!fused(form, q)) return 0;
+  const int64_t turns = (seq.cu_seqlens.numel() - 1) * q.dim(1) * q_tiles_max(seq);
+  return sums_bytes(q) + size_t(turns) * sizeof(int);
+}
+
 void flash_backward_sm90(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                          const Tensor& k, const Tensor& v, const Tensor& lse, const float* delta, const SeqLayout& seq,
-                         float scale, cudaStream_t s) {
-  if (q.dim(2) == 64)
-    launch<64>(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, s);
+                         float scale, AttentionBackward form, void* scratch, cudaStream_t s) {
+  if (!fused(form, q)) {
+    if (q.dim(2) == 64)
+      launch_split<64>(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, s);
+    else
+      launch_split<128>(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, s);
+    return;
+  }
+  float* const sums = static_cast<float*>(scratch);
+  int* const turns = reinterpret_cast<int*>(static_cast<unsigned char*>(scratch) + sums_bytes(q));
+  CUDA_CHECK(cudaMemsetAsync(scratch, 0, flash_backward_sm90_scratch(form, q, seq), s));
+  if (form == AttentionBackward::Ordered)
+    launch_dkdv<128, true, true>(dk, dv, dout, q, k, v, lse, delta, seq, scale, sums, turns, s);
   else
-    launch<128>(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, s);
+    launch_dkdv<128, true, false>(dk, dv, dout, q, k, v, lse, delta, seq, scale, sums, turns, s);
+  const int64_t quads = q.numel() / 4;
+  dq_from_sums<<<unsigned((quads + 255) / 256), 256, 0, s>>>(dq.as<bf16>(), sums, quads, scale);
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace soltrain::cuda

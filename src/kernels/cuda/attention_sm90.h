@@ -15,9 +15,15 @@ inline bool sm90_attention_head_dim(int64_t hd) {
 
 void flash_forward_sm90(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                         const SeqLayout& seq, float scale, cudaStream_t s);
-// delta[h, n] = Σ_d dO·O, computed by the caller.
+// How the backward forms dQ (attention_backward_sm90.cu says how each works): Split (two kernels, bitwise
+// repeatable, the default), Atomic (one kernel, fp32 reductions in any order), Ordered (one kernel, the
+// reductions in a fixed order: bitwise repeatable). Head dim 64 runs Split whatever is asked.
+enum class AttentionBackward { Split, Atomic, Ordered };
+// The device scratch `form` needs (fp32 dQ sums and per-tile counters), 0 for Split.
+size_t flash_backward_sm90_scratch(AttentionBackward form, const Tensor& q, const SeqLayout& seq);
+// delta[h, n] = Σ_d dO·O, computed by the caller; `scratch` holds flash_backward_sm90_scratch's bytes.
 void flash_backward_sm90(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                          const Tensor& k, const Tensor& v, const Tensor& lse, const float* delta, const SeqLayout& seq,
-                         float scale, cudaStream_t s);
+                         float scale, AttentionBackward form, void* scratch, cudaStream_t s);
 
 }  // namespace soltrain::cuda

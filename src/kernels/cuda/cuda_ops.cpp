@@ -32,6 +32,18 @@ CudaOps::CudaOps() {
   sm90_ = major == 9 && minor == 0;
   compute_capability_ = major * 10 + minor;
   hopper_attention_ = sm90_ && !(choice && std::strcmp(choice, "portable") == 0);
+  // How the Hopper backward forms dQ (attention_backward_sm90.cu); split stays the default until the fused
+  // forms have been measured and checked on a GPU.
+  if (const char* form = std::getenv("SOLTRAIN_ATTENTION_BACKWARD"); form && *form) {
+    if (std::strcmp(form, "split") == 0)
+      attention_backward_ = cuda::AttentionBackward::Split;
+    else if (std::strcmp(form, "atomic") == 0)
+      attention_backward_ = cuda::AttentionBackward::Atomic;
+    else if (std::strcmp(form, "ordered") == 0)
+      attention_backward_ = cuda::AttentionBackward::Ordered;
+    else
+      user_error("SOLTRAIN_ATTENTION_BACKWARD is '", form, "': expected split, atomic or ordered");
+  }
   for (cudaStream_t& st : streams_) CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   stream_ = streams_[0];
   for (cudaEvent_t& e : marks_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/op_profiler.h"
 #include "kernels/ops.h"
 
@@ -132,6 +133,8 @@ class CudaOps final : public Ops {
   int sm_count_ = 0;
   int compute_capability_ = 0;     // major · 10 + minor
   bool hopper_attention_ = false;  // compute capability 9.0 and not SOLTRAIN_ATTENTION=portable
+  // SOLTRAIN_ATTENTION_BACKWARD=split|atomic|ordered (the Hopper kernels' dQ; split unless set)
+  cuda::AttentionBackward attention_backward_ = cuda::AttentionBackward::Split;
   bool sm90_ = false;              // compute capability 9.0: the sm_90a kernels (clusters, wgmma) run
   OpProfiler profiler_;
   struct Plan {  // one cuBLASLt problem: descriptors and the algorithm picked once
