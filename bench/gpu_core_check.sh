@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attn] [peers8b] [peers4b]
+#     [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [attn] [peers8b] [peers4b]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -35,7 +35,7 @@ for s in "${steps[@]}"; do
       timeout 200 python3 tests/tools/make_sft_trajectory_reference.py "$B/soltrain" tests/fixtures/sft_trajectory
       tar czf "$OUT/fixtures.tgz" tests/fixtures/objective tests/fixtures/sft_trajectory/expected.json ;;
     tests)
-      timeout 300 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='*Cuda*:Shapes/*:*Objective*:LayerHooks*:SftTrajectory*:Fixtures/*:AdamW8bit*:-CudaDataParallel*' \
+      timeout 300 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='*Cuda*:Shapes/*:*Objective*:LayerHooks*:SftTrajectory*:Fixtures/*:AdamW8bit*:-CudaDataParallel*:*Fused*' \
         > "$OUT/gpu-tests.log" 2>&1
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/gpu-tests.log" ;;
     probe)
@@ -147,10 +147,14 @@ for s in "${steps[@]}"; do
         --peers lowmem --attention "" --out "$OUT" > "$OUT/peers8b.log" 2>&1
       grep -E "^\| Qwen" "$OUT/peers8b.log" ;;
     peers4b)  # ... and 4B full: 8-bit AdamW, masters and moments offloaded, 16 micro-batches per update
-      timeout 560 python3 bench/run_bench.py --soltrain "$B/soltrain" --sizes 4B --batch 4B=2 \
+      timeout 500 python3 bench/run_bench.py --soltrain "$B/soltrain" --sizes 4B --batch 4B=2 \
         --variant "8-bit, offload both, accumulation 16=--optimizer adamw_8bit --recompute elementwise --offload both --gradient-accumulation 16" \
         --peers lowmem --attention "" --out "$OUT" > "$OUT/peers4b.log" 2>&1
       grep -E "^\| Qwen" "$OUT/peers4b.log" ;;
+    attnfused)  # the fused backward forms (SOLTRAIN_ATTENTION_BACKWARD=atomic, ordered) against the CPU, alone: a
+      # wrong turn order would hang the ordered kernel, so a short limit
+      timeout 120 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='*Fused*' > "$OUT/attnfused-tests.log" 2>&1
+      echo "exit $?"; grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/attnfused-tests.log" ;;
     attn)  # issue 12 item 3: the attention table next to torch's flash and cuDNN backends at T = 2k .. 64k (Qwen3-8B heads)
       timeout 400 python3 bench/run_bench.py --soltrain "$B/soltrain" --sizes "" --peers none \
         --attention 8x32x8x2048,4x32x8x4096,2x32x8x8192,1x32x8x16384,1x32x8x65536 --out "$OUT" > "$OUT/attn.log" 2>&1

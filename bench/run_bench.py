@@ -194,10 +194,13 @@ def main():
                             ("soltrain (backward fused, atomic)", {"SOLTRAIN_ATTENTION_BACKWARD": "atomic"}),
                             ("soltrain (backward fused, ordered)", {"SOLTRAIN_ATTENTION_BACKWARD": "ordered"}),
                             ("soltrain (sm_80 kernels)", {"SOLTRAIN_ATTENTION": "portable"})):
-            out = subprocess.run([a.soltrain, "bench-attention", "--batch", str(b), "--heads", str(h), "--kv-heads",
-                                  str(kv), "--seq-len", str(t), "--head-dim", "128"], capture_output=True, text=True,
-                                 env=dict(os.environ, **env))
-            r = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-300:]}
+            try:
+                out = subprocess.run([a.soltrain, "bench-attention", "--batch", str(b), "--heads", str(h), "--kv-heads",
+                                      str(kv), "--seq-len", str(t), "--head-dim", "128"], capture_output=True, text=True,
+                                     env=dict(os.environ, **env), timeout=120)
+                r = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-300:]}
+            except subprocess.TimeoutExpired:
+                r = {"error": "timed out after 120 s"}
             r["engine"] = engine
             rows.append(r)
         for backend in ("flash", "cudnn"):
