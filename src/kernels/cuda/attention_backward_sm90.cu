@@ -9,7 +9,8 @@
 //   adds land in any order).
 // - ordered: atomic's kernel, with each (query head, query tile)'s adds taken in a fixed order (key block
 //   by key block, latest keys first: the launch order, so a block only ever waits for one that started
-//   earlier) through a counter per tile. Bitwise repeatable.
+//   earlier) through a counter per tile. Bitwise repeatable. It relies on blocks being dispatched in
+//   linear-id order (undocumented, as FA3's deterministic mode does); a wait past ~10 s traps.
 // Each block is laid out like the forward (attention_forward_sm90.cu): a copy warpgroup streams tiles by
 // TMA through a two-stage ring (a third stage measured no faster: bench/NOTES.md run 13),
 // and two consumer warpgroups work on them. Score-shaped products (Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, S = Q Kᵀ,
@@ -281,10 +282,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       // dQ[:, 64 cw, +64) = dS K over the block's keys (the lower 64 alone when the upper warpgroup idles):
       // dS from the dSᵀ tile and K's column block cw, both read transposed.
       wgmma_fence();
+      const bf16* const Kc = Ks + cw * kKeys * 64;
+      if (upper_idle) {  // (two unrolled loops: a condition inside one could make ptxas serialise the batch)
 #pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk)
-        if (kk < 4 || !upper_idle)
-          wgmma_ss_tt_n64(dq, mn_major<kKeys>(ds_tile, kk), mn_major<kKeys>(Ks + cw * kKeys * 64, kk), kk > 0);
+        for (int kk = 0; kk < 4; ++kk)
+          wgmma_ss_tt_n64(dq, mn_major<kKeys>(ds_tile, kk), mn_major<kKeys>(Kc, kk), kk > 0);
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < kKeys / 16; ++kk)
+          wgmma_ss_tt_n64(dq, mn_major<kKeys>(ds_tile, kk), mn_major<kKeys>(Kc, kk), kk > 0);
+      }
       wgmma_commit();
     }
     wgmma_wait<0>();
@@ -297,7 +304,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       int* const turn = dq_turn + (int64_t(doc) * H + h) * q_tiles_max + q0 / kQueryTile;
       if constexpr (kOrdered) {  // this block's place among the tile's adders: key blocks from q0's down
         if (cw == 0 && tid == 0)
-          while (load_acquire(turn) != q0 / kKeys - k0 / kKeys) {
+          for (int64_t spins = 0; load_acquire(turn) != q0 / kKeys - k0 / kKeys; ++spins) {
+            __nanosleep(64);
+            if (spins > (int64_t(1) << 27)) __trap();  // ~10 s: a wrong turn fails the launch, not a hang
           }
         named_barrier(2, 2 * kWarpgroup);
       }
@@ -309,10 +318,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int j = 0; j < 8; ++j) red_add2(row + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
       }
-      if constexpr (kOrdered) {  // every add of this block is done before the next block's turn
-        __threadfence();
-        named_barrier(2, 2 * kWarpgroup);
-        if (cw == 0 && tid == 0) atomicAdd(turn, 1);
+      if constexpr (kOrdered) {  // every add of this block is done before the next block's turn (release:
+        named_barrier(2, 2 * kWarpgroup);  // the barrier orders the block's adds before thread 0's fence)
+        if (cw == 0 && tid == 0) {
+          __threadfence();
+          atomicAdd(turn, 1);
+        }
       }
     }
   }
