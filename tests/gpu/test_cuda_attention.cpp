@@ -1,9 +1,12 @@
 // Our flash attention against the CPU reference: causal, GQA/MQA, packed documents, head dims 16-128. On a
 // Hopper GPU head dims 64 and 128 run the sm_90a kernels; the Portable suite runs the sm_80 ones there too,
 // the Fused suites the Hopper backward's fused forms.
+#include <cuda_runtime.h>
+
 #include <cstdlib>
 
 #include "gpu_test_util.h"
+#include "kernels/cuda/attention_sm90.h"
 
 namespace soltrain::test {
 namespace {
@@ -113,6 +116,61 @@ void CudaAttention::check(const Case& c) {
   }
   EXPECT_EQ(download(gdk), dk1);
   EXPECT_EQ(download(gdv), dv1);
+}
+
+// The ordered form's turn counters after one backward, read from the kernel's own scratch: tile q0 of every
+// (document, head) is added to by key blocks 0 .. q0 / 128, once each, so it must hold q0 / 128 + 1 (a wrong
+// rank would hang and trap, or leave another count while the results still happen to match).
+class CudaAttentionOrderedTurns : public CudaTest {};
+TEST_F(CudaAttentionOrderedTurns, EveryKeyBlockTakesItsTurnOnce) {
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  if (major != 9 || minor != 0) GTEST_SKIP() << "the sm_90a kernels need compute capability 9.0";
+  const std::vector<int32_t> cu{0, 700, 1100, 1101};  // ragged ends, and a one-token document
+  const int64_t N = cu.back(), H = 4, Hkv = 2, hd = 128, docs = int64_t(cu.size()) - 1;
+  std::vector<int32_t> pos;
+  int max_len = 0;
+  for (size_t d = 0; d + 1 < cu.size(); ++d) {
+    max_len = std::max(max_len, cu[d + 1] - cu[d]);
+    for (int32_t i = cu[d]; i < cu[d + 1]; ++i) pos.push_back(i - cu[d]);
+  }
+  const auto q = randn(size_t(N * H * hd)), k = randn(size_t(N * Hkv * hd)), v = randn(size_t(N * Hkv * hd)),
+             dout = randn(size_t(N * H * hd));
+  const SeqLayout gs{upload_i32(cu), upload_i32(pos), max_len};
+  const Tensor gq = upload(q, {N, H, hd}), gk = upload(k, {N, Hkv, hd}), gv = upload(v, {N, Hkv, hd}),
+               gdout = upload(dout, {N, H, hd});
+  Tensor gout = poisoned({N, H, hd}), glse = poisoned({H, N}, DType::F32);
+  const float scale = 1.0f / std::sqrt(float(hd));
+  gpu->attention_forward(gout, glse, gq, gk, gv, gs, scale);
+  const std::vector<float> out = download(gout);
+  std::vector<float> delta(size_t(H * N), 0.f);  // Σ_d dO·O, as the backend computes it before the kernels
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t d = 0; d < hd; ++d)
+        delta[size_t(h * N + n)] += dout[size_t((n * H + h) * hd + d)] * out[size_t((n * H + h) * hd + d)];
+  const Tensor gdelta = upload(delta, {H, N}, DType::F32);
+  Tensor gdq = poisoned({N, H, hd}), gdk = poisoned({N, Hkv, hd}), gdv = poisoned({N, Hkv, hd});
+  const size_t bytes = cuda::flash_backward_sm90_scratch(cuda::AttentionBackward::Ordered, gq, gs);
+  const size_t sums = size_t(N * H * hd) * sizeof(float), tiles = size_t((max_len + 63) / 64);
+  ASSERT_EQ(bytes, (sums + 255) / 256 * 256 + size_t(docs * H) * tiles * sizeof(int));
+  buffers.push_back(gpu->alloc(bytes));
+  unsigned char* const scratch = static_cast<unsigned char*>(buffers.back().data());
+  gpu->synchronize();  // the uploads ran on the backend's streams; this launch goes on the default one
+  cuda::flash_backward_sm90(gdq, gdk, gdv, gdout, gq, gk, gv, glse, gdelta.f32(), gs, scale,
+                            cuda::AttentionBackward::Ordered, scratch, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<int> turns(size_t(docs * H) * tiles);
+  ASSERT_EQ(cudaMemcpy(turns.data(), scratch + (sums + 255) / 256 * 256, turns.size() * sizeof(int),
+                       cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  for (int64_t doc = 0; doc < docs; ++doc)
+    for (int64_t h = 0; h < H; ++h)
+      for (size_t t = 0; t < tiles; ++t) {
+        const int64_t q0 = int64_t(t) * 64, len = cu[size_t(doc) + 1] - cu[size_t(doc)];
+        EXPECT_EQ(turns[size_t(doc * H + h) * tiles + t], q0 < len ? int(q0 / 128 + 1) : 0)
+            << "document " << doc << ", head " << h << ", query tile " << t;
+      }
 }
 
 const auto kCases = ::testing::Values(Case{{0, 200, 333}, 4, 2, 64},           // packed, GQA 2:1

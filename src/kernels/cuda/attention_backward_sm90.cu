@@ -150,6 +150,14 @@ __device__ __forceinline__ void store_ds_rows(bf16* tile, const uint32_t (&frag)
       *reinterpret_cast<uint32_t*>(base + r * 128 + (chunk ^ (r % 8)) * 16 + 4 * t) = frag[kk][j];
     }
 }
+// Spins until *turn == rank; past ~10 s it traps, so a wrong turn fails the launch instead of hanging it.
+// (Not inlined: its loop inlined into the consumer loop cost registers enough to serialise the wgmmas.)
+__device__ __noinline__ void wait_turn(const int* turn, int rank) {
+  for (int spins = 0; load_acquire(turn) != rank; ++spins) {
+    __nanosleep(64);
+    if (spins > (1 << 24)) __trap();
+  }
+}
 template <int R>
 __device__ __forceinline__ void fence_fragments(uint32_t (&frag)[R][4]) {
 #pragma unroll
@@ -303,11 +311,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_accumulators(dq);
       int* const turn = dq_turn + (int64_t(doc) * H + h) * q_tiles_max + q0 / kQueryTile;
       if constexpr (kOrdered) {  // this block's place among the tile's adders: key blocks from q0's down
-        if (cw == 0 && tid == 0)
-          for (int64_t spins = 0; load_acquire(turn) != q0 / kKeys - k0 / kKeys; ++spins) {
-            __nanosleep(64);
-            if (spins > (int64_t(1) << 27)) __trap();  // ~10 s: a wrong turn fails the launch, not a hang
-          }
+        if (cw == 0 && tid == 0) wait_turn(turn, q0 / kKeys - k0 / kKeys);
         named_barrier(2, 2 * kWarpgroup);
       }
 #pragma unroll
