@@ -294,11 +294,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (upper_idle) {  // (two unrolled loops: a condition inside one could make ptxas serialise the batch)
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-          wgmma_ss_tt_n64(dq, mn_major<kKeys>(ds_tile, kk), mn_major<kKeys>(Kc, kk), kk > 0);
+          wgmma_ss_n64<1>(dq, mn_major<kKeys>(ds_tile, kk), mn_major<kKeys>(Kc, kk), kk > 0);
       } else {
 #pragma unroll
         for (int kk = 0; kk < kKeys / 16; ++kk)
-          wgmma_ss_tt_n64(dq, mn_major<kKeys>(ds_tile, kk), mn_major<kKeys>(Kc, kk), kk > 0);
+          wgmma_ss_n64<1>(dq, mn_major<kKeys>(ds_tile, kk), mn_major<kKeys>(Kc, kk), kk > 0);
       }
       wgmma_commit();
     }
