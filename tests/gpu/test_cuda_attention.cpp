@@ -121,8 +121,8 @@ void CudaAttention::check(const Case& c) {
 // The ordered form's turn counters after one backward, read from the kernel's own scratch: tile q0 of every
 // (document, head) is added to by key blocks 0 .. q0 / 128, once each, so it must hold q0 / 128 + 1 (a wrong
 // rank would hang and trap, or leave another count while the results still happen to match).
-class CudaAttentionOrderedTurns : public CudaTest {};
-TEST_F(CudaAttentionOrderedTurns, EveryKeyBlockTakesItsTurnOnce) {
+class CudaAttentionFusedOrderedTurns : public CudaTest {};
+TEST_F(CudaAttentionFusedOrderedTurns, EveryKeyBlockTakesItsTurnOnce) {
   int major = 0, minor = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
