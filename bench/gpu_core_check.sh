@@ -35,7 +35,7 @@ for s in "${steps[@]}"; do
       timeout 200 python3 tests/tools/make_sft_trajectory_reference.py "$B/soltrain" tests/fixtures/sft_trajectory
       tar czf "$OUT/fixtures.tgz" tests/fixtures/objective tests/fixtures/sft_trajectory/expected.json ;;
     tests)
-      timeout 300 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='*Cuda*:Shapes/*:*Objective*:LayerHooks*:SftTrajectory*:Fixtures/*:AdamW8bit*:-CudaDataParallel*:*Fused*' \
+      timeout 300 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='*Cuda*:Shapes/*:*Objective*:LayerHooks*:SftTrajectory*:Fixtures/*:AdamW8bit*:-CudaDataParallel*:*AttentionFused*' \
         > "$OUT/gpu-tests.log" 2>&1
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/gpu-tests.log" ;;
     probe)
@@ -153,7 +153,7 @@ for s in "${steps[@]}"; do
       grep -E "^\| Qwen" "$OUT/peers4b.log" ;;
     attnfused)  # the fused backward forms (SOLTRAIN_ATTENTION_BACKWARD=atomic, ordered) against the CPU, alone: a
       # wrong turn order would hang the ordered kernel, so a short limit
-      timeout 120 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='*Fused*' > "$OUT/attnfused-tests.log" 2>&1
+      timeout 120 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='*AttentionFused*' > "$OUT/attnfused-tests.log" 2>&1
       echo "exit $?"; grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/attnfused-tests.log" ;;
     attn)  # issue 12 item 3: the attention table next to torch's flash and cuDNN backends at T = 2k .. 64k (Qwen3-8B heads)
       timeout 400 python3 bench/run_bench.py --soltrain "$B/soltrain" --sizes "" --peers none \
