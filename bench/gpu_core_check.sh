@@ -128,9 +128,11 @@ for s in "${steps[@]}"; do
         bench_one "offloadw-${v%%:*}" 8B --batch-size 8 --seq-len 2048 --lora-rank 16 --recompute full --warmup 2 \
           --steps 4 ${v#*:}
       done ;;
-    offloadw1)  # the same at 1 x 2048: all layers streamed (copy-bound, predicted), or 24 of 36 kept on the GPU
+    offloadw1)  # the same at 1 x 2048: all layers streamed (copy-bound), or 24 / 26 of 36 kept on the GPU (run 46: 24
+      # kept gave 89.7% of resident in 15.0 GiB; 26 should pass 90% at ~15.7 GiB)
       for v in "resident:" "streamed:--offload-weights" "kept24:--offload-weights --offload-weights-resident-layers 24" \
-               "kept24_ckpt:--offload-weights --offload-weights-resident-layers 24 --offload-activations"; do
+               "kept24_ckpt:--offload-weights --offload-weights-resident-layers 24 --offload-activations" \
+               "kept26:--offload-weights --offload-weights-resident-layers 26"; do
         bench_one "offloadw-b1-${v%%:*}" 8B --batch-size 1 --seq-len 2048 --lora-rank 16 --recompute full --warmup 2 \
           --steps 5 ${v#*:}
       done ;;
