@@ -152,8 +152,10 @@ TEST_F(CudaAttentionFusedOrderedTurns, EveryKeyBlockTakesItsTurnOnce) {
   const Tensor gdelta = upload(delta, {H, N}, DType::F32);
   Tensor gdq = poisoned({N, H, hd}), gdk = poisoned({N, Hkv, hd}), gdv = poisoned({N, Hkv, hd});
   const size_t bytes = cuda::flash_backward_sm90_scratch(cuda::AttentionBackward::Ordered, gq, gs);
-  const size_t sums = size_t(N * H * hd) * sizeof(float), tiles = size_t((max_len + 63) / 64);
-  ASSERT_EQ(bytes, (sums + 255) / 256 * 256 + size_t(docs * H) * tiles * sizeof(int));
+  // fp32 sums: one 64 x 128 tile per (document tile, head), tokens / 64 + documents + 1 of them; then the turns
+  const size_t sums = size_t(N / 64 + docs + 1) * size_t(H) * 64 * 128 * sizeof(float),
+               tiles = size_t((max_len + 63) / 64);
+  ASSERT_EQ(bytes, sums + size_t(docs * H) * tiles * sizeof(int));
   buffers.push_back(gpu->alloc(bytes));
   unsigned char* const scratch = static_cast<unsigned char*>(buffers.back().data());
   gpu->synchronize();  // the uploads ran on the backend's streams; this launch goes on the default one
@@ -161,7 +163,7 @@ TEST_F(CudaAttentionFusedOrderedTurns, EveryKeyBlockTakesItsTurnOnce) {
                             cuda::AttentionBackward::Ordered, scratch, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<int> turns(size_t(docs * H) * tiles);
-  ASSERT_EQ(cudaMemcpy(turns.data(), scratch + (sums + 255) / 256 * 256, turns.size() * sizeof(int),
+  ASSERT_EQ(cudaMemcpy(turns.data(), scratch + sums, turns.size() * sizeof(int),
                        cudaMemcpyDeviceToHost),
             cudaSuccess);
   for (int64_t doc = 0; doc < docs; ++doc)

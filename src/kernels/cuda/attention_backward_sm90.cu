@@ -4,13 +4,16 @@
 //   tiles of every query head in its GQA group; another owns 128 queries and accumulates dQ over key tiles.
 //   Both recompute P from the saved log-sum-exp: seven products where the algorithm needs five.
 // - atomic (head dim 128): the dK/dV kernel also computes dQ's share of its keys, dQ += dS K, from a dSᵀ
-//   tile the two warpgroups write to shared memory, and adds it to an fp32 accumulator with vector
-//   reductions; a last pass scales it into dq. Five products, FA3's scheme; not bitwise repeatable (the
-//   adds land in any order).
+//   tile the two warpgroups write to shared memory. Each warpgroup stages its half of the item's dQ (fp32)
+//   in shared memory and a dQ warp (the copy warpgroup's second) adds the tile into an fp32 accumulator
+//   with one bulk reduction (cp.reduce.async.bulk, performed at L2), so the MMA warpgroups never wait on
+//   global memory; a last pass scales the sums into dq. Five products, FA3's scheme; not bitwise
+//   repeatable (the adds land in any order).
 // - ordered: atomic's kernel, with each (query head, query tile)'s adds taken in a fixed order (key block
 //   by key block, latest keys first: the launch order, so a block only ever waits for one that started
-//   earlier) through a counter per tile. Bitwise repeatable. It relies on blocks being dispatched in
-//   linear-id order (undocumented, as FA3's deterministic mode does); a wait past ~10 s traps.
+//   earlier) through a counter per tile that the dQ warp waits on and releases. Bitwise repeatable. It
+//   relies on blocks being dispatched in linear-id order (undocumented, as FA3's deterministic mode
+//   does); a wait past ~10 s traps.
 // Each block is laid out like the forward (attention_forward_sm90.cu): a copy warpgroup streams tiles by
 // TMA through a two-stage ring (a third stage measured no faster: bench/NOTES.md run 13),
 // and two consumer warpgroups work on them. Score-shaped products (Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, S = Q Kᵀ,
@@ -49,15 +52,34 @@ struct BackwardSmem {
 };
 
 // The dK/dV kernel's: BackwardSmem's, and with dQ fused two dSᵀ tiles (kKeys x kQueryTile, one per item
-// parity, so one warpgroup's next store never meets the other's reads) before the statistics.
+// parity, so one warpgroup's next store never meets the other's reads) and the item's dQ staged in fp32
+// (kQueryTile x D, in accumulator-fragment order: DqTile) before the statistics.
 template <int D, bool kFused>
 struct DkDvSmem : BackwardSmem<D, kKeys, kQueryTile, kDkDvStages> {
   using Base = BackwardSmem<D, kKeys, kQueryTile, kDkDvStages>;
   static constexpr int kDs = Base::kStats, kDsTile = kKeys * kQueryTile;  // bf16 offsets, 1024-byte aligned
-  static constexpr int kStats = Base::kStats + (kFused ? 2 * kDsTile : 0);
+  static constexpr int kDqStage = kDs + 2 * kDsTile;                       // kQueryTile * D fp32
+  static constexpr int kStats = Base::kStats + (kFused ? 2 * kDsTile + 2 * kQueryTile * D : 0);
   static constexpr int kBars = Base::kBars + (kStats - Base::kStats);
   static constexpr size_t bytes() { return size_t(kBars) * sizeof(bf16) + (1 + 2 * kDkDvStages) * sizeof(uint64_t) + 1024; }
   static_assert(kDs * sizeof(bf16) % 1024 == 0 && kDsTile * sizeof(bf16) % 1024 == 0);
+};
+
+// The fused forms' fp32 dQ sums: one 64 x 128 tile per (document, query tile, head), 32 KB each, laid out as
+// the consumer threads hold it (so staging it is conflict-free 16-byte stores and the bulk reduction one
+// contiguous copy): warpgroup cw's 64 columns, then accumulator register quad, then thread, then the quad.
+// A document's tiles are numbered start / 64 + tile + doc: distinct across documents whatever their starts,
+// and fewer than tokens / 64 + documents + 1; rows past a document's end are padding of its own last tile.
+struct DqTile {
+  static constexpr int kFloats = kQueryTile * 128, kHalf = kFloats / 2;
+  __host__ __device__ static int64_t slot(int start, int q0, int doc) { return start / kQueryTile + q0 / kQueryTile + doc; }
+  __host__ __device__ static int64_t slots(int64_t tokens, int64_t docs) { return tokens / kQueryTile + docs + 1; }
+  // Within a tile: where row `row`, even column `col` (and col + 1 next to it) of the 64 x 128 tile lies.
+  __host__ __device__ static int offset(int row, int col) {
+    const int cw = col / 64, cc = col % 64, j = cc / 8, t = cc % 8 / 2, warp = row / 16, g = row % 8;
+    const int e = 2 * (row % 16 / 8), i = 4 * j + e, tid = warp * 32 + g * 4 + t;
+    return cw * kHalf + i / 4 * (4 * kWarpgroup) + tid * 4 + i % 4;
+  }
 };
 
 #ifdef SOLTRAIN_SM90_DEVICE
@@ -158,6 +180,49 @@ __device__ __noinline__ void wait_turn(const int* turn, int rank) {
     if (spins > (1 << 24)) __trap();
   }
 }
+// Named barriers of the dK/dV kernel besides __syncthreads' 0: both consumer warpgroups' dSᵀ rows are stored;
+// consumer warpgroup cw's dQ half is staged (kDqStaged + cw); the dQ warp has read the staging tile, so
+// warpgroup cw may write it again (kDqFree + cw).
+constexpr int kDsStored = 1, kDqStaged = 2, kDqFree = 4;
+
+// The dQ warp of the fused forms: for each item, once both consumer warpgroups have staged their halves,
+// lane 0 adds the 32 KB tile into its slot of the fp32 sums with one bulk reduction, then the staging tile
+// is freed as soon as the copy engine has read it. Ordered, lane 0 first waits for the tile's turn and
+// passes it on once the adds are performed.
+template <bool kOrdered, class Item>
+__device__ __forceinline__ void reduce_dq(const float* stage, float* sums, int* turns, int items, Item item, int start,
+                                          int doc, int k0, int H, int q_tiles_max) {
+  const int lane = threadIdx.x % 32;
+  for (int cw = 0; cw < 2; ++cw) named_barrier_arrive(kDqFree + cw, kWarpgroup + 32);  // free for item 0
+  for (int i = 0; i < items; ++i) {
+    int h, q0;
+    item(i, h, q0);
+    named_barrier(kDqStaged, kWarpgroup + 32);
+    named_barrier(kDqStaged + 1, kWarpgroup + 32);
+    if (lane == 0) {
+      int* const turn = turns + (int64_t(doc) * H + h) * q_tiles_max + q0 / kQueryTile;
+      if constexpr (kOrdered) {
+        wait_turn(turn, q0 / kKeys - k0 / kKeys);
+        fence_global_async();  // the previous adder's sums are in place before the copy engine adds to them
+      }
+      bulk_reduce_add(sums + (DqTile::slot(start, q0, doc) * H + h) * DqTile::kFloats, stage,
+                      DqTile::kFloats * sizeof(float));
+      if constexpr (kOrdered) {  // the adds performed, then the turn released
+        bulk_wait_done();
+        fence_global_async();
+        __threadfence();
+        atomicAdd(turn, 1);
+      } else {
+        bulk_wait_read();
+      }
+    }
+    __syncwarp();
+    if (i + 1 < items)  // (no arrival past the last item: none would wait for it)
+      for (int cw = 0; cw < 2; ++cw) named_barrier_arrive(kDqFree + cw, kWarpgroup + 32);
+  }
+  if (lane == 0) bulk_wait_done();  // the block's last adds performed before it exits
+}
+
 template <int R>
 __device__ __forceinline__ void fence_fragments(uint32_t (&frag)[R][4]) {
 #pragma unroll
@@ -225,8 +290,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   ring.init(32);
 
   const int wg = threadIdx.x / kWarpgroup;
+  float* const dq_stage = reinterpret_cast<float*>(tiles + L::kDqStage);  // (fused only)
   if (wg == 0) {  // warp 0 of the copy warpgroup: lane 0 issues the TMA, every lane copies statistics
+    // (24 x 128 + 240 x 256 is exactly the 168 x 384 the block launched with: the dQ warp's loop spills a
+    // few loop-invariant words at 24, once per item, against the consumers' 240)
     release_registers<24>();
+    if constexpr (kFused)
+      if (threadIdx.x / 32 == 1) {  // warp 1: the dQ warp
+        reduce_dq<kOrdered>(dq_stage, dq_sum, dq_turn, items, [&](int i, int& h, int& q0) { item(i, h, q0); },
+                            start, doc, k0, H, q_tiles_max);
+        return;
+      }
     if (threadIdx.x >= 32) return;
     const int lane = threadIdx.x;
     if (lane == 0) load_resident<L, D, kKeys>(tiles, ring, &k_map, &v_map, kh, start + k0);
@@ -316,7 +390,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if constexpr (kFused) {
       fence_shared_to_async();
-      named_barrier(1, 2 * kWarpgroup);  // both warpgroups' dSᵀ rows are in the tile
+      named_barrier(kDsStored, 2 * kWarpgroup);  // both warpgroups' dSᵀ rows are in the tile
       // dQ[:, 64 cw, +64) = dS K over the block's keys (the lower 64 alone when the upper warpgroup idles):
       // dS from the dSᵀ tile and K's column block cw, both read transposed.
       wgmma_fence();
@@ -337,28 +411,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_accumulators(dk_acc);
     fence_fragments(ds_frag);  // (read by dK's product until here)
     if (leader) mbar_arrive(ring.free(i));
-    if constexpr (kFused) {
+    if constexpr (kFused) {  // this warpgroup's half of the item's dQ to the staging tile, for the dQ warp
       fence_accumulators(dq);
-      int* const turn = dq_turn + (int64_t(doc) * H + h) * q_tiles_max + q0 / kQueryTile;
-      if constexpr (kOrdered) {  // this block's place among the tile's adders: key blocks from q0's down
-        if (cw == 0 && tid == 0) wait_turn(turn, q0 / kKeys - k0 / kKeys);
-        named_barrier(2, 2 * kWarpgroup);
-      }
+      named_barrier(kDqFree + cw, kWarpgroup + 32);  // the dQ warp has read the previous item's
+      float4* const half = reinterpret_cast<float4*>(dq_stage + cw * DqTile::kHalf);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int query = q0 + warp * 16 + g + 8 * r;
-        if (query >= len) continue;
-        float* const row = dq_sum + ((int64_t(start) + query) * H + h) * int64_t(D) + cw * 64 + 2 * t;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) red_add2(row + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
-      }
-      if constexpr (kOrdered) {  // every add of this block is done before the next block's turn (release:
-        named_barrier(2, 2 * kWarpgroup);  // the barrier orders the block's adds before thread 0's fence)
-        if (cw == 0 && tid == 0) {
-          __threadfence();
-          atomicAdd(turn, 1);
-        }
-      }
+      for (int j = 0; j < 8; ++j) half[j * kWarpgroup + tid] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+      fence_shared_to_async();
+      named_barrier_arrive(kDqStaged + cw, kWarpgroup + 32);
     }
   }
 
@@ -467,15 +527,25 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// dq = scale * the fused kernels' fp32 sums, four values a thread.
-__global__ void dq_from_sums(bf16* dq, const float* sums, int64_t quads, float scale) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= quads) return;
-  const float4 v = reinterpret_cast<const float4*>(sums)[i];
-  uint2 out;
-  out.x = pack(v.x * scale, v.y * scale);
-  out.y = pack(v.z * scale, v.w * scale);
-  reinterpret_cast<uint2*>(dq)[i] = out;
+// dq = scale * the fused kernels' fp32 sums (DqTile's layout), two adjacent columns of one token and head a
+// thread; tokens past the last document get zeros.
+__global__ void dq_from_tiles(bf16* dq, const float* sums, const int32_t* cu, int docs, int64_t N, int H, float scale) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // (token, head, column pair)
+  if (i >= N * H * 64) return;
+  const int col = int(i % 64) * 2, h = int(i / 64 % H);
+  const int64_t n = i / 64 / H;
+  int lo = 0, hi = docs;  // the document holding token n: the last with cu[doc] <= n
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    (cu[mid] <= n ? lo : hi) = mid;
+  }
+  float2 v = make_float2(0.f, 0.f);
+  if (n < cu[docs]) {
+    const int start = cu[lo], p = int(n - start);
+    const int64_t tile = (DqTile::slot(start, p / kQueryTile * kQueryTile, lo) * H + h) * DqTile::kFloats;
+    v = *reinterpret_cast<const float2*>(sums + tile + DqTile::offset(p % kQueryTile, col));
+  }
+  *reinterpret_cast<uint32_t*>(dq + (n * H + h) * 128 + col) = pack(v.x * scale, v.y * scale);
 }
 
 // The fused forms serve head dim 128 (the two warpgroups take 64 columns of dQ each); others run split.
@@ -485,8 +555,9 @@ bool fused(AttentionBackward form, const Tensor& q) {
 int64_t q_tiles_max(const SeqLayout& seq) {
   return (seq.max_seqlen + kQueryTile - 1) / kQueryTile;
 }
-size_t sums_bytes(const Tensor& q) {
-  return (size_t(q.numel()) * sizeof(float) + 255) / 256 * 256;
+size_t sums_bytes(const Tensor& q, const SeqLayout& seq) {
+  const int64_t tiles = DqTile::slots(q.dim(0), seq.cu_seqlens.numel() - 1) * q.dim(1);
+  return size_t(tiles) * DqTile::kFloats * sizeof(float);  // (a multiple of 256)
 }
 
 template <int D, bool kFused, bool kOrdered>
@@ -537,7 +608,7 @@ void launch_split(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Te
 size_t flash_backward_sm90_scratch(AttentionBackward form, const Tensor& q, const SeqLayout& seq) {
   if (!fused(form, q)) return 0;
   const int64_t turns = (seq.cu_seqlens.numel() - 1) * q.dim(1) * q_tiles_max(seq);
-  return sums_bytes(q) + size_t(turns) * sizeof(int);
+  return sums_bytes(q, seq) + size_t(turns) * sizeof(int);
 }
 
 void flash_backward_sm90(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
@@ -551,14 +622,16 @@ void flash_backward_sm90(const Tensor& dq, const Tensor& dk, const Tensor& dv, c
     return;
   }
   float* const sums = static_cast<float*>(scratch);
-  int* const turns = reinterpret_cast<int*>(static_cast<unsigned char*>(scratch) + sums_bytes(q));
+  int* const turns = reinterpret_cast<int*>(static_cast<unsigned char*>(scratch) + sums_bytes(q, seq));
   CUDA_CHECK(cudaMemsetAsync(scratch, 0, flash_backward_sm90_scratch(form, q, seq), s));
   if (form == AttentionBackward::Ordered)
     launch_dkdv<128, true, true>(dk, dv, dout, q, k, v, lse, delta, seq, scale, sums, turns, s);
   else
     launch_dkdv<128, true, false>(dk, dv, dout, q, k, v, lse, delta, seq, scale, sums, turns, s);
-  const int64_t quads = q.numel() / 4;
-  dq_from_sums<<<unsigned((quads + 255) / 256), 256, 0, s>>>(dq.as<bf16>(), sums, quads, scale);
+  const int64_t pairs = q.dim(0) * q.dim(1) * 64;
+  dq_from_tiles<<<unsigned((pairs + 255) / 256), 256, 0, s>>>(dq.as<bf16>(), sums, seq.cu_seqlens.i32(),
+                                                              int(seq.cu_seqlens.numel() - 1), q.dim(0),
+                                                              int(q.dim(1)), scale);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -187,9 +187,30 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 __device__ __forceinline__ void fence_shared_to_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-// Two adjacent fp32 values added atomically in global memory (one 8-byte reduction, sm_90).
-__device__ __forceinline__ void red_add2(float* dst, float a, float b) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
+// One thread's named-barrier arrival without waiting (the producer side of a bar.sync on the same id).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// `bytes` (a multiple of 16) of fp32 in shared memory added element-wise into global memory by the bulk copy
+// engine (reductions performed at L2), as one bulk async-group.
+__device__ __forceinline__ void bulk_reduce_add(float* dst, const float* src, uint32_t bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(dst),
+      "r"(smem_addr(src)), "r"(bytes)
+      : "memory");
+}
+// Waits until this thread's bulk groups have read their shared-memory source (it may be written again)...
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// ... or have completed, their global writes performed.
+__device__ __forceinline__ void bulk_wait_done() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+// Orders this thread's generic-proxy global accesses with its async-proxy (bulk copy) ones.
+__device__ __forceinline__ void fence_global_async() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 // A GPU-scope acquiring load (spinning on a counter another block releases).
 __device__ __forceinline__ int load_acquire(const int* p) {
