@@ -184,7 +184,8 @@ const auto kCases = ::testing::Values(Case{{0, 200, 333}, 4, 2, 64},           /
                                       Case{{0, 1000, 1300, 2600}, 4, 2, 128},  // many tiles, ragged ends
                                       Case{{0, 520, 1500}, 6, 3, 64},          // hd 64, several tiles
                                       Case{{0, 1, 3, 140, 141}, 4, 2, 128},    // one-token documents
-                                      Case{{0, 17, 300}, 2, 1, 64});           // MQA, hd 64
+                                      Case{{0, 17, 300}, 2, 1, 64},            // MQA, hd 64
+                                      Case{{0, 100, 300, 640}, 8, 4, 128});    // 12 (document, KV head) pairs
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention, kCases);
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionPortable, kCases);
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionFusedAtomic, kCases);

@@ -173,8 +173,7 @@ __device__ __forceinline__ void store_ds_rows(bf16* tile, const uint32_t (&frag)
     }
 }
 // Spins until *turn == rank; past ~10 s it traps, so a wrong turn fails the launch instead of hanging it.
-// (Not inlined: its loop inlined into the consumer loop cost registers enough to serialise the wgmmas.)
-__device__ __noinline__ void wait_turn(const int* turn, int rank) {
+__device__ __forceinline__ void wait_turn(const int* turn, int rank) {
   for (int spins = 0; load_acquire(turn) != rank; ++spins) {
     __nanosleep(64);
     if (spins > (1 << 24)) __trap();
@@ -290,14 +289,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   ring.init(32);
 
   const int wg = threadIdx.x / kWarpgroup;
-  float* const dq_stage = reinterpret_cast<float*>(tiles + L::kDqStage);  // (fused only)
   if (wg == 0) {  // warp 0 of the copy warpgroup: lane 0 issues the TMA, every lane copies statistics
     // (24 x 128 + 240 x 256 is exactly the 168 x 384 the block launched with: the dQ warp's loop spills a
     // few loop-invariant words at 24, once per item, against the consumers' 240)
     release_registers<24>();
     if constexpr (kFused)
       if (threadIdx.x / 32 == 1) {  // warp 1: the dQ warp
-        reduce_dq<kOrdered>(dq_stage, dq_sum, dq_turn, items, [&](int i, int& h, int& q0) { item(i, h, q0); },
+        reduce_dq<kOrdered>(reinterpret_cast<const float*>(tiles + L::kDqStage), dq_sum, dq_turn, items, [&](int i, int& h, int& q0) { item(i, h, q0); },
                             start, doc, k0, H, q_tiles_max);
         return;
       }
@@ -414,7 +412,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kFused) {  // this warpgroup's half of the item's dQ to the staging tile, for the dQ warp
       fence_accumulators(dq);
       named_barrier(kDqFree + cw, kWarpgroup + 32);  // the dQ warp has read the previous item's
-      float4* const half = reinterpret_cast<float4*>(dq_stage + cw * DqTile::kHalf);
+      float4* const half = reinterpret_cast<float4*>(reinterpret_cast<float*>(tiles + L::kDqStage) + cw * DqTile::kHalf);
 #pragma unroll
       for (int j = 0; j < 8; ++j) half[j * kWarpgroup + tid] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
       fence_shared_to_async();
