@@ -158,19 +158,21 @@ __device__ __forceinline__ void gradient_product(float (&acc)[D / 2], float (&x)
   for (int kk = 0; kk < kK / 16; ++kk) wgmma_rs<D>(acc, frag[kk], mn_major<kK>(b, kk), 1);
   wgmma_commit();
 }
-// This thread's rows (row, row + 8) of a dSᵀ tile (kKeys rows x kQueryTile query columns, sw128) from its
-// dSᵀ A fragments: frag[kk] holds queries [16 kk, 16 kk + 16) as c_to_a packed them (pairs of adjacent
-// queries), so each pair is one 4-byte store; the 8 rows of a warp's store land in 8 distinct chunks.
-__device__ __forceinline__ void store_ds_rows(bf16* tile, const uint32_t (&frag)[kQueryTile / 16][4], int row) {
-  const int t = threadIdx.x % 4;
-  unsigned char* base = reinterpret_cast<unsigned char*>(tile);
+// A warp's 16 rows [row0, row0 + 16) of a dSᵀ tile (kKeys rows x kQueryTile query columns, sw128) from its
+// dSᵀ A fragments, by stmatrix: frag[kk][j] is the 8 x 8 block of rows row0 + 8 (j % 2) and queries
+// 16 kk + 8 (j / 2) in the mma C layout stmatrix takes, so each kk is one instruction; lane l names row
+// l % 8 of block l / 8 (16 bytes: one sw128 chunk), and each block's 8 rows land in 8 distinct chunks.
+__device__ __forceinline__ void store_ds_rows(bf16* tile, const uint32_t (&frag)[kQueryTile / 16][4], int row0) {
+  const int lane = threadIdx.x % 32, block = lane / 8, r = row0 + 8 * (block % 2) + lane % 8;
+  unsigned char* const row = reinterpret_cast<unsigned char*>(tile) + r * 128;
 #pragma unroll
-  for (int kk = 0; kk < kQueryTile / 16; ++kk)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {  // j: (query chunk 2 kk + j / 2, row + 8 (j % 2))
-      const int r = row + 8 * (j % 2), chunk = 2 * kk + j / 2;
-      *reinterpret_cast<uint32_t*>(base + r * 128 + (chunk ^ (r % 8)) * 16 + 4 * t) = frag[kk][j];
-    }
+  for (int kk = 0; kk < kQueryTile / 16; ++kk) {
+    const int chunk = 2 * kk + block / 2;
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                     smem_addr(row + (chunk ^ (r % 8)) * 16)),
+                 "r"(frag[kk][0]), "r"(frag[kk][1]), "r"(frag[kk][2]), "r"(frag[kk][3])
+                 : "memory");
+  }
 }
 // Spins until *turn == rank; past ~10 s it traps, so a wrong turn fails the launch instead of hanging it.
 __device__ __forceinline__ void wait_turn(const int* turn, int rank) {
@@ -380,7 +382,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 #pragma unroll
       for (int kk = 0; kk < kQueryTile / 16; ++kk) c_to_a(ds_frag[kk], &ds[8 * kk], &ds[8 * kk + 4]);
-      if constexpr (kFused) store_ds_rows(ds_tile, ds_frag, cw * 64 + warp * 16 + g);
+      if constexpr (kFused) store_ds_rows(ds_tile, ds_frag, cw * 64 + warp * 16);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kQueryTile / 16; ++kk) wgmma_rs<D>(dk_acc, ds_frag[kk], mn_major<kQueryTile>(Qs, kk), 1);
