@@ -163,9 +163,7 @@ TEST_F(CudaAttentionFusedOrderedTurns, EveryKeyBlockTakesItsTurnOnce) {
                             cuda::AttentionBackward::Ordered, scratch, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<int> turns(size_t(docs * H) * tiles);
-  ASSERT_EQ(cudaMemcpy(turns.data(), scratch + sums, turns.size() * sizeof(int),
-                       cudaMemcpyDeviceToHost),
-            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(turns.data(), scratch + sums, turns.size() * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
   for (int64_t doc = 0; doc < docs; ++doc)
     for (int64_t h = 0; h < H; ++h)
       for (size_t t = 0; t < tiles; ++t) {

@@ -58,10 +58,12 @@ template <int D, bool kFused>
 struct DkDvSmem : BackwardSmem<D, kKeys, kQueryTile, kDkDvStages> {
   using Base = BackwardSmem<D, kKeys, kQueryTile, kDkDvStages>;
   static constexpr int kDs = Base::kStats, kDsTile = kKeys * kQueryTile;  // bf16 offsets, 1024-byte aligned
-  static constexpr int kDqStage = kDs + 2 * kDsTile;                       // kQueryTile * D fp32
+  static constexpr int kDqStage = kDs + 2 * kDsTile;                      // kQueryTile * D fp32
   static constexpr int kStats = Base::kStats + (kFused ? 2 * kDsTile + 2 * kQueryTile * D : 0);
   static constexpr int kBars = Base::kBars + (kStats - Base::kStats);
-  static constexpr size_t bytes() { return size_t(kBars) * sizeof(bf16) + (1 + 2 * kDkDvStages) * sizeof(uint64_t) + 1024; }
+  static constexpr size_t bytes() {
+    return size_t(kBars) * sizeof(bf16) + (1 + 2 * kDkDvStages) * sizeof(uint64_t) + 1024;
+  }
   static_assert(kDs * sizeof(bf16) % 1024 == 0 && kDsTile * sizeof(bf16) % 1024 == 0);
 };
 
@@ -72,7 +74,9 @@ struct DkDvSmem : BackwardSmem<D, kKeys, kQueryTile, kDkDvStages> {
 // and fewer than tokens / 64 + documents + 1; rows past a document's end are padding of its own last tile.
 struct DqTile {
   static constexpr int kFloats = kQueryTile * 128, kHalf = kFloats / 2;
-  __host__ __device__ static int64_t slot(int start, int q0, int doc) { return start / kQueryTile + q0 / kQueryTile + doc; }
+  __host__ __device__ static int64_t slot(int start, int q0, int doc) {
+    return start / kQueryTile + q0 / kQueryTile + doc;
+  }
   __host__ __device__ static int64_t slots(int64_t tokens, int64_t docs) { return tokens / kQueryTile + docs + 1; }
   // Within a tile: where row `row`, even column `col` (and col + 1 next to it) of the 64 x 128 tile lies.
   __host__ __device__ static int offset(int row, int col) {
@@ -272,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* const stats = reinterpret_cast<float*>(tiles + L::kStats);  // stage s: lse at 2s, delta at 2s + 1
   const Ring<kDkDvStages> ring{reinterpret_cast<uint64_t*>(tiles + L::kBars)};
 
-  const KeyBlock kb = key_block<!kFused || kOrdered>(Hkv, docs);
+  const KeyBlock kb = key_block < !kFused || kOrdered > (Hkv, docs);
   const int group = H / Hkv, doc = kb.doc, k0 = kb.k0;
   // The KV head is read back from shared memory in the loop (held in a register across it, ptxas spilled in
   // the longest-first order, where it is no longer blockIdx.y); ring.init's barrier orders the write first.
@@ -297,8 +301,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     release_registers<24>();
     if constexpr (kFused)
       if (threadIdx.x / 32 == 1) {  // warp 1: the dQ warp
-        reduce_dq<kOrdered>(reinterpret_cast<const float*>(tiles + L::kDqStage), dq_sum, dq_turn, items, [&](int i, int& h, int& q0) { item(i, h, q0); },
-                            start, doc, k0, H, q_tiles_max);
+        reduce_dq<kOrdered>(reinterpret_cast<const float*>(tiles + L::kDqStage), dq_sum, dq_turn, items, item, start,
+                            doc, k0, H, q_tiles_max);
         return;
       }
     if (threadIdx.x >= 32) return;
@@ -414,9 +418,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kFused) {  // this warpgroup's half of the item's dQ to the staging tile, for the dQ warp
       fence_accumulators(dq);
       named_barrier(kDqFree + cw, kWarpgroup + 32);  // the dQ warp has read the previous item's
-      float4* const half = reinterpret_cast<float4*>(reinterpret_cast<float*>(tiles + L::kDqStage) + cw * DqTile::kHalf);
+      float4* const half =
+          reinterpret_cast<float4*>(reinterpret_cast<float*>(tiles + L::kDqStage) + cw * DqTile::kHalf);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) half[j * kWarpgroup + tid] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+      for (int j = 0; j < 8; ++j)
+        half[j * kWarpgroup + tid] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
       fence_shared_to_async();
       named_barrier_arrive(kDqStaged + cw, kWarpgroup + 32);
     }
@@ -572,9 +578,11 @@ void launch_dkdv(const Tensor& dk, const Tensor& dv, const Tensor& dout, const T
     configured = true;
   }
   const int H = int(q.dim(1)), Hkv = int(k.dim(1));
-  const unsigned docs = unsigned(seq.cu_seqlens.numel() - 1), key_blocks = unsigned((seq.max_seqlen + kKeys - 1) / kKeys);
+  const unsigned docs = unsigned(seq.cu_seqlens.numel() - 1),
+                 key_blocks = unsigned((seq.max_seqlen + kKeys - 1) / kKeys);
   // key_block()'s two launch orders: a 3-D grid shortest first, or one dimension longest first
-  const dim3 grid = !kFused || kOrdered ? dim3(key_blocks, unsigned(Hkv), docs) : dim3(key_blocks * unsigned(Hkv) * docs);
+  const dim3 grid =
+      !kFused || kOrdered ? dim3(key_blocks, unsigned(Hkv), docs) : dim3(key_blocks * unsigned(Hkv) * docs);
   dkdv_kernel<D, kFused, kOrdered><<<grid, kThreads, L::bytes(), s>>>(
       head_tile_map(k, kKeys), head_tile_map(v, kKeys), head_tile_map(q, kQueryTile), head_tile_map(dout, kQueryTile),
       dk.as<bf16>(), dv.as<bf16>(), dq_sums, dq_turns, lse.f32(), delta, seq.cu_seqlens.i32(), int(docs), q.dim(0), H,
@@ -629,9 +637,8 @@ void flash_backward_sm90(const Tensor& dq, const Tensor& dk, const Tensor& dv, c
   else
     launch_dkdv<128, true, false>(dk, dv, dout, q, k, v, lse, delta, seq, scale, sums, turns, s);
   const int64_t pairs = q.dim(0) * q.dim(1) * 64;
-  dq_from_tiles<<<unsigned((pairs + 255) / 256), 256, 0, s>>>(dq.as<bf16>(), sums, seq.cu_seqlens.i32(),
-                                                              int(seq.cu_seqlens.numel() - 1), q.dim(0),
-                                                              int(q.dim(1)), scale);
+  dq_from_tiles<<<unsigned((pairs + 255) / 256), 256, 0, s>>>(
+      dq.as<bf16>(), sums, seq.cu_seqlens.i32(), int(seq.cu_seqlens.numel() - 1), q.dim(0), int(q.dim(1)), scale);
   CUDA_CHECK_LAUNCH();
 }
 
