@@ -189,8 +189,10 @@ def main():
     for shape in [s for s in a.attention.split(",") if s]:
         b, h, kv, t = map(int, shape.split("x"))
         rows = []
-        # on an H200 the sm_90a kernels (the backward split, then its fused forms); the sm_80 ones for reference
+        # on an H200 the sm_90a kernels (the backward split in both launch orders, then its fused forms); the
+        # sm_80 ones for reference
         for engine, env in (("soltrain", {}),
+                            ("soltrain (split, longest first)", {"SOLTRAIN_ATTENTION_ORDER": "longest"}),
                             ("soltrain (backward fused, atomic)", {"SOLTRAIN_ATTENTION_BACKWARD": "atomic"}),
                             ("soltrain (backward fused, ordered)", {"SOLTRAIN_ATTENTION_BACKWARD": "ordered"}),
                             ("soltrain (sm_80 kernels)", {"SOLTRAIN_ATTENTION": "portable"})):

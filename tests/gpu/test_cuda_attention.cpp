@@ -53,6 +53,28 @@ class CudaAttentionFusedOrdered : public CudaAttention {
   }
 };
 
+// The split backward launched longest first (SOLTRAIN_ATTENTION_ORDER=longest: the atomic form's order, a
+// candidate for split's default), and the atomic form shortest first.
+class CudaAttentionLongestFirst : public CudaAttention {
+ protected:
+  void SetUp() override {
+    setenv("SOLTRAIN_ATTENTION_ORDER", "longest", 1);
+    CudaAttention::SetUp();
+    unsetenv("SOLTRAIN_ATTENTION_ORDER");
+  }
+};
+class CudaAttentionFusedAtomicShortestFirst : public CudaAttention {
+ protected:
+  void SetUp() override {
+    setenv("SOLTRAIN_ATTENTION_BACKWARD", "atomic", 1);
+    setenv("SOLTRAIN_ATTENTION_ORDER", "shortest", 1);
+    CudaAttention::SetUp();
+    unsetenv("SOLTRAIN_ATTENTION_BACKWARD");
+    unsetenv("SOLTRAIN_ATTENTION_ORDER");
+    repeatable_ = false;
+  }
+};
+
 TEST_P(CudaAttention, ForwardAndBackwardMatchTheCpu) {
   check(GetParam());
 }
@@ -63,6 +85,12 @@ TEST_P(CudaAttentionFusedAtomic, ForwardAndBackwardMatchTheCpu) {
   check(GetParam());
 }
 TEST_P(CudaAttentionFusedOrdered, ForwardAndBackwardMatchTheCpu) {
+  check(GetParam());
+}
+TEST_P(CudaAttentionLongestFirst, ForwardAndBackwardMatchTheCpu) {
+  check(GetParam());
+}
+TEST_P(CudaAttentionFusedAtomicShortestFirst, ForwardAndBackwardMatchTheCpu) {
   check(GetParam());
 }
 
@@ -160,7 +188,7 @@ TEST_F(CudaAttentionFusedOrderedTurns, EveryKeyBlockTakesItsTurnOnce) {
   unsigned char* const scratch = static_cast<unsigned char*>(buffers.back().data());
   gpu->synchronize();  // the uploads ran on the backend's streams; this launch goes on the default one
   cuda::flash_backward_sm90(gdq, gdk, gdv, gdout, gq, gk, gv, glse, gdelta.f32(), gs, scale,
-                            cuda::AttentionBackward::Ordered, scratch, nullptr);
+                            cuda::AttentionBackward::Ordered, cuda::LaunchOrder::Default, scratch, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<int> turns(size_t(docs * H) * tiles);
   ASSERT_EQ(cudaMemcpy(turns.data(), scratch + sums, turns.size() * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -188,6 +216,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention, kCases);
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionPortable, kCases);
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionFusedAtomic, kCases);
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionFusedOrdered, kCases);
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionLongestFirst, kCases);
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionFusedAtomicShortestFirst, kCases);
 
 }  // namespace
 }  // namespace soltrain::test

@@ -327,7 +327,7 @@ void CudaOps::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& 
   CUDA_CHECK_LAUNCH();
   if (hopper_attention(hd))
     return cuda::flash_backward_sm90(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, attention_backward_,
-                                     scratch_bytes + delta_bytes, stream_);
+                                     attention_order_, scratch_bytes + delta_bytes, stream_);
   with_head_dim(hd,
                 [&](auto D) { launch_backward<D.value>(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, stream_); });
 }

@@ -239,11 +239,11 @@ __device__ __forceinline__ void fence_fragments(uint32_t (&frag)[R][4]) {
 
 // The (document, KV head, first key) a dK/dV block works on. Two launch orders (blocks start roughly in
 // linear-id order):
-// - shortest first (split and ordered): a 3-D grid (key blocks, KV heads, documents) with the last key
-//   block at blockIdx.x = 0. The ordered form's turns depend on it: a tile's adders go latest keys first,
-//   so a block only ever waits on one that started earlier (FA3's deterministic order). Split keeps it
-//   until a GPU measures the other on it.
-// - longest first (atomic): a 1-D grid, key blocks ascending (the first see the most queries) with the
+// - shortest first (split's default; ordered always): a 3-D grid (key blocks, KV heads, documents) with the
+//   last key block at blockIdx.x = 0. The ordered form's turns depend on it: a tile's adders go latest keys
+//   first, so a block only ever waits on one that started earlier (FA3's deterministic order).
+// - longest first (atomic's default; split's with LaunchOrder::LongestFirst, to be measured): a 1-D grid,
+//   key blocks ascending (the first see the most queries) with the
 //   (document, KV head) pairs fastest, in sections of kSection pairs whose Q and dO stay in L2. A helper's
 //   simulation of greedy dispatch on 132 SMs at the benchmark shapes: ~0.98 of the SMs busy against
 //   ~0.87 shortest first (FA3's longest-processing-time scheduler does the same).
@@ -252,9 +252,9 @@ struct KeyBlock {
   int doc, kh, k0;
 };
 #ifdef SOLTRAIN_SM90_DEVICE
-template <bool kShortestFirst>
+template <bool kLongestFirst>
 __device__ __forceinline__ KeyBlock key_block(int Hkv, int docs) {
-  if constexpr (kShortestFirst) return {int(blockIdx.z), int(blockIdx.y), int(gridDim.x - 1 - blockIdx.x) * kKeys};
+  if constexpr (!kLongestFirst) return {int(blockIdx.z), int(blockIdx.y), int(gridDim.x - 1 - blockIdx.x) * kKeys};
   const int pairs = docs * Hkv, key_blocks = int(gridDim.x) / pairs, span = kSection * key_blocks;
   const int b = int(blockIdx.x), section = b / span, r = b - section * span;
   const int width = min(kSection, pairs - section * kSection), pair = section * kSection + r % width;
@@ -262,7 +262,7 @@ __device__ __forceinline__ KeyBlock key_block(int Hkv, int docs) {
 }
 #endif
 
-template <int D, bool kFused, bool kOrdered>
+template <int D, bool kFused, bool kOrdered, bool kLongestFirst>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
                 const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap do_map, bf16* dk,
@@ -276,7 +276,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* const stats = reinterpret_cast<float*>(tiles + L::kStats);  // stage s: lse at 2s, delta at 2s + 1
   const Ring<kDkDvStages> ring{reinterpret_cast<uint64_t*>(tiles + L::kBars)};
 
-  const KeyBlock kb = key_block < !kFused || kOrdered > (Hkv, docs);
+  static_assert(!(kOrdered && kLongestFirst), "the ordered form's turns need the shortest-first launch order");
+  const KeyBlock kb = key_block<kLongestFirst>(Hkv, docs);
   const int group = H / Hkv, doc = kb.doc, k0 = kb.k0;
   // The KV head is read back from shared memory in the loop (held in a register across it, ptxas spilled in
   // the longest-first order, where it is no longer blockIdx.y); ring.init's barrier orders the write first.
@@ -566,24 +567,23 @@ size_t sums_bytes(const Tensor& q, const SeqLayout& seq) {
   return size_t(tiles) * DqTile::kFloats * sizeof(float);  // (a multiple of 256)
 }
 
-template <int D, bool kFused, bool kOrdered>
+template <int D, bool kFused, bool kOrdered, bool kLongestFirst>
 void launch_dkdv(const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                  const Tensor& v, const Tensor& lse, const float* delta, const SeqLayout& seq, float scale,
                  float* dq_sums, int* dq_turns, cudaStream_t s) {
   using L = DkDvSmem<D, kFused>;
   static bool configured = false;
   if (!configured) {
-    CUDA_CHECK(cudaFuncSetAttribute(dkdv_kernel<D, kFused, kOrdered>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(L::bytes())));
+    CUDA_CHECK(cudaFuncSetAttribute(dkdv_kernel<D, kFused, kOrdered, kLongestFirst>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::bytes())));
     configured = true;
   }
   const int H = int(q.dim(1)), Hkv = int(k.dim(1));
   const unsigned docs = unsigned(seq.cu_seqlens.numel() - 1),
                  key_blocks = unsigned((seq.max_seqlen + kKeys - 1) / kKeys);
   // key_block()'s two launch orders: a 3-D grid shortest first, or one dimension longest first
-  const dim3 grid =
-      !kFused || kOrdered ? dim3(key_blocks, unsigned(Hkv), docs) : dim3(key_blocks * unsigned(Hkv) * docs);
-  dkdv_kernel<D, kFused, kOrdered><<<grid, kThreads, L::bytes(), s>>>(
+  const dim3 grid = kLongestFirst ? dim3(key_blocks * unsigned(Hkv) * docs) : dim3(key_blocks, unsigned(Hkv), docs);
+  dkdv_kernel<D, kFused, kOrdered, kLongestFirst><<<grid, kThreads, L::bytes(), s>>>(
       head_tile_map(k, kKeys), head_tile_map(v, kKeys), head_tile_map(q, kQueryTile), head_tile_map(dout, kQueryTile),
       dk.as<bf16>(), dv.as<bf16>(), dq_sums, dq_turns, lse.f32(), delta, seq.cu_seqlens.i32(), int(docs), q.dim(0), H,
       Hkv, int(q_tiles_max(seq)), scale);
@@ -593,7 +593,7 @@ void launch_dkdv(const Tensor& dk, const Tensor& dv, const Tensor& dout, const T
 template <int D>
 void launch_split(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                   const Tensor& k, const Tensor& v, const Tensor& lse, const float* delta, const SeqLayout& seq,
-                  float scale, cudaStream_t s) {
+                  float scale, bool longest_first, cudaStream_t s) {
   using Dq = BackwardSmem<D, kQueries, kKeyTile, kDqStages>;
   static bool configured = false;
   if (!configured) {
@@ -603,7 +603,10 @@ void launch_split(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Te
   const int H = int(q.dim(1)), Hkv = int(k.dim(1));
   const int64_t N = q.dim(0);
   const unsigned docs = unsigned(seq.cu_seqlens.numel() - 1);
-  launch_dkdv<D, false, false>(dk, dv, dout, q, k, v, lse, delta, seq, scale, nullptr, nullptr, s);
+  if (longest_first)
+    launch_dkdv<D, false, false, true>(dk, dv, dout, q, k, v, lse, delta, seq, scale, nullptr, nullptr, s);
+  else
+    launch_dkdv<D, false, false, false>(dk, dv, dout, q, k, v, lse, delta, seq, scale, nullptr, nullptr, s);
   dq_kernel<D>
       <<<dim3(unsigned((seq.max_seqlen + kQueries - 1) / kQueries), unsigned(H), docs), kThreads, Dq::bytes(), s>>>(
           head_tile_map(q, kQueries), head_tile_map(dout, kQueries), head_tile_map(k, kKeyTile),
@@ -621,21 +624,26 @@ size_t flash_backward_sm90_scratch(AttentionBackward form, const Tensor& q, cons
 
 void flash_backward_sm90(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                          const Tensor& k, const Tensor& v, const Tensor& lse, const float* delta, const SeqLayout& seq,
-                         float scale, AttentionBackward form, void* scratch, cudaStream_t s) {
+                         float scale, AttentionBackward form, LaunchOrder order, void* scratch, cudaStream_t s) {
+  // Longest first where asked, and by default for atomic; ordered is always shortest first (its turns).
+  const bool longest = form != AttentionBackward::Ordered &&
+                       (order == LaunchOrder::LongestFirst || (order == LaunchOrder::Default && fused(form, q)));
   if (!fused(form, q)) {
     if (q.dim(2) == 64)
-      launch_split<64>(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, s);
+      launch_split<64>(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, longest, s);
     else
-      launch_split<128>(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, s);
+      launch_split<128>(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, longest, s);
     return;
   }
   float* const sums = static_cast<float*>(scratch);
   int* const turns = reinterpret_cast<int*>(static_cast<unsigned char*>(scratch) + sums_bytes(q, seq));
   CUDA_CHECK(cudaMemsetAsync(scratch, 0, flash_backward_sm90_scratch(form, q, seq), s));
   if (form == AttentionBackward::Ordered)
-    launch_dkdv<128, true, true>(dk, dv, dout, q, k, v, lse, delta, seq, scale, sums, turns, s);
+    launch_dkdv<128, true, true, false>(dk, dv, dout, q, k, v, lse, delta, seq, scale, sums, turns, s);
+  else if (longest)
+    launch_dkdv<128, true, false, true>(dk, dv, dout, q, k, v, lse, delta, seq, scale, sums, turns, s);
   else
-    launch_dkdv<128, true, false>(dk, dv, dout, q, k, v, lse, delta, seq, scale, sums, turns, s);
+    launch_dkdv<128, true, false, false>(dk, dv, dout, q, k, v, lse, delta, seq, scale, sums, turns, s);
   const int64_t pairs = q.dim(0) * q.dim(1) * 64;
   dq_from_tiles<<<unsigned((pairs + 255) / 256), 256, 0, s>>>(
       dq.as<bf16>(), sums, seq.cu_seqlens.i32(), int(seq.cu_seqlens.numel() - 1), q.dim(0), int(q.dim(1)), scale);

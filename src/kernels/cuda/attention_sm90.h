@@ -19,11 +19,15 @@ void flash_forward_sm90(const Tensor& out, const Tensor& lse, const Tensor& q, c
 // repeatable, the default), Atomic (one kernel, fp32 reductions in any order), Ordered (one kernel, the
 // reductions in a fixed order: bitwise repeatable). Head dim 64 runs Split whatever is asked.
 enum class AttentionBackward { Split, Atomic, Ordered };
+// The order the dK/dV blocks launch in (attention_backward_sm90.cu, key_block): by default shortest first for
+// split and longest first for atomic; ordered is always shortest first. SOLTRAIN_ATTENTION_ORDER sets it, to
+// measure both.
+enum class LaunchOrder { Default, ShortestFirst, LongestFirst };
 // The device scratch `form` needs (fp32 dQ sums and per-tile counters), 0 for Split.
 size_t flash_backward_sm90_scratch(AttentionBackward form, const Tensor& q, const SeqLayout& seq);
 // delta[h, n] = Σ_d dO·O, computed by the caller; `scratch` holds flash_backward_sm90_scratch's bytes.
 void flash_backward_sm90(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                          const Tensor& k, const Tensor& v, const Tensor& lse, const float* delta, const SeqLayout& seq,
-                         float scale, AttentionBackward form, void* scratch, cudaStream_t s);
+                         float scale, AttentionBackward form, LaunchOrder order, void* scratch, cudaStream_t s);
 
 }  // namespace soltrain::cuda

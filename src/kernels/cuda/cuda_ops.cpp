@@ -44,6 +44,14 @@ CudaOps::CudaOps() {
     else
       user_error("SOLTRAIN_ATTENTION_BACKWARD is '", form, "': expected split, atomic or ordered");
   }
+  if (const char* order = std::getenv("SOLTRAIN_ATTENTION_ORDER"); order && *order) {
+    if (std::strcmp(order, "shortest") == 0)
+      attention_order_ = cuda::LaunchOrder::ShortestFirst;
+    else if (std::strcmp(order, "longest") == 0)
+      attention_order_ = cuda::LaunchOrder::LongestFirst;
+    else
+      user_error("SOLTRAIN_ATTENTION_ORDER is '", order, "': expected shortest or longest");
+  }
   for (cudaStream_t& st : streams_) CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   stream_ = streams_[0];
   for (cudaEvent_t& e : marks_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));

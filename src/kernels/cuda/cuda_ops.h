@@ -135,6 +135,8 @@ class CudaOps final : public Ops {
   bool hopper_attention_ = false;  // compute capability 9.0 and not SOLTRAIN_ATTENTION=portable
   // SOLTRAIN_ATTENTION_BACKWARD=split|atomic|ordered (the Hopper kernels' dQ; split unless set)
   cuda::AttentionBackward attention_backward_ = cuda::AttentionBackward::Split;
+  // SOLTRAIN_ATTENTION_ORDER=shortest|longest (the dK/dV blocks' launch order; the form's default unless set)
+  cuda::LaunchOrder attention_order_ = cuda::LaunchOrder::Default;
   bool sm90_ = false;  // compute capability 9.0: the sm_90a kernels (clusters, wgmma) run
   OpProfiler profiler_;
   struct Plan {  // one cuBLASLt problem: descriptors and the algorithm picked once
