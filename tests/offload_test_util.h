@@ -2,6 +2,9 @@
 // device in chunks) on any backend, for tests that hold the two bit for bit (test_offload.cpp on the CPU,
 // gpu/test_cuda_offload.cpp on CUDA).
 #pragma once
+#include <gtest/gtest.h>
+
+#include <bit>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -82,6 +85,28 @@ inline std::vector<std::pair<std::string, Offload>> offload_cases() {
           {"both", {true, true, chunk}},
           {"both, chunks of 800", {true, true, 800}},
           {"both, one chunk per range", {true, true, int64_t(1) << 30}}};
+}
+
+// Runs the resident update, then every offload_cases() setting on `ops`, and expects each to equal the resident
+// one bit for bit (masters, the compute copy the update writes, the saved optimizer state); returns the
+// resident result for further checks.
+inline UpdateResult expect_offloaded_updates_equal_resident(Ops& ops, uint32_t seed, const std::filesystem::path& dir,
+                                                            Moments moments) {
+  const UpdateResult resident = run_updates(ops, seed, {}, 5, dir / "resident.safetensors", moments);
+  EXPECT_GT(resident.last_sumsq, 4.0);  // ‖g‖ > 2 × max_grad_norm: clipping scaled every update
+  for (const auto& [name, offload] : offload_cases()) {
+    SCOPED_TRACE(name);
+    const UpdateResult o = run_updates(ops, seed, offload, 5, dir / (name + ".safetensors"), moments);
+    EXPECT_EQ(o.masters.size(), resident.masters.size());
+    for (size_t i = 0; i < std::min(o.masters.size(), resident.masters.size()); ++i)
+      if (std::bit_cast<uint32_t>(o.masters[i]) != std::bit_cast<uint32_t>(resident.masters[i])) {
+        ADD_FAILURE() << "master element " << i << ": " << o.masters[i] << " vs " << resident.masters[i];
+        break;
+      }
+    EXPECT_EQ(o.values, resident.values);  // the compute copy written by the update
+    EXPECT_EQ(o.state, resident.state);    // moments (8-bit: codes and absmax) and step count, as saved
+  }
+  return resident;
 }
 
 }  // namespace soltrain::test

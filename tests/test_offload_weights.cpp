@@ -59,8 +59,9 @@ struct BindingCheck : LayerHooks {
       const char* at = static_cast<const char*>(p.value.data);
       EXPECT_FALSE(at >= h0 && at < h1) << p.name << " is read from its host copy";
       for (const Parameter& q : ps.all())
-        if (!q.trainable && q.group != g && ps.frozen_group_on_host(q.group))
+        if (!q.trainable && q.group != g && ps.frozen_group_on_host(q.group)) {
           EXPECT_NE(q.value.data, p.value.data) << p.name << " shares its slot with " << q.name;
+        }
       ++checks;
     }
   }
@@ -99,7 +100,9 @@ Pass pass(const fs::path& model_dir, bool offload, Recompute recompute, bool off
   r.loss = model->step(batch, true, r.logits.data()).loss;  // gradients of two passes, accumulated
   r.grads = test::trainable_grads(*ops, model->params());
   if (model->weight_stream()) r.copies = model->weight_stream()->copies();
-  if (offload) EXPECT_GT(binding.checks, 0);
+  if (offload) {
+    EXPECT_GT(binding.checks, 0);
+  }
   return r;
 }
 
@@ -158,8 +161,9 @@ TEST(OffloadWeights, DeviceKeepsTwoLayersAndTheHostTheRest) {
   EXPECT_EQ(streamed->params().frozen_on_host(0).bytes(), layer_bytes);
   const char* layer0 = static_cast<const char*>(streamed->params().frozen_on_host(0).data);
   for (const Parameter& p : streamed->params().all())
-    if (!p.trainable && p.group == 0)  // each 256 bytes apart from the group's start, as in the device buffer
+    if (!p.trainable && p.group == 0) {  // each 256 bytes apart from the group's start, as in the device buffer
       EXPECT_EQ((static_cast<const char*>(p.value.data) - layer0) % 256, 0) << p.name;
+    }
   EXPECT_EQ(streamed->params().host_frozen_bytes(), kLayers * layer_bytes);
   EXPECT_EQ(resident->params().weight_bytes() - streamed->params().weight_bytes(), kLayers * layer_bytes);
   ASSERT_NE(streamed->weight_stream(), nullptr);

@@ -16,6 +16,17 @@ struct Case {
   int64_t H, Hkv, hd;
 };
 
+// Each token's position in its document, and the longest document, for packed documents `cu`.
+std::pair<std::vector<int32_t>, int> positions(const std::vector<int32_t>& cu) {
+  std::vector<int32_t> pos;
+  int max_len = 0;
+  for (size_t d = 0; d + 1 < cu.size(); ++d) {
+    max_len = std::max(max_len, cu[d + 1] - cu[d]);
+    for (int32_t i = cu[d]; i < cu[d + 1]; ++i) pos.push_back(i - cu[d]);
+  }
+  return {pos, max_len};
+}
+
 class CudaAttention : public CudaTest, public ::testing::WithParamInterface<Case> {
  protected:
   void check(const Case& c);
@@ -96,12 +107,8 @@ TEST_P(CudaAttentionFusedAtomicShortestFirst, ForwardAndBackwardMatchTheCpu) {
 
 void CudaAttention::check(const Case& c) {
   const int64_t N = c.cu.back(), H = c.H, Hkv = c.Hkv, hd = c.hd;
-  std::vector<int32_t> cu = c.cu, pos;
-  int max_len = 0;
-  for (size_t d = 0; d + 1 < cu.size(); ++d) {
-    max_len = std::max(max_len, cu[d + 1] - cu[d]);
-    for (int32_t i = cu[d]; i < cu[d + 1]; ++i) pos.push_back(i - cu[d]);
-  }
+  std::vector<int32_t> cu = c.cu;
+  auto [pos, max_len] = positions(cu);  // (host_i32 takes them mutable)
   auto q = randn(static_cast<size_t>(N * H * hd)), k = randn(static_cast<size_t>(N * Hkv * hd)),
        v = randn(static_cast<size_t>(N * Hkv * hd));
   auto dout = randn(static_cast<size_t>(N * H * hd));
@@ -157,12 +164,7 @@ TEST_F(CudaAttentionFusedOrderedTurns, EveryKeyBlockTakesItsTurnOnce) {
   if (major != 9 || minor != 0) GTEST_SKIP() << "the sm_90a kernels need compute capability 9.0";
   const std::vector<int32_t> cu{0, 700, 1100, 1101};  // ragged ends, and a one-token document
   const int64_t N = cu.back(), H = 4, Hkv = 2, hd = 128, docs = int64_t(cu.size()) - 1;
-  std::vector<int32_t> pos;
-  int max_len = 0;
-  for (size_t d = 0; d + 1 < cu.size(); ++d) {
-    max_len = std::max(max_len, cu[d + 1] - cu[d]);
-    for (int32_t i = cu[d]; i < cu[d + 1]; ++i) pos.push_back(i - cu[d]);
-  }
+  const auto [pos, max_len] = positions(cu);
   const auto q = randn(size_t(N * H * hd)), k = randn(size_t(N * Hkv * hd)), v = randn(size_t(N * Hkv * hd)),
              dout = randn(size_t(N * H * hd));
   const SeqLayout gs{upload_i32(cu), upload_i32(pos), max_len};

@@ -3,7 +3,6 @@
 // training run with offload gives the resident run's losses and weights.
 #include <gtest/gtest.h>
 
-#include <bit>
 #include <fstream>
 #include <sstream>
 
@@ -29,18 +28,7 @@ TEST_F(CudaOffload, UpdateEqualsResidentBitwise) {
   test::TempDir t;
   for (Moments moments : {Moments::F32, Moments::Blockwise8}) {
     SCOPED_TRACE(moments == Moments::F32 ? "fp32 moments" : "8-bit moments");
-    const test::UpdateResult resident = test::run_updates(*gpu, seed, {}, 5, t.path / "resident.safetensors", moments);
-    EXPECT_GT(resident.last_sumsq, 4.0);  // clipping active
-    for (const auto& [name, offload] : test::offload_cases()) {
-      SCOPED_TRACE(name);
-      const test::UpdateResult o = test::run_updates(*gpu, seed, offload, 5, t.path / (name + ".safetensors"), moments);
-      ASSERT_EQ(o.masters.size(), resident.masters.size());
-      for (size_t i = 0; i < o.masters.size(); ++i)
-        ASSERT_EQ(std::bit_cast<uint32_t>(o.masters[i]), std::bit_cast<uint32_t>(resident.masters[i]))
-            << "element " << i;
-      EXPECT_EQ(o.values, resident.values);  // the bf16 compute copy written by the update
-      EXPECT_EQ(o.state, resident.state);
-    }
+    const test::UpdateResult resident = test::expect_offloaded_updates_equal_resident(*gpu, seed, t.path, moments);
     // And the CUDA update is the CPU's (masters within fp32 rounding of the same arithmetic; 8-bit: the
     // codes round alike): the offloaded path did not silently skip the update.
     const test::UpdateResult on_cpu = test::run_updates(*cpu, seed, {}, 5, t.path / "cpu.safetensors", moments);
