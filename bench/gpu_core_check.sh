@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [attn] [peers8b] [peers4b]
+#     [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [attnq] [attnprof] [attn] [peers8b] [peers4b]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -157,6 +157,36 @@ for s in "${steps[@]}"; do
       # wrong turn order would hang the ordered kernel, so a short limit
       timeout 120 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='*AttentionFused*' > "$OUT/attnfused-tests.log" 2>&1
       echo "exit $?"; grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/attnfused-tests.log" ;;
+    attnq)  # a quick A/B of the attention backward's forms: fwd / bwd TFLOP/s and bwd ms at 4k, 8k, 16k (Qwen3-8B heads)
+      # for each form, this build and the previous one (.devbin/soltrain-before, when packed with one), and any
+      # variants named in ATTNQ_BINS; ATTNQ_FORMS picks the forms
+      for shape in 4x4096 2x8192 1x16384; do
+        for bin in soltrain soltrain-before ${ATTNQ_BINS:-}; do
+          [ -x "$B/$bin" ] || continue
+          for form in ${ATTNQ_FORMS:-split atomic ordered}; do
+            r=$(timeout 60 env SOLTRAIN_ATTENTION_BACKWARD=$form "$B/$bin" bench-attention \
+              --batch "${shape%x*}" --heads 32 --kv-heads 8 --seq-len "${shape#*x}" 2>&1 | tail -1)
+            echo "$shape $bin $form: $(echo "$r" | python3 -c 'import json,sys; j=json.loads(sys.stdin.read()); print("fwd", round(j["fwd_tflops"]), "bwd", round(j["bwd_tflops"]), round(j["bwd_ms"], 2), "ms")' 2>/dev/null || echo "$r")"
+          done
+        done
+      done ;;
+    attnprof)  # the attention backward's kernels under Nsight Compute at 2 x 8192 (Qwen3-8B heads): each kernel's
+      # time for split and atomic, the fused kernel's full section set (stall reasons, pipe use), and the SASS
+      NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      echo "ncu: ${NCU:-none}"
+      for form in split atomic; do
+        timeout 120 env SOLTRAIN_ATTENTION_BACKWARD=$form "$NCU" --metrics gpu__time_duration.sum -k 'regex:dkdv|dq_|attention' \
+          "$B/soltrain" bench-attention --batch 2 --heads 32 --kv-heads 8 --seq-len 8192 --iters 1 > "$OUT/attnprof-$form-times.log" 2>&1
+        grep -E "^  [a-z_]+.*\(|gpu__time_duration" "$OUT/attnprof-$form-times.log" | sed -E 's/\(CUtensorMap.*//' | tail -24
+      done
+      timeout 240 env SOLTRAIN_ATTENTION_BACKWARD=atomic "$NCU" --set full --import-source no -k 'regex:dkdv' -c 1 -s 2 \
+        -o "$OUT/attnprof-atomic" "$B/soltrain" bench-attention --batch 2 --heads 32 --kv-heads 8 --seq-len 8192 --iters 1 > "$OUT/attnprof-full.log" 2>&1
+      "$NCU" --import "$OUT/attnprof-atomic.ncu-rep" --page details > "$OUT/attnprof-atomic-details.txt" 2>&1
+      "$NCU" --import "$OUT/attnprof-atomic.ncu-rep" --page raw --csv > "$OUT/attnprof-atomic-raw.csv" 2>&1
+      grep -E "Duration|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Stall|Pipe" "$OUT/attnprof-atomic-details.txt" | head -30
+      CUOBJ=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+      "$CUOBJ" -sass "$B/soltrain.bin" 2>/dev/null | xz -3 > "$OUT/all.sass.xz"
+      ls -la "$OUT" | grep attnprof ;;
     attn)  # issue 12 item 3: the attention table next to torch's flash and cuDNN backends at T = 2k .. 64k (Qwen3-8B heads)
       timeout 400 python3 bench/run_bench.py --soltrain "$B/soltrain" --sizes "" --peers none \
         --attention 8x32x8x2048,4x32x8x4096,2x32x8x8192,1x32x8x16384,1x32x8x65536 --out "$OUT" > "$OUT/attn.log" 2>&1

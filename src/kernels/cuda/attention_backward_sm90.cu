@@ -38,6 +38,7 @@ namespace {
 constexpr int kThreads = 3 * kWarpgroup;
 [[maybe_unused]] constexpr int kConsumerWarps = 8;            // arrivals that release a stage
 constexpr int kKeys = 128, kQueryTile = 64, kDkDvStages = 2;  // dK/dV kernel: keys per block, queries per item
+// (a third Q/dO stage measured no faster, with the statistics loaded an item ahead: bench/NOTES.md run 55)
 constexpr int kQueries = 128, kKeyTile = 128, kDqStages = 2;  // dQ kernel: queries per block, keys per tile
 
 // Shared memory: two resident tiles of kResident rows, then kStages stages of two kStream-row tiles, then
@@ -178,6 +179,21 @@ __device__ __forceinline__ void store_ds_rows(bf16* tile, const uint32_t (&frag)
                  : "memory");
   }
 }
+// A dK/dV block's items in order, item i = (query head first_head + i / q_tiles, query tile i % q_tiles), walked
+// by counting: a runtime division per item cost ~2% of the kernel's issue slots (Nsight Compute, run 54).
+struct ItemWalk {
+  int head, q0, k0, last_q0;
+  __device__ ItemWalk(int first_head, int k0_, int q_tiles)
+      : head(first_head), q0(k0_), k0(k0_), last_q0(k0_ + (q_tiles - 1) * kQueryTile) {}
+  __device__ void next() {
+    if (q0 == last_q0) {
+      q0 = k0;
+      ++head;
+    } else {
+      q0 += kQueryTile;
+    }
+  }
+};
 // Spins until *turn == rank; past ~10 s it traps, so a wrong turn fails the launch instead of hanging it.
 __device__ __forceinline__ void wait_turn(const int* turn, int rank) {
   for (int spins = 0; load_acquire(turn) != rank; ++spins) {
@@ -194,14 +210,13 @@ constexpr int kDsStored = 1, kDqStaged = 2, kDqFree = 4;
 // lane 0 adds the 32 KB tile into its slot of the fp32 sums with one bulk reduction, then the staging tile
 // is freed as soon as the copy engine has read it. Ordered, lane 0 first waits for the tile's turn and
 // passes it on once the adds are performed.
-template <bool kOrdered, class Item>
-__device__ __forceinline__ void reduce_dq(const float* stage, float* sums, int* turns, int items, Item item, int start,
-                                          int doc, int k0, int H, int q_tiles_max) {
+template <bool kOrdered>
+__device__ __forceinline__ void reduce_dq(const float* stage, float* sums, int* turns, int items, ItemWalk it,
+                                          int start, int doc, int k0, int H, int q_tiles_max) {
   const int lane = threadIdx.x % 32;
   for (int cw = 0; cw < 2; ++cw) named_barrier_arrive(kDqFree + cw, kWarpgroup + 32);  // free for item 0
-  for (int i = 0; i < items; ++i) {
-    int h, q0;
-    item(i, h, q0);
+  for (int i = 0; i < items; ++i, it.next()) {
+    const int h = it.head, q0 = it.q0;
     named_barrier(kDqStaged, kWarpgroup + 32);
     named_barrier(kDqStaged + 1, kWarpgroup + 32);
     if (lane == 0) {
@@ -288,12 +303,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (k0 >= len) return;
   const int q_tiles = (len - k0 + kQueryTile - 1) / kQueryTile;  // causal: query tiles from this key block on
   const int items = group * q_tiles;
-  // item i = (query head kh * group + i / q_tiles, query tile starting at k0 + (i % q_tiles) * kQueryTile)
-  auto item = [&](int i, int& head, int& q0) {
-    head = kh * group + i / q_tiles;
-    q0 = k0 + i % q_tiles * kQueryTile;
-  };
   ring.init(32);
+  // (after ring.init's barrier: kh is written)
+  const ItemWalk first_item(kh * group, k0, q_tiles);
 
   const int wg = threadIdx.x / kWarpgroup;
   if (wg == 0) {  // warp 0 of the copy warpgroup: lane 0 issues the TMA, every lane copies statistics
@@ -302,27 +314,45 @@ __global__ void __launch_bounds__(kThreads, 1)
     release_registers<24>();
     if constexpr (kFused)
       if (threadIdx.x / 32 == 1) {  // warp 1: the dQ warp
-        reduce_dq<kOrdered>(reinterpret_cast<const float*>(tiles + L::kDqStage), dq_sum, dq_turn, items, item, start,
-                            doc, k0, H, q_tiles_max);
+        reduce_dq<kOrdered>(reinterpret_cast<const float*>(tiles + L::kDqStage), dq_sum, dq_turn, items, first_item,
+                            start, doc, k0, H, q_tiles_max);
         return;
       }
     if (threadIdx.x >= 32) return;
     const int lane = threadIdx.x;
     if (lane == 0) load_resident<L, D, kKeys>(tiles, ring, &k_map, &v_map, kh, start + k0);
+    // Each lane's statistics of one item (log-sum-exp and delta of queries lane and lane + 32), loaded from
+    // global memory one item ahead, so their latency passes while the loop waits for the next stage (loaded
+    // after the wait, the item's loads and stores in a row left the consumers waiting on their stage for
+    // ~13% of the kernel: Nsight Compute, run 54).
+    static_assert(kQueryTile == 64);
+    float v[4];
+    auto fetch = [&](const ItemWalk& it) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int c = lane + 32 * j;
+        const bool ok = it.q0 + c < len;
+        const int64_t at = int64_t(it.head) * N + start + it.q0 + c;
+        v[2 * j] = ok ? lse[at] : 0.f;
+        v[2 * j + 1] = ok ? delta[at] : 0.f;
+      }
+    };
+    ItemWalk it = first_item;
+    fetch(it);
     for (int i = 0; i < items; ++i) {
-      int h, q0;
-      item(i, h, q0);
-      const int s = i % kDkDvStages;
       if (lane == 0)
-        load_step<L, D, kQueryTile>(tiles, ring, &q_map, &do_map, i, h, start + q0);
+        load_step<L, D, kQueryTile>(tiles, ring, &q_map, &do_map, i, it.head, start + it.q0);
       else
         ring.wait_free(i);  // the stage's statistics are free too
-      for (int c = lane; c < kQueryTile; c += 32) {
-        const bool ok = q0 + c < len;
-        stats[(2 * s) * kQueryTile + c] = ok ? lse[int64_t(h) * N + start + q0 + c] * kLog2e : 0.f;
-        stats[(2 * s + 1) * kQueryTile + c] = ok ? delta[int64_t(h) * N + start + q0 + c] : 0.f;
+      float* const st = stats + 2 * (i % kDkDvStages) * kQueryTile;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        st[lane + 32 * j] = v[2 * j] * kLog2e;
+        st[kQueryTile + lane + 32 * j] = v[2 * j + 1];
       }
       if (lane != 0) mbar_arrive(ring.full(i));  // lane 0 arrived with its expect_tx
+      it.next();
+      if (i + 1 < items) fetch(it);
     }
     return;
   }
@@ -351,9 +381,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Overlapping across items instead would keep P and dS live twice over next to 128 accumulator
   // registers (past 240); the two groups also overlap each other.
   mbar_wait(ring.resident(), 0);
-  for (int i = 0; i < items; ++i) {
-    int h, q0;
-    item(i, h, q0);
+  ItemWalk it = first_item;
+  for (int i = 0; i < items; ++i, it.next()) {
+    const int q0 = it.q0;
     // The upper warpgroup's keys all follow the tile's queries (or the document): it has nothing to add.
     const bool upper_idle = q0 + kQueryTile - 1 < k0 + 64 || k0 + 64 >= len;
     const bool idle = cw == 1 && upper_idle;  // (the lower one always has: k0 <= q0 < len)
@@ -367,14 +397,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     ring.wait_full(i);  // (idle, waiting first keeps this warpgroup's release in the stage's own phase)
     if (!idle) {
       score_products<D, kKeys, kQueryTile>(p, ds, Ks, Qs, Vs, dOs, cw * 64);
-
       wgmma_wait<1>();
       fence_accumulators(p);
 #pragma unroll
       for (int e = 0; e < kQueryTile / 2; ++e) {
-        const int qc = e / 4 * 8 + 2 * t + e % 2, query = q0 + qc, kr = key[e / 2 % 2];
-        const float pe = fast_exp2(fmaf(p[e], scale_log2, -lse_s[qc]));
-        p[e] = masked && !(kr <= query && query < len && kr < len) ? 0.f : pe;
+        const int qc = e / 4 * 8 + 2 * t + e % 2;
+        p[e] = fast_exp2(fmaf(p[e], scale_log2, -lse_s[qc]));
+      }
+      // Masking only where the item crosses the diagonal or a document's end (uniform across the warpgroup):
+      // most items branch past it (as a select on every item, ptxas computed all 32 conditions ahead of the
+      // products' issue, ~6% of the kernel's samples: Nsight Compute, run 54). kr <= query < len holds kr < len.
+      if (masked) {
+#pragma unroll
+        for (int e = 0; e < kQueryTile / 2; ++e) {
+          const int query = q0 + e / 4 * 8 + 2 * t + e % 2, kr = key[e / 2 % 2];
+          if (!(kr <= query && query < len)) p[e] = 0.f;
+        }
       }
       gradient_product<D, kQueryTile>(dv_acc, p, dOs);
 
@@ -511,10 +549,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<1>();
     fence_accumulators(p);
 #pragma unroll
-    for (int e = 0; e < kKeyTile / 2; ++e) {
-      const int r = e / 2 % 2, kc = k0 + e / 4 * 8 + 2 * t + e % 2;
-      const float pe = fast_exp2(fmaf(p[e], scale_log2, -lse2[r]));
-      p[e] = masked && !(kc <= row[r] && kc < len && row[r] < len) ? 0.f : pe;
+    for (int e = 0; e < kKeyTile / 2; ++e) p[e] = fast_exp2(fmaf(p[e], scale_log2, -lse2[e / 2 % 2]));
+    if (masked) {  // (a branch, as in the dK/dV kernel: most tiles skip it)
+#pragma unroll
+      for (int e = 0; e < kKeyTile / 2; ++e) {
+        const int r = e / 2 % 2, kc = k0 + e / 4 * 8 + 2 * t + e % 2;
+        if (!(kc <= row[r] && row[r] < len)) p[e] = 0.f;
+      }
     }
     wgmma_wait<0>();
     fence_accumulators(ds);
