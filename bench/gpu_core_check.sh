@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [attnq] [attnprof] [attn] [peers8b] [peers4b]
+#     [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -170,6 +170,12 @@ for s in "${steps[@]}"; do
           done
         done
       done ;;
+    attne2e)  # the backward's forms in whole training steps: Qwen3-0.6B full fine-tuning at 1 x 16384 (attention's
+      # share of a step grows with the sequence), split, ordered and atomic (`--attention-backward`)
+      for form in split ordered atomic; do
+        bench_one "e2e-0.6B-16k-$form" 0.6B --batch 1 --seq 16384 --recompute selective --attention-backward $form
+        python3 -c "import json,sys; p=json.load(open(sys.argv[1])).get('profile_ms',{}); print('  attention_backward', round(p.get('attention_backward',0),1), 'ms of', round(sum(p.values()),1), 'ms profiled')" "$OUT/e2e-0.6B-16k-$form.json" 2>/dev/null
+      done ;;
     attnprof)  # the attention backward's kernels under Nsight Compute at 2 x 8192 (Qwen3-8B heads): each kernel's
       # time for split and atomic, the fused kernel's full section set (stall reasons, pipe use), and the SASS
       NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -189,7 +195,8 @@ for s in "${steps[@]}"; do
       ls -la "$OUT" | grep attnprof ;;
     attn)  # issue 12 item 3: the attention table next to torch's flash and cuDNN backends at T = 2k .. 64k (Qwen3-8B heads)
       timeout 400 python3 bench/run_bench.py --soltrain "$B/soltrain" --sizes "" --peers none \
-        --attention 8x32x8x2048,4x32x8x4096,2x32x8x8192,1x32x8x16384,1x32x8x65536 --out "$OUT" > "$OUT/attn.log" 2>&1
+        --attention 8x32x8x2048,4x32x8x4096,2x32x8x8192,1x32x8x16384,1x32x8x65536 \
+        --attention-engines "${ATTN_ENGINES:-split,split-longest,atomic,ordered,portable}" --out "$OUT" > "$OUT/attn.log" 2>&1
       grep -E "^\| " "$OUT/attn.log" ;;
     peft)
       timeout 300 python3 tests/tools/check_peft.py "$B/soltrain" --cases 12 --cuda > "$OUT/peft.log" 2>&1

@@ -150,6 +150,8 @@ def main():
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--attention", default="8x16x8x2048,4x32x8x4096,2x32x8x8192")
+    ap.add_argument("--attention-engines", default="split,split-longest,atomic,ordered,portable",
+                    help="soltrain's attention rows: split, split-longest, atomic, ordered, portable (comma-separated)")
     ap.add_argument("--models", default="/tmp/soltrain-bench-models")
     ap.add_argument("--recompute", default="none", help="soltrain's activation recompute: none, selective, full")
     ap.add_argument("--lora-rank", type=int, default=0, help="LoRA on all seven projections (PEFT for the peer)")
@@ -189,13 +191,14 @@ def main():
     for shape in [s for s in a.attention.split(",") if s]:
         b, h, kv, t = map(int, shape.split("x"))
         rows = []
-        # on an H200 the sm_90a kernels (the backward split in both launch orders, then its fused forms); the
-        # sm_80 ones for reference
-        for engine, env in (("soltrain", {}),
-                            ("soltrain (split, longest first)", {"SOLTRAIN_ATTENTION_ORDER": "longest"}),
-                            ("soltrain (backward fused, atomic)", {"SOLTRAIN_ATTENTION_BACKWARD": "atomic"}),
-                            ("soltrain (backward fused, ordered)", {"SOLTRAIN_ATTENTION_BACKWARD": "ordered"}),
-                            ("soltrain (sm_80 kernels)", {"SOLTRAIN_ATTENTION": "portable"})):
+        # on an H200 the sm_90a kernels (the backward's forms: kernels/ops.h, AttentionBackward); the sm_80 ones
+        # for reference; --attention-engines picks among them
+        engines = {"split": ("soltrain", {}),
+                   "split-longest": ("soltrain (split, longest first)", {"SOLTRAIN_ATTENTION_ORDER": "longest"}),
+                   "atomic": ("soltrain (backward atomic)", {"SOLTRAIN_ATTENTION_BACKWARD": "atomic"}),
+                   "ordered": ("soltrain (backward ordered)", {"SOLTRAIN_ATTENTION_BACKWARD": "ordered"}),
+                   "portable": ("soltrain (sm_80 kernels)", {"SOLTRAIN_ATTENTION": "portable"})}
+        for engine, env in [engines[e] for e in a.attention_engines.split(",") if e]:
             try:
                 out = subprocess.run([a.soltrain, "bench-attention", "--batch", str(b), "--heads", str(h), "--kv-heads",
                                       str(kv), "--seq-len", str(t), "--head-dim", "128"], capture_output=True, text=True,

@@ -139,6 +139,34 @@ TEST(Config, ResidualDtype) {
             "cfg.yaml:6: residual_dtype: \"fp16\" is not valid: expected auto, fp32 or bf16");
 }
 
+TEST(Config, AttentionBackward) {
+  const auto parse = [](const std::string& v) {
+    return parse_train_config(kBase + "attention_backward: " + v + "\n", "cfg.yaml", {}, TrainMode::kSft)
+        .attention_backward;
+  };
+  EXPECT_EQ(parse("ordered"), AttentionBackward::Ordered);
+  EXPECT_EQ(parse("atomic"), AttentionBackward::Atomic);
+  EXPECT_EQ(parse("split"), AttentionBackward::Split);
+  // the default: split (bitwise repeatable, no scratch)
+  EXPECT_EQ(parse_train_config(kBase, "cfg.yaml", {}, TrainMode::kSft).attention_backward, AttentionBackward::Split);
+  EXPECT_EQ(error_of(kBase + "attention_backward: fast\n"),
+            "cfg.yaml:6: attention_backward: \"fast\" is not valid: expected split, ordered or atomic");
+  for (AttentionBackward f : {AttentionBackward::Split, AttentionBackward::Ordered, AttentionBackward::Atomic})
+    EXPECT_EQ(parse_attention_backward(attention_backward_name(f), "x"), f);
+}
+
+// The fused forms' scratch as the Hopper kernels number their tiles: tokens / 64 + documents + 1 tiles of
+// 64 x 128 fp32 per head, and a counter per (document, head, 64-query tile); nothing for split or other head dims.
+TEST(Config, AttentionBackwardScratch) {
+  EXPECT_EQ(attention_backward_scratch_bytes(AttentionBackward::Split, 8192, 4, 2048, 32, 128), 0u);
+  EXPECT_EQ(attention_backward_scratch_bytes(AttentionBackward::Ordered, 8192, 4, 2048, 32, 64), 0u);
+  const size_t tiles = (8192 / 64 + 4 + 1) * 32, turns = 4 * 32 * (2048 / 64);
+  EXPECT_EQ(attention_backward_scratch_bytes(AttentionBackward::Ordered, 8192, 4, 2048, 32, 128),
+            tiles * 32768 + turns * 4);
+  EXPECT_EQ(attention_backward_scratch_bytes(AttentionBackward::Atomic, 8192, 4, 2048, 32, 128),
+            tiles * 32768 + turns * 4);
+}
+
 TEST(Config, TokenTile) {
   EXPECT_EQ(parse_train_config(kBase, "cfg.yaml", {}, TrainMode::kSft).token_tile, 0);  // automatic
   EXPECT_EQ(parse_train_config(kBase + "token_tile: 4096\n", "cfg.yaml", {}, TrainMode::kSft).token_tile, 4096);

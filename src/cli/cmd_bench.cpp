@@ -39,6 +39,7 @@ struct BenchOpts {
   int64_t token_tile = 0;
   bool plan_only = false, offload_activations = false, offload_weights = false, profile = true;
   std::string recompute = "none", residual_dtype = "auto", optimizer = "adamw", qlora = "none", recipe = "bf16";
+  std::string attention_backward = "split";
   std::string offload = "none";
   std::string fp8_scaling = "delayed";
 };
@@ -146,6 +147,11 @@ std::function<int()> add_bench_command(CLI::App& app) {
   c->add_option("--recompute", o->recompute, "activation recompute: none, elementwise, selective or full")
       ->check(CLI::IsMember({"none", "elementwise", "selective", "full"}))
       ->capture_default_str();
+  c->add_option("--attention-backward", o->attention_backward,
+                "how attention's backward forms dQ on Hopper: split, ordered (both bitwise repeatable) or atomic "
+                "(the setting attention_backward; SOLTRAIN_ATTENTION_BACKWARD wins over it)")
+      ->check(CLI::IsMember({"split", "ordered", "atomic"}))
+      ->capture_default_str();
   c->add_option("--residual-dtype", o->residual_dtype,
                 "the residual stream's dtype on the GPU: auto (fp32 with LoRA, else bf16), fp32 or bf16")
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
@@ -249,6 +255,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
     batch.targets = batch.input_ids;
     std::rotate(batch.targets.begin(), batch.targets.begin() + 1, batch.targets.end());
     model->set_residual_dtype(parse_residual_dtype(o->residual_dtype, "--residual-dtype"));
+    ops->set_attention_backward(parse_attention_backward(o->attention_backward, "--attention-backward"));
     model->set_token_tile(o->token_tile);
     model->set_offload_checkpoints(o->offload_activations);  // (plan() refuses it without --recompute full)
     model->plan(o->batch, o->seq, parse_recompute(o->recompute, "--recompute"));
@@ -301,6 +308,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
         {"data_parallel", o->data_parallel},
         {"gpus", world},
         {"residual_dtype", model->residual_dtype() == DType::F32 ? "fp32" : "bf16"},
+        {"attention_backward", o->attention_backward},
         {"batch", o->batch},
         {"gradient_accumulation", o->accumulation},
         {"seq", o->seq},

@@ -594,6 +594,13 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
        [&](const Entry& e) { c.fp8.skip_first_layers = get_int32(e, "skip_quant_first_layers", 0); }},
       {"skip_quant_last_layers",
        [&](const Entry& e) { c.fp8.skip_last_layers = get_int32(e, "skip_quant_last_layers", 0); }},
+      {"attention_backward",
+       [&](const Entry& e) {
+         const std::string f = get_string(e, "attention_backward");
+         if (f != "split" && f != "ordered" && f != "atomic")
+           bad_value(e, "attention_backward", "split, ordered or atomic");
+         c.attention_backward = parse_attention_backward(f, "attention_backward");
+       }},
       {"residual_dtype",
        [&](const Entry& e) {
          const std::string r = get_string(e, "residual_dtype");

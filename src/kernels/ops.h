@@ -17,6 +17,24 @@
 
 namespace soltrain {
 
+// How the attention backward forms dQ where a backend has the choice (the CUDA Hopper kernels at head dim 128,
+// cuda/attention_backward_sm90.cu; elsewhere every form runs the one the backend has):
+// - split (the default): a dK/dV kernel and a dQ kernel, no float adds across blocks: bitwise repeatable and
+//   no scratch (seven products where five suffice);
+// - ordered: one kernel adds each key block's share of dQ into fp32 sums, tile by tile in a fixed order:
+//   bitwise repeatable, ~5-10% faster than split on the H200 (bench/NOTES.md run 58), with a scratch of
+//   512 bytes per token and query head plus 32 KB per document and query head;
+// - atomic: the same adds in any order: the fastest (~30% over split), not bitwise repeatable.
+enum class AttentionBackward { Split, Atomic, Ordered };
+// "split", "ordered" or "atomic"; anything else is a user error naming `where`.
+AttentionBackward parse_attention_backward(const std::string& s, const std::string& where);
+const char* attention_backward_name(AttentionBackward f);
+// The device scratch the Hopper kernels take for `f` over `tokens` tokens in `docs` documents of at most
+// `max_seqlen` (0 for split and head dims other than 128): fp32 dQ sums, one 64 x 128 tile (32 KB) per
+// 64-query tile of each document and query head, and a counter per tile.
+size_t attention_backward_scratch_bytes(AttentionBackward f, int64_t tokens, int64_t docs, int64_t max_seqlen,
+                                        int64_t heads, int64_t head_dim);
+
 // Packed sequences: documents [cu_seqlens[i], cu_seqlens[i+1]) of the flattened tokens attend only
 // within themselves (causally). A plain batch of B rows of T tokens is {0, T, 2T, ..., B*T}.
 struct SeqLayout {
@@ -255,6 +273,9 @@ class Ops {
   virtual void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                                   const Tensor& v, const Tensor& out, const Tensor& lse, const SeqLayout& seq,
                                   float scale) = 0;
+  // The form attention_backward uses from now on (the setting `attention_backward`); backends with one form
+  // ignore it.
+  virtual void set_attention_backward(AttentionBackward) {}
 
   // Decoding: new query tokens against a KV cache. q/out [B*Tq, H, hd] (sequence b's queries are rows
   // b*Tq ..), k_cache/v_cache [B, S, Hkv, hd] already holding the new tokens' keys and values, lens [B]

@@ -94,6 +94,7 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log) {
                    model->config().vocab_size);
   const int B = c.per_device_train_batch_size, T = c.sequence_len;
   model->set_residual_dtype(c.residual_dtype);
+  ops.set_attention_backward(c.attention_backward);
   if (c.fp8_hybrid) model->enable_fp8(c.fp8);
   model->set_token_tile(c.token_tile);
   model->set_offload_checkpoints(c.offload_activations);

@@ -117,6 +117,7 @@ void set_up(Run& r) {
   if (c.warmup_steps == 0 && c.warmup_ratio > 0) r.sched.warmup_steps = warmup_from_ratio(total, c.warmup_ratio);
 
   r.model->set_residual_dtype(c.residual_dtype);
+  r.ops.set_attention_backward(c.attention_backward);
   if (c.fp8_hybrid) {
     // The amaxes would need a max-reduction across ranks each update to keep the ranks' scales equal.
     if (r.dp) user_error("recipe: fp8-hybrid with data parallel is not built yet; use one GPU or recipe: bf16");
@@ -275,6 +276,16 @@ void print_plan(const Run& r) {
         << r.model->activation_plan().tile << "); largest: " << describe_largest(r.model->activation_plan(), 4)
         << "; total " << total / gib << " GiB"
         << (r.ops.device() == Device::CUDA ? " (and the CUDA context and workspace, ~0.6 GiB)" : "") << "\n";
+  const ModelConfig& mc = r.model->config();
+  if (const size_t a = attention_backward_scratch_bytes(c.attention_backward, int64_t(c.per_device_train_batch_size) *
+                                                                                  c.sequence_len,
+                                                        c.per_device_train_batch_size, c.sequence_len,
+                                                        mc.num_heads, mc.head_dim);
+      a && r.ops.device() == Device::CUDA)
+    r.log << r.cmd << ": attention_backward: " << attention_backward_name(c.attention_backward)
+          << ": on Hopper its dQ sums take " << double(a) / gib << " GiB more at one document per row, and "
+          << double(size_t(mc.num_heads) * 32768) / double(1 << 20)
+          << " MiB for each further document packed into a micro-batch (outside the total above)\n";
   if (const size_t host = r.model->checkpoint_host_bytes()) {
     const PlannedBuffer* ck = r.model->activation_plan().find("resid");
     r.log << r.cmd << ": offload_activations: the layer-input checkpoints take " << double(host) / gib

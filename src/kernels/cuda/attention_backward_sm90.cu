@@ -659,8 +659,9 @@ void launch_split(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Te
 
 size_t flash_backward_sm90_scratch(AttentionBackward form, const Tensor& q, const SeqLayout& seq) {
   if (!fused(form, q)) return 0;
-  const int64_t turns = (seq.cu_seqlens.numel() - 1) * q.dim(1) * q_tiles_max(seq);
-  return sums_bytes(q, seq) + size_t(turns) * sizeof(int);
+  static_assert(DqTile::kFloats == 64 * 128);  // (the tile attention_backward_scratch_bytes counts)
+  return attention_backward_scratch_bytes(form, q.dim(0), seq.cu_seqlens.numel() - 1, seq.max_seqlen, q.dim(1),
+                                          q.dim(2));
 }
 
 void flash_backward_sm90(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,

@@ -15,10 +15,9 @@ inline bool sm90_attention_head_dim(int64_t hd) {
 
 void flash_forward_sm90(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                         const SeqLayout& seq, float scale, cudaStream_t s);
-// How the backward forms dQ (attention_backward_sm90.cu says how each works): Split (two kernels, bitwise
-// repeatable, the default), Atomic (one kernel, fp32 reductions in any order), Ordered (one kernel, the
-// reductions in a fixed order: bitwise repeatable). Head dim 64 runs Split whatever is asked.
-enum class AttentionBackward { Split, Atomic, Ordered };
+// How the backward forms dQ (kernels/ops.h; attention_backward_sm90.cu says how each works). Head dim 64 runs
+// Split whatever is asked.
+using soltrain::AttentionBackward;
 // The order the dK/dV blocks launch in (attention_backward_sm90.cu, key_block): by default shortest first for
 // split and longest first for atomic; ordered is always shortest first. SOLTRAIN_ATTENTION_ORDER sets it, to
 // measure both.

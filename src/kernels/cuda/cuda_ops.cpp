@@ -32,17 +32,12 @@ CudaOps::CudaOps() {
   sm90_ = major == 9 && minor == 0;
   compute_capability_ = major * 10 + minor;
   hopper_attention_ = sm90_ && !(choice && std::strcmp(choice, "portable") == 0);
-  // How the Hopper backward forms dQ (attention_backward_sm90.cu); split stays the default until the fused
-  // forms have been measured and checked on a GPU.
+  // How the Hopper backward forms dQ (kernels/ops.h): the setting `attention_backward` through
+  // set_attention_backward, or for a whole process (tests, benchmarks) SOLTRAIN_ATTENTION_BACKWARD, which then
+  // wins over the setting.
   if (const char* form = std::getenv("SOLTRAIN_ATTENTION_BACKWARD"); form && *form) {
-    if (std::strcmp(form, "split") == 0)
-      attention_backward_ = cuda::AttentionBackward::Split;
-    else if (std::strcmp(form, "atomic") == 0)
-      attention_backward_ = cuda::AttentionBackward::Atomic;
-    else if (std::strcmp(form, "ordered") == 0)
-      attention_backward_ = cuda::AttentionBackward::Ordered;
-    else
-      user_error("SOLTRAIN_ATTENTION_BACKWARD is '", form, "': expected split, atomic or ordered");
+    attention_backward_ = parse_attention_backward(form, "SOLTRAIN_ATTENTION_BACKWARD");
+    attention_backward_from_env_ = true;
   }
   if (const char* order = std::getenv("SOLTRAIN_ATTENTION_ORDER"); order && *order) {
     if (std::strcmp(order, "shortest") == 0)

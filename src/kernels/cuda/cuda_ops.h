@@ -67,6 +67,9 @@ class CudaOps final : public Ops {
   void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                           const Tensor& v, const Tensor& out, const Tensor& lse, const SeqLayout& seq,
                           float scale) override;
+  void set_attention_backward(AttentionBackward form) override {
+    if (!attention_backward_from_env_) attention_backward_ = form;
+  }
   void attention_decode(Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& lens,
                         float scale) override;
   void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) override;
@@ -133,8 +136,9 @@ class CudaOps final : public Ops {
   int sm_count_ = 0;
   int compute_capability_ = 0;     // major · 10 + minor
   bool hopper_attention_ = false;  // compute capability 9.0 and not SOLTRAIN_ATTENTION=portable
-  // SOLTRAIN_ATTENTION_BACKWARD=split|atomic|ordered (the Hopper kernels' dQ; split unless set)
-  cuda::AttentionBackward attention_backward_ = cuda::AttentionBackward::Split;
+  // The Hopper kernels' dQ: split unless the setting or SOLTRAIN_ATTENTION_BACKWARD (which wins) says otherwise
+  AttentionBackward attention_backward_ = AttentionBackward::Split;
+  bool attention_backward_from_env_ = false;
   // SOLTRAIN_ATTENTION_ORDER=shortest|longest (the dK/dV blocks' launch order; the form's default unless set)
   cuda::LaunchOrder attention_order_ = cuda::LaunchOrder::Default;
   bool sm90_ = false;  // compute capability 9.0: the sm_90a kernels (clusters, wgmma) run
