@@ -173,7 +173,8 @@ for s in "${steps[@]}"; do
     attne2e)  # the backward's forms in whole training steps: Qwen3-0.6B full fine-tuning at 1 x 16384 (attention's
       # share of a step grows with the sequence), split, ordered and atomic (`--attention-backward`)
       for form in split ordered atomic; do
-        bench_one "e2e-0.6B-16k-$form" 0.6B --batch 1 --seq 16384 --recompute selective --attention-backward $form
+        bench_one "e2e-0.6B-16k-$form" 0.6B --batch-size 1 --seq-len 16384 --recompute selective --steps 5 --warmup 2 \
+          --attention-backward $form
         python3 -c "import json,sys; p=json.load(open(sys.argv[1])).get('profile_ms',{}); print('  attention_backward', round(p.get('attention_backward',0),1), 'ms of', round(sum(p.values()),1), 'ms profiled')" "$OUT/e2e-0.6B-16k-$form.json" 2>/dev/null
       done ;;
     attnprof)  # the attention backward's kernels under Nsight Compute at 2 x 8192 (Qwen3-8B heads): each kernel's
