@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "cli_test_util.h"
 #include "test_util.h"
 
@@ -71,6 +73,22 @@ TEST(Cli, BadFlagsAndFoldersAreExitCode2) {
   expect_user_error(run("dump --model " + model_dir() + " --batch x --out y --device tpu", t), "tpu");
   expect_user_error(run("train --model " + model_dir() + " --batch x --out y --lr -1", t), "--lr");
   EXPECT_EQ(run("nosuchcommand", t).code, 2);
+}
+
+// bench-attention prints one JSON line of medians: by device events where the backend has them (CUDA), else
+// the host clock's (so on the CPU both pairs are the same); bench refuses an unknown backward form in one line.
+TEST(Cli, BenchAttentionPrintsItsTimes) {
+  TempDir t;
+  const CliRun r =
+      run("bench-attention --device cpu --batch 1 --heads 2 --kv-heads 1 --seq-len 48 --head-dim 32 --iters 2", t);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  for (const char* k : {"fwd_ms", "bwd_ms", "fwd_host_ms", "bwd_host_ms", "fwd_tflops", "bwd_tflops"})
+    EXPECT_GT(j.at(k).get<double>(), 0.0) << k;
+  EXPECT_EQ(j.at("fwd_ms").get<double>(), j.at("fwd_host_ms").get<double>());
+  EXPECT_EQ(j.at("bwd_ms").get<double>(), j.at("bwd_host_ms").get<double>());
+  expect_user_error(run("bench --model " + model_dir() + " --device cpu --attention-backward fast", t),
+                    "--attention-backward");
 }
 
 TEST(Cli, TrainLowersTheLossAndSavesALoadableModel) {
