@@ -165,6 +165,9 @@ TEST(Config, AttentionBackwardScratch) {
             tiles * 32768 + turns * 4);
   EXPECT_EQ(attention_backward_scratch_bytes(AttentionBackward::Atomic, 8192, 4, 2048, 32, 128),
             tiles * 32768 + turns * 4);
+  // Partial tiles: 8000 tokens in 4 documents of at most 2000: (125 + 4 + 1) x 32 tiles, 4 x 32 x 32 counters.
+  EXPECT_EQ(attention_backward_scratch_bytes(AttentionBackward::Ordered, 8000, 4, 2000, 32, 128),
+            size_t(4160) * 32768 + size_t(4096) * 4);
 }
 
 TEST(Config, TokenTile) {

@@ -308,7 +308,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
         {"data_parallel", o->data_parallel},
         {"gpus", world},
         {"residual_dtype", model->residual_dtype() == DType::F32 ? "fp32" : "bf16"},
-        {"attention_backward", o->attention_backward},
+        {"attention_backward", attention_backward_name(ops->attention_backward_form())},
         {"batch", o->batch},
         {"gradient_accumulation", o->accumulation},
         {"seq", o->seq},

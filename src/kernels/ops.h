@@ -276,6 +276,8 @@ class Ops {
   // The form attention_backward uses from now on (the setting `attention_backward`); backends with one form
   // ignore it.
   virtual void set_attention_backward(AttentionBackward) {}
+  // The form the backend runs (where an environment setting won over set_attention_backward, that one).
+  virtual AttentionBackward attention_backward_form() const { return AttentionBackward::Split; }
 
   // Decoding: new query tokens against a KV cache. q/out [B*Tq, H, hd] (sequence b's queries are rows
   // b*Tq ..), k_cache/v_cache [B, S, Hkv, hd] already holding the new tokens' keys and values, lens [B]

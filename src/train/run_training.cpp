@@ -276,16 +276,17 @@ void print_plan(const Run& r) {
         << r.model->activation_plan().tile << "); largest: " << describe_largest(r.model->activation_plan(), 4)
         << "; total " << total / gib << " GiB"
         << (r.ops.device() == Device::CUDA ? " (and the CUDA context and workspace, ~0.6 GiB)" : "") << "\n";
+  // (the form the GPU runs: SOLTRAIN_ATTENTION_BACKWARD wins over the setting)
   const ModelConfig& mc = r.model->config();
-  if (const size_t a = attention_backward_scratch_bytes(c.attention_backward, int64_t(c.per_device_train_batch_size) *
-                                                                                  c.sequence_len,
-                                                        c.per_device_train_batch_size, c.sequence_len,
-                                                        mc.num_heads, mc.head_dim);
-      a && r.ops.device() == Device::CUDA)
-    r.log << r.cmd << ": attention_backward: " << attention_backward_name(c.attention_backward)
-          << ": on Hopper its dQ sums take " << double(a) / gib << " GiB more at one document per row, and "
-          << double(size_t(mc.num_heads) * 32768) / double(1 << 20)
+  const AttentionBackward form = r.ops.attention_backward_form();
+  const int64_t rows = c.per_device_train_batch_size, T = c.sequence_len;
+  if (const size_t a = attention_backward_scratch_bytes(form, rows * T, rows, T, mc.num_heads, mc.head_dim);
+      a && r.ops.device() == Device::CUDA) {
+    const size_t per_doc = attention_backward_scratch_bytes(form, rows * T, rows + 1, T, mc.num_heads, mc.head_dim) - a;
+    r.log << r.cmd << ": attention_backward: " << attention_backward_name(form) << ": on Hopper its dQ sums take "
+          << double(a) / gib << " GiB more at one document per row, and " << double(per_doc) / double(1 << 20)
           << " MiB for each further document packed into a micro-batch (outside the total above)\n";
+  }
   if (const size_t host = r.model->checkpoint_host_bytes()) {
     const PlannedBuffer* ck = r.model->activation_plan().find("resid");
     r.log << r.cmd << ": offload_activations: the layer-input checkpoints take " << double(host) / gib

@@ -350,7 +350,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         st[lane + 32 * j] = v[2 * j] * kLog2e;
         st[kQueryTile + lane + 32 * j] = v[2 * j + 1];
       }
-      if (lane != 0) mbar_arrive(ring.full(i));  // lane 0 arrived with its expect_tx
+      // (lane 0 arrived with its expect_tx before its stores: the stage completes only when the TMA lands, long
+      // after them, but the memory model does not order them. To do with a GPU run: wait_free in every lane,
+      // store, then lane 0's load_step and the others' arrivals, so each arrival releases its lane's stores.)
+      if (lane != 0) mbar_arrive(ring.full(i));
       it.next();
       if (i + 1 < items) fetch(it);
     }
@@ -679,6 +682,10 @@ void flash_backward_sm90(const Tensor& dq, const Tensor& dk, const Tensor& dv, c
   }
   float* const sums = static_cast<float*>(scratch);
   int* const turns = reinterpret_cast<int*>(static_cast<unsigned char*>(scratch) + sums_bytes(q, seq));
+  // (the kernels' own numbering against the shared formula the scratch was sized and planned by)
+  const size_t used = sums_bytes(q, seq) + size_t((seq.cu_seqlens.numel() - 1) * q.dim(1) * q_tiles_max(seq)) * 4;
+  if (used > flash_backward_sm90_scratch(form, q, seq))
+    throw std::logic_error("attention backward: the dQ sums outgrow attention_backward_scratch_bytes");
   CUDA_CHECK(cudaMemsetAsync(scratch, 0, flash_backward_sm90_scratch(form, q, seq), s));
   if (form == AttentionBackward::Ordered)
     launch_dkdv<128, true, true, false>(dk, dv, dout, q, k, v, lse, delta, seq, scale, sums, turns, s);

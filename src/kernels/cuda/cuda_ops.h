@@ -70,6 +70,7 @@ class CudaOps final : public Ops {
   void set_attention_backward(AttentionBackward form) override {
     if (!attention_backward_from_env_) attention_backward_ = form;
   }
+  AttentionBackward attention_backward_form() const override { return attention_backward_; }
   void attention_decode(Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& lens,
                         float scale) override;
   void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) override;
