@@ -86,6 +86,32 @@ class CudaAttentionFusedAtomicShortestFirst : public CudaAttention {
   }
 };
 
+// The setting (Ops::set_attention_backward: what `attention_backward:` in a config and bench's
+// --attention-backward call) picks the form as the environment does, and the backend reports it; with
+// SOLTRAIN_ATTENTION_BACKWARD set, the environment wins.
+class CudaAttentionFusedBySetting : public CudaAttention {
+ protected:
+  void SetUp() override {
+    CudaAttention::SetUp();
+    if (IsSkipped()) return;
+    gpu->set_attention_backward(AttentionBackward::Ordered);
+  }
+};
+TEST_P(CudaAttentionFusedBySetting, ForwardAndBackwardMatchTheCpu) {
+  ASSERT_EQ(gpu->attention_backward_form(), AttentionBackward::Ordered);
+  check(GetParam());  // (ordered: repeatable, as check() asks by default)
+}
+TEST_F(CudaTest, AttentionFusedEnvironmentWinsOverTheSetting) {
+  EXPECT_EQ(gpu->attention_backward_form(), AttentionBackward::Split);  // the default
+  setenv("SOLTRAIN_ATTENTION_BACKWARD", "atomic", 1);
+  const std::unique_ptr<Ops> other = make_cuda_ops();
+  unsetenv("SOLTRAIN_ATTENTION_BACKWARD");
+  other->set_attention_backward(AttentionBackward::Ordered);
+  EXPECT_EQ(other->attention_backward_form(), AttentionBackward::Atomic);
+  gpu->set_attention_backward(AttentionBackward::Atomic);
+  EXPECT_EQ(gpu->attention_backward_form(), AttentionBackward::Atomic);
+}
+
 TEST_P(CudaAttention, ForwardAndBackwardMatchTheCpu) {
   check(GetParam());
 }
@@ -220,6 +246,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionFusedAtomic, kCases);
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionFusedOrdered, kCases);
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionLongestFirst, kCases);
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionFusedAtomicShortestFirst, kCases);
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionFusedBySetting, kCases);
 
 }  // namespace
 }  // namespace soltrain::test
