@@ -257,8 +257,9 @@ __device__ __forceinline__ void fence_fragments(uint32_t (&frag)[R][4]) {
 // - shortest first (split's default; ordered always): a 3-D grid (key blocks, KV heads, documents) with the
 //   last key block at blockIdx.x = 0. The ordered form's turns depend on it: a tile's adders go latest keys
 //   first, so a block only ever waits on one that started earlier (FA3's deterministic order).
-// - longest first (atomic's default; split's with LaunchOrder::LongestFirst, to be measured): a 1-D grid,
-//   key blocks ascending (the first see the most queries) with the
+// - longest first (atomic's default; split's with LaunchOrder::LongestFirst: 5-9% faster at 2k-16k, 10%
+//   slower at 64k in bench/NOTES.md run 54, before run 55's copy-warp fix; re-measure before changing split's
+//   default): a 1-D grid, key blocks ascending (the first see the most queries) with the
 //   (document, KV head) pairs fastest, in sections of kSection pairs whose Q and dO stay in L2. A helper's
 //   simulation of greedy dispatch on 132 SMs at the benchmark shapes: ~0.98 of the SMs busy against
 //   ~0.87 shortest first (FA3's longest-processing-time scheduler does the same).
