@@ -15,9 +15,12 @@
 namespace soltrain::test {
 namespace {
 
-// World size 1, every collective recorded by kind and size.
+// World size 1, every collective recorded by kind and size. `in_place`: it says it works in place, as NCCL
+// does (Zero3 then uses the slices as its buffers), and counts the calls that did not.
 class RecordingCommunicator final : public Communicator {
  public:
+  explicit RecordingCommunicator(bool in_place = false) : in_place_(in_place) {}
+  bool shards_in_place() const override { return in_place_; }
   int rank() const override { return 0; }
   int size() const override { return 1; }
   const char* backend() const override { return "recording"; }
@@ -34,11 +37,15 @@ class RecordingCommunicator final : public Communicator {
   void barrier() override {}
   int64_t all_max_host(int64_t v) override { return v; }
   std::vector<std::string> calls;
+  int copies = 0;  // collectives whose output was not their input
 
  private:
-  static void copy(Tensor out, const Tensor& in) {
+  bool in_place_;
+  void copy(Tensor out, const Tensor& in) {
     ASSERT_EQ(out.numel(), in.numel());
-    if (out.data != in.data) std::memcpy(out.data, in.data, size_t(in.bytes()));
+    if (out.data == in.data) return;
+    ++copies;
+    std::memcpy(out.data, in.data, size_t(in.bytes()));
   }
 };
 
@@ -81,7 +88,11 @@ TEST(Zero3, AnIdleMicroBatchMakesTheCollectivesOfATrainedOne) {
             2 * 4);
 }
 
-TEST(Zero3, OneRankTrainsAsTheSingleProcessForEveryRecompute) {
+// in_place: the communicator works in place (as NCCL does), so the slices are the buffers and backward
+// accumulates into them as the single process does: bitwise its step, with no buffer beyond the slices and
+// every collective issued, in place. Otherwise each micro-batch's gradients are reduced from a scratch and
+// added into the slice: the same sums in another order (1e-6).
+void one_rank_trains_as_the_single_process(bool in_place) {
   // Tied (2 layers) and untied (3 layers: the two layer buffers are reused within a pass).
   for (const char* name : {"qwen3-tiny", "qwen3-tiny-linear"})
     for (Recompute rc : {Recompute::None, Recompute::Elementwise, Recompute::Selective, Recompute::Full}) {
@@ -97,13 +108,34 @@ TEST(Zero3, OneRankTrainsAsTheSingleProcessForEveryRecompute) {
       single->plan(batch.rows, batch.seq_len, rc);
       sharded->plan(batch.rows, batch.seq_len, rc);
       TrainStep a(*single, kOpt);
-      RecordingCommunicator comm;
+      RecordingCommunicator comm(in_place);
       TrainStep b(*sharded, kOpt, comm, 3);
+      const Zero3::Bytes bytes = b.data_parallel()->zero3()->bytes();
+      if (in_place) {
+        EXPECT_EQ(bytes.gathered + bytes.grad_scratch, 0u) << "the slices are the buffers";
+      } else {
+        EXPECT_GT(bytes.gathered * bytes.grad_scratch, 0u);
+      }
       for (int s = 0; s < 2; ++s) {
         a.run(micro, 1e-3f, counted);
         b.run(micro, 1e-3f, counted);
-        EXPECT_NEAR(b.loss(), a.loss(), 1e-6 * a.loss()) << "update " << s;
-        EXPECT_NEAR(b.grad_norm(), a.grad_norm(), 1e-6 * a.grad_norm()) << "update " << s;
+        if (in_place) {
+          EXPECT_EQ(b.loss(), a.loss()) << "update " << s;
+          EXPECT_EQ(b.grad_norm(), a.grad_norm()) << "update " << s;
+        } else {
+          EXPECT_NEAR(b.loss(), a.loss(), 1e-6 * a.loss()) << "update " << s;
+          EXPECT_NEAR(b.grad_norm(), a.grad_norm(), 1e-6 * a.grad_norm()) << "update " << s;
+        }
+      }
+      // Every reduction was issued (one per group and micro-batch) and every group gathered in each update.
+      const auto count = [&](const char* kind) {
+        return std::count_if(comm.calls.begin(), comm.calls.end(), [&](const std::string& c) { return c.starts_with(kind); });
+      };
+      const int groups = int(sharded->params().groups());
+      EXPECT_EQ(count("reduce_scatter"), 2 * 2 * groups);
+      EXPECT_GE(count("all_gather"), 2 * groups);  // each group at least once an update (two layer buffers)
+      if (in_place) {
+        EXPECT_EQ(comm.copies, 0);
       }
       // The sharded model's masters, gathered to the host as a checkpoint reads them.
       b.settle();
@@ -113,8 +145,26 @@ TEST(Zero3, OneRankTrainsAsTheSingleProcessForEveryRecompute) {
       ASSERT_EQ(got.size(), want.size());
       double worst = 0;
       for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, double(std::abs(got[i] - want[i])));
-      EXPECT_LT(worst, 1e-6);
+      if (in_place) {
+        EXPECT_EQ(got, want);
+      } else {
+        EXPECT_LT(worst, 1e-6);
+      }
+      // Training on after the checkpoint's gather (in place, onto the masters themselves) is still the same.
+      if (in_place) {
+        b.run(micro, 1e-3f, counted);
+        a.run(micro, 1e-3f, counted);
+        EXPECT_EQ(b.loss(), a.loss()) << "after the checkpoint";
+      }
     }
+}
+
+TEST(Zero3, OneRankTrainsAsTheSingleProcessForEveryRecompute) {
+  one_rank_trains_as_the_single_process(/*in_place=*/false);
+}
+
+TEST(Zero3, OneRankInPlaceIsTheSingleProcessBitwise) {
+  one_rank_trains_as_the_single_process(/*in_place=*/true);
 }
 
 }  // namespace

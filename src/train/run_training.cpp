@@ -240,9 +240,12 @@ void print_plan(const Run& r) {
     r.log << r.cmd << ": ZeRO-3 per rank: " << b.held_elements << " of the model's " << b.trainable_elements
           << " trainable elements held: masters " << held.masters << " B, compute copy " << held.values
           << (held.values ? " B" : " B (the masters are the CPU's compute copy)") << ", gradients " << held.grads
-          << " B, AdamW moments " << r.step->optimizer().state_bytes() << " B; while a pass runs, gather buffers "
-          << b.gathered << " B and gradient scratch " << b.grad_scratch
-          << " B (two layers and the embedding/head group)\n";
+          << " B, AdamW moments " << r.step->optimizer().state_bytes() << " B; ";
+    if (b.gathered + b.grad_scratch == 0)  // train/zero3.h: one rank's slices are whole, collectives in place
+      r.log << "one rank's slices are whole groups: they are the gather and gradient buffers\n";
+    else
+      r.log << "while a pass runs, gather buffers " << b.gathered << " B and gradient scratch " << b.grad_scratch
+            << " B (two layers and the embedding/head group)\n";
   }
   // The memory plan, all allocated already (a run that does not fit has stopped before this line).
   const double gib = double(1u << 30), trainable = double(ps.numel());

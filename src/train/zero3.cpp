@@ -17,7 +17,7 @@ Buffer alloc_nonempty(Ops& ops, size_t bytes) {
 }  // namespace
 
 Zero3::Zero3(ParameterStore& ps, Ops& ops, Communicator& comm, const ShardPlan& plan, int head)
-    : ps_(ps), ops_(ops), comm_(comm), plan_(plan), head_(head) {
+    : ps_(ps), ops_(ops), comm_(comm), plan_(plan), head_(head), whole_(comm.size() == 1 && comm.shards_in_place()) {
   std::vector<std::pair<int64_t, int64_t>> owned;
   std::vector<int64_t> chunk;
   for (int g = 0; g < int(plan.groups.size()); ++g) {
@@ -32,8 +32,9 @@ Zero3::Zero3(ParameterStore& ps, Ops& ops, Communicator& comm, const ShardPlan& 
     if (g != head) layer = std::max(layer, gr.chunk * comm.size());
     part = std::max(part, gr.chunk);
   }
-  const int64_t head_n = plan.groups[size_t(head)].chunk * comm.size();
+  int64_t head_n = plan.groups[size_t(head)].chunk * comm.size();
   const size_t act = dtype_size(ps.shard_values(head).dtype);
+  if (whole_) layer = head_n = part = 0;  // the slices serve as every buffer
   for (int i = 0; i < 2; ++i) {
     gathered_[i] = alloc_nonempty(ops, size_t(layer) * act);
     grads_[i] = alloc_nonempty(ops, size_t(layer) * 4);
@@ -62,6 +63,7 @@ Tensor Zero3::slot_tensor(int s, int64_t n) const {
 }
 
 Tensor Zero3::grad_scratch(int g) const {
+  if (whole_) return ps_.shard_grads(g);
   const Buffer& b = grads_[g == head_ ? 2 : g % 2];
   return Tensor{b.data(), DType::F32, {plan_.groups[size_t(g)].chunk * comm_.size()}, b.device()};
 }
@@ -76,7 +78,7 @@ Zero3::Slot& Zero3::gather(int g) {
     if (slots_[s].group >= 0) ps_.bind_values(slots_[s].group, Tensor{});
   }
   Slot& slot = slots_[s];
-  const Tensor out = slot_tensor(s, plan_.groups[size_t(g)].chunk * comm_.size());
+  const Tensor out = whole_ ? ps_.shard_values(g) : slot_tensor(s, plan_.groups[size_t(g)].chunk * comm_.size());
   // Main's reads of what the buffer held, and the update that wrote the slices, are queued before this.
   ops_.wait(Ops::Stream::Side, Ops::Stream::Main);
   ops_.use_stream(Ops::Stream::Side);
@@ -136,14 +138,16 @@ void Zero3::grads_ready(int g) {
   ops_.wait(Ops::Stream::Side, Ops::Stream::Main);  // backward has written the group's gradients
   ops_.use_stream(Ops::Stream::Side);
   const Tensor scratch = grad_scratch(g);
-  if (in_slice_[size_t(g)]) {
+  if (whole_) {
+    comm_.reduce_scatter_sum(scratch, scratch);  // in place; the slice keeps accumulating until the update
+  } else if (in_slice_[size_t(g)]) {
     comm_.reduce_scatter_sum(part, scratch);
     ops_.add_inplace(ps_.shard_grads(g), part);  // later micro-batches accumulate in the slice
   } else {
     comm_.reduce_scatter_sum(ps_.shard_grads(g), scratch);  // the update's first: the slice is zero
     in_slice_[size_t(g)] = true;
   }
-  ops_.zero(scratch);  // ready for the next use, off the Main stream
+  if (!whole_) ops_.zero(scratch);  // ready for the next use, off the Main stream
   reduced_[g == head_ ? 2 : g % 2] = ops_.mark();
   ops_.use_stream(Ops::Stream::Main);
 }
@@ -177,8 +181,9 @@ void Zero3::masters_to_host() {
   if (lead) host_masters_ = Buffer::host(size_t(ps_.numel()) * 4);
   for (int g = 0; g < int(plan_.groups.size()); ++g) {
     if (empty(g)) continue;
-    // The gradient scratch is idle between updates (settled): the masters are gathered through it.
-    const Tensor all = grad_scratch(g);
+    // The gradient scratch is idle between updates (settled): the masters are gathered through it (whole_:
+    // in place, onto themselves; the scratch is then the gradient slice, which must be left as it is).
+    const Tensor all = whole_ ? ps_.shard_masters(g) : grad_scratch(g);
     ops_.wait(Ops::Stream::Side, Ops::Stream::Main);
     ops_.use_stream(Ops::Stream::Side);
     comm_.all_gather(all, ps_.shard_masters(g));
@@ -192,7 +197,7 @@ void Zero3::masters_to_host() {
       ops_.copy(host, slice(all, 0, ps_.group_numel(g)));
       ps_.bind_masters(g, host);
     }
-    ops_.zero(all);  // the scratch starts every use from zero
+    if (!whole_) ops_.zero(all);  // the scratch starts every use from zero
   }
 }
 

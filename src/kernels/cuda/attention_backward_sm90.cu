@@ -341,20 +341,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     ItemWalk it = first_item;
     fetch(it);
     for (int i = 0; i < items; ++i) {
-      if (lane == 0)
-        load_step<L, D, kQueryTile>(tiles, ring, &q_map, &do_map, i, it.head, start + it.q0);
-      else
-        ring.wait_free(i);  // the stage's statistics are free too
+      // Every lane stores its statistics into the freed stage before it arrives on the stage's full barrier
+      // (lane 0 by its expect_tx, in load_step), so each arrival releases that lane's stores to the consumers.
+      ring.wait_free(i);
       float* const st = stats + 2 * (i % kDkDvStages) * kQueryTile;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         st[lane + 32 * j] = v[2 * j] * kLog2e;
         st[kQueryTile + lane + 32 * j] = v[2 * j + 1];
       }
-      // (lane 0 arrived with its expect_tx before its stores: the stage completes only when the TMA lands, long
-      // after them, but the memory model does not order them. To do with a GPU run: wait_free in every lane,
-      // store, then lane 0's load_step and the others' arrivals, so each arrival releases its lane's stores.)
-      if (lane != 0) mbar_arrive(ring.full(i));
+      if (lane == 0)
+        load_step<L, D, kQueryTile>(tiles, ring, &q_map, &do_map, i, it.head, start + it.q0);
+      else
+        mbar_arrive(ring.full(i));
       it.next();
       if (i + 1 < items) fetch(it);
     }
