@@ -279,6 +279,42 @@ TEST(DataParallel, FourRanksResumeATwoRankZero3Checkpoint) {
   }
 }
 
+// FP8 (delayed scaling) over ranks: each update's amax histories are max-reduced before the scales are made
+// from them, so the ranks (each casting its own micro-batches) scale as one process casting all of them does:
+// 2 and 4 ranks (MPI; TCP workers too) train its trajectory, and 4 ranks resume a 2-rank checkpoint's scaling state onto it (without
+// the reduction each rank scales from its own amaxes only: update 2 on differs, and rank 0's saved state is
+// not the other ranks'). Current scaling needs no reduction; it is run once on 2 ranks.
+TEST(DataParallel, Fp8RanksScaleAsOneProcess) {
+  DpSetup s;
+  const std::string fp8 = "--set recipe=fp8-hybrid --set fp8_amax_history=4 --set max_steps=4 ";
+  ASSERT_EQ(s.sft(0, "one", fp8 + "--set gradient_accumulation_steps=4").code, 0);
+  const auto want = s.losses("one");
+  ASSERT_EQ(want.size(), 4u);
+  for (const auto& [ranks, zero] : {std::pair{2, 0}, std::pair{2, 3}, std::pair{4, 2}}) {
+    const std::string out = "r" + std::to_string(ranks) + "-z" + std::to_string(zero);
+    const CliRun r = s.sft(ranks, out,
+                           fp8 + "--set gradient_accumulation_steps=" + std::to_string(4 / ranks) +
+                               " --set save_steps=2 --set zero_stage=" + std::to_string(zero));
+    ASSERT_EQ(r.code, 0) << out << "\n" << r.err;
+    EXPECT_NE(r.err.find("recipe fp8-hybrid"), std::string::npos) << r.err;
+    expect_same_losses(want, s.losses(out), "fp8, " + out);
+  }
+  const CliRun tcp = s.sft(0, "tcp", fp8 + "--gpus 2 --set gradient_accumulation_steps=2 --set zero_stage=2");
+  ASSERT_EQ(tcp.code, 0) << tcp.err;
+  expect_same_losses(want, s.losses("tcp"), "fp8, 2 workers over TCP");
+  const fs::path ck = s.t.path / "r2-z0" / "checkpoint-2";
+  ASSERT_TRUE(fs::exists(ck / "fp8_state.safetensors"));
+  const CliRun four = s.sft(4, "four", fp8 + "--set gradient_accumulation_steps=1 --set resume_from_checkpoint=" + ck.string());
+  ASSERT_EQ(four.code, 0) << four.err;
+  auto later = want;
+  later.erase(1), later.erase(2);
+  expect_same_losses(later, s.losses("four"), "fp8: 4 ranks from a 2-rank checkpoint");
+  const std::string current = "--set recipe=fp8-hybrid --set fp8_scaling=current --set max_steps=4 ";
+  ASSERT_EQ(s.sft(0, "cur-one", current + "--set gradient_accumulation_steps=2").code, 0);
+  ASSERT_EQ(s.sft(2, "cur-two", current + "--set gradient_accumulation_steps=1").code, 0);
+  expect_same_losses(s.losses("cur-one"), s.losses("cur-two"), "fp8 current scaling, 2 ranks");
+}
+
 TEST(DataParallel, ARankThatDiesOrRaisesEndsTheJobNamingIt) {
   DpSetup s;
   const auto t0 = std::chrono::steady_clock::now();

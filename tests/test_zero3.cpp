@@ -25,6 +25,7 @@ class RecordingCommunicator final : public Communicator {
   int size() const override { return 1; }
   const char* backend() const override { return "recording"; }
   void all_reduce_sum(Tensor t) override { calls.push_back("all_reduce " + std::to_string(t.numel())); }
+  void all_reduce_max(Tensor t) override { calls.push_back("all_reduce_max " + std::to_string(t.numel())); }
   void reduce_scatter_sum(Tensor out, const Tensor& in) override {
     calls.push_back("reduce_scatter " + std::to_string(in.numel()));
     copy(out, in);

@@ -18,6 +18,7 @@ class SingleCommunicator final : public Communicator {
   int size() const override { return 1; }
   const char* backend() const override { return "single"; }
   void all_reduce_sum(Tensor) override {}
+  void all_reduce_max(Tensor) override {}
   void reduce_scatter_sum(Tensor out, const Tensor& in) override { same(out, in); }
   void all_gather(Tensor out, const Tensor& in) override { same(out, in); }
   void broadcast(Tensor, int root) override { SOLTRAIN_CHECK(root == 0); }

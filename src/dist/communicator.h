@@ -30,6 +30,7 @@ class Communicator {
   // ops.wait(Side, Main) so they read finished gradients; after, ops.wait(Main, Side) before anything
   // on Main reads what they wrote. A failure of any rank ends every rank with an error naming it.
   virtual void all_reduce_sum(Tensor t) = 0;  // in place, Σ over ranks
+  virtual void all_reduce_max(Tensor t) = 0;  // in place, the largest over ranks, element by element (F32)
   virtual void reduce_scatter_sum(Tensor out,
                                   const Tensor& in) = 0;  // in [size·n] → out [n]: Σ of every rank's in[rank·n ..]
   virtual void all_gather(Tensor out, const Tensor& in) = 0;  // in [n] → out [size·n], rank r's at r·n

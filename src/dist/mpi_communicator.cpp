@@ -48,6 +48,9 @@ class MpiCommunicator final : public Communicator {
   void all_reduce_sum(Tensor t) override {
     check(MPI_Allreduce(MPI_IN_PLACE, t.data, int(t.numel()), mpi_type(t), MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
   }
+  void all_reduce_max(Tensor t) override {
+    check(MPI_Allreduce(MPI_IN_PLACE, t.data, int(t.numel()), mpi_type(t), MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
+  }
   void reduce_scatter_sum(Tensor out, const Tensor& in) override {
     SOLTRAIN_CHECK(in.numel() == out.numel() * size_ && in.dtype == out.dtype);
     check(MPI_Reduce_scatter_block(in.data, out.data, int(out.numel()), mpi_type(in), MPI_SUM, MPI_COMM_WORLD),

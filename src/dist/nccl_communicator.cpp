@@ -75,6 +75,9 @@ class NcclCommunicator final : public Communicator {
   void all_reduce_sum(Tensor t) override {
     NCCL_CHECK(ncclAllReduce(t.data, t.data, size_t(t.numel()), nccl_type(t), ncclSum, comm_, stream()));
   }
+  void all_reduce_max(Tensor t) override {
+    NCCL_CHECK(ncclAllReduce(t.data, t.data, size_t(t.numel()), nccl_type(t), ncclMax, comm_, stream()));
+  }
   void reduce_scatter_sum(Tensor out, const Tensor& in) override {
     SOLTRAIN_CHECK(in.numel() == out.numel() * size_ && in.dtype == out.dtype);
     NCCL_CHECK(ncclReduceScatter(in.data, out.data, size_t(out.numel()), nccl_type(in), ncclSum, comm_, stream()));

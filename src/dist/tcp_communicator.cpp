@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -186,15 +187,15 @@ void check_host(const Tensor& t) {
 }
 
 template <typename T>
-void add_into(void* acc, const std::vector<char>& x, int64_t n) {
+void reduce_into(void* acc, const std::vector<char>& x, int64_t n, bool max) {
   T* a = static_cast<T*>(acc);
   const T* b = reinterpret_cast<const T*>(x.data());
-  for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+  for (int64_t i = 0; i < n; ++i) a[i] = max ? std::max(a[i], b[i]) : a[i] + b[i];
 }
 
 }  // namespace
 
-void TcpCommunicator::all_reduce_sum(Tensor t) {
+void TcpCommunicator::all_reduce(Tensor t, bool max) {
   check_host(t);
   const size_t bytes = t.bytes();
   if (rank_ != 0) {
@@ -206,9 +207,9 @@ void TcpCommunicator::all_reduce_sum(Tensor t) {
   for (int r = 1; r < size_; ++r) {  // in rank order: every run sums the same way
     recv_from(r, x.data(), bytes);
     if (t.dtype == DType::F32)
-      add_into<float>(t.data, x, t.numel());
+      reduce_into<float>(t.data, x, t.numel(), max);
     else
-      add_into<double>(t.data, x, t.numel());
+      reduce_into<double>(t.data, x, t.numel(), max);
   }
   send_to_all(t.data, bytes);
 }

@@ -17,7 +17,8 @@ class TcpCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "tcp"; }
-  void all_reduce_sum(Tensor t) override;
+  void all_reduce_sum(Tensor t) override { all_reduce(t, false); }
+  void all_reduce_max(Tensor t) override { all_reduce(t, true); }
   void reduce_scatter_sum(Tensor out, const Tensor& in) override;
   void all_gather(Tensor out, const Tensor& in) override;
   void broadcast(Tensor t, int root) override;
@@ -27,6 +28,7 @@ class TcpCommunicator final : public Communicator {
   void send_bytes_from_root(void* p, size_t n);
 
  private:
+  void all_reduce(Tensor t, bool max);  // Σ, or the largest, over ranks: through rank 0, in rank order
   static bool read_all(int fd, void* p, size_t n);
   void write_all(int fd, const void* p, size_t n, int peer);
   [[noreturn]] void lost(int peer);

@@ -76,13 +76,21 @@ Tensor Fp8Recipe::scratch(int i, int64_t rows, int64_t cols, DType t) const {
   return at(scratch_[i], 0, t, {rows, cols});
 }
 
+Tensor Fp8Recipe::amax_histories() const {
+  if (!settings_.delayed || projections_.empty()) return Tensor{};
+  // x's [P, H] then dy's, one after the other in state_ (allocate())
+  return Tensor{x_history_.data, DType::F32, {2 * x_history_.dim(0), x_history_.dim(1)}, x_history_.device};
+}
+
 void Fp8Recipe::after_update() {
   if (settings_.delayed && !projections_.empty()) {
     ops_.fp8_update_scales(x_history_, x_scales_, quant::kE4m3Max, settings_.margin);
     ops_.fp8_update_scales(dy_history_, dy_scales_, quant::kE5m2Max, settings_.margin);
   }
-  for (const auto& p : projections_)
+  for (const auto& p : projections_) {
     if (p->trains_) p->weight_stale_ = true;
+    p->x_seen_ = p->dy_seen_ = true;  // from here on the histories scale them (delayed scaling)
+  }
 }
 
 size_t Fp8Recipe::device_bytes() const {
@@ -136,11 +144,12 @@ void Fp8Recipe::load(const std::filesystem::path& file) {
 
 // ---- one projection ----
 
-// Delayed scaling reads the stored scale, except on a tensor's first cast (no history yet): then, as with
-// current scaling throughout, the cast computes the scale from the tensor itself.
-Ops::Fp8Scaling Fp8Projection::scaling(Ops::Fp8Scaling s, bool& seen) const {
+// Delayed scaling reads the stored scale, except before the first update (no history yet): then, as with
+// current scaling throughout, the cast computes the scale from the tensor itself. (Not "the tensor's first
+// cast": a later micro-batch of that update would then scale from the first one's amax, which another rank
+// of a data-parallel run never saw.)
+Ops::Fp8Scaling Fp8Projection::scaling(Ops::Fp8Scaling s, bool seen) const {
   s.current = !recipe_->settings_.delayed || !seen;
-  seen = true;
   return s;
 }
 

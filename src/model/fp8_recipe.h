@@ -47,7 +47,7 @@ class Fp8Projection {
  private:
   friend class Fp8Recipe;
   void refresh_weight(Ops& o, const Tensor& w);
-  Ops::Fp8Scaling scaling(Ops::Fp8Scaling s, bool& seen) const;
+  Ops::Fp8Scaling scaling(Ops::Fp8Scaling s, bool seen) const;
   Fp8Projection& input() { return input_owner_ ? *input_owner_ : *this; }  // whose input scale this one uses
 
   Fp8Recipe* recipe_ = nullptr;
@@ -56,7 +56,7 @@ class Fp8Projection {
   Ops::Fp8Scaling x_, dy_;                 // scale record and history slot 0 of the input and of the output gradient
   bool trains_ = false;                    // the weight changes every update (else cast once)
   bool weight_stale_ = true;               // the weight changed since w8_ was cast
-  bool x_seen_ = false, dy_seen_ = false;  // delayed scaling has a scale for them (else cast currently)
+  bool x_seen_ = false, dy_seen_ = false;  // an update has recorded their amaxes (else cast currently)
   Fp8Projection* input_owner_ = nullptr;   // same_input_as
 };
 
@@ -71,7 +71,13 @@ class Fp8Recipe {
   void allocate();
   // Sizes the shared cast scratch for passes of up to `tokens` tokens.
   void plan(int64_t tokens);
+  // The amax histories of the inputs and output gradients ([2 · projections, amax_history], F32; empty with
+  // current scaling): data parallel makes each rank's the largest over the ranks before after_update(), so
+  // every rank scales alike (TransformerEngine's reduce_amax) and a checkpoint's state is every rank's.
+  Tensor amax_histories() const;
   // After each optimizer update: delayed scales from the amax histories (which roll), trained weights stale.
+  // A tensor is current-scaled until the first update has recorded its amaxes: so every micro-batch of that
+  // update scales from itself, on one rank or many alike.
   void after_update();
   size_t device_bytes() const;  // FP8 weight copies, scales, histories and scratch
   // The scaling state (scales, amax histories, which tensors have one) in a checkpoint, so a resumed run

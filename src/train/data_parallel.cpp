@@ -136,6 +136,14 @@ void DataParallel::all_reduce(Tensor t) {
   ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
 }
 
+void DataParallel::all_reduce_max(Tensor t) {
+  ops_.wait(Ops::Stream::Side, Ops::Stream::Main);
+  ops_.use_stream(Ops::Stream::Side);
+  comm_.all_reduce_max(t);
+  ops_.use_stream(Ops::Stream::Main);
+  ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
+}
+
 void DataParallel::gather_weights() {
   if (stage_ == 0) return;
   if (zero3_) return zero3_->weights_changed();     // each group is gathered when next used

@@ -68,6 +68,8 @@ class DataParallel final : public LayerHooks {
   void settle();
   // Σ loss over ranks into `sum` (F64 [1], device; in place).
   void all_reduce(Tensor t);
+  // The largest over ranks, element by element (F32, device; in place): the FP8 amax histories.
+  void all_reduce_max(Tensor t);
 
   void grads_ready(int group) override;
   void before_forward(int group) override { zero3_ ? zero3_->before_forward(group) : await_gather(group); }

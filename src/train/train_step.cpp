@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "model/fp8_recipe.h"
+
 namespace soltrain {
 
 TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt)
@@ -60,6 +62,9 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
     dp_->all_reduce(loss_sum);
     dp_->grad_sumsq(sumsq);
     adamw_->step(opt_, lr, 1.0f, &sumsq);
+    // FP8: every rank scales from the amaxes all ranks saw (an evaluation's too), so the ranks' scaling
+    // states stay one and a checkpoint's is each rank's.
+    if (const Fp8Recipe* f = model_.fp8(); f && f->amax_histories().defined()) dp_->all_reduce_max(f->amax_histories());
     model_.after_update();
     dp_->gather_weights();
     return;

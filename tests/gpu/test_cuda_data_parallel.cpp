@@ -68,6 +68,25 @@ TEST_F(CudaDataParallel, NcclAtWorldSizeOneTrainsBitwiseAsOneProcess) {
   }
 }
 
+// FP8 (delayed scaling) through NCCL at world size 1: the amax histories' max-reduction (ncclMax, in place on
+// the side stream) and everything else as above: bitwise the single process's FP8 run, ZeRO 0 and 3.
+TEST_F(CudaDataParallel, NcclFp8AtWorldSizeOneTrainsBitwiseAsOneProcess) {
+  const std::string fp8 = "--set recipe=fp8-hybrid --set fp8_amax_history=4 --set gradient_accumulation_steps=2 ";
+  const CliRun plain = sft("", "fp8-plain", fp8);
+  if (plain.code == 2 && plain.err.find("compute capability") != std::string::npos)
+    GTEST_SKIP() << "skipped: FP8 GEMMs need compute capability 8.9";
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  const auto want = metrics("fp8-plain");
+  ASSERT_EQ(want.size(), 4u);
+  for (int zero : {0, 3}) {
+    const std::string out = "fp8-nccl-z" + std::to_string(zero);
+    const CliRun r = sft("SOLTRAIN_COMMUNICATOR=nccl", out, fp8 + "--set zero_stage=" + std::to_string(zero));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.err.find("data parallel over 1 ranks (nccl)"), std::string::npos) << r.err;
+    EXPECT_EQ(metrics(out), want) << out;
+  }
+}
+
 // Offload while NCCL's collectives run on the side stream, ZeRO 2 and 3 at world size 1, LoRA: the base
 // streamed (offload_weights, on the upload stream), and the layer-input checkpoints (offload_activations,
 // sharing the side stream with the collectives). Bitwise the same NCCL run without them.
