@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b]
+#     [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -59,6 +59,11 @@ for s in "${steps[@]}"; do
       for z in plain 0 2 3 plain2; do
         case $z in plain*) dp=() ;; *) dp=(--data-parallel "$z") ;; esac
         bench_one "zero1-8B-lora-$z" 8B --batch-size 2 --seq-len 2048 --lora-rank 16 --steps 8 --warmup 3 "${dp[@]}"
+      done ;;
+    fp8dp)  # FP8 under the data-parallel path at world size 1 (the amax max-reduction, NCCL): Qwen3-0.6B full 8 x 2048
+      for z in plain 2 3 plain2; do
+        case $z in plain*) dp=() ;; *) dp=(--data-parallel "$z") ;; esac
+        bench_one "fp8dp-0.6B-$z" 0.6B --batch-size 8 --seq-len 2048 --recipe fp8-hybrid --steps 8 --warmup 3 "${dp[@]}"
       done ;;
     quant)  # QLoRA formats against torch (writes tests/fixtures/quant), then the GPU tests that read them
       timeout 300 python3 tests/tools/check_quant.py "$B/soltrain" --cuda > "$OUT/quant.log" 2>&1
