@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <chrono>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
@@ -281,9 +283,9 @@ TEST(DataParallel, FourRanksResumeATwoRankZero3Checkpoint) {
 
 // FP8 (delayed scaling) over ranks: each update's amax histories are max-reduced before the scales are made
 // from them, so the ranks (each casting its own micro-batches) scale as one process casting all of them does:
-// 2 and 4 ranks (MPI; TCP workers too) train its trajectory, and 4 ranks resume a 2-rank checkpoint's scaling state onto it (without
-// the reduction each rank scales from its own amaxes only: update 2 on differs, and rank 0's saved state is
-// not the other ranks'). Current scaling needs no reduction; it is run once on 2 ranks.
+// 2 and 4 ranks (MPI; TCP workers too) train its trajectory, and 4 ranks resume a 2-rank checkpoint's scaling
+// state onto it (without the reduction each rank scales from its own amaxes only: update 2 on differs, and
+// rank 0's saved state is not the other ranks'). Current scaling needs no reduction; it is run once on 2 ranks.
 TEST(DataParallel, Fp8RanksScaleAsOneProcess) {
   DpSetup s;
   const std::string fp8 = "--set recipe=fp8-hybrid --set fp8_amax_history=4 --set max_steps=4 ";
@@ -313,6 +315,58 @@ TEST(DataParallel, Fp8RanksScaleAsOneProcess) {
   ASSERT_EQ(s.sft(0, "cur-one", current + "--set gradient_accumulation_steps=2").code, 0);
   ASSERT_EQ(s.sft(2, "cur-two", current + "--set gradient_accumulation_steps=1").code, 0);
   expect_same_losses(s.losses("cur-one"), s.losses("cur-two"), "fp8 current scaling, 2 ranks");
+}
+
+// `soltrain sft --gpus 2` in a process group of its own, as a terminal runs it, stderr to `log`.
+pid_t spawn_launcher(const DpSetup& s, const std::string& out, const std::string& sets, const fs::path& log) {
+  const std::string cmd = std::string("exec " SOLTRAIN_BIN " sft ") + (s.t.path / "base.yaml").string() +
+                          " --set output_dir=" + (s.t.path / out).string() + " --set dataset_prepared_path=" +
+                          (s.t.path / ("prepared-" + out)).string() + " " + sets + " 2>" + log.string();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  setpgid(pid, pid);  // (both sides: whichever runs first)
+  return pid;
+}
+
+// Ctrl-C at the terminal (SIGINT to the launcher's process group) or a SIGTERM to the launcher alone (which
+// passes it on) during a `gpus: 2` run: the ranks agree on the step to stop at, write one checkpoint (each its
+// optimizer shard), and every process exits 130; resuming finishes the model the uninterrupted run saves.
+TEST(DataParallel, StoppingTheLauncherCheckpointsEveryRankAndResumes) {
+  DpSetup s;
+  const std::string run = "--gpus 2 --set zero_stage=2 --set gradient_accumulation_steps=1 --set max_steps=150 ";
+  ASSERT_EQ(s.sft(0, "ref", run).code, 0);
+  for (const int sig : {SIGINT, SIGTERM}) {
+    const std::string out = sig == SIGINT ? "int" : "term";
+    SCOPED_TRACE(out);
+    const fs::path log = s.t.path / (out + ".log"), dir = s.t.path / out;
+    const pid_t pid = spawn_launcher(s, out, run, log);
+    bool started = false;
+    for (int i = 0; i < 6000 && !started; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      started = read_bytes(dir / "metrics.jsonl").find("\"loss\"") != std::string::npos;
+    }
+    ASSERT_TRUE(started) << read_bytes(log);
+    ASSERT_EQ(kill(sig == SIGINT ? -pid : pid, sig), 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status)) << read_bytes(log);
+    EXPECT_EQ(WEXITSTATUS(status), 130) << read_bytes(log);
+    EXPECT_EQ(kill(-pid, 0), -1) << "a worker outlived the launcher";
+    std::vector<fs::path> ckpts;
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().filename().string().starts_with("checkpoint-")) ckpts.push_back(e.path());
+    ASSERT_EQ(ckpts.size(), 1u) << read_bytes(log);
+    EXPECT_TRUE(fs::exists(ckpts[0] / "optimizer-shard-0-of-2.safetensors"));
+    EXPECT_TRUE(fs::exists(ckpts[0] / "optimizer-shard-1-of-2.safetensors"));
+    EXPECT_FALSE(fs::exists(dir / "model")) << "stopped before the end";
+    const CliRun again = s.sft(0, out, run + "--set resume_from_checkpoint=true");
+    ASSERT_EQ(again.code, 0) << again.err;
+    EXPECT_EQ(read_bytes(dir / "model" / "model.safetensors"), read_bytes(s.t.path / "ref" / "model" / "model.safetensors"));
+  }
 }
 
 TEST(DataParallel, ARankThatDiesOrRaisesEndsTheJobNamingIt) {
