@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b]
+#     [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -65,6 +65,18 @@ for s in "${steps[@]}"; do
         case $z in plain*) dp=() ;; *) dp=(--data-parallel "$z") ;; esac
         bench_one "fp8dp-0.6B-$z" 0.6B --batch-size 8 --seq-len 2048 --recipe fp8-hybrid --steps 8 --warmup 3 "${dp[@]}"
       done ;;
+    splitorder)  # the split backward's launch order (SOLTRAIN_ATTENTION_ORDER): shortest first (the default) against
+      # longest first, bwd TFLOP/s by device events at T = 2k .. 64k (Qwen3-8B heads), each twice, interleaved
+      for shape in 8x2048 4x4096 2x8192 1x16384 1x65536; do
+        for order in shortest longest shortest longest; do
+          r=$(timeout 60 env SOLTRAIN_ATTENTION_BACKWARD=split SOLTRAIN_ATTENTION_ORDER=$order "$B/soltrain" bench-attention \
+            --batch "${shape%x*}" --heads 32 --kv-heads 8 --seq-len "${shape#*x}" 2>&1 | tail -1)
+          echo "$shape split $order: $(echo "$r" | python3 -c 'import json,sys; j=json.loads(sys.stdin.read()); print("bwd", round(j["bwd_tflops"]), round(j["bwd_ms"], 3), "ms")' 2>/dev/null || echo "$r")"
+        done
+      done ;;
+    off8b)  # Qwen3-8B full, 8-bit AdamW with masters and moments offloaded, 4 x 2048, accumulation 8 (run 52: 9886 tok/s)
+      bench_one off8b 8B --batch-size 4 --seq-len 2048 --optimizer adamw_8bit --recompute elementwise --offload both \
+        --gradient-accumulation 8 --steps 3 --warmup 1 ;;
     quant)  # QLoRA formats against torch (writes tests/fixtures/quant), then the GPU tests that read them
       timeout 300 python3 tests/tools/check_quant.py "$B/soltrain" --cuda > "$OUT/quant.log" 2>&1
       grep -E "^FAIL|passed|failed" "$OUT/quant.log"

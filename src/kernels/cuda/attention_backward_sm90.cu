@@ -254,12 +254,13 @@ __device__ __forceinline__ void fence_fragments(uint32_t (&frag)[R][4]) {
 
 // The (document, KV head, first key) a dK/dV block works on. Two launch orders (blocks start roughly in
 // linear-id order):
-// - shortest first (split's default; ordered always): a 3-D grid (key blocks, KV heads, documents) with the
-//   last key block at blockIdx.x = 0. The ordered form's turns depend on it: a tile's adders go latest keys
-//   first, so a block only ever waits on one that started earlier (FA3's deterministic order).
-// - longest first (atomic's default; split's with LaunchOrder::LongestFirst: 5-9% faster at 2k-16k, 10%
-//   slower at 64k in bench/NOTES.md run 54, before run 55's copy-warp fix; re-measure before changing split's
-//   default): a 1-D grid, key blocks ascending (the first see the most queries) with the
+// - shortest first (ordered always; split at head dim 64, not measured the other way): a 3-D grid (key
+//   blocks, KV heads, documents) with the last key block at blockIdx.x = 0. The ordered form's turns depend
+//   on it: a tile's adders go latest keys first, so a block only ever waits on one that started earlier
+//   (FA3's deterministic order).
+// - longest first (atomic's default, and split's at head dim 128: bench/NOTES.md run 62 measured split 1-13%
+//   faster this way at every T from 2k to 64k, after run 55's copy-warp fix): a 1-D grid, key blocks
+//   ascending (the first see the most queries) with the
 //   (document, KV head) pairs fastest, in sections of kSection pairs whose Q and dO stay in L2. A helper's
 //   simulation of greedy dispatch on 132 SMs at the benchmark shapes: ~0.98 of the SMs busy against
 //   ~0.87 shortest first (FA3's longest-processing-time scheduler does the same).
@@ -670,9 +671,10 @@ size_t flash_backward_sm90_scratch(AttentionBackward form, const Tensor& q, cons
 void flash_backward_sm90(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                          const Tensor& k, const Tensor& v, const Tensor& lse, const float* delta, const SeqLayout& seq,
                          float scale, AttentionBackward form, LaunchOrder order, void* scratch, cudaStream_t s) {
-  // Longest first where asked, and by default for atomic; ordered is always shortest first (its turns).
+  // Longest first where asked, and by default at head dim 128 (atomic, and split: run 62); ordered is always
+  // shortest first (its turns).
   const bool longest = form != AttentionBackward::Ordered &&
-                       (order == LaunchOrder::LongestFirst || (order == LaunchOrder::Default && fused(form, q)));
+                       (order == LaunchOrder::LongestFirst || (order == LaunchOrder::Default && q.dim(2) == 128));
   if (!fused(form, q)) {
     if (q.dim(2) == 64)
       launch_split<64>(dq, dk, dv, dout, q, k, v, lse, delta, seq, scale, longest, s);

@@ -18,9 +18,9 @@ void flash_forward_sm90(const Tensor& out, const Tensor& lse, const Tensor& q, c
 // How the backward forms dQ (kernels/ops.h; attention_backward_sm90.cu says how each works). Head dim 64 runs
 // Split whatever is asked.
 using soltrain::AttentionBackward;
-// The order the dK/dV blocks launch in (attention_backward_sm90.cu, key_block): by default shortest first for
-// split and longest first for atomic; ordered is always shortest first. SOLTRAIN_ATTENTION_ORDER sets it, to
-// measure both.
+// The order the dK/dV blocks launch in (attention_backward_sm90.cu, key_block): by default longest first at
+// head dim 128 (split and atomic) and shortest first at 64; ordered is always shortest first.
+// SOLTRAIN_ATTENTION_ORDER sets it, to measure both.
 enum class LaunchOrder { Default, ShortestFirst, LongestFirst };
 // The device scratch `form` needs (fp32 dQ sums and per-tile counters), 0 for Split.
 size_t flash_backward_sm90_scratch(AttentionBackward form, const Tensor& q, const SeqLayout& seq);
