@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 
 #include "core/error.h"
@@ -51,16 +52,31 @@ class MpiCommunicator final : public Communicator {
   void all_reduce_max(Tensor t) override {
     check(MPI_Allreduce(MPI_IN_PLACE, t.data, int(t.numel()), mpi_type(t), MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
   }
+  // In place as NCCL is (the rank's own slice of the full buffer at rank·n), so the CPU ranks run the
+  // data-parallel path's in-place branches too: MPI_IN_PLACE, with reduce-scatter's result moved from the
+  // buffer's start (where MPI leaves it) to the rank's slice. The rest of a reduced buffer is left undefined,
+  // as with NCCL.
+  bool shards_in_place() const override { return true; }
   void reduce_scatter_sum(Tensor out, const Tensor& in) override {
     SOLTRAIN_CHECK(in.numel() == out.numel() * size_ && in.dtype == out.dtype);
-    check(MPI_Reduce_scatter_block(in.data, out.data, int(out.numel()), mpi_type(in), MPI_SUM, MPI_COMM_WORLD),
+    const size_t bytes = size_t(out.numel()) * dtype_size(out.dtype);
+    if (out.data != static_cast<char*>(in.data) + size_t(rank_) * bytes) {
+      check(MPI_Reduce_scatter_block(in.data, out.data, int(out.numel()), mpi_type(in), MPI_SUM, MPI_COMM_WORLD),
+            "MPI_Reduce_scatter_block");
+      return;
+    }
+    check(MPI_Reduce_scatter_block(MPI_IN_PLACE, in.data, int(out.numel()), mpi_type(in), MPI_SUM, MPI_COMM_WORLD),
           "MPI_Reduce_scatter_block");
+    if (rank_ != 0) std::memmove(out.data, in.data, bytes);
   }
   void all_gather(Tensor out, const Tensor& in) override {
     SOLTRAIN_CHECK(out.numel() == in.numel() * size_ && in.dtype == out.dtype);
-    check(
-        MPI_Allgather(in.data, int(in.numel()), mpi_type(in), out.data, int(in.numel()), mpi_type(out), MPI_COMM_WORLD),
-        "MPI_Allgather");
+    const size_t bytes = size_t(in.numel()) * dtype_size(in.dtype);
+    const bool in_place = in.data == static_cast<const char*>(out.data) + size_t(rank_) * bytes;
+    check(MPI_Allgather(in_place ? MPI_IN_PLACE : in.data, in_place ? 0 : int(in.numel()),
+                        in_place ? MPI_DATATYPE_NULL : mpi_type(in), out.data, int(in.numel()), mpi_type(out),
+                        MPI_COMM_WORLD),
+          "MPI_Allgather");
   }
   void broadcast(Tensor t, int root) override {
     check(MPI_Bcast(t.data, int(t.numel()), mpi_type(t), root, MPI_COMM_WORLD), "MPI_Bcast");
