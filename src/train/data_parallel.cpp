@@ -128,20 +128,21 @@ void DataParallel::grad_sumsq(Tensor out) {
   all_reduce(out);
 }
 
-void DataParallel::all_reduce(Tensor t) {
+// A collective on Side between Main's work before and after it (both wait for it).
+void DataParallel::on_side_between(const std::function<void()>& collective) {
   ops_.wait(Ops::Stream::Side, Ops::Stream::Main);
   ops_.use_stream(Ops::Stream::Side);
-  comm_.all_reduce_sum(t);
+  collective();
   ops_.use_stream(Ops::Stream::Main);
   ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
 }
 
+void DataParallel::all_reduce(Tensor t) {
+  on_side_between([&] { comm_.all_reduce_sum(t); });
+}
+
 void DataParallel::all_reduce_max(Tensor t) {
-  ops_.wait(Ops::Stream::Side, Ops::Stream::Main);
-  ops_.use_stream(Ops::Stream::Side);
-  comm_.all_reduce_max(t);
-  ops_.use_stream(Ops::Stream::Main);
-  ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
+  on_side_between([&] { comm_.all_reduce_max(t); });
 }
 
 void DataParallel::gather_weights() {

@@ -8,6 +8,7 @@
 // sharded too, and a group is made whole only around its use (train/zero3.h). The reductions are queued on
 // Ops::Stream::Side after Main's work.
 #pragma once
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -76,6 +77,7 @@ class DataParallel final : public LayerHooks {
   void before_backward(int group) override { zero3_ ? zero3_->before_backward(group) : await_gather(group); }
 
  private:
+  void on_side_between(const std::function<void()>& collective);
   void reduce_group(int g);
   Tensor scratch(int64_t elements, int which);
   bool in_place(const ShardPlan::Group& gr) const;
