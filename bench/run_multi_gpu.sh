@@ -5,7 +5,7 @@
 #   bash bench/run_multi_gpu.sh [--gpus N] [--soltrain BIN] [--peers none] [lora8b] [full4b] [full8b]
 # (no case: all three). Cases: Qwen3-8B LoRA r16, 2 rows of 2048 per GPU, ZeRO-0 (DDP for the peer);
 # Qwen3-4B full, 2 rows per GPU, ZeRO-2 (FSDP2 without resharding); Qwen3-8B full, 1 row per GPU, ZeRO-3
-# (FSDP2; soltrain ZeRO-3 with full recompute). Results: $OUT/multi_gpu.jsonl.
+# (FSDP2; soltrain ZeRO-3, no recompute: 91 GiB per GPU planned on 2). Results: $OUT/multi_gpu.jsonl.
 # NVLink multicast stays off (the device README): NCCL_NVLS_ENABLE=0 for every worker.
 set -u
 cd "$(dirname "$0")/.."

@@ -149,6 +149,54 @@ TEST(DataParallel, MpiRanksMatchOneProcessWithTheMatchingAccumulation) {
   }
 }
 
+// `bench --plan-only --gpus N --data-parallel Z` prints, without loading anything, the bytes each rank then
+// allocates: ZeRO-3's line of a real 2-rank run (full and LoRA), ZeRO-2's sharded moments, and one rank alone
+// (ZeRO-3's slices whole: no pass buffers).
+TEST(DataParallel, PlanOnlyIsWhatEachRankAllocates) {
+  DpSetup s;
+  const auto plan = [&](int gpus, int zero, const std::string& extra) {
+    const CliRun r = run("bench --plan-only --device cpu --model " + (s.t.path / "model").string() +
+                             " --batch-size 2 --seq-len 48 --gpus " + std::to_string(gpus) + " --data-parallel " +
+                             std::to_string(zero) + extra,
+                         s.t);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return nlohmann::json::parse(r.out)["data_parallel"];
+  };
+  const std::regex line(
+      "ZeRO-3 per rank: \\d+ of the model's \\d+ trainable elements held: masters (\\d+) B, compute copy \\d+ B[^,]*, "
+      "gradients (\\d+) B, AdamW moments (\\d+) B; while a pass runs, gather buffers (\\d+) B and gradient scratch "
+      "(\\d+) B");
+  for (const auto& [name, sets, flag] : {std::tuple{"full", std::string(), std::string()},
+                                         std::tuple{"lora", kLora + " --set lora_dropout=0", std::string(" --lora-rank 4")}}) {
+    SCOPED_TRACE(name);
+    const CliRun r = s.sft(2, std::string(name) + "-z3", sets + " --set gradient_accumulation_steps=1 --set zero_stage=3");
+    ASSERT_EQ(r.code, 0) << r.err;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.err, m, line)) << r.err;
+    const auto p = plan(2, 3, flag);
+    EXPECT_EQ(p["master_bytes"].get<int64_t>(), std::stoll(m[1]));
+    EXPECT_EQ(p["grad_bytes"].get<int64_t>(), std::stoll(m[2]));
+    EXPECT_EQ(p["moment_bytes"].get<int64_t>(), std::stoll(m[3]));
+    EXPECT_EQ(p["gather_bytes"].get<int64_t>(), std::stoll(m[4]));
+    EXPECT_EQ(p["grad_scratch_bytes"].get<int64_t>(), std::stoll(m[5]));
+  }
+  // ZeRO-2 on 2 ranks: the moments are rank 0's chunks (the run prints them in GiB).
+  const CliRun z2 = s.sft(2, "z2", "--set gradient_accumulation_steps=1 --set zero_stage=2");
+  ASSERT_EQ(z2.code, 0) << z2.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(z2.err, m, std::regex("AdamW moments ([0-9.e+-]+) GiB"))) << z2.err;
+  const auto p2 = plan(2, 2, "");
+  EXPECT_NEAR(p2["moment_bytes"].get<double>() / double(1 << 30), std::stod(m[1]), 1e-5 * std::stod(m[1]));
+  EXPECT_LT(p2["moment_bytes"].get<int64_t>(), plan(1, 0, "")["moment_bytes"].get<int64_t>());
+  const auto alone = plan(1, 3, "");
+  EXPECT_EQ(alone["gather_bytes"].get<int64_t>() + alone["grad_scratch_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(run("bench --plan-only --device cpu --model " + (s.t.path / "model").string() +
+                    " --gpus 2 --data-parallel 1 --optimizer adamw_8bit",
+                s.t)
+                .code,
+            2);
+}
+
 // The data-parallel path at world size 1 (MPI alone: collectives, hooks, the sharded update and the gathers,
 // in place as NCCL runs them) trains bitwise as the single process does; ZeRO-3 too (a lone rank's slices
 // are whole groups: its gather and gradient buffers).

@@ -17,7 +17,9 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/lora.h"
+#include "train/data_parallel.h"
 #include "train/train_step.h"
+#include "train/zero3.h"
 
 namespace soltrain {
 
@@ -111,8 +113,37 @@ int print_activation_plan(const BenchOpts& o) {
   const bool host_master = offload.master, host_moments = offload.optimizer;
   const AdamW::Plan opt = AdamW::plan(ps, o.optimizer == "adamw_8bit" ? Moments::Blockwise8 : Moments::F32, offload);
   const size_t slots = 2 * size_t(w.largest_host_group) * dtype_size(act);
-  const double weights = double(w.weights() - (host_master ? w.masters : 0) + slots) / gib;
-  const double optimizer = double(opt.device(host_moments)) / gib;
+  double weights = double(w.weights() - (host_master ? w.masters : 0) + slots) / gib;
+  double optimizer = double(opt.device(host_moments)) / gib, grads = double(w.grads) / gib;
+  // Data parallel (--data-parallel, --gpus): what rank 0 (the largest share) holds, with NCCL (or MPI on the CPU),
+  // both in place: the run's own sizing (make_shard_plan, DataParallel::staging_bytes, Zero3::planned).
+  nlohmann::json parallel = nullptr;
+  if (o.data_parallel >= 0 || o.gpus > 1) {
+    const int world = o.gpus, zero = std::max(0, o.data_parallel);
+    if (zero >= 1 && o.optimizer == "adamw_8bit")
+      user_error("bench --optimizer adamw_8bit with --data-parallel ", zero, " is not built yet (8-bit moments are not sharded)");
+    if (zero >= 1 && offload.any())
+      user_error("bench --offload with --data-parallel ", zero, " is not built yet (the sharded update keeps its state on the device)");
+    ps.lay_out();
+    const ShardPlan sp = make_shard_plan(ps, 0, world);
+    int64_t owned = 0;
+    for (const ParamRange& r : sp.owned) owned += r.numel;
+    size_t masters = w.masters, values = w.values, grad_bytes = w.grads, gathered = 0, scratch = 0;
+    size_t moments = zero >= 1 ? size_t(std::max<int64_t>(owned, 1)) * 8 : opt.device(host_moments);
+    const size_t staging = DataParallel::staging_bytes(sp, zero, /*comm_in_place=*/true);
+    if (zero == 3) {
+      const Zero3::Bytes z = Zero3::planned(sp, c.num_layers, dtype_size(act), /*whole=*/world == 1);
+      masters = grad_bytes = size_t(z.held_elements) * 4;
+      values = act == DType::F32 ? 0 : size_t(z.held_elements) * dtype_size(act);  // (the CPU's are the masters)
+      gathered = z.gathered, scratch = z.grad_scratch;
+    }
+    weights = double(w.weights() - w.masters - w.values + masters + values + gathered + slots) / gib;
+    grads = double(grad_bytes + scratch + staging) / gib;
+    optimizer = double(moments) / gib;
+    parallel = {{"ranks", world},         {"zero_stage", zero},           {"master_bytes", masters},
+                {"value_bytes", values},  {"grad_bytes", grad_bytes},     {"moment_bytes", moments},
+                {"gather_bytes", gathered}, {"grad_scratch_bytes", scratch}, {"staging_bytes", staging}};
+  }
   nlohmann::json r{{"engine", "soltrain"},
                    {"plan_only", true},
                    {"batch", o.batch},
@@ -130,10 +161,11 @@ int print_activation_plan(const BenchOpts& o) {
                    {"weight_gib", weights},  // masters (unless offloaded), compute copies, frozen base, its slots
                    {"weight_host_gib", double(w.frozen_host + (host_master ? w.masters : 0)) / gib},
                    {"weight_slots_gib", double(slots) / gib},
-                   {"grad_gib", double(w.grads) / gib},
+                   {"grad_gib", grads},
                    {"optimizer_gib", optimizer},
                    {"optimizer_host_gib", host_moments ? double(opt.moments()) / gib : 0.0},
-                   {"total_gib", double(p.total_bytes()) / gib + weights + double(w.grads) / gib + optimizer},
+                   {"total_gib", double(p.total_bytes()) / gib + weights + grads + optimizer},
+                   {"data_parallel", parallel},  // per rank (null: one process)
                    {"buffers", buffers}};
   std::cout << r.dump() << std::endl;
   return 0;
@@ -205,7 +237,8 @@ std::function<int()> add_bench_command(CLI::App& app) {
               "skip the extra step timed op by op (its breakdown, profile_ms): a 256k-token step takes minutes");
   c->add_flag("--plan-only", o->plan_only,
               "print the activation plan (every buffer, largest first) from config.json alone and exit: no "
-              "weights are loaded, no device is needed (a 500k-token plan on any machine)");
+              "weights are loaded, no device is needed (a 500k-token plan on any machine); with --gpus N and "
+              "--data-parallel Z, what each rank holds");
   c->add_option("--model", o->model, "Hugging Face model folder")->required();
   c->add_option("--batch-size", o->batch)->check(CLI::PositiveNumber)->capture_default_str();
   c->add_option("--seq-len", o->seq)->check(CLI::PositiveNumber)->capture_default_str();

@@ -57,14 +57,11 @@ void ParameterStore::add(const std::string& name, Shape shape, bool trainable, i
   params_.back().format = format;
 }
 
-void ParameterStore::allocate(Ops& ops, bool gradients) {
-  const DType act = ops.activation_dtype();
-  gradients_ = gradients;
-  values_dtype_ = act;
+void ParameterStore::lay_out() {
   int groups = 0;
   for (const auto& p : params_) groups = std::max(groups, p.group + 1);
   // Offsets: group by group, decayed tensors first, each in the order added.
-  numel_ = decayed_numel_ = frozen_numel_ = 0;
+  numel_ = decayed_numel_ = 0;
   group_begin_.assign(1, 0);
   ranges_.clear();
   for (int g = 0; g < groups; ++g) {
@@ -80,6 +77,15 @@ void ParameterStore::allocate(Ops& ops, bool gradients) {
     }
     group_begin_.push_back(numel_);
   }
+}
+
+void ParameterStore::allocate(Ops& ops, bool gradients) {
+  const DType act = ops.activation_dtype();
+  gradients_ = gradients;
+  values_dtype_ = act;
+  frozen_numel_ = 0;
+  lay_out();
+  const int groups = this->groups();
   // Frozen weights of the groups kept on the host (keep_frozen_on_host): group by group, in the order added.
   frozen_host_at_.assign(params_.size(), -1);
   frozen_host_range_.assign(size_t(groups), {0, 0});

@@ -47,6 +47,8 @@ class ParameterStore {
   // `gradients` no gradient buffer is allocated: a model that ZeRO-3 will shard gets only its rank's slices
   // of them (keep_shards), so a full-size gradient buffer never exists there.
   void allocate(Ops& ops, bool gradients = true);
+  // The flat layout alone (offsets, groups, ranges), as allocate() makes it: for plans made without memory.
+  void lay_out();
   // Refreshes the compute copy from the masters (after loading; the optimizer does it itself).
   void sync_values(Ops& ops);
 

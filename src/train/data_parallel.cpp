@@ -32,6 +32,11 @@ namespace {
 Tensor slice(const Tensor& t, int64_t offset, int64_t n) {
   return Tensor{static_cast<char*>(t.data) + size_t(offset) * dtype_size(t.dtype), t.dtype, {n}, t.device};
 }
+// A group's collectives can run on its own buffer: the communicator allows it and the ranks' slices tile the
+// group exactly (no padding).
+bool group_in_place(const ShardPlan::Group& gr, int size, bool comm_in_place) {
+  return comm_in_place && gr.chunk * size == gr.numel;
+}
 }  // namespace
 
 DataParallel::DataParallel(Transformer& model, Communicator& comm, int zero_stage)
@@ -44,21 +49,25 @@ DataParallel::DataParallel(Transformer& model, Communicator& comm, int zero_stag
     zero3_ = std::make_unique<Zero3>(model.params(), ops_, comm, plan_, model.head_group());
     return;
   }
-  // Staging only for the groups whose collectives cannot run in place (padded chunks, or a communicator
-  // that needs separate buffers): on NCCL with evenly divisible groups none is allocated.
-  int64_t chunk = 0;
-  for (const auto& g : plan_.groups)
-    if (g.numel > 0 && !in_place(g)) chunk = std::max(chunk, g.chunk);
-  if (stage_ > 0 && chunk > 0) {
-    stage_in_ = ops_.alloc(size_t(chunk) * size_t(comm.size()) * 4);
-    stage_out_ = ops_.alloc(size_t(chunk) * 4);  // one rank's chunk
+  const size_t staged = staging_bytes(plan_, stage_, comm.shards_in_place());
+  if (staged > 0) {
+    const size_t chunk = staged / 4 / size_t(comm.size() + 1);
+    stage_in_ = ops_.alloc(chunk * size_t(comm.size()) * 4);
+    stage_out_ = ops_.alloc(chunk * 4);  // one rank's chunk
   }
 }
 
-// The collectives can run on the group's own buffer: the communicator allows it and the ranks' slices tile
-// the group exactly (no padding).
+// Staging only for the groups whose collectives cannot run in place (padded chunks, or a communicator
+// that needs separate buffers): with an in-place communicator and evenly divisible groups none.
+size_t DataParallel::staging_bytes(const ShardPlan& plan, int zero_stage, bool comm_in_place) {
+  int64_t chunk = 0;
+  for (const auto& g : plan.groups)
+    if (g.numel > 0 && !group_in_place(g, plan.size, comm_in_place)) chunk = std::max(chunk, g.chunk);
+  return zero_stage == 1 || zero_stage == 2 ? size_t(chunk) * size_t(plan.size + 1) * 4 : 0;
+}
+
 bool DataParallel::in_place(const ShardPlan::Group& gr) const {
-  return comm_.shards_in_place() && gr.chunk * comm_.size() == gr.numel;
+  return group_in_place(gr, comm_.size(), comm_.shards_in_place());
 }
 
 Tensor DataParallel::scratch(int64_t elements, int which) {

@@ -37,6 +37,9 @@ class DataParallel final : public LayerHooks {
  public:
   // Stage 3 shards the model's parameters at once (it must hold the loaded model whole).
   DataParallel(Transformer& model, Communicator& comm, int zero_stage);
+  // Stages 1-2: the staging buffers' bytes the constructor allocates (for groups whose collectives cannot run
+  // in place), given whether the communicator works in place.
+  static size_t staging_bytes(const ShardPlan& plan, int zero_stage, bool comm_in_place);
   int zero_stage() const { return stage_; }
   const ShardPlan& plan() const { return plan_; }
   Zero3* zero3() { return zero3_.get(); }  // stage 3's weights and gradients (null below it)

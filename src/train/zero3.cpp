@@ -25,23 +25,15 @@ Zero3::Zero3(ParameterStore& ps, Ops& ops, Communicator& comm, const ShardPlan& 
     chunk.push_back(plan.groups[size_t(g)].chunk);
   }
   ps.keep_shards(ops, owned, chunk);
-  // Buffers sized for the largest layer (all layers are alike) and for the head group, padded to whole chunks.
-  int64_t layer = 0, part = 0;
-  for (int g = 0; g < int(plan.groups.size()); ++g) {
-    const auto& gr = plan.groups[size_t(g)];
-    if (g != head) layer = std::max(layer, gr.chunk * comm.size());
-    part = std::max(part, gr.chunk);
-  }
-  int64_t head_n = plan.groups[size_t(head)].chunk * comm.size();
+  const BufferElements e = buffer_elements(plan, head, whole_);
   const size_t act = dtype_size(ps.shard_values(head).dtype);
-  if (whole_) layer = head_n = part = 0;  // the slices serve as every buffer
   for (int i = 0; i < 2; ++i) {
-    gathered_[i] = alloc_nonempty(ops, size_t(layer) * act);
-    grads_[i] = alloc_nonempty(ops, size_t(layer) * 4);
+    gathered_[i] = alloc_nonempty(ops, size_t(e.layer) * act);
+    grads_[i] = alloc_nonempty(ops, size_t(e.layer) * 4);
   }
-  gathered_[2] = alloc_nonempty(ops, size_t(head_n) * act);
-  grads_[2] = alloc_nonempty(ops, size_t(head_n) * 4);
-  reduced_part_ = alloc_nonempty(ops, size_t(part) * 4);
+  gathered_[2] = alloc_nonempty(ops, size_t(e.head) * act);
+  grads_[2] = alloc_nonempty(ops, size_t(e.head) * 4);
+  reduced_part_ = alloc_nonempty(ops, size_t(e.part) * 4);
   for (const Buffer& b : grads_)  // cleared once here, then by each reduction that reads one (grads_ready)
     if (b.bytes()) ops.zero(Tensor{b.data(), DType::F32, {int64_t(b.bytes() / 4)}, b.device()});
   in_slice_.assign(plan.groups.size(), false);
@@ -228,6 +220,28 @@ void Zero3::release_host_masters() {
   for (int g = 0; g < int(plan_.groups.size()); ++g)
     if (!empty(g)) ps_.bind_masters(g, Tensor{});
   host_masters_ = Buffer{};
+}
+
+Zero3::BufferElements Zero3::buffer_elements(const ShardPlan& plan, int head, bool whole) {
+  BufferElements e;
+  if (whole) return e;  // the slices serve as every buffer
+  // Sized for the largest layer (all layers are alike) and for the head group, padded to whole chunks.
+  for (int g = 0; g < int(plan.groups.size()); ++g) {
+    const auto& gr = plan.groups[size_t(g)];
+    if (g != head) e.layer = std::max(e.layer, gr.chunk * plan.size);
+    e.part = std::max(e.part, gr.chunk);
+  }
+  e.head = plan.groups[size_t(head)].chunk * plan.size;
+  return e;
+}
+
+Zero3::Bytes Zero3::planned(const ShardPlan& plan, int head, size_t value_bytes, bool whole) {
+  const BufferElements e = buffer_elements(plan, head, whole);
+  Bytes b;
+  for (const auto& g : plan.groups) b.held_elements += g.chunk, b.trainable_elements += g.numel;
+  b.gathered = size_t(2 * e.layer + e.head) * value_bytes;
+  b.grad_scratch = size_t(2 * e.layer + e.head + e.part) * 4;
+  return b;
 }
 
 Zero3::Bytes Zero3::bytes() const {

@@ -63,6 +63,14 @@ class Zero3 {
     size_t gathered = 0, grad_scratch = 0;              // the gather buffers; gradient scratch + reduce staging
   };
   Bytes bytes() const;
+  // The per-pass buffers' elements (one layer buffer, the head group's, a reduced part) as the constructor
+  // allocates them for `plan` (`whole`: one rank in place, none), and their bytes with compute copies of
+  // `value_bytes` each: what `bench --plan-only` prints before anything is allocated.
+  struct BufferElements {
+    int64_t layer = 0, head = 0, part = 0;
+  };
+  static BufferElements buffer_elements(const ShardPlan& plan, int head, bool whole);
+  static Bytes planned(const ShardPlan& plan, int head, size_t value_bytes, bool whole);
 
  private:
   struct Slot {
