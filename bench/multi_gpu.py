@@ -13,7 +13,7 @@ CASES = {
     "lora8b": ("8B", 2, 16, ["--data-parallel", "0"], "ddp", True),
     "full4b": ("4B", 2, 0, ["--data-parallel", "2"], "zero2", True),
     # ZeRO-3, no recompute: `bench --plan-only --gpus 2 --data-parallel 3` puts it at 91.2 GiB per GPU on 2 ranks
-    # (38.0 on 8), and the whole model loaded before sharding at 45.8 (add `--recompute full` if it does not fit)
+    # (38.0 on 8), 95.1 (66.5) while the whole loaded model is sharded (add `--recompute full` if it does not fit)
     "full8b": ("8B", 1, 0, ["--data-parallel", "3"], "zero3", False),
 }
 SEQ = 2048

@@ -128,7 +128,7 @@ int print_activation_plan(const BenchOpts& o) {
     const ShardPlan sp = make_shard_plan(ps, 0, world);
     int64_t owned = 0;
     for (const ParamRange& r : sp.owned) owned += r.numel;
-    size_t masters = w.masters, values = w.values, grad_bytes = w.grads, gathered = 0, scratch = 0;
+    size_t masters = w.masters, values = w.values, grad_bytes = w.grads, gathered = 0, scratch = 0, peak = 0;
     size_t moments = zero >= 1 ? size_t(std::max<int64_t>(owned, 1)) * 8 : opt.device(host_moments);
     const size_t staging = DataParallel::staging_bytes(sp, zero, /*comm_in_place=*/true);
     if (zero == 3) {
@@ -136,13 +136,17 @@ int print_activation_plan(const BenchOpts& o) {
       masters = grad_bytes = size_t(z.held_elements) * 4;
       values = act == DType::F32 ? 0 : size_t(z.held_elements) * dtype_size(act);  // (the CPU's are the masters)
       gathered = z.gathered, scratch = z.grad_scratch;
+      // The load's peak: the model is loaded whole (after the activations are planned), then keep_shards
+      // allocates the slices before it frees the whole buffers.
+      peak = p.total_bytes() + w.weights() + slots + masters + values + grad_bytes;
     }
     weights = double(w.weights() - w.masters - w.values + masters + values + gathered + slots) / gib;
     grads = double(grad_bytes + scratch + staging) / gib;
     optimizer = double(moments) / gib;
     parallel = {{"ranks", world},         {"zero_stage", zero},           {"master_bytes", masters},
                 {"value_bytes", values},  {"grad_bytes", grad_bytes},     {"moment_bytes", moments},
-                {"gather_bytes", gathered}, {"grad_scratch_bytes", scratch}, {"staging_bytes", staging}};
+                {"gather_bytes", gathered}, {"grad_scratch_bytes", scratch}, {"staging_bytes", staging},
+                {"load_peak_gib", double(peak) / gib}};  // ZeRO-3: while the loaded model is sharded
   }
   nlohmann::json r{{"engine", "soltrain"},
                    {"plan_only", true},
