@@ -151,7 +151,8 @@ TEST(DataParallel, MpiRanksMatchOneProcessWithTheMatchingAccumulation) {
 
 // `bench --plan-only --gpus N --data-parallel Z` prints, without loading anything, the bytes each rank then
 // allocates: ZeRO-3's line of a real 2-rank run (full and LoRA), ZeRO-2's sharded moments, and one rank alone
-// (ZeRO-3's slices whole: no pass buffers).
+// (ZeRO-3's slices whole: no pass buffers). What the sharded update cannot run (8-bit moments) is refused in
+// one line by the plan and by the run alike.
 TEST(DataParallel, PlanOnlyIsWhatEachRankAllocates) {
   DpSetup s;
   const auto plan = [&](int gpus, int zero, const std::string& extra) {
@@ -195,6 +196,12 @@ TEST(DataParallel, PlanOnlyIsWhatEachRankAllocates) {
                 s.t)
                 .code,
             2);
+  // The run itself refuses it too (TrainStep: it used to train with fp32 moments, silently).
+  const CliRun bench8 = run("bench --device cpu --model " + (s.t.path / "model").string() +
+                                " --batch-size 1 --seq-len 32 --steps 1 --warmup 0 --optimizer adamw_8bit --data-parallel 2",
+                            s.t);
+  EXPECT_EQ(bench8.code, 2);
+  EXPECT_EQ(bench8.err, "error: ZeRO stage 2 with this optimizer is not built yet (8-bit moments are not sharded)\n");
 }
 
 // The data-parallel path at world size 1 (MPI alone: collectives, hooks, the sharded update and the gathers,

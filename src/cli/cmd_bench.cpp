@@ -120,10 +120,12 @@ int print_activation_plan(const BenchOpts& o) {
   nlohmann::json parallel = nullptr;
   if (o.data_parallel >= 0 || o.gpus > 1) {
     const int world = o.gpus, zero = std::max(0, o.data_parallel);
-    if (zero >= 1 && o.optimizer == "adamw_8bit")
-      user_error("bench --optimizer adamw_8bit with --data-parallel ", zero, " is not built yet (8-bit moments are not sharded)");
-    if (zero >= 1 && offload.any())
-      user_error("bench --offload with --data-parallel ", zero, " is not built yet (the sharded update keeps its state on the device)");
+    OptimizerConfig opt_cfg;
+    opt_cfg.moments = o.optimizer == "adamw_8bit" ? Moments::Blockwise8 : Moments::F32;
+    opt_cfg.offload = offload;
+    if (const char* why = sharded_update_refusal(opt_cfg, zero))
+      user_error("bench ", opt_cfg.moments == Moments::Blockwise8 ? "--optimizer adamw_8bit" : "--offload " + o.offload,
+                 " with --data-parallel ", zero, " is not built yet (", why, ")");
     ps.lay_out();
     const ShardPlan sp = make_shard_plan(ps, 0, world);
     int64_t owned = 0;

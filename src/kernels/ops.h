@@ -22,10 +22,11 @@ namespace soltrain {
 // - split (the default): a dK/dV kernel and a dQ kernel, no float adds across blocks: bitwise repeatable and
 //   no scratch (seven products where five suffice);
 // - ordered: one kernel adds each key block's share of dQ into fp32 sums, tile by tile in a fixed order:
-//   bitwise repeatable, within a few % of split on the H200 from 4k tokens up (bench/NOTES.md run 58: +4% at 4k,
-//   -9% at 2k; a whole 0.6B step at 16k +3%), with a scratch of 512 bytes per token and query head plus 32 KB
-//   per document and query head;
-// - atomic: the same adds in any order: the fastest (10-22% over split in run 58), not bitwise repeatable.
+//   bitwise repeatable, now a few % below split on the H200 (bench/NOTES.md runs 58-62: ordered 399-423 TFLOP/s
+//   at 4k-16k, split 413-467 since it launches longest first), with a scratch of 512 bytes per token and query
+//   head plus 32 KB per document and query head;
+// - atomic: the same adds in any order: the fastest (8-17% over split at 4k-16k, runs 59 and 62), not
+//   bitwise repeatable.
 enum class AttentionBackward { Split, Atomic, Ordered };
 // "split", "ordered" or "atomic"; anything else is a user error naming `where`.
 AttentionBackward parse_attention_backward(const std::string& s, const std::string& where);

@@ -49,9 +49,7 @@ DataParallel::DataParallel(Transformer& model, Communicator& comm, int zero_stag
     zero3_ = std::make_unique<Zero3>(model.params(), ops_, comm, plan_, model.head_group());
     return;
   }
-  const size_t staged = staging_bytes(plan_, stage_, comm.shards_in_place());
-  if (staged > 0) {
-    const size_t chunk = staged / 4 / size_t(comm.size() + 1);
+  if (const size_t chunk = size_t(staged_chunk(plan_, stage_, comm.shards_in_place()))) {
     stage_in_ = ops_.alloc(chunk * size_t(comm.size()) * 4);
     stage_out_ = ops_.alloc(chunk * 4);  // one rank's chunk
   }
@@ -59,11 +57,16 @@ DataParallel::DataParallel(Transformer& model, Communicator& comm, int zero_stag
 
 // Staging only for the groups whose collectives cannot run in place (padded chunks, or a communicator
 // that needs separate buffers): with an in-place communicator and evenly divisible groups none.
-size_t DataParallel::staging_bytes(const ShardPlan& plan, int zero_stage, bool comm_in_place) {
+int64_t DataParallel::staged_chunk(const ShardPlan& plan, int zero_stage, bool comm_in_place) {
+  if (zero_stage != 1 && zero_stage != 2) return 0;
   int64_t chunk = 0;
   for (const auto& g : plan.groups)
     if (g.numel > 0 && !group_in_place(g, plan.size, comm_in_place)) chunk = std::max(chunk, g.chunk);
-  return zero_stage == 1 || zero_stage == 2 ? size_t(chunk) * size_t(plan.size + 1) * 4 : 0;
+  return chunk;
+}
+
+size_t DataParallel::staging_bytes(const ShardPlan& plan, int zero_stage, bool comm_in_place) {
+  return size_t(staged_chunk(plan, zero_stage, comm_in_place)) * size_t(plan.size + 1) * 4;  // size chunks in, one out
 }
 
 bool DataParallel::in_place(const ShardPlan::Group& gr) const {

@@ -80,6 +80,7 @@ class DataParallel final : public LayerHooks {
   void before_backward(int group) override { zero3_ ? zero3_->before_backward(group) : await_gather(group); }
 
  private:
+  static int64_t staged_chunk(const ShardPlan& plan, int zero_stage, bool comm_in_place);  // 0: no staging
   void on_side_between(const std::function<void()>& collective);
   void reduce_group(int g);
   Tensor scratch(int64_t elements, int which);

@@ -124,12 +124,11 @@ void set_up(Run& r) {
   r.model->plan(lo.rows, lo.seq_len, c.recompute);
   r.opt = OptimizerConfig{float(c.learning_rate), c.adamw_beta1,          c.adamw_beta2, float(c.adamw_epsilon),
                           float(c.weight_decay),  float(c.max_grad_norm), c.moments,     c.offload};
-  if (r.dp && c.zero_stage >= 1 && c.moments == Moments::Blockwise8)
-    user_error("optimizer: adamw_8bit with zero_stage ", c.zero_stage,
-               " is not built yet (8-bit moments are not sharded); use zero_stage: 0 or optimizer: adamw_torch");
-  if (r.dp && c.zero_stage >= 1 && c.offload.any())  // the config reader says so first; a guard for callers
-    user_error("offload_master / offload_optimizer with zero_stage ", c.zero_stage,
-               " is not built yet (the sharded update keeps its state on the device); use zero_stage: 0");
+  // (the config reader refuses offload with ZeRO first; this names the settings for the rest)
+  if (const char* why = r.dp ? sharded_update_refusal(r.opt, c.zero_stage) : nullptr)
+    user_error(c.moments == Moments::Blockwise8 ? "optimizer: adamw_8bit" : "offload_master / offload_optimizer",
+               " with zero_stage ", c.zero_stage, " is not built yet (", why,
+               "); use zero_stage: 0", c.moments == Moments::Blockwise8 ? " or optimizer: adamw_torch" : "");
   r.step = r.dp ? std::make_unique<TrainStep>(*r.model, r.opt, *r.comm, c.zero_stage)
                 : std::make_unique<TrainStep>(*r.model, r.opt);
   r.state.total_steps = total;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/error.h"
 #include "model/fp8_recipe.h"
 
 namespace soltrain {
@@ -13,10 +14,25 @@ TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt)
       sft_(model.ops()),
       sumsq_(model.ops().alloc(sizeof(double))) {}
 
+const char* sharded_update_refusal(const OptimizerConfig& opt, int zero_stage) {
+  if (zero_stage < 1) return nullptr;
+  if (opt.moments == Moments::Blockwise8) return "8-bit moments are not sharded";
+  if (opt.offload.any()) return "the sharded update keeps its state on the device";
+  return nullptr;
+}
+
+namespace {
+int checked_stage(const OptimizerConfig& opt, int zero_stage) {
+  if (const char* why = sharded_update_refusal(opt, zero_stage))
+    user_error("ZeRO stage ", zero_stage, " with this optimizer is not built yet (", why, ")");
+  return zero_stage;
+}
+}  // namespace
+
 TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt, Communicator& comm, int zero_stage)
     : model_(model),
       opt_(opt),
-      dp_(std::make_unique<DataParallel>(model, comm, zero_stage)),
+      dp_(std::make_unique<DataParallel>(model, comm, checked_stage(opt, zero_stage))),
       adamw_(zero_stage >= 1 ? std::make_unique<AdamW>(model.params(), model.ops(), dp_->plan().owned)
                              : std::make_unique<AdamW>(model.params(), model.ops(), opt.moments, opt.offload)),
       sft_(model.ops()),
@@ -64,7 +80,8 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
     adamw_->step(opt_, lr, 1.0f, &sumsq);
     // FP8: every rank scales from the amaxes all ranks saw (an evaluation's too), so the ranks' scaling
     // states stay one and a checkpoint's is each rank's.
-    if (const Fp8Recipe* f = model_.fp8(); f && f->amax_histories().defined()) dp_->all_reduce_max(f->amax_histories());
+    if (const Fp8Recipe* f = model_.fp8())
+      if (const Tensor h = f->amax_histories(); h.defined()) dp_->all_reduce_max(h);
     model_.after_update();
     dp_->gather_weights();
     return;
