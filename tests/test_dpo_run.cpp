@@ -2,6 +2,7 @@
 // rejected = a near miss) takes rewards/accuracies on separately drawn pairs from 0 (policy = reference: no
 // pair won) to high, with LoRA and full fine-tuning; `rl: dpo` in an sft config runs the same; the reference
 // sums of full fine-tuning are stored once and reused; bad records follow bad_records.
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -174,6 +175,64 @@ TEST(DpoRun, BadRecordsAreSkippedOrNamed) {
   EXPECT_EQ(skip.code, 0) << skip.err;
   EXPECT_NE(skip.err.find("skipped 3 bad records"), std::string::npos) << skip.err;
   EXPECT_NE(skip.err.find("wrote 2 pairs"), std::string::npos) << skip.err;
+}
+
+std::vector<nlohmann::json> train_lines(const fs::path& metrics) {
+  std::ifstream in(metrics);
+  std::vector<nlohmann::json> out;
+  for (std::string l; std::getline(in, l);) {
+    const auto j = nlohmann::json::parse(l);
+    if (j.contains("learning_rate")) out.push_back(j);
+  }
+  return out;
+}
+
+std::string tensor_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The divergences of the days when DPO built its run by hand (issue 27), each against what SFT does with the
+// same keys: they were three copies of one run and now are one (train/run_builder.h, train/train_loop.h).
+// qlora_nf4 under DPO trained LoRA over the dense base without a word: it now says so and trains over NF4
+// (an adapter different from the dense base's, from the same seed and pairs).
+TEST(DpoRun, QloraNf4TrainsOverTheQuantisedBase) {
+  DpoSetup s;
+  std::string log;
+  const std::string lora = "max_steps: 3\nlora: true\nvalidation_datasets: []\n";
+  dpo(s.config("dense", lora));
+  dpo(s.config("nf4", lora + "qlora_nf4: true\n"), &log);
+  EXPECT_NE(log.find("over a frozen NF4 base (qlora_nf4)"), std::string::npos) << log;
+  const std::string a = tensor_bytes(s.t.path / "dense" / "adapter" / "adapter_model.safetensors");
+  ASSERT_FALSE(a.empty());
+  EXPECT_NE(a, tensor_bytes(s.t.path / "nf4" / "adapter" / "adapter_model.safetensors"))
+      << "the NF4 base changes the log-probs, so the adapters' updates";
+}
+
+// The cosine schedule's floor (Axolotl's cosine_min_lr_ratio): step 4/4 ran at 1.46e-5 under DPO and 5.73e-5
+// under SFT with a 0.5 floor. Both now follow transformers' cosine-with-min-lr: lr · (r + (1 - r) · ½(1 +
+// cos(π k / n))) for update k (0-based) of n.
+TEST(DpoRun, CosineFloorIsTheSftSchedule) {
+  DpoSetup s;
+  const std::string keys = "max_steps: 4\nlogging_steps: 1\nlr_scheduler_type: cosine\ncosine_min_lr_ratio: 0.5\n"
+                           "learning_rate: 1.0e-4\nvalidation_datasets: []\n";
+  dpo(s.config("cos", keys));
+  const auto lines = train_lines(s.t.path / "cos" / "metrics.jsonl");
+  ASSERT_EQ(lines.size(), 4u);
+  for (int k = 0; k < 4; ++k) {
+    const double expected = 1e-4 * (0.5 + 0.5 * 0.5 * (1 + std::cos(M_PI * k / 4)));
+    EXPECT_NEAR(lines[size_t(k)]["learning_rate"].get<double>(), expected, 1e-12) << "update " << k;
+  }
+}
+
+// Surogate's merge_adapter: SFT wrote output_dir/merged, DPO skipped it.
+TEST(DpoRun, MergeAdapterWritesTheMergedModel) {
+  DpoSetup s;
+  std::string log;
+  dpo(s.config("m", "max_steps: 1\nlora: true\nmerge_adapter: true\nvalidation_datasets: []\n"), &log);
+  EXPECT_TRUE(fs::exists(s.t.path / "m" / "merged" / "model.safetensors")) << log;
+  EXPECT_TRUE(fs::exists(s.t.path / "m" / "adapter" / "adapter_model.safetensors"));
+  EXPECT_NE(log.find("merged model saved to"), std::string::npos) << log;
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "model/config.h"
 #include "model/lora.h"
 #include "train/data_parallel.h"
+#include "train/run_builder.h"
 #include "train/train_step.h"
 #include "train/zero3.h"
 
@@ -46,25 +47,6 @@ struct BenchOpts {
   std::string fp8_scaling = "delayed";
 };
 
-// bench's LoRA: all seven projections, alpha 2r, no dropout; its base quantised (--qlora) or streamed
-// (--offload-weights) as asked. One line and exit 2 for a flag that needs another.
-std::optional<LoraConfig> bench_lora(const BenchOpts& o) {
-  if (o.lora_rank <= 0) {
-    if (o.qlora != "none") user_error("bench: --qlora ", o.qlora, " needs --lora-rank (a quantised base is frozen)");
-    if (o.offload_weights) user_error("bench --offload-weights needs --lora-rank (it streams a frozen base)");
-  }
-  if (o.resident_layers > 0 && !o.offload_weights)
-    user_error("bench --offload-weights-resident-layers needs --offload-weights");
-  if (o.lora_rank <= 0) return std::nullopt;
-  LoraConfig lora{o.lora_rank, 2.0f * float(o.lora_rank),
-                  0.0f,        std::vector<std::string>(kLoraModuleNames.begin(), kLoraModuleNames.end()),
-                  false,       1};
-  if (o.qlora != "none") lora.base_format = o.qlora == "nf4" ? WeightFormat::Nf4 : WeightFormat::Fp8Block;
-  lora.offload_base = o.offload_weights;  // (a quantised base and fp8-hybrid are refused where they meet it)
-  lora.offload_resident_layers = o.resident_layers;
-  return lora;
-}
-
 // bench's --offload: where AdamW's fp32 masters and moments live.
 Offload bench_offload(const BenchOpts& o) {
   Offload offload;
@@ -73,11 +55,48 @@ Offload bench_offload(const BenchOpts& o) {
   return offload;
 }
 
+// bench's run as a training config (the settings it times), so its adapters, model settings and optimizer are
+// made by the run builder as every run's are (train/run_builder.h). LoRA: all seven projections, alpha 2r, no
+// dropout; its base quantised (--qlora) or streamed (--offload-weights) as asked. One line and exit 2 for a flag
+// that needs another.
+TrainConfig bench_config(const BenchOpts& o) {
+  if (o.lora_rank <= 0) {
+    if (o.qlora != "none") user_error("bench: --qlora ", o.qlora, " needs --lora-rank (a quantised base is frozen)");
+    if (o.offload_weights) user_error("bench --offload-weights needs --lora-rank (it streams a frozen base)");
+  }
+  if (o.resident_layers > 0 && !o.offload_weights)
+    user_error("bench --offload-weights-resident-layers needs --offload-weights");
+  TrainConfig c;
+  c.seed = 1;
+  c.sequence_len = o.seq;
+  c.lora.enabled = o.lora_rank > 0;
+  c.lora.rank = o.lora_rank;
+  c.lora.alpha = 2.0 * o.lora_rank;
+  c.lora.dropout = 0.0;
+  if (o.qlora != "none") c.lora.base = o.qlora == "nf4" ? WeightFormat::Nf4 : WeightFormat::Fp8Block;
+  c.lora.base_key = "--qlora";
+  c.offload_weights = o.offload_weights;  // (a quantised base and fp8-hybrid are refused where they meet it)
+  c.offload_weights_resident_layers = o.resident_layers;
+  c.residual_dtype = parse_residual_dtype(o.residual_dtype, "--residual-dtype");
+  c.attention_backward = parse_attention_backward(o.attention_backward, "--attention-backward");
+  c.token_tile = o.token_tile;
+  c.offload_activations = o.offload_activations;  // (plan() refuses it without --recompute full)
+  c.recompute = parse_recompute(o.recompute, "--recompute");
+  c.fp8_hybrid = o.recipe == "fp8-hybrid";
+  c.fp8.delayed = o.fp8_scaling == "delayed";
+  c.learning_rate = 1e-5;
+  c.adamw_beta2 = 0.95;
+  c.weight_decay = 0.1;
+  c.moments = o.optimizer == "adamw_8bit" ? Moments::Blockwise8 : Moments::F32;
+  c.offload = bench_offload(o);
+  return c;
+}
+
+
 // --plan-only: the activation plan the run would allocate (Transformer::plan's list), one JSON line.
 int print_activation_plan(const BenchOpts& o) {
   const ModelConfig c = load_model_config(o.model);
-  const std::optional<LoraConfig> lora = bench_lora(o);
-  if (lora) lora->validate("bench");
+  const std::optional<LoraConfig> lora = lora_config(bench_config(o), "bench");
   const DType act = o.device == "cuda" ? DType::BF16 : DType::F32;
   ActivationSettings s{
       o.batch,
@@ -272,7 +291,8 @@ std::function<int()> add_bench_command(CLI::App& app) {
     }
     const int zero_stage = std::max(0, o->data_parallel), rank = comm ? comm->rank() : 0;
     const int world = comm ? comm->size() : 1;
-    const std::optional<LoraConfig> lora = bench_lora(*o);
+    const TrainConfig bench = bench_config(*o);
+    const std::optional<LoraConfig> lora = lora_config(bench, "bench");
     // A speed run of FP8 on the CPU's emulation would time nothing real.
     if (o->recipe == "fp8-hybrid" && ops->device() != Device::CUDA)
       user_error(
@@ -280,28 +300,16 @@ std::function<int()> add_bench_command(CLI::App& app) {
           "(the CPU only emulates them, for tests)");
     // (ZeRO-3 allocates only this rank's slices of the gradients)
     auto model = load_pretrained(o->model, *ops, lora, /*gradients=*/!(comm && zero_stage == 3));
-    if (o->recipe == "fp8-hybrid") {
-      Fp8Settings fs;
-      fs.delayed = o->fp8_scaling == "delayed";
-      model->enable_fp8(fs);
-    }
     const int V = model->config().vocab_size;
     HostBatch batch{o->batch, o->seq, {}, {}, {}, {}, {}, {}};
     std::mt19937 rng(1234u + unsigned(rank));  // each rank its own rows
     for (int i = 0; i < o->batch * o->seq; ++i) batch.input_ids.push_back(int32_t(rng() % uint32_t(V)));
     batch.targets = batch.input_ids;
     std::rotate(batch.targets.begin(), batch.targets.begin() + 1, batch.targets.end());
-    model->set_residual_dtype(parse_residual_dtype(o->residual_dtype, "--residual-dtype"));
-    ops->set_attention_backward(parse_attention_backward(o->attention_backward, "--attention-backward"));
-    model->set_token_tile(o->token_tile);
-    model->set_offload_checkpoints(o->offload_activations);  // (plan() refuses it without --recompute full)
-    model->plan(o->batch, o->seq, parse_recompute(o->recompute, "--recompute"));
-    const Offload offload = bench_offload(*o);
-    if (offload.any() && (o->data_parallel >= 1 || world > 1))
+    configure_model(*model, bench, *ops, o->batch);
+    if (bench.offload.any() && (o->data_parallel >= 1 || world > 1))
       user_error("bench --offload ", o->offload, ": one process without ZeRO only (as training)");
-    const OptimizerConfig cfg{
-        1e-5f,  0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, o->optimizer == "adamw_8bit" ? Moments::Blockwise8 : Moments::F32,
-        offload};
+    const OptimizerConfig cfg = optimizer_config(bench);
     // the trainer's own step path; counted_all: every rank's targets (each rank's rows count the same)
     TrainStep train_step = comm ? TrainStep(*model, cfg, *comm, zero_stage) : TrainStep(*model, cfg);
     const std::vector<HostBatch> micro(size_t(o->accumulation), batch);  // the same rows each micro-batch

@@ -1,20 +1,16 @@
 // `soltrain sft config.yaml` and `soltrain pt config.yaml`: one YAML file (plus --set overrides) runs a
 // whole training job. Exit code 130 when stopped by Ctrl-C / SIGTERM after saving a checkpoint.
-#include <cstdlib>
 #include <iostream>
 #include <memory>
 
 #include "cli/commands.h"
 #include "cli/config.h"
-#include "cli/device_option.h"
 #include "cli/hub_inputs.h"
 #include "cli/launch_workers.h"
-#include "core/error.h"
+#include "cli/run_job.h"
 #include "dist/launch.h"
 #include "train/output_guard.h"
 #include "train/run_checks.h"
-#include "train/run_dpo.h"
-#include "train/run_training.h"
 
 namespace soltrain {
 
@@ -41,37 +37,15 @@ std::function<int()> add_run_command(CLI::App& app, const char* name, const char
   return [o, mode]() {
     TrainConfig cfg = load_train_config(o->config, o->set, mode);
     cfg.dump_batches = o->dump_batches;
-    resolve_hub_inputs(cfg, std::cerr);
     if (o->gpus > 0) cfg.gpus = o->gpus;
-    if (cfg.dpo.enabled) {  // `soltrain dpo`, or an sft config with Axolotl's `rl: dpo`
-      if (cfg.gpus > 1)
-        user_error("dpo: data parallel (gpus: ", cfg.gpus, ") is not built yet for preference training; use gpus: 1");
-      if (!o->dump_batches.empty()) user_error("--dump-batches is not built yet for dpo");
-      check_run_inputs(cfg);
-      prepare_run_outputs(cfg, std::cerr);
-      auto ops = make_ops(cfg.device);
-      return run_dpo(cfg, *ops, std::cerr).interrupted ? 130 : 0;
-    }
-    const LaunchEnv env = read_launch_env();
-    if (cfg.gpus > 1 && env.kind == LaunchEnv::Kind::Single) {
+    if (!cfg.dpo.enabled && cfg.gpus > 1 && read_launch_env().kind == LaunchEnv::Kind::Single) {
+      resolve_hub_inputs(cfg, std::cerr);
       check_worker_count(cfg.gpus, cfg.device);
       check_run_inputs(cfg);
       prepare_run_outputs(cfg, std::cerr);  // once, before the workers start
       return launch_workers(cfg.gpus, cfg.device);
     }
-    select_local_device(env, cfg.device);
-    auto ops = make_ops(cfg.device);
-    // SOLTRAIN_COMMUNICATOR=nccl (or mpi) runs that communicator even alone, for checks that it trains
-    // bitwise as a single process does.
-    const char* force = std::getenv("SOLTRAIN_COMMUNICATOR");
-    auto comm = make_communicator(env, *ops, force ? force : "");
-    if (comm->size() > 1) set_error_prefix(cat("rank ", comm->rank(), ": "));
-    check_run_inputs(cfg);
-    if (comm->rank() == 0)
-      prepare_run_outputs(cfg, std::cerr);  // before any work: nothing the user had is written over
-    comm->barrier();
-    const RunResult r = run_training(cfg, mode, *ops, std::cerr, comm.get());
-    return r.interrupted ? 130 : 0;
+    return run_job(std::move(cfg), mode, std::cerr).interrupted ? 130 : 0;
   };
 }
 

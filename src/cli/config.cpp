@@ -191,9 +191,6 @@ DatasetSpec parse_dataset(const YAML::Node& n, const std::string& where, const s
       {"output_field", [&](const Entry& e) { f.output = get_string(e, "output_field"); }},
       {"messages_field", [&](const Entry& e) { f.messages = f.conversations = get_string(e, "messages_field"); }},
       {"completion_field", [&](const Entry& e) { f.completion = get_string(e, "completion_field"); }},
-      // Axolotl's preference pairs: read only by its rl trainers, which `rl:` refuses when asked for.
-      {"field_chosen", [&](const Entry& e) { get_string(e, "field_chosen"); }},
-      {"field_rejected", [&](const Entry& e) { get_string(e, "field_rejected"); }},
       {"samples", [&](const Entry& e) { d.samples = get_int(e, "samples", 1); }},
       {"split",
        [&](const Entry& e) {

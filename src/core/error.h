@@ -11,6 +11,15 @@ struct UserError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The two kinds of UserError the Python API names apart (soltrain.ConfigError, soltrain.DataError); the CLI
+// treats them as any UserError.
+struct ConfigError : UserError {
+  using UserError::UserError;
+};
+struct DataError : UserError {
+  using UserError::UserError;
+};
+
 // Concatenates anything streamable; keeps error sites short without <format> (not in g++ 12).
 template <typename... Args>
 std::string cat(const Args&... args) {

@@ -6,12 +6,13 @@
 
 #include "kernels/ops.h"
 #include "train/run_training.h"
+#include "train/train_loop.h"
 #include "train/train_config.h"
 
 namespace soltrain {
 
 // first_eval_loss / last_eval_loss hold the validation DPO loss; the metrics (rewards/accuracies, ...) go
 // to metrics.jsonl as eval_<TRL name>.
-RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log);
+RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks hooks = {});
 
 }  // namespace soltrain

@@ -45,27 +45,63 @@ TrainStep::~TrainStep() {
   if (dp_) model_.set_hooks(nullptr);
 }
 
-void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t counted_all) {
+namespace {
+// SFT's update: every token weighs 1 / (the update's counted targets), so gradients accumulate without
+// rescaling.
+class SftStep final : public StepObjective {
+ public:
+  SftStep(SftObjective& sft, int64_t counted) : sft_(sft), counted_(counted) {}
+  void begin_update(std::span<const HostBatch>) override { sft_.begin_update(counted_); }
+  bool trains(const HostBatch& b) const override { return b.counted() > 0; }
+  void train_micro_batch(Transformer& model, const HostBatch& b) override {
+    model.forward(b, &sft_, /*backward_follows=*/true);
+    model.backward(sft_);
+  }
+
+ private:
+  SftObjective& sft_;
+  int64_t counted_;
+};
+}  // namespace
+
+void DpoStep::begin_update(std::span<const HostBatch> micro_batches) {
+  int64_t pairs = 0, chosen = 0;
+  for (const HostBatch& b : micro_batches) {
+    const std::vector<int32_t> n = counted_per_document(b);
+    for (size_t i = 0; i < b.pairs.size(); i += 2) chosen += n[size_t(b.pairs[i])];
+    pairs += int64_t(b.pairs.size() / 2);
+  }
+  dpo_.begin_update(pairs, chosen);
+}
+
+void DpoStep::train_micro_batch(Transformer& model, const HostBatch& b) {
+  dpo_micro_batch(model, dpo_, b, /*backward=*/true);
+}
+
+void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t counted_all,
+                    StepObjective* objective) {
+  // (data parallel reduces SFT's loss sum: another objective's would need its own reduction, not built)
+  SOLTRAIN_CHECK(!(dp_ && objective), "objectives other than SFT run in a single process");
   Ops& ops = model_.ops();
   ops.zero(model_.params().all_grads());
   if (dp_) dp_->begin_update();
   counted_ = 0;
   for (const HostBatch& b : micro_batches) counted_ += b.counted();
   if (counted_all >= 0) counted_ = counted_all;
-  // Every token weighs 1 / (the update's counted targets), so gradients accumulate without rescaling.
-  sft_.begin_update(counted_);
+  SftStep sft(sft_, counted_);
+  StepObjective& obj = objective ? *objective : sft;
+  obj.begin_update(micro_batches);
   size_t last = micro_batches.size();  // the last micro-batch with targets: its backward reduces the groups
   for (size_t i = 0; i < micro_batches.size(); ++i)
-    if (micro_batches[i].counted() > 0) last = i;
+    if (obj.trains(micro_batches[i])) last = i;
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const HostBatch& b = micro_batches[i];
-    if (b.counted() == 0) {       // nothing trained in it: contributes nothing
+    if (!obj.trains(b)) {         // nothing trained in it: contributes nothing
       if (dp_) dp_->idle_pass();  // (but ZeRO-3's ranks gather and reduce in step: this one joins them)
       continue;
     }
     if (dp_ && i == last) dp_->arm();
-    model_.forward(b, &sft_, /*backward_follows=*/true);
-    model_.backward(sft_);
+    obj.train_micro_batch(model_, b);
   }
   const Tensor sumsq{sumsq_.data(), DType::F64, {1}, sumsq_.device()};
   if (dp_) {
@@ -87,28 +123,6 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
     return;
   }
   ops.wait(Ops::Stream::Main, Ops::Stream::Side);  // whatever the layer hooks queued
-  ops.reduce_sum(sumsq, model_.params().all_grads(), /*squares=*/true, /*accumulate=*/false);
-  adamw_->step(opt_, lr, 1.0f, &sumsq);
-  model_.after_update();
-}
-
-void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, DpoObjective& dpo) {
-  SOLTRAIN_CHECK(!dp_, "preference updates run in a single process");
-  Ops& ops = model_.ops();
-  ops.zero(model_.params().all_grads());
-  int64_t pairs = 0, chosen = 0;
-  counted_ = 0;
-  for (const HostBatch& b : micro_batches) {
-    const std::vector<int32_t> n = counted_per_document(b);
-    for (size_t i = 0; i < b.pairs.size(); i += 2) chosen += n[size_t(b.pairs[i])];
-    pairs += int64_t(b.pairs.size() / 2);
-    counted_ += b.counted();
-  }
-  dpo.begin_update(pairs, chosen);
-  for (const HostBatch& b : micro_batches)
-    if (!b.pairs.empty()) dpo_micro_batch(model_, dpo, b, true);
-  const Tensor sumsq{sumsq_.data(), DType::F64, {1}, sumsq_.device()};
-  ops.wait(Ops::Stream::Main, Ops::Stream::Side);
   ops.reduce_sum(sumsq, model_.params().all_grads(), /*squares=*/true, /*accumulate=*/false);
   adamw_->step(opt_, lr, 1.0f, &sumsq);
   model_.after_update();

@@ -1,6 +1,7 @@
-// One optimizer update, the step path every trainer shares (`train`, `sft`, `pt`, `bench`): gradients
-// zeroed, each micro-batch's forward and backward under the SFT objective (the update's counted tokens as
-// the divisor), the global gradient norm and clipping computed on the device, AdamW. Nothing in it waits
+// One optimizer update, the step path every trainer shares (`train`, `sft`, `pt`, `dpo`, `bench`, Python):
+// gradients zeroed, each micro-batch's passes under the update's objective (SFT's cross-entropy with the
+// update's counted tokens as the divisor unless another is given), the global gradient norm and clipping
+// computed on the device, AdamW. Nothing in it waits
 // for the device; the loss and the gradient norm are read back only when asked for (logging steps).
 #pragma once
 #include <memory>
@@ -21,6 +22,29 @@ namespace soltrain {
 // TrainStep refuses such a pair in one line; callers ask first to name their own settings.
 const char* sharded_update_refusal(const OptimizerConfig& opt, int zero_stage);
 
+// How an update's micro-batches are trained when not by SFT's cross-entropy: the objective sets the update's
+// divisors from all its micro-batches, then runs each micro-batch's passes (DPO: the reference, forward and
+// backward). TrainStep keeps the rest: zeroing, data parallel's hooks, the norm, clipping and AdamW.
+class StepObjective {
+ public:
+  virtual ~StepObjective() = default;
+  virtual void begin_update(std::span<const HostBatch> micro_batches) = 0;
+  virtual bool trains(const HostBatch& b) const = 0;  // false: the micro-batch adds nothing (no targets)
+  virtual void train_micro_batch(Transformer& model, const HostBatch& b) = 0;
+};
+
+// DPO's update: the pairs and chosen tokens of all micro-batches are its divisors (model/dpo_objective.h).
+class DpoStep final : public StepObjective {
+ public:
+  explicit DpoStep(DpoObjective& dpo) : dpo_(dpo) {}
+  void begin_update(std::span<const HostBatch> micro_batches) override;
+  bool trains(const HostBatch& b) const override { return !b.pairs.empty(); }
+  void train_micro_batch(Transformer& model, const HostBatch& b) override;
+
+ private:
+  DpoObjective& dpo_;
+};
+
 class TrainStep {
  public:
   TrainStep(Transformer& model, const OptimizerConfig& opt);
@@ -30,11 +54,9 @@ class TrainStep {
   // One update at learning rate `lr` over these micro-batches (the model is planned for their shape).
   // In data parallel they are this rank's share, and `counted_all` the targets of every rank's share (the
   // loss's divisor: every rank sees the whole global batch, so it counts without communicating).
-  void run(std::span<const HostBatch> micro_batches, float lr, int64_t counted_all = -1);
-  // One preference update (a single process): each micro-batch's reference pass, forward and backward under
-  // `dpo`, whose divisors are the update's pairs and chosen tokens; then clipping and AdamW as run() does.
-  // The loss and metrics are dpo.read()'s; loss() is not meaningful after it.
-  void run(std::span<const HostBatch> micro_batches, float lr, DpoObjective& dpo);
+  // `objective`: another than SFT's (its loss is then its own to read; loss() is SFT's).
+  void run(std::span<const HostBatch> micro_batches, float lr, int64_t counted_all = -1,
+           StepObjective* objective = nullptr);
   // The last update's loss (mean cross-entropy over its counted targets; NaN when none) and gradient norm
   // before clipping: each reads back from the device (a sync).
   double loss() const;

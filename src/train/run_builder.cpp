@@ -1,0 +1,87 @@
+#include "train/run_builder.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "model/checkpoint.h"
+#include "model/lora_merge.h"
+#include "model/peft_adapter.h"
+
+namespace soltrain {
+
+namespace fs = std::filesystem;
+
+std::optional<LoraConfig> lora_config(const TrainConfig& c, const char* where) {
+  if (!c.lora.enabled) return std::nullopt;
+  LoraConfig l{c.lora.rank,           float(c.lora.alpha), float(c.lora.dropout),
+               c.lora.target_modules, c.lora.use_rslora,   c.seed};
+  l.base_format = c.lora.base;
+  l.offload_base = c.offload_weights;
+  l.offload_resident_layers = c.offload_weights_resident_layers;
+  l.validate(where);
+  return l;
+}
+
+std::unique_ptr<Transformer> load_run_model(const TrainConfig& c, Ops& ops, const std::optional<LoraConfig>& lora,
+                                            std::initializer_list<const ShardSet*> data, bool gradients) {
+  auto model = load_pretrained(c.model, ops, lora, gradients);
+  for (const ShardSet* set : data)
+    for (int32_t id : set->tokens)
+      if (id < 0 || id >= model->config().vocab_size)
+        user_error(c.model.string(), ": the tokenizer produced id ", id, " but the model's vocab_size is ",
+                   model->config().vocab_size);
+  return model;
+}
+
+void configure_model(Transformer& model, const TrainConfig& c, Ops& ops, int rows) {
+  model.set_residual_dtype(c.residual_dtype);
+  ops.set_attention_backward(c.attention_backward);
+  if (c.fp8_hybrid) model.enable_fp8(c.fp8);  // (data parallel: TrainStep max-reduces the amaxes)
+  model.set_token_tile(c.token_tile);
+  model.set_offload_checkpoints(c.offload_activations);
+  model.plan(rows, c.sequence_len, c.recompute);
+}
+
+OptimizerConfig optimizer_config(const TrainConfig& c) {
+  return OptimizerConfig{float(c.learning_rate), c.adamw_beta1,          c.adamw_beta2, float(c.adamw_epsilon),
+                         float(c.weight_decay),  float(c.max_grad_norm), c.moments,     c.offload};
+}
+
+ScheduleConfig schedule_config(const TrainConfig& c, int64_t total_steps) {
+  ScheduleConfig s{c.lr_scheduler_type, total_steps, c.warmup_steps, c.wsd_decay_ratio, c.cosine_min_lr_ratio};
+  if (c.warmup_steps == 0 && c.warmup_ratio > 0) s.warmup_steps = warmup_from_ratio(total_steps, c.warmup_ratio);
+  return s;
+}
+
+int64_t total_training_steps(const TrainConfig& c, int64_t micro_batches_per_epoch) {
+  if (c.max_steps > 0) return c.max_steps;
+  // HF: updates per epoch = micro-batches // accumulation (at least 1), times the epochs, rounded up.
+  const int64_t per_epoch = std::max<int64_t>(1, micro_batches_per_epoch / c.gradient_accumulation_steps);
+  return std::max<int64_t>(1, int64_t(std::ceil(c.num_epochs * double(per_epoch))));
+}
+
+Cadence run_cadence(const TrainConfig& c, int64_t steps_per_epoch) {
+  steps_per_epoch = std::max<int64_t>(1, steps_per_epoch);
+  auto every = [&](double per_epoch) { return std::max<int64_t>(1, int64_t(double(steps_per_epoch) / per_epoch)); };
+  return {c.save_steps == 0 && c.saves_per_epoch > 0 ? every(c.saves_per_epoch) : c.save_steps,
+          c.eval_steps == 0 && c.evals_per_epoch > 0 ? every(c.evals_per_epoch) : c.eval_steps};
+}
+
+std::string save_final_outputs(const TrainConfig& c, const Transformer& model, bool lora) {
+  const fs::path saved = c.output_dir / (lora ? "adapter" : "model");
+  if (lora)
+    save_adapter(model, saved, c.model.string());  // PEFT's layout: peft, vLLM and soltrain merge read it
+  else
+    save_pretrained(model, saved, c.model);
+  std::string summary = cat(lora ? "adapter" : "model", " saved to ", saved.string());
+  // Surogate's merge_adapter: the adapter stays where PEFT reads it, the merged model goes next to it.
+  if (lora && c.merge_adapter) {
+    const fs::path merged = c.output_dir / "merged";
+    merge_adapter(c.model, saved, merged);
+    summary += cat("; merged model saved to ", merged.string());
+  }
+  return summary;
+}
+
+}  // namespace soltrain

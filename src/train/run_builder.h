@@ -1,0 +1,70 @@
+// What every run builds from its config in one way (sft, pt, dpo, bench, the Python API): the adapters and
+// their base storage, the model's settings and plan, the optimizer, the schedule, the save / eval cadence and
+// the final outputs. A second copy of any of these drifts: DPO once built its own LoraConfig without
+// `base_format` (qlora_nf4 trained a dense base), its own schedule without the cosine floor, and its own
+// final save without merge_adapter.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/error.h"
+#include "data/shards.h"
+#include "model/lora.h"
+#include "model/transformer.h"
+#include "train/optimizer.h"
+#include "train/schedule.h"
+#include "train/train_config.h"
+
+namespace soltrain {
+
+// Runs `prepare` (reading and tokenizing the datasets), its UserErrors raised as DataError: the Python API
+// tells a bad dataset from a bad config.
+template <typename Prepare>
+auto as_data_error(Prepare&& prepare) {
+  try {
+    return prepare();
+  } catch (const DataError&) {
+    throw;
+  } catch (const UserError& e) {
+    throw DataError(e.what());
+  }
+}
+
+// The adapters the config asks for (nullopt: full fine-tuning), checked; `base_format` and the offloaded base
+// included.
+// `where` names the settings in its errors.
+std::optional<LoraConfig> lora_config(const TrainConfig& c, const char* where = "config.yaml");
+
+// The config's model as loaded (with its adapters), every token id of `data` checked against its vocabulary.
+// `gradients`: false when ZeRO-3 gives each rank only its gradient slices.
+std::unique_ptr<Transformer> load_run_model(const TrainConfig& c, Ops& ops, const std::optional<LoraConfig>& lora,
+                                            std::initializer_list<const ShardSet*> data, bool gradients = true);
+
+// The model's run settings (residual dtype, attention backward form, FP8 recipe, token tile, offloaded
+// checkpoints), then its plan for micro-batches of `rows` x sequence_len.
+void configure_model(Transformer& model, const TrainConfig& c, Ops& ops, int rows);
+
+OptimizerConfig optimizer_config(const TrainConfig& c);
+
+// The learning-rate schedule over `total_steps` updates (warmup from warmup_ratio when no warmup_steps).
+ScheduleConfig schedule_config(const TrainConfig& c, int64_t total_steps);
+
+// The number of optimizer updates of a run (max_steps, or num_epochs over the micro-batches of an epoch).
+int64_t total_training_steps(const TrainConfig& c, int64_t micro_batches_per_epoch);
+
+// When to save and evaluate: the config's steps, or Axolotl's saves_per_epoch / evals_per_epoch turned into
+// steps of an epoch of `steps_per_epoch` updates (save_steps / eval_steps win when both are given).
+struct Cadence {
+  int64_t save_steps = 0, eval_steps = 0;
+};
+Cadence run_cadence(const TrainConfig& c, int64_t steps_per_epoch);
+
+// The end of a run: the adapter (PEFT's folder, output_dir/adapter) or the model (output_dir/model), with
+// merge_adapter the merged model in output_dir/merged. Returns the summary line's
+// middle ("adapter saved to ...; merged model saved to ...").
+std::string save_final_outputs(const TrainConfig& c, const Transformer& model, bool lora);
+
+}  // namespace soltrain

@@ -1,0 +1,224 @@
+#include "train/train_loop.h"
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <ostream>
+
+#include "core/error.h"
+#include "train/curves_svg.h"
+#include "train/failed_write.h"
+#include "train/loss_watchdog.h"
+#include "train/mfu.h"
+#include "train/stop_signal.h"
+#include "train/train_checkpoint.h"
+
+namespace soltrain {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string fmt_loss(double v) {
+  return std::isfinite(v) ? cat(std::round(v * 1e4) / 1e4) : "n/a";
+}
+
+// The per-step log: progress line, metrics files, the caller's hook; MFU against the matmul rate measured at
+// the start.
+class StepLogger {
+ public:
+  StepLogger(const LoopSetup& s, RunDriver& d, const TrainerState& state, MetricsLog* metrics, ProgressLine& progress,
+             std::function<void()> save)
+      : s_(s),
+        d_(d),
+        state_(state),
+        metrics_(metrics),
+        progress_(progress),
+        save_(std::move(save)),
+        start_(Clock::now()),
+        first_step_(state.step),
+        watchdog_(s.c.loss_watchdog_threshold, s.c.loss_watchdog_patience) {
+    if (s.ops.device() == Device::CPU) return;
+    matmul_tflops_ = measure_matmul_tflops(s.ops);
+    flops_per_token_ = model_flops_per_token(s.model.config(), s.c.sequence_len, s.c.lora.enabled);
+    s.log << s.cmd << ": measured bf16 matmul rate " << matmul_tflops_ << " TFLOP/s (the MFU roof); "
+          << flops_per_token_ / 1e9 << " GFLOP per token\n";
+  }
+
+  // After update `state.step` (1-based), queued from `t0` on. Reads the loss back (waiting for the update to
+  // finish) only when it logs, or when `must_check` (a checkpoint follows: it must not hold a diverged
+  // model), and times the step then. The watchdog sees every value read: a NaN or infinite loss or gradient
+  // norm, or loss_watchdog_threshold exceeded, stops the run (as Axolotl's watchdog, on logged steps).
+  void after_update(double lr, Clock::time_point t0, bool must_check) {
+    const TrainConfig& c = s_.c;
+    const int64_t step = state_.step, total = state_.total_steps;
+    // A terminal gets the line redrawn every step; logs and files get one entry per logging_steps.
+    const bool log_step = step % c.logging_steps == 0 || step == total;
+    if (!log_step && !progress_.tty() && !must_check) return;
+    StepMetrics m;
+    m.step = step;
+    m.total_steps = total;
+    RunDriver::Readout r = d_.read(s_.step);
+    m.loss = r.loss;
+    m.extra = std::move(r.extra);
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    m.lr = lr;
+    m.grad_norm = s_.step.grad_norm();
+    watchdog_.after_step(step, m.loss, m.grad_norm, r.counted, c.learning_rate, c.output_dir);
+    m.tokens = s_.step.counted();
+    m.epoch = d_.epoch();
+    m.tokens_per_s = d_.tokens_per_update() / dt;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
+    m.seconds_left = elapsed / double(step - first_step_) * double(total - step);
+    m.gpu_memory_gib = s_.ops.device() == Device::CPU ? 0.0 : s_.ops.memory_used_gib();
+    if (matmul_tflops_ > 0) m.mfu = m.tokens_per_s * flops_per_token_ / (matmul_tflops_ * 1e12);
+    if (log_step && metrics_) write_or_save_and_stop([&] { metrics_->train(m); }, save_);  // a full disk stops the run
+    if (log_step || progress_.tty()) progress_.show(m);
+    if (log_step && metrics_ && s_.hooks.on_log) s_.hooks.on_log(m);
+  }
+
+ private:
+  const LoopSetup& s_;
+  RunDriver& d_;
+  const TrainerState& state_;
+  MetricsLog* metrics_;  // rank 0 only
+  ProgressLine& progress_;
+  std::function<void()> save_;
+  Clock::time_point start_;
+  int64_t first_step_;
+  LossWatchdog watchdog_;
+  double flops_per_token_ = 0, matmul_tflops_ = 0;
+};
+
+// Fault tests (tests/test_data_parallel.cpp): SOLTRAIN_TEST_RANK_FAULT=R:STEP:kill|raise makes rank R die
+// by SIGKILL, or throw, after update STEP.
+void test_fault(int rank, int64_t step) {
+  const char* v = std::getenv("SOLTRAIN_TEST_RANK_FAULT");
+  if (!v) return;
+  int r = -1;
+  long long s = -1;
+  char how[8] = {};
+  if (std::sscanf(v, "%d:%lld:%7s", &r, &s, how) != 3 || r != rank || s != step) return;
+  if (std::string(how) == "kill") std::raise(SIGKILL);
+  throw std::runtime_error(cat("injected fault after step ", step));
+}
+
+}  // namespace
+
+TrainLoop::TrainLoop(LoopSetup s, RunDriver& driver) : s_(std::move(s)), driver_(driver) {
+  state_.total_steps = s_.sched.total_steps;
+  state_.seed = s_.c.seed;
+}
+
+void TrainLoop::resume() {
+  const TrainConfig& c = s_.c;
+  const int64_t total = state_.total_steps;
+  if (const auto from = resolve_resume(c)) {
+    if (zero3()) zero3()->masters_for_loading();  // read whole, then each rank keeps its slices
+    state_ = load_checkpoint(*from, s_.model, s_.step.optimizer());
+    if (zero3()) zero3()->scatter_loaded_masters();
+    if (state_.seed != c.seed)
+      user_error(from->string(), ": checkpoint was trained with seed ", state_.seed, ", config says ", c.seed, " (the ",
+                 driver_.order_name(), " would differ)");
+    driver_.restore(state_.loader);
+    state_.total_steps = total;
+    s_.log << s_.cmd << ": resuming from " << from->string() << " at step " << state_.step << "\n";
+  } else if (c.resume_from_checkpoint.kind == ResumeFrom::kLatest) {
+    s_.log << s_.cmd << ": resume_from_checkpoint: true, but " << c.output_dir.string()
+           << " has no checkpoint yet: starting fresh\n";
+  } else if (const auto old = list_checkpoints(c.output_dir); !old.empty()) {
+    s_.log
+        << s_.cmd << ": note: starting fresh although " << old.back().string()
+        << " exists (resume_from_checkpoint: true continues it); checkpoints of this run replace same-numbered ones\n";
+  }
+  last_saved_ = state_.step;
+}
+
+void TrainLoop::evaluate_at(int64_t step, MetricsLog* metrics, ProgressLine& progress, RunResult& result) {
+  s_.step.settle();
+  const std::optional<RunDriver::Evaluation> e = driver_.evaluate();
+  if (!e || !metrics) return;
+  metrics->eval(step, e->loss, e->tokens);
+  if (!e->extra.empty()) metrics->eval_values(step, e->extra);
+  result.last_eval_loss = e->loss;
+  progress.message(cat("step ", step, ": ", e->line));
+  if (s_.hooks.on_evaluate) s_.hooks.on_evaluate(step, *e);
+}
+
+void TrainLoop::checkpoint(ProgressLine& progress) {
+  s_.step.settle();  // the weights whole before they are written
+  state_.loader = driver_.loader_state();
+  const fs::path dir = s_.c.output_dir / cat("checkpoint-", state_.step);
+  if (zero3()) zero3()->masters_to_host();  // ZeRO-3: rank 0 writes the masters gathered whole
+  save_checkpoint(dir, s_.c, s_.model, s_.step.optimizer(), state_, s_.dp ? s_.comm : nullptr);
+  if (zero3()) zero3()->release_host_masters();
+  if (lead()) prune_checkpoints(s_.c.output_dir, s_.c.save_total_limit);
+  last_saved_ = state_.step;
+  progress.message(cat("step ", state_.step, ": saved ", dir.string()));
+}
+
+RunResult TrainLoop::run() {
+  const TrainConfig& c = s_.c;
+  std::optional<MetricsLog> metrics_file;
+  if (lead()) metrics_file.emplace(c.output_dir, state_.step);
+  MetricsLog* metrics = metrics_file ? &*metrics_file : nullptr;
+  ProgressLine progress(s_.log);
+  RunResult result;
+  result.total_steps = state_.total_steps;
+  result.first_eval_loss = result.last_eval_loss = NAN;
+  if (state_.step == 0) {
+    evaluate_at(0, metrics, progress, result);
+    result.first_eval_loss = result.last_eval_loss;
+  }
+  auto save = [&] { checkpoint(progress); };
+  StepLogger step_log(s_, driver_, state_, metrics, progress, save);
+  StopSignal stop;
+  // Every rank stops at the same step: a stop seen by any stops all (after the same update).
+  auto stop_requested = [&] {
+    const bool here = StopSignal::requested() || (s_.hooks.should_stop && s_.hooks.should_stop());
+    return s_.dp ? s_.comm->all_max_host(here ? 1 : 0) > 0 : here;
+  };
+  const int rank = s_.comm ? s_.comm->rank() : 0;
+  bool stopping = false;
+  while (state_.step < state_.total_steps && !(stopping = stop_requested())) {
+    const auto t0 = Clock::now();
+    const double lr = c.learning_rate * lr_factor(s_.sched, state_.step);
+    driver_.update(s_.step, state_.step, float(lr));
+    ++state_.step;
+    test_fault(rank, state_.step);
+    const bool save_step = s_.cadence.save_steps > 0 && state_.step % s_.cadence.save_steps == 0;
+    step_log.after_update(lr, t0, save_step);
+    if (s_.cadence.eval_steps > 0 && state_.step % s_.cadence.eval_steps == 0 && state_.step < state_.total_steps)
+      evaluate_at(state_.step, metrics, progress, result);
+    if (save_step) save();
+  }
+  result.steps = state_.step;
+  s_.step.settle();
+  if (stopping) {
+    if (state_.step > last_saved_) save();
+    if (metrics) write_training_curves(metrics->jsonl_path(), c.output_dir / "training_curves.svg");
+    progress.message(cat(s_.cmd, ": stopped ",
+                         StopSignal::signal_number() ? cat("by signal ", StopSignal::signal_number()) : "as asked",
+                         " at step ", state_.step, "; resume with resume_from_checkpoint: true"));
+    result.interrupted = true;
+    return result;
+  }
+  evaluate_at(state_.step, metrics, progress, result);
+  if (zero3()) zero3()->masters_to_host();
+  if (lead()) {
+    std::string summary = cat(s_.cmd, ": done, ", state_.step, " steps; ",
+                              save_final_outputs(c, s_.model, c.lora.enabled));
+    write_training_curves(metrics->jsonl_path(), c.output_dir / "training_curves.svg");
+    if (driver_.has_validation())
+      summary += cat("; validation loss ", fmt_loss(result.first_eval_loss), " -> ", fmt_loss(result.last_eval_loss));
+    progress.message(summary);
+  }
+  if (zero3()) zero3()->release_host_masters();
+  if (s_.dp) s_.comm->barrier();  // no rank reports done before the model is written
+  return result;
+}
+
+}  // namespace soltrain
