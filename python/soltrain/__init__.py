@@ -10,12 +10,14 @@ file's keys as keyword arguments, and a run from Python is the run `soltrain sft
 """
 from ._native import ConfigError, DataError, SoltrainError
 from .config import DPOConfig, PTConfig, SFTConfig, TrainConfig
+from .model import Model
 from .trainer import Trainer, TrainerCallback, TrainOutput
 
 __all__ = [
     "ConfigError",
     "DataError",
     "DPOConfig",
+    "Model",
     "PTConfig",
     "SFTConfig",
     "SoltrainError",

@@ -4,15 +4,22 @@
 // as soltrain.ConfigError (the config), soltrain.DataError (the data) or soltrain.SoltrainError (the rest),
 // each with the CLI's one line.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/vector.h>
 
 #include <iostream>
+#include <optional>
+#include <span>
 
 #include "cli/config.h"
+#include "cli/device_option.h"
 #include "cli/run_job.h"
 #include "core/error.h"
+#include "train/model_session.h"
 
 namespace nb = nanobind;
 using namespace soltrain;
@@ -85,6 +92,96 @@ nb::dict run(ParsedConfig& p, nb::object on_log, nb::object on_evaluate, nb::obj
   return out;
 }
 
+using Ids = nb::ndarray<const int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using Weights = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using Tokens = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// A float32 [rows, seq] numpy array owning `v` (no copy: the vector moves into the array's owner).
+nb::ndarray<nb::numpy, float, nb::ndim<2>> to_numpy(std::vector<float> v, size_t rows, size_t cols) {
+  auto* owned = new std::vector<float>(std::move(v));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+  return nb::ndarray<nb::numpy, float, nb::ndim<2>>(owned->data(), {rows, cols}, owner);
+}
+
+// The model of a step-level session, its backend beside it (the Ops outlive the model they made).
+struct Session {
+  std::unique_ptr<Ops> ops;
+  std::unique_ptr<ModelSession> model;
+};
+
+HostBatch batch_of(const Session& s, const Ids& ids, const Ids& targets) {
+  if (ids.shape(0) != targets.shape(0) || ids.shape(1) != targets.shape(1))
+    throw UserError(cat("input_ids is ", ids.shape(0), " x ", ids.shape(1), " but targets is ", targets.shape(0),
+                        " x ", targets.shape(1), ": give one target per token (-100 for none)"));
+  const size_t n = ids.size();
+  (void)s;
+  return rows_batch(int(ids.shape(0)), int(ids.shape(1)), std::vector<int32_t>(ids.data(), ids.data() + n),
+                    std::vector<int32_t>(targets.data(), targets.data() + n));
+}
+
+void bind_session(nb::module_& m) {
+  nb::class_<Session>(m, "Session")
+      .def(
+          "__init__",
+          [](Session* self, ParsedConfig& p, int rows) {
+            auto ops = make_ops(p.config.device);
+            std::unique_ptr<ModelSession> model;
+            {
+              nb::gil_scoped_release release;
+              model = std::make_unique<ModelSession>(p.config, *ops, rows);
+            }
+            new (self) Session{std::move(ops), std::move(model)};
+          },
+          nb::arg("config"), nb::arg("rows"))
+      .def_prop_ro("rows", [](const Session& s) { return s.model->rows(); })
+      .def_prop_ro("seq_len", [](const Session& s) { return s.model->seq_len(); })
+      .def_prop_ro("vocab_size", [](const Session& s) { return s.model->model_config().vocab_size; })
+      .def("logprobs",
+           [](Session& s, const Ids& ids, const Ids& targets) {
+             HostBatch b = batch_of(s, ids, targets);
+             std::vector<float> out;
+             {
+               nb::gil_scoped_release release;
+               out = s.model->logprobs(b);
+             }
+             return to_numpy(std::move(out), ids.shape(0), ids.shape(1));
+           })
+      .def(
+          "step",
+          [](Session& s, const Ids& ids, const Ids& targets, std::optional<Weights> weights, float lr) {
+            HostBatch b = batch_of(s, ids, targets);
+            std::span<const float> w;
+            if (weights) {
+              if (weights->shape(0) != ids.shape(0) || weights->shape(1) != ids.shape(1))
+                throw UserError(cat("weights is ", weights->shape(0), " x ", weights->shape(1), " but input_ids is ",
+                                    ids.shape(0), " x ", ids.shape(1), ": give one weight per token"));
+              w = {weights->data(), weights->size()};
+            }
+            nb::gil_scoped_release release;
+            const double loss = s.model->step(b, w, lr);
+            return std::make_pair(loss, s.model->grad_norm());
+          },
+          nb::arg("input_ids"), nb::arg("targets"), nb::arg("weights").none(), nb::arg("lr"))
+      .def(
+          "generate",
+          [](Session& s, const Tokens& prompt, int max_new_tokens, float temperature, int top_k, float top_p,
+             uint64_t seed, std::vector<int32_t> eos) {
+            GenerationOptions o;
+            o.max_new_tokens = max_new_tokens;
+            o.sampling = {temperature, top_k, top_p, seed};
+            o.eos_ids = std::move(eos);
+            std::vector<int32_t> p(prompt.data(), prompt.data() + prompt.size());
+            nb::gil_scoped_release release;
+            return s.model->generate(p, o);
+          },
+          nb::arg("prompt"), nb::arg("max_new_tokens"), nb::arg("temperature"), nb::arg("top_k"), nb::arg("top_p"),
+          nb::arg("seed"), nb::arg("eos_ids"))
+      .def("save", [](const Session& s, const std::string& out) {
+        nb::gil_scoped_release release;
+        s.model->save(out);
+      });
+}
+
 }  // namespace
 
 NB_MODULE(_soltrain, m) {
@@ -118,6 +215,7 @@ NB_MODULE(_soltrain, m) {
       },
       nb::arg("yaml"), nb::arg("where"), nb::arg("overrides"), nb::arg("mode"),
       "Reads a config's YAML text (paths relative to where's folder); ConfigError with the CLI's line.");
+  bind_session(m);
   m.def("run", &run, nb::arg("config"), nb::arg("on_log").none(), nb::arg("on_evaluate").none(),
         nb::arg("should_stop").none(),
         "Runs the job in this process (resumable, checkpointed on a stop); returns its result.");

@@ -1,0 +1,105 @@
+"""The step-level API: per-token log-probs and greedy generation against transformers on the same weights
+(computed live on CPU torch), a custom-loss step whose update is the objective's own (weights 1/counted = the
+SFT step, bitwise), DLPack round trips with numpy and torch, and bad tensors as one-line errors."""
+import json
+
+import numpy as np
+import pytest
+
+import soltrain
+
+
+def batch(model, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, model.vocab_size, size=(model.rows, model.sequence_len), dtype=np.int64)
+    targets = np.roll(ids, -1, axis=1).astype(np.int64)
+    targets[:, -1] = -100
+    targets[0, :5] = -100  # some tokens without a target
+    return ids, targets
+
+
+def test_logprobs_match_transformers(demo):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = soltrain.Model.from_pretrained(demo / "model", sequence_len=32, rows=2)
+    ids, targets = batch(model)
+    ours = model.logprobs(ids, targets)
+    assert ours.shape == (2, 32) and ours.dtype == np.float32
+    hf = transformers.AutoModelForCausalLM.from_pretrained(demo / "model", torch_dtype=torch.float32)
+    with torch.no_grad():
+        logits = hf(torch.from_numpy(ids)).logits.float()
+    ref = torch.log_softmax(logits, -1)
+    t = torch.from_numpy(targets)
+    expected = ref.gather(-1, t.clamp(min=0)[..., None])[..., 0].masked_fill(t == -100, 0).numpy()
+    assert np.abs(ours - expected).max() < 1e-4
+    rel = np.linalg.norm(ours - expected) / np.linalg.norm(expected)
+    assert rel < 1e-5
+
+
+def test_greedy_generation_matches_transformers(demo):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = soltrain.Model.from_pretrained(demo / "model", sequence_len=64)
+    prompt = [5, 17, 99, 42, 7]
+    ours = model.generate(prompt, max_new_tokens=12, eos_token_id=[])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(demo / "model", torch_dtype=torch.float32)
+    out = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                      pad_token_id=0)
+    assert ours == out[0, len(prompt):].tolist()
+
+
+def test_weighted_step_with_sft_weights_is_the_sft_step(demo, tmp_path):
+    a = soltrain.Model.from_pretrained(demo / "model", sequence_len=32, rows=2, learning_rate=1e-3)
+    b = soltrain.Model.from_pretrained(demo / "model", sequence_len=32, rows=2, learning_rate=1e-3)
+    ids, targets = batch(a, seed=1)
+    counted = int((targets != -100).sum())
+    weights = np.where(targets != -100, 1.0 / counted, 0.0).astype(np.float32)
+    for _ in range(3):
+        sa = a.step(ids, targets)
+        sb = b.step(ids, targets, weights)
+        assert sb["loss"] == pytest.approx(sa["loss"], rel=1e-6)
+        assert sb["grad_norm"] == sa["grad_norm"]
+    a.save_pretrained(tmp_path / "a")
+    b.save_pretrained(tmp_path / "b")
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+    # A weight is d loss / d NLL: doubling every weight doubles the loss and the gradient's norm.
+    c = soltrain.Model.from_pretrained(demo / "model", sequence_len=32, rows=2, max_grad_norm=0)
+    d = soltrain.Model.from_pretrained(demo / "model", sequence_len=32, rows=2, max_grad_norm=0)
+    sc, sd = c.step(ids, targets, weights), d.step(ids, targets, 2 * weights)
+    assert sd["loss"] == pytest.approx(2 * sc["loss"], rel=1e-6)
+    assert sd["grad_norm"] == pytest.approx(2 * sc["grad_norm"], rel=1e-5)
+
+
+def test_dlpack_round_trips(demo):
+    torch = pytest.importorskip("torch")
+    model = soltrain.Model.from_pretrained(demo / "model", sequence_len=16, rows=2)
+    ids, targets = batch(model, seed=2)
+    from_numpy = model.logprobs(ids, targets)
+    from_torch = model.logprobs(torch.from_numpy(ids), torch.from_numpy(targets))
+    assert isinstance(from_torch, torch.Tensor) and from_torch.dtype == torch.float32
+    assert np.array_equal(from_torch.numpy(), from_numpy)
+    assert np.array_equal(np.from_dlpack(from_numpy), from_numpy)
+    assert torch.equal(torch.from_dlpack(from_numpy), from_torch)
+    # int32 inputs and int64 ones are the same tokens
+    assert np.array_equal(model.logprobs(ids.astype(np.int32), targets.astype(np.int32)), from_numpy)
+
+
+def test_bad_tensors_are_one_line(demo):
+    model = soltrain.Model.from_pretrained(demo / "model", sequence_len=16, rows=2)
+    ids, targets = batch(model, seed=3)
+    with pytest.raises(soltrain.SoltrainError, match="this model takes 2 x 16"):
+        model.logprobs(ids[:1], targets[:1])
+    with pytest.raises(soltrain.SoltrainError, match="one target per token"):
+        model.logprobs(ids, targets[:, :8])
+    bad = ids.copy()
+    bad[1, 3] = model.vocab_size + 5
+    with pytest.raises(soltrain.SoltrainError, match=r"input_ids\[19\]"):
+        model.logprobs(bad, targets)
+    with pytest.raises(soltrain.SoltrainError, match="one weight per token"):
+        model.step(ids, targets, np.ones((2, 8), np.float32))
+    w = np.ones((2, 16), np.float32)
+    w[0, 0] = np.nan
+    with pytest.raises(soltrain.SoltrainError, match="finite"):
+        model.step(ids, targets, w)
+    with pytest.raises(soltrain.ConfigError, match="lora_rnk"):
+        soltrain.Model.from_pretrained(demo / "model", lora_rnk=4)
