@@ -56,6 +56,7 @@ class Trainer:
         self.callbacks: list[Any] = list(callbacks or [])
         self.log_history: list[dict[str, Any]] = []
         self._stop = False
+        self._bar: Any = None
         self._parsed = self._parse(self.config)  # a bad key or value fails here, as the CLI does at start
 
     def add_callback(self, callback: TrainerCallback | Callable[[dict], None]) -> None:
@@ -74,7 +75,12 @@ class Trainer:
             value = resume_from_checkpoint if resume_from_checkpoint is True else os.fspath(resume_from_checkpoint)
             parsed = self._parse(self.config.replace(resume_from_checkpoint=value))
         self._stop = False
-        result = native.run(parsed, self._on_log, self._on_evaluate, lambda: self._stop)
+        self._bar = _notebook_progress_bar()
+        try:
+            result = native.run(parsed, self._on_log, self._on_evaluate, lambda: self._stop)
+        finally:
+            if self._bar is not None:
+                self._bar.close()
         logged = [m for m in self.log_history if "loss" in m]
         return TrainOutput(
             global_step=result["steps"],
@@ -107,6 +113,10 @@ class Trainer:
 
     def _on_log(self, metrics: dict[str, Any]) -> None:
         self.log_history.append(metrics)
+        if self._bar is not None:
+            self._bar.total = metrics["total_steps"]
+            self._bar.update(metrics["step"] - self._bar.n)
+            self._bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{metrics['learning_rate']:.2e}")
         for cb in self.callbacks:
             cb.on_log(metrics) if isinstance(cb, TrainerCallback) else cb(metrics)
 
@@ -115,6 +125,22 @@ class Trainer:
         for cb in self.callbacks:
             if isinstance(cb, TrainerCallback):
                 cb.on_evaluate(metrics)
+
+
+def _notebook_progress_bar() -> Any:
+    """In Jupyter the engine's own progress line (on stderr) goes to the kernel's log, not the cell: a tqdm
+    widget there, moved on every logged step. In a terminal the engine's line is the progress bar."""
+    try:
+        shell = get_ipython().__class__.__name__  # type: ignore[name-defined]  # noqa: F821
+    except NameError:
+        return None
+    if shell != "ZMQInteractiveShell":
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(desc="soltrain", unit="step")
 
 
 def _cache_dir() -> pathlib.Path:
