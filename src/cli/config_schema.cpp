@@ -1,0 +1,447 @@
+#include "cli/config_schema.h"
+
+#include <cstdint>
+#include <map>
+#include <type_traits>
+
+#include "cli/dataset_keys.h"
+#include "cli/peer_keys.h"
+#include "data/dataset.h"
+#include "hub/hub_cache.h"
+#include "model/activation_plan.h"
+#include "model/dpo_objective.h"
+#include "train/schedule.h"
+
+namespace soltrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Longer than any model's context (the largest are ~10^7): a bigger value is a typo, not a plan.
+constexpr int64_t kMaxSequenceLen = int64_t(1) << 24;
+
+#define FIELD(member) [](TrainConfig& c) -> auto& { return c.member; }
+
+using Reader = std::function<void(const Entry&, const std::string&, ReadContext&)>;
+
+std::string choices_text(const std::vector<std::string>& choices) {
+  std::string s;
+  for (size_t i = 0; i < choices.size(); ++i) s += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
+  return s;
+}
+
+// The defaults a key documents are TrainConfig's own (a fresh one's fields), so docs and code cannot differ.
+const TrainConfig& defaults() {
+  static const TrainConfig d;
+  return d;
+}
+
+KeySpec key(std::string name, std::string type, std::string expected, std::string def, std::string doc, Reader read) {
+  return KeySpec{std::move(name), {}, std::move(type), std::move(expected), std::move(def), std::move(doc),
+                 kEveryCommand, "", std::move(read)};
+}
+
+template <typename F>
+KeySpec flag(std::string name, F field, std::string doc) {
+  const bool d = field(const_cast<TrainConfig&>(defaults()));
+  return key(std::move(name), "bool", "true or false", d ? "true" : "false", std::move(doc),
+             [field](const Entry& e, const std::string& k, ReadContext& x) { field(x.c) = get_bool(e, k); });
+}
+
+// An integer field; an `int` one is bounded by INT32_MAX (refused by name rather than wrapped).
+template <typename F>
+KeySpec integer(std::string name, F field, int64_t min, std::string doc, int64_t max = INT64_MAX) {
+  using T = std::remove_reference_t<decltype(field(std::declval<TrainConfig&>()))>;
+  if (std::is_same_v<T, int> && max == INT64_MAX) max = INT32_MAX;
+  const std::string expected =
+      max == INT64_MAX ? cat("an integer >= ", min) : cat("an integer from ", min, " to ", max);
+  return key(std::move(name), "integer", expected, cat(field(const_cast<TrainConfig&>(defaults()))), std::move(doc),
+             [field, min, max](const Entry& e, const std::string& k, ReadContext& x) {
+               field(x.c) = T(get_int(e, k, min, max));
+             });
+}
+
+template <typename F>
+KeySpec number(std::string name, F field, double min, double max, bool open_min, std::string doc) {
+  const std::string expected = cat("a number in ", open_min ? "(" : "[", min, ", ", max, "]");
+  return key(std::move(name), "number", expected, cat(field(const_cast<TrainConfig&>(defaults()))), std::move(doc),
+             [field, min, max, open_min](const Entry& e, const std::string& k, ReadContext& x) {
+               field(x.c) = get_double(e, k, min, max, open_min);
+             });
+}
+
+// One of `choices`, then `set` turns it into the setting.
+KeySpec choice(std::string name, std::vector<std::string> choices, std::string def, std::string doc,
+               std::function<void(ReadContext&, const std::string&, const Entry&)> set) {
+  const std::string expected = choices_text(choices);
+  return key(std::move(name), "choice", expected, std::move(def), std::move(doc),
+             [choices, expected, set](const Entry& e, const std::string& k, ReadContext& x) {
+               const std::string s = get_string(e, k);
+               if (std::find(choices.begin(), choices.end(), s) == choices.end()) bad_value(e, k, expected);
+               set(x, s, e);
+             });
+}
+
+KeySpec aka(KeySpec k, std::vector<std::string> aliases) {
+  k.aliases = std::move(aliases);
+  return k;
+}
+
+KeySpec only(KeySpec k, unsigned commands) {
+  k.commands = commands;
+  return k;
+}
+
+fs::path path_value(const Entry& e, const std::string& k, const ReadContext& x) {
+  fs::path p = get_string(e, k);
+  return p.is_relative() && !x.base.empty() && e.where.rfind("--set", 0) != 0 ? (x.base / p).lexically_normal() : p;
+}
+
+KeySpec path(std::string name, std::function<fs::path&(TrainConfig&)> field, std::string def, std::string doc) {
+  return key(std::move(name), "path", "a path", std::move(def), std::move(doc),
+             [field](const Entry& e, const std::string& k, ReadContext& x) { field(x.c) = path_value(e, k, x); });
+}
+
+// `Org/Name` that is no local folder (next to the config or from here) is a hub model id.
+void read_model(const Entry& e, const std::string& k, ReadContext& x) {
+  const std::string s = get_string(e, k);
+  std::error_code ec;
+  if (looks_like_hub_id(s) && !fs::exists(x.base / s, ec) && !fs::exists(s, ec)) {
+    x.c.model_hub_id = s;
+    x.c.model = s;
+  } else {
+    x.c.model_hub_id.clear();
+    x.c.model = path_value(e, k, x);
+  }
+}
+
+void add_model_keys(std::vector<KeySpec>& v) {
+  v.push_back(aka(key("model", "path", "a Hugging Face model folder or hub id (Org/Name)", "",
+                      "the model to train: an HF folder (config.json + safetensors) or a hub id, required", read_model),
+                  {"base_model"}));
+  v.push_back(aka(key("revision", "string", "a non-empty string", "main", "the hub model's branch, tag or commit",
+                      [](const Entry& e, const std::string& k, ReadContext& x) { x.c.revision = get_string(e, k); }),
+                  {"revision_of_model"}));
+  v.push_back(aka(path("output_dir", FIELD(output_dir), "",
+                       "where checkpoints, metrics and the final model or adapter go, required"),
+                  {"save_path"}));
+  v.push_back(flag("overwrite_output_dir", FIELD(overwrite_output_dir),
+                   "write into a non-empty folder soltrain did not create"));
+  v.push_back(path("dataset_prepared_path", FIELD(dataset_prepared_path), "output_dir/prepared",
+                   "the tokenized shards' cache, reused by runs with the same data"));
+  v.push_back(choice("device", {"cpu", "cuda"}, "cpu", "the backend: cpu (fp32, the reference) or cuda (bf16)",
+                     [](ReadContext& x, const std::string& s, const Entry&) {
+                       x.c.device = s == "cuda" ? Device::CUDA : Device::CPU;
+                     }));
+}
+
+void add_data_keys(std::vector<KeySpec>& v) {
+  v.push_back(key("datasets", "datasets", "a list of datasets", "",
+                  "training data: paths or {path, type, field_*, ...} entries (see Datasets), required",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    x.c.datasets = parse_datasets(e, k, x.file, x.mode, x.base);
+                  }));
+  v.push_back(key("validation_datasets", "datasets", "a list of datasets", "",
+                  "held-out data evaluated every eval_steps (one document per row)",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    x.c.validation_datasets = parse_datasets(e, k, x.file, x.mode, x.base);
+                  }));
+  v.push_back(number("validation_split_ratio", FIELD(validation_split_ratio), 0, 0.9, false,
+                     "without validation_datasets: this share of the training documents held out"));
+  // Axolotl's val_set_size: a fraction below 1, a number of documents from 1 on.
+  v.push_back(key("val_set_size", "number", "a fraction in [0, 0.9] or a count of documents", "0",
+                  "Axolotl's: a fraction of the documents held out, or from 1 on a count of them",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    const double d = get<double>(e, k, "a fraction in [0, 0.9] or a count of documents");
+                    if (d >= 1 && d == double(int64_t(d)))
+                      x.c.validation_count = int64_t(d);
+                    else
+                      x.c.validation_split_ratio = get_double(e, k, 0, 0.9);
+                  }));
+  v.push_back(integer("sequence_len", FIELD(sequence_len), 2, "tokens per row; longer documents are cut",
+                      kMaxSequenceLen));
+  v.push_back(flag("sample_packing", FIELD(sample_packing),
+                   "pack several documents into a row (attention stays within each)"));
+  v.push_back(key("train_on_inputs", "bool", "true or false", "false",
+                  "train the prompt's tokens too, not only the answers' (pt: always)",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    x.c.train_on_inputs = get_bool(e, k);
+                    if (x.mode == TrainMode::kPretrain && !x.c.train_on_inputs)
+                      user_error(e.where, ": train_on_inputs: false has no meaning for pt (every token of text is "
+                                          "trained)");
+                  }));
+  v.push_back(choice("bad_records", {"skip", "error"}, "error",
+                     "a record that cannot be read or rendered: stop with its line, or skip it and count it",
+                     [](ReadContext& x, const std::string& s, const Entry&) {
+                       x.c.bad_records = parse_bad_record_policy(s);
+                     }));
+}
+
+void add_objective_keys(std::vector<KeySpec>& v) {
+  v.push_back(key("rl", "choice", "dpo or ipo", "", "Axolotl's: makes an sft config a preference run (dpo, ipo)",
+                  [](const Entry& e, const std::string& k, ReadContext&) {
+                    const std::string s = get_string(e, k);
+                    if (s != "dpo" && s != "ipo")
+                      user_error(e.where, ": rl: \"", s,
+                                 "\": soltrain trains dpo and ipo (other preference methods are not built yet)");
+                  }));
+  v.push_back(only(choice("loss_type", {"sigmoid", "ipo", "hinge"}, "sigmoid", "the preference loss (TRL's names)",
+                          [](ReadContext& x, const std::string& s, const Entry& e) {
+                            x.c.dpo.loss = parse_preference_loss(s, e.where);
+                          }),
+                   kDpoBit));
+  v.push_back(only(aka(number("beta", FIELD(dpo.beta), 0, 1e6, true, "DPO's temperature on the log-ratio margin"),
+                       {"rl_beta"}),
+                   kDpoBit));
+  v.push_back(only(aka(number("label_smoothing", FIELD(dpo.label_smoothing), 0, 0.49, false,
+                              "the share of pairs assumed flipped (conservative DPO)"),
+                       {"dpo_label_smoothing"}),
+                   kDpoBit));
+  v.push_back(only(number("rpo_alpha", FIELD(dpo.rpo_alpha), 0, 1e6, false,
+                          "adds rpo_alpha x the chosen answers' NLL (RPO)"),
+                   kDpoBit));
+  v.push_back(only(flag("precompute_ref_log_probs", FIELD(dpo.precompute_ref),
+                        "LoRA: the reference's log-probs computed once before training instead of every step"),
+                   kDpoBit));
+  v.push_back(only(integer("max_prompt_len", FIELD(dpo.max_prompt_len), 1,
+                           "prompts are cut to their last this many tokens (0: not cut)"),
+                   kDpoBit));
+}
+
+void add_schedule_keys(std::vector<KeySpec>& v) {
+  v.push_back(aka(integer("per_device_train_batch_size", FIELD(per_device_train_batch_size), 1,
+                          "rows of sequence_len tokens per micro-batch (DPO: pairs)"),
+                  {"micro_batch_size"}));
+  v.push_back(integer("gradient_accumulation_steps", FIELD(gradient_accumulation_steps), 1,
+                      "micro-batches per optimizer update"));
+  v.push_back(aka(number("num_epochs", FIELD(num_epochs), 0, 1e6, true, "passes over the training data"),
+                  {"num_train_epochs"}));
+  v.push_back(integer("max_steps", FIELD(max_steps), 0, "updates to run; > 0 overrides num_epochs"));
+  v.push_back(number("learning_rate", FIELD(learning_rate), 0, 10, true, "the peak learning rate"));
+  v.push_back(aka(key("lr_scheduler_type", "choice", "constant, constant_with_warmup, linear, cosine or wsd",
+                      to_string(defaults().lr_scheduler_type),
+                      "transformers' schedules (wsd: warmup, stable, decay); update k runs at lr x factor(k)",
+                      [](const Entry& e, const std::string& k, ReadContext& x) {
+                        try {
+                          x.c.lr_scheduler_type = parse_schedule_type(get_string(e, k));
+                        } catch (const UserError&) {
+                          bad_value(e, k, "constant, constant_with_warmup, linear, cosine or wsd");
+                        }
+                      }),
+                  {"lr_scheduler"}));
+  v.push_back(integer("warmup_steps", FIELD(warmup_steps), 0, "updates of linear warmup from 0"));
+  v.push_back(number("warmup_ratio", FIELD(warmup_ratio), 0, 1, false,
+                     "without warmup_steps: this share of the updates warms up"));
+  v.push_back(number("wsd_decay_ratio", FIELD(wsd_decay_ratio), 0, 1, false,
+                     "wsd: the last share of the updates decays to 0"));
+}
+
+void add_optimizer_keys(std::vector<KeySpec>& v) {
+  v.push_back(number("weight_decay", FIELD(weight_decay), 0, 10, false, "AdamW's decoupled weight decay"));
+  v.push_back(number("max_grad_norm", FIELD(max_grad_norm), 0, 1e9, false,
+                     "clip the global gradient norm to this (0: no clipping)"));
+  v.push_back(number("adamw_beta1", FIELD(adamw_beta1), 0, 1, false, "AdamW's first-moment decay"));
+  v.push_back(number("adamw_beta2", FIELD(adamw_beta2), 0, 1, false, "AdamW's second-moment decay"));
+  v.push_back(number("adamw_epsilon", FIELD(adamw_epsilon), 0, 1, true, "AdamW's epsilon"));
+  v.push_back(integer("seed", FIELD(seed), 0, "the data order's, LoRA's initialisation and dropout's seed"));
+}
+
+void add_adapter_keys(std::vector<KeySpec>& v) {
+  v.push_back(key("adapter", "choice", "lora or qlora", "", "Axolotl's: lora, or qlora (LoRA over an NF4 base)",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    const std::string a = get_string(e, k);
+                    if (a == "qlora")
+                      set_quantised_base(x.c, WeightFormat::Nf4, "adapter: qlora", e.where);  // LoRA over NF4
+                    else if (a != "lora")
+                      bad_value(e, k, "lora or qlora");
+                    x.c.lora.enabled = true;
+                  }));
+  v.push_back(flag("lora", FIELD(lora.enabled), "train LoRA adapters over a frozen base (PEFT's format)"));
+  v.push_back(key("qlora_nf4", "bool", "true or false", "false", "the frozen base in NF4 (bitsandbytes' format)",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    if (get_bool(e, k)) set_quantised_base(x.c, WeightFormat::Nf4, k, e.where);
+                  }));
+  v.push_back(key("qlora_fp8", "bool", "true or false", "false", "the frozen base in FP8 (128x128 blocks)",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    if (get_bool(e, k)) set_quantised_base(x.c, WeightFormat::Fp8Block, k, e.where);
+                  }));
+  v.push_back(aka(integer("lora_rank", FIELD(lora.rank), 1, "the adapters' rank"), {"lora_r"}));
+  v.push_back(number("lora_alpha", FIELD(lora.alpha), 0, 1e6, true, "scale alpha / rank (alpha / sqrt(rank) rsLoRA)"));
+  v.push_back(number("lora_dropout", FIELD(lora.dropout), 0, 0.99, false, "dropout on the adapters' input"));
+  v.push_back(key("lora_target_modules", "list", "a list of projections, or all-linear",
+                  "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", "which projections get adapters",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    static const std::vector<std::string> known = all_lora_module_names();
+                    std::vector<std::string> m = get_string_list(e, k);
+                    if (m.empty()) bad_value(e, k, "a non-empty list");
+                    // PEFT's (and Surogate's) shorthand for every linear layer of the blocks.
+                    if (m == std::vector<std::string>{"all-linear"}) m = known;
+                    for (const std::string& s : m)
+                      if (std::find(known.begin(), known.end(), s) == known.end())
+                        unknown_key(e.where, s, known, "lora_target_modules entry");
+                    x.c.lora.target_modules = m;
+                  }));
+  v.push_back(flag("use_rslora", FIELD(lora.use_rslora), "rank-stabilised scale alpha / sqrt(rank)"));
+}
+
+void add_precision_keys(std::vector<KeySpec>& v) {
+  v.push_back(key("recipe", "choice", "bf16 or fp8-hybrid", "bf16",
+                  "fp8-hybrid: the projections' GEMMs in FP8 (E4M3 forward, E5M2 gradients)",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    const std::string r = get_string(e, k);
+                    if (r != "bf16" && r != "fp8-hybrid")
+                      user_error(e.where, ": recipe: \"", r, "\": soltrain's recipes are bf16 and fp8-hybrid",
+                                 r == "nvfp4" ? " (NVFP4 needs a Blackwell GPU and is not built)" : "");
+                    x.c.fp8_hybrid = r == "fp8-hybrid";
+                  }));
+  v.push_back(choice("fp8_scaling", {"delayed", "current"}, "delayed",
+                     "FP8 scales from an amax history (delayed) or each tensor's own amax (current)",
+                     [](ReadContext& x, const std::string& s, const Entry&) { x.c.fp8.delayed = s == "delayed"; }));
+  v.push_back(integer("fp8_amax_history", FIELD(fp8.amax_history), 1, "delayed scaling's history length", 8192));
+  v.push_back(integer("fp8_margin", FIELD(fp8.margin), 0, "FP8 scales leave 2^margin of headroom", 64));
+  v.push_back(integer("skip_quant_first_layers", FIELD(fp8.skip_first_layers), 0,
+                      "fp8-hybrid: this many first layers stay in bf16"));
+  v.push_back(integer("skip_quant_last_layers", FIELD(fp8.skip_last_layers), 0,
+                      "fp8-hybrid: this many last layers stay in bf16"));
+  v.push_back(choice("residual_dtype", {"auto", "fp32", "bf16"}, "auto",
+                     "the GPU's residual stream: auto is fp32 with LoRA (as PEFT), bf16 for full fine-tuning",
+                     [](ReadContext& x, const std::string& s, const Entry&) {
+                       x.c.residual_dtype = parse_residual_dtype(s, "residual_dtype");
+                     }));
+  v.push_back(choice("attention_backward", {"split", "ordered", "atomic"}, "split",
+                     "how attention's backward forms dQ on Hopper (split and ordered are bitwise repeatable)",
+                     [](ReadContext& x, const std::string& s, const Entry&) {
+                       x.c.attention_backward = parse_attention_backward(s, "attention_backward");
+                     }));
+}
+
+void add_memory_keys(std::vector<KeySpec>& v) {
+  v.push_back(choice("recompute", {"none", "elementwise", "selective", "full"}, "none",
+                     "activations recomputed in backward instead of kept (results are bitwise the same)",
+                     [](ReadContext& x, const std::string& s, const Entry&) {
+                       x.c.recompute = parse_recompute(s, "recompute");
+                     }));
+  v.push_back(integer("token_tile", FIELD(token_tile), 0,
+                      "the MLP runs over at most this many tokens at a time (0: sized at 512 MiB a buffer)"));
+  v.push_back(flag("offload_master", FIELD(offload.master), "the fp32 master weights in host memory"));
+  v.push_back(flag("offload_optimizer", FIELD(offload.optimizer), "AdamW's moments in host memory"));
+  v.push_back(flag("offload_activations", FIELD(offload_activations),
+                   "recompute full's layer-input checkpoints in host memory"));
+  v.push_back(flag("offload_weights", FIELD(offload_weights), "a LoRA run's frozen base streamed from host memory"));
+  v.push_back(integer("offload_weights_resident_layers", FIELD(offload_weights_resident_layers), 0,
+                      "offload_weights: this many of the base's layers stay on the device", 1 << 20));
+  v.push_back(integer("gpus", FIELD(gpus), 1, "worker processes on this machine, one per GPU (CPU ranks on cpu)",
+                      1024));
+  v.push_back(integer("zero_stage", FIELD(zero_stage), 0, "ZeRO's stage with several ranks (DeepSpeed's meaning)",
+                      3));
+}
+
+void add_run_keys(std::vector<KeySpec>& v) {
+  v.push_back(integer("save_steps", FIELD(save_steps), 0, "a checkpoint every this many updates (0: at the end)"));
+  v.push_back(integer("save_total_limit", FIELD(save_total_limit), 0, "checkpoints kept, the oldest removed (0: all)"));
+  v.push_back(key("resume_from_checkpoint", "string", "true, false or a checkpoint folder", "false",
+                  "continue a checkpoint: true for the newest in output_dir, or its folder",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    if (!e.node.IsScalar()) bad_value(e, k, "true, false or a checkpoint folder");
+                    const std::string s = e.node.Scalar();
+                    if (s == "true" || s == "True")
+                      x.c.resume_from_checkpoint = {ResumeFrom::kLatest, {}};
+                    else if (s == "false" || s == "False" || s.empty() || s == "null" || s == "~")
+                      x.c.resume_from_checkpoint = {ResumeFrom::kFresh, {}};
+                    else
+                      x.c.resume_from_checkpoint = {ResumeFrom::kFolder, path_value(e, k, x)};
+                  }));
+  v.push_back(integer("eval_steps", FIELD(eval_steps), 0, "evaluate every this many updates (0: first and last)"));
+  v.push_back(integer("logging_steps", FIELD(logging_steps), 1, "log the loss every this many updates"));
+  v.push_back(number("loss_watchdog_threshold", FIELD(loss_watchdog_threshold), 0, 1e9, true,
+                     "stop when the loss stays above this (Axolotl's watchdog)"));
+  v.push_back(integer("loss_watchdog_patience", FIELD(loss_watchdog_patience), 1,
+                      "... for this many logged steps in a row"));
+}
+
+std::vector<KeySpec> make_keys() {
+  std::vector<KeySpec> v;
+  const std::pair<const char*, void (*)(std::vector<KeySpec>&)> sections[] = {
+      {"Model and outputs", add_model_keys}, {"Data", add_data_keys},
+      {"Preference training", add_objective_keys}, {"Batches and schedule", add_schedule_keys},
+      {"Optimizer", add_optimizer_keys},   {"Adapters and base storage", add_adapter_keys},
+      {"Precision", add_precision_keys},  {"Memory and parallelism", add_memory_keys},
+      {"Checkpoints, evaluation and logging", add_run_keys}};
+  for (const auto& [name, add] : sections) {
+    const size_t first = v.size();
+    add(v);
+    for (size_t i = first; i < v.size(); ++i) v[i].section = name;
+  }
+  return v;
+}
+
+}  // namespace
+
+const std::vector<KeySpec>& config_keys() {
+  static const std::vector<KeySpec> keys = make_keys();
+  return keys;
+}
+
+const KeySpec* find_config_key(const std::string& name) {
+  static const std::map<std::string, const KeySpec*> index = [] {
+    std::map<std::string, const KeySpec*> m;
+    for (const KeySpec& k : config_keys()) {
+      m[k.name] = &k;
+      for (const std::string& a : k.aliases) m[a] = &k;
+    }
+    return m;
+  }();
+  const auto it = index.find(name);
+  return it == index.end() ? nullptr : it->second;
+}
+
+std::vector<std::string> config_key_names() {
+  std::vector<std::string> names;
+  for (const KeySpec& k : config_keys()) {
+    names.push_back(k.name);
+    names.insert(names.end(), k.aliases.begin(), k.aliases.end());
+  }
+  return names;
+}
+
+namespace {
+std::string commands_text(unsigned c) {
+  if (c == kEveryCommand) return "all";
+  std::string s;
+  for (const auto& [bit, name] : {std::pair{kSftBit, "sft"}, std::pair{kPtBit, "pt"}, std::pair{kDpoBit, "dpo"}})
+    if (c & bit) s += (s.empty() ? "" : ", ") + std::string(name);
+  return s;
+}
+}  // namespace
+
+std::string config_keys_markdown() {
+  std::string out, section;
+  for (const KeySpec& k : config_keys()) {
+    if (k.section != section) {
+      section = k.section;
+      out += cat(out.empty() ? "" : "\n", "#### ", section, "\n\n| key | value | default | what it does |\n|---|---|---|---|\n");
+    }
+    std::string names = "`" + k.name + "`";
+    for (const std::string& a : k.aliases) names += " (`" + a + "`)";
+    out += cat("| ", names, " | ", k.expected, " | ", k.default_value.empty() ? "" : "`" + k.default_value + "`", " | ",
+               k.doc, k.commands == kEveryCommand ? "" : cat(" (", commands_text(k.commands), " only)"), " |\n");
+  }
+  return out;
+}
+
+nlohmann::json config_keys_json() {
+  nlohmann::json out = nlohmann::json::array();
+  for (const KeySpec& k : config_keys())
+    out.push_back({{"name", k.name},
+                   {"aliases", k.aliases},
+                   {"type", k.type},
+                   {"expected", k.expected},
+                   {"default", k.default_value},
+                   {"doc", k.doc},
+                   {"commands", commands_text(k.commands)},
+                   {"section", k.section}});
+  return out;
+}
+
+}  // namespace soltrain
