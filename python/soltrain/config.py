@@ -17,6 +17,9 @@ class TrainConfig:
     mode = "sft"
 
     def __init__(self, **keys: Any) -> None:
+        from . import _schema
+
+        _schema.check_names(keys, type(self).__name__)
         object.__setattr__(self, "_keys", dict(keys))
         # Relative paths in the keys are relative to this folder (a YAML file's own, or the working directory).
         object.__setattr__(self, "_base_dir", pathlib.Path.cwd())
@@ -85,21 +88,33 @@ class TrainConfig:
 
 
 class SFTConfig(TrainConfig):
-    """Supervised fine-tuning (conversation, instruction or text datasets), as `soltrain sft`."""
-
     mode = "sft"
+
+    def __init__(self, **keys: Any) -> None:
+        super().__init__(**keys)
 
 
 class PTConfig(TrainConfig):
-    """(Continued) pretraining on text, every token trained, as `soltrain pt`."""
-
     mode = "pt"
+
+    def __init__(self, **keys: Any) -> None:
+        super().__init__(**keys)
 
 
 class DPOConfig(TrainConfig):
-    """Preference training (DPO, IPO, hinge) on prompt / chosen / rejected rows, as `soltrain dpo`."""
-
     mode = "dpo"
+
+    def __init__(self, **keys: Any) -> None:
+        super().__init__(**keys)
+
+
+
+def _document(cls: type, summary: str, command: str) -> None:
+    """The class's docstring and signature from the engine's key table (help(), editors' hovers)."""
+    from . import _schema
+
+    cls.__doc__ = _schema.docstring(summary, command)
+    cls.__init__.__signature__ = _schema.signature(command)  # type: ignore[attr-defined]
 
 
 def _plain(value: Any) -> Any:
@@ -111,3 +126,9 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+_document(SFTConfig, "Supervised fine-tuning (conversation, instruction or text datasets), as `soltrain sft`.", "sft")
+_document(PTConfig, "(Continued) pretraining on text, every token trained, as `soltrain pt`.", "pt")
+_document(DPOConfig, "Preference training (DPO, IPO, hinge) on prompt / chosen / rejected rows, as `soltrain dpo`.",
+          "dpo")

@@ -19,6 +19,7 @@ std::function<int()> add_pt_command(CLI::App& app);
 std::function<int()> add_dpo_command(CLI::App& app);  // also what `rl: dpo` in an sft config runs
 std::function<int()> add_demo_setup_command(CLI::App& app);
 std::function<int()> add_generate_command(CLI::App& app);
+std::function<int()> add_config_keys_command(CLI::App& app);
 std::function<int()> add_quantize_command(CLI::App& app);  // hidden: a test tool
 
 }  // namespace soltrain

@@ -16,6 +16,8 @@
 #include <span>
 
 #include "cli/config.h"
+#include "cli/config_schema.h"
+#include "cli/peer_keys.h"
 #include "cli/device_option.h"
 #include "cli/run_job.h"
 #include "core/error.h"
@@ -216,6 +218,8 @@ NB_MODULE(_soltrain, m) {
       nb::arg("yaml"), nb::arg("where"), nb::arg("overrides"), nb::arg("mode"),
       "Reads a config's YAML text (paths relative to where's folder); ConfigError with the CLI's line.");
   bind_session(m);
+  m.def("config_keys_json", [] { return config_keys_json().dump(); }, "the config key table (soltrain config-keys --json)");
+  m.def("peer_key_names", &peer_key_names, "the peers' keys soltrain reads (Axolotl, Surogate)");
   m.def("run", &run, nb::arg("config"), nb::arg("on_log").none(), nb::arg("on_evaluate").none(),
         nb::arg("should_stop").none(),
         "Runs the job in this process (resumable, checkpointed on a stop); returns its result.");
