@@ -214,8 +214,9 @@ TEST(DpoRun, QloraNf4TrainsOverTheQuantisedBase) {
 // cos(π k / n))) for update k (0-based) of n.
 TEST(DpoRun, CosineFloorIsTheSftSchedule) {
   DpoSetup s;
-  const std::string keys = "max_steps: 4\nlogging_steps: 1\nlr_scheduler_type: cosine\ncosine_min_lr_ratio: 0.5\n"
-                           "learning_rate: 1.0e-4\nvalidation_datasets: []\n";
+  const std::string keys =
+      "max_steps: 4\nlogging_steps: 1\nlr_scheduler_type: cosine\ncosine_min_lr_ratio: 0.5\n"
+      "learning_rate: 1.0e-4\nvalidation_datasets: []\n";
   dpo(s.config("cos", keys));
   const auto lines = train_lines(s.t.path / "cos" / "metrics.jsonl");
   ASSERT_EQ(lines.size(), 4u);

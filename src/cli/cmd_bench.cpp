@@ -92,8 +92,58 @@ TrainConfig bench_config(const BenchOpts& o) {
   return c;
 }
 
-
 // --plan-only: the activation plan the run would allocate (Transformer::plan's list), one JSON line.
+// The device memory the plan's totals count.
+struct PlannedTotals {
+  double weights = 0, grads = 0, optimizer = 0;  // GiB
+};
+
+// Data parallel (--data-parallel, --gpus): what rank 0 (the largest share) holds, with NCCL (or MPI on the CPU),
+// both in place: the run's own sizing (make_shard_plan, DataParallel::staging_bytes, Zero3::planned). Updates `t`.
+nlohmann::json data_parallel_plan(const BenchOpts& o, const ModelConfig& c, ParameterStore& ps,
+                                  const ParameterStore::PlannedBytes& w, const AdamW::Plan& opt,
+                                  const ActivationPlan& p, DType act, size_t slots, const Offload& offload,
+                                  PlannedTotals& t) {
+  const double gib = double(size_t(1) << 30);
+  const bool host_moments = offload.optimizer;
+  const int world = o.gpus, zero = std::max(0, o.data_parallel);
+  OptimizerConfig opt_cfg;
+  opt_cfg.moments = o.optimizer == "adamw_8bit" ? Moments::Blockwise8 : Moments::F32;
+  opt_cfg.offload = offload;
+  if (const char* why = sharded_update_refusal(opt_cfg, zero))
+    user_error("bench ", opt_cfg.moments == Moments::Blockwise8 ? "--optimizer adamw_8bit" : "--offload " + o.offload,
+               " with --data-parallel ", zero, " is not built yet (", why, ")");
+  ps.lay_out();
+  const ShardPlan sp = make_shard_plan(ps, 0, world);
+  int64_t owned = 0;
+  for (const ParamRange& r : sp.owned) owned += r.numel;
+  size_t masters = w.masters, values = w.values, grad_bytes = w.grads, gathered = 0, scratch = 0, peak = 0;
+  size_t moments = zero >= 1 ? size_t(std::max<int64_t>(owned, 1)) * 8 : opt.device(host_moments);
+  const size_t staging = DataParallel::staging_bytes(sp, zero, /*comm_in_place=*/true);
+  if (zero == 3) {
+    const Zero3::Bytes z = Zero3::planned(sp, c.num_layers, dtype_size(act), /*whole=*/world == 1);
+    masters = grad_bytes = size_t(z.held_elements) * 4;
+    values = act == DType::F32 ? 0 : size_t(z.held_elements) * dtype_size(act);  // (the CPU's are the masters)
+    gathered = z.gathered, scratch = z.grad_scratch;
+    // The load's peak: the model is loaded whole (after the activations are planned), then keep_shards
+    // allocates the slices before it frees the whole buffers.
+    peak = p.total_bytes() + w.weights() + slots + masters + values + grad_bytes;
+  }
+  t.weights = double(w.weights() - w.masters - w.values + masters + values + gathered + slots) / gib;
+  t.grads = double(grad_bytes + scratch + staging) / gib;
+  t.optimizer = double(moments) / gib;
+  return {{"ranks", world},
+          {"zero_stage", zero},
+          {"master_bytes", masters},
+          {"value_bytes", values},
+          {"grad_bytes", grad_bytes},
+          {"moment_bytes", moments},
+          {"gather_bytes", gathered},
+          {"grad_scratch_bytes", scratch},
+          {"staging_bytes", staging},
+          {"load_peak_gib", double(peak) / gib}};  // ZeRO-3: the peak while the loaded model is sharded
+}
+
 int print_activation_plan(const BenchOpts& o) {
   const ModelConfig c = load_model_config(o.model);
   const std::optional<LoraConfig> lora = lora_config(bench_config(o), "bench");
@@ -134,41 +184,10 @@ int print_activation_plan(const BenchOpts& o) {
   const size_t slots = 2 * size_t(w.largest_host_group) * dtype_size(act);
   double weights = double(w.weights() - (host_master ? w.masters : 0) + slots) / gib;
   double optimizer = double(opt.device(host_moments)) / gib, grads = double(w.grads) / gib;
-  // Data parallel (--data-parallel, --gpus): what rank 0 (the largest share) holds, with NCCL (or MPI on the CPU),
-  // both in place: the run's own sizing (make_shard_plan, DataParallel::staging_bytes, Zero3::planned).
-  nlohmann::json parallel = nullptr;
-  if (o.data_parallel >= 0 || o.gpus > 1) {
-    const int world = o.gpus, zero = std::max(0, o.data_parallel);
-    OptimizerConfig opt_cfg;
-    opt_cfg.moments = o.optimizer == "adamw_8bit" ? Moments::Blockwise8 : Moments::F32;
-    opt_cfg.offload = offload;
-    if (const char* why = sharded_update_refusal(opt_cfg, zero))
-      user_error("bench ", opt_cfg.moments == Moments::Blockwise8 ? "--optimizer adamw_8bit" : "--offload " + o.offload,
-                 " with --data-parallel ", zero, " is not built yet (", why, ")");
-    ps.lay_out();
-    const ShardPlan sp = make_shard_plan(ps, 0, world);
-    int64_t owned = 0;
-    for (const ParamRange& r : sp.owned) owned += r.numel;
-    size_t masters = w.masters, values = w.values, grad_bytes = w.grads, gathered = 0, scratch = 0, peak = 0;
-    size_t moments = zero >= 1 ? size_t(std::max<int64_t>(owned, 1)) * 8 : opt.device(host_moments);
-    const size_t staging = DataParallel::staging_bytes(sp, zero, /*comm_in_place=*/true);
-    if (zero == 3) {
-      const Zero3::Bytes z = Zero3::planned(sp, c.num_layers, dtype_size(act), /*whole=*/world == 1);
-      masters = grad_bytes = size_t(z.held_elements) * 4;
-      values = act == DType::F32 ? 0 : size_t(z.held_elements) * dtype_size(act);  // (the CPU's are the masters)
-      gathered = z.gathered, scratch = z.grad_scratch;
-      // The load's peak: the model is loaded whole (after the activations are planned), then keep_shards
-      // allocates the slices before it frees the whole buffers.
-      peak = p.total_bytes() + w.weights() + slots + masters + values + grad_bytes;
-    }
-    weights = double(w.weights() - w.masters - w.values + masters + values + gathered + slots) / gib;
-    grads = double(grad_bytes + scratch + staging) / gib;
-    optimizer = double(moments) / gib;
-    parallel = {{"ranks", world},         {"zero_stage", zero},           {"master_bytes", masters},
-                {"value_bytes", values},  {"grad_bytes", grad_bytes},     {"moment_bytes", moments},
-                {"gather_bytes", gathered}, {"grad_scratch_bytes", scratch}, {"staging_bytes", staging},
-                {"load_peak_gib", double(peak) / gib}};  // ZeRO-3: while the loaded model is sharded
-  }
+  PlannedTotals t{weights, grads, optimizer};
+  const nlohmann::json parallel =
+      o.data_parallel >= 0 || o.gpus > 1 ? data_parallel_plan(o, c, ps, w, opt, p, act, slots, offload, t) : nullptr;
+  weights = t.weights, grads = t.grads, optimizer = t.optimizer;
   nlohmann::json r{{"engine", "soltrain"},
                    {"plan_only", true},
                    {"batch", o.batch},
@@ -195,6 +214,114 @@ int print_activation_plan(const BenchOpts& o) {
   std::cout << r.dump() << std::endl;
   return 0;
 }
+}  // namespace
+
+namespace {
+// The timed run: the trainer's own step path over random rows, steps back to back; one JSON line of the
+// median step, throughput, memory and the per-op profile.
+int run_bench(const BenchOpts& o) {
+  if (o.plan_only) return print_activation_plan(o);
+  const LaunchEnv env = read_launch_env();
+  const Device device = o.device == "cuda" ? Device::CUDA : Device::CPU;  // the flag admits only these two
+  if (o.gpus > 1 && env.kind == LaunchEnv::Kind::Single) return launch_workers(o.gpus, device);
+  select_local_device(env, device);
+  auto ops = make_ops(o.device);
+  const bool parallel = env.world_size > 1 || o.data_parallel >= 0;
+  std::unique_ptr<Communicator> comm;
+  if (parallel) {
+    // Alone with --data-parallel: NCCL (or MPI on the CPU) at world size 1, the path's own cost.
+    comm = make_communicator(env, *ops, env.world_size > 1 ? "" : ops->device() == Device::CUDA ? "nccl" : "mpi");
+    if (comm->size() > 1) set_error_prefix(cat("rank ", comm->rank(), ": "));
+  }
+  const int zero_stage = std::max(0, o.data_parallel), rank = comm ? comm->rank() : 0;
+  const int world = comm ? comm->size() : 1;
+  const TrainConfig bench = bench_config(o);
+  const std::optional<LoraConfig> lora = lora_config(bench, "bench");
+  // A speed run of FP8 on the CPU's emulation would time nothing real.
+  if (o.recipe == "fp8-hybrid" && ops->device() != Device::CUDA)
+    user_error(
+        "bench --recipe fp8-hybrid times FP8 GEMMs: it needs an NVIDIA GPU of compute capability 8.9 or newer "
+        "(the CPU only emulates them, for tests)");
+  // (ZeRO-3 allocates only this rank's slices of the gradients)
+  auto model = load_pretrained(o.model, *ops, lora, /*gradients=*/!(comm && zero_stage == 3));
+  const int V = model->config().vocab_size;
+  HostBatch batch{o.batch, o.seq, {}, {}, {}, {}, {}, {}};
+  std::mt19937 rng(1234u + unsigned(rank));  // each rank its own rows
+  for (int i = 0; i < o.batch * o.seq; ++i) batch.input_ids.push_back(int32_t(rng() % uint32_t(V)));
+  batch.targets = batch.input_ids;
+  std::rotate(batch.targets.begin(), batch.targets.begin() + 1, batch.targets.end());
+  configure_model(*model, bench, *ops, o.batch);
+  if (bench.offload.any() && (o.data_parallel >= 1 || world > 1))
+    user_error("bench --offload ", o.offload, ": one process without ZeRO only (as training)");
+  const OptimizerConfig cfg = optimizer_config(bench);
+  // the trainer's own step path; counted_all: every rank's targets (each rank's rows count the same)
+  TrainStep train_step = comm ? TrainStep(*model, cfg, *comm, zero_stage) : TrainStep(*model, cfg);
+  const std::vector<HostBatch> micro(size_t(o.accumulation), batch);  // the same rows each micro-batch
+  const int64_t counted_all = int64_t(o.batch) * o.seq * world * o.accumulation;
+  // Each step timed from the end of the previous one's work on the main stream to the end of its own:
+  // steps run back to back as in training, so work a step leaves in flight on the side stream (data
+  // parallel's weight gathers, overlapped with the next forward) counts where it delays the next step.
+  std::vector<double> times;
+  ops->synchronize();
+  auto t0 = std::chrono::steady_clock::now();
+  for (int s = 0; s < o.warmup + o.steps; ++s) {
+    train_step.run(micro, cfg.lr, counted_all);
+    ops->host_wait(ops->mark());
+    const auto t1 = std::chrono::steady_clock::now();
+    if (s >= o.warmup) times.push_back(std::chrono::duration<double>(t1 - t0).count());
+    t0 = t1;
+  }
+  ops->synchronize();
+  const double loss = train_step.loss();
+  // One more step with per-op device timing, for the breakdown (the profiled step is not in step_s).
+  std::map<std::string, double> profile;
+  if (o.profile) {
+    ops->enable_profiling(true);
+    train_step.run(micro, cfg.lr, counted_all);
+    profile = ops->collect_profile();
+    ops->enable_profiling(false);
+  }
+  const double step = median(times), tokens = double(o.batch) * o.seq * world * o.accumulation;
+  const double memory = ops->memory_used_gib();
+  if (rank != 0) return 0;  // rank 0 speaks for all (its step time is the job's: every step ends in collectives)
+  nlohmann::json r{
+      {"engine", "soltrain"},
+      {"trainable_params", model->params().numel()},
+      {"lora_rank", o.lora_rank},
+      {"qlora", o.qlora},
+      {"weight_gib", double(model->params().weight_bytes()) / double(1u << 30)},
+      {"recompute", o.recompute},
+      {"recipe", o.recipe == "bf16" ? o.recipe : o.recipe + " " + o.fp8_scaling},
+      {"optimizer", o.optimizer},
+      {"offload", o.offload},
+      {"data_parallel", o.data_parallel},
+      {"gpus", world},
+      {"residual_dtype", model->residual_dtype() == DType::F32 ? "fp32" : "bf16"},
+      {"attention_backward", attention_backward_name(ops->attention_backward_form())},
+      {"batch", o.batch},
+      {"gradient_accumulation", o.accumulation},
+      {"seq", o.seq},
+      {"step_s", step},
+      {"tokens_per_s", tokens / step},
+      {"memory_gib", memory},
+      {"optimizer_gib", double(train_step.optimizer().state_bytes()) / double(1u << 30)},
+      {"offload_activations", o.offload_activations},
+      {"activation_gib", double(model->activation_bytes()) / double(1u << 30)},
+      {"checkpoint_host_gib", double(model->checkpoint_host_bytes()) / double(1u << 30)},
+      {"offload_weights", o.offload_weights},
+      {"streamed_layers", model->weight_stream() ? model->weight_stream()->streamed() : 0},
+      {"weight_host_gib",
+       double(model->params().host_frozen_bytes() + model->params().host_master_bytes()) / double(1u << 30)},
+      {"weight_slots_gib",
+       double(model->weight_stream() ? model->weight_stream()->device_bytes() : 0) / double(1u << 30)},
+      {"token_tile", model->activation_plan().tile},
+      {"largest_activations", describe_largest(model->activation_plan(), 4)},
+      {"loss", loss},
+      {"profile_ms", profile}};
+  std::cout << r.dump() << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 std::function<int()> add_bench_command(CLI::App& app) {
@@ -275,108 +402,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--warmup", o->warmup)->check(CLI::NonNegativeNumber)->capture_default_str();
   add_device_option(c, o->device);
-  return [o]() {
-    if (o->plan_only) return print_activation_plan(*o);
-    const LaunchEnv env = read_launch_env();
-    const Device device = o->device == "cuda" ? Device::CUDA : Device::CPU;  // the flag admits only these two
-    if (o->gpus > 1 && env.kind == LaunchEnv::Kind::Single) return launch_workers(o->gpus, device);
-    select_local_device(env, device);
-    auto ops = make_ops(o->device);
-    const bool parallel = env.world_size > 1 || o->data_parallel >= 0;
-    std::unique_ptr<Communicator> comm;
-    if (parallel) {
-      // Alone with --data-parallel: NCCL (or MPI on the CPU) at world size 1, the path's own cost.
-      comm = make_communicator(env, *ops, env.world_size > 1 ? "" : ops->device() == Device::CUDA ? "nccl" : "mpi");
-      if (comm->size() > 1) set_error_prefix(cat("rank ", comm->rank(), ": "));
-    }
-    const int zero_stage = std::max(0, o->data_parallel), rank = comm ? comm->rank() : 0;
-    const int world = comm ? comm->size() : 1;
-    const TrainConfig bench = bench_config(*o);
-    const std::optional<LoraConfig> lora = lora_config(bench, "bench");
-    // A speed run of FP8 on the CPU's emulation would time nothing real.
-    if (o->recipe == "fp8-hybrid" && ops->device() != Device::CUDA)
-      user_error(
-          "bench --recipe fp8-hybrid times FP8 GEMMs: it needs an NVIDIA GPU of compute capability 8.9 or newer "
-          "(the CPU only emulates them, for tests)");
-    // (ZeRO-3 allocates only this rank's slices of the gradients)
-    auto model = load_pretrained(o->model, *ops, lora, /*gradients=*/!(comm && zero_stage == 3));
-    const int V = model->config().vocab_size;
-    HostBatch batch{o->batch, o->seq, {}, {}, {}, {}, {}, {}};
-    std::mt19937 rng(1234u + unsigned(rank));  // each rank its own rows
-    for (int i = 0; i < o->batch * o->seq; ++i) batch.input_ids.push_back(int32_t(rng() % uint32_t(V)));
-    batch.targets = batch.input_ids;
-    std::rotate(batch.targets.begin(), batch.targets.begin() + 1, batch.targets.end());
-    configure_model(*model, bench, *ops, o->batch);
-    if (bench.offload.any() && (o->data_parallel >= 1 || world > 1))
-      user_error("bench --offload ", o->offload, ": one process without ZeRO only (as training)");
-    const OptimizerConfig cfg = optimizer_config(bench);
-    // the trainer's own step path; counted_all: every rank's targets (each rank's rows count the same)
-    TrainStep train_step = comm ? TrainStep(*model, cfg, *comm, zero_stage) : TrainStep(*model, cfg);
-    const std::vector<HostBatch> micro(size_t(o->accumulation), batch);  // the same rows each micro-batch
-    const int64_t counted_all = int64_t(o->batch) * o->seq * world * o->accumulation;
-    // Each step timed from the end of the previous one's work on the main stream to the end of its own:
-    // steps run back to back as in training, so work a step leaves in flight on the side stream (data
-    // parallel's weight gathers, overlapped with the next forward) counts where it delays the next step.
-    std::vector<double> times;
-    ops->synchronize();
-    auto t0 = std::chrono::steady_clock::now();
-    for (int s = 0; s < o->warmup + o->steps; ++s) {
-      train_step.run(micro, cfg.lr, counted_all);
-      ops->host_wait(ops->mark());
-      const auto t1 = std::chrono::steady_clock::now();
-      if (s >= o->warmup) times.push_back(std::chrono::duration<double>(t1 - t0).count());
-      t0 = t1;
-    }
-    ops->synchronize();
-    const double loss = train_step.loss();
-    // One more step with per-op device timing, for the breakdown (the profiled step is not in step_s).
-    std::map<std::string, double> profile;
-    if (o->profile) {
-      ops->enable_profiling(true);
-      train_step.run(micro, cfg.lr, counted_all);
-      profile = ops->collect_profile();
-      ops->enable_profiling(false);
-    }
-    const double step = median(times), tokens = double(o->batch) * o->seq * world * o->accumulation;
-    const double memory = ops->memory_used_gib();
-    if (rank != 0) return 0;  // rank 0 speaks for all (its step time is the job's: every step ends in collectives)
-    nlohmann::json r{
-        {"engine", "soltrain"},
-        {"trainable_params", model->params().numel()},
-        {"lora_rank", o->lora_rank},
-        {"qlora", o->qlora},
-        {"weight_gib", double(model->params().weight_bytes()) / double(1u << 30)},
-        {"recompute", o->recompute},
-        {"recipe", o->recipe == "bf16" ? o->recipe : o->recipe + " " + o->fp8_scaling},
-        {"optimizer", o->optimizer},
-        {"offload", o->offload},
-        {"data_parallel", o->data_parallel},
-        {"gpus", world},
-        {"residual_dtype", model->residual_dtype() == DType::F32 ? "fp32" : "bf16"},
-        {"attention_backward", attention_backward_name(ops->attention_backward_form())},
-        {"batch", o->batch},
-        {"gradient_accumulation", o->accumulation},
-        {"seq", o->seq},
-        {"step_s", step},
-        {"tokens_per_s", tokens / step},
-        {"memory_gib", memory},
-        {"optimizer_gib", double(train_step.optimizer().state_bytes()) / double(1u << 30)},
-        {"offload_activations", o->offload_activations},
-        {"activation_gib", double(model->activation_bytes()) / double(1u << 30)},
-        {"checkpoint_host_gib", double(model->checkpoint_host_bytes()) / double(1u << 30)},
-        {"offload_weights", o->offload_weights},
-        {"streamed_layers", model->weight_stream() ? model->weight_stream()->streamed() : 0},
-        {"weight_host_gib",
-         double(model->params().host_frozen_bytes() + model->params().host_master_bytes()) / double(1u << 30)},
-        {"weight_slots_gib",
-         double(model->weight_stream() ? model->weight_stream()->device_bytes() : 0) / double(1u << 30)},
-        {"token_tile", model->activation_plan().tile},
-        {"largest_activations", describe_largest(model->activation_plan(), 4)},
-        {"loss", loss},
-        {"profile_ms", profile}};
-    std::cout << r.dump() << std::endl;
-    return 0;
-  };
+  return [o]() { return run_bench(*o); };
 }
 
 std::function<int()> add_bench_attention_command(CLI::App& app) {

@@ -9,7 +9,8 @@ namespace soltrain {
 
 std::function<int()> add_config_keys_command(CLI::App& app) {
   auto json = std::make_shared<bool>(false);
-  CLI::App* c = app.add_subcommand("config-keys", "print every config key: name, aliases, value, default, what it does");
+  CLI::App* c =
+      app.add_subcommand("config-keys", "print every config key: name, aliases, value, default, what it does");
   c->add_flag("--json", *json, "as JSON (default: a Markdown table per section)");
   return [json]() {
     if (*json)

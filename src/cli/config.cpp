@@ -88,8 +88,8 @@ Entries read_entries(const std::string& yaml, const std::string& where, const st
     const std::string key = scalar_text(kv.first);
     // yaml-cpp keeps both of a repeated key; YAML forbids it, and one of the two values would be ignored.
     if (en.has(key)) {
-      en.errors.push_back(cat(where_of(where, kv.first), ": key \"", key, "\" appears twice (also at ", en.where(key),
-                              "); keep one"));
+      en.errors.push_back(
+          cat(where_of(where, kv.first), ": key \"", key, "\" appears twice (also at ", en.where(key), "); keep one"));
       continue;
     }
     en.order.push_back(key);
@@ -260,8 +260,9 @@ void rule_streamed_base(const Entries& en, const std::string&, TrainConfig& c, s
                          "on the device: use one of them"));
 }
 
-constexpr Rule kRules[] = {rule_one_output_dir, rule_lora_settings_imply_lora, rule_quantised_base,
-                           rule_axolotl_schedule, rule_required,              rule_offload,
+constexpr Rule kRules[] = {rule_one_output_dir, rule_lora_settings_imply_lora,
+                           rule_quantised_base, rule_axolotl_schedule,
+                           rule_required,       rule_offload,
                            rule_streamed_base};
 
 }  // namespace

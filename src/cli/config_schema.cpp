@@ -39,7 +39,7 @@ const TrainConfig& defaults() {
 
 KeySpec key(std::string name, std::string type, std::string expected, std::string def, std::string doc, Reader read) {
   return KeySpec{std::move(name), {}, std::move(type), std::move(expected), std::move(def), std::move(doc),
-                 kEveryCommand, "", std::move(read)};
+                 kEveryCommand,   "", std::move(read)};
 }
 
 template <typename F>
@@ -159,23 +159,23 @@ void add_data_keys(std::vector<KeySpec>& v) {
                     else
                       x.c.validation_split_ratio = get_double(e, k, 0, 0.9);
                   }));
-  v.push_back(integer("sequence_len", FIELD(sequence_len), 2, "tokens per row; longer documents are cut",
-                      kMaxSequenceLen));
-  v.push_back(flag("sample_packing", FIELD(sample_packing),
-                   "pack several documents into a row (attention stays within each)"));
+  v.push_back(
+      integer("sequence_len", FIELD(sequence_len), 2, "tokens per row; longer documents are cut", kMaxSequenceLen));
+  v.push_back(
+      flag("sample_packing", FIELD(sample_packing), "pack several documents into a row (attention stays within each)"));
   v.push_back(key("train_on_inputs", "bool", "true or false", "false",
                   "train the prompt's tokens too, not only the answers' (pt: always)",
                   [](const Entry& e, const std::string& k, ReadContext& x) {
                     x.c.train_on_inputs = get_bool(e, k);
                     if (x.mode == TrainMode::kPretrain && !x.c.train_on_inputs)
-                      user_error(e.where, ": train_on_inputs: false has no meaning for pt (every token of text is "
-                                          "trained)");
+                      user_error(e.where,
+                                 ": train_on_inputs: false has no meaning for pt (every token of text is "
+                                 "trained)");
                   }));
-  v.push_back(choice("bad_records", {"skip", "error"}, "error",
-                     "a record that cannot be read or rendered: stop with its line, or skip it and count it",
-                     [](ReadContext& x, const std::string& s, const Entry&) {
-                       x.c.bad_records = parse_bad_record_policy(s);
-                     }));
+  v.push_back(
+      choice("bad_records", {"skip", "error"}, "error",
+             "a record that cannot be read or rendered: stop with its line, or skip it and count it",
+             [](ReadContext& x, const std::string& s, const Entry&) { x.c.bad_records = parse_bad_record_policy(s); }));
 }
 
 void add_objective_keys(std::vector<KeySpec>& v) {
@@ -191,16 +191,16 @@ void add_objective_keys(std::vector<KeySpec>& v) {
                             x.c.dpo.loss = parse_preference_loss(s, e.where);
                           }),
                    kDpoBit));
-  v.push_back(only(aka(number("beta", FIELD(dpo.beta), 0, 1e6, true, "DPO's temperature on the log-ratio margin"),
-                       {"rl_beta"}),
-                   kDpoBit));
+  v.push_back(
+      only(aka(number("beta", FIELD(dpo.beta), 0, 1e6, true, "DPO's temperature on the log-ratio margin"), {"rl_beta"}),
+           kDpoBit));
   v.push_back(only(aka(number("label_smoothing", FIELD(dpo.label_smoothing), 0, 0.49, false,
                               "the share of pairs assumed flipped (conservative DPO)"),
                        {"dpo_label_smoothing"}),
                    kDpoBit));
-  v.push_back(only(number("rpo_alpha", FIELD(dpo.rpo_alpha), 0, 1e6, false,
-                          "adds rpo_alpha x the chosen answers' NLL (RPO)"),
-                   kDpoBit));
+  v.push_back(
+      only(number("rpo_alpha", FIELD(dpo.rpo_alpha), 0, 1e6, false, "adds rpo_alpha x the chosen answers' NLL (RPO)"),
+           kDpoBit));
   v.push_back(only(flag("precompute_ref_log_probs", FIELD(dpo.precompute_ref),
                         "LoRA: the reference's log-probs computed once before training instead of every step"),
                    kDpoBit));
@@ -233,8 +233,8 @@ void add_schedule_keys(std::vector<KeySpec>& v) {
   v.push_back(integer("warmup_steps", FIELD(warmup_steps), 0, "updates of linear warmup from 0"));
   v.push_back(number("warmup_ratio", FIELD(warmup_ratio), 0, 1, false,
                      "without warmup_steps: this share of the updates warms up"));
-  v.push_back(number("wsd_decay_ratio", FIELD(wsd_decay_ratio), 0, 1, false,
-                     "wsd: the last share of the updates decays to 0"));
+  v.push_back(
+      number("wsd_decay_ratio", FIELD(wsd_decay_ratio), 0, 1, false, "wsd: the last share of the updates decays to 0"));
 }
 
 void add_optimizer_keys(std::vector<KeySpec>& v) {
@@ -317,11 +317,10 @@ void add_precision_keys(std::vector<KeySpec>& v) {
 }
 
 void add_memory_keys(std::vector<KeySpec>& v) {
-  v.push_back(choice("recompute", {"none", "elementwise", "selective", "full"}, "none",
-                     "activations recomputed in backward instead of kept (results are bitwise the same)",
-                     [](ReadContext& x, const std::string& s, const Entry&) {
-                       x.c.recompute = parse_recompute(s, "recompute");
-                     }));
+  v.push_back(choice(
+      "recompute", {"none", "elementwise", "selective", "full"}, "none",
+      "activations recomputed in backward instead of kept (results are bitwise the same)",
+      [](ReadContext& x, const std::string& s, const Entry&) { x.c.recompute = parse_recompute(s, "recompute"); }));
   v.push_back(integer("token_tile", FIELD(token_tile), 0,
                       "the MLP runs over at most this many tokens at a time (0: sized at 512 MiB a buffer)"));
   v.push_back(flag("offload_master", FIELD(offload.master), "the fp32 master weights in host memory"));
@@ -331,10 +330,9 @@ void add_memory_keys(std::vector<KeySpec>& v) {
   v.push_back(flag("offload_weights", FIELD(offload_weights), "a LoRA run's frozen base streamed from host memory"));
   v.push_back(integer("offload_weights_resident_layers", FIELD(offload_weights_resident_layers), 0,
                       "offload_weights: this many of the base's layers stay on the device", 1 << 20));
-  v.push_back(integer("gpus", FIELD(gpus), 1, "worker processes on this machine, one per GPU (CPU ranks on cpu)",
-                      1024));
-  v.push_back(integer("zero_stage", FIELD(zero_stage), 0, "ZeRO's stage with several ranks (DeepSpeed's meaning)",
-                      3));
+  v.push_back(
+      integer("gpus", FIELD(gpus), 1, "worker processes on this machine, one per GPU (CPU ranks on cpu)", 1024));
+  v.push_back(integer("zero_stage", FIELD(zero_stage), 0, "ZeRO's stage with several ranks (DeepSpeed's meaning)", 3));
 }
 
 void add_run_keys(std::vector<KeySpec>& v) {
@@ -356,17 +354,21 @@ void add_run_keys(std::vector<KeySpec>& v) {
   v.push_back(integer("logging_steps", FIELD(logging_steps), 1, "log the loss every this many updates"));
   v.push_back(number("loss_watchdog_threshold", FIELD(loss_watchdog_threshold), 0, 1e9, true,
                      "stop when the loss stays above this (Axolotl's watchdog)"));
-  v.push_back(integer("loss_watchdog_patience", FIELD(loss_watchdog_patience), 1,
-                      "... for this many logged steps in a row"));
+  v.push_back(
+      integer("loss_watchdog_patience", FIELD(loss_watchdog_patience), 1, "... for this many logged steps in a row"));
 }
 
 std::vector<KeySpec> make_keys() {
   std::vector<KeySpec> v;
   const std::pair<const char*, void (*)(std::vector<KeySpec>&)> sections[] = {
-      {"Model and outputs", add_model_keys}, {"Data", add_data_keys},
-      {"Preference training", add_objective_keys}, {"Batches and schedule", add_schedule_keys},
-      {"Optimizer", add_optimizer_keys},   {"Adapters and base storage", add_adapter_keys},
-      {"Precision", add_precision_keys},  {"Memory and parallelism", add_memory_keys},
+      {"Model and outputs", add_model_keys},
+      {"Data", add_data_keys},
+      {"Preference training", add_objective_keys},
+      {"Batches and schedule", add_schedule_keys},
+      {"Optimizer", add_optimizer_keys},
+      {"Adapters and base storage", add_adapter_keys},
+      {"Precision", add_precision_keys},
+      {"Memory and parallelism", add_memory_keys},
       {"Checkpoints, evaluation and logging", add_run_keys}};
   for (const auto& [name, add] : sections) {
     const size_t first = v.size();
@@ -420,7 +422,8 @@ std::string config_keys_markdown() {
   for (const KeySpec& k : config_keys()) {
     if (k.section != section) {
       section = k.section;
-      out += cat(out.empty() ? "" : "\n", "#### ", section, "\n\n| key | value | default | what it does |\n|---|---|---|---|\n");
+      out += cat(out.empty() ? "" : "\n", "#### ", section,
+                 "\n\n| key | value | default | what it does |\n|---|---|---|---|\n");
     }
     std::string names = "`" + k.name + "`";
     for (const std::string& a : k.aliases) names += " (`" + a + "`)";

@@ -4,10 +4,9 @@
 // README's key reference (a test compares them), --json what the Python configs document their keyword
 // arguments with. Keys of the peers' configs that soltrain has no setting of its own for are cli/peer_keys.h's.
 #pragma once
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -28,12 +27,12 @@ enum CommandBit : unsigned { kSftBit = 1, kPtBit = 2, kDpoBit = 4, kEveryCommand
 
 struct KeySpec {
   std::string name;
-  std::vector<std::string> aliases;  // the same setting under the peers' names
-  std::string type;                  // bool, integer, number, string, path, choice, list, datasets, map
-  std::string expected;              // what a value must be: "an integer >= 1", "cosine, linear, ..."
-  std::string default_value;         // as the docs show it; "" for none
-  std::string doc;                   // one line
-  unsigned commands = kEveryCommand; // which of sft, pt, dpo read it
+  std::vector<std::string> aliases;   // the same setting under the peers' names
+  std::string type;                   // bool, integer, number, string, path, choice, list, datasets, map
+  std::string expected;               // what a value must be: "an integer >= 1", "cosine, linear, ..."
+  std::string default_value;          // as the docs show it; "" for none
+  std::string doc;                    // one line
+  unsigned commands = kEveryCommand;  // which of sft, pt, dpo read it
   std::string section;
   // Reads the value into ctx.c; `key` is the name as written (an alias names itself in messages).
   std::function<void(const Entry&, const std::string& key, ReadContext&)> read;

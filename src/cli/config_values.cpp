@@ -74,5 +74,4 @@ std::string where_of(const std::string& file, const YAML::Node& n) {
   return cat(file, ":", n.Mark().line + 1);
 }
 
-
 }  // namespace soltrain

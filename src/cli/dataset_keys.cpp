@@ -63,58 +63,66 @@ void add_field_keys(DatasetKeys& keys) {
       {"field_prompt", [](const Entry& e, DatasetRead& r) { r.f.prompt = get_string(e, "field_prompt"); }},
       {"field_chosen", [](const Entry& e, DatasetRead& r) { r.f.chosen = get_string(e, "field_chosen"); }},
       {"field_rejected", [](const Entry& e, DatasetRead& r) { r.f.rejected = get_string(e, "field_rejected"); }},
-      {"revision", [](const Entry& e, DatasetRead& r) { r.d.revision = get_string(e, "revision"); }},  // of a hub dataset
+      {"revision",
+       [](const Entry& e, DatasetRead& r) { r.d.revision = get_string(e, "revision"); }},  // of a hub dataset
       {"field", [](const Entry& e, DatasetRead& r) { r.f.text = get_string(e, "field"); }},
       {"field_text", [](const Entry& e, DatasetRead& r) { r.f.text = get_string(e, "field_text"); }},
-      {"field_instruction", [](const Entry& e, DatasetRead& r) { r.f.instruction = get_string(e, "field_instruction"); }},
+      {"field_instruction",
+       [](const Entry& e, DatasetRead& r) { r.f.instruction = get_string(e, "field_instruction"); }},
       {"field_input", [](const Entry& e, DatasetRead& r) { r.f.input = get_string(e, "field_input"); }},
       {"field_output", [](const Entry& e, DatasetRead& r) { r.f.output = get_string(e, "field_output"); }},
-      {"field_messages", [](const Entry& e, DatasetRead& r) { r.f.messages = r.f.conversations = get_string(e, "field_messages"); }},
+      {"field_messages",
+       [](const Entry& e, DatasetRead& r) { r.f.messages = r.f.conversations = get_string(e, "field_messages"); }},
       // Surogate's names for the same fields.
       {"text_field", [](const Entry& e, DatasetRead& r) { r.f.text = get_string(e, "text_field"); }},
-      {"instruction_field", [](const Entry& e, DatasetRead& r) { r.f.instruction = get_string(e, "instruction_field"); }},
+      {"instruction_field",
+       [](const Entry& e, DatasetRead& r) { r.f.instruction = get_string(e, "instruction_field"); }},
       {"input_field", [](const Entry& e, DatasetRead& r) { r.f.input = get_string(e, "input_field"); }},
       {"output_field", [](const Entry& e, DatasetRead& r) { r.f.output = get_string(e, "output_field"); }},
-      {"messages_field", [](const Entry& e, DatasetRead& r) { r.f.messages = r.f.conversations = get_string(e, "messages_field"); }},
+      {"messages_field",
+       [](const Entry& e, DatasetRead& r) { r.f.messages = r.f.conversations = get_string(e, "messages_field"); }},
       {"completion_field", [](const Entry& e, DatasetRead& r) { r.f.completion = get_string(e, "completion_field"); }},
   });
+}
+
+// Axolotl's / Surogate's `split`, with Hugging Face's slice syntax: NAME[FROM:TO], each bound an integer or a
+// percentage, or empty.
+void read_split(const Entry& e, DatasetRead& r) {
+  r.d.split = get_string(e, "split");
+  // Hugging Face's slice syntax: NAME[FROM:TO], each bound an integer or a percentage, or empty.
+  if (const size_t open = r.d.split.find('['); open != std::string::npos) {
+    const std::string inner = r.d.split.substr(open + 1, r.d.split.size() - open - 2);
+    const size_t colon = inner.find(':');
+    auto bound_ok = [](const std::string& b) {
+      std::string digits = b.substr(b.size() && b[0] == '-' ? 1 : 0);
+      if (digits.size() && digits.back() == '%') digits.pop_back();
+      return b.empty() ||
+             (!digits.empty() && digits.size() <= 12 && digits.find_first_not_of("0123456789") == std::string::npos);
+    };
+    if (r.d.split.back() != ']' || colon == std::string::npos || open == 0 || !bound_ok(inner.substr(0, colon)) ||
+        !bound_ok(inner.substr(colon + 1)))
+      bad_value(e, "split", "a split name, optionally sliced as name[from:to] (e.g. train[:20%], train[10:-10])");
+    r.d.slice = std::pair{inner.substr(0, colon), inner.substr(colon + 1)};
+    r.d.split = r.d.split.substr(0, open);
+  }
 }
 
 // Slices, system prompts, roles and templates.
 void add_shape_keys(DatasetKeys& keys) {
   keys.insert({
       {"samples", [](const Entry& e, DatasetRead& r) { r.d.samples = get_int(e, "samples", 1); }},
-      {"split",
-       [](const Entry& e, DatasetRead& r) {
-         r.d.split = get_string(e, "split");
-         // Hugging Face's slice syntax: NAME[FROM:TO], each bound an integer or a percentage, or empty.
-         if (const size_t open = r.d.split.find('['); open != std::string::npos) {
-           const std::string inner = r.d.split.substr(open + 1, r.d.split.size() - open - 2);
-           const size_t colon = inner.find(':');
-           auto bound_ok = [](const std::string& b) {
-             std::string digits = b.substr(b.size() && b[0] == '-' ? 1 : 0);
-             if (digits.size() && digits.back() == '%') digits.pop_back();
-             return b.empty() || (!digits.empty() && digits.size() <= 12 &&
-                                  digits.find_first_not_of("0123456789") == std::string::npos);
-           };
-           if (r.d.split.back() != ']' || colon == std::string::npos || open == 0 || !bound_ok(inner.substr(0, colon)) ||
-               !bound_ok(inner.substr(colon + 1)))
-             bad_value(e, "split",
-                       "a split name, optionally sliced as name[from:to] (e.g. train[:20%], train[10:-10])");
-           r.d.slice = std::pair{inner.substr(0, colon), inner.substr(colon + 1)};
-           r.d.split = r.d.split.substr(0, open);
-         }
-       }},
+      {"split", read_split},
       // Axolotl's ds_type names the file format; soltrain reads it from the file name.
       {"ds_type",
-       [](const Entry& e, DatasetRead& r) {
+       [](const Entry& e, DatasetRead&) {
          const std::string s = get_string(e, "ds_type");
          if (s != "json" && s != "parquet" && s != "csv")
            bad_value(e, "ds_type", "json, parquet or csv (the format is read from the file name)");
        }},
       {"field_system", [](const Entry& e, DatasetRead& r) { r.f.system = get_string(e, "field_system"); }},
       {"system_field", [](const Entry& e, DatasetRead& r) { r.f.system = get_string(e, "system_field"); }},  // Surogate
-      {"system_prompt_field", [](const Entry& e, DatasetRead& r) { r.system_prompt_field = get_string(e, "system_prompt_field"); }},
+      {"system_prompt_field",
+       [](const Entry& e, DatasetRead& r) { r.system_prompt_field = get_string(e, "system_prompt_field"); }},
       {"system_prompt_type",
        [](const Entry& e, DatasetRead& r) {
          r.system_prompt_type = get_string(e, "system_prompt_type");
@@ -160,8 +168,10 @@ void add_shape_keys(DatasetKeys& keys) {
                       named_chat_template_list());
          r.f.chat_template = s;
        }},
-      {"message_field_role", [](const Entry& e, DatasetRead& r) { r.f.role = r.f.from = get_string(e, "message_field_role"); }},
-      {"message_field_content", [](const Entry& e, DatasetRead& r) { r.f.content = r.f.value = get_string(e, "message_field_content"); }},
+      {"message_field_role",
+       [](const Entry& e, DatasetRead& r) { r.f.role = r.f.from = get_string(e, "message_field_role"); }},
+      {"message_field_content",
+       [](const Entry& e, DatasetRead& r) { r.f.content = r.f.value = get_string(e, "message_field_content"); }},
       {"system_prompt",
        [](const Entry& e, DatasetRead& r) {
          if (!e.node.IsScalar()) bad_value(e, "system_prompt", "a string");

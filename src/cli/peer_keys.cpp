@@ -91,8 +91,11 @@ Apply one_of(std::vector<std::string> ok, const std::string& feature) {
 
 const std::string kMultiGpu = "not supported; soltrain runs multi-GPU itself (gpus: N or mpirun, zero_stage)";
 
-const std::map<std::string, Apply>& table() {
-  static const std::map<std::string, Apply> t = {
+using Table = std::map<std::string, Apply>;
+
+// Renames: the value sets a soltrain setting.
+void add_renames(Table& t) {
+  t.insert({
       // Renames.
       {"gradient_checkpointing",  // Axolotl; "unsloth" and "offload" keep the checkpoints in host memory
        // there, as offload_activations does here (the same recompute, the same results)
@@ -148,6 +151,12 @@ const std::map<std::string, Apply>& table() {
            user_error(k, ": \"", name, "\": Axolotl plugins are not supported");
          }
        }},
+  });
+}
+
+// Accepted: settings that pick what soltrain does anyway, or whose value changes nothing.
+void add_accepted(Table& t) {
+  t.insert({
       // What soltrain does anyway.
       {"flash_attention", any()},                // soltrain's attention is a flash (tiled, online-softmax) kernel
       {"attn_implementation", any()},            // transformers' attention backend: the same choice
@@ -215,6 +224,12 @@ const std::map<std::string, Apply>& table() {
       {"auto_resume_from_checkpoints", any()},
       {"apply_recommended_values", any()},
       {"dataloader_num_workers", any()},
+  });
+}
+
+// Settings with their own readers (tokens, templates, precision, ZeRO levels).
+void add_settings(Table& t) {
+  t.insert({
       {"special_tokens",  // kept to be compared with the tokenizer's when the data is prepared
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          if (!n.IsDefined() || n.IsNull()) return;
@@ -228,7 +243,7 @@ const std::map<std::string, Apply>& table() {
                       "soltrain computes in bf16 with fp32 masters; fp32-only training "
                       "is not offered (use bf16: true)")},
       {"recompute_full",  // Surogate's switch for whole-layer recompute: accepted and ignored before, a silent
-       // difference in memory; false leaves `recompute` as set
+                          // difference in memory; false leaves `recompute` as set
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          if (as_bool(k, n)) c.recompute = Recompute::Full;
        }},
@@ -245,6 +260,12 @@ const std::map<std::string, Apply>& table() {
        }},
       {"zero_level",
        one_of({"1"}, "Surogate's ZeRO levels are not read; soltrain's is zero_stage: 0-3 (DeepSpeed's meaning)")},
+  });
+}
+
+// Features soltrain lacks: accepted when off, refused with a line naming the feature otherwise.
+void add_missing_features(Table& t) {
+  t.insert({
       // Features soltrain lacks: accepted when off.
       {"deepspeed", off_or(kMultiGpu)},
       {"fsdp", off_or(kMultiGpu)},
@@ -304,7 +325,18 @@ const std::map<std::string, Apply>& table() {
          if (as_bool(k, n)) set_quantised_base(c, WeightFormat::Nf4, k);
        }},
       {"qlora_fp4", off_or("FP4 quantised base weights are not built yet; drop it for bf16 LoRA")},
-  };
+  });
+}
+
+const Table& table() {
+  static const Table t = [] {
+    Table all;
+    add_renames(all);
+    add_accepted(all);
+    add_settings(all);
+    add_missing_features(all);
+    return all;
+  }();
   return t;
 }
 

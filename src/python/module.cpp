@@ -6,9 +6,9 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
-#include <nanobind/stl/string.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <iostream>
@@ -17,8 +17,8 @@
 
 #include "cli/config.h"
 #include "cli/config_schema.h"
-#include "cli/peer_keys.h"
 #include "cli/device_option.h"
+#include "cli/peer_keys.h"
 #include "cli/run_job.h"
 #include "core/error.h"
 #include "train/model_session.h"
@@ -113,8 +113,8 @@ struct Session {
 
 HostBatch batch_of(const Session& s, const Ids& ids, const Ids& targets) {
   if (ids.shape(0) != targets.shape(0) || ids.shape(1) != targets.shape(1))
-    throw UserError(cat("input_ids is ", ids.shape(0), " x ", ids.shape(1), " but targets is ", targets.shape(0),
-                        " x ", targets.shape(1), ": give one target per token (-100 for none)"));
+    throw UserError(cat("input_ids is ", ids.shape(0), " x ", ids.shape(1), " but targets is ", targets.shape(0), " x ",
+                        targets.shape(1), ": give one target per token (-100 for none)"));
   const size_t n = ids.size();
   (void)s;
   return rows_batch(int(ids.shape(0)), int(ids.shape(1)), std::vector<int32_t>(ids.data(), ids.data() + n),
@@ -218,7 +218,9 @@ NB_MODULE(_soltrain, m) {
       nb::arg("yaml"), nb::arg("where"), nb::arg("overrides"), nb::arg("mode"),
       "Reads a config's YAML text (paths relative to where's folder); ConfigError with the CLI's line.");
   bind_session(m);
-  m.def("config_keys_json", [] { return config_keys_json().dump(); }, "the config key table (soltrain config-keys --json)");
+  m.def(
+      "config_keys_json", [] { return config_keys_json().dump(); },
+      "the config key table (soltrain config-keys --json)");
   m.def("peer_key_names", &peer_key_names, "the peers' keys soltrain reads (Axolotl, Surogate)");
   m.def("run", &run, nb::arg("config"), nb::arg("on_log").none(), nb::arg("on_evaluate").none(),
         nb::arg("should_stop").none(),

@@ -142,8 +142,7 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks h
   if (precomputed) {
     // With LoRA the adapters are turned off for it: a resumed run's adapters are trained, the reference is not.
     model->enable_adapters(false);
-    ref_train = cached_reference(
-        c, data, [&] { return reference_of(*model, data.train, B, T); }, log);
+    ref_train = cached_reference(c, data, [&] { return reference_of(*model, data.train, B, T); }, log);
     ref_val = reference_of(*model, data.validation, B, T);
     model->enable_adapters(true);
   }
@@ -159,9 +158,8 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks h
   log << "dpo: " << preference_loss_name(c.dpo.loss) << " loss, beta " << c.dpo.beta
       << (c.dpo.label_smoothing > 0 ? cat(", label_smoothing ", c.dpo.label_smoothing) : "")
       << (c.dpo.rpo_alpha > 0 ? cat(", rpo_alpha ", c.dpo.rpo_alpha) : "") << "; "
-      << (lora ? cat(describe_lora(c),
-                     precomputed ? " (reference: the base's log-probs, computed before training)"
-                                 : " (reference: the base, adapters off)")
+      << (lora ? cat(describe_lora(c), precomputed ? " (reference: the base's log-probs, computed before training)"
+                                                   : " (reference: the base, adapters off)")
                : "full fine-tune (reference log-probs computed before training)")
       << "; " << loader.pairs() << " training pairs, " << data.validation.documents() / 2 << " validation; "
       << sched.total_steps << " steps of " << (c.sample_packing ? "at least " : "") << B << " pairs x "

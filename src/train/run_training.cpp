@@ -40,15 +40,15 @@ struct Run {
   // alone, which must train bitwise as the single process does).
   bool dp = false;
   bool lead() const { return rank == 0; }
-  TrainData data;
-  std::unique_ptr<Transformer> model;
-  std::unique_ptr<Loader> loader;
+  TrainData data{};
+  std::unique_ptr<Transformer> model{};
+  std::unique_ptr<Loader> loader{};
   size_t data_bytes = 0;  // the tokenized training and validation data, held in host memory
   int64_t micro_per_epoch = 0;
-  Cadence cadence;
-  ScheduleConfig sched;
-  OptimizerConfig opt;
-  std::unique_ptr<TrainStep> step;
+  Cadence cadence{};
+  ScheduleConfig sched{};
+  OptimizerConfig opt{};
+  std::unique_ptr<TrainStep> step{};
   // ZeRO-3's sharded weights (null otherwise): the plan reports them.
   Zero3* zero3() const { return step && step->data_parallel() ? step->data_parallel()->zero3() : nullptr; }
 };
@@ -81,8 +81,8 @@ void set_up(Run& r) {
   // (the config reader refuses offload with ZeRO first; this names the settings for the rest)
   if (const char* why = r.dp ? sharded_update_refusal(r.opt, c.zero_stage) : nullptr)
     user_error(c.moments == Moments::Blockwise8 ? "optimizer: adamw_8bit" : "offload_master / offload_optimizer",
-               " with zero_stage ", c.zero_stage, " is not built yet (", why,
-               "); use zero_stage: 0", c.moments == Moments::Blockwise8 ? " or optimizer: adamw_torch" : "");
+               " with zero_stage ", c.zero_stage, " is not built yet (", why, "); use zero_stage: 0",
+               c.moments == Moments::Blockwise8 ? " or optimizer: adamw_torch" : "");
   r.step = r.dp ? std::make_unique<TrainStep>(*r.model, r.opt, *r.comm, c.zero_stage)
                 : std::make_unique<TrainStep>(*r.model, r.opt);
   // Axolotl's per-epoch counts, in optimizer steps of this run's epoch.
@@ -133,6 +133,59 @@ void print_host_plan(const Run& r) {
   whole.available = m.limit;
   const std::string refusal = host_memory_refusal(planned, whole, "the memory plan");
   if (!refusal.empty()) throw UserError(refusal);
+}
+
+// The plan's notes on what lives outside the totals or off the device: attention's dQ scratch, offloaded
+// checkpoints, a streamed base, offloaded optimizer state, FP8's copies.
+void print_memory_notes(const Run& r) {
+  const TrainConfig& c = r.c;
+  const ParameterStore& ps = r.model->params();
+  const double gib = double(1u << 30);
+  // (the form the GPU runs: SOLTRAIN_ATTENTION_BACKWARD wins over the setting)
+  const ModelConfig& mc = r.model->config();
+  const AttentionBackward form = r.ops.attention_backward_form();
+  const int64_t rows = c.per_device_train_batch_size, T = c.sequence_len;
+  if (const size_t a = attention_backward_scratch_bytes(form, rows * T, rows, T, mc.num_heads, mc.head_dim);
+      a && r.ops.device() == Device::CUDA) {
+    const size_t per_doc = attention_backward_scratch_bytes(form, rows * T, rows + 1, T, mc.num_heads, mc.head_dim) - a;
+    r.log << r.cmd << ": attention_backward: " << attention_backward_name(form) << ": on Hopper its dQ sums take "
+          << double(a) / gib << " GiB more at one document per row, and " << double(per_doc) / double(1 << 20)
+          << " MiB for each further document packed into a micro-batch (outside the total above)\n";
+  }
+  if (const size_t host = r.model->checkpoint_host_bytes()) {
+    const PlannedBuffer* ck = r.model->activation_plan().find("resid");
+    r.log << r.cmd << ": offload_activations: the layer-input checkpoints take " << double(host) / gib
+          << " GiB of host memory (" << ck->host_copies << " x " << double(ck->bytes()) / gib << " GiB) and a ring of "
+          << ck->copies << " on the device, " << double(ck->total_bytes()) / gib
+          << " GiB (counted in activations above); each is copied out as forward writes it and back one layer "
+             "ahead of backward\n";
+  }
+  if (const WeightStream* w = r.model->weight_stream()) {
+    r.log << r.cmd << ": offload_weights: " << w->streamed() << " of the frozen base's " << r.model->config().num_layers
+          << " decoder layers take " << double(ps.host_frozen_bytes()) / gib
+          << " GiB of host memory; the device streams them through two slots, " << double(w->device_bytes()) / gib
+          << " GiB (counted in weights above), copying each in while the layers before it compute\n";
+  }
+  if (c.offload.any()) {
+    // Where the update's fp32 state lives: host (offloaded) next to the device's staging slots.
+    const AdamW& opt = r.step->optimizer();
+    r.log << r.cmd << ": offload: host memory holds " << (c.offload.master ? "the fp32 masters " : "")
+          << (c.offload.master ? cat(double(ps.host_master_bytes()) / gib, " GiB") : std::string())
+          << (c.offload.master && c.offload.optimizer ? " and " : "")
+          << (c.offload.optimizer ? cat("the AdamW moments ", double(opt.host_state_bytes()) / gib, " GiB")
+                                  : std::string())
+          << "; the device stages them in two chunks, " << double(opt.state_bytes()) / gib
+          << " GiB (counted in AdamW moments above), each update streaming them through it\n";
+  }
+  if (const Fp8Recipe* f = r.model->fp8()) {
+    const Fp8Settings& s = f->settings();
+    r.log << r.cmd << ": recipe fp8-hybrid: the decoder layers' projections in FP8 (E4M3 forward, E5M2 gradients; "
+          << (s.delayed ? cat("delayed scaling, amax history ", s.amax_history) : std::string("current scaling"))
+          << (s.margin ? cat(", margin ", s.margin) : std::string());
+    if (s.skip_first_layers || s.skip_last_layers)
+      r.log << "; first " << s.skip_first_layers << " and last " << s.skip_last_layers << " layers in bf16";
+    r.log << "); its FP8 weight copies, scales and scratch " << double(r.model->fp8_bytes()) / gib << " GiB\n";
+  }
 }
 
 void print_plan(const Run& r) {
@@ -194,54 +247,9 @@ void print_plan(const Run& r) {
         << r.model->activation_plan().tile << "); largest: " << describe_largest(r.model->activation_plan(), 4)
         << "; total " << total / gib << " GiB"
         << (r.ops.device() == Device::CUDA ? " (and the CUDA context and workspace, ~0.6 GiB)" : "") << "\n";
-  // (the form the GPU runs: SOLTRAIN_ATTENTION_BACKWARD wins over the setting)
-  const ModelConfig& mc = r.model->config();
-  const AttentionBackward form = r.ops.attention_backward_form();
-  const int64_t rows = c.per_device_train_batch_size, T = c.sequence_len;
-  if (const size_t a = attention_backward_scratch_bytes(form, rows * T, rows, T, mc.num_heads, mc.head_dim);
-      a && r.ops.device() == Device::CUDA) {
-    const size_t per_doc = attention_backward_scratch_bytes(form, rows * T, rows + 1, T, mc.num_heads, mc.head_dim) - a;
-    r.log << r.cmd << ": attention_backward: " << attention_backward_name(form) << ": on Hopper its dQ sums take "
-          << double(a) / gib << " GiB more at one document per row, and " << double(per_doc) / double(1 << 20)
-          << " MiB for each further document packed into a micro-batch (outside the total above)\n";
-  }
-  if (const size_t host = r.model->checkpoint_host_bytes()) {
-    const PlannedBuffer* ck = r.model->activation_plan().find("resid");
-    r.log << r.cmd << ": offload_activations: the layer-input checkpoints take " << double(host) / gib
-          << " GiB of host memory (" << ck->host_copies << " x " << double(ck->bytes()) / gib << " GiB) and a ring of "
-          << ck->copies << " on the device, " << double(ck->total_bytes()) / gib
-          << " GiB (counted in activations above); each is copied out as forward writes it and back one layer "
-             "ahead of backward\n";
-  }
-  if (const WeightStream* w = r.model->weight_stream()) {
-    r.log << r.cmd << ": offload_weights: " << w->streamed() << " of the frozen base's " << r.model->config().num_layers
-          << " decoder layers take " << double(ps.host_frozen_bytes()) / gib
-          << " GiB of host memory; the device streams them through two slots, " << double(w->device_bytes()) / gib
-          << " GiB (counted in weights above), copying each in while the layers before it compute\n";
-  }
-  if (c.offload.any()) {
-    // Where the update's fp32 state lives: host (offloaded) next to the device's staging slots.
-    const AdamW& opt = r.step->optimizer();
-    r.log << r.cmd << ": offload: host memory holds " << (c.offload.master ? "the fp32 masters " : "")
-          << (c.offload.master ? cat(double(ps.host_master_bytes()) / gib, " GiB") : std::string())
-          << (c.offload.master && c.offload.optimizer ? " and " : "")
-          << (c.offload.optimizer ? cat("the AdamW moments ", double(opt.host_state_bytes()) / gib, " GiB")
-                                  : std::string())
-          << "; the device stages them in two chunks, " << double(opt.state_bytes()) / gib
-          << " GiB (counted in AdamW moments above), each update streaming them through it\n";
-  }
-  if (const Fp8Recipe* f = r.model->fp8()) {
-    const Fp8Settings& s = f->settings();
-    r.log << r.cmd << ": recipe fp8-hybrid: the decoder layers' projections in FP8 (E4M3 forward, E5M2 gradients; "
-          << (s.delayed ? cat("delayed scaling, amax history ", s.amax_history) : std::string("current scaling"))
-          << (s.margin ? cat(", margin ", s.margin) : std::string());
-    if (s.skip_first_layers || s.skip_last_layers)
-      r.log << "; first " << s.skip_first_layers << " and last " << s.skip_last_layers << " layers in bf16";
-    r.log << "); its FP8 weight copies, scales and scratch " << double(r.model->fp8_bytes()) / gib << " GiB\n";
-  }
+  print_memory_notes(r);
   print_host_plan(r);
 }
-
 
 void dump_batches(const fs::path& dir, int64_t step, const std::vector<HostBatch>& micro) {
   fs::create_directories(dir);
@@ -309,7 +317,10 @@ class SftDriver final : public RunDriver {
 
 std::string describe_lora(const TrainConfig& c) {
   std::string mods;
-  for (const std::string& m : c.lora.target_modules) mods += (mods.empty() ? "" : ",") + m.substr(0, m.find("_proj"));
+  for (const std::string& m : c.lora.target_modules) {
+    if (!mods.empty()) mods += ",";
+    mods.append(m, 0, m.find("_proj"));
+  }
   std::string out = cat("LoRA r", c.lora.rank, " on ", mods);
   if (c.lora.base != WeightFormat::Dense)
     out += cat(" over a frozen ", c.lora.base == WeightFormat::Nf4 ? "NF4" : "FP8 (128x128 blocks)", " base (",

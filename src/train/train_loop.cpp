@@ -209,8 +209,8 @@ RunResult TrainLoop::run() {
   evaluate_at(state_.step, metrics, progress, result);
   if (zero3()) zero3()->masters_to_host();
   if (lead()) {
-    std::string summary = cat(s_.cmd, ": done, ", state_.step, " steps; ",
-                              save_final_outputs(c, s_.model, c.lora.enabled));
+    std::string summary =
+        cat(s_.cmd, ": done, ", state_.step, " steps; ", save_final_outputs(c, s_.model, c.lora.enabled));
     write_training_curves(metrics->jsonl_path(), c.output_dir / "training_curves.svg");
     if (driver_.has_validation())
       summary += cat("; validation loss ", fmt_loss(result.first_eval_loss), " -> ", fmt_loss(result.last_eval_loss));

@@ -70,8 +70,8 @@ struct LoopHooks {
 
 struct LoopSetup {
   const TrainConfig& c;
-  const char* cmd;               // "sft", "pt", "dpo": the log lines' prefix
-  std::ostream& log;             // rank 0's log; other ranks get one that prints nothing
+  const char* cmd;    // "sft", "pt", "dpo": the log lines' prefix
+  std::ostream& log;  // rank 0's log; other ranks get one that prints nothing
   Ops& ops;
   Communicator* comm = nullptr;  // data parallel (dp); null in a single process
   bool dp = false;

@@ -78,8 +78,7 @@ void DpoStep::train_micro_batch(Transformer& model, const HostBatch& b) {
   dpo_micro_batch(model, dpo_, b, /*backward=*/true);
 }
 
-void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t counted_all,
-                    StepObjective* objective) {
+void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t counted_all, StepObjective* objective) {
   // (data parallel reduces SFT's loss sum: another objective's would need its own reduction, not built)
   SOLTRAIN_CHECK(!(dp_ && objective), "objectives other than SFT run in a single process");
   Ops& ops = model_.ops();
