@@ -217,6 +217,16 @@ int print_activation_plan(const BenchOpts& o) {
 }  // namespace
 
 namespace {
+// bench's rows: random token ids (each rank its own), every next token a target.
+HostBatch random_rows(const BenchOpts& o, int vocab, int rank) {
+  HostBatch batch{o.batch, o.seq, {}, {}, {}, {}, {}, {}};
+  std::mt19937 rng(1234u + unsigned(rank));
+  for (int i = 0; i < o.batch * o.seq; ++i) batch.input_ids.push_back(int32_t(rng() % uint32_t(vocab)));
+  batch.targets = batch.input_ids;
+  std::rotate(batch.targets.begin(), batch.targets.begin() + 1, batch.targets.end());
+  return batch;
+}
+
 // The timed run: the trainer's own step path over random rows, steps back to back; one JSON line of the
 // median step, throughput, memory and the per-op profile.
 int run_bench(const BenchOpts& o) {
@@ -244,12 +254,7 @@ int run_bench(const BenchOpts& o) {
         "(the CPU only emulates them, for tests)");
   // (ZeRO-3 allocates only this rank's slices of the gradients)
   auto model = load_pretrained(o.model, *ops, lora, /*gradients=*/!(comm && zero_stage == 3));
-  const int V = model->config().vocab_size;
-  HostBatch batch{o.batch, o.seq, {}, {}, {}, {}, {}, {}};
-  std::mt19937 rng(1234u + unsigned(rank));  // each rank its own rows
-  for (int i = 0; i < o.batch * o.seq; ++i) batch.input_ids.push_back(int32_t(rng() % uint32_t(V)));
-  batch.targets = batch.input_ids;
-  std::rotate(batch.targets.begin(), batch.targets.begin() + 1, batch.targets.end());
+  const HostBatch batch = random_rows(o, model->config().vocab_size, rank);
   configure_model(*model, bench, *ops, o.batch);
   if (bench.offload.any() && (o.data_parallel >= 1 || world > 1))
     user_error("bench --offload ", o.offload, ": one process without ZeRO only (as training)");

@@ -187,6 +187,69 @@ void Transformer::after_update() {
   if (fp8_) fp8_->after_update();
 }
 
+// Every buffer of the activation plan allocated in one arena and bound to its tensor by name (per-layer ones,
+// then single tensors); recomputed tensors alias one buffer, offloaded checkpoints a ring of `copies`.
+void Transformer::bind_planned_buffers(Activations& a, Ops& ops) {
+  // The plan's buffers by name: per-layer ones, then single tensors.
+  std::map<std::string, std::vector<Tensor>*> layered = {
+      {"resid", &a.resid}, {"h1", &a.h1},       {"rstd1", &a.rstd1}, {"q", &a.q},           {"k", &a.k},
+      {"v", &a.v},         {"q_raw", &a.q_raw}, {"k_raw", &a.k_raw}, {"q_rstd", &a.q_rstd}, {"k_rstd", &a.k_rstd},
+      {"attn", &a.attn},   {"lse", &a.lse},     {"mid", &a.mid},     {"h2", &a.h2},         {"rstd2", &a.rstd2},
+      {"gate", &a.gate},   {"up", &a.up},       {"act", &a.act}};
+  for (int t = 0; t < kLoraTargets; ++t) layered[cat("lora_u.", kLoraModuleNames[size_t(t)])] = &a.lora_u[size_t(t)];
+  const std::map<std::string, Tensor*> single = {{"hf", &a.hf},
+                                                 {"rstdf", &a.rstdf},
+                                                 {"tmp", &a.tmp},
+                                                 {"dh", &a.dh},
+                                                 {"dhf", &a.dhf},
+                                                 {"dres", &a.dres},
+                                                 {"dres_act", &a.dres_act},
+                                                 {"dact", &a.dact},
+                                                 {"dgate", &a.dgate},
+                                                 {"dup", &a.dup},
+                                                 {"dattn", &a.dattn},
+                                                 {"dq", &a.dq},
+                                                 {"dk", &a.dk},
+                                                 {"dv", &a.dv},
+                                                 {"dq_raw", &a.dq_raw},
+                                                 {"dk_raw", &a.dk_raw},
+                                                 {"logits", &a.logits},
+                                                 {"dlogits", &a.dlogits},
+                                                 {"token_nll", &a.token_nll},
+                                                 {"token_weight", &a.token_weight},
+                                                 {"doc_nll", &a.doc_nll},
+                                                 {"ids", &a.ids},
+                                                 {"targets", &a.targets},
+                                                 {"positions", &a.positions},
+                                                 {"cu_seqlens", &a.cu_seqlens},
+                                                 {"lora_x", &a.lora_scratch.x},
+                                                 {"lora_dx", &a.lora_scratch.dx},
+                                                 {"lora_g", &a.lora_scratch.g}};
+  Arena& ar = a.arena;
+  std::vector<std::pair<Tensor*, size_t>> bind;
+  // Recomputed tensors: one buffer that every layer's entry aliases; offloaded checkpoints: a ring of
+  // `copies` buffers, entry i aliasing copy i % copies.
+  std::vector<std::pair<std::vector<Tensor>*, size_t>> aliased;
+  for (const PlannedBuffer& b : a.plan.buffers) {
+    if (b.layers == 0) {
+      const auto it = single.find(b.name);
+      SOLTRAIN_CHECK(it != single.end(), "planned buffer ", b.name, " has no tensor");
+      bind.push_back({it->second, ar.plan(b.shape, b.dtype)});
+      continue;
+    }
+    const auto it = layered.find(b.name);
+    SOLTRAIN_CHECK(it != layered.end(), "planned buffer ", b.name, " has no tensors");
+    std::vector<Tensor>& v = *it->second;
+    v.resize(size_t(b.layers));
+    for (int64_t i = 0; i < b.copies; ++i) bind.push_back({&v[size_t(i)], ar.plan(b.shape, b.dtype)});
+    if (b.copies < b.layers) aliased.push_back({&v, size_t(b.copies)});
+  }
+  ar.bind(ops.alloc(ar.total_bytes()));
+  for (auto& [t, h] : bind) *t = ar.get(h);
+  for (auto& [v, copies] : aliased)
+    for (size_t i = copies; i < v->size(); ++i) (*v)[i] = (*v)[i % copies];
+}
+
 void Transformer::plan(int rows, int seq_len, Recompute recompute) {
   const int64_t N = int64_t(rows) * seq_len;
   if (offload_checkpoints_ && recompute != Recompute::Full)
@@ -208,66 +271,9 @@ void Transformer::plan(int rows, int seq_len, Recompute recompute) {
   if (const size_t host = a->plan.host_bytes()) check_host_memory(host, "offload_activations' layer-input checkpoints");
   a->head_chunk = int(a->plan.head_chunk);
   a->tile = a->plan.tile;
-  // The plan's buffers by name: per-layer ones, then single tensors.
-  std::map<std::string, std::vector<Tensor>*> layered = {
-      {"resid", &a->resid}, {"h1", &a->h1},       {"rstd1", &a->rstd1}, {"q", &a->q},           {"k", &a->k},
-      {"v", &a->v},         {"q_raw", &a->q_raw}, {"k_raw", &a->k_raw}, {"q_rstd", &a->q_rstd}, {"k_rstd", &a->k_rstd},
-      {"attn", &a->attn},   {"lse", &a->lse},     {"mid", &a->mid},     {"h2", &a->h2},         {"rstd2", &a->rstd2},
-      {"gate", &a->gate},   {"up", &a->up},       {"act", &a->act}};
-  for (int t = 0; t < kLoraTargets; ++t) layered[cat("lora_u.", kLoraModuleNames[size_t(t)])] = &a->lora_u[size_t(t)];
-  const std::map<std::string, Tensor*> single = {{"hf", &a->hf},
-                                                 {"rstdf", &a->rstdf},
-                                                 {"tmp", &a->tmp},
-                                                 {"dh", &a->dh},
-                                                 {"dhf", &a->dhf},
-                                                 {"dres", &a->dres},
-                                                 {"dres_act", &a->dres_act},
-                                                 {"dact", &a->dact},
-                                                 {"dgate", &a->dgate},
-                                                 {"dup", &a->dup},
-                                                 {"dattn", &a->dattn},
-                                                 {"dq", &a->dq},
-                                                 {"dk", &a->dk},
-                                                 {"dv", &a->dv},
-                                                 {"dq_raw", &a->dq_raw},
-                                                 {"dk_raw", &a->dk_raw},
-                                                 {"logits", &a->logits},
-                                                 {"dlogits", &a->dlogits},
-                                                 {"token_nll", &a->token_nll},
-                                                 {"token_weight", &a->token_weight},
-                                                 {"doc_nll", &a->doc_nll},
-                                                 {"ids", &a->ids},
-                                                 {"targets", &a->targets},
-                                                 {"positions", &a->positions},
-                                                 {"cu_seqlens", &a->cu_seqlens},
-                                                 {"lora_x", &a->lora_scratch.x},
-                                                 {"lora_dx", &a->lora_scratch.dx},
-                                                 {"lora_g", &a->lora_scratch.g}};
-  Arena& ar = a->arena;
-  std::vector<std::pair<Tensor*, size_t>> bind;
-  // Recomputed tensors: one buffer that every layer's entry aliases; offloaded checkpoints: a ring of
-  // `copies` buffers, entry i aliasing copy i % copies.
-  std::vector<std::pair<std::vector<Tensor>*, size_t>> aliased;
-  for (const PlannedBuffer& b : a->plan.buffers) {
-    if (b.layers == 0) {
-      const auto it = single.find(b.name);
-      SOLTRAIN_CHECK(it != single.end(), "planned buffer ", b.name, " has no tensor");
-      bind.push_back({it->second, ar.plan(b.shape, b.dtype)});
-      continue;
-    }
-    const auto it = layered.find(b.name);
-    SOLTRAIN_CHECK(it != layered.end(), "planned buffer ", b.name, " has no tensors");
-    std::vector<Tensor>& v = *it->second;
-    v.resize(size_t(b.layers));
-    for (int64_t i = 0; i < b.copies; ++i) bind.push_back({&v[size_t(i)], ar.plan(b.shape, b.dtype)});
-    if (b.copies < b.layers) aliased.push_back({&v, size_t(b.copies)});
-  }
+  bind_planned_buffers(*a, ops_);
   const auto& c = config_;
   const DType res = residual_dtype(), act = ops_.activation_dtype(), f32 = DType::F32;
-  ar.bind(ops_.alloc(ar.total_bytes()));
-  for (auto& [t, h] : bind) *t = ar.get(h);
-  for (auto& [v, copies] : aliased)
-    for (size_t i = copies; i < v->size(); ++i) (*v)[i] = (*v)[i % copies];
   if (res == act) a->dres_act = a->dres;
   if (act == f32) a->dlogits = a->logits;  // the gradient overwrites the logits in place
   if (!c.qk_norm) {                        // without q/k norm, RoPE rotates the projections in place

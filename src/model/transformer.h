@@ -151,6 +151,8 @@ class Transformer {
 
  private:
   struct Activations;
+  // plan()'s arena: every planned buffer allocated and bound to its tensor by name.
+  static void bind_planned_buffers(Activations& a, Ops& ops);
   // Layer l's forward in two halves: attention (resid[l] → mid[l], and h2 = ln2(mid) fused with that add;
   // norm_input: normalise h1 from resid here, when no fused add before it has) and MLP (mid[l] → resid[l+1]
   // tile by tile, and the next norm fused with that add).

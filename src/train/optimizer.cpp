@@ -188,9 +188,8 @@ constexpr const char* kFormat = "soltrain-adamw-2";        // moments per parame
 constexpr const char* kFormat8 = "soltrain-adamw-8bit-1";  // the same, 8-bit codes and absmax where quantised
 
 StreamedTensor fetched(std::string name, const Tensor& src, Ops& ops) {
-  return {std::move(name), src.dtype, src.shape, [src, &ops](void* dst) {
-            ops.copy(Tensor{dst, src.dtype, src.shape, Device::CPU}, src);
-          }};
+  return {std::move(name), src.dtype, src.shape,
+          [src, &ops](void* dst) { ops.copy(Tensor{dst, src.dtype, src.shape, Device::CPU}, src); }};
 }
 constexpr const char* kShardFormat = "soltrain-adamw-shard-1";  // one rank's ranges of the flat moments
 }  // namespace
@@ -246,16 +245,82 @@ void AdamW::save(const std::filesystem::path& file) const {
   for (const Parameter& p : params_.all())
     if (p.trainable)
       for (auto [prefix, buf] : {std::pair{"exp_avg.", &m_}, std::pair{"exp_avg_sq.", &v_}})
-        tensors.push_back(
-            {prefix + p.name, DType::F32, p.shape, [this, &p, buf](void* dst) {
-               const Tensor src{static_cast<float*>(buf->data()) + p.offset, DType::F32, p.shape, buf->device()};
-               ops_.copy(Tensor{dst, DType::F32, p.shape, Device::CPU}, src);
-             }});
+        tensors.push_back({prefix + p.name, DType::F32, p.shape, [this, &p, buf](void* dst) {
+                             const Tensor src{static_cast<float*>(buf->data()) + p.offset, DType::F32, p.shape,
+                                              buf->device()};
+                             ops_.copy(Tensor{dst, DType::F32, p.shape, Device::CPU}, src);
+                           }});
   write_safetensors_streamed(file, tensors, {{"step", std::to_string(step_)}, {"format", kFormat}});
 }
 
 void AdamW::load(const std::filesystem::path& file) {
   load(std::vector<std::filesystem::path>{file});
+}
+
+namespace {
+// A metadata value of an optimizer file; UserError naming the file when it is missing.
+std::string meta_of(const SafetensorsFile& f, const std::filesystem::path& file, const std::string& k) {
+  const auto it = f.metadata().find(k);
+  if (it == f.metadata().end()) user_error(file.string(), ": optimizer state has no '", k, "' in its metadata");
+  return it->second;
+}
+
+// One rank's shard (kShardFormat) into the whole model's flat moments; returns how many it covers.
+int64_t read_shard(const SafetensorsFile& f, const std::filesystem::path& file, const ParameterStore& params,
+                   std::vector<float>& m, std::vector<float>& v) {
+  auto meta = [&](const std::string& k) { return meta_of(f, file, k); };
+  if (meta("numel") != std::to_string(params.numel()) || meta("layout") != layout_fingerprint(params))
+    user_error(file.string(), ": optimizer shard was saved for another model (parameter layout differs)");
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  try {
+    ranges = nlohmann::json::parse(meta("ranges")).get<std::vector<std::pair<int64_t, int64_t>>>();
+  } catch (const nlohmann::json::exception&) {
+    user_error(file.string(), ": malformed 'ranges' in its metadata");
+  }
+  int64_t n = 0;
+  for (const auto& [off, len] : ranges) {
+    if (off < 0 || len < 0 || off + len > params.numel()) user_error(file.string(), ": range outside the model");
+    n += len;
+  }
+  std::vector<float> fm(size_t(std::max<int64_t>(1, n))), fv(fm.size());
+  read_as_f32(f.at("exp_avg"), Shape{int64_t(fm.size())}, fm.data(), file.string() + ": exp_avg");
+  read_as_f32(f.at("exp_avg_sq"), Shape{int64_t(fv.size())}, fv.data(), file.string() + ": exp_avg_sq");
+  int64_t local = 0;
+  for (const auto& [off, len] : ranges) {
+    std::copy_n(fm.begin() + local, len, m.begin() + off);
+    std::copy_n(fv.begin() + local, len, v.begin() + off);
+    local += len;
+  }
+  return n;
+}
+}  // namespace
+
+void AdamW::load_8bit(const SafetensorsFile& f, const std::vector<std::filesystem::path>& files) {
+  auto meta = [&](const std::string& k) { return meta_of(f, files[0], k); };
+  if (files.size() != 1) user_error(files[0].string(), ": 8-bit optimizer state is saved whole, not in shards");
+  for (const Slot& s : slots_)
+    for (bool second : {false, true}) {
+      const std::string name = (second ? "exp_avg_sq." : "exp_avg.") + s.param->name;
+      const std::string abs_name = (second ? "exp_avg_sq.absmax." : "exp_avg.absmax.") + s.param->name;
+      const Tensor dst = s.quantised ? quantised(s, second).code : fp32_moment(s, second);
+      const TensorEntry& e = f.at(name);
+      if (e.dtype != dst.dtype || shape_numel(e.shape) != dst.numel())
+        user_error(files[0].string(), ": ", name, " is ", dtype_name(e.dtype), " ", shape_str(e.shape), ", expected ",
+                   dtype_name(dst.dtype), " ", shape_str(s.param->shape));
+      ops_.copy(dst, Tensor{const_cast<void*>(e.data), dst.dtype, dst.shape, Device::CPU});
+      if (!s.quantised) continue;
+      const Tensor abs_dst = quantised(s, second).absmax;
+      const TensorEntry& a = f.at(abs_name);
+      if (a.dtype != DType::F32 || a.shape != abs_dst.shape)
+        user_error(files[0].string(), ": ", abs_name, " is ", dtype_name(a.dtype), " ", shape_str(a.shape),
+                   ", expected F32 ", shape_str(abs_dst.shape));
+      ops_.copy(abs_dst, Tensor{const_cast<void*>(a.data), DType::F32, abs_dst.shape, Device::CPU});
+    }
+  try {
+    step_ = std::stoi(meta("step"));
+  } catch (const std::exception&) {
+    user_error(files[0].string(), ": optimizer step \"", meta("step"), "\" is not a number");
+  }
 }
 
 void AdamW::load(const std::vector<std::filesystem::path>& files) {
@@ -273,33 +338,7 @@ void AdamW::load(const std::vector<std::filesystem::path>& files) {
                  file_8bit ? "adamw_8bit" : "adamw (fp32 moments)", ", this run uses ",
                  file_8bit ? "adamw (fp32 moments)" : "adamw_8bit",
                  ": resume with the same optimizer, or start a fresh run");
-    if (file_8bit) {
-      if (files.size() != 1) user_error(files[0].string(), ": 8-bit optimizer state is saved whole, not in shards");
-      for (const Slot& s : slots_)
-        for (bool second : {false, true}) {
-          const std::string name = (second ? "exp_avg_sq." : "exp_avg.") + s.param->name;
-          const std::string abs_name = (second ? "exp_avg_sq.absmax." : "exp_avg.absmax.") + s.param->name;
-          const Tensor dst = s.quantised ? quantised(s, second).code : fp32_moment(s, second);
-          const TensorEntry& e = f.at(name);
-          if (e.dtype != dst.dtype || shape_numel(e.shape) != dst.numel())
-            user_error(files[0].string(), ": ", name, " is ", dtype_name(e.dtype), " ", shape_str(e.shape),
-                       ", expected ", dtype_name(dst.dtype), " ", shape_str(s.param->shape));
-          ops_.copy(dst, Tensor{const_cast<void*>(e.data), dst.dtype, dst.shape, Device::CPU});
-          if (!s.quantised) continue;
-          const Tensor abs_dst = quantised(s, second).absmax;
-          const TensorEntry& a = f.at(abs_name);
-          if (a.dtype != DType::F32 || a.shape != abs_dst.shape)
-            user_error(files[0].string(), ": ", abs_name, " is ", dtype_name(a.dtype), " ", shape_str(a.shape),
-                       ", expected F32 ", shape_str(abs_dst.shape));
-          ops_.copy(abs_dst, Tensor{const_cast<void*>(a.data), DType::F32, abs_dst.shape, Device::CPU});
-        }
-      try {
-        step_ = std::stoi(meta("step"));
-      } catch (const std::exception&) {
-        user_error(files[0].string(), ": optimizer step \"", meta("step"), "\" is not a number");
-      }
-      return;
-    }
+    if (file_8bit) return load_8bit(f, files);
   }
   std::vector<float> m(size_t(params_.numel())), v(m.size());
   std::string step_text;
@@ -316,30 +355,7 @@ void AdamW::load(const std::vector<std::filesystem::path>& files) {
     step_text = meta("step");
     covered += params_.numel();
     if (meta("format") == kShardFormat) {
-      if (meta("numel") != std::to_string(params_.numel()) || meta("layout") != layout_fingerprint(params_))
-        user_error(file.string(), ": optimizer shard was saved for another model (parameter layout differs)");
-      covered -= params_.numel();
-      std::vector<std::pair<int64_t, int64_t>> ranges;
-      try {
-        ranges = nlohmann::json::parse(meta("ranges")).get<std::vector<std::pair<int64_t, int64_t>>>();
-      } catch (const nlohmann::json::exception&) {
-        user_error(file.string(), ": malformed 'ranges' in its metadata");
-      }
-      int64_t n = 0;
-      for (const auto& [off, len] : ranges) {
-        if (off < 0 || len < 0 || off + len > params_.numel()) user_error(file.string(), ": range outside the model");
-        n += len;
-      }
-      std::vector<float> fm(size_t(std::max<int64_t>(1, n))), fv(fm.size());
-      read_as_f32(f.at("exp_avg"), Shape{int64_t(fm.size())}, fm.data(), file.string() + ": exp_avg");
-      read_as_f32(f.at("exp_avg_sq"), Shape{int64_t(fv.size())}, fv.data(), file.string() + ": exp_avg_sq");
-      int64_t local = 0;
-      for (const auto& [off, len] : ranges) {
-        std::copy_n(fm.begin() + local, len, m.begin() + off);
-        std::copy_n(fv.begin() + local, len, v.begin() + off);
-        local += len;
-        covered += len;
-      }
+      covered += read_shard(f, file, params_, m, v) - params_.numel();
     } else if (meta("format") == kFormat) {
       for (const Parameter& p : params_.all())
         if (p.trainable)

@@ -9,6 +9,8 @@
 
 namespace soltrain {
 
+class SafetensorsFile;
+
 // How AdamW keeps its moments: fp32, or 8-bit blockwise as bitsandbytes' AdamW8bit does (kernels/blockwise8.h;
 // `optimizer: adamw_8bit`): 2.03 bytes per parameter instead of 8, for parameters of 4096 elements or more.
 enum class Moments { F32, Blockwise8 };
@@ -77,6 +79,8 @@ class AdamW {
   void load(const std::vector<std::filesystem::path>& files);
 
  private:
+  // load()'s 8-bit form: one file of codes and absmax per quantised moment, fp32 for the rest, and the step.
+  void load_8bit(const SafetensorsFile& f, const std::vector<std::filesystem::path>& files);
   // With 8-bit moments, where each parameter's state lives: codes at `offset` bytes and absmax at `block`
   // floats into the 8-bit buffers, or (parameters under 4096 elements) fp32 at `offset` floats into m_ / v_.
   struct Slot {

@@ -129,6 +129,24 @@ std::vector<std::string> ParquetFile::columns() const {
   return out;
 }
 
+void ParquetFile::read_chunks(const RowGroup& rg, const std::vector<size_t>& fields, std::vector<ColumnValues>& cols) {
+  for (size_t f : fields)
+    for (size_t leaf : nodes_[f].leaves) {
+      const ColumnChunk& cc = rg.columns[leaf];
+      std::string bytes(size_t(cc.total_compressed_size), '\0');
+      in_.clear();
+      in_.seekg(std::streamoff(cc.start()));
+      in_.read(bytes.data(), std::streamsize(bytes.size()));
+      if (!in_) corrupt("cannot read a column chunk (truncated file)");
+      int max_def = 0, max_rep = 0;
+      for (const Node& n : nodes_)
+        if (n.leaf == int(leaf)) max_def = n.def, max_rep = n.rep;
+      cols[leaf] = read_column_chunk(bytes, cc, max_rep, max_def);
+      const ColumnValues& v = cols[leaf];
+      if (v.rep.size() != v.def.size()) corrupt("a column's levels disagree in count (corrupt file)");
+    }
+}
+
 std::vector<ordered_json> ParquetFile::read_row_group(size_t g, const std::vector<std::string>& wanted) {
   try {
     const RowGroup& rg = meta_.row_groups.at(g);
@@ -140,22 +158,7 @@ std::vector<ordered_json> ParquetFile::read_row_group(size_t g, const std::vecto
     cur.cols.resize(leaf_paths_.size());
     cur.at.assign(leaf_paths_.size(), 0);
     cur.value_at.assign(leaf_paths_.size(), 0);
-    // Only the chunks of the wanted columns are read from disk and decoded.
-    for (size_t f : fields)
-      for (size_t leaf : nodes_[f].leaves) {
-        const ColumnChunk& cc = rg.columns[leaf];
-        std::string bytes(size_t(cc.total_compressed_size), '\0');
-        in_.clear();
-        in_.seekg(std::streamoff(cc.start()));
-        in_.read(bytes.data(), std::streamsize(bytes.size()));
-        if (!in_) corrupt("cannot read a column chunk (truncated file)");
-        int max_def = 0, max_rep = 0;
-        for (const Node& n : nodes_)
-          if (n.leaf == int(leaf)) max_def = n.def, max_rep = n.rep;
-        cur.cols[leaf] = read_column_chunk(bytes, cc, max_rep, max_def);
-        const ColumnValues& v = cur.cols[leaf];
-        if (v.rep.size() != v.def.size()) corrupt("a column's levels disagree in count (corrupt file)");
-      }
+    read_chunks(rg, fields, cur.cols);
 
     const auto first = [&](size_t n) { return nodes_[n].leaves.front(); };
     // Skips one absent (null or empty) instance of a node: each leaf under it has one entry for it.

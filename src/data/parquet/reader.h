@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "data/parquet/column.h"
 #include "data/parquet/metadata.h"
 
 namespace soltrain::parquet {
@@ -26,6 +27,8 @@ class ParquetFile {
   std::vector<nlohmann::ordered_json> read_row_group(size_t g, const std::vector<std::string>& columns);
 
  private:
+  // The chunks of `fields`' leaf columns in row group `rg`, read from disk and decoded into cols[leaf].
+  void read_chunks(const RowGroup& rg, const std::vector<size_t>& fields, std::vector<ColumnValues>& cols);
   struct Node {
     SchemaElement el;
     std::vector<size_t> children;
