@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b]
+#     [pyapi] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -34,6 +34,12 @@ for s in "${steps[@]}"; do
       timeout 200 python3 tests/tools/make_objective_reference.py tests/fixtures/models tests/fixtures/objective
       timeout 200 python3 tests/tools/make_sft_trajectory_reference.py "$B/soltrain" tests/fixtures/sft_trajectory
       tar czf "$OUT/fixtures.tgz" tests/fixtures/objective tests/fixtures/sft_trajectory/expected.json ;;
+    pyapi)  # issue 27: the Python module built there (bench/gpu_module), imported, and Model.step next to bench
+      { cmake -S bench/gpu_module -B /tmp/pymod -DDEVBIN="$B" && cmake --build /tmp/pymod -j 16; } > "$OUT/pymod.log" 2>&1 ||
+        tail -30 "$OUT/pymod.log"
+      PYTHONPATH=python SOLTRAIN_BUILD_DIR="$B" python3 -c "import soltrain; print('import soltrain:', soltrain.Model)"
+      PYTHONPATH=python SOLTRAIN_BUILD_DIR="$B" timeout 520 python3 bench/python_api_bench.py --soltrain "$B/soltrain" \
+        --models /tmp/soltrain-bench-models --steps "${PYAPI_STEPS:-15}" --out "$OUT" ;;
     tests)
       timeout 300 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='*Cuda*:Shapes/*:*Objective*:LayerHooks*:SftTrajectory*:Fixtures/*:AdamW8bit*:-CudaDataParallel*:*AttentionFused*' \
         > "$OUT/gpu-tests.log" 2>&1

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Packs a CUDA build's binaries and the Debian libraries they need for the GPU machine (bench/NOTES.md, "How
+# Packs a CUDA build's binaries, its static libraries (for the Python module, built there) and the Debian
+# libraries they need for the GPU machine (bench/NOTES.md, "How
 # these runs were made"): .devbin/ (soltrain.bin behind a wrapper that sets LD_LIBRARY_PATH, soltrain_tests,
 # lib/, tokenizers.tgz) packed as .gl/devbin.txz to carry. There: `tar xJf .gl/devbin.txz && bash bench/...`.
 #   bash bench/pack_devbin.sh [build-dir] [baseline-soltrain]     (default: build)
@@ -46,5 +47,10 @@ if [ -n "$baseline" ]; then
   chmod +x .devbin/soltrain-before
 fi
 [ -d "$B/tokenizers" ] && tar czf .devbin/tokenizers.tgz -C "$B" tokenizers
+# The Python module is compiled on the GPU machine (its python3 is another version): carry the static libraries
+# and the third-party headers src/python/module.cpp includes (bench/gpu_module/CMakeLists.txt links them).
+mkdir -p .devbin/static .devbin/include
+for l in cli dist lib; do cp "$B/libsoltrain_$l.a" .devbin/static/ && strip --strip-debug ".devbin/static/libsoltrain_$l.a"; done
+cp -r /usr/include/CLI /usr/include/nlohmann /usr/include/yaml-cpp .devbin/include/
 tar cJf .gl/devbin.txz .devbin
 ls -la .gl/devbin.txz

@@ -137,3 +137,37 @@ def test_bad_input_is_one_line_in_a_typed_exception(demo, tmp_path):
 
     with pytest.raises(RuntimeError, match="from the callback"):
         soltrain.Trainer(demo_config(demo, tmp_path / "e"), train_dataset=rows, callbacks=[boom]).train()
+
+
+def test_ctrl_c_checkpoints_at_a_step_boundary(demo, tmp_path):
+    """SIGINT to a Python process in train(): the engine finishes the step, checkpoints, and train() returns
+    interrupted (the interpreter lives on); a resume then finishes the run."""
+    import os
+    import signal
+    import sys
+
+    script = f"""
+import json, sys, soltrain
+rows = [json.loads(l) for l in open({str(demo / 'train.jsonl')!r})]
+cfg = soltrain.SFTConfig(model={str(demo / 'model')!r}, output_dir={str(tmp_path / 'run')!r}, sequence_len=256,
+                         per_device_train_batch_size=4, max_steps=400, learning_rate=3e-3, logging_steps=1, device="cpu")
+def show(m):
+    print("STEP", m["step"], flush=True)
+out = soltrain.Trainer(cfg, train_dataset=rows, callbacks=[show]).train()
+print("RESULT", out.interrupted, out.global_step, flush=True)
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env)
+    for line in p.stdout:
+        if line.startswith("STEP 3"):
+            p.send_signal(signal.SIGINT)
+            break
+    rest, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-2000:]
+    result = [l for l in rest.splitlines() if l.startswith("RESULT")]
+    assert result and result[0].startswith("RESULT True"), rest + err[-2000:]
+    step = int(result[0].split()[2])
+    assert 3 <= step < 400
+    assert (tmp_path / "run" / f"checkpoint-{step}" / "trainer_state.json").exists()
+    assert "stopped by signal 2" in err
