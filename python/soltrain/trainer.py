@@ -89,6 +89,14 @@ class Trainer:
             interrupted=result["interrupted"],
         )
 
+    def evaluate(self) -> dict[str, Any]:
+        """The validation loss (mean over the answer tokens, one document per row) of the trained model or
+        adapter in output_dir (before train(): of the config's model) on eval_dataset, as the run's evaluations
+        compute it: {"eval_loss", "eval_tokens", "model"}."""
+        metrics = native.evaluate(self._parsed)
+        self.log_history.append(metrics)
+        return metrics
+
     def save_model(self, path: str | os.PathLike) -> pathlib.Path:
         """Copies the trained model (an HF folder) or adapter (a PEFT folder) to `path`, which must not exist."""
         out = pathlib.Path(self.config._base_dir) / pathlib.Path(self.config.output_dir)

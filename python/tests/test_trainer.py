@@ -67,6 +67,9 @@ def test_rows_from_a_list_train_what_the_cli_trains(demo, tmp_path):
     assert [m["loss"] for m in logged] == pytest.approx(cli_losses, rel=1e-6)
     assert out.metrics["last_eval_loss"] < out.metrics["first_eval_loss"]
     assert trainer.log_history[0]["eval_loss"] == out.metrics["first_eval_loss"]
+    # evaluate() reads the saved model back and reports the run's last validation loss exactly (fp32 CPU)
+    ev = trainer.evaluate()
+    assert ev["eval_loss"] == out.metrics["last_eval_loss"] and ev["model"].endswith("model")
 
 
 def test_a_datasets_dataset_trains_as_its_rows(demo, tmp_path):

@@ -1,14 +1,20 @@
 #include "cli/run_job.h"
 
 #include <cstdlib>
+#include <filesystem>
 
 #include "cli/device_option.h"
 #include "cli/hub_inputs.h"
 #include "core/error.h"
 #include "dist/launch.h"
+#include "model/checkpoint.h"
+#include "model/peft_adapter.h"
+#include "train/evaluate.h"
 #include "train/output_guard.h"
+#include "train/run_builder.h"
 #include "train/run_checks.h"
 #include "train/run_dpo.h"
+#include "train/train_data.h"
 
 namespace soltrain {
 
@@ -35,6 +41,38 @@ RunResult run_job(TrainConfig cfg, TrainMode mode, std::ostream& log, LoopHooks 
   if (comm->rank() == 0) prepare_run_outputs(cfg, log);  // before any work: nothing the user had is written over
   comm->barrier();
   return run_training(cfg, mode, *ops, log, comm.get(), std::move(hooks));
+}
+
+JobEvaluation evaluate_job(TrainConfig cfg, std::ostream& log) {
+  namespace fs = std::filesystem;
+  if (cfg.dpo.enabled)
+    user_error(
+        "evaluate: a preference run reports its validation metrics while it trains (eval_steps); evaluate() "
+        "for dpo is not built yet");
+  resolve_hub_inputs(cfg, log);
+  check_run_inputs(cfg);
+  const TrainData data = as_data_error([&] { return prepare_train_data(cfg, log); });
+  if (data.validation.documents() == 0)
+    user_error("evaluate: no validation data: give validation_datasets (eval_dataset) or validation_split_ratio");
+  auto ops = make_ops(cfg.device);
+  const fs::path adapter = cfg.output_dir / "adapter", trained = cfg.output_dir / "model";
+  std::unique_ptr<Transformer> model;
+  JobEvaluation out;
+  if (cfg.lora.enabled && fs::exists(adapter / "adapter_config.json")) {
+    model = load_pretrained_with_adapter(cfg.model, adapter, *ops, cfg.lora.base);
+    out.model = adapter.string();
+  } else if (!cfg.lora.enabled && fs::exists(trained / "config.json")) {
+    model = load_pretrained(trained, *ops);
+    out.model = trained.string();
+  } else {
+    model = load_pretrained(cfg.model, *ops);
+    out.model = cfg.model.string();
+  }
+  configure_model(*model, cfg, *ops, cfg.per_device_train_batch_size);
+  const EvalResult e = evaluate(*model, data.validation, cfg.per_device_train_batch_size, cfg.sequence_len);
+  out.loss = e.loss;
+  out.tokens = e.tokens;
+  return out;
 }
 
 }  // namespace soltrain

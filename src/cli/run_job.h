@@ -4,6 +4,7 @@
 // Trainer call it, so a job runs the same from either.
 #pragma once
 #include <iosfwd>
+#include <string>
 
 #include "train/run_training.h"
 #include "train/train_config.h"
@@ -11,5 +12,15 @@
 namespace soltrain {
 
 RunResult run_job(TrainConfig cfg, TrainMode mode, std::ostream& log, LoopHooks hooks = {});
+
+// The validation loss (mean over counted targets, one document per row) of what the job trained: output_dir's
+// model, or with LoRA the base with output_dir's adapter; the config's model when nothing is trained yet.
+// SFT and pt (a preference run's validation metrics come from its own evaluations during training).
+struct JobEvaluation {
+  double loss = 0;
+  int64_t tokens = 0;
+  std::string model;  // what was evaluated
+};
+JobEvaluation evaluate_job(TrainConfig cfg, std::ostream& log);
 
 }  // namespace soltrain

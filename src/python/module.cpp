@@ -219,6 +219,21 @@ NB_MODULE(_soltrain, m) {
       "Reads a config's YAML text (paths relative to where's folder); ConfigError with the CLI's line.");
   bind_session(m);
   m.def(
+      "evaluate",
+      [](ParsedConfig& p) {
+        JobEvaluation e;
+        {
+          nb::gil_scoped_release release;
+          e = evaluate_job(p.config, std::cerr);
+        }
+        nb::dict d;
+        d["eval_loss"] = e.loss;
+        d["eval_tokens"] = e.tokens;
+        d["model"] = e.model;
+        return d;
+      },
+      nb::arg("config"), "The validation loss of what the job trained (cli/run_job.h evaluate_job).");
+  m.def(
       "config_keys_json", [] { return config_keys_json().dump(); },
       "the config key table (soltrain config-keys --json)");
   m.def("peer_key_names", &peer_key_names, "the peers' keys soltrain reads (Axolotl, Surogate)");
