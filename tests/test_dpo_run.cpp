@@ -40,14 +40,19 @@ struct DpoSetup {
   }
 };
 
-std::vector<nlohmann::json> evals(const fs::path& metrics) {
+// The metrics.jsonl lines that hold `key` (eval_rewards/accuracies: the evaluations; learning_rate: the steps).
+std::vector<nlohmann::json> lines_with(const fs::path& metrics, const std::string& key) {
   std::ifstream in(metrics);
   std::vector<nlohmann::json> out;
   for (std::string l; std::getline(in, l);) {
     const auto j = nlohmann::json::parse(l);
-    if (j.contains("eval_rewards/accuracies")) out.push_back(j);
+    if (j.contains(key)) out.push_back(j);
   }
   return out;
+}
+
+std::vector<nlohmann::json> evals(const fs::path& metrics) {
+  return lines_with(metrics, "eval_rewards/accuracies");
 }
 
 RunResult dpo(const fs::path& cfg, std::string* log_text = nullptr, TrainMode mode = TrainMode::kDpo) {
@@ -177,21 +182,6 @@ TEST(DpoRun, BadRecordsAreSkippedOrNamed) {
   EXPECT_NE(skip.err.find("wrote 2 pairs"), std::string::npos) << skip.err;
 }
 
-std::vector<nlohmann::json> train_lines(const fs::path& metrics) {
-  std::ifstream in(metrics);
-  std::vector<nlohmann::json> out;
-  for (std::string l; std::getline(in, l);) {
-    const auto j = nlohmann::json::parse(l);
-    if (j.contains("learning_rate")) out.push_back(j);
-  }
-  return out;
-}
-
-std::string tensor_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 // The divergences of the days when DPO built its run by hand (issue 27), each against what SFT does with the
 // same keys: they were three copies of one run and now are one (train/run_builder.h, train/train_loop.h).
 // qlora_nf4 under DPO trained LoRA over the dense base without a word: it now says so and trains over NF4
@@ -203,9 +193,9 @@ TEST(DpoRun, QloraNf4TrainsOverTheQuantisedBase) {
   dpo(s.config("dense", lora));
   dpo(s.config("nf4", lora + "qlora_nf4: true\n"), &log);
   EXPECT_NE(log.find("over a frozen NF4 base (qlora_nf4)"), std::string::npos) << log;
-  const std::string a = tensor_bytes(s.t.path / "dense" / "adapter" / "adapter_model.safetensors");
+  const std::string a = bytes(s.t.path / "dense" / "adapter" / "adapter_model.safetensors");
   ASSERT_FALSE(a.empty());
-  EXPECT_NE(a, tensor_bytes(s.t.path / "nf4" / "adapter" / "adapter_model.safetensors"))
+  EXPECT_NE(a, bytes(s.t.path / "nf4" / "adapter" / "adapter_model.safetensors"))
       << "the NF4 base changes the log-probs, so the adapters' updates";
 }
 
@@ -218,7 +208,7 @@ TEST(DpoRun, CosineFloorIsTheSftSchedule) {
       "max_steps: 4\nlogging_steps: 1\nlr_scheduler_type: cosine\ncosine_min_lr_ratio: 0.5\n"
       "learning_rate: 1.0e-4\nvalidation_datasets: []\n";
   dpo(s.config("cos", keys));
-  const auto lines = train_lines(s.t.path / "cos" / "metrics.jsonl");
+  const auto lines = lines_with(s.t.path / "cos" / "metrics.jsonl", "learning_rate");
   ASSERT_EQ(lines.size(), 4u);
   for (int k = 0; k < 4; ++k) {
     const double expected = 1e-4 * (0.5 + 0.5 * 0.5 * (1 + std::cos(M_PI * k / 4)));

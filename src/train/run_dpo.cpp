@@ -52,13 +52,7 @@ std::vector<float> reference_of(Transformer& model, const ShardSet& docs, int pa
 
 // DPO loss and metrics over every validation pair (no gradients).
 DpoMetrics evaluate_pairs(Transformer& model, DpoObjective& dpo, const std::vector<HostBatch>& batches) {
-  int64_t pairs = 0, chosen = 0;
-  for (const HostBatch& b : batches) {
-    const std::vector<int32_t> n = counted_per_document(b);
-    for (size_t i = 0; i < b.pairs.size(); i += 2) chosen += n[size_t(b.pairs[i])];
-    pairs += int64_t(b.pairs.size() / 2);
-  }
-  dpo.begin_update(pairs, chosen);
+  DpoStep(dpo).begin_update(batches);  // the divisors: every pair and chosen token, as an update's
   for (const HostBatch& b : batches) dpo_micro_batch(model, dpo, b, false);
   return dpo.read(model.ops());
 }
