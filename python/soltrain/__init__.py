@@ -11,6 +11,7 @@ file's keys as keyword arguments, and a run from Python is the run `soltrain sft
 from ._native import ConfigError, DataError, SoltrainError
 from .config import DPOConfig, PTConfig, SFTConfig, TrainConfig
 from .model import Model
+from .tokenizer import Tokenizer
 from .trainer import Trainer, TrainerCallback, TrainOutput
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "PTConfig",
     "SFTConfig",
     "SoltrainError",
+    "Tokenizer",
     "TrainConfig",
     "Trainer",
     "TrainerCallback",

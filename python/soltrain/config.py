@@ -68,9 +68,12 @@ class TrainConfig:
         return text
 
     def replace(self, **keys: Any) -> "TrainConfig":
-        """A copy with these keys set."""
+        """A copy with these keys set (on a from_yaml config, relative paths among them are relative to the
+        working directory, as `soltrain sft --set` takes them; the file's own stay relative to the file)."""
         config = type(self)(**{**self._keys, **keys})
         object.__setattr__(config, "_base_dir", self._base_dir)
+        if "_source" in self.__dict__:  # a YAML file's: keys set since go to the reader as overrides
+            object.__setattr__(config, "_source", self.__dict__["_source"])
         return config
 
     def __getattr__(self, name: str) -> Any:

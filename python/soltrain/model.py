@@ -114,10 +114,20 @@ class Model:
 
 
 def _generation_eos(folder: pathlib.Path) -> list[int]:
+    """generation_config.json's eos_token_id, else tokenizer_config.json's eos_token (as `soltrain generate`)."""
     try:
         eos = json.loads((folder / "generation_config.json").read_text()).get("eos_token_id")
     except (OSError, ValueError):
+        eos = None
+    if eos is not None:
+        return [eos] if isinstance(eos, int) else list(eos)
+    try:
+        token = json.loads((folder / "tokenizer_config.json").read_text()).get("eos_token")
+    except (OSError, ValueError):
         return []
-    if eos is None:
+    if isinstance(token, dict):
+        token = token.get("content")
+    if not isinstance(token, str) or not (folder / "tokenizer.json").exists():
         return []
-    return [eos] if isinstance(eos, int) else list(eos)
+    found = native.Tokenizer(os.fspath(folder)).token_to_id(token)
+    return [] if found is None else [found]

@@ -103,3 +103,27 @@ def test_bad_tensors_are_one_line(demo):
         model.step(ids, targets, w)
     with pytest.raises(soltrain.ConfigError, match="lora_rnk"):
         soltrain.Model.from_pretrained(demo / "model", lora_rnk=4)
+
+
+def test_tokenizer_and_chat_template_are_hf_s():
+    """soltrain.Tokenizer against the HF-made fixtures (tests/fixtures/tokenizer: transformers' ids and rendered
+    chat texts) on the real Qwen3 tokenizer that scripts/test.sh fetched."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    folder = root / "build" / "tokenizers" / "qwen3"
+    if not (folder / "tokenizer.json").exists():
+        pytest.skip("the reference tokenizers are fetched by the C++ build (tests/tools/fetch_tokenizers.sh)")
+    tok = soltrain.Tokenizer(folder)
+    cases = json.loads((root / "tests" / "fixtures" / "tokenizer" / "qwen3_encode_shared.json").read_text())
+    for c in cases[:200]:
+        assert tok.encode(c["text"]) == c["ids"], c["text"][:80]
+        if c["decoded_ok"]:
+            assert tok.decode(c["ids"]) == c["text"]
+    chats = json.loads((root / "tests" / "fixtures" / "tokenizer" / "qwen3_chat.json").read_text())
+    for c in chats:
+        extra = {} if c.get("enable_thinking") is None else {"enable_thinking": c["enable_thinking"]}
+        text = tok.apply_chat_template(c["messages"], add_generation_prompt=c["add_generation_prompt"], **extra)
+        assert text == c["text"]
+        assert tok.apply_chat_template(c["messages"], add_generation_prompt=c["add_generation_prompt"], tokenize=True,
+                                       **extra) == c["ids"]

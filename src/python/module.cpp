@@ -21,6 +21,8 @@
 #include "cli/peer_keys.h"
 #include "cli/run_job.h"
 #include "core/error.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 #include "train/model_session.h"
 
 namespace nb = nanobind;
@@ -184,6 +186,38 @@ void bind_session(nb::module_& m) {
       });
 }
 
+// A model folder's tokenizer.json and chat template (tokenizer_config.json), as the engine tokenizes data.
+struct TokenizerHandle {
+  Tokenizer tok;
+  std::filesystem::path folder;
+};
+
+void bind_tokenizer(nb::module_& m) {
+  nb::class_<TokenizerHandle>(m, "Tokenizer")
+      .def(
+          "__init__",
+          [](TokenizerHandle* self, const std::string& folder) {
+            new (self) TokenizerHandle{Tokenizer::load(folder), std::filesystem::path(folder)};
+          },
+          nb::arg("folder"))
+      .def("encode", [](TokenizerHandle& t, const std::string& text) { return t.tok.encode(text); })
+      .def(
+          "decode",
+          [](const TokenizerHandle& t, const std::vector<int32_t>& ids, bool skip_special) {
+            return t.tok.decode(ids, skip_special);
+          },
+          nb::arg("ids"), nb::arg("skip_special_tokens") = false)
+      .def("token_to_id", [](const TokenizerHandle& t, const std::string& token) { return t.tok.token_to_id(token); })
+      .def_prop_ro("vocab_size", [](const TokenizerHandle& t) { return t.tok.vocab_size(); })
+      .def(
+          "render_chat",
+          [](const TokenizerHandle& t, const std::string& variables_json) {
+            const ChatTemplate tmpl = ChatTemplate::from_tokenizer_config(t.folder / "tokenizer_config.json");
+            return tmpl.render(nlohmann::ordered_json::parse(variables_json));
+          },
+          nb::arg("variables_json"));
+}
+
 }  // namespace
 
 NB_MODULE(_soltrain, m) {
@@ -218,6 +252,7 @@ NB_MODULE(_soltrain, m) {
       nb::arg("yaml"), nb::arg("where"), nb::arg("overrides"), nb::arg("mode"),
       "Reads a config's YAML text (paths relative to where's folder); ConfigError with the CLI's line.");
   bind_session(m);
+  bind_tokenizer(m);
   m.def(
       "evaluate",
       [](ParsedConfig& p) {
