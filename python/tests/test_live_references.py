@@ -75,3 +75,63 @@ def test_peft_adapters_both_ways():
                         "--seed", "7"], capture_output=True, text=True)
     assert r.returncode == 0 and "6 cases, 0 failures" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
 
+
+
+def trl_dpo_loss(per_token_logps, mask, ref_logps, loss_type, beta, loss_weights=None):
+    """TRL's own DPOTrainer._compute_loss (trl 1.16), run on given per-token log-probs: a stand-in model returns
+    them (and zeros for the metrics' entropy, logits and top-1), the reference's sums come precomputed. Rows are
+    [chosen..., rejected...]; `mask` marks the answer tokens the log-probs count."""
+    import types
+    from collections import defaultdict
+
+    from trl import DPOTrainer
+
+    rows, length = per_token_logps.shape
+    completion_mask = torch.zeros(rows, length + 1, dtype=torch.long)  # TRL shifts it by one: a leading 0 column
+    completion_mask[:, 1:] = mask.long()
+    out = types.SimpleNamespace(log_probs=per_token_logps * mask, entropy=torch.zeros(rows, length),
+                                mean_logits=torch.zeros(rows, length), is_top1=torch.zeros(rows, length, dtype=torch.bool))
+    identity = lambda t: t  # noqa: E731  (one process: gathers return their input)
+    types_ = loss_type if isinstance(loss_type, list) else [loss_type]
+    fake = types.SimpleNamespace(
+        model=types.SimpleNamespace(training=False), accelerator=types.SimpleNamespace(
+            device="cpu", gather_for_metrics=identity, gather=identity), aux_loss_enabled=False, ld_alpha=None,
+        precompute_ref_logps=True, f_divergence_type="reverse_kl", loss_types=types_,
+        loss_weights=loss_weights or [1.0] * len(types_), beta=beta, label_smoothing=0.0, use_weighting=False,
+        _metrics=defaultdict(lambda: defaultdict(list)), _total_train_tokens=0, _tp_size=1)
+    chosen_ref, rejected_ref = ref_logps.chunk(2)
+    inputs = {"input_ids": torch.zeros(rows, length + 1, dtype=torch.long), "completion_mask": completion_mask,
+              "attention_mask": torch.ones(rows, length + 1, dtype=torch.long), "ref_chosen_logps": chosen_ref,
+              "ref_rejected_logps": rejected_ref}
+    return float(DPOTrainer._compute_loss(fake, lambda **kw: out, inputs, False))
+
+
+def test_dpo_fixture_losses_are_trls():
+    """The DPO references the C++ tests hold soltrain's objective to (tests/fixtures/dpo, tests/test_dpo.cpp:
+    loss and every gradient within 1e-5) are TRL's own losses: TRL's code run live on the fixture's pairs, with
+    transformers' log-probs of each document and the fixture's reference sums. (cDPO's label_smoothing inside
+    the sigmoid loss, the fixture's fourth variant, is no longer TRL's: trl 1.16's sigmoid ignores it.)"""
+    pytest.importorskip("trl")
+    fixture = load_file(str(ROOT / "tests" / "fixtures" / "dpo" / "qwen3-tiny.safetensors"))
+    model = transformers.AutoModelForCausalLM.from_pretrained(ROOT / "tests" / "fixtures" / "models" / "qwen3-tiny",
+                                                              dtype=torch.float32, attn_implementation="eager")
+    model.train(False)
+    ids, tgt, cu = fixture["input_ids"].flatten().long(), fixture["targets"].flatten().long(), fixture["cu_seqlens"]
+    docs = []  # each document through the model alone (positions restart), its answer tokens' log-probs
+    with torch.no_grad():
+        for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+            logp = torch.log_softmax(model(input_ids=ids[None, a:b]).logits[0].double(), -1)
+            t = tgt[a:b]
+            docs.append((logp.gather(-1, t.clamp(min=0)[:, None])[:, 0], t != -100))
+    pairs = fixture["pairs"].long()
+    order = [int(p[0]) for p in pairs] + [int(p[1]) for p in pairs]  # chosen rows, then rejected rows
+    length = max(len(docs[i][0]) for i in order)
+    lp = torch.zeros(len(order), length, dtype=torch.float64)
+    mask = torch.zeros(len(order), length, dtype=torch.bool)
+    for r, i in enumerate(order):
+        lp[r, : len(docs[i][0])], mask[r, : len(docs[i][1])] = docs[i][0], docs[i][1]
+    ref = -fixture["ref_nll"].double()
+    ref_logps = torch.cat([ref[:, 0], ref[:, 1]])
+    for variant, loss_type, beta in (("sigmoid", "sigmoid", 0.1), ("ipo", "ipo", 0.1), ("hinge", "hinge", 0.5)):
+        trl = trl_dpo_loss(lp, mask, ref_logps, loss_type, beta)
+        assert abs(trl - float(fixture[variant + ".loss"])) <= 1e-5 * max(1.0, abs(trl)), variant
