@@ -7,6 +7,7 @@
 #include "cli/dataset_keys.h"
 #include "cli/peer_keys.h"
 #include "data/dataset.h"
+#include "data/named_templates.h"
 #include "hub/hub_cache.h"
 #include "model/activation_plan.h"
 #include "model/dpo_objective.h"
@@ -176,6 +177,28 @@ void add_data_keys(std::vector<KeySpec>& v) {
       choice("bad_records", {"skip", "error"}, "error",
              "a record that cannot be read or rendered: stop with its line, or skip it and count it",
              [](ReadContext& x, const std::string& s, const Entry&) { x.c.bad_records = parse_bad_record_policy(s); }));
+  v.push_back(flag("dataset_exact_deduplication", FIELD(dataset_exact_deduplication),
+                   "Axolotl's: tokenized documents identical to an earlier one are kept once"));
+  v.push_back(key("chat_template", "string", "tokenizer_default or a template soltrain has", "tokenizer_default",
+                  "the chat template of datasets without their own: the model's, or a named one (chatml, llama3, ...)",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    const std::string s = get_string(e, k);
+                    if (s != "tokenizer_default" && !named_chat_template(s))
+                      user_error(e.where, ": ", k, ": \"", s,
+                                 "\": not a template soltrain has; use tokenizer_default (the model's own) or one of ",
+                                 named_chat_template_list());
+                    x.c.chat_template = s;
+                  }));
+  v.push_back(key("special_tokens", "map", "a map like {eos_token: ...}", "",
+                  "Axolotl's: checked against the tokenizer's own special tokens when the data is prepared",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    if (!e.node.IsMap()) bad_value(e, k, "a map like {eos_token: ...}");
+                    for (const auto& kv : e.node) {
+                      if (!kv.second.IsScalar())
+                        user_error(e.where, ": ", k, ".", scalar_text(kv.first), ": expected a token (a string)");
+                      x.c.special_tokens[scalar_text(kv.first)] = kv.second.Scalar();
+                    }
+                  }));
 }
 
 void add_objective_keys(std::vector<KeySpec>& v) {
@@ -235,9 +258,33 @@ void add_schedule_keys(std::vector<KeySpec>& v) {
                      "without warmup_steps: this share of the updates warms up"));
   v.push_back(
       number("wsd_decay_ratio", FIELD(wsd_decay_ratio), 0, 1, false, "wsd: the last share of the updates decays to 0"));
+  v.push_back(number("cosine_min_lr_ratio", FIELD(cosine_min_lr_ratio), 0, 1, false,
+                     "cosine: decays to this share of the learning rate instead of 0 (Axolotl's)"));
+  v.push_back(number("cosine_constant_lr_ratio", FIELD(cosine_constant_lr_ratio), 0, 1, false,
+                     "Axolotl's constant tail at the cosine floor: not built yet, refused when both ratios are set"));
 }
 
 void add_optimizer_keys(std::vector<KeySpec>& v) {
+  v.push_back(
+      key("optimizer", "choice",
+          "adamw_torch (adamw, adamw_torch_fused, adamw_hf, paged_adamw_32bit) or adamw_8bit (adamw_bnb_8bit, "
+          "paged_adamw_8bit)",
+          "adamw_torch", "AdamW with fp32 moments, or bitsandbytes' 8-bit blockwise moments (HF Trainer's names)",
+          [](const Entry& e, const std::string& k, ReadContext& x) {
+            const std::string s = get_string(e, k);
+            if (s == "none" || s == "None" || s == "false" || s == "False") return;  // the default
+            // paged_adamw_32bit is bitsandbytes' fp32 AdamW in paged (unified) memory: the same updates.
+            for (const char* o : {"adamw_torch", "adamw_torch_fused", "adamw", "adamw_hf", "paged_adamw_32bit"})
+              if (s == o) return void(x.c.moments = Moments::F32);
+            if (s == "adamw_torch_4bit")
+              user_error(e.where, ": ", k, ": \"", s,
+                         "\": 4-bit optimizer moments are not built yet; use adamw_8bit or adamw_torch");
+            for (const char* o : {"adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit"})
+              if (s == o) return void(x.c.moments = Moments::Blockwise8);
+            user_error(e.where, ": ", k, ": \"", s,
+                       "\": not supported; soltrain trains with AdamW: use optimizer: adamw_torch (fp32 moments) "
+                       "or adamw_8bit");
+          }));
   v.push_back(number("weight_decay", FIELD(weight_decay), 0, 10, false, "AdamW's decoupled weight decay"));
   v.push_back(number("max_grad_norm", FIELD(max_grad_norm), 0, 1e9, false,
                      "clip the global gradient norm to this (0: no clipping)"));
@@ -283,6 +330,8 @@ void add_adapter_keys(std::vector<KeySpec>& v) {
                     x.c.lora.target_modules = m;
                   }));
   v.push_back(flag("use_rslora", FIELD(lora.use_rslora), "rank-stabilised scale alpha / sqrt(rank)"));
+  v.push_back(flag("merge_adapter", FIELD(merge_adapter),
+                   "Surogate's: the trained adapter also folded into the base, written to output_dir/merged"));
 }
 
 void add_precision_keys(std::vector<KeySpec>& v) {
@@ -350,7 +399,11 @@ void add_run_keys(std::vector<KeySpec>& v) {
                     else
                       x.c.resume_from_checkpoint = {ResumeFrom::kFolder, path_value(e, k, x)};
                   }));
+  v.push_back(number("saves_per_epoch", FIELD(saves_per_epoch), 0, 1e6, true,
+                     "Axolotl's: checkpoints per epoch, when save_steps is not given"));
   v.push_back(integer("eval_steps", FIELD(eval_steps), 0, "evaluate every this many updates (0: first and last)"));
+  v.push_back(number("evals_per_epoch", FIELD(evals_per_epoch), 0, 1e6, true,
+                     "Axolotl's: evaluations per epoch, when eval_steps is not given"));
   v.push_back(integer("logging_steps", FIELD(logging_steps), 1, "log the loss every this many updates"));
   v.push_back(number("loss_watchdog_threshold", FIELD(loss_watchdog_threshold), 0, 1e9, true,
                      "stop when the loss stays above this (Axolotl's watchdog)"));

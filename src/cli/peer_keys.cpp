@@ -8,7 +8,6 @@
 #include <map>
 
 #include "core/error.h"
-#include "data/named_templates.h"
 
 namespace soltrain {
 
@@ -37,30 +36,6 @@ bool as_bool(const std::string& key, const YAML::Node& n) {
     } catch (const YAML::Exception&) {
     }
   user_error(key, ": \"", text(n), "\" is not valid: expected true or false");
-}
-
-// Empty is 0: not given.
-double as_positive(const std::string& key, const YAML::Node& n) {
-  if (!n.IsDefined() || n.IsNull() || (n.IsScalar() && n.Scalar().empty())) return 0;
-  double v = 0;
-  if (n.IsScalar()) try {
-      v = n.as<double>();
-    } catch (const YAML::Exception&) {
-    }
-  if (!(v > 0 && v <= 1e6)) user_error(key, ": \"", text(n), "\" is not valid: expected a number > 0");
-  return v;
-}
-
-// A number in [0, 1]; empty is 0.
-double as_fraction(const std::string& key, const YAML::Node& n) {
-  if (!n.IsDefined() || n.IsNull() || (n.IsScalar() && n.Scalar().empty())) return 0;
-  double v = -1;
-  if (n.IsScalar()) try {
-      v = n.as<double>();
-    } catch (const YAML::Exception&) {
-    }
-  if (!(v >= 0 && v <= 1)) user_error(key, ": \"", text(n), "\" is not valid: expected a number in [0, 1]");
-  return v;
 }
 
 using Apply = std::function<void(const std::string&, const YAML::Node&, TrainConfig&)>;
@@ -109,34 +84,9 @@ void add_renames(Table& t) {
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          if (as_bool(k, n)) c.lora.target_modules = all_lora_module_names();
        }},
-      {"optimizer",  // HF Trainer's names: the fp32 AdamW ones, and bitsandbytes' 8-bit AdamW
-       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
-         if (is_off(n)) return;  // `optimizer:` with nothing: the default, AdamW
-         const std::string s = text(n);
-         // paged_adamw_32bit is bitsandbytes' fp32 AdamW in paged (unified) memory: the same updates.
-         for (const char* o : {"adamw_torch", "adamw_torch_fused", "adamw", "adamw_hf", "paged_adamw_32bit"})
-           if (s == o) return void(c.moments = Moments::F32);
-         if (s == "adamw_torch_4bit")
-           user_error(k, ": \"", s, "\": 4-bit optimizer moments are not built yet; use adamw_8bit or adamw_torch");
-         for (const char* o : {"adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit"})
-           if (s == o) return void(c.moments = Moments::Blockwise8);
-         user_error(k, ": \"", s,
-                    "\": not supported; soltrain trains with AdamW: use optimizer: adamw_torch "
-                    "(fp32 moments) or adamw_8bit");
-       }},
-      {"saves_per_epoch",
-       [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.saves_per_epoch = as_positive(k, n); }},
-      {"evals_per_epoch",
-       [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.evals_per_epoch = as_positive(k, n); }},
       // Axolotl: documents in the datasets' order every epoch instead of shuffled.
       {"curriculum_sampling",
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.shuffle = !as_bool(k, n); }},
-      // Axolotl: drop tokenized documents identical to an earlier one (train/train_data.cpp).
-      {"dataset_exact_deduplication", [](const std::string& k, const YAML::Node& n,
-                                         TrainConfig& c) { c.dataset_exact_deduplication = as_bool(k, n); }},
-      // Surogate: fold the trained LoRA adapter into the base model, written to output_dir/merged.
-      {"merge_adapter",
-       [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.merge_adapter = as_bool(k, n); }},
       {"plugins",  // Axolotl plugins: the two whose work soltrain does itself are accepted
        [](const std::string& k, const YAML::Node& n, TrainConfig&) {
          if (is_off(n)) return;
@@ -230,15 +180,6 @@ void add_accepted(Table& t) {
 // Settings with their own readers (tokens, templates, precision, ZeRO levels).
 void add_settings(Table& t) {
   t.insert({
-      {"special_tokens",  // kept to be compared with the tokenizer's when the data is prepared
-       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
-         if (!n.IsDefined() || n.IsNull()) return;
-         if (!n.IsMap()) user_error(k, ": \"", text(n), "\" is not valid: expected a map like {eos_token: ...}");
-         for (const auto& kv : n) {
-           if (!kv.second.IsScalar()) user_error(k, ".", text(kv.first), ": expected a token (a string)");
-           c.special_tokens[text(kv.first)] = kv.second.Scalar();
-         }
-       }},
       {"bf16", one_of({"true", "True", "auto"},
                       "soltrain computes in bf16 with fp32 masters; fp32-only training "
                       "is not offered (use bf16: true)")},
@@ -248,16 +189,6 @@ void add_settings(Table& t) {
          if (as_bool(k, n)) c.recompute = Recompute::Full;
        }},
       {"save_safetensors", one_of({"true", "True"}, "soltrain writes safetensors only (use save_safetensors: true)")},
-      {"chat_template",
-       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
-         if (!n.IsDefined() || n.IsNull()) return;
-         const std::string s = text(n);
-         if (s != "tokenizer_default" && !named_chat_template(s))
-           user_error(k, ": \"", s,
-                      "\": not a template soltrain has; use tokenizer_default (the model's own) or one of ",
-                      named_chat_template_list());
-         c.chat_template = s;
-       }},
       {"zero_level",
        one_of({"1"}, "Surogate's ZeRO levels are not read; soltrain's is zero_stage: 0-3 (DeepSpeed's meaning)")},
   });
@@ -316,10 +247,6 @@ void add_missing_features(Table& t) {
          if (as_bool(k, n)) set_quantised_base(c, WeightFormat::Nf4, k);
        }},
       {"use_ray", off_or("Ray is not supported; soltrain runs multi-GPU itself (gpus: N or mpirun)")},
-      {"cosine_min_lr_ratio",  // the cosine schedule's floor; Axolotl applies it only to lr_scheduler: cosine
-       [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.cosine_min_lr_ratio = as_fraction(k, n); }},
-      {"cosine_constant_lr_ratio", [](const std::string& k, const YAML::Node& n,
-                                      TrainConfig& c) { c.cosine_constant_lr_ratio = as_fraction(k, n); }},
       {"qlora_bnb",  // Surogate: LoRA over a bitsandbytes NF4 base
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          if (as_bool(k, n)) set_quantised_base(c, WeightFormat::Nf4, k);
