@@ -38,8 +38,7 @@ def bench(binary, path, rows, lora, steps):
 def python_step(path, rows, lora, steps):
     """In its own process: soltrain.Model.step's median tokens/s."""
     code = f"""
-import soltrain  # first: see bench/NOTES.md run 66 (numpy before soltrain crashes the module built there)
-import json, time, statistics, numpy as np
+import json, time, statistics, numpy as np, soltrain
 keys = dict(learning_rate=1e-5, adamw_beta2=0.95, weight_decay=0.1)
 if {lora}: keys.update(lora=True, lora_rank={lora}, lora_alpha={2 * lora}, lora_dropout=0.0)
 m = soltrain.Model.from_pretrained({path!r}, sequence_len={SEQ}, rows={rows}, device="cuda", **keys)
