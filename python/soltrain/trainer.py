@@ -57,7 +57,7 @@ class Trainer:
         self.log_history: list[dict[str, Any]] = []
         self._stop = False
         self._bar: Any = None
-        self._parsed = self._parse(self.config)  # a bad key or value fails here, as the CLI does at start
+        self._parse(self.config)  # a bad key or value fails here, as the CLI does at start
 
     def add_callback(self, callback: TrainerCallback | Callable[[dict], None]) -> None:
         self.callbacks.append(callback)
@@ -70,10 +70,12 @@ class Trainer:
         """Runs the training job (the config's output_dir gets what `soltrain sft` writes there). With
         `resume_from_checkpoint` (True: the newest checkpoint in output_dir, or a folder) it continues
         exactly where that checkpoint left off."""
-        parsed = self._parsed
+        # Read again: keys set on trainer.config since the Trainer was made count (a stale copy would ignore them).
+        config = self.config
         if resume_from_checkpoint is not None and resume_from_checkpoint is not False:
             value = resume_from_checkpoint if resume_from_checkpoint is True else os.fspath(resume_from_checkpoint)
-            parsed = self._parse(self.config.replace(resume_from_checkpoint=value))
+            config = config.replace(resume_from_checkpoint=value)
+        parsed = self._parse(config)
         self._stop = False
         self._bar = _notebook_progress_bar()
         try:
@@ -93,7 +95,7 @@ class Trainer:
         """The validation loss (mean over the answer tokens, one document per row) of the trained model or
         adapter in output_dir (before train(): of the config's model) on eval_dataset, as the run's evaluations
         compute it: {"eval_loss", "eval_tokens", "model"}."""
-        metrics = native.evaluate(self._parsed)
+        metrics = native.evaluate(self._parse(self.config))
         self.log_history.append(metrics)
         return metrics
 

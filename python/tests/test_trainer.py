@@ -174,3 +174,14 @@ print("RESULT", out.interrupted, out.global_step, flush=True)
     assert 3 <= step < 400
     assert (tmp_path / "run" / f"checkpoint-{step}" / "trainer_state.json").exists()
     assert "stopped by signal 2" in err
+
+
+def test_keys_set_after_the_trainer_is_made_count(demo, tmp_path):
+    """trainer.config is read again by train(): a key changed after the Trainer was made is not silently ignored."""
+    trainer = soltrain.Trainer(demo_config(demo, tmp_path / "late", max_steps=2, eval_steps=0),
+                               train_dataset=read_jsonl(demo / "train.jsonl"))
+    trainer.config.max_steps = 3
+    assert trainer.train().global_step == 3
+    trainer.config.lerning_rate = 1.0  # a typo set late is still one line, at train()
+    with pytest.raises(soltrain.ConfigError, match="lerning_rate"):
+        trainer.train()

@@ -108,7 +108,7 @@ nlohmann::json data_parallel_plan(const BenchOpts& o, const ModelConfig& c, Para
   const bool host_moments = offload.optimizer;
   const int world = o.gpus, zero = std::max(0, o.data_parallel);
   OptimizerConfig opt_cfg;
-  opt_cfg.moments = o.optimizer == "adamw_8bit" ? Moments::Blockwise8 : Moments::F32;
+  opt_cfg.moments = bench_config(o).moments;
   opt_cfg.offload = offload;
   if (const char* why = sharded_update_refusal(opt_cfg, zero))
     user_error("bench ", opt_cfg.moments == Moments::Blockwise8 ? "--optimizer adamw_8bit" : "--offload " + o.offload,
@@ -146,18 +146,18 @@ nlohmann::json data_parallel_plan(const BenchOpts& o, const ModelConfig& c, Para
 
 int print_activation_plan(const BenchOpts& o) {
   const ModelConfig c = load_model_config(o.model);
-  const std::optional<LoraConfig> lora = lora_config(bench_config(o), "bench");
+  const TrainConfig bench = bench_config(o);
+  const std::optional<LoraConfig> lora = lora_config(bench, "bench");
   const DType act = o.device == "cuda" ? DType::BF16 : DType::F32;
-  ActivationSettings s{
-      o.batch,
-      o.seq,
-      parse_recompute(o.recompute, "--recompute"),
-      act,
-      residual_dtype_for(act, parse_residual_dtype(o.residual_dtype, "--residual-dtype"), lora.has_value()),
-      lora ? &*lora : nullptr,
-      o.token_tile,
-      head_chunk_bytes_for(act, !lora),  // bench's LoRA freezes the head
-      o.offload_activations};
+  ActivationSettings s{o.batch,
+                       o.seq,
+                       bench.recompute,
+                       act,
+                       residual_dtype_for(act, bench.residual_dtype, lora.has_value()),
+                       lora ? &*lora : nullptr,
+                       bench.token_tile,
+                       head_chunk_bytes_for(act, !lora),  // bench's LoRA freezes the head
+                       bench.offload_activations};
   if (o.offload_activations && s.recompute != Recompute::Full)
     user_error("bench --offload-activations needs --recompute full (it offloads the layer-input checkpoints)");
   const ActivationPlan p = plan_activations(c, s);
@@ -178,9 +178,9 @@ int print_activation_plan(const BenchOpts& o) {
   ParameterStore ps;
   add_model_parameters(ps, c, lora);
   const ParameterStore::PlannedBytes w = ps.planned_bytes(act);
-  const Offload offload = bench_offload(o);
+  const Offload offload = bench.offload;
   const bool host_master = offload.master, host_moments = offload.optimizer;
-  const AdamW::Plan opt = AdamW::plan(ps, o.optimizer == "adamw_8bit" ? Moments::Blockwise8 : Moments::F32, offload);
+  const AdamW::Plan opt = AdamW::plan(ps, bench.moments, offload);
   const size_t slots = 2 * size_t(w.largest_host_group) * dtype_size(act);
   double weights = double(w.weights() - (host_master ? w.masters : 0) + slots) / gib;
   double optimizer = double(opt.device(host_moments)) / gib, grads = double(w.grads) / gib;

@@ -22,7 +22,7 @@ namespace {
 // Longer than any model's context (the largest are ~10^7): a bigger value is a typo, not a plan.
 constexpr int64_t kMaxSequenceLen = int64_t(1) << 24;
 
-#define FIELD(member) [](TrainConfig& c) -> auto& { return c.member; }
+#define FIELD(member) [](auto& c) -> auto& { return c.member; }  // const for the defaults, writable to read
 
 using Reader = std::function<void(const Entry&, const std::string&, ReadContext&)>;
 
@@ -45,7 +45,7 @@ KeySpec key(std::string name, std::string type, std::string expected, std::strin
 
 template <typename F>
 KeySpec flag(std::string name, F field, std::string doc) {
-  const bool d = field(const_cast<TrainConfig&>(defaults()));
+  const bool d = field(defaults());
   return key(std::move(name), "bool", "true or false", d ? "true" : "false", std::move(doc),
              [field](const Entry& e, const std::string& k, ReadContext& x) { field(x.c) = get_bool(e, k); });
 }
@@ -57,7 +57,7 @@ KeySpec integer(std::string name, F field, int64_t min, std::string doc, int64_t
   if (std::is_same_v<T, int> && max == INT64_MAX) max = INT32_MAX;
   const std::string expected =
       max == INT64_MAX ? cat("an integer >= ", min) : cat("an integer from ", min, " to ", max);
-  return key(std::move(name), "integer", expected, cat(field(const_cast<TrainConfig&>(defaults()))), std::move(doc),
+  return key(std::move(name), "integer", expected, cat(field(defaults())), std::move(doc),
              [field, min, max](const Entry& e, const std::string& k, ReadContext& x) {
                field(x.c) = T(get_int(e, k, min, max));
              });
@@ -66,7 +66,7 @@ KeySpec integer(std::string name, F field, int64_t min, std::string doc, int64_t
 template <typename F>
 KeySpec number(std::string name, F field, double min, double max, bool open_min, std::string doc) {
   const std::string expected = cat("a number in ", open_min ? "(" : "[", min, ", ", max, "]");
-  return key(std::move(name), "number", expected, cat(field(const_cast<TrainConfig&>(defaults()))), std::move(doc),
+  return key(std::move(name), "number", expected, cat(field(defaults())), std::move(doc),
              [field, min, max, open_min](const Entry& e, const std::string& k, ReadContext& x) {
                field(x.c) = get_double(e, k, min, max, open_min);
              });

@@ -130,4 +130,8 @@ void ProgressLine::message(const std::string& text) {
   out_ << text << "\n" << std::flush;
 }
 
+std::string format_loss(double v) {
+  return std::isfinite(v) ? cat(std::round(v * 1e4) / 1e4) : "n/a";
+}
+
 }  // namespace soltrain

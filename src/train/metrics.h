@@ -59,5 +59,7 @@ class ProgressLine {
 };
 
 std::string format_duration(double seconds);
+// A loss as the run's lines print it: rounded to 4 decimals, "n/a" when not finite (nothing counted).
+std::string format_loss(double v);
 
 }  // namespace soltrain

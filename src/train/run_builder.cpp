@@ -84,4 +84,17 @@ std::string save_final_outputs(const TrainConfig& c, const Transformer& model, b
   return summary;
 }
 
+std::string describe_lora(const TrainConfig& c) {
+  std::string mods;
+  for (const std::string& m : c.lora.target_modules) {
+    if (!mods.empty()) mods += ",";
+    mods.append(m, 0, m.find("_proj"));
+  }
+  std::string out = cat("LoRA r", c.lora.rank, " on ", mods);
+  if (c.lora.base != WeightFormat::Dense)
+    out += cat(" over a frozen ", c.lora.base == WeightFormat::Nf4 ? "NF4" : "FP8 (128x128 blocks)", " base (",
+               c.lora.base_key, ")");
+  return out;
+}
+
 }  // namespace soltrain

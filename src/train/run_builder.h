@@ -62,6 +62,9 @@ struct Cadence {
 };
 Cadence run_cadence(const TrainConfig& c, int64_t steps_per_epoch);
 
+// "LoRA r16 on q,k,v,o,gate,up,down over a frozen NF4 base (qlora_nf4)": what every run prints of its adapters.
+std::string describe_lora(const TrainConfig& c);
+
 // The end of a run: the adapter (PEFT's folder, output_dir/adapter) or the model (output_dir/model), with
 // merge_adapter the merged model in output_dir/merged. Returns the summary line's
 // middle ("adapter saved to ...; merged model saved to ...").

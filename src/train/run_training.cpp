@@ -24,10 +24,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string fmt_loss(double v) {
-  return std::isfinite(v) ? cat(std::round(v * 1e4) / 1e4) : "n/a";
-}
-
 // Everything the SFT run holds.
 struct Run {
   const TrainConfig& c;
@@ -304,7 +300,8 @@ class SftDriver final : public RunDriver {
     const EvalResult e =
         soltrain::evaluate(*r_.model, r_.data.validation, r_.c.per_device_train_batch_size, r_.c.sequence_len);
     if (!r_.lead()) return std::nullopt;
-    return Evaluation{e.loss, e.tokens, {}, cat("validation loss ", fmt_loss(e.loss), " over ", e.tokens, " tokens")};
+    return Evaluation{
+        e.loss, e.tokens, {}, cat("validation loss ", format_loss(e.loss), " over ", e.tokens, " tokens")};
   }
 
  private:
@@ -314,19 +311,6 @@ class SftDriver final : public RunDriver {
 };
 
 }  // namespace
-
-std::string describe_lora(const TrainConfig& c) {
-  std::string mods;
-  for (const std::string& m : c.lora.target_modules) {
-    if (!mods.empty()) mods += ",";
-    mods.append(m, 0, m.find("_proj"));
-  }
-  std::string out = cat("LoRA r", c.lora.rank, " on ", mods);
-  if (c.lora.base != WeightFormat::Dense)
-    out += cat(" over a frozen ", c.lora.base == WeightFormat::Nf4 ? "NF4" : "FP8 (128x128 blocks)", " base (",
-               c.lora.base_key, ")");
-  return out;
-}
 
 RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostream& log_in, Communicator* comm,
                        LoopHooks hooks) {

@@ -20,7 +20,4 @@ namespace soltrain {
 RunResult run_training(const TrainConfig& c, TrainMode mode, Ops& ops, std::ostream& log, Communicator* comm = nullptr,
                        LoopHooks hooks = {});
 
-// "LoRA r16 on q,k,v,o,gate,up,down over a frozen NF4 base (qlora_nf4)": what every run prints of its adapters.
-std::string describe_lora(const TrainConfig& c);
-
 }  // namespace soltrain

@@ -22,10 +22,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-std::string fmt_loss(double v) {
-  return std::isfinite(v) ? cat(std::round(v * 1e4) / 1e4) : "n/a";
-}
-
 // The per-step log: progress line, metrics files, the caller's hook; MFU against the matmul rate measured at
 // the start.
 class StepLogger {
@@ -213,7 +209,8 @@ RunResult TrainLoop::run() {
         cat(s_.cmd, ": done, ", state_.step, " steps; ", save_final_outputs(c, s_.model, c.lora.enabled));
     write_training_curves(metrics->jsonl_path(), c.output_dir / "training_curves.svg");
     if (driver_.has_validation())
-      summary += cat("; validation loss ", fmt_loss(result.first_eval_loss), " -> ", fmt_loss(result.last_eval_loss));
+      summary +=
+          cat("; validation loss ", format_loss(result.first_eval_loss), " -> ", format_loss(result.last_eval_loss));
     progress.message(summary);
   }
   if (zero3()) zero3()->release_host_masters();
