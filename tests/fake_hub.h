@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "io/sha256.h"
+#include "test_util.h"
 
 namespace soltrain::test {
 
@@ -35,6 +37,10 @@ struct FakeRepo {
 
 class FakeHub {
  public:
+  // A test's own answer to a request on the hub port (hostile hubs): called first, under the hub's lock;
+  // true when it answered (with send_raw). The serving thread is busy while it runs.
+  std::function<bool(int fd, const std::string& method, const std::string& target)> intercept;
+  static bool send_raw(int c, const std::string& s) { return send_all(c, s); }
   std::atomic<int> corrupt_next{0};  // blob GETs to answer with one byte flipped
   std::atomic<int> cut_next{0};      // blob GETs to cut after half the bytes
   std::string token = "hf_test_token";
@@ -158,6 +164,7 @@ class FakeHub {
     if (q->headers.count("range")) note += " Range: " + q->headers.at("range");
     if (q->headers.count("authorization")) note += " [auth]";
     requests_.push_back(note);
+    if (!on_cdn && intercept && intercept(c, q->method, q->target)) return;
     const std::vector<std::string> p = split(q->target);
     if (on_cdn) return p.size() == 2 && p[0] == "cdn" ? blob(c, *q, p[1]) : reply(c, *q, 404, {}, "no such blob");
     // /api/{kind}s/Org/Name/revision/REV
@@ -237,6 +244,30 @@ class FakeHub {
   std::mutex mu_;
   std::map<std::string, FakeRepo> repos_;
   std::vector<std::string> requests_;
+};
+
+// Sets (or, with nullptr, unsets) an environment variable for the test's scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    value ? ::setenv(name, value, 1) : ::unsetenv(name);
+  }
+  ~ScopedEnv() { old_ ? ::setenv(name_.c_str(), old_->c_str(), 1) : ::unsetenv(name_.c_str()); }
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+// A temporary cache and home (so no real token or cache is read), pointed at `endpoint`.
+struct HubEnv {
+  test::TempDir t;
+  ScopedEnv cache{"HF_HUB_CACHE", (t.path / "cache").c_str()}, home{"HF_HOME", (t.path / "home").c_str()},
+      token{"HF_TOKEN", nullptr}, offline{"HF_HUB_OFFLINE", nullptr}, offline2{"TRANSFORMERS_OFFLINE", nullptr};
+  std::optional<ScopedEnv> endpoint;
+  explicit HubEnv(const std::string& url) { endpoint.emplace("HF_ENDPOINT", url.c_str()); }
+  std::filesystem::path cache_dir() const { return t.path / "cache"; }
 };
 
 }  // namespace soltrain::test

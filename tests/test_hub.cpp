@@ -25,6 +25,8 @@ namespace {
 namespace fs = std::filesystem;
 using test::FakeHub;
 using test::FakeRepo;
+using test::HubEnv;
+using test::ScopedEnv;
 
 const std::string kCommit = "0123456789abcdef0123456789abcdef01234567";
 
@@ -32,30 +34,6 @@ std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
-
-// Sets (or, with nullptr, unsets) an environment variable for the test's scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    value ? ::setenv(name, value, 1) : ::unsetenv(name);
-  }
-  ~ScopedEnv() { old_ ? ::setenv(name_.c_str(), old_->c_str(), 1) : ::unsetenv(name_.c_str()); }
-
- private:
-  std::string name_;
-  std::optional<std::string> old_;
-};
-
-// A temporary cache and home (so no real token or cache is read), pointed at `endpoint`.
-struct HubEnv {
-  test::TempDir t;
-  ScopedEnv cache{"HF_HUB_CACHE", (t.path / "cache").c_str()}, home{"HF_HOME", (t.path / "home").c_str()},
-      token{"HF_TOKEN", nullptr}, offline{"HF_HUB_OFFLINE", nullptr}, offline2{"TRANSFORMERS_OFFLINE", nullptr};
-  std::optional<ScopedEnv> endpoint;
-  explicit HubEnv(const std::string& url) { endpoint.emplace("HF_ENDPOINT", url.c_str()); }
-  fs::path cache_dir() const { return t.path / "cache"; }
-};
 
 FakeRepo fixture_model_repo() {
   FakeRepo r;

@@ -1,6 +1,7 @@
 // `soltrain generate`: text from a model (optionally with a PEFT LoRA adapter) through the KV-cache
 // decoder, greedy or sampled, streamed to stdout as it is produced; --chat renders the model's template.
 #include <chrono>
+#include <cstring>
 #include <iostream>
 #include <memory>
 
@@ -16,6 +17,16 @@
 #include "tokenizer/tokenizer.h"
 
 namespace soltrain {
+
+namespace {
+
+// A full disk (> /dev/full) or a reader that went away (| head -c1; SIGPIPE is ignored in main) ends the
+// run with one line, as encode and chat-template do, instead of generating on into nowhere.
+void check_stdout() {
+  if (!std::cout) user_error("stdout: write failed (", std::strerror(errno), ")");
+}
+
+}  // namespace
 
 namespace {
 // How many leading bytes of `s` can be printed now: a byte-level token may end inside a character that the
@@ -119,6 +130,7 @@ std::function<int()> add_generate_command(CLI::App& app) {
       const size_t end = final ? s.size() : printable_prefix(s);
       if (end > printed.size() && s.compare(0, printed.size(), printed) == 0) {
         std::cout << s.substr(printed.size(), end - printed.size()) << std::flush;
+        check_stdout();
         printed = s.substr(0, end);
       }
     };
@@ -127,13 +139,15 @@ std::function<int()> add_generate_command(CLI::App& app) {
     const std::vector<int32_t> out = generate(decoder, prompt, g, [&](int32_t id) {
       if (o->print_ids) {
         std::cout << (id_count++ ? " " : "") << id << std::flush;
+        check_stdout();
         return;
       }
       if (size_t(id) < tok.vocab_size()) shown_ids.push_back(id);  // padded vocab rows have no text
       show(false);
     });
     if (!o->print_ids) show(true);
-    std::cout << "\n";
+    std::cout << "\n" << std::flush;
+    check_stdout();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::cerr << "generate: " << prompt.size() << " prompt tokens, " << out.size() << " new in " << s << " s ("
               << double(out.size()) / s << " tokens/s)\n";

@@ -1,5 +1,6 @@
 // `soltrain sft config.yaml` and `soltrain pt config.yaml`: one YAML file (plus --set overrides) runs a
 // whole training job. Exit code 130 when stopped by Ctrl-C / SIGTERM after saving a checkpoint.
+#include <algorithm>
 #include <iostream>
 #include <memory>
 
@@ -42,8 +43,9 @@ std::function<int()> add_run_command(CLI::App& app, const char* name, const char
       resolve_hub_inputs(cfg, std::cerr);
       check_worker_count(cfg.gpus, cfg.device);
       check_run_inputs(cfg);
-      prepare_run_outputs(cfg, std::cerr);  // once, before the workers start
-      return launch_workers(cfg.gpus, cfg.device);
+      const OutputLock lock = prepare_run_outputs(cfg, std::cerr);  // once, before the workers start
+      lock.share_with_children();  // held while any worker lives
+      return launch_workers(cfg.gpus, cfg.device, std::min(60, cfg.ddp_timeout + 5));
     }
     return run_job(std::move(cfg), mode, std::cerr).interrupted ? 130 : 0;
   };

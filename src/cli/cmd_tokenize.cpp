@@ -61,7 +61,7 @@ std::function<int()> add_tokenize_command(CLI::App& app) {
       const TrainMode mode = o->pt ? TrainMode::kPretrain : TrainMode::kSft;  // the shards' settings differ
       TrainConfig cfg = load_train_config(o->config, o->set, mode);
       resolve_hub_inputs(cfg, std::cerr);
-      prepare_run_outputs(cfg, std::cerr);
+      const OutputLock lock = prepare_run_outputs(cfg, std::cerr);
       const TrainData d = prepare_train_data(cfg, std::cerr);
       std::cerr << "tokenize: " << d.train.documents() << " training and " << d.validation.documents()
                 << " validation documents ready\n";

@@ -22,6 +22,7 @@
 #include "data/named_templates.h"
 #include "data/preference.h"
 #include "hub/hub_cache.h"
+#include "io/input_file.h"
 #include "model/dpo_objective.h"
 
 namespace soltrain {
@@ -301,11 +302,10 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
 }
 
 TrainConfig load_train_config(const fs::path& file, const std::vector<std::string>& overrides, TrainMode mode) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) user_error(file.string(), ": config file not found or unreadable");
-  std::stringstream s;
-  s << in.rdbuf();
-  return parse_train_config(s.str(), file.string(), overrides, mode);
+  refuse_special_file(file, "a config");
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) user_error(file.string(), ": config file not found or unreadable");
+  return parse_train_config(read_input_file(file, "a config"), file.string(), overrides, mode);
 }
 
 }  // namespace soltrain

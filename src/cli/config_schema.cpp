@@ -121,8 +121,8 @@ void add_model_keys(std::vector<KeySpec>& v) {
   v.push_back(aka(key("model", "path", "a Hugging Face model folder or hub id (Org/Name)", "",
                       "the model to train: an HF folder (config.json + safetensors) or a hub id, required", read_model),
                   {"base_model"}));
-  v.push_back(aka(key("revision", "string", "a non-empty string", "main", "the hub model's branch, tag or commit",
-                      [](const Entry& e, const std::string& k, ReadContext& x) { x.c.revision = get_string(e, k); }),
+  v.push_back(aka(key("revision", "string", "a branch, tag or commit name", "main", "the hub model's branch, tag or commit",
+                      [](const Entry& e, const std::string& k, ReadContext& x) { x.c.revision = get_revision(e, k); }),
                   {"revision_of_model"}));
   v.push_back(aka(path("output_dir", FIELD(output_dir), "",
                        "where checkpoints, metrics and the final model or adapter go, required"),
@@ -382,6 +382,9 @@ void add_memory_keys(std::vector<KeySpec>& v) {
   v.push_back(
       integer("gpus", FIELD(gpus), 1, "worker processes on this machine, one per GPU (CPU ranks on cpu)", 1024));
   v.push_back(integer("zero_stage", FIELD(zero_stage), 0, "ZeRO's stage with several ranks (DeepSpeed's meaning)", 3));
+  v.push_back(integer("ddp_timeout", FIELD(ddp_timeout), 1,
+                      "seconds a rank waits for another (rendezvous, CPU collectives) before the job ends naming it",
+                      1 << 24));
 }
 
 void add_run_keys(std::vector<KeySpec>& v) {

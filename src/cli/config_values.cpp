@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cli/config.h"
+#include "hub/hub_cache.h"
 
 namespace soltrain {
 
@@ -41,6 +42,13 @@ bool get_bool(const Entry& e, const std::string& key) {
 std::string get_string(const Entry& e, const std::string& key) {
   if (!e.node.IsScalar() || e.node.Scalar().empty()) bad_value(e, key, "a non-empty string");
   return e.node.Scalar();
+}
+
+std::string get_revision(const Entry& e, const std::string& key) {
+  const std::string v = get_string(e, key);
+  if (!is_safe_revision(v))
+    bad_value(e, key, "a branch, tag or commit name (relative: no empty, \".\" or \"..\" part, no leading \"/\", no control characters)");
+  return v;
 }
 
 int64_t get_int(const Entry& e, const std::string& key, int64_t min, int64_t max) {

@@ -38,6 +38,8 @@ T get(const Entry& e, const std::string& key, const std::string& expected) {
 
 bool get_bool(const Entry& e, const std::string& key);
 std::string get_string(const Entry& e, const std::string& key);
+// A hub revision (branch, tag, commit or refs/pr/N): a name that stays inside the cache's refs/ folder.
+std::string get_revision(const Entry& e, const std::string& key);
 int64_t get_int(const Entry& e, const std::string& key, int64_t min, int64_t max = INT64_MAX);
 // Keys held in an int: a larger value is refused here, naming the key, rather than wrapping around.
 int get_int32(const Entry& e, const std::string& key, int64_t min, int64_t max = INT32_MAX);

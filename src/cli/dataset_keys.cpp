@@ -64,7 +64,7 @@ void add_field_keys(DatasetKeys& keys) {
       {"field_chosen", [](const Entry& e, DatasetRead& r) { r.f.chosen = get_string(e, "field_chosen"); }},
       {"field_rejected", [](const Entry& e, DatasetRead& r) { r.f.rejected = get_string(e, "field_rejected"); }},
       {"revision",
-       [](const Entry& e, DatasetRead& r) { r.d.revision = get_string(e, "revision"); }},  // of a hub dataset
+       [](const Entry& e, DatasetRead& r) { r.d.revision = get_revision(e, "revision"); }},  // of a hub dataset
       {"field", [](const Entry& e, DatasetRead& r) { r.f.text = get_string(e, "field"); }},
       {"field_text", [](const Entry& e, DatasetRead& r) { r.f.text = get_string(e, "field_text"); }},
       {"field_instruction",

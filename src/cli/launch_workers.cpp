@@ -2,10 +2,12 @@
 
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -55,14 +57,22 @@ std::vector<std::string> own_arguments() {
 }  // namespace
 
 void check_worker_count(int n, Device device) {
-  if (device != Device::CUDA) return;
+  if (device != Device::CUDA) {
+    // CPU ranks past the cores only contend for them; a typo of gpus: 1000 must not fork 1000 trainers.
+    const int most = std::max(8, int(std::thread::hardware_concurrency()));
+    if (n > most)
+      user_error("gpus: ", n, " CPU ranks (device: cpu) on a machine of ", std::thread::hardware_concurrency(),
+                 " cores: use gpus: ", most, " or fewer");
+    return;
+  }
   const int seen = visible_gpus();
+  if (seen == 0) user_error("gpus: ", n, " with device: cuda, but no CUDA GPU is visible: use device: cpu");
   if (n > seen)
     user_error("gpus: ", n, " but this machine shows ", seen, " GPU(s) (CUDA_VISIBLE_DEVICES): use gpus: ", seen,
                " or fewer");
 }
 
-int launch_workers(int n, Device device) {
+int launch_workers(int n, Device device, int grace_s) {
   check_worker_count(n, device);
   const char* port_env = std::getenv("MASTER_PORT");
   const std::string port = port_env && *port_env ? port_env : std::to_string(free_port());
@@ -78,11 +88,18 @@ int launch_workers(int n, Device device) {
   sa.sa_handler = forward_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);
   signal(SIGINT, SIG_IGN);
+  const pid_t launcher = ::getpid();
   for (int r = 0; r < n; ++r) {
     const pid_t pid = ::fork();
     if (pid < 0) throw std::runtime_error(cat("fork failed: ", std::strerror(errno)));
     if (pid == 0) {
+      // A worker ends with its launcher: a kill -9 of the launcher sends it SIGTERM, so it stops as for
+      // Ctrl-C (saving a checkpoint) instead of training on beside a rerun. Checked once more after the
+      // call, in case the launcher died before it.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != launcher) _exit(130);
       signal(SIGINT, SIG_DFL);
       ::setenv("RANK", std::to_string(r).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
@@ -102,11 +119,11 @@ int launch_workers(int n, Device device) {
     const pid_t pid = ::waitpid(-1, &status, failed ? WNOHANG : 0);
     if (pid < 0 && errno == EINTR) continue;
     if (pid < 0) break;
-    if (pid == 0) {  // a worker failed: the others get 60 s to stop on their own
+    if (pid == 0) {  // a worker failed: the others get grace_s to stop on their own
       if (std::chrono::steady_clock::now() > deadline) {
         for (int r = 0; r < n; ++r)
           if (g_workers[size_t(r)] > 0) {
-            print_error_line(cat("error: rank ", r, " did not stop within 60 s of the failure: killed"));
+            print_error_line(cat("error: rank ", r, " did not stop within ", grace_s, " s of the failure: killed"));
             ::kill(g_workers[size_t(r)], SIGKILL);
           }
         deadline = std::chrono::steady_clock::time_point::max();
@@ -125,7 +142,7 @@ int launch_workers(int n, Device device) {
     if (rc != 0 && rc != 130 && !failed) {
       failed = true;
       code = rc;
-      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(grace_s);
     } else if (rc == 130 && code == 0) {
       code = 130;
     }

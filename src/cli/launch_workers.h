@@ -1,7 +1,7 @@
 // `gpus: N` (or --gpus N): this process starts N workers, copies of itself with torchrun's variables
 // (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, MASTER_PORT), and waits for them. Their output
-// is its output; when one fails the others stop within 60 s (or are killed), and the exit code is the
-// failed worker's.
+// is its output; when one fails the others stop within `grace_s` (or are killed), and the exit code is the
+// failed worker's. A worker ends with its launcher (a kill -9 of it included).
 #pragma once
 #include "kernels/ops.h"
 
@@ -10,6 +10,7 @@ namespace soltrain {
 // UserError when `n` workers need more GPUs than this process sees (device: cuda).
 void check_worker_count(int n, Device device);
 // The exit code of the job (0, 130 when stopped by a signal after a checkpoint, else the first failure's).
-int launch_workers(int n, Device device);
+// `grace_s`: how long the others get to stop after a failure (a stopped or hung worker never does).
+int launch_workers(int n, Device device, int grace_s = 60);
 
 }  // namespace soltrain

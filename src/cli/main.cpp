@@ -1,4 +1,5 @@
 // soltrain: entry point. Bad input → one line on stderr and exit code 2; our own bugs → exit code 1.
+#include <csignal>
 #include <filesystem>
 #include <iostream>
 #include <new>
@@ -11,6 +12,11 @@
 #include "dist/launch.h"
 
 int main(int argc, char** argv) {
+  // A write to a closed pipe (| head) or past `ulimit -f` fails with EPIPE / EFBIG and is reported as any
+  // failed write is (one line, exit 2), rather than the signal ending the process without a word (as
+  // Python does at startup).
+  std::signal(SIGPIPE, SIG_IGN);
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"soltrain: fast training and fine-tuning of language models"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all");
@@ -44,9 +50,9 @@ int main(int argc, char** argv) {
   } catch (const soltrain::UserError& e) {
     soltrain::print_error_line("error: " + soltrain::printable_line(e.what()));
     return 2;
-  } catch (const soltrain::RankFailure& e) {  // another rank of a data-parallel job failed: this one stops
+  } catch (const soltrain::RankFailure& e) {  // another rank failed, went away or fell silent: this one stops
     soltrain::print_error_line("error: " + soltrain::printable_line(e.what()));
-    return 1;
+    return 2;
   } catch (const std::filesystem::filesystem_error& e) {  // a path the user gave: not there, not writable
     soltrain::print_error_line("error: " + soltrain::printable_line(e.what()));
     return 2;

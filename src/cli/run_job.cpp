@@ -7,6 +7,7 @@
 #include "cli/hub_inputs.h"
 #include "core/error.h"
 #include "dist/launch.h"
+#include "io/sha256.h"
 #include "model/checkpoint.h"
 #include "model/peft_adapter.h"
 #include "train/evaluate.h"
@@ -18,6 +19,22 @@
 
 namespace soltrain {
 
+namespace {
+
+// Ranks started with different configs hang at mismatched collectives (save_steps 5 vs 7, lora on one) or
+// train diverging replicas (another learning rate or seed) with exit 0: before any work every rank
+// compares a hash of its config (the YAML as given plus overrides) with the others'.
+void check_same_config(Communicator& comm, const TrainConfig& c) {
+  const std::string digest = sha256_hex(c.source_text);
+  const int64_t h = int64_t(std::stoull(digest.substr(0, 15), nullptr, 16));  // 60 bits: -h fits
+  const int64_t most = comm.all_max_host(h), least = -comm.all_max_host(-h);
+  if (most != least)
+    user_error("the ranks were started with different configs (this rank's config hash ", digest.substr(0, 12),
+               "): start every rank with the same config file and --set overrides");
+}
+
+}  // namespace
+
 RunResult run_job(TrainConfig cfg, TrainMode mode, std::ostream& log, LoopHooks hooks) {
   resolve_hub_inputs(cfg, log);
   if (cfg.dpo.enabled) {  // `soltrain dpo`, or an sft config with Axolotl's `rl: dpo`
@@ -25,20 +42,25 @@ RunResult run_job(TrainConfig cfg, TrainMode mode, std::ostream& log, LoopHooks 
       user_error("dpo: data parallel (gpus: ", cfg.gpus, ") is not built yet for preference training; use gpus: 1");
     if (!cfg.dump_batches.empty()) user_error("--dump-batches is not built yet for dpo");
     check_run_inputs(cfg);
-    prepare_run_outputs(cfg, log);
+    const OutputLock lock = prepare_run_outputs(cfg, log);
     auto ops = make_ops(cfg.device);
     return run_dpo(cfg, *ops, log, std::move(hooks));
   }
-  const LaunchEnv env = read_launch_env();
+  LaunchEnv env = read_launch_env();
+  env.timeout_s = cfg.ddp_timeout;
   select_local_device(env, cfg.device);
   auto ops = make_ops(cfg.device);
   // SOLTRAIN_COMMUNICATOR=nccl (or mpi) runs that communicator even alone, for checks that it trains
   // bitwise as a single process does.
   const char* force = std::getenv("SOLTRAIN_COMMUNICATOR");
   auto comm = make_communicator(env, *ops, force ? force : "");
-  if (comm->size() > 1) set_error_prefix(cat("rank ", comm->rank(), ": "));
+  if (comm->size() > 1) {
+    set_error_prefix(cat("rank ", comm->rank(), ": "));
+    check_same_config(*comm, cfg);
+  }
   check_run_inputs(cfg);
-  if (comm->rank() == 0) prepare_run_outputs(cfg, log);  // before any work: nothing the user had is written over
+  OutputLock lock;  // before any work: nothing the user had is written over, and no other run writes there
+  if (comm->rank() == 0) lock = prepare_run_outputs(cfg, log);
   comm->barrier();
   return run_training(cfg, mode, *ops, log, comm.get(), std::move(hooks));
 }

@@ -1,5 +1,8 @@
 #include "core/host_memory.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <charconv>
 #include <fstream>
@@ -109,6 +112,18 @@ HostMemory read_host_memory(const HostMemoryFiles& files) {
     }
     available = available ? std::min(*available, cg_available) : cg_available;
   }
+  // `ulimit -v` (RLIMIT_AS) bounds this process's address space whatever the machine has: what is left of it
+  // is what an allocation can still get (malloc fails past it, with no word of which input asked).
+  if (files.meminfo == HostMemoryFiles{}.meminfo) {
+    rlimit as{};
+    if (::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
+      const auto statm = read_text("/proc/self/statm");
+      const uint64_t used = statm ? parse_u64(statm->substr(0, statm->find(' '))).value_or(0) * uint64_t(::sysconf(_SC_PAGESIZE)) : 0;
+      const uint64_t left = as.rlim_cur > used ? as.rlim_cur - used : 0;
+      if (!limit || as.rlim_cur < *limit) limit = as.rlim_cur, limit_from = "ulimit -v";
+      available = available ? std::min(*available, left) : left;
+    }
+  }
   HostMemory m;
   if (!limit && !available) return m;  // nothing read: unknown
   m.known = true;
@@ -119,15 +134,14 @@ HostMemory read_host_memory(const HostMemoryFiles& files) {
   return m;
 }
 
-std::string host_memory_refusal(uint64_t bytes, const HostMemory& m, std::string_view what) {
+std::string host_memory_refusal(uint64_t bytes, const HostMemory& m, std::string_view what, std::string_view hint) {
   if (!m.known || bytes <= m.available) return "";
   return cat("out of host memory: ", what, " needs ", gib(bytes), ", ", gib(m.available), " available of a ",
-             gib(m.limit), " limit (", m.limit_from,
-             "): lower per_device_train_batch_size or sequence_len, or use a smaller model or lora");
+             gib(m.limit), " limit (", m.limit_from, "): ", hint);
 }
 
-void check_host_memory(uint64_t bytes, std::string_view what) {
-  const std::string refusal = host_memory_refusal(bytes, read_host_memory(), what);
+void check_host_memory(uint64_t bytes, std::string_view what, std::string_view hint) {
+  const std::string refusal = host_memory_refusal(bytes, read_host_memory(), what, hint);
   if (!refusal.empty()) throw UserError(refusal);
 }
 

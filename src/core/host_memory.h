@@ -1,5 +1,5 @@
 // How much host memory this process may really use: the cgroup's limit (a container's, which MemTotal does
-// not show) and /proc/meminfo, whichever is smaller; and the check that refuses a host allocation that would
+// not show), /proc/meminfo and `ulimit -v`, whichever is smallest; and the check that refuses a host allocation that would
 // not fit, with the figures, instead of the kernel's OOM killer ending the run without a word.
 #pragma once
 #include <cstdint>
@@ -28,10 +28,15 @@ HostMemory read_host_memory(const HostMemoryFiles& files = {});
 
 // The one line refusing `bytes` more of host memory for `what` when they exceed `m.available`; empty when they
 // fit (or nothing is known).
-std::string host_memory_refusal(uint64_t bytes, const HostMemory& m, std::string_view what);
+// `hint` says what the user can change.
+inline constexpr std::string_view kTrainingMemoryHint =
+    "lower per_device_train_batch_size or sequence_len, or use a smaller model or lora";
+inline constexpr std::string_view kInputMemoryHint = "the input is too large for this machine, or corrupt";
+std::string host_memory_refusal(uint64_t bytes, const HostMemory& m, std::string_view what,
+                                std::string_view hint = kTrainingMemoryHint);
 
 // Reads the figures now and throws UserError with host_memory_refusal's line when `bytes` do not fit.
-void check_host_memory(uint64_t bytes, std::string_view what);
+void check_host_memory(uint64_t bytes, std::string_view what, std::string_view hint = kTrainingMemoryHint);
 
 // "12.3 GiB limit (cgroup v2 memory.max), 10.1 GiB available" for the memory plan; "unknown" when unread.
 std::string describe_host_memory(const HostMemory& m);

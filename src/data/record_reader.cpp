@@ -10,6 +10,7 @@
 #include "data/csv.h"
 #include "data/parquet/reader.h"
 #include "io/compression.h"
+#include "io/input_file.h"
 #include "io/json_file.h"
 
 namespace soltrain {
@@ -43,11 +44,7 @@ Kind kind_of(const fs::path& p) {
 }
 
 std::string read_file_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) user_error(p.string(), ": cannot open (unreadable)");
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  return read_input_file(p, "a dataset");
 }
 
 // The file's text, decompressed when it is .gz/.zst (whole: the formats that need it are parsed whole or
@@ -230,10 +227,11 @@ std::unique_ptr<RecordSource> open_source(const fs::path& p, const std::vector<s
     case Format::kJsonLines:
     case Format::kUnknown:  // JSON Lines is what soltrain always read, whatever the name
       if (k.packing == Packing::kNone) {
-        auto in = std::make_unique<std::ifstream>(p, std::ios::binary);
-        if (!*in) user_error(p.string(), ": cannot open (unreadable)");
+        auto in = open_input_file(p, "a dataset");
+        if (!in) user_error(p.string(), ": cannot open (unreadable)");
         return std::make_unique<JsonLinesSource>(p.string(), std::move(in));
       }
+      // The decompressed text is moved into the stream, not copied: it may be most of the memory there is.
       return std::make_unique<JsonLinesSource>(p.string(),
                                                std::make_unique<std::istringstream>(read_text(p, k.packing)));
   }
@@ -249,7 +247,10 @@ std::vector<fs::path> dataset_files(const fs::path& path, const std::string& spl
                  split, "\" split as its path)");
     return {path};
   }
-  if (!fs::is_directory(path)) user_error(path.string(), ": dataset file not found");
+  if (!fs::is_directory(path)) {
+    refuse_special_file(path, "a dataset");  // /dev/zero, a FIFO: named as what they are
+    user_error(path.string(), ": dataset file not found");
+  }
   std::vector<fs::path> all;
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(path, ec); !ec && it != fs::recursive_directory_iterator();

@@ -15,6 +15,7 @@ struct LaunchEnv {
   int rank = 0, world_size = 1, local_rank = 0;
   std::string master_addr;  // Env: where rank 0 listens for the rendezvous
   int master_port = 0;
+  int timeout_s = 1800;  // ddp_timeout: the rendezvous and every host collective
 };
 
 // Reads the environment; UserError (one line) when torchrun's variables are incomplete or inconsistent.

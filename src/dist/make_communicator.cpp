@@ -70,6 +70,7 @@ void select_local_device(const LaunchEnv& e, Device device) {
   if (device != Device::CUDA) return;
 #ifdef SOLTRAIN_CUDA
   const int n = visible_gpus();
+  if (n == 0) user_error("device: cuda, but no CUDA GPU is visible (CUDA_VISIBLE_DEVICES, drivers): use device: cpu");
   if (e.local_rank >= n)
     user_error("local rank ", e.local_rank, " needs GPU ", e.local_rank, " but this process sees ", n,
                " GPU(s) (CUDA_VISIBLE_DEVICES): start at most ", n, " ranks per machine");

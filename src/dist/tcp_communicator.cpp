@@ -27,8 +27,6 @@ namespace soltrain {
 
 namespace {
 
-constexpr int kRendezvousSeconds = 120;
-
 // Every frame rank 0 sends starts with this: ok, or the rank that failed.
 struct Header {
   int32_t failed_rank = -1;
@@ -36,8 +34,9 @@ struct Header {
 
 }  // namespace
 
-TcpCommunicator::TcpCommunicator(const LaunchEnv& env) : rank_(env.rank), size_(env.world_size) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kRendezvousSeconds);
+TcpCommunicator::TcpCommunicator(const LaunchEnv& env)
+    : rank_(env.rank), size_(env.world_size), timeout_s_(env.timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s_);
   const std::string where = cat(env.master_addr, ":", env.master_port);
   if (rank_ == 0) {
     listen_fd_ = ::socket(AF_INET6, SOCK_STREAM, 0);
@@ -71,11 +70,11 @@ TcpCommunicator::TcpCommunicator(const LaunchEnv& env) : rank_(env.rank), size_(
       pollfd p{listen_fd_, POLLIN, 0};
       if (left <= 0 || ::poll(&p, 1, left) <= 0)
         throw RankFailure(cat("rendezvous: only ", joined, " of ", size_, " ranks reached ", where, " within ",
-                              kRendezvousSeconds, " s"));
+                              timeout_s_, " s (ddp_timeout)"));
       const int fd = ::accept(listen_fd_, nullptr, nullptr);
       if (fd < 0) continue;
       int32_t hello[2] = {-1, -1};
-      if (!read_all(fd, hello, sizeof hello) || hello[0] <= 0 || hello[0] >= size_ || hello[1] != size_ ||
+      if (!read_all(fd, hello, sizeof hello, -1) || hello[0] <= 0 || hello[0] >= size_ || hello[1] != size_ ||
           peers_[size_t(hello[0])] >= 0) {
         ::close(fd);
         throw RankFailure(cat("rendezvous at ", where, ": a rank joined with rank ", hello[0], " of WORLD_SIZE ",
@@ -106,7 +105,7 @@ TcpCommunicator::TcpCommunicator(const LaunchEnv& env) : rank_(env.rank), size_(
     if (master_fd_ >= 0) break;
     if (std::chrono::steady_clock::now() > deadline) {
       ::freeaddrinfo(res);
-      throw RankFailure(cat("rendezvous: rank 0 did not answer at ", where, " within ", kRendezvousSeconds, " s"));
+      throw RankFailure(cat("rendezvous: rank 0 did not answer at ", where, " within ", timeout_s_, " s (ddp_timeout)"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -130,9 +129,20 @@ TcpCommunicator::~TcpCommunicator() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
 }
 
-bool TcpCommunicator::read_all(int fd, void* p, size_t n) {
+bool TcpCommunicator::read_all(int fd, void* p, size_t n, int peer) {
   auto* b = static_cast<char*>(p);
   while (n > 0) {
+    // A rank stopped (kill -STOP), hung or swapping sends nothing and closes nothing: without a bound the
+    // whole job would wait forever with no word.
+    // Rank 0 sees a silent rank first and tells the others which one it is: they wait on it 10 s longer.
+    pollfd w{fd, POLLIN, 0};
+    const int ready = ::poll(&w, 1, (timeout_s_ + (rank_ != 0 ? 10 : 0)) * 1000);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) {
+      if (rank_ == 0 && peer > 0) failed_rank_ = peer;
+      throw RankFailure(cat(peer < 0 ? std::string("a joining rank") : cat("rank ", peer), " sent nothing for ",
+                            timeout_s_, " s (ddp_timeout): it is stopped, hung or far behind, and the job ends"));
+    }
     const ssize_t got = ::recv(fd, b, n, 0);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) return false;
@@ -159,16 +169,16 @@ void TcpCommunicator::lost(int peer) {
 }
 
 void TcpCommunicator::recv_from(int peer, void* p, size_t n) {
-  if (!read_all(peers_[size_t(peer)], p, n)) lost(peer);
+  if (!read_all(peers_[size_t(peer)], p, n, peer)) lost(peer);
 }
 
 void TcpCommunicator::recv_from_master(void* p, size_t n) {
   Header h;
-  if (!read_all(master_fd_, &h, sizeof h)) lost(0);
+  if (!read_all(master_fd_, &h, sizeof h, 0)) lost(0);
   if (h.failed_rank >= 0)
     throw RankFailure(h.failed_rank == 0 ? std::string("rank 0 failed (its error is above)")
                                          : cat("rank ", h.failed_rank, " stopped (its error, if any, is above)"));
-  if (n > 0 && !read_all(master_fd_, p, n)) lost(0);
+  if (n > 0 && !read_all(master_fd_, p, n, 0)) lost(0);
 }
 
 void TcpCommunicator::send_to_all(const void* p, size_t n) {

@@ -29,7 +29,8 @@ class TcpCommunicator final : public Communicator {
 
  private:
   void all_reduce(Tensor t, bool max);  // Σ, or the largest, over ranks: through rank 0, in rank order
-  static bool read_all(int fd, void* p, size_t n);
+  // False when the peer closed; RankFailure naming `peer` when it sent nothing for timeout_s_.
+  bool read_all(int fd, void* p, size_t n, int peer);
   void write_all(int fd, const void* p, size_t n, int peer);
   [[noreturn]] void lost(int peer);
   void recv_from(int peer, void* p, size_t n);
@@ -40,6 +41,7 @@ class TcpCommunicator final : public Communicator {
   int listen_fd_ = -1, master_fd_ = -1;
   std::vector<int> peers_;  // rank 0: a socket per rank (index 0 unused)
   int failed_rank_ = -1;
+  int timeout_s_;  // LaunchEnv::timeout_s (ddp_timeout)
 };
 
 }  // namespace soltrain

@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
+
+#include "core/error.h"
 
 namespace soltrain {
 
@@ -20,7 +23,18 @@ struct Transfer {
   CURL* curl = nullptr;
   HttpResponse r;
   const std::function<bool(long status, const char*, size_t)>* sink = nullptr;
+  size_t max_body = 0;
+  bool too_large = false;
 };
+
+// A timeout in seconds from the environment (huggingface_hub's constants.py names), else `fallback`.
+long env_seconds(const char* name, long fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const double d = std::strtod(v, &end);
+  return end && *end == '\0' && d >= 1 && d < 1e6 ? long(d) : fallback;
+}
 
 size_t on_header(char* data, size_t size, size_t n, void* user) {
   auto* t = static_cast<Transfer*>(user);
@@ -45,7 +59,12 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
   long status = 0;
   curl_easy_getinfo(t->curl, CURLINFO_RESPONSE_CODE, &status);
   if (!t->sink || status < 200 || status >= 300) {
-    if (t->r.body.size() < 4096 || !t->sink) t->r.body.append(data, bytes);
+    if (t->sink && t->r.body.size() >= 4096) return bytes;
+    if (t->r.body.size() + bytes > t->max_body) {
+      t->too_large = true;
+      return 0;  // CURLE_WRITE_ERROR
+    }
+    t->r.body.append(data, bytes);
     return bytes;
   }
   if (!(*t->sink)(status, data, bytes)) return 0;  // CURLE_WRITE_ERROR: the caller asked to stop
@@ -59,6 +78,11 @@ HttpResponse perform(const HttpRequest& req, const std::function<bool(long statu
   Transfer t;
   t.curl = curl.get();
   t.sink = sink;
+  t.max_body = sink ? 4096 : req.max_body;
+  if (!is_http_url(req.url)) {
+    t.r.error = "not an http:// or https:// URL";
+    return t.r;
+  }
   if (!curl) {
     t.r.error = "libcurl could not start a transfer";
     return t.r;
@@ -73,6 +97,8 @@ HttpResponse perform(const HttpRequest& req, const std::function<bool(long statu
   curl_easy_setopt(c, CURLOPT_NOBODY, req.head ? 1L : 0L);
   curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, req.follow_redirects ? 1L : 0L);
   curl_easy_setopt(c, CURLOPT_MAXREDIRS, 10L);
+  curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
   curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(c, CURLOPT_HEADERDATA, &t);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
@@ -81,13 +107,17 @@ HttpResponse perform(const HttpRequest& req, const std::function<bool(long statu
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(c, CURLOPT_USERAGENT, "soltrain (huggingface_hub-compatible cache)");
   // huggingface_hub's DEFAULT_ETAG_TIMEOUT / DEFAULT_DOWNLOAD_TIMEOUT are 10 s to connect or between
-  // bytes; a stalled transfer is cut after 60 s below 1 byte/s and then resumed.
-  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 10L);
-  curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
-  curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, 60L);
+  // bytes. Between bytes is not enough: a server trickling a byte every few seconds would never be cut, so a
+  // transfer must move 1 KiB/s over the window (any real link does); the caller resumes a cut one.
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, env_seconds("HF_HUB_ETAG_TIMEOUT", 10));
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, env_seconds("HF_HUB_DOWNLOAD_TIMEOUT", 10));
   const CURLcode rc = curl_easy_perform(c);
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &t.r.status);
-  if (rc != CURLE_OK) t.r.error = errbuf[0] ? errbuf : curl_easy_strerror(rc);
+  if (t.too_large)
+    t.r.error = cat("the answer is larger than ", t.max_body >> 20, " MiB (an endless or hostile answer)");
+  else if (rc != CURLE_OK)
+    t.r.error = errbuf[0] ? errbuf : curl_easy_strerror(rc);
   return t.r;
 }
 
@@ -114,6 +144,21 @@ std::string url_quote(const std::string& s, const std::string& safe) {
     }
   }
   return out;
+}
+
+bool is_http_url(const std::string& url) {
+  std::string scheme = url.substr(0, url.find("://"));
+  std::transform(scheme.begin(), scheme.end(), scheme.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  return url.find("://") != std::string::npos && (scheme == "http" || scheme == "https");
+}
+
+std::string url_for_messages(const std::string& url) {
+  const size_t scheme = url.find("://");
+  if (scheme == std::string::npos) return url;
+  const size_t host_end = std::min(url.find('/', scheme + 3), url.size());
+  const size_t at = url.rfind('@', host_end);
+  if (at == std::string::npos || at < scheme + 3) return url;
+  return url.substr(0, scheme + 3) + "***@" + url.substr(at + 1);
 }
 
 std::string url_origin(const std::string& url) {

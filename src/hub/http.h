@@ -1,6 +1,8 @@
 // A thin libcurl client for the hub: one request at a time, headers as a map, bodies either kept (API
 // answers, error pages) or streamed to a sink (files). Transport failures are reported, not thrown, so the
-// caller decides between resuming, falling back to the cache and a message.
+// caller decides between resuming, falling back to the cache and a message. Timeouts as huggingface_hub's:
+// HF_HUB_ETAG_TIMEOUT (default 10 s) to connect, HF_HUB_DOWNLOAD_TIMEOUT (default 10 s) as the window in which
+// a transfer must move at least 1 KiB/s, or it is cut (and resumed by the caller).
 #pragma once
 #include <functional>
 #include <map>
@@ -26,7 +28,17 @@ struct HttpRequest {
   std::vector<std::string> headers;  // "Name: value"
   bool head = false;
   bool follow_redirects = false;
+  // A kept body larger than this ends the transfer with an error (an endless or hostile answer must not
+  // fill memory); streamed bodies are bounded by their sink.
+  size_t max_body = size_t(64) << 20;
 };
+
+// Only http:// and https:// URLs are ever opened, redirects included (libcurl also speaks file://, gopher://,
+// dict://, ...): true for those.
+bool is_http_url(const std::string& url);
+
+// `url` without "user:password@" (for messages: an HF_ENDPOINT with credentials is never echoed).
+std::string url_for_messages(const std::string& url);
 
 // The whole body in memory (API listings, HEAD).
 HttpResponse http_fetch(const HttpRequest& req);

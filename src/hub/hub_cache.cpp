@@ -6,7 +6,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/input_file.h"
 
 namespace fs = std::filesystem;
 
@@ -68,15 +70,67 @@ bool is_commit_hash(const std::string& s) {
   return s.size() == 40 && std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isxdigit(c); });
 }
 
+namespace {
+
+bool safe_component(std::string_view c) {
+  if (c.empty() || c == "." || c == "..") return false;
+  return std::all_of(c.begin(), c.end(), [](unsigned char ch) { return ch >= 0x20 && ch != 0x7f && ch != '\\'; });
+}
+
+bool safe_relative_path(const std::string& s, size_t max_size) {
+  if (s.empty() || s.size() > max_size) return false;
+  for (size_t start = 0;;) {
+    const size_t slash = s.find('/', start);
+    if (!safe_component(std::string_view(s).substr(start, slash - start))) return false;
+    if (slash == std::string::npos) return true;
+    start = slash + 1;
+  }
+}
+
+}  // namespace
+
+bool is_safe_revision(const std::string& s) {
+  return safe_relative_path(s, 256);
+}
+
+bool is_safe_repo_path(const std::string& s) {
+  return safe_relative_path(s, 1024);
+}
+
+bool is_safe_blob_name(const std::string& s) {
+  if (s.empty() || s.size() > 128 || s.front() == '.' || s.back() == '.') return false;
+  return std::all_of(s.begin(), s.end(),
+                     [](unsigned char c) { return std::isalnum(c) || c == '-' || c == '_' || c == '.'; });
+}
+
+void check_revision(const RepoRef& r) {
+  if (!is_safe_revision(r.revision))
+    user_error(repo_kind(r.type), " ", r.id, ": revision \"", r.revision,
+               "\" is not a branch, tag or commit name (a relative name: no empty, \".\" or \"..\" part, no leading "
+               "\"/\", printable characters only)");
+}
+
 std::optional<std::string> cached_commit(const RepoRef& r) {
+  check_revision(r);
   if (is_commit_hash(r.revision)) return r.revision;
-  std::ifstream in(repo_cache_dir(r) / "refs" / r.revision);
-  std::string commit;
-  if (!(in >> commit) || commit.empty()) return std::nullopt;
+  const fs::path ref = repo_cache_dir(r) / "refs" / r.revision;
+  std::error_code ec;
+  if (!fs::exists(ref, ec)) return std::nullopt;
+  refuse_special_file(ref, "a cache ref");
+  std::ifstream in(ref, std::ios::binary);
+  char buf[128] = {};
+  in.read(buf, sizeof buf);
+  std::string commit(buf, size_t(in.gcount()));
+  while (!commit.empty() && std::isspace(static_cast<unsigned char>(commit.back()))) commit.pop_back();
+  if (!is_commit_hash(commit))
+    user_error(ref.string(), ": the Hugging Face cache's ref for revision \"", r.revision,
+               "\" holds no commit hash (corrupt cache): delete the file and run again online");
   return commit;
 }
 
 void write_ref(const RepoRef& r, const std::string& commit) {
+  check_revision(r);
+  SOLTRAIN_CHECK(is_commit_hash(commit));
   if (r.revision == commit) return;
   const fs::path ref = repo_cache_dir(r) / "refs" / r.revision;
   std::error_code ec;

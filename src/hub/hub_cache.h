@@ -36,8 +36,19 @@ std::filesystem::path repo_cache_dir(const RepoRef& r);
 // A full 40-hex commit id (REGEX_COMMIT_HASH in file_download.py): such a revision needs no refs/ file.
 bool is_commit_hash(const std::string& s);
 
+// Names that come from outside (a config's revision, the hub's file names and ETags) become paths in the
+// cache, so each is checked as a name before it touches the file system: a revision or file name is relative
+// ("/"-separated components of printable ASCII, none empty, "." or ".."), an ETag a single such component
+// of letters, digits, '-', '_' and inner '.'. huggingface_hub joins them unchecked.
+bool is_safe_revision(const std::string& s);
+bool is_safe_repo_path(const std::string& s);
+bool is_safe_blob_name(const std::string& s);
+// UserError (one line) unless r.revision is a safe revision.
+void check_revision(const RepoRef& r);
+
 // The commit the cache holds for r.revision: the revision itself when it is a commit hash, else the
 // content of refs/<revision> (written by the last online resolve); nullopt when neither is there.
+// UserError when refs/<revision> holds something other than a commit hash (or is not a regular file).
 std::optional<std::string> cached_commit(const RepoRef& r);
 
 // refs/<revision> := commit (as _cache_commit_hash_for_specific_revision: only when they differ), atomically.

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "io/input_file.h"
 
 namespace soltrain {
 
@@ -15,8 +16,12 @@ std::string env(const char* name) {
 }
 
 std::string read_token_file(const std::filesystem::path& p) {
+  std::error_code ec;
+  if (!std::filesystem::exists(p, ec)) return "";
+  refuse_special_file(p, "the Hugging Face token file");  // a FIFO there would block every run
   std::ifstream in(p);
   std::string t;
+  in.width(4096);  // a token is ~40 characters; a huge file is not read whole
   in >> t;
   return t;
 }
@@ -27,6 +32,9 @@ HubClient hub_client_from_env(std::ostream& log, bool tty) {
   HubClient c;
   if (!env("HF_ENDPOINT").empty()) c.endpoint = env("HF_ENDPOINT");
   while (c.endpoint.ends_with("/")) c.endpoint.pop_back();  // constants.py: .rstrip("/")
+  if (!is_http_url(c.endpoint))
+    user_error("HF_ENDPOINT=", url_for_messages(c.endpoint),
+               ": not an http:// or https:// URL (only the hub's HTTP API is spoken)");
   std::string token = env("HF_TOKEN");
   if (token.empty()) {
     const std::filesystem::path file =
@@ -55,12 +63,12 @@ std::string resolve_url(const HubClient& c, const RepoRef& r, const std::string&
 void hub_request_failed(const HubClient& c, const RepoRef& r, const std::string& what, const HttpResponse& resp) {
   const std::string name = cat(repo_kind(r.type), " ", r.id);
   if (resp.status == 0)
-    user_error(name, ": cannot reach ", c.endpoint, " (", resp.error,
+    user_error(name, ": cannot reach ", url_for_messages(c.endpoint), " (", resp.error,
                "); check the network (or HF_ENDPOINT), or set HF_HUB_OFFLINE=1 to use only the local cache");
   const std::string code = resp.header("x-error-code");
   const std::string on = cat(" (", what, ", HTTP ", resp.status, code.empty() ? "" : ", " + code, ")");
   if (code == "GatedRepo")
-    user_error(name, ": the repository is gated", on, ": accept its conditions on ", c.endpoint, "/",
+    user_error(name, ": the repository is gated", on, ": accept its conditions on ", url_for_messages(c.endpoint), "/",
                r.type == RepoType::kDataset ? "datasets/" : "", r.id, " and set HF_TOKEN to a token of that account");
   if (code == "RevisionNotFound")
     user_error(name, ": revision \"", r.revision, "\" not found", on, ": check the `revision:` key");
@@ -71,7 +79,7 @@ void hub_request_failed(const HubClient& c, const RepoRef& r, const std::string&
                        : "the repository is private, gated or misspelled: set HF_TOKEN to a token with access "
                          "(huggingface.co/settings/tokens) and check the id's spelling");
   if (resp.status == 404)
-    user_error(name, ": not found on ", c.endpoint, on, ": check the spelling of the id",
+    user_error(name, ": not found on ", url_for_messages(c.endpoint), on, ": check the spelling of the id",
                r.revision == "main" ? "" : " and the revision", " (a local folder of that name does not exist either)");
   user_error(name, ": the hub answered HTTP ", resp.status, on, "; try again later");
 }

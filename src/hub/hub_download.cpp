@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -62,8 +63,8 @@ FileMeta head_file(const HubClient& c, const RepoRef& r, const std::string& comm
   m.etag = normalize_etag(!resp.header("x-linked-etag").empty() ? resp.header("x-linked-etag") : resp.header("etag"));
   m.size = to_int(!resp.header("x-linked-size").empty() ? resp.header("x-linked-size") : resp.header("content-length"));
   m.location = resp.status >= 300 && !resp.header("location").empty() ? resp.header("location") : url;
-  if (m.etag.empty() || m.etag.find('/') != std::string::npos || m.etag.find("..") != std::string::npos)
-    user_error(repo_kind(r.type), " ", r.id, ": the hub at ", c.endpoint, " sent no usable ETag for ", file,
+  if (!is_safe_blob_name(m.etag))  // it names the blob file in the cache
+    user_error(repo_kind(r.type), " ", r.id, ": the hub at ", url_for_messages(c.endpoint), " sent no usable ETag for ", file,
                " (is HF_ENDPOINT a Hugging Face hub?)");
   return m;
 }
@@ -90,6 +91,24 @@ class BlobLock {
   int fd_ = -1;
 };
 
+// The partial download, opened to append (or truncated): never through a symlink, and only as a regular
+// file, so a link planted at blobs/<sha>.incomplete in a shared cache cannot make the download write into
+// the file it points at.
+std::FILE* open_partial(const fs::path& part, bool truncate) {
+  const int fd = ::open(part.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | (truncate ? O_TRUNC : O_APPEND), 0644);
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const int err = fd < 0 ? errno : 0;
+    if (fd >= 0) ::close(fd);
+    user_error(part.string(), ": cannot write the download (",
+               err == ELOOP ? "it is a symlink: remove it" : err ? std::strerror(err) : "not a regular file: remove it",
+               ")");
+  }
+  std::FILE* f = ::fdopen(fd, "ab");
+  if (!f) ::close(fd), user_error(part.string(), ": cannot write the download (", std::strerror(errno), ")");
+  return f;
+}
+
 void hash_prefix(const fs::path& p, Sha256& h) {
   std::ifstream in(p, std::ios::binary);
   std::vector<char> buf(size_t(1) << 20);
@@ -108,12 +127,14 @@ void download_blob(const HubClient& c, const RepoRef& r, const std::string& file
   int transfer_failures = 0, hash_failures = 0;
   for (;;) {
     std::error_code ec;
-    int64_t have = fs::exists(part, ec) ? int64_t(fs::file_size(part, ec)) : 0;
+    const fs::file_status st = fs::symlink_status(part, ec);
+    if (fs::exists(st) && !fs::is_regular_file(st))
+      user_error(part.string(), ": cannot resume the download (a symlink or special file is there: remove it)");
+    int64_t have = fs::exists(st) ? int64_t(fs::file_size(part, ec)) : 0;
     if (m.size >= 0 && have > m.size) fs::remove(part, ec), have = 0;  // not a prefix of this blob
     Sha256 hash;
     if (check_hash && have > 0) hash_prefix(part, hash);
-    std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(part.c_str(), "ab"), std::fclose);
-    if (!f) user_error(part.string(), ": cannot write the download (", std::strerror(errno), ")");
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(open_partial(part, false), std::fclose);
     std::vector<std::string> h = headers;
     h.push_back("Accept-Encoding: identity");
     if (have > 0) h.push_back(cat("Range: bytes=", have, "-"));  // http_get's resume_size
@@ -121,7 +142,7 @@ void download_blob(const HubClient& c, const RepoRef& r, const std::string& file
     bool first = true, write_failed = false;
     const HttpResponse resp = http_stream({m.location, h, false, true}, [&](long status, const char* d, size_t n) {
       if (first && status == 200 && have > 0) {  // the server sent the whole file, not the range
-        f.reset(std::fopen(part.c_str(), "wb"));
+        f.reset(open_partial(part, true));
         hash = Sha256();
         have = 0;
         if (!f) {
@@ -196,10 +217,16 @@ std::string normalize_etag(std::string etag) {
 }
 
 fs::path hub_download_file(const HubClient& c, const RepoRef& r, const std::string& commit, const std::string& file) {
+  if (!is_safe_repo_path(file))
+    user_error(repo_kind(r.type), " ", r.id, ": the hub lists a file with an unsafe name: \"", file,
+               "\" (it would leave the cache folder)");
+  SOLTRAIN_CHECK(is_commit_hash(commit));
   const fs::path repo = repo_cache_dir(r);
   const fs::path pointer = repo / "snapshots" / commit / file;
   std::error_code ec;
-  if (fs::exists(pointer, ec)) return pointer;  // follows the link: a dangling one is downloaded again
+  // Follows the link: a dangling one, or one to something that is not a file (a cache an earlier hostile
+  // answer pointed at blobs/.), is downloaded and linked again.
+  if (fs::is_regular_file(pointer, ec)) return pointer;
   const FileMeta m = head_file(c, r, commit, file);
   const fs::path blob = repo / "blobs" / m.etag;
   fs::create_directories(blob.parent_path(), ec);

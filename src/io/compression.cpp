@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "core/host_memory.h"
 
 namespace soltrain {
 
@@ -25,6 +26,25 @@ struct ZStream {
   ~ZStream() { inflateEnd(&s); }
 };
 
+// Makes room for one more chunk of a stream's output. A few hundred KB of .gz or .zst can expand to many GB
+// (a "bomb"), so each time the buffer would grow, the grown size (and the copy beside it) is checked against
+// the host memory this process may use, naming the file, before the allocation is tried.
+void add_chunk(std::string& out, const std::string& where) {
+  const size_t need = out.size() + kChunk;
+  if (need > out.capacity()) {
+    const size_t grown = std::max(need, out.capacity() * 2);
+    check_host_memory(grown + out.size(), cat(where, ": its decompressed text (", out.size() >> 20, " MiB so far)"),
+                      kInputMemoryHint);
+    try {
+      out.reserve(grown);
+    } catch (const std::bad_alloc&) {
+      user_error(where, ": decompressing it needs more memory than this process may use (", out.size() >> 20,
+                 " MiB so far); ", kInputMemoryHint);
+    }
+  }
+  out.resize(need);
+}
+
 }  // namespace
 
 std::string gunzip(std::string_view data, const std::string& where) {
@@ -41,7 +61,7 @@ std::string gunzip(std::string_view data, const std::string& where) {
       left -= n;
     }
     const size_t had = out.size();
-    out.resize(had + kChunk);
+    add_chunk(out, where);
     z.s.next_out = reinterpret_cast<Bytef*>(out.data() + had);
     z.s.avail_out = uInt(kChunk);
     rc = inflate(&z.s, Z_NO_FLUSH);
@@ -69,7 +89,7 @@ std::string unzstd(std::string_view data, const std::string& where) {
   size_t last = 0;
   while (in.pos < in.size) {
     const size_t had = out.size();
-    out.resize(had + kChunk);
+    add_chunk(out, where);
     ZSTD_outBuffer o{out.data() + had, kChunk, 0};
     last = ZSTD_decompressStream(ctx.get(), &o, &in);
     out.resize(had + o.pos);
@@ -79,7 +99,7 @@ std::string unzstd(std::string_view data, const std::string& where) {
   // Drain what the context still holds.
   while (last != 0) {
     const size_t had = out.size();
-    out.resize(had + kChunk);
+    add_chunk(out, where);
     ZSTD_outBuffer o{out.data() + had, kChunk, 0};
     last = ZSTD_decompressStream(ctx.get(), &o, &in);
     out.resize(had + o.pos);

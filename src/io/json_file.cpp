@@ -4,15 +4,12 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/input_file.h"
 
 namespace soltrain {
 
 nlohmann::json read_json_file(const std::filesystem::path& path) {
-  std::ifstream f(path);
-  if (!f) user_error(path.string(), ": cannot open (missing or unreadable)");
-  std::stringstream s;
-  s << f.rdbuf();
-  return parse_json_text(s.str(), path.string());
+  return parse_json_text(read_input_file(path, "a JSON file"), path.string());
 }
 
 }  // namespace soltrain

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/input_file.h"
 #include "io/json_file.h"
 #include "tokenizer/jinja_error.h"
 
@@ -67,13 +68,11 @@ ChatTemplate ChatTemplate::from_tokenizer_config(const std::filesystem::path& pa
     source = pick_template(config, path, name);
   } else {
     std::filesystem::path jinja_file = path.parent_path() / "chat_template.jinja";
-    std::ifstream f(jinja_file);
-    if (!f)
+    std::error_code ec;
+    if (!std::filesystem::exists(jinja_file, ec))
       user_error(path.string(), ": no \"chat_template\" and no ", jinja_file.string(),
                  ": this tokenizer has no chat template");
-    std::stringstream s;
-    s << f.rdbuf();
-    source = s.str();
+    source = read_input_file(jinja_file, "a chat template");
   }
   try {
     ChatTemplate ct(source);

@@ -7,7 +7,7 @@ namespace fs = std::filesystem;
 
 namespace soltrain {
 
-void prepare_run_outputs(const TrainConfig& c, std::ostream& log) {
+OutputLock prepare_run_outputs(const TrainConfig& c, std::ostream& log) {
   check_output_dir(c.output_dir, c.overwrite_output_dir, "overwrite_output_dir: true", "run (output_dir)");
   if (c.dataset_prepared_path != c.output_dir / "prepared")
     check_output_dir(c.dataset_prepared_path, c.overwrite_output_dir, "overwrite_output_dir: true",
@@ -30,11 +30,13 @@ void prepare_run_outputs(const TrainConfig& c, std::ostream& log) {
   }
 
   fs::create_directories(c.output_dir);
+  OutputLock lock = OutputLock::acquire(c.output_dir, "output_dir");  // before anything in it is touched
   mark_output_dir(c.output_dir, "training run");
   clean_stale_partials(c.output_dir, log);
   fs::create_directories(c.dataset_prepared_path);
   mark_output_dir(c.dataset_prepared_path, "tokenized shards");
   clean_stale_partials(c.dataset_prepared_path, log);
+  return lock;
 }
 
 }  // namespace soltrain

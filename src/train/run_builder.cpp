@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "model/checkpoint.h"
 #include "model/lora_merge.h"
 #include "model/peft_adapter.h"
@@ -41,6 +42,16 @@ void configure_model(Transformer& model, const TrainConfig& c, Ops& ops, int row
   model.set_token_tile(c.token_tile);
   model.set_offload_checkpoints(c.offload_activations);
   model.plan(rows, c.sequence_len, c.recompute);
+}
+
+void check_update_batches_fit(const TrainConfig& c, int world, int rows) {
+  const uint64_t micro = uint64_t(c.gradient_accumulation_steps) * uint64_t(std::max(world, 1));
+  // input_ids, targets and positions (int32) per token, plus the batch's own record.
+  const uint64_t bytes = micro * (sizeof(HostBatch) + uint64_t(rows) * uint64_t(c.sequence_len) * 12);
+  check_host_memory(bytes,
+                    cat("one update's ", micro, " micro-batches (gradient_accumulation_steps ",
+                        c.gradient_accumulation_steps, world > 1 ? cat(" x ", world, " ranks") : "", ")"),
+                    "lower gradient_accumulation_steps");
 }
 
 OptimizerConfig optimizer_config(const TrainConfig& c) {

@@ -47,6 +47,10 @@ std::unique_ptr<Transformer> load_run_model(const TrainConfig& c, Ops& ops, cons
 // checkpoints), then its plan for micro-batches of `rows` x sequence_len.
 void configure_model(Transformer& model, const TrainConfig& c, Ops& ops, int rows);
 
+// One update holds its gradient_accumulation_steps x `world` micro-batches of `rows` x sequence_len on the
+// host at once: refused in one line (host_memory.h) when they do not fit, before they are allocated.
+void check_update_batches_fit(const TrainConfig& c, int world, int rows);
+
 OptimizerConfig optimizer_config(const TrainConfig& c);
 
 // The learning-rate schedule over `total_steps` updates (warmup from warmup_ratio when no warmup_steps).

@@ -125,6 +125,7 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks h
   fs::create_directories(c.output_dir);
   const PreferenceData data = as_data_error([&] { return prepare_preference_data(c, log); });
   const std::optional<LoraConfig> lora = lora_config(c);
+  check_update_batches_fit(c, 1, 2 * c.per_device_train_batch_size);
   auto model = load_run_model(c, ops, lora, {&data.train, &data.validation});
   const int B = c.per_device_train_batch_size, T = c.sequence_len;
   configure_model(*model, c, ops, 2 * B);

@@ -58,6 +58,7 @@ void set_up(Run& r) {
   if (r.dp) r.comm->barrier();
   if (!r.lead()) r.data = prepare();
   // ZeRO-3 gives each rank only its slices of the gradients: no full-size buffer is made for them here.
+  check_update_batches_fit(c, r.world, c.per_device_train_batch_size);
   r.model = load_run_model(c, r.ops, lora_config(c), {&r.data.train, &r.data.validation},
                            /*gradients=*/!(r.dp && c.zero_stage == 3));
   for (const ShardSet* set : {&r.data.train, &r.data.validation})

@@ -11,7 +11,7 @@ namespace soltrain {
 namespace {
 
 std::atomic<int> g_signal{0};
-struct sigaction g_old_int, g_old_term;
+struct sigaction g_old_int, g_old_term, g_old_hup;
 
 extern "C" void on_stop_signal(int sig) {
   if (g_signal.exchange(sig) != 0) std::_Exit(128 + sig);  // the second request: no more waiting
@@ -28,11 +28,13 @@ StopSignal::StopSignal() {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &g_old_int);
   sigaction(SIGTERM, &sa, &g_old_term);
+  sigaction(SIGHUP, &sa, &g_old_hup);  // the terminal or SSH session closed: save as for SIGTERM
 }
 
 StopSignal::~StopSignal() {
   sigaction(SIGINT, &g_old_int, nullptr);
   sigaction(SIGTERM, &g_old_term, nullptr);
+  sigaction(SIGHUP, &g_old_hup, nullptr);
 }
 
 bool StopSignal::requested() {

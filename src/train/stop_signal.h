@@ -1,4 +1,4 @@
-// Ctrl-C and SIGTERM during training: the first one asks the loop to stop after the current step (it then
+// Ctrl-C, SIGTERM and SIGHUP during training: the first one asks the loop to stop after the current step (it then
 // saves a checkpoint and exits 130); a second one ends the process at once.
 #pragma once
 
@@ -6,7 +6,7 @@ namespace soltrain {
 
 class StopSignal {
  public:
-  StopSignal();   // installs the SIGINT / SIGTERM handlers
+  StopSignal();   // installs the SIGINT / SIGTERM / SIGHUP handlers
   ~StopSignal();  // restores the previous ones
   StopSignal(const StopSignal&) = delete;
   StopSignal& operator=(const StopSignal&) = delete;

@@ -120,6 +120,9 @@ struct TrainConfig {
   // device: cpu); ZeRO's stage (DeepSpeed's meaning) when there is more than one rank.
   int gpus = 1;
   int zero_stage = 0;
+  // Seconds a rank waits on another at the rendezvous or in a host collective before the job ends naming
+  // the silent rank (HF TrainingArguments' ddp_timeout, 1800 s).
+  int ddp_timeout = 1800;
   bool shuffle = true;                       // false (Axolotl's curriculum_sampling): the datasets' order
   bool dataset_exact_deduplication = false;  // Axolotl's: identical tokenized documents kept once
   bool merge_adapter = false;                // Surogate's: LoRA folded into the base, output_dir/merged

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "data/tokenize_job.h"
 #include "io/json_file.h"
 
@@ -38,6 +39,10 @@ ShardSet sample_documents(const ShardSet& from, int64_t n, uint64_t seed) {
   // seed), not numpy's, so the same count but not the same documents as Surogate.
   const int64_t size = from.documents();
   if (size == 0) return from;
+  // n / size copies of every document: checked against host memory before any is made.
+  const uint64_t copies = uint64_t(n / size) + 1;
+  check_host_memory(copies * (from.tokens.size() * (sizeof(int32_t) + 1) + uint64_t(size) * 2 * sizeof(int64_t)),
+                    cat("samples: ", n, " (", copies, " copies of ", size, " documents)"), "lower samples");
   std::vector<int64_t> docs;
   for (int64_t r = 0; r < n / size; ++r)
     for (int64_t d = 0; d < size; ++d) docs.push_back(d);

@@ -89,8 +89,8 @@ class StepLogger {
   double flops_per_token_ = 0, matmul_tflops_ = 0;
 };
 
-// Fault tests (tests/test_data_parallel.cpp): SOLTRAIN_TEST_RANK_FAULT=R:STEP:kill|raise makes rank R die
-// by SIGKILL, or throw, after update STEP.
+// Fault tests (tests/test_data_parallel.cpp): SOLTRAIN_TEST_RANK_FAULT=R:STEP:kill|raise|stop makes rank R
+// die by SIGKILL, throw, or stop (SIGSTOP: alive but silent) after update STEP.
 void test_fault(int rank, int64_t step) {
   const char* v = std::getenv("SOLTRAIN_TEST_RANK_FAULT");
   if (!v) return;
@@ -99,6 +99,7 @@ void test_fault(int rank, int64_t step) {
   char how[8] = {};
   if (std::sscanf(v, "%d:%lld:%7s", &r, &s, how) != 3 || r != rank || s != step) return;
   if (std::string(how) == "kill") std::raise(SIGKILL);
+  if (std::string(how) == "stop") std::raise(SIGSTOP);
   throw std::runtime_error(cat("injected fault after step ", step));
 }
 

@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "core/host_memory.h"
 #include "data/parquet/hybrid.h"
 #include "data/parquet/thrift.h"
 #include "io/compression.h"
@@ -135,6 +136,16 @@ void decode_values(std::string_view data, Encoding enc, PhysicalType type, size_
       if (data.empty()) corrupt("dictionary indices end early (truncated or corrupt page)");
       std::vector<uint32_t> idx;
       decode_hybrid(data.substr(1), uint8_t(data[0]), count, idx);
+      // A few bytes of run-length indices can repeat one long dictionary string millions of times: the
+      // expanded values are checked against host memory before they are made.
+      uint64_t bytes = 0;
+      for (uint32_t i : idx)
+        if (i < dict->size()) bytes += sizeof(ordered_json) + ((*dict)[i].is_string() ? (*dict)[i].get_ref<const std::string&>().size() : 0);
+      if (bytes > (uint64_t(64) << 20))
+        if (const std::string no = host_memory_refusal(bytes, read_host_memory(), "a page's dictionary-coded values",
+                                                       kInputMemoryHint);
+            !no.empty())
+          corrupt(no);
       for (uint32_t i : idx) {
         if (i >= dict->size()) corrupt("a dictionary index is out of range (corrupt page)");
         out.push_back((*dict)[i]);

@@ -1,0 +1,207 @@
+// Runs that share a machine, a folder or a job (issue 28): a second run on a busy output_dir is refused
+// naming the first; workers die with a kill -9'd launcher (and a rerun resumes); ranks started with
+// different configs, or one that falls silent, end the job in bounded time naming the cause; SIGHUP saves as
+// SIGTERM does; a file-size limit or a closed pipe is one line, not a signal death.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <thread>
+
+#include "dp_test_util.h"
+#include "fault_test_util.h"
+#include "io/output_lock.h"
+
+namespace soltrain::test {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// Waits (up to 60 s) until the run writing `dir` has logged a training step.
+bool wait_for_a_step(const fs::path& dir) {
+  for (const auto end = Clock::now() + std::chrono::seconds(60); Clock::now() < end;) {
+    if (read_text(dir / "metrics.jsonl").find("\"loss\"") != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+// The children of `parent`, from /proc.
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = read_text(e.path() / "stat");
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    int ppid = 0;
+    if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) == 2 && ppid == parent)
+      out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+// Gone, or a zombie nobody has reaped yet (the container's init may not): no longer running.
+bool ended(pid_t pid) {
+  const std::string stat = read_text(fs::path("/proc") / std::to_string(pid) / "stat");
+  const size_t close = stat.rfind(')');
+  return stat.empty() || close == std::string::npos || stat[close + 2] == 'Z' || stat[close + 2] == 'X';
+}
+
+int exit_code(pid_t pid) {
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+TEST(RunIsolation, ASecondRunOnABusyOutputDirIsRefusedNamingTheFirst) {
+  DpSetup s;
+  const fs::path dir = s.t.path / "out";
+  const pid_t a = spawn_launcher(s, "out", "--set max_steps=100000 --set logging_steps=1", s.t.path / "a.log");
+  ASSERT_TRUE(wait_for_a_step(dir)) << read_text(s.t.path / "a.log");
+  const CliRun b = s.sft(0, "out", "--set max_steps=2");
+  expect_refused(b, "is in use by another soltrain run (PID " + std::to_string(a) + ")");
+  ASSERT_EQ(::kill(a, SIGTERM), 0);
+  EXPECT_EQ(exit_code(a), 130) << read_text(s.t.path / "a.log");
+  // Run A's log is its own: steps 1, 2, 3, ... with nothing of B's.
+  int64_t expect = 1;
+  std::istringstream rows(read_text(dir / "metrics.jsonl"));
+  for (std::string row; std::getline(rows, row);) {
+    const auto j = nlohmann::json::parse(row);
+    if (j.contains("loss")) EXPECT_EQ(j["step"].get<int64_t>(), expect++) << row;
+  }
+  EXPECT_GT(expect, 1);
+  // Once A has ended, the folder is free again (the kernel dropped the lock with the process).
+  EXPECT_EQ(s.sft(0, "out", "--set max_steps=1 --set overwrite_output_dir=true").code, 0);
+}
+
+TEST(RunIsolation, WorkersDieWithAKilledLauncherAndTheRerunResumes) {
+  DpSetup s;
+  const fs::path dir = s.t.path / "k9";
+  const std::string run = "--gpus 2 --set gradient_accumulation_steps=1 --set logging_steps=1 ";
+  const pid_t launcher = spawn_launcher(s, "k9", run + "--set max_steps=100000", s.t.path / "k9.log");
+  ASSERT_TRUE(wait_for_a_step(dir)) << read_text(s.t.path / "k9.log");
+  const std::vector<pid_t> workers = children_of(launcher);
+  ASSERT_EQ(workers.size(), 2u);
+  ASSERT_EQ(::kill(launcher, SIGKILL), 0);
+  exit_code(launcher);
+  // They stop as for SIGTERM: a checkpoint, then exit.
+  const auto end = Clock::now() + std::chrono::seconds(60);
+  while (Clock::now() < end && !(ended(workers[0]) && ended(workers[1])))
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_TRUE(ended(workers[0]) && ended(workers[1])) << "a worker outlived its launcher";
+  int64_t last = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().starts_with("checkpoint-"))
+      last = std::max<int64_t>(last, std::stoll(e.path().filename().string().substr(11)));
+  ASSERT_GT(last, 0) << read_text(s.t.path / "k9.log");
+  const CliRun again =
+      s.sft(0, "k9", run + "--set resume_from_checkpoint=true --set max_steps=" + std::to_string(last + 2));
+  EXPECT_EQ(again.code, 0) << again.err;
+  EXPECT_NE(again.err.find("resuming from"), std::string::npos) << again.err;
+}
+
+TEST(RunIsolation, RanksWithDifferentConfigsEndTheJobInOneLine) {
+  DpSetup s;
+  const std::string port = std::to_string(free_port());
+  auto rank = [&](int r, const std::string& sets) {
+    return "env RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r) +
+           " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " timeout -k 5 60 " SOLTRAIN_BIN " sft " +
+           (s.t.path / "base.yaml").string() + " --set output_dir=" + (s.t.path / "mixed").string() +
+           " --set dataset_prepared_path=" + (s.t.path / "prep").string() + " " + sets + " 2>" +
+           (s.t.path / ("r" + std::to_string(r) + ".err")).string();
+  };
+  for (const std::string& diff : {std::string("save_steps=1"), std::string("lora_r=8 --set adapter=lora"),
+                                  std::string("zero_stage=2"), std::string("learning_rate=0.1")}) {
+    SCOPED_TRACE(diff);
+    const std::string cmd = "(" + rank(0, "") + "; echo $? > " + (s.t.path / "c0").string() + ") & (" +
+                            rank(1, "--set " + diff) + "; echo $? > " + (s.t.path / "c1").string() + "); wait";
+    const auto t0 = Clock::now();
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+    EXPECT_LT(Clock::now() - t0, std::chrono::seconds(30));
+    for (int r = 0; r < 2; ++r) {
+      const std::string err = read_text(s.t.path / ("r" + std::to_string(r) + ".err"));
+      EXPECT_EQ(std::stoi(read_text(s.t.path / ("c" + std::to_string(r)))), 2) << err;
+      EXPECT_NE(err.find("the ranks were started with different configs"), std::string::npos) << err;
+    }
+  }
+}
+
+TEST(RunIsolation, ASilentRankEndsTheJobNamingIt) {
+  DpSetup s;
+  const auto t0 = Clock::now();
+  const CliRun r = run_bounded("sft " + (s.t.path / "base.yaml").string() + " --set output_dir=" +
+                                   (s.t.path / "stopped").string() +
+                                   " --gpus 2 --set gradient_accumulation_steps=1 --set ddp_timeout=2",
+                               s.t, 60, "SOLTRAIN_TEST_RANK_FAULT=1:1:stop");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("rank 0: error: rank 1 sent nothing for 2 s (ddp_timeout)"), std::string::npos) << r.err;
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(30));
+}
+
+TEST(RunIsolation, ImpossibleWorkerCountsAreOneLine) {
+  DpSetup s;
+  expect_refused(s.sft(0, "many", "--gpus 1000"), "CPU ranks (device: cpu)");
+  EXPECT_FALSE(fs::exists(s.t.path / "many"));
+}
+
+TEST(RunIsolation, HangupSavesACheckpointAsTermDoes) {
+  DpSetup s;
+  const fs::path dir = s.t.path / "hup";
+  const pid_t a = spawn_launcher(s, "hup", "--set max_steps=100000 --set logging_steps=1", s.t.path / "hup.log");
+  ASSERT_TRUE(wait_for_a_step(dir)) << read_text(s.t.path / "hup.log");
+  ASSERT_EQ(::kill(a, SIGHUP), 0);
+  EXPECT_EQ(exit_code(a), 130) << read_text(s.t.path / "hup.log");
+  bool saved = false;
+  for (const auto& e : fs::directory_iterator(dir)) saved = saved || e.path().filename().string().starts_with("checkpoint-");
+  EXPECT_TRUE(saved) << read_text(s.t.path / "hup.log");
+}
+
+TEST(RunIsolation, AFileSizeLimitIsOneLineNotASignal) {
+  DpSetup s;
+  const std::string cmd = "ulimit -f 64; exec " SOLTRAIN_BIN " sft " + (s.t.path / "base.yaml").string() +
+                          " --set output_dir=" + (s.t.path / "fsz").string() + " --set save_steps=1 >" +
+                          (s.t.path / "o").string() + " 2>" + (s.t.path / "e").string();
+  const int status = std::system(("bash -c '" + cmd + "'").c_str());
+  const CliRun r{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), read_text(s.t.path / "o"),
+                 read_text(s.t.path / "e")};
+  expect_refused(r, "File too large");
+  EXPECT_EQ(leftovers(s.t.path), "");
+}
+
+TEST(RunIsolation, GenerateIntoAFullDiskOrAClosedPipeIsOneLine) {
+  DpSetup s;
+  const std::string gen = SOLTRAIN_BIN " generate --model " + (s.t.path / "model").string() +
+                          " --prompt abc --max-new-tokens 64 --print-ids --device cpu";
+  const int f = std::system(("bash -c '" + gen + " >/dev/full 2>" + (s.t.path / "e1").string() + "'").c_str());
+  EXPECT_EQ(WIFEXITED(f) ? WEXITSTATUS(f) : -1, 2);
+  EXPECT_NE(read_text(s.t.path / "e1").find("error: stdout: write failed"), std::string::npos)
+      << read_text(s.t.path / "e1");
+  const int p = std::system(
+      ("bash -c 'set -o pipefail; " + gen + " 2>" + (s.t.path / "e2").string() + " | head -c1 >/dev/null'").c_str());
+  EXPECT_EQ(WIFEXITED(p) ? WEXITSTATUS(p) : -1, 2) << read_text(s.t.path / "e2");
+  EXPECT_NE(read_text(s.t.path / "e2").find("error: stdout: write failed"), std::string::npos)
+      << read_text(s.t.path / "e2");
+}
+
+}  // namespace
+}  // namespace soltrain::test
