@@ -442,7 +442,8 @@ TEST(DataParallel, BadLaunchInputIsOneLineAndExit2) {
   one_line(s.sft(0, "env", ""), "RANK is set (a torchrun-style launch) but MASTER_ADDR is not");
   ::unsetenv("RANK");
   ::unsetenv("WORLD_SIZE");
-  one_line(s.sft(0, "cuda", "--set device=cuda --gpus 64"), "gpus: 64 but this machine shows ");
+  one_line(s.sft(0, "cuda", "--set device=cuda --gpus 64"),
+           visible_gpus() == 0 ? "but no CUDA GPU is visible: use device: cpu" : "gpus: 64 but this machine shows ");
 }
 
 }  // namespace

@@ -125,6 +125,11 @@ size_t read_levels(std::string_view data, bool length_prefixed, int max_level, s
   return used;
 }
 
+// Host bytes of a decoded value (its JSON node and a string's characters).
+uint64_t value_bytes(const ordered_json& v) {
+  return sizeof(ordered_json) + (v.is_string() ? v.get_ref<const std::string&>().size() : 0);
+}
+
 void decode_values(std::string_view data, Encoding enc, PhysicalType type, size_t count,
                    const std::vector<ordered_json>* dict, std::vector<ordered_json>& out) {
   switch (enc) {
@@ -136,13 +141,11 @@ void decode_values(std::string_view data, Encoding enc, PhysicalType type, size_
       if (data.empty()) corrupt("dictionary indices end early (truncated or corrupt page)");
       std::vector<uint32_t> idx;
       decode_hybrid(data.substr(1), uint8_t(data[0]), count, idx);
-      // A few bytes of run-length indices can repeat one long dictionary string millions of times: the
-      // expanded values are checked against host memory before they are made.
+      // One page's run of indices can ask for gigabytes on its own (see ExpansionBudget): checked first.
       uint64_t bytes = 0;
-      for (uint32_t i : idx)
-        if (i < dict->size()) bytes += sizeof(ordered_json) + ((*dict)[i].is_string() ? (*dict)[i].get_ref<const std::string&>().size() : 0);
-      if (bytes > (uint64_t(64) << 20))
-        if (const std::string no = host_memory_refusal(bytes, read_host_memory(), "a page's dictionary-coded values",
+      for (uint32_t i : idx) bytes += i < dict->size() ? value_bytes((*dict)[i]) : 0;
+      if (bytes > (uint64_t(256) << 20))
+        if (const std::string no = host_memory_refusal(2 * bytes, read_host_memory(), "a page's dictionary-coded values",
                                                        kInputMemoryHint);
             !no.empty())
           corrupt(no);
@@ -166,10 +169,29 @@ void decode_values(std::string_view data, Encoding enc, PhysicalType type, size_
               " (DELTA_* / BYTE_STREAM_SPLIT) are not supported yet (PLAIN and dictionary encodings are)"));
 }
 
+// A few bytes of run-length dictionary indices can repeat one long string millions of times (a 184-byte file
+// asking for 67 GB): the values a chunk has expanded to are checked against host memory at every 256 MiB,
+// twice over for the records made from them, so a bomb is one line naming the file, not the OOM killer.
+class ExpansionBudget {
+ public:
+  void add(const std::vector<ordered_json>& values, size_t from) {
+    for (size_t i = from; i < values.size(); ++i) bytes_ += value_bytes(values[i]);
+    if (bytes_ < next_check_) return;
+    next_check_ = bytes_ + (uint64_t(256) << 20);
+    const std::string no =
+        host_memory_refusal(2 * bytes_, read_host_memory(), "a column's decoded values", kInputMemoryHint);
+    if (!no.empty()) corrupt(no);
+  }
+
+ private:
+  uint64_t bytes_ = 0, next_check_ = uint64_t(256) << 20;
+};
+
 }  // namespace
 
 ColumnValues read_column_chunk(std::string_view chunk, const ColumnChunk& meta, int max_rep, int max_def) {
   ColumnValues c;
+  ExpansionBudget budget;
   std::vector<ordered_json> dict;
   bool has_dict = false;
   size_t pos = 0;
@@ -208,7 +230,9 @@ ColumnValues read_column_chunk(std::string_view chunk, const ColumnChunk& meta, 
         rest.remove_prefix(read_levels(rest, true, max_def, n, c.def));
         size_t present = 0;
         for (size_t i = d0; i < c.def.size(); ++i) present += c.def[i] == uint32_t(max_def);
+        const size_t v0 = c.values.size();
         decode_values(rest, h.encoding, meta.type, present, has_dict ? &dict : nullptr, c.values);
+        budget.add(c.values, v0);
         break;
       }
       case PageType::kDataPageV2: {
@@ -224,7 +248,9 @@ ColumnValues read_column_chunk(std::string_view chunk, const ColumnChunk& meta, 
                                                  : std::string(packed);
         size_t present = 0;
         for (size_t i = d0; i < c.def.size(); ++i) present += c.def[i] == uint32_t(max_def);
+        const size_t v0 = c.values.size();
         decode_values(data, h.encoding, meta.type, present, has_dict ? &dict : nullptr, c.values);
+        budget.add(c.values, v0);
         break;
       }
       default: corrupt(cat("unknown page type ", int(h.type), " (corrupt file)"));
