@@ -205,7 +205,9 @@ TEST(Config, PeerKeysMapToSoltrainSettings) {
   const std::string surogate = "model: m\nsave_path: out\ndatasets: [d.jsonl]\n";
   EXPECT_EQ(parse_train_config(surogate, "dir/cfg.yaml", {}, TrainMode::kSft).output_dir, "dir/out");
   EXPECT_EQ(error_of(surogate + "output_dir: o\n"),
-            "cfg.yaml:2: save_path and output_dir (cfg.yaml:4) are the same setting; keep one");
+            "cfg.yaml:4: output_dir (o) and save_path (out, cfg.yaml:2) are the same setting with different values; "
+            "keep one");
+  EXPECT_EQ(error_of(surogate + "output_dir: out\n"), "no error");  // the same value twice is no conflict
 }
 
 // The keys the second round of real peer configs brought (tests/test_peer_configs.cpp runs them).

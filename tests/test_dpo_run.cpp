@@ -3,6 +3,7 @@
 // pair won) to high, with LoRA and full fine-tuning; `rl: dpo` in an sft config runs the same; the reference
 // sums of full fine-tuning are stored once and reused; bad records follow bad_records.
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -92,6 +93,26 @@ TEST(DpoRun, FullFineTuneRaisesHeldOutAccuracyAndReusesReference) {
   // A second run on the same pairs and model (as a resume is) reads the stored reference.
   dpo(s.config("full2", "max_steps: 1\n"), &log);
   EXPECT_NE(log.find("reference log-probs reused"), std::string::npos) << log;
+}
+
+// A damaged reference cache (NaN, or a negative sum: the cache holds -log p sums, never below 0) is computed again, not trained on as a diverged run.
+TEST(DpoRun, ADamagedReferenceCacheIsComputedAgain) {
+  DpoSetup s;
+  std::string log;
+  dpo(s.config("a", "max_steps: 1\n"), &log);
+  fs::path cache;
+  for (const auto& e : fs::directory_iterator(s.t.path / "prepared"))
+    if (e.path().filename().string().starts_with("dpo-reference-")) cache = e.path();
+  ASSERT_FALSE(cache.empty()) << log;
+  for (const float bad : {std::nanf(""), -3.0f}) {
+    std::string bytes = test::read_bytes(cache);
+    std::memcpy(bytes.data() + 4 * 7, &bad, 4);
+    test::write_text(cache, bytes);
+    const RunResult r = dpo(s.config("b", "max_steps: 2\noverwrite_output_dir: true\n"), &log);
+    EXPECT_EQ(r.steps, 2);
+    EXPECT_NE(log.find("holds values no log-prob sum can take"), std::string::npos) << log;
+    EXPECT_NE(log.find("reference log-probs of 400 pairs stored"), std::string::npos) << log;
+  }
 }
 
 // Axolotl's precompute_ref_log_probs with LoRA: the stored sums replace the adapters-off forward, and train

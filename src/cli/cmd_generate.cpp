@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "io/json_file.h"
 #include "model/checkpoint.h"
+#include "tokenizer/utf8.h"
 #include "model/generation.h"
 #include "model/peft_adapter.h"
 #include "tokenizer/chat_template.h"
@@ -108,6 +109,7 @@ std::function<int()> add_generate_command(CLI::App& app) {
       vars["enable_thinking"] = o->enable_thinking;
       text = tmpl.render(vars);
     }
+    if (!utf8_valid(text)) user_error(o->chat.empty() ? "--prompt" : "--chat", ": not valid UTF-8");
     const std::vector<int32_t> prompt = tok.encode(text);
     // The KV cache is sized for prompt + new tokens: checked against the model before it is allocated.
     const int max_pos = load_model_config(dir).max_position_embeddings;

@@ -165,12 +165,6 @@ void apply_key(const std::string& key, Entries& en, ReadContext& x, std::map<std
 // Each adds its problems to `errors` (or a note the run prints first).
 using Rule = void (*)(const Entries&, const std::string& where, TrainConfig&, std::vector<std::string>& errors);
 
-void rule_one_output_dir(const Entries& en, const std::string&, TrainConfig&, std::vector<std::string>& errors) {
-  if (en.has("save_path") && en.has("output_dir") && !en.by_key.at("save_path").node.IsNull() &&
-      !en.by_key.at("output_dir").node.IsNull())
-    errors.push_back(cat(en.where("save_path"), ": save_path and output_dir (", en.where("output_dir"),
-                         ") are the same setting; keep one"));
-}
 
 // LoRA settings without `adapter: lora` / `lora: true`: the user meant LoRA (Surogate turns it on by default);
 // training the full model instead would be a silent, expensive surprise.
@@ -261,7 +255,89 @@ void rule_streamed_base(const Entries& en, const std::string&, TrainConfig& c, s
                          "on the device: use one of them"));
 }
 
-constexpr Rule kRules[] = {rule_one_output_dir, rule_lora_settings_imply_lora,
+// Two names of one setting given together (lr_scheduler and lr_scheduler_type, micro_batch_size and
+// per_device_train_batch_size, gradient_checkpointing and recompute, adapter: lora and lora: false, ...):
+// the last one used to win silently. In the file they must agree; a --set of one replaces the file's others
+// (an override is meant to win).
+struct SynonymPair {
+  const char* a;
+  const char* b;
+  std::string (*value)(const TrainConfig&);  // what each sets, read after applying it alone
+};
+constexpr SynonymPair kSynonymPairs[] = {
+    {"gradient_checkpointing", "recompute", [](const TrainConfig& c) { return std::string(recompute_name(c.recompute)); }},
+    {"loss_scale", "train_on_inputs", [](const TrainConfig& c) { return std::string(c.train_on_inputs ? "all" : "default"); }},
+    {"adapter", "lora", [](const TrainConfig& c) { return std::string(c.lora.enabled ? "lora" : "full"); }},
+    {"fp8", "recipe", [](const TrainConfig& c) { return std::string(c.fp8_hybrid ? "fp8-hybrid" : "bf16"); }},
+    {"val_set_size", "validation_split_ratio",
+     [](const TrainConfig& c) { return cat(c.validation_split_ratio, "/", c.validation_count); }},
+};
+
+// A scalar as its meaning: numbers by value (1e-4 and 0.0001 agree), YAML's booleans by truth.
+std::string normalized(const YAML::Node& n) {
+  if (!n.IsScalar()) return YAML::Dump(n);
+  const std::string s = n.Scalar();
+  for (const char* t : {"true", "True", "TRUE", "yes"})
+    if (s == t) return "true";
+  for (const char* f : {"false", "False", "FALSE", "no"})
+    if (s == f) return "false";
+  try {
+    size_t used = 0;
+    const double d = std::stod(s, &used);
+    if (used == s.size()) return cat(d);
+  } catch (const std::exception&) {
+  }
+  return s;
+}
+
+void check_synonyms_agree(Entries& en, TrainMode mode, const std::string& where, const fs::path& base) {
+  auto from_set = [&](const std::string& k) { return en.by_key.at(k).where.rfind("--set", 0) == 0; };
+  auto given = [&](const std::string& k) { return en.has(k) && !en.by_key.at(k).node.IsNull(); };
+  // Keeps the overridden name of a group given both in the file and by --set; false when none was overridden.
+  auto override_wins = [&](const std::vector<std::string>& names) {
+    if (std::none_of(names.begin(), names.end(), from_set)) return false;
+    for (const std::string& k : names)
+      if (!from_set(k)) en.by_key.erase(k), std::erase(en.order, k);
+    return true;
+  };
+  auto conflict = [&](const std::string& a, const std::string& b, const std::string& va, const std::string& vb) {
+    en.errors.push_back(cat(en.where(b), ": ", b, " (", vb, ") and ", a, " (", va, ", ", en.where(a),
+                            ") are the same setting with different values; keep one"));
+    en.failed.insert(a), en.failed.insert(b);
+  };
+  std::map<const KeySpec*, std::vector<std::string>> groups;
+  for (const std::string& k : en.order)
+    if (const KeySpec* s = find_config_key(k); s && given(k)) groups[s].push_back(k);
+  for (const auto& [spec, names] : groups) {
+    if (names.size() < 2 || override_wins(names)) continue;
+    for (size_t i = 1; i < names.size(); ++i)
+      if (normalized(en.by_key.at(names[0]).node) != normalized(en.by_key.at(names[i]).node))
+        conflict(names[0], names[i], scalar_text(en.by_key.at(names[0]).node), scalar_text(en.by_key.at(names[i]).node));
+  }
+  for (const SynonymPair& p : kSynonymPairs) {
+    if (!given(p.a) || !given(p.b) || override_wins({p.a, p.b})) continue;
+    std::string v[2];
+    for (int i = 0; i < 2; ++i) {
+      const std::string k = i == 0 ? p.a : p.b;
+      TrainConfig alone;
+      ReadContext x{alone, mode, where, base};
+      Entries one;
+      one.order = {k};
+      one.by_key[k] = en.by_key.at(k);
+      std::map<std::string, size_t> unused;
+      try {
+        apply_key(k, one, x, unused);
+      } catch (const std::exception&) {
+        return;  // the main pass reports a bad value
+      }
+      v[i] = p.value(alone);
+    }
+    if (v[0] != v[1])
+      conflict(p.a, p.b, scalar_text(en.by_key.at(p.a).node), scalar_text(en.by_key.at(p.b).node));
+  }
+}
+
+constexpr Rule kRules[] = {rule_lora_settings_imply_lora,
                            rule_quantised_base, rule_axolotl_schedule,
                            rule_required,       rule_offload,
                            rule_streamed_base};
@@ -277,6 +353,7 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
   c.dpo.enabled = mode == TrainMode::kDpo;
   if (mode == TrainMode::kPretrain) c.train_on_inputs = true;
   ReadContext x{c, mode, where, fs::path(where).parent_path()};
+  check_synonyms_agree(en, mode, where, x.base);
   std::map<std::string, size_t> feature_error;  // a missing feature's text -> its entry in `errors`
   for (const std::string& key : en.order) {
     try {

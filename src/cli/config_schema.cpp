@@ -72,6 +72,18 @@ KeySpec number(std::string name, F field, double min, double max, bool open_min,
              });
 }
 
+// A decay in [0, 1) (AdamW's betas, as torch.optim.AdamW checks them): 1 would never forget, and every
+// step's update would be the first one's.
+template <typename F>
+KeySpec decay(std::string name, F field, std::string doc) {
+  return key(std::move(name), "number", "a number in [0, 1)", cat(field(defaults())), std::move(doc),
+             [field](const Entry& e, const std::string& k, ReadContext& x) {
+               const double v = get_double(e, k, 0, 1);
+               if (v >= 1) bad_value(e, k, "a number in [0, 1)");
+               field(x.c) = v;
+             });
+}
+
 // One of `choices`, then `set` turns it into the setting.
 KeySpec choice(std::string name, std::vector<std::string> choices, std::string def, std::string doc,
                std::function<void(ReadContext&, const std::string&, const Entry&)> set) {
@@ -288,8 +300,8 @@ void add_optimizer_keys(std::vector<KeySpec>& v) {
   v.push_back(number("weight_decay", FIELD(weight_decay), 0, 10, false, "AdamW's decoupled weight decay"));
   v.push_back(number("max_grad_norm", FIELD(max_grad_norm), 0, 1e9, false,
                      "clip the global gradient norm to this (0: no clipping)"));
-  v.push_back(number("adamw_beta1", FIELD(adamw_beta1), 0, 1, false, "AdamW's first-moment decay"));
-  v.push_back(number("adamw_beta2", FIELD(adamw_beta2), 0, 1, false, "AdamW's second-moment decay"));
+  v.push_back(decay("adamw_beta1", FIELD(adamw_beta1), "AdamW's first-moment decay"));
+  v.push_back(decay("adamw_beta2", FIELD(adamw_beta2), "AdamW's second-moment decay"));
   v.push_back(number("adamw_epsilon", FIELD(adamw_epsilon), 0, 1, true, "AdamW's epsilon"));
   v.push_back(integer("seed", FIELD(seed), 0, "the data order's, LoRA's initialisation and dropout's seed"));
 }

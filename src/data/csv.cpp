@@ -1,22 +1,29 @@
 // A quote is special only at the start of a field (a quote inside an unquoted field is kept, as Python's
 // csv module and pandas do); after a closing quote only a delimiter or a line break may follow, and a quote
 // left open at the end of the file is an error: both mean the file's quoting is not what it looks like.
+// A line ends at \n, \r\n or a lone \r (old Mac files), as in Python's csv module and pandas.
 #include "data/csv.h"
 
 #include "core/error.h"
 
 namespace soltrain {
 
+bool CsvParser::at_line_end() const {
+  return text_[pos_] == '\n' || text_[pos_] == '\r';
+}
+
 void CsvParser::skip_line() {
-  while (pos_ < text_.size() && text_[pos_] != '\n') ++pos_;
-  if (pos_ < text_.size()) ++pos_, ++line_;
+  while (pos_ < text_.size() && !at_line_end()) ++pos_;
+  if (pos_ >= text_.size()) return;
+  pos_ += text_[pos_] == '\r' && pos_ + 1 < text_.size() && text_[pos_ + 1] == '\n' ? 2 : 1;
+  ++line_;
 }
 
 bool CsvParser::next(CsvRow& row) {
   row = CsvRow{};
   if (pos_ >= text_.size()) return false;
   row.line = line_;
-  if (text_[pos_] == '\n' || (text_[pos_] == '\r' && pos_ + 1 < text_.size() && text_[pos_ + 1] == '\n')) {
+  if (at_line_end()) {
     row.blank = true;
     skip_line();
     return true;
@@ -46,8 +53,7 @@ bool CsvParser::next(CsvRow& row) {
         f.value += c;
         ++pos_;
       }
-      const bool ends = pos_ >= text_.size() || text_[pos_] == delim_ || text_[pos_] == '\n' ||
-                        (text_[pos_] == '\r' && (pos_ + 1 >= text_.size() || text_[pos_ + 1] == '\n'));
+      const bool ends = pos_ >= text_.size() || text_[pos_] == delim_ || at_line_end();
       if (!ends) {
         row.error = "text after a closing quote (a quote inside a quoted field is written \"\")";
         skip_line();
@@ -64,7 +70,7 @@ bool CsvParser::next(CsvRow& row) {
       row.fields.push_back(std::move(f));
       f = CsvField{};
       ++pos_;
-    } else if (c == '\n' || (c == '\r' && (pos_ + 1 >= text_.size() || text_[pos_ + 1] == '\n'))) {
+    } else if (at_line_end()) {
       row.fields.push_back(std::move(f));
       skip_line();
       return true;

@@ -26,6 +26,7 @@ class CsvParser {
   bool next(CsvRow& row);
 
  private:
+  bool at_line_end() const;  // at \n, or \r (alone or before \n)
   void skip_line();
   std::string_view text_;
   char delim_;

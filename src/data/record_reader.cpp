@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
@@ -12,6 +13,7 @@
 #include "io/compression.h"
 #include "io/input_file.h"
 #include "io/json_file.h"
+#include "tokenizer/utf8.h"
 
 namespace soltrain {
 
@@ -151,18 +153,26 @@ std::unique_ptr<RecordSource> open_json(const fs::path& p, std::string text) {
   return std::make_unique<JsonArraySource>(p.string(), std::move(doc));
 }
 
+// A UTF-8 byte order mark (Excel writes one) is not part of the first column's name; pandas drops it too.
+std::string without_bom(std::string text) {
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
+  return text;
+}
+
 class CsvSource : public RecordSource {
  public:
   CsvSource(std::string name, std::string text, char delim)
-      : name_(std::move(name)), text_(std::move(text)), csv_(text_, delim) {
+      : name_(std::move(name)), text_(without_bom(std::move(text))), csv_(text_, delim) {
     CsvRow header;
     while (csv_.next(header) && header.blank) {
     }
     if (!header.error.empty()) user_error(name_, ":", header.line, ": the header row: ", header.error);
     if (header.fields.empty()) user_error(name_, ": empty file (expected a header row naming the columns)");
+    std::set<std::string> seen;  // a set: a header of 10^5 columns is checked in n log n, not n^2
     for (const auto& f : header.fields) {
-      if (std::find(names_.begin(), names_.end(), f.value) != names_.end())
+      if (!seen.insert(f.value).second)
         user_error(name_, ":", header.line, ": the header names column \"", f.value, "\" twice");
+      if (!utf8_valid(f.value)) user_error(name_, ":", header.line, ": the header is not valid UTF-8");
       names_.push_back(f.value);
     }
   }
@@ -181,12 +191,22 @@ class CsvSource : public RecordSource {
       error = cat("the row has ", row.fields.size(), " fields, the header ", names_.size());
       return true;
     }
-    record = ordered_json::object();
-    // An empty field is missing (null), as pandas reads it for Hugging Face's csv loader.
     for (size_t i = 0; i < names_.size(); ++i)
-      record[names_[i]] = row.fields[i].value.empty() ? ordered_json(nullptr) : ordered_json(row.fields[i].value);
+      if (!utf8_valid(row.fields[i].value)) {
+        error = cat("column \"", names_[i], "\" is not valid UTF-8 (save the file as UTF-8)");
+        return true;
+      }
+    record = ordered_json::object();
+    // An empty field is missing (null), as pandas reads it for Hugging Face's csv loader. The header's names
+    // are distinct, so each is appended without the object's linear lookup (n^2 for a wide file).
+    auto& fields = record.get_ref<ordered_json::object_t&>();
+    fields.reserve(names_.size());
+    for (size_t i = 0; i < names_.size(); ++i)
+      fields.emplace_back(names_[i], row.fields[i].value.empty() ? ordered_json(nullptr)
+                                                                   : ordered_json(std::move(row.fields[i].value)));
     return true;
   }
+
 
  private:
   std::string name_, text_;

@@ -44,6 +44,7 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
   const fs::path adapter_file = adapter_dir / "adapter_model.safetensors";
   if (!fs::exists(adapter_file)) user_error(adapter_dir.string(), ": no adapter_model.safetensors");
   const SafetensorsFile adapter(adapter_file);
+  check_adapter_finite(adapter, adapter_file);
 
   // Which base weights change, and by which A/B pair.
   std::map<std::string, std::pair<std::string, std::string>> deltas;

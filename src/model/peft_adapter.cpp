@@ -1,6 +1,7 @@
 #include "model/peft_adapter.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "io/atomic_file.h"
@@ -59,7 +60,13 @@ LoraConfig read_adapter_config(const fs::path& adapter_dir) {
 
   LoraConfig lora;
   try {
-    lora.r = cfg.at("r").get<int>();
+    // Range-checked before the conversion: a 2^40 rank must not wrap around to 0.
+    const auto& r = cfg.at("r");
+    const bool fits = r.is_number_unsigned()  ? r.get<uint64_t>() <= uint64_t(1) << 20
+                      : r.is_number_integer() ? r.get<int64_t>() >= 0 && r.get<int64_t>() <= int64_t(1) << 20
+                                              : false;
+    if (!fits) user_error(src, ": \"r\" must be an integer from 1 to ", 1 << 20, ", got ", r.dump());
+    lora.r = r.get<int>();
     lora.alpha = cfg.at("lora_alpha").get<float>();
     lora.dropout = cfg.value("lora_dropout", 0.0f);
     lora.use_rslora = cfg.value("use_rslora", false);
@@ -80,6 +87,22 @@ LoraConfig read_adapter_config(const fs::path& adapter_dir) {
   return lora;
 }
 
+void refuse_non_finite(const std::vector<float>& v, const fs::path& file, const std::string& name) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i]))
+      user_error(file.string(), ": tensor '", name, "' holds ", std::isnan(v[i]) ? "NaN" : "inf", " (at element ", i,
+                 "): the adapter is corrupt or its training diverged");
+}
+
+void check_adapter_finite(const SafetensorsFile& f, const fs::path& file) {
+  std::vector<float> v;
+  for (const auto& [name, e] : f.entries()) {
+    v.resize(size_t(shape_numel(e.shape)));
+    read_as_f32(e, e.shape, v.data(), file.string() + ": " + name);
+    refuse_non_finite(v, file, name);
+  }
+}
+
 void load_adapter_weights(Transformer& model, const fs::path& adapter_dir) {
   const fs::path path = adapter_dir / kWeightsFile;
   if (!fs::exists(path))
@@ -95,6 +118,7 @@ void load_adapter_weights(Transformer& model, const fs::path& adapter_dir) {
     const TensorEntry& e = file.at(p.name);
     staging.resize(size_t(shape_numel(p.shape)));
     read_as_f32(e, p.shape, staging.data(), path.string() + ": " + p.name);
+    refuse_non_finite(staging, path, p.name);
     model.params().upload(model.ops(), p, staging.data());
     used.insert(p.name);
   }

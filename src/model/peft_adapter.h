@@ -5,7 +5,9 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
+#include "io/safetensors.h"
 #include "model/transformer.h"
 
 namespace soltrain {
@@ -30,5 +32,11 @@ nlohmann::json adapter_config_json(const LoraConfig& lora, const std::string& ba
 // Writes the adapter folder (fp32 tensors under PEFT's names, metadata {"format": "pt"}), atomically.
 void save_adapter(const Transformer& model, const std::filesystem::path& out_dir,
                   const std::string& base_model_name_or_path);
+
+// A diverged run's adapter (NaN or inf in a tensor) loads and merges without a word otherwise, then
+// generates token 0 forever: UserError naming the file, tensor and element.
+void refuse_non_finite(const std::vector<float>& values, const std::filesystem::path& file, const std::string& name);
+// Every tensor of an adapter file, checked as above (merge reads them lazily while it writes: checked first).
+void check_adapter_finite(const SafetensorsFile& f, const std::filesystem::path& file);
 
 }  // namespace soltrain

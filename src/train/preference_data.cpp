@@ -174,10 +174,14 @@ std::vector<float> cached_reference(const TrainConfig& c, const PreferenceData& 
     std::vector<float> v(n);
     std::ifstream in(file, std::ios::binary);
     in.read(reinterpret_cast<char*>(v.data()), std::streamsize(n * sizeof(float)));
-    if (in) {
+    // A negative log-prob sum is finite and >= 0; anything else is a damaged cache (it would read as a
+    // diverged run).
+    const bool valid = std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x) && x >= 0; });
+    if (in && valid) {
       log << "dpo: reference log-probs reused from " << file.string() << "\n";
       return v;
     }
+    if (in) log << "dpo: " << file.string() << " holds values no log-prob sum can take (NaN, inf or below 0): computing it again\n";
   }
   std::vector<float> v = compute();
   SOLTRAIN_CHECK(v.size() == n, "reference sums for ", v.size(), " of ", n, " documents");
