@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzzes the parsers that read what users download (safetensors headers, config.json, tokenizer.json,
-# chat templates, parquet and text datasets) with libFuzzer under ASan + UBSan: RUNS inputs per target (default 100000), seeded from
+# chat templates, parquet, CSV and text datasets, the hub's file lists, indexes and ETags) with libFuzzer under ASan + UBSan: RUNS inputs per target (default 100000), seeded from
 # tests/fixtures, two targets at a time. Any crash, sanitizer report, hang (over 10 s on one input) or
 # internal error fails the script; libFuzzer leaves the input as crash-*/timeout-* in build-fuzz/work/.
 set -euo pipefail
@@ -20,6 +20,8 @@ seed() {  # target -> its seed files
     template) ls $fixtures/fuzz/template/* ;;
     parquet) ls $fixtures/parquet/*.parquet ;;
     records) ls $fixtures/fuzz/records/* ;;
+    csv) ls $fixtures/fuzz/csv/* ;;
+    hub) ls $fixtures/fuzz/hub/* ;;
   esac
 }
 run_target() {
@@ -40,4 +42,4 @@ run_target() {
 }
 export -f run_target seed
 export runs fixtures
-printf '%s\n' safetensors model_config tokenizer template parquet records | xargs -P "$jobs" -I{} bash -c 'run_target {}'
+printf '%s\n' safetensors model_config tokenizer template parquet records csv hub | xargs -P "$jobs" -I{} bash -c 'run_target {}'

@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config libopenblas-dev nlohmann-json3-dev libcli11-dev libpcre2-dev
           libutf8proc-dev libyaml-cpp-dev libgtest-dev libopenmpi-dev openmpi-bin
           zlib1g-dev libzstd-dev libsnappy-dev  # compressed datasets and parquet pages
-          libcurl4-openssl-dev  # Hugging Face hub downloads (src/hub/)
+          libcurl4-openssl-dev libssl-dev  # Hugging Face hub downloads (src/hub/); SHA-256 (libcrypto)
           clang-14 libclang-rt-14-dev)  # scripts/fuzz.sh: libFuzzer and the sanitizer runtimes
 missing=()
 for p in "${packages[@]}"; do

@@ -167,6 +167,28 @@ TEST(Sft, ResumeFromCheckpointIsBitwiseExact) {
   EXPECT_EQ(read_bytes(a / "model" / "model.safetensors"), read_bytes(b / "model" / "model.safetensors"));
 }
 
+// Every checkpoint file's sha256 is saved beside it (sha256sum's format) and checked at resume: a flipped bit
+// inside a tensor, which the safetensors header cannot see, is refused instead of resumed.
+TEST(Sft, ADamagedCheckpointFileIsRefusedAtResume) {
+  SftSetup s;
+  const std::string extra = "max_steps: 4\nsave_steps: 2\n";
+  train(s.config("c", extra));
+  const fs::path ck = s.t.path / "c" / "checkpoint-2";
+  ASSERT_TRUE(fs::exists(ck / "checksums.sha256"));
+  EXPECT_EQ(std::system(("cd " + ck.string() + " && sha256sum --quiet -c checksums.sha256").c_str()), 0);
+  fs::remove_all(s.t.path / "c" / "checkpoint-4");
+  fs::remove_all(s.t.path / "c" / "model");
+  std::string bytes = read_bytes(ck / "optimizer.safetensors");
+  bytes[bytes.size() - 100] ^= 0x10;  // inside the last tensor's data
+  test::write_text(ck / "optimizer.safetensors", bytes);
+  try {
+    train(s.config("c", extra), {"resume_from_checkpoint=true"});
+    ADD_FAILURE() << "a damaged checkpoint was resumed";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer.safetensors: its sha256 differs"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Sft, CheckpointsKeepSaveTotalLimit) {
   SftSetup s;
   train(s.config("run", "max_steps: 6\nsave_steps: 2\nsave_total_limit: 2\n"));

@@ -210,11 +210,6 @@ void link_snapshot(const fs::path& blob, const fs::path& pointer) {
 
 }  // namespace
 
-std::string normalize_etag(std::string etag) {
-  if (etag.rfind("W/", 0) == 0) etag.erase(0, 2);
-  etag.erase(std::remove(etag.begin(), etag.end(), '"'), etag.end());
-  return etag;
-}
 
 fs::path hub_download_file(const HubClient& c, const RepoRef& r, const std::string& commit, const std::string& file) {
   if (!is_safe_repo_path(file))

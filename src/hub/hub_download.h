@@ -7,11 +7,9 @@
 #include <string>
 
 #include "hub/hub_client.h"
+#include "hub/hub_listing.h"
 
 namespace soltrain {
-
-// The etag as huggingface_hub stores it (_normalize_etag): without a weak "W/" prefix and quotes.
-std::string normalize_etag(std::string etag);
 
 // snapshots/<commit>/<file> of `r` (a symlink to its blob), downloaded when missing. Blobs whose etag is a
 // sha256 (LFS files) are hashed as they arrive and refetched when the hash differs; an interrupted transfer

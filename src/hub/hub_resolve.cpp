@@ -1,12 +1,11 @@
 #include "hub/hub_resolve.h"
 
 #include <algorithm>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <set>
 
 #include "core/error.h"
 #include "hub/hub_download.h"
+#include "hub/hub_listing.h"
 #include "io/input_file.h"
 
 namespace fs = std::filesystem;
@@ -20,14 +19,10 @@ const std::vector<std::string> kModelFiles = {"config.json", "generation_config.
 constexpr const char* kWeights = "model.safetensors";                  // constants.py SAFETENSORS_SINGLE_FILE
 constexpr const char* kWeightsIndex = "model.safetensors.index.json";  // SAFETENSORS_INDEX_FILE
 
-struct Listing {
-  std::string commit;
-  std::vector<std::string> files;
-};
 
 // hf_api.py model_info / dataset_info: the commit ("sha") and the files ("siblings[].rfilename").
 // nullopt when the hub cannot be reached (the caller may fall back to the cache).
-std::optional<Listing> list_repo(const HubClient& c, const RepoRef& r, HttpResponse& resp) {
+std::optional<RepoListing> list_repo(const HubClient& c, const RepoRef& r, HttpResponse& resp) {
   const std::string url =
       c.endpoint + "/api/" + repo_kind(r.type) + "s/" + r.id + "/revision/" + url_quote(r.revision, "");
   resp = http_fetch({url, hub_headers(c), false, true});
@@ -36,34 +31,11 @@ std::optional<Listing> list_repo(const HubClient& c, const RepoRef& r, HttpRespo
   if (!resp.error.empty())  // a 200 whose body was cut (timeout, size cap): not a listing to parse
     user_error(repo_kind(r.type), " ", r.id, ": the hub's file list did not arrive whole (", resp.error,
                "); try again later");
-  Listing l;
-  try {
-    const nlohmann::json j = nlohmann::json::parse(resp.body);
-    l.commit = j.at("sha").get<std::string>();
-    for (const auto& s : j.at("siblings")) l.files.push_back(s.at("rfilename").get<std::string>());
-  } catch (const nlohmann::json::exception& e) {
-    user_error(repo_kind(r.type), " ", r.id, ": the hub's file list is not what huggingface_hub reads (", e.what(),
-               "); is HF_ENDPOINT (", url_for_messages(c.endpoint), ") a Hugging Face hub?");
-  }
-  if (!is_commit_hash(l.commit))
-    user_error(repo_kind(r.type), " ", r.id, ": the hub's file list names no commit (\"", l.commit, "\")");
-  // Names are checked where a file is downloaded (hub_download_file): one odd name in a repository (a
-  // docs/v1..v2.md, a name with a newline) does not refuse the files the run needs.
-  return l;
+  return parse_repo_listing(resp.body, r, url_for_messages(c.endpoint));
 }
 
 std::vector<std::string> shards_of_index(const fs::path& index) {
-  const std::string text = read_input_file(index, "a safetensors index");
-  std::set<std::string> shards;
-  try {
-    const nlohmann::json j = nlohmann::json::parse(text);
-    for (const auto& [name, shard] : j.at("weight_map").items()) shards.insert(shard.get<std::string>());
-  } catch (const nlohmann::json::exception& e) {
-    user_error(index.string(), ": not a safetensors index (", e.what(), ")");
-  }
-  for (const std::string& s : shards)
-    if (!is_safe_repo_path(s)) user_error(index.string(), ": a shard name leaves the folder: \"", s, "\"");
-  return {shards.begin(), shards.end()};
+  return parse_shard_index(read_input_file(index, "a safetensors index"), index.string());
 }
 
 // Files present under a snapshot, relative to it (links followed: a dangling one is not there).
@@ -101,11 +73,6 @@ fs::path cached_snapshot(const RepoRef& r) {
   return repo_cache_dir(r) / "snapshots" / *commit;
 }
 
-bool ends_with_any(const std::string& s, std::initializer_list<const char*> ends) {
-  for (const char* e : ends)
-    if (s.ends_with(e)) return true;
-  return false;
-}
 
 }  // namespace
 
@@ -149,33 +116,6 @@ fs::path resolve_hub_model(const HubClient& c, const std::string& id, const std:
   return repo_cache_dir(r) / "snapshots" / listing->commit;
 }
 
-std::vector<std::string> pick_dataset_files(const std::vector<std::string>& repo_files) {
-  std::vector<std::string> data;
-  static const std::set<std::string> metadata = {"dataset_infos.json", "dataset_info.json", "dataset_dict.json",
-                                                 "state.json"};
-  bool parquet = false;
-  for (const std::string& f : repo_files) {
-    const std::string base = fs::path(f).filename().string();
-    if (base.empty() || base[0] == '.' || f[0] == '.' || metadata.count(base)) continue;
-    const std::string plain = ends_with_any(f, {".gz", ".zst"}) ? fs::path(f).replace_extension().string() : f;
-    if (!ends_with_any(plain, {".parquet", ".jsonl", ".json", ".csv", ".tsv"})) continue;
-    data.push_back(f);
-    parquet = parquet || plain.ends_with(".parquet");
-  }
-  // One copy of the data: repositories that also hold the hub's parquet conversion train from that.
-  if (parquet) std::erase_if(data, [](const std::string& f) { return !f.ends_with(".parquet"); });
-  // A split in a file or folder name (data/train-00000-of-00001.parquet, train.jsonl, train/0.parquet):
-  // the train split's files only, as datasets.load_dataset(split="train") would read.
-  auto is_train = [](const std::string& f) {
-    for (const auto& part : fs::path(f))
-      if (part.string().rfind("train", 0) == 0) return true;
-    return false;
-  };
-  if (std::any_of(data.begin(), data.end(), is_train))
-    std::erase_if(data, [&](const std::string& f) { return !is_train(f); });
-  std::sort(data.begin(), data.end());
-  return data;
-}
 
 std::vector<fs::path> resolve_hub_dataset(const HubClient& c, const std::string& id, const std::string& revision) {
   const RepoRef r{RepoType::kDataset, id, revision};

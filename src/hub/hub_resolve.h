@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "hub/hub_client.h"
+#include "hub/hub_listing.h"
 
 namespace soltrain {
 
@@ -20,8 +21,5 @@ std::filesystem::path resolve_hub_model(const HubClient& c, const std::string& i
 // files when the repository names splits), sorted by path.
 std::vector<std::filesystem::path> resolve_hub_dataset(const HubClient& c, const std::string& id,
                                                        const std::string& revision);
-
-// Which of a dataset repository's files are its training data (exposed for tests).
-std::vector<std::string> pick_dataset_files(const std::vector<std::string>& repo_files);
 
 }  // namespace soltrain

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "core/error.h"
+#include "io/deferred_writes.h"
 #include "io/output_dir.h"
 #include "io/stale_partials.h"
 
@@ -56,6 +57,8 @@ void StagedDir::commit() {
     if (ec) user_error(final_.string(), ": cannot replace existing folder (", ec.message(), ")");
   }
   fs::rename(staging_, final_, ec);
+  if (!ec)
+    if (DeferredWrites* d = DeferredWrites::active()) d->moved(staging_, final_);  // its queued files follow
   if (ec) {
     if (had_old) fs::rename(old, final_, ec);
     user_error(final_.string(), ": cannot move output into place (", ec.message(), ")");

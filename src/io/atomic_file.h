@@ -33,6 +33,10 @@ class AtomicFileWriter {
 class StagedDir {
  public:
   explicit StagedDir(std::filesystem::path final_path);
+  StagedDir(StagedDir&& o) noexcept
+      : final_(std::move(o.final_)), staging_(std::move(o.staging_)), committed_(o.committed_) {
+    o.committed_ = true;  // the moved-from one owns nothing
+  }
   ~StagedDir();
   StagedDir(const StagedDir&) = delete;
   StagedDir& operator=(const StagedDir&) = delete;

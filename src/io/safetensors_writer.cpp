@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/atomic_file.h"
+#include "io/deferred_writes.h"
 
 namespace fs = std::filesystem;
 
@@ -16,6 +17,7 @@ size_t bytes_of(const StreamedTensor& t) {
 
 void write_safetensors_streamed(const fs::path& path, const std::vector<StreamedTensor>& tensors,
                                 const std::map<std::string, std::string>& metadata) {
+  if (DeferredWrites* d = DeferredWrites::active()) return d->add(path, tensors, metadata);  // a snapshot
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0, largest = 0;

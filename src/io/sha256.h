@@ -1,11 +1,13 @@
-// SHA-256 (FIPS 180-4), used to fingerprint dataset inputs and tokenizers in shard manifests; small
-// enough that pulling in a crypto library for it is not worth a dependency.
+// SHA-256 (FIPS 180-4, OpenSSL's libcrypto): hub downloads checked against their ETag, dataset inputs and
+// tokenizers fingerprinted in shard manifests, checkpoint files checked at resume.
 #pragma once
-#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <memory>
+
+struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX
 
 namespace soltrain {
 
@@ -16,11 +18,10 @@ class Sha256 {
   std::string hex();  // finishes the hash; the object is spent afterwards
 
  private:
-  void block(const unsigned char* p);
-  std::array<uint32_t, 8> h_;
-  std::array<unsigned char, 64> buf_{};
-  size_t used_ = 0;
-  uint64_t total_ = 0;
+  struct CtxFree {
+    void operator()(evp_md_ctx_st* c) const;
+  };
+  std::unique_ptr<evp_md_ctx_st, CtxFree> ctx_;
 };
 
 std::string sha256_hex(std::string_view bytes);

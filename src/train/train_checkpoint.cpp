@@ -1,11 +1,19 @@
 #include "train/train_checkpoint.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <sstream>
 
 #include "core/error.h"
+#include "hub/hub_cache.h"
 #include "io/atomic_file.h"
+#include "io/deferred_writes.h"
+#include "io/input_file.h"
 #include "io/json_file.h"
+#include "io/sha256.h"
 #include "model/checkpoint.h"
 #include "model/peft_adapter.h"
 
@@ -14,9 +22,75 @@ namespace soltrain {
 namespace fs = std::filesystem;
 
 namespace {
+
+constexpr const char* kChecksums = "checksums.sha256";
+
 std::string shard_name(int rank, int size) {
   return cat("optimizer-shard-", rank, "-of-", size, ".safetensors");
 }
+
+// Every file of a staged checkpoint, relative to it, sorted (the checksum list itself and marker files aside).
+std::vector<std::string> checkpoint_files(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    const std::string rel = e.path().lexically_relative(dir).generic_string();
+    if (e.is_regular_file() && rel != kChecksums && e.path().filename().string()[0] != '.') out.push_back(rel);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// checksums.sha256 in `sha256sum` format ("<hex>  <file>"), so `sha256sum -c` checks a checkpoint too: a
+// flipped bit in a tensor file no longer resumes silently.
+void write_checksums(const fs::path& dir) {
+  std::string text;
+  for (const std::string& f : checkpoint_files(dir)) text += sha256_file(dir / f) + "  " + f + "\n";
+  write_file_atomic(dir / kChecksums, text);
+}
+
+// A checkpoint written before checksums were (none listed) is read as before.
+void verify_checksums(const fs::path& dir) {
+  const fs::path list = dir / kChecksums;
+  if (!fs::exists(list)) return;
+  std::istringstream in(read_input_file(list, "a checkpoint's checksum list"));
+  for (std::string line; std::getline(in, line);) {
+    if (line.size() < 67 || line.substr(64, 2) != "  ")
+      user_error(list.string(), ": malformed line \"", line, "\" (expected \"<sha256>  <file>\")");
+    const std::string want = line.substr(0, 64), file = line.substr(66);
+    if (!is_safe_repo_path(file)) user_error(list.string(), ": names a file outside the checkpoint: \"", file, "\"");
+    if (!fs::exists(dir / file)) user_error((dir / file).string(), ": missing from the checkpoint (", kChecksums, " lists it)");
+    if (sha256_file(dir / file) != want)
+      user_error((dir / file).string(),
+                 ": its sha256 differs from the one saved with the checkpoint: the file is damaged; resume from another "
+                 "checkpoint (resume_from_checkpoint: <folder>)");
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Everything of a checkpoint but sharded optimizer moments, into the folder being staged.
+void write_contents(const fs::path& staged, const TrainConfig& c, const Transformer& model, const AdamW& opt,
+                    const TrainerState& s, bool optimizer) {
+  // save_pretrained / save_adapter stage their own folder, so the weights go one level down inside ours.
+  if (c.lora.enabled)
+    save_adapter(model, staged / "adapter", c.model.string());
+  else
+    save_pretrained(model, staged / "model", c.model);
+  if (optimizer) opt.save(staged / "optimizer.safetensors");  // every rank holds all of it: rank 0 writes it
+  if (const Fp8Recipe* f = model.fp8()) f->save(staged / "fp8_state.safetensors");
+  const nlohmann::json state = {{"step", s.step},
+                                {"total_steps", s.total_steps},
+                                {"loader", s.loader.to_json()},
+                                {"seed", s.seed},
+                                {"dropout_passes", model.dropout_step()},
+                                {"lr_scheduler_type", to_string(c.lr_scheduler_type)},
+                                {"learning_rate", c.learning_rate}};
+  write_file_atomic(staged / "trainer_state.json", state.dump(2) + "\n");
+  write_file_atomic(staged / "config.yaml", c.source_text);
+}
+
 }  // namespace
 
 void save_checkpoint(const fs::path& dir, const TrainConfig& c, const Transformer& model, const AdamW& opt,
@@ -38,30 +112,34 @@ void save_checkpoint(const fs::path& dir, const TrainConfig& c, const Transforme
     return;
   }
   StagedDir staged(dir);
-  // save_pretrained / save_adapter stage their own folder, so the weights go one level down inside ours.
-  if (c.lora.enabled)
-    save_adapter(model, staged.path() / "adapter", c.model.string());
-  else
-    save_pretrained(model, staged.path() / "model", c.model);
   if (many && opt.sharded()) {
     for (int r = 0; r < comm->size(); ++r)
       fs::rename(shards / shard_name(r, comm->size()), staged.path() / shard_name(r, comm->size()));
     fs::remove_all(shards);
-  } else {
-    opt.save(staged.path() / "optimizer.safetensors");  // every rank holds all of it: rank 0 writes it
   }
-  if (const Fp8Recipe* f = model.fp8()) f->save(staged.path() / "fp8_state.safetensors");
-  const nlohmann::json state = {{"step", s.step},
-                                {"total_steps", s.total_steps},
-                                {"loader", s.loader.to_json()},
-                                {"seed", s.seed},
-                                {"dropout_passes", model.dropout_step()},
-                                {"lr_scheduler_type", to_string(c.lr_scheduler_type)},
-                                {"learning_rate", c.learning_rate}};
-  write_file_atomic(staged.path() / "trainer_state.json", state.dump(2) + "\n");
-  write_file_atomic(staged.path() / "config.yaml", c.source_text);
+  write_contents(staged.path(), c, model, opt, s, /*optimizer=*/!(many && opt.sharded()));
+  write_checksums(staged.path());
   staged.commit();
   if (many) comm->barrier();
+}
+
+PendingCheckpoint::PendingCheckpoint(const fs::path& dir) : staged(dir), final_dir(dir) {}
+
+std::unique_ptr<PendingCheckpoint> snapshot_checkpoint(const fs::path& dir, const TrainConfig& c,
+                                                       const Transformer& model, const AdamW& opt,
+                                                       const TrainerState& s) {
+  auto p = std::make_unique<PendingCheckpoint>(dir);
+  DeferredWrites::Capture capture(p->writes);
+  write_contents(p->staged.path(), c, model, opt, s, /*optimizer=*/true);
+  return p;
+}
+
+void finish_checkpoint(PendingCheckpoint& p) {
+  if (const char* ms = std::getenv("SOLTRAIN_TEST_SLOW_SAVE_MS"))  // tests: a kill -9 lands mid-write
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(ms)));
+  p.writes.write_all();
+  write_checksums(p.staged.path());
+  p.staged.commit();
 }
 
 namespace {
@@ -93,6 +171,7 @@ TrainerState load_checkpoint(const fs::path& dir, Transformer& model, AdamW& opt
   const bool lora = model.lora().has_value();
   for (const char* f : {"trainer_state.json", lora ? "adapter" : "model"})
     if (!fs::exists(dir / f)) user_error(dir.string(), ": not a soltrain checkpoint of this kind (no ", f, ")");
+  verify_checksums(dir);
   const nlohmann::json j = read_json_file(dir / "trainer_state.json");
   TrainerState s;
   int64_t dropout_passes = 0;

@@ -1,16 +1,20 @@
 // Training checkpoints: output_dir/checkpoint-<step>/ holds model/ (an HF folder of the fp32 masters),
 // optimizer.safetensors (AdamW moments and step), trainer_state.json (step, loader position, seed,
-// schedule) and config.yaml. Each is written whole under a temporary name, then renamed into place.
+// schedule), config.yaml and checksums.sha256 (every file's sha256, `sha256sum -c` format, verified at resume).
+// Each is written whole under a temporary name, then renamed into place.
 // Data parallel with a sharded optimizer (ZeRO-1/2): optimizer-shard-<r>-of-<n>.safetensors, one per rank,
 // each holding its ranges of the flat moments (train/optimizer.h); any rank count resumes from them.
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "data/loader.h"
 #include "dist/communicator.h"
+#include "io/atomic_file.h"
+#include "io/deferred_writes.h"
 #include "model/transformer.h"
 #include "train/optimizer.h"
 #include "train/train_config.h"
@@ -27,6 +31,22 @@ struct TrainerState {
 // optimizer shard; it returns on every rank once the checkpoint is complete.
 void save_checkpoint(const std::filesystem::path& dir, const TrainConfig& c, const Transformer& model, const AdamW& opt,
                      const TrainerState& s, Communicator* comm = nullptr);
+
+// Background checkpoints (one process): snapshot_checkpoint copies the state into host memory and stages the
+// folder's small files on the calling thread (the step waits only for that); finish_checkpoint writes the
+// snapshot's tensor files, the checksums, and renames the folder into place, on any thread. Until then the
+// previous checkpoint is the latest complete one: a crash mid-write leaves it, and the staged folder is
+// cleaned up by the next run.
+struct PendingCheckpoint {
+  explicit PendingCheckpoint(const std::filesystem::path& dir);
+  StagedDir staged;
+  DeferredWrites writes;
+  std::filesystem::path final_dir;
+};
+std::unique_ptr<PendingCheckpoint> snapshot_checkpoint(const std::filesystem::path& dir, const TrainConfig& c,
+                                                       const Transformer& model, const AdamW& opt,
+                                                       const TrainerState& s);
+void finish_checkpoint(PendingCheckpoint& p);
 
 // Loads weights, optimizer state and returns the trainer state; UserError naming what is missing.
 TrainerState load_checkpoint(const std::filesystem::path& dir, Transformer& model, AdamW& opt);

@@ -123,6 +123,9 @@ struct TrainConfig {
   // Seconds a rank waits on another at the rendezvous or in a host collective before the job ends naming
   // the silent rank (HF TrainingArguments' ddp_timeout, 1800 s).
   int ddp_timeout = 1800;
+  // Checkpoints written by a thread from a host snapshot while training goes on (one process; data parallel
+  // saves stay in step). false: written from the device before the next step.
+  bool background_checkpoints = true;
   bool shuffle = true;                       // false (Axolotl's curriculum_sampling): the datasets' order
   bool dataset_exact_deduplication = false;  // Axolotl's: identical tokenized documents kept once
   bool merge_adapter = false;                // Surogate's: LoRA folded into the base, output_dir/merged

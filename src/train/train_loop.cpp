@@ -145,16 +145,32 @@ void TrainLoop::evaluate_at(int64_t step, MetricsLog* metrics, ProgressLine& pro
   if (s_.hooks.on_evaluate) s_.hooks.on_evaluate(step, *e);
 }
 
-void TrainLoop::checkpoint(ProgressLine& progress) {
+void TrainLoop::saved(std::optional<int64_t> step, ProgressLine& progress) {
+  if (!step) return;
+  last_saved_ = *step;
+  if (lead()) prune_checkpoints(s_.c.output_dir, s_.c.save_total_limit);
+  progress.message(cat("step ", *step, ": saved ", (s_.c.output_dir / cat("checkpoint-", *step)).string()));
+}
+
+void TrainLoop::checkpoint(ProgressLine& progress, bool background) {
   s_.step.settle();  // the weights whole before they are written
+  saved(writer_.wait(), progress);  // one checkpoint in flight at a time
   state_.loader = driver_.loader_state();
   const fs::path dir = s_.c.output_dir / cat("checkpoint-", state_.step);
+  // Data parallel saves stay in step (each rank writes its shard, rank 0 commits after a barrier).
+  if (background && s_.c.background_checkpoints && !s_.dp) {
+    std::unique_ptr<PendingCheckpoint> p;
+    try {
+      p = snapshot_checkpoint(dir, s_.c, s_.model, s_.step.optimizer(), state_);
+    } catch (const UserError& e) {  // no room for the snapshot: written from the device instead
+      progress.message(cat("step ", state_.step, ": ", e.what(), "; writing this checkpoint directly"));
+    }
+    if (p) return writer_.start(std::move(p), state_.step);
+  }
   if (zero3()) zero3()->masters_to_host();  // ZeRO-3: rank 0 writes the masters gathered whole
   save_checkpoint(dir, s_.c, s_.model, s_.step.optimizer(), state_, s_.dp ? s_.comm : nullptr);
   if (zero3()) zero3()->release_host_masters();
-  if (lead()) prune_checkpoints(s_.c.output_dir, s_.c.save_total_limit);
-  last_saved_ = state_.step;
-  progress.message(cat("step ", state_.step, ": saved ", dir.string()));
+  saved(state_.step, progress);
 }
 
 RunResult TrainLoop::run() {
@@ -170,7 +186,7 @@ RunResult TrainLoop::run() {
     evaluate_at(0, metrics, progress, result);
     result.first_eval_loss = result.last_eval_loss;
   }
-  auto save = [&] { checkpoint(progress); };
+  auto save = [&] { checkpoint(progress, /*background=*/false); };  // the step logger's: a full disk stops
   StepLogger step_log(s_, driver_, state_, metrics, progress, save);
   StopSignal stop;
   // Every rank stops at the same step: a stop seen by any stops all (after the same update).
@@ -190,10 +206,12 @@ RunResult TrainLoop::run() {
     step_log.after_update(lr, t0, save_step);
     if (s_.cadence.eval_steps > 0 && state_.step % s_.cadence.eval_steps == 0 && state_.step < state_.total_steps)
       evaluate_at(state_.step, metrics, progress, result);
-    if (save_step) save();
+    if (save_step) checkpoint(progress, /*background=*/true);
+    saved(writer_.finished(), progress);
   }
   result.steps = state_.step;
   s_.step.settle();
+  saved(writer_.wait(), progress);
   if (stopping) {
     if (state_.step > last_saved_) save();
     if (metrics) write_training_curves(metrics->jsonl_path(), c.output_dir / "training_curves.svg");

@@ -16,6 +16,7 @@
 #include "model/transformer.h"
 #include "train/metrics.h"
 #include "train/run_builder.h"
+#include "train/background_save.h"
 #include "train/train_checkpoint.h"
 #include "train/train_config.h"
 #include "train/train_step.h"
@@ -96,12 +97,17 @@ class TrainLoop {
   bool lead() const { return !s_.comm || s_.comm->rank() == 0; }
   Zero3* zero3() const { return s_.step.data_parallel() ? s_.step.data_parallel()->zero3() : nullptr; }
   void evaluate_at(int64_t step, MetricsLog* metrics, ProgressLine& progress, RunResult& result);
-  void checkpoint(ProgressLine& progress);
+  // `background`: from a host snapshot by a writer thread (one process, background_checkpoints), else
+  // written before it returns.
+  void checkpoint(ProgressLine& progress, bool background);
+  // A checkpoint whole on disk (the step `saved`, or none): counted, older ones pruned, said.
+  void saved(std::optional<int64_t> step, ProgressLine& progress);
 
   LoopSetup s_;
   RunDriver& driver_;
   TrainerState state_;
   int64_t last_saved_ = 0;
+  BackgroundSave writer_;
 };
 
 }  // namespace soltrain

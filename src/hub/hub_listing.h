@@ -1,0 +1,32 @@
+// What the hub's answers say, parsed without the network (so the fuzz job can feed it anything): a
+// repository's file list for a revision (hf_api.py model_info / dataset_info: "sha" and
+// "siblings[].rfilename"), a safetensors index's shard names, and which of a dataset's files are its data.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "hub/hub_cache.h"
+
+namespace soltrain {
+
+// The etag as huggingface_hub stores it (_normalize_etag): without a weak "W/" prefix and quotes.
+std::string normalize_etag(std::string etag);
+
+struct RepoListing {
+  std::string commit;               // 40 hex
+  std::vector<std::string> files;   // as listed; each name is checked where a file is downloaded
+};
+
+// The body of GET /api/{models|datasets}/{id}/revision/{rev}. UserError (naming `r` and `endpoint`) when it
+// is not JSON of that shape or names no commit hash.
+RepoListing parse_repo_listing(const std::string& body, const RepoRef& r, const std::string& endpoint);
+
+// The shard files a model.safetensors.index.json names (its weight_map's values), sorted, each checked to
+// stay inside the folder. UserError naming `where` otherwise.
+std::vector<std::string> parse_shard_index(const std::string& text, const std::string& where);
+
+// Which of a dataset repository's files are its training data (parquet, else JSONL / JSON / CSV / TSV, plain
+// or .gz/.zst; the train split's when the names say splits), sorted.
+std::vector<std::string> pick_dataset_files(const std::vector<std::string>& repo_files);
+
+}  // namespace soltrain

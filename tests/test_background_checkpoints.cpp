@@ -1,0 +1,72 @@
+// Checkpoints written in the background (issue 28): training goes on while a checkpoint's snapshot is
+// written; a checkpoint counts only once whole on disk; a kill -9 in the middle of writing one leaves the
+// previous checkpoint, and resuming from it finishes bitwise the model an uninterrupted run saves.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <thread>
+
+#include "dp_test_util.h"
+#include "fault_test_util.h"
+
+namespace soltrain::test {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// The highest "step" of metrics.jsonl's training lines (0 when none yet).
+int64_t last_logged_step(const fs::path& dir) {
+  int64_t last = 0;
+  std::istringstream rows(read_text(dir / "metrics.jsonl"));
+  for (std::string row; std::getline(rows, row);) {
+    const auto j = nlohmann::json::parse(row, nullptr, false);
+    if (!j.is_discarded() && j.contains("loss")) last = std::max(last, j["step"].get<int64_t>());
+  }
+  return last;
+}
+
+bool staged_checkpoint(const fs::path& dir, int64_t step) {
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().starts_with(".checkpoint-" + std::to_string(step) + ".partial-")) return true;
+  return false;
+}
+
+TEST(BackgroundCheckpoints, TrainingGoesOnAndAKillMidWriteResumesBitwise) {
+  DpSetup s;
+  const std::string run = "--set max_steps=12 --set save_steps=4 --set logging_steps=1 ";
+  ASSERT_EQ(s.sft(0, "ref", run).code, 0);
+  const fs::path dir = s.t.path / "bg";
+  ::setenv("SOLTRAIN_TEST_SLOW_SAVE_MS", "1500", 1);
+  const pid_t pid = spawn_launcher(s, "bg", run, s.t.path / "bg.log");
+  ::unsetenv("SOLTRAIN_TEST_SLOW_SAVE_MS");
+  // While checkpoint-4 is being written, the steps after it are trained.
+  bool trained_on = false, killed = false;
+  for (const auto end = Clock::now() + std::chrono::seconds(60); Clock::now() < end && !killed;) {
+    if (fs::exists(dir) && staged_checkpoint(dir, 4) && last_logged_step(dir) >= 6) trained_on = true;
+    // checkpoint-4 whole, checkpoint-8 half written: kill -9.
+    if (fs::exists(dir / "checkpoint-4") && staged_checkpoint(dir, 8)) killed = ::kill(pid, SIGKILL) == 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(killed) << read_text(s.t.path / "bg.log");
+  EXPECT_TRUE(trained_on) << "steps 5-6 waited for checkpoint-4's write";
+  EXPECT_FALSE(fs::exists(dir / "checkpoint-8")) << "a checkpoint counted before it was whole";
+  EXPECT_TRUE(fs::exists(dir / "checkpoint-4" / "checksums.sha256"));
+  const CliRun again = s.sft(0, "bg", run + "--set resume_from_checkpoint=true");
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_NE(again.err.find("checkpoint-4 at step 4"), std::string::npos) << again.err;
+  EXPECT_EQ(read_text(dir / "model" / "model.safetensors"), read_text(s.t.path / "ref" / "model" / "model.safetensors"));
+  EXPECT_FALSE(staged_checkpoint(dir, 8)) << "the killed run's staged folder was not cleaned up";
+  // Written in the background or not, a checkpoint holds the same bytes.
+  ASSERT_EQ(s.sft(0, "fg", run + "--set background_checkpoints=false").code, 0);
+  for (const char* f : {"model/model.safetensors", "optimizer.safetensors", "trainer_state.json"})
+    EXPECT_EQ(read_text(s.t.path / "fg" / "checkpoint-8" / f), read_text(s.t.path / "ref" / "checkpoint-8" / f)) << f;
+}
+
+}  // namespace
+}  // namespace soltrain::test
