@@ -158,6 +158,40 @@ TEST(RunIsolation, ASilentRankEndsTheJobNamingIt) {
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(30));
 }
 
+// auto_resume: a job whose rank died restarts by itself from its last complete checkpoint and finishes the
+// model an uninterrupted run saves (2 ranks, and 1 under the launcher).
+TEST(RunIsolation, AutoResumeFinishesAJobWhoseRankDied) {
+  DpSetup s;
+  for (const int gpus : {2, 1}) {
+    SCOPED_TRACE(gpus);
+    const std::string run = "--gpus " + std::to_string(gpus) +
+                            " --set gradient_accumulation_steps=1 --set max_steps=12 --set save_steps=2 ";
+    const std::string ref = "ref" + std::to_string(gpus), out = "auto" + std::to_string(gpus);
+    ASSERT_EQ(s.sft(0, ref, run).code, 0);
+    const fs::path marker = s.t.path / ("fired" + std::to_string(gpus));
+    const CliRun r = run_bounded("sft " + (s.t.path / "base.yaml").string() + " --set output_dir=" +
+                                     (s.t.path / out).string() + " " + run + "--set auto_resume=true",
+                                 s.t, 120,
+                                 "SOLTRAIN_TEST_RANK_FAULT=" + std::to_string(gpus - 1) +
+                                     ":7:kill SOLTRAIN_TEST_FAULT_ONCE=" + marker.string());
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(fs::exists(marker)) << "the fault never fired";
+    EXPECT_NE(r.err.find("auto_resume: rank " + std::to_string(gpus - 1) + " was killed by signal 9"), std::string::npos)
+        << r.err;
+    // From checkpoint-6, or -4 when the kill came before -6's background write was whole.
+    EXPECT_TRUE(r.err.find("checkpoint-6 (restart 1 of 3)") != std::string::npos ||
+                r.err.find("checkpoint-4 (restart 1 of 3)") != std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("resuming from"), std::string::npos) << r.err;
+    EXPECT_EQ(read_text(s.t.path / out / "model" / "model.safetensors"),
+              read_text(s.t.path / ref / "model" / "model.safetensors"));
+  }
+  // Bad input is not restarted: it would fail the same way again.
+  const CliRun bad = s.sft(0, "bad", "--gpus 2 --set auto_resume=true --set learning_rate=-1");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_EQ(bad.err.find("restarting"), std::string::npos) << bad.err;
+}
+
 TEST(RunIsolation, ImpossibleWorkerCountsAreOneLine) {
   DpSetup s;
   expect_refused(s.sft(0, "many", "--gpus 1000"), "CPU ranks (device: cpu)");

@@ -39,13 +39,16 @@ std::function<int()> add_run_command(CLI::App& app, const char* name, const char
     TrainConfig cfg = load_train_config(o->config, o->set, mode);
     cfg.dump_batches = o->dump_batches;
     if (o->gpus > 0) cfg.gpus = o->gpus;
-    if (!cfg.dpo.enabled && cfg.gpus > 1 && read_launch_env().kind == LaunchEnv::Kind::Single) {
+    // auto_resume needs a process that outlives the trainer: the launcher, also for one worker.
+    if (!cfg.dpo.enabled && (cfg.gpus > 1 || cfg.auto_resume) && read_launch_env().kind == LaunchEnv::Kind::Single) {
       resolve_hub_inputs(cfg, std::cerr);
       check_worker_count(cfg.gpus, cfg.device);
       check_run_inputs(cfg);
       const OutputLock lock = prepare_run_outputs(cfg, std::cerr);  // once, before the workers start
       lock.share_with_children();  // held while any worker lives
-      return launch_workers(cfg.gpus, cfg.device, std::min(60, cfg.ddp_timeout + 5));
+      std::optional<AutoResume> ar;
+      if (cfg.auto_resume) ar = AutoResume{cfg.max_restarts, cfg.output_dir};
+      return launch_workers(cfg.gpus, cfg.device, std::min(60, cfg.ddp_timeout + 5), ar);
     }
     return run_job(std::move(cfg), mode, std::cerr).interrupted ? 130 : 0;
   };

@@ -416,6 +416,14 @@ void add_run_keys(std::vector<KeySpec>& v) {
                     else
                       x.c.resume_from_checkpoint = {ResumeFrom::kFolder, path_value(e, k, x)};
                   }));
+  v.push_back(flag("auto_resume", FIELD(auto_resume),
+                   "a job whose rank died restarts by itself from its last complete checkpoint"));
+  v.push_back(integer("max_restarts", FIELD(max_restarts), 0, "auto_resume: restarts at most this many times", 1000));
+  v.push_back(key("auto_resume_from_checkpoints", "bool", "true or false", "false",
+                  "Axolotl's: start from the newest checkpoint in output_dir (resume_from_checkpoint: true)",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    if (get_bool(e, k)) x.c.resume_from_checkpoint = {ResumeFrom::kLatest, {}};
+                  }));
   v.push_back(number("saves_per_epoch", FIELD(saves_per_epoch), 0, 1e6, true,
                      "Axolotl's: checkpoints per epoch, when save_steps is not given"));
   v.push_back(integer("eval_steps", FIELD(eval_steps), 0, "evaluate every this many updates (0: first and last)"));

@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "dist/launch.h"
+#include "train/train_checkpoint.h"
 
 namespace soltrain {
 
@@ -72,11 +73,19 @@ void check_worker_count(int n, Device device) {
                " or fewer");
 }
 
-int launch_workers(int n, Device device, int grace_s) {
-  check_worker_count(n, device);
+namespace {
+
+struct WorkersOutcome {
+  int code = 0;
+  bool restartable = false;  // a worker died by a signal or crashed (not only bad input, exit 2)
+  std::string why;           // the first failure, for the restart's note
+};
+
+WorkersOutcome run_workers(int n, Device device, int grace_s, const std::vector<std::string>& extra_args) {
   const char* port_env = std::getenv("MASTER_PORT");
   const std::string port = port_env && *port_env ? port_env : std::to_string(free_port());
   std::vector<std::string> args = own_arguments();
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -111,7 +120,9 @@ int launch_workers(int n, Device device, int grace_s) {
     }
     g_workers[size_t(r)] = pid;
   }
-  int code = 0, running = n;
+  WorkersOutcome out;
+  int& code = out.code;
+  int running = n;
   bool failed = false;
   auto deadline = std::chrono::steady_clock::time_point::max();
   while (running > 0) {
@@ -136,9 +147,14 @@ int launch_workers(int n, Device device, int grace_s) {
       if (g_workers[size_t(r)] == pid) rank = r, g_workers[size_t(r)] = 0;
     --running;
     const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (WIFSIGNALED(status))
-      print_error_line(cat("error: rank ", rank, " was killed by signal ", WTERMSIG(status), " (",
-                           strsignal(WTERMSIG(status)), ")"));
+    if (WIFSIGNALED(status)) {
+      const std::string line = cat("rank ", rank, " was killed by signal ", WTERMSIG(status), " (",
+                                   strsignal(WTERMSIG(status)), ")");
+      print_error_line("error: " + line);
+      if (out.why.empty()) out.why = line;
+    }
+    if (rc != 0 && rc != 130 && rc != 2) out.restartable = true;
+    if (rc != 0 && rc != 130 && out.why.empty()) out.why = cat("rank ", rank, " exited with code ", rc);
     if (rc != 0 && rc != 130 && !failed) {
       failed = true;
       code = rc;
@@ -148,7 +164,30 @@ int launch_workers(int n, Device device, int grace_s) {
     }
   }
   g_workers.clear();
-  return code;
+  return out;
+}
+
+}  // namespace
+
+int launch_workers(int n, Device device, int grace_s, const std::optional<AutoResume>& auto_resume) {
+  check_worker_count(n, device);
+  std::vector<std::string> extra;
+  for (int restart = 1;; ++restart) {
+    const WorkersOutcome o = run_workers(n, device, grace_s, extra);
+    if (o.code == 0 || o.code == 130 || !auto_resume || !o.restartable) return o.code;
+    if (restart > auto_resume->max_restarts) {
+      print_error_line(cat("error: auto_resume: ", o.why, "; not restarting again after ", auto_resume->max_restarts,
+                           " restarts (max_restarts)"));
+      return o.code;
+    }
+    if (device == Device::CUDA) n = std::min(n, visible_gpus());  // a GPU that fell off the bus is not waited for
+    if (n == 0) return o.code;
+    const auto done = list_checkpoints(auto_resume->output_dir);
+    std::cerr << "auto_resume: " << o.why << "; restarting " << n << " workers from "
+              << (done.empty() ? std::string("the start (no checkpoint yet)") : done.back().string()) << " (restart "
+              << restart << " of " << auto_resume->max_restarts << ")" << std::endl;
+    extra = {"--set", "resume_from_checkpoint=true"};
+  }
 }
 
 }  // namespace soltrain

@@ -171,7 +171,6 @@ void add_accepted(Table& t) {
       {"is_llama_derived_model", any()},
       {"is_qwen_derived_model", any()},
       {"is_mistral_derived_model", any()},
-      {"auto_resume_from_checkpoints", any()},
       {"apply_recommended_values", any()},
       {"dataloader_num_workers", any()},
   });

@@ -126,6 +126,10 @@ struct TrainConfig {
   // Checkpoints written by a thread from a host snapshot while training goes on (one process; data parallel
   // saves stay in step). false: written from the device before the next step.
   bool background_checkpoints = true;
+  // The launcher restarts a job whose rank died (killed, crashed, hung past ddp_timeout) from its last complete
+  // checkpoint, up to max_restarts times, at the same rank count (fewer GPUs if some are gone).
+  bool auto_resume = false;
+  int max_restarts = 3;
   bool shuffle = true;                       // false (Axolotl's curriculum_sampling): the datasets' order
   bool dataset_exact_deduplication = false;  // Axolotl's: identical tokenized documents kept once
   bool merge_adapter = false;                // Surogate's: LoRA folded into the base, output_dir/merged

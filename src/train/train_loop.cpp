@@ -5,6 +5,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <ostream>
 
 #include "core/error.h"
@@ -89,8 +91,8 @@ class StepLogger {
   double flops_per_token_ = 0, matmul_tflops_ = 0;
 };
 
-// Fault tests (tests/test_data_parallel.cpp): SOLTRAIN_TEST_RANK_FAULT=R:STEP:kill|raise|stop makes rank R
-// die by SIGKILL, throw, or stop (SIGSTOP: alive but silent) after update STEP.
+// Fault tests (tests/test_data_parallel.cpp, test_run_isolation.cpp): SOLTRAIN_TEST_RANK_FAULT=R:STEP:kill|raise|stop
+// makes rank R die by SIGKILL, throw, or stop (SIGSTOP: alive but silent) after update STEP.
 void test_fault(int rank, int64_t step) {
   const char* v = std::getenv("SOLTRAIN_TEST_RANK_FAULT");
   if (!v) return;
@@ -98,6 +100,11 @@ void test_fault(int rank, int64_t step) {
   long long s = -1;
   char how[8] = {};
   if (std::sscanf(v, "%d:%lld:%7s", &r, &s, how) != 3 || r != rank || s != step) return;
+  // SOLTRAIN_TEST_FAULT_ONCE=FILE: the fault fires once (FILE marks it fired), so a restarted job gets past it.
+  if (const char* once = std::getenv("SOLTRAIN_TEST_FAULT_ONCE")) {
+    if (std::filesystem::exists(once)) return;
+    std::ofstream(once) << "fired\n";
+  }
   if (std::string(how) == "kill") std::raise(SIGKILL);
   if (std::string(how) == "stop") std::raise(SIGSTOP);
   throw std::runtime_error(cat("injected fault after step ", step));
