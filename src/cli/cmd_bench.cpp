@@ -6,6 +6,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 
 #include "cli/commands.h"
@@ -17,6 +18,7 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/lora.h"
+#include "train/background_save.h"
 #include "train/data_parallel.h"
 #include "train/run_builder.h"
 #include "train/train_step.h"
@@ -45,6 +47,10 @@ struct BenchOpts {
   std::string attention_backward = "split";
   std::string offload = "none";
   std::string fp8_scaling = "delayed";
+  // Checkpoints during the timed steps (their cost on the step time): every save_steps, written as training
+  // writes them (background: from a host snapshot by a writer thread; direct: before the next step).
+  int save_steps = 0;
+  std::string save_mode = "background", save_dir = "/tmp/soltrain-bench-checkpoints";
 };
 
 // bench's --offload: where AdamW's fp32 masters and moments live.
@@ -267,15 +273,33 @@ int run_bench(const BenchOpts& o) {
   // steps run back to back as in training, so work a step leaves in flight on the side stream (data
   // parallel's weight gathers, overlapped with the next forward) counts where it delays the next step.
   std::vector<double> times;
+  BackgroundSave writer;
+  double snapshot_s = 0;
+  int saves = 0;
   ops->synchronize();
   auto t0 = std::chrono::steady_clock::now();
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     train_step.run(micro, cfg.lr, counted_all);
+    // A checkpoint after this step (none after the last: its write would fall outside the timed steps).
+    if (o.save_steps > 0 && s >= o.warmup && (s + 1 - o.warmup) % o.save_steps == 0 && s + 1 < o.warmup + o.steps) {
+      train_step.settle();
+      const auto ts = std::chrono::steady_clock::now();
+      const TrainerState state{s + 1, o.warmup + o.steps, {}, bench.seed};
+      const std::filesystem::path dir = std::filesystem::path(o.save_dir) / cat("checkpoint-", s + 1);
+      writer.wait();
+      if (o.save_mode == "background")
+        writer.start(snapshot_checkpoint(dir, bench, *model, train_step.optimizer(), state), s + 1);
+      else
+        save_checkpoint(dir, bench, *model, train_step.optimizer(), state);
+      snapshot_s += seconds_since(ts);
+      ++saves;
+    }
     ops->host_wait(ops->mark());
     const auto t1 = std::chrono::steady_clock::now();
     if (s >= o.warmup) times.push_back(std::chrono::duration<double>(t1 - t0).count());
     t0 = t1;
   }
+  writer.wait();
   ops->synchronize();
   const double loss = train_step.loss();
   // One more step with per-op device timing, for the breakdown (the profiled step is not in step_s).
@@ -307,6 +331,10 @@ int run_bench(const BenchOpts& o) {
       {"gradient_accumulation", o.accumulation},
       {"seq", o.seq},
       {"step_s", step},
+      {"mean_step_s", std::accumulate(times.begin(), times.end(), 0.0) / double(times.size())},
+      {"saves", saves},
+      {"save_mode", o.save_mode},
+      {"save_s", snapshot_s},
       {"tokens_per_s", tokens / step},
       {"memory_gib", memory},
       {"optimizer_gib", double(train_step.optimizer().state_bytes()) / double(1u << 30)},
@@ -406,6 +434,13 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   c->add_option("--warmup", o->warmup)->check(CLI::NonNegativeNumber)->capture_default_str();
+  c->add_option("--save-steps", o->save_steps,
+                "a checkpoint every N timed steps, into --save-dir (mean_step_s then shows its cost)")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--save-mode", o->save_mode, "background (host snapshot, writer thread) or direct")
+      ->check(CLI::IsMember({"background", "direct"}))
+      ->capture_default_str();
+  c->add_option("--save-dir", o->save_dir, "where --save-steps writes its checkpoints")->capture_default_str();
   add_device_option(c, o->device);
   return [o]() { return run_bench(*o); };
 }
