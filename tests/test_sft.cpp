@@ -1,6 +1,8 @@
 // The trainer end to end on CPU with a tiny random Qwen3 and the byte tokenizer: the loss falls, metrics
 // files are written, resuming from a checkpoint is bitwise exact, and Ctrl-C saves a checkpoint and exits 130.
 #include <gtest/gtest.h>
+
+#include <cmath>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -187,6 +189,41 @@ TEST(Sft, ADamagedCheckpointFileIsRefusedAtResume) {
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("optimizer.safetensors: its sha256 differs"), std::string::npos) << e.what();
   }
+}
+
+// skip_bad_batches: a NaN loss (the seam poisons the model at update 7, as a bad batch would) restores the newest
+// checkpoint, replays with every update checked to find update 7, and trains on without its batches. The
+// updates before it are the uninterrupted run's, bitwise; with skip_bad_batches: 0 the run stops at once.
+TEST(Sft, ANanLossRestoresTheCheckpointAndSkipsThatUpdate) {
+  SftSetup s;
+  const std::string extra = "max_steps: 10\nsave_steps: 4\nlogging_steps: 5\n";
+  train(s.config("ref", "max_steps: 10\nsave_steps: 4\nlogging_steps: 1\n"));
+  ::setenv("SOLTRAIN_TEST_NAN_STEP", "7", 1);
+  std::string log;
+  const RunResult r = train(s.config("nan", extra), {}, &log);
+  ::unsetenv("SOLTRAIN_TEST_NAN_STEP");
+  EXPECT_EQ(r.steps, 10);
+  EXPECT_NE(log.find("step 8: training diverged at step 8 (loss nan)"), std::string::npos) << log;
+  EXPECT_NE(log.find("checkpoint-4 to find the update that diverged"), std::string::npos) << log;
+  EXPECT_NE(log.find("step 7: skipped"), std::string::npos) << log;
+  EXPECT_TRUE(fs::exists(s.t.path / "nan" / "model" / "model.safetensors"));
+  const auto ref = read_jsonl(s.t.path / "ref" / "metrics.jsonl"), got = read_jsonl(s.t.path / "nan" / "metrics.jsonl");
+  for (const auto& row : got) {
+    if (!row.contains("loss")) continue;
+    EXPECT_TRUE(std::isfinite(row["loss"].get<double>())) << row.dump();
+    EXPECT_NE(row["step"], 7) << "update 7 was skipped";
+    if (row["step"].get<int64_t>() < 7)  // before the skipped update: the uninterrupted run's losses
+      for (const auto& want : ref)
+        if (want.contains("loss") && want["step"] == row["step"]) EXPECT_EQ(want["loss"], row["loss"]);
+  }
+  ::setenv("SOLTRAIN_TEST_NAN_STEP", "7", 1);
+  try {
+    train(s.config("stop", extra + "skip_bad_batches: 0\n"));
+    ADD_FAILURE() << "a NaN loss was trained on";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("training diverged at step 8"), std::string::npos) << e.what();
+  }
+  ::unsetenv("SOLTRAIN_TEST_NAN_STEP");
 }
 
 TEST(Sft, CheckpointsKeepSaveTotalLimit) {

@@ -430,6 +430,8 @@ void add_run_keys(std::vector<KeySpec>& v) {
   v.push_back(number("evals_per_epoch", FIELD(evals_per_epoch), 0, 1e6, true,
                      "Axolotl's: evaluations per epoch, when eval_steps is not given"));
   v.push_back(integer("logging_steps", FIELD(logging_steps), 1, "log the loss every this many updates"));
+  v.push_back(integer("skip_bad_batches", FIELD(skip_bad_batches), 0,
+                      "a NaN/inf loss restores the last checkpoint and skips the update's batches, this many times"));
   v.push_back(number("loss_watchdog_threshold", FIELD(loss_watchdog_threshold), 0, 1e9, true,
                      "stop when the loss stays above this (Axolotl's watchdog)"));
   v.push_back(

@@ -6,7 +6,20 @@
 #include <optional>
 #include <string>
 
+#include "core/error.h"
+
 namespace soltrain {
+
+// The watchdog's stop: a UserError (one line, exit 2) that says which step and whether it was a NaN or
+// infinite value (which the loop may recover from: skip_bad_batches) or the threshold.
+struct Divergence : UserError {
+  Divergence(const std::string& why, double learning_rate, const std::filesystem::path& output_dir, int64_t step,
+             bool nonfinite);
+  std::string why;  // "training diverged at step 8 (loss nan)"
+  double learning_rate;
+  int64_t step;
+  bool nonfinite;
+};
 
 class LossWatchdog {
  public:

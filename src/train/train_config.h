@@ -129,6 +129,9 @@ struct TrainConfig {
   // The launcher restarts a job whose rank died (killed, crashed, hung past ddp_timeout) from its last complete
   // checkpoint, up to max_restarts times, at the same rank count (fewer GPUs if some are gone).
   bool auto_resume = false;
+  // A NaN or infinite loss (or gradient norm) restores the newest checkpoint, finds the update that produced
+  // it, and trains on without that update's batches, at most this many times; 0 stops the run at once.
+  int skip_bad_batches = 1;
   int max_restarts = 3;
   bool shuffle = true;                       // false (Axolotl's curriculum_sampling): the datasets' order
   bool dataset_exact_deduplication = false;  // Axolotl's: identical tokenized documents kept once

@@ -24,6 +24,15 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// Test seam (tests/test_sft.cpp): SOLTRAIN_TEST_NAN_STEP=K poisons the model at update K as a diverging batch
+// would: every loss read after it is NaN, until a checkpoint is restored.
+bool g_test_poisoned = false;
+void test_poison(int64_t step) {
+  const char* k = std::getenv("SOLTRAIN_TEST_NAN_STEP");
+  if (k && std::atoll(k) == step) g_test_poisoned = true;
+}
+
+
 // The per-step log: progress line, metrics files, the caller's hook; MFU against the matmul rate measured at
 // the start.
 class StepLogger {
@@ -60,6 +69,7 @@ class StepLogger {
     m.step = step;
     m.total_steps = total;
     RunDriver::Readout r = d_.read(s_.step);
+    if (g_test_poisoned) r.loss = NAN;
     m.loss = r.loss;
     m.extra = std::move(r.extra);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -117,18 +127,23 @@ TrainLoop::TrainLoop(LoopSetup s, RunDriver& driver) : s_(std::move(s)), driver_
   state_.seed = s_.c.seed;
 }
 
+void TrainLoop::restore_from(const fs::path& from) {
+  const int64_t total = state_.total_steps;
+  if (zero3()) zero3()->masters_for_loading();  // read whole, then each rank keeps its slices
+  state_ = load_checkpoint(from, s_.model, s_.step.optimizer());
+  if (zero3()) zero3()->scatter_loaded_masters();
+  if (state_.seed != s_.c.seed)
+    user_error(from.string(), ": checkpoint was trained with seed ", state_.seed, ", config says ", s_.c.seed, " (the ",
+               driver_.order_name(), " would differ)");
+  driver_.restore(state_.loader);
+  state_.total_steps = total;
+  g_test_poisoned = false;
+}
+
 void TrainLoop::resume() {
   const TrainConfig& c = s_.c;
-  const int64_t total = state_.total_steps;
   if (const auto from = resolve_resume(c)) {
-    if (zero3()) zero3()->masters_for_loading();  // read whole, then each rank keeps its slices
-    state_ = load_checkpoint(*from, s_.model, s_.step.optimizer());
-    if (zero3()) zero3()->scatter_loaded_masters();
-    if (state_.seed != c.seed)
-      user_error(from->string(), ": checkpoint was trained with seed ", state_.seed, ", config says ", c.seed, " (the ",
-                 driver_.order_name(), " would differ)");
-    driver_.restore(state_.loader);
-    state_.total_steps = total;
+    restore_from(*from);
     s_.log << s_.cmd << ": resuming from " << from->string() << " at step " << state_.step << "\n";
   } else if (c.resume_from_checkpoint.kind == ResumeFrom::kLatest) {
     s_.log << s_.cmd << ": resume_from_checkpoint: true, but " << c.output_dir.string()
@@ -180,6 +195,31 @@ void TrainLoop::checkpoint(ProgressLine& progress, bool background) {
   saved(state_.step, progress);
 }
 
+bool TrainLoop::recover(const Divergence& d, ProgressLine& progress) {
+  // One process only: the ranks of a job would each have to restore and agree on the batch.
+  if (!d.nonfinite || s_.dp) return false;
+  saved(writer_.wait(), progress);
+  const std::vector<fs::path> kept = list_checkpoints(s_.c.output_dir);
+  if (kept.empty()) return false;
+  if (check_until_ == 0) {
+    if (recoveries_ >= s_.c.skip_bad_batches) return false;
+    // Which update it was: the loss is read on logged steps only, so the updates since the newest checkpoint
+    // are trained again (bitwise the same) with every one checked.
+    restore_from(kept.back());
+    check_until_ = d.step;
+    progress.message(cat("step ", d.step, ": ", d.why, "; restored ", kept.back().string(),
+                         " to find the update that diverged (skip_bad_batches)"));
+    return true;
+  }
+  // Update d.step diverged (every step is checked now): once more from the checkpoint, then without its batches.
+  bad_step_ = d.step;
+  bad_loader_ = driver_.loader_state();  // past that update's batches
+  restore_from(kept.back());
+  check_until_ = 0;
+  ++recoveries_;
+  return true;
+}
+
 RunResult TrainLoop::run() {
   const TrainConfig& c = s_.c;
   std::optional<MetricsLog> metrics_file;
@@ -204,13 +244,30 @@ RunResult TrainLoop::run() {
   const int rank = s_.comm ? s_.comm->rank() : 0;
   bool stopping = false;
   while (state_.step < state_.total_steps && !(stopping = stop_requested())) {
+    if (state_.step + 1 == bad_step_) {  // the update that diverged: its batches are passed over
+      driver_.restore(bad_loader_);
+      ++state_.step;
+      bad_step_ = 0;
+      progress.message(cat("step ", state_.step, ": skipped (its loss or gradient was not finite)"));
+      continue;
+    }
     const auto t0 = Clock::now();
     const double lr = c.learning_rate * lr_factor(s_.sched, state_.step);
     driver_.update(s_.step, state_.step, float(lr));
     ++state_.step;
     test_fault(rank, state_.step);
+    test_poison(state_.step);
     const bool save_step = s_.cadence.save_steps > 0 && state_.step % s_.cadence.save_steps == 0;
-    step_log.after_update(lr, t0, save_step);
+    try {
+      step_log.after_update(lr, t0, save_step || state_.step <= check_until_);
+    } catch (const Divergence& d) {
+      // The checkpoint being written is from before the divergence: whole first, and named in the line.
+      saved(writer_.wait(), progress);
+      if (!recover(d, progress)) throw Divergence(d.why, d.learning_rate, c.output_dir, d.step, d.nonfinite);
+      if (metrics) metrics_file.emplace(c.output_dir, state_.step);  // the lines past the checkpoint go
+      continue;
+    }
+    if (state_.step >= check_until_) check_until_ = 0;  // replayed to the divergence without meeting it again
     if (s_.cadence.eval_steps > 0 && state_.step % s_.cadence.eval_steps == 0 && state_.step < state_.total_steps)
       evaluate_at(state_.step, metrics, progress, result);
     if (save_step) checkpoint(progress, /*background=*/true);

@@ -17,6 +17,7 @@
 #include "train/metrics.h"
 #include "train/run_builder.h"
 #include "train/background_save.h"
+#include "train/loss_watchdog.h"
 #include "train/train_checkpoint.h"
 #include "train/train_config.h"
 #include "train/train_step.h"
@@ -102,12 +103,21 @@ class TrainLoop {
   void checkpoint(ProgressLine& progress, bool background);
   // A checkpoint whole on disk (the step `saved`, or none): counted, older ones pruned, said.
   void saved(std::optional<int64_t> step, ProgressLine& progress);
+  // Weights, optimizer, loader position and step from checkpoint `from`.
+  void restore_from(const std::filesystem::path& from);
+  // skip_bad_batches after a NaN / inf at d.step: restores the newest checkpoint and either replays with every
+  // update checked (to find the one) or, that one found, sets it to be skipped. False: the run stops.
+  bool recover(const Divergence& d, ProgressLine& progress);
 
   LoopSetup s_;
   RunDriver& driver_;
   TrainerState state_;
   int64_t last_saved_ = 0;
   BackgroundSave writer_;
+  int64_t check_until_ = 0;  // replaying after a divergence: every update through this one is checked
+  int64_t bad_step_ = 0;     // the update to skip (its batches passed over), 0 for none
+  LoaderState bad_loader_;   // the loader past that update's batches
+  int recoveries_ = 0;
 };
 
 }  // namespace soltrain
