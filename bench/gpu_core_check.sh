@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b]
+#     [pyapi] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -23,7 +23,7 @@ bench_one() {  # tag size bench-args...
   local tag=$1 size=$2
   shift 2
   [ -d /tmp/soltrain-bench-models/$size ] || python3 -c "import sys; sys.path.insert(0, 'bench'); import run_bench; run_bench.save_model('$size', '/tmp/soltrain-bench-models')"
-  timeout 150 "$B/soltrain" bench --model /tmp/soltrain-bench-models/$size "$@" > "$OUT/$tag.json" 2> "$OUT/$tag.err"
+  timeout "${BENCH_TIMEOUT:-150}" "$B/soltrain" bench --model /tmp/soltrain-bench-models/$size "$@" > "$OUT/$tag.json" 2> "$OUT/$tag.err"
   python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], round(j['tokens_per_s']), 'tok/s,', round(j['memory_gib'], 2), 'GiB, loss', j['loss'], ', streamed layers', j.get('streamed_layers'))" \
     "$OUT/$tag.json" "$tag" || tail -3 "$OUT/$tag.err"
 }
@@ -240,6 +240,24 @@ for s in "${steps[@]}"; do
         --variant "fp32 residual=--residual-dtype fp32" \
         --peers eager --attention "" --out "$OUT" > "$OUT/bench.log" 2>&1
       tail -40 "$OUT/bench.log" ;;
+    ckpt)  # issue 28: the step time with a checkpoint every 10 steps (background, direct) next to none; the
+      # largest case last, each case's models and checkpoints removed after it (the disk holds 64 GiB).
+      for c in "8B lora 1 --lora-rank 16 --batch-size 2" "0.6B full 2 --batch-size 8" "4B full 1 --batch-size 2"; do
+        set -- $c
+        size=$1 kind=$2 saves=$3
+        shift 3
+        steps=$((10 * saves + 10))
+        for mode in none background direct; do
+          rm -rf /tmp/soltrain-bench-checkpoints
+          extra=()
+          [ $mode != none ] && extra=(--save-steps 10 --save-mode $mode)
+          BENCH_TIMEOUT=420 bench_one ckpt-$size-$kind-$mode $size --steps $steps --warmup 3 --seq-len 2048 --no-profile "$@" "${extra[@]}"
+          python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], 'median', round(j['step_s'],4), 'mean', round(j['mean_step_s'],4), 's, saves', j['saves'], 'in', round(j['save_s'],2), 's on the training thread')" \
+            "$OUT/ckpt-$size-$kind-$mode.json" "ckpt-$size-$kind-$mode" 2>/dev/null
+        done
+        du -sh /tmp/soltrain-bench-checkpoints 2>/dev/null
+        rm -rf /tmp/soltrain-bench-checkpoints /tmp/soltrain-bench-models/$size
+      done ;;
     bench8b)
       timeout 550 python3 bench/run_bench.py --soltrain "$B/soltrain" --sizes 8B \
         --variant "data parallel ZeRO-0 (NCCL, 1 rank)=--data-parallel 0" \

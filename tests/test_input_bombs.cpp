@@ -75,6 +75,16 @@ TEST(InputBombs, CompressedDataExpandingPastMemoryIsRefusedNamingTheFile) {
   }
 }
 
+// 9.5 KB of parquet whose run-length dictionary indices repeat one 4 KB string 2^22 times (16 GiB).
+TEST(InputBombs, AParquetDictionaryBombIsRefusedNamingTheFile) {
+  TinyRun r;
+  fs::copy_file(fixtures() / "parquet" / "bomb_dictionary.parquet", r.t.path / "bomb.parquet");
+  const std::string cfg =
+      r.config("model: model\noutput_dir: out\ndatasets: [{path: bomb.parquet, type: text}]\n");
+  expect_refused(run_limited("sft " + cfg, r.t, 2 << 20), "bomb.parquet: row group 0");
+  EXPECT_NE(read_text(r.t.path / "e").find("out of host memory"), std::string::npos) << read_text(r.t.path / "e");
+}
+
 TEST(InputBombs, AbsurdAccumulationAndSamplesAreRefusedBeforeAllocating) {
   TinyRun r;
   expect_refused(run_bounded("sft " + r.config("model: model\noutput_dir: out\ngradient_accumulation_steps: 100000000\n"),
