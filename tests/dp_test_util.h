@@ -60,10 +60,11 @@ struct DpSetup {
 
 // `soltrain sft --gpus 2` in a process group of its own, as a terminal runs it, stderr to `log`.
 inline pid_t spawn_launcher(const DpSetup& s, const std::string& out, const std::string& sets,
-                           const std::filesystem::path& log) {
+                            const std::filesystem::path& log) {
   const std::string cmd = std::string("exec " SOLTRAIN_BIN " sft ") + (s.t.path / "base.yaml").string() +
-                          " --set output_dir=" + (s.t.path / out).string() + " --set dataset_prepared_path=" +
-                          (s.t.path / ("prepared-" + out)).string() + " " + sets + " 2>" + log.string();
+                          " --set output_dir=" + (s.t.path / out).string() +
+                          " --set dataset_prepared_path=" + (s.t.path / ("prepared-" + out)).string() + " " + sets +
+                          " 2>" + log.string();
   const pid_t pid = fork();
   if (pid == 0) {
     setpgid(0, 0);

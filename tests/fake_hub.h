@@ -13,8 +13,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <functional>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>

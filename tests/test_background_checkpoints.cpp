@@ -60,7 +60,8 @@ TEST(BackgroundCheckpoints, TrainingGoesOnAndAKillMidWriteResumesBitwise) {
   const CliRun again = s.sft(0, "bg", run + "--set resume_from_checkpoint=true");
   ASSERT_EQ(again.code, 0) << again.err;
   EXPECT_NE(again.err.find("checkpoint-4 at step 4"), std::string::npos) << again.err;
-  EXPECT_EQ(read_text(dir / "model" / "model.safetensors"), read_text(s.t.path / "ref" / "model" / "model.safetensors"));
+  EXPECT_EQ(read_text(dir / "model" / "model.safetensors"),
+            read_text(s.t.path / "ref" / "model" / "model.safetensors"));
   EXPECT_FALSE(staged_checkpoint(dir, 8)) << "the killed run's staged folder was not cleaned up";
   // Written in the background or not, a checkpoint holds the same bytes.
   ASSERT_EQ(s.sft(0, "fg", run + "--set background_checkpoints=false").code, 0);

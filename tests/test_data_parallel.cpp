@@ -7,25 +7,24 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <csignal>
 #include <chrono>
-#include <thread>
+#include <csignal>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "cli/demo_kit.h"
 #include "cli_test_util.h"
 #include "data_test_util.h"
-#include "dp_test_util.h"
 #include "dist/launch.h"
+#include "dp_test_util.h"
 #include "io/safetensors.h"
 
 namespace soltrain::test {
 namespace {
 
 namespace fs = std::filesystem;
-
 
 // Every step of `got` within 1e-6 relative of `want` (and the same steps).
 void expect_same_losses(const std::map<int64_t, double>& want, const std::map<int64_t, double>& got,
@@ -127,10 +126,12 @@ TEST(DataParallel, PlanOnlyIsWhatEachRankAllocates) {
       "ZeRO-3 per rank: \\d+ of the model's \\d+ trainable elements held: masters (\\d+) B, compute copy \\d+ B[^,]*, "
       "gradients (\\d+) B, AdamW moments (\\d+) B; while a pass runs, gather buffers (\\d+) B and gradient scratch "
       "(\\d+) B");
-  for (const auto& [name, sets, flag] : {std::tuple{"full", std::string(), std::string()},
-                                         std::tuple{"lora", kLora + " --set lora_dropout=0", std::string(" --lora-rank 4")}}) {
+  for (const auto& [name, sets, flag] :
+       {std::tuple{"full", std::string(), std::string()},
+        std::tuple{"lora", kLora + " --set lora_dropout=0", std::string(" --lora-rank 4")}}) {
     SCOPED_TRACE(name);
-    const CliRun r = s.sft(2, std::string(name) + "-z3", sets + " --set gradient_accumulation_steps=1 --set zero_stage=3");
+    const CliRun r =
+        s.sft(2, std::string(name) + "-z3", sets + " --set gradient_accumulation_steps=1 --set zero_stage=3");
     ASSERT_EQ(r.code, 0) << r.err;
     std::smatch m;
     ASSERT_TRUE(std::regex_search(r.err, m, line)) << r.err;
@@ -157,9 +158,10 @@ TEST(DataParallel, PlanOnlyIsWhatEachRankAllocates) {
                 .code,
             2);
   // The run itself refuses it too (TrainStep: it used to train with fp32 moments, silently).
-  const CliRun bench8 = run("bench --device cpu --model " + (s.t.path / "model").string() +
-                                " --batch-size 1 --seq-len 32 --steps 1 --warmup 0 --optimizer adamw_8bit --data-parallel 2",
-                            s.t);
+  const CliRun bench8 =
+      run("bench --device cpu --model " + (s.t.path / "model").string() +
+              " --batch-size 1 --seq-len 32 --steps 1 --warmup 0 --optimizer adamw_8bit --data-parallel 2",
+          s.t);
   EXPECT_EQ(bench8.code, 2);
   EXPECT_EQ(bench8.err, "error: ZeRO stage 2 with this optimizer is not built yet (8-bit moments are not sharded)\n");
 }
@@ -317,7 +319,8 @@ TEST(DataParallel, Fp8RanksScaleAsOneProcess) {
   expect_same_losses(want, s.losses("tcp"), "fp8, 2 workers over TCP");
   const fs::path ck = s.t.path / "r2-z0" / "checkpoint-2";
   ASSERT_TRUE(fs::exists(ck / "fp8_state.safetensors"));
-  const CliRun four = s.sft(4, "four", fp8 + "--set gradient_accumulation_steps=1 --set resume_from_checkpoint=" + ck.string());
+  const CliRun four =
+      s.sft(4, "four", fp8 + "--set gradient_accumulation_steps=1 --set resume_from_checkpoint=" + ck.string());
   ASSERT_EQ(four.code, 0) << four.err;
   auto later = want;
   later.erase(1), later.erase(2);
@@ -327,7 +330,6 @@ TEST(DataParallel, Fp8RanksScaleAsOneProcess) {
   ASSERT_EQ(s.sft(2, "cur-two", current + "--set gradient_accumulation_steps=1").code, 0);
   expect_same_losses(s.losses("cur-one"), s.losses("cur-two"), "fp8 current scaling, 2 ranks");
 }
-
 
 // Ctrl-C at the terminal (SIGINT to the launcher's process group) or a SIGTERM to the launcher alone (which
 // passes it on) during a `gpus: 2` run: the ranks agree on the step to stop at, write one checkpoint (each its
@@ -362,7 +364,8 @@ TEST(DataParallel, StoppingTheLauncherCheckpointsEveryRankAndResumes) {
     EXPECT_FALSE(fs::exists(dir / "model")) << "stopped before the end";
     const CliRun again = s.sft(0, out, run + "--set resume_from_checkpoint=true");
     ASSERT_EQ(again.code, 0) << again.err;
-    EXPECT_EQ(read_bytes(dir / "model" / "model.safetensors"), read_bytes(s.t.path / "ref" / "model" / "model.safetensors"));
+    EXPECT_EQ(read_bytes(dir / "model" / "model.safetensors"),
+              read_bytes(s.t.path / "ref" / "model" / "model.safetensors"));
   }
 }
 

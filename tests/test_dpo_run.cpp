@@ -95,7 +95,8 @@ TEST(DpoRun, FullFineTuneRaisesHeldOutAccuracyAndReusesReference) {
   EXPECT_NE(log.find("reference log-probs reused"), std::string::npos) << log;
 }
 
-// A damaged reference cache (NaN, or a negative sum: the cache holds -log p sums, never below 0) is computed again, not trained on as a diverged run.
+// A damaged reference cache (NaN, or a negative sum: the cache holds -log p sums, never below 0) is computed again, not
+// trained on as a diverged run.
 TEST(DpoRun, ADamagedReferenceCacheIsComputedAgain) {
   DpoSetup s;
   std::string log;

@@ -84,8 +84,8 @@ void wait_for_close(int fd, int ms) {
 }
 
 TEST(HostileHub, RevisionsAreNamesThatStayInTheCache) {
-  for (const char* bad : {"/tmp/victim.txt", "../../../../victim.txt", "refs/../../x", "a//b", ".", "main\n",
-                          "bad\x1b[31m", ""})
+  for (const char* bad :
+       {"/tmp/victim.txt", "../../../../victim.txt", "refs/../../x", "a//b", ".", "main\n", "bad\x1b[31m", ""})
     EXPECT_FALSE(is_safe_revision(bad)) << bad;
   for (const char* good : {"main", "v1.0", "refs/pr/1", "refs/convert/parquet", kCommit.c_str()})
     EXPECT_TRUE(is_safe_revision(good)) << good;
@@ -106,7 +106,8 @@ TEST(HostileHub, RevisionsAreNamesThatStayInTheCache) {
 
   // Offline, a revision naming a system file is refused rather than read as a ref.
   ScopedEnv offline("HF_HUB_OFFLINE", "1");
-  const std::string e = user_error_of([&] { resolve_hub_model(hub_client_from_env(log, false), "org/m", "/etc/passwd"); });
+  const std::string e =
+      user_error_of([&] { resolve_hub_model(hub_client_from_env(log, false), "org/m", "/etc/passwd"); });
   EXPECT_NE(e.find("is not a branch, tag or commit name"), std::string::npos) << e;
 }
 
@@ -133,8 +134,8 @@ TEST(HostileHub, CorruptRefsAreRefusedInOneLine) {
   const fs::path refs = env.cache_dir() / "models--org--m" / "refs";
   fs::create_directories(refs);
   std::ostringstream log;
-  for (const std::string& content :
-       {std::string("../../../../etc"), std::string("/etc/passwd"), std::string("0123\0abc", 8), std::string(100000, 'a')}) {
+  for (const std::string& content : {std::string("../../../../etc"), std::string("/etc/passwd"),
+                                     std::string("0123\0abc", 8), std::string(100000, 'a')}) {
     test::write_text(refs / "main", content);
     const std::string e = user_error_of([&] { resolve_hub_model(hub_client_from_env(log, false), "org/m", "main"); });
     EXPECT_NE(e.find("holds no commit hash"), std::string::npos) << e;
@@ -155,8 +156,7 @@ TEST(HostileHub, OnlyHttpIsOpenedRedirectsIncluded) {
     const std::string target = std::string(scheme) + "://127.0.0.1:" + std::to_string(trap.port) + "/x";
     hub.intercept = [&](int fd, const std::string&, const std::string& path) {
       if (path.find("/resolve/") == std::string::npos) return false;
-      return FakeHub::send_raw(fd, "HTTP/1.1 302 Found\r\nLocation: " + target +
-                                       "\r\nX-Repo-Commit: " + kCommit +
+      return FakeHub::send_raw(fd, "HTTP/1.1 302 Found\r\nLocation: " + target + "\r\nX-Repo-Commit: " + kCommit +
                                        "\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
     };
     std::ostringstream log;

@@ -55,8 +55,8 @@ void write_zero_bomb(const fs::path& p, int gib) {
 
 // `soltrain ARGS` under `ulimit -v KB` (bash), bounded in time.
 CliRun run_limited(const std::string& args, const TempDir& t, long kb) {
-  const std::string cmd = "ulimit -v " + std::to_string(kb) + "; exec timeout -k 5 60 " SOLTRAIN_BIN " " + args +
-                          " >" + (t.path / "o").string() + " 2>" + (t.path / "e").string();
+  const std::string cmd = "ulimit -v " + std::to_string(kb) + "; exec timeout -k 5 60 " SOLTRAIN_BIN " " + args + " >" +
+                          (t.path / "o").string() + " 2>" + (t.path / "e").string();
   const int status = std::system(("bash -c '" + cmd + "'").c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(t.path / "o"), read_text(t.path / "e")};
 }
@@ -79,23 +79,22 @@ TEST(InputBombs, CompressedDataExpandingPastMemoryIsRefusedNamingTheFile) {
 TEST(InputBombs, AParquetDictionaryBombIsRefusedNamingTheFile) {
   TinyRun r;
   fs::copy_file(fixtures() / "parquet" / "bomb_dictionary.parquet", r.t.path / "bomb.parquet");
-  const std::string cfg =
-      r.config("model: model\noutput_dir: out\ndatasets: [{path: bomb.parquet, type: text}]\n");
+  const std::string cfg = r.config("model: model\noutput_dir: out\ndatasets: [{path: bomb.parquet, type: text}]\n");
   expect_refused(run_limited("sft " + cfg, r.t, 2 << 20), "bomb.parquet: row group 0");
   EXPECT_NE(read_text(r.t.path / "e").find("out of host memory"), std::string::npos) << read_text(r.t.path / "e");
 }
 
 TEST(InputBombs, AbsurdAccumulationAndSamplesAreRefusedBeforeAllocating) {
   TinyRun r;
-  expect_refused(run_bounded("sft " + r.config("model: model\noutput_dir: out\ngradient_accumulation_steps: 100000000\n"),
-                             r.t, 30),
-                 "lower gradient_accumulation_steps");
-  TinyRun s;
   expect_refused(
-      run_bounded("sft " + s.config("model: model\noutput_dir: out\ndatasets:\n  - path: train.jsonl\n"
-                                    "    type: conversation\n    samples: 1000000000\n"),
-                  s.t, 30),
-      "lower samples");
+      run_bounded("sft " + r.config("model: model\noutput_dir: out\ngradient_accumulation_steps: 100000000\n"), r.t,
+                  30),
+      "lower gradient_accumulation_steps");
+  TinyRun s;
+  expect_refused(run_bounded("sft " + s.config("model: model\noutput_dir: out\ndatasets:\n  - path: train.jsonl\n"
+                                               "    type: conversation\n    samples: 1000000000\n"),
+                             s.t, 30),
+                 "lower samples");
 }
 
 TEST(InputBombs, DevicesAndFifosWhereFilesBelongAreNamed) {
@@ -114,9 +113,9 @@ TEST(InputBombs, DevicesAndFifosWhereFilesBelongAreNamed) {
   fs::create_directories(r.t.path / "home");
   ASSERT_EQ(::mkfifo((r.t.path / "home" / "token").c_str(), 0600), 0);
   const std::string hub_cfg = r.config("model: org/some-model\noutput_dir: out3\n");
-  expect_refused(run_bounded("sft " + hub_cfg, r.t, 30,
-                             "HF_HOME=" + (r.t.path / "home").string() + " HF_TOKEN= HF_HUB_OFFLINE=1"),
-                 "token: not a regular file (a FIFO)");
+  expect_refused(
+      run_bounded("sft " + hub_cfg, r.t, 30, "HF_HOME=" + (r.t.path / "home").string() + " HF_TOKEN= HF_HUB_OFFLINE=1"),
+      "token: not a regular file (a FIFO)");
 }
 
 }  // namespace

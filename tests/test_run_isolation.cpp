@@ -87,7 +87,9 @@ TEST(RunIsolation, ASecondRunOnABusyOutputDirIsRefusedNamingTheFirst) {
   std::istringstream rows(read_text(dir / "metrics.jsonl"));
   for (std::string row; std::getline(rows, row);) {
     const auto j = nlohmann::json::parse(row);
-    if (j.contains("loss")) EXPECT_EQ(j["step"].get<int64_t>(), expect++) << row;
+    if (j.contains("loss")) {
+      EXPECT_EQ(j["step"].get<int64_t>(), expect++) << row;
+    }
   }
   EXPECT_GT(expect, 1);
   // Once A has ended, the folder is free again (the kernel dropped the lock with the process).
@@ -149,10 +151,10 @@ TEST(RunIsolation, RanksWithDifferentConfigsEndTheJobInOneLine) {
 TEST(RunIsolation, ASilentRankEndsTheJobNamingIt) {
   DpSetup s;
   const auto t0 = Clock::now();
-  const CliRun r = run_bounded("sft " + (s.t.path / "base.yaml").string() + " --set output_dir=" +
-                                   (s.t.path / "stopped").string() +
-                                   " --gpus 2 --set gradient_accumulation_steps=1 --set ddp_timeout=2",
-                               s.t, 60, "SOLTRAIN_TEST_RANK_FAULT=1:1:stop");
+  const CliRun r =
+      run_bounded("sft " + (s.t.path / "base.yaml").string() + " --set output_dir=" + (s.t.path / "stopped").string() +
+                      " --gpus 2 --set gradient_accumulation_steps=1 --set ddp_timeout=2",
+                  s.t, 60, "SOLTRAIN_TEST_RANK_FAULT=1:1:stop");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("rank 0: error: rank 1 sent nothing for 2 s (ddp_timeout)"), std::string::npos) << r.err;
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(30));
@@ -169,14 +171,15 @@ TEST(RunIsolation, AutoResumeFinishesAJobWhoseRankDied) {
     const std::string ref = "ref" + std::to_string(gpus), out = "auto" + std::to_string(gpus);
     ASSERT_EQ(s.sft(0, ref, run).code, 0);
     const fs::path marker = s.t.path / ("fired" + std::to_string(gpus));
-    const CliRun r = run_bounded("sft " + (s.t.path / "base.yaml").string() + " --set output_dir=" +
-                                     (s.t.path / out).string() + " " + run + "--set auto_resume=true",
-                                 s.t, 120,
-                                 "SOLTRAIN_TEST_RANK_FAULT=" + std::to_string(gpus - 1) +
-                                     ":7:kill SOLTRAIN_TEST_FAULT_ONCE=" + marker.string());
+    const CliRun r = run_bounded(
+        "sft " + (s.t.path / "base.yaml").string() + " --set output_dir=" + (s.t.path / out).string() + " " + run +
+            "--set auto_resume=true",
+        s.t, 120,
+        "SOLTRAIN_TEST_RANK_FAULT=" + std::to_string(gpus - 1) + ":7:kill SOLTRAIN_TEST_FAULT_ONCE=" + marker.string());
     EXPECT_EQ(r.code, 0) << r.err;
     EXPECT_TRUE(fs::exists(marker)) << "the fault never fired";
-    EXPECT_NE(r.err.find("auto_resume: rank " + std::to_string(gpus - 1) + " was killed by signal 9"), std::string::npos)
+    EXPECT_NE(r.err.find("auto_resume: rank " + std::to_string(gpus - 1) + " was killed by signal 9"),
+              std::string::npos)
         << r.err;
     // From checkpoint-6, or -4 when the kill came before -6's background write was whole.
     EXPECT_TRUE(r.err.find("checkpoint-6 (restart 1 of 3)") != std::string::npos ||
@@ -206,7 +209,8 @@ TEST(RunIsolation, HangupSavesACheckpointAsTermDoes) {
   ASSERT_EQ(::kill(a, SIGHUP), 0);
   EXPECT_EQ(exit_code(a), 130) << read_text(s.t.path / "hup.log");
   bool saved = false;
-  for (const auto& e : fs::directory_iterator(dir)) saved = saved || e.path().filename().string().starts_with("checkpoint-");
+  for (const auto& e : fs::directory_iterator(dir))
+    saved = saved || e.path().filename().string().starts_with("checkpoint-");
   EXPECT_TRUE(saved) << read_text(s.t.path / "hup.log");
 }
 

@@ -1,13 +1,12 @@
 // The trainer end to end on CPU with a tiny random Qwen3 and the byte tokenizer: the loss falls, metrics
 // files are written, resuming from a checkpoint is bitwise exact, and Ctrl-C saves a checkpoint and exits 130.
 #include <gtest/gtest.h>
-
-#include <cmath>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -213,8 +212,11 @@ TEST(Sft, ANanLossRestoresTheCheckpointAndSkipsThatUpdate) {
     EXPECT_TRUE(std::isfinite(row["loss"].get<double>())) << row.dump();
     EXPECT_NE(row["step"], 7) << "update 7 was skipped";
     if (row["step"].get<int64_t>() < 7)  // before the skipped update: the uninterrupted run's losses
-      for (const auto& want : ref)
-        if (want.contains("loss") && want["step"] == row["step"]) EXPECT_EQ(want["loss"], row["loss"]);
+      for (const auto& want : ref) {
+        if (want.contains("loss") && want["step"] == row["step"]) {
+          EXPECT_EQ(want["loss"], row["loss"]);
+        }
+      }
   }
   ::setenv("SOLTRAIN_TEST_NAN_STEP", "7", 1);
   try {

@@ -10,9 +10,9 @@
 #include "cli/config.h"
 #include "cli/demo_kit.h"
 #include "data/record_reader.h"
-#include "io/safetensors_writer.h"
 #include "fault_test_util.h"
 #include "io/safetensors.h"
+#include "io/safetensors_writer.h"
 #include "model/peft_adapter.h"
 
 namespace soltrain::test {
@@ -49,10 +49,10 @@ TEST(SilentInputs, SynonymsGivenTogetherMustAgree) {
     EXPECT_NE(e.find(key), std::string::npos) << e;
   }
   // Agreeing synonyms are fine (numbers by value, booleans by truth), and an override replaces the file's.
-  for (const char* yaml : {"model: m\nmicro_batch_size: 2\nper_device_train_batch_size: 2\n",
-                           "model: m\nlearning_rate: 1e-4\n", "model: m\nlora_r: 8\nlora_rank: 8\nlora: true\n",
-                           "model: m\ngradient_checkpointing: true\nrecompute: full\n",
-                           "model: m\nadapter: lora\nlora: true\n"})
+  for (const char* yaml :
+       {"model: m\nmicro_batch_size: 2\nper_device_train_batch_size: 2\n", "model: m\nlearning_rate: 1e-4\n",
+        "model: m\nlora_r: 8\nlora_rank: 8\nlora: true\n", "model: m\ngradient_checkpointing: true\nrecompute: full\n",
+        "model: m\nadapter: lora\nlora: true\n"})
     EXPECT_EQ(config_error(yaml), "") << yaml;
   const TrainConfig c = parse_train_config("model: m\noutput_dir: o\ndatasets: [d.jsonl]\nlr_scheduler_type: linear\n",
                                            "c.yaml", {"lr_scheduler=cosine"}, TrainMode::kSft);
@@ -69,7 +69,8 @@ TEST(SilentInputs, AdamBetasOfOneAreRefusedAsTorchDoes) {
 
 // A LoRA adapter folder for the demo-shaped model in `dir`, from a short CPU run.
 fs::path trained_adapter(const TinyRun& r) {
-  const CliRun run = run_bounded("sft " + r.config("model: model\noutput_dir: run\nlora: true\nlora_rank: 4\n"), r.t, 60);
+  const CliRun run =
+      run_bounded("sft " + r.config("model: model\noutput_dir: run\nlora: true\nlora_rank: 4\n"), r.t, 60);
   EXPECT_EQ(run.code, 0) << run.err;
   return r.t.path / "run" / "adapter";
 }
@@ -174,10 +175,10 @@ TEST(SilentInputs, BadCsvRecordsAreSkippedOnAsk) {
 
 TEST(SilentInputs, GenerateNamesAnInvalidPrompt) {
   TinyRun r;
-  expect_refused(run_bounded("generate --model " + (r.t.path / "model").string() +
-                                 " --prompt \"$(printf '\\377')\" --device cpu",
-                             r.t, 30),
-                 "--prompt: not valid UTF-8");
+  expect_refused(
+      run_bounded("generate --model " + (r.t.path / "model").string() + " --prompt \"$(printf '\\377')\" --device cpu",
+                  r.t, 30),
+      "--prompt: not valid UTF-8");
 }
 
 }  // namespace

@@ -11,11 +11,11 @@
 #include "core/error.h"
 #include "io/json_file.h"
 #include "model/checkpoint.h"
-#include "tokenizer/utf8.h"
 #include "model/generation.h"
 #include "model/peft_adapter.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 
 namespace soltrain {
 

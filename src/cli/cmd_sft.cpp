@@ -45,7 +45,7 @@ std::function<int()> add_run_command(CLI::App& app, const char* name, const char
       check_worker_count(cfg.gpus, cfg.device);
       check_run_inputs(cfg);
       const OutputLock lock = prepare_run_outputs(cfg, std::cerr);  // once, before the workers start
-      lock.share_with_children();  // held while any worker lives
+      lock.share_with_children();                                   // held while any worker lives
       std::optional<AutoResume> ar;
       if (cfg.auto_resume) ar = AutoResume{cfg.max_restarts, cfg.output_dir};
       return launch_workers(cfg.gpus, cfg.device, std::min(60, cfg.ddp_timeout + 5), ar);

@@ -165,7 +165,6 @@ void apply_key(const std::string& key, Entries& en, ReadContext& x, std::map<std
 // Each adds its problems to `errors` (or a note the run prints first).
 using Rule = void (*)(const Entries&, const std::string& where, TrainConfig&, std::vector<std::string>& errors);
 
-
 // LoRA settings without `adapter: lora` / `lora: true`: the user meant LoRA (Surogate turns it on by default);
 // training the full model instead would be a silent, expensive surprise.
 void rule_lora_settings_imply_lora(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>&) {
@@ -265,8 +264,10 @@ struct SynonymPair {
   std::string (*value)(const TrainConfig&);  // what each sets, read after applying it alone
 };
 constexpr SynonymPair kSynonymPairs[] = {
-    {"gradient_checkpointing", "recompute", [](const TrainConfig& c) { return std::string(recompute_name(c.recompute)); }},
-    {"loss_scale", "train_on_inputs", [](const TrainConfig& c) { return std::string(c.train_on_inputs ? "all" : "default"); }},
+    {"gradient_checkpointing", "recompute",
+     [](const TrainConfig& c) { return std::string(recompute_name(c.recompute)); }},
+    {"loss_scale", "train_on_inputs",
+     [](const TrainConfig& c) { return std::string(c.train_on_inputs ? "all" : "default"); }},
     {"adapter", "lora", [](const TrainConfig& c) { return std::string(c.lora.enabled ? "lora" : "full"); }},
     {"fp8", "recipe", [](const TrainConfig& c) { return std::string(c.fp8_hybrid ? "fp8-hybrid" : "bf16"); }},
     {"val_set_size", "validation_split_ratio",
@@ -312,7 +313,8 @@ void check_synonyms_agree(Entries& en, TrainMode mode, const std::string& where,
     if (names.size() < 2 || override_wins(names)) continue;
     for (size_t i = 1; i < names.size(); ++i)
       if (normalized(en.by_key.at(names[0]).node) != normalized(en.by_key.at(names[i]).node))
-        conflict(names[0], names[i], scalar_text(en.by_key.at(names[0]).node), scalar_text(en.by_key.at(names[i]).node));
+        conflict(names[0], names[i], scalar_text(en.by_key.at(names[0]).node),
+                 scalar_text(en.by_key.at(names[i]).node));
   }
   for (const SynonymPair& p : kSynonymPairs) {
     if (!given(p.a) || !given(p.b) || override_wins({p.a, p.b})) continue;
@@ -332,14 +334,15 @@ void check_synonyms_agree(Entries& en, TrainMode mode, const std::string& where,
       }
       v[i] = p.value(alone);
     }
-    if (v[0] != v[1])
-      conflict(p.a, p.b, scalar_text(en.by_key.at(p.a).node), scalar_text(en.by_key.at(p.b).node));
+    if (v[0] != v[1]) conflict(p.a, p.b, scalar_text(en.by_key.at(p.a).node), scalar_text(en.by_key.at(p.b).node));
   }
 }
 
 constexpr Rule kRules[] = {rule_lora_settings_imply_lora,
-                           rule_quantised_base, rule_axolotl_schedule,
-                           rule_required,       rule_offload,
+                           rule_quantised_base,
+                           rule_axolotl_schedule,
+                           rule_required,
+                           rule_offload,
                            rule_streamed_base};
 
 }  // namespace

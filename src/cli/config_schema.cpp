@@ -133,9 +133,10 @@ void add_model_keys(std::vector<KeySpec>& v) {
   v.push_back(aka(key("model", "path", "a Hugging Face model folder or hub id (Org/Name)", "",
                       "the model to train: an HF folder (config.json + safetensors) or a hub id, required", read_model),
                   {"base_model"}));
-  v.push_back(aka(key("revision", "string", "a branch, tag or commit name", "main", "the hub model's branch, tag or commit",
-                      [](const Entry& e, const std::string& k, ReadContext& x) { x.c.revision = get_revision(e, k); }),
-                  {"revision_of_model"}));
+  v.push_back(
+      aka(key("revision", "string", "a branch, tag or commit name", "main", "the hub model's branch, tag or commit",
+              [](const Entry& e, const std::string& k, ReadContext& x) { x.c.revision = get_revision(e, k); }),
+          {"revision_of_model"}));
   v.push_back(aka(path("output_dir", FIELD(output_dir), "",
                        "where checkpoints, metrics and the final model or adapter go, required"),
                   {"save_path"}));

@@ -47,7 +47,9 @@ std::string get_string(const Entry& e, const std::string& key) {
 std::string get_revision(const Entry& e, const std::string& key) {
   const std::string v = get_string(e, key);
   if (!is_safe_revision(v))
-    bad_value(e, key, "a branch, tag or commit name (relative: no empty, \".\" or \"..\" part, no leading \"/\", no control characters)");
+    bad_value(e, key,
+              "a branch, tag or commit name (relative: no empty, \".\" or \"..\" part, no leading \"/\", no control "
+              "characters)");
   return v;
 }
 

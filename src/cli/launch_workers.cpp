@@ -93,7 +93,7 @@ WorkersOutcome run_workers(int n, Device device, int grace_s, const std::vector<
             << ")" << std::endl;
   g_workers.assign(size_t(n), 0);
   // Ctrl-C reaches the workers from the terminal (one process group); a SIGTERM to this process is passed on.
-  struct sigaction sa {};
+  struct sigaction sa{};
   sa.sa_handler = forward_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
@@ -148,8 +148,8 @@ WorkersOutcome run_workers(int n, Device device, int grace_s, const std::vector<
     --running;
     const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (WIFSIGNALED(status)) {
-      const std::string line = cat("rank ", rank, " was killed by signal ", WTERMSIG(status), " (",
-                                   strsignal(WTERMSIG(status)), ")");
+      const std::string line =
+          cat("rank ", rank, " was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
       print_error_line("error: " + line);
       if (out.why.empty()) out.why = line;
     }

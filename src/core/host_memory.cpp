@@ -118,7 +118,8 @@ HostMemory read_host_memory(const HostMemoryFiles& files) {
     rlimit as{};
     if (::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
       const auto statm = read_text("/proc/self/statm");
-      const uint64_t used = statm ? parse_u64(statm->substr(0, statm->find(' '))).value_or(0) * uint64_t(::sysconf(_SC_PAGESIZE)) : 0;
+      const uint64_t used =
+          statm ? parse_u64(statm->substr(0, statm->find(' '))).value_or(0) * uint64_t(::sysconf(_SC_PAGESIZE)) : 0;
       const uint64_t left = as.rlim_cur > used ? as.rlim_cur - used : 0;
       if (!limit || as.rlim_cur < *limit) limit = as.rlim_cur, limit_from = "ulimit -v";
       available = available ? std::min(*available, left) : left;

@@ -1,6 +1,6 @@
 // How much host memory this process may really use: the cgroup's limit (a container's, which MemTotal does
-// not show), /proc/meminfo and `ulimit -v`, whichever is smallest; and the check that refuses a host allocation that would
-// not fit, with the figures, instead of the kernel's OOM killer ending the run without a word.
+// not show), /proc/meminfo and `ulimit -v`, whichever is smallest; and the check that refuses a host allocation that
+// would not fit, with the figures, instead of the kernel's OOM killer ending the run without a word.
 #pragma once
 #include <cstdint>
 #include <filesystem>

@@ -203,10 +203,9 @@ class CsvSource : public RecordSource {
     fields.reserve(names_.size());
     for (size_t i = 0; i < names_.size(); ++i)
       fields.emplace_back(names_[i], row.fields[i].value.empty() ? ordered_json(nullptr)
-                                                                   : ordered_json(std::move(row.fields[i].value)));
+                                                                 : ordered_json(std::move(row.fields[i].value)));
     return true;
   }
-
 
  private:
   std::string name_, text_;

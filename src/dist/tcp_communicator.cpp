@@ -105,7 +105,8 @@ TcpCommunicator::TcpCommunicator(const LaunchEnv& env)
     if (master_fd_ >= 0) break;
     if (std::chrono::steady_clock::now() > deadline) {
       ::freeaddrinfo(res);
-      throw RankFailure(cat("rendezvous: rank 0 did not answer at ", where, " within ", timeout_s_, " s (ddp_timeout)"));
+      throw RankFailure(
+          cat("rendezvous: rank 0 did not answer at ", where, " within ", timeout_s_, " s (ddp_timeout)"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }

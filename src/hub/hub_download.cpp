@@ -64,8 +64,8 @@ FileMeta head_file(const HubClient& c, const RepoRef& r, const std::string& comm
   m.size = to_int(!resp.header("x-linked-size").empty() ? resp.header("x-linked-size") : resp.header("content-length"));
   m.location = resp.status >= 300 && !resp.header("location").empty() ? resp.header("location") : url;
   if (!is_safe_blob_name(m.etag))  // it names the blob file in the cache
-    user_error(repo_kind(r.type), " ", r.id, ": the hub at ", url_for_messages(c.endpoint), " sent no usable ETag for ", file,
-               " (is HF_ENDPOINT a Hugging Face hub?)");
+    user_error(repo_kind(r.type), " ", r.id, ": the hub at ", url_for_messages(c.endpoint), " sent no usable ETag for ",
+               file, " (is HF_ENDPOINT a Hugging Face hub?)");
   return m;
 }
 
@@ -95,13 +95,16 @@ class BlobLock {
 // file, so a link planted at blobs/<sha>.incomplete in a shared cache cannot make the download write into
 // the file it points at.
 std::FILE* open_partial(const fs::path& part, bool truncate) {
-  const int fd = ::open(part.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | (truncate ? O_TRUNC : O_APPEND), 0644);
-  struct stat st {};
+  const int fd =
+      ::open(part.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | (truncate ? O_TRUNC : O_APPEND), 0644);
+  struct stat st{};
   if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     const int err = fd < 0 ? errno : 0;
     if (fd >= 0) ::close(fd);
     user_error(part.string(), ": cannot write the download (",
-               err == ELOOP ? "it is a symlink: remove it" : err ? std::strerror(err) : "not a regular file: remove it",
+               err == ELOOP ? "it is a symlink: remove it"
+               : err        ? std::strerror(err)
+                            : "not a regular file: remove it",
                ")");
   }
   std::FILE* f = ::fdopen(fd, "ab");
@@ -209,7 +212,6 @@ void link_snapshot(const fs::path& blob, const fs::path& pointer) {
 }
 
 }  // namespace
-
 
 fs::path hub_download_file(const HubClient& c, const RepoRef& r, const std::string& commit, const std::string& file) {
   if (!is_safe_repo_path(file))

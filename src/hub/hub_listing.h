@@ -13,8 +13,8 @@ namespace soltrain {
 std::string normalize_etag(std::string etag);
 
 struct RepoListing {
-  std::string commit;               // 40 hex
-  std::vector<std::string> files;   // as listed; each name is checked where a file is downloaded
+  std::string commit;              // 40 hex
+  std::vector<std::string> files;  // as listed; each name is checked where a file is downloaded
 };
 
 // The body of GET /api/{models|datasets}/{id}/revision/{rev}. UserError (naming `r` and `endpoint`) when it

@@ -19,7 +19,6 @@ const std::vector<std::string> kModelFiles = {"config.json", "generation_config.
 constexpr const char* kWeights = "model.safetensors";                  // constants.py SAFETENSORS_SINGLE_FILE
 constexpr const char* kWeightsIndex = "model.safetensors.index.json";  // SAFETENSORS_INDEX_FILE
 
-
 // hf_api.py model_info / dataset_info: the commit ("sha") and the files ("siblings[].rfilename").
 // nullopt when the hub cannot be reached (the caller may fall back to the cache).
 std::optional<RepoListing> list_repo(const HubClient& c, const RepoRef& r, HttpResponse& resp) {
@@ -73,7 +72,6 @@ fs::path cached_snapshot(const RepoRef& r) {
   return repo_cache_dir(r) / "snapshots" / *commit;
 }
 
-
 }  // namespace
 
 fs::path resolve_hub_model(const HubClient& c, const std::string& id, const std::string& revision) {
@@ -115,7 +113,6 @@ fs::path resolve_hub_model(const HubClient& c, const std::string& id, const std:
   for (const std::string& f : want) hub_download_file(c, r, listing->commit, f);
   return repo_cache_dir(r) / "snapshots" / listing->commit;
 }
-
 
 std::vector<fs::path> resolve_hub_dataset(const HubClient& c, const std::string& id, const std::string& revision) {
   const RepoRef r{RepoType::kDataset, id, revision};

@@ -10,13 +10,13 @@
 namespace soltrain {
 
 void refuse_special_file(const std::filesystem::path& p, std::string_view what) {
-  struct stat st {};
+  struct stat st{};
   if (::stat(p.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return;
-  const char* kind = S_ISFIFO(st.st_mode)                       ? "a FIFO"
-                     : S_ISDIR(st.st_mode)                      ? "a folder"
+  const char* kind = S_ISFIFO(st.st_mode)                         ? "a FIFO"
+                     : S_ISDIR(st.st_mode)                        ? "a folder"
                      : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
-                     : S_ISSOCK(st.st_mode)                     ? "a socket"
-                                                                : "not a plain file";
+                     : S_ISSOCK(st.st_mode)                       ? "a socket"
+                                                                  : "not a plain file";
   user_error(p.string(), ": not a regular file (", kind, "); ", what, " must be a file");
 }
 

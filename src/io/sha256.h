@@ -3,9 +3,9 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <string_view>
-#include <memory>
 
 struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX
 

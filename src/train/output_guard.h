@@ -4,7 +4,6 @@
 #include <ostream>
 
 #include "io/output_lock.h"
-
 #include "train/train_config.h"
 
 namespace soltrain {

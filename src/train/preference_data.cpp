@@ -181,7 +181,9 @@ std::vector<float> cached_reference(const TrainConfig& c, const PreferenceData& 
       log << "dpo: reference log-probs reused from " << file.string() << "\n";
       return v;
     }
-    if (in) log << "dpo: " << file.string() << " holds values no log-prob sum can take (NaN, inf or below 0): computing it again\n";
+    if (in)
+      log << "dpo: " << file.string()
+          << " holds values no log-prob sum can take (NaN, inf or below 0): computing it again\n";
   }
   std::vector<float> v = compute();
   SOLTRAIN_CHECK(v.size() == n, "reference sums for ", v.size(), " of ", n, " documents");

@@ -23,7 +23,7 @@ extern "C" void on_stop_signal(int sig) {
 
 StopSignal::StopSignal() {
   g_signal = 0;
-  struct sigaction sa {};
+  struct sigaction sa{};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &g_old_int);

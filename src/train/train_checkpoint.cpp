@@ -4,8 +4,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 #include <sstream>
+#include <thread>
 
 #include "core/error.h"
 #include "hub/hub_cache.h"
@@ -58,11 +58,13 @@ void verify_checksums(const fs::path& dir) {
       user_error(list.string(), ": malformed line \"", line, "\" (expected \"<sha256>  <file>\")");
     const std::string want = line.substr(0, 64), file = line.substr(66);
     if (!is_safe_repo_path(file)) user_error(list.string(), ": names a file outside the checkpoint: \"", file, "\"");
-    if (!fs::exists(dir / file)) user_error((dir / file).string(), ": missing from the checkpoint (", kChecksums, " lists it)");
+    if (!fs::exists(dir / file))
+      user_error((dir / file).string(), ": missing from the checkpoint (", kChecksums, " lists it)");
     if (sha256_file(dir / file) != want)
-      user_error((dir / file).string(),
-                 ": its sha256 differs from the one saved with the checkpoint: the file is damaged; resume from another "
-                 "checkpoint (resume_from_checkpoint: <folder>)");
+      user_error(
+          (dir / file).string(),
+          ": its sha256 differs from the one saved with the checkpoint: the file is damaged; resume from another "
+          "checkpoint (resume_from_checkpoint: <folder>)");
   }
 }
 
@@ -192,7 +194,8 @@ TrainerState load_checkpoint(const fs::path& dir, Transformer& model, AdamW& opt
   // count of passes is stored; a checkpoint from before it was (one pass per step then) falls back to the step.
   model.set_dropout_step(dropout_passes);
   // FP8 scaling continues too; a checkpoint of a bf16 run (none stored) starts it as a new run does.
-  if (Fp8Recipe* f = model.fp8(); f && fs::exists(dir / "fp8_state.safetensors")) f->load(dir / "fp8_state.safetensors");
+  if (Fp8Recipe* f = model.fp8(); f && fs::exists(dir / "fp8_state.safetensors"))
+    f->load(dir / "fp8_state.safetensors");
   opt.load(optimizer_files(dir));
   if (opt.steps_done() != s.step)
     user_error(dir.string(), ": optimizer step ", opt.steps_done(), " does not match trainer step ", s.step);

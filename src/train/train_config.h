@@ -92,7 +92,7 @@ struct TrainConfig {
   int offload_weights_resident_layers = 0;  // ... but for this many of its layers, kept on the device
   std::optional<DType> residual_dtype;      // the residual stream on the GPU; unset: the run chooses (Transformer)
   AttentionBackward attention_backward = AttentionBackward::Split;  // how attention's backward forms dQ (kernels/ops.h)
-  bool fp8_hybrid = false;                  // recipe: fp8-hybrid (model/fp8_recipe.h)
+  bool fp8_hybrid = false;                                          // recipe: fp8-hybrid (model/fp8_recipe.h)
   Fp8Settings fp8;
   LoraSettings lora;
   DpoSettings dpo;

@@ -32,7 +32,6 @@ void test_poison(int64_t step) {
   if (k && std::atoll(k) == step) g_test_poisoned = true;
 }
 
-
 // The per-step log: progress line, metrics files, the caller's hook; MFU against the matmul rate measured at
 // the start.
 class StepLogger {
@@ -175,7 +174,7 @@ void TrainLoop::saved(std::optional<int64_t> step, ProgressLine& progress) {
 }
 
 void TrainLoop::checkpoint(ProgressLine& progress, bool background) {
-  s_.step.settle();  // the weights whole before they are written
+  s_.step.settle();                 // the weights whole before they are written
   saved(writer_.wait(), progress);  // one checkpoint in flight at a time
   state_.loader = driver_.loader_state();
   const fs::path dir = s_.c.output_dir / cat("checkpoint-", state_.step);

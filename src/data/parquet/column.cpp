@@ -145,8 +145,8 @@ void decode_values(std::string_view data, Encoding enc, PhysicalType type, size_
       uint64_t bytes = 0;
       for (uint32_t i : idx) bytes += i < dict->size() ? value_bytes((*dict)[i]) : 0;
       if (bytes > (uint64_t(256) << 20))
-        if (const std::string no = host_memory_refusal(2 * bytes, read_host_memory(), "a page's dictionary-coded values",
-                                                       kInputMemoryHint);
+        if (const std::string no = host_memory_refusal(2 * bytes, read_host_memory(),
+                                                       "a page's dictionary-coded values", kInputMemoryHint);
             !no.empty())
           corrupt(no);
       for (uint32_t i : idx) {
