@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b]
+#     [pyapi] [ckptcuda] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -240,6 +240,19 @@ for s in "${steps[@]}"; do
         --variant "fp32 residual=--residual-dtype fp32" \
         --peers eager --attention "" --out "$OUT" > "$OUT/bench.log" 2>&1
       tail -40 "$OUT/bench.log" ;;
+    ckptcuda)  # issue 28 on CUDA: a background checkpoint (host snapshot) holds the bytes a direct one does, and a
+      # resume from one finishes bitwise the model of an uninterrupted run
+      d=/tmp/ckptcuda && rm -rf $d && mkdir -p $d && (cd $d && "$B/soltrain" demo-setup --out data > /dev/null 2>&1)
+      printf 'model: data/model\ndatasets: [{path: data/train.jsonl, type: conversation}]\ndevice: cuda\nsequence_len: 64\nper_device_train_batch_size: 8\nmax_steps: 12\nsave_steps: 4\nlogging_steps: 4\n' > $d/c.yaml
+      (cd $d && "$B/soltrain" sft c.yaml --set output_dir=bg > bg.log 2>&1 &&
+        "$B/soltrain" sft c.yaml --set output_dir=fg --set background_checkpoints=false > fg.log 2>&1 &&
+        "$B/soltrain" sft c.yaml --set output_dir=re > re.log 2>&1 && rm -rf re/checkpoint-8 re/checkpoint-12 re/model &&
+        "$B/soltrain" sft c.yaml --set output_dir=re --set resume_from_checkpoint=true > re2.log 2>&1) || tail -5 $d/*.log
+      for f in model/model.safetensors optimizer.safetensors trainer_state.json; do
+        cmp -s $d/bg/checkpoint-8/$f $d/fg/checkpoint-8/$f && echo "ckptcuda: background == direct: $f" || echo "ckptcuda: DIFFER $f"
+      done
+      cmp -s $d/bg/model/model.safetensors $d/re/model/model.safetensors && echo "ckptcuda: resume bitwise" || echo "ckptcuda: resume DIFFERS"
+      grep -h "resuming" $d/re2.log; cp $d/*.log "$OUT/" ;;
     ckpt)  # issue 28: the step time with a checkpoint every 10 steps (background, direct) next to none; the
       # largest case last, each case's models and checkpoints removed after it (the disk holds 64 GiB).
       for c in "8B lora 1 --lora-rank 16 --batch-size 2" "0.6B full 2 --batch-size 8" "4B full 1 --batch-size 2"; do

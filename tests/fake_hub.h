@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -245,6 +246,22 @@ class FakeHub {
   std::map<std::string, FakeRepo> repos_;
   std::vector<std::string> requests_;
 };
+
+// The fixture model qwen3-tiny as a hub repository at `commit`: config.json, and model.safetensors as an LFS
+// file (a redirect to the CDN port).
+inline FakeRepo fixture_model_repo(const std::string& commit) {
+  auto read = [](const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  FakeRepo r;
+  r.commit = commit;
+  const std::filesystem::path src = fixtures() / "models" / "qwen3-tiny";
+  r.files["config.json"] = read(src / "config.json");
+  r.files["model.safetensors"] = read(src / "model.safetensors");
+  r.lfs = {"model.safetensors"};
+  return r;
+}
 
 // Sets (or, with nullptr, unsets) an environment variable for the test's scope.
 class ScopedEnv {

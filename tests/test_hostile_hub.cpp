@@ -33,13 +33,7 @@ std::string read_file(const fs::path& p) {
 }
 
 FakeRepo tiny_model() {
-  FakeRepo r;
-  r.commit = kCommit;
-  const fs::path src = test::fixtures() / "models" / "qwen3-tiny";
-  r.files["config.json"] = read_file(src / "config.json");
-  r.files["model.safetensors"] = read_file(src / "model.safetensors");
-  r.lfs = {"model.safetensors"};
-  return r;
+  return test::fixture_model_repo(kCommit);
 }
 
 // The message of the UserError `f` throws ("" when it throws none).

@@ -36,13 +36,8 @@ std::string read_file(const fs::path& p) {
 }
 
 FakeRepo fixture_model_repo() {
-  FakeRepo r;
-  r.commit = kCommit;
-  const fs::path src = test::fixtures() / "models" / "qwen3-tiny";
-  r.files["config.json"] = read_file(src / "config.json");
-  r.files["model.safetensors"] = read_file(src / "model.safetensors");
+  FakeRepo r = test::fixture_model_repo(kCommit);
   r.files["README.md"] = "not downloaded";
-  r.lfs = {"model.safetensors"};
   return r;
 }
 

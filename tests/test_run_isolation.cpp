@@ -12,6 +12,7 @@
 #include <csignal>
 #include <thread>
 
+#include "cli/launch_workers.h"
 #include "dp_test_util.h"
 #include "fault_test_util.h"
 #include "io/output_lock.h"
@@ -61,17 +62,6 @@ int exit_code(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 TEST(RunIsolation, ASecondRunOnABusyOutputDirIsRefusedNamingTheFirst) {
   DpSetup s;
@@ -124,7 +114,7 @@ TEST(RunIsolation, WorkersDieWithAKilledLauncherAndTheRerunResumes) {
 
 TEST(RunIsolation, RanksWithDifferentConfigsEndTheJobInOneLine) {
   DpSetup s;
-  const std::string port = std::to_string(free_port());
+  const std::string port = std::to_string(free_tcp_port());
   auto rank = [&](int r, const std::string& sets) {
     return "env RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r) +
            " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " timeout -k 5 60 " SOLTRAIN_BIN " sft " +

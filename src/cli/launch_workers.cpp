@@ -33,8 +33,18 @@ extern "C" void forward_signal(int sig) {
     if (p > 0) ::kill(p, sig);
 }
 
+
+std::vector<std::string> own_arguments() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> args;
+  for (std::string a; std::getline(in, a, '\0');) args.push_back(a);
+  return args;
+}
+
+}  // namespace
+
 // A port the kernel says is free now (the workers' rendezvous binds it a moment later).
-int free_port() {
+int free_tcp_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -47,15 +57,6 @@ int free_port() {
   ::close(fd);
   return port;
 }
-
-std::vector<std::string> own_arguments() {
-  std::ifstream in("/proc/self/cmdline", std::ios::binary);
-  std::vector<std::string> args;
-  for (std::string a; std::getline(in, a, '\0');) args.push_back(a);
-  return args;
-}
-
-}  // namespace
 
 void check_worker_count(int n, Device device) {
   if (device != Device::CUDA) {
@@ -83,7 +84,7 @@ struct WorkersOutcome {
 
 WorkersOutcome run_workers(int n, Device device, int grace_s, const std::vector<std::string>& extra_args) {
   const char* port_env = std::getenv("MASTER_PORT");
-  const std::string port = port_env && *port_env ? port_env : std::to_string(free_port());
+  const std::string port = port_env && *port_env ? port_env : std::to_string(free_tcp_port());
   std::vector<std::string> args = own_arguments();
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   std::vector<char*> argv;

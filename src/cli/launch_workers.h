@@ -10,6 +10,9 @@
 
 namespace soltrain {
 
+// A TCP port on 127.0.0.1 the kernel says is free now (a rendezvous binds it a moment later).
+int free_tcp_port();
+
 // UserError when `n` workers need more GPUs than this process sees (device: cuda).
 void check_worker_count(int n, Device device);
 // The exit code of the job (0, 130 when stopped by a signal after a checkpoint, else the first failure's).

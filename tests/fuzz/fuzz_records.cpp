@@ -1,6 +1,5 @@
 // Fuzz target: the dataset record readers of the text formats (CSV/TSV quoting, JSON arrays and objects,
 // JSON Lines) and the .gz/.zst decompression in front of them. The first byte picks the file name.
-#include "data/record_reader.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -9,12 +8,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const char* names[] = {"f.csv",      "f.tsv",     "f.json",    "f.jsonl",
                                 "f.jsonl.gz", "f.csv.zst", "f.json.gz", "f.tsv.gz"};
   const auto path = fuzz::write_scratch(names[data[0] % 8], data + 1, size - 1);
-  fuzz::expect_only_user_errors([&] {
-    RecordReader r(path);
-    nlohmann::ordered_json rec;
-    std::string where, error;
-    while (r.next(rec, where, error)) {
-    }
-  });
+  fuzz::expect_only_user_errors([&] { fuzz::read_every_record(path); });
   return 0;
 }

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "data/record_reader.h"
 
 namespace soltrain::fuzz {
 
@@ -40,6 +41,15 @@ void expect_only_user_errors(F&& f) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "internal error escaped (would exit 1, not 2): %s\n", e.what());
     std::abort();
+  }
+}
+
+// Reads every record of a dataset file (bad ones come back as null with their error).
+inline void read_every_record(const std::filesystem::path& path) {
+  RecordReader r(path);
+  nlohmann::ordered_json rec;
+  std::string where, error;
+  while (r.next(rec, where, error)) {
   }
 }
 
