@@ -255,7 +255,8 @@ for s in "${steps[@]}"; do
       grep -h "resuming" $d/re2.log; cp $d/*.log "$OUT/" ;;
     ckpt)  # issue 28: the step time with a checkpoint every 10 steps (background, direct) next to none; the
       # largest case last, each case's models and checkpoints removed after it (the disk holds 64 GiB).
-      for c in "8B lora 1 --lora-rank 16 --batch-size 2" "0.6B full 2 --batch-size 8" "4B full 1 --batch-size 2"; do
+      IFS=';' read -ra cases <<< "${CKPT_CASES:-8B lora 1 --lora-rank 16 --batch-size 2;0.6B full 2 --batch-size 8;4B full 1 --batch-size 2}"
+      for c in "${cases[@]}"; do
         set -- $c
         size=$1 kind=$2 saves=$3
         shift 3
