@@ -273,6 +273,7 @@ int run_bench(const BenchOpts& o) {
   // steps run back to back as in training, so work a step leaves in flight on the side stream (data
   // parallel's weight gathers, overlapped with the next forward) counts where it delays the next step.
   std::vector<double> times;
+  SnapshotPool snapshots([&ops](size_t n) { return ops->alloc_host(n); });
   BackgroundSave writer;
   double snapshot_s = 0;
   int saves = 0;
@@ -288,7 +289,7 @@ int run_bench(const BenchOpts& o) {
       const std::filesystem::path dir = std::filesystem::path(o.save_dir) / cat("checkpoint-", s + 1);
       writer.wait();
       if (o.save_mode == "background")
-        writer.start(snapshot_checkpoint(dir, bench, *model, train_step.optimizer(), state), s + 1);
+        writer.start(snapshot_checkpoint(dir, bench, *model, train_step.optimizer(), state, &snapshots), s + 1);
       else
         save_checkpoint(dir, bench, *model, train_step.optimizer(), state);
       snapshot_s += seconds_since(ts);

@@ -1,5 +1,6 @@
 #include "io/deferred_writes.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -11,6 +12,8 @@ namespace soltrain {
 
 namespace {
 thread_local DeferredWrites* g_active = nullptr;
+constexpr std::string_view kNoSnapshotHint =
+    "set background_checkpoints: false to write checkpoints from the device directly";
 }  // namespace
 
 DeferredWrites::Capture::Capture(DeferredWrites& d) : previous_(g_active) {
@@ -25,23 +28,53 @@ DeferredWrites* DeferredWrites::active() {
   return g_active;
 }
 
+Buffer SnapshotPool::take(size_t bytes, const std::string& what) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (const auto it = free_.find(bytes); it != free_.end()) {
+      Buffer b = std::move(it->second);
+      free_.erase(it);
+      return b;
+    }
+  }
+  check_host_memory(bytes, what, kNoSnapshotHint);
+  return alloc_(bytes);
+}
+
+void SnapshotPool::give(Buffer b) {
+  std::lock_guard<std::mutex> l(mu_);
+  free_.emplace(b.bytes(), std::move(b));
+}
+
+DeferredWrites::~DeferredWrites() {
+  release();
+}
+
 void DeferredWrites::add(const fs::path& path, const std::vector<StreamedTensor>& tensors,
                          const std::map<std::string, std::string>& metadata) {
   uint64_t bytes = 0;
   for (const StreamedTensor& t : tensors) bytes += uint64_t(shape_numel(t.shape)) * dtype_size(t.dtype);
-  check_host_memory(bytes, cat("the snapshot of ", path.filename().string(), " for a background checkpoint"),
-                    "set background_checkpoints: false to write checkpoints from the device directly");
+  const std::string what = cat("the snapshot of ", path.filename().string(), " for a background checkpoint");
+  if (!pool_) check_host_memory(bytes, what, kNoSnapshotHint);
   File f{path, {}, {}, metadata};
   f.data.reserve(tensors.size());
   for (const StreamedTensor& t : tensors) {
-    std::vector<char>& d = f.data.emplace_back(size_t(shape_numel(t.shape)) * dtype_size(t.dtype));
+    const size_t n = size_t(shape_numel(t.shape)) * dtype_size(t.dtype);
+    Buffer& d = f.data.emplace_back(pool_ ? pool_->take(std::max<size_t>(n, 1), what) : Buffer::host(std::max<size_t>(n, 1)));
     t.fill(d.data());
-    const char* src = d.data();
-    const size_t n = d.size();
+    const char* src = static_cast<const char*>(d.data());
     f.tensors.push_back({t.name, t.dtype, t.shape, [src, n](void* dst) { std::memcpy(dst, src, n); }});
   }
   bytes_ += bytes;
   files_.push_back(std::move(f));
+}
+
+void DeferredWrites::release() {
+  if (pool_)
+    for (File& f : files_)
+      for (Buffer& b : f.data) pool_->give(std::move(b));
+  files_.clear();
+  bytes_ = 0;
 }
 
 void DeferredWrites::moved(const fs::path& from, const fs::path& to) {
@@ -53,8 +86,7 @@ void DeferredWrites::moved(const fs::path& from, const fs::path& to) {
 
 void DeferredWrites::write_all() {
   for (File& f : files_) write_safetensors_streamed(f.path, f.tensors, f.metadata);
-  files_.clear();
-  bytes_ = 0;
+  release();
 }
 
 }  // namespace soltrain

@@ -5,16 +5,37 @@
 // files from the snapshot, on any thread: the training thread goes on while the bytes reach the disk.
 #pragma once
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "core/buffer.h"
 #include "io/safetensors_writer.h"
 
 namespace soltrain {
 
+// Host buffers for snapshots, kept for the next checkpoint (the same sizes come back every time): from
+// `alloc` (Ops::alloc_host: pinned on CUDA, so the device copies into them at full PCIe speed), allocated and
+// page-faulted once rather than at every checkpoint. A new buffer is checked against host memory first.
+class SnapshotPool {
+ public:
+  explicit SnapshotPool(std::function<Buffer(size_t)> alloc) : alloc_(std::move(alloc)) {}
+  Buffer take(size_t bytes, const std::string& what);  // a kept buffer of that size, else a new one
+  void give(Buffer b);                                  // from any thread
+
+ private:
+  std::function<Buffer(size_t)> alloc_;
+  std::multimap<size_t, Buffer> free_;
+  std::mutex mu_;
+};
+
 class DeferredWrites {
  public:
+  // Snapshot buffers from `pool` (given back after write_all), else plain host memory.
+  explicit DeferredWrites(SnapshotPool* pool = nullptr) : pool_(pool) {}
+  ~DeferredWrites();
   // Makes `d` the active capture of this thread for the scope.
   class Capture {
    public:
@@ -42,9 +63,11 @@ class DeferredWrites {
   struct File {
     std::filesystem::path path;
     std::vector<StreamedTensor> tensors;  // names, dtypes, shapes; fills read `data`
-    std::vector<std::vector<char>> data;
+    std::vector<Buffer> data;
     std::map<std::string, std::string> metadata;
   };
+  void release();  // the snapshot's buffers back to the pool
+  SnapshotPool* pool_;
   std::vector<File> files_;
   uint64_t bytes_ = 0;
 };

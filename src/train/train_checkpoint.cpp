@@ -125,12 +125,13 @@ void save_checkpoint(const fs::path& dir, const TrainConfig& c, const Transforme
   if (many) comm->barrier();
 }
 
-PendingCheckpoint::PendingCheckpoint(const fs::path& dir) : staged(dir), final_dir(dir) {}
+PendingCheckpoint::PendingCheckpoint(const fs::path& dir, SnapshotPool* pool)
+    : staged(dir), writes(pool), final_dir(dir) {}
 
 std::unique_ptr<PendingCheckpoint> snapshot_checkpoint(const fs::path& dir, const TrainConfig& c,
                                                        const Transformer& model, const AdamW& opt,
-                                                       const TrainerState& s) {
-  auto p = std::make_unique<PendingCheckpoint>(dir);
+                                                       const TrainerState& s, SnapshotPool* pool) {
+  auto p = std::make_unique<PendingCheckpoint>(dir, pool);
   DeferredWrites::Capture capture(p->writes);
   write_contents(p->staged.path(), c, model, opt, s, /*optimizer=*/true);
   return p;

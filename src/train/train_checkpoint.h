@@ -38,14 +38,15 @@ void save_checkpoint(const std::filesystem::path& dir, const TrainConfig& c, con
 // previous checkpoint is the latest complete one: a crash mid-write leaves it, and the staged folder is
 // cleaned up by the next run.
 struct PendingCheckpoint {
-  explicit PendingCheckpoint(const std::filesystem::path& dir);
+  PendingCheckpoint(const std::filesystem::path& dir, SnapshotPool* pool);
   StagedDir staged;
   DeferredWrites writes;
   std::filesystem::path final_dir;
 };
+// `pool`: the snapshot's host buffers (pinned, kept from one checkpoint to the next).
 std::unique_ptr<PendingCheckpoint> snapshot_checkpoint(const std::filesystem::path& dir, const TrainConfig& c,
                                                        const Transformer& model, const AdamW& opt,
-                                                       const TrainerState& s);
+                                                       const TrainerState& s, SnapshotPool* pool);
 void finish_checkpoint(PendingCheckpoint& p);
 
 // Loads weights, optimizer state and returns the trainer state; UserError naming what is missing.

@@ -182,7 +182,7 @@ void TrainLoop::checkpoint(ProgressLine& progress, bool background) {
   if (background && s_.c.background_checkpoints && !s_.dp) {
     std::unique_ptr<PendingCheckpoint> p;
     try {
-      p = snapshot_checkpoint(dir, s_.c, s_.model, s_.step.optimizer(), state_);
+      p = snapshot_checkpoint(dir, s_.c, s_.model, s_.step.optimizer(), state_, &snapshots_);
     } catch (const UserError& e) {  // no room for the snapshot: written from the device instead
       progress.message(cat("step ", state_.step, ": ", e.what(), "; writing this checkpoint directly"));
     }
@@ -221,6 +221,7 @@ bool TrainLoop::recover(const Divergence& d, ProgressLine& progress) {
 
 RunResult TrainLoop::run() {
   const TrainConfig& c = s_.c;
+  g_test_poisoned = false;  // (a test's earlier run in this process may have ended poisoned)
   std::optional<MetricsLog> metrics_file;
   if (lead()) metrics_file.emplace(c.output_dir, state_.step);
   MetricsLog* metrics = metrics_file ? &*metrics_file : nullptr;

@@ -113,6 +113,7 @@ class TrainLoop {
   RunDriver& driver_;
   TrainerState state_;
   int64_t last_saved_ = 0;
+  SnapshotPool snapshots_{[this](size_t n) { return s_.ops.alloc_host(n); }};  // outlives writer_
   BackgroundSave writer_;
   int64_t check_until_ = 0;  // replaying after a divergence: every update through this one is checked
   int64_t bad_step_ = 0;     // the update to skip (its batches passed over), 0 for none
