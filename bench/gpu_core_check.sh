@@ -253,18 +253,20 @@ for s in "${steps[@]}"; do
       done
       cmp -s $d/bg/model/model.safetensors $d/re/model/model.safetensors && echo "ckptcuda: resume bitwise" || echo "ckptcuda: resume DIFFERS"
       grep -h "resuming" $d/re2.log; cp $d/*.log "$OUT/" ;;
-    ckpt)  # issue 28: the step time with a checkpoint every 10 steps (background, direct) next to none; the
-      # largest case last, each case's models and checkpoints removed after it (the disk holds 64 GiB).
+    ckpt)  # issue 28: the step time with a checkpoint every CKPT_EVERY (10) steps (background, direct) next to
+      # none; CKPT_CASES "size kind saves bench-args...;..."; each case's models and checkpoints removed after it
+      # (the disk holds 64 GiB: one 4B full checkpoint is 48 GB).
       IFS=';' read -ra cases <<< "${CKPT_CASES:-8B lora 1 --lora-rank 16 --batch-size 2;0.6B full 2 --batch-size 8;4B full 1 --batch-size 2}"
       for c in "${cases[@]}"; do
         set -- $c
         size=$1 kind=$2 saves=$3
         shift 3
-        steps=$((10 * saves + 10))
+        every=${CKPT_EVERY:-10}
+        steps=$((every * saves + every))
         for mode in none background direct; do
           rm -rf /tmp/soltrain-bench-checkpoints
           extra=()
-          [ $mode != none ] && extra=(--save-steps 10 --save-mode $mode)
+          [ $mode != none ] && extra=(--save-steps $every --save-mode $mode)
           BENCH_TIMEOUT=420 bench_one ckpt-$size-$kind-$mode $size --steps $steps --warmup 3 --seq-len 2048 --no-profile "$@" "${extra[@]}"
           python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], 'median', round(j['step_s'],4), 'mean', round(j['mean_step_s'],4), 's, saves', j['saves'], 'in', round(j['save_s'],2), 's on the training thread')" \
             "$OUT/ckpt-$size-$kind-$mode.json" "ckpt-$size-$kind-$mode" 2>/dev/null
