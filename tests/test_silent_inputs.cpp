@@ -173,6 +173,26 @@ TEST(SilentInputs, BadCsvRecordsAreSkippedOnAsk) {
   EXPECT_EQ(skip.code, 0) << skip.err;
 }
 
+// A dataset file whose name holds a newline and an escape sequence (a hub file can): its shard folder's name
+// carries neither.
+TEST(SilentInputs, ShardFolderNamesCarryNoControlCharacters) {
+  TinyRun r;
+  const std::string odd = "odd\n\x1b[31mname.jsonl";
+  fs::copy_file(r.t.path / "train.jsonl", r.t.path / odd);
+  const CliRun run =
+      run_bounded("sft " + r.config("model: model\noutput_dir: out\ndatasets: [{path: \"odd\\n\\e[31mname.jsonl\", "
+                                    "type: conversation}]\n"),
+                  r.t, 60);
+  ASSERT_EQ(run.code, 0) << run.err;
+  bool found = false;
+  for (const auto& e : fs::directory_iterator(r.t.path / "out" / "prepared")) {
+    const std::string n = e.path().filename().string();
+    EXPECT_EQ(n.find_first_of("\n\x1b"), std::string::npos) << n;
+    found = found || n == "train-0-odd___31mname";
+  }
+  EXPECT_TRUE(found);
+}
+
 TEST(SilentInputs, GenerateNamesAnInvalidPrompt) {
   TinyRun r;
   expect_refused(

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <iostream>
 #include <random>
@@ -110,6 +111,14 @@ int64_t drop_duplicate_documents(ShardSet& set, const ShardSet* seen_in) {
 
 namespace {
 
+// A dataset file's name as part of its shard folder's: letters, digits, '.', '-', '_' kept, anything else (a
+// newline or an escape sequence in a downloaded file's name) replaced, so no folder name carries it.
+std::string folder_safe(std::string name) {
+  for (char& ch : name)
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '-' && ch != '_') ch = '_';
+  return name;
+}
+
 ShardSet tokenize_all(const TrainConfig& c, const std::vector<DatasetSpec>& specs, const std::string& kind,
                       std::ostream& log) {
   ShardSet all;
@@ -120,7 +129,7 @@ ShardSet tokenize_all(const TrainConfig& c, const std::vector<DatasetSpec>& spec
     o.fields = specs[i].fields;
     if (o.fields.chat_template.empty()) o.fields.chat_template = c.chat_template;
     // One folder per dataset: each keeps its own cache key, so editing one dataset re-tokenizes only it.
-    o.out = c.dataset_prepared_path / cat(kind, "-", i, "-", specs[i].path.stem().string());
+    o.out = c.dataset_prepared_path / cat(kind, "-", i, "-", folder_safe(specs[i].path.stem().string()));
     o.seq_len = c.sequence_len;
     o.train_on_inputs = c.train_on_inputs;
     o.bad_records = c.bad_records;
