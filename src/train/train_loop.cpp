@@ -166,6 +166,20 @@ void TrainLoop::evaluate_at(int64_t step, MetricsLog* metrics, ProgressLine& pro
   if (s_.hooks.on_evaluate) s_.hooks.on_evaluate(step, *e);
 }
 
+bool TrainLoop::background_saves() const {
+  // Data parallel saves stay in step (each rank writes its shard, rank 0 commits after a barrier).
+  return s_.c.background_checkpoints && !s_.dp && s_.cadence.save_steps > 0;
+}
+
+void TrainLoop::warm_snapshots() {
+  if (!background_saves()) return;
+  try {  // taken and dropped: its buffers stay in the pool, its staged folder goes
+    snapshot_checkpoint(s_.c.output_dir / "checkpoint-warmup", s_.c, s_.model, s_.step.optimizer(), state_,
+                        &snapshots_);
+  } catch (const UserError&) {  // no room: the first checkpoint says so and is written directly
+  }
+}
+
 void TrainLoop::saved(std::optional<int64_t> step, ProgressLine& progress) {
   if (!step) return;
   last_saved_ = *step;
@@ -178,8 +192,7 @@ void TrainLoop::checkpoint(ProgressLine& progress, bool background) {
   saved(writer_.wait(), progress);  // one checkpoint in flight at a time
   state_.loader = driver_.loader_state();
   const fs::path dir = s_.c.output_dir / cat("checkpoint-", state_.step);
-  // Data parallel saves stay in step (each rank writes its shard, rank 0 commits after a barrier).
-  if (background && s_.c.background_checkpoints && !s_.dp) {
+  if (background && background_saves()) {
     std::unique_ptr<PendingCheckpoint> p;
     try {
       p = snapshot_checkpoint(dir, s_.c, s_.model, s_.step.optimizer(), state_, &snapshots_);
@@ -234,6 +247,7 @@ RunResult TrainLoop::run() {
     result.first_eval_loss = result.last_eval_loss;
   }
   auto save = [&] { checkpoint(progress, /*background=*/false); };  // the step logger's: a full disk stops
+  warm_snapshots();
   StepLogger step_log(s_, driver_, state_, metrics, progress, save);
   StopSignal stop;
   // Every rank stops at the same step: a stop seen by any stops all (after the same update).

@@ -101,6 +101,11 @@ class TrainLoop {
   // `background`: from a host snapshot by a writer thread (one process, background_checkpoints), else
   // written before it returns.
   void checkpoint(ProgressLine& progress, bool background);
+  // Whether checkpoints are written in the background (one process, background_checkpoints, save_steps > 0).
+  bool background_saves() const;
+  // The snapshot buffers (pinned on CUDA) allocated before the first step, by one snapshot taken and dropped,
+  // rather than at the first checkpoint: a checkpoint then costs the step only its copies.
+  void warm_snapshots();
   // A checkpoint whole on disk (the step `saved`, or none): counted, older ones pruned, said.
   void saved(std::optional<int64_t> step, ProgressLine& progress);
   // Weights, optimizer, loader position and step from checkpoint `from`.
