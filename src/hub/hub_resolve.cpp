@@ -7,6 +7,7 @@
 #include "hub/hub_download.h"
 #include "hub/hub_listing.h"
 #include "io/input_file.h"
+#include "model/checkpoint.h"
 
 namespace fs = std::filesystem;
 
@@ -14,8 +15,12 @@ namespace soltrain {
 
 namespace {
 
-const std::vector<std::string> kModelFiles = {"config.json", "generation_config.json", "tokenizer.json",
-                                              "tokenizer_config.json", "special_tokens_map.json"};
+// config.json and what a model folder carries besides its weights (model/checkpoint.h).
+std::vector<std::string> model_files() {
+  std::vector<std::string> f = {"config.json"};
+  f.insert(f.end(), std::begin(kModelSideFiles), std::end(kModelSideFiles));
+  return f;
+}
 constexpr const char* kWeights = "model.safetensors";                  // constants.py SAFETENSORS_SINGLE_FILE
 constexpr const char* kWeightsIndex = "model.safetensors.index.json";  // SAFETENSORS_INDEX_FILE
 
@@ -96,7 +101,7 @@ fs::path resolve_hub_model(const HubClient& c, const std::string& id, const std:
   write_ref(r, listing->commit);
   const std::set<std::string> has(listing->files.begin(), listing->files.end());
   std::vector<std::string> want;
-  for (const std::string& f : kModelFiles)
+  for (const std::string& f : model_files())
     if (has.count(f)) want.push_back(f);
   if (!has.count("config.json"))
     user_error("model ", id, ": the repository has no config.json (not a transformers model)");

@@ -71,13 +71,16 @@ void save_pretrained(const Transformer& model, const fs::path& out_dir, const fs
   cfg["dtype"] = "float32";
   cfg.erase("quantization_config");  // an FP8 checkpoint trained in full is saved dequantised
   write_file_atomic(staged.path() / "config.json", cfg.dump(2) + "\n");
-  for (const char* f : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                        "vocab.json", "merges.txt", "tokenizer.model"}) {
-    std::error_code ec;
-    if (!source_dir.empty() && fs::exists(source_dir / f)) fs::copy_file(source_dir / f, staged.path() / f, ec);
-    if (ec) user_error((source_dir / f).string(), ": cannot copy (", ec.message(), ")");
-  }
+  if (!source_dir.empty()) copy_model_side_files(source_dir, staged.path());
   staged.commit();
+}
+
+void copy_model_side_files(const fs::path& from, const fs::path& to) {
+  for (const char* f : kModelSideFiles) {
+    std::error_code ec;
+    if (fs::exists(from / f)) fs::copy_file(from / f, to / f, ec);
+    if (ec) user_error((from / f).string(), ": cannot copy (", ec.message(), ")");
+  }
 }
 
 }  // namespace soltrain

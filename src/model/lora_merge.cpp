@@ -5,6 +5,7 @@
 
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
+#include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/fp8_checkpoint.h"
 #include "model/lora.h"
@@ -121,13 +122,12 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
     if (cfg.contains("torch_dtype")) cfg["torch_dtype"] = "bfloat16";
     write_file_atomic(staged.path() / "config.json", cfg.dump(2) + "\n");
   }
-  for (const char* f : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                        "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model"}) {
+  if (!fp8) {  // (an FP8 base's config.json was rewritten above, dequantised)
     std::error_code ec;
-    if (fp8 && std::string(f) == "config.json") continue;
-    if (fs::exists(model_dir / f)) fs::copy_file(model_dir / f, staged.path() / f, ec);
-    if (ec) user_error((model_dir / f).string(), ": cannot copy (", ec.message(), ")");
+    fs::copy_file(model_dir / "config.json", staged.path() / "config.json", ec);
+    if (ec) user_error((model_dir / "config.json").string(), ": cannot copy (", ec.message(), ")");
   }
+  copy_model_side_files(model_dir, staged.path());
   staged.commit();
 }
 

@@ -1,0 +1,58 @@
+// What soltrain writes is what users' other tools expect (issue 29). Here: a model whose chat template lives in
+// chat_template.jinja (transformers 4.45+ saves it there) keeps it through a full fine-tune, a merge and a hub
+// download, so `generate --chat` (and vLLM) find it on the output.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "fake_hub.h"
+#include "fault_test_util.h"
+#include "hub/hub_resolve.h"
+
+namespace soltrain::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Moves the model's chat template from tokenizer_config.json into chat_template.jinja.
+std::string template_to_jinja_file(const fs::path& model) {
+  auto cfg = nlohmann::json::parse(read_text(model / "tokenizer_config.json"));
+  const std::string tmpl = cfg.at("chat_template").get<std::string>();
+  cfg.erase("chat_template");
+  write_text(model / "tokenizer_config.json", cfg.dump(2));
+  write_text(model / "chat_template.jinja", tmpl);
+  return tmpl;
+}
+
+TEST(OutputsForPeers, ChatTemplateJinjaIsCarriedThroughFullFineTuneAndMerge) {
+  TinyRun r;
+  const std::string tmpl = template_to_jinja_file(r.t.path / "model");
+  ASSERT_EQ(run_bounded("sft " + r.config("model: model\noutput_dir: full\n"), r.t, 60).code, 0);
+  EXPECT_EQ(read_text(r.t.path / "full" / "model" / "chat_template.jinja"), tmpl);
+  const CliRun chat = run_bounded("generate --model " + (r.t.path / "full" / "model").string() +
+                                      " --chat hello --max-new-tokens 2 --device cpu",
+                                  r.t, 30);
+  EXPECT_EQ(chat.code, 0) << chat.err;
+  ASSERT_EQ(run_bounded("sft " + r.config("model: model\noutput_dir: lora\nlora: true\nlora_rank: 4\n"), r.t, 60).code, 0);
+  ASSERT_EQ(run_bounded("merge --model " + (r.t.path / "model").string() + " --adapter " +
+                            (r.t.path / "lora" / "adapter").string() + " --out " + (r.t.path / "merged").string(),
+                        r.t, 60)
+                .code,
+            0);
+  EXPECT_EQ(read_text(r.t.path / "merged" / "chat_template.jinja"), tmpl);
+}
+
+TEST(OutputsForPeers, AHubModelsChatTemplateJinjaIsDownloaded) {
+  FakeHub hub;
+  FakeRepo repo = fixture_model_repo("fedcba9876543210fedcba9876543210fedcba98");
+  repo.files["chat_template.jinja"] = "{{ messages[0]['content'] }}";
+  hub.add("models/org/m", repo);
+  HubEnv env(hub.endpoint());
+  std::ostringstream log;
+  const fs::path dir = resolve_hub_model(hub_client_from_env(log, false), "org/m", "main");
+  EXPECT_EQ(read_text(dir / "chat_template.jinja"), "{{ messages[0]['content'] }}");
+}
+
+}  // namespace
+}  // namespace soltrain::test
