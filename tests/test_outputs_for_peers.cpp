@@ -54,5 +54,17 @@ TEST(OutputsForPeers, AHubModelsChatTemplateJinjaIsDownloaded) {
   EXPECT_EQ(read_text(dir / "chat_template.jinja"), "{{ messages[0]['content'] }}");
 }
 
+// `soltrain --version`: the version of pyproject.toml (the Python package's), exit 0.
+TEST(OutputsForPeers, VersionFlag) {
+  TempDir t;
+  const std::string pyproject = read_text(fixtures() / ".." / ".." / "pyproject.toml");
+  const size_t at = pyproject.find("\nversion = \"");
+  ASSERT_NE(at, std::string::npos);
+  const std::string version = pyproject.substr(at + 12, pyproject.find('"', at + 12) - at - 12);
+  const CliRun r = run("--version", t);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "soltrain " + version + "\n");
+}
+
 }  // namespace
 }  // namespace soltrain::test

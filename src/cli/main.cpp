@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   CLI::App app{"soltrain: fast training and fine-tuning of language models"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all");
+  app.set_version_flag("--version", std::string("soltrain ") + SOLTRAIN_VERSION);
   // Each registrar adds its subcommand and returns what runs it; the pair is kept here so a subcommand's
   // name is written in one place only.
   using Registrar = std::function<int()> (*)(CLI::App&);
@@ -36,6 +37,8 @@ int main(int argc, char** argv) {
   }
   try {
     app.parse(argc, argv);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
