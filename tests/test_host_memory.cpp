@@ -192,5 +192,17 @@ TEST(HostMemory, MemoryPlanShowsHostMemory) {
   EXPECT_NE(line.find(" available"), std::string::npos) << line;
 }
 
+// SOLTRAIN_HOST_MEMORY_LIMIT caps what the checks allow (the fuzz job's budget; a shared machine's).
+TEST(HostMemory, AnEnvironmentCapBoundsTheChecks) {
+  ::setenv("SOLTRAIN_HOST_MEMORY_LIMIT", "64M", 1);
+  const HostMemory m = read_host_memory();
+  ::unsetenv("SOLTRAIN_HOST_MEMORY_LIMIT");
+  ASSERT_TRUE(m.known);
+  EXPECT_EQ(m.limit, uint64_t(64) << 20);
+  EXPECT_EQ(m.limit_from, "SOLTRAIN_HOST_MEMORY_LIMIT");
+  EXPECT_LT(m.available, uint64_t(64) << 20);  // less what this process already holds
+  EXPECT_NE(host_memory_refusal(uint64_t(65) << 20, m, "a test").find("SOLTRAIN_HOST_MEMORY_LIMIT"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace soltrain

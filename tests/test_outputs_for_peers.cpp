@@ -54,6 +54,24 @@ TEST(OutputsForPeers, AHubModelsChatTemplateJinjaIsDownloaded) {
   EXPECT_EQ(read_text(dir / "chat_template.jinja"), "{{ messages[0]['content'] }}");
 }
 
+// Trackers are never silently ignored: use_tensorboard: false writes no TensorBoard; report_to: wandb and a
+// wandb_project are refused (not built yet) in one line; empty wandb_* keys (Axolotl's examples) are fine.
+TEST(OutputsForPeers, TrackersAreHonouredOrRefused) {
+  TinyRun r;
+  ASSERT_EQ(run_bounded("sft " + r.config("model: model\noutput_dir: notb\nuse_tensorboard: false\nwandb_project:\n"),
+                        r.t, 60)
+                .code,
+            0);
+  EXPECT_FALSE(fs::exists(r.t.path / "notb" / "tensorboard"));
+  EXPECT_TRUE(fs::exists(r.t.path / "notb" / "metrics.jsonl"));
+  ASSERT_EQ(run_bounded("sft " + r.config("model: model\noutput_dir: tb\nreport_to: [tensorboard]\n"), r.t, 60).code, 0);
+  EXPECT_TRUE(fs::exists(r.t.path / "tb" / "tensorboard"));
+  expect_refused(run_bounded("sft " + r.config("model: model\noutput_dir: w\nreport_to: wandb\n"), r.t, 30),
+                 "report_to: \"wandb\": reporting to it is not built yet");
+  expect_refused(run_bounded("sft " + r.config("model: model\noutput_dir: w2\nwandb_project: my-run\n"), r.t, 30),
+                 "wandb_project: sending metrics to wandb is not built yet");
+}
+
 // `soltrain --version`: the version of pyproject.toml (the Python package's), exit 0.
 TEST(OutputsForPeers, VersionFlag) {
   TempDir t;

@@ -154,8 +154,29 @@ void add_accepted(Table& t) {
       {"debug", any()},
       {"local_rank", any()},
       {"run_name", any()},
-      {"report_to", any()},
-      {"use_tensorboard", any()},  // metrics.jsonl and training_curves.svg are always written
+      // HF's report_to: TensorBoard (output_dir/tensorboard) is soltrain's own; the trackers that need their
+      // Python libraries are not built yet, and are refused rather than silently not reported to.
+      {"report_to",
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (!n.IsDefined() || n.IsNull()) return;
+         std::vector<std::string> to;
+         if (n.IsSequence())
+           for (const auto& e : n) to.push_back(text(e));
+         else
+           to.push_back(text(n));
+         c.tensorboard = false;
+         for (const std::string& t : to) {
+           if (t == "none") continue;
+           if (t == "tensorboard" || t == "all") {
+             c.tensorboard = true;
+             continue;
+           }
+           user_error(k, ": \"", t, "\": reporting to it is not built yet; metrics.jsonl and TensorBoard ",
+                      "(output_dir/tensorboard, report_to: tensorboard) hold every metric");
+         }
+       }},
+      {"use_tensorboard",  // Axolotl's; metrics.jsonl and training_curves.svg are written either way
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.tensorboard = as_bool(k, n); }},
       {"eval_sample_packing", any()},
       {"pad_to_sequence_len", any()},  // batches are always sequence_len wide
       {"dataset_processes", any()},
@@ -285,7 +306,15 @@ void set_quantised_base(TrainConfig& c, WeightFormat f, const std::string& key, 
 }
 
 bool apply_peer_key(const std::string& key, const YAML::Node& value, TrainConfig& c) {
-  if (is_logging_family(key)) return true;
+  if (is_logging_family(key)) {
+    // An empty wandb_project: (Axolotl's examples have them) asks for nothing; a value asks for a tracker
+    // soltrain does not send to yet: refused rather than silently dropped.
+    if (key.rfind("liger_", 0) != 0 && value.IsDefined() && !value.IsNull() && !(value.IsScalar() && text(value).empty()))
+      user_error(key, ": sending metrics to ", key.substr(0, key.find('_')),
+                 " is not built yet; metrics.jsonl and TensorBoard (output_dir/tensorboard) hold every metric; leave "
+                 "it empty");
+    return true;
+  }
   const auto it = table().find(key);
   if (it == table().end()) return false;
   it->second(key, value, c);

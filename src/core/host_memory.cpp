@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <fstream>
 #include <iomanip>
 #include <optional>
@@ -61,6 +62,26 @@ Bytes read_field(const fs::path& p, std::string_view key) {
   return std::nullopt;
 }
 
+// An environment variable holding a size: "3000000000", "512M", "3G".
+Bytes env_bytes(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return std::nullopt;
+  std::string s = v;
+  uint64_t unit = 1;
+  switch (s.back()) {
+    case 'K':
+    case 'k': unit = uint64_t(1) << 10; break;
+    case 'M':
+    case 'm': unit = uint64_t(1) << 20; break;
+    case 'G':
+    case 'g': unit = uint64_t(1) << 30; break;
+    default: break;
+  }
+  if (unit > 1) s.pop_back();
+  const Bytes n = parse_u64(s);
+  return n ? Bytes(*n * unit) : std::nullopt;
+}
+
 struct Cgroup {
   Bytes limit, usage, inactive_file;
   std::string name;
@@ -114,7 +135,19 @@ HostMemory read_host_memory(const HostMemoryFiles& files) {
   }
   // `ulimit -v` (RLIMIT_AS) bounds this process's address space whatever the machine has: what is left of it
   // is what an allocation can still get (malloc fails past it, with no word of which input asked).
+  // SOLTRAIN_HOST_MEMORY_LIMIT (bytes, or with K/M/G) caps the resident memory the checks allow: for a machine
+  // shared with other jobs, and the fuzz job (whose sanitizers rule out ulimit -v) makes a bomb a failure with it.
   if (files.meminfo == HostMemoryFiles{}.meminfo) {
+    if (const Bytes cap = env_bytes("SOLTRAIN_HOST_MEMORY_LIMIT")) {
+      const auto statm = read_text("/proc/self/statm");
+      std::string_view fields = statm ? std::string_view(*statm) : std::string_view();
+      fields.remove_prefix(std::min(fields.size(), fields.find(' ') + 1));  // size, then resident pages
+      const uint64_t rss =
+          parse_u64(fields.substr(0, fields.find(' '))).value_or(0) * uint64_t(::sysconf(_SC_PAGESIZE));
+      if (!limit || *cap < *limit) limit = *cap, limit_from = "SOLTRAIN_HOST_MEMORY_LIMIT";
+      const uint64_t left = *cap > rss ? *cap - rss : 0;
+      available = available ? std::min(*available, left) : left;
+    }
     rlimit as{};
     if (::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
       const auto statm = read_text("/proc/self/statm");

@@ -26,8 +26,9 @@ nlohmann::json number(double v) {
 
 }  // namespace
 
-MetricsLog::MetricsLog(const fs::path& output_dir, int64_t resume_step)
-    : jsonl_(output_dir / "metrics.jsonl"), tb_(output_dir / "tensorboard") {
+MetricsLog::MetricsLog(const fs::path& output_dir, int64_t resume_step, bool tensorboard)
+    : jsonl_(output_dir / "metrics.jsonl") {
+  if (tensorboard) tb_.emplace(output_dir / "tensorboard");
   // A resumed run repeats the steps after its checkpoint: their old lines would be duplicates.
   if (resume_step == 0) fs::remove(jsonl_);  // a fresh run in a used folder starts a fresh log
   if (fs::exists(jsonl_)) {
@@ -60,24 +61,25 @@ void MetricsLog::train(const StepMetrics& m) {
                    {"mfu", number(m.mfu)}};
   for (const auto& [name, v] : m.extra) j[name] = number(v);
   line(j.dump());
-  tb_.scalar("train/loss", m.step, m.loss);
-  tb_.scalar("train/learning_rate", m.step, m.lr);
-  tb_.scalar("train/grad_norm", m.step, m.grad_norm);
-  tb_.scalar("train/tokens_per_s", m.step, m.tokens_per_s);
-  if (m.mfu > 0) tb_.scalar("train/mfu", m.step, m.mfu);
-  for (const auto& [name, v] : m.extra) tb_.scalar("train/" + name, m.step, v);
+  if (!tb_) return;
+  tb_->scalar("train/loss", m.step, m.loss);
+  tb_->scalar("train/learning_rate", m.step, m.lr);
+  tb_->scalar("train/grad_norm", m.step, m.grad_norm);
+  tb_->scalar("train/tokens_per_s", m.step, m.tokens_per_s);
+  if (m.mfu > 0) tb_->scalar("train/mfu", m.step, m.mfu);
+  for (const auto& [name, v] : m.extra) tb_->scalar("train/" + name, m.step, v);
 }
 
 void MetricsLog::eval(int64_t step, double loss, int64_t tokens) {
   line(nlohmann::json{{"step", step}, {"eval_loss", number(loss)}, {"eval_tokens", tokens}}.dump());
-  tb_.scalar("eval/loss", step, loss);
+  if (tb_) tb_->scalar("eval/loss", step, loss);
 }
 
 void MetricsLog::eval_values(int64_t step, const std::vector<std::pair<std::string, double>>& values) {
   nlohmann::json j{{"step", step}};
   for (const auto& [name, v] : values) {
     j["eval_" + name] = number(v);
-    tb_.scalar("eval/" + name, step, v);
+    if (tb_) tb_->scalar("eval/" + name, step, v);
   }
   line(j.dump());
 }

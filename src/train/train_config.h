@@ -126,6 +126,7 @@ struct TrainConfig {
   // Checkpoints written by a thread from a host snapshot while training goes on (one process; data parallel
   // saves stay in step). false: written from the device before the next step.
   bool background_checkpoints = true;
+  bool tensorboard = true;  // output_dir/tensorboard events beside metrics.jsonl (use_tensorboard, report_to)
   // The launcher restarts a job whose rank died (killed, crashed, hung past ddp_timeout) from its last complete
   // checkpoint, up to max_restarts times, at the same rank count (fewer GPUs if some are gone).
   bool auto_resume = false;

@@ -236,7 +236,7 @@ RunResult TrainLoop::run() {
   const TrainConfig& c = s_.c;
   g_test_poisoned = false;  // (a test's earlier run in this process may have ended poisoned)
   std::optional<MetricsLog> metrics_file;
-  if (lead()) metrics_file.emplace(c.output_dir, state_.step);
+  if (lead()) metrics_file.emplace(c.output_dir, state_.step, c.tensorboard);
   MetricsLog* metrics = metrics_file ? &*metrics_file : nullptr;
   ProgressLine progress(s_.log);
   RunResult result;
@@ -278,7 +278,7 @@ RunResult TrainLoop::run() {
       // The checkpoint being written is from before the divergence: whole first, and named in the line.
       saved(writer_.wait(), progress);
       if (!recover(d, progress)) throw Divergence(d.why, d.learning_rate, c.output_dir, d.step, d.nonfinite);
-      if (metrics) metrics_file.emplace(c.output_dir, state_.step);  // the lines past the checkpoint go
+      if (metrics) metrics_file.emplace(c.output_dir, state_.step, c.tensorboard);  // the lines past the checkpoint go
       continue;
     }
     if (state_.step >= check_until_) check_until_ = 0;  // replayed to the divergence without meeting it again
