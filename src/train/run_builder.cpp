@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "core/error.h"
 #include "core/host_memory.h"
@@ -93,6 +94,21 @@ std::string save_final_outputs(const TrainConfig& c, const Transformer& model, b
     summary += cat("; merged model saved to ", merged.string());
   }
   return summary;
+}
+
+namespace {
+std::string thousands(int64_t n) {
+  std::string s = std::to_string(n);
+  for (int i = int(s.size()) - 3; i > 0; i -= 3) s.insert(size_t(i), ",");
+  return s;
+}
+}  // namespace
+
+std::string describe_parameters(const ParameterStore& ps) {
+  const int64_t trainable = ps.numel(), all = ps.numel() + ps.frozen_numel();
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%.4f", all > 0 ? 100.0 * double(trainable) / double(all) : 0.0);
+  return cat("trainable params: ", thousands(trainable), " || all params: ", thousands(all), " || trainable%: ", pct);
 }
 
 std::string describe_lora(const TrainConfig& c) {

@@ -66,6 +66,10 @@ struct Cadence {
 };
 Cadence run_cadence(const TrainConfig& c, int64_t steps_per_epoch);
 
+// "trainable params: 4,194,304 || all params: 6,742,609,920 || trainable%: 0.0622", PEFT's
+// print_trainable_parameters line (all: the trainable and the frozen weights).
+std::string describe_parameters(const ParameterStore& ps);
+
 // "LoRA r16 on q,k,v,o,gate,up,down over a frozen NF4 base (qlora_nf4)": what every run prints of its adapters.
 std::string describe_lora(const TrainConfig& c);
 

@@ -156,10 +156,10 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks h
       << (lora ? cat(describe_lora(c), precomputed ? " (reference: the base's log-probs, computed before training)"
                                                    : " (reference: the base, adapters off)")
                : "full fine-tune (reference log-probs computed before training)")
-      << "; " << loader.pairs() << " training pairs, " << data.validation.documents() / 2 << " validation; "
-      << sched.total_steps << " steps of " << (c.sample_packing ? "at least " : "") << B << " pairs x "
-      << c.gradient_accumulation_steps << " accumulation, lr " << c.learning_rate << " "
-      << to_string(c.lr_scheduler_type) << "\n";
+      << "; " << describe_parameters(model->params()) << "; " << loader.pairs() << " training pairs, "
+      << data.validation.documents() / 2 << " validation; " << sched.total_steps << " steps of "
+      << (c.sample_packing ? "at least " : "") << B << " pairs x " << c.gradient_accumulation_steps
+      << " accumulation, lr " << c.learning_rate << " " << to_string(c.lr_scheduler_type) << "\n";
   return loop.run();
 }
 

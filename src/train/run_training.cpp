@@ -188,8 +188,8 @@ void print_memory_notes(const Run& r) {
 void print_plan(const Run& r) {
   const TrainConfig& c = r.c;
   const ParameterStore& ps = r.model->params();
-  r.log << r.cmd << ": " << r.model->config().architecture << " " << double(ps.numel()) / 1e6 << "M parameters on "
-        << device_name(c.device) << "; " << r.loader->documents() << " training documents (" << r.micro_per_epoch
+  r.log << r.cmd << ": " << r.model->config().architecture << " on " << device_name(c.device) << ", "
+        << describe_parameters(ps) << "; " << r.loader->documents() << " training documents (" << r.micro_per_epoch
         << " micro-batches of " << c.per_device_train_batch_size << " x " << c.sequence_len << " per epoch), "
         << r.data.validation.documents() << " validation; " << r.sched.total_steps << " steps, gradient accumulation "
         << c.gradient_accumulation_steps << ", lr " << c.learning_rate << " " << to_string(c.lr_scheduler_type)
