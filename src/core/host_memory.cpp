@@ -62,6 +62,16 @@ Bytes read_field(const fs::path& p, std::string_view key) {
   return std::nullopt;
 }
 
+// Field `i` of /proc/self/statm (0: virtual size, 1: resident), in bytes; 0 when unread.
+uint64_t own_statm_bytes(int i) {
+  const auto statm = read_text("/proc/self/statm");
+  if (!statm) return 0;
+  std::istringstream in(*statm);
+  uint64_t v = 0;
+  for (int k = 0; k <= i; ++k) in >> v;
+  return in ? v * uint64_t(::sysconf(_SC_PAGESIZE)) : 0;
+}
+
 // An environment variable holding a size: "3000000000", "512M", "3G".
 Bytes env_bytes(const char* name) {
   const char* v = std::getenv(name);
@@ -138,25 +148,17 @@ HostMemory read_host_memory(const HostMemoryFiles& files) {
   // SOLTRAIN_HOST_MEMORY_LIMIT (bytes, or with K/M/G) caps the resident memory the checks allow: for a machine
   // shared with other jobs, and the fuzz job (whose sanitizers rule out ulimit -v) makes a bomb a failure with it.
   if (files.meminfo == HostMemoryFiles{}.meminfo) {
-    if (const Bytes cap = env_bytes("SOLTRAIN_HOST_MEMORY_LIMIT")) {
-      const auto statm = read_text("/proc/self/statm");
-      std::string_view fields = statm ? std::string_view(*statm) : std::string_view();
-      fields.remove_prefix(std::min(fields.size(), fields.find(' ') + 1));  // size, then resident pages
-      const uint64_t rss =
-          parse_u64(fields.substr(0, fields.find(' '))).value_or(0) * uint64_t(::sysconf(_SC_PAGESIZE));
-      if (!limit || *cap < *limit) limit = *cap, limit_from = "SOLTRAIN_HOST_MEMORY_LIMIT";
-      const uint64_t left = *cap > rss ? *cap - rss : 0;
+    // A cap on what this process uses (`used`: its resident or virtual size) lowers both figures.
+    auto cap_by = [&](uint64_t cap, uint64_t used, const char* from) {
+      if (!limit || cap < *limit) limit = cap, limit_from = from;
+      const uint64_t left = cap > used ? cap - used : 0;
       available = available ? std::min(*available, left) : left;
-    }
+    };
+    if (const Bytes cap = env_bytes("SOLTRAIN_HOST_MEMORY_LIMIT"))
+      cap_by(*cap, own_statm_bytes(1), "SOLTRAIN_HOST_MEMORY_LIMIT");
     rlimit as{};
-    if (::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
-      const auto statm = read_text("/proc/self/statm");
-      const uint64_t used =
-          statm ? parse_u64(statm->substr(0, statm->find(' '))).value_or(0) * uint64_t(::sysconf(_SC_PAGESIZE)) : 0;
-      const uint64_t left = as.rlim_cur > used ? as.rlim_cur - used : 0;
-      if (!limit || as.rlim_cur < *limit) limit = as.rlim_cur, limit_from = "ulimit -v";
-      available = available ? std::min(*available, left) : left;
-    }
+    if (::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
+      cap_by(as.rlim_cur, own_statm_bytes(0), "ulimit -v");
   }
   HostMemory m;
   if (!limit && !available) return m;  // nothing read: unknown

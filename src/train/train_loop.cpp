@@ -27,9 +27,8 @@ namespace {
 // Test seam (tests/test_sft.cpp): SOLTRAIN_TEST_NAN_STEP=K poisons the model at update K as a diverging batch
 // would: every loss read after it is NaN, until a checkpoint is restored.
 bool g_test_poisoned = false;
-void test_poison(int64_t step) {
-  const char* k = std::getenv("SOLTRAIN_TEST_NAN_STEP");
-  if (k && std::atoll(k) == step) g_test_poisoned = true;
+void test_poison(int64_t nan_step, int64_t step) {
+  if (nan_step == step) g_test_poisoned = true;
 }
 
 // The per-step log: progress line, metrics files, the caller's hook; MFU against the matmul rate measured at
@@ -102,8 +101,7 @@ class StepLogger {
 
 // Fault tests (tests/test_data_parallel.cpp, test_run_isolation.cpp): SOLTRAIN_TEST_RANK_FAULT=R:STEP:kill|raise|stop
 // makes rank R die by SIGKILL, throw, or stop (SIGSTOP: alive but silent) after update STEP.
-void test_fault(int rank, int64_t step) {
-  const char* v = std::getenv("SOLTRAIN_TEST_RANK_FAULT");
+void test_fault(const char* v, int rank, int64_t step) {
   if (!v) return;
   int r = -1;
   long long s = -1;
@@ -209,8 +207,7 @@ void TrainLoop::checkpoint(ProgressLine& progress, bool background) {
 
 bool TrainLoop::recover(const Divergence& d, ProgressLine& progress) {
   // One process only: the ranks of a job would each have to restore and agree on the batch.
-  if (!d.nonfinite || s_.dp) return false;
-  saved(writer_.wait(), progress);
+  if (!d.nonfinite || s_.dp) return false;  // (the caller has waited for the checkpoint in flight)
   const std::vector<fs::path> kept = list_checkpoints(s_.c.output_dir);
   if (kept.empty()) return false;
   if (check_until_ == 0) {
@@ -235,6 +232,10 @@ bool TrainLoop::recover(const Divergence& d, ProgressLine& progress) {
 RunResult TrainLoop::run() {
   const TrainConfig& c = s_.c;
   g_test_poisoned = false;  // (a test's earlier run in this process may have ended poisoned)
+  // The test seams, read once per run rather than at every step.
+  const char* fault_seam = std::getenv("SOLTRAIN_TEST_RANK_FAULT");
+  const char* nan = std::getenv("SOLTRAIN_TEST_NAN_STEP");
+  const int64_t nan_seam = nan ? std::atoll(nan) : -1;
   std::optional<MetricsLog> metrics_file;
   if (lead()) metrics_file.emplace(c.output_dir, state_.step, c.tensorboard);
   MetricsLog* metrics = metrics_file ? &*metrics_file : nullptr;
@@ -269,8 +270,8 @@ RunResult TrainLoop::run() {
     const double lr = c.learning_rate * lr_factor(s_.sched, state_.step);
     driver_.update(s_.step, state_.step, float(lr));
     ++state_.step;
-    test_fault(rank, state_.step);
-    test_poison(state_.step);
+    test_fault(fault_seam, rank, state_.step);
+    test_poison(nan_seam, state_.step);
     const bool save_step = s_.cadence.save_steps > 0 && state_.step % s_.cadence.save_steps == 0;
     try {
       step_log.after_update(lr, t0, save_step || state_.step <= check_until_);
