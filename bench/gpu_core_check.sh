@@ -248,7 +248,7 @@ for s in "${steps[@]}"; do
         "$B/soltrain" sft c.yaml --set output_dir=fg --set background_checkpoints=false > fg.log 2>&1 &&
         "$B/soltrain" sft c.yaml --set output_dir=re > re.log 2>&1 && rm -rf re/checkpoint-8 re/checkpoint-12 re/model &&
         "$B/soltrain" sft c.yaml --set output_dir=re --set resume_from_checkpoint=true > re2.log 2>&1) || tail -5 $d/*.log
-      for f in model/model.safetensors optimizer.safetensors trainer_state.json; do
+      for f in model.safetensors optimizer.safetensors soltrain_state.json; do
         cmp -s $d/bg/checkpoint-8/$f $d/fg/checkpoint-8/$f && echo "ckptcuda: background == direct: $f" || echo "ckptcuda: DIFFER $f"
       done
       cmp -s $d/bg/model/model.safetensors $d/re/model/model.safetensors && echo "ckptcuda: resume bitwise" || echo "ckptcuda: resume DIFFERS"

@@ -15,10 +15,12 @@ struct CliRun {
   std::string out, err;
 };
 
-// Runs `soltrain ARGS` with its output captured in files under t.
+// Runs `soltrain ARGS` in t's folder (where a user runs it from: a peer's config resolves relative paths from
+// there, and nothing lands in the build tree), its output captured in files under t.
 inline CliRun run(const std::string& args, const TempDir& t) {
   const auto out = t.path / "stdout", err = t.path / "stderr";
-  const std::string cmd = std::string(SOLTRAIN_BIN) + " " + args + " >" + out.string() + " 2>" + err.string();
+  const std::string cmd = "cd '" + t.path.string() + "' && " + std::string(SOLTRAIN_BIN) + " " + args + " >" +
+                          out.string() + " 2>" + err.string();
   const int status = std::system(cmd.c_str());
   auto read = [](const std::filesystem::path& p) {
     std::ifstream f(p);

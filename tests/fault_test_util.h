@@ -44,8 +44,9 @@ inline std::string leftovers(const std::filesystem::path& root) {
 inline CliRun run_bounded(const std::string& args, const TempDir& t, int max_seconds = 60,
                           const std::string& env = "") {
   const auto out = t.path / "stdout", err = t.path / "stderr";
-  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + "timeout -k 5 " + std::to_string(max_seconds) +
-                          " " + std::string(SOLTRAIN_BIN) + " " + args + " >" + out.string() + " 2>" + err.string();
+  const std::string cmd = "cd '" + t.path.string() + "' && " + (env.empty() ? "" : "env " + env + " ") +
+                          "timeout -k 5 " + std::to_string(max_seconds) + " " + std::string(SOLTRAIN_BIN) + " " + args +
+                          " >" + out.string() + " 2>" + err.string();
   const int status = std::system(cmd.c_str());
   auto read = [](const std::filesystem::path& p) {
     std::ifstream f(p);

@@ -65,7 +65,7 @@ TEST(BackgroundCheckpoints, TrainingGoesOnAndAKillMidWriteResumesBitwise) {
   EXPECT_FALSE(staged_checkpoint(dir, 8)) << "the killed run's staged folder was not cleaned up";
   // Written in the background or not, a checkpoint holds the same bytes.
   ASSERT_EQ(s.sft(0, "fg", run + "--set background_checkpoints=false").code, 0);
-  for (const char* f : {"model/model.safetensors", "optimizer.safetensors", "trainer_state.json"})
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", "soltrain_state.json"})
     EXPECT_EQ(read_text(s.t.path / "fg" / "checkpoint-8" / f), read_text(s.t.path / "ref" / "checkpoint-8" / f)) << f;
 }
 

@@ -36,7 +36,7 @@ TEST(Checkpoint, SaveThenLoadIsBitExact) {
     auto model = load_pretrained(src, *ops);
     perturb(*model, rng);
     TempDir t;
-    save_pretrained(*model, t.path / "out", src);
+    save_pretrained(*model, t.path / "out", src, DType::F32);
     expect_same_bits(*model, *load_pretrained(t.path / "out", *ops));
     EXPECT_TRUE(std::filesystem::exists(t.path / "out" / "model.safetensors"));
     // tied models store no lm_head, as transformers does
@@ -56,7 +56,7 @@ TEST(Checkpoint, ShardedSaveLoadsBackBitExact) {
   auto model = load_pretrained(src, *ops);
   perturb(*model, rng);
   TempDir t;
-  save_pretrained(*model, t.path / "out", src, 64 * 1024);
+  save_pretrained(*model, t.path / "out", src, DType::F32, 64 * 1024);
   EXPECT_TRUE(std::filesystem::exists(t.path / "out" / "model.safetensors.index.json"));
   expect_same_bits(*model, *load_pretrained(t.path / "out", *ops));
 }
@@ -68,7 +68,7 @@ TEST(Checkpoint, SavingOverAnExistingFolderReplacesItWhole) {
   TempDir t;
   std::filesystem::create_directories(t.path / "out");
   std::ofstream(t.path / "out" / "stale.txt") << "old";
-  save_pretrained(*model, t.path / "out", src);
+  save_pretrained(*model, t.path / "out", src, DType::F32);
   EXPECT_FALSE(std::filesystem::exists(t.path / "out" / "stale.txt"));
   EXPECT_TRUE(std::filesystem::exists(t.path / "out" / "model.safetensors"));
   for (auto& e : std::filesystem::directory_iterator(t.path))  // no temporary leftovers

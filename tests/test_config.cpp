@@ -84,6 +84,29 @@ TEST(Config, BadValuesSayWhatIsExpected) {
   EXPECT_EQ(error_of("model: [unclosed\n").rfind("cfg.yaml:", 0), 0u);
 }
 
+// Another tool's name for a setting is answered with its equivalent, not a spelling guess (these three used to
+// suggest learning_rate, lora and hub_strategy); a LLaMA-Factory config is named as such in one line.
+TEST(Config, OtherToolsNamesGetTheirEquivalent) {
+  EXPECT_EQ(
+      error_of(kBase + "pretraining_dataset: x\n"),
+      "cfg.yaml:6: unknown key \"pretraining_dataset\" (Axolotl's name; soltrain's: datasets, run with soltrain pt)");
+  EXPECT_EQ(error_of(kBase + "loss: sigmoid\n"),
+            "cfg.yaml:6: unknown key \"loss\" (TRL's name; soltrain's: loss_type)");
+  EXPECT_EQ(error_of(kBase + "save_strategy: steps\n"),
+            "cfg.yaml:6: unknown key \"save_strategy\" (HF TrainingArguments's name; soltrain's: save_steps (or "
+            "saves_per_epoch))");
+  EXPECT_EQ(error_of(kBase + "max_step: 3\n"), "cfg.yaml:6: unknown key \"max_step\" (did you mean \"max_steps\"?)");
+  const std::string factory =
+      "model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct\nstage: sft\ndo_train: true\nfinetuning_type: lora\n"
+      "lora_rank: 8\nlora_target: all\ndataset: identity,alpaca_en_demo\ntemplate: llama3\ncutoff_len: 2048\n"
+      "output_dir: saves/llama3-8b/lora/sft\nlearning_rate: 1.0e-4\nnum_train_epochs: 3.0\nbf16: true\n";
+  const std::string e = error_of(factory);
+  EXPECT_EQ(e.rfind("cfg.yaml: this is a LLaMA-Factory config (model_name_or_path, stage, ...): ", 0), 0u) << e;
+  EXPECT_NE(e.find("cutoff_len -> sequence_len"), std::string::npos) << e;
+  EXPECT_NE(e.find("model_name_or_path -> model"), std::string::npos) << e;
+  EXPECT_EQ(e.find("unknown key"), std::string::npos) << e;
+}
+
 TEST(Config, SetOverridesAndIsCheckedToo) {
   const TrainConfig c = parse_train_config(
       kBase + "learning_rate: 1e-4\n", "cfg.yaml",
@@ -92,7 +115,11 @@ TEST(Config, SetOverridesAndIsCheckedToo) {
   EXPECT_EQ(c.max_steps, 7);
   EXPECT_TRUE(c.lora.enabled);
   EXPECT_EQ(c.lora.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
-  EXPECT_NE(c.source_text.find("# --set max_steps=7"), std::string::npos);
+  // The saved config holds the overrides in place of the file's values, each key once: it runs again as it is.
+  EXPECT_NE(c.source_text.find("\nmax_steps: 7\n"), std::string::npos) << c.source_text;
+  EXPECT_NE(c.source_text.find("\nlearning_rate: 3e-4\n"), std::string::npos) << c.source_text;
+  EXPECT_EQ(c.source_text.find("1e-4"), std::string::npos) << c.source_text;
+  EXPECT_EQ(parse_train_config(c.source_text, "/elsewhere/config.yaml", {}, TrainMode::kSft).max_steps, 7);
   EXPECT_EQ(error_of(kBase, {"max_step=3"}),
             "--set max_step=3: unknown key \"max_step\" (did you mean \"max_steps\"?)");
   EXPECT_EQ(error_of(kBase, {"seed=-1"}), "--set seed=-1: seed: \"-1\" is not valid: expected an integer >= 0");
@@ -203,7 +230,12 @@ TEST(Config, PeerKeysMapToSoltrainSettings) {
   EXPECT_EQ(g.datasets[0].fields.input, "i");
   EXPECT_EQ(g.datasets[0].fields.output, "a");
   const std::string surogate = "model: m\nsave_path: out\ndatasets: [d.jsonl]\n";
-  EXPECT_EQ(parse_train_config(surogate, "dir/cfg.yaml", {}, TrainMode::kSft).output_dir, "dir/out");
+  // A peer's config (save_path is Surogate's name) resolves relative paths from the working folder, as the peer
+  // does; soltrain's own from the config's folder.
+  EXPECT_EQ(parse_train_config(surogate, "dir/cfg.yaml", {}, TrainMode::kSft).output_dir, "out");
+  EXPECT_EQ(parse_train_config("model: m\noutput_dir: out\ndatasets: [d.jsonl]\n", "dir/cfg.yaml", {}, TrainMode::kSft)
+                .output_dir,
+            "dir/out");
   EXPECT_EQ(error_of(surogate + "output_dir: o\n"),
             "cfg.yaml:4: output_dir (o) and save_path (out, cfg.yaml:2) are the same setting with different values; "
             "keep one");

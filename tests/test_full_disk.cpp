@@ -35,7 +35,7 @@ TEST(FullDisk, SftStopsWithOneLineAndKeepsACheckpoint) {
   EXPECT_NE(run.err.find("a checkpoint of the steps so far was saved"), std::string::npos) << run.err;
   const auto ckpts = list_checkpoints(r.t.path / "run");
   ASSERT_EQ(ckpts.size(), 1u) << run.err;
-  const int64_t step = nlohmann::json::parse(read_text(ckpts[0] / "trainer_state.json"))["step"];
+  const int64_t step = nlohmann::json::parse(read_text(ckpts[0] / "trainer_state.json"))["global_step"];
   EXPECT_GT(step, 0);
   EXPECT_LT(step, 200) << "the run went on to the end";
   EXPECT_FALSE(fs::exists(r.t.path / "run" / "model"));

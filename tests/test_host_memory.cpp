@@ -1,6 +1,7 @@
 // Host memory limits (core/host_memory.h) read from fake /proc/meminfo and cgroup files: v2, v1, "max",
 // missing and unreadable files, and the refusal line.
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 #include "cli/config.h"
@@ -186,7 +187,7 @@ TEST(HostMemory, MemoryPlanShowsHostMemory) {
   const size_t at = text.find("sft: host memory: ");
   ASSERT_NE(at, std::string::npos) << text;
   const std::string line = text.substr(at, text.find('\n', at) - at);
-  EXPECT_NE(line.find(" GiB planned (batch staging "), std::string::npos) << line;
+  EXPECT_TRUE(std::regex_search(line, std::regex(R"(host memory: [0-9.]+ [KMG]iB planned \(batch staging )"))) << line;
   EXPECT_NE(line.find("every buffer above"), std::string::npos) << line;  // the CPU backend's buffers are host's
   EXPECT_NE(line.find(" limit ("), std::string::npos) << line;
   EXPECT_NE(line.find(" available"), std::string::npos) << line;

@@ -78,7 +78,7 @@ TEST(Hub, ConfigKeepsHubIdsAndRevision) {
   EXPECT_EQ(c.datasets[0].hub_id, "tatsu-lab/alpaca");
   EXPECT_EQ(c.datasets[0].revision, "refs/convert/parquet");
   EXPECT_EQ(c.datasets[1].hub_id, "");
-  EXPECT_EQ(c.datasets[1].path, fs::path("dir/data/x.jsonl"));
+  EXPECT_EQ(c.datasets[1].path, fs::path("data/x.jsonl"));  // base_model: Axolotl's file, from the working folder
   // A local folder of that name wins over the hub.
   test::TempDir t;
   fs::create_directories(t.path / "Org" / "local");

@@ -159,7 +159,7 @@ TEST(Lora, TrainingLowersTheLossAndLeavesTheBaseBitIdentical) {
   }
   // The trained adapter, saved and merged, gives the trained model's outputs.
   TempDir t;
-  save_adapter(*model, t.path / "adapter", dir.string());
+  save_adapter(*model, t.path / "adapter", {dir.string()});
   merge_adapter(dir, t.path / "adapter", t.path / "merged");
   auto merged = load_pretrained(t.path / "merged", *ops);
   merged->plan(batch.rows, batch.seq_len);

@@ -124,7 +124,7 @@ TEST(LoraPeft, SavedAdapterHasPeftNamesAndConfigAndRoundTripsBitExactly) {
   TempDir t;
   auto ops = make_cpu_ops();
   auto model = load_pretrained_with_adapter(base_dir(), peft_dir() / "adapter", *ops);
-  save_adapter(*model, t.path / "a1", "qwen3-tiny");
+  save_adapter(*model, t.path / "a1", {"qwen3-tiny"});
 
   // Tensors: PEFT's names, dtype and values, bit for bit.
   const SafetensorsFile ours(t.path / "a1" / "adapter_model.safetensors");
@@ -155,7 +155,7 @@ TEST(LoraPeft, SavedAdapterHasPeftNamesAndConfigAndRoundTripsBitExactly) {
 
   // Load what we saved, save again: identical files.
   auto again = load_pretrained_with_adapter(base_dir(), t.path / "a1", *ops);
-  save_adapter(*again, t.path / "a2", "qwen3-tiny");
+  save_adapter(*again, t.path / "a2", {"qwen3-tiny"});
   for (const char* f : {"adapter_model.safetensors", "adapter_config.json"})
     EXPECT_EQ(slurp(t.path / "a1" / f), slurp(t.path / "a2" / f)) << f;
 }

@@ -1,17 +1,23 @@
 // What soltrain writes is what users' other tools expect (issue 29). Here: a model whose chat template lives in
 // chat_template.jinja (transformers 4.45+ saves it there) keeps it through a full fine-tune, a merge and a hub
-// download, so `generate --chat` (and vLLM) find it on the output.
+// download, so `generate --chat` (and vLLM) find it on the output; checkpoints in HF Trainer's layout (an older
+// soltrain layout still resumes); Axolotl's commands (train, preprocess --debug, merge-lora). What transformers
+// and PEFT themselves make of the outputs is python/tests/test_outputs.py.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <array>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 
+#include "core/format.h"
 #include "fake_hub.h"
 #include "fault_test_util.h"
 #include "hub/hub_resolve.h"
+#include "io/safetensors.h"
+#include "model/checkpoint.h"
 
 namespace soltrain::test {
 namespace {
@@ -112,6 +118,132 @@ TEST(OutputsForPeers, VersionFlag) {
   const CliRun r = run("--version", t);
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, "soltrain " + version + "\n");
+}
+
+// Axolotl's commands as its users type them: `train config.yaml` runs the config's job, `preprocess config.yaml
+// --debug` prints the first documents as text(label, id) with -100 where nothing is trained (the prompt) and the
+// id where it is (the answer), `merge-lora config.yaml` folds output_dir/adapter into output_dir/merged.
+TEST(OutputsForPeers, AxolotlCommandsTrainPreprocessDebugAndMergeLora) {
+  TinyRun r;
+  const std::string cfg = r.config("model: model\noutput_dir: out\nadapter: lora\nlora_r: 4\n");
+  const CliRun pre = run_bounded("preprocess " + cfg + " --debug --debug-num-examples 2", r.t, 60);
+  ASSERT_EQ(pre.code, 0) << pre.err;
+  EXPECT_NE(pre.out.find("--- document 0: "), std::string::npos) << pre.out;
+  EXPECT_NE(pre.out.find("--- document 1: "), std::string::npos) << pre.out;
+  EXPECT_EQ(pre.out.find("--- document 2: "), std::string::npos) << pre.out;
+  EXPECT_EQ(pre.out.find("\x1b["), std::string::npos) << "colours when piped";
+  // Every token is text(label, id): masked ones (-100) and trained ones (label == id) both occur.
+  const std::regex token(R"(\((-100|[0-9]+), ([0-9]+)\))");
+  int masked = 0, trained = 0;
+  for (auto it = std::sregex_iterator(pre.out.begin(), pre.out.end(), token); it != std::sregex_iterator(); ++it) {
+    if ((*it)[1] == "-100")
+      ++masked;
+    else
+      trained += (*it)[1] == (*it)[2];
+  }
+  EXPECT_GT(masked, 0) << pre.out;
+  EXPECT_GT(trained, 0) << pre.out;
+  const CliRun train = run_bounded("train " + cfg, r.t, 60);
+  ASSERT_EQ(train.code, 0) << train.err;
+  EXPECT_TRUE(fs::exists(r.t.path / "out" / "adapter" / "adapter_model.safetensors"));
+  const CliRun merge = run_bounded("merge-lora " + cfg, r.t, 60);
+  ASSERT_EQ(merge.code, 0) << merge.err;
+  EXPECT_TRUE(fs::exists(r.t.path / "out" / "merged" / "model.safetensors"));
+  expect_refused(run_bounded("merge-lora " + cfg + " --lora-model-dir nowhere", r.t, 30),
+                 "merge-lora: nowhere holds no adapter (adapter_config.json)");
+  expect_refused(run_bounded("train", r.t, 30), "train: give a config file (soltrain train config.yaml)");
+}
+
+// A preference config's preview shows pairs: the chosen and the rejected answer of each.
+TEST(OutputsForPeers, PreprocessDebugShowsPreferencePairs) {
+  TinyRun r;
+  std::ofstream(r.t.path / "pairs.jsonl") << R"({"prompt": "Reverse ab", "chosen": "ba", "rejected": "ab"})" << "\n"
+                                          << R"({"prompt": "Reverse cd", "chosen": "dc", "rejected": "cd"})" << "\n";
+  write_text(r.t.path / "p.yaml",
+             "model: model\noutput_dir: out\nrl: dpo\nsequence_len: 64\n"
+             "datasets: [{path: pairs.jsonl}]\n");
+  const CliRun pre = run_bounded("preprocess p.yaml --debug --debug-num-examples 1", r.t, 60);
+  ASSERT_EQ(pre.code, 0) << pre.err;
+  EXPECT_NE(pre.out.find("--- pair 0 chosen: "), std::string::npos) << pre.out;
+  EXPECT_NE(pre.out.find("--- pair 0 rejected: "), std::string::npos) << pre.out;
+  EXPECT_EQ(pre.out.find("--- pair 1 "), std::string::npos) << pre.out;
+}
+
+// Checkpoints are HF Trainer's checkpoint-N (the model or adapter at the top, README.md, trainer_state.json with
+// log_history); a checkpoint of the older layout (model/ or adapter/ inside, the resume state in
+// trainer_state.json) resumes as before, to the same model.
+TEST(OutputsForPeers, CheckpointsInHfLayoutAndTheOldLayoutStillResumes) {
+  TinyRun r;
+  const std::string base = "model: model\nlora: true\nlora_rank: 4\nmax_steps: 4\nsave_steps: 2\n";
+  ASSERT_EQ(run_bounded("sft " + r.config(base + "output_dir: ref\n"), r.t, 60).code, 0);
+  const fs::path ck = r.t.path / "ref" / "checkpoint-2";
+  for (const char* f : {"adapter_model.safetensors", "adapter_config.json", "README.md", "tokenizer.json",
+                        "trainer_state.json", "soltrain_state.json", "optimizer.safetensors", "config.yaml"})
+    EXPECT_TRUE(fs::exists(ck / f)) << f;
+  EXPECT_EQ(nlohmann::json::parse(read_text(ck / "trainer_state.json"))["log_history"].size(), 2u);
+  // The same checkpoint rewritten in the old layout, its checksum list dropped (the files moved).
+  fs::copy(r.t.path / "ref", r.t.path / "old", fs::copy_options::recursive);
+  const fs::path old = r.t.path / "old" / "checkpoint-2";
+  fs::remove_all(r.t.path / "old" / "checkpoint-4");
+  fs::remove_all(r.t.path / "old" / "adapter");
+  fs::create_directories(old / "adapter");
+  for (const char* f : {"adapter_model.safetensors", "adapter_config.json"}) fs::rename(old / f, old / "adapter" / f);
+  fs::rename(old / "soltrain_state.json", old / "trainer_state.json");
+  fs::remove(old / "checksums.sha256");
+  const CliRun resumed =
+      run_bounded("sft " + r.config(base + "output_dir: old\nresume_from_checkpoint: true\n"), r.t, 60);
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("checkpoint-2 at step 2"), std::string::npos) << resumed.err;
+  EXPECT_EQ(read_text(r.t.path / "old" / "adapter" / "adapter_model.safetensors"),
+            read_text(r.t.path / "ref" / "adapter" / "adapter_model.safetensors"));
+}
+
+// A full fine-tune is saved in its base's dtype (bf16 here): each weight the fp32 master rounded to nearest even.
+TEST(OutputsForPeers, FullFineTuneOfABf16BaseIsSavedInBf16) {
+  TinyRun r;
+  auto cfg = nlohmann::json::parse(read_text(r.t.path / "model" / "config.json"));
+  cfg["torch_dtype"] = "bfloat16";
+  cfg.erase("dtype");
+  write_text(r.t.path / "model" / "config.json", cfg.dump());
+  ASSERT_EQ(run_bounded("sft " + r.config("model: model\noutput_dir: o\nsave_steps: 1\n"), r.t, 60).code, 0);
+  const SafetensorsFile saved(r.t.path / "o" / "model" / "model.safetensors");
+  const SafetensorsFile masters(r.t.path / "o" / "checkpoint-1" / "model.safetensors");
+  ASSERT_EQ(saved.entries().size(), masters.entries().size());
+  for (const auto& [n, m] : masters.entries()) {
+    const TensorEntry& b = saved.at(n);
+    ASSERT_EQ(m.dtype, DType::F32) << n;
+    ASSERT_EQ(b.dtype, DType::BF16) << n;
+    const auto* mf = reinterpret_cast<const float*>(m.data);
+    const auto* bh = reinterpret_cast<const uint16_t*>(b.data);
+    for (int64_t i = 0; i < shape_numel(m.shape); ++i) ASSERT_EQ(bh[i], f32_to_bf16(mf[i])) << n << "[" << i << "]";
+  }
+  const auto out_cfg = nlohmann::json::parse(read_text(r.t.path / "o" / "model" / "config.json"));
+  EXPECT_EQ(out_cfg["dtype"], "bfloat16");
+  EXPECT_EQ(out_cfg["torch_dtype"], "bfloat16");
+  EXPECT_EQ(model_dtype(r.t.path / "o" / "model"), DType::BF16);
+  EXPECT_EQ(model_dtype(r.t.path / "o" / "checkpoint-1"), DType::F32);
+}
+
+// Sizes in the log as a person reads them: binary units, three significant digits, no exponents.
+TEST(OutputsForPeers, SizesReadAtAGlance) {
+  EXPECT_EQ(format_bytes(0), "0 B");
+  EXPECT_EQ(format_bytes(1000), "1000 B");
+  EXPECT_EQ(format_bytes(1024), "1 KiB");
+  EXPECT_EQ(format_bytes(76501), "74.7 KiB");
+  EXPECT_EQ(format_bytes(43.5 * (1 << 20)), "43.5 MiB");
+  EXPECT_EQ(format_bytes(8.0 * (1 << 30)), "8 GiB");
+  EXPECT_EQ(format_bytes(1.2345 * (1 << 30)), "1.23 GiB");
+  EXPECT_EQ(format_bytes(139.0 * (1 << 30)), "139 GiB");
+  EXPECT_EQ(format_bytes(1023.9 * (1 << 20)), "1 GiB");
+  TinyRun r;
+  const CliRun run = run_bounded("sft " + r.config("model: model\noutput_dir: o\n"), r.t, 60);
+  ASSERT_EQ(run.code, 0) << run.err;
+  const size_t at = run.err.find("memory plan: ");
+  ASSERT_NE(at, std::string::npos) << run.err;
+  const std::string plan = run.err.substr(at, run.err.find('\n', at) - at);
+  EXPECT_EQ(plan.find("e-0"), std::string::npos) << plan;
+  EXPECT_EQ(plan.find(" 0 GiB"), std::string::npos) << plan;
+  EXPECT_TRUE(std::regex_search(plan, std::regex(R"(weights [0-9.]+ KiB, gradients [0-9.]+ KiB)"))) << plan;
 }
 
 }  // namespace

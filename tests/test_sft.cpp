@@ -132,7 +132,7 @@ TEST(Sft, LoraLearnsSavesAPeftAdapterAndResumesExactly) {
   EXPECT_TRUE(fs::exists(a / "adapter" / "adapter_config.json"));
   EXPECT_TRUE(fs::exists(a / "adapter" / "adapter_model.safetensors"));
   EXPECT_FALSE(fs::exists(a / "model"));  // the frozen base is not written again
-  EXPECT_TRUE(fs::exists(a / "checkpoint-15" / "adapter" / "adapter_model.safetensors"));
+  EXPECT_TRUE(fs::exists(a / "checkpoint-15" / "adapter_model.safetensors"));
   // Killed after step 15, resumed: the same adapter, bit for bit (dropout masks continue too).
   train(s.config("b", extra));
   fs::remove_all(b / "checkpoint-30");
@@ -235,9 +235,14 @@ TEST(Sft, CheckpointsKeepSaveTotalLimit) {
   ASSERT_EQ(all.size(), 2u);
   EXPECT_EQ(all[0].filename(), "checkpoint-4");
   EXPECT_EQ(all[1].filename(), "checkpoint-6");
-  const auto state = nlohmann::json::parse(read_bytes(all[1] / "trainer_state.json"));
+  const auto state = nlohmann::json::parse(read_bytes(all[1] / "soltrain_state.json"));
   EXPECT_EQ(state["step"], 6);
-  EXPECT_TRUE(fs::exists(all[1] / "model" / "config.json"));
+  // HF Trainer's checkpoint-N: the model's folder at the top, trainer_state.json with global_step and log_history.
+  const auto hf = nlohmann::json::parse(read_bytes(all[1] / "trainer_state.json"));
+  EXPECT_EQ(hf["global_step"], 6);
+  ASSERT_EQ(hf["log_history"].size(), 6u + 1u) << hf.dump();  // six steps and the evaluation before training
+  EXPECT_TRUE(fs::exists(all[1] / "config.json"));
+  EXPECT_TRUE(fs::exists(all[1] / "model.safetensors"));
   EXPECT_TRUE(fs::exists(all[1] / "config.yaml"));
 }
 
@@ -250,7 +255,7 @@ TEST(Sft, PerEpochSavesAndEvalsAndLoraIntent) {
   const RunResult r = train(s.config("per_epoch",
                                      "datasets: [{path: small.jsonl, type: conversation}]\n"
                                      "sample_packing: false\nnum_epochs: 1\nsaves_per_epoch: 3\n"
-                                     "evals_per_epoch: 2\nlora_r: 4\n"),
+                                     "evals_per_epoch: 2\nlora_rank: 4\n"),
                             {}, &log);
   ASSERT_EQ(r.total_steps, 24);  // 48 rows of one document, 2 per micro-batch
   EXPECT_EQ(log.rfind("sft: LoRA settings are given without", 0), 0u) << log;
@@ -323,7 +328,7 @@ TEST_P(SftSignal, SavesACheckpointAndResumeFinishesTheSameModel) {
   ASSERT_EQ(wait_exit(pid), 130) << read_bytes(s.t.path / "log1");
   const auto ckpts = list_checkpoints(out);
   ASSERT_EQ(ckpts.size(), 1u) << read_bytes(s.t.path / "log1");
-  const int64_t stopped_at = nlohmann::json::parse(read_bytes(ckpts[0] / "trainer_state.json"))["step"];
+  const int64_t stopped_at = nlohmann::json::parse(read_bytes(ckpts[0] / "trainer_state.json"))["global_step"];
   EXPECT_GT(stopped_at, 0);
   EXPECT_LT(stopped_at, 400) << "the run finished before the signal: make it longer";
   EXPECT_FALSE(fs::exists(out / "model"));

@@ -72,7 +72,7 @@ std::function<int()> add_dump_command(CLI::App& app) {
       out.push_back({"grad." + p.name, h});
     }
     write_safetensors(o->out, out);
-    if (!o->save_adapter.empty()) save_adapter(*model, o->save_adapter, o->model);
+    if (!o->save_adapter.empty()) save_adapter(*model, o->save_adapter, {o->model});
     std::cout << "loss " << r.loss << " over " << r.counted << " targets; wrote " << o->out << "\n";
     return 0;
   };

@@ -15,6 +15,25 @@
 
 namespace soltrain {
 
+int run_config_job(const std::string& config, const std::vector<std::string>& set, TrainMode mode,
+                   const std::string& dump_batches, int gpus) {
+  TrainConfig cfg = load_train_config(config, set, mode);
+  cfg.dump_batches = dump_batches;
+  if (gpus > 0) cfg.gpus = gpus;
+  // auto_resume needs a process that outlives the trainer: the launcher, also for one worker.
+  if (!cfg.dpo.enabled && (cfg.gpus > 1 || cfg.auto_resume) && read_launch_env().kind == LaunchEnv::Kind::Single) {
+    resolve_hub_inputs(cfg, std::cerr);
+    check_worker_count(cfg.gpus, cfg.device);
+    check_run_inputs(cfg);
+    const OutputLock lock = prepare_run_outputs(cfg, std::cerr);  // once, before the workers start
+    lock.share_with_children();                                   // held while any worker lives
+    std::optional<AutoResume> ar;
+    if (cfg.auto_resume) ar = AutoResume{cfg.max_restarts, cfg.output_dir};
+    return launch_workers(cfg.gpus, cfg.device, std::min(60, cfg.ddp_timeout + 5), ar);
+  }
+  return run_job(std::move(cfg), mode, std::cerr).interrupted ? 130 : 0;
+}
+
 namespace {
 
 std::function<int()> add_run_command(CLI::App& app, const char* name, const char* help, TrainMode mode) {
@@ -35,23 +54,7 @@ std::function<int()> add_run_command(CLI::App& app, const char* name, const char
                 "start N worker processes on this machine, one per GPU (CPU ranks with device: cpu); "
                 "overrides the config's gpus")
       ->check(CLI::Range(1, 1024));
-  return [o, mode]() {
-    TrainConfig cfg = load_train_config(o->config, o->set, mode);
-    cfg.dump_batches = o->dump_batches;
-    if (o->gpus > 0) cfg.gpus = o->gpus;
-    // auto_resume needs a process that outlives the trainer: the launcher, also for one worker.
-    if (!cfg.dpo.enabled && (cfg.gpus > 1 || cfg.auto_resume) && read_launch_env().kind == LaunchEnv::Kind::Single) {
-      resolve_hub_inputs(cfg, std::cerr);
-      check_worker_count(cfg.gpus, cfg.device);
-      check_run_inputs(cfg);
-      const OutputLock lock = prepare_run_outputs(cfg, std::cerr);  // once, before the workers start
-      lock.share_with_children();                                   // held while any worker lives
-      std::optional<AutoResume> ar;
-      if (cfg.auto_resume) ar = AutoResume{cfg.max_restarts, cfg.output_dir};
-      return launch_workers(cfg.gpus, cfg.device, std::min(60, cfg.ddp_timeout + 5), ar);
-    }
-    return run_job(std::move(cfg), mode, std::cerr).interrupted ? 130 : 0;
-  };
+  return [o, mode]() { return run_config_job(o->config, o->set, mode, o->dump_batches, o->gpus); };
 }
 
 }  // namespace

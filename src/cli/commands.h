@@ -2,6 +2,10 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
+#include <vector>
+
+#include "train/train_config.h"
 
 namespace soltrain {
 
@@ -16,7 +20,11 @@ std::function<int()> add_bench_command(CLI::App& app);
 std::function<int()> add_bench_attention_command(CLI::App& app);
 std::function<int()> add_sft_command(CLI::App& app);
 std::function<int()> add_pt_command(CLI::App& app);
-std::function<int()> add_dpo_command(CLI::App& app);  // also what `rl: dpo` in an sft config runs
+std::function<int()> add_dpo_command(CLI::App& app);         // also what `rl: dpo` in an sft config runs
+std::function<int()> add_merge_lora_command(CLI::App& app);  // Axolotl's `merge-lora config.yaml`
+// What `soltrain sft|pt|dpo config.yaml` (and Axolotl's `train config.yaml`) runs; the exit code.
+int run_config_job(const std::string& config, const std::vector<std::string>& set, TrainMode mode,
+                   const std::string& dump_batches = "", int gpus = 0);
 std::function<int()> add_demo_setup_command(CLI::App& app);
 std::function<int()> add_generate_command(CLI::App& app);
 std::function<int()> add_config_keys_command(CLI::App& app);

@@ -17,7 +17,9 @@
 #include "cli/config_schema.h"
 #include "cli/config_values.h"
 #include "cli/dataset_keys.h"
+#include "cli/key_equivalents.h"
 #include "cli/peer_keys.h"
+#include "cli/saved_config.h"
 #include "core/error.h"
 #include "data/named_templates.h"
 #include "data/preference.h"
@@ -52,7 +54,7 @@ struct Entries {
   std::vector<std::string> order;
   std::set<std::string> failed;  // keys whose value was refused: not "missing" as well
   std::vector<std::string> errors;
-  std::string source;  // the YAML as given plus the overrides, saved with checkpoints
+  std::string source;  // the YAML as given
   bool has(const std::string& k) const { return by_key.count(k) > 0; }
   const std::string& where(const std::string& k) const { return by_key.at(k).where; }
   // Given with a value (or with one that was refused).
@@ -109,7 +111,6 @@ Entries read_entries(const std::string& yaml, const std::string& where, const st
     }
     if (!en.has(key)) en.order.push_back(key);
     en.by_key[key] = {value, "--set " + o};
-    en.source += cat("\n# --set ", o, "\n", key, ": ", scalar_text(value), "\n");
   }
   return en;
 }
@@ -158,6 +159,9 @@ void apply_key(const std::string& key, Entries& en, ReadContext& x, std::map<std
     for (const std::string& k : peer_key_names()) n.push_back(k);
     return n;
   }();
+  // Another tool's name for a soltrain setting: its equivalent, before any spelling guess.
+  if (const auto eq = key_equivalent(key))
+    user_error(e.where, ": unknown key \"", key, "\" (", eq->tool, "'s name; soltrain's: ", eq->use, ")");
   unknown_key(e.where, key, names, "key");
 }
 
@@ -338,6 +342,19 @@ void check_synonyms_agree(Entries& en, TrainMode mode, const std::string& where,
   }
 }
 
+// The keys that make a config another tool's file: a peer's name for a soltrain key (base_model,
+// micro_batch_size, ...) or a key only a peer has (adapter, val_set_size, ...).
+std::vector<std::string> peer_format_keys(const Entries& en) {
+  static const std::vector<std::string> peers = peer_key_names();
+  std::vector<std::string> out;
+  for (const std::string& k : en.order) {
+    if (en.where(k).rfind("--set", 0) == 0) continue;
+    const KeySpec* s = find_config_key(k);
+    if ((s && s->name != k) || std::find(peers.begin(), peers.end(), k) != peers.end()) out.push_back(k);
+  }
+  return out;
+}
+
 constexpr Rule kRules[] = {rule_lora_settings_imply_lora,
                            rule_quantised_base,
                            rule_axolotl_schedule,
@@ -351,11 +368,21 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
                                const std::vector<std::string>& overrides, TrainMode mode) {
   Entries en = read_entries(yaml, where, overrides);
   TrainConfig c;
-  c.source_text = en.source;
   mode = preference_mode(en, mode, c);
   c.dpo.enabled = mode == TrainMode::kDpo;
+  c.mode = mode;
   if (mode == TrainMode::kPretrain) c.train_on_inputs = true;
-  ReadContext x{c, mode, where, fs::path(where).parent_path()};
+  if (const auto lf = llama_factory_config(en.order, where)) throw UserError(*lf);
+  // A config in another tool's format (its key names) is resolved as that tool resolves it: Axolotl, Surogate,
+  // TRL and HF open a relative path from the working folder; soltrain's own configs from their folder.
+  const std::vector<std::string> peer = peer_format_keys(en);
+  const fs::path file_dir = fs::path(where).parent_path();
+  ReadContext x{c, mode, where, peer.empty() ? file_dir : fs::path()};
+  std::error_code ec;
+  if (!peer.empty() && !file_dir.empty() && !fs::equivalent(file_dir, fs::current_path(), ec))
+    c.notes.push_back(cat("relative paths in ", where, " resolve from the working folder, as Axolotl and the other ",
+                          "Python tools resolve them: it uses their keys (", peer[0],
+                          peer.size() > 1 ? cat(", ", peer[1]) : "", peer.size() > 2 ? ", ..." : "", ")"));
   check_synonyms_agree(en, mode, where, x.base);
   std::map<std::string, size_t> feature_error;  // a missing feature's text -> its entry in `errors`
   for (const std::string& key : en.order) {
@@ -378,6 +405,9 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
     throw UserError(all);
   }
   if (c.dataset_prepared_path.empty()) c.dataset_prepared_path = c.output_dir / "prepared";
+  std::vector<std::pair<std::string, Entry>> entries;
+  for (const std::string& k : en.order) entries.emplace_back(k, en.by_key.at(k));
+  c.source_text = saved_config_text(en.source, entries, !overrides.empty(), x.base, c.model_hub_id);
   return c;
 }
 

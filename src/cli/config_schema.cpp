@@ -140,6 +140,12 @@ void add_model_keys(std::vector<KeySpec>& v) {
   v.push_back(aka(path("output_dir", FIELD(output_dir), "",
                        "where checkpoints, metrics and the final model or adapter go, required"),
                   {"save_path"}));
+  v.push_back(choice("save_dtype", {"auto", "bfloat16", "float16", "float32"}, "auto",
+                     "a full fine-tune's saved model: auto is the base's own dtype (bf16 for a bf16 base, as HF "
+                     "Trainer saves it); checkpoints keep the fp32 masters",
+                     [](ReadContext& x, const std::string& s, const Entry&) {
+                       x.c.save_dtype = s == "auto" ? std::nullopt : dtype_from_torch_name(s);
+                     }));
   v.push_back(flag("overwrite_output_dir", FIELD(overwrite_output_dir),
                    "write into a non-empty folder soltrain did not create"));
   v.push_back(path("dataset_prepared_path", FIELD(dataset_prepared_path), "output_dir/prepared",

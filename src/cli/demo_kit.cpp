@@ -144,7 +144,7 @@ void write_random_model(const fs::path& dir, const DemoModelShape& s, uint64_t s
     ops->copy(p.master, Tensor{host.data(), DType::F32, p.shape, Device::CPU});
   }
   model.params().sync_values(*ops);
-  save_pretrained(model, dir, src);
+  save_pretrained(model, dir, src, DType::F32);
   fs::remove_all(src);
 }
 

@@ -33,7 +33,6 @@ extern "C" void forward_signal(int sig) {
     if (p > 0) ::kill(p, sig);
 }
 
-
 std::vector<std::string> own_arguments() {
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
   std::vector<std::string> args;
@@ -125,6 +124,7 @@ WorkersOutcome run_workers(int n, Device device, int grace_s, const std::vector<
   int& code = out.code;
   int running = n;
   bool failed = false;
+  int why_weight = 0;
   auto deadline = std::chrono::steady_clock::time_point::max();
   while (running > 0) {
     int status = 0;
@@ -148,14 +148,19 @@ WorkersOutcome run_workers(int n, Device device, int grace_s, const std::vector<
       if (g_workers[size_t(r)] == pid) rank = r, g_workers[size_t(r)] = 0;
     --running;
     const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    // Why the job failed: the root cause over its echoes. A rank that another's death stopped exits with 2
+    // (RankFailure), and may be reaped first; a killed or crashed rank is the cause.
+    auto because = [&](int weight, std::string why) {
+      if (weight > why_weight) out.why = std::move(why), why_weight = weight;
+    };
     if (WIFSIGNALED(status)) {
       const std::string line =
           cat("rank ", rank, " was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
       print_error_line("error: " + line);
-      if (out.why.empty()) out.why = line;
+      because(3, line);
     }
     if (rc != 0 && rc != 130 && rc != 2) out.restartable = true;
-    if (rc != 0 && rc != 130 && out.why.empty()) out.why = cat("rank ", rank, " exited with code ", rc);
+    if (rc != 0 && rc != 130) because(rc == 2 ? 1 : 2, cat("rank ", rank, " exited with code ", rc));
     if (rc != 0 && rc != 130 && !failed) {
       failed = true;
       code = rc;

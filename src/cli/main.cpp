@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/error_text.h"
 #include "core/error.h"
+#include "core/version.h"
 #include "dist/communicator.h"
 #include "dist/launch.h"
 
@@ -20,7 +21,7 @@ int main(int argc, char** argv) {
   CLI::App app{"soltrain: fast training and fine-tuning of language models"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all");
-  app.set_version_flag("--version", std::string("soltrain ") + SOLTRAIN_VERSION);
+  app.set_version_flag("--version", std::string("soltrain ") + soltrain::soltrain_version());
   // Each registrar adds its subcommand and returns what runs it; the pair is kept here so a subcommand's
   // name is written in one place only.
   using Registrar = std::function<int()> (*)(CLI::App&);
@@ -29,7 +30,8 @@ int main(int argc, char** argv) {
       soltrain::add_tokenize_command,      soltrain::add_generate_command, soltrain::add_merge_command,
       soltrain::add_dump_command,          soltrain::add_train_command,    soltrain::add_encode_command,
       soltrain::add_chat_template_command, soltrain::add_bench_command,    soltrain::add_bench_attention_command,
-      soltrain::add_demo_setup_command,    soltrain::add_quantize_command, soltrain::add_config_keys_command};
+      soltrain::add_demo_setup_command,    soltrain::add_quantize_command, soltrain::add_config_keys_command,
+      soltrain::add_merge_lora_command};
   std::vector<std::pair<CLI::App*, std::function<int()>>> commands;
   for (Registrar add : registrars) {
     std::function<int()> run = add(app);

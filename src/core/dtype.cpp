@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "core/error.h"
+
 namespace soltrain {
 
 size_t dtype_size(DType t) {
@@ -57,6 +59,38 @@ float f16_to_f32(uint16_t h) {
   else
     v = std::ldexp(float(mant | 0x400), int(exp) - 25);
   return sign ? -v : v;
+}
+
+void encode_f32(const float* src, size_t n, DType to, void* dst) {
+  if (to == DType::F32) {
+    std::memcpy(dst, src, n * 4);
+    return;
+  }
+  auto* o = static_cast<uint16_t*>(dst);
+  if (to == DType::BF16) {
+    for (size_t i = 0; i < n; ++i) o[i] = f32_to_bf16(src[i]);
+    return;
+  }
+  SOLTRAIN_CHECK(to == DType::F16, "encode_f32 into ", dtype_name(to));
+  for (size_t i = 0; i < n; ++i) {
+    const _Float16 h = static_cast<_Float16>(src[i]);  // round to nearest even, as torch's .half()
+    std::memcpy(&o[i], &h, 2);
+  }
+}
+
+std::string_view torch_dtype_name(DType t) {
+  switch (t) {
+    case DType::BF16: return "bfloat16";
+    case DType::F16: return "float16";
+    default: return "float32";
+  }
+}
+
+std::optional<DType> dtype_from_torch_name(std::string_view n) {
+  if (n == "float32" || n == "float") return DType::F32;
+  if (n == "bfloat16") return DType::BF16;
+  if (n == "float16" || n == "half") return DType::F16;
+  return std::nullopt;
 }
 
 }  // namespace soltrain

@@ -34,4 +34,12 @@ inline uint16_t f32_to_bf16(float f) {
 
 float f16_to_f32(uint16_t h);
 
+// fp32 values stored as `to` (F32, BF16 or F16), each rounded to nearest even as torch's .to() does.
+void encode_f32(const float* src, size_t n, DType to, void* dst);
+
+// torch's names of the floating types a model is stored in ("bfloat16", ...), as config.json's dtype says them.
+std::string_view torch_dtype_name(DType t);
+// "float32"/"bfloat16"/"float16" (and torch's aliases "float"/"half"): nothing for any other name.
+std::optional<DType> dtype_from_torch_name(std::string_view name);
+
 }  // namespace soltrain

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/format.h"
 
 namespace soltrain {
 
@@ -164,7 +165,6 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
 }
 
 std::string describe_largest(const ActivationPlan& p, size_t n) {
-  const double gib = double(size_t(1) << 30);
   std::string out;
   const auto v = p.largest();
   for (size_t i = 0; i < v.size() && i < n; ++i) {
@@ -172,7 +172,7 @@ std::string describe_largest(const ActivationPlan& p, size_t n) {
     if (!out.empty()) out += ", ";
     out += cat(b.name, " ");
     if (b.copies > 1) out += cat(b.copies, " x ");
-    out += cat(double(int64_t(double(b.bytes()) / gib * 100 + 0.5)) / 100, " GiB");
+    out += format_bytes(double(b.bytes()));
     if (b.checkpoint)
       out += b.host_copies ? cat(" (layer inputs; ", b.host_copies, " more in host memory)") : " (layer inputs)";
   }

@@ -54,33 +54,66 @@ void load_weights(Transformer& model, const fs::path& dir) {
   }
 }
 
-void save_pretrained(const Transformer& model, const fs::path& out_dir, const fs::path& source_dir,
-                     size_t max_shard_bytes) {
+DType model_dtype(const fs::path& model_dir) {
+  const ModelConfig config = load_model_config(model_dir);
+  for (const char* key : {"dtype", "torch_dtype"})
+    if (const auto it = config.raw.find(key); it != config.raw.end() && it->is_string())
+      if (const auto t = dtype_from_torch_name(it->get<std::string>())) return *t;
+  const CheckpointReader ckpt(model_dir);
+  if (is_fp8_block_checkpoint(config, model_dir)) return DType::BF16;
+  for (const std::string& n : ckpt.names())
+    if (const DType t = ckpt.entry(n).dtype; t == DType::BF16 || t == DType::F16 || t == DType::F32) return t;
+  return DType::F32;
+}
+
+void write_pretrained(const Transformer& model, const fs::path& dir, const fs::path& source_dir, DType dtype,
+                      size_t max_shard_bytes) {
   // A LoRA run's base is frozen (and only a bf16 copy on the GPU): what it produced is the adapter.
-  SOLTRAIN_CHECK(!model.lora(), "save_pretrained on a LoRA model: use save_adapter, then merge_adapter for a folder");
-  StagedDir staged(out_dir);
+  SOLTRAIN_CHECK(!model.lora(), "write_pretrained on a LoRA model: use save_adapter, then merge_adapter for a folder");
+  SOLTRAIN_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16, "save as ", dtype_name(dtype));
   // Every parameter in the checkpoint's conventional (HF registration) order, fetched from the device one
   // at a time as the file is written (never the whole model in host memory).
   std::vector<StreamedTensor> tensors;
   Ops& ops = const_cast<Transformer&>(model).ops();
   for (const Parameter& p : model.params().all())
-    tensors.push_back({p.name, DType::F32, p.shape,
-                       [&ops, &model, &p](void* dst) { model.params().download(ops, p, static_cast<float*>(dst)); }});
-  write_checkpoint_streamed(staged.path(), tensors, max_shard_bytes);
+    tensors.push_back({p.name, dtype, p.shape, [&ops, &model, &p, dtype](void* dst) {
+                         if (dtype == DType::F32) return model.params().download(ops, p, static_cast<float*>(dst));
+                         std::vector<float> f32(size_t(shape_numel(p.shape)));
+                         model.params().download(ops, p, f32.data());
+                         encode_f32(f32.data(), f32.size(), dtype, dst);
+                       }});
+  write_checkpoint_streamed(dir, tensors, max_shard_bytes);
   nlohmann::json cfg = model.config().raw;
-  cfg["dtype"] = "float32";
+  cfg["dtype"] = torch_dtype_name(dtype);
+  if (cfg.contains("torch_dtype")) cfg["torch_dtype"] = torch_dtype_name(dtype);  // older readers look here
   cfg.erase("quantization_config");  // an FP8 checkpoint trained in full is saved dequantised
-  write_file_atomic(staged.path() / "config.json", cfg.dump(2) + "\n");
-  if (!source_dir.empty()) copy_model_side_files(source_dir, staged.path());
+  write_file_atomic(dir / "config.json", cfg.dump(2) + "\n");
+  if (!source_dir.empty()) copy_model_side_files(source_dir, dir);
+}
+
+void save_pretrained(const Transformer& model, const fs::path& out_dir, const fs::path& source_dir, DType dtype,
+                     size_t max_shard_bytes) {
+  StagedDir staged(out_dir);
+  write_pretrained(model, staged.path(), source_dir, dtype, max_shard_bytes);
   staged.commit();
 }
 
-void copy_model_side_files(const fs::path& from, const fs::path& to) {
+namespace {
+void copy_side_files(const fs::path& from, const fs::path& to, bool tokenizer_only) {
   for (const char* f : kModelSideFiles) {
+    if (tokenizer_only && std::string_view(f) == "generation_config.json") continue;
     std::error_code ec;
     if (fs::exists(from / f)) fs::copy_file(from / f, to / f, ec);
     if (ec) user_error((from / f).string(), ": cannot copy (", ec.message(), ")");
   }
+}
+}  // namespace
+
+void copy_model_side_files(const fs::path& from, const fs::path& to) {
+  copy_side_files(from, to, false);
+}
+void copy_tokenizer_files(const fs::path& from, const fs::path& to) {
+  copy_side_files(from, to, true);
 }
 
 }  // namespace soltrain

@@ -20,15 +20,27 @@ void load_weights(Transformer& model, const std::filesystem::path& dir);
 // folder soltrain writes from a model (full fine-tune, merged model) copies those the source has, and a hub
 // model's download fetches them.
 inline constexpr const char* kModelSideFiles[] = {
-    "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-    "merges.txt",             "tokenizer.model", "added_tokens.json",   "chat_template.jinja"};
+    "generation_config.json",  "tokenizer.json",    "tokenizer_config.json",
+    "special_tokens_map.json", "vocab.json",        "merges.txt",
+    "tokenizer.model",         "added_tokens.json", "chat_template.jinja"};
 // Copies those of kModelSideFiles that `from` has into `to`; UserError naming a file that cannot be copied.
 void copy_model_side_files(const std::filesystem::path& from, const std::filesystem::path& to);
+// The same, the tokenizer's files only (generation_config.json aside): what an adapter's folder carries.
+void copy_tokenizer_files(const std::filesystem::path& from, const std::filesystem::path& to);
 
-// Writes an HF folder that transformers loads: config.json, safetensors (sharded past max_shard_bytes,
-// with an index) and the tokenizer/generation files found in `source_dir`. Atomic: the folder appears
-// complete or not at all. Full fine-tuning only: a LoRA model saves its adapter (peft_adapter.h).
+// The type a model folder's weights are stored in, as transformers reads it: config.json's `dtype` (`torch_dtype`
+// before transformers 4.56), else its first floating tensor's; an FP8 checkpoint's is bf16 (what it dequantises
+// to). What a full fine-tune is saved as by default, as HF Trainer, Axolotl and Surogate save a bf16 base in bf16.
+DType model_dtype(const std::filesystem::path& model_dir);
+
+// Writes into `dir` (an existing, staged folder) what transformers loads: config.json (its dtype saying
+// `dtype`), safetensors (sharded past max_shard_bytes, with an index) of every parameter as `dtype` (F32, BF16
+// or F16; the fp32 masters rounded to nearest even) and the tokenizer/generation files found in `source_dir`.
+// Full fine-tuning only: a LoRA model saves its adapter (peft_adapter.h).
+void write_pretrained(const Transformer& model, const std::filesystem::path& dir,
+                      const std::filesystem::path& source_dir, DType dtype, size_t max_shard_bytes = size_t(5) << 30);
+// The same as a folder of its own, atomic: it appears complete or not at all.
 void save_pretrained(const Transformer& model, const std::filesystem::path& out_dir,
-                     const std::filesystem::path& source_dir, size_t max_shard_bytes = size_t(5) << 30);
+                     const std::filesystem::path& source_dir, DType dtype, size_t max_shard_bytes = size_t(5) << 30);
 
 }  // namespace soltrain

@@ -19,19 +19,7 @@ namespace {
 // fp32 values into `dtype` (the base tensor's) as host bytes.
 std::vector<char> encode(const std::vector<float>& v, DType dtype) {
   std::vector<char> out(v.size() * dtype_size(dtype));
-  if (dtype == DType::F32) {
-    std::memcpy(out.data(), v.data(), out.size());
-  } else if (dtype == DType::BF16) {
-    auto* o = reinterpret_cast<uint16_t*>(out.data());
-    for (size_t i = 0; i < v.size(); ++i) o[i] = f32_to_bf16(v[i]);
-  } else {
-    SOLTRAIN_CHECK(dtype == DType::F16, "merge into ", dtype_name(dtype));
-    auto* o = reinterpret_cast<uint16_t*>(out.data());
-    for (size_t i = 0; i < v.size(); ++i) {
-      const _Float16 h = static_cast<_Float16>(v[i]);  // round to nearest even, as torch's .half()
-      std::memcpy(&o[i], &h, 2);
-    }
-  }
+  encode_f32(v.data(), v.size(), dtype, out.data());
   return out;
 }
 }  // namespace

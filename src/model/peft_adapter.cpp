@@ -137,7 +137,7 @@ std::unique_ptr<Transformer> load_pretrained_with_adapter(const fs::path& model_
   return model;
 }
 
-nlohmann::json adapter_config_json(const LoraConfig& lora, const std::string& base_model_name_or_path) {
+nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& base) {
   // Every key PEFT 0.21's LoraConfig writes, with its defaults where soltrain has no such feature. PEFT
   // itself writes target_modules from a set (any order); ours follow the layer's order.
   std::vector<std::string> targets;
@@ -152,7 +152,7 @@ nlohmann::json adapter_config_json(const LoraConfig& lora, const std::string& ba
            {"alpha_pattern", J::object()},
            {"arrow_config", nullptr},
            {"auto_mapping", nullptr},
-           {"base_model_name_or_path", base_model_name_or_path},
+           {"base_model_name_or_path", base.name_or_path},
            {"bias", "none"},
            {"corda_config", nullptr},
            {"ensure_weight_tying", false},
@@ -179,7 +179,7 @@ nlohmann::json adapter_config_json(const LoraConfig& lora, const std::string& ba
            {"qalora_group_size", 16},
            {"r", lora.r},
            {"rank_pattern", J::object()},
-           {"revision", nullptr},
+           {"revision", base.revision.empty() ? J(nullptr) : J(base.revision)},
            {"target_modules", targets},
            {"target_parameters", nullptr},
            {"task_type", "CAUSAL_LM"},
@@ -191,8 +191,8 @@ nlohmann::json adapter_config_json(const LoraConfig& lora, const std::string& ba
            {"velora_config", nullptr}};
 }
 
-void save_adapter(const Transformer& model, const fs::path& out_dir, const std::string& base_model_name_or_path) {
-  SOLTRAIN_CHECK(model.lora(), "save_adapter on a model without LoRA");
+void write_adapter(const Transformer& model, const fs::path& dir, const AdapterBase& base) {
+  SOLTRAIN_CHECK(model.lora(), "write_adapter on a model without LoRA");
   std::vector<std::vector<float>> host;
   std::vector<NamedTensor> tensors;
   host.reserve(model.params().all().size());
@@ -204,9 +204,13 @@ void save_adapter(const Transformer& model, const fs::path& out_dir, const std::
   }
   // safetensors' own writer orders tensors by name (all share one dtype): do the same, so files compare.
   std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  write_safetensors(dir / kWeightsFile, tensors, {{"format", "pt"}});
+  write_file_atomic(dir / kConfigFile, adapter_config_json(*model.lora(), base).dump(2));
+}
+
+void save_adapter(const Transformer& model, const fs::path& out_dir, const AdapterBase& base) {
   StagedDir staged(out_dir);
-  write_safetensors(staged.path() / kWeightsFile, tensors, {{"format", "pt"}});
-  write_file_atomic(staged.path() / kConfigFile, adapter_config_json(*model.lora(), base_model_name_or_path).dump(2));
+  write_adapter(model, staged.path(), base);
   staged.commit();
 }
 

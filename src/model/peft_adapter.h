@@ -26,12 +26,21 @@ std::unique_ptr<Transformer> load_pretrained_with_adapter(const std::filesystem:
 // tensors are UserErrors.
 void load_adapter_weights(Transformer& model, const std::filesystem::path& adapter_dir);
 
-// adapter_config.json as PEFT 0.21 writes it for this configuration.
-nlohmann::json adapter_config_json(const LoraConfig& lora, const std::string& base_model_name_or_path);
+// Where an adapter's base model comes from, as PEFT writes it in adapter_config.json: the hub id (or local
+// folder) PEFT and vLLM load the base from, and the hub revision when it is not the default branch.
+struct AdapterBase {
+  std::string name_or_path;
+  std::string revision;  // empty: the default branch (PEFT's null)
+};
 
-// Writes the adapter folder (fp32 tensors under PEFT's names, metadata {"format": "pt"}), atomically.
-void save_adapter(const Transformer& model, const std::filesystem::path& out_dir,
-                  const std::string& base_model_name_or_path);
+// adapter_config.json as PEFT 0.21 writes it for this configuration.
+nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& base);
+
+// Writes the adapter's two files (fp32 tensors under PEFT's names, metadata {"format": "pt"}) into `dir`, an
+// existing (staged) folder.
+void write_adapter(const Transformer& model, const std::filesystem::path& dir, const AdapterBase& base);
+// The same as a folder of its own, atomically.
+void save_adapter(const Transformer& model, const std::filesystem::path& out_dir, const AdapterBase& base);
 
 // A diverged run's adapter (NaN or inf in a tensor) loads and merges without a word otherwise, then
 // generates token 0 forever: UserError naming the file, tensor and element.

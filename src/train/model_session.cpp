@@ -7,6 +7,7 @@
 #include "model/decoder.h"
 #include "model/peft_adapter.h"
 #include "train/run_builder.h"
+#include "train/trained_model.h"
 
 namespace soltrain {
 
@@ -115,10 +116,7 @@ std::vector<int32_t> ModelSession::generate(std::span<const int32_t> prompt, con
 }
 
 void ModelSession::save(const std::filesystem::path& out) const {
-  if (config_.lora.enabled)
-    save_adapter(*model_, out, config_.model.string());
-  else
-    save_pretrained(*model_, out, config_.model);
+  save_trained_model(config_, *model_, out);
 }
 
 }  // namespace soltrain

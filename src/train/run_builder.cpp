@@ -9,6 +9,7 @@
 #include "model/checkpoint.h"
 #include "model/lora_merge.h"
 #include "model/peft_adapter.h"
+#include "train/trained_model.h"
 
 namespace soltrain {
 
@@ -82,10 +83,7 @@ Cadence run_cadence(const TrainConfig& c, int64_t steps_per_epoch) {
 
 std::string save_final_outputs(const TrainConfig& c, const Transformer& model, bool lora) {
   const fs::path saved = c.output_dir / (lora ? "adapter" : "model");
-  if (lora)
-    save_adapter(model, saved, c.model.string());  // PEFT's layout: peft, vLLM and soltrain merge read it
-  else
-    save_pretrained(model, saved, c.model);
+  save_trained_model(c, model, saved);  // PEFT's / transformers' layout: peft, vLLM and soltrain merge read it
   std::string summary = cat(lora ? "adapter" : "model", " saved to ", saved.string());
   // Surogate's merge_adapter: the adapter stays where PEFT reads it, the merged model goes next to it.
   if (lora && c.merge_adapter) {

@@ -10,6 +10,7 @@
 #include <span>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "core/host_memory.h"
 #include "data/batch_file.h"
 #include "data/loader.h"
@@ -106,7 +107,6 @@ size_t stream_slot_bytes(const Transformer& m) {
 // host buffer was checked against what was available as it was allocated (Buffer::host, alloc_host); they
 // are all allocated by now and count in the usage, so the plan as a whole is held against the limit.
 void print_host_plan(const Run& r) {
-  const double gib = double(1u << 30);
   // Offloaded masters and moments: host memory on either backend (pinned on CUDA, where each buffer was also
   // checked as it was allocated).
   const size_t offloaded = r.model->params().host_master_bytes() + r.step->optimizer().host_state_bytes();
@@ -117,13 +117,12 @@ void print_host_plan(const Run& r) {
     planned += r.model->params().weight_bytes() + 4 * size_t(r.model->params().numel()) +
                r.step->optimizer().state_bytes() + r.model->activation_bytes() + stream_slot_bytes(*r.model);
   const HostMemory m = read_host_memory();
-  r.log << r.cmd << ": host memory: " << double(planned) / gib << " GiB planned (batch staging "
-        << double(r.model->staging_bytes()) / gib << " GiB" << (r.ops.device() == Device::CPU ? "" : " pinned")
-        << ", tokenized data " << double(r.data_bytes) / gib << " GiB"
-        << (offloaded ? cat(", offloaded masters and moments ", double(offloaded) / gib, " GiB") : std::string())
-        << (checkpoints ? cat(", offloaded layer-input checkpoints ", double(checkpoints) / gib, " GiB")
-                        : std::string())
-        << (base ? cat(", the offloaded base's layers ", double(base) / gib, " GiB") : std::string())
+  auto size = [](size_t bytes) { return format_bytes(double(bytes)); };
+  r.log << r.cmd << ": host memory: " << size(planned) << " planned (batch staging " << size(r.model->staging_bytes())
+        << (r.ops.device() == Device::CPU ? "" : " pinned") << ", tokenized data " << size(r.data_bytes)
+        << (offloaded ? cat(", offloaded masters and moments ", size(offloaded)) : std::string())
+        << (checkpoints ? cat(", offloaded layer-input checkpoints ", size(checkpoints)) : std::string())
+        << (base ? cat(", the offloaded base's layers ", size(base)) : std::string())
         << (r.ops.device() == Device::CPU ? ", and every buffer above: the CPU backend's device is the host" : "")
         << "); " << describe_host_memory(m) << "\n";
   HostMemory whole = m;
@@ -137,7 +136,7 @@ void print_host_plan(const Run& r) {
 void print_memory_notes(const Run& r) {
   const TrainConfig& c = r.c;
   const ParameterStore& ps = r.model->params();
-  const double gib = double(1u << 30);
+  auto size = [](auto bytes) { return format_bytes(double(bytes)); };
   // (the form the GPU runs: SOLTRAIN_ATTENTION_BACKWARD wins over the setting)
   const ModelConfig& mc = r.model->config();
   const AttentionBackward form = r.ops.attention_backward_form();
@@ -146,33 +145,32 @@ void print_memory_notes(const Run& r) {
       a && r.ops.device() == Device::CUDA) {
     const size_t per_doc = attention_backward_scratch_bytes(form, rows * T, rows + 1, T, mc.num_heads, mc.head_dim) - a;
     r.log << r.cmd << ": attention_backward: " << attention_backward_name(form) << ": on Hopper its dQ sums take "
-          << double(a) / gib << " GiB more at one document per row, and " << double(per_doc) / double(1 << 20)
-          << " MiB for each further document packed into a micro-batch (outside the total above)\n";
+          << size(a) << " more at one document per row, and " << size(per_doc)
+          << " for each further document packed into a micro-batch (outside the total above)\n";
   }
   if (const size_t host = r.model->checkpoint_host_bytes()) {
     const PlannedBuffer* ck = r.model->activation_plan().find("resid");
-    r.log << r.cmd << ": offload_activations: the layer-input checkpoints take " << double(host) / gib
-          << " GiB of host memory (" << ck->host_copies << " x " << double(ck->bytes()) / gib << " GiB) and a ring of "
-          << ck->copies << " on the device, " << double(ck->total_bytes()) / gib
-          << " GiB (counted in activations above); each is copied out as forward writes it and back one layer "
+    r.log << r.cmd << ": offload_activations: the layer-input checkpoints take " << size(host) << " of host memory ("
+          << ck->host_copies << " x " << size(ck->bytes()) << ") and a ring of " << ck->copies << " on the device, "
+          << size(ck->total_bytes())
+          << " (counted in activations above); each is copied out as forward writes it and back one layer "
              "ahead of backward\n";
   }
   if (const WeightStream* w = r.model->weight_stream()) {
     r.log << r.cmd << ": offload_weights: " << w->streamed() << " of the frozen base's " << r.model->config().num_layers
-          << " decoder layers take " << double(ps.host_frozen_bytes()) / gib
-          << " GiB of host memory; the device streams them through two slots, " << double(w->device_bytes()) / gib
-          << " GiB (counted in weights above), copying each in while the layers before it compute\n";
+          << " decoder layers take " << size(ps.host_frozen_bytes())
+          << " of host memory; the device streams them through two slots, " << size(w->device_bytes())
+          << " (counted in weights above), copying each in while the layers before it compute\n";
   }
   if (c.offload.any()) {
     // Where the update's fp32 state lives: host (offloaded) next to the device's staging slots.
     const AdamW& opt = r.step->optimizer();
     r.log << r.cmd << ": offload: host memory holds " << (c.offload.master ? "the fp32 masters " : "")
-          << (c.offload.master ? cat(double(ps.host_master_bytes()) / gib, " GiB") : std::string())
+          << (c.offload.master ? size(ps.host_master_bytes()) : std::string())
           << (c.offload.master && c.offload.optimizer ? " and " : "")
-          << (c.offload.optimizer ? cat("the AdamW moments ", double(opt.host_state_bytes()) / gib, " GiB")
-                                  : std::string())
-          << "; the device stages them in two chunks, " << double(opt.state_bytes()) / gib
-          << " GiB (counted in AdamW moments above), each update streaming them through it\n";
+          << (c.offload.optimizer ? "the AdamW moments " + size(opt.host_state_bytes()) : std::string())
+          << "; the device stages them in two chunks, " << size(opt.state_bytes())
+          << " (counted in AdamW moments above), each update streaming them through it\n";
   }
   if (const Fp8Recipe* f = r.model->fp8()) {
     const Fp8Settings& s = f->settings();
@@ -181,7 +179,7 @@ void print_memory_notes(const Run& r) {
           << (s.margin ? cat(", margin ", s.margin) : std::string());
     if (s.skip_first_layers || s.skip_last_layers)
       r.log << "; first " << s.skip_first_layers << " and last " << s.skip_last_layers << " layers in bf16";
-    r.log << "); its FP8 weight copies, scales and scratch " << double(r.model->fp8_bytes()) / gib << " GiB\n";
+    r.log << "); its FP8 weight copies, scales and scratch " << format_bytes(double(r.model->fp8_bytes())) << "\n";
   }
 }
 
@@ -213,7 +211,7 @@ void print_plan(const Run& r) {
             << " B (two layers and the embedding/head group)\n";
   }
   // The memory plan, all allocated already (a run that does not fit has stopped before this line).
-  const double gib = double(1u << 30), trainable = double(ps.numel());
+  const double trainable = double(ps.numel());
   // Every weight's storage as allocated: fp32 masters of the trainable ones, the compute copies (bf16 on the
   // GPU; on the CPU the masters are the compute copy, and frozen weights are fp32 values), and a QLoRA base's
   // quantised codes with their scales (NF4: 0.5 byte + 1/64 byte absmax code per weight; FP8: 1 byte + an
@@ -225,9 +223,9 @@ void print_plan(const Run& r) {
     int64_t widest = 0;
     for (const Parameter& p : ps.all())
       if (p.format != WeightFormat::Dense) widest = std::max(widest, shape_numel(p.shape));
-    quantised = cat(" (the quantised base ", double(ps.quantised_bytes()) / gib, " GiB of it; + ",
-                    double(widest) * double(dtype_size(r.ops.activation_dtype())) / gib,
-                    " GiB to dequantise one weight at a time)");
+    quantised = cat(" (the quantised base ", format_bytes(double(ps.quantised_bytes())), " of it; + ",
+                    format_bytes(double(widest) * double(dtype_size(r.ops.activation_dtype()))),
+                    " to dequantise one weight at a time)");
   }
   // ZeRO-3: the slices, plus the buffers a group is gathered into and its gradients computed in.
   const Zero3* z = r.zero3();
@@ -236,13 +234,13 @@ void print_plan(const Run& r) {
   const double streamed = double(stream_slot_bytes(*r.model));
   const double moments = double(r.step->optimizer().state_bytes()), activations = double(r.model->activation_bytes());
   const double total = weights + gathered + streamed + grads + moments + activations + double(r.model->fp8_bytes());
-  r.log << r.cmd << ": memory plan: weights " << (weights + gathered + streamed) / gib << " GiB" << quantised
-        << ", gradients " << grads / gib << " GiB, AdamW moments " << moments / gib
-        << (r.opt.moments == Moments::Blockwise8 ? " GiB (8-bit)" : " GiB") << ", activations " << activations / gib
-        << " GiB (recompute " << recompute_name(c.recompute) << ", residual stream "
+  r.log << r.cmd << ": memory plan: weights " << format_bytes(weights + gathered + streamed) << quantised
+        << ", gradients " << format_bytes(grads) << ", AdamW moments " << format_bytes(moments)
+        << (r.opt.moments == Moments::Blockwise8 ? " (8-bit)" : "") << ", activations " << format_bytes(activations)
+        << " (recompute " << recompute_name(c.recompute) << ", residual stream "
         << (r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16") << ", MLP token tile "
         << r.model->activation_plan().tile << "); largest: " << describe_largest(r.model->activation_plan(), 4)
-        << "; total " << total / gib << " GiB"
+        << "; total " << format_bytes(total)
         << (r.ops.device() == Device::CUDA ? " (and the CUDA context and workspace, ~0.6 GiB)" : "") << "\n";
   print_memory_notes(r);
   print_host_plan(r);

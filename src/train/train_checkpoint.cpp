@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 #include <thread>
 
@@ -16,6 +18,7 @@
 #include "io/sha256.h"
 #include "model/checkpoint.h"
 #include "model/peft_adapter.h"
+#include "train/trained_model.h"
 
 namespace soltrain {
 
@@ -24,6 +27,9 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kChecksums = "checksums.sha256";
+// What a resume reads (the loader's position, the seed, ...); trainer_state.json is HF Trainer's. A checkpoint
+// from before soltrain_state.json held this in trainer_state.json, and its weights in model/ or adapter/.
+constexpr const char* kSoltrainState = "soltrain_state.json";
 
 std::string shard_name(int rank, int size) {
   return cat("optimizer-shard-", rank, "-of-", size, ".safetensors");
@@ -72,14 +78,47 @@ void verify_checksums(const fs::path& dir) {
 
 namespace {
 
-// Everything of a checkpoint but sharded optimizer moments, into the folder being staged.
+// HF Trainer's trainer_state.json (transformers.TrainerState loads it): the step, the schedule's length and
+// log_history, the rows of metrics.jsonl up to this step under their HF names (loss, learning_rate, grad_norm,
+// epoch, eval_loss), so tools that plot or pick checkpoints from it read ours.
+nlohmann::json hf_trainer_state(const TrainConfig& c, const TrainerState& s) {
+  nlohmann::json history = nlohmann::json::array();
+  double epoch = 0;
+  std::ifstream in(c.output_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!row.is_object() || row.value("step", int64_t(-1)) > s.step) continue;  // a line cut by a kill, or later
+    if (row.contains("epoch") && row["epoch"].is_number()) epoch = row["epoch"].get<double>();
+    history.push_back(std::move(row));
+  }
+  return {{"best_global_step", nullptr},
+          {"best_metric", nullptr},
+          {"best_model_checkpoint", nullptr},
+          {"epoch", epoch},
+          {"eval_steps", c.eval_steps},
+          {"global_step", s.step},
+          {"is_hyper_param_search", false},
+          {"is_local_process_zero", true},
+          {"is_world_process_zero", true},
+          {"log_history", history},
+          {"logging_steps", c.logging_steps},
+          {"max_steps", s.total_steps},
+          {"num_input_tokens_seen", 0},
+          {"num_train_epochs", int64_t(std::ceil(c.num_epochs))},
+          {"save_steps", c.save_steps},
+          {"stateful_callbacks", nlohmann::json::object()},
+          {"total_flos", 0},
+          {"train_batch_size", c.per_device_train_batch_size},
+          {"trial_name", nullptr},
+          {"trial_params", nullptr}};
+}
+
+// Everything of a checkpoint but sharded optimizer moments, into the folder being staged. The weights lie at
+// the top as in HF Trainer's checkpoint-N, so PEFT and transformers load the folder as saved; a full
+// fine-tune's are the fp32 masters (a resume continues bitwise).
 void write_contents(const fs::path& staged, const TrainConfig& c, const Transformer& model, const AdamW& opt,
                     const TrainerState& s, bool optimizer) {
-  // save_pretrained / save_adapter stage their own folder, so the weights go one level down inside ours.
-  if (c.lora.enabled)
-    save_adapter(model, staged / "adapter", c.model.string());
-  else
-    save_pretrained(model, staged / "model", c.model);
+  write_trained_model(c, model, staged, /*fp32_masters=*/true);
   if (optimizer) opt.save(staged / "optimizer.safetensors");  // every rank holds all of it: rank 0 writes it
   if (const Fp8Recipe* f = model.fp8()) f->save(staged / "fp8_state.safetensors");
   const nlohmann::json state = {{"step", s.step},
@@ -89,7 +128,8 @@ void write_contents(const fs::path& staged, const TrainConfig& c, const Transfor
                                 {"dropout_passes", model.dropout_step()},
                                 {"lr_scheduler_type", to_string(c.lr_scheduler_type)},
                                 {"learning_rate", c.learning_rate}};
-  write_file_atomic(staged / "trainer_state.json", state.dump(2) + "\n");
+  write_file_atomic(staged / kSoltrainState, state.dump(2) + "\n");
+  write_file_atomic(staged / "trainer_state.json", hf_trainer_state(c, s).dump(2) + "\n");
   write_file_atomic(staged / "config.yaml", c.source_text);
 }
 
@@ -172,10 +212,16 @@ std::vector<fs::path> optimizer_files(const fs::path& dir) {
 
 TrainerState load_checkpoint(const fs::path& dir, Transformer& model, AdamW& opt) {
   const bool lora = model.lora().has_value();
-  for (const char* f : {"trainer_state.json", lora ? "adapter" : "model"})
-    if (!fs::exists(dir / f)) user_error(dir.string(), ": not a soltrain checkpoint of this kind (no ", f, ")");
+  const fs::path legacy_weights = dir / (lora ? "adapter" : "model");
+  const fs::path weights = fs::is_directory(legacy_weights) ? legacy_weights : dir;
+  const fs::path state_file = fs::exists(dir / kSoltrainState) ? dir / kSoltrainState : dir / "trainer_state.json";
+  for (const fs::path& f : {state_file, weights / (lora ? "adapter_config.json" : "config.json")})
+    if (!fs::exists(f))
+      user_error(
+          dir.string(), ": not a soltrain checkpoint of this kind (no ", f.lexically_relative(dir).string(),
+          lora ? "; a LoRA run resumes from a LoRA run's checkpoint)" : "; a full run resumes from a full run's)");
   verify_checksums(dir);
-  const nlohmann::json j = read_json_file(dir / "trainer_state.json");
+  const nlohmann::json j = read_json_file(state_file);
   TrainerState s;
   int64_t dropout_passes = 0;
   try {
@@ -185,12 +231,12 @@ TrainerState load_checkpoint(const fs::path& dir, Transformer& model, AdamW& opt
     s.loader = LoaderState::from_json(j.at("loader"));
     dropout_passes = j.value("dropout_passes", s.step);
   } catch (const nlohmann::json::exception& e) {
-    user_error((dir / "trainer_state.json").string(), ": malformed (", e.what(), ")");
+    user_error(state_file.string(), ": malformed (", e.what(), ")");
   }
   if (lora)
-    load_adapter_weights(model, dir / "adapter");
+    load_adapter_weights(model, weights);
   else
-    load_weights(model, dir / "model");
+    load_weights(model, weights);
   // The dropout masks continue where the interrupted run was: they are drawn per pass (micro-batch), so the
   // count of passes is stored; a checkpoint from before it was (one pass per step then) falls back to the step.
   model.set_dropout_step(dropout_passes);

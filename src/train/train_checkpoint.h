@@ -1,6 +1,9 @@
-// Training checkpoints: output_dir/checkpoint-<step>/ holds model/ (an HF folder of the fp32 masters),
-// optimizer.safetensors (AdamW moments and step), trainer_state.json (step, loader position, seed,
-// schedule), config.yaml and checksums.sha256 (every file's sha256, `sha256sum -c` format, verified at resume).
+// Training checkpoints: output_dir/checkpoint-<step>/ holds the trained model as HF Trainer's checkpoint-N does
+// (a full fine-tune's transformers folder of the fp32 masters, or a LoRA run's PEFT adapter, with tokenizer files
+// and a model card: PEFT and transformers load the folder as it is), optimizer.safetensors (AdamW moments and
+// step), soltrain_state.json (step, loader position, seed, schedule: what a resume reads), HF's
+// trainer_state.json (global_step, log_history), config.yaml (the run's settings, re-runnable) and
+// checksums.sha256 (every file's sha256, `sha256sum -c` format, verified at resume).
 // Each is written whole under a temporary name, then renamed into place.
 // Data parallel with a sharded optimizer (ZeRO-1/2): optimizer-shard-<r>-of-<n>.safetensors, one per rank,
 // each holding its ranges of the flat moments (train/optimizer.h); any rank count resumes from them.

@@ -137,6 +137,9 @@ struct TrainConfig {
   bool shuffle = true;                       // false (Axolotl's curriculum_sampling): the datasets' order
   bool dataset_exact_deduplication = false;  // Axolotl's: identical tokenized documents kept once
   bool merge_adapter = false;                // Surogate's: LoRA folded into the base, output_dir/merged
+  // The type a full fine-tune's model is saved as; unset ("auto"): the base's own (bf16 for a bf16 base).
+  std::optional<DType> save_dtype;
+  TrainMode mode = TrainMode::kSft;  // the command (or `rl:`) that runs it
 };
 
 }  // namespace soltrain

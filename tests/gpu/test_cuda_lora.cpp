@@ -55,7 +55,7 @@ TEST_F(CudaTest, LoraTrainingLowersTheLossAndKeepsTheBase) {
   for (float& x : ref) x = bf16_to_f32(f32_to_bf16(x));
   EXPECT_EQ(before, ref);
   TempDir t;
-  save_adapter(*model, t.path / "adapter", kBase.string());
+  save_adapter(*model, t.path / "adapter", {kBase.string()});
   EXPECT_EQ(read_adapter_config(t.path / "adapter").r, 8);
 }
 

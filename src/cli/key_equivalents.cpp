@@ -1,0 +1,91 @@
+#include "cli/key_equivalents.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace soltrain {
+
+namespace {
+
+constexpr const char* kLlamaFactory = "LLaMA-Factory";
+constexpr const char* kTrainingArguments = "HF TrainingArguments";
+constexpr const char* kTrl = "TRL";
+constexpr const char* kPeft = "PEFT";
+constexpr const char* kAxolotl = "Axolotl";
+
+// Sources: LLaMA-Factory's examples/train_lora/*.yaml and hparams/*_args.py; transformers' TrainingArguments;
+// TRL's SFTConfig / DPOConfig; PEFT's LoraConfig; Axolotl's config reference.
+constexpr KeyEquivalent kEquivalents[] = {
+    {"model_name_or_path", kLlamaFactory, "model"},
+    {"stage", kLlamaFactory, "the command: soltrain sft, pt or dpo"},
+    {"do_train", kLlamaFactory, "nothing (soltrain sft trains)"},
+    {"finetuning_type", kLlamaFactory, "lora: true (or nothing for full)"},
+    {"lora_target", kLlamaFactory, "lora_target_modules (all-linear for all)"},
+    {"dataset", kLlamaFactory, "datasets: [{path: ..., type: ...}]"},
+    {"dataset_dir", kLlamaFactory, "datasets' paths"},
+    {"template", kLlamaFactory, "chat_template"},
+    {"cutoff_len", kLlamaFactory, "sequence_len"},
+    {"max_samples", kLlamaFactory, "a dataset's samples"},
+    {"val_size", kLlamaFactory, "val_set_size"},
+    {"pref_beta", kLlamaFactory, "beta"},
+    {"pref_loss", kLlamaFactory, "loss_type"},
+    {"quantization_bit", kLlamaFactory, "qlora_nf4: true (4) or qlora_fp8: true (8)"},
+    {"plot_loss", kLlamaFactory, "nothing (training_curves.svg is always written)"},
+    {"overwrite_cache", kLlamaFactory, "nothing (the cache is reused only when its inputs match)"},
+    {"preprocessing_num_workers", kLlamaFactory, "nothing (tokenizing uses every core)"},
+    {"trust_remote_code", kLlamaFactory, "nothing (soltrain runs no model code)"},
+    {"max_seq_length", kTrl, "sequence_len"},
+    {"max_length", kTrl, "sequence_len"},
+    {"packing", kTrl, "sample_packing"},
+    {"completion_only_loss", kTrl, "train_on_inputs: false"},
+    {"assistant_only_loss", kTrl, "train_on_inputs: false"},
+    {"dataset_text_field", kTrl, "a dataset's field (type: completion, field: ...)"},
+    {"max_prompt_length", kTrl, "max_prompt_len"},
+    {"dataset_name", kTrl, "datasets: [{path: org/name}]"},
+    {"save_strategy", kTrainingArguments, "save_steps (or saves_per_epoch)"},
+    {"eval_strategy", kTrainingArguments, "eval_steps (or evals_per_epoch)"},
+    {"evaluation_strategy", kTrainingArguments, "eval_steps (or evals_per_epoch)"},
+    {"logging_strategy", kTrainingArguments, "logging_steps"},
+    {"optim", kTrainingArguments, "optimizer"},
+    {"adam_beta1", kTrainingArguments, "adamw_beta1"},
+    {"adam_beta2", kTrainingArguments, "adamw_beta2"},
+    {"adam_epsilon", kTrainingArguments, "adamw_epsilon"},
+    {"save_safetensors", kTrainingArguments, "nothing (always safetensors)"},
+    {"per_device_eval_batch_size", kTrainingArguments, "nothing (evaluation batches as training does)"},
+    {"r", kPeft, "lora_rank"},
+    {"target_modules", kPeft, "lora_target_modules"},
+    {"pretraining_dataset", kAxolotl, "datasets, run with soltrain pt"},
+    {"loss", kTrl, "loss_type"},
+};
+
+// Keys only LLaMA-Factory's configs have: two of them make a file LLaMA-Factory's.
+constexpr const char* kLlamaFactoryOnly[] = {
+    "model_name_or_path", "stage",          "do_train", "finetuning_type", "lora_target", "template",
+    "cutoff_len",         "max_samples",    "dataset",  "dataset_dir",     "plot_loss",   "quantization_bit",
+    "pref_beta",          "overwrite_cache"};
+
+}  // namespace
+
+std::optional<KeyEquivalent> key_equivalent(const std::string& key) {
+  for (const KeyEquivalent& e : kEquivalents)
+    if (key == e.key) return e;
+  return std::nullopt;
+}
+
+std::optional<std::string> llama_factory_config(const std::vector<std::string>& keys, const std::string& where) {
+  std::vector<std::string> own;
+  for (const std::string& k : keys)
+    if (std::find(std::begin(kLlamaFactoryOnly), std::end(kLlamaFactoryOnly), k) != std::end(kLlamaFactoryOnly))
+      own.push_back(k);
+  if (own.size() < 2) return std::nullopt;
+  std::string mapped;
+  for (const std::string& k : keys)
+    if (const auto e = key_equivalent(k); e && std::string_view(e->tool) == kLlamaFactory)
+      mapped += cat(mapped.empty() ? "" : "; ", k, " -> ", e->use);
+  return cat(where, ": this is a LLaMA-Factory config (", own[0], ", ", own[1], own.size() > 2 ? ", ..." : "",
+             "): soltrain reads its own keys and Axolotl's, not LLaMA-Factory's yet; write it with soltrain's: ",
+             mapped, " (the other keys are the same; see soltrain config-keys)");
+}
+
+}  // namespace soltrain
