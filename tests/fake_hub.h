@@ -4,7 +4,11 @@
 // files as a 302 to a blob URL on a second port, the "CDN", with X-Linked-Etag = sha256 and X-Linked-Size;
 // the CDN refuses a hub token, as a signed storage URL would not expect one), Range requests on blobs,
 // 401 for a private repository without the token, 404 for a missing one. Switches make the next blob
-// answers corrupt (one byte flipped) or cut (the connection closes halfway).
+// answers corrupt (one byte flipped) or cut (the connection closes halfway). The write side as huggingface_hub
+// speaks it (hf_api.py create_repo / create_commit): POST /api/repos/create, .../preupload/REV (LFS for
+// *.safetensors), the LFS batch API (uploads PUT to the CDN port, then a verify call), and .../commit/REV
+// (NDJSON: header, file with base64 content, lfsFile by oid), each needing the token; a commit makes a new
+// commit id and the files are then served as any others.
 #pragma once
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -12,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
@@ -20,6 +25,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -83,6 +89,7 @@ class FakeHub {
   struct Req {
     std::string method, target;
     std::map<std::string, std::string> headers;
+    std::string body;
   };
 
   void serve() {
@@ -110,9 +117,9 @@ class FakeHub {
 
   static void reply(int c, const Req& q, int status, std::map<std::string, std::string> h, const std::string& body,
                     size_t send_bytes = SIZE_MAX) {
-    static const std::map<int, std::string> reason = {{200, "OK"},        {206, "Partial Content"},
-                                                      {302, "Found"},     {401, "Unauthorized"},
-                                                      {404, "Not Found"}, {416, "Range Not Satisfiable"}};
+    static const std::map<int, std::string> reason = {
+        {200, "OK"},           {206, "Partial Content"}, {302, "Found"},    {400, "Bad Request"},
+        {401, "Unauthorized"}, {404, "Not Found"},       {409, "Conflict"}, {416, "Range Not Satisfiable"}};
     std::string s = "HTTP/1.1 " + std::to_string(status) + " " + reason.at(status) + "\r\n";
     h["Connection"] = "close";
     if (!h.count("Content-Length")) h["Content-Length"] = std::to_string(body.size());
@@ -146,6 +153,13 @@ class FakeHub {
       q.headers[name] = h.substr(h.find_first_not_of(' ', colon + 1));
       pos = e + 2;
     }
+    q.body = buf.substr(buf.find("\r\n\r\n") + 4);
+    const size_t length = q.headers.count("content-length") ? std::stoull(q.headers.at("content-length")) : 0;
+    while (q.body.size() < length) {
+      const ssize_t n = ::recv(c, tmp, sizeof tmp, 0);
+      if (n <= 0) return std::nullopt;
+      q.body.append(tmp, size_t(n));
+    }
     return q;
   }
 
@@ -167,7 +181,13 @@ class FakeHub {
     requests_.push_back(note);
     if (!on_cdn && intercept && intercept(c, q->method, q->target)) return;
     const std::vector<std::string> p = split(q->target);
+    if (on_cdn && p.size() == 2 && p[0] == "upload" && q->method == "PUT") {  // an LFS object's bytes
+      if (sha256_hex(q->body) != p[1]) return reply(c, *q, 400, {}, "the bytes do not hash to the oid");
+      uploaded_[p[1]] = q->body;
+      return reply(c, *q, 200, {}, "");
+    }
     if (on_cdn) return p.size() == 2 && p[0] == "cdn" ? blob(c, *q, p[1]) : reply(c, *q, 404, {}, "no such blob");
+    if (q->method == "POST") return write(c, *q, p);
     // /api/{kind}s/Org/Name/revision/REV
     if (p.size() == 6 && p[0] == "api" && p[4] == "revision") {
       FakeRepo* r = repo(c, *q, p[1] + "/" + p[2] + "/" + p[3]);
@@ -201,6 +221,96 @@ class FakeHub {
       return reply(c, *q, 200, {{"X-Repo-Commit", r->commit}, {"ETag", "\"" + sha.substr(0, 40) + "\""}}, bytes);
     }
     reply(c, *q, 404, {}, "no such route");
+  }
+
+  bool authorized(const Req& q) const {
+    return q.headers.count("authorization") && q.headers.at("authorization") == "Bearer " + token;
+  }
+
+  void write(int c, const Req& q, const std::vector<std::string>& p) {
+    if (!authorized(q)) return reply(c, q, 401, {}, "Invalid credentials in Authorization header");
+    const nlohmann::json j = nlohmann::json::parse(q.body, nullptr, false);
+    if (p == std::vector<std::string>{"api", "repos", "create"}) {
+      const std::string id = j.value("organization", "user") + "/" + j.value("name", "");
+      const std::string key = (j.value("type", "model") == "dataset" ? "datasets/" : "models/") + id;
+      if (repos_.count(key)) return reply(c, q, 409, {}, "You already created this model repo");
+      FakeRepo r;
+      r.commit = sha256_hex(key).substr(0, 40);
+      r.private_repo = j.value("private", false);
+      repos_[key] = r;
+      return reply(c, q, 200, {{"Content-Type", "application/json"}}, nlohmann::json{{"url", id}}.dump());
+    }
+    // /api/{kind}s/Org/Name/preupload|commit/REV
+    if (p.size() == 6 && p[0] == "api" && (p[4] == "preupload" || p[4] == "commit")) {
+      FakeRepo* r = repo(c, q, p[1] + "/" + p[2] + "/" + p[3]);
+      if (!r) return;
+      if (p[4] == "preupload") {
+        nlohmann::json files = nlohmann::json::array();
+        for (const auto& f : j.at("files")) {
+          const std::string path = f.at("path");
+          const bool lfs = path.ends_with(".safetensors") || f.at("size").get<size_t>() > (size_t(1) << 20);
+          files.push_back({{"path", path}, {"uploadMode", lfs ? "lfs" : "regular"}, {"shouldIgnore", false}});
+        }
+        return reply(c, q, 200, {{"Content-Type", "application/json"}}, nlohmann::json{{"files", files}}.dump());
+      }
+      std::istringstream lines(q.body);
+      FakeRepo next = *r;
+      std::string summary;
+      for (std::string line; std::getline(lines, line);) {
+        const nlohmann::json l = nlohmann::json::parse(line, nullptr, false);
+        if (l.is_discarded()) return reply(c, q, 400, {}, "a line is not JSON");
+        const nlohmann::json& v = l.at("value");
+        if (l.at("key") == "header") {
+          summary = v.value("summary", "");
+        } else if (l.at("key") == "file") {
+          next.files[v.at("path")] = base64_decode(v.at("content"));
+          std::erase(next.lfs, v.at("path").get<std::string>());
+        } else if (l.at("key") == "lfsFile") {
+          const auto it = uploaded_.find(v.at("oid").get<std::string>());
+          if (it == uploaded_.end() || it->second.size() != v.at("size").get<size_t>())
+            return reply(c, q, 400, {}, "lfsFile names an object never uploaded");
+          next.files[v.at("path")] = it->second;
+          if (std::find(next.lfs.begin(), next.lfs.end(), v.at("path")) == next.lfs.end())
+            next.lfs.push_back(v.at("path"));
+        } else {
+          return reply(c, q, 400, {}, "unknown commit line");
+        }
+      }
+      next.commit = sha256_hex(r->commit + summary + q.body).substr(0, 40);
+      commits_.push_back(summary);
+      *r = next;
+      return reply(c, q, 200, {{"Content-Type", "application/json"}},
+                   nlohmann::json{{"commitOid", r->commit}, {"commitUrl", endpoint() + "/commit/" + r->commit}}.dump());
+    }
+    // /Org/Name.git/info/lfs/objects/batch
+    if (p.size() == 6 && p[1].ends_with(".git") && p[5] == "batch") {
+      nlohmann::json objects = nlohmann::json::array();
+      for (const auto& o : j.at("objects")) {
+        const std::string oid = o.at("oid");
+        nlohmann::json one = {{"oid", oid}, {"size", o.at("size")}};
+        if (!uploaded_.count(oid))
+          one["actions"] = {{"upload", {{"href", cdn() + "/upload/" + oid}}},
+                            {"verify", {{"href", endpoint() + "/verify/" + oid}}}};
+        objects.push_back(one);
+      }
+      return reply(c, q, 200, {{"Content-Type", "application/vnd.git-lfs+json"}},
+                   nlohmann::json{{"objects", objects}}.dump());
+    }
+    if (p.size() == 2 && p[0] == "verify") return reply(c, q, uploaded_.count(p[1]) ? 200 : 404, {}, "");
+    reply(c, q, 404, {}, "no such route");
+  }
+
+  static std::string base64_decode(const std::string& s) {
+    static const std::string abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (char ch : s) {
+      if (ch == '=') break;
+      acc = (acc << 6) | uint32_t(abc.find(ch));
+      if ((bits += 6) >= 8) out += char((acc >> (bits -= 8)) & 0xff);
+    }
+    return out;
   }
 
   FakeRepo* repo(int c, const Req& q, const std::string& key) {
@@ -245,6 +355,19 @@ class FakeHub {
   std::mutex mu_;
   std::map<std::string, FakeRepo> repos_;
   std::vector<std::string> requests_;
+  std::map<std::string, std::string> uploaded_;  // LFS objects by sha256
+  std::vector<std::string> commits_;             // their summaries, in order
+
+ public:
+  std::vector<std::string> commits() {
+    std::lock_guard<std::mutex> l(mu_);
+    return commits_;
+  }
+  // A repository's files as they are now (after commits).
+  std::map<std::string, std::string> files_of(const std::string& key) {
+    std::lock_guard<std::mutex> l(mu_);
+    return repos_.at(key).files;
+  }
 };
 
 // The fixture model qwen3-tiny as a hub repository at `commit`: config.json, and model.safetensors as an LFS

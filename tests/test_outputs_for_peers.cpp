@@ -246,5 +246,55 @@ TEST(OutputsForPeers, SizesReadAtAGlance) {
   EXPECT_TRUE(std::regex_search(plan, std::regex(R"(weights [0-9.]+ KiB, gradients [0-9.]+ KiB)"))) << plan;
 }
 
+// push_to_hub through the commit API as huggingface_hub speaks it (the fake hub's write side): a full fine-tune
+// and an adapter reach the hub (the LFS weights byte for byte, the repository private when asked, every
+// checkpoint in its folder with all_checkpoints), a second run trains from the pushed model by its hub id, and a
+// run without a token stops before training.
+TEST(OutputsForPeers, PushToHubThenASecondRunTrainsFromIt) {
+  FakeHub hub;
+  TinyRun r;
+  HubEnv env(hub.endpoint());
+  ScopedEnv token("HF_TOKEN", hub.token.c_str());
+  const CliRun full = run_bounded(
+      "sft " + r.config("model: model\noutput_dir: full\nhub_model_id: me/tiny-full\nmax_steps: 2\nsave_steps: 1\n"),
+      r.t, 60);
+  ASSERT_EQ(full.code, 0) << full.err;
+  EXPECT_NE(full.err.find("push_to_hub: model -> " + hub.endpoint() + "/me/tiny-full (commit "), std::string::npos)
+      << full.err;
+  auto files = hub.files_of("models/me/tiny-full");
+  for (const char* f : {"config.json", "model.safetensors", "README.md", "tokenizer.json", "tokenizer_config.json"})
+    ASSERT_TRUE(files.count(f)) << f;
+  EXPECT_EQ(files.at("model.safetensors"), read_text(r.t.path / "full" / "model" / "model.safetensors"));
+  EXPECT_FALSE(files.count("optimizer.safetensors")) << "a checkpoint's optimizer pushed as the model";
+  EXPECT_EQ(hub.commits().back(), "end of training (2 steps)");
+  // A second run finds it by its hub id, downloads and trains.
+  const CliRun again = run_bounded("sft " + r.config("model: me/tiny-full\noutput_dir: again\n"), r.t, 60);
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_TRUE(fs::exists(r.t.path / "again" / "model" / "model.safetensors"));
+  // An adapter, private, each checkpoint in its own folder.
+  const CliRun lora = run_bounded(
+      "sft " + r.config("model: model\noutput_dir: lora\nlora: true\nlora_rank: 4\nmax_steps: 2\nsave_steps: 1\n"
+                        "push_to_hub: true\nhub_model_id: me/tiny-lora\nhub_private_repo: true\n"
+                        "hub_strategy: all_checkpoints\n"),
+      r.t, 60);
+  ASSERT_EQ(lora.code, 0) << lora.err;
+  files = hub.files_of("models/me/tiny-lora");
+  EXPECT_EQ(files.at("adapter_model.safetensors"),
+            read_text(r.t.path / "lora" / "adapter" / "adapter_model.safetensors"));
+  EXPECT_TRUE(files.count("adapter_config.json") && files.count("README.md"));
+  EXPECT_TRUE(files.count("checkpoint-2/adapter_model.safetensors"));
+  EXPECT_TRUE(files.count("checkpoint-2/optimizer.safetensors"));
+  {
+    ScopedEnv no_token("HF_TOKEN", nullptr);  // private: not even listed without the token
+    const CliRun anon = run_bounded("sft " + r.config("model: me/tiny-lora\noutput_dir: anon\n"), r.t, 30);
+    EXPECT_EQ(anon.code, 2);
+    expect_refused(run_bounded("sft " + r.config("model: model\noutput_dir: nope\nhub_model_id: me/x\n"), r.t, 30),
+                   "push_to_hub: no Hugging Face token: set HF_TOKEN");
+    EXPECT_FALSE(fs::exists(r.t.path / "nope" / "model")) << "trained before finding it cannot push";
+  }
+  expect_refused(run_bounded("sft " + r.config("model: model\noutput_dir: x\npush_to_hub: true\n"), r.t, 30),
+                 "push_to_hub needs hub_model_id");
+}
+
 }  // namespace
 }  // namespace soltrain::test

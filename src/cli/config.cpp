@@ -355,12 +355,21 @@ std::vector<std::string> peer_format_keys(const Entries& en) {
   return out;
 }
 
+// Axolotl pushes when hub_model_id is given; HF's push_to_hub: true needs it (an explicit push_to_hub wins).
+void rule_hub_push(const Entries& en, const std::string& where, TrainConfig& c, std::vector<std::string>& errors) {
+  if (!en.given({"push_to_hub"}) && !c.hub.model_id.empty()) c.hub.enabled = true;
+  if (c.hub.enabled && c.hub.model_id.empty() && !en.refused({"hub_model_id"}))
+    errors.push_back(cat(en.has("push_to_hub") ? en.where("push_to_hub") : where,
+                         ": push_to_hub needs hub_model_id: the repository to push to (Org/Name)"));
+}
+
 constexpr Rule kRules[] = {rule_lora_settings_imply_lora,
                            rule_quantised_base,
                            rule_axolotl_schedule,
                            rule_required,
                            rule_offload,
-                           rule_streamed_base};
+                           rule_streamed_base,
+                           rule_hub_push};
 
 }  // namespace
 

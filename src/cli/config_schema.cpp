@@ -146,6 +146,20 @@ void add_model_keys(std::vector<KeySpec>& v) {
                      [](ReadContext& x, const std::string& s, const Entry&) {
                        x.c.save_dtype = s == "auto" ? std::nullopt : dtype_from_torch_name(s);
                      }));
+  v.push_back(flag("push_to_hub", FIELD(hub.enabled),
+                   "upload the trained model or adapter to hub_model_id on the Hugging Face hub (HF_TOKEN)"));
+  v.push_back(key("hub_model_id", "string", "a hub repository id (Org/Name)", "",
+                  "where push_to_hub uploads; giving it pushes (as Axolotl does)",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    const std::string id = get_string(e, k);
+                    if (!looks_like_hub_id(id)) bad_value(e, k, "a hub repository id: Org/Name");
+                    x.c.hub.model_id = id;  // (rule_hub_push: it pushes unless push_to_hub: false)
+                  }));
+  v.push_back(choice("hub_strategy", {"end", "every_save", "checkpoint", "all_checkpoints"}, "every_save",
+                     "what is pushed when (HF's): every_save the model at each checkpoint and the end; checkpoint "
+                     "also the latest checkpoint in last-checkpoint/; all_checkpoints each in checkpoint-N/",
+                     [](ReadContext& x, const std::string& s, const Entry&) { x.c.hub.strategy = s; }));
+  v.push_back(flag("hub_private_repo", FIELD(hub.private_repo), "push_to_hub creates the repository private"));
   v.push_back(flag("overwrite_output_dir", FIELD(overwrite_output_dir),
                    "write into a non-empty folder soltrain did not create"));
   v.push_back(path("dataset_prepared_path", FIELD(dataset_prepared_path), "output_dir/prepared",

@@ -250,8 +250,6 @@ void add_missing_features(Table& t) {
       {"neftune_noise_alpha", off_or("NEFTune noise is not built yet")},
       {"s2_attention", off_or("shifted-sparse attention is not built yet")},
       {"group_by_length", off_or("length-grouped batches are not built; sample_packing fills batches instead")},
-      {"hub_model_id", off_or("pushing to the Hugging Face hub is not built; upload output_dir yourself")},
-      {"hub_strategy", off_or("pushing to the Hugging Face hub is not built; upload output_dir yourself")},
       {"push_dataset_to_hub", off_or("pushing to the Hugging Face hub is not built")},
       {"unfrozen_parameters", off_or("training a chosen subset of weights is not built yet")},
       {"checkpoint_dir", off_or("checkpoints are written into output_dir; drop checkpoint_dir")},
@@ -309,7 +307,8 @@ bool apply_peer_key(const std::string& key, const YAML::Node& value, TrainConfig
   if (is_logging_family(key)) {
     // An empty wandb_project: (Axolotl's examples have them) asks for nothing; a value asks for a tracker
     // soltrain does not send to yet: refused rather than silently dropped.
-    if (key.rfind("liger_", 0) != 0 && value.IsDefined() && !value.IsNull() && !(value.IsScalar() && text(value).empty()))
+    if (key.rfind("liger_", 0) != 0 && value.IsDefined() && !value.IsNull() &&
+        !(value.IsScalar() && text(value).empty()))
       user_error(key, ": sending metrics to ", key.substr(0, key.find('_')),
                  " is not built yet; metrics.jsonl and TensorBoard (output_dir/tensorboard) hold every metric; leave "
                  "it empty");

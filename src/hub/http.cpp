@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -112,6 +113,42 @@ HttpResponse perform(const HttpRequest& req, const std::function<bool(long statu
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, env_seconds("HF_HUB_ETAG_TIMEOUT", 10));
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1024L);
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, env_seconds("HF_HUB_DOWNLOAD_TIMEOUT", 10));
+  // The body of a POST or PUT: the request's bytes, or a range of a file read as libcurl sends it.
+  struct Upload {
+    const std::string* text = nullptr;
+    std::FILE* file = nullptr;
+    uint64_t left = 0, off = 0;
+  } up;
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(nullptr, std::fclose);
+  if (!req.method.empty()) {
+    if (!req.upload_file.empty()) {
+      file.reset(std::fopen(req.upload_file.c_str(), "rb"));
+      if (!file || ::fseeko(file.get(), off_t(req.upload_offset), SEEK_SET) != 0) {
+        t.r.error = cat(req.upload_file.string(), ": cannot read for the upload");
+        return t.r;
+      }
+      up.file = file.get(), up.left = req.upload_size;
+    } else {
+      up.text = &req.body, up.left = req.body.size();
+    }
+    auto read = +[](char* dst, size_t size, size_t n, void* user) -> size_t {
+      auto* u = static_cast<Upload*>(user);
+      const size_t want = size_t(std::min<uint64_t>(u->left, uint64_t(size * n)));
+      const size_t got = u->file ? std::fread(dst, 1, want, u->file) : (u->text->copy(dst, want, u->off), want);
+      if (got < want) return CURL_READFUNC_ABORT;  // the file shrank under the upload
+      u->left -= got, u->off += got;
+      return got;
+    };
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, req.method.c_str());
+    curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);  // a body read through the callback, with its size known
+    curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, curl_off_t(up.left));
+    curl_easy_setopt(c, CURLOPT_READFUNCTION, read);
+    curl_easy_setopt(c, CURLOPT_READDATA, &up);
+    list = curl_slist_append(list, "Expect:");  // no 100-continue round trip
+    headers.release();
+    headers.reset(list);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, list);
+  }
   const CURLcode rc = curl_easy_perform(c);
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &t.r.status);
   if (t.too_large)

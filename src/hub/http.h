@@ -4,6 +4,8 @@
 // HF_HUB_ETAG_TIMEOUT (default 10 s) to connect, HF_HUB_DOWNLOAD_TIMEOUT (default 10 s) as the window in which
 // a transfer must move at least 1 KiB/s, or it is cut (and resumed by the caller).
 #pragma once
+#include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <string>
@@ -31,6 +33,13 @@ struct HttpRequest {
   // A kept body larger than this ends the transfer with an error (an endless or hostile answer must not
   // fill memory); streamed bodies are bounded by their sink.
   size_t max_body = size_t(64) << 20;
+  // A request with a body (the hub's commit API, LFS uploads): "POST" or "PUT" sends `body`, or with
+  // `upload_file` set, `upload_size` bytes of that file from `upload_offset` (a multipart upload's part),
+  // streamed rather than held in memory.
+  std::string method;  // empty: GET (or HEAD)
+  std::string body;
+  std::filesystem::path upload_file;
+  uint64_t upload_offset = 0, upload_size = 0;
 };
 
 // Only http:// and https:// URLs are ever opened, redirects included (libcurl also speaks file://, gopher://,

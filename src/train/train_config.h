@@ -61,6 +61,16 @@ struct ResumeFrom {
   std::filesystem::path folder;  // kFolder only
 };
 
+// Pushing to the hub (HF TrainingArguments' push_to_hub, hub_model_id, hub_strategy, hub_private_repo).
+struct HubPush {
+  bool enabled = false;  // push_to_hub, or a hub_model_id given (Axolotl pushes when it is)
+  std::string model_id;  // Org/Name
+  // end: the final model or adapter; every_save: also the model at each checkpoint; checkpoint: and the latest
+  // checkpoint whole in last-checkpoint/; all_checkpoints: every checkpoint whole in checkpoint-N/.
+  std::string strategy = "every_save";
+  bool private_repo = false;
+};
+
 struct TrainConfig {
   std::filesystem::path model, output_dir;
   std::string model_hub_id;       // `model: Org/Name` naming a hub model: resolved into `model` by cli/hub_inputs.h
@@ -140,6 +150,7 @@ struct TrainConfig {
   // The type a full fine-tune's model is saved as; unset ("auto"): the base's own (bf16 for a bf16 base).
   std::optional<DType> save_dtype;
   TrainMode mode = TrainMode::kSft;  // the command (or `rl:`) that runs it
+  HubPush hub;
 };
 
 }  // namespace soltrain

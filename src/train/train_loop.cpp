@@ -181,8 +181,10 @@ void TrainLoop::warm_snapshots() {
 void TrainLoop::saved(std::optional<int64_t> step, ProgressLine& progress) {
   if (!step) return;
   last_saved_ = *step;
+  const fs::path dir = s_.c.output_dir / cat("checkpoint-", *step);
+  progress.message(cat("step ", *step, ": saved ", dir.string()));
+  if (hub_) hub_->checkpoint_saved(dir, *step);  // (a pruned checkpoint's push fails with a warning)
   if (lead()) prune_checkpoints(s_.c.output_dir, s_.c.save_total_limit);
-  progress.message(cat("step ", *step, ": saved ", (s_.c.output_dir / cat("checkpoint-", *step)).string()));
 }
 
 void TrainLoop::checkpoint(ProgressLine& progress, bool background) {
@@ -238,6 +240,7 @@ RunResult TrainLoop::run() {
   const int64_t nan_seam = nan ? std::atoll(nan) : -1;
   std::optional<MetricsLog> metrics_file;
   if (lead()) metrics_file.emplace(c.output_dir, state_.step, c.tensorboard);
+  if (lead() && c.hub.enabled) hub_ = std::make_unique<HubPusher>(c, s_.log);
   MetricsLog* metrics = metrics_file ? &*metrics_file : nullptr;
   ProgressLine progress(s_.log);
   RunResult result;
@@ -306,6 +309,7 @@ RunResult TrainLoop::run() {
     std::string summary =
         cat(s_.cmd, ": done, ", state_.step, " steps; ", save_final_outputs(c, s_.model, c.lora.enabled));
     write_training_curves(metrics->jsonl_path(), c.output_dir / "training_curves.svg");
+    if (hub_) hub_->push_final(c.output_dir / (c.lora.enabled ? "adapter" : "model"), state_.step);
     if (driver_.has_validation())
       summary +=
           cat("; validation loss ", format_loss(result.first_eval_loss), " -> ", format_loss(result.last_eval_loss));

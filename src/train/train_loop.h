@@ -15,6 +15,7 @@
 #include "dist/communicator.h"
 #include "model/transformer.h"
 #include "train/background_save.h"
+#include "train/hub_push.h"
 #include "train/loss_watchdog.h"
 #include "train/metrics.h"
 #include "train/run_builder.h"
@@ -124,6 +125,7 @@ class TrainLoop {
   int64_t bad_step_ = 0;     // the update to skip (its batches passed over), 0 for none
   LoaderState bad_loader_;   // the loader past that update's batches
   int recoveries_ = 0;
+  std::unique_ptr<HubPusher> hub_;  // push_to_hub, rank 0
 };
 
 }  // namespace soltrain
