@@ -230,6 +230,9 @@ class FakeHub {
   void write(int c, const Req& q, const std::vector<std::string>& p) {
     if (!authorized(q)) return reply(c, q, 401, {}, "Invalid credentials in Authorization header");
     const nlohmann::json j = nlohmann::json::parse(q.body, nullptr, false);
+    if (p == std::vector<std::string>{"api", "validate-yaml"})
+      return reply(c, q, j.value("content", "").rfind("---\n", 0) == 0 ? 200 : 400,
+                   {{"Content-Type", "application/json"}}, R"({"errors": [], "warnings": []})");
     if (p == std::vector<std::string>{"api", "repos", "create"}) {
       const std::string id = j.value("organization", "user") + "/" + j.value("name", "");
       const std::string key = (j.value("type", "model") == "dataset" ? "datasets/" : "models/") + id;

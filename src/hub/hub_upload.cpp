@@ -142,7 +142,9 @@ std::vector<UploadFile> folder_files(const fs::path& dir, const std::string& pre
 
 void create_repo(const HubClient& c, const RepoRef& r, bool private_repo) {
   const size_t slash = r.id.find('/');
-  json body = {{"name", slash == std::string::npos ? r.id : r.id.substr(slash + 1)}, {"private", private_repo}};
+  // (no "private" unless asked: the hub's default, an organization's own, as create_repo(private=None) leaves it)
+  json body = {{"name", slash == std::string::npos ? r.id : r.id.substr(slash + 1)}};
+  if (private_repo) body["private"] = true;
   if (slash != std::string::npos) body["organization"] = r.id.substr(0, slash);
   if (r.type == RepoType::kDataset) body["type"] = "dataset";
   const HttpResponse a = post_json(c, c.endpoint + "/api/repos/create", body);
@@ -154,6 +156,20 @@ std::string upload_files(const HubClient& c, const RepoRef& r, const std::vector
                          const std::string& message) {
   const std::string api = cat(c.endpoint, "/api/", kind_path(r), "/", r.id);
   const std::string rev = url_quote(r.revision, "");
+  // A model card's metadata checked by the hub first, as upload_folder does (before anything is hashed or sent).
+  for (const UploadFile& f : files)
+    if (f.path_in_repo == "README.md") {
+      const HttpResponse v = post_json(c, c.endpoint + "/api/validate-yaml",
+                                       json{{"content", read_all(f.local)},
+                                            {"repoType", kind_path(r).substr(0, 5) == "model" ? "model" : "dataset"}});
+      if (v.status == 400) {
+        std::string why;
+        for (const json& e : json::parse(v.body, nullptr, false).value("errors", json::array()))
+          why += (why.empty() ? "" : "; ") + e.value("message", "");
+        user_error(f.local.string(), ": the hub refused the model card's metadata", why.empty() ? "" : ": " + why);
+      }
+      if (v.status < 200 || v.status >= 300) upload_failed(c, r, "check README.md's metadata", v);
+    }
   // Each file's mode as the hub decides it (.gitattributes' LFS patterns, size, binary content).
   std::vector<uint64_t> sizes;
   json listing = json::array();
