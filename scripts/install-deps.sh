@@ -6,6 +6,7 @@ packages=(cmake ninja-build g++ pkg-config libopenblas-dev nlohmann-json3-dev li
           libutf8proc-dev libyaml-cpp-dev libgtest-dev libopenmpi-dev openmpi-bin
           zlib1g-dev libzstd-dev libsnappy-dev  # compressed datasets and parquet pages
           libcurl4-openssl-dev libssl-dev  # Hugging Face hub downloads (src/hub/); SHA-256 (libcrypto)
+          libcpp-httplib-dev  # soltrain serve's OpenAI-compatible endpoint (header-only)
           clang-14 libclang-rt-14-dev)  # scripts/fuzz.sh: libFuzzer and the sanitizer runtimes
 missing=()
 for p in "${packages[@]}"; do

@@ -7,6 +7,6 @@ ctest --test-dir build --output-on-failure -j3  # many tests wait on subprocesse
 # The Python API (python/tests) over the module just built, its references computed live by transformers,
 # PEFT and TRL on CPU torch: from PyPI when missing (torch pinned to the CPU build this machine kind keeps on disk; an
 # unpinned torch would be a multi-GB CUDA build).
-python3 -c "import pytest, datasets, torch, transformers, peft, trl" 2>/dev/null ||
-  python3 -m pip install --quiet --disable-pip-version-check pytest datasets torch==2.13.0 transformers peft trl
+python3 -c "import pytest, datasets, torch, transformers, peft, trl, openai" 2>/dev/null ||
+  python3 -m pip install --quiet --disable-pip-version-check pytest datasets torch==2.13.0 transformers peft trl openai
 python3 -m pytest python/tests -q

@@ -146,6 +146,10 @@ TEST(OutputsForPeers, AxolotlCommandsTrainPreprocessDebugAndMergeLora) {
   const CliRun train = run_bounded("train " + cfg, r.t, 60);
   ASSERT_EQ(train.code, 0) << train.err;
   EXPECT_TRUE(fs::exists(r.t.path / "out" / "adapter" / "adapter_model.safetensors"));
+  write_text(r.t.path / "turns.txt", "hello\n/exit\n");  // inference: a chat with the trained adapter
+  const CliRun chat = run_bounded("inference " + cfg + " --max-new-tokens 3 < turns.txt", r.t, 60);
+  ASSERT_EQ(chat.code, 0) << chat.err;
+  EXPECT_FALSE(chat.out.empty());
   const CliRun merge = run_bounded("merge-lora " + cfg, r.t, 60);
   ASSERT_EQ(merge.code, 0) << merge.err;
   EXPECT_TRUE(fs::exists(r.t.path / "out" / "merged" / "model.safetensors"));

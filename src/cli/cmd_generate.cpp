@@ -5,6 +5,7 @@
 #include <iostream>
 #include <memory>
 
+#include "cli/chat_model.h"
 #include "cli/commands.h"
 #include "cli/device_option.h"
 #include "cli/hub_inputs.h"
@@ -27,40 +28,6 @@ void check_stdout() {
   if (!std::cout) user_error("stdout: write failed (", std::strerror(errno), ")");
 }
 
-}  // namespace
-
-namespace {
-// How many leading bytes of `s` can be printed now: a byte-level token may end inside a character that the
-// next token completes, so a truncated UTF-8 sequence and trailing U+FFFD (its lossy decoding) wait.
-size_t printable_prefix(const std::string& s) {
-  size_t end = s.size(), i = end;
-  int cont = 0;
-  while (i > 0 && cont < 3 && (uint8_t(s[i - 1]) & 0xC0) == 0x80) {
-    --i;
-    ++cont;
-  }
-  if (i > 0) {
-    const uint8_t lead = uint8_t(s[i - 1]);
-    const int need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
-    if (need > cont + 1) end = i - 1;
-  }
-  while (end >= 3 && s.compare(end - 3, 3, "\xEF\xBF\xBD") == 0) end -= 3;
-  return end;
-}
-
-// generation_config.json's eos_token_id, else tokenizer_config.json's eos_token.
-std::vector<int32_t> eos_ids(const std::filesystem::path& model, const Tokenizer& tok) {
-  std::vector<int32_t> ids = read_generation_eos(model);
-  const auto cfg = model / "tokenizer_config.json";
-  if (!ids.empty() || !std::filesystem::exists(cfg)) return ids;
-  const nlohmann::json j = read_json_file(cfg);
-  const auto it = j.find("eos_token");
-  if (it == j.end()) return ids;
-  const nlohmann::json& e = it->is_object() ? it->value("content", nlohmann::json()) : *it;
-  if (e.is_string())
-    if (auto id = tok.token_to_id(e.get<std::string>())) ids.push_back(*id);
-  return ids;
-}
 }  // namespace
 
 std::function<int()> add_generate_command(CLI::App& app) {
@@ -117,7 +84,7 @@ std::function<int()> add_generate_command(CLI::App& app) {
       user_error("--max-new-tokens ", o->max_new_tokens, ": the prompt's ", prompt.size(),
                  " tokens plus the new ones exceed the model's max_position_embeddings (", max_pos, ", ",
                  (dir / "config.json").string(), ")");
-    GenerationOptions g{o->max_new_tokens, o->sampling, eos_ids(dir, tok)};
+    GenerationOptions g{o->max_new_tokens, o->sampling, model_eos_ids(dir, tok)};
 
     auto ops = make_ops(o->device);
     auto model = o->adapter.empty() ? load_pretrained(dir, *ops) : load_pretrained_with_adapter(dir, o->adapter, *ops);

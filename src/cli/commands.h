@@ -22,6 +22,9 @@ std::function<int()> add_sft_command(CLI::App& app);
 std::function<int()> add_pt_command(CLI::App& app);
 std::function<int()> add_dpo_command(CLI::App& app);         // also what `rl: dpo` in an sft config runs
 std::function<int()> add_merge_lora_command(CLI::App& app);  // Axolotl's `merge-lora config.yaml`
+std::function<int()> add_chat_command(CLI::App& app);
+std::function<int()> add_inference_command(CLI::App& app);  // Axolotl's `inference config.yaml`
+std::function<int()> add_serve_command(CLI::App& app);      // an OpenAI-compatible endpoint
 // What `soltrain sft|pt|dpo config.yaml` (and Axolotl's `train config.yaml`) runs; the exit code.
 int run_config_job(const std::string& config, const std::vector<std::string>& set, TrainMode mode,
                    const std::string& dump_batches = "", int gpus = 0);

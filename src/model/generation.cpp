@@ -31,6 +31,42 @@ std::vector<int32_t> generate(KvDecoder& decoder, std::span<const int32_t> promp
   return out;
 }
 
+std::vector<std::vector<int32_t>> generate_batch(KvDecoder& decoder, std::span<const int32_t> prompt,
+                                                 const GenerationOptions& opts) {
+  if (prompt.empty()) user_error("the prompt is empty: nothing to generate from");
+  const int n = decoder.batch();
+  const size_t vocab = size_t(decoder.vocab_size());
+  decoder.reset();
+  std::vector<float> logits(size_t(n) * vocab);
+  std::vector<std::vector<int32_t>> out(static_cast<size_t>(n));
+  std::vector<Sampler> samplers;
+  for (int r = 0; r < n; ++r) {
+    SamplingParams p = opts.sampling;
+    p.seed += uint64_t(r);
+    samplers.emplace_back(p);
+  }
+  std::vector<bool> done(size_t(n), false);
+  std::vector<int32_t> next;
+  for (int r = 0; r < n; ++r) next.insert(next.end(), prompt.begin(), prompt.end());
+  int T = int(prompt.size());
+  for (int step = 0; step < opts.max_new_tokens; ++step) {
+    decoder.feed(next, T, logits.data());
+    bool all_done = true;
+    for (int r = 0; r < n; ++r) {
+      const int32_t token = samplers[size_t(r)].next(std::span<const float>(logits.data() + size_t(r) * vocab, vocab));
+      next[size_t(r)] = token;  // (a finished row keeps decoding into its own slot, unread)
+      if (done[size_t(r)]) continue;
+      out[size_t(r)].push_back(token);
+      done[size_t(r)] = std::find(opts.eos_ids.begin(), opts.eos_ids.end(), token) != opts.eos_ids.end();
+      all_done = all_done && done[size_t(r)];
+    }
+    if (all_done) break;
+    next.resize(size_t(n));
+    T = 1;
+  }
+  return out;
+}
+
 std::vector<int32_t> read_generation_eos(const std::filesystem::path& model_dir) {
   const auto path = model_dir / "generation_config.json";
   if (!std::filesystem::exists(path)) return {};

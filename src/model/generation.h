@@ -23,6 +23,12 @@ struct GenerationOptions {
 std::vector<int32_t> generate(KvDecoder& decoder, std::span<const int32_t> prompt, const GenerationOptions& opts,
                               const std::function<void(int32_t)>& on_token = {});
 
+// `decoder.batch()` continuations of one prompt generated together (an API's n choices): the prompt fed once
+// for every row, then one token per row per step; row r samples with seed + r (row 0 is what generate() gives).
+// A row that produced an EOS is done (later tokens of its slot are not kept). Returns each row's new tokens.
+std::vector<std::vector<int32_t>> generate_batch(KvDecoder& decoder, std::span<const int32_t> prompt,
+                                                 const GenerationOptions& opts);
+
 // eos_token_id of a model folder's generation_config.json (an int or a list); empty when absent.
 std::vector<int32_t> read_generation_eos(const std::filesystem::path& model_dir);
 
