@@ -77,10 +77,19 @@ TEST(OutputsForPeers, TrackersAreHonouredOrRefused) {
   ASSERT_EQ(run_bounded("sft " + r.config("model: model\noutput_dir: tb\nreport_to: [tensorboard]\n"), r.t, 60).code,
             0);
   EXPECT_TRUE(fs::exists(r.t.path / "tb" / "tensorboard"));
-  expect_refused(run_bounded("sft " + r.config("model: model\noutput_dir: w\nreport_to: wandb\n"), r.t, 30),
-                 "report_to: \"wandb\": reporting to it is not built yet");
-  expect_refused(run_bounded("sft " + r.config("model: model\noutput_dir: w2\nwandb_project: my-run\n"), r.t, 30),
-                 "wandb_project: sending metrics to wandb is not built yet");
+  // wandb and mlflow go through their Python packages (python/tests/test_trackers.py): missing, the run stops
+  // before training; a tracker soltrain does not feed is refused.
+  expect_refused(run_bounded("sft " + r.config("model: model\noutput_dir: w\nreport_to: wandb\n"), r.t, 30,
+                             "SOLTRAIN_PYTHON=/bin/false"),
+                 "report_to: wandb: its Python package is not installed for /bin/false (pip install wandb)");
+  expect_refused(run_bounded("sft " + r.config("model: model\noutput_dir: w2\nwandb_project: my-run\n"), r.t, 30,
+                             "SOLTRAIN_PYTHON=/bin/false"),
+                 "report_to: wandb: its Python package is not installed");
+  EXPECT_FALSE(fs::exists(r.t.path / "w2" / "model"));
+  expect_refused(run_bounded("sft " + r.config("model: model\noutput_dir: w3\nreport_to: comet_ml\n"), r.t, 30),
+                 "report_to: \"comet_ml\": reporting to it is not built yet");
+  expect_refused(run_bounded("sft " + r.config("model: model\noutput_dir: w4\ncomet_api_key: k\n"), r.t, 30),
+                 "comet_api_key: sending metrics to comet is not built yet");
 }
 
 // The run says trainable / all parameters and the share, as PEFT's print_trainable_parameters does.

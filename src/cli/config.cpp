@@ -363,13 +363,22 @@ void rule_hub_push(const Entries& en, const std::string& where, TrainConfig& c, 
                          ": push_to_hub needs hub_model_id: the repository to push to (Org/Name)"));
 }
 
+// Axolotl turns wandb on with a wandb_project (off with wandb_mode: disabled), mlflow with a mlflow_tracking_uri.
+void rule_trackers(const Entries&, const std::string&, TrainConfig& c, std::vector<std::string>&) {
+  Trackers& t = c.trackers;
+  if (t.wandb_settings.count("project")) t.wandb = true;
+  if (t.wandb_settings.count("mode") && t.wandb_settings["mode"] == "disabled") t.wandb = false;
+  if (t.mlflow_settings.count("tracking_uri")) t.mlflow = true;
+}
+
 constexpr Rule kRules[] = {rule_lora_settings_imply_lora,
                            rule_quantised_base,
                            rule_axolotl_schedule,
                            rule_required,
                            rule_offload,
                            rule_streamed_base,
-                           rule_hub_push};
+                           rule_hub_push,
+                           rule_trackers};
 
 }  // namespace
 

@@ -4,6 +4,7 @@
 // user's config asked for).
 #include "cli/peer_keys.h"
 
+#include <algorithm>
 #include <functional>
 #include <map>
 
@@ -153,9 +154,9 @@ void add_accepted(Table& t) {
       {"strict", any()},
       {"debug", any()},
       {"local_rank", any()},
-      {"run_name", any()},
-      // HF's report_to: TensorBoard (output_dir/tensorboard) is soltrain's own; the trackers that need their
-      // Python libraries are not built yet, and are refused rather than silently not reported to.
+      {"run_name", [](const std::string&, const YAML::Node& n, TrainConfig& c) { c.trackers.run_name = text(n); }},
+      // HF's report_to: TensorBoard (output_dir/tensorboard) is soltrain's own; wandb and mlflow through their
+      // Python libraries (train/trackers.h); the others are refused rather than silently not reported to.
       {"report_to",
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          if (!n.IsDefined() || n.IsNull()) return;
@@ -169,6 +170,10 @@ void add_accepted(Table& t) {
            if (t == "none") continue;
            if (t == "tensorboard" || t == "all") {
              c.tensorboard = true;
+             continue;
+           }
+           if (t == "wandb" || t == "mlflow") {
+             (t == "wandb" ? c.trackers.wandb : c.trackers.mlflow) = true;
              continue;
            }
            user_error(k, ": \"", t, "\": reporting to it is not built yet; metrics.jsonl and TensorBoard ",
@@ -305,14 +310,29 @@ void set_quantised_base(TrainConfig& c, WeightFormat f, const std::string& key, 
 
 bool apply_peer_key(const std::string& key, const YAML::Node& value, TrainConfig& c) {
   if (is_logging_family(key)) {
-    // An empty wandb_project: (Axolotl's examples have them) asks for nothing; a value asks for a tracker
-    // soltrain does not send to yet: refused rather than silently dropped.
-    if (key.rfind("liger_", 0) != 0 && value.IsDefined() && !value.IsNull() &&
-        !(value.IsScalar() && text(value).empty()))
-      user_error(key, ": sending metrics to ", key.substr(0, key.find('_')),
-                 " is not built yet; metrics.jsonl and TensorBoard (output_dir/tensorboard) hold every metric; leave "
-                 "it empty");
-    return true;
+    // An empty wandb_project: (Axolotl's examples have them) asks for nothing.
+    const bool given = value.IsDefined() && !value.IsNull() && !(value.IsScalar() && text(value).empty());
+    if (key.rfind("liger_", 0) == 0 || !given) return true;
+    const std::string family = key.substr(0, key.find('_')), what = key.substr(key.find('_') + 1);
+    // wandb and mlflow through their Python libraries (train/trackers.h): the settings it passes on; Axolotl
+    // turns wandb on with wandb_project, mlflow with mlflow_tracking_uri (rule_trackers in config.cpp).
+    static const std::vector<std::string> wandb_keys = {"project", "entity", "name", "mode", "run_id"};
+    static const std::vector<std::string> mlflow_keys = {"tracking_uri", "experiment_name", "run_name"};
+    const std::vector<std::string>* known = family == "wandb"    ? &wandb_keys
+                                            : family == "mlflow" ? &mlflow_keys
+                                                                 : nullptr;
+    if (known && std::find(known->begin(), known->end(), what) != known->end()) {
+      (family == "wandb" ? c.trackers.wandb_settings : c.trackers.mlflow_settings)[what] = text(value);
+      return true;
+    }
+    if (known && value.IsScalar() && (text(value) == "false" || text(value) == "False")) return true;
+    user_error(key, ": ",
+               known ? "this " + family + " setting is not built yet (soltrain passes on " + family + "_" +
+                           (*known)[0] + " and the others of its table)"
+                     : "sending metrics to " + family +
+                           " is not built yet; report_to: wandb or mlflow, metrics.jsonl "
+                           "and TensorBoard (output_dir/tensorboard) hold every metric",
+               "; leave it empty");
   }
   const auto it = table().find(key);
   if (it == table().end()) return false;

@@ -26,8 +26,8 @@ nlohmann::json number(double v) {
 
 }  // namespace
 
-MetricsLog::MetricsLog(const fs::path& output_dir, int64_t resume_step, bool tensorboard)
-    : jsonl_(output_dir / "metrics.jsonl") {
+MetricsLog::MetricsLog(const fs::path& output_dir, int64_t resume_step, bool tensorboard, TrackerBridge* trackers)
+    : jsonl_(output_dir / "metrics.jsonl"), trackers_(trackers) {
   if (tensorboard) tb_.emplace(output_dir / "tensorboard");
   // A resumed run repeats the steps after its checkpoint: their old lines would be duplicates.
   if (resume_step == 0) fs::remove(jsonl_);  // a fresh run in a used folder starts a fresh log
@@ -48,6 +48,7 @@ MetricsLog::MetricsLog(const fs::path& output_dir, int64_t resume_step, bool ten
 
 void MetricsLog::line(const std::string& json) {
   append_checked(out_, json + "\n", jsonl_, "the metrics log");
+  if (trackers_) trackers_->row(json);
 }
 
 void MetricsLog::train(const StepMetrics& m) {

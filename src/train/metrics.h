@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "train/tfevents.h"
+#include "train/trackers.h"
 
 namespace soltrain {
 
@@ -29,7 +30,9 @@ class MetricsLog {
  public:
   // Appends to an existing metrics.jsonl (a resumed run), first dropping lines past `resume_step`.
   // `tensorboard`: also output_dir/tensorboard's event file.
-  MetricsLog(const std::filesystem::path& output_dir, int64_t resume_step, bool tensorboard = true);
+  // `trackers`: also every row to report_to's trackers.
+  MetricsLog(const std::filesystem::path& output_dir, int64_t resume_step, bool tensorboard = true,
+             TrackerBridge* trackers = nullptr);
   void train(const StepMetrics& m);
   void eval(int64_t step, double loss, int64_t tokens);
   // An evaluation's further values: eval_<name> in the JSONL (TRL's eval_rewards/accuracies), eval/<name> in
@@ -42,6 +45,7 @@ class MetricsLog {
   std::filesystem::path jsonl_;
   std::ofstream out_;
   std::optional<TfEventsWriter> tb_;
+  TrackerBridge* trackers_ = nullptr;
 };
 
 // "step 12/100 | loss 2.3456 | lr 1.00e-04 | grad 1.234 | 12.3k tok/s | mem 10.2 GiB | ETA 1m02s". On a TTY

@@ -71,6 +71,14 @@ struct HubPush {
   bool private_repo = false;
 };
 
+// Experiment trackers fed through their Python libraries (train/trackers.h): HF's report_to, Axolotl's wandb_* and
+// mlflow_* keys (settings by the key's suffix: wandb_project -> "project").
+struct Trackers {
+  bool wandb = false, mlflow = false;
+  std::map<std::string, std::string> wandb_settings, mlflow_settings;
+  std::string run_name;  // HF's run_name
+};
+
 struct TrainConfig {
   std::filesystem::path model, output_dir;
   std::string model_hub_id;       // `model: Org/Name` naming a hub model: resolved into `model` by cli/hub_inputs.h
@@ -151,6 +159,7 @@ struct TrainConfig {
   std::optional<DType> save_dtype;
   TrainMode mode = TrainMode::kSft;  // the command (or `rl:`) that runs it
   HubPush hub;
+  Trackers trackers;
 };
 
 }  // namespace soltrain

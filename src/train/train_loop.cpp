@@ -239,7 +239,8 @@ RunResult TrainLoop::run() {
   const char* nan = std::getenv("SOLTRAIN_TEST_NAN_STEP");
   const int64_t nan_seam = nan ? std::atoll(nan) : -1;
   std::optional<MetricsLog> metrics_file;
-  if (lead()) metrics_file.emplace(c.output_dir, state_.step, c.tensorboard);
+  if (lead() && (c.trackers.wandb || c.trackers.mlflow)) trackers_ = std::make_unique<TrackerBridge>(c, s_.log);
+  if (lead()) metrics_file.emplace(c.output_dir, state_.step, c.tensorboard, trackers_.get());
   if (lead() && c.hub.enabled) hub_ = std::make_unique<HubPusher>(c, s_.log);
   MetricsLog* metrics = metrics_file ? &*metrics_file : nullptr;
   ProgressLine progress(s_.log);
@@ -282,7 +283,9 @@ RunResult TrainLoop::run() {
       // The checkpoint being written is from before the divergence: whole first, and named in the line.
       saved(writer_.wait(), progress);
       if (!recover(d, progress)) throw Divergence(d.why, d.learning_rate, c.output_dir, d.step, d.nonfinite);
-      if (metrics) metrics_file.emplace(c.output_dir, state_.step, c.tensorboard);  // the lines past the checkpoint go
+      if (metrics)
+        metrics_file.emplace(c.output_dir, state_.step, c.tensorboard,
+                             trackers_.get());  // the lines past the checkpoint go
       continue;
     }
     if (state_.step >= check_until_) check_until_ = 0;  // replayed to the divergence without meeting it again

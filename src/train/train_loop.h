@@ -125,7 +125,8 @@ class TrainLoop {
   int64_t bad_step_ = 0;     // the update to skip (its batches passed over), 0 for none
   LoaderState bad_loader_;   // the loader past that update's batches
   int recoveries_ = 0;
-  std::unique_ptr<HubPusher> hub_;  // push_to_hub, rank 0
+  std::unique_ptr<HubPusher> hub_;           // push_to_hub, rank 0
+  std::unique_ptr<TrackerBridge> trackers_;  // report_to: wandb / mlflow, rank 0
 };
 
 }  // namespace soltrain

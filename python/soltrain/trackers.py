@@ -1,0 +1,56 @@
+"""The bridge from a soltrain run to experiment trackers (report_to: wandb / mlflow, Axolotl's wandb_* and
+mlflow_* keys). The engine starts it as `python3 -c <this file>` (compiled into the binary) and writes JSON
+lines to its stdin: first {"init": ...} (which trackers, their settings, the run's config), then every row it
+writes to metrics.jsonl. Rows go to wandb under HF Trainer's names (train/loss, train/learning_rate, eval/loss,
+..., step = the optimizer step) and to mlflow under metrics.jsonl's own (loss, learning_rate, eval_loss, ...),
+as HF's WandbCallback and MLflowCallback log them. "ready" on stdout once the trackers have started; the run
+ends when stdin closes."""
+import json
+import sys
+
+
+def numbers(row):
+    return {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def main():
+    init = json.loads(sys.stdin.readline())["init"]
+    config = init.get("config", {})
+    wandb_run = None
+    mlflow = None
+    if "wandb" in init:
+        import wandb
+
+        w = init["wandb"]
+        wandb_run = wandb.init(project=w.get("project") or "huggingface", entity=w.get("entity") or None,
+                               name=w.get("name") or init.get("run_name") or None, mode=w.get("mode") or None,
+                               id=w.get("run_id") or None, dir=init["output_dir"], config=config,
+                               resume="allow" if w.get("run_id") else None)
+    if "mlflow" in init:
+        import mlflow
+
+        m = init["mlflow"]
+        if m.get("tracking_uri"):
+            mlflow.set_tracking_uri(m["tracking_uri"])
+        mlflow.set_experiment(m.get("experiment_name") or "soltrain")
+        mlflow.start_run(run_name=m.get("run_name") or init.get("run_name") or None)
+        mlflow.log_params({k: str(v)[:500] for k, v in config.items()})
+    print("ready", flush=True)
+    for line in sys.stdin:
+        row = json.loads(line)
+        step = int(row.pop("step"))
+        values = numbers(row)
+        if wandb_run is not None:
+            logged = {("eval/" + k[5:] if k.startswith("eval_") else "train/" + k): v for k, v in values.items()}
+            logged["train/global_step"] = step
+            wandb_run.log(logged, step=step)
+        if mlflow is not None:
+            mlflow.log_metrics(values, step=step)
+    if wandb_run is not None:
+        wandb_run.finish()
+    if mlflow is not None:
+        mlflow.end_run()
+
+
+if __name__ == "__main__":  # (python3 -c runs it as __main__; importing it does nothing)
+    main()
