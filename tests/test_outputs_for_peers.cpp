@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "core/format.h"
+#include "data/batch_file.h"
 #include "fake_hub.h"
 #include "fault_test_util.h"
 #include "hub/hub_resolve.h"
@@ -180,6 +181,26 @@ TEST(OutputsForPeers, PreprocessDebugShowsPreferencePairs) {
   EXPECT_NE(pre.out.find("--- pair 0 chosen: "), std::string::npos) << pre.out;
   EXPECT_NE(pre.out.find("--- pair 0 rejected: "), std::string::npos) << pre.out;
   EXPECT_EQ(pre.out.find("--- pair 1 "), std::string::npos) << pre.out;
+  // --dump-batches for dpo: each micro-batch with its pairs (chosen, rejected documents of cu_seqlens).
+  const CliRun dpo = run_bounded("dpo p.yaml --dump-batches dumps --set max_steps=2", r.t, 60);
+  ASSERT_EQ(dpo.code, 0) << dpo.err;
+  for (int step : {1, 2}) {
+    const HostBatch b = load_batch_file(r.t.path / "dumps" / cat("step-", step, "-micro-0.safetensors"));
+    const SafetensorsFile f(r.t.path / "dumps" / cat("step-", step, "-micro-0.safetensors"));
+    const std::vector<int32_t> pairs = read_as_i32(f.at("pairs"), "pairs");
+    ASSERT_EQ(pairs.size(), 2u);
+    // The chosen and the rejected document start with the same (untrained) prompt and differ after it.
+    auto doc = [&](int d) {
+      return std::vector<int32_t>(b.input_ids.begin() + b.cu_seqlens[size_t(d)],
+                                  b.input_ids.begin() + b.cu_seqlens[size_t(d) + 1]);
+    };
+    const std::vector<int32_t> chosen = doc(pairs[0]), rejected = doc(pairs[1]);
+    size_t same = 0;
+    while (same < std::min(chosen.size(), rejected.size()) && chosen[same] == rejected[same]) ++same;
+    EXPECT_GT(same, 3u);
+    EXPECT_NE(chosen, rejected);
+    EXPECT_TRUE(f.find("ref_nll")) << "full fine-tuning's reference sums";
+  }
 }
 
 // Checkpoints are HF Trainer's checkpoint-N (the model or adapter at the top, README.md, trainer_state.json with

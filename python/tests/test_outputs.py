@@ -141,7 +141,10 @@ print("ok", len(a))
     assert out_text.startswith("ok")
     merged = transformers.AutoModelForCausalLM.from_pretrained(out / "merged")
     assert next(merged.parameters()).dtype == torch.bfloat16
-    assert transformers.AutoTokenizer.from_pretrained(out / "merged").chat_template
+    tok = transformers.AutoTokenizer.from_pretrained(out / "merged")
+    ids = tok.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)["input_ids"]
+    assert merged.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False).shape[1] == ids.shape[1] + 4
 
 
 def test_saved_config_runs_again_as_it_is(demo, tmp_path):

@@ -1,6 +1,7 @@
 """`soltrain serve` answers the OpenAI Python client (from PyPI) as vLLM's endpoint would (issue 29): the chat and
 completions APIs give the text `soltrain generate` prints for the same prompt (greedy), n choices come back as a
 batch, streaming works, bad requests are OpenAI-style errors; and `soltrain chat` keeps a conversation."""
+import json
 import re
 import subprocess
 import time
@@ -70,3 +71,19 @@ def test_chat_keeps_the_conversation(tmp_path):
     # "hello" and its answer, so the third turn is the same prompt again; the second saw the first turn
     assert r.stdout.startswith(first) and r.stdout.endswith("\n" + first), (r.stdout, first)
     assert len(r.stdout) > 2 * len(first)
+
+
+def test_generate_answers_a_file_of_prompts(tmp_path):
+    subprocess.run([str(BIN), "demo-setup", "--out", str(tmp_path)], check=True, capture_output=True)
+    (tmp_path / "in.jsonl").write_text('{"messages": [{"role": "user", "content": "hello"}]}\n\n{"prompt": "abc"}\n')
+    r = subprocess.run([str(BIN), "generate", "--model", str(tmp_path / "model"), "--max-new-tokens", "12", "--input",
+                        str(tmp_path / "in.jsonl")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [x["index"] for x in rows] == [0, 1]
+    assert rows[0]["text"] == generate(tmp_path, "--chat", "hello")
+    assert rows[1]["text"] == generate(tmp_path, "--prompt", "abc")
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "abc"}\n{"text": 1}\n')
+    bad = subprocess.run([str(BIN), "generate", "--model", str(tmp_path / "model"), "--input",
+                          str(tmp_path / "bad.jsonl")], capture_output=True, text=True)
+    assert bad.returncode == 2 and f"{tmp_path / 'bad.jsonl'}:2: expected" in bad.stderr

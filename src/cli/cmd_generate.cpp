@@ -2,6 +2,7 @@
 // decoder, greedy or sampled, streamed to stdout as it is produced; --chat renders the model's template.
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <memory>
 
@@ -30,9 +31,47 @@ void check_stdout() {
 
 }  // namespace
 
+namespace {
+// --input: every line's prompt (a text, or messages through the chat template) answered in order, as JSON lines.
+int generate_file(const std::filesystem::path& input, const std::filesystem::path& model, const std::string& adapter,
+                  const std::string& device, const GenerationOptions& g, bool enable_thinking) {
+  if (g.max_new_tokens < 1) user_error("--max-new-tokens ", g.max_new_tokens, ": expected >= 1");
+  std::ifstream in(input);
+  if (!in) user_error(input.string(), ": cannot read");
+  ChatModel m(model, adapter, device);
+  std::string line;
+  for (int64_t n = 1, index = 0; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const nlohmann::ordered_json j = nlohmann::ordered_json::parse(line, nullptr, false);
+    const std::string where = cat(input.string(), ":", n);
+    if (!j.is_object() || (j.contains("prompt") == j.contains("messages")))
+      user_error(where, ": expected {\"prompt\": TEXT} or {\"messages\": [{\"role\", \"content\"}, ...]}");
+    std::vector<int32_t> prompt;
+    try {
+      prompt = j.contains("prompt") ? m.encode(j["prompt"].get<std::string>())
+                                    : m.chat_prompt(j["messages"], enable_thinking);
+    } catch (const nlohmann::json::exception&) {
+      user_error(where, ": \"prompt\" must be a string");
+    }
+    GenerationOptions one = g;
+    one.max_new_tokens = std::min(g.max_new_tokens, m.room(prompt.size()));
+    const std::vector<int32_t> out = m.complete(prompt, 1, one)[0];
+    const bool eos = !out.empty() && std::find(m.eos().begin(), m.eos().end(), out.back()) != m.eos().end();
+    std::cout << nlohmann::ordered_json{{"index", index++},
+                                        {"text", m.text(out)},
+                                        {"finish_reason", eos ? "stop" : "length"}}
+                     .dump()
+              << "\n"
+              << std::flush;
+    check_stdout();
+  }
+  return 0;
+}
+}  // namespace
+
 std::function<int()> add_generate_command(CLI::App& app) {
   struct Opts {
-    std::string model, adapter, prompt, chat, device = "cpu";
+    std::string model, adapter, prompt, chat, input, device = "cpu";
     bool enable_thinking = true, print_ids = false;
     int max_new_tokens = 256;
     SamplingParams sampling;
@@ -44,6 +83,9 @@ std::function<int()> add_generate_command(CLI::App& app) {
   c->add_option("--adapter", o->adapter, "PEFT LoRA adapter folder applied on top of the model");
   c->add_option("--prompt", o->prompt, "text to continue (encoded without special tokens)");
   c->add_option("--chat", o->chat, "a user message, rendered through the model's chat template");
+  c->add_option("--input", o->input,
+                "a JSONL file of {\"prompt\": TEXT} or {\"messages\": [...]} lines: one JSON line "
+                "{\"index\", \"text\", \"finish_reason\"} each on stdout");
   c->add_option("--enable-thinking", o->enable_thinking, "the template variable enable_thinking with --chat")
       ->capture_default_str();
   c->add_option("--max-new-tokens", o->max_new_tokens, "stop after this many new tokens")->capture_default_str();
@@ -56,6 +98,11 @@ std::function<int()> add_generate_command(CLI::App& app) {
   add_device_option(c, o->device);
   return [o, c]() {
     const bool has_prompt = c->count("--prompt") > 0, has_chat = c->count("--chat") > 0;
+    if (!o->input.empty()) {
+      if (has_prompt || has_chat || o->print_ids) user_error("generate: --input takes the prompts from its file alone");
+      return generate_file(o->input, local_or_hub_model(o->model, std::cerr), o->adapter, o->device,
+                           GenerationOptions{o->max_new_tokens, o->sampling, {}}, o->enable_thinking);
+    }
     if (has_prompt == has_chat) user_error("generate: give exactly one of --prompt TEXT or --chat TEXT");
     if (has_prompt && o->prompt.empty())
       user_error("generate: --prompt is empty: give text for the model to continue (or --chat for a message)");

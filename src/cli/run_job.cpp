@@ -40,7 +40,6 @@ RunResult run_job(TrainConfig cfg, TrainMode mode, std::ostream& log, LoopHooks 
   if (cfg.dpo.enabled) {  // `soltrain dpo`, or an sft config with Axolotl's `rl: dpo`
     if (cfg.gpus > 1)
       user_error("dpo: data parallel (gpus: ", cfg.gpus, ") is not built yet for preference training; use gpus: 1");
-    if (!cfg.dump_batches.empty()) user_error("--dump-batches is not built yet for dpo");
     check_run_inputs(cfg);
     const OutputLock lock = prepare_run_outputs(cfg, log);
     auto ops = make_ops(cfg.device);

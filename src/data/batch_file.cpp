@@ -39,7 +39,17 @@ void save_batch_file(const std::filesystem::path& path, const HostBatch& b) {
     tensors.push_back({"positions", t(b.positions, {b.rows, b.seq_len})});
     tensors.push_back({"cu_seqlens", t(b.cu_seqlens, {int64_t(b.cu_seqlens.size())})});
   }
+  if (!b.pairs.empty()) tensors.push_back({"pairs", t(b.pairs, {int64_t(b.pairs.size() / 2), 2})});
+  if (!b.ref_nll.empty())
+    tensors.push_back({"ref_nll", Tensor{const_cast<float*>(b.ref_nll.data()), DType::F32,
+                                         Shape{int64_t(b.ref_nll.size())}, Device::CPU}});
   write_safetensors(path, tensors);
+}
+
+void save_update_batches(const std::filesystem::path& dir, int64_t step, const std::vector<HostBatch>& micro) {
+  std::filesystem::create_directories(dir);
+  for (size_t m = 0; m < micro.size(); ++m)
+    save_batch_file(dir / cat("step-", step, "-micro-", m, ".safetensors"), micro[m]);
 }
 
 }  // namespace soltrain

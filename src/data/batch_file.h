@@ -11,6 +11,11 @@ namespace soltrain {
 HostBatch load_batch_file(const std::filesystem::path& path);
 // Writes a batch with its document layout (what `sft --dump-batches` leaves for checks against other
 // trainers).
+// Preference batches add "pairs" ([P, 2]: each pair's chosen and rejected document) and, for full fine-tuning,
+// "ref_nll" (F32: the reference's Σ NLL of those documents).
 void save_batch_file(const std::filesystem::path& path, const HostBatch& b);
+
+// `--dump-batches DIR`: an update's micro-batches as DIR/step-S-micro-M.safetensors.
+void save_update_batches(const std::filesystem::path& dir, int64_t step, const std::vector<HostBatch>& micro);
 
 }  // namespace soltrain

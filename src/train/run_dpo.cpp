@@ -8,6 +8,7 @@
 #include <ostream>
 
 #include "core/error.h"
+#include "data/batch_file.h"
 #include "data/pair_loader.h"
 #include "model/checkpoint.h"
 #include "model/dpo_objective.h"
@@ -72,8 +73,9 @@ class DpoDriver final : public RunDriver {
         micro_(size_t(c.gradient_accumulation_steps)) {
     for (const HostBatch& b : val_) val_tokens_ += b.counted();  // the answers' counted targets: eval_tokens
   }
-  void update(TrainStep& step, int64_t, float lr) override {
+  void update(TrainStep& step, int64_t done, float lr) override {
     for (HostBatch& b : micro_) b = loader_.next();
+    if (!c_.dump_batches.empty()) save_update_batches(c_.dump_batches, done + 1, micro_);
     DpoStep objective(dpo_);
     step.run(micro_, lr, -1, &objective);
   }

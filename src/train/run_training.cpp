@@ -246,12 +246,6 @@ void print_plan(const Run& r) {
   print_host_plan(r);
 }
 
-void dump_batches(const fs::path& dir, int64_t step, const std::vector<HostBatch>& micro) {
-  fs::create_directories(dir);
-  for (size_t m = 0; m < micro.size(); ++m)
-    save_batch_file(dir / cat("step-", step, "-micro-", m, ".safetensors"), micro[m]);
-}
-
 // SFT and pretraining in the loop: packed rows from the loader, the cross-entropy objective. Every rank packs
 // the whole global batch (the same on each: one seed, one loader state, which is also what makes a checkpoint
 // resumable on another rank count) and trains on its own contiguous share, so the ranks together run what one
@@ -267,7 +261,7 @@ class SftDriver final : public RunDriver {
       b = r_.loader->next();
       counted_all += b.counted();
     }
-    if (!c.dump_batches.empty() && r_.lead()) dump_batches(c.dump_batches, done + 1, micro_);
+    if (!c.dump_batches.empty() && r_.lead()) save_update_batches(c.dump_batches, done + 1, micro_);
     if (!r_.dp) return step.run(micro_, lr);
     // LoRA dropout draws its masks from the pass count (passes with targets): each rank starts its share where
     // one process would be at that micro-batch (resume restarts the count at the step, as one process does,
