@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b]
+#     [pyapi] [ckptcuda] [outputs29] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -240,6 +240,37 @@ for s in "${steps[@]}"; do
         --variant "fp32 residual=--residual-dtype fp32" \
         --peers eager --attention "" --out "$OUT" > "$OUT/bench.log" 2>&1
       tail -40 "$OUT/bench.log" ;;
+    outputs29)  # issue 29 on CUDA: a full fine-tune of a bf16 base saved in bf16 = the fp32 masters rounded; an
+      # adapter checkpoint loads in PEFT as saved; serve's n=3 greedy choices (one batch on the GPU) = generate's text
+      d=/tmp/out29 && rm -rf $d && mkdir -p $d && (cd $d && "$B/soltrain" demo-setup --out data > /dev/null 2>&1)
+      python3 -c "
+import json, shutil, torch, transformers
+m = transformers.AutoModelForCausalLM.from_pretrained('$d/data/model', dtype=torch.bfloat16); m.save_pretrained('$d/bf16')
+for f in ('tokenizer.json', 'tokenizer_config.json'): shutil.copy('$d/data/model/' + f, '$d/bf16')"
+      printf 'model: bf16\ndatasets: [{path: data/train.jsonl, type: conversation}]\ndevice: cuda\nsequence_len: 64\nper_device_train_batch_size: 8\nmax_steps: 6\nsave_steps: 6\nlearning_rate: 1e-3\n' > $d/c.yaml
+      (cd $d && "$B/soltrain" sft c.yaml --set output_dir=full > full.log 2>&1 &&
+        "$B/soltrain" sft c.yaml --set output_dir=lora --set lora=true --set lora_rank=8 > lora.log 2>&1) || tail -5 $d/*.log
+      python3 -c "
+import torch, transformers, peft
+from safetensors.torch import load_file
+saved, masters = load_file('$d/full/model/model.safetensors'), load_file('$d/full/checkpoint-6/model.safetensors')
+bad = [n for n, w in masters.items() if saved[n].dtype != torch.bfloat16 or not torch.equal(saved[n], w.to(torch.bfloat16))]
+print('outputs29: bf16 save = masters rounded:', 'yes' if not bad else bad[:3])
+base = transformers.AutoModelForCausalLM.from_pretrained('$d/bf16', dtype=torch.float32)
+ck = peft.PeftModel.from_pretrained(base, '$d/lora/checkpoint-6')
+a = load_file('$d/lora/adapter/adapter_model.safetensors')
+same = all(torch.equal(w, a[n.replace('.default', '')]) for n, w in ck.state_dict().items() if 'lora_' in n)
+print('outputs29: PEFT loads checkpoint-6 as saved, = the final adapter:', same)"
+      "$B/soltrain" serve --model $d/full/model --device cuda --port 0 2> $d/serve.log &
+      sp=$!; for i in $(seq 60); do grep -q "/v1 " $d/serve.log && break; sleep 1; done
+      url=$(grep -o "http://[0-9.:]*/v1" $d/serve.log | head -1)
+      want=$("$B/soltrain" generate --model $d/full/model --device cuda --chat hello --max-new-tokens 12 2>/dev/null)
+      python3 -c "
+import json, sys, urllib.request
+q = urllib.request.Request('$url/chat/completions', json.dumps({'model': 'm', 'messages': [{'role': 'user', 'content': 'hello'}], 'max_tokens': 12, 'temperature': 0, 'n': 3}).encode(), {'Content-Type': 'application/json'})
+got = [c['message']['content'] for c in json.load(urllib.request.urlopen(q))['choices']]
+print('outputs29: serve n=3 on cuda = generate:', got == [sys.argv[1]] * 3, repr(got[0][:40]))" "$want"
+      kill $sp; cp $d/*.log "$OUT/" 2>/dev/null ;;
     ckptcuda)  # issue 28 on CUDA: a background checkpoint (host snapshot) holds the bytes a direct one does, and a
       # resume from one finishes bitwise the model of an uninterrupted run
       d=/tmp/ckptcuda && rm -rf $d && mkdir -p $d && (cd $d && "$B/soltrain" demo-setup --out data > /dev/null 2>&1)

@@ -272,12 +272,21 @@ TEST(OutputsForPeers, SizesReadAtAGlance) {
   TinyRun r;
   const CliRun run = run_bounded("sft " + r.config("model: model\noutput_dir: o\n"), r.t, 60);
   ASSERT_EQ(run.code, 0) << run.err;
-  const size_t at = run.err.find("memory plan: ");
+  // The plan is a short table (the top buffers; every one under --verbose).
+  const size_t at = run.err.find("sft: memory plan on cpu, ");
   ASSERT_NE(at, std::string::npos) << run.err;
-  const std::string plan = run.err.substr(at, run.err.find('\n', at) - at);
+  const std::string plan = run.err.substr(at, run.err.find("\nsft: host memory", at) - at);
   EXPECT_EQ(plan.find("e-0"), std::string::npos) << plan;
   EXPECT_EQ(plan.find(" 0 GiB"), std::string::npos) << plan;
-  EXPECT_TRUE(std::regex_search(plan, std::regex(R"(weights [0-9.]+ KiB, gradients [0-9.]+ KiB)"))) << plan;
+  EXPECT_TRUE(std::regex_search(plan, std::regex(R"(\n  weights +[0-9.]+ KiB\n  gradients +[0-9.]+ KiB\n)"))) << plan;
+  const CliRun verbose = run_bounded("sft " + r.config("model: model\noutput_dir: v\n") + " --verbose", r.t, 60);
+  ASSERT_EQ(verbose.code, 0) << verbose.err;
+  auto largest = [](const std::string& err) {
+    const size_t l = err.find("\n  largest: ");
+    return std::count(err.begin() + long(l), err.begin() + long(err.find('\n', l + 1)), ',');
+  };
+  EXPECT_EQ(largest(run.err), 3) << run.err;  // the top four
+  EXPECT_GT(largest(verbose.err), 3) << verbose.err;
 }
 
 // push_to_hub through the commit API as huggingface_hub speaks it (the fake hub's write side): a full fine-tune
@@ -328,6 +337,19 @@ TEST(OutputsForPeers, PushToHubThenASecondRunTrainsFromIt) {
   }
   expect_refused(run_bounded("sft " + r.config("model: model\noutput_dir: x\npush_to_hub: true\n"), r.t, 30),
                  "push_to_hub needs hub_model_id");
+}
+
+// The README says how to install and run before anything else: its first section is the two commands'.
+TEST(OutputsForPeers, ReadmeOpensWithInstallAndRun) {
+  const std::string readme = read_text(fixtures() / ".." / ".." / "README.md");
+  const size_t first = readme.find("\n## ");
+  ASSERT_NE(first, std::string::npos);
+  EXPECT_EQ(readme.substr(first + 4, readme.find('\n', first + 4) - first - 4), "Install and run (Debian 12)");
+  const size_t next = readme.find("\n## ", first + 4);
+  const std::string section = readme.substr(first, next - first);
+  EXPECT_NE(section.find("    scripts/demo.sh\n"), std::string::npos);
+  EXPECT_NE(section.find("    scripts/test.sh\n"), std::string::npos);
+  EXPECT_EQ(readme.substr(0, first).find("tokens/s"), std::string::npos) << "figures before the install";
 }
 
 }  // namespace

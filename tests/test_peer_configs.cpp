@@ -111,7 +111,7 @@ TEST(PeerConfigs, AxolotlLlama3LoraRunsWith8bitAdamW) {
   const test::CliRun ok = test::run("sft " + cfg.string() + " --set max_steps=2", s.t);
   ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
   const std::string all = ok.out + ok.err;
-  EXPECT_NE(all.find(" (8-bit), activations"), std::string::npos) << all;
+  EXPECT_NE(all.find("  8-bit\n  activations"), std::string::npos) << all;
 }
 
 // Llama 3 full fine-tune with paged 8-bit AdamW (gradient_checkpointing_kwargs, empty deepspeed:/fsdp: etc. are
@@ -124,8 +124,8 @@ TEST(PeerConfigs, AxolotlLlama3FullFineTuneRunsWith8bitAdamW) {
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const std::string all = r.out + r.err;
   EXPECT_EQ(all.rfind("sft: full fine-tune\n", 0), 0u) << all;
-  EXPECT_NE(all.find(" (8-bit), activations"), std::string::npos) << all;
-  EXPECT_NE(all.find("(recompute full, "), std::string::npos) << all;
+  EXPECT_NE(all.find("  8-bit\n  activations"), std::string::npos) << all;
+  EXPECT_NE(all.find("  recompute full, "), std::string::npos) << all;
   EXPECT_TRUE(fs::exists(s.t.path / "out" / "model" / "model.safetensors")) << all;
 }
 
@@ -293,7 +293,7 @@ TEST(PeerConfigs, AxolotlQwen3QloraNamesFourBitOptimizerThenRunsQwen3Template) {
   const test::CliRun ok = s.sft(cfg, "--set optimizer=adamw_torch --set max_steps=1");
   ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
   const std::string all = ok.out + ok.err;
-  EXPECT_NE(all.find("(recompute full, "), std::string::npos) << all;
+  EXPECT_NE(all.find("  recompute full, "), std::string::npos) << all;
   // Axolotl's qwen3 template on each conversation: "<|im_start|>user\nReverse wI<|im_end|>\n<|im_start|>assistant
   // \n<think>\n\n</think>\n\nIw<|im_end|>\n" (the last assistant turn shows an empty think block): 4 special
   // tokens and 46 + 2 * digits(I) bytes; then train[:20%] keeps the first 8 of the 40.

@@ -16,9 +16,10 @@
 namespace soltrain {
 
 int run_config_job(const std::string& config, const std::vector<std::string>& set, TrainMode mode,
-                   const std::string& dump_batches, int gpus) {
+                   const std::string& dump_batches, int gpus, bool verbose) {
   TrainConfig cfg = load_train_config(config, set, mode);
   cfg.dump_batches = dump_batches;
+  cfg.verbose = verbose;
   if (gpus > 0) cfg.gpus = gpus;
   // auto_resume needs a process that outlives the trainer: the launcher, also for one worker.
   if (!cfg.dpo.enabled && (cfg.gpus > 1 || cfg.auto_resume) && read_launch_env().kind == LaunchEnv::Kind::Single) {
@@ -42,6 +43,7 @@ std::function<int()> add_run_command(CLI::App& app, const char* name, const char
     std::vector<std::string> set;
     std::string dump_batches;
     int gpus = 0;
+    bool verbose = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand(name, help);
@@ -54,7 +56,8 @@ std::function<int()> add_run_command(CLI::App& app, const char* name, const char
                 "start N worker processes on this machine, one per GPU (CPU ranks with device: cpu); "
                 "overrides the config's gpus")
       ->check(CLI::Range(1, 1024));
-  return [o, mode]() { return run_config_job(o->config, o->set, mode, o->dump_batches, o->gpus); };
+  c->add_flag("--verbose", o->verbose, "the whole memory plan (every activation buffer), not only its largest");
+  return [o, mode]() { return run_config_job(o->config, o->set, mode, o->dump_batches, o->gpus, o->verbose); };
 }
 
 }  // namespace

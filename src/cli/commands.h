@@ -27,7 +27,7 @@ std::function<int()> add_inference_command(CLI::App& app);  // Axolotl's `infere
 std::function<int()> add_serve_command(CLI::App& app);      // an OpenAI-compatible endpoint
 // What `soltrain sft|pt|dpo config.yaml` (and Axolotl's `train config.yaml`) runs; the exit code.
 int run_config_job(const std::string& config, const std::vector<std::string>& set, TrainMode mode,
-                   const std::string& dump_batches = "", int gpus = 0);
+                   const std::string& dump_batches = "", int gpus = 0, bool verbose = false);
 std::function<int()> add_demo_setup_command(CLI::App& app);
 std::function<int()> add_generate_command(CLI::App& app);
 std::function<int()> add_config_keys_command(CLI::App& app);

@@ -234,14 +234,22 @@ void print_plan(const Run& r) {
   const double streamed = double(stream_slot_bytes(*r.model));
   const double moments = double(r.step->optimizer().state_bytes()), activations = double(r.model->activation_bytes());
   const double total = weights + gathered + streamed + grads + moments + activations + double(r.model->fp8_bytes());
-  r.log << r.cmd << ": memory plan: weights " << format_bytes(weights + gathered + streamed) << quantised
-        << ", gradients " << format_bytes(grads) << ", AdamW moments " << format_bytes(moments)
-        << (r.opt.moments == Moments::Blockwise8 ? " (8-bit)" : "") << ", activations " << format_bytes(activations)
-        << " (recompute " << recompute_name(c.recompute) << ", residual stream "
-        << (r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16") << ", MLP token tile "
-        << r.model->activation_plan().tile << "); largest: " << describe_largest(r.model->activation_plan(), 4)
-        << "; total " << format_bytes(total)
-        << (r.ops.device() == Device::CUDA ? " (and the CUDA context and workspace, ~0.6 GiB)" : "") << "\n";
+  // A short table a person reads at a glance; the whole activation plan (every buffer) under --verbose.
+  const ActivationPlan& plan = r.model->activation_plan();
+  auto row = [&](const char* what, double bytes, const std::string& note) {
+    char b[96];
+    std::snprintf(b, sizeof b, "  %-14s %10s", what, format_bytes(bytes).c_str());
+    r.log << b << (note.empty() ? "" : "  " + note) << "\n";
+  };
+  r.log << r.cmd << ": memory plan on " << device_name(c.device) << ", " << format_bytes(total) << " in all"
+        << (r.ops.device() == Device::CUDA ? " (and the CUDA context and workspace, ~0.6 GiB)" : "") << ":\n";
+  row("weights", weights + gathered + streamed, quantised.empty() ? "" : quantised.substr(2, quantised.size() - 3));
+  row("gradients", grads, "");
+  row("AdamW moments", moments, r.opt.moments == Moments::Blockwise8 ? "8-bit" : "");
+  row("activations", activations,
+      cat("recompute ", recompute_name(c.recompute), ", residual stream ",
+          r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16", ", MLP token tile ", plan.tile));
+  r.log << "  largest: " << describe_largest(plan, c.verbose ? plan.largest().size() : 4) << "\n";
   print_memory_notes(r);
   print_host_plan(r);
 }

@@ -158,6 +158,7 @@ struct TrainConfig {
   // The type a full fine-tune's model is saved as; unset ("auto"): the base's own (bf16 for a bf16 base).
   std::optional<DType> save_dtype;
   TrainMode mode = TrainMode::kSft;  // the command (or `rl:`) that runs it
+  bool verbose = false;              // --verbose: the whole memory plan (every activation buffer), not its top
   HubPush hub;
   Trackers trackers;
 };
