@@ -23,7 +23,7 @@ class SnapshotPool {
  public:
   explicit SnapshotPool(std::function<Buffer(size_t)> alloc) : alloc_(std::move(alloc)) {}
   Buffer take(size_t bytes, const std::string& what);  // a kept buffer of that size, else a new one
-  void give(Buffer b);                                  // from any thread
+  void give(Buffer b);                                 // from any thread
 
  private:
   std::function<Buffer(size_t)> alloc_;
@@ -48,6 +48,9 @@ class DeferredWrites {
     DeferredWrites* previous_;
   };
   static DeferredWrites* active();
+  // True while a capture into pinned pool memory is active on this thread: its fills may queue their device
+  // copies (Ops::copy_to_host(..., queued)); whoever took the snapshot fences them before write_all().
+  static bool queueing() { return active() && active()->pool_; }
 
   // The snapshot of one file: its tensors' bytes now (UserError from the host-memory check when they do
   // not fit).

@@ -5,6 +5,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -162,6 +163,19 @@ class Ops {
   // The other direction: `dst` (such host memory) is complete only after host_wait(mark()) taken after it, or
   // for later work on the current stream; unlike copy(), nothing waits here (offload's write-back overlaps).
   virtual void download_async(Tensor dst, const Tensor& src) { copy(dst, src); }
+  // A device-to-host copy for a snapshot: `queued` (into alloc_host memory) it is download_async's, complete
+  // once a fence() taken after it has returned; otherwise copy()'s. Host sources are always copied at once.
+  void copy_to_host(Tensor dst, const Tensor& src, bool queued) {
+    if (queued && src.device != Device::CPU)
+      download_async(dst, src);
+    else
+      copy(dst, src);
+  }
+  // A point in the current stream's queue as a callable that blocks until the device has passed it, callable
+  // once from any thread (a background checkpoint's writer waits there for the snapshot's queued copies).
+  virtual std::function<void()> fence() {
+    return [] {};
+  }
   virtual uint64_t mark() { return 0; }  // a point in the current stream's queue
   virtual void host_wait(uint64_t) {}    // returns once the device has passed that point
   // The current stream's later work starts after `mark` (taken on any stream): a finer wait() that orders

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "io/atomic_file.h"
+#include "io/deferred_writes.h"
 #include "io/safetensors.h"
 #include "model/checkpoint_check.h"
 #include "model/fp8_checkpoint.h"
@@ -77,7 +78,8 @@ void write_pretrained(const Transformer& model, const fs::path& dir, const fs::p
   Ops& ops = const_cast<Transformer&>(model).ops();
   for (const Parameter& p : model.params().all())
     tensors.push_back({p.name, dtype, p.shape, [&ops, &model, &p, dtype](void* dst) {
-                         if (dtype == DType::F32) return model.params().download(ops, p, static_cast<float*>(dst));
+                         if (dtype == DType::F32)  // (a background snapshot's fill: queued into its pinned slab)
+                           return model.params().download(ops, p, static_cast<float*>(dst), DeferredWrites::queueing());
                          std::vector<float> f32(size_t(shape_numel(p.shape)));
                          model.params().download(ops, p, f32.data());
                          encode_f32(f32.data(), f32.size(), dtype, dst);

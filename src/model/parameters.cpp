@@ -208,7 +208,7 @@ void ParameterStore::upload_quantised(Ops& ops, Parameter& p, const void* codes,
   ops.copy(p.scale, Tensor{const_cast<void*>(scale), p.scale.dtype, p.scale.shape, Device::CPU});
 }
 
-void ParameterStore::download(Ops& ops, const Parameter& p, float* host) const {
+void ParameterStore::download(Ops& ops, const Parameter& p, float* host, bool queued) const {
   if (p.format != WeightFormat::Dense) {
     std::vector<uint8_t> codes(size_t(p.value.bytes())), scale(size_t(p.scale.bytes()));
     ops.copy(Tensor{codes.data(), p.value.dtype, p.value.shape, Device::CPU}, p.value);
@@ -218,7 +218,7 @@ void ParameterStore::download(Ops& ops, const Parameter& p, float* host) const {
                                 host);
   }
   const Tensor src = p.trainable ? p.master : on_host(p) ? host_copy(p) : p.value;
-  if (src.dtype == DType::F32) return ops.copy(Tensor{host, DType::F32, p.shape, Device::CPU}, src);
+  if (src.dtype == DType::F32) return ops.copy_to_host(Tensor{host, DType::F32, p.shape, Device::CPU}, src, queued);
   SOLTRAIN_CHECK(src.dtype == DType::BF16, "download ", p.name, " in ", dtype_name(src.dtype));
   std::vector<uint16_t> b(size_t(src.numel()));
   ops.copy(Tensor{b.data(), DType::BF16, p.shape, Device::CPU}, src);
@@ -390,7 +390,7 @@ void ParameterStore::bind_frozen(int group, const Tensor& base) {
   }
 }
 
-void ParameterStore::bind(int group, const Tensor& base, Tensor Parameter::*member) {
+void ParameterStore::bind(int group, const Tensor& base, Tensor Parameter::* member) {
   SOLTRAIN_CHECK(!base.data || base.numel() >= group_numel(group), "binding group ", group, " to ", base.numel(),
                  " elements");
   for (Parameter& p : params_) {

@@ -108,7 +108,8 @@ class ParameterStore {
   // A quantised parameter as stored (a pre-quantised checkpoint): codes and scales in its own layout.
   void upload_quantised(Ops& ops, Parameter& p, const void* codes, const void* scale);
   // Reads a parameter back as fp32 (the master, or the frozen compute copy widened or dequantised).
-  void download(Ops& ops, const Parameter& p, float* host) const;
+  // `queued`: an fp32 device value's copy is queued into `host` (pinned: Ops::copy_to_host), not waited for.
+  void download(Ops& ops, const Parameter& p, float* host, bool queued = false) const;
 
   // Every gradient, flat; the gradients of one group (contiguous); the (group, decay) ranges in order.
   Tensor all_grads() const;
@@ -179,7 +180,7 @@ class ParameterStore {
   std::vector<Slice> slices_;
   int64_t held_ = 0;                               // Σ chunk: the held buffers' length in elements
   int64_t held_offset(const ParamRange& r) const;  // r's first element in the held buffers
-  void bind(int group, const Tensor& base, Tensor Parameter::*member);
+  void bind(int group, const Tensor& base, Tensor Parameter::* member);
 };
 
 }  // namespace soltrain

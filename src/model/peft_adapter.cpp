@@ -5,6 +5,7 @@
 #include <set>
 
 #include "io/atomic_file.h"
+#include "io/deferred_writes.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
@@ -193,18 +194,17 @@ nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& ba
 
 void write_adapter(const Transformer& model, const fs::path& dir, const AdapterBase& base) {
   SOLTRAIN_CHECK(model.lora(), "write_adapter on a model without LoRA");
-  std::vector<std::vector<float>> host;
-  std::vector<NamedTensor> tensors;
-  host.reserve(model.params().all().size());
-  for (const Parameter& p : model.params().all()) {
-    if (!is_lora_name(p.name)) continue;
-    host.emplace_back(size_t(shape_numel(p.shape)));
-    model.params().download(const_cast<Transformer&>(model).ops(), p, host.back().data());
-    tensors.push_back({p.name, Tensor{host.back().data(), DType::F32, p.shape, Device::CPU}});
-  }
+  // Each tensor fetched from the device as the file is written (into a background snapshot's pinned slab, queued).
+  Ops& ops = const_cast<Transformer&>(model).ops();
+  std::vector<StreamedTensor> tensors;
+  for (const Parameter& p : model.params().all())
+    if (is_lora_name(p.name))
+      tensors.push_back({p.name, DType::F32, p.shape, [&model, &ops, &p](void* dst) {
+                           model.params().download(ops, p, static_cast<float*>(dst), DeferredWrites::queueing());
+                         }});
   // safetensors' own writer orders tensors by name (all share one dtype): do the same, so files compare.
   std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-  write_safetensors(dir / kWeightsFile, tensors, {{"format", "pt"}});
+  write_safetensors_streamed(dir / kWeightsFile, tensors, {{"format", "pt"}});
   write_file_atomic(dir / kConfigFile, adapter_config_json(*model.lora(), base).dump(2));
 }
 

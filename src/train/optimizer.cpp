@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/deferred_writes.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "kernels/blockwise8.h"
@@ -188,8 +189,9 @@ constexpr const char* kFormat = "soltrain-adamw-2";        // moments per parame
 constexpr const char* kFormat8 = "soltrain-adamw-8bit-1";  // the same, 8-bit codes and absmax where quantised
 
 StreamedTensor fetched(std::string name, const Tensor& src, Ops& ops) {
-  return {std::move(name), src.dtype, src.shape,
-          [src, &ops](void* dst) { ops.copy(Tensor{dst, src.dtype, src.shape, Device::CPU}, src); }};
+  return {std::move(name), src.dtype, src.shape, [src, &ops](void* dst) {
+            ops.copy_to_host(Tensor{dst, src.dtype, src.shape, Device::CPU}, src, DeferredWrites::queueing());
+          }};
 }
 constexpr const char* kShardFormat = "soltrain-adamw-shard-1";  // one rank's ranges of the flat moments
 }  // namespace
@@ -228,8 +230,9 @@ void AdamW::save(const std::filesystem::path& file) const {
     std::vector<StreamedTensor> tensors;
     for (auto [name, buf] : {std::pair{"exp_avg", &m_}, std::pair{"exp_avg_sq", &v_}})
       tensors.push_back({name, DType::F32, shape, [this, shape, buf](void* dst) {
-                           ops_.copy(Tensor{dst, DType::F32, shape, Device::CPU},
-                                     Tensor{buf->data(), DType::F32, shape, ops_.device()});
+                           ops_.copy_to_host(Tensor{dst, DType::F32, shape, Device::CPU},
+                                             Tensor{buf->data(), DType::F32, shape, ops_.device()},
+                                             DeferredWrites::queueing());
                          }});
     write_safetensors_streamed(file, tensors,
                                {{"step", std::to_string(step_)},
@@ -245,11 +248,11 @@ void AdamW::save(const std::filesystem::path& file) const {
   for (const Parameter& p : params_.all())
     if (p.trainable)
       for (auto [prefix, buf] : {std::pair{"exp_avg.", &m_}, std::pair{"exp_avg_sq.", &v_}})
-        tensors.push_back({prefix + p.name, DType::F32, p.shape, [this, &p, buf](void* dst) {
-                             const Tensor src{static_cast<float*>(buf->data()) + p.offset, DType::F32, p.shape,
-                                              buf->device()};
-                             ops_.copy(Tensor{dst, DType::F32, p.shape, Device::CPU}, src);
-                           }});
+        tensors.push_back(
+            {prefix + p.name, DType::F32, p.shape, [this, &p, buf](void* dst) {
+               const Tensor src{static_cast<float*>(buf->data()) + p.offset, DType::F32, p.shape, buf->device()};
+               ops_.copy_to_host(Tensor{dst, DType::F32, p.shape, Device::CPU}, src, DeferredWrites::queueing());
+             }});
   write_safetensors_streamed(file, tensors, {{"step", std::to_string(step_)}, {"format", kFormat}});
 }
 

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "core/error.h"
 #include "hub/hub_cache.h"
@@ -168,18 +169,30 @@ void save_checkpoint(const fs::path& dir, const TrainConfig& c, const Transforme
 PendingCheckpoint::PendingCheckpoint(const fs::path& dir, SnapshotPool* pool)
     : staged(dir), writes(pool), final_dir(dir) {}
 
+PendingCheckpoint::~PendingCheckpoint() {
+  if (copies_done) copies_done();
+}
+
 std::unique_ptr<PendingCheckpoint> snapshot_checkpoint(const fs::path& dir, const TrainConfig& c,
                                                        const Transformer& model, const AdamW& opt,
                                                        const TrainerState& s, SnapshotPool* pool) {
   auto p = std::make_unique<PendingCheckpoint>(dir, pool);
-  DeferredWrites::Capture capture(p->writes);
-  write_contents(p->staged.path(), c, model, opt, s, /*optimizer=*/true);
+  {
+    DeferredWrites::Capture capture(p->writes);
+    write_contents(p->staged.path(), c, model, opt, s, /*optimizer=*/true);
+  }
+  // The fills queued their device copies on the current stream: the next update (the only writer of the masters
+  // and moments) comes after them there; work on the other streams is ordered after them too.
+  Ops& ops = const_cast<Transformer&>(model).ops();
+  p->copies_done = ops.fence();
+  for (Ops::Stream other : {Ops::Stream::Side, Ops::Stream::Upload}) ops.wait(other, Ops::Stream::Main);
   return p;
 }
 
 void finish_checkpoint(PendingCheckpoint& p) {
   if (const char* ms = std::getenv("SOLTRAIN_TEST_SLOW_SAVE_MS"))  // tests: a kill -9 lands mid-write
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(ms)));
+  if (auto done = std::exchange(p.copies_done, nullptr)) done();
   p.writes.write_all();
   write_checksums(p.staged.path());
   p.staged.commit();

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -42,9 +43,13 @@ void save_checkpoint(const std::filesystem::path& dir, const TrainConfig& c, con
 // cleaned up by the next run.
 struct PendingCheckpoint {
   PendingCheckpoint(const std::filesystem::path& dir, SnapshotPool* pool);
+  ~PendingCheckpoint();  // (a snapshot dropped unwritten waits for its queued copies before its buffers go back)
   StagedDir staged;
   DeferredWrites writes;
   std::filesystem::path final_dir;
+  // The snapshot's device copies were queued into the pinned slabs, not waited for (no sync per tensor): this
+  // returns once they are done (called once, by finish_checkpoint, from the writer thread).
+  std::function<void()> copies_done;
 };
 // `pool`: the snapshot's host buffers (pinned, kept from one checkpoint to the next).
 std::unique_ptr<PendingCheckpoint> snapshot_checkpoint(const std::filesystem::path& dir, const TrainConfig& c,

@@ -134,6 +134,17 @@ void CudaOps::download_async(Tensor dst, const Tensor& src) {
   CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDeviceToHost, stream_));
 }
 
+std::function<void()> CudaOps::fence() {
+  // An event of its own (marks_ are recycled and read by this thread only), waited for and freed by the caller.
+  cudaEvent_t e = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventRecord(e, stream_));
+  return [e] {
+    CUDA_CHECK(cudaEventSynchronize(e));
+    CUDA_CHECK(cudaEventDestroy(e));
+  };
+}
+
 uint64_t CudaOps::mark() {
   ++marks_made_;
   CUDA_CHECK(cudaEventRecord(marks_[marks_made_ % kMarks], stream_));

@@ -33,6 +33,7 @@ class CudaOps final : public Ops {
   Buffer alloc_host(size_t bytes) override;
   void upload_async(Tensor dst, const Tensor& src) override;
   void download_async(Tensor dst, const Tensor& src) override;
+  std::function<void()> fence() override;
   uint64_t mark() override;
   void host_wait(uint64_t mark) override;
   void wait_mark(uint64_t mark) override;
