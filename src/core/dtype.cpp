@@ -72,10 +72,37 @@ void encode_f32(const float* src, size_t n, DType to, void* dst) {
     return;
   }
   SOLTRAIN_CHECK(to == DType::F16, "encode_f32 into ", dtype_name(to));
-  for (size_t i = 0; i < n; ++i) {
-    const _Float16 h = static_cast<_Float16>(src[i]);  // round to nearest even, as torch's .half()
-    std::memcpy(&o[i], &h, 2);
+  for (size_t i = 0; i < n; ++i) o[i] = f32_to_f16(src[i]);
+}
+
+uint16_t f32_to_f16(float value) {
+  // Round to nearest even, as torch's .half() (F. Giesen's float_to_half_rtne; no _Float16, which older
+  // compilers lack on x86). Subnormal results come from one float addition, rounded by the FPU itself.
+  auto bits = [](float v) {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    return u;
+  };
+  auto from_bits = [](uint32_t u) {
+    float v;
+    std::memcpy(&v, &u, 4);
+    return v;
+  };
+  uint32_t f = bits(value);
+  const uint32_t sign = f & 0x80000000u;
+  f ^= sign;
+  uint16_t out;
+  if (f >= (127u + 16u) << 23) {  // 65536 and above, inf, NaN
+    out = f > 255u << 23 ? 0x7e00 : 0x7c00;
+  } else if (f < 113u << 23) {  // below 2^-14: a subnormal half (or zero)
+    const float magic = from_bits(((127u - 15u) + (23u - 10u) + 1u) << 23);
+    out = uint16_t(bits(from_bits(f) + magic) - bits(magic));
+  } else {
+    const uint32_t odd = (f >> 13) & 1u;
+    f += ((15u - 127u) << 23) + 0xfffu + odd;
+    out = uint16_t(f >> 13);
   }
+  return uint16_t(out | (sign >> 16));
 }
 
 std::string_view torch_dtype_name(DType t) {

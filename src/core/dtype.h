@@ -33,6 +33,8 @@ inline uint16_t f32_to_bf16(float f) {
 }
 
 float f16_to_f32(uint16_t h);
+// Round to nearest even, as torch does; NaN stays NaN, overflow is inf.
+uint16_t f32_to_f16(float f);
 
 // fp32 values stored as `to` (F32, BF16 or F16), each rounded to nearest even as torch's .to() does.
 void encode_f32(const float* src, size_t n, DType to, void* dst);
