@@ -26,6 +26,7 @@ TEST(HostileInputs, ARecursiveTemplateIsATemplateErrorAndLeavesNothingBehind) {
   for (const auto& [tmpl, limit] : cases) {
     TinyRun r;
     set_chat_template(r.t.path / "model", tmpl);
+    r.inputs_changed();
     const auto model = snapshot(r.t.path / "model"), data = snapshot(r.t.path / "train.jsonl");
     expect_refused(run_bounded("sft " + r.config("model: model\noutput_dir: run\n"), r.t, 30), limit);
     EXPECT_EQ(leftovers(r.t.path), "");

@@ -105,6 +105,7 @@ TEST(InputBombs, DevicesAndFifosWhereFilesBelongAreNamed) {
   // A model whose config.json is a link to /dev/zero (read forever before).
   fs::remove(r.t.path / "model" / "config.json");
   fs::create_symlink("/dev/zero", r.t.path / "model" / "config.json");
+  r.inputs_changed();
   expect_refused(run_bounded("sft " + r.config("model: model\noutput_dir: out2\n"), r.t, 30),
                  "config.json: not a regular file (a device)");
   // A FIFO as the config file, and as the hub token file (both blocked forever before).

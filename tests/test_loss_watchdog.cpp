@@ -68,6 +68,7 @@ TEST(LossWatchdog, NanWeightsStopAtTheFirstStep) {
     }
   }
   write_safetensors(st, tensors);
+  r.inputs_changed();
   expect_refused(run_bounded("sft " + r.config("model: model\noutput_dir: run\nlearning_rate: 0.5\n"), r.t),
                  "training diverged at step 1 (loss nan");
   EXPECT_FALSE(fs::exists(r.t.path / "run" / "model"));

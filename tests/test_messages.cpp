@@ -11,6 +11,7 @@ namespace fs = std::filesystem;
 TEST(Messages, SftDataErrorsNameTheYamlKeys) {
   TinyRun r;
   write_text(r.t.path / "train.jsonl", read_text(r.t.path / "train.jsonl") + "{\"messages\": 7}\n");
+  r.inputs_changed();
   const CliRun run = run_bounded("sft " + r.config("model: model\noutput_dir: run\n"), r.t);
   expect_refused(run, "bad_records: skip in the config skips such records");
   EXPECT_EQ(run.err.find("--bad-records"), std::string::npos) << run.err;
@@ -24,6 +25,7 @@ TEST(Messages, SftDataErrorsNameTheYamlKeys) {
 TEST(Messages, AnEmptyDatasetIsNamed) {
   TinyRun r;
   write_text(r.t.path / "train.jsonl", "");
+  r.inputs_changed();
   expect_refused(run_bounded("sft " + r.config("model: model\noutput_dir: run\n"), r.t),
                  "no usable records in " + (r.t.path / "train.jsonl").string());
 }
@@ -39,6 +41,7 @@ TEST(Messages, AMissingTokenizerFolderIsNamed) {
 TEST(Messages, ReusedShardsStillReportSkippedRecords) {
   TinyRun r;
   write_text(r.t.path / "train.jsonl", read_text(r.t.path / "train.jsonl") + "{\"messages\": 7}\n");
+  r.inputs_changed();
   const std::string cfg = r.config("model: model\noutput_dir: run\nbad_records: skip\n");
   const CliRun first = run_bounded("sft " + cfg, r.t);
   ASSERT_EQ(first.code, 0) << first.err;

@@ -38,6 +38,7 @@ std::string template_to_jinja_file(const fs::path& model) {
 TEST(OutputsForPeers, ChatTemplateJinjaIsCarriedThroughFullFineTuneAndMerge) {
   TinyRun r;
   const std::string tmpl = template_to_jinja_file(r.t.path / "model");
+  r.inputs_changed();
   ASSERT_EQ(run_bounded("sft " + r.config("model: model\noutput_dir: full\n"), r.t, 60).code, 0);
   EXPECT_EQ(read_text(r.t.path / "full" / "model" / "chat_template.jinja"), tmpl);
   const CliRun chat = run_bounded(
@@ -239,6 +240,7 @@ TEST(OutputsForPeers, FullFineTuneOfABf16BaseIsSavedInBf16) {
   cfg["torch_dtype"] = "bfloat16";
   cfg.erase("dtype");
   write_text(r.t.path / "model" / "config.json", cfg.dump());
+  r.inputs_changed();
   ASSERT_EQ(run_bounded("sft " + r.config("model: model\noutput_dir: o\nsave_steps: 1\n"), r.t, 60).code, 0);
   const SafetensorsFile saved(r.t.path / "o" / "model" / "model.safetensors");
   const SafetensorsFile masters(r.t.path / "o" / "checkpoint-1" / "model.safetensors");
