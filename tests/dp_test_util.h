@@ -13,6 +13,7 @@
 #include "cli/demo_kit.h"
 #include "cli_test_util.h"
 #include "data_test_util.h"
+#include "inputs_guard.h"
 
 namespace soltrain::test {
 
@@ -28,7 +29,9 @@ struct DpSetup {
                "sequence_len: 48\nper_device_train_batch_size: 2\nmax_steps: 3\nlearning_rate: 5.0e-3\n"
                "lr_scheduler_type: cosine\nwarmup_steps: 1\nweight_decay: 0.01\nmax_grad_norm: 0.5\nseed: 3\n"
                "logging_steps: 1\ndevice: cpu\n");
+    guard.arm({t.path / "model", t.path / "train.jsonl"});
   }
+  InputsGuard guard;
   // `soltrain sft base.yaml` into output_dir `out` with these --set overrides, under `ranks` MPI ranks (0: no
   // mpirun at all).
   CliRun sft(int ranks, const std::string& out, const std::string& sets) const {

@@ -16,6 +16,7 @@
 #include "cli/demo_kit.h"
 #include "data/sample_encoder.h"
 #include "data_test_util.h"
+#include "inputs_guard.h"
 #include "test_util.h"
 #include "train/run_training.h"
 #include "train/train_checkpoint.h"
@@ -33,7 +34,9 @@ struct SftSetup {
     write_random_model(t.path / "model", s, 7);
     write_reversal_dataset(t.path / "train.jsonl", 300, 8);
     write_reversal_dataset(t.path / "val.jsonl", 40, 9);
+    guard.arm({t.path / "model", t.path / "train.jsonl", t.path / "val.jsonl"});
   }
+  test::InputsGuard guard;
   // A config in the temp folder; `extra` lines are added, replacing the same keys of the base.
   fs::path config(const std::string& out, const std::string& extra) const {
     const fs::path p = t.path / (out + ".yaml");
