@@ -256,6 +256,28 @@ TEST(TokenizerSmall, AddedTokenOptions) {
   EXPECT_EQ(tok.decode(std::vector<int32_t>{11, 10, 12}, true), "ab aa");  // no decoder: joined by spaces
 }
 
+// An id far past the count of tokens is refused, not allocated for (the fuzz job's find: an added token with id
+// 2^31 - 1 asked the id table for 68 GB); ids just past the vocabulary (Qwen's, Llama 3's added tokens) are fine.
+TEST(TokenizerSmall, IdsFarPastTheTokensAreRefused) {
+  json j;
+  j["model"] = {{"type", "BPE"}, {"vocab", json::parse(R"({"a": 0, "b": 1})")}, {"merges", json::array()}};
+  j["added_tokens"] = json::parse(R"([{"id": 5, "content": "<s>", "special": true}])");
+  EXPECT_EQ(Tokenizer::from_json(j).vocab_size(), 6u);
+  for (const char* bad : {R"([{"id": 2147483647, "content": "<s>", "special": true}])",
+                          R"([{"id": 300000000, "content": "<s>", "special": true}])"}) {
+    j["added_tokens"] = json::parse(bad);
+    try {
+      Tokenizer::from_json(j);
+      ADD_FAILURE() << bad;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("is far past the 3 tokens"), std::string::npos) << e.what();
+    }
+  }
+  j["added_tokens"] = json::array();
+  j["model"]["vocab"] = json::parse(R"({"a": 0, "b": 1000000000})");
+  EXPECT_THROW(Tokenizer::from_json(j), UserError);
+}
+
 // Split behaviours on a character-level vocab (HF's SplitDelimiterBehavior), observed through the ids.
 TEST(TokenizerSmall, SplitBehaviors) {
   const auto make = [](const std::string& behavior, bool invert) {
@@ -316,7 +338,9 @@ TEST(TokenizerSmall, UnsupportedComponentsAreNamed) {
 
 TEST(TokenizerSmall, CorruptFilesGiveOneLine) {
   test::TempDir dir;
-  { std::ofstream(dir.path / "tokenizer.json") << "{\"model\": {\"type\": \"BPE\", \"vocab\": {"; }
+  {
+    std::ofstream(dir.path / "tokenizer.json") << "{\"model\": {\"type\": \"BPE\", \"vocab\": {";
+  }
   expect_user_error([&] { Tokenizer::load(dir.path); }, "not valid JSON");
   expect_user_error([&] { Tokenizer::load(dir.path / "missing"); }, "cannot open");
 
@@ -340,7 +364,9 @@ TEST(TokenizerSmall, CorruptFilesGiveOneLine) {
 // The CLI end to end: JSON lines in, ids out; a bad line is exit code 2 with one message.
 TEST(TokenizerCli, EncodeJsonLines) {
   test::TempDir dir;
-  { std::ofstream(dir.path / "tokenizer.json") << llama2_style().dump(); }
+  {
+    std::ofstream(dir.path / "tokenizer.json") << llama2_style().dump();
+  }
   {
     std::ofstream(dir.path / "in.jsonl") << R"({"text": "hello\n\u00e9"})"
                                          << "\n\n"

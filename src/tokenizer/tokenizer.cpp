@@ -36,17 +36,27 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& where
     user_error(where, ": post_processor: ", e.what());
   }
 
+  const auto added = json_or<nlohmann::json>(j, "added_tokens", nlohmann::json::array(), where);
+  if (!added.is_array()) user_error(where, ": 'added_tokens' must be a list");
+  // Ids index a table: real tokenizers number their tokens densely (added ones just past the vocabulary), so an
+  // id far past the count of tokens is refused rather than allocated for (a fuzzed id of 2^31 asked 68 GB).
+  const size_t id_limit = t.model_->vocab().size() + added.size() + (size_t(1) << 20);
+  auto check_id = [&](int64_t id, const std::string& w) {
+    if (id >= 0 && size_t(id) >= id_limit)
+      user_error(w, ": id ", id, " is far past the ", t.model_->vocab().size() + added.size(),
+                 " tokens (ids are numbered densely)");
+  };
   for (const auto& [token, id] : t.model_->vocab()) {
+    check_id(id, where + ": model.vocab");
     if (size_t(id) >= t.id_to_token_.size()) t.id_to_token_.resize(size_t(id) + 1);
     t.id_to_token_[size_t(id)] = token;
   }
-  const auto added = json_or<nlohmann::json>(j, "added_tokens", nlohmann::json::array(), where);
-  if (!added.is_array()) user_error(where, ": 'added_tokens' must be a list");
   for (const auto& a : added) {
     const std::string w = where + ": added_tokens";
     AddedToken tok;
     const int64_t id = json_req<int64_t>(a, "id", w);
     if (id < 0 || id > INT32_MAX) user_error(w, ": id ", id, " is out of range");
+    check_id(id, w);
     tok.id = int32_t(id);
     tok.content = json_req<std::string>(a, "content", w);
     tok.single_word = json_or<bool>(a, "single_word", false, w);
