@@ -24,7 +24,7 @@ namespace soltrain::test {
 // rows × seq random ids under `vocab`, and random targets of which about one in `ignored_one_in` is not counted.
 inline HostBatch random_batch(int rows, int seq, int vocab, uint32_t seed, uint32_t ignored_one_in = 7) {
   std::mt19937 rng(seed);
-  HostBatch b{rows, seq, {}, {}, {}, {}, {}, {}};
+  HostBatch b{rows, seq, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   for (int i = 0; i < rows * seq; ++i) {
     b.input_ids.push_back(int32_t(rng() % uint32_t(vocab)));
     b.targets.push_back(rng() % ignored_one_in == 0 ? -100 : int32_t(rng() % uint32_t(vocab)));

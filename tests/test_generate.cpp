@@ -30,7 +30,7 @@ std::vector<int32_t> random_ids(int n, int vocab, uint32_t seed) {
 // Logits [rows*T, V] of the training forward on `ids` (rows × T, one document per row).
 std::vector<float> full_logits(Transformer& m, const std::vector<int32_t>& ids, int rows) {
   const int T = int(ids.size()) / rows;
-  HostBatch b{rows, T, ids, std::vector<int32_t>(ids.size(), -100), {}, {}, {}, {}};
+  HostBatch b{rows, T, ids, std::vector<int32_t>(ids.size(), -100), {}, {}, {}, {}, {}, {}, {}};
   m.plan(rows, T);
   std::vector<float> logits(ids.size() * size_t(m.config().vocab_size));
   m.step(b, false, logits.data());

@@ -82,7 +82,7 @@ Pass pass(const fs::path& model_dir, bool offload, Recompute recompute, bool off
   auto model = load_pretrained(model_dir, *ops, cfg);
   test::randomize_lora_b(*ops, model->params(), 99);
   const int rows = 2, T = 24, V = model->config().vocab_size;
-  HostBatch batch{rows, T, {}, {}, {}, {}, {}, {}};
+  HostBatch batch{rows, T, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   std::mt19937 rng(98);
   for (int i = 0; i < rows * T; ++i) batch.input_ids.push_back(int32_t(rng() % uint32_t(V)));
   batch.targets = batch.input_ids;
@@ -188,7 +188,7 @@ TEST(OffloadWeights, DeviceKeepsTwoLayersAndTheHostTheRest) {
   EXPECT_EQ(partly->weight_stream()->streamed(), 3);
   EXPECT_EQ(partly->weight_stream()->device_bytes(), 2 * layer_bytes);
   same_base("after loading");
-  HostBatch batch{1, 16, {}, {}, {}, {}, {}, {}};
+  HostBatch batch{1, 16, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   for (int i = 0; i < 16; ++i) batch.input_ids.push_back(int32_t(i * 7 % streamed->config().vocab_size));
   batch.targets = batch.input_ids;
   for (Transformer* m : {resident.get(), streamed.get()}) {

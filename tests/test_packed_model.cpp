@@ -12,7 +12,7 @@ TEST(PackedModel, APackedDocumentEqualsTheDocumentAlone) {
   auto ops = make_cpu_ops();
   auto model = load_pretrained(fixtures() / "models" / "qwen3-tiny", *ops);
   const int V = model->config().vocab_size, A = 9, B = 15;
-  HostBatch packed{1, A + B, {}, {}, {}, {}, {}, {}};
+  HostBatch packed{1, A + B, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   for (int i = 0; i < A + B; ++i) packed.input_ids.push_back(int32_t(rng() % uint32_t(V)));
   for (int i = 0; i < A + B; ++i)
     packed.targets.push_back(i == A - 1 || i == A + B - 1 ? -100 : packed.input_ids[i + 1]);
@@ -22,6 +22,9 @@ TEST(PackedModel, APackedDocumentEqualsTheDocumentAlone) {
                   B,
                   {packed.input_ids.begin() + A, packed.input_ids.end()},
                   {packed.targets.begin() + A, packed.targets.end()},
+                  {},
+                  {},
+                  {},
                   {},
                   {},
                   {},

@@ -225,7 +225,7 @@ int print_activation_plan(const BenchOpts& o) {
 namespace {
 // bench's rows: random token ids (each rank its own), every next token a target.
 HostBatch random_rows(const BenchOpts& o, int vocab, int rank) {
-  HostBatch batch{o.batch, o.seq, {}, {}, {}, {}, {}, {}};
+  HostBatch batch{o.batch, o.seq, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   std::mt19937 rng(1234u + unsigned(rank));
   for (int i = 0; i < o.batch * o.seq; ++i) batch.input_ids.push_back(int32_t(rng() % uint32_t(vocab)));
   batch.targets = batch.input_ids;

@@ -1,5 +1,6 @@
 // `soltrain dump`: logits, loss and every trainable parameter's gradient of one batch (all weights, or with
-// --adapter the LoRA tensors under PEFT's names), for comparison with PyTorch / PEFT.
+// --adapter the LoRA tensors under PEFT's names), for comparison with PyTorch / PEFT; with --grpo the same
+// under GRPO's loss (rewards, the sampling policy's and the reference's NLL from a file), for TRL.
 #include <iostream>
 #include <memory>
 
@@ -10,14 +11,109 @@
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
 #include "model/peft_adapter.h"
+#include "train/train_step.h"
 
 namespace soltrain {
+
+namespace {
+
+struct GrpoDump {
+  std::string file;  // rewards [rows]; optional old_nll, ref_nll [rows, T]
+  std::string loss_type = "dapo", scale_rewards = "group", level = "token";
+  float beta = 0, epsilon = 0.2f, epsilon_high = -1, delta = 0, temperature = 1;
+  int num_generations = 2, max_completion_length = 0, micro_batches = 1;
+  bool kl_ratio = true;
+};
+
+// The batch's rows split into `k` micro-batches of rows / k (an update's), each with its completions'
+// advantages and the file's per-token NLLs.
+std::vector<HostBatch> grpo_micro_batches(const HostBatch& all, const std::vector<float>& adv,
+                                          const std::vector<float>& old_nll, const std::vector<float>& ref_nll, int k) {
+  if (k < 1 || all.rows % k != 0) user_error("--micro-batches ", k, " does not divide the batch's ", all.rows, " rows");
+  const int rows = all.rows / k, T = all.seq_len;
+  std::vector<HostBatch> out;
+  for (int m = 0; m < k; ++m) {
+    const size_t t0 = size_t(m) * size_t(rows) * size_t(T), t1 = t0 + size_t(rows) * size_t(T);
+    HostBatch b;
+    b.rows = rows;
+    b.seq_len = T;
+    b.input_ids.assign(all.input_ids.begin() + long(t0), all.input_ids.begin() + long(t1));
+    b.targets.assign(all.targets.begin() + long(t0), all.targets.begin() + long(t1));
+    b.advantages.assign(adv.begin() + m * rows, adv.begin() + (m + 1) * rows);
+    if (!old_nll.empty()) b.old_nll.assign(old_nll.begin() + long(t0), old_nll.begin() + long(t1));
+    if (!ref_nll.empty()) b.ref_token_nll.assign(ref_nll.begin() + long(t0), ref_nll.begin() + long(t1));
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+int dump_grpo(const GrpoDump& g, Ops& ops, Transformer& model, const HostBatch& batch, const std::string& out_path) {
+  GrpoConfig c;
+  c.loss_type = parse_grpo_loss_type(g.loss_type, "--loss-type");
+  c.scale_rewards = parse_scale_rewards(g.scale_rewards, "--scale-rewards");
+  c.beta = g.beta;
+  c.epsilon = g.epsilon;
+  c.epsilon_high = g.epsilon_high < 0 ? g.epsilon : g.epsilon_high;
+  c.delta = g.delta;
+  c.sequence_level = g.level == "sequence";
+  c.kl_ratio = g.kl_ratio;
+  c.max_completion_length = g.max_completion_length > 0 ? g.max_completion_length : batch.seq_len;
+  const SafetensorsFile f(g.file);
+  const int R = batch.rows, T = batch.seq_len;
+  std::vector<float> rewards_f(size_t(R), 0.0f), old_nll, ref_nll;
+  read_as_f32(f.at("rewards"), {R}, rewards_f.data(), "rewards");
+  if (f.find("old_nll")) {
+    old_nll.resize(size_t(R) * size_t(T));
+    read_as_f32(f.at("old_nll"), {R, T}, old_nll.data(), "old_nll");
+  }
+  if (c.beta != 0) {
+    ref_nll.resize(size_t(R) * size_t(T));
+    read_as_f32(f.at("ref_nll"), {R, T}, ref_nll.data(), "ref_nll");
+  }
+  const std::vector<double> rewards(rewards_f.begin(), rewards_f.end());
+  if (g.num_generations < 1 || R % g.num_generations != 0)
+    user_error("--num-generations ", g.num_generations, " does not divide the batch's ", R, " rows");
+  const std::vector<float> adv = grpo_advantages(rewards, g.num_generations, c.scale_rewards);
+  const std::vector<HostBatch> micro = grpo_micro_batches(batch, adv, old_nll, ref_nll, g.micro_batches);
+  model.set_logit_temperature(g.temperature);
+  model.plan(micro[0].rows, T);
+  GrpoObjective grpo(ops, c, int64_t(micro[0].rows) * T, micro[0].rows);
+  GrpoStep step(grpo);
+  ops.zero(model.params().all_grads());
+  step.begin_update(micro);
+  for (const HostBatch& b : micro) step.train_micro_batch(model, b);
+  const GrpoMetrics m = grpo.read(ops);
+
+  std::vector<float> scalars{float(m.loss),      float(m.kl),           float(m.clip_low),
+                             float(m.clip_high), float(m.clip_region),  float(m.clip_low_min),
+                             float(m.clip_high_max)};
+  const char* names[] = {"loss", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
+                         "clip_ratio/low_min", "clip_ratio/high_max"};
+  std::vector<NamedTensor> out;
+  for (size_t i = 0; i < scalars.size(); ++i) out.push_back({names[i], Tensor{&scalars[i], DType::F32, {1}, Device::CPU}});
+  out.push_back({"advantages", Tensor{const_cast<float*>(adv.data()), DType::F32, {R}, Device::CPU}});
+  std::vector<std::vector<float>> grads;
+  grads.reserve(model.params().all().size());
+  for (const Parameter& p : model.params().all()) {
+    if (!p.trainable) continue;
+    grads.emplace_back(size_t(shape_numel(p.shape)));
+    Tensor h{grads.back().data(), DType::F32, p.shape, Device::CPU};
+    ops.copy(h, p.grad);
+    out.push_back({"grad." + p.name, h});
+  }
+  write_safetensors(out_path, out);
+  std::cout << "grpo loss " << m.loss << " over " << m.tokens << " completion tokens; wrote " << out_path << "\n";
+  return 0;
+}
+
+}  // namespace
 
 std::function<int()> add_dump_command(CLI::App& app) {
   struct Opts {
     std::string model, adapter, save_adapter, batch, out, device = "cpu", residual_dtype = "auto", qlora = "none";
   };
   auto o = std::make_shared<Opts>();
+  auto g = std::make_shared<GrpoDump>();
   CLI::App* c = app.add_subcommand("dump", "write logits, loss and gradients of one batch as safetensors");
   c->add_option("--model", o->model, "Hugging Face model folder")->required();
   c->add_option("--adapter", o->adapter, "PEFT LoRA adapter folder: the base is frozen, gradients are the adapter's");
@@ -35,8 +131,28 @@ std::function<int()> add_dump_command(CLI::App& app) {
                 "the residual stream's dtype on the GPU: auto (fp32 with LoRA, else bf16), fp32 or bf16")
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
       ->capture_default_str();
+  c->add_option("--grpo", g->file,
+                "GRPO's loss instead of cross-entropy: safetensors with rewards [B] and, as used, old_nll and ref_nll "
+                "[B,T] (−log p of each target under the sampling policy and the reference)");
+  c->add_option("--loss-type", g->loss_type, "GRPO: grpo, bnpo, dr_grpo or dapo")->capture_default_str();
+  c->add_option("--scale-rewards", g->scale_rewards, "GRPO: group, batch or none")->capture_default_str();
+  c->add_option("--importance-sampling-level", g->level, "GRPO: token or sequence")
+      ->check(CLI::IsMember({"token", "sequence"}))
+      ->capture_default_str();
+  c->add_option("--beta", g->beta, "GRPO: the KL term's weight")->capture_default_str();
+  c->add_option("--epsilon", g->epsilon, "GRPO: the lower clip")->capture_default_str();
+  c->add_option("--epsilon-high", g->epsilon_high, "GRPO: the upper clip (default: epsilon)");
+  c->add_option("--delta", g->delta, "GRPO: cap on the importance ratio (0: none)")->capture_default_str();
+  c->add_option("--use-bias-correction-kl", g->kl_ratio, "GRPO: the KL term times the importance ratio")
+      ->capture_default_str();
+  c->add_option("--temperature", g->temperature, "GRPO: logits divided by it")->capture_default_str();
+  c->add_option("--num-generations", g->num_generations, "GRPO: completions per prompt (consecutive rows)")
+      ->capture_default_str();
+  c->add_option("--max-completion-length", g->max_completion_length, "GRPO: dr_grpo's divisor (default: T)");
+  c->add_option("--micro-batches", g->micro_batches, "GRPO: the rows split into this many accumulated micro-batches")
+      ->capture_default_str();
   add_device_option(c, o->device);
-  return [o]() {
+  return [o, g]() {
     if (!o->save_adapter.empty()) {
       check_output_dir(o->save_adapter, false, "", "adapter (--save-adapter)");
       check_output_apart_from_inputs(o->save_adapter, "--save-adapter",
@@ -52,6 +168,7 @@ std::function<int()> add_dump_command(CLI::App& app) {
     const HostBatch batch = load_batch_file(o->batch);
     validate_batch(batch, model->config().vocab_size, o->batch);
     model->set_residual_dtype(parse_residual_dtype(o->residual_dtype, "--residual-dtype"));
+    if (!g->file.empty()) return dump_grpo(*g, *ops, *model, batch, o->out);
     model->plan(batch.rows, batch.seq_len);
     const int64_t V = model->config().vocab_size;
     std::vector<float> logits(size_t(batch.rows) * size_t(batch.seq_len) * size_t(V));

@@ -106,6 +106,34 @@ enum PreferenceStat {
   kPreferenceStats
 };
 
+// GRPO's policy loss (TRL's GRPOTrainer; kernels/policy_math.h has the per-token definitions): ε_low / ε_high
+// clip the importance ratio, δ > 0 caps it (TRL's `delta`), β weighs the k3 KL to the reference.
+// `sequence_level`: one importance weight per completion (the mean log ratio of its tokens: GSPO).
+struct PolicyLossParams {
+  float epsilon_low = 0.2f, epsilon_high = 0.2f, delta = 0, beta = 0;
+  bool sequence_level = false;
+  // TRL's use_bias_correction_kl (its default): the KL term times the importance ratio (before δ's cap), which
+  // makes its gradient the unbiased reverse-KL one; the ratio's derivative counts even where its value is 1.
+  bool kl_ratio = true;
+};
+// The sums policy_loss accumulates (F64 each): Σ scale·ℓ (the loss), the micro-batch's KL mean (Σ KL / tokens,
+// the KL times the ratio with kl_ratio, as TRL logs it),
+// its clip ratios (low, high, region: means over its tokens, or over its completions with sequence-level
+// weights), the smallest completion's low-clip ratio and the largest's high-clip ratio (TRL's low_min and
+// high_max), and its counted tokens. With `accumulate` each is added to the previous micro-batches' (the driver
+// divides the means by their count, as TRL averages its per-micro-batch values).
+enum PolicyStat {
+  kPolicyLoss,
+  kPolicyKl,
+  kPolicyClipLow,
+  kPolicyClipHigh,
+  kPolicyClipRegion,
+  kPolicyClipLowMin,
+  kPolicyClipHighMax,
+  kPolicyTokens,
+  kPolicyStats
+};
+
 // How a weight is stored for the matmuls that read it. Dense: plain values in the tensor's dtype (the
 // activation dtype on the GPU, fp32 on the CPU). The quantised formats hold a frozen base (QLoRA; the layouts
 // and their arithmetic are kernels/quant.h): Nf4: `data` U8 [ceil(out·in / 2)] packed codes, `scale` U8, the
@@ -337,6 +365,17 @@ class Ops {
   // = or += with accumulate) sums over the pairs, in pair order: see PreferenceStat.
   virtual void preference_loss(Tensor doc_weight, Tensor stats, const Tensor& doc_nll, const Tensor& ref_doc_nll,
                                const Tensor& pairs, const PreferenceParams& p, bool accumulate) = 0;
+  // GRPO's loss over the D completions of one micro-batch (documents of cu_seqlens, I32 [D+1]). Per token (F32
+  // [N]): token_nll, and old_nll / ref_nll (−log p of the target under the policy that sampled the completion
+  // and under the reference; old_nll empty: the current ones, a ratio of 1; ref_nll read only when β ≠ 0); a
+  // token counts
+  // where targets (I32 [N]) is not -100. Per completion (F32 [D]): its advantage and its scale (the loss type's
+  // normaliser, 0 for padding). weight (F32 [N]) = d loss / d token_nll (0 where not counted); stats (F64
+  // [kPolicyStats]) as PolicyStat says.
+  virtual void policy_loss(Tensor weight, Tensor stats, const Tensor& token_nll, const Tensor& targets,
+                           const Tensor& old_nll, const Tensor& ref_nll, const Tensor& doc_advantage,
+                           const Tensor& doc_scale, const Tensor& cu_seqlens, const PolicyLossParams& p,
+                           bool accumulate) = 0;
   virtual void fill(Tensor x, float value) = 0;  // F32
   virtual void scale(Tensor x, float factor) = 0;
   // torch.optim.AdamW on one flat range of fp32 master parameters (decoupled decay, bias correction);

@@ -435,11 +435,14 @@ void Transformer::head_pass(const Tensor* weights, float* logits_out) {
   Activations& a = *acts_;
   const int64_t N = a.hf.dim(0), V = config_.vocab_size;
   Parameter& head = params_.at(lm_head_name());
+  // With a temperature the loss reads logits / T: d loss / d logits is then (softmax − onehot) · weight / T.
+  if (weights && inv_temperature_ != 1.0f) ops_.scale(*weights, inv_temperature_);
   for (int64_t t0 = 0; t0 < N; t0 += a.head_chunk) {
     const int64_t t1 = std::min(N, t0 + a.head_chunk);
     Tensor logits = a.logits.rows(0, t1 - t0);
     const Tensor hf = a.hf.rows(t0, t1);
     ops_.linear_forward(logits, hf, head.value, nullptr);
+    if (inv_temperature_ != 1.0f) ops_.scale(logits, inv_temperature_);
     if (logits_out) ops_.copy(Tensor{logits_out + t0 * V, DType::F32, {t1 - t0, V}, Device::CPU}, logits);
     Tensor dlogits = a.dlogits.rows(0, t1 - t0);
     ops_.cross_entropy(logits, dlogits, a.token_nll.rows(t0, t1), a.targets.rows(t0, t1),

@@ -39,6 +39,11 @@ struct HostBatch {
   // those documents (same order), computed before training (model/dpo_objective.h). Empty otherwise.
   std::vector<int32_t> pairs;
   std::vector<float> ref_nll;
+  // GRPO batches (model/grpo_objective.h): one completion per row, its prompt's targets -100; per row its
+  // advantage; per token −log p of the target under the policy that sampled it (old_nll: kept when a batch is
+  // trained more than once) and under the reference (ref_token_nll, when the reference is not a pass of its
+  // own). Empty when not used.
+  std::vector<float> advantages, old_nll, ref_token_nll;
 
   int64_t counted() const;  // targets != -100
 };
@@ -85,6 +90,9 @@ class Transformer {
   // With LoRA, enable_adapters(false) makes forward run the frozen base alone: the reference model of
   // preference training at no memory cost. Forward only (no backward may follow) until turned back on.
   void enable_adapters(bool on) { adapters_on_ = on; }
+  // The LM head's logits divided by `t` before the cross-entropy (and its gradient scaled alike): the log-probs of
+  // the tempered distribution sampling drew from, as TRL's GRPO computes them. 1 by default.
+  void set_logit_temperature(float t) { inv_temperature_ = 1.0f / t; }
   ParameterStore& params() { return params_; }
   const ParameterStore& params() const { return params_; }
   Ops& ops() { return ops_; }
@@ -186,6 +194,7 @@ class Transformer {
   ModelConfig config_;
   std::optional<LoraConfig> lora_;
   bool dropout_enabled_ = true, dropout_now_ = false, adapters_on_ = true;
+  float inv_temperature_ = 1.0f;
   int64_t dropout_step_ = 0;
   Ops& ops_;
   ParameterStore params_;

@@ -78,6 +78,18 @@ void DpoStep::train_micro_batch(Transformer& model, const HostBatch& b) {
   dpo_micro_batch(model, dpo_, b, /*backward=*/true);
 }
 
+void GrpoStep::begin_update(std::span<const HostBatch> micro_batches) {
+  scales_ = grpo_document_scales(grpo_.config(), micro_batches);
+  first_ = micro_batches.data();
+  grpo_.begin_update();
+}
+
+void GrpoStep::train_micro_batch(Transformer& model, const HostBatch& b) {
+  const size_t i = size_t(&b - first_);
+  SOLTRAIN_CHECK(first_ && i < scales_.size(), "a GRPO micro-batch outside the update begun");
+  grpo_micro_batch(model, grpo_, b, scales_[i], /*backward=*/true);
+}
+
 void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t counted_all, StepObjective* objective) {
   // (data parallel reduces SFT's loss sum: another objective's would need its own reduction, not built)
   SOLTRAIN_CHECK(!(dp_ && objective), "objectives other than SFT run in a single process");

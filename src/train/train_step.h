@@ -10,6 +10,7 @@
 #include "core/buffer.h"
 #include "dist/communicator.h"
 #include "model/dpo_objective.h"
+#include "model/grpo_objective.h"
 #include "model/objective.h"
 #include "model/transformer.h"
 #include "train/data_parallel.h"
@@ -43,6 +44,22 @@ class DpoStep final : public StepObjective {
 
  private:
   DpoObjective& dpo_;
+};
+
+// GRPO's update: each completion's share of the loss is set from all the update's micro-batches (the loss
+// type's normaliser, model/grpo_objective.h), then each micro-batch runs its reference pass (β > 0 with LoRA),
+// forward and backward.
+class GrpoStep final : public StepObjective {
+ public:
+  explicit GrpoStep(GrpoObjective& grpo) : grpo_(grpo) {}
+  void begin_update(std::span<const HostBatch> micro_batches) override;
+  bool trains(const HostBatch& b) const override { return b.counted() > 0; }
+  void train_micro_batch(Transformer& model, const HostBatch& b) override;
+
+ private:
+  GrpoObjective& grpo_;
+  const HostBatch* first_ = nullptr;
+  std::vector<std::vector<float>> scales_;  // per micro-batch, per completion
 };
 
 class TrainStep {

@@ -46,7 +46,7 @@ class CudaTokenTiles : public CudaTest {
 
 TEST_F(CudaTokenTiles, TiledEqualsUntiledWithinBf16Error) {
   const int vocab = load_model_config(fixtures() / "models" / "qwen3-tiny").vocab_size;
-  HostBatch batch{2, 64, {}, {}, {}, {}, {}, {}};
+  HostBatch batch{2, 64, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   for (int i = 0; i < 128; ++i) {
     batch.input_ids.push_back(int32_t(rng() % uint32_t(vocab)));
     batch.targets.push_back(rng() % 5 == 0 ? -100 : int32_t(rng() % uint32_t(vocab)));

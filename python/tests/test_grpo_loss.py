@@ -1,0 +1,201 @@
+"""GRPO's loss, metrics and every gradient against TRL's GRPOTrainer computed live on CPU torch: TRL scores fixed
+completions (its rollout_func hook stands in for generation) with fixed rewards, computes the advantages, the
+sampling policy's log-probs (num_iterations 2, after which the weights move) and the reference's (beta > 0), and
+its _compute_loss runs over the update's micro-batches; `soltrain dump --grpo` gets the same rows, rewards and
+log-probs and must give the same loss, advantages, clip ratios and gradients, for every loss_type x scale_rewards
+x beta x num_iterations and the sequence-level (GSPO) ratio."""
+import itertools
+import json
+import subprocess
+
+import pytest
+
+from conftest import BIN
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+trl = pytest.importorskip("trl")
+datasets = pytest.importorskip("datasets")
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+PROMPTS, G, PROMPT_LEN, MAX_COMPLETION = 3, 4, 5, 7  # 12 completions, two micro-batches of 6
+
+
+@pytest.fixture(scope="module")
+def random_model(demo, tmp_path_factory):
+    """The demo model's architecture and tokenizer with fresh random weights (norms too), saved."""
+    out = tmp_path_factory.mktemp("grpo-model")
+    model = transformers.AutoModelForCausalLM.from_pretrained(demo / "model", dtype=torch.float32)
+    torch.manual_seed(11)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if p.ndim == 1 else 0.1) + (1.0 if p.ndim == 1 else 0.0))
+    model.save_pretrained(out)
+    tok = transformers.AutoTokenizer.from_pretrained(demo / "model")
+    tok.save_pretrained(out)
+    return out
+
+
+def rollouts(tok, seed):
+    """Prompt ids, completion ids (no EOS inside: every token counts) and rewards with ties and a zero-std group."""
+    g = torch.Generator().manual_seed(seed)
+    special = set(tok.all_special_ids)
+    ordinary = [i for i in range(256) if i not in special]
+    pick = lambda n: [ordinary[int(j)] for j in torch.randint(0, len(ordinary), (n,), generator=g)]  # noqa: E731
+    prompts = [pick(PROMPT_LEN) for _ in range(PROMPTS)]
+    completions = [pick(int(torch.randint(2, MAX_COMPLETION + 1, (1,), generator=g))) for _ in range(PROMPTS * G)]
+    rewards = [float(x) for x in torch.randn(PROMPTS * G, generator=g)]
+    rewards[4:8] = [0.5] * 4  # the second prompt's group: all equal (std 0)
+    rewards[1] = rewards[2]
+    return prompts, completions, rewards
+
+
+def trl_reference(model_dir, tmp_path, cfg, prompts, completions, rewards, micro):
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    texts = [f"p{i}" for i in range(PROMPTS)]
+    reward_of = {tuple(c): r for c, r in zip(completions, rewards)}
+
+    def rollout(batch_prompts, trainer):
+        assert batch_prompts == [t for t in texts for _ in range(G)]
+        return {"prompt_ids": [prompts[i // G] for i in range(PROMPTS * G)], "completion_ids": completions,
+                "logprobs": [[0.0] * len(c) for c in completions]}
+
+    def reward(prompts, completions, completion_ids, **kw):
+        return [reward_of[tuple(c)] for c in completion_ids]
+
+    args = trl.GRPOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=PROMPTS * G // micro,
+                          gradient_accumulation_steps=micro, num_generations=G,
+                          max_completion_length=MAX_COMPLETION, report_to=[], use_cpu=True, bf16=False,
+                          logging_steps=1, **cfg)
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=[reward], args=args, processing_class=tok,
+                              train_dataset=datasets.Dataset.from_dict({"prompt": texts}), rollout_func=rollout)
+    model.train()
+    inputs = trainer._generate_and_score_completions([{"prompt": t} for t in texts for _ in range(G)])
+    if cfg.get("num_iterations", 1) > 1:  # the second iteration: the weights have moved since sampling
+        with torch.no_grad():
+            torch.manual_seed(5)
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.02)
+        model.save_pretrained(tmp_path / "moved")
+    trainer.current_gradient_accumulation_steps = micro
+    rows = PROMPTS * G // micro
+    total = 0.0
+    for m in range(micro):
+        part = {k: (v[m * rows:(m + 1) * rows] if torch.is_tensor(v) and v.dim() >= 1 and v.shape[0] == PROMPTS * G
+                    else v) for k, v in inputs.items()}
+        loss = trainer._compute_loss(model, part)
+        loss.backward()
+        total += loss.item()
+    metrics = {k: sum(v) / len(v) for k, v in trainer._metrics["train"].items() if v}
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return inputs, total, metrics, grads
+
+
+def soltrain_rows(inputs):
+    """TRL's left-padded prompts and right-padded completions as soltrain's rows: prompt, completion, padding;
+    targets are the completion's counted tokens; the per-token log-probs placed at their targets' positions."""
+    pid, pm = inputs["prompt_ids"], inputs["prompt_mask"]
+    cid, cm = inputs["completion_ids"], inputs["completion_mask"]
+    R = pid.shape[0]
+    T = PROMPT_LEN + MAX_COMPLETION
+    ids = torch.zeros(R, T, dtype=torch.int32)
+    targets = torch.full((R, T), -100, dtype=torch.int32)
+    place = torch.zeros(R, T, dtype=torch.long)  # where each completion token's target sits, per row
+    for r in range(R):
+        p = pid[r][pm[r].bool()]
+        c = cid[r]
+        n = int(cm[r].sum())
+        row = torch.cat([p, c[:n]])
+        ids[r, :len(row)] = row.int()
+        for j in range(n):
+            targets[r, len(p) - 1 + j] = int(c[j])
+        place[r] = len(p) - 1
+    return ids, targets, place
+
+
+def per_token(values, inputs, place):
+    """TRL's [R, completion] log-probs as soltrain's [R, T] NLLs (0 where no target)."""
+    R, C = values.shape
+    out = torch.zeros(R, PROMPT_LEN + MAX_COMPLETION)
+    for r in range(R):
+        n = int(inputs["completion_mask"][r].sum())
+        out[r, int(place[r, 0]):int(place[r, 0]) + n] = -values[r, :n]
+    return out
+
+
+def rel(a, b):
+    a, b = a.double().flatten(), b.double().flatten()
+    return float((a - b).norm() / max(float(b.norm()), 1e-30))
+
+
+CASES = [dict(loss_type=lt, scale_rewards=sr, beta=beta, num_iterations=it)
+         for lt, sr, beta, it in itertools.product(["grpo", "bnpo", "dr_grpo", "dapo"], ["group", "batch", "none"],
+                                                   [0.0, 0.04], [1, 2])]
+CASES += [dict(loss_type="grpo", scale_rewards="group", beta=0.04, num_iterations=2, importance_sampling_level="sequence"),
+          dict(loss_type="bnpo", scale_rewards="group", beta=0.04, num_iterations=2, use_bias_correction_kl=False,
+               delta=1.01),
+          dict(loss_type="dapo", scale_rewards="group", beta=0.0, num_iterations=2, importance_sampling_level="sequence",
+               epsilon=0.05, epsilon_high=0.08, temperature=0.7)]
+
+
+def case_id(c):
+    return "-".join(f"{k}={v}" for k, v in c.items())
+
+
+@pytest.mark.parametrize("cfg", CASES, ids=[case_id(c) for c in CASES])
+def test_grpo_loss_and_gradients_match_trl(cfg, random_model, tmp_path):
+    tok = transformers.AutoTokenizer.from_pretrained(random_model)
+    prompts, completions, rewards = rollouts(tok, seed=len(case_id(cfg)))
+    micro = 2
+    # Small clips make ratios leave the trust region after the weights move: both clipped branches are exercised.
+    cfg = {"epsilon": 0.02, **cfg} if cfg["num_iterations"] > 1 else cfg
+    inputs, trl_loss, trl_metrics, trl_grads = trl_reference(random_model, tmp_path, cfg, prompts, completions,
+                                                             rewards, micro)
+    ids, targets, place = soltrain_rows(inputs)
+    save_file({"input_ids": ids, "targets": targets}, str(tmp_path / "batch.safetensors"))
+    grpo = {"rewards": torch.tensor(rewards, dtype=torch.float32)}
+    if "old_per_token_logps" in inputs and inputs["old_per_token_logps"] is not None:
+        grpo["old_nll"] = per_token(inputs["old_per_token_logps"], inputs, place).contiguous()
+    if cfg["beta"] > 0:
+        grpo["ref_nll"] = per_token(inputs["ref_per_token_logps"], inputs, place).contiguous()
+    save_file(grpo, str(tmp_path / "grpo.safetensors"))
+    model_dir = tmp_path / "moved" if cfg["num_iterations"] > 1 else random_model
+    if cfg["num_iterations"] > 1:  # the moved weights beside the tokenizer soltrain reads
+        for f in random_model.iterdir():
+            if f.name.startswith("tokenizer") or f.name.endswith(".jinja"):
+                (model_dir / f.name).write_bytes(f.read_bytes())
+    cmd = [str(BIN), "dump", "--model", str(model_dir), "--batch", str(tmp_path / "batch.safetensors"),
+           "--out", str(tmp_path / "ours.safetensors"), "--grpo", str(tmp_path / "grpo.safetensors"),
+           "--num-generations", str(G), "--micro-batches", str(micro), "--max-completion-length", str(MAX_COMPLETION),
+           "--loss-type", cfg["loss_type"], "--scale-rewards", cfg["scale_rewards"], "--beta", str(cfg["beta"]),
+           "--importance-sampling-level", cfg.get("importance_sampling_level", "token"),
+           "--epsilon", str(cfg.get("epsilon", 0.2)), "--temperature", str(cfg.get("temperature", 1.0))]
+    if "epsilon_high" in cfg:
+        cmd += ["--epsilon-high", str(cfg["epsilon_high"])]
+    if "delta" in cfg:
+        cmd += ["--delta", str(cfg["delta"])]
+    if "use_bias_correction_kl" in cfg:
+        cmd += ["--use-bias-correction-kl", str(cfg["use_bias_correction_kl"]).lower()]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    ours = load_file(str(tmp_path / "ours.safetensors"))
+
+    assert rel(ours["advantages"], inputs["advantages"]) <= 1e-5
+    assert abs(float(ours["loss"][0]) - trl_loss) <= 1e-5 * max(1.0, abs(trl_loss)), (float(ours["loss"][0]), trl_loss)
+    if cfg["beta"] > 0:
+        assert abs(float(ours["kl"][0]) - trl_metrics["kl"]) <= 1e-5 * max(1.0, trl_metrics["kl"])
+    for k in ["clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
+              "clip_ratio/high_max"]:
+        assert abs(float(ours[k][0]) - trl_metrics[k]) <= 1e-6, (k, float(ours[k][0]), trl_metrics[k])
+    checked = 0
+    for name, g in trl_grads.items():
+        key = "grad." + name
+        if key not in ours:  # a tied head's weight is the embedding's, one gradient
+            assert name == "lm_head.weight", name
+            continue
+        assert rel(ours[key], g) <= 1e-5, (name, rel(ours[key], g))
+        checked += 1
+    assert checked >= 10
+    if cfg["num_iterations"] > 1:  # the moved weights clipped some ratios: the clipped branches were taken
+        assert trl_metrics["clip_ratio/region_mean"] > 0, trl_metrics

@@ -1,0 +1,224 @@
+#include "model/grpo_objective.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+namespace soltrain {
+
+GrpoLossType parse_grpo_loss_type(const std::string& s, const std::string& where) {
+  if (s == "grpo") return GrpoLossType::Grpo;
+  if (s == "bnpo") return GrpoLossType::Bnpo;
+  if (s == "dr_grpo") return GrpoLossType::DrGrpo;
+  if (s == "dapo") return GrpoLossType::Dapo;
+  user_error(where, ": loss_type '", s, "' is not one of grpo, bnpo, dr_grpo, dapo");
+}
+
+const char* grpo_loss_type_name(GrpoLossType t) {
+  switch (t) {
+    case GrpoLossType::Grpo: return "grpo";
+    case GrpoLossType::Bnpo: return "bnpo";
+    case GrpoLossType::DrGrpo: return "dr_grpo";
+    case GrpoLossType::Dapo: return "dapo";
+  }
+  return "?";
+}
+
+ScaleRewards parse_scale_rewards(const std::string& s, const std::string& where) {
+  // TRL still takes the booleans of its older versions: true is group, false none.
+  if (s == "group" || s == "true") return ScaleRewards::Group;
+  if (s == "batch") return ScaleRewards::Batch;
+  if (s == "none" || s == "false") return ScaleRewards::None;
+  user_error(where, ": scale_rewards '", s, "' is not one of group, batch, none");
+}
+
+const char* scale_rewards_name(ScaleRewards s) {
+  switch (s) {
+    case ScaleRewards::Group: return "group";
+    case ScaleRewards::Batch: return "batch";
+    case ScaleRewards::None: return "none";
+  }
+  return "?";
+}
+
+void GrpoConfig::validate(const std::string& where) const {
+  if (!(epsilon >= 0 && epsilon < 1)) user_error(where, ": epsilon ", epsilon, " must be in [0, 1)");
+  if (!(epsilon_high >= 0)) user_error(where, ": epsilon_high ", epsilon_high, " must be >= 0");
+  if (!(delta >= 0)) user_error(where, ": delta ", delta, " must be > 1 to cap the ratio, or 0 for none");
+  if (delta > 0 && delta <= 1) user_error(where, ": delta ", delta, " must be > 1 (it caps the importance ratio)");
+  if (!(beta >= 0) || !std::isfinite(beta)) user_error(where, ": beta ", beta, " must be >= 0");
+  if (max_completion_length < 1)
+    user_error(where, ": max_completion_length ", max_completion_length, " must be >= 1");
+}
+
+namespace {
+// torch.nanmean / nanstd (unbiased) over `v`'s non-NaN values: NaN when none (std: fewer than two).
+double nanmean(std::span<const double> v) {
+  double s = 0;
+  int n = 0;
+  for (double x : v)
+    if (!std::isnan(x)) s += x, ++n;
+  return n ? s / n : std::numeric_limits<double>::quiet_NaN();
+}
+double nanstd(std::span<const double> v) {
+  const double m = nanmean(v);
+  double s = 0;
+  int n = 0;
+  for (double x : v)
+    if (!std::isnan(x)) s += (x - m) * (x - m), ++n;
+  return n > 1 ? std::sqrt(s / (n - 1)) : std::numeric_limits<double>::quiet_NaN();
+}
+}  // namespace
+
+std::vector<float> grpo_advantages(std::span<const double> rewards, int num_generations, ScaleRewards scale,
+                                   std::vector<bool>* zero_std) {
+  const size_t n = rewards.size(), G = size_t(num_generations);
+  SOLTRAIN_CHECK(G >= 1 && n % G == 0, "advantages: ", n, " rewards in groups of ", G);
+  std::vector<float> adv(n);
+  if (zero_std) zero_std->assign(n, false);
+  const double batch_std = n > 1 ? nanstd(rewards) : 0.0;
+  for (size_t g = 0; g < n; g += G) {
+    const std::span<const double> group = rewards.subspan(g, G);
+    const double mean = nanmean(group);
+    const double std = scale == ScaleRewards::Batch ? batch_std : (G > 1 ? nanstd(group) : 0.0);
+    for (size_t i = g; i < g + G; ++i) {
+      double a = rewards[i] - mean;
+      if (scale != ScaleRewards::None) a /= std + 1e-4;
+      // torch.isclose(std, 0): |std| <= 1e-8 (NaN is not close)
+      if (zero_std) (*zero_std)[i] = std::fabs(std) <= 1e-8;
+      adv[i] = std::isnan(a) ? 0.0f : float(a);  // unscored completions (and NaN stds) carry no signal
+    }
+  }
+  return adv;
+}
+
+std::vector<std::vector<float>> grpo_document_scales(const GrpoConfig& c, std::span<const HostBatch> micro_batches) {
+  const double A = double(micro_batches.size());
+  int64_t update_tokens = 0;
+  for (const HostBatch& b : micro_batches) update_tokens += b.counted();
+  std::vector<std::vector<float>> out;
+  for (const HostBatch& b : micro_batches) {
+    const std::vector<int32_t> counted = counted_per_document(b);
+    const double rows = double(b.rows), tokens = double(b.counted());
+    std::vector<float> s(counted.size());
+    for (size_t d = 0; d < counted.size(); ++d) {
+      double v = 0;
+      switch (c.loss_type) {
+        case GrpoLossType::Grpo: v = 1.0 / (std::max(counted[d], 1) * rows * A); break;
+        case GrpoLossType::Bnpo: v = 1.0 / (std::max(tokens, 1.0) * A); break;
+        case GrpoLossType::DrGrpo: v = 1.0 / (rows * c.max_completion_length * A); break;
+        case GrpoLossType::Dapo: v = 1.0 / std::max(double(update_tokens), 1.0); break;
+      }
+      s[d] = float(v);
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+GrpoObjective::GrpoObjective(Ops& ops, GrpoConfig cfg, int64_t max_tokens, int64_t max_rows)
+    : ops_(ops),
+      cfg_(cfg),
+      max_tokens_(max_tokens),
+      max_rows_(max_rows),
+      old_(ops.alloc(size_t(max_tokens) * sizeof(float))),
+      ref_(ops.alloc(size_t(max_tokens) * sizeof(float))),
+      adv_(ops.alloc(size_t(max_rows) * sizeof(float))),
+      scale_(ops.alloc(size_t(max_rows) * sizeof(float))),
+      weight_(ops.alloc(size_t(max_tokens) * sizeof(float))),
+      stats_(ops.alloc(kPolicyStats * sizeof(double))),
+      upload_old_(ops, size_t(max_tokens) * sizeof(float)),
+      upload_ref_(ops, size_t(max_tokens) * sizeof(float)),
+      upload_adv_(ops, size_t(max_rows) * sizeof(float)),
+      upload_scale_(ops, size_t(max_rows) * sizeof(float)) {
+  cfg_.validate("grpo");
+}
+
+void GrpoObjective::begin_update() {
+  first_ = true;
+  micro_batches_ = 0;
+}
+
+void GrpoObjective::set_micro_batch(Ops& ops, const HostBatch& b, std::span<const float> doc_scale) {
+  const int64_t N = int64_t(b.rows) * b.seq_len, R = b.rows;
+  SOLTRAIN_CHECK(N <= max_tokens_ && R <= max_rows_ && b.cu_seqlens.empty(),
+                 "a GRPO micro-batch larger than planned, or packed");
+  SOLTRAIN_CHECK(int64_t(b.advantages.size()) == R && int64_t(doc_scale.size()) == R,
+                 "a GRPO micro-batch needs one advantage and one scale per row");
+  upload_adv_(ops, Tensor{adv_.data(), DType::F32, {R}, adv_.device()}, b.advantages.data());
+  upload_scale_(ops, Tensor{scale_.data(), DType::F32, {R}, scale_.device()}, doc_scale.data());
+  has_old_ = !b.old_nll.empty();
+  if (has_old_) {
+    SOLTRAIN_CHECK(int64_t(b.old_nll.size()) == N, "old_nll: one value per token");
+    upload_old_(ops, Tensor{old_.data(), DType::F32, {N}, old_.device()}, b.old_nll.data());
+  }
+  if (!b.ref_token_nll.empty()) {
+    SOLTRAIN_CHECK(int64_t(b.ref_token_nll.size()) == N, "ref_token_nll: one value per token");
+    upload_ref_(ops, Tensor{ref_.data(), DType::F32, {N}, ref_.device()}, b.ref_token_nll.data());
+  }
+  weights_ready_ = false;
+}
+
+void GrpoObjective::set_reference(Ops& ops, const Tensor& ref_token_nll) {
+  SOLTRAIN_CHECK(ref_token_nll.numel() <= max_tokens_, "reference NLL for more tokens than planned");
+  ops.copy(Tensor{ref_.data(), DType::F32, {ref_token_nll.numel()}, ref_.device()}, ref_token_nll);
+}
+
+void GrpoObjective::add_loss(Ops& ops, const ForwardOutputs& out) {
+  const int64_t N = out.token_nll.numel(), D = out.seq.cu_seqlens.numel() - 1;
+  PolicyLossParams p;
+  p.epsilon_low = cfg_.epsilon;
+  p.epsilon_high = cfg_.epsilon_high;
+  p.delta = cfg_.delta;
+  p.beta = cfg_.beta;
+  p.sequence_level = cfg_.sequence_level;
+  p.kl_ratio = cfg_.kl_ratio;
+  auto f32 = [](const Buffer& b, int64_t n) { return Tensor{b.data(), DType::F32, {n}, b.device()}; };
+  ops.policy_loss(f32(weight_, N), Tensor{stats_.data(), DType::F64, {kPolicyStats}, stats_.device()}, out.token_nll,
+                  out.targets, has_old_ ? f32(old_, N) : Tensor{}, f32(ref_, N), f32(adv_, D), f32(scale_, D),
+                  out.seq.cu_seqlens, p, !first_);
+  first_ = false;
+  weights_ready_ = true;
+  ++micro_batches_;
+}
+
+void GrpoObjective::token_weights(Ops& ops, const ForwardOutputs& out, Tensor weight) {
+  SOLTRAIN_CHECK(weights_ready_, "token_weights before this micro-batch's forward");
+  ops.copy(weight, Tensor{weight_.data(), DType::F32, {out.token_nll.numel()}, weight_.device()});
+}
+
+GrpoMetrics GrpoObjective::read(Ops& ops) const {
+  GrpoMetrics m;
+  if (first_) return m;
+  double s[kPolicyStats];
+  ops.copy(Tensor{s, DType::F64, {kPolicyStats}, Device::CPU},
+           Tensor{stats_.data(), DType::F64, {kPolicyStats}, stats_.device()});
+  const double k = double(std::max<int64_t>(micro_batches_, 1));
+  m.loss = s[kPolicyLoss];
+  m.kl = s[kPolicyKl] / k;
+  m.clip_low = s[kPolicyClipLow] / k;
+  m.clip_high = s[kPolicyClipHigh] / k;
+  m.clip_region = s[kPolicyClipRegion] / k;
+  m.clip_low_min = s[kPolicyClipLowMin] / k;
+  m.clip_high_max = s[kPolicyClipHighMax] / k;
+  m.tokens = int64_t(s[kPolicyTokens]);
+  m.micro_batches = micro_batches_;
+  return m;
+}
+
+void grpo_micro_batch(Transformer& model, GrpoObjective& grpo, const HostBatch& batch, std::span<const float> scale,
+                      bool backward) {
+  grpo.set_micro_batch(model.ops(), batch, scale);
+  if (grpo.config().beta != 0 && batch.ref_token_nll.empty()) {
+    SOLTRAIN_CHECK(model.lora().has_value(), "GRPO's reference pass needs adapters to turn off");
+    GrpoReference ref(grpo);
+    model.enable_adapters(false);
+    model.forward(batch, &ref, /*backward_follows=*/false);
+    model.enable_adapters(true);
+  }
+  model.forward(batch, &grpo, backward);
+  if (backward) model.backward(grpo);
+}
+
+}  // namespace soltrain

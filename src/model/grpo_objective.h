@@ -1,0 +1,107 @@
+// GRPO (TRL's GRPOTrainer) as an Objective: group-relative advantages from the rewards, then in one forward the
+// policy's per-token NLL, and the op (kernels/ops.h policy_loss) turns it, with the advantages, the sampling
+// policy's log-probs (num_iterations > 1) and the reference's (β > 0), into the loss, its metrics and d loss / d
+// NLL per token for backward. The loss types differ only in each completion's share of the update's loss
+// (grpo_document_scales): what TRL divides by.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/buffer.h"
+#include "model/dpo_objective.h"  // StagedUpload
+#include "model/objective.h"
+#include "model/transformer.h"
+
+namespace soltrain {
+
+// TRL's loss_type values soltrain builds. grpo: each completion's mean over its tokens, then the mean over the
+// micro-batch's completions; bnpo: the micro-batch's token mean; dr_grpo: Σ over tokens / (completions ×
+// max_completion_length); dapo (TRL's default): Σ over tokens / the update's completion tokens. All but dapo are
+// then divided by the update's micro-batches, as TRL divides by gradient_accumulation_steps.
+enum class GrpoLossType { Grpo, Bnpo, DrGrpo, Dapo };
+GrpoLossType parse_grpo_loss_type(const std::string& s, const std::string& where);
+const char* grpo_loss_type_name(GrpoLossType t);
+
+// scale_rewards: the advantage r − mean(group) divided by the group's std (group), the whole batch's (batch), or
+// not divided (none).
+enum class ScaleRewards { Group, Batch, None };
+ScaleRewards parse_scale_rewards(const std::string& s, const std::string& where);
+const char* scale_rewards_name(ScaleRewards s);
+
+struct GrpoConfig {
+  GrpoLossType loss_type = GrpoLossType::Dapo;
+  ScaleRewards scale_rewards = ScaleRewards::Group;
+  float epsilon = 0.2f, epsilon_high = 0.2f, delta = 0, beta = 0;
+  bool sequence_level = false;  // importance_sampling_level: sequence (GSPO) rather than token
+  bool kl_ratio = true;         // use_bias_correction_kl: the KL term times the importance ratio (TRL's default)
+  int max_completion_length = 256;
+  // The values a config can hold, checked; UserErrors name `where`'s keys.
+  void validate(const std::string& where) const;
+};
+
+// Advantages of a generation batch's completions, prompt by prompt in groups of `num_generations` (TRL's
+// sum_then_normalize): the rewards (NaN: no reward function scored the completion) less their group's mean,
+// divided by std + 1e-4 as scale_rewards says (unbiased std, NaNs left out); unscored completions get 0.
+// `zero_std` (when given) receives, per completion, whether its std was 0 (TRL's frac_reward_zero_std).
+std::vector<float> grpo_advantages(std::span<const double> rewards, int num_generations, ScaleRewards scale,
+                                   std::vector<bool>* zero_std = nullptr);
+
+// Each completion's share of the update's loss, per micro-batch (one completion per row, counted tokens from the
+// targets), for the loss type: what TRL divides the summed token losses by.
+std::vector<std::vector<float>> grpo_document_scales(const GrpoConfig& c, std::span<const HostBatch> micro_batches);
+
+// What an update measured, under TRL's names; the means are over its micro-batches, as TRL averages them.
+struct GrpoMetrics {
+  double loss = 0, kl = 0, clip_low = 0, clip_high = 0, clip_region = 0, clip_low_min = 0, clip_high_max = 0;
+  int64_t tokens = 0, micro_batches = 0;
+};
+
+class GrpoObjective final : public Objective {
+ public:
+  // Buffers for micro-batches of up to `max_tokens` tokens in up to `max_rows` rows.
+  GrpoObjective(Ops& ops, GrpoConfig cfg, int64_t max_tokens, int64_t max_rows);
+  const GrpoConfig& config() const { return cfg_; }
+  void begin_update();
+  // The next micro-batch's completions' scales (grpo_document_scales), uploaded with its advantages and its
+  // per-token old_nll / ref_token_nll.
+  void set_micro_batch(Ops& ops, const HostBatch& b, std::span<const float> doc_scale);
+  // The reference's per-token NLL from the device (LoRA: a forward with the adapters off), for the micro-batch
+  // whose forward runs next; replaces the batch's ref_token_nll.
+  void set_reference(Ops& ops, const Tensor& ref_token_nll);
+
+  bool weights_before_forward() const override { return false; }
+  void token_weights(Ops& ops, const ForwardOutputs& out, Tensor weight) override;
+  void add_loss(Ops& ops, const ForwardOutputs& out) override;
+  GrpoMetrics read(Ops& ops) const;  // a sync: call on logging steps
+
+ private:
+  Ops& ops_;
+  GrpoConfig cfg_;
+  int64_t max_tokens_, max_rows_;
+  Buffer old_, ref_, adv_, scale_, weight_, stats_;
+  StagedUpload upload_old_, upload_ref_, upload_adv_, upload_scale_;
+  bool has_old_ = false, first_ = true, weights_ready_ = false;
+  int64_t micro_batches_ = 0;
+};
+
+// The reference pass's objective (LoRA: adapters off): keeps forward's per-token NLL for the GRPO objective.
+class GrpoReference final : public Objective {
+ public:
+  explicit GrpoReference(GrpoObjective& grpo) : grpo_(grpo) {}
+  bool weights_before_forward() const override { return false; }
+  void token_weights(Ops&, const ForwardOutputs&, Tensor) override {}
+  void add_loss(Ops& ops, const ForwardOutputs& out) override { grpo_.set_reference(ops, out.token_nll); }
+
+ private:
+  GrpoObjective& grpo_;
+};
+
+// One micro-batch's passes under GRPO: the reference first when β > 0 and the batch carries no ref_token_nll
+// (LoRA: the adapters off), then forward (and backward).
+void grpo_micro_batch(Transformer& model, GrpoObjective& grpo, const HostBatch& batch, std::span<const float> scale,
+                      bool backward);
+
+}  // namespace soltrain
