@@ -114,6 +114,50 @@ TEST_P(DecoderVsForward, GreedyEqualsArgmaxOfFullForward) {
   }
 }
 
+// Rows at different lengths (prompts of 3, 8 and 5 tokens fed row by row, one copied to another row): every
+// row's logits equal the training forward of its own sequence at each step, and group rollouts equal batch-1
+// generation of each prompt (greedy), the group's rows alike.
+TEST_P(DecoderVsForward, RowsOfDifferentLengthsEqualTrainingForward) {
+  auto ops = make_cpu_ops();
+  auto m = load_pretrained(model_dir(GetParam()), *ops);
+  const int V = m->config().vocab_size, steps = 4;
+  const std::vector<int> lens{3, 8, 5};
+  std::vector<std::vector<int32_t>> seqs;
+  for (size_t i = 0; i < lens.size(); ++i) seqs.push_back(random_ids(lens[i] + steps, V, 20 + uint32_t(i)));
+  KvDecoder d(*m, 4, 8 + steps, 2);  // max_chunk 2: the 8-token prompt is split (a row takes 2 x 4 per chunk)
+  std::vector<float> last(4 * size_t(V));
+  for (int r = 0; r < 3; ++r) d.feed_row(r, std::span(seqs[size_t(r)]).first(size_t(lens[size_t(r)])), last.data());
+  d.copy_row(1, 3);  // row 3: the second sequence again
+  seqs.push_back(seqs[1]);
+  for (int s = 0; s < steps; ++s) {
+    std::vector<int32_t> next;
+    for (int r = 0; r < 4; ++r) next.push_back(seqs[size_t(r)][size_t(d.length(r))]);
+    d.feed(next, 1, last.data());
+    for (int r = 0; r < 4; ++r) {
+      const int n = d.length(r);
+      const auto ref = full_logits(*m, std::vector<int32_t>(seqs[size_t(r)].begin(), seqs[size_t(r)].begin() + n), 1);
+      EXPECT_LE(rel_err(last.data() + r * V, ref.data() + size_t(n - 1) * size_t(V), size_t(V)), 1e-5)
+          << "row " << r << " at length " << n;
+    }
+  }
+  EXPECT_EQ(d.length(0), 3 + steps);
+  EXPECT_EQ(d.length(3), 8 + steps);
+
+  const std::vector<std::vector<int32_t>> prompts{random_ids(6, V, 31), random_ids(2, V, 32)};
+  const GenerationOptions greedy{5, {}, {}};
+  KvDecoder g(*m, 6, 6 + 5, 4);
+  const std::vector<Rollout> got = generate_groups(g, prompts, 3, greedy);
+  ASSERT_EQ(got.size(), 6u);
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    KvDecoder one(*m, 1, 6 + 5, 4);
+    const auto want = generate(one, prompts[p], greedy);
+    for (size_t r = p * 3; r < p * 3 + 3; ++r) {
+      EXPECT_EQ(got[r].tokens, want) << "prompt " << p << " row " << r;
+      EXPECT_FALSE(got[r].terminated);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, DecoderVsForward,
                          ::testing::Values("qwen3-tiny", "llama3-tiny-scaled", "qwen2-tiny-mqa-bias"));
 

@@ -1,6 +1,8 @@
 #include "model/decoder.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "model/lora.h"
 
@@ -18,7 +20,8 @@ Tensor host_i32(std::vector<int32_t>& v) {
 }  // namespace
 
 KvDecoder::KvDecoder(Transformer& model, int batch, int max_len, int max_chunk)
-    : model_(model), ops_(model.ops()), batch_(batch), max_len_(max_len), max_chunk_(max_chunk) {
+    : model_(model), ops_(model.ops()), batch_(batch), max_len_(max_len), max_chunk_(max_chunk),
+      lengths_(size_t(std::max(batch, 0)), 0) {
   SOLTRAIN_CHECK(batch > 0 && max_len > 0 && max_chunk > 0, "decoder sizes");
   const ModelConfig& c = model.config();
   ParameterStore& ps = model.params();
@@ -56,43 +59,73 @@ KvDecoder::KvDecoder(Transformer& model, int batch, int max_len, int max_chunk)
 KvDecoder::~KvDecoder() = default;
 
 void KvDecoder::feed(std::span<const int32_t> tokens, int T, float* last_logits, float* all_logits) {
-  const int64_t B = batch_, V = model_.config().vocab_size, D = model_.config().hidden_size;
-  SOLTRAIN_CHECK(T > 0 && int64_t(tokens.size()) == B * T, "feed: ", tokens.size(), " tokens for ", B, " x ", T);
-  if (length_ + T > max_len_)
-    user_error("generation needs ", length_ + T, " tokens of context, more than the ", max_len_, " planned");
+  feed_rows(0, batch_, tokens, T, last_logits, all_logits);
+}
+
+void KvDecoder::feed_row(int row, std::span<const int32_t> tokens, float* last_logits) {
+  SOLTRAIN_CHECK(row >= 0 && row < batch_, "feed_row: row ", row, " of ", batch_);
+  feed_rows(row, 1, tokens, int(tokens.size()), last_logits, nullptr);
+}
+
+void KvDecoder::copy_row(int from, int to) {
+  SOLTRAIN_CHECK(from >= 0 && from < batch_ && to >= 0 && to < batch_, "copy_row: rows ", from, ", ", to);
+  if (from == to) return;
+  const int64_t n = lengths_[size_t(from)];
+  for (size_t l = 0; l < k_cache_.size(); ++l)
+    for (const Tensor* c : {&k_cache_[l], &v_cache_[l]}) {
+      const Tensor flat = c->view({int64_t(batch_) * max_len_, c->dim(2), c->dim(3)});
+      if (n > 0) ops_.copy(flat.rows(to * int64_t(max_len_), to * int64_t(max_len_) + n),
+                           flat.rows(from * int64_t(max_len_), from * int64_t(max_len_) + n));
+    }
+  lengths_[size_t(to)] = int(n);
+}
+
+void KvDecoder::feed_rows(int r0, int B, std::span<const int32_t> tokens, int T, float* last_logits,
+                          float* all_logits) {
+  const int64_t V = model_.config().vocab_size, D = model_.config().hidden_size;
+  SOLTRAIN_CHECK(T > 0 && int64_t(tokens.size()) == int64_t(B) * T, "feed: ", tokens.size(), " tokens for ", B, " x ",
+                 T);
+  for (int b = r0; b < r0 + B; ++b)
+    if (lengths_[size_t(b)] + T > max_len_)
+      user_error("generation needs ", lengths_[size_t(b)] + T, " tokens of context, more than the ", max_len_,
+                 " planned");
   for (int32_t id : tokens)
     if (id < 0 || id >= V) user_error("token id ", id, " is outside the vocabulary of ", V);
+  // A single row may take the whole activation budget per chunk: its tokens are the chunk's rows.
+  const int chunk = int(std::min<int64_t>(int64_t(max_chunk_) * batch_ / B, std::numeric_limits<int>::max()));
   std::vector<int32_t> ids, pos, lens(static_cast<size_t>(B));
-  for (int t0 = 0; t0 < T; t0 += max_chunk_) {
-    const int Tc = std::min(max_chunk_, T - t0);
-    const int64_t N = B * Tc;
+  for (int t0 = 0; t0 < T; t0 += chunk) {
+    const int Tc = std::min(chunk, T - t0);
+    const int64_t N = int64_t(B) * Tc;
     ids.resize(size_t(N));
     pos.resize(size_t(N));
-    for (int64_t b = 0; b < B; ++b)
+    for (int64_t b = 0; b < B; ++b) {
+      const int len = lengths_[size_t(r0 + b)];
       for (int t = 0; t < Tc; ++t) {
         ids[size_t(b * Tc + t)] = tokens[size_t(b * T + t0 + t)];
-        pos[size_t(b * Tc + t)] = length_ + t;
+        pos[size_t(b * Tc + t)] = len + t;
       }
-    for (auto& n : lens) n = length_ + Tc;
+      lens[size_t(b)] = len + Tc;
+    }
     ops_.copy(view(ids_, {N}), host_i32(ids));
     ops_.copy(view(positions_, {N}), host_i32(pos));
-    ops_.copy(lens_, host_i32(lens));
-    forward_chunk(Tc);
-    length_ += Tc;
+    ops_.copy(view(lens_, {B}), host_i32(lens));
+    forward_chunk(r0, B, Tc);
+    for (int b = r0; b < r0 + B; ++b) lengths_[size_t(b)] += Tc;
 
     const ModelConfig& c = model_.config();
     const float eps = float(c.rms_norm_eps);
     const Tensor x = view(x_, {N, D});
-    if (all_logits) {  // every position: the final norm over the chunk, the head B rows at a time
+    if (all_logits) {  // every position: the final norm over the chunk, the head batch rows at a time
       const Tensor h = view(h_, {N, D});
       ops_.rmsnorm_forward(h, view(rstd_, {N}), x, final_norm_->value, eps);
-      for (int64_t r0 = 0; r0 < N; r0 += B) {
-        const int64_t r1 = std::min(N, r0 + B);
-        const Tensor lg = view(logits_, {r1 - r0, V});
-        ops_.linear_forward(lg, h.rows(r0, r1), head_->value, nullptr);
-        for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t q0 = 0; q0 < N; q0 += batch_) {
+        const int64_t q1 = std::min(N, q0 + batch_);
+        const Tensor lg = view(logits_, {q1 - q0, V});
+        ops_.linear_forward(lg, h.rows(q0, q1), head_->value, nullptr);
+        for (int64_t r = q0; r < q1; ++r) {
           const int64_t b = r / Tc, t = t0 + r % Tc;
-          ops_.copy(Tensor{all_logits + (b * T + t) * V, DType::F32, {1, V}, Device::CPU}, lg.rows(r - r0, r - r0 + 1));
+          ops_.copy(Tensor{all_logits + (b * T + t) * V, DType::F32, {1, V}, Device::CPU}, lg.rows(r - q0, r - q0 + 1));
         }
       }
     }
@@ -100,16 +133,16 @@ void KvDecoder::feed(std::span<const int32_t> tokens, int T, float* last_logits,
     // The LM head on each sequence's last token only: one [B, V] GEMM however long the prompt.
     const Tensor lx = view(last_x_, {B, D}), lh = view(last_h_, {B, D});
     for (int64_t b = 0; b < B; ++b) ops_.copy(lx.rows(b, b + 1), x.rows(b * Tc + Tc - 1, b * Tc + Tc));
-    ops_.rmsnorm_forward(lh, last_rstd_, lx, final_norm_->value, eps);
+    ops_.rmsnorm_forward(lh, view(last_rstd_, {B}), lx, final_norm_->value, eps);
     ops_.linear_forward(view(logits_, {B, V}), lh, head_->value, nullptr);
-    ops_.copy(Tensor{last_logits, DType::F32, {B * V}, Device::CPU}, logits_);
+    ops_.copy(Tensor{last_logits, DType::F32, {B * V}, Device::CPU}, view(logits_, {B * V}));
   }
 }
 
-void KvDecoder::forward_chunk(int Tc) {
+void KvDecoder::forward_chunk(int r0, int nb, int Tc) {
   const ModelConfig& c = model_.config();
   Ops& o = ops_;
-  const int64_t B = batch_, N = B * Tc, D = c.hidden_size, F = c.intermediate_size;
+  const int64_t B = nb, N = B * Tc, D = c.hidden_size, F = c.intermediate_size;
   const int64_t H = c.num_heads, Hkv = c.num_kv_heads, hd = c.head_dim;
   const float eps = float(c.rms_norm_eps), scale = 1.0f / std::sqrt(float(hd));
   const Tensor x = view(x_, {N, D}), h = view(h_, {N, D}), tmp = view(tmp_, {N, D});
@@ -117,7 +150,7 @@ void KvDecoder::forward_chunk(int Tc) {
   // Without q/k norm, RoPE rotates the projections in place (as in training).
   const Tensor q_raw = c.qk_norm ? view(q_raw_, {N, H, hd}) : q, k_raw = c.qk_norm ? view(k_raw_, {N, Hkv, hd}) : k;
   const Tensor attn = view(attn_, {N, H * hd});
-  const int64_t r = lora_u_.defined() ? lora_u_.numel() / (B * max_chunk_) : 0;
+  const int64_t r = lora_u_.defined() ? lora_u_.numel() / (int64_t(batch_) * max_chunk_) : 0;
   const Tensor u = r ? view(lora_u_, {N, r}) : Tensor{};
   // One adapter output at a time: each projection's u is consumed by its own B product at once.
   const QkvTensors qkv{q_raw, k_raw, v, q, k, view(rstd_, {N * H}), view(rstd_, {N * Hkv}), u, u, u};
@@ -131,14 +164,14 @@ void KvDecoder::forward_chunk(int Tc) {
     o.rmsnorm_forward(h, view(rstd_, {N}), x, w.ln1->value, eps);
     w.attn.forward_qkv(o, h, qkv, seq, model_.inv_freq(), eps, no_dropout, l);
     // Keys and values of the new tokens go to the end of each sequence's cache.
-    const Tensor kc = k_cache_[size_t(l)], vc = v_cache_[size_t(l)];
+    const Tensor kc = k_cache_[size_t(l)].rows(r0, r0 + B), vc = v_cache_[size_t(l)].rows(r0, r0 + B);
     const Tensor kflat = kc.view({B * max_len_, Hkv, hd}), vflat = vc.view({B * max_len_, Hkv, hd});
     for (int64_t b = 0; b < B; ++b) {
-      const int64_t at = b * max_len_ + length_;
+      const int64_t at = b * max_len_ + lengths_[size_t(r0 + b)];
       o.copy(kflat.rows(at, at + Tc), k.rows(b * Tc, b * Tc + Tc));
       o.copy(vflat.rows(at, at + Tc), v.rows(b * Tc, b * Tc + Tc));
     }
-    o.attention_decode(attn.view({N, H, hd}), q, kc, vc, lens_, scale);
+    o.attention_decode(attn.view({N, H, hd}), q, kc, vc, view(lens_, {B}), scale);
     w.attn.o.forward(o, tmp, attn, u, {}, no_dropout.scratch);
     o.add_inplace(x, tmp);
     o.rmsnorm_forward(h, view(rstd_, {N}), x, w.ln2->value, eps);

@@ -1,7 +1,9 @@
 // Incremental decoding with a KV cache: the training model's own layers (model/layer.h: the same
 // projections with LoRA, Qwen3 q/k norm and RoPE, MLP block), fed a few tokens at a time, with keys and
 // values of earlier tokens kept per layer and cached attention in place of flash attention. The LM head
-// runs on each sequence's last token only.
+// runs on each sequence's last token only. Each sequence has its own length: prompts of different lengths are
+// fed row by row (feed_row), a prompt shared by several rows is fed once and its cache copied (copy_row), and
+// decoding then feeds one token to every row at its own position.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -23,21 +25,30 @@ class KvDecoder {
   int batch() const { return batch_; }
   int max_len() const { return max_len_; }
   int vocab_size() const { return model_.config().vocab_size; }
-  int length() const { return length_; }  // tokens in every sequence's cache
-  void reset() { length_ = 0; }           // forget every sequence (the cache is overwritten)
+  int length(int row = 0) const { return lengths_[size_t(row)]; }  // tokens in a sequence's cache
+  void reset() { lengths_.assign(lengths_.size(), 0); }           // forget every sequence (the cache is overwritten)
 
   // Appends `tokens` ([batch, T] row-major, the same T for every sequence) and runs them through the model.
   // `last_logits` (host, [batch, vocab] fp32) receives the logits of each sequence's last new token; with
   // `all_logits` (host, [batch, T, vocab]) every new position's logits too. A UserError when the cache
   // would overflow max_len.
   void feed(std::span<const int32_t> tokens, int T, float* last_logits, float* all_logits = nullptr);
+  // Appends `tokens` to sequence `row` alone; `last_logits` (host, [vocab]) receives its last token's logits.
+  void feed_row(int row, std::span<const int32_t> tokens, float* last_logits);
+  // Sequence `to` becomes a copy of sequence `from` (its cache and length): a prompt fed once for a group.
+  void copy_row(int from, int to);
 
  private:
-  void forward_chunk(int Tc);  // ids of the chunk are already on the device; writes x (the final residual)
+  // Rows [r0, r0 + nb) each take Tc new tokens (ids and positions already on the device, in that order; lens_
+  // holds their lengths after them); writes x (the final residual).
+  void forward_chunk(int r0, int nb, int Tc);
+  // Tokens [B, T] for rows [r0, r0 + B) through the model in chunks; logits as feed() says.
+  void feed_rows(int r0, int B, std::span<const int32_t> tokens, int T, float* last_logits, float* all_logits);
 
   Transformer& model_;
   Ops& ops_;
-  int batch_, max_len_, max_chunk_, length_ = 0;
+  int batch_, max_len_, max_chunk_;
+  std::vector<int> lengths_;  // per sequence
   Parameter *embed_, *final_norm_, *head_;
   Arena arena_;
   std::vector<Tensor> k_cache_, v_cache_;  // per layer [batch, max_len, Hkv, hd]

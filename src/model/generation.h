@@ -29,6 +29,17 @@ std::vector<int32_t> generate(KvDecoder& decoder, std::span<const int32_t> promp
 std::vector<std::vector<int32_t>> generate_batch(KvDecoder& decoder, std::span<const int32_t> prompt,
                                                  const GenerationOptions& opts);
 
+// GRPO's rollouts: `group` completions of each prompt, in the decoder's rows p·group .. p·group + group − 1 (it
+// must hold prompts.size() × group rows, each sized for its prompt plus max_new_tokens). Each prompt is fed once
+// and its cache copied to the rest of its group; then every row takes one token per step at its own position,
+// row r sampling with seed + r. A row ends at an EOS (kept, `terminated`) or at max_new_tokens.
+struct Rollout {
+  std::vector<int32_t> tokens;
+  bool terminated = false;  // ended by an EOS rather than the length limit
+};
+std::vector<Rollout> generate_groups(KvDecoder& decoder, const std::vector<std::vector<int32_t>>& prompts, int group,
+                                     const GenerationOptions& opts);
+
 // eos_token_id of a model folder's generation_config.json (an int or a list); empty when absent.
 std::vector<int32_t> read_generation_eos(const std::filesystem::path& model_dir);
 
