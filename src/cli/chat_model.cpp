@@ -11,19 +11,6 @@ namespace soltrain {
 
 namespace fs = std::filesystem;
 
-std::vector<int32_t> model_eos_ids(const fs::path& model, const Tokenizer& tok) {
-  std::vector<int32_t> ids = read_generation_eos(model);
-  const auto cfg = model / "tokenizer_config.json";
-  if (!ids.empty() || !fs::exists(cfg)) return ids;
-  const nlohmann::json j = read_json_file(cfg);
-  const auto it = j.find("eos_token");
-  if (it == j.end()) return ids;
-  const nlohmann::json& e = it->is_object() ? it->value("content", nlohmann::json()) : *it;
-  if (e.is_string())
-    if (auto id = tok.token_to_id(e.get<std::string>())) ids.push_back(*id);
-  return ids;
-}
-
 size_t printable_prefix(const std::string& s) {
   size_t end = s.size(), i = end;
   int cont = 0;
@@ -40,47 +27,10 @@ size_t printable_prefix(const std::string& s) {
   return end;
 }
 
-namespace {
-Tokenizer load_tokenizer(const fs::path& dir) {
-  if (!fs::is_directory(dir)) user_error(dir.string(), ": no such model folder");
-  if (!fs::exists(dir / "tokenizer.json")) user_error(dir.string(), ": no tokenizer.json (the model's tokenizer)");
-  return Tokenizer::load(dir / "tokenizer.json");
-}
-}  // namespace
-
 ChatModel::ChatModel(const fs::path& model_dir, const std::string& adapter, const std::string& device)
-    : dir_(model_dir), tok_(load_tokenizer(model_dir)), eos_(model_eos_ids(model_dir, tok_)), ops_(make_ops(device)) {
-  try {
-    tmpl_.emplace(ChatTemplate::from_tokenizer_config(dir_ / "tokenizer_config.json"));
-  } catch (const UserError&) {  // a model without a template still completes plain prompts
-  }
-  model_ = adapter.empty() ? load_pretrained(dir_, *ops_, std::nullopt, /*gradients=*/false)
-                           : load_pretrained_with_adapter(dir_, adapter, *ops_);
-}
-
-std::vector<int32_t> ChatModel::chat_prompt(const nlohmann::ordered_json& messages, bool enable_thinking) const {
-  if (!tmpl_) user_error(dir_.string(), ": this tokenizer has no chat template");
-  if (!messages.is_array() || messages.empty()) user_error("messages: expected a non-empty list of {role, content}");
-  for (const auto& m : messages)
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-      user_error("messages: every message needs a role (system, user, assistant) and content");
-  nlohmann::ordered_json vars;
-  vars["messages"] = messages;
-  vars["add_generation_prompt"] = true;
-  vars["enable_thinking"] = enable_thinking;
-  return encode(tmpl_->render(vars));
-}
-
-std::vector<int32_t> ChatModel::encode(const std::string& text) const {
-  if (!utf8_valid(text)) user_error("the prompt is not valid UTF-8");
-  return const_cast<Tokenizer&>(tok_).encode(text);
-}
-
-std::string ChatModel::text(std::span<const int32_t> ids) const {
-  std::vector<int32_t> known;
-  for (int32_t id : ids)
-    if (id >= 0 && size_t(id) < tok_.vocab_size()) known.push_back(id);  // padded vocab rows have no text
-  return tok_.decode(known, /*skip_special_tokens=*/true);
+    : codec_(model_dir), ops_(make_ops(device)) {
+  model_ = adapter.empty() ? load_pretrained(model_dir, *ops_, std::nullopt, /*gradients=*/false)
+                           : load_pretrained_with_adapter(model_dir, adapter, *ops_);
 }
 
 int ChatModel::room(size_t prompt_tokens) const {
@@ -95,7 +45,7 @@ std::vector<std::vector<int32_t>> ChatModel::complete(const std::vector<int32_t>
                " new ones exceed the model's context (max_position_embeddings ",
                model_->config().max_position_embeddings, ")");
   o.sampling.validate();
-  if (o.eos_ids.empty()) o.eos_ids = eos_;
+  if (o.eos_ids.empty()) o.eos_ids = codec_.eos();
   KvDecoder decoder(*model_, n, int(prompt.size()) + o.max_new_tokens, 512);
   if (n == 1) return {generate(decoder, prompt, o)};
   return generate_batch(decoder, prompt, o);

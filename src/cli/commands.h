@@ -21,6 +21,7 @@ std::function<int()> add_bench_attention_command(CLI::App& app);
 std::function<int()> add_sft_command(CLI::App& app);
 std::function<int()> add_pt_command(CLI::App& app);
 std::function<int()> add_dpo_command(CLI::App& app);         // also what `rl: dpo` in an sft config runs
+std::function<int()> add_grpo_command(CLI::App& app);        // also what `rl: grpo` in a config runs
 std::function<int()> add_merge_lora_command(CLI::App& app);  // Axolotl's `merge-lora config.yaml`
 std::function<int()> add_chat_command(CLI::App& app);
 std::function<int()> add_inference_command(CLI::App& app);  // Axolotl's `inference config.yaml`

@@ -115,20 +115,25 @@ Entries read_entries(const std::string& yaml, const std::string& where, const st
   return en;
 }
 
-// Axolotl's `rl: dpo` (or `ipo`) makes an sft-style config a preference run: known before the datasets are
-// read, since it decides how their records are read.
+// Axolotl's `rl: dpo` (or `ipo`) makes an sft-style config a preference run, `rl: grpo` an online RL run: known
+// before the datasets are read, since it decides how their records are read.
 TrainMode preference_mode(const Entries& en, TrainMode mode, TrainConfig& c) {
   const auto rl = en.by_key.find("rl");
   if (rl == en.by_key.end() || !rl->second.node.IsScalar()) return mode;
   const std::string v = rl->second.node.Scalar();
-  if (v != "dpo" && v != "ipo") return mode;
-  if (mode == TrainMode::kPretrain) user_error(rl->second.where, ": rl: ", v, " is a preference run, not pt");
+  if (v != "dpo" && v != "ipo" && v != "grpo") return mode;
+  if (mode == TrainMode::kPretrain) user_error(rl->second.where, ": rl: ", v, " is not a pt run");
+  if (v == "grpo") {
+    if (mode == TrainMode::kDpo) user_error(rl->second.where, ": rl: grpo in a dpo run: run `soltrain grpo`");
+    return TrainMode::kGrpo;
+  }
+  if (mode == TrainMode::kGrpo) user_error(rl->second.where, ": rl: ", v, " in a grpo run: run `soltrain dpo`");
   if (v == "ipo") c.dpo.loss = PreferenceLoss::Ipo;
   return TrainMode::kDpo;
 }
 
 unsigned command_bit(TrainMode m) {
-  return m == TrainMode::kSft ? kSftBit : m == TrainMode::kPretrain ? kPtBit : kDpoBit;
+  return m == TrainMode::kSft ? kSftBit : m == TrainMode::kPretrain ? kPtBit : m == TrainMode::kDpo ? kDpoBit : kGrpoBit;
 }
 
 // One key: the schema's reader, else a peer key's (cli/peer_keys.h), else unknown with the closest name.
@@ -138,6 +143,8 @@ void apply_key(const std::string& key, Entries& en, ReadContext& x, std::map<std
   if (const KeySpec* spec = find_config_key(key)) {
     if (!(spec->commands & command_bit(x.mode)) && spec->commands == kDpoBit)
       user_error(e.where, ": ", key, " is a preference-training key: run `soltrain dpo` or set rl: dpo");
+    if (!(spec->commands & command_bit(x.mode)) && spec->commands == kGrpoBit)
+      user_error(e.where, ": ", key, " is a GRPO key: run `soltrain grpo` or set rl: grpo");
     if (!e.node.IsNull()) spec->read(e, key, x);  // `key:` with nothing keeps the default
     return;
   }
@@ -371,6 +378,33 @@ void rule_trackers(const Entries&, const std::string&, TrainConfig& c, std::vect
   if (t.mlflow_settings.count("tracking_uri")) t.mlflow = true;
 }
 
+// GRPO: the clip's upper side defaults to its lower one (TRL), rows hold a prompt and its completion, the update's
+// completions make whole groups, every reward function has its weight, and β > 0 has a reference to compare to.
+void rule_grpo(const Entries& en, const std::string& where, TrainConfig& c, std::vector<std::string>& errors) {
+  if (!c.grpo.enabled) return;
+  GrpoSettings& g = c.grpo;
+  if (!g.epsilon_high_given) g.loss.epsilon_high = g.loss.epsilon;
+  if (en.given({"sequence_len", "max_seq_length", "sequence_length"}))
+    c.notes.push_back("sequence_len is max_prompt_length + max_completion_length in a grpo run: the given one is not used");
+  c.sequence_len = g.max_prompt_length + g.loss.max_completion_length;
+  const int64_t completions = int64_t(c.per_device_train_batch_size) * c.gradient_accumulation_steps;
+  if (completions % g.num_generations != 0)
+    errors.push_back(cat(where, ": per_device_train_batch_size x gradient_accumulation_steps = ", completions,
+                         " completions per update is not a multiple of num_generations ", g.num_generations,
+                         ": each prompt's completions must be trained together"));
+  if (g.reward_funcs.empty())
+    errors.push_back(cat(where, ": reward_funcs is required in a grpo run (built-in: accuracy, think_format; ",
+                         "or module.path:function)"));
+  if (!g.reward_weights.empty() && g.reward_weights.size() != g.reward_funcs.size())
+    errors.push_back(cat(where, ": reward_weights has ", g.reward_weights.size(), " values for ",
+                         g.reward_funcs.size(), " reward_funcs"));
+  if (g.loss.beta > 0 && !c.lora.enabled)
+    errors.push_back(cat(where, ": beta ", g.loss.beta, " with full fine-tuning needs a frozen copy of the model as ",
+                         "the reference, which is not built yet: use LoRA (the reference is the base with the ",
+                         "adapters off) or beta: 0 (TRL's default)"));
+  if (c.gpus > 1) errors.push_back(cat(where, ": grpo runs on one GPU for now (gpus: ", c.gpus, ")"));
+}
+
 constexpr Rule kRules[] = {rule_lora_settings_imply_lora,
                            rule_quantised_base,
                            rule_axolotl_schedule,
@@ -378,7 +412,8 @@ constexpr Rule kRules[] = {rule_lora_settings_imply_lora,
                            rule_offload,
                            rule_streamed_base,
                            rule_hub_push,
-                           rule_trackers};
+                           rule_trackers,
+                           rule_grpo};
 
 }  // namespace
 
@@ -388,6 +423,8 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
   TrainConfig c;
   mode = preference_mode(en, mode, c);
   c.dpo.enabled = mode == TrainMode::kDpo;
+  c.grpo.enabled = mode == TrainMode::kGrpo;
+  c.grpo.config_dir = fs::path(where).parent_path();
   c.mode = mode;
   if (mode == TrainMode::kPretrain) c.train_on_inputs = true;
   if (const auto lf = llama_factory_config(en.order, where)) throw UserError(*lf);

@@ -1,6 +1,8 @@
 #include "cli/config_schema.h"
 
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <type_traits>
 
@@ -235,21 +237,35 @@ void add_data_keys(std::vector<KeySpec>& v) {
 }
 
 void add_objective_keys(std::vector<KeySpec>& v) {
-  v.push_back(key("rl", "choice", "dpo or ipo", "", "Axolotl's: makes an sft config a preference run (dpo, ipo)",
+  v.push_back(key("rl", "choice", "dpo, ipo or grpo", "",
+                  "Axolotl's: makes an sft config a preference run (dpo, ipo) or online RL (grpo)",
                   [](const Entry& e, const std::string& k, ReadContext&) {
                     const std::string s = get_string(e, k);
-                    if (s != "dpo" && s != "ipo")
+                    if (s != "dpo" && s != "ipo" && s != "grpo")
                       user_error(e.where, ": rl: \"", s,
-                                 "\": soltrain trains dpo and ipo (other preference methods are not built yet)");
+                                 "\": soltrain trains dpo, ipo and grpo (other methods are not built yet)");
                   }));
-  v.push_back(only(choice("loss_type", {"sigmoid", "ipo", "hinge"}, "sigmoid", "the preference loss (TRL's names)",
-                          [](ReadContext& x, const std::string& s, const Entry& e) {
-                            x.c.dpo.loss = parse_preference_loss(s, e.where);
-                          }),
-                   kDpoBit));
-  v.push_back(
-      only(aka(number("beta", FIELD(dpo.beta), 0, 1e6, true, "DPO's temperature on the log-ratio margin"), {"rl_beta"}),
-           kDpoBit));
+  // loss_type and beta are TRL's names in both trainers: what they set follows the run.
+  v.push_back(only(key("loss_type", "choice", "sigmoid, ipo or hinge (dpo); grpo, bnpo, dr_grpo or dapo (grpo)",
+                       "sigmoid (dpo), dapo (grpo)", "the loss (TRL's names)",
+                       [](const Entry& e, const std::string& k, ReadContext& x) {
+                         const std::string s = get_string(e, k);
+                         if (x.mode == TrainMode::kGrpo)
+                           x.c.grpo.loss.loss_type = parse_grpo_loss_type(s, e.where);
+                         else
+                           x.c.dpo.loss = parse_preference_loss(s, e.where);
+                       }),
+                   kDpoBit | kGrpoBit));
+  v.push_back(only(aka(key("beta", "number", "a number >= 0 (dpo: > 0)", "0.1 (dpo), 0 (grpo)",
+                           "DPO's temperature on the log-ratio margin; GRPO's weight on the KL to the reference",
+                           [](const Entry& e, const std::string& k, ReadContext& x) {
+                             if (x.mode == TrainMode::kGrpo)
+                               x.c.grpo.loss.beta = float(get_double(e, k, 0, 1e6));
+                             else
+                               x.c.dpo.beta = get_double(e, k, 0, 1e6, true);
+                           }),
+                       {"rl_beta"}),
+                   kDpoBit | kGrpoBit));
   v.push_back(only(aka(number("label_smoothing", FIELD(dpo.label_smoothing), 0, 0.49, false,
                               "the share of pairs assumed flipped (conservative DPO)"),
                        {"dpo_label_smoothing"}),
@@ -459,12 +475,74 @@ void add_run_keys(std::vector<KeySpec>& v) {
       integer("loss_watchdog_patience", FIELD(loss_watchdog_patience), 1, "... for this many logged steps in a row"));
 }
 
+void add_grpo_keys(std::vector<KeySpec>& v) {
+  auto g = [](KeySpec k) { return only(std::move(k), kGrpoBit); };
+  v.push_back(g(integer("num_generations", FIELD(grpo.num_generations), 2,
+                        "completions per prompt (a group): the advantages compare them")));
+  v.push_back(g(integer("max_prompt_length", FIELD(grpo.max_prompt_length), 1,
+                        "prompts are cut to their last this many tokens")));
+  v.push_back(g(integer("max_completion_length", FIELD(grpo.loss.max_completion_length), 1,
+                        "tokens generated per completion at most")));
+  v.push_back(g(integer("num_iterations", FIELD(grpo.num_iterations), 1,
+                        "updates on each batch of completions (the sampling policy's log-probs kept)")));
+  v.push_back(g(number("epsilon", FIELD(grpo.loss.epsilon), 0, 0.99, false, "the ratio's lower clip: 1 - epsilon")));
+  v.push_back(g(key("epsilon_high", "number", "a number >= 0", "epsilon", "the ratio's upper clip: 1 + epsilon_high",
+                    [](const Entry& e, const std::string& k, ReadContext& x) {
+                      x.c.grpo.loss.epsilon_high = float(get_double(e, k, 0, 100));
+                      x.c.grpo.epsilon_high_given = true;
+                    })));
+  v.push_back(g(key("delta", "number", "a number > 1", "none", "caps the importance ratio (two-sided clipping)",
+                    [](const Entry& e, const std::string& k, ReadContext& x) {
+                      const double d = get_double(e, k, 1, 1e6, true);
+                      x.c.grpo.loss.delta = float(d);
+                    })));
+  v.push_back(g(choice("scale_rewards", {"group", "batch", "none"}, "group",
+                       "advantages divided by the group's reward std, the batch's, or not",
+                       [](ReadContext& x, const std::string& s, const Entry& e) {
+                         x.c.grpo.loss.scale_rewards = parse_scale_rewards(s, e.where);
+                       })));
+  v.push_back(g(choice("importance_sampling_level", {"token", "sequence"}, "token",
+                       "one importance ratio per token, or per completion (GSPO)",
+                       [](ReadContext& x, const std::string& s, const Entry&) {
+                         x.c.grpo.loss.sequence_level = s == "sequence";
+                       })));
+  v.push_back(g(flag("use_bias_correction_kl", FIELD(grpo.loss.kl_ratio),
+                     "the KL term times the importance ratio (its unbiased gradient)")));
+  v.push_back(g(flag("mask_truncated_completions", FIELD(grpo.mask_truncated_completions),
+                     "completions cut by max_completion_length count nothing in the loss")));
+  v.push_back(g(key("reward_funcs", "list", "a list of names", "",
+                    "the reward functions: built-in (accuracy, think_format) or module.path:function (Python)",
+                    [](const Entry& e, const std::string& k, ReadContext& x) {
+                      x.c.grpo.reward_funcs = get_string_list(e, k);
+                      if (x.c.grpo.reward_funcs.empty()) bad_value(e, k, "a non-empty list of reward functions");
+                    })));
+  v.push_back(g(key("reward_weights", "list", "a list of numbers", "1 each", "each reward function's weight",
+                    [](const Entry& e, const std::string& k, ReadContext& x) {
+                      x.c.grpo.reward_weights.clear();
+                      for (const std::string& s : get_string_list(e, k)) {
+                        char* end = nullptr;
+                        const double w = std::strtod(s.c_str(), &end);
+                        if (s.empty() || *end != 0 || !std::isfinite(w)) bad_value(e, k, "a list of numbers");
+                        x.c.grpo.reward_weights.push_back(w);
+                      }
+                    })));
+  v.push_back(g(number("temperature", FIELD(grpo.temperature), 0, 100, true,
+                       "sampling temperature (the trained log-probs use it too)")));
+  v.push_back(g(number("top_p", FIELD(grpo.top_p), 0, 1, true, "nucleus sampling's mass")));
+  v.push_back(g(integer("top_k", FIELD(grpo.top_k), 0, "sample among the k likeliest tokens (0: all)")));
+  v.push_back(g(flag("log_completions", FIELD(grpo.log_completions),
+                     "print a sample of completions and their rewards at each logged step")));
+  v.push_back(g(integer("num_completions_to_print", FIELD(grpo.num_completions_to_print), 1,
+                        "how many completions log_completions prints")));
+}
+
 std::vector<KeySpec> make_keys() {
   std::vector<KeySpec> v;
   const std::pair<const char*, void (*)(std::vector<KeySpec>&)> sections[] = {
       {"Model and outputs", add_model_keys},
       {"Data", add_data_keys},
       {"Preference training", add_objective_keys},
+      {"Online RL (GRPO)", add_grpo_keys},
       {"Batches and schedule", add_schedule_keys},
       {"Optimizer", add_optimizer_keys},
       {"Adapters and base storage", add_adapter_keys},
@@ -512,7 +590,8 @@ namespace {
 std::string commands_text(unsigned c) {
   if (c == kEveryCommand) return "all";
   std::string s;
-  for (const auto& [bit, name] : {std::pair{kSftBit, "sft"}, std::pair{kPtBit, "pt"}, std::pair{kDpoBit, "dpo"}})
+  for (const auto& [bit, name] : {std::pair{kSftBit, "sft"}, std::pair{kPtBit, "pt"}, std::pair{kDpoBit, "dpo"},
+                                  std::pair{kGrpoBit, "grpo"}})
     if (c & bit) s += (s.empty() ? "" : ", ") + std::string(name);
   return s;
 }

@@ -23,7 +23,7 @@ struct ReadContext {
   std::filesystem::path base;  // relative paths are relative to this folder (the config file's)
 };
 
-enum CommandBit : unsigned { kSftBit = 1, kPtBit = 2, kDpoBit = 4, kEveryCommand = 7 };
+enum CommandBit : unsigned { kSftBit = 1, kPtBit = 2, kDpoBit = 4, kGrpoBit = 8, kEveryCommand = 15 };
 
 struct KeySpec {
   std::string name;
@@ -32,7 +32,7 @@ struct KeySpec {
   std::string expected;               // what a value must be: "an integer >= 1", "cosine, linear, ..."
   std::string default_value;          // as the docs show it; "" for none
   std::string doc;                    // one line
-  unsigned commands = kEveryCommand;  // which of sft, pt, dpo read it
+  unsigned commands = kEveryCommand;  // which of sft, pt, dpo, grpo read it
   std::string section;
   // Reads the value into ctx.c; `key` is the name as written (an alias names itself in messages).
   std::function<void(const Entry&, const std::string& key, ReadContext&)> read;

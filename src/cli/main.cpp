@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   using Registrar = std::function<int()> (*)(CLI::App&);
   const Registrar registrars[] = {
       soltrain::add_sft_command,           soltrain::add_pt_command,       soltrain::add_dpo_command,
+      soltrain::add_grpo_command,
       soltrain::add_tokenize_command,      soltrain::add_generate_command, soltrain::add_merge_command,
       soltrain::add_dump_command,          soltrain::add_train_command,    soltrain::add_encode_command,
       soltrain::add_chat_template_command, soltrain::add_bench_command,    soltrain::add_bench_attention_command,

@@ -15,6 +15,7 @@
 #include "train/run_builder.h"
 #include "train/run_checks.h"
 #include "train/run_dpo.h"
+#include "train/run_grpo.h"
 #include "train/train_data.h"
 
 namespace soltrain {
@@ -35,7 +36,7 @@ void check_same_config(Communicator& comm, const TrainConfig& c) {
 
 }  // namespace
 
-RunResult run_job(TrainConfig cfg, TrainMode mode, std::ostream& log, LoopHooks hooks) {
+RunResult run_job(TrainConfig cfg, TrainMode mode, std::ostream& log, LoopHooks hooks, InProcessRewards rewards) {
   resolve_hub_inputs(cfg, log);
   if (cfg.dpo.enabled) {  // `soltrain dpo`, or an sft config with Axolotl's `rl: dpo`
     if (cfg.gpus > 1)
@@ -44,6 +45,12 @@ RunResult run_job(TrainConfig cfg, TrainMode mode, std::ostream& log, LoopHooks 
     const OutputLock lock = prepare_run_outputs(cfg, log);
     auto ops = make_ops(cfg.device);
     return run_dpo(cfg, *ops, log, std::move(hooks));
+  }
+  if (cfg.grpo.enabled) {  // `soltrain grpo`, or a config with `rl: grpo`
+    check_run_inputs(cfg);
+    const OutputLock lock = prepare_run_outputs(cfg, log);
+    auto ops = make_ops(cfg.device);
+    return run_grpo(cfg, *ops, log, std::move(hooks), std::move(rewards));
   }
   LaunchEnv env = read_launch_env();
   env.timeout_s = cfg.ddp_timeout;

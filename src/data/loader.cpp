@@ -41,16 +41,19 @@ Loader::Loader(ShardSet data, LoaderOptions options) : data_(std::move(data)), o
     user_error("loader: no document fits in seq_len ", o_.seq_len, " (", dropped_, " dropped as too long)");
 }
 
-std::vector<int64_t> Loader::epoch_order(int64_t epoch) const {
-  std::vector<int64_t> order = usable_;
-  if (!o_.shuffle) return order;
+void shuffle_for_epoch(std::vector<int64_t>& order, uint64_t seed, int64_t epoch) {
   // Seeds from (seed, epoch) through a seed sequence so neighbouring epochs get unrelated orders.
-  std::seed_seq seq{uint32_t(o_.seed), uint32_t(o_.seed >> 32), uint32_t(epoch), uint32_t(uint64_t(epoch) >> 32)};
+  std::seed_seq seq{uint32_t(seed), uint32_t(seed >> 32), uint32_t(epoch), uint32_t(uint64_t(epoch) >> 32)};
   std::mt19937_64 rng(seq);
   for (size_t i = order.size(); i > 1; --i) {
     const size_t j = size_t(rng() % i);  // modulo bias is < i / 2^64: irrelevant here
     std::swap(order[i - 1], order[j]);
   }
+}
+
+std::vector<int64_t> Loader::epoch_order(int64_t epoch) const {
+  std::vector<int64_t> order = usable_;
+  if (o_.shuffle) shuffle_for_epoch(order, o_.seed, epoch);
   return order;
 }
 

@@ -31,6 +31,9 @@ struct LoaderState {
   static LoaderState from_json(const nlohmann::json& j);  // UserError on a malformed state
 };
 
+// Fisher-Yates over mt19937_64 seeded from (seed, epoch): every loader's epoch order (the same on every platform).
+void shuffle_for_epoch(std::vector<int64_t>& order, uint64_t seed, int64_t epoch);
+
 class Loader {
  public:
   Loader(ShardSet data, LoaderOptions options);  // UserError when no document is usable

@@ -37,7 +37,7 @@ struct GrpoConfig {
   float epsilon = 0.2f, epsilon_high = 0.2f, delta = 0, beta = 0;
   bool sequence_level = false;  // importance_sampling_level: sequence (GSPO) rather than token
   bool kl_ratio = true;         // use_bias_correction_kl: the KL term times the importance ratio (TRL's default)
-  int max_completion_length = 256;
+  int max_completion_length = 512;
   // The values a config can hold, checked; UserErrors name `where`'s keys.
   void validate(const std::string& where) const;
 };

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "model/grpo_objective.h"
 #include "model/lora.h"
 #include "model/transformer.h"
 #include "train/optimizer.h"
@@ -41,6 +42,26 @@ struct DpoSettings {
   bool precompute_ref = false;
 };
 
+// Online RL (`soltrain grpo`, or `rl: grpo`): TRL's GRPOConfig names and defaults. Each update generates
+// per_device_train_batch_size x gradient_accumulation_steps completions, num_generations per prompt, scores them
+// with the reward functions and trains on them num_iterations times.
+struct GrpoSettings {
+  bool enabled = false;
+  GrpoConfig loss;  // loss_type, scale_rewards, beta, epsilon(_high), delta, importance_sampling_level, ...
+  int num_generations = 8, max_prompt_length = 512, num_iterations = 1;
+  bool mask_truncated_completions = false;
+  bool epsilon_high_given = false;  // else epsilon_high is epsilon
+  std::filesystem::path config_dir;  // the config file's folder: Python reward modules are found there too
+  // Built-in names (accuracy, think_format) or `module.path:function` (Python, TRL's signature).
+  std::vector<std::string> reward_funcs;
+  std::vector<double> reward_weights;  // empty: 1 each
+  // Sampling (TRL's generation keys): temperature also divides the logits of the trained log-probs.
+  double temperature = 1.0, top_p = 1.0;
+  int top_k = 0;
+  bool log_completions = false;
+  int num_completions_to_print = 4;
+};
+
 struct LoraSettings {  // as written in the YAML; the model layer's LoraConfig is built from it
   bool enabled = false;
   int rank = 16;
@@ -53,7 +74,7 @@ struct LoraSettings {  // as written in the YAML; the model layer's LoraConfig i
   std::string base_key;
 };
 
-enum class TrainMode { kSft, kPretrain, kDpo };
+enum class TrainMode { kSft, kPretrain, kDpo, kGrpo };
 
 // resume_from_checkpoint: start fresh, continue the newest checkpoint in output_dir (`true`), or a folder.
 struct ResumeFrom {
@@ -114,6 +135,7 @@ struct TrainConfig {
   Fp8Settings fp8;
   LoraSettings lora;
   DpoSettings dpo;
+  GrpoSettings grpo;
   int64_t save_steps = 0;    // 0 = only at the end (and on Ctrl-C)
   int save_total_limit = 0;  // 0 = keep all
   ResumeFrom resume_from_checkpoint;

@@ -50,7 +50,10 @@ std::string quoted(const std::string& s) {
 
 std::string model_card(const TrainConfig& c, bool lora) {
   const std::string base = c.model_hub_id.empty() ? c.model.string() : c.model_hub_id;
-  const std::string method = c.mode == TrainMode::kDpo ? "dpo" : c.mode == TrainMode::kPretrain ? "pt" : "sft";
+  const std::string method = c.mode == TrainMode::kDpo    ? "dpo"
+                             : c.mode == TrainMode::kGrpo ? "grpo"
+                             : c.mode == TrainMode::kPretrain ? "pt"
+                                                              : "sft";
   std::string s = "---\n";
   if (!c.model_hub_id.empty()) s += "base_model: " + quoted(c.model_hub_id) + "\n";
   s += cat("library_name: ", lora ? "peft" : "transformers", "\npipeline_tag: text-generation\ntags:\n- soltrain\n- ",

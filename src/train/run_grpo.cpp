@@ -1,0 +1,340 @@
+// Online RL: the run built from the config as every run is (train/run_builder.h), a prompt dataset, the
+// decoder that generates on the training weights, the reward functions, and the GRPO driver in the one training
+// loop (train/train_loop.h). An update's rollouts are generated when it starts (every num_iterations updates),
+// scored, turned into advantages and rows, then trained on by GrpoStep.
+#include "train/run_grpo.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ostream>
+
+#include "core/error.h"
+#include "data/loader.h"
+#include "data/prompt_codec.h"
+#include "data/record_reader.h"
+#include "model/decoder.h"
+#include "model/generation.h"
+#include "model/grpo_objective.h"
+#include "train/run_builder.h"
+#include "train/train_loop.h"
+#include "train/train_step.h"
+
+namespace soltrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct PromptRecord {
+  nlohmann::ordered_json record;  // the whole row: its other columns go to the reward functions
+  std::vector<int32_t> ids;       // the prompt through the tokenizer (and the chat template for conversations)
+};
+
+// Every record of the config's datasets with its prompt tokenized, cut to its last max_prompt_length tokens.
+std::vector<PromptRecord> read_prompts(const TrainConfig& c, const PromptCodec& codec, std::ostream& log) {
+  std::vector<PromptRecord> out;
+  int64_t cut = 0;
+  for (const DatasetSpec& d : c.datasets) {
+    RecordReader reader(d.path, {}, d.split);
+    nlohmann::ordered_json rec;
+    std::string where, error;
+    int64_t taken = 0;
+    while (reader.next(rec, where, error)) {
+      if (rec.is_null()) throw DataError(cat(where, ": ", error));
+      if (d.samples > 0 && taken >= d.samples) break;
+      const auto p = rec.find("prompt");
+      if (p == rec.end())
+        throw DataError(cat(where, ": no \"prompt\" column (GRPO reads prompts as TRL does: text or a list of ",
+                            "{role, content} messages)"));
+      PromptRecord r{rec, {}};
+      try {
+        r.ids = codec.prompt(*p, where);
+      } catch (const UserError& e) {
+        throw DataError(e.what());
+      }
+      if (int64_t(r.ids.size()) > c.grpo.max_prompt_length) {
+        r.ids.erase(r.ids.begin(), r.ids.end() - c.grpo.max_prompt_length);
+        ++cut;
+      }
+      out.push_back(std::move(r));
+      ++taken;
+    }
+  }
+  if (out.empty()) throw DataError("grpo: the datasets hold no prompts");
+  if (cut > 0)
+    log << "grpo: " << cut << " of " << out.size() << " prompts cut to their last " << c.grpo.max_prompt_length
+        << " tokens (max_prompt_length)\n";
+  return out;
+}
+
+std::pair<double, double> mean_std(const std::vector<double>& v) {  // NaNs left out; unbiased std
+  double s = 0, n = 0;
+  for (double x : v)
+    if (!std::isnan(x)) s += x, n += 1;
+  if (n == 0) return {NAN, NAN};
+  const double m = s / n;
+  double q = 0;
+  for (double x : v)
+    if (!std::isnan(x)) q += (x - m) * (x - m);
+  return {m, n > 1 ? std::sqrt(q / (n - 1)) : NAN};
+}
+
+class GrpoDriver final : public RunDriver {
+ public:
+  GrpoDriver(const TrainConfig& c, Ops& ops, Transformer& model, const PromptCodec& codec,
+             std::vector<PromptRecord> prompts, RewardFunctions& rewards, std::ostream& log)
+      : c_(c),
+        ops_(ops),
+        model_(model),
+        codec_(codec),
+        prompts_(std::move(prompts)),
+        rewards_(rewards),
+        log_(log),
+        completions_(c.per_device_train_batch_size * c.gradient_accumulation_steps),
+        grpo_(ops, c.grpo.loss, int64_t(c.per_device_train_batch_size) * c.sequence_len, c.per_device_train_batch_size),
+        decoder_(model, completions_, c.sequence_len, std::max(1, std::min(256, c.grpo.max_prompt_length))),
+        micro_(size_t(c.gradient_accumulation_steps)) {}
+
+  void update(TrainStep& step, int64_t done, float lr) override {
+    if (!fresh_ || done % c_.grpo.num_iterations == 0) generate(done);
+    GrpoStep objective(grpo_);
+    step.run(micro_, lr, -1, &objective);
+  }
+
+  Readout read(const TrainStep&) override {
+    const GrpoMetrics m = grpo_.read(ops_);  // waits for the update
+    NamedValues v = gen_values_;
+    if (c_.grpo.loss.beta != 0) v.push_back({"kl", m.kl});
+    v.push_back({"clip_ratio/low_mean", m.clip_low});
+    v.push_back({"clip_ratio/low_min", m.clip_low_min});
+    v.push_back({"clip_ratio/high_mean", m.clip_high});
+    v.push_back({"clip_ratio/high_max", m.clip_high_max});
+    v.push_back({"clip_ratio/region_mean", m.clip_region});
+    return {m.loss, m.tokens > 0, std::move(v)};
+  }
+
+  double tokens_per_update() const override { return double(tokens_); }
+  double epoch() const override { return double(state_.epoch) + double(state_.index) / double(prompts_.size()); }
+  LoaderState loader_state() const override { return state_; }
+  void restore(const LoaderState& s) override {
+    state_ = s;
+    order_.clear();
+    fresh_ = false;  // the next update generates anew (num_iterations restarts there)
+  }
+  bool has_validation() const override { return false; }
+  std::optional<Evaluation> evaluate() override { return std::nullopt; }
+  const char* order_name() const override { return "prompt order and sampling"; }
+
+ private:
+  // The next prompt of the shuffled order (a new order every epoch).
+  size_t next_prompt() {
+    if (order_.empty() || state_.index >= int64_t(order_.size())) {
+      if (!order_.empty()) ++state_.epoch, state_.index = 0;
+      order_.resize(prompts_.size());
+      for (size_t i = 0; i < order_.size(); ++i) order_[i] = int64_t(i);
+      shuffle_for_epoch(order_, c_.seed, state_.epoch);
+    }
+    return size_t(order_[size_t(state_.index++)]);
+  }
+
+  // The update's rollouts: prompts, completions, rewards, advantages, and the micro-batches built from them.
+  void generate(int64_t done) {
+    const GrpoSettings& g = c_.grpo;
+    const int G = g.num_generations, P = completions_ / G;
+    std::vector<size_t> picked;
+    std::vector<std::vector<int32_t>> prompt_ids;
+    for (int p = 0; p < P; ++p) {
+      picked.push_back(next_prompt());
+      prompt_ids.push_back(prompts_[picked.back()].ids);
+    }
+    GenerationOptions o;
+    o.max_new_tokens = g.loss.max_completion_length;
+    o.sampling = {float(g.temperature), g.top_k, float(g.top_p), c_.seed + uint64_t(done) * 1000003u};
+    o.eos_ids = codec_.eos();
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<Rollout> rollouts = generate_groups(decoder_, prompt_ids, G, o);
+    const double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    RewardRequest req;
+    for (int r = 0; r < completions_; ++r) {
+      const PromptRecord& pr = prompts_[picked[size_t(r / G)]];
+      req.prompts.push_back(pr.record["prompt"]);
+      req.records.push_back(pr.record);
+      req.completions.push_back(codec_.text(rollouts[size_t(r)].tokens));
+      req.completion_ids.push_back(rollouts[size_t(r)].tokens);
+    }
+    req.conversational = req.prompts[0].is_array();
+    const std::vector<std::vector<double>> per_func = rewards_.score(req);
+    std::vector<double> total(size_t(completions_), 0.0);
+    std::vector<bool> any(size_t(completions_), false);
+    for (size_t f = 0; f < per_func.size(); ++f) {
+      const double w = g.reward_weights.empty() ? 1.0 : g.reward_weights[f];
+      for (size_t r = 0; r < total.size(); ++r)
+        if (!std::isnan(per_func[f][r])) total[r] += w * per_func[f][r], any[r] = true;
+    }
+    for (size_t r = 0; r < total.size(); ++r)
+      if (!any[r]) total[r] = NAN;  // no function scored it: TRL's unscorable completion
+    std::vector<bool> zero_std;
+    const std::vector<float> adv = grpo_advantages(total, G, g.loss.scale_rewards, &zero_std);
+
+    // Rows: prompt, completion, padding; the completion's tokens are the targets (none for a truncated one
+    // under mask_truncated_completions).
+    const int B = c_.per_device_train_batch_size, T = c_.sequence_len;
+    tokens_ = 0;
+    int64_t gen_tokens = 0, min_len = INT64_MAX, max_len = 0, clipped = 0, term_sum = 0, terminated = 0;
+    for (size_t m = 0; m < micro_.size(); ++m) {
+      HostBatch& b = micro_[m];
+      b = HostBatch{};
+      b.rows = B;
+      b.seq_len = T;
+      b.input_ids.assign(size_t(B) * size_t(T), 0);
+      b.targets.assign(size_t(B) * size_t(T), -100);
+      for (int i = 0; i < B; ++i) {
+        const size_t r = m * size_t(B) + size_t(i);
+        const std::vector<int32_t>& p = prompt_ids[r / size_t(G)];
+        const Rollout& ro = rollouts[r];
+        int32_t* ids = b.input_ids.data() + size_t(i) * size_t(T);
+        int32_t* tg = b.targets.data() + size_t(i) * size_t(T);
+        std::copy(p.begin(), p.end(), ids);
+        std::copy(ro.tokens.begin(), ro.tokens.end(), ids + p.size());
+        const bool counted = ro.terminated || !g.mask_truncated_completions;
+        if (counted)
+          for (size_t j = 0; j < ro.tokens.size(); ++j) tg[p.size() - 1 + j] = ro.tokens[j];
+        b.advantages.push_back(adv[r]);
+        const int64_t n = int64_t(ro.tokens.size());
+        tokens_ += int64_t(p.size()) + n;
+        gen_tokens += n;
+        min_len = std::min(min_len, n);
+        max_len = std::max(max_len, n);
+        if (ro.terminated)
+          term_sum += n, ++terminated;
+        else
+          ++clipped;
+      }
+    }
+    if (g.num_iterations > 1) keep_sampling_logprobs();
+    fresh_ = true;
+
+    // TRL's generation metrics.
+    gen_values_.clear();
+    const auto [rmean, rstd] = mean_std(total);
+    gen_values_.push_back({"reward", rmean});
+    gen_values_.push_back({"reward_std", rstd});
+    for (size_t f = 0; f < per_func.size(); ++f) {
+      const auto [fm, fs] = mean_std(per_func[f]);
+      gen_values_.push_back({"rewards/" + rewards_.names()[f] + "/mean", fm});
+      gen_values_.push_back({"rewards/" + rewards_.names()[f] + "/std", fs});
+    }
+    gen_values_.push_back(
+        {"frac_reward_zero_std", double(std::count(zero_std.begin(), zero_std.end(), true)) / double(completions_)});
+    gen_values_.push_back({"completions/mean_length", double(gen_tokens) / double(completions_)});
+    gen_values_.push_back({"completions/min_length", double(min_len)});
+    gen_values_.push_back({"completions/max_length", double(max_len)});
+    gen_values_.push_back({"completions/clipped_ratio", double(clipped) / double(completions_)});
+    gen_values_.push_back({"completions/mean_terminated_length", terminated ? double(term_sum) / terminated : 0.0});
+    gen_values_.push_back({"generation_tokens_per_second", double(gen_tokens) / std::max(gen_s, 1e-9)});
+    if (g.log_completions && (done + 1) % std::max<int64_t>(1, c_.logging_steps) == 0) {
+      log_ << "step " << done + 1 << ": completions (reward):\n";
+      for (int r = 0; r < std::min(completions_, g.num_completions_to_print); ++r) {
+        std::string text = req.completions[size_t(r)];
+        if (text.size() > 300) text = text.substr(0, 300) + "...";
+        char rw[32];
+        std::snprintf(rw, sizeof rw, "%.3f", total[size_t(r)]);
+        log_ << "  [" << rw << "] " << nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+             << "\n";
+      }
+    }
+  }
+
+  // num_iterations > 1: each token's NLL under the policy that sampled it, before the first of its updates.
+  void keep_sampling_logprobs() {
+    class Keep final : public Objective {
+     public:
+      explicit Keep(std::vector<float>& out) : out_(out) {}
+      bool weights_before_forward() const override { return true; }
+      void token_weights(Ops& ops, const ForwardOutputs&, Tensor weight) override { ops.fill(weight, 0.0f); }
+      void add_loss(Ops& ops, const ForwardOutputs& out) override {
+        out_.resize(size_t(out.token_nll.numel()));
+        ops.copy(Tensor{out_.data(), DType::F32, {int64_t(out_.size())}, Device::CPU}, out.token_nll);
+      }
+
+     private:
+      std::vector<float>& out_;
+    };
+    for (HostBatch& b : micro_) {
+      Keep keep(b.old_nll);
+      model_.forward(b, &keep, /*backward_follows=*/false);
+    }
+  }
+
+  const TrainConfig& c_;
+  Ops& ops_;
+  Transformer& model_;
+  const PromptCodec& codec_;
+  std::vector<PromptRecord> prompts_;
+  RewardFunctions& rewards_;
+  std::ostream& log_;
+  int completions_;
+  GrpoObjective grpo_;
+  KvDecoder decoder_;
+  std::vector<HostBatch> micro_;
+  LoaderState state_;
+  std::vector<int64_t> order_;
+  bool fresh_ = false;  // micro_ holds rollouts of this run (not before a resume)
+  int64_t tokens_ = 0;
+  NamedValues gen_values_;
+};
+
+}  // namespace
+
+RunResult run_grpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks hooks, InProcessRewards in_process) {
+  for (const std::string& n : c.notes) log << "grpo: " << n << "\n";
+  fs::create_directories(c.output_dir);
+  const PromptCodec codec(c.model);
+  std::vector<PromptRecord> prompts = read_prompts(c, codec, log);
+  // Reward modules are imported from the working folder and the config's: as `python -m` and TRL scripts find them.
+  std::vector<std::string> paths{fs::current_path().string()};
+  if (!c.grpo.config_dir.empty()) paths.push_back(fs::absolute(c.grpo.config_dir).string());
+  RewardFunctions rewards(c.grpo, paths, std::move(in_process));
+  const std::optional<LoraConfig> lora = lora_config(c);
+  check_update_batches_fit(c, 1, c.per_device_train_batch_size);
+  auto model = load_run_model(c, ops, lora, {});
+  for (const PromptRecord& p : prompts)
+    for (int32_t id : p.ids)
+      if (id < 0 || id >= model->config().vocab_size)
+        user_error(c.model.string(), ": the tokenizer produced id ", id, " but the model's vocab_size is ",
+                   model->config().vocab_size);
+  if (c.sequence_len > model->config().max_position_embeddings)
+    user_error("max_prompt_length + max_completion_length = ", c.sequence_len,
+               " exceeds the model's max_position_embeddings (", model->config().max_position_embeddings, ")");
+  configure_model(*model, c, ops, c.per_device_train_batch_size);
+  model->set_logit_temperature(float(c.grpo.temperature));
+  const int64_t prompts_per_update =
+      int64_t(c.per_device_train_batch_size) * c.gradient_accumulation_steps / c.grpo.num_generations;
+  const int64_t steps_per_epoch = std::max<int64_t>(1, int64_t(prompts.size()) / prompts_per_update);
+  const ScheduleConfig sched =
+      schedule_config(c, total_training_steps(c, steps_per_epoch * c.gradient_accumulation_steps));
+  TrainStep step(*model, optimizer_config(c));
+  const size_t n_prompts = prompts.size();
+  GrpoDriver driver(c, ops, *model, codec, std::move(prompts), rewards, log);
+  TrainLoop loop({c, "grpo", log, ops, nullptr, false, *model, step, sched, run_cadence(c, steps_per_epoch),
+                  std::move(hooks)},
+                 driver);
+  loop.resume();
+  const GrpoConfig& g = c.grpo.loss;
+  std::string funcs;
+  for (const std::string& f : c.grpo.reward_funcs) funcs += (funcs.empty() ? "" : ", ") + f;
+  log << "grpo: " << grpo_loss_type_name(g.loss_type) << " loss, scale_rewards " << scale_rewards_name(g.scale_rewards)
+      << ", beta " << g.beta << ", epsilon " << g.epsilon << "/" << g.epsilon_high
+      << (g.sequence_level ? ", sequence-level ratios" : "") << "; rewards: " << funcs << "; "
+      << (lora ? describe_lora(c) : std::string("full fine-tune")) << "; " << describe_parameters(model->params())
+      << "; " << n_prompts << " prompts, " << prompts_per_update << " per update x " << c.grpo.num_generations
+      << " generations of up to " << g.max_completion_length << " tokens (temperature " << c.grpo.temperature
+      << "), " << c.grpo.num_iterations << " update" << (c.grpo.num_iterations > 1 ? "s" : "") << " per batch; "
+      << sched.total_steps << " steps, lr " << c.learning_rate << " " << to_string(c.lr_scheduler_type) << "\n";
+  return loop.run();
+}
+
+}  // namespace soltrain
