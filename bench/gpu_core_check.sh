@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -95,6 +95,16 @@ for s in "${steps[@]}"; do
         --recompute full --variant "QLoRA NF4=--qlora nf4" --variant "QLoRA FP8=--qlora fp8" \
         --peers none --attention "" --out "$OUT" > "$OUT/qlora8b.log" 2>&1
       grep -E "^\| Qwen" "$OUT/qlora8b.log" ;;
+    grpo)  # issue 30: the CUDA policy loss against its CPU twin, the decoder and generation tests, the CPU task
+      # (python/tests/test_grpo_run.py's) on the GPU, and rollout / step throughput on Qwen3 shapes
+      timeout 200 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='*PolicyLoss*:*Generate*:*Decoder*:CudaModel*:CudaLora*' \
+        > "$OUT/grpo-tests.log" 2>&1
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/grpo-tests.log"
+      for lora in false true; do
+        timeout 400 python3 bench/grpo_bench.py --soltrain "$B/soltrain" --out "$OUT" --shapes ${GRPO_SHAPES:-0.6B 1.7B} \
+          --concurrency ${GRPO_CONCURRENCY:-64 256} --steps 3 $([ $lora = true ] && echo --lora) 2>&1 | tail -8
+        [ -f "$OUT/grpo-bench.json" ] && mv "$OUT/grpo-bench.json" "$OUT/grpo-bench-lora-$lora.json"
+      done ;;
     dpo)  # preference training: the torch reference fixture, CPU/GPU tests, the demo task on the GPU, throughput
       timeout 200 python3 tests/tools/make_dpo_reference.py tests/fixtures/models tests/fixtures/dpo > "$OUT/dpo-ref.log" 2>&1
       tail -2 "$OUT/dpo-ref.log"; [ -d tests/fixtures/dpo ] && tar czf "$OUT/dpo-fixtures.tgz" tests/fixtures/dpo

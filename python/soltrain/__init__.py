@@ -9,15 +9,17 @@ The engine is soltrain's C++/CUDA core (the `soltrain` command runs the same): a
 file's keys as keyword arguments, and a run from Python is the run `soltrain sft config.yaml` makes.
 """
 from ._native import ConfigError, DataError, SoltrainError
-from .config import DPOConfig, PTConfig, SFTConfig, TrainConfig
+from .config import DPOConfig, GRPOConfig, PTConfig, SFTConfig, TrainConfig
 from .model import Model
 from .tokenizer import Tokenizer
-from .trainer import Trainer, TrainerCallback, TrainOutput
+from .trainer import GRPOTrainer, Trainer, TrainerCallback, TrainOutput
 
 __all__ = [
     "ConfigError",
     "DataError",
     "DPOConfig",
+    "GRPOConfig",
+    "GRPOTrainer",
     "Model",
     "PTConfig",
     "SFTConfig",

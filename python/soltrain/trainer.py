@@ -79,7 +79,7 @@ class Trainer:
         self._stop = False
         self._bar = _notebook_progress_bar()
         try:
-            result = native.run(parsed, self._on_log, self._on_evaluate, lambda: self._stop)
+            result = native.run(parsed, self._on_log, self._on_evaluate, lambda: self._stop, self._rewards())
         finally:
             if self._bar is not None:
                 self._bar.close()
@@ -117,6 +117,9 @@ class Trainer:
             raise
         return path
 
+    def _rewards(self) -> Callable[[str], str] | None:
+        return None  # GRPOTrainer's reward functions
+
     def _parse(self, config: TrainConfig) -> Any:
         text, where, overrides = config._reader_input()
         return native.parse_config(text, where, overrides, config.mode)
@@ -135,6 +138,59 @@ class Trainer:
         for cb in self.callbacks:
             if isinstance(cb, TrainerCallback):
                 cb.on_evaluate(metrics)
+
+
+class GRPOTrainer(Trainer):
+    """Online RL (GRPO) from Python: `config` a GRPOConfig, `reward_funcs` callables with TRL's signature
+    f(prompts, completions, completion_ids, **columns) -> list[float | None] (the dataset's other columns by
+    name), called in this process, or names the YAML takes (built-in "accuracy", "think_format", or
+    "module.path:function"); `train_dataset` rows with a `prompt` (text or a list of messages). A function that
+    raises or returns the wrong count stops the run with soltrain.SoltrainError naming it."""
+
+    def __init__(self, config: TrainConfig, reward_funcs: Any, train_dataset: Any = None,
+                 callbacks: Iterable[TrainerCallback | Callable[[dict], None]] | None = None) -> None:
+        from .config import GRPOConfig
+        from .rewards import RewardError, score
+
+        if not isinstance(config, GRPOConfig):
+            raise TypeError(f"config: expected soltrain.GRPOConfig, got {type(config).__name__}")
+        funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        if not funcs:
+            raise ValueError("reward_funcs: give at least one reward function")
+        specs, self._callables = [], {}
+        for i, f in enumerate(funcs):
+            if isinstance(f, str):
+                specs.append(f)
+            elif callable(f):
+                spec = f"{getattr(f, '__module__', None) or 'python'}:{getattr(f, '__name__', f'reward_{i}')}"
+                while spec in self._callables:
+                    spec += "_"
+                self._callables[spec] = f
+                specs.append(spec)
+            else:
+                raise TypeError(f"reward_funcs[{i}]: {type(f).__name__} is neither callable nor a name")
+        self._score, self._reward_error = score, RewardError
+        super().__init__(config.replace(reward_funcs=specs), train_dataset=train_dataset, callbacks=callbacks)
+
+    def _rewards(self) -> Callable[[str], str] | None:
+        if not self._callables:
+            return None
+
+        def call(request: str) -> str:
+            from .rewards import load
+
+            req = json.loads(request)
+            try:
+                funcs = []
+                for spec in req["functions"]:
+                    if spec not in self._callables:  # a "module:function" name: imported here, as a YAML run would
+                        self._callables[spec] = load(spec)
+                    funcs.append((spec.rpartition(":")[2], self._callables[spec]))
+                return json.dumps({"rewards": self._score(funcs, req)})
+            except self._reward_error as e:
+                return json.dumps({"error": str(e)})
+
+        return call
 
 
 def _notebook_progress_bar() -> Any:

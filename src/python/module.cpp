@@ -34,7 +34,8 @@ TrainMode mode_of(const std::string& m) {
   if (m == "sft") return TrainMode::kSft;
   if (m == "pt") return TrainMode::kPretrain;
   if (m == "dpo") return TrainMode::kDpo;
-  throw UserError(cat("mode \"", m, "\": expected sft, pt or dpo"));
+  if (m == "grpo") return TrainMode::kGrpo;
+  throw UserError(cat("mode \"", m, "\": expected sft, pt, dpo or grpo"));
 }
 
 // A config read and checked, held for run(): the Python side sees only its text's verdict.
@@ -59,7 +60,7 @@ nb::dict metrics_dict(const StepMetrics& m) {
   return d;
 }
 
-nb::dict run(ParsedConfig& p, nb::object on_log, nb::object on_evaluate, nb::object should_stop) {
+nb::dict run(ParsedConfig& p, nb::object on_log, nb::object on_evaluate, nb::object should_stop, nb::object rewards) {
   LoopHooks hooks;
   // Each hook takes the GIL for the call only; a Python exception in one ends the run and is raised as itself.
   if (!on_log.is_none())
@@ -82,10 +83,17 @@ nb::dict run(ParsedConfig& p, nb::object on_log, nb::object on_evaluate, nb::obj
       nb::gil_scoped_acquire gil;
       return nb::cast<bool>(should_stop());
     };
+  // GRPO's Python reward functions in this process: the request's JSON in, {"rewards"} or {"error"} out.
+  InProcessRewards in_process;
+  if (!rewards.is_none())
+    in_process = [rewards](const std::string& request) {
+      nb::gil_scoped_acquire gil;
+      return nb::cast<std::string>(rewards(request));
+    };
   RunResult r;
   {
     nb::gil_scoped_release release;
-    r = run_job(p.config, p.mode, std::cerr, std::move(hooks));
+    r = run_job(p.config, p.mode, std::cerr, std::move(hooks), std::move(in_process));
   }
   nb::dict out;
   out["steps"] = r.steps;
@@ -273,6 +281,7 @@ NB_MODULE(_soltrain, m) {
       "the config key table (soltrain config-keys --json)");
   m.def("peer_key_names", &peer_key_names, "the peers' keys soltrain reads (Axolotl, Surogate)");
   m.def("run", &run, nb::arg("config"), nb::arg("on_log").none(), nb::arg("on_evaluate").none(),
-        nb::arg("should_stop").none(),
-        "Runs the job in this process (resumable, checkpointed on a stop); returns its result.");
+        nb::arg("should_stop").none(), nb::arg("rewards").none() = nb::none(),
+        "Runs the job in this process (resumable, checkpointed on a stop); returns its result. `rewards`: GRPO's "
+        "Python reward functions, called with a request's JSON (soltrain/rewards.py).");
 }

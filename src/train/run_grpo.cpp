@@ -235,6 +235,7 @@ class GrpoDriver final : public RunDriver {
     gen_values_.push_back({"completions/clipped_ratio", double(clipped) / double(completions_)});
     gen_values_.push_back({"completions/mean_terminated_length", terminated ? double(term_sum) / terminated : 0.0});
     gen_values_.push_back({"generation_tokens_per_second", double(gen_tokens) / std::max(gen_s, 1e-9)});
+    gen_values_.push_back({"generation_seconds", gen_s});
     if (g.log_completions && (done + 1) % std::max<int64_t>(1, c_.logging_steps) == 0) {
       log_ << "step " << done + 1 << ": completions (reward):\n";
       for (int r = 0; r < std::min(completions_, g.num_completions_to_print); ++r) {

@@ -15,10 +15,11 @@ TEST_F(CudaPolicyLoss, WeightsAndStatsMatchTheCpu) {
   std::vector<int32_t> cu = {0};
   for (int d = 0; d < D; ++d) cu.push_back(cu.back() + 1 + int32_t(rng() % 60));
   const int64_t N = cu.back();
-  std::vector<int32_t> targets(size_t(N));
+  std::vector<int32_t> targets(static_cast<size_t>(N));
   for (auto& t : targets) t = rng() % 4 == 0 ? -100 : int32_t(rng() % 1000);
   std::uniform_real_distribution<float> u(0.0f, 6.0f), shift(-0.3f, 0.3f);
-  std::vector<float> nll(size_t(N)), old(size_t(N)), ref(size_t(N)), adv = randn(size_t(D)), scale(size_t(D));
+  std::vector<float> nll(static_cast<size_t>(N)), old(nll.size()), ref(nll.size()), adv = randn(size_t(D)),
+      scale(static_cast<size_t>(D));
   for (int64_t i = 0; i < N; ++i) {
     nll[size_t(i)] = u(rng);
     old[size_t(i)] = nll[size_t(i)] + shift(rng);
@@ -40,7 +41,7 @@ TEST_F(CudaPolicyLoss, WeightsAndStatsMatchTheCpu) {
     p.kl_ratio = c != 4;
     p.delta = c == 5 ? 1.2f : 0.0f;
     const bool with_old = c != 2;
-    std::vector<float> want_w(size_t(N));
+    std::vector<float> want_w(static_cast<size_t>(N));
     std::vector<double> want_s(kPolicyStats), got_s(kPolicyStats);
     for (bool accumulate : {false, true}) {
       Tensor gw = poisoned({N}, DType::F32);

@@ -1,0 +1,180 @@
+"""`soltrain grpo` end to end on CPU: the demo's tiny model is first taught a task by `sft` (repeat the word, half
+the answers ending in "!"), then GRPO with a built-in reward (accuracy: the answer column, the word with "!") and
+a Python one (ends with "!") must raise the mean reward from its first step to >= 0.9 (a 10-step mean within 60
+steps); the run resumes from a
+checkpoint; bad reward functions and empty prompts stop with one line and exit 2."""
+import json
+import random
+import subprocess
+import textwrap
+
+import pytest
+
+from conftest import BIN, read_jsonl
+
+REWARDS = textwrap.dedent("""\
+    def exclaims(prompts, completions, completion_ids, **columns):
+        assert "answer" in columns and len(columns["answer"]) == len(completions)
+        return [1.0 if c[0]["content"].strip().endswith("!") else 0.0 for c in completions]
+
+    def raises(prompts, completions, **kw):
+        raise ValueError("no score today")
+
+    def too_few(prompts, completions, **kw):
+        return [1.0]
+""")
+
+
+def run(args, cwd):
+    return subprocess.run([str(BIN), *args], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def taught(demo, tmp_path_factory):
+    """The demo model after sft on the task; the GRPO prompts beside it."""
+    d = tmp_path_factory.mktemp("grpo-task")
+    words = [json.loads(line)["messages"][0]["content"] for line in (demo / "train.jsonl").read_text().splitlines()]
+    rng = random.Random(3)
+    with open(d / "sft.jsonl", "w") as f:
+        for w in words:
+            answer = w + "!" if rng.random() < 0.5 else w
+            f.write(json.dumps({"messages": [{"role": "user", "content": w},
+                                             {"role": "assistant", "content": answer}]}) + "\n")
+    with open(d / "prompts.jsonl", "w") as f:
+        for w in words[:1000]:
+            f.write(json.dumps({"prompt": [{"role": "user", "content": w}], "answer": w + "!"}) + "\n")
+    (d / "task_rewards.py").write_text(REWARDS)
+    (d / "sft.yaml").write_text(textwrap.dedent(f"""\
+        model: {demo / 'model'}
+        output_dir: {d / 'sft'}
+        datasets:
+          - path: {d / 'sft.jsonl'}
+            type: conversation
+        sequence_len: 256
+        sample_packing: true
+        per_device_train_batch_size: 4
+        max_steps: 1200
+        learning_rate: 3.0e-3
+        lr_scheduler_type: cosine
+        warmup_steps: 10
+        weight_decay: 0.01
+        adamw_beta2: 0.99
+        logging_steps: 100
+        device: cpu
+        """))
+    r = run(["sft", str(d / "sft.yaml")], d)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return d
+
+
+def grpo_config(d, out, **extra):
+    cfg = {
+        "model": str(d / "sft" / "model"),
+        "output_dir": str(out),
+        "datasets": [{"path": str(d / "prompts.jsonl")}],
+        "reward_funcs": ["accuracy", "task_rewards:exclaims"],
+        "reward_weights": [0.5, 0.5],
+        "num_generations": 8,
+        "max_prompt_length": 32,
+        "max_completion_length": 12,
+        "per_device_train_batch_size": 32,
+        "gradient_accumulation_steps": 2,
+        "max_steps": 60,
+        "learning_rate": 3.0e-4,
+        "lr_scheduler_type": "cosine",
+        "adamw_beta2": 0.99,
+        "logging_steps": 1,
+        "save_steps": 30,
+        "seed": 7,
+        "device": "cpu",
+    }
+    cfg.update(extra)
+    path = d / f"{out.name}.yaml"
+    path.write_text(json.dumps(cfg))  # JSON is YAML
+    return path
+
+
+def test_grpo_raises_the_reward_and_resumes(taught, tmp_path):
+    out = tmp_path / "grpo"
+    r = run(["grpo", str(grpo_config(taught, out))], taught)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [x for x in read_jsonl(out / "metrics.jsonl") if "reward" in x]
+    assert [x["step"] for x in rows] == list(range(1, 61))
+    for key in ["rewards/accuracy/mean", "rewards/exclaims/mean", "reward_std", "frac_reward_zero_std",
+                "completions/mean_length", "completions/clipped_ratio", "clip_ratio/region_mean", "loss"]:
+        assert key in rows[0], key
+    first = rows[0]["reward"]
+    best = max(sum(x["reward"] for x in rows[i:i + 10]) / 10 for i in range(len(rows) - 9))
+    assert first <= 0.75, first  # the taught model ends with "!" about half the time
+    assert best >= 0.9, [round(x["reward"], 2) for x in rows]  # reached within the 60 steps (10-step mean)
+    assert (out / "model" / "model.safetensors").exists() and (out / "checkpoint-60").is_dir()
+
+    # Resume: 4 more steps from checkpoint-60, the metrics of the first 60 kept.
+    r = run(["grpo", str(grpo_config(taught, out, max_steps=64, resume_from_checkpoint=True))], taught)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "checkpoint-60" in r.stderr
+    steps = [x["step"] for x in read_jsonl(out / "metrics.jsonl") if "reward" in x]
+    assert steps == list(range(1, 65)), steps
+
+
+@pytest.mark.parametrize("funcs,message", [
+    (["task_rewards:raises"], "reward function task_rewards:raises raised ValueError: no score today"),
+    (["task_rewards:too_few"], "reward function task_rewards:too_few returned 1 values for 16 completions"),
+    (["task_rewards:missing"], "reward function task_rewards:missing: cannot import it"),
+    (["no_such_module:f"], "reward function no_such_module:f: cannot import it (ModuleNotFoundError"),
+    (["acuracy"], "is neither a built-in reward (accuracy, think_format) nor module.path:function"),
+])
+def test_bad_reward_functions_stop_with_one_line(taught, tmp_path, funcs, message):
+    cfg = grpo_config(taught, tmp_path / "bad", reward_funcs=funcs, reward_weights=None, max_steps=2,
+                      per_device_train_batch_size=8)
+    r = run(["grpo", str(cfg)], taught)
+    assert r.returncode == 2, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert message in last, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+
+
+def test_empty_prompt_and_bad_settings_stop_with_one_line(taught, tmp_path):
+    (tmp_path / "empty.jsonl").write_text(json.dumps({"prompt": "ok", "answer": "a"}) + "\n" +
+                                          json.dumps({"prompt": "", "answer": "b"}) + "\n")
+    cfg = grpo_config(taught, tmp_path / "e", datasets=[{"path": str(tmp_path / "empty.jsonl")}], max_steps=1)
+    r = run(["grpo", str(cfg)], taught)
+    assert r.returncode == 2 and "empty.jsonl:2: the prompt is empty" in r.stderr, r.stderr[-2000:]
+    cfg = grpo_config(taught, tmp_path / "g", num_generations=5)
+    r = run(["grpo", str(cfg)], taught)
+    assert r.returncode == 2 and "not a multiple of num_generations 5" in r.stderr, r.stderr[-2000:]
+    cfg = grpo_config(taught, tmp_path / "k", beta=0.1)
+    r = run(["grpo", str(cfg)], taught)
+    assert r.returncode == 2 and "beta 0.1 with full fine-tuning" in r.stderr, r.stderr[-2000:]
+    cfg = grpo_config(taught, tmp_path / "s")
+    r = run(["sft", str(cfg)], taught)
+    assert r.returncode == 2 and "reward_funcs is a GRPO key: run `soltrain grpo` or set rl: grpo" in r.stderr
+
+
+def test_python_grpo_trainer_calls_reward_functions_in_process(taught, tmp_path):
+    soltrain = pytest.importorskip("soltrain")
+    rows = [json.loads(line) for line in (taught / "prompts.jsonl").read_text().splitlines()[:64]]
+    seen = []
+
+    def ends_with_bang(prompts, completions, completion_ids, answer, **kw):
+        seen.append((len(completions), answer[0], type(completion_ids[0][0]).__name__))
+        return [1.0 if c[0]["content"].endswith("!") else None for c in completions]
+
+    cfg = soltrain.GRPOConfig(model=str(taught / "sft" / "model"), output_dir=str(tmp_path / "py"), num_generations=4,
+                              max_prompt_length=32, max_completion_length=8, per_device_train_batch_size=8,
+                              gradient_accumulation_steps=2, max_steps=2, learning_rate=1e-4, logging_steps=1,
+                              device="cpu")
+    trainer = soltrain.GRPOTrainer(cfg, reward_funcs=[ends_with_bang, "accuracy"], train_dataset=rows)
+    out = trainer.train()
+    assert out.global_step == 2 and len(seen) == 2 and seen[0][0] == 16 and seen[0][2] == "int"
+    assert seen[0][1].endswith("!")  # the answer column, by name
+    logged = [m for m in trainer.log_history if "reward" in m]
+    assert len(logged) == 2 and "rewards/ends_with_bang/mean" in logged[0] and "rewards/accuracy/mean" in logged[0]
+
+    def broken(prompts, completions, **kw):
+        return [0.0] * (len(completions) - 1)
+
+    trainer = soltrain.GRPOTrainer(cfg.replace(output_dir=str(tmp_path / "py2")), reward_funcs=[broken],
+                                   train_dataset=rows)
+    with pytest.raises(soltrain.SoltrainError, match="reward function broken returned 15 values for 16 completions"):
+        trainer.train()
