@@ -1,0 +1,106 @@
+// GRPO's pieces that need no reference model: the built-in rewards' answer extraction and comparison, the
+// advantages' edge cases (unscored completions, a group of equal rewards), and the config's GRPO keys, their
+// defaults and their errors. The loss itself is checked against TRL live (python/tests/test_grpo_loss.py), the
+// whole run on a task in python/tests/test_grpo_run.py.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "cli/config.h"
+#include "core/error.h"
+#include "model/grpo_objective.h"
+#include "train/grpo_rewards.h"
+
+namespace soltrain {
+namespace {
+
+TEST(GrpoRewards, AccuracyExtractsAndNormalisesAnswers) {
+  EXPECT_EQ(extract_answer("so the answer is \\boxed{\\frac{1}{2}} indeed", false), "\\frac{1}{2}");
+  EXPECT_EQ(extract_answer("a \\boxed{3} then \\boxed{4}", true), "4");
+  EXPECT_EQ(extract_answer("work...\n#### 1,234", true), "1,234");
+  EXPECT_EQ(extract_answer("I think 12 apples, no, 15.", true), "15");
+  EXPECT_EQ(extract_answer("  Paris. ", false), "Paris.");
+  EXPECT_TRUE(answers_match("1,234", "1234"));
+  EXPECT_TRUE(answers_match("$15", "15.0"));
+  EXPECT_TRUE(answers_match("Paris.", "  paris"));
+  EXPECT_FALSE(answers_match("14", "15"));
+  EXPECT_FALSE(answers_match("paris france", "paris"));
+
+  RewardRequest r;
+  r.completions = {"<think>2+2</think> \\boxed{4}", "it is 5", "four", "x"};
+  r.records = {{{"answer", "4"}}, {{"answer", 4}}, {{"solution", "Four"}}, {{"other", 1}}};
+  const std::vector<double> acc = builtin_reward("accuracy", r);
+  EXPECT_EQ(acc[0], 1.0);
+  EXPECT_EQ(acc[1], 0.0);
+  EXPECT_EQ(acc[2], 1.0);
+  EXPECT_TRUE(std::isnan(acc[3]));  // no reference: not scored (TRL's None)
+  const std::vector<double> fmt = builtin_reward("think_format", r);
+  EXPECT_EQ(fmt, (std::vector<double>{1.0, 0.0, 0.0, 0.0}));
+}
+
+TEST(GrpoAdvantages, UnscoredCompletionsAndEqualGroups) {
+  const double nan = std::nan("");
+  std::vector<bool> zero;
+  // group 1: 1, 3, unscored; group 2: all 2 (std 0)
+  const std::vector<float> a =
+      grpo_advantages(std::vector<double>{1, 3, nan, 2, 2, 2}, 3, ScaleRewards::Group, &zero);
+  const double s = std::sqrt(2.0);  // unbiased std of {1, 3}
+  EXPECT_NEAR(a[0], -1 / (s + 1e-4), 1e-6);
+  EXPECT_NEAR(a[1], 1 / (s + 1e-4), 1e-6);
+  EXPECT_EQ(a[2], 0.0f);
+  EXPECT_EQ(a[3], 0.0f);
+  EXPECT_EQ(zero, (std::vector<bool>{false, false, false, true, true, true}));
+  const std::vector<float> none = grpo_advantages(std::vector<double>{1, 3, 5, 7}, 2, ScaleRewards::None);
+  EXPECT_EQ(none, (std::vector<float>{-1, 1, -1, 1}));
+}
+
+const std::string kGrpo =
+    "model: m\noutput_dir: out\ndatasets:\n  - path: p.jsonl\nreward_funcs: [accuracy]\n"
+    "per_device_train_batch_size: 8\nnum_generations: 4\n";
+
+std::string error_of(const std::string& yaml, TrainMode mode = TrainMode::kGrpo) {
+  try {
+    parse_train_config(yaml, "cfg.yaml", {}, mode);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(GrpoConfig, TrlDefaultsAndSharedKeys) {
+  const TrainConfig c = parse_train_config(kGrpo + "epsilon: 0.1\nmax_completion_length: 64\n", "cfg.yaml", {},
+                                           TrainMode::kGrpo);
+  EXPECT_TRUE(c.grpo.enabled);
+  EXPECT_EQ(c.grpo.loss.loss_type, GrpoLossType::Dapo);
+  EXPECT_FLOAT_EQ(c.grpo.loss.epsilon_high, 0.1f);  // follows epsilon unless given
+  EXPECT_EQ(c.grpo.loss.beta, 0.0f);
+  EXPECT_TRUE(c.grpo.loss.kl_ratio);
+  EXPECT_EQ(c.sequence_len, 512 + 64);  // max_prompt_length + max_completion_length
+  // loss_type and beta are TRL's names in both trainers: a grpo run reads them as GRPO's
+  const TrainConfig d = parse_train_config(kGrpo + "loss_type: dr_grpo\nbeta: 0.04\nlora: true\n", "cfg.yaml", {},
+                                           TrainMode::kGrpo);
+  EXPECT_EQ(d.grpo.loss.loss_type, GrpoLossType::DrGrpo);
+  EXPECT_FLOAT_EQ(d.grpo.loss.beta, 0.04f);
+  EXPECT_DOUBLE_EQ(d.dpo.beta, 0.1);
+  // Axolotl's rl: grpo turns an sft config into a grpo run
+  const TrainConfig e = parse_train_config(kGrpo + "rl: grpo\n", "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_TRUE(e.grpo.enabled);
+}
+
+TEST(GrpoConfig, ErrorsNameTheKey) {
+  const std::string no_gen = kGrpo.substr(0, kGrpo.find("num_generations"));
+  EXPECT_NE(error_of(no_gen + "num_generations: 3\n").find("not a multiple of num_generations 3"), std::string::npos);
+  EXPECT_NE(error_of("model: m\noutput_dir: out\ndatasets:\n  - path: p.jsonl\n").find("reward_funcs is required"),
+            std::string::npos);
+  EXPECT_NE(error_of(kGrpo + "beta: 0.1\n").find("with full fine-tuning needs a frozen copy"), std::string::npos);
+  EXPECT_NE(error_of(kGrpo + "loss_type: sigmoid\n").find("loss_type 'sigmoid' is not one of grpo, bnpo"),
+            std::string::npos);
+  EXPECT_NE(error_of(kGrpo + "reward_weights: [1, 2]\n").find("reward_weights has 2 values for 1 reward_funcs"),
+            std::string::npos);
+  EXPECT_NE(error_of(kGrpo, TrainMode::kSft).find("is a GRPO key: run `soltrain grpo` or set rl: grpo"),
+            std::string::npos);
+  EXPECT_NE(error_of(kGrpo + "rl: dpo\n").find("rl: dpo in a grpo run"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace soltrain
