@@ -274,7 +274,7 @@ TEST(Config, MorePeerKeys) {
   EXPECT_EQ(e.saves_per_epoch, 0);
   EXPECT_EQ(error_of(kBase + "plugins: [axolotl.integrations.kd.KDPlugin]\nrl: kto\noptimizer: adamw_torch_4bit\n"),
             "cfg.yaml: 3 problems: cfg.yaml:6: plugins: \"axolotl.integrations.kd.KDPlugin\": Axolotl plugins are "
-            "not supported; cfg.yaml:7: rl: \"kto\": soltrain trains dpo and ipo (other preference methods are not "
+            "not supported; cfg.yaml:7: rl: \"kto\": soltrain trains dpo, ipo and grpo (other methods are not "
             "built yet); cfg.yaml:8: "
             "optimizer: \"adamw_torch_4bit\": 4-bit optimizer moments are not built yet; use adamw_8bit or "
             "adamw_torch");

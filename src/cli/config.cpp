@@ -145,6 +145,9 @@ void apply_key(const std::string& key, Entries& en, ReadContext& x, std::map<std
       user_error(e.where, ": ", key, " is a preference-training key: run `soltrain dpo` or set rl: dpo");
     if (!(spec->commands & command_bit(x.mode)) && spec->commands == kGrpoBit)
       user_error(e.where, ": ", key, " is a GRPO key: run `soltrain grpo` or set rl: grpo");
+    if (!(spec->commands & command_bit(x.mode)) && spec->commands == (kDpoBit | kGrpoBit))
+      user_error(e.where, ": ", key, " is a preference-training key (and GRPO's): run `soltrain dpo` or ",
+                 "`soltrain grpo`, or set rl: dpo / rl: grpo");
     if (!e.node.IsNull()) spec->read(e, key, x);  // `key:` with nothing keeps the default
     return;
   }

@@ -323,6 +323,11 @@ class Ops {
   // The form the backend runs (where an environment setting won over set_attention_backward, that one).
   virtual AttentionBackward attention_backward_form() const { return AttentionBackward::Split; }
 
+  // Decoding: the new tokens' keys and values into each sequence's cache, one call for every sequence. k/v
+  // [B*Tq, Hkv, hd] (sequence b's rows b*Tq ..), k_cache/v_cache [B, S, Hkv, hd], lens [B] (I32, on the ops'
+  // device) each cache's length after the new tokens: token t of sequence b goes to cache row lens[b] − Tq + t.
+  virtual void kv_append(Tensor k_cache, Tensor v_cache, const Tensor& k, const Tensor& v, const Tensor& lens) = 0;
+
   // Decoding: new query tokens against a KV cache. q/out [B*Tq, H, hd] (sequence b's queries are rows
   // b*Tq ..), k_cache/v_cache [B, S, Hkv, hd] already holding the new tokens' keys and values, lens [B]
   // (I32, on the ops' device) the tokens in each sequence's cache including the new ones. Query t of

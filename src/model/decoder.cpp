@@ -165,12 +165,7 @@ void KvDecoder::forward_chunk(int r0, int nb, int Tc) {
     w.attn.forward_qkv(o, h, qkv, seq, model_.inv_freq(), eps, no_dropout, l);
     // Keys and values of the new tokens go to the end of each sequence's cache.
     const Tensor kc = k_cache_[size_t(l)].rows(r0, r0 + B), vc = v_cache_[size_t(l)].rows(r0, r0 + B);
-    const Tensor kflat = kc.view({B * max_len_, Hkv, hd}), vflat = vc.view({B * max_len_, Hkv, hd});
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t at = b * max_len_ + lengths_[size_t(r0 + b)];
-      o.copy(kflat.rows(at, at + Tc), k.rows(b * Tc, b * Tc + Tc));
-      o.copy(vflat.rows(at, at + Tc), v.rows(b * Tc, b * Tc + Tc));
-    }
+    o.kv_append(kc, vc, k, v, view(lens_, {B}));  // lens_ already counts the new tokens
     o.attention_decode(attn.view({N, H, hd}), q, kc, vc, view(lens_, {B}), scale);
     w.attn.o.forward(o, tmp, attn, u, {}, no_dropout.scratch);
     o.add_inplace(x, tmp);

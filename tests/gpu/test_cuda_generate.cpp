@@ -34,6 +34,29 @@ TEST_F(CudaDecode, KernelMatchesCpu) {
   EXPECT_LE(kernel_err(1, 300, 300, 16, 8, 128, {300}), 1e-2) << "a 300-token prefill";
 }
 
+// The K/V append writes each sequence's new rows where its length says, and nothing else: the cache's other rows
+// keep their values (bf16 copies are exact, so the download equals the CPU op's result on the rounded inputs).
+TEST_F(CudaDecode, KvAppendMatchesCpu) {
+  for (auto [B, Tq, S, Hkv, hd] :
+       {std::tuple{3L, 1L, 20L, 2L, 64L}, std::tuple{2L, 4L, 9L, 1L, 12L}, std::tuple{1L, 7L, 7L, 3L, 5L}}) {
+    const std::vector<int32_t> lens = B == 3 ? std::vector<int32_t>{1, 20, 7}
+                                      : B == 2 ? std::vector<int32_t>{4, 9} : std::vector<int32_t>{7};
+    auto bf = [](std::vector<float> x) {  // the bf16 values both sides hold
+      for (float& f : x) f = bf16_to_f32(f32_to_bf16(f));
+      return x;
+    };
+    std::vector<float> kc = bf(randn(size_t(B * S * Hkv * hd))), vc = bf(randn(kc.size()));
+    std::vector<float> k = bf(randn(size_t(B * Tq * Hkv * hd))), v = bf(randn(k.size()));
+    const Tensor gkc = upload(kc, {B, S, Hkv, hd}), gvc = upload(vc, {B, S, Hkv, hd});
+    gpu->kv_append(gkc, gvc, upload(k, {B * Tq, Hkv, hd}), upload(v, {B * Tq, Hkv, hd}), upload_i32(lens));
+    std::vector<int32_t> l = lens;
+    cpu->kv_append(host(kc, {B, S, Hkv, hd}), host(vc, {B, S, Hkv, hd}), host(k, {B * Tq, Hkv, hd}),
+                   host(v, {B * Tq, Hkv, hd}), host_i32(l));
+    EXPECT_EQ(download(gkc), kc) << B << " x " << Tq;
+    EXPECT_EQ(download(gvc), vc) << B << " x " << Tq;
+  }
+}
+
 class CudaGenerate : public CudaTest, public ::testing::WithParamInterface<std::string> {};
 
 TEST_P(CudaGenerate, DecodeLogitsAndGreedyTokensMatchCpu) {

@@ -1,12 +1,29 @@
 // CPU: attention of new query tokens against a KV cache (decoding). The arithmetic follows
 // attention_forward step for step (fp32 dot products, double denominator), so a cached decode
 // reproduces the training forward's logits.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 
 namespace soltrain {
+
+void CpuOps::kv_append(Tensor k_cache, Tensor v_cache, const Tensor& k, const Tensor& v, const Tensor& lens) {
+  const int64_t B = k_cache.dim(0), S = k_cache.dim(1), row = k_cache.dim(2) * k_cache.dim(3);
+  const int64_t Tq = B > 0 ? k.dim(0) / B : 0;
+  SOLTRAIN_CHECK(k.dim(0) == B * Tq && k.numel() == B * Tq * row && v.numel() == k.numel() && lens.numel() == B,
+                 "kv_append shapes");
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t len = lens.i32()[b];
+    SOLTRAIN_CHECK(len >= Tq && len <= S, "kv_append: length ", len, " with ", Tq, " new tokens, cache ", S);
+    for (int64_t t = 0; t < Tq; ++t) {
+      const int64_t at = (b * S + len - Tq + t) * row, from = (b * Tq + t) * row;
+      std::copy(k.f32() + from, k.f32() + from + row, k_cache.f32() + at);
+      std::copy(v.f32() + from, v.f32() + from + row, v_cache.f32() + at);
+    }
+  }
+}
 
 void CpuOps::attention_decode(Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                               const Tensor& lens, float scale) {

@@ -30,6 +30,7 @@ class CpuOps final : public Ops {
   void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                           const Tensor& v, const Tensor& out, const Tensor& lse, const SeqLayout& seq,
                           float scale) override;
+  void kv_append(Tensor k_cache, Tensor v_cache, const Tensor& k, const Tensor& v, const Tensor& lens) override;
   void attention_decode(Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& lens,
                         float scale) override;
   void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) override;

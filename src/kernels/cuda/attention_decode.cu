@@ -74,7 +74,35 @@ __global__ void attention_decode_kernel(bf16* out, const bf16* q, const bf16* kc
     o[c] = cuda::to_bf(v / L);
   }
 }
+// One block per new token: its key and value rows into the cache at lens[b] − Tq + t (16-byte pieces where
+// the row allows, else 2-byte elements).
+__global__ void kv_append_kernel(bf16* kc, bf16* vc, const bf16* k, const bf16* v, const int32_t* lens, int Tq, int S,
+                                 int row) {
+  const int token = blockIdx.x, b = token / Tq, t = token % Tq;
+  const int64_t at = (int64_t(b) * S + lens[b] - Tq + t) * row, from = int64_t(token) * row;
+  if (row % 8 == 0) {
+    const int4* ks = reinterpret_cast<const int4*>(k + from);
+    const int4* vs = reinterpret_cast<const int4*>(v + from);
+    int4* kd = reinterpret_cast<int4*>(kc + at);
+    int4* vd = reinterpret_cast<int4*>(vc + at);
+    for (int i = threadIdx.x; i < row / 8; i += blockDim.x) kd[i] = ks[i], vd[i] = vs[i];
+  } else {
+    for (int i = threadIdx.x; i < row; i += blockDim.x) kc[at + i] = k[from + i], vc[at + i] = v[from + i];
+  }
+}
 }  // namespace
+
+void CudaOps::kv_append(Tensor k_cache, Tensor v_cache, const Tensor& k, const Tensor& v, const Tensor& lens) {
+  const auto prof = profile("kv_append");
+  const int64_t B = k_cache.dim(0), S = k_cache.dim(1), row = k_cache.dim(2) * k_cache.dim(3);
+  const int64_t tokens = k.dim(0);
+  SOLTRAIN_CHECK(B > 0 && tokens % B == 0 && k.numel() == tokens * row && v.numel() == k.numel() && lens.numel() == B,
+                 "kv_append shapes");
+  if (tokens == 0) return;
+  kv_append_kernel<<<unsigned(tokens), 128, 0, stream_>>>(k_cache.as<bf16>(), v_cache.as<bf16>(), k.as<bf16>(),
+                                                          v.as<bf16>(), lens.i32(), int(tokens / B), int(S), int(row));
+  CUDA_CHECK_LAUNCH();
+}
 
 void CudaOps::attention_decode(Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                const Tensor& lens, float scale) {

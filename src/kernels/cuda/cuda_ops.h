@@ -72,6 +72,7 @@ class CudaOps final : public Ops {
     if (!attention_backward_from_env_) attention_backward_ = form;
   }
   AttentionBackward attention_backward_form() const override { return attention_backward_; }
+  void kv_append(Tensor k_cache, Tensor v_cache, const Tensor& k, const Tensor& v, const Tensor& lens) override;
   void attention_decode(Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& lens,
                         float scale) override;
   void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) override;
