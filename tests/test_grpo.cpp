@@ -42,8 +42,7 @@ TEST(GrpoAdvantages, UnscoredCompletionsAndEqualGroups) {
   const double nan = std::nan("");
   std::vector<bool> zero;
   // group 1: 1, 3, unscored; group 2: all 2 (std 0)
-  const std::vector<float> a =
-      grpo_advantages(std::vector<double>{1, 3, nan, 2, 2, 2}, 3, ScaleRewards::Group, &zero);
+  const std::vector<float> a = grpo_advantages(std::vector<double>{1, 3, nan, 2, 2, 2}, 3, ScaleRewards::Group, &zero);
   const double s = std::sqrt(2.0);  // unbiased std of {1, 3}
   EXPECT_NEAR(a[0], -1 / (s + 1e-4), 1e-6);
   EXPECT_NEAR(a[1], 1 / (s + 1e-4), 1e-6);
@@ -68,8 +67,8 @@ std::string error_of(const std::string& yaml, TrainMode mode = TrainMode::kGrpo)
 }
 
 TEST(GrpoConfig, TrlDefaultsAndSharedKeys) {
-  const TrainConfig c = parse_train_config(kGrpo + "epsilon: 0.1\nmax_completion_length: 64\n", "cfg.yaml", {},
-                                           TrainMode::kGrpo);
+  const TrainConfig c =
+      parse_train_config(kGrpo + "epsilon: 0.1\nmax_completion_length: 64\n", "cfg.yaml", {}, TrainMode::kGrpo);
   EXPECT_TRUE(c.grpo.enabled);
   EXPECT_EQ(c.grpo.loss.loss_type, GrpoLossType::Dapo);
   EXPECT_FLOAT_EQ(c.grpo.loss.epsilon_high, 0.1f);  // follows epsilon unless given
@@ -77,8 +76,8 @@ TEST(GrpoConfig, TrlDefaultsAndSharedKeys) {
   EXPECT_TRUE(c.grpo.loss.kl_ratio);
   EXPECT_EQ(c.sequence_len, 512 + 64);  // max_prompt_length + max_completion_length
   // loss_type and beta are TRL's names in both trainers: a grpo run reads them as GRPO's
-  const TrainConfig d = parse_train_config(kGrpo + "loss_type: dr_grpo\nbeta: 0.04\nlora: true\n", "cfg.yaml", {},
-                                           TrainMode::kGrpo);
+  const TrainConfig d =
+      parse_train_config(kGrpo + "loss_type: dr_grpo\nbeta: 0.04\nlora: true\n", "cfg.yaml", {}, TrainMode::kGrpo);
   EXPECT_EQ(d.grpo.loss.loss_type, GrpoLossType::DrGrpo);
   EXPECT_FLOAT_EQ(d.grpo.loss.beta, 0.04f);
   EXPECT_DOUBLE_EQ(d.dpo.beta, 0.1);

@@ -33,7 +33,7 @@ class ChatModel {
     return codec_.chat_prompt(messages, enable_thinking);
   }
   std::vector<int32_t> encode(const std::string& text) const { return codec_.encode(text); }  // no special tokens
-  std::string text(std::span<const int32_t> ids) const { return codec_.text(ids); }  // special tokens skipped
+  std::string text(std::span<const int32_t> ids) const { return codec_.text(ids); }           // special tokens skipped
   // `n` continuations of `prompt` (n > 1 decoded as one batch); options' eos_ids default to the model's.
   std::vector<std::vector<int32_t>> complete(const std::vector<int32_t>& prompt, int n, GenerationOptions opts);
   // Tokens the prompt leaves for an answer in the model's context.

@@ -22,7 +22,8 @@ int run_config_job(const std::string& config, const std::vector<std::string>& se
   cfg.verbose = verbose;
   if (gpus > 0) cfg.gpus = gpus;
   // auto_resume needs a process that outlives the trainer: the launcher, also for one worker.
-  if (!cfg.dpo.enabled && !cfg.grpo.enabled && (cfg.gpus > 1 || cfg.auto_resume) && read_launch_env().kind == LaunchEnv::Kind::Single) {
+  if (!cfg.dpo.enabled && !cfg.grpo.enabled && (cfg.gpus > 1 || cfg.auto_resume) &&
+      read_launch_env().kind == LaunchEnv::Kind::Single) {
     resolve_hub_inputs(cfg, std::cerr);
     check_worker_count(cfg.gpus, cfg.device);
     check_run_inputs(cfg);

@@ -133,7 +133,10 @@ TrainMode preference_mode(const Entries& en, TrainMode mode, TrainConfig& c) {
 }
 
 unsigned command_bit(TrainMode m) {
-  return m == TrainMode::kSft ? kSftBit : m == TrainMode::kPretrain ? kPtBit : m == TrainMode::kDpo ? kDpoBit : kGrpoBit;
+  return m == TrainMode::kSft        ? kSftBit
+         : m == TrainMode::kPretrain ? kPtBit
+         : m == TrainMode::kDpo      ? kDpoBit
+                                     : kGrpoBit;
 }
 
 // One key: the schema's reader, else a peer key's (cli/peer_keys.h), else unknown with the closest name.
@@ -388,7 +391,8 @@ void rule_grpo(const Entries& en, const std::string& where, TrainConfig& c, std:
   GrpoSettings& g = c.grpo;
   if (!g.epsilon_high_given) g.loss.epsilon_high = g.loss.epsilon;
   if (en.given({"sequence_len", "max_seq_length", "sequence_length"}))
-    c.notes.push_back("sequence_len is max_prompt_length + max_completion_length in a grpo run: the given one is not used");
+    c.notes.push_back(
+        "sequence_len is max_prompt_length + max_completion_length in a grpo run: the given one is not used");
   c.sequence_len = g.max_prompt_length + g.loss.max_completion_length;
   const int64_t completions = int64_t(c.per_device_train_batch_size) * c.gradient_accumulation_steps;
   if (completions % g.num_generations != 0)
@@ -399,8 +403,8 @@ void rule_grpo(const Entries& en, const std::string& where, TrainConfig& c, std:
     errors.push_back(cat(where, ": reward_funcs is required in a grpo run (built-in: accuracy, think_format; ",
                          "or module.path:function)"));
   if (!g.reward_weights.empty() && g.reward_weights.size() != g.reward_funcs.size())
-    errors.push_back(cat(where, ": reward_weights has ", g.reward_weights.size(), " values for ",
-                         g.reward_funcs.size(), " reward_funcs"));
+    errors.push_back(cat(where, ": reward_weights has ", g.reward_weights.size(), " values for ", g.reward_funcs.size(),
+                         " reward_funcs"));
   if (g.loss.beta > 0 && !c.lora.enabled)
     errors.push_back(cat(where, ": beta ", g.loss.beta, " with full fine-tuning needs a frozen copy of the model as ",
                          "the reference, which is not built yet: use LoRA (the reference is the base with the ",

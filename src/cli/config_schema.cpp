@@ -24,7 +24,10 @@ namespace {
 // Longer than any model's context (the largest are ~10^7): a bigger value is a typo, not a plan.
 constexpr int64_t kMaxSequenceLen = int64_t(1) << 24;
 
-#define FIELD(member) [](auto& c) -> auto& { return c.member; }  // const for the defaults, writable to read
+#define FIELD(member)    \
+  [](auto& c) -> auto& { \
+    return c.member;     \
+  }  // const for the defaults, writable to read
 
 using Reader = std::function<void(const Entry&, const std::string&, ReadContext&)>;
 
@@ -501,11 +504,10 @@ void add_grpo_keys(std::vector<KeySpec>& v) {
                        [](ReadContext& x, const std::string& s, const Entry& e) {
                          x.c.grpo.loss.scale_rewards = parse_scale_rewards(s, e.where);
                        })));
-  v.push_back(g(choice("importance_sampling_level", {"token", "sequence"}, "token",
-                       "one importance ratio per token, or per completion (GSPO)",
-                       [](ReadContext& x, const std::string& s, const Entry&) {
-                         x.c.grpo.loss.sequence_level = s == "sequence";
-                       })));
+  v.push_back(g(choice(
+      "importance_sampling_level", {"token", "sequence"}, "token",
+      "one importance ratio per token, or per completion (GSPO)",
+      [](ReadContext& x, const std::string& s, const Entry&) { x.c.grpo.loss.sequence_level = s == "sequence"; })));
   v.push_back(g(flag("use_bias_correction_kl", FIELD(grpo.loss.kl_ratio),
                      "the KL term times the importance ratio (its unbiased gradient)")));
   v.push_back(g(flag("mask_truncated_completions", FIELD(grpo.mask_truncated_completions),
@@ -539,16 +541,11 @@ void add_grpo_keys(std::vector<KeySpec>& v) {
 std::vector<KeySpec> make_keys() {
   std::vector<KeySpec> v;
   const std::pair<const char*, void (*)(std::vector<KeySpec>&)> sections[] = {
-      {"Model and outputs", add_model_keys},
-      {"Data", add_data_keys},
-      {"Preference training", add_objective_keys},
-      {"Online RL (GRPO)", add_grpo_keys},
-      {"Batches and schedule", add_schedule_keys},
-      {"Optimizer", add_optimizer_keys},
-      {"Adapters and base storage", add_adapter_keys},
-      {"Precision", add_precision_keys},
-      {"Memory and parallelism", add_memory_keys},
-      {"Checkpoints, evaluation and logging", add_run_keys}};
+      {"Model and outputs", add_model_keys},           {"Data", add_data_keys},
+      {"Preference training", add_objective_keys},     {"Online RL (GRPO)", add_grpo_keys},
+      {"Batches and schedule", add_schedule_keys},     {"Optimizer", add_optimizer_keys},
+      {"Adapters and base storage", add_adapter_keys}, {"Precision", add_precision_keys},
+      {"Memory and parallelism", add_memory_keys},     {"Checkpoints, evaluation and logging", add_run_keys}};
   for (const auto& [name, add] : sections) {
     const size_t first = v.size();
     add(v);
@@ -590,8 +587,8 @@ namespace {
 std::string commands_text(unsigned c) {
   if (c == kEveryCommand) return "all";
   std::string s;
-  for (const auto& [bit, name] : {std::pair{kSftBit, "sft"}, std::pair{kPtBit, "pt"}, std::pair{kDpoBit, "dpo"},
-                                  std::pair{kGrpoBit, "grpo"}})
+  for (const auto& [bit, name] :
+       {std::pair{kSftBit, "sft"}, std::pair{kPtBit, "pt"}, std::pair{kDpoBit, "dpo"}, std::pair{kGrpoBit, "grpo"}})
     if (c & bit) s += (s.empty() ? "" : ", ") + std::string(name);
   return s;
 }

@@ -25,15 +25,16 @@ int main(int argc, char** argv) {
   // Each registrar adds its subcommand and returns what runs it; the pair is kept here so a subcommand's
   // name is written in one place only.
   using Registrar = std::function<int()> (*)(CLI::App&);
+  // clang-format off
   const Registrar registrars[] = {
       soltrain::add_sft_command,           soltrain::add_pt_command,       soltrain::add_dpo_command,
-      soltrain::add_grpo_command,
-      soltrain::add_tokenize_command,      soltrain::add_generate_command, soltrain::add_merge_command,
-      soltrain::add_dump_command,          soltrain::add_train_command,    soltrain::add_encode_command,
-      soltrain::add_chat_template_command, soltrain::add_bench_command,    soltrain::add_bench_attention_command,
-      soltrain::add_demo_setup_command,    soltrain::add_quantize_command, soltrain::add_config_keys_command,
-      soltrain::add_merge_lora_command,    soltrain::add_chat_command,     soltrain::add_inference_command,
-      soltrain::add_serve_command};
+      soltrain::add_grpo_command,          soltrain::add_tokenize_command, soltrain::add_generate_command,
+      soltrain::add_merge_command,         soltrain::add_dump_command,     soltrain::add_train_command,
+      soltrain::add_encode_command,        soltrain::add_chat_template_command, soltrain::add_bench_command,
+      soltrain::add_bench_attention_command, soltrain::add_demo_setup_command, soltrain::add_quantize_command,
+      soltrain::add_config_keys_command,   soltrain::add_merge_lora_command, soltrain::add_chat_command,
+      soltrain::add_inference_command,     soltrain::add_serve_command};
+  // clang-format on
   std::vector<std::pair<CLI::App*, std::function<int()>>> commands;
   for (Registrar add : registrars) {
     std::function<int()> run = add(app);

@@ -93,8 +93,8 @@ struct PolicyDocument {
 // mean over the counted tokens (TRL: Σ log_ratio·mask / max(Σ mask, 1)); its derivative 1/len reaches each of
 // the len tokens through the completion's len terms, so every token's weight takes the term's derivative once.
 SOLTRAIN_HOST_DEVICE inline PolicyDocument policy_document(const PolicyLossParams& p, int32_t begin, int32_t end,
-                                                          const float* nll, const int32_t* targets, const float* old,
-                                                          const float* ref, double adv, double scale, float* w) {
+                                                           const float* nll, const int32_t* targets, const float* old,
+                                                           const float* ref, double adv, double scale, float* w) {
   PolicyDocument doc;
   double seq_lr = 0, seq_kl = 0;
   int32_t counted = 0;

@@ -20,7 +20,11 @@ Tensor host_i32(std::vector<int32_t>& v) {
 }  // namespace
 
 KvDecoder::KvDecoder(Transformer& model, int batch, int max_len, int max_chunk)
-    : model_(model), ops_(model.ops()), batch_(batch), max_len_(max_len), max_chunk_(max_chunk),
+    : model_(model),
+      ops_(model.ops()),
+      batch_(batch),
+      max_len_(max_len),
+      max_chunk_(max_chunk),
       lengths_(size_t(std::max(batch, 0)), 0) {
   SOLTRAIN_CHECK(batch > 0 && max_len > 0 && max_chunk > 0, "decoder sizes");
   const ModelConfig& c = model.config();
@@ -74,8 +78,9 @@ void KvDecoder::copy_row(int from, int to) {
   for (size_t l = 0; l < k_cache_.size(); ++l)
     for (const Tensor* c : {&k_cache_[l], &v_cache_[l]}) {
       const Tensor flat = c->view({int64_t(batch_) * max_len_, c->dim(2), c->dim(3)});
-      if (n > 0) ops_.copy(flat.rows(to * int64_t(max_len_), to * int64_t(max_len_) + n),
-                           flat.rows(from * int64_t(max_len_), from * int64_t(max_len_) + n));
+      if (n > 0)
+        ops_.copy(flat.rows(to * int64_t(max_len_), to * int64_t(max_len_) + n),
+                  flat.rows(from * int64_t(max_len_), from * int64_t(max_len_) + n));
     }
   lengths_[size_t(to)] = int(n);
 }

@@ -26,7 +26,7 @@ class KvDecoder {
   int max_len() const { return max_len_; }
   int vocab_size() const { return model_.config().vocab_size; }
   int length(int row = 0) const { return lengths_[size_t(row)]; }  // tokens in a sequence's cache
-  void reset() { lengths_.assign(lengths_.size(), 0); }           // forget every sequence (the cache is overwritten)
+  void reset() { lengths_.assign(lengths_.size(), 0); }            // forget every sequence (the cache is overwritten)
 
   // Appends `tokens` ([batch, T] row-major, the same T for every sequence) and runs them through the model.
   // `last_logits` (host, [batch, vocab] fp32) receives the logits of each sequence's last new token; with

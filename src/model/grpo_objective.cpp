@@ -48,8 +48,7 @@ void GrpoConfig::validate(const std::string& where) const {
   if (!(delta >= 0)) user_error(where, ": delta ", delta, " must be > 1 to cap the ratio, or 0 for none");
   if (delta > 0 && delta <= 1) user_error(where, ": delta ", delta, " must be > 1 (it caps the importance ratio)");
   if (!(beta >= 0) || !std::isfinite(beta)) user_error(where, ": beta ", beta, " must be >= 0");
-  if (max_completion_length < 1)
-    user_error(where, ": max_completion_length ", max_completion_length, " must be >= 1");
+  if (max_completion_length < 1) user_error(where, ": max_completion_length ", max_completion_length, " must be >= 1");
 }
 
 namespace {

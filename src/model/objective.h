@@ -4,6 +4,7 @@
 // implementations that read per-document sums.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "core/buffer.h"
 #include "kernels/ops.h"
@@ -59,6 +60,22 @@ class SftObjective final : public Objective {
   Buffer sum_;
   int64_t counted_ = 0;
   bool first_ = true;
+};
+
+// Forward alone, keeping every token's NLL (read back to the host; 0 where the target is -100): the log-probs a
+// caller reads (Model.logprobs, GRPO's sampling-policy log-probs). Its weights are 0: no backward follows.
+class NllReader final : public Objective {
+ public:
+  explicit NllReader(std::vector<float>& out) : out_(out) {}
+  bool weights_before_forward() const override { return true; }
+  void token_weights(Ops& ops, const ForwardOutputs&, Tensor weight) override { ops.fill(weight, 0.0f); }
+  void add_loss(Ops& ops, const ForwardOutputs& out) override {
+    out_.resize(size_t(out.token_nll.numel()));
+    ops.copy(Tensor{out_.data(), DType::F32, {int64_t(out_.size())}, Device::CPU}, out.token_nll);
+  }
+
+ private:
+  std::vector<float>& out_;
 };
 
 }  // namespace soltrain

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "rewards_script.h"
+#include "train/python_process.h"
 
 namespace soltrain {
 
@@ -81,11 +82,6 @@ std::optional<std::string> reference_of(const nlohmann::ordered_json& rec) {
   return std::nullopt;
 }
 
-std::string python() {
-  const char* p = std::getenv("SOLTRAIN_PYTHON");
-  return p && *p ? p : "python3";
-}
-
 }  // namespace
 
 const std::vector<std::string>& builtin_reward_names() {
@@ -149,19 +145,10 @@ RewardFunctions::RewardFunctions(const GrpoSettings& g, const std::vector<std::s
     py.push_back(s);
   }
   if (py.empty() || in_process_) return;
-  int to_child[2], from_child[2];
-  if (::pipe(to_child) != 0 || ::pipe(from_child) != 0) user_error("reward_funcs: cannot start ", python(), " (pipe)");
-  pid_ = ::fork();
-  if (pid_ == 0) {
-    ::dup2(to_child[0], 0), ::dup2(from_child[1], 1);
-    ::close(to_child[1]), ::close(from_child[0]);
-    const std::string p = python();
-    ::execlp(p.c_str(), p.c_str(), "-c", kRewardsScript, nullptr);
-    _exit(127);
-  }
-  ::close(to_child[0]), ::close(from_child[1]);
-  to_ = ::fdopen(to_child[1], "w");
-  from_ = ::fdopen(from_child[0], "r");
+  const PythonProcess proc = start_python(kRewardsScript, "reward_funcs");
+  pid_ = proc.pid;
+  to_ = proc.in;
+  from_ = ::fdopen(proc.out, "r");
   const std::string reply = python_call(nlohmann::json{{"init", {{"functions", py}, {"paths", paths}}}}.dump());
   if (reply != "ready") {
     std::string why = reply;
@@ -185,7 +172,7 @@ RewardFunctions::~RewardFunctions() {
 
 std::string RewardFunctions::python_call(const std::string& line) {
   if (in_process_) return in_process_(line);
-  const std::string gone = cat("reward_funcs: the Python process (", python(), ") ended: its message is above");
+  const std::string gone = cat("reward_funcs: the Python process (", python_command(), ") ended: its message is above");
   if (std::fputs(line.c_str(), to_) < 0 || std::fputc('\n', to_) < 0 || std::fflush(to_) != 0) user_error(gone);
   std::string reply;
   for (int ch; (ch = std::fgetc(from_)) != EOF && ch != '\n';) reply += char(ch);
@@ -200,7 +187,7 @@ std::vector<std::vector<double>> RewardFunctions::score(const RewardRequest& r) 
   for (size_t f = 0; f < specs_.size(); ++f)
     if (python_[f])
       py_funcs.push_back(specs_[f]);
-      else
+    else
       out[f] = builtin_reward(specs_[f], r);
   if (py_funcs.empty()) return out;
   nlohmann::ordered_json req;

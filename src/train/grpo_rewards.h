@@ -19,11 +19,11 @@ namespace soltrain {
 
 // One generation batch as the reward functions see it, completion by completion.
 struct RewardRequest {
-  std::vector<nlohmann::ordered_json> prompts;      // as the dataset gives them (text, or a conversation)
-  std::vector<std::string> completions;             // decoded, special tokens skipped
+  std::vector<nlohmann::ordered_json> prompts;  // as the dataset gives them (text, or a conversation)
+  std::vector<std::string> completions;         // decoded, special tokens skipped
   std::vector<std::vector<int32_t>> completion_ids;
-  std::vector<nlohmann::ordered_json> records;      // the dataset record each came from (its other columns)
-  bool conversational = false;                      // completions go to Python as [{role: assistant, content}]
+  std::vector<nlohmann::ordered_json> records;  // the dataset record each came from (its other columns)
+  bool conversational = false;                  // completions go to Python as [{role: assistant, content}]
 };
 
 // The built-in functions' names, for messages and the docs.

@@ -37,23 +37,6 @@ void WeightedStep::add_loss(Ops& ops, const ForwardOutputs& out) {
   for (size_t i = 0; i < nll.size(); ++i) loss_ += double(weights_[i]) * double(nll[i]);
 }
 
-namespace {
-// Forward alone, keeping every token's NLL.
-class NllReader final : public Objective {
- public:
-  explicit NllReader(std::vector<float>& out) : out_(out) {}
-  bool weights_before_forward() const override { return true; }
-  void token_weights(Ops& ops, const ForwardOutputs&, Tensor weight) override { ops.fill(weight, 0.0f); }
-  void add_loss(Ops& ops, const ForwardOutputs& out) override {
-    out_.resize(size_t(out.token_nll.numel()));
-    ops.copy(Tensor{out_.data(), DType::F32, {int64_t(out_.size())}, Device::CPU}, out.token_nll);
-  }
-
- private:
-  std::vector<float>& out_;
-};
-}  // namespace
-
 ModelSession::ModelSession(const TrainConfig& c, Ops& ops, int rows) : config_(c), ops_(ops), rows_(rows) {
   if (rows < 1) user_error("rows ", rows, ": expected >= 1");
   model_ = load_run_model(config_, ops, lora_config(config_), {});

@@ -243,29 +243,16 @@ class GrpoDriver final : public RunDriver {
         if (text.size() > 300) text = text.substr(0, 300) + "...";
         char rw[32];
         std::snprintf(rw, sizeof rw, "%.3f", total[size_t(r)]);
-        log_ << "  [" << rw << "] " << nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-             << "\n";
+        log_ << "  [" << rw << "] "
+             << nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
       }
     }
   }
 
   // num_iterations > 1: each token's NLL under the policy that sampled it, before the first of its updates.
   void keep_sampling_logprobs() {
-    class Keep final : public Objective {
-     public:
-      explicit Keep(std::vector<float>& out) : out_(out) {}
-      bool weights_before_forward() const override { return true; }
-      void token_weights(Ops& ops, const ForwardOutputs&, Tensor weight) override { ops.fill(weight, 0.0f); }
-      void add_loss(Ops& ops, const ForwardOutputs& out) override {
-        out_.resize(size_t(out.token_nll.numel()));
-        ops.copy(Tensor{out_.data(), DType::F32, {int64_t(out_.size())}, Device::CPU}, out.token_nll);
-      }
-
-     private:
-      std::vector<float>& out_;
-    };
     for (HostBatch& b : micro_) {
-      Keep keep(b.old_nll);
+      NllReader keep(b.old_nll);
       model_.forward(b, &keep, /*backward_follows=*/false);
     }
   }
@@ -320,9 +307,9 @@ RunResult run_grpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks 
   TrainStep step(*model, optimizer_config(c));
   const size_t n_prompts = prompts.size();
   GrpoDriver driver(c, ops, *model, codec, std::move(prompts), rewards, log);
-  TrainLoop loop({c, "grpo", log, ops, nullptr, false, *model, step, sched, run_cadence(c, steps_per_epoch),
-                  std::move(hooks)},
-                 driver);
+  TrainLoop loop(
+      {c, "grpo", log, ops, nullptr, false, *model, step, sched, run_cadence(c, steps_per_epoch), std::move(hooks)},
+      driver);
   loop.resume();
   const GrpoConfig& g = c.grpo.loss;
   std::string funcs;
@@ -332,8 +319,8 @@ RunResult run_grpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks 
       << (g.sequence_level ? ", sequence-level ratios" : "") << "; rewards: " << funcs << "; "
       << (lora ? describe_lora(c) : std::string("full fine-tune")) << "; " << describe_parameters(model->params())
       << "; " << n_prompts << " prompts, " << prompts_per_update << " per update x " << c.grpo.num_generations
-      << " generations of up to " << g.max_completion_length << " tokens (temperature " << c.grpo.temperature
-      << "), " << c.grpo.num_iterations << " update" << (c.grpo.num_iterations > 1 ? "s" : "") << " per batch; "
+      << " generations of up to " << g.max_completion_length << " tokens (temperature " << c.grpo.temperature << "), "
+      << c.grpo.num_iterations << " update" << (c.grpo.num_iterations > 1 ? "s" : "") << " per batch; "
       << sched.total_steps << " steps, lr " << c.learning_rate << " " << to_string(c.lr_scheduler_type) << "\n";
   return loop.run();
 }

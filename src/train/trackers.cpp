@@ -12,15 +12,11 @@
 
 #include "core/error.h"
 #include "trackers_script.h"
+#include "train/python_process.h"
 
 namespace soltrain {
 
 namespace {
-
-std::string python() {
-  const char* p = std::getenv("SOLTRAIN_PYTHON");
-  return p && *p ? p : "python3";
-}
 
 // True when `python -c code` exits 0 (its output dropped).
 bool python_ok(const std::string& code) {
@@ -28,7 +24,7 @@ bool python_ok(const std::string& code) {
   if (pid == 0) {
     const int null = ::open("/dev/null", O_WRONLY);
     ::dup2(null, 1), ::dup2(null, 2);
-    const std::string py = python();
+    const std::string py = python_command();
     ::execlp(py.c_str(), py.c_str(), "-c", code.c_str(), nullptr);
     _exit(127);
   }
@@ -63,36 +59,28 @@ TrackerBridge::TrackerBridge(const TrainConfig& c, std::ostream& log) : log_(log
   const Trackers& t = c.trackers;
   for (const auto& [on, lib, pkg] : {std::tuple{t.wandb, "wandb", "wandb"}, std::tuple{t.mlflow, "mlflow", "mlflow"}})
     if (on && !python_ok(std::string("import ") + lib))
-      user_error("report_to: ", lib, ": its Python package is not installed for ", python(), " (pip install ", pkg,
-                 "); or drop it from report_to (metrics.jsonl and TensorBoard hold every metric)");
+      user_error("report_to: ", lib, ": its Python package is not installed for ", python_command(), " (pip install ",
+                 pkg, "); or drop it from report_to (metrics.jsonl and TensorBoard hold every metric)");
   nlohmann::json init = {{"config", run_config(c)}, {"output_dir", c.output_dir.string()}, {"run_name", t.run_name}};
   if (t.wandb) init["wandb"] = t.wandb_settings;
   if (t.mlflow) init["mlflow"] = t.mlflow_settings;
-  int to_child[2], from_child[2];
-  if (::pipe(to_child) != 0 || ::pipe(from_child) != 0) user_error("report_to: cannot start the trackers (pipe)");
-  pid_ = ::fork();
-  if (pid_ == 0) {
-    ::dup2(to_child[0], 0), ::dup2(from_child[1], 1);
-    ::close(to_child[1]), ::close(from_child[0]);
-    const std::string py = python();
-    ::execlp(py.c_str(), py.c_str(), "-c", kTrackersScript, nullptr);
-    _exit(127);
-  }
-  ::close(to_child[0]), ::close(from_child[1]);
-  in_ = ::fdopen(to_child[1], "w");
+  const PythonProcess proc = start_python(kTrackersScript, "report_to");
+  pid_ = proc.pid;
+  in_ = proc.in;
+  const int from_child = proc.out;
   const std::string first = nlohmann::json{{"init", init}}.dump() + "\n";
   std::fwrite(first.data(), 1, first.size(), in_);
   std::fflush(in_);
   // Ready, or gone: a tracker that cannot start (a bad key, no network for an online run) says why on stderr.
   char buf[64] = {};
   size_t got = 0;
-  pollfd p{from_child[0], POLLIN, 0};
+  pollfd p{from_child, POLLIN, 0};
   while (got < 6 && ::poll(&p, 1, 300'000) > 0) {
-    const ssize_t n = ::read(from_child[0], buf + got, sizeof buf - 1 - got);
+    const ssize_t n = ::read(from_child, buf + got, sizeof buf - 1 - got);
     if (n <= 0) break;
     got += size_t(n);
   }
-  ::close(from_child[0]);
+  ::close(from_child);
   if (std::strncmp(buf, "ready", 5) != 0) {
     std::fclose(in_), in_ = nullptr;
     int status = 0;

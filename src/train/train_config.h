@@ -50,7 +50,7 @@ struct GrpoSettings {
   GrpoConfig loss;  // loss_type, scale_rewards, beta, epsilon(_high), delta, importance_sampling_level, ...
   int num_generations = 8, max_prompt_length = 512, num_iterations = 1;
   bool mask_truncated_completions = false;
-  bool epsilon_high_given = false;  // else epsilon_high is epsilon
+  bool epsilon_high_given = false;   // else epsilon_high is epsilon
   std::filesystem::path config_dir;  // the config file's folder: Python reward modules are found there too
   // Built-in names (accuracy, think_format) or `module.path:function` (Python, TRL's signature).
   std::vector<std::string> reward_funcs;

@@ -50,8 +50,8 @@ std::string quoted(const std::string& s) {
 
 std::string model_card(const TrainConfig& c, bool lora) {
   const std::string base = c.model_hub_id.empty() ? c.model.string() : c.model_hub_id;
-  const std::string method = c.mode == TrainMode::kDpo    ? "dpo"
-                             : c.mode == TrainMode::kGrpo ? "grpo"
+  const std::string method = c.mode == TrainMode::kDpo        ? "dpo"
+                             : c.mode == TrainMode::kGrpo     ? "grpo"
                              : c.mode == TrainMode::kPretrain ? "pt"
                                                               : "sft";
   std::string s = "---\n";

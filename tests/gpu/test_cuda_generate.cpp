@@ -39,8 +39,9 @@ TEST_F(CudaDecode, KernelMatchesCpu) {
 TEST_F(CudaDecode, KvAppendMatchesCpu) {
   for (auto [B, Tq, S, Hkv, hd] :
        {std::tuple{3L, 1L, 20L, 2L, 64L}, std::tuple{2L, 4L, 9L, 1L, 12L}, std::tuple{1L, 7L, 7L, 3L, 5L}}) {
-    const std::vector<int32_t> lens = B == 3 ? std::vector<int32_t>{1, 20, 7}
-                                      : B == 2 ? std::vector<int32_t>{4, 9} : std::vector<int32_t>{7};
+    const std::vector<int32_t> lens = B == 3   ? std::vector<int32_t>{1, 20, 7}
+                                      : B == 2 ? std::vector<int32_t>{4, 9}
+                                               : std::vector<int32_t>{7};
     auto bf = [](std::vector<float> x) {  // the bf16 values both sides hold
       for (float& f : x) f = bf16_to_f32(f32_to_bf16(f));
       return x;

@@ -19,7 +19,7 @@ TEST_F(CudaPolicyLoss, WeightsAndStatsMatchTheCpu) {
   for (auto& t : targets) t = rng() % 4 == 0 ? -100 : int32_t(rng() % 1000);
   std::uniform_real_distribution<float> u(0.0f, 6.0f), shift(-0.3f, 0.3f);
   std::vector<float> nll(static_cast<size_t>(N)), old(nll.size()), ref(nll.size()), adv = randn(size_t(D)),
-      scale(static_cast<size_t>(D));
+                                                                                    scale(static_cast<size_t>(D));
   for (int64_t i = 0; i < N; ++i) {
     nll[size_t(i)] = u(rng);
     old[size_t(i)] = nll[size_t(i)] + shift(rng);

@@ -85,10 +85,10 @@ void CudaOps::policy_loss(Tensor weight, Tensor stats, const Tensor& token_nll, 
                      targets.numel() == N && (!old_nll.defined() || old_nll.numel() == N) &&
                      (p.beta == 0 || ref_nll.numel() == N),
                  "policy_loss: shapes");
-  policy_loss_kernel<<<1, kPolicyThreads, 0, stream_>>>(
-      weight.f32(), stats.as<double>(), token_nll.f32(), targets.i32(), old_nll.defined() ? old_nll.f32() : nullptr,
-      p.beta != 0 ? ref_nll.f32() : nullptr, doc_advantage.f32(), doc_scale.f32(), cu_seqlens.i32(), int(D), p,
-      accumulate);
+  policy_loss_kernel<<<1, kPolicyThreads, 0, stream_>>>(weight.f32(), stats.as<double>(), token_nll.f32(),
+                                                        targets.i32(), old_nll.defined() ? old_nll.f32() : nullptr,
+                                                        p.beta != 0 ? ref_nll.f32() : nullptr, doc_advantage.f32(),
+                                                        doc_scale.f32(), cu_seqlens.i32(), int(D), p, accumulate);
   CUDA_CHECK_LAUNCH();
 }
 
