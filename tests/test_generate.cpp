@@ -229,6 +229,49 @@ TEST(Sampler, SeededSamplingIsDeterministicAndTopKOneIsGreedy) {
   EXPECT_EQ(greedy.next(logits), argmax(logits));
 }
 
+// Draws follow the distribution the settings define, computed here from its definition (softmax of logits / T,
+// the top_k likeliest, then the smallest prefix reaching top_p, renormalised): a chi-square test over 40,000
+// draws on a 7-token vocabulary per setting (critical value at p = 0.001), and no token outside the kept set.
+TEST(Sampler, DrawsFollowTheirDistribution) {
+  const std::vector<float> logits{1.3f, -0.4f, 2.1f, 0.2f, 0.9f, -1.5f, 1.8f};
+  const double critical[] = {0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46};  // chi-square, df 1..6, p = 0.001
+  for (const SamplingParams& p : {SamplingParams{1.0f, 0, 1.0f, 3}, SamplingParams{0.6f, 0, 1.0f, 4},
+                                  SamplingParams{1.4f, 4, 1.0f, 5}, SamplingParams{0.9f, 0, 0.8f, 6},
+                                  SamplingParams{1.2f, 5, 0.9f, 7}}) {
+    SCOPED_TRACE(testing::Message() << "T " << p.temperature << " top_k " << p.top_k << " top_p " << p.top_p);
+    std::vector<std::pair<double, int>> pr;
+    double z = 0;
+    for (size_t i = 0; i < logits.size(); ++i) z += std::exp(double(logits[i]) / p.temperature);
+    for (size_t i = 0; i < logits.size(); ++i) pr.push_back({std::exp(double(logits[i]) / p.temperature) / z, int(i)});
+    std::sort(pr.begin(), pr.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    if (p.top_k > 0) pr.resize(size_t(p.top_k));
+    double kept = 0, mass = 0;
+    for (auto& q : pr) kept += q.first;
+    size_t n = 0;
+    while (n < pr.size() && mass < p.top_p * kept) mass += pr[n++].first;
+    pr.resize(n);
+    std::vector<double> want(logits.size(), 0.0);
+    for (auto& q : pr) want[size_t(q.second)] = q.first / mass;
+    Sampler s(p);
+    const int draws = 40000;
+    std::vector<int> got(logits.size(), 0);
+    for (int i = 0; i < draws; ++i) ++got[size_t(s.next(logits))];
+    double chi2 = 0;
+    int df = -1;
+    for (size_t i = 0; i < logits.size(); ++i) {
+      if (want[i] == 0) {
+        EXPECT_EQ(got[i], 0) << "token " << i << " is outside the kept set";
+        continue;
+      }
+      const double e = want[i] * draws;
+      chi2 += (got[i] - e) * (got[i] - e) / e;
+      ++df;
+    }
+    ASSERT_GE(df, 1);
+    EXPECT_LT(chi2, critical[df]) << df << " degrees of freedom";
+  }
+}
+
 TEST(Sampler, TopPKeepsTheSmallestSetReachingP) {
   const std::vector<float> logits{std::log(0.15f), std::log(0.5f), std::log(0.05f), std::log(0.3f)};
   auto ids = [&](float top_p, int top_k = 0) {
