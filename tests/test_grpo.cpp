@@ -99,6 +99,15 @@ TEST(GrpoConfig, ErrorsNameTheKey) {
   EXPECT_NE(error_of(kGrpo, TrainMode::kSft).find("is a GRPO key: run `soltrain grpo` or set rl: grpo"),
             std::string::npos);
   EXPECT_NE(error_of(kGrpo + "rl: dpo\n").find("rl: dpo in a grpo run"), std::string::npos);
+  // What a grpo run does not read is refused, not ignored.
+  EXPECT_NE(error_of(kGrpo + "validation_datasets:\n  - path: v.jsonl\n").find("is not evaluated by grpo runs yet"),
+            std::string::npos);
+  EXPECT_NE(error_of("model: m\noutput_dir: out\ndatasets:\n  - path: p.jsonl\n    type: conversation\n"
+                     "reward_funcs: [accuracy]\nper_device_train_batch_size: 8\nnum_generations: 4\n")
+                .find("datasets[0]: type is not read by grpo runs"),
+            std::string::npos);
+  EXPECT_NE(error_of(kGrpo + "chat_template: chatml\n").find("grpo renders prompts with the model's own template"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable
 
 from ._native import DataError, native
 from .config import SFTConfig, TrainConfig
+from .rewards import RewardError, load, score
 
 
 class TrainerCallback:
@@ -150,7 +151,6 @@ class GRPOTrainer(Trainer):
     def __init__(self, config: TrainConfig, reward_funcs: Any, train_dataset: Any = None,
                  callbacks: Iterable[TrainerCallback | Callable[[dict], None]] | None = None) -> None:
         from .config import GRPOConfig
-        from .rewards import RewardError, score
 
         if not isinstance(config, GRPOConfig):
             raise TypeError(f"config: expected soltrain.GRPOConfig, got {type(config).__name__}")
@@ -169,7 +169,6 @@ class GRPOTrainer(Trainer):
                 specs.append(spec)
             else:
                 raise TypeError(f"reward_funcs[{i}]: {type(f).__name__} is neither callable nor a name")
-        self._score, self._reward_error = score, RewardError
         super().__init__(config.replace(reward_funcs=specs), train_dataset=train_dataset, callbacks=callbacks)
 
     def _rewards(self) -> Callable[[str], str] | None:
@@ -177,8 +176,6 @@ class GRPOTrainer(Trainer):
             return None
 
         def call(request: str) -> str:
-            from .rewards import load
-
             req = json.loads(request)
             try:
                 funcs = []
@@ -186,8 +183,8 @@ class GRPOTrainer(Trainer):
                     if spec not in self._callables:  # a "module:function" name: imported here, as a YAML run would
                         self._callables[spec] = load(spec)
                     funcs.append((spec.rpartition(":")[2], self._callables[spec]))
-                return json.dumps({"rewards": self._score(funcs, req)})
-            except self._reward_error as e:
+                return json.dumps({"rewards": score(funcs, req)})
+            except RewardError as e:
                 return json.dumps({"error": str(e)})
 
         return call

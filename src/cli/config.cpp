@@ -410,6 +410,23 @@ void rule_grpo(const Entries& en, const std::string& where, TrainConfig& c, std:
                          "the reference, which is not built yet: use LoRA (the reference is the base with the ",
                          "adapters off) or beta: 0 (TRL's default)"));
   if (c.gpus > 1) errors.push_back(cat(where, ": grpo runs on one GPU for now (gpus: ", c.gpus, ")"));
+  // What a grpo run does not read yet is refused, not ignored: evaluation, and datasets read other than as
+  // `prompt` rows through the model's own chat template.
+  if (!c.validation_datasets.empty() || c.validation_split_ratio > 0 || c.validation_count > 0)
+    errors.push_back(cat(where, ": validation data (validation_datasets, val_set_size, validation_split_ratio) ",
+                         "is not evaluated by grpo runs yet: remove it"));
+  if (!c.chat_template.empty() && c.chat_template != "tokenizer_default")
+    errors.push_back(cat(where, ": chat_template: ", c.chat_template, ": grpo renders prompts with the model's own ",
+                         "template for now (tokenizer_default)"));
+  for (size_t i = 0; i < c.datasets.size(); ++i) {
+    const DatasetSpec& d = c.datasets[i];
+    if (d.type != DatasetType::kAuto)
+      errors.push_back(cat(where, ": datasets[", i, "]: type is not read by grpo runs (rows with a prompt column, ",
+                           "text or messages, as TRL takes them): remove it"));
+    if (!d.fields.chat_template.empty() && d.fields.chat_template != "tokenizer_default")
+      errors.push_back(cat(where, ": datasets[", i, "]: chat_template: ", d.fields.chat_template,
+                           ": grpo renders prompts with the model's own template for now"));
+  }
 }
 
 constexpr Rule kRules[] = {rule_lora_settings_imply_lora,

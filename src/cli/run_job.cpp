@@ -38,19 +38,15 @@ void check_same_config(Communicator& comm, const TrainConfig& c) {
 
 RunResult run_job(TrainConfig cfg, TrainMode mode, std::ostream& log, LoopHooks hooks, InProcessRewards rewards) {
   resolve_hub_inputs(cfg, log);
-  if (cfg.dpo.enabled) {  // `soltrain dpo`, or an sft config with Axolotl's `rl: dpo`
+  if (cfg.dpo.enabled || cfg.grpo.enabled) {  // `soltrain dpo` / `grpo`, or `rl: dpo` / `rl: grpo` in a config
     if (cfg.gpus > 1)
-      user_error("dpo: data parallel (gpus: ", cfg.gpus, ") is not built yet for preference training; use gpus: 1");
+      user_error(cfg.dpo.enabled ? "dpo" : "grpo", ": data parallel (gpus: ", cfg.gpus,
+                 ") is not built yet for this objective; use gpus: 1");
     check_run_inputs(cfg);
     const OutputLock lock = prepare_run_outputs(cfg, log);
     auto ops = make_ops(cfg.device);
-    return run_dpo(cfg, *ops, log, std::move(hooks));
-  }
-  if (cfg.grpo.enabled) {  // `soltrain grpo`, or a config with `rl: grpo`
-    check_run_inputs(cfg);
-    const OutputLock lock = prepare_run_outputs(cfg, log);
-    auto ops = make_ops(cfg.device);
-    return run_grpo(cfg, *ops, log, std::move(hooks), std::move(rewards));
+    return cfg.dpo.enabled ? run_dpo(cfg, *ops, log, std::move(hooks))
+                           : run_grpo(cfg, *ops, log, std::move(hooks), std::move(rewards));
   }
   LaunchEnv env = read_launch_env();
   env.timeout_s = cfg.ddp_timeout;

@@ -51,24 +51,18 @@ void GrpoConfig::validate(const std::string& where) const {
   if (max_completion_length < 1) user_error(where, ": max_completion_length ", max_completion_length, " must be >= 1");
 }
 
-namespace {
-// torch.nanmean / nanstd (unbiased) over `v`'s non-NaN values: NaN when none (std: fewer than two).
-double nanmean(std::span<const double> v) {
-  double s = 0;
-  int n = 0;
+std::pair<double, double> nan_mean_std(std::span<const double> v) {
+  double s = 0, n = 0;
   for (double x : v)
-    if (!std::isnan(x)) s += x, ++n;
-  return n ? s / n : std::numeric_limits<double>::quiet_NaN();
-}
-double nanstd(std::span<const double> v) {
-  const double m = nanmean(v);
-  double s = 0;
-  int n = 0;
+    if (!std::isnan(x)) s += x, n += 1;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  if (n == 0) return {nan, nan};
+  const double m = s / n;
+  double q = 0;
   for (double x : v)
-    if (!std::isnan(x)) s += (x - m) * (x - m), ++n;
-  return n > 1 ? std::sqrt(s / (n - 1)) : std::numeric_limits<double>::quiet_NaN();
+    if (!std::isnan(x)) q += (x - m) * (x - m);
+  return {m, n > 1 ? std::sqrt(q / (n - 1)) : nan};
 }
-}  // namespace
 
 std::vector<float> grpo_advantages(std::span<const double> rewards, int num_generations, ScaleRewards scale,
                                    std::vector<bool>* zero_std) {
@@ -76,11 +70,11 @@ std::vector<float> grpo_advantages(std::span<const double> rewards, int num_gene
   SOLTRAIN_CHECK(G >= 1 && n % G == 0, "advantages: ", n, " rewards in groups of ", G);
   std::vector<float> adv(n);
   if (zero_std) zero_std->assign(n, false);
-  const double batch_std = n > 1 ? nanstd(rewards) : 0.0;
+  const double batch_std = n > 1 ? nan_mean_std(rewards).second : 0.0;
   for (size_t g = 0; g < n; g += G) {
     const std::span<const double> group = rewards.subspan(g, G);
-    const double mean = nanmean(group);
-    const double std = scale == ScaleRewards::Batch ? batch_std : (G > 1 ? nanstd(group) : 0.0);
+    const auto [mean, group_std] = nan_mean_std(group);
+    const double std = scale == ScaleRewards::Batch ? batch_std : (G > 1 ? group_std : 0.0);
     for (size_t i = g; i < g + G; ++i) {
       double a = rewards[i] - mean;
       if (scale != ScaleRewards::None) a /= std + 1e-4;

@@ -8,6 +8,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/buffer.h"
@@ -41,6 +42,10 @@ struct GrpoConfig {
   // The values a config can hold, checked; UserErrors name `where`'s keys.
   void validate(const std::string& where) const;
 };
+
+// torch.nanmean and nanstd (unbiased) over `v`'s non-NaN values: NaN when there are none (std: fewer than two).
+// The advantages' statistics and the logged reward / reward_std alike.
+std::pair<double, double> nan_mean_std(std::span<const double> v);
 
 // Advantages of a generation batch's completions, prompt by prompt in groups of `num_generations` (TRL's
 // sum_then_normalize): the rewards (NaN: no reward function scored the completion) less their group's mean,

@@ -9,8 +9,10 @@
 #include <cmath>
 #include <cstdio>
 #include <ostream>
+#include <tuple>
 
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "data/loader.h"
 #include "data/prompt_codec.h"
 #include "data/record_reader.h"
@@ -18,6 +20,7 @@
 #include "model/generation.h"
 #include "model/grpo_objective.h"
 #include "train/run_builder.h"
+#include "train/train_data.h"
 #include "train/train_loop.h"
 #include "train/train_step.h"
 
@@ -29,26 +32,34 @@ namespace {
 
 struct PromptRecord {
   nlohmann::ordered_json record;  // the whole row: its other columns go to the reward functions
+  nlohmann::ordered_json prompt;  // its prompt column, as the dataset gives it
   std::vector<int32_t> ids;       // the prompt through the tokenizer (and the chat template for conversations)
 };
 
-// Every record of the config's datasets with its prompt tokenized, cut to its last max_prompt_length tokens.
-std::vector<PromptRecord> read_prompts(const TrainConfig& c, const PromptCodec& codec, std::ostream& log) {
-  std::vector<PromptRecord> out;
+// The config's prompts: every record of its datasets, tokenized once (cut to its last max_prompt_length
+// tokens), and the run's entries into them after each dataset's slice and `samples`, the rules SFT's datasets
+// follow (train/train_data.h), so a repeated record is an index, not a copy.
+struct PromptSet {
+  std::vector<PromptRecord> records;
+  std::vector<int64_t> entries;
+};
+
+PromptSet read_prompts(const TrainConfig& c, const PromptCodec& codec, std::ostream& log) {
+  PromptSet out;
   int64_t cut = 0;
-  for (const DatasetSpec& d : c.datasets) {
+  for (size_t i = 0; i < c.datasets.size(); ++i) {
+    const DatasetSpec& d = c.datasets[i];
+    const int64_t first = int64_t(out.records.size());
     RecordReader reader(d.path, {}, d.split);
     nlohmann::ordered_json rec;
     std::string where, error;
-    int64_t taken = 0;
     while (reader.next(rec, where, error)) {
       if (rec.is_null()) throw DataError(cat(where, ": ", error));
-      if (d.samples > 0 && taken >= d.samples) break;
-      const auto p = rec.find("prompt");
+      const auto p = rec.find(d.fields.prompt);  // "prompt", or the dataset's field_prompt
       if (p == rec.end())
-        throw DataError(cat(where, ": no \"prompt\" column (GRPO reads prompts as TRL does: text or a list of ",
-                            "{role, content} messages)"));
-      PromptRecord r{rec, {}};
+        throw DataError(cat(where, ": no \"", d.fields.prompt, "\" column (GRPO reads prompts as TRL does: text or ",
+                            "a list of {role, content} messages)"));
+      PromptRecord r{rec, *p, {}};
       try {
         r.ids = codec.prompt(*p, where);
       } catch (const UserError& e) {
@@ -58,33 +69,31 @@ std::vector<PromptRecord> read_prompts(const TrainConfig& c, const PromptCodec& 
         r.ids.erase(r.ids.begin(), r.ids.end() - c.grpo.max_prompt_length);
         ++cut;
       }
-      out.push_back(std::move(r));
-      ++taken;
+      out.records.push_back(std::move(r));
     }
+    int64_t begin = 0, end = int64_t(out.records.size()) - first;
+    if (d.slice) std::tie(begin, end) = slice_bounds(end, *d.slice);
+    std::vector<int64_t> picked;
+    if (d.samples > 0) {
+      check_host_memory(uint64_t(d.samples) * sizeof(int64_t), cat("samples: ", d.samples, " prompts"),
+                        "lower samples");
+      picked = sample_indices(end - begin, d.samples, c.seed + i);
+    } else {
+      for (int64_t k = 0; k < end - begin; ++k) picked.push_back(k);
+    }
+    for (int64_t k : picked) out.entries.push_back(first + begin + k);
   }
-  if (out.empty()) throw DataError("grpo: the datasets hold no prompts");
+  if (out.entries.empty()) throw DataError("grpo: the datasets hold no prompts");
   if (cut > 0)
-    log << "grpo: " << cut << " of " << out.size() << " prompts cut to their last " << c.grpo.max_prompt_length
+    log << "grpo: " << cut << " of " << out.records.size() << " prompts cut to their last " << c.grpo.max_prompt_length
         << " tokens (max_prompt_length)\n";
   return out;
 }
 
-std::pair<double, double> mean_std(const std::vector<double>& v) {  // NaNs left out; unbiased std
-  double s = 0, n = 0;
-  for (double x : v)
-    if (!std::isnan(x)) s += x, n += 1;
-  if (n == 0) return {NAN, NAN};
-  const double m = s / n;
-  double q = 0;
-  for (double x : v)
-    if (!std::isnan(x)) q += (x - m) * (x - m);
-  return {m, n > 1 ? std::sqrt(q / (n - 1)) : NAN};
-}
-
 class GrpoDriver final : public RunDriver {
  public:
-  GrpoDriver(const TrainConfig& c, Ops& ops, Transformer& model, const PromptCodec& codec,
-             std::vector<PromptRecord> prompts, RewardFunctions& rewards, std::ostream& log)
+  GrpoDriver(const TrainConfig& c, Ops& ops, Transformer& model, const PromptCodec& codec, PromptSet prompts,
+             RewardFunctions& rewards, std::ostream& log)
       : c_(c),
         ops_(ops),
         model_(model),
@@ -116,7 +125,9 @@ class GrpoDriver final : public RunDriver {
   }
 
   double tokens_per_update() const override { return double(tokens_); }
-  double epoch() const override { return double(state_.epoch) + double(state_.index) / double(prompts_.size()); }
+  double epoch() const override {
+    return double(state_.epoch) + double(state_.index) / double(prompts_.entries.size());
+  }
   LoaderState loader_state() const override { return state_; }
   void restore(const LoaderState& s) override {
     state_ = s;
@@ -132,8 +143,7 @@ class GrpoDriver final : public RunDriver {
   size_t next_prompt() {
     if (order_.empty() || state_.index >= int64_t(order_.size())) {
       if (!order_.empty()) ++state_.epoch, state_.index = 0;
-      order_.resize(prompts_.size());
-      for (size_t i = 0; i < order_.size(); ++i) order_[i] = int64_t(i);
+      order_ = prompts_.entries;
       shuffle_for_epoch(order_, c_.seed, state_.epoch);
     }
     return size_t(order_[size_t(state_.index++)]);
@@ -147,7 +157,7 @@ class GrpoDriver final : public RunDriver {
     std::vector<std::vector<int32_t>> prompt_ids;
     for (int p = 0; p < P; ++p) {
       picked.push_back(next_prompt());
-      prompt_ids.push_back(prompts_[picked.back()].ids);
+      prompt_ids.push_back(prompts_.records[picked.back()].ids);
     }
     GenerationOptions o;
     o.max_new_tokens = g.loss.max_completion_length;
@@ -159,8 +169,8 @@ class GrpoDriver final : public RunDriver {
 
     RewardRequest req;
     for (int r = 0; r < completions_; ++r) {
-      const PromptRecord& pr = prompts_[picked[size_t(r / G)]];
-      req.prompts.push_back(pr.record["prompt"]);
+      const PromptRecord& pr = prompts_.records[picked[size_t(r / G)]];
+      req.prompts.push_back(pr.prompt);
       req.records.push_back(pr.record);
       req.completions.push_back(codec_.text(rollouts[size_t(r)].tokens));
       req.completion_ids.push_back(rollouts[size_t(r)].tokens);
@@ -219,11 +229,11 @@ class GrpoDriver final : public RunDriver {
 
     // TRL's generation metrics.
     gen_values_.clear();
-    const auto [rmean, rstd] = mean_std(total);
+    const auto [rmean, rstd] = nan_mean_std(total);
     gen_values_.push_back({"reward", rmean});
     gen_values_.push_back({"reward_std", rstd});
     for (size_t f = 0; f < per_func.size(); ++f) {
-      const auto [fm, fs] = mean_std(per_func[f]);
+      const auto [fm, fs] = nan_mean_std(per_func[f]);
       gen_values_.push_back({"rewards/" + rewards_.names()[f] + "/mean", fm});
       gen_values_.push_back({"rewards/" + rewards_.names()[f] + "/std", fs});
     }
@@ -261,7 +271,7 @@ class GrpoDriver final : public RunDriver {
   Ops& ops_;
   Transformer& model_;
   const PromptCodec& codec_;
-  std::vector<PromptRecord> prompts_;
+  PromptSet prompts_;
   RewardFunctions& rewards_;
   std::ostream& log_;
   int completions_;
@@ -281,7 +291,7 @@ RunResult run_grpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks 
   for (const std::string& n : c.notes) log << "grpo: " << n << "\n";
   fs::create_directories(c.output_dir);
   const PromptCodec codec(c.model);
-  std::vector<PromptRecord> prompts = read_prompts(c, codec, log);
+  PromptSet prompts = read_prompts(c, codec, log);
   // Reward modules are imported from the working folder and the config's: as `python -m` and TRL scripts find them.
   std::vector<std::string> paths{fs::current_path().string()};
   if (!c.grpo.config_dir.empty()) paths.push_back(fs::absolute(c.grpo.config_dir).string());
@@ -289,7 +299,7 @@ RunResult run_grpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks 
   const std::optional<LoraConfig> lora = lora_config(c);
   check_update_batches_fit(c, 1, c.per_device_train_batch_size);
   auto model = load_run_model(c, ops, lora, {});
-  for (const PromptRecord& p : prompts)
+  for (const PromptRecord& p : prompts.records)
     for (int32_t id : p.ids)
       if (id < 0 || id >= model->config().vocab_size)
         user_error(c.model.string(), ": the tokenizer produced id ", id, " but the model's vocab_size is ",
@@ -301,11 +311,11 @@ RunResult run_grpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks 
   model->set_logit_temperature(float(c.grpo.temperature));
   const int64_t prompts_per_update =
       int64_t(c.per_device_train_batch_size) * c.gradient_accumulation_steps / c.grpo.num_generations;
-  const int64_t steps_per_epoch = std::max<int64_t>(1, int64_t(prompts.size()) / prompts_per_update);
+  const int64_t steps_per_epoch = std::max<int64_t>(1, int64_t(prompts.entries.size()) / prompts_per_update);
   const ScheduleConfig sched =
       schedule_config(c, total_training_steps(c, steps_per_epoch * c.gradient_accumulation_steps));
   TrainStep step(*model, optimizer_config(c));
-  const size_t n_prompts = prompts.size();
+  const size_t n_prompts = prompts.entries.size();
   GrpoDriver driver(c, ops, *model, codec, std::move(prompts), rewards, log);
   TrainLoop loop(
       {c, "grpo", log, ops, nullptr, false, *model, step, sched, run_cadence(c, steps_per_epoch), std::move(hooks)},

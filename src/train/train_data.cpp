@@ -34,17 +34,12 @@ ShardSet select_documents(const ShardSet& from, const std::vector<int64_t>& docs
   return out;
 }
 
-ShardSet sample_documents(const ShardSet& from, int64_t n, uint64_t seed) {
+std::vector<int64_t> sample_indices(int64_t size, int64_t n, uint64_t seed) {
   // Surogate's `samples` (post_process → sample_dataset, the ms-swift rule): the whole dataset n / size
   // times, then a random n % size of its documents. The random choice is ours (mt19937_64 keyed by the
   // seed), not numpy's, so the same count but not the same documents as Surogate.
-  const int64_t size = from.documents();
-  if (size == 0) return from;
-  // n / size copies of every document: checked against host memory before any is made.
-  const uint64_t copies = uint64_t(n / size) + 1;
-  check_host_memory(copies * (from.tokens.size() * (sizeof(int32_t) + 1) + uint64_t(size) * 2 * sizeof(int64_t)),
-                    cat("samples: ", n, " (", copies, " copies of ", size, " documents)"), "lower samples");
   std::vector<int64_t> docs;
+  if (size == 0) return docs;
   for (int64_t r = 0; r < n / size; ++r)
     for (int64_t d = 0; d < size; ++d) docs.push_back(d);
   std::vector<int64_t> perm(static_cast<size_t>(size));
@@ -52,15 +47,24 @@ ShardSet sample_documents(const ShardSet& from, int64_t n, uint64_t seed) {
   std::mt19937_64 rng(seed ^ 0x5a3b1e5ULL);
   for (size_t k = perm.size(); k > 1; --k) std::swap(perm[k - 1], perm[size_t(rng() % k)]);
   docs.insert(docs.end(), perm.begin(), perm.begin() + (n % size));
-  return select_documents(from, docs);
+  return docs;
 }
 
-ShardSet slice_documents(const ShardSet& from, const std::pair<std::string, std::string>& slice) {
+ShardSet sample_documents(const ShardSet& from, int64_t n, uint64_t seed) {
+  const int64_t size = from.documents();
+  if (size == 0) return from;
+  // n / size copies of every document: checked against host memory before any is made.
+  const uint64_t copies = uint64_t(n / size) + 1;
+  check_host_memory(copies * (from.tokens.size() * (sizeof(int32_t) + 1) + uint64_t(size) * 2 * sizeof(int64_t)),
+                    cat("samples: ", n, " (", copies, " copies of ", size, " documents)"), "lower samples");
+  return select_documents(from, sample_indices(size, n, seed));
+}
+
+std::pair<int64_t, int64_t> slice_bounds(int64_t n, const std::pair<std::string, std::string>& slice) {
   // Hugging Face datasets' ReadInstruction with its default rounding ("closest"): a percentage p is
   // round(p * n / 100) documents (Python's round: halves to even, as nearbyint), a negative bound counts
   // from the end, and the result is clamped to [0, n]. Applied to the documents made from the records, so
   // a skipped bad record (bad_records: skip) shifts the bounds by one.
-  const int64_t n = from.documents();
   auto resolve = [&](const std::string& b, int64_t open) {
     if (b.empty()) return open;
     int64_t v = b.back() == '%' ? int64_t(std::nearbyint(std::stod(b.substr(0, b.size() - 1)) * double(n) / 100.0))
@@ -68,7 +72,11 @@ ShardSet slice_documents(const ShardSet& from, const std::pair<std::string, std:
     if (v < 0) v += n;
     return std::clamp<int64_t>(v, 0, n);
   };
-  const int64_t begin = resolve(slice.first, 0), end = resolve(slice.second, n);
+  return {resolve(slice.first, 0), resolve(slice.second, n)};
+}
+
+ShardSet slice_documents(const ShardSet& from, const std::pair<std::string, std::string>& slice) {
+  const auto [begin, end] = slice_bounds(from.documents(), slice);
   std::vector<int64_t> docs;
   for (int64_t d = begin; d < end; ++d) docs.push_back(d);
   return select_documents(from, docs);

@@ -20,14 +20,18 @@ void append_shards(ShardSet& a, const ShardSet& b);
 // Documents [d] of `from` for the given indices, in that order.
 ShardSet select_documents(const ShardSet& from, const std::vector<int64_t>& docs);
 
-// Hugging Face's split slice (train[:20%] → {"", "20%"}): the documents from..to of `from`.
+// Hugging Face's split slice (train[:20%] → {"", "20%"}): the documents from..to of `from`; slice_bounds gives
+// [begin, end) of n documents (records: GRPO's prompts take the same rule).
 ShardSet slice_documents(const ShardSet& from, const std::pair<std::string, std::string>& slice);
+std::pair<int64_t, int64_t> slice_bounds(int64_t n, const std::pair<std::string, std::string>& slice);
 
 // Axolotl's dataset_exact_deduplication: keeps the first of documents with equal tokens and loss mask,
 // and drops those equal to one of `seen_in` (may be null); returns how many were dropped.
 int64_t drop_duplicate_documents(ShardSet& set, const ShardSet* seen_in);
 
-// Surogate's `samples: n`: the dataset repeated n / size times plus a seeded random n % size of it.
+// Surogate's `samples: n`: the dataset repeated n / size times plus a seeded random n % size of it
+// (sample_indices: which of `size` documents, in order).
 ShardSet sample_documents(const ShardSet& from, int64_t n, uint64_t seed);
+std::vector<int64_t> sample_indices(int64_t size, int64_t n, uint64_t seed);
 
 }  // namespace soltrain
