@@ -40,8 +40,8 @@ RunResult run_job(TrainConfig cfg, TrainMode mode, std::ostream& log, LoopHooks 
   resolve_hub_inputs(cfg, log);
   if (cfg.dpo.enabled || cfg.grpo.enabled) {  // `soltrain dpo` / `grpo`, or `rl: dpo` / `rl: grpo` in a config
     if (cfg.gpus > 1)
-      user_error(cfg.dpo.enabled ? "dpo" : "grpo", ": data parallel (gpus: ", cfg.gpus,
-                 ") is not built yet for this objective; use gpus: 1");
+      user_error(cfg.dpo.enabled ? "dpo" : "grpo", ": data parallel (gpus: ", cfg.gpus, ") is not built yet for ",
+                 cfg.dpo.enabled ? "preference training" : "online RL", "; use gpus: 1");
     check_run_inputs(cfg);
     const OutputLock lock = prepare_run_outputs(cfg, log);
     auto ops = make_ops(cfg.device);
