@@ -22,6 +22,39 @@ SHAPES = {  # hidden, layers, heads, kv heads, intermediate (Qwen3's, head_dim =
 }
 
 
+def make_real_model(shape, root, tokenizer_dir):
+    """A random bf16 model of the real Qwen3 shape (vocab 151936, head_dim 128; bench/qwen3_shapes.py) with the
+    Qwen3 tokenizer and chat template: the LM head and the sampling over 152k tokens cost what they do on hub models."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from qwen3_shapes import config
+    d = os.path.join(root, "real-" + shape)
+    if not os.path.exists(os.path.join(d, "config.json")):
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            m = AutoModelForCausalLM.from_config(config(shape), dtype=torch.bfloat16)
+        m.save_pretrained(d)
+        del m
+        torch.cuda.empty_cache()
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(tokenizer_dir, f), d)
+    return d
+
+
+def real_params_bytes(shape):
+    from qwen3_shapes import matmul_params
+    return 2 * matmul_params(shape)  # bf16; the tied embedding is the LM head read once per step
+
+
+def real_kv_bytes_per_token(shape):
+    from qwen3_shapes import HEAD_DIM, SHAPES as Q
+    s = Q[shape]
+    return 2 * s["num_hidden_layers"] * 2 * s["num_key_value_heads"] * HEAD_DIM
+
+
 def make_model(soltrain, shape, root):
     d = os.path.join(root, shape)
     if not os.path.isdir(os.path.join(d, "model")):
@@ -54,7 +87,12 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--lora", action="store_true")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--real", metavar="TOKENIZER_DIR",
+                    help="real Qwen3 shapes and vocabulary (random weights), with this folder's Qwen3 tokenizer")
+    ap.add_argument("--sampling", default="{}", help="JSON of extra sampling keys (top_p, top_k, min_p, ...)")
     a = ap.parse_args()
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     root = "/tmp/soltrain-grpo-models"
     rng = random.Random(0)
     prompts = os.path.join(root, "prompts.jsonl")
@@ -65,15 +103,17 @@ def main():
             f.write(json.dumps({"prompt": [{"role": "user", "content": w}], "answer": w}) + "\n")
     results = []
     for shape in a.shapes:
-        model = make_model(a.soltrain, shape, root)
+        model = make_real_model(shape, root, a.real) if a.real else make_model(a.soltrain, shape, root)
+        pbytes = real_params_bytes(shape) if a.real else params_bytes(shape)
+        kvtok = real_kv_bytes_per_token(shape) if a.real else kv_bytes_per_token(shape)
         for n in a.concurrency:
-            out = os.path.join(root, f"run-{shape}-{n}")
+            out = os.path.join(root, f"run-{'real-' if a.real else ''}{shape}-{n}")
             cfg = {"model": model, "output_dir": out, "overwrite_output_dir": True,
                    "datasets": [{"path": prompts}], "reward_funcs": ["think_format"], "num_generations": 8,
                    "max_prompt_length": 64, "max_completion_length": a.completion,
                    "per_device_train_batch_size": min(n, 32), "gradient_accumulation_steps": max(1, n // 32),
                    "max_steps": a.steps, "learning_rate": 1e-6, "logging_steps": 1, "device": a.device,
-                   "lora": a.lora, "recompute": "full"}
+                   "lora": a.lora, "recompute": "full", **json.loads(a.sampling)}
             path = out + ".yaml"
             with open(path, "w") as f:
                 json.dump(cfg, f)
@@ -90,11 +130,11 @@ def main():
             gen = last["generation_tokens_per_second"]
             mean_len = last["completions/mean_length"]
             ctx = 64 + mean_len / 2  # the mean context a decode step reads
-            step_bytes = params_bytes(shape) + n * ctx * kv_bytes_per_token(shape)
+            step_bytes = pbytes + n * ctx * kvtok
             bound = n / (step_bytes / HBM)
             gen_s = last["generation_seconds"]
             step_s = n * (64 + mean_len) / last["tokens_per_s"]  # tokens_per_s counts prompts and completions
-            res = {"shape": shape, "concurrency": n, "generation_tok_s": round(gen), "bound_tok_s": round(bound),
+            res = {"shape": shape, "vocab": 151936 if a.real else 320, "lora": a.lora, "concurrency": n, "generation_tok_s": round(gen), "bound_tok_s": round(bound),
                    "share_of_bound": round(gen / bound, 4), "step_s": round(step_s, 3), "generation_s": round(gen_s, 3),
                    "training_s": round(step_s - gen_s, 3), "train_tok_s": round(last["tokens_per_s"]),
                    "mean_completion": mean_len, "wall_s": round(wall, 1)}

@@ -1,6 +1,6 @@
 // Generation on the CPU: the KV-cache decoder reproduces the training forward's logits (token by token, in
-// prefill chunks, batched, with a LoRA adapter), greedy decoding equals re-running the full forward, the
-// sampler's filters and seeding, EOS, and the `soltrain generate` command's errors.
+// prefill chunks, batched, with a LoRA adapter), greedy decoding equals re-running the full forward, EOS, and
+// the `soltrain generate` command's errors (sampling itself: test_sampling.cpp).
 #include <sys/wait.h>
 
 #include <fstream>
@@ -208,121 +208,6 @@ TEST(Generate, ReadsEosFromGenerationConfig) {
   EXPECT_EQ(read_generation_eos(t.path), (std::vector<int32_t>{151645, 151643}));
   std::ofstream(t.path / "generation_config.json") << R"({"eos_token_id": "x"})";
   EXPECT_THROW(read_generation_eos(t.path), UserError);
-}
-
-TEST(Sampler, SeededSamplingIsDeterministicAndTopKOneIsGreedy) {
-  std::mt19937 rng(1);
-  const auto logits = random_vec(50, rng, 2.0f);
-  SamplingParams p{1.0f, 0, 1.0f, 42};
-  Sampler a(p), b(p), c(SamplingParams{1.0f, 0, 1.0f, 43});
-  std::vector<int32_t> sa, sb, sc;
-  for (int i = 0; i < 64; ++i) {
-    sa.push_back(a.next(logits));
-    sb.push_back(b.next(logits));
-    sc.push_back(c.next(logits));
-  }
-  EXPECT_EQ(sa, sb);
-  EXPECT_NE(sa, sc);
-  EXPECT_GT(std::set<int32_t>(sa.begin(), sa.end()).size(), 5u) << "temperature 1 over 50 logits samples widely";
-  Sampler k1(SamplingParams{1.5f, 1, 1.0f, 7}), greedy(SamplingParams{});
-  for (int i = 0; i < 16; ++i) EXPECT_EQ(k1.next(logits), greedy.next(logits));
-  EXPECT_EQ(greedy.next(logits), argmax(logits));
-}
-
-// Draws follow the distribution the settings define, computed here from its definition (softmax of logits / T,
-// the top_k likeliest, then the smallest prefix reaching top_p, renormalised): a chi-square test over 40,000
-// draws on a 7-token vocabulary per setting (critical value at p = 0.001), and no token outside the kept set.
-TEST(Sampler, DrawsFollowTheirDistribution) {
-  const std::vector<float> logits{1.3f, -0.4f, 2.1f, 0.2f, 0.9f, -1.5f, 1.8f};
-  const double critical[] = {0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46};  // chi-square, df 1..6, p = 0.001
-  for (const SamplingParams& p : {SamplingParams{1.0f, 0, 1.0f, 3}, SamplingParams{0.6f, 0, 1.0f, 4},
-                                  SamplingParams{1.4f, 4, 1.0f, 5}, SamplingParams{0.9f, 0, 0.8f, 6},
-                                  SamplingParams{1.2f, 5, 0.9f, 7}}) {
-    SCOPED_TRACE(testing::Message() << "T " << p.temperature << " top_k " << p.top_k << " top_p " << p.top_p);
-    std::vector<std::pair<double, int>> pr;
-    double z = 0;
-    for (size_t i = 0; i < logits.size(); ++i) z += std::exp(double(logits[i]) / p.temperature);
-    for (size_t i = 0; i < logits.size(); ++i) pr.push_back({std::exp(double(logits[i]) / p.temperature) / z, int(i)});
-    std::sort(pr.begin(), pr.end(), [](auto& a, auto& b) { return a.first > b.first; });
-    if (p.top_k > 0) pr.resize(size_t(p.top_k));
-    double kept = 0, mass = 0;
-    for (auto& q : pr) kept += q.first;
-    size_t n = 0;
-    while (n < pr.size() && mass < p.top_p * kept) mass += pr[n++].first;
-    pr.resize(n);
-    std::vector<double> want(logits.size(), 0.0);
-    for (auto& q : pr) want[size_t(q.second)] = q.first / mass;
-    Sampler s(p);
-    const int draws = 40000;
-    std::vector<int> got(logits.size(), 0);
-    for (int i = 0; i < draws; ++i) ++got[size_t(s.next(logits))];
-    double chi2 = 0;
-    int df = -1;
-    for (size_t i = 0; i < logits.size(); ++i) {
-      if (want[i] == 0) {
-        EXPECT_EQ(got[i], 0) << "token " << i << " is outside the kept set";
-        continue;
-      }
-      const double e = want[i] * draws;
-      chi2 += (got[i] - e) * (got[i] - e) / e;
-      ++df;
-    }
-    ASSERT_GE(df, 1);
-    EXPECT_LT(chi2, critical[df]) << df << " degrees of freedom";
-  }
-}
-
-TEST(Sampler, TopPKeepsTheSmallestSetReachingP) {
-  const std::vector<float> logits{std::log(0.15f), std::log(0.5f), std::log(0.05f), std::log(0.3f)};
-  auto ids = [&](float top_p, int top_k = 0) {
-    std::vector<int32_t> r;
-    double mass = 0;
-    for (auto [id, prob] : sampling_candidates(logits, SamplingParams{1.0f, top_k, top_p, 0})) {
-      r.push_back(id);
-      mass += prob;
-    }
-    EXPECT_NEAR(mass, 1.0, 1e-12) << "renormalised";
-    return r;
-  };
-  EXPECT_EQ(ids(0.4f), (std::vector<int32_t>{1}));
-  EXPECT_EQ(ids(0.75f), (std::vector<int32_t>{1, 3}));
-  EXPECT_EQ(ids(0.9f), (std::vector<int32_t>{1, 3, 0}));
-  EXPECT_EQ(ids(1.0f), (std::vector<int32_t>{0, 1, 2, 3}));  // no filter: index order
-  EXPECT_EQ(ids(1.0f, 2), (std::vector<int32_t>{1, 3}));
-  EXPECT_EQ(ids(0.6f, 2), (std::vector<int32_t>{1}));  // top-p over the renormalised top-k: 0.625 ≥ 0.6
-  // Sampling with top-p 0.75 draws only tokens 1 and 3, in proportion 0.5 : 0.3.
-  Sampler s(SamplingParams{1.0f, 0, 0.75f, 5});
-  int n1 = 0, n3 = 0;
-  for (int i = 0; i < 20000; ++i) {
-    const int32_t id = s.next(logits);
-    ASSERT_TRUE(id == 1 || id == 3) << id;
-    (id == 1 ? n1 : n3)++;
-  }
-  EXPECT_NEAR(double(n1) / 20000, 0.625, 0.015);
-  EXPECT_THROW((SamplingParams{1.0f, 0, 0.0f, 0}.validate()), UserError);
-  EXPECT_THROW((SamplingParams{-1.0f, 0, 1.0f, 0}.validate()), UserError);
-  EXPECT_THROW((SamplingParams{1.0f, -2, 1.0f, 0}.validate()), UserError);
-}
-
-TEST(Sampler, TopPOverALargeVocabularyEqualsAFullSort) {
-  std::mt19937 rng(4);
-  const auto logits = random_vec(5000, rng, 1.5f);
-  std::vector<std::pair<double, int32_t>> order;  // (-probability, id): a full sort
-  double z = 0;
-  for (float l : logits) z += std::exp(double(l));
-  for (size_t i = 0; i < logits.size(); ++i) order.push_back({-std::exp(double(logits[i])) / z, int32_t(i)});
-  std::sort(order.begin(), order.end());
-  for (float top_p : {0.2f, 0.9f, 0.999f}) {
-    std::vector<int32_t> want;
-    double cum = 0;
-    for (auto [neg, id] : order) {
-      want.push_back(id);
-      if ((cum -= neg) >= double(top_p)) break;
-    }
-    std::vector<int32_t> got;
-    for (auto [id, prob] : sampling_candidates(logits, SamplingParams{1.0f, 0, top_p, 0})) got.push_back(id);
-    EXPECT_EQ(got, want) << "top_p " << top_p;
-  }
 }
 
 TEST(GenerateCli, GeneratesAndFailsWithOneLine) {

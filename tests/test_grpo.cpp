@@ -84,6 +84,14 @@ TEST(GrpoConfig, TrlDefaultsAndSharedKeys) {
   // Axolotl's rl: grpo turns an sft config into a grpo run
   const TrainConfig e = parse_train_config(kGrpo + "rl: grpo\n", "cfg.yaml", {}, TrainMode::kSft);
   EXPECT_TRUE(e.grpo.enabled);
+  // TRL's sampling keys reach the sampler's settings; the generation budget is read.
+  const TrainConfig s = parse_train_config(
+      kGrpo + "top_k: 20\ntop_p: 0.9\nmin_p: 0.05\nrepetition_penalty: 1.1\ngeneration_memory_gib: 12\n", "cfg.yaml",
+      {}, TrainMode::kGrpo);
+  EXPECT_EQ(s.grpo.top_k, 20);
+  EXPECT_DOUBLE_EQ(s.grpo.min_p, 0.05);
+  EXPECT_DOUBLE_EQ(s.grpo.repetition_penalty, 1.1);
+  EXPECT_DOUBLE_EQ(s.grpo.generation_memory_gib, 12);
 }
 
 TEST(GrpoConfig, ErrorsNameTheKey) {
@@ -99,6 +107,11 @@ TEST(GrpoConfig, ErrorsNameTheKey) {
   EXPECT_NE(error_of(kGrpo, TrainMode::kSft).find("is a GRPO key: run `soltrain grpo` or set rl: grpo"),
             std::string::npos);
   EXPECT_NE(error_of(kGrpo + "rl: dpo\n").find("rl: dpo in a grpo run"), std::string::npos);
+  EXPECT_NE(error_of(kGrpo + "generation_memory_gib: 4\ngeneration_memory_fraction: 0.3\n")
+                .find("give one of generation_memory_gib and generation_memory_fraction"),
+            std::string::npos);
+  EXPECT_NE(error_of(kGrpo + "min_p: 1.5\n").find("min_p"), std::string::npos);
+  EXPECT_NE(error_of(kGrpo + "repetition_penalty: 0\n").find("repetition_penalty"), std::string::npos);
   // What a grpo run does not read is refused, not ignored.
   EXPECT_NE(error_of(kGrpo + "validation_datasets:\n  - path: v.jsonl\n").find("is not evaluated by grpo runs yet"),
             std::string::npos);

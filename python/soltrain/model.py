@@ -96,21 +96,38 @@ class Model:
         temperature: float = 0.0,
         top_k: int = 0,
         top_p: float = 1.0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
         seed: int = 0,
         eos_token_id: int | list[int] | None = None,
-    ) -> list[int]:
+    ) -> list[int] | list[list[int]]:
         """New token ids after `prompt` (greedy at temperature 0), ending at an EOS id (included) or the budget.
-        EOS ids default to the model folder's generation_config.json."""
-        p = _to_numpy(prompt, np.int32).reshape(-1)
+        `prompt` is one sequence of ids, or a list of them (lengths may differ): those are generated together as
+        one batch and a list of continuations comes back, prompt i sampling with seed + i. Sampling follows
+        transformers' generate (repetition_penalty, temperature, top_k, top_p, min_p, in that order), drawn on the
+        device. EOS ids default to the model folder's generation_config.json."""
+        many = _is_batch(prompt)
+        prompts = [_to_numpy(p, np.int32).reshape(-1).tolist() for p in (prompt if many else [prompt])]
         if eos_token_id is None:
             eos = _generation_eos(pathlib.Path(self.config.model))
         else:
             eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-        return self._session.generate(p, max_new_tokens, temperature, top_k, top_p, seed, eos)
+        out = self._session.generate(
+            prompts, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, seed, eos
+        )
+        return out if many else out[0]
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """The model as an HF folder (the adapter as a PEFT folder with LoRA), written whole or not at all."""
         self._session.save(os.fspath(path))
+
+
+def _is_batch(prompt: Any) -> bool:
+    """A list of prompts (a 2-D array, or a sequence whose items are sequences) rather than one."""
+    shape = getattr(prompt, "shape", None)
+    if shape is not None:
+        return len(shape) == 2
+    return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and not np.isscalar(prompt[0])
 
 
 def _generation_eos(folder: pathlib.Path) -> list[int]:

@@ -146,6 +146,11 @@ def test_empty_prompt_and_bad_settings_stop_with_one_line(taught, tmp_path):
     cfg = grpo_config(taught, tmp_path / "k", beta=0.1)
     r = run(["grpo", str(cfg)], taught)
     assert r.returncode == 2 and "beta 0.1 with full fine-tuning" in r.stderr, r.stderr[-2000:]
+    cfg = grpo_config(taught, tmp_path / "m", generation_memory_gib=0.0001)
+    r = run(["grpo", str(cfg)], taught)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and "generation needs" in last and "more than generation_memory_gib 0.0001" in last, \
+        r.stderr[-2000:]
     cfg = grpo_config(taught, tmp_path / "s")
     r = run(["sft", str(cfg)], taught)
     assert r.returncode == 2 and "reward_funcs is a GRPO key: run `soltrain grpo` or set rl: grpo" in r.stderr

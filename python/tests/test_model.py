@@ -48,6 +48,77 @@ def test_greedy_generation_matches_transformers(demo):
     assert ours == out[0, len(prompt):].tolist()
 
 
+def test_batched_and_penalised_greedy_generation_matches_transformers(demo):
+    """Prompts of different lengths generated as one batch each equal transformers' batch-1 greedy generate, with
+    and without a repetition_penalty (which counts the prompt's tokens too)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = soltrain.Model.from_pretrained(demo / "model", sequence_len=64)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(demo / "model", torch_dtype=torch.float32)
+    prompts = [[5, 17, 99, 42, 7], [8, 3], [100, 200, 50, 60, 70, 80, 90, 11]]
+    for penalty in (1.0, 1.3, 0.8):
+        ours = model.generate(prompts, max_new_tokens=10, eos_token_id=[], repetition_penalty=penalty)
+        assert len(ours) == len(prompts)
+        for p, got in zip(prompts, ours):
+            out = hf.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, repetition_penalty=penalty,
+                              eos_token_id=None, pad_token_id=0)
+            assert got == out[0, len(p):].tolist(), (penalty, p)
+
+
+def chi_square_ok(draws, probs):
+    """Draws against probabilities: nothing outside the support, chi-square under its p = 0.001 critical value
+    (Wilson-Hilferty), tokens expected fewer than 5 times pooled."""
+    n = len(draws)
+    counts = np.bincount(np.asarray(draws), minlength=len(probs)).astype(float)
+    assert counts[probs == 0].sum() == 0, "a token outside the kept set was drawn"
+    big = probs * n >= 5
+    small = (probs > 0) & ~big
+    obs, exp = list(counts[big]), list(probs[big] * n)
+    if small.any():
+        obs.append(counts[small].sum())
+        exp.append(probs[small].sum() * n)
+    obs, exp = np.array(obs), np.array(exp)
+    chi2 = float(((obs - exp) ** 2 / exp).sum())
+    df = len(obs) - 1
+    critical = df * (1 - 2 / (9 * df) + 3.090232 * (2 / (9 * df)) ** 0.5) ** 3
+    return chi2 < critical, (chi2, critical, df)
+
+
+def test_sampling_follows_transformers_processors(demo):
+    """The first sampled token over many seeds follows the distribution transformers' generate samples from: its
+    repetition penalty, temperature, top-k, top-p and min-p processors, in its order, computed live."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers import generation as g
+
+    model = soltrain.Model.from_pretrained(demo / "model", sequence_len=16)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(demo / "model", torch_dtype=torch.float32)
+    prompt = [5, 17, 99, 42, 7, 17]
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt])).logits[:, -1].float()
+    settings = [
+        dict(temperature=0.5),
+        dict(temperature=0.7, top_k=30, top_p=0.9, min_p=0.05, repetition_penalty=1.5),
+        dict(temperature=1.0, top_p=0.8, repetition_penalty=0.7),
+        dict(temperature=0.6, min_p=0.2),
+    ]
+    for i, s in enumerate(settings):
+        procs = g.LogitsProcessorList()
+        if s.get("repetition_penalty", 1.0) != 1.0:
+            procs.append(g.RepetitionPenaltyLogitsProcessor(s["repetition_penalty"]))
+        procs.append(g.TemperatureLogitsWarper(s["temperature"]))
+        if s.get("top_k"):
+            procs.append(g.TopKLogitsWarper(s["top_k"]))
+        if s.get("top_p", 1.0) < 1.0:
+            procs.append(g.TopPLogitsWarper(s["top_p"]))
+        if s.get("min_p"):
+            procs.append(g.MinPLogitsWarper(s["min_p"]))
+        probs = torch.softmax(procs(torch.tensor([prompt]), logits.clone()), -1)[0].double().numpy()
+        draws = model.generate([prompt] * 3000, max_new_tokens=1, seed=1000 * i, eos_token_id=[], **s)
+        ok, detail = chi_square_ok([d[0] for d in draws], probs)
+        assert ok, (s, detail)
+
+
 def test_weighted_step_with_sft_weights_is_the_sft_step(demo, tmp_path):
     a = soltrain.Model.from_pretrained(demo / "model", sequence_len=32, rows=2, learning_rate=1e-3)
     b = soltrain.Model.from_pretrained(demo / "model", sequence_len=32, rows=2, learning_rate=1e-3)

@@ -1,5 +1,7 @@
 #include "cli/chat_model.h"
 
+#include <algorithm>
+
 #include "cli/device_option.h"
 #include "core/error.h"
 #include "io/json_file.h"
@@ -46,9 +48,30 @@ std::vector<std::vector<int32_t>> ChatModel::complete(const std::vector<int32_t>
                model_->config().max_position_embeddings, ")");
   o.sampling.validate();
   if (o.eos_ids.empty()) o.eos_ids = codec_.eos();
-  KvDecoder decoder(*model_, n, int(prompt.size()) + o.max_new_tokens, 512);
+  KvDecoder decoder(*model_, n, int(prompt.size()) + o.max_new_tokens, 512, o.sampling.repetition_penalty != 1);
   if (n == 1) return {generate(decoder, prompt, o)};
   return generate_batch(decoder, prompt, o);
+}
+
+std::vector<std::vector<int32_t>> ChatModel::complete_each(const std::vector<std::vector<int32_t>>& prompts,
+                                                           GenerationOptions o) {
+  size_t longest = 0;
+  for (const auto& p : prompts) {
+    if (p.empty()) user_error("the prompt is empty");
+    longest = std::max(longest, p.size());
+  }
+  o.max_new_tokens = std::min(o.max_new_tokens, room(longest));
+  if (o.max_new_tokens < 1)
+    user_error("a prompt's ", longest, " tokens leave no room in the model's context (max_position_embeddings ",
+               model_->config().max_position_embeddings, ")");
+  o.sampling.validate();
+  if (o.eos_ids.empty()) o.eos_ids = codec_.eos();
+  const int n = int(prompts.size());
+  KvDecoder decoder(*model_, n, int(longest) + o.max_new_tokens, std::max(1, 2048 / n),
+                    o.sampling.repetition_penalty != 1);
+  std::vector<std::vector<int32_t>> out;
+  for (Rollout& r : generate_groups(decoder, prompts, 1, o)) out.push_back(std::move(r.tokens));
+  return out;
 }
 
 }  // namespace soltrain

@@ -36,6 +36,10 @@ class ChatModel {
   std::string text(std::span<const int32_t> ids) const { return codec_.text(ids); }           // special tokens skipped
   // `n` continuations of `prompt` (n > 1 decoded as one batch); options' eos_ids default to the model's.
   std::vector<std::vector<int32_t>> complete(const std::vector<int32_t>& prompt, int n, GenerationOptions opts);
+  // One continuation of each prompt, generated together as one batch (prompt i's row samples with seed + i);
+  // max_new_tokens is capped by the longest prompt's room.
+  std::vector<std::vector<int32_t>> complete_each(const std::vector<std::vector<int32_t>>& prompts,
+                                                  GenerationOptions opts);
   // Tokens the prompt leaves for an answer in the model's context.
   int room(size_t prompt_tokens) const;
   const std::vector<int32_t>& eos() const { return codec_.eos(); }

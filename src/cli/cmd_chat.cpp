@@ -33,7 +33,13 @@ void add_chat_options(CLI::App* c, ChatOpts& o) {
   c->add_option("--max-new-tokens", o.max_new_tokens, "the longest answer, in tokens")->capture_default_str();
   c->add_option("--temperature", o.sampling.temperature, "0 = greedy; otherwise sample from softmax(logits / T)")
       ->capture_default_str();
+  c->add_option("--top-k", o.sampling.top_k, "sample among the k most likely tokens (0 = all)")->capture_default_str();
   c->add_option("--top-p", o.sampling.top_p, "sample within the smallest set of mass >= p")->capture_default_str();
+  c->add_option("--min-p", o.sampling.min_p, "drop tokens below min_p x the likeliest's probability (0 = off)")
+      ->capture_default_str();
+  c->add_option("--repetition-penalty", o.sampling.repetition_penalty,
+                "divide the logits of tokens already in the text by this (multiply when negative; 1 = off)")
+      ->capture_default_str();
   c->add_option("--seed", o.sampling.seed, "random seed of the sampler")->capture_default_str();
   add_device_option(c, o.device);
 }

@@ -32,39 +32,48 @@ void check_stdout() {
 }  // namespace
 
 namespace {
-// --input: every line's prompt (a text, or messages through the chat template) answered in order, as JSON lines.
+// --input: every line's prompt (a text, or messages through the chat template) answered, `batch` lines generated
+// together (line i of a batch sampling with seed + i), as JSON lines in the input's order.
 int generate_file(const std::filesystem::path& input, const std::filesystem::path& model, const std::string& adapter,
-                  const std::string& device, const GenerationOptions& g, bool enable_thinking) {
+                  const std::string& device, const GenerationOptions& g, bool enable_thinking, int batch) {
   if (g.max_new_tokens < 1) user_error("--max-new-tokens ", g.max_new_tokens, ": expected >= 1");
+  if (batch < 1) user_error("--batch-size ", batch, ": expected >= 1");
   std::ifstream in(input);
   if (!in) user_error(input.string(), ": cannot read");
   ChatModel m(model, adapter, device);
+  std::vector<std::vector<int32_t>> prompts;
+  int64_t index = 0;
+  auto flush = [&] {
+    if (prompts.empty()) return;
+    for (const std::vector<int32_t>& out : m.complete_each(prompts, g)) {
+      const bool eos = !out.empty() && std::find(m.eos().begin(), m.eos().end(), out.back()) != m.eos().end();
+      std::cout << nlohmann::ordered_json{{"index", index++},
+                                          {"text", m.text(out)},
+                                          {"finish_reason", eos ? "stop" : "length"}}
+                       .dump()
+                << "\n"
+                << std::flush;
+      check_stdout();
+    }
+    prompts.clear();
+  };
   std::string line;
-  for (int64_t n = 1, index = 0; std::getline(in, line); ++n) {
+  for (int64_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const nlohmann::ordered_json j = nlohmann::ordered_json::parse(line, nullptr, false);
     const std::string where = cat(input.string(), ":", n);
     if (!j.is_object() || (j.contains("prompt") == j.contains("messages")))
       user_error(where, ": expected {\"prompt\": TEXT} or {\"messages\": [{\"role\", \"content\"}, ...]}");
-    std::vector<int32_t> prompt;
     try {
-      prompt = j.contains("prompt") ? m.encode(j["prompt"].get<std::string>())
-                                    : m.chat_prompt(j["messages"], enable_thinking);
+      prompts.push_back(j.contains("prompt") ? m.encode(j["prompt"].get<std::string>())
+                                             : m.chat_prompt(j["messages"], enable_thinking));
     } catch (const nlohmann::json::exception&) {
       user_error(where, ": \"prompt\" must be a string");
     }
-    GenerationOptions one = g;
-    one.max_new_tokens = std::min(g.max_new_tokens, m.room(prompt.size()));
-    const std::vector<int32_t> out = m.complete(prompt, 1, one)[0];
-    const bool eos = !out.empty() && std::find(m.eos().begin(), m.eos().end(), out.back()) != m.eos().end();
-    std::cout << nlohmann::ordered_json{{"index", index++},
-                                        {"text", m.text(out)},
-                                        {"finish_reason", eos ? "stop" : "length"}}
-                     .dump()
-              << "\n"
-              << std::flush;
-    check_stdout();
+    if (prompts.back().empty()) user_error(where, ": the prompt is empty");
+    if (int(prompts.size()) == batch) flush();
   }
+  flush();
   return 0;
 }
 }  // namespace
@@ -73,7 +82,7 @@ std::function<int()> add_generate_command(CLI::App& app) {
   struct Opts {
     std::string model, adapter, prompt, chat, input, device = "cpu";
     bool enable_thinking = true, print_ids = false;
-    int max_new_tokens = 256;
+    int max_new_tokens = 256, batch_size = 32;
     SamplingParams sampling;
   };
   auto o = std::make_shared<Opts>();
@@ -86,6 +95,8 @@ std::function<int()> add_generate_command(CLI::App& app) {
   c->add_option("--input", o->input,
                 "a JSONL file of {\"prompt\": TEXT} or {\"messages\": [...]} lines: one JSON line "
                 "{\"index\", \"text\", \"finish_reason\"} each on stdout");
+  c->add_option("--batch-size", o->batch_size, "with --input: how many prompts are generated together")
+      ->capture_default_str();
   c->add_option("--enable-thinking", o->enable_thinking, "the template variable enable_thinking with --chat")
       ->capture_default_str();
   c->add_option("--max-new-tokens", o->max_new_tokens, "stop after this many new tokens")->capture_default_str();
@@ -93,6 +104,11 @@ std::function<int()> add_generate_command(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--top-k", o->sampling.top_k, "sample among the k most likely tokens (0 = all)")->capture_default_str();
   c->add_option("--top-p", o->sampling.top_p, "sample within the smallest set of mass >= p")->capture_default_str();
+  c->add_option("--min-p", o->sampling.min_p, "drop tokens below min_p x the likeliest's probability (0 = off)")
+      ->capture_default_str();
+  c->add_option("--repetition-penalty", o->sampling.repetition_penalty,
+                "divide the logits of tokens already in the text by this (multiply when negative; 1 = off)")
+      ->capture_default_str();
   c->add_option("--seed", o->sampling.seed, "random seed of the sampler")->capture_default_str();
   c->add_flag("--print-ids", o->print_ids, "print the new token ids (one line) instead of text (reference checks)");
   add_device_option(c, o->device);
@@ -101,7 +117,7 @@ std::function<int()> add_generate_command(CLI::App& app) {
     if (!o->input.empty()) {
       if (has_prompt || has_chat || o->print_ids) user_error("generate: --input takes the prompts from its file alone");
       return generate_file(o->input, local_or_hub_model(o->model, std::cerr), o->adapter, o->device,
-                           GenerationOptions{o->max_new_tokens, o->sampling, {}}, o->enable_thinking);
+                           GenerationOptions{o->max_new_tokens, o->sampling, {}}, o->enable_thinking, o->batch_size);
     }
     if (has_prompt == has_chat) user_error("generate: give exactly one of --prompt TEXT or --chat TEXT");
     if (has_prompt && o->prompt.empty())
@@ -135,7 +151,7 @@ std::function<int()> add_generate_command(CLI::App& app) {
 
     auto ops = make_ops(o->device);
     auto model = o->adapter.empty() ? load_pretrained(dir, *ops) : load_pretrained_with_adapter(dir, o->adapter, *ops);
-    KvDecoder decoder(*model, 1, int(prompt.size()) + o->max_new_tokens, 512);
+    KvDecoder decoder(*model, 1, int(prompt.size()) + o->max_new_tokens, 512, o->sampling.repetition_penalty != 1);
 
     // Decode everything generated so far and print what became complete: a token's text can depend on its
     // neighbours (multi-byte characters), so tokens are not decoded one by one.

@@ -38,6 +38,10 @@ Ask read_ask(const json& body, ChatModel& m, size_t prompt_tokens) {
   Ask a;
   a.gen.sampling.temperature = float(body.value("temperature", 1.0));
   a.gen.sampling.top_p = float(body.value("top_p", 1.0));
+  // vLLM's extra sampling parameters, which OpenAI clients pass through `extra_body`.
+  a.gen.sampling.top_k = std::max(0, body.value("top_k", 0));  // vLLM's "all" is -1
+  a.gen.sampling.min_p = float(body.value("min_p", 0.0));
+  a.gen.sampling.repetition_penalty = float(body.value("repetition_penalty", 1.0));
   a.gen.sampling.seed =
       body.contains("seed") && body["seed"].is_number_integer() ? body["seed"].get<uint64_t>() : std::random_device{}();
   const json& max =

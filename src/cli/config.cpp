@@ -410,6 +410,8 @@ void rule_grpo(const Entries& en, const std::string& where, TrainConfig& c, std:
                          "the reference, which is not built yet: use LoRA (the reference is the base with the ",
                          "adapters off) or beta: 0 (TRL's default)"));
   if (c.gpus > 1) errors.push_back(cat(where, ": grpo runs on one GPU for now (gpus: ", c.gpus, ")"));
+  if (g.generation_memory_gib > 0 && g.generation_memory_fraction > 0)
+    errors.push_back(cat(where, ": give one of generation_memory_gib and generation_memory_fraction"));
   // What a grpo run does not read yet is refused, not ignored: evaluation, and datasets read other than as
   // `prompt` rows through the model's own chat template.
   if (!c.validation_datasets.empty() || c.validation_split_ratio > 0 || c.validation_count > 0)

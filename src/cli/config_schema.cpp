@@ -532,6 +532,14 @@ void add_grpo_keys(std::vector<KeySpec>& v) {
                        "sampling temperature (the trained log-probs use it too)")));
   v.push_back(g(number("top_p", FIELD(grpo.top_p), 0, 1, true, "nucleus sampling's mass")));
   v.push_back(g(integer("top_k", FIELD(grpo.top_k), 0, "sample among the k likeliest tokens (0: all)")));
+  v.push_back(g(number("min_p", FIELD(grpo.min_p), 0, 1, false,
+                       "drop tokens below min_p x the likeliest token's probability (0: off)")));
+  v.push_back(g(number("repetition_penalty", FIELD(grpo.repetition_penalty), 0, 100, true,
+                       "divides the logits of tokens already in the prompt or completion (1: off)")));
+  v.push_back(g(number("generation_memory_gib", FIELD(grpo.generation_memory_gib), 0, 1e6, false,
+                       "the most memory generation may take (KV cache, activations, logits), GiB (0: what is free)")));
+  v.push_back(g(number("generation_memory_fraction", FIELD(grpo.generation_memory_fraction), 0, 1, false,
+                       "the same as a share of the device's memory (0: not set)")));
   v.push_back(g(flag("log_completions", FIELD(grpo.log_completions),
                      "print a sample of completions and their rewards at each logged step")));
   v.push_back(g(integer("num_completions_to_print", FIELD(grpo.num_completions_to_print), 1,

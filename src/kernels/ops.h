@@ -15,6 +15,7 @@
 
 #include "core/buffer.h"
 #include "core/tensor.h"
+#include "kernels/sampling.h"
 
 namespace soltrain {
 
@@ -210,6 +211,9 @@ class Ops {
   // one piece of another stream's work, not all of it (a layer's gathered weights, not every layer's).
   virtual void wait_mark(uint64_t) {}
   virtual double memory_used_gib() const { return 0.0; }  // device memory in use (all processes)
+  // The device's memory in all, and free now (0 where the backend does not know: the CPU's is the host's).
+  virtual double memory_total_gib() const { return 0.0; }
+  virtual double memory_free_gib() const { return 0.0; }
   // Per-op device time: enable, run, then collect milliseconds by op name (empty where unsupported).
   virtual void enable_profiling(bool) {}
   virtual std::map<std::string, double> collect_profile() { return {}; }
@@ -335,6 +339,15 @@ class Ops {
   // within the new tokens too, so a whole prompt is one call); GQA as above, fp32 softmax.
   virtual void attention_decode(Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                 const Tensor& lens, float scale) = 0;
+
+  // Decoding: one token drawn per row from logits (F32 [B,V]; the repetition penalty rewrites them in place) into
+  // ids (I32 [B], on the ops' device), with the settings and order of kernels/sampling.h. seen (U8 [B,V], or
+  // empty when p.repetition_penalty is 1) flags the tokens each row already holds: their logits are penalised,
+  // and the drawn token is flagged. Row b draws sample_uniform(p.seed + b, step) and takes, in token order, the
+  // first kept token where the running kept probability exceeds it (greedy: the first largest logit).
+  virtual void sample_tokens(Tensor ids, Tensor logits, Tensor seen, const SamplingParams& p, uint64_t step) = 0;
+  // seen[b, ids[b·T + t]] = 1 for the T tokens of each row b of seen (U8 [B,V]); ids I32 [B·T].
+  virtual void flag_tokens(Tensor seen, const Tensor& ids) = 0;
 
   // out = silu(gate) * up; backward writes dgate, dup.
   virtual void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) = 0;

@@ -19,7 +19,27 @@ Tensor host_i32(std::vector<int32_t>& v) {
 }
 }  // namespace
 
-KvDecoder::KvDecoder(Transformer& model, int batch, int max_len, int max_chunk)
+KvDecoder::KvDecoder(Transformer& model, int batch, int max_len, int max_chunk, bool repetition_penalty)
+    : KvDecoder(PlanOnly{}, model, batch, max_len, max_chunk, repetition_penalty) {
+  arena_.bind(ops_.alloc(arena_.total_bytes()));
+  for (auto& [t, hnd] : bind_) *t = arena_.get(hnd);
+  bind_.clear();
+  const int64_t V = model.config().vocab_size;
+  logits_ = logits_.view({batch, V});
+  if (seen_.defined()) seen_ = seen_.view({batch, V});
+}
+
+size_t KvDecoder::memory_bytes(Transformer& model, int batch, int max_len, int max_chunk, bool repetition_penalty) {
+  return KvDecoder(PlanOnly{}, model, batch, max_len, max_chunk, repetition_penalty).arena_.total_bytes();
+}
+
+size_t KvDecoder::kv_cache_bytes(Transformer& model, int batch, int max_len) {
+  const ModelConfig& c = model.config();
+  return size_t(2) * size_t(c.num_layers) * size_t(batch) * size_t(max_len) * size_t(c.num_kv_heads) *
+         size_t(c.head_dim) * dtype_size(model.ops().activation_dtype());
+}
+
+KvDecoder::KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int max_chunk, bool repetition_penalty)
     : model_(model),
       ops_(model.ops()),
       batch_(batch),
@@ -37,7 +57,7 @@ KvDecoder::KvDecoder(Transformer& model, int batch, int max_len, int max_chunk)
   const int64_t N = int64_t(batch) * max_chunk, D = c.hidden_size, F = c.intermediate_size;
   const int64_t H = c.num_heads, Hkv = c.num_kv_heads, hd = c.head_dim, V = c.vocab_size;
   const DType act = ops_.activation_dtype(), f32 = DType::F32, i32 = DType::I32;
-  std::vector<std::pair<Tensor*, size_t>> bind;
+  std::vector<std::pair<Tensor*, size_t>>& bind = bind_;
   auto one = [&](Tensor& t, int64_t n, DType dt) { bind.push_back({&t, arena_.plan({n}, dt)}); };
   k_cache_.resize(size_t(c.num_layers));
   v_cache_.resize(size_t(c.num_layers));
@@ -56,8 +76,20 @@ KvDecoder::KvDecoder(Transformer& model, int batch, int max_len, int max_chunk)
   one(ids_, N, i32);
   one(positions_, N, i32);
   one(lens_, batch, i32);
-  arena_.bind(ops_.alloc(arena_.total_bytes()));
-  for (auto& [t, hnd] : bind) *t = arena_.get(hnd);
+  one(sampled_, batch, i32);
+  if (repetition_penalty) one(seen_, int64_t(batch) * V, DType::U8);
+}
+
+void KvDecoder::reset() {
+  lengths_.assign(lengths_.size(), 0);
+  if (seen_.defined()) ops_.zero(seen_);
+}
+
+void KvDecoder::sample(const SamplingParams& p, uint64_t step, int32_t* ids) {
+  if (p.repetition_penalty != 1 && !seen_.defined())
+    throw std::logic_error("KvDecoder::sample: a repetition_penalty needs a decoder built to track tokens");
+  ops_.sample_tokens(sampled_, logits_, seen_, p, step);
+  ops_.copy(Tensor{ids, DType::I32, {batch_}, Device::CPU}, sampled_);
 }
 
 KvDecoder::~KvDecoder() = default;
@@ -82,6 +114,8 @@ void KvDecoder::copy_row(int from, int to) {
         ops_.copy(flat.rows(to * int64_t(max_len_), to * int64_t(max_len_) + n),
                   flat.rows(from * int64_t(max_len_), from * int64_t(max_len_) + n));
     }
+  ops_.copy(logits_.rows(to, to + 1), logits_.rows(from, from + 1));
+  if (seen_.defined()) ops_.copy(seen_.rows(to, to + 1), seen_.rows(from, from + 1));
   lengths_[size_t(to)] = int(n);
 }
 
@@ -115,6 +149,7 @@ void KvDecoder::feed_rows(int r0, int B, std::span<const int32_t> tokens, int T,
     ops_.copy(view(ids_, {N}), host_i32(ids));
     ops_.copy(view(positions_, {N}), host_i32(pos));
     ops_.copy(view(lens_, {B}), host_i32(lens));
+    if (seen_.defined()) ops_.flag_tokens(seen_.rows(r0, r0 + B), view(ids_, {N}));
     forward_chunk(r0, B, Tc);
     for (int b = r0; b < r0 + B; ++b) lengths_[size_t(b)] += Tc;
 
@@ -126,7 +161,7 @@ void KvDecoder::feed_rows(int r0, int B, std::span<const int32_t> tokens, int T,
       ops_.rmsnorm_forward(h, view(rstd_, {N}), x, final_norm_->value, eps);
       for (int64_t q0 = 0; q0 < N; q0 += batch_) {
         const int64_t q1 = std::min(N, q0 + batch_);
-        const Tensor lg = view(logits_, {q1 - q0, V});
+        const Tensor lg = logits_.rows(0, q1 - q0);
         ops_.linear_forward(lg, h.rows(q0, q1), head_->value, nullptr);
         for (int64_t r = q0; r < q1; ++r) {
           const int64_t b = r / Tc, t = t0 + r % Tc;
@@ -134,13 +169,14 @@ void KvDecoder::feed_rows(int r0, int B, std::span<const int32_t> tokens, int T,
         }
       }
     }
-    if (t0 + Tc < T || !last_logits) continue;
-    // The LM head on each sequence's last token only: one [B, V] GEMM however long the prompt.
-    const Tensor lx = view(last_x_, {B, D}), lh = view(last_h_, {B, D});
+    if (t0 + Tc < T) continue;
+    // The LM head on each sequence's last token only: one [B, V] GEMM however long the prompt, into the rows'
+    // own logits (sample() reads them there).
+    const Tensor lx = view(last_x_, {B, D}), lh = view(last_h_, {B, D}), lg = logits_.rows(r0, r0 + B);
     for (int64_t b = 0; b < B; ++b) ops_.copy(lx.rows(b, b + 1), x.rows(b * Tc + Tc - 1, b * Tc + Tc));
     ops_.rmsnorm_forward(lh, view(last_rstd_, {B}), lx, final_norm_->value, eps);
-    ops_.linear_forward(view(logits_, {B, V}), lh, head_->value, nullptr);
-    ops_.copy(Tensor{last_logits, DType::F32, {B * V}, Device::CPU}, view(logits_, {B * V}));
+    ops_.linear_forward(lg, lh, head_->value, nullptr);
+    if (last_logits) ops_.copy(Tensor{last_logits, DType::F32, {B, V}, Device::CPU}, lg);
   }
 }
 

@@ -19,26 +19,40 @@ class KvDecoder {
   // Reads the weights of `model` (which must outlive the decoder) by their HF names. The cache holds
   // `batch` sequences of up to `max_len` tokens; activations are sized for `max_chunk` new tokens per
   // sequence per forward (longer inputs are split), so all memory is allocated here.
-  KvDecoder(Transformer& model, int batch, int max_len, int max_chunk = 256);
+  // With `repetition_penalty` each row also flags the tokens it holds (a byte per vocabulary entry), for
+  // sampling with a repetition_penalty.
+  KvDecoder(Transformer& model, int batch, int max_len, int max_chunk = 256, bool repetition_penalty = false);
   ~KvDecoder();
+  // The device bytes a decoder of these sizes allocates (its KV cache, activations, logits), without building it.
+  static size_t memory_bytes(Transformer& model, int batch, int max_len, int max_chunk = 256,
+                             bool repetition_penalty = false);
+  // Of those, the KV cache's.
+  static size_t kv_cache_bytes(Transformer& model, int batch, int max_len);
 
   int batch() const { return batch_; }
   int max_len() const { return max_len_; }
   int vocab_size() const { return model_.config().vocab_size; }
   int length(int row = 0) const { return lengths_[size_t(row)]; }  // tokens in a sequence's cache
-  void reset() { lengths_.assign(lengths_.size(), 0); }            // forget every sequence (the cache is overwritten)
+  void reset();                                                    // forget every sequence (the cache is overwritten)
 
   // Appends `tokens` ([batch, T] row-major, the same T for every sequence) and runs them through the model.
-  // `last_logits` (host, [batch, vocab] fp32) receives the logits of each sequence's last new token; with
-  // `all_logits` (host, [batch, T, vocab]) every new position's logits too. A UserError when the cache
-  // would overflow max_len.
-  void feed(std::span<const int32_t> tokens, int T, float* last_logits, float* all_logits = nullptr);
-  // Appends `tokens` to sequence `row` alone; `last_logits` (host, [vocab]) receives its last token's logits.
-  void feed_row(int row, std::span<const int32_t> tokens, float* last_logits);
-  // Sequence `to` becomes a copy of sequence `from` (its cache and length): a prompt fed once for a group.
+  // Each sequence's last new token's logits stay on the device for sample(); `last_logits` (host, [batch, vocab]
+  // fp32), when given, receives them; `all_logits` (host, [batch, T, vocab]) every new position's. A UserError
+  // when the cache would overflow max_len.
+  void feed(std::span<const int32_t> tokens, int T, float* last_logits = nullptr, float* all_logits = nullptr);
+  // Appends `tokens` to sequence `row` alone (its last logits kept as feed() keeps them; `last_logits`, when
+  // given, [vocab] on the host).
+  void feed_row(int row, std::span<const int32_t> tokens, float* last_logits = nullptr);
+  // Sequence `to` becomes a copy of sequence `from` (its cache, length and last logits): a prompt fed once for a
+  // group.
   void copy_row(int from, int to);
+  // One token per sequence from its last logits, drawn on the device (Ops::sample_tokens; row b with seed + b,
+  // `step` numbering the draws); only the ids come back, into `ids` (host, [batch]).
+  void sample(const SamplingParams& p, uint64_t step, int32_t* ids);
 
  private:
+  struct PlanOnly {};
+  KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int max_chunk, bool repetition_penalty);
   // Rows [r0, r0 + nb) each take Tc new tokens (ids and positions already on the device, in that order; lens_
   // holds their lengths after them); writes x (the final residual).
   void forward_chunk(int r0, int nb, int Tc);
@@ -56,6 +70,8 @@ class KvDecoder {
   Tensor x_, h_, rstd_, q_raw_, k_raw_, q_, k_, v_, attn_, tmp_, gate_, up_, act_, lora_u_;
   Tensor last_x_, last_h_, last_rstd_, logits_;  // [batch, ...]
   Tensor ids_, positions_, lens_;
+  std::vector<std::pair<Tensor*, size_t>> bind_;  // the planned buffers, until the arena is allocated
+  Tensor sampled_, seen_;  // I32 [batch] drawn ids; U8 [batch, vocab] tokens held (with repetition_penalty only)
 };
 
 }  // namespace soltrain

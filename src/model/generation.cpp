@@ -7,25 +7,26 @@
 
 namespace soltrain {
 
+namespace {
+bool is_eos(const GenerationOptions& o, int32_t id) {
+  return std::find(o.eos_ids.begin(), o.eos_ids.end(), id) != o.eos_ids.end();
+}
+}  // namespace
+
 std::vector<int32_t> generate(KvDecoder& decoder, std::span<const int32_t> prompt, const GenerationOptions& opts,
                               const std::function<void(int32_t)>& on_token) {
   SOLTRAIN_CHECK(decoder.batch() == 1, "generate() runs one sequence");
   if (prompt.empty()) user_error("the prompt is empty: nothing to generate from");
   decoder.reset();
-  std::vector<float> logits(size_t(decoder.vocab_size()));
   std::vector<int32_t> out;
-  Sampler sampler(opts.sampling);
-  auto is_eos = [&](int32_t id) {
-    return std::find(opts.eos_ids.begin(), opts.eos_ids.end(), id) != opts.eos_ids.end();
-  };
   std::span<const int32_t> next = prompt;
   int32_t token = 0;
   while (int(out.size()) < opts.max_new_tokens) {
-    decoder.feed(next, int(next.size()), logits.data());
-    token = sampler.next(logits);
+    decoder.feed(next, int(next.size()));
+    decoder.sample(opts.sampling, out.size(), &token);
     out.push_back(token);
     if (on_token) on_token(token);
-    if (is_eos(token)) break;
+    if (is_eos(opts, token)) break;
     next = std::span<const int32_t>(&token, 1);
   }
   return out;
@@ -35,34 +36,23 @@ std::vector<std::vector<int32_t>> generate_batch(KvDecoder& decoder, std::span<c
                                                  const GenerationOptions& opts) {
   if (prompt.empty()) user_error("the prompt is empty: nothing to generate from");
   const int n = decoder.batch();
-  const size_t vocab = size_t(decoder.vocab_size());
   decoder.reset();
-  std::vector<float> logits(size_t(n) * vocab);
+  decoder.feed_row(0, prompt);
+  for (int r = 1; r < n; ++r) decoder.copy_row(0, r);
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(n));
-  std::vector<Sampler> samplers;
-  for (int r = 0; r < n; ++r) {
-    SamplingParams p = opts.sampling;
-    p.seed += uint64_t(r);
-    samplers.emplace_back(p);
-  }
   std::vector<bool> done(size_t(n), false);
-  std::vector<int32_t> next;
-  for (int r = 0; r < n; ++r) next.insert(next.end(), prompt.begin(), prompt.end());
-  int T = int(prompt.size());
+  std::vector<int32_t> next(size_t(n), 0);
   for (int step = 0; step < opts.max_new_tokens; ++step) {
-    decoder.feed(next, T, logits.data());
+    if (step > 0) decoder.feed(next, 1);
+    decoder.sample(opts.sampling, uint64_t(step), next.data());
     bool all_done = true;
     for (int r = 0; r < n; ++r) {
-      const int32_t token = samplers[size_t(r)].next(std::span<const float>(logits.data() + size_t(r) * vocab, vocab));
-      next[size_t(r)] = token;  // (a finished row keeps decoding into its own slot, unread)
-      if (done[size_t(r)]) continue;
-      out[size_t(r)].push_back(token);
-      done[size_t(r)] = std::find(opts.eos_ids.begin(), opts.eos_ids.end(), token) != opts.eos_ids.end();
+      if (done[size_t(r)]) continue;  // (a finished row keeps decoding into its own slot, unread)
+      out[size_t(r)].push_back(next[size_t(r)]);
+      done[size_t(r)] = is_eos(opts, next[size_t(r)]);
       all_done = all_done && done[size_t(r)];
     }
     if (all_done) break;
-    next.resize(size_t(n));
-    T = 1;
   }
   return out;
 }
@@ -72,37 +62,24 @@ std::vector<Rollout> generate_groups(KvDecoder& decoder, const std::vector<std::
   const int n = int(prompts.size()) * group;
   SOLTRAIN_CHECK(group >= 1 && decoder.batch() == n, "generate_groups: ", prompts.size(), " prompts x ", group,
                  " for a decoder of ", decoder.batch(), " rows");
-  const size_t vocab = size_t(decoder.vocab_size());
   decoder.reset();
-  std::vector<float> logits(size_t(n) * vocab);
   for (size_t p = 0; p < prompts.size(); ++p) {
     if (prompts[p].empty()) user_error("prompt ", p, " is empty: nothing to generate from");
     const int first = int(p) * group;
-    float* row = logits.data() + size_t(first) * vocab;
-    decoder.feed_row(first, prompts[p], row);
-    for (int r = first + 1; r < first + group; ++r) {
-      decoder.copy_row(first, r);
-      std::copy(row, row + vocab, logits.data() + size_t(r) * vocab);
-    }
-  }
-  std::vector<Sampler> samplers;
-  for (int r = 0; r < n; ++r) {
-    SamplingParams p = opts.sampling;
-    p.seed += uint64_t(r);
-    samplers.emplace_back(p);
+    decoder.feed_row(first, prompts[p]);
+    for (int r = first + 1; r < first + group; ++r) decoder.copy_row(first, r);
   }
   std::vector<Rollout> out(static_cast<size_t>(n));
   std::vector<bool> done(size_t(n), false);
   std::vector<int32_t> next(size_t(n), 0);
   for (int step = 0; step < opts.max_new_tokens; ++step) {
-    if (step > 0) decoder.feed(next, 1, logits.data());
+    if (step > 0) decoder.feed(next, 1);
+    decoder.sample(opts.sampling, uint64_t(step), next.data());
     bool all_done = true;
     for (int r = 0; r < n; ++r) {
-      const int32_t token = samplers[size_t(r)].next(std::span<const float>(logits.data() + size_t(r) * vocab, vocab));
-      next[size_t(r)] = token;  // (a finished row keeps decoding into its own slot, unread)
-      if (done[size_t(r)]) continue;
-      out[size_t(r)].tokens.push_back(token);
-      if (std::find(opts.eos_ids.begin(), opts.eos_ids.end(), token) != opts.eos_ids.end()) {
+      if (done[size_t(r)]) continue;  // (a finished row keeps decoding into its own slot, unread)
+      out[size_t(r)].tokens.push_back(next[size_t(r)]);
+      if (is_eos(opts, next[size_t(r)])) {
         done[size_t(r)] = true;
         out[size_t(r)].terminated = true;
       }

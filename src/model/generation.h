@@ -7,8 +7,8 @@
 #include <span>
 #include <vector>
 
+#include "kernels/sampling.h"
 #include "model/decoder.h"
-#include "model/sampler.h"
 
 namespace soltrain {
 
@@ -18,13 +18,15 @@ struct GenerationOptions {
   std::vector<int32_t> eos_ids;  // generation stops after producing any of these
 };
 
-// Generates after `prompt` with a batch-1 decoder (reset first). `on_token` sees each new token as it is
-// chosen. Returns the new tokens, the stopping EOS included.
+// Generates after `prompt` with a batch-1 decoder (reset first; built for a repetition_penalty when one is
+// set). Tokens are drawn on the device (KvDecoder::sample, draw i of row 0 with step i). `on_token` sees each new token
+// as it is chosen. Returns the new tokens, the stopping EOS included.
 std::vector<int32_t> generate(KvDecoder& decoder, std::span<const int32_t> prompt, const GenerationOptions& opts,
                               const std::function<void(int32_t)>& on_token = {});
 
 // `decoder.batch()` continuations of one prompt generated together (an API's n choices): the prompt fed once
-// for every row, then one token per row per step; row r samples with seed + r (row 0 is what generate() gives).
+// and its cache copied to every row, then one token per row per step; row r samples with seed + r (row 0 is what
+// generate() gives).
 // A row that produced an EOS is done (later tokens of its slot are not kept). Returns each row's new tokens.
 std::vector<std::vector<int32_t>> generate_batch(KvDecoder& decoder, std::span<const int32_t> prompt,
                                                  const GenerationOptions& opts);

@@ -176,18 +176,17 @@ void bind_session(nb::module_& m) {
           nb::arg("input_ids"), nb::arg("targets"), nb::arg("weights").none(), nb::arg("lr"))
       .def(
           "generate",
-          [](Session& s, const Tokens& prompt, int max_new_tokens, float temperature, int top_k, float top_p,
-             uint64_t seed, std::vector<int32_t> eos) {
+          [](Session& s, std::vector<std::vector<int32_t>> prompts, int max_new_tokens, float temperature, int top_k,
+             float top_p, float min_p, float repetition_penalty, uint64_t seed, std::vector<int32_t> eos) {
             GenerationOptions o;
             o.max_new_tokens = max_new_tokens;
-            o.sampling = {temperature, top_k, top_p, seed};
+            o.sampling = {temperature, top_k, top_p, seed, min_p, repetition_penalty};
             o.eos_ids = std::move(eos);
-            std::vector<int32_t> p(prompt.data(), prompt.data() + prompt.size());
             nb::gil_scoped_release release;
-            return s.model->generate(p, o);
+            return s.model->generate(prompts, o);
           },
-          nb::arg("prompt"), nb::arg("max_new_tokens"), nb::arg("temperature"), nb::arg("top_k"), nb::arg("top_p"),
-          nb::arg("seed"), nb::arg("eos_ids"))
+          nb::arg("prompts"), nb::arg("max_new_tokens"), nb::arg("temperature"), nb::arg("top_k"), nb::arg("top_p"),
+          nb::arg("min_p"), nb::arg("repetition_penalty"), nb::arg("seed"), nb::arg("eos_ids"))
       .def("save", [](const Session& s, const std::string& out) {
         nb::gil_scoped_release release;
         s.model->save(out);

@@ -1,5 +1,6 @@
 #include "train/model_session.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -86,16 +87,27 @@ double ModelSession::step(const HostBatch& b, std::span<const float> weights, fl
   return objective.loss();
 }
 
-std::vector<int32_t> ModelSession::generate(std::span<const int32_t> prompt, const GenerationOptions& o) {
-  if (prompt.empty()) user_error("generate: the prompt is empty");
+std::vector<std::vector<int32_t>> ModelSession::generate(const std::vector<std::vector<int32_t>>& prompts,
+                                                         const GenerationOptions& o) {
+  if (prompts.empty()) user_error("generate: no prompts");
   o.sampling.validate();
   if (o.max_new_tokens < 1) user_error("max_new_tokens ", o.max_new_tokens, ": expected >= 1");
   const int64_t max_pos = model_->config().max_position_embeddings;
-  if (int64_t(prompt.size()) + o.max_new_tokens > max_pos)
-    user_error("generate: the prompt's ", prompt.size(), " tokens plus ", o.max_new_tokens,
+  size_t longest = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (prompts[i].empty()) user_error("generate: prompt ", i, " is empty");
+    longest = std::max(longest, prompts[i].size());
+  }
+  if (int64_t(longest) + o.max_new_tokens > max_pos)
+    user_error("generate: a prompt's ", longest, " tokens plus ", o.max_new_tokens,
                " new ones exceed the model's max_position_embeddings (", max_pos, ")");
-  KvDecoder decoder(*model_, 1, int(prompt.size()) + o.max_new_tokens, 512);
-  return soltrain::generate(decoder, prompt, o);
+  // Every prompt is a row of one batch: each fed at its own length, then one token per row per step.
+  const int n = int(prompts.size());
+  KvDecoder decoder(*model_, n, int(longest) + o.max_new_tokens, std::max(1, 2048 / n),
+                    o.sampling.repetition_penalty != 1);
+  std::vector<std::vector<int32_t>> out;
+  for (Rollout& r : generate_groups(decoder, prompts, 1, o)) out.push_back(std::move(r.tokens));
+  return out;
 }
 
 void ModelSession::save(const std::filesystem::path& out) const {

@@ -53,8 +53,10 @@ class ModelSession {
   // Returns the loss; grad_norm() is the update's norm before clipping.
   double step(const HostBatch& b, std::span<const float> weights, float lr);
   double grad_norm() const { return step_->grad_norm(); }
-  // Greedy or sampled continuation of `prompt` (a batch-1 KV cache sized for it).
-  std::vector<int32_t> generate(std::span<const int32_t> prompt, const GenerationOptions& o);
+  // Greedy or sampled continuations of `prompts`, generated together as one batch (a KV cache sized for the
+  // longest); prompt i's row samples with seed + i.
+  std::vector<std::vector<int32_t>> generate(const std::vector<std::vector<int32_t>>& prompts,
+                                             const GenerationOptions& o);
   // The model (HF folder) or adapter (PEFT folder) to `out`, as a run's final save.
   void save(const std::filesystem::path& out) const;
 

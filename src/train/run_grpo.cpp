@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "core/host_memory.h"
 #include "data/loader.h"
 #include "data/prompt_codec.h"
@@ -29,6 +30,46 @@ namespace soltrain {
 namespace fs = std::filesystem;
 
 namespace {
+
+// New tokens per row per forward when prompts are fed (the decoder's activations are sized for this).
+int generation_chunk(const TrainConfig& c) {
+  return std::max(1, std::min(256, c.grpo.max_prompt_length));
+}
+
+// The decoder's memory against its budget, before anything is allocated: the line the log shows, and one line
+// naming what to change when it does not fit.
+void check_generation_memory(const TrainConfig& c, Ops& ops, Transformer& model, int rows, std::ostream& log) {
+  const GrpoSettings& g = c.grpo;
+  const double need =
+      double(KvDecoder::memory_bytes(model, rows, c.sequence_len, generation_chunk(c), g.repetition_penalty != 1));
+  const double kv = double(KvDecoder::kv_cache_bytes(model, rows, c.sequence_len)), gib = double(1ull << 30);
+  const bool cuda = ops.device() == Device::CUDA;
+  const HostMemory host = cuda ? HostMemory{} : read_host_memory();
+  const double total = cuda ? ops.memory_total_gib() * gib : double(host.limit);
+  const double free = cuda ? ops.memory_free_gib() * gib : double(host.available);
+  double budget = 0;
+  std::string from;
+  if (g.generation_memory_gib > 0) {
+    budget = g.generation_memory_gib * gib;
+    from = cat("generation_memory_gib ", g.generation_memory_gib);
+  } else if (g.generation_memory_fraction > 0 && total > 0) {
+    budget = g.generation_memory_fraction * total;
+    from = cat("generation_memory_fraction ", g.generation_memory_fraction, " of ", format_bytes(total));
+  } else if (free > 0) {
+    budget = free;
+    from = cuda ? "the GPU memory free" : "the host memory available";
+  }
+  const std::string what = cat("KV cache ", format_bytes(kv), " for ", rows, " completions of up to ", c.sequence_len,
+                               " tokens, plus activations and logits");
+  log << "grpo: generation memory " << format_bytes(need) << " (" << what << ")";
+  if (budget > 0) log << ", budget " << format_bytes(budget) << " (" << from << ")";
+  log << "\n";
+  if (budget > 0 && need > budget)
+    user_error("generation needs ", format_bytes(need), " (", what, "), more than ", from, " (", format_bytes(budget),
+               "): lower per_device_train_batch_size x gradient_accumulation_steps (the completions generated "
+               "together), max_prompt_length or max_completion_length",
+               g.generation_memory_gib > 0 || g.generation_memory_fraction > 0 ? ", or raise the budget" : "");
+}
 
 struct PromptRecord {
   nlohmann::ordered_json record;  // the whole row: its other columns go to the reward functions
@@ -103,7 +144,7 @@ class GrpoDriver final : public RunDriver {
         log_(log),
         completions_(c.per_device_train_batch_size * c.gradient_accumulation_steps),
         grpo_(ops, c.grpo.loss, int64_t(c.per_device_train_batch_size) * c.sequence_len, c.per_device_train_batch_size),
-        decoder_(model, completions_, c.sequence_len, std::max(1, std::min(256, c.grpo.max_prompt_length))),
+        decoder_(model, completions_, c.sequence_len, generation_chunk(c), c.grpo.repetition_penalty != 1),
         micro_(size_t(c.gradient_accumulation_steps)) {}
 
   void update(TrainStep& step, int64_t done, float lr) override {
@@ -161,7 +202,9 @@ class GrpoDriver final : public RunDriver {
     }
     GenerationOptions o;
     o.max_new_tokens = g.loss.max_completion_length;
-    o.sampling = {float(g.temperature), g.top_k, float(g.top_p), c_.seed + uint64_t(done) * 1000003u};
+    o.sampling = {float(g.temperature), g.top_k,
+                  float(g.top_p),       c_.seed + uint64_t(done) * 1000003u,
+                  float(g.min_p),       float(g.repetition_penalty)};
     o.eos_ids = codec_.eos();
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<Rollout> rollouts = generate_groups(decoder_, prompt_ids, G, o);
@@ -316,6 +359,7 @@ RunResult run_grpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks 
       schedule_config(c, total_training_steps(c, steps_per_epoch * c.gradient_accumulation_steps));
   TrainStep step(*model, optimizer_config(c));
   const size_t n_prompts = prompts.entries.size();
+  check_generation_memory(c, ops, *model, c.per_device_train_batch_size * c.gradient_accumulation_steps, log);
   GrpoDriver driver(c, ops, *model, codec, std::move(prompts), rewards, log);
   TrainLoop loop(
       {c, "grpo", log, ops, nullptr, false, *model, step, sched, run_cadence(c, steps_per_epoch), std::move(hooks)},

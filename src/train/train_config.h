@@ -56,8 +56,11 @@ struct GrpoSettings {
   std::vector<std::string> reward_funcs;
   std::vector<double> reward_weights;  // empty: 1 each
   // Sampling (TRL's generation keys): temperature also divides the logits of the trained log-probs.
-  double temperature = 1.0, top_p = 1.0;
+  double temperature = 1.0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0;
   int top_k = 0;
+  // The memory generation may take (generation_memory_gib, or generation_memory_fraction of the device's); both
+  // 0: whatever is free when it is allocated.
+  double generation_memory_gib = 0, generation_memory_fraction = 0;
   bool log_completions = false;
   int num_completions_to_print = 4;
 };

@@ -176,6 +176,18 @@ double CudaOps::memory_used_gib() const {
   return double(total_b - free_b) / double(1u << 30);
 }
 
+double CudaOps::memory_total_gib() const {
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return double(total_b) / double(1u << 30);
+}
+
+double CudaOps::memory_free_gib() const {
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return double(free_b) / double(1u << 30);
+}
+
 void* CudaOps::scratch(size_t bytes) {
   if (scratch_.bytes() < bytes) {
     synchronize();  // the old scratch may still be in use

@@ -44,6 +44,8 @@ class CudaOps final : public Ops {
     return profiler_.collect(stream_);
   }
   double memory_used_gib() const override;
+  double memory_total_gib() const override;
+  double memory_free_gib() const override;
 
   void embedding_forward(Tensor out, const Tensor& ids, const Tensor& table) override;
   void embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout) override;
@@ -75,6 +77,8 @@ class CudaOps final : public Ops {
   void kv_append(Tensor k_cache, Tensor v_cache, const Tensor& k, const Tensor& v, const Tensor& lens) override;
   void attention_decode(Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& lens,
                         float scale) override;
+  void sample_tokens(Tensor ids, Tensor logits, Tensor seen, const SamplingParams& p, uint64_t step) override;
+  void flag_tokens(Tensor seen, const Tensor& ids) override;
   void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) override;
   void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) override;
   void add_inplace(Tensor x, const Tensor& y) override;

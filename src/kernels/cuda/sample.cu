@@ -1,0 +1,244 @@
+// CUDA token sampling (kernels/sampling.h), one block per row, a few passes over its logits:
+// - the repetition penalty, in place, on the tokens the row's `seen` flags;
+// - the largest logit (greedy stops here: its first index);
+// - top_k and top_p as thresholds on the logits' order keys, found by radix selection 8 bits a pass (4 passes
+//   each): counts for top_k, masses for top_p. A probability is held as an integer, its weight relative to
+//   the likeliest token (e^((l − max)/T) ≤ 1) times 2^40, so sums are exact and the result does not depend on
+//   the order atomics land in: the same seed gives the same tokens. Ties at a threshold are taken in token
+//   order, as the host reference does;
+// - min_p as a weight threshold;
+// - the draw: each thread sums the kept weights of a contiguous share of the row, a block-wide scan places
+//   the uniform, and the one thread whose share holds it walks to the token (token order, as on the host).
+// Logits below 2^-40 of the likeliest weigh 0 here and are never drawn (the host reference would draw them
+// with that probability).
+#include <climits>
+#include <cmath>
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include "core/error.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/sampling.h"
+
+namespace soltrain {
+
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr double kOne = 1099511627776.0;  // 2^40: the likeliest token's weight
+
+// Larger logit, larger key (IEEE order as unsigned integers).
+__device__ __forceinline__ uint32_t order_key(float x) {
+  const uint32_t u = __float_as_uint(x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float key_value(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+struct Best {
+  float v;
+  int i;
+};
+struct BestOp {  // the larger logit, the smaller index on ties (torch.argmax)
+  __device__ Best operator()(const Best& a, const Best& b) const {
+    if (a.v > b.v || (a.v == b.v && a.i < b.i)) return a;
+    return b;
+  }
+};
+
+// Which tokens are still in: key above `key`, or equal to it at an index up to `last` (ties in token order).
+struct Cut {
+  uint32_t key = 0;
+  int last = INT_MAX;
+  __device__ bool keeps(uint32_t k, int i) const { return k > key || (k == key && i <= last); }
+};
+
+struct Row {
+  const float* logits;
+  int V;
+  float max, inv_t;
+  Cut top_k, top_p;
+  uint64_t min_weight;  // min_p × 2^40
+  __device__ uint64_t weight(float l) const { return uint64_t(double(expf((l - max) * inv_t)) * kOne); }
+  __device__ bool kept(int i, uint32_t k, float l) const {
+    return top_k.keeps(k, i) && top_p.keeps(k, i) && (min_weight == 0 || weight(l) >= min_weight);
+  }
+};
+
+using Scan = cub::BlockScan<unsigned long long, kThreads>;
+
+struct Shared {
+  unsigned long long hist[256];
+  typename Scan::TempStorage scan;
+  typename cub::BlockReduce<Best, kThreads>::TempStorage reduce;
+  uint32_t prefix;
+  unsigned long long remaining, ties, total;
+  int found;
+};
+
+// This thread's contiguous share of the row, [begin, end).
+__device__ __forceinline__ void share(int V, int& begin, int& end) {
+  const int per = (V + kThreads - 1) / kThreads;
+  begin = min(V, int(threadIdx.x) * per);
+  end = min(V, begin + per);
+}
+
+// The index of the n-th (1-based) token in token order for which pred(i, key, logit) holds.
+template <class Pred>
+__device__ int nth_in_order(Shared& s, const float* l, int V, unsigned long long n, Pred pred) {
+  int begin, end;
+  share(V, begin, end);
+  unsigned long long mine = 0, before = 0;
+  for (int i = begin; i < end; ++i) mine += pred(i, order_key(l[i]), l[i]) ? 1 : 0;
+  Scan(s.scan).ExclusiveSum(mine, before);
+  if (threadIdx.x == 0) s.found = INT_MAX;
+  __syncthreads();
+  if (before < n && n <= before + mine) {
+    unsigned long long c = before;
+    for (int i = begin; i < end; ++i)
+      if (pred(i, order_key(l[i]), l[i]) && ++c == n) {
+        s.found = i;
+        break;
+      }
+  }
+  __syncthreads();
+  return s.found;
+}
+
+// Radix selection over the tokens `in` keeps: the key at which the running total, counted from the largest key
+// down, first reaches `target` (counts: weigh = 1; masses: the token's fixed-point weight). Returns the cut that
+// keeps exactly what reaches it, ties at the key taken in token order. target 0 means "the whole mass × top_p"
+// (`fraction`), known after the first pass.
+template <class In, class Weigh>
+__device__ Cut radix_cut(Shared& s, const Row& r, unsigned long long target, double fraction, In in, Weigh weigh) {
+  const float* l = r.logits;
+  for (int pass = 0; pass < 4; ++pass) {
+    const int shift = 24 - 8 * pass;
+    for (int d = threadIdx.x; d < 256; d += kThreads) s.hist[d] = 0;
+    __syncthreads();
+    const uint32_t prefix = pass ? s.prefix : 0;
+    for (int i = threadIdx.x; i < r.V; i += kThreads) {
+      const float x = l[i];
+      const uint32_t k = order_key(x);
+      if ((pass == 0 || (k >> (shift + 8)) == prefix) && in(i, k, x))
+        atomicAdd(&s.hist[(k >> shift) & 255u], (unsigned long long)weigh(x));
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      if (pass == 0) {
+        unsigned long long total = 0;
+        for (int d = 0; d < 256; ++d) total += s.hist[d];
+        if (target == 0) {
+          target = (unsigned long long)ceil(double(total) * fraction);
+          target = target < 1 ? 1 : (target > total ? total : target);
+        }
+        s.remaining = target;
+      }
+      unsigned long long above = 0;
+      int d = 255;
+      for (; d > 0; --d) {
+        if (above + s.hist[d] >= s.remaining) break;
+        above += s.hist[d];
+      }
+      s.remaining -= above;
+      s.prefix = (prefix << 8) | uint32_t(d);
+      s.ties = s.hist[d];  // the last pass: the total at the selected key
+    }
+    __syncthreads();
+  }
+  Cut c;
+  c.key = s.prefix;
+  const unsigned long long w = weigh(key_value(c.key));  // every tie weighs the same
+  const unsigned long long need = w ? (s.remaining + w - 1) / w : 0, have = w ? s.ties / w : 0;
+  __syncthreads();
+  if (need >= 1 && need < have)  // only some of the ties: the need-th in token order is the last kept
+    c.last = nth_in_order(s, l, r.V, need, [&](int i, uint32_t k, float x) { return k == c.key && in(i, k, x); });
+  return c;
+}
+
+__global__ void sample_kernel(int32_t* ids, float* logits, uint8_t* seen, int V, SamplingParams p, uint64_t step) {
+  __shared__ Shared s;
+  const int b = blockIdx.x;
+  float* l = logits + int64_t(b) * V;
+  uint8_t* flags = seen ? seen + int64_t(b) * V : nullptr;
+  if (flags && p.repetition_penalty != 1.f) {
+    for (int i = threadIdx.x; i < V; i += kThreads)
+      if (flags[i]) l[i] = repetition_penalised(l[i], p.repetition_penalty);
+    __syncthreads();
+  }
+  Best mine{-INFINITY, INT_MAX};
+  for (int i = threadIdx.x; i < V; i += kThreads) mine = BestOp()(mine, Best{l[i], i});
+  const Best best = cub::BlockReduce<Best, kThreads>(s.reduce).Reduce(mine, BestOp());
+  if (threadIdx.x == 0) s.found = best.i == INT_MAX ? 0 : best.i;
+  __syncthreads();
+  int pick = s.found;
+  const float max = l[pick];
+  if (p.temperature > 0 && isfinite(max)) {
+    Row r{l, V, max, 1.f / p.temperature, Cut{}, Cut{}, 0};
+    if (p.top_k > 0 && p.top_k < V)
+      r.top_k = radix_cut(
+          s, r, (unsigned long long)p.top_k, 0.0, [](int, uint32_t, float) { return true; },
+          [](float) { return 1ull; });
+    if (p.top_p < 1.f)
+      r.top_p = radix_cut(
+          s, r, 0ull, double(p.top_p), [&](int i, uint32_t k, float) { return r.top_k.keeps(k, i); },
+          [&](float x) { return (unsigned long long)r.weight(x); });
+    r.min_weight = p.min_p > 0 ? uint64_t(double(p.min_p) * kOne) : 0;
+    // The draw: the first kept token, in token order, where the running weight exceeds u × the kept total.
+    int begin, end;
+    share(V, begin, end);
+    unsigned long long own = 0, before = 0, total = 0;
+    for (int i = begin; i < end; ++i)
+      if (r.kept(i, order_key(l[i]), l[i])) own += r.weight(l[i]);
+    if (threadIdx.x == 0) s.found = pick;  // (nth_in_order may have used it)
+    __syncthreads();
+    Scan(s.scan).ExclusiveSum(own, before, total);
+    const unsigned long long at = (unsigned long long)(sample_uniform(p.seed + uint64_t(b), step) * double(total));
+    if (before <= at && at < before + own) {
+      unsigned long long cum = before;
+      for (int i = begin; i < end; ++i)
+        if (r.kept(i, order_key(l[i]), l[i]) && (cum += r.weight(l[i])) > at) {
+          s.found = i;
+          break;
+        }
+    }
+    __syncthreads();
+    pick = s.found;  // (unchanged, the likeliest, if rounding left u·total past every share)
+  }
+  if (threadIdx.x == 0) {
+    ids[b] = pick;
+    if (flags) flags[pick] = 1;
+  }
+}
+
+__global__ void flag_kernel(uint8_t* seen, const int32_t* ids, int64_t N, int T, int64_t V) {
+  for (int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; n < N; n += int64_t(gridDim.x) * blockDim.x)
+    seen[(n / T) * V + ids[n]] = 1;
+}
+
+}  // namespace
+
+void CudaOps::sample_tokens(Tensor ids, Tensor logits, Tensor seen, const SamplingParams& p, uint64_t step) {
+  const auto prof = profile("sample_tokens");
+  const int64_t B = logits.dim(0), V = logits.dim(1);
+  SOLTRAIN_CHECK(logits.dtype == DType::F32 && ids.numel() == B && V > 0 && V < INT_MAX &&
+                     (!seen.defined() || (seen.dtype == DType::U8 && seen.numel() == B * V)),
+                 "sample_tokens: shapes");
+  if (B == 0) return;
+  sample_kernel<<<unsigned(B), kThreads, 0, stream_>>>(ids.i32(), logits.f32(),
+                                                       seen.defined() ? seen.as<uint8_t>() : nullptr, int(V), p, step);
+  CUDA_CHECK_LAUNCH();
+}
+
+void CudaOps::flag_tokens(Tensor seen, const Tensor& ids) {
+  const int64_t B = seen.dim(0), V = seen.dim(1), N = ids.numel();
+  SOLTRAIN_CHECK(seen.dtype == DType::U8 && B > 0 && N % B == 0, "flag_tokens: shapes");
+  if (N == 0) return;
+  flag_kernel<<<cuda::blocks_for(N, 256), 256, 0, stream_>>>(seen.as<uint8_t>(), ids.i32(), N, int(N / B), V);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace soltrain
