@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [grpo] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -105,6 +105,22 @@ for s in "${steps[@]}"; do
           --concurrency ${GRPO_CONCURRENCY:-64 256} --steps 3 $([ $lora = true ] && echo --lora) 2>&1 | tail -8
         [ -f "$OUT/grpo-bench.json" ] && mv "$OUT/grpo-bench.json" "$OUT/grpo-bench-lora-$lora.json"
       done ;;
+    grpo2)  # issue 30 with sampling on the device: the sampling, decoder and generation tests, then rollouts and
+      # steps with the real Qwen3 vocabulary (random weights, the Qwen3 tokenizer): 0.6B full, 8B LoRA
+      timeout 200 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='*Sampling*:*PolicyLoss*:*Generate*:*Decoder*' \
+        > "$OUT/grpo2-tests.log" 2>&1
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/grpo2-tests.log"
+      for spec in ${GRPO2_RUNS:-"0.6B false" "8B true"}; do
+        set -- $spec
+        timeout ${GRPO2_TIMEOUT:-300} python3 bench/grpo_bench.py --soltrain "$B/soltrain" --out "$OUT" --shapes $1 \
+          --real "$B/../build-cuda/tokenizers/qwen3" --concurrency ${GRPO_CONCURRENCY:-64 256} --steps 3 \
+          $([ $2 = true ] && echo --lora) 2>&1 | tail -4
+        [ -f "$OUT/grpo-bench.json" ] && mv "$OUT/grpo-bench.json" "$OUT/grpo2-bench-$1-lora-$2.json"
+      done ;;
+    train16k)  # issue 30's trainer-side figures: a training step at 16k tokens per sequence (SFT's step: the same
+      # forward and backward as GRPO's, the loss op aside)
+      bench_one train16k-0.6B-full 0.6B --batch-size 1 --seq-len 16384 --steps 8 --device cuda --recompute none
+      bench_one train16k-4B-lora 4B --batch-size 1 --seq-len 16384 --steps 8 --device cuda --lora-rank 16 ;;
     dpo)  # preference training: the torch reference fixture, CPU/GPU tests, the demo task on the GPU, throughput
       timeout 200 python3 tests/tools/make_dpo_reference.py tests/fixtures/models tests/fixtures/dpo > "$OUT/dpo-ref.log" 2>&1
       tail -2 "$OUT/dpo-ref.log"; [ -d tests/fixtures/dpo ] && tar czf "$OUT/dpo-fixtures.tgz" tests/fixtures/dpo
