@@ -1,8 +1,8 @@
 """`soltrain grpo` end to end on CPU: the demo's tiny model is first taught a task by `sft` (repeat the word, half
 the answers ending in "!"), then GRPO with a built-in reward (accuracy: the answer column, the word with "!") and
-a Python one (ends with "!") must raise the mean reward from its first step to >= 0.9 (a 10-step mean within 60
-steps); the run resumes from a
-checkpoint; bad reward functions and empty prompts stop with one line and exit 2."""
+a Python one (ends with "!") must raise the mean reward from its first step to >= 0.8 (a 10-step mean within 100
+steps), as far as TRL's GRPOTrainer takes the same model with the same settings, run live beside it; the run
+resumes from a checkpoint; bad reward functions and empty prompts stop with one line and exit 2."""
 import json
 import random
 import subprocess
@@ -79,12 +79,13 @@ def grpo_config(d, out, **extra):
         "max_completion_length": 12,
         "per_device_train_batch_size": 32,
         "gradient_accumulation_steps": 2,
-        "max_steps": 60,
-        "learning_rate": 3.0e-4,
+        "max_steps": 100,
+        "learning_rate": 1.0e-4,
         "lr_scheduler_type": "cosine",
         "adamw_beta2": 0.99,
+        "temperature": 0.7,
         "logging_steps": 1,
-        "save_steps": 30,
+        "save_steps": 50,
         "seed": 7,
         "device": "cpu",
     }
@@ -94,27 +95,63 @@ def grpo_config(d, out, **extra):
     return path
 
 
+def trl_best_reward(d, out, cfg):
+    """TRL's GRPOTrainer on the same model, prompts, rewards and settings: its best 10-step mean reward. (At
+    learning_rate 3e-4 both TRL and soltrain unlearn the copying within 6 steps: this model needs the gentler 1e-4.)"""
+    import datasets
+    import torch
+    import transformers
+    import trl
+
+    def accuracy(prompts, completions, answer, **kw):  # the built-in's rule for a text answer
+        return [1.0 if " ".join(c[0]["content"].split()).lower() == a.lower() else 0.0
+                for c, a in zip(completions, answer)]
+
+    def exclaims(prompts, completions, **kw):
+        return [1.0 if c[0]["content"].strip().endswith("!") else 0.0 for c in completions]
+
+    args = trl.GRPOConfig(output_dir=str(out), per_device_train_batch_size=cfg["per_device_train_batch_size"],
+                          gradient_accumulation_steps=cfg["gradient_accumulation_steps"],
+                          num_generations=cfg["num_generations"], max_completion_length=cfg["max_completion_length"],
+                          learning_rate=cfg["learning_rate"], lr_scheduler_type=cfg["lr_scheduler_type"],
+                          adam_beta2=cfg["adamw_beta2"], temperature=cfg["temperature"], max_steps=cfg["max_steps"],
+                          reward_weights=cfg["reward_weights"], seed=cfg["seed"], logging_steps=1, use_cpu=True,
+                          bf16=False, report_to=[], save_strategy="no", disable_tqdm=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32)
+    tok = transformers.AutoTokenizer.from_pretrained(cfg["model"])
+    rows = read_jsonl(d / "prompts.jsonl")
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=[accuracy, exclaims], args=args, processing_class=tok,
+                              train_dataset=datasets.Dataset.from_list(rows))
+    trainer.train()
+    rewards = [x["reward"] for x in trainer.state.log_history if "reward" in x]
+    return max(sum(rewards[i:i + 10]) / 10 for i in range(len(rewards) - 9))
+
+
 def test_grpo_raises_the_reward_and_resumes(taught, tmp_path):
     out = tmp_path / "grpo"
-    r = run(["grpo", str(grpo_config(taught, out))], taught)
+    cfg_path = grpo_config(taught, out)
+    r = run(["grpo", str(cfg_path)], taught)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [x for x in read_jsonl(out / "metrics.jsonl") if "reward" in x]
-    assert [x["step"] for x in rows] == list(range(1, 61))
+    assert [x["step"] for x in rows] == list(range(1, 101))
     for key in ["rewards/accuracy/mean", "rewards/exclaims/mean", "reward_std", "frac_reward_zero_std",
                 "completions/mean_length", "completions/clipped_ratio", "clip_ratio/region_mean", "loss"]:
         assert key in rows[0], key
     first = rows[0]["reward"]
     best = max(sum(x["reward"] for x in rows[i:i + 10]) / 10 for i in range(len(rows) - 9))
+    trajectory = [round(x["reward"], 2) for x in rows]
     assert first <= 0.75, first  # the taught model ends with "!" about half the time
-    assert best >= 0.9, [round(x["reward"], 2) for x in rows]  # reached within the 60 steps (10-step mean)
-    assert (out / "model" / "model.safetensors").exists() and (out / "checkpoint-60").is_dir()
+    assert best >= 0.8, trajectory  # reached within the 100 steps (10-step mean); measured 0.87-0.88 (seeds 1, 7)
+    trl_best = trl_best_reward(taught, tmp_path / "trl", json.loads(cfg_path.read_text()))  # measured 0.887
+    assert best >= trl_best - 0.1, (trl_best, trajectory)
+    assert (out / "model" / "model.safetensors").exists() and (out / "checkpoint-100").is_dir()
 
-    # Resume: 4 more steps from checkpoint-60, the metrics of the first 60 kept.
-    r = run(["grpo", str(grpo_config(taught, out, max_steps=64, resume_from_checkpoint=True))], taught)
+    # Resume: 4 more steps from checkpoint-100, the metrics of the first 100 kept.
+    r = run(["grpo", str(grpo_config(taught, out, max_steps=104, resume_from_checkpoint=True))], taught)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "checkpoint-60" in r.stderr
+    assert "checkpoint-100" in r.stderr
     steps = [x["step"] for x in read_jsonl(out / "metrics.jsonl") if "reward" in x]
-    assert steps == list(range(1, 65)), steps
+    assert steps == list(range(1, 105)), steps
 
 
 @pytest.mark.parametrize("funcs,message", [
