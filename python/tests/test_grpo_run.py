@@ -1,6 +1,6 @@
 """`soltrain grpo` end to end on CPU: the demo's tiny model is first taught a task by `sft` (repeat the word, half
 the answers ending in "!"), then GRPO with a built-in reward (accuracy: the answer column, the word with "!") and
-a Python one (ends with "!") must raise the mean reward from its first step to >= 0.8 (a 10-step mean within 100
+a Python one (ends with "!") must raise the mean reward from its first step to >= 0.9 (a 10-step mean within 100
 steps), as far as TRL's GRPOTrainer takes the same model with the same settings, run live beside it; the run
 resumes from a checkpoint; bad reward functions and empty prompts stop with one line and exit 2."""
 import json
@@ -83,7 +83,7 @@ def grpo_config(d, out, **extra):
         "learning_rate": 1.0e-4,
         "lr_scheduler_type": "cosine",
         "adamw_beta2": 0.99,
-        "temperature": 0.7,
+        "temperature": 0.5,
         "logging_steps": 1,
         "save_steps": 50,
         "seed": 7,
@@ -97,7 +97,8 @@ def grpo_config(d, out, **extra):
 
 def trl_best_reward(d, out, cfg):
     """TRL's GRPOTrainer on the same model, prompts, rewards and settings: its best 10-step mean reward. (At
-    learning_rate 3e-4 both TRL and soltrain unlearn the copying within 6 steps: this model needs the gentler 1e-4.)"""
+    learning_rate 3e-4 both TRL and soltrain unlearn the copying within 6 steps, accuracy 0.36 -> 0.0: this model
+    needs the gentler 1e-4; temperature 0.5 keeps sampling's copying errors from capping the reward below 0.9.)"""
     import datasets
     import torch
     import transformers
@@ -141,8 +142,8 @@ def test_grpo_raises_the_reward_and_resumes(taught, tmp_path):
     best = max(sum(x["reward"] for x in rows[i:i + 10]) / 10 for i in range(len(rows) - 9))
     trajectory = [round(x["reward"], 2) for x in rows]
     assert first <= 0.75, first  # the taught model ends with "!" about half the time
-    assert best >= 0.8, trajectory  # reached within the 100 steps (10-step mean); measured 0.87-0.88 (seeds 1, 7)
-    trl_best = trl_best_reward(taught, tmp_path / "trl", json.loads(cfg_path.read_text()))  # measured 0.887
+    assert best >= 0.9, trajectory  # reached within the 100 steps (10-step mean); measured 0.947-0.963 (seeds 1, 7)
+    trl_best = trl_best_reward(taught, tmp_path / "trl", json.loads(cfg_path.read_text()))  # measured 0.952
     assert best >= trl_best - 0.1, (trl_best, trajectory)
     assert (out / "model" / "model.safetensors").exists() and (out / "checkpoint-100").is_dir()
 
