@@ -29,7 +29,7 @@ class CudaSampling : public CudaTest {
     }
     const Tensor gid{gid_buf.data(), DType::I32, {B}, Device::CUDA};
     gpu->sample_tokens(gid, gl, gs, p, step);
-    std::vector<int32_t> g(size_t(B)), c(size_t(B));
+    std::vector<int32_t> g(static_cast<size_t>(B)), c(static_cast<size_t>(B));
     gpu->copy(Tensor{g.data(), DType::I32, {B}}, gid);
     gpu_logits = download(gl);
     cpu->sample_tokens(Tensor{c.data(), DType::I32, {B}}, Tensor{cpu_logits.data(), DType::F32, {B, V}}, cs, p, step);
@@ -61,8 +61,12 @@ TEST_F(CudaSampling, SameTokensAsTheCpuOnAQwen3Vocabulary) {
       const auto [g, c] = both(logits, B, V, p, step, p.repetition_penalty != 1 ? &flags : nullptr);
       for (int64_t b = 0; b < B; ++b) same += g[size_t(b)] == c[size_t(b)];
       total += int(B);
-      if (p.greedy()) EXPECT_EQ(g, c) << "greedy is exact";
-      if (p.repetition_penalty != 1) EXPECT_EQ(gpu_logits, cpu_logits) << "penalised logits";
+      if (p.greedy()) {
+        EXPECT_EQ(g, c) << "greedy is exact";
+      }
+      if (p.repetition_penalty != 1) {
+        EXPECT_EQ(gpu_logits, cpu_logits) << "penalised logits";
+      }
     }
   }
   EXPECT_GE(same, total - 2) << same << " of " << total << " draws agree";
