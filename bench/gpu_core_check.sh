@@ -110,8 +110,8 @@ for s in "${steps[@]}"; do
       timeout 200 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='*Sampling*:*PolicyLoss*:*Generate*:*Decoder*' \
         > "$OUT/grpo2-tests.log" 2>&1
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/grpo2-tests.log"
-      for spec in ${GRPO2_RUNS:-"0.6B false" "8B true"}; do
-        set -- $spec
+      for spec in ${GRPO2_RUNS:-0.6B:false 8B:true}; do  # shape:lora
+        set -- ${spec/:/ }
         timeout ${GRPO2_TIMEOUT:-300} python3 bench/grpo_bench.py --soltrain "$B/soltrain" --out "$OUT" --shapes $1 \
           --real "$B/../build-cuda/tokenizers/qwen3" --concurrency ${GRPO_CONCURRENCY:-64 256} --steps 3 \
           $([ $2 = true ] && echo --lora) 2>&1 | tail -4

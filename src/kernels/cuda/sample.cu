@@ -159,7 +159,8 @@ __device__ Cut radix_cut(Shared& s, const Row& r, unsigned long long target, dou
   return c;
 }
 
-__global__ void sample_kernel(int32_t* ids, float* logits, uint8_t* seen, int V, SamplingParams p, uint64_t step) {
+__global__ void __launch_bounds__(kThreads)
+    sample_kernel(int32_t* ids, float* logits, uint8_t* seen, int V, SamplingParams p, uint64_t step) {
   __shared__ Shared s;
   const int b = blockIdx.x;
   float* l = logits + int64_t(b) * V;
