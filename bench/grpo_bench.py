@@ -27,20 +27,10 @@ def make_real_model(shape, root, tokenizer_dir):
     Qwen3 tokenizer and chat template: the LM head and the sampling over 152k tokens cost what they do on hub models."""
     import shutil
 
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from qwen3_shapes import config
-    d = os.path.join(root, "real-" + shape)
-    if not os.path.exists(os.path.join(d, "config.json")):
-        torch.manual_seed(0)
-        with torch.device("cuda"):
-            m = AutoModelForCausalLM.from_config(config(shape), dtype=torch.bfloat16)
-        m.save_pretrained(d)
-        del m
-        torch.cuda.empty_cache()
-        for f in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(os.path.join(tokenizer_dir, f), d)
+    from run_bench import save_model  # the trainer benchmark's random models (bench/run_bench.py)
+    d = save_model(shape, os.path.join(root, "real"))
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(tokenizer_dir, f), d)
     return d
 
 

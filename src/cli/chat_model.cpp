@@ -66,12 +66,7 @@ std::vector<std::vector<int32_t>> ChatModel::complete_each(const std::vector<std
                model_->config().max_position_embeddings, ")");
   o.sampling.validate();
   if (o.eos_ids.empty()) o.eos_ids = codec_.eos();
-  const int n = int(prompts.size());
-  KvDecoder decoder(*model_, n, int(longest) + o.max_new_tokens, std::max(1, 2048 / n),
-                    o.sampling.repetition_penalty != 1);
-  std::vector<std::vector<int32_t>> out;
-  for (Rollout& r : generate_groups(decoder, prompts, 1, o)) out.push_back(std::move(r.tokens));
-  return out;
+  return generate_each(*model_, prompts, o);
 }
 
 }  // namespace soltrain

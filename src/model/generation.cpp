@@ -90,6 +90,20 @@ std::vector<Rollout> generate_groups(KvDecoder& decoder, const std::vector<std::
   return out;
 }
 
+std::vector<std::vector<int32_t>> generate_each(Transformer& model, const std::vector<std::vector<int32_t>>& prompts,
+                                                const GenerationOptions& opts) {
+  SOLTRAIN_CHECK(!prompts.empty(), "generate_each: no prompts");
+  size_t longest = 0;
+  for (const auto& p : prompts) longest = std::max(longest, p.size());
+  // The prompts' activations share one budget of 2048 tokens per forward, however many rows there are.
+  const int n = int(prompts.size());
+  KvDecoder decoder(model, n, int(longest) + opts.max_new_tokens, std::max(1, 2048 / n),
+                    opts.sampling.repetition_penalty != 1);
+  std::vector<std::vector<int32_t>> out;
+  for (Rollout& r : generate_groups(decoder, prompts, 1, opts)) out.push_back(std::move(r.tokens));
+  return out;
+}
+
 std::vector<int32_t> read_generation_eos(const std::filesystem::path& model_dir) {
   const auto path = model_dir / "generation_config.json";
   if (!std::filesystem::exists(path)) return {};

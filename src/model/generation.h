@@ -42,6 +42,12 @@ struct Rollout {
 std::vector<Rollout> generate_groups(KvDecoder& decoder, const std::vector<std::vector<int32_t>>& prompts, int group,
                                      const GenerationOptions& opts);
 
+// Each of `prompts` (non-empty, lengths free) continued as one row of a batch built here for them: a decoder of
+// prompts.size() rows sized for the longest prompt plus max_new_tokens, then generate_groups with groups of one
+// (prompt i samples with seed + i). The callers check the prompts and the context first.
+std::vector<std::vector<int32_t>> generate_each(Transformer& model, const std::vector<std::vector<int32_t>>& prompts,
+                                                const GenerationOptions& opts);
+
 // eos_token_id of a model folder's generation_config.json (an int or a list); empty when absent.
 std::vector<int32_t> read_generation_eos(const std::filesystem::path& model_dir);
 

@@ -102,12 +102,7 @@ std::vector<std::vector<int32_t>> ModelSession::generate(const std::vector<std::
     user_error("generate: a prompt's ", longest, " tokens plus ", o.max_new_tokens,
                " new ones exceed the model's max_position_embeddings (", max_pos, ")");
   // Every prompt is a row of one batch: each fed at its own length, then one token per row per step.
-  const int n = int(prompts.size());
-  KvDecoder decoder(*model_, n, int(longest) + o.max_new_tokens, std::max(1, 2048 / n),
-                    o.sampling.repetition_penalty != 1);
-  std::vector<std::vector<int32_t>> out;
-  for (Rollout& r : generate_groups(decoder, prompts, 1, o)) out.push_back(std::move(r.tokens));
-  return out;
+  return generate_each(*model_, prompts, o);
 }
 
 void ModelSession::save(const std::filesystem::path& out) const {
