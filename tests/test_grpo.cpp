@@ -99,7 +99,9 @@ TEST(GrpoConfig, ErrorsNameTheKey) {
   EXPECT_NE(error_of(no_gen + "num_generations: 3\n").find("not a multiple of num_generations 3"), std::string::npos);
   EXPECT_NE(error_of("model: m\noutput_dir: out\ndatasets:\n  - path: p.jsonl\n").find("reward_funcs is required"),
             std::string::npos);
-  EXPECT_NE(error_of(kGrpo + "beta: 0.1\n").find("with full fine-tuning needs a frozen copy"), std::string::npos);
+  EXPECT_EQ(error_of(kGrpo + "beta: 0.1\n"), "no error");  // full fine-tuning keeps a frozen copy as the reference
+  EXPECT_NE(error_of(kGrpo + "beta: 0.1\nrecipe: fp8-hybrid\n").find("with full fine-tuning and the fp8-hybrid recipe"),
+            std::string::npos);
   EXPECT_NE(error_of(kGrpo + "loss_type: sigmoid\n").find("loss_type 'sigmoid' is not one of grpo, bnpo"),
             std::string::npos);
   EXPECT_NE(error_of(kGrpo + "reward_weights: [1, 2]\n").find("reward_weights has 2 values for 1 reward_funcs"),

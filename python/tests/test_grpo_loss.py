@@ -137,6 +137,10 @@ CASES += [dict(loss_type="grpo", scale_rewards="group", beta=0.04, num_iteration
                delta=1.01),
           dict(loss_type="dapo", scale_rewards="group", beta=0.0, num_iterations=2, importance_sampling_level="sequence",
                epsilon=0.05, epsilon_high=0.08, temperature=0.7)]
+# Full fine-tuning's reference pass: soltrain computes the reference's log-probs itself, with the starting weights
+# lent to the model (model/reference_weights.h, what `grpo` does with beta > 0), instead of reading TRL's.
+CASES += [dict(loss_type=lt, scale_rewards="group", beta=0.04, num_iterations=it, reference_pass=True)
+          for lt, it in [("dapo", 2), ("grpo", 1)]]
 
 
 def case_id(c):
@@ -147,6 +151,8 @@ def case_id(c):
 def test_grpo_loss_and_gradients_match_trl(cfg, random_model, tmp_path):
     tok = transformers.AutoTokenizer.from_pretrained(random_model)
     prompts, completions, rewards = rollouts(tok, seed=len(case_id(cfg)))
+    cfg = dict(cfg)
+    reference_pass = cfg.pop("reference_pass", False)
     micro = 2
     # Small clips make ratios leave the trust region after the weights move: both clipped branches are exercised.
     cfg = {"epsilon": 0.02, **cfg} if cfg["num_iterations"] > 1 else cfg
@@ -157,7 +163,7 @@ def test_grpo_loss_and_gradients_match_trl(cfg, random_model, tmp_path):
     grpo = {"rewards": torch.tensor(rewards, dtype=torch.float32)}
     if "old_per_token_logps" in inputs and inputs["old_per_token_logps"] is not None:
         grpo["old_nll"] = per_token(inputs["old_per_token_logps"], inputs, place).contiguous()
-    if cfg["beta"] > 0:
+    if cfg["beta"] > 0 and not reference_pass:
         grpo["ref_nll"] = per_token(inputs["ref_per_token_logps"], inputs, place).contiguous()
     save_file(grpo, str(tmp_path / "grpo.safetensors"))
     model_dir = tmp_path / "moved" if cfg["num_iterations"] > 1 else random_model
@@ -173,6 +179,8 @@ def test_grpo_loss_and_gradients_match_trl(cfg, random_model, tmp_path):
            "--epsilon", str(cfg.get("epsilon", 0.2)), "--temperature", str(cfg.get("temperature", 1.0))]
     if "epsilon_high" in cfg:
         cmd += ["--epsilon-high", str(cfg["epsilon_high"])]
+    if reference_pass:  # TRL's reference is the model before the weights moved
+        cmd += ["--reference", str(random_model)]
     if "delta" in cfg:
         cmd += ["--delta", str(cfg["delta"])]
     if "use_bias_correction_kl" in cfg:

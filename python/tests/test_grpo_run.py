@@ -155,6 +155,25 @@ def test_grpo_raises_the_reward_and_resumes(taught, tmp_path):
     assert steps == list(range(1, 105)), steps
 
 
+def test_full_fine_tuning_with_beta_keeps_the_starting_weights_as_reference(taught, tmp_path):
+    """beta > 0 without LoRA: a frozen copy of the starting weights is the reference, so the first step's KL is 0
+    exactly (policy = reference) and later ones are not; a resumed run's reference is still the starting model,
+    not the checkpoint it resumes (else its first KL would be 0 again). The loss against TRL with this reference
+    pass: test_grpo_loss.py's reference_pass cases."""
+    out = tmp_path / "beta"
+    cfg = dict(beta=0.1, max_steps=2, save_steps=2, learning_rate=3e-4, per_device_train_batch_size=16,
+               gradient_accumulation_steps=1)
+    r = run(["grpo", str(grpo_config(taught, out, **cfg))], taught)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "the reference is a frozen copy of the starting weights" in r.stderr
+    kl = [x["kl"] for x in read_jsonl(out / "metrics.jsonl") if "reward" in x]
+    assert kl[0] == 0 and kl[1] > 0, kl
+    r = run(["grpo", str(grpo_config(taught, out, **{**cfg, "max_steps": 3}, resume_from_checkpoint=True))], taught)
+    assert r.returncode == 0, r.stderr[-3000:]
+    kl = [x["kl"] for x in read_jsonl(out / "metrics.jsonl") if "reward" in x]
+    assert len(kl) == 3 and kl[2] > 0, kl
+
+
 @pytest.mark.parametrize("funcs,message", [
     (["task_rewards:raises"], "reward function task_rewards:raises raised ValueError: no score today"),
     (["task_rewards:too_few"], "reward function task_rewards:too_few returned 1 values for 16 completions"),
@@ -181,9 +200,10 @@ def test_empty_prompt_and_bad_settings_stop_with_one_line(taught, tmp_path):
     cfg = grpo_config(taught, tmp_path / "g", num_generations=5)
     r = run(["grpo", str(cfg)], taught)
     assert r.returncode == 2 and "not a multiple of num_generations 5" in r.stderr, r.stderr[-2000:]
-    cfg = grpo_config(taught, tmp_path / "k", beta=0.1)
+    cfg = grpo_config(taught, tmp_path / "k", beta=0.1, recipe="fp8-hybrid")
     r = run(["grpo", str(cfg)], taught)
-    assert r.returncode == 2 and "beta 0.1 with full fine-tuning" in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 2 and "beta 0.1 with full fine-tuning and the fp8-hybrid recipe" in r.stderr, \
+        r.stderr[-2000:]
     cfg = grpo_config(taught, tmp_path / "m", generation_memory_gib=0.0001)
     r = run(["grpo", str(cfg)], taught)
     last = r.stderr.strip().splitlines()[-1]

@@ -18,7 +18,8 @@ namespace soltrain {
 namespace {
 
 struct GrpoDump {
-  std::string file;  // rewards [rows]; optional old_nll, ref_nll [rows, T]
+  std::string file;       // rewards [rows]; optional old_nll, ref_nll [rows, T]
+  std::string reference;  // a model folder: the reference pass computes ref_nll with its weights (full fine-tuning)
   std::string loss_type = "dapo", scale_rewards = "group", level = "token";
   float beta = 0, epsilon = 0.2f, epsilon_high = -1, delta = 0, temperature = 1;
   int num_generations = 2, max_completion_length = 0, micro_batches = 1;
@@ -66,7 +67,7 @@ int dump_grpo(const GrpoDump& g, Ops& ops, Transformer& model, const HostBatch& 
     old_nll.resize(size_t(R) * size_t(T));
     read_as_f32(f.at("old_nll"), {R, T}, old_nll.data(), "old_nll");
   }
-  if (c.beta != 0) {
+  if (c.beta != 0 && g.reference.empty()) {
     ref_nll.resize(size_t(R) * size_t(T));
     read_as_f32(f.at("ref_nll"), {R, T}, ref_nll.data(), "ref_nll");
   }
@@ -78,6 +79,12 @@ int dump_grpo(const GrpoDump& g, Ops& ops, Transformer& model, const HostBatch& 
   model.set_logit_temperature(g.temperature);
   model.plan(micro[0].rows, T);
   GrpoObjective grpo(ops, c, int64_t(micro[0].rows) * T, micro[0].rows);
+  std::unique_ptr<ReferenceWeights> reference;
+  if (c.beta != 0 && !g.reference.empty()) {  // the run's reference pass, with another folder's weights lent
+    if (model.lora()) user_error("--reference: with --adapter the reference is the base with the adapters off");
+    reference = std::make_unique<ReferenceWeights>(ops, load_pretrained(g.reference, ops)->params());
+    grpo.set_reference_weights(reference.get());
+  }
   GrpoStep step(grpo);
   ops.zero(model.params().all_grads());
   step.begin_update(micro);
@@ -145,6 +152,9 @@ std::function<int()> add_dump_command(CLI::App& app) {
       ->check(CLI::IsMember({"token", "sequence"}))
       ->capture_default_str();
   c->add_option("--beta", g->beta, "GRPO: the KL term's weight")->capture_default_str();
+  c->add_option("--reference", g->reference,
+                "GRPO with --beta: a model folder whose weights the reference pass computes with (full fine-tuning; "
+                "instead of the file's ref_nll)");
   c->add_option("--epsilon", g->epsilon, "GRPO: the lower clip")->capture_default_str();
   c->add_option("--epsilon-high", g->epsilon_high, "GRPO: the upper clip (default: epsilon)");
   c->add_option("--delta", g->delta, "GRPO: cap on the importance ratio (0: none)")->capture_default_str();

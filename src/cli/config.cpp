@@ -405,10 +405,9 @@ void rule_grpo(const Entries& en, const std::string& where, TrainConfig& c, std:
   if (!g.reward_weights.empty() && g.reward_weights.size() != g.reward_funcs.size())
     errors.push_back(cat(where, ": reward_weights has ", g.reward_weights.size(), " values for ", g.reward_funcs.size(),
                          " reward_funcs"));
-  if (g.loss.beta > 0 && !c.lora.enabled)
-    errors.push_back(cat(where, ": beta ", g.loss.beta, " with full fine-tuning needs a frozen copy of the model as ",
-                         "the reference, which is not built yet: use LoRA (the reference is the base with the ",
-                         "adapters off) or beta: 0 (TRL's default)"));
+  if (g.loss.beta > 0 && !c.lora.enabled && c.fp8_hybrid)
+    errors.push_back(cat(where, ": beta ", g.loss.beta, " with full fine-tuning and the fp8-hybrid recipe: the ",
+                         "reference's frozen copy is not kept in fp8 yet; use LoRA, bf16, or beta: 0"));
   if (c.gpus > 1) errors.push_back(cat(where, ": grpo runs on one GPU for now (gpus: ", c.gpus, ")"));
   if (g.generation_memory_gib > 0 && g.generation_memory_fraction > 0)
     errors.push_back(cat(where, ": give one of generation_memory_gib and generation_memory_fraction"));

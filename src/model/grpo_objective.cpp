@@ -204,11 +204,16 @@ void grpo_micro_batch(Transformer& model, GrpoObjective& grpo, const HostBatch& 
                       bool backward) {
   grpo.set_micro_batch(model.ops(), batch, scale);
   if (grpo.config().beta != 0 && batch.ref_token_nll.empty()) {
-    SOLTRAIN_CHECK(model.lora().has_value(), "GRPO's reference pass needs adapters to turn off");
     GrpoReference ref(grpo);
-    model.enable_adapters(false);
-    model.forward(batch, &ref, /*backward_follows=*/false);
-    model.enable_adapters(true);
+    if (model.lora()) {
+      model.enable_adapters(false);
+      model.forward(batch, &ref, /*backward_follows=*/false);
+      model.enable_adapters(true);
+    } else {
+      SOLTRAIN_CHECK(grpo.reference_weights(), "GRPO's reference pass under full fine-tuning needs reference weights");
+      const ReferenceWeights::Lend lent(*grpo.reference_weights(), model.params());
+      model.forward(batch, &ref, /*backward_follows=*/false);
+    }
   }
   model.forward(batch, &grpo, backward);
   if (backward) model.backward(grpo);

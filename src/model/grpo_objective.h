@@ -14,6 +14,7 @@
 #include "core/buffer.h"
 #include "model/dpo_objective.h"  // StagedUpload
 #include "model/objective.h"
+#include "model/reference_weights.h"
 #include "model/transformer.h"
 
 namespace soltrain {
@@ -76,6 +77,10 @@ class GrpoObjective final : public Objective {
   // The reference's per-token NLL from the device (LoRA: a forward with the adapters off), for the micro-batch
   // whose forward runs next; replaces the batch's ref_token_nll.
   void set_reference(Ops& ops, const Tensor& ref_token_nll);
+  // Full fine-tuning with β > 0: the frozen weights the reference pass computes with (model/reference_weights.h);
+  // with LoRA the reference is the base with the adapters off and none is needed.
+  void set_reference_weights(ReferenceWeights* w) { reference_weights_ = w; }
+  ReferenceWeights* reference_weights() const { return reference_weights_; }
 
   bool weights_before_forward() const override { return false; }
   void token_weights(Ops& ops, const ForwardOutputs& out, Tensor weight) override;
@@ -89,6 +94,7 @@ class GrpoObjective final : public Objective {
   Buffer old_, ref_, adv_, scale_, weight_, stats_;
   StagedUpload upload_old_, upload_ref_, upload_adv_, upload_scale_;
   bool has_old_ = false, first_ = true, weights_ready_ = false;
+  ReferenceWeights* reference_weights_ = nullptr;
   int64_t micro_batches_ = 0;
 };
 
@@ -105,7 +111,8 @@ class GrpoReference final : public Objective {
 };
 
 // One micro-batch's passes under GRPO: the reference first when β > 0 and the batch carries no ref_token_nll
-// (LoRA: the adapters off), then forward (and backward).
+// (LoRA: the adapters off; full fine-tuning: the objective's reference weights lent), then forward (and
+// backward).
 void grpo_micro_batch(Transformer& model, GrpoObjective& grpo, const HostBatch& batch, std::span<const float> scale,
                       bool backward);
 

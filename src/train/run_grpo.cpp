@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <ostream>
 #include <tuple>
 
@@ -145,7 +146,14 @@ class GrpoDriver final : public RunDriver {
         completions_(c.per_device_train_batch_size * c.gradient_accumulation_steps),
         grpo_(ops, c.grpo.loss, int64_t(c.per_device_train_batch_size) * c.sequence_len, c.per_device_train_batch_size),
         decoder_(model, completions_, c.sequence_len, generation_chunk(c), c.grpo.repetition_penalty != 1),
-        micro_(size_t(c.gradient_accumulation_steps)) {}
+        micro_(size_t(c.gradient_accumulation_steps)) {
+    if (c.grpo.loss.beta != 0 && !model.lora()) {  // full fine-tuning's reference: the weights it starts from
+      reference_ = std::make_unique<ReferenceWeights>(ops, model.params());
+      grpo_.set_reference_weights(reference_.get());
+      log_ << "grpo: beta " << c.grpo.loss.beta << ": the reference is a frozen copy of the starting weights ("
+           << format_bytes(double(reference_->bytes())) << ")\n";
+    }
+  }
 
   void update(TrainStep& step, int64_t done, float lr) override {
     if (!fresh_ || done % c_.grpo.num_iterations == 0) generate(done);
@@ -319,6 +327,7 @@ class GrpoDriver final : public RunDriver {
   std::ostream& log_;
   int completions_;
   GrpoObjective grpo_;
+  std::unique_ptr<ReferenceWeights> reference_;  // full fine-tuning with beta > 0
   KvDecoder decoder_;
   std::vector<HostBatch> micro_;
   LoaderState state_;
