@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -117,6 +117,16 @@ for s in "${steps[@]}"; do
           $([ $2 = true ] && echo --lora) 2>&1 | tail -4
         [ -f "$OUT/grpo-bench.json" ] && mv "$OUT/grpo-bench.json" "$OUT/grpo2-bench-$1-lora-$2.json"
       done ;;
+    grpobeta)  # full fine-tuning with beta > 0: the reference a frozen copy of the starting weights (KL 0 at step 1,
+      # > 0 after), its memory and the step's cost next to grpo2's beta-0 run
+      timeout 200 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='*Grpo*:*PolicyLoss*' 2>&1 | grep -E "^\[  (PASSED|FAILED)"
+      timeout 300 python3 bench/grpo_bench.py --soltrain "$B/soltrain" --out "$OUT" --shapes 0.6B \
+        --real "$B/../build-cuda/tokenizers/qwen3" --concurrency 64 --steps 3 \
+        --sampling '{"beta": 0.04, "learning_rate": 1e-4}' 2>&1 | tail -2
+      [ -f "$OUT/grpo-bench.json" ] && mv "$OUT/grpo-bench.json" "$OUT/grpobeta-bench.json"
+      grep -E "reference|generation memory" "$OUT/grpo-0.6B-64.log"
+      python3 -c "import json,sys; [print('step', r['step'], 'kl', r.get('kl'), 'loss', r['loss']) for r in map(json.loads, open(sys.argv[1])) if 'reward' in r]" \
+        /tmp/soltrain-grpo-models/run-real-0.6B-64/metrics.jsonl ;;
     train16k)  # issue 30's trainer-side figures: a training step at 16k tokens per sequence (SFT's step: the same
       # forward and backward as GRPO's, the loss op aside)
       bench_one train16k-0.6B-full 0.6B --batch-size 1 --seq-len 16384 --steps 8 --device cuda --recompute none

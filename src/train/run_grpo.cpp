@@ -57,8 +57,13 @@ void check_generation_memory(const TrainConfig& c, Ops& ops, Transformer& model,
     budget = g.generation_memory_fraction * total;
     from = cat("generation_memory_fraction ", g.generation_memory_fraction, " of ", format_bytes(total));
   } else if (free > 0) {
-    budget = free;
-    from = cuda ? "the GPU memory free" : "the host memory available";
+    // What is free less the reference's frozen copy (full fine-tuning with beta > 0), allocated beside it.
+    double reference = 0;
+    if (g.loss.beta != 0 && !model.lora())
+      for (const Parameter& p : model.params().all()) reference += double(p.value.bytes());
+    budget = std::max(free - reference, 1.0);
+    from = cat(cuda ? "the GPU memory free" : "the host memory available",
+               reference > 0 ? cat(" less the reference copy's ", format_bytes(reference)) : std::string());
   }
   const std::string what = cat("KV cache ", format_bytes(kv), " for ", rows, " completions of up to ", c.sequence_len,
                                " tokens, plus activations and logits");
