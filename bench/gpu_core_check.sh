@@ -122,7 +122,7 @@ for s in "${steps[@]}"; do
       timeout 200 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='*Grpo*:*PolicyLoss*' 2>&1 | grep -E "^\[  (PASSED|FAILED)"
       timeout 300 python3 bench/grpo_bench.py --soltrain "$B/soltrain" --out "$OUT" --shapes 0.6B \
         --real "$B/../build-cuda/tokenizers/qwen3" --concurrency 64 --steps 3 \
-        --sampling '{"beta": 0.04, "learning_rate": 1e-4}' 2>&1 | tail -2
+        --sampling '{"beta": 0.04, "learning_rate": 1e-5, "reward_funcs": ["bench.grpo_length_reward:text_length"]}' 2>&1 | tail -2
       [ -f "$OUT/grpo-bench.json" ] && mv "$OUT/grpo-bench.json" "$OUT/grpobeta-bench.json"
       grep -E "reference|generation memory" "$OUT/grpo-0.6B-64.log"
       python3 -c "import json,sys; [print('step', r['step'], 'kl', r.get('kl'), 'loss', r['loss']) for r in map(json.loads, open(sys.argv[1])) if 'reward' in r]" \
