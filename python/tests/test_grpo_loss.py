@@ -5,6 +5,7 @@ its _compute_loss runs over the update's micro-batches; `soltrain dump --grpo` g
 log-probs and must give the same loss, advantages, clip ratios and gradients, for every loss_type x scale_rewards
 x beta x num_iterations and the sequence-level (GSPO) ratio."""
 import itertools
+import pathlib
 import json
 import subprocess
 
@@ -207,3 +208,23 @@ def test_grpo_loss_and_gradients_match_trl(cfg, random_model, tmp_path):
     assert checked >= 10
     if cfg["num_iterations"] > 1:  # the moved weights clipped some ratios: the clipped branches were taken
         assert trl_metrics["clip_ratio/region_mean"] > 0, trl_metrics
+
+
+def test_dump_reference_refuses_what_it_cannot_use(random_model, tmp_path):
+    """`dump --reference`: one line and exit 2 without --beta, and for a folder of another shape."""
+    tok = transformers.AutoTokenizer.from_pretrained(random_model)
+    prompts, completions, rewards = rollouts(tok, seed=3)
+    ids = torch.tensor([(p + c + [0] * MAX_COMPLETION)[:PROMPT_LEN + MAX_COMPLETION]
+                        for p, c in zip([p for p in prompts for _ in range(G)], completions)], dtype=torch.int32)
+    save_file({"input_ids": ids, "targets": ids.clone()}, str(tmp_path / "batch.safetensors"))
+    save_file({"rewards": torch.tensor(rewards, dtype=torch.float32)}, str(tmp_path / "grpo.safetensors"))
+    other = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "models" / "qwen3-tiny"
+    base = [str(BIN), "dump", "--model", str(random_model), "--batch", str(tmp_path / "batch.safetensors"),
+            "--out", str(tmp_path / "o.safetensors"), "--grpo", str(tmp_path / "grpo.safetensors"),
+            "--num-generations", str(G)]
+    for extra, message in [(["--reference", str(random_model)], "the reference counts only with --beta > 0"),
+                           (["--beta", "0.04", "--reference", str(other)], "not the model's shape")]:
+        r = subprocess.run(base + extra, capture_output=True, text=True)
+        last = r.stderr.strip().splitlines()[-1]
+        assert r.returncode == 2 and message in last, r.stderr
+        assert not (tmp_path / "o.safetensors").exists()

@@ -80,9 +80,13 @@ int dump_grpo(const GrpoDump& g, Ops& ops, Transformer& model, const HostBatch& 
   model.plan(micro[0].rows, T);
   GrpoObjective grpo(ops, c, int64_t(micro[0].rows) * T, micro[0].rows);
   std::unique_ptr<ReferenceWeights> reference;
-  if (c.beta != 0 && !g.reference.empty()) {  // the run's reference pass, with another folder's weights lent
+  if (!g.reference.empty()) {  // the run's reference pass, with another folder's weights lent
+    if (c.beta == 0) user_error("--reference ", g.reference, ": the reference counts only with --beta > 0");
     if (model.lora()) user_error("--reference: with --adapter the reference is the base with the adapters off");
-    reference = std::make_unique<ReferenceWeights>(ops, load_pretrained(g.reference, ops)->params());
+    const auto other = load_pretrained(g.reference, ops);
+    if (const std::string why = ReferenceWeights::mismatch(other->params(), model.params()); !why.empty())
+      user_error("--reference ", g.reference, ": not the model's shape: ", why);
+    reference = std::make_unique<ReferenceWeights>(ops, other->params());
     grpo.set_reference_weights(reference.get());
   }
   GrpoStep step(grpo);

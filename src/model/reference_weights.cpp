@@ -12,14 +12,28 @@ size_t aligned(size_t n) {
 }
 }  // namespace
 
-ReferenceWeights::ReferenceWeights(Ops& ops, const ParameterStore& source) {
+size_t ReferenceWeights::bytes_for(const ParameterStore& source) {
   size_t total = 0;
-  for (const Parameter& p : source.all()) {
+  for (const Parameter& p : source.all()) total += aligned(p.value.bytes());
+  return std::max<size_t>(total, 1);
+}
+
+std::string ReferenceWeights::mismatch(const ParameterStore& source, const ParameterStore& params) {
+  if (source.all().size() != params.all().size())
+    return cat(source.all().size(), " parameters against the model's ", params.all().size());
+  for (size_t i = 0; i < params.all().size(); ++i) {
+    const Parameter &s = source.all()[i], &p = params.all()[i];
+    if (s.name != p.name || s.value.dtype != p.value.dtype || s.value.shape != p.value.shape)
+      return cat(s.name, " ", shape_str(s.value.shape), " where the model has ", p.name, " ", shape_str(p.value.shape));
+  }
+  return {};
+}
+
+ReferenceWeights::ReferenceWeights(Ops& ops, const ParameterStore& source) {
+  for (const Parameter& p : source.all())
     SOLTRAIN_CHECK(p.format == WeightFormat::Dense && p.value.defined() && p.value.device == ops.device(),
                    "a reference copy takes dense weights on the device (", p.name, ")");
-    total += aligned(p.value.bytes());
-  }
-  buffer_ = ops.alloc(std::max<size_t>(total, 1));
+  buffer_ = ops.alloc(bytes_for(source));
   char* at = static_cast<char*>(buffer_.data());
   for (const Parameter& p : source.all()) {
     values_.push_back(Tensor{at, p.value.dtype, p.value.shape, p.value.device});
@@ -34,7 +48,7 @@ ReferenceWeights::Lend::Lend(ReferenceWeights& ref, ParameterStore& params) : pa
                  " parameters, lent to ", all.size());
   for (size_t i = 0; i < all.size(); ++i) {
     SOLTRAIN_CHECK(all[i].value.dtype == ref.values_[i].dtype && all[i].value.shape == ref.values_[i].shape,
-                   "reference weights: ", all[i].name, " differs in shape or dtype");
+                   "reference weights: ", all[i].name, " differs in shape or dtype");  // mismatch() said so first
     own_.push_back(all[i].value.data);
     all[i].value.data = ref.values_[i].data;
   }

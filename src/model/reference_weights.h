@@ -3,6 +3,7 @@
 // once, before training moves the weights (a resumed run's checkpoint is restored after it, so the reference
 // stays the model the run started from), and lent to a model for one forward pass at a time.
 #pragma once
+#include <string>
 #include <vector>
 
 #include "core/buffer.h"
@@ -15,6 +16,10 @@ class ReferenceWeights {
   // Copies every parameter's compute value (dense weights only) out of `source` onto the ops' device.
   ReferenceWeights(Ops& ops, const ParameterStore& source);
   size_t bytes() const { return buffer_.bytes(); }
+  // The device bytes a copy of `source` takes, without making it (the run's memory check before allocation).
+  static size_t bytes_for(const ParameterStore& source);
+  // Why `params` cannot borrow a copy of `source` (a parameter missing, or of another shape or dtype), or empty.
+  static std::string mismatch(const ParameterStore& source, const ParameterStore& params);
 
   // While a Lend lives, `params` (the same names and shapes as the source) computes with the copy: each
   // parameter's value points at it, and back when the Lend ends. Forward passes only: the gradients and the

@@ -37,6 +37,12 @@ int generation_chunk(const TrainConfig& c) {
   return std::max(1, std::min(256, c.grpo.max_prompt_length));
 }
 
+// Full fine-tuning with beta > 0 keeps a frozen copy of the starting weights as its reference (LoRA's is the
+// base with the adapters off).
+bool keeps_reference_copy(const TrainConfig& c, const Transformer& model) {
+  return c.grpo.loss.beta != 0 && !model.lora();
+}
+
 // The decoder's memory against its budget, before anything is allocated: the line the log shows, and one line
 // naming what to change when it does not fit.
 void check_generation_memory(const TrainConfig& c, Ops& ops, Transformer& model, int rows, std::ostream& log) {
@@ -58,9 +64,7 @@ void check_generation_memory(const TrainConfig& c, Ops& ops, Transformer& model,
     from = cat("generation_memory_fraction ", g.generation_memory_fraction, " of ", format_bytes(total));
   } else if (free > 0) {
     // What is free less the reference's frozen copy (full fine-tuning with beta > 0), allocated beside it.
-    double reference = 0;
-    if (g.loss.beta != 0 && !model.lora())
-      for (const Parameter& p : model.params().all()) reference += double(p.value.bytes());
+    const double reference = keeps_reference_copy(c, model) ? double(ReferenceWeights::bytes_for(model.params())) : 0;
     budget = std::max(free - reference, 1.0);
     from = cat(cuda ? "the GPU memory free" : "the host memory available",
                reference > 0 ? cat(" less the reference copy's ", format_bytes(reference)) : std::string());
@@ -152,7 +156,7 @@ class GrpoDriver final : public RunDriver {
         grpo_(ops, c.grpo.loss, int64_t(c.per_device_train_batch_size) * c.sequence_len, c.per_device_train_batch_size),
         decoder_(model, completions_, c.sequence_len, generation_chunk(c), c.grpo.repetition_penalty != 1),
         micro_(size_t(c.gradient_accumulation_steps)) {
-    if (c.grpo.loss.beta != 0 && !model.lora()) {  // full fine-tuning's reference: the weights it starts from
+    if (keeps_reference_copy(c, model)) {
       reference_ = std::make_unique<ReferenceWeights>(ops, model.params());
       grpo_.set_reference_weights(reference_.get());
       log_ << "grpo: beta " << c.grpo.loss.beta << ": the reference is a frozen copy of the starting weights ("
