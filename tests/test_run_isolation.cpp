@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <thread>
 
@@ -183,6 +184,37 @@ TEST(RunIsolation, AutoResumeFinishesAJobWhoseRankDied) {
   const CliRun bad = s.sft(0, "bad", "--gpus 2 --set auto_resume=true --set learning_rate=-1");
   EXPECT_EQ(bad.code, 2);
   EXPECT_EQ(bad.err.find("restarting"), std::string::npos) << bad.err;
+}
+
+// skip_bad_batches over ranks: a NaN seen by rank 1 alone after update 7 stops neither rank apart from the other;
+// both restore checkpoint-4, replay to find update 7, and train on without its batches, finishing all 10 updates
+// with the uninterrupted job's losses before it (with skip_bad_batches: 0 the job stops in one line, exit 2).
+TEST(RunIsolation, RanksRecoverFromANanTogether) {
+  DpSetup s;
+  const std::string run = "--gpus 2 --set zero_stage=2 --set gradient_accumulation_steps=1 --set max_steps=10 "
+                          "--set save_steps=4 --set logging_steps=5 ";
+  ASSERT_EQ(s.sft(0, "ref", run + "--set logging_steps=1").code, 0);
+  const CliRun r = run_bounded("sft " + (s.t.path / "base.yaml").string() +
+                                   " --set output_dir=" + (s.t.path / "nan").string() + " " + run,
+                               s.t, 120, "SOLTRAIN_TEST_NAN_STEP=1:7");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("step 8: training diverged at step 8 (loss nan)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("checkpoint-4 to find the update that diverged"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("step 7: skipped"), std::string::npos) << r.err;
+  const auto ref = s.losses("ref"), got = s.losses("nan");
+  EXPECT_TRUE(got.count(10)) << "the job trained to the end";
+  for (const auto& [step, loss] : got) {
+    EXPECT_TRUE(std::isfinite(loss)) << step;
+    EXPECT_NE(step, 7) << "update 7 was skipped";
+    if (step < 7) {
+      EXPECT_EQ(loss, ref.at(step)) << step;
+    }
+  }
+  const CliRun stop = run_bounded("sft " + (s.t.path / "base.yaml").string() + " --set output_dir=" +
+                                      (s.t.path / "stop").string() + " " + run + "--set skip_bad_batches=0",
+                                  s.t, 120, "SOLTRAIN_TEST_NAN_STEP=1:7");
+  EXPECT_EQ(stop.code, 2) << stop.err;
+  EXPECT_NE(stop.err.find("training diverged at step 8"), std::string::npos) << stop.err;
 }
 
 TEST(RunIsolation, ImpossibleWorkerCountsAreOneLine) {

@@ -27,8 +27,25 @@ namespace {
 // Test seam (tests/test_sft.cpp): SOLTRAIN_TEST_NAN_STEP=K poisons the model at update K as a diverging batch
 // would: every loss read after it is NaN, until a checkpoint is restored.
 bool g_test_poisoned = false;
-void test_poison(int64_t nan_step, int64_t step) {
-  if (nan_step == step) g_test_poisoned = true;
+// SOLTRAIN_TEST_NAN_STEP=STEP (every rank) or RANK:STEP (that rank's readout only, as a rank whose batch went
+// bad would see it first) poisons the loss read after update STEP.
+struct NanSeam {
+  int rank = -1;  // -1: every rank
+  int64_t step = -1;
+};
+NanSeam read_nan_seam() {
+  NanSeam n;
+  const char* v = std::getenv("SOLTRAIN_TEST_NAN_STEP");
+  if (!v) return n;
+  long long s = -1;
+  if (std::sscanf(v, "%d:%lld", &n.rank, &s) == 2)
+    n.step = s;
+  else
+    n.rank = -1, n.step = std::atoll(v);
+  return n;
+}
+void test_poison(const NanSeam& n, int rank, int64_t step) {
+  if (n.step == step && (n.rank < 0 || n.rank == rank)) g_test_poisoned = true;
 }
 
 // The per-step log: progress line, metrics files, the caller's hook; MFU against the matmul rate measured at
@@ -62,7 +79,9 @@ class StepLogger {
     const int64_t step = state_.step, total = state_.total_steps;
     // A terminal gets the line redrawn every step; logs and files get one entry per logging_steps.
     const bool log_step = step % c.logging_steps == 0 || step == total;
-    if (!log_step && !progress_.tty() && !must_check) return;
+    // The steps every rank checks alike (a terminal's redraws on rank 0 are extra readouts, not checks).
+    const bool check = log_step || must_check;
+    if (!check && !progress_.tty()) return;
     StepMetrics m;
     m.step = step;
     m.total_steps = total;
@@ -73,7 +92,14 @@ class StepLogger {
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     m.lr = lr;
     m.grad_norm = s_.step.grad_norm();
-    watchdog_.after_step(step, m.loss, m.grad_norm, r.counted, c.learning_rate, c.output_dir);
+    if (s_.dp) {
+      // The ranks must agree to stop or to recover together (skip_bad_batches), so they check the same steps,
+      // and a value gone bad on any rank is bad on all (the loss and norm are reduced, the check is too).
+      if (check && s_.comm->all_max_host(std::isfinite(m.loss) && std::isfinite(m.grad_norm) ? 0 : 1) > 0 &&
+          std::isfinite(m.loss) && std::isfinite(m.grad_norm))
+        m.loss = NAN;  // another rank saw it
+    }
+    if (check || !s_.dp) watchdog_.after_step(step, m.loss, m.grad_norm, r.counted, c.learning_rate, c.output_dir);
     m.tokens = s_.step.counted();
     m.epoch = d_.epoch();
     m.tokens_per_s = d_.tokens_per_update() / dt;
@@ -208,8 +234,9 @@ void TrainLoop::checkpoint(ProgressLine& progress, bool background) {
 }
 
 bool TrainLoop::recover(const Divergence& d, ProgressLine& progress) {
-  // One process only: the ranks of a job would each have to restore and agree on the batch.
-  if (!d.nonfinite || s_.dp) return false;  // (the caller has waited for the checkpoint in flight)
+  // Data parallel: every rank comes here at the same step (the check is agreed in StepLogger), restores the same
+  // checkpoint (each its shards) and passes over its own batches of the bad update.
+  if (!d.nonfinite) return false;  // (the caller has waited for the checkpoint in flight)
   const std::vector<fs::path> kept = list_checkpoints(s_.c.output_dir);
   if (kept.empty()) return false;
   if (check_until_ == 0) {
@@ -236,8 +263,7 @@ RunResult TrainLoop::run() {
   g_test_poisoned = false;  // (a test's earlier run in this process may have ended poisoned)
   // The test seams, read once per run rather than at every step.
   const char* fault_seam = std::getenv("SOLTRAIN_TEST_RANK_FAULT");
-  const char* nan = std::getenv("SOLTRAIN_TEST_NAN_STEP");
-  const int64_t nan_seam = nan ? std::atoll(nan) : -1;
+  const NanSeam nan_seam = read_nan_seam();
   std::optional<MetricsLog> metrics_file;
   if (lead() && (c.trackers.wandb || c.trackers.mlflow)) trackers_ = std::make_unique<TrackerBridge>(c, s_.log);
   if (lead()) metrics_file.emplace(c.output_dir, state_.step, c.tensorboard, trackers_.get());
@@ -275,7 +301,7 @@ RunResult TrainLoop::run() {
     driver_.update(s_.step, state_.step, float(lr));
     ++state_.step;
     test_fault(fault_seam, rank, state_.step);
-    test_poison(nan_seam, state_.step);
+    test_poison(nan_seam, rank, state_.step);
     const bool save_step = s_.cadence.save_steps > 0 && state_.step % s_.cadence.save_steps == 0;
     try {
       step_log.after_update(lr, t0, save_step || state_.step <= check_until_);
