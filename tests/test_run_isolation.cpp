@@ -4,6 +4,8 @@
 // SIGTERM does; a file-size limit or a closed pipe is one line, not a signal death.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -85,6 +87,41 @@ TEST(RunIsolation, ASecondRunOnABusyOutputDirIsRefusedNamingTheFirst) {
   EXPECT_GT(expect, 1);
   // Once A has ended, the folder is free again (the kernel dropped the lock with the process).
   EXPECT_EQ(s.sft(0, "out", "--set max_steps=1 --set overwrite_output_dir=true").code, 0);
+}
+
+// dataset_prepared_path is shared on purpose (Axolotl's examples all say last_run_prepared): runs take it in turn.
+// One that finds it being written says whom it waits for and waits; two started together both finish, the
+// same losses, one having reused the other's shards.
+TEST(RunIsolation, RunsSharingDatasetPreparedPathTakeItInTurn) {
+  DpSetup s;
+  const fs::path shared = s.t.path / "shared";
+  const std::string prepared = "--set max_steps=2 --set dataset_prepared_path=" + shared.string();
+  ASSERT_EQ(s.sft(0, "first", prepared).code, 0);
+  const int fd = ::open((shared / kShardsLockFile).c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);  // as a run writing shards holds it
+  const std::string me = std::to_string(::getpid()) + "\n";
+  ASSERT_EQ(::pwrite(fd, me.data(), me.size(), 0), ssize_t(me.size()));
+  const fs::path log = s.t.path / "waiting.log";
+  const pid_t a = spawn_launcher(s, "waiting", prepared, log);
+  const std::string says = "dataset_prepared_path " + shared.string() +
+                           " is being written by another soltrain run (PID " + std::to_string(::getpid()) +
+                           "): waiting for it";
+  for (const auto end = Clock::now() + std::chrono::seconds(30);
+       Clock::now() < end && read_text(log).find(says) == std::string::npos;)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_NE(read_text(log).find(says), std::string::npos) << read_text(log);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  int status = 0;
+  EXPECT_EQ(::waitpid(a, &status, WNOHANG), 0) << "it went on while the shards were being written";
+  ::close(fd);
+  EXPECT_EQ(exit_code(a), 0) << read_text(log);
+  const pid_t b = spawn_launcher(s, "b", prepared + " --set overwrite_output_dir=true", s.t.path / "b.log");
+  const pid_t c = spawn_launcher(s, "c", prepared + " --set overwrite_output_dir=true", s.t.path / "c.log");
+  EXPECT_EQ(exit_code(b), 0) << read_text(s.t.path / "b.log");
+  EXPECT_EQ(exit_code(c), 0) << read_text(s.t.path / "c.log");
+  EXPECT_EQ(s.losses("b"), s.losses("first"));
+  EXPECT_EQ(s.losses("c"), s.losses("first"));
 }
 
 TEST(RunIsolation, WorkersDieWithAKilledLauncherAndTheRerunResumes) {

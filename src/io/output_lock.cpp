@@ -56,6 +56,25 @@ OutputLock OutputLock::acquire(const std::filesystem::path& dir, const std::stri
   return OutputLock(fd);
 }
 
+OutputLock OutputLock::wait_for(const std::filesystem::path& dir, const char* file, const std::string& what,
+                                std::ostream& log) {
+  const std::filesystem::path path = dir / file;
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) user_error(path.string(), ": cannot open the lock file (", std::strerror(errno), ")");
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    log << what << " " << dir.string() << " is being written by another soltrain run (PID " << holder_pid(fd)
+        << "): waiting for it" << std::endl;
+    while (::flock(fd, LOCK_EX) != 0)
+      if (errno != EINTR) {
+        ::close(fd);
+        user_error(path.string(), ": cannot lock (", std::strerror(errno), ")");
+      }
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, pid.data(), pid.size(), 0);
+  return OutputLock(fd);
+}
+
 OutputLock::~OutputLock() {
   if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the lock
 }

@@ -4,11 +4,13 @@
 // included, so a stale lock never needs cleaning. A second run is refused in one line naming the holder.
 #pragma once
 #include <filesystem>
+#include <ostream>
 #include <string>
 
 namespace soltrain {
 
 inline constexpr const char* kOutputLockFile = ".soltrain-lock";
+inline constexpr const char* kShardsLockFile = ".soltrain-shards-lock";  // dataset_prepared_path, while written
 
 class OutputLock {
  public:
@@ -22,6 +24,12 @@ class OutputLock {
   OutputLock& operator=(OutputLock&& o) noexcept;
   OutputLock(const OutputLock&) = delete;
   OutputLock& operator=(const OutputLock&) = delete;
+
+  // Waits for an exclusive lock on `dir`/`file` (`dir` must exist), saying on `log` whom it waits for: for a
+  // folder runs share on purpose and take in turn, as tokenized shards (Axolotl's examples all name
+  // dataset_prepared_path: last_run_prepared, so a sweep's runs meet there). Released with the object.
+  static OutputLock wait_for(const std::filesystem::path& dir, const char* file, const std::string& what,
+                             std::ostream& log);
 
   // Lets the workers this process starts inherit the lock (so it outlives a killed launcher only while a
   // worker still writes there): clears close-on-exec and sets SOLTRAIN_OUTPUT_LOCK_FD for them.

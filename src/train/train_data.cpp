@@ -13,6 +13,7 @@
 #include "core/host_memory.h"
 #include "data/tokenize_job.h"
 #include "io/json_file.h"
+#include "io/output_lock.h"
 
 namespace soltrain {
 
@@ -185,6 +186,11 @@ void check_special_tokens(const TrainConfig& c) {
 TrainData prepare_train_data(const TrainConfig& c, std::ostream& log) {
   TrainData d;
   check_special_tokens(c);
+  // Runs sharing dataset_prepared_path take it in turn: one writes a dataset's shards, the next reuses them
+  // (a folder replaced under a reader, or two writers of one folder, would mix their files).
+  fs::create_directories(c.dataset_prepared_path);
+  const OutputLock shards_lock =
+      OutputLock::wait_for(c.dataset_prepared_path, kShardsLockFile, "dataset_prepared_path", log);
   d.train = tokenize_all(c, c.datasets, "train", log);
   if (c.dataset_exact_deduplication) {
     const int64_t dropped = drop_duplicate_documents(d.train, nullptr);
