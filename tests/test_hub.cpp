@@ -14,6 +14,7 @@
 #include "fake_hub.h"
 #include "hub/hub_download.h"
 #include "hub/hub_resolve.h"
+#include "inputs_guard.h"
 #include "io/safetensors.h"
 #include "io/sha256.h"
 #include "model/checkpoint.h"
@@ -249,7 +250,9 @@ struct CliHub {
     data.lfs = {"data/train.jsonl"};
     hub.add("datasets/org/reversal", data);
     hub.add("models/org/private", FakeRepo{kCommit, {{"config.json", "{}"}}, {}, true});
+    guard.arm({t.path / "m", t.path / "train.jsonl"});
   }
+  test::InputsGuard guard;  // (after t: compared before the folder goes)
   fs::path config(const std::string& model, const std::string& out) const {
     const fs::path p = t.path / (out + ".yaml");
     test::write_text(p, "model: " + model + "\noutput_dir: " + out +
@@ -272,6 +275,8 @@ TEST(Hub, SftTrainsFromHubIdsThenOfflineFromTheCache) {
 
   hub.reset();
   ScopedEnv offline("HF_HUB_OFFLINE", "1");
+  test::InputsGuard cache;  // a run from the cache reads it and changes nothing there
+  cache.arm({env.cache_dir()});
   const auto again = test::run("sft " + h.config("org/tiny", "out2").string(), h.t);
   ASSERT_EQ(again.code, 0) << again.err;
   EXPECT_EQ(again.err.find("download "), std::string::npos) << again.err;

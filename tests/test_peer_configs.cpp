@@ -9,6 +9,7 @@
 #include "data/batch_file.h"
 #include "data/dataset.h"
 #include "data_test_util.h"
+#include "inputs_guard.h"
 #include "llama_tokenizer.h"
 #include "test_util.h"
 
@@ -59,7 +60,12 @@ struct PeerSetup {
         test(t.path / "shakespeare" / "test-00000-of-00001.jsonl");
     for (int i = 0; i < 30; ++i) train << R"({"Text": "To be, or not to be, line )" << i << "\"}\n";
     for (int i = 0; i < 5; ++i) test << R"({"Text": "That is the question, line )" << i << "\"}\n";
+    train.close(), test.close(), d.close(), m.close(), g.close(), q.close(), pc.close(), pref.close();
+    guard.arm({t.path / "model", t.path / "llama", t.path / "alpaca.jsonl", t.path / "messages.jsonl",
+               t.path / "sharegpt.jsonl", t.path / "gsm8k.jsonl", t.path / "prompt_completion.jsonl",
+               t.path / "dpo_chat.jsonl", t.path / "shakespeare", fs::path(SOLTRAIN_FIXTURES) / "peer_configs"});
   }
+  test::InputsGuard guard;  // (after t: compared before the folder goes)
   // The fixture config with MODEL_DIR (`model`: "model" or "llama"), every DATA_FILE (as `data`) and
   // OUTPUT_DIR filled in, written next to the data.
   fs::path config(const std::string& name, const std::string& data = "alpaca.jsonl",

@@ -2,9 +2,9 @@
 // naming the first; workers die with a kill -9'd launcher (and a rerun resumes); ranks started with
 // different configs, or one that falls silent, end the job in bounded time naming the cause; SIGHUP saves as
 // SIGTERM does; a file-size limit or a closed pipe is one line, not a signal death.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <fcntl.h>
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -64,7 +64,6 @@ int exit_code(pid_t pid) {
   if (::waitpid(pid, &status, 0) != pid) return -1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
-
 
 TEST(RunIsolation, ASecondRunOnABusyOutputDirIsRefusedNamingTheFirst) {
   DpSetup s;
@@ -228,12 +227,13 @@ TEST(RunIsolation, AutoResumeFinishesAJobWhoseRankDied) {
 // with the uninterrupted job's losses before it (with skip_bad_batches: 0 the job stops in one line, exit 2).
 TEST(RunIsolation, RanksRecoverFromANanTogether) {
   DpSetup s;
-  const std::string run = "--gpus 2 --set zero_stage=2 --set gradient_accumulation_steps=1 --set max_steps=10 "
-                          "--set save_steps=4 --set logging_steps=5 ";
+  const std::string run =
+      "--gpus 2 --set zero_stage=2 --set gradient_accumulation_steps=1 --set max_steps=10 "
+      "--set save_steps=4 --set logging_steps=5 ";
   ASSERT_EQ(s.sft(0, "ref", run + "--set logging_steps=1").code, 0);
-  const CliRun r = run_bounded("sft " + (s.t.path / "base.yaml").string() +
-                                   " --set output_dir=" + (s.t.path / "nan").string() + " " + run,
-                               s.t, 120, "SOLTRAIN_TEST_NAN_STEP=1:7");
+  const CliRun r = run_bounded(
+      "sft " + (s.t.path / "base.yaml").string() + " --set output_dir=" + (s.t.path / "nan").string() + " " + run, s.t,
+      120, "SOLTRAIN_TEST_NAN_STEP=1:7");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("step 8: training diverged at step 8 (loss nan)"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("checkpoint-4 to find the update that diverged"), std::string::npos) << r.err;
@@ -247,9 +247,10 @@ TEST(RunIsolation, RanksRecoverFromANanTogether) {
       EXPECT_EQ(loss, ref.at(step)) << step;
     }
   }
-  const CliRun stop = run_bounded("sft " + (s.t.path / "base.yaml").string() + " --set output_dir=" +
-                                      (s.t.path / "stop").string() + " " + run + "--set skip_bad_batches=0",
-                                  s.t, 120, "SOLTRAIN_TEST_NAN_STEP=1:7");
+  const CliRun stop =
+      run_bounded("sft " + (s.t.path / "base.yaml").string() + " --set output_dir=" + (s.t.path / "stop").string() +
+                      " " + run + "--set skip_bad_batches=0",
+                  s.t, 120, "SOLTRAIN_TEST_NAN_STEP=1:7");
   EXPECT_EQ(stop.code, 2) << stop.err;
   EXPECT_NE(stop.err.find("training diverged at step 8"), std::string::npos) << stop.err;
 }

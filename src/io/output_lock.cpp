@@ -24,7 +24,8 @@ bool inherited(const std::filesystem::path& path) {
   const char* v = std::getenv(kInheritedFdVar);
   if (!v || !*v) return false;
   const int fd = std::atoi(v);
-  struct stat a{}, b{};
+  struct stat a {
+  }, b{};
   return fd >= 0 && ::fstat(fd, &a) == 0 && ::stat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev &&
          a.st_ino == b.st_ino;
 }
