@@ -184,6 +184,9 @@ TEST(RunIsolation, ASilentRankEndsTheJobNamingIt) {
                   s.t, 60, "SOLTRAIN_TEST_RANK_FAULT=1:1:stop");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("rank 0: error: rank 1 sent nothing for 2 s (ddp_timeout)"), std::string::npos) << r.err;
+  // The launcher names it too (as it does when NCCL's watchdog, which cannot tell who is silent, ends rank 0).
+  EXPECT_NE(r.err.find("error: rank 1 did not stop within"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("of the failure (it is stopped: SIGSTOP): killed"), std::string::npos) << r.err;
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(30));
 }
 

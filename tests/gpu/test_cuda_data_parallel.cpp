@@ -2,6 +2,7 @@
 // (collectives on the side stream, events, the per-layer hooks, the sharded update and the gathers) and must
 // train bitwise as the single process does; with two GPUs visible, `--gpus 2` trains what one GPU does with
 // twice the accumulation (bf16 compute: within 2e-3 relative per step), ZeRO 0-3. Skips, saying so, without a GPU.
+#include <chrono>
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
@@ -66,6 +67,22 @@ TEST_F(CudaDataParallel, NcclAtWorldSizeOneTrainsBitwiseAsOneProcess) {
     if (zero == 3) EXPECT_NE(r.err.find("ZeRO-3 per rank: "), std::string::npos) << r.err;
     EXPECT_EQ(metrics(out), want) << out;
   }
+}
+
+// A peer that never joins a collective (the seam stalls the side stream before collective 3, as a stopped rank
+// would): the watchdog sees it unfinished ddp_timeout seconds after it was queued and ends the rank in one line,
+// exit 2, instead of waiting on the GPU forever.
+TEST_F(CudaDataParallel, NcclCollectiveThatNeverFinishesEndsTheRankAfterDdpTimeout) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const CliRun r = sft("SOLTRAIN_COMMUNICATOR=nccl SOLTRAIN_TEST_NCCL_STALL=3 timeout -k 5 120", "stall",
+                       "--set zero_stage=2 --set ddp_timeout=3 --set max_steps=50");
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("(collective 3) has not finished"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("s after it was queued (ddp_timeout 3 s): another rank is stopped, hung or far behind"),
+            std::string::npos)
+      << r.err;
+  EXPECT_LT(took, 60) << r.err;
 }
 
 // FP8 (delayed scaling) through NCCL at world size 1: the amax histories' max-reduction (ncclMax, in place on
