@@ -442,7 +442,7 @@ void add_memory_keys(std::vector<KeySpec>& v) {
 void add_run_keys(std::vector<KeySpec>& v) {
   v.push_back(integer("save_steps", FIELD(save_steps), 0, "a checkpoint every this many updates (0: at the end)"));
   v.push_back(flag("background_checkpoints", FIELD(background_checkpoints),
-                   "checkpoints written from a host snapshot while training goes on (one process)"));
+                   "checkpoints written from a host snapshot while training goes on (not ZeRO-3)"));
   v.push_back(integer("save_total_limit", FIELD(save_total_limit), 0, "checkpoints kept, the oldest removed (0: all)"));
   v.push_back(key("resume_from_checkpoint", "string", "true, false or a checkpoint folder", "false",
                   "continue a checkpoint: true for the newest in output_dir, or its folder",

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <fstream>
+#include <iterator>
 #include <regex>
 #include <string>
 #include <vector>
@@ -14,10 +16,16 @@ namespace soltrain {
 
 namespace {
 
-// kill(pid, 0) fails with ESRCH only when no such process exists; EPERM means it exists (another user's).
+// kill(pid, 0) fails with ESRCH only when no such process exists; EPERM means it exists (another user's). A
+// zombie has ended too: the workers of a killed launcher are reparented to an init that may never reap them
+// (containers), and kill(pid, 0) still finds them.
 bool process_gone(long pid) {
   if (pid <= 0 || pid == long(getpid())) return false;
-  return ::kill(pid_t(pid), 0) != 0 && errno == ESRCH;
+  if (::kill(pid_t(pid), 0) != 0) return errno == ESRCH;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  const std::string stat((std::istreambuf_iterator<char>(f)), {});
+  const size_t close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && (stat[close + 2] == 'Z' || stat[close + 2] == 'X');
 }
 
 }  // namespace

@@ -1,10 +1,15 @@
 #include "train/background_save.h"
 
+#include <exception>
+
 #include "core/error.h"
 
 namespace soltrain {
 
 BackgroundSave::~BackgroundSave() {
+  // Unwinding (a rank failed, a stop by error): rank 0's writer stops waiting for the others' shards, and the
+  // unfinished checkpoint is abandoned (its staged folder goes; the previous one stays the newest).
+  if (pending_ && std::uncaught_exceptions() > 0) pending_->cancelled = true;
   if (thread_.joinable()) thread_.join();
 }
 

@@ -166,8 +166,10 @@ void save_checkpoint(const fs::path& dir, const TrainConfig& c, const Transforme
   if (many) comm->barrier();
 }
 
-PendingCheckpoint::PendingCheckpoint(const fs::path& dir, SnapshotPool* pool)
-    : staged(dir), writes(pool), final_dir(dir) {}
+PendingCheckpoint::PendingCheckpoint(const fs::path& dir, SnapshotPool* pool, bool lead)
+    : writes(pool), final_dir(dir) {
+  if (lead) staged.emplace(dir);
+}
 
 PendingCheckpoint::~PendingCheckpoint() {
   if (copies_done) copies_done();
@@ -175,11 +177,23 @@ PendingCheckpoint::~PendingCheckpoint() {
 
 std::unique_ptr<PendingCheckpoint> snapshot_checkpoint(const fs::path& dir, const TrainConfig& c,
                                                        const Transformer& model, const AdamW& opt,
-                                                       const TrainerState& s, SnapshotPool* pool) {
-  auto p = std::make_unique<PendingCheckpoint>(dir, pool);
+                                                       const TrainerState& s, SnapshotPool* pool, Communicator* comm,
+                                                       int64_t job, int timeout_s) {
+  const bool many = comm && comm->size() > 1, lead = !many || comm->rank() == 0;
+  auto p = std::make_unique<PendingCheckpoint>(dir, pool, lead);
+  const bool sharded = many && opt.sharded();
+  if (sharded) {
+    // Named as a staged folder of rank 0's process (stale_partials.h): a killed job's is cleaned up, never
+    // mistaken for this one's.
+    p->shards = dir.parent_path() / cat(".", dir.filename().string(), ".shards.partial-", job);
+    p->rank = comm->rank();
+    p->world = comm->size();
+    p->timeout_s = timeout_s;
+  }
   {
     DeferredWrites::Capture capture(p->writes);
-    write_contents(p->staged.path(), c, model, opt, s, /*optimizer=*/true);
+    if (lead) write_contents(p->staged->path(), c, model, opt, s, /*optimizer=*/!sharded);
+    if (sharded) opt.save(p->shards / (shard_name(p->rank, p->world) + ".part"));  // renamed once whole
   }
   // The fills queued their device copies on the current stream: the next update (the only writer of the masters
   // and moments) comes after them there; work on the other streams is ordered after them too.
@@ -189,13 +203,41 @@ std::unique_ptr<PendingCheckpoint> snapshot_checkpoint(const fs::path& dir, cons
   return p;
 }
 
+namespace {
+
+// Rank 0's writer: every rank's shard, once whole, moved into the staged checkpoint.
+void gather_shards(PendingCheckpoint& p) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(p.timeout_s);
+  for (int r = 0; r < p.world; ++r) {
+    const fs::path shard = p.shards / shard_name(r, p.world);
+    while (!fs::exists(shard)) {
+      if (p.cancelled) throw RankFailure(cat(p.final_dir.string(), ": abandoned while waiting for rank ", r, "'s shard"));
+      if (std::chrono::steady_clock::now() > deadline)
+        throw RankFailure(cat(p.final_dir.string(), ": rank ", r, "'s optimizer shard did not arrive within ",
+                              p.timeout_s, " s (ddp_timeout)"));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    fs::rename(shard, p.staged->path() / shard.filename());
+  }
+  fs::remove_all(p.shards);
+}
+
+}  // namespace
+
 void finish_checkpoint(PendingCheckpoint& p) {
+  if (auto done = std::exchange(p.copies_done, nullptr)) done();
+  if (!p.shards.empty()) fs::create_directories(p.shards);
+  p.writes.write_all();
+  if (!p.shards.empty()) {
+    const fs::path mine = p.shards / shard_name(p.rank, p.world);
+    fs::rename(fs::path(mine.string() + ".part"), mine);  // whole: rank 0 may take it
+  }
   if (const char* ms = std::getenv("SOLTRAIN_TEST_SLOW_SAVE_MS"))  // tests: a kill -9 lands mid-write
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(ms)));
-  if (auto done = std::exchange(p.copies_done, nullptr)) done();
-  p.writes.write_all();
-  write_checksums(p.staged.path());
-  p.staged.commit();
+  if (!p.staged) return;  // another rank: its part is written
+  if (!p.shards.empty()) gather_shards(p);
+  write_checksums(p.staged->path());
+  p.staged->commit();
 }
 
 namespace {

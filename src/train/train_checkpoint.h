@@ -8,6 +8,7 @@
 // Data parallel with a sharded optimizer (ZeRO-1/2): optimizer-shard-<r>-of-<n>.safetensors, one per rank,
 // each holding its ranges of the flat moments (train/optimizer.h); any rank count resumes from them.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -36,25 +37,35 @@ struct TrainerState {
 void save_checkpoint(const std::filesystem::path& dir, const TrainConfig& c, const Transformer& model, const AdamW& opt,
                      const TrainerState& s, Communicator* comm = nullptr);
 
-// Background checkpoints (one process): snapshot_checkpoint copies the state into host memory and stages the
-// folder's small files on the calling thread (the step waits only for that); finish_checkpoint writes the
-// snapshot's tensor files, the checksums, and renames the folder into place, on any thread. Until then the
-// previous checkpoint is the latest complete one: a crash mid-write leaves it, and the staged folder is
-// cleaned up by the next run.
+// Background checkpoints: snapshot_checkpoint copies the state into host memory and stages the folder's small
+// files on the calling thread (the step waits only for that); finish_checkpoint writes the snapshot's tensor
+// files, the checksums, and renames the folder into place, on any thread. Until then the previous checkpoint is
+// the latest complete one: a crash mid-write leaves it, and the staged folder is cleaned up by the next run.
+// Data parallel (ZeRO 0-2; every rank calls it at the same step): rank 0 snapshots what save_checkpoint's rank 0
+// writes; with sharded moments each rank also snapshots its shard and writes it into `shards`, a folder beside
+// the checkpoint named for the job, and rank 0's writer moves all of them in before it commits (it waits for
+// them up to `timeout_s`, or until cancelled). The other ranks count their checkpoint written once their shard is.
 struct PendingCheckpoint {
-  PendingCheckpoint(const std::filesystem::path& dir, SnapshotPool* pool);
+  PendingCheckpoint(const std::filesystem::path& dir, SnapshotPool* pool, bool lead = true);
   ~PendingCheckpoint();  // (a snapshot dropped unwritten waits for its queued copies before its buffers go back)
-  StagedDir staged;
+  std::optional<StagedDir> staged;  // rank 0 (or the one process): the checkpoint's folder
   DeferredWrites writes;
   std::filesystem::path final_dir;
   // The snapshot's device copies were queued into the pinned slabs, not waited for (no sync per tensor): this
   // returns once they are done (called once, by finish_checkpoint, from the writer thread).
   std::function<void()> copies_done;
+  std::filesystem::path shards;  // sharded moments: where every rank's shard goes (empty: none)
+  int rank = 0, world = 1, timeout_s = 1800;
+  std::atomic<bool> cancelled{false};  // rank 0 stops waiting for the others' shards (the job is ending)
 };
-// `pool`: the snapshot's host buffers (pinned, kept from one checkpoint to the next).
+// `pool`: the snapshot's host buffers (pinned, kept from one checkpoint to the next). `comm`: data parallel
+// (ZeRO 0-2), with `job` naming the shards' folder alike on every rank (rank 0's PID, so a killed job's
+// leftovers are cleaned up as stale partials) and `timeout_s` bounding rank 0's wait for them (ddp_timeout).
 std::unique_ptr<PendingCheckpoint> snapshot_checkpoint(const std::filesystem::path& dir, const TrainConfig& c,
                                                        const Transformer& model, const AdamW& opt,
-                                                       const TrainerState& s, SnapshotPool* pool);
+                                                       const TrainerState& s, SnapshotPool* pool,
+                                                       Communicator* comm = nullptr, int64_t job = 0,
+                                                       int timeout_s = 1800);
 void finish_checkpoint(PendingCheckpoint& p);
 
 // Loads weights, optimizer state and returns the trainer state; UserError naming what is missing.

@@ -1,5 +1,7 @@
 #include "train/train_loop.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -191,17 +193,30 @@ void TrainLoop::evaluate_at(int64_t step, MetricsLog* metrics, ProgressLine& pro
 }
 
 bool TrainLoop::background_saves() const {
-  // Data parallel saves stay in step (each rank writes its shard, rank 0 commits after a barrier).
-  return s_.c.background_checkpoints && !s_.dp && s_.cadence.save_steps > 0;
+  // ZeRO-3 saves stay in step: rank 0 writes the masters gathered whole, a collective per group.
+  return s_.c.background_checkpoints && !zero3() && s_.cadence.save_steps > 0;
 }
 
 void TrainLoop::warm_snapshots() {
   if (!background_saves()) return;
+  // Data parallel: the shards' folder is named for the job, alike on every rank (rank 0's PID).
+  if (s_.dp) job_ = s_.comm->all_max_host(lead() ? int64_t(::getpid()) : 0);
   try {  // taken and dropped: its buffers stay in the pool, its staged folder goes
-    snapshot_checkpoint(s_.c.output_dir / "checkpoint-warmup", s_.c, s_.model, s_.step.optimizer(), state_,
-                        &snapshots_);
+    snapshot(s_.c.output_dir / "checkpoint-warmup");
   } catch (const UserError&) {  // no room: the first checkpoint says so and is written directly
   }
+}
+
+std::unique_ptr<PendingCheckpoint> TrainLoop::snapshot(const fs::path& dir) {
+  return snapshot_checkpoint(dir, s_.c, s_.model, s_.step.optimizer(), state_, &snapshots_,
+                             s_.dp ? s_.comm : nullptr, job_, s_.c.ddp_timeout);
+}
+
+std::optional<int64_t> TrainLoop::wait_for_writer() {
+  // Data parallel: rank 0's writer waits for the others' shards, which live ranks write; a dead rank is found
+  // here (the barrier fails at once) rather than by that wait running to ddp_timeout.
+  if (s_.dp) s_.comm->barrier();
+  return writer_.wait();
 }
 
 void TrainLoop::saved(std::optional<int64_t> step, ProgressLine& progress) {
@@ -214,17 +229,19 @@ void TrainLoop::saved(std::optional<int64_t> step, ProgressLine& progress) {
 }
 
 void TrainLoop::checkpoint(ProgressLine& progress, bool background) {
-  s_.step.settle();                 // the weights whole before they are written
-  saved(writer_.wait(), progress);  // one checkpoint in flight at a time
+  s_.step.settle();                   // the weights whole before they are written
+  saved(wait_for_writer(), progress);  // one checkpoint in flight at a time
   state_.loader = driver_.loader_state();
   const fs::path dir = s_.c.output_dir / cat("checkpoint-", state_.step);
   if (background && background_saves()) {
     std::unique_ptr<PendingCheckpoint> p;
     try {
-      p = snapshot_checkpoint(dir, s_.c, s_.model, s_.step.optimizer(), state_, &snapshots_);
+      p = snapshot(dir);
     } catch (const UserError& e) {  // no room for the snapshot: written from the device instead
       progress.message(cat("step ", state_.step, ": ", e.what(), "; writing this checkpoint directly"));
     }
+    // Ranks write in the background together or directly together (save_checkpoint's barriers).
+    if (s_.dp && s_.comm->all_max_host(p ? 0 : 1) > 0) p.reset();
     if (p) return writer_.start(std::move(p), state_.step);
   }
   if (zero3()) zero3()->masters_to_host();  // ZeRO-3: rank 0 writes the masters gathered whole
@@ -306,8 +323,9 @@ RunResult TrainLoop::run() {
     try {
       step_log.after_update(lr, t0, save_step || state_.step <= check_until_);
     } catch (const Divergence& d) {
-      // The checkpoint being written is from before the divergence: whole first, and named in the line.
-      saved(writer_.wait(), progress);
+      // The checkpoint being written is from before the divergence: whole first (on rank 0, which commits it,
+      // before any rank lists the checkpoints), and named in the line.
+      saved(wait_for_writer(), progress);
       if (!recover(d, progress)) throw Divergence(d.why, d.learning_rate, c.output_dir, d.step, d.nonfinite);
       if (metrics)
         metrics_file.emplace(c.output_dir, state_.step, c.tensorboard,
@@ -322,7 +340,7 @@ RunResult TrainLoop::run() {
   }
   result.steps = state_.step;
   s_.step.settle();
-  saved(writer_.wait(), progress);
+  saved(wait_for_writer(), progress);
   if (stopping) {
     if (state_.step > last_saved_) save();
     if (metrics) write_training_curves(metrics->jsonl_path(), c.output_dir / "training_curves.svg");

@@ -99,14 +99,17 @@ class TrainLoop {
   bool lead() const { return !s_.comm || s_.comm->rank() == 0; }
   Zero3* zero3() const { return s_.step.data_parallel() ? s_.step.data_parallel()->zero3() : nullptr; }
   void evaluate_at(int64_t step, MetricsLog* metrics, ProgressLine& progress, RunResult& result);
-  // `background`: from a host snapshot by a writer thread (one process, background_checkpoints), else
-  // written before it returns.
+  // `background`: from a host snapshot by a writer thread (background_checkpoints; not ZeRO-3), else written
+  // before it returns.
   void checkpoint(ProgressLine& progress, bool background);
-  // Whether checkpoints are written in the background (one process, background_checkpoints, save_steps > 0).
+  // Whether checkpoints are written in the background (background_checkpoints, save_steps > 0, not ZeRO-3).
   bool background_saves() const;
   // The snapshot buffers (pinned on CUDA) allocated before the first step, by one snapshot taken and dropped,
   // rather than at the first checkpoint: a checkpoint then costs the step only its copies.
   void warm_snapshots();
+  std::unique_ptr<PendingCheckpoint> snapshot(const std::filesystem::path& dir);
+  // The checkpoint in flight written (and, data parallel, every rank's part of it); its step, else nothing.
+  std::optional<int64_t> wait_for_writer();
   // A checkpoint whole on disk (the step `saved`, or none): counted, older ones pruned, said.
   void saved(std::optional<int64_t> step, ProgressLine& progress);
   // Weights, optimizer, loader position and step from checkpoint `from`.
@@ -120,6 +123,7 @@ class TrainLoop {
   TrainerState state_;
   int64_t last_saved_ = 0;
   SnapshotPool snapshots_{[this](size_t n) { return s_.ops.alloc_host(n); }};  // outlives writer_
+  int64_t job_ = 0;  // data parallel: names the shards' folder of background checkpoints (rank 0's PID)
   BackgroundSave writer_;
   int64_t check_until_ = 0;  // replaying after a divergence: every update through this one is checked
   int64_t bad_step_ = 0;     // the update to skip (its batches passed over), 0 for none
