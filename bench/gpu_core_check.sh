@@ -320,7 +320,19 @@ print('outputs29: serve n=3 on cuda = generate:', got == [sys.argv[1]] * 3 and l
         cmp -s $d/bg/checkpoint-8/$f $d/fg/checkpoint-8/$f && echo "ckptcuda: background == direct: $f" || echo "ckptcuda: DIFFER $f"
       done
       cmp -s $d/bg/model/model.safetensors $d/re/model/model.safetensors && echo "ckptcuda: resume bitwise" || echo "ckptcuda: resume DIFFERS"
-      grep -h "resuming" $d/re2.log; cp $d/*.log "$OUT/" ;;
+      grep -h "resuming" $d/re2.log
+      # A kill -9 while checkpoint-8 is being written (the seam holds the writer 3 s): checkpoint-4 stays the
+      # newest, and the resume from it finishes the uninterrupted run's model bitwise.
+      (cd $d && { SOLTRAIN_TEST_SLOW_SAVE_MS=3000 "$B/soltrain" sft c.yaml --set output_dir=kill > kill.log 2>&1 & pid=$!
+        for i in $(seq 1 600); do
+          if [ -d kill/checkpoint-4 ] && ls -d kill/.checkpoint-8.partial-* > /dev/null 2>&1; then kill -9 $pid; echo "ckptcuda: killed mid-write of checkpoint-8"; break; fi
+          sleep 0.05
+        done; wait $pid 2>/dev/null
+        ls -d kill/checkpoint-* | tr '\n' ' '; echo
+        "$B/soltrain" sft c.yaml --set output_dir=kill --set resume_from_checkpoint=true > kill2.log 2>&1; } )
+      grep -h "resuming" $d/kill2.log
+      cmp -s $d/bg/model/model.safetensors $d/kill/model/model.safetensors && echo "ckptcuda: kill -9 mid-write, resume bitwise" || echo "ckptcuda: kill -9 resume DIFFERS"
+      cp $d/*.log "$OUT/" ;;
     ckpt)  # issue 28: the step time with a checkpoint every CKPT_EVERY (10) steps (background, direct) next to
       # none; CKPT_CASES "size kind saves bench-args...;..."; each case's models and checkpoints removed after it
       # (the disk holds 64 GiB: one 4B full checkpoint is 48 GB).

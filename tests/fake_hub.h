@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "inputs_guard.h"
 #include "io/sha256.h"
 #include "test_util.h"
 
@@ -411,6 +412,10 @@ struct HubEnv {
   std::optional<ScopedEnv> endpoint;
   explicit HubEnv(const std::string& url) { endpoint.emplace("HF_ENDPOINT", url.c_str()); }
   std::filesystem::path cache_dir() const { return t.path / "cache"; }
+  // From here on, every file under this environment (the cache, HF_HOME, a test's victim files) must stay as it
+  // is until the environment goes; downloads may add files.
+  void keep_existing() { guard.arm({t.path}, /*allow_new=*/true); }
+  InputsGuard guard;  // (after t: compared before the folder goes)
 };
 
 }  // namespace soltrain::test

@@ -18,11 +18,19 @@ class InputsGuard {
   InputsGuard(const InputsGuard&) = delete;
   InputsGuard& operator=(const InputsGuard&) = delete;
   ~InputsGuard() {
-    if (!paths_.empty() && hashes() != taken_)
+    if (paths_.empty()) return;
+    const auto now = hashes();
+    if (!allow_new_ && now != taken_)
       ADD_FAILURE() << "a run changed a file it was given under " << paths_.front().parent_path();
+    if (allow_new_)  // a cache: files may be added, none that was there changed or gone
+      for (const auto& [path, hash] : taken_)
+        if (const auto it = now.find(path); it == now.end() || it->second != hash)
+          ADD_FAILURE() << "a run changed or removed " << path;
   }
-  void arm(std::vector<std::filesystem::path> paths) {
+  // `allow_new`: the run may add files (a download into a cache), but every file there now stays as it is.
+  void arm(std::vector<std::filesystem::path> paths, bool allow_new = false) {
     paths_ = std::move(paths);
+    allow_new_ = allow_new;
     taken_ = hashes();
   }
   void changed_on_purpose() { taken_ = hashes(); }  // the test itself changed them (a bad record, a NaN)
@@ -40,6 +48,7 @@ class InputsGuard {
     return out;
   }
   std::vector<std::filesystem::path> paths_;
+  bool allow_new_ = false;
   std::map<std::string, std::string> taken_;
 };
 

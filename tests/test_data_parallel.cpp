@@ -448,6 +448,14 @@ TEST(DataParallel, BadLaunchInputIsOneLineAndExit2) {
   ::unsetenv("WORLD_SIZE");
   one_line(s.sft(0, "cuda", "--set device=cuda --gpus 64"),
            visible_gpus() == 0 ? "but no CUDA GPU is visible: use device: cpu" : "gpus: 64 but this machine shows ");
+  // One process, no launcher: the GPU it would need is not there (a CPU build says it has no CUDA).
+  if (visible_gpus() == 0) {
+#ifdef SOLTRAIN_CUDA
+    one_line(s.sft(0, "cuda1", "--set device=cuda"), "no CUDA GPU is visible");
+#else
+    one_line(s.sft(0, "cuda1", "--set device=cuda"), "has no CUDA backend");
+#endif
+  }
 }
 
 }  // namespace

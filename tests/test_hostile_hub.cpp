@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -90,6 +91,7 @@ TEST(HostileHub, RevisionsAreNamesThatStayInTheCache) {
   HubEnv env(hub.endpoint());
   const fs::path victim = env.t.path / "victim.txt";
   test::write_text(victim, "the user's file\n");
+  env.keep_existing();
   std::ostringstream log;
   for (const std::string& rev : {victim.string(), std::string("../../../../") + victim.filename().string()}) {
     const std::string e = user_error_of([&] { resolve_hub_model(hub_client_from_env(log, false), "org/m", rev); });
@@ -112,12 +114,16 @@ TEST(HostileHub, ConfigRevisionKeysAreChecked) {
                    "datasets: [x.jsonl]\n");
   const auto r = test::run("sft " + (t.path / "cfg.yaml").string(), t);
   EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;  // one line
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_NE(r.err.find("revision"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("a branch, tag or commit name"), std::string::npos) << r.err;
   test::write_text(t.path / "cfg2.yaml",
                    "model: m\noutput_dir: out\ndatasets:\n  - path: org/data\n    revision: /etc/passwd\n");
   const auto d = test::run("sft " + (t.path / "cfg2.yaml").string(), t);
   EXPECT_EQ(d.code, 2) << d.err;
+  EXPECT_EQ(d.err.rfind("error: ", 0), 0u) << d.err;
+  EXPECT_EQ(std::count(d.err.begin(), d.err.end(), '\n'), 1) << d.err;
   EXPECT_NE(d.err.find("a branch, tag or commit name"), std::string::npos) << d.err;
 }
 
@@ -131,6 +137,8 @@ TEST(HostileHub, CorruptRefsAreRefusedInOneLine) {
   for (const std::string& content : {std::string("../../../../etc"), std::string("/etc/passwd"),
                                      std::string("0123\0abc", 8), std::string(100000, 'a')}) {
     test::write_text(refs / "main", content);
+    test::InputsGuard unchanged;  // the refused ref, and all else there, as it was
+    unchanged.arm({env.t.path}, /*allow_new=*/true);
     const std::string e = user_error_of([&] { resolve_hub_model(hub_client_from_env(log, false), "org/m", "main"); });
     EXPECT_NE(e.find("holds no commit hash"), std::string::npos) << e;
   }

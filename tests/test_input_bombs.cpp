@@ -95,6 +95,11 @@ TEST(InputBombs, AbsurdAccumulationAndSamplesAreRefusedBeforeAllocating) {
                                                "    type: conversation\n    samples: 1000000000\n"),
                              s.t, 30),
                  "lower samples");
+  // The 10^8 under a 2 GiB host (the refusal must not depend on this machine's free memory).
+  expect_refused(run_bounded("sft " + s.config("model: model\noutput_dir: out2\ndatasets:\n  - path: train.jsonl\n"
+                                               "    type: conversation\n    samples: 100000000\n"),
+                             s.t, 30, "SOLTRAIN_HOST_MEMORY_LIMIT=2G"),
+                 "lower samples");
 }
 
 TEST(InputBombs, DevicesAndFifosWhereFilesBelongAreNamed) {
@@ -108,6 +113,12 @@ TEST(InputBombs, DevicesAndFifosWhereFilesBelongAreNamed) {
   r.inputs_changed();
   expect_refused(run_bounded("sft " + r.config("model: model\noutput_dir: out2\n"), r.t, 30),
                  "config.json: not a regular file (a device)");
+  // A FIFO there (blocked forever before).
+  fs::remove(r.t.path / "model" / "config.json");
+  ASSERT_EQ(::mkfifo((r.t.path / "model" / "config.json").c_str(), 0600), 0);
+  r.inputs_changed();
+  expect_refused(run_bounded("sft " + r.config("model: model\noutput_dir: out2b\n"), r.t, 30),
+                 "config.json: not a regular file (a FIFO)");
   // A FIFO as the config file, and as the hub token file (both blocked forever before).
   ASSERT_EQ(::mkfifo((r.t.path / "fifo.yaml").c_str(), 0600), 0);
   expect_refused(run_bounded("sft " + (r.t.path / "fifo.yaml").string(), r.t, 30), "not a regular file (a FIFO)");

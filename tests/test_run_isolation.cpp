@@ -59,6 +59,10 @@ bool ended(pid_t pid) {
   return stat.empty() || close == std::string::npos || stat[close + 2] == 'Z' || stat[close + 2] == 'X';
 }
 
+int lines_of(const std::string& s) {
+  return int(std::count(s.begin(), s.end(), '\n'));
+}
+
 int exit_code(pid_t pid) {
   int status = 0;
   if (::waitpid(pid, &status, 0) != pid) return -1;
@@ -190,6 +194,36 @@ TEST(RunIsolation, ASilentRankEndsTheJobNamingIt) {
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(30));
 }
 
+// Ranks started as torchrun starts them (no soltrain launcher): when rank 1 is killed, rank 0 says so in one
+// line and exits 2 (RankFailure), as for any failure that is not its own.
+TEST(RunIsolation, ASurvivingRankExits2NamingTheOneThatDied) {
+  DpSetup s;
+  const std::string port = std::to_string(free_tcp_port());
+  pid_t pids[2];
+  for (int r = 0; r < 2; ++r) {
+    const std::string cmd = "cd '" + s.t.path.string() + "' && exec env RANK=" + std::to_string(r) +
+                            " LOCAL_RANK=" + std::to_string(r) +
+                            " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port +
+                            " SOLTRAIN_TEST_RANK_FAULT=1:1:kill " SOLTRAIN_BIN " sft " +
+                            (s.t.path / "base.yaml").string() + " --set output_dir=" + (s.t.path / "out").string() +
+                            " --set gradient_accumulation_steps=1 --set ddp_timeout=30 2>" +
+                            (s.t.path / ("rank" + std::to_string(r) + ".log")).string();
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+  }
+  const int survivor = exit_code(pids[0]), killed = exit_code(pids[1]);
+  EXPECT_EQ(killed, 128 + SIGKILL);
+  EXPECT_EQ(survivor, 2) << read_text(s.t.path / "rank0.log");
+  const std::string log = read_text(s.t.path / "rank0.log");
+  EXPECT_NE(log.find("rank 0: error: rank 1 stopped"), std::string::npos) << log;
+  size_t errors = 0;
+  for (size_t at = log.find("error:"); at != std::string::npos; at = log.find("error:", at + 1)) ++errors;
+  EXPECT_EQ(errors, 1u) << log;
+}
+
 // auto_resume: a job whose rank died restarts by itself from its last complete checkpoint and finishes the
 // model an uninterrupted run saves (2 ranks, and 1 under the launcher).
 TEST(RunIsolation, AutoResumeFinishesAJobWhoseRankDied) {
@@ -295,8 +329,8 @@ TEST(RunIsolation, GenerateIntoAFullDiskOrAClosedPipeIsOneLine) {
                           " --prompt abc --max-new-tokens 64 --print-ids --device cpu";
   const int f = std::system(("bash -c '" + gen + " >/dev/full 2>" + (s.t.path / "e1").string() + "'").c_str());
   EXPECT_EQ(WIFEXITED(f) ? WEXITSTATUS(f) : -1, 2);
-  EXPECT_NE(read_text(s.t.path / "e1").find("error: stdout: write failed"), std::string::npos)
-      << read_text(s.t.path / "e1");
+  EXPECT_EQ(read_text(s.t.path / "e1").rfind("error: stdout: write failed", 0), 0u) << read_text(s.t.path / "e1");
+  EXPECT_EQ(lines_of(read_text(s.t.path / "e1")), 1) << read_text(s.t.path / "e1");
   // A reader that went away (| head -c1 after its byte): a pipe whose read end is closed before the start.
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
@@ -309,8 +343,9 @@ TEST(RunIsolation, GenerateIntoAFullDiskOrAClosedPipeIsOneLine) {
   }
   ::close(fds[1]);
   EXPECT_EQ(exit_code(pid), 2) << read_text(s.t.path / "e2");
-  EXPECT_NE(read_text(s.t.path / "e2").find("error: stdout: write failed (Broken pipe)"), std::string::npos)
+  EXPECT_EQ(read_text(s.t.path / "e2").rfind("error: stdout: write failed (Broken pipe)", 0), 0u)
       << read_text(s.t.path / "e2");
+  EXPECT_EQ(lines_of(read_text(s.t.path / "e2")), 1) << read_text(s.t.path / "e2");
 }
 
 }  // namespace

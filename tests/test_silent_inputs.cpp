@@ -171,6 +171,10 @@ TEST(SilentInputs, BadCsvRecordsAreSkippedOnAsk) {
                  "bad.csv:3: column \"instruction\" is not valid UTF-8");
   const CliRun skip = run_bounded("sft " + r.config(base + "bad_records: skip\noutput_dir: out2\n"), r.t, 60);
   EXPECT_EQ(skip.code, 0) << skip.err;
+  // That row, and only it, was passed over: three documents written, one record counted as skipped.
+  const auto m = nlohmann::json::parse(read_text(r.t.path / "out2" / "prepared" / "train-0-bad" / "manifest.json"));
+  EXPECT_EQ(m["documents"], 3) << m.dump();
+  EXPECT_EQ(m["skipped_records"], 1) << m.dump();
 }
 
 // A dataset file whose name holds a newline and an escape sequence (a hub file can): its shard folder's name

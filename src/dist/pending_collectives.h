@@ -22,8 +22,8 @@ class PendingCollectives {
   using Clock = std::chrono::steady_clock;
 
   struct Overdue {
-    std::string what;   // "all_reduce_sum of 1024 elements (collective 17)"
-    double waited_s;    // since it was queued
+    std::string what;  // "all_reduce_sum of 1024 elements (collective 17)"
+    double waited_s;   // since it was queued
   };
 
   // The main thread, after queueing collective `what` and then `marker` behind it on the same stream.

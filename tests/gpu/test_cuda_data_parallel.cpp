@@ -85,6 +85,17 @@ TEST_F(CudaDataParallel, NcclCollectiveThatNeverFinishesEndsTheRankAfterDdpTimeo
   EXPECT_LT(took, 60) << r.err;
 }
 
+// device: cuda where the process sees no GPU (CUDA_VISIBLE_DEVICES empty): one line saying so, exit 2, alone and
+// under the launcher (the "sees 0 GPU(s) ... start at most 0 ranks" named no cause).
+TEST_F(CudaDataParallel, NoVisibleGpuIsOneLine) {
+  for (const std::string gpus : {"", "--gpus 2 "}) {
+    const CliRun r = sft("CUDA_VISIBLE_DEVICES=", "nogpu", gpus);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find("no CUDA GPU is visible"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("start at most 0 ranks"), std::string::npos) << r.err;
+  }
+}
+
 // FP8 (delayed scaling) through NCCL at world size 1: the amax histories' max-reduction (ncclMax, in place on
 // the side stream) and everything else as above: bitwise the single process's FP8 run, ZeRO 0 and 3.
 TEST_F(CudaDataParallel, NcclFp8AtWorldSizeOneTrainsBitwiseAsOneProcess) {
