@@ -214,9 +214,12 @@ std::unique_ptr<PendingCheckpoint> TrainLoop::snapshot(const fs::path& dir) {
 
 std::optional<int64_t> TrainLoop::wait_for_writer() {
   // Data parallel: rank 0's writer waits for the others' shards, which live ranks write; a dead rank is found
-  // here (the barrier fails at once) rather than by that wait running to ddp_timeout.
+  // here (the barrier fails at once) rather than by that wait running to ddp_timeout. The barrier after it:
+  // no rank goes on (to list the checkpoints, in a recovery) before rank 0 has committed.
   if (s_.dp) s_.comm->barrier();
-  return writer_.wait();
+  const std::optional<int64_t> step = writer_.wait();
+  if (s_.dp) s_.comm->barrier();
+  return step;
 }
 
 void TrainLoop::saved(std::optional<int64_t> step, ProgressLine& progress) {
