@@ -46,5 +46,23 @@ TEST(FullDisk, SftStopsWithOneLineAndKeepsACheckpoint) {
   EXPECT_EQ(snapshot(r.t.path / "train.jsonl"), data);
 }
 
+// Data parallel: rank 0 alone writes the logs, so a full disk meets it alone; it cannot checkpoint without the
+// others (they are in the next step's collectives): one line saying so, and the job ends in bounded time with
+// the newest checkpoint whole.
+TEST(FullDisk, DataParallelRanksStopInOneLineWithoutHanging) {
+  TinyRun r;
+  const CliRun run = run_bounded(
+      "sft " +
+          r.config("model: model\noutput_dir: run\nmax_steps: 200\nsave_steps: 2\nddp_timeout: 20\nzero_stage: 2\n") +
+          " --gpus 2",
+      r.t, 90, "SOLTRAIN_TEST_DISK_FULL_AFTER=3000");
+  EXPECT_EQ(run.code, 2) << run.err;
+  EXPECT_NE(run.err.find("is the disk full?"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("data-parallel ranks checkpoint together"), std::string::npos) << run.err;
+  const auto ckpts = list_checkpoints(r.t.path / "run");
+  ASSERT_FALSE(ckpts.empty()) << run.err;
+  EXPECT_TRUE(fs::exists(ckpts.back() / "checksums.sha256"));
+}
+
 }  // namespace
 }  // namespace soltrain::test

@@ -208,8 +208,8 @@ void TrainLoop::warm_snapshots() {
 }
 
 std::unique_ptr<PendingCheckpoint> TrainLoop::snapshot(const fs::path& dir) {
-  return snapshot_checkpoint(dir, s_.c, s_.model, s_.step.optimizer(), state_, &snapshots_,
-                             s_.dp ? s_.comm : nullptr, job_, s_.c.ddp_timeout);
+  return snapshot_checkpoint(dir, s_.c, s_.model, s_.step.optimizer(), state_, &snapshots_, s_.dp ? s_.comm : nullptr,
+                             job_, s_.c.ddp_timeout);
 }
 
 std::optional<int64_t> TrainLoop::wait_for_writer() {
@@ -232,7 +232,7 @@ void TrainLoop::saved(std::optional<int64_t> step, ProgressLine& progress) {
 }
 
 void TrainLoop::checkpoint(ProgressLine& progress, bool background) {
-  s_.step.settle();                   // the weights whole before they are written
+  s_.step.settle();                    // the weights whole before they are written
   saved(wait_for_writer(), progress);  // one checkpoint in flight at a time
   state_.loader = driver_.loader_state();
   const fs::path dir = s_.c.output_dir / cat("checkpoint-", state_.step);
@@ -297,7 +297,15 @@ RunResult TrainLoop::run() {
     evaluate_at(0, metrics, progress, result);
     result.first_eval_loss = result.last_eval_loss;
   }
-  auto save = [&] { checkpoint(progress, /*background=*/false); };  // the step logger's: a full disk stops
+  // The step logger's: a full disk stops the run after this. Data-parallel ranks checkpoint together, and the
+  // others are already in the next step, so rank 0 (the one that writes the logs) cannot save alone.
+  auto save = [&] {
+    if (s_.dp)
+      user_error(
+          "data-parallel ranks checkpoint together and the others have gone on, so the newest checkpoint "
+          "stays the one to resume from");
+    checkpoint(progress, /*background=*/false);
+  };
   warm_snapshots();
   StepLogger step_log(s_, driver_, state_, metrics, progress, save);
   StopSignal stop;
