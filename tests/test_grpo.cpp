@@ -123,6 +123,13 @@ TEST(GrpoConfig, ErrorsNameTheKey) {
             std::string::npos);
   EXPECT_NE(error_of(kGrpo + "chat_template: chatml\n").find("grpo renders prompts with the model's own template"),
             std::string::npos);
+  // TRL's entropy controls change the loss: refused unless at their defaults.
+  EXPECT_EQ(error_of(kGrpo + "top_entropy_quantile: 1.0\nentropy_coef: 0.0\nuse_adaptive_entropy: false\n"),
+            "no error");
+  EXPECT_NE(error_of(kGrpo + "top_entropy_quantile: 0.2\n").find("top_entropy_quantile: training on the high-entropy"),
+            std::string::npos);
+  EXPECT_NE(error_of(kGrpo + "entropy_coef: 0.01\n").find("entropy_coef: the entropy bonus is not built yet"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -194,6 +194,10 @@ def test_grpo_loss_and_gradients_match_trl(cfg, random_model, tmp_path):
     assert abs(float(ours["loss"][0]) - trl_loss) <= 1e-5 * max(1.0, abs(trl_loss)), (float(ours["loss"][0]), trl_loss)
     if cfg["beta"] > 0:
         assert abs(float(ours["kl"][0]) - trl_metrics["kl"]) <= 1e-5 * max(1.0, trl_metrics["kl"])
+    # TRL's entropy metric: the policy's softmax entropy (logits / temperature) over completion tokens
+    assert trl_metrics["entropy"] > 0.1, trl_metrics
+    assert abs(float(ours["entropy"][0]) - trl_metrics["entropy"]) <= 1e-5 * trl_metrics["entropy"], (
+        float(ours["entropy"][0]), trl_metrics["entropy"])
     for k in ["clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
               "clip_ratio/high_max"]:
         assert abs(float(ours[k][0]) - trl_metrics[k]) <= 1e-6, (k, float(ours[k][0]), trl_metrics[k])

@@ -95,15 +95,17 @@ int dump_grpo(const GrpoDump& g, Ops& ops, Transformer& model, const HostBatch& 
   for (const HostBatch& b : micro) step.train_micro_batch(model, b);
   const GrpoMetrics m = grpo.read(ops);
 
-  std::vector<float> scalars{float(m.loss),        float(m.kl),           float(m.clip_low),     float(m.clip_high),
-                             float(m.clip_region), float(m.clip_low_min), float(m.clip_high_max)};
+  std::vector<float> scalars{float(m.loss),         float(m.kl),           float(m.clip_low),
+                             float(m.clip_high),    float(m.clip_region),  float(m.clip_low_min),
+                             float(m.clip_high_max), float(m.entropy)};
   const char* names[] = {"loss",
                          "kl",
                          "clip_ratio/low_mean",
                          "clip_ratio/high_mean",
                          "clip_ratio/region_mean",
                          "clip_ratio/low_min",
-                         "clip_ratio/high_max"};
+                         "clip_ratio/high_max",
+                         "entropy"};
   std::vector<NamedTensor> out;
   for (size_t i = 0; i < scalars.size(); ++i)
     out.push_back({names[i], Tensor{&scalars[i], DType::F32, {1}, Device::CPU}});

@@ -5,6 +5,7 @@
 #include "cli/peer_keys.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <map>
 
@@ -51,6 +52,17 @@ Apply any() {
 Apply off_or(const std::string& feature) {
   return [feature](const std::string& key, const YAML::Node& n, TrainConfig&) {
     if (!is_off(n)) user_error(key, ": ", feature);
+  };
+}
+
+// Accepted when the number `value` (or empty); otherwise refused with `feature`.
+Apply at_or(double value, const std::string& feature) {
+  return [value, feature](const std::string& key, const YAML::Node& n, TrainConfig&) {
+    if (!n.IsDefined() || n.IsNull()) return;
+    const std::string s = n.IsScalar() ? text(n) : "";
+    char* end = nullptr;
+    const double x = std::strtod(s.c_str(), &end);
+    if (s.empty() || *end || x != value) user_error(key, ": ", feature);
   };
 }
 
@@ -223,6 +235,11 @@ void add_settings(Table& t) {
 void add_missing_features(Table& t) {
   t.insert({
       // Features soltrain lacks: accepted when off.
+      // TRL GRPO's entropy controls (the `entropy` metric is logged; these change the loss).
+      {"top_entropy_quantile",
+       at_or(1.0, "training on the high-entropy tokens only is not built yet; leave it at 1.0")},
+      {"entropy_coef", at_or(0.0, "the entropy bonus is not built yet; leave it at 0")},
+      {"use_adaptive_entropy", off_or("the adaptive entropy bonus is not built yet")},
       {"deepspeed", off_or(kMultiGpu)},
       {"fsdp", off_or(kMultiGpu)},
       {"fsdp_config", off_or(kMultiGpu)},

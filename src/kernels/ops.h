@@ -362,9 +362,10 @@ class Ops {
   // logits [n,V] (fp32) → row_nll[n] = -log softmax(logits)[target] (0 where target == -100), and, when
   // row_weight (F32 [n], d loss / d row_nll) is given, dlogits [n,V] (activation dtype; may be the logits
   // themselves when that is F32) = (softmax − onehot(target)) · row_weight (0 on rows with target -100).
-  // Targets outside [0,V) are the caller's bug.
+  // Targets outside [0,V) are the caller's bug. With row_entropy (F32 [n]) given, also the entropy of each row's
+  // softmax, lse − Σ softmax·logits (0 on rows with target -100): TRL's `entropy` metric.
   virtual void cross_entropy(const Tensor& logits, Tensor dlogits, Tensor row_nll, const Tensor& targets,
-                             const Tensor& row_weight) = 0;
+                             const Tensor& row_weight, Tensor row_entropy) = 0;
 
   // Σ x over all elements, read back to the host (a sync point: keep out of the step).
   virtual double sum(const Tensor& x) = 0;

@@ -140,6 +140,7 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
   one("logits", {p.head_chunk, V}, f32);
   if (act != f32) one("dlogits", {p.head_chunk, V}, act);
   one("token_nll", {N}, f32);
+  one("token_entropy", {N}, f32);
   one("token_weight", {N}, f32);
   one("doc_nll", {N}, f32);  // packed batches: up to one document per token
   one("ids", {N}, i32);

@@ -121,6 +121,7 @@ GrpoObjective::GrpoObjective(Ops& ops, GrpoConfig cfg, int64_t max_tokens, int64
       scale_(ops.alloc(size_t(max_rows) * sizeof(float))),
       weight_(ops.alloc(size_t(max_tokens) * sizeof(float))),
       stats_(ops.alloc(kPolicyStats * sizeof(double))),
+      entropy_(ops.alloc(sizeof(double))),
       upload_old_(ops, size_t(max_tokens) * sizeof(float)),
       upload_ref_(ops, size_t(max_tokens) * sizeof(float)),
       upload_adv_(ops, size_t(max_rows) * sizeof(float)),
@@ -171,6 +172,11 @@ void GrpoObjective::add_loss(Ops& ops, const ForwardOutputs& out) {
   ops.policy_loss(f32(weight_, N), Tensor{stats_.data(), DType::F64, {kPolicyStats}, stats_.device()}, out.token_nll,
                   out.targets, has_old_ ? f32(old_, N) : Tensor{}, f32(ref_, N), f32(adv_, D), f32(scale_, D),
                   out.seq.cu_seqlens, p, !first_);
+  // TRL's entropy metric: this micro-batch's mean over its completion tokens (the entropy is 0 elsewhere), summed
+  // here and divided by the micro-batches at read().
+  const Tensor ent = out.token_entropy.rows(0, N);
+  ops.scale(ent, out.counted > 0 ? 1.0f / float(out.counted) : 0.0f);
+  ops.reduce_sum(Tensor{entropy_.data(), DType::F64, {1}, entropy_.device()}, ent, /*squares=*/false, !first_);
   first_ = false;
   weights_ready_ = true;
   ++micro_batches_;
@@ -195,6 +201,9 @@ GrpoMetrics GrpoObjective::read(Ops& ops) const {
   m.clip_region = s[kPolicyClipRegion] / k;
   m.clip_low_min = s[kPolicyClipLowMin] / k;
   m.clip_high_max = s[kPolicyClipHighMax] / k;
+  double e = 0;
+  ops.copy(Tensor{&e, DType::F64, {1}, Device::CPU}, Tensor{entropy_.data(), DType::F64, {1}, entropy_.device()});
+  m.entropy = e / k;
   m.tokens = int64_t(s[kPolicyTokens]);
   m.micro_batches = micro_batches_;
   return m;

@@ -62,6 +62,7 @@ std::vector<std::vector<float>> grpo_document_scales(const GrpoConfig& c, std::s
 // What an update measured, under TRL's names; the means are over its micro-batches, as TRL averages them.
 struct GrpoMetrics {
   double loss = 0, kl = 0, clip_low = 0, clip_high = 0, clip_region = 0, clip_low_min = 0, clip_high_max = 0;
+  double entropy = 0;  // TRL's: the mean over each micro-batch's completion tokens, averaged over micro-batches
   int64_t tokens = 0, micro_batches = 0;
 };
 
@@ -83,6 +84,7 @@ class GrpoObjective final : public Objective {
   ReferenceWeights* reference_weights() const { return reference_weights_; }
 
   bool weights_before_forward() const override { return false; }
+  bool wants_entropy() const override { return true; }
   void token_weights(Ops& ops, const ForwardOutputs& out, Tensor weight) override;
   void add_loss(Ops& ops, const ForwardOutputs& out) override;
   GrpoMetrics read(Ops& ops) const;  // a sync: call on logging steps
@@ -92,6 +94,7 @@ class GrpoObjective final : public Objective {
   GrpoConfig cfg_;
   int64_t max_tokens_, max_rows_;
   Buffer old_, ref_, adv_, scale_, weight_, stats_;
+  Buffer entropy_;  // F64 [1]: Σ over micro-batches of the mean entropy of their completion tokens
   StagedUpload upload_old_, upload_ref_, upload_adv_, upload_scale_;
   bool has_old_ = false, first_ = true, weights_ready_ = false;
   ReferenceWeights* reference_weights_ = nullptr;

@@ -18,6 +18,7 @@ struct ForwardOutputs {
   Tensor token_nll;                 // F32 [N]: -log p(target) at every token, 0 where the target is -100
   Tensor doc_nll;                   // F32 [documents]: Σ token_nll per document of seq (only when the objective asks)
   Tensor targets;                   // I32 [N]
+  Tensor token_entropy;             // F32 [N]: the softmax's entropy per token, 0 at -100 (when the objective asks)
   SeqLayout seq;                    // the documents (cu_seqlens) and positions
   int64_t counted = 0;              // targets != -100, counted on the host
   const HostBatch* host = nullptr;  // the batch as given
@@ -32,6 +33,8 @@ class Objective {
   // chunk of logits (one more LM-head GEMM).
   virtual bool weights_before_forward() const = 0;
   virtual bool needs_document_sums() const { return false; }
+  // Whether forward also computes each token's entropy (out.token_entropy): GRPO's `entropy` metric.
+  virtual bool wants_entropy() const { return false; }
   // weight (F32 [N], on the device) = d loss / d token_nll[n] for this micro-batch. Before forward only
   // out.targets, out.seq, out.counted and out.host are filled in.
   virtual void token_weights(Ops& ops, const ForwardOutputs& out, Tensor weight) = 0;

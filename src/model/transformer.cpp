@@ -40,7 +40,7 @@ struct Transformer::Activations {
   // activation dtype for the GEMMs that read it (the same tensor when the dtypes agree).
   Tensor tmp, dres, dres_act, dh, dhf, dact, dgate, dup, dattn, dq, dk, dv, dq_raw, dk_raw, logits, dlogits;
   // the objective's view: per-token NLL, d loss / d NLL, per-document sums
-  Tensor token_nll, token_weight, doc_nll;
+  Tensor token_nll, token_weight, doc_nll, token_entropy;
   ForwardOutputs out;
   bool head_fused = false, backward_pending = false;
   // batch on the device, and its pinned staging (two slots, so one can fill while the other is copied)
@@ -216,6 +216,7 @@ void Transformer::bind_planned_buffers(Activations& a, Ops& ops) {
                                                  {"logits", &a.logits},
                                                  {"dlogits", &a.dlogits},
                                                  {"token_nll", &a.token_nll},
+                                                 {"token_entropy", &a.token_entropy},
                                                  {"token_weight", &a.token_weight},
                                                  {"doc_nll", &a.doc_nll},
                                                  {"ids", &a.ids},
@@ -379,7 +380,8 @@ void Transformer::upload(const HostBatch& batch) {
   ops_.upload_async(a.seq.cu_seqlens, host(cu, docs + 1));
   a.staged_mark[slot] = ops_.mark();
 
-  a.out = ForwardOutputs{a.token_nll, a.doc_nll.rows(0, docs), a.targets, a.seq, batch.counted(), &batch};
+  a.out = ForwardOutputs{a.token_nll, a.doc_nll.rows(0, docs), a.targets, a.token_entropy, a.seq, batch.counted(),
+                         &batch};
 }
 
 const ForwardOutputs& Transformer::outputs() const {
@@ -426,12 +428,12 @@ void Transformer::forward(const HostBatch& batch, Objective* objective, bool bac
     forward_attention(l, l == 0);
     forward_mlp(l);
   }
-  head_pass(a.head_fused ? &a.token_weight : nullptr, logits_out);
+  head_pass(a.head_fused ? &a.token_weight : nullptr, logits_out, objective && objective->wants_entropy());
   if (objective && objective->needs_document_sums()) ops_.segment_sum(a.out.doc_nll, a.token_nll, a.seq.cu_seqlens);
   if (objective) objective->add_loss(ops_, a.out);
 }
 
-void Transformer::head_pass(const Tensor* weights, float* logits_out) {
+void Transformer::head_pass(const Tensor* weights, float* logits_out, bool entropy) {
   Activations& a = *acts_;
   const int64_t N = a.hf.dim(0), V = config_.vocab_size;
   Parameter& head = params_.at(lm_head_name());
@@ -446,7 +448,7 @@ void Transformer::head_pass(const Tensor* weights, float* logits_out) {
     if (logits_out) ops_.copy(Tensor{logits_out + t0 * V, DType::F32, {t1 - t0, V}, Device::CPU}, logits);
     Tensor dlogits = a.dlogits.rows(0, t1 - t0);
     ops_.cross_entropy(logits, dlogits, a.token_nll.rows(t0, t1), a.targets.rows(t0, t1),
-                       weights ? weights->rows(t0, t1) : Tensor{});
+                       weights ? weights->rows(t0, t1) : Tensor{}, entropy ? a.token_entropy.rows(t0, t1) : Tensor{});
     if (weights) {
       Tensor dhf = a.dhf.rows(t0, t1);
       ops_.linear_backward(&dhf, false, head.trainable ? &head.grad : nullptr, nullptr, dlogits, hf, head.value);
@@ -462,7 +464,7 @@ void Transformer::backward(Objective& objective) {
   weights_needed_backward(head_group());
   if (!a.head_fused) {  // the weights depend on forward's results: the head's chunks run again
     objective.token_weights(ops_, a.out, a.token_weight);
-    head_pass(&a.token_weight, nullptr);
+    head_pass(&a.token_weight, nullptr, /*entropy=*/false);
   }
   Parameter& final_norm = params_.at(kFinalNorm);
   checkpoint_ready(L);

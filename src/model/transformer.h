@@ -172,7 +172,8 @@ class Transformer {
   void upload(const HostBatch& batch);
   // The LM head over forward's final hidden states, chunk by chunk: logits, cross-entropy (NLL per token),
   // and with `weights` its backward into dhf and the head's gradient.
-  void head_pass(const Tensor* weights, float* logits_out);
+  // With `entropy`, each token's entropy too (the objective's out.token_entropy).
+  void head_pass(const Tensor* weights, float* logits_out, bool entropy);
   void backward_layer(int64_t l);
   // Where a group's weights are first read in a pass: the weight stream's and the hooks' events, in that order.
   void weights_needed_forward(int group);

@@ -174,6 +174,7 @@ class GrpoDriver final : public RunDriver {
     const GrpoMetrics m = grpo_.read(ops_);  // waits for the update
     NamedValues v = gen_values_;
     if (c_.grpo.loss.beta != 0) v.push_back({"kl", m.kl});
+    v.push_back({"entropy", m.entropy});
     v.push_back({"clip_ratio/low_mean", m.clip_low});
     v.push_back({"clip_ratio/low_min", m.clip_low_min});
     v.push_back({"clip_ratio/high_mean", m.clip_high});

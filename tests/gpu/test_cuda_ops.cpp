@@ -166,17 +166,20 @@ TEST_F(CudaOps, CrossEntropyWithIgnoredTargetsAndRowWeights) {
     std::vector<int32_t> tgt(static_cast<size_t>(n));
     for (auto& t : tgt) t = rng() % 4 == 0 ? -100 : int32_t(rng() % uint32_t(V));
     auto weight = randn(static_cast<size_t>(n), 0.3f);  // any sign: DPO's weights are
-    Tensor gl = upload(logits, {n, V}, DType::F32), gd = poisoned({n, V}), gloss = poisoned({n}, DType::F32);
-    gpu->cross_entropy(gl, gd, gloss, upload_i32(tgt), upload(weight, {n}, DType::F32));
-    std::vector<float> d = logits, loss(static_cast<size_t>(n));
-    cpu->cross_entropy(host(d, {n, V}), host(d, {n, V}), host(loss, {n}), host_i32(tgt), host(weight, {n}));
+    Tensor gl = upload(logits, {n, V}, DType::F32), gd = poisoned({n, V}), gloss = poisoned({n}, DType::F32),
+           gent = poisoned({n}, DType::F32);
+    gpu->cross_entropy(gl, gd, gloss, upload_i32(tgt), upload(weight, {n}, DType::F32), gent);
+    std::vector<float> d = logits, loss(static_cast<size_t>(n)), ent(static_cast<size_t>(n));
+    cpu->cross_entropy(host(d, {n, V}), host(d, {n, V}), host(loss, {n}), host_i32(tgt), host(weight, {n}),
+                       host(ent, {n}));
     EXPECT_LE(rel(download(gloss), loss), 1e-5) << n << "x" << V;
+    EXPECT_LE(rel(download(gent), ent), 1e-5) << n << "x" << V;  // the entropy (GRPO's metric), -100 rows 0
     const auto got = download(gd);
     EXPECT_LE(rel(got, d), 1e-2);
     EXPECT_TRUE(all_close(got, d, 1e-2 * rms(d), 1e-2));
     // Without weights only the loss is written: the gradient buffer keeps what it had.
     Tensor untouched = poisoned({n, V}), gloss2 = poisoned({n}, DType::F32);
-    gpu->cross_entropy(gl, untouched, gloss2, upload_i32(tgt), Tensor{});
+    gpu->cross_entropy(gl, untouched, gloss2, upload_i32(tgt), Tensor{}, Tensor{});
     EXPECT_EQ(download(gloss2), download(gloss));
     EXPECT_TRUE(std::isnan(download(untouched)[0]));
   }

@@ -40,7 +40,7 @@ class CpuOps final : public Ops {
   void add_inplace(Tensor x, const Tensor& y) override;
   void dropout_scale(Tensor y, const Tensor& x, float factor, float p, uint64_t seed) override;
   void cross_entropy(const Tensor& logits, Tensor dlogits, Tensor row_loss, const Tensor& targets,
-                     const Tensor& row_weight) override;
+                     const Tensor& row_weight, Tensor row_entropy) override;
   double sum(const Tensor& x) override;
   double sum_squares(const Tensor& x) override;
   void reduce_sum(Tensor out, const Tensor& x, bool squares, bool accumulate) override;

@@ -25,7 +25,7 @@ namespace {
 constexpr int kThreads = 512;
 
 __global__ void cross_entropy_kernel(const float* logits, bf16* dlogits, float* row_loss, const int32_t* targets,
-                                     int64_t V, const float* row_weight) {
+                                     int64_t V, const float* row_weight, float* row_entropy) {
   __shared__ float sm[kThreads / 32], ss[kThreads / 32];
   const int64_t r = blockIdx.x;
   const float* l = logits + r * V;
@@ -35,6 +35,7 @@ __global__ void cross_entropy_kernel(const float* logits, bf16* dlogits, float* 
     if (row_weight)
       for (int64_t j = threadIdx.x; j < V; j += kThreads) g[j] = cuda::to_bf(0.f);
     if (threadIdx.x == 0) row_loss[r] = 0.f;
+    if (row_entropy && threadIdx.x == 0) row_entropy[r] = 0.f;
     return;
   }
   float m = -FLT_MAX, s = 0.f;  // this thread's running max and Σexp(x - m)
@@ -62,6 +63,19 @@ __global__ void cross_entropy_kernel(const float* logits, bf16* dlogits, float* 
   for (int w = 0; w < kThreads / 32; ++w) S += ss[w] * expf(sm[w] - M);
   const float lse = M + logf(S);
   if (threadIdx.x == 0) row_loss[r] = lse - l[t];
+  if (row_entropy) {  // lse − Σ softmax · x: one more read of the row
+    float e = 0.f;
+    for (int64_t j = threadIdx.x; j < V; j += kThreads) e += __expf(l[j] - lse) * l[j];
+    for (int o = 16; o > 0; o >>= 1) e += __shfl_xor_sync(0xffffffffu, e, o);
+    __syncthreads();  // (sm is read above by every thread)
+    if (lane == 0) sm[warp] = e;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float E = 0.f;
+      for (int w = 0; w < kThreads / 32; ++w) E += sm[w];
+      row_entropy[r] = lse - E;
+    }
+  }
   if (!row_weight) return;
   const float scale = row_weight[r];
   for (int64_t j = threadIdx.x; j < V; j += kThreads)
@@ -79,11 +93,12 @@ __device__ __forceinline__ void combine(float& m, float& s, float m2, float s2) 
 #endif
 
 __global__ void cross_entropy_cluster(const float* logits, bf16* dlogits, float* row_loss, const int32_t* targets,
-                                      int64_t V, int64_t slice, const float* row_weight, bool vec4) {
+                                      int64_t V, int64_t slice, const float* row_weight, bool vec4,
+                                      float* row_entropy) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   extern __shared__ float part[];  // this block's slice of the row
-  __shared__ float stat[2], wm[kClusterThreads / 32], ws[kClusterThreads / 32];
+  __shared__ float stat[3], wm[kClusterThreads / 32], ws[kClusterThreads / 32];
   cg::cluster_group cluster = cg::this_cluster();
   const unsigned rank = cluster.block_rank();
   const int64_t r = blockIdx.y, j0 = int64_t(rank) * slice, j1 = min(V, j0 + slice);
@@ -93,6 +108,7 @@ __global__ void cross_entropy_cluster(const float* logits, bf16* dlogits, float*
     if (row_weight)
       for (int64_t j = j0 + threadIdx.x; j < j1; j += kClusterThreads) g[j] = cuda::to_bf(0.f);
     if (rank == 0 && threadIdx.x == 0) row_loss[r] = 0.f;
+    if (row_entropy && rank == 0 && threadIdx.x == 0) row_entropy[r] = 0.f;
     return;
   }
   const float* l = logits + r * V;
@@ -131,6 +147,25 @@ __global__ void cross_entropy_cluster(const float* logits, bf16* dlogits, float*
   cluster.sync();  // no block leaves (its shared memory) while another still reads it
   const float lse = M + logf(S);
   if (t >= j0 && t < j1 && threadIdx.x == 0) row_loss[r] = lse - part[t - j0];
+  if (row_entropy) {  // lse − Σ softmax · x: each block's slice from shared memory, summed over the cluster
+    float e = 0.f;
+    for (int64_t j = threadIdx.x; j < len; j += kClusterThreads) e += __expf(part[j] - lse) * part[j];
+    for (int o = 16; o > 0; o >>= 1) e += __shfl_xor_sync(0xffffffffu, e, o);
+    if (lane == 0) wm[warp] = e;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float E = 0.f;
+      for (int w = 0; w < kClusterThreads / 32; ++w) E += wm[w];
+      stat[2] = E;
+    }
+    cluster.sync();
+    if (rank == 0 && threadIdx.x == 0) {
+      float E = 0.f;
+      for (unsigned b = 0; b < cluster.num_blocks(); ++b) E += cluster.map_shared_rank(stat, b)[2];
+      row_entropy[r] = lse - E;
+    }
+    cluster.sync();
+  }
   if (!row_weight) return;
   const float scale = row_weight[r];
   auto grad = [&](int64_t j) { return (__expf(part[j] - lse) - (j0 + j == t ? 1.f : 0.f)) * scale; };
@@ -153,7 +188,7 @@ __global__ void cross_entropy_cluster(const float* logits, bf16* dlogits, float*
 }  // namespace
 
 void CudaOps::cross_entropy(const Tensor& logits, Tensor dlogits, Tensor row_loss, const Tensor& targets,
-                            const Tensor& row_weight) {
+                            const Tensor& row_weight, Tensor row_entropy) {
   const auto prof = profile("cross_entropy");
   const int64_t n = logits.dim(0), V = logits.dim(1);
   if (n == 0) return;
@@ -178,12 +213,14 @@ void CudaOps::cross_entropy(const Tensor& logits, Tensor dlogits, Tensor row_los
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, logits.f32(), dlogits.as<bf16>(), row_loss.f32(), targets.i32(), V,
-                                  slice, row_weight.defined() ? row_weight.f32() : nullptr, vec4));
+                                  slice, row_weight.defined() ? row_weight.f32() : nullptr, vec4,
+                                  row_entropy.defined() ? row_entropy.f32() : nullptr));
     return;
   }
   cross_entropy_kernel<<<unsigned(n), kThreads, 0, stream_>>>(logits.f32(), dlogits.as<bf16>(), row_loss.f32(),
                                                               targets.i32(), V,
-                                                              row_weight.defined() ? row_weight.f32() : nullptr);
+                                                              row_weight.defined() ? row_weight.f32() : nullptr,
+                                                              row_entropy.defined() ? row_entropy.f32() : nullptr);
   CUDA_CHECK_LAUNCH();
 }
 
