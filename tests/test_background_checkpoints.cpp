@@ -34,8 +34,7 @@ int64_t last_logged_step(const fs::path& dir) {
 // optimizer shards) lies in `dir`.
 bool staged_checkpoint(const fs::path& dir, int64_t step, const std::string& what = "partial") {
   for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().filename().string().starts_with(".checkpoint-" + std::to_string(step) + "." + what + "-"))
-      return true;
+    if (e.path().filename().string().starts_with(".checkpoint-" + std::to_string(step) + "." + what + "-")) return true;
   return false;
 }
 
@@ -78,8 +77,9 @@ TEST(BackgroundCheckpoints, TrainingGoesOnAndAKillMidWriteResumesBitwise) {
 // the whole job mid-write leaves checkpoint-4, from which two ranks finish the uninterrupted job's model.
 TEST(BackgroundCheckpoints, DataParallelRanksWriteTheirShardsInTheBackground) {
   DpSetup s;
-  const std::string run = "--gpus 2 --set zero_stage=2 --set gradient_accumulation_steps=1 --set max_steps=12 "
-                          "--set save_steps=4 --set logging_steps=1 ";
+  const std::string run =
+      "--gpus 2 --set zero_stage=2 --set gradient_accumulation_steps=1 --set max_steps=12 "
+      "--set save_steps=4 --set logging_steps=1 ";
   ASSERT_EQ(s.sft(0, "ref", run).code, 0);
   ASSERT_EQ(s.sft(0, "fg", run + "--set background_checkpoints=false").code, 0);
   for (const char* f : {"model.safetensors", "optimizer-shard-0-of-2.safetensors", "optimizer-shard-1-of-2.safetensors",

@@ -95,9 +95,8 @@ int dump_grpo(const GrpoDump& g, Ops& ops, Transformer& model, const HostBatch& 
   for (const HostBatch& b : micro) step.train_micro_batch(model, b);
   const GrpoMetrics m = grpo.read(ops);
 
-  std::vector<float> scalars{float(m.loss),         float(m.kl),           float(m.clip_low),
-                             float(m.clip_high),    float(m.clip_region),  float(m.clip_low_min),
-                             float(m.clip_high_max), float(m.entropy)};
+  std::vector<float> scalars{float(m.loss),        float(m.kl),           float(m.clip_low),      float(m.clip_high),
+                             float(m.clip_region), float(m.clip_low_min), float(m.clip_high_max), float(m.entropy)};
   const char* names[] = {"loss",
                          "kl",
                          "clip_ratio/low_mean",

@@ -101,7 +101,7 @@ WorkersOutcome run_workers(int n, Device device, int grace_s, const std::vector<
             << ")" << std::endl;
   g_workers.assign(size_t(n), 0);
   // Ctrl-C reaches the workers from the terminal (one process group); a SIGTERM to this process is passed on.
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = forward_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);

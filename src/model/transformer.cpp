@@ -380,8 +380,8 @@ void Transformer::upload(const HostBatch& batch) {
   ops_.upload_async(a.seq.cu_seqlens, host(cu, docs + 1));
   a.staged_mark[slot] = ops_.mark();
 
-  a.out = ForwardOutputs{a.token_nll, a.doc_nll.rows(0, docs), a.targets, a.token_entropy, a.seq, batch.counted(),
-                         &batch};
+  a.out =
+      ForwardOutputs{a.token_nll, a.doc_nll.rows(0, docs), a.targets, a.token_entropy, a.seq, batch.counted(), &batch};
 }
 
 const ForwardOutputs& Transformer::outputs() const {

@@ -211,7 +211,8 @@ void gather_shards(PendingCheckpoint& p) {
   for (int r = 0; r < p.world; ++r) {
     const fs::path shard = p.shards / shard_name(r, p.world);
     while (!fs::exists(shard)) {
-      if (p.cancelled) throw RankFailure(cat(p.final_dir.string(), ": abandoned while waiting for rank ", r, "'s shard"));
+      if (p.cancelled)
+        throw RankFailure(cat(p.final_dir.string(), ": abandoned while waiting for rank ", r, "'s shard"));
       if (std::chrono::steady_clock::now() > deadline)
         throw RankFailure(cat(p.final_dir.string(), ": rank ", r, "'s optimizer shard did not arrive within ",
                               p.timeout_s, " s (ddp_timeout)"));

@@ -29,7 +29,7 @@ void CpuOps::cross_entropy(const Tensor& logits, Tensor dlogits, Tensor row_loss
     const double lse = double(mx) + std::log(z);
     row_loss.f32()[r] = float(lse - double(l[t[r]]));
     if (row_entropy.defined()) {  // (before the logits become their gradient)
-      double mean = 0;  // Σ softmax · logits
+      double mean = 0;            // Σ softmax · logits
       for (int64_t j = 0; j < V; ++j) mean += std::exp(double(l[j]) - lse) * double(l[j]);
       row_entropy.f32()[r] = float(lse - mean);
     }

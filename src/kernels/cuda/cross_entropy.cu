@@ -217,10 +217,9 @@ void CudaOps::cross_entropy(const Tensor& logits, Tensor dlogits, Tensor row_los
                                   row_entropy.defined() ? row_entropy.f32() : nullptr));
     return;
   }
-  cross_entropy_kernel<<<unsigned(n), kThreads, 0, stream_>>>(logits.f32(), dlogits.as<bf16>(), row_loss.f32(),
-                                                              targets.i32(), V,
-                                                              row_weight.defined() ? row_weight.f32() : nullptr,
-                                                              row_entropy.defined() ? row_entropy.f32() : nullptr);
+  cross_entropy_kernel<<<unsigned(n), kThreads, 0, stream_>>>(
+      logits.f32(), dlogits.as<bf16>(), row_loss.f32(), targets.i32(), V,
+      row_weight.defined() ? row_weight.f32() : nullptr, row_entropy.defined() ? row_entropy.f32() : nullptr);
   CUDA_CHECK_LAUNCH();
 }
 
