@@ -125,7 +125,7 @@ for s in "${steps[@]}"; do
         --sampling '{"beta": 0.04, "learning_rate": 1e-5, "reward_funcs": ["bench.grpo_length_reward:text_length"]}' 2>&1 | tail -2
       [ -f "$OUT/grpo-bench.json" ] && mv "$OUT/grpo-bench.json" "$OUT/grpobeta-bench.json"
       grep -E "reference|generation memory" "$OUT/grpo-0.6B-64.log"
-      python3 -c "import json,sys; [print('step', r['step'], 'kl', r.get('kl'), 'loss', r['loss']) for r in map(json.loads, open(sys.argv[1])) if 'reward' in r]" \
+      python3 -c "import json,sys; [print('step', r['step'], 'kl', r.get('kl'), 'entropy', r.get('entropy'), 'loss', r['loss']) for r in map(json.loads, open(sys.argv[1])) if 'reward' in r]" \
         /tmp/soltrain-grpo-models/run-real-0.6B-64/metrics.jsonl ;;
     train16k)  # issue 30's trainer-side figures: a training step at 16k tokens per sequence (SFT's step: the same
       # forward and backward as GRPO's, the loss op aside)

@@ -48,6 +48,8 @@ class FakeHub {
   // A test's own answer to a request on the hub port (hostile hubs): called first, under the hub's lock;
   // true when it answered (with send_raw). The serving thread is busy while it runs.
   std::function<bool(int fd, const std::string& method, const std::string& target)> intercept;
+  // The same with the request's body (a test's own endpoint, as a GRPO reward server).
+  std::function<bool(int fd, const std::string& target, const std::string& body)> intercept_body;
   static bool send_raw(int c, const std::string& s) { return send_all(c, s); }
   std::atomic<int> corrupt_next{0};  // blob GETs to answer with one byte flipped
   std::atomic<int> cut_next{0};      // blob GETs to cut after half the bytes
@@ -181,6 +183,7 @@ class FakeHub {
     if (q->headers.count("authorization")) note += " [auth]";
     requests_.push_back(note);
     if (!on_cdn && intercept && intercept(c, q->method, q->target)) return;
+    if (!on_cdn && intercept_body && intercept_body(c, q->target, q->body)) return;
     const std::vector<std::string> p = split(q->target);
     if (on_cdn && p.size() == 2 && p[0] == "upload" && q->method == "PUT") {  // an LFS object's bytes
       if (sha256_hex(q->body) != p[1]) return reply(c, *q, 400, {}, "the bytes do not hash to the oid");

@@ -38,26 +38,37 @@ bool staged_checkpoint(const fs::path& dir, int64_t step, const std::string& wha
   return false;
 }
 
+// Starts `sft` into output_dir `out` with each checkpoint's write held 1.5 s, and kill -9s it (its whole process
+// group: a launcher and its ranks) once checkpoint-4 is whole and checkpoint-8's `what` staged folder is there.
+// Whether it was killed, and whether steps 5-6 were trained while checkpoint-4 was being written.
+struct KillMidWrite {
+  bool killed = false, trained_on = false;
+};
+KillMidWrite kill_mid_write(const DpSetup& s, const std::string& out, const std::string& run, const std::string& what) {
+  const fs::path dir = s.t.path / out;
+  ::setenv("SOLTRAIN_TEST_SLOW_SAVE_MS", "1500", 1);
+  const pid_t pid = spawn_launcher(s, out, run, s.t.path / (out + ".log"));
+  ::unsetenv("SOLTRAIN_TEST_SLOW_SAVE_MS");
+  KillMidWrite k;
+  for (const auto end = Clock::now() + std::chrono::seconds(60); Clock::now() < end && !k.killed;) {
+    if (fs::exists(dir) && staged_checkpoint(dir, 4) && last_logged_step(dir) >= 6) k.trained_on = true;
+    if (fs::exists(dir / "checkpoint-4") && staged_checkpoint(dir, 8, what)) k.killed = ::kill(-pid, SIGKILL) == 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return k;
+}
+
 TEST(BackgroundCheckpoints, TrainingGoesOnAndAKillMidWriteResumesBitwise) {
   DpSetup s;
   const std::string run = "--set max_steps=12 --set save_steps=4 --set logging_steps=1 ";
   ASSERT_EQ(s.sft(0, "ref", run).code, 0);
   const fs::path dir = s.t.path / "bg";
-  ::setenv("SOLTRAIN_TEST_SLOW_SAVE_MS", "1500", 1);
-  const pid_t pid = spawn_launcher(s, "bg", run, s.t.path / "bg.log");
-  ::unsetenv("SOLTRAIN_TEST_SLOW_SAVE_MS");
-  // While checkpoint-4 is being written, the steps after it are trained.
-  bool trained_on = false, killed = false;
-  for (const auto end = Clock::now() + std::chrono::seconds(60); Clock::now() < end && !killed;) {
-    if (fs::exists(dir) && staged_checkpoint(dir, 4) && last_logged_step(dir) >= 6) trained_on = true;
-    // checkpoint-4 whole, checkpoint-8 half written: kill -9.
-    if (fs::exists(dir / "checkpoint-4") && staged_checkpoint(dir, 8)) killed = ::kill(pid, SIGKILL) == 0;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  ASSERT_TRUE(killed) << read_text(s.t.path / "bg.log");
-  EXPECT_TRUE(trained_on) << "steps 5-6 waited for checkpoint-4's write";
+  // While checkpoint-4 is being written, the steps after it are trained; checkpoint-8 half written: kill -9.
+  const KillMidWrite k = kill_mid_write(s, "bg", run, "partial");
+  ASSERT_TRUE(k.killed) << read_text(s.t.path / "bg.log");
+  EXPECT_TRUE(k.trained_on) << "steps 5-6 waited for checkpoint-4's write";
   EXPECT_FALSE(fs::exists(dir / "checkpoint-8")) << "a checkpoint counted before it was whole";
   EXPECT_TRUE(fs::exists(dir / "checkpoint-4" / "checksums.sha256"));
   const CliRun again = s.sft(0, "bg", run + "--set resume_from_checkpoint=true");
@@ -87,20 +98,9 @@ TEST(BackgroundCheckpoints, DataParallelRanksWriteTheirShardsInTheBackground) {
     EXPECT_EQ(read_text(s.t.path / "fg" / "checkpoint-8" / f), read_text(s.t.path / "ref" / "checkpoint-8" / f)) << f;
   EXPECT_FALSE(staged_checkpoint(s.t.path / "ref", 8, "shards.partial"));
   const fs::path dir = s.t.path / "bg";
-  ::setenv("SOLTRAIN_TEST_SLOW_SAVE_MS", "1500", 1);
-  const pid_t pid = spawn_launcher(s, "bg", run, s.t.path / "bg.log");
-  ::unsetenv("SOLTRAIN_TEST_SLOW_SAVE_MS");
-  bool trained_on = false, killed = false;
-  for (const auto end = Clock::now() + std::chrono::seconds(60); Clock::now() < end && !killed;) {
-    if (fs::exists(dir) && staged_checkpoint(dir, 4) && last_logged_step(dir) >= 6) trained_on = true;
-    if (fs::exists(dir / "checkpoint-4") && staged_checkpoint(dir, 8, "shards.partial"))
-      killed = ::kill(-pid, SIGKILL) == 0;  // the launcher and both ranks
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  ASSERT_TRUE(killed) << read_text(s.t.path / "bg.log");
-  EXPECT_TRUE(trained_on) << "steps 5-6 waited for checkpoint-4's write";
+  const KillMidWrite k = kill_mid_write(s, "bg", run, "shards.partial");  // the launcher and both ranks
+  ASSERT_TRUE(k.killed) << read_text(s.t.path / "bg.log");
+  EXPECT_TRUE(k.trained_on) << "steps 5-6 waited for checkpoint-4's write";
   EXPECT_FALSE(fs::exists(dir / "checkpoint-8")) << "a checkpoint counted before it was whole";
   for (const char* f : {"optimizer-shard-0-of-2.safetensors", "optimizer-shard-1-of-2.safetensors"})
     EXPECT_EQ(read_text(dir / "checkpoint-4" / f), read_text(s.t.path / "ref" / "checkpoint-4" / f)) << f;

@@ -513,11 +513,14 @@ void add_grpo_keys(std::vector<KeySpec>& v) {
   v.push_back(g(flag("mask_truncated_completions", FIELD(grpo.mask_truncated_completions),
                      "completions cut by max_completion_length count nothing in the loss")));
   v.push_back(g(key("reward_funcs", "list", "a list of names", "",
-                    "the reward functions: built-in (accuracy, think_format) or module.path:function (Python)",
+                    "the reward functions: built-in (accuracy, think_format), module.path:function (Python), an "
+                    "http(s):// endpoint or command:CMD (JSON in, scores out)",
                     [](const Entry& e, const std::string& k, ReadContext& x) {
                       x.c.grpo.reward_funcs = get_string_list(e, k);
                       if (x.c.grpo.reward_funcs.empty()) bad_value(e, k, "a non-empty list of reward functions");
                     })));
+  v.push_back(g(integer("reward_timeout", FIELD(grpo.reward_timeout), 1,
+                        "seconds a reward endpoint or command may take per batch")));
   v.push_back(g(key("reward_weights", "list", "a list of numbers", "1 each", "each reward function's weight",
                     [](const Entry& e, const std::string& k, ReadContext& x) {
                       x.c.grpo.reward_weights.clear();

@@ -111,8 +111,12 @@ HttpResponse perform(const HttpRequest& req, const std::function<bool(long statu
   // bytes. Between bytes is not enough: a server trickling a byte every few seconds would never be cut, so a
   // transfer must move 1 KiB/s over the window (any real link does); the caller resumes a cut one.
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, env_seconds("HF_HUB_ETAG_TIMEOUT", 10));
-  curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1024L);
-  curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, env_seconds("HF_HUB_DOWNLOAD_TIMEOUT", 10));
+  if (req.timeout_s > 0) {
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, req.timeout_s);
+  } else {
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, env_seconds("HF_HUB_DOWNLOAD_TIMEOUT", 10));
+  }
   // The body of a POST or PUT: the request's bytes, or a range of a file read as libcurl sends it.
   struct Upload {
     const std::string* text = nullptr;

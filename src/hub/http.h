@@ -40,6 +40,9 @@ struct HttpRequest {
   std::string body;
   std::filesystem::path upload_file;
   uint64_t upload_offset = 0, upload_size = 0;
+  // > 0: the whole request must end within this many seconds, however slowly the answer starts (a reward
+  // endpoint computing its scores); instead of the hub's 1 KiB/s-over-a-window rule.
+  long timeout_s = 0;
 };
 
 // Only http:// and https:// URLs are ever opened, redirects included (libcurl also speaks file://, gopher://,

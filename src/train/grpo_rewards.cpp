@@ -13,6 +13,8 @@
 #include <regex>
 
 #include "core/error.h"
+#include "hub/http.h"
+#include "train/external_reward.h"
 #include "rewards_script.h"
 #include "train/python_process.h"
 
@@ -127,20 +129,28 @@ std::vector<double> builtin_reward(const std::string& name, const RewardRequest&
 
 RewardFunctions::RewardFunctions(const GrpoSettings& g, const std::vector<std::string>& paths,
                                  InProcessRewards in_process)
-    : specs_(g.reward_funcs), in_process_(std::move(in_process)) {
+    : specs_(g.reward_funcs), timeout_s_(g.reward_timeout), in_process_(std::move(in_process)) {
   const auto& builtins = builtin_reward_names();
   std::vector<std::string> py;
   for (const std::string& s : specs_) {
     const bool builtin = std::find(builtins.begin(), builtins.end(), s) != builtins.end();
-    python_.push_back(!builtin);
+    const bool external = is_external_reward(s);
+    python_.push_back(!builtin && !external);
     if (builtin) {
       names_.push_back(s);
       continue;
     }
+    if (external) {
+      if (s.rfind("http", 0) == 0 && !is_http_url(s)) user_error("reward_funcs: \"", s, "\" is not an http(s) URL");
+      if (s == "command:" || s.find_first_not_of(" \t", 8) == std::string::npos)
+        user_error("reward_funcs: \"", s, "\" names no command");
+      names_.push_back(external_reward_name(s));
+      continue;
+    }
     const size_t colon = s.rfind(':');
     if (colon == std::string::npos || colon == 0 || colon + 1 == s.size())
-      user_error("reward_funcs: \"", s, "\" is neither a built-in reward (accuracy, think_format) nor ",
-                 "module.path:function");
+      user_error("reward_funcs: \"", s, "\" is neither a built-in reward (accuracy, think_format), ",
+                 "module.path:function, an http(s):// endpoint nor command:CMD");
     names_.push_back(s.substr(colon + 1));
     py.push_back(s);
   }
@@ -184,14 +194,17 @@ std::vector<std::vector<double>> RewardFunctions::score(const RewardRequest& r) 
   const size_t n = r.completions.size();
   std::vector<std::vector<double>> out(specs_.size());
   nlohmann::json py_funcs = nlohmann::json::array();
+  bool external = false;
   for (size_t f = 0; f < specs_.size(); ++f)
     if (python_[f])
       py_funcs.push_back(specs_[f]);
+    else if (is_external_reward(specs_[f]))
+      external = true;
     else
       out[f] = builtin_reward(specs_[f], r);
-  if (py_funcs.empty()) return out;
+  if (py_funcs.empty() && !external) return out;
+  // The batch as TRL's reward functions take it (the endpoints and commands get the same, without "functions").
   nlohmann::ordered_json req;
-  req["functions"] = py_funcs;
   req["prompts"] = r.prompts;
   nlohmann::ordered_json comps = nlohmann::ordered_json::array();
   for (const std::string& c : r.completions)
@@ -210,6 +223,13 @@ std::vector<std::vector<double>> RewardFunctions::score(const RewardRequest& r) 
   for (auto& [k, v] : cols.items())
     while (v.size() < n) v.push_back(nullptr);
   req["columns"] = cols;
+  if (external) {
+    const std::string batch = req.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    for (size_t f = 0; f < specs_.size(); ++f)
+      if (is_external_reward(specs_[f])) out[f] = external_reward(specs_[f], batch, n, timeout_s_);
+  }
+  if (py_funcs.empty()) return out;
+  req["functions"] = py_funcs;
   const std::string reply = python_call(req.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   nlohmann::json j;
   try {

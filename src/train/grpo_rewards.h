@@ -1,6 +1,7 @@
-// GRPO's reward functions: built-in ones (what users write every time) and Python ones with TRL's signature,
-// either imported by a python3 process the run starts (`module.path:function` in YAML; python/soltrain/rewards.py
-// compiled in) or called in the caller's process (soltrain.GRPOTrainer's callables, through `in_process`).
+// GRPO's reward functions: built-in ones (what users write every time), Python ones with TRL's signature, either
+// imported by a python3 process the run starts (`module.path:function` in YAML; python/soltrain/rewards.py
+// compiled in) or called in the caller's process (soltrain.GRPOTrainer's callables, through `in_process`), and
+// endpoints or commands given the batch as JSON (train/external_reward.h).
 // Each scores a generation batch's completions: one value per completion, NaN where it returned None. A
 // function that raises or returns the wrong count stops the run with one line naming it.
 #pragma once
@@ -59,6 +60,7 @@ class RewardFunctions {
  private:
   std::string python_call(const std::string& request_line);  // a reply line from the Python side
   std::vector<std::string> specs_, names_;
+  int timeout_s_ = 600;  // reward_timeout
   std::vector<bool> python_;
   InProcessRewards in_process_;
   pid_t pid_ = -1;
