@@ -323,6 +323,7 @@ class GRPOConfig(TrainConfig):
         use_bias_correction_kl: bool | None = None,
         mask_truncated_completions: bool | None = None,
         reward_funcs: list[str] | str | None = None,
+        reward_timeout: int | None = None,
         reward_weights: list[str] | str | None = None,
         temperature: float | None = None,
         top_p: float | None = None,

@@ -299,7 +299,7 @@ RunResult TrainLoop::run() {
   }
   // The step logger's: a full disk stops the run after this. Data-parallel ranks checkpoint together, and the
   // others are already in the next step, so rank 0 (the one that writes the logs) cannot save alone.
-  auto save = [&] {
+  auto save_on_failed_write = [&] {
     if (s_.dp)
       user_error(
           "data-parallel ranks checkpoint together and the others have gone on, so the newest checkpoint "
@@ -307,7 +307,7 @@ RunResult TrainLoop::run() {
     checkpoint(progress, /*background=*/false);
   };
   warm_snapshots();
-  StepLogger step_log(s_, driver_, state_, metrics, progress, save);
+  StepLogger step_log(s_, driver_, state_, metrics, progress, save_on_failed_write);
   StopSignal stop;
   // Every rank stops at the same step: a stop seen by any stops all (after the same update).
   auto stop_requested = [&] {
@@ -353,7 +353,7 @@ RunResult TrainLoop::run() {
   s_.step.settle();
   saved(wait_for_writer(), progress);
   if (stopping) {
-    if (state_.step > last_saved_) save();
+    if (state_.step > last_saved_) checkpoint(progress, /*background=*/false);  // every rank stops here together
     if (metrics) write_training_curves(metrics->jsonl_path(), c.output_dir / "training_curves.svg");
     progress.message(cat(s_.cmd, ": stopped ",
                          StopSignal::signal_number() ? cat("by signal ", StopSignal::signal_number()) : "as asked",
