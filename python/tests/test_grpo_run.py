@@ -179,7 +179,10 @@ def test_full_fine_tuning_with_beta_keeps_the_starting_weights_as_reference(taug
     (["task_rewards:too_few"], "reward function task_rewards:too_few returned 1 values for 16 completions"),
     (["task_rewards:missing"], "reward function task_rewards:missing: cannot import it"),
     (["no_such_module:f"], "reward function no_such_module:f: cannot import it (ModuleNotFoundError"),
-    (["acuracy"], "is neither a built-in reward (accuracy, think_format) nor module.path:function"),
+    (["acuracy"], "is neither a built-in reward (accuracy, think_format), module.path:function, an http(s):// "
+                  "endpoint nor command:CMD"),
+    (["accuracy", "command:exit 3"], "reward_funcs: command:exit 3 exited with code 3; its messages are above"),
+    (["command:echo '[1]'"], "reward_funcs: command:echo '[1]' answered 1 values for 16 completions"),
 ])
 def test_bad_reward_functions_stop_with_one_line(taught, tmp_path, funcs, message):
     cfg = grpo_config(taught, tmp_path / "bad", reward_funcs=funcs, reward_weights=None, max_steps=2,
