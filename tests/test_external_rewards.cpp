@@ -50,13 +50,14 @@ std::string error_of(const std::function<void()>& f) {
 // the answer is 6 (the columns reach it), and null for the third.
 TEST(ExternalRewards, ACommandScoresTheBatchItReadsOnStdin) {
   test::TempDir t;
-  test::write_text(t.path / "length.py",
-                   "import json, sys\n"
-                   "b = json.load(sys.stdin)\n"
-                   "assert b['completion_ids'][1] == [50, 51] and b['prompts'][0] == '2+2?'\n"
-                   "out = [len(c) + (100 if a == '6' else 0) for c, a in zip(b['completions'], b['columns']['answer'])]\n"
-                   "out[2] = None\n"
-                   "print(json.dumps(out))\n");
+  test::write_text(
+      t.path / "length.py",
+      "import json, sys\n"
+      "b = json.load(sys.stdin)\n"
+      "assert b['completion_ids'][1] == [50, 51] and b['prompts'][0] == '2+2?'\n"
+      "out = [len(c) + (100 if a == '6' else 0) for c, a in zip(b['completions'], b['columns']['answer'])]\n"
+      "out[2] = None\n"
+      "print(json.dumps(out))\n");
   RewardFunctions f(settings({"accuracy", "command:python3 " + (t.path / "length.py").string()}), {});
   EXPECT_EQ(f.names(), (std::vector<std::string>{"accuracy", "length"}));
   const auto s = f.score(three_completions());
@@ -104,8 +105,7 @@ TEST(ExternalRewards, WrongAnswersAreOneLineNamingTheReward) {
   EXPECT_NE(with("command:echo '[1, \"x\", 3]'").find("expected numbers or null"), std::string::npos);
   EXPECT_NE(with("command:echo '{\"score\": 1}'").find("expected a list of numbers"), std::string::npos);
   EXPECT_NE(with("command:exit 3").find("exited with code 3; its messages are above"), std::string::npos);
-  EXPECT_NE(with("command:no-such-program-here").find("exited with code 127 (command not found?)"),
-            std::string::npos);
+  EXPECT_NE(with("command:no-such-program-here").find("exited with code 127 (command not found?)"), std::string::npos);
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_NE(with("command:sleep 30", 1).find("did not answer within 1 s (reward_timeout)"), std::string::npos);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
@@ -119,8 +119,9 @@ TEST(ExternalRewards, WrongAnswersAreOneLineNamingTheReward) {
   test::FakeHub hub;
   hub.intercept_body = [&](int fd, const std::string& target, const std::string&) {
     if (target == "/slow") std::this_thread::sleep_for(std::chrono::seconds(3));
-    return test::FakeHub::send_raw(fd, "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n"
-                                       "Connection: close\r\n\r\nboom");
+    return test::FakeHub::send_raw(fd,
+                                   "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n"
+                                   "Connection: close\r\n\r\nboom");
   };
   EXPECT_NE(with(hub.endpoint() + "/score").find("/score answered HTTP 500: boom"), std::string::npos);
   EXPECT_NE(with(hub.endpoint() + "/slow", 1).find("reward_timeout 1 s"), std::string::npos);

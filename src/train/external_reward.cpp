@@ -25,7 +25,9 @@ namespace {
 constexpr const char* kCommand = "command:";
 constexpr size_t kMaxAnswer = size_t(64) << 20;  // an endless answer must not fill memory
 
-bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+bool starts_with(const std::string& s, const char* p) {
+  return s.rfind(p, 0) == 0;
+}
 
 std::string shown(const std::string& spec) {
   return starts_with(spec, kCommand) ? spec : url_for_messages(spec);
@@ -58,7 +60,8 @@ std::string run_command(const std::string& spec, const std::string& input, int t
   if (input.empty()) ::close(to), to = -1;
   while (from >= 0) {
     pollfd p[2] = {{from, POLLIN, 0}, {to, POLLOUT, 0}};
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       timed_out = true;
       break;
@@ -90,8 +93,7 @@ std::string run_command(const std::string& spec, const std::string& input, int t
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  if (timed_out)
-    user_error("reward_funcs: ", spec, " did not answer within ", timeout_s, " s (reward_timeout)");
+  if (timed_out) user_error("reward_funcs: ", spec, " did not answer within ", timeout_s, " s (reward_timeout)");
   if (too_long) user_error("reward_funcs: ", spec, " answered more than 64 MiB");
   if (WIFSIGNALED(status))
     user_error("reward_funcs: ", spec, " was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)),
@@ -112,8 +114,8 @@ std::string post(const std::string& spec, const std::string& body, int timeout_s
   req.max_body = kMaxAnswer;
   const HttpResponse r = http_fetch(req);
   if (r.status == 0)
-    user_error("reward_funcs: ", shown(spec), ": ",
-               r.error.empty() ? std::string("no answer") : r.error, " (reward_timeout ", timeout_s, " s)");
+    user_error("reward_funcs: ", shown(spec), ": ", r.error.empty() ? std::string("no answer") : r.error,
+               " (reward_timeout ", timeout_s, " s)");
   if (r.status < 200 || r.status >= 300)
     user_error("reward_funcs: ", shown(spec), " answered HTTP ", r.status, ": ", r.body.substr(0, 200));
   if (!r.error.empty()) user_error("reward_funcs: ", shown(spec), ": ", r.error);
@@ -166,8 +168,7 @@ std::vector<double> parse_reward_answer(const std::string& spec, const std::stri
   return out;
 }
 
-std::vector<double> external_reward(const std::string& spec, const std::string& request_json, size_t n,
-                                    int timeout_s) {
+std::vector<double> external_reward(const std::string& spec, const std::string& request_json, size_t n, int timeout_s) {
   const std::string answer =
       starts_with(spec, kCommand) ? run_command(spec, request_json, timeout_s) : post(spec, request_json, timeout_s);
   return parse_reward_answer(spec, answer, n);

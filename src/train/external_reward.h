@@ -16,8 +16,7 @@ bool is_external_reward(const std::string& spec);
 // last word's file name without extension ("command:python3 rewards/length.py" -> "length").
 std::string external_reward_name(const std::string& spec);
 // The scores of `n` completions (NaN: null).
-std::vector<double> external_reward(const std::string& spec, const std::string& request_json, size_t n,
-                                    int timeout_s);
+std::vector<double> external_reward(const std::string& spec, const std::string& request_json, size_t n, int timeout_s);
 // The answer's scores (exposed for tests): one line naming `spec` when it is not n numbers or nulls.
 std::vector<double> parse_reward_answer(const std::string& spec, const std::string& answer, size_t n);
 

@@ -14,8 +14,8 @@
 
 #include "core/error.h"
 #include "hub/http.h"
-#include "train/external_reward.h"
 #include "rewards_script.h"
+#include "train/external_reward.h"
 #include "train/python_process.h"
 
 namespace soltrain {

@@ -55,7 +55,7 @@ struct GrpoSettings {
   // Built-in names (accuracy, think_format), `module.path:function` (Python, TRL's signature), an http(s)://
   // endpoint or a `command:...` (train/external_reward.h).
   std::vector<std::string> reward_funcs;
-  int reward_timeout = 600;  // seconds an endpoint or command may take per batch
+  int reward_timeout = 600;            // seconds an endpoint or command may take per batch
   std::vector<double> reward_weights;  // empty: 1 each
   // Sampling (TRL's generation keys): temperature also divides the logits of the trained log-probs.
   double temperature = 1.0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0;
