@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "cli/launch_workers.h"
+#include "core/process_state.h"
 #include "dp_test_util.h"
 #include "fault_test_util.h"
 #include "io/output_lock.h"
@@ -54,9 +55,8 @@ std::vector<pid_t> children_of(pid_t parent) {
 
 // Gone, or a zombie nobody has reaped yet (the container's init may not): no longer running.
 bool ended(pid_t pid) {
-  const std::string stat = read_text(fs::path("/proc") / std::to_string(pid) / "stat");
-  const size_t close = stat.rfind(')');
-  return stat.empty() || close == std::string::npos || stat[close + 2] == 'Z' || stat[close + 2] == 'X';
+  const char state = process_state(pid);
+  return state == 0 || state == 'Z' || state == 'X';
 }
 
 int lines_of(const std::string& s) {

@@ -8,17 +8,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/error.h"
+#include "core/process_state.h"
 #include "dist/launch.h"
 #include "train/train_checkpoint.h"
 
@@ -81,14 +82,6 @@ struct WorkersOutcome {
   std::string why;           // the first failure, for the restart's note
 };
 
-// Whether process `pid` is stopped (a SIGSTOP or a debugger): the silent rank, when the others timed out on it.
-bool stopped(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  const std::string stat((std::istreambuf_iterator<char>(f)), {});
-  const size_t close = stat.rfind(')');
-  return close != std::string::npos && close + 2 < stat.size() && (stat[close + 2] == 'T' || stat[close + 2] == 't');
-}
-
 WorkersOutcome run_workers(int n, Device device, int grace_s, const std::vector<std::string>& extra_args) {
   const char* port_env = std::getenv("MASTER_PORT");
   const std::string port = port_env && *port_env ? port_env : std::to_string(free_tcp_port());
@@ -101,7 +94,7 @@ WorkersOutcome run_workers(int n, Device device, int grace_s, const std::vector<
             << ")" << std::endl;
   g_workers.assign(size_t(n), 0);
   // Ctrl-C reaches the workers from the terminal (one process group); a SIGTERM to this process is passed on.
-  struct sigaction sa {};
+  struct sigaction sa = {};
   sa.sa_handler = forward_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
@@ -143,8 +136,10 @@ WorkersOutcome run_workers(int n, Device device, int grace_s, const std::vector<
       if (std::chrono::steady_clock::now() > deadline) {
         for (int r = 0; r < n; ++r)
           if (g_workers[size_t(r)] > 0) {
-            print_error_line(cat("error: rank ", r, " did not stop within ", grace_s, " s of the failure",
-                                 stopped(g_workers[size_t(r)]) ? " (it is stopped: SIGSTOP)" : "", ": killed"));
+            print_error_line(
+                cat("error: rank ", r, " did not stop within ", grace_s, " s of the failure",
+                    std::tolower(process_state(g_workers[size_t(r)])) == 't' ? " (it is stopped: SIGSTOP)" : "",
+                    ": killed"));
             ::kill(g_workers[size_t(r)], SIGKILL);
           }
         deadline = std::chrono::steady_clock::time_point::max();

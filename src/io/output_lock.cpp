@@ -24,8 +24,7 @@ bool inherited(const std::filesystem::path& path) {
   const char* v = std::getenv(kInheritedFdVar);
   if (!v || !*v) return false;
   const int fd = std::atoi(v);
-  struct stat a {
-  }, b{};
+  struct stat a = {}, b = {};
   return fd >= 0 && ::fstat(fd, &a) == 0 && ::stat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev &&
          a.st_ino == b.st_ino;
 }
@@ -38,30 +37,38 @@ std::string holder_pid(int fd) {
   return pid.empty() ? "unknown" : pid;
 }
 
+int open_lock_file(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) user_error(path.string(), ": cannot open the lock file (", std::strerror(errno), ")");
+  return fd;
+}
+
+// The PID is a note for a refused or waiting run's message; the lock holds without it.
+void note_holder(int fd) {
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, pid.data(), pid.size(), 0);
+}
+
 }  // namespace
 
 OutputLock OutputLock::acquire(const std::filesystem::path& dir, const std::string& what) {
   const std::filesystem::path path = dir / kOutputLockFile;
   if (inherited(path)) return OutputLock();
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) user_error(path.string(), ": cannot open the run's lock file (", std::strerror(errno), ")");
+  const int fd = open_lock_file(path);
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const std::string pid = holder_pid(fd);
     ::close(fd);
     user_error(what, " ", dir.string(), " is in use by another soltrain run (PID ", pid,
                "): wait for it to finish, stop it, or choose another output_dir");
   }
-  // The PID is a note for a refused second run's message; the lock holds without it.
-  const std::string pid = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, pid.data(), pid.size(), 0);
+  note_holder(fd);
   return OutputLock(fd);
 }
 
 OutputLock OutputLock::wait_for(const std::filesystem::path& dir, const char* file, const std::string& what,
                                 std::ostream& log) {
   const std::filesystem::path path = dir / file;
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) user_error(path.string(), ": cannot open the lock file (", std::strerror(errno), ")");
+  const int fd = open_lock_file(path);
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     log << what << " " << dir.string() << " is being written by another soltrain run (PID " << holder_pid(fd)
         << "): waiting for it" << std::endl;
@@ -71,8 +78,7 @@ OutputLock OutputLock::wait_for(const std::filesystem::path& dir, const char* fi
         user_error(path.string(), ": cannot lock (", std::strerror(errno), ")");
       }
   }
-  const std::string pid = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, pid.data(), pid.size(), 0);
+  note_holder(fd);
   return OutputLock(fd);
 }
 

@@ -4,11 +4,11 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <fstream>
-#include <iterator>
 #include <regex>
 #include <string>
 #include <vector>
+
+#include "core/process_state.h"
 
 namespace fs = std::filesystem;
 
@@ -22,10 +22,8 @@ namespace {
 bool process_gone(long pid) {
   if (pid <= 0 || pid == long(getpid())) return false;
   if (::kill(pid_t(pid), 0) != 0) return errno == ESRCH;
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  const std::string stat((std::istreambuf_iterator<char>(f)), {});
-  const size_t close = stat.rfind(')');
-  return close != std::string::npos && close + 2 < stat.size() && (stat[close + 2] == 'Z' || stat[close + 2] == 'X');
+  const char state = process_state(pid_t(pid));
+  return state == 'Z' || state == 'X';
 }
 
 }  // namespace

@@ -120,8 +120,7 @@ GrpoObjective::GrpoObjective(Ops& ops, GrpoConfig cfg, int64_t max_tokens, int64
       adv_(ops.alloc(size_t(max_rows) * sizeof(float))),
       scale_(ops.alloc(size_t(max_rows) * sizeof(float))),
       weight_(ops.alloc(size_t(max_tokens) * sizeof(float))),
-      stats_(ops.alloc(kPolicyStats * sizeof(double))),
-      entropy_(ops.alloc(sizeof(double))),
+      stats_(ops.alloc((kPolicyStats + 1) * sizeof(double))),
       upload_old_(ops, size_t(max_tokens) * sizeof(float)),
       upload_ref_(ops, size_t(max_tokens) * sizeof(float)),
       upload_adv_(ops, size_t(max_rows) * sizeof(float)),
@@ -176,7 +175,8 @@ void GrpoObjective::add_loss(Ops& ops, const ForwardOutputs& out) {
   // here and divided by the micro-batches at read().
   const Tensor ent = out.token_entropy.rows(0, N);
   ops.scale(ent, out.counted > 0 ? 1.0f / float(out.counted) : 0.0f);
-  ops.reduce_sum(Tensor{entropy_.data(), DType::F64, {1}, entropy_.device()}, ent, /*squares=*/false, !first_);
+  ops.reduce_sum(Tensor{static_cast<double*>(stats_.data()) + kPolicyStats, DType::F64, {1}, stats_.device()}, ent,
+                 /*squares=*/false, !first_);
   first_ = false;
   weights_ready_ = true;
   ++micro_batches_;
@@ -190,9 +190,9 @@ void GrpoObjective::token_weights(Ops& ops, const ForwardOutputs& out, Tensor we
 GrpoMetrics GrpoObjective::read(Ops& ops) const {
   GrpoMetrics m;
   if (first_) return m;
-  double s[kPolicyStats];
-  ops.copy(Tensor{s, DType::F64, {kPolicyStats}, Device::CPU},
-           Tensor{stats_.data(), DType::F64, {kPolicyStats}, stats_.device()});
+  double s[kPolicyStats + 1];
+  ops.copy(Tensor{s, DType::F64, {kPolicyStats + 1}, Device::CPU},
+           Tensor{stats_.data(), DType::F64, {kPolicyStats + 1}, stats_.device()});
   const double k = double(std::max<int64_t>(micro_batches_, 1));
   m.loss = s[kPolicyLoss];
   m.kl = s[kPolicyKl] / k;
@@ -201,9 +201,7 @@ GrpoMetrics GrpoObjective::read(Ops& ops) const {
   m.clip_region = s[kPolicyClipRegion] / k;
   m.clip_low_min = s[kPolicyClipLowMin] / k;
   m.clip_high_max = s[kPolicyClipHighMax] / k;
-  double e = 0;
-  ops.copy(Tensor{&e, DType::F64, {1}, Device::CPU}, Tensor{entropy_.data(), DType::F64, {1}, entropy_.device()});
-  m.entropy = e / k;
+  m.entropy = s[kPolicyStats] / k;
   m.tokens = int64_t(s[kPolicyTokens]);
   m.micro_batches = micro_batches_;
   return m;

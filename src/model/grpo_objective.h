@@ -93,8 +93,9 @@ class GrpoObjective final : public Objective {
   Ops& ops_;
   GrpoConfig cfg_;
   int64_t max_tokens_, max_rows_;
+  // stats_: F64 [kPolicyStats + 1], the policy loss's sums, then Σ over micro-batches of the mean entropy of their
+  // completion tokens (read back together: one sync)
   Buffer old_, ref_, adv_, scale_, weight_, stats_;
-  Buffer entropy_;  // F64 [1]: Σ over micro-batches of the mean entropy of their completion tokens
   StagedUpload upload_old_, upload_ref_, upload_adv_, upload_scale_;
   bool has_old_ = false, first_ = true, weights_ready_ = false;
   ReferenceWeights* reference_weights_ = nullptr;

@@ -128,6 +128,15 @@ bool is_external_reward(const std::string& spec) {
   return starts_with(spec, "http://") || starts_with(spec, "https://") || starts_with(spec, kCommand);
 }
 
+void check_external_reward(const std::string& spec) {
+  if (starts_with(spec, kCommand)) {
+    if (spec.find_first_not_of(" \t", std::strlen(kCommand)) == std::string::npos)
+      user_error("reward_funcs: \"", spec, "\" names no command");
+  } else if (!is_http_url(spec)) {
+    user_error("reward_funcs: \"", url_for_messages(spec), "\" is not an http(s) URL");
+  }
+}
+
 std::string external_reward_name(const std::string& spec) {
   if (starts_with(spec, kCommand)) {
     std::string cmd = spec.substr(std::strlen(kCommand));

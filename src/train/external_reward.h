@@ -12,6 +12,8 @@ namespace soltrain {
 
 // Whether a reward_funcs entry names an endpoint or a command.
 bool is_external_reward(const std::string& spec);
+// One line (UserError) when such an entry cannot be used: not an http(s) URL, or no command after "command:".
+void check_external_reward(const std::string& spec);
 // Its name in the metrics (rewards/<name>/mean): the URL's last path segment (else its host), or the command's
 // last word's file name without extension ("command:python3 rewards/length.py" -> "length").
 std::string external_reward_name(const std::string& spec);

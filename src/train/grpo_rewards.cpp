@@ -13,7 +13,6 @@
 #include <regex>
 
 #include "core/error.h"
-#include "hub/http.h"
 #include "rewards_script.h"
 #include "train/external_reward.h"
 #include "train/python_process.h"
@@ -133,20 +132,18 @@ RewardFunctions::RewardFunctions(const GrpoSettings& g, const std::vector<std::s
   const auto& builtins = builtin_reward_names();
   std::vector<std::string> py;
   for (const std::string& s : specs_) {
-    const bool builtin = std::find(builtins.begin(), builtins.end(), s) != builtins.end();
-    const bool external = is_external_reward(s);
-    python_.push_back(!builtin && !external);
-    if (builtin) {
+    if (std::find(builtins.begin(), builtins.end(), s) != builtins.end()) {
+      kinds_.push_back(Kind::Builtin);
       names_.push_back(s);
       continue;
     }
-    if (external) {
-      if (s.rfind("http", 0) == 0 && !is_http_url(s)) user_error("reward_funcs: \"", s, "\" is not an http(s) URL");
-      if (s == "command:" || s.find_first_not_of(" \t", 8) == std::string::npos)
-        user_error("reward_funcs: \"", s, "\" names no command");
+    if (is_external_reward(s)) {
+      check_external_reward(s);
+      kinds_.push_back(Kind::External);
       names_.push_back(external_reward_name(s));
       continue;
     }
+    kinds_.push_back(Kind::Python);
     const size_t colon = s.rfind(':');
     if (colon == std::string::npos || colon == 0 || colon + 1 == s.size())
       user_error("reward_funcs: \"", s, "\" is neither a built-in reward (accuracy, think_format), ",
@@ -196,9 +193,9 @@ std::vector<std::vector<double>> RewardFunctions::score(const RewardRequest& r) 
   nlohmann::json py_funcs = nlohmann::json::array();
   bool external = false;
   for (size_t f = 0; f < specs_.size(); ++f)
-    if (python_[f])
+    if (kinds_[f] == Kind::Python)
       py_funcs.push_back(specs_[f]);
-    else if (is_external_reward(specs_[f]))
+    else if (kinds_[f] == Kind::External)
       external = true;
     else
       out[f] = builtin_reward(specs_[f], r);
@@ -226,7 +223,7 @@ std::vector<std::vector<double>> RewardFunctions::score(const RewardRequest& r) 
   if (external) {
     const std::string batch = req.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     for (size_t f = 0; f < specs_.size(); ++f)
-      if (is_external_reward(specs_[f])) out[f] = external_reward(specs_[f], batch, n, timeout_s_);
+      if (kinds_[f] == Kind::External) out[f] = external_reward(specs_[f], batch, n, timeout_s_);
   }
   if (py_funcs.empty()) return out;
   req["functions"] = py_funcs;
@@ -241,7 +238,7 @@ std::vector<std::vector<double>> RewardFunctions::score(const RewardRequest& r) 
   const auto& rows = j.at("rewards");
   size_t k = 0;
   for (size_t f = 0; f < specs_.size(); ++f) {
-    if (!python_[f]) continue;
+    if (kinds_[f] != Kind::Python) continue;
     std::vector<double>& v = out[f];
     for (const auto& x : rows.at(k++)) v.push_back(x.is_null() ? kNone : x.get<double>());
     SOLTRAIN_CHECK(v.size() == n, "reward ", specs_[f], ": ", v.size(), " values for ", n);

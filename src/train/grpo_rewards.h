@@ -59,9 +59,10 @@ class RewardFunctions {
 
  private:
   std::string python_call(const std::string& request_line);  // a reply line from the Python side
+  enum class Kind { Builtin, Python, External };             // external_reward.h: an endpoint or a command
   std::vector<std::string> specs_, names_;
-  int timeout_s_ = 600;  // reward_timeout
-  std::vector<bool> python_;
+  std::vector<Kind> kinds_;  // one per spec
+  int timeout_s_ = 600;      // reward_timeout
   InProcessRewards in_process_;
   pid_t pid_ = -1;
   std::FILE *to_ = nullptr, *from_ = nullptr;

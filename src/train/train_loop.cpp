@@ -26,11 +26,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// Test seam (tests/test_sft.cpp): SOLTRAIN_TEST_NAN_STEP=K poisons the model at update K as a diverging batch
-// would: every loss read after it is NaN, until a checkpoint is restored.
+// Test seam (tests/test_sft.cpp, test_run_isolation.cpp): SOLTRAIN_TEST_NAN_STEP=STEP (every rank) or RANK:STEP
+// (that rank's readout only, as a rank whose batch went bad would see it first) poisons the model at update STEP
+// as a diverging batch would: every loss read after it is NaN, until a checkpoint is restored.
 bool g_test_poisoned = false;
-// SOLTRAIN_TEST_NAN_STEP=STEP (every rank) or RANK:STEP (that rank's readout only, as a rank whose batch went
-// bad would see it first) poisons the loss read after update STEP.
 struct NanSeam {
   int rank = -1;  // -1: every rank
   int64_t step = -1;
@@ -94,12 +93,11 @@ class StepLogger {
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     m.lr = lr;
     m.grad_norm = s_.step.grad_norm();
-    if (s_.dp) {
+    if (s_.dp && check) {
       // The ranks must agree to stop or to recover together (skip_bad_batches), so they check the same steps,
       // and a value gone bad on any rank is bad on all (the loss and norm are reduced, the check is too).
-      if (check && s_.comm->all_max_host(std::isfinite(m.loss) && std::isfinite(m.grad_norm) ? 0 : 1) > 0 &&
-          std::isfinite(m.loss) && std::isfinite(m.grad_norm))
-        m.loss = NAN;  // another rank saw it
+      const bool bad_here = !std::isfinite(m.loss) || !std::isfinite(m.grad_norm);
+      if (s_.comm->all_max_host(bad_here ? 1 : 0) > 0 && !bad_here) m.loss = NAN;  // another rank saw it
     }
     if (check || !s_.dp) watchdog_.after_step(step, m.loss, m.grad_norm, r.counted, c.learning_rate, c.output_dir);
     m.tokens = s_.step.counted();
