@@ -353,6 +353,44 @@ class Ops {
   virtual void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) = 0;
   virtual void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) = 0;
 
+  // Mixture-of-Experts (model/moe.h). N tokens, E experts, each token routed to k of them; the N·k (token,
+  // choice) pairs are "sorted" into expert order for the experts' GEMMs and back. A backend without them
+  // says why in moe_unsupported() (the model then refuses MoE layers in one line).
+  virtual std::string moe_unsupported() const { return ""; }
+  // probs (F32 [N,E]) = softmax(logits [N,E]); expert (I32 [N,k]) its k largest, largest first (ties: the
+  // lower expert); weight (F32 [N,k]) their probabilities, divided by their sum with norm_topk (Qwen3-MoE's
+  // norm_topk_prob); prob_sum (F32 [E]) += Σ over tokens of probs (the load-balancing loss's statistic).
+  virtual void moe_route(Tensor probs, Tensor expert, Tensor weight, Tensor prob_sum, const Tensor& logits,
+                         bool norm_topk) = 0;
+  // The pairs sorted by expert, stably (token, then choice, within an expert): rows (I32 [N·k]) the token of
+  // each sorted pair, slot (I32 [N·k]) the sorted position of pair n·k + j, offsets (I32 [E+1]) where each
+  // expert's pairs start; counts (F32 [E]) += the pairs per expert. No host sync.
+  virtual void moe_permute(Tensor rows, Tensor slot, Tensor offsets, Tensor counts, const Tensor& expert) = 0;
+  // out[i] = x[rows[i]] (activation dtype).
+  virtual void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) = 0;
+  // out[n] = Σ_j weight[n,j] · y[slot[n·k + j]], j in order; y [N·k, D] in expert order.
+  virtual void moe_combine(Tensor out, const Tensor& y, const Tensor& slot, const Tensor& weight) = 0;
+  // Its backward: dy[slot[n·k + j]] = weight[n,j] · dout[n]; dweight (F32 [N,k]) = dout[n] · y[slot[n·k + j]].
+  virtual void moe_combine_backward(Tensor dy, Tensor dweight, const Tensor& dout, const Tensor& y, const Tensor& slot,
+                                    const Tensor& weight) = 0;
+  // dx[n] (= or +=) Σ_j dxs[slot[n·k + j]]: gather_rows' backward without atomics, in a fixed order.
+  virtual void moe_unpermute_sum(Tensor dx, bool accumulate, const Tensor& dxs, const Tensor& slot) = 0;
+  // The experts' projections: rows [offsets[e], offsets[e+1]) of x [M,in] times w[e]ᵀ (w [E,out,in]) into y [M,out].
+  virtual void grouped_linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& offsets) = 0;
+  // dx (=) dy · w[e] per expert's rows; dw[e] += dy_eᵀ · x_e (F32 [E,out,in]); either may be null.
+  virtual void grouped_linear_backward(Tensor* dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                                       const Tensor& offsets) = 0;
+  // The router's backward, from d loss / d weight (F32 [N,k]) through the top-k renormalisation (norm_topk)
+  // and the softmax to dlogits [N,E] (activation dtype); aux_grad (F32 [E], or empty) is added to every
+  // token's d loss / d probs (the load-balancing loss's gradient, one value per expert).
+  virtual void moe_router_backward(Tensor dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& expert,
+                                   const Tensor& weight, bool norm_topk, const Tensor& aux_grad) = 0;
+  // transformers' load-balancing loss from the pass's statistics over R = (MoE layers × tokens) rows:
+  // loss (F64 [1]) += coef · E · Σ_e counts[e] · prob_sum[e] / R²; aux_grad[e] = coef · E · counts[e] / R²,
+  // its derivative by each row's probability of expert e (counts are not differentiable).
+  virtual void moe_aux_loss(Tensor aux_grad, Tensor loss, const Tensor& counts, const Tensor& prob_sum, float coef,
+                            double rows) = 0;
+
   virtual void add_inplace(Tensor x, const Tensor& y) = 0;  // x += y (activation dtype, or F32)
   // y = x · factor, times keep/(1-p) when p > 0: keep[i] = dropout_keep(seed, i, p) (kernels/dropout_mask.h),
   // identical on every backend, so a backward pass regenerates forward's mask from the seed alone.

@@ -121,14 +121,42 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
   // tile by tile in forward and again in backward. Recompute elementwise keeps gate and up but not act =
   // silu(gate)·up: backward refills it with one pass at memory bandwidth where keeping it costs L·N·F values
   // (2.7 GiB for Qwen3-4B at 2x2048).
-  for (const char* n : {"gate", "up"}) per_layer(n, {mlp_rc ? T : N, F}, act, mlp_rc);
-  per_layer("act", {mlp_rc ? T : N, F}, act, elem_rc);
+  // (numbered among the dense-MLP layers: an MoE layer has none of them)
+  const int64_t Ld = c.dense_mlp_layers(), Lm = c.moe_layers();
+  if (Ld > 0) {
+    for (const char* n : {"gate", "up"}) per_layer(n, {mlp_rc ? T : N, F}, act, mlp_rc, Ld);
+    per_layer("act", {mlp_rc ? T : N, F}, act, elem_rc, Ld);
+  }
+  // MoE layers (model/moe.h), numbered among themselves, run untiled: the routing is kept (a few values per
+  // token and expert); the per-pair tensors (M = N·top_k rows) follow the MLP's recompute rules.
+  const int64_t E = c.moe.num_experts, K = c.moe.top_k, M = N * K, Fm = c.moe.intermediate_size;
+  if (Lm > 0) {
+    per_layer("moe_logits", {N, E}, act, false, Lm);
+    per_layer("moe_probs", {N, E}, f32, false, Lm);
+    per_layer("moe_expert", {N, K}, i32, false, Lm);
+    per_layer("moe_weight", {N, K}, f32, false, Lm);
+    per_layer("moe_rows", {M}, i32, false, Lm);
+    per_layer("moe_slot", {M}, i32, false, Lm);
+    per_layer("moe_offsets", {E + 1}, i32, false, Lm);
+    per_layer("moe_xs", {M, D}, act, mlp_rc, Lm);
+    for (const char* n : {"moe_gate", "moe_up"}) per_layer(n, {M, Fm}, act, mlp_rc, Lm);
+    per_layer("moe_act", {M, Fm}, act, elem_rc, Lm);
+    per_layer("moe_ys", {M, D}, act, mlp_rc, Lm);
+  }
   one("hf", {N, D}, act);
   one("rstdf", {N}, f32);
   for (const char* n : {"tmp", "dh", "dhf"}) one(n, {N, D}, act);
   one("dres", {N, D}, res);
   if (res != act) one("dres_act", {N, D}, act);
-  for (const char* n : {"dact", "dgate", "dup"}) one(n, {T, F}, act);
+  if (Ld > 0)
+    for (const char* n : {"dact", "dgate", "dup"}) one(n, {T, F}, act);
+  if (Lm > 0) {
+    for (const char* n : {"moe_dys", "moe_dxs"}) one(n, {M, D}, act);
+    for (const char* n : {"moe_dact", "moe_dgate", "moe_dup"}) one(n, {M, Fm}, act);
+    one("moe_dweight", {N, K}, f32);
+    one("moe_dlogits", {N, E}, act);
+    for (const char* n : {"moe_counts", "moe_prob_sum", "moe_aux_grad"}) one(n, {E}, f32);
+  }
   one("dattn", {N, H * hd}, act);
   one("dq", {N, H, hd}, act);
   one("dk", {N, Hkv, hd}, act);

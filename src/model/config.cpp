@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -83,6 +84,36 @@ RopeConfig parse_rope(const json& j, const std::string& where) {
   return r;
 }
 
+// Qwen3-MoE's fields, as transformers' Qwen3MoeConfig reads them (its defaults where a field is absent).
+MoeConfig parse_moe(const Reader& r, int layers) {
+  MoeConfig m;
+  // transformers 5 writes num_local_experts; the hub's configs say num_experts
+  m.num_experts = r.get<int>("num_experts", r.get<int>("num_local_experts", 128));
+  m.top_k = r.get<int>("num_experts_per_tok", 8);
+  m.intermediate_size = r.get<int>("moe_intermediate_size", 768);
+  m.norm_topk = r.get<bool>("norm_topk_prob", false);
+  const double coef = r.get<double>("router_aux_loss_coef", 0.001);
+  if (!(coef >= 0) || !std::isfinite(coef))
+    user_error(r.where, ": \"router_aux_loss_coef\" must be a non-negative number, got ", coef);
+  m.aux_loss_coef = r.get<bool>("output_router_logits", false) ? float(coef) : 0.0f;
+  const int step = r.get<int>("decoder_sparse_step", 1);
+  if (m.num_experts > 0 && (m.top_k < 1 || m.top_k > m.num_experts))
+    user_error(r.where, ": \"num_experts_per_tok\" must be from 1 to num_experts (", m.num_experts, "), got ", m.top_k);
+  if (m.num_experts > 0 && m.intermediate_size < 1)
+    user_error(r.where, ": \"moe_intermediate_size\" must be positive");
+  if (step < 1) user_error(r.where, ": \"decoder_sparse_step\" must be at least 1, got ", step);
+  std::vector<int> dense_only;
+  if (r.j.contains("mlp_only_layers") && !r.j["mlp_only_layers"].is_null()) {
+    if (!r.j["mlp_only_layers"].is_array()) user_error(r.where, ": \"mlp_only_layers\" must be a list of layer indices");
+    for (const auto& v : r.j["mlp_only_layers"]) dense_only.push_back(r.typed<int>(v, "mlp_only_layers[]"));
+  }
+  m.sparse.assign(size_t(layers), false);
+  for (int l = 0; l < layers; ++l)
+    m.sparse[size_t(l)] = m.num_experts > 0 && (l + 1) % step == 0 &&
+                          std::find(dense_only.begin(), dense_only.end(), l) == dense_only.end();
+  return m;
+}
+
 }  // namespace
 
 ModelConfig parse_model_config(const json& j, const std::string& where) {
@@ -99,9 +130,12 @@ ModelConfig parse_model_config(const json& j, const std::string& where) {
     c.family = Family::Qwen2, c.architecture = "Qwen2ForCausalLM";
   else if (c.architecture == "Qwen3ForCausalLM" || (c.architecture.empty() && model_type == "qwen3"))
     c.family = Family::Qwen3, c.architecture = "Qwen3ForCausalLM";
+  else if (c.architecture == "Qwen3MoeForCausalLM" || (c.architecture.empty() && model_type == "qwen3_moe"))
+    c.family = Family::Qwen3Moe, c.architecture = "Qwen3MoeForCausalLM";
   else
     user_error(where, ": architecture \"", c.architecture.empty() ? model_type : c.architecture,
-               "\" is not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
+               "\" is not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+               "Qwen3MoeForCausalLM)");
 
   c.vocab_size = r.need<int>("vocab_size");
   c.hidden_size = r.need<int>("hidden_size");
@@ -138,7 +172,8 @@ ModelConfig parse_model_config(const json& j, const std::string& where) {
     c.qkv_bias = c.o_bias = r.get<bool>("attention_bias", false);
   }
   if (c.family == Family::Llama) c.mlp_bias = r.get<bool>("mlp_bias", false);
-  c.qk_norm = c.family == Family::Qwen3;
+  c.qk_norm = c.family == Family::Qwen3 || c.family == Family::Qwen3Moe;
+  if (c.family == Family::Qwen3Moe) c.moe = parse_moe(r, c.num_layers);
 
   if (r.get<int>("pretraining_tp", 1) != 1) user_error(where, ": pretraining_tp other than 1 is not supported");
   if (r.get<bool>("use_sliding_window", false))

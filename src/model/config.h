@@ -1,5 +1,6 @@
-// ModelConfig: what a Hugging Face config.json says about a Llama / Qwen2 / Qwen3 decoder, checked.
+// ModelConfig: what a Hugging Face config.json says about a Llama / Qwen2 / Qwen3 / Qwen3-MoE decoder, checked.
 #pragma once
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -7,7 +8,7 @@
 
 namespace soltrain {
 
-enum class Family { Llama, Qwen2, Qwen3 };
+enum class Family { Llama, Qwen2, Qwen3, Qwen3Moe };
 
 struct RopeConfig {
   std::string type = "default";  // default | linear | llama3
@@ -15,6 +16,19 @@ struct RopeConfig {
   double factor = 1.0;
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
   double original_max_position_embeddings = 8192;        // llama3
+};
+
+// Mixture-of-Experts (Qwen3-MoE): which layers send each token to top_k of num_experts SwiGLU experts (the
+// others keep the dense MLP), and how the router weighs them.
+struct MoeConfig {
+  int num_experts = 0;        // 0: no MoE layer
+  int top_k = 0;              // num_experts_per_tok
+  int intermediate_size = 0;  // moe_intermediate_size: each expert's
+  bool norm_topk = false;     // norm_topk_prob: the chosen experts' probabilities renormalised to sum 1
+  // transformers adds router_aux_loss_coef × its load-balancing loss only when output_router_logits is true
+  // (Qwen3-30B-A3B's config.json says false): 0 unless both say so, as there.
+  float aux_loss_coef = 0;
+  std::vector<bool> sparse;  // per layer: an MoE block (decoder_sparse_step, mlp_only_layers)
 };
 
 struct ModelConfig {
@@ -35,10 +49,17 @@ struct ModelConfig {
   bool mlp_bias = false;  // gate/up/down carry biases
   bool qk_norm = false;   // per-head RMSNorm of q and k before RoPE (Qwen3)
   RopeConfig rope;
+  MoeConfig moe;
   nlohmann::json raw;  // the file as read, for writing it back unchanged
 
   int q_dim() const { return num_heads * head_dim; }
   int kv_dim() const { return num_kv_heads * head_dim; }
+  bool is_moe_layer(int l) const { return !moe.sparse.empty() && moe.sparse[size_t(l)]; }
+  int moe_layers() const { return int(std::count(moe.sparse.begin(), moe.sparse.end(), true)); }
+  int dense_mlp_layers() const { return num_layers - moe_layers(); }
+  // Layer l's index among the MoE layers / among the dense-MLP layers (their activations are numbered so).
+  int moe_index(int l) const { return int(std::count(moe.sparse.begin(), moe.sparse.begin() + l, true)); }
+  int dense_mlp_index(int l) const { return l - moe_index(l); }
 };
 
 // Parses and validates; anything unsupported is a UserError naming the field and value.

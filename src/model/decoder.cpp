@@ -67,7 +67,18 @@ KvDecoder::KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int m
   for (Tensor* t : {&x_, &h_, &tmp_}) one(*t, N * D, act);
   for (Tensor* t : {&q_raw_, &q_, &attn_}) one(*t, N * H * hd, act);
   for (Tensor* t : {&k_raw_, &k_, &v_}) one(*t, N * Hkv * hd, act);
-  for (Tensor* t : {&gate_, &up_, &act_}) one(*t, N * F, act);
+  for (Tensor* t : {&gate_, &up_, &act_}) one(*t, c.dense_mlp_layers() > 0 ? N * F : 1, act);
+  if (c.moe_layers() > 0) {
+    const int64_t E = c.moe.num_experts, M = N * c.moe.top_k, Fm = c.moe.intermediate_size;
+    one(moe_logits_, N * E, act);
+    one(moe_probs_, N * E, f32);
+    for (Tensor* t : {&moe_expert_, &moe_rows_, &moe_slot_}) one(*t, M, i32);
+    one(moe_weight_, M, f32);
+    one(moe_offsets_, E + 1, i32);
+    for (Tensor* t : {&moe_xs_, &moe_ys_}) one(*t, M * D, act);
+    for (Tensor* t : {&moe_gate_, &moe_up_, &moe_act_}) one(*t, M * Fm, act);
+    for (Tensor* t : {&moe_counts_, &moe_prob_sum_}) one(*t, E, f32);
+  }
   one(rstd_, N * std::max<int64_t>(H, 1), f32);
   if (lora_r) one(lora_u_, N * lora_r, act);
   for (Tensor* t : {&last_x_, &last_h_}) one(*t, int64_t(batch) * D, act);
@@ -195,7 +206,8 @@ void KvDecoder::forward_chunk(int r0, int nb, int Tc) {
   const Tensor u = r ? view(lora_u_, {N, r}) : Tensor{};
   // One adapter output at a time: each projection's u is consumed by its own B product at once.
   const QkvTensors qkv{q_raw, k_raw, v, q, k, view(rstd_, {N * H}), view(rstd_, {N * Hkv}), u, u, u};
-  const MlpTensors mlp{view(gate_, {N, F}), view(up_, {N, F}), view(act_, {N, F}), u, u, u};
+  const int64_t Fd = c.dense_mlp_layers() > 0 ? F : 0;  // (an all-MoE model plans no dense MLP buffers)
+  const MlpTensors mlp{view(gate_, {N, Fd}), view(up_, {N, Fd}), view(act_, {N, Fd}), u, u, u};
   SeqLayout seq{Tensor{}, view(positions_, {N}), 0};  // RoPE reads positions only
   const LoraPass no_dropout;
 
@@ -212,7 +224,17 @@ void KvDecoder::forward_chunk(int r0, int nb, int Tc) {
     o.add_inplace(x, tmp);
     o.rmsnorm_forward(h, view(rstd_, {N}), x, w.ln2->value, eps);
     Tensor out = tmp;
-    w.mlp.forward(o, &out, h, mlp, no_dropout, l, tmp);
+    if (w.moe) {
+      const int64_t E = c.moe.num_experts, K = c.moe.top_k, M = N * K, Fm = c.moe.intermediate_size;
+      const MoeTensors t{view(moe_logits_, {N, E}), view(moe_probs_, {N, E}),   view(moe_expert_, {N, K}),
+                         view(moe_weight_, {N, K}), view(moe_rows_, {M}),       view(moe_slot_, {M}),
+                         view(moe_offsets_, {E + 1}), view(moe_xs_, {M, D}),    view(moe_gate_, {M, Fm}),
+                         view(moe_up_, {M, Fm}),    view(moe_act_, {M, Fm}),    view(moe_ys_, {M, D})};
+      const MoeStats stats{view(moe_counts_, {E}), view(moe_prob_sum_, {E})};  // (not read: no loss here)
+      w.moe->forward(o, &out, h, t, &stats, /*route=*/true);
+    } else {
+      w.mlp.forward(o, &out, h, mlp, no_dropout, l, tmp);
+    }
     o.add_inplace(x, tmp);
   }
 }

@@ -69,6 +69,9 @@ class KvDecoder {
   // activations for batch × max_chunk tokens
   Tensor x_, h_, rstd_, q_raw_, k_raw_, q_, k_, v_, attn_, tmp_, gate_, up_, act_, lora_u_;
   Tensor last_x_, last_h_, last_rstd_, logits_;  // [batch, ...]
+  // MoE layers' routing and per-pair tensors for one call (flat, viewed per call), and its statistics' scratch
+  Tensor moe_logits_, moe_probs_, moe_expert_, moe_weight_, moe_rows_, moe_slot_, moe_offsets_, moe_xs_, moe_gate_,
+      moe_up_, moe_act_, moe_ys_, moe_counts_, moe_prob_sum_;
   Tensor ids_, positions_, lens_;
   std::vector<std::pair<Tensor*, size_t>> bind_;  // the planned buffers, until the arena is allocated
   Tensor sampled_, seen_;  // I32 [batch] drawn ids; U8 [batch, vocab] tokens held (with repetition_penalty only)

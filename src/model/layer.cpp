@@ -117,19 +117,30 @@ void add_layer_parameters(ParameterStore& ps, const ModelConfig& c, int l, const
   }
   add_proj(LoraTarget::o);
   add(p + "post_attention_layernorm.weight", {c.hidden_size});
+  if (c.is_moe_layer(l)) {
+    if (proj != WeightFormat::Dense)
+      user_error("a quantised base (", weight_format_name(proj), ") does not cover Mixture-of-Experts layers yet: ",
+                 "use qlora_nf4/qlora_fp8 off with ", c.architecture);
+    add_moe_parameters(ps, c, l, base_trains);
+    return;
+  }
   for (LoraTarget t : {LoraTarget::gate, LoraTarget::up, LoraTarget::down}) add_proj(t);
+}
+
+bool layer_has_target(const ModelConfig& c, int l, LoraTarget t) {
+  return is_attention_target(t) || !c.is_moe_layer(l);
 }
 
 void add_lora_parameters(ParameterStore& ps, const ModelConfig& c, int l, const LoraConfig& lora) {
   for (int t = 0; t < kLoraTargets; ++t) {
-    if (!lora.targets(LoraTarget(t))) continue;
+    if (!lora.targets(LoraTarget(t)) || !layer_has_target(c, l, LoraTarget(t))) continue;
     const auto [out, in] = projection_shape(c, LoraTarget(t));
     ps.add(lora_a_name(l, LoraTarget(t)), {lora.r, in}, true, l);
     ps.add(lora_b_name(l, LoraTarget(t)), {out, lora.r}, true, l);
   }
 }
 
-DecoderLayer bind_layer(ParameterStore& ps, int l, const std::optional<LoraConfig>& lora) {
+DecoderLayer bind_layer(ParameterStore& ps, const ModelConfig& c, int l, const std::optional<LoraConfig>& lora) {
   const std::string p = cat("model.layers.", l, ".");
   const float scale = lora ? lora->scale() : 0.0f;
   auto linear = [&](LoraTarget t) {
@@ -146,6 +157,10 @@ DecoderLayer bind_layer(ParameterStore& ps, int l, const std::optional<LoraConfi
   layer.attn.k = linear(LoraTarget::k);
   layer.attn.v = linear(LoraTarget::v);
   layer.attn.o = linear(LoraTarget::o);
+  if (c.is_moe_layer(l)) {
+    layer.moe = bind_moe(ps, c, l);
+    return layer;
+  }
   layer.mlp.gate = linear(LoraTarget::gate);
   layer.mlp.up = linear(LoraTarget::up);
   layer.mlp.down = linear(LoraTarget::down);

@@ -10,6 +10,7 @@
 #include "model/config.h"
 #include "model/linear.h"
 #include "model/lora.h"
+#include "model/moe.h"
 #include "model/parameters.h"
 
 namespace soltrain {
@@ -50,8 +51,8 @@ class Attention {
                     const SeqLayout& seq, const Tensor& inv_freq, const LoraPass& lora, int64_t layer) const;
 };
 
-// The MLP block types. Dense SwiGLU is the one the supported models use; Mixture-of-Experts adds a
-// block class of its own beside it (the layer then holds one of the two), not flags in this one.
+// The MLP block types: dense SwiGLU, and Mixture-of-Experts (model/moe.h) beside it; a layer holds one of
+// the two (ModelConfig::is_moe_layer), not flags in one.
 struct MlpTensors {
   Tensor gate, up, act;         // [N, F]
   Tensor u_gate, u_up, u_down;  // adapters' u
@@ -78,7 +79,8 @@ class DenseSwiGLU {
 struct DecoderLayer {
   Parameter *ln1 = nullptr, *ln2 = nullptr;  // input_layernorm, post_attention_layernorm
   Attention attn;
-  DenseSwiGLU mlp;
+  DenseSwiGLU mlp;                // a dense layer's MLP (its projections unset in an MoE layer)
+  std::optional<MoeSwiGLU> moe;   // an MoE layer's block
 };
 
 // [out, in] of a projection's weight.
@@ -90,6 +92,9 @@ void add_layer_parameters(ParameterStore& ps, const ModelConfig& c, int l, const
 // Adds the adapters of layer l's targeted projections (trainable, in group l).
 void add_lora_parameters(ParameterStore& ps, const ModelConfig& c, int l, const LoraConfig& lora);
 // Looks layer l's parameters up (after ps.allocate()).
-DecoderLayer bind_layer(ParameterStore& ps, int l, const std::optional<LoraConfig>& lora);
+DecoderLayer bind_layer(ParameterStore& ps, const ModelConfig& c, int l, const std::optional<LoraConfig>& lora);
+// Whether LoRA target t has a module in layer l: an MoE layer has no dense gate/up/down projections (PEFT's
+// target_modules match no expert either: transformers 5 holds them as 3-D parameters, not nn.Linear).
+bool layer_has_target(const ModelConfig& c, int l, LoraTarget t);
 
 }  // namespace soltrain

@@ -34,7 +34,14 @@ struct Transformer::Activations {
   Arena arena;
   // per layer, saved
   std::vector<Tensor> resid;  // L+1 residual streams [N,D]: input of layer l, and the final one
-  std::vector<Tensor> h1, rstd1, q_raw, k_raw, q_rstd, k_rstd, q, k, v, attn, lse, mid, h2, rstd2, gate, up, act;
+  std::vector<Tensor> h1, rstd1, q_raw, k_raw, q_rstd, k_rstd, q, k, v, attn, lse, mid, h2, rstd2;
+  std::vector<Tensor> gate, up, act;  // per dense-MLP layer (ModelConfig::dense_mlp_index)
+  // per MoE layer (ModelConfig::moe_index): model/moe.h's MoeTensors
+  std::vector<Tensor> moe_logits, moe_probs, moe_expert, moe_weight, moe_rows, moe_slot, moe_offsets, moe_xs,
+      moe_gate, moe_up, moe_act, moe_ys;
+  MoeGrads moe_grads;
+  MoeStats moe_stats;
+  bool aux_on = false;  // this pass's backward adds the load-balancing loss's gradient (moe_grads.aux_grad)
   Tensor hf, rstdf;  // final norm
   // scratch. dres is the residual stream's gradient (in its dtype); dres_act the same rounded to the
   // activation dtype for the GEMMs that read it (the same tensor when the dtypes agree).
@@ -88,12 +95,18 @@ Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig>
   if (hd > ops.max_attention_head_dim())
     user_error("head_dim ", hd, " is not supported on ", ops.device() == Device::CUDA ? "CUDA" : "this device",
                " yet (at most ", ops.max_attention_head_dim(), ")");
+  if (c.moe_layers() > 0)
+    if (const std::string why = ops.moe_unsupported(); !why.empty()) user_error(c.architecture, ": ", why);
   add_model_parameters(params_, c, lora_);
   params_.allocate(ops_, gradients);
+  if (c.moe_layers() > 0) {
+    aux_loss_ = ops_.alloc(sizeof(double));
+    aux_loss_t_ = Tensor{aux_loss_.data(), DType::F64, {1}, ops_.device()};
+  }
   if (lora_ && lora_->offload_base) weight_stream_ = std::make_unique<WeightStream>(params_, ops_, c.num_layers);
 
   for (int l = 0; l < c.num_layers; ++l) {
-    layers_.push_back(bind_layer(params_, l, lora_));
+    layers_.push_back(bind_layer(params_, c, l, lora_));
     if (!lora_) continue;
     for (int t = 0; t < kLoraTargets; ++t)
       if (Parameter* a = params_.find(lora_a_name(l, LoraTarget(t)))) {
@@ -148,6 +161,9 @@ void Transformer::enable_fp8(const Fp8Settings& s) {
   const std::string why = ops_.fp8_unsupported();
   if (!why.empty()) user_error("recipe fp8-hybrid: ", why);
   const int L = config_.num_layers;
+  if (config_.moe_layers() > 0)
+    user_error("recipe fp8-hybrid does not cover Mixture-of-Experts layers yet (", config_.architecture,
+               "): use recipe: bf16");
   if (s.skip_first_layers < 0 || s.skip_last_layers < 0 || s.skip_first_layers + s.skip_last_layers > L)
     user_error("skip_quant_first_layers + skip_quant_last_layers must be between 0 and the model's ", L, " layers");
   for (const DecoderLayer& layer : layers_)
@@ -196,8 +212,31 @@ void Transformer::bind_planned_buffers(Activations& a, Ops& ops) {
       {"v", &a.v},         {"q_raw", &a.q_raw}, {"k_raw", &a.k_raw}, {"q_rstd", &a.q_rstd}, {"k_rstd", &a.k_rstd},
       {"attn", &a.attn},   {"lse", &a.lse},     {"mid", &a.mid},     {"h2", &a.h2},         {"rstd2", &a.rstd2},
       {"gate", &a.gate},   {"up", &a.up},       {"act", &a.act}};
+  for (auto [name, v] : {std::pair{"moe_logits", &a.moe_logits},
+                         {"moe_probs", &a.moe_probs},
+                         {"moe_expert", &a.moe_expert},
+                         {"moe_weight", &a.moe_weight},
+                         {"moe_rows", &a.moe_rows},
+                         {"moe_slot", &a.moe_slot},
+                         {"moe_offsets", &a.moe_offsets},
+                         {"moe_xs", &a.moe_xs},
+                         {"moe_gate", &a.moe_gate},
+                         {"moe_up", &a.moe_up},
+                         {"moe_act", &a.moe_act},
+                         {"moe_ys", &a.moe_ys}})
+    layered[name] = v;
   for (int t = 0; t < kLoraTargets; ++t) layered[cat("lora_u.", kLoraModuleNames[size_t(t)])] = &a.lora_u[size_t(t)];
   const std::map<std::string, Tensor*> single = {{"hf", &a.hf},
+                                                 {"moe_dys", &a.moe_grads.dys},
+                                                 {"moe_dxs", &a.moe_grads.dxs},
+                                                 {"moe_dact", &a.moe_grads.dact},
+                                                 {"moe_dgate", &a.moe_grads.dgate},
+                                                 {"moe_dup", &a.moe_grads.dup},
+                                                 {"moe_dweight", &a.moe_grads.dweight},
+                                                 {"moe_dlogits", &a.moe_grads.dlogits},
+                                                 {"moe_aux_grad", &a.moe_grads.aux_grad},
+                                                 {"moe_counts", &a.moe_stats.counts},
+                                                 {"moe_prob_sum", &a.moe_stats.prob_sum},
                                                  {"rstdf", &a.rstdf},
                                                  {"tmp", &a.tmp},
                                                  {"dh", &a.dh},
@@ -253,6 +292,9 @@ void Transformer::bind_planned_buffers(Activations& a, Ops& ops) {
 
 void Transformer::plan(int rows, int seq_len, Recompute recompute) {
   const int64_t N = int64_t(rows) * seq_len;
+  if (config_.moe_layers() > 0 && token_tile_ != kTokenTileAuto)
+    user_error("token_tile: Mixture-of-Experts layers run all of a micro-batch's tokens at once (",
+               config_.architecture, "); leave token_tile unset");
   if (offload_checkpoints_ && recompute != Recompute::Full)
     user_error(
         "offload_activations needs recompute: full (it offloads the layer-input checkpoints, the only "
@@ -322,12 +364,20 @@ MlpTensors Transformer::mlp_tile(int64_t l, int64_t t0, int64_t t1) const {
   const Activations& a = *acts_;
   // Kept for every token unless the MLP is recomputed; else one tile's buffer, refilled for each tile.
   const bool whole = a.recompute < Recompute::Selective;
+  const size_t d = size_t(config_.dense_mlp_index(int(l)));
   auto f = [&](const Tensor& t) { return whole ? t.rows(t0, t1) : t.rows(0, t1 - t0); };
   auto u = [&](LoraTarget t) {  // the adapters' u are small ([tokens, r]) and kept whole
     const Tensor x = lora_u(t, l);
     return x.data ? x.rows(t0, t1) : x;
   };
-  return {f(a.gate[l]), f(a.up[l]), f(a.act[l]), u(LoraTarget::gate), u(LoraTarget::up), u(LoraTarget::down)};
+  return {f(a.gate[d]), f(a.up[d]), f(a.act[d]), u(LoraTarget::gate), u(LoraTarget::up), u(LoraTarget::down)};
+}
+
+MoeTensors Transformer::moe_tensors(int64_t l) const {
+  const Activations& a = *acts_;
+  const size_t m = size_t(config_.moe_index(int(l)));
+  return {a.moe_logits[m], a.moe_probs[m], a.moe_expert[m], a.moe_weight[m], a.moe_rows[m], a.moe_slot[m],
+          a.moe_offsets[m], a.moe_xs[m],     a.moe_gate[m],   a.moe_up[m],     a.moe_act[m], a.moe_ys[m]};
 }
 
 LoraPass Transformer::lora_pass() const {
@@ -424,10 +474,20 @@ void Transformer::forward(const HostBatch& batch, Objective* objective, bool bac
   // Each residual add is fused with the RMSNorm after it (the next layer's ln1, or the final norm), so
   // only the first layer normalises its own input here.
   weights_needed_forward(0);  // each later layer's fires inside the layer before (forward_mlp)
+  if (c.moe_layers() > 0) {
+    ops_.zero(a.moe_stats.counts);
+    ops_.zero(a.moe_stats.prob_sum);
+  }
   for (int64_t l = 0; l < L; ++l) {
     forward_attention(l, l == 0);
     forward_mlp(l);
   }
+  // transformers' load-balancing loss over every MoE layer's routing of this micro-batch: its value joins the
+  // update's loss, and its gradient backward's router (training passes only, as the loss it reports).
+  a.aux_on = backward_follows && c.moe_layers() > 0 && c.moe.aux_loss_coef > 0;
+  if (a.aux_on)
+    ops_.moe_aux_loss(a.moe_grads.aux_grad, aux_loss_t_, a.moe_stats.counts, a.moe_stats.prob_sum,
+                      c.moe.aux_loss_coef, double(c.moe_layers()) * double(a.resid[0].dim(0)));
   head_pass(a.head_fused ? &a.token_weight : nullptr, logits_out, objective && objective->wants_entropy());
   if (objective && objective->needs_document_sums()) ops_.segment_sum(a.out.doc_nll, a.token_nll, a.seq.cu_seqlens);
   if (objective) objective->add_loss(ops_, a.out);
@@ -526,6 +586,15 @@ void Transformer::backward_layer(int64_t l) {
 void Transformer::backward_mlp(int64_t l) {
   Activations& a = *acts_;
   const DecoderLayer& w = layers_[size_t(l)];
+  if (w.moe) {  // untiled; the routing is kept, the per-pair tensors recomputed from it as the MLP's would be
+    const MoeTensors t = moe_tensors(l);
+    if (a.recompute >= Recompute::Selective) w.moe->forward(ops_, nullptr, a.h2[l], t, nullptr, /*route=*/false);
+    if (a.recompute == Recompute::Elementwise) ops_.swiglu_forward(t.act, t.gate, t.up);
+    MoeGrads g = a.moe_grads;
+    if (!a.aux_on) g.aux_grad = Tensor{};
+    w.moe->backward(ops_, a.dh, a.dres_act, a.h2[l], t, g);
+    return;
+  }
   const LoraPass lp = lora_pass();
   const int64_t N = a.h2[l].dim(0);
   // Weight gradients accumulate across tiles (the ops add into them): no full-size buffer, but each
@@ -575,11 +644,14 @@ void Transformer::forward_mlp(int64_t l) {
   const DecoderLayer& w = layers_[size_t(l)];
   const LoraPass lp = lora_pass();
   const int64_t N = a.h2[l].dim(0);
-  for (int64_t t0 = 0; t0 < N; t0 += a.tile) {
-    const int64_t t1 = std::min(N, t0 + a.tile);
-    Tensor out = a.tmp.rows(t0, t1);
-    w.mlp.forward(o, &out, a.h2[l].rows(t0, t1), mlp_tile(l, t0, t1), lp, l, out, t0);
-  }
+  if (w.moe)
+    w.moe->forward(o, &a.tmp, a.h2[l], moe_tensors(l), &a.moe_stats, /*route=*/true);
+  else
+    for (int64_t t0 = 0; t0 < N; t0 += a.tile) {
+      const int64_t t1 = std::min(N, t0 + a.tile);
+      Tensor out = a.tmp.rows(t0, t1);
+      w.mlp.forward(o, &out, a.h2[l].rows(t0, t1), mlp_tile(l, t0, t1), lp, l, out, t0);
+    }
   // resid[l+1] = mid + down(...), fused with the norm that reads it: the next layer's ln1, or the final norm
   const int64_t L = int64_t(layers_.size());
   if (l + 1 < L) {
@@ -670,12 +742,23 @@ void Transformer::checkpoint_ready(int64_t j) {
   r.side_mark[s] = 0;
 }
 
+void Transformer::reset_aux_loss() {
+  if (aux_loss_t_.data) ops_.zero(aux_loss_t_);
+}
+
+double Transformer::read_aux_loss() const {
+  double v = 0;
+  if (aux_loss_t_.data) ops_.copy(Tensor{&v, DType::F64, {1}, Device::CPU}, aux_loss_t_);
+  return v;
+}
+
 StepResult Transformer::step(const HostBatch& batch, bool backward_too, float* logits_out) {
   if (!own_sft_) own_sft_ = std::make_unique<SftObjective>(ops_);
   own_sft_->begin_update(batch.counted());
+  reset_aux_loss();
   forward(batch, own_sft_.get(), backward_too, logits_out);
   if (backward_too) backward(*own_sft_);
-  return {own_sft_->read_loss(ops_), batch.counted()};
+  return {own_sft_->read_loss(ops_) + read_aux_loss(), batch.counted()};
 }
 
 void validate_batch(const HostBatch& b, int vocab_size, const std::string& source) {

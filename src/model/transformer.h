@@ -151,6 +151,13 @@ class Transformer {
   // What the last forward produced (on the device).
   const ForwardOutputs& outputs() const;
 
+  // Mixture-of-Experts models: the load-balancing loss (router_aux_loss_coef × transformers' aux loss, model/moe.h)
+  // of the training passes since reset_aux_loss(), as HF Trainer adds it to each micro-batch's loss: part of the
+  // update's loss (the trainer adds it to the objective's) and of its gradient. 0 without MoE layers or with
+  // the loss off (output_router_logits false). read_aux_loss waits for the device.
+  void reset_aux_loss();
+  double read_aux_loss() const;
+
   // Forward (and backward) of one batch on its own under SFT's loss, read back: for tests and tools.
   StepResult step(const HostBatch& batch, bool backward, float* logits_out = nullptr);
 
@@ -181,6 +188,7 @@ class Transformer {
   Tensor dres_rounded() const;  // where rmsnorm_backward also writes dres in the activation dtype (or none)
   QkvTensors qkv(int64_t l) const;
   MlpTensors mlp_tile(int64_t l, int64_t t0, int64_t t1) const;  // tokens [t0, t1) of layer l's MLP tensors
+  MoeTensors moe_tensors(int64_t l) const;                        // MoE layer l's
   LoraPass lora_pass() const;
   Tensor lora_u(LoraTarget t, int64_t l) const;  // the adapter's saved u (empty without one)
   // The offloaded checkpoints' ring (set_offload_checkpoints; no-ops without it), transformer.cpp says how the
@@ -210,6 +218,8 @@ class Transformer {
   bool offload_checkpoints_ = false;
   std::unique_ptr<SftObjective> own_sft_;  // step()'s objective
   std::unique_ptr<Fp8Recipe> fp8_;
+  Buffer aux_loss_;  // F64 [1]: the load-balancing loss of the passes since reset_aux_loss (MoE models)
+  Tensor aux_loss_t_;
 };
 
 // The model's parameters by Hugging Face name, in the store's order (what the Transformer adds before allocating;

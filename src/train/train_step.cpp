@@ -95,6 +95,7 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
   SOLTRAIN_CHECK(!(dp_ && objective), "objectives other than SFT run in a single process");
   Ops& ops = model_.ops();
   ops.zero(model_.params().all_grads());
+  model_.reset_aux_loss();
   if (dp_) dp_->begin_update();
   counted_ = 0;
   for (const HostBatch& b : micro_batches) counted_ += b.counted();
@@ -140,11 +141,12 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
 }
 
 double TrainStep::loss() const {
-  if (!dp_) return sft_.read_loss(model_.ops());
+  // (an MoE model's load-balancing loss joins it as HF Trainer adds it; under data parallel, rank 0's own)
+  if (!dp_) return sft_.read_loss(model_.ops()) + model_.read_aux_loss();
   double s = 0;
   model_.ops().copy(Tensor{&s, DType::F64, {1}, Device::CPU},
                     Tensor{loss_sum_.data(), DType::F64, {1}, loss_sum_.device()});
-  return counted_ > 0 ? s / double(counted_) : NAN;
+  return counted_ > 0 ? s / double(counted_) + model_.read_aux_loss() : NAN;
 }
 
 double TrainStep::grad_norm() const {

@@ -37,6 +37,21 @@ class CpuOps final : public Ops {
   void flag_tokens(Tensor seen, const Tensor& ids) override;
   void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) override;
   void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) override;
+  void moe_route(Tensor probs, Tensor expert, Tensor weight, Tensor prob_sum, const Tensor& logits,
+                 bool norm_topk) override;
+  void moe_permute(Tensor rows, Tensor slot, Tensor offsets, Tensor counts, const Tensor& expert) override;
+  void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) override;
+  void moe_combine(Tensor out, const Tensor& y, const Tensor& slot, const Tensor& weight) override;
+  void moe_combine_backward(Tensor dy, Tensor dweight, const Tensor& dout, const Tensor& y, const Tensor& slot,
+                            const Tensor& weight) override;
+  void moe_unpermute_sum(Tensor dx, bool accumulate, const Tensor& dxs, const Tensor& slot) override;
+  void grouped_linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& offsets) override;
+  void grouped_linear_backward(Tensor* dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                               const Tensor& offsets) override;
+  void moe_router_backward(Tensor dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& expert,
+                           const Tensor& weight, bool norm_topk, const Tensor& aux_grad) override;
+  void moe_aux_loss(Tensor aux_grad, Tensor loss, const Tensor& counts, const Tensor& prob_sum, float coef,
+                    double rows) override;
   void add_inplace(Tensor x, const Tensor& y) override;
   void dropout_scale(Tensor y, const Tensor& x, float factor, float p, uint64_t seed) override;
   void cross_entropy(const Tensor& logits, Tensor dlogits, Tensor row_loss, const Tensor& targets,
