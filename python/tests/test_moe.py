@@ -1,0 +1,133 @@
+"""Mixture-of-Experts (Qwen3-MoE) against transformers live on CPU torch: logits, the loss with transformers'
+load-balancing loss (output_router_logits × router_aux_loss_coef) and every gradient (router, each expert's
+gate/up/down, attention, norms) of random tiny models, with norm_topk_prob on and off and dense layers
+interleaved (mlp_only_layers, decoder_sparse_step); greedy generation; an `sft` run whose saved model
+transformers loads whole. Tolerances are the dense models' (test_live_references.py)."""
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import soltrain
+from conftest import BIN
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+
+def rel(a, b):
+    a, b = a.double().flatten(), b.double().flatten()
+    return float((a - b).norm() / b.norm())
+
+
+def tiny_moe(path, seed, vocab=300, **keys):
+    """A random Qwen3-MoE written by transformers (every weight drawn fresh, norms too), and the model."""
+    torch.manual_seed(seed)
+    base = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=3,
+                max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False, router_aux_loss_coef=0.05,
+                attn_implementation="eager")
+    base.update(keys)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.Qwen3MoeConfig(**base), dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * (0.5 if p.ndim == 1 else 0.08) + (1.0 if p.ndim == 1 else 0.0))
+    model.save_pretrained(path)
+    return model
+
+
+def hf_grad(model, name):
+    """transformers 5 holds each layer's experts as [E, 2F, D] gate_up and [E, D, F] down parameters; its saved
+    files (and soltrain) name them per expert."""
+    params = dict(model.named_parameters())
+    if ".experts." not in name:
+        return params[name].grad
+    prefix, rest = name.split(".experts.")
+    e, proj = rest.split(".")[:2]
+    if proj == "down_proj":
+        return params[prefix + ".experts.down_proj"].grad[int(e)]
+    g = params[prefix + ".experts.gate_up_proj"].grad[int(e)]
+    half = g.shape[0] // 2
+    return g[:half] if proj == "gate_proj" else g[half:]
+
+
+@pytest.mark.parametrize("norm_topk,aux,dense_layers,sparse_step", [(True, True, [], 1), (False, True, [1], 1),
+                                                                     (True, False, [], 2)])
+def test_logits_loss_and_gradients_match_transformers(norm_topk, aux, dense_layers, sparse_step, tmp_path):
+    model = tiny_moe(tmp_path / "model", seed=11 + sparse_step + len(dense_layers), norm_topk_prob=norm_topk,
+                     output_router_logits=aux, mlp_only_layers=dense_layers, decoder_sparse_step=sparse_step)
+    ids = torch.randint(0, 300, (2, 24))
+    targets = torch.roll(ids, -1, 1)
+    targets[:, -1] = -100
+    targets[1, :4] = -100
+    save_file({"input_ids": ids.int(), "targets": targets.int()}, str(tmp_path / "batch.safetensors"))
+    subprocess.run([str(BIN), "dump", "--model", str(tmp_path / "model"), "--batch", str(tmp_path / "batch.safetensors"),
+                    "--out", str(tmp_path / "ours.safetensors")], check=True, capture_output=True)
+    ours = load_file(str(tmp_path / "ours.safetensors"))
+
+    model.train(False)
+    out = model(input_ids=ids, output_router_logits=aux)
+    loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+    if aux:  # what Qwen3MoeForCausalLM adds to its loss when the config asks for router logits
+        assert out.aux_loss.item() > 1.0
+        loss = loss + model.config.router_aux_loss_coef * out.aux_loss
+    loss.backward()
+    assert rel(ours["logits"].reshape(out.logits.shape), out.logits.detach()) <= 1e-5
+    assert abs(float(ours["loss"].flatten()[0]) - loss.item()) / loss.item() <= 1e-6
+    grads = [n for n in ours if n.startswith("grad.")]
+    idle = 0
+    for key in grads:
+        ref = hf_grad(model, key[5:])
+        if not ref.any():  # an expert no token chose: no gradient on either side
+            assert not ours[key].any(), key
+            idle += 1
+            continue
+        assert rel(ours[key], ref) <= 1e-4, key
+    assert idle < len(grads) // 4
+    experts = [n for n in grads if ".experts." in n]
+    routers = [n for n in grads if n.endswith("mlp.gate.weight")]
+    sparse = [l for l in range(3) if l not in dense_layers and (l + 1) % sparse_step == 0]
+    assert len(experts) == 3 * 8 * len(sparse) and len(routers) == len(sparse)
+    assert len(grads) == sum(p.numel() > 0 for p in model.parameters()) + len(experts) - 2 * len(sparse)
+
+
+def test_greedy_generation_and_logprobs_match_transformers(tmp_path):
+    hf = tiny_moe(tmp_path / "model", seed=5, norm_topk_prob=True)
+    hf.train(False)
+    model = soltrain.Model.from_pretrained(tmp_path / "model", sequence_len=32, rows=2)
+    prompts = [[5, 17, 99, 42, 7], [8, 3]]
+    ours = model.generate(prompts, max_new_tokens=10, eos_token_id=[])
+    for prompt, got in zip(prompts, ours):
+        want = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)
+        assert got == want[0, len(prompt):].tolist()
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 300, size=(2, 32), dtype=np.int64)
+    targets = np.roll(ids, -1, axis=1)
+    targets[:, -1] = -100
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.from_numpy(ids)).logits, -1)
+    t = torch.from_numpy(targets)
+    expected = ref.gather(-1, t.clamp(min=0)[..., None])[..., 0].masked_fill(t == -100, 0).numpy()
+    assert np.abs(model.logprobs(ids, targets) - expected).max() < 1e-4
+
+
+def test_sft_saves_a_model_transformers_loads(demo, tmp_path):
+    tiny_moe(tmp_path / "model", seed=9, vocab=320, norm_topk_prob=True, output_router_logits=True)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(demo / "model" / f, tmp_path / "model" / f)
+    config = soltrain.SFTConfig(model=str(tmp_path / "model"), output_dir=str(tmp_path / "out"), sequence_len=128,
+                                per_device_train_batch_size=2, max_steps=8, learning_rate=3e-3, logging_steps=1,
+                                device="cpu", datasets=[{"path": str(demo / "train.jsonl"), "type": "conversation"}])
+    logged = []
+    soltrain.Trainer(config, callbacks=[logged.append]).train()
+    losses = [m["loss"] for m in logged if "loss" in m]
+    assert len(losses) == 8 and losses[-1] < losses[0]
+    saved, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "model", dtype=torch.float32,
+                                                                    output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    before = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32)
+    moved = [n for n, p in saved.named_parameters() if not torch.equal(p, dict(before.named_parameters())[n])]
+    assert any(".experts." in n for n in moved) and any(n.endswith("mlp.gate.weight") for n in moved)
