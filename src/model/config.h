@@ -58,7 +58,9 @@ struct ModelConfig {
   int moe_layers() const { return int(std::count(moe.sparse.begin(), moe.sparse.end(), true)); }
   int dense_mlp_layers() const { return num_layers - moe_layers(); }
   // Layer l's index among the MoE layers / among the dense-MLP layers (their activations are numbered so).
-  int moe_index(int l) const { return int(std::count(moe.sparse.begin(), moe.sparse.begin() + l, true)); }
+  int moe_index(int l) const {
+    return moe.sparse.empty() ? 0 : int(std::count(moe.sparse.begin(), moe.sparse.begin() + l, true));
+  }
   int dense_mlp_index(int l) const { return l - moe_index(l); }
 };
 

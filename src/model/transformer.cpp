@@ -95,8 +95,17 @@ Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig>
   if (hd > ops.max_attention_head_dim())
     user_error("head_dim ", hd, " is not supported on ", ops.device() == Device::CUDA ? "CUDA" : "this device",
                " yet (at most ", ops.max_attention_head_dim(), ")");
-  if (c.moe_layers() > 0)
+  if (c.moe_layers() > 0) {
     if (const std::string why = ops.moe_unsupported(); !why.empty()) user_error(c.architecture, ": ", why);
+    // PEFT adapts the experts for these targets (through their 3-D parameters): skipping them would train
+    // another model than PEFT's without a word.
+    if (lora_)
+      for (LoraTarget t : {LoraTarget::gate, LoraTarget::up, LoraTarget::down})
+        if (lora_->targets(t))
+          user_error("lora_target_modules: ", kLoraModuleNames[size_t(t)], " on ", c.architecture,
+                     " means the experts, and LoRA on experts is not built yet: target the attention projections "
+                     "(q_proj, k_proj, v_proj, o_proj)");
+  }
   add_model_parameters(params_, c, lora_);
   params_.allocate(ops_, gradients);
   if (c.moe_layers() > 0) {

@@ -1,0 +1,262 @@
+// Mixture-of-Experts (model/moe.h) beside the live transformers comparison (python/tests/test_moe.py): every
+// recompute level gives the same bits with less memory; LoRA on the attention of an MoE model trains the
+// adapters alone; the routing and permutation ops against their definitions (the CPU twins the CUDA kernels
+// will be held to); Qwen3-MoE's config fields; settings that do not cover experts refused in one line.
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/error.h"
+#include "model/fp8_recipe.h"
+#include "model/transformer.h"
+#include "test_util.h"
+
+namespace soltrain::test {
+namespace {
+
+template <typename F>
+void expect_user_error(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "accepted; expected an error with '" << needle << "'";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+  }
+}
+
+template <typename T>
+Tensor host_tensor(std::vector<T>& v, Shape s) {
+  return Tensor{v.data(), std::is_same_v<T, float> ? DType::F32 : DType::I32, std::move(s), Device::CPU};
+}
+
+nlohmann::json moe_json() {
+  return nlohmann::json::parse(R"({
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 96, "hidden_size": 64,
+    "intermediate_size": 96, "moe_intermediate_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": true,
+    "mlp_only_layers": [1], "output_router_logits": true, "router_aux_loss_coef": 0.05, "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": false})");
+}
+
+// The tiny model above with fresh random weights (norms near 1), and a random batch for it.
+std::unique_ptr<Transformer> moe_model(Ops& ops, std::optional<LoraConfig> lora = std::nullopt,
+                                       const nlohmann::json& config = moe_json()) {
+  auto m = std::make_unique<Transformer>(parse_model_config(config), ops, lora);
+  std::mt19937 rng(7);
+  for (Parameter& p : m->params().all()) {
+    if (p.name.find("lora_") != std::string::npos) continue;  // the adapters keep PEFT's initialisation
+    std::vector<float> v = random_vec(size_t(shape_numel(p.shape)), rng, p.shape.size() == 1 ? 0.3f : 0.1f);
+    if (p.shape.size() == 1)
+      for (float& x : v) x += 1.0f;
+    m->params().upload(ops, p, v.data());
+  }
+  return m;
+}
+
+HostBatch random_batch(int rows, int len, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  HostBatch b;
+  b.rows = rows;
+  b.seq_len = len;
+  for (int i = 0; i < rows * len; ++i) b.input_ids.push_back(int32_t(rng() % uint32_t(vocab)));
+  b.targets = b.input_ids;
+  std::rotate(b.targets.begin(), b.targets.begin() + 1, b.targets.end());
+  for (int r = 0; r < rows; ++r) b.targets[size_t(r * len + len - 1)] = -100;
+  return b;
+}
+
+struct Pass {
+  double loss = 0;
+  std::vector<float> logits;
+  std::vector<std::vector<float>> grads;
+  size_t activation_bytes = 0;
+};
+
+Pass pass(Recompute rc, std::optional<LoraConfig> lora = std::nullopt) {
+  auto ops = make_cpu_ops();
+  auto m = moe_model(*ops, lora);
+  const HostBatch b = random_batch(2, 20, 96, 3);
+  m->plan(b.rows, b.seq_len, rc);
+  Pass p;
+  p.logits.resize(size_t(b.rows * b.seq_len * 96));
+  ops->zero(m->params().all_grads());
+  p.loss = m->step(b, true, p.logits.data()).loss;
+  for (const Parameter& q : m->params().all())
+    if (q.trainable) p.grads.emplace_back(q.grad.f32(), q.grad.f32() + q.grad.numel());
+  p.activation_bytes = m->activation_bytes();
+  return p;
+}
+
+TEST(Moe, EveryRecomputeLevelIsBitwiseIdenticalAndSmaller) {
+  const Pass none = pass(Recompute::None), elem = pass(Recompute::Elementwise);
+  const Pass sel = pass(Recompute::Selective), full = pass(Recompute::Full);
+  ASSERT_TRUE(std::isfinite(none.loss));
+  for (const Pass* r : {&elem, &sel, &full}) {
+    EXPECT_EQ(r->loss, none.loss);
+    EXPECT_EQ(r->logits, none.logits);
+    ASSERT_EQ(r->grads.size(), none.grads.size());
+    for (size_t i = 0; i < none.grads.size(); ++i) EXPECT_EQ(r->grads[i], none.grads[i]) << "gradient " << i;
+  }
+  EXPECT_LT(elem.activation_bytes, none.activation_bytes);
+  EXPECT_LT(sel.activation_bytes, elem.activation_bytes);
+  EXPECT_LT(full.activation_bytes, sel.activation_bytes);
+}
+
+TEST(Moe, TheLoadBalancingLossIsInTheLossOnlyWhenTheConfigAsksForIt) {
+  auto ops = make_cpu_ops();
+  nlohmann::json off = moe_json();
+  off["output_router_logits"] = false;
+  auto with = moe_model(*ops), without = moe_model(*ops, std::nullopt, off);
+  const HostBatch b = random_batch(2, 20, 96, 3);
+  with->plan(b.rows, b.seq_len);
+  without->plan(b.rows, b.seq_len);
+  const double a = with->step(b, true).loss, c = without->step(b, true).loss;
+  // coef 0.05 × the aux loss E·Σ_e f_e·P_e (Σ f = top_k, Σ P = 1): ≥ top_k = 2 when the counts f follow the
+  // probabilities P, as top-k routing makes them (Chebyshev's sum inequality), < E·top_k
+  EXPECT_GE(a - c, 0.05 * 2 - 1e-6);
+  EXPECT_LT(a - c, 0.05 * 8 * 2);
+  EXPECT_EQ(without->read_aux_loss(), 0.0);
+}
+
+TEST(Moe, LoraOnTheAttentionTrainsTheAdaptersAloneAndExpertTargetsAreRefused) {
+  const LoraConfig lora{4, 8.0f, 0.1f, {"q_proj", "v_proj", "o_proj"}, false, 3};
+  const Pass none = pass(Recompute::None, lora), full = pass(Recompute::Full, lora);
+  EXPECT_EQ(none.loss, full.loss);
+  EXPECT_EQ(none.grads, full.grads);
+  auto ops = make_cpu_ops();
+  auto m = moe_model(*ops, lora);
+  for (const Parameter& p : m->params().all())
+    EXPECT_EQ(p.trainable, p.name.find("lora_") != std::string::npos) << p.name;
+  EXPECT_EQ(none.grads.size(), 3u * 3u * 2u);  // A and B of q, v, o in each of the 3 layers
+  for (const char* t : {"gate_proj", "up_proj", "down_proj"}) {
+    const LoraConfig mlp{4, 8.0f, 0.0f, {"q_proj", t}, false, 3};
+    expect_user_error([&] { moe_model(*ops, mlp); }, "LoRA on experts is not built yet");
+  }
+}
+
+TEST(Moe, RoutingAndPermutationFollowTheirDefinitions) {
+  auto ops = make_cpu_ops();
+  const int64_t N = 37, E = 6, K = 3;
+  std::mt19937 rng(5);
+  std::vector<float> logits = random_vec(size_t(N * E), rng, 2.0f), probs(size_t(N * E)), w(size_t(N * K));
+  std::vector<float> prob_sum(size_t(E), 0.5f), counts(size_t(E), 1.0f);
+  std::vector<int32_t> ex(size_t(N * K)), rows(size_t(N * K)), slot(size_t(N * K)), off(size_t(E + 1));
+  auto t = [](auto& v, Shape s) { return host_tensor(v, std::move(s)); };
+  ops->moe_route(t(probs, {N, E}), t(ex, {N, K}), t(w, {N, K}), t(prob_sum, {E}), t(logits, {N, E}), true);
+  ops->moe_permute(t(rows, {N * K}), t(slot, {N * K}), t(off, {E + 1}), t(counts, {E}), t(ex, {N, K}));
+  std::vector<int> per_expert(size_t(E), 0);
+  for (int64_t n = 0; n < N; ++n) {
+    double z = 0, top = 0;
+    for (int64_t e = 0; e < E; ++e) z += std::exp(double(logits[size_t(n * E + e)]));
+    for (int64_t j = 0; j < K; ++j) {
+      const int32_t e = ex[size_t(n * K + j)];
+      EXPECT_NEAR(probs[size_t(n * E + e)], std::exp(double(logits[size_t(n * E + e)])) / z, 1e-6);
+      top += probs[size_t(n * E + e)];
+      if (j > 0) EXPECT_GE(probs[size_t(n * E + ex[size_t(n * K + j - 1)])], probs[size_t(n * E + e)]);
+      ++per_expert[size_t(e)];
+      // the pair sits in its expert's range, and the sorted row points back at its token
+      const int32_t s = slot[size_t(n * K + j)];
+      EXPECT_GE(s, off[size_t(e)]);
+      EXPECT_LT(s, off[size_t(e) + 1]);
+      EXPECT_EQ(rows[size_t(s)], n);
+    }
+    for (int64_t e = 0; e < E; ++e)  // every unchosen expert is no likelier than the last chosen one
+      if (std::find(ex.begin() + n * K, ex.begin() + n * K + K, e) == ex.begin() + n * K + K)
+        EXPECT_LE(probs[size_t(n * E + e)], probs[size_t(n * E + ex[size_t(n * K + K - 1)])]);
+    for (int64_t j = 0; j < K; ++j) EXPECT_NEAR(w[size_t(n * K + j)], probs[size_t(n * E + ex[size_t(n * K + j)])] / top, 1e-6);
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    EXPECT_EQ(off[size_t(e) + 1] - off[size_t(e)], per_expert[size_t(e)]);
+    EXPECT_EQ(counts[size_t(e)], 1.0f + float(per_expert[size_t(e)]));
+    double s = 0.5;
+    for (int64_t n = 0; n < N; ++n) s += probs[size_t(n * E + e)];
+    EXPECT_NEAR(prob_sum[size_t(e)], s, 1e-4);
+    // stable: within an expert, rows ascend (token order)
+    for (int32_t i = off[size_t(e)] + 1; i < off[size_t(e) + 1]; ++i) EXPECT_LT(rows[size_t(i - 1)], rows[size_t(i)]);
+  }
+}
+
+// The router's backward against central differences of L = Σ c·weight + Σ a·probs through moe_route.
+TEST(Moe, RouterBackwardIsTheDerivativeOfRouting) {
+  auto ops = make_cpu_ops();
+  const int64_t N = 5, E = 7, K = 3;
+  std::mt19937 rng(9);
+  for (bool norm : {false, true}) {
+    std::vector<float> logits = random_vec(size_t(N * E), rng, 1.5f), c = random_vec(size_t(N * K), rng);
+    std::vector<float> a = random_vec(size_t(E), rng);
+    auto t = [](auto& v, Shape s) { return host_tensor(v, std::move(s)); };
+    auto route = [&](std::vector<float>& x, std::vector<float>& probs, std::vector<int32_t>& ex, std::vector<float>& w) {
+      std::vector<float> ps(size_t(E), 0.0f);
+      probs.assign(size_t(N * E), 0);
+      ex.assign(size_t(N * K), 0);
+      w.assign(size_t(N * K), 0);
+      ops->moe_route(t(probs, {N, E}), t(ex, {N, K}), t(w, {N, K}), t(ps, {E}), t(x, {N, E}), norm);
+    };
+    std::vector<float> probs, w;
+    std::vector<int32_t> ex;
+    route(logits, probs, ex, w);
+    std::vector<float> dlogits(size_t(N * E));
+    ops->moe_router_backward(t(dlogits, {N, E}), t(c, {N, K}), t(probs, {N, E}), t(ex, {N, K}), t(w, {N, K}), norm,
+                             t(a, {E}));
+    for (int64_t i = 0; i < N * E; ++i) {
+      auto loss = [&](float h) {
+        std::vector<float> x = logits, p2, w2;
+        std::vector<int32_t> e2;
+        x[size_t(i)] += h;
+        route(x, p2, e2, w2);
+        EXPECT_EQ(e2, ex);  // the step is small enough not to change the choice
+        double l = 0;
+        for (int64_t j = 0; j < N * K; ++j) l += double(c[size_t(j)]) * w2[size_t(j)];
+        for (int64_t j = 0; j < N * E; ++j) l += double(a[size_t(j % E)]) * p2[size_t(j)];
+        return l;
+      };
+      const float h = 1e-2f;
+      EXPECT_NEAR(dlogits[size_t(i)], (loss(h) - loss(-h)) / (2 * h), 2e-3) << "norm " << norm << " at " << i;
+    }
+  }
+}
+
+TEST(Moe, ConfigFieldsAsTransformersReadsThem) {
+  const ModelConfig c = parse_model_config(moe_json());
+  EXPECT_EQ(c.moe.num_experts, 8);
+  EXPECT_EQ(c.moe.top_k, 2);
+  EXPECT_EQ(c.moe.sparse, (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(c.moe_index(2), 1);
+  EXPECT_EQ(c.dense_mlp_index(1), 0);
+  EXPECT_FLOAT_EQ(c.moe.aux_loss_coef, 0.05f);
+  EXPECT_TRUE(c.qk_norm);
+  nlohmann::json j = moe_json();
+  j.erase("num_experts");
+  j["num_local_experts"] = 4;  // what transformers 5 writes
+  j.erase("mlp_only_layers");
+  j["decoder_sparse_step"] = 2;
+  j.erase("output_router_logits");
+  const ModelConfig d = parse_model_config(j);
+  EXPECT_EQ(d.moe.num_experts, 4);
+  EXPECT_EQ(d.moe.sparse, (std::vector<bool>{false, true, false}));
+  EXPECT_EQ(d.moe.aux_loss_coef, 0.0f);  // output_router_logits defaults to false: no aux loss, as transformers
+  auto refused = [](const char* key, nlohmann::json v, const char* says) {
+    nlohmann::json k = moe_json();
+    k[key] = std::move(v);
+    expect_user_error([&] { parse_model_config(k); }, says);
+  };
+  refused("num_experts_per_tok", 9, "num_experts_per_tok\" must be from 1 to num_experts (8)");
+  refused("num_experts_per_tok", 0, "num_experts_per_tok");
+  refused("decoder_sparse_step", 0, "decoder_sparse_step\" must be at least 1");
+  refused("mlp_only_layers", "all", "mlp_only_layers\" must be a list");
+  refused("router_aux_loss_coef", -1, "router_aux_loss_coef");
+}
+
+TEST(Moe, SettingsThatDoNotCoverExpertsAreRefusedInOneLine) {
+  auto ops = make_cpu_ops();
+  auto m = moe_model(*ops);
+  m->set_token_tile(1024);
+  expect_user_error([&] { m->plan(1, 16); }, "token_tile: Mixture-of-Experts layers run");
+  expect_user_error([&] { m->enable_fp8(Fp8Settings{}); }, "recipe fp8-hybrid does not cover Mixture-of-Experts");
+  LoraConfig qlora{4, 8.0f, 0.0f, {"q_proj"}, false, 3};
+  qlora.base_format = WeightFormat::Nf4;
+  expect_user_error([&] { moe_model(*ops, qlora); }, "does not cover Mixture-of-Experts layers yet");
+}
+
+}  // namespace
+}  // namespace soltrain::test
