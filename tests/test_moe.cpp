@@ -1,4 +1,4 @@
-// Mixture-of-Experts (model/moe.h) beside the live transformers comparison (python/tests/test_moe.py): every
+// Mixture-of-Experts (model/moe.h; Qwen3-MoE, Qwen2-MoE) beside the live transformers comparison (python/tests/test_moe.py): every
 // recompute level gives the same bits with less memory; LoRA on the attention of an MoE model trains the
 // adapters alone; the routing and permutation ops against their definitions (the CPU twins the CUDA kernels
 // will be held to); Qwen3-MoE's config fields; settings that do not cover experts refused in one line.
@@ -38,6 +38,15 @@ nlohmann::json moe_json() {
     "tie_word_embeddings": false})");
 }
 
+// Qwen2-MoE's variant: a shared expert with its sigmoid gate, q/k/v biases, no q/k norm.
+nlohmann::json qwen2_moe_json() {
+  nlohmann::json j = moe_json();
+  j["architectures"] = {"Qwen2MoeForCausalLM"};
+  j["model_type"] = "qwen2_moe";
+  j["shared_expert_intermediate_size"] = 48;
+  return j;
+}
+
 // The tiny model above with fresh random weights (norms near 1), and a random batch for it.
 std::unique_ptr<Transformer> moe_model(Ops& ops, std::optional<LoraConfig> lora = std::nullopt,
                                        const nlohmann::json& config = moe_json()) {
@@ -72,9 +81,9 @@ struct Pass {
   size_t activation_bytes = 0;
 };
 
-Pass pass(Recompute rc, std::optional<LoraConfig> lora = std::nullopt) {
+Pass pass(Recompute rc, std::optional<LoraConfig> lora = std::nullopt, const nlohmann::json& config = moe_json()) {
   auto ops = make_cpu_ops();
-  auto m = moe_model(*ops, lora);
+  auto m = moe_model(*ops, lora, config);
   const HostBatch b = random_batch(2, 20, 96, 3);
   m->plan(b.rows, b.seq_len, rc);
   Pass p;
@@ -88,18 +97,24 @@ Pass pass(Recompute rc, std::optional<LoraConfig> lora = std::nullopt) {
 }
 
 TEST(Moe, EveryRecomputeLevelIsBitwiseIdenticalAndSmaller) {
-  const Pass none = pass(Recompute::None), elem = pass(Recompute::Elementwise);
-  const Pass sel = pass(Recompute::Selective), full = pass(Recompute::Full);
-  ASSERT_TRUE(std::isfinite(none.loss));
-  for (const Pass* r : {&elem, &sel, &full}) {
-    EXPECT_EQ(r->loss, none.loss);
-    EXPECT_EQ(r->logits, none.logits);
-    ASSERT_EQ(r->grads.size(), none.grads.size());
-    for (size_t i = 0; i < none.grads.size(); ++i) EXPECT_EQ(r->grads[i], none.grads[i]) << "gradient " << i;
+  for (const nlohmann::json& config : {moe_json(), qwen2_moe_json()}) {
+    const std::string family = config["model_type"];
+    const Pass none = pass(Recompute::None, std::nullopt, config);
+    const Pass elem = pass(Recompute::Elementwise, std::nullopt, config);
+    const Pass sel = pass(Recompute::Selective, std::nullopt, config);
+    const Pass full = pass(Recompute::Full, std::nullopt, config);
+    ASSERT_TRUE(std::isfinite(none.loss));
+    for (const Pass* r : {&elem, &sel, &full}) {
+      EXPECT_EQ(r->loss, none.loss) << family;
+      EXPECT_EQ(r->logits, none.logits) << family;
+      ASSERT_EQ(r->grads.size(), none.grads.size());
+      for (size_t i = 0; i < none.grads.size(); ++i)
+        EXPECT_EQ(r->grads[i], none.grads[i]) << family << " gradient " << i;
+    }
+    EXPECT_LT(elem.activation_bytes, none.activation_bytes) << family;
+    EXPECT_LT(sel.activation_bytes, elem.activation_bytes) << family;
+    EXPECT_LT(full.activation_bytes, sel.activation_bytes) << family;
   }
-  EXPECT_LT(elem.activation_bytes, none.activation_bytes);
-  EXPECT_LT(sel.activation_bytes, elem.activation_bytes);
-  EXPECT_LT(full.activation_bytes, sel.activation_bytes);
 }
 
 TEST(Moe, TheLoadBalancingLossIsInTheLossOnlyWhenTheConfigAsksForIt) {
@@ -225,6 +240,11 @@ TEST(Moe, ConfigFieldsAsTransformersReadsThem) {
   EXPECT_EQ(c.dense_mlp_index(1), 0);
   EXPECT_FLOAT_EQ(c.moe.aux_loss_coef, 0.05f);
   EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.moe.shared_intermediate_size, 0);
+  const ModelConfig q2 = parse_model_config(qwen2_moe_json());
+  EXPECT_EQ(q2.family, Family::Qwen2Moe);
+  EXPECT_EQ(q2.moe.shared_intermediate_size, 48);
+  EXPECT_TRUE(q2.qkv_bias && !q2.o_bias && !q2.qk_norm);
   nlohmann::json j = moe_json();
   j.erase("num_experts");
   j["num_local_experts"] = 4;  // what transformers 5 writes

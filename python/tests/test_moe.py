@@ -1,8 +1,8 @@
-"""Mixture-of-Experts (Qwen3-MoE) against transformers live on CPU torch: logits, the loss with transformers'
-load-balancing loss (output_router_logits × router_aux_loss_coef) and every gradient (router, each expert's
-gate/up/down, attention, norms) of random tiny models, with norm_topk_prob on and off and dense layers
-interleaved (mlp_only_layers, decoder_sparse_step); greedy generation; an `sft` run whose saved model
-transformers loads whole. Tolerances are the dense models' (test_live_references.py)."""
+"""Mixture-of-Experts (Qwen3-MoE; Qwen2-MoE with its shared expert) against transformers live on CPU torch:
+logits, the loss with transformers' load-balancing loss (output_router_logits × router_aux_loss_coef) and every
+gradient (router, each expert's gate/up/down, the shared expert and its gate, attention, norms, biases) of random
+tiny models, with norm_topk_prob on and off and dense layers interleaved (mlp_only_layers, decoder_sparse_step);
+greedy generation; an `sft` run whose saved model transformers loads whole. Tolerances are the dense models' (test_live_references.py)."""
 import shutil
 import subprocess
 
@@ -22,15 +22,19 @@ def rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
-def tiny_moe(path, seed, vocab=300, **keys):
-    """A random Qwen3-MoE written by transformers (every weight drawn fresh, norms too), and the model."""
+def tiny_moe(path, seed, vocab=300, kind="qwen3_moe", **keys):
+    """A random Qwen3-MoE (or Qwen2-MoE, with its shared expert and q/k/v biases) written by transformers (every
+    weight drawn fresh, norms and biases too), and the model."""
     torch.manual_seed(seed)
     base = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=3,
                 max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False, router_aux_loss_coef=0.05,
                 attn_implementation="eager")
+    if kind == "qwen2_moe":
+        base.update(shared_expert_intermediate_size=48)
     base.update(keys)
-    model = transformers.AutoModelForCausalLM.from_config(transformers.Qwen3MoeConfig(**base), dtype=torch.float32)
+    config = (transformers.Qwen2MoeConfig if kind == "qwen2_moe" else transformers.Qwen3MoeConfig)(**base)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * (0.5 if p.ndim == 1 else 0.08) + (1.0 if p.ndim == 1 else 0.0))
@@ -53,10 +57,12 @@ def hf_grad(model, name):
     return g[:half] if proj == "gate_proj" else g[half:]
 
 
-@pytest.mark.parametrize("norm_topk,aux,dense_layers,sparse_step", [(True, True, [], 1), (False, True, [1], 1),
-                                                                     (True, False, [], 2)])
-def test_logits_loss_and_gradients_match_transformers(norm_topk, aux, dense_layers, sparse_step, tmp_path):
-    model = tiny_moe(tmp_path / "model", seed=11 + sparse_step + len(dense_layers), norm_topk_prob=norm_topk,
+@pytest.mark.parametrize("kind,norm_topk,aux,dense_layers,sparse_step",
+                         [("qwen3_moe", True, True, [], 1), ("qwen3_moe", False, True, [1], 1),
+                          ("qwen3_moe", True, False, [], 2), ("qwen2_moe", False, True, [], 1),
+                          ("qwen2_moe", True, False, [0], 1)])
+def test_logits_loss_and_gradients_match_transformers(kind, norm_topk, aux, dense_layers, sparse_step, tmp_path):
+    model = tiny_moe(tmp_path / "model", seed=11 + sparse_step + len(dense_layers), kind=kind, norm_topk_prob=norm_topk,
                      output_router_logits=aux, mlp_only_layers=dense_layers, decoder_sparse_step=sparse_step)
     ids = torch.randint(0, 300, (2, 24))
     targets = torch.roll(ids, -1, 1)
@@ -90,11 +96,14 @@ def test_logits_loss_and_gradients_match_transformers(norm_topk, aux, dense_laye
     routers = [n for n in grads if n.endswith("mlp.gate.weight")]
     sparse = [l for l in range(3) if l not in dense_layers and (l + 1) % sparse_step == 0]
     assert len(experts) == 3 * 8 * len(sparse) and len(routers) == len(sparse)
+    shared = [n for n in grads if ".shared_expert" in n]
+    assert len(shared) == (4 * len(sparse) if kind == "qwen2_moe" else 0)
     assert len(grads) == sum(p.numel() > 0 for p in model.parameters()) + len(experts) - 2 * len(sparse)
 
 
-def test_greedy_generation_and_logprobs_match_transformers(tmp_path):
-    hf = tiny_moe(tmp_path / "model", seed=5, norm_topk_prob=True)
+@pytest.mark.parametrize("kind", ["qwen3_moe", "qwen2_moe"])
+def test_greedy_generation_and_logprobs_match_transformers(kind, tmp_path):
+    hf = tiny_moe(tmp_path / "model", seed=5, kind=kind, norm_topk_prob=True)
     hf.train(False)
     model = soltrain.Model.from_pretrained(tmp_path / "model", sequence_len=32, rows=2)
     prompts = [[5, 17, 99, 42, 7], [8, 3]]

@@ -385,6 +385,11 @@ class Ops {
   // token's d loss / d probs (the load-balancing loss's gradient, one value per expert).
   virtual void moe_router_backward(Tensor dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& expert,
                                    const Tensor& weight, bool norm_topk, const Tensor& aux_grad) = 0;
+  // Qwen2-MoE's shared expert: out[n] += sigmoid(gate[n]) · x[n] (gate [N,1], activation dtype).
+  virtual void sigmoid_gate_add(Tensor out, const Tensor& x, const Tensor& gate) = 0;
+  // Its backward: dx[n] = sigmoid(gate[n]) · dout[n]; dgate[n] = sigmoid'(gate[n]) · (dout[n] · x[n]).
+  virtual void sigmoid_gate_backward(Tensor dx, Tensor dgate, const Tensor& dout, const Tensor& x,
+                                     const Tensor& gate) = 0;
   // transformers' load-balancing loss from the pass's statistics over R = (MoE layers × tokens) rows:
   // loss (F64 [1]) += coef · E · Σ_e counts[e] · prob_sum[e] / R²; aux_grad[e] = coef · E · counts[e] / R²,
   // its derivative by each row's probability of expert e (counts are not differentiable).

@@ -130,6 +130,7 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
   // MoE layers (model/moe.h), numbered among themselves, run untiled: the routing is kept (a few values per
   // token and expert); the per-pair tensors (M = N·top_k rows) follow the MLP's recompute rules.
   const int64_t E = c.moe.num_experts, K = c.moe.top_k, M = N * K, Fm = c.moe.intermediate_size;
+  const int64_t Fs = c.moe.shared_intermediate_size;
   if (Lm > 0) {
     per_layer("moe_logits", {N, E}, act, false, Lm);
     per_layer("moe_probs", {N, E}, f32, false, Lm);
@@ -142,6 +143,12 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
     for (const char* n : {"moe_gate", "moe_up"}) per_layer(n, {M, Fm}, act, mlp_rc, Lm);
     per_layer("moe_act", {M, Fm}, act, elem_rc, Lm);
     per_layer("moe_ys", {M, D}, act, mlp_rc, Lm);
+    if (Fs > 0) {  // Qwen2-MoE's shared expert: a dense MLP over every token, and its gate's logit (kept)
+      for (const char* n : {"moe_shared_gate", "moe_shared_up"}) per_layer(n, {N, Fs}, act, mlp_rc, Lm);
+      per_layer("moe_shared_act", {N, Fs}, act, elem_rc, Lm);
+      per_layer("moe_shared_out", {N, D}, act, mlp_rc, Lm);
+      per_layer("moe_shared_logit", {N, 1}, act, false, Lm);
+    }
   }
   one("hf", {N, D}, act);
   one("rstdf", {N}, f32);
@@ -156,6 +163,11 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
     one("moe_dweight", {N, K}, f32);
     one("moe_dlogits", {N, E}, act);
     for (const char* n : {"moe_counts", "moe_prob_sum", "moe_aux_grad"}) one(n, {E}, f32);
+    if (Fs > 0) {
+      for (const char* n : {"moe_shared_dact", "moe_shared_dgate", "moe_shared_dup"}) one(n, {N, Fs}, act);
+      one("moe_dshared_out", {N, D}, act);
+      one("moe_dshared_logit", {N, 1}, act);
+    }
   }
   one("dattn", {N, H * hd}, act);
   one("dq", {N, H, hd}, act);

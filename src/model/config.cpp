@@ -84,13 +84,20 @@ RopeConfig parse_rope(const json& j, const std::string& where) {
   return r;
 }
 
-// Qwen3-MoE's fields, as transformers' Qwen3MoeConfig reads them (its defaults where a field is absent).
-MoeConfig parse_moe(const Reader& r, int layers) {
+// The MoE fields, as transformers' Qwen3MoeConfig / Qwen2MoeConfig read them (their defaults where a field is
+// absent).
+MoeConfig parse_moe(const Reader& r, int layers, Family family) {
   MoeConfig m;
+  const bool qwen2 = family == Family::Qwen2Moe;
   // transformers 5 writes num_local_experts; the hub's configs say num_experts
-  m.num_experts = r.get<int>("num_experts", r.get<int>("num_local_experts", 128));
-  m.top_k = r.get<int>("num_experts_per_tok", 8);
-  m.intermediate_size = r.get<int>("moe_intermediate_size", 768);
+  m.num_experts = r.get<int>("num_experts", r.get<int>("num_local_experts", qwen2 ? 60 : 128));
+  m.top_k = r.get<int>("num_experts_per_tok", qwen2 ? 4 : 8);
+  m.intermediate_size = r.get<int>("moe_intermediate_size", qwen2 ? 1408 : 768);
+  if (qwen2) {
+    m.shared_intermediate_size = r.get<int>("shared_expert_intermediate_size", 5632);
+    if (m.shared_intermediate_size < 1)
+      user_error(r.where, ": \"shared_expert_intermediate_size\" must be positive");
+  }
   m.norm_topk = r.get<bool>("norm_topk_prob", false);
   const double coef = r.get<double>("router_aux_loss_coef", 0.001);
   if (!(coef >= 0) || !std::isfinite(coef))
@@ -130,12 +137,14 @@ ModelConfig parse_model_config(const json& j, const std::string& where) {
     c.family = Family::Qwen2, c.architecture = "Qwen2ForCausalLM";
   else if (c.architecture == "Qwen3ForCausalLM" || (c.architecture.empty() && model_type == "qwen3"))
     c.family = Family::Qwen3, c.architecture = "Qwen3ForCausalLM";
+  else if (c.architecture == "Qwen2MoeForCausalLM" || (c.architecture.empty() && model_type == "qwen2_moe"))
+    c.family = Family::Qwen2Moe, c.architecture = "Qwen2MoeForCausalLM";
   else if (c.architecture == "Qwen3MoeForCausalLM" || (c.architecture.empty() && model_type == "qwen3_moe"))
     c.family = Family::Qwen3Moe, c.architecture = "Qwen3MoeForCausalLM";
   else
     user_error(where, ": architecture \"", c.architecture.empty() ? model_type : c.architecture,
                "\" is not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-               "Qwen3MoeForCausalLM)");
+               "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM)");
 
   c.vocab_size = r.need<int>("vocab_size");
   c.hidden_size = r.need<int>("hidden_size");
@@ -164,16 +173,18 @@ ModelConfig parse_model_config(const json& j, const std::string& where) {
   const std::string act = r.get<std::string>("hidden_act", "silu");
   if (act != "silu") user_error(where, ": hidden_act \"", act, "\" is not supported (only silu)");
 
-  // Biases: Qwen2 always has q/k/v biases and none on o_proj; Llama and Qwen3 put attention_bias on all
-  // four projections; Llama's mlp_bias covers gate/up/down.
+  // Biases: Qwen2 always has q/k/v biases and none on o_proj (Qwen2-MoE: as its qkv_bias says, true unless
+  // given); Llama and Qwen3 put attention_bias on all four projections; Llama's mlp_bias covers gate/up/down.
   if (c.family == Family::Qwen2) {
     c.qkv_bias = true;
+  } else if (c.family == Family::Qwen2Moe) {
+    c.qkv_bias = r.get<bool>("qkv_bias", true);
   } else {
     c.qkv_bias = c.o_bias = r.get<bool>("attention_bias", false);
   }
   if (c.family == Family::Llama) c.mlp_bias = r.get<bool>("mlp_bias", false);
   c.qk_norm = c.family == Family::Qwen3 || c.family == Family::Qwen3Moe;
-  if (c.family == Family::Qwen3Moe) c.moe = parse_moe(r, c.num_layers);
+  if (c.family == Family::Qwen3Moe || c.family == Family::Qwen2Moe) c.moe = parse_moe(r, c.num_layers, c.family);
 
   if (r.get<int>("pretraining_tp", 1) != 1) user_error(where, ": pretraining_tp other than 1 is not supported");
   if (r.get<bool>("use_sliding_window", false))

@@ -1,4 +1,5 @@
-// ModelConfig: what a Hugging Face config.json says about a Llama / Qwen2 / Qwen3 / Qwen3-MoE decoder, checked.
+// ModelConfig: what a Hugging Face config.json says about a Llama / Qwen2 / Qwen3 / Qwen2-MoE / Qwen3-MoE
+// decoder, checked.
 #pragma once
 #include <algorithm>
 #include <filesystem>
@@ -8,7 +9,7 @@
 
 namespace soltrain {
 
-enum class Family { Llama, Qwen2, Qwen3, Qwen3Moe };
+enum class Family { Llama, Qwen2, Qwen3, Qwen2Moe, Qwen3Moe };
 
 struct RopeConfig {
   std::string type = "default";  // default | linear | llama3
@@ -18,8 +19,8 @@ struct RopeConfig {
   double original_max_position_embeddings = 8192;        // llama3
 };
 
-// Mixture-of-Experts (Qwen3-MoE): which layers send each token to top_k of num_experts SwiGLU experts (the
-// others keep the dense MLP), and how the router weighs them.
+// Mixture-of-Experts (Qwen2-MoE, Qwen3-MoE): which layers send each token to top_k of num_experts SwiGLU
+// experts (the others keep the dense MLP), how the router weighs them, and Qwen2-MoE's shared expert.
 struct MoeConfig {
   int num_experts = 0;        // 0: no MoE layer
   int top_k = 0;              // num_experts_per_tok
@@ -29,6 +30,9 @@ struct MoeConfig {
   // (Qwen3-30B-A3B's config.json says false): 0 unless both say so, as there.
   float aux_loss_coef = 0;
   std::vector<bool> sparse;  // per layer: an MoE block (decoder_sparse_step, mlp_only_layers)
+  // Qwen2-MoE: a dense SwiGLU expert every token also goes through, scaled by sigmoid(shared_expert_gate(h));
+  // 0: none (Qwen3-MoE)
+  int shared_intermediate_size = 0;
 };
 
 struct ModelConfig {

@@ -78,6 +78,11 @@ KvDecoder::KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int m
     for (Tensor* t : {&moe_xs_, &moe_ys_}) one(*t, M * D, act);
     for (Tensor* t : {&moe_gate_, &moe_up_, &moe_act_}) one(*t, M * Fm, act);
     for (Tensor* t : {&moe_counts_, &moe_prob_sum_}) one(*t, E, f32);
+    if (const int64_t Fs = c.moe.shared_intermediate_size) {
+      for (Tensor* t : {&moe_shared_gate_, &moe_shared_up_, &moe_shared_act_}) one(*t, N * Fs, act);
+      one(moe_shared_out_, N * D, act);
+      one(moe_shared_logit_, N, act);
+    }
   }
   one(rstd_, N * std::max<int64_t>(H, 1), f32);
   if (lora_r) one(lora_u_, N * lora_r, act);
@@ -226,10 +231,16 @@ void KvDecoder::forward_chunk(int r0, int nb, int Tc) {
     Tensor out = tmp;
     if (w.moe) {
       const int64_t E = c.moe.num_experts, K = c.moe.top_k, M = N * K, Fm = c.moe.intermediate_size;
-      const MoeTensors t{view(moe_logits_, {N, E}), view(moe_probs_, {N, E}),   view(moe_expert_, {N, K}),
+      MoeTensors t{view(moe_logits_, {N, E}), view(moe_probs_, {N, E}),   view(moe_expert_, {N, K}),
                          view(moe_weight_, {N, K}), view(moe_rows_, {M}),       view(moe_slot_, {M}),
                          view(moe_offsets_, {E + 1}), view(moe_xs_, {M, D}),    view(moe_gate_, {M, Fm}),
                          view(moe_up_, {M, Fm}),    view(moe_act_, {M, Fm}),    view(moe_ys_, {M, D})};
+      if (const int64_t Fs = c.moe.shared_intermediate_size) {
+        t.shared = MlpTensors{view(moe_shared_gate_, {N, Fs}), view(moe_shared_up_, {N, Fs}),
+                                     view(moe_shared_act_, {N, Fs}), {}, {}, {}};
+        t.shared_out = view(moe_shared_out_, {N, D});
+        t.shared_logit = view(moe_shared_logit_, {N, 1});
+      }
       const MoeStats stats{view(moe_counts_, {E}), view(moe_prob_sum_, {E})};  // (not read: no loss here)
       w.moe->forward(o, &out, h, t, &stats, /*route=*/true);
     } else {

@@ -1,6 +1,5 @@
 #include "model/layer.h"
 
-#include "kernels/dropout_mask.h"
 
 namespace soltrain {
 
@@ -9,15 +8,6 @@ Tensor grad_or_empty(Parameter* p) {  // for ops whose weight gradient is skippe
   return p->trainable ? p->grad : Tensor{};
 }
 }  // namespace
-
-LoraDropout LoraPass::at(int64_t layer, LoraTarget t, int64_t first_row, int64_t width) const {
-  if (adapters_off) return {0, 0, true};
-  if (dropout == 0) return {};
-  // Distinct streams per (seed, step, layer, projection); the mask hash mixes the bits further.
-  const uint64_t s = seed * 0x9E3779B97F4A7C15ull + step * 0xD1B54A32D192ED03ull +
-                     uint64_t(layer * kLoraTargets + int(t)) * 0xBF58476D1CE4E5B9ull;
-  return {dropout, dropout_seed_at(s, uint64_t(first_row * width))};
-}
 
 void Attention::forward_qkv(Ops& o, const Tensor& h, const QkvTensors& t, const SeqLayout& seq, const Tensor& inv_freq,
                             float eps, const LoraPass& lora, int64_t l) const {
@@ -52,28 +42,6 @@ void Attention::backward_qkv(Ops& o, Tensor dh, bool accumulate_dh, const QkvGra
              lora.scratch);
   k.backward(o, &dh, true, dk_raw.view({N, dk_raw.numel() / N}), h, t.u_k, lora.at(l, LoraTarget::k), lora.scratch);
   v.backward(o, &dh, true, g.dv.view({N, g.dv.numel() / N}), h, t.u_v, lora.at(l, LoraTarget::v), lora.scratch);
-}
-
-void DenseSwiGLU::forward(Ops& o, Tensor* out, const Tensor& h, const MlpTensors& t, const LoraPass& lora, int64_t l,
-                          const Tensor& scratch_out, int64_t row0) const {
-  const int64_t D = h.dim(1), F = t.act.dim(1);
-  gate.forward(o, t.gate, h, t.u_gate, lora.at(l, LoraTarget::gate, row0, D), lora.scratch);
-  up.forward(o, t.up, h, t.u_up, lora.at(l, LoraTarget::up, row0, D), lora.scratch);
-  o.swiglu_forward(t.act, t.gate, t.up);
-  // The down projection's output is needed only for the residual; with LoRA its adapter input u is needed
-  // by backward, so a recompute still runs it (into scratch) when down has an adapter.
-  if (!out && !down.adapted()) return;
-  down.forward(o, out ? *out : scratch_out, t.act, t.u_down, lora.at(l, LoraTarget::down, row0, F), lora.scratch);
-}
-
-void DenseSwiGLU::backward(Ops& o, Tensor dh, const Tensor& dout, const Tensor& h, const MlpTensors& t,
-                           const MlpGrads& g, const LoraPass& lora, int64_t l, int64_t row0) const {
-  const int64_t D = h.dim(1), F = t.act.dim(1);
-  Tensor dact = g.dact;
-  down.backward(o, &dact, false, dout, t.act, t.u_down, lora.at(l, LoraTarget::down, row0, F), lora.scratch);
-  o.swiglu_backward(g.dgate, g.dup, g.dact, t.gate, t.up);
-  gate.backward(o, &dh, false, g.dgate, h, t.u_gate, lora.at(l, LoraTarget::gate, row0, D), lora.scratch);
-  up.backward(o, &dh, true, g.dup, h, t.u_up, lora.at(l, LoraTarget::up, row0, D), lora.scratch);
 }
 
 std::pair<int64_t, int64_t> projection_shape(const ModelConfig& c, LoraTarget t) {

@@ -1,4 +1,4 @@
-// One decoder layer (Llama / Qwen2 / Qwen3): its parameters and its computation, shared by training
+// One decoder layer (Llama / Qwen2 / Qwen3 / their MoE variants): its parameters and its computation, shared by training
 // (Transformer, which saves what backward needs) and decoding (KvDecoder, which keeps a KV cache). The
 // attention half and the MLP block are separate so each caller runs the attention core its own way
 // (flash attention over packed documents, or cached decoding) around the same projections and norms.
@@ -8,24 +8,13 @@
 
 #include "kernels/ops.h"
 #include "model/config.h"
+#include "model/dense_mlp.h"
 #include "model/linear.h"
 #include "model/lora.h"
 #include "model/moe.h"
 #include "model/parameters.h"
 
 namespace soltrain {
-
-// LoRA's state for one pass: whether dropout is on, and the step's masks (distinct per layer and
-// projection, regenerated in backward from the same seed).
-struct LoraPass {
-  float dropout = 0;          // 0: off (no adapter, evaluation, or no dropout configured)
-  bool adapters_off = false;  // every adapter skipped: the frozen base model (a reference forward)
-  uint64_t seed = 0, step = 0;
-  LoraScratch scratch;
-  // The mask of (layer, projection); for a tile of tokens starting at row `first_row` of an input `width`
-  // wide, the part of the whole input's mask those rows draw (a tiled pass drops what an untiled one does).
-  LoraDropout at(int64_t layer, LoraTarget t, int64_t first_row = 0, int64_t width = 0) const;
-};
 
 // The tensors of the attention half's input side for one layer: projections, Qwen3's normed q/k and their
 // statistics, the rotated q/k, and each adapter's u (scale·x·Aᵀ; empty without an adapter).
@@ -51,31 +40,8 @@ class Attention {
                     const SeqLayout& seq, const Tensor& inv_freq, const LoraPass& lora, int64_t layer) const;
 };
 
-// The MLP block types: dense SwiGLU, and Mixture-of-Experts (model/moe.h) beside it; a layer holds one of
-// the two (ModelConfig::is_moe_layer), not flags in one.
-struct MlpTensors {
-  Tensor gate, up, act;         // [N, F]
-  Tensor u_gate, u_up, u_down;  // adapters' u
-};
-struct MlpGrads {
-  Tensor dact, dgate, dup;
-};
-
-class DenseSwiGLU {
- public:
-  Linear gate, up, down;
-
-  // out = down(silu(gate(h)) · up(h)). Without `out` the down projection is skipped (a recompute for
-  // backward needs only its saved inputs), except that an adapted down still runs to refill its u.
-  // Every tensor may be a tile of the tokens (rows row0 .. of the pass): the MLP is token-wise, so a
-  // caller runs long sequences tile by tile; row0 places the tile in the LoRA dropout masks.
-  void forward(Ops& ops, Tensor* out, const Tensor& h, const MlpTensors& t, const LoraPass& lora, int64_t layer,
-               const Tensor& scratch_out, int64_t row0 = 0) const;
-  // dh (=) d loss / dh from dout; weight gradients are added (+=), so tiles accumulate into them.
-  void backward(Ops& ops, Tensor dh, const Tensor& dout, const Tensor& h, const MlpTensors& t, const MlpGrads& g,
-                const LoraPass& lora, int64_t layer, int64_t row0 = 0) const;
-};
-
+// A layer's MLP block is dense SwiGLU (model/dense_mlp.h) or Mixture-of-Experts (model/moe.h), as
+// ModelConfig::is_moe_layer says: a block class each, not flags in one.
 struct DecoderLayer {
   Parameter *ln1 = nullptr, *ln2 = nullptr;  // input_layernorm, post_attention_layernorm
   Attention attn;

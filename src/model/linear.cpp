@@ -1,5 +1,7 @@
 #include "model/linear.h"
 
+#include "kernels/dropout_mask.h"
+
 namespace soltrain {
 
 namespace {
@@ -52,6 +54,15 @@ void Linear::backward(Ops& o, Tensor* dx, bool accumulate_dx, const Tensor& dy, 
   o.linear_backward(&dxin, false, grad(lora_a_), nullptr, g, xin, lora_a_->value);
   o.dropout_scale(dxin, dxin, 1.0f, d.p, d.seed);
   o.add_inplace(*dx, dxin);
+}
+
+LoraDropout LoraPass::at(int64_t layer, LoraTarget t, int64_t first_row, int64_t width) const {
+  if (adapters_off) return {0, 0, true};
+  if (dropout == 0) return {};
+  // Distinct streams per (seed, step, layer, projection); the mask hash mixes the bits further.
+  const uint64_t s = seed * 0x9E3779B97F4A7C15ull + step * 0xD1B54A32D192ED03ull +
+                     uint64_t(layer * kLoraTargets + int(t)) * 0xBF58476D1CE4E5B9ull;
+  return {dropout, dropout_seed_at(s, uint64_t(first_row * width))};
 }
 
 }  // namespace soltrain

@@ -7,6 +7,7 @@
 
 #include "kernels/ops.h"
 #include "model/fp8_recipe.h"
+#include "model/lora.h"
 #include "model/parameters.h"
 
 namespace soltrain {
@@ -23,6 +24,18 @@ struct LoraDropout {
 // is on, and g = d loss / d(x·Aᵀ).
 struct LoraScratch {
   Tensor x, dx, g;
+};
+
+// LoRA's state for one pass: whether dropout is on, and the step's masks (distinct per layer and
+// projection, regenerated in backward from the same seed).
+struct LoraPass {
+  float dropout = 0;          // 0: off (no adapter, evaluation, or no dropout configured)
+  bool adapters_off = false;  // every adapter skipped: the frozen base model (a reference forward)
+  uint64_t seed = 0, step = 0;
+  LoraScratch scratch;
+  // The mask of (layer, projection); for a tile of tokens starting at row `first_row` of an input `width`
+  // wide, the part of the whole input's mask those rows draw (a tiled pass drops what an untiled one does).
+  LoraDropout at(int64_t layer, LoraTarget t, int64_t first_row = 0, int64_t width = 0) const;
 };
 
 class Linear {

@@ -11,6 +11,9 @@ const char* kProjections[] = {"gate_proj", "up_proj", "down_proj"};
 std::string expert_name(int l, int e, const char* proj) {
   return cat("model.layers.", l, ".mlp.experts.", e, ".", proj, ".weight");
 }
+std::string shared_name(int l, const char* proj) {
+  return cat("model.layers.", l, ".mlp.shared_expert.", proj, ".weight");
+}
 }  // namespace
 
 Tensor MoeSwiGLU::stacked(const std::vector<Parameter*>& ps, Tensor Parameter::*field) {
@@ -37,11 +40,24 @@ void MoeSwiGLU::forward(Ops& o, Tensor* out, const Tensor& h, const MoeTensors& 
   o.swiglu_forward(t.act, t.gate, t.up);
   o.grouped_linear_forward(t.ys, t.act, stacked(down, &Parameter::value), t.offsets);
   if (out) o.moe_combine(*out, t.ys, t.slot, t.weight);
+  if (!shared_gate) return;
+  // backward reads the shared expert's output (for its gate's gradient): it runs whole in a recompute too
+  Tensor shared_out = t.shared_out;
+  shared.forward(o, &shared_out, h, t.shared, LoraPass{}, 0, shared_out);
+  if (route) o.linear_forward(t.shared_logit, h, shared_gate->value, nullptr);
+  if (out) o.sigmoid_gate_add(*out, t.shared_out, t.shared_logit);
 }
 
 void MoeSwiGLU::backward(Ops& o, Tensor dh, const Tensor& dout, const Tensor& h, const MoeTensors& t,
                          const MoeGrads& g) const {
   const bool trains = router->trainable;
+  // The shared expert first: its backward writes dh (=), everything after adds to it.
+  if (shared_gate) {
+    o.sigmoid_gate_backward(g.dshared_out, g.dshared_logit, dout, t.shared_out, t.shared_logit);
+    shared.backward(o, dh, g.dshared_out, h, t.shared, g.shared, LoraPass{}, 0);
+    Tensor ggrad = shared_gate->grad;
+    o.linear_backward(&dh, true, trains ? &ggrad : nullptr, nullptr, g.dshared_logit, h, shared_gate->value);
+  }
   auto grads = [&](const std::vector<Parameter*>& ps) { return stacked(ps, &Parameter::grad); };
   Tensor dgate_w = trains ? grads(gate) : Tensor{}, dup_w = trains ? grads(up) : Tensor{};
   Tensor ddown_w = trains ? grads(down) : Tensor{};
@@ -54,7 +70,7 @@ void MoeSwiGLU::backward(Ops& o, Tensor dh, const Tensor& dout, const Tensor& h,
   Tensor dxs = g.dxs;
   o.grouped_linear_backward(&dxs, trains ? &dgate_w : nullptr, g.dgate, t.xs, stacked(gate, &Parameter::value),
                             t.offsets);
-  o.moe_unpermute_sum(dh, false, dxs, t.slot);
+  o.moe_unpermute_sum(dh, shared_gate != nullptr, dxs, t.slot);
   o.grouped_linear_backward(&dxs, trains ? &dup_w : nullptr, g.dup, t.xs, stacked(up, &Parameter::value), t.offsets);
   o.moe_unpermute_sum(dh, true, dxs, t.slot);
   // the router: weights (and the load-balancing loss's probabilities) → logits → h and the router's weight
@@ -70,6 +86,13 @@ void add_moe_parameters(ParameterStore& ps, const ModelConfig& c, int l, bool tr
     const bool down = std::string(proj) == "down_proj";
     for (int e = 0; e < E; ++e) ps.add(expert_name(l, e, proj), down ? Shape{D, F} : Shape{F, D}, trains, l);
   }
+  if (const int Fs = c.moe.shared_intermediate_size) {
+    for (const char* proj : kProjections) {
+      const bool down = std::string(proj) == "down_proj";
+      ps.add(shared_name(l, proj), down ? Shape{D, Fs} : Shape{Fs, D}, trains, l);
+    }
+    ps.add(cat("model.layers.", l, ".mlp.shared_expert_gate.weight"), {1, D}, trains, l);
+  }
 }
 
 MoeSwiGLU bind_moe(ParameterStore& ps, const ModelConfig& c, int l) {
@@ -81,6 +104,13 @@ MoeSwiGLU bind_moe(ParameterStore& ps, const ModelConfig& c, int l) {
     m.gate.push_back(&ps.at(expert_name(l, e, "gate_proj")));
     m.up.push_back(&ps.at(expert_name(l, e, "up_proj")));
     m.down.push_back(&ps.at(expert_name(l, e, "down_proj")));
+  }
+  if (c.moe.shared_intermediate_size) {
+    auto linear = [&](const char* proj) { return Linear(&ps.at(shared_name(l, proj)), nullptr, nullptr, nullptr, 0); };
+    m.shared.gate = linear("gate_proj");
+    m.shared.up = linear("up_proj");
+    m.shared.down = linear("down_proj");
+    m.shared_gate = &ps.at(cat("model.layers.", l, ".mlp.shared_expert_gate.weight"));
   }
   return m;
 }

@@ -1,12 +1,14 @@
-// The Mixture-of-Experts block (Qwen3-MoE's Qwen3MoeSparseMoeBlock): a router picks top_k of E SwiGLU experts
-// per token; the token's pairs are sorted by expert so each expert's rows are one GEMM (grouped), and the
-// experts' outputs are summed back per token, weighted by the router. The layer holds this block or
-// DenseSwiGLU (model/layer.h).
+// The Mixture-of-Experts block (transformers' Qwen3MoeSparseMoeBlock / Qwen2MoeSparseMoeBlock): a router picks
+// top_k of E SwiGLU experts per token; the token's pairs are sorted by expert so each expert's rows are one GEMM
+// (grouped), and the experts' outputs are summed back per token, weighted by the router. Qwen2-MoE adds a
+// shared dense expert every token takes, scaled by sigmoid(shared_expert_gate(h)). The layer holds this block
+// or DenseSwiGLU (model/layer.h).
 #pragma once
 #include <vector>
 
 #include "kernels/ops.h"
 #include "model/config.h"
+#include "model/dense_mlp.h"
 #include "model/parameters.h"
 
 namespace soltrain {
@@ -18,6 +20,9 @@ struct MoeTensors {
   Tensor probs, expert, weight;             // F32 [N,E], I32 [N,k], F32 [N,k] (Ops::moe_route)
   Tensor rows, slot, offsets;               // I32 [M], [M], [E+1] (Ops::moe_permute)
   Tensor xs, gate, up, act, ys;             // [M,D], [M,F], [M,F], [M,F], [M,D]: per pair, in expert order
+  // the shared expert (Qwen2-MoE; empty otherwise): its MLP's tensors [N,Fs], output [N,D], gate logit [N,1]
+  MlpTensors shared;
+  Tensor shared_out, shared_logit;
 };
 // Backward's scratch, shared by the layers.
 struct MoeGrads {
@@ -25,6 +30,8 @@ struct MoeGrads {
   Tensor dact, dgate, dup;   // [M,F]
   Tensor dweight, dlogits;   // F32 [N,k]; [N,E] activation dtype
   Tensor aux_grad;           // F32 [E]: d (coef · load-balancing loss) / d probs, or empty
+  MlpGrads shared;           // the shared expert's: [N,Fs] each
+  Tensor dshared_out, dshared_logit;  // [N,D], [N,1]
 };
 // The statistics transformers' load-balancing loss sums over the MoE layers of a pass (F32 [E] each).
 struct MoeStats {
@@ -37,6 +44,10 @@ class MoeSwiGLU {
   std::vector<Parameter*> gate, up, down;          // mlp.experts.{e}.{gate,up,down}_proj.weight, e = 0..E-1
   int top_k = 0;
   bool norm_topk = false;
+  // Qwen2-MoE's shared expert (mlp.shared_expert.*) and its gate (mlp.shared_expert_gate.weight [1,D]);
+  // shared_gate is null without one
+  DenseSwiGLU shared;
+  Parameter* shared_gate = nullptr;
 
   // out = Σ_j weight_j · expert_j(h). With `route` the router runs and the pairs are sorted (stats gain this
   // layer's counts and probabilities); without it (a recompute for backward) the saved routing is reused.

@@ -38,7 +38,8 @@ struct Transformer::Activations {
   std::vector<Tensor> gate, up, act;  // per dense-MLP layer (ModelConfig::dense_mlp_index)
   // per MoE layer (ModelConfig::moe_index): model/moe.h's MoeTensors
   std::vector<Tensor> moe_logits, moe_probs, moe_expert, moe_weight, moe_rows, moe_slot, moe_offsets, moe_xs,
-      moe_gate, moe_up, moe_act, moe_ys;
+      moe_gate, moe_up, moe_act, moe_ys, moe_shared_gate, moe_shared_up, moe_shared_act, moe_shared_out,
+      moe_shared_logit;
   MoeGrads moe_grads;
   MoeStats moe_stats;
   bool aux_on = false;  // this pass's backward adds the load-balancing loss's gradient (moe_grads.aux_grad)
@@ -232,11 +233,21 @@ void Transformer::bind_planned_buffers(Activations& a, Ops& ops) {
                          {"moe_gate", &a.moe_gate},
                          {"moe_up", &a.moe_up},
                          {"moe_act", &a.moe_act},
-                         {"moe_ys", &a.moe_ys}})
+                         {"moe_ys", &a.moe_ys},
+                         {"moe_shared_gate", &a.moe_shared_gate},
+                         {"moe_shared_up", &a.moe_shared_up},
+                         {"moe_shared_act", &a.moe_shared_act},
+                         {"moe_shared_out", &a.moe_shared_out},
+                         {"moe_shared_logit", &a.moe_shared_logit}})
     layered[name] = v;
   for (int t = 0; t < kLoraTargets; ++t) layered[cat("lora_u.", kLoraModuleNames[size_t(t)])] = &a.lora_u[size_t(t)];
   const std::map<std::string, Tensor*> single = {{"hf", &a.hf},
                                                  {"moe_dys", &a.moe_grads.dys},
+                                                 {"moe_shared_dact", &a.moe_grads.shared.dact},
+                                                 {"moe_shared_dgate", &a.moe_grads.shared.dgate},
+                                                 {"moe_shared_dup", &a.moe_grads.shared.dup},
+                                                 {"moe_dshared_out", &a.moe_grads.dshared_out},
+                                                 {"moe_dshared_logit", &a.moe_grads.dshared_logit},
                                                  {"moe_dxs", &a.moe_grads.dxs},
                                                  {"moe_dact", &a.moe_grads.dact},
                                                  {"moe_dgate", &a.moe_grads.dgate},
@@ -385,8 +396,14 @@ MlpTensors Transformer::mlp_tile(int64_t l, int64_t t0, int64_t t1) const {
 MoeTensors Transformer::moe_tensors(int64_t l) const {
   const Activations& a = *acts_;
   const size_t m = size_t(config_.moe_index(int(l)));
-  return {a.moe_logits[m], a.moe_probs[m], a.moe_expert[m], a.moe_weight[m], a.moe_rows[m], a.moe_slot[m],
-          a.moe_offsets[m], a.moe_xs[m],     a.moe_gate[m],   a.moe_up[m],     a.moe_act[m], a.moe_ys[m]};
+  MoeTensors t{a.moe_logits[m], a.moe_probs[m], a.moe_expert[m], a.moe_weight[m], a.moe_rows[m], a.moe_slot[m],
+               a.moe_offsets[m], a.moe_xs[m],     a.moe_gate[m],   a.moe_up[m],     a.moe_act[m], a.moe_ys[m]};
+  if (!a.moe_shared_out.empty()) {
+    t.shared = MlpTensors{a.moe_shared_gate[m], a.moe_shared_up[m], a.moe_shared_act[m], {}, {}, {}};
+    t.shared_out = a.moe_shared_out[m];
+    t.shared_logit = a.moe_shared_logit[m];
+  }
+  return t;
 }
 
 LoraPass Transformer::lora_pass() const {
@@ -598,7 +615,10 @@ void Transformer::backward_mlp(int64_t l) {
   if (w.moe) {  // untiled; the routing is kept, the per-pair tensors recomputed from it as the MLP's would be
     const MoeTensors t = moe_tensors(l);
     if (a.recompute >= Recompute::Selective) w.moe->forward(ops_, nullptr, a.h2[l], t, nullptr, /*route=*/false);
-    if (a.recompute == Recompute::Elementwise) ops_.swiglu_forward(t.act, t.gate, t.up);
+    if (a.recompute == Recompute::Elementwise) {
+      ops_.swiglu_forward(t.act, t.gate, t.up);
+      if (w.moe->shared_gate) ops_.swiglu_forward(t.shared.act, t.shared.gate, t.shared.up);
+    }
     MoeGrads g = a.moe_grads;
     if (!a.aux_on) g.aux_grad = Tensor{};
     w.moe->backward(ops_, a.dh, a.dres_act, a.h2[l], t, g);

@@ -171,6 +171,30 @@ void CpuOps::moe_router_backward(Tensor dlogits, const Tensor& dweight, const Te
   }
 }
 
+void CpuOps::sigmoid_gate_add(Tensor out, const Tensor& x, const Tensor& gate) {
+  const int64_t N = out.dim(0), D = out.dim(1);
+  SOLTRAIN_CHECK(x.numel() == N * D && gate.numel() == N, "sigmoid_gate_add shapes");
+  for (int64_t n = 0; n < N; ++n) {
+    const float s = 1.0f / (1.0f + std::exp(-gate.f32()[n]));
+    for (int64_t d = 0; d < D; ++d) out.f32()[n * D + d] += s * x.f32()[n * D + d];
+  }
+}
+
+void CpuOps::sigmoid_gate_backward(Tensor dx, Tensor dgate, const Tensor& dout, const Tensor& x, const Tensor& gate) {
+  const int64_t N = dout.dim(0), D = dout.dim(1);
+  SOLTRAIN_CHECK(dx.numel() == N * D && x.numel() == N * D && gate.numel() == N && dgate.numel() == N,
+                 "sigmoid_gate_backward shapes");
+  for (int64_t n = 0; n < N; ++n) {
+    const float s = 1.0f / (1.0f + std::exp(-gate.f32()[n]));
+    double dot = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      dx.f32()[n * D + d] = s * dout.f32()[n * D + d];
+      dot += double(dout.f32()[n * D + d]) * double(x.f32()[n * D + d]);
+    }
+    dgate.f32()[n] = float(dot) * s * (1.0f - s);
+  }
+}
+
 void CpuOps::moe_aux_loss(Tensor aux_grad, Tensor loss, const Tensor& counts, const Tensor& prob_sum, float coef,
                           double rows) {
   const int64_t E = counts.numel();

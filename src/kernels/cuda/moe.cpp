@@ -34,6 +34,8 @@ void CudaOps::moe_router_backward(Tensor, const Tensor&, const Tensor&, const Te
                                   const Tensor&) {
   unreachable(*this);
 }
+void CudaOps::sigmoid_gate_add(Tensor, const Tensor&, const Tensor&) { unreachable(*this); }
+void CudaOps::sigmoid_gate_backward(Tensor, Tensor, const Tensor&, const Tensor&, const Tensor&) { unreachable(*this); }
 void CudaOps::moe_aux_loss(Tensor, Tensor, const Tensor&, const Tensor&, float, double) { unreachable(*this); }
 
 }  // namespace soltrain
