@@ -375,11 +375,18 @@ class Ops {
                                     const Tensor& weight) = 0;
   // dx[n] (= or +=) Σ_j dxs[slot[n·k + j]]: gather_rows' backward without atomics, in a fixed order.
   virtual void moe_unpermute_sum(Tensor dx, bool accumulate, const Tensor& dxs, const Tensor& slot) = 0;
-  // The experts' projections: rows [offsets[e], offsets[e+1]) of x [M,in] times w[e]ᵀ (w [E,out,in]) into y [M,out].
-  virtual void grouped_linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& offsets) = 0;
-  // dx (=) dy · w[e] per expert's rows; dw[e] += dy_eᵀ · x_e (F32 [E,out,in]); either may be null.
-  virtual void grouped_linear_backward(Tensor* dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                                       const Tensor& offsets) = 0;
+  // The experts' projections: rows [offsets[e], offsets[e+1]) of x [M,in] times w[e]ᵀ (w [E,out,in]), times
+  // alpha, into y [M,out] (= or +=).
+  virtual void grouped_linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& offsets,
+                                      float alpha = 1.0f, bool accumulate = false) = 0;
+  // dx (= or +=) alpha · dy · w[e] per expert's rows; dw[e] += alpha · dy_eᵀ · x_e (F32 [E,out,in]); either may
+  // be null.
+  virtual void grouped_linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, const Tensor& dy, const Tensor& x,
+                                       const Tensor& w, const Tensor& offsets, float alpha = 1.0f) = 0;
+  // PEFT's layout of an expert adapter's B (ParamWrapper: [out, R·E], expert e's column i at i·E + e) to and from
+  // one matrix per expert [E, out, R]: to_peft false writes dst [E,out,R] (=); true adds src [E,out,R] into
+  // dst [out, R·E] (a gradient).
+  virtual void expert_lora_b_layout(Tensor dst, const Tensor& src, bool to_peft) = 0;
   // The router's backward, from d loss / d weight (F32 [N,k]) through the top-k renormalisation (norm_topk)
   // and the softmax to dlogits [N,E] (activation dtype); aux_grad (F32 [E], or empty) is added to every
   // token's d loss / d probs (the load-balancing loss's gradient, one value per expert).

@@ -143,6 +143,10 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
     for (const char* n : {"moe_gate", "moe_up"}) per_layer(n, {M, Fm}, act, mlp_rc, Lm);
     per_layer("moe_act", {M, Fm}, act, elem_rc, Lm);
     per_layer("moe_ys", {M, D}, act, mlp_rc, Lm);
+    if (const LoraConfig* lora = s.lora; lora && c.moe.lora_on_experts) {  // experts' adapters' u: rank 2r / r
+      if (lora->targets(LoraTarget::gate)) per_layer("moe_u_gate_up", {M, 2 * lora->r}, act, mlp_rc, Lm);
+      if (lora->targets(LoraTarget::down)) per_layer("moe_u_down", {M, lora->r}, act, mlp_rc, Lm);
+    }
     if (Fs > 0) {  // Qwen2-MoE's shared expert: a dense MLP over every token, and its gate's logit (kept)
       for (const char* n : {"moe_shared_gate", "moe_shared_up"}) per_layer(n, {N, Fs}, act, mlp_rc, Lm);
       per_layer("moe_shared_act", {N, Fs}, act, elem_rc, Lm);
@@ -163,6 +167,13 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
     one("moe_dweight", {N, K}, f32);
     one("moe_dlogits", {N, E}, act);
     for (const char* n : {"moe_counts", "moe_prob_sum", "moe_aux_grad"}) one(n, {E}, f32);
+    const LoraConfig* lora = s.lora;
+    if (lora && c.moe.lora_on_experts && (lora->targets(LoraTarget::gate) || lora->targets(LoraTarget::down))) {
+      one("moe_lora_g", {M, 2 * lora->r}, act);
+      const int64_t b = E * std::max(2 * Fm * 2 * lora->r, D * lora->r);  // B per expert: gate_up's or down's
+      one("moe_lora_b", {b}, act);
+      one("moe_lora_db", {b}, f32);  // (the gradients' dtype)
+    }
     if (Fs > 0) {
       for (const char* n : {"moe_shared_dact", "moe_shared_dgate", "moe_shared_dup"}) one(n, {N, Fs}, act);
       one("moe_dshared_out", {N, D}, act);
@@ -196,7 +207,8 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
     // dropout(x) and its gradient exist only with dropout, as wide as the widest adapted input: the attention
     // projections see every token at once, the MLP's one tile.
     if (lora->dropout > 0) {
-      const int64_t widest = std::max(N * std::max<int64_t>(D, c.q_dim()), T * std::max(D, F));
+      // (an MoE layer's shared expert runs all tokens at once)
+      const int64_t widest = std::max({N * std::max<int64_t>(D, c.q_dim()), T * std::max(D, F), N * std::max(D, Fs)});
       one("lora_x", {widest}, act);
       one("lora_dx", {widest}, act);
     }

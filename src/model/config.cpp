@@ -93,6 +93,7 @@ MoeConfig parse_moe(const Reader& r, int layers, Family family) {
   m.num_experts = r.get<int>("num_experts", r.get<int>("num_local_experts", qwen2 ? 60 : 128));
   m.top_k = r.get<int>("num_experts_per_tok", qwen2 ? 4 : 8);
   m.intermediate_size = r.get<int>("moe_intermediate_size", qwen2 ? 1408 : 768);
+  m.lora_on_experts = !qwen2;
   if (qwen2) {
     m.shared_intermediate_size = r.get<int>("shared_expert_intermediate_size", 5632);
     if (m.shared_intermediate_size < 1)

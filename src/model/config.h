@@ -33,6 +33,10 @@ struct MoeConfig {
   // Qwen2-MoE: a dense SwiGLU expert every token also goes through, scaled by sigmoid(shared_expert_gate(h));
   // 0: none (Qwen3-MoE)
   int shared_intermediate_size = 0;
+  // Where PEFT 0.21 on transformers 5 puts LoRA targets gate_proj / up_proj / down_proj: on the experts' stacked
+  // parameters (Qwen3-MoE: target_parameters, dense-MLP layers then not adapted), or on nn.Linear modules of
+  // those names (Qwen2-MoE: its shared expert and dense-MLP layers; the experts not adapted).
+  bool lora_on_experts = false;
 };
 
 struct ModelConfig {

@@ -78,6 +78,11 @@ KvDecoder::KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int m
     for (Tensor* t : {&moe_xs_, &moe_ys_}) one(*t, M * D, act);
     for (Tensor* t : {&moe_gate_, &moe_up_, &moe_act_}) one(*t, M * Fm, act);
     for (Tensor* t : {&moe_counts_, &moe_prob_sum_}) one(*t, E, f32);
+    if (lora_r) {  // the experts' adapters (model/moe.h): u over gate_up (rank 2r) and down, B per expert
+      one(moe_u_gate_up_, M * 2 * lora_r, act);
+      one(moe_u_down_, M * lora_r, act);
+      one(moe_lora_b_, E * std::max(2 * Fm * 2 * lora_r, D * lora_r), act);
+    }
     if (const int64_t Fs = c.moe.shared_intermediate_size) {
       for (Tensor* t : {&moe_shared_gate_, &moe_shared_up_, &moe_shared_act_}) one(*t, N * Fs, act);
       one(moe_shared_out_, N * D, act);
@@ -235,14 +240,19 @@ void KvDecoder::forward_chunk(int r0, int nb, int Tc) {
                          view(moe_weight_, {N, K}), view(moe_rows_, {M}),       view(moe_slot_, {M}),
                          view(moe_offsets_, {E + 1}), view(moe_xs_, {M, D}),    view(moe_gate_, {M, Fm}),
                          view(moe_up_, {M, Fm}),    view(moe_act_, {M, Fm}),    view(moe_ys_, {M, D})};
+      if (const MoeSwiGLU& m = *w.moe; m.gate_up_lora.on() || m.down_lora.on()) {
+        if (m.gate_up_lora.on()) t.u_gate_up = view(moe_u_gate_up_, {M, m.gate_up_lora.rank});
+        if (m.down_lora.on()) t.u_down = view(moe_u_down_, {M, m.down_lora.rank});
+        t.lora_b = moe_lora_b_;
+      }
       if (const int64_t Fs = c.moe.shared_intermediate_size) {
         t.shared = MlpTensors{view(moe_shared_gate_, {N, Fs}), view(moe_shared_up_, {N, Fs}),
-                                     view(moe_shared_act_, {N, Fs}), {}, {}, {}};
+                                     view(moe_shared_act_, {N, Fs}), u, u, u};
         t.shared_out = view(moe_shared_out_, {N, D});
         t.shared_logit = view(moe_shared_logit_, {N, 1});
       }
       const MoeStats stats{view(moe_counts_, {E}), view(moe_prob_sum_, {E})};  // (not read: no loss here)
-      w.moe->forward(o, &out, h, t, &stats, /*route=*/true);
+      w.moe->forward(o, &out, h, t, &stats, /*route=*/true, no_dropout, l);
     } else {
       w.mlp.forward(o, &out, h, mlp, no_dropout, l, tmp);
     }

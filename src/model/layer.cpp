@@ -96,10 +96,13 @@ void add_layer_parameters(ParameterStore& ps, const ModelConfig& c, int l, const
 }
 
 bool layer_has_target(const ModelConfig& c, int l, LoraTarget t) {
-  return is_attention_target(t) || !c.is_moe_layer(l);
+  return is_attention_target(t) || (!c.moe.lora_on_experts && !c.is_moe_layer(l));
 }
 
 void add_lora_parameters(ParameterStore& ps, const ModelConfig& c, int l, const LoraConfig& lora) {
+  if (c.is_moe_layer(l) && c.moe.lora_on_experts)  // the experts' adapters in PEFT's layout (model/moe.h)
+    add_expert_lora_parameters(ps, c, l, lora.r, lora.targets(LoraTarget::gate), lora.targets(LoraTarget::down));
+  if (c.is_moe_layer(l) && c.moe.shared_intermediate_size) add_shared_lora_parameters(ps, c, l, lora);
   for (int t = 0; t < kLoraTargets; ++t) {
     if (!lora.targets(LoraTarget(t)) || !layer_has_target(c, l, LoraTarget(t))) continue;
     const auto [out, in] = projection_shape(c, LoraTarget(t));
@@ -126,7 +129,7 @@ DecoderLayer bind_layer(ParameterStore& ps, const ModelConfig& c, int l, const s
   layer.attn.v = linear(LoraTarget::v);
   layer.attn.o = linear(LoraTarget::o);
   if (c.is_moe_layer(l)) {
-    layer.moe = bind_moe(ps, c, l);
+    layer.moe = bind_moe(ps, c, l, lora);
     return layer;
   }
   layer.mlp.gate = linear(LoraTarget::gate);

@@ -59,8 +59,9 @@ void add_layer_parameters(ParameterStore& ps, const ModelConfig& c, int l, const
 void add_lora_parameters(ParameterStore& ps, const ModelConfig& c, int l, const LoraConfig& lora);
 // Looks layer l's parameters up (after ps.allocate()).
 DecoderLayer bind_layer(ParameterStore& ps, const ModelConfig& c, int l, const std::optional<LoraConfig>& lora);
-// Whether LoRA target t has a module in layer l: an MoE layer has no dense gate/up/down projections (PEFT's
-// target_modules match no expert either: transformers 5 holds them as 3-D parameters, not nn.Linear).
+// Whether LoRA target t is a projection of layer l's attention or dense MLP. In an MoE layer gate/up/down name the
+// experts or the shared expert (model/moe.h), and where they name the experts (MoeConfig::lora_on_experts) the
+// dense-MLP layers are not adapted either: what PEFT 0.21 does on transformers 5.
 bool layer_has_target(const ModelConfig& c, int l, LoraTarget t);
 
 }  // namespace soltrain

@@ -39,6 +39,9 @@ struct LoraConfig {
   // (`offload_weights_resident_layers`). A dense base only.
   bool offload_base = false;
   int offload_resident_layers = 0;
+  // Read from an adapter's target_parameters (PEFT's MoE experts): gate/up/down name experts, so the model must
+  // have MoE layers.
+  bool expert_targets = false;
 
   // scale · B·A is what the adapter adds to a weight.
   float scale() const;

@@ -1,5 +1,7 @@
 #include "model/moe.h"
 
+#include <cmath>
+
 #include "core/error.h"
 #include "core/format.h"
 
@@ -26,8 +28,43 @@ Tensor MoeSwiGLU::stacked(const std::vector<Parameter*>& ps, Tensor Parameter::*
   return Tensor{first.data, first.dtype, {int64_t(ps.size()), first.dim(0), first.dim(1)}, first.device};
 }
 
-void MoeSwiGLU::forward(Ops& o, Tensor* out, const Tensor& h, const MoeTensors& t, const MoeStats* stats,
-                        bool route) const {
+MoeSwiGLU::LoraFactors MoeSwiGLU::lora_factors(Ops& o, const ExpertLora& l, const Tensor& scratch, int parts) {
+  const int64_t R = l.rank, E = l.a->shape[0] / R, in = l.a->shape[1], out = l.b->shape[0] / parts;
+  LoraFactors f;
+  f.a = Tensor{l.a->value.data, l.a->value.dtype, {E, R, in}, l.a->value.device};
+  for (int i = 0; i < parts; ++i) {
+    f.b[size_t(i)] = Tensor{static_cast<char*>(scratch.data) + size_t(i * E * out * R) * dtype_size(scratch.dtype),
+                            scratch.dtype, {E, out, R}, scratch.device};
+    o.expert_lora_b_layout(f.b[size_t(i)], l.b->value.rows(i * out, (i + 1) * out), false);
+  }
+  return f;
+}
+
+void MoeSwiGLU::lora_backward(Ops& o, const ExpertLora& l, Tensor* dx, std::initializer_list<Tensor> dys,
+                              const Tensor& x, const Tensor& u, const MoeTensors& t, const MoeGrads& g) const {
+  const int parts = int(dys.size());
+  const Tensor& offsets = t.offsets;
+  const LoraFactors f = lora_factors(o, l, t.lora_b, parts);
+  const int64_t E = f.a.dim(0), R = l.rank, out = f.b[0].dim(1);
+  const Tensor du{g.lora_g.data, g.lora_g.dtype, {u.dim(0), R}, g.lora_g.device};  // (sized for the widest R)
+  // d loss / du = scale·Σ dy·B_e; dB_e += scale·dyᵀ·u (one matrix per expert, then into PEFT's layout)
+  int i = 0;
+  for (const Tensor& dy : dys) {
+    Tensor db{static_cast<char*>(g.lora_db.data) + size_t(i * E * out * R) * dtype_size(g.lora_db.dtype),
+              g.lora_db.dtype, {E, out, R}, g.lora_db.device};
+    o.zero(db);
+    Tensor du_i = du;
+    o.grouped_linear_backward(&du_i, i > 0, &db, dy, u, f.b[size_t(i)], offsets, l.scale);
+    o.expert_lora_b_layout(l.b->grad.rows(i * out, (i + 1) * out), db, true);
+    ++i;
+  }
+  // dx += du·A_e; dA_e += duᵀ·x
+  Tensor da{l.a->grad.data, l.a->grad.dtype, {E, R, x.dim(1)}, l.a->grad.device};
+  o.grouped_linear_backward(dx, true, &da, du, x, f.a, offsets);
+}
+
+void MoeSwiGLU::forward(Ops& o, Tensor* out, const Tensor& h, const MoeTensors& t, const MoeStats* stats, bool route,
+                        const LoraPass& lora, int64_t layer) const {
   if (route) {
     SOLTRAIN_CHECK(stats, "routing without statistics");
     o.linear_forward(t.logits, h, router->value, nullptr);
@@ -37,24 +74,35 @@ void MoeSwiGLU::forward(Ops& o, Tensor* out, const Tensor& h, const MoeTensors& 
   o.gather_rows(t.xs, h, t.rows);
   o.grouped_linear_forward(t.gate, t.xs, stacked(gate, &Parameter::value), t.offsets);
   o.grouped_linear_forward(t.up, t.xs, stacked(up, &Parameter::value), t.offsets);
+  if (gate_up_lora.on()) {  // + scale·(x·A_eᵀ)·B_eᵀ per expert, B's gate rows then its up rows
+    const LoraFactors f = lora_factors(o, gate_up_lora, t.lora_b, 2);
+    o.grouped_linear_forward(t.u_gate_up, t.xs, f.a, t.offsets);
+    o.grouped_linear_forward(t.gate, t.u_gate_up, f.b[0], t.offsets, gate_up_lora.scale, true);
+    o.grouped_linear_forward(t.up, t.u_gate_up, f.b[1], t.offsets, gate_up_lora.scale, true);
+  }
   o.swiglu_forward(t.act, t.gate, t.up);
   o.grouped_linear_forward(t.ys, t.act, stacked(down, &Parameter::value), t.offsets);
+  if (down_lora.on()) {
+    const LoraFactors f = lora_factors(o, down_lora, t.lora_b, 1);
+    o.grouped_linear_forward(t.u_down, t.act, f.a, t.offsets);
+    o.grouped_linear_forward(t.ys, t.u_down, f.b[0], t.offsets, down_lora.scale, true);
+  }
   if (out) o.moe_combine(*out, t.ys, t.slot, t.weight);
   if (!shared_gate) return;
   // backward reads the shared expert's output (for its gate's gradient): it runs whole in a recompute too
   Tensor shared_out = t.shared_out;
-  shared.forward(o, &shared_out, h, t.shared, LoraPass{}, 0, shared_out);
+  shared.forward(o, &shared_out, h, t.shared, lora, layer, shared_out);
   if (route) o.linear_forward(t.shared_logit, h, shared_gate->value, nullptr);
   if (out) o.sigmoid_gate_add(*out, t.shared_out, t.shared_logit);
 }
 
 void MoeSwiGLU::backward(Ops& o, Tensor dh, const Tensor& dout, const Tensor& h, const MoeTensors& t,
-                         const MoeGrads& g) const {
+                         const MoeGrads& g, const LoraPass& lora, int64_t layer) const {
   const bool trains = router->trainable;
   // The shared expert first: its backward writes dh (=), everything after adds to it.
   if (shared_gate) {
     o.sigmoid_gate_backward(g.dshared_out, g.dshared_logit, dout, t.shared_out, t.shared_logit);
-    shared.backward(o, dh, g.dshared_out, h, t.shared, g.shared, LoraPass{}, 0);
+    shared.backward(o, dh, g.dshared_out, h, t.shared, g.shared, lora, layer);
     Tensor ggrad = shared_gate->grad;
     o.linear_backward(&dh, true, trains ? &ggrad : nullptr, nullptr, g.dshared_logit, h, shared_gate->value);
   }
@@ -64,15 +112,17 @@ void MoeSwiGLU::backward(Ops& o, Tensor dh, const Tensor& dout, const Tensor& h,
   // out = Σ_j weight_j · ys_j: to each pair's output, and to the router's weights
   o.moe_combine_backward(g.dys, g.dweight, dout, t.ys, t.slot, t.weight);
   Tensor dact = g.dact;
-  o.grouped_linear_backward(&dact, trains ? &ddown_w : nullptr, g.dys, t.act, stacked(down, &Parameter::value),
+  o.grouped_linear_backward(&dact, false, trains ? &ddown_w : nullptr, g.dys, t.act, stacked(down, &Parameter::value),
                             t.offsets);
+  if (down_lora.on()) lora_backward(o, down_lora, &dact, {g.dys}, t.act, t.u_down, t, g);
   o.swiglu_backward(g.dgate, g.dup, g.dact, t.gate, t.up);
   Tensor dxs = g.dxs;
-  o.grouped_linear_backward(&dxs, trains ? &dgate_w : nullptr, g.dgate, t.xs, stacked(gate, &Parameter::value),
+  o.grouped_linear_backward(&dxs, false, trains ? &dgate_w : nullptr, g.dgate, t.xs,
+                            stacked(gate, &Parameter::value), t.offsets);
+  o.grouped_linear_backward(&dxs, true, trains ? &dup_w : nullptr, g.dup, t.xs, stacked(up, &Parameter::value),
                             t.offsets);
+  if (gate_up_lora.on()) lora_backward(o, gate_up_lora, &dxs, {g.dgate, g.dup}, t.xs, t.u_gate_up, t, g);
   o.moe_unpermute_sum(dh, shared_gate != nullptr, dxs, t.slot);
-  o.grouped_linear_backward(&dxs, trains ? &dup_w : nullptr, g.dup, t.xs, stacked(up, &Parameter::value), t.offsets);
-  o.moe_unpermute_sum(dh, true, dxs, t.slot);
   // the router: weights (and the load-balancing loss's probabilities) → logits → h and the router's weight
   o.moe_router_backward(g.dlogits, g.dweight, t.probs, t.expert, t.weight, norm_topk, g.aux_grad);
   Tensor grad = router->grad;
@@ -95,8 +145,57 @@ void add_moe_parameters(ParameterStore& ps, const ModelConfig& c, int l, bool tr
   }
 }
 
-MoeSwiGLU bind_moe(ParameterStore& ps, const ModelConfig& c, int l) {
+std::string shared_lora_name(int layer, const char* proj, bool b) {
+  return cat("base_model.model.model.layers.", layer, ".mlp.shared_expert.", proj, b ? ".lora_B" : ".lora_A",
+             ".weight");
+}
+
+void add_shared_lora_parameters(ParameterStore& ps, const ModelConfig& c, int l, const LoraConfig& lora) {
+  const int64_t Fs = c.moe.shared_intermediate_size, D = c.hidden_size;
+  for (LoraTarget t : {LoraTarget::gate, LoraTarget::up, LoraTarget::down}) {
+    if (!lora.targets(t)) continue;
+    const bool down = t == LoraTarget::down;
+    const char* proj = kLoraModuleNames[size_t(t)];
+    ps.add(shared_lora_name(l, proj, false), {lora.r, down ? Fs : D}, true, l);
+    ps.add(shared_lora_name(l, proj, true), {down ? D : Fs, lora.r}, true, l);
+  }
+}
+
+std::string expert_lora_name(int layer, bool gate_up, bool both, bool b) {
+  return cat("base_model.model.model.layers.", layer, ".mlp.experts.", gate_up && both ? "base_layer." : "",
+             b ? "lora_B" : "lora_A", ".weight");
+}
+
+void add_expert_lora_parameters(ParameterStore& ps, const ModelConfig& c, int l, int r, bool gate_up, bool down) {
+  const int64_t E = c.moe.num_experts, F = c.moe.intermediate_size, D = c.hidden_size;
+  if (gate_up) {
+    const int64_t R = expert_lora_rank(r, true);
+    ps.add(expert_lora_name(l, true, down, false), {E * R, D}, true, l);
+    ps.add(expert_lora_name(l, true, down, true), {2 * F, R * E}, true, l);
+  }
+  if (down) {
+    const int64_t R = expert_lora_rank(r, false);
+    ps.add(expert_lora_name(l, false, gate_up, false), {E * R, F}, true, l);
+    ps.add(expert_lora_name(l, false, gate_up, true), {D, R * E}, true, l);
+  }
+}
+
+MoeSwiGLU bind_moe(ParameterStore& ps, const ModelConfig& c, int l, const std::optional<LoraConfig>& lora) {
   MoeSwiGLU m;
+  const bool gate_up = lora && lora->targets(LoraTarget::gate), down = lora && lora->targets(LoraTarget::down);
+  // PEFT's scale alpha / R (rsLoRA alpha / √R), with gate_up's doubled alpha and rank
+  auto adapter = [&](bool is_gate_up) {
+    ExpertLora a;
+    if (!c.moe.lora_on_experts || !(is_gate_up ? gate_up : down)) return a;
+    a.a = &ps.at(expert_lora_name(l, is_gate_up, gate_up && down, false));
+    a.b = &ps.at(expert_lora_name(l, is_gate_up, gate_up && down, true));
+    a.rank = expert_lora_rank(lora->r, is_gate_up);
+    const float alpha = is_gate_up ? 2 * lora->alpha : lora->alpha;
+    a.scale = lora->use_rslora ? alpha / std::sqrt(float(a.rank)) : alpha / float(a.rank);
+    return a;
+  };
+  m.gate_up_lora = adapter(true);
+  m.down_lora = adapter(false);
   m.router = &ps.at(cat("model.layers.", l, ".mlp.gate.weight"));
   m.top_k = c.moe.top_k;
   m.norm_topk = c.moe.norm_topk;
@@ -106,10 +205,14 @@ MoeSwiGLU bind_moe(ParameterStore& ps, const ModelConfig& c, int l) {
     m.down.push_back(&ps.at(expert_name(l, e, "down_proj")));
   }
   if (c.moe.shared_intermediate_size) {
-    auto linear = [&](const char* proj) { return Linear(&ps.at(shared_name(l, proj)), nullptr, nullptr, nullptr, 0); };
-    m.shared.gate = linear("gate_proj");
-    m.shared.up = linear("up_proj");
-    m.shared.down = linear("down_proj");
+    auto linear = [&](LoraTarget t) {
+      const char* proj = kLoraModuleNames[size_t(t)];
+      return Linear(&ps.at(shared_name(l, proj)), nullptr, ps.find(shared_lora_name(l, proj, false)),
+                    ps.find(shared_lora_name(l, proj, true)), lora ? lora->scale() : 0.0f);
+    };
+    m.shared.gate = linear(LoraTarget::gate);
+    m.shared.up = linear(LoraTarget::up);
+    m.shared.down = linear(LoraTarget::down);
     m.shared_gate = &ps.at(cat("model.layers.", l, ".mlp.shared_expert_gate.weight"));
   }
   return m;

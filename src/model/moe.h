@@ -4,11 +4,16 @@
 // shared dense expert every token takes, scaled by sigmoid(shared_expert_gate(h)). The layer holds this block
 // or DenseSwiGLU (model/layer.h).
 #pragma once
+#include <array>
+#include <initializer_list>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "kernels/ops.h"
 #include "model/config.h"
 #include "model/dense_mlp.h"
+#include "model/lora.h"
 #include "model/parameters.h"
 
 namespace soltrain {
@@ -20,6 +25,9 @@ struct MoeTensors {
   Tensor probs, expert, weight;             // F32 [N,E], I32 [N,k], F32 [N,k] (Ops::moe_route)
   Tensor rows, slot, offsets;               // I32 [M], [M], [E+1] (Ops::moe_permute)
   Tensor xs, gate, up, act, ys;             // [M,D], [M,F], [M,F], [M,F], [M,D]: per pair, in expert order
+  // expert LoRA's u = x·A_eᵀ per pair: [M, 2r] over gate_up, [M, r] over down (empty without the adapter), and
+  // scratch for B as one matrix per expert (flat, at least E·max(2F·2r, D·r); shared by the layers)
+  Tensor u_gate_up, u_down, lora_b;
   // the shared expert (Qwen2-MoE; empty otherwise): its MLP's tensors [N,Fs], output [N,D], gate logit [N,1]
   MlpTensors shared;
   Tensor shared_out, shared_logit;
@@ -30,9 +38,25 @@ struct MoeGrads {
   Tensor dact, dgate, dup;   // [M,F]
   Tensor dweight, dlogits;   // F32 [N,k]; [N,E] activation dtype
   Tensor aux_grad;           // F32 [E]: d (coef · load-balancing loss) / d probs, or empty
+  // expert LoRA's scratch: d loss / du [M, 2r]; B's gradient as one matrix per expert (flat, as lora_b)
+  Tensor lora_g, lora_db;
   MlpGrads shared;           // the shared expert's: [N,Fs] each
   Tensor dshared_out, dshared_logit;  // [N,D], [N,1]
 };
+// LoRA on one expert projection as PEFT 0.21 holds it for transformers 5's stacked expert parameters
+// (ParamWrapper): A [E·R, in] (expert e's rows e·R ..), B [out, R·E] (expert e's column i at i·E + e).
+struct ExpertLora {
+  Parameter *a = nullptr, *b = nullptr;
+  float scale = 0;
+  int rank = 0;  // R
+  bool on() const { return a != nullptr; }
+};
+// The fused gate_up adapter has rank 2r and alpha 2·alpha (PEFT's rank_pattern / alpha_pattern for the pair it
+// fuses from gate_proj and up_proj); down keeps r and alpha.
+inline int expert_lora_rank(int r, bool gate_up) { return gate_up ? 2 * r : r; }
+// Names of the adapters' tensors (PEFT nests the two wrappers: gate_up's is the inner one, "base_layer").
+std::string expert_lora_name(int layer, bool gate_up, bool both, bool b);
+
 // The statistics transformers' load-balancing loss sums over the MoE layers of a pass (F32 [E] each).
 struct MoeStats {
   Tensor counts, prob_sum;
@@ -48,16 +72,32 @@ class MoeSwiGLU {
   // shared_gate is null without one
   DenseSwiGLU shared;
   Parameter* shared_gate = nullptr;
+  // LoRA on the experts (lora_target_modules gate_proj + up_proj, down_proj) where PEFT puts it there
+  // (MoeConfig::lora_on_experts); else those targets adapt the shared expert's projections (`shared`)
+  ExpertLora gate_up_lora, down_lora;
 
   // out = Σ_j weight_j · expert_j(h). With `route` the router runs and the pairs are sorted (stats gain this
   // layer's counts and probabilities); without it (a recompute for backward) the saved routing is reused.
   // Without `out` the combine is skipped (backward reads ys, not the sum).
-  void forward(Ops& ops, Tensor* out, const Tensor& h, const MoeTensors& t, const MoeStats* stats, bool route) const;
+  // `lora` and `layer` place the shared expert's adapters (Qwen2-MoE) in LoRA's dropout masks.
+  void forward(Ops& ops, Tensor* out, const Tensor& h, const MoeTensors& t, const MoeStats* stats, bool route,
+               const LoraPass& lora, int64_t layer) const;
   // dh (=) d loss / dh; parameter gradients are added (+=).
-  void backward(Ops& ops, Tensor dh, const Tensor& dout, const Tensor& h, const MoeTensors& t,
-                const MoeGrads& g) const;
+  void backward(Ops& ops, Tensor dh, const Tensor& dout, const Tensor& h, const MoeTensors& t, const MoeGrads& g,
+                const LoraPass& lora, int64_t layer) const;
 
  private:
+  // An expert adapter's factors for the grouped GEMMs: A as [E, R, in] (its own storage) and B's `parts` row
+  // blocks (gate_up: gate's then up's) as [E, out, R] each, rearranged into `scratch`.
+  struct LoraFactors {
+    Tensor a;
+    std::array<Tensor, 2> b;
+  };
+  static LoraFactors lora_factors(Ops& ops, const ExpertLora& l, const Tensor& scratch, int parts);
+  // An adapter's backward: dx += its input gradient; A's and B's gradients added. dys: the adapted outputs'
+  // gradients (gate's and up's for gate_up).
+  void lora_backward(Ops& ops, const ExpertLora& l, Tensor* dx, std::initializer_list<Tensor> dys, const Tensor& x,
+                     const Tensor& u, const MoeTensors& t, const MoeGrads& g) const;
   // The experts' weights (or gradients) of one projection as one [E, out, in] tensor: the per-expert
   // parameters are added one after another, so they are contiguous in the store (checked).
   static Tensor stacked(const std::vector<Parameter*>& ps, Tensor Parameter::*field);
@@ -65,6 +105,11 @@ class MoeSwiGLU {
 
 // Adds layer l's MoE block parameters (router, then each projection's experts in expert order, HF names).
 void add_moe_parameters(ParameterStore& ps, const ModelConfig& c, int l, bool trains);
-MoeSwiGLU bind_moe(ParameterStore& ps, const ModelConfig& c, int l);
+// The shared expert's adapters (Qwen2-MoE, where PEFT puts the gate/up/down targets): PEFT's names, r as given.
+std::string shared_lora_name(int layer, const char* proj, bool b);
+void add_shared_lora_parameters(ParameterStore& ps, const ModelConfig& c, int l, const LoraConfig& lora);
+// Adds layer l's expert adapters for LoRA targets gate+up (one fused adapter) and down (trainable, group l).
+void add_expert_lora_parameters(ParameterStore& ps, const ModelConfig& c, int l, int r, bool gate_up, bool down);
+MoeSwiGLU bind_moe(ParameterStore& ps, const ModelConfig& c, int l, const std::optional<LoraConfig>& lora);
 
 }  // namespace soltrain

@@ -25,6 +25,38 @@ bool unset(const nlohmann::json& cfg, const char* key) {
 }
 }  // namespace
 
+namespace {
+// PEFT 0.21's adapters on transformers 5's stacked MoE experts: target_parameters gate_up_proj (gate_proj and
+// up_proj fused, rank_pattern / alpha_pattern doubling r and alpha for it) and down_proj. Any other
+// target_parameters, rank_pattern or alpha_pattern changes ranks or scales soltrain does not model: refused.
+void read_expert_targets(const nlohmann::json& cfg, LoraConfig& lora, const std::string& src) {
+  const auto params = unset(cfg, "target_parameters") ? std::vector<std::string>{}
+                                                      : cfg.at("target_parameters").get<std::vector<std::string>>();
+  bool gate_up = false;
+  for (const std::string& p : params) {
+    if (p == "gate_up_proj") {
+      gate_up = true;
+      lora.target_modules.insert(lora.target_modules.end(), {"gate_proj", "up_proj"});
+    } else if (p == "down_proj") {
+      lora.target_modules.push_back("down_proj");
+    } else {
+      user_error(src, ": target_parameters entry '", p,
+                 "' is not supported (soltrain reads gate_up_proj and down_proj, the MoE experts')");
+    }
+  }
+  lora.expert_targets = !params.empty();
+  const nlohmann::json rank = gate_up ? nlohmann::json{{".*\\.gate_up_proj", 2 * lora.r}} : nlohmann::json::object();
+  const nlohmann::json alpha = gate_up ? nlohmann::json{{".*\\.gate_up_proj", 2 * lora.alpha}} : nlohmann::json::object();
+  for (auto [key, want] : {std::pair{"rank_pattern", rank}, {"alpha_pattern", alpha}}) {
+    const nlohmann::json got = unset(cfg, key) ? nlohmann::json::object() : cfg.at(key);
+    if (got != want)
+      user_error(src, ": '", key, "' is ", got.dump(), ": per-module ",
+                 std::string(key) == "rank_pattern" ? "ranks" : "alphas", " are not supported by soltrain",
+                 gate_up ? cat(" (but for the experts' fused gate_up_proj: ", want.dump(), ")") : std::string());
+  }
+}
+}  // namespace
+
 LoraConfig read_adapter_config(const fs::path& adapter_dir) {
   const fs::path path = adapter_dir / kConfigFile;
   if (!fs::exists(path)) user_error(adapter_dir.string(), ": not a PEFT adapter folder (no ", kConfigFile, ")");
@@ -37,14 +69,11 @@ LoraConfig read_adapter_config(const fs::path& adapter_dir) {
   const std::pair<const char*, const char*> unsupported[] = {
       {"use_dora", "DoRA"},
       {"modules_to_save", "fully trained extra modules (modules_to_save)"},
-      {"rank_pattern", "per-module ranks (rank_pattern)"},
-      {"alpha_pattern", "per-module alphas (alpha_pattern)"},
       {"layers_to_transform", "adapting a subset of layers (layers_to_transform)"},
       {"layer_replication", "layer_replication"},
       {"fan_in_fan_out", "fan_in_fan_out (Conv1D-style weights)"},
       {"lora_bias", "trained LoRA biases (lora_bias)"},
       {"use_qalora", "QALoRA"},
-      {"target_parameters", "target_parameters"},
       {"trainable_token_indices", "trainable_token_indices"},
       {"exclude_modules", "exclude_modules"},
       // LoRA variants whose forward differs from W·x + scale·B·A·x (or that soltrain does not know)
@@ -81,6 +110,7 @@ LoraConfig read_adapter_config(const fs::path& adapter_dir) {
     } else {
       lora.target_modules = t.get<std::vector<std::string>>();
     }
+    read_expert_targets(cfg, lora, src);
   } catch (const nlohmann::json::exception& e) {
     user_error(src, ": ", e.what());
   }
@@ -138,19 +168,29 @@ std::unique_ptr<Transformer> load_pretrained_with_adapter(const fs::path& model_
   return model;
 }
 
-nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& base) {
+nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& base, bool moe) {
   // Every key PEFT 0.21's LoraConfig writes, with its defaults where soltrain has no such feature. PEFT
   // itself writes target_modules from a set (any order); ours follow the layer's order.
-  std::vector<std::string> targets;
-  for (const char* m : kLoraModuleNames)
-    if (std::find(lora.target_modules.begin(), lora.target_modules.end(), m) != lora.target_modules.end())
-      targets.push_back(m);
   using J = nlohmann::json;
-  // Integral alphas are written as integers, as Python writes lora_alpha=16.
-  // Floats go through their shortest decimal form, so 0.05f is written 0.05, not 0.05000000074505806.
+  std::vector<std::string> targets;
+  J parameters = nullptr, rank_pattern = J::object(), alpha_pattern = J::object();
+  for (int t = 0; t < kLoraTargets; ++t)
+    if (lora.targets(LoraTarget(t)) && (is_attention_target(LoraTarget(t)) || !moe))
+      targets.push_back(kLoraModuleNames[size_t(t)]);
   const J alpha = lora.alpha == float(int64_t(lora.alpha)) ? J(int64_t(lora.alpha)) : J(std::stod(cat(lora.alpha)));
+  if (moe && (lora.targets(LoraTarget::gate) || lora.targets(LoraTarget::down))) {
+    parameters = J::array();  // (sorted, as PEFT writes the set)
+    if (lora.targets(LoraTarget::down)) parameters.push_back("down_proj");
+    if (lora.targets(LoraTarget::gate)) {
+      parameters.push_back("gate_up_proj");
+      rank_pattern[".*\\.gate_up_proj"] = 2 * lora.r;
+      alpha_pattern[".*\\.gate_up_proj"] = alpha.is_number_integer() ? J(2 * alpha.get<int64_t>()) : J(2 * alpha.get<double>());
+    }
+  }
+  // (alpha: integral alphas are written as integers, as Python writes lora_alpha=16; floats go through their
+  // shortest decimal form, so 0.05f is written 0.05, not 0.05000000074505806)
   return J{{"alora_invocation_tokens", nullptr},
-           {"alpha_pattern", J::object()},
+           {"alpha_pattern", alpha_pattern},
            {"arrow_config", nullptr},
            {"auto_mapping", nullptr},
            {"base_model_name_or_path", base.name_or_path},
@@ -179,10 +219,10 @@ nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& ba
            {"peft_version", "0.21.0"},
            {"qalora_group_size", 16},
            {"r", lora.r},
-           {"rank_pattern", J::object()},
+           {"rank_pattern", rank_pattern},
            {"revision", base.revision.empty() ? J(nullptr) : J(base.revision)},
            {"target_modules", targets},
-           {"target_parameters", nullptr},
+           {"target_parameters", parameters},
            {"task_type", "CAUSAL_LM"},
            {"trainable_token_indices", nullptr},
            {"use_bdlora", nullptr},
@@ -205,7 +245,7 @@ void write_adapter(const Transformer& model, const fs::path& dir, const AdapterB
   // safetensors' own writer orders tensors by name (all share one dtype): do the same, so files compare.
   std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   write_safetensors_streamed(dir / kWeightsFile, tensors, {{"format", "pt"}});
-  write_file_atomic(dir / kConfigFile, adapter_config_json(*model.lora(), base).dump(2));
+  write_file_atomic(dir / kConfigFile, adapter_config_json(*model.lora(), base, model.config().moe_layers() > 0 && model.config().moe.lora_on_experts).dump(2));
 }
 
 void save_adapter(const Transformer& model, const fs::path& out_dir, const AdapterBase& base) {

@@ -38,8 +38,9 @@ struct Transformer::Activations {
   std::vector<Tensor> gate, up, act;  // per dense-MLP layer (ModelConfig::dense_mlp_index)
   // per MoE layer (ModelConfig::moe_index): model/moe.h's MoeTensors
   std::vector<Tensor> moe_logits, moe_probs, moe_expert, moe_weight, moe_rows, moe_slot, moe_offsets, moe_xs,
-      moe_gate, moe_up, moe_act, moe_ys, moe_shared_gate, moe_shared_up, moe_shared_act, moe_shared_out,
+      moe_gate, moe_up, moe_act, moe_ys, moe_u_gate_up, moe_u_down, moe_shared_gate, moe_shared_up, moe_shared_act, moe_shared_out,
       moe_shared_logit;
+  Tensor moe_lora_b;  // expert LoRA's B per expert (scratch)
   MoeGrads moe_grads;
   MoeStats moe_stats;
   bool aux_on = false;  // this pass's backward adds the load-balancing loss's gradient (moe_grads.aux_grad)
@@ -96,16 +97,18 @@ Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig>
   if (hd > ops.max_attention_head_dim())
     user_error("head_dim ", hd, " is not supported on ", ops.device() == Device::CUDA ? "CUDA" : "this device",
                " yet (at most ", ops.max_attention_head_dim(), ")");
+  if (lora_ && lora_->expert_targets && !(c.moe_layers() > 0 && c.moe.lora_on_experts))
+    user_error("the adapter targets MoE experts (target_parameters) and ", c.architecture, " has none");
   if (c.moe_layers() > 0) {
     if (const std::string why = ops.moe_unsupported(); !why.empty()) user_error(c.architecture, ": ", why);
-    // PEFT adapts the experts for these targets (through their 3-D parameters): skipping them would train
-    // another model than PEFT's without a word.
-    if (lora_)
-      for (LoraTarget t : {LoraTarget::gate, LoraTarget::up, LoraTarget::down})
-        if (lora_->targets(t))
-          user_error("lora_target_modules: ", kLoraModuleNames[size_t(t)], " on ", c.architecture,
-                     " means the experts, and LoRA on experts is not built yet: target the attention projections "
-                     "(q_proj, k_proj, v_proj, o_proj)");
+    // PEFT fuses gate_proj and up_proj into one adapter over the stacked gate_up_proj, and refuses dropout there
+    const bool experts = lora_ && c.moe.lora_on_experts;
+    if (experts && lora_->targets(LoraTarget::gate) != lora_->targets(LoraTarget::up))
+      user_error("lora_target_modules: on ", c.architecture, " gate_proj and up_proj are one adapter over the experts' ",
+                 "fused gate_up_proj (as PEFT holds it): target both or neither");
+    if (experts && lora_->dropout > 0 && (lora_->targets(LoraTarget::gate) || lora_->targets(LoraTarget::down)))
+      user_error("lora_dropout ", lora_->dropout, ": PEFT's adapters on the experts (", c.architecture,
+                 ") take no dropout; set lora_dropout: 0 or target the attention projections only");
   }
   add_model_parameters(params_, c, lora_);
   params_.allocate(ops_, gradients);
@@ -115,15 +118,14 @@ Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig>
   }
   if (lora_ && lora_->offload_base) weight_stream_ = std::make_unique<WeightStream>(params_, ops_, c.num_layers);
 
-  for (int l = 0; l < c.num_layers; ++l) {
-    layers_.push_back(bind_layer(params_, c, l, lora_));
-    if (!lora_) continue;
-    for (int t = 0; t < kLoraTargets; ++t)
-      if (Parameter* a = params_.find(lora_a_name(l, LoraTarget(t)))) {
-        const auto init = lora_a_init(lora_->r, int(a->shape[1]), lora_->seed, a->name);
-        params_.upload(ops_, *a, init.data());
+  for (int l = 0; l < c.num_layers; ++l) layers_.push_back(bind_layer(params_, c, l, lora_));
+  // Every adapter's A as PEFT initialises it (the projections' and the experts', whose A has E·R rows); B stays 0.
+  if (lora_)
+    for (Parameter& a : params_.all())
+      if (is_lora_name(a.name) && a.name.ends_with(".lora_A.weight")) {
+        const auto init = lora_a_init(int(a.shape[0]), int(a.shape[1]), lora_->seed, a.name);
+        params_.upload(ops_, a, init.data());
       }
-  }
 
   const std::vector<float> inv = rope_inv_freq(c.rope, c.head_dim);
   inv_freq_ = ops_.alloc(inv.size() * 4);
@@ -234,6 +236,8 @@ void Transformer::bind_planned_buffers(Activations& a, Ops& ops) {
                          {"moe_up", &a.moe_up},
                          {"moe_act", &a.moe_act},
                          {"moe_ys", &a.moe_ys},
+                         {"moe_u_gate_up", &a.moe_u_gate_up},
+                         {"moe_u_down", &a.moe_u_down},
                          {"moe_shared_gate", &a.moe_shared_gate},
                          {"moe_shared_up", &a.moe_shared_up},
                          {"moe_shared_act", &a.moe_shared_act},
@@ -243,6 +247,9 @@ void Transformer::bind_planned_buffers(Activations& a, Ops& ops) {
   for (int t = 0; t < kLoraTargets; ++t) layered[cat("lora_u.", kLoraModuleNames[size_t(t)])] = &a.lora_u[size_t(t)];
   const std::map<std::string, Tensor*> single = {{"hf", &a.hf},
                                                  {"moe_dys", &a.moe_grads.dys},
+                                                 {"moe_lora_g", &a.moe_grads.lora_g},
+                                                 {"moe_lora_b", &a.moe_lora_b},
+                                                 {"moe_lora_db", &a.moe_grads.lora_db},
                                                  {"moe_shared_dact", &a.moe_grads.shared.dact},
                                                  {"moe_shared_dgate", &a.moe_grads.shared.dgate},
                                                  {"moe_shared_dup", &a.moe_grads.shared.dup},
@@ -398,8 +405,12 @@ MoeTensors Transformer::moe_tensors(int64_t l) const {
   const size_t m = size_t(config_.moe_index(int(l)));
   MoeTensors t{a.moe_logits[m], a.moe_probs[m], a.moe_expert[m], a.moe_weight[m], a.moe_rows[m], a.moe_slot[m],
                a.moe_offsets[m], a.moe_xs[m],     a.moe_gate[m],   a.moe_up[m],     a.moe_act[m], a.moe_ys[m]};
+  if (!a.moe_u_gate_up.empty()) t.u_gate_up = a.moe_u_gate_up[m];
+  if (!a.moe_u_down.empty()) t.u_down = a.moe_u_down[m];
+  t.lora_b = a.moe_lora_b;
   if (!a.moe_shared_out.empty()) {
-    t.shared = MlpTensors{a.moe_shared_gate[m], a.moe_shared_up[m], a.moe_shared_act[m], {}, {}, {}};
+    t.shared = MlpTensors{a.moe_shared_gate[m],      a.moe_shared_up[m],      a.moe_shared_act[m],
+                          lora_u(LoraTarget::gate, l), lora_u(LoraTarget::up, l), lora_u(LoraTarget::down, l)};
     t.shared_out = a.moe_shared_out[m];
     t.shared_logit = a.moe_shared_logit[m];
   }
@@ -614,14 +625,16 @@ void Transformer::backward_mlp(int64_t l) {
   const DecoderLayer& w = layers_[size_t(l)];
   if (w.moe) {  // untiled; the routing is kept, the per-pair tensors recomputed from it as the MLP's would be
     const MoeTensors t = moe_tensors(l);
-    if (a.recompute >= Recompute::Selective) w.moe->forward(ops_, nullptr, a.h2[l], t, nullptr, /*route=*/false);
+    const LoraPass lp = lora_pass();
+    if (a.recompute >= Recompute::Selective)
+      w.moe->forward(ops_, nullptr, a.h2[l], t, nullptr, /*route=*/false, lp, l);
     if (a.recompute == Recompute::Elementwise) {
       ops_.swiglu_forward(t.act, t.gate, t.up);
       if (w.moe->shared_gate) ops_.swiglu_forward(t.shared.act, t.shared.gate, t.shared.up);
     }
     MoeGrads g = a.moe_grads;
     if (!a.aux_on) g.aux_grad = Tensor{};
-    w.moe->backward(ops_, a.dh, a.dres_act, a.h2[l], t, g);
+    w.moe->backward(ops_, a.dh, a.dres_act, a.h2[l], t, g, lp, l);
     return;
   }
   const LoraPass lp = lora_pass();
@@ -674,7 +687,7 @@ void Transformer::forward_mlp(int64_t l) {
   const LoraPass lp = lora_pass();
   const int64_t N = a.h2[l].dim(0);
   if (w.moe)
-    w.moe->forward(o, &a.tmp, a.h2[l], moe_tensors(l), &a.moe_stats, /*route=*/true);
+    w.moe->forward(o, &a.tmp, a.h2[l], moe_tensors(l), &a.moe_stats, /*route=*/true, lp, l);
   else
     for (int64_t t0 = 0; t0 < N; t0 += a.tile) {
       const int64_t t1 = std::min(N, t0 + a.tile);

@@ -113,7 +113,8 @@ void CpuOps::moe_unpermute_sum(Tensor dx, bool accumulate, const Tensor& dxs, co
   }
 }
 
-void CpuOps::grouped_linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& offsets) {
+void CpuOps::grouped_linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& offsets, float alpha,
+                                    bool accumulate) {
   const int64_t E = w.dim(0), out = w.dim(1), in = w.dim(2);
   SOLTRAIN_CHECK(offsets.numel() == E + 1 && x.dim(1) == in && y.dim(1) == out && y.dim(0) == x.dim(0) &&
                      offsets.i32()[E] == x.dim(0),
@@ -121,13 +122,13 @@ void CpuOps::grouped_linear_forward(Tensor y, const Tensor& x, const Tensor& w, 
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = offsets.i32()[e], n = offsets.i32()[e + 1] - r0;
     if (n == 0) continue;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(out), int(in), 1.0f, x.f32() + r0 * in, int(in),
-                w.f32() + e * out * in, int(in), 0.0f, y.f32() + r0 * out, int(out));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(out), int(in), alpha, x.f32() + r0 * in, int(in),
+                w.f32() + e * out * in, int(in), accumulate ? 1.0f : 0.0f, y.f32() + r0 * out, int(out));
   }
 }
 
-void CpuOps::grouped_linear_backward(Tensor* dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                                     const Tensor& offsets) {
+void CpuOps::grouped_linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, const Tensor& dy, const Tensor& x,
+                                     const Tensor& w, const Tensor& offsets, float alpha) {
   const int64_t E = w.dim(0), out = w.dim(1), in = w.dim(2);
   SOLTRAIN_CHECK(offsets.numel() == E + 1 && dy.dim(1) == out && x.dim(1) == in && (!dw || dw->numel() == E * out * in),
                  "grouped_linear_backward shapes");
@@ -135,12 +136,30 @@ void CpuOps::grouped_linear_backward(Tensor* dx, Tensor* dw, const Tensor& dy, c
     const int64_t r0 = offsets.i32()[e], n = offsets.i32()[e + 1] - r0;
     if (n == 0) continue;
     if (dx)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(in), int(out), 1.0f, dy.f32() + r0 * out,
-                  int(out), w.f32() + e * out * in, int(in), 0.0f, dx->f32() + r0 * in, int(in));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(in), int(out), alpha, dy.f32() + r0 * out,
+                  int(out), w.f32() + e * out * in, int(in), accumulate_dx ? 1.0f : 0.0f, dx->f32() + r0 * in,
+                  int(in));
     if (dw)
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(out), int(in), int(n), 1.0f, dy.f32() + r0 * out,
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(out), int(in), int(n), alpha, dy.f32() + r0 * out,
                   int(out), x.f32() + r0 * in, int(in), 1.0f, dw->f32() + e * out * in, int(in));
   }
+}
+
+void CpuOps::expert_lora_b_layout(Tensor dst, const Tensor& src, bool to_peft) {
+  const Tensor& stacked = to_peft ? src : dst;  // [E, out, R]
+  const Tensor& peft = to_peft ? dst : src;     // [out, R·E]
+  const int64_t E = stacked.dim(0), out = stacked.dim(1), R = stacked.dim(2);
+  SOLTRAIN_CHECK(peft.numel() == E * out * R, "expert_lora_b_layout shapes");
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < R; ++i) {
+        float& p = peft.f32()[o * R * E + i * E + e];
+        float& s = stacked.f32()[(e * out + o) * R + i];
+        if (to_peft)
+          p += s;
+        else
+          s = p;
+      }
 }
 
 void CpuOps::moe_router_backward(Tensor dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& expert,

@@ -26,10 +26,14 @@ void CudaOps::moe_combine_backward(Tensor, Tensor, const Tensor&, const Tensor&,
   unreachable(*this);
 }
 void CudaOps::moe_unpermute_sum(Tensor, bool, const Tensor&, const Tensor&) { unreachable(*this); }
-void CudaOps::grouped_linear_forward(Tensor, const Tensor&, const Tensor&, const Tensor&) { unreachable(*this); }
-void CudaOps::grouped_linear_backward(Tensor*, Tensor*, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+void CudaOps::grouped_linear_forward(Tensor, const Tensor&, const Tensor&, const Tensor&, float, bool) {
   unreachable(*this);
 }
+void CudaOps::grouped_linear_backward(Tensor*, bool, Tensor*, const Tensor&, const Tensor&, const Tensor&,
+                                      const Tensor&, float) {
+  unreachable(*this);
+}
+void CudaOps::expert_lora_b_layout(Tensor, const Tensor&, bool) { unreachable(*this); }
 void CudaOps::moe_router_backward(Tensor, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool,
                                   const Tensor&) {
   unreachable(*this);
