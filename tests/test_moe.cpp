@@ -1,6 +1,6 @@
 // Mixture-of-Experts (model/moe.h; Qwen3-MoE, Qwen2-MoE) beside the live transformers comparison (python/tests/test_moe.py): every
-// recompute level gives the same bits with less memory; LoRA on the attention of an MoE model trains the
-// adapters alone; the routing and permutation ops against their definitions (the CPU twins the CUDA kernels
+// recompute level gives the same bits with less memory, with LoRA on the experts or the shared expert too;
+// adapters PEFT cannot hold refused; the routing and permutation ops against their definitions (the CPU twins the CUDA kernels
 // will be held to); Qwen3-MoE's config fields; settings that do not cover experts refused in one line.
 #include <nlohmann/json.hpp>
 #include <random>
@@ -133,20 +133,39 @@ TEST(Moe, TheLoadBalancingLossIsInTheLossOnlyWhenTheConfigAsksForIt) {
   EXPECT_EQ(without->read_aux_loss(), 0.0);
 }
 
-TEST(Moe, LoraOnTheAttentionTrainsTheAdaptersAloneAndExpertTargetsAreRefused) {
-  const LoraConfig lora{4, 8.0f, 0.1f, {"q_proj", "v_proj", "o_proj"}, false, 3};
-  const Pass none = pass(Recompute::None, lora), full = pass(Recompute::Full, lora);
-  EXPECT_EQ(none.loss, full.loss);
-  EXPECT_EQ(none.grads, full.grads);
-  auto ops = make_cpu_ops();
-  auto m = moe_model(*ops, lora);
-  for (const Parameter& p : m->params().all())
-    EXPECT_EQ(p.trainable, p.name.find("lora_") != std::string::npos) << p.name;
-  EXPECT_EQ(none.grads.size(), 3u * 3u * 2u);  // A and B of q, v, o in each of the 3 layers
-  for (const char* t : {"gate_proj", "up_proj", "down_proj"}) {
-    const LoraConfig mlp{4, 8.0f, 0.0f, {"q_proj", t}, false, 3};
-    expect_user_error([&] { moe_model(*ops, mlp); }, "LoRA on experts is not built yet");
+TEST(Moe, LoraPassesAreBitwiseUnderRecomputeAndTrainTheAdaptersAlone) {
+  // Qwen3-MoE: the experts' adapters (fused gate_up, down) and attention's; Qwen2-MoE: the shared expert's, with
+  // dropout (PEFT takes none on experts, but the shared expert is a plain nn.Linear there)
+  const LoraConfig experts{4, 8.0f, 0.0f, {"q_proj", "gate_proj", "up_proj", "down_proj"}, false, 3};
+  const LoraConfig shared{4, 8.0f, 0.1f, {"v_proj", "gate_proj", "down_proj"}, false, 3};
+  for (const auto& [config, lora, tensors] :
+       {std::tuple{moe_json(), experts, 3 * 2 + 2 * 4}, std::tuple{qwen2_moe_json(), shared, 3 * 2 + 2 * 4 + 4}}) {
+    const Pass none = pass(Recompute::None, lora, config), full = pass(Recompute::Full, lora, config);
+    const Pass sel = pass(Recompute::Selective, lora, config);
+    EXPECT_EQ(none.loss, full.loss);
+    EXPECT_EQ(none.grads, full.grads);
+    EXPECT_EQ(none.grads, sel.grads);
+    // Qwen3-MoE: q in 3 layers + gate_up and down in its 2 MoE layers; Qwen2-MoE: v in 3 layers + the shared
+    // expert's gate and down in its 2 MoE layers + the dense layer's gate and down
+    EXPECT_EQ(none.grads.size(), size_t(tensors)) << config["model_type"];
+    auto ops = make_cpu_ops();
+    auto m = moe_model(*ops, lora, config);
+    for (const Parameter& p : m->params().all())
+      EXPECT_EQ(p.trainable, is_lora_name(p.name)) << p.name;
   }
+}
+
+TEST(Moe, ExpertAdaptersPeftCannotHoldAreRefused) {
+  auto ops = make_cpu_ops();
+  const LoraConfig gate_alone{4, 8.0f, 0.0f, {"q_proj", "gate_proj"}, false, 3};
+  expect_user_error([&] { moe_model(*ops, gate_alone); }, "gate_proj and up_proj are one adapter");
+  const LoraConfig dropout{4, 8.0f, 0.1f, {"q_proj", "down_proj"}, false, 3};
+  expect_user_error([&] { moe_model(*ops, dropout); }, "take no dropout");
+  LoraConfig from_peft{4, 8.0f, 0.0f, {"down_proj"}, false, 3};
+  from_peft.expert_targets = true;  // read from an adapter's target_parameters
+  nlohmann::json dense = moe_json();
+  dense["num_experts"] = 0;
+  expect_user_error([&] { moe_model(*ops, from_peft, dense); }, "the adapter targets MoE experts");
 }
 
 TEST(Moe, RoutingAndPermutationFollowTheirDefinitions) {

@@ -3,6 +3,7 @@ logits, the loss with transformers' load-balancing loss (output_router_logits ×
 gradient (router, each expert's gate/up/down, the shared expert and its gate, attention, norms, biases) of random
 tiny models, with norm_topk_prob on and off and dense layers interleaved (mlp_only_layers, decoder_sparse_step);
 greedy generation; an `sft` run whose saved model transformers loads whole. Tolerances are the dense models' (test_live_references.py)."""
+import json
 import shutil
 import subprocess
 
@@ -140,3 +141,77 @@ def test_sft_saves_a_model_transformers_loads(demo, tmp_path):
     before = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32)
     moved = [n for n, p in saved.named_parameters() if not torch.equal(p, dict(before.named_parameters())[n])]
     assert any(".experts." in n for n in moved) and any(n.endswith("mlp.gate.weight") for n in moved)
+
+
+def dump(tmp_path, ids, targets, adapter=None):
+    save_file({"input_ids": ids.int(), "targets": targets.int()}, str(tmp_path / "batch.safetensors"))
+    args = [str(BIN), "dump", "--model", str(tmp_path / "model"), "--batch", str(tmp_path / "batch.safetensors"),
+            "--out", str(tmp_path / "ours.safetensors")]
+    subprocess.run(args + (["--adapter", str(adapter)] if adapter else []), check=True, capture_output=True)
+    return load_file(str(tmp_path / "ours.safetensors"))
+
+
+@pytest.mark.parametrize("kind,targets,rslora", [
+    ("qwen3_moe", ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"], False),
+    ("qwen3_moe", ["o_proj", "down_proj"], True),
+    ("qwen2_moe", ["k_proj", "gate_proj", "up_proj", "down_proj"], False)])
+def test_lora_adapters_match_peft(kind, targets, rslora, tmp_path):
+    """PEFT 0.21 puts gate/up/down on Qwen3-MoE's experts (one fused gate_up adapter of rank 2r, alpha 2a, and
+    down: target_parameters) and on Qwen2-MoE's shared expert; its adapter (random A and B) loads here, and the
+    logits, the loss with the load-balancing loss and every adapter gradient equal PEFT's."""
+    peft = pytest.importorskip("peft")
+    model = tiny_moe(tmp_path / "model", seed=21, kind=kind, norm_topk_prob=True, output_router_logits=True)
+    pm = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, use_rslora=rslora))
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "lora_" in n:
+                p.copy_(torch.randn_like(p) * 0.1)
+    pm.save_pretrained(tmp_path / "adapter")
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert bool(config["target_parameters"]) == (kind == "qwen3_moe")
+    ids = torch.randint(0, 300, (2, 24))
+    targets_ = torch.roll(ids, -1, 1)
+    targets_[:, -1] = -100
+    ours = dump(tmp_path, ids, targets_, tmp_path / "adapter")
+    pm.train(False)
+    out = pm(input_ids=ids, output_router_logits=True)
+    loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), targets_.flatten(), ignore_index=-100)
+    loss = loss + model.config.router_aux_loss_coef * out.aux_loss
+    loss.backward()
+    assert rel(ours["logits"].reshape(out.logits.shape), out.logits.detach()) <= 1e-5
+    assert abs(float(ours["loss"].flatten()[0]) - loss.item()) / loss.item() <= 1e-6
+    adapters = {n.replace(".default", ""): p for n, p in pm.named_parameters() if "lora_" in n}
+    assert sorted("grad." + n for n in adapters) == sorted(n for n in ours if n.startswith("grad."))
+    for name, p in adapters.items():
+        assert rel(ours["grad." + name], p.grad) <= 1e-4, name
+    experts = [n for n in adapters if ".experts." in n]
+    assert bool(experts) == (kind == "qwen3_moe" and any(t in targets for t in ("gate_proj", "down_proj")))
+
+
+def test_lora_sft_adapter_loads_in_peft_with_our_logits(demo, tmp_path):
+    """A LoRA run on Qwen3-MoE (attention and experts) saves an adapter PEFT loads whole; PEFT's logits with it
+    are ours."""
+    peft = pytest.importorskip("peft")
+    tiny_moe(tmp_path / "model", seed=13, vocab=320, norm_topk_prob=True)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(demo / "model" / f, tmp_path / "model" / f)
+    config = soltrain.SFTConfig(model=str(tmp_path / "model"), output_dir=str(tmp_path / "out"), sequence_len=128,
+                                per_device_train_batch_size=2, max_steps=4, learning_rate=1e-2, logging_steps=1,
+                                device="cpu", adapter="lora", lora_r=4, lora_alpha=8,
+                                lora_target_modules=["q_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                                datasets=[{"path": str(demo / "train.jsonl"), "type": "conversation"}])
+    soltrain.Trainer(config).train()
+    adapter = tmp_path / "out" / "adapter"
+    base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32)
+    pm = peft.PeftModel.from_pretrained(base, adapter)
+    saved = load_file(str(adapter / "adapter_model.safetensors"))
+    loaded = {n.replace(".default", ""): p for n, p in pm.named_parameters() if "lora_" in n}
+    assert sorted(loaded) == sorted(saved) and any(".experts." in n for n in saved)
+    assert all(torch.equal(loaded[n], saved[n]) for n in saved)
+    assert any(saved[n].abs().max() > 0 for n in saved if "lora_B" in n and ".experts." in n)  # trained
+    ids = torch.randint(0, 320, (2, 24))
+    ours = dump(tmp_path, ids, torch.roll(ids, -1, 1), adapter)
+    pm.train(False)
+    with torch.no_grad():
+        logits = pm(input_ids=ids).logits
+    assert rel(ours["logits"].reshape(logits.shape), logits) <= 1e-5
