@@ -161,6 +161,9 @@ TEST(Moe, ExpertAdaptersPeftCannotHoldAreRefused) {
   expect_user_error([&] { moe_model(*ops, gate_alone); }, "gate_proj and up_proj are one adapter");
   const LoraConfig dropout{4, 8.0f, 0.1f, {"q_proj", "down_proj"}, false, 3};
   expect_user_error([&] { moe_model(*ops, dropout); }, "take no dropout");
+  LoraConfig all{4, 8.0f, 0.0f, all_lora_module_names(), false, 3};
+  all.all_linear = true;
+  expect_user_error([&] { moe_model(*ops, all); }, "all-linear on Qwen3MoeForCausalLM makes PEFT adapt its router");
   LoraConfig from_peft{4, 8.0f, 0.0f, {"down_proj"}, false, 3};
   from_peft.expert_targets = true;  // read from an adapter's target_parameters
   nlohmann::json dense = moe_json();

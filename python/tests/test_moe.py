@@ -215,3 +215,8 @@ def test_lora_sft_adapter_loads_in_peft_with_our_logits(demo, tmp_path):
     with torch.no_grad():
         logits = pm(input_ids=ids).logits
     assert rel(ours["logits"].reshape(logits.shape), logits) <= 1e-5
+    # merging an expert adapter is not built yet: one line, exit 2, nothing written
+    r = subprocess.run([str(BIN), "merge", "--model", str(tmp_path / "model"), "--adapter", str(adapter), "--out",
+                        str(tmp_path / "merged")], capture_output=True, text=True)
+    assert r.returncode == 2 and "merging adapters on Qwen3MoeForCausalLM's experts" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "merged").exists()

@@ -375,7 +375,8 @@ void add_adapter_keys(std::vector<KeySpec>& v) {
                     std::vector<std::string> m = get_string_list(e, k);
                     if (m.empty()) bad_value(e, k, "a non-empty list");
                     // PEFT's (and Surogate's) shorthand for every linear layer of the blocks.
-                    if (m == std::vector<std::string>{"all-linear"}) m = known;
+                    x.c.lora.all_linear = m == std::vector<std::string>{"all-linear"};
+                    if (x.c.lora.all_linear) m = known;
                     for (const std::string& s : m)
                       if (std::find(known.begin(), known.end(), s) == known.end())
                         unknown_key(e.where, s, known, "lora_target_modules entry");

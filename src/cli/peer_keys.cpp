@@ -95,7 +95,10 @@ void add_renames(Table& t) {
        }},
       {"lora_target_linear",
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
-         if (as_bool(k, n)) c.lora.target_modules = all_lora_module_names();
+         if (as_bool(k, n)) {
+           c.lora.target_modules = all_lora_module_names();
+           c.lora.all_linear = true;
+         }
        }},
       // Axolotl: documents in the datasets' order every epoch instead of shuffled.
       {"curriculum_sampling",

@@ -42,6 +42,8 @@ struct LoraConfig {
   // Read from an adapter's target_parameters (PEFT's MoE experts): gate/up/down name experts, so the model must
   // have MoE layers.
   bool expert_targets = false;
+  // Asked for as `all-linear` (PEFT's shorthand): on an MoE model PEFT adapts more than our seven projections.
+  bool all_linear = false;
 
   // scale · B·A is what the adapter adds to a weight.
   float scale() const;

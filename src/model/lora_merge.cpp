@@ -29,6 +29,12 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
                    size_t max_shard_bytes) {
   const ModelConfig config = load_model_config(model_dir);
   const LoraConfig lora = read_adapter_config(adapter_dir);
+  if (config.moe_layers() > 0)
+    for (LoraTarget t : {LoraTarget::gate, LoraTarget::up, LoraTarget::down})
+      if (lora.targets(t))
+        user_error(adapter_dir.string(), ": merging adapters on ", config.architecture, "'s ",
+                   config.moe.lora_on_experts ? "experts" : "shared expert", " (", kLoraModuleNames[size_t(t)],
+                   ") is not built yet: load the adapter with the base instead");
   const float scale = lora.scale();
   const CheckpointReader base(model_dir);
   const fs::path adapter_file = adapter_dir / "adapter_model.safetensors";

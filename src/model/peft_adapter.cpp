@@ -107,6 +107,7 @@ LoraConfig read_adapter_config(const fs::path& adapter_dir) {
         user_error(src, ": target_modules is the pattern '", t.get<std::string>(),
                    "'; soltrain reads a list of module names or \"all-linear\"");
       lora.target_modules.assign(kLoraModuleNames.begin(), kLoraModuleNames.end());
+      lora.all_linear = true;
     } else {
       lora.target_modules = t.get<std::vector<std::string>>();
     }

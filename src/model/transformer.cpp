@@ -102,6 +102,11 @@ Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig>
   if (c.moe_layers() > 0) {
     if (const std::string why = ops.moe_unsupported(); !why.empty()) user_error(c.architecture, ": ", why);
     // PEFT fuses gate_proj and up_proj into one adapter over the stacked gate_up_proj, and refuses dropout there
+    if (lora_ && lora_->all_linear)
+      user_error("lora_target_modules: all-linear on ", c.architecture, " makes PEFT adapt its router",
+                 c.moe.shared_intermediate_size ? " and shared_expert_gate" : "",
+                 " too, which soltrain does not yet: list the projections instead (q_proj, k_proj, v_proj, o_proj, "
+                 "gate_proj, up_proj, down_proj)");
     const bool experts = lora_ && c.moe.lora_on_experts;
     if (experts && lora_->targets(LoraTarget::gate) != lora_->targets(LoraTarget::up))
       user_error("lora_target_modules: on ", c.architecture, " gate_proj and up_proj are one adapter over the experts' ",

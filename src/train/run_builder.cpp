@@ -19,6 +19,7 @@ std::optional<LoraConfig> lora_config(const TrainConfig& c, const char* where) {
   if (!c.lora.enabled) return std::nullopt;
   LoraConfig l{c.lora.rank,           float(c.lora.alpha), float(c.lora.dropout),
                c.lora.target_modules, c.lora.use_rslora,   c.seed};
+  l.all_linear = c.lora.all_linear;
   l.base_format = c.lora.base;
   l.offload_base = c.offload_weights;
   l.offload_resident_layers = c.offload_weights_resident_layers;

@@ -72,6 +72,9 @@ struct LoraSettings {  // as written in the YAML; the model layer's LoraConfig i
   int rank = 16;
   double alpha = 32, dropout = 0.0;
   std::vector<std::string> target_modules = all_lora_module_names();
+  // Given as PEFT's `all-linear` (or Axolotl's lora_target_linear): every linear layer, which on an MoE model
+  // PEFT takes to include the router and Qwen2-MoE's shared_expert_gate (model/transformer.cpp refuses it there).
+  bool all_linear = false;
   bool use_rslora = false;
   // QLoRA (`qlora_nf4`, `qlora_fp8`, Axolotl's `load_in_4bit` / `adapter: qlora`): the frozen base's
   // projections held quantised. `base_key` is the key that asked, for messages.
