@@ -19,9 +19,11 @@ namespace soltrain::test {
 
 struct DpSetup {
   TempDir t;
-  DpSetup() {
+  // experts > 0: the model is a Qwen3-MoE of that many experts (DemoModelShape)
+  explicit DpSetup(int experts = 0) {
     DemoModelShape s;
     s.hidden = 32, s.layers = 3, s.heads = 2, s.kv_heads = 1, s.head_dim = 16, s.intermediate = 64;
+    s.experts = experts;
     write_random_model(t.path / "model", s, 7);
     write_reversal_dataset(t.path / "train.jsonl", 200, 8);
     write_text(t.path / "base.yaml",

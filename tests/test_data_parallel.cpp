@@ -109,6 +109,29 @@ TEST(DataParallel, MpiRanksMatchOneProcessWithTheMatchingAccumulation) {
   }
 }
 
+// A Qwen3-MoE (4 experts, 2 per token, the load-balancing loss on) over 2 CPU ranks equals one process with the
+// matching accumulation: the experts' gradients reduced like any other, each rank's load-balancing loss in the
+// loss (HF Trainer sums every micro-batch's), full and LoRA on attention and experts, ZeRO 0 and 2.
+TEST(DataParallel, MoeRanksMatchOneProcess) {
+  DpSetup s(/*experts=*/4);
+  for (const std::string& kind : {std::string(), std::string(" --set adapter=lora --set lora_r=4 --set lora_alpha=8")}) {
+    const std::string name = kind.empty() ? "moe-full" : "moe-lora";
+    const CliRun one = s.sft(0, name + "-1", kind + " --set gradient_accumulation_steps=2");
+    ASSERT_EQ(one.code, 0) << one.err;
+    const auto want = s.losses(name + "-1");
+    ASSERT_EQ(want.size(), 3u);
+    for (int zero : {0, 2}) {
+      const std::string out = name + "-2-z" + std::to_string(zero);
+      const CliRun r = s.sft(2, out, kind + " --set zero_stage=" + std::to_string(zero));
+      ASSERT_EQ(r.code, 0) << out << "\n" << r.err;
+      expect_same_losses(want, s.losses(out), out);
+      const fs::path file =
+          kind.empty() ? fs::path("model") / "model.safetensors" : fs::path("adapter") / "adapter_model.safetensors";
+      expect_same_model(s.t.path / (name + "-1") / file, s.t.path / out / file, out);
+    }
+  }
+}
+
 // `bench --plan-only --gpus N --data-parallel Z` prints, without loading anything, the bytes each rank then
 // allocates: ZeRO-3's line of a real 2-rank run (full and LoRA), ZeRO-2's sharded moments, and one rank alone
 // (ZeRO-3's slices whole: no pass buffers). What the sharded update cannot run (8-bit moments) is refused in

@@ -131,7 +131,18 @@ void write_random_model(const fs::path& dir, const DemoModelShape& s, uint64_t s
                     {"eos_token_id", 258},
                     {"pad_token_id", 256},
                     {"torch_dtype", "float32"}};
-  write_file_atomic(src / "config.json", cfg.dump(2) + "\n");
+  json full = cfg;
+  if (s.experts > 0) {
+    full["architectures"] = {"Qwen3MoeForCausalLM"};
+    full["model_type"] = "qwen3_moe";
+    full["num_experts"] = s.experts;
+    full["num_experts_per_tok"] = s.experts_per_tok;
+    full["moe_intermediate_size"] = s.moe_intermediate;
+    full["norm_topk_prob"] = true;
+    full["output_router_logits"] = true;
+    full["router_aux_loss_coef"] = 0.01;
+  }
+  write_file_atomic(src / "config.json", full.dump(2) + "\n");
   auto ops = make_cpu_ops();
   Transformer model(load_model_config(src), *ops);
   std::mt19937_64 rng(seed);

@@ -11,6 +11,9 @@ struct DemoModelShape {
   int hidden = 128, layers = 4, heads = 4, kv_heads = 2, head_dim = 32, intermediate = 384;
   int vocab = 320;  // 256 bytes + 3 specials, padded to a multiple of 64 as real checkpoints are
   int max_positions = 4096;
+  // experts > 0: a Qwen3-MoE (every layer routes to experts_per_tok of them, each moe_intermediate wide;
+  // output_router_logits on, so the load-balancing loss trains too)
+  int experts = 0, experts_per_tok = 2, moe_intermediate = 32;
 };
 
 // The shape with these sizes: head_dim = hidden / heads, kv_heads 0 meaning half the heads (at least 1).

@@ -157,6 +157,7 @@ class Transformer {
   // the loss off (output_router_logits false). read_aux_loss waits for the device.
   void reset_aux_loss();
   double read_aux_loss() const;
+  Tensor aux_loss_sum() const { return aux_loss_t_; }  // F64 [1] on the device (empty without MoE layers)
 
   // Forward (and backward) of one batch on its own under SFT's loss, read back: for tests and tools.
   StepResult step(const HostBatch& batch, bool backward, float* logits_out = nullptr);

@@ -124,6 +124,8 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
     else
       ops.zero(loss_sum);  // none of this rank's micro-batches had targets
     dp_->all_reduce(loss_sum);
+    // an MoE model's load-balancing loss: every rank's micro-batches' (HF Trainer's sum over them)
+    if (const Tensor aux = model_.aux_loss_sum(); aux.data) dp_->all_reduce(aux);
     dp_->grad_sumsq(sumsq);
     adamw_->step(opt_, lr, 1.0f, &sumsq);
     // FP8: every rank scales from the amaxes all ranks saw (an evaluation's too), so the ranks' scaling
@@ -141,7 +143,7 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
 }
 
 double TrainStep::loss() const {
-  // (an MoE model's load-balancing loss joins it as HF Trainer adds it; under data parallel, rank 0's own)
+  // (an MoE model's load-balancing loss joins it as HF Trainer adds it: each micro-batch's, every rank's)
   if (!dp_) return sft_.read_loss(model_.ops()) + model_.read_aux_loss();
   double s = 0;
   model_.ops().copy(Tensor{&s, DType::F64, {1}, Device::CPU},
