@@ -220,3 +220,21 @@ def test_lora_sft_adapter_loads_in_peft_with_our_logits(demo, tmp_path):
                         str(tmp_path / "merged")], capture_output=True, text=True)
     assert r.returncode == 2 and "merging adapters on Qwen3MoeForCausalLM's experts" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "merged").exists()
+
+
+def test_transformers_stacked_expert_layout_loads_as_the_per_expert_one(tmp_path):
+    """transformers 5 also writes its in-memory layout (save_original_format=False: one [E, 2F, D] gate_up_proj and
+    one [E, D, F] down_proj per layer): it loads as the per-expert files do, gradient for gradient."""
+    model = tiny_moe(tmp_path / "model", seed=17, norm_topk_prob=True, output_router_logits=True)
+    model.save_pretrained(tmp_path / "stacked", save_original_format=False)
+    stacked = load_file(str(tmp_path / "stacked" / "model.safetensors"))
+    assert "model.layers.0.mlp.experts.gate_up_proj" in stacked and not any(".experts.0." in n for n in stacked)
+    ids = torch.randint(0, 300, (2, 24))
+    targets = torch.roll(ids, -1, 1)
+    per_expert = dump(tmp_path, ids, targets)
+    shutil.rmtree(tmp_path / "model")
+    shutil.copytree(tmp_path / "stacked", tmp_path / "model")
+    ours = dump(tmp_path, ids, targets)
+    assert sorted(ours) == sorted(per_expert)
+    for name in ours:
+        assert torch.equal(ours[name], per_expert[name]), name

@@ -1,5 +1,6 @@
 #include "model/checkpoint.h"
 
+#include <cstdio>
 #include <iostream>
 #include <set>
 
@@ -26,13 +27,54 @@ std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops, std:
   return model;
 }
 
+namespace {
+// transformers 5's own layout of an MoE layer's experts (save_pretrained(save_original_format=False)): one
+// mlp.experts.gate_up_proj [E, 2F, D] (each expert's gate rows, then its up rows) and mlp.experts.down_proj
+// [E, D, F] per layer, where the per-expert layout it writes by default has mlp.experts.{e}.gate_proj.weight ....
+// read() fills `slice` with expert e's matrix of the parameter named in the per-expert layout, reading each
+// stacked tensor once.
+struct StackedExperts {
+  std::string name;  // the stacked tensor held in `values`
+  std::vector<float> values, slice;
+
+  bool read(const CheckpointReader& ckpt, const Parameter& p, const ModelConfig& c, std::set<std::string>& used) {
+    int layer = 0, expert = 0;
+    char proj[16] = {};
+    if (std::sscanf(p.name.c_str(), "model.layers.%d.mlp.experts.%d.%15[a-z_].weight", &layer, &expert, proj) != 3)
+      return false;
+    const std::string which = proj;
+    if (which != "gate_proj" && which != "up_proj" && which != "down_proj") return false;
+    const bool down = which == "down_proj";
+    const std::string stacked = cat("model.layers.", layer, ".mlp.experts.", down ? "down_proj" : "gate_up_proj");
+    if (!ckpt.has(stacked)) return false;
+    const int64_t E = c.moe.num_experts, F = c.moe.intermediate_size, D = c.hidden_size;
+    if (name != stacked) {
+      const Shape shape = down ? Shape{E, D, F} : Shape{E, 2 * F, D};
+      values.resize(size_t(shape_numel(shape)));
+      read_weight_f32(ckpt, stacked, shape, values.data());
+      name = stacked;
+      used.insert(stacked);
+    }
+    const int64_t n = F * D;  // one expert's matrix: gate/up [F, D], down [D, F]
+    const int64_t at = down ? expert * n : expert * 2 * n + (which == "up_proj" ? n : 0);
+    slice.assign(values.begin() + at, values.begin() + at + n);
+    return true;
+  }
+};
+}  // namespace
+
 void load_weights(Transformer& model, const fs::path& dir) {
   const CheckpointReader ckpt(dir);
   std::vector<float> staging, scale_inv;
   std::vector<uint8_t> codes;
   std::set<std::string> used;
+  StackedExperts stacked;
   for (Parameter& p : model.params().all()) {
     if (is_lora_name(p.name)) continue;  // adapters come from their own files
+    if (!ckpt.has(p.name) && stacked.read(ckpt, p, model.config(), used)) {
+      model.params().upload(model.ops(), p, stacked.slice.data());
+      continue;
+    }
     if (!ckpt.has(p.name))
       user_error(dir.string(), ": checkpoint has no tensor '", p.name, "' (does config.json match the weights?)");
     used.insert(p.name);

@@ -20,10 +20,13 @@ void check_config_fits_checkpoint(const ModelConfig& c, const CheckpointReader& 
                "' (does config.json match the weights?)");
   // Parameters the config implies (in double: no overflow), against what the checkpoint holds. LoRA and
   // biases only add to the checkpoint's side, so a config needing more can never load.
-  const double D = c.hidden_size, layers = c.num_layers;
-  const double per_layer = D * c.num_heads * double(c.head_dim) * 2 + D * c.num_kv_heads * double(c.head_dim) * 2 +
-                           3 * D * c.intermediate_size;
-  const double needed = layers * per_layer + double(c.vocab_size) * D;
+  const double D = c.hidden_size;
+  const double attention = D * c.num_heads * double(c.head_dim) * 2 + D * c.num_kv_heads * double(c.head_dim) * 2;
+  // an MoE layer: its router, E experts and Qwen2-MoE's shared expert with its gate
+  const double moe = double(c.moe.num_experts) * (D + 3 * D * c.moe.intermediate_size) +
+                     (c.moe.shared_intermediate_size ? 3 * D * c.moe.shared_intermediate_size + D : 0);
+  const double needed = c.dense_mlp_layers() * (attention + 3 * D * c.intermediate_size) +
+                        c.moe_layers() * (attention + moe) + double(c.vocab_size) * D;
   double held = 0;
   for (const std::string& n : ckpt.names()) held += double(shape_numel(ckpt.entry(n).shape));
   if (needed > held)
