@@ -114,7 +114,8 @@ TEST(DataParallel, MpiRanksMatchOneProcessWithTheMatchingAccumulation) {
 // loss (HF Trainer sums every micro-batch's), full and LoRA on attention and experts, ZeRO 0 and 2.
 TEST(DataParallel, MoeRanksMatchOneProcess) {
   DpSetup s(/*experts=*/4);
-  for (const std::string& kind : {std::string(), std::string(" --set adapter=lora --set lora_r=4 --set lora_alpha=8")}) {
+  for (const std::string& kind :
+       {std::string(), std::string(" --set adapter=lora --set lora_r=4 --set lora_alpha=8")}) {
     const std::string name = kind.empty() ? "moe-full" : "moe-lora";
     const CliRun one = s.sft(0, name + "-1", kind + " --set gradient_accumulation_steps=2");
     ASSERT_EQ(one.code, 0) << one.err;

@@ -1,7 +1,8 @@
-// Mixture-of-Experts (model/moe.h; Qwen3-MoE, Qwen2-MoE) beside the live transformers comparison (python/tests/test_moe.py): every
-// recompute level gives the same bits with less memory, with LoRA on the experts or the shared expert too;
-// adapters PEFT cannot hold refused; the routing and permutation ops against their definitions (the CPU twins the CUDA kernels
-// will be held to); Qwen3-MoE's config fields; settings that do not cover experts refused in one line.
+// Mixture-of-Experts (model/moe.h; Qwen3-MoE, Qwen2-MoE) beside the live transformers comparison
+// (python/tests/test_moe.py): every recompute level gives the same bits with less memory, with LoRA on the experts or
+// the shared expert too; adapters PEFT cannot hold refused; the routing and permutation ops against their definitions
+// (the CPU twins the CUDA kernels will be held to); Qwen3-MoE's config fields; settings that do not cover experts
+// refused in one line.
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -150,8 +151,7 @@ TEST(Moe, LoraPassesAreBitwiseUnderRecomputeAndTrainTheAdaptersAlone) {
     EXPECT_EQ(none.grads.size(), size_t(tensors)) << config["model_type"];
     auto ops = make_cpu_ops();
     auto m = moe_model(*ops, lora, config);
-    for (const Parameter& p : m->params().all())
-      EXPECT_EQ(p.trainable, is_lora_name(p.name)) << p.name;
+    for (const Parameter& p : m->params().all()) EXPECT_EQ(p.trainable, is_lora_name(p.name)) << p.name;
   }
 }
 
@@ -200,7 +200,8 @@ TEST(Moe, RoutingAndPermutationFollowTheirDefinitions) {
     for (int64_t e = 0; e < E; ++e)  // every unchosen expert is no likelier than the last chosen one
       if (std::find(ex.begin() + n * K, ex.begin() + n * K + K, e) == ex.begin() + n * K + K)
         EXPECT_LE(probs[size_t(n * E + e)], probs[size_t(n * E + ex[size_t(n * K + K - 1)])]);
-    for (int64_t j = 0; j < K; ++j) EXPECT_NEAR(w[size_t(n * K + j)], probs[size_t(n * E + ex[size_t(n * K + j)])] / top, 1e-6);
+    for (int64_t j = 0; j < K; ++j)
+      EXPECT_NEAR(w[size_t(n * K + j)], probs[size_t(n * E + ex[size_t(n * K + j)])] / top, 1e-6);
   }
   for (int64_t e = 0; e < E; ++e) {
     EXPECT_EQ(off[size_t(e) + 1] - off[size_t(e)], per_expert[size_t(e)]);
@@ -222,7 +223,8 @@ TEST(Moe, RouterBackwardIsTheDerivativeOfRouting) {
     std::vector<float> logits = random_vec(size_t(N * E), rng, 1.5f), c = random_vec(size_t(N * K), rng);
     std::vector<float> a = random_vec(size_t(E), rng);
     auto t = [](auto& v, Shape s) { return host_tensor(v, std::move(s)); };
-    auto route = [&](std::vector<float>& x, std::vector<float>& probs, std::vector<int32_t>& ex, std::vector<float>& w) {
+    auto route = [&](std::vector<float>& x, std::vector<float>& probs, std::vector<int32_t>& ex,
+                     std::vector<float>& w) {
       std::vector<float> ps(size_t(E), 0.0f);
       probs.assign(size_t(N * E), 0);
       ex.assign(size_t(N * K), 0);

@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from conftest import BIN, ROOT
+from conftest import BIN, ROOT, dump, randomize, reference_batch, rel
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from safetensors.torch import load_file, save_file  # noqa: E402  (transformers brings safetensors)
+from safetensors.torch import load_file  # noqa: E402  (transformers brings safetensors)
 
 COMMON = dict(vocab_size=300, max_position_embeddings=128, rms_norm_eps=1e-6, attn_implementation="eager")
 
@@ -30,27 +30,14 @@ def tiny(kind):
                                     num_key_value_heads=1, tie_word_embeddings=False, rope_theta=1e4, **COMMON)
 
 
-def rel(a, b):
-    a, b = a.double().flatten(), b.double().flatten()
-    return float((a - b).norm() / b.norm())
-
-
 @pytest.mark.parametrize("kind", ["qwen3", "llama", "qwen2"])
 def test_logits_loss_and_gradients_match_transformers(kind, tmp_path):
     torch.manual_seed({"qwen3": 1, "llama": 2, "qwen2": 3}[kind])
     model = transformers.AutoModelForCausalLM.from_config(tiny(kind), dtype=torch.float32)
-    with torch.no_grad():  # fresh random weights everywhere (norms and biases too), not the init's ones and zeros
-        for p in model.parameters():
-            p.copy_(torch.randn_like(p) * (0.5 if p.ndim == 1 else 0.08) + (1.0 if p.ndim == 1 else 0.0))
+    randomize(model)
     model.save_pretrained(tmp_path / "model")
-    ids = torch.randint(0, 300, (2, 24))
-    targets = torch.roll(ids, -1, 1)
-    targets[:, -1] = -100
-    targets[1, :4] = -100
-    save_file({"input_ids": ids.int(), "targets": targets.int()}, str(tmp_path / "batch.safetensors"))
-    subprocess.run([str(BIN), "dump", "--model", str(tmp_path / "model"), "--batch", str(tmp_path / "batch.safetensors"),
-                    "--out", str(tmp_path / "ours.safetensors")], check=True, capture_output=True)
-    ours = load_file(str(tmp_path / "ours.safetensors"))
+    ids, targets = reference_batch(300)
+    ours = dump(tmp_path, ids, targets)
 
     model.train(False)
     logits = model(input_ids=ids).logits

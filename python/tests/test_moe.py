@@ -11,16 +11,11 @@ import numpy as np
 import pytest
 
 import soltrain
-from conftest import BIN
+from conftest import BIN, dump, randomize, reference_batch, rel
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from safetensors.torch import load_file, save_file  # noqa: E402
-
-
-def rel(a, b):
-    a, b = a.double().flatten(), b.double().flatten()
-    return float((a - b).norm() / b.norm())
+from safetensors.torch import load_file  # noqa: E402
 
 
 def tiny_moe(path, seed, vocab=300, kind="qwen3_moe", **keys):
@@ -36,9 +31,7 @@ def tiny_moe(path, seed, vocab=300, kind="qwen3_moe", **keys):
     base.update(keys)
     config = (transformers.Qwen2MoeConfig if kind == "qwen2_moe" else transformers.Qwen3MoeConfig)(**base)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn_like(p) * (0.5 if p.ndim == 1 else 0.08) + (1.0 if p.ndim == 1 else 0.0))
+    randomize(model)
     model.save_pretrained(path)
     return model
 
@@ -65,14 +58,8 @@ def hf_grad(model, name):
 def test_logits_loss_and_gradients_match_transformers(kind, norm_topk, aux, dense_layers, sparse_step, tmp_path):
     model = tiny_moe(tmp_path / "model", seed=11 + sparse_step + len(dense_layers), kind=kind, norm_topk_prob=norm_topk,
                      output_router_logits=aux, mlp_only_layers=dense_layers, decoder_sparse_step=sparse_step)
-    ids = torch.randint(0, 300, (2, 24))
-    targets = torch.roll(ids, -1, 1)
-    targets[:, -1] = -100
-    targets[1, :4] = -100
-    save_file({"input_ids": ids.int(), "targets": targets.int()}, str(tmp_path / "batch.safetensors"))
-    subprocess.run([str(BIN), "dump", "--model", str(tmp_path / "model"), "--batch", str(tmp_path / "batch.safetensors"),
-                    "--out", str(tmp_path / "ours.safetensors")], check=True, capture_output=True)
-    ours = load_file(str(tmp_path / "ours.safetensors"))
+    ids, targets = reference_batch(300)
+    ours = dump(tmp_path, ids, targets)
 
     model.train(False)
     out = model(input_ids=ids, output_router_logits=aux)
@@ -143,14 +130,6 @@ def test_sft_saves_a_model_transformers_loads(demo, tmp_path):
     assert any(".experts." in n for n in moved) and any(n.endswith("mlp.gate.weight") for n in moved)
 
 
-def dump(tmp_path, ids, targets, adapter=None):
-    save_file({"input_ids": ids.int(), "targets": targets.int()}, str(tmp_path / "batch.safetensors"))
-    args = [str(BIN), "dump", "--model", str(tmp_path / "model"), "--batch", str(tmp_path / "batch.safetensors"),
-            "--out", str(tmp_path / "ours.safetensors")]
-    subprocess.run(args + (["--adapter", str(adapter)] if adapter else []), check=True, capture_output=True)
-    return load_file(str(tmp_path / "ours.safetensors"))
-
-
 @pytest.mark.parametrize("kind,targets,rslora", [
     ("qwen3_moe", ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"], False),
     ("qwen3_moe", ["o_proj", "down_proj"], True),
@@ -169,10 +148,8 @@ def test_lora_adapters_match_peft(kind, targets, rslora, tmp_path):
     pm.save_pretrained(tmp_path / "adapter")
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert bool(config["target_parameters"]) == (kind == "qwen3_moe")
-    ids = torch.randint(0, 300, (2, 24))
-    targets_ = torch.roll(ids, -1, 1)
-    targets_[:, -1] = -100
-    ours = dump(tmp_path, ids, targets_, tmp_path / "adapter")
+    ids, targets_ = reference_batch(300, masked=False)
+    ours = dump(tmp_path, ids, targets_, adapter=tmp_path / "adapter")
     pm.train(False)
     out = pm(input_ids=ids, output_router_logits=True)
     loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), targets_.flatten(), ignore_index=-100)
@@ -210,7 +187,7 @@ def test_lora_sft_adapter_loads_in_peft_with_our_logits(demo, tmp_path):
     assert all(torch.equal(loaded[n], saved[n]) for n in saved)
     assert any(saved[n].abs().max() > 0 for n in saved if "lora_B" in n and ".experts." in n)  # trained
     ids = torch.randint(0, 320, (2, 24))
-    ours = dump(tmp_path, ids, torch.roll(ids, -1, 1), adapter)
+    ours = dump(tmp_path, ids, torch.roll(ids, -1, 1), adapter=adapter)
     pm.train(False)
     with torch.no_grad():
         logits = pm(input_ids=ids).logits

@@ -96,8 +96,7 @@ MoeConfig parse_moe(const Reader& r, int layers, Family family) {
   m.lora_on_experts = !qwen2;
   if (qwen2) {
     m.shared_intermediate_size = r.get<int>("shared_expert_intermediate_size", 5632);
-    if (m.shared_intermediate_size < 1)
-      user_error(r.where, ": \"shared_expert_intermediate_size\" must be positive");
+    if (m.shared_intermediate_size < 1) user_error(r.where, ": \"shared_expert_intermediate_size\" must be positive");
   }
   m.norm_topk = r.get<bool>("norm_topk_prob", false);
   const double coef = r.get<double>("router_aux_loss_coef", 0.001);
@@ -107,12 +106,12 @@ MoeConfig parse_moe(const Reader& r, int layers, Family family) {
   const int step = r.get<int>("decoder_sparse_step", 1);
   if (m.num_experts > 0 && (m.top_k < 1 || m.top_k > m.num_experts))
     user_error(r.where, ": \"num_experts_per_tok\" must be from 1 to num_experts (", m.num_experts, "), got ", m.top_k);
-  if (m.num_experts > 0 && m.intermediate_size < 1)
-    user_error(r.where, ": \"moe_intermediate_size\" must be positive");
+  if (m.num_experts > 0 && m.intermediate_size < 1) user_error(r.where, ": \"moe_intermediate_size\" must be positive");
   if (step < 1) user_error(r.where, ": \"decoder_sparse_step\" must be at least 1, got ", step);
   std::vector<int> dense_only;
   if (r.j.contains("mlp_only_layers") && !r.j["mlp_only_layers"].is_null()) {
-    if (!r.j["mlp_only_layers"].is_array()) user_error(r.where, ": \"mlp_only_layers\" must be a list of layer indices");
+    if (!r.j["mlp_only_layers"].is_array())
+      user_error(r.where, ": \"mlp_only_layers\" must be a list of layer indices");
     for (const auto& v : r.j["mlp_only_layers"]) dense_only.push_back(r.typed<int>(v, "mlp_only_layers[]"));
   }
   m.sparse.assign(size_t(layers), false);

@@ -236,18 +236,18 @@ void KvDecoder::forward_chunk(int r0, int nb, int Tc) {
     Tensor out = tmp;
     if (w.moe) {
       const int64_t E = c.moe.num_experts, K = c.moe.top_k, M = N * K, Fm = c.moe.intermediate_size;
-      MoeTensors t{view(moe_logits_, {N, E}), view(moe_probs_, {N, E}),   view(moe_expert_, {N, K}),
-                         view(moe_weight_, {N, K}), view(moe_rows_, {M}),       view(moe_slot_, {M}),
-                         view(moe_offsets_, {E + 1}), view(moe_xs_, {M, D}),    view(moe_gate_, {M, Fm}),
-                         view(moe_up_, {M, Fm}),    view(moe_act_, {M, Fm}),    view(moe_ys_, {M, D})};
+      MoeTensors t{view(moe_logits_, {N, E}),   view(moe_probs_, {N, E}), view(moe_expert_, {N, K}),
+                   view(moe_weight_, {N, K}),   view(moe_rows_, {M}),     view(moe_slot_, {M}),
+                   view(moe_offsets_, {E + 1}), view(moe_xs_, {M, D}),    view(moe_gate_, {M, Fm}),
+                   view(moe_up_, {M, Fm}),      view(moe_act_, {M, Fm}),  view(moe_ys_, {M, D})};
       if (const MoeSwiGLU& m = *w.moe; m.gate_up_lora.on() || m.down_lora.on()) {
         if (m.gate_up_lora.on()) t.u_gate_up = view(moe_u_gate_up_, {M, m.gate_up_lora.rank});
         if (m.down_lora.on()) t.u_down = view(moe_u_down_, {M, m.down_lora.rank});
         t.lora_b = moe_lora_b_;
       }
       if (const int64_t Fs = c.moe.shared_intermediate_size) {
-        t.shared = MlpTensors{view(moe_shared_gate_, {N, Fs}), view(moe_shared_up_, {N, Fs}),
-                                     view(moe_shared_act_, {N, Fs}), u, u, u};
+        t.shared = MlpTensors{
+            view(moe_shared_gate_, {N, Fs}), view(moe_shared_up_, {N, Fs}), view(moe_shared_act_, {N, Fs}), u, u, u};
         t.shared_out = view(moe_shared_out_, {N, D});
         t.shared_logit = view(moe_shared_logit_, {N, 1});
       }

@@ -1,6 +1,5 @@
 #include "model/layer.h"
 
-
 namespace soltrain {
 
 namespace {
@@ -87,8 +86,9 @@ void add_layer_parameters(ParameterStore& ps, const ModelConfig& c, int l, const
   add(p + "post_attention_layernorm.weight", {c.hidden_size});
   if (c.is_moe_layer(l)) {
     if (proj != WeightFormat::Dense)
-      user_error("a quantised base (", weight_format_name(proj), ") does not cover Mixture-of-Experts layers yet: ",
-                 "use qlora_nf4/qlora_fp8 off with ", c.architecture);
+      user_error("a quantised base (", weight_format_name(proj),
+                 ") does not cover Mixture-of-Experts layers yet: ", "use qlora_nf4/qlora_fp8 off with ",
+                 c.architecture);
     add_moe_parameters(ps, c, l, base_trains);
     return;
   }

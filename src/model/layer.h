@@ -1,5 +1,5 @@
-// One decoder layer (Llama / Qwen2 / Qwen3 / their MoE variants): its parameters and its computation, shared by training
-// (Transformer, which saves what backward needs) and decoding (KvDecoder, which keeps a KV cache). The
+// One decoder layer (Llama / Qwen2 / Qwen3 / their MoE variants): its parameters and its computation, shared by
+// training (Transformer, which saves what backward needs) and decoding (KvDecoder, which keeps a KV cache). The
 // attention half and the MLP block are separate so each caller runs the attention core its own way
 // (flash attention over packed documents, or cached decoding) around the same projections and norms.
 #pragma once
@@ -45,8 +45,8 @@ class Attention {
 struct DecoderLayer {
   Parameter *ln1 = nullptr, *ln2 = nullptr;  // input_layernorm, post_attention_layernorm
   Attention attn;
-  DenseSwiGLU mlp;                // a dense layer's MLP (its projections unset in an MoE layer)
-  std::optional<MoeSwiGLU> moe;   // an MoE layer's block
+  DenseSwiGLU mlp;               // a dense layer's MLP (its projections unset in an MoE layer)
+  std::optional<MoeSwiGLU> moe;  // an MoE layer's block
 };
 
 // [out, in] of a projection's weight.

@@ -22,8 +22,7 @@ Tensor MoeSwiGLU::stacked(const std::vector<Parameter*>& ps, Tensor Parameter::*
   const Tensor& first = ps.front()->*field;
   const size_t bytes = size_t(first.numel()) * dtype_size(first.dtype);
   for (size_t e = 1; e < ps.size(); ++e)
-    SOLTRAIN_CHECK(static_cast<const char*>((ps[e]->*field).data) ==
-                       static_cast<const char*>(first.data) + e * bytes,
+    SOLTRAIN_CHECK(static_cast<const char*>((ps[e]->*field).data) == static_cast<const char*>(first.data) + e * bytes,
                    "the experts of ", ps.front()->name, " are not contiguous in the parameter store");
   return Tensor{first.data, first.dtype, {int64_t(ps.size()), first.dim(0), first.dim(1)}, first.device};
 }
@@ -34,7 +33,9 @@ MoeSwiGLU::LoraFactors MoeSwiGLU::lora_factors(Ops& o, const ExpertLora& l, cons
   f.a = Tensor{l.a->value.data, l.a->value.dtype, {E, R, in}, l.a->value.device};
   for (int i = 0; i < parts; ++i) {
     f.b[size_t(i)] = Tensor{static_cast<char*>(scratch.data) + size_t(i * E * out * R) * dtype_size(scratch.dtype),
-                            scratch.dtype, {E, out, R}, scratch.device};
+                            scratch.dtype,
+                            {E, out, R},
+                            scratch.device};
     o.expert_lora_b_layout(f.b[size_t(i)], l.b->value.rows(i * out, (i + 1) * out), false);
   }
   return f;
@@ -51,7 +52,9 @@ void MoeSwiGLU::lora_backward(Ops& o, const ExpertLora& l, Tensor* dx, std::init
   int i = 0;
   for (const Tensor& dy : dys) {
     Tensor db{static_cast<char*>(g.lora_db.data) + size_t(i * E * out * R) * dtype_size(g.lora_db.dtype),
-              g.lora_db.dtype, {E, out, R}, g.lora_db.device};
+              g.lora_db.dtype,
+              {E, out, R},
+              g.lora_db.device};
     o.zero(db);
     Tensor du_i = du;
     o.grouped_linear_backward(&du_i, i > 0, &db, dy, u, f.b[size_t(i)], offsets, l.scale);
@@ -96,8 +99,8 @@ void MoeSwiGLU::forward(Ops& o, Tensor* out, const Tensor& h, const MoeTensors& 
   if (out) o.sigmoid_gate_add(*out, t.shared_out, t.shared_logit);
 }
 
-void MoeSwiGLU::backward(Ops& o, Tensor dh, const Tensor& dout, const Tensor& h, const MoeTensors& t,
-                         const MoeGrads& g, const LoraPass& lora, int64_t layer) const {
+void MoeSwiGLU::backward(Ops& o, Tensor dh, const Tensor& dout, const Tensor& h, const MoeTensors& t, const MoeGrads& g,
+                         const LoraPass& lora, int64_t layer) const {
   const bool trains = router->trainable;
   // The shared expert first: its backward writes dh (=), everything after adds to it.
   if (shared_gate) {
@@ -117,8 +120,8 @@ void MoeSwiGLU::backward(Ops& o, Tensor dh, const Tensor& dout, const Tensor& h,
   if (down_lora.on()) lora_backward(o, down_lora, &dact, {g.dys}, t.act, t.u_down, t, g);
   o.swiglu_backward(g.dgate, g.dup, g.dact, t.gate, t.up);
   Tensor dxs = g.dxs;
-  o.grouped_linear_backward(&dxs, false, trains ? &dgate_w : nullptr, g.dgate, t.xs,
-                            stacked(gate, &Parameter::value), t.offsets);
+  o.grouped_linear_backward(&dxs, false, trains ? &dgate_w : nullptr, g.dgate, t.xs, stacked(gate, &Parameter::value),
+                            t.offsets);
   o.grouped_linear_backward(&dxs, true, trains ? &dup_w : nullptr, g.dup, t.xs, stacked(up, &Parameter::value),
                             t.offsets);
   if (gate_up_lora.on()) lora_backward(o, gate_up_lora, &dxs, {g.dgate, g.dup}, t.xs, t.u_gate_up, t, g);

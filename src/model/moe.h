@@ -21,10 +21,10 @@ namespace soltrain {
 // One MoE layer's tensors for a pass of N tokens (M = N·top_k pairs). The routing (logits .. offsets) is kept
 // for backward; the pair-wise rest may be recomputed from it.
 struct MoeTensors {
-  Tensor logits;                            // [N,E] activation dtype: the router's
-  Tensor probs, expert, weight;             // F32 [N,E], I32 [N,k], F32 [N,k] (Ops::moe_route)
-  Tensor rows, slot, offsets;               // I32 [M], [M], [E+1] (Ops::moe_permute)
-  Tensor xs, gate, up, act, ys;             // [M,D], [M,F], [M,F], [M,F], [M,D]: per pair, in expert order
+  Tensor logits;                 // [N,E] activation dtype: the router's
+  Tensor probs, expert, weight;  // F32 [N,E], I32 [N,k], F32 [N,k] (Ops::moe_route)
+  Tensor rows, slot, offsets;    // I32 [M], [M], [E+1] (Ops::moe_permute)
+  Tensor xs, gate, up, act, ys;  // [M,D], [M,F], [M,F], [M,F], [M,D]: per pair, in expert order
   // expert LoRA's u = x·A_eᵀ per pair: [M, 2r] over gate_up, [M, r] over down (empty without the adapter), and
   // scratch for B as one matrix per expert (flat, at least E·max(2F·2r, D·r); shared by the layers)
   Tensor u_gate_up, u_down, lora_b;
@@ -34,13 +34,13 @@ struct MoeTensors {
 };
 // Backward's scratch, shared by the layers.
 struct MoeGrads {
-  Tensor dys, dxs;           // [M,D]
-  Tensor dact, dgate, dup;   // [M,F]
-  Tensor dweight, dlogits;   // F32 [N,k]; [N,E] activation dtype
-  Tensor aux_grad;           // F32 [E]: d (coef · load-balancing loss) / d probs, or empty
+  Tensor dys, dxs;          // [M,D]
+  Tensor dact, dgate, dup;  // [M,F]
+  Tensor dweight, dlogits;  // F32 [N,k]; [N,E] activation dtype
+  Tensor aux_grad;          // F32 [E]: d (coef · load-balancing loss) / d probs, or empty
   // expert LoRA's scratch: d loss / du [M, 2r]; B's gradient as one matrix per expert (flat, as lora_b)
   Tensor lora_g, lora_db;
-  MlpGrads shared;           // the shared expert's: [N,Fs] each
+  MlpGrads shared;                    // the shared expert's: [N,Fs] each
   Tensor dshared_out, dshared_logit;  // [N,D], [N,1]
 };
 // LoRA on one expert projection as PEFT 0.21 holds it for transformers 5's stacked expert parameters
@@ -53,7 +53,9 @@ struct ExpertLora {
 };
 // The fused gate_up adapter has rank 2r and alpha 2·alpha (PEFT's rank_pattern / alpha_pattern for the pair it
 // fuses from gate_proj and up_proj); down keeps r and alpha.
-inline int expert_lora_rank(int r, bool gate_up) { return gate_up ? 2 * r : r; }
+inline int expert_lora_rank(int r, bool gate_up) {
+  return gate_up ? 2 * r : r;
+}
 // Names of the adapters' tensors (PEFT nests the two wrappers: gate_up's is the inner one, "base_layer").
 std::string expert_lora_name(int layer, bool gate_up, bool both, bool b);
 
@@ -64,8 +66,8 @@ struct MoeStats {
 
 class MoeSwiGLU {
  public:
-  Parameter* router = nullptr;                     // mlp.gate.weight [E,D]
-  std::vector<Parameter*> gate, up, down;          // mlp.experts.{e}.{gate,up,down}_proj.weight, e = 0..E-1
+  Parameter* router = nullptr;             // mlp.gate.weight [E,D]
+  std::vector<Parameter*> gate, up, down;  // mlp.experts.{e}.{gate,up,down}_proj.weight, e = 0..E-1
   int top_k = 0;
   bool norm_topk = false;
   // Qwen2-MoE's shared expert (mlp.shared_expert.*) and its gate (mlp.shared_expert_gate.weight [1,D]);

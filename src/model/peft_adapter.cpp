@@ -46,7 +46,8 @@ void read_expert_targets(const nlohmann::json& cfg, LoraConfig& lora, const std:
   }
   lora.expert_targets = !params.empty();
   const nlohmann::json rank = gate_up ? nlohmann::json{{".*\\.gate_up_proj", 2 * lora.r}} : nlohmann::json::object();
-  const nlohmann::json alpha = gate_up ? nlohmann::json{{".*\\.gate_up_proj", 2 * lora.alpha}} : nlohmann::json::object();
+  const nlohmann::json alpha =
+      gate_up ? nlohmann::json{{".*\\.gate_up_proj", 2 * lora.alpha}} : nlohmann::json::object();
   for (auto [key, want] : {std::pair{"rank_pattern", rank}, {"alpha_pattern", alpha}}) {
     const nlohmann::json got = unset(cfg, key) ? nlohmann::json::object() : cfg.at(key);
     if (got != want)
@@ -185,7 +186,8 @@ nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& ba
     if (lora.targets(LoraTarget::gate)) {
       parameters.push_back("gate_up_proj");
       rank_pattern[".*\\.gate_up_proj"] = 2 * lora.r;
-      alpha_pattern[".*\\.gate_up_proj"] = alpha.is_number_integer() ? J(2 * alpha.get<int64_t>()) : J(2 * alpha.get<double>());
+      alpha_pattern[".*\\.gate_up_proj"] =
+          alpha.is_number_integer() ? J(2 * alpha.get<int64_t>()) : J(2 * alpha.get<double>());
     }
   }
   // (alpha: integral alphas are written as integers, as Python writes lora_alpha=16; floats go through their
@@ -246,7 +248,10 @@ void write_adapter(const Transformer& model, const fs::path& dir, const AdapterB
   // safetensors' own writer orders tensors by name (all share one dtype): do the same, so files compare.
   std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   write_safetensors_streamed(dir / kWeightsFile, tensors, {{"format", "pt"}});
-  write_file_atomic(dir / kConfigFile, adapter_config_json(*model.lora(), base, model.config().moe_layers() > 0 && model.config().moe.lora_on_experts).dump(2));
+  write_file_atomic(
+      dir / kConfigFile,
+      adapter_config_json(*model.lora(), base, model.config().moe_layers() > 0 && model.config().moe.lora_on_experts)
+          .dump(2));
 }
 
 void save_adapter(const Transformer& model, const fs::path& out_dir, const AdapterBase& base) {

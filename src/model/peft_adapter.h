@@ -34,8 +34,9 @@ struct AdapterBase {
 };
 
 // adapter_config.json as PEFT 0.21 writes it for this configuration; on a model whose LoRA targets gate/up/down
-// adapt its experts (`moe`, MoeConfig::lora_on_experts) they are the experts' stacked parameters: target_parameters gate_up_proj (rank and alpha doubled by
-// rank_pattern / alpha_pattern) and down_proj, as PEFT maps them for transformers 5.
+// adapt its experts (`moe`, MoeConfig::lora_on_experts) they are the experts' stacked parameters: target_parameters
+// gate_up_proj (rank and alpha doubled by rank_pattern / alpha_pattern) and down_proj, as PEFT maps them for
+// transformers 5.
 nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& base, bool moe = false);
 
 // Writes the adapter's two files (fp32 tensors under PEFT's names, metadata {"format": "pt"}) into `dir`, an

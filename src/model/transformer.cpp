@@ -37,14 +37,14 @@ struct Transformer::Activations {
   std::vector<Tensor> h1, rstd1, q_raw, k_raw, q_rstd, k_rstd, q, k, v, attn, lse, mid, h2, rstd2;
   std::vector<Tensor> gate, up, act;  // per dense-MLP layer (ModelConfig::dense_mlp_index)
   // per MoE layer (ModelConfig::moe_index): model/moe.h's MoeTensors
-  std::vector<Tensor> moe_logits, moe_probs, moe_expert, moe_weight, moe_rows, moe_slot, moe_offsets, moe_xs,
-      moe_gate, moe_up, moe_act, moe_ys, moe_u_gate_up, moe_u_down, moe_shared_gate, moe_shared_up, moe_shared_act, moe_shared_out,
-      moe_shared_logit;
+  std::vector<Tensor> moe_logits, moe_probs, moe_expert, moe_weight, moe_rows, moe_slot, moe_offsets, moe_xs, moe_gate,
+      moe_up, moe_act, moe_ys, moe_u_gate_up, moe_u_down, moe_shared_gate, moe_shared_up, moe_shared_act,
+      moe_shared_out, moe_shared_logit;
   Tensor moe_lora_b;  // expert LoRA's B per expert (scratch)
   MoeGrads moe_grads;
   MoeStats moe_stats;
   bool aux_on = false;  // this pass's backward adds the load-balancing loss's gradient (moe_grads.aux_grad)
-  Tensor hf, rstdf;  // final norm
+  Tensor hf, rstdf;     // final norm
   // scratch. dres is the residual stream's gradient (in its dtype); dres_act the same rounded to the
   // activation dtype for the GEMMs that read it (the same tensor when the dtypes agree).
   Tensor tmp, dres, dres_act, dh, dhf, dact, dgate, dup, dattn, dq, dk, dv, dq_raw, dk_raw, logits, dlogits;
@@ -109,7 +109,8 @@ Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig>
                  "gate_proj, up_proj, down_proj)");
     const bool experts = lora_ && c.moe.lora_on_experts;
     if (experts && lora_->targets(LoraTarget::gate) != lora_->targets(LoraTarget::up))
-      user_error("lora_target_modules: on ", c.architecture, " gate_proj and up_proj are one adapter over the experts' ",
+      user_error("lora_target_modules: on ", c.architecture,
+                 " gate_proj and up_proj are one adapter over the experts' ",
                  "fused gate_up_proj (as PEFT holds it): target both or neither");
     if (experts && lora_->dropout > 0 && (lora_->targets(LoraTarget::gate) || lora_->targets(LoraTarget::down)))
       user_error("lora_dropout ", lora_->dropout, ": PEFT's adapters on the experts (", c.architecture,
@@ -408,13 +409,13 @@ MlpTensors Transformer::mlp_tile(int64_t l, int64_t t0, int64_t t1) const {
 MoeTensors Transformer::moe_tensors(int64_t l) const {
   const Activations& a = *acts_;
   const size_t m = size_t(config_.moe_index(int(l)));
-  MoeTensors t{a.moe_logits[m], a.moe_probs[m], a.moe_expert[m], a.moe_weight[m], a.moe_rows[m], a.moe_slot[m],
-               a.moe_offsets[m], a.moe_xs[m],     a.moe_gate[m],   a.moe_up[m],     a.moe_act[m], a.moe_ys[m]};
+  MoeTensors t{a.moe_logits[m],  a.moe_probs[m], a.moe_expert[m], a.moe_weight[m], a.moe_rows[m], a.moe_slot[m],
+               a.moe_offsets[m], a.moe_xs[m],    a.moe_gate[m],   a.moe_up[m],     a.moe_act[m],  a.moe_ys[m]};
   if (!a.moe_u_gate_up.empty()) t.u_gate_up = a.moe_u_gate_up[m];
   if (!a.moe_u_down.empty()) t.u_down = a.moe_u_down[m];
   t.lora_b = a.moe_lora_b;
   if (!a.moe_shared_out.empty()) {
-    t.shared = MlpTensors{a.moe_shared_gate[m],      a.moe_shared_up[m],      a.moe_shared_act[m],
+    t.shared = MlpTensors{a.moe_shared_gate[m],        a.moe_shared_up[m],        a.moe_shared_act[m],
                           lora_u(LoraTarget::gate, l), lora_u(LoraTarget::up, l), lora_u(LoraTarget::down, l)};
     t.shared_out = a.moe_shared_out[m];
     t.shared_logit = a.moe_shared_logit[m];
@@ -528,8 +529,8 @@ void Transformer::forward(const HostBatch& batch, Objective* objective, bool bac
   // update's loss, and its gradient backward's router (training passes only, as the loss it reports).
   a.aux_on = backward_follows && c.moe_layers() > 0 && c.moe.aux_loss_coef > 0;
   if (a.aux_on)
-    ops_.moe_aux_loss(a.moe_grads.aux_grad, aux_loss_t_, a.moe_stats.counts, a.moe_stats.prob_sum,
-                      c.moe.aux_loss_coef, double(c.moe_layers()) * double(a.resid[0].dim(0)));
+    ops_.moe_aux_loss(a.moe_grads.aux_grad, aux_loss_t_, a.moe_stats.counts, a.moe_stats.prob_sum, c.moe.aux_loss_coef,
+                      double(c.moe_layers()) * double(a.resid[0].dim(0)));
   head_pass(a.head_fused ? &a.token_weight : nullptr, logits_out, objective && objective->wants_entropy());
   if (objective && objective->needs_document_sums()) ops_.segment_sum(a.out.doc_nll, a.token_nll, a.seq.cu_seqlens);
   if (objective) objective->add_loss(ops_, a.out);
@@ -631,8 +632,7 @@ void Transformer::backward_mlp(int64_t l) {
   if (w.moe) {  // untiled; the routing is kept, the per-pair tensors recomputed from it as the MLP's would be
     const MoeTensors t = moe_tensors(l);
     const LoraPass lp = lora_pass();
-    if (a.recompute >= Recompute::Selective)
-      w.moe->forward(ops_, nullptr, a.h2[l], t, nullptr, /*route=*/false, lp, l);
+    if (a.recompute >= Recompute::Selective) w.moe->forward(ops_, nullptr, a.h2[l], t, nullptr, /*route=*/false, lp, l);
     if (a.recompute == Recompute::Elementwise) {
       ops_.swiglu_forward(t.act, t.gate, t.up);
       if (w.moe->shared_gate) ops_.swiglu_forward(t.shared.act, t.shared.gate, t.shared.up);

@@ -189,7 +189,7 @@ class Transformer {
   Tensor dres_rounded() const;  // where rmsnorm_backward also writes dres in the activation dtype (or none)
   QkvTensors qkv(int64_t l) const;
   MlpTensors mlp_tile(int64_t l, int64_t t0, int64_t t1) const;  // tokens [t0, t1) of layer l's MLP tensors
-  MoeTensors moe_tensors(int64_t l) const;                        // MoE layer l's
+  MoeTensors moe_tensors(int64_t l) const;                       // MoE layer l's
   LoraPass lora_pass() const;
   Tensor lora_u(LoraTarget t, int64_t l) const;  // the adapter's saved u (empty without one)
   // The offloaded checkpoints' ring (set_offload_checkpoints; no-ops without it), transformer.cpp says how the

@@ -14,9 +14,9 @@ namespace soltrain {
 void CpuOps::moe_route(Tensor probs, Tensor expert, Tensor weight, Tensor prob_sum, const Tensor& logits,
                        bool norm_topk) {
   const int64_t N = logits.dim(0), E = logits.dim(1), k = expert.dim(1);
-  SOLTRAIN_CHECK(probs.numel() == N * E && expert.dim(0) == N && weight.numel() == N * k && k <= E &&
-                     prob_sum.numel() == E,
-                 "moe_route shapes");
+  SOLTRAIN_CHECK(
+      probs.numel() == N * E && expert.dim(0) == N && weight.numel() == N * k && k <= E && prob_sum.numel() == E,
+      "moe_route shapes");
   std::vector<int32_t> order(static_cast<size_t>(E));
   for (int64_t n = 0; n < N; ++n) {
     const float* x = logits.f32() + n * E;
@@ -137,8 +137,7 @@ void CpuOps::grouped_linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw,
     if (n == 0) continue;
     if (dx)
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(in), int(out), alpha, dy.f32() + r0 * out,
-                  int(out), w.f32() + e * out * in, int(in), accumulate_dx ? 1.0f : 0.0f, dx->f32() + r0 * in,
-                  int(in));
+                  int(out), w.f32() + e * out * in, int(in), accumulate_dx ? 1.0f : 0.0f, dx->f32() + r0 * in, int(in));
     if (dw)
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(out), int(in), int(n), alpha, dy.f32() + r0 * out,
                   int(out), x.f32() + r0 * in, int(in), 1.0f, dw->f32() + e * out * in, int(in));

@@ -98,8 +98,7 @@ class CudaOps final : public Ops {
   void moe_router_backward(Tensor dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& expert,
                            const Tensor& weight, bool norm_topk, const Tensor& aux_grad) override;
   void sigmoid_gate_add(Tensor out, const Tensor& x, const Tensor& gate) override;
-  void sigmoid_gate_backward(Tensor dx, Tensor dgate, const Tensor& dout, const Tensor& x,
-                             const Tensor& gate) override;
+  void sigmoid_gate_backward(Tensor dx, Tensor dgate, const Tensor& dout, const Tensor& x, const Tensor& gate) override;
   void moe_aux_loss(Tensor aux_grad, Tensor loss, const Tensor& counts, const Tensor& prob_sum, float coef,
                     double rows) override;
   void add_inplace(Tensor x, const Tensor& y) override;

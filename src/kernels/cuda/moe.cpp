@@ -18,14 +18,24 @@ std::string CudaOps::moe_unsupported() const {
          "device: cpu for now";
 }
 
-void CudaOps::moe_route(Tensor, Tensor, Tensor, Tensor, const Tensor&, bool) { unreachable(*this); }
-void CudaOps::moe_permute(Tensor, Tensor, Tensor, Tensor, const Tensor&) { unreachable(*this); }
-void CudaOps::gather_rows(Tensor, const Tensor&, const Tensor&) { unreachable(*this); }
-void CudaOps::moe_combine(Tensor, const Tensor&, const Tensor&, const Tensor&) { unreachable(*this); }
+void CudaOps::moe_route(Tensor, Tensor, Tensor, Tensor, const Tensor&, bool) {
+  unreachable(*this);
+}
+void CudaOps::moe_permute(Tensor, Tensor, Tensor, Tensor, const Tensor&) {
+  unreachable(*this);
+}
+void CudaOps::gather_rows(Tensor, const Tensor&, const Tensor&) {
+  unreachable(*this);
+}
+void CudaOps::moe_combine(Tensor, const Tensor&, const Tensor&, const Tensor&) {
+  unreachable(*this);
+}
 void CudaOps::moe_combine_backward(Tensor, Tensor, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   unreachable(*this);
 }
-void CudaOps::moe_unpermute_sum(Tensor, bool, const Tensor&, const Tensor&) { unreachable(*this); }
+void CudaOps::moe_unpermute_sum(Tensor, bool, const Tensor&, const Tensor&) {
+  unreachable(*this);
+}
 void CudaOps::grouped_linear_forward(Tensor, const Tensor&, const Tensor&, const Tensor&, float, bool) {
   unreachable(*this);
 }
@@ -33,13 +43,21 @@ void CudaOps::grouped_linear_backward(Tensor*, bool, Tensor*, const Tensor&, con
                                       const Tensor&, float) {
   unreachable(*this);
 }
-void CudaOps::expert_lora_b_layout(Tensor, const Tensor&, bool) { unreachable(*this); }
+void CudaOps::expert_lora_b_layout(Tensor, const Tensor&, bool) {
+  unreachable(*this);
+}
 void CudaOps::moe_router_backward(Tensor, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool,
                                   const Tensor&) {
   unreachable(*this);
 }
-void CudaOps::sigmoid_gate_add(Tensor, const Tensor&, const Tensor&) { unreachable(*this); }
-void CudaOps::sigmoid_gate_backward(Tensor, Tensor, const Tensor&, const Tensor&, const Tensor&) { unreachable(*this); }
-void CudaOps::moe_aux_loss(Tensor, Tensor, const Tensor&, const Tensor&, float, double) { unreachable(*this); }
+void CudaOps::sigmoid_gate_add(Tensor, const Tensor&, const Tensor&) {
+  unreachable(*this);
+}
+void CudaOps::sigmoid_gate_backward(Tensor, Tensor, const Tensor&, const Tensor&, const Tensor&) {
+  unreachable(*this);
+}
+void CudaOps::moe_aux_loss(Tensor, Tensor, const Tensor&, const Tensor&, float, double) {
+  unreachable(*this);
+}
 
 }  // namespace soltrain
