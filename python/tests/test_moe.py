@@ -133,6 +133,7 @@ def test_sft_saves_a_model_transformers_loads(demo, tmp_path):
 @pytest.mark.parametrize("kind,targets,rslora", [
     ("qwen3_moe", ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"], False),
     ("qwen3_moe", ["o_proj", "down_proj"], True),
+    ("qwen3_moe", "all-linear", False),  # + the router (target_parameters gate.weight)
     ("qwen2_moe", ["k_proj", "gate_proj", "up_proj", "down_proj"], False)])
 def test_lora_adapters_match_peft(kind, targets, rslora, tmp_path):
     """PEFT 0.21 puts gate/up/down on Qwen3-MoE's experts (one fused gate_up adapter of rank 2r, alpha 2a, and
@@ -162,12 +163,15 @@ def test_lora_adapters_match_peft(kind, targets, rslora, tmp_path):
     for name, p in adapters.items():
         assert rel(ours["grad." + name], p.grad) <= 1e-4, name
     experts = [n for n in adapters if ".experts." in n]
-    assert bool(experts) == (kind == "qwen3_moe" and any(t in targets for t in ("gate_proj", "down_proj")))
+    all_linear = targets == "all-linear"
+    assert bool(experts) == (kind == "qwen3_moe" and (all_linear or any(t in targets for t in ("gate_proj", "down_proj"))))
+    assert any(".mlp.gate.lora_" in n for n in adapters) == all_linear
 
 
-def test_lora_sft_adapter_loads_in_peft_with_our_logits(demo, tmp_path):
-    """A LoRA run on Qwen3-MoE (attention and experts) saves an adapter PEFT loads whole; PEFT's logits with it
-    are ours."""
+@pytest.mark.parametrize("targets", [["q_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], ["all-linear"]])
+def test_lora_sft_adapter_loads_in_peft_with_our_logits(targets, demo, tmp_path):
+    """A LoRA run on Qwen3-MoE (attention and experts; all-linear: the router too, as PEFT) saves an adapter PEFT
+    loads whole, with PEFT's adapter_config; PEFT's logits with it are ours."""
     peft = pytest.importorskip("peft")
     tiny_moe(tmp_path / "model", seed=13, vocab=320, norm_topk_prob=True)
     for f in ("tokenizer.json", "tokenizer_config.json"):
@@ -175,7 +179,7 @@ def test_lora_sft_adapter_loads_in_peft_with_our_logits(demo, tmp_path):
     config = soltrain.SFTConfig(model=str(tmp_path / "model"), output_dir=str(tmp_path / "out"), sequence_len=128,
                                 per_device_train_batch_size=2, max_steps=4, learning_rate=1e-2, logging_steps=1,
                                 device="cpu", adapter="lora", lora_r=4, lora_alpha=8,
-                                lora_target_modules=["q_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                                lora_target_modules=targets,
                                 datasets=[{"path": str(demo / "train.jsonl"), "type": "conversation"}])
     soltrain.Trainer(config).train()
     adapter = tmp_path / "out" / "adapter"
@@ -185,6 +189,10 @@ def test_lora_sft_adapter_loads_in_peft_with_our_logits(demo, tmp_path):
     loaded = {n.replace(".default", ""): p for n, p in pm.named_parameters() if "lora_" in n}
     assert sorted(loaded) == sorted(saved) and any(".experts." in n for n in saved)
     assert all(torch.equal(loaded[n], saved[n]) for n in saved)
+    written = json.loads((adapter / "adapter_config.json").read_text())
+    assert written["target_parameters"] == (["down_proj", "gate.weight", "gate_up_proj"] if targets == ["all-linear"]
+                                            else ["down_proj", "gate_up_proj"])
+    assert written["rank_pattern"] == {".*\\.gate_up_proj": 8} and written["alpha_pattern"] == {".*\\.gate_up_proj": 16}
     assert any(saved[n].abs().max() > 0 for n in saved if "lora_B" in n and ".experts." in n)  # trained
     ids = torch.randint(0, 320, (2, 24))
     ours = dump(tmp_path, ids, torch.roll(ids, -1, 1), adapter=adapter)

@@ -146,6 +146,7 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
     if (const LoraConfig* lora = s.lora; lora && c.moe.lora_on_experts) {  // experts' adapters' u: rank 2r / r
       if (lora->targets(LoraTarget::gate)) per_layer("moe_u_gate_up", {M, 2 * lora->r}, act, mlp_rc, Lm);
       if (lora->targets(LoraTarget::down)) per_layer("moe_u_down", {M, lora->r}, act, mlp_rc, Lm);
+      if (lora->router) per_layer("moe_u_router", {N, lora->r}, act, false, Lm);  // (routing is kept, not redone)
     }
     if (Fs > 0) {  // Qwen2-MoE's shared expert: a dense MLP over every token, and its gate's logit (kept)
       for (const char* n : {"moe_shared_gate", "moe_shared_up"}) per_layer(n, {N, Fs}, act, mlp_rc, Lm);

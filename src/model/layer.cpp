@@ -101,7 +101,8 @@ bool layer_has_target(const ModelConfig& c, int l, LoraTarget t) {
 
 void add_lora_parameters(ParameterStore& ps, const ModelConfig& c, int l, const LoraConfig& lora) {
   if (c.is_moe_layer(l) && c.moe.lora_on_experts)  // the experts' adapters in PEFT's layout (model/moe.h)
-    add_expert_lora_parameters(ps, c, l, lora.r, lora.targets(LoraTarget::gate), lora.targets(LoraTarget::down));
+    add_expert_lora_parameters(ps, c, l, lora.r, lora.targets(LoraTarget::gate), lora.targets(LoraTarget::down),
+                               lora.router);
   if (c.is_moe_layer(l) && c.moe.shared_intermediate_size) add_shared_lora_parameters(ps, c, l, lora);
   for (int t = 0; t < kLoraTargets; ++t) {
     if (!lora.targets(LoraTarget(t)) || !layer_has_target(c, l, LoraTarget(t))) continue;

@@ -42,8 +42,12 @@ struct LoraConfig {
   // Read from an adapter's target_parameters (PEFT's MoE experts): gate/up/down name experts, so the model must
   // have MoE layers.
   bool expert_targets = false;
-  // Asked for as `all-linear` (PEFT's shorthand): on an MoE model PEFT adapts more than our seven projections.
+  // Asked for as `all-linear` (PEFT's shorthand): on an MoE model PEFT adapts more than our seven projections
+  // (Qwen3-MoE: the router too, `router` below).
   bool all_linear = false;
+  // Qwen3-MoE's router (mlp.gate.weight, PEFT's target_parameters "gate.weight"): set by all-linear on such a
+  // model, or read from an adapter.
+  bool router = false;
 
   // scale · B·A is what the adapter adds to a weight.
   float scale() const;

@@ -70,7 +70,7 @@ void MoeSwiGLU::forward(Ops& o, Tensor* out, const Tensor& h, const MoeTensors& 
                         const LoraPass& lora, int64_t layer) const {
   if (route) {
     SOLTRAIN_CHECK(stats, "routing without statistics");
-    o.linear_forward(t.logits, h, router->value, nullptr);
+    router_linear.forward(o, t.logits, h, t.u_router, {}, lora.scratch);
     o.moe_route(t.probs, t.expert, t.weight, stats->prob_sum, t.logits, norm_topk);
     o.moe_permute(t.rows, t.slot, t.offsets, stats->counts, t.expert);
   }
@@ -128,8 +128,7 @@ void MoeSwiGLU::backward(Ops& o, Tensor dh, const Tensor& dout, const Tensor& h,
   o.moe_unpermute_sum(dh, shared_gate != nullptr, dxs, t.slot);
   // the router: weights (and the load-balancing loss's probabilities) → logits → h and the router's weight
   o.moe_router_backward(g.dlogits, g.dweight, t.probs, t.expert, t.weight, norm_topk, g.aux_grad);
-  Tensor grad = router->grad;
-  o.linear_backward(&dh, true, trains ? &grad : nullptr, nullptr, g.dlogits, h, router->value);
+  router_linear.backward(o, &dh, true, g.dlogits, h, t.u_router, {}, lora.scratch);
 }
 
 void add_moe_parameters(ParameterStore& ps, const ModelConfig& c, int l, bool trains) {
@@ -164,13 +163,22 @@ void add_shared_lora_parameters(ParameterStore& ps, const ModelConfig& c, int l,
   }
 }
 
+std::string router_lora_name(int layer, bool b) {
+  return cat("base_model.model.model.layers.", layer, ".mlp.gate.", b ? "lora_B" : "lora_A", ".weight");
+}
+
 std::string expert_lora_name(int layer, bool gate_up, bool both, bool b) {
   return cat("base_model.model.model.layers.", layer, ".mlp.experts.", gate_up && both ? "base_layer." : "",
              b ? "lora_B" : "lora_A", ".weight");
 }
 
-void add_expert_lora_parameters(ParameterStore& ps, const ModelConfig& c, int l, int r, bool gate_up, bool down) {
+void add_expert_lora_parameters(ParameterStore& ps, const ModelConfig& c, int l, int r, bool gate_up, bool down,
+                                bool router) {
   const int64_t E = c.moe.num_experts, F = c.moe.intermediate_size, D = c.hidden_size;
+  if (router) {  // a plain adapter over the [E, D] router (PEFT's ParamWrapper of one "expert")
+    ps.add(router_lora_name(l, false), {r, D}, true, l);
+    ps.add(router_lora_name(l, true), {E, r}, true, l);
+  }
   if (gate_up) {
     const int64_t R = expert_lora_rank(r, true);
     ps.add(expert_lora_name(l, true, down, false), {E * R, D}, true, l);
@@ -200,6 +208,8 @@ MoeSwiGLU bind_moe(ParameterStore& ps, const ModelConfig& c, int l, const std::o
   m.gate_up_lora = adapter(true);
   m.down_lora = adapter(false);
   m.router = &ps.at(cat("model.layers.", l, ".mlp.gate.weight"));
+  m.router_linear = Linear(m.router, nullptr, ps.find(router_lora_name(l, false)), ps.find(router_lora_name(l, true)),
+                           lora ? lora->scale() : 0.0f);
   m.top_k = c.moe.top_k;
   m.norm_topk = c.moe.norm_topk;
   for (int e = 0; e < c.moe.num_experts; ++e) {

@@ -28,6 +28,7 @@ struct MoeTensors {
   // expert LoRA's u = x·A_eᵀ per pair: [M, 2r] over gate_up, [M, r] over down (empty without the adapter), and
   // scratch for B as one matrix per expert (flat, at least E·max(2F·2r, D·r); shared by the layers)
   Tensor u_gate_up, u_down, lora_b;
+  Tensor u_router;  // the router's adapter's u [N, r] (empty without one)
   // the shared expert (Qwen2-MoE; empty otherwise): its MLP's tensors [N,Fs], output [N,D], gate logit [N,1]
   MlpTensors shared;
   Tensor shared_out, shared_logit;
@@ -58,6 +59,7 @@ inline int expert_lora_rank(int r, bool gate_up) {
 }
 // Names of the adapters' tensors (PEFT nests the two wrappers: gate_up's is the inner one, "base_layer").
 std::string expert_lora_name(int layer, bool gate_up, bool both, bool b);
+std::string router_lora_name(int layer, bool b);
 
 // The statistics transformers' load-balancing loss sums over the MoE layers of a pass (F32 [E] each).
 struct MoeStats {
@@ -67,6 +69,7 @@ struct MoeStats {
 class MoeSwiGLU {
  public:
   Parameter* router = nullptr;             // mlp.gate.weight [E,D]
+  Linear router_linear;                    // the router's projection, with its adapter (LoraConfig::router)
   std::vector<Parameter*> gate, up, down;  // mlp.experts.{e}.{gate,up,down}_proj.weight, e = 0..E-1
   int top_k = 0;
   bool norm_topk = false;
@@ -111,7 +114,8 @@ void add_moe_parameters(ParameterStore& ps, const ModelConfig& c, int l, bool tr
 std::string shared_lora_name(int layer, const char* proj, bool b);
 void add_shared_lora_parameters(ParameterStore& ps, const ModelConfig& c, int l, const LoraConfig& lora);
 // Adds layer l's expert adapters for LoRA targets gate+up (one fused adapter) and down (trainable, group l).
-void add_expert_lora_parameters(ParameterStore& ps, const ModelConfig& c, int l, int r, bool gate_up, bool down);
+void add_expert_lora_parameters(ParameterStore& ps, const ModelConfig& c, int l, int r, bool gate_up, bool down,
+                                bool router);
 MoeSwiGLU bind_moe(ParameterStore& ps, const ModelConfig& c, int l, const std::optional<LoraConfig>& lora);
 
 }  // namespace soltrain

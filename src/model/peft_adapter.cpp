@@ -39,9 +39,12 @@ void read_expert_targets(const nlohmann::json& cfg, LoraConfig& lora, const std:
       lora.target_modules.insert(lora.target_modules.end(), {"gate_proj", "up_proj"});
     } else if (p == "down_proj") {
       lora.target_modules.push_back("down_proj");
+    } else if (p == "gate.weight") {  // the router
+      lora.router = true;
     } else {
       user_error(src, ": target_parameters entry '", p,
-                 "' is not supported (soltrain reads gate_up_proj and down_proj, the MoE experts')");
+                 "' is not supported (soltrain reads gate_up_proj and down_proj, the MoE experts', and gate.weight, "
+                 "the router)");
     }
   }
   lora.expert_targets = !params.empty();
@@ -180,9 +183,10 @@ nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& ba
     if (lora.targets(LoraTarget(t)) && (is_attention_target(LoraTarget(t)) || !moe))
       targets.push_back(kLoraModuleNames[size_t(t)]);
   const J alpha = lora.alpha == float(int64_t(lora.alpha)) ? J(int64_t(lora.alpha)) : J(std::stod(cat(lora.alpha)));
-  if (moe && (lora.targets(LoraTarget::gate) || lora.targets(LoraTarget::down))) {
+  if (moe && (lora.targets(LoraTarget::gate) || lora.targets(LoraTarget::down) || lora.router)) {
     parameters = J::array();  // (sorted, as PEFT writes the set)
     if (lora.targets(LoraTarget::down)) parameters.push_back("down_proj");
+    if (lora.router) parameters.push_back("gate.weight");
     if (lora.targets(LoraTarget::gate)) {
       parameters.push_back("gate_up_proj");
       rank_pattern[".*\\.gate_up_proj"] = 2 * lora.r;

@@ -38,7 +38,7 @@ struct Transformer::Activations {
   std::vector<Tensor> gate, up, act;  // per dense-MLP layer (ModelConfig::dense_mlp_index)
   // per MoE layer (ModelConfig::moe_index): model/moe.h's MoeTensors
   std::vector<Tensor> moe_logits, moe_probs, moe_expert, moe_weight, moe_rows, moe_slot, moe_offsets, moe_xs, moe_gate,
-      moe_up, moe_act, moe_ys, moe_u_gate_up, moe_u_down, moe_shared_gate, moe_shared_up, moe_shared_act,
+      moe_up, moe_act, moe_ys, moe_u_gate_up, moe_u_down, moe_u_router, moe_shared_gate, moe_shared_up, moe_shared_act,
       moe_shared_out, moe_shared_logit;
   Tensor moe_lora_b;  // expert LoRA's B per expert (scratch)
   MoeGrads moe_grads;
@@ -101,19 +101,22 @@ Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig>
     user_error("the adapter targets MoE experts (target_parameters) and ", c.architecture, " has none");
   if (c.moe_layers() > 0) {
     if (const std::string why = ops.moe_unsupported(); !why.empty()) user_error(c.architecture, ": ", why);
-    // PEFT fuses gate_proj and up_proj into one adapter over the stacked gate_up_proj, and refuses dropout there
-    if (lora_ && lora_->all_linear)
-      user_error("lora_target_modules: all-linear on ", c.architecture, " makes PEFT adapt its router",
-                 c.moe.shared_intermediate_size ? " and shared_expert_gate" : "",
-                 " too, which soltrain does not yet: list the projections instead (q_proj, k_proj, v_proj, o_proj, "
-                 "gate_proj, up_proj, down_proj)");
+    // all-linear: PEFT adapts Qwen3-MoE's router too (Qwen2-MoE: its shared_expert_gate, not built yet)
+    if (lora_ && lora_->all_linear && !c.moe.lora_on_experts)
+      user_error("lora_target_modules: all-linear on ", c.architecture,
+                 " makes PEFT adapt its shared_expert_gate too, which soltrain does not yet: list the projections "
+                 "instead (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+    if (lora_ && lora_->all_linear) lora_->router = true;
+    // PEFT fuses gate_proj and up_proj into one adapter over the stacked gate_up_proj, and refuses dropout on
+    // adapters of parameters (the experts', the router's)
     const bool experts = lora_ && c.moe.lora_on_experts;
     if (experts && lora_->targets(LoraTarget::gate) != lora_->targets(LoraTarget::up))
       user_error("lora_target_modules: on ", c.architecture,
                  " gate_proj and up_proj are one adapter over the experts' ",
                  "fused gate_up_proj (as PEFT holds it): target both or neither");
-    if (experts && lora_->dropout > 0 && (lora_->targets(LoraTarget::gate) || lora_->targets(LoraTarget::down)))
-      user_error("lora_dropout ", lora_->dropout, ": PEFT's adapters on the experts (", c.architecture,
+    if (experts && lora_->dropout > 0 &&
+        (lora_->targets(LoraTarget::gate) || lora_->targets(LoraTarget::down) || lora_->router))
+      user_error("lora_dropout ", lora_->dropout, ": PEFT's adapters on the experts and the router (", c.architecture,
                  ") take no dropout; set lora_dropout: 0 or target the attention projections only");
   }
   add_model_parameters(params_, c, lora_);
@@ -244,6 +247,7 @@ void Transformer::bind_planned_buffers(Activations& a, Ops& ops) {
                          {"moe_ys", &a.moe_ys},
                          {"moe_u_gate_up", &a.moe_u_gate_up},
                          {"moe_u_down", &a.moe_u_down},
+                         {"moe_u_router", &a.moe_u_router},
                          {"moe_shared_gate", &a.moe_shared_gate},
                          {"moe_shared_up", &a.moe_shared_up},
                          {"moe_shared_act", &a.moe_shared_act},
@@ -413,6 +417,7 @@ MoeTensors Transformer::moe_tensors(int64_t l) const {
                a.moe_offsets[m], a.moe_xs[m],    a.moe_gate[m],   a.moe_up[m],     a.moe_act[m],  a.moe_ys[m]};
   if (!a.moe_u_gate_up.empty()) t.u_gate_up = a.moe_u_gate_up[m];
   if (!a.moe_u_down.empty()) t.u_down = a.moe_u_down[m];
+  if (!a.moe_u_router.empty()) t.u_router = a.moe_u_router[m];
   t.lora_b = a.moe_lora_b;
   if (!a.moe_shared_out.empty()) {
     t.shared = MlpTensors{a.moe_shared_gate[m],        a.moe_shared_up[m],        a.moe_shared_act[m],
