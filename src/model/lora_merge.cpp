@@ -8,7 +8,6 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/fp8_checkpoint.h"
-#include "model/layer.h"
 #include "model/lora.h"
 #include "model/peft_adapter.h"
 
@@ -46,7 +45,7 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
   std::map<std::string, std::pair<std::string, std::string>> deltas;
   for (int l = 0; l < config.num_layers; ++l)
     for (int t = 0; t < kLoraTargets; ++t)
-      if (lora.targets(LoraTarget(t)) && layer_has_target(config, l, LoraTarget(t)))
+      if (lora.targets(LoraTarget(t)))  // (an MoE model's MLP targets are refused above)
         deltas[lora_module_path(l, LoraTarget(t)) + ".weight"] = {lora_a_name(l, LoraTarget(t)),
                                                                   lora_b_name(l, LoraTarget(t))};
   // Everything is checked before anything is written; then each tensor is produced as the file is

@@ -1,7 +1,5 @@
 #include "model/moe.h"
 
-#include <cmath>
-
 #include "core/error.h"
 #include "core/format.h"
 
@@ -201,8 +199,10 @@ MoeSwiGLU bind_moe(ParameterStore& ps, const ModelConfig& c, int l, const std::o
     a.a = &ps.at(expert_lora_name(l, is_gate_up, gate_up && down, false));
     a.b = &ps.at(expert_lora_name(l, is_gate_up, gate_up && down, true));
     a.rank = expert_lora_rank(lora->r, is_gate_up);
-    const float alpha = is_gate_up ? 2 * lora->alpha : lora->alpha;
-    a.scale = lora->use_rslora ? alpha / std::sqrt(float(a.rank)) : alpha / float(a.rank);
+    LoraConfig as_peft = *lora;  // LoraConfig's own scale rule at the adapter's rank and alpha
+    as_peft.r = a.rank;
+    as_peft.alpha = is_gate_up ? 2 * lora->alpha : lora->alpha;
+    a.scale = as_peft.scale();
     return a;
   };
   m.gate_up_lora = adapter(true);
