@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moebench]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -40,6 +40,23 @@ for s in "${steps[@]}"; do
       PYTHONPATH=python SOLTRAIN_BUILD_DIR="$B" python3 -c "import soltrain; print('import soltrain:', soltrain.Model)"
       PYTHONPATH=python SOLTRAIN_BUILD_DIR="$B" timeout 520 python3 bench/python_api_bench.py --soltrain "$B/soltrain" \
         --models /tmp/soltrain-bench-models --steps "${PYAPI_STEPS:-15}" --out "$OUT" ;;
+    moe)  # issue 31: the MoE ops against their CPU twins, tiny Qwen3-MoE / Qwen2-MoE (+ PEFT) against transformers in
+      # bf16, and the grouped GEMM next to a dense GEMM of the same FLOPs and a cuBLASLt GEMM per expert
+      timeout 200 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaMoe*' > "$OUT/moe-tests.log" 2>&1
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|OK \]" "$OUT/moe-tests.log"
+      timeout 300 python3 tests/tools/check_moe_cuda.py "$B/soltrain" > "$OUT/moe-check.log" 2>&1
+      grep -E "^(ok|FAIL)|passed|FAILED|Error" "$OUT/moe-check.log" | head -12
+      for shape in "--hidden 2048 --width 768" "--hidden 768 --width 2048"; do
+        for skew in 0 1; do
+          timeout 60 "$B/soltrain" bench-grouped-gemm $shape --skew $skew | tee -a "$OUT/grouped-gemm.jsonl"
+        done
+      done ;;
+    moebench)  # issue 31: Qwen3-30B-A3B with 12 of its 48 layers, LoRA r16 on attention and experts, 2 x 2048,
+      # next to transformers + PEFT with gradient checkpointing (the issue's peer)
+      timeout 560 python3 bench/run_bench.py --soltrain "$B/soltrain" --sizes "${MOE_SIZE:-30B-A3B-L12}" --lora-rank 16 \
+        --steps "${MOE_STEPS:-5}" --variant "recompute full=--recompute full" --peers "${MOE_PEERS:-lowmem}" \
+        --attention "" --out "$OUT" > "$OUT/moebench.log" 2>&1
+      grep -E "^\| Qwen|^  [a-z_]+ +[0-9.]+ ms|error" "$OUT/moebench.log" | head -60 ;;
     tests)
       timeout 300 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='*Cuda*:Shapes/*:*Objective*:LayerHooks*:SftTrajectory*:Fixtures/*:AdamW8bit*:-CudaDataParallel*:*AttentionFused*' \
         > "$OUT/gpu-tests.log" 2>&1

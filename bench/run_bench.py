@@ -12,7 +12,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(__file__))
 from qwen3_shapes import config, flops_per_token  # noqa: E402
 
-BATCH = {"0.6B": 8, "1.7B": 4, "4B": 2, "8B": 1}
+BATCH = {"0.6B": 8, "1.7B": 4, "4B": 2, "8B": 1, "30B-A3B": 2, "30B-A3B-L12": 2}
 
 
 def gemm_ceiling():

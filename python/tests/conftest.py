@@ -28,41 +28,5 @@ def read_jsonl(path):
     return [json.loads(line) for line in pathlib.Path(path).read_text().splitlines() if line.strip()]
 
 
-# Live references (test_live_references.py, test_moe.py): a transformers model with fresh random weights, a
-# batch, and `soltrain dump`'s logits, loss and gradients for it.
-def rel(a, b):
-    """Relative L2 error of a against b (torch tensors)."""
-    a, b = a.double().flatten(), b.double().flatten()
-    return float((a - b).norm() / b.norm())
-
-
-def randomize(model):
-    """Every weight drawn fresh (norms near 1, biases and matrices small), not the init's ones and zeros."""
-    import torch
-
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn_like(p) * (0.5 if p.ndim == 1 else 0.08) + (1.0 if p.ndim == 1 else 0.0))
-
-
-def reference_batch(vocab, masked=True):
-    """2 x 24 random ids and their next-token targets (-100 at each row's end; some leading ones masked)."""
-    import torch
-
-    ids = torch.randint(0, vocab, (2, 24))
-    targets = torch.roll(ids, -1, 1)
-    targets[:, -1] = -100
-    if masked:
-        targets[1, :4] = -100
-    return ids, targets
-
-
-def dump(tmp_path, ids, targets, model="model", adapter=None):
-    """`soltrain dump` of tmp_path/model (with a PEFT adapter folder) on this batch: its tensors by name."""
-    from safetensors.torch import load_file, save_file
-
-    save_file({"input_ids": ids.int(), "targets": targets.int()}, str(tmp_path / "batch.safetensors"))
-    args = [str(BIN), "dump", "--model", str(tmp_path / model), "--batch", str(tmp_path / "batch.safetensors"),
-            "--out", str(tmp_path / "ours.safetensors")]
-    subprocess.run(args + (["--adapter", str(adapter)] if adapter else []), check=True, capture_output=True)
-    return load_file(str(tmp_path / "ours.safetensors"))
+# The live-reference helpers (live_refs.py: no pytest there, so GPU-side tools import them too), re-exported.
+from live_refs import dump, randomize, reference_batch, rel  # noqa: E402,F401

@@ -11,44 +11,12 @@ import numpy as np
 import pytest
 
 import soltrain
-from conftest import BIN, dump, randomize, reference_batch, rel
+from conftest import BIN, dump, reference_batch, rel
+from live_refs import hf_grad, tiny_moe
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file  # noqa: E402
-
-
-def tiny_moe(path, seed, vocab=300, kind="qwen3_moe", **keys):
-    """A random Qwen3-MoE (or Qwen2-MoE, with its shared expert and q/k/v biases) written by transformers (every
-    weight drawn fresh, norms and biases too), and the model."""
-    torch.manual_seed(seed)
-    base = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=3,
-                max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False, router_aux_loss_coef=0.05,
-                attn_implementation="eager")
-    if kind == "qwen2_moe":
-        base.update(shared_expert_intermediate_size=48)
-    base.update(keys)
-    config = (transformers.Qwen2MoeConfig if kind == "qwen2_moe" else transformers.Qwen3MoeConfig)(**base)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    randomize(model)
-    model.save_pretrained(path)
-    return model
-
-
-def hf_grad(model, name):
-    """transformers 5 holds each layer's experts as [E, 2F, D] gate_up and [E, D, F] down parameters; its saved
-    files (and soltrain) name them per expert."""
-    params = dict(model.named_parameters())
-    if ".experts." not in name:
-        return params[name].grad
-    prefix, rest = name.split(".experts.")
-    e, proj = rest.split(".")[:2]
-    if proj == "down_proj":
-        return params[prefix + ".experts.down_proj"].grad[int(e)]
-    g = params[prefix + ".experts.gate_up_proj"].grad[int(e)]
-    half = g.shape[0] // 2
-    return g[:half] if proj == "gate_proj" else g[half:]
 
 
 @pytest.mark.parametrize("kind,norm_topk,aux,dense_layers,sparse_step",

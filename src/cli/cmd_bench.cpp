@@ -542,4 +542,128 @@ std::function<int()> add_bench_attention_command(CLI::App& app) {
   };
 }
 
+
+// The experts' grouped GEMM (kernels/cuda/grouped_gemm.cu) on one MoE layer's shapes, next to the two ways
+// without it: one dense GEMM of the same rows and FLOPs (its ceiling: all rows against one weight), and cuBLASLt
+// run once per expert on host-known counts (a launch per expert, and a host sync to learn the counts). Routing is
+// random top-k over the experts, optionally skewed (--skew s: expert e drawn with weight 1/(e+1)^s).
+std::function<int()> add_bench_grouped_gemm_command(CLI::App& app) {
+  struct Opts {
+    int tokens = 4096, experts = 128, top_k = 8, hidden = 2048, width = 768, iters = 20;
+    double skew = 0;
+    std::string device = "cuda";
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* c = app.add_subcommand("bench-grouped-gemm", "time the experts' grouped GEMMs (one MoE projection)");
+  c->add_option("--tokens", o->tokens)->capture_default_str();
+  c->add_option("--experts", o->experts)->capture_default_str();
+  c->add_option("--top-k", o->top_k)->capture_default_str();
+  c->add_option("--hidden", o->hidden, "the projection's input width (gate/up: hidden size)")->capture_default_str();
+  c->add_option("--width", o->width, "its output width (gate/up: the experts' intermediate size)")
+      ->capture_default_str();
+  c->add_option("--skew", o->skew, "routing skew: expert e drawn with weight 1/(e+1)^skew (0: uniform)")
+      ->capture_default_str();
+  c->add_option("--iters", o->iters)->capture_default_str();
+  add_device_option(c, o->device);
+  return [o]() {
+    auto ops = make_ops(o->device);
+    const int64_t E = o->experts, K = o->top_k, M = int64_t(o->tokens) * K, in = o->hidden, out = o->width;
+    if (K > E) user_error("--top-k ", K, " is more than --experts ", E);
+    // the pairs' experts, distinct per token, counted into offsets
+    std::mt19937 rng(11);
+    std::vector<double> weights(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) weights[size_t(e)] = 1.0 / std::pow(double(e + 1), o->skew);
+    std::vector<int64_t> count(static_cast<size_t>(E));
+    for (int t = 0; t < o->tokens; ++t) {
+      std::vector<double> w = weights;
+      for (int64_t j = 0; j < K; ++j) {
+        const int64_t e = std::discrete_distribution<int64_t>(w.begin(), w.end())(rng);
+        ++count[size_t(e)];
+        w[size_t(e)] = 0;
+      }
+    }
+    std::vector<int32_t> off(static_cast<size_t>(E) + 1);
+    for (int64_t e = 0; e < E; ++e) off[size_t(e) + 1] = off[size_t(e)] + int32_t(count[size_t(e)]);
+    const DType dt = ops->activation_dtype();
+    std::vector<std::shared_ptr<Buffer>> keep;
+    std::normal_distribution<float> nd;
+    auto make = [&](Shape s, DType t, float scale) {
+      keep.push_back(std::make_shared<Buffer>(ops->alloc(size_t(shape_numel(s)) * dtype_size(t))));
+      Tensor x{keep.back()->data(), t, std::move(s), ops->device()};
+      if (scale == 0) return ops->zero(x), x;
+      std::vector<float> h(size_t(x.numel()));
+      for (float& v : h) v = scale * nd(rng);
+      if (t == DType::F32) return ops->copy(x, Tensor{h.data(), DType::F32, x.shape, Device::CPU}), x;
+      keep.push_back(std::make_shared<Buffer>(ops->alloc(h.size() * 4)));
+      const Tensor staged{keep.back()->data(), DType::F32, x.shape, ops->device()};
+      ops->copy(staged, Tensor{h.data(), DType::F32, x.shape, Device::CPU});
+      ops->convert(x, staged);
+      return x;
+    };
+    const Tensor x = make({M, in}, dt, 1), w = make({E, out, in}, dt, 0.02f), dy = make({M, out}, dt, 1);
+    Tensor y = make({M, out}, dt, 0), dx = make({M, in}, dt, 0), dw = make({E, out, in}, DType::F32, 0);
+    Tensor offsets = make({E + 1}, DType::I32, 0);
+    ops->copy(offsets, Tensor{off.data(), DType::I32, offsets.shape, Device::CPU});
+    std::vector<double> grouped_f, grouped_dx, grouped_dw, dense_f, loop_f;
+    const Tensor w0{w.data, dt, {out, in}, w.device};
+    ops->enable_profiling(true);
+    for (int i = 0; i < o->iters + 3; ++i) {
+      ops->synchronize();
+      auto t0 = std::chrono::steady_clock::now();
+      ops->grouped_linear_forward(y, x, w, offsets);
+      ops->synchronize();
+      const double f = seconds_since(t0);
+      t0 = std::chrono::steady_clock::now();
+      ops->grouped_linear_backward(&dx, false, nullptr, dy, x, w, offsets);
+      ops->synchronize();
+      const double b = seconds_since(t0);
+      t0 = std::chrono::steady_clock::now();
+      ops->grouped_linear_backward(nullptr, false, &dw, dy, x, w, offsets);
+      ops->synchronize();
+      const double g = seconds_since(t0);
+      t0 = std::chrono::steady_clock::now();
+      ops->linear_forward(y, x, w0, nullptr);
+      ops->synchronize();
+      const double d = seconds_since(t0);
+      t0 = std::chrono::steady_clock::now();
+      for (int64_t e = 0; e < E; ++e) {  // the counts known on the host: one cuBLASLt GEMM per expert
+        const int64_t r0 = off[size_t(e)], n = off[size_t(e) + 1] - r0;
+        if (n == 0) continue;
+        ops->linear_forward(y.rows(r0, r0 + n), x.rows(r0, r0 + n),
+                            Tensor{static_cast<char*>(w.data) + size_t(e * out * in) * dtype_size(dt), dt, {out, in},
+                                   w.device},
+                            nullptr);
+      }
+      ops->synchronize();
+      const double l = seconds_since(t0);
+      ops->collect_profile();
+      if (i < 3) continue;
+      grouped_f.push_back(f), grouped_dx.push_back(b), grouped_dw.push_back(g), dense_f.push_back(d);
+      loop_f.push_back(l);
+    }
+    ops->enable_profiling(false);
+    const double flops = 2.0 * double(M) * double(in) * double(out);
+    const auto tf = [&](const std::vector<double>& v) { return flops / median(v) / 1e12; };
+    int64_t largest = 0;
+    for (int64_t n : count) largest = std::max(largest, n);
+    nlohmann::json r{{"tokens", o->tokens},
+                     {"experts", E},
+                     {"top_k", K},
+                     {"in", in},
+                     {"out", out},
+                     {"skew", o->skew},
+                     {"rows", M},
+                     {"largest_expert_rows", largest},
+                     {"grouped_fwd_ms", median(grouped_f) * 1e3},
+                     {"grouped_fwd_tflops", tf(grouped_f)},
+                     {"grouped_dx_tflops", tf(grouped_dx)},
+                     {"grouped_dw_tflops", tf(grouped_dw)},
+                     {"dense_same_flops_tflops", tf(dense_f)},
+                     {"cublaslt_per_expert_tflops", tf(loop_f)},
+                     {"timing", "host clock around each synchronised call"}};
+    std::cout << r.dump() << std::endl;
+    return 0;
+  };
+}
+
 }  // namespace soltrain

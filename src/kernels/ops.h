@@ -354,9 +354,9 @@ class Ops {
   virtual void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) = 0;
 
   // Mixture-of-Experts (model/moe.h). N tokens, E experts, each token routed to k of them; the N·k (token,
-  // choice) pairs are "sorted" into expert order for the experts' GEMMs and back. A backend without them
-  // says why in moe_unsupported() (the model then refuses MoE layers in one line).
-  virtual std::string moe_unsupported() const { return ""; }
+  // choice) pairs are "sorted" into expert order for the experts' GEMMs and back. A backend that cannot route
+  // this many experts says why in moe_unsupported() (the model then refuses the model in one line).
+  virtual std::string moe_unsupported(int /*experts*/, int /*top_k*/) const { return ""; }
   // probs (F32 [N,E]) = softmax(logits [N,E]); expert (I32 [N,k]) its k largest, largest first (ties: the
   // lower expert); weight (F32 [N,k]) their probabilities, divided by their sum with norm_topk (Qwen3-MoE's
   // norm_topk_prob); prob_sum (F32 [E]) += Σ over tokens of probs (the load-balancing loss's statistic).

@@ -100,7 +100,7 @@ Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig>
   if (lora_ && lora_->expert_targets && !(c.moe_layers() > 0 && c.moe.lora_on_experts))
     user_error("the adapter targets MoE experts (target_parameters) and ", c.architecture, " has none");
   if (c.moe_layers() > 0) {
-    if (const std::string why = ops.moe_unsupported(); !why.empty()) user_error(c.architecture, ": ", why);
+    if (const std::string why = ops.moe_unsupported(c.moe.num_experts, c.moe.top_k); !why.empty()) user_error(c.architecture, ": ", why);
     // all-linear: PEFT adapts Qwen3-MoE's router too (Qwen2-MoE: its shared_expert_gate, not built yet)
     if (lora_ && lora_->all_linear && !c.moe.lora_on_experts)
       user_error("lora_target_modules: all-linear on ", c.architecture,

@@ -81,7 +81,7 @@ class CudaOps final : public Ops {
   void flag_tokens(Tensor seen, const Tensor& ids) override;
   void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) override;
   void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) override;
-  std::string moe_unsupported() const override;  // (cuda/moe.cpp: no kernels yet)
+  std::string moe_unsupported(int experts, int top_k) const override;  // (cuda/moe.cu)
   void moe_route(Tensor probs, Tensor expert, Tensor weight, Tensor prob_sum, const Tensor& logits,
                  bool norm_topk) override;
   void moe_permute(Tensor rows, Tensor slot, Tensor offsets, Tensor counts, const Tensor& expert) override;

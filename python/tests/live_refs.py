@@ -1,0 +1,83 @@
+"""Live references, shared by the Python tests (test_live_references.py, test_moe.py) and the GPU machine's tools
+(tests/tools/check_moe_cuda.py): transformers models with fresh random weights, a batch, and `soltrain dump`'s logits,
+loss and gradients for it. No pytest here."""
+import os
+import pathlib
+import subprocess
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BIN = pathlib.Path(os.environ.get("SOLTRAIN_BIN", ROOT / "build" / "soltrain"))
+
+
+def rel(a, b):
+    """Relative L2 error of a against b (torch tensors)."""
+    a, b = a.double().flatten(), b.double().flatten()
+    return float((a - b).norm() / b.norm())
+
+
+def randomize(model):
+    """Every weight drawn fresh (norms near 1, biases and matrices small), not the init's ones and zeros."""
+    import torch
+
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * (0.5 if p.ndim == 1 else 0.08) + (1.0 if p.ndim == 1 else 0.0))
+
+
+def reference_batch(vocab, masked=True):
+    """2 x 24 random ids and their next-token targets (-100 at each row's end; some leading ones masked)."""
+    import torch
+
+    ids = torch.randint(0, vocab, (2, 24))
+    targets = torch.roll(ids, -1, 1)
+    targets[:, -1] = -100
+    if masked:
+        targets[1, :4] = -100
+    return ids, targets
+
+
+def dump(tmp_path, ids, targets, model="model", adapter=None, device="cpu", binary=None):
+    """`soltrain dump` of tmp_path/model (with a PEFT adapter folder) on this batch: its tensors by name."""
+    from safetensors.torch import load_file, save_file
+
+    save_file({"input_ids": ids.int(), "targets": targets.int()}, str(tmp_path / "batch.safetensors"))
+    args = [str(binary or BIN), "dump", "--device", device, "--model", str(tmp_path / model), "--batch", str(tmp_path / "batch.safetensors"),
+            "--out", str(tmp_path / "ours.safetensors")]
+    subprocess.run(args + (["--adapter", str(adapter)] if adapter else []), check=True, capture_output=True)
+    return load_file(str(tmp_path / "ours.safetensors"))
+
+
+def tiny_moe(path, seed, vocab=300, kind="qwen3_moe", **keys):
+    """A random Qwen3-MoE (or Qwen2-MoE, with its shared expert and q/k/v biases) written by transformers (every
+    weight drawn fresh, norms and biases too), and the model."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    base = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=3,
+                max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False, router_aux_loss_coef=0.05,
+                attn_implementation="eager")
+    if kind == "qwen2_moe":
+        base.update(shared_expert_intermediate_size=48)
+    base.update(keys)
+    config = (transformers.Qwen2MoeConfig if kind == "qwen2_moe" else transformers.Qwen3MoeConfig)(**base)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    randomize(model)
+    model.save_pretrained(path)
+    return model
+
+
+def hf_grad(model, name):
+    """transformers 5 holds each layer's experts as [E, 2F, D] gate_up and [E, D, F] down parameters; its saved
+    files (and soltrain) name them per expert."""
+    params = dict(model.named_parameters())
+    if ".experts." not in name:
+        return params[name].grad
+    prefix, rest = name.split(".experts.")
+    e, proj = rest.split(".")[:2]
+    if proj == "down_proj":
+        return params[prefix + ".experts.down_proj"].grad[int(e)]
+    g = params[prefix + ".experts.gate_up_proj"].grad[int(e)]
+    half = g.shape[0] // 2
+    return g[:half] if proj == "gate_proj" else g[half:]

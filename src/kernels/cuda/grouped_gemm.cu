@@ -1,0 +1,290 @@
+// CUDA: the experts' grouped GEMMs (model/moe.h): one launch per projection covers every expert, each
+// thread block finding its expert and rows from the device-side offsets moe_permute wrote, so nothing waits
+// for the host. bf16 tensor-core MMA (m16n8k16, fp32 accumulation; sm_80 and up) with a cp.async pipeline of
+// kStages tiles, the fragments loaded with ldmatrix (.trans for operands stored along M or N, so no operand is
+// ever transposed in memory). Three shapes:
+//   forward  y[rows_e] = alpha · x[rows_e] · w[e]ᵀ (+ y)      rows grouped, A and B K-contiguous
+//   dx       dx[rows_e] = alpha · dy[rows_e] · w[e] (+ dx)     rows grouped, B N-contiguous
+//   dw       dw[e] += alpha · dy[rows_e]ᵀ · x[rows_e]          the reduction grouped, A and B M/N-contiguous
+#include <algorithm>
+
+#include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace soltrain {
+
+using cuda::bf16;
+namespace mma = cuda::attn;
+
+namespace {
+constexpr int kBK = 32, kStages = 3, kThreads = 256, kPad = 8;
+
+// One operand's tile in shared memory: element (i, k), i along the output's M (or N) side, k the reduction.
+// k-contiguous operands are stored [i][k] (pitch kBK + kPad), the others [k][i] (pitch BI + kPad): both pitches
+// keep ldmatrix's eight 16-byte rows on distinct banks.
+template <int BI, bool KContig>
+struct Tile {
+  static constexpr int pitch = KContig ? kBK + kPad : BI + kPad;
+  static constexpr int elems = KContig ? BI * pitch : kBK * pitch;
+
+  // Global → shared by 16-byte cp.async; chunks outside [i_end) × [k_begin, k_end) are zero-filled. A
+  // k-contiguous operand is addressed src[i·ld + k], the other src[k·ld + i]. i_end and ld are multiples of 8
+  // along the contiguous side (checked by the launcher), so a chunk is wholly in or out.
+  __device__ static void load(bf16* dst, const bf16* src, int64_t ld, int64_t i0, int64_t i_end, int64_t k0,
+                              int64_t k_end) {
+    if constexpr (KContig) {
+      for (int c = threadIdx.x; c < BI * (kBK / 8); c += kThreads) {
+        const int r = c / (kBK / 8), kc = c % (kBK / 8) * 8;
+        const int64_t i = i0 + r, k = k0 + kc;
+        const bool ok = i < i_end && k < k_end;
+        mma::cp_async16(dst + r * pitch + kc, ok ? src + i * ld + k : src, ok);
+      }
+    } else {
+      for (int c = threadIdx.x; c < kBK * (BI / 8); c += kThreads) {
+        const int r = c / (BI / 8), ic = c % (BI / 8) * 8;
+        const int64_t k = k0 + r, i = i0 + ic;
+        const bool ok = i < i_end && k < k_end;
+        mma::cp_async16(dst + r * pitch + ic, ok ? src + k * ld + i : src, ok);
+      }
+    }
+  }
+  // The A fragment (16 i × 16 k) at tile row i, reduction column k.
+  __device__ static void frag_a(uint32_t a[4], const bf16* t, int i, int k) {
+    const int lane = threadIdx.x % 32;
+    if constexpr (KContig)
+      mma::ldmatrix_x4(a, t + (i + lane % 16) * pitch + k + (lane / 16) * 8);
+    else
+      mma::ldmatrix_x4_trans(a, t + (k + lane % 8 + (lane / 16) * 8) * pitch + i + (lane / 8 % 2) * 8);
+  }
+  // The B fragments of two 8-wide n-tiles at tile row i (16 n × 16 k).
+  __device__ static void frag_b2(uint32_t b0[2], uint32_t b1[2], const bf16* t, int i, int k) {
+    if constexpr (KContig)
+      mma::load_b2(b0, b1, t + i * pitch + k, pitch);
+    else
+      mma::load_b2_trans(b0, b1, t + k * pitch + i, pitch);
+  }
+};
+
+enum class Group { Rows, Reduction };
+
+struct GemmArgs {
+  const bf16* a;
+  int64_t lda;
+  const bf16* b;
+  int64_t ldb, b_stride;  // b_stride: elements between experts' B (rows grouped)
+  void* c;                // bf16 [rows, N] (rows grouped) or F32 [E, M, N] (reduction grouped)
+  const int32_t* offsets;
+  int E;
+  int64_t M, N, K;  // rows grouped: M the total rows; reduction grouped: M the output's rows, K unused
+  float alpha;
+  bool accumulate;
+};
+
+// Rows grouped: this block's expert and rows, from its tile slot. Each expert's rows make ceil(count / BM)
+// tiles, in expert order; slots past the last tile (the grid is sized for the worst case) get e = -1.
+template <int BM>
+__device__ void find_tile(const int32_t* offsets, int E, int slot, int& e_out, int64_t& m0, int64_t& m_end) {
+  __shared__ int s_e, s_m0, s_end;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    if (lane == 0) s_e = -1;
+    __syncwarp();
+    int before = 0;
+    for (int base = 0; base < E; base += 32) {
+      const int e = base + lane;
+      const int lo = e < E ? offsets[e] : 0, hi = e < E ? offsets[e + 1] : 0;
+      const int tiles = (hi - lo + BM - 1) / BM;
+      int incl = tiles;
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      const int first = before + incl - tiles;
+      if (e < E && slot >= first && slot < first + tiles) s_e = e, s_m0 = lo + (slot - first) * BM, s_end = hi;
+      before += __shfl_sync(0xffffffffu, incl, 31);
+    }
+  }
+  __syncthreads();
+  e_out = s_e, m0 = s_m0, m_end = s_end;
+}
+
+// Block tile BM × BN over WM × WN warps (kThreads / 32 of them); each warp's tile is MI 16-row by NI 8-column
+// MMA tiles.
+template <int BM, int BN, int WM, int WN, bool AK, bool BK_, Group G>
+__global__ void __launch_bounds__(kThreads) grouped_gemm(GemmArgs p) {
+  static_assert(WM * WN * 32 == kThreads, "warp grid");
+  constexpr int WTM = BM / WM, WTN = BN / WN, MI = WTM / 16, NI = WTN / 8;
+  static_assert(MI >= 1 && NI >= 2 && NI % 2 == 0, "warp tile");
+  using TA = Tile<BM, AK>;
+  using TB = Tile<BN, BK_>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* smem = reinterpret_cast<bf16*>(smem_raw);
+
+  int e;
+  int64_t m0, m_end, k_begin, k_end;
+  const bf16* b = p.b;
+  if constexpr (G == Group::Rows) {
+    find_tile<BM>(p.offsets, p.E, blockIdx.x, e, m0, m_end);
+    if (e < 0) return;
+    k_begin = 0, k_end = p.K;
+    b += int64_t(e) * p.b_stride;
+  } else {
+    e = blockIdx.z;
+    m0 = int64_t(blockIdx.y) * BM, m_end = p.M;
+    k_begin = p.offsets[e], k_end = p.offsets[e + 1];
+    if (k_end == k_begin) return;  // no rows: nothing to add
+  }
+  const int64_t n0 = int64_t(G == Group::Rows ? blockIdx.y : blockIdx.x) * BN;
+  const int ktiles = int((k_end - k_begin + kBK - 1) / kBK);
+
+  auto stage_a = [&](int s) { return smem + s * (TA::elems + TB::elems); };
+  auto stage_b = [&](int s) { return stage_a(s) + TA::elems; };
+  auto load = [&](int kt, int s) {
+    const int64_t k0 = k_begin + int64_t(kt) * kBK;
+    TA::load(stage_a(s), p.a, p.lda, m0, m_end, k0, k_end);
+    TB::load(stage_b(s), b, p.ldb, n0, p.N, k0, k_end);
+  };
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wm = warp / WN, wn = warp % WN;
+  float acc[MI][NI][4] = {};
+
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < ktiles) load(s, s);
+    mma::cp_async_commit();
+  }
+  for (int kt = 0; kt < ktiles; ++kt) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2) : "memory");
+    __syncthreads();  // tile kt is in; every warp is done with the stage the next load overwrites
+    if (kt + kStages - 1 < ktiles) load(kt + kStages - 1, (kt + kStages - 1) % kStages);
+    mma::cp_async_commit();
+    const bf16 *ta = stage_a(kt % kStages), *tb = stage_b(kt % kStages);
+#pragma unroll
+    for (int kk = 0; kk < kBK; kk += 16) {
+      uint32_t af[MI][4], bfr[NI][2];
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) TA::frag_a(af[mi], ta, wm * WTM + mi * 16, kk);
+#pragma unroll
+      for (int ni = 0; ni < NI; ni += 2) TB::frag_b2(bfr[ni], bfr[ni + 1], tb, wn * WTN + ni * 8, kk);
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) mma::mma(acc[mi][ni], af[mi], bfr[ni]);
+    }
+  }
+  mma::cp_async_wait_all();
+
+  // Epilogue: C fragment element (g, 2t..2t+1) and (g + 8, ...); N is even, so a pair is wholly in or out.
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = m0 + wm * WTM + mi * 16 + lane / 4 + h * 8;
+        const int64_t col = n0 + wn * WTN + ni * 8 + (lane % 4) * 2;
+        if (row >= m_end || col >= p.N) continue;
+        float v0 = p.alpha * acc[mi][ni][2 * h], v1 = p.alpha * acc[mi][ni][2 * h + 1];
+        if constexpr (G == Group::Rows) {
+          __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(static_cast<bf16*>(p.c) + row * p.N + col);
+          if (p.accumulate) {
+            const float2 old = __bfloat1622float2(*out);
+            v0 += old.x, v1 += old.y;
+          }
+          *out = __floats2bfloat162_rn(v0, v1);
+        } else {
+          float2* out = reinterpret_cast<float2*>(static_cast<float*>(p.c) + (int64_t(e) * p.M + row) * p.N + col);
+          const float2 old = *out;
+          *out = make_float2(old.x + v0, old.y + v1);
+        }
+      }
+}
+
+template <int BM, int BN, int WM, int WN, bool AK, bool BK_, Group G>
+void launch(const GemmArgs& p, dim3 grid, cudaStream_t stream) {
+  constexpr size_t bytes = size_t(kStages) * (Tile<BM, AK>::elems + Tile<BN, BK_>::elems) * sizeof(bf16);
+  auto* kernel = grouped_gemm<BM, BN, WM, WN, AK, BK_, G>;
+  static const bool attribute_set = [&] {  // above 48 KiB of dynamic shared memory needs the opt-in
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+    return true;
+  }();
+  (void)attribute_set;
+  kernel<<<grid, kThreads, bytes, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Rows grouped: tile slots for the worst case (each expert may end in a partial tile); BN by the output's
+// width, so the LoRA factors' rank-wide outputs do not pay for a 128-wide tile.
+template <bool BK_>
+void launch_rows(const GemmArgs& p, cudaStream_t stream) {
+  constexpr int BM = 128;
+  const auto slots = unsigned((p.M + BM - 1) / BM + p.E);
+  auto grid = [&](int bn) { return dim3(slots, unsigned((p.N + bn - 1) / bn)); };
+  if (p.N >= 128)
+    launch<BM, 128, 4, 2, true, BK_, Group::Rows>(p, grid(128), stream);
+  else if (p.N >= 64)
+    launch<BM, 64, 4, 2, true, BK_, Group::Rows>(p, grid(64), stream);
+  else
+    launch<BM, 32, 4, 2, true, BK_, Group::Rows>(p, grid(32), stream);
+}
+
+void launch_reduction(const GemmArgs& p, cudaStream_t stream) {
+  auto grid = [&](int bm, int bn) {
+    return dim3(unsigned((p.N + bn - 1) / bn), unsigned((p.M + bm - 1) / bm), unsigned(p.E));
+  };
+  if (p.M < 64)  // a LoRA A's gradient: R rows
+    launch<32, 128, 1, 8, false, false, Group::Reduction>(p, grid(32, 128), stream);
+  else if (p.N < 64)  // a LoRA B's gradient: R columns
+    launch<128, 32, 4, 2, false, false, Group::Reduction>(p, grid(128, 32), stream);
+  else
+    launch<128, 128, 4, 2, false, false, Group::Reduction>(p, grid(128, 128), stream);
+}
+
+// The kernels move 16-byte chunks: bf16 operands, aligned, with widths (in, out) multiples of 8.
+void check_operands(const char* op, std::initializer_list<const Tensor*> ts, int64_t in, int64_t out) {
+  for (const Tensor* t : ts)
+    SOLTRAIN_CHECK(t->dtype == DType::BF16 && cuda::aligned16(t->data), op, ": bf16 operands, 16-byte aligned");
+  SOLTRAIN_CHECK(in % 8 == 0 && out % 8 == 0, op, ": the projections' widths must be multiples of 8, not ", in, " x ",
+                 out);
+}
+}  // namespace
+
+void CudaOps::grouped_linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& offsets, float alpha,
+                                     bool accumulate) {
+  const auto prof = profile("grouped_linear_forward");
+  const int64_t E = w.dim(0), out = w.dim(1), in = w.dim(2), M = x.dim(0);
+  SOLTRAIN_CHECK(offsets.numel() == E + 1 && x.dim(1) == in && y.dim(1) == out && y.dim(0) == M,
+                 "grouped_linear_forward shapes");
+  check_operands("grouped_linear_forward", {&y, &x, &w}, in, out);
+  if (M == 0) return;
+  const GemmArgs p{x.as<bf16>(), in, w.as<bf16>(), in, out * in, y.data, offsets.as<int32_t>(), int(E), M, out, in,
+                   alpha, accumulate};
+  launch_rows<true>(p, stream_);
+}
+
+void CudaOps::grouped_linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, const Tensor& dy, const Tensor& x,
+                                      const Tensor& w, const Tensor& offsets, float alpha) {
+  const auto prof = profile("grouped_linear_backward");
+  const int64_t E = w.dim(0), out = w.dim(1), in = w.dim(2), M = dy.dim(0);
+  SOLTRAIN_CHECK(offsets.numel() == E + 1 && dy.dim(1) == out && x.dim(1) == in && x.dim(0) == M &&
+                     (!dw || (dw->numel() == E * out * in && dw->dtype == DType::F32)) &&
+                     (!dx || (dx->dim(0) == M && dx->dim(1) == in)),
+                 "grouped_linear_backward shapes");
+  check_operands("grouped_linear_backward", {&dy, &x, &w}, in, out);
+  if (M == 0) return;
+  if (dx) {  // dx[rows_e] = dy[rows_e] · w[e]: w[e] is [out = k][in = n], n-contiguous
+    check_operands("grouped_linear_backward", {dx}, in, out);
+    const GemmArgs p{dy.as<bf16>(), out, w.as<bf16>(), in, out * in, dx->data, offsets.as<int32_t>(), int(E), M, in,
+                     out, alpha, accumulate_dx};
+    launch_rows<false>(p, stream_);
+  }
+  if (dw) {  // dw[e] [out, in] += dy_eᵀ · x_e: A = dyᵀ (out-contiguous), B = x (in-contiguous), k = the rows
+    SOLTRAIN_CHECK(cuda::aligned16(dw->data), "grouped_linear_backward: dw 16-byte aligned");
+    const GemmArgs p{dy.as<bf16>(), out, x.as<bf16>(), in, 0, dw->data, offsets.as<int32_t>(), int(E), out, in, 0,
+                     alpha, true};
+    launch_reduction(p, stream_);
+  }
+}
+
+}  // namespace soltrain
