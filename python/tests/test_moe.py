@@ -98,6 +98,27 @@ def test_sft_saves_a_model_transformers_loads(demo, tmp_path):
     assert any(".experts." in n for n in moved) and any(n.endswith("mlp.gate.weight") for n in moved)
 
 
+def merge_matches_peft(pm, tmp_path, adapter, router):
+    """`soltrain merge` folds the adapter (attention's, the experts' or the shared expert's, the router's) into the
+    base as PEFT's merge_and_unload does, into the per-expert files transformers writes by default and into its
+    stacked layout (save_original_format=False) alike. pm: the PeftModel over tmp_path/model, merged here."""
+    merged_by_peft = {n: p.detach() for n, p in pm.merge_and_unload().named_parameters()}
+    # (merge_and_unload changed the base in place: the unmerged one again, and it in the stacked layout)
+    before = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32)
+    before.save_pretrained(tmp_path / "stacked", save_original_format=False)
+    moved = [n for n, p in before.named_parameters() if not torch.equal(p, merged_by_peft[n])]
+    assert any(n.endswith("mlp.gate.weight") for n in moved) == router
+    for layout in ("model", "stacked"):
+        subprocess.run([str(BIN), "merge", "--model", str(tmp_path / layout), "--adapter", str(adapter), "--out",
+                        str(tmp_path / f"merged-{layout}")], check=True, capture_output=True)
+        ours = dict(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / f"merged-{layout}",
+                                                                      dtype=torch.float32).named_parameters())
+        assert sorted(ours) == sorted(merged_by_peft)
+        for n, p in merged_by_peft.items():
+            assert rel(ours[n].detach(), p) <= 1e-6, (layout, n)
+    return moved
+
+
 @pytest.mark.parametrize("kind,targets,rslora", [
     ("qwen3_moe", ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"], False),
     ("qwen3_moe", ["o_proj", "down_proj"], True),
@@ -134,6 +155,9 @@ def test_lora_adapters_match_peft(kind, targets, rslora, tmp_path):
     all_linear = targets == "all-linear"
     assert bool(experts) == (kind == "qwen3_moe" and (all_linear or any(t in targets for t in ("gate_proj", "down_proj"))))
     assert any(".mlp.gate.lora_" in n for n in adapters) == all_linear
+    moved = merge_matches_peft(pm, tmp_path, tmp_path / "adapter", router=all_linear)
+    assert any(".experts." in n for n in moved) == bool(experts)
+    assert any(".shared_expert." in n for n in moved) == (kind == "qwen2_moe")
 
 
 @pytest.mark.parametrize("targets", [["q_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], ["all-linear"]])
@@ -168,11 +192,7 @@ def test_lora_sft_adapter_loads_in_peft_with_our_logits(targets, demo, tmp_path)
     with torch.no_grad():
         logits = pm(input_ids=ids).logits
     assert rel(ours["logits"].reshape(logits.shape), logits) <= 1e-5
-    # merging an expert adapter is not built yet: one line, exit 2, nothing written
-    r = subprocess.run([str(BIN), "merge", "--model", str(tmp_path / "model"), "--adapter", str(adapter), "--out",
-                        str(tmp_path / "merged")], capture_output=True, text=True)
-    assert r.returncode == 2 and "merging adapters on Qwen3MoeForCausalLM's experts" in r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "merged").exists()
+    merge_matches_peft(pm, tmp_path, adapter, router=targets == ["all-linear"])
 
 
 def test_transformers_stacked_expert_layout_loads_as_the_per_expert_one(tmp_path):

@@ -542,7 +542,6 @@ std::function<int()> add_bench_attention_command(CLI::App& app) {
   };
 }
 
-
 // The experts' grouped GEMM (kernels/cuda/grouped_gemm.cu) on one MoE layer's shapes, next to the two ways
 // without it: one dense GEMM of the same rows and FLOPs (its ceiling: all rows against one weight), and cuBLASLt
 // run once per expert on host-known counts (a launch per expert, and a host sync to learn the counts). Routing is
@@ -629,10 +628,10 @@ std::function<int()> add_bench_grouped_gemm_command(CLI::App& app) {
       for (int64_t e = 0; e < E; ++e) {  // the counts known on the host: one cuBLASLt GEMM per expert
         const int64_t r0 = off[size_t(e)], n = off[size_t(e) + 1] - r0;
         if (n == 0) continue;
-        ops->linear_forward(y.rows(r0, r0 + n), x.rows(r0, r0 + n),
-                            Tensor{static_cast<char*>(w.data) + size_t(e * out * in) * dtype_size(dt), dt, {out, in},
-                                   w.device},
-                            nullptr);
+        ops->linear_forward(
+            y.rows(r0, r0 + n), x.rows(r0, r0 + n),
+            Tensor{static_cast<char*>(w.data) + size_t(e * out * in) * dtype_size(dt), dt, {out, in}, w.device},
+            nullptr);
       }
       ops->synchronize();
       const double l = seconds_since(t0);

@@ -1,14 +1,17 @@
 #include "model/lora_merge.h"
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
+#include "core/format.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/fp8_checkpoint.h"
 #include "model/lora.h"
+#include "model/moe.h"
 #include "model/peft_adapter.h"
 
 namespace fs = std::filesystem;
@@ -22,18 +25,40 @@ std::vector<char> encode(const std::vector<float>& v, DType dtype) {
   encode_f32(v.data(), v.size(), dtype, out.data());
   return out;
 }
+
+// How one base weight changes: W += scale·B·A. Expert adapters (PEFT's ParamWrapper over transformers 5's
+// stacked experts) hold A [E·R, in] (expert e's rows e·R ..) and B [rows, R·E] (expert e's column k at k·E + e):
+// a per-expert weight takes B's rows [row0, row0 + out) of its expert, a stacked one ([E, rows, in]) every expert.
+struct Delta {
+  std::string a, b;
+  float scale = 0;
+  int experts = 0;  // 0: a plain adapter, A [r, in], B [out, r]
+  int rank = 0;     // r, or the expert adapter's R
+  int expert = -1;  // the per-expert weight's expert; -1: all of a stacked weight
+  int64_t row0 = 0;
+};
+
+// w [out, in] (+ scale·B·A) for one matrix: expert e's (plain: e ignored), each entry's rank-term dot product
+// in double, rounded once to fp32.
+void add_delta(float* w, int64_t out, int64_t in, const Delta& d, int e, const std::vector<float>& a,
+               const std::vector<float>& b) {
+  const int64_t R = d.rank, E = std::max(d.experts, 1), b_cols = R * E;
+  const float* a_e = a.data() + (d.experts ? e * R * in : 0);
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i) {
+      double s = 0;
+      for (int64_t k = 0; k < R; ++k)
+        s += double(b[size_t((d.row0 + o) * b_cols + k * E + (d.experts ? e : 0))]) * a_e[k * in + i];
+      float& x = w[o * in + i];
+      x = float(double(x) + double(d.scale) * s);
+    }
+}
 }  // namespace
 
 void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const fs::path& out_dir,
                    size_t max_shard_bytes) {
   const ModelConfig config = load_model_config(model_dir);
   const LoraConfig lora = read_adapter_config(adapter_dir);
-  if (config.moe_layers() > 0)
-    for (LoraTarget t : {LoraTarget::gate, LoraTarget::up, LoraTarget::down})
-      if (lora.targets(t))
-        user_error(adapter_dir.string(), ": merging adapters on ", config.architecture, "'s ",
-                   config.moe.lora_on_experts ? "experts" : "shared expert", " (", kLoraModuleNames[size_t(t)],
-                   ") is not built yet: load the adapter with the base instead");
   const float scale = lora.scale();
   const CheckpointReader base(model_dir);
   const fs::path adapter_file = adapter_dir / "adapter_model.safetensors";
@@ -41,13 +66,57 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
   const SafetensorsFile adapter(adapter_file);
   check_adapter_finite(adapter, adapter_file);
 
-  // Which base weights change, and by which A/B pair.
-  std::map<std::string, std::pair<std::string, std::string>> deltas;
-  for (int l = 0; l < config.num_layers; ++l)
-    for (int t = 0; t < kLoraTargets; ++t)
-      if (lora.targets(LoraTarget(t)))  // (an MoE model's MLP targets are refused above)
-        deltas[lora_module_path(l, LoraTarget(t)) + ".weight"] = {lora_a_name(l, LoraTarget(t)),
-                                                                  lora_b_name(l, LoraTarget(t))};
+  // Which base weights change, and by which adapter, where PEFT puts each target on this model: attention
+  // everywhere; an MoE layer's gate/up/down on its experts (Qwen3-MoE) or its shared expert (Qwen2-MoE), a dense
+  // MLP layer's where the adapter has them; the router (all-linear on Qwen3-MoE).
+  std::map<std::string, Delta> deltas;
+  for (int l = 0; l < config.num_layers; ++l) {
+    const bool moe = config.is_moe_layer(l);
+    for (int t = 0; t < kLoraTargets; ++t) {
+      const LoraTarget target = LoraTarget(t);
+      if (!lora.targets(target)) continue;
+      const bool mlp = target == LoraTarget::gate || target == LoraTarget::up || target == LoraTarget::down;
+      const char* proj = kLoraModuleNames[size_t(t)];
+      if (mlp && moe && config.moe.lora_on_experts) continue;  // the experts' adapters, below
+      if (mlp && moe) {
+        deltas[shared_expert_weight_name(l, proj)] = {shared_lora_name(l, proj, false), shared_lora_name(l, proj, true),
+                                                      scale, 0, lora.r};
+        continue;
+      }
+      if (mlp && config.moe_layers() > 0 && !adapter.find(lora_a_name(l, target))) continue;
+      deltas[lora_module_path(l, target) + ".weight"] = {lora_a_name(l, target), lora_b_name(l, target), scale, 0,
+                                                         lora.r};
+    }
+    if (!moe) continue;
+    if (lora.router)
+      deltas[cat("model.layers.", l, ".mlp.gate.weight")] = {router_lora_name(l, false), router_lora_name(l, true),
+                                                             scale, 0, lora.r};
+    if (!config.moe.lora_on_experts) continue;
+    const bool gate_up = lora.targets(LoraTarget::gate), down = lora.targets(LoraTarget::down);
+    const int E = config.moe.num_experts;
+    const int64_t F = config.moe.intermediate_size;
+    auto expert_delta = [&](bool is_gate_up, int e, int64_t row0) {
+      return Delta{expert_lora_name(l, is_gate_up, gate_up && down, false),
+                   expert_lora_name(l, is_gate_up, gate_up && down, true),
+                   expert_lora_scale(lora, is_gate_up),
+                   E,
+                   expert_lora_rank(lora.r, is_gate_up),
+                   e,
+                   row0};
+    };
+    const std::string stacked = cat("model.layers.", l, ".mlp.experts.");
+    if (gate_up) {
+      if (base.has(stacked + "gate_up_proj")) deltas[stacked + "gate_up_proj"] = expert_delta(true, -1, 0);
+      for (int e = 0; e < E; ++e) {
+        deltas[expert_weight_name(l, e, "gate_proj")] = expert_delta(true, e, 0);
+        deltas[expert_weight_name(l, e, "up_proj")] = expert_delta(true, e, F);
+      }
+    }
+    if (down) {
+      if (base.has(stacked + "down_proj")) deltas[stacked + "down_proj"] = expert_delta(false, -1, 0);
+      for (int e = 0; e < E; ++e) deltas[expert_weight_name(l, e, "down_proj")] = expert_delta(false, e, 0);
+    }
+  }
   // Everything is checked before anything is written; then each tensor is produced as the file is
   // written (an unchanged one straight from the mapped base, a merged one computed then): the merged model
   // is never held in memory whole.
@@ -76,29 +145,34 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
       tensors.push_back({name, e.dtype, e.shape, [&e](void* dst) { std::memcpy(dst, e.data, e.bytes); }});
       continue;
     }
-    if (e.shape.size() != 2) user_error(base.describe(name), ": expected a matrix, got ", shape_str(e.shape));
-    const int64_t out = e.shape[0], in = e.shape[1], r = lora.r;
-    const auto& [a_name, b_name] = it->second;
-    const TensorEntry &ae = adapter.at(a_name), &be = adapter.at(b_name);
-    if (ae.shape != Shape{r, in} || be.shape != Shape{out, r})
-      user_error(adapter_file.string(), ": ", a_name, " / ", b_name, " are ", shape_str(ae.shape), " / ",
-                 shape_str(be.shape), ", expected ", shape_str({r, in}), " / ", shape_str({out, r}));
-    used.insert(a_name);
-    used.insert(b_name);
-    tensors.push_back({name, out_dtype, e.shape, [&, name, out, in, r, out_dtype](void* dst) {
+    const Delta& d = it->second;
+    const bool all_experts = d.experts && d.expert < 0;  // a stacked [E, rows, in] weight
+    if (e.shape.size() != (all_experts ? 3u : 2u) || (all_experts && e.shape[0] != d.experts))
+      user_error(base.describe(name), ": expected ", all_experts ? "[experts, out, in]" : "a matrix", ", got ",
+                 shape_str(e.shape));
+    const int64_t out = e.shape[e.shape.size() - 2], in = e.shape.back(), R = d.rank, E = std::max(d.experts, 1);
+    // A [E·R, in]; B [rows, R·E]: a per-expert weight is `out` of the rows (gate_up: 2F of them), others all
+    const int64_t b_rows = d.experts && !all_experts ? std::max(out, d.row0 + out) : out;
+    const TensorEntry &ae = adapter.at(d.a), &be = adapter.at(d.b);
+    const bool fits = ae.shape == Shape{E * R, in} && be.shape.size() == 2 && be.shape[1] == R * E &&
+                      be.shape[0] >= b_rows && (!d.experts || all_experts || be.shape[0] % out == 0);
+    if (!fits || (!d.experts && be.shape[0] != out))
+      user_error(adapter_file.string(), ": ", d.a, " / ", d.b, " are ", shape_str(ae.shape), " / ", shape_str(be.shape),
+                 ", which do not fit ", name, " ", shape_str(e.shape));
+    used.insert(d.a);
+    used.insert(d.b);
+    const Shape a_shape = ae.shape, b_shape = be.shape;
+    tensors.push_back({name, out_dtype, e.shape, [&, name, out, in, d, a_shape, b_shape, out_dtype](void* dst) {
                          const TensorEntry& we = base.entry(name);
-                         std::vector<float> w(size_t(out * in)), a(size_t(r * in)), b(size_t(out * r));
+                         std::vector<float> w(size_t(shape_numel(we.shape))), a(size_t(shape_numel(a_shape))),
+                             b(size_t(shape_numel(b_shape)));
                          read_weight_f32(base, name, we.shape, w.data());
-                         read_as_f32(ae, {r, in}, a.data(), adapter_file.string() + ": " + a_name);
-                         read_as_f32(be, {out, r}, b.data(), adapter_file.string() + ": " + b_name);
-                         // W + scale·(B·A), each entry's r-term dot product in double, rounded once to fp32.
-                         for (int64_t o = 0; o < out; ++o)
-                           for (int64_t i = 0; i < in; ++i) {
-                             double d = 0;
-                             for (int64_t k = 0; k < r; ++k) d += double(b[size_t(o * r + k)]) * a[size_t(k * in + i)];
-                             float& x = w[size_t(o * in + i)];
-                             x = float(double(x) + double(scale) * d);
-                           }
+                         read_as_f32(adapter.at(d.a), a_shape, a.data(), adapter_file.string() + ": " + d.a);
+                         read_as_f32(adapter.at(d.b), b_shape, b.data(), adapter_file.string() + ": " + d.b);
+                         if (d.experts && d.expert < 0)
+                           for (int x = 0; x < d.experts; ++x) add_delta(w.data() + x * out * in, out, in, d, x, a, b);
+                         else
+                           add_delta(w.data(), out, in, d, d.expert, a, b);
                          const std::vector<char> bytes = encode(w, out_dtype);
                          std::memcpy(dst, bytes.data(), bytes.size());
                        }});

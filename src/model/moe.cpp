@@ -8,13 +8,21 @@ namespace soltrain {
 namespace {
 const char* kProjections[] = {"gate_proj", "up_proj", "down_proj"};
 
-std::string expert_name(int l, int e, const char* proj) {
+}  // namespace
+
+std::string expert_weight_name(int l, int e, const char* proj) {
   return cat("model.layers.", l, ".mlp.experts.", e, ".", proj, ".weight");
 }
-std::string shared_name(int l, const char* proj) {
+std::string shared_expert_weight_name(int l, const char* proj) {
   return cat("model.layers.", l, ".mlp.shared_expert.", proj, ".weight");
 }
-}  // namespace
+
+float expert_lora_scale(const LoraConfig& lora, bool gate_up) {
+  LoraConfig as_peft = lora;
+  as_peft.r = expert_lora_rank(lora.r, gate_up);
+  as_peft.alpha = gate_up ? 2 * lora.alpha : lora.alpha;
+  return as_peft.scale();
+}
 
 Tensor MoeSwiGLU::stacked(const std::vector<Parameter*>& ps, Tensor Parameter::*field) {
   const Tensor& first = ps.front()->*field;
@@ -134,12 +142,12 @@ void add_moe_parameters(ParameterStore& ps, const ModelConfig& c, int l, bool tr
   ps.add(cat("model.layers.", l, ".mlp.gate.weight"), {E, D}, trains, l);
   for (const char* proj : kProjections) {
     const bool down = std::string(proj) == "down_proj";
-    for (int e = 0; e < E; ++e) ps.add(expert_name(l, e, proj), down ? Shape{D, F} : Shape{F, D}, trains, l);
+    for (int e = 0; e < E; ++e) ps.add(expert_weight_name(l, e, proj), down ? Shape{D, F} : Shape{F, D}, trains, l);
   }
   if (const int Fs = c.moe.shared_intermediate_size) {
     for (const char* proj : kProjections) {
       const bool down = std::string(proj) == "down_proj";
-      ps.add(shared_name(l, proj), down ? Shape{D, Fs} : Shape{Fs, D}, trains, l);
+      ps.add(shared_expert_weight_name(l, proj), down ? Shape{D, Fs} : Shape{Fs, D}, trains, l);
     }
     ps.add(cat("model.layers.", l, ".mlp.shared_expert_gate.weight"), {1, D}, trains, l);
   }
@@ -199,10 +207,7 @@ MoeSwiGLU bind_moe(ParameterStore& ps, const ModelConfig& c, int l, const std::o
     a.a = &ps.at(expert_lora_name(l, is_gate_up, gate_up && down, false));
     a.b = &ps.at(expert_lora_name(l, is_gate_up, gate_up && down, true));
     a.rank = expert_lora_rank(lora->r, is_gate_up);
-    LoraConfig as_peft = *lora;  // LoraConfig's own scale rule at the adapter's rank and alpha
-    as_peft.r = a.rank;
-    as_peft.alpha = is_gate_up ? 2 * lora->alpha : lora->alpha;
-    a.scale = as_peft.scale();
+    a.scale = expert_lora_scale(*lora, is_gate_up);
     return a;
   };
   m.gate_up_lora = adapter(true);
@@ -213,14 +218,14 @@ MoeSwiGLU bind_moe(ParameterStore& ps, const ModelConfig& c, int l, const std::o
   m.top_k = c.moe.top_k;
   m.norm_topk = c.moe.norm_topk;
   for (int e = 0; e < c.moe.num_experts; ++e) {
-    m.gate.push_back(&ps.at(expert_name(l, e, "gate_proj")));
-    m.up.push_back(&ps.at(expert_name(l, e, "up_proj")));
-    m.down.push_back(&ps.at(expert_name(l, e, "down_proj")));
+    m.gate.push_back(&ps.at(expert_weight_name(l, e, "gate_proj")));
+    m.up.push_back(&ps.at(expert_weight_name(l, e, "up_proj")));
+    m.down.push_back(&ps.at(expert_weight_name(l, e, "down_proj")));
   }
   if (c.moe.shared_intermediate_size) {
     auto linear = [&](LoraTarget t) {
       const char* proj = kLoraModuleNames[size_t(t)];
-      return Linear(&ps.at(shared_name(l, proj)), nullptr, ps.find(shared_lora_name(l, proj, false)),
+      return Linear(&ps.at(shared_expert_weight_name(l, proj)), nullptr, ps.find(shared_lora_name(l, proj, false)),
                     ps.find(shared_lora_name(l, proj, true)), lora ? lora->scale() : 0.0f);
     };
     m.shared.gate = linear(LoraTarget::gate);

@@ -57,8 +57,13 @@ struct ExpertLora {
 inline int expert_lora_rank(int r, bool gate_up) {
   return gate_up ? 2 * r : r;
 }
+// PEFT's scale of an expert adapter: LoraConfig's rule (alpha / R, rsLoRA alpha / √R) at its rank and alpha.
+float expert_lora_scale(const LoraConfig& lora, bool gate_up);
 // Names of the adapters' tensors (PEFT nests the two wrappers: gate_up's is the inner one, "base_layer").
 std::string expert_lora_name(int layer, bool gate_up, bool both, bool b);
+// The base weights' names as transformers saves them: expert e's projection, the shared expert's (Qwen2-MoE).
+std::string expert_weight_name(int layer, int expert, const char* proj);
+std::string shared_expert_weight_name(int layer, const char* proj);
 std::string router_lora_name(int layer, bool b);
 
 // The statistics transformers' load-balancing loss sums over the MoE layers of a pass (F32 [E] each).

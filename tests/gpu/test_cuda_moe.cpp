@@ -21,11 +21,15 @@ std::vector<int32_t> download_i32(Ops& gpu, const Tensor& t) {
 // Routing and permutation: the GPU's choices, weights and probabilities against the CPU's on the same bf16
 // logits, then the permutation of those choices exactly (a stable counting sort has one answer).
 TEST_F(CudaMoe, RouteAndPermuteMatchTheCpu) {
-  for (auto [N, E, k, norm] : {std::tuple{300, 64, 6, true}, {1000, 128, 8, false}, {37, 60, 4, true},
-                               {2048, 256, 8, true}, {5, 8, 2, false}}) {
+  for (auto [N, E, k, norm] : {std::tuple{300, 64, 6, true},
+                               {1000, 128, 8, false},
+                               {37, 60, 4, true},
+                               {2048, 256, 8, true},
+                               {5, 8, 2, false}}) {
     auto logits = randn(static_cast<size_t>(N * E), 2.0f);
     auto sum0 = randn(static_cast<size_t>(E));
-    Tensor probs = poisoned({N, E}, DType::F32), expert = upload_i32(std::vector<int32_t>(static_cast<size_t>(N * k), -7));
+    Tensor probs = poisoned({N, E}, DType::F32),
+           expert = upload_i32(std::vector<int32_t>(static_cast<size_t>(N * k), -7));
     expert.shape = {N, k};
     Tensor weight = poisoned({N, k}, DType::F32), prob_sum = upload(sum0, {E}, DType::F32);
     gpu->moe_route(probs, expert, weight, prob_sum, upload(logits, {N, E}), norm);
@@ -72,12 +76,14 @@ std::vector<int32_t> skewed_choices(std::mt19937& rng, int64_t N, int64_t E, int
 TEST_F(CudaMoe, GatherCombineAndTheirBackwardsMatchTheCpu) {
   for (auto [N, E, k, D] : {std::tuple{300, 16, 4, 64}, {77, 8, 2, 2048}, {1, 4, 4, 8}}) {
     const int64_t M = N * k;
-    std::vector<int32_t> ex = skewed_choices(rng, N, E, k), rows(static_cast<size_t>(M)), slot(static_cast<size_t>(M)), off(static_cast<size_t>(E + 1));
+    std::vector<int32_t> ex = skewed_choices(rng, N, E, k), rows(static_cast<size_t>(M)), slot(static_cast<size_t>(M)),
+                         off(static_cast<size_t>(E + 1));
     std::vector<float> counts(static_cast<size_t>(E));
     cpu->moe_permute(host_i32(rows), host_i32(slot), host_i32(off), host(counts, {E}),
                      Tensor{ex.data(), DType::I32, {N, k}});
     const Tensor grows = upload_i32(rows), gslot = upload_i32(slot);
-    auto x = randn(static_cast<size_t>(N * D)), y = randn(static_cast<size_t>(M * D)), dout = randn(static_cast<size_t>(N * D)), w = randn(static_cast<size_t>(M));
+    auto x = randn(static_cast<size_t>(N * D)), y = randn(static_cast<size_t>(M * D)),
+         dout = randn(static_cast<size_t>(N * D)), w = randn(static_cast<size_t>(M));
     auto acc0 = randn(static_cast<size_t>(N * D));
     // gather
     Tensor gxs = poisoned({M, D});
@@ -94,8 +100,8 @@ TEST_F(CudaMoe, GatherCombineAndTheirBackwardsMatchTheCpu) {
     Tensor gdy = poisoned({M, D}), gdw = poisoned({N, k}, DType::F32);
     gpu->moe_combine_backward(gdy, gdw, upload(dout, {N, D}), gy, gslot, gw);
     std::vector<float> dy(static_cast<size_t>(M * D)), dw(static_cast<size_t>(N * k));
-    cpu->moe_combine_backward(host(dy, {M, D}), host(dw, {N, k}), host(dout, {N, D}), host(y, {M, D}),
-                              host_i32(slot), host(w, {N, k}));
+    cpu->moe_combine_backward(host(dy, {M, D}), host(dw, {N, k}), host(dout, {N, D}), host(y, {M, D}), host_i32(slot),
+                              host(w, {N, k}));
     EXPECT_LE(rel(download(gdy), dy), 1e-2);
     EXPECT_LE(rel(download(gdw), dw), 1e-5);
     // the gather's backward, written and added
@@ -110,45 +116,61 @@ TEST_F(CudaMoe, GatherCombineAndTheirBackwardsMatchTheCpu) {
 }
 
 // The grouped GEMMs at the model's shapes (gate/up: in D out F; down: in F out D) and the LoRA factors' (rank-wide
-// outputs and inputs), with skewed routing (empty experts, partial tiles), alpha and accumulation.
+// outputs and inputs), with skewed routing (empty experts, partial tiles), alpha and accumulation: the mma.sync
+// kernels, and on Hopper the wgmma ones too (SOLTRAIN_GROUPED_GEMM=wgmma: outputs 128 wide or more).
 TEST_F(CudaMoe, GroupedGemmsMatchTheCpu) {
-  for (auto [N, E, k, in, out] : {std::tuple{300, 16, 4, 256, 96}, {200, 8, 2, 96, 256}, {512, 32, 8, 128, 32},
-                                  {512, 32, 8, 32, 128}, {150, 8, 3, 64, 16}, {64, 4, 1, 16, 2048},
-                                  {1024, 128, 8, 2048, 768}}) {
-    const int64_t M = N * k;
-    std::vector<int32_t> ex = skewed_choices(rng, N, E, k), rows(static_cast<size_t>(M)), slot(static_cast<size_t>(M)), off(static_cast<size_t>(E + 1));
-    std::vector<float> counts(static_cast<size_t>(E));
-    cpu->moe_permute(host_i32(rows), host_i32(slot), host_i32(off), host(counts, {E}),
-                     Tensor{ex.data(), DType::I32, {N, k}});
-    ASSERT_EQ(off.back(), M);
-    const Tensor goff = upload_i32(off);
-    auto x = randn(static_cast<size_t>(M * in)), w = randn(static_cast<size_t>(E * out * in), 0.05f), dy = randn(static_cast<size_t>(M * out));
-    auto y0 = randn(static_cast<size_t>(M * out)), dx0 = randn(static_cast<size_t>(M * in)), dw0 = randn(static_cast<size_t>(E * out * in));
-    const float alpha = 0.75f;
-    const Tensor gx = upload(x, {M, in}), gw = upload(w, {E, out, in}), gdy = upload(dy, {M, out});
-    for (bool accumulate : {false, true}) {
-      Tensor gy = accumulate ? upload(y0, {M, out}) : poisoned({M, out});
-      gpu->grouped_linear_forward(gy, gx, gw, goff, alpha, accumulate);
-      std::vector<float> y = y0;
-      cpu->grouped_linear_forward(host(y, {M, out}), host(x, {M, in}), host(w, {E, out, in}), host_i32(off), alpha,
-                                  accumulate);
-      EXPECT_LE(rel(download(gy), y), 1e-2) << M << " rows, " << in << " -> " << out << (accumulate ? " +=" : "");
+  for (const char* form : {"", "wgmma"})
+    for (auto [N, E, k, in, out] : {std::tuple{300, 16, 4, 256, 96},
+                                    {200, 8, 2, 96, 256},
+                                    {512, 32, 8, 128, 32},
+                                    {512, 32, 8, 32, 128},
+                                    {150, 8, 3, 64, 16},
+                                    {64, 4, 1, 16, 2048},
+                                    {384, 128, 8, 2048, 768}}) {
+      SCOPED_TRACE(*form ? "SOLTRAIN_GROUPED_GEMM=wgmma" : "default kernels");
+      if (*form)
+        setenv("SOLTRAIN_GROUPED_GEMM", form, 1);
+      else
+        unsetenv("SOLTRAIN_GROUPED_GEMM");
+      const int64_t M = N * k;
+      std::vector<int32_t> ex = skewed_choices(rng, N, E, k), rows(static_cast<size_t>(M)),
+                           slot(static_cast<size_t>(M)), off(static_cast<size_t>(E + 1));
+      std::vector<float> counts(static_cast<size_t>(E));
+      cpu->moe_permute(host_i32(rows), host_i32(slot), host_i32(off), host(counts, {E}),
+                       Tensor{ex.data(), DType::I32, {N, k}});
+      ASSERT_EQ(off.back(), M);
+      const Tensor goff = upload_i32(off);
+      auto x = randn(static_cast<size_t>(M * in)), w = randn(static_cast<size_t>(E * out * in), 0.05f),
+           dy = randn(static_cast<size_t>(M * out));
+      auto y0 = randn(static_cast<size_t>(M * out)), dx0 = randn(static_cast<size_t>(M * in)),
+           dw0 = randn(static_cast<size_t>(E * out * in));
+      const float alpha = 0.75f;
+      const Tensor gx = upload(x, {M, in}), gw = upload(w, {E, out, in}), gdy = upload(dy, {M, out});
+      for (bool accumulate : {false, true}) {
+        Tensor gy = accumulate ? upload(y0, {M, out}) : poisoned({M, out});
+        gpu->grouped_linear_forward(gy, gx, gw, goff, alpha, accumulate);
+        std::vector<float> y = y0;
+        cpu->grouped_linear_forward(host(y, {M, out}), host(x, {M, in}), host(w, {E, out, in}), host_i32(off), alpha,
+                                    accumulate);
+        EXPECT_LE(rel(download(gy), y), 1e-2) << M << " rows, " << in << " -> " << out << (accumulate ? " +=" : "");
 
-      Tensor gdx = accumulate ? upload(dx0, {M, in}) : poisoned({M, in}), gdw = upload(dw0, {E, out, in}, DType::F32);
-      gpu->grouped_linear_backward(&gdx, accumulate, &gdw, gdy, gx, gw, goff, alpha);
-      std::vector<float> dx = dx0, dw = dw0;
-      Tensor cdx = host(dx, {M, in}), cdw = host(dw, {E, out, in});
-      cpu->grouped_linear_backward(&cdx, accumulate, &cdw, host(dy, {M, out}), host(x, {M, in}), host(w, {E, out, in}),
-                                   host_i32(off), alpha);
-      EXPECT_LE(rel(download(gdx), dx), 1e-2);
-      EXPECT_LE(rel(download(gdw), dw), 1e-5);  // fp32 accumulation into fp32
+        Tensor gdx = accumulate ? upload(dx0, {M, in}) : poisoned({M, in}), gdw = upload(dw0, {E, out, in}, DType::F32);
+        gpu->grouped_linear_backward(&gdx, accumulate, &gdw, gdy, gx, gw, goff, alpha);
+        std::vector<float> dx = dx0, dw = dw0;
+        Tensor cdx = host(dx, {M, in}), cdw = host(dw, {E, out, in});
+        cpu->grouped_linear_backward(&cdx, accumulate, &cdw, host(dy, {M, out}), host(x, {M, in}),
+                                     host(w, {E, out, in}), host_i32(off), alpha);
+        EXPECT_LE(rel(download(gdx), dx), 1e-2);
+        EXPECT_LE(rel(download(gdw), dw), 1e-5);  // fp32 accumulation into fp32
+      }
     }
-  }
+  unsetenv("SOLTRAIN_GROUPED_GEMM");
 }
 
 TEST_F(CudaMoe, RouterBackwardSharedGateAuxLossAndLoraLayoutMatchTheCpu) {
   for (auto [N, E, k] : {std::tuple{300, 64, 6}, {33, 128, 8}, {4, 8, 2}}) {
-    auto logits = randn(static_cast<size_t>(N * E), 2.0f), dw = randn(static_cast<size_t>(N * k)), aux = randn(static_cast<size_t>(E), 0.1f);
+    auto logits = randn(static_cast<size_t>(N * E), 2.0f), dw = randn(static_cast<size_t>(N * k)),
+         aux = randn(static_cast<size_t>(E), 0.1f);
     std::vector<float> p(static_cast<size_t>(N * E)), w(static_cast<size_t>(N * k)), s(static_cast<size_t>(E));
     std::vector<int32_t> ex(static_cast<size_t>(N * k));
     const Tensor cex{ex.data(), DType::I32, {N, k}};
@@ -189,7 +211,8 @@ TEST_F(CudaMoe, RouterBackwardSharedGateAuxLossAndLoraLayoutMatchTheCpu) {
   }
   // Qwen2-MoE's shared-expert gate, forward and backward
   for (auto [N, D] : {std::pair{100, 64}, {7, 2048}}) {
-    auto x = randn(static_cast<size_t>(N * D)), g = randn(static_cast<size_t>(N), 2.0f), o0 = randn(static_cast<size_t>(N * D)), dout = randn(static_cast<size_t>(N * D));
+    auto x = randn(static_cast<size_t>(N * D)), g = randn(static_cast<size_t>(N), 2.0f),
+         o0 = randn(static_cast<size_t>(N * D)), dout = randn(static_cast<size_t>(N * D));
     Tensor gout = upload(o0, {N, D}), gx = upload(x, {N, D}), gg = upload(g, {N, 1});
     gpu->sigmoid_gate_add(gout, gx, gg);
     std::vector<float> out = o0;
@@ -204,8 +227,10 @@ TEST_F(CudaMoe, RouterBackwardSharedGateAuxLossAndLoraLayoutMatchTheCpu) {
     EXPECT_LE(rel(download(gdg), dg), 1e-2);
   }
   // PEFT's expert B layout: values out of it (bf16, exact), gradients into it (fp32, exact)
-  for (auto [E, out, R] : {std::tuple{8, 96, 6}, {128, 768, 32}}) {
-    auto b = randn(static_cast<size_t>(out * R * E)), gstack = randn(static_cast<size_t>(E * out * R)), g0 = randn(static_cast<size_t>(out * R * E));
+  for (auto [E, out, R] :
+       {std::tuple{8, 96, 6}, {128, 768, 32}, {256, 40, 64}}) {
+    auto b = randn(static_cast<size_t>(out * R * E)), gstack = randn(static_cast<size_t>(E * out * R)),
+         g0 = randn(static_cast<size_t>(out * R * E));
     Tensor gst = poisoned({E, out, R});
     gpu->expert_lora_b_layout(gst, upload(b, {out, R * E}), false);
     std::vector<float> st(static_cast<size_t>(E * out * R));

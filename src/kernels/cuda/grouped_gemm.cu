@@ -7,8 +7,11 @@
 //   dx       dx[rows_e] = alpha · dy[rows_e] · w[e] (+ dx)     rows grouped, B N-contiguous
 //   dw       dw[e] += alpha · dy[rows_e]ᵀ · x[rows_e]          the reduction grouped, A and B M/N-contiguous
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/attention_sm90.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -201,6 +204,117 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm(GemmArgs p) {
       }
 }
 
+// Hopper (sm_90a): the rows-grouped forward and dx, the two big GEMMs of a LoRA step, on warpgroup MMA. Two
+// consumer warpgroups each own 64 of the block's 128 rows against 128 output columns (m64n128k16, fp32
+// accumulators in registers); 64-wide contraction tiles in the 128-byte-swizzled layout of attention_sm90.cuh,
+// loaded by every thread with cp.async through kWgStages stages, two tiles ahead of the MMAs, one wgmma group in
+// flight. The weight is K-major in the forward (w[e] [N, K]) and N-major in dx (w[e] [K, N]: kTransB).
+constexpr int kWgStages = 4, kWgBM = 128, kWgBN = 128, kWgBK = 64;
+constexpr size_t kWgStageElems = size_t(kWgBM + kWgBN) * kWgBK;
+constexpr size_t kWgSmem = kWgStages * kWgStageElems * sizeof(bf16) + 1024;  // + the 1024-byte alignment
+
+template <bool kTransB>
+__global__ void __launch_bounds__(256) grouped_gemm_sm90(GemmArgs p) {
+#ifdef SOLTRAIN_SM90_DEVICE
+  namespace h = cuda::attn::sm90;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* smem = h::align1024(smem_raw);
+  int e;
+  int64_t m0, m_end;
+  find_tile<kWgBM>(p.offsets, p.E, blockIdx.x, e, m0, m_end);
+  if (e < 0) return;
+  const bf16* b = p.b + int64_t(e) * p.b_stride;
+  const int64_t n0 = int64_t(blockIdx.y) * kWgBN;
+  const int ktiles = int((p.K + kWgBK - 1) / kWgBK);
+  auto tile_a = [&](int s) { return smem + s * kWgStageElems; };
+  auto tile_b = [&](int s) { return tile_a(s) + kWgBM * kWgBK; };
+  // sw128: row r's 16-byte chunk c at chunk c ^ (r % 8) of its 128-byte row (a 64-column block of R rows)
+  auto load = [&](int kt, int s) {
+    const int64_t k0 = int64_t(kt) * kWgBK;
+    bf16* ta = tile_a(s);
+    for (int c = threadIdx.x; c < kWgBM * 8; c += 256) {  // A: 128 rows x 8 chunks, K-major
+      const int r = c / 8, kc = c % 8;
+      const int64_t row = m0 + r, k = k0 + kc * 8;
+      const bool ok = row < m_end && k < p.K;
+      mma::cp_async16(ta + r * 64 + ((kc ^ (r % 8)) * 8), ok ? p.a + row * p.lda + k : p.a, ok);
+    }
+    bf16* tb = tile_b(s);
+    if constexpr (!kTransB) {
+      for (int c = threadIdx.x; c < kWgBN * 8; c += 256) {  // B: 128 n-rows x 8 chunks, K-major
+        const int r = c / 8, kc = c % 8;
+        const int64_t n = n0 + r, k = k0 + kc * 8;
+        const bool ok = n < p.N && k < p.K;
+        mma::cp_async16(tb + r * 64 + ((kc ^ (r % 8)) * 8), ok ? b + n * p.ldb + k : b, ok);
+      }
+    } else {
+      for (int c = threadIdx.x; c < kWgBK * 16; c += 256) {  // B: 64 k-rows x 16 chunks (two 64-column blocks)
+        const int r = c / 16, nc = c % 16, blk = nc / 8, cc = nc % 8;
+        const int64_t k = k0 + r, n = n0 + nc * 8;
+        const bool ok = k < p.K && n < p.N;
+        mma::cp_async16(tb + blk * (kWgBK * 64) + r * 64 + ((cc ^ (r % 8)) * 8), ok ? b + k * p.ldb + n : b, ok);
+      }
+    }
+  };
+  const int wg = threadIdx.x / 128;
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+  for (int s = 0; s < kWgStages - 2; ++s) {
+    if (s < ktiles) load(s, s);
+    mma::cp_async_commit();
+  }
+  for (int kt = 0; kt < ktiles; ++kt) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kWgStages - 3) : "memory");
+    h::fence_shared_to_async();
+    __syncthreads();  // tile kt is in for everyone, and every warpgroup's MMAs on tile kt - 2 are done
+    if (kt + kWgStages - 2 < ktiles) load(kt + kWgStages - 2, (kt + kWgStages - 2) % kWgStages);
+    mma::cp_async_commit();
+    const bf16 *ta = tile_a(kt % kWgStages), *tb = tile_b(kt % kWgStages);
+    h::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kWgBK / 16; ++ks) {
+      const uint64_t da = h::k_major<kWgBM>(ta, wg * 64, ks);
+      const uint64_t db = kTransB ? h::mn_major<kWgBK>(tb, ks) : h::k_major<kWgBN>(tb, 0, ks);
+      h::wgmma_ss_n128<0, kTransB ? 1 : 0>(acc, da, db, kt > 0 || ks > 0);
+    }
+    h::wgmma_commit();
+    h::wgmma_wait<1>();
+  }
+  h::wgmma_wait<0>();
+  h::fence_accumulators(acc);
+  mma::cp_async_wait_all();
+  // d[4j + e]: row 16w + g + 8(e / 2) of the warpgroup's 64, column 8j + 2t + (e % 2)
+  const int w = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int64_t row = m0 + wg * 64 + w * 16 + lane / 4 + hh * 8, col = n0 + j * 8 + (lane % 4) * 2;
+      if (row >= m_end || col >= p.N) continue;
+      float v0 = p.alpha * acc[4 * j + 2 * hh], v1 = p.alpha * acc[4 * j + 2 * hh + 1];
+      __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(static_cast<bf16*>(p.c) + row * p.N + col);
+      if (p.accumulate) {
+        const float2 old = __bfloat1622float2(*out);
+        v0 += old.x, v1 += old.y;
+      }
+      *out = __floats2bfloat162_rn(v0, v1);
+    }
+#endif
+}
+
+template <bool kTransB>
+void launch_sm90(const GemmArgs& p, cudaStream_t stream) {
+  auto* kernel = grouped_gemm_sm90<kTransB>;
+  static const bool attribute_set = [&] {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgSmem)));
+    return true;
+  }();
+  (void)attribute_set;
+  const dim3 grid(unsigned((p.M + kWgBM - 1) / kWgBM + p.E), unsigned((p.N + kWgBN - 1) / kWgBN));
+  kernel<<<grid, 256, kWgSmem, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
 template <int BM, int BN, int WM, int WN, bool AK, bool BK_, Group G>
 void launch(const GemmArgs& p, dim3 grid, cudaStream_t stream) {
   constexpr size_t bytes = size_t(kStages) * (Tile<BM, AK>::elems + Tile<BN, BK_>::elems) * sizeof(bf16);
@@ -216,8 +330,17 @@ void launch(const GemmArgs& p, dim3 grid, cudaStream_t stream) {
 
 // Rows grouped: tile slots for the worst case (each expert may end in a partial tile); BN by the output's
 // width, so the LoRA factors' rank-wide outputs do not pay for a 128-wide tile.
+// The Hopper kernels run only with SOLTRAIN_GROUPED_GEMM=wgmma for now: written and compiled, not yet run on a
+// GPU (the device was lost before their test ran; bench/NOTES.md). The mma.sync kernels, checked on the H200,
+// serve every GPU by default.
+bool wgmma_chosen() {
+  const char* v = std::getenv("SOLTRAIN_GROUPED_GEMM");
+  return v && std::string(v) == "wgmma";
+}
+
 template <bool BK_>
-void launch_rows(const GemmArgs& p, cudaStream_t stream) {
+void launch_rows(const GemmArgs& p, cudaStream_t stream, bool sm90) {
+  if (sm90 && p.N >= 128 && wgmma_chosen()) return launch_sm90<!BK_>(p, stream);
   constexpr int BM = 128;
   const auto slots = unsigned((p.M + BM - 1) / BM + p.E);
   auto grid = [&](int bn) { return dim3(slots, unsigned((p.N + bn - 1) / bn)); };
@@ -258,9 +381,9 @@ void CudaOps::grouped_linear_forward(Tensor y, const Tensor& x, const Tensor& w,
                  "grouped_linear_forward shapes");
   check_operands("grouped_linear_forward", {&y, &x, &w}, in, out);
   if (M == 0) return;
-  const GemmArgs p{x.as<bf16>(), in, w.as<bf16>(), in, out * in, y.data, offsets.as<int32_t>(), int(E), M, out, in,
-                   alpha, accumulate};
-  launch_rows<true>(p, stream_);
+  const GemmArgs p{x.as<bf16>(), in, w.as<bf16>(), in, out * in, y.data,    offsets.as<int32_t>(),
+                   int(E),       M,  out,          in, alpha,    accumulate};
+  launch_rows<true>(p, stream_, sm90_);
 }
 
 void CudaOps::grouped_linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, const Tensor& dy, const Tensor& x,
@@ -275,14 +398,14 @@ void CudaOps::grouped_linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw
   if (M == 0) return;
   if (dx) {  // dx[rows_e] = dy[rows_e] · w[e]: w[e] is [out = k][in = n], n-contiguous
     check_operands("grouped_linear_backward", {dx}, in, out);
-    const GemmArgs p{dy.as<bf16>(), out, w.as<bf16>(), in, out * in, dx->data, offsets.as<int32_t>(), int(E), M, in,
-                     out, alpha, accumulate_dx};
-    launch_rows<false>(p, stream_);
+    const GemmArgs p{dy.as<bf16>(), out, w.as<bf16>(), in,  out * in, dx->data,     offsets.as<int32_t>(),
+                     int(E),        M,   in,           out, alpha,    accumulate_dx};
+    launch_rows<false>(p, stream_, sm90_);
   }
   if (dw) {  // dw[e] [out, in] += dy_eᵀ · x_e: A = dyᵀ (out-contiguous), B = x (in-contiguous), k = the rows
     SOLTRAIN_CHECK(cuda::aligned16(dw->data), "grouped_linear_backward: dw 16-byte aligned");
-    const GemmArgs p{dy.as<bf16>(), out, x.as<bf16>(), in, 0, dw->data, offsets.as<int32_t>(), int(E), out, in, 0,
-                     alpha, true};
+    const GemmArgs p{dy.as<bf16>(), out, x.as<bf16>(), in, 0,     dw->data, offsets.as<int32_t>(),
+                     int(E),        out, in,           0,  alpha, true};
     launch_reduction(p, stream_);
   }
 }

@@ -14,10 +14,10 @@ using cuda::to_bf;
 using cuda::to_f;
 
 namespace {
-constexpr int kMaxExperts = 256;                     // the routing kernels hold a row's logits in registers
-constexpr int kPerLane = kMaxExperts / 32;           // experts per lane of a row's warp
+constexpr int kMaxExperts = 256;            // the routing kernels hold a row's logits in registers
+constexpr int kPerLane = kMaxExperts / 32;  // experts per lane of a row's warp
 constexpr unsigned kFull = 0xffffffffu;
-constexpr float kTaken = -1.0f;                      // below every probability: a chosen expert's mark
+constexpr float kTaken = -1.0f;  // below every probability: a chosen expert's mark
 
 // One warp per token: softmax over its E logits, then k rounds of a warp argmax (ties to the lower expert).
 __global__ void route_kernel(float* probs, int32_t* expert, float* weight, const bf16* logits, int N, int E, int k,
@@ -44,8 +44,10 @@ __global__ void route_kernel(float* probs, int32_t* expert, float* weight, const
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int e = lane + 32 * i;
-    if (e < E) probs[n * E + e] = v[i] = v[i] / s;
-    else v[i] = kTaken;
+    if (e < E)
+      probs[n * E + e] = v[i] = v[i] / s;
+    else
+      v[i] = kTaken;
   }
   float top = 0, mine = 0;  // lane j keeps choice j
   int mine_e = 0;
@@ -173,8 +175,8 @@ __global__ void combine_kernel(bf16* out, const bf16* y, const int32_t* slot, co
 }
 
 // One warp per pair (n, j): dy[slot] = weight · dout[n]; dweight = dout[n] · y[slot].
-__global__ void combine_backward_kernel(bf16* dy, float* dweight, const bf16* dout, const bf16* y,
-                                        const int32_t* slot, const float* weight, int64_t pairs, int k, int64_t D8) {
+__global__ void combine_backward_kernel(bf16* dy, float* dweight, const bf16* dout, const bf16* y, const int32_t* slot,
+                                        const float* weight, int64_t pairs, int k, int64_t D8) {
   const int lane = threadIdx.x % 32;
   const int64_t p = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (p >= pairs) return;
@@ -325,10 +327,10 @@ void CudaOps::moe_route(Tensor probs, Tensor expert, Tensor weight, Tensor prob_
   SOLTRAIN_CHECK(E <= kMaxExperts && k <= 32, "moe_route: at most ", kMaxExperts, " experts and 32 per token");
   if (N == 0) return;
   route_kernel<<<warp_blocks(N), kThreads, 0, stream_>>>(probs.as<float>(), expert.as<int32_t>(), weight.as<float>(),
-                                                        logits.as<bf16>(), int(N), int(E), int(k), norm_topk);
+                                                         logits.as<bf16>(), int(N), int(E), int(k), norm_topk);
   CUDA_CHECK_LAUNCH();
   column_add_kernel<<<unsigned((E + 31) / 32), dim3(32, 32), 0, stream_>>>(prob_sum.as<float>(), probs.as<float>(),
-                                                                          int(N), int(E));
+                                                                           int(N), int(E));
   CUDA_CHECK_LAUNCH();
 }
 
@@ -349,7 +351,7 @@ void CudaOps::gather_rows(Tensor out, const Tensor& x, const Tensor& rows) {
   const int64_t D8 = vec8_width("gather_rows", {&out, &x}, D);
   if (M == 0) return;
   gather_kernel<<<cuda::blocks_for(M * D8, kThreads), kThreads, 0, stream_>>>(out.as<bf16>(), x.as<bf16>(),
-                                                                             rows.as<int32_t>(), M, D8);
+                                                                              rows.as<int32_t>(), M, D8);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -371,10 +373,9 @@ void CudaOps::moe_combine_backward(Tensor dy, Tensor dweight, const Tensor& dout
   SOLTRAIN_CHECK(dy.numel() == N * k * D && dweight.numel() == N * k, "moe_combine_backward shapes");
   const int64_t D8 = vec8_width("moe_combine_backward", {&dy, &dout, &y}, D);
   if (N == 0) return;
-  combine_backward_kernel<<<warp_blocks(N * k), kThreads, 0, stream_>>>(dy.as<bf16>(), dweight.as<float>(),
-                                                                        dout.as<bf16>(), y.as<bf16>(),
-                                                                        slot.as<int32_t>(), weight.as<float>(), N * k,
-                                                                        int(k), D8);
+  combine_backward_kernel<<<warp_blocks(N * k), kThreads, 0, stream_>>>(
+      dy.as<bf16>(), dweight.as<float>(), dout.as<bf16>(), y.as<bf16>(), slot.as<int32_t>(), weight.as<float>(), N * k,
+      int(k), D8);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -397,12 +398,12 @@ void CudaOps::expert_lora_b_layout(Tensor dst, const Tensor& src, bool to_peft) 
   SOLTRAIN_CHECK(peft.numel() == n && dst.dtype == src.dtype, "expert_lora_b_layout shapes");
   if (to_peft) {
     SOLTRAIN_CHECK(dst.dtype == DType::F32, "expert_lora_b_layout: gradients in fp32");
-    lora_b_layout_kernel<true><<<cuda::blocks_for(n, kThreads), kThreads, 0, stream_>>>(dst.as<float>(),
-                                                                                      src.as<float>(), E, out, R);
+    lora_b_layout_kernel<true>
+        <<<cuda::blocks_for(n, kThreads), kThreads, 0, stream_>>>(dst.as<float>(), src.as<float>(), E, out, R);
   } else {
     SOLTRAIN_CHECK(dst.dtype == DType::BF16, "expert_lora_b_layout: values in bf16");
-    lora_b_layout_kernel<false><<<cuda::blocks_for(n, kThreads), kThreads, 0, stream_>>>(dst.as<bf16>(),
-                                                                                       src.as<bf16>(), E, out, R);
+    lora_b_layout_kernel<false>
+        <<<cuda::blocks_for(n, kThreads), kThreads, 0, stream_>>>(dst.as<bf16>(), src.as<bf16>(), E, out, R);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -427,8 +428,8 @@ void CudaOps::sigmoid_gate_add(Tensor out, const Tensor& x, const Tensor& gate) 
   SOLTRAIN_CHECK(x.numel() == N * D && gate.numel() == N && gate.dtype == DType::BF16, "sigmoid_gate_add shapes");
   const int64_t D8 = vec8_width("sigmoid_gate_add", {&out, &x}, D);
   if (N == 0) return;
-  sigmoid_gate_add_kernel<<<cuda::blocks_for(N * D8, kThreads), kThreads, 0, stream_>>>(
-      out.as<bf16>(), x.as<bf16>(), gate.as<bf16>(), N, D8);
+  sigmoid_gate_add_kernel<<<cuda::blocks_for(N * D8, kThreads), kThreads, 0, stream_>>>(out.as<bf16>(), x.as<bf16>(),
+                                                                                        gate.as<bf16>(), N, D8);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -440,9 +441,8 @@ void CudaOps::sigmoid_gate_backward(Tensor dx, Tensor dgate, const Tensor& dout,
                  "sigmoid_gate_backward shapes");
   const int64_t D8 = vec8_width("sigmoid_gate_backward", {&dx, &dout, &x}, D);
   if (N == 0) return;
-  sigmoid_gate_backward_kernel<<<warp_blocks(N), kThreads, 0, stream_>>>(dx.as<bf16>(), dgate.as<bf16>(),
-                                                                         dout.as<bf16>(), x.as<bf16>(),
-                                                                         gate.as<bf16>(), N, D8);
+  sigmoid_gate_backward_kernel<<<warp_blocks(N), kThreads, 0, stream_>>>(
+      dx.as<bf16>(), dgate.as<bf16>(), dout.as<bf16>(), x.as<bf16>(), gate.as<bf16>(), N, D8);
   CUDA_CHECK_LAUNCH();
 }
 
