@@ -7,6 +7,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -42,6 +43,19 @@ class Communicator {
   virtual void barrier() = 0;
   // Host side (a sync): the largest of every rank's `v` (fault and stop flags, counts).
   virtual int64_t all_max_host(int64_t v) = 0;
+
+  // Rows to and from every rank: `in` [Σ send_rows, width] holds send_rows[q] rows for rank q, in rank order;
+  // `out` [Σ recv_rows, width] receives recv_rows[q] rows from each q, in rank order (what q sends this rank:
+  // checked). Host tensors of any dtype (Mixture-of-Experts tokens to their experts' ranks and back). This
+  // default gathers every rank's send buffer (padded to the largest) and keeps its own rows: correct on every
+  // backend, O(ranks × data); MPI overrides it with MPI_Alltoallv.
+  virtual void all_to_all(Tensor out, const std::vector<int64_t>& recv_rows, const Tensor& in,
+                          const std::vector<int64_t>& send_rows);
+  // The ranks that pass the same `color` as a communicator of their own, ranked as here (expert-parallel groups
+  // and their data-parallel replicas). Every rank calls it, in the same order. This default runs each of the
+  // group's collectives as one of this communicator's (every rank at once, each within its own group, equal
+  // sizes in every group), so this one must outlive it; MPI overrides it with MPI_Comm_split.
+  virtual std::unique_ptr<Communicator> split(int color);
 };
 
 // World size 1: every collective is the identity (all_gather / reduce_scatter copy).
