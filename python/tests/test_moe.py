@@ -123,7 +123,8 @@ def merge_matches_peft(pm, tmp_path, adapter, router):
     ("qwen3_moe", ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"], False),
     ("qwen3_moe", ["o_proj", "down_proj"], True),
     ("qwen3_moe", "all-linear", False),  # + the router (target_parameters gate.weight)
-    ("qwen2_moe", ["k_proj", "gate_proj", "up_proj", "down_proj"], False)])
+    ("qwen2_moe", ["k_proj", "gate_proj", "up_proj", "down_proj"], False),
+    ("qwen2_moe", "all-linear", False)])  # + the shared expert's gate (a [1, D] Linear)
 def test_lora_adapters_match_peft(kind, targets, rslora, tmp_path):
     """PEFT 0.21 puts gate/up/down on Qwen3-MoE's experts (one fused gate_up adapter of rank 2r, alpha 2a, and
     down: target_parameters) and on Qwen2-MoE's shared expert; its adapter (random A and B) loads here, and the
@@ -154,8 +155,19 @@ def test_lora_adapters_match_peft(kind, targets, rslora, tmp_path):
     experts = [n for n in adapters if ".experts." in n]
     all_linear = targets == "all-linear"
     assert bool(experts) == (kind == "qwen3_moe" and (all_linear or any(t in targets for t in ("gate_proj", "down_proj"))))
-    assert any(".mlp.gate.lora_" in n for n in adapters) == all_linear
-    moved = merge_matches_peft(pm, tmp_path, tmp_path / "adapter", router=all_linear)
+    assert any(".mlp.gate.lora_" in n for n in adapters) == (all_linear and kind == "qwen3_moe")
+    assert any(".shared_expert_gate.lora_" in n for n in adapters) == (all_linear and kind == "qwen2_moe")
+    # the adapter as soltrain writes it back (adapter_config, tensors) is PEFT's own
+    subprocess.run([str(BIN), "dump", "--model", str(tmp_path / "model"), "--adapter", str(tmp_path / "adapter"),
+                    "--batch", str(tmp_path / "batch.safetensors"), "--out", str(tmp_path / "again.safetensors"),
+                    "--save-adapter", str(tmp_path / "written")], check=True, capture_output=True)
+    written = json.loads((tmp_path / "written" / "adapter_config.json").read_text())
+    assert sorted(written["target_modules"]) == sorted(config["target_modules"])
+    assert sorted(written["target_parameters"] or []) == sorted(config["target_parameters"] or [])  # (PEFT: a set)
+    again = load_file(str(tmp_path / "written" / "adapter_model.safetensors"))
+    saved = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+    assert sorted(again) == sorted(saved) and all(torch.equal(again[n], saved[n]) for n in saved)
+    moved = merge_matches_peft(pm, tmp_path, tmp_path / "adapter", router=all_linear and kind == "qwen3_moe")
     assert any(".experts." in n for n in moved) == bool(experts)
     assert any(".shared_expert." in n for n in moved) == (kind == "qwen2_moe")
 

@@ -153,6 +153,7 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
       per_layer("moe_shared_act", {N, Fs}, act, elem_rc, Lm);
       per_layer("moe_shared_out", {N, D}, act, mlp_rc, Lm);
       per_layer("moe_shared_logit", {N, 1}, act, false, Lm);
+      if (s.lora && s.lora->shared_expert_gate) per_layer("moe_u_shared_gate", {N, s.lora->r}, act, false, Lm);
     }
   }
   one("hf", {N, D}, act);

@@ -241,6 +241,7 @@ void KvDecoder::forward_chunk(int r0, int nb, int Tc) {
                    view(moe_offsets_, {E + 1}), view(moe_xs_, {M, D}),    view(moe_gate_, {M, Fm}),
                    view(moe_up_, {M, Fm}),      view(moe_act_, {M, Fm}),  view(moe_ys_, {M, D})};
       if (w.moe->router_linear.adapted()) t.u_router = u;
+      if (w.moe->shared_gate_linear.adapted()) t.u_shared_gate = u;
       if (const MoeSwiGLU& m = *w.moe; m.gate_up_lora.on() || m.down_lora.on()) {
         if (m.gate_up_lora.on()) t.u_gate_up = view(moe_u_gate_up_, {M, m.gate_up_lora.rank});
         if (m.down_lora.on()) t.u_down = view(moe_u_down_, {M, m.down_lora.rank});

@@ -48,6 +48,9 @@ struct LoraConfig {
   // Qwen3-MoE's router (mlp.gate.weight, PEFT's target_parameters "gate.weight"): set by all-linear on such a
   // model, or read from an adapter.
   bool router = false;
+  // Qwen2-MoE's shared_expert_gate (a [1, hidden] Linear; PEFT's target_modules "shared_expert_gate"): set by
+  // all-linear on such a model, or read from an adapter.
+  bool shared_expert_gate = false;
 
   // scale · B·A is what the adapter adds to a weight.
   float scale() const;

@@ -68,7 +68,8 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
 
   // Which base weights change, and by which adapter, where PEFT puts each target on this model: attention
   // everywhere; an MoE layer's gate/up/down on its experts (Qwen3-MoE) or its shared expert (Qwen2-MoE), a dense
-  // MLP layer's where the adapter has them; the router (all-linear on Qwen3-MoE).
+  // MLP layer's where the adapter has them; the router (all-linear on Qwen3-MoE), the shared expert's gate
+  // (all-linear on Qwen2-MoE).
   std::map<std::string, Delta> deltas;
   for (int l = 0; l < config.num_layers; ++l) {
     const bool moe = config.is_moe_layer(l);
@@ -88,6 +89,9 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
                                                          lora.r};
     }
     if (!moe) continue;
+    if (lora.shared_expert_gate)
+      deltas[cat("model.layers.", l, ".mlp.shared_expert_gate.weight")] = {
+          shared_gate_lora_name(l, false), shared_gate_lora_name(l, true), scale, 0, lora.r};
     if (lora.router)
       deltas[cat("model.layers.", l, ".mlp.gate.weight")] = {router_lora_name(l, false), router_lora_name(l, true),
                                                              scale, 0, lora.r};

@@ -101,7 +101,7 @@ void MoeSwiGLU::forward(Ops& o, Tensor* out, const Tensor& h, const MoeTensors& 
   // backward reads the shared expert's output (for its gate's gradient): it runs whole in a recompute too
   Tensor shared_out = t.shared_out;
   shared.forward(o, &shared_out, h, t.shared, lora, layer, shared_out);
-  if (route) o.linear_forward(t.shared_logit, h, shared_gate->value, nullptr);
+  if (route) shared_gate_linear.forward(o, t.shared_logit, h, t.u_shared_gate, {}, lora.scratch);
   if (out) o.sigmoid_gate_add(*out, t.shared_out, t.shared_logit);
 }
 
@@ -112,8 +112,7 @@ void MoeSwiGLU::backward(Ops& o, Tensor dh, const Tensor& dout, const Tensor& h,
   if (shared_gate) {
     o.sigmoid_gate_backward(g.dshared_out, g.dshared_logit, dout, t.shared_out, t.shared_logit);
     shared.backward(o, dh, g.dshared_out, h, t.shared, g.shared, lora, layer);
-    Tensor ggrad = shared_gate->grad;
-    o.linear_backward(&dh, true, trains ? &ggrad : nullptr, nullptr, g.dshared_logit, h, shared_gate->value);
+    shared_gate_linear.backward(o, &dh, true, g.dshared_logit, h, t.u_shared_gate, {}, lora.scratch);
   }
   auto grads = [&](const std::vector<Parameter*>& ps) { return stacked(ps, &Parameter::grad); };
   Tensor dgate_w = trains ? grads(gate) : Tensor{}, dup_w = trains ? grads(up) : Tensor{};
@@ -167,6 +166,14 @@ void add_shared_lora_parameters(ParameterStore& ps, const ModelConfig& c, int l,
     ps.add(shared_lora_name(l, proj, false), {lora.r, down ? Fs : D}, true, l);
     ps.add(shared_lora_name(l, proj, true), {down ? D : Fs, lora.r}, true, l);
   }
+  if (lora.shared_expert_gate) {  // a plain adapter over the [1, D] gate
+    ps.add(shared_gate_lora_name(l, false), {lora.r, D}, true, l);
+    ps.add(shared_gate_lora_name(l, true), {1, lora.r}, true, l);
+  }
+}
+
+std::string shared_gate_lora_name(int layer, bool b) {
+  return cat("base_model.model.model.layers.", layer, ".mlp.shared_expert_gate.", b ? "lora_B" : "lora_A", ".weight");
 }
 
 std::string router_lora_name(int layer, bool b) {
@@ -232,6 +239,8 @@ MoeSwiGLU bind_moe(ParameterStore& ps, const ModelConfig& c, int l, const std::o
     m.shared.up = linear(LoraTarget::up);
     m.shared.down = linear(LoraTarget::down);
     m.shared_gate = &ps.at(cat("model.layers.", l, ".mlp.shared_expert_gate.weight"));
+    m.shared_gate_linear = Linear(m.shared_gate, nullptr, ps.find(shared_gate_lora_name(l, false)),
+                                  ps.find(shared_gate_lora_name(l, true)), lora ? lora->scale() : 0.0f);
   }
   return m;
 }

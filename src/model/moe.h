@@ -28,7 +28,8 @@ struct MoeTensors {
   // expert LoRA's u = x·A_eᵀ per pair: [M, 2r] over gate_up, [M, r] over down (empty without the adapter), and
   // scratch for B as one matrix per expert (flat, at least E·max(2F·2r, D·r); shared by the layers)
   Tensor u_gate_up, u_down, lora_b;
-  Tensor u_router;  // the router's adapter's u [N, r] (empty without one)
+  Tensor u_router;       // the router's adapter's u [N, r] (empty without one)
+  Tensor u_shared_gate;  // the shared expert gate's adapter's u [N, r] (empty without one)
   // the shared expert (Qwen2-MoE; empty otherwise): its MLP's tensors [N,Fs], output [N,D], gate logit [N,1]
   MlpTensors shared;
   Tensor shared_out, shared_logit;
@@ -65,6 +66,7 @@ std::string expert_lora_name(int layer, bool gate_up, bool both, bool b);
 std::string expert_weight_name(int layer, int expert, const char* proj);
 std::string shared_expert_weight_name(int layer, const char* proj);
 std::string router_lora_name(int layer, bool b);
+std::string shared_gate_lora_name(int layer, bool b);
 
 // The statistics transformers' load-balancing loss sums over the MoE layers of a pass (F32 [E] each).
 struct MoeStats {
@@ -82,6 +84,7 @@ class MoeSwiGLU {
   // shared_gate is null without one
   DenseSwiGLU shared;
   Parameter* shared_gate = nullptr;
+  Linear shared_gate_linear;  // its projection, with its adapter (LoraConfig::shared_expert_gate)
   // LoRA on the experts (lora_target_modules gate_proj + up_proj, down_proj) where PEFT puts it there
   // (MoeConfig::lora_on_experts); else those targets adapt the shared expert's projections (`shared`)
   ExpertLora gate_up_lora, down_lora;

@@ -390,7 +390,7 @@ void ParameterStore::bind_frozen(int group, const Tensor& base) {
   }
 }
 
-void ParameterStore::bind(int group, const Tensor& base, Tensor Parameter::* member) {
+void ParameterStore::bind(int group, const Tensor& base, Tensor Parameter::*member) {
   SOLTRAIN_CHECK(!base.data || base.numel() >= group_numel(group), "binding group ", group, " to ", base.numel(),
                  " elements");
   for (Parameter& p : params_) {

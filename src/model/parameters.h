@@ -180,7 +180,7 @@ class ParameterStore {
   std::vector<Slice> slices_;
   int64_t held_ = 0;                               // Σ chunk: the held buffers' length in elements
   int64_t held_offset(const ParamRange& r) const;  // r's first element in the held buffers
-  void bind(int group, const Tensor& base, Tensor Parameter::* member);
+  void bind(int group, const Tensor& base, Tensor Parameter::*member);
 };
 
 }  // namespace soltrain

@@ -114,6 +114,12 @@ LoraConfig read_adapter_config(const fs::path& adapter_dir) {
       lora.all_linear = true;
     } else {
       lora.target_modules = t.get<std::vector<std::string>>();
+      // Qwen2-MoE's shared_expert_gate (what PEFT's all-linear adds there): a flag, not one of the seven
+      auto& m = lora.target_modules;
+      if (const auto it = std::find(m.begin(), m.end(), "shared_expert_gate"); it != m.end()) {
+        m.erase(it);
+        lora.shared_expert_gate = true;
+      }
     }
     read_expert_targets(cfg, lora, src);
   } catch (const nlohmann::json::exception& e) {
@@ -182,6 +188,7 @@ nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& ba
   for (int t = 0; t < kLoraTargets; ++t)
     if (lora.targets(LoraTarget(t)) && (is_attention_target(LoraTarget(t)) || !moe))
       targets.push_back(kLoraModuleNames[size_t(t)]);
+  if (lora.shared_expert_gate) targets.push_back("shared_expert_gate");
   const J alpha = lora.alpha == float(int64_t(lora.alpha)) ? J(int64_t(lora.alpha)) : J(std::stod(cat(lora.alpha)));
   if (moe && (lora.targets(LoraTarget::gate) || lora.targets(LoraTarget::down) || lora.router)) {
     parameters = J::array();  // (sorted, as PEFT writes the set)

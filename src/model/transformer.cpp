@@ -38,8 +38,8 @@ struct Transformer::Activations {
   std::vector<Tensor> gate, up, act;  // per dense-MLP layer (ModelConfig::dense_mlp_index)
   // per MoE layer (ModelConfig::moe_index): model/moe.h's MoeTensors
   std::vector<Tensor> moe_logits, moe_probs, moe_expert, moe_weight, moe_rows, moe_slot, moe_offsets, moe_xs, moe_gate,
-      moe_up, moe_act, moe_ys, moe_u_gate_up, moe_u_down, moe_u_router, moe_shared_gate, moe_shared_up, moe_shared_act,
-      moe_shared_out, moe_shared_logit;
+      moe_up, moe_act, moe_ys, moe_u_gate_up, moe_u_down, moe_u_router, moe_u_shared_gate, moe_shared_gate,
+      moe_shared_up, moe_shared_act, moe_shared_out, moe_shared_logit;
   Tensor moe_lora_b;  // expert LoRA's B per expert (scratch)
   MoeGrads moe_grads;
   MoeStats moe_stats;
@@ -99,14 +99,17 @@ Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig>
                " yet (at most ", ops.max_attention_head_dim(), ")");
   if (lora_ && lora_->expert_targets && !(c.moe_layers() > 0 && c.moe.lora_on_experts))
     user_error("the adapter targets MoE experts (target_parameters) and ", c.architecture, " has none");
+  if (lora_ && lora_->shared_expert_gate && !(c.moe_layers() > 0 && c.moe.shared_intermediate_size))
+    user_error("the adapter targets shared_expert_gate and ", c.architecture, " has no shared expert");
   if (c.moe_layers() > 0) {
-    if (const std::string why = ops.moe_unsupported(c.moe.num_experts, c.moe.top_k); !why.empty()) user_error(c.architecture, ": ", why);
-    // all-linear: PEFT adapts Qwen3-MoE's router too (Qwen2-MoE: its shared_expert_gate, not built yet)
-    if (lora_ && lora_->all_linear && !c.moe.lora_on_experts)
-      user_error("lora_target_modules: all-linear on ", c.architecture,
-                 " makes PEFT adapt its shared_expert_gate too, which soltrain does not yet: list the projections "
-                 "instead (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
-    if (lora_ && lora_->all_linear) lora_->router = true;
+    if (const std::string why = ops.moe_unsupported(c.moe.num_experts, c.moe.top_k); !why.empty())
+      user_error(c.architecture, ": ", why);
+    // all-linear: PEFT adapts Qwen3-MoE's router too, and Qwen2-MoE's shared_expert_gate (a Linear)
+    if (lora_ && lora_->all_linear && c.moe.lora_on_experts) lora_->router = true;
+    if (lora_ && lora_->all_linear && c.moe.shared_intermediate_size) lora_->shared_expert_gate = true;
+    if (lora_ && lora_->shared_expert_gate && lora_->dropout > 0)
+      user_error("lora_dropout ", lora_->dropout, ": the shared_expert_gate's adapter (all-linear on ", c.architecture,
+                 ") takes no dropout in soltrain yet; set lora_dropout: 0 or list the projections instead");
     // PEFT fuses gate_proj and up_proj into one adapter over the stacked gate_up_proj, and refuses dropout on
     // adapters of parameters (the experts', the router's)
     const bool experts = lora_ && c.moe.lora_on_experts;
@@ -248,6 +251,7 @@ void Transformer::bind_planned_buffers(Activations& a, Ops& ops) {
                          {"moe_u_gate_up", &a.moe_u_gate_up},
                          {"moe_u_down", &a.moe_u_down},
                          {"moe_u_router", &a.moe_u_router},
+                         {"moe_u_shared_gate", &a.moe_u_shared_gate},
                          {"moe_shared_gate", &a.moe_shared_gate},
                          {"moe_shared_up", &a.moe_shared_up},
                          {"moe_shared_act", &a.moe_shared_act},
@@ -418,6 +422,7 @@ MoeTensors Transformer::moe_tensors(int64_t l) const {
   if (!a.moe_u_gate_up.empty()) t.u_gate_up = a.moe_u_gate_up[m];
   if (!a.moe_u_down.empty()) t.u_down = a.moe_u_down[m];
   if (!a.moe_u_router.empty()) t.u_router = a.moe_u_router[m];
+  if (!a.moe_u_shared_gate.empty()) t.u_shared_gate = a.moe_u_shared_gate[m];
   t.lora_b = a.moe_lora_b;
   if (!a.moe_shared_out.empty()) {
     t.shared = MlpTensors{a.moe_shared_gate[m],        a.moe_shared_up[m],        a.moe_shared_act[m],
