@@ -180,6 +180,32 @@ TEST(Moe, ExpertAdaptersPeftCannotHoldAreRefused) {
   expect_user_error([&] { moe_model(*ops, from_peft, dense); }, "the adapter targets MoE experts");
 }
 
+// The step's load figures: a router of zeros ties every expert, so each token takes the k lowest (the tie rule):
+// the busiest expert holds every token, E/k times the mean, in both MoE layers; a trained-like random router is
+// between even (1) and that.
+TEST(Moe, LoadImbalanceIsTheBusiestExpertOverTheMean) {
+  auto ops = make_cpu_ops();
+  auto m = moe_model(*ops);
+  const HostBatch b = random_batch(2, 20, 96, 3);
+  m->plan(b.rows, b.seq_len, Recompute::None);
+  m->step(b, false);
+  const auto random_router = m->moe_load();
+  ASSERT_EQ(random_router.size(), 2u);
+  EXPECT_EQ(random_router[0].first, "moe_load_imbalance");
+  EXPECT_GT(random_router[0].second, 1.0);
+  EXPECT_LT(random_router[0].second, 8.0 / 2);
+  EXPECT_LE(random_router[1].second, random_router[0].second);
+  for (int l : {0, 2}) {
+    Parameter& router = m->params().at("model.layers." + std::to_string(l) + ".mlp.gate.weight");
+    const std::vector<float> zeros(size_t(shape_numel(router.shape)), 0.0f);
+    m->params().upload(*ops, router, zeros.data());
+  }
+  m->step(b, false);
+  const auto tied = m->moe_load();
+  EXPECT_EQ(tied[0].second, 8.0 / 2);
+  EXPECT_EQ(tied[1].second, 8.0 / 2);
+}
+
 TEST(Moe, RoutingAndPermutationFollowTheirDefinitions) {
   auto ops = make_cpu_ops();
   const int64_t N = 37, E = 6, K = 3;

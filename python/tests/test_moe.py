@@ -90,6 +90,9 @@ def test_sft_saves_a_model_transformers_loads(demo, tmp_path):
     soltrain.Trainer(config, callbacks=[logged.append]).train()
     losses = [m["loss"] for m in logged if "loss" in m]
     assert len(losses) == 8 and losses[-1] < losses[0]
+    # the experts' load in each step's metrics: the busiest expert over the mean, 1 (even) to E/k (8/3 here)
+    loads = [(m["moe_load_imbalance"], m["moe_load_imbalance_mean"]) for m in logged if "loss" in m]
+    assert len(loads) == 8 and all(1 <= mean <= worst <= 8 / 3 for worst, mean in loads)
     saved, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "model", dtype=torch.float32,
                                                                     output_loading_info=True)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info

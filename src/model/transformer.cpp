@@ -809,6 +809,23 @@ double Transformer::read_aux_loss() const {
   return v;
 }
 
+std::vector<std::pair<std::string, double>> Transformer::moe_load() const {
+  if (!acts_ || acts_->moe_offsets.empty()) return {};
+  double worst = 0, sum = 0;
+  std::vector<int32_t> off;
+  for (const Tensor& t : acts_->moe_offsets) {
+    off.resize(size_t(t.numel()));
+    ops_.copy(Tensor{off.data(), DType::I32, t.shape, Device::CPU}, t);
+    const int64_t E = t.numel() - 1, pairs = off.back();
+    int64_t busiest = 0;
+    for (int64_t e = 0; e < E; ++e) busiest = std::max<int64_t>(busiest, off[size_t(e) + 1] - off[size_t(e)]);
+    const double imbalance = pairs > 0 ? double(busiest) * double(E) / double(pairs) : 1.0;
+    worst = std::max(worst, imbalance);
+    sum += imbalance;
+  }
+  return {{"moe_load_imbalance", worst}, {"moe_load_imbalance_mean", sum / double(acts_->moe_offsets.size())}};
+}
+
 StepResult Transformer::step(const HostBatch& batch, bool backward_too, float* logits_out) {
   if (!own_sft_) own_sft_ = std::make_unique<SftObjective>(ops_);
   own_sft_->begin_update(batch.counted());

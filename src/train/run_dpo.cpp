@@ -81,7 +81,9 @@ class DpoDriver final : public RunDriver {
   }
   Readout read(const TrainStep&) override {
     const DpoMetrics m = dpo_.read(ops_);  // waits for the update
-    return {m.loss, m.pairs > 0, trl_values(m)};
+    NamedValues v = trl_values(m);
+    for (auto& load : model_.moe_load()) v.push_back(std::move(load));
+    return {m.loss, m.pairs > 0, std::move(v)};
   }
   // tokens/s counts the chosen and rejected tokens the step ran (rows × sequence_len), as SFT counts its rows
   double tokens_per_update() const override {
@@ -139,7 +141,8 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks h
   if (precomputed) {
     // With LoRA the adapters are turned off for it: a resumed run's adapters are trained, the reference is not.
     model->enable_adapters(false);
-    ref_train = cached_reference(c, data, [&] { return reference_of(*model, data.train, B, T); }, log);
+    ref_train = cached_reference(
+        c, data, [&] { return reference_of(*model, data.train, B, T); }, log);
     ref_val = reference_of(*model, data.validation, B, T);
     model->enable_adapters(true);
   }

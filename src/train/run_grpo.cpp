@@ -180,6 +180,7 @@ class GrpoDriver final : public RunDriver {
     v.push_back({"clip_ratio/high_mean", m.clip_high});
     v.push_back({"clip_ratio/high_max", m.clip_high_max});
     v.push_back({"clip_ratio/region_mean", m.clip_region});
+    for (auto& load : model_.moe_load()) v.push_back(std::move(load));
     return {m.loss, m.tokens > 0, std::move(v)};
   }
 

@@ -283,7 +283,7 @@ class SftDriver final : public RunDriver {
     *passes_ += with_targets;
     step.run(std::span<const HostBatch>(micro_).subspan(size_t(r_.rank) * accum, accum), lr, counted_all);
   }
-  Readout read(const TrainStep& step) override { return {step.loss(), step.counted() > 0, {}}; }
+  Readout read(const TrainStep& step) override { return {step.loss(), step.counted() > 0, r_.model->moe_load()}; }
   double tokens_per_update() const override {
     return double(r_.c.per_device_train_batch_size) * r_.c.sequence_len * r_.c.gradient_accumulation_steps * r_.world;
   }

@@ -174,6 +174,23 @@ __global__ void combine_kernel(bf16* out, const bf16* y, const int32_t* slot, co
   }
 }
 
+// A warp's row of D8·8 values: out = scale · g, and the returned g · r (every lane gets it), both backwards'
+// shape (the combine's and the shared gate's).
+__device__ float scale_row_and_dot(bf16* out, const bf16* g, const bf16* r, float scale, int64_t D8) {
+  const int lane = threadIdx.x % 32;
+  float dot = 0;
+  for (int64_t c = lane * 8; c < D8 * 8; c += 32 * 8) {
+    const cuda::Vec8 gv = cuda::load8(g + c), rv = cuda::load8(r + c);
+    cuda::Vec8 o;
+    for (int i = 0; i < 8; ++i) {
+      o.set(i, scale * gv[i]);
+      dot += gv[i] * rv[i];
+    }
+    cuda::store8(out + c, o);
+  }
+  return cuda::warp_sum(dot);
+}
+
 // One warp per pair (n, j): dy[slot] = weight · dout[n]; dweight = dout[n] · y[slot].
 __global__ void combine_backward_kernel(bf16* dy, float* dweight, const bf16* dout, const bf16* y, const int32_t* slot,
                                         const float* weight, int64_t pairs, int k, int64_t D8) {
@@ -181,18 +198,7 @@ __global__ void combine_backward_kernel(bf16* dy, float* dweight, const bf16* do
   const int64_t p = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (p >= pairs) return;
   const int64_t n = p / k, s = slot[p];
-  const float wj = weight[p];
-  float dot = 0;
-  for (int64_t c = lane * 8; c < D8 * 8; c += 32 * 8) {
-    const cuda::Vec8 g = cuda::load8(dout + n * D8 * 8 + c), r = cuda::load8(y + s * D8 * 8 + c);
-    cuda::Vec8 d;
-    for (int i = 0; i < 8; ++i) {
-      d.set(i, wj * g[i]);
-      dot += g[i] * r[i];
-    }
-    cuda::store8(dy + s * D8 * 8 + c, d);
-  }
-  dot = cuda::warp_sum(dot);
+  const float dot = scale_row_and_dot(dy + s * D8 * 8, dout + n * D8 * 8, y + s * D8 * 8, weight[p], D8);
   if (lane == 0) dweight[p] = dot;
 }
 
@@ -273,17 +279,7 @@ __global__ void sigmoid_gate_backward_kernel(bf16* dx, bf16* dgate, const bf16* 
   const int64_t n = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (n >= N) return;
   const float g = sigmoid(to_f(gate[n]));
-  float dot = 0;
-  for (int64_t c = lane * 8; c < D8 * 8; c += 32 * 8) {
-    const cuda::Vec8 d = cuda::load8(dout + n * D8 * 8 + c), a = cuda::load8(x + n * D8 * 8 + c);
-    cuda::Vec8 o;
-    for (int i = 0; i < 8; ++i) {
-      o.set(i, g * d[i]);
-      dot += d[i] * a[i];
-    }
-    cuda::store8(dx + n * D8 * 8 + c, o);
-  }
-  dot = cuda::warp_sum(dot);
+  const float dot = scale_row_and_dot(dx + n * D8 * 8, dout + n * D8 * 8, x + n * D8 * 8, g, D8);
   if (lane == 0) dgate[n] = to_bf(dot * g * (1.f - g));
 }
 
