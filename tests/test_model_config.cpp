@@ -26,13 +26,13 @@ void expect_error(const nlohmann::json& j, const std::string& needle) {
 
 TEST(ModelConfig, ParsesTheFixtures) {
   const auto q = load_model_config(fixtures() / "models" / "qwen3-tiny");
-  EXPECT_EQ(q.family, Family::Qwen3);
+  EXPECT_STREQ(q.spec->architecture, "Qwen3ForCausalLM");
   EXPECT_TRUE(q.qk_norm);
   EXPECT_TRUE(q.tie_word_embeddings);
   EXPECT_EQ(q.num_kv_heads, 2);
   EXPECT_EQ(q.rope.theta, 1e6);  // from transformers 5's rope_parameters
   const auto l = load_model_config(fixtures() / "models" / "llama3-tiny-scaled");
-  EXPECT_EQ(l.family, Family::Llama);
+  EXPECT_STREQ(l.spec->architecture, "LlamaForCausalLM");
   EXPECT_EQ(l.head_dim, 24);  // not hidden_size / heads = 16
   EXPECT_TRUE(l.qkv_bias && l.o_bias && l.mlp_bias);
   EXPECT_EQ(l.rope.type, "llama3");  // from transformers 4's rope_scaling

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "io/json_file.h"
 
 using nlohmann::json;
@@ -84,18 +85,26 @@ RopeConfig parse_rope(const json& j, const std::string& where) {
   return r;
 }
 
+constexpr ModelSpec::Moe kQwen2MoeBlock{60, 4, 1408, 5632, false}, kQwen3MoeBlock{128, 8, 768, 0, true};
+constexpr ModelSpec kSpecs[] = {
+    {"LlamaForCausalLM", "llama", ModelSpec::Bias::AttentionBiasKey, true, false, nullptr},
+    {"Qwen2ForCausalLM", "qwen2", ModelSpec::Bias::QkvAlways, false, false, nullptr},
+    {"Qwen3ForCausalLM", "qwen3", ModelSpec::Bias::AttentionBiasKey, false, true, nullptr},
+    {"Qwen2MoeForCausalLM", "qwen2_moe", ModelSpec::Bias::QkvBiasKey, false, false, &kQwen2MoeBlock},
+    {"Qwen3MoeForCausalLM", "qwen3_moe", ModelSpec::Bias::AttentionBiasKey, false, true, &kQwen3MoeBlock},
+};
+
 // The MoE fields, as transformers' Qwen3MoeConfig / Qwen2MoeConfig read them (their defaults where a field is
 // absent).
-MoeConfig parse_moe(const Reader& r, int layers, Family family) {
+MoeConfig parse_moe(const Reader& r, int layers, const ModelSpec::Moe& d) {
   MoeConfig m;
-  const bool qwen2 = family == Family::Qwen2Moe;
   // transformers 5 writes num_local_experts; the hub's configs say num_experts
-  m.num_experts = r.get<int>("num_experts", r.get<int>("num_local_experts", qwen2 ? 60 : 128));
-  m.top_k = r.get<int>("num_experts_per_tok", qwen2 ? 4 : 8);
-  m.intermediate_size = r.get<int>("moe_intermediate_size", qwen2 ? 1408 : 768);
-  m.lora_on_experts = !qwen2;
-  if (qwen2) {
-    m.shared_intermediate_size = r.get<int>("shared_expert_intermediate_size", 5632);
+  m.num_experts = r.get<int>("num_experts", r.get<int>("num_local_experts", d.experts));
+  m.top_k = r.get<int>("num_experts_per_tok", d.top_k);
+  m.intermediate_size = r.get<int>("moe_intermediate_size", d.intermediate_size);
+  m.lora_on_experts = d.lora_on_experts;
+  if (d.shared_intermediate_size) {
+    m.shared_intermediate_size = r.get<int>("shared_expert_intermediate_size", d.shared_intermediate_size);
     if (m.shared_intermediate_size < 1) user_error(r.where, ": \"shared_expert_intermediate_size\" must be positive");
   }
   m.norm_topk = r.get<bool>("norm_topk_prob", false);
@@ -131,20 +140,16 @@ ModelConfig parse_model_config(const json& j, const std::string& where) {
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty())
     c.architecture = r.typed<std::string>(j["architectures"][0], "architectures[0]");
   const std::string model_type = r.get<std::string>("model_type", "");
-  if (c.architecture == "LlamaForCausalLM" || (c.architecture.empty() && model_type == "llama"))
-    c.family = Family::Llama, c.architecture = "LlamaForCausalLM";
-  else if (c.architecture == "Qwen2ForCausalLM" || (c.architecture.empty() && model_type == "qwen2"))
-    c.family = Family::Qwen2, c.architecture = "Qwen2ForCausalLM";
-  else if (c.architecture == "Qwen3ForCausalLM" || (c.architecture.empty() && model_type == "qwen3"))
-    c.family = Family::Qwen3, c.architecture = "Qwen3ForCausalLM";
-  else if (c.architecture == "Qwen2MoeForCausalLM" || (c.architecture.empty() && model_type == "qwen2_moe"))
-    c.family = Family::Qwen2Moe, c.architecture = "Qwen2MoeForCausalLM";
-  else if (c.architecture == "Qwen3MoeForCausalLM" || (c.architecture.empty() && model_type == "qwen3_moe"))
-    c.family = Family::Qwen3Moe, c.architecture = "Qwen3MoeForCausalLM";
-  else
+  for (const ModelSpec& spec : kSpecs)
+    if (c.architecture == spec.architecture || (c.architecture.empty() && model_type == spec.model_type))
+      c.spec = &spec;
+  if (!c.spec) {
+    std::string supported;
+    for (const ModelSpec& spec : kSpecs) supported += cat(supported.empty() ? "" : ", ", spec.architecture);
     user_error(where, ": architecture \"", c.architecture.empty() ? model_type : c.architecture,
-               "\" is not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-               "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM)");
+               "\" is not supported (supported: ", supported, ")");
+  }
+  c.architecture = c.spec->architecture;
 
   c.vocab_size = r.need<int>("vocab_size");
   c.hidden_size = r.need<int>("hidden_size");
@@ -175,16 +180,14 @@ ModelConfig parse_model_config(const json& j, const std::string& where) {
 
   // Biases: Qwen2 always has q/k/v biases and none on o_proj (Qwen2-MoE: as its qkv_bias says, true unless
   // given); Llama and Qwen3 put attention_bias on all four projections; Llama's mlp_bias covers gate/up/down.
-  if (c.family == Family::Qwen2) {
-    c.qkv_bias = true;
-  } else if (c.family == Family::Qwen2Moe) {
-    c.qkv_bias = r.get<bool>("qkv_bias", true);
-  } else {
-    c.qkv_bias = c.o_bias = r.get<bool>("attention_bias", false);
+  switch (c.spec->bias) {
+    case ModelSpec::Bias::QkvAlways: c.qkv_bias = true; break;
+    case ModelSpec::Bias::QkvBiasKey: c.qkv_bias = r.get<bool>("qkv_bias", true); break;
+    case ModelSpec::Bias::AttentionBiasKey: c.qkv_bias = c.o_bias = r.get<bool>("attention_bias", false); break;
   }
-  if (c.family == Family::Llama) c.mlp_bias = r.get<bool>("mlp_bias", false);
-  c.qk_norm = c.family == Family::Qwen3 || c.family == Family::Qwen3Moe;
-  if (c.family == Family::Qwen3Moe || c.family == Family::Qwen2Moe) c.moe = parse_moe(r, c.num_layers, c.family);
+  if (c.spec->mlp_bias_key) c.mlp_bias = r.get<bool>("mlp_bias", false);
+  c.qk_norm = c.spec->qk_norm;
+  if (c.spec->moe) c.moe = parse_moe(r, c.num_layers, *c.spec->moe);
 
   if (r.get<int>("pretraining_tp", 1) != 1) user_error(where, ": pretraining_tp other than 1 is not supported");
   if (r.get<bool>("use_sliding_window", false))

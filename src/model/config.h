@@ -9,7 +9,25 @@
 
 namespace soltrain {
 
-enum class Family { Llama, Qwen2, Qwen3, Qwen2Moe, Qwen3Moe };
+// One supported architecture, in one row of a table (config.cpp): its names in config.json, which options of the
+// shared decoder layer it uses, and its MLP blocks (dense, or Mixture-of-Experts with transformers' defaults for
+// the fields a config.json leaves out). A new family is a new row, and a new block kind where it needs one.
+struct ModelSpec {
+  const char* architecture;  // config.json's architectures[0], written back on save
+  const char* model_type;    // what identifies it when architectures is absent
+  // Biases: attention_bias on q/k/v/o (Llama, Qwen3); always on q/k/v (Qwen2); qkv_bias on q/k/v, default true
+  // (Qwen2-MoE)
+  enum class Bias { AttentionBiasKey, QkvAlways, QkvBiasKey } bias;
+  bool mlp_bias_key;  // gate/up/down biases as mlp_bias says (Llama)
+  bool qk_norm;       // per-head RMSNorm of q and k before RoPE (Qwen3)
+  // Mixture-of-Experts layers (null: every MLP dense): transformers' defaults, and the block's variant.
+  struct Moe {
+    int experts, top_k, intermediate_size;
+    int shared_intermediate_size;  // 0: no shared expert (Qwen3-MoE); else its default (Qwen2-MoE)
+    bool lora_on_experts;          // MoeConfig::lora_on_experts
+  };
+  const Moe* moe;
+};
 
 struct RopeConfig {
   std::string type = "default";  // default | linear | llama3
@@ -40,8 +58,8 @@ struct MoeConfig {
 };
 
 struct ModelConfig {
-  Family family = Family::Llama;
-  std::string architecture;  // e.g. "Qwen3ForCausalLM", written back on save
+  const ModelSpec* spec = nullptr;  // the family (parse_model_config sets it)
+  std::string architecture;         // e.g. "Qwen3ForCausalLM", written back on save
   int vocab_size = 0;
   int hidden_size = 0;
   int intermediate_size = 0;
