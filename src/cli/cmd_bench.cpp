@@ -448,6 +448,41 @@ std::function<int()> add_bench_command(CLI::App& app) {
   return [o]() { return run_bench(*o); };
 }
 
+// Device tensors for the kernel benchmarks (bench-attention, bench-grouped-gemm), alive as long as this is;
+// random ones are normal(0, scale), filled through an fp32 staging copy.
+class BenchTensors {
+ public:
+  explicit BenchTensors(Ops& ops) : ops_(ops) {}
+  Tensor empty(Shape s, DType t) {
+    held_.push_back(std::make_unique<Buffer>(ops_.alloc(size_t(shape_numel(s)) * dtype_size(t))));
+    return Tensor{held_.back()->data(), t, std::move(s), ops_.device()};
+  }
+  Tensor zeros(Shape s, DType t) {
+    Tensor x = empty(std::move(s), t);
+    ops_.zero(x);
+    return x;
+  }
+  Tensor randn(Shape s, DType t, float scale, std::mt19937& rng) {
+    Tensor x = empty(std::move(s), t);
+    std::vector<float> h(size_t(x.numel()));
+    std::normal_distribution<float> nd(0.0f, scale);
+    for (float& v : h) v = nd(rng);
+    const Tensor host{h.data(), DType::F32, x.shape, Device::CPU};
+    if (t == DType::F32) {
+      ops_.copy(x, host);
+    } else {
+      const Tensor staged = empty(x.shape, DType::F32);
+      ops_.copy(staged, host);
+      ops_.convert(x, staged);
+    }
+    return x;
+  }
+
+ private:
+  Ops& ops_;
+  std::vector<std::unique_ptr<Buffer>> held_;
+};
+
 std::function<int()> add_bench_attention_command(CLI::App& app) {
   struct Opts {
     int batch = 8, heads = 16, kv_heads = 8, seq = 2048, head_dim = 128, iters = 20;
@@ -466,34 +501,17 @@ std::function<int()> add_bench_attention_command(CLI::App& app) {
     auto ops = make_ops(o->device);
     const int64_t N = int64_t(o->batch) * o->seq, H = o->heads, Hkv = o->kv_heads, hd = o->head_dim;
     const DType dt = ops->activation_dtype();
-    auto make = [&](Shape s, DType t) {
-      auto b = std::make_shared<Buffer>(ops->alloc(size_t(shape_numel(s)) * dtype_size(t)));
-      return std::pair{b, Tensor{b->data(), t, std::move(s), ops->device()}};
-    };
-    auto [bq, q] = make({N, H, hd}, dt);
-    auto [bk, k] = make({N, Hkv, hd}, dt);
-    auto [bv, v] = make({N, Hkv, hd}, dt);
-    auto [bo, out] = make({N, H, hd}, dt);
-    auto [bdo, dout] = make({N, H, hd}, dt);
-    auto [bdq, dq] = make({N, H, hd}, dt);
-    auto [bdk, dk] = make({N, Hkv, hd}, dt);
-    auto [bdv, dv] = make({N, Hkv, hd}, dt);
-    auto [bl, lse] = make({H, N}, DType::F32);
-    // random inputs: fill through an fp32 staging tensor
+    BenchTensors make(*ops);
     std::mt19937 rng(7);
-    std::normal_distribution<float> nd;
-    for (Tensor* t : {&q, &k, &v, &dout}) {
-      std::vector<float> h(size_t(t->numel()));
-      for (float& x : h) x = nd(rng);
-      auto [bs, staged] = make(t->shape, DType::F32);
-      ops->copy(staged, Tensor{h.data(), DType::F32, t->shape, Device::CPU});
-      ops->convert(*t, staged);
-    }
+    const Tensor q = make.randn({N, H, hd}, dt, 1, rng), k = make.randn({N, Hkv, hd}, dt, 1, rng),
+                 v = make.randn({N, Hkv, hd}, dt, 1, rng), dout = make.randn({N, H, hd}, dt, 1, rng);
+    Tensor out = make.empty({N, H, hd}, dt), dq = make.empty({N, H, hd}, dt), dk = make.empty({N, Hkv, hd}, dt),
+           dv = make.empty({N, Hkv, hd}, dt), lse = make.empty({H, N}, DType::F32);
     std::vector<int32_t> cu(static_cast<size_t>(o->batch) + 1), pos(static_cast<size_t>(N));
     for (int b = 0; b <= o->batch; ++b) cu[size_t(b)] = b * o->seq;
     for (int64_t n = 0; n < N; ++n) pos[size_t(n)] = int32_t(n % o->seq);
-    auto [bcu, tcu] = make({int64_t(cu.size())}, DType::I32);
-    auto [bpos, tpos] = make({N}, DType::I32);
+    const Tensor tcu = make.empty({int64_t(cu.size())}, DType::I32);
+    const Tensor tpos = make.empty({N}, DType::I32);
     ops->copy(tcu, Tensor{cu.data(), DType::I32, tcu.shape, Device::CPU});
     ops->copy(tpos, Tensor{pos.data(), DType::I32, tpos.shape, Device::CPU});
     const SeqLayout seq{tcu, tpos, o->seq};
@@ -584,24 +602,11 @@ std::function<int()> add_bench_grouped_gemm_command(CLI::App& app) {
     std::vector<int32_t> off(static_cast<size_t>(E) + 1);
     for (int64_t e = 0; e < E; ++e) off[size_t(e) + 1] = off[size_t(e)] + int32_t(count[size_t(e)]);
     const DType dt = ops->activation_dtype();
-    std::vector<std::shared_ptr<Buffer>> keep;
-    std::normal_distribution<float> nd;
-    auto make = [&](Shape s, DType t, float scale) {
-      keep.push_back(std::make_shared<Buffer>(ops->alloc(size_t(shape_numel(s)) * dtype_size(t))));
-      Tensor x{keep.back()->data(), t, std::move(s), ops->device()};
-      if (scale == 0) return ops->zero(x), x;
-      std::vector<float> h(size_t(x.numel()));
-      for (float& v : h) v = scale * nd(rng);
-      if (t == DType::F32) return ops->copy(x, Tensor{h.data(), DType::F32, x.shape, Device::CPU}), x;
-      keep.push_back(std::make_shared<Buffer>(ops->alloc(h.size() * 4)));
-      const Tensor staged{keep.back()->data(), DType::F32, x.shape, ops->device()};
-      ops->copy(staged, Tensor{h.data(), DType::F32, x.shape, Device::CPU});
-      ops->convert(x, staged);
-      return x;
-    };
-    const Tensor x = make({M, in}, dt, 1), w = make({E, out, in}, dt, 0.02f), dy = make({M, out}, dt, 1);
-    Tensor y = make({M, out}, dt, 0), dx = make({M, in}, dt, 0), dw = make({E, out, in}, DType::F32, 0);
-    Tensor offsets = make({E + 1}, DType::I32, 0);
+    BenchTensors make(*ops);
+    const Tensor x = make.randn({M, in}, dt, 1, rng), w = make.randn({E, out, in}, dt, 0.02f, rng),
+                 dy = make.randn({M, out}, dt, 1, rng);
+    Tensor y = make.zeros({M, out}, dt), dx = make.zeros({M, in}, dt), dw = make.zeros({E, out, in}, DType::F32);
+    const Tensor offsets = make.empty({E + 1}, DType::I32);
     ops->copy(offsets, Tensor{off.data(), DType::I32, offsets.shape, Device::CPU});
     std::vector<double> grouped_f, grouped_dx, grouped_dw, dense_f, loop_f;
     const Tensor w0{w.data, dt, {out, in}, w.device};

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "core/format.h"
@@ -127,6 +128,26 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
   // An FP8 block checkpoint (Qwen3-FP8 layout) merges into bf16: every FP8 weight is dequantised and its
   // scale dropped, so the result is a plain bf16 model (config.json loses its quantization_config).
   const bool fp8 = is_fp8_block_checkpoint(config, model_dir);
+  // The adapters decoded once for the weights that share them (a layer's E experts' per-expert weights share its two
+  // expert adapters): the tensors are written one after another, a layer's together, so the last four suffice.
+  struct Decoded {
+    const SafetensorsFile& file;
+    std::string where;
+    std::map<std::string, std::vector<float>> held;
+    // A and B of one adapter (map entries stay put as others are added; eviction only before a pair's fetch)
+    std::pair<const std::vector<float>&, const std::vector<float>&> pair(const Delta& d, const Shape& a_shape,
+                                                                         const Shape& b_shape) {
+      if ((!held.count(d.a) || !held.count(d.b)) && held.size() + 2 > 4) held.clear();
+      return {fetch(d.a, a_shape), fetch(d.b, b_shape)};
+    }
+    const std::vector<float>& fetch(const std::string& name, const Shape& shape) {
+      if (auto it = held.find(name); it != held.end()) return it->second;
+      std::vector<float>& v = held[name];
+      v.resize(size_t(shape_numel(shape)));
+      read_as_f32(file.at(name), shape, v.data(), where + ": " + name);
+      return v;
+    }
+  } decoded{adapter, adapter_file.string(), {}};
   std::set<std::string> used;
   std::vector<StreamedTensor> tensors;
   for (const std::string& name : base.names()) {
@@ -155,12 +176,13 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
       user_error(base.describe(name), ": expected ", all_experts ? "[experts, out, in]" : "a matrix", ", got ",
                  shape_str(e.shape));
     const int64_t out = e.shape[e.shape.size() - 2], in = e.shape.back(), R = d.rank, E = std::max(d.experts, 1);
-    // A [E·R, in]; B [rows, R·E]: a per-expert weight is `out` of the rows (gate_up: 2F of them), others all
-    const int64_t b_rows = d.experts && !all_experts ? std::max(out, d.row0 + out) : out;
+    // A [E·R, in]; B [rows, R·E]: a per-expert weight takes `out` of B's rows from row0 (gate_up: 2F rows), the
+    // others all of them
     const TensorEntry &ae = adapter.at(d.a), &be = adapter.at(d.b);
+    const bool some_rows = d.experts && !all_experts;
     const bool fits = ae.shape == Shape{E * R, in} && be.shape.size() == 2 && be.shape[1] == R * E &&
-                      be.shape[0] >= b_rows && (!d.experts || all_experts || be.shape[0] % out == 0);
-    if (!fits || (!d.experts && be.shape[0] != out))
+                      (some_rows ? be.shape[0] >= d.row0 + out : be.shape[0] == out);
+    if (!fits)
       user_error(adapter_file.string(), ": ", d.a, " / ", d.b, " are ", shape_str(ae.shape), " / ", shape_str(be.shape),
                  ", which do not fit ", name, " ", shape_str(e.shape));
     used.insert(d.a);
@@ -168,11 +190,9 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
     const Shape a_shape = ae.shape, b_shape = be.shape;
     tensors.push_back({name, out_dtype, e.shape, [&, name, out, in, d, a_shape, b_shape, out_dtype](void* dst) {
                          const TensorEntry& we = base.entry(name);
-                         std::vector<float> w(size_t(shape_numel(we.shape))), a(size_t(shape_numel(a_shape))),
-                             b(size_t(shape_numel(b_shape)));
+                         std::vector<float> w(size_t(shape_numel(we.shape)));
                          read_weight_f32(base, name, we.shape, w.data());
-                         read_as_f32(adapter.at(d.a), a_shape, a.data(), adapter_file.string() + ": " + d.a);
-                         read_as_f32(adapter.at(d.b), b_shape, b.data(), adapter_file.string() + ": " + d.b);
+                         const auto [a, b] = decoded.pair(d, a_shape, b_shape);
                          if (d.experts && d.expert < 0)
                            for (int x = 0; x < d.experts; ++x) add_delta(w.data() + x * out * in, out, in, d, x, a, b);
                          else

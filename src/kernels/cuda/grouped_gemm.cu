@@ -302,14 +302,20 @@ __global__ void __launch_bounds__(256) grouped_gemm_sm90(GemmArgs p) {
 #endif
 }
 
+// Above 48 KiB of dynamic shared memory a kernel needs the opt-in, once per kernel.
+template <auto Kernel>
+void allow_shared_memory(size_t bytes) {
+  static const bool done = [bytes] {
+    CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+    return true;
+  }();
+  (void)done;
+}
+
 template <bool kTransB>
 void launch_sm90(const GemmArgs& p, cudaStream_t stream) {
   auto* kernel = grouped_gemm_sm90<kTransB>;
-  static const bool attribute_set = [&] {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgSmem)));
-    return true;
-  }();
-  (void)attribute_set;
+  allow_shared_memory<grouped_gemm_sm90<kTransB>>(kWgSmem);
   const dim3 grid(unsigned((p.M + kWgBM - 1) / kWgBM + p.E), unsigned((p.N + kWgBN - 1) / kWgBN));
   kernel<<<grid, 256, kWgSmem, stream>>>(p);
   CUDA_CHECK_LAUNCH();
@@ -319,11 +325,7 @@ template <int BM, int BN, int WM, int WN, bool AK, bool BK_, Group G>
 void launch(const GemmArgs& p, dim3 grid, cudaStream_t stream) {
   constexpr size_t bytes = size_t(kStages) * (Tile<BM, AK>::elems + Tile<BN, BK_>::elems) * sizeof(bf16);
   auto* kernel = grouped_gemm<BM, BN, WM, WN, AK, BK_, G>;
-  static const bool attribute_set = [&] {  // above 48 KiB of dynamic shared memory needs the opt-in
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-    return true;
-  }();
-  (void)attribute_set;
+  allow_shared_memory<grouped_gemm<BM, BN, WM, WN, AK, BK_, G>>(bytes);
   kernel<<<grid, kThreads, bytes, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
