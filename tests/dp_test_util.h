@@ -51,13 +51,13 @@ struct DpSetup {
     std::ifstream f(p);
     return std::string(std::istreambuf_iterator<char>(f), {});
   }
-  // step → loss of a run's metrics.jsonl
-  std::map<int64_t, double> losses(const std::string& out) const {
+  // step → loss (or another metric) of a run's metrics.jsonl
+  std::map<int64_t, double> losses(const std::string& out, const std::string& key = "loss") const {
     std::map<int64_t, double> m;
     std::ifstream in(t.path / out / "metrics.jsonl");
     for (std::string l; std::getline(in, l);) {
       const auto j = nlohmann::json::parse(l);
-      if (j.contains("loss")) m[j["step"].get<int64_t>()] = j["loss"].get<double>();
+      if (j.contains(key)) m[j["step"].get<int64_t>()] = j[key].get<double>();
     }
     return m;
   }

@@ -133,6 +133,75 @@ TEST(DataParallel, MoeRanksMatchOneProcess) {
   }
 }
 
+// Expert parallelism (ep_size) on CPU ranks: each group of ep_size ranks splits the 4 experts, the pairs go to
+// their experts' ranks and back by all-to-all, and the run is one process's with the matching accumulation:
+// EP 2 on 2 and 4 ranks, EP 4 on 4, ZeRO 0 and 2, full and LoRA on every linear (experts and router included).
+// A checkpoint saved at EP 2 resumes at EP 4 and in one process; what cannot run is refused in one line.
+TEST(DataParallel, ExpertParallelRanksMatchOneProcess) {
+  DpSetup s(/*experts=*/4);
+  // (LoRA with a validation split: every rank joins each evaluation's passes, which reach every rank's experts)
+  const std::string lora =
+      " --set adapter=lora --set lora_r=4 --set lora_alpha=8 --set lora_target_linear=true --set val_set_size=0.05 "
+      "--set eval_steps=2";
+  for (const std::string& kind : {std::string(), lora}) {
+    const std::string name = kind.empty() ? "ep-full" : "ep-lora";
+    const fs::path file =
+        kind.empty() ? fs::path("model") / "model.safetensors" : fs::path("adapter") / "adapter_model.safetensors";
+    const CliRun one = s.sft(0, name + "-1", kind + " --set gradient_accumulation_steps=4");
+    ASSERT_EQ(one.code, 0) << one.err;
+    const auto want = s.losses(name + "-1");
+    ASSERT_EQ(want.size(), 3u);
+    struct Case {
+      int ranks, ep, zero;
+    };
+    for (const Case c : {Case{2, 2, 0}, Case{2, 2, 2}, Case{4, 2, 0}, Case{4, 4, 0}, Case{4, 4, 2}}) {
+      const std::string out = cat(name, "-", c.ranks, "-ep", c.ep, "-z", c.zero);
+      const CliRun r = s.sft(c.ranks, out,
+                             cat(kind, " --set gradient_accumulation_steps=", 4 / c.ranks, " --set zero_stage=", c.zero,
+                                 " --set ep_size=", c.ep, c.ranks == 2 && c.zero == 0 ? " --set save_steps=1" : ""));
+      ASSERT_EQ(r.code, 0) << out << "\n" << r.err;
+      EXPECT_NE(r.err.find(cat("expert parallel in groups of ", c.ep, " ranks, ", 4 / c.ep, " of 4 experts")),
+                std::string::npos)
+          << r.err;
+      expect_same_losses(want, s.losses(out), out);
+      expect_same_model(s.t.path / (name + "-1") / file, s.t.path / out / file, out);
+      if (!kind.empty()) {
+        const auto evals = s.losses(name + "-1", "eval_loss");
+        ASSERT_EQ(evals.size(), 3u) << "evaluated before training and at steps 2 and 3";
+        expect_same_losses(evals, s.losses(out, "eval_loss"), out + " evaluation");
+      }
+    }
+    // EP 2's checkpoint after update 1, resumed at EP 4 (ZeRO 2) and in one process
+    const fs::path ck = s.t.path / (name + "-2-ep2-z0") / "checkpoint-1";
+    ASSERT_TRUE(fs::exists(ck)) << ck;
+    auto rest = want;
+    rest.erase(1);
+    const CliRun four = s.sft(4, name + "-resumed-ep4",
+                              kind + " --set gradient_accumulation_steps=1 --set zero_stage=2 --set ep_size=4 " +
+                                  "--set resume_from_checkpoint=" + ck.string());
+    ASSERT_EQ(four.code, 0) << four.err;
+    expect_same_losses(rest, s.losses(name + "-resumed-ep4"), name + ": EP 4 from an EP 2 checkpoint");
+    expect_same_model(s.t.path / (name + "-1") / file, s.t.path / (name + "-resumed-ep4") / file, name + " resumed");
+    const CliRun alone =
+        s.sft(0, name + "-resumed-1",
+              kind + " --set gradient_accumulation_steps=4 --set resume_from_checkpoint=" + ck.string());
+    ASSERT_EQ(alone.code, 0) << alone.err;
+    expect_same_losses(rest, s.losses(name + "-resumed-1"), name + ": one process from an EP 2 checkpoint");
+  }
+  auto refused = [&](const CliRun& r, const std::string& want) {
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+  };
+  refused(s.sft(0, "ep-alone", "--set ep_size=2"), "ep_size 2 needs an sft or pt run over a multiple of 2 ranks");
+  refused(s.sft(2, "ep-3", "--set ep_size=3"), "ep_size 3 needs an sft or pt run over a multiple of 3 ranks");
+  DpSetup six(/*experts=*/6);
+  refused(six.sft(4, "ep-4-of-6", "--set ep_size=4 --set gradient_accumulation_steps=1"),
+          "ep_size 4 must divide the model's 6 experts");
+  DpSetup dense;
+  refused(dense.sft(2, "ep-dense", "--set ep_size=2"), "has no Mixture-of-Experts layers");
+}
+
 // `bench --plan-only --gpus N --data-parallel Z` prints, without loading anything, the bytes each rank then
 // allocates: ZeRO-3's line of a real 2-rank run (full and LoRA), ZeRO-2's sharded moments, and one rank alone
 // (ZeRO-3's slices whole: no pass buffers). What the sharded update cannot run (8-bit moments) is refused in

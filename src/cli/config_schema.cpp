@@ -435,6 +435,8 @@ void add_memory_keys(std::vector<KeySpec>& v) {
   v.push_back(
       integer("gpus", FIELD(gpus), 1, "worker processes on this machine, one per GPU (CPU ranks on cpu)", 1024));
   v.push_back(integer("zero_stage", FIELD(zero_stage), 0, "ZeRO's stage with several ranks (DeepSpeed's meaning)", 3));
+  v.push_back(integer("ep_size", FIELD(ep_size), 1,
+                      "Mixture-of-Experts: each group of this many ranks splits the experts among its ranks", 1024));
   v.push_back(integer("ddp_timeout", FIELD(ddp_timeout), 1,
                       "seconds a rank waits for another (rendezvous, CPU collectives) before the job ends naming it",
                       1 << 24));

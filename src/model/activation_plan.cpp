@@ -131,6 +131,8 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
   // token and expert); the per-pair tensors (M = N·top_k rows) follow the MLP's recompute rules.
   const int64_t E = c.moe.num_experts, K = c.moe.top_k, M = N * K, Fm = c.moe.intermediate_size;
   const int64_t Fs = c.moe.shared_intermediate_size;
+  // the experts' side: this rank's pairs, or with expert parallelism room for every rank of its group's
+  const int64_t Mx = M * std::max(1, s.expert_parallel);
   if (Lm > 0) {
     per_layer("moe_logits", {N, E}, act, false, Lm);
     per_layer("moe_probs", {N, E}, f32, false, Lm);
@@ -140,12 +142,14 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
     per_layer("moe_slot", {M}, i32, false, Lm);
     per_layer("moe_offsets", {E + 1}, i32, false, Lm);
     per_layer("moe_xs", {M, D}, act, mlp_rc, Lm);
-    for (const char* n : {"moe_gate", "moe_up"}) per_layer(n, {M, Fm}, act, mlp_rc, Lm);
-    per_layer("moe_act", {M, Fm}, act, elem_rc, Lm);
+    for (const char* n : {"moe_gate", "moe_up"}) per_layer(n, {Mx, Fm}, act, mlp_rc, Lm);
+    per_layer("moe_act", {Mx, Fm}, act, elem_rc, Lm);
     per_layer("moe_ys", {M, D}, act, mlp_rc, Lm);
+    if (s.expert_parallel > 1)
+      for (const char* n : {"moe_xl", "moe_yl"}) per_layer(n, {Mx, D}, act, mlp_rc, Lm);
     if (const LoraConfig* lora = s.lora; lora && c.moe.lora_on_experts) {  // experts' adapters' u: rank 2r / r
-      if (lora->targets(LoraTarget::gate)) per_layer("moe_u_gate_up", {M, 2 * lora->r}, act, mlp_rc, Lm);
-      if (lora->targets(LoraTarget::down)) per_layer("moe_u_down", {M, lora->r}, act, mlp_rc, Lm);
+      if (lora->targets(LoraTarget::gate)) per_layer("moe_u_gate_up", {Mx, 2 * lora->r}, act, mlp_rc, Lm);
+      if (lora->targets(LoraTarget::down)) per_layer("moe_u_down", {Mx, lora->r}, act, mlp_rc, Lm);
       if (lora->router) per_layer("moe_u_router", {N, lora->r}, act, false, Lm);  // (routing is kept, not redone)
     }
     if (Fs > 0) {  // Qwen2-MoE's shared expert: a dense MLP over every token, and its gate's logit (kept)
@@ -165,13 +169,15 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
     for (const char* n : {"dact", "dgate", "dup"}) one(n, {T, F}, act);
   if (Lm > 0) {
     for (const char* n : {"moe_dys", "moe_dxs"}) one(n, {M, D}, act);
-    for (const char* n : {"moe_dact", "moe_dgate", "moe_dup"}) one(n, {M, Fm}, act);
+    if (s.expert_parallel > 1)
+      for (const char* n : {"moe_dyl", "moe_dxl"}) one(n, {Mx, D}, act);
+    for (const char* n : {"moe_dact", "moe_dgate", "moe_dup"}) one(n, {Mx, Fm}, act);
     one("moe_dweight", {N, K}, f32);
     one("moe_dlogits", {N, E}, act);
     for (const char* n : {"moe_counts", "moe_prob_sum", "moe_aux_grad"}) one(n, {E}, f32);
     const LoraConfig* lora = s.lora;
     if (lora && c.moe.lora_on_experts && (lora->targets(LoraTarget::gate) || lora->targets(LoraTarget::down))) {
-      one("moe_lora_g", {M, 2 * lora->r}, act);
+      one("moe_lora_g", {Mx, 2 * lora->r}, act);
       const int64_t b = E * std::max(2 * Fm * 2 * lora->r, D * lora->r);  // B per expert: gate_up's or down's
       one("moe_lora_b", {b}, act);
       one("moe_lora_db", {b}, f32);  // (the gradients' dtype)

@@ -57,6 +57,9 @@ struct ActivationSettings {
   // `offload_activations` (recompute full only): the layer-input checkpoints live in pinned host memory, one
   // copy per layer, and the device keeps a ring of kCheckpointSlots of them (model/transformer.cpp).
   bool offload_checkpoints = false;
+  // Expert parallelism's group size (model/expert_parallel.h): an MoE layer's experts' side holds what this
+  // rank's experts receive, at most ep_size × its own pairs.
+  int expert_parallel = 1;
 };
 
 // Device slots of the offloaded checkpoints' ring. Two suffice: forward overwrites a slot one layer after its

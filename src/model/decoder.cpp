@@ -254,7 +254,13 @@ void KvDecoder::forward_chunk(int r0, int nb, int Tc) {
         t.shared_logit = view(moe_shared_logit_, {N, 1});
       }
       const MoeStats stats{view(moe_counts_, {E}), view(moe_prob_sum_, {E})};  // (not read: no loss here)
-      w.moe->forward(o, &out, h, t, &stats, /*route=*/true, no_dropout, l);
+      if (w.moe->ep) {  // generation runs each rank's sequences alone: every expert here (whole on every rank)
+        MoeSwiGLU alone = *w.moe;
+        alone.ep = nullptr;
+        alone.forward(o, &out, h, t, &stats, /*route=*/true, no_dropout, l);
+      } else {
+        w.moe->forward(o, &out, h, t, &stats, /*route=*/true, no_dropout, l);
+      }
     } else {
       w.mlp.forward(o, &out, h, mlp, no_dropout, l, tmp);
     }

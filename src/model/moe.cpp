@@ -33,28 +33,61 @@ Tensor MoeSwiGLU::stacked(const std::vector<Parameter*>& ps, Tensor Parameter::*
   return Tensor{first.data, first.dtype, {int64_t(ps.size()), first.dim(0), first.dim(1)}, first.device};
 }
 
-MoeSwiGLU::LoraFactors MoeSwiGLU::lora_factors(Ops& o, const ExpertLora& l, const Tensor& scratch, int parts) {
+MoeSwiGLU::ExpertRows MoeSwiGLU::expert_rows(const MoeTensors& t, const MoeGrads* g, int64_t layer) const {
+  ExpertRows x;
+  if (!ep) {
+    x = {0, int64_t(gate.size()), t.xs, t.gate, t.up, t.act, t.ys, t.u_gate_up, t.u_down};
+    if (g) {
+      x.dys = g->dys;
+      x.dxs = g->dxs;
+      x.dact = g->dact;
+      x.dgate = g->dgate;
+      x.dup = g->dup;
+    }
+    x.offsets = t.offsets;
+    return x;
+  }
+  const int64_t n = ep->received(layer);
+  auto cut = [n](const Tensor& a) { return a.data ? a.rows(0, n) : a; };
+  x = {ep->first_expert(), ep->local_experts(), cut(t.xl),        cut(t.gate),  cut(t.up),
+       cut(t.act),         cut(t.yl),           cut(t.u_gate_up), cut(t.u_down)};
+  if (g) {
+    x.dys = cut(g->dyl);
+    x.dxs = cut(g->dxl);
+    x.dact = cut(g->dact);
+    x.dgate = cut(g->dgate);
+    x.dup = cut(g->dup);
+  }
+  x.offsets = ep->local_offsets(layer);
+  return x;
+}
+
+MoeSwiGLU::LoraFactors MoeSwiGLU::lora_factors(Ops& o, const ExpertLora& l, const Tensor& scratch, int parts,
+                                               const ExpertRows& x) {
   const int64_t R = l.rank, E = l.a->shape[0] / R, in = l.a->shape[1], out = l.b->shape[0] / parts;
   LoraFactors f;
-  f.a = Tensor{l.a->value.data, l.a->value.dtype, {E, R, in}, l.a->value.device};
+  f.a = Tensor{l.a->value.data, l.a->value.dtype, {E, R, in}, l.a->value.device}.rows(x.first, x.first + x.count);
   for (int i = 0; i < parts; ++i) {
-    f.b[size_t(i)] = Tensor{static_cast<char*>(scratch.data) + size_t(i * E * out * R) * dtype_size(scratch.dtype),
-                            scratch.dtype,
-                            {E, out, R},
-                            scratch.device};
-    o.expert_lora_b_layout(f.b[size_t(i)], l.b->value.rows(i * out, (i + 1) * out), false);
+    const Tensor b{static_cast<char*>(scratch.data) + size_t(i * E * out * R) * dtype_size(scratch.dtype),
+                   scratch.dtype,
+                   {E, out, R},
+                   scratch.device};
+    o.expert_lora_b_layout(b, l.b->value.rows(i * out, (i + 1) * out), false);
+    f.b[size_t(i)] = b.rows(x.first, x.first + x.count);
   }
   return f;
 }
 
 void MoeSwiGLU::lora_backward(Ops& o, const ExpertLora& l, Tensor* dx, std::initializer_list<Tensor> dys,
-                              const Tensor& x, const Tensor& u, const MoeTensors& t, const MoeGrads& g) const {
+                              const Tensor& x, const Tensor& u, const ExpertRows& rows, const MoeTensors& t,
+                              const MoeGrads& g) const {
   const int parts = int(dys.size());
-  const Tensor& offsets = t.offsets;
-  const LoraFactors f = lora_factors(o, l, t.lora_b, parts);
-  const int64_t E = f.a.dim(0), R = l.rank, out = f.b[0].dim(1);
+  const Tensor& offsets = rows.offsets;
+  const LoraFactors f = lora_factors(o, l, t.lora_b, parts, rows);
+  const int64_t E = l.a->shape[0] / l.rank, R = l.rank, out = f.b[0].dim(1);
   const Tensor du{g.lora_g.data, g.lora_g.dtype, {u.dim(0), R}, g.lora_g.device};  // (sized for the widest R)
-  // d loss / du = scale·Σ dy·B_e; dB_e += scale·dyᵀ·u (one matrix per expert, then into PEFT's layout)
+  // d loss / du = scale·Σ dy·B_e; dB_e += scale·dyᵀ·u (one matrix per expert, then into PEFT's layout; the
+  // experts this rank does not run get zeros)
   int i = 0;
   for (const Tensor& dy : dys) {
     Tensor db{static_cast<char*>(g.lora_db.data) + size_t(i * E * out * R) * dtype_size(g.lora_db.dtype),
@@ -62,13 +95,14 @@ void MoeSwiGLU::lora_backward(Ops& o, const ExpertLora& l, Tensor* dx, std::init
               {E, out, R},
               g.lora_db.device};
     o.zero(db);
-    Tensor du_i = du;
-    o.grouped_linear_backward(&du_i, i > 0, &db, dy, u, f.b[size_t(i)], offsets, l.scale);
+    Tensor du_i = du, db_run = db.rows(rows.first, rows.first + rows.count);
+    o.grouped_linear_backward(&du_i, i > 0, &db_run, dy, u, f.b[size_t(i)], offsets, l.scale);
     o.expert_lora_b_layout(l.b->grad.rows(i * out, (i + 1) * out), db, true);
     ++i;
   }
   // dx += du·A_e; dA_e += duᵀ·x
-  Tensor da{l.a->grad.data, l.a->grad.dtype, {E, R, x.dim(1)}, l.a->grad.device};
+  Tensor da = Tensor{l.a->grad.data, l.a->grad.dtype, {E, R, x.dim(1)}, l.a->grad.device}.rows(rows.first,
+                                                                                               rows.first + rows.count);
   o.grouped_linear_backward(dx, true, &da, du, x, f.a, offsets);
 }
 
@@ -79,23 +113,30 @@ void MoeSwiGLU::forward(Ops& o, Tensor* out, const Tensor& h, const MoeTensors& 
     router_linear.forward(o, t.logits, h, t.u_router, {}, lora.scratch);
     o.moe_route(t.probs, t.expert, t.weight, stats->prob_sum, t.logits, norm_topk);
     o.moe_permute(t.rows, t.slot, t.offsets, stats->counts, t.expert);
+    if (ep) ep->plan(layer, t.offsets);
   }
   o.gather_rows(t.xs, h, t.rows);
-  o.grouped_linear_forward(t.gate, t.xs, stacked(gate, &Parameter::value), t.offsets);
-  o.grouped_linear_forward(t.up, t.xs, stacked(up, &Parameter::value), t.offsets);
+  const ExpertRows x = expert_rows(t, nullptr, layer);
+  if (ep) ep->dispatch(o, layer, x.xs, t.xs);
+  auto weights = [&](const std::vector<Parameter*>& ps) {
+    return stacked(ps, &Parameter::value).rows(x.first, x.first + x.count);
+  };
+  o.grouped_linear_forward(x.gate, x.xs, weights(gate), x.offsets);
+  o.grouped_linear_forward(x.up, x.xs, weights(up), x.offsets);
   if (gate_up_lora.on()) {  // + scale·(x·A_eᵀ)·B_eᵀ per expert, B's gate rows then its up rows
-    const LoraFactors f = lora_factors(o, gate_up_lora, t.lora_b, 2);
-    o.grouped_linear_forward(t.u_gate_up, t.xs, f.a, t.offsets);
-    o.grouped_linear_forward(t.gate, t.u_gate_up, f.b[0], t.offsets, gate_up_lora.scale, true);
-    o.grouped_linear_forward(t.up, t.u_gate_up, f.b[1], t.offsets, gate_up_lora.scale, true);
+    const LoraFactors f = lora_factors(o, gate_up_lora, t.lora_b, 2, x);
+    o.grouped_linear_forward(x.u_gate_up, x.xs, f.a, x.offsets);
+    o.grouped_linear_forward(x.gate, x.u_gate_up, f.b[0], x.offsets, gate_up_lora.scale, true);
+    o.grouped_linear_forward(x.up, x.u_gate_up, f.b[1], x.offsets, gate_up_lora.scale, true);
   }
-  o.swiglu_forward(t.act, t.gate, t.up);
-  o.grouped_linear_forward(t.ys, t.act, stacked(down, &Parameter::value), t.offsets);
+  o.swiglu_forward(x.act, x.gate, x.up);
+  o.grouped_linear_forward(x.ys, x.act, weights(down), x.offsets);
   if (down_lora.on()) {
-    const LoraFactors f = lora_factors(o, down_lora, t.lora_b, 1);
-    o.grouped_linear_forward(t.u_down, t.act, f.a, t.offsets);
-    o.grouped_linear_forward(t.ys, t.u_down, f.b[0], t.offsets, down_lora.scale, true);
+    const LoraFactors f = lora_factors(o, down_lora, t.lora_b, 1, x);
+    o.grouped_linear_forward(x.u_down, x.act, f.a, x.offsets);
+    o.grouped_linear_forward(x.ys, x.u_down, f.b[0], x.offsets, down_lora.scale, true);
   }
+  if (ep) ep->send_back(o, layer, t.ys, x.ys);
   if (out) o.moe_combine(*out, t.ys, t.slot, t.weight);
   if (!shared_gate) return;
   // backward reads the shared expert's output (for its gate's gradient): it runs whole in a recompute too
@@ -114,23 +155,28 @@ void MoeSwiGLU::backward(Ops& o, Tensor dh, const Tensor& dout, const Tensor& h,
     shared.backward(o, dh, g.dshared_out, h, t.shared, g.shared, lora, layer);
     shared_gate_linear.backward(o, &dh, true, g.dshared_logit, h, t.u_shared_gate, {}, lora.scratch);
   }
-  auto grads = [&](const std::vector<Parameter*>& ps) { return stacked(ps, &Parameter::grad); };
-  Tensor dgate_w = trains ? grads(gate) : Tensor{}, dup_w = trains ? grads(up) : Tensor{};
-  Tensor ddown_w = trains ? grads(down) : Tensor{};
+  const ExpertRows x = expert_rows(t, &g, layer);
+  auto run = [&](const std::vector<Parameter*>& ps, Tensor Parameter::*field) {
+    return stacked(ps, field).rows(x.first, x.first + x.count);
+  };
+  Tensor dgate_w = trains ? run(gate, &Parameter::grad) : Tensor{},
+         dup_w = trains ? run(up, &Parameter::grad) : Tensor{};
+  Tensor ddown_w = trains ? run(down, &Parameter::grad) : Tensor{};
   // out = Σ_j weight_j · ys_j: to each pair's output, and to the router's weights
   o.moe_combine_backward(g.dys, g.dweight, dout, t.ys, t.slot, t.weight);
-  Tensor dact = g.dact;
-  o.grouped_linear_backward(&dact, false, trains ? &ddown_w : nullptr, g.dys, t.act, stacked(down, &Parameter::value),
-                            t.offsets);
-  if (down_lora.on()) lora_backward(o, down_lora, &dact, {g.dys}, t.act, t.u_down, t, g);
-  o.swiglu_backward(g.dgate, g.dup, g.dact, t.gate, t.up);
-  Tensor dxs = g.dxs;
-  o.grouped_linear_backward(&dxs, false, trains ? &dgate_w : nullptr, g.dgate, t.xs, stacked(gate, &Parameter::value),
-                            t.offsets);
-  o.grouped_linear_backward(&dxs, true, trains ? &dup_w : nullptr, g.dup, t.xs, stacked(up, &Parameter::value),
-                            t.offsets);
-  if (gate_up_lora.on()) lora_backward(o, gate_up_lora, &dxs, {g.dgate, g.dup}, t.xs, t.u_gate_up, t, g);
-  o.moe_unpermute_sum(dh, shared_gate != nullptr, dxs, t.slot);
+  if (ep) ep->dispatch(o, layer, x.dys, g.dys);
+  Tensor dact = x.dact;
+  o.grouped_linear_backward(&dact, false, trains ? &ddown_w : nullptr, x.dys, x.act, run(down, &Parameter::value),
+                            x.offsets);
+  if (down_lora.on()) lora_backward(o, down_lora, &dact, {x.dys}, x.act, x.u_down, x, t, g);
+  o.swiglu_backward(x.dgate, x.dup, x.dact, x.gate, x.up);
+  Tensor dxs = x.dxs;
+  o.grouped_linear_backward(&dxs, false, trains ? &dgate_w : nullptr, x.dgate, x.xs, run(gate, &Parameter::value),
+                            x.offsets);
+  o.grouped_linear_backward(&dxs, true, trains ? &dup_w : nullptr, x.dup, x.xs, run(up, &Parameter::value), x.offsets);
+  if (gate_up_lora.on()) lora_backward(o, gate_up_lora, &dxs, {x.dgate, x.dup}, x.xs, x.u_gate_up, x, t, g);
+  if (ep) ep->send_back(o, layer, g.dxs, x.dxs);
+  o.moe_unpermute_sum(dh, shared_gate != nullptr, g.dxs, t.slot);
   // the router: weights (and the load-balancing loss's probabilities) → logits → h and the router's weight
   o.moe_router_backward(g.dlogits, g.dweight, t.probs, t.expert, t.weight, norm_topk, g.aux_grad);
   router_linear.backward(o, &dh, true, g.dlogits, h, t.u_router, {}, lora.scratch);

@@ -13,6 +13,7 @@
 #include "kernels/ops.h"
 #include "model/config.h"
 #include "model/dense_mlp.h"
+#include "model/expert_parallel.h"
 #include "model/lora.h"
 #include "model/parameters.h"
 
@@ -25,6 +26,10 @@ struct MoeTensors {
   Tensor probs, expert, weight;  // F32 [N,E], I32 [N,k], F32 [N,k] (Ops::moe_route)
   Tensor rows, slot, offsets;    // I32 [M], [M], [E+1] (Ops::moe_permute)
   Tensor xs, gate, up, act, ys;  // [M,D], [M,F], [M,F], [M,F], [M,D]: per pair, in expert order
+  // With expert parallelism (model/expert_parallel.h) xs and ys stay this rank's pairs', and the experts' side
+  // (gate, up, act, the adapters' u; xl, yl: its inputs and outputs) holds the rows this rank's experts received
+  // from the group: room for ep_size × M, the first ExpertParallel::received of them used.
+  Tensor xl, yl;
   // expert LoRA's u = x·A_eᵀ per pair: [M, 2r] over gate_up, [M, r] over down (empty without the adapter), and
   // scratch for B as one matrix per expert (flat, at least E·max(2F·2r, D·r); shared by the layers)
   Tensor u_gate_up, u_down, lora_b;
@@ -37,6 +42,7 @@ struct MoeTensors {
 // Backward's scratch, shared by the layers.
 struct MoeGrads {
   Tensor dys, dxs;          // [M,D]
+  Tensor dyl, dxl;          // with expert parallelism: the experts' side of dys and dxs (as MoeTensors::xl)
   Tensor dact, dgate, dup;  // [M,F]
   Tensor dweight, dlogits;  // F32 [N,k]; [N,E] activation dtype
   Tensor aux_grad;          // F32 [E]: d (coef · load-balancing loss) / d probs, or empty
@@ -88,6 +94,8 @@ class MoeSwiGLU {
   // LoRA on the experts (lora_target_modules gate_proj + up_proj, down_proj) where PEFT puts it there
   // (MoeConfig::lora_on_experts); else those targets adapt the shared expert's projections (`shared`)
   ExpertLora gate_up_lora, down_lora;
+  // Expert parallelism (null: this rank runs every expert of its own pairs).
+  ExpertParallel* ep = nullptr;
 
   // out = Σ_j weight_j · expert_j(h). With `route` the router runs and the pairs are sorted (stats gain this
   // layer's counts and probabilities); without it (a recompute for backward) the saved routing is reused.
@@ -106,11 +114,20 @@ class MoeSwiGLU {
     Tensor a;
     std::array<Tensor, 2> b;
   };
-  static LoraFactors lora_factors(Ops& ops, const ExpertLora& l, const Tensor& scratch, int parts);
+  // The experts this rank runs and the rows they run on: this rank's pairs, or with expert parallelism what
+  // its experts received (their forward tensors, backward's scratch, offsets by expert).
+  struct ExpertRows {
+    int64_t first = 0, count = 0;  // experts [first, first + count)
+    Tensor xs, gate, up, act, ys, u_gate_up, u_down;
+    Tensor dys, dxs, dact, dgate, dup;
+    Tensor offsets;
+  };
+  ExpertRows expert_rows(const MoeTensors& t, const MoeGrads* g, int64_t layer) const;
+  static LoraFactors lora_factors(Ops& ops, const ExpertLora& l, const Tensor& scratch, int parts, const ExpertRows& x);
   // An adapter's backward: dx += its input gradient; A's and B's gradients added. dys: the adapted outputs'
   // gradients (gate's and up's for gate_up).
   void lora_backward(Ops& ops, const ExpertLora& l, Tensor* dx, std::initializer_list<Tensor> dys, const Tensor& x,
-                     const Tensor& u, const MoeTensors& t, const MoeGrads& g) const;
+                     const Tensor& u, const ExpertRows& rows, const MoeTensors& t, const MoeGrads& g) const;
   // The experts' weights (or gradients) of one projection as one [E, out, in] tensor: the per-expert
   // parameters are added one after another, so they are contiguous in the store (checked).
   static Tensor stacked(const std::vector<Parameter*>& ps, Tensor Parameter::*field);

@@ -39,7 +39,7 @@ struct Transformer::Activations {
   // per MoE layer (ModelConfig::moe_index): model/moe.h's MoeTensors
   std::vector<Tensor> moe_logits, moe_probs, moe_expert, moe_weight, moe_rows, moe_slot, moe_offsets, moe_xs, moe_gate,
       moe_up, moe_act, moe_ys, moe_u_gate_up, moe_u_down, moe_u_router, moe_u_shared_gate, moe_shared_gate,
-      moe_shared_up, moe_shared_act, moe_shared_out, moe_shared_logit;
+      moe_shared_up, moe_shared_act, moe_shared_out, moe_shared_logit, moe_xl, moe_yl;
   Tensor moe_lora_b;  // expert LoRA's B per expert (scratch)
   MoeGrads moe_grads;
   MoeStats moe_stats;
@@ -256,7 +256,9 @@ void Transformer::bind_planned_buffers(Activations& a, Ops& ops) {
                          {"moe_shared_up", &a.moe_shared_up},
                          {"moe_shared_act", &a.moe_shared_act},
                          {"moe_shared_out", &a.moe_shared_out},
-                         {"moe_shared_logit", &a.moe_shared_logit}})
+                         {"moe_shared_logit", &a.moe_shared_logit},
+                         {"moe_xl", &a.moe_xl},
+                         {"moe_yl", &a.moe_yl}})
     layered[name] = v;
   for (int t = 0; t < kLoraTargets; ++t) layered[cat("lora_u.", kLoraModuleNames[size_t(t)])] = &a.lora_u[size_t(t)];
   const std::map<std::string, Tensor*> single = {{"hf", &a.hf},
@@ -270,6 +272,8 @@ void Transformer::bind_planned_buffers(Activations& a, Ops& ops) {
                                                  {"moe_dshared_out", &a.moe_grads.dshared_out},
                                                  {"moe_dshared_logit", &a.moe_grads.dshared_logit},
                                                  {"moe_dxs", &a.moe_grads.dxs},
+                                                 {"moe_dyl", &a.moe_grads.dyl},
+                                                 {"moe_dxl", &a.moe_grads.dxl},
                                                  {"moe_dact", &a.moe_grads.dact},
                                                  {"moe_dgate", &a.moe_grads.dgate},
                                                  {"moe_dup", &a.moe_grads.dup},
@@ -331,6 +335,21 @@ void Transformer::bind_planned_buffers(Activations& a, Ops& ops) {
     for (size_t i = copies; i < v->size(); ++i) (*v)[i] = (*v)[i % copies];
 }
 
+void Transformer::set_expert_parallel(std::unique_ptr<Communicator> group) {
+  SOLTRAIN_CHECK(!acts_ && group, "set_expert_parallel after plan()");
+  const ModelConfig& c = config_;
+  const int P = group->size();
+  if (c.moe_layers() == 0) user_error("ep_size ", P, ": ", c.architecture, " has no Mixture-of-Experts layers");
+  if (c.moe.num_experts % P != 0) user_error("ep_size ", P, " must divide the model's ", c.moe.num_experts, " experts");
+  if (ops_.device() != Device::CPU)
+    user_error("ep_size ", P,
+               ": expert parallelism runs on CPU ranks for now (its all-to-all over NCCL is not built); "
+               "leave ep_size unset on GPUs");
+  ep_ = std::make_unique<ExpertParallel>(std::move(group), c.moe.num_experts, c.num_layers);
+  for (DecoderLayer& layer : layers_)
+    if (layer.moe) layer.moe->ep = ep_.get();
+}
+
 void Transformer::plan(int rows, int seq_len, Recompute recompute) {
   const int64_t N = int64_t(rows) * seq_len;
   if (config_.moe_layers() > 0 && token_tile_ != kTokenTileAuto)
@@ -347,9 +366,9 @@ void Transformer::plan(int rows, int seq_len, Recompute recompute) {
   a->seq_len = seq_len;
   a->recompute = recompute;
   a->plan = plan_activations(
-      config_,
-      {rows, seq_len, recompute, ops_.activation_dtype(), residual_dtype(), lora_ ? &*lora_ : nullptr, token_tile_,
-       head_chunk_bytes_for(ops_.activation_dtype(), params_.at(lm_head_name()).trainable), offload_checkpoints_});
+      config_, {rows, seq_len, recompute, ops_.activation_dtype(), residual_dtype(), lora_ ? &*lora_ : nullptr,
+                token_tile_, head_chunk_bytes_for(ops_.activation_dtype(), params_.at(lm_head_name()).trainable),
+                offload_checkpoints_, ep_ ? ep_->size() : 1});
   // Offloaded checkpoints that would not fit the host are refused with the figures before anything is
   // allocated (pinned pages past the cgroup's limit get the process killed without a word).
   if (const size_t host = a->plan.host_bytes()) check_host_memory(host, "offload_activations' layer-input checkpoints");
@@ -419,6 +438,10 @@ MoeTensors Transformer::moe_tensors(int64_t l) const {
   const size_t m = size_t(config_.moe_index(int(l)));
   MoeTensors t{a.moe_logits[m],  a.moe_probs[m], a.moe_expert[m], a.moe_weight[m], a.moe_rows[m], a.moe_slot[m],
                a.moe_offsets[m], a.moe_xs[m],    a.moe_gate[m],   a.moe_up[m],     a.moe_act[m],  a.moe_ys[m]};
+  if (!a.moe_xl.empty()) {
+    t.xl = a.moe_xl[m];
+    t.yl = a.moe_yl[m];
+  }
   if (!a.moe_u_gate_up.empty()) t.u_gate_up = a.moe_u_gate_up[m];
   if (!a.moe_u_down.empty()) t.u_down = a.moe_u_down[m];
   if (!a.moe_u_router.empty()) t.u_router = a.moe_u_router[m];
@@ -537,7 +560,9 @@ void Transformer::forward(const HostBatch& batch, Objective* objective, bool bac
   }
   // transformers' load-balancing loss over every MoE layer's routing of this micro-batch: its value joins the
   // update's loss, and its gradient backward's router (training passes only, as the loss it reports).
-  a.aux_on = backward_follows && c.moe_layers() > 0 && c.moe.aux_loss_coef > 0;
+  // (Expert parallelism runs passes without targets too, to serve its experts: like the one process that skips
+  // them, they add no load-balancing loss.)
+  a.aux_on = backward_follows && c.moe_layers() > 0 && c.moe.aux_loss_coef > 0 && !(ep_ && batch.counted() == 0);
   if (a.aux_on)
     ops_.moe_aux_loss(a.moe_grads.aux_grad, aux_loss_t_, a.moe_stats.counts, a.moe_stats.prob_sum, c.moe.aux_loss_coef,
                       double(c.moe_layers()) * double(a.resid[0].dim(0)));

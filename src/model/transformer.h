@@ -122,6 +122,11 @@ class Transformer {
   // resident run's, bit for bit (the same values are read). Set before plan(); plan() refuses it without
   // recompute full, and refuses host memory that would not fit.
   void set_offload_checkpoints(bool on) { offload_checkpoints_ = on; }
+  // Expert parallelism (model/expert_parallel.h) over `group`, this rank's group of the job: every MoE layer
+  // runs its share of the experts for the group's tokens. Set before plan(); refused in one line where the
+  // model or backend cannot (no MoE layers, experts not divisible by the group, not on CPU ranks).
+  void set_expert_parallel(std::unique_ptr<Communicator> group);
+  const ExpertParallel* expert_parallel() const { return ep_.get(); }
   // Sizes and allocates every activation for batches of `rows` × `seq_len` tokens.
   void plan(int rows, int seq_len, Recompute recompute = Recompute::None);
   size_t activation_bytes() const;
@@ -223,6 +228,7 @@ class Transformer {
   bool offload_checkpoints_ = false;
   std::unique_ptr<SftObjective> own_sft_;  // step()'s objective
   std::unique_ptr<Fp8Recipe> fp8_;
+  std::unique_ptr<ExpertParallel> ep_;
   Buffer aux_loss_;  // F64 [1]: the load-balancing loss of the passes since reset_aux_loss (MoE models)
   Tensor aux_loss_t_;
 };

@@ -38,7 +38,15 @@ std::unique_ptr<Transformer> load_run_model(const TrainConfig& c, Ops& ops, cons
   return model;
 }
 
-void configure_model(Transformer& model, const TrainConfig& c, Ops& ops, int rows) {
+void configure_model(Transformer& model, const TrainConfig& c, Ops& ops, int rows, Communicator* comm) {
+  if (c.ep_size > 1) {
+    const int world = comm ? comm->size() : 1;
+    if (world % c.ep_size != 0)
+      user_error("ep_size ", c.ep_size, " needs an sft or pt run over a multiple of ", c.ep_size,
+                 " ranks (gpus: N or mpirun); this one has ", world);
+    // groups of ep_size consecutive ranks; every rank joins the split, in the same order
+    model.set_expert_parallel(comm->split(comm->rank() / c.ep_size));
+  }
   model.set_residual_dtype(c.residual_dtype);
   ops.set_attention_backward(c.attention_backward);
   if (c.fp8_hybrid) model.enable_fp8(c.fp8);  // (data parallel: TrainStep max-reduces the amaxes)

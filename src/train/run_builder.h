@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "data/shards.h"
+#include "dist/communicator.h"
 #include "model/lora.h"
 #include "model/transformer.h"
 #include "train/optimizer.h"
@@ -44,8 +45,9 @@ std::unique_ptr<Transformer> load_run_model(const TrainConfig& c, Ops& ops, cons
                                             std::initializer_list<const ShardSet*> data, bool gradients = true);
 
 // The model's run settings (residual dtype, attention backward form, FP8 recipe, token tile, offloaded
-// checkpoints), then its plan for micro-batches of `rows` x sequence_len.
-void configure_model(Transformer& model, const TrainConfig& c, Ops& ops, int rows);
+// checkpoints, expert parallelism over `comm`'s ranks), then its plan for micro-batches of `rows` x
+// sequence_len. Paths without ranks (null `comm`) refuse ep_size in one line.
+void configure_model(Transformer& model, const TrainConfig& c, Ops& ops, int rows, Communicator* comm = nullptr);
 
 // One update holds its gradient_accumulation_steps x `world` micro-batches of `rows` x sequence_len on the
 // host at once: refused in one line (host_memory.h) when they do not fit, before they are allocated.

@@ -74,7 +74,7 @@ void set_up(Run& r) {
   r.micro_per_epoch = (r.loader->rows_in_epoch(0) + lo.rows - 1) / lo.rows;
   // Data parallel: an update takes accumulation × world micro-batches (floor(m / (a·w)) = floor(floor(m / w) / a)).
   r.sched = schedule_config(c, total_training_steps(c, r.micro_per_epoch / r.world));
-  configure_model(*r.model, c, r.ops, lo.rows);
+  configure_model(*r.model, c, r.ops, lo.rows, r.dp ? r.comm : nullptr);
   r.opt = optimizer_config(c);
   // (the config reader refuses offload with ZeRO first; this names the settings for the rest)
   if (const char* why = r.dp ? sharded_update_refusal(r.opt, c.zero_stage) : nullptr)
@@ -196,6 +196,10 @@ void print_plan(const Run& r) {
     r.log << r.cmd << ": data parallel over " << r.world << " ranks (" << r.comm->backend() << "), ZeRO stage "
           << c.zero_stage << ": global batch " << c.per_device_train_batch_size << " x "
           << c.gradient_accumulation_steps << " x " << r.world << " micro-batches per update\n";
+  if (const ExpertParallel* ep = r.model->expert_parallel())
+    r.log << r.cmd << ": expert parallel in groups of " << ep->size() << " ranks, " << ep->local_experts() << " of "
+          << ep->local_experts() * ep->size()
+          << " experts run on each (every expert's weights kept on every rank for now)\n";
   if (const Zero3* z = r.zero3()) {
     // Exact bytes as allocated, so a test can check that each persistent piece is 1/world of the model.
     const ParameterStore::TrainableBytes held = ps.trainable_bytes();
@@ -297,7 +301,8 @@ class SftDriver final : public RunDriver {
   // Rank 0 evaluates; the others wait at their next collective. ZeRO-3 gathers each layer as it goes, a
   // collective: every rank runs the same evaluation, and rank 0 reports it.
   std::optional<Evaluation> evaluate() override {
-    if (!has_validation() || (!r_.lead() && !r_.zero3())) return std::nullopt;
+    // (ZeRO-3's gathers and expert parallelism's all-to-alls need every rank in the pass)
+    if (!has_validation() || (!r_.lead() && !r_.zero3() && !r_.model->expert_parallel())) return std::nullopt;
     const EvalResult e =
         soltrain::evaluate(*r_.model, r_.data.validation, r_.c.per_device_train_batch_size, r_.c.sequence_len);
     if (!r_.lead()) return std::nullopt;

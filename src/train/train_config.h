@@ -168,6 +168,9 @@ struct TrainConfig {
   // device: cpu); ZeRO's stage (DeepSpeed's meaning) when there is more than one rank.
   int gpus = 1;
   int zero_stage = 0;
+  // Expert parallelism (Surogate's key, model/expert_parallel.h): MoE experts split over groups of this many
+  // ranks, tokens sent to their experts' ranks and back. 1: off.
+  int ep_size = 1;
   // Seconds a rank waits on another at the rendezvous or in a host collective before the job ends naming
   // the silent rank (HF TrainingArguments' ddp_timeout, 1800 s).
   int ddp_timeout = 1800;

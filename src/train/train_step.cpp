@@ -103,12 +103,16 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
   SftStep sft(sft_, counted_);
   StepObjective& obj = objective ? *objective : sft;
   obj.begin_update(micro_batches);
+  // Expert parallelism: every rank's pass serves the other ranks' tokens to its experts, so every micro-batch
+  // runs, targets or not (one without contributes only those experts' gradients).
+  const bool every = model_.expert_parallel() != nullptr;
+  auto trains = [&](const HostBatch& b) { return every || obj.trains(b); };
   size_t last = micro_batches.size();  // the last micro-batch with targets: its backward reduces the groups
   for (size_t i = 0; i < micro_batches.size(); ++i)
-    if (obj.trains(micro_batches[i])) last = i;
+    if (trains(micro_batches[i])) last = i;
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const HostBatch& b = micro_batches[i];
-    if (!obj.trains(b)) {         // nothing trained in it: contributes nothing
+    if (!trains(b)) {             // nothing trained in it: contributes nothing
       if (dp_) dp_->idle_pass();  // (but ZeRO-3's ranks gather and reduce in step: this one joins them)
       continue;
     }

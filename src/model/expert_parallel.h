@@ -1,0 +1,60 @@
+// Expert parallelism (Surogate's `ep_size`): the ranks of a data-parallel job in groups of ep_size consecutive
+// ranks; within a group, rank i runs experts [i·E/P, (i+1)·E/P) for the whole group's tokens. An MoE layer's
+// pairs (token, expert) are already sorted by expert (Ops::moe_permute), so the rows bound for each rank are
+// one block: an all-to-all sends them to their experts' ranks, which run their grouped GEMMs over what they
+// received (sorted by expert again) and send the outputs back; backward sends the outputs' gradients the same
+// way and the inputs' gradients back. The router, attention and the rest stay data parallel.
+//
+// This form keeps every expert's weights on every rank: the experts a rank does not run get no gradient there,
+// so the data-parallel reduction (ZeRO 0-3) sums each expert's gradient over the ranks that ran it, exactly.
+// Holding only the local experts (the memory EP exists for) is the next step. CPU ranks only: the
+// all-to-all is the host one (Communicator::all_to_all); NCCL's is not built.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/buffer.h"
+#include "dist/communicator.h"
+#include "kernels/ops.h"
+
+namespace soltrain {
+
+class ExpertParallel {
+ public:
+  // `group`: this rank's expert-parallel group (Communicator::split of the job by rank / ep_size).
+  ExpertParallel(std::unique_ptr<Communicator> group, int num_experts, int num_layers);
+  int size() const { return group_->size(); }
+  int64_t first_expert() const { return int64_t(group_->rank()) * local_experts(); }
+  int64_t local_experts() const { return experts_ / size(); }
+
+  // Before layer `layer`'s experts run, from this rank's pairs' offsets by expert (I32 [E+1]): every rank
+  // learns how many rows each sends each of its experts, and the order that sorts what it receives by expert.
+  // Kept for the layer's backward and its recompute (a sync: the counts go through the host).
+  void plan(int64_t layer, const Tensor& offsets);
+  int64_t received(int64_t layer) const { return plans_.at(size_t(layer)).received; }
+  // This rank's experts' offsets into what it received (I32 [local_experts + 1]).
+  Tensor local_offsets(int64_t layer) const;
+  // This rank's pairs [M, w] (by expert) → the rows its experts received [received, w] (by expert).
+  void dispatch(Ops& ops, int64_t layer, Tensor experts_rows, const Tensor& pairs);
+  // The inverse: the experts' rows back to the ranks (and pair positions) they came from.
+  void send_back(Ops& ops, int64_t layer, Tensor pairs, const Tensor& experts_rows);
+
+ private:
+  struct Plan {
+    std::vector<int64_t> send, recv;  // rows to / from each rank of the group
+    std::vector<int32_t> by_expert;   // row i (by expert) of what was received is row by_expert[i] (by sender)
+    std::vector<int32_t> by_sender;   // its inverse
+    std::vector<int32_t> offsets;     // [local_experts + 1]
+    int64_t received = 0;
+  };
+  static Tensor indices(const std::vector<int32_t>& v);
+  Tensor transit(int64_t rows, const Tensor& like);  // rows by sender, grown as needed
+
+  std::unique_ptr<Communicator> group_;
+  int64_t experts_;
+  std::vector<Plan> plans_;  // per layer (MoE layers only used)
+  std::vector<char> transit_;
+};
+
+}  // namespace soltrain
