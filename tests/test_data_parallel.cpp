@@ -133,10 +133,20 @@ TEST(DataParallel, MoeRanksMatchOneProcess) {
   }
 }
 
+// PEFT's "trainable params: .. || all params: N || .." line's N (what the rank that logs holds).
+int64_t all_params(const std::string& log) {
+  std::smatch m;
+  if (!std::regex_search(log, m, std::regex("all params: ([0-9,]+)"))) return -1;
+  std::string digits = m[1];
+  std::erase(digits, ',');
+  return std::stoll(digits);
+}
+
 // Expert parallelism (ep_size) on CPU ranks: each group of ep_size ranks splits the 4 experts, the pairs go to
 // their experts' ranks and back by all-to-all, and the run is one process's with the matching accumulation:
 // EP 2 on 2 and 4 ranks, EP 4 on 4, ZeRO 0 and 2, full and LoRA on every linear (experts and router included).
-// A checkpoint saved at EP 2 resumes at EP 4 and in one process; what cannot run is refused in one line.
+// A checkpoint saved at EP 2 resumes at EP 4 and in one process; over a LoRA base each rank holds only its
+// experts' base weights; what cannot run is refused in one line.
 TEST(DataParallel, ExpertParallelRanksMatchOneProcess) {
   DpSetup s(/*experts=*/4);
   // (LoRA with a validation split: every rank joins each evaluation's passes, which reach every rank's experts)
@@ -151,6 +161,7 @@ TEST(DataParallel, ExpertParallelRanksMatchOneProcess) {
     ASSERT_EQ(one.code, 0) << one.err;
     const auto want = s.losses(name + "-1");
     ASSERT_EQ(want.size(), 3u);
+    std::map<int, int64_t> held = {{1, all_params(one.err)}};  // ep_size → the weights rank 0 holds
     struct Case {
       int ranks, ep, zero;
     };
@@ -160,9 +171,12 @@ TEST(DataParallel, ExpertParallelRanksMatchOneProcess) {
                              cat(kind, " --set gradient_accumulation_steps=", 4 / c.ranks, " --set zero_stage=", c.zero,
                                  " --set ep_size=", c.ep, c.ranks == 2 && c.zero == 0 ? " --set save_steps=1" : ""));
       ASSERT_EQ(r.code, 0) << out << "\n" << r.err;
-      EXPECT_NE(r.err.find(cat("expert parallel in groups of ", c.ep, " ranks, ", 4 / c.ep, " of 4 experts")),
+      EXPECT_NE(r.err.find(cat("expert parallel in groups of ", c.ep, " ranks, ", 4 / c.ep, " of 4 experts run on each",
+                               kind.empty() ? " (full fine-tuning: every expert's weights kept on every rank)"
+                                            : ", which holds only their base weights")),
                 std::string::npos)
           << r.err;
+      held[c.ep] = all_params(r.err);
       expect_same_losses(want, s.losses(out), out);
       expect_same_model(s.t.path / (name + "-1") / file, s.t.path / out / file, out);
       if (!kind.empty()) {
@@ -170,6 +184,14 @@ TEST(DataParallel, ExpertParallelRanksMatchOneProcess) {
         ASSERT_EQ(evals.size(), 3u) << "evaluated before training and at steps 2 and 3";
         expect_same_losses(evals, s.losses(out, "eval_loss"), out + " evaluation");
       }
+    }
+    // Over a LoRA base each rank holds its share of the experts: EP 2 drops 2 of the 4 experts' weights, EP 4 3.
+    if (kind.empty()) {
+      EXPECT_EQ(held[2], held[1]);
+      EXPECT_EQ(held[4], held[1]);
+    } else {
+      EXPECT_GT(held[1], held[2]);
+      EXPECT_EQ((held[1] - held[2]) * 3, (held[1] - held[4]) * 2);
     }
     // EP 2's checkpoint after update 1, resumed at EP 4 (ZeRO 2) and in one process
     const fs::path ck = s.t.path / (name + "-2-ep2-z0") / "checkpoint-1";

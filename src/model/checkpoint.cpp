@@ -15,9 +15,14 @@ namespace fs = std::filesystem;
 namespace soltrain {
 
 std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops, std::optional<LoraConfig> lora,
-                                             bool gradients) {
+                                             bool gradients, ExpertShare share) {
   ModelConfig config = load_model_config(dir);
   check_config_fits_checkpoint(config, CheckpointReader(dir), dir);  // before anything is allocated
+  // (an uneven split is refused with the ranks in view: Transformer::set_expert_parallel)
+  if (share.of > 1 && lora && config.moe_layers() > 0 && config.moe.num_experts % share.of == 0) {
+    config.moe.held_count = config.moe.num_experts / share.of;
+    config.moe.held_first = share.index * config.moe.held_count;
+  }
   // A pre-quantised FP8 checkpoint under LoRA keeps its base as stored (QLoRA over FP8 blocks) unless NF4
   // was asked for; without LoRA it is dequantised into the fp32 masters.
   if (is_fp8_block_checkpoint(config, dir) && lora && lora->base_format == WeightFormat::Dense)
@@ -69,6 +74,12 @@ void load_weights(Transformer& model, const fs::path& dir) {
   std::vector<uint8_t> codes;
   std::set<std::string> used;
   StackedExperts stacked;
+  const ModelConfig& c = model.config();
+  for (int l = 0; l < c.num_layers; ++l)  // experts held by other ranks (expert parallelism): not missed here
+    if (c.is_moe_layer(l))
+      for (int e = 0; e < c.moe.num_experts; ++e)
+        if (e < c.moe.held_first || e >= c.moe.held_end())
+          for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) used.insert(expert_weight_name(l, e, proj));
   for (Parameter& p : model.params().all()) {
     if (is_lora_name(p.name)) continue;  // adapters come from their own files
     if (!ckpt.has(p.name) && stacked.read(ckpt, p, model.config(), used)) {

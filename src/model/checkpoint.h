@@ -8,8 +8,14 @@ namespace soltrain {
 
 // Loads config.json and the weights of an HF folder onto the ops' device; with `lora`, the base is frozen
 // and fresh adapters are added (see peft_adapter.h to load saved ones instead). `gradients`: Transformer's.
+// With `expert_share` {i, P} (expert parallelism, rank i of a group of P) and a frozen base (`lora`), an MoE
+// model holds only share i of its experts' base weights (MoeConfig::held_first).
+struct ExpertShare {
+  int index = 0, of = 1;
+};
 std::unique_ptr<Transformer> load_pretrained(const std::filesystem::path& dir, Ops& ops,
-                                             std::optional<LoraConfig> lora = std::nullopt, bool gradients = true);
+                                             std::optional<LoraConfig> lora = std::nullopt, bool gradients = true,
+                                             ExpertShare expert_share = {});
 
 // Copies every base parameter from the checkpoint (adapters excepted); missing or mis-shaped tensors are
 // UserErrors.

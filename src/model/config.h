@@ -55,6 +55,10 @@ struct MoeConfig {
   // parameters (Qwen3-MoE: target_parameters, dense-MLP layers then not adapted), or on nn.Linear modules of
   // those names (Qwen2-MoE: its shared expert and dense-MLP layers; the experts not adapted).
   bool lora_on_experts = false;
+  // Not from config.json: expert parallelism over a frozen base (model/expert_parallel.h) holds only the base
+  // weights of experts [held_first, held_first + held_count) in this process (0: every expert).
+  int held_first = 0, held_count = 0;
+  int held_end() const { return held_count ? held_first + held_count : num_experts; }
 };
 
 struct ModelConfig {

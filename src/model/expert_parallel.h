@@ -5,10 +5,13 @@
 // received (sorted by expert again) and send the outputs back; backward sends the outputs' gradients the same
 // way and the inputs' gradients back. The router, attention and the rest stay data parallel.
 //
-// This form keeps every expert's weights on every rank: the experts a rank does not run get no gradient there,
-// so the data-parallel reduction (ZeRO 0-3) sums each expert's gradient over the ranks that ran it, exactly.
-// Holding only the local experts (the memory EP exists for) is the next step. CPU ranks only: the
-// all-to-all is the host one (Communicator::all_to_all); NCCL's is not built.
+// Over a frozen (LoRA) base a rank holds only its experts' base weights (MoeConfig::held_first, load_pretrained's
+// ExpertShare); the adapters are small and stay whole: the experts a rank does not run get no gradient there, so
+// the data-parallel reduction (ZeRO 0-3) sums each expert's gradient over the ranks that ran it, exactly. Full
+// fine-tuning keeps every expert's weights on every rank the same way for now; holding only the local experts
+// there needs the experts' gradients reduced (and their optimizer sharded) over the ranks holding the same
+// experts instead of over all. CPU ranks only: the all-to-all is the host one (Communicator::all_to_all); NCCL's
+// is not built.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -36,6 +36,8 @@ Tensor MoeSwiGLU::stacked(const std::vector<Parameter*>& ps, Tensor Parameter::*
 MoeSwiGLU::ExpertRows MoeSwiGLU::expert_rows(const MoeTensors& t, const MoeGrads* g, int64_t layer) const {
   ExpertRows x;
   if (!ep) {
+    SOLTRAIN_CHECK(held_first == 0 && gate.size() == size_t(router->shape[0]), "a share of the experts without ",
+                   "expert parallelism");
     x = {0, int64_t(gate.size()), t.xs, t.gate, t.up, t.act, t.ys, t.u_gate_up, t.u_down};
     if (g) {
       x.dys = g->dys;
@@ -119,7 +121,7 @@ void MoeSwiGLU::forward(Ops& o, Tensor* out, const Tensor& h, const MoeTensors& 
   const ExpertRows x = expert_rows(t, nullptr, layer);
   if (ep) ep->dispatch(o, layer, x.xs, t.xs);
   auto weights = [&](const std::vector<Parameter*>& ps) {
-    return stacked(ps, &Parameter::value).rows(x.first, x.first + x.count);
+    return stacked(ps, &Parameter::value).rows(x.first - held_first, x.first - held_first + x.count);
   };
   o.grouped_linear_forward(x.gate, x.xs, weights(gate), x.offsets);
   o.grouped_linear_forward(x.up, x.xs, weights(up), x.offsets);
@@ -157,7 +159,7 @@ void MoeSwiGLU::backward(Ops& o, Tensor dh, const Tensor& dout, const Tensor& h,
   }
   const ExpertRows x = expert_rows(t, &g, layer);
   auto run = [&](const std::vector<Parameter*>& ps, Tensor Parameter::*field) {
-    return stacked(ps, field).rows(x.first, x.first + x.count);
+    return stacked(ps, field).rows(x.first - held_first, x.first - held_first + x.count);
   };
   Tensor dgate_w = trains ? run(gate, &Parameter::grad) : Tensor{},
          dup_w = trains ? run(up, &Parameter::grad) : Tensor{};
@@ -184,10 +186,12 @@ void MoeSwiGLU::backward(Ops& o, Tensor dh, const Tensor& dout, const Tensor& h,
 
 void add_moe_parameters(ParameterStore& ps, const ModelConfig& c, int l, bool trains) {
   const int E = c.moe.num_experts, F = c.moe.intermediate_size, D = c.hidden_size;
+  SOLTRAIN_CHECK(!c.moe.held_count || !trains, "a share of the experts held with the experts trained");
   ps.add(cat("model.layers.", l, ".mlp.gate.weight"), {E, D}, trains, l);
   for (const char* proj : kProjections) {
     const bool down = std::string(proj) == "down_proj";
-    for (int e = 0; e < E; ++e) ps.add(expert_weight_name(l, e, proj), down ? Shape{D, F} : Shape{F, D}, trains, l);
+    for (int e = c.moe.held_first; e < c.moe.held_end(); ++e)
+      ps.add(expert_weight_name(l, e, proj), down ? Shape{D, F} : Shape{F, D}, trains, l);
   }
   if (const int Fs = c.moe.shared_intermediate_size) {
     for (const char* proj : kProjections) {
@@ -270,7 +274,8 @@ MoeSwiGLU bind_moe(ParameterStore& ps, const ModelConfig& c, int l, const std::o
                            lora ? lora->scale() : 0.0f);
   m.top_k = c.moe.top_k;
   m.norm_topk = c.moe.norm_topk;
-  for (int e = 0; e < c.moe.num_experts; ++e) {
+  m.held_first = c.moe.held_first;
+  for (int e = c.moe.held_first; e < c.moe.held_end(); ++e) {
     m.gate.push_back(&ps.at(expert_weight_name(l, e, "gate_proj")));
     m.up.push_back(&ps.at(expert_weight_name(l, e, "up_proj")));
     m.down.push_back(&ps.at(expert_weight_name(l, e, "down_proj")));

@@ -81,9 +81,12 @@ struct MoeStats {
 
 class MoeSwiGLU {
  public:
-  Parameter* router = nullptr;             // mlp.gate.weight [E,D]
-  Linear router_linear;                    // the router's projection, with its adapter (LoraConfig::router)
-  std::vector<Parameter*> gate, up, down;  // mlp.experts.{e}.{gate,up,down}_proj.weight, e = 0..E-1
+  Parameter* router = nullptr;  // mlp.gate.weight [E,D]
+  Linear router_linear;         // the router's projection, with its adapter (LoraConfig::router)
+  // mlp.experts.{e}.{gate,up,down}_proj.weight, e = 0..E-1; with expert parallelism over a frozen base only
+  // the experts held here, from held_first on (MoeConfig::held_first)
+  std::vector<Parameter*> gate, up, down;
+  int64_t held_first = 0;
   int top_k = 0;
   bool norm_topk = false;
   // Qwen2-MoE's shared expert (mlp.shared_expert.*) and its gate (mlp.shared_expert_gate.weight [1,D]);

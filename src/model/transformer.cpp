@@ -346,6 +346,9 @@ void Transformer::set_expert_parallel(std::unique_ptr<Communicator> group) {
                ": expert parallelism runs on CPU ranks for now (its all-to-all over NCCL is not built); "
                "leave ep_size unset on GPUs");
   ep_ = std::make_unique<ExpertParallel>(std::move(group), c.moe.num_experts, c.num_layers);
+  SOLTRAIN_CHECK(
+      !c.moe.held_count || (c.moe.held_first == ep_->first_expert() && c.moe.held_count == ep_->local_experts()),
+      "the experts held are not the ones this rank runs");
   for (DecoderLayer& layer : layers_)
     if (layer.moe) layer.moe->ep = ep_.get();
 }

@@ -28,8 +28,13 @@ std::optional<LoraConfig> lora_config(const TrainConfig& c, const char* where) {
 }
 
 std::unique_ptr<Transformer> load_run_model(const TrainConfig& c, Ops& ops, const std::optional<LoraConfig>& lora,
-                                            std::initializer_list<const ShardSet*> data, bool gradients) {
-  auto model = load_pretrained(c.model, ops, lora, gradients);
+                                            std::initializer_list<const ShardSet*> data, bool gradients,
+                                            const Communicator* comm) {
+  // (the rank's place in its expert-parallel group, as configure_model splits the ranks)
+  const ExpertShare share = comm && c.ep_size > 1 && comm->size() % c.ep_size == 0
+                                ? ExpertShare{comm->rank() % c.ep_size, c.ep_size}
+                                : ExpertShare{};
+  auto model = load_pretrained(c.model, ops, lora, gradients, share);
   for (const ShardSet* set : data)
     for (int32_t id : set->tokens)
       if (id < 0 || id >= model->config().vocab_size)

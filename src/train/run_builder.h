@@ -40,9 +40,11 @@ auto as_data_error(Prepare&& prepare) {
 std::optional<LoraConfig> lora_config(const TrainConfig& c, const char* where = "config.yaml");
 
 // The config's model as loaded (with its adapters), every token id of `data` checked against its vocabulary.
-// `gradients`: false when ZeRO-3 gives each rank only its gradient slices.
+// `gradients`: false when ZeRO-3 gives each rank only its gradient slices. With ep_size over `comm`'s ranks and a
+// frozen base, each rank holds only its share of the experts' base weights.
 std::unique_ptr<Transformer> load_run_model(const TrainConfig& c, Ops& ops, const std::optional<LoraConfig>& lora,
-                                            std::initializer_list<const ShardSet*> data, bool gradients = true);
+                                            std::initializer_list<const ShardSet*> data, bool gradients = true,
+                                            const Communicator* comm = nullptr);
 
 // The model's run settings (residual dtype, attention backward form, FP8 recipe, token tile, offloaded
 // checkpoints, expert parallelism over `comm`'s ranks), then its plan for micro-batches of `rows` x

@@ -61,7 +61,7 @@ void set_up(Run& r) {
   // ZeRO-3 gives each rank only its slices of the gradients: no full-size buffer is made for them here.
   check_update_batches_fit(c, r.world, c.per_device_train_batch_size);
   r.model = load_run_model(c, r.ops, lora_config(c), {&r.data.train, &r.data.validation},
-                           /*gradients=*/!(r.dp && c.zero_stage == 3));
+                           /*gradients=*/!(r.dp && c.zero_stage == 3), r.dp ? r.comm : nullptr);
   for (const ShardSet* set : {&r.data.train, &r.data.validation})
     r.data_bytes += set->tokens.size() * sizeof(int32_t) + set->mask.size() + set->doc_offsets.size() * sizeof(int64_t);
   LoaderOptions lo;
@@ -198,8 +198,10 @@ void print_plan(const Run& r) {
           << c.gradient_accumulation_steps << " x " << r.world << " micro-batches per update\n";
   if (const ExpertParallel* ep = r.model->expert_parallel())
     r.log << r.cmd << ": expert parallel in groups of " << ep->size() << " ranks, " << ep->local_experts() << " of "
-          << ep->local_experts() * ep->size()
-          << " experts run on each (every expert's weights kept on every rank for now)\n";
+          << ep->local_experts() * ep->size() << " experts run on each"
+          << (r.model->config().moe.held_count ? ", which holds only their base weights"
+                                               : " (full fine-tuning: every expert's weights kept on every rank)")
+          << "\n";
   if (const Zero3* z = r.zero3()) {
     // Exact bytes as allocated, so a test can check that each persistent piece is 1/world of the model.
     const ParameterStore::TrainableBytes held = ps.trainable_bytes();
