@@ -210,6 +210,13 @@ TEST(DataParallel, ExpertParallelRanksMatchOneProcess) {
     ASSERT_EQ(alone.code, 0) << alone.err;
     expect_same_losses(rest, s.losses(name + "-resumed-1"), name + ": one process from an EP 2 checkpoint");
   }
+  // QLoRA: each rank holds its experts' NF4 base
+  const std::string qlora = lora + " --set qlora_nf4=true";
+  ASSERT_EQ(s.sft(0, "ep-qlora-1", qlora + " --set gradient_accumulation_steps=4").code, 0);
+  const CliRun q = s.sft(2, "ep-qlora-2", qlora + " --set gradient_accumulation_steps=2 --set ep_size=2");
+  ASSERT_EQ(q.code, 0) << q.err;
+  expect_same_losses(s.losses("ep-qlora-1"), s.losses("ep-qlora-2"), "QLoRA NF4 at EP 2");
+  EXPECT_NE(s.losses("ep-qlora-1"), s.losses("ep-lora-1")) << "the NF4 base is not the dense one";
   auto refused = [&](const CliRun& r, const std::string& want) {
     EXPECT_EQ(r.code, 2) << r.err;
     EXPECT_NE(r.err.find(want), std::string::npos) << r.err;

@@ -182,6 +182,8 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
       one("moe_lora_b", {b}, act);
       one("moe_lora_db", {b}, f32);  // (the gradients' dtype)
     }
+    if (lora && lora->base_format != WeightFormat::Dense)  // one projection of the experts a rank runs, dequantised
+      one("moe_dequant", {E / std::max(1, s.expert_parallel) * Fm * D}, act);
     if (Fs > 0) {
       for (const char* n : {"moe_shared_dact", "moe_shared_dgate", "moe_shared_dup"}) one(n, {N, Fs}, act);
       one("moe_dshared_out", {N, D}, act);

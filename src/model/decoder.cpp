@@ -78,6 +78,8 @@ KvDecoder::KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int m
     for (Tensor* t : {&moe_xs_, &moe_ys_}) one(*t, M * D, act);
     for (Tensor* t : {&moe_gate_, &moe_up_, &moe_act_}) one(*t, M * Fm, act);
     for (Tensor* t : {&moe_counts_, &moe_prob_sum_}) one(*t, E, f32);
+    if (model.lora() && model.lora()->base_format != WeightFormat::Dense)
+      one(moe_dequant_, E * Fm * D, act);  // a QLoRA base's experts of one projection
     if (lora_r) {  // the experts' adapters (model/moe.h): u over gate_up (rank 2r) and down, B per expert
       one(moe_u_gate_up_, M * 2 * lora_r, act);
       one(moe_u_down_, M * lora_r, act);
@@ -247,6 +249,7 @@ void KvDecoder::forward_chunk(int r0, int nb, int Tc) {
         if (m.down_lora.on()) t.u_down = view(moe_u_down_, {M, m.down_lora.rank});
         t.lora_b = moe_lora_b_;
       }
+      t.dequant = moe_dequant_;
       if (const int64_t Fs = c.moe.shared_intermediate_size) {
         t.shared = MlpTensors{
             view(moe_shared_gate_, {N, Fs}), view(moe_shared_up_, {N, Fs}), view(moe_shared_act_, {N, Fs}), u, u, u};

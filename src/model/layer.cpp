@@ -85,11 +85,7 @@ void add_layer_parameters(ParameterStore& ps, const ModelConfig& c, int l, const
   add_proj(LoraTarget::o);
   add(p + "post_attention_layernorm.weight", {c.hidden_size});
   if (c.is_moe_layer(l)) {
-    if (proj != WeightFormat::Dense)
-      user_error("a quantised base (", weight_format_name(proj),
-                 ") does not cover Mixture-of-Experts layers yet: ", "use qlora_nf4/qlora_fp8 off with ",
-                 c.architecture);
-    add_moe_parameters(ps, c, l, base_trains);
+    add_moe_parameters(ps, c, l, base_trains, proj);
     return;
   }
   for (LoraTarget t : {LoraTarget::gate, LoraTarget::up, LoraTarget::down}) add_proj(t);

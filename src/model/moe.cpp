@@ -64,6 +64,21 @@ MoeSwiGLU::ExpertRows MoeSwiGLU::expert_rows(const MoeTensors& t, const MoeGrads
   return x;
 }
 
+Tensor MoeSwiGLU::expert_weights(Ops& o, const std::vector<Parameter*>& ps, const ExpertRows& x,
+                                 const Tensor& scratch) const {
+  const Parameter& first = *ps.at(size_t(x.first - held_first));
+  if (first.format == WeightFormat::Dense)
+    return stacked(ps, &Parameter::value).rows(x.first - held_first, x.first - held_first + x.count);
+  const int64_t out = first.shape[0], in = first.shape[1];
+  SOLTRAIN_CHECK(scratch.numel() >= x.count * out * in, "the experts' dequantisation scratch is too small");
+  const Tensor w = scratch.view({scratch.numel()}).rows(0, x.count * out * in).view({x.count, out, in});
+  for (int64_t e = 0; e < x.count; ++e) {
+    const Parameter& p = *ps.at(size_t(x.first - held_first + e));
+    o.dequantize(w.rows(e, e + 1).view({out, in}), Weight(p.value, p.format, p.scale, p.shape));
+  }
+  return w;
+}
+
 MoeSwiGLU::LoraFactors MoeSwiGLU::lora_factors(Ops& o, const ExpertLora& l, const Tensor& scratch, int parts,
                                                const ExpertRows& x) {
   const int64_t R = l.rank, E = l.a->shape[0] / R, in = l.a->shape[1], out = l.b->shape[0] / parts;
@@ -120,9 +135,7 @@ void MoeSwiGLU::forward(Ops& o, Tensor* out, const Tensor& h, const MoeTensors& 
   o.gather_rows(t.xs, h, t.rows);
   const ExpertRows x = expert_rows(t, nullptr, layer);
   if (ep) ep->dispatch(o, layer, x.xs, t.xs);
-  auto weights = [&](const std::vector<Parameter*>& ps) {
-    return stacked(ps, &Parameter::value).rows(x.first - held_first, x.first - held_first + x.count);
-  };
+  auto weights = [&](const std::vector<Parameter*>& ps) { return expert_weights(o, ps, x, t.dequant); };
   o.grouped_linear_forward(x.gate, x.xs, weights(gate), x.offsets);
   o.grouped_linear_forward(x.up, x.xs, weights(up), x.offsets);
   if (gate_up_lora.on()) {  // + scale·(x·A_eᵀ)·B_eᵀ per expert, B's gate rows then its up rows
@@ -158,24 +171,24 @@ void MoeSwiGLU::backward(Ops& o, Tensor dh, const Tensor& dout, const Tensor& h,
     shared_gate_linear.backward(o, &dh, true, g.dshared_logit, h, t.u_shared_gate, {}, lora.scratch);
   }
   const ExpertRows x = expert_rows(t, &g, layer);
-  auto run = [&](const std::vector<Parameter*>& ps, Tensor Parameter::*field) {
-    return stacked(ps, field).rows(x.first - held_first, x.first - held_first + x.count);
+  auto grads = [&](const std::vector<Parameter*>& ps) {
+    return stacked(ps, &Parameter::grad).rows(x.first - held_first, x.first - held_first + x.count);
   };
-  Tensor dgate_w = trains ? run(gate, &Parameter::grad) : Tensor{},
-         dup_w = trains ? run(up, &Parameter::grad) : Tensor{};
-  Tensor ddown_w = trains ? run(down, &Parameter::grad) : Tensor{};
+  Tensor dgate_w = trains ? grads(gate) : Tensor{}, dup_w = trains ? grads(up) : Tensor{};
+  Tensor ddown_w = trains ? grads(down) : Tensor{};
   // out = Σ_j weight_j · ys_j: to each pair's output, and to the router's weights
   o.moe_combine_backward(g.dys, g.dweight, dout, t.ys, t.slot, t.weight);
   if (ep) ep->dispatch(o, layer, x.dys, g.dys);
   Tensor dact = x.dact;
-  o.grouped_linear_backward(&dact, false, trains ? &ddown_w : nullptr, x.dys, x.act, run(down, &Parameter::value),
-                            x.offsets);
+  o.grouped_linear_backward(&dact, false, trains ? &ddown_w : nullptr, x.dys, x.act,
+                            expert_weights(o, down, x, t.dequant), x.offsets);
   if (down_lora.on()) lora_backward(o, down_lora, &dact, {x.dys}, x.act, x.u_down, x, t, g);
   o.swiglu_backward(x.dgate, x.dup, x.dact, x.gate, x.up);
   Tensor dxs = x.dxs;
-  o.grouped_linear_backward(&dxs, false, trains ? &dgate_w : nullptr, x.dgate, x.xs, run(gate, &Parameter::value),
+  o.grouped_linear_backward(&dxs, false, trains ? &dgate_w : nullptr, x.dgate, x.xs,
+                            expert_weights(o, gate, x, t.dequant), x.offsets);
+  o.grouped_linear_backward(&dxs, true, trains ? &dup_w : nullptr, x.dup, x.xs, expert_weights(o, up, x, t.dequant),
                             x.offsets);
-  o.grouped_linear_backward(&dxs, true, trains ? &dup_w : nullptr, x.dup, x.xs, run(up, &Parameter::value), x.offsets);
   if (gate_up_lora.on()) lora_backward(o, gate_up_lora, &dxs, {x.dgate, x.dup}, x.xs, x.u_gate_up, x, t, g);
   if (ep) ep->send_back(o, layer, g.dxs, x.dxs);
   o.moe_unpermute_sum(dh, shared_gate != nullptr, g.dxs, t.slot);
@@ -184,19 +197,19 @@ void MoeSwiGLU::backward(Ops& o, Tensor dh, const Tensor& dout, const Tensor& h,
   router_linear.backward(o, &dh, true, g.dlogits, h, t.u_router, {}, lora.scratch);
 }
 
-void add_moe_parameters(ParameterStore& ps, const ModelConfig& c, int l, bool trains) {
+void add_moe_parameters(ParameterStore& ps, const ModelConfig& c, int l, bool trains, WeightFormat base) {
   const int E = c.moe.num_experts, F = c.moe.intermediate_size, D = c.hidden_size;
   SOLTRAIN_CHECK(!c.moe.held_count || !trains, "a share of the experts held with the experts trained");
   ps.add(cat("model.layers.", l, ".mlp.gate.weight"), {E, D}, trains, l);
   for (const char* proj : kProjections) {
     const bool down = std::string(proj) == "down_proj";
     for (int e = c.moe.held_first; e < c.moe.held_end(); ++e)
-      ps.add(expert_weight_name(l, e, proj), down ? Shape{D, F} : Shape{F, D}, trains, l);
+      ps.add(expert_weight_name(l, e, proj), down ? Shape{D, F} : Shape{F, D}, trains, l, base);
   }
   if (const int Fs = c.moe.shared_intermediate_size) {
     for (const char* proj : kProjections) {
       const bool down = std::string(proj) == "down_proj";
-      ps.add(shared_expert_weight_name(l, proj), down ? Shape{D, Fs} : Shape{Fs, D}, trains, l);
+      ps.add(shared_expert_weight_name(l, proj), down ? Shape{D, Fs} : Shape{Fs, D}, trains, l, base);
     }
     ps.add(cat("model.layers.", l, ".mlp.shared_expert_gate.weight"), {1, D}, trains, l);
   }

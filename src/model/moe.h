@@ -33,6 +33,9 @@ struct MoeTensors {
   // expert LoRA's u = x·A_eᵀ per pair: [M, 2r] over gate_up, [M, r] over down (empty without the adapter), and
   // scratch for B as one matrix per expert (flat, at least E·max(2F·2r, D·r); shared by the layers)
   Tensor u_gate_up, u_down, lora_b;
+  // a quantised base (QLoRA): one projection's experts dequantised for its grouped GEMM, [E·max(F·D)] in the
+  // activation dtype (scratch shared by the layers and projections, refilled before each use)
+  Tensor dequant;
   Tensor u_router;       // the router's adapter's u [N, r] (empty without one)
   Tensor u_shared_gate;  // the shared expert gate's adapter's u [N, r] (empty without one)
   // the shared expert (Qwen2-MoE; empty otherwise): its MLP's tensors [N,Fs], output [N,D], gate logit [N,1]
@@ -126,6 +129,9 @@ class MoeSwiGLU {
     Tensor offsets;
   };
   ExpertRows expert_rows(const MoeTensors& t, const MoeGrads* g, int64_t layer) const;
+  // One projection's matrices of the experts `x` runs, [count, out, in]: the held parameters themselves, or over
+  // a quantised base each dequantised into `scratch`.
+  Tensor expert_weights(Ops& ops, const std::vector<Parameter*>& ps, const ExpertRows& x, const Tensor& scratch) const;
   static LoraFactors lora_factors(Ops& ops, const ExpertLora& l, const Tensor& scratch, int parts, const ExpertRows& x);
   // An adapter's backward: dx += its input gradient; A's and B's gradients added. dys: the adapted outputs'
   // gradients (gate's and up's for gate_up).
@@ -137,7 +143,10 @@ class MoeSwiGLU {
 };
 
 // Adds layer l's MoE block parameters (router, then each projection's experts in expert order, HF names).
-void add_moe_parameters(ParameterStore& ps, const ModelConfig& c, int l, bool trains);
+// `base`: the experts' and the shared expert's projections' storage (a QLoRA base quantises them; the router
+// and the shared expert's gate stay dense).
+void add_moe_parameters(ParameterStore& ps, const ModelConfig& c, int l, bool trains,
+                        WeightFormat base = WeightFormat::Dense);
 // The shared expert's adapters (Qwen2-MoE, where PEFT puts the gate/up/down targets): PEFT's names, r as given.
 std::string shared_lora_name(int layer, const char* proj, bool b);
 void add_shared_lora_parameters(ParameterStore& ps, const ModelConfig& c, int l, const LoraConfig& lora);
