@@ -2,12 +2,15 @@
 // ranks (MPI_Comm_split, MPI_Alltoallv) and as 4 TCP ranks (the default split over the parent's collectives, the
 // default all_to_all over its all_gather). Each rank checks every collective of two splits (interleaved and
 // contiguous pairs, a split of a split) and all_to_all with uneven, empty and rank-dependent counts against
-// values it computes itself; the outer test sees every rank end with 0.
+// values it computes itself, and expert parallelism's exchange over both kinds of group; the outer test sees every
+// rank end with 0.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +18,7 @@
 #include "dist/communicator.h"
 #include "dist/launch.h"
 #include "kernels/ops.h"
+#include "model/expert_parallel.h"
 
 namespace soltrain::test {
 namespace {
@@ -84,6 +88,61 @@ void check_group(Communicator& g, const std::vector<int>& members, int world_ran
   check_all_to_all(g, 3);
 }
 
+// Expert parallelism's exchange (model/expert_parallel.h) over group `g` (world ranks `members`), 8 experts: each
+// rank's pairs, sorted by expert, count pairs_of(rank, e) for expert e (uneven, some empty), row k of them holding
+// rank·1000 + e·10 + k. Each rank must receive its experts' rows ordered by expert, then by sending rank, then as
+// sent; send_back must return every row to its place; the load figure is max/mean of the rows received.
+int64_t pairs_of(int rank, int e) {
+  return (rank * 5 + e * 3) % 4;
+}
+
+void check_expert_parallel(std::unique_ptr<Communicator> g, const std::vector<int>& members, int world_rank) {
+  constexpr int E = 8;
+  const int P = g->size(), me = g->rank(), El = E / P;
+  auto cpu = make_cpu_ops();
+  Ops& ops = *cpu;
+  ExpertParallel ep(std::move(g), E, /*num_layers=*/2);
+  std::vector<int32_t> offsets = {0};
+  std::vector<float> pairs;
+  for (int e = 0; e < E; ++e) {
+    for (int64_t k = 0; k < pairs_of(world_rank, e); ++k) pairs.push_back(float(world_rank * 1000 + e * 10 + k));
+    offsets.push_back(int32_t(pairs.size()));
+  }
+  const int64_t M = int64_t(pairs.size());
+  ep.plan(1, Tensor{offsets.data(), DType::I32, {E + 1}, Device::CPU});
+  // what this rank must receive, by the definition above
+  std::vector<float> want;
+  std::vector<int32_t> want_offsets = {0};
+  for (int e = me * El; e < (me + 1) * El; ++e) {
+    for (int q : members)
+      for (int64_t k = 0; k < pairs_of(q, e); ++k) want.push_back(float(q * 1000 + e * 10 + k));
+    want_offsets.push_back(int32_t(want.size()));
+  }
+  ASSERT_EQ(ep.first_expert(), me * El);
+  ASSERT_EQ(ep.received(1), int64_t(want.size()));
+  const Tensor lo = ep.local_offsets(1);
+  EXPECT_EQ(std::vector<int32_t>(lo.i32(), lo.i32() + lo.numel()), want_offsets);
+  std::vector<float> got(want.size(), -1.0f);
+  ep.dispatch(ops, 1, Tensor{got.data(), DType::F32, {int64_t(got.size()), 1}, Device::CPU},
+              Tensor{pairs.data(), DType::F32, {M, 1}, Device::CPU});
+  EXPECT_EQ(got, want);
+  for (float& x : got) x = 2 * x + 1;  // "the experts' outputs"
+  std::vector<float> back(pairs.size(), -1.0f);
+  ep.send_back(ops, 1, Tensor{back.data(), DType::F32, {M, 1}, Device::CPU},
+               Tensor{got.data(), DType::F32, {int64_t(got.size()), 1}, Device::CPU});
+  for (size_t i = 0; i < pairs.size(); ++i) ASSERT_EQ(back[i], 2 * pairs[i] + 1) << "pair " << i;
+  double most = 0, total = 0;
+  for (int r = 0; r < P; ++r) {
+    double rows = 0;
+    for (int e = r * El; e < (r + 1) * El; ++e)
+      for (int q : members) rows += double(pairs_of(q, e));
+    most = std::max(most, rows);
+    total += rows;
+  }
+  EXPECT_DOUBLE_EQ(ep.load().worst, most * P / total);
+  EXPECT_DOUBLE_EQ(ep.load().mean, most * P / total) << "one layer planned";
+}
+
 // What each rank runs (SOLTRAIN_GROUPS_INNER set by the outer tests).
 TEST(CommunicatorGroups, Inner) {
   if (!std::getenv("SOLTRAIN_GROUPS_INNER")) GTEST_SKIP() << "run by the MPI / TCP tests below, one per rank";
@@ -98,6 +157,8 @@ TEST(CommunicatorGroups, Inner) {
   check_group(*pairs, r < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3}, r);
   auto alone = pairs->split(pairs->rank());  // a split of a split: each rank by itself
   check_group(*alone, {r}, r);
+  check_expert_parallel(world->split(r / 2), r < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3}, r);
+  check_expert_parallel(world->split(0), {0, 1, 2, 3}, r);
 }
 
 std::string self_exe() {

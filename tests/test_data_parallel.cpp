@@ -179,6 +179,13 @@ TEST(DataParallel, ExpertParallelRanksMatchOneProcess) {
       held[c.ep] = all_params(r.err);
       expect_same_losses(want, s.losses(out), out);
       expect_same_model(s.t.path / (name + "-1") / file, s.t.path / out / file, out);
+      // the group's load in each logged step: between even (1) and one rank taking every row (ep_size)
+      const auto ep_load = s.losses(out, "ep_load_imbalance");
+      EXPECT_EQ(ep_load.size(), 3u) << out;
+      for (const auto& [step, v] : ep_load) {
+        EXPECT_GE(v, 1.0) << out;
+        EXPECT_LE(v, double(c.ep)) << out;
+      }
       if (!kind.empty()) {
         const auto evals = s.losses(name + "-1", "eval_loss");
         ASSERT_EQ(evals.size(), 3u) << "evaluated before training and at steps 2 and 3";

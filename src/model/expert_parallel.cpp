@@ -1,5 +1,7 @@
 #include "model/expert_parallel.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace soltrain {
@@ -64,6 +66,27 @@ void ExpertParallel::plan(int64_t layer, const Tensor& offsets) {
     p.offsets[size_t(e) + 1] = int32_t(i);
   }
   SOLTRAIN_CHECK(i == p.received, "expert parallel: ", i, " of ", p.received, " received rows placed");
+  // every rank's load, for the metrics (a few bytes: the counts' exchange above is the same size)
+  double mine_rows = double(p.received);
+  std::vector<double> loads(static_cast<size_t>(P));
+  group_->all_gather(Tensor{loads.data(), DType::F64, {P}, Device::CPU},
+                     Tensor{&mine_rows, DType::F64, {1}, Device::CPU});
+  double most = 0, total = 0;
+  for (double x : loads) most = std::max(most, x), total += x;
+  p.imbalance = total > 0 ? most * double(P) / total : 1.0;
+}
+
+ExpertParallel::Load ExpertParallel::load() const {
+  Load l;
+  int layers = 0;
+  for (const Plan& p : plans_)
+    if (p.imbalance > 0) {
+      l.worst = std::max(l.worst, p.imbalance);
+      l.mean += p.imbalance;
+      ++layers;
+    }
+  if (layers) l.mean /= double(layers);
+  return l;
 }
 
 void ExpertParallel::dispatch(Ops& ops, int64_t layer, Tensor experts_rows, const Tensor& pairs) {

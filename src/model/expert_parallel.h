@@ -43,6 +43,14 @@ class ExpertParallel {
   // The inverse: the experts' rows back to the ranks (and pair positions) they came from.
   void send_back(Ops& ops, int64_t layer, Tensor pairs, const Tensor& experts_rows);
 
+  // The group's balance: the most rows any rank's experts received over the group's mean (1: even; P: one rank
+  // took everything), at each layer's last plan. Worst and mean over the layers planned (metrics
+  // ep_load_imbalance and ep_load_imbalance_mean); {} before any plan.
+  struct Load {
+    double worst = 0, mean = 0;
+  };
+  Load load() const;
+
  private:
   struct Plan {
     std::vector<int64_t> send, recv;  // rows to / from each rank of the group
@@ -50,6 +58,7 @@ class ExpertParallel {
     std::vector<int32_t> by_sender;   // its inverse
     std::vector<int32_t> offsets;     // [local_experts + 1]
     int64_t received = 0;
+    double imbalance = 0;  // 0: not planned (not an MoE layer)
   };
   static Tensor indices(const std::vector<int32_t>& v);
   Tensor transit(int64_t rows, const Tensor& like);  // rows by sender, grown as needed

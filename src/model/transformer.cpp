@@ -854,7 +854,14 @@ std::vector<std::pair<std::string, double>> Transformer::moe_load() const {
     worst = std::max(worst, imbalance);
     sum += imbalance;
   }
-  return {{"moe_load_imbalance", worst}, {"moe_load_imbalance_mean", sum / double(acts_->moe_offsets.size())}};
+  std::vector<std::pair<std::string, double>> v = {
+      {"moe_load_imbalance", worst}, {"moe_load_imbalance_mean", sum / double(acts_->moe_offsets.size())}};
+  if (ep_)
+    if (const ExpertParallel::Load l = ep_->load(); l.worst > 0) {
+      v.push_back({"ep_load_imbalance", l.worst});
+      v.push_back({"ep_load_imbalance_mean", l.mean});
+    }
+  return v;
 }
 
 StepResult Transformer::step(const HostBatch& batch, bool backward_too, float* logits_out) {

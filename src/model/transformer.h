@@ -164,7 +164,8 @@ class Transformer {
   double read_aux_loss() const;
   // The experts' load in the last micro-batch (what the step's metrics show): per MoE layer, its busiest expert's
   // (token, expert) pairs over the mean (1: even), as moe_load_imbalance (the largest over layers) and
-  // moe_load_imbalance_mean. Empty without MoE layers (or a plan); reads the device (a sync).
+  // moe_load_imbalance_mean; with expert parallelism also the group's ranks' (ExpertParallel::load:
+  // ep_load_imbalance, ep_load_imbalance_mean). Empty without MoE layers (or a plan); reads the device (a sync).
   std::vector<std::pair<std::string, double>> moe_load() const;
   Tensor aux_loss_sum() const { return aux_loss_t_; }  // F64 [1] on the device (empty without MoE layers)
 
