@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moebench]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moebench] [moeqlora]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -57,6 +57,12 @@ for s in "${steps[@]}"; do
         --steps "${MOE_STEPS:-5}" --variant "recompute full=--recompute full" --peers "${MOE_PEERS:-lowmem}" \
         --attention "" --out "$OUT" > "$OUT/moebench.log" 2>&1
       grep -E "^\| Qwen|^  [a-z_]+ +[0-9.]+ ms|error" "$OUT/moebench.log" | head -60 ;;
+    moeqlora)  # issue 31: the same 12-layer A3B, LoRA r16 over an NF4 / FP8 base (experts dequantised per
+      # projection into one scratch, E launches each: the per-expert dequant is the cost to look at)
+      for q in nf4 fp8; do
+        bench_one "moe-qlora-$q" "${MOE_SIZE:-30B-A3B-L12}" --batch-size 2 --seq-len 2048 --lora-rank 16 --qlora $q \
+          --recompute full --steps 5 --warmup 2
+      done ;;
     tests)
       timeout 300 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='*Cuda*:Shapes/*:*Objective*:LayerHooks*:SftTrajectory*:Fixtures/*:AdamW8bit*:-CudaDataParallel*:*AttentionFused*' \
         > "$OUT/gpu-tests.log" 2>&1
