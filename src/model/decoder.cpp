@@ -257,15 +257,9 @@ void KvDecoder::forward_chunk(int r0, int nb, int Tc) {
         t.shared_logit = view(moe_shared_logit_, {N, 1});
       }
       const MoeStats stats{view(moe_counts_, {E}), view(moe_prob_sum_, {E})};  // (not read: no loss here)
-      if (w.moe->ep) {  // generation runs each rank's sequences alone: every expert here, where all are held
-        if (c.moe.held_count)
-          user_error("generation needs every expert's weights, and ep_size over a LoRA base holds a share per rank");
-        MoeSwiGLU alone = *w.moe;
-        alone.ep = nullptr;
-        alone.forward(o, &out, h, t, &stats, /*route=*/true, no_dropout, l);
-      } else {
-        w.moe->forward(o, &out, h, t, &stats, /*route=*/true, no_dropout, l);
-      }
+      // (no path generates on an expert-parallel model: sft and pt do not generate, dpo and grpo refuse ep_size)
+      SOLTRAIN_CHECK(!w.moe->ep, "generation on an expert-parallel model");
+      w.moe->forward(o, &out, h, t, &stats, /*route=*/true, no_dropout, l);
     } else {
       w.mlp.forward(o, &out, h, mlp, no_dropout, l, tmp);
     }
