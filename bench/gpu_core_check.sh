@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moebench] [moeqlora]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moebench] [moeqlora] [moe48] [moe48q]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -46,9 +46,13 @@ for s in "${steps[@]}"; do
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|OK \]" "$OUT/moe-tests.log"
       timeout 300 python3 tests/tools/check_moe_cuda.py "$B/soltrain" > "$OUT/moe-check.log" 2>&1
       grep -E "^(ok|FAIL)|passed|FAILED|Error" "$OUT/moe-check.log" | head -12
-      for shape in "--hidden 2048 --width 768" "--hidden 768 --width 2048"; do
-        for skew in 0 1; do
-          timeout 60 "$B/soltrain" bench-grouped-gemm $shape --skew $skew | tee -a "$OUT/grouped-gemm.jsonl"
+      for form in mma wgmma3 wgmma tma; do  # SOLTRAIN_GROUPED_GEMM: mma.sync, wgmma 3 and 4 stages, TMA
+        for shape in "--hidden 2048 --width 768" "--hidden 768 --width 2048"; do
+          for skew in 0 1; do
+            echo -n "$form "
+            SOLTRAIN_GROUPED_GEMM=$form timeout 60 "$B/soltrain" bench-grouped-gemm $shape --skew $skew |
+              tee -a "$OUT/grouped-gemm-$form.jsonl"
+          done
         done
       done ;;
     moebench)  # issue 31: Qwen3-30B-A3B with 12 of its 48 layers, LoRA r16 on attention and experts, 2 x 2048,
@@ -57,6 +61,23 @@ for s in "${steps[@]}"; do
         --steps "${MOE_STEPS:-5}" --variant "recompute full=--recompute full" --peers "${MOE_PEERS:-lowmem}" \
         --attention "" --out "$OUT" > "$OUT/moebench.log" 2>&1
       grep -E "^\| Qwen|^  [a-z_]+ +[0-9.]+ ms|error" "$OUT/moebench.log" | head -60 ;;
+    moe48)  # issue 31's target: the whole Qwen3-30B-A3B (48 layers), LoRA r16 on attention and experts, 2 x 2048,
+      # soltrain's weights drawn from config.json alone (--random-weights: 61 GB would not fit the disk), next to
+      # transformers + PEFT with gradient checkpointing (built from the same config on the GPU)
+      timeout 590 python3 bench/run_bench.py --soltrain "$B/soltrain" --sizes 30B-A3B --random-weights --lora-rank 16 \
+        --steps "${MOE_STEPS:-5}" --variant "recompute full=--recompute full" \
+        --variant "recompute full, 8-bit AdamW=--recompute full --optimizer adamw_8bit" --peers "${MOE_PEERS:-lowmem}" \
+        --attention "" --out "$OUT" > "$OUT/moe48.log" 2>&1
+      grep -E "^\| Qwen|^  [a-z_]+ +[0-9.]+ ms|error" "$OUT/moe48.log" | head -60 ;;
+    moe48q)  # the whole A3B under QLoRA (NF4 and FP8 experts), weights drawn from config.json alone
+      [ -d /tmp/soltrain-bench-models/30B-A3B-config ] || python3 -c "import sys; sys.path.insert(0, 'bench'); import run_bench; run_bench.save_model('30B-A3B', '/tmp/soltrain-bench-models', config_only=True)"
+      for q in ${MOE_QLORA:-nf4 fp8}; do
+        timeout 280 "$B/soltrain" bench --model /tmp/soltrain-bench-models/30B-A3B-config --random-weights --batch-size 2 \
+          --seq-len 2048 --lora-rank 16 --qlora $q --recompute full --steps 4 --warmup 2 ${MOE_QLORA_ARGS:-} \
+          > "$OUT/moe48-qlora-$q.json" 2> "$OUT/moe48-qlora-$q.err"
+        python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], round(j['tokens_per_s']), 'tok/s,', round(j['memory_gib'], 2), 'GiB')" \
+          "$OUT/moe48-qlora-$q.json" "qlora $q" || tail -3 "$OUT/moe48-qlora-$q.err"
+      done ;;
     moeqlora)  # issue 31: the same 12-layer A3B, LoRA r16 over an NF4 / FP8 base (experts dequantised per
       # projection into one scratch, E launches each: the per-expert dequant is the cost to look at)
       for q in nf4 fp8; do

@@ -27,9 +27,15 @@ def gemm_ceiling():
     return 2 * 8192 ** 3 / times[len(times) // 2] / 1e12
 
 
-def save_model(name, root):
+def save_model(name, root, config_only=False):
+    """A random-init model of these shapes, saved once; config_only: config.json alone (for soltrain's
+    --random-weights, which draws the weights itself: Qwen3-30B-A3B's 61 GB never touch the disk)."""
     from transformers import AutoModelForCausalLM
-    path = os.path.join(root, name)
+    path = os.path.join(root, name + ("-config" if config_only else ""))
+    if config_only:
+        os.makedirs(path, exist_ok=True)
+        config(name).save_pretrained(path)
+        return path
     if not os.path.exists(os.path.join(path, "config.json")):
         torch.manual_seed(0)
         with torch.device("cuda"):
@@ -159,6 +165,8 @@ def main():
                     help="LABEL=ARGS: one more run of --soltrain with these extra bench arguments, e.g. "
                          "'bf16 residual=--residual-dtype bf16'")
     ap.add_argument("--batch", default="", help="override batch sizes, e.g. 8B=2,0.6B=8")
+    ap.add_argument("--random-weights", action="store_true",
+                    help="soltrain draws its weights from config.json alone (no checkpoint written or read)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     results = {"gpu": torch.cuda.get_device_name(), "gemm_tflops": gemm_ceiling(), "train": [], "attention": []}
@@ -167,15 +175,17 @@ def main():
     batches = dict(BATCH, **{k: int(v) for k, v in (kv.split("=") for kv in a.batch.split(",") if kv)})
     for name in [s for s in a.sizes.split(",") if s]:
         batch, fpt = batches[name], flops_per_token(name, a.seq, lora=a.lora_rank > 0)
-        path = save_model(name, a.models)
-        rows = [run_soltrain(a.soltrain, path, batch, a.seq, a.steps, a.lora_rank, a.recompute)]
+        path = save_model(name, a.models, config_only=a.random_weights)
+        own = ["--random-weights"] if a.random_weights else []
+        rows = [run_soltrain(a.soltrain, path, batch, a.seq, a.steps, a.lora_rank, a.recompute, own)]
         rows[0].setdefault("engine", "soltrain")  # an error row names its engine too
         for v in a.variant:
             label, args = v.split("=", 1)
-            rows.append(run_soltrain(a.soltrain, path, batch, a.seq, a.steps, a.lora_rank, a.recompute, args.split()))
+            rows.append(run_soltrain(a.soltrain, path, batch, a.seq, a.steps, a.lora_rank, a.recompute,
+                                     own + args.split()))
             rows[-1]["engine"] = f"soltrain ({label})"
         if a.baseline:
-            rows.append(run_soltrain(a.baseline, path, batch, a.seq, a.steps, a.lora_rank, a.recompute))
+            rows.append(run_soltrain(a.baseline, path, batch, a.seq, a.steps, a.lora_rank, a.recompute, own))
             rows[-1]["engine"] = "soltrain (baseline)"
         if "eager" in a.peers: rows.append(run_hf(name, batch, a.seq, a.steps, False, a.lora_rank))
         if "lowmem" in a.peers: rows.append(run_hf(name, batch, a.seq, a.steps, False, a.lora_rank, low_memory=True))

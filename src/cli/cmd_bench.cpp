@@ -18,6 +18,7 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/lora.h"
+#include "model/random_weights.h"
 #include "train/background_save.h"
 #include "train/data_parallel.h"
 #include "train/run_builder.h"
@@ -42,7 +43,7 @@ struct BenchOpts {
   int batch = 8, seq = 2048, steps = 10, warmup = 3, lora_rank = 0, data_parallel = -1, gpus = 1, accumulation = 1;
   int resident_layers = 0;
   int64_t token_tile = 0;
-  bool plan_only = false, offload_activations = false, offload_weights = false, profile = true;
+  bool plan_only = false, offload_activations = false, offload_weights = false, profile = true, random_weights = false;
   std::string recompute = "none", residual_dtype = "auto", optimizer = "adamw", qlora = "none", recipe = "bf16";
   std::string attention_backward = "split";
   std::string offload = "none";
@@ -259,7 +260,9 @@ int run_bench(const BenchOpts& o) {
         "bench --recipe fp8-hybrid times FP8 GEMMs: it needs an NVIDIA GPU of compute capability 8.9 or newer "
         "(the CPU only emulates them, for tests)");
   // (ZeRO-3 allocates only this rank's slices of the gradients)
-  auto model = load_pretrained(o.model, *ops, lora, /*gradients=*/!(comm && zero_stage == 3));
+  const bool gradients = !(comm && zero_stage == 3);
+  auto model = o.random_weights ? random_pretrained(o.model, *ops, lora, gradients, uint64_t(bench.seed))
+                                : load_pretrained(o.model, *ops, lora, gradients);
   const HostBatch batch = random_rows(o, model->config().vocab_size, rank);
   configure_model(*model, bench, *ops, o.batch);
   if (bench.offload.any() && (o.data_parallel >= 1 || world > 1))
@@ -427,6 +430,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
               "print the activation plan (every buffer, largest first) from config.json alone and exit: no "
               "weights are loaded, no device is needed (a 500k-token plan on any machine); with --gpus N and "
               "--data-parallel Z, what each rank holds");
+  c->add_flag("--random-weights", o->random_weights,
+              "base weights drawn as transformers initialises them instead of read: the model folder needs only "
+              "config.json (a 61 GB model timed without its checkpoint on the disk)");
   c->add_option("--model", o->model, "Hugging Face model folder")->required();
   c->add_option("--batch-size", o->batch)->check(CLI::PositiveNumber)->capture_default_str();
   c->add_option("--seq-len", o->seq)->check(CLI::PositiveNumber)->capture_default_str();

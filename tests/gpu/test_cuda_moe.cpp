@@ -117,17 +117,21 @@ TEST_F(CudaMoe, GatherCombineAndTheirBackwardsMatchTheCpu) {
 
 // The grouped GEMMs at the model's shapes (gate/up: in D out F; down: in F out D) and the LoRA factors' (rank-wide
 // outputs and inputs), with skewed routing (empty experts, partial tiles), alpha and accumulation: the mma.sync
-// kernels, and on Hopper the wgmma ones too (SOLTRAIN_GROUPED_GEMM=wgmma: outputs 128 wide or more).
+// kernels (SOLTRAIN_GROUPED_GEMM=mma), the three-stage wgmma form (=wgmma3), the warp-specialised TMA one (=tma:
+// widths that are multiples of 64, partial 256-wide column tiles) and the default, on Hopper the four-stage wgmma
+// one for outputs 128 wide or more.
 TEST_F(CudaMoe, GroupedGemmsMatchTheCpu) {
-  for (const char* form : {"", "wgmma"})
+  for (const char* form : {"mma", "wgmma3", "tma", ""})
     for (auto [N, E, k, in, out] : {std::tuple{300, 16, 4, 256, 96},
                                     {200, 8, 2, 96, 256},
                                     {512, 32, 8, 128, 32},
                                     {512, 32, 8, 32, 128},
                                     {150, 8, 3, 64, 16},
                                     {64, 4, 1, 16, 2048},
-                                    {384, 128, 8, 2048, 768}}) {
-      SCOPED_TRACE(*form ? "SOLTRAIN_GROUPED_GEMM=wgmma" : "default kernels");
+                                    {384, 128, 8, 2048, 768},
+                                    {1000, 8, 2, 128, 384},
+                                    {700, 16, 4, 192, 640}}) {
+      SCOPED_TRACE(*form ? cat("SOLTRAIN_GROUPED_GEMM=", form) : "default kernels (wgmma on sm_90)");
       if (*form)
         setenv("SOLTRAIN_GROUPED_GEMM", form, 1);
       else
@@ -227,8 +231,7 @@ TEST_F(CudaMoe, RouterBackwardSharedGateAuxLossAndLoraLayoutMatchTheCpu) {
     EXPECT_LE(rel(download(gdg), dg), 1e-2);
   }
   // PEFT's expert B layout: values out of it (bf16, exact), gradients into it (fp32, exact)
-  for (auto [E, out, R] :
-       {std::tuple{8, 96, 6}, {128, 768, 32}, {256, 40, 64}}) {
+  for (auto [E, out, R] : {std::tuple{8, 96, 6}, {128, 768, 32}, {256, 40, 64}, {40, 17, 40}}) {
     auto b = randn(static_cast<size_t>(out * R * E)), gstack = randn(static_cast<size_t>(E * out * R)),
          g0 = randn(static_cast<size_t>(out * R * E));
     Tensor gst = poisoned({E, out, R});

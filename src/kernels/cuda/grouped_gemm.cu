@@ -14,6 +14,7 @@
 #include "kernels/cuda/attention_sm90.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/tensor_map.h"
 
 namespace soltrain {
 
@@ -207,14 +208,18 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm(GemmArgs p) {
 // Hopper (sm_90a): the rows-grouped forward and dx, the two big GEMMs of a LoRA step, on warpgroup MMA. Two
 // consumer warpgroups each own 64 of the block's 128 rows against 128 output columns (m64n128k16, fp32
 // accumulators in registers); 64-wide contraction tiles in the 128-byte-swizzled layout of attention_sm90.cuh,
-// loaded by every thread with cp.async through kWgStages stages, two tiles ahead of the MMAs, one wgmma group in
-// flight. The weight is K-major in the forward (w[e] [N, K]) and N-major in dx (w[e] [K, N]: kTransB).
-constexpr int kWgStages = 4, kWgBM = 128, kWgBN = 128, kWgBK = 64;
+// loaded by every thread with cp.async through kWgStages stages, kWgStages - 2 tiles ahead of the MMAs, one wgmma
+// group in flight. The weight is K-major in the forward (w[e] [N, K]) and N-major in dx (w[e] [K, N]: kTransB).
+// Four stages (129 KiB) hold one block per SM; three (97 KiB, at most 128 registers a thread) two, the other
+// block's MMAs covering a load one tile ahead.
+constexpr int kWgBM = 128, kWgBN = 128, kWgBK = 64;
 constexpr size_t kWgStageElems = size_t(kWgBM + kWgBN) * kWgBK;
-constexpr size_t kWgSmem = kWgStages * kWgStageElems * sizeof(bf16) + 1024;  // + the 1024-byte alignment
+constexpr size_t wg_smem(int stages) {
+  return stages * kWgStageElems * sizeof(bf16) + 1024;  // + the 1024-byte alignment
+}
 
-template <bool kTransB>
-__global__ void __launch_bounds__(256) grouped_gemm_sm90(GemmArgs p) {
+template <bool kTransB, int kWgStages>
+__global__ void __launch_bounds__(256, kWgStages == 3 ? 2 : 1) grouped_gemm_sm90(GemmArgs p) {
 #ifdef SOLTRAIN_SM90_DEVICE
   namespace h = cuda::attn::sm90;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -302,6 +307,106 @@ __global__ void __launch_bounds__(256) grouped_gemm_sm90(GemmArgs p) {
 #endif
 }
 
+// Hopper (sm_90a), warp-specialised: the same rows-grouped forward and dx with the operands brought by TMA. One
+// copy warp issues every load into a ring of kTmaStages stages (full / empty mbarriers), running ahead of the
+// MMAs by the whole ring; two consumer warpgroups each own 64 of the block's 128 rows against 256 output columns
+// (two m64n128k16 per 16-wide step, 128 fp32 accumulators a thread). A tile that runs past its expert's rows
+// reads the next expert's (or zeros past the end) and stores none of them. Needs K (and in dx N) a multiple of
+// 64: the tensor maps' boxes are 64 columns wide.
+constexpr int kTmaBM = 128, kTmaBN = 256, kTmaBK = 64, kTmaStages = 4;
+constexpr size_t kTmaA = size_t(kTmaBM) * kTmaBK, kTmaB = size_t(kTmaBN) * kTmaBK;  // elements per stage
+constexpr size_t kTmaSmem = kTmaStages * (kTmaA + kTmaB) * sizeof(bf16) + 2 * kTmaStages * sizeof(uint64_t) + 1024;
+
+template <bool kTransB>
+__global__ void __launch_bounds__(384, 1)
+    grouped_gemm_tma(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map, GemmArgs p) {
+#ifdef SOLTRAIN_SM90_DEVICE
+  namespace h = cuda::attn::sm90;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* const tiles = h::align1024(smem_raw);
+  uint64_t* const full = reinterpret_cast<uint64_t*>(tiles + kTmaStages * (kTmaA + kTmaB));
+  uint64_t* const empty = full + kTmaStages;
+  int e;
+  int64_t m0, m_end;
+  find_tile<kTmaBM>(p.offsets, p.E, blockIdx.x, e, m0, m_end);
+  if (e < 0) return;
+  const int n0 = int(blockIdx.y) * kTmaBN, ktiles = int(p.K / kTmaBK);
+  auto tile_a = [&](int s) { return tiles + s * (kTmaA + kTmaB); };
+  auto tile_b = [&](int s) { return tile_a(s) + kTmaA; };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kTmaStages; ++s) {
+      h::mbar_init(full + s, 1);
+      h::mbar_init(empty + s, 8);  // each consumer warp's leader
+    }
+    h::mbar_init_fence();
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {  // the copy warpgroup: one thread issues every TMA
+    h::release_registers<40>();
+    if (threadIdx.x != 0) return;
+    for (int kt = 0; kt < ktiles; ++kt) {
+      const int s = kt % kTmaStages, use = kt / kTmaStages;
+      if (use > 0) h::mbar_wait(empty + s, (use - 1) % 2);
+      h::mbar_expect_tx(full + s, uint32_t((kTmaA + kTmaB) * sizeof(bf16)));
+      h::tma_load(tile_a(s), &a_map, kt * kTmaBK, 0, int(m0), full + s);
+      if constexpr (!kTransB) {  // w[e] [N, K]: rows e·N + n0 .. + 256, K-major
+        h::tma_load(tile_b(s), &b_map, kt * kTmaBK, 0, e * int(p.N) + n0, full + s);
+      } else {  // w[e] [K, N]: rows e·K + k0 .. + 64, four 64-column blocks (N-major)
+        for (int j = 0; j < kTmaBN / 64; ++j)
+          h::tma_load(tile_b(s) + j * 64 * kTmaBK, &b_map, n0 + 64 * j, 0, e * int(p.K) + kt * kTmaBK, full + s);
+      }
+    }
+    return;
+  }
+  h::claim_registers<232>();
+  const int cw = wg - 1, tid = threadIdx.x % 128, w = tid / 32, lane = tid % 32;
+  float acc[2][64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.f;
+  for (int kt = 0; kt < ktiles; ++kt) {
+    const int s = kt % kTmaStages;
+    h::mbar_wait(full + s, kt / kTmaStages % 2);
+    const bf16 *ta = tile_a(s), *tb = tile_b(s);
+    h::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kTmaBK / 16; ++ks) {
+      const uint64_t da = h::k_major<kTmaBM>(ta, cw * 64, ks);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint64_t db =
+            kTransB ? h::mn_major<kTmaBK>(tb + half * 2 * 64 * kTmaBK, ks) : h::k_major<kTmaBN>(tb, half * 128, ks);
+        h::wgmma_ss_n128<0, kTransB ? 1 : 0>(acc[half], da, db, kt > 0 || ks > 0);
+      }
+    }
+    h::wgmma_commit();
+    h::wgmma_wait<1>();  // tile kt - 1's MMAs are done: its stage goes back to the copy warp
+    if (kt > 0 && lane == 0) h::mbar_arrive(empty + (kt - 1) % kTmaStages);
+  }
+  h::wgmma_wait<0>();
+  h::fence_accumulators(acc[0]);
+  h::fence_accumulators(acc[1]);
+  // d[4j + e]: row 16w + g + 8(e / 2) of the warpgroup's 64, column 8j + 2t + (e % 2) of its half
+#pragma unroll
+  for (int half = 0; half < 2; ++half)
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int64_t row = m0 + cw * 64 + w * 16 + lane / 4 + hh * 8;
+        const int64_t col = n0 + half * 128 + j * 8 + (lane % 4) * 2;
+        if (row >= m_end || col >= p.N) continue;
+        float v0 = p.alpha * acc[half][4 * j + 2 * hh], v1 = p.alpha * acc[half][4 * j + 2 * hh + 1];
+        __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(static_cast<bf16*>(p.c) + row * p.N + col);
+        if (p.accumulate) {
+          const float2 old = __bfloat1622float2(*out);
+          v0 += old.x, v1 += old.y;
+        }
+        *out = __floats2bfloat162_rn(v0, v1);
+      }
+#endif
+}
+
 // Above 48 KiB of dynamic shared memory a kernel needs the opt-in, once per kernel.
 template <auto Kernel>
 void allow_shared_memory(size_t bytes) {
@@ -312,13 +417,32 @@ void allow_shared_memory(size_t bytes) {
   (void)done;
 }
 
-template <bool kTransB>
+template <bool kTransB, int kWgStages>
 void launch_sm90(const GemmArgs& p, cudaStream_t stream) {
-  auto* kernel = grouped_gemm_sm90<kTransB>;
-  allow_shared_memory<grouped_gemm_sm90<kTransB>>(kWgSmem);
+  auto* kernel = grouped_gemm_sm90<kTransB, kWgStages>;
+  allow_shared_memory<grouped_gemm_sm90<kTransB, kWgStages>>(wg_smem(kWgStages));
   const dim3 grid(unsigned((p.M + kWgBM - 1) / kWgBM + p.E), unsigned((p.N + kWgBN - 1) / kWgBN));
-  kernel<<<grid, 256, kWgSmem, stream>>>(p);
+  kernel<<<grid, 256, wg_smem(kWgStages), stream>>>(p);
   CUDA_CHECK_LAUNCH();
+}
+
+// The TMA form where its maps can describe the operands (contiguous rows, 64-multiple widths); false otherwise.
+template <bool kTransB>
+bool launch_tma(const GemmArgs& p, cudaStream_t stream) {
+  const int64_t rows_b = int64_t(p.E) * (kTransB ? p.K : p.N), cols_b = kTransB ? p.N : p.K;
+  if (p.K % 64 != 0 || cols_b % 64 != 0 || p.lda != p.K || p.ldb != cols_b || p.b_stride != p.N * p.K ||
+      rows_b >= (int64_t(1) << 31) || p.M >= (int64_t(1) << 31) || !cuda::aligned16(p.a) || !cuda::aligned16(p.b))
+    return false;
+  const auto view = [](const bf16* d, int64_t rows, int64_t cols) {
+    return Tensor{const_cast<bf16*>(d), DType::BF16, {rows, 1, cols}, Device::CUDA};
+  };
+  const CUtensorMap a_map = cuda::head_tile_map(view(p.a, p.M, p.K), kTmaBM);
+  const CUtensorMap b_map = cuda::head_tile_map(view(p.b, rows_b, cols_b), kTransB ? kTmaBK : kTmaBN);
+  allow_shared_memory<grouped_gemm_tma<kTransB>>(kTmaSmem);
+  const dim3 grid(unsigned((p.M + kTmaBM - 1) / kTmaBM + p.E), unsigned((p.N + kTmaBN - 1) / kTmaBN));
+  grouped_gemm_tma<kTransB><<<grid, 384, kTmaSmem, stream>>>(a_map, b_map, p);
+  CUDA_CHECK_LAUNCH();
+  return true;
 }
 
 template <int BM, int BN, int WM, int WN, bool AK, bool BK_, Group G>
@@ -332,17 +456,27 @@ void launch(const GemmArgs& p, dim3 grid, cudaStream_t stream) {
 
 // Rows grouped: tile slots for the worst case (each expert may end in a partial tile); BN by the output's
 // width, so the LoRA factors' rank-wide outputs do not pay for a 128-wide tile.
-// The Hopper kernels run only with SOLTRAIN_GROUPED_GEMM=wgmma for now: written and compiled, not yet run on a
-// GPU (the device was lost before their test ran; bench/NOTES.md). The mma.sync kernels, checked on the H200,
-// serve every GPU by default.
-bool wgmma_chosen() {
+// On sm_90 the wgmma kernels serve outputs 128 wide or more (run 77: the MoE fixture's gradients within bf16 error
+// of transformers as with mma.sync, 1.1-1.6x its speed on the A3B's shapes); SOLTRAIN_GROUPED_GEMM=mma keeps the
+// mma.sync kernels, which serve every other GPU and the narrow LoRA outputs, =wgmma3 picks the three-stage form (two
+// blocks per SM) and =tma the warp-specialised TMA form (where its maps fit the operands; else the default).
+enum class Form { Mma, Wgmma4, Wgmma3, Tma };
+Form grouped_form() {
   const char* v = std::getenv("SOLTRAIN_GROUPED_GEMM");
-  return v && std::string(v) == "wgmma";
+  const std::string f = v ? v : "";
+  return f == "mma" ? Form::Mma : f == "wgmma3" ? Form::Wgmma3 : f == "tma" ? Form::Tma : Form::Wgmma4;
 }
 
 template <bool BK_>
 void launch_rows(const GemmArgs& p, cudaStream_t stream, bool sm90) {
-  if (sm90 && p.N >= 128 && wgmma_chosen()) return launch_sm90<!BK_>(p, stream);
+  if (sm90 && p.N >= 128) switch (grouped_form()) {
+      case Form::Tma:
+        if (launch_tma<!BK_>(p, stream)) return;
+        [[fallthrough]];
+      case Form::Wgmma4: return launch_sm90<!BK_, 4>(p, stream);
+      case Form::Wgmma3: return launch_sm90<!BK_, 3>(p, stream);
+      case Form::Mma: break;
+    }
   constexpr int BM = 128;
   const auto slots = unsigned((p.M + BM - 1) / BM + p.E);
   auto grid = [&](int bn) { return dim3(slots, unsigned((p.N + bn - 1) / bn)); };
@@ -377,8 +511,9 @@ void check_operands(const char* op, std::initializer_list<const Tensor*> ts, int
 
 void CudaOps::grouped_linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& offsets, float alpha,
                                      bool accumulate) {
-  const auto prof = profile("grouped_linear_forward");
   const int64_t E = w.dim(0), out = w.dim(1), in = w.dim(2), M = x.dim(0);
+  // (the profile tells the LoRA factors' rank-wide products from the experts' own)
+  const auto prof = profile(out < 128 ? "grouped_linear_forward_narrow" : "grouped_linear_forward");
   SOLTRAIN_CHECK(offsets.numel() == E + 1 && x.dim(1) == in && y.dim(1) == out && y.dim(0) == M,
                  "grouped_linear_forward shapes");
   check_operands("grouped_linear_forward", {&y, &x, &w}, in, out);
@@ -390,7 +525,6 @@ void CudaOps::grouped_linear_forward(Tensor y, const Tensor& x, const Tensor& w,
 
 void CudaOps::grouped_linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, const Tensor& dy, const Tensor& x,
                                       const Tensor& w, const Tensor& offsets, float alpha) {
-  const auto prof = profile("grouped_linear_backward");
   const int64_t E = w.dim(0), out = w.dim(1), in = w.dim(2), M = dy.dim(0);
   SOLTRAIN_CHECK(offsets.numel() == E + 1 && dy.dim(1) == out && x.dim(1) == in && x.dim(0) == M &&
                      (!dw || (dw->numel() == E * out * in && dw->dtype == DType::F32)) &&
@@ -399,12 +533,14 @@ void CudaOps::grouped_linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw
   check_operands("grouped_linear_backward", {&dy, &x, &w}, in, out);
   if (M == 0) return;
   if (dx) {  // dx[rows_e] = dy[rows_e] · w[e]: w[e] is [out = k][in = n], n-contiguous
+    const auto prof = profile(in < 128 ? "grouped_linear_dx_narrow" : "grouped_linear_dx");
     check_operands("grouped_linear_backward", {dx}, in, out);
     const GemmArgs p{dy.as<bf16>(), out, w.as<bf16>(), in,  out * in, dx->data,     offsets.as<int32_t>(),
                      int(E),        M,   in,           out, alpha,    accumulate_dx};
     launch_rows<false>(p, stream_, sm90_);
   }
   if (dw) {  // dw[e] [out, in] += dy_eᵀ · x_e: A = dyᵀ (out-contiguous), B = x (in-contiguous), k = the rows
+    const auto prof = profile("grouped_linear_dw");
     SOLTRAIN_CHECK(cuda::aligned16(dw->data), "grouped_linear_backward: dw 16-byte aligned");
     const GemmArgs p{dy.as<bf16>(), out, x.as<bf16>(), in, 0,     dw->data, offsets.as<int32_t>(),
                      int(E),        out, in,           0,  alpha, true};
