@@ -456,15 +456,15 @@ void launch(const GemmArgs& p, dim3 grid, cudaStream_t stream) {
 
 // Rows grouped: tile slots for the worst case (each expert may end in a partial tile); BN by the output's
 // width, so the LoRA factors' rank-wide outputs do not pay for a 128-wide tile.
-// On sm_90 the wgmma kernels serve outputs 128 wide or more (run 77: the MoE fixture's gradients within bf16 error
-// of transformers as with mma.sync, 1.1-1.6x its speed on the A3B's shapes); SOLTRAIN_GROUPED_GEMM=mma keeps the
-// mma.sync kernels, which serve every other GPU and the narrow LoRA outputs, =wgmma3 picks the three-stage form (two
-// blocks per SM) and =tma the warp-specialised TMA form (where its maps fit the operands; else the default).
+// On sm_90 outputs 128 wide or more go to the warp-specialised TMA kernel where its maps fit the operands (run 78:
+// 315-377 TFLOP/s on the A3B's shapes, 1.7-2x the cp.async wgmma form, 2.2-3x mma.sync), else to the cp.async
+// wgmma one. SOLTRAIN_GROUPED_GEMM picks another: =wgmma (four-stage cp.async), =wgmma3 (three stages, two blocks
+// per SM) or =mma (the mma.sync kernels, which serve every other GPU and the narrow LoRA outputs).
 enum class Form { Mma, Wgmma4, Wgmma3, Tma };
 Form grouped_form() {
   const char* v = std::getenv("SOLTRAIN_GROUPED_GEMM");
   const std::string f = v ? v : "";
-  return f == "mma" ? Form::Mma : f == "wgmma3" ? Form::Wgmma3 : f == "tma" ? Form::Tma : Form::Wgmma4;
+  return f == "mma" ? Form::Mma : f == "wgmma3" ? Form::Wgmma3 : f == "wgmma" ? Form::Wgmma4 : Form::Tma;
 }
 
 template <bool BK_>
