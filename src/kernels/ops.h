@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/buffer.h"
 #include "core/tensor.h"
@@ -383,6 +384,24 @@ class Ops {
   // be null.
   virtual void grouped_linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, const Tensor& dy, const Tensor& x,
                                        const Tensor& w, const Tensor& offsets, float alpha = 1.0f) = 0;
+  // y[rows_e] (= or +=) Σ_i a_i[rows_e] · op(w_i[e]) over the terms (at most three): an expert projection with its
+  // LoRA factor's product, or dx through several, as one product over the terms' concatenated contraction where
+  // a backend can (one pass over y, one rounding); otherwise the terms one after another, added. Forward: w_i
+  // [E, N, K_i], op(w) = wᵀ (as grouped_linear_forward); Dx: w_i [E, K_i, N], op(w) = w (as its dx).
+  enum class GroupedOrient { Forward, Dx };
+  struct GroupedTerm {
+    Tensor a, w;
+  };
+  virtual void grouped_linear_sum(Tensor y, const std::vector<GroupedTerm>& terms, GroupedOrient orient,
+                                  const Tensor& offsets, bool accumulate = false) {
+    for (const GroupedTerm& t : terms) {
+      if (orient == GroupedOrient::Forward)
+        grouped_linear_forward(y, t.a, t.w, offsets, 1.0f, accumulate);
+      else  // (dx alone: the x argument, unread without dw, is given y for its shape)
+        grouped_linear_backward(&y, accumulate, nullptr, t.a, y, t.w, offsets);
+      accumulate = true;
+    }
+  }
   // PEFT's layout of an expert adapter's B (ParamWrapper: [out, R·E], expert e's column i at i·E + e) to and from
   // one matrix per expert [E, out, R]: to_peft false writes dst [E,out,R] (=); true adds src [E,out,R] into
   // dst [out, R·E] (a gradient).

@@ -1,5 +1,7 @@
 #include "model/moe.h"
 
+#include <optional>
+
 #include "core/error.h"
 #include "core/format.h"
 
@@ -95,16 +97,16 @@ MoeSwiGLU::LoraFactors MoeSwiGLU::lora_factors(Ops& o, const ExpertLora& l, cons
   return f;
 }
 
-void MoeSwiGLU::lora_backward(Ops& o, const ExpertLora& l, Tensor* dx, std::initializer_list<Tensor> dys,
-                              const Tensor& x, const Tensor& u, const ExpertRows& rows, const MoeTensors& t,
-                              const MoeGrads& g) const {
+Ops::GroupedTerm MoeSwiGLU::lora_backward(Ops& o, const ExpertLora& l, std::initializer_list<Tensor> dys,
+                                          const Tensor& x, const Tensor& u, const ExpertRows& rows, const MoeTensors& t,
+                                          const MoeGrads& g) const {
   const int parts = int(dys.size());
   const Tensor& offsets = rows.offsets;
   const LoraFactors f = lora_factors(o, l, t.lora_b, parts, rows);
   const int64_t E = l.a->shape[0] / l.rank, R = l.rank, out = f.b[0].dim(1);
   const Tensor du{g.lora_g.data, g.lora_g.dtype, {u.dim(0), R}, g.lora_g.device};  // (sized for the widest R)
-  // d loss / du = scale·Σ dy·B_e; dB_e += scale·dyᵀ·u (one matrix per expert, then into PEFT's layout; the
-  // experts this rank does not run get zeros)
+  // d loss / du = scale·Σ dy·B_e; dB_e += dyᵀ·u (u carries the scale); one matrix per expert, then into PEFT's
+  // layout (the experts this rank does not run get zeros)
   int i = 0;
   for (const Tensor& dy : dys) {
     Tensor db{static_cast<char*>(g.lora_db.data) + size_t(i * E * out * R) * dtype_size(g.lora_db.dtype),
@@ -113,15 +115,27 @@ void MoeSwiGLU::lora_backward(Ops& o, const ExpertLora& l, Tensor* dx, std::init
               g.lora_db.device};
     o.zero(db);
     Tensor du_i = du, db_run = db.rows(rows.first, rows.first + rows.count);
-    o.grouped_linear_backward(&du_i, i > 0, &db_run, dy, u, f.b[size_t(i)], offsets, l.scale);
+    o.grouped_linear_backward(&du_i, i > 0, nullptr, dy, u, f.b[size_t(i)], offsets, l.scale);
+    o.grouped_linear_backward(nullptr, false, &db_run, dy, u, f.b[size_t(i)], offsets);
     o.expert_lora_b_layout(l.b->grad.rows(i * out, (i + 1) * out), db, true);
     ++i;
   }
-  // dx += du·A_e; dA_e += duᵀ·x
+  // dA_e += duᵀ·x; the caller's dx gets du·A_e
   Tensor da = Tensor{l.a->grad.data, l.a->grad.dtype, {E, R, x.dim(1)}, l.a->grad.device}.rows(rows.first,
                                                                                                rows.first + rows.count);
-  o.grouped_linear_backward(dx, true, &da, du, x, f.a, offsets);
+  o.grouped_linear_backward(nullptr, false, &da, du, x, f.a, offsets);
+  return {du, f.a};
 }
+
+namespace {
+// A projection's grouped terms: its input against the experts' weights, and with an adapter (scale·u)·B too.
+std::vector<Ops::GroupedTerm> with_adapter(const Tensor& in, const Tensor& w, bool adapter, const Tensor& u,
+                                           const Tensor& b) {
+  std::vector<Ops::GroupedTerm> terms{{in, w}};
+  if (adapter) terms.push_back({u, b});
+  return terms;
+}
+}  // namespace
 
 void MoeSwiGLU::forward(Ops& o, Tensor* out, const Tensor& h, const MoeTensors& t, const MoeStats* stats, bool route,
                         const LoraPass& lora, int64_t layer) const {
@@ -136,21 +150,23 @@ void MoeSwiGLU::forward(Ops& o, Tensor* out, const Tensor& h, const MoeTensors& 
   const ExpertRows x = expert_rows(t, nullptr, layer);
   if (ep) ep->dispatch(o, layer, x.xs, t.xs);
   auto weights = [&](const std::vector<Parameter*>& ps) { return expert_weights(o, ps, x, t.dequant); };
-  o.grouped_linear_forward(x.gate, x.xs, weights(gate), x.offsets);
-  o.grouped_linear_forward(x.up, x.xs, weights(up), x.offsets);
-  if (gate_up_lora.on()) {  // + scale·(x·A_eᵀ)·B_eᵀ per expert, B's gate rows then its up rows
-    const LoraFactors f = lora_factors(o, gate_up_lora, t.lora_b, 2, x);
-    o.grouped_linear_forward(x.u_gate_up, x.xs, f.a, x.offsets);
-    o.grouped_linear_forward(x.gate, x.u_gate_up, f.b[0], x.offsets, gate_up_lora.scale, true);
-    o.grouped_linear_forward(x.up, x.u_gate_up, f.b[1], x.offsets, gate_up_lora.scale, true);
+  constexpr auto fwd = Ops::GroupedOrient::Forward;
+  // Each adapted projection is one product x·W_eᵀ + u·B_eᵀ with u = scale·x·A_eᵀ (kept for backward);
+  // gate_up's B holds the gate rows, then the up rows.
+  const bool gu = gate_up_lora.on(), dn = down_lora.on();
+  LoraFactors f;
+  if (gu) {
+    f = lora_factors(o, gate_up_lora, t.lora_b, 2, x);
+    o.grouped_linear_forward(x.u_gate_up, x.xs, f.a, x.offsets, gate_up_lora.scale);
   }
+  o.grouped_linear_sum(x.gate, with_adapter(x.xs, weights(gate), gu, x.u_gate_up, f.b[0]), fwd, x.offsets);
+  o.grouped_linear_sum(x.up, with_adapter(x.xs, weights(up), gu, x.u_gate_up, f.b[1]), fwd, x.offsets);
   o.swiglu_forward(x.act, x.gate, x.up);
-  o.grouped_linear_forward(x.ys, x.act, weights(down), x.offsets);
-  if (down_lora.on()) {
-    const LoraFactors f = lora_factors(o, down_lora, t.lora_b, 1, x);
-    o.grouped_linear_forward(x.u_down, x.act, f.a, x.offsets);
-    o.grouped_linear_forward(x.ys, x.u_down, f.b[0], x.offsets, down_lora.scale, true);
+  if (dn) {  // (lora_b is gate_up's until the products above have read it: same stream)
+    f = lora_factors(o, down_lora, t.lora_b, 1, x);
+    o.grouped_linear_forward(x.u_down, x.act, f.a, x.offsets, down_lora.scale);
   }
+  o.grouped_linear_sum(x.ys, with_adapter(x.act, weights(down), dn, x.u_down, f.b[0]), fwd, x.offsets);
   if (ep) ep->send_back(o, layer, t.ys, x.ys);
   if (out) o.moe_combine(*out, t.ys, t.slot, t.weight);
   if (!shared_gate) return;
@@ -179,17 +195,30 @@ void MoeSwiGLU::backward(Ops& o, Tensor dh, const Tensor& dout, const Tensor& h,
   // out = Σ_j weight_j · ys_j: to each pair's output, and to the router's weights
   o.moe_combine_backward(g.dys, g.dweight, dout, t.ys, t.slot, t.weight);
   if (ep) ep->dispatch(o, layer, x.dys, g.dys);
+  // Each input gradient is one product over its terms (dy·W_e, and an adapter's du·A_e): the adapters' backward
+  // first, for du.
+  constexpr auto dxo = Ops::GroupedOrient::Dx;
   Tensor dact = x.dact;
-  o.grouped_linear_backward(&dact, false, trains ? &ddown_w : nullptr, x.dys, x.act,
-                            expert_weights(o, down, x, t.dequant), x.offsets);
-  if (down_lora.on()) lora_backward(o, down_lora, &dact, {x.dys}, x.act, x.u_down, x, t, g);
+  const Tensor wd = expert_weights(o, down, x, t.dequant);
+  std::vector<Ops::GroupedTerm> terms{{x.dys, wd}};
+  if (down_lora.on()) terms.push_back(lora_backward(o, down_lora, {x.dys}, x.act, x.u_down, x, t, g));
+  o.grouped_linear_sum(dact, terms, dxo, x.offsets);
+  if (trains) o.grouped_linear_backward(nullptr, false, &ddown_w, x.dys, x.act, wd, x.offsets);
   o.swiglu_backward(x.dgate, x.dup, x.dact, x.gate, x.up);
   Tensor dxs = x.dxs;
-  o.grouped_linear_backward(&dxs, false, trains ? &dgate_w : nullptr, x.dgate, x.xs,
-                            expert_weights(o, gate, x, t.dequant), x.offsets);
-  o.grouped_linear_backward(&dxs, true, trains ? &dup_w : nullptr, x.dup, x.xs, expert_weights(o, up, x, t.dequant),
-                            x.offsets);
-  if (gate_up_lora.on()) lora_backward(o, gate_up_lora, &dxs, {x.dgate, x.dup}, x.xs, x.u_gate_up, x, t, g);
+  std::optional<Ops::GroupedTerm> adapter;  // (lora_g holds gate_up's du from here: down's has been read)
+  if (gate_up_lora.on()) adapter = lora_backward(o, gate_up_lora, {x.dgate, x.dup}, x.xs, x.u_gate_up, x, t, g);
+  // A quantised base dequantises each projection's experts into the one scratch: gate's and up's in turn.
+  const bool one_scratch = gate.front()->format != WeightFormat::Dense;
+  const Tensor wg = expert_weights(o, gate, x, t.dequant);
+  terms = {{x.dgate, wg}};
+  if (!one_scratch) terms.push_back({x.dup, expert_weights(o, up, x, t.dequant)});
+  if (adapter) terms.push_back(*adapter);
+  o.grouped_linear_sum(dxs, terms, dxo, x.offsets);
+  if (trains) o.grouped_linear_backward(nullptr, false, &dgate_w, x.dgate, x.xs, wg, x.offsets);
+  const Tensor wu = one_scratch ? expert_weights(o, up, x, t.dequant) : terms[1].w;
+  if (one_scratch) o.grouped_linear_sum(dxs, {{x.dup, wu}}, dxo, x.offsets, true);
+  if (trains) o.grouped_linear_backward(nullptr, false, &dup_w, x.dup, x.xs, wu, x.offsets);
   if (ep) ep->send_back(o, layer, g.dxs, x.dxs);
   o.moe_unpermute_sum(dh, shared_gate != nullptr, g.dxs, t.slot);
   // the router: weights (and the load-balancing loss's probabilities) → logits → h and the router's weight

@@ -133,10 +133,11 @@ class MoeSwiGLU {
   // a quantised base each dequantised into `scratch`.
   Tensor expert_weights(Ops& ops, const std::vector<Parameter*>& ps, const ExpertRows& x, const Tensor& scratch) const;
   static LoraFactors lora_factors(Ops& ops, const ExpertLora& l, const Tensor& scratch, int parts, const ExpertRows& x);
-  // An adapter's backward: dx += its input gradient; A's and B's gradients added. dys: the adapted outputs'
-  // gradients (gate's and up's for gate_up).
-  void lora_backward(Ops& ops, const ExpertLora& l, Tensor* dx, std::initializer_list<Tensor> dys, const Tensor& x,
-                     const Tensor& u, const ExpertRows& rows, const MoeTensors& t, const MoeGrads& g) const;
+  // An adapter's backward: A's and B's gradients added; returns its input gradient's term (du, A) for the caller's
+  // dx product (MoeGrads::lora_g holds du until then). dys: the adapted outputs' gradients (gate's and up's for
+  // gate_up); u: forward's scale·x·Aᵀ.
+  Ops::GroupedTerm lora_backward(Ops& ops, const ExpertLora& l, std::initializer_list<Tensor> dys, const Tensor& x,
+                                 const Tensor& u, const ExpertRows& rows, const MoeTensors& t, const MoeGrads& g) const;
   // The experts' weights (or gradients) of one projection as one [E, out, in] tensor: the per-expert
   // parameters are added one after another, so they are contiguous in the store (checked).
   static Tensor stacked(const std::vector<Parameter*>& ps, Tensor Parameter::*field);

@@ -170,6 +170,48 @@ TEST_F(CudaMoe, GroupedGemmsMatchTheCpu) {
   unsetenv("SOLTRAIN_GROUPED_GEMM");
 }
 
+// Sums of grouped products over their concatenated contraction (grouped_linear_sum: on sm_90 one TMA product,
+// else term by term): a projection with its LoRA factor's term (forward: w [E, N, K], the factor's K = the rank,
+// narrower than a 64-wide tile) and dx over three terms (gate's, up's and the adapter's: w [E, K, N], the next
+// expert's rows past a term's K), = and +=, skewed routing; against the CPU's term-by-term composition.
+TEST_F(CudaMoe, GroupedSumsMatchTheCpu) {
+  using Orient = Ops::GroupedOrient;
+  for (auto [N, E, k, width, ks] :
+       {std::tuple{384, 128, 8, 768, std::vector<int64_t>{2048, 32}}, {300, 16, 4, 256, std::vector<int64_t>{768, 16}},
+        {200, 8, 2, 2048, std::vector<int64_t>{768, 768, 32}}, {150, 8, 3, 384, std::vector<int64_t>{256, 256, 24}},
+        {64, 4, 1, 128, std::vector<int64_t>{64}}})
+    for (Orient orient : {Orient::Forward, Orient::Dx}) {
+      SCOPED_TRACE(cat(orient == Orient::Forward ? "forward " : "dx ", N * k, " rows, out ", width, ", ", ks.size(),
+                       " terms, first K ", ks[0]));
+      const int64_t M = N * k;
+      std::vector<int32_t> ex = skewed_choices(rng, N, E, k), rows(static_cast<size_t>(M)),
+                           slot(static_cast<size_t>(M)), off(static_cast<size_t>(E + 1));
+      std::vector<float> counts(static_cast<size_t>(E));
+      cpu->moe_permute(host_i32(rows), host_i32(slot), host_i32(off), host(counts, {E}),
+                       Tensor{ex.data(), DType::I32, {N, k}});
+      const Tensor goff = upload_i32(off);
+      std::vector<std::vector<float>> as, ws;
+      std::vector<Ops::GroupedTerm> gterms, cterms;
+      for (int64_t K : ks) {
+        as.push_back(randn(static_cast<size_t>(M * K)));
+        ws.push_back(randn(static_cast<size_t>(E * width * K), 0.05f));
+      }
+      for (size_t i = 0; i < ks.size(); ++i) {
+        const Shape wshape = orient == Orient::Forward ? Shape{E, width, ks[i]} : Shape{E, ks[i], width};
+        gterms.push_back({upload(as[i], {M, ks[i]}), upload(ws[i], wshape)});
+        cterms.push_back({host(as[i], {M, ks[i]}), host(ws[i], wshape)});
+      }
+      const auto y0 = randn(static_cast<size_t>(M * width));
+      for (bool accumulate : {false, true}) {
+        Tensor gy = accumulate ? upload(y0, {M, width}) : poisoned({M, width});
+        gpu->grouped_linear_sum(gy, gterms, orient, goff, accumulate);
+        std::vector<float> y = y0;
+        cpu->grouped_linear_sum(host(y, {M, width}), cterms, orient, host_i32(off), accumulate);
+        EXPECT_LE(rel(download(gy), y), 1e-2) << (accumulate ? "+=" : "=");
+      }
+    }
+}
+
 TEST_F(CudaMoe, RouterBackwardSharedGateAuxLossAndLoraLayoutMatchTheCpu) {
   for (auto [N, E, k] : {std::tuple{300, 64, 6}, {33, 128, 8}, {4, 8, 2}}) {
     auto logits = randn(static_cast<size_t>(N * E), 2.0f), dw = randn(static_cast<size_t>(N * k)),

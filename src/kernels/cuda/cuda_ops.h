@@ -92,6 +92,8 @@ class CudaOps final : public Ops {
   void moe_unpermute_sum(Tensor dx, bool accumulate, const Tensor& dxs, const Tensor& slot) override;
   void grouped_linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& offsets, float alpha,
                               bool accumulate) override;
+  void grouped_linear_sum(Tensor y, const std::vector<GroupedTerm>& terms, GroupedOrient orient, const Tensor& offsets,
+                          bool accumulate) override;
   void grouped_linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, const Tensor& dy, const Tensor& x,
                                const Tensor& w, const Tensor& offsets, float alpha) override;
   void expert_lora_b_layout(Tensor dst, const Tensor& src, bool to_peft) override;

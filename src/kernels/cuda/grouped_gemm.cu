@@ -311,15 +311,19 @@ __global__ void __launch_bounds__(256, kWgStages == 3 ? 2 : 1) grouped_gemm_sm90
 // copy warp issues every load into a ring of kTmaStages stages (full / empty mbarriers), running ahead of the
 // MMAs by the whole ring; two consumer warpgroups each own 64 of the block's 128 rows against 256 output columns
 // (two m64n128k16 per 16-wide step, 128 fp32 accumulators a thread). A tile that runs past its expert's rows
-// reads the next expert's (or zeros past the end) and stores none of them. Needs K (and in dx N) a multiple of
-// 64: the tensor maps' boxes are 64 columns wide.
-constexpr int kTmaBM = 128, kTmaBN = 256, kTmaBK = 64, kTmaStages = 4;
+// reads the next expert's (or zeros past the end) and stores none of them. Up to three terms are summed over their
+// concatenated contraction (an expert projection and its LoRA factor's, or dx's several): each term's last k-tile
+// reads zeros in A's columns past its K, so whatever B holds there (dx: the next expert's rows) adds nothing.
+constexpr int kTmaBM = 128, kTmaBN = 256, kTmaBK = 64, kTmaStages = 4, kTmaTerms = 3;
+struct TmaTerms {  // a: [M, K_t] with 64 x 128 boxes; b: [E·N, K_t] (forward) or [E·K_t, N] (dx) with its boxes
+  CUtensorMap a[kTmaTerms], b[kTmaTerms];
+  int k[kTmaTerms], ktiles[kTmaTerms], n;
+};
 constexpr size_t kTmaA = size_t(kTmaBM) * kTmaBK, kTmaB = size_t(kTmaBN) * kTmaBK;  // elements per stage
 constexpr size_t kTmaSmem = kTmaStages * (kTmaA + kTmaB) * sizeof(bf16) + 2 * kTmaStages * sizeof(uint64_t) + 1024;
 
 template <bool kTransB>
-__global__ void __launch_bounds__(384, 1)
-    grouped_gemm_tma(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map, GemmArgs p) {
+__global__ void __launch_bounds__(384, 1) grouped_gemm_tma(const __grid_constant__ TmaTerms terms, GemmArgs p) {
 #ifdef SOLTRAIN_SM90_DEVICE
   namespace h = cuda::attn::sm90;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -330,7 +334,9 @@ __global__ void __launch_bounds__(384, 1)
   int64_t m0, m_end;
   find_tile<kTmaBM>(p.offsets, p.E, blockIdx.x, e, m0, m_end);
   if (e < 0) return;
-  const int n0 = int(blockIdx.y) * kTmaBN, ktiles = int(p.K / kTmaBK);
+  const int n0 = int(blockIdx.y) * kTmaBN;
+  int ktiles = 0;
+  for (int t = 0; t < terms.n; ++t) ktiles += terms.ktiles[t];
   auto tile_a = [&](int s) { return tiles + s * (kTmaA + kTmaB); };
   auto tile_b = [&](int s) { return tile_a(s) + kTmaA; };
   if (threadIdx.x == 0) {
@@ -345,18 +351,21 @@ __global__ void __launch_bounds__(384, 1)
   if (wg == 0) {  // the copy warpgroup: one thread issues every TMA
     h::release_registers<40>();
     if (threadIdx.x != 0) return;
-    for (int kt = 0; kt < ktiles; ++kt) {
-      const int s = kt % kTmaStages, use = kt / kTmaStages;
-      if (use > 0) h::mbar_wait(empty + s, (use - 1) % 2);
-      h::mbar_expect_tx(full + s, uint32_t((kTmaA + kTmaB) * sizeof(bf16)));
-      h::tma_load(tile_a(s), &a_map, kt * kTmaBK, 0, int(m0), full + s);
-      if constexpr (!kTransB) {  // w[e] [N, K]: rows e·N + n0 .. + 256, K-major
-        h::tma_load(tile_b(s), &b_map, kt * kTmaBK, 0, e * int(p.N) + n0, full + s);
-      } else {  // w[e] [K, N]: rows e·K + k0 .. + 64, four 64-column blocks (N-major)
-        for (int j = 0; j < kTmaBN / 64; ++j)
-          h::tma_load(tile_b(s) + j * 64 * kTmaBK, &b_map, n0 + 64 * j, 0, e * int(p.K) + kt * kTmaBK, full + s);
+    int g = 0;  // the k-tile over all terms: its stage and phase
+    for (int t = 0; t < terms.n; ++t)
+      for (int kt = 0; kt < terms.ktiles[t]; ++kt, ++g) {
+        const int s = g % kTmaStages, use = g / kTmaStages;
+        if (use > 0) h::mbar_wait(empty + s, (use - 1) % 2);
+        h::mbar_expect_tx(full + s, uint32_t((kTmaA + kTmaB) * sizeof(bf16)));
+        h::tma_load(tile_a(s), &terms.a[t], kt * kTmaBK, 0, int(m0), full + s);
+        if constexpr (!kTransB) {  // w[e] [N, K]: rows e·N + n0 .. + 256, K-major
+          h::tma_load(tile_b(s), &terms.b[t], kt * kTmaBK, 0, e * int(p.N) + n0, full + s);
+        } else {  // w[e] [K, N]: rows e·K + k0 .. + 64, four 64-column blocks (N-major)
+          for (int j = 0; j < kTmaBN / 64; ++j)
+            h::tma_load(tile_b(s) + j * 64 * kTmaBK, &terms.b[t], n0 + 64 * j, 0, e * terms.k[t] + kt * kTmaBK,
+                        full + s);
+        }
       }
-    }
     return;
   }
   h::claim_registers<232>();
@@ -426,23 +435,40 @@ void launch_sm90(const GemmArgs& p, cudaStream_t stream) {
   CUDA_CHECK_LAUNCH();
 }
 
-// The TMA form where its maps can describe the operands (contiguous rows, 64-multiple widths); false otherwise.
+// The TMA form over `n` terms {a [M, K_t], b, K_t} where its maps can describe them (contiguous 16-byte rows,
+// aligned, int coordinates); false otherwise. p gives the output, the offsets and N.
+struct TermOperands {
+  const bf16* a;
+  const bf16* b;
+  int64_t k;
+};
 template <bool kTransB>
-bool launch_tma(const GemmArgs& p, cudaStream_t stream) {
-  const int64_t rows_b = int64_t(p.E) * (kTransB ? p.K : p.N), cols_b = kTransB ? p.N : p.K;
-  if (p.K % 64 != 0 || cols_b % 64 != 0 || p.lda != p.K || p.ldb != cols_b || p.b_stride != p.N * p.K ||
-      rows_b >= (int64_t(1) << 31) || p.M >= (int64_t(1) << 31) || !cuda::aligned16(p.a) || !cuda::aligned16(p.b))
-    return false;
-  const auto view = [](const bf16* d, int64_t rows, int64_t cols) {
-    return Tensor{const_cast<bf16*>(d), DType::BF16, {rows, 1, cols}, Device::CUDA};
-  };
-  const CUtensorMap a_map = cuda::head_tile_map(view(p.a, p.M, p.K), kTmaBM);
-  const CUtensorMap b_map = cuda::head_tile_map(view(p.b, rows_b, cols_b), kTransB ? kTmaBK : kTmaBN);
+bool launch_tma(const GemmArgs& p, const TermOperands* ts, int n, cudaStream_t stream) {
+  if (n < 1 || n > kTmaTerms || p.N % 8 != 0 || p.M >= (int64_t(1) << 31)) return false;
+  TmaTerms terms{};
+  terms.n = n;
+  for (int t = 0; t < n; ++t) {
+    const int64_t k = ts[t].k, rows_b = int64_t(p.E) * (kTransB ? k : p.N), cols_b = kTransB ? p.N : k;
+    if (k <= 0 || k % 8 != 0 || rows_b >= (int64_t(1) << 31) || !cuda::aligned16(ts[t].a) || !cuda::aligned16(ts[t].b))
+      return false;
+    terms.a[t] = cuda::matrix_tile_map(ts[t].a, p.M, k, kTmaBM);
+    terms.b[t] = cuda::matrix_tile_map(ts[t].b, rows_b, cols_b, kTransB ? kTmaBK : kTmaBN);
+    terms.k[t] = int(k);
+    terms.ktiles[t] = int((k + kTmaBK - 1) / kTmaBK);
+  }
   allow_shared_memory<grouped_gemm_tma<kTransB>>(kTmaSmem);
   const dim3 grid(unsigned((p.M + kTmaBM - 1) / kTmaBM + p.E), unsigned((p.N + kTmaBN - 1) / kTmaBN));
-  grouped_gemm_tma<kTransB><<<grid, 384, kTmaSmem, stream>>>(a_map, b_map, p);
+  grouped_gemm_tma<kTransB><<<grid, 384, kTmaSmem, stream>>>(terms, p);
   CUDA_CHECK_LAUNCH();
   return true;
+}
+
+// One GEMM's operands as a single TMA term, where they are contiguous (a's rows K long, each expert's B N·K).
+template <bool kTransB>
+bool launch_tma(const GemmArgs& p, cudaStream_t stream) {
+  if (p.lda != p.K || p.ldb != (kTransB ? p.N : p.K) || p.b_stride != p.N * p.K) return false;
+  const TermOperands t{p.a, p.b, p.K};
+  return launch_tma<kTransB>(p, &t, 1, stream);
 }
 
 template <int BM, int BN, int WM, int WN, bool AK, bool BK_, Group G>
@@ -521,6 +547,32 @@ void CudaOps::grouped_linear_forward(Tensor y, const Tensor& x, const Tensor& w,
   const GemmArgs p{x.as<bf16>(), in, w.as<bf16>(), in, out * in, y.data,    offsets.as<int32_t>(),
                    int(E),       M,  out,          in, alpha,    accumulate};
   launch_rows<true>(p, stream_, sm90_);
+}
+
+void CudaOps::grouped_linear_sum(Tensor y, const std::vector<GroupedTerm>& terms, GroupedOrient orient,
+                                 const Tensor& offsets, bool accumulate) {
+  const int64_t M = y.dim(0), N = y.dim(1), E = terms.empty() ? 0 : terms[0].w.dim(0);
+  const bool dx = orient == GroupedOrient::Dx;
+  SOLTRAIN_CHECK(offsets.numel() == E + 1, "grouped_linear_sum: offsets for ", E, " experts");
+  // One TMA product over the terms' concatenated contraction on sm_90 (the kernel above), else term by term.
+  if (sm90_ && N >= 128 && M > 0 && grouped_form() == Form::Tma && int(terms.size()) <= kTmaTerms &&
+      y.dtype == DType::BF16 && cuda::aligned16(y.data)) {
+    TermOperands ts[kTmaTerms];
+    int n = 0;
+    bool fits = true;
+    for (const GroupedTerm& t : terms) {
+      const int64_t k = t.a.dim(1);
+      fits = fits && t.a.dtype == DType::BF16 && t.w.dtype == DType::BF16 && t.a.dim(0) == M && t.w.dim(0) == E &&
+             t.w.dim(1) == (dx ? k : N) && t.w.dim(2) == (dx ? N : k);
+      ts[n++] = {t.a.as<bf16>(), t.w.as<bf16>(), k};
+    }
+    if (fits) {
+      const auto prof = profile(dx ? "grouped_linear_dx" : "grouped_linear_forward");
+      const GemmArgs p{nullptr, 0, nullptr, 0, 0, y.data, offsets.as<int32_t>(), int(E), M, N, 0, 1.0f, accumulate};
+      if (dx ? launch_tma<true>(p, ts, n, stream_) : launch_tma<false>(p, ts, n, stream_)) return;
+    }
+  }
+  Ops::grouped_linear_sum(y, terms, orient, offsets, accumulate);
 }
 
 void CudaOps::grouped_linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, const Tensor& dy, const Tensor& x,

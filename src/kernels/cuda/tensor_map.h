@@ -9,5 +9,9 @@
 namespace soltrain::cuda {
 
 CUtensorMap head_tile_map(const Tensor& x, int rows);
+// A bf16 matrix [rows, cols] with contiguous rows (cols a multiple of 8: 16-byte rows), as the same 64-column
+// boxes of `box_rows` rows (addressed with head 0): the grouped GEMMs' operands. Columns and rows past the end
+// read as zeros, so a box may be wider than the matrix (a LoRA factor's rank).
+CUtensorMap matrix_tile_map(const void* data, int64_t rows, int64_t cols, int box_rows);
 
 }  // namespace soltrain::cuda
