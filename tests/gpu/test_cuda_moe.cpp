@@ -73,6 +73,18 @@ std::vector<int32_t> skewed_choices(std::mt19937& rng, int64_t N, int64_t E, int
   return ex;
 }
 
+// The experts' row offsets [E + 1] of such a routing, permuted on the CPU.
+std::vector<int32_t> skewed_offsets(Ops& cpu, std::mt19937& rng, int64_t N, int64_t E, int64_t k) {
+  const int64_t M = N * k;
+  std::vector<int32_t> ex = skewed_choices(rng, N, E, k), rows(static_cast<size_t>(M)), slot(static_cast<size_t>(M)),
+                       off(static_cast<size_t>(E + 1));
+  std::vector<float> counts(static_cast<size_t>(E));
+  auto i32 = [](std::vector<int32_t>& v) { return Tensor{v.data(), DType::I32, {int64_t(v.size())}}; };
+  cpu.moe_permute(i32(rows), i32(slot), i32(off), Tensor{counts.data(), DType::F32, {E}},
+                  Tensor{ex.data(), DType::I32, {N, k}});
+  return off;
+}
+
 TEST_F(CudaMoe, GatherCombineAndTheirBackwardsMatchTheCpu) {
   for (auto [N, E, k, D] : {std::tuple{300, 16, 4, 64}, {77, 8, 2, 2048}, {1, 4, 4, 8}}) {
     const int64_t M = N * k;
@@ -136,11 +148,7 @@ TEST_F(CudaMoe, GroupedGemmsMatchTheCpu) {
       else
         unsetenv("SOLTRAIN_GROUPED_GEMM");
       const int64_t M = N * k;
-      std::vector<int32_t> ex = skewed_choices(rng, N, E, k), rows(static_cast<size_t>(M)),
-                           slot(static_cast<size_t>(M)), off(static_cast<size_t>(E + 1));
-      std::vector<float> counts(static_cast<size_t>(E));
-      cpu->moe_permute(host_i32(rows), host_i32(slot), host_i32(off), host(counts, {E}),
-                       Tensor{ex.data(), DType::I32, {N, k}});
+      std::vector<int32_t> off = skewed_offsets(*cpu, rng, N, E, k);
       ASSERT_EQ(off.back(), M);
       const Tensor goff = upload_i32(off);
       auto x = randn(static_cast<size_t>(M * in)), w = randn(static_cast<size_t>(E * out * in), 0.05f),
@@ -176,19 +184,16 @@ TEST_F(CudaMoe, GroupedGemmsMatchTheCpu) {
 // expert's rows past a term's K), = and +=, skewed routing; against the CPU's term-by-term composition.
 TEST_F(CudaMoe, GroupedSumsMatchTheCpu) {
   using Orient = Ops::GroupedOrient;
-  for (auto [N, E, k, width, ks] :
-       {std::tuple{384, 128, 8, 768, std::vector<int64_t>{2048, 32}}, {300, 16, 4, 256, std::vector<int64_t>{768, 16}},
-        {200, 8, 2, 2048, std::vector<int64_t>{768, 768, 32}}, {150, 8, 3, 384, std::vector<int64_t>{256, 256, 24}},
-        {64, 4, 1, 128, std::vector<int64_t>{64}}})
+  for (auto [N, E, k, width, ks] : {std::tuple{384, 128, 8, 768, std::vector<int64_t>{2048, 32}},
+                                    {300, 16, 4, 256, std::vector<int64_t>{768, 16}},
+                                    {200, 8, 2, 2048, std::vector<int64_t>{768, 768, 32}},
+                                    {150, 8, 3, 384, std::vector<int64_t>{256, 256, 24}},
+                                    {64, 4, 1, 128, std::vector<int64_t>{64}}})
     for (Orient orient : {Orient::Forward, Orient::Dx}) {
       SCOPED_TRACE(cat(orient == Orient::Forward ? "forward " : "dx ", N * k, " rows, out ", width, ", ", ks.size(),
                        " terms, first K ", ks[0]));
       const int64_t M = N * k;
-      std::vector<int32_t> ex = skewed_choices(rng, N, E, k), rows(static_cast<size_t>(M)),
-                           slot(static_cast<size_t>(M)), off(static_cast<size_t>(E + 1));
-      std::vector<float> counts(static_cast<size_t>(E));
-      cpu->moe_permute(host_i32(rows), host_i32(slot), host_i32(off), host(counts, {E}),
-                       Tensor{ex.data(), DType::I32, {N, k}});
+      std::vector<int32_t> off = skewed_offsets(*cpu, rng, N, E, k);
       const Tensor goff = upload_i32(off);
       std::vector<std::vector<float>> as, ws;
       std::vector<Ops::GroupedTerm> gterms, cterms;
