@@ -373,16 +373,9 @@ __global__ void __launch_bounds__(384, 1) grouped_gemm_tma(const __grid_constant
   float acc[2][64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.f;
-  // A warpgroup whose 64 rows all lie past its expert's (an expert's last tile, partial) keeps the barriers' count
-  // without MMAs, leaving the SM's tensor cores to the other: such a tile costs half.
-  const bool idle = m0 + cw * 64 >= m_end;
   for (int kt = 0; kt < ktiles; ++kt) {
     const int s = kt % kTmaStages;
     h::mbar_wait(full + s, kt / kTmaStages % 2);
-    if (idle) {
-      if (kt > 0 && lane == 0) h::mbar_arrive(empty + (kt - 1) % kTmaStages);
-      continue;
-    }
     const bf16 *ta = tile_a(s), *tb = tile_b(s);
     h::wgmma_fence();
 #pragma unroll
@@ -399,7 +392,6 @@ __global__ void __launch_bounds__(384, 1) grouped_gemm_tma(const __grid_constant
     h::wgmma_wait<1>();  // tile kt - 1's MMAs are done: its stage goes back to the copy warp
     if (kt > 0 && lane == 0) h::mbar_arrive(empty + (kt - 1) % kTmaStages);
   }
-  if (idle) return;
   h::wgmma_wait<0>();
   h::fence_accumulators(acc[0]);
   h::fence_accumulators(acc[1]);
