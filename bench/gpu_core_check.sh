@@ -17,13 +17,14 @@ NCCL_LIB=$(python3 -c 'import nvidia.nccl as m; print(m.__path__[0])' 2>/dev/nul
 # exported, they would shadow what torch loads.
 TESTS_ENV="LD_LIBRARY_PATH=$PWD/.devbin/lib:/usr/local/cuda/lib64:$NCCL_LIB"
 B=$PWD/.devbin
-# One `soltrain bench` run on a generated model (made once per machine): its JSON in $OUT/<tag>.json and a line
-# of the figures, or the tail of its error.
+# One `soltrain bench` run on a generated model (made once per machine; with --random-weights among the args only
+# its config.json): its JSON in $OUT/<tag>.json and a line of the figures, or the tail of its error.
 bench_one() {  # tag size bench-args...
-  local tag=$1 size=$2
+  local tag=$1 size=$2 dir=$2 config_only=False
   shift 2
-  [ -d /tmp/soltrain-bench-models/$size ] || python3 -c "import sys; sys.path.insert(0, 'bench'); import run_bench; run_bench.save_model('$size', '/tmp/soltrain-bench-models')"
-  timeout "${BENCH_TIMEOUT:-150}" "$B/soltrain" bench --model /tmp/soltrain-bench-models/$size "$@" > "$OUT/$tag.json" 2> "$OUT/$tag.err"
+  case " $* " in *" --random-weights "*) dir=$size-config config_only=True ;; esac
+  [ -d /tmp/soltrain-bench-models/$dir ] || python3 -c "import sys; sys.path.insert(0, 'bench'); import run_bench; run_bench.save_model('$size', '/tmp/soltrain-bench-models', config_only=$config_only)"
+  timeout "${BENCH_TIMEOUT:-150}" "$B/soltrain" bench --model /tmp/soltrain-bench-models/$dir "$@" > "$OUT/$tag.json" 2> "$OUT/$tag.err"
   python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], round(j['tokens_per_s']), 'tok/s,', round(j['memory_gib'], 2), 'GiB, loss', j['loss'], ', streamed layers', j.get('streamed_layers'))" \
     "$OUT/$tag.json" "$tag" || tail -3 "$OUT/$tag.err"
 }
@@ -46,7 +47,7 @@ for s in "${steps[@]}"; do
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|OK \]" "$OUT/moe-tests.log"
       timeout 300 python3 tests/tools/check_moe_cuda.py "$B/soltrain" > "$OUT/moe-check.log" 2>&1
       grep -E "^(ok|FAIL)|passed|FAILED|Error" "$OUT/moe-check.log" | head -12
-      for form in mma wgmma3 wgmma tma; do  # SOLTRAIN_GROUPED_GEMM: mma.sync, wgmma 3 and 4 stages, TMA
+      for form in mma wgmma tma; do  # SOLTRAIN_GROUPED_GEMM: mma.sync, cp.async wgmma, TMA (the default)
         for shape in "--hidden 2048 --width 768" "--hidden 768 --width 2048"; do
           for skew in 0 1; do
             echo -n "$form "
@@ -70,13 +71,9 @@ for s in "${steps[@]}"; do
         --attention "" --out "$OUT" > "$OUT/moe48.log" 2>&1
       grep -E "^\| Qwen|^  [a-z_]+ +[0-9.]+ ms|error" "$OUT/moe48.log" | head -60 ;;
     moe48q)  # the whole A3B under QLoRA (NF4 and FP8 experts), weights drawn from config.json alone
-      [ -d /tmp/soltrain-bench-models/30B-A3B-config ] || python3 -c "import sys; sys.path.insert(0, 'bench'); import run_bench; run_bench.save_model('30B-A3B', '/tmp/soltrain-bench-models', config_only=True)"
       for q in ${MOE_QLORA:-nf4 fp8}; do
-        timeout 280 "$B/soltrain" bench --model /tmp/soltrain-bench-models/30B-A3B-config --random-weights --batch-size 2 \
-          --seq-len 2048 --lora-rank 16 --qlora $q --recompute full --steps 4 --warmup 2 ${MOE_QLORA_ARGS:-} \
-          > "$OUT/moe48-qlora-$q.json" 2> "$OUT/moe48-qlora-$q.err"
-        python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], round(j['tokens_per_s']), 'tok/s,', round(j['memory_gib'], 2), 'GiB')" \
-          "$OUT/moe48-qlora-$q.json" "qlora $q" || tail -3 "$OUT/moe48-qlora-$q.err"
+        BENCH_TIMEOUT=280 bench_one "moe48-qlora-$q" 30B-A3B --random-weights --batch-size 2 --seq-len 2048 \
+          --lora-rank 16 --qlora $q --recompute full --steps 4 --warmup 2 ${MOE_QLORA_ARGS:-}
       done ;;
     moeqlora)  # issue 31: the same 12-layer A3B, LoRA r16 over an NF4 / FP8 base (experts dequantised per
       # projection into one scratch, E launches each: the per-expert dequant is the cost to look at)

@@ -129,10 +129,10 @@ TEST_F(CudaMoe, GatherCombineAndTheirBackwardsMatchTheCpu) {
 
 // The grouped GEMMs at the model's shapes (gate/up: in D out F; down: in F out D) and the LoRA factors' (rank-wide
 // outputs and inputs), with skewed routing (empty experts, partial tiles), alpha and accumulation: the mma.sync
-// kernels (SOLTRAIN_GROUPED_GEMM=mma), the cp.async wgmma forms (=wgmma3, =wgmma) and the default: on Hopper the
+// kernels (SOLTRAIN_GROUPED_GEMM=mma), the cp.async wgmma form (=wgmma) and the default: on Hopper the
 // warp-specialised TMA one where the widths are multiples of 64 (partial 256-wide column tiles included).
 TEST_F(CudaMoe, GroupedGemmsMatchTheCpu) {
-  for (const char* form : {"mma", "wgmma3", "wgmma", ""})
+  for (const char* form : {"mma", "wgmma", ""})
     for (auto [N, E, k, in, out] : {std::tuple{300, 16, 4, 256, 96},
                                     {200, 8, 2, 96, 256},
                                     {512, 32, 8, 128, 32},

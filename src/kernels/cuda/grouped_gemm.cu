@@ -208,18 +208,15 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm(GemmArgs p) {
 // Hopper (sm_90a): the rows-grouped forward and dx, the two big GEMMs of a LoRA step, on warpgroup MMA. Two
 // consumer warpgroups each own 64 of the block's 128 rows against 128 output columns (m64n128k16, fp32
 // accumulators in registers); 64-wide contraction tiles in the 128-byte-swizzled layout of attention_sm90.cuh,
-// loaded by every thread with cp.async through kWgStages stages, kWgStages - 2 tiles ahead of the MMAs, one wgmma
-// group in flight. The weight is K-major in the forward (w[e] [N, K]) and N-major in dx (w[e] [K, N]: kTransB).
-// Four stages (129 KiB) hold one block per SM; three (97 KiB, at most 128 registers a thread) two, the other
-// block's MMAs covering a load one tile ahead.
-constexpr int kWgBM = 128, kWgBN = 128, kWgBK = 64;
+// loaded by every thread with cp.async through kWgStages stages, two tiles ahead of the MMAs, one wgmma group in
+// flight. The weight is K-major in the forward (w[e] [N, K]) and N-major in dx (w[e] [K, N]: kTransB). (A
+// three-stage form, two blocks per SM, measured no faster: run 78.)
+constexpr int kWgStages = 4, kWgBM = 128, kWgBN = 128, kWgBK = 64;
 constexpr size_t kWgStageElems = size_t(kWgBM + kWgBN) * kWgBK;
-constexpr size_t wg_smem(int stages) {
-  return stages * kWgStageElems * sizeof(bf16) + 1024;  // + the 1024-byte alignment
-}
+constexpr size_t kWgSmem = kWgStages * kWgStageElems * sizeof(bf16) + 1024;  // + the 1024-byte alignment
 
-template <bool kTransB, int kWgStages>
-__global__ void __launch_bounds__(256, kWgStages == 3 ? 2 : 1) grouped_gemm_sm90(GemmArgs p) {
+template <bool kTransB>
+__global__ void __launch_bounds__(256) grouped_gemm_sm90(GemmArgs p) {
 #ifdef SOLTRAIN_SM90_DEVICE
   namespace h = cuda::attn::sm90;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -426,12 +423,12 @@ void allow_shared_memory(size_t bytes) {
   (void)done;
 }
 
-template <bool kTransB, int kWgStages>
+template <bool kTransB>
 void launch_sm90(const GemmArgs& p, cudaStream_t stream) {
-  auto* kernel = grouped_gemm_sm90<kTransB, kWgStages>;
-  allow_shared_memory<grouped_gemm_sm90<kTransB, kWgStages>>(wg_smem(kWgStages));
+  auto* kernel = grouped_gemm_sm90<kTransB>;
+  allow_shared_memory<grouped_gemm_sm90<kTransB>>(kWgSmem);
   const dim3 grid(unsigned((p.M + kWgBM - 1) / kWgBM + p.E), unsigned((p.N + kWgBN - 1) / kWgBN));
-  kernel<<<grid, 256, wg_smem(kWgStages), stream>>>(p);
+  kernel<<<grid, 256, kWgSmem, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -484,13 +481,13 @@ void launch(const GemmArgs& p, dim3 grid, cudaStream_t stream) {
 // width, so the LoRA factors' rank-wide outputs do not pay for a 128-wide tile.
 // On sm_90 outputs 128 wide or more go to the warp-specialised TMA kernel where its maps fit the operands (run 78:
 // 315-377 TFLOP/s on the A3B's shapes, 1.7-2x the cp.async wgmma form, 2.2-3x mma.sync), else to the cp.async
-// wgmma one. SOLTRAIN_GROUPED_GEMM picks another: =wgmma (four-stage cp.async), =wgmma3 (three stages, two blocks
-// per SM) or =mma (the mma.sync kernels, which serve every other GPU and the narrow LoRA outputs).
-enum class Form { Mma, Wgmma4, Wgmma3, Tma };
+// wgmma one. SOLTRAIN_GROUPED_GEMM picks another: =wgmma (the cp.async form) or =mma (the mma.sync kernels, which
+// serve every other GPU and the narrow LoRA outputs). Read per call: the GPU tests switch it between calls.
+enum class Form { Mma, Wgmma, Tma };
 Form grouped_form() {
   const char* v = std::getenv("SOLTRAIN_GROUPED_GEMM");
   const std::string f = v ? v : "";
-  return f == "mma" ? Form::Mma : f == "wgmma3" ? Form::Wgmma3 : f == "wgmma" ? Form::Wgmma4 : Form::Tma;
+  return f == "mma" ? Form::Mma : f == "wgmma" ? Form::Wgmma : Form::Tma;
 }
 
 template <bool BK_>
@@ -499,8 +496,7 @@ void launch_rows(const GemmArgs& p, cudaStream_t stream, bool sm90) {
       case Form::Tma:
         if (launch_tma<!BK_>(p, stream)) return;
         [[fallthrough]];
-      case Form::Wgmma4: return launch_sm90<!BK_, 4>(p, stream);
-      case Form::Wgmma3: return launch_sm90<!BK_, 3>(p, stream);
+      case Form::Wgmma: return launch_sm90<!BK_>(p, stream);
       case Form::Mma: break;
     }
   constexpr int BM = 128;

@@ -25,9 +25,6 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
   return fn;
 }
 
-}  // namespace
-
-namespace {
 // [outer, middle, inner] bf16 with contiguous inner rows, boxes of 64 inner x 1 x `rows` outer, 128-byte swizzle.
 CUtensorMap tile_map(void* data, int64_t outer, int64_t middle, int64_t inner, int rows) {
   const cuuint64_t dims[3] = {cuuint64_t(inner), cuuint64_t(middle), cuuint64_t(outer)};
