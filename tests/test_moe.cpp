@@ -156,6 +156,43 @@ TEST(Moe, LoraPassesAreBitwiseUnderRecomputeAndTrainTheAdaptersAlone) {
   }
 }
 
+TEST(Moe, ExpertAdapterBIsStoredOneMatrixPerExpertAndReadBackInPeftsOrder) {
+  // PEFT's B [parts·out, R·E] (expert e's column i at i·E + e) lives in the store as [parts][E][out][R]: what
+  // upload writes there, and what download (the adapter file) and download_grad (`soltrain dump`) give back
+  const LoraConfig lora{4, 8.0f, 0.0f, {"gate_proj", "up_proj", "down_proj"}, false, 3};
+  auto ops = make_cpu_ops();
+  auto m = moe_model(*ops, lora);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  int checked = 0;
+  for (Parameter& p : m->params().all()) {
+    if (p.name.find(".experts.") == std::string::npos || p.name.find("lora_B") == std::string::npos) continue;
+    const bool gate_up = p.name.find(".base_layer.") != std::string::npos;  // (both: gate_up is the inner wrapper)
+    const int64_t E = 8, parts = gate_up ? 2 : 1, R = gate_up ? 8 : 4, out = p.shape[0] / parts;
+    ASSERT_EQ(p.order.experts, E) << p.name;
+    ASSERT_EQ(p.order.parts, parts) << p.name;
+    ASSERT_EQ(p.shape[1], R * E) << p.name;
+    std::vector<float> named(size_t(shape_numel(p.shape)));
+    for (float& v : named) v = nd(rng);
+    m->params().upload(*ops, p, named.data());
+    for (int64_t part = 0; part < parts; ++part)
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t o = 0; o < out; ++o)
+          for (int64_t i = 0; i < R; ++i)
+            ASSERT_EQ(p.master.f32()[((part * E + e) * out + o) * R + i],
+                      named[size_t((part * out + o) * R * E + i * E + e)])
+                << p.name;
+    std::vector<float> back(named.size(), 0.0f), grad(named.size(), 0.0f);
+    m->params().download(*ops, p, back.data());
+    EXPECT_EQ(back, named) << p.name;
+    ops->copy(p.grad, p.master);  // a gradient in the stored order reads back as PEFT holds it too
+    m->params().download_grad(*ops, p, grad.data());
+    EXPECT_EQ(grad, named) << p.name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 4);  // gate_up's and down's B in each of the two MoE layers
+}
+
 TEST(Moe, ExpertAdaptersPeftCannotHoldAreRefused) {
   auto ops = make_cpu_ops();
   const LoraConfig gate_alone{4, 8.0f, 0.0f, {"q_proj", "gate_proj"}, false, 3};

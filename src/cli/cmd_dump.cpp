@@ -115,7 +115,7 @@ int dump_grpo(const GrpoDump& g, Ops& ops, Transformer& model, const HostBatch& 
     if (!p.trainable) continue;
     grads.emplace_back(size_t(shape_numel(p.shape)));
     Tensor h{grads.back().data(), DType::F32, p.shape, Device::CPU};
-    ops.copy(h, p.grad);
+    model.params().download_grad(ops, p, grads.back().data());
     out.push_back({"grad." + p.name, h});
   }
   write_safetensors(out_path, out);
@@ -205,7 +205,7 @@ std::function<int()> add_dump_command(CLI::App& app) {
       if (!p.trainable) continue;
       grads.emplace_back(size_t(shape_numel(p.shape)));
       Tensor h{grads.back().data(), DType::F32, p.shape, Device::CPU};
-      ops->copy(h, p.grad);
+      model->params().download_grad(*ops, p, grads.back().data());
       out.push_back({"grad." + p.name, h});
     }
     write_safetensors(o->out, out);

@@ -402,10 +402,6 @@ class Ops {
       accumulate = true;
     }
   }
-  // PEFT's layout of an expert adapter's B (ParamWrapper: [out, R·E], expert e's column i at i·E + e) to and from
-  // one matrix per expert [E, out, R]: to_peft false writes dst [E,out,R] (=); true adds src [E,out,R] into
-  // dst [out, R·E] (a gradient).
-  virtual void expert_lora_b_layout(Tensor dst, const Tensor& src, bool to_peft) = 0;
   // The router's backward, from d loss / d weight (F32 [N,k]) through the top-k renormalisation (norm_topk)
   // and the softmax to dlogits [N,E] (activation dtype); aux_grad (F32 [E], or empty) is added to every
   // token's d loss / d probs (the load-balancing loss's gradient, one value per expert).

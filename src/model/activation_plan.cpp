@@ -178,9 +178,6 @@ ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& 
     const LoraConfig* lora = s.lora;
     if (lora && c.moe.lora_on_experts && (lora->targets(LoraTarget::gate) || lora->targets(LoraTarget::down))) {
       one("moe_lora_g", {Mx, 2 * lora->r}, act);
-      const int64_t b = E * std::max(2 * Fm * 2 * lora->r, D * lora->r);  // B per expert: gate_up's or down's
-      one("moe_lora_b", {b}, act);
-      one("moe_lora_db", {b}, f32);  // (the gradients' dtype)
     }
     if (lora && lora->base_format != WeightFormat::Dense)  // one projection of the experts a rank runs, dequantised
       one("moe_dequant", {E / std::max(1, s.expert_parallel) * Fm * D}, act);

@@ -80,10 +80,9 @@ KvDecoder::KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int m
     for (Tensor* t : {&moe_counts_, &moe_prob_sum_}) one(*t, E, f32);
     if (model.lora() && model.lora()->base_format != WeightFormat::Dense)
       one(moe_dequant_, E * Fm * D, act);  // a QLoRA base's experts of one projection
-    if (lora_r) {  // the experts' adapters (model/moe.h): u over gate_up (rank 2r) and down, B per expert
+    if (lora_r) {                          // the experts' adapters (model/moe.h): u over gate_up (rank 2r) and down
       one(moe_u_gate_up_, M * 2 * lora_r, act);
       one(moe_u_down_, M * lora_r, act);
-      one(moe_lora_b_, E * std::max(2 * Fm * 2 * lora_r, D * lora_r), act);
     }
     if (const int64_t Fs = c.moe.shared_intermediate_size) {
       for (Tensor* t : {&moe_shared_gate_, &moe_shared_up_, &moe_shared_act_}) one(*t, N * Fs, act);
@@ -247,7 +246,6 @@ void KvDecoder::forward_chunk(int r0, int nb, int Tc) {
       if (const MoeSwiGLU& m = *w.moe; m.gate_up_lora.on() || m.down_lora.on()) {
         if (m.gate_up_lora.on()) t.u_gate_up = view(moe_u_gate_up_, {M, m.gate_up_lora.rank});
         if (m.down_lora.on()) t.u_down = view(moe_u_down_, {M, m.down_lora.rank});
-        t.lora_b = moe_lora_b_;
       }
       t.dequant = moe_dequant_;
       if (const int64_t Fs = c.moe.shared_intermediate_size) {

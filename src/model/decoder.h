@@ -72,7 +72,7 @@ class KvDecoder {
   // MoE layers' routing and per-pair tensors for one call (flat, viewed per call), and its statistics' scratch
   Tensor moe_logits_, moe_probs_, moe_expert_, moe_weight_, moe_rows_, moe_slot_, moe_offsets_, moe_xs_, moe_gate_,
       moe_up_, moe_act_, moe_ys_, moe_counts_, moe_prob_sum_, moe_shared_gate_, moe_shared_up_, moe_shared_act_,
-      moe_shared_out_, moe_shared_logit_, moe_u_gate_up_, moe_u_down_, moe_lora_b_, moe_dequant_;
+      moe_shared_out_, moe_shared_logit_, moe_u_gate_up_, moe_u_down_, moe_dequant_;
   Tensor ids_, positions_, lens_;
   std::vector<std::pair<Tensor*, size_t>> bind_;  // the planned buffers, until the arena is allocated
   Tensor sampled_, seen_;  // I32 [batch] drawn ids; U8 [batch, vocab] tokens held (with repetition_penalty only)

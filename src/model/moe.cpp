@@ -10,6 +10,13 @@ namespace soltrain {
 namespace {
 const char* kProjections[] = {"gate_proj", "up_proj", "down_proj"};
 
+// Row block `part` of an expert adapter's B (value or gradient) as stored (StoredOrder): [E, out, R].
+Tensor expert_b(const Tensor& stored, int part, int64_t E, int64_t out, int64_t R) {
+  return Tensor{static_cast<char*>(stored.data) + size_t(part * E * out * R) * dtype_size(stored.dtype),
+                stored.dtype,
+                {E, out, R},
+                stored.device};
+}
 }  // namespace
 
 std::string expert_weight_name(int l, int e, const char* proj) {
@@ -81,43 +88,29 @@ Tensor MoeSwiGLU::expert_weights(Ops& o, const std::vector<Parameter*>& ps, cons
   return w;
 }
 
-MoeSwiGLU::LoraFactors MoeSwiGLU::lora_factors(Ops& o, const ExpertLora& l, const Tensor& scratch, int parts,
-                                               const ExpertRows& x) {
+MoeSwiGLU::LoraFactors MoeSwiGLU::lora_factors(const ExpertLora& l, int parts, const ExpertRows& x) {
   const int64_t R = l.rank, E = l.a->shape[0] / R, in = l.a->shape[1], out = l.b->shape[0] / parts;
   LoraFactors f;
   f.a = Tensor{l.a->value.data, l.a->value.dtype, {E, R, in}, l.a->value.device}.rows(x.first, x.first + x.count);
-  for (int i = 0; i < parts; ++i) {
-    const Tensor b{static_cast<char*>(scratch.data) + size_t(i * E * out * R) * dtype_size(scratch.dtype),
-                   scratch.dtype,
-                   {E, out, R},
-                   scratch.device};
-    o.expert_lora_b_layout(b, l.b->value.rows(i * out, (i + 1) * out), false);
-    f.b[size_t(i)] = b.rows(x.first, x.first + x.count);
-  }
+  for (int i = 0; i < parts; ++i) f.b[size_t(i)] = expert_b(l.b->value, i, E, out, R).rows(x.first, x.first + x.count);
   return f;
 }
 
 Ops::GroupedTerm MoeSwiGLU::lora_backward(Ops& o, const ExpertLora& l, std::initializer_list<Tensor> dys,
-                                          const Tensor& x, const Tensor& u, const ExpertRows& rows, const MoeTensors& t,
+                                          const Tensor& x, const Tensor& u, const ExpertRows& rows,
                                           const MoeGrads& g) const {
   const int parts = int(dys.size());
   const Tensor& offsets = rows.offsets;
-  const LoraFactors f = lora_factors(o, l, t.lora_b, parts, rows);
+  const LoraFactors f = lora_factors(l, parts, rows);
   const int64_t E = l.a->shape[0] / l.rank, R = l.rank, out = f.b[0].dim(1);
   const Tensor du{g.lora_g.data, g.lora_g.dtype, {u.dim(0), R}, g.lora_g.device};  // (sized for the widest R)
-  // d loss / du = scale·Σ dy·B_e; dB_e += dyᵀ·u (u carries the scale); one matrix per expert, then into PEFT's
-  // layout (the experts this rank does not run get zeros)
+  // d loss / du = scale·Σ dy·B_e; dB_e += dyᵀ·u (u carries the scale), straight into B's stored gradient (the
+  // experts this rank does not run get nothing)
   int i = 0;
   for (const Tensor& dy : dys) {
-    Tensor db{static_cast<char*>(g.lora_db.data) + size_t(i * E * out * R) * dtype_size(g.lora_db.dtype),
-              g.lora_db.dtype,
-              {E, out, R},
-              g.lora_db.device};
-    o.zero(db);
-    Tensor du_i = du, db_run = db.rows(rows.first, rows.first + rows.count);
+    Tensor du_i = du, db = expert_b(l.b->grad, i, E, out, R).rows(rows.first, rows.first + rows.count);
     o.grouped_linear_backward(&du_i, i > 0, nullptr, dy, u, f.b[size_t(i)], offsets, l.scale);
-    o.grouped_linear_backward(nullptr, false, &db_run, dy, u, f.b[size_t(i)], offsets);
-    o.expert_lora_b_layout(l.b->grad.rows(i * out, (i + 1) * out), db, true);
+    o.grouped_linear_backward(nullptr, false, &db, dy, u, f.b[size_t(i)], offsets);
     ++i;
   }
   // dA_e += duᵀ·x; the caller's dx gets du·A_e
@@ -156,14 +149,14 @@ void MoeSwiGLU::forward(Ops& o, Tensor* out, const Tensor& h, const MoeTensors& 
   const bool gu = gate_up_lora.on(), dn = down_lora.on();
   LoraFactors f;
   if (gu) {
-    f = lora_factors(o, gate_up_lora, t.lora_b, 2, x);
+    f = lora_factors(gate_up_lora, 2, x);
     o.grouped_linear_forward(x.u_gate_up, x.xs, f.a, x.offsets, gate_up_lora.scale);
   }
   o.grouped_linear_sum(x.gate, with_adapter(x.xs, weights(gate), gu, x.u_gate_up, f.b[0]), fwd, x.offsets);
   o.grouped_linear_sum(x.up, with_adapter(x.xs, weights(up), gu, x.u_gate_up, f.b[1]), fwd, x.offsets);
   o.swiglu_forward(x.act, x.gate, x.up);
-  if (dn) {  // (lora_b is gate_up's until the products above have read it: same stream)
-    f = lora_factors(o, down_lora, t.lora_b, 1, x);
+  if (dn) {
+    f = lora_factors(down_lora, 1, x);
     o.grouped_linear_forward(x.u_down, x.act, f.a, x.offsets, down_lora.scale);
   }
   o.grouped_linear_sum(x.ys, with_adapter(x.act, weights(down), dn, x.u_down, f.b[0]), fwd, x.offsets);
@@ -201,13 +194,13 @@ void MoeSwiGLU::backward(Ops& o, Tensor dh, const Tensor& dout, const Tensor& h,
   Tensor dact = x.dact;
   const Tensor wd = expert_weights(o, down, x, t.dequant);
   std::vector<Ops::GroupedTerm> terms{{x.dys, wd}};
-  if (down_lora.on()) terms.push_back(lora_backward(o, down_lora, {x.dys}, x.act, x.u_down, x, t, g));
+  if (down_lora.on()) terms.push_back(lora_backward(o, down_lora, {x.dys}, x.act, x.u_down, x, g));
   o.grouped_linear_sum(dact, terms, dxo, x.offsets);
   if (trains) o.grouped_linear_backward(nullptr, false, &ddown_w, x.dys, x.act, wd, x.offsets);
   o.swiglu_backward(x.dgate, x.dup, x.dact, x.gate, x.up);
   Tensor dxs = x.dxs;
   std::optional<Ops::GroupedTerm> adapter;  // (lora_g holds gate_up's du from here: down's has been read)
-  if (gate_up_lora.on()) adapter = lora_backward(o, gate_up_lora, {x.dgate, x.dup}, x.xs, x.u_gate_up, x, t, g);
+  if (gate_up_lora.on()) adapter = lora_backward(o, gate_up_lora, {x.dgate, x.dup}, x.xs, x.u_gate_up, x, g);
   // A quantised base dequantises each projection's experts into the one scratch: gate's and up's in turn.
   const bool one_scratch = gate.front()->format != WeightFormat::Dense;
   const Tensor wg = expert_weights(o, gate, x, t.dequant);
@@ -287,12 +280,12 @@ void add_expert_lora_parameters(ParameterStore& ps, const ModelConfig& c, int l,
   if (gate_up) {
     const int64_t R = expert_lora_rank(r, true);
     ps.add(expert_lora_name(l, true, down, false), {E * R, D}, true, l);
-    ps.add(expert_lora_name(l, true, down, true), {2 * F, R * E}, true, l);
+    ps.add(expert_lora_name(l, true, down, true), {2 * F, R * E}, true, l, WeightFormat::Dense, StoredOrder{int(E), 2});
   }
   if (down) {
     const int64_t R = expert_lora_rank(r, false);
     ps.add(expert_lora_name(l, false, gate_up, false), {E * R, F}, true, l);
-    ps.add(expert_lora_name(l, false, gate_up, true), {D, R * E}, true, l);
+    ps.add(expert_lora_name(l, false, gate_up, true), {D, R * E}, true, l, WeightFormat::Dense, StoredOrder{int(E), 1});
   }
 }
 

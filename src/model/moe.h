@@ -30,9 +30,8 @@ struct MoeTensors {
   // (gate, up, act, the adapters' u; xl, yl: its inputs and outputs) holds the rows this rank's experts received
   // from the group: room for ep_size × M, the first ExpertParallel::received of them used.
   Tensor xl, yl;
-  // expert LoRA's u = x·A_eᵀ per pair: [M, 2r] over gate_up, [M, r] over down (empty without the adapter), and
-  // scratch for B as one matrix per expert (flat, at least E·max(2F·2r, D·r); shared by the layers)
-  Tensor u_gate_up, u_down, lora_b;
+  // expert LoRA's u = x·A_eᵀ per pair: [M, 2r] over gate_up, [M, r] over down (empty without the adapter)
+  Tensor u_gate_up, u_down;
   // a quantised base (QLoRA): one projection's experts dequantised for its grouped GEMM, [E·max(F·D)] in the
   // activation dtype (scratch shared by the layers and projections, refilled before each use)
   Tensor dequant;
@@ -49,13 +48,15 @@ struct MoeGrads {
   Tensor dact, dgate, dup;  // [M,F]
   Tensor dweight, dlogits;  // F32 [N,k]; [N,E] activation dtype
   Tensor aux_grad;          // F32 [E]: d (coef · load-balancing loss) / d probs, or empty
-  // expert LoRA's scratch: d loss / du [M, 2r]; B's gradient as one matrix per expert (flat, as lora_b)
-  Tensor lora_g, lora_db;
+  // expert LoRA's scratch: d loss / du [M, 2r]
+  Tensor lora_g;
   MlpGrads shared;                    // the shared expert's: [N,Fs] each
   Tensor dshared_out, dshared_logit;  // [N,D], [N,1]
 };
 // LoRA on one expert projection as PEFT 0.21 holds it for transformers 5's stacked expert parameters
-// (ParamWrapper): A [E·R, in] (expert e's rows e·R ..), B [out, R·E] (expert e's column i at i·E + e).
+// (ParamWrapper): A [E·R, in] (expert e's rows e·R ..), B [out, R·E] (expert e's column i at i·E + e). The store
+// keeps B as one [out, R] matrix per expert (StoredOrder, model/parameters.h): the grouped GEMMs read it and add
+// its gradient in place, and only loading and saving see PEFT's order.
 struct ExpertLora {
   Parameter *a = nullptr, *b = nullptr;
   float scale = 0;
@@ -115,7 +116,7 @@ class MoeSwiGLU {
 
  private:
   // An expert adapter's factors for the grouped GEMMs: A as [E, R, in] (its own storage) and B's `parts` row
-  // blocks (gate_up: gate's then up's) as [E, out, R] each, rearranged into `scratch`.
+  // blocks (gate_up: gate's then up's) as [E, out, R] each, as stored; both cut to the experts `x` runs.
   struct LoraFactors {
     Tensor a;
     std::array<Tensor, 2> b;
@@ -132,12 +133,12 @@ class MoeSwiGLU {
   // One projection's matrices of the experts `x` runs, [count, out, in]: the held parameters themselves, or over
   // a quantised base each dequantised into `scratch`.
   Tensor expert_weights(Ops& ops, const std::vector<Parameter*>& ps, const ExpertRows& x, const Tensor& scratch) const;
-  static LoraFactors lora_factors(Ops& ops, const ExpertLora& l, const Tensor& scratch, int parts, const ExpertRows& x);
+  static LoraFactors lora_factors(const ExpertLora& l, int parts, const ExpertRows& x);
   // An adapter's backward: A's and B's gradients added; returns its input gradient's term (du, A) for the caller's
   // dx product (MoeGrads::lora_g holds du until then). dys: the adapted outputs' gradients (gate's and up's for
   // gate_up); u: forward's scale·x·Aᵀ.
   Ops::GroupedTerm lora_backward(Ops& ops, const ExpertLora& l, std::initializer_list<Tensor> dys, const Tensor& x,
-                                 const Tensor& u, const ExpertRows& rows, const MoeTensors& t, const MoeGrads& g) const;
+                                 const Tensor& u, const ExpertRows& rows, const MoeGrads& g) const;
   // The experts' weights (or gradients) of one projection as one [E, out, in] tensor: the per-expert
   // parameters are added one after another, so they are contiguous in the store (checked).
   static Tensor stacked(const std::vector<Parameter*>& ps, Tensor Parameter::*field);

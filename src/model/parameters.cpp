@@ -41,12 +41,35 @@ int64_t frozen_units(int64_t n, DType act) {
   const int64_t align = int64_t(256 / dtype_size(act));
   return (n + align - 1) / align * align;
 }
+// named [parts·out, R·E] (row part·out + o, column i·E + e) <-> stored [parts][E][out][R] (StoredOrder).
+void reorder(const Parameter& p, const float* from, float* to, bool to_stored) {
+  SOLTRAIN_CHECK(!p.order.named() && from != to, "reorder ", p.name, ": no stored order, or in place");
+  const int64_t E = p.order.experts, parts = p.order.parts, out = p.shape[0] / parts, R = p.shape[1] / E;
+  for (int64_t part = 0; part < parts; ++part)
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t i = 0; i < R; ++i) {
+          const int64_t named = (part * out + o) * R * E + i * E + e, stored = ((part * E + e) * out + o) * R + i;
+          if (to_stored)
+            to[stored] = from[named];
+          else
+            to[named] = from[stored];
+        }
+}
 Tensor flat(const Buffer& b, DType dtype, int64_t offset, int64_t numel) {
   return Tensor{static_cast<char*>(b.data()) + size_t(offset) * dtype_size(dtype), dtype, {numel}, b.device()};
 }
 }  // namespace
 
-void ParameterStore::add(const std::string& name, Shape shape, bool trainable, int group, WeightFormat format) {
+void named_to_stored(const Parameter& p, const float* named, float* stored) {
+  reorder(p, named, stored, true);
+}
+void stored_to_named(const Parameter& p, const float* stored, float* named) {
+  reorder(p, stored, named, false);
+}
+
+void ParameterStore::add(const std::string& name, Shape shape, bool trainable, int group, WeightFormat format,
+                         StoredOrder order) {
   SOLTRAIN_CHECK(!index_.count(name), "duplicate parameter ", name);
   SOLTRAIN_CHECK(group >= 0 && !masters_.data() && !frozen_.data(), "parameter ", name, " added after allocate()");
   const bool decay = shape.size() >= 2;
@@ -55,6 +78,11 @@ void ParameterStore::add(const std::string& name, Shape shape, bool trainable, i
                  " must be a frozen matrix");
   params_.push_back(Parameter{name, std::move(shape), decay, trainable, group, {}, {}, {}});
   params_.back().format = format;
+  const Shape& sh = params_.back().shape;
+  SOLTRAIN_CHECK(order.named() || (trainable && sh.size() == 2 && order.parts > 0 && sh[0] % order.parts == 0 &&
+                                   sh[1] % order.experts == 0),
+                 "stored order of ", name, ": a trainable [parts·out, R·E] matrix");
+  params_.back().order = order;
 }
 
 void ParameterStore::lay_out() {
@@ -170,6 +198,12 @@ void ParameterStore::sync_values(Ops& ops) {
   for (const ParamRange& r : ranges_) ops.convert(values(r), masters(r));
 }
 void ParameterStore::upload(Ops& ops, Parameter& p, const float* host) {
+  std::vector<float> stored;
+  if (!p.order.named()) {
+    stored.resize(size_t(shape_numel(p.shape)));
+    named_to_stored(p, host, stored.data());
+    host = stored.data();
+  }
   const Tensor h{const_cast<float*>(host), DType::F32, p.shape, Device::CPU};
   if (p.format != WeightFormat::Dense) {
     // Quantised on the host (the CPU twin's arithmetic), then copied up as stored.
@@ -209,6 +243,13 @@ void ParameterStore::upload_quantised(Ops& ops, Parameter& p, const void* codes,
 }
 
 void ParameterStore::download(Ops& ops, const Parameter& p, float* host, bool queued) const {
+  if (!p.order.named()) {
+    std::vector<float> stored(size_t(shape_numel(p.shape)));
+    Parameter as_stored = p;
+    as_stored.order = {};
+    download(ops, as_stored, stored.data());
+    return stored_to_named(p, stored.data(), host);
+  }
   if (p.format != WeightFormat::Dense) {
     std::vector<uint8_t> codes(size_t(p.value.bytes())), scale(size_t(p.scale.bytes()));
     ops.copy(Tensor{codes.data(), p.value.dtype, p.value.shape, Device::CPU}, p.value);
@@ -223,6 +264,13 @@ void ParameterStore::download(Ops& ops, const Parameter& p, float* host, bool qu
   std::vector<uint16_t> b(size_t(src.numel()));
   ops.copy(Tensor{b.data(), DType::BF16, p.shape, Device::CPU}, src);
   for (size_t i = 0; i < b.size(); ++i) host[i] = bf16_to_f32(b[i]);
+}
+
+void ParameterStore::download_grad(Ops& ops, const Parameter& p, float* host) const {
+  SOLTRAIN_CHECK(p.trainable && p.grad.data, "the gradient of ", p.name, ": not trainable, or not bound");
+  std::vector<float> stored(p.order.named() ? 0 : size_t(shape_numel(p.shape)));
+  ops.copy(Tensor{p.order.named() ? host : stored.data(), DType::F32, p.shape, Device::CPU}, p.grad);
+  if (!p.order.named()) stored_to_named(p, stored.data(), host);
 }
 
 Parameter* ParameterStore::find(const std::string& name) {

@@ -19,6 +19,16 @@
 
 namespace soltrain {
 
+// How the store orders a parameter's elements where that differs from its named (checkpoint) layout. With
+// `experts` set: an expert adapter's B as PEFT names it, [parts·out, R·E] with expert e's column i at i·E + e
+// (model/moe.h), stored as `parts` blocks of [E, out, R], one matrix per expert, the layout the grouped GEMMs
+// read and add its gradient into (so no step rearranges it). upload, download and download_grad convert; the
+// optimizer, clipping and the collectives are elementwise and never see the difference.
+struct StoredOrder {
+  int experts = 0, parts = 1;
+  bool named() const { return experts == 0; }
+};
+
 struct Parameter {
   std::string name;  // HF name, e.g. model.layers.0.self_attn.q_proj.weight
   Shape shape;
@@ -31,7 +41,12 @@ struct Parameter {
   int64_t offset = -1;  // element offset in the flat trainable buffers (-1: frozen)
   WeightFormat format = WeightFormat::Dense;  // quantised formats: frozen 2-D weights only
   Tensor scale;                               // the format's scales (see Weight)
+  StoredOrder order;                          // master, value and grad in this order (shape stays the named one)
 };
+
+// A parameter's elements between its named layout and its stored order (the same pointer for both is refused).
+void named_to_stored(const Parameter& p, const float* named, float* stored);
+void stored_to_named(const Parameter& p, const float* stored, float* named);
 
 // A contiguous range of trainable elements sharing a group and a decay setting.
 struct ParamRange {
@@ -42,7 +57,8 @@ struct ParamRange {
 
 class ParameterStore {
  public:
-  void add(const std::string& name, Shape shape, bool trainable, int group, WeightFormat format = WeightFormat::Dense);
+  void add(const std::string& name, Shape shape, bool trainable, int group, WeightFormat format = WeightFormat::Dense,
+           StoredOrder order = {});
   // Lays out the groups in order and allocates the flat buffers on the ops' device (zeroed). Without
   // `gradients` no gradient buffer is allocated: a model that ZeRO-3 will shard gets only its rank's slices
   // of them (keep_shards), so a full-size gradient buffer never exists there.
@@ -109,7 +125,10 @@ class ParameterStore {
   void upload_quantised(Ops& ops, Parameter& p, const void* codes, const void* scale);
   // Reads a parameter back as fp32 (the master, or the frozen compute copy widened or dequantised).
   // `queued`: an fp32 device value's copy is queued into `host` (pinned: Ops::copy_to_host), not waited for.
+  // A parameter in a stored order other than its named one is read synchronously (`queued` aside) and reordered.
   void download(Ops& ops, const Parameter& p, float* host, bool queued = false) const;
+  // A trainable parameter's gradient as fp32 in its named layout (what `soltrain dump` writes).
+  void download_grad(Ops& ops, const Parameter& p, float* host) const;
 
   // Every gradient, flat; the gradients of one group (contiguous); the (group, decay) ranges in order.
   Tensor all_grads() const;

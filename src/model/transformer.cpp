@@ -40,7 +40,6 @@ struct Transformer::Activations {
   std::vector<Tensor> moe_logits, moe_probs, moe_expert, moe_weight, moe_rows, moe_slot, moe_offsets, moe_xs, moe_gate,
       moe_up, moe_act, moe_ys, moe_u_gate_up, moe_u_down, moe_u_router, moe_u_shared_gate, moe_shared_gate,
       moe_shared_up, moe_shared_act, moe_shared_out, moe_shared_logit, moe_xl, moe_yl;
-  Tensor moe_lora_b;   // expert LoRA's B per expert (scratch)
   Tensor moe_dequant;  // a quantised base's experts of one projection (scratch)
   MoeGrads moe_grads;
   MoeStats moe_stats;
@@ -265,9 +264,7 @@ void Transformer::bind_planned_buffers(Activations& a, Ops& ops) {
   const std::map<std::string, Tensor*> single = {{"hf", &a.hf},
                                                  {"moe_dys", &a.moe_grads.dys},
                                                  {"moe_lora_g", &a.moe_grads.lora_g},
-                                                 {"moe_lora_b", &a.moe_lora_b},
                                                  {"moe_dequant", &a.moe_dequant},
-                                                 {"moe_lora_db", &a.moe_grads.lora_db},
                                                  {"moe_shared_dact", &a.moe_grads.shared.dact},
                                                  {"moe_shared_dgate", &a.moe_grads.shared.dgate},
                                                  {"moe_shared_dup", &a.moe_grads.shared.dup},
@@ -451,7 +448,6 @@ MoeTensors Transformer::moe_tensors(int64_t l) const {
   if (!a.moe_u_down.empty()) t.u_down = a.moe_u_down[m];
   if (!a.moe_u_router.empty()) t.u_router = a.moe_u_router[m];
   if (!a.moe_u_shared_gate.empty()) t.u_shared_gate = a.moe_u_shared_gate[m];
-  t.lora_b = a.moe_lora_b;
   t.dequant = a.moe_dequant;
   if (!a.moe_shared_out.empty()) {
     t.shared = MlpTensors{a.moe_shared_gate[m],        a.moe_shared_up[m],        a.moe_shared_act[m],

@@ -49,7 +49,6 @@ class CpuOps final : public Ops {
                               bool accumulate) override;
   void grouped_linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, const Tensor& dy, const Tensor& x,
                                const Tensor& w, const Tensor& offsets, float alpha) override;
-  void expert_lora_b_layout(Tensor dst, const Tensor& src, bool to_peft) override;
   void moe_router_backward(Tensor dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& expert,
                            const Tensor& weight, bool norm_topk, const Tensor& aux_grad) override;
   void sigmoid_gate_add(Tensor out, const Tensor& x, const Tensor& gate) override;

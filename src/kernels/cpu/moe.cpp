@@ -144,23 +144,6 @@ void CpuOps::grouped_linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw,
   }
 }
 
-void CpuOps::expert_lora_b_layout(Tensor dst, const Tensor& src, bool to_peft) {
-  const Tensor& stacked = to_peft ? src : dst;  // [E, out, R]
-  const Tensor& peft = to_peft ? dst : src;     // [out, R·E]
-  const int64_t E = stacked.dim(0), out = stacked.dim(1), R = stacked.dim(2);
-  SOLTRAIN_CHECK(peft.numel() == E * out * R, "expert_lora_b_layout shapes");
-  for (int64_t e = 0; e < E; ++e)
-    for (int64_t o = 0; o < out; ++o)
-      for (int64_t i = 0; i < R; ++i) {
-        float& p = peft.f32()[o * R * E + i * E + e];
-        float& s = stacked.f32()[(e * out + o) * R + i];
-        if (to_peft)
-          p += s;
-        else
-          s = p;
-      }
-}
-
 void CpuOps::moe_router_backward(Tensor dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& expert,
                                  const Tensor& weight, bool norm_topk, const Tensor& aux_grad) {
   const int64_t N = probs.dim(0), E = probs.dim(1), k = expert.dim(1);

@@ -202,33 +202,6 @@ __global__ void combine_backward_kernel(bf16* dy, float* dweight, const bf16* do
   if (lane == 0) dweight[p] = dot;
 }
 
-// PEFT's expert B [out, R·E] (column i·E + e) to one matrix per expert [E, out, R], or a gradient back into it:
-// for each output row o a transpose of [R, E] into [E, R] (row stride out·R), through a 32 x 32 shared tile so
-// that both sides move whole 64-byte runs (an element-wise form reads one element per 32-byte sector).
-template <bool ToPeft, typename T>
-__global__ void lora_b_layout_kernel(T* dst, const T* src, int64_t E, int64_t out, int64_t R) {
-  __shared__ T tile[32][33];
-  const int64_t o = blockIdx.x, e0 = int64_t(blockIdx.y) * 32, i0 = int64_t(blockIdx.z) * 32;
-  const int tx = threadIdx.x;
-  auto peft = [&](int64_t i, int64_t e) { return (o * R + i) * E + e; };
-  auto stacked = [&](int64_t e, int64_t i) { return (e * out + o) * R + i; };
-  for (int r = threadIdx.y; r < 32; r += blockDim.y) {  // read: the source's contiguous index along tx
-    if constexpr (ToPeft) {
-      if (e0 + r < E && i0 + tx < R) tile[r][tx] = src[stacked(e0 + r, i0 + tx)];  // tile[e][i]
-    } else if (i0 + r < R && e0 + tx < E) {
-      tile[r][tx] = src[peft(i0 + r, e0 + tx)];  // tile[i][e]
-    }
-  }
-  __syncthreads();
-  for (int r = threadIdx.y; r < 32; r += blockDim.y) {  // write: the destination's contiguous index along tx
-    if constexpr (ToPeft) {
-      if (i0 + r < R && e0 + tx < E) dst[peft(i0 + r, e0 + tx)] += tile[tx][r];
-    } else if (e0 + r < E && i0 + tx < R) {
-      dst[stacked(e0 + r, i0 + tx)] = tile[tx][r];
-    }
-  }
-}
-
 // One warp per token: d loss / d probs (the aux gradient, plus the chosen experts' weights through the top-k
 // renormalisation), then through the softmax.
 __global__ void router_backward_kernel(bf16* dlogits, const float* dweight, const float* probs, const int32_t* expert,
@@ -396,25 +369,6 @@ void CudaOps::moe_unpermute_sum(Tensor dx, bool accumulate, const Tensor& dxs, c
   if (N == 0) return;
   combine_kernel<<<cuda::blocks_for(N * D8, kThreads), kThreads, 0, stream_>>>(
       dx.as<bf16>(), dxs.as<bf16>(), slot.as<int32_t>(), nullptr, N, int(k), D8, accumulate);
-  CUDA_CHECK_LAUNCH();
-}
-
-void CudaOps::expert_lora_b_layout(Tensor dst, const Tensor& src, bool to_peft) {
-  const auto prof = profile("expert_lora_b_layout");
-  const Tensor& stacked = to_peft ? src : dst;  // [E, out, R]
-  const Tensor& peft = to_peft ? dst : src;     // [out, R·E]
-  const int64_t E = stacked.dim(0), out = stacked.dim(1), R = stacked.dim(2), n = E * out * R;
-  SOLTRAIN_CHECK(peft.numel() == n && dst.dtype == src.dtype, "expert_lora_b_layout shapes");
-  if (n == 0) return;
-  SOLTRAIN_CHECK(out < (int64_t(1) << 31) && E <= 65535 * 32 && R <= 65535 * 32, "expert_lora_b_layout: too large");
-  const dim3 grid(unsigned(out), unsigned((E + 31) / 32), unsigned((R + 31) / 32));
-  if (to_peft) {
-    SOLTRAIN_CHECK(dst.dtype == DType::F32, "expert_lora_b_layout: gradients in fp32");
-    lora_b_layout_kernel<true><<<grid, dim3(32, 8), 0, stream_>>>(dst.as<float>(), src.as<float>(), E, out, R);
-  } else {
-    SOLTRAIN_CHECK(dst.dtype == DType::BF16, "expert_lora_b_layout: values in bf16");
-    lora_b_layout_kernel<false><<<grid, dim3(32, 8), 0, stream_>>>(dst.as<bf16>(), src.as<bf16>(), E, out, R);
-  }
   CUDA_CHECK_LAUNCH();
 }
 
