@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moebench] [moeqlora] [moe48] [moe48q]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -28,6 +28,12 @@ bench_one() {  # tag size bench-args...
   python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], round(j['tokens_per_s']), 'tok/s,', round(j['memory_gib'], 2), 'GiB, loss', j['loss'], ', streamed layers', j.get('streamed_layers'))" \
     "$OUT/$tag.json" "$tag" || tail -3 "$OUT/$tag.err"
 }
+moe_tests() {
+  timeout 220 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaMoe*' > "$OUT/moe-tests.log" 2>&1
+  grep -E "^\[  (PASSED|FAILED)|FAILED  \]|OK \]" "$OUT/moe-tests.log"
+  timeout 300 python3 tests/tools/check_moe_cuda.py "$B/soltrain" > "$OUT/moe-check.log" 2>&1
+  grep -E "^(ok|FAIL)|passed|FAILED|Error" "$OUT/moe-check.log" | head -12
+}
 for s in "${steps[@]}"; do
   echo "== $s $(date +%T)"
   case $s in
@@ -41,18 +47,28 @@ for s in "${steps[@]}"; do
       PYTHONPATH=python SOLTRAIN_BUILD_DIR="$B" python3 -c "import soltrain; print('import soltrain:', soltrain.Model)"
       PYTHONPATH=python SOLTRAIN_BUILD_DIR="$B" timeout 520 python3 bench/python_api_bench.py --soltrain "$B/soltrain" \
         --models /tmp/soltrain-bench-models --steps "${PYAPI_STEPS:-15}" --out "$OUT" ;;
-    moe)  # issue 31: the MoE ops against their CPU twins, tiny Qwen3-MoE / Qwen2-MoE (+ PEFT) against transformers in
-      # bf16, and the grouped GEMM next to a dense GEMM of the same FLOPs and a cuBLASLt GEMM per expert
-      timeout 200 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaMoe*' > "$OUT/moe-tests.log" 2>&1
-      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|OK \]" "$OUT/moe-tests.log"
-      timeout 300 python3 tests/tools/check_moe_cuda.py "$B/soltrain" > "$OUT/moe-check.log" 2>&1
-      grep -E "^(ok|FAIL)|passed|FAILED|Error" "$OUT/moe-check.log" | head -12
+    moetests)  # issue 31: the MoE ops against their CPU twins, tiny Qwen3-MoE / Qwen2-MoE (+ PEFT) against
+      # transformers in bf16
+      moe_tests ;;
+    moe)  # moetests, and the grouped GEMM next to a dense GEMM of the same FLOPs and a cuBLASLt GEMM per expert
+      moe_tests
       for form in mma wgmma tma; do  # SOLTRAIN_GROUPED_GEMM: mma.sync, cp.async wgmma, TMA (the default)
         for shape in "--hidden 2048 --width 768" "--hidden 768 --width 2048"; do
           for skew in 0 1; do
             echo -n "$form "
             SOLTRAIN_GROUPED_GEMM=$form timeout 60 "$B/soltrain" bench-grouped-gemm $shape --skew $skew |
               tee -a "$OUT/grouped-gemm-$form.jsonl"
+          done
+        done
+      done ;;
+    narrowdw)  # issue 31: the LoRA factors' gradients on the A3B's shapes (dA: R x W, dB: W x R per expert), the
+      # 128- and 64-wide tiles of the wide side (SOLTRAIN_NARROW_DW), uniform and skewed routing
+      for tile in 128 64; do
+        for shape in "--hidden 2048 --width 32" "--hidden 768 --width 16" "--hidden 32 --width 768" "--hidden 16 --width 2048"; do
+          for skew in 0 1; do
+            echo -n "dw$tile "
+            SOLTRAIN_NARROW_DW=$tile timeout 60 "$B/soltrain" bench-grouped-gemm $shape --skew $skew |
+              tee -a "$OUT/narrow-dw.jsonl" | python3 -c "import json,sys; j=json.loads(sys.stdin.read()); print(j['in'], '->', j['out'], 'skew', j['skew'], 'dw', round(j['grouped_dw_ms'] * 1e3), 'us', round(j['grouped_dw_gb_per_s']), 'GB/s; fwd', round(j['grouped_fwd_ms'] * 1e3), 'us, dx', round(j['grouped_dx_ms'] * 1e3), 'us')"
           done
         done
       done ;;
@@ -65,9 +81,12 @@ for s in "${steps[@]}"; do
     moe48)  # issue 31's target: the whole Qwen3-30B-A3B (48 layers), LoRA r16 on attention and experts, 2 x 2048,
       # soltrain's weights drawn from config.json alone (--random-weights: 61 GB would not fit the disk), next to
       # transformers + PEFT with gradient checkpointing (built from the same config on the GPU)
+      # (MOE48_ARGS: other run_bench.py arguments, e.g. --baseline; MOE48_VARIANTS=none: no recompute variants)
+      variants=(--variant "recompute full=--recompute full"
+        --variant "recompute full, 8-bit AdamW=--recompute full --optimizer adamw_8bit")
+      [ "${MOE48_VARIANTS:-}" = none ] && variants=()
       timeout 590 python3 bench/run_bench.py --soltrain "$B/soltrain" --sizes 30B-A3B --random-weights --lora-rank 16 \
-        --steps "${MOE_STEPS:-5}" --variant "recompute full=--recompute full" \
-        --variant "recompute full, 8-bit AdamW=--recompute full --optimizer adamw_8bit" --peers "${MOE_PEERS:-lowmem}" \
+        --steps "${MOE_STEPS:-5}" "${variants[@]}" ${MOE48_ARGS:-} --peers "${MOE_PEERS:-lowmem}" \
         --attention "" --out "$OUT" > "$OUT/moe48.log" 2>&1
       grep -E "^\| Qwen|^  [a-z_]+ +[0-9.]+ ms|error" "$OUT/moe48.log" | head -60 ;;
     moe48q)  # the whole A3B under QLoRA (NF4 and FP8 experts), weights drawn from config.json alone

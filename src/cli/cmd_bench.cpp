@@ -667,7 +667,13 @@ std::function<int()> add_bench_grouped_gemm_command(CLI::App& app) {
                      {"grouped_fwd_ms", median(grouped_f) * 1e3},
                      {"grouped_fwd_tflops", tf(grouped_f)},
                      {"grouped_dx_tflops", tf(grouped_dx)},
+                     {"grouped_dx_ms", median(grouped_dx) * 1e3},
                      {"grouped_dw_tflops", tf(grouped_dw)},
+                     {"grouped_dw_ms", median(grouped_dw) * 1e3},
+                     // what dw moves at least: both operands once, its fp32 output read and written
+                     {"grouped_dw_gb_per_s", (double(M) * double(in + out) * double(dtype_size(dt)) +
+                                              2.0 * double(E) * double(in) * double(out) * 4.0) /
+                                                 median(grouped_dw) / 1e9},
                      {"dense_same_flops_tflops", tf(dense_f)},
                      {"cublaslt_per_expert_tflops", tf(loop_f)},
                      {"timing", "host clock around each synchronised call"}};

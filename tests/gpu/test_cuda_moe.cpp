@@ -130,7 +130,8 @@ TEST_F(CudaMoe, GatherCombineAndTheirBackwardsMatchTheCpu) {
 // The grouped GEMMs at the model's shapes (gate/up: in D out F; down: in F out D) and the LoRA factors' (rank-wide
 // outputs and inputs), with skewed routing (empty experts, partial tiles), alpha and accumulation: the mma.sync
 // kernels (SOLTRAIN_GROUPED_GEMM=mma), the cp.async wgmma form (=wgmma) and the default: on Hopper the
-// warp-specialised TMA one where the widths are multiples of 64 (partial 256-wide column tiles included).
+// warp-specialised TMA one where the widths are multiples of 64 (partial 256-wide column tiles included). The mma
+// pass also takes the LoRA factors' 64-wide dw tiles (SOLTRAIN_NARROW_DW=64), the others the default 128.
 TEST_F(CudaMoe, GroupedGemmsMatchTheCpu) {
   for (const char* form : {"mma", "wgmma", ""})
     for (auto [N, E, k, in, out] : {std::tuple{300, 16, 4, 256, 96},
@@ -147,6 +148,7 @@ TEST_F(CudaMoe, GroupedGemmsMatchTheCpu) {
         setenv("SOLTRAIN_GROUPED_GEMM", form, 1);
       else
         unsetenv("SOLTRAIN_GROUPED_GEMM");
+      setenv("SOLTRAIN_NARROW_DW", std::string(form) == "mma" ? "64" : "128", 1);
       const int64_t M = N * k;
       std::vector<int32_t> off = skewed_offsets(*cpu, rng, N, E, k);
       ASSERT_EQ(off.back(), M);
@@ -176,6 +178,7 @@ TEST_F(CudaMoe, GroupedGemmsMatchTheCpu) {
       }
     }
   unsetenv("SOLTRAIN_GROUPED_GEMM");
+  unsetenv("SOLTRAIN_NARROW_DW");
 }
 
 // Sums of grouped products over their concatenated contraction (grouped_linear_sum: on sm_90 one TMA product,

@@ -510,13 +510,26 @@ void launch_rows(const GemmArgs& p, cudaStream_t stream, bool sm90) {
     launch<BM, 32, 4, 2, true, BK_, Group::Rows>(p, grid(32), stream);
 }
 
+// The LoRA factors' gradients ([R, W] or [W, R] per expert) tile the wide side W by 128, or by 64 with
+// SOLTRAIN_NARROW_DW=64 (twice the blocks, each over its expert's rows: a busy expert's blocks finish sooner; the
+// narrow operand is re-read from L2). Read per call, as grouped_form(), for the benchmark to compare them.
+bool narrow_dw_64() {
+  const char* v = std::getenv("SOLTRAIN_NARROW_DW");
+  return v && std::string(v) == "64";
+}
+
 void launch_reduction(const GemmArgs& p, cudaStream_t stream) {
   auto grid = [&](int bm, int bn) {
     return dim3(unsigned((p.N + bn - 1) / bn), unsigned((p.M + bm - 1) / bm), unsigned(p.E));
   };
-  if (p.M < 64)  // a LoRA A's gradient: R rows
+  const bool w64 = (p.M < 64 || p.N < 64) && narrow_dw_64();
+  if (p.M < 64 && w64)  // a LoRA A's gradient: R rows
+    launch<32, 64, 2, 4, false, false, Group::Reduction>(p, grid(32, 64), stream);
+  else if (p.M < 64)
     launch<32, 128, 1, 8, false, false, Group::Reduction>(p, grid(32, 128), stream);
-  else if (p.N < 64)  // a LoRA B's gradient: R columns
+  else if (p.N < 64 && w64)  // a LoRA B's gradient: R columns
+    launch<64, 32, 4, 2, false, false, Group::Reduction>(p, grid(64, 32), stream);
+  else if (p.N < 64)
     launch<128, 32, 4, 2, false, false, Group::Reduction>(p, grid(128, 32), stream);
   else
     launch<128, 128, 4, 2, false, false, Group::Reduction>(p, grid(128, 128), stream);
