@@ -1,8 +1,11 @@
 // YAML configs: defaults, every error a user can make named with key, line and what is expected, --set.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "cli/config.h"
 #include "core/error.h"
+#include "core/format.h"
 
 namespace soltrain {
 namespace {
@@ -291,10 +294,86 @@ TEST(Config, AxolotlConfigsDefaultToCosine) {
   EXPECT_EQ(parse_train_config(axolotl + "lr_scheduler: linear\n", "cfg.yaml", {}, TrainMode::kSft).lr_scheduler_type,
             ScheduleType::kLinear);
   EXPECT_EQ(parse_train_config(kBase, "cfg.yaml", {}, TrainMode::kSft).lr_scheduler_type, ScheduleType::kLinear);
-  // Two keys asking for one missing feature: one problem.
-  EXPECT_EQ(error_of(kBase + "fsdp_version: 2\nfsdp_config:\n  offload_params: false\n"),
-            "cfg.yaml:6: fsdp_version: not supported; soltrain runs multi-GPU itself (gpus: N or mpirun, zero_stage) "
-            "(also asked for by fsdp_config at cfg.yaml:7)");
+}
+
+// FSDP and DeepSpeed settings as soltrain's ZeRO stage and offload switches (cli/peer_sharding.h), one note each
+// config; what they cannot mean refused in one line naming the key.
+TEST(Config, FsdpAndDeepspeedBecomeZeroStagesAndOffload) {
+  auto parse = [](const std::string& extra) {
+    return parse_train_config(kBase + extra, "cfg.yaml", {}, TrainMode::kSft);
+  };
+  struct Case {
+    std::string yaml;
+    int stage;
+    bool master, optimizer;
+  };
+  for (const Case& k :
+       {Case{"fsdp: [full_shard, auto_wrap]\n", 3, false, false},
+        {"fsdp: \"shard_grad_op auto_wrap offload\"\n", 2, true, true},  // HF's one-string form
+        {"fsdp_config:\n  fsdp_sharding_strategy: NO_SHARD\n", 0, false, false},
+        {"fsdp_config:\n  sharding_strategy: 5\n", 2, false, false},  // _HYBRID_SHARD_ZERO2
+        {"fsdp_version: 2\nfsdp_config:\n  reshard_after_forward: false\n", 2, false, false},
+        {"fsdp_version: 2\nfsdp_config:\n  offload_params: true\n", 3, true, true},  // FULL_SHARD
+        {"deepspeed:\n  zero_optimization: {stage: 2, offload_optimizer: {device: cpu}}\n", 2, false, true},
+        {"deepspeed: deepspeed_configs/zero3_bf16_cpuoffload_params.json\n", 3, true, false},
+        {"deepspeed: deepspeed_configs/zero1.json\n", 1, false, false}}) {
+    const TrainConfig c = parse(k.yaml);
+    EXPECT_EQ(c.zero_stage, k.stage) << k.yaml;
+    EXPECT_EQ(c.offload.master, k.master) << k.yaml;
+    EXPECT_EQ(c.offload.optimizer, k.optimizer) << k.yaml;
+    EXPECT_FALSE(c.offload_weights) << k.yaml;  // a full fine-tune: no frozen base to stream
+    ASSERT_EQ(c.notes.size(), 1u) << k.yaml;
+    EXPECT_NE(c.notes[0].find(cat("run as zero_stage: ", k.stage)), std::string::npos) << c.notes[0];
+  }
+  EXPECT_EQ(parse("fsdp: [full_shard]\n").notes[0],
+            "fsdp (FULL_SHARD) run as zero_stage: 3 (the ranks are soltrain's own: gpus: N or mpirun; one rank "
+            "shards nothing)");
+  EXPECT_EQ(parse("fsdp: [full_shard]\ngpus: 4\n").notes[0],
+            "fsdp (FULL_SHARD) run as zero_stage: 3 over the 4 "
+            "ranks of gpus: 4");
+  // FSDP's parameter offload in a LoRA run: the bf16 base streams from host memory too; an NF4 base stays
+  const TrainConfig lora = parse("adapter: lora\nfsdp: [full_shard, offload]\n");
+  EXPECT_TRUE(lora.offload_weights);
+  EXPECT_NE(lora.notes[0].find("offload_master: true, offload_optimizer: true, offload_weights: true"),
+            std::string::npos)
+      << lora.notes[0];
+  EXPECT_FALSE(parse("adapter: qlora\nfsdp: [full_shard, offload]\n").offload_weights);
+  // Off values ask for nothing; activation_checkpointing is recompute full.
+  EXPECT_TRUE(parse("fsdp:\nfsdp_config:\ndeepspeed:\nfsdp_version:\n").notes.empty());
+  EXPECT_EQ(parse("fsdp_config:\n  activation_checkpointing: true\n").recompute, Recompute::Full);
+  // A DeepSpeed file in the working folder is read; batch sizes given as numbers must be the config's.
+  const std::string file = testing::TempDir() + "soltrain_ds_zero2.json";
+  {
+    std::ofstream f(file);
+    f << R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}},
+             "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}, "train_micro_batch_size_per_gpu": 1,
+             "gradient_accumulation_steps": "auto", "bf16": {"enabled": "auto"}})";
+  }
+  const TrainConfig ds = parse("deepspeed: " + file + "\n");
+  EXPECT_EQ(ds.zero_stage, 2);
+  EXPECT_TRUE(ds.offload.optimizer);
+  EXPECT_EQ(error_of(kBase + "deepspeed: " + file + "\nmicro_batch_size: 2\n"),
+            file +
+                ": train_micro_batch_size_per_gpu 1 differs from the config's 2 (micro_batch_size, "
+                "gradient_accumulation_steps, gpus, max_grad_norm): set \"auto\" there or make them agree");
+  // Refused, one line each.
+  EXPECT_EQ(error_of(kBase + "fsdp: [quarter_shard]\n"),
+            "cfg.yaml:6: fsdp: \"QUARTER_SHARD\" is not valid: expected FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, "
+            "HYBRID_SHARD or _HYBRID_SHARD_ZERO2");
+  EXPECT_EQ(error_of(kBase + "fsdp_config:\n  fsdp_mixed_precision: true\n"),
+            "cfg.yaml:6: fsdp_config.fsdp_mixed_precision: not an FSDP setting soltrain knows (it reads "
+            "sharding_strategy, reshard_after_forward, offload_params, activation_checkpointing)");
+  EXPECT_EQ(error_of(kBase + "deepspeed: missing/zero3.json\n"),
+            "cfg.yaml:6: deepspeed: missing/zero3.json: no such file (soltrain reads its zero_optimization stage "
+            "and offloads; paths open from the working folder)");
+  EXPECT_EQ(error_of(kBase + "deepspeed:\n  zero_optimization: {stage: 3, offload_param: {device: nvme}}\n"),
+            "cfg.yaml:6: deepspeed: inline: zero_optimization.offload_param.device nvme: NVMe offload is not built "
+            "(use cpu)");
+  EXPECT_EQ(error_of(kBase + "deepspeed:\n  optimizer: {type: AdamW, params: {lr: 0.001}}\n"),
+            "cfg.yaml:6: deepspeed: inline: optimizer.params.lr is 0.001: soltrain takes the optimizer and schedule "
+            "from the config (set them there; \"auto\" here)");
+  EXPECT_EQ(error_of(kBase + "fsdp: [full_shard]\nzero_stage: 2\n"),
+            "cfg.yaml:7: zero_stage 2 differs from the ZeRO-3 that fsdp asks for: keep one of them");
 }
 
 TEST(Config, CosineFloor) {
@@ -319,7 +398,8 @@ TEST(Config, EmptyFalseOrAlreadyDoneSettingsAreAccepted) {
 
 TEST(Config, MissingFeaturesAreNamedInOneLine) {
   EXPECT_EQ(error_of(kBase + "deepspeed: zero3.json\n"),
-            "cfg.yaml:6: deepspeed: not supported; soltrain runs multi-GPU itself (gpus: N or mpirun, zero_stage)");
+            "cfg.yaml:6: deepspeed: zero3.json: no such file (soltrain reads its zero_optimization stage and "
+            "offloads; paths open from the working folder)");
   EXPECT_EQ(error_of(kBase + "load_in_8bit: true\n"),
             "cfg.yaml:6: load_in_8bit: 8-bit (LLM.int8) base weights are not built; use load_in_4bit: true (NF4) or "
             "qlora_fp8: true");
@@ -339,7 +419,8 @@ TEST(Config, EveryProblemIsReportedAtOnce) {
   EXPECT_EQ(error_of("model: m\nlearning_rat: 1e-4\ndeepspeed: ds.json\nsequence_len: -3\nmodel: n\n"),
             "cfg.yaml: 6 problems: cfg.yaml:5: key \"model\" appears twice (also at cfg.yaml:1); keep one; "
             "cfg.yaml:2: unknown key \"learning_rat\" (did you mean \"learning_rate\"?); "
-            "cfg.yaml:3: deepspeed: not supported; soltrain runs multi-GPU itself (gpus: N or mpirun, zero_stage); "
+            "cfg.yaml:3: deepspeed: ds.json: no such file (soltrain reads its zero_optimization stage and offloads; "
+            "paths open from the working folder); "
             "cfg.yaml:4: sequence_len: \"-3\" is not valid: expected an integer from 2 to 16777216; "
             "cfg.yaml: `output_dir` is required; cfg.yaml: `datasets` is required (a list of {path, type})");
 }

@@ -19,6 +19,7 @@
 #include "cli/dataset_keys.h"
 #include "cli/key_equivalents.h"
 #include "cli/peer_keys.h"
+#include "cli/peer_sharding.h"
 #include "cli/saved_config.h"
 #include "core/error.h"
 #include "data/named_templates.h"
@@ -140,8 +141,7 @@ unsigned command_bit(TrainMode m) {
 }
 
 // One key: the schema's reader, else a peer key's (cli/peer_keys.h), else unknown with the closest name.
-// `feature_error` joins keys asking for the same missing feature (fsdp and fsdp_config) into one problem.
-void apply_key(const std::string& key, Entries& en, ReadContext& x, std::map<std::string, size_t>& feature_error) {
+void apply_key(const std::string& key, const Entries& en, ReadContext& x) {
   const Entry& e = en.by_key.at(key);
   if (const KeySpec* spec = find_config_key(key)) {
     if (!(spec->commands & command_bit(x.mode)) && spec->commands == kDpoBit)
@@ -157,15 +157,7 @@ void apply_key(const std::string& key, Entries& en, ReadContext& x, std::map<std
   try {
     if (apply_peer_key(key, e.node, x.c)) return;
   } catch (const UserError& p) {
-    const std::string what = p.what();
-    const std::string feature = what.rfind(key + ": ", 0) == 0 ? what.substr(key.size() + 2) : what;
-    if (const auto same = feature_error.find(feature); same != feature_error.end()) {
-      en.errors[same->second] += cat(" (also asked for by ", key, " at ", e.where, ")");
-      en.failed.insert(key);
-      return;
-    }
-    feature_error[feature] = en.errors.size();
-    user_error(e.where, ": ", what);
+    user_error(e.where, ": ", p.what());
   }
   static const std::vector<std::string> names = [] {
     std::vector<std::string> n = config_key_names();
@@ -343,9 +335,8 @@ void check_synonyms_agree(Entries& en, TrainMode mode, const std::string& where,
       Entries one;
       one.order = {k};
       one.by_key[k] = en.by_key.at(k);
-      std::map<std::string, size_t> unused;
       try {
-        apply_key(k, one, x, unused);
+        apply_key(k, one, x);
       } catch (const std::exception&) {
         return;  // the main pass reports a bad value
       }
@@ -430,8 +421,14 @@ void rule_grpo(const Entries& en, const std::string& where, TrainConfig& c, std:
   }
 }
 
+// FSDP / DeepSpeed keys (cli/peer_sharding.h): after the LoRA and base keys, which decide what offload means.
+void rule_peer_sharding(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
+  apply_peer_sharding(c, en.has("zero_stage"), en.has("zero_stage") ? en.where("zero_stage") : std::string(), errors);
+}
+
 constexpr Rule kRules[] = {rule_lora_settings_imply_lora,
                            rule_quantised_base,
+                           rule_peer_sharding,
                            rule_axolotl_schedule,
                            rule_required,
                            rule_offload,
@@ -464,10 +461,9 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
                           "Python tools resolve them: it uses their keys (", peer[0],
                           peer.size() > 1 ? cat(", ", peer[1]) : "", peer.size() > 2 ? ", ..." : "", ")"));
   check_synonyms_agree(en, mode, where, x.base);
-  std::map<std::string, size_t> feature_error;  // a missing feature's text -> its entry in `errors`
   for (const std::string& key : en.order) {
     try {
-      apply_key(key, en, x, feature_error);
+      apply_key(key, en, x);
     } catch (const DatasetErrors& err) {
       en.errors.insert(en.errors.end(), err.all.begin(), err.all.end());
       en.failed.insert(key);

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 
+#include "cli/peer_sharding.h"
 #include "core/error.h"
 
 namespace soltrain {
@@ -76,8 +77,6 @@ Apply one_of(std::vector<std::string> ok, const std::string& feature) {
     user_error(key, ": \"", s, "\": ", feature);
   };
 }
-
-const std::string kMultiGpu = "not supported; soltrain runs multi-GPU itself (gpus: N or mpirun, zero_stage)";
 
 using Table = std::map<std::string, Apply>;
 
@@ -243,10 +242,12 @@ void add_missing_features(Table& t) {
        at_or(1.0, "training on the high-entropy tokens only is not built yet; leave it at 1.0")},
       {"entropy_coef", at_or(0.0, "the entropy bonus is not built yet; leave it at 0")},
       {"use_adaptive_entropy", off_or("the adaptive entropy bonus is not built yet")},
-      {"deepspeed", off_or(kMultiGpu)},
-      {"fsdp", off_or(kMultiGpu)},
-      {"fsdp_config", off_or(kMultiGpu)},
-      {"fsdp_version", off_or(kMultiGpu)},
+      // FSDP and DeepSpeed: their sharding and offload as soltrain's zero_stage and offload switches
+      // (cli/peer_sharding.h), one note saying what they became
+      {"deepspeed", read_deepspeed},
+      {"fsdp", read_fsdp},
+      {"fsdp_config", read_fsdp_config},
+      {"fsdp_version", read_fsdp_version},
       {"load_in_4bit",  // transformers' BitsAndBytesConfig: NF4 is what QLoRA configs ask for
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          if (as_bool(k, n)) set_quantised_base(c, WeightFormat::Nf4, k);

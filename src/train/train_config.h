@@ -153,6 +153,17 @@ struct TrainConfig {
   double saves_per_epoch = 0, evals_per_epoch = 0;
   std::string chat_template;       // Axolotl's top-level chat_template: datasets without their own use it
   std::vector<std::string> notes;  // what the reader decided for the user, printed first by the run
+  // A peer config's FSDP / DeepSpeed settings as read (cli/peer_sharding.h), turned into zero_stage and the
+  // offload switches once every key is read.
+  struct PeerSharding {
+    std::vector<std::string> keys;  // the keys that asked, in the file's order
+    std::vector<std::string> said;  // what they said ("FULL_SHARD", "offload_params"), for the note
+    int stage = -1;                 // the ZeRO stage they mean; -1: none said
+    bool offload_params = false, offload_optimizer = false;
+    std::string source;  // DeepSpeed's JSON (its path, or "inline"), for problems with `fixed`
+    // DeepSpeed's batch settings given as numbers, not "auto": (name, value), checked against the config's own
+    std::vector<std::pair<std::string, double>> fixed;
+  } peer_sharding;
   // Axolotl's special_tokens (name → token): checked against the tokenizer's own when the data is prepared.
   std::map<std::string, std::string> special_tokens;
   int64_t logging_steps = 1;
