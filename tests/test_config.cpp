@@ -401,8 +401,10 @@ TEST(Config, MissingFeaturesAreNamedInOneLine) {
             "cfg.yaml:6: deepspeed: zero3.json: no such file (soltrain reads its zero_optimization stage and "
             "offloads; paths open from the working folder)");
   EXPECT_EQ(error_of(kBase + "load_in_8bit: true\n"),
-            "cfg.yaml:6: load_in_8bit: 8-bit (LLM.int8) base weights are not built; use load_in_4bit: true (NF4) or "
-            "qlora_fp8: true");
+            "cfg.yaml: load_in_8bit: a quantised base is frozen, so it trains LoRA adapters only (QLoRA): add "
+            "`adapter: lora`, or drop it for full fine-tuning in bf16/fp32");
+  EXPECT_EQ(error_of(kBase + "load_in_8bit: true\nload_in_4bit: true\nadapter: lora\n"),
+            "cfg.yaml:7: load_in_4bit asks for a nf4 base but load_in_8bit for int8; keep one");
   EXPECT_EQ(error_of(kBase + "load_in_4bit: true\n"),
             "cfg.yaml: load_in_4bit: a quantised base is frozen, so it trains LoRA adapters only (QLoRA): add "
             "`adapter: lora`, or drop it for full fine-tuning in bf16/fp32");

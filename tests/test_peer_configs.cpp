@@ -135,19 +135,14 @@ TEST(PeerConfigs, AxolotlLlama3FullFineTuneRunsWith8bitAdamW) {
   EXPECT_TRUE(fs::exists(s.t.path / "out" / "model" / "model.safetensors")) << all;
 }
 
-// Llama 3 8B LoRA over an 8-bit base with embed/lm_head trained next to it: both missing features named, in
-// one line, exit 2 (its 8-bit AdamW is not among them).
+// Llama 3 8B LoRA over an 8-bit base with embed/lm_head trained next to it: the missing feature named in one
+// line, exit 2 (its 8-bit base and 8-bit AdamW are not among them).
 TEST(PeerConfigs, AxolotlLlama3Lora8bNamesTheMissingFeatures) {
   PeerSetup s;
   const fs::path cfg = s.config("axolotl-llama-3-lora-8b.yml");
   const test::CliRun r = test::run("sft " + cfg.string(), s.t);
   EXPECT_EQ(r.code, 2) << r.out << r.err;
-  const std::string c = cfg.string();
-  EXPECT_EQ(r.err,
-            "error: " + c + ": 2 problems: " + c +
-                ":10: load_in_8bit: 8-bit (LLM.int8) base weights are not built; use load_in_4bit: true (NF4) or "
-                "qlora_fp8: true; " +
-                c + ":31: lora_modules_to_save: training full modules next to LoRA is not built yet\n");
+  EXPECT_EQ(r.err, problems(cfg, {{31, "lora_modules_to_save: training full modules next to LoRA is not built yet"}}));
 }
 
 // Llama 3.2 1B QLoRA: the 4-bit base asked for twice (load_in_4bit, adapter: qlora) trains LoRA over NF4, and
@@ -178,19 +173,16 @@ TEST(PeerConfigs, SurogateSimpleLoraIntentAndSamples) {
   EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << all;
 }
 
-// Llama 3 8B Instruct LoRA over an 8-bit base, `chat_template: llama3` on a messages dataset: the 8-bit base
-// is named (nothing else); without it the run renders Axolotl's llama3 template and trains to the end.
-TEST(PeerConfigs, AxolotlLlama3InstructLoraNamesEightBitThenRendersLlama3) {
+// Llama 3 8B Instruct LoRA over an 8-bit base (load_in_8bit: LLM.int8's row-wise int8), `chat_template: llama3` on
+// a messages dataset: the run renders Axolotl's llama3 template and trains to the end over the int8 base.
+TEST(PeerConfigs, AxolotlLlama3InstructLoraTrainsOverInt8AndRendersLlama3) {
   PeerSetup s;
   const fs::path cfg = s.config("axolotl-llama-3-instruct-lora-8b.yml", "messages.jsonl", "llama");
-  const test::CliRun r = s.sft(cfg);
-  EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_EQ(r.err, problems(cfg, {{10,
-                                   "load_in_8bit: 8-bit (LLM.int8) base weights are not built; use load_in_4bit: true "
-                                   "(NF4) or qlora_fp8: true"}}));
   // One update on rows of 256 (the example's rows are 4096 wide and unpacked: all padding here).
-  const test::CliRun ok = s.sft(cfg, "--set load_in_8bit=false --set max_steps=1 --set sequence_len=256");
+  const test::CliRun ok = s.sft(cfg, "--set max_steps=1 --set sequence_len=256");
   ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
+  EXPECT_NE((ok.out + ok.err).find("over a frozen LLM.int8 (row-wise int8) base (load_in_8bit)"), std::string::npos)
+      << ok.out << ok.err;
   // Axolotl's llama3 template: 7 special tokens (BOS written by the template, not a second one from the
   // tokenizer; header start and end, eot, twice) and the bytes of "user", "\n\nReverse wI", "assistant",
   // "\n\nIw"; the assistant's "Iw" and its <|eot_id|> trained.
@@ -221,21 +213,16 @@ TEST(PeerConfigs, AxolotlLlama3LoraKernelsRunsToTheEnd) {
   EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << all;
 }
 
-// Sequential packing with curriculum sampling: the 8-bit base and modules_to_save are named; without them
-// the documents are trained in the datasets' order (the first micro-batch starts with the first record).
+// Sequential packing with curriculum sampling: modules_to_save is named; without it the documents are trained
+// (over the example's 8-bit base) in the datasets' order (the first micro-batch starts with the first record).
 TEST(PeerConfigs, AxolotlSamplePackingSequentiallyTrainsInOrder) {
   PeerSetup s;
   const fs::path cfg = s.config("axolotl-llama-3-lora-1b-sample-packing-sequentially.yml", "alpaca.jsonl", "llama");
   const test::CliRun r = s.sft(cfg);
   EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_EQ(
-      r.err,
-      problems(cfg, {{10,
-                      "load_in_8bit: 8-bit (LLM.int8) base weights are not built; use load_in_4bit: true (NF4) or "
-                      "qlora_fp8: true"},
-                     {37, "lora_modules_to_save: training full modules next to LoRA is not built yet"}}));
+  EXPECT_EQ(r.err, problems(cfg, {{37, "lora_modules_to_save: training full modules next to LoRA is not built yet"}}));
   const fs::path dump = s.t.path / "batches";
-  const std::string sets = "--set load_in_8bit=false --set lora_modules_to_save=null --set max_steps=1";
+  const std::string sets = "--set lora_modules_to_save=null --set max_steps=1";
   const test::CliRun ok = s.sft(cfg, sets + " --dump-batches " + dump.string());
   ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
   const HostBatch b = load_batch_file(dump / "step-1-micro-0.safetensors");
@@ -253,20 +240,15 @@ TEST(PeerConfigs, AxolotlSamplePackingSequentiallyTrainsInOrder) {
   EXPECT_NE(std::vector<int32_t>(c.input_ids.begin(), c.input_ids.begin() + long(first.size())), first);
 }
 
-// The same dataset twice with dataset_exact_deduplication: the 8-bit base and modules_to_save are named;
-// without them the second copy's 40 documents are dropped.
+// The same dataset twice with dataset_exact_deduplication: modules_to_save is named; without it the second
+// copy's 40 documents are dropped.
 TEST(PeerConfigs, AxolotlDeduplicateDropsTheSecondCopy) {
   PeerSetup s;
   const fs::path cfg = s.config("axolotl-llama-3-lora-1b-deduplicate-sft.yml", "alpaca.jsonl", "llama");
   const test::CliRun r = s.sft(cfg);
   EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_EQ(
-      r.err,
-      problems(cfg, {{10,
-                      "load_in_8bit: 8-bit (LLM.int8) base weights are not built; use load_in_4bit: true (NF4) or "
-                      "qlora_fp8: true"},
-                     {35, "lora_modules_to_save: training full modules next to LoRA is not built yet"}}));
-  const test::CliRun ok = s.sft(cfg, "--set load_in_8bit=false --set lora_modules_to_save=null --set max_steps=1");
+  EXPECT_EQ(r.err, problems(cfg, {{35, "lora_modules_to_save: training full modules next to LoRA is not built yet"}}));
+  const test::CliRun ok = s.sft(cfg, "--set lora_modules_to_save=null --set max_steps=1");
   ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
   const std::string all = ok.out + ok.err;
   EXPECT_NE(all.find("dataset_exact_deduplication: dropped 40 duplicate documents, 40 left\n"), std::string::npos)
@@ -433,18 +415,15 @@ TEST(PeerConfigs, AxolotlRayNamesRayAndRunsDeepspeedAsZero3) {
   EXPECT_NE(all.find("sft: deepspeed (ZeRO-3) run as zero_stage: 3 (the ranks"), std::string::npos) << all;
 }
 
-// Llama 3 Instruct DPO over an 8-bit base: the 8-bit base is named (DPO and its dataset keys are accepted);
-// without it preference training runs on chat_template.default rows with Axolotl's llama3 template.
-TEST(PeerConfigs, AxolotlLlama3DpoNamesEightBitThenRuns) {
+// Llama 3 Instruct DPO over an 8-bit base: preference training runs over the int8 base on chat_template.default
+// rows with Axolotl's llama3 template.
+TEST(PeerConfigs, AxolotlLlama3DpoTrainsOverInt8) {
   PeerSetup s;
   const fs::path cfg = s.config("axolotl-llama-3-instruct-dpo-lora-8b.yml", "dpo_chat.jsonl", "llama");
-  const test::CliRun r = s.sft(cfg);
-  EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_EQ(r.err, problems(cfg, {{14,
-                                   "load_in_8bit: 8-bit (LLM.int8) base weights are not built; use load_in_4bit: true "
-                                   "(NF4) or qlora_fp8: true"}}));
-  const test::CliRun ok = s.sft(cfg, "--set load_in_8bit=false --set max_steps=2 --set sequence_len=256");
+  const test::CliRun ok = s.sft(cfg, "--set max_steps=2 --set sequence_len=256");
   ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
+  EXPECT_NE((ok.out + ok.err).find("over a frozen LLM.int8 (row-wise int8) base"), std::string::npos)
+      << ok.out << ok.err;
   EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << ok.out << ok.err;
 }
 

@@ -1,6 +1,6 @@
 // The frozen-base formats' CPU twins (kernels/quant.h, kernels/cpu/quantize.h): E4M3 / E5M2 rounding on
 // hand-checked bit patterns (max, overflow, subnormals, ties) and against a brute-force nearest-value search;
-// NF4 (nibble order, codes, ties, double quantisation) and FP8 blocks on fresh random inputs.
+// NF4 (nibble order, codes, ties, double quantisation), FP8 blocks and LLM.int8 rows on fresh random inputs.
 #include <cmath>
 #include <limits>
 
@@ -224,6 +224,48 @@ TEST(Fp8Block, RandomRoundTrip) {
     }
 }
 
+// LLM.int8 rows (bitsandbytes' int8_vectorwise_quant / _dequant): codes round(x · (127 / absmax)) in fp32 with
+// ties to even (127 / absmax as torch's rdiv: reciprocal, then times 127), so a row's absmax is ±127 and a value
+// landing on k + 0.5 goes to the even neighbour; an all-zero row keeps zeros; dequantised (code · absmax) ·
+// fp32(1/127). python/tests/test_int8_base.py checks the same against bitsandbytes itself.
+TEST(Int8Row, CodesRoundToEvenAndDequantiseAsBitsandbytes) {
+  SOLTRAIN_SEEDED_RNG(rng, 127);
+  const int64_t rows = 5, cols = 300;
+  std::vector<float> x = random_vec(size_t(rows * cols), rng, 0.05f);
+  for (int64_t c = 0; c < cols; ++c) x[size_t(3 * cols + c)] = 0.0f;  // row 3: all zero
+  // row 4: absmax 127 (scale 1): ties at 2.5 -> 2, 3.5 -> 4, -2.5 -> -2, and 126.5 -> 126
+  for (int64_t c = 0; c < cols; ++c) x[size_t(4 * cols + c)] = 0.25f * float(c % 9);
+  x[size_t(4 * cols + 0)] = 127.0f, x[size_t(4 * cols + 1)] = 2.5f, x[size_t(4 * cols + 2)] = 3.5f;
+  x[size_t(4 * cols + 3)] = -2.5f, x[size_t(4 * cols + 4)] = 126.5f;
+  std::vector<uint8_t> q(x.size());
+  std::vector<float> absmax(static_cast<size_t>(rows)), back(x.size());
+  int8_row_quantize(x.data(), rows, cols, q.data(), absmax.data());
+  int8_row_dequantize(q.data(), absmax.data(), rows, cols, back.data());
+  auto code = [&](int64_t r, int64_t c) { return int(int8_t(q[size_t(r * cols + c)])); };
+  EXPECT_EQ(absmax[3], 0.0f);
+  EXPECT_EQ(code(4, 0), 127);
+  EXPECT_EQ(code(4, 1), 2);
+  EXPECT_EQ(code(4, 2), 4);
+  EXPECT_EQ(code(4, 3), -2);
+  EXPECT_EQ(code(4, 4), 126);
+  for (int64_t r = 0; r < rows; ++r) {
+    float m = 0;
+    for (int64_t c = 0; c < cols; ++c) m = std::max(m, std::fabs(x[size_t(r * cols + c)]));
+    EXPECT_EQ(absmax[size_t(r)], m) << r;
+    int extreme = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = x[size_t(r * cols + c)], scaled = m > 0 ? v * ((1.0f / m) * 127.0f) : 0.0f;  // torch's rdiv
+      // the nearest integer, the even one on a tie
+      const double lo = std::floor(double(scaled)), frac = double(scaled) - lo;
+      const double want = frac > 0.5 ? lo + 1 : frac < 0.5 ? lo : (std::fmod(lo, 2.0) == 0 ? lo : lo + 1);
+      ASSERT_EQ(code(r, c), int(want)) << r << "," << c;
+      extreme = std::max(extreme, std::abs(code(r, c)));
+      ASSERT_EQ(back[size_t(r * cols + c)], (float(code(r, c)) * m) * 7.874015718698502e-3f) << r << "," << c;
+    }
+    EXPECT_EQ(extreme, m > 0 ? 127 : 0) << r;
+  }
+}
+
 // Large weights are quantised on several threads (chunks of blocks or tiles): the codes must be those of the
 // same weight quantised in independent halves (blocks and tiles do not depend on each other).
 TEST(QuantThreads, LargeWeightsQuantiseAsTheirIndependentHalves) {
@@ -246,6 +288,12 @@ TEST(QuantThreads, LargeWeightsQuantiseAsTheirIndependentHalves) {
     fp8_block_quantize(x.data() + h * half, rows / 2, cols, qh.data() + h * half, sh.data() + h * s.size() / 2);
   EXPECT_EQ(q, qh);
   EXPECT_EQ(s, sh);
+  std::vector<float> a(static_cast<size_t>(rows)), ah(a.size());
+  int8_row_quantize(x.data(), rows, cols, q.data(), a.data());
+  for (int64_t h = 0; h < 2; ++h)
+    int8_row_quantize(x.data() + h * half, rows / 2, cols, qh.data() + h * half, ah.data() + h * rows / 2);
+  EXPECT_EQ(q, qh);
+  EXPECT_EQ(a, ah);
 }
 
 }  // namespace

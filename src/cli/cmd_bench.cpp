@@ -80,7 +80,10 @@ TrainConfig bench_config(const BenchOpts& o) {
   c.lora.rank = o.lora_rank;
   c.lora.alpha = 2.0 * o.lora_rank;
   c.lora.dropout = 0.0;
-  if (o.qlora != "none") c.lora.base = o.qlora == "nf4" ? WeightFormat::Nf4 : WeightFormat::Fp8Block;
+  if (o.qlora != "none")
+    c.lora.base = o.qlora == "nf4"    ? WeightFormat::Nf4
+                  : o.qlora == "int8" ? WeightFormat::Int8Row
+                                      : WeightFormat::Fp8Block;
   c.lora.base_key = "--qlora";
   c.offload_weights = o.offload_weights;  // (a quantised base and fp8-hybrid are refused where they meet it)
   c.offload_weights_resident_layers = o.resident_layers;
@@ -400,9 +403,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   c->add_option("--qlora", o->qlora,
-                "hold the frozen base of a LoRA run quantised: nf4 (bitsandbytes' NF4, double quantised) or fp8 "
-                "(E4M3, 128x128 blocks); needs --lora-rank")
-      ->check(CLI::IsMember({"none", "nf4", "fp8"}))
+                "hold the frozen base of a LoRA run quantised: nf4 (bitsandbytes' NF4, double quantised), fp8 "
+                "(E4M3, 128x128 blocks) or int8 (LLM.int8's rows, load_in_8bit); needs --lora-rank")
+      ->check(CLI::IsMember({"none", "nf4", "fp8", "int8"}))
       ->capture_default_str();
   c->add_option("--recipe", o->recipe, "bf16, or fp8-hybrid (the projections' GEMMs in FP8: needs a GPU of sm_89+)")
       ->check(CLI::IsMember({"bf16", "fp8-hybrid"}))

@@ -138,8 +138,9 @@ std::function<int()> add_dump_command(CLI::App& app) {
                 "also write the loaded adapter back out as soltrain saves adapters (PEFT round-trip checks)")
       ->needs("--adapter");
   c->add_option("--qlora", o->qlora,
-                "hold the frozen base quantised: nf4 or fp8 (quantised on load; an FP8 checkpoint is fp8 as stored)")
-      ->check(CLI::IsMember({"none", "nf4", "fp8"}))
+                "hold the frozen base quantised: nf4, fp8 or int8 (quantised on load; an FP8 checkpoint is fp8 as "
+                "stored)")
+      ->check(CLI::IsMember({"none", "nf4", "fp8", "int8"}))
       ->needs("--adapter")
       ->capture_default_str();
   c->add_option("--batch", o->batch, "safetensors with input_ids and targets [B,T]")->required();
@@ -179,9 +180,10 @@ std::function<int()> add_dump_command(CLI::App& app) {
                                      {{o->model, "--model"}, {o->adapter, "--adapter"}});
     }
     auto ops = make_ops(o->device);
-    const WeightFormat base = o->qlora == "nf4"   ? WeightFormat::Nf4
-                              : o->qlora == "fp8" ? WeightFormat::Fp8Block
-                                                  : WeightFormat::Dense;
+    const WeightFormat base = o->qlora == "nf4"    ? WeightFormat::Nf4
+                              : o->qlora == "fp8"  ? WeightFormat::Fp8Block
+                              : o->qlora == "int8" ? WeightFormat::Int8Row
+                                                   : WeightFormat::Dense;
     auto model = o->adapter.empty() ? load_pretrained(o->model, *ops)
                                     : load_pretrained_with_adapter(o->model, o->adapter, *ops, base);
     model->enable_dropout(false);  // a reference to compare with is deterministic (PEFT in eval mode)

@@ -1,6 +1,7 @@
 // soltrain quantize (hidden; a test tool): every matrix of a safetensors file quantised to a QLoRA base format,
 // written in the layouts other tools read, so tests/tools/check_quant.py can check our NF4 blocks and FP8
-// tiles against torch. NF4 in bitsandbytes' serialised names: `X` (packed codes, the even element in the high
+// tiles (and LLM.int8's rows: `X` the int8 codes as U8 bytes, `X.SCB` the rows' absmax) against torch and
+// bitsandbytes. NF4 in bitsandbytes' serialised names: `X` (packed codes, the even element in the high
 // nibble), `X.absmax` (U8 codes of the absmaxes), `X.nested_absmax`, `X.nested_quant_map`, `X.quant_map` and
 // `X.offset` (the absmaxes' mean); FP8 as the Qwen3 FP8 checkpoints: `X` F8_E4M3 and `X_scale_inv`.
 #include <cstring>
@@ -22,7 +23,7 @@ std::function<int()> add_quantize_command(CLI::App& app) {
   c->group("");  // hidden: for tests/tools/check_quant.py
   c->add_option("--in", o->in, "safetensors file")->required();
   c->add_option("--out", o->out, "output safetensors file")->required();
-  c->add_option("--format", o->format, "nf4 or fp8")->required()->check(CLI::IsMember({"nf4", "fp8"}));
+  c->add_option("--format", o->format, "nf4, fp8 or int8")->required()->check(CLI::IsMember({"nf4", "fp8", "int8"}));
   return [o]() {
     const SafetensorsFile in(o->in);
     // Every output tensor's bytes live here until the file is written.
@@ -46,6 +47,14 @@ std::function<int()> add_quantize_command(CLI::App& app) {
         fp8_block_quantize(w.data(), rows, cols, q.data(), s.data());
         add(name, DType::F8E4M3, e.shape, q.data());
         add(name + "_scale_inv", DType::F32, {(rows + T - 1) / T, (cols + T - 1) / T}, s.data());
+        continue;
+      }
+      if (o->format == "int8") {  // bitsandbytes' names: the codes (int8 stored as U8 bytes) and SCB
+        std::vector<uint8_t> q(static_cast<size_t>(n));
+        std::vector<float> absmax(static_cast<size_t>(rows));
+        int8_row_quantize(w.data(), rows, cols, q.data(), absmax.data());
+        add(name, DType::U8, e.shape, q.data());
+        add(name + ".SCB", DType::F32, {rows}, absmax.data());
         continue;
       }
       const quant::Nf4Layout l(n);

@@ -252,8 +252,10 @@ void add_missing_features(Table& t) {
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          if (as_bool(k, n)) set_quantised_base(c, WeightFormat::Nf4, k);
        }},
-      {"load_in_8bit",
-       off_or("8-bit (LLM.int8) base weights are not built; use load_in_4bit: true (NF4) or qlora_fp8: true")},
+      {"load_in_8bit",  // transformers' BitsAndBytesConfig(load_in_8bit): LLM.int8's row-wise int8 base
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (as_bool(k, n)) set_quantised_base(c, WeightFormat::Int8Row, k);
+       }},
       {"gptq", off_or("GPTQ-quantised base weights are not supported")},
       {"fp16", off_or("fp16 training is not supported; soltrain computes in bf16 (bf16: true)")},
       // Axolotl's torchao float8 training: per-tensor dynamic scales, E4M3 forward and E5M2 gradients: our

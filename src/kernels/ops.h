@@ -140,10 +140,11 @@ enum PolicyStat {
 // activation dtype on the GPU, fp32 on the CPU). The quantised formats hold a frozen base (QLoRA; the layouts
 // and their arithmetic are kernels/quant.h): Nf4: `data` U8 [ceil(out·in / 2)] packed codes, `scale` U8, the
 // byte blob of Nf4Layout (absmax codes, nested absmax, their mean, the map); Fp8Block: `data` F8E4M3
-// [out, in], `scale` F32 [ceil(out/128), ceil(in/128)] (scale_inv, what the checkpoints store). A backend
+// [out, in], `scale` F32 [ceil(out/128), ceil(in/128)] (scale_inv, what the checkpoints store); Int8Row
+// (LLM.int8, load_in_8bit): `data` U8 [out, in] holding int8 codes, `scale` F32 [out] (each row's absmax). A backend
 // dequantises a quantised weight into scratch in the activation dtype, one weight at a time, and runs its
 // dense GEMM on that: never the whole model.
-enum class WeightFormat { Dense, Nf4, Fp8Block };
+enum class WeightFormat { Dense, Nf4, Fp8Block, Int8Row };
 struct Weight {
   Tensor data;
   WeightFormat format = WeightFormat::Dense;
@@ -160,6 +161,7 @@ inline std::string_view weight_format_name(WeightFormat f) {
     case WeightFormat::Dense: return "dense";
     case WeightFormat::Nf4: return "nf4";
     case WeightFormat::Fp8Block: return "fp8";
+    case WeightFormat::Int8Row: return "int8";
   }
   return "?";
 }

@@ -12,6 +12,13 @@
 //     of 16 normal-quantile codes (a value on a midpoint goes to the lower: torch.bucketize); two codes a
 //     byte, the even element in the high nibble. The absmaxes minus their mean are quantised again
 //     (quantize_blockwise, 256 per block, the signed dynamic map): absmax = map[q]·nested + mean.
+//   Int8Row: LLM.int8's weights as `load_in_8bit` stores them (bitsandbytes' Int8Params: int8_vectorwise_quant
+//     with no outlier threshold, backends/default/ops.py): per row its absmax (SCB, fp32), codes
+//     round(x · (127 / absmax)) in fp32, ties to even, 127 / absmax as torch's rdiv computes it ((1 / absmax) · 127); w
+//     = (code · absmax) · (1/127 as fp32), as int8_vectorwise_dequant computes it. (An all-zero row, where bitsandbytes
+//     would divide by zero, keeps codes 0.) LLM.int8's matmul also rounds the activations to int8 around outlier
+//     columns; soltrain's GEMMs read the dequantised weight in bf16 (fp32 on the CPU), as they read every quantised
+//     base.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -129,7 +136,9 @@ SOLTRAIN_HOST_DEVICE inline uint8_t fp8_encode(float x, float scale, bool e5m2) 
   const float v = mul_rn(x, scale);
   return e5m2 ? f32_to_e5m2(v, true) : f32_to_e4m3(v, true);
 }
-SOLTRAIN_HOST_DEVICE inline float fp8_decode(uint8_t b, bool e5m2) { return e5m2 ? e5m2_to_f32(b) : e4m3_to_f32(b); }
+SOLTRAIN_HOST_DEVICE inline float fp8_decode(uint8_t b, bool e5m2) {
+  return e5m2 ? e5m2_to_f32(b) : e4m3_to_f32(b);
+}
 
 // ---- Fp8Block ----
 constexpr int64_t kFp8Tile = 128;
@@ -192,6 +201,14 @@ SOLTRAIN_HOST_DEVICE inline float nf4_absmax(const uint8_t* scale, const Nf4Layo
 SOLTRAIN_HOST_DEVICE inline float nf4_value(const uint8_t* data, int64_t i, float absmax) {
   const uint8_t byte = data[i / 2];
   return mul_rn(nf4_code((i & 1) ? (byte & 15) : (byte >> 4)), absmax);
+}
+
+// ---- Int8Row ----
+constexpr float kInt8Recip = 7.874015718698502e-3f;  // bitsandbytes' 1/127 (a Python float, applied in fp32)
+
+SOLTRAIN_HOST_DEVICE inline float int8_row_value(const uint8_t* q, const float* absmax, int64_t cols, int64_t r,
+                                                 int64_t c) {
+  return mul_rn(mul_rn(float(int8_t(q[r * cols + c])), absmax[r]), kInt8Recip);
 }
 
 }  // namespace soltrain::quant

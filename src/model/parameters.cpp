@@ -26,6 +26,9 @@ QuantisedLayout quantised_layout(const Parameter& p) {
     const quant::Nf4Layout nf(n);
     l.codes = size_t(nf.data_bytes());
     l.scales = size_t(nf.scale_bytes());
+  } else if (p.format == WeightFormat::Int8Row) {
+    l.codes = size_t(n);
+    l.scales = size_t(p.shape[0]);  // floats: each row's absmax
   } else {
     l.codes = size_t(n);
     l.scales = size_t(shape_numel(fp8_scale_shape(p.shape)));  // floats
@@ -144,11 +147,13 @@ void ParameterStore::allocate(Ops& ops, bool gradients) {
     if (!p.trainable && p.format != WeightFormat::Dense) {
       const QuantisedLayout l = quantised_layout(p);
       char* base = static_cast<char*>(quantised_.data()) + quantised_off;
-      const bool nf4 = p.format == WeightFormat::Nf4;
-      p.value = nf4 ? Tensor{base, DType::U8, {int64_t(l.codes)}, quantised_.device()}
-                    : Tensor{base, DType::F8E4M3, p.shape, quantised_.device()};
-      p.scale = nf4 ? Tensor{base + l.scale_at, DType::U8, {int64_t(l.scales)}, quantised_.device()}
-                    : Tensor{base + l.scale_at, DType::F32, fp8_scale_shape(p.shape), quantised_.device()};
+      const bool nf4 = p.format == WeightFormat::Nf4, int8 = p.format == WeightFormat::Int8Row;
+      p.value = nf4    ? Tensor{base, DType::U8, {int64_t(l.codes)}, quantised_.device()}
+                : int8 ? Tensor{base, DType::U8, p.shape, quantised_.device()}
+                       : Tensor{base, DType::F8E4M3, p.shape, quantised_.device()};
+      p.scale = nf4    ? Tensor{base + l.scale_at, DType::U8, {int64_t(l.scales)}, quantised_.device()}
+                : int8 ? Tensor{base + l.scale_at, DType::F32, {p.shape[0]}, quantised_.device()}
+                       : Tensor{base + l.scale_at, DType::F32, fp8_scale_shape(p.shape), quantised_.device()};
       quantised_off += l.total;
       continue;
     }
@@ -211,6 +216,8 @@ void ParameterStore::upload(Ops& ops, Parameter& p, const float* host) {
     std::vector<uint8_t> scale(size_t(p.scale.bytes()));
     if (p.format == WeightFormat::Nf4)
       nf4_quantize(host, shape_numel(p.shape), codes.data(), scale.data());
+    else if (p.format == WeightFormat::Int8Row)
+      int8_row_quantize(host, p.shape[0], p.shape[1], codes.data(), reinterpret_cast<float*>(scale.data()));
     else
       fp8_block_quantize(host, p.shape[0], p.shape[1], codes.data(), reinterpret_cast<float*>(scale.data()));
     return upload_quantised(ops, p, codes.data(), scale.data());
@@ -255,6 +262,9 @@ void ParameterStore::download(Ops& ops, const Parameter& p, float* host, bool qu
     ops.copy(Tensor{codes.data(), p.value.dtype, p.value.shape, Device::CPU}, p.value);
     ops.copy(Tensor{scale.data(), p.scale.dtype, p.scale.shape, Device::CPU}, p.scale);
     if (p.format == WeightFormat::Nf4) return nf4_dequantize(codes.data(), scale.data(), shape_numel(p.shape), host);
+    if (p.format == WeightFormat::Int8Row)
+      return int8_row_dequantize(codes.data(), reinterpret_cast<const float*>(scale.data()), p.shape[0], p.shape[1],
+                                 host);
     return fp8_block_dequantize(codes.data(), reinterpret_cast<const float*>(scale.data()), p.shape[0], p.shape[1],
                                 host);
   }

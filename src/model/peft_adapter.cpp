@@ -113,7 +113,15 @@ LoraConfig read_adapter_config(const fs::path& adapter_dir) {
       lora.target_modules.assign(kLoraModuleNames.begin(), kLoraModuleNames.end());
       lora.all_linear = true;
     } else {
-      lora.target_modules = t.get<std::vector<std::string>>();
+      // PEFT keeps full module paths ("model.layers.1.mlp.down_proj") where it does not condense them into names
+      // (fewer than 20 modules, as all-linear on a two-layer model gives): each is its projection's name here, and
+      // an adapter on some layers only then misses the others' tensors (refused naming the first, at loading).
+      for (std::string name : t.get<std::vector<std::string>>()) {
+        const size_t dot = name.rfind('.');
+        if (name.rfind("model.layers.", 0) == 0 && dot != std::string::npos) name = name.substr(dot + 1);
+        if (std::find(lora.target_modules.begin(), lora.target_modules.end(), name) == lora.target_modules.end())
+          lora.target_modules.push_back(name);
+      }
       // Qwen2-MoE's shared_expert_gate (what PEFT's all-linear adds there): a flag, not one of the seven
       auto& m = lora.target_modules;
       if (const auto it = std::find(m.begin(), m.end(), "shared_expert_gate"); it != m.end()) {

@@ -131,8 +131,11 @@ std::string describe_lora(const TrainConfig& c) {
   }
   std::string out = cat("LoRA r", c.lora.rank, " on ", mods);
   if (c.lora.base != WeightFormat::Dense)
-    out += cat(" over a frozen ", c.lora.base == WeightFormat::Nf4 ? "NF4" : "FP8 (128x128 blocks)", " base (",
-               c.lora.base_key, ")");
+    out += cat(" over a frozen ",
+               c.lora.base == WeightFormat::Nf4       ? "NF4"
+               : c.lora.base == WeightFormat::Int8Row ? "LLM.int8 (row-wise int8)"
+                                                      : "FP8 (128x128 blocks)",
+               " base (", c.lora.base_key, ")");
   return out;
 }
 

@@ -32,6 +32,13 @@ Quantised CudaQuant::quantise(WeightFormat f, const std::vector<float>& w, int64
     nf4_quantize(w.data(), out * in, q.codes.data(), q.scale.data());
     code_shape = {l.data_bytes()};
     scale_shape = {l.scale_bytes()};
+  } else if (f == WeightFormat::Int8Row) {
+    q.codes.resize(size_t(out * in));
+    q.scale.resize(size_t(4 * out));
+    int8_row_quantize(w.data(), out, in, q.codes.data(), reinterpret_cast<float*>(q.scale.data()));
+    scale_type = DType::F32;
+    code_shape = {out, in};
+    scale_shape = {out};
   } else {
     const int64_t tiles = ((out + 127) / 128) * ((in + 127) / 128);
     q.codes.resize(size_t(out * in));
@@ -54,9 +61,10 @@ Quantised CudaQuant::quantise(WeightFormat f, const std::vector<float>& w, int64
 }
 
 TEST_F(CudaQuant, DequantiseEqualsTheCpuTwinBitForBit) {
-  // Even widths take the 8-wide paths; 37 x 523 the scalar ones (ragged NF4 tail, FP8 rows not a multiple of 8).
+  // Even widths take the 8-wide paths; 37 x 523 the scalar ones (ragged NF4 tail, FP8 and int8 rows not a
+  // multiple of 8).
   for (auto [out, in] : {std::pair<int64_t, int64_t>{384, 1024}, {300, 200}, {37, 523}})
-    for (WeightFormat f : {WeightFormat::Nf4, WeightFormat::Fp8Block}) {
+    for (WeightFormat f : {WeightFormat::Nf4, WeightFormat::Fp8Block, WeightFormat::Int8Row}) {
       SCOPED_TRACE(cat(weight_format_name(f), " ", out, "x", in));
       auto w = randn(size_t(out * in), 0.03f);
       w[7] = 0.9f;  // an outlier block
@@ -75,7 +83,7 @@ TEST_F(CudaQuant, DequantiseEqualsTheCpuTwinBitForBit) {
 
 TEST_F(CudaQuant, LinearOnAQuantisedWeightIsTheBf16OpOnItsDequantisedValues) {
   const int64_t N = 64, out = 256, in = 384;
-  for (WeightFormat f : {WeightFormat::Nf4, WeightFormat::Fp8Block}) {
+  for (WeightFormat f : {WeightFormat::Nf4, WeightFormat::Fp8Block, WeightFormat::Int8Row}) {
     SCOPED_TRACE(std::string(weight_format_name(f)));
     Quantised q = quantise(f, randn(size_t(out * in), 0.03f), out, in);
     cpu->dequantize(host(q.dequantised, {out, in}), q.host);

@@ -28,6 +28,8 @@ void CpuOps::dequantize(Tensor out, const Weight& w) {
   const auto* q = static_cast<const uint8_t*>(w.data.data);
   if (w.format == WeightFormat::Nf4)
     nf4_dequantize(q, static_cast<const uint8_t*>(w.scale.data), w.out() * w.in(), out.f32());
+  else if (w.format == WeightFormat::Int8Row)
+    int8_row_dequantize(q, w.scale.f32(), w.out(), w.in(), out.f32());
   else
     fp8_block_dequantize(q, w.scale.f32(), w.out(), w.in(), out.f32());
 }

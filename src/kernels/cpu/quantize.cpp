@@ -126,4 +126,24 @@ void fp8_block_dequantize(const uint8_t* q, const float* scale_inv, int64_t rows
     for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = quant::fp8_block_value(q, scale_inv, cols, r, c);
 }
 
+void int8_row_quantize(const float* x, int64_t rows, int64_t cols, uint8_t* q, float* absmax) {
+  parallel_chunks(rows, cols, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* row = x + r * cols;
+      float m = 0;
+      for (int64_t c = 0; c < cols; ++c) m = std::max(m, std::fabs(row[c]));
+      absmax[r] = m;
+      // torch's 127.0 / row_stats (a Python float over a tensor) is rdiv: reciprocal, then times 127 (two roundings)
+      const float s = m > 0 ? (1.0f / m) * 127.0f : 0.0f;
+      for (int64_t c = 0; c < cols; ++c)  // torch.round: to nearest, ties to even (the default mode)
+        q[r * cols + c] = uint8_t(int8_t(std::nearbyint(row[c] * s)));
+    }
+  });
+}
+
+void int8_row_dequantize(const uint8_t* q, const float* absmax, int64_t rows, int64_t cols, float* out) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = quant::int8_row_value(q, absmax, cols, r, c);
+}
+
 }  // namespace soltrain

@@ -17,4 +17,8 @@ void nf4_dequantize(const uint8_t* data, const uint8_t* scale, int64_t n, float*
 void fp8_block_quantize(const float* x, int64_t rows, int64_t cols, uint8_t* q, float* scale_inv);
 void fp8_block_dequantize(const uint8_t* q, const float* scale_inv, int64_t rows, int64_t cols, float* out);
 
+// LLM.int8 weights (kernels/quant.h, Int8Row): q [rows·cols] int8 codes (as bytes), absmax [rows] fp32.
+void int8_row_quantize(const float* x, int64_t rows, int64_t cols, uint8_t* q, float* absmax);
+void int8_row_dequantize(const uint8_t* q, const float* absmax, int64_t rows, int64_t cols, float* out);
+
 }  // namespace soltrain

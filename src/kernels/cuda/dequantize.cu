@@ -1,6 +1,6 @@
-// CUDA: a QLoRA base weight (NF4 double-quantised, or FP8 128×128 blocks) dequantised to bf16 for one GEMM,
-// with kernels/quant.h's arithmetic (the CPU twin's), rounded once to bf16. Each thread writes 8 values as
-// one 16-byte store; the weights are read at 0.5 (NF4) or 1 (FP8) byte per value.
+// CUDA: a QLoRA base weight (NF4 double-quantised, FP8 128×128 blocks, or LLM.int8 rows) dequantised to bf16
+// for one GEMM, with kernels/quant.h's arithmetic (the CPU twin's), rounded once to bf16. Each thread writes 8
+// values as one 16-byte store; the weights are read at 0.5 (NF4) or 1 (FP8, int8) byte per value.
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -59,6 +59,25 @@ __global__ void dequantize_fp8_block_kernel(bf16* out, const uint8_t* q, const f
     }
   }
 }
+// LLM.int8 rows: with `in` a multiple of 8 the 8 values share a row (its absmax).
+__global__ void dequantize_int8_row_kernel(bf16* out, const uint8_t* q, const float* absmax, int64_t rows, int64_t cols,
+                                           bool vector) {
+  const int64_t n = rows * cols, groups = (n + kPer - 1) / kPer;
+  for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i0 = g * kPer;
+    if (vector) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(q + i0);
+      const auto* b = reinterpret_cast<const uint8_t*>(&raw);
+      const float m = absmax[i0 / cols];
+      cuda::Vec8 v;
+      for (int k = 0; k < kPer; ++k) v.set(k, quant::mul_rn(quant::mul_rn(float(int8_t(b[k])), m), quant::kInt8Recip));
+      cuda::store8(out + i0, v);
+    } else {
+      for (int64_t i = i0; i < n && i < i0 + kPer; ++i)
+        out[i] = cuda::to_bf(quant::int8_row_value(q, absmax, cols, i / cols, i % cols));
+    }
+  }
+}
 }  // namespace
 
 void CudaOps::dequantize(Tensor out, const Weight& w) {
@@ -71,6 +90,11 @@ void CudaOps::dequantize(Tensor out, const Weight& w) {
     SOLTRAIN_CHECK(reinterpret_cast<uintptr_t>(data) % 4 == 0, "NF4 codes must be 4-byte aligned");
     dequantize_nf4_kernel<<<blocks, kThreads, 0, stream_>>>(out.as<bf16>(), data,
                                                             static_cast<const uint8_t*>(w.scale.data), n);
+  } else if (w.format == WeightFormat::Int8Row) {
+    SOLTRAIN_CHECK(w.scale.dtype == DType::F32 && w.scale.numel() == rows, "dequantize: int8 row scales");
+    const bool vector = cols % kPer == 0 && reinterpret_cast<uintptr_t>(data) % 8 == 0;
+    dequantize_int8_row_kernel<<<blocks, kThreads, 0, stream_>>>(out.as<bf16>(), data, w.scale.f32(), rows, cols,
+                                                                 vector);
   } else {
     SOLTRAIN_CHECK(w.format == WeightFormat::Fp8Block && w.scale.dtype == DType::F32, "dequantize: format");
     const bool vector = cols % kPer == 0 && reinterpret_cast<uintptr_t>(data) % 8 == 0;
