@@ -95,9 +95,6 @@ TEST(Config, OtherToolsNamesGetTheirEquivalent) {
       "cfg.yaml:6: unknown key \"pretraining_dataset\" (Axolotl's name; soltrain's: datasets, run with soltrain pt)");
   EXPECT_EQ(error_of(kBase + "loss: sigmoid\n"),
             "cfg.yaml:6: unknown key \"loss\" (TRL's name; soltrain's: loss_type)");
-  EXPECT_EQ(error_of(kBase + "save_strategy: steps\n"),
-            "cfg.yaml:6: unknown key \"save_strategy\" (HF TrainingArguments's name; soltrain's: save_steps (or "
-            "saves_per_epoch))");
   EXPECT_EQ(error_of(kBase + "max_step: 3\n"), "cfg.yaml:6: unknown key \"max_step\" (did you mean \"max_steps\"?)");
   const std::string factory =
       "model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct\nstage: sft\ndo_train: true\nfinetuning_type: lora\n"
@@ -294,6 +291,57 @@ TEST(Config, AxolotlConfigsDefaultToCosine) {
   EXPECT_EQ(parse_train_config(axolotl + "lr_scheduler: linear\n", "cfg.yaml", {}, TrainMode::kSft).lr_scheduler_type,
             ScheduleType::kLinear);
   EXPECT_EQ(parse_train_config(kBase, "cfg.yaml", {}, TrainMode::kSft).lr_scheduler_type, ScheduleType::kLinear);
+}
+
+// Axolotl's and HF's names for what soltrain has (issue "configs round 2", item 9), each as the peer reads it.
+TEST(Config, PeerNamesForSoltrainsSettings) {
+  auto parse = [](const std::string& extra) {
+    return parse_train_config(kBase + extra, "cfg.yaml", {}, TrainMode::kSft);
+  };
+  // transformers reads a warmup_steps below 1 as a ratio
+  const TrainConfig ratio = parse("warmup_steps: 0.1\n");
+  EXPECT_EQ(ratio.warmup_ratio, 0.1);
+  EXPECT_EQ(ratio.warmup_steps, 0);
+  EXPECT_EQ(parse("warmup_steps: 30\n").warmup_steps, 30);
+  EXPECT_EQ(error_of(kBase + "warmup_steps: 2.5\n"),
+            "cfg.yaml:6: warmup_steps: \"2.5\" is not valid: expected an integer >= 0, or a ratio in (0, 1)");
+  // YAML 1.1 digit groups, as PyYAML reads them; quoted, they stay a string
+  EXPECT_EQ(parse("sequence_len: 500_000\nmin_sample_len: 200_000\n").sequence_len, 500000);
+  EXPECT_EQ(parse("min_sample_len: 200_000\n").min_sample_len, 200000);
+  for (const char* bad : {"\"500_000\"", "5__0", "_5", "5_"})
+    EXPECT_NE(error_of(kBase + "sequence_len: " + bad + "\n").find("sequence_len: "), std::string::npos) << bad;
+  // 0 evaluations / saves per epoch: none
+  EXPECT_EQ(parse("evals_per_epoch: 0\nsaves_per_epoch: 0\n").evals_per_epoch, 0);
+  // save_strategy: steps (the step settings decide), epoch (one a epoch), no; best is not built
+  EXPECT_EQ(parse("save_strategy: epoch\n").saves_per_epoch, 1);
+  EXPECT_EQ(parse("save_strategy: epoch\nsave_steps: 7\n").save_steps, 7);
+  const TrainConfig no = parse("saves_per_epoch: 4\nsave_strategy: \"no\"\n");
+  EXPECT_EQ(no.saves_per_epoch, 0);
+  EXPECT_EQ(no.save_steps, 0);
+  EXPECT_EQ(
+      error_of(kBase + "save_strategy: best\n"),
+      "cfg.yaml:6: save_strategy: \"best\": soltrain saves by steps, epoch or no (keeping the best checkpoint by a "
+      "metric is not built yet)");
+  // activation_offloading: the checkpoints in host memory with recompute full; disk is not built; without
+  // gradient checkpointing it is refused, as Axolotl refuses it
+  for (const char* v : {"true", "legacy", "hidden_states"}) {
+    const TrainConfig a = parse(std::string("gradient_checkpointing: true\nactivation_offloading: ") + v + "\n");
+    EXPECT_TRUE(a.offload_activations) << v;
+    EXPECT_EQ(a.recompute, Recompute::Full) << v;
+  }
+  EXPECT_TRUE(parse("activation_offloading: true\ngradient_checkpointing: true\n").offload_activations);
+  EXPECT_FALSE(parse("activation_offloading: false\n").offload_activations);
+  EXPECT_EQ(error_of(kBase + "activation_offloading: disk\n"),
+            "cfg.yaml:6: activation_offloading: \"disk\": offloading activations to disk is not built; use true");
+  EXPECT_EQ(error_of(kBase + "activation_offloading: true\ngradient_checkpointing: false\n"),
+            "cfg.yaml:6: activation_offloading needs recompute: full (it moves the layer-input checkpoints, the only "
+            "activations full recompute keeps, to host memory); got recompute: none");
+  // test_datasets is validation_datasets; alpaca:chat is alpaca_chat (Axolotl's base:prompt_style form)
+  const TrainConfig t = parse(
+      "test_datasets:\n  - path: v.jsonl\n    type: alpaca:chat\nremove_unused_columns: false\ntiled_mlp: true\n"
+      "flash_attn_cross_entropy: false\nflash_attn_rms_norm: true\nflash_attn_fuse_mlp: true\neta_min: 7e-7\n");
+  ASSERT_EQ(t.validation_datasets.size(), 1u);
+  EXPECT_EQ(t.validation_datasets[0].type, DatasetType::kAlpacaChat);
 }
 
 // FSDP and DeepSpeed settings as soltrain's ZeRO stage and offload switches (cli/peer_sharding.h), one note each

@@ -1,4 +1,4 @@
-// config.json parsing: the three families, both generations of RoPE keys, and a clear error for
+// config.json parsing: the families (Mistral's sliding window), both generations of RoPE keys, and a clear error for
 // everything unsupported.
 #include "core/error.h"
 #include "model/config.h"
@@ -66,10 +66,30 @@ TEST(ModelConfig, RopeScalingVariants) {
   EXPECT_NEAR(plain[1], std::pow(1e6, -2.0 / 32), 1e-7);
 }
 
-TEST(ModelConfig, UnsupportedIsAClearError) {
+// Mistral: Llama's layer with no biases (attention_bias is not read) and no q/k norm; sliding_window an integer or
+// null (no window), refused otherwise.
+TEST(ModelConfig, MistralReadsItsSlidingWindow) {
   auto j = base();
   j["architectures"] = {"MistralForCausalLM"};
-  expect_error(j, "MistralForCausalLM");
+  j["model_type"] = "mistral";
+  j["attention_bias"] = true;  // (transformers' Mistral has no such setting)
+  j["sliding_window"] = 4096;
+  const ModelConfig m = parse_model_config(j, "m/config.json");
+  EXPECT_STREQ(m.spec->architecture, "MistralForCausalLM");
+  EXPECT_EQ(m.sliding_window, 4096);
+  EXPECT_FALSE(m.qkv_bias || m.o_bias || m.mlp_bias || m.qk_norm);
+  j["sliding_window"] = nullptr;
+  EXPECT_EQ(parse_model_config(j, "m/config.json").sliding_window, 0);
+  j["sliding_window"] = 0;
+  expect_error(j, "sliding_window");
+  // the other families keep Qwen2's switch: a window in use there is refused
+  EXPECT_EQ(parse_model_config(base(), "m/config.json").sliding_window, 0);
+}
+
+TEST(ModelConfig, UnsupportedIsAClearError) {
+  auto j = base();
+  j["architectures"] = {"GemmaForCausalLM"};
+  expect_error(j, "GemmaForCausalLM");
   j = base();
   j["hidden_act"] = "gelu";
   expect_error(j, "gelu");

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "cli/demo_kit.h"
 #include "cli_test_util.h"
@@ -425,6 +426,52 @@ TEST(PeerConfigs, AxolotlLlama3DpoTrainsOverInt8) {
   EXPECT_NE((ok.out + ok.err).find("over a frozen LLM.int8 (row-wise int8) base"), std::string::npos)
       << ok.out << ok.err;
   EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << ok.out << ok.err;
+}
+
+// Mistral 7B LoRA over an 8-bit base, as Axolotl's example has it (model_type / tokenizer_type, 8192-token packed
+// rows): a tiny MistralForCausalLM (sliding_window 4096, which the short packed documents never reach) trains LoRA
+// over the LLM.int8 base to the end.
+TEST(PeerConfigs, AxolotlMistralLoraTrainsOverInt8) {
+  PeerSetup s;
+  fs::copy(s.t.path / "llama", s.t.path / "mistral", fs::copy_options::recursive);
+  nlohmann::json config = nlohmann::json::parse(read_text(s.t.path / "mistral" / "config.json"));
+  config["architectures"] = {"MistralForCausalLM"};
+  config["model_type"] = "mistral";
+  config["sliding_window"] = 4096;
+  test::write_text(s.t.path / "mistral" / "config.json", config.dump(2));
+  const fs::path cfg = s.config("axolotl-mistral-lora.yml", "alpaca.jsonl", "mistral");
+  const test::CliRun r = s.sft(cfg, "--set max_steps=1");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string all = r.out + r.err;
+  EXPECT_NE(all.find("over a frozen LLM.int8 (row-wise int8) base (load_in_8bit)"), std::string::npos) << all;
+  EXPECT_NE(all.find("sft: MistralForCausalLM on cpu"), std::string::npos) << all;
+  EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << all;
+}
+
+// Llama 2 full fine-tune with the old flash-attn fused-kernel switches (flash_attn_cross_entropy, flash_attn_fuse_mlp:
+// soltrain's kernels are its own, the same math) and model_type / tokenizer_type: runs to the end.
+TEST(PeerConfigs, AxolotlLlama2FftOptimizedRunsToTheEnd) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-llama-2-fft-optimized.yml", "alpaca.jsonl", "llama");
+  const test::CliRun r = s.sft(cfg, "--set max_steps=1 --set sequence_len=512");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_TRUE(fs::exists(s.t.path / "out" / "model" / "model.safetensors")) << r.out << r.err;
+}
+
+// Axolotl's ALST example (long-context Llama 3.1 8B over DeepSpeed ZeRO-3): sequence_len 500_000 and
+// min_sample_len 200_000 (YAML 1.1 digit groups), tiled_mlp, activation_offloading: legacy and the DeepSpeed file
+// are read; what it still asks that soltrain lacks is named, one line each: context parallelism, torchao's 8-bit
+// AdamW and a hub dataset's data_files.
+TEST(PeerConfigs, AxolotlAlstNamesOnlyWhatIsMissing) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-alst-llama3-8b-deepspeed.yaml", "alpaca.jsonl", "llama");
+  const test::CliRun r = s.sft(cfg);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(r.err, problems(cfg, {{11, "unknown dataset key \"data_files\""},
+                                  {25, "unknown key \"context_parallel_size\""},
+                                  {32,
+                                   "optimizer: \"adamw_torch_8bit\": not supported; soltrain trains with AdamW: use "
+                                   "optimizer: adamw_torch (fp32 moments) or adamw_8bit"}}));
 }
 
 // Qwen3 8B LoRA with torch.compile (torch_compile_mode) runs to the end as it is.

@@ -139,5 +139,20 @@ TEST(ExactDeduplication, KeepsTheFirstOfEqualDocuments) {
   EXPECT_EQ(val.tokens, (std::vector<int32_t>{4}));
 }
 
+// Axolotl's min_sample_len: documents of fewer tokens are dropped (its filter keeps len >= min), the rest kept in
+// order with their masks.
+TEST(MinSampleLen, DropsTheShorterDocuments) {
+  ShardSet s;
+  // Documents: [1 2 3] [4] [5 6] [7 8 9 10]
+  s.tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  s.mask = {0, 1, 1, 1, 0, 1, 1, 1, 0, 1};
+  s.doc_offsets = {0, 3, 4, 6, 10};
+  EXPECT_EQ(drop_short_documents(s, 3), 2);
+  EXPECT_EQ(s.tokens, (std::vector<int32_t>{1, 2, 3, 7, 8, 9, 10}));
+  EXPECT_EQ(s.mask, (std::vector<uint8_t>{0, 1, 1, 1, 1, 0, 1}));
+  EXPECT_EQ(s.doc_offsets, (std::vector<int64_t>{0, 3, 7}));
+  EXPECT_EQ(drop_short_documents(s, 1), 0);
+}
+
 }  // namespace
 }  // namespace soltrain

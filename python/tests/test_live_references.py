@@ -1,5 +1,5 @@
 """References computed in the test run by the peers themselves, on CPU torch: transformers' logits, loss and
-every gradient of random tiny Qwen3 / Llama / Qwen2 models (soltrain dump), PEFT adapters both ways
+every gradient of random tiny Qwen3 / Llama / Qwen2 / Mistral models (soltrain dump), PEFT adapters both ways
 (tests/tools/check_peft.py: random ranks, alphas, rsLoRA, targets; gradients, PEFT loading our adapter files,
 merges). Tolerances are the committed fixtures' (tests/test_reference_model.cpp: logits 1e-5, loss 1e-6,
 gradients 1e-4)."""
@@ -26,13 +26,17 @@ def tiny(kind):
         return transformers.LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2,
                                         num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False,
                                         rope_theta=1e4, **COMMON)
+    if kind == "mistral":  # (its sliding window, 32, reaches past the batch's 24 tokens: see the test below)
+        return transformers.MistralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+                                          tie_word_embeddings=False, rope_theta=1e6, sliding_window=32, **COMMON)
     return transformers.Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                                     num_key_value_heads=1, tie_word_embeddings=False, rope_theta=1e4, **COMMON)
 
 
-@pytest.mark.parametrize("kind", ["qwen3", "llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["qwen3", "llama", "qwen2", "mistral"])
 def test_logits_loss_and_gradients_match_transformers(kind, tmp_path):
-    torch.manual_seed({"qwen3": 1, "llama": 2, "qwen2": 3}[kind])
+    torch.manual_seed({"qwen3": 1, "llama": 2, "qwen2": 3, "mistral": 4}[kind])
     model = transformers.AutoModelForCausalLM.from_config(tiny(kind), dtype=torch.float32)
     randomize(model)
     model.save_pretrained(tmp_path / "model")
@@ -54,6 +58,34 @@ def test_logits_loss_and_gradients_match_transformers(kind, tmp_path):
         assert rel(ours[key], p.grad) <= 1e-4, name
         checked += 1
     assert checked == len([n for n in ours if n.startswith("grad.")]) >= 20
+
+
+def test_mistral_past_its_sliding_window_is_refused_in_one_line(tmp_path):
+    """Mistral's sliding window is not in soltrain's attention: a document whose scored tokens reach past it is
+    refused (exit 2, one line) rather than computed with full attention, unlike transformers; within it, the
+    window changes nothing (transformers' own logits with and without it agree there)."""
+    torch.manual_seed(6)
+    config = tiny("mistral")
+    config.sliding_window = 16
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    randomize(model)
+    model.save_pretrained(tmp_path / "model")
+    ids, targets = reference_batch(300)  # 24 tokens a row, the last 23 scored
+    from safetensors.torch import save_file
+    save_file({"input_ids": ids.int(), "targets": targets.int()}, str(tmp_path / "batch.safetensors"))
+    r = subprocess.run([str(BIN), "dump", "--model", str(tmp_path / "model"), "--batch",
+                        str(tmp_path / "batch.safetensors"), "--out", str(tmp_path / "ours.safetensors")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == ("error: a document reaches 23 tokens, past the model's sliding_window of 16: sliding-window "
+                        "attention is not built yet; lower sequence_len to 16 or drop the longer documents\n")
+    # the same rows scored only within the window: transformers' windowed logits there are soltrain's
+    short = targets.clone()
+    short[:, 16:] = -100
+    ours = dump(tmp_path, ids, short)
+    model.train(False)
+    logits = model(input_ids=ids).logits.detach()
+    assert rel(ours["logits"].reshape(logits.shape)[:, :16], logits[:, :16]) <= 1e-5
 
 
 def test_peft_adapters_both_ways():

@@ -233,11 +233,14 @@ void rule_offload(const Entries& en, const std::string&, TrainConfig& c, std::ve
                            " is not built yet (the sharded update keeps its state on the device): use zero_stage: 0 "
                            "or drop ",
                            k));
-  if (c.offload_activations && en.has("offload_activations") && c.recompute != Recompute::Full)
-    errors.push_back(cat(en.where("offload_activations"),
-                         ": offload_activations needs recompute: full (it moves the layer-input checkpoints, "
-                         "the only activations full recompute keeps, to host memory); got recompute: ",
-                         recompute_name(c.recompute)));
+  for (const char* k : {"offload_activations", "activation_offloading"})  // (Axolotl's name for it)
+    if (c.offload_activations && en.has(k) && c.recompute != Recompute::Full) {
+      errors.push_back(cat(en.where(k), ": ", k,
+                           " needs recompute: full (it moves the layer-input checkpoints, the only activations full "
+                           "recompute keeps, to host memory); got recompute: ",
+                           recompute_name(c.recompute)));
+      break;
+    }
   if (c.offload_weights_resident_layers > 0 && !c.offload_weights)
     errors.push_back(cat(en.where("offload_weights_resident_layers"),
                          ": offload_weights_resident_layers keeps some of a streamed base's layers on the device: it "

@@ -181,11 +181,12 @@ void add_data_keys(std::vector<KeySpec>& v) {
                   [](const Entry& e, const std::string& k, ReadContext& x) {
                     x.c.datasets = parse_datasets(e, k, x.file, x.mode, x.base);
                   }));
-  v.push_back(key("validation_datasets", "datasets", "a list of datasets", "",
-                  "held-out data evaluated every eval_steps (one document per row)",
-                  [](const Entry& e, const std::string& k, ReadContext& x) {
-                    x.c.validation_datasets = parse_datasets(e, k, x.file, x.mode, x.base);
-                  }));
+  v.push_back(aka(key("validation_datasets", "datasets", "a list of datasets", "",
+                      "held-out data evaluated every eval_steps (one document per row)",
+                      [](const Entry& e, const std::string& k, ReadContext& x) {
+                        x.c.validation_datasets = parse_datasets(e, k, x.file, x.mode, x.base);
+                      }),
+                  {"test_datasets"}));
   v.push_back(number("validation_split_ratio", FIELD(validation_split_ratio), 0, 0.9, false,
                      "without validation_datasets: this share of the training documents held out"));
   // Axolotl's val_set_size: a fraction below 1, a number of documents from 1 on.
@@ -217,6 +218,8 @@ void add_data_keys(std::vector<KeySpec>& v) {
              [](ReadContext& x, const std::string& s, const Entry&) { x.c.bad_records = parse_bad_record_policy(s); }));
   v.push_back(flag("dataset_exact_deduplication", FIELD(dataset_exact_deduplication),
                    "Axolotl's: tokenized documents identical to an earlier one are kept once"));
+  v.push_back(integer("min_sample_len", FIELD(min_sample_len), 0,
+                      "Axolotl's: tokenized documents shorter than this many tokens are dropped (0: none)"));
   v.push_back(key("chat_template", "string", "tokenizer_default or a template soltrain has", "tokenizer_default",
                   "the chat template of datasets without their own: the model's, or a named one (chatml, llama3, ...)",
                   [](const Entry& e, const std::string& k, ReadContext& x) {
@@ -305,7 +308,20 @@ void add_schedule_keys(std::vector<KeySpec>& v) {
                         }
                       }),
                   {"lr_scheduler"}));
-  v.push_back(integer("warmup_steps", FIELD(warmup_steps), 0, "updates of linear warmup from 0"));
+  // transformers reads a warmup_steps below 1 as a ratio of the updates (Axolotl's examples write 0.1)
+  v.push_back(key("warmup_steps", "number", "an integer >= 0, or a ratio in (0, 1)", "0",
+                  "updates of linear warmup from 0 (a number below 1: that share of the updates, as warmup_ratio)",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    const double v = get_double(e, k, 0, 1e15);
+                    if (v > 0 && v < 1) {
+                      x.c.warmup_ratio = v;
+                      x.c.warmup_steps = 0;
+                    } else if (v != std::floor(v)) {
+                      bad_value(e, k, "an integer >= 0, or a ratio in (0, 1)");
+                    } else {
+                      x.c.warmup_steps = int64_t(v);
+                    }
+                  }));
   v.push_back(number("warmup_ratio", FIELD(warmup_ratio), 0, 1, false,
                      "without warmup_steps: this share of the updates warms up"));
   v.push_back(
@@ -467,11 +483,11 @@ void add_run_keys(std::vector<KeySpec>& v) {
                   [](const Entry& e, const std::string& k, ReadContext& x) {
                     if (get_bool(e, k)) x.c.resume_from_checkpoint = {ResumeFrom::kLatest, {}};
                   }));
-  v.push_back(number("saves_per_epoch", FIELD(saves_per_epoch), 0, 1e6, true,
-                     "Axolotl's: checkpoints per epoch, when save_steps is not given"));
+  v.push_back(number("saves_per_epoch", FIELD(saves_per_epoch), 0, 1e6, false,
+                     "Axolotl's: checkpoints per epoch, when save_steps is not given (0: none)"));
   v.push_back(integer("eval_steps", FIELD(eval_steps), 0, "evaluate every this many updates (0: first and last)"));
-  v.push_back(number("evals_per_epoch", FIELD(evals_per_epoch), 0, 1e6, true,
-                     "Axolotl's: evaluations per epoch, when eval_steps is not given"));
+  v.push_back(number("evals_per_epoch", FIELD(evals_per_epoch), 0, 1e6, false,
+                     "Axolotl's: evaluations per epoch, when eval_steps is not given (0: none)"));
   v.push_back(integer("logging_steps", FIELD(logging_steps), 1, "log the loss every this many updates"));
   v.push_back(integer("skip_bad_batches", FIELD(skip_bad_batches), 0,
                       "a NaN/inf loss restores the last checkpoint and skips the update's batches, this many times"));

@@ -1,6 +1,7 @@
 #include "cli/config_values.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "cli/config.h"
 #include "hub/hub_cache.h"
@@ -56,6 +57,22 @@ std::string get_revision(const Entry& e, const std::string& key) {
 int64_t get_int(const Entry& e, const std::string& key, int64_t min, int64_t max) {
   const std::string expected =
       max == INT64_MAX ? cat("an integer >= ", min) : cat("an integer from ", min, " to ", max);
+  // YAML 1.1's digit groups (500_000), as PyYAML reads them for Axolotl: an unquoted integer with '_' between digits
+  if (e.node.IsScalar() && e.node.Tag() != "!" && e.node.Scalar().find('_') != std::string::npos) {
+    const std::string s = e.node.Scalar();
+    std::string digits;
+    bool ok = !s.empty() && s.front() != '_' && s.back() != '_' && s.find("__") == std::string::npos;
+    for (size_t i = 0; ok && i < s.size(); ++i)
+      if (s[i] != '_') {
+        ok = std::isdigit(static_cast<unsigned char>(s[i])) || (i == 0 && (s[i] == '-' || s[i] == '+'));
+        digits += s[i];
+      }
+    if (ok && digits.size() <= 18) {
+      const int64_t v = std::stoll(digits);
+      if (v < min || v > max) bad_value(e, key, expected);
+      return v;
+    }
+  }
   const int64_t v = get<int64_t>(e, key, expected);
   if (v < min || v > max) bad_value(e, key, expected);
   return v;

@@ -43,7 +43,6 @@ constexpr KeyEquivalent kEquivalents[] = {
     {"dataset_text_field", kTrl, "a dataset's field (type: completion, field: ...)"},
     {"max_prompt_length", kTrl, "max_prompt_len"},
     {"dataset_name", kTrl, "datasets: [{path: org/name}]"},
-    {"save_strategy", kTrainingArguments, "save_steps (or saves_per_epoch)"},
     {"eval_strategy", kTrainingArguments, "eval_steps (or evals_per_epoch)"},
     {"evaluation_strategy", kTrainingArguments, "eval_steps (or evals_per_epoch)"},
     {"logging_strategy", kTrainingArguments, "logging_steps"},

@@ -84,13 +84,39 @@ using Table = std::map<std::string, Apply>;
 void add_renames(Table& t) {
   t.insert({
       // Renames.
+      // Axolotl: the checkpointed activations in host memory (it requires gradient_checkpointing): soltrain's
+      // offload_activations with recompute full; "disk" is not built.
+      {"activation_offloading",
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         const std::string v = n.IsScalar() ? n.Scalar() : "";
+         if (is_off(n)) return;
+         if (v == "disk") user_error(k, ": \"disk\": offloading activations to disk is not built; use true");
+         if (v != "legacy" && v != "hidden_states" && !as_bool(k, n)) return;
+         c.recompute = Recompute::Full;
+         c.offload_activations = true;
+       }},
+      // HF's save_strategy: steps (save_steps / saves_per_epoch decide), epoch (one a epoch), no (only the end)
+      {"save_strategy",
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         const std::string v = n.IsScalar() ? n.Scalar() : "";
+         if (is_off(n) || v == "steps") return;
+         if (v == "epoch") {
+           if (c.save_steps == 0 && c.saves_per_epoch == 0) c.saves_per_epoch = 1;
+         } else if (v == "no") {
+           c.save_steps = 0, c.saves_per_epoch = 0;
+         } else {
+           user_error(k, ": \"", text(n),
+                      "\": soltrain saves by steps, epoch or no (keeping the best checkpoint by a "
+                      "metric is not built yet)");
+         }
+       }},
       {"gradient_checkpointing",  // Axolotl; "unsloth" and "offload" keep the checkpoints in host memory
        // there, as offload_activations does here (the same recompute, the same results)
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          const bool host = n.IsScalar() && (n.Scalar() == "unsloth" || n.Scalar() == "offload");
          const bool on = host || as_bool(k, n);
          c.recompute = on ? Recompute::Full : Recompute::None;
-         c.offload_activations = host;
+         if (host) c.offload_activations = true;  // (activation_offloading may have asked already)
        }},
       {"lora_target_linear",
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
@@ -155,6 +181,19 @@ void add_accepted(Table& t) {
          c.train_on_inputs = true;
        }},
       {"torch_compile_mode", any()},
+      // transformers' dataset column pruning: soltrain reads only the columns a dataset type names.
+      {"remove_unused_columns", any()},
+      // Axolotl's old flash-attn fused-kernel switches: soltrain's kernels (its own fused norms, MLP, loss) run
+      // the same math either way.
+      {"flash_attn_cross_entropy", any()},
+      {"flash_attn_rms_norm", any()},
+      {"flash_attn_fuse_qkv", any()},
+      {"flash_attn_fuse_mlp", any()},
+      // Axolotl's ALST tiled MLP: soltrain's MLP already runs in token tiles where the sequence asks for it
+      // (token_tile, automatic by default): the same math.
+      {"tiled_mlp", any()},
+      // A key of Axolotl's QAT examples (qat_nvfp4/*) that no Axolotl code reads.
+      {"eta_min", any()},
       {"flex_attn_compile_kwargs", any()},
       // Checkpoints without the optimizer state: soltrain's keep it (resumable); the training is the same.
       {"save_only_model", any()},

@@ -18,6 +18,9 @@ std::optional<DatasetType> find_dataset_type(std::string_view s) {
                                                                 {"instruction", DatasetType::kInstruction},
                                                                 {"alpaca", DatasetType::kAlpaca},
                                                                 {"alpaca_chat", DatasetType::kAlpacaChat},
+                                                                // Axolotl's base:prompt_style form (AlpacaPrompter)
+                                                                {"alpaca:chat", DatasetType::kAlpacaChat},
+                                                                {"alpaca:instruct", DatasetType::kAlpaca},
                                                                 {"input_output", DatasetType::kInputOutput},
                                                                 {"conversation", DatasetType::kConversation},
                                                                 {"chat", DatasetType::kConversation},

@@ -92,6 +92,7 @@ constexpr ModelSpec kSpecs[] = {
     {"Qwen3ForCausalLM", "qwen3", ModelSpec::Bias::AttentionBiasKey, false, true, nullptr},
     {"Qwen2MoeForCausalLM", "qwen2_moe", ModelSpec::Bias::QkvBiasKey, false, false, &kQwen2MoeBlock},
     {"Qwen3MoeForCausalLM", "qwen3_moe", ModelSpec::Bias::AttentionBiasKey, false, true, &kQwen3MoeBlock},
+    {"MistralForCausalLM", "mistral", ModelSpec::Bias::None, false, false, nullptr, true},
 };
 
 // The MoE fields, as transformers' Qwen3MoeConfig / Qwen2MoeConfig read them (their defaults where a field is
@@ -184,12 +185,17 @@ ModelConfig parse_model_config(const json& j, const std::string& where) {
     case ModelSpec::Bias::QkvAlways: c.qkv_bias = true; break;
     case ModelSpec::Bias::QkvBiasKey: c.qkv_bias = r.get<bool>("qkv_bias", true); break;
     case ModelSpec::Bias::AttentionBiasKey: c.qkv_bias = c.o_bias = r.get<bool>("attention_bias", false); break;
+    case ModelSpec::Bias::None: break;
   }
   if (c.spec->mlp_bias_key) c.mlp_bias = r.get<bool>("mlp_bias", false);
   c.qk_norm = c.spec->qk_norm;
   if (c.spec->moe) c.moe = parse_moe(r, c.num_layers, *c.spec->moe);
 
   if (r.get<int>("pretraining_tp", 1) != 1) user_error(where, ": pretraining_tp other than 1 is not supported");
+  if (c.spec->sliding_window_key && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+    c.sliding_window = r.get<int>("sliding_window", 0);
+    if (c.sliding_window < 1) user_error(where, ": \"sliding_window\" must be a positive integer or null");
+  }
   if (r.get<bool>("use_sliding_window", false))
     user_error(where, ": use_sliding_window is true: sliding-window attention is not supported");
   if (j.contains("layer_types") && j["layer_types"].is_array())

@@ -16,8 +16,8 @@ struct ModelSpec {
   const char* architecture;  // config.json's architectures[0], written back on save
   const char* model_type;    // what identifies it when architectures is absent
   // Biases: attention_bias on q/k/v/o (Llama, Qwen3); always on q/k/v (Qwen2); qkv_bias on q/k/v, default true
-  // (Qwen2-MoE)
-  enum class Bias { AttentionBiasKey, QkvAlways, QkvBiasKey } bias;
+  // (Qwen2-MoE); none (Mistral)
+  enum class Bias { AttentionBiasKey, QkvAlways, QkvBiasKey, None } bias;
   bool mlp_bias_key;  // gate/up/down biases as mlp_bias says (Llama)
   bool qk_norm;       // per-head RMSNorm of q and k before RoPE (Qwen3)
   // Mixture-of-Experts layers (null: every MLP dense): transformers' defaults, and the block's variant.
@@ -27,6 +27,8 @@ struct ModelSpec {
     bool lora_on_experts;          // MoeConfig::lora_on_experts
   };
   const Moe* moe;
+  // Mistral: `sliding_window` (when not null) limits each token's attention to that many tokens back
+  bool sliding_window_key = false;
 };
 
 struct RopeConfig {
@@ -77,7 +79,11 @@ struct ModelConfig {
   bool qkv_bias = false;  // q/k/v projections carry biases
   bool o_bias = false;    // o_proj carries a bias
   bool mlp_bias = false;  // gate/up/down carry biases
-  bool qk_norm = false;   // per-head RMSNorm of q and k before RoPE (Qwen3)
+  // Mistral's sliding window: a token attends to the last `sliding_window` tokens only (0: all before it). Not
+  // built into the attention kernels: a document (or generation) longer than it is refused (Transformer::upload,
+  // KvDecoder), so every run that goes ahead computes what the window would.
+  int sliding_window = 0;
+  bool qk_norm = false;  // per-head RMSNorm of q and k before RoPE (Qwen3)
   RopeConfig rope;
   MoeConfig moe;
   nlohmann::json raw;  // the file as read, for writing it back unchanged

@@ -146,10 +146,16 @@ void KvDecoder::feed_rows(int r0, int B, std::span<const int32_t> tokens, int T,
   const int64_t V = model_.config().vocab_size, D = model_.config().hidden_size;
   SOLTRAIN_CHECK(T > 0 && int64_t(tokens.size()) == int64_t(B) * T, "feed: ", tokens.size(), " tokens for ", B, " x ",
                  T);
-  for (int b = r0; b < r0 + B; ++b)
+  const int window = model_.config().sliding_window;
+  for (int b = r0; b < r0 + B; ++b) {
     if (lengths_[size_t(b)] + T > max_len_)
       user_error("generation needs ", lengths_[size_t(b)] + T, " tokens of context, more than the ", max_len_,
                  " planned");
+    if (window > 0 && lengths_[size_t(b)] + T > window)  // (Transformer::refuse_past_window says why)
+      user_error("generation needs ", lengths_[size_t(b)] + T,
+                 " tokens of context, past the model's sliding_window of ", window,
+                 ": sliding-window attention is not built yet");
+  }
   for (int32_t id : tokens)
     if (id < 0 || id >= V) user_error("token id ", id, " is outside the vocabulary of ", V);
   // A single row may take the whole activation budget per chunk: its tokens are the chunk's rows.

@@ -500,6 +500,7 @@ void Transformer::upload(const HostBatch& batch) {
     SOLTRAIN_CHECK(cu[d + 1] > cu[d], "empty or decreasing document in cu_seqlens");
     max_len = std::max(max_len, cu[d + 1] - cu[d]);
   }
+  if (const int window = config().sliding_window; window > 0 && max_len > window) refuse_past_window(batch, window);
   auto host = [&](int32_t* p, int64_t n) { return Tensor{p, DType::I32, {n}, Device::CPU}; };
   ops_.upload_async(a.ids, host(ids, N));
   ops_.upload_async(a.targets, host(targets, N));
@@ -510,6 +511,25 @@ void Transformer::upload(const HostBatch& batch) {
 
   a.out =
       ForwardOutputs{a.token_nll, a.doc_nll.rows(0, docs), a.targets, a.token_entropy, a.seq, batch.counted(), &batch};
+}
+
+// Mistral's sliding window is not in the attention kernels: a document whose scored tokens reach past it (its
+// last target more than `window` tokens in) would be computed with full attention, unlike transformers. Refused
+// in one line; padding after a row's last target does not count (nothing it sees reaches the loss).
+void Transformer::refuse_past_window(const HostBatch& batch, int window) const {
+  const int64_t N = int64_t(batch.rows) * batch.seq_len;
+  std::vector<int32_t> cu = batch.cu_seqlens;
+  if (cu.empty())
+    for (int r = 0; r <= batch.rows; ++r) cu.push_back(r * batch.seq_len);
+  for (size_t d = 0; d + 1 < cu.size(); ++d) {
+    int64_t reach = 0;
+    for (int64_t p = cu[d]; p < cu[d + 1] && p < N; ++p)
+      if (batch.targets[size_t(p)] != -100) reach = p - cu[d] + 1;
+    if (reach > window)
+      user_error("a document reaches ", reach, " tokens, past the model's sliding_window of ", window,
+                 ": sliding-window attention is not built yet; lower sequence_len to ", window,
+                 " or drop the longer documents");
+  }
 }
 
 const ForwardOutputs& Transformer::outputs() const {

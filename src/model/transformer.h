@@ -188,6 +188,8 @@ class Transformer {
   void backward_mlp(int64_t l);
   void refill_qk(int64_t l);  // q, k from q_raw, k_raw: not kept per layer with q/k norms (the plan)
   void upload(const HostBatch& batch);
+  // UserError when a document's scored tokens reach past Mistral's sliding window (ModelConfig::sliding_window).
+  void refuse_past_window(const HostBatch& batch, int window) const;
   // The LM head over forward's final hidden states, chunk by chunk: logits, cross-entropy (NLL per token),
   // and with `weights` its backward into dhf and the head's gradient.
   // With `entropy`, each token's entropy too (the objective's out.token_entropy).

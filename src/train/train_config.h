@@ -198,6 +198,7 @@ struct TrainConfig {
   int max_restarts = 3;
   bool shuffle = true;                       // false (Axolotl's curriculum_sampling): the datasets' order
   bool dataset_exact_deduplication = false;  // Axolotl's: identical tokenized documents kept once
+  int64_t min_sample_len = 0;                // Axolotl's: documents of fewer tokens are dropped (0: none)
   bool merge_adapter = false;                // Surogate's: LoRA folded into the base, output_dir/merged
   // The type a full fine-tune's model is saved as; unset ("auto"): the base's own (bf16 for a bf16 base).
   std::optional<DType> save_dtype;

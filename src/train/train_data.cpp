@@ -118,6 +118,15 @@ int64_t drop_duplicate_documents(ShardSet& set, const ShardSet* seen_in) {
   return dropped;
 }
 
+int64_t drop_short_documents(ShardSet& set, int64_t min_tokens) {
+  std::vector<int64_t> keep;
+  for (int64_t d = 0; d < set.documents(); ++d)
+    if (set.doc_offsets[size_t(d) + 1] - set.doc_offsets[size_t(d)] >= min_tokens) keep.push_back(d);
+  const int64_t dropped = set.documents() - int64_t(keep.size());
+  if (dropped > 0) set = select_documents(set, keep);
+  return dropped;
+}
+
 namespace {
 
 // A dataset file's name as part of its shard folder's: letters, digits, '.', '-', '_' kept, anything else (a
@@ -192,6 +201,11 @@ TrainData prepare_train_data(const TrainConfig& c, std::ostream& log) {
   const OutputLock shards_lock =
       OutputLock::wait_for(c.dataset_prepared_path, kShardsLockFile, "dataset_prepared_path", log);
   d.train = tokenize_all(c, c.datasets, "train", log);
+  if (c.min_sample_len > 0) {  // (Axolotl drops them from every dataset it prepares, evaluation data too)
+    const int64_t dropped = drop_short_documents(d.train, c.min_sample_len);
+    log << "min_sample_len: dropped " << dropped << " documents shorter than " << c.min_sample_len << " tokens, "
+        << d.train.documents() << " left\n";
+  }
   if (c.dataset_exact_deduplication) {
     const int64_t dropped = drop_duplicate_documents(d.train, nullptr);
     log << "dataset_exact_deduplication: dropped " << dropped << " duplicate documents, " << d.train.documents()
@@ -199,6 +213,7 @@ TrainData prepare_train_data(const TrainConfig& c, std::ostream& log) {
   }
   if (!c.validation_datasets.empty()) {
     d.validation = tokenize_all(c, c.validation_datasets, "validation", log);
+    if (c.min_sample_len > 0) drop_short_documents(d.validation, c.min_sample_len);
     if (c.dataset_exact_deduplication) {
       const int64_t dropped = drop_duplicate_documents(d.validation, &d.train);
       log << "dataset_exact_deduplication: dropped " << dropped << " validation documents also in the training data"

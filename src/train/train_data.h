@@ -28,6 +28,8 @@ std::pair<int64_t, int64_t> slice_bounds(int64_t n, const std::pair<std::string,
 // Axolotl's dataset_exact_deduplication: keeps the first of documents with equal tokens and loss mask,
 // and drops those equal to one of `seen_in` (may be null); returns how many were dropped.
 int64_t drop_duplicate_documents(ShardSet& set, const ShardSet* seen_in);
+// Axolotl's min_sample_len: drops documents of fewer than `min_tokens` tokens; returns how many.
+int64_t drop_short_documents(ShardSet& set, int64_t min_tokens);
 
 // Surogate's `samples: n`: the dataset repeated n / size times plus a seeded random n % size of it
 // (sample_indices: which of `size` documents, in order).
