@@ -79,7 +79,13 @@ TEST(Config, BadValuesSayWhatIsExpected) {
   EXPECT_EQ(error_of(kBase + "sample_packing: maybe\n"),
             "cfg.yaml:6: sample_packing: \"maybe\" is not valid: expected true or false");
   EXPECT_EQ(error_of(kBase + "recompute: some\n"),
-            "cfg.yaml:6: recompute: \"some\" is not valid: expected none, elementwise, selective or full");
+            "cfg.yaml:6: recompute: \"some\" is not valid: expected none, elementwise, selective or full (or true / "
+            "false)");
+  // Surogate's bool: true is full, false none
+  EXPECT_EQ(parse_train_config(kBase + "recompute: true\n", "cfg.yaml", {}, TrainMode::kSft).recompute,
+            Recompute::Full);
+  EXPECT_EQ(parse_train_config(kBase + "recompute: false\n", "cfg.yaml", {}, TrainMode::kSft).recompute,
+            Recompute::None);
   EXPECT_EQ(error_of(kBase + "lora_target_modules: [q_proj, qkv_proj]\n"),
             "cfg.yaml:6: unknown lora_target_modules entry \"qkv_proj\" (did you mean \"q_proj\"?)");
   EXPECT_EQ(error_of("output_dir: o\ndatasets: [d.jsonl]\n"),
@@ -449,12 +455,12 @@ TEST(Config, MissingFeaturesAreNamedInOneLine) {
             "cfg.yaml:6: deepspeed: zero3.json: no such file (soltrain reads its zero_optimization stage and "
             "offloads; paths open from the working folder)");
   EXPECT_EQ(error_of(kBase + "load_in_8bit: true\n"),
-            "cfg.yaml: load_in_8bit: a quantised base is frozen, so it trains LoRA adapters only (QLoRA): add "
+            "cfg.yaml:6: load_in_8bit: a quantised base is frozen, so it trains LoRA adapters only (QLoRA): add "
             "`adapter: lora`, or drop it for full fine-tuning in bf16/fp32");
   EXPECT_EQ(error_of(kBase + "load_in_8bit: true\nload_in_4bit: true\nadapter: lora\n"),
             "cfg.yaml:7: load_in_4bit asks for a nf4 base but load_in_8bit for int8; keep one");
   EXPECT_EQ(error_of(kBase + "load_in_4bit: true\n"),
-            "cfg.yaml: load_in_4bit: a quantised base is frozen, so it trains LoRA adapters only (QLoRA): add "
+            "cfg.yaml:6: load_in_4bit: a quantised base is frozen, so it trains LoRA adapters only (QLoRA): add "
             "`adapter: lora`, or drop it for full fine-tuning in bf16/fp32");
   EXPECT_EQ(error_of(kBase + "optimizer: lion_8bit\n"),
             "cfg.yaml:6: optimizer: \"lion_8bit\": not supported; soltrain trains with AdamW: use optimizer: "

@@ -256,6 +256,17 @@ TEST(PeerConfigs, AxolotlDeduplicateDropsTheSecondCopy) {
       << all;
 }
 
+// The DPO twin of the example above (the same preference dataset twice, dataset_exact_deduplication, over an 8-bit
+// base): the second copy's 40 pairs are dropped, as Axolotl drops duplicate preference rows.
+TEST(PeerConfigs, AxolotlDeduplicateDpoDropsTheSecondCopyOfEachPair) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-llama-3-lora-1b-deduplicate-dpo.yml", "dpo_chat.jsonl", "llama");
+  const test::CliRun ok = s.sft(cfg, "--set max_steps=1 --set sequence_len=256");
+  ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
+  const std::string all = ok.out + ok.err;
+  EXPECT_NE(all.find("dataset_exact_deduplication: dropped 40 duplicate pairs, 40 left\n"), std::string::npos) << all;
+}
+
 // Llama 3 8B QLoRA with paged 32-bit AdamW (fp32 AdamW): the 4-bit base it asks for twice (load_in_4bit,
 // adapter: qlora) is NF4 now, and the example trains LoRA over it to the end.
 TEST(PeerConfigs, AxolotlLlama3QloraTrainsOverNf4) {
@@ -341,15 +352,15 @@ TEST(PeerConfigs, SurogateReverseTextTrainsUnderFp8ThenMerges) {
 }
 
 // Surogate's bitsandbytes QLoRA example names the FP8 recipe over an NF4 base (qlora_bnb): soltrain's FP8
-// GEMMs need a bf16 base, which is one line; with recipe: bf16 it trains LoRA over NF4.
+// GEMMs need a bf16 base, which is one line at the recipe's; with recipe: bf16 it trains LoRA over NF4.
 TEST(PeerConfigs, SurogateQloraBnbRefusesFp8OverNf4ThenTrainsOverNf4) {
   PeerSetup s;
   const fs::path cfg = s.config("surogate-qwen3-lora-qbnb.yaml", "gsm8k.jsonl");
   const test::CliRun r = s.sft(cfg);
   EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_EQ(r.err, "error: " + cfg.string() +
-                       ": recipe fp8-hybrid runs on a bf16 base; a quantised QLoRA base (nf4, qlora_bnb) dequantises "
-                       "into bf16 GEMMs: use recipe: bf16 with it\n");
+  EXPECT_EQ(r.err, problems(cfg, {{18,
+                                   "recipe fp8-hybrid runs on a bf16 base; a quantised QLoRA base (nf4, qlora_bnb) "
+                                   "dequantises into bf16 GEMMs: use recipe: bf16 with it"}}));
   EXPECT_EQ(r.out, "");  // refused before anything is read or written
   const test::CliRun ok = s.sft(cfg, "--set recipe=bf16 --set max_steps=2");
   ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
@@ -446,6 +457,29 @@ TEST(PeerConfigs, AxolotlMistralLoraTrainsOverInt8) {
   EXPECT_NE(all.find("over a frozen LLM.int8 (row-wise int8) base (load_in_8bit)"), std::string::npos) << all;
   EXPECT_NE(all.find("sft: MistralForCausalLM on cpu"), std::string::npos) << all;
   EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << all;
+}
+
+// Surogate's Qwen3 examples with its own spellings: `recompute: false` (a bool there; true is soltrain's full) trains
+// with nothing recomputed; the Ray cluster block (`distributed:`) is one line; NVFP4's backend setting is not a
+// second problem beside the refused recipe.
+TEST(PeerConfigs, SurogateRecomputeBoolRayAndFp4Backend) {
+  PeerSetup s;
+  const fs::path norecompute = s.config("surogate-qwen3-lora-bf16-bench-norecompute.yaml", "gsm8k.jsonl");
+  const test::CliRun r = s.sft(norecompute, "--set max_steps=1");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE((r.out + r.err).find("recompute none, "), std::string::npos) << r.out << r.err;
+  const fs::path ray = s.config("surogate-qwen3-lora-bf16-ray.yaml", "gsm8k.jsonl");
+  const test::CliRun rr = s.sft(ray);
+  EXPECT_EQ(rr.code, 2) << rr.out << rr.err;
+  EXPECT_EQ(rr.err, problems(ray, {{6,
+                                    "distributed: Ray clusters are not supported; soltrain runs multi-GPU itself "
+                                    "(gpus: N or mpirun)"}}));
+  const fs::path fp4 = s.config("surogate-qwen3-lora-fp4.yaml", "gsm8k.jsonl");
+  const test::CliRun rf = s.sft(fp4);
+  EXPECT_EQ(rf.code, 2) << rf.out << rf.err;
+  EXPECT_EQ(rf.err, problems(fp4, {{18,
+                                    "recipe: \"nvfp4\": soltrain's recipes are bf16 and fp8-hybrid (NVFP4 needs a "
+                                    "Blackwell GPU and is not built)"}}));
 }
 
 // Llama 2 full fine-tune with the old flash-attn fused-kernel switches (flash_attn_cross_entropy, flash_attn_fuse_mlp:

@@ -139,6 +139,19 @@ TEST(ExactDeduplication, KeepsTheFirstOfEqualDocuments) {
   EXPECT_EQ(val.tokens, (std::vector<int32_t>{4}));
 }
 
+// Preference pairs (two documents each) deduplicated as wholes: a pair equal in both answers is dropped, one that
+// shares only its chosen answer is kept.
+TEST(ExactDeduplication, PairsAreComparedWhole) {
+  ShardSet s;
+  // Pairs: ([1] [2]) ([1] [2]) ([1] [3]) ([1] [2])
+  s.tokens = {1, 2, 1, 2, 1, 3, 1, 2};
+  s.mask = {1, 1, 1, 1, 1, 1, 1, 1};
+  s.doc_offsets = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+  EXPECT_EQ(drop_duplicate_documents(s, nullptr, 2), 2);
+  EXPECT_EQ(s.tokens, (std::vector<int32_t>{1, 2, 1, 3}));
+  EXPECT_EQ(s.doc_offsets, (std::vector<int64_t>{0, 1, 2, 3, 4}));
+}
+
 // Axolotl's min_sample_len: documents of fewer tokens are dropped (its filter keeps len >= min), the rest kept in
 // order with their masks.
 TEST(MinSampleLen, DropsTheShorterDocuments) {

@@ -185,16 +185,23 @@ void rule_lora_settings_imply_lora(const Entries& en, const std::string&, TrainC
   }
 }
 
-void rule_quantised_base(const Entries&, const std::string& where, TrainConfig& c, std::vector<std::string>& errors) {
+void rule_quantised_base(const Entries& en, const std::string& where, TrainConfig& c,
+                         std::vector<std::string>& errors) {
+  // Each problem at the line of the key that asked (the file where it is no single key, as adapter: qlora)
+  auto at = [&](std::initializer_list<std::string> keys) {
+    for (const std::string& k : keys)
+      if (en.has(k)) return en.where(k);
+    return where;
+  };
   // A quantised base is frozen: only adapters can train over it.
   if (c.lora.base != WeightFormat::Dense && !c.lora.enabled)
     errors.push_back(
-        cat(where, ": ", c.lora.base_key,
+        cat(at({c.lora.base_key}), ": ", c.lora.base_key,
             ": a quantised base is frozen, so it trains LoRA adapters only (QLoRA): add `adapter: lora`, or "
             "drop it for full fine-tuning in bf16/fp32"));
   // The FP8 recipe's GEMMs read a bf16 base (Transformer::enable_fp8 says the same at run time).
   if (c.fp8_hybrid && c.lora.base != WeightFormat::Dense)
-    errors.push_back(cat(where, ": recipe fp8-hybrid runs on a bf16 base; a quantised QLoRA base (",
+    errors.push_back(cat(at({"recipe", "fp8"}), ": recipe fp8-hybrid runs on a bf16 base; a quantised QLoRA base (",
                          weight_format_name(c.lora.base), ", ", c.lora.base_key,
                          ") dequantises into bf16 GEMMs: use recipe: bf16 with it"));
 }

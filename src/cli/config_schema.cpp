@@ -435,10 +435,25 @@ void add_precision_keys(std::vector<KeySpec>& v) {
 }
 
 void add_memory_keys(std::vector<KeySpec>& v) {
-  v.push_back(choice(
-      "recompute", {"none", "elementwise", "selective", "full"}, "none",
-      "activations recomputed in backward instead of kept (results are bitwise the same)",
-      [](ReadContext& x, const std::string& s, const Entry&) { x.c.recompute = parse_recompute(s, "recompute"); }));
+  // Surogate's recompute is a bool (its default true): everything in a block but the residual stream recomputed,
+  // soltrain's full; false keeps everything, none.
+  v.push_back(key("recompute", "choice", "none, elementwise, selective or full (or true / false)", "none",
+                  "activations recomputed in backward instead of kept (results are bitwise the same); Surogate's "
+                  "true / false: full / none",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    const std::string s = get_string(e, k);
+                    if (s == "true" || s == "True") {
+                      x.c.recompute = Recompute::Full;
+                    } else if (s == "false" || s == "False") {
+                      x.c.recompute = Recompute::None;
+                    } else {
+                      try {
+                        x.c.recompute = parse_recompute(s, k);
+                      } catch (const UserError&) {
+                        bad_value(e, k, "none, elementwise, selective or full (or true / false)");
+                      }
+                    }
+                  }));
   v.push_back(integer("token_tile", FIELD(token_tile), 0,
                       "the MLP runs over at most this many tokens at a time (0: sized at 512 MiB a buffer)"));
   v.push_back(flag("offload_master", FIELD(offload.master), "the fp32 master weights in host memory"));

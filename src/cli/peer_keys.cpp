@@ -199,6 +199,7 @@ void add_accepted(Table& t) {
       {"save_only_model", any()},
       // Settings of features refused themselves when on (fp8, use_ray, cosine_min_lr_ratio): one line each.
       {"fp8_enable_fsdp_float8_all_gather", any()},
+      {"fp4_backend", any()},  // Surogate's NVFP4 kernels' backend: recipe nvfp4 is refused itself
       {"ray_num_workers", any()},
       {"cut_cross_entropy", any()},  // soltrain never materialises the full logits either
       {"torch_compile", any()},
@@ -332,6 +333,8 @@ void add_missing_features(Table& t) {
          if (as_bool(k, n)) set_quantised_base(c, WeightFormat::Nf4, k);
        }},
       {"use_ray", off_or("Ray is not supported; soltrain runs multi-GPU itself (gpus: N or mpirun)")},
+      // Surogate's Ray cluster block (ray_address, num_nodes, gpus_per_node)
+      {"distributed", off_or("Ray clusters are not supported; soltrain runs multi-GPU itself (gpus: N or mpirun)")},
       {"qlora_bnb",  // Surogate: LoRA over a bitsandbytes NF4 base
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          if (as_bool(k, n)) set_quantised_base(c, WeightFormat::Nf4, k);

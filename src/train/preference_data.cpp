@@ -129,9 +129,21 @@ PreferenceData prepare_preference_data(const TrainConfig& c, std::ostream& log) 
   PreferenceData d;
   json keys = json::array();
   d.train = tokenize_all_pairs(c, c.datasets, "train", keys, log);
+  // Axolotl deduplicates preference rows as it does SFT's (utils/data/rl.py): a pair is its two documents
+  if (c.dataset_exact_deduplication) {
+    const int64_t dropped = drop_duplicate_documents(d.train, nullptr, 2);
+    log << "dataset_exact_deduplication: dropped " << dropped << " duplicate pairs, " << d.train.documents() / 2
+        << " left\n";
+    keys.push_back({{"dataset_exact_deduplication", true}});  // (the cached reference log-probs follow the pairs)
+  }
   if (!c.validation_datasets.empty()) {
     json vkeys = json::array();
     d.validation = tokenize_all_pairs(c, c.validation_datasets, "validation", vkeys, log);
+    if (c.dataset_exact_deduplication) {
+      const int64_t dropped = drop_duplicate_documents(d.validation, &d.train, 2);
+      log << "dataset_exact_deduplication: dropped " << dropped << " validation pairs also in the training data or "
+          << "repeated, " << d.validation.documents() / 2 << " left\n";
+    }
   } else if (c.validation_split_ratio > 0 || c.validation_count > 0) {
     // A seeded choice of pairs (both answers go together), in their original order on both sides.
     const int64_t n = d.train.documents() / 2;

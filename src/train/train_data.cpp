@@ -83,37 +83,52 @@ ShardSet slice_documents(const ShardSet& from, const std::pair<std::string, std:
   return select_documents(from, docs);
 }
 
-int64_t drop_duplicate_documents(ShardSet& set, const ShardSet* seen_in) {
+int64_t drop_duplicate_documents(ShardSet& set, const ShardSet* seen_in, int docs_per_item) {
   // Axolotl's dataset_exact_deduplication hashes each tokenized row (input_ids, labels, ...) and keeps the
-  // first of equal ones; here a document's tokens and loss mask are that row. Buckets by a 64-bit FNV-1a
-  // hash, then compares the documents themselves, so a hash collision never drops a document.
-  auto hash_of = [](const ShardSet& s, int64_t d) {
+  // first of equal ones; here a row is `docs_per_item` consecutive documents (one; a preference pair's two),
+  // their tokens and loss masks. Buckets by a 64-bit FNV-1a hash, then compares the documents themselves, so a
+  // hash collision never drops one.
+  const int64_t g = docs_per_item;
+  SOLTRAIN_CHECK(g >= 1 && set.documents() % g == 0 && (!seen_in || seen_in->documents() % g == 0),
+                 "deduplication: documents in items of ", g);
+  auto hash_of = [g](const ShardSet& s, int64_t item) {
     uint64_t h = 1469598103934665603ULL;
-    for (int64_t i = s.doc_offsets[size_t(d)]; i < s.doc_offsets[size_t(d) + 1]; ++i)
-      h = (h ^ (uint64_t(uint32_t(s.tokens[size_t(i)])) << 1 ^ s.mask[size_t(i)])) * 1099511628211ULL;
+    for (int64_t d = item * g; d < (item + 1) * g; ++d) {
+      for (int64_t i = s.doc_offsets[size_t(d)]; i < s.doc_offsets[size_t(d) + 1]; ++i)
+        h = (h ^ (uint64_t(uint32_t(s.tokens[size_t(i)])) << 1 ^ s.mask[size_t(i)])) * 1099511628211ULL;
+      h = (h ^ 0xffffffffULL) * 1099511628211ULL;  // (where one document ends)
+    }
     return h;
   };
-  auto same = [](const ShardSet& a, int64_t da, const ShardSet& b, int64_t db) {
+  auto same_doc = [](const ShardSet& a, int64_t da, const ShardSet& b, int64_t db) {
     const int64_t ba = a.doc_offsets[size_t(da)], ea = a.doc_offsets[size_t(da) + 1];
     const int64_t bb = b.doc_offsets[size_t(db)], eb = b.doc_offsets[size_t(db) + 1];
     return ea - ba == eb - bb && std::equal(a.tokens.begin() + ba, a.tokens.begin() + ea, b.tokens.begin() + bb) &&
            std::equal(a.mask.begin() + ba, a.mask.begin() + ea, b.mask.begin() + bb);
   };
+  auto same = [&](const ShardSet& a, int64_t ia, const ShardSet& b, int64_t ib) {
+    for (int64_t k = 0; k < g; ++k)
+      if (!same_doc(a, ia * g + k, b, ib * g + k)) return false;
+    return true;
+  };
   // (set, document) pairs already kept, by hash: the other set's documents first (the validation data is
   // checked against the training data), then this set's own.
   std::unordered_map<uint64_t, std::vector<std::pair<const ShardSet*, int64_t>>> kept;
   if (seen_in)
-    for (int64_t d = 0; d < seen_in->documents(); ++d) kept[hash_of(*seen_in, d)].push_back({seen_in, d});
+    for (int64_t it = 0; it < seen_in->documents() / g; ++it) kept[hash_of(*seen_in, it)].push_back({seen_in, it});
   std::vector<int64_t> keep;
-  for (int64_t d = 0; d < set.documents(); ++d) {
-    auto& bucket = kept[hash_of(set, d)];
+  int64_t dropped = 0;
+  for (int64_t it = 0; it < set.documents() / g; ++it) {
+    auto& bucket = kept[hash_of(set, it)];
     const bool dup =
-        std::any_of(bucket.begin(), bucket.end(), [&](const auto& k) { return same(*k.first, k.second, set, d); });
-    if (dup) continue;
-    bucket.push_back({&set, d});
-    keep.push_back(d);
+        std::any_of(bucket.begin(), bucket.end(), [&](const auto& k) { return same(*k.first, k.second, set, it); });
+    if (dup) {
+      ++dropped;
+      continue;
+    }
+    bucket.push_back({&set, it});
+    for (int64_t k = 0; k < g; ++k) keep.push_back(it * g + k);
   }
-  const int64_t dropped = set.documents() - int64_t(keep.size());
   if (dropped > 0) set = select_documents(set, keep);
   return dropped;
 }

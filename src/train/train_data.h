@@ -25,9 +25,10 @@ ShardSet select_documents(const ShardSet& from, const std::vector<int64_t>& docs
 ShardSet slice_documents(const ShardSet& from, const std::pair<std::string, std::string>& slice);
 std::pair<int64_t, int64_t> slice_bounds(int64_t n, const std::pair<std::string, std::string>& slice);
 
-// Axolotl's dataset_exact_deduplication: keeps the first of documents with equal tokens and loss mask,
-// and drops those equal to one of `seen_in` (may be null); returns how many were dropped.
-int64_t drop_duplicate_documents(ShardSet& set, const ShardSet* seen_in);
+// Axolotl's dataset_exact_deduplication: keeps the first of items with equal tokens and loss masks (an item:
+// `docs_per_item` consecutive documents, a preference pair's 2), and drops those equal to one of `seen_in` (may
+// be null); returns how many items were dropped.
+int64_t drop_duplicate_documents(ShardSet& set, const ShardSet* seen_in, int docs_per_item = 1);
 // Axolotl's min_sample_len: drops documents of fewer than `min_tokens` tokens; returns how many.
 int64_t drop_short_documents(ShardSet& set, int64_t min_tokens);
 
