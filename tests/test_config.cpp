@@ -348,6 +348,16 @@ TEST(Config, PeerNamesForSoltrainsSettings) {
       "flash_attn_cross_entropy: false\nflash_attn_rms_norm: true\nflash_attn_fuse_mlp: true\neta_min: 7e-7\n");
   ASSERT_EQ(t.validation_datasets.size(), 1u);
   EXPECT_EQ(t.validation_datasets[0].type, DatasetType::kAlpacaChat);
+  // Axolotl's batch_size: the accumulation is batch_size // micro_batch_size unless given
+  EXPECT_EQ(parse("batch_size: 9\nmicro_batch_size: 2\n").gradient_accumulation_steps, 4);
+  EXPECT_EQ(parse("batch_size: 9\nmicro_batch_size: 2\ngradient_accumulation_steps: 3\n").gradient_accumulation_steps,
+            3);
+  EXPECT_EQ(error_of(kBase + "micro_batch_size: 4\nbatch_size: 2\n"),
+            "cfg.yaml:7: batch_size 2 is less than micro_batch_size 4: no whole accumulation step (it is "
+            "micro_batch_size x gradient_accumulation_steps)");
+  EXPECT_EQ(error_of(kBase + "max_packed_sequence_len: 2048\n"),
+            "cfg.yaml:6: max_packed_sequence_len: no longer supported (Axolotl deprecated it): use sequence_len with "
+            "sample_packing: true");
 }
 
 // FSDP and DeepSpeed settings as soltrain's ZeRO stage and offload switches (cli/peer_sharding.h), one note each

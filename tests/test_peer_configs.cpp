@@ -482,6 +482,20 @@ TEST(PeerConfigs, SurogateRecomputeBoolRayAndFp4Backend) {
                                     "Blackwell GPU and is not built)"}}));
 }
 
+// Axolotl's archived Falcon 7B LoRA example (its `type: alpaca:chat`, Axolotl's base:prompt_style form of
+// alpaca_chat; the empty gptq_* / torchdistx_path / max_packed_sequence_len keys; batch_size 2 over micro-batches
+// of 1: an accumulation of 2) on the stand-in model (its Falcon special tokens dropped: the stand-in's tokenizer
+// has others), over an 8-bit base.
+TEST(PeerConfigs, AxolotlFalconAlpacaChatRunsOverInt8) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-falcon-7b-lora.yml", "alpaca.jsonl", "llama");
+  const test::CliRun r = s.sft(cfg, "--set max_steps=1 --set special_tokens=null");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE((r.out + r.err).find("over a frozen LLM.int8 (row-wise int8) base (load_in_8bit)"), std::string::npos)
+      << r.out << r.err;
+  EXPECT_NE((r.out + r.err).find(" steps, gradient accumulation 2, "), std::string::npos) << r.out << r.err;
+}
+
 // Llama 2 full fine-tune with the old flash-attn fused-kernel switches (flash_attn_cross_entropy, flash_attn_fuse_mlp:
 // soltrain's kernels are its own, the same math) and model_type / tokenizer_type: runs to the end.
 TEST(PeerConfigs, AxolotlLlama2FftOptimizedRunsToTheEnd) {

@@ -431,6 +431,25 @@ void rule_grpo(const Entries& en, const std::string& where, TrainConfig& c, std:
   }
 }
 
+// Axolotl's batch_size: without gradient_accumulation_steps it is batch_size // micro_batch_size (normalize_config).
+void rule_batch_size(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
+  if (!en.has("batch_size") || en.by_key.at("batch_size").node.IsNull() || en.given({"gradient_accumulation_steps"}))
+    return;
+  const Entry& e = en.by_key.at("batch_size");
+  try {
+    const int64_t b = get_int(e, "batch_size", 1, INT32_MAX);
+    if (b < c.per_device_train_batch_size)
+      errors.push_back(cat(e.where, ": batch_size ", b, " is less than micro_batch_size ",
+                           c.per_device_train_batch_size,
+                           ": no whole accumulation step (it is micro_batch_size x "
+                           "gradient_accumulation_steps)"));
+    else
+      c.gradient_accumulation_steps = int(b / c.per_device_train_batch_size);
+  } catch (const UserError& err) {
+    errors.push_back(err.what());
+  }
+}
+
 // FSDP / DeepSpeed keys (cli/peer_sharding.h): after the LoRA and base keys, which decide what offload means.
 void rule_peer_sharding(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
   apply_peer_sharding(c, en.has("zero_stage"), en.has("zero_stage") ? en.where("zero_stage") : std::string(), errors);
@@ -439,6 +458,7 @@ void rule_peer_sharding(const Entries& en, const std::string&, TrainConfig& c, s
 constexpr Rule kRules[] = {rule_lora_settings_imply_lora,
                            rule_quantised_base,
                            rule_peer_sharding,
+                           rule_batch_size,
                            rule_axolotl_schedule,
                            rule_required,
                            rule_offload,

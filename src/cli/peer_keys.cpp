@@ -200,6 +200,14 @@ void add_accepted(Table& t) {
       // Settings of features refused themselves when on (fp8, use_ray, cosine_min_lr_ratio): one line each.
       {"fp8_enable_fsdp_float8_all_gather", any()},
       {"fp4_backend", any()},  // Surogate's NVFP4 kernels' backend: recipe nvfp4 is refused itself
+      // Old Axolotl examples' GPTQ settings (no current Axolotl code reads them; `gptq: true` is refused itself)
+      // and torchdistx's path (only for the adamw_anyprecision optimizer, refused itself)
+      {"gptq_groupsize", any()},
+      {"gptq_model_v1", any()},
+      {"torchdistx_path", any()},
+      // Axolotl's total batch per GPU: gradient_accumulation_steps = batch_size // micro_batch_size when the
+      // accumulation is not given (cli/config.cpp's rule_batch_size), as its normalize_config does
+      {"batch_size", any()},
       {"ray_num_workers", any()},
       {"cut_cross_entropy", any()},  // soltrain never materialises the full logits either
       {"torch_compile", any()},
@@ -333,6 +341,8 @@ void add_missing_features(Table& t) {
          if (as_bool(k, n)) set_quantised_base(c, WeightFormat::Nf4, k);
        }},
       {"use_ray", off_or("Ray is not supported; soltrain runs multi-GPU itself (gpus: N or mpirun)")},
+      {"max_packed_sequence_len", off_or("no longer supported (Axolotl deprecated it): use sequence_len with "
+                                         "sample_packing: true")},
       // Surogate's Ray cluster block (ray_address, num_nodes, gpus_per_node)
       {"distributed", off_or("Ray clusters are not supported; soltrain runs multi-GPU itself (gpus: N or mpirun)")},
       {"qlora_bnb",  // Surogate: LoRA over a bitsandbytes NF4 base
