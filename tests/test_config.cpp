@@ -461,9 +461,6 @@ TEST(Config, EmptyFalseOrAlreadyDoneSettingsAreAccepted) {
 }
 
 TEST(Config, MissingFeaturesAreNamedInOneLine) {
-  EXPECT_EQ(error_of(kBase + "deepspeed: zero3.json\n"),
-            "cfg.yaml:6: deepspeed: zero3.json: no such file (soltrain reads its zero_optimization stage and "
-            "offloads; paths open from the working folder)");
   EXPECT_EQ(error_of(kBase + "load_in_8bit: true\n"),
             "cfg.yaml:6: load_in_8bit: a quantised base is frozen, so it trains LoRA adapters only (QLoRA): add "
             "`adapter: lora`, or drop it for full fine-tuning in bf16/fp32");

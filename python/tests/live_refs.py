@@ -47,6 +47,18 @@ def dump(tmp_path, ids, targets, model="model", adapter=None, device="cpu", bina
     return load_file(str(tmp_path / "ours.safetensors"))
 
 
+def check_against_peft(ours, pm, logits, loss):
+    """`soltrain dump`'s logits, loss and every adapter gradient against a PEFT model's (after loss.backward()), at
+    the dense tolerances; returns the adapters by their saved names."""
+    assert rel(ours["logits"].reshape(logits.shape), logits.detach()) <= 1e-5
+    assert abs(float(ours["loss"].flatten()[0]) - loss.item()) / loss.item() <= 1e-6
+    adapters = {n.replace(".default", ""): p for n, p in pm.named_parameters() if "lora_" in n}
+    assert sorted("grad." + n for n in adapters) == sorted(n for n in ours if n.startswith("grad."))
+    for name, p in adapters.items():
+        assert rel(ours["grad." + name], p.grad) <= 1e-4, name
+    return adapters
+
+
 def tiny_moe(path, seed, vocab=300, kind="qwen3_moe", **keys):
     """A random Qwen3-MoE (or Qwen2-MoE, with its shared expert and q/k/v biases) written by transformers (every
     weight drawn fresh, norms and biases too), and the model."""
