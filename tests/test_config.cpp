@@ -469,6 +469,10 @@ TEST(Config, MissingFeaturesAreNamedInOneLine) {
   EXPECT_EQ(error_of(kBase + "load_in_4bit: true\n"),
             "cfg.yaml:6: load_in_4bit: a quantised base is frozen, so it trains LoRA adapters only (QLoRA): add "
             "`adapter: lora`, or drop it for full fine-tuning in bf16/fp32");
+  EXPECT_EQ(error_of(kBase + "qat:\n  weight_dtype: int4\n  group_size: 32\n"),
+            "cfg.yaml:6: qat: quantization-aware training (QAT) is not built yet");
+  EXPECT_EQ(error_of(kBase + "gptq: true\n"), "cfg.yaml:6: gptq: GPTQ-quantised base weights are not supported");
+  EXPECT_EQ(error_of(kBase + "qat:\n"), "no error");
   EXPECT_EQ(error_of(kBase + "optimizer: lion_8bit\n"),
             "cfg.yaml:6: optimizer: \"lion_8bit\": not supported; soltrain trains with AdamW: use optimizer: "
             "adamw_torch (fp32 moments) or adamw_8bit");

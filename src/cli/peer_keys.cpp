@@ -305,6 +305,8 @@ void add_missing_features(Table& t) {
          if (as_bool(k, n)) set_quantised_base(c, WeightFormat::Int8Row, k);
        }},
       {"gptq", off_or("GPTQ-quantised base weights are not supported")},
+      // Axolotl's torchao quantization-aware training block (weight_dtype, group_size, fake_quant_after_n_steps)
+      {"qat", off_or("quantization-aware training (QAT) is not built yet")},
       {"fp16", off_or("fp16 training is not supported; soltrain computes in bf16 (bf16: true)")},
       // Axolotl's torchao float8 training: per-tensor dynamic scales, E4M3 forward and E5M2 gradients: our
       // fp8-hybrid recipe with current scaling.
