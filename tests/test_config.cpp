@@ -348,6 +348,16 @@ TEST(Config, PeerNamesForSoltrainsSettings) {
       "flash_attn_cross_entropy: false\nflash_attn_rms_norm: true\nflash_attn_fuse_mlp: true\neta_min: 7e-7\n");
   ASSERT_EQ(t.validation_datasets.size(), 1u);
   EXPECT_EQ(t.validation_datasets[0].type, DatasetType::kAlpacaChat);
+  // excess_length_strategy: soltrain's configs cut long documents, Axolotl's (base_model) leave them out, as there
+  EXPECT_EQ(parse("").overlong, OverlongPolicy::kTruncate);
+  EXPECT_EQ(parse_train_config("base_model: m\noutput_dir: o\ndatasets: [d.jsonl]\n", "cfg.yaml", {}, TrainMode::kSft)
+                .overlong,
+            OverlongPolicy::kDrop);
+  EXPECT_EQ(parse_train_config("base_model: m\noutput_dir: o\ndatasets: [d.jsonl]\nexcess_length_strategy: truncate\n",
+                               "cfg.yaml", {}, TrainMode::kSft)
+                .overlong,
+            OverlongPolicy::kTruncate);
+  EXPECT_EQ(parse("excess_length_strategy: raise\n").overlong, OverlongPolicy::kRaise);
   // Axolotl's batch_size: the accumulation is batch_size // micro_batch_size unless given
   EXPECT_EQ(parse("batch_size: 9\nmicro_batch_size: 2\n").gradient_accumulation_steps, 4);
   EXPECT_EQ(parse("batch_size: 9\nmicro_batch_size: 2\ngradient_accumulation_steps: 3\n").gradient_accumulation_steps,

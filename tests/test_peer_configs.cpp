@@ -241,6 +241,35 @@ TEST(PeerConfigs, AxolotlSamplePackingSequentiallyTrainsInOrder) {
   EXPECT_NE(std::vector<int32_t>(c.input_ids.begin(), c.input_ids.begin() + long(first.size())), first);
 }
 
+// Axolotl leaves documents longer than sequence_len out (its excess_length_strategy default, drop) where soltrain's
+// own configs cut them: at a sequence_len that holds the one-digit words' documents (BOS, alpaca prompt, answer,
+// eot), the two-digit ones (30 in each of the example's two datasets) are left out and the run says so;
+// excess_length_strategy: truncate keeps them, raise refuses the run.
+TEST(PeerConfigs, AxolotlConfigsLeaveOverlongDocumentsOut) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-llama-3-lora-1b-sample-packing-sequentially.yml", "alpaca.jsonl", "llama");
+  const size_t fits = 1 + alpaca_prompt("Reverse the word.", "w0").size() + 2 + 1;  // w0..w9 (w10: 2 more)
+  const std::string sets =
+      "--set lora_modules_to_save=null --set max_steps=1 --set sequence_len=" + std::to_string(fits);
+  const test::CliRun drop = s.sft(cfg, sets);
+  ASSERT_EQ(drop.code, 0) << drop.out << drop.err;
+  EXPECT_NE((drop.out + drop.err)
+                .find("sft: excess_length_strategy drop: left out 60 documents longer than "
+                      "sequence_len " +
+                      std::to_string(fits) + "\n"),
+            std::string::npos)
+      << drop.out << drop.err;
+  const test::CliRun cut = s.sft(cfg, sets + " --set excess_length_strategy=truncate --set overwrite_output_dir=true");
+  ASSERT_EQ(cut.code, 0) << cut.out << cut.err;
+  EXPECT_EQ((cut.out + cut.err).find("left out"), std::string::npos) << cut.out << cut.err;
+  const test::CliRun raise = s.sft(cfg, sets + " --set excess_length_strategy=raise --set overwrite_output_dir=true");
+  EXPECT_EQ(raise.code, 2) << raise.out << raise.err;
+  EXPECT_NE(raise.err.find("tokens is longer than sequence_len " + std::to_string(fits) +
+                           " (excess_length_strategy: raise; drop or truncate take it)"),
+            std::string::npos)
+      << raise.err;
+}
+
 // The same dataset twice with dataset_exact_deduplication: modules_to_save is named; without it the second
 // copy's 40 documents are dropped.
 TEST(PeerConfigs, AxolotlDeduplicateDropsTheSecondCopy) {

@@ -210,6 +210,9 @@ void rule_quantised_base(const Entries& en, const std::string& where, TrainConfi
 // default); a config written for Axolotl (its base_model key) gets Axolotl's, and the run says so. Axolotl's
 // constant tail after the cosine floor is not built.
 void rule_axolotl_schedule(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
+  // Axolotl leaves documents longer than sequence_len out (excess_length_strategy: drop) where soltrain cuts them;
+  // the run says how many it left out, when any.
+  if (en.has("base_model") && !en.given({"excess_length_strategy"})) c.overlong = OverlongPolicy::kDrop;
   if (en.has("base_model") && !en.given({"lr_scheduler", "lr_scheduler_type"})) {
     c.lr_scheduler_type = ScheduleType::kCosine;
     c.notes.push_back("lr_scheduler is not given: cosine, Axolotl's default (the config uses Axolotl's base_model)");

@@ -218,6 +218,11 @@ void add_data_keys(std::vector<KeySpec>& v) {
              [](ReadContext& x, const std::string& s, const Entry&) { x.c.bad_records = parse_bad_record_policy(s); }));
   v.push_back(flag("dataset_exact_deduplication", FIELD(dataset_exact_deduplication),
                    "Axolotl's: tokenized documents identical to an earlier one are kept once"));
+  v.push_back(
+      choice("excess_length_strategy", {"truncate", "drop", "raise"}, "truncate",
+             "documents longer than sequence_len: cut, left out, or refused (Axolotl's key; a config with "
+             "Axolotl's base_model gets its default, drop)",
+             [](ReadContext& x, const std::string& s, const Entry&) { x.c.overlong = parse_overlong_policy(s); }));
   v.push_back(integer("min_sample_len", FIELD(min_sample_len), 0,
                       "Axolotl's: tokenized documents shorter than this many tokens are dropped (0: none)"));
   v.push_back(key("chat_template", "string", "tokenizer_default or a template soltrain has", "tokenizer_default",

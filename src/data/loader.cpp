@@ -11,7 +11,8 @@ namespace soltrain {
 OverlongPolicy parse_overlong_policy(const std::string& s) {
   if (s == "truncate") return OverlongPolicy::kTruncate;
   if (s == "drop") return OverlongPolicy::kDrop;
-  user_error("over-long policy \"", s, "\": expected truncate or drop");
+  if (s == "raise") return OverlongPolicy::kRaise;
+  user_error("over-long policy \"", s, "\": expected truncate, drop or raise");
 }
 
 nlohmann::json LoaderState::to_json() const {
@@ -32,8 +33,12 @@ Loader::Loader(ShardSet data, LoaderOptions options) : data_(std::move(data)), o
   if (o_.rows <= 0 || o_.seq_len <= 0) user_error("loader: rows and seq_len must be positive");
   for (int64_t d = 0; d < data_.documents(); ++d) {
     const int64_t len = data_.doc_offsets[d + 1] - data_.doc_offsets[d];
-    if (len == 0 || (len > o_.seq_len && o_.overlong == OverlongPolicy::kDrop))
-      ++dropped_;
+    if (len > o_.seq_len && o_.overlong == OverlongPolicy::kRaise)
+      user_error("a document of ", len, " tokens is longer than sequence_len ", o_.seq_len,
+                 " (excess_length_strategy: raise; drop or truncate take it)");
+    const bool overlong = len > o_.seq_len && o_.overlong == OverlongPolicy::kDrop;
+    if (len == 0 || overlong)
+      ++dropped_, overlong_ += overlong;
     else
       usable_.push_back(d);
   }

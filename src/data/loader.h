@@ -10,9 +10,10 @@
 
 namespace soltrain {
 
-// Documents longer than seq_len: keep their first seq_len tokens, or leave them out.
-enum class OverlongPolicy { kTruncate, kDrop };
-OverlongPolicy parse_overlong_policy(const std::string& s);  // "truncate" | "drop"
+// Documents longer than seq_len: keep their first seq_len tokens, leave them out, or stop naming the first
+// (Axolotl's excess_length_strategy: truncate, drop, raise).
+enum class OverlongPolicy { kTruncate, kDrop, kRaise };
+OverlongPolicy parse_overlong_policy(const std::string& s);  // "truncate" | "drop" | "raise"
 
 struct LoaderOptions {
   int rows = 1, seq_len = 0;
@@ -46,6 +47,7 @@ class Loader {
   void restore(const LoaderState& s);                            // UserError if s.index is outside the epoch
   int64_t documents() const { return int64_t(usable_.size()); }  // per epoch, after dropping
   int64_t dropped() const { return dropped_; }
+  int64_t dropped_overlong() const { return overlong_; }  // of them, left out as longer than seq_len
 
   // The order in which epoch `epoch` visits documents (indices into the ShardSet).
   std::vector<int64_t> epoch_order(int64_t epoch) const;
@@ -61,7 +63,7 @@ class Loader {
   ShardSet data_;
   LoaderOptions o_;
   std::vector<int64_t> usable_;
-  int64_t dropped_ = 0;
+  int64_t dropped_ = 0, overlong_ = 0;
   LoaderState state_;
   std::vector<int64_t> order_;
   int64_t order_epoch_ = -1;

@@ -70,7 +70,11 @@ void set_up(Run& r) {
   lo.seed = c.seed;
   lo.pack = c.sample_packing;
   lo.shuffle = c.shuffle;
+  lo.overlong = c.overlong;
   r.loader = std::make_unique<Loader>(std::move(r.data.train), lo);
+  if (r.loader->dropped_overlong() > 0)
+    r.log << r.cmd << ": excess_length_strategy drop: left out " << r.loader->dropped_overlong()
+          << " documents longer than sequence_len " << c.sequence_len << "\n";
   r.micro_per_epoch = (r.loader->rows_in_epoch(0) + lo.rows - 1) / lo.rows;
   // Data parallel: an update takes accumulation × world micro-batches (floor(m / (a·w)) = floor(floor(m / w) / a)).
   r.sched = schedule_config(c, total_training_steps(c, r.micro_per_epoch / r.world));

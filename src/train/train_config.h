@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "data/loader.h"
 #include "model/grpo_objective.h"
 #include "model/lora.h"
 #include "model/transformer.h"
@@ -199,7 +200,10 @@ struct TrainConfig {
   bool shuffle = true;                       // false (Axolotl's curriculum_sampling): the datasets' order
   bool dataset_exact_deduplication = false;  // Axolotl's: identical tokenized documents kept once
   int64_t min_sample_len = 0;                // Axolotl's: documents of fewer tokens are dropped (0: none)
-  bool merge_adapter = false;                // Surogate's: LoRA folded into the base, output_dir/merged
+  // Axolotl's excess_length_strategy: documents longer than sequence_len cut (soltrain's default), left out
+  // (Axolotl's default, and so an Axolotl config's: rule_axolotl_defaults) or refused
+  OverlongPolicy overlong = OverlongPolicy::kTruncate;
+  bool merge_adapter = false;  // Surogate's: LoRA folded into the base, output_dir/merged
   // The type a full fine-tune's model is saved as; unset ("auto"): the base's own (bf16 for a bf16 base).
   std::optional<DType> save_dtype;
   TrainMode mode = TrainMode::kSft;  // the command (or `rl:`) that runs it
