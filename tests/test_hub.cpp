@@ -66,6 +66,23 @@ TEST(Hub, IdsAndCacheLayout) {
             (std::vector<std::string>{"data/train-00000-of-00001.parquet"}));
   EXPECT_EQ(pick_dataset_files({"b.jsonl", "a.jsonl.gz", "notes.txt"}),
             (std::vector<std::string>{"a.jsonl.gz", "b.jsonl"}));
+  // another split by its name (Hugging Face's keywords: test / testing / eval / evaluation), and none when no file
+  // holds it
+  EXPECT_EQ(pick_dataset_files({"data/train-00000-of-00001.parquet", "data/test-00000-of-00001.parquet"}, "test"),
+            (std::vector<std::string>{"data/test-00000-of-00001.parquet"}));
+  EXPECT_EQ(pick_dataset_files({"train.jsonl", "eval.jsonl"}, "test"), (std::vector<std::string>{"eval.jsonl"}));
+  EXPECT_TRUE(pick_dataset_files({"train.jsonl", "dev.jsonl"}, "test").empty());
+  EXPECT_TRUE(pick_dataset_files({"b.jsonl"}, "validation").empty());
+  // c4's names: the split after a dash, validation files left out of train (a prefix match took them all)
+  EXPECT_EQ(pick_dataset_files({"en/c4-train.00000-of-01024.json.gz", "en/c4-train.00001-of-01024.json.gz",
+                                "en/c4-validation.00000-of-00008.json.gz"}),
+            (std::vector<std::string>{"en/c4-train.00000-of-01024.json.gz", "en/c4-train.00001-of-01024.json.gz"}));
+  EXPECT_EQ(pick_dataset_files({"en/c4-train.00000-of-01024.json.gz", "en/c4-validation.00000-of-00008.json.gz"},
+                               "validation"),
+            (std::vector<std::string>{"en/c4-validation.00000-of-00008.json.gz"}));
+  // a word that only starts with a split name is not one (trainer_logs.jsonl is not the train split)
+  EXPECT_EQ(pick_dataset_files({"training/a.jsonl", "trainer_logs.jsonl", "testing/b.jsonl"}),
+            (std::vector<std::string>{"training/a.jsonl"}));
 }
 
 TEST(Hub, ConfigKeepsHubIdsAndRevision) {
@@ -246,6 +263,7 @@ struct CliHub {
     data.commit = "fedcba9876543210fedcba9876543210fedcba98";
     data.files["data/train.jsonl"] = read_file(t.path / "train.jsonl");
     data.files["data/test.jsonl"] = "not a training file";
+    data.files["data/validation.jsonl"] = read_file(t.path / "train.jsonl");  // (a split of its own, readable)
     data.files["README.md"] = "# reversal";
     data.lfs = {"data/train.jsonl"};
     hub.add("datasets/org/reversal", data);
@@ -253,10 +271,11 @@ struct CliHub {
     guard.arm({t.path / "m", t.path / "train.jsonl"});
   }
   test::InputsGuard guard;  // (after t: compared before the folder goes)
-  fs::path config(const std::string& model, const std::string& out) const {
+  fs::path config(const std::string& model, const std::string& out, const std::string& split = "") const {
     const fs::path p = t.path / (out + ".yaml");
     test::write_text(p, "model: " + model + "\noutput_dir: " + out +
-                            "\ndatasets:\n  - path: org/reversal\n    type: conversation\n"
+                            "\ndatasets:\n  - path: org/reversal\n    type: conversation\n" +
+                            (split.empty() ? "" : "    split: " + split + "\n") +
                             "sequence_len: 64\nper_device_train_batch_size: 2\nmax_steps: 2\nlogging_steps: 1\n");
     return p;
   }
@@ -283,6 +302,26 @@ TEST(Hub, SftTrainsFromHubIdsThenOfflineFromTheCache) {
   // `generate --model` takes a hub id as well.
   const auto gen = test::run("generate --model org/tiny --prompt ab --max-new-tokens 2", h.t);
   EXPECT_EQ(gen.code, 0) << gen.err;
+}
+
+// A hub dataset's other split: its own files by their names (data/validation.jsonl), downloaded and read as that
+// split; the train split's run never fetched them, and an offline run of a split that was not fetched names it.
+TEST(Hub, ASplitOtherThanTrainReadsItsOwnFiles) {
+  std::optional<FakeHub> hub(std::in_place);
+  CliHub h(*hub);
+  HubEnv env(hub->endpoint());
+  const auto r = test::run("sft " + h.config("org/tiny", "out1", "validation").string(), h.t);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("dataset org/reversal: 1 file"), std::string::npos) << r.err;
+  const fs::path snap =
+      env.cache_dir() / "datasets--org--reversal" / "snapshots" / "fedcba9876543210fedcba9876543210fedcba98";
+  EXPECT_TRUE(fs::exists(snap / "data" / "validation.jsonl")) << r.err;
+  EXPECT_FALSE(fs::exists(snap / "data" / "train.jsonl")) << r.err;
+  hub.reset();
+  ScopedEnv offline("HF_HUB_OFFLINE", "1");
+  const auto test_split = test::run("sft " + h.config("org/tiny", "out2", "test").string(), h.t);
+  EXPECT_EQ(test_split.code, 2) << test_split.err;
+  EXPECT_NE(test_split.err.find("no data file of split \"test\" is"), std::string::npos) << test_split.err;
 }
 
 int lines(const std::string& s) {

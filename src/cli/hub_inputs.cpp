@@ -18,13 +18,15 @@ std::vector<DatasetSpec> resolve_datasets(const HubClient& hub, const std::vecto
       out.push_back(d);
       continue;
     }
-    const auto files = resolve_hub_dataset(hub, d.hub_id, d.revision);
+    // the split's files are chosen here, by their names, as the hub's loader chooses them
+    const auto files = resolve_hub_dataset(hub, d.hub_id, d.revision, d.split.empty() ? "train" : d.split);
     log << "dataset " << d.hub_id << ": " << files.size() << " file" << (files.size() == 1 ? "" : "s") << " in "
         << files.front().parent_path().string() << "\n";
     for (const auto& f : files) {
       DatasetSpec one = d;
       one.path = f;
       one.hub_id.clear();
+      one.split.clear();  // (each file is of that split already)
       out.push_back(std::move(one));
     }
   }

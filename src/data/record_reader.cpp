@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -58,22 +59,28 @@ std::string read_text(const fs::path& p, Packing packing) {
   return raw;
 }
 
-// Path components split at anything but letters and digits: "data/train-00000-of-00002.parquet" names
-// "train". Hugging Face's split detection keys on the same words.
+}  // namespace
+
 bool names_split(const fs::path& rel, const std::string& split) {
+  // Hugging Face's split keywords (datasets' data_files.py): a split's other names count as its own
+  static const std::map<std::string, std::vector<std::string>> synonyms = {
+      {"train", {"train", "training"}},
+      {"validation", {"validation", "valid", "dev", "val"}},
+      {"test", {"test", "testing", "eval", "evaluation"}}};
+  const auto it = synonyms.find(split);
+  const std::vector<std::string> words = it == synonyms.end() ? std::vector<std::string>{split} : it->second;
   const std::string s = rel.generic_string();
   size_t i = 0;
   while (i < s.size()) {
     while (i < s.size() && !std::isalnum(static_cast<unsigned char>(s[i]))) ++i;
     size_t j = i;
     while (j < s.size() && std::isalnum(static_cast<unsigned char>(s[j]))) ++j;
-    if (j > i && s.compare(i, j - i, split) == 0 && j - i == split.size()) return true;
+    for (const std::string& w : words)
+      if (j - i == w.size() && s.compare(i, j - i, w) == 0) return true;
     i = j;
   }
   return false;
 }
-
-}  // namespace
 
 class RecordSource {
  public:
@@ -295,7 +302,7 @@ std::vector<fs::path> dataset_files(const fs::path& path, const std::string& spl
   if (!chosen.empty()) return chosen;
   bool any_split = false;
   for (const fs::path& f : all)
-    for (const char* s : {"train", "test", "validation", "valid", "dev", "eval"})
+    for (const char* s : {"train", "test", "validation"})
       any_split = any_split || names_split(f.lexically_relative(path), s);
   if (split == "train" && !any_split) return all;
   user_error(path.string(), ": split \"", split, "\": no file in the folder is named for it (like ", split,

@@ -17,6 +17,12 @@ std::vector<std::filesystem::path> dataset_files(const std::filesystem::path& pa
 
 class RecordSource;  // one open file
 
+// Whether a data file's path (relative to its dataset's root) names `split`: a component split at anything but
+// letters and digits equal to it or to one of Hugging Face's keywords for it (train/training; validation/valid/
+// dev/val; test/testing/eval/evaluation): "data/train-00000-of-00002.parquet" and "en/c4-train.00000.json.gz"
+// name "train".
+bool names_split(const std::filesystem::path& rel, const std::string& split);
+
 class RecordReader {
  public:
   // `columns`: the fields the dataset needs; parquet decodes only these (empty: every column). Other

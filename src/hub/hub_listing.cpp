@@ -6,6 +6,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "data/record_reader.h"
 #include "io/json_file.h"
 
 namespace fs = std::filesystem;
@@ -56,7 +57,7 @@ std::vector<std::string> parse_shard_index(const std::string& text, const std::s
   return {shards.begin(), shards.end()};
 }
 
-std::vector<std::string> pick_dataset_files(const std::vector<std::string>& repo_files) {
+std::vector<std::string> pick_dataset_files(const std::vector<std::string>& repo_files, const std::string& split) {
   std::vector<std::string> data;
   static const std::set<std::string> metadata = {"dataset_infos.json", "dataset_info.json", "dataset_dict.json",
                                                  "state.json"};
@@ -71,15 +72,18 @@ std::vector<std::string> pick_dataset_files(const std::vector<std::string>& repo
   }
   // One copy of the data: repositories that also hold the hub's parquet conversion train from that.
   if (parquet) std::erase_if(data, [](const std::string& f) { return !f.ends_with(".parquet"); });
-  // A split in a file or folder name (data/train-00000-of-00001.parquet, train.jsonl, train/0.parquet):
-  // the train split's files only, as datasets.load_dataset(split="train") would read.
-  auto is_train = [](const std::string& f) {
-    for (const auto& part : fs::path(f))
-      if (part.string().rfind("train", 0) == 0) return true;
-    return false;
-  };
-  if (std::any_of(data.begin(), data.end(), is_train))
-    std::erase_if(data, [&](const std::string& f) { return !is_train(f); });
+  // A split in a file or folder name (data/train-00000-of-00001.parquet, train.jsonl, en/c4-validation.0.json.gz):
+  // that split's files only, as datasets.load_dataset(split=...) would read.
+  const std::string want = split.empty() ? "train" : split;
+  auto names = [](const std::string& f, const std::string& s) { return names_split(fs::path(f), s); };
+  if (std::any_of(data.begin(), data.end(), [&](const std::string& f) { return names(f, want); })) {
+    std::erase_if(data, [&](const std::string& f) { return !names(f, want); });
+  } else {
+    const bool any_split = std::any_of(data.begin(), data.end(), [&](const std::string& f) {
+      return names(f, "train") || names(f, "validation") || names(f, "test");
+    });
+    if (want != "train" || any_split) data.clear();  // (no file of that split)
+  }
   std::sort(data.begin(), data.end());
   return data;
 }

@@ -25,8 +25,10 @@ RepoListing parse_repo_listing(const std::string& body, const RepoRef& r, const 
 // stay inside the folder. UserError naming `where` otherwise.
 std::vector<std::string> parse_shard_index(const std::string& text, const std::string& where);
 
-// Which of a dataset repository's files are its training data (parquet, else JSONL / JSON / CSV / TSV, plain
-// or .gz/.zst; the train split's when the names say splits), sorted.
-std::vector<std::string> pick_dataset_files(const std::vector<std::string>& repo_files);
+// Which of a dataset repository's files hold `split` (parquet, else JSONL / JSON / CSV / TSV, plain or
+// .gz/.zst; those whose names say the split, data/names_split; with no split in any name, every file is the
+// train split), sorted; empty when none holds it.
+std::vector<std::string> pick_dataset_files(const std::vector<std::string>& repo_files,
+                                            const std::string& split = "train");
 
 }  // namespace soltrain

@@ -119,24 +119,25 @@ fs::path resolve_hub_model(const HubClient& c, const std::string& id, const std:
   return repo_cache_dir(r) / "snapshots" / listing->commit;
 }
 
-std::vector<fs::path> resolve_hub_dataset(const HubClient& c, const std::string& id, const std::string& revision) {
+std::vector<fs::path> resolve_hub_dataset(const HubClient& c, const std::string& id, const std::string& revision,
+                                          const std::string& split) {
   const RepoRef r{RepoType::kDataset, id, revision};
   check_revision(r);
   fs::path snap;
   std::vector<std::string> files;
   if (hub_offline()) {
     snap = cached_snapshot(r);
-    files = pick_dataset_files(files_under(snap));
-    if (files.empty()) not_cached(r, "no data file is");
+    files = pick_dataset_files(files_under(snap), split);
+    if (files.empty()) not_cached(r, cat("no data file of split \"", split, "\" is"));
   } else {
     HttpResponse resp;
     const auto listing = list_repo(c, r, resp);
     if (!listing) hub_request_failed(c, r, "file list", resp);
     write_ref(r, listing->commit);
-    files = pick_dataset_files(listing->files);
+    files = pick_dataset_files(listing->files, split);
     if (files.empty())
-      user_error("dataset ", id, ": the repository has no parquet, JSONL, JSON or CSV files (", listing->files.size(),
-                 " files listed)");
+      user_error("dataset ", id, ": the repository has no parquet, JSONL, JSON or CSV files of split \"", split, "\" (",
+                 listing->files.size(), " files listed)");
     for (const std::string& f : files) hub_download_file(c, r, listing->commit, f);
     snap = repo_cache_dir(r) / "snapshots" / listing->commit;
   }

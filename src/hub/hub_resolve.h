@@ -17,9 +17,9 @@ namespace soltrain {
 // (model.safetensors, or model.safetensors.index.json and every shard it names).
 std::filesystem::path resolve_hub_model(const HubClient& c, const std::string& id, const std::string& revision);
 
-// A dataset's data files (parquet, else JSONL / JSON / CSV / TSV, plain or .gz/.zst; the train split's
-// files when the repository names splits), sorted by path.
+// A dataset's data files of `split` (parquet, else JSONL / JSON / CSV / TSV, plain or .gz/.zst; the files
+// whose names say the split, hub_listing.h), sorted by path; UserError when none holds it.
 std::vector<std::filesystem::path> resolve_hub_dataset(const HubClient& c, const std::string& id,
-                                                       const std::string& revision);
+                                                       const std::string& revision, const std::string& split = "train");
 
 }  // namespace soltrain
