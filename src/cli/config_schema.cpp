@@ -200,7 +200,7 @@ void add_data_keys(std::vector<KeySpec>& v) {
                       x.c.validation_split_ratio = get_double(e, k, 0, 0.9);
                   }));
   v.push_back(
-      integer("sequence_len", FIELD(sequence_len), 2, "tokens per row; longer documents are cut", kMaxSequenceLen));
+      integer("sequence_len", FIELD(sequence_len), 2, "tokens per row; longer documents are cut (or left out: excess_length_strategy)", kMaxSequenceLen));
   v.push_back(
       flag("sample_packing", FIELD(sample_packing), "pack several documents into a row (attention stays within each)"));
   v.push_back(key("train_on_inputs", "bool", "true or false", "false",

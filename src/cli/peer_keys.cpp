@@ -15,13 +15,14 @@
 namespace soltrain {
 
 namespace {
-
 std::string text(const YAML::Node& n) {
   if (n.IsScalar()) return n.Scalar();
   YAML::Emitter e;
   e << YAML::Flow << n;
   return e.c_str();
 }
+
+}  // namespace
 
 // Empty, null or false: "this feature is off", which is soltrain's behaviour for every feature it lacks.
 bool is_off(const YAML::Node& n) {
@@ -40,6 +41,8 @@ bool as_bool(const std::string& key, const YAML::Node& n) {
     }
   user_error(key, ": \"", text(n), "\" is not valid: expected true or false");
 }
+
+namespace {
 
 using Apply = std::function<void(const std::string&, const YAML::Node&, TrainConfig&)>;
 

@@ -20,6 +20,11 @@ bool apply_peer_key(const std::string& key, const YAML::Node& value, TrainConfig
 // asking for different formats are a UserError naming both (`where`, when given, prefixes it).
 void set_quantised_base(TrainConfig& c, WeightFormat f, const std::string& key, const std::string& where = "");
 
+// A peer key's value as the peers read it: empty, null or false is "off" (is_off); as_bool takes YAML's booleans
+// and an empty value as false, else UserError "key: \"v\" is not valid: expected true or false".
+bool is_off(const YAML::Node& n);
+bool as_bool(const std::string& key, const YAML::Node& n);
+
 // Every peer key, for "did you mean" suggestions.
 std::vector<std::string> peer_key_names();
 

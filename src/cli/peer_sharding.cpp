@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "cli/peer_keys.h"
 #include "core/error.h"
 #include "core/format.h"
 #include "io/input_file.h"
@@ -24,19 +25,6 @@ std::string upper(std::string s) {
   for (char& ch : s) ch = char(std::toupper(static_cast<unsigned char>(ch)));
   return s;
 }
-bool truthy(const std::string& key, const YAML::Node& n) {
-  const std::string s = scalar(n);
-  if (s.empty() || s == "false" || s == "False" || s == "null") return false;
-  if (s == "true" || s == "True") return true;
-  user_error(key, ": \"", s, "\" is not valid: expected true or false");
-}
-bool off(const YAML::Node& n) {
-  if (!n.IsDefined() || n.IsNull()) return true;
-  if (n.IsSequence() || n.IsMap()) return n.size() == 0;
-  const std::string s = n.Scalar();
-  return s.empty() || s == "false" || s == "False" || s == "null" || s == "none" || s == "None";
-}
-
 void asked(PeerSharding& p, const std::string& key) {
   if (std::find(p.keys.begin(), p.keys.end(), key) == p.keys.end()) p.keys.push_back(key);
 }
@@ -171,7 +159,7 @@ nlohmann::json to_json(const YAML::Node& n) {
 }  // namespace
 
 void read_fsdp(const std::string& key, const YAML::Node& n, TrainConfig& c) {
-  if (off(n)) return;
+  if (is_off(n)) return;
   // HF TrainingArguments' fsdp: a list of options, or one string of them separated by spaces
   std::vector<std::string> options;
   if (n.IsSequence()) {
@@ -206,7 +194,7 @@ void read_fsdp(const std::string& key, const YAML::Node& n, TrainConfig& c) {
 }
 
 void read_fsdp_config(const std::string& key, const YAML::Node& n, TrainConfig& c) {
-  if (off(n)) return;
+  if (is_off(n)) return;
   if (!n.IsMap()) user_error(key, ": expected a mapping of FSDP settings (fsdp_sharding_strategy: FULL_SHARD, ...)");
   PeerSharding& p = c.peer_sharding;
   // What changes nothing soltrain computes or saves: wrapping (soltrain's unit is the decoder layer), prefetch,
@@ -233,12 +221,12 @@ void read_fsdp_config(const std::string& key, const YAML::Node& n, TrainConfig& 
       p.stage = sharding_stage(at, scalar(v));
       say(p, upper(scalar(v)));
     } else if (name == "reshard_after_forward") {  // FSDP2: parameters freed after forward = ZeRO-3
-      p.stage = truthy(at, v) ? 3 : 2;
+      p.stage = as_bool(at, v) ? 3 : 2;
       say(p, cat("reshard_after_forward: ", p.stage == 3 ? "true" : "false"));
     } else if (name == "offload_params") {
-      if (truthy(at, v)) p.offload_params = p.offload_optimizer = true, say(p, "offload_params");
+      if (as_bool(at, v)) p.offload_params = p.offload_optimizer = true, say(p, "offload_params");
     } else if (name == "activation_checkpointing") {
-      if (truthy(at, v)) c.recompute = Recompute::Full;
+      if (as_bool(at, v)) c.recompute = Recompute::Full;
     } else if (std::find_if(std::begin(accepted), std::end(accepted), [&](const char* a) { return name == a; }) ==
                std::end(accepted)) {
       user_error(at,
@@ -251,14 +239,14 @@ void read_fsdp_config(const std::string& key, const YAML::Node& n, TrainConfig& 
 }
 
 void read_fsdp_version(const std::string& key, const YAML::Node& n, TrainConfig& c) {
-  if (off(n)) return;
+  if (is_off(n)) return;
   const std::string v = scalar(n);
   if (v != "1" && v != "2") user_error(key, ": \"", v, "\" is not valid: expected 1 or 2");
   asked(c.peer_sharding, key);
 }
 
 void read_deepspeed(const std::string& key, const YAML::Node& n, TrainConfig& c) {
-  if (off(n)) return;
+  if (is_off(n)) return;
   PeerSharding& p = c.peer_sharding;
   if (n.IsMap()) {  // the JSON inline, as TrainingArguments takes a dict
     read_deepspeed_json(to_json(n), key, "inline", p);
