@@ -92,6 +92,18 @@ TEST(GrpoConfig, TrlDefaultsAndSharedKeys) {
   EXPECT_DOUBLE_EQ(s.grpo.min_p, 0.05);
   EXPECT_DOUBLE_EQ(s.grpo.repetition_penalty, 1.1);
   EXPECT_DOUBLE_EQ(s.grpo.generation_memory_gib, 12);
+  // Stop strings: soltrain's key, and TRL's generation_kwargs (vLLM's `stop`, transformers' `stop_strings`).
+  const TrainConfig st =
+      parse_train_config(kGrpo + "stop_strings: [\"</answer>\", \"\\n\\n\"]\n", "cfg.yaml", {}, TrainMode::kGrpo);
+  EXPECT_EQ(st.grpo.stop_strings, (std::vector<std::string>{"</answer>", "\n\n"}));
+  for (const char* k : {"stop", "stop_strings"}) {
+    const TrainConfig gk = parse_train_config(kGrpo + "generation_kwargs:\n  " + k + ": [\"</answer>\"]\n", "cfg.yaml",
+                                              {}, TrainMode::kGrpo);
+    EXPECT_EQ(gk.grpo.stop_strings, std::vector<std::string>{"</answer>"}) << k;
+  }
+  EXPECT_EQ(parse_train_config(kGrpo + "generation_kwargs: {stop: END}\n", "cfg.yaml", {}, TrainMode::kGrpo)
+                .grpo.stop_strings,
+            std::vector<std::string>{"END"});
 }
 
 TEST(GrpoConfig, ErrorsNameTheKey) {
@@ -123,6 +135,16 @@ TEST(GrpoConfig, ErrorsNameTheKey) {
             std::string::npos);
   EXPECT_NE(error_of(kGrpo + "chat_template: chatml\n").find("grpo renders prompts with the model's own template"),
             std::string::npos);
+  // generation_kwargs: what is not a stop string is named in one line; empty stop strings are refused.
+  EXPECT_NE(error_of(kGrpo + "generation_kwargs: {top_p: 0.9}\n")
+                .find("generation_kwargs.top_p: give it as the top-level key top_p"),
+            std::string::npos);
+  EXPECT_NE(error_of(kGrpo + "generation_kwargs: {max_tokens: 9}\n").find("top-level key max_completion_length"),
+            std::string::npos);
+  EXPECT_NE(error_of(kGrpo + "generation_kwargs: {n: 2}\n").find("generation_kwargs.n: not read by soltrain"),
+            std::string::npos);
+  EXPECT_NE(error_of(kGrpo + "generation_kwargs: {stop: [\"\"]}\n").find("an empty stop string"), std::string::npos);
+  EXPECT_NE(error_of(kGrpo + "stop_strings: [\"\"]\n").find("stop_strings"), std::string::npos);
   // TRL's entropy controls change the loss: refused unless at their defaults.
   EXPECT_EQ(error_of(kGrpo + "top_entropy_quantile: 1.0\nentropy_coef: 0.0\nuse_adaptive_entropy: false\n"),
             "no error");

@@ -104,7 +104,7 @@ TEST(Offload, TrainingRunEqualsResidentAndResumes) {
   const std::string offload = "offload_master: true\noffload_optimizer: true\n";
   s.train("offloaded", offload, {}, &log);
   EXPECT_NE(log.find("offload: host memory holds the fp32 masters"), std::string::npos) << log;
-  EXPECT_NE(log.find("offloaded masters and moments"), std::string::npos) << log;
+  EXPECT_NE(log.find("offloaded masters, moments and gradients"), std::string::npos) << log;
   // Killed after step 4 and resumed, offloaded: the checkpoint's moments load into host memory.
   s.train("resumed", offload);
   const fs::path a = s.t.path / "resident", b = s.t.path / "offloaded", c = s.t.path / "resumed";

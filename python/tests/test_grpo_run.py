@@ -244,3 +244,34 @@ def test_python_grpo_trainer_calls_reward_functions_in_process(taught, tmp_path)
                                    train_dataset=rows)
     with pytest.raises(soltrain.SoltrainError, match="reward function broken returned 15 values for 16 completions"):
         trainer.train()
+
+
+def test_stop_strings_end_completions(taught, tmp_path):
+    """stop_strings (and TRL's generation_kwargs.stop): a completion ends at the token completing one, kept; the
+    same run without them has completions that go on past it (else the check proves nothing)."""
+    (taught / "seen_rewards.py").write_text(textwrap.dedent(f"""\
+        import json
+        def record(prompts, completions, **kw):
+            with open({str(tmp_path / 'seen.jsonl')!r}, "a") as f:
+                for c in completions:
+                    f.write(json.dumps(c[0]["content"]) + "\\n")
+            return [0.0] * len(completions)
+        """))
+
+    def texts(name, **extra):
+        seen = tmp_path / "seen.jsonl"
+        seen.unlink(missing_ok=True)
+        cfg = grpo_config(taught, tmp_path / name, reward_funcs=["seen_rewards:record"], reward_weights=None,
+                          max_steps=1, per_device_train_batch_size=32, gradient_accumulation_steps=1,
+                          temperature=1.0, **extra)
+        r = run(["grpo", str(cfg)], taught)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return [json.loads(line) for line in seen.read_text().splitlines()]
+
+    free = texts("free")
+    assert any("a" in t[:-1] for t in free), free  # some completion goes on past an "a"
+    for i, extra in enumerate(({"stop_strings": ["a"]}, {"generation_kwargs": {"stop": "a"}})):
+        cut = texts(f"cut{i}", **extra)
+        assert len(cut) == 32
+        assert all("a" not in t[:-1] for t in cut), (extra, cut)
+        assert any(t.endswith("a") for t in cut), (extra, cut)

@@ -198,3 +198,56 @@ def test_tokenizer_and_chat_template_are_hf_s():
         assert text == c["text"]
         assert tok.apply_chat_template(c["messages"], add_generation_prompt=c["add_generation_prompt"], tokenize=True,
                                        **extra) == c["ids"]
+
+
+def test_stop_strings_match_transformers(demo, tmp_path):
+    """`soltrain generate --stop` ends where transformers' generate(stop_strings=..., tokenizer=...) does, on stop
+    strings taken from the unstopped greedy text (one character, two spanning a token boundary, and two strings at
+    once). The demo's weights redrawn larger, so greedy text varies instead of repeating one byte."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import shutil
+    import subprocess
+    from conftest import BIN
+    torch.manual_seed(3)
+    folder = tmp_path / "model"
+    hf = transformers.AutoModelForCausalLM.from_pretrained(demo / "model", dtype=torch.float32)
+    hf.resize_token_embeddings(len(transformers.AutoTokenizer.from_pretrained(demo / "model")))  # no padding ids
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(torch.randn_like(p) * (0.5 if p.ndim == 1 else 0.3) + (1.0 if p.ndim == 1 else 0.0))
+    hf.save_pretrained(folder)
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (demo / "model" / f).exists():
+            shutil.copy(demo / "model" / f, folder / f)
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    prompt = "hello there"
+    ids = tok(prompt, add_special_tokens=False, return_tensors="pt").input_ids
+
+    def ours(*stop):
+        args = [str(BIN), "generate", "--model", str(folder), "--prompt", prompt, "--max-new-tokens", "48",
+                "--temperature", "0", "--print-ids"]
+        for s in stop:
+            args += ["--stop", s]
+        r = subprocess.run(args, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return [int(x) for x in r.stdout.split()]
+
+    def theirs(*stop):
+        out = hf.generate(ids, max_new_tokens=48, do_sample=False, stop_strings=list(stop) or None,
+                          tokenizer=tok, pad_token_id=0)
+        return out[0, ids.shape[1]:].tolist()
+
+    free = ours()
+    assert free == theirs()
+    text = tok.decode(free)
+    # Printable ASCII only (random bytes are rarely UTF-8 text). transformers also matches a string begun in the
+    # prompt's last characters; soltrain, like vLLM, reads the generated text alone: such strings are left out.
+    ok = [i for i in range(1, len(text)) if " " <= text[i] <= "~"]
+    pairs = [text[i:i + 2] for i in ok if i + 1 in ok and (prompt + text).find(text[i:i + 2]) >= len(prompt)]
+    singles = [text[i] for i in ok if (prompt + text).find(text[i]) >= len(prompt)]
+    assert len(pairs) >= 2 and singles, f"greedy text {text!r} has too few printable characters to cut at"
+    for stop in [(pairs[0],), (pairs[-1],), (singles[-1],), (pairs[-1], singles[0])]:
+        cut = ours(*stop)
+        assert cut == theirs(*stop), stop
+        assert 0 < len(cut) < len(free), (stop, text)

@@ -43,6 +43,7 @@ class ChatModel {
   // Tokens the prompt leaves for an answer in the model's context.
   int room(size_t prompt_tokens) const;
   const std::vector<int32_t>& eos() const { return codec_.eos(); }
+  const Tokenizer& tokenizer() const { return codec_.tokenizer(); }
 
  private:
   PromptCodec codec_;

@@ -54,11 +54,12 @@ struct BenchOpts {
   std::string save_mode = "background", save_dir = "/tmp/soltrain-bench-checkpoints";
 };
 
-// bench's --offload: where AdamW's fp32 masters and moments live.
+// bench's --offload: where AdamW's fp32 masters and moments, and the layers' gradients, live.
 Offload bench_offload(const BenchOpts& o) {
   Offload offload;
-  offload.master = o.offload == "master" || o.offload == "both";
-  offload.optimizer = o.offload == "optimizer" || o.offload == "both";
+  offload.master = o.offload == "master" || o.offload == "both" || o.offload == "all";
+  offload.optimizer = o.offload == "optimizer" || o.offload == "both" || o.offload == "all";
+  offload.grads = o.offload == "grads" || o.offload == "all";
   return offload;
 }
 
@@ -193,7 +194,15 @@ int print_activation_plan(const BenchOpts& o) {
   const AdamW::Plan opt = AdamW::plan(ps, bench.moments, offload);
   const size_t slots = 2 * size_t(w.largest_host_group) * dtype_size(act);
   double weights = double(w.weights() - (host_master ? w.masters : 0) + slots) / gib;
-  double optimizer = double(opt.device(host_moments)) / gib, grads = double(w.grads) / gib;
+  double optimizer = double(opt.device(host_moments)) / gib, grads = double(w.grads) / gib, host_grads = 0;
+  if (offload.grads) {  // the head's group stays; the layers' go home through two slots (train/grad_offload.h)
+    const int layers = int(c.num_layers);
+    int64_t head = 0;
+    for (const Parameter& q : ps.all())
+      if (q.trainable && q.group >= layers) head += shape_numel(q.shape);
+    host_grads = grads - double(head) * 4 / gib;
+    grads = double(size_t(head) * 4 + GradOffload::planned_device_bytes(ps, layers)) / gib;
+  }
   PlannedTotals t{weights, grads, optimizer};
   const nlohmann::json parallel =
       o.data_parallel >= 0 || o.gpus > 1 ? data_parallel_plan(o, c, ps, w, opt, p, act, slots, offload, t) : nullptr;
@@ -218,6 +227,7 @@ int print_activation_plan(const BenchOpts& o) {
                    {"grad_gib", grads},
                    {"optimizer_gib", optimizer},
                    {"optimizer_host_gib", host_moments ? double(opt.moments()) / gib : 0.0},
+                   {"grad_host_gib", host_grads},
                    {"total_gib", double(p.total_bytes()) / gib + weights + grads + optimizer},
                    {"data_parallel", parallel},  // per rank (null: one process)
                    {"buffers", buffers}};
@@ -387,8 +397,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--offload", o->offload,
                 "fp32 state in host memory, streamed through the GPU each update: none, optimizer (the AdamW "
-                "moments: offload_optimizer), master (offload_master) or both")
-      ->check(CLI::IsMember({"none", "optimizer", "master", "both"}))
+                "moments: offload_optimizer), master (offload_master), both, grads (the decoder layers' gradients: "
+                "offload_grads) or all three")
+      ->check(CLI::IsMember({"none", "optimizer", "master", "both", "grads", "all"}))
       ->capture_default_str();
   c->add_option("--data-parallel", o->data_parallel,
                 "run the step through the data-parallel path at this ZeRO stage (0-3) with a communicator of one "

@@ -16,6 +16,7 @@
 #include "model/generation.h"
 #include "model/peft_adapter.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/stop_strings.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 
@@ -84,6 +85,7 @@ std::function<int()> add_generate_command(CLI::App& app) {
     bool enable_thinking = true, print_ids = false;
     int max_new_tokens = 256, batch_size = 32;
     SamplingParams sampling;
+    std::vector<std::string> stop;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand("generate", "generate text with a KV cache (greedy or sampled), streamed to stdout");
@@ -110,12 +112,15 @@ std::function<int()> add_generate_command(CLI::App& app) {
                 "divide the logits of tokens already in the text by this (multiply when negative; 1 = off)")
       ->capture_default_str();
   c->add_option("--seed", o->sampling.seed, "random seed of the sampler")->capture_default_str();
+  c->add_option("--stop", o->stop,
+                "end at the token that completes this text (kept, as transformers' stop_strings; repeatable)");
   c->add_flag("--print-ids", o->print_ids, "print the new token ids (one line) instead of text (reference checks)");
   add_device_option(c, o->device);
   return [o, c]() {
     const bool has_prompt = c->count("--prompt") > 0, has_chat = c->count("--chat") > 0;
     if (!o->input.empty()) {
       if (has_prompt || has_chat || o->print_ids) user_error("generate: --input takes the prompts from its file alone");
+      if (!o->stop.empty()) user_error("generate: --stop is for --prompt or --chat (not --input yet)");
       return generate_file(o->input, local_or_hub_model(o->model, std::cerr), o->adapter, o->device,
                            GenerationOptions{o->max_new_tokens, o->sampling, {}}, o->enable_thinking, o->batch_size);
     }
@@ -148,6 +153,8 @@ std::function<int()> add_generate_command(CLI::App& app) {
                  " tokens plus the new ones exceed the model's max_position_embeddings (", max_pos, ", ",
                  (dir / "config.json").string(), ")");
     GenerationOptions g{o->max_new_tokens, o->sampling, model_eos_ids(dir, tok)};
+    const StopStrings stop(tok, o->stop, "--stop");
+    if (!o->stop.empty()) g.stop_after = [&stop](std::span<const int32_t> row) { return stop.completed_by_last(row); };
 
     auto ops = make_ops(o->device);
     auto model = o->adapter.empty() ? load_pretrained(dir, *ops) : load_pretrained_with_adapter(dir, o->adapter, *ops);

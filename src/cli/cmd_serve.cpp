@@ -16,6 +16,7 @@
 #include "cli/device_option.h"
 #include "cli/hub_inputs.h"
 #include "core/error.h"
+#include "tokenizer/stop_strings.h"
 
 namespace soltrain {
 
@@ -148,7 +149,11 @@ std::function<int()> add_serve_command(CLI::App& app) {
           if (!body.contains("prompt") || !body["prompt"].is_string()) user_error("prompt: expected a string");
           prompt = m.encode(body["prompt"].get<std::string>());
         }
-        const Ask a = read_ask(body, m, prompt.size());
+        Ask a = read_ask(body, m, prompt.size());
+        // A row ends at the token completing a stop string (the text is cut before it below, as OpenAI's is)
+        const StopStrings stop(m.tokenizer(), a.stop, "stop");
+        if (!a.stop.empty())
+          a.gen.stop_after = [&stop](std::span<const int32_t> row) { return stop.completed_by_last(row); };
         const std::vector<std::vector<int32_t>> outs = m.complete(prompt, a.n, a.gen);
         const std::string id = request_id(chat ? "chatcmpl" : "cmpl");
         json choices = json::array();

@@ -237,7 +237,8 @@ void rule_required(const Entries& en, const std::string& where, TrainConfig& c, 
 // device. Offloaded checkpoints are recompute full's (the only activations it keeps across the pass).
 void rule_offload(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
   for (const auto& [k, on] :
-       {std::pair{"offload_master", c.offload.master}, std::pair{"offload_optimizer", c.offload.optimizer}})
+       {std::pair{"offload_master", c.offload.master}, std::pair{"offload_optimizer", c.offload.optimizer},
+        std::pair{"offload_grads", c.offload.grads}})
     if (on && en.has(k) && c.zero_stage >= 1)
       errors.push_back(cat(en.where(k), ": ", k, " with zero_stage ", c.zero_stage,
                            " is not built yet (the sharded update keeps its state on the device): use zero_stage: 0 "

@@ -463,6 +463,8 @@ void add_memory_keys(std::vector<KeySpec>& v) {
                       "the MLP runs over at most this many tokens at a time (0: sized at 512 MiB a buffer)"));
   v.push_back(flag("offload_master", FIELD(offload.master), "the fp32 master weights in host memory"));
   v.push_back(flag("offload_optimizer", FIELD(offload.optimizer), "AdamW's moments in host memory"));
+  v.push_back(flag("offload_grads", FIELD(offload.grads),
+                   "the decoder layers' fp32 gradients in host memory (two layers' worth on the device)"));
   v.push_back(flag("offload_activations", FIELD(offload_activations),
                    "recompute full's layer-input checkpoints in host memory"));
   v.push_back(flag("offload_weights", FIELD(offload_weights), "a LoRA run's frozen base streamed from host memory"));
@@ -578,6 +580,14 @@ void add_grpo_keys(std::vector<KeySpec>& v) {
                        "drop tokens below min_p x the likeliest token's probability (0: off)")));
   v.push_back(g(number("repetition_penalty", FIELD(grpo.repetition_penalty), 0, 100, true,
                        "divides the logits of tokens already in the prompt or completion (1: off)")));
+  v.push_back(g(key("stop_strings", "list", "a list of strings", "",
+                    "a completion ends at the token that completes one of these in its text (kept, as "
+                    "transformers' stop_strings; counted as terminated)",
+                    [](const Entry& e, const std::string& k, ReadContext& x) {
+                      x.c.grpo.stop_strings = get_string_list(e, k);
+                      for (const std::string& s : x.c.grpo.stop_strings)
+                        if (s.empty()) bad_value(e, k, "a list of non-empty strings");
+                    })));
   v.push_back(g(number("generation_memory_gib", FIELD(grpo.generation_memory_gib), 0, 1e6, false,
                        "the most memory generation may take (KV cache, activations, logits), GiB (0: what is free)")));
   v.push_back(g(number("generation_memory_fraction", FIELD(grpo.generation_memory_fraction), 0, 1, false,

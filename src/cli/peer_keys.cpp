@@ -284,6 +284,39 @@ void add_settings(Table& t) {
   });
 }
 
+// TRL GRPO's generation_kwargs (passed to vLLM's SamplingParams or transformers' GenerationConfig): its stop
+// strings (vLLM's `stop`, transformers' `stop_strings`) become soltrain's stop_strings; the sampling settings it
+// may also hold are top-level keys in both, named in one line; anything else is refused.
+void read_generation_kwargs(const std::string& key, const YAML::Node& n, TrainConfig& c) {
+  if (!n.IsDefined() || n.IsNull()) return;
+  if (!n.IsMap()) user_error(key, ": expected a mapping of generation settings");
+  for (const auto& kv : n) {
+    const std::string k = kv.first.as<std::string>();
+    const YAML::Node& v = kv.second;
+    if (k == "stop" || k == "stop_strings") {
+      std::vector<std::string> s;
+      if (v.IsScalar())
+        s.push_back(v.as<std::string>());
+      else if (v.IsSequence())
+        for (const auto& x : v) {
+          if (!x.IsScalar()) user_error(key, ".", k, ": expected a string or a list of strings");
+          s.push_back(x.as<std::string>());
+        }
+      else if (!v.IsNull())
+        user_error(key, ".", k, ": expected a string or a list of strings");
+      for (const std::string& x : s)
+        if (x.empty()) user_error(key, ".", k, ": an empty stop string would end every completion at its first token");
+      c.grpo.stop_strings = s;
+      continue;
+    }
+    for (const char* top : {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens"})
+      if (k == top)
+        user_error(key, ".", k, ": give it as the top-level key ",
+                   k == "max_tokens" ? std::string("max_completion_length") : k, " (TRL's GRPOConfig has it too)");
+    user_error(key, ".", k, ": not read by soltrain (it reads stop / stop_strings there)");
+  }
+}
+
 // Features soltrain lacks: accepted when off, refused with a line naming the feature otherwise.
 void add_missing_features(Table& t) {
   t.insert({
@@ -293,6 +326,7 @@ void add_missing_features(Table& t) {
        at_or(1.0, "training on the high-entropy tokens only is not built yet; leave it at 1.0")},
       {"entropy_coef", at_or(0.0, "the entropy bonus is not built yet; leave it at 0")},
       {"use_adaptive_entropy", off_or("the adaptive entropy bonus is not built yet")},
+      {"generation_kwargs", read_generation_kwargs},
       // FSDP and DeepSpeed: their sharding and offload as soltrain's zero_stage and offload switches
       // (cli/peer_sharding.h), one note saying what they became
       {"deepspeed", read_deepspeed},
@@ -335,12 +369,11 @@ void add_missing_features(Table& t) {
       {"unfrozen_parameters", off_or("training a chosen subset of weights is not built yet")},
       {"checkpoint_dir", off_or("checkpoints are written into output_dir; drop checkpoint_dir")},
       {"from_scratch", off_or("training from random weights is not built yet")},
-      // (offload_master and offload_optimizer are soltrain's own keys, cli/config.cpp.)
+      // (offload_master, offload_optimizer and offload_grads are soltrain's own keys, cli/config.cpp.)
       // Surogate's residual offload keeps its other activations on the device unless it recomputes blocks;
       // soltrain's key is the recompute-full form, stated rather than guessed.
       {"offload_residual", off_or("use offload_activations: true with recompute: full (soltrain's name; it "
                                   "offloads the layer-input checkpoints, the residual stream full recompute keeps)")},
-      {"offload_grads", off_or("offloading gradients to host memory is not built yet")},
       {"qlora",
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          if (as_bool(k, n)) set_quantised_base(c, WeightFormat::Nf4, k);

@@ -11,6 +11,9 @@ namespace {
 bool is_eos(const GenerationOptions& o, int32_t id) {
   return std::find(o.eos_ids.begin(), o.eos_ids.end(), id) != o.eos_ids.end();
 }
+bool stops(const GenerationOptions& o, std::span<const int32_t> row) {
+  return o.stop_after && o.stop_after(row);
+}
 }  // namespace
 
 std::vector<int32_t> generate(KvDecoder& decoder, std::span<const int32_t> prompt, const GenerationOptions& opts,
@@ -26,7 +29,7 @@ std::vector<int32_t> generate(KvDecoder& decoder, std::span<const int32_t> promp
     decoder.sample(opts.sampling, out.size(), &token);
     out.push_back(token);
     if (on_token) on_token(token);
-    if (is_eos(opts, token)) break;
+    if (is_eos(opts, token) || stops(opts, out)) break;
     next = std::span<const int32_t>(&token, 1);
   }
   return out;
@@ -49,7 +52,7 @@ std::vector<std::vector<int32_t>> generate_batch(KvDecoder& decoder, std::span<c
     for (int r = 0; r < n; ++r) {
       if (done[size_t(r)]) continue;  // (a finished row keeps decoding into its own slot, unread)
       out[size_t(r)].push_back(next[size_t(r)]);
-      done[size_t(r)] = is_eos(opts, next[size_t(r)]);
+      done[size_t(r)] = is_eos(opts, next[size_t(r)]) || stops(opts, out[size_t(r)]);
       all_done = all_done && done[size_t(r)];
     }
     if (all_done) break;
@@ -78,11 +81,10 @@ std::vector<Rollout> generate_groups(KvDecoder& decoder, const std::vector<std::
     bool all_done = true;
     for (int r = 0; r < n; ++r) {
       if (done[size_t(r)]) continue;  // (a finished row keeps decoding into its own slot, unread)
-      out[size_t(r)].tokens.push_back(next[size_t(r)]);
-      if (is_eos(opts, next[size_t(r)])) {
-        done[size_t(r)] = true;
-        out[size_t(r)].terminated = true;
-      }
+      Rollout& ro = out[size_t(r)];
+      ro.tokens.push_back(next[size_t(r)]);
+      ro.stop_string = !is_eos(opts, next[size_t(r)]) && stops(opts, ro.tokens);
+      if (is_eos(opts, next[size_t(r)]) || ro.stop_string) done[size_t(r)] = ro.terminated = true;
       all_done = all_done && done[size_t(r)];
     }
     if (all_done) break;

@@ -16,11 +16,14 @@ struct GenerationOptions {
   int max_new_tokens = 256;
   SamplingParams sampling;
   std::vector<int32_t> eos_ids;  // generation stops after producing any of these
+  // A row's tokens so far, the newest last: true ends the row after that token (stop strings,
+  // tokenizer/stop_strings.h). Not set: EOS ids and the budget alone end rows.
+  std::function<bool(std::span<const int32_t>)> stop_after;
 };
 
 // Generates after `prompt` with a batch-1 decoder (reset first; built for a repetition_penalty when one is
 // set). Tokens are drawn on the device (KvDecoder::sample, draw i of row 0 with step i). `on_token` sees each new token
-// as it is chosen. Returns the new tokens, the stopping EOS included.
+// as it is chosen. Returns the new tokens, the stopping EOS (or the token completing a stop string) included.
 std::vector<int32_t> generate(KvDecoder& decoder, std::span<const int32_t> prompt, const GenerationOptions& opts,
                               const std::function<void(int32_t)>& on_token = {});
 
@@ -34,10 +37,12 @@ std::vector<std::vector<int32_t>> generate_batch(KvDecoder& decoder, std::span<c
 // GRPO's rollouts: `group` completions of each prompt, in the decoder's rows p·group .. p·group + group − 1 (it
 // must hold prompts.size() × group rows, each sized for its prompt plus max_new_tokens). Each prompt is fed once
 // and its cache copied to the rest of its group; then every row takes one token per step at its own position,
-// row r sampling with seed + r. A row ends at an EOS (kept, `terminated`) or at max_new_tokens.
+// row r sampling with seed + r. A row ends at an EOS or a completed stop string (kept, `terminated`) or at
+// max_new_tokens.
 struct Rollout {
   std::vector<int32_t> tokens;
-  bool terminated = false;  // ended by an EOS rather than the length limit
+  bool terminated = false;   // ended by an EOS or a stop string rather than the length limit
+  bool stop_string = false;  // ... by a stop string
 };
 std::vector<Rollout> generate_groups(KvDecoder& decoder, const std::vector<std::vector<int32_t>>& prompts, int group,
                                      const GenerationOptions& opts);

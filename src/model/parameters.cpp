@@ -186,6 +186,29 @@ void ParameterStore::move_masters_to_host(Ops& ops) {
   }
 }
 
+void ParameterStore::move_layer_grads_to_host(Ops& ops, int layers) {
+  SOLTRAIN_CHECK(gradients_ && !sharded() && host_grads_end_ == 0 && layers >= 1 && layers < groups(),
+                 "move_layer_grads_to_host: a whole gradient buffer, once, and a group left on the device");
+  const int64_t split = group_begin(layers);
+  Buffer host = ops.alloc_host(size_t(std::max<int64_t>(split, 1)) * 4);
+  Buffer rest = ops.alloc(size_t(std::max<int64_t>(numel_ - split, 1)) * 4);
+  if (split > 0) ops.copy(flat(host, DType::F32, 0, split), flat(grads_, DType::F32, 0, split));
+  if (numel_ > split)
+    ops.copy(flat(rest, DType::F32, 0, numel_ - split), flat(grads_, DType::F32, split, numel_ - split));
+  grads_host_ = std::move(host);
+  grads_ = std::move(rest);
+  host_grads_end_ = split;
+  for (Parameter& p : params_)
+    if (p.trainable) p.grad = grad_home(p.offset, shape_numel(p.shape)).view(p.shape);
+}
+
+Tensor ParameterStore::grad_home(int64_t offset, int64_t numel) const {
+  if (offset >= host_grads_end_) return flat(grads_, DType::F32, offset - host_grads_end_, numel);
+  SOLTRAIN_CHECK(offset + numel <= host_grads_end_, "gradient range [", offset, ", ", offset + numel,
+                 ") straddles host and device memory");
+  return flat(grads_host_, DType::F32, offset, numel);
+}
+
 void ParameterStore::round_value(Ops& ops, const Tensor& value, const float* host) const {
   SOLTRAIN_CHECK(value.dtype == DType::BF16, "compute copy in ", dtype_name(value.dtype));
   std::vector<uint16_t> b(size_t(value.numel()));
@@ -300,6 +323,7 @@ const Parameter& ParameterStore::at(const std::string& name) const {
 
 Tensor ParameterStore::all_grads() const {
   SOLTRAIN_CHECK(gradients_, "the model was made without gradients (for ZeRO-3, which allocates their slices)");
+  SOLTRAIN_CHECK(host_grads_end_ == 0, "all_grads() with the layers' gradients in host memory");
   return flat(grads_, DType::F32, 0, sharded() ? held_ : numel_);
 }
 
@@ -307,8 +331,7 @@ Tensor ParameterStore::group_grads(int group) const {
   SOLTRAIN_CHECK(group >= 0 && group < groups(), "no parameter group ", group);
   SOLTRAIN_CHECK(!sharded(), "group_grads() of a sharded store: its groups are whole only while bound");
   SOLTRAIN_CHECK(gradients_, "the model was made without gradients");
-  return flat(grads_, DType::F32, group_begin_[size_t(group)],
-              group_begin_[size_t(group) + 1] - group_begin_[size_t(group)]);
+  return grad_home(group_begin(group), group_numel(group));
 }
 
 int64_t ParameterStore::held_offset(const ParamRange& r) const {
@@ -330,12 +353,14 @@ Tensor ParameterStore::values(const ParamRange& r) const {
 
 Tensor ParameterStore::grads(const ParamRange& r) const {
   SOLTRAIN_CHECK(gradients_, "the model was made without gradients");
-  return flat(grads_, DType::F32, held_offset(r), r.numel);
+  if (sharded()) return flat(grads_, DType::F32, held_offset(r), r.numel);
+  return grad_home(r.offset, r.numel);
 }
 
 void ParameterStore::keep_shards(Ops& ops, const std::vector<std::pair<int64_t, int64_t>>& owned,
                                  const std::vector<int64_t>& chunk) {
-  SOLTRAIN_CHECK(!sharded() && int(owned.size()) == groups() && int(chunk.size()) == groups(), "keep_shards");
+  SOLTRAIN_CHECK(!sharded() && host_grads_end_ == 0 && int(owned.size()) == groups() && int(chunk.size()) == groups(),
+                 "keep_shards");
   std::vector<Slice> slices;
   int64_t held = 0;
   for (int g = 0; g < groups(); ++g) {

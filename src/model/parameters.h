@@ -89,6 +89,16 @@ class ParameterStore {
   void move_masters_to_host(Ops& ops);
   bool masters_on_host() const { return masters_on_host_; }
   size_t host_master_bytes() const { return masters_on_host_ ? masters_.bytes() : 0; }
+  // `offload_grads`: the gradients of groups 0 .. layers-1 (the decoder layers, a prefix of the flat layout) move
+  // into host memory (pinned on CUDA); the rest (the embedding, final norm and head's group, which the head's
+  // backward may write during forward) stays on the device. Those layers' parameters' grad then points at the
+  // host copy, their home, until bind_grads points a group at a device slot for its backward
+  // (train/grad_offload.h binds one per layer and copies it home after). grads(r) and group_grads(g) are the
+  // homes; all_grads() is refused (the gradients are no longer one buffer). Not with ZeRO-3's slices.
+  void move_layer_grads_to_host(Ops& ops, int layers);
+  bool grads_on_host(const ParamRange& r) const { return r.offset < host_grads_end_; }
+  bool group_grads_on_host(int group) const { return group_begin(group) < host_grads_end_; }
+  size_t host_grad_bytes() const { return host_grads_end_ > 0 ? grads_host_.bytes() : 0; }
   size_t quantised_bytes() const { return quantised_.bytes(); }
   int groups() const { return int(group_begin_.size()) - 1; }
 
@@ -192,6 +202,10 @@ class ParameterStore {
   // device tensors only); round to nearest even, as convert does.
   void round_value(Ops& ops, const Tensor& value, const float* host) const;
   bool gradients_ = true;  // allocate() made the flat gradient buffer (or keep_shards the slices')
+  // move_layer_grads_to_host: flat elements [0, host_grads_end_) live in grads_host_, the rest in grads_ (from 0)
+  Buffer grads_host_;
+  int64_t host_grads_end_ = 0;
+  Tensor grad_home(int64_t offset, int64_t numel) const;
   // ZeRO-3: per group the owned flat [begin, end) and where its slice starts in the held buffers.
   struct Slice {
     int64_t begin, end, at, chunk;

@@ -31,7 +31,7 @@ AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offlo
     else
       small += n;
   }
-  const size_t master = offload.master, opt = offload.optimizer;
+  const size_t master = offload.master, opt = offload.optimizer, grads = offload.grads;
   Plan p;
   if (moments == Moments::F32) {
     p.m = p.v = size_t(std::max<int64_t>(total, 1)) * 4;
@@ -39,7 +39,7 @@ AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offlo
       int64_t widest = 1;
       for (const auto& [k, n] : ranges) widest = std::max(widest, n);
       p.chunk = std::clamp<int64_t>(offload.chunk, 1, widest);
-      p.slot = size_t(p.chunk) * 4 * (master + 2 * opt);  // [master | m | v]
+      p.slot = size_t(p.chunk) * 4 * (master + 2 * opt + grads);  // [master | m | v | gradient]
     }
     return p;
   }
@@ -51,7 +51,8 @@ AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offlo
     // Pieces of whole 256-element blocks (the chunk rounded down to blocks, at least one), so each updates
     // exactly the blocks the resident update does, with their absmax.
     p.chunk = std::clamp<int64_t>(offload.chunk / b * b, b, (std::max(widest_param, b) + b - 1) / b * b);
-    p.slot = 4 * (size_t(p.chunk) * (master + 2 * opt) + size_t(p.chunk / b) * 2 * opt);  // [master | m | v | absmaxes]
+    // [master | m | v | absmaxes | gradient]
+    p.slot = 4 * (size_t(p.chunk) * (master + 2 * opt + grads) + size_t(p.chunk / b) * 2 * opt);
   }
   return p;
 }

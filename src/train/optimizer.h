@@ -27,7 +27,10 @@ struct Offload {
   // to hide a copy's fixed cost; two slots of master + m + v then hold 384 MiB of device memory. Tests lower
   // it to cut the tiny models into many chunks.
   int64_t chunk = int64_t(16) << 20;
-  bool any() const { return master || optimizer; }
+  // `offload_grads`: the decoder layers' gradients live in host memory (train/grad_offload.h); each piece's come
+  // up with its state (read only: nothing of them goes back)
+  bool grads = false;
+  bool any() const { return master || optimizer || grads; }
 };
 
 struct OptimizerConfig {
@@ -96,6 +99,7 @@ class AdamW {
   // `update` and back after it; the two updates say what a piece stages and how it is updated.
   struct Staged {
     Tensor home, stage;
+    bool back = true;  // written home after the update (a gradient is only read)
   };
   void stream_pieces(size_t count, const std::function<std::vector<Staged>(size_t)>& staged,
                      const std::function<void(size_t, const std::vector<Staged>&)>& update);
@@ -123,7 +127,9 @@ class AdamW {
     int64_t at, numel;
   };
   std::vector<Piece8> pieces8_;
-  Buffer stage_[2];  // offload: per slot [master chunk (offload_master) | m chunk | v chunk (offload_optimizer)]
+  // offload: per slot [master chunk (offload_master) | m chunk | v chunk (offload_optimizer) | gradient chunk
+  // (offload_grads)]
+  Buffer stage_[2];
 };
 
 }  // namespace soltrain

@@ -45,7 +45,8 @@ void AdamW::stream_pieces(size_t count, const std::function<std::vector<Staged>(
     const uint64_t done = ops_.mark();
     ops_.use_stream(Ops::Stream::Side);
     ops_.wait_mark(done);
-    for (const Staged& s : st) ops_.download_async(s.home, s.stage);
+    for (const Staged& s : st)
+      if (s.back) ops_.download_async(s.home, s.stage);
     written_back[i % 2] = ops_.mark();
   }
   // Whatever runs next on the main stream (a checkpoint reading the host masters and moments, the next step)
@@ -75,20 +76,26 @@ void AdamW::step_streamed(const OptimizerConfig& cfg, float lr, float grad_scale
           {home(i, w), Tensor{static_cast<float*>(slot.data()) + at, DType::F32, {pieces[i].numel}, slot.device()}});
       at += chunk_;
     }
+    // offload_grads: a decoder layer's gradient comes up after them (read only: nothing goes back)
+    if (params_.grads_on_host(pieces[i]))
+      st.push_back({params_.grads(pieces[i]),
+                    Tensor{static_cast<float*>(slot.data()) + at, DType::F32, {pieces[i].numel}, slot.device()},
+                    false});
     return st;
   };
   stream_pieces(pieces.size(), staged, [&](size_t i, const std::vector<Staged>& st) {
     const ParamRange& p = pieces[i];
-    size_t k = 0;  // st holds the staged ones in the order master, m, v
+    size_t k = 0;  // st holds the staged ones in the order master, m, v, gradient
     Tensor master = host_master ? st[k++].stage : home(i, 0);
     Tensor m = host_moments ? st[k++].stage : home(i, 1);
     Tensor v = host_moments ? st[k++].stage : home(i, 2);
+    const Tensor grad = params_.grads_on_host(p) ? st[k++].stage : params_.grads(p);
     AdamWParams a{lr, cfg.beta1, cfg.beta2, cfg.eps, p.decay ? cfg.weight_decay : 0.0f, step_, grad_scale};
     a.grad_sumsq = grad_sumsq;
     a.max_grad_norm = cfg.max_grad_norm;
     Tensor copy = params_.values(p);
     // On the CPU the masters are the compute copy: the written-back master is what the model reads.
-    ops_.adamw(master, params_.grads(p), m, v, a, params_.values_alias_masters() ? nullptr : &copy);
+    ops_.adamw(master, grad, m, v, a, params_.values_alias_masters() ? nullptr : &copy);
   });
 }
 
@@ -97,8 +104,12 @@ void AdamW::step_streamed_8bit(const OptimizerConfig& cfg, float lr, float grad_
   const int64_t blocks = chunk_ / kBlockwise8Block;  // chunk_ is a whole number of blocks
   // Slot i % 2 holds [master (offload_master) | m | v | m absmax | v absmax (offload_optimizer)]: chunk_ floats
   // for each of the first three (codes take a quarter of it, small parameters' fp32 moments all), then
-  // `blocks` floats for each absmax.
-  auto staged = [&](size_t i) {
+  // `blocks` floats for each absmax; then (offload_grads, a decoder layer's parameter) chunk_ floats of gradient.
+  const int64_t grad_at = chunk_ * (int64_t(host_master) + 2 * int64_t(host_moments)) + 2 * blocks * host_moments;
+  auto host_grad = [&](const Parameter& p) {
+    return params_.grads_on_host(ParamRange{p.group, p.decay, p.offset, shape_numel(p.shape)});
+  };
+  auto staged_state = [&](size_t i) {
     const Piece8& pc = pieces8_[i];
     const Slot& s = slots_[pc.slot];
     const Buffer& slot = stage_[i % 2];
@@ -129,6 +140,17 @@ void AdamW::step_streamed_8bit(const OptimizerConfig& cfg, float lr, float grad_
     }
     return st;
   };
+  auto staged = [&](size_t i) {
+    std::vector<Staged> st = staged_state(i);
+    const Piece8& pc = pieces8_[i];
+    const Parameter& p = *slots_[pc.slot].param;
+    if (host_grad(p)) {
+      const Buffer& slot = stage_[i % 2];
+      st.push_back({part(p.grad.view({shape_numel(p.shape)}), pc.at, pc.numel),
+                    Tensor{static_cast<float*>(slot.data()) + grad_at, DType::F32, {pc.numel}, slot.device()}, false});
+    }
+    return st;
+  };
   stream_pieces(pieces8_.size(), staged, [&](size_t i, const std::vector<Staged>& st) {
     const Piece8& pc = pieces8_[i];
     const Slot& s = slots_[pc.slot];
@@ -141,7 +163,7 @@ void AdamW::step_streamed_8bit(const OptimizerConfig& cfg, float lr, float grad_
     Tensor master = host_master ? st[k++].stage : part(p.master.view(flat), pc.at, pc.numel);
     Tensor copy = part(p.value.view(flat), pc.at, pc.numel);
     Tensor* copy_out = params_.values_alias_masters() ? nullptr : &copy;
-    const Tensor grad = part(p.grad.view(flat), pc.at, pc.numel);
+    const Tensor grad = host_grad(p) ? st.back().stage : part(p.grad.view(flat), pc.at, pc.numel);
     if (!s.quantised) {
       Tensor m = host_moments ? st[k++].stage : part(fp32_moment(s, false), pc.at, pc.numel);
       Tensor v = host_moments ? st[k++].stage : part(fp32_moment(s, true), pc.at, pc.numel);

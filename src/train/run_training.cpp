@@ -82,7 +82,9 @@ void set_up(Run& r) {
   r.opt = optimizer_config(c);
   // (the config reader refuses offload with ZeRO first; this names the settings for the rest)
   if (const char* why = r.dp ? sharded_update_refusal(r.opt, c.zero_stage) : nullptr)
-    user_error(c.moments == Moments::Blockwise8 ? "optimizer: adamw_8bit" : "offload_master / offload_optimizer",
+    user_error(c.moments == Moments::Blockwise8 ? "optimizer: adamw_8bit"
+               : c.offload.grads                ? "offload_grads"
+                                                : "offload_master / offload_optimizer",
                " with zero_stage ", c.zero_stage, " is not built yet (", why, "); use zero_stage: 0",
                c.moments == Moments::Blockwise8 ? " or optimizer: adamw_torch" : "");
   r.step = r.dp ? std::make_unique<TrainStep>(*r.model, r.opt, *r.comm, c.zero_stage)
@@ -113,7 +115,8 @@ size_t stream_slot_bytes(const Transformer& m) {
 void print_host_plan(const Run& r) {
   // Offloaded masters and moments: host memory on either backend (pinned on CUDA, where each buffer was also
   // checked as it was allocated).
-  const size_t offloaded = r.model->params().host_master_bytes() + r.step->optimizer().host_state_bytes();
+  const size_t offloaded = r.model->params().host_master_bytes() + r.step->optimizer().host_state_bytes() +
+                           r.model->params().host_grad_bytes();
   const size_t checkpoints = r.model->checkpoint_host_bytes();  // offload_activations
   const size_t base = r.model->params().host_frozen_bytes();    // offload_weights
   size_t planned = r.model->staging_bytes() + r.data_bytes + offloaded + checkpoints + base;
@@ -124,7 +127,7 @@ void print_host_plan(const Run& r) {
   auto size = [](size_t bytes) { return format_bytes(double(bytes)); };
   r.log << r.cmd << ": host memory: " << size(planned) << " planned (batch staging " << size(r.model->staging_bytes())
         << (r.ops.device() == Device::CPU ? "" : " pinned") << ", tokenized data " << size(r.data_bytes)
-        << (offloaded ? cat(", offloaded masters and moments ", size(offloaded)) : std::string())
+        << (offloaded ? cat(", offloaded masters, moments and gradients ", size(offloaded)) : std::string())
         << (checkpoints ? cat(", offloaded layer-input checkpoints ", size(checkpoints)) : std::string())
         << (base ? cat(", the offloaded base's layers ", size(base)) : std::string())
         << (r.ops.device() == Device::CPU ? ", and every buffer above: the CPU backend's device is the host" : "")
@@ -173,8 +176,13 @@ void print_memory_notes(const Run& r) {
           << (c.offload.master ? size(ps.host_master_bytes()) : std::string())
           << (c.offload.master && c.offload.optimizer ? " and " : "")
           << (c.offload.optimizer ? "the AdamW moments " + size(opt.host_state_bytes()) : std::string())
+          << ((c.offload.master || c.offload.optimizer) && c.offload.grads ? " and " : "")
+          << (c.offload.grads ? "the decoder layers' gradients " + size(ps.host_grad_bytes()) : std::string())
           << "; the device stages them in two chunks, " << size(opt.state_bytes())
           << " (counted in AdamW moments above), each update streaming them through it\n";
+    if (const GradOffload* g = r.step->grad_offload())
+      r.log << r.cmd << ": offload_grads: each layer's backward writes its gradients into one of two device slots, "
+            << size(g->device_bytes()) << " (counted in gradients above), copied home as the next layer runs\n";
   }
   if (const Fp8Recipe* f = r.model->fp8()) {
     const Fp8Settings& s = f->settings();
@@ -240,7 +248,10 @@ void print_plan(const Run& r) {
   // ZeRO-3: the slices, plus the buffers a group is gathered into and its gradients computed in.
   const Zero3* z = r.zero3();
   const double gathered = z ? double(z->bytes().gathered) : 0.0;
-  const double grads = z ? double(ps.trainable_bytes().grads + z->bytes().grad_scratch) : 4 * trainable;
+  const GradOffload* go = r.step->grad_offload();  // offload_grads: the head's group and the two layer slots
+  const double grads = z    ? double(ps.trainable_bytes().grads + z->bytes().grad_scratch)
+                       : go ? double(ps.trainable_bytes().grads + go->device_bytes())
+                            : 4 * trainable;
   const double streamed = double(stream_slot_bytes(*r.model));
   const double moments = double(r.step->optimizer().state_bytes()), activations = double(r.model->activation_bytes());
   const double total = weights + gathered + streamed + grads + moments + activations + double(r.model->fp8_bytes());

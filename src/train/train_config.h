@@ -61,6 +61,9 @@ struct GrpoSettings {
   // Sampling (TRL's generation keys): temperature also divides the logits of the trained log-probs.
   double temperature = 1.0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0;
   int top_k = 0;
+  // `stop_strings` (TRL's generation_kwargs `stop` / `stop_strings`): a completion ends at the token completing
+  // one (kept; counted as terminated, not truncated, unlike TRL's EOS-only test: the README says so)
+  std::vector<std::string> stop_strings;
   // The memory generation may take (generation_memory_gib, or generation_memory_fraction of the device's); both
   // 0: whatever is free when it is allocated.
   double generation_memory_gib = 0, generation_memory_fraction = 0;
@@ -131,7 +134,7 @@ struct TrainConfig {
   double weight_decay = 0.0, max_grad_norm = 1.0;
   double adamw_beta1 = 0.9, adamw_beta2 = 0.999, adamw_epsilon = 1e-8;
   Moments moments = Moments::F32;  // `optimizer: adamw_8bit` (and bitsandbytes' names for it): Blockwise8
-  Offload offload;                 // `offload_master`, `offload_optimizer`: that state in host memory
+  Offload offload;                 // `offload_master`, `offload_optimizer`, `offload_grads`: that state in host memory
   uint64_t seed = 42;
   Recompute recompute = Recompute::None;
   int64_t token_tile = 0;            // the MLP's token tile for long sequences; 0 = automatic (model/activation_plan.h)

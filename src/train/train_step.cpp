@@ -12,7 +12,12 @@ TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt)
       opt_(opt),
       adamw_(std::make_unique<AdamW>(model.params(), model.ops(), opt.moments, opt.offload)),
       sft_(model.ops()),
-      sumsq_(model.ops().alloc(sizeof(double))) {}
+      sumsq_(model.ops().alloc(sizeof(double))) {
+  if (opt.offload.grads) {
+    grad_offload_ = std::make_unique<GradOffload>(model);
+    model.set_hooks(grad_offload_.get());
+  }
+}
 
 const char* sharded_update_refusal(const OptimizerConfig& opt, int zero_stage) {
   if (zero_stage < 1) return nullptr;
@@ -23,6 +28,11 @@ const char* sharded_update_refusal(const OptimizerConfig& opt, int zero_stage) {
 
 namespace {
 int checked_stage(const OptimizerConfig& opt, int zero_stage) {
+  // (the data-parallel hooks are the collectives': one set of layer hooks per model)
+  if (opt.offload.grads)
+    user_error(
+        "offload_grads with data parallel is not built yet (each rank's layer gradients are reduced on the "
+        "device): run one process, or drop offload_grads");
   if (const char* why = sharded_update_refusal(opt, zero_stage))
     user_error("ZeRO stage ", zero_stage, " with this optimizer is not built yet (", why, ")");
   return zero_stage;
@@ -42,7 +52,7 @@ TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt, Communicato
 }
 
 TrainStep::~TrainStep() {
-  if (dp_) model_.set_hooks(nullptr);
+  if (dp_ || grad_offload_) model_.set_hooks(nullptr);
 }
 
 namespace {
@@ -94,7 +104,15 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
   // (data parallel reduces SFT's loss sum: another objective's would need its own reduction, not built)
   SOLTRAIN_CHECK(!(dp_ && objective), "objectives other than SFT run in a single process");
   Ops& ops = model_.ops();
-  ops.zero(model_.params().all_grads());
+  const ParameterStore& ps = model_.params();
+  const Tensor sumsq{sumsq_.data(), DType::F64, {1}, sumsq_.device()};
+  if (grad_offload_) {  // the layers' host gradients are overwritten by the first pass; the head's are zeroed
+    ops.zero(ps.group_grads(model_.head_group()));
+    ops.zero(sumsq);
+    grad_offload_->begin_update();
+  } else {
+    ops.zero(ps.all_grads());
+  }
   model_.reset_aux_loss();
   if (dp_) dp_->begin_update();
   counted_ = 0;
@@ -117,9 +135,9 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
       continue;
     }
     if (dp_ && i == last) dp_->arm();
+    if (grad_offload_ && i == last) grad_offload_->set_last_pass(&sumsq);
     obj.train_micro_batch(model_, b);
   }
-  const Tensor sumsq{sumsq_.data(), DType::F64, {1}, sumsq_.device()};
   if (dp_) {
     dp_->finish_gradients();
     const Tensor loss_sum{loss_sum_.data(), DType::F64, {1}, loss_sum_.device()};
@@ -141,7 +159,12 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
     return;
   }
   ops.wait(Ops::Stream::Main, Ops::Stream::Side);  // whatever the layer hooks queued
-  ops.reduce_sum(sumsq, model_.params().all_grads(), /*squares=*/true, /*accumulate=*/false);
+  if (grad_offload_) {  // Σ g² of the layers was summed as each was copied home; the head's group joins it
+    grad_offload_->finish_update();
+    ops.reduce_sum(sumsq, ps.group_grads(model_.head_group()), /*squares=*/true, /*accumulate=*/true);
+  } else {
+    ops.reduce_sum(sumsq, ps.all_grads(), /*squares=*/true, /*accumulate=*/false);
+  }
   adamw_->step(opt_, lr, 1.0f, &sumsq);
   model_.after_update();
 }

@@ -14,6 +14,7 @@
 #include "model/objective.h"
 #include "model/transformer.h"
 #include "train/data_parallel.h"
+#include "train/grad_offload.h"
 #include "train/optimizer.h"
 
 namespace soltrain {
@@ -87,11 +88,13 @@ class TrainStep {
   AdamW& optimizer() { return *adamw_; }
   const AdamW& optimizer() const { return *adamw_; }
   DataParallel* data_parallel() { return dp_.get(); }
+  const GradOffload* grad_offload() const { return grad_offload_.get(); }  // null unless offload_grads
 
  private:
   Transformer& model_;
   OptimizerConfig opt_;
-  std::unique_ptr<DataParallel> dp_;  // null in a single process
+  std::unique_ptr<DataParallel> dp_;           // null in a single process
+  std::unique_ptr<GradOffload> grad_offload_;  // offload_grads (one process): the layers' gradients in host memory
   std::unique_ptr<AdamW> adamw_;
   mutable SftObjective sft_;
   Buffer sumsq_;     // F64: Σ g² of the last update
