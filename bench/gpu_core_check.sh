@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -89,6 +89,9 @@ for s in "${steps[@]}"; do
         --steps "${MOE_STEPS:-5}" "${variants[@]}" ${MOE48_ARGS:-} --peers "${MOE_PEERS:-lowmem}" \
         --attention "" --out "$OUT" > "$OUT/moe48.log" 2>&1
       grep -E "^\| Qwen|^  [a-z_]+ +[0-9.]+ ms|error" "$OUT/moe48.log" | head -60 ;;
+    policy)  # GRPO's policy loss on the device against its CPU twin (with a top_entropy_quantile mask: cases 4-5)
+      timeout 120 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaPolicy*' > "$OUT/policy-tests.log" 2>&1
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|OK \]" "$OUT/policy-tests.log" ;;
     offgrads)  # offload_grads: the CUDA tests (bitwise the resident run), then Qwen3-8B full fine-tuning with 8-bit
       # AdamW, the masters and moments offloaded, with and without the layers' gradients (device memory and speed)
       timeout 240 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaOffload*' > "$OUT/offgrads-tests.log" 2>&1

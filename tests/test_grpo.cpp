@@ -145,11 +145,13 @@ TEST(GrpoConfig, ErrorsNameTheKey) {
             std::string::npos);
   EXPECT_NE(error_of(kGrpo + "generation_kwargs: {stop: [\"\"]}\n").find("an empty stop string"), std::string::npos);
   EXPECT_NE(error_of(kGrpo + "stop_strings: [\"\"]\n").find("stop_strings"), std::string::npos);
-  // TRL's entropy controls change the loss: refused unless at their defaults.
+  // TRL's entropy bonus changes the loss: refused unless at its defaults; top_entropy_quantile is read.
   EXPECT_EQ(error_of(kGrpo + "top_entropy_quantile: 1.0\nentropy_coef: 0.0\nuse_adaptive_entropy: false\n"),
             "no error");
-  EXPECT_NE(error_of(kGrpo + "top_entropy_quantile: 0.2\n").find("top_entropy_quantile: training on the high-entropy"),
-            std::string::npos);
+  EXPECT_FLOAT_EQ(parse_train_config(kGrpo + "top_entropy_quantile: 0.2\n", "cfg.yaml", {}, TrainMode::kGrpo)
+                      .grpo.loss.top_entropy_quantile,
+                  0.2f);
+  EXPECT_NE(error_of(kGrpo + "top_entropy_quantile: 1.5\n").find("top_entropy_quantile"), std::string::npos);
   EXPECT_NE(error_of(kGrpo + "entropy_coef: 0.01\n").find("entropy_coef: the entropy bonus is not built yet"),
             std::string::npos);
 }

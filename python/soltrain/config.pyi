@@ -335,6 +335,7 @@ class GRPOConfig(TrainConfig):
         scale_rewards: str | None = None,
         importance_sampling_level: str | None = None,
         use_bias_correction_kl: bool | None = None,
+        top_entropy_quantile: float | None = None,
         mask_truncated_completions: bool | None = None,
         reward_funcs: list[str] | str | None = None,
         reward_timeout: int | None = None,

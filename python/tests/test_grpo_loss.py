@@ -142,6 +142,11 @@ CASES += [dict(loss_type="grpo", scale_rewards="group", beta=0.04, num_iteration
 # lent to the model (model/reference_weights.h, what `grpo` does with beta > 0), instead of reading TRL's.
 CASES += [dict(loss_type=lt, scale_rewards="group", beta=0.04, num_iterations=it, reference_pass=True)
           for lt, it in [("dapo", 2), ("grpo", 1)]]
+# TRL's top_entropy_quantile: the policy term at each micro-batch's high-entropy completion tokens only.
+CASES += [dict(loss_type="dapo", scale_rewards="group", beta=0.04, num_iterations=2, top_entropy_quantile=0.5),
+          dict(loss_type="grpo", scale_rewards="batch", beta=0.0, num_iterations=1, top_entropy_quantile=0.3),
+          dict(loss_type="bnpo", scale_rewards="group", beta=0.04, num_iterations=2, top_entropy_quantile=0.6,
+               importance_sampling_level="sequence")]
 
 
 def case_id(c):
@@ -184,6 +189,8 @@ def test_grpo_loss_and_gradients_match_trl(cfg, random_model, tmp_path):
         cmd += ["--reference", str(random_model)]
     if "delta" in cfg:
         cmd += ["--delta", str(cfg["delta"])]
+    if "top_entropy_quantile" in cfg:
+        cmd += ["--top-entropy-quantile", str(cfg["top_entropy_quantile"])]
     if "use_bias_correction_kl" in cfg:
         cmd += ["--use-bias-correction-kl", str(cfg["use_bias_correction_kl"]).lower()]
     r = subprocess.run(cmd, capture_output=True, text=True)

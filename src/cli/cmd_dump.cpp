@@ -21,7 +21,7 @@ struct GrpoDump {
   std::string file;       // rewards [rows]; optional old_nll, ref_nll [rows, T]
   std::string reference;  // a model folder: the reference pass computes ref_nll with its weights (full fine-tuning)
   std::string loss_type = "dapo", scale_rewards = "group", level = "token";
-  float beta = 0, epsilon = 0.2f, epsilon_high = -1, delta = 0, temperature = 1;
+  float beta = 0, epsilon = 0.2f, epsilon_high = -1, delta = 0, temperature = 1, top_entropy_quantile = 1;
   int num_generations = 2, max_completion_length = 0, micro_batches = 1;
   bool kl_ratio = true;
 };
@@ -58,6 +58,7 @@ int dump_grpo(const GrpoDump& g, Ops& ops, Transformer& model, const HostBatch& 
   c.delta = g.delta;
   c.sequence_level = g.level == "sequence";
   c.kl_ratio = g.kl_ratio;
+  c.top_entropy_quantile = g.top_entropy_quantile;
   c.max_completion_length = g.max_completion_length > 0 ? g.max_completion_length : batch.seq_len;
   const SafetensorsFile f(g.file);
   const int R = batch.rows, T = batch.seq_len;
@@ -167,6 +168,9 @@ std::function<int()> add_dump_command(CLI::App& app) {
   c->add_option("--use-bias-correction-kl", g->kl_ratio, "GRPO: the KL term times the importance ratio")
       ->capture_default_str();
   c->add_option("--temperature", g->temperature, "GRPO: logits divided by it")->capture_default_str();
+  c->add_option("--top-entropy-quantile", g->top_entropy_quantile,
+                "GRPO: the policy term at the micro-batch's highest-entropy completion tokens only (1: all)")
+      ->capture_default_str();
   c->add_option("--num-generations", g->num_generations, "GRPO: completions per prompt (consecutive rows)")
       ->capture_default_str();
   c->add_option("--max-completion-length", g->max_completion_length, "GRPO: dr_grpo's divisor (default: T)");

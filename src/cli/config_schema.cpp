@@ -551,6 +551,12 @@ void add_grpo_keys(std::vector<KeySpec>& v) {
       [](ReadContext& x, const std::string& s, const Entry&) { x.c.grpo.loss.sequence_level = s == "sequence"; })));
   v.push_back(g(flag("use_bias_correction_kl", FIELD(grpo.loss.kl_ratio),
                      "the KL term times the importance ratio (its unbiased gradient)")));
+  v.push_back(g(key("top_entropy_quantile", "number", "a number in [0, 1]", "1",
+                    "the policy term counts only at each micro-batch's completion tokens whose entropy is in this top "
+                    "share (TRL's; the KL term counts everywhere)",
+                    [](const Entry& e, const std::string& k, ReadContext& x) {
+                      x.c.grpo.loss.top_entropy_quantile = float(get_double(e, k, 0, 1));
+                    })));
   v.push_back(g(flag("mask_truncated_completions", FIELD(grpo.mask_truncated_completions),
                      "completions cut by max_completion_length count nothing in the loss")));
   v.push_back(g(key("reward_funcs", "list", "a list of names", "",

@@ -321,9 +321,7 @@ void read_generation_kwargs(const std::string& key, const YAML::Node& n, TrainCo
 void add_missing_features(Table& t) {
   t.insert({
       // Features soltrain lacks: accepted when off.
-      // TRL GRPO's entropy controls (the `entropy` metric is logged; these change the loss).
-      {"top_entropy_quantile",
-       at_or(1.0, "training on the high-entropy tokens only is not built yet; leave it at 1.0")},
+      // TRL GRPO's entropy bonus (its top_entropy_quantile is a grpo key: cli/config_schema.cpp).
       {"entropy_coef", at_or(0.0, "the entropy bonus is not built yet; leave it at 0")},
       {"use_adaptive_entropy", off_or("the adaptive entropy bonus is not built yet")},
       {"generation_kwargs", read_generation_kwargs},

@@ -456,12 +456,13 @@ class Ops {
   // and under the reference; old_nll empty: the current ones, a ratio of 1; ref_nll read only when β ≠ 0); a
   // token counts
   // where targets (I32 [N]) is not -100. Per completion (F32 [D]): its advantage and its scale (the loss type's
-  // normaliser, 0 for padding). weight (F32 [N]) = d loss / d token_nll (0 where not counted); stats (F64
+  // normaliser, 0 for padding). keep (F32 [N], 1 or 0; empty: all 1) masks each token's policy term (TRL's
+  // top_entropy_quantile), not its KL. weight (F32 [N]) = d loss / d token_nll (0 where not counted); stats (F64
   // [kPolicyStats]) as PolicyStat says.
   virtual void policy_loss(Tensor weight, Tensor stats, const Tensor& token_nll, const Tensor& targets,
-                           const Tensor& old_nll, const Tensor& ref_nll, const Tensor& doc_advantage,
-                           const Tensor& doc_scale, const Tensor& cu_seqlens, const PolicyLossParams& p,
-                           bool accumulate) = 0;
+                           const Tensor& old_nll, const Tensor& ref_nll, const Tensor& keep,
+                           const Tensor& doc_advantage, const Tensor& doc_scale, const Tensor& cu_seqlens,
+                           const PolicyLossParams& p, bool accumulate) = 0;
   virtual void fill(Tensor x, float value) = 0;  // F32
   virtual void scale(Tensor x, float factor) = 0;
   // torch.optim.AdamW on one flat range of fp32 master parameters (decoupled decay, bias correction);

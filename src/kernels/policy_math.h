@@ -88,19 +88,23 @@ struct PolicyDocument {
 };
 
 // Completion d (tokens [begin, end); nll, old and ref: −log p of each target under the policy, the sampling
-// policy and the reference): every token's weight into w, and what it adds to the stats. Tokens whose
+// policy and the reference; keep, when given, 1 or 0 per token: TRL's top_entropy_quantile mask, which multiplies
+// the policy term alone, not the KL, nor the clip metrics): every token's weight into w, and what it adds to the
+// stats. Tokens whose
 // target is -100 get weight 0 and count nothing. With sequence-level importance sampling the log ratio is the
 // mean over the counted tokens (TRL: Σ log_ratio·mask / max(Σ mask, 1)); its derivative 1/len reaches each of
 // the len tokens through the completion's len terms, so every token's weight takes the term's derivative once.
 SOLTRAIN_HOST_DEVICE inline PolicyDocument policy_document(const PolicyLossParams& p, int32_t begin, int32_t end,
                                                            const float* nll, const int32_t* targets, const float* old,
-                                                           const float* ref, double adv, double scale, float* w) {
+                                                           const float* ref, const float* keep, double adv,
+                                                           double scale, float* w) {
   PolicyDocument doc;
-  double seq_lr = 0, seq_kl = 0;
+  double seq_lr = 0, seq_kl = 0, kept = 0;
   int32_t counted = 0;
   for (int32_t i = begin; i < end; ++i)
     if (targets[i] != -100) {
       ++counted;
+      kept += keep ? double(keep[i]) : 1.0;
       if (old) seq_lr += double(old[i]) - double(nll[i]);  // log p − log p_old
       if (p.beta != 0) seq_kl += kl_k3(-double(nll[i]), -double(ref[i]));
     }
@@ -116,9 +120,16 @@ SOLTRAIN_HOST_DEVICE inline PolicyDocument policy_document(const PolicyLossParam
     const double logp = -double(nll[i]);
     const double lr = old ? double(old[i]) + logp : 0.0;
     const PolicyTerm t = p.sequence_level ? seq_term : policy_term(p, lr, adv);
+    // The mask: this token's copy of the term counts keep[i] times; a sequence-level term's derivative reaches
+    // each token through the kept copies alone (kept / len of them, where all give 1).
+    PolicyTerm masked = t;
+    if (keep) {
+      masked.loss *= double(keep[i]);
+      masked.dlog_ratio *= p.sequence_level ? kept / len : double(keep[i]);
+    }
     const double r = p.beta != 0 ? -double(ref[i]) : 0.0;
     double l, k;
-    w[i] = policy_token_weight(p, t, logp, r, p.sequence_level ? seq_ratio : exp(lr), kl_rest, scale, &l, &k);
+    w[i] = policy_token_weight(p, masked, logp, r, p.sequence_level ? seq_ratio : exp(lr), kl_rest, scale, &l, &k);
     doc.loss += l;
     doc.kl += k;
     if (!p.sequence_level) {

@@ -1,5 +1,6 @@
 #include "model/grpo_objective.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -49,6 +50,32 @@ void GrpoConfig::validate(const std::string& where) const {
   if (delta > 0 && delta <= 1) user_error(where, ": delta ", delta, " must be > 1 (it caps the importance ratio)");
   if (!(beta >= 0) || !std::isfinite(beta)) user_error(where, ": beta ", beta, " must be >= 0");
   if (max_completion_length < 1) user_error(where, ": max_completion_length ", max_completion_length, " must be >= 1");
+  if (!(top_entropy_quantile >= 0 && top_entropy_quantile <= 1))
+    user_error(where, ": top_entropy_quantile ", top_entropy_quantile, " must be in [0, 1]");
+}
+
+std::vector<float> high_entropy_mask(std::span<const float> entropy, std::span<const int32_t> targets,
+                                     float threshold) {
+  SOLTRAIN_CHECK(entropy.size() == targets.size(), "high_entropy_mask: one entropy per target");
+  std::vector<float> counted;
+  for (size_t i = 0; i < entropy.size(); ++i)
+    if (targets[i] != -100) counted.push_back(entropy[i]);
+  std::vector<float> keep(entropy.size(), 0.0f);
+  if (counted.empty()) return keep;
+  std::sort(counted.begin(), counted.end());
+  // torch.quantile: rank q·(n − 1) in the input's dtype, then lerp between the values either side of it (torch's
+  // lerp: from the nearer end, for accuracy)
+  const float rank = threshold * float(counted.size() - 1);
+  const size_t below = size_t(rank), above = std::min(below + 1, counted.size() - 1);
+  const float w = rank - float(below), a = counted[below], b = counted[above];
+  const float cut = w < 0.5f ? a + w * (b - a) : b - (b - a) * (1.0f - w);
+  // Ties at the cut are common (a group's identical completions have identical entropies) and TRL keeps them all;
+  // here equal contexts in different rows may differ in the last bits (another GEMM tile), so a token within
+  // 1e-6 of the cut counts as reaching it.
+  const float reach = cut - 1e-6f * std::fabs(cut);
+  for (size_t i = 0; i < entropy.size(); ++i)
+    if (targets[i] != -100 && entropy[i] >= reach) keep[i] = 1.0f;
+  return keep;
 }
 
 std::pair<double, double> nan_mean_std(std::span<const double> v) {
@@ -121,6 +148,7 @@ GrpoObjective::GrpoObjective(Ops& ops, GrpoConfig cfg, int64_t max_tokens, int64
       scale_(ops.alloc(size_t(max_rows) * sizeof(float))),
       weight_(ops.alloc(size_t(max_tokens) * sizeof(float))),
       stats_(ops.alloc((kPolicyStats + 1) * sizeof(double))),
+      keep_(cfg.top_entropy_quantile < 1 ? ops.alloc(size_t(max_tokens) * sizeof(float)) : Buffer{}),
       upload_old_(ops, size_t(max_tokens) * sizeof(float)),
       upload_ref_(ops, size_t(max_tokens) * sizeof(float)),
       upload_adv_(ops, size_t(max_rows) * sizeof(float)),
@@ -168,12 +196,23 @@ void GrpoObjective::add_loss(Ops& ops, const ForwardOutputs& out) {
   p.sequence_level = cfg_.sequence_level;
   p.kl_ratio = cfg_.kl_ratio;
   auto f32 = [](const Buffer& b, int64_t n) { return Tensor{b.data(), DType::F32, {n}, b.device()}; };
+  const Tensor ent = out.token_entropy.rows(0, N);
+  Tensor keep;
+  if (cfg_.top_entropy_quantile < 1) {
+    // TRL's high-entropy mask from this micro-batch's entropies (read back: a sync per micro-batch while it is on)
+    std::vector<float> e(size_t(N), 0.0f);
+    std::vector<int32_t> t(size_t(N), 0);
+    ops.copy(Tensor{e.data(), DType::F32, {N}, Device::CPU}, ent);
+    ops.copy(Tensor{t.data(), DType::I32, {N}, Device::CPU}, out.targets.rows(0, N));
+    const std::vector<float> k = high_entropy_mask(e, t, 1.0f - cfg_.top_entropy_quantile);
+    keep = f32(keep_, N);
+    ops.copy(keep, Tensor{const_cast<float*>(k.data()), DType::F32, {N}, Device::CPU});
+  }
   ops.policy_loss(f32(weight_, N), Tensor{stats_.data(), DType::F64, {kPolicyStats}, stats_.device()}, out.token_nll,
-                  out.targets, has_old_ ? f32(old_, N) : Tensor{}, f32(ref_, N), f32(adv_, D), f32(scale_, D),
+                  out.targets, has_old_ ? f32(old_, N) : Tensor{}, f32(ref_, N), keep, f32(adv_, D), f32(scale_, D),
                   out.seq.cu_seqlens, p, !first_);
   // TRL's entropy metric: this micro-batch's mean over its completion tokens (the entropy is 0 elsewhere), summed
   // here and divided by the micro-batches at read().
-  const Tensor ent = out.token_entropy.rows(0, N);
   ops.scale(ent, out.counted > 0 ? 1.0f / float(out.counted) : 0.0f);
   ops.reduce_sum(Tensor{static_cast<double*>(stats_.data()) + kPolicyStats, DType::F64, {1}, stats_.device()}, ent,
                  /*squares=*/false, !first_);

@@ -40,6 +40,9 @@ struct GrpoConfig {
   bool sequence_level = false;  // importance_sampling_level: sequence (GSPO) rather than token
   bool kl_ratio = true;         // use_bias_correction_kl: the KL term times the importance ratio (TRL's default)
   int max_completion_length = 512;
+  // TRL's top_entropy_quantile: each micro-batch's policy term counts only at completion tokens whose entropy is
+  // at least the (1 − q) quantile of its completion tokens' (torch.quantile, linear); 1: every token.
+  float top_entropy_quantile = 1;
   // The values a config can hold, checked; UserErrors name `where`'s keys.
   void validate(const std::string& where) const;
 };
@@ -58,6 +61,12 @@ std::vector<float> grpo_advantages(std::span<const double> rewards, int num_gene
 // Each completion's share of the update's loss, per micro-batch (one completion per row, counted tokens from the
 // targets), for the loss type: what TRL divides the summed token losses by.
 std::vector<std::vector<float>> grpo_document_scales(const GrpoConfig& c, std::span<const HostBatch> micro_batches);
+
+// TRL's get_high_entropy_mask on one micro-batch: 1 at counted tokens (targets != -100) whose entropy is >= the
+// `threshold` quantile (torch.quantile's linear interpolation, in fp32) of the counted tokens' entropies (less
+// 1e-6 of it: tied entropies computed in different rows may differ in their last bits), else 0; all 0 without
+// counted tokens.
+std::vector<float> high_entropy_mask(std::span<const float> entropy, std::span<const int32_t> targets, float threshold);
 
 // What an update measured, under TRL's names; the means are over its micro-batches, as TRL averages them.
 struct GrpoMetrics {
@@ -96,6 +105,7 @@ class GrpoObjective final : public Objective {
   // stats_: F64 [kPolicyStats + 1], the policy loss's sums, then Σ over micro-batches of the mean entropy of their
   // completion tokens (read back together: one sync)
   Buffer old_, ref_, adv_, scale_, weight_, stats_;
+  Buffer keep_;  // top_entropy_quantile < 1: this micro-batch's high_entropy_mask (F32 [max_tokens])
   StagedUpload upload_old_, upload_ref_, upload_adv_, upload_scale_;
   bool has_old_ = false, first_ = true, weights_ready_ = false;
   ReferenceWeights* reference_weights_ = nullptr;

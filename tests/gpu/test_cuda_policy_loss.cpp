@@ -26,6 +26,9 @@ TEST_F(CudaPolicyLoss, WeightsAndStatsMatchTheCpu) {
     ref[size_t(i)] = nll[size_t(i)] + shift(rng);
   }
   for (int d = 0; d < D; ++d) scale[size_t(d)] = d % 17 == 5 ? 0.0f : 1.0f / float(1 + rng() % 500);
+  std::vector<float> keep(static_cast<size_t>(N));  // a top_entropy_quantile mask (cases 4 and 5)
+  for (float& k : keep) k = rng() % 3 == 0 ? 0.0f : 1.0f;
+  const Tensor gkeep = upload(keep, {N}, DType::F32);
   const Tensor gnll = upload(nll, {N}, DType::F32), gold = upload(old, {N}, DType::F32);
   const Tensor gref = upload(ref, {N}, DType::F32), gadv = upload(adv, {D}, DType::F32);
   const Tensor gscale = upload(scale, {D}, DType::F32), gcu = upload_i32(cu), gtargets = upload_i32(targets);
@@ -45,10 +48,13 @@ TEST_F(CudaPolicyLoss, WeightsAndStatsMatchTheCpu) {
     std::vector<double> want_s(kPolicyStats), got_s(kPolicyStats);
     for (bool accumulate : {false, true}) {
       Tensor gw = poisoned({N}, DType::F32);
-      gpu->policy_loss(gw, gstats, gnll, gtargets, with_old ? gold : Tensor{}, gref, gadv, gscale, gcu, p, accumulate);
+      const bool masked = c >= 4;
+      gpu->policy_loss(gw, gstats, gnll, gtargets, with_old ? gold : Tensor{}, gref, masked ? gkeep : Tensor{}, gadv,
+                       gscale, gcu, p, accumulate);
       cpu->policy_loss(host(want_w, {N}), Tensor{want_s.data(), DType::F64, {kPolicyStats}}, host(nll, {N}),
-                       host_i32(targets), with_old ? host(old, {N}) : Tensor{}, host(ref, {N}), host(adv, {D}),
-                       host(scale, {D}), host_i32(cu), p, accumulate);
+                       host_i32(targets), with_old ? host(old, {N}) : Tensor{}, host(ref, {N}),
+                       masked ? host(keep, {N}) : Tensor{}, host(adv, {D}), host(scale, {D}), host_i32(cu), p,
+                       accumulate);
       EXPECT_TRUE(all_close(download(gw), want_w, 1e-9, 1e-6));
       gpu->copy(Tensor{got_s.data(), DType::F64, {kPolicyStats}, Device::CPU}, gstats);
       for (int k = 0; k < kPolicyStats; ++k)

@@ -8,14 +8,14 @@
 namespace soltrain {
 
 void CpuOps::policy_loss(Tensor weight, Tensor stats, const Tensor& token_nll, const Tensor& targets,
-                         const Tensor& old_nll, const Tensor& ref_nll, const Tensor& doc_advantage,
+                         const Tensor& old_nll, const Tensor& ref_nll, const Tensor& keep, const Tensor& doc_advantage,
                          const Tensor& doc_scale, const Tensor& cu_seqlens, const PolicyLossParams& p,
                          bool accumulate) {
   const int64_t D = cu_seqlens.numel() - 1, N = token_nll.numel();
   SOLTRAIN_CHECK(stats.dtype == DType::F64 && stats.numel() == kPolicyStats, "policy_loss: stats shape");
   SOLTRAIN_CHECK(D >= 0 && doc_advantage.numel() == D && doc_scale.numel() == D && weight.numel() == N &&
                      targets.numel() == N && (!old_nll.defined() || old_nll.numel() == N) &&
-                     (p.beta == 0 || ref_nll.numel() == N),
+                     (!keep.defined() || keep.numel() == N) && (p.beta == 0 || ref_nll.numel() == N),
                  "policy_loss: shapes");
   const int32_t* cu = cu_seqlens.i32();
   SOLTRAIN_CHECK(D == 0 || (cu[0] == 0 && cu[D] <= N), "policy_loss: documents past the tokens");
@@ -25,8 +25,9 @@ void CpuOps::policy_loss(Tensor weight, Tensor stats, const Tensor& token_nll, c
   double low_min = NAN, high_max = NAN, docs = 0;
   for (int64_t d = 0; d < D; ++d) {
     const double scale = doc_scale.f32()[d];
-    const PolicyDocument doc = policy_document(p, cu[d], cu[d + 1], token_nll.f32(), targets.i32(), old, ref,
-                                               doc_advantage.f32()[d], scale, weight.f32());
+    const PolicyDocument doc =
+        policy_document(p, cu[d], cu[d + 1], token_nll.f32(), targets.i32(), old, ref,
+                        keep.defined() ? keep.f32() : nullptr, doc_advantage.f32()[d], scale, weight.f32());
     if (scale == 0) continue;  // padding: its tokens count nothing (their weights are 0 by their targets)
     docs += 1;
     sum.loss += doc.loss;

@@ -114,7 +114,7 @@ class CudaOps final : public Ops {
   void preference_loss(Tensor doc_weight, Tensor stats, const Tensor& doc_nll, const Tensor& ref_doc_nll,
                        const Tensor& pairs, const PreferenceParams& p, bool accumulate) override;
   void policy_loss(Tensor weight, Tensor stats, const Tensor& token_nll, const Tensor& targets, const Tensor& old_nll,
-                   const Tensor& ref_nll, const Tensor& doc_advantage, const Tensor& doc_scale,
+                   const Tensor& ref_nll, const Tensor& keep, const Tensor& doc_advantage, const Tensor& doc_scale,
                    const Tensor& cu_seqlens, const PolicyLossParams& p, bool accumulate) override;
   void fill(Tensor x, float value) override;
   void scale(Tensor x, float factor) override;

@@ -16,13 +16,13 @@ constexpr int kPolicyThreads = 128;
 constexpr int kPolicySums = 7;  // loss, kl, low, high, region, tokens, docs; low_min and high_max apart
 
 __global__ void policy_loss_kernel(float* w, double* stats, const float* nll, const int32_t* targets, const float* old,
-                                   const float* ref, const float* adv, const float* scale, const int32_t* cu, int D,
-                                   PolicyLossParams p, bool accumulate) {
+                                   const float* ref, const float* keep, const float* adv, const float* scale,
+                                   const int32_t* cu, int D, PolicyLossParams p, bool accumulate) {
   __shared__ double s[kPolicyThreads];
   double acc[kPolicySums] = {};
   double low_min = NAN, high_max = NAN;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    const PolicyDocument doc = policy_document(p, cu[d], cu[d + 1], nll, targets, old, ref, adv[d], scale[d], w);
+    const PolicyDocument doc = policy_document(p, cu[d], cu[d + 1], nll, targets, old, ref, keep, adv[d], scale[d], w);
     if (scale[d] == 0) continue;
     acc[0] += doc.loss;
     acc[1] += doc.kl;
@@ -75,7 +75,7 @@ __global__ void policy_loss_kernel(float* w, double* stats, const float* nll, co
 }  // namespace
 
 void CudaOps::policy_loss(Tensor weight, Tensor stats, const Tensor& token_nll, const Tensor& targets,
-                          const Tensor& old_nll, const Tensor& ref_nll, const Tensor& doc_advantage,
+                          const Tensor& old_nll, const Tensor& ref_nll, const Tensor& keep, const Tensor& doc_advantage,
                           const Tensor& doc_scale, const Tensor& cu_seqlens, const PolicyLossParams& p,
                           bool accumulate) {
   const auto prof = profile("policy_loss");
@@ -83,12 +83,12 @@ void CudaOps::policy_loss(Tensor weight, Tensor stats, const Tensor& token_nll, 
   SOLTRAIN_CHECK(stats.dtype == DType::F64 && stats.numel() == kPolicyStats, "policy_loss: stats shape");
   SOLTRAIN_CHECK(D >= 0 && doc_advantage.numel() == D && doc_scale.numel() == D && weight.numel() == N &&
                      targets.numel() == N && (!old_nll.defined() || old_nll.numel() == N) &&
-                     (p.beta == 0 || ref_nll.numel() == N),
+                     (!keep.defined() || keep.numel() == N) && (p.beta == 0 || ref_nll.numel() == N),
                  "policy_loss: shapes");
-  policy_loss_kernel<<<1, kPolicyThreads, 0, stream_>>>(weight.f32(), stats.as<double>(), token_nll.f32(),
-                                                        targets.i32(), old_nll.defined() ? old_nll.f32() : nullptr,
-                                                        p.beta != 0 ? ref_nll.f32() : nullptr, doc_advantage.f32(),
-                                                        doc_scale.f32(), cu_seqlens.i32(), int(D), p, accumulate);
+  policy_loss_kernel<<<1, kPolicyThreads, 0, stream_>>>(
+      weight.f32(), stats.as<double>(), token_nll.f32(), targets.i32(), old_nll.defined() ? old_nll.f32() : nullptr,
+      p.beta != 0 ? ref_nll.f32() : nullptr, keep.defined() ? keep.f32() : nullptr, doc_advantage.f32(),
+      doc_scale.f32(), cu_seqlens.i32(), int(D), p, accumulate);
   CUDA_CHECK_LAUNCH();
 }
 
