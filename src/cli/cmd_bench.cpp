@@ -196,12 +196,9 @@ int print_activation_plan(const BenchOpts& o) {
   double weights = double(w.weights() - (host_master ? w.masters : 0) + slots) / gib;
   double optimizer = double(opt.device(host_moments)) / gib, grads = double(w.grads) / gib, host_grads = 0;
   if (offload.grads) {  // the head's group stays; the layers' go home through two slots (train/grad_offload.h)
-    const int layers = int(c.num_layers);
-    int64_t head = 0;
-    for (const Parameter& q : ps.all())
-      if (q.trainable && q.group >= layers) head += shape_numel(q.shape);
-    host_grads = grads - double(head) * 4 / gib;
-    grads = double(size_t(head) * 4 + GradOffload::planned_device_bytes(ps, layers)) / gib;
+    const GradOffload::Plan g = GradOffload::plan(ps, int(c.num_layers));
+    host_grads = double(g.host) / gib;
+    grads = double(g.device()) / gib;
   }
   PlannedTotals t{weights, grads, optimizer};
   const nlohmann::json parallel =

@@ -154,7 +154,7 @@ std::function<int()> add_generate_command(CLI::App& app) {
                  (dir / "config.json").string(), ")");
     GenerationOptions g{o->max_new_tokens, o->sampling, model_eos_ids(dir, tok)};
     const StopStrings stop(tok, o->stop, "--stop");
-    if (!o->stop.empty()) g.stop_after = [&stop](std::span<const int32_t> row) { return stop.completed_by_last(row); };
+    g.stop_after = stop.stop_after();
 
     auto ops = make_ops(o->device);
     auto model = o->adapter.empty() ? load_pretrained(dir, *ops) : load_pretrained_with_adapter(dir, o->adapter, *ops);

@@ -152,8 +152,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
         Ask a = read_ask(body, m, prompt.size());
         // A row ends at the token completing a stop string (the text is cut before it below, as OpenAI's is)
         const StopStrings stop(m.tokenizer(), a.stop, "stop");
-        if (!a.stop.empty())
-          a.gen.stop_after = [&stop](std::span<const int32_t> row) { return stop.completed_by_last(row); };
+        a.gen.stop_after = stop.stop_after();
         const std::vector<std::vector<int32_t>> outs = m.complete(prompt, a.n, a.gen);
         const std::string id = request_id(chat ? "chatcmpl" : "cmpl");
         json choices = json::array();

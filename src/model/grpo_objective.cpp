@@ -200,11 +200,11 @@ void GrpoObjective::add_loss(Ops& ops, const ForwardOutputs& out) {
   Tensor keep;
   if (cfg_.top_entropy_quantile < 1) {
     // TRL's high-entropy mask from this micro-batch's entropies (read back: a sync per micro-batch while it is on)
-    std::vector<float> e(size_t(N), 0.0f);
-    std::vector<int32_t> t(size_t(N), 0);
-    ops.copy(Tensor{e.data(), DType::F32, {N}, Device::CPU}, ent);
-    ops.copy(Tensor{t.data(), DType::I32, {N}, Device::CPU}, out.targets.rows(0, N));
-    const std::vector<float> k = high_entropy_mask(e, t, 1.0f - cfg_.top_entropy_quantile);
+    host_entropy_.resize(size_t(N));
+    host_targets_.resize(size_t(N));
+    ops.copy(Tensor{host_entropy_.data(), DType::F32, {N}, Device::CPU}, ent);
+    ops.copy(Tensor{host_targets_.data(), DType::I32, {N}, Device::CPU}, out.targets.rows(0, N));
+    const std::vector<float> k = high_entropy_mask(host_entropy_, host_targets_, 1.0f - cfg_.top_entropy_quantile);
     keep = f32(keep_, N);
     ops.copy(keep, Tensor{const_cast<float*>(k.data()), DType::F32, {N}, Device::CPU});
   }

@@ -106,6 +106,8 @@ class GrpoObjective final : public Objective {
   // completion tokens (read back together: one sync)
   Buffer old_, ref_, adv_, scale_, weight_, stats_;
   Buffer keep_;  // top_entropy_quantile < 1: this micro-batch's high_entropy_mask (F32 [max_tokens])
+  std::vector<float> host_entropy_;  // ... and the entropies and targets it is computed from, read back
+  std::vector<int32_t> host_targets_;
   StagedUpload upload_old_, upload_ref_, upload_adv_, upload_scale_;
   bool has_old_ = false, first_ = true, weights_ready_ = false;
   ReferenceWeights* reference_weights_ = nullptr;

@@ -18,6 +18,11 @@ StopStrings::StopStrings(const Tokenizer& tokenizer, std::vector<std::string> st
   window_ = longest + 2;
 }
 
+std::function<bool(std::span<const int32_t>)> StopStrings::stop_after() const {
+  if (strings_.empty()) return {};
+  return [this](std::span<const int32_t> row) { return completed_by_last(row); };
+}
+
 bool StopStrings::completed_by_last(std::span<const int32_t> generated) const {
   if (strings_.empty() || generated.empty()) return false;
   // (ids past the tokenizer's vocabulary, a model's padding rows, add no text)

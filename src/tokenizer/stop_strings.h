@@ -4,6 +4,7 @@
 // as in transformers, the token that completes it is kept, and so is any text after it within that token.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -21,6 +22,9 @@ class StopStrings {
   // few tokens, not the whole row.
   bool completed_by_last(std::span<const int32_t> generated) const;
   const std::vector<std::string>& strings() const { return strings_; }
+  // completed_by_last as GenerationOptions::stop_after takes it (empty without strings); reads this object, which
+  // must outlive the generation.
+  std::function<bool(std::span<const int32_t>)> stop_after() const;
 
  private:
   const Tokenizer& tokenizer_;

@@ -8,22 +8,29 @@
 
 namespace soltrain {
 
-size_t GradOffload::planned_device_bytes(const ParameterStore& ps, int layers) {
+GradOffload::Plan GradOffload::plan(const ParameterStore& ps, int layers) {
   std::map<int, int64_t> per_group;
-  for (const Parameter& p : ps.all())
-    if (p.trainable && p.group < layers) per_group[p.group] += shape_numel(p.shape);
+  Plan p;
+  for (const Parameter& q : ps.all()) {
+    if (!q.trainable) continue;
+    const size_t bytes = size_t(shape_numel(q.shape)) * 4;
+    if (q.group < layers)
+      per_group[q.group] += shape_numel(q.shape), p.host += bytes;
+    else
+      p.head += bytes;
+  }
   int64_t widest = 1;
   for (const auto& [g, n] : per_group) widest = std::max(widest, n);
-  return 2 * size_t(widest) * 4;
+  p.slot = size_t(widest) * 4;
+  return p;
 }
 
 GradOffload::GradOffload(Transformer& model) : model_(model), layers_(int(model.config().num_layers)) {
   ParameterStore& ps = model.params();
   Ops& ops = model.ops();
+  const size_t slot = plan(ps, layers_).slot;
   ps.move_layer_grads_to_host(ops, layers_);
-  int64_t widest = 1;
-  for (int g = 0; g < layers_; ++g) widest = std::max(widest, ps.group_numel(g));
-  for (Buffer& b : slot_) b = ops.alloc(size_t(widest) * 4);
+  for (Buffer& b : slot_) b = ops.alloc(slot);
 }
 
 Tensor GradOffload::slot_view(int group) const {

@@ -22,8 +22,14 @@ class GradOffload final : public LayerHooks {
   explicit GradOffload(Transformer& model);
   // The device bytes of the two slots (the largest layer's gradients each).
   size_t device_bytes() const { return slot_[0].bytes() + slot_[1].bytes(); }
-  // What the two slots would take for this store (its largest decoder layer group, fp32), without allocating.
-  static size_t planned_device_bytes(const ParameterStore& ps, int layers);
+  // Where the fp32 gradients of a store with `layers` decoder layers go, from its parameters alone (no layout,
+  // nothing allocated: bench --plan-only, and the constructor sizes its slots from it): the layers' in host
+  // memory, the head group's on the device, and the two slots of the widest layer there.
+  struct Plan {
+    size_t host = 0, head = 0, slot = 0;  // bytes; each slot is `slot`
+    size_t device() const { return head + 2 * slot; }
+  };
+  static Plan plan(const ParameterStore& ps, int layers);
 
   // An update begins: its first backward pass starts each layer from zero rather than from the host copy.
   void begin_update();

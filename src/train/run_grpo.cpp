@@ -156,9 +156,8 @@ class GrpoDriver final : public RunDriver {
         completions_(c.per_device_train_batch_size * c.gradient_accumulation_steps),
         grpo_(ops, c.grpo.loss, int64_t(c.per_device_train_batch_size) * c.sequence_len, c.per_device_train_batch_size),
         decoder_(model, completions_, c.sequence_len, generation_chunk(c), c.grpo.repetition_penalty != 1),
+        stop_(codec.tokenizer(), c.grpo.stop_strings, "stop_strings"),
         micro_(size_t(c.gradient_accumulation_steps)) {
-    if (!c.grpo.stop_strings.empty())
-      stop_ = std::make_unique<StopStrings>(codec.tokenizer(), c.grpo.stop_strings, "stop_strings");
     if (keeps_reference_copy(c, model)) {
       reference_ = std::make_unique<ReferenceWeights>(ops, model.params());
       grpo_.set_reference_weights(reference_.get());
@@ -228,7 +227,7 @@ class GrpoDriver final : public RunDriver {
                   float(g.top_p),       c_.seed + uint64_t(done) * 1000003u,
                   float(g.min_p),       float(g.repetition_penalty)};
     o.eos_ids = codec_.eos();
-    if (stop_) o.stop_after = [this](std::span<const int32_t> row) { return stop_->completed_by_last(row); };
+    o.stop_after = stop_.stop_after();
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<Rollout> rollouts = generate_groups(decoder_, prompt_ids, G, o);
     const double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -344,7 +343,7 @@ class GrpoDriver final : public RunDriver {
   GrpoObjective grpo_;
   std::unique_ptr<ReferenceWeights> reference_;  // full fine-tuning with beta > 0
   KvDecoder decoder_;
-  std::unique_ptr<StopStrings> stop_;  // stop_strings, when given
+  StopStrings stop_;  // stop_strings (none: EOS and the budget end completions)
   std::vector<HostBatch> micro_;
   LoaderState state_;
   std::vector<int64_t> order_;
