@@ -278,12 +278,13 @@ TEST(Config, MorePeerKeys) {
   EXPECT_FALSE(e.merge_adapter);
   EXPECT_EQ(e.moments, Moments::F32);
   EXPECT_EQ(e.saves_per_epoch, 0);
-  EXPECT_EQ(error_of(kBase + "plugins: [axolotl.integrations.kd.KDPlugin]\nrl: kto\noptimizer: adamw_torch_4bit\n"),
-            "cfg.yaml: 3 problems: cfg.yaml:6: plugins: \"axolotl.integrations.kd.KDPlugin\": Axolotl plugins are "
-            "not supported; cfg.yaml:7: rl: \"kto\": soltrain trains dpo, ipo and grpo (other methods are not "
-            "built yet); cfg.yaml:8: "
-            "optimizer: \"adamw_torch_4bit\": 4-bit optimizer moments are not built yet; use adamw_8bit or "
-            "adamw_torch");
+  EXPECT_EQ(
+      error_of(kBase + "plugins: [axolotl.integrations.kd.KDPlugin]\nrl: kto\noptimizer: adamw_torch_4bit\n"),
+      "cfg.yaml: 3 problems: cfg.yaml:6: plugins: \"axolotl.integrations.kd.KDPlugin\": Axolotl plugins are "
+      "not supported; cfg.yaml:7: rl: \"kto\": soltrain trains dpo, ipo, orpo, simpo and grpo (other methods are not "
+      "built yet); cfg.yaml:8: "
+      "optimizer: \"adamw_torch_4bit\": 4-bit optimizer moments are not built yet; use adamw_8bit or "
+      "adamw_torch");
 }
 
 // Axolotl's default scheduler is cosine (Surogate's and soltrain's: linear): a config with Axolotl's base_model

@@ -16,6 +16,7 @@
 #include "model/checkpoint.h"
 #include "model/dpo_objective.h"
 #include "objective_test_util.h"
+#include "train/train_step.h"
 
 namespace soltrain::test {
 namespace {
@@ -48,12 +49,15 @@ int64_t chosen_tokens(const HostBatch& b) {
 }
 
 TEST(PreferencePair, DerivativeMatchesFiniteDifferences) {
-  for (PreferenceLoss l : {PreferenceLoss::Sigmoid, PreferenceLoss::Ipo, PreferenceLoss::Hinge}) {
+  // SimPO and ORPO on mean log-probs (−4/3 and −3/5 for the first: ORPO's log(1 − p) on both sides of −ln 2)
+  for (PreferenceLoss l : {PreferenceLoss::Sigmoid, PreferenceLoss::Ipo, PreferenceLoss::Hinge, PreferenceLoss::Simpo,
+                           PreferenceLoss::Orpo}) {
     SCOPED_TRACE(preference_loss_name(l));
     PreferenceParams p;
     p.loss = l;
     p.beta = 0.3f;
-    p.label_smoothing = l == PreferenceLoss::Sigmoid ? 0.1f : 0.0f;
+    p.simpo_gamma = 0.4f;
+    p.label_smoothing = l == PreferenceLoss::Sigmoid || l == PreferenceLoss::Simpo ? 0.1f : 0.0f;
     // nll_c, nll_r, ref_c, ref_r, len_c, len_r: z = −1.5 (hinge active), 2.5, and around 0
     for (auto [nc, nr, rc, rr] :
          {std::array{4.0, 3.0, 3.5, 4.0}, std::array{2.0, 5.0, 2.5, 3.0}, std::array{3.0, 3.1, 3.0, 3.0}}) {
@@ -78,6 +82,12 @@ TEST(PreferencePair, DerivativeMatchesFiniteDifferences) {
   EXPECT_NEAR(preference_pair(p, 1, 1, 1, 1, 1, 1).loss, 4.0, 1e-12);
   p.loss = PreferenceLoss::Hinge;
   EXPECT_NEAR(preference_pair(p, 1, 1, 1, 1, 1, 1).loss, 1.0, 1e-12);
+  // Without a reference the reference sums are not read: SimPO at equal answers is −logσ(−γ), ORPO −β·logσ(0).
+  p.simpo_gamma = 0.5f;
+  p.loss = PreferenceLoss::Simpo;
+  EXPECT_NEAR(preference_pair(p, 1, 1, 7, -3, 1, 1).loss, -log_sigmoid(-0.5), 1e-12);
+  p.loss = PreferenceLoss::Orpo;
+  EXPECT_NEAR(preference_pair(p, 1, 1, 7, -3, 1, 1).loss, 0.25 * std::log(2.0), 1e-12);
 }
 
 // At step 0 the policy is the reference: z = 0 for every pair, so the sigmoid loss is ln 2, every reward
@@ -304,6 +314,64 @@ TEST(PairLoader, PackingKeepsPairsTogetherAndChangesNoLogProb) {
   EXPECT_NEAR(metrics[true].logp_rejected, metrics[false].logp_rejected,
               1e-5 * std::fabs(metrics[false].logp_rejected));
   EXPECT_NEAR(metrics[true].loss, metrics[false].loss, 1e-6);
+}
+
+// ORPO's batches: the chosen answer's prompt tokens are targets too (its NLL term trains them), counted per pair
+// in prompt_targets; the rejected answer's are not. Its loss and log-probs are the same packed or not.
+TEST(PairLoader, OrpoChosenPromptsAreTargetsCountedApart) {
+  ShardSet docs;
+  std::mt19937 rng(5);
+  const int pairs = 8, T = 16;
+  std::vector<int> prompt_len;
+  for (int d = 0; d < 2 * pairs; ++d) {
+    if (d % 2 == 0) prompt_len.push_back(2 + int(rng() % 3));
+    const int len = prompt_len.back() + 1 + int(rng() % 6);
+    for (int i = 0; i < len; ++i) {
+      docs.tokens.push_back(int32_t(1 + rng() % 40));
+      docs.mask.push_back(i >= prompt_len.back());
+    }
+    docs.doc_offsets.push_back(int64_t(docs.tokens.size()));
+  }
+  auto ops = make_cpu_ops();
+  auto model = load_pretrained(fixtures() / "models" / "qwen3-tiny", *ops);
+  model->plan(4, T);
+  std::map<bool, DpoMetrics> metrics;
+  for (bool pack : {false, true}) {
+    PairLoader l(docs, {}, 2, T, 0, false, pack, /*chosen_prompt_targets=*/true);
+    DpoConfig cfg;
+    cfg.loss = PreferenceLoss::Orpo;
+    cfg.nll_alpha = 1;
+    DpoObjective dpo(*ops, cfg, 4 * T);
+    std::vector<HostBatch> all;
+    for (HostBatch b = l.next(true); !b.pairs.empty(); b = l.next(true)) all.push_back(std::move(b));
+    DpoStep step(dpo);
+    step.begin_update(all);
+    for (const HostBatch& b : all) {
+      ASSERT_EQ(b.prompt_targets.size() * 2, b.pairs.size());
+      const std::vector<int32_t> counted = counted_per_document(b);
+      for (size_t i = 0; i < b.prompt_targets.size(); ++i) {
+        const int32_t c = b.pairs[2 * i], r = b.pairs[2 * i + 1];
+        const int32_t len_c = b.cu_seqlens[size_t(c) + 1] - b.cu_seqlens[size_t(c)];
+        EXPECT_EQ(counted[size_t(c)], len_c - 1) << "every next token of the chosen answer is a target";
+        // the source pair: the one whose chosen document starts with these tokens
+        const int32_t at = b.cu_seqlens[size_t(c)];
+        int src = -1;
+        for (int d = 0; d < 2 * pairs; d += 2)
+          if (std::equal(docs.tokens.begin() + docs.doc_offsets[size_t(d)],
+                         docs.tokens.begin() + docs.doc_offsets[size_t(d) + 1], b.input_ids.begin() + at))
+            src = d / 2;
+        ASSERT_GE(src, 0);
+        EXPECT_EQ(b.prompt_targets[i], prompt_len[size_t(src)] - 1);
+        EXPECT_EQ(b.targets[size_t(b.cu_seqlens[size_t(r)])], -100) << "the rejected answer's prompt is no target";
+      }
+      step.train_micro_batch(*model, b);
+    }
+    metrics[pack] = dpo.read(*ops);
+    EXPECT_EQ(metrics[pack].pairs, pairs);
+  }
+  EXPECT_NEAR(metrics[true].loss, metrics[false].loss, 1e-5 * metrics[false].loss);
+  EXPECT_NEAR(metrics[true].nll, metrics[false].nll, 1e-5 * metrics[false].nll);
+  EXPECT_GT(metrics[false].nll, 0.0);
 }
 
 }  // namespace

@@ -471,14 +471,19 @@ TEST(PeerConfigs, AxolotlLlama3DpoTrainsOverInt8) {
 // Mistral 7B LoRA over an 8-bit base, as Axolotl's example has it (model_type / tokenizer_type, 8192-token packed
 // rows): a tiny MistralForCausalLM (sliding_window 4096, which the short packed documents never reach) trains LoRA
 // over the LLM.int8 base to the end.
-TEST(PeerConfigs, AxolotlMistralLoraTrainsOverInt8) {
-  PeerSetup s;
+// The Llama stand-in as a MistralForCausalLM (sliding_window 4096), in s.t.path / "mistral".
+void add_mistral(const PeerSetup& s) {
   fs::copy(s.t.path / "llama", s.t.path / "mistral", fs::copy_options::recursive);
   nlohmann::json config = nlohmann::json::parse(read_text(s.t.path / "mistral" / "config.json"));
   config["architectures"] = {"MistralForCausalLM"};
   config["model_type"] = "mistral";
   config["sliding_window"] = 4096;
   test::write_text(s.t.path / "mistral" / "config.json", config.dump(2));
+}
+
+TEST(PeerConfigs, AxolotlMistralLoraTrainsOverInt8) {
+  PeerSetup s;
+  add_mistral(s);
   const fs::path cfg = s.config("axolotl-mistral-lora.yml", "alpaca.jsonl", "mistral");
   const test::CliRun r = s.sft(cfg, "--set max_steps=1");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
@@ -486,6 +491,61 @@ TEST(PeerConfigs, AxolotlMistralLoraTrainsOverInt8) {
   EXPECT_NE(all.find("over a frozen LLM.int8 (row-wise int8) base (load_in_8bit)"), std::string::npos) << all;
   EXPECT_NE(all.find("sft: MistralForCausalLM on cpu"), std::string::npos) << all;
   EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << all;
+}
+
+// Axolotl's Mistral QLoRA ORPO example (`rl: orpo`, orpo_alpha, chat_template.argilla rows: chosen and rejected
+// whole conversations, as argilla/ultrafeedback-binarized-preferences-cleaned has them): ORPO without a reference
+// over the NF4 base, its beta from orpo_alpha, TRL's ORPO metrics (nll_loss) logged, the adapter written.
+TEST(PeerConfigs, AxolotlMistralOrpoRunsWithoutAReference) {
+  PeerSetup s;
+  add_mistral(s);
+  {
+    std::ofstream a(s.t.path / "argilla.jsonl");
+    for (int i = 0; i < 40; ++i) {
+      const std::string w = "w" + std::to_string(i), q = "Reverse " + w;
+      a << R"({"source": "evol_instruct", "prompt": ")" << q << R"(", "chosen": [{"role": "user", "content": ")" << q
+        << R"("}, {"role": "assistant", "content": ")" << std::to_string(i) << R"(w"}], "chosen-rating": 5, )"
+        << R"("rejected": [{"role": "user", "content": ")" << q << R"("}, {"role": "assistant", "content": ")" << w
+        << R"("}], "rejected-rating": 1})"
+        << "\n";
+    }
+  }
+  const fs::path cfg = s.config("axolotl-mistral-qlora-orpo.yml", "argilla.jsonl", "mistral");
+  const test::CliRun r = s.sft(cfg, "--set max_steps=2 --set sequence_len=256");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string all = r.out + r.err;
+  EXPECT_NE(all.find("dpo: orpo loss, beta 0.1, NLL term (chosen prompt and answer) 1; LoRA r32"), std::string::npos)
+      << all;
+  EXPECT_NE(all.find("(no reference model)"), std::string::npos) << all;
+  EXPECT_NE(all.find("NF4"), std::string::npos) << all;
+  const std::string metrics = read_text(s.t.path / "out" / "metrics.jsonl");
+  EXPECT_NE(metrics.find("\"nll_loss\""), std::string::npos) << metrics.substr(0, 400);
+  EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << all;
+}
+
+// `rl: simpo` (Axolotl's: TRL's CPOTrainer with loss_type simpo) on the Qwen2 DPO example: no reference, TRL's
+// CPOConfig defaults (cpo_alpha 1, simpo_gamma 0.5) unless set; rl_beta is its beta.
+TEST(PeerConfigs, AxolotlSimpoRunsWithoutAReference) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-qwen2-dpo.yaml", "dpo_chat.jsonl");
+  const test::CliRun r = s.sft(cfg,
+                               "--set rl=simpo --set rl_beta=2.0 --set simpo_gamma=0.8 --set max_steps=1 "
+                               "--set sequence_len=256");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string all = r.out + r.err;
+  EXPECT_NE(all.find("dpo: simpo loss, beta 2, simpo_gamma 0.8, cpo_alpha 1; "), std::string::npos) << all;
+  EXPECT_NE(all.find("(no reference model)"), std::string::npos) << all;
+}
+
+// Axolotl's Llama 3.2 KTO example: unpaired preference training is not built; one line names it.
+TEST(PeerConfigs, AxolotlKtoIsRefusedInOneLine) {
+  PeerSetup s;
+  const fs::path cfg = s.config("axolotl-llama-3-qlora-1b-kto.yaml", "dpo_chat.jsonl", "llama");
+  const test::CliRun r = s.sft(cfg);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("rl: \"kto\": soltrain trains dpo, ipo, orpo, simpo and grpo (other methods are not built yet)"),
+            std::string::npos)
+      << r.err;
 }
 
 // Surogate's Qwen3 examples with its own spellings: `recompute: false` (a bool there; true is soltrain's full) trains

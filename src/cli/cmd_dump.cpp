@@ -1,6 +1,7 @@
 // `soltrain dump`: logits, loss and every trainable parameter's gradient of one batch (all weights, or with
 // --adapter the LoRA tensors under PEFT's names), for comparison with PyTorch / PEFT; with --grpo the same
-// under GRPO's loss (rewards, the sampling policy's and the reference's NLL from a file), for TRL.
+// under GRPO's loss (rewards, the sampling policy's and the reference's NLL from a file), with --preference under
+// a preference loss over the batch file's pairs (DPO and relatives, SimPO, ORPO), for TRL.
 #include <iostream>
 #include <memory>
 
@@ -10,6 +11,7 @@
 #include "io/output_dir.h"
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
+#include "model/dpo_objective.h"
 #include "model/peft_adapter.h"
 #include "train/train_step.h"
 
@@ -25,6 +27,62 @@ struct GrpoDump {
   int num_generations = 2, max_completion_length = 0, micro_batches = 1;
   bool kl_ratio = true;
 };
+
+// Every trainable parameter's gradient as grad.<name>, held in `store` (kept alive until the file is written).
+void add_gradients(Transformer& model, Ops& ops, std::vector<NamedTensor>& out,
+                   std::vector<std::vector<float>>& store) {
+  store.reserve(model.params().all().size());
+  for (const Parameter& p : model.params().all()) {
+    if (!p.trainable) continue;
+    store.emplace_back(size_t(shape_numel(p.shape)));
+    model.params().download_grad(ops, p, store.back().data());
+    out.push_back({"grad." + p.name, Tensor{store.back().data(), DType::F32, p.shape, Device::CPU}});
+  }
+}
+
+struct PreferenceDump {
+  std::string loss;  // sigmoid, ipo, hinge (the batch's ref_nll as the reference), simpo, orpo
+  float label_smoothing = 0, nll_alpha = -1, simpo_gamma = 0.5f;
+};
+
+// One update over the batch's pairs (one micro-batch) under a preference loss: its loss, metrics and gradients.
+int dump_preference(const PreferenceDump& d, float beta, Ops& ops, Transformer& model, const HostBatch& batch,
+                    const std::string& out_path) {
+  DpoConfig c;
+  c.loss = parse_preference_loss(d.loss, "--preference");
+  c.beta = beta;
+  c.label_smoothing = d.label_smoothing;
+  c.nll_alpha = d.nll_alpha >= 0                                                    ? d.nll_alpha
+                : c.loss == PreferenceLoss::Orpo || c.loss == PreferenceLoss::Simpo ? 1.0f
+                                                                                    : 0.0f;
+  c.simpo_gamma = d.simpo_gamma;
+  if (batch.pairs.empty()) user_error("--preference: the batch file has no pairs");
+  if (!reference_free(c.loss) && batch.ref_nll.empty() && !model.lora())
+    user_error("--preference ", d.loss,
+               ": the batch file has no ref_nll (the reference's Σ NLL of each pair document)");
+  if (c.loss == PreferenceLoss::Orpo && batch.prompt_targets.size() * 2 != batch.pairs.size())
+    user_error("--preference orpo: the batch file needs prompt_targets, one per pair");
+  model.plan(batch.rows, batch.seq_len);
+  DpoObjective dpo(ops, c, int64_t(batch.rows) * batch.seq_len);
+  DpoStep step(dpo);
+  ops.zero(model.params().all_grads());
+  step.begin_update({&batch, 1});
+  step.train_micro_batch(model, batch);
+  const DpoMetrics m = dpo.read(ops);
+  std::vector<float> scalars{float(m.loss),   float(m.reward_chosen), float(m.reward_rejected), float(m.accuracy),
+                             float(m.margin), float(m.logp_chosen),   float(m.logp_rejected),   float(m.nll)};
+  const char* names[] = {"loss",         "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+                         "logps/chosen", "logps/rejected", "nll_loss"};
+  std::vector<NamedTensor> out;
+  for (size_t i = 0; i < scalars.size(); ++i)
+    out.push_back({names[i], Tensor{&scalars[i], DType::F32, {1}, Device::CPU}});
+  std::vector<std::vector<float>> grads;
+  add_gradients(model, ops, out, grads);
+  write_safetensors(out_path, out);
+  std::cout << preference_loss_name(c.loss) << " loss " << m.loss << " over " << m.pairs << " pairs; wrote " << out_path
+            << "\n";
+  return 0;
+}
 
 // The batch's rows split into `k` micro-batches of rows / k (an update's), each with its completions'
 // advantages and the file's per-token NLLs.
@@ -111,14 +169,7 @@ int dump_grpo(const GrpoDump& g, Ops& ops, Transformer& model, const HostBatch& 
     out.push_back({names[i], Tensor{&scalars[i], DType::F32, {1}, Device::CPU}});
   out.push_back({"advantages", Tensor{const_cast<float*>(adv.data()), DType::F32, {R}, Device::CPU}});
   std::vector<std::vector<float>> grads;
-  grads.reserve(model.params().all().size());
-  for (const Parameter& p : model.params().all()) {
-    if (!p.trainable) continue;
-    grads.emplace_back(size_t(shape_numel(p.shape)));
-    Tensor h{grads.back().data(), DType::F32, p.shape, Device::CPU};
-    model.params().download_grad(ops, p, grads.back().data());
-    out.push_back({"grad." + p.name, h});
-  }
+  add_gradients(model, ops, out, grads);
   write_safetensors(out_path, out);
   std::cout << "grpo loss " << m.loss << " over " << m.tokens << " completion tokens; wrote " << out_path << "\n";
   return 0;
@@ -132,6 +183,7 @@ std::function<int()> add_dump_command(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   auto g = std::make_shared<GrpoDump>();
+  auto pd = std::make_shared<PreferenceDump>();
   CLI::App* c = app.add_subcommand("dump", "write logits, loss and gradients of one batch as safetensors");
   c->add_option("--model", o->model, "Hugging Face model folder")->required();
   c->add_option("--adapter", o->adapter, "PEFT LoRA adapter folder: the base is frozen, gradients are the adapter's");
@@ -176,8 +228,17 @@ std::function<int()> add_dump_command(CLI::App& app) {
   c->add_option("--max-completion-length", g->max_completion_length, "GRPO: dr_grpo's divisor (default: T)");
   c->add_option("--micro-batches", g->micro_batches, "GRPO: the rows split into this many accumulated micro-batches")
       ->capture_default_str();
+  c->add_option("--preference", pd->loss,
+                "a preference loss over the batch file's pairs (and ref_nll, prompt_targets as the loss needs): "
+                "sigmoid, ipo, hinge, simpo or orpo (beta from --beta)")
+      ->excludes("--grpo");
+  c->add_option("--label-smoothing", pd->label_smoothing, "preference: the share of pairs assumed flipped")
+      ->capture_default_str();
+  c->add_option("--nll-alpha", pd->nll_alpha,
+                "preference: the chosen answers' NLL term's weight (default: 1 for simpo and orpo, else 0)");
+  c->add_option("--simpo-gamma", pd->simpo_gamma, "preference: SimPO's target margin")->capture_default_str();
   add_device_option(c, o->device);
-  return [o, g]() {
+  return [o, g, pd]() {
     if (!o->save_adapter.empty()) {
       check_output_dir(o->save_adapter, false, "", "adapter (--save-adapter)");
       check_output_apart_from_inputs(o->save_adapter, "--save-adapter",
@@ -195,6 +256,7 @@ std::function<int()> add_dump_command(CLI::App& app) {
     validate_batch(batch, model->config().vocab_size, o->batch);
     model->set_residual_dtype(parse_residual_dtype(o->residual_dtype, "--residual-dtype"));
     if (!g->file.empty()) return dump_grpo(*g, *ops, *model, batch, o->out);
+    if (!pd->loss.empty()) return dump_preference(*pd, g->beta, *ops, *model, batch, o->out);
     model->plan(batch.rows, batch.seq_len);
     const int64_t V = model->config().vocab_size;
     std::vector<float> logits(size_t(batch.rows) * size_t(batch.seq_len) * size_t(V));
@@ -206,14 +268,7 @@ std::function<int()> add_dump_command(CLI::App& app) {
         {"logits", Tensor{logits.data(), DType::F32, {batch.rows, batch.seq_len, V}, Device::CPU}},
         {"loss", Tensor{&loss, DType::F32, {1}, Device::CPU}}};
     std::vector<std::vector<float>> grads;
-    grads.reserve(model->params().all().size());
-    for (const Parameter& p : model->params().all()) {
-      if (!p.trainable) continue;
-      grads.emplace_back(size_t(shape_numel(p.shape)));
-      Tensor h{grads.back().data(), DType::F32, p.shape, Device::CPU};
-      model->params().download_grad(*ops, p, grads.back().data());
-      out.push_back({"grad." + p.name, h});
-    }
+    add_gradients(*model, *ops, out, grads);
     write_safetensors(o->out, out);
     if (!o->save_adapter.empty()) save_adapter(*model, o->save_adapter, {o->model});
     std::cout << "loss " << r.loss << " over " << r.counted << " targets; wrote " << o->out << "\n";

@@ -199,8 +199,9 @@ void add_data_keys(std::vector<KeySpec>& v) {
                     else
                       x.c.validation_split_ratio = get_double(e, k, 0, 0.9);
                   }));
-  v.push_back(
-      integer("sequence_len", FIELD(sequence_len), 2, "tokens per row; longer documents are cut (or left out: excess_length_strategy)", kMaxSequenceLen));
+  v.push_back(integer("sequence_len", FIELD(sequence_len), 2,
+                      "tokens per row; longer documents are cut (or left out: excess_length_strategy)",
+                      kMaxSequenceLen));
   v.push_back(
       flag("sample_packing", FIELD(sample_packing), "pack several documents into a row (attention stays within each)"));
   v.push_back(key("train_on_inputs", "bool", "true or false", "false",
@@ -248,16 +249,18 @@ void add_data_keys(std::vector<KeySpec>& v) {
 }
 
 void add_objective_keys(std::vector<KeySpec>& v) {
-  v.push_back(key("rl", "choice", "dpo, ipo or grpo", "",
-                  "Axolotl's: makes an sft config a preference run (dpo, ipo) or online RL (grpo)",
+  v.push_back(key("rl", "choice", "dpo, ipo, orpo, simpo or grpo", "",
+                  "Axolotl's: makes an sft config a preference run (dpo, ipo; orpo and simpo without a reference) "
+                  "or online RL (grpo)",
                   [](const Entry& e, const std::string& k, ReadContext&) {
                     const std::string s = get_string(e, k);
-                    if (s != "dpo" && s != "ipo" && s != "grpo")
-                      user_error(e.where, ": rl: \"", s,
-                                 "\": soltrain trains dpo, ipo and grpo (other methods are not built yet)");
+                    if (s != "dpo" && s != "ipo" && s != "orpo" && s != "simpo" && s != "grpo")
+                      user_error(
+                          e.where, ": rl: \"", s,
+                          "\": soltrain trains dpo, ipo, orpo, simpo and grpo (other methods are not built yet)");
                   }));
   // loss_type and beta are TRL's names in both trainers: what they set follows the run.
-  v.push_back(only(key("loss_type", "choice", "sigmoid, ipo or hinge (dpo); grpo, bnpo, dr_grpo or dapo (grpo)",
+  v.push_back(only(key("loss_type", "choice", "sigmoid, ipo, hinge or simpo (dpo); grpo, bnpo, dr_grpo or dapo (grpo)",
                        "sigmoid (dpo), dapo (grpo)", "the loss (TRL's names)",
                        [](const Entry& e, const std::string& k, ReadContext& x) {
                          const std::string s = get_string(e, k);
@@ -273,7 +276,7 @@ void add_objective_keys(std::vector<KeySpec>& v) {
                              if (x.mode == TrainMode::kGrpo)
                                x.c.grpo.loss.beta = float(get_double(e, k, 0, 1e6));
                              else
-                               x.c.dpo.beta = get_double(e, k, 0, 1e6, true);
+                               x.c.dpo.beta = get_double(e, k, 0, 1e6, true), x.c.dpo.beta_given = true;
                            }),
                        {"rl_beta"}),
                    kDpoBit | kGrpoBit));
@@ -284,6 +287,17 @@ void add_objective_keys(std::vector<KeySpec>& v) {
   v.push_back(
       only(number("rpo_alpha", FIELD(dpo.rpo_alpha), 0, 1e6, false, "adds rpo_alpha x the chosen answers' NLL (RPO)"),
            kDpoBit));
+  v.push_back(only(key("orpo_alpha", "number", "a number > 0", "0.1",
+                       "Axolotl's name for ORPO's beta (the odds-ratio term's weight) when beta is not given",
+                       [](const Entry& e, const std::string& k, ReadContext& x) {
+                         x.c.dpo.orpo_alpha = get_double(e, k, 0, 1e6, true);
+                       }),
+                   kDpoBit));
+  v.push_back(only(number("cpo_alpha", FIELD(dpo.cpo_alpha), 0, 1e6, false,
+                          "SimPO: the chosen answers' NLL term's weight (TRL's CPOConfig)"),
+                   kDpoBit));
+  v.push_back(only(number("simpo_gamma", FIELD(dpo.simpo_gamma), -1e6, 1e6, false, "SimPO: the target reward margin"),
+                   kDpoBit));
   v.push_back(only(flag("precompute_ref_log_probs", FIELD(dpo.precompute_ref),
                         "LoRA: the reference's log-probs computed once before training instead of every step"),
                    kDpoBit));

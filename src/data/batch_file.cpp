@@ -26,6 +26,19 @@ HostBatch load_batch_file(const std::filesystem::path& path) {
     for (size_t d = 0; ok && d + 1 < b.cu_seqlens.size(); ++d) ok = b.cu_seqlens[d + 1] > b.cu_seqlens[d];
     if (!ok) user_error(path.string(), ": positions / cu_seqlens do not describe ", n, " tokens in documents");
   }
+  // A preference batch's pairs (chosen, rejected document), the reference's sums and ORPO's prompt targets
+  // (model/transformer.h HostBatch): as save_batch_file writes them; the objective checks their ranges.
+  if (f.find("pairs")) b.pairs = read_as_i32(f.at("pairs"), path.string() + ": pairs");
+  if (f.find("prompt_targets"))
+    b.prompt_targets = read_as_i32(f.at("prompt_targets"), path.string() + ": prompt_targets");
+  if (f.find("ref_nll")) {
+    const TensorEntry& r = f.at("ref_nll");
+    b.ref_nll.resize(size_t(shape_numel(r.shape)));
+    read_as_f32(r, r.shape, b.ref_nll.data(), path.string() + ": ref_nll");
+  }
+  if (b.pairs.size() % 2 != 0 || (!b.ref_nll.empty() && b.ref_nll.size() != b.pairs.size()) ||
+      (!b.prompt_targets.empty() && 2 * b.prompt_targets.size() != b.pairs.size()))
+    user_error(path.string(), ": pairs [P,2], ref_nll [2P] and prompt_targets [P] do not agree");
   return b;
 }
 
@@ -40,6 +53,8 @@ void save_batch_file(const std::filesystem::path& path, const HostBatch& b) {
     tensors.push_back({"cu_seqlens", t(b.cu_seqlens, {int64_t(b.cu_seqlens.size())})});
   }
   if (!b.pairs.empty()) tensors.push_back({"pairs", t(b.pairs, {int64_t(b.pairs.size() / 2), 2})});
+  if (!b.prompt_targets.empty())
+    tensors.push_back({"prompt_targets", t(b.prompt_targets, {int64_t(b.prompt_targets.size())})});
   if (!b.ref_nll.empty())
     tensors.push_back({"ref_nll", Tensor{const_cast<float*>(b.ref_nll.data()), DType::F32,
                                          Shape{int64_t(b.ref_nll.size())}, Device::CPU}});

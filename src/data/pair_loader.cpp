@@ -8,14 +8,15 @@
 namespace soltrain {
 
 PairLoader::PairLoader(const ShardSet& docs, std::vector<float> ref_nll, int pairs_per_batch, int seq_len,
-                       uint64_t seed, bool shuffle, bool pack)
+                       uint64_t seed, bool shuffle, bool pack, bool chosen_prompt_targets)
     : docs_(docs),
       ref_(std::move(ref_nll)),
       per_batch_(pairs_per_batch),
       seq_len_(seq_len),
       seed_(seed),
       shuffle_(shuffle),
-      pack_(pack) {
+      pack_(pack),
+      chosen_prompt_targets_(chosen_prompt_targets) {
   SOLTRAIN_CHECK(docs.documents() % 2 == 0, "a pair set with an odd number of documents");
   SOLTRAIN_CHECK(ref_.empty() || int64_t(ref_.size()) == docs.documents(), "reference sums do not match the pairs");
   if (pairs() == 0) user_error("no preference pairs to train on");
@@ -88,20 +89,27 @@ HostBatch PairLoader::next(bool partial) {
   b.targets.assign(N, -100);
   b.positions.assign(N, 0);
   b.cu_seqlens = {0};
-  std::vector<int32_t> index_of(placed.size());  // placed document -> its index among cu_seqlens' documents
+  std::vector<int32_t> index_of(placed.size());      // placed document -> its index among cu_seqlens' documents
+  std::vector<int32_t> prompt_of(placed.size(), 0);  // placed document -> its prompt's targets (ORPO's chosen)
   for (int r = 0; r < rows(); ++r) {
     const size_t base = size_t(r) * size_t(seq_len_);
     for (size_t k = 0; k < placed.size(); ++k) {  // a row's documents were placed in position order
       const Placed& p = placed[k];
       if (p.row != r) continue;
       const int64_t a = docs_.doc_offsets[size_t(p.doc)];
+      // ORPO's chosen answer: every token a target, the prompt's (the mask's leading untrained run) counted apart
+      const bool all_targets = chosen_prompt_targets_ && p.doc % 2 == 0;
+      int prompt = 0;
       for (int i = 0; i < p.len; ++i) {
         const size_t at = base + size_t(p.start + i);
         b.input_ids[at] = docs_.tokens[size_t(a + i)];
         b.positions[at] = i;
         // the target of position i is token i+1, trained when the mask says that token is
-        if (i + 1 < p.len && docs_.mask[size_t(a + i + 1)]) b.targets[at] = docs_.tokens[size_t(a + i + 1)];
+        if (i + 1 < p.len && (all_targets || docs_.mask[size_t(a + i + 1)]))
+          b.targets[at] = docs_.tokens[size_t(a + i + 1)];
+        if (all_targets && i + 1 < p.len && prompt == i && !docs_.mask[size_t(a + i + 1)]) ++prompt;
       }
+      prompt_of[k] = prompt;
       index_of[k] = int32_t(b.cu_seqlens.size() - 1);
       b.cu_seqlens.push_back(int32_t(base) + p.start + p.len);
     }
@@ -114,12 +122,13 @@ HostBatch PairLoader::next(bool partial) {
   for (size_t k = 0; k < placed.size(); ++k) {  // chosen, rejected of each pair, in pair order
     b.pairs.push_back(index_of[k]);
     if (!ref_.empty()) b.ref_nll.push_back(ref_[size_t(placed[k].doc)]);
+    if (chosen_prompt_targets_ && k % 2 == 0) b.prompt_targets.push_back(prompt_of[k]);
   }
   return b;
 }
 
 int64_t PairLoader::batches_in_epoch() const {
-  PairLoader probe(docs_, {}, per_batch_, seq_len_, seed_, shuffle_, pack_);
+  PairLoader probe(docs_, {}, per_batch_, seq_len_, seed_, shuffle_, pack_, chosen_prompt_targets_);
   int64_t n = 0;
   while (probe.state_.epoch == 0 && probe.state_.index < probe.pairs()) probe.next(), ++n;
   return n;

@@ -18,9 +18,10 @@ namespace soltrain {
 class PairLoader {
  public:
   // `ref_nll`: the reference's Σ NLL of every document (full fine-tuning; empty with LoRA), attached to
-  // the batches. `shuffle` false: pairs in order (evaluation).
+  // the batches. `shuffle` false: pairs in order (evaluation). `chosen_prompt_targets` (ORPO): the chosen
+  // answer's prompt tokens are targets too, counted in HostBatch::prompt_targets.
   PairLoader(const ShardSet& docs, std::vector<float> ref_nll, int pairs_per_batch, int seq_len, uint64_t seed,
-             bool shuffle = true, bool pack = false);
+             bool shuffle = true, bool pack = false, bool chosen_prompt_targets = false);
   // The next micro-batch (2 × pairs_per_batch rows of seq_len), continuing into the next epoch. With
   // `partial` the epoch's last batch may hold fewer pairs (rows left as padding), and next() returns a batch
   // without pairs once the epoch is done (evaluation).
@@ -37,7 +38,7 @@ class PairLoader {
   std::vector<float> ref_;
   int per_batch_, seq_len_;
   uint64_t seed_;
-  bool shuffle_, pack_;
+  bool shuffle_, pack_, chosen_prompt_targets_;
   LoaderState state_;
   std::vector<int64_t> order_;
   int64_t order_epoch_ = -1;

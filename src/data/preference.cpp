@@ -14,6 +14,7 @@ std::optional<PreferenceFormat> find_preference_format(std::string_view t) {
   if (shape == "prompt_pairs") return PreferenceFormat::kPromptPairs;
   if (shape == "intel") return PreferenceFormat::kIntel;
   if (t == "chat_template" || t == "chat_template.default") return PreferenceFormat::kChatTemplate;
+  if (t == "chat_template.argilla" || shape == "argilla_chat") return PreferenceFormat::kArgillaChat;
   return std::nullopt;
 }
 
@@ -106,6 +107,22 @@ PreferenceSample to_preference_sample(const ordered_json& r, PreferenceFormat fo
                  : m.is_array() ? map_messages(m, f)
                                 : throw BadRecord(cat("\"", f.messages, "\" is not a list of messages"));
       break;
+    }
+    case PreferenceFormat::kArgillaChat: {
+      // Axolotl's ORPO argilla rows: [system] + the chosen conversation up to its last turn, then each side's
+      // last message. (Axolotl also puts a `prompt` field's text in every user turn; for the single-turn rows
+      // these datasets hold that is the chosen conversation's own user message.)
+      if (!chosen.is_array() || !rejected.is_array() || chosen.size() < 2 || rejected.empty())
+        throw BadRecord(cat("\"", f.chosen, "\" and \"", f.rejected, "\" must be conversations ending in the answer"));
+      const ordered_json c = map_messages(chosen, f);
+      s.prompt = ordered_json::array();
+      const std::string sys_field = f.system.empty() ? "system" : f.system;
+      if (const auto sys = r.find(sys_field); sys != r.end() && sys->is_string() && !sys->get<std::string>().empty())
+        s.prompt.push_back(message("system", sys->get<std::string>()));
+      for (size_t i = 0; i + 1 < c.size(); ++i) s.prompt.push_back(c[i]);
+      s.chosen = answer(chosen.back(), f, "chosen");
+      s.rejected = answer(rejected.back(), f, "rejected");
+      return s;
     }
     case PreferenceFormat::kConversational:
     case PreferenceFormat::kAuto: {

@@ -2,7 +2,9 @@
 // prompt / chosen / rejected as strings (TRL's standard form, Axolotl's chatml.prompt_pairs); chosen /
 // rejected as message lists, with a `prompt` list or sharing their first messages as the prompt (TRL's
 // conversational form); Axolotl's chatml.intel (system, question, chosen, rejected) and
-// chat_template.default (field_messages for the prompt, field_chosen / field_rejected one message each).
+// chat_template.default (field_messages for the prompt, field_chosen / field_rejected one message each);
+// Axolotl's chat_template.argilla (ORPO's; argilla_chat for DPO): chosen / rejected whole conversations, the
+// prompt the chosen one's messages before its last (after a `system` field), each answer its last message.
 // Every shape is rendered through the chat template; a pair becomes two documents, prompt + answer, with only
 // the answer trained.
 #pragma once
@@ -17,9 +19,9 @@
 
 namespace soltrain {
 
-enum class PreferenceFormat { kAuto, kPromptPairs, kConversational, kIntel, kChatTemplate };
+enum class PreferenceFormat { kAuto, kPromptPairs, kConversational, kIntel, kChatTemplate, kArgillaChat };
 // auto, preference, prompt_pairs (chatml.prompt_pairs, ...), conversational, intel (chatml.intel, ...),
-// chat_template (chat_template.default); nullopt for other names.
+// chat_template (chat_template.default), chat_template.argilla (..., argilla_chat); nullopt for other names.
 std::optional<PreferenceFormat> find_preference_format(std::string_view type);
 
 struct PreferenceSample {

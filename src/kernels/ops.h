@@ -86,14 +86,24 @@ inline float host_clip_factor(const AdamWParams& p) {
 // Preference optimisation (DPO and relatives): the loss per pair of z = (π_c − π_r) − (ref_c − ref_r), where π
 // and ref are the answers' summed log-probs (averaged over their tokens for IPO, as TRL does):
 //   sigmoid: −(1−ε)·logσ(βz) − ε·logσ(−βz)     ipo: (z − 1/(2β))²     hinge: relu(1 − βz)
-// The op's loss is pair_scale · Σ_pairs ℓ + rpo_alpha · nll_scale · Σ_pairs NLL(chosen) (TRL's rpo_alpha term:
-// the chosen answers' mean token NLL, nll_scale = 1 / their counted tokens).
-enum class PreferenceLoss { Sigmoid, Ipo, Hinge };
+// and two without a reference, on the answers' mean token log-probs π̄:
+//   simpo (TRL's CPOTrainer): sigmoid's form on z = π̄_c − π̄_r − γ/β
+//   orpo (TRL's ORPOTrainer): −β·logσ(log odds(π̄_c) − log odds(π̄_r)), odds(x) = eˣ / (1 − eˣ)
+// The op's loss is pair_scale · Σ_pairs ℓ + nll_alpha · nll_scale · Σ_pairs NLL(chosen): TRL's rpo_alpha term
+// (DPO), cpo_alpha (SimPO), ORPO's own NLL term (nll_alpha 1, over the chosen prompt's tokens too): the chosen
+// answers' mean token NLL, nll_scale = 1 / their counted tokens.
+enum class PreferenceLoss { Sigmoid, Ipo, Hinge, Simpo, Orpo };
+// Losses that need no reference model (its sums are not read).
+inline bool reference_free(PreferenceLoss l) {
+  return l == PreferenceLoss::Simpo || l == PreferenceLoss::Orpo;
+}
 struct PreferenceParams {
   PreferenceLoss loss = PreferenceLoss::Sigmoid;
-  float beta = 0.1f, label_smoothing = 0, rpo_alpha = 0;
+  float beta = 0.1f, label_smoothing = 0, nll_alpha = 0, simpo_gamma = 0.5f;
   float pair_scale = 1, nll_scale = 0;
 };
+// Ints per pair of preference_loss's pairs: chosen, rejected, their counted targets, the chosen prompt (or -1).
+inline constexpr int kPairFields = 5;
 // The sums preference_loss accumulates (F64 each): Σ ℓ, Σ chosen reward β(π_c − ref_c), Σ rejected reward,
 // Σ [chosen reward > rejected reward], Σ π_c, Σ π_r, Σ NLL(chosen) (summed, not averaged), pairs.
 enum PreferenceStat {
@@ -445,8 +455,9 @@ class Ops {
   // gradient weights spread onto the document's tokens.
   virtual void segment_broadcast(Tensor out, const Tensor& x, const Tensor& cu_seqlens) = 0;
   // Preference losses over the P pairs of one micro-batch (model/dpo_objective.h; TRL's definitions).
-  // pairs (I32 [P,4]): chosen document, rejected document, and their counted targets (IPO averages log-probs
-  // over them); doc_nll / ref_doc_nll (F32 [D]): Σ NLL per document of the policy and of the reference.
+  // pairs (I32 [P,5]): chosen document, rejected document, their counted targets (IPO, SimPO and ORPO average
+  // log-probs over them), and the chosen prompt's document (ORPO: its tokens count in the NLL term only) or -1;
+  // doc_nll / ref_doc_nll (F32 [D]): Σ NLL per document (segment) of the policy and of the reference.
   // doc_weight (F32 [D]) = d loss / d doc_nll (0 for documents in no pair); stats (F64 [kPreferenceStats],
   // = or += with accumulate) sums over the pairs, in pair order: see PreferenceStat.
   virtual void preference_loss(Tensor doc_weight, Tensor stats, const Tensor& doc_nll, const Tensor& ref_doc_nll,

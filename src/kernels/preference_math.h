@@ -26,19 +26,32 @@ SOLTRAIN_HOST_DEVICE inline double sigmoid(double x) {
   return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x));
 }
 
+// log(1 − eˣ) for x < 0 without cancellation (TRL's log1mexp: the branch at −ln 2).
+SOLTRAIN_HOST_DEVICE inline double log1mexp(double x) {
+  return x < -0.6931471805599453 ? log1p(-exp(x)) : log(-expm1(x));
+}
+
 // nll_* / ref_nll_*: Σ NLL of each answer (policy, reference); len_*: counted targets of each answer.
 SOLTRAIN_HOST_DEVICE inline PairResult preference_pair(const PreferenceParams& p, double nll_c, double nll_r,
                                                        double ref_nll_c, double ref_nll_r, int32_t len_c,
                                                        int32_t len_r) {
-  // TRL averages the log-probs over the answer's tokens for IPO only (the IPO paper's per-token form).
-  const bool avg = p.loss == PreferenceLoss::Ipo;
+  // TRL averages the log-probs over the answer's tokens for IPO (the IPO paper's per-token form), SimPO and
+  // ORPO; those two have no reference.
+  const bool avg = p.loss == PreferenceLoss::Ipo || reference_free(p.loss);
   const double sc = avg && len_c > 0 ? 1.0 / len_c : 1.0, sr = avg && len_r > 0 ? 1.0 / len_r : 1.0;
   PairResult r;
   r.logp_c = -nll_c * sc;
   r.logp_r = -nll_r * sr;
-  const double ref_c = -ref_nll_c * sc, ref_r = -ref_nll_r * sr;
-  const double beta = p.beta, z = (r.logp_c - r.logp_r) - (ref_c - ref_r);
+  const double ref_c = reference_free(p.loss) ? 0.0 : -ref_nll_c * sc;
+  const double ref_r = reference_free(p.loss) ? 0.0 : -ref_nll_r * sr;
+  const double beta = p.beta;
+  double z = (r.logp_c - r.logp_r) - (ref_c - ref_r);
+  r.dnll_c = -sc;  // z rises with π_c = −nll_c·sc
+  r.dnll_r = sr;
   switch (p.loss) {
+    case PreferenceLoss::Simpo:
+      z -= double(p.simpo_gamma) / beta;  // the target margin γ, in the log-ratio's units
+      [[fallthrough]];
     case PreferenceLoss::Sigmoid: {
       const double eps = p.label_smoothing;
       r.loss = -(1 - eps) * log_sigmoid(beta * z) - eps * log_sigmoid(-beta * z);
@@ -58,28 +71,38 @@ SOLTRAIN_HOST_DEVICE inline PairResult preference_pair(const PreferenceParams& p
       r.dz = h > 0 ? -beta : 0.0;  // torch's relu has gradient 0 at 0
       break;
     }
+    case PreferenceLoss::Orpo: {
+      // z is the log odds ratio: (π̄_c − π̄_r) − (log(1 − e^π̄_c) − log(1 − e^π̄_r)); d z / d π̄ = 1 / (1 − e^π̄)
+      z -= log1mexp(r.logp_c) - log1mexp(r.logp_r);
+      r.loss = -beta * log_sigmoid(z);
+      r.dz = -beta * sigmoid(-z);
+      r.dnll_c = -sc / -expm1(r.logp_c);
+      r.dnll_r = sr / -expm1(r.logp_r);
+      break;
+    }
   }
   r.reward_c = beta * (r.logp_c - ref_c);
   r.reward_r = beta * (r.logp_r - ref_r);
-  r.dnll_c = -sc;  // z rises with π_c = −nll_c·sc
-  r.dnll_r = sr;
   return r;
 }
 
-// Pair q's part of a micro-batch: its two documents' weights d loss / d doc_nll (chosen c, rejected r; the
-// chosen one also carries rpo_alpha's NLL term) and its metrics added to acc (kPreferenceStats sums). The CPU
-// loop and each CUDA thread call it alike.
-SOLTRAIN_HOST_DEVICE inline void apply_pair(const PreferenceParams& p, const PairResult& q, double nll_c, int64_t c,
-                                            int64_t r, float* w, double* acc) {
-  w[c] = float(p.pair_scale * q.dz * q.dnll_c + double(p.rpo_alpha) * p.nll_scale);
+// Pair q's part of a micro-batch: its documents' weights d loss / d doc_nll (chosen c, rejected r; the chosen
+// one, and its prompt's segment `prompt` when ORPO counts it (else -1), also carry the NLL term) and its
+// metrics added to acc (kPreferenceStats sums). The CPU loop and each CUDA thread call it alike.
+SOLTRAIN_HOST_DEVICE inline void apply_pair(const PreferenceParams& p, const PairResult& q, double nll_c,
+                                            double nll_prompt, int64_t c, int64_t r, int64_t prompt, float* w,
+                                            double* acc) {
+  const double nll_w = double(p.nll_alpha) * p.nll_scale;
+  w[c] = float(p.pair_scale * q.dz * q.dnll_c + nll_w);
   w[r] = float(p.pair_scale * q.dz * q.dnll_r);
+  if (prompt >= 0) w[prompt] = float(nll_w);
   acc[kPrefLoss] += q.loss;
   acc[kPrefRewardChosen] += q.reward_c;
   acc[kPrefRewardRejected] += q.reward_r;
   acc[kPrefAccuracy] += q.reward_c > q.reward_r ? 1.0 : 0.0;
   acc[kPrefLogpChosen] += q.logp_c;
   acc[kPrefLogpRejected] += q.logp_r;
-  acc[kPrefChosenNll] += nll_c;
+  acc[kPrefChosenNll] += nll_c + (prompt >= 0 ? nll_prompt : 0.0);
   acc[kPrefPairs] += 1.0;
 }
 

@@ -10,7 +10,9 @@ PreferenceLoss parse_preference_loss(const std::string& s, const std::string& wh
   if (s == "sigmoid") return PreferenceLoss::Sigmoid;
   if (s == "ipo") return PreferenceLoss::Ipo;
   if (s == "hinge") return PreferenceLoss::Hinge;
-  user_error(where, ": loss_type '", s, "' is not one of sigmoid, ipo, hinge");
+  if (s == "simpo") return PreferenceLoss::Simpo;
+  if (s == "orpo") return PreferenceLoss::Orpo;
+  user_error(where, ": loss_type '", s, "' is not one of sigmoid, ipo, hinge, simpo, orpo");
 }
 
 const char* preference_loss_name(PreferenceLoss l) {
@@ -18,18 +20,30 @@ const char* preference_loss_name(PreferenceLoss l) {
     case PreferenceLoss::Sigmoid: return "sigmoid";
     case PreferenceLoss::Ipo: return "ipo";
     case PreferenceLoss::Hinge: return "hinge";
+    case PreferenceLoss::Simpo: return "simpo";
+    case PreferenceLoss::Orpo: return "orpo";
   }
   return "?";
 }
 
-std::vector<int32_t> counted_per_document(const HostBatch& b) {
+std::vector<int32_t> document_offsets(const HostBatch& b) {
   std::vector<int32_t> cu = b.cu_seqlens;
   if (cu.empty())
     for (int r = 0; r <= b.rows; ++r) cu.push_back(r * b.seq_len);
+  return cu;
+}
+
+namespace {
+std::vector<int32_t> counted_per_segment(const HostBatch& b, const std::vector<int32_t>& cu) {
   std::vector<int32_t> n(cu.size() - 1, 0);
   for (size_t d = 0; d + 1 < cu.size(); ++d)
     for (int32_t i = cu[d]; i < cu[d + 1]; ++i) n[d] += b.targets[size_t(i)] != -100;
   return n;
+}
+}  // namespace
+
+std::vector<int32_t> counted_per_document(const HostBatch& b) {
+  return counted_per_segment(b, document_offsets(b));
 }
 
 void StagedUpload::operator()(Ops& ops, Tensor dst, const void* src) {
@@ -47,17 +61,23 @@ DpoObjective::DpoObjective(Ops& ops, DpoConfig cfg, int64_t max_tokens)
     : ops_(ops),
       cfg_(cfg),
       max_docs_(max_tokens),
-      // a pair takes two documents: at most max_tokens / 2 pairs of 4 ints
-      pairs_(ops.alloc(size_t(max_tokens / 2 + 1) * 4 * sizeof(int32_t))),
+      // a pair takes two documents: at most max_tokens / 2 pairs; every segment holds a token
+      pairs_(ops.alloc(size_t(max_tokens / 2 + 1) * kPairFields * sizeof(int32_t))),
       ref_(ops.alloc(size_t(max_tokens) * sizeof(float))),
       doc_weight_(ops.alloc(size_t(max_tokens) * sizeof(float))),
       stats_(ops.alloc(kPreferenceStats * sizeof(double))),
-      upload_pairs_(ops, size_t(max_tokens / 2 + 1) * 4 * sizeof(int32_t)),
-      upload_ref_(ops, size_t(max_tokens) * sizeof(float)) {
+      upload_pairs_(ops, size_t(max_tokens / 2 + 1) * kPairFields * sizeof(int32_t)),
+      upload_ref_(ops, size_t(max_tokens) * sizeof(float)),
+      upload_segments_(ops, size_t(max_tokens + 1) * sizeof(int32_t)) {
+  if (cfg.loss == PreferenceLoss::Orpo) {  // ORPO's own segment sums
+    segments_ = ops.alloc(size_t(max_tokens + 1) * sizeof(int32_t));
+    segment_nll_ = ops.alloc(size_t(max_tokens) * sizeof(float));
+  }
   if (!(cfg.beta > 0)) user_error("beta must be > 0 (got ", cfg.beta, ")");
   if (!(cfg.label_smoothing >= 0 && cfg.label_smoothing < 0.5f))
     user_error("label_smoothing must be in [0, 0.5) (got ", cfg.label_smoothing, ")");
-  if (!(cfg.rpo_alpha >= 0)) user_error("rpo_alpha must be >= 0 (got ", cfg.rpo_alpha, ")");
+  if (!(cfg.nll_alpha >= 0))
+    user_error("the NLL term's weight (rpo_alpha, cpo_alpha) must be >= 0 (got ", cfg.nll_alpha, ")");
 }
 
 void DpoObjective::begin_update(int64_t pairs, int64_t chosen_tokens) {
@@ -83,41 +103,83 @@ void DpoObjective::set_reference(Ops& ops, const HostBatch& b) {
 void DpoObjective::add_loss(Ops& ops, const ForwardOutputs& out) {
   const HostBatch& b = *out.host;
   SOLTRAIN_CHECK(b.pairs.size() % 2 == 0, "a preference batch's pairs list has an odd length");
-  const std::vector<int32_t> counted = counted_per_document(b);
-  docs_ = int64_t(counted.size());
-  SOLTRAIN_CHECK(out.doc_nll.numel() == docs_ && docs_ <= max_docs_, "document sums do not match the batch");
   const size_t P = b.pairs.size() / 2;
-  host_pairs_.resize(4 * P);
+  std::vector<int32_t> cu = document_offsets(b);
+  const int64_t documents = int64_t(cu.size()) - 1;
+  SOLTRAIN_CHECK(documents <= max_docs_, "more documents than planned");
+  // Segment of each document's answer (and of ORPO's chosen prompts): the documents themselves, unless ORPO
+  // cuts a chosen document after its prompt's targets.
+  std::vector<int32_t> answer(static_cast<size_t>(documents)), prompt(static_cast<size_t>(documents), -1);
+  Tensor nll = out.doc_nll;
+  cu_ = out.seq.cu_seqlens;
+  if (cfg_.loss == PreferenceLoss::Orpo) {
+    SOLTRAIN_CHECK(b.prompt_targets.empty() || b.prompt_targets.size() == P, "prompt targets do not match the pairs");
+    std::vector<int32_t> cut(size_t(documents), 0);
+    for (size_t i = 0; i < b.prompt_targets.size(); ++i) {
+      const int32_t c = b.pairs[2 * i];
+      SOLTRAIN_CHECK(c >= 0 && c < documents && b.prompt_targets[i] >= 0 &&
+                         b.prompt_targets[i] < cu[size_t(c) + 1] - cu[size_t(c)],
+                     "a chosen prompt outside its document");
+      cut[size_t(c)] = b.prompt_targets[i];
+    }
+    host_segments_.assign(1, 0);
+    for (int64_t d = 0; d < documents; ++d) {
+      if (cut[size_t(d)] > 0) {
+        prompt[size_t(d)] = int32_t(host_segments_.size() - 1);
+        host_segments_.push_back(cu[size_t(d)] + cut[size_t(d)]);
+      }
+      answer[size_t(d)] = int32_t(host_segments_.size() - 1);
+      host_segments_.push_back(cu[size_t(d) + 1]);
+    }
+    cu = host_segments_;
+    docs_ = int64_t(cu.size()) - 1;
+    SOLTRAIN_CHECK(docs_ <= max_docs_, "more segments than planned");
+    cu_ = Tensor{segments_.data(), DType::I32, {docs_ + 1}, segments_.device()};
+    upload_segments_(ops, cu_, host_segments_.data());
+    nll = Tensor{segment_nll_.data(), DType::F32, {docs_}, segment_nll_.device()};
+    ops.segment_sum(nll, out.token_nll, cu_);
+  } else {
+    for (int64_t d = 0; d < documents; ++d) answer[size_t(d)] = int32_t(d);
+    docs_ = documents;
+    SOLTRAIN_CHECK(out.doc_nll.numel() == docs_, "document sums do not match the batch");
+  }
+  const std::vector<int32_t> counted = counted_per_segment(b, cu);
+  host_pairs_.resize(kPairFields * P);
   for (size_t i = 0; i < P; ++i) {
     const int32_t c = b.pairs[2 * i], r = b.pairs[2 * i + 1];
-    SOLTRAIN_CHECK(c >= 0 && c < docs_ && r >= 0 && r < docs_, "a pair names a document outside the batch");
-    host_pairs_[4 * i] = c;
-    host_pairs_[4 * i + 1] = r;
-    host_pairs_[4 * i + 2] = counted[size_t(c)];
-    host_pairs_[4 * i + 3] = counted[size_t(r)];
+    SOLTRAIN_CHECK(c >= 0 && c < documents && r >= 0 && r < documents, "a pair names a document outside the batch");
+    int32_t* f = &host_pairs_[kPairFields * i];
+    f[0] = answer[size_t(c)];
+    f[1] = answer[size_t(r)];
+    f[2] = counted[size_t(f[0])];
+    f[3] = counted[size_t(f[1])];
+    f[4] = prompt[size_t(c)];
   }
-  const Tensor pairs{pairs_.data(), DType::I32, {int64_t(P), 4}, pairs_.device()};
+  const Tensor pairs{pairs_.data(), DType::I32, {int64_t(P), kPairFields}, pairs_.device()};
   if (P > 0) upload_pairs_(ops, pairs, host_pairs_.data());
+  const Tensor ref{ref_.data(), DType::F32, {docs_}, ref_.device()};
+  if (reference_free(cfg_.loss)) ops.fill(ref, 0.0f);  // not read; defined all the same
   PreferenceParams p;
   p.loss = cfg_.loss;
   p.beta = cfg_.beta;
   p.label_smoothing = cfg_.label_smoothing;
-  p.rpo_alpha = cfg_.rpo_alpha;
+  p.nll_alpha = cfg_.nll_alpha;
+  p.simpo_gamma = cfg_.simpo_gamma;
   p.pair_scale = update_pairs_ > 0 ? 1.0f / float(update_pairs_) : 0.0f;
   p.nll_scale = update_chosen_tokens_ > 0 ? 1.0f / float(update_chosen_tokens_) : 0.0f;
   ops.preference_loss(Tensor{doc_weight_.data(), DType::F32, {docs_}, doc_weight_.device()},
-                      Tensor{stats_.data(), DType::F64, {kPreferenceStats}, stats_.device()}, out.doc_nll,
-                      Tensor{ref_.data(), DType::F32, {docs_}, ref_.device()}, pairs, p, !first_);
+                      Tensor{stats_.data(), DType::F64, {kPreferenceStats}, stats_.device()}, nll, ref, pairs, p,
+                      !first_);
   first_ = false;
 }
 
 void DpoObjective::token_weights(Ops& ops, const ForwardOutputs& out, Tensor weight) {
-  // add_loss (in forward) has left d loss / d Σ NLL per document; every token of a document shares it
+  // add_loss (in forward) has left d loss / d Σ NLL per document (segment); every token of it shares it
   // (tokens that are not targets get no gradient whatever their weight).
-  SOLTRAIN_CHECK(out.doc_nll.numel() == docs_, "token_weights before this micro-batch's forward");
+  SOLTRAIN_CHECK(cu_.numel() == docs_ + 1 && out.targets.numel() == weight.numel(),
+                 "token_weights before this micro-batch's forward");
   ops.fill(weight, 0.0f);
-  ops.segment_broadcast(weight, Tensor{doc_weight_.data(), DType::F32, {docs_}, doc_weight_.device()},
-                        out.seq.cu_seqlens);
+  ops.segment_broadcast(weight, Tensor{doc_weight_.data(), DType::F32, {docs_}, doc_weight_.device()}, cu_);
 }
 
 DpoMetrics DpoObjective::read(Ops& ops) const {
@@ -132,7 +194,8 @@ DpoMetrics DpoObjective::read(Ops& ops) const {
   // The loss as trained: Σℓ over the update's pairs (its divisor) plus the rpo term over its chosen tokens.
   m.loss =
       (update_pairs_ > 0 ? s[kPrefLoss] / double(update_pairs_) : 0.0) +
-      (update_chosen_tokens_ > 0 ? double(cfg_.rpo_alpha) * s[kPrefChosenNll] / double(update_chosen_tokens_) : 0.0);
+      (update_chosen_tokens_ > 0 ? double(cfg_.nll_alpha) * s[kPrefChosenNll] / double(update_chosen_tokens_) : 0.0);
+  m.nll = update_chosen_tokens_ > 0 ? s[kPrefChosenNll] / double(update_chosen_tokens_) : 0.0;
   m.reward_chosen = s[kPrefRewardChosen] / n;
   m.reward_rejected = s[kPrefRewardRejected] / n;
   m.accuracy = s[kPrefAccuracy] / n;
@@ -167,7 +230,9 @@ std::vector<float> reference_nll(Transformer& model, const HostBatch& batch) {
 }
 
 void dpo_micro_batch(Transformer& model, DpoObjective& dpo, const HostBatch& batch, bool backward) {
-  if (model.lora() && batch.ref_nll.empty()) {
+  if (reference_free(dpo.config().loss)) {
+    // no reference pass
+  } else if (model.lora() && batch.ref_nll.empty()) {
     ReferenceSums ref(dpo);
     model.enable_adapters(false);
     model.forward(batch, &ref, false);

@@ -1,9 +1,10 @@
-// Direct preference optimisation (DPO) and its relatives (IPO, hinge) as an Objective: forward's Σ NLL per
-// document gives each answer's log-prob, the op (kernels/ops.h preference_loss) turns a pair's policy and
-// reference log-probs into the loss and d loss / d NLL per document, and backward gets those spread over
-// the document's tokens. The reference sums come from a forward of the frozen base (LoRA: adapters off,
-// ReferenceSums below) or, with full fine-tuning, from the batch (HostBatch::ref_nll, computed once before
-// training).
+// Direct preference optimisation (DPO) and its relatives (IPO, hinge; SimPO and ORPO without a reference) as an
+// Objective: forward's Σ NLL per document gives each answer's log-prob, the op (kernels/ops.h preference_loss)
+// turns a pair's policy and reference log-probs into the loss and d loss / d NLL per document, and backward gets
+// those spread over the document's tokens. The reference sums come from a forward of the frozen base (LoRA:
+// adapters off, ReferenceSums below) or, with full fine-tuning, from the batch (HostBatch::ref_nll, computed once
+// before training). ORPO's NLL term also counts the chosen prompt's tokens: its batches carry them as targets
+// (HostBatch::prompt_targets) and each chosen document is summed as two segments, prompt and answer.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -16,14 +17,17 @@ namespace soltrain {
 
 struct DpoConfig {
   PreferenceLoss loss = PreferenceLoss::Sigmoid;
-  float beta = 0.1f, label_smoothing = 0, rpo_alpha = 0;
+  // nll_alpha: the chosen answers' mean NLL term's weight (TRL's rpo_alpha for DPO, cpo_alpha for SimPO, 1 for ORPO)
+  float beta = 0.1f, label_smoothing = 0, nll_alpha = 0, simpo_gamma = 0.5f;
 };
-PreferenceLoss parse_preference_loss(const std::string& s, const std::string& where);  // sigmoid | ipo | hinge
+// sigmoid | ipo | hinge | simpo | orpo
+PreferenceLoss parse_preference_loss(const std::string& s, const std::string& where);
 const char* preference_loss_name(PreferenceLoss l);
 
 // What an update (or an evaluation) measured, as TRL names it: means over its pairs.
 struct DpoMetrics {
   double loss = 0, reward_chosen = 0, reward_rejected = 0, accuracy = 0, margin = 0, logp_chosen = 0, logp_rejected = 0;
+  double nll = 0;  // the chosen answers' mean token NLL (TRL's nll_loss)
   int64_t pairs = 0;
 };
 
@@ -46,7 +50,7 @@ class DpoObjective final : public Objective {
   // Buffers for micro-batches of up to `max_tokens` tokens (documents: at most one per token).
   DpoObjective(Ops& ops, DpoConfig cfg, int64_t max_tokens);
   // An update (or an evaluation) over `pairs` pairs whose chosen answers count `chosen_tokens` targets: the
-  // loss is the mean over the pairs (TRL's per-batch mean, over the whole accumulated batch) plus rpo_alpha
+  // loss is the mean over the pairs (TRL's per-batch mean, over the whole accumulated batch) plus nll_alpha
   // times the chosen answers' mean token NLL.
   void begin_update(int64_t pairs, int64_t chosen_tokens);
   // The reference's Σ NLL per document of the micro-batch forward runs next: from the device (a reference
@@ -55,7 +59,8 @@ class DpoObjective final : public Objective {
   void set_reference(Ops& ops, const HostBatch& batch);
 
   bool weights_before_forward() const override { return false; }
-  bool needs_document_sums() const override { return true; }
+  // ORPO sums its own segments (prompt and answer apart)
+  bool needs_document_sums() const override { return cfg_.loss != PreferenceLoss::Orpo; }
   void token_weights(Ops& ops, const ForwardOutputs& out, Tensor weight) override;
   void add_loss(Ops& ops, const ForwardOutputs& out) override;
   // The update's metrics so far, read back (a sync: call on logging steps).
@@ -66,11 +71,12 @@ class DpoObjective final : public Objective {
   Ops& ops_;
   DpoConfig cfg_;
   int64_t max_docs_;
-  Buffer pairs_, ref_, doc_weight_, stats_;
-  std::vector<int32_t> host_pairs_;
+  Buffer pairs_, ref_, doc_weight_, stats_, segments_, segment_nll_;
+  std::vector<int32_t> host_pairs_, host_segments_;
   std::vector<float> host_ref_;
-  StagedUpload upload_pairs_, upload_ref_;
-  int64_t docs_ = 0;  // documents of the current micro-batch
+  StagedUpload upload_pairs_, upload_ref_, upload_segments_;
+  int64_t docs_ = 0;  // documents (ORPO: segments) of the current micro-batch
+  Tensor cu_;         // their offsets, on the device
   int64_t update_pairs_ = 0, update_chosen_tokens_ = 0;
   bool first_ = true;
 };
@@ -90,13 +96,16 @@ class ReferenceSums final : public Objective {
 
 // Counted targets per document of a batch (its cu_seqlens, or one document per row).
 std::vector<int32_t> counted_per_document(const HostBatch& b);
+// The batch's document offsets: its cu_seqlens, or one document per row.
+std::vector<int32_t> document_offsets(const HostBatch& b);
 
 // The model's Σ NLL of each pair document of `batch` (in batch.pairs' order), read back: full fine-tuning's
 // reference, computed once before training and stored with the data.
 std::vector<float> reference_nll(Transformer& model, const HostBatch& batch);
 
 // One micro-batch's forward and backward under DPO, the reference first: the batch's precomputed ref_nll when
-// it has them (full fine-tuning; LoRA with precompute_ref_log_probs), else (LoRA) a forward with the adapters off.
+// it has them (full fine-tuning; LoRA with precompute_ref_log_probs), else (LoRA) a forward with the adapters off;
+// none for the losses without a reference (SimPO, ORPO).
 void dpo_micro_batch(Transformer& model, DpoObjective& dpo, const HostBatch& batch, bool backward);
 
 }  // namespace soltrain

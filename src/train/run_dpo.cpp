@@ -25,18 +25,21 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<std::pair<std::string, double>> trl_values(const DpoMetrics& m) {
-  return {{"rewards/chosen", m.reward_chosen}, {"rewards/rejected", m.reward_rejected},
-          {"rewards/accuracies", m.accuracy},  {"rewards/margins", m.margin},
-          {"logps/chosen", m.logp_chosen},     {"logps/rejected", m.logp_rejected}};
+std::vector<std::pair<std::string, double>> trl_values(const DpoMetrics& m, PreferenceLoss loss) {
+  std::vector<std::pair<std::string, double>> v{
+      {"rewards/chosen", m.reward_chosen}, {"rewards/rejected", m.reward_rejected},
+      {"rewards/accuracies", m.accuracy},  {"rewards/margins", m.margin},
+      {"logps/chosen", m.logp_chosen},     {"logps/rejected", m.logp_rejected}};
+  if (reference_free(loss)) v.emplace_back("nll_loss", m.nll);  // TRL's ORPO and CPO trainers log it
+  return v;
 }
 
 // Every pair of `docs` in order, as micro-batches (the last one padded with empty rows).
 std::vector<HostBatch> all_batches(const ShardSet& docs, std::vector<float> ref, int pairs_per_batch, int seq_len,
-                                   bool pack) {
+                                   bool pack, bool chosen_prompt_targets = false) {
   std::vector<HostBatch> out;
   if (docs.documents() == 0) return out;
-  PairLoader l(docs, std::move(ref), pairs_per_batch, seq_len, 0, false, pack);
+  PairLoader l(docs, std::move(ref), pairs_per_batch, seq_len, 0, false, pack, chosen_prompt_targets);
   for (HostBatch b = l.next(true); !b.pairs.empty(); b = l.next(true)) out.push_back(std::move(b));
   return out;
 }
@@ -67,7 +70,7 @@ class DpoDriver final : public RunDriver {
         model_(model),
         loader_(loader),
         val_(std::move(val)),
-        dcfg_{c.dpo.loss, float(c.dpo.beta), float(c.dpo.label_smoothing), float(c.dpo.rpo_alpha)},
+        dcfg_(preference_objective(c.dpo)),
         dpo_(ops, dcfg_, int64_t(2 * c.per_device_train_batch_size) * c.sequence_len),
         eval_dpo_(ops, dcfg_, int64_t(2 * c.per_device_train_batch_size) * c.sequence_len),
         micro_(size_t(c.gradient_accumulation_steps)) {
@@ -81,7 +84,7 @@ class DpoDriver final : public RunDriver {
   }
   Readout read(const TrainStep&) override {
     const DpoMetrics m = dpo_.read(ops_);  // waits for the update
-    NamedValues v = trl_values(m);
+    NamedValues v = trl_values(m, dcfg_.loss);
     for (auto& load : model_.moe_load()) v.push_back(std::move(load));
     return {m.loss, m.pairs > 0, std::move(v)};
   }
@@ -101,7 +104,7 @@ class DpoDriver final : public RunDriver {
     char line[200];
     std::snprintf(line, sizeof line, "validation loss %.4f, rewards/accuracies %.3f, margins %.3f over %lld pairs",
                   m.loss, m.accuracy, m.margin, static_cast<long long>(m.pairs));
-    return Evaluation{m.loss, val_tokens_, trl_values(m), line};
+    return Evaluation{m.loss, val_tokens_, trl_values(m, dcfg_.loss), line};
   }
   const char* order_name() const override { return "pair order"; }
 
@@ -118,6 +121,18 @@ class DpoDriver final : public RunDriver {
 };
 
 }  // namespace
+
+DpoConfig preference_objective(const DpoSettings& s) {
+  DpoConfig d;
+  d.loss = s.loss;
+  d.beta = float(s.loss == PreferenceLoss::Orpo && !s.beta_given && s.orpo_alpha ? *s.orpo_alpha : s.beta);
+  d.label_smoothing = float(s.label_smoothing);
+  d.nll_alpha = float(s.loss == PreferenceLoss::Orpo    ? 1.0
+                      : s.loss == PreferenceLoss::Simpo ? s.cpo_alpha
+                                                        : s.rpo_alpha);
+  d.simpo_gamma = float(s.simpo_gamma);
+  return d;
+}
 
 RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks hooks) {
   if (c.gpus > 1)
@@ -137,7 +152,9 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks h
   // The reference: with LoRA the base itself (adapters off, each micro-batch); otherwise the model as loaded,
   // before any update, once (a resumed run reads what the first run stored).
   std::vector<float> ref_train, ref_val;
-  const bool precomputed = !lora || c.dpo.precompute_ref;
+  const DpoConfig objective = preference_objective(c.dpo);
+  const bool orpo = objective.loss == PreferenceLoss::Orpo, no_reference = reference_free(objective.loss);
+  const bool precomputed = !no_reference && (!lora || c.dpo.precompute_ref);
   if (precomputed) {
     // With LoRA the adapters are turned off for it: a resumed run's adapters are trained, the reference is not.
     model->enable_adapters(false);
@@ -146,21 +163,26 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks h
     ref_val = reference_of(*model, data.validation, B, T);
     model->enable_adapters(true);
   }
-  PairLoader loader(data.train, ref_train, B, T, c.seed, true, c.sample_packing);
+  PairLoader loader(data.train, ref_train, B, T, c.seed, true, c.sample_packing, orpo);
   const int64_t micro_per_epoch = loader.batches_in_epoch();
   const ScheduleConfig sched = schedule_config(c, total_training_steps(c, micro_per_epoch));
   TrainStep step(*model, optimizer_config(c));
-  DpoDriver driver(c, ops, *model, loader, all_batches(data.validation, ref_val, B, T, c.sample_packing));
+  DpoDriver driver(c, ops, *model, loader, all_batches(data.validation, ref_val, B, T, c.sample_packing, orpo));
   TrainLoop loop({c, "dpo", log, ops, nullptr, false, *model, step, sched,
                   run_cadence(c, micro_per_epoch / c.gradient_accumulation_steps), std::move(hooks)},
                  driver);
   loop.resume();
-  log << "dpo: " << preference_loss_name(c.dpo.loss) << " loss, beta " << c.dpo.beta
-      << (c.dpo.label_smoothing > 0 ? cat(", label_smoothing ", c.dpo.label_smoothing) : "")
-      << (c.dpo.rpo_alpha > 0 ? cat(", rpo_alpha ", c.dpo.rpo_alpha) : "") << "; "
-      << (lora ? cat(describe_lora(c), precomputed ? " (reference: the base's log-probs, computed before training)"
-                                                   : " (reference: the base, adapters off)")
-               : "full fine-tune (reference log-probs computed before training)")
+  const char* nll_name = orpo                                      ? "NLL term (chosen prompt and answer) "
+                         : objective.loss == PreferenceLoss::Simpo ? "cpo_alpha "
+                                                                   : "rpo_alpha ";
+  log << "dpo: " << preference_loss_name(objective.loss) << " loss, beta " << objective.beta
+      << (objective.loss == PreferenceLoss::Simpo ? cat(", simpo_gamma ", objective.simpo_gamma) : "")
+      << (objective.label_smoothing > 0 ? cat(", label_smoothing ", objective.label_smoothing) : "")
+      << (objective.nll_alpha > 0 ? cat(", ", nll_name, objective.nll_alpha) : "") << "; "
+      << (no_reference ? cat(lora ? describe_lora(c) : "full fine-tune", " (no reference model)")
+          : lora ? cat(describe_lora(c), precomputed ? " (reference: the base's log-probs, computed before training)"
+                                                     : " (reference: the base, adapters off)")
+                 : "full fine-tune (reference log-probs computed before training)")
       << "; " << describe_parameters(model->params()) << "; " << loader.pairs() << " training pairs, "
       << data.validation.documents() / 2 << " validation; " << sched.total_steps << " steps of "
       << (c.sample_packing ? "at least " : "") << B << " pairs x " << c.gradient_accumulation_steps

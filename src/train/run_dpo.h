@@ -1,15 +1,21 @@
-// `soltrain dpo` (and `rl: dpo` in a config) as a library call: preference pairs → the reference (LoRA: the
-// base with the adapters off; full fine-tuning: log-probs computed once, stored next to the shards) → the
-// training loop (accumulation, schedule, evaluation, metrics, checkpoints, resume) → the model or adapter.
+// `soltrain dpo` (and `rl: dpo`, `ipo`, `orpo`, `simpo` in a config) as a library call: preference pairs → the
+// reference (LoRA: the base with the adapters off; full fine-tuning: log-probs computed once, stored next to the
+// shards) → the training loop (accumulation, schedule, evaluation, metrics, checkpoints, resume) → the model or
+// adapter.
 #pragma once
 #include <iosfwd>
 
 #include "kernels/ops.h"
+#include "model/dpo_objective.h"
 #include "train/run_training.h"
-#include "train/train_loop.h"
 #include "train/train_config.h"
+#include "train/train_loop.h"
 
 namespace soltrain {
+
+// The objective the settings ask for: ORPO's beta from Axolotl's orpo_alpha when beta is not given; the NLL
+// term's weight is rpo_alpha (DPO), cpo_alpha (SimPO) or 1 (ORPO's own).
+DpoConfig preference_objective(const DpoSettings& s);
 
 // first_eval_loss / last_eval_loss hold the validation DPO loss; the metrics (rewards/accuracies, ...) go
 // to metrics.jsonl as eval_<TRL name>.

@@ -35,8 +35,11 @@ struct DatasetSpec {
 // Preference training (`soltrain dpo`, or `rl: dpo` in a config): TRL's DPOConfig names and defaults.
 struct DpoSettings {
   bool enabled = false;
-  PreferenceLoss loss = PreferenceLoss::Sigmoid;
+  PreferenceLoss loss = PreferenceLoss::Sigmoid;  // rl: orpo / simpo choose those (TRL's ORPO and CPO trainers)
   double beta = 0.1, label_smoothing = 0, rpo_alpha = 0;
+  bool beta_given = false;                  // beta (rl_beta) set: Axolotl's orpo_alpha then does not replace it
+  std::optional<double> orpo_alpha;         // Axolotl's name for ORPO's beta
+  double cpo_alpha = 1, simpo_gamma = 0.5;  // TRL's CPOConfig: SimPO's NLL term's weight and target margin
   int64_t max_prompt_len = 0;  // 0: prompts are not cut (a prompt with no room for an answer is a bad record)
   // LoRA: the reference's log-probs computed once before training (the adapters off) and stored, as full
   // fine-tuning always does, instead of a forward with the adapters off in every step (Axolotl's key).

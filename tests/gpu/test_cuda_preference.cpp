@@ -1,6 +1,7 @@
 // The CUDA preference loss and segment_broadcast against their CPU twins on fresh random data: more pairs
 // than the kernel's threads (each thread then takes several), documents in no pair (their weight must be 0),
-// every loss type, and the statistics accumulated across two calls.
+// chosen prompts' segments (ORPO's) on half the pairs, every loss type, and the statistics accumulated across
+// two calls.
 #include <algorithm>
 #include <numeric>
 
@@ -12,34 +13,38 @@ namespace {
 class CudaPreference : public CudaTest {};
 
 TEST_F(CudaPreference, LossWeightsAndStatsMatchTheCpu) {
-  const int P = 300, D = 2 * P + 50;
+  const int P = 300, D = 3 * P + 50;
   std::vector<int32_t> perm(D);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
-  std::vector<int32_t> pairs(4 * P);
+  std::vector<int32_t> pairs(kPairFields * P);
   std::uniform_int_distribution<int> len(1, 50);
   for (int i = 0; i < P; ++i) {
-    pairs[4 * i] = perm[size_t(2 * i)];
-    pairs[4 * i + 1] = perm[size_t(2 * i + 1)];
-    pairs[4 * i + 2] = len(rng);
-    pairs[4 * i + 3] = len(rng);
+    int32_t* f = &pairs[size_t(kPairFields * i)];
+    f[0] = perm[size_t(2 * i)];
+    f[1] = perm[size_t(2 * i + 1)];
+    f[2] = len(rng);
+    f[3] = len(rng);
+    f[4] = i % 2 == 0 ? perm[size_t(2 * P + i)] : -1;
   }
   std::uniform_real_distribution<float> u(1.0f, 30.0f);
   std::vector<float> nll(D), ref(D);
   for (int d = 0; d < D; ++d) nll[size_t(d)] = u(rng), ref[size_t(d)] = nll[size_t(d)] + u(rng) - 15.5f;
   const Tensor gnll = upload(nll, {D}, DType::F32), gref = upload(ref, {D}, DType::F32);
   buffers.push_back(gpu->alloc(pairs.size() * 4));
-  const Tensor gpairs{buffers.back().data(), DType::I32, {P, 4}, Device::CUDA};
-  gpu->copy(gpairs, Tensor{pairs.data(), DType::I32, {P, 4}});
+  const Tensor gpairs{buffers.back().data(), DType::I32, {P, kPairFields}, Device::CUDA};
+  gpu->copy(gpairs, Tensor{pairs.data(), DType::I32, {P, kPairFields}});
   Buffer stats = gpu->alloc(kPreferenceStats * sizeof(double));
   const Tensor gstats{stats.data(), DType::F64, {kPreferenceStats}, Device::CUDA};
-  for (PreferenceLoss l : {PreferenceLoss::Sigmoid, PreferenceLoss::Ipo, PreferenceLoss::Hinge}) {
+  for (PreferenceLoss l : {PreferenceLoss::Sigmoid, PreferenceLoss::Ipo, PreferenceLoss::Hinge, PreferenceLoss::Simpo,
+                           PreferenceLoss::Orpo}) {
     SCOPED_TRACE(int(l));
     PreferenceParams p;
     p.loss = l;
     p.beta = 0.2f;
-    p.label_smoothing = l == PreferenceLoss::Sigmoid ? 0.1f : 0.0f;
-    p.rpo_alpha = 0.5f;
+    p.label_smoothing = l == PreferenceLoss::Sigmoid || l == PreferenceLoss::Simpo ? 0.1f : 0.0f;
+    p.nll_alpha = 0.5f;
+    p.simpo_gamma = 0.3f;
     p.pair_scale = 1.0f / P;
     p.nll_scale = 1.0f / 1000;
     std::vector<float> want_w(D);
@@ -49,7 +54,7 @@ TEST_F(CudaPreference, LossWeightsAndStatsMatchTheCpu) {
       Tensor gw = poisoned({D}, DType::F32);
       gpu->preference_loss(gw, gstats, gnll, gref, gpairs, p, accumulate);
       cpu->preference_loss(host(want_w, {D}), Tensor{want_s.data(), DType::F64, {kPreferenceStats}}, host(nll, {D}),
-                           host(ref, {D}), Tensor{pairs.data(), DType::I32, {P, 4}}, p, accumulate);
+                           host(ref, {D}), Tensor{pairs.data(), DType::I32, {P, kPairFields}}, p, accumulate);
       EXPECT_TRUE(all_close(download(gw), want_w, 1e-9, 1e-6));
       gpu->copy(Tensor{got_s.data(), DType::F64, {kPreferenceStats}, Device::CPU}, gstats);
       for (int k = 0; k < kPreferenceStats; ++k)

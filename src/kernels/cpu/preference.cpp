@@ -1,4 +1,4 @@
-// CPU preference loss (DPO, IPO, hinge) and the per-document weights' spread onto tokens: the reference
+// CPU preference loss (DPO, IPO, hinge, SimPO, ORPO) and the per-document weights' spread onto tokens: the reference
 // the CUDA kernels are tested against.
 #include "core/error.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -18,21 +18,23 @@ void CpuOps::segment_broadcast(Tensor out, const Tensor& x, const Tensor& cu_seq
 void CpuOps::preference_loss(Tensor doc_weight, Tensor stats, const Tensor& doc_nll, const Tensor& ref_doc_nll,
                              const Tensor& pairs, const PreferenceParams& p, bool accumulate) {
   SOLTRAIN_CHECK(stats.dtype == DType::F64 && stats.numel() == kPreferenceStats, "preference_loss: stats shape");
-  SOLTRAIN_CHECK(
-      pairs.numel() % 4 == 0 && doc_weight.numel() == doc_nll.numel() && ref_doc_nll.numel() == doc_nll.numel(),
-      "preference_loss: shapes");
-  const int64_t P = pairs.numel() / 4, D = doc_nll.numel();
+  SOLTRAIN_CHECK(pairs.numel() % kPairFields == 0 && doc_weight.numel() == doc_nll.numel() &&
+                     ref_doc_nll.numel() == doc_nll.numel(),
+                 "preference_loss: shapes");
+  const int64_t P = pairs.numel() / kPairFields, D = doc_nll.numel();
   const int32_t* pr = pairs.i32();
   const float *nll = doc_nll.f32(), *ref = ref_doc_nll.f32();
   float* w = doc_weight.f32();
   for (int64_t d = 0; d < D; ++d) w[d] = 0;
   double acc[kPreferenceStats] = {};
   for (int64_t i = 0; i < P; ++i) {
-    const int32_t c = pr[4 * i], r = pr[4 * i + 1];
-    SOLTRAIN_CHECK(c >= 0 && c < D && r >= 0 && r < D && c != r, "preference_loss: pair ", i, " names documents ", c,
-                   ", ", r, " of ", D);
-    const PairResult q = preference_pair(p, nll[c], nll[r], ref[c], ref[r], pr[4 * i + 2], pr[4 * i + 3]);
-    apply_pair(p, q, nll[c], c, r, w, acc);
+    const int32_t* f = pr + kPairFields * i;
+    const int32_t c = f[0], r = f[1], prompt = f[4];
+    SOLTRAIN_CHECK(
+        c >= 0 && c < D && r >= 0 && r < D && c != r && prompt >= -1 && prompt < D && prompt != c && prompt != r,
+        "preference_loss: pair ", i, " names documents ", c, ", ", r, ", ", prompt, " of ", D);
+    const PairResult q = preference_pair(p, nll[c], nll[r], ref[c], ref[r], f[2], f[3]);
+    apply_pair(p, q, nll[c], prompt >= 0 ? nll[prompt] : 0.0, c, r, prompt, w, acc);
   }
   double* s = stats.as<double>();
   for (int k = 0; k < kPreferenceStats; ++k) s[k] = accumulate ? s[k] + acc[k] : acc[k];

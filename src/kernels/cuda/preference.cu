@@ -1,4 +1,4 @@
-// CUDA preference loss (DPO, IPO, hinge) and segment_broadcast. The pairs of a micro-batch are few (its
+// CUDA preference loss (DPO, IPO, hinge, SimPO, ORPO) and segment_broadcast. The pairs of a micro-batch are few (its
 // answer pairs), so one block does the whole loss: each thread takes a fixed stride of pairs in order and a
 // fixed tree adds the threads' sums, so the result is the same on every run (no float atomics).
 #include "kernels/cuda/check.h"
@@ -18,9 +18,10 @@ __global__ void preference_loss_kernel(float* w, double* stats, const float* nll
   __syncthreads();  // a pair's weights are written after every document's zero
   double acc[kPreferenceStats] = {};
   for (int i = threadIdx.x; i < P; i += blockDim.x) {
-    const int c = pairs[4 * i], r = pairs[4 * i + 1];
-    const PairResult q = preference_pair(p, nll[c], nll[r], ref[c], ref[r], pairs[4 * i + 2], pairs[4 * i + 3]);
-    apply_pair(p, q, nll[c], c, r, w, acc);
+    const int32_t* f = pairs + kPairFields * i;
+    const int c = f[0], r = f[1], prompt = f[4];
+    const PairResult q = preference_pair(p, nll[c], nll[r], ref[c], ref[r], f[2], f[3]);
+    apply_pair(p, q, nll[c], prompt >= 0 ? nll[prompt] : 0.0, c, r, prompt, w, acc);
   }
   for (int k = 0; k < kPreferenceStats; ++k) {
     s[threadIdx.x] = acc[k];
@@ -47,12 +48,12 @@ void CudaOps::preference_loss(Tensor doc_weight, Tensor stats, const Tensor& doc
                               const Tensor& pairs, const PreferenceParams& p, bool accumulate) {
   const auto prof = profile("preference_loss");
   SOLTRAIN_CHECK(stats.dtype == DType::F64 && stats.numel() == kPreferenceStats, "preference_loss: stats shape");
-  SOLTRAIN_CHECK(
-      pairs.numel() % 4 == 0 && doc_weight.numel() == doc_nll.numel() && ref_doc_nll.numel() == doc_nll.numel(),
-      "preference_loss: shapes");
-  preference_loss_kernel<<<1, kPairThreads, 0, stream_>>>(doc_weight.f32(), stats.as<double>(), doc_nll.f32(),
-                                                          ref_doc_nll.f32(), pairs.i32(), int(pairs.numel() / 4),
-                                                          int(doc_nll.numel()), p, accumulate);
+  SOLTRAIN_CHECK(pairs.numel() % kPairFields == 0 && doc_weight.numel() == doc_nll.numel() &&
+                     ref_doc_nll.numel() == doc_nll.numel(),
+                 "preference_loss: shapes");
+  preference_loss_kernel<<<1, kPairThreads, 0, stream_>>>(
+      doc_weight.f32(), stats.as<double>(), doc_nll.f32(), ref_doc_nll.f32(), pairs.i32(),
+      int(pairs.numel() / kPairFields), int(doc_nll.numel()), p, accumulate);
   CUDA_CHECK_LAUNCH();
 }
 
