@@ -92,7 +92,11 @@ inline float host_clip_factor(const AdamWParams& p) {
 // The op's loss is pair_scale · Σ_pairs ℓ + nll_alpha · nll_scale · Σ_pairs NLL(chosen): TRL's rpo_alpha term
 // (DPO), cpo_alpha (SimPO), ORPO's own NLL term (nll_alpha 1, over the chosen prompt's tokens too): the chosen
 // answers' mean token NLL, nll_scale = 1 / their counted tokens.
-enum class PreferenceLoss { Sigmoid, Ipo, Hinge, Simpo, Orpo };
+// kto (TRL's KTOTrainer) is unpaired: a "pair" is an example (its prompt and completion, desirable or not) and its
+// KL document (the prompt with another example's completion). With x = π − ref of the example (summed log-probs)
+// and kl = max(0, mean over the call's pairs of π − ref of the KL documents) (no gradient through kl):
+//   desirable: w_d·(1 − σ(β(x − kl)))     undesirable: w_u·(1 − σ(β(kl − x)))
+enum class PreferenceLoss { Sigmoid, Ipo, Hinge, Simpo, Orpo, Kto };
 // Losses that need no reference model (its sums are not read).
 inline bool reference_free(PreferenceLoss l) {
   return l == PreferenceLoss::Simpo || l == PreferenceLoss::Orpo;
@@ -100,12 +104,16 @@ inline bool reference_free(PreferenceLoss l) {
 struct PreferenceParams {
   PreferenceLoss loss = PreferenceLoss::Sigmoid;
   float beta = 0.1f, label_smoothing = 0, nll_alpha = 0, simpo_gamma = 0.5f;
+  float desirable_weight = 1, undesirable_weight = 1;  // KTO's
   float pair_scale = 1, nll_scale = 0;
 };
-// Ints per pair of preference_loss's pairs: chosen, rejected, their counted targets, the chosen prompt (or -1).
-inline constexpr int kPairFields = 5;
+// Ints per pair of preference_loss's pairs: chosen (KTO: the example), rejected (KTO: its KL document), their
+// counted targets, the chosen prompt (or -1), KTO's label (1 desirable, 0 not; 0 for pairs).
+inline constexpr int kPairFields = 6;
 // The sums preference_loss accumulates (F64 each): Σ ℓ, Σ chosen reward β(π_c − ref_c), Σ rejected reward,
-// Σ [chosen reward > rejected reward], Σ π_c, Σ π_r, Σ NLL(chosen) (summed, not averaged), pairs.
+// Σ [chosen reward > rejected reward], Σ π_c, Σ π_r, Σ NLL(chosen) (summed, not averaged), pairs; KTO: the
+// rewards and log-probs of desirable examples as chosen, of the others as rejected, the desirable count, Σ kl
+// over calls and the calls.
 enum PreferenceStat {
   kPrefLoss,
   kPrefRewardChosen,
@@ -115,6 +123,9 @@ enum PreferenceStat {
   kPrefLogpRejected,
   kPrefChosenNll,
   kPrefPairs,
+  kPrefDesirable,
+  kPrefKl,
+  kPrefKlCalls,
   kPreferenceStats
 };
 
@@ -455,8 +466,9 @@ class Ops {
   // gradient weights spread onto the document's tokens.
   virtual void segment_broadcast(Tensor out, const Tensor& x, const Tensor& cu_seqlens) = 0;
   // Preference losses over the P pairs of one micro-batch (model/dpo_objective.h; TRL's definitions).
-  // pairs (I32 [P,5]): chosen document, rejected document, their counted targets (IPO, SimPO and ORPO average
-  // log-probs over them), and the chosen prompt's document (ORPO: its tokens count in the NLL term only) or -1;
+  // pairs (I32 [P,6]): chosen document, rejected document, their counted targets (IPO, SimPO and ORPO average
+  // log-probs over them), the chosen prompt's document (ORPO: its tokens count in the NLL term only) or -1, and
+  // KTO's label (see PreferenceLoss);
   // doc_nll / ref_doc_nll (F32 [D]): Σ NLL per document (segment) of the policy and of the reference.
   // doc_weight (F32 [D]) = d loss / d doc_nll (0 for documents in no pair); stats (F64 [kPreferenceStats],
   // = or += with accumulate) sums over the pairs, in pair order: see PreferenceStat.

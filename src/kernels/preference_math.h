@@ -71,6 +71,9 @@ SOLTRAIN_HOST_DEVICE inline PairResult preference_pair(const PreferenceParams& p
       r.dz = h > 0 ? -beta : 0.0;  // torch's relu has gradient 0 at 0
       break;
     }
+    case PreferenceLoss::Kto:  // not a pair loss: kto_example below
+      r.loss = r.dz = 0;
+      break;
     case PreferenceLoss::Orpo: {
       // z is the log odds ratio: (π̄_c − π̄_r) − (log(1 − e^π̄_c) − log(1 − e^π̄_r)); d z / d π̄ = 1 / (1 − e^π̄)
       z -= log1mexp(r.logp_c) - log1mexp(r.logp_r);
@@ -103,6 +106,35 @@ SOLTRAIN_HOST_DEVICE inline void apply_pair(const PreferenceParams& p, const Pai
   acc[kPrefLogpChosen] += q.logp_c;
   acc[kPrefLogpRejected] += q.logp_r;
   acc[kPrefChosenNll] += nll_c + (prompt >= 0 ? nll_prompt : 0.0);
+  acc[kPrefPairs] += 1.0;
+}
+
+// KTO's example (model/dpo_objective.h): x = π − ref of its completion (summed log-probs), kl the call's KL
+// estimate. dz = d ℓ / d x; dnll_c = d x / d NLL = −1 (the KL document gets no gradient).
+SOLTRAIN_HOST_DEVICE inline PairResult kto_example(const PreferenceParams& p, double nll, double ref_nll, double kl,
+                                                   bool desirable) {
+  PairResult r;
+  const double beta = p.beta, x = ref_nll - nll;
+  r.logp_c = r.logp_r = -nll;
+  r.reward_c = r.reward_r = beta * x;
+  // 1 − σ(βm) has derivative −β·σ(βm)·σ(−βm) in m; m = x − kl (desirable) or kl − x
+  const double m = desirable ? x - kl : kl - x, w = desirable ? p.desirable_weight : p.undesirable_weight;
+  r.loss = w * sigmoid(-beta * m);
+  r.dz = (desirable ? -1.0 : 1.0) * w * beta * sigmoid(beta * m) * sigmoid(-beta * m);
+  r.dnll_c = -1.0;
+  r.dnll_r = 0.0;
+  return r;
+}
+
+// Example q's part: its document's weight (its KL document's is 0) and its metrics (as chosen when desirable).
+SOLTRAIN_HOST_DEVICE inline void apply_kto(const PreferenceParams& p, const PairResult& q, bool desirable, int64_t e,
+                                           int64_t k, float* w, double* acc) {
+  w[e] = float(p.pair_scale * q.dz * q.dnll_c);
+  w[k] = 0.0f;
+  acc[kPrefLoss] += q.loss;
+  acc[desirable ? kPrefRewardChosen : kPrefRewardRejected] += q.reward_c;
+  acc[desirable ? kPrefLogpChosen : kPrefLogpRejected] += q.logp_c;
+  acc[kPrefDesirable] += desirable ? 1.0 : 0.0;
   acc[kPrefPairs] += 1.0;
 }
 

@@ -12,7 +12,8 @@ PreferenceLoss parse_preference_loss(const std::string& s, const std::string& wh
   if (s == "hinge") return PreferenceLoss::Hinge;
   if (s == "simpo") return PreferenceLoss::Simpo;
   if (s == "orpo") return PreferenceLoss::Orpo;
-  user_error(where, ": loss_type '", s, "' is not one of sigmoid, ipo, hinge, simpo, orpo");
+  if (s == "kto") return PreferenceLoss::Kto;
+  user_error(where, ": loss_type '", s, "' is not one of sigmoid, ipo, hinge, simpo, orpo, kto");
 }
 
 const char* preference_loss_name(PreferenceLoss l) {
@@ -22,6 +23,7 @@ const char* preference_loss_name(PreferenceLoss l) {
     case PreferenceLoss::Hinge: return "hinge";
     case PreferenceLoss::Simpo: return "simpo";
     case PreferenceLoss::Orpo: return "orpo";
+    case PreferenceLoss::Kto: return "kto";
   }
   return "?";
 }
@@ -104,6 +106,8 @@ void DpoObjective::add_loss(Ops& ops, const ForwardOutputs& out) {
   const HostBatch& b = *out.host;
   SOLTRAIN_CHECK(b.pairs.size() % 2 == 0, "a preference batch's pairs list has an odd length");
   const size_t P = b.pairs.size() / 2;
+  SOLTRAIN_CHECK((cfg_.loss == PreferenceLoss::Kto) == (b.desirable.size() == P && P > 0) || P == 0,
+                 "a KTO batch needs a label per example, a paired one none");
   std::vector<int32_t> cu = document_offsets(b);
   const int64_t documents = int64_t(cu.size()) - 1;
   SOLTRAIN_CHECK(documents <= max_docs_, "more documents than planned");
@@ -154,6 +158,7 @@ void DpoObjective::add_loss(Ops& ops, const ForwardOutputs& out) {
     f[2] = counted[size_t(f[0])];
     f[3] = counted[size_t(f[1])];
     f[4] = prompt[size_t(c)];
+    f[5] = i < b.desirable.size() ? b.desirable[i] : 0;
   }
   const Tensor pairs{pairs_.data(), DType::I32, {int64_t(P), kPairFields}, pairs_.device()};
   if (P > 0) upload_pairs_(ops, pairs, host_pairs_.data());
@@ -165,6 +170,8 @@ void DpoObjective::add_loss(Ops& ops, const ForwardOutputs& out) {
   p.label_smoothing = cfg_.label_smoothing;
   p.nll_alpha = cfg_.nll_alpha;
   p.simpo_gamma = cfg_.simpo_gamma;
+  p.desirable_weight = cfg_.desirable_weight;
+  p.undesirable_weight = cfg_.undesirable_weight;
   p.pair_scale = update_pairs_ > 0 ? 1.0f / float(update_pairs_) : 0.0f;
   p.nll_scale = update_chosen_tokens_ > 0 ? 1.0f / float(update_chosen_tokens_) : 0.0f;
   ops.preference_loss(Tensor{doc_weight_.data(), DType::F32, {docs_}, doc_weight_.device()},
@@ -196,6 +203,16 @@ DpoMetrics DpoObjective::read(Ops& ops) const {
       (update_pairs_ > 0 ? s[kPrefLoss] / double(update_pairs_) : 0.0) +
       (update_chosen_tokens_ > 0 ? double(cfg_.nll_alpha) * s[kPrefChosenNll] / double(update_chosen_tokens_) : 0.0);
   m.nll = update_chosen_tokens_ > 0 ? s[kPrefChosenNll] / double(update_chosen_tokens_) : 0.0;
+  if (cfg_.loss == PreferenceLoss::Kto) {  // each kind's mean over its own examples, as TRL's KTO logs them
+    const double good = s[kPrefDesirable], bad = n - good;
+    m.reward_chosen = good > 0 ? s[kPrefRewardChosen] / good : 0.0;
+    m.logp_chosen = good > 0 ? s[kPrefLogpChosen] / good : 0.0;
+    m.reward_rejected = bad > 0 ? s[kPrefRewardRejected] / bad : 0.0;
+    m.logp_rejected = bad > 0 ? s[kPrefLogpRejected] / bad : 0.0;
+    m.margin = good > 0 && bad > 0 ? m.reward_chosen - m.reward_rejected : 0.0;
+    m.kl = s[kPrefKlCalls] > 0 ? s[kPrefKl] / s[kPrefKlCalls] : 0.0;
+    return m;
+  }
   m.reward_chosen = s[kPrefRewardChosen] / n;
   m.reward_rejected = s[kPrefRewardRejected] / n;
   m.accuracy = s[kPrefAccuracy] / n;

@@ -19,8 +19,9 @@ struct DpoConfig {
   PreferenceLoss loss = PreferenceLoss::Sigmoid;
   // nll_alpha: the chosen answers' mean NLL term's weight (TRL's rpo_alpha for DPO, cpo_alpha for SimPO, 1 for ORPO)
   float beta = 0.1f, label_smoothing = 0, nll_alpha = 0, simpo_gamma = 0.5f;
+  float desirable_weight = 1, undesirable_weight = 1;  // KTO's
 };
-// sigmoid | ipo | hinge | simpo | orpo
+// sigmoid | ipo | hinge | simpo | orpo | kto
 PreferenceLoss parse_preference_loss(const std::string& s, const std::string& where);
 const char* preference_loss_name(PreferenceLoss l);
 
@@ -28,6 +29,8 @@ const char* preference_loss_name(PreferenceLoss l);
 struct DpoMetrics {
   double loss = 0, reward_chosen = 0, reward_rejected = 0, accuracy = 0, margin = 0, logp_chosen = 0, logp_rejected = 0;
   double nll = 0;  // the chosen answers' mean token NLL (TRL's nll_loss)
+  double kl = 0;   // KTO: the KL estimate, averaged over the micro-batches (TRL's kl)
+  // KTO: chosen = the desirable examples, rejected = the others (each mean over its own kind)
   int64_t pairs = 0;
 };
 

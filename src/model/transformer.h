@@ -42,6 +42,9 @@ struct HostBatch {
   // ORPO, whose NLL term also trains the chosen answer's prompt: per pair, how many of the chosen document's
   // first targets are its prompt's (kept as targets; the answer's log-prob does not count them). Empty otherwise.
   std::vector<int32_t> prompt_targets;
+  // KTO (unpaired): each "pair" is an example and its KL document (the prompt with another example's
+  // completion); per pair, 1 when the example's completion is desirable. Empty otherwise.
+  std::vector<uint8_t> desirable;
   // GRPO batches (model/grpo_objective.h): one completion per row, its prompt's targets -100; per row its
   // advantage; per token −log p of the target under the policy that sampled it (old_nll: kept when a batch is
   // trained more than once) and under the reference (ref_token_nll, when the reference is not a pass of its

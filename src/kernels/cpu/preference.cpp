@@ -1,5 +1,7 @@
-// CPU preference loss (DPO, IPO, hinge, SimPO, ORPO) and the per-document weights' spread onto tokens: the reference
-// the CUDA kernels are tested against.
+// CPU preference loss (DPO, IPO, hinge, SimPO, ORPO, KTO) and the per-document weights' spread onto tokens: the
+// reference the CUDA kernels are tested against.
+#include <cmath>
+
 #include "core/error.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/preference_math.h"
@@ -27,6 +29,26 @@ void CpuOps::preference_loss(Tensor doc_weight, Tensor stats, const Tensor& doc_
   float* w = doc_weight.f32();
   for (int64_t d = 0; d < D; ++d) w[d] = 0;
   double acc[kPreferenceStats] = {};
+  if (p.loss == PreferenceLoss::Kto) {
+    // the call's KL estimate first (a mean over its KL documents, floored at 0), then each example
+    double kl_sum = 0;
+    for (int64_t i = 0; i < P; ++i) {
+      const int32_t k = pr[kPairFields * i + 1];
+      SOLTRAIN_CHECK(k >= 0 && k < D, "preference_loss: pair ", i, " names document ", k, " of ", D);
+      kl_sum += double(ref[k]) - double(nll[k]);
+    }
+    const double kl = P > 0 ? std::fmax(kl_sum / double(P), 0.0) : 0.0;
+    for (int64_t i = 0; i < P; ++i) {
+      const int32_t* f = pr + kPairFields * i;
+      SOLTRAIN_CHECK(f[0] >= 0 && f[0] < D && f[0] != f[1], "preference_loss: pair ", i, " names document ", f[0]);
+      const PairResult q = kto_example(p, nll[f[0]], ref[f[0]], kl, f[5] != 0);
+      apply_kto(p, q, f[5] != 0, f[0], f[1], w, acc);
+    }
+    if (P > 0) acc[kPrefKl] = kl, acc[kPrefKlCalls] = 1;
+    double* s = stats.as<double>();
+    for (int k = 0; k < kPreferenceStats; ++k) s[k] = accumulate ? s[k] + acc[k] : acc[k];
+    return;
+  }
   for (int64_t i = 0; i < P; ++i) {
     const int32_t* f = pr + kPairFields * i;
     const int32_t c = f[0], r = f[1], prompt = f[4];

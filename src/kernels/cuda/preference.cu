@@ -1,6 +1,6 @@
-// CUDA preference loss (DPO, IPO, hinge, SimPO, ORPO) and segment_broadcast. The pairs of a micro-batch are few (its
-// answer pairs), so one block does the whole loss: each thread takes a fixed stride of pairs in order and a
-// fixed tree adds the threads' sums, so the result is the same on every run (no float atomics).
+// CUDA preference loss (DPO, IPO, hinge, SimPO, ORPO, KTO) and segment_broadcast. The pairs of a micro-batch are few
+// (its answer pairs), so one block does the whole loss: each thread takes a fixed stride of pairs in order and a fixed
+// tree adds the threads' sums, so the result is the same on every run (no float atomics).
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/preference_math.h"
@@ -15,14 +15,35 @@ __global__ void preference_loss_kernel(float* w, double* stats, const float* nll
                                        const int32_t* pairs, int P, int D, PreferenceParams p, bool accumulate) {
   __shared__ double s[kPairThreads];
   for (int d = threadIdx.x; d < D; d += blockDim.x) w[d] = 0.0f;
-  __syncthreads();  // a pair's weights are written after every document's zero
   double acc[kPreferenceStats] = {};
+  const bool kto = p.loss == PreferenceLoss::Kto;
+  double kl = 0;
+  if (kto) {  // the call's KL estimate: a mean over the pairs' KL documents, floored at 0 (fixed tree order)
+    double part = 0;
+    for (int i = threadIdx.x; i < P; i += blockDim.x) {
+      const int k = pairs[kPairFields * i + 1];
+      part += double(ref[k]) - double(nll[k]);
+    }
+    s[threadIdx.x] = part;
+    __syncthreads();
+    for (int half = kPairThreads / 2; half > 0; half >>= 1) {
+      if (int(threadIdx.x) < half) s[threadIdx.x] += s[threadIdx.x + half];
+      __syncthreads();
+    }
+    kl = P > 0 ? fmax(s[0] / double(P), 0.0) : 0.0;
+  }
+  __syncthreads();  // a pair's weights are written after every document's zero (and s is read before reuse)
   for (int i = threadIdx.x; i < P; i += blockDim.x) {
     const int32_t* f = pairs + kPairFields * i;
     const int c = f[0], r = f[1], prompt = f[4];
+    if (kto) {
+      apply_kto(p, kto_example(p, nll[c], ref[c], kl, f[5] != 0), f[5] != 0, c, r, w, acc);
+      continue;
+    }
     const PairResult q = preference_pair(p, nll[c], nll[r], ref[c], ref[r], f[2], f[3]);
     apply_pair(p, q, nll[c], prompt >= 0 ? nll[prompt] : 0.0, c, r, prompt, w, acc);
   }
+  if (kto && threadIdx.x == 0 && P > 0) acc[kPrefKl] = kl, acc[kPrefKlCalls] = 1;
   for (int k = 0; k < kPreferenceStats; ++k) {
     s[threadIdx.x] = acc[k];
     __syncthreads();
