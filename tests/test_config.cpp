@@ -279,10 +279,10 @@ TEST(Config, MorePeerKeys) {
   EXPECT_EQ(e.moments, Moments::F32);
   EXPECT_EQ(e.saves_per_epoch, 0);
   EXPECT_EQ(
-      error_of(kBase + "plugins: [axolotl.integrations.kd.KDPlugin]\nrl: kto\noptimizer: adamw_torch_4bit\n"),
+      error_of(kBase + "plugins: [axolotl.integrations.kd.KDPlugin]\nrl: ebft\noptimizer: adamw_torch_4bit\n"),
       "cfg.yaml: 3 problems: cfg.yaml:6: plugins: \"axolotl.integrations.kd.KDPlugin\": Axolotl plugins are "
-      "not supported; cfg.yaml:7: rl: \"kto\": soltrain trains dpo, ipo, orpo, simpo and grpo (other methods are not "
-      "built yet); cfg.yaml:8: "
+      "not supported; cfg.yaml:7: rl: \"ebft\": soltrain trains dpo, ipo, orpo, simpo, kto and grpo (other methods "
+      "are not built yet); cfg.yaml:8: "
       "optimizer: \"adamw_torch_4bit\": 4-bit optimizer moments are not built yet; use adamw_8bit or "
       "adamw_torch");
 }

@@ -74,6 +74,26 @@ TEST(PreferencePair, DerivativeMatchesFiniteDifferences) {
       EXPECT_NE(dc, 0.0);
     }
   }
+  // KTO's example against finite differences in its NLL (the KL estimate held, as TRL detaches it)
+  PreferenceParams k;
+  k.loss = PreferenceLoss::Kto;
+  k.beta = 0.4f;
+  k.desirable_weight = 1.25f;
+  k.undesirable_weight = 0.5f;
+  for (bool desirable : {true, false})
+    for (auto [nll, ref, kl] : {std::array{4.0, 5.0, 0.3}, std::array{6.0, 3.5, 0.0}}) {
+      const PairResult q = kto_example(k, nll, ref, kl, desirable);
+      const double h = 1e-6;
+      const double d =
+          (kto_example(k, nll + h, ref, kl, desirable).loss - kto_example(k, nll - h, ref, kl, desirable).loss) /
+          (2 * h);
+      EXPECT_NEAR(q.dz * q.dnll_c, d, 1e-7);
+      EXPECT_NE(d, 0.0);
+      EXPECT_EQ(q.dnll_r, 0.0) << "the KL document gets no gradient";
+    }
+  // at x = kl the loss is half its weight
+  EXPECT_NEAR(kto_example(k, 4.0, 4.3, 0.3, true).loss, 0.625, 1e-12);
+  EXPECT_NEAR(kto_example(k, 4.0, 4.3, 0.3, false).loss, 0.25, 1e-12);
   // The published values at z = 0: sigmoid ln 2, ipo 1/(4β²), hinge 1.
   PreferenceParams p;
   p.beta = 0.25f;

@@ -179,9 +179,13 @@ TEST(DpoRun, AxolotlRlKeyInAnSftConfigRunsDpo) {
   const test::CliRun key = test::run("sft " + s.config("k", "max_steps: 2\nbeta: 0.2\n").string(), s.t);
   EXPECT_EQ(key.code, 2);
   EXPECT_NE(key.err.find("beta is a preference-training key"), std::string::npos) << key.err;
-  const test::CliRun bad = test::run("sft " + s.config("bad", "max_steps: 2\nrl: kto\n").string(), s.t);
+  const test::CliRun bad = test::run("sft " + s.config("bad", "max_steps: 2\nrl: ebft\n").string(), s.t);
   EXPECT_EQ(bad.code, 2);
-  EXPECT_NE(bad.err.find("rl: \"kto\""), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("rl: \"ebft\""), std::string::npos) << bad.err;
+  // KTO reads unpaired records: paired ones stop at the first, naming what is missing
+  const test::CliRun kto = test::run("sft " + s.config("kto", "max_steps: 2\nrl: kto\n").string(), s.t);
+  EXPECT_EQ(kto.code, 2);
+  EXPECT_NE(kto.err.find(":1: no \"label\" field"), std::string::npos) << kto.err;
 }
 
 TEST(DpoRun, BadRecordsAreSkippedOrNamed) {

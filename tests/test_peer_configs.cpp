@@ -9,6 +9,8 @@
 #include "cli_test_util.h"
 #include "data/batch_file.h"
 #include "data/dataset.h"
+#include "data/pair_loader.h"
+#include "data/shards.h"
 #include "data_test_util.h"
 #include "inputs_guard.h"
 #include "llama_tokenizer.h"
@@ -537,15 +539,51 @@ TEST(PeerConfigs, AxolotlSimpoRunsWithoutAReference) {
   EXPECT_NE(all.find("(no reference model)"), std::string::npos) << all;
 }
 
-// Axolotl's Llama 3.2 KTO example: unpaired preference training is not built; one line names it.
-TEST(PeerConfigs, AxolotlKtoIsRefusedInOneLine) {
+// Axolotl's Llama 3.2 QLoRA KTO example (`rl: kto`, rl_beta, kto_desirable_weight, llama3.ultra rows: prompt,
+// completion, label): KTO over the NF4 base, the examples in order, each with its KL document as TRL builds it
+// (its prompt and the previous example's completion within blocks of micro_batch_size), TRL's kl metric logged.
+TEST(PeerConfigs, AxolotlKtoTrainsOnUnpairedExamples) {
   PeerSetup s;
-  const fs::path cfg = s.config("axolotl-llama-3-qlora-1b-kto.yaml", "dpo_chat.jsonl", "llama");
-  const test::CliRun r = s.sft(cfg);
-  EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_NE(r.err.find("rl: \"kto\": soltrain trains dpo, ipo, orpo, simpo and grpo (other methods are not built yet)"),
+  {
+    std::ofstream k(s.t.path / "kto.jsonl");
+    for (int i = 0; i < 40; ++i) {
+      const std::string w = "w" + std::to_string(i);
+      k << R"({"prompt": "Reverse )" << w << R"(", "completion": ")" << (i % 3 ? std::to_string(i) + "w" : w)
+        << R"(", "label": )" << (i % 3 ? "true" : "false") << "}\n";
+    }
+  }
+  const fs::path cfg = s.config("axolotl-llama-3-qlora-1b-kto.yaml", "kto.jsonl", "llama");
+  const test::CliRun r = s.sft(cfg, "--set max_steps=2");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string all = r.out + r.err;
+  EXPECT_NE(all.find("dpo: kto loss, beta 0.5, desirable_weight 0.2, undesirable_weight 1; examples in order with "
+                     "their KL documents; LoRA r32 on q,k,v,o,gate,up,down over a frozen NF4 base"),
             std::string::npos)
-      << r.err;
+      << all;
+  EXPECT_NE(all.find("wrote 40 examples with their KL documents"), std::string::npos) << all;
+  const std::string metrics = read_text(s.t.path / "out" / "metrics.jsonl");
+  EXPECT_NE(metrics.find("\"kl\""), std::string::npos) << metrics.substr(0, 400);
+  EXPECT_EQ(metrics.find("accuracies"), std::string::npos) << "KTO's examples are unpaired";
+  // The prepared documents: 2i the example (its label on the first mask byte), 2i+1 its prompt with the previous
+  // example's completion, the first of each block of 2 taking the block's last.
+  fs::path prepared;
+  for (const auto& e : fs::recursive_directory_iterator(s.t.path))
+    if (e.is_directory() && e.path().filename().string().starts_with("dpo-train-0-")) prepared = e.path();
+  ASSERT_FALSE(prepared.empty());
+  const ShardSet docs = load_shards(prepared);
+  ASSERT_EQ(docs.documents(), 80);
+  auto part = [&](int64_t d, bool completion) {
+    std::vector<int32_t> v;
+    for (int64_t i = docs.doc_offsets[size_t(d)]; i < docs.doc_offsets[size_t(d) + 1]; ++i)
+      if ((docs.mask[size_t(i)] == 1) == completion) v.push_back(docs.tokens[size_t(i)]);  // (2: the label)
+    return v;
+  };
+  for (int64_t i = 0; i < 40; ++i) {
+    const int64_t prev = i % 2 == 0 ? i + 1 : i - 1;  // blocks of micro_batch_size 2
+    EXPECT_EQ(part(2 * i + 1, false), part(2 * i, false)) << i;
+    EXPECT_EQ(part(2 * i + 1, true), part(2 * prev, true)) << i;
+    EXPECT_EQ(docs.mask[size_t(docs.doc_offsets[size_t(2 * i)])] == kUndesirableMark, i % 3 == 0) << i;
+  }
 }
 
 // Surogate's Qwen3 examples with its own spellings: `recompute: false` (a bool there; true is soltrain's full) trains

@@ -96,5 +96,64 @@ TEST_F(PreferenceData, UnusableRecordsSayWhy) {
             "chosen and rejected share no prompt message");
 }
 
+// Axolotl's ORPO argilla rows: chosen / rejected whole conversations; the prompt is the chosen one before its last
+// message (after an optional system field).
+TEST_F(PreferenceData, ArgillaConversationsSplitAtTheirLastMessage) {
+  const Encoded want = encode(R"({"prompt": "abc", "chosen": "cba", "rejected": "cbb"})");
+  const Encoded e = encode(R"({"prompt": "abc", "chosen": [{"role": "user", "content": "abc"}, {"role": "assistant",
+      "content": "cba"}], "rejected": [{"role": "user", "content": "abc"}, {"role": "assistant", "content": "cbb"}]})",
+                           PreferenceFormat::kArgillaChat);
+  EXPECT_EQ(e.chosen_doc, want.chosen_doc);
+  EXPECT_EQ(e.rejected, want.rejected);
+}
+
+// KTO's unpaired records: TRL's prompt / completion / label and Axolotl's KTO shapes (ultra: prompt and system;
+// argilla: instruction; intel: question; argilla_chat: the conversation in `completion`) all give the same
+// document, the completion trained; the label is a boolean (or 0 / 1); missing fields say which.
+TEST_F(PreferenceData, UnpairedRecordsOfEveryShape) {
+  PreferenceEncoder enc(*tok, *tmpl, 256, 0);
+  auto doc = [&](const std::string& rec, bool* desirable = nullptr) {
+    const UnpairedSample u = to_unpaired_sample(ordered_json::parse(rec), DatasetFields{});
+    if (desirable) *desirable = u.desirable;
+    return enc.encode(u);
+  };
+  const Encoded want = encode(R"({"prompt": "abc", "chosen": "cba", "rejected": "cbb"})");
+  bool good = false;
+  const Document d = doc(R"({"prompt": "abc", "completion": "cba", "label": true})", &good);
+  EXPECT_TRUE(good);
+  EXPECT_EQ(d.ids, want.chosen_doc);
+  std::vector<int32_t> trained;
+  for (size_t i = 0; i < d.ids.size(); ++i)
+    if (d.mask[i]) trained.push_back(d.ids[i]);
+  EXPECT_EQ(trained, want.chosen);
+  for (const char* rec : {R"({"instruction": "abc", "completion": "cba", "label": 0})",
+                          R"({"question": "abc", "completion": [{"role": "assistant", "content": "cba"}], "label": 0})",
+                          R"({"prompt": [{"role": "user", "content": "abc"}], "completion": "cba", "label": false})",
+                          R"({"completion": [{"role": "user", "content": "abc"}, {"role": "assistant",
+                              "content": "cba"}], "label": false})"}) {
+    good = true;
+    EXPECT_EQ(doc(rec, &good).ids, want.chosen_doc) << rec;
+    EXPECT_FALSE(good) << rec;
+  }
+  const Document sys = doc(R"({"system": "be brief", "prompt": "abc", "completion": "cba", "label": true})");
+  EXPECT_EQ(sys.ids, ids("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nabc<|im_end|>\n"
+                         "<|im_start|>assistant\ncba<|im_end|>\n"));
+  auto reason = [&](const std::string& rec) -> std::string {
+    try {
+      doc(rec);
+    } catch (const BadRecord& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(reason(R"({"prompt": "abc", "completion": "cba"})"), "no \"label\" field");
+  EXPECT_EQ(reason(R"({"prompt": "abc", "completion": "cba", "label": "yes"})"), "\"label\" is not true or false");
+  EXPECT_EQ(reason(R"({"prompt": "abc", "label": true})"), "no \"completion\" field");
+  EXPECT_EQ(reason(R"({"prompt": "abc", "completion": "", "label": true})"), "the completion answer is empty");
+  EXPECT_TRUE(is_unpaired_format("llama3.ultra") && is_unpaired_format("chatml.argilla") &&
+              is_unpaired_format("auto") && !is_unpaired_format("chatml.intel.x") &&
+              !is_unpaired_format("chat_template.default"));
+}
+
 }  // namespace
 }  // namespace soltrain

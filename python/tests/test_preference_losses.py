@@ -168,3 +168,123 @@ def test_orpo_batch_without_prompt_targets_is_refused(peaked_model, tmp_path):
                         "--out", str(tmp_path / "o.safetensors"), "--preference", "orpo", "--beta", "0.1"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "needs prompt_targets" in r.stderr.strip().splitlines()[-1], r.stderr
+
+
+# KTO (TRL's KTOTrainer, `rl: kto`): unpaired examples, each with a KL document (its prompt and the previous
+# example's completion, the block's first taking the last one's, as TRL builds them), the reference the model
+# before its weights moved (its log-probs precomputed, TRL's precompute_ref_logps), the KL estimate floored at 0.
+def kto_examples(seed, n=6):
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda k: [int(x) for x in torch.randint(1, 320, (k,), generator=g)]  # noqa: E731
+    ex = [(rnd(int(torch.randint(3, 7, (1,), generator=g))), rnd(int(torch.randint(2, 7, (1,), generator=g))))
+          for _ in range(n)]
+    labels = [bool(x) for x in torch.randint(0, 2, (n,), generator=g)]
+    labels[0], labels[1] = True, False  # both kinds
+    kl = [(p, ex[(i - 1) % n][1]) for i, (p, _) in enumerate(ex)]
+    return ex, kl, labels
+
+
+def completion_logps(model, rows):
+    """Σ log p of each row's completion tokens (prompt, completion pairs), one sequence at a time."""
+    out = []
+    for p, c in rows:
+        seq = torch.tensor([p + c])
+        logp = torch.log_softmax(model(input_ids=seq).logits[0, :-1].double(), -1)
+        out.append(logp[torch.arange(len(p) - 1, len(p) + len(c) - 1), seq[0, len(p):]].sum())
+    return torch.stack(out)
+
+
+def test_kto_loss_metrics_and_gradients_match_trl(peaked_model, tmp_path):
+    import types
+    from trl import KTOTrainer
+
+    ex, kl_rows, labels = kto_examples(seed=4)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(peaked_model, dtype=torch.float32)
+    policy = transformers.AutoModelForCausalLM.from_pretrained(peaked_model, dtype=torch.float32)
+    # the policy has moved from the reference, towards the KL documents' completions: log-ratios are not 0 and
+    # the KL estimate is above its floor
+    opt = torch.optim.SGD(policy.parameters(), lr=0.05)
+    for _ in range(3):
+        opt.zero_grad()
+        (-completion_logps(policy, kl_rows).sum()).backward()
+        opt.step()
+    policy.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        ref_ex, ref_kl = completion_logps(reference, ex), completion_logps(reference, kl_rows)
+    policy.save_pretrained(tmp_path / "moved")
+
+    def padded(rows):
+        L = max(len(p) + len(c) for p, c in rows)
+        ids = torch.zeros(len(rows), L, dtype=torch.long)
+        att = torch.zeros(len(rows), L, dtype=torch.long)
+        comp = torch.zeros(len(rows), L, dtype=torch.long)
+        for i, (p, c) in enumerate(rows):
+            ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+            att[i, :len(p) + len(c)] = 1
+            comp[i, len(p):len(p) + len(c)] = 1
+        return ids, att, comp
+
+    def fused_head(input_ids, attention_mask, labels, **kw):  # what TRL's fused LM head returns: log p per target
+        logits = policy(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+        t = labels[:, 1:]
+        lp = torch.log_softmax(logits, -1).gather(-1, t.clamp(min=0)[..., None])[..., 0] * (t != -100)
+        zeros = torch.zeros_like(lp)
+        return types.SimpleNamespace(log_probs=lp, entropy=zeros, mean_logits=zeros)
+
+    ids, att, comp = padded(ex)
+    kids, katt, kcomp = padded(kl_rows)
+    batch = {"input_ids": ids, "attention_mask": att, "completion_mask": comp, "label": torch.tensor(labels),
+             "KL_input_ids": kids, "KL_attention_mask": katt, "KL_completion_mask": kcomp,
+             "ref_logps": ref_ex.float(), "ref_KL_logps": ref_kl.float()}
+    trainer = object.__new__(KTOTrainer)
+    identity = lambda t: t  # noqa: E731
+    trainer.__dict__.update(dict(
+        model=types.SimpleNamespace(training=True), calculate_KL=True, precompute_ref_logps=True, loss_type="kto",
+        beta=0.3, desirable_weight=1.3, undesirable_weight=0.7, aux_loss_enabled=False, _tp_size=1,
+        _total_train_tokens=0, _metrics={"train": defaultdict(list)},
+        accelerator=types.SimpleNamespace(device=torch.device("cpu"), gather_for_metrics=identity)))
+    loss = trainer._compute_loss(fused_head, batch, False)
+    loss.backward()
+    metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+    assert metrics["kl"] > 0, metrics  # the floor is not what is compared
+
+    # soltrain's batch: example i in row 2i, its KL document in row 2i + 1; the reference sums from the file
+    rows = [r for pair in zip(ex, kl_rows) for r in pair]
+    T = max(len(p) + len(c) for p, c in rows)
+    tids = torch.zeros(len(rows), T, dtype=torch.int32)
+    targets = torch.full((len(rows), T), -100, dtype=torch.int32)
+    for r, (p, c) in enumerate(rows):
+        seq = p + c
+        tids[r, :len(seq)] = torch.tensor(seq, dtype=torch.int32)
+        for i in range(len(p) - 1, len(seq) - 1):
+            targets[r, i] = seq[i + 1]
+    ref_nll = torch.stack([-ref_ex, -ref_kl], 1).flatten().float()
+    save_file({"input_ids": tids, "targets": targets,
+               "pairs": torch.tensor([[2 * i, 2 * i + 1] for i in range(len(ex))], dtype=torch.int32),
+               "desirable": torch.tensor(labels, dtype=torch.int32), "ref_nll": ref_nll},
+              str(tmp_path / "batch.safetensors"))
+    for f in peaked_model.iterdir():
+        if f.name.startswith("tokenizer"):
+            (tmp_path / "moved" / f.name).write_bytes(f.read_bytes())
+    r = subprocess.run([str(BIN), "dump", "--model", str(tmp_path / "moved"), "--batch",
+                        str(tmp_path / "batch.safetensors"), "--out", str(tmp_path / "ours.safetensors"),
+                        "--preference", "kto", "--beta", "0.3", "--desirable-weight", "1.3",
+                        "--undesirable-weight", "0.7"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    ours = load_file(str(tmp_path / "ours.safetensors"))
+    assert abs(float(ours["loss"][0]) - float(loss)) <= 1e-5 * max(1.0, abs(float(loss))), (float(ours["loss"][0]),
+                                                                                            float(loss))
+    for k in ["kl", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected"]:
+        assert abs(float(ours[k][0]) - float(metrics[k])) <= 1e-5 * max(1.0, abs(float(metrics[k]))), (
+            k, float(ours[k][0]), float(metrics[k]))
+    checked = 0
+    for name, p in policy.named_parameters():
+        if p.grad is None:
+            continue
+        key = "grad." + name
+        if key not in ours:
+            assert name == "lm_head.weight", name
+            continue
+        assert rel(ours[key], p.grad) <= 1e-5, (name, rel(ours[key], p.grad))
+        checked += 1
+    assert checked >= 10

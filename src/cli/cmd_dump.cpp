@@ -42,7 +42,7 @@ void add_gradients(Transformer& model, Ops& ops, std::vector<NamedTensor>& out,
 
 struct PreferenceDump {
   std::string loss;  // sigmoid, ipo, hinge (the batch's ref_nll as the reference), simpo, orpo
-  float label_smoothing = 0, nll_alpha = -1, simpo_gamma = 0.5f;
+  float label_smoothing = 0, nll_alpha = -1, simpo_gamma = 0.5f, desirable_weight = 1, undesirable_weight = 1;
 };
 
 // One update over the batch's pairs (one micro-batch) under a preference loss: its loss, metrics and gradients.
@@ -56,6 +56,11 @@ int dump_preference(const PreferenceDump& d, float beta, Ops& ops, Transformer& 
                 : c.loss == PreferenceLoss::Orpo || c.loss == PreferenceLoss::Simpo ? 1.0f
                                                                                     : 0.0f;
   c.simpo_gamma = d.simpo_gamma;
+  c.desirable_weight = d.desirable_weight;
+  c.undesirable_weight = d.undesirable_weight;
+  if ((c.loss == PreferenceLoss::Kto) != !batch.desirable.empty())
+    user_error("--preference ", d.loss, ": a desirable label per pair is ",
+               c.loss == PreferenceLoss::Kto ? "needed (the batch file's desirable)" : "KTO's only");
   if (batch.pairs.empty()) user_error("--preference: the batch file has no pairs");
   if (!reference_free(c.loss) && batch.ref_nll.empty() && !model.lora())
     user_error("--preference ", d.loss,
@@ -71,8 +76,16 @@ int dump_preference(const PreferenceDump& d, float beta, Ops& ops, Transformer& 
   const DpoMetrics m = dpo.read(ops);
   std::vector<float> scalars{float(m.loss),   float(m.reward_chosen), float(m.reward_rejected), float(m.accuracy),
                              float(m.margin), float(m.logp_chosen),   float(m.logp_rejected),   float(m.nll)};
-  const char* names[] = {"loss",         "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
-                         "logps/chosen", "logps/rejected", "nll_loss"};
+  scalars.push_back(float(m.kl));
+  const char* names[] = {"loss",
+                         "rewards/chosen",
+                         "rewards/rejected",
+                         "rewards/accuracies",
+                         "rewards/margins",
+                         "logps/chosen",
+                         "logps/rejected",
+                         "nll_loss",
+                         "kl"};
   std::vector<NamedTensor> out;
   for (size_t i = 0; i < scalars.size(); ++i)
     out.push_back({names[i], Tensor{&scalars[i], DType::F32, {1}, Device::CPU}});
@@ -230,13 +243,18 @@ std::function<int()> add_dump_command(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--preference", pd->loss,
                 "a preference loss over the batch file's pairs (and ref_nll, prompt_targets as the loss needs): "
-                "sigmoid, ipo, hinge, simpo or orpo (beta from --beta)")
+                "sigmoid, ipo, hinge, simpo, orpo or kto (KTO: pairs are each example and its KL document, with the "
+                "file's desirable labels) (beta from --beta)")
       ->excludes("--grpo");
   c->add_option("--label-smoothing", pd->label_smoothing, "preference: the share of pairs assumed flipped")
       ->capture_default_str();
   c->add_option("--nll-alpha", pd->nll_alpha,
                 "preference: the chosen answers' NLL term's weight (default: 1 for simpo and orpo, else 0)");
   c->add_option("--simpo-gamma", pd->simpo_gamma, "preference: SimPO's target margin")->capture_default_str();
+  c->add_option("--desirable-weight", pd->desirable_weight, "preference: KTO's desirable examples' weight")
+      ->capture_default_str();
+  c->add_option("--undesirable-weight", pd->undesirable_weight, "preference: KTO's undesirable examples' weight")
+      ->capture_default_str();
   add_device_option(c, o->device);
   return [o, g, pd]() {
     if (!o->save_adapter.empty()) {

@@ -116,13 +116,13 @@ Entries read_entries(const std::string& yaml, const std::string& where, const st
   return en;
 }
 
-// Axolotl's `rl: dpo` (or `ipo`, `orpo`, `simpo`) makes an sft-style config a preference run, `rl: grpo` an online RL
-// run: known before the datasets are read, since it decides how their records are read.
+// Axolotl's `rl: dpo` (or `ipo`, `orpo`, `simpo`, `kto`) makes an sft-style config a preference run, `rl: grpo` an
+// online RL run: known before the datasets are read, since it decides how their records are read.
 TrainMode preference_mode(const Entries& en, TrainMode mode, TrainConfig& c) {
   const auto rl = en.by_key.find("rl");
   if (rl == en.by_key.end() || !rl->second.node.IsScalar()) return mode;
   const std::string v = rl->second.node.Scalar();
-  if (v != "dpo" && v != "ipo" && v != "orpo" && v != "simpo" && v != "grpo") return mode;
+  if (v != "dpo" && v != "ipo" && v != "orpo" && v != "simpo" && v != "kto" && v != "grpo") return mode;
   if (mode == TrainMode::kPretrain) user_error(rl->second.where, ": rl: ", v, " is not a pt run");
   if (v == "grpo") {
     if (mode == TrainMode::kDpo) user_error(rl->second.where, ": rl: grpo in a dpo run: run `soltrain grpo`");
@@ -130,8 +130,9 @@ TrainMode preference_mode(const Entries& en, TrainMode mode, TrainConfig& c) {
   }
   if (mode == TrainMode::kGrpo) user_error(rl->second.where, ": rl: ", v, " in a grpo run: run `soltrain dpo`");
   if (v == "ipo") c.dpo.loss = PreferenceLoss::Ipo;
-  if (v == "orpo") c.dpo.loss = PreferenceLoss::Orpo;    // TRL's ORPOTrainer, as Axolotl runs it
-  if (v == "simpo") c.dpo.loss = PreferenceLoss::Simpo;  // TRL's CPOTrainer with loss_type simpo
+  if (v == "orpo") c.dpo.method = PreferenceLoss::Orpo;    // TRL's ORPOTrainer, as Axolotl runs it
+  if (v == "simpo") c.dpo.method = PreferenceLoss::Simpo;  // TRL's CPOTrainer with loss_type simpo
+  if (v == "kto") c.dpo.method = PreferenceLoss::Kto;      // TRL's KTOTrainer (unpaired examples)
   return TrainMode::kDpo;
 }
 

@@ -249,25 +249,26 @@ void add_data_keys(std::vector<KeySpec>& v) {
 }
 
 void add_objective_keys(std::vector<KeySpec>& v) {
-  v.push_back(key("rl", "choice", "dpo, ipo, orpo, simpo or grpo", "",
-                  "Axolotl's: makes an sft config a preference run (dpo, ipo; orpo and simpo without a reference) "
-                  "or online RL (grpo)",
+  v.push_back(key("rl", "choice", "dpo, ipo, orpo, simpo, kto or grpo", "",
+                  "Axolotl's: makes an sft config a preference run (dpo, ipo; orpo and simpo without a reference; "
+                  "kto on unpaired examples) or online RL (grpo)",
                   [](const Entry& e, const std::string& k, ReadContext&) {
                     const std::string s = get_string(e, k);
-                    if (s != "dpo" && s != "ipo" && s != "orpo" && s != "simpo" && s != "grpo")
-                      user_error(
-                          e.where, ": rl: \"", s,
-                          "\": soltrain trains dpo, ipo, orpo, simpo and grpo (other methods are not built yet)");
+                    if (s != "dpo" && s != "ipo" && s != "orpo" && s != "simpo" && s != "kto" && s != "grpo")
+                      user_error(e.where, ": rl: \"", s,
+                                 "\": soltrain trains dpo, ipo, orpo, simpo, kto and grpo (other methods are not built "
+                                 "yet)");
                   }));
   // loss_type and beta are TRL's names in both trainers: what they set follows the run.
-  v.push_back(only(key("loss_type", "choice", "sigmoid, ipo, hinge or simpo (dpo); grpo, bnpo, dr_grpo or dapo (grpo)",
+  v.push_back(only(key("loss_type", "choice",
+                       "sigmoid, ipo, hinge or simpo (dpo); kto (rl: kto); grpo, bnpo, dr_grpo or dapo (grpo)",
                        "sigmoid (dpo), dapo (grpo)", "the loss (TRL's names)",
                        [](const Entry& e, const std::string& k, ReadContext& x) {
                          const std::string s = get_string(e, k);
                          if (x.mode == TrainMode::kGrpo)
                            x.c.grpo.loss.loss_type = parse_grpo_loss_type(s, e.where);
                          else
-                           x.c.dpo.loss = parse_preference_loss(s, e.where);
+                           x.c.dpo.loss = parse_preference_loss(s, e.where), x.c.dpo.loss_given = true;
                        }),
                    kDpoBit | kGrpoBit));
   v.push_back(only(aka(key("beta", "number", "a number >= 0 (dpo: > 0)", "0.1 (dpo), 0 (grpo)",
@@ -297,6 +298,14 @@ void add_objective_keys(std::vector<KeySpec>& v) {
                           "SimPO: the chosen answers' NLL term's weight (TRL's CPOConfig)"),
                    kDpoBit));
   v.push_back(only(number("simpo_gamma", FIELD(dpo.simpo_gamma), -1e6, 1e6, false, "SimPO: the target reward margin"),
+                   kDpoBit));
+  v.push_back(only(aka(number("desirable_weight", FIELD(dpo.desirable_weight), 0, 1e6, true,
+                              "KTO: the desirable examples' loss weight"),
+                       {"kto_desirable_weight"}),
+                   kDpoBit));
+  v.push_back(only(aka(number("undesirable_weight", FIELD(dpo.undesirable_weight), 0, 1e6, true,
+                              "KTO: the undesirable examples' loss weight"),
+                       {"kto_undesirable_weight"}),
                    kDpoBit));
   v.push_back(only(flag("precompute_ref_log_probs", FIELD(dpo.precompute_ref),
                         "LoRA: the reference's log-probs computed once before training instead of every step"),

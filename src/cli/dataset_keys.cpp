@@ -51,10 +51,12 @@ void add_field_keys(DatasetKeys& keys) {
        [](const Entry& e, DatasetRead& r) {
          r.type_name = e.node.Scalar();
          if (r.mode == TrainMode::kDpo) {  // preference records: their shape (data/preference.h)
-           if (!find_preference_format(get_string(e, "type")))
+           const std::string t = get_string(e, "type");
+           if (!find_preference_format(t) && !is_unpaired_format(t))  // (rl: kto reads the unpaired ones)
              bad_value(e, "type",
                        "a preference shape: auto, prompt_pairs (chatml.prompt_pairs), intel (chatml.intel), "
-                       "chat_template.default or conversational");
+                       "chat_template.default, chat_template.argilla or conversational; for rl: kto, "
+                       "<template>.ultra, .argilla, .argilla_chat or .intel");
            r.d.preference_type = r.type_name;
            return;
          }

@@ -31,14 +31,17 @@ HostBatch load_batch_file(const std::filesystem::path& path) {
   if (f.find("pairs")) b.pairs = read_as_i32(f.at("pairs"), path.string() + ": pairs");
   if (f.find("prompt_targets"))
     b.prompt_targets = read_as_i32(f.at("prompt_targets"), path.string() + ": prompt_targets");
+  if (f.find("desirable"))
+    for (int32_t v : read_as_i32(f.at("desirable"), path.string() + ": desirable")) b.desirable.push_back(v != 0);
   if (f.find("ref_nll")) {
     const TensorEntry& r = f.at("ref_nll");
     b.ref_nll.resize(size_t(shape_numel(r.shape)));
     read_as_f32(r, r.shape, b.ref_nll.data(), path.string() + ": ref_nll");
   }
   if (b.pairs.size() % 2 != 0 || (!b.ref_nll.empty() && b.ref_nll.size() != b.pairs.size()) ||
-      (!b.prompt_targets.empty() && 2 * b.prompt_targets.size() != b.pairs.size()))
-    user_error(path.string(), ": pairs [P,2], ref_nll [2P] and prompt_targets [P] do not agree");
+      (!b.prompt_targets.empty() && 2 * b.prompt_targets.size() != b.pairs.size()) ||
+      (!b.desirable.empty() && 2 * b.desirable.size() != b.pairs.size()))
+    user_error(path.string(), ": pairs [P,2], ref_nll [2P], prompt_targets [P] and desirable [P] do not agree");
   return b;
 }
 
@@ -55,6 +58,8 @@ void save_batch_file(const std::filesystem::path& path, const HostBatch& b) {
   if (!b.pairs.empty()) tensors.push_back({"pairs", t(b.pairs, {int64_t(b.pairs.size() / 2), 2})});
   if (!b.prompt_targets.empty())
     tensors.push_back({"prompt_targets", t(b.prompt_targets, {int64_t(b.prompt_targets.size())})});
+  std::vector<int32_t> desirable(b.desirable.begin(), b.desirable.end());
+  if (!desirable.empty()) tensors.push_back({"desirable", t(desirable, {int64_t(desirable.size())})});
   if (!b.ref_nll.empty())
     tensors.push_back({"ref_nll", Tensor{const_cast<float*>(b.ref_nll.data()), DType::F32,
                                          Shape{int64_t(b.ref_nll.size())}, Device::CPU}});

@@ -8,7 +8,7 @@
 namespace soltrain {
 
 PairLoader::PairLoader(const ShardSet& docs, std::vector<float> ref_nll, int pairs_per_batch, int seq_len,
-                       uint64_t seed, bool shuffle, bool pack, bool chosen_prompt_targets)
+                       uint64_t seed, bool shuffle, bool pack, bool chosen_prompt_targets, bool unpaired)
     : docs_(docs),
       ref_(std::move(ref_nll)),
       per_batch_(pairs_per_batch),
@@ -16,7 +16,8 @@ PairLoader::PairLoader(const ShardSet& docs, std::vector<float> ref_nll, int pai
       seed_(seed),
       shuffle_(shuffle),
       pack_(pack),
-      chosen_prompt_targets_(chosen_prompt_targets) {
+      chosen_prompt_targets_(chosen_prompt_targets),
+      unpaired_(unpaired) {
   SOLTRAIN_CHECK(docs.documents() % 2 == 0, "a pair set with an odd number of documents");
   SOLTRAIN_CHECK(ref_.empty() || int64_t(ref_.size()) == docs.documents(), "reference sums do not match the pairs");
   if (pairs() == 0) user_error("no preference pairs to train on");
@@ -123,12 +124,14 @@ HostBatch PairLoader::next(bool partial) {
     b.pairs.push_back(index_of[k]);
     if (!ref_.empty()) b.ref_nll.push_back(ref_[size_t(placed[k].doc)]);
     if (chosen_prompt_targets_ && k % 2 == 0) b.prompt_targets.push_back(prompt_of[k]);
+    if (unpaired_ && k % 2 == 0)
+      b.desirable.push_back(docs_.mask[size_t(docs_.doc_offsets[size_t(placed[k].doc)])] != kUndesirableMark);
   }
   return b;
 }
 
 int64_t PairLoader::batches_in_epoch() const {
-  PairLoader probe(docs_, {}, per_batch_, seq_len_, seed_, shuffle_, pack_, chosen_prompt_targets_);
+  PairLoader probe(docs_, {}, per_batch_, seq_len_, seed_, shuffle_, pack_, chosen_prompt_targets_, unpaired_);
   int64_t n = 0;
   while (probe.state_.epoch == 0 && probe.state_.index < probe.pairs()) probe.next(), ++n;
   return n;

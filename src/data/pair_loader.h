@@ -15,13 +15,18 @@
 
 namespace soltrain {
 
+// KTO's shards: an example document's first mask byte holds this when its completion is undesirable (a
+// document's first token is never a target, so the byte is free); its pair's second document is its KL document.
+inline constexpr uint8_t kUndesirableMark = 2;
+
 class PairLoader {
  public:
   // `ref_nll`: the reference's Σ NLL of every document (full fine-tuning; empty with LoRA), attached to
   // the batches. `shuffle` false: pairs in order (evaluation). `chosen_prompt_targets` (ORPO): the chosen
-  // answer's prompt tokens are targets too, counted in HostBatch::prompt_targets.
+  // answer's prompt tokens are targets too, counted in HostBatch::prompt_targets. `unpaired` (KTO): each pair's
+  // label read into HostBatch::desirable.
   PairLoader(const ShardSet& docs, std::vector<float> ref_nll, int pairs_per_batch, int seq_len, uint64_t seed,
-             bool shuffle = true, bool pack = false, bool chosen_prompt_targets = false);
+             bool shuffle = true, bool pack = false, bool chosen_prompt_targets = false, bool unpaired = false);
   // The next micro-batch (2 × pairs_per_batch rows of seq_len), continuing into the next epoch. With
   // `partial` the epoch's last batch may hold fewer pairs (rows left as padding), and next() returns a batch
   // without pairs once the epoch is done (evaluation).
@@ -38,7 +43,7 @@ class PairLoader {
   std::vector<float> ref_;
   int per_batch_, seq_len_;
   uint64_t seed_;
-  bool shuffle_, pack_, chosen_prompt_targets_;
+  bool shuffle_, pack_, chosen_prompt_targets_, unpaired_;
   LoaderState state_;
   std::vector<int64_t> order_;
   int64_t order_epoch_ = -1;

@@ -179,21 +179,65 @@ Document PreferenceEncoder::answer(const std::vector<int32_t>& prompt, const std
   return d;
 }
 
-std::pair<Document, Document> PreferenceEncoder::encode(const PreferenceSample& s) {
-  const std::string prompt_text = render(s.prompt, true);
+std::pair<std::string, std::vector<int32_t>> PreferenceEncoder::prompt_ids(const ordered_json& messages) {
+  std::string prompt_text = render(messages, true);
   std::vector<int32_t> prompt = tok_.encode(prompt_text);
   if (max_prompt_len_ > 0 && int64_t(prompt.size()) > max_prompt_len_)
     prompt.erase(prompt.begin(), prompt.end() - std::ptrdiff_t(max_prompt_len_));
   if (int64_t(prompt.size()) >= seq_len_)
     throw BadRecord(cat("the prompt is ", prompt.size(), " tokens, no room for an answer in sequence_len ", seq_len_,
                         " (set max_prompt_len to cut prompts)"));
-  auto whole = [&](const ordered_json& a) {
-    ordered_json m = s.prompt;
-    for (const ordered_json& x : a) m.push_back(x);
-    return m;
-  };
-  return {answer(prompt, prompt_text, whole(s.chosen), "chosen"),
-          answer(prompt, prompt_text, whole(s.rejected), "rejected")};
+  return {std::move(prompt_text), std::move(prompt)};
+}
+
+namespace {
+ordered_json followed_by(ordered_json prompt, const ordered_json& answer) {
+  for (const ordered_json& x : answer) prompt.push_back(x);
+  return prompt;
+}
+}  // namespace
+
+std::pair<Document, Document> PreferenceEncoder::encode(const PreferenceSample& s) {
+  const auto [prompt_text, prompt] = prompt_ids(s.prompt);
+  return {answer(prompt, prompt_text, followed_by(s.prompt, s.chosen), "chosen"),
+          answer(prompt, prompt_text, followed_by(s.prompt, s.rejected), "rejected")};
+}
+
+Document PreferenceEncoder::encode(const UnpairedSample& s) {
+  const auto [prompt_text, prompt] = prompt_ids(s.prompt);
+  return answer(prompt, prompt_text, followed_by(s.prompt, s.completion), "completion");
+}
+
+bool is_unpaired_format(std::string_view t) {
+  if (t == "auto" || t == "kto" || t == "unpaired") return true;
+  const size_t dot = t.find('.');
+  if (dot == std::string_view::npos) return false;
+  const std::string_view shape = t.substr(dot + 1);
+  return shape == "ultra" || shape == "argilla" || shape == "argilla_chat" || shape == "intel";
+}
+
+UnpairedSample to_unpaired_sample(const ordered_json& r, const DatasetFields& f) {
+  if (!r.is_object()) throw BadRecord("the record is not an object");
+  UnpairedSample s;
+  const ordered_json& label = field(r, "label");
+  if (label.is_boolean())
+    s.desirable = label.get<bool>();
+  else if (label.is_number_integer() && (label.get<int64_t>() == 0 || label.get<int64_t>() == 1))
+    s.desirable = label.get<int64_t>() == 1;
+  else
+    throw BadRecord("\"label\" is not true or false");
+  const ordered_json& completion = field(r, "completion");
+  const std::string key = r.contains(f.prompt) ? f.prompt : r.contains("instruction") ? "instruction" : "question";
+  if (!r.contains(key) && completion.is_array() && completion.size() >= 2) {
+    // argilla_chat rows (argilla/kto-mix-15k): the conversation is the prompt, its last message the completion
+    const ordered_json c = map_messages(completion, f);
+    for (size_t i = 0; i + 1 < c.size(); ++i) s.prompt.push_back(c[i]);
+    s.completion = answer(completion.back(), f, "completion");
+    return s;
+  }
+  s.prompt = text_prompt(r, key, f);
+  s.completion = answer(completion, f, "completion");
+  return s;
 }
 
 }  // namespace soltrain

@@ -33,6 +33,20 @@ struct PreferenceSample {
 PreferenceSample to_preference_sample(const nlohmann::ordered_json& record, PreferenceFormat format,
                                       const DatasetFields& f);
 
+// KTO's unpaired records (TRL's unpaired preference form), the shape read from each record: `prompt` (text or
+// messages; Axolotl's KTO shapes name it `instruction` (argilla) or `question` (intel)), an optional `system`,
+// `completion` (text, one message or messages; argilla_chat rows: the user's message then the answer, no prompt)
+// and a boolean `label`, true when the completion is desirable.
+struct UnpairedSample {
+  nlohmann::ordered_json prompt = nlohmann::ordered_json::array();  // messages
+  nlohmann::ordered_json completion;                                // messages after the prompt
+  bool desirable = false;
+};
+// auto, kto, unpaired, and Axolotl's KTO types <template>.ultra / .argilla / .argilla_chat / .intel.
+bool is_unpaired_format(std::string_view type);
+// BadRecord on a missing or empty completion, a missing prompt or label, or fields of the wrong kind.
+UnpairedSample to_unpaired_sample(const nlohmann::ordered_json& record, const DatasetFields& f);
+
 // prompt + answer ids for each answer, answer tokens trained. The prompt is what the template renders for
 // the prompt messages with the generation prompt; each answer is the rest of what it renders for prompt +
 // answer (as TRL splits a conversational pair). Prompts longer than max_prompt_len (> 0) keep their last
@@ -43,8 +57,11 @@ class PreferenceEncoder {
   PreferenceEncoder(Tokenizer& tok, const ChatTemplate& tmpl, int64_t seq_len, int64_t max_prompt_len)
       : tok_(tok), tmpl_(tmpl), seq_len_(seq_len), max_prompt_len_(max_prompt_len) {}
   std::pair<Document, Document> encode(const PreferenceSample& s);
+  Document encode(const UnpairedSample& s);  // prompt + completion, the completion trained
 
  private:
+  // The prompt rendered with the generation prompt, and its ids (cut to max_prompt_len, keeping the end).
+  std::pair<std::string, std::vector<int32_t>> prompt_ids(const nlohmann::ordered_json& prompt);
   std::string render(const nlohmann::ordered_json& messages, bool generation_prompt) const;
   Document answer(const std::vector<int32_t>& prompt, const std::string& prompt_text,
                   const nlohmann::ordered_json& answer, const char* which);

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "data/named_templates.h"
+#include "data/pair_loader.h"
 #include "data/preference.h"
 #include "data/record_reader.h"
 #include "data/tokenize_job.h"
@@ -41,6 +42,37 @@ ChatTemplate load_template(const TrainConfig& c, const DatasetSpec& spec) {
   return t;
 }
 
+// KTO's pairs of one block of per_device_train_batch_size consecutive examples, as TRL makes them: each example,
+// then its KL document (its prompt with the previous example's completion, the block's first taking the last
+// one's), the example's label marked on its first mask byte (data/pair_loader.h kUndesirableMark).
+
+size_t prompt_length(const Document& d) {
+  size_t n = 0;
+  while (n < d.mask.size() && d.mask[n] == 0) ++n;
+  return n;
+}
+
+int64_t write_unpaired_block(ShardWriter& writer, std::vector<std::pair<Document, bool>>& block, int64_t seq_len) {
+  int64_t tokens = 0;
+  for (size_t i = 0; i < block.size(); ++i) {
+    const Document& ex = block[i].first;
+    const Document& other = block[(i + block.size() - 1) % block.size()].first;
+    Document kl;
+    const size_t p = prompt_length(ex), q = prompt_length(other);
+    kl.ids.assign(ex.ids.begin(), ex.ids.begin() + std::ptrdiff_t(p));
+    kl.mask.assign(p, 0);
+    for (size_t k = q; k < other.ids.size() && int64_t(kl.ids.size()) < seq_len; ++k)
+      kl.ids.push_back(other.ids[k]), kl.mask.push_back(1);
+    Document marked = ex;
+    if (!block[i].second) marked.mask[0] = kUndesirableMark;
+    writer.add(marked);
+    writer.add(kl);
+    tokens += int64_t(marked.ids.size() + kl.ids.size());
+  }
+  block.clear();
+  return tokens;
+}
+
 // One dataset's pairs into `out` (reused when its manifest key matches), returned as documents.
 ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs::path& out, json& key,
                         std::ostream& log) {
@@ -59,12 +91,20 @@ ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs:
                        {"rejected", f.rejected},
                        {"chat_template", f.chat_template.empty() ? c.chat_template : f.chat_template},
                        {"format", 1}};
+  const bool unpaired = c.dpo.method == PreferenceLoss::Kto;
+  if (unpaired) key["preference"]["kto_block"] = c.per_device_train_batch_size;  // the KL documents' blocks
   if (shards_match(out, key)) {
     const json m = read_json_file(out / "manifest.json");
     log << "dpo: " << out.string() << " is up to date: reusing " << m.value("pairs", int64_t(0)) << " pairs\n";
     return load_shards(out);
   }
-  const PreferenceFormat format = *find_preference_format(spec.preference_type);
+  if (unpaired != !find_preference_format(spec.preference_type) &&
+      !(unpaired && is_unpaired_format(spec.preference_type)))
+    user_error(spec.path.string(), ": type ", spec.preference_type,
+               unpaired ? " is a paired preference shape; rl: kto reads prompt, completion and label records"
+                        : " is an unpaired (KTO) shape: rl: kto reads it");
+  const PreferenceFormat format = unpaired ? PreferenceFormat::kAuto : *find_preference_format(spec.preference_type);
+  std::vector<std::pair<Document, bool>> block;  // KTO: examples waiting for their block's KL documents
   const fs::path tok_dir = fs::is_directory(c.model) ? c.model : c.model.parent_path();
   Tokenizer tok = Tokenizer::load(tok_dir / "tokenizer.json");
   const ChatTemplate tmpl = load_template(c, spec);
@@ -79,6 +119,14 @@ ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs:
   while (reader.next(rec, where, error)) {
     try {
       if (!error.empty()) throw BadRecord(error);
+      if (unpaired) {
+        const UnpairedSample u = to_unpaired_sample(rec, f);
+        block.emplace_back(enc.encode(u), u.desirable);
+        ++pairs;
+        if (int(block.size()) == c.per_device_train_batch_size)
+          tokens += write_unpaired_block(writer, block, c.sequence_len);
+        continue;
+      }
       const auto [chosen, rejected] = enc.encode(to_preference_sample(rec, format, f));
       writer.add(chosen);  // a pair's two documents stay adjacent: 2i chosen, 2i+1 rejected
       writer.add(rejected);
@@ -90,14 +138,16 @@ ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs:
       if (skipped++ == 0) first_skip = cat(where, ": ", e.what());
     }
   }
+  if (!block.empty()) tokens += write_unpaired_block(writer, block, c.sequence_len);
   if (pairs == 0)
-    user_error(spec.path.string(), ": no usable preference pairs",
+    user_error(spec.path.string(), unpaired ? ": no usable KTO examples" : ": no usable preference pairs",
                skipped ? cat(" (", skipped, " skipped as bad)") : "");
   json manifest = shard_manifest(key, writer.finish());
   manifest.update({{"documents", 2 * pairs}, {"pairs", pairs}, {"tokens", tokens}, {"skipped_records", skipped}});
   write_file_atomic(staged.path() / "manifest.json", manifest.dump(2) + "\n");
   staged.commit();
-  log << "dpo: wrote " << pairs << " pairs (" << tokens << " tokens) to " << out.string() << "\n";
+  log << "dpo: wrote " << pairs << (unpaired ? " examples with their KL documents (" : " pairs (") << tokens
+      << " tokens) to " << out.string() << "\n";
   if (skipped > 0) log << "dpo: skipped " << skipped << " bad records (first: " << first_skip << ")\n";
   return load_shards(out);
 }

@@ -26,6 +26,9 @@ namespace fs = std::filesystem;
 namespace {
 
 std::vector<std::pair<std::string, double>> trl_values(const DpoMetrics& m, PreferenceLoss loss) {
+  if (loss == PreferenceLoss::Kto)  // TRL's KTO metrics (no accuracies: the examples are unpaired)
+    return {{"rewards/chosen", m.reward_chosen}, {"rewards/rejected", m.reward_rejected}, {"rewards/margins", m.margin},
+            {"logps/chosen", m.logp_chosen},     {"logps/rejected", m.logp_rejected},     {"kl", m.kl}};
   std::vector<std::pair<std::string, double>> v{
       {"rewards/chosen", m.reward_chosen}, {"rewards/rejected", m.reward_rejected},
       {"rewards/accuracies", m.accuracy},  {"rewards/margins", m.margin},
@@ -36,10 +39,10 @@ std::vector<std::pair<std::string, double>> trl_values(const DpoMetrics& m, Pref
 
 // Every pair of `docs` in order, as micro-batches (the last one padded with empty rows).
 std::vector<HostBatch> all_batches(const ShardSet& docs, std::vector<float> ref, int pairs_per_batch, int seq_len,
-                                   bool pack, bool chosen_prompt_targets = false) {
+                                   bool pack, bool chosen_prompt_targets = false, bool unpaired = false) {
   std::vector<HostBatch> out;
   if (docs.documents() == 0) return out;
-  PairLoader l(docs, std::move(ref), pairs_per_batch, seq_len, 0, false, pack, chosen_prompt_targets);
+  PairLoader l(docs, std::move(ref), pairs_per_batch, seq_len, 0, false, pack, chosen_prompt_targets, unpaired);
   for (HostBatch b = l.next(true); !b.pairs.empty(); b = l.next(true)) out.push_back(std::move(b));
   return out;
 }
@@ -102,8 +105,12 @@ class DpoDriver final : public RunDriver {
     if (val_.empty()) return std::nullopt;
     const DpoMetrics m = evaluate_pairs(model_, eval_dpo_, val_);
     char line[200];
-    std::snprintf(line, sizeof line, "validation loss %.4f, rewards/accuracies %.3f, margins %.3f over %lld pairs",
-                  m.loss, m.accuracy, m.margin, static_cast<long long>(m.pairs));
+    if (dcfg_.loss == PreferenceLoss::Kto)
+      std::snprintf(line, sizeof line, "validation loss %.4f, kl %.4f, margins %.3f over %lld examples", m.loss, m.kl,
+                    m.margin, static_cast<long long>(m.pairs));
+    else
+      std::snprintf(line, sizeof line, "validation loss %.4f, rewards/accuracies %.3f, margins %.3f over %lld pairs",
+                    m.loss, m.accuracy, m.margin, static_cast<long long>(m.pairs));
     return Evaluation{m.loss, val_tokens_, trl_values(m, dcfg_.loss), line};
   }
   const char* order_name() const override { return "pair order"; }
@@ -125,12 +132,22 @@ class DpoDriver final : public RunDriver {
 DpoConfig preference_objective(const DpoSettings& s) {
   DpoConfig d;
   d.loss = s.loss;
-  d.beta = float(s.loss == PreferenceLoss::Orpo && !s.beta_given && s.orpo_alpha ? *s.orpo_alpha : s.beta);
+  if (s.method) {  // rl: orpo / simpo / kto chooses the trainer; a loss_type given must be its own
+    if (s.loss_given && s.loss != *s.method)
+      user_error("loss_type ", preference_loss_name(s.loss), " is not one rl: ", preference_loss_name(*s.method),
+                 " trains (",
+                 *s.method == PreferenceLoss::Kto ? "kto; apo_zero_unpaired is not built yet" : "leave it out", ")");
+    d.loss = *s.method;
+  }
+  d.beta = float(d.loss == PreferenceLoss::Orpo && !s.beta_given && s.orpo_alpha ? *s.orpo_alpha : s.beta);
   d.label_smoothing = float(s.label_smoothing);
-  d.nll_alpha = float(s.loss == PreferenceLoss::Orpo    ? 1.0
-                      : s.loss == PreferenceLoss::Simpo ? s.cpo_alpha
+  d.nll_alpha = float(d.loss == PreferenceLoss::Orpo    ? 1.0
+                      : d.loss == PreferenceLoss::Simpo ? s.cpo_alpha
+                      : d.loss == PreferenceLoss::Kto   ? 0.0
                                                         : s.rpo_alpha);
   d.simpo_gamma = float(s.simpo_gamma);
+  d.desirable_weight = float(s.desirable_weight);
+  d.undesirable_weight = float(s.undesirable_weight);
   return d;
 }
 
@@ -154,6 +171,9 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks h
   std::vector<float> ref_train, ref_val;
   const DpoConfig objective = preference_objective(c.dpo);
   const bool orpo = objective.loss == PreferenceLoss::Orpo, no_reference = reference_free(objective.loss);
+  // KTO's micro-batches are its blocks of examples in order, each with its KL documents (TRL's sequential
+  // sampling, one row per document: the KL estimate is the block's)
+  const bool kto = objective.loss == PreferenceLoss::Kto, pack = c.sample_packing && !kto;
   const bool precomputed = !no_reference && (!lora || c.dpo.precompute_ref);
   if (precomputed) {
     // With LoRA the adapters are turned off for it: a resumed run's adapters are trained, the reference is not.
@@ -163,11 +183,11 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks h
     ref_val = reference_of(*model, data.validation, B, T);
     model->enable_adapters(true);
   }
-  PairLoader loader(data.train, ref_train, B, T, c.seed, true, c.sample_packing, orpo);
+  PairLoader loader(data.train, ref_train, B, T, c.seed, !kto, pack, orpo, kto);
   const int64_t micro_per_epoch = loader.batches_in_epoch();
   const ScheduleConfig sched = schedule_config(c, total_training_steps(c, micro_per_epoch));
   TrainStep step(*model, optimizer_config(c));
-  DpoDriver driver(c, ops, *model, loader, all_batches(data.validation, ref_val, B, T, c.sample_packing, orpo));
+  DpoDriver driver(c, ops, *model, loader, all_batches(data.validation, ref_val, B, T, pack, orpo, kto));
   TrainLoop loop({c, "dpo", log, ops, nullptr, false, *model, step, sched,
                   run_cadence(c, micro_per_epoch / c.gradient_accumulation_steps), std::move(hooks)},
                  driver);
@@ -177,16 +197,20 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks h
                                                                    : "rpo_alpha ";
   log << "dpo: " << preference_loss_name(objective.loss) << " loss, beta " << objective.beta
       << (objective.loss == PreferenceLoss::Simpo ? cat(", simpo_gamma ", objective.simpo_gamma) : "")
+      << (kto ? cat(", desirable_weight ", objective.desirable_weight, ", undesirable_weight ",
+                    objective.undesirable_weight, "; examples in order with their KL documents")
+              : "")
       << (objective.label_smoothing > 0 ? cat(", label_smoothing ", objective.label_smoothing) : "")
       << (objective.nll_alpha > 0 ? cat(", ", nll_name, objective.nll_alpha) : "") << "; "
       << (no_reference ? cat(lora ? describe_lora(c) : "full fine-tune", " (no reference model)")
           : lora ? cat(describe_lora(c), precomputed ? " (reference: the base's log-probs, computed before training)"
                                                      : " (reference: the base, adapters off)")
                  : "full fine-tune (reference log-probs computed before training)")
-      << "; " << describe_parameters(model->params()) << "; " << loader.pairs() << " training pairs, "
-      << data.validation.documents() / 2 << " validation; " << sched.total_steps << " steps of "
-      << (c.sample_packing ? "at least " : "") << B << " pairs x " << c.gradient_accumulation_steps
-      << " accumulation, lr " << c.learning_rate << " " << to_string(c.lr_scheduler_type) << "\n";
+      << "; " << describe_parameters(model->params()) << "; " << loader.pairs()
+      << (kto ? " training examples, " : " training pairs, ") << data.validation.documents() / 2 << " validation; "
+      << sched.total_steps << " steps of " << (pack ? "at least " : "") << B << (kto ? " examples x " : " pairs x ")
+      << c.gradient_accumulation_steps << " accumulation, lr " << c.learning_rate << " "
+      << to_string(c.lr_scheduler_type) << "\n";
   return loop.run();
 }
 

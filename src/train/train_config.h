@@ -35,8 +35,12 @@ struct DatasetSpec {
 // Preference training (`soltrain dpo`, or `rl: dpo` in a config): TRL's DPOConfig names and defaults.
 struct DpoSettings {
   bool enabled = false;
-  PreferenceLoss loss = PreferenceLoss::Sigmoid;  // rl: orpo / simpo choose those (TRL's ORPO and CPO trainers)
+  PreferenceLoss loss = PreferenceLoss::Sigmoid;  // loss_type (rl: ipo sets ipo)
+  bool loss_given = false;                        // loss_type set in the config
+  // rl: orpo / simpo / kto: TRL's ORPO, CPO (loss_type simpo) and KTO trainers; a loss_type must then agree
+  std::optional<PreferenceLoss> method;
   double beta = 0.1, label_smoothing = 0, rpo_alpha = 0;
+  double desirable_weight = 1, undesirable_weight = 1;  // KTO's (Axolotl: kto_desirable_weight, ...)
   bool beta_given = false;                  // beta (rl_beta) set: Axolotl's orpo_alpha then does not replace it
   std::optional<double> orpo_alpha;         // Axolotl's name for ORPO's beta
   double cpo_alpha = 1, simpo_gamma = 0.5;  // TRL's CPOConfig: SimPO's NLL term's weight and target margin

@@ -1,7 +1,7 @@
 // The CUDA preference loss and segment_broadcast against their CPU twins on fresh random data: more pairs
 // than the kernel's threads (each thread then takes several), documents in no pair (their weight must be 0),
-// chosen prompts' segments (ORPO's) on half the pairs, every loss type, and the statistics accumulated across
-// two calls.
+// chosen prompts' segments (ORPO's) on half the pairs, KTO's labels and KL estimate, every loss type, and the
+// statistics accumulated across two calls.
 #include <algorithm>
 #include <numeric>
 
@@ -26,6 +26,7 @@ TEST_F(CudaPreference, LossWeightsAndStatsMatchTheCpu) {
     f[2] = len(rng);
     f[3] = len(rng);
     f[4] = i % 2 == 0 ? perm[size_t(2 * P + i)] : -1;
+    f[5] = int32_t(rng() % 3 != 0);  // KTO's label (the other losses ignore it)
   }
   std::uniform_real_distribution<float> u(1.0f, 30.0f);
   std::vector<float> nll(D), ref(D);
@@ -37,7 +38,7 @@ TEST_F(CudaPreference, LossWeightsAndStatsMatchTheCpu) {
   Buffer stats = gpu->alloc(kPreferenceStats * sizeof(double));
   const Tensor gstats{stats.data(), DType::F64, {kPreferenceStats}, Device::CUDA};
   for (PreferenceLoss l : {PreferenceLoss::Sigmoid, PreferenceLoss::Ipo, PreferenceLoss::Hinge, PreferenceLoss::Simpo,
-                           PreferenceLoss::Orpo}) {
+                           PreferenceLoss::Orpo, PreferenceLoss::Kto}) {
     SCOPED_TRACE(int(l));
     PreferenceParams p;
     p.loss = l;
@@ -45,6 +46,8 @@ TEST_F(CudaPreference, LossWeightsAndStatsMatchTheCpu) {
     p.label_smoothing = l == PreferenceLoss::Sigmoid || l == PreferenceLoss::Simpo ? 0.1f : 0.0f;
     p.nll_alpha = 0.5f;
     p.simpo_gamma = 0.3f;
+    p.desirable_weight = 1.3f;
+    p.undesirable_weight = 0.7f;
     p.pair_scale = 1.0f / P;
     p.nll_scale = 1.0f / 1000;
     std::vector<float> want_w(D);
