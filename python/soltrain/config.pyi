@@ -229,6 +229,8 @@ class DPOConfig(TrainConfig):
         orpo_alpha: float | None = None,
         cpo_alpha: float | None = None,
         simpo_gamma: float | None = None,
+        desirable_weight: float | None = None,
+        undesirable_weight: float | None = None,
         precompute_ref_log_probs: bool | None = None,
         max_prompt_len: int | None = None,
         per_device_train_batch_size: int | None = None,
