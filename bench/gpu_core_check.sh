@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy] [prefs]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -92,6 +92,32 @@ for s in "${steps[@]}"; do
     policy)  # GRPO's policy loss on the device against its CPU twin (with a top_entropy_quantile mask: cases 4-5)
       timeout 120 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaPolicy*' > "$OUT/policy-tests.log" 2>&1
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|OK \]" "$OUT/policy-tests.log" ;;
+    prefs)  # issue 32: SimPO, ORPO and KTO on the device: the preference op against its CPU twin, then the demo's
+      # word reversal trained with each (LoRA and full), the held-out loss and margin before and after
+      timeout 120 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaPreference*' > "$OUT/pref-tests.log" 2>&1
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|OK \]" "$OUT/pref-tests.log"
+      "$B/soltrain" demo-setup --out runs/demo-data > /dev/null 2>&1
+      python3 - <<'PY'
+import json, re
+for split in ("train", "validation"):  # KTO's unpaired examples: each pair's chosen (desirable) and rejected
+    with open(f"runs/demo-data/dpo_{split}.jsonl") as f, open(f"runs/demo-data/kto_{split}.jsonl", "w") as o:
+        for line in f:
+            r = json.loads(line)
+            o.write(json.dumps({"prompt": r["prompt"], "completion": r["chosen"], "label": True}) + "\n")
+            o.write(json.dumps({"prompt": r["prompt"], "completion": r["rejected"], "label": False}) + "\n")
+y = open("examples/dpo-demo.yaml").read()
+y = re.sub(r"(?m)^(loss_type|rpo_alpha|label_smoothing):.*\n", "", y)
+for rl in ("orpo", "simpo", "kto"):
+    z = y.replace("dpo_train", "kto_train").replace("dpo_validation", "kto_validation") if rl == "kto" else y
+    open(f"examples/{rl}-demo.yaml", "w").write(f"rl: {rl}\n" + z)
+PY
+      for rl in orpo simpo kto; do
+        for lora in true false; do
+          timeout 120 "$B/soltrain" dpo examples/$rl-demo.yaml --set device=cuda --set lora=$lora \
+            --set output_dir=../runs/$rl-demo-$lora > "$OUT/$rl-demo-lora-$lora.log" 2>&1
+          echo "$rl lora=$lora: $(grep -E "^dpo: $rl|validation loss .* ->|error" "$OUT/$rl-demo-lora-$lora.log" | cut -c1-160 | tr '\n' ' ')"
+        done
+      done ;;
     offgrads)  # offload_grads: the CUDA tests (bitwise the resident run), then Qwen3-8B full fine-tuning with 8-bit
       # AdamW, the masters and moments offloaded, with and without the layers' gradients (device memory and speed)
       timeout 240 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaOffload*' > "$OUT/offgrads-tests.log" 2>&1

@@ -59,6 +59,20 @@ def check_against_peft(ours, pm, logits, loss):
     return adapters
 
 
+def check_full_gradients(ours, grads, tol=1e-5):
+    """`soltrain dump`'s gradient of every weight of a full fine-tune against torch's ({name: grad}): a tied head's
+    weight is the embedding's, one gradient. At least 10 compared."""
+    checked = 0
+    for name, g in grads.items():
+        key = "grad." + name
+        if key not in ours:
+            assert name == "lm_head.weight", name
+            continue
+        assert rel(ours[key], g) <= tol, (name, rel(ours[key], g))
+        checked += 1
+    assert checked >= 10
+
+
 def tiny_moe(path, seed, vocab=300, kind="qwen3_moe", **keys):
     """A random Qwen3-MoE (or Qwen2-MoE, with its shared expert and q/k/v biases) written by transformers (every
     weight drawn fresh, norms and biases too), and the model."""

@@ -40,6 +40,13 @@ void add_gradients(Transformer& model, Ops& ops, std::vector<NamedTensor>& out,
   }
 }
 
+// Named scalars as [1] tensors (their storage held by `values` until the file is written).
+void add_scalars(std::vector<NamedTensor>& out, const std::vector<const char*>& names, std::vector<float>& values) {
+  SOLTRAIN_CHECK(names.size() == values.size(), "add_scalars: names and values");
+  for (size_t i = 0; i < values.size(); ++i)
+    out.push_back({names[i], Tensor{&values[i], DType::F32, {1}, Device::CPU}});
+}
+
 struct PreferenceDump {
   std::string loss;  // sigmoid, ipo, hinge (the batch's ref_nll as the reference), simpo, orpo
   float label_smoothing = 0, nll_alpha = -1, simpo_gamma = 0.5f, desirable_weight = 1, undesirable_weight = 1;
@@ -74,21 +81,14 @@ int dump_preference(const PreferenceDump& d, float beta, Ops& ops, Transformer& 
   step.begin_update({&batch, 1});
   step.train_micro_batch(model, batch);
   const DpoMetrics m = dpo.read(ops);
-  std::vector<float> scalars{float(m.loss),   float(m.reward_chosen), float(m.reward_rejected), float(m.accuracy),
-                             float(m.margin), float(m.logp_chosen),   float(m.logp_rejected),   float(m.nll)};
-  scalars.push_back(float(m.kl));
-  const char* names[] = {"loss",
-                         "rewards/chosen",
-                         "rewards/rejected",
-                         "rewards/accuracies",
-                         "rewards/margins",
-                         "logps/chosen",
-                         "logps/rejected",
-                         "nll_loss",
-                         "kl"};
+  std::vector<float> scalars{float(m.loss),          float(m.reward_chosen), float(m.reward_rejected),
+                             float(m.accuracy),      float(m.margin),        float(m.logp_chosen),
+                             float(m.logp_rejected), float(m.nll),           float(m.kl)};
   std::vector<NamedTensor> out;
-  for (size_t i = 0; i < scalars.size(); ++i)
-    out.push_back({names[i], Tensor{&scalars[i], DType::F32, {1}, Device::CPU}});
+  add_scalars(out,
+              {"loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+               "logps/rejected", "nll_loss", "kl"},
+              scalars);
   std::vector<std::vector<float>> grads;
   add_gradients(model, ops, out, grads);
   write_safetensors(out_path, out);
@@ -169,17 +169,11 @@ int dump_grpo(const GrpoDump& g, Ops& ops, Transformer& model, const HostBatch& 
 
   std::vector<float> scalars{float(m.loss),        float(m.kl),           float(m.clip_low),      float(m.clip_high),
                              float(m.clip_region), float(m.clip_low_min), float(m.clip_high_max), float(m.entropy)};
-  const char* names[] = {"loss",
-                         "kl",
-                         "clip_ratio/low_mean",
-                         "clip_ratio/high_mean",
-                         "clip_ratio/region_mean",
-                         "clip_ratio/low_min",
-                         "clip_ratio/high_max",
-                         "entropy"};
   std::vector<NamedTensor> out;
-  for (size_t i = 0; i < scalars.size(); ++i)
-    out.push_back({names[i], Tensor{&scalars[i], DType::F32, {1}, Device::CPU}});
+  add_scalars(out,
+              {"loss", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
+               "clip_ratio/low_min", "clip_ratio/high_max", "entropy"},
+              scalars);
   out.push_back({"advantages", Tensor{const_cast<float*>(adv.data()), DType::F32, {R}, Device::CPU}});
   std::vector<std::vector<float>> grads;
   add_gradients(model, ops, out, grads);
