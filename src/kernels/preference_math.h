@@ -31,19 +31,24 @@ SOLTRAIN_HOST_DEVICE inline double log1mexp(double x) {
   return x < -0.6931471805599453 ? log1p(-exp(x)) : log(-expm1(x));
 }
 
+// kernels/ops.h reference_free, callable on the device (ops.h's is host code: a device call to it is undefined)
+SOLTRAIN_HOST_DEVICE inline bool without_reference(PreferenceLoss l) {
+  return l == PreferenceLoss::Simpo || l == PreferenceLoss::Orpo;
+}
+
 // nll_* / ref_nll_*: Σ NLL of each answer (policy, reference); len_*: counted targets of each answer.
 SOLTRAIN_HOST_DEVICE inline PairResult preference_pair(const PreferenceParams& p, double nll_c, double nll_r,
                                                        double ref_nll_c, double ref_nll_r, int32_t len_c,
                                                        int32_t len_r) {
   // TRL averages the log-probs over the answer's tokens for IPO (the IPO paper's per-token form), SimPO and
   // ORPO; those two have no reference.
-  const bool avg = p.loss == PreferenceLoss::Ipo || reference_free(p.loss);
+  const bool avg = p.loss == PreferenceLoss::Ipo || without_reference(p.loss);
   const double sc = avg && len_c > 0 ? 1.0 / len_c : 1.0, sr = avg && len_r > 0 ? 1.0 / len_r : 1.0;
   PairResult r;
   r.logp_c = -nll_c * sc;
   r.logp_r = -nll_r * sr;
-  const double ref_c = reference_free(p.loss) ? 0.0 : -ref_nll_c * sc;
-  const double ref_r = reference_free(p.loss) ? 0.0 : -ref_nll_r * sr;
+  const double ref_c = without_reference(p.loss) ? 0.0 : -ref_nll_c * sc;
+  const double ref_r = without_reference(p.loss) ? 0.0 : -ref_nll_r * sr;
   const double beta = p.beta;
   double z = (r.logp_c - r.logp_r) - (ref_c - ref_r);
   r.dnll_c = -sc;  // z rises with π_c = −nll_c·sc
