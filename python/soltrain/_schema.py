@@ -67,7 +67,9 @@ def stub_text() -> str:
     out = ['"""Generated from the engine\'s key table by soltrain._schema.stub_text(); test_schema.py checks it."""',
            "import os", "from typing import Any", ""]
     for cls, commands, doc in (("SFTConfig", "sft", "Supervised fine-tuning."), ("PTConfig", "pt", "Pretraining."),
-                               ("DPOConfig", "dpo", "Preference training."), ("GRPOConfig", "grpo", "Online RL (GRPO).")):
+                               ("DPOConfig", "dpo", "Preference training."),
+                               ("ORPOConfig", "dpo", "ORPO (rl: orpo)."), ("KTOConfig", "dpo", "KTO (rl: kto)."),
+                               ("GRPOConfig", "grpo", "Online RL (GRPO).")):
         out.append(f"class {cls}(TrainConfig):")
         out.append(f'    """{doc}"""')
         out.append("    def __init__(")

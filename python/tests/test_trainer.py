@@ -185,3 +185,27 @@ def test_keys_set_after_the_trainer_is_made_count(demo, tmp_path):
     trainer.config.lerning_rate = 1.0  # a typo set late is still one line, at train()
     with pytest.raises(soltrain.ConfigError, match="lerning_rate"):
         trainer.train()
+
+
+def test_kto_and_orpo_configs_run_their_methods_as_the_cli(demo, tmp_path):
+    """TRL's class names: KTOConfig on unpaired rows from a list trains what `soltrain dpo` with `rl: kto` trains
+    (the same losses, TRL's kl logged), ORPOConfig is `rl: orpo`; a contradicting `rl` is one line."""
+    pairs = read_jsonl(demo / "dpo_train.jsonl")[:32]
+    rows = [{"prompt": p["prompt"], "completion": p[k], "label": k == "chosen"} for p in pairs for k in ("chosen", "rejected")]
+    keys = dict(model=str(demo / "model"), sequence_len=48, per_device_train_batch_size=4, max_steps=4,
+                learning_rate=3e-3, logging_steps=1, lora=True, lora_rank=8, device="cpu")
+    (tmp_path / "kto.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cli = soltrain.KTOConfig(output_dir=str(tmp_path / "cli"), datasets=[{"path": str(tmp_path / "kto.jsonl")}], **keys)
+    assert cli.to_dict()["rl"] == "kto"
+    cli.to_yaml(tmp_path / "kto.yaml")
+    subprocess.run([str(BIN), "dpo", str(tmp_path / "kto.yaml")], check=True, capture_output=True)
+    logged = []
+    out = soltrain.Trainer(soltrain.KTOConfig(output_dir=str(tmp_path / "py"), **keys), train_dataset=rows,
+                           callbacks=[logged.append]).train()
+    assert out.global_step == 4
+    cli_losses = [m["loss"] for m in read_jsonl(tmp_path / "cli" / "metrics.jsonl") if "loss" in m]
+    assert [m["loss"] for m in logged] == pytest.approx(cli_losses, rel=1e-6)
+    assert all("kl" in m for m in logged)
+    assert soltrain.ORPOConfig(beta=0.2).to_dict()["rl"] == "orpo"
+    with pytest.raises(soltrain.ConfigError, match="ORPOConfig: rl is orpo"):
+        soltrain.ORPOConfig(rl="dpo")
