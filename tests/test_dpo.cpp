@@ -16,6 +16,7 @@
 #include "model/checkpoint.h"
 #include "model/dpo_objective.h"
 #include "objective_test_util.h"
+#include "train/run_dpo.h"
 #include "train/train_step.h"
 
 namespace soltrain::test {
@@ -334,6 +335,33 @@ TEST(PairLoader, PackingKeepsPairsTogetherAndChangesNoLogProb) {
   EXPECT_NEAR(metrics[true].logp_rejected, metrics[false].logp_rejected,
               1e-5 * std::fabs(metrics[false].logp_rejected));
   EXPECT_NEAR(metrics[true].loss, metrics[false].loss, 1e-6);
+}
+
+// The settings as the peers read them: Axolotl's orpo_alpha is beta for any method when beta is not given; the
+// NLL term is rpo_alpha (DPO), cpo_alpha (SimPO), 1 (ORPO), none (KTO); a loss_type against rl: is one line.
+TEST(PreferenceObjective, SettingsReadAsAxolotlAndTrl) {
+  DpoSettings s;
+  s.orpo_alpha = 0.3;
+  s.rpo_alpha = 0.2;
+  EXPECT_FLOAT_EQ(preference_objective(s).beta, 0.3f);
+  EXPECT_FLOAT_EQ(preference_objective(s).nll_alpha, 0.2f);
+  s.beta = 0.5, s.beta_given = true;
+  EXPECT_FLOAT_EQ(preference_objective(s).beta, 0.5f);
+  s.method = PreferenceLoss::Orpo;
+  EXPECT_EQ(preference_objective(s).loss, PreferenceLoss::Orpo);
+  EXPECT_FLOAT_EQ(preference_objective(s).nll_alpha, 1.0f);
+  s.method = PreferenceLoss::Simpo;
+  s.cpo_alpha = 0.7;
+  EXPECT_FLOAT_EQ(preference_objective(s).nll_alpha, 0.7f);
+  s.method = PreferenceLoss::Kto;
+  EXPECT_FLOAT_EQ(preference_objective(s).nll_alpha, 0.0f);
+  s.loss_given = true;  // loss_type sigmoid with rl: kto
+  try {
+    preference_objective(s);
+    ADD_FAILURE() << "a loss_type that disagrees with rl: is refused";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("loss_type sigmoid is not one rl: kto trains"), std::string::npos) << e.what();
+  }
 }
 
 // ORPO's batches: the chosen answer's prompt tokens are targets too (its NLL term trains them), counted per pair

@@ -67,9 +67,7 @@ def stub_text() -> str:
     out = ['"""Generated from the engine\'s key table by soltrain._schema.stub_text(); test_schema.py checks it."""',
            "import os", "from typing import Any", ""]
     for cls, commands, doc in (("SFTConfig", "sft", "Supervised fine-tuning."), ("PTConfig", "pt", "Pretraining."),
-                               ("DPOConfig", "dpo", "Preference training."),
-                               ("ORPOConfig", "dpo", "ORPO (rl: orpo)."), ("KTOConfig", "dpo", "KTO (rl: kto)."),
-                               ("GRPOConfig", "grpo", "Online RL (GRPO).")):
+                               ("DPOConfig", "dpo", "Preference training."), ("GRPOConfig", "grpo", "Online RL (GRPO).")):
         out.append(f"class {cls}(TrainConfig):")
         out.append(f'    """{doc}"""')
         out.append("    def __init__(")
@@ -81,6 +79,9 @@ def stub_text() -> str:
         out.append("        **keys: Any,")
         out.append("    ) -> None: ...")
         out.append("")
+    # TRL's trainer names for a preference method: DPOConfig's keywords, `rl` set
+    for cls, doc in (("ORPOConfig", "ORPO (rl: orpo)."), ("KTOConfig", "KTO (rl: kto).")):
+        out += [f"class {cls}(DPOConfig):", f'    """{doc}"""', ""]
     out.append("class TrainConfig:")
     out.append("    mode: str")
     out.append("    def __init__(self, **keys: Any) -> None: ...")

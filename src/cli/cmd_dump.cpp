@@ -13,6 +13,7 @@
 #include "model/checkpoint.h"
 #include "model/dpo_objective.h"
 #include "model/peft_adapter.h"
+#include "train/run_dpo.h"
 #include "train/train_step.h"
 
 namespace soltrain {
@@ -55,16 +56,20 @@ struct PreferenceDump {
 // One update over the batch's pairs (one micro-batch) under a preference loss: its loss, metrics and gradients.
 int dump_preference(const PreferenceDump& d, float beta, Ops& ops, Transformer& model, const HostBatch& batch,
                     const std::string& out_path) {
-  DpoConfig c;
-  c.loss = parse_preference_loss(d.loss, "--preference");
-  c.beta = beta;
-  c.label_smoothing = d.label_smoothing;
-  c.nll_alpha = d.nll_alpha >= 0                                                    ? d.nll_alpha
-                : c.loss == PreferenceLoss::Orpo || c.loss == PreferenceLoss::Simpo ? 1.0f
-                                                                                    : 0.0f;
-  c.simpo_gamma = d.simpo_gamma;
-  c.desirable_weight = d.desirable_weight;
-  c.undesirable_weight = d.undesirable_weight;
+  // The run's settings as `soltrain dpo` reads them (rl: for the methods TRL gives a trainer of their own), turned
+  // into the objective by the run's own preference_objective
+  DpoSettings s;
+  s.loss = parse_preference_loss(d.loss, "--preference");
+  if (s.loss == PreferenceLoss::Simpo || s.loss == PreferenceLoss::Orpo || s.loss == PreferenceLoss::Kto)
+    s.method = s.loss;
+  s.beta = beta;
+  s.beta_given = true;
+  s.label_smoothing = d.label_smoothing;
+  if (d.nll_alpha >= 0) s.rpo_alpha = s.cpo_alpha = d.nll_alpha;
+  s.simpo_gamma = d.simpo_gamma;
+  s.desirable_weight = d.desirable_weight;
+  s.undesirable_weight = d.undesirable_weight;
+  const DpoConfig c = preference_objective(s);
   if ((c.loss == PreferenceLoss::Kto) != !batch.desirable.empty())
     user_error("--preference ", d.loss, ": a desirable label per pair is ",
                c.loss == PreferenceLoss::Kto ? "needed (the batch file's desirable)" : "KTO's only");
@@ -217,7 +222,7 @@ std::function<int()> add_dump_command(CLI::App& app) {
   c->add_option("--importance-sampling-level", g->level, "GRPO: token or sequence")
       ->check(CLI::IsMember({"token", "sequence"}))
       ->capture_default_str();
-  c->add_option("--beta", g->beta, "GRPO: the KL term's weight")->capture_default_str();
+  c->add_option("--beta", g->beta, "GRPO: the KL term's weight; --preference: its beta")->capture_default_str();
   c->add_option("--reference", g->reference,
                 "GRPO with --beta: a model folder whose weights the reference pass computes with (full fine-tuning; "
                 "instead of the file's ref_nll)");
@@ -243,7 +248,8 @@ std::function<int()> add_dump_command(CLI::App& app) {
   c->add_option("--label-smoothing", pd->label_smoothing, "preference: the share of pairs assumed flipped")
       ->capture_default_str();
   c->add_option("--nll-alpha", pd->nll_alpha,
-                "preference: the chosen answers' NLL term's weight (default: 1 for simpo and orpo, else 0)");
+                "preference: the chosen answers' NLL term's weight, rpo_alpha or SimPO's cpo_alpha (default 0 / 1; "
+                "ORPO's is 1)");
   c->add_option("--simpo-gamma", pd->simpo_gamma, "preference: SimPO's target margin")->capture_default_str();
   c->add_option("--desirable-weight", pd->desirable_weight, "preference: KTO's desirable examples' weight")
       ->capture_default_str();

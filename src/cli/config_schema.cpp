@@ -288,12 +288,14 @@ void add_objective_keys(std::vector<KeySpec>& v) {
   v.push_back(
       only(number("rpo_alpha", FIELD(dpo.rpo_alpha), 0, 1e6, false, "adds rpo_alpha x the chosen answers' NLL (RPO)"),
            kDpoBit));
-  v.push_back(only(key("orpo_alpha", "number", "a number > 0", "0.1",
-                       "Axolotl's name for ORPO's beta (the odds-ratio term's weight) when beta is not given",
-                       [](const Entry& e, const std::string& k, ReadContext& x) {
-                         x.c.dpo.orpo_alpha = get_double(e, k, 0, 1e6, true);
-                       }),
-                   kDpoBit));
+  v.push_back(
+      only(key("orpo_alpha", "number", "a number > 0", "0.1",
+               "Axolotl's: beta when beta (rl_beta) is not given (ORPO's odds-ratio weight; Axolotl reads it as "
+               "any preference method's beta)",
+               [](const Entry& e, const std::string& k, ReadContext& x) {
+                 x.c.dpo.orpo_alpha = get_double(e, k, 0, 1e6, true);
+               }),
+           kDpoBit));
   v.push_back(only(number("cpo_alpha", FIELD(dpo.cpo_alpha), 0, 1e6, false,
                           "SimPO: the chosen answers' NLL term's weight (TRL's CPOConfig)"),
                    kDpoBit));

@@ -75,6 +75,8 @@ DpoObjective::DpoObjective(Ops& ops, DpoConfig cfg, int64_t max_tokens)
     segments_ = ops.alloc(size_t(max_tokens + 1) * sizeof(int32_t));
     segment_nll_ = ops.alloc(size_t(max_tokens) * sizeof(float));
   }
+  // SimPO and ORPO read no reference: its sums stay defined (0) for the whole run
+  if (reference_free(cfg.loss)) ops.fill(Tensor{ref_.data(), DType::F32, {max_tokens}, ref_.device()}, 0.0f);
   if (!(cfg.beta > 0)) user_error("beta must be > 0 (got ", cfg.beta, ")");
   if (!(cfg.label_smoothing >= 0 && cfg.label_smoothing < 0.5f))
     user_error("label_smoothing must be in [0, 0.5) (got ", cfg.label_smoothing, ")");
@@ -163,7 +165,6 @@ void DpoObjective::add_loss(Ops& ops, const ForwardOutputs& out) {
   const Tensor pairs{pairs_.data(), DType::I32, {int64_t(P), kPairFields}, pairs_.device()};
   if (P > 0) upload_pairs_(ops, pairs, host_pairs_.data());
   const Tensor ref{ref_.data(), DType::F32, {docs_}, ref_.device()};
-  if (reference_free(cfg_.loss)) ops.fill(ref, 0.0f);  // not read; defined all the same
   PreferenceParams p;
   p.loss = cfg_.loss;
   p.beta = cfg_.beta;

@@ -98,8 +98,7 @@ ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs:
     log << "dpo: " << out.string() << " is up to date: reusing " << m.value("pairs", int64_t(0)) << " pairs\n";
     return load_shards(out);
   }
-  if (unpaired != !find_preference_format(spec.preference_type) &&
-      !(unpaired && is_unpaired_format(spec.preference_type)))
+  if (unpaired ? !is_unpaired_format(spec.preference_type) : !find_preference_format(spec.preference_type))
     user_error(spec.path.string(), ": type ", spec.preference_type,
                unpaired ? " is a paired preference shape; rl: kto reads prompt, completion and label records"
                         : " is an unpaired (KTO) shape: rl: kto reads it");

@@ -67,13 +67,14 @@ DpoMetrics evaluate_pairs(Transformer& model, DpoObjective& dpo, const std::vect
 // DPO in the loop: pairs from the PairLoader, DpoStep's update, TRL's metrics read back from the objective.
 class DpoDriver final : public RunDriver {
  public:
-  DpoDriver(const TrainConfig& c, Ops& ops, Transformer& model, PairLoader& loader, std::vector<HostBatch> val)
+  DpoDriver(const TrainConfig& c, const DpoConfig& objective, Ops& ops, Transformer& model, PairLoader& loader,
+            std::vector<HostBatch> val)
       : c_(c),
         ops_(ops),
         model_(model),
         loader_(loader),
         val_(std::move(val)),
-        dcfg_(preference_objective(c.dpo)),
+        dcfg_(objective),
         dpo_(ops, dcfg_, int64_t(2 * c.per_device_train_batch_size) * c.sequence_len),
         eval_dpo_(ops, dcfg_, int64_t(2 * c.per_device_train_batch_size) * c.sequence_len),
         micro_(size_t(c.gradient_accumulation_steps)) {
@@ -139,7 +140,8 @@ DpoConfig preference_objective(const DpoSettings& s) {
                  *s.method == PreferenceLoss::Kto ? "kto; apo_zero_unpaired is not built yet" : "leave it out", ")");
     d.loss = *s.method;
   }
-  d.beta = float(d.loss == PreferenceLoss::Orpo && !s.beta_given && s.orpo_alpha ? *s.orpo_alpha : s.beta);
+  // Axolotl's order: trl.beta / rl_beta, else orpo_alpha, for every preference method
+  d.beta = float(!s.beta_given && s.orpo_alpha ? *s.orpo_alpha : s.beta);
   d.label_smoothing = float(s.label_smoothing);
   d.nll_alpha = float(d.loss == PreferenceLoss::Orpo    ? 1.0
                       : d.loss == PreferenceLoss::Simpo ? s.cpo_alpha
@@ -157,6 +159,7 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks h
   if (c.dpo.max_prompt_len >= c.sequence_len)
     user_error("max_prompt_len ", c.dpo.max_prompt_len, " leaves no room for an answer in sequence_len ",
                c.sequence_len, ": make it smaller");
+  const DpoConfig objective = preference_objective(c.dpo);  // (a loss_type against rl: refused before any work)
   for (const std::string& n : c.notes) log << "dpo: " << n << "\n";
   fs::create_directories(c.output_dir);
   const PreferenceData data = as_data_error([&] { return prepare_preference_data(c, log); });
@@ -169,7 +172,6 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks h
   // The reference: with LoRA the base itself (adapters off, each micro-batch); otherwise the model as loaded,
   // before any update, once (a resumed run reads what the first run stored).
   std::vector<float> ref_train, ref_val;
-  const DpoConfig objective = preference_objective(c.dpo);
   const bool orpo = objective.loss == PreferenceLoss::Orpo, no_reference = reference_free(objective.loss);
   // KTO's micro-batches are its blocks of examples in order, each with its KL documents (TRL's sequential
   // sampling, one row per document: the KL estimate is the block's)
@@ -187,7 +189,7 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks h
   const int64_t micro_per_epoch = loader.batches_in_epoch();
   const ScheduleConfig sched = schedule_config(c, total_training_steps(c, micro_per_epoch));
   TrainStep step(*model, optimizer_config(c));
-  DpoDriver driver(c, ops, *model, loader, all_batches(data.validation, ref_val, B, T, pack, orpo, kto));
+  DpoDriver driver(c, objective, ops, *model, loader, all_batches(data.validation, ref_val, B, T, pack, orpo, kto));
   TrainLoop loop({c, "dpo", log, ops, nullptr, false, *model, step, sched,
                   run_cadence(c, micro_per_epoch / c.gradient_accumulation_steps), std::move(hooks)},
                  driver);

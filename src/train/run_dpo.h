@@ -13,7 +13,7 @@
 
 namespace soltrain {
 
-// The objective the settings ask for: ORPO's beta from Axolotl's orpo_alpha when beta is not given; the NLL
+// The objective the settings ask for (rl's method; beta, else Axolotl's orpo_alpha, as Axolotl reads them); the NLL
 // term's weight is rpo_alpha (DPO), cpo_alpha (SimPO) or 1 (ORPO's own).
 DpoConfig preference_objective(const DpoSettings& s);
 

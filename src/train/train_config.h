@@ -42,7 +42,7 @@ struct DpoSettings {
   double beta = 0.1, label_smoothing = 0, rpo_alpha = 0;
   double desirable_weight = 1, undesirable_weight = 1;  // KTO's (Axolotl: kto_desirable_weight, ...)
   bool beta_given = false;                  // beta (rl_beta) set: Axolotl's orpo_alpha then does not replace it
-  std::optional<double> orpo_alpha;         // Axolotl's name for ORPO's beta
+  std::optional<double> orpo_alpha;         // Axolotl's: beta when beta is not given (meant for ORPO)
   double cpo_alpha = 1, simpo_gamma = 0.5;  // TRL's CPOConfig: SimPO's NLL term's weight and target margin
   int64_t max_prompt_len = 0;  // 0: prompts are not cut (a prompt with no room for an answer is a bad record)
   // LoRA: the reference's log-probs computed once before training (the adapters off) and stored, as full
