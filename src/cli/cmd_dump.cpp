@@ -13,6 +13,7 @@
 #include "model/checkpoint.h"
 #include "model/dpo_objective.h"
 #include "model/peft_adapter.h"
+#include "model/reward_objective.h"
 #include "train/run_dpo.h"
 #include "train/train_step.h"
 
@@ -99,6 +100,28 @@ int dump_preference(const PreferenceDump& d, float beta, Ops& ops, Transformer& 
   write_safetensors(out_path, out);
   std::cout << preference_loss_name(c.loss) << " loss " << m.loss << " over " << m.pairs << " pairs; wrote " << out_path
             << "\n";
+  return 0;
+}
+
+// One update over the batch's pairs under a reward model's Bradley–Terry loss (TRL's RewardTrainer): its loss,
+// metrics and gradients.
+int dump_reward(float center, Ops& ops, Transformer& model, const HostBatch& batch, const std::string& out_path) {
+  if (batch.pairs.empty()) user_error("--reward: the batch file has no pairs");
+  model.plan(batch.rows, batch.seq_len);
+  RewardObjective reward(ops, RewardConfig{center}, int64_t(batch.rows) * batch.seq_len, model.config().pad_token_id);
+  RewardStep step(reward);
+  ops.zero(model.params().all_grads());
+  step.begin_update({&batch, 1});
+  step.train_micro_batch(model, batch);
+  const RewardMetrics m = reward.read(ops);
+  std::vector<float> scalars{float(m.loss),       float(m.accuracy),    float(m.margin),
+                             float(m.min_reward), float(m.mean_reward), float(m.max_reward)};
+  std::vector<NamedTensor> out;
+  add_scalars(out, {"loss", "accuracy", "margin", "min_reward", "mean_reward", "max_reward"}, scalars);
+  std::vector<std::vector<float>> grads;
+  add_gradients(model, ops, out, grads);
+  write_safetensors(out_path, out);
+  std::cout << "reward loss " << m.loss << " over " << m.pairs << " pairs; wrote " << out_path << "\n";
   return 0;
 }
 
@@ -255,8 +278,21 @@ std::function<int()> add_dump_command(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--undesirable-weight", pd->undesirable_weight, "preference: KTO's undesirable examples' weight")
       ->capture_default_str();
+  auto rw = std::make_shared<std::pair<bool, float>>(false, 0.0f);  // --reward, --center-rewards-coefficient
+  c->add_flag("--reward", rw->first,
+              "a reward model's Bradley-Terry loss over the batch file's pairs (TRL's RewardTrainer): the model read "
+              "as its sequence classifier, each sequence scored at its last token that is not config.json's "
+              "pad_token_id (--pad-token-id for a causal LM folder)")
+      ->excludes("--grpo")
+      ->excludes("--preference")
+      ->excludes("--adapter");
+  auto pad = std::make_shared<int>(-1);
+  c->add_option("--pad-token-id", *pad, "--reward: the pad token id (default: config.json's)")->needs("--reward");
+  c->add_option("--center-rewards-coefficient", rw->second, "--reward: TRL's center_rewards_coefficient")
+      ->needs("--reward")
+      ->capture_default_str();
   add_device_option(c, o->device);
-  return [o, g, pd]() {
+  return [o, g, pd, rw, pad]() {
     if (!o->save_adapter.empty()) {
       check_output_dir(o->save_adapter, false, "", "adapter (--save-adapter)");
       check_output_apart_from_inputs(o->save_adapter, "--save-adapter",
@@ -267,7 +303,14 @@ std::function<int()> add_dump_command(CLI::App& app) {
                               : o->qlora == "fp8"  ? WeightFormat::Fp8Block
                               : o->qlora == "int8" ? WeightFormat::Int8Row
                                                    : WeightFormat::Dense;
-    auto model = o->adapter.empty() ? load_pretrained(o->model, *ops)
+    std::optional<AsClassifier> classifier;
+    if (rw->first) {
+      const int from_config = load_model_config(o->model).pad_token_id;
+      classifier = AsClassifier{*pad >= 0 ? *pad : from_config};
+      if (classifier->pad_token_id < 0)
+        user_error("--reward: ", o->model, "/config.json has no pad_token_id: give --pad-token-id");
+    }
+    auto model = o->adapter.empty() ? load_pretrained(o->model, *ops, std::nullopt, true, {}, classifier)
                                     : load_pretrained_with_adapter(o->model, o->adapter, *ops, base);
     model->enable_dropout(false);  // a reference to compare with is deterministic (PEFT in eval mode)
     const HostBatch batch = load_batch_file(o->batch);
@@ -275,6 +318,7 @@ std::function<int()> add_dump_command(CLI::App& app) {
     model->set_residual_dtype(parse_residual_dtype(o->residual_dtype, "--residual-dtype"));
     if (!g->file.empty()) return dump_grpo(*g, *ops, *model, batch, o->out);
     if (!pd->loss.empty()) return dump_preference(*pd, g->beta, *ops, *model, batch, o->out);
+    if (rw->first) return dump_reward(rw->second, *ops, *model, batch, o->out);
     model->plan(batch.rows, batch.seq_len);
     const int64_t V = model->config().vocab_size;
     std::vector<float> logits(size_t(batch.rows) * size_t(batch.seq_len) * size_t(V));

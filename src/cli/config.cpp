@@ -120,6 +120,18 @@ Entries read_entries(const std::string& yaml, const std::string& where, const st
 // online RL run: known before the datasets are read, since it decides how their records are read.
 TrainMode preference_mode(const Entries& en, TrainMode mode, TrainConfig& c) {
   const auto rl = en.by_key.find("rl");
+  // reward_model: true: its pairs train a reward model (the preference run's data and loop, TRL's RewardTrainer)
+  if (const auto rm = en.by_key.find("reward_model");
+      rm != en.by_key.end() && as_bool("reward_model", rm->second.node)) {
+    if (rl != en.by_key.end() && !is_off(rl->second.node))
+      user_error(rm->second.where, ": reward_model: true with rl: ", rl->second.node.Scalar(),
+                 ": a reward model is trained on its own (leave rl out)");
+    if (mode != TrainMode::kSft && mode != TrainMode::kDpo)
+      user_error(rm->second.where, ": reward_model: true is not a ", mode == TrainMode::kPretrain ? "pt" : "grpo",
+                 " run: run `soltrain sft` or `soltrain dpo`");
+    c.dpo.reward_model = true;
+    return TrainMode::kDpo;
+  }
   if (rl == en.by_key.end() || !rl->second.node.IsScalar()) return mode;
   const std::string v = rl->second.node.Scalar();
   if (v != "dpo" && v != "ipo" && v != "orpo" && v != "simpo" && v != "kto" && v != "grpo") return mode;

@@ -315,6 +315,13 @@ void add_objective_keys(std::vector<KeySpec>& v) {
   v.push_back(only(integer("max_prompt_len", FIELD(dpo.max_prompt_len), 1,
                            "prompts are cut to their last this many tokens (0: not cut)"),
                    kDpoBit));
+  v.push_back(key("reward_model", "bool", "true or false", "false",
+                  "Axolotl's: the preference pairs train a Bradley-Terry reward model (TRL's RewardTrainer): the "
+                  "model as its *ForSequenceClassification with one label, saved so",
+                  [](const Entry& e, const std::string& k, ReadContext&) { get_bool(e, k); }));  // (preference_mode)
+  v.push_back(only(number("center_rewards_coefficient", FIELD(dpo.center_rewards_coefficient), 0, 1e6, false,
+                          "reward models: adds this x the mean of (r_chosen + r_rejected)^2 (TRL's)"),
+                   kDpoBit));
 }
 
 void add_schedule_keys(std::vector<KeySpec>& v) {

@@ -45,6 +45,7 @@ RunResult run_job(TrainConfig cfg, TrainMode mode, std::ostream& log, LoopHooks 
     check_run_inputs(cfg);
     const OutputLock lock = prepare_run_outputs(cfg, log);
     auto ops = make_ops(cfg.device);
+    if (cfg.dpo.reward_model) return run_reward(cfg, *ops, log, std::move(hooks));
     return cfg.dpo.enabled ? run_dpo(cfg, *ops, log, std::move(hooks))
                            : run_grpo(cfg, *ops, log, std::move(hooks), std::move(rewards));
   }

@@ -137,4 +137,13 @@ int64_t PairLoader::batches_in_epoch() const {
   return n;
 }
 
+std::vector<HostBatch> all_pair_batches(const ShardSet& docs, std::vector<float> ref_nll, int pairs_per_batch,
+                                        int seq_len, bool pack, bool chosen_prompt_targets, bool unpaired) {
+  std::vector<HostBatch> out;
+  if (docs.documents() == 0) return out;
+  PairLoader l(docs, std::move(ref_nll), pairs_per_batch, seq_len, 0, false, pack, chosen_prompt_targets, unpaired);
+  for (HostBatch b = l.next(true); !b.pairs.empty(); b = l.next(true)) out.push_back(std::move(b));
+  return out;
+}
+
 }  // namespace soltrain

@@ -49,4 +49,10 @@ class PairLoader {
   int64_t order_epoch_ = -1;
 };
 
+// Every pair of `docs` in order, as micro-batches (the last one padded with empty rows): evaluation's, and full
+// fine-tuning's reference pass. The flags as PairLoader's.
+std::vector<HostBatch> all_pair_batches(const ShardSet& docs, std::vector<float> ref_nll, int pairs_per_batch,
+                                        int seq_len, bool pack, bool chosen_prompt_targets = false,
+                                        bool unpaired = false);
+
 }  // namespace soltrain

@@ -15,6 +15,7 @@ std::optional<PreferenceFormat> find_preference_format(std::string_view t) {
   if (shape == "intel") return PreferenceFormat::kIntel;
   if (t == "chat_template" || t == "chat_template.default") return PreferenceFormat::kChatTemplate;
   if (t == "chat_template.argilla" || shape == "argilla_chat") return PreferenceFormat::kArgillaChat;
+  if (t == "bradley_terry.chat_template") return PreferenceFormat::kBradleyTerry;
   return std::nullopt;
 }
 
@@ -100,6 +101,7 @@ PreferenceSample to_preference_sample(const ordered_json& r, PreferenceFormat fo
   }
   switch (format) {
     case PreferenceFormat::kIntel: s.prompt = text_prompt(r, "question", f); break;
+    case PreferenceFormat::kBradleyTerry: s.prompt = text_prompt(r, "input", f); break;
     case PreferenceFormat::kPromptPairs: s.prompt = text_prompt(r, f.prompt, f); break;
     case PreferenceFormat::kChatTemplate: {
       const ordered_json& m = field(r, f.messages);

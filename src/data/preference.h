@@ -19,9 +19,18 @@
 
 namespace soltrain {
 
-enum class PreferenceFormat { kAuto, kPromptPairs, kConversational, kIntel, kChatTemplate, kArgillaChat };
+enum class PreferenceFormat {
+  kAuto,
+  kPromptPairs,
+  kConversational,
+  kIntel,
+  kChatTemplate,
+  kArgillaChat,
+  kBradleyTerry
+};
 // auto, preference, prompt_pairs (chatml.prompt_pairs, ...), conversational, intel (chatml.intel, ...),
-// chat_template (chat_template.default), chat_template.argilla (..., argilla_chat); nullopt for other names.
+// chat_template (chat_template.default), chat_template.argilla (..., argilla_chat), bradley_terry.chat_template
+// (Axolotl's reward-model rows: system, input, chosen, rejected); nullopt for other names.
 std::optional<PreferenceFormat> find_preference_format(std::string_view type);
 
 struct PreferenceSample {

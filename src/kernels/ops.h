@@ -129,6 +129,26 @@ enum PreferenceStat {
   kPreferenceStats
 };
 
+// A Bradley–Terry reward model's loss (TRL's RewardTrainer) over one micro-batch's pairs, on the score head's
+// outputs r (one per sequence: its last scored token's): ℓ = −log σ(r_c − r_r − margin) + center_coef·(r_c + r_r)²,
+// averaged over the update's pairs (pair_scale = 1 / pairs), as TRL's per-batch mean.
+struct RewardParams {
+  float center_coef = 0, pair_scale = 1;
+};
+// The sums reward_loss accumulates (F64 each): Σ ℓ, Σ [r_c > r_r], Σ (r_c − r_r), Σ r_c, Σ r_r, the smallest and
+// the largest reward seen, pairs.
+enum RewardStat {
+  kRewLoss,
+  kRewAccuracy,
+  kRewMargin,
+  kRewChosen,
+  kRewRejected,
+  kRewMin,
+  kRewMax,
+  kRewPairs,
+  kRewardStats
+};
+
 // GRPO's policy loss (TRL's GRPOTrainer; kernels/policy_math.h has the per-token definitions): ε_low / ε_high
 // clip the importance ratio, δ > 0 caps it (TRL's `delta`), β weighs the k3 KL to the reference.
 // `sequence_level`: one importance weight per completion (the mean log ratio of its tokens: GSPO).
@@ -242,10 +262,11 @@ class Ops {
   virtual void enable_profiling(bool) {}
   virtual std::map<std::string, double> collect_profile() { return {}; }
 
-  // out[n] = table[ids[n]]; backward: dtable[ids[n]] += dout[n], accumulated deterministically. out and
-  // dout are in the residual stream's dtype.
+  // out[n] = table[ids[n]]; backward: dtable[ids[n]] += dout[n], accumulated deterministically, except where
+  // ids[n] is padding_idx (torch's nn.Embedding padding_idx: that row gets no gradient). out and dout are in the
+  // residual stream's dtype.
   virtual void embedding_forward(Tensor out, const Tensor& ids, const Tensor& table) = 0;
-  virtual void embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout) = 0;
+  virtual void embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout, int32_t padding_idx = -1) = 0;
 
   // y[N,out] = alpha · x[N,in] · w[out,in]ᵀ (+ bias[out]), or with `accumulate` added onto y. The alpha and
   // the accumulation ride on the GEMM (LoRA's scale and its B product cost no extra pass over y).
@@ -474,6 +495,13 @@ class Ops {
   // = or += with accumulate) sums over the pairs, in pair order: see PreferenceStat.
   virtual void preference_loss(Tensor doc_weight, Tensor stats, const Tensor& doc_nll, const Tensor& ref_doc_nll,
                                const Tensor& pairs, const PreferenceParams& p, bool accumulate) = 0;
+  // Bradley–Terry reward loss over the P pairs of one micro-batch (model/reward_objective.h). scores (F32 [N]): the
+  // score head's output at every token; pairs (I32 [P,2]): the tokens whose scores are the chosen and the rejected
+  // sequence's reward; margins (F32 [P]; empty: 0). weight (F32 [N]): d loss / d score written at those tokens
+  // (others untouched: the caller zeroes it); stats (F64 [kRewardStats], = or += with accumulate; min / max
+  // folded): see RewardStat.
+  virtual void reward_loss(Tensor weight, Tensor stats, const Tensor& scores, const Tensor& pairs,
+                           const Tensor& margins, const RewardParams& p, bool accumulate) = 0;
   // GRPO's loss over the D completions of one micro-batch (documents of cu_seqlens, I32 [D+1]). Per token (F32
   // [N]): token_nll, and old_nll / ref_nll (−log p of the target under the policy that sampled the completion
   // and under the reference; old_nll empty: the current ones, a ratio of 1; ref_nll read only when β ≠ 0); a

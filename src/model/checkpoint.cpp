@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <random>
 #include <set>
 
 #include "io/atomic_file.h"
@@ -15,8 +16,14 @@ namespace fs = std::filesystem;
 namespace soltrain {
 
 std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops, std::optional<LoraConfig> lora,
-                                             bool gradients, ExpertShare share) {
+                                             bool gradients, ExpertShare share,
+                                             std::optional<AsClassifier> classifier) {
   ModelConfig config = load_model_config(dir);
+  if (classifier)
+    make_sequence_classifier(config, 1, classifier->pad_token_id);
+  else if (config.num_labels > 0)
+    user_error(dir.string(), ": ", config.architecture,
+               " is a sequence classifier (a reward model): train it with reward_model: true");
   check_config_fits_checkpoint(config, CheckpointReader(dir), dir);  // before anything is allocated
   // (an uneven split is refused with the ranks in view: Transformer::set_expert_parallel)
   if (share.of > 1 && lora && config.moe_layers() > 0 && config.moe.num_experts % share.of == 0) {
@@ -86,6 +93,17 @@ void load_weights(Transformer& model, const fs::path& dir) {
       model.params().upload(model.ops(), p, stacked.slice.data());
       continue;
     }
+    if (!ckpt.has(p.name) && c.num_labels > 0 && p.name == model.lm_head_name()) {
+      // a causal LM read as a classifier: a new score head, drawn as transformers' _init_weights draws a Linear
+      std::mt19937_64 rng(0x5c0e);
+      std::normal_distribution<float> normal(0.0f, float(c.initializer_range));
+      staging.resize(size_t(shape_numel(p.shape)));
+      for (float& x : staging) x = normal(rng);
+      model.params().upload(model.ops(), p, staging.data());
+      std::cerr << "note: " << p.name << " is new (the checkpoint is a causal LM): drawn from normal(0, "
+                << c.initializer_range << ") as transformers initialises it\n";
+      continue;
+    }
     if (!ckpt.has(p.name))
       user_error(dir.string(), ": checkpoint has no tensor '", p.name, "' (does config.json match the weights?)");
     used.insert(p.name);
@@ -103,7 +121,7 @@ void load_weights(Transformer& model, const fs::path& dir) {
   // them, and so do we. Anything else means config and weights disagree.
   for (const std::string& n : ckpt.names()) {
     if (used.count(n) || n.ends_with("rotary_emb.inv_freq")) continue;
-    if (n == "lm_head.weight" && model.config().tie_word_embeddings) continue;
+    if (n == "lm_head.weight" && (model.config().tie_word_embeddings || model.config().num_labels > 0)) continue;
     std::cerr << "warning: " << ckpt.describe(n) << " is not used by " << model.config().architecture << "\n";
   }
 }

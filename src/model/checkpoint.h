@@ -13,9 +13,16 @@ namespace soltrain {
 struct ExpertShare {
   int index = 0, of = 1;
 };
+// With `classifier` (a reward model: the tokenizer's pad token id) a causal LM folder is read as its family's
+// sequence classifier with one label (make_sequence_classifier: a new score head, its lm_head left unread), and a
+// classifier folder keeps its head with that pad id. A classifier folder read without it is a UserError.
+struct AsClassifier {
+  int pad_token_id = -1;
+};
 std::unique_ptr<Transformer> load_pretrained(const std::filesystem::path& dir, Ops& ops,
                                              std::optional<LoraConfig> lora = std::nullopt, bool gradients = true,
-                                             ExpertShare expert_share = {});
+                                             ExpertShare expert_share = {},
+                                             std::optional<AsClassifier> classifier = std::nullopt);
 
 // Copies every base parameter from the checkpoint (adapters excepted); missing or mis-shaped tensors are
 // UserErrors.

@@ -141,16 +141,37 @@ ModelConfig parse_model_config(const json& j, const std::string& where) {
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty())
     c.architecture = r.typed<std::string>(j["architectures"][0], "architectures[0]");
   const std::string model_type = r.get<std::string>("model_type", "");
+  // <Family>ForSequenceClassification: the family's decoder under a score head (ModelConfig::num_labels)
+  const std::string_view kClassifier = "ForSequenceClassification";
+  std::string family = c.architecture;
+  if (family.ends_with(kClassifier)) family = family.substr(0, family.size() - kClassifier.size()) + "ForCausalLM";
   for (const ModelSpec& spec : kSpecs)
-    if (c.architecture == spec.architecture || (c.architecture.empty() && model_type == spec.model_type))
-      c.spec = &spec;
+    if (family == spec.architecture || (c.architecture.empty() && model_type == spec.model_type)) c.spec = &spec;
   if (!c.spec) {
     std::string supported;
     for (const ModelSpec& spec : kSpecs) supported += cat(supported.empty() ? "" : ", ", spec.architecture);
     user_error(where, ": architecture \"", c.architecture.empty() ? model_type : c.architecture,
                "\" is not supported (supported: ", supported, ")");
   }
+  const bool classifier = c.architecture.ends_with(kClassifier);
   c.architecture = c.spec->architecture;
+  c.initializer_range = r.get<double>("initializer_range", 0.02);
+  if (const auto pad = j.find("pad_token_id"); pad != j.end() && pad->is_number_integer()) {
+    const int64_t v = pad->get<int64_t>();
+    if (v >= 0 && v < j.value("vocab_size", int64_t(0))) c.padding_idx = int(v);
+  }
+  if (classifier) {
+    // transformers keeps num_labels as id2label's size (2 when neither is given)
+    c.num_labels =
+        j.contains("id2label") && j["id2label"].is_object() ? int(j["id2label"].size()) : r.get<int>("num_labels", 2);
+    if (c.num_labels != 1)
+      user_error(where, ": a sequence classifier with ", c.num_labels,
+                 " labels: soltrain trains reward models (one label) only");
+    c.pad_token_id =
+        j.contains("pad_token_id") && j["pad_token_id"].is_number_integer() ? j["pad_token_id"].get<int>() : -1;
+    c.architecture =
+        family.substr(0, family.size() - std::string_view("ForCausalLM").size()) + std::string(kClassifier);
+  }
 
   c.vocab_size = r.need<int>("vocab_size");
   c.hidden_size = r.need<int>("hidden_size");
@@ -204,6 +225,22 @@ ModelConfig parse_model_config(const json& j, const std::string& where) {
         user_error(where, ": layer_types contains ", t.dump(), ": only full_attention is supported");
   c.rope = parse_rope(j, where);
   return c;
+}
+
+void make_sequence_classifier(ModelConfig& c, int num_labels, int pad_token_id) {
+  SOLTRAIN_CHECK(num_labels == 1, "make_sequence_classifier: ", num_labels, " labels");
+  if (c.num_labels == 0) {
+    const std::string family = c.spec->architecture;  // <Family>ForCausalLM
+    c.architecture =
+        family.substr(0, family.size() - std::string_view("ForCausalLM").size()) + "ForSequenceClassification";
+    c.num_labels = num_labels;
+    c.raw["architectures"] = nlohmann::json::array({c.architecture});
+    c.raw["id2label"] = {{"0", "LABEL_0"}};
+    c.raw["label2id"] = {{"LABEL_0", 0}};
+  }
+  // transformers pools each sequence at its last token that is not pad_token_id (TRL sets it from the tokenizer)
+  c.pad_token_id = pad_token_id;
+  c.raw["pad_token_id"] = pad_token_id;
 }
 
 ModelConfig load_model_config(const std::filesystem::path& model_dir) {

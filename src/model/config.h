@@ -86,7 +86,16 @@ struct ModelConfig {
   bool qk_norm = false;  // per-head RMSNorm of q and k before RoPE (Qwen3)
   RopeConfig rope;
   MoeConfig moe;
-  nlohmann::json raw;  // the file as read, for writing it back unchanged
+  // transformers' <Family>ForSequenceClassification (a reward model: 1): a score head [num_labels, hidden] (no bias)
+  // over the final hidden states in place of the LM head; a sequence's output is its last non-pad token's. 0: a
+  // causal LM.
+  int num_labels = 0;
+  int pad_token_id = -1;  // the classifier's: which trailing tokens are not the sequence's (config.json's)
+  // config.json's pad_token_id as the model is built from it: transformers makes it the embedding's padding_idx,
+  // whose row torch never trains (-1: none). A reward run's pad id set later (as TRL sets it) leaves it.
+  int padding_idx = -1;
+  double initializer_range = 0.02;  // std of a new head's normal initialisation (transformers' _init_weights)
+  nlohmann::json raw;               // the file as read, for writing it back unchanged
 
   int q_dim() const { return num_heads * head_dim; }
   int kv_dim() const { return num_kv_heads * head_dim; }
@@ -102,6 +111,10 @@ struct ModelConfig {
 
 // Parses and validates; anything unsupported is a UserError naming the field and value.
 ModelConfig parse_model_config(const nlohmann::json& j, const std::string& where = "config.json");
+// The family's sequence classifier with `num_labels` outputs (a causal LM's config turned into what transformers'
+// AutoModelForSequenceClassification makes of it, raw included: architectures, id2label / label2id and
+// pad_token_id as saves must say them). A classifier's config is kept, its pad_token_id set.
+void make_sequence_classifier(ModelConfig& c, int num_labels, int pad_token_id);
 ModelConfig load_model_config(const std::filesystem::path& model_dir);
 
 // RoPE inverse frequencies (head_dim / 2 of them) in fp32, computed as transformers does.

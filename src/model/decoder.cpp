@@ -48,6 +48,8 @@ KvDecoder::KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int m
       lengths_(size_t(std::max(batch, 0)), 0) {
   SOLTRAIN_CHECK(batch > 0 && max_len > 0 && max_chunk > 0, "decoder sizes");
   const ModelConfig& c = model.config();
+  if (c.num_labels > 0)
+    user_error(c.architecture, " is a sequence classifier (a reward model): it scores text, it does not generate");
   ParameterStore& ps = model.params();
   embed_ = &ps.at("model.embed_tokens.weight");
   final_norm_ = &ps.at("model.norm.weight");

@@ -22,6 +22,9 @@ struct ForwardOutputs {
   SeqLayout seq;                    // the documents (cu_seqlens) and positions
   int64_t counted = 0;              // targets != -100, counted on the host
   const HostBatch* host = nullptr;  // the batch as given
+  // A sequence classifier (ModelConfig::num_labels 1: a reward model): F32 [N], the score head's output at every
+  // token (token_nll, doc_nll then hold nothing; weights are d loss / d score)
+  Tensor scores;
 };
 
 class Objective {
@@ -35,6 +38,9 @@ class Objective {
   virtual bool needs_document_sums() const { return false; }
   // Whether forward also computes each token's entropy (out.token_entropy): GRPO's `entropy` metric.
   virtual bool wants_entropy() const { return false; }
+  // Whether it reads a sequence classifier's scores (out.scores) rather than a causal LM's NLLs: the model must
+  // be of that kind.
+  virtual bool reads_scores() const { return false; }
   // weight (F32 [N], on the device) = d loss / d token_nll[n] for this micro-batch. Before forward only
   // out.targets, out.seq, out.counted and out.host are filled in.
   virtual void token_weights(Ops& ops, const ForwardOutputs& out, Tensor weight) = 0;

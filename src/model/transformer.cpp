@@ -13,6 +13,7 @@ namespace {
 const char* kEmbed = "model.embed_tokens.weight";
 const char* kFinalNorm = "model.norm.weight";
 const char* kLmHead = "lm_head.weight";
+const char* kScore = "score.weight";  // a sequence classifier's head (transformers' name)
 
 // For ops whose weight gradient is not optional (RMSNorm): an empty tensor the op must skip.
 Tensor grad_or_empty(Parameter* p) {
@@ -82,7 +83,11 @@ void add_model_parameters(ParameterStore& ps, const ModelConfig& c, const std::o
   ps.add(kEmbed, {c.vocab_size, c.hidden_size}, base_trains, outer);
   for (int l = 0; l < c.num_layers; ++l) add_layer_parameters(ps, c, l, lora);
   ps.add(kFinalNorm, {c.hidden_size}, base_trains, outer);
-  if (!c.tie_word_embeddings) ps.add(kLmHead, {c.vocab_size, c.hidden_size}, base_trains, outer);
+  // A classifier's score head trains under LoRA too (PEFT's modules_to_save for SEQ_CLS: it starts untrained)
+  if (c.num_labels > 0)
+    ps.add(kScore, {c.num_labels, c.hidden_size}, true, outer);
+  else if (!c.tie_word_embeddings)
+    ps.add(kLmHead, {c.vocab_size, c.hidden_size}, base_trains, outer);
   if (lora)
     for (int l = 0; l < c.num_layers; ++l) add_lora_parameters(ps, c, l, *lora);
   if (lora && lora->offload_base)
@@ -152,8 +157,8 @@ size_t Transformer::fp8_bytes() const {
 }
 
 const std::string& Transformer::lm_head_name() const {
-  static const std::string embed = kEmbed, head = kLmHead;
-  return config_.tie_word_embeddings ? embed : head;
+  static const std::string embed = kEmbed, head = kLmHead, score = kScore;
+  return config_.num_labels > 0 ? score : config_.tie_word_embeddings ? embed : head;
 }
 
 size_t Transformer::activation_bytes() const {
@@ -511,6 +516,10 @@ void Transformer::upload(const HostBatch& batch) {
 
   a.out =
       ForwardOutputs{a.token_nll, a.doc_nll.rows(0, docs), a.targets, a.token_entropy, a.seq, batch.counted(), &batch};
+  if (config_.num_labels > 0) {  // the head's outputs are scores (one label), in token_nll's buffer
+    a.out.scores = a.token_nll;
+    a.out.token_nll = a.out.doc_nll = Tensor{};
+  }
 }
 
 // Mistral's sliding window is not in the attention kernels: a document whose scored tokens reach past it (its
@@ -542,6 +551,9 @@ void Transformer::forward(const HostBatch& batch, Objective* objective, bool bac
                  "forward() on a batch shape that plan() did not size");
   SOLTRAIN_CHECK(!backward_follows || objective, "a forward for backward needs an objective");
   SOLTRAIN_CHECK(!backward_follows || adapters_on_, "a forward with the adapters off cannot be trained");
+  SOLTRAIN_CHECK(!objective || objective->reads_scores() == (config_.num_labels > 0),
+                 config_.num_labels > 0 ? "a sequence classifier's forward under a language-model objective"
+                                        : "a reward objective on a model without a score head");
   Activations& a = *acts_;
   const auto& c = config_;
   const int64_t L = c.num_layers;
@@ -595,6 +607,21 @@ void Transformer::forward(const HostBatch& batch, Objective* objective, bool bac
 
 void Transformer::head_pass(const Tensor* weights, float* logits_out, bool entropy) {
   Activations& a = *acts_;
+  if (config_.num_labels > 0) {  // a classifier: its score head over every token at once (the plan's one chunk)
+    const int64_t N = a.hf.dim(0), K = config_.num_labels;
+    SOLTRAIN_CHECK(a.head_chunk == N && K == 1 && !entropy, "a score head's pass as planned");
+    Parameter& score = params_.at(kScore);
+    ops_.linear_forward(a.token_nll.view({N, K}), a.hf, score.value, nullptr);
+    if (logits_out) ops_.copy(Tensor{logits_out, DType::F32, {N, K}, Device::CPU}, a.token_nll.view({N, K}));
+    if (!weights) return;
+    Tensor dy = a.dlogits.view({N, K});  // d loss / d score in the GEMM's dtype
+    if (dy.dtype == DType::F32)
+      ops_.copy(dy, weights->view({N, K}));
+    else
+      ops_.convert(dy, weights->view({N, K}));
+    ops_.linear_backward(&a.dhf, false, score.trainable ? &score.grad : nullptr, nullptr, dy, a.hf, score.value);
+    return;
+  }
   const int64_t N = a.hf.dim(0), V = config_.vocab_size;
   Parameter& head = params_.at(lm_head_name());
   // With a temperature the loss reads logits / T: d loss / d logits is then (softmax − onehot) · weight / T.
@@ -639,7 +666,7 @@ void Transformer::backward(Objective& objective) {
   }
   // The embedding's backward only produces its gradient: a frozen one needs none.
   Parameter& embed = params_.at(kEmbed);
-  if (embed.trainable) ops_.embedding_backward(embed.grad, a.ids, a.dres);
+  if (embed.trainable) ops_.embedding_backward(embed.grad, a.ids, a.dres, config_.padding_idx);
   if (hooks_) hooks_->grads_ready(head_group());
   if (dropout_now_) ++dropout_step_;  // after backward, which regenerates this pass's masks
 }

@@ -6,9 +6,11 @@
 
 #include "core/error.h"
 #include "core/host_memory.h"
+#include "io/json_file.h"
 #include "model/checkpoint.h"
 #include "model/lora_merge.h"
 #include "model/peft_adapter.h"
+#include "tokenizer/tokenizer.h"
 #include "train/trained_model.h"
 
 namespace soltrain {
@@ -27,6 +29,32 @@ std::optional<LoraConfig> lora_config(const TrainConfig& c, const char* where) {
   return l;
 }
 
+int reward_pad_token_id(const TrainConfig& c) {
+  const fs::path dir = fs::is_directory(c.model) ? c.model : c.model.parent_path();
+  // TRL's RewardTrainer: pad_token, else the tokenizer's pad token, else its eos token (Axolotl's special_tokens
+  // set the tokenizer's)
+  std::string pad;
+  if (const auto it = c.special_tokens.find("pad_token"); it != c.special_tokens.end()) pad = it->second;
+  const fs::path tc = dir / "tokenizer_config.json";
+  if (pad.empty() && fs::exists(tc)) {
+    const nlohmann::json j = read_json_file(tc);
+    for (const char* key : {"pad_token", "eos_token"}) {
+      const auto t = j.find(key);
+      if (t != j.end() && t->is_string()) pad = t->get<std::string>();
+      if (t != j.end() && t->is_object() && t->contains("content") && (*t)["content"].is_string())
+        pad = (*t)["content"].get<std::string>();
+      if (!pad.empty()) break;
+    }
+  }
+  if (pad.empty())
+    user_error(tc.string(),
+               ": no pad_token or eos_token: a reward model needs one to find each sequence's last "
+               "token (set special_tokens: {pad_token: ...})");
+  const std::optional<int32_t> id = Tokenizer::load(dir / "tokenizer.json").token_to_id(pad);
+  if (!id) user_error("the pad token \"", pad, "\" is not in ", (dir / "tokenizer.json").string(), "'s vocabulary");
+  return *id;
+}
+
 std::unique_ptr<Transformer> load_run_model(const TrainConfig& c, Ops& ops, const std::optional<LoraConfig>& lora,
                                             std::initializer_list<const ShardSet*> data, bool gradients,
                                             const Communicator* comm) {
@@ -34,7 +62,10 @@ std::unique_ptr<Transformer> load_run_model(const TrainConfig& c, Ops& ops, cons
   const ExpertShare share = comm && c.ep_size > 1 && comm->size() % c.ep_size == 0
                                 ? ExpertShare{comm->rank() % c.ep_size, c.ep_size}
                                 : ExpertShare{};
-  auto model = load_pretrained(c.model, ops, lora, gradients, share);
+  // reward_model: the family's sequence classifier, its outputs pooled at the tokenizer's pad id as TRL sets it
+  std::optional<AsClassifier> classifier;
+  if (c.dpo.reward_model) classifier = AsClassifier{reward_pad_token_id(c)};
+  auto model = load_pretrained(c.model, ops, lora, gradients, share, classifier);
   for (const ShardSet* set : data)
     for (int32_t id : set->tokens)
       if (id < 0 || id >= model->config().vocab_size)

@@ -42,6 +42,11 @@ std::optional<LoraConfig> lora_config(const TrainConfig& c, const char* where = 
 // The config's model as loaded (with its adapters), every token id of `data` checked against its vocabulary.
 // `gradients`: false when ZeRO-3 gives each rank only its gradient slices. With ep_size over `comm`'s ranks and a
 // frozen base, each rank holds only its share of the experts' base weights.
+// A reward model's pad token id, as TRL's RewardTrainer chooses it: special_tokens' pad_token, else the
+// tokenizer's pad_token, else its eos_token.
+int reward_pad_token_id(const TrainConfig& c);
+
+// (reward_model: the model read as its family's sequence classifier, model/checkpoint.h AsClassifier)
 std::unique_ptr<Transformer> load_run_model(const TrainConfig& c, Ops& ops, const std::optional<LoraConfig>& lora,
                                             std::initializer_list<const ShardSet*> data, bool gradients = true,
                                             const Communicator* comm = nullptr);

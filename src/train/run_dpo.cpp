@@ -37,20 +37,10 @@ std::vector<std::pair<std::string, double>> trl_values(const DpoMetrics& m, Pref
   return v;
 }
 
-// Every pair of `docs` in order, as micro-batches (the last one padded with empty rows).
-std::vector<HostBatch> all_batches(const ShardSet& docs, std::vector<float> ref, int pairs_per_batch, int seq_len,
-                                   bool pack, bool chosen_prompt_targets = false, bool unpaired = false) {
-  std::vector<HostBatch> out;
-  if (docs.documents() == 0) return out;
-  PairLoader l(docs, std::move(ref), pairs_per_batch, seq_len, 0, false, pack, chosen_prompt_targets, unpaired);
-  for (HostBatch b = l.next(true); !b.pairs.empty(); b = l.next(true)) out.push_back(std::move(b));
-  return out;
-}
-
 // The reference's Σ NLL of every document of `docs`, in document order (full fine-tuning, before training).
 std::vector<float> reference_of(Transformer& model, const ShardSet& docs, int pairs_per_batch, int seq_len) {
   std::vector<float> out;
-  for (const HostBatch& b : all_batches(docs, {}, pairs_per_batch, seq_len, true)) {
+  for (const HostBatch& b : all_pair_batches(docs, {}, pairs_per_batch, seq_len, true)) {
     const std::vector<float> v = reference_nll(model, b);  // chosen, rejected of each pair, in pair order
     out.insert(out.end(), v.begin(), v.end());
   }
@@ -189,7 +179,8 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks h
   const int64_t micro_per_epoch = loader.batches_in_epoch();
   const ScheduleConfig sched = schedule_config(c, total_training_steps(c, micro_per_epoch));
   TrainStep step(*model, optimizer_config(c));
-  DpoDriver driver(c, objective, ops, *model, loader, all_batches(data.validation, ref_val, B, T, pack, orpo, kto));
+  DpoDriver driver(c, objective, ops, *model, loader,
+                   all_pair_batches(data.validation, ref_val, B, T, pack, orpo, kto));
   TrainLoop loop({c, "dpo", log, ops, nullptr, false, *model, step, sched,
                   run_cadence(c, micro_per_epoch / c.gradient_accumulation_steps), std::move(hooks)},
                  driver);

@@ -21,4 +21,9 @@ DpoConfig preference_objective(const DpoSettings& s);
 // to metrics.jsonl as eval_<TRL name>.
 RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks hooks = {});
 
+// reward_model: true (train/run_reward.cpp): the same pairs train a Bradley–Terry reward model; first / last_eval_loss
+// hold its validation loss, TRL's RewardTrainer metrics (accuracy, margin, min/mean/max_reward) go to
+// metrics.jsonl.
+RunResult run_reward(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks hooks = {});
+
 }  // namespace soltrain

@@ -48,6 +48,10 @@ struct DpoSettings {
   // LoRA: the reference's log-probs computed once before training (the adapters off) and stored, as full
   // fine-tuning always does, instead of a forward with the adapters off in every step (Axolotl's key).
   bool precompute_ref = false;
+  // reward_model (Axolotl's; TRL's RewardTrainer): the pairs train a Bradley–Terry reward model, the model read as
+  // its family's sequence classifier with one label (model/reward_objective.h) instead of a preference loss
+  bool reward_model = false;
+  double center_rewards_coefficient = 0;  // TRL's: + this × (r_chosen + r_rejected)² per pair
 };
 
 // Online RL (`soltrain grpo`, or `rl: grpo`): TRL's GRPOConfig names and defaults. Each update generates

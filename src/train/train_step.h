@@ -12,6 +12,7 @@
 #include "model/dpo_objective.h"
 #include "model/grpo_objective.h"
 #include "model/objective.h"
+#include "model/reward_objective.h"
 #include "model/transformer.h"
 #include "train/data_parallel.h"
 #include "train/grad_offload.h"
@@ -45,6 +46,22 @@ class DpoStep final : public StepObjective {
 
  private:
   DpoObjective& dpo_;
+};
+
+// A reward model's update: the pairs of all micro-batches are the divisor; each micro-batch a forward (its scores)
+// and backward.
+class RewardStep final : public StepObjective {
+ public:
+  explicit RewardStep(RewardObjective& reward) : reward_(reward) {}
+  void begin_update(std::span<const HostBatch> micro_batches) override { reward_begin_update(reward_, micro_batches); }
+  bool trains(const HostBatch& b) const override { return !b.pairs.empty(); }
+  void train_micro_batch(Transformer& model, const HostBatch& b) override {
+    model.forward(b, &reward_, /*backward_follows=*/true);
+    model.backward(reward_);
+  }
+
+ private:
+  RewardObjective& reward_;
 };
 
 // GRPO's update: each completion's share of the loss is set from all the update's micro-batches (the loss

@@ -91,12 +91,19 @@ std::string model_card(const TrainConfig& c, bool lora) {
            c.max_steps > 0 ? cat("max_steps ", c.max_steps) : cat("num_epochs ", c.num_epochs), ", batch ",
            c.per_device_train_batch_size, " x ", c.gradient_accumulation_steps, " accumulation, sequence_len ",
            c.sequence_len, ", seed ", c.seed, "\n");
-  if (c.dpo.enabled) s += cat("- DPO beta ", c.dpo.beta, "\n");
+  if (c.dpo.reward_model)
+    s += "- a Bradley-Terry reward model (TRL's RewardTrainer loss): one score per sequence, at its last non-pad "
+         "token\n";
+  else if (c.dpo.enabled)
+    s += cat("- DPO beta ", c.dpo.beta, "\n");
   s += "- the run's settings: `config.yaml` of its checkpoints; its metrics: `metrics.jsonl` beside this folder\n\n";
   s += "## Use\n\n```python\n";
   if (lora)
     s += "from peft import AutoPeftModelForCausalLM\n\nmodel = AutoPeftModelForCausalLM.from_pretrained(\"<this "
          "folder>\")\n";
+  else if (c.dpo.reward_model)
+    s += "from transformers import AutoModelForSequenceClassification\n\nmodel = "
+         "AutoModelForSequenceClassification.from_pretrained(\"<this folder>\")  # num_labels 1: the reward\n";
   else
     s += "from transformers import AutoModelForCausalLM\n\nmodel = AutoModelForCausalLM.from_pretrained(\"<this "
          "folder>\")\n";

@@ -278,6 +278,14 @@ TEST_F(CudaOps, EmbeddingForwardAndDeterministicBackward) {
   gpu->copy(gdt, upload(dt0, {V, D}, DType::F32));
   gpu->embedding_backward(gdt, gids, gdout);
   EXPECT_EQ(download(gdt), first) << "not bitwise repeatable";
+  // torch's padding_idx: that row gets nothing (the CPU's twin), the others as before
+  gpu->copy(gdt, upload(dt0, {V, D}, DType::F32));
+  gpu->embedding_backward(gdt, gids, gdout, ids[7]);
+  std::vector<float> padded = dt0;
+  cpu->embedding_backward(host(padded, {V, D}), host_i32(ids), host(dout, {N, D}), ids[7]);
+  const auto got = download(gdt);
+  EXPECT_LE(rel(got, padded), 1e-6);
+  for (int64_t d = 0; d < D; ++d) EXPECT_EQ(got[size_t(ids[7] * D + d)], dt0[size_t(ids[7] * D + d)]);
 }
 
 TEST_F(CudaOps, AdamWMatchesTheCpuAndWritesTheBf16Copy) {

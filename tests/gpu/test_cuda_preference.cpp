@@ -67,6 +67,37 @@ TEST_F(CudaPreference, LossWeightsAndStatsMatchTheCpu) {
   }
 }
 
+TEST_F(CudaPreference, RewardLossWeightsAndStatsMatchTheCpu) {
+  const int P = 200, N = 3 * P + 17;
+  std::vector<int32_t> perm(N);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> pairs(perm.begin(), perm.begin() + 2 * P);
+  const std::vector<float> scores = randn(size_t(N), 3.0f), margins = randn(size_t(P), 0.5f);
+  const Tensor gscores = upload(scores, {N}, DType::F32), gmargins = upload(margins, {P}, DType::F32);
+  const Tensor gpairs = upload_i32(pairs).view({P, 2});
+  Buffer stats = gpu->alloc(kRewardStats * sizeof(double));
+  const Tensor gstats{stats.data(), DType::F64, {kRewardStats}, Device::CUDA};
+  for (bool with_margin : {false, true}) {
+    RewardParams p{0.05f, 1.0f / P};
+    std::vector<float> want_w(N, 0.0f), sc = scores, mg = margins;
+    std::vector<double> want_s(kRewardStats), got_s(kRewardStats);
+    const Tensor no_margin{nullptr, DType::F32, {0}, Device::CUDA};
+    for (bool accumulate : {false, true}) {
+      Tensor gw = upload(std::vector<float>(size_t(N), 0.0f), {N}, DType::F32);
+      gpu->reward_loss(gw, gstats, gscores, gpairs, with_margin ? gmargins : no_margin, p, accumulate);
+      cpu->reward_loss(host(want_w, {N}), Tensor{want_s.data(), DType::F64, {kRewardStats}}, host(sc, {N}),
+                       Tensor{pairs.data(), DType::I32, {P, 2}},
+                       with_margin ? host(mg, {P}) : Tensor{nullptr, DType::F32, {0}}, p, accumulate);
+      EXPECT_TRUE(all_close(download(gw), want_w, 1e-9, 1e-6));
+      gpu->copy(Tensor{got_s.data(), DType::F64, {kRewardStats}, Device::CPU}, gstats);
+      for (int k = 0; k < kRewardStats; ++k)
+        EXPECT_NEAR(got_s[size_t(k)], want_s[size_t(k)], 1e-9 * (1 + std::fabs(want_s[size_t(k)]))) << k;
+    }
+    EXPECT_EQ(got_s[kRewPairs], 2.0 * P);
+  }
+}
+
 TEST_F(CudaPreference, SegmentBroadcastSpreadsEachDocumentsValue) {
   const int64_t n = 10000;
   std::vector<int32_t> cu = {0, 1};

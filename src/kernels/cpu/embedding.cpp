@@ -14,10 +14,11 @@ void CpuOps::embedding_forward(Tensor out, const Tensor& ids, const Tensor& tabl
   }
 }
 
-void CpuOps::embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout) {
+void CpuOps::embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout, int32_t padding_idx) {
   const int64_t D = dtable.dim(1);
   const int32_t* id = ids.i32();
   for (int64_t n = 0; n < ids.numel(); ++n) {
+    if (id[n] == padding_idx) continue;
     float* row = dtable.f32() + id[n] * D;
     const float* g = dout.f32() + n * D;
     for (int64_t d = 0; d < D; ++d) row[d] += g[d];

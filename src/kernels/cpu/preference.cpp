@@ -1,10 +1,11 @@
-// CPU preference loss (DPO, IPO, hinge, SimPO, ORPO, KTO) and the per-document weights' spread onto tokens: the
-// reference the CUDA kernels are tested against.
+// CPU preference loss (DPO, IPO, hinge, SimPO, ORPO, KTO), the reward model's loss and the per-document weights' spread
+// onto tokens: the reference the CUDA kernels are tested against.
 #include <cmath>
 
 #include "core/error.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/preference_math.h"
+#include "kernels/reward_math.h"
 
 namespace soltrain {
 
@@ -60,6 +61,27 @@ void CpuOps::preference_loss(Tensor doc_weight, Tensor stats, const Tensor& doc_
   }
   double* s = stats.as<double>();
   for (int k = 0; k < kPreferenceStats; ++k) s[k] = accumulate ? s[k] + acc[k] : acc[k];
+}
+
+void CpuOps::reward_loss(Tensor weight, Tensor stats, const Tensor& scores, const Tensor& pairs, const Tensor& margins,
+                         const RewardParams& p, bool accumulate) {
+  SOLTRAIN_CHECK(stats.dtype == DType::F64 && stats.numel() == kRewardStats, "reward_loss: stats shape");
+  SOLTRAIN_CHECK(pairs.numel() % 2 == 0 && weight.numel() == scores.numel() &&
+                     (margins.numel() == 0 || margins.numel() == pairs.numel() / 2),
+                 "reward_loss: shapes");
+  const int64_t P = pairs.numel() / 2, N = scores.numel();
+  const int32_t* pr = pairs.i32();
+  const float* r = scores.f32();
+  double acc[kRewardStats];
+  reward_stats_init(acc);
+  for (int64_t i = 0; i < P; ++i) {
+    const int32_t c = pr[2 * i], j = pr[2 * i + 1];
+    SOLTRAIN_CHECK(c >= 0 && c < N && j >= 0 && j < N && c != j, "reward_loss: pair ", i, " names tokens ", c, ", ", j,
+                   " of ", N);
+    const double m = margins.numel() ? double(margins.f32()[i]) : 0.0;
+    apply_reward_pair(p, reward_pair(p, r[c], r[j], m), r[c], r[j], c, j, weight.f32(), acc);
+  }
+  reward_stats_store(stats.as<double>(), acc, accumulate);
 }
 
 }  // namespace soltrain

@@ -48,7 +48,7 @@ class CudaOps final : public Ops {
   double memory_free_gib() const override;
 
   void embedding_forward(Tensor out, const Tensor& ids, const Tensor& table) override;
-  void embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout) override;
+  void embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout, int32_t padding_idx = -1) override;
   void linear_forward(Tensor y, const Tensor& x, const Weight& w, const Tensor* bias, float alpha,
                       bool accumulate) override;
   void dequantize(Tensor out, const Weight& w) override;
@@ -113,6 +113,8 @@ class CudaOps final : public Ops {
   void segment_broadcast(Tensor out, const Tensor& x, const Tensor& cu_seqlens) override;
   void preference_loss(Tensor doc_weight, Tensor stats, const Tensor& doc_nll, const Tensor& ref_doc_nll,
                        const Tensor& pairs, const PreferenceParams& p, bool accumulate) override;
+  void reward_loss(Tensor weight, Tensor stats, const Tensor& scores, const Tensor& pairs, const Tensor& margins,
+                   const RewardParams& p, bool accumulate) override;
   void policy_loss(Tensor weight, Tensor stats, const Tensor& token_nll, const Tensor& targets, const Tensor& old_nll,
                    const Tensor& ref_nll, const Tensor& keep, const Tensor& doc_advantage, const Tensor& doc_scale,
                    const Tensor& cu_seqlens, const PolicyLossParams& p, bool accumulate) override;

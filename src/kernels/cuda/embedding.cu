@@ -25,7 +25,7 @@ constexpr int kIdChunk = 1024, kThreads = 256;
 // every id by the whole block cost 2.4 ms of a Qwen3-0.6B step (16384 tokens, 528 blocks).
 template <typename TR>
 __global__ void embedding_bwd(float* dtable, const int32_t* ids, const TR* dout, int64_t N, int64_t D,
-                              int64_t rows_per_block) {
+                              int64_t rows_per_block, int32_t padding_idx) {
   constexpr int kPerThread = kIdChunk / kThreads, kWarpsPerBlock = kThreads / 32;
   __shared__ int32_t hits[kIdChunk];
   __shared__ int warp_count[kPerThread][kWarpsPerBlock];
@@ -40,7 +40,7 @@ __global__ void embedding_bwd(float* dtable, const int32_t* ids, const TR* dout,
     for (int k = 0; k < kPerThread; ++k) {
       const int64_t i = base + k * kThreads + threadIdx.x;
       const int64_t id = i < N ? ids[i] : -1;
-      match[k] = id >= lo && id < hi;
+      match[k] = id >= lo && id < hi && id != padding_idx;
       ballot[k] = __ballot_sync(0xffffffffu, match[k]);
       if (lane == 0) warp_count[k][warp] = __popc(ballot[k]);
     }
@@ -80,16 +80,17 @@ void CudaOps::embedding_forward(Tensor out, const Tensor& ids, const Tensor& tab
   CUDA_CHECK_LAUNCH();
 }
 
-void CudaOps::embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout) {
+void CudaOps::embedding_backward(Tensor dtable, const Tensor& ids, const Tensor& dout, int32_t padding_idx) {
   const auto prof = profile("embedding_backward");
   const int64_t N = ids.numel(), V = dtable.dim(0), D = dtable.dim(1);
   const int64_t blocks = std::min<int64_t>(V, 4 * int64_t(sm_count_));
   const int64_t rows = (V + blocks - 1) / blocks;
   const unsigned blocks_used = unsigned((V + rows - 1) / rows);
   if (dout.dtype == DType::F32)
-    embedding_bwd<<<blocks_used, kThreads, 0, stream_>>>(dtable.f32(), ids.i32(), dout.f32(), N, D, rows);
+    embedding_bwd<<<blocks_used, kThreads, 0, stream_>>>(dtable.f32(), ids.i32(), dout.f32(), N, D, rows, padding_idx);
   else
-    embedding_bwd<<<blocks_used, kThreads, 0, stream_>>>(dtable.f32(), ids.i32(), dout.as<bf16>(), N, D, rows);
+    embedding_bwd<<<blocks_used, kThreads, 0, stream_>>>(dtable.f32(), ids.i32(), dout.as<bf16>(), N, D, rows,
+                                                         padding_idx);
   CUDA_CHECK_LAUNCH();
 }
 

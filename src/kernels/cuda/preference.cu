@@ -1,9 +1,10 @@
-// CUDA preference loss (DPO, IPO, hinge, SimPO, ORPO, KTO) and segment_broadcast. The pairs of a micro-batch are few
-// (its answer pairs), so one block does the whole loss: each thread takes a fixed stride of pairs in order and a fixed
-// tree adds the threads' sums, so the result is the same on every run (no float atomics).
+// CUDA preference loss (DPO, IPO, hinge, SimPO, ORPO, KTO), the reward model's loss and segment_broadcast. The pairs of
+// a micro-batch are few (its answer pairs), so one block does the whole loss: each thread takes a fixed stride of pairs
+// in order and a fixed tree adds the threads' sums, so the result is the same on every run (no float atomics).
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/preference_math.h"
+#include "kernels/reward_math.h"
 
 namespace soltrain {
 
@@ -56,6 +57,20 @@ __global__ void preference_loss_kernel(float* w, double* stats, const float* nll
   }
 }
 
+// The reward model's pairs: one thread in pair order (a micro-batch holds a few pairs; the min / max and sums then
+// equal the CPU's exactly).
+__global__ void reward_loss_kernel(float* w, double* stats, const float* r, const int32_t* pairs, const float* margins,
+                                   int P, RewardParams p, bool accumulate) {
+  double acc[kRewardStats];
+  reward_stats_init(acc);
+  for (int i = 0; i < P; ++i) {
+    const int c = pairs[2 * i], j = pairs[2 * i + 1];
+    const double m = margins ? double(margins[i]) : 0.0;
+    apply_reward_pair(p, reward_pair(p, r[c], r[j], m), r[c], r[j], c, j, w, acc);
+  }
+  reward_stats_store(stats, acc, accumulate);
+}
+
 // One block per document.
 __global__ void segment_broadcast_kernel(float* out, const float* x, const int32_t* cu) {
   const int d = blockIdx.x;
@@ -75,6 +90,19 @@ void CudaOps::preference_loss(Tensor doc_weight, Tensor stats, const Tensor& doc
   preference_loss_kernel<<<1, kPairThreads, 0, stream_>>>(
       doc_weight.f32(), stats.as<double>(), doc_nll.f32(), ref_doc_nll.f32(), pairs.i32(),
       int(pairs.numel() / kPairFields), int(doc_nll.numel()), p, accumulate);
+  CUDA_CHECK_LAUNCH();
+}
+
+void CudaOps::reward_loss(Tensor weight, Tensor stats, const Tensor& scores, const Tensor& pairs, const Tensor& margins,
+                          const RewardParams& p, bool accumulate) {
+  const auto prof = profile("reward_loss");
+  SOLTRAIN_CHECK(stats.dtype == DType::F64 && stats.numel() == kRewardStats, "reward_loss: stats shape");
+  SOLTRAIN_CHECK(pairs.numel() % 2 == 0 && weight.numel() == scores.numel() &&
+                     (margins.numel() == 0 || margins.numel() == pairs.numel() / 2),
+                 "reward_loss: shapes");
+  reward_loss_kernel<<<1, 1, 0, stream_>>>(weight.f32(), stats.as<double>(), scores.f32(), pairs.i32(),
+                                           margins.numel() ? margins.f32() : nullptr, int(pairs.numel() / 2), p,
+                                           accumulate);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -1,0 +1,127 @@
+// Reward models (`reward_model: true`; TRL's RewardTrainer): the preference run's pairs (train/preference_data.h,
+// data/pair_loader.h), the model read as its family's sequence classifier (load_run_model), the Bradley–Terry
+// objective (model/reward_objective.h) in the one training loop, saved as transformers'
+// *ForSequenceClassification.
+#include <ostream>
+
+#include "core/error.h"
+#include "data/batch_file.h"
+#include "data/pair_loader.h"
+#include "model/reward_objective.h"
+#include "train/preference_data.h"
+#include "train/run_builder.h"
+#include "train/run_dpo.h"
+#include "train/train_loop.h"
+#include "train/train_step.h"
+
+namespace soltrain {
+
+namespace {
+
+// TRL's RewardTrainer metric names
+NamedValues trl_values(const RewardMetrics& m) {
+  return {{"accuracy", m.accuracy},
+          {"margin", m.margin},
+          {"min_reward", m.min_reward},
+          {"mean_reward", m.mean_reward},
+          {"max_reward", m.max_reward}};
+}
+
+class RewardDriver final : public RunDriver {
+ public:
+  RewardDriver(const TrainConfig& c, Ops& ops, PairLoader& loader, Transformer& model, std::vector<HostBatch> val)
+      : c_(c),
+        ops_(ops),
+        loader_(loader),
+        model_(model),
+        val_(std::move(val)),
+        reward_(ops, objective_config(c), int64_t(2 * c.per_device_train_batch_size) * c.sequence_len,
+                model.config().pad_token_id),
+        eval_(ops, objective_config(c), int64_t(2 * c.per_device_train_batch_size) * c.sequence_len,
+              model.config().pad_token_id),
+        micro_(size_t(c.gradient_accumulation_steps)) {
+    for (const HostBatch& b : val_) val_tokens_ += int64_t(b.rows) * b.seq_len;
+  }
+  static RewardConfig objective_config(const TrainConfig& c) {
+    return RewardConfig{float(c.dpo.center_rewards_coefficient)};
+  }
+  void update(TrainStep& step, int64_t done, float lr) override {
+    for (HostBatch& b : micro_) b = loader_.next();
+    if (!c_.dump_batches.empty()) save_update_batches(c_.dump_batches, done + 1, micro_);
+    RewardStep objective(reward_);
+    step.run(micro_, lr, -1, &objective);
+  }
+  Readout read(const TrainStep&) override {
+    const RewardMetrics m = reward_.read(ops_);  // waits for the update
+    return {m.loss, m.pairs > 0, trl_values(m)};
+  }
+  double tokens_per_update() const override {
+    return double(2 * c_.per_device_train_batch_size) * c_.sequence_len * c_.gradient_accumulation_steps;
+  }
+  double epoch() const override {
+    return double(loader_.state().epoch) + double(loader_.state().index) / double(loader_.pairs());
+  }
+  LoaderState loader_state() const override { return loader_.state(); }
+  void restore(const LoaderState& s) override { loader_.restore(s); }
+  bool has_validation() const override { return !val_.empty(); }
+  std::optional<Evaluation> evaluate() override {
+    if (val_.empty()) return std::nullopt;
+    reward_begin_update(eval_, val_);  // the divisor: every validation pair
+    for (const HostBatch& b : val_) model_.forward(b, &eval_, false);
+    const RewardMetrics m = eval_.read(ops_);
+    char line[200];
+    std::snprintf(line, sizeof line, "validation loss %.4f, accuracy %.3f, margin %.3f over %lld pairs", m.loss,
+                  m.accuracy, m.margin, static_cast<long long>(m.pairs));
+    return Evaluation{m.loss, val_tokens_, trl_values(m), line};
+  }
+  const char* order_name() const override { return "pair order"; }
+
+ private:
+  const TrainConfig& c_;
+  Ops& ops_;
+  PairLoader& loader_;
+  Transformer& model_;
+  std::vector<HostBatch> val_;
+  int64_t val_tokens_ = 0;
+  RewardObjective reward_, eval_;
+  std::vector<HostBatch> micro_;
+};
+
+}  // namespace
+
+RunResult run_reward(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks hooks) {
+  SOLTRAIN_CHECK(c.dpo.reward_model, "run_reward without reward_model");
+  if (c.gpus > 1) user_error("reward_model: data parallel (gpus: ", c.gpus, ") is not built yet; use gpus: 1");
+  const std::optional<LoraConfig> lora = lora_config(c);
+  if (lora)
+    user_error("reward_model: true with an adapter (", describe_lora(c),
+               "): reward models train in full for now (LoRA with the score head trained beside "
+               "it, PEFT's modules_to_save, is not built yet); leave adapter out");
+  for (const std::string& n : c.notes) log << "reward: " << n << "\n";
+  std::filesystem::create_directories(c.output_dir);
+  const PreferenceData data = as_data_error([&] { return prepare_preference_data(c, log); });
+  check_update_batches_fit(c, 1, 2 * c.per_device_train_batch_size);
+  auto model = load_run_model(c, ops, lora, {&data.train, &data.validation});
+  const int B = c.per_device_train_batch_size, T = c.sequence_len;
+  configure_model(*model, c, ops, 2 * B);
+  PairLoader loader(data.train, {}, B, T, c.seed, true, c.sample_packing);
+  const int64_t micro_per_epoch = loader.batches_in_epoch();
+  const ScheduleConfig sched = schedule_config(c, total_training_steps(c, micro_per_epoch));
+  TrainStep step(*model, optimizer_config(c));
+  RewardDriver driver(c, ops, loader, *model, all_pair_batches(data.validation, {}, B, T, c.sample_packing));
+  TrainLoop loop({c, "reward", log, ops, nullptr, false, *model, step, sched,
+                  run_cadence(c, micro_per_epoch / c.gradient_accumulation_steps), std::move(hooks)},
+                 driver);
+  loop.resume();
+  log << "reward: Bradley-Terry reward model, " << model->config().architecture << " (one score per sequence, at its "
+      << "last token that is not the pad token " << model->config().pad_token_id << ")"
+      << (c.dpo.center_rewards_coefficient > 0 ? cat(", center_rewards_coefficient ", c.dpo.center_rewards_coefficient)
+                                               : "")
+      << "; full fine-tune; " << describe_parameters(model->params()) << "; " << loader.pairs() << " training pairs, "
+      << data.validation.documents() / 2 << " validation; " << sched.total_steps << " steps of "
+      << (c.sample_packing ? "at least " : "") << B << " pairs x " << c.gradient_accumulation_steps
+      << " accumulation, lr " << c.learning_rate << " " << to_string(c.lr_scheduler_type) << "\n";
+  return loop.run();
+}
+
+}  // namespace soltrain
