@@ -13,6 +13,7 @@
 #include "data/shards.h"
 #include "data_test_util.h"
 #include "inputs_guard.h"
+#include "io/safetensors.h"
 #include "llama_tokenizer.h"
 #include "test_util.h"
 
@@ -584,6 +585,52 @@ TEST(PeerConfigs, AxolotlKtoTrainsOnUnpairedExamples) {
     EXPECT_EQ(part(2 * i + 1, true), part(2 * prev, true)) << i;
     EXPECT_EQ(docs.mask[size_t(docs.doc_offsets[size_t(2 * i)])] == kUndesirableMark, i % 3 == 0) << i;
   }
+}
+
+// Axolotl's Qwen2 reward-model example (reward_model: true, AutoModelForSequenceClassification with num_labels 1,
+// bradley_terry.chat_template rows: system, input, chosen, rejected as argilla/distilabel-intel-orca-dpo-pairs has
+// them): a Bradley-Terry reward model trained in full, TRL's RewardTrainer metrics logged, saved as the family's
+// *ForSequenceClassification with its score head, id2label and the tokenizer's pad id (its eos here).
+TEST(PeerConfigs, AxolotlRewardModelTrainsASequenceClassifier) {
+  PeerSetup s;
+  {
+    std::ofstream a(s.t.path / "orca_pairs.jsonl");
+    for (int i = 0; i < 24; ++i) {
+      const std::string w = "w" + std::to_string(i);
+      a << R"({"system": ")" << (i % 2 ? "You reverse words." : "") << R"(", "input": "Reverse )" << w
+        << R"(", "chosen": ")" << std::to_string(i) << R"(w", "rejected": ")" << w << R"(", "generations": []})"
+        << "\n";
+    }
+  }
+  const fs::path cfg = s.config("axolotl-qwen2-reward-model.yaml", "orca_pairs.jsonl");
+  const test::CliRun r = s.sft(cfg, "--set max_steps=2 --set sequence_len=256");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string all = r.out + r.err;
+  EXPECT_NE(all.find("reward: Bradley-Terry reward model, Qwen3ForSequenceClassification"), std::string::npos) << all;
+  EXPECT_NE(all.find("24 training pairs"), std::string::npos) << all;
+  const std::string metrics = read_text(s.t.path / "out" / "metrics.jsonl");
+  for (const char* k : {"\"accuracy\"", "\"margin\"", "\"mean_reward\"", "\"min_reward\"", "\"max_reward\""})
+    EXPECT_NE(metrics.find(k), std::string::npos) << k << metrics.substr(0, 400);
+  const fs::path model = s.t.path / "out" / "model";
+  const nlohmann::json config = nlohmann::json::parse(read_text(model / "config.json"));
+  EXPECT_EQ(config["architectures"][0], "Qwen3ForSequenceClassification");
+  EXPECT_EQ(config["id2label"], nlohmann::json({{"0", "LABEL_0"}}));
+  ASSERT_TRUE(config["pad_token_id"].is_number_integer()) << config.dump();
+  const CheckpointReader ckpt(model);
+  EXPECT_TRUE(ckpt.has("score.weight"));
+  EXPECT_FALSE(ckpt.has("lm_head.weight"));
+  // the saved reward model is read back as a classifier (its pad id from its config), and refused as a causal LM
+  const test::CliRun again =
+      s.sft(cfg, cat("--set max_steps=1 --set sequence_len=256 --set base_model=", model.string(),
+                     " --set output_dir=", (s.t.path / "out2").string()));
+  EXPECT_EQ(again.code, 0) << again.out << again.err;
+  EXPECT_EQ((again.out + again.err).find("score.weight is new"), std::string::npos) << again.out << again.err;
+  const test::CliRun causal =
+      s.sft(s.config("axolotl-llama-3-lora-1b.yml"), cat("--set base_model=", model.string(), " --set max_steps=1"));
+  EXPECT_EQ(causal.code, 2) << causal.out << causal.err;
+  EXPECT_NE(causal.err.find("is a sequence classifier (a reward model): train it with reward_model: true"),
+            std::string::npos)
+      << causal.err;
 }
 
 // Surogate's Qwen3 examples with its own spellings: `recompute: false` (a bool there; true is soltrain's full) trains

@@ -80,7 +80,8 @@ def stub_text() -> str:
         out.append("    ) -> None: ...")
         out.append("")
     # TRL's trainer names for a preference method: DPOConfig's keywords, `rl` set
-    for cls, doc in (("ORPOConfig", "ORPO (rl: orpo)."), ("KTOConfig", "KTO (rl: kto).")):
+    for cls, doc in (("ORPOConfig", "ORPO (rl: orpo)."), ("KTOConfig", "KTO (rl: kto)."),
+                     ("RewardConfig", "A Bradley-Terry reward model (reward_model: true).")):
         out += [f"class {cls}(DPOConfig):", f'    """{doc}"""', ""]
     out.append("class TrainConfig:")
     out.append("    mode: str")

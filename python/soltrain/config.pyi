@@ -431,6 +431,9 @@ class ORPOConfig(DPOConfig):
 class KTOConfig(DPOConfig):
     """KTO (rl: kto)."""
 
+class RewardConfig(DPOConfig):
+    """A Bradley-Terry reward model (reward_model: true)."""
+
 class TrainConfig:
     mode: str
     def __init__(self, **keys: Any) -> None: ...

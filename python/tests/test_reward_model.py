@@ -130,3 +130,56 @@ def test_loss_metrics_and_gradients_match_trl(classifier, tmp_path, center, pack
             k, float(ours[k][0]), float(metrics[k]))
     assert "grad.score.weight" in ours
     check_full_gradients(ours, trl_grads)
+
+
+def test_reward_config_trains_a_classifier_transformers_loads(demo, tmp_path):
+    """soltrain.RewardConfig (TRL's name) on prompt / chosen / rejected rows from a list: the reward model learns
+    (the demo's chosen answer is the reversed prompt), `soltrain dpo` with `reward_model: true` trains the same, and
+    the saved folder loads in transformers' AutoModelForSequenceClassification, whose rewards on the validation
+    pairs (each rendered by the chat template, scored at the last non-pad token) give the run's last evaluation."""
+    import json
+
+    import soltrain
+    from conftest import read_jsonl
+
+    rows = read_jsonl(demo / "dpo_train.jsonl")[:96]
+    val = read_jsonl(demo / "dpo_validation.jsonl")[:24]
+    (tmp_path / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in val))
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    keys = dict(model=str(demo / "model"), sequence_len=64, per_device_train_batch_size=8, max_steps=12,
+                learning_rate=2e-3, warmup_steps=1, logging_steps=1, eval_steps=12, device="cpu",
+                validation_datasets=[{"path": str(tmp_path / "val.jsonl")}])
+    cli = soltrain.RewardConfig(output_dir=str(tmp_path / "cli"), datasets=[{"path": str(tmp_path / "train.jsonl")}],
+                                **keys)
+    cli.to_yaml(tmp_path / "reward.yaml")
+    subprocess.run([str(BIN), "dpo", str(tmp_path / "reward.yaml")], check=True, capture_output=True)
+    logged = []
+    out = soltrain.Trainer(soltrain.RewardConfig(output_dir=str(tmp_path / "py"), **keys), train_dataset=rows,
+                           callbacks=[logged.append]).train()
+    assert out.global_step == 12
+    cli_metrics = read_jsonl(tmp_path / "cli" / "metrics.jsonl")
+    assert [m["loss"] for m in logged] == pytest.approx([m["loss"] for m in cli_metrics if "loss" in m], rel=1e-6)
+    assert all("accuracy" in m and "mean_reward" in m for m in logged)
+    assert logged[-1]["loss"] < logged[0]["loss"] - 0.05, (logged[0], logged[-1])
+    last_eval = {k: v for m in cli_metrics if m["step"] == 12 for k, v in m.items() if k.startswith("eval_")}
+
+    folder = tmp_path / "cli" / "model"
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32)
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    assert model.config.num_labels == 1 and model.config.pad_token_id is not None
+    model.train(False)
+    rewards = []
+    with torch.no_grad():
+        for r in val:
+            for answer in (r["chosen"], r["rejected"]):
+                ids = tok.apply_chat_template([{"role": "user", "content": r["prompt"]},
+                                               {"role": "assistant", "content": answer}], tokenize=True)
+                ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+                rewards.append(float(model(input_ids=torch.tensor([ids])).logits[0, 0]))
+    rc, rr = torch.tensor(rewards[0::2]), torch.tensor(rewards[1::2])
+    assert float((rc > rr).float().mean()) == pytest.approx(last_eval["eval_accuracy"], abs=1e-6)
+    assert float((rc - rr).mean()) == pytest.approx(last_eval["eval_margin"], abs=1e-4)
+    loss = float(-torch.nn.functional.logsigmoid(rc - rr).mean())
+    assert loss == pytest.approx(last_eval["eval_loss"], abs=1e-4)
+    with pytest.raises(soltrain.ConfigError, match="RewardConfig: reward_model is true"):
+        soltrain.RewardConfig(reward_model=False)

@@ -176,6 +176,7 @@ Document PreferenceEncoder::answer(const std::vector<int32_t>& prompt, const std
   d.mask.assign(prompt.size(), 0);
   const size_t room = size_t(seq_len_) - prompt.size();
   const size_t n = std::min(room, ids.size());
+  cut_ += n < ids.size();
   d.ids.insert(d.ids.end(), ids.begin(), ids.begin() + std::ptrdiff_t(n));
   d.mask.resize(d.ids.size(), 1);
   return d;

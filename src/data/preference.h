@@ -66,7 +66,8 @@ class PreferenceEncoder {
   PreferenceEncoder(Tokenizer& tok, const ChatTemplate& tmpl, int64_t seq_len, int64_t max_prompt_len)
       : tok_(tok), tmpl_(tmpl), seq_len_(seq_len), max_prompt_len_(max_prompt_len) {}
   std::pair<Document, Document> encode(const PreferenceSample& s);
-  Document encode(const UnpairedSample& s);  // prompt + completion, the completion trained
+  Document encode(const UnpairedSample& s);     // prompt + completion, the completion trained
+  int64_t answers_cut() const { return cut_; }  // answers cut to fit seq_len so far
 
  private:
   // The prompt rendered with the generation prompt, and its ids (cut to max_prompt_len, keeping the end).
@@ -77,6 +78,7 @@ class PreferenceEncoder {
   Tokenizer& tok_;
   const ChatTemplate& tmpl_;
   int64_t seq_len_, max_prompt_len_;
+  int64_t cut_ = 0;
 };
 
 }  // namespace soltrain

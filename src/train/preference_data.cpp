@@ -148,6 +148,12 @@ ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs:
   log << "dpo: wrote " << pairs << (unpaired ? " examples with their KL documents (" : " pairs (") << tokens
       << " tokens) to " << out.string() << "\n";
   if (skipped > 0) log << "dpo: skipped " << skipped << " bad records (first: " << first_skip << ")\n";
+  if (enc.answers_cut() > 0)
+    log << "dpo: " << enc.answers_cut() << " answers were cut to fit sequence_len " << c.sequence_len
+        << (c.dpo.reward_model ? " (a cut sequence is scored at its last kept token, as Axolotl cuts them; TRL's "
+                                 "RewardTrainer drops such pairs: raise sequence_len to keep every answer whole)"
+                               : "")
+        << "\n";
   return load_shards(out);
 }
 
