@@ -183,3 +183,62 @@ def test_reward_config_trains_a_classifier_transformers_loads(demo, tmp_path):
     assert loss == pytest.approx(last_eval["eval_loss"], abs=1e-4)
     with pytest.raises(soltrain.ConfigError, match="RewardConfig: reward_model is true"):
         soltrain.RewardConfig(reward_model=False)
+
+
+def test_lora_reward_model_loads_in_peft(demo, tmp_path):
+    """A LoRA reward model: the adapters and the score head (trained in full beside them) saved as PEFT's SEQ_CLS
+    task saves them (modules_to_save; base_model.model.score.weight); PEFT's PeftModel on the base built as
+    AutoModelForSequenceClassification(num_labels=1) gives the run's last evaluation on the validation pairs; a
+    resumed run continues from the checkpoint's adapters and head; merging such an adapter is one line."""
+    import json
+
+    import soltrain
+    from conftest import read_jsonl
+
+    peft = pytest.importorskip("peft")
+    rows = read_jsonl(demo / "dpo_train.jsonl")[:64]
+    val = read_jsonl(demo / "dpo_validation.jsonl")[:16]
+    (tmp_path / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in val))
+    keys = dict(model=str(demo / "model"), sequence_len=64, per_device_train_batch_size=8, max_steps=8,
+                learning_rate=5e-3, warmup_steps=1, logging_steps=1, eval_steps=8, save_steps=4, device="cpu",
+                adapter="lora", lora_r=8, lora_alpha=16, lora_target_modules=["q_proj", "v_proj"],
+                validation_datasets=[{"path": str(tmp_path / "val.jsonl")}])
+    logged = []
+    soltrain.Trainer(soltrain.RewardConfig(output_dir=str(tmp_path / "run"), **keys), train_dataset=rows,
+                     callbacks=[logged.append]).train()
+    assert logged[-1]["loss"] < logged[0]["loss"], (logged[0], logged[-1])
+    folder = tmp_path / "run" / "adapter"
+    cfg = json.loads((folder / "adapter_config.json").read_text())
+    assert cfg["task_type"] == "SEQ_CLS" and cfg["modules_to_save"] == ["classifier", "score"]
+    last_eval = {k: v for m in read_jsonl(tmp_path / "run" / "metrics.jsonl") if m["step"] == 8 for k, v in m.items()
+                 if k.startswith("eval_")}
+
+    tok = transformers.AutoTokenizer.from_pretrained(demo / "model")
+    pad = tok.convert_tokens_to_ids(tok.pad_token or tok.eos_token)
+    base = transformers.AutoModelForSequenceClassification.from_pretrained(demo / "model", num_labels=1,
+                                                                           pad_token_id=pad, dtype=torch.float32)
+    model = peft.PeftModel.from_pretrained(base, folder)
+    model.train(False)
+    rewards = []
+    with torch.no_grad():
+        for r in val:
+            for answer in (r["chosen"], r["rejected"]):
+                ids = tok.apply_chat_template([{"role": "user", "content": r["prompt"]},
+                                               {"role": "assistant", "content": answer}], tokenize=True)
+                ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+                rewards.append(float(model(input_ids=torch.tensor([ids])).logits[0, 0]))
+    rc, rr = torch.tensor(rewards[0::2]), torch.tensor(rewards[1::2])
+    assert float((rc - rr).mean()) == pytest.approx(last_eval["eval_margin"], abs=1e-4)
+    assert float(-torch.nn.functional.logsigmoid(rc - rr).mean()) == pytest.approx(last_eval["eval_loss"], abs=1e-4)
+
+    # stopped at step 4 and resumed: the uninterrupted run's losses (the checkpoint holds adapters and score head)
+    parts = soltrain.Trainer(soltrain.RewardConfig(output_dir=str(tmp_path / "parts"), **keys), train_dataset=rows)
+    parts.add_callback(lambda m: m["step"] == 4 and parts.stop())
+    assert parts.train().interrupted
+    resumed = []
+    parts.add_callback(resumed.append)
+    parts.train(resume_from_checkpoint=True)
+    assert [m["loss"] for m in resumed] == pytest.approx([m["loss"] for m in logged[4:]], rel=1e-6)
+    with pytest.raises(soltrain.SoltrainError, match="merging a reward model.s adapter"):
+        soltrain.Trainer(soltrain.RewardConfig(output_dir=str(tmp_path / "m"), merge_adapter=True, **keys),
+                         train_dataset=rows).train()

@@ -153,6 +153,17 @@ void check_adapter_finite(const SafetensorsFile& f, const fs::path& file) {
   }
 }
 
+namespace {
+// Base parameters trained in full beside the adapters (a reward model's score head: PEFT's modules_to_save for
+// SEQ_CLS), saved under the PEFT model's name for them.
+bool trained_beside_adapters(const Parameter& p) {
+  return p.trainable && !is_lora_name(p.name);
+}
+std::string beside_adapters_name(const Parameter& p) {
+  return "base_model.model." + p.name;
+}
+}  // namespace
+
 void load_adapter_weights(Transformer& model, const fs::path& adapter_dir) {
   const fs::path path = adapter_dir / kWeightsFile;
   if (!fs::exists(path))
@@ -164,13 +175,17 @@ void load_adapter_weights(Transformer& model, const fs::path& adapter_dir) {
   std::vector<float> staging;
   std::set<std::string> used;
   for (Parameter& p : model.params().all()) {
-    if (!is_lora_name(p.name)) continue;
-    const TensorEntry& e = file.at(p.name);
+    if (!is_lora_name(p.name) && !trained_beside_adapters(p)) continue;
+    const std::string name = is_lora_name(p.name) ? p.name : beside_adapters_name(p);
+    if (!is_lora_name(p.name) && !file.find(name))
+      user_error(path.string(), ": no tensor '", name, "': the adapter was not trained with its ", p.name,
+                 " (a reward model's adapter holds its score head)");
+    const TensorEntry& e = file.at(name);
     staging.resize(size_t(shape_numel(p.shape)));
-    read_as_f32(e, p.shape, staging.data(), path.string() + ": " + p.name);
-    refuse_non_finite(staging, path, p.name);
+    read_as_f32(e, p.shape, staging.data(), path.string() + ": " + name);
+    refuse_non_finite(staging, path, name);
     model.params().upload(model.ops(), p, staging.data());
-    used.insert(p.name);
+    used.insert(name);
   }
   for (const auto& [name, e] : file.entries())
     if (!used.count(name))
@@ -187,7 +202,7 @@ std::unique_ptr<Transformer> load_pretrained_with_adapter(const fs::path& model_
   return model;
 }
 
-nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& base, bool moe) {
+nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& base, bool moe, bool classifier) {
   // Every key PEFT 0.21's LoraConfig writes, with its defaults where soltrain has no such feature. PEFT
   // itself writes target_modules from a set (any order); ours follow the layer's order.
   using J = nlohmann::json;
@@ -235,7 +250,8 @@ nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& ba
            {"lora_ga_config", nullptr},
            {"megatron_config", nullptr},
            {"megatron_core", "megatron.core"},
-           {"modules_to_save", nullptr},
+           // (PEFT's SEQ_CLS task keeps its classification heads in full: modules_to_save ["classifier", "score"])
+           {"modules_to_save", classifier ? J::array({"classifier", "score"}) : J(nullptr)},
            {"monteclora_config", nullptr},
            {"peft_type", "LORA"},
            {"peft_version", "0.21.0"},
@@ -245,7 +261,7 @@ nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& ba
            {"revision", base.revision.empty() ? J(nullptr) : J(base.revision)},
            {"target_modules", targets},
            {"target_parameters", parameters},
-           {"task_type", "CAUSAL_LM"},
+           {"task_type", classifier ? "SEQ_CLS" : "CAUSAL_LM"},
            {"trainable_token_indices", nullptr},
            {"use_bdlora", nullptr},
            {"use_dora", false},
@@ -260,16 +276,18 @@ void write_adapter(const Transformer& model, const fs::path& dir, const AdapterB
   Ops& ops = const_cast<Transformer&>(model).ops();
   std::vector<StreamedTensor> tensors;
   for (const Parameter& p : model.params().all())
-    if (is_lora_name(p.name))
-      tensors.push_back({p.name, DType::F32, p.shape, [&model, &ops, &p](void* dst) {
-                           model.params().download(ops, p, static_cast<float*>(dst), DeferredWrites::queueing());
-                         }});
+    if (is_lora_name(p.name) || trained_beside_adapters(p))
+      tensors.push_back(
+          {is_lora_name(p.name) ? p.name : beside_adapters_name(p), DType::F32, p.shape, [&model, &ops, &p](void* dst) {
+             model.params().download(ops, p, static_cast<float*>(dst), DeferredWrites::queueing());
+           }});
   // safetensors' own writer orders tensors by name (all share one dtype): do the same, so files compare.
   std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   write_safetensors_streamed(dir / kWeightsFile, tensors, {{"format", "pt"}});
   write_file_atomic(
       dir / kConfigFile,
-      adapter_config_json(*model.lora(), base, model.config().moe_layers() > 0 && model.config().moe.lora_on_experts)
+      adapter_config_json(*model.lora(), base, model.config().moe_layers() > 0 && model.config().moe.lora_on_experts,
+                          model.config().num_labels > 0)
           .dump(2));
 }
 

@@ -36,11 +36,13 @@ struct AdapterBase {
 // adapter_config.json as PEFT 0.21 writes it for this configuration; on a model whose LoRA targets gate/up/down
 // adapt its experts (`moe`, MoeConfig::lora_on_experts) they are the experts' stacked parameters: target_parameters
 // gate_up_proj (rank and alpha doubled by rank_pattern / alpha_pattern) and down_proj, as PEFT maps them for
-// transformers 5.
-nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& base, bool moe = false);
+// transformers 5. A `classifier`'s (a reward model's) is PEFT's SEQ_CLS task, its score head a module saved in full.
+nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& base, bool moe = false,
+                                   bool classifier = false);
 
 // Writes the adapter's two files (fp32 tensors under PEFT's names, metadata {"format": "pt"}) into `dir`, an
-// existing (staged) folder.
+// existing (staged) folder. A base parameter trained beside the adapters (a reward model's score head) is saved as
+// PEFT saves a modules_to_save module: base_model.model.<name>.
 void write_adapter(const Transformer& model, const std::filesystem::path& dir, const AdapterBase& base);
 // The same as a folder of its own, atomically.
 void save_adapter(const Transformer& model, const std::filesystem::path& out_dir, const AdapterBase& base);

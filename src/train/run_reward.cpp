@@ -93,10 +93,11 @@ RunResult run_reward(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHook
   SOLTRAIN_CHECK(c.dpo.reward_model, "run_reward without reward_model");
   if (c.gpus > 1) user_error("reward_model: data parallel (gpus: ", c.gpus, ") is not built yet; use gpus: 1");
   const std::optional<LoraConfig> lora = lora_config(c);
-  if (lora)
-    user_error("reward_model: true with an adapter (", describe_lora(c),
-               "): reward models train in full for now (LoRA with the score head trained beside "
-               "it, PEFT's modules_to_save, is not built yet); leave adapter out");
+  // (the score head trains in full beside the adapters and is saved with them, as PEFT's SEQ_CLS task does)
+  if (lora && c.merge_adapter)
+    user_error(
+        "merge_adapter: merging a reward model's adapter (its score head beside the LoRA tensors) is not "
+        "built yet; load it with PEFT onto AutoModelForSequenceClassification(num_labels=1)");
   for (const std::string& n : c.notes) log << "reward: " << n << "\n";
   std::filesystem::create_directories(c.output_dir);
   const PreferenceData data = as_data_error([&] { return prepare_preference_data(c, log); });
@@ -117,7 +118,8 @@ RunResult run_reward(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHook
       << "last token that is not the pad token " << model->config().pad_token_id << ")"
       << (c.dpo.center_rewards_coefficient > 0 ? cat(", center_rewards_coefficient ", c.dpo.center_rewards_coefficient)
                                                : "")
-      << "; full fine-tune; " << describe_parameters(model->params()) << "; " << loader.pairs() << " training pairs, "
+      << "; " << (lora ? describe_lora(c) + " (the score head trained in full beside it)" : "full fine-tune") << "; "
+      << describe_parameters(model->params()) << "; " << loader.pairs() << " training pairs, "
       << data.validation.documents() / 2 << " validation; " << sched.total_steps << " steps of "
       << (c.sample_packing ? "at least " : "") << B << " pairs x " << c.gradient_accumulation_steps
       << " accumulation, lr " << c.learning_rate << " " << to_string(c.lr_scheduler_type) << "\n";

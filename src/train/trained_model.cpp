@@ -98,7 +98,11 @@ std::string model_card(const TrainConfig& c, bool lora) {
     s += cat("- DPO beta ", c.dpo.beta, "\n");
   s += "- the run's settings: `config.yaml` of its checkpoints; its metrics: `metrics.jsonl` beside this folder\n\n";
   s += "## Use\n\n```python\n";
-  if (lora)
+  if (lora && c.dpo.reward_model)  // PEFT's SEQ_CLS adapter: its base built with one label, the score head from here
+    s += "from peft import PeftModel\nfrom transformers import AutoModelForSequenceClassification\n\nbase = "
+         "AutoModelForSequenceClassification.from_pretrained(\"<the base model>\", num_labels=1, pad_token_id=<the "
+         "tokenizer's pad id>)\nmodel = PeftModel.from_pretrained(base, \"<this folder>\")  # the reward\n";
+  else if (lora)
     s += "from peft import AutoPeftModelForCausalLM\n\nmodel = AutoPeftModelForCausalLM.from_pretrained(\"<this "
          "folder>\")\n";
   else if (c.dpo.reward_model)
