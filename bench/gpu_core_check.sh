@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy] [prefs]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy] [prefs] [reward]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -117,6 +117,20 @@ PY
             --set output_dir=../runs/$rl-demo-$lora > "$OUT/$rl-demo-lora-$lora.log" 2>&1
           echo "$rl lora=$lora: $(grep -E "^dpo: $rl|validation loss .* ->|error" "$OUT/$rl-demo-lora-$lora.log" | cut -c1-160 | tr '\n' ' ')"
         done
+      done ;;
+    reward)  # issue 32: reward models on the device: the reward op and the padded embedding backward against their CPU
+      # twins; `dump --reward` on CUDA against the CPU (the score head's one-column GEMMs); the demo's reward model
+      # trained with LoRA and in full (held-out loss, accuracy, margin)
+      timeout 120 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaPreference*:CudaOps.Embedding*' \
+        > "$OUT/reward-tests.log" 2>&1
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|OK \]" "$OUT/reward-tests.log"
+      "$B/soltrain" demo-setup --out runs/demo-data > /dev/null 2>&1
+      timeout 120 python3 tests/tools/check_reward_cuda.py "$B/soltrain" runs/demo-data/model > "$OUT/reward-check.log" 2>&1
+      cat "$OUT/reward-check.log" | tail -16
+      for lora in true false; do
+        timeout 150 "$B/soltrain" dpo examples/reward-demo.yaml --set device=cuda --set lora=$lora \
+          --set output_dir=../runs/reward-demo-$lora > "$OUT/reward-demo-lora-$lora.log" 2>&1
+        echo "reward lora=$lora: $(grep -E "^step (0|100):|validation loss .* ->|error|tok/s" "$OUT/reward-demo-lora-$lora.log" | tail -4 | cut -c1-160 | tr '\n' ' ')"
       done ;;
     offgrads)  # offload_grads: the CUDA tests (bitwise the resident run), then Qwen3-8B full fine-tuning with 8-bit
       # AdamW, the masters and moments offloaded, with and without the layers' gradients (device memory and speed)
