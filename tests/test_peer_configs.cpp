@@ -587,6 +587,36 @@ TEST(PeerConfigs, AxolotlKtoTrainsOnUnpairedExamples) {
   }
 }
 
+// TRL's KTO variant loss_type apo_zero_unpaired on the same example: no KL estimate (each KL document is one token,
+// never scored), the line says so; under rl: dpo the loss type is one line.
+TEST(PeerConfigs, AxolotlKtoApoZeroUnpairedMakesNoKlEstimate) {
+  PeerSetup s;
+  {
+    std::ofstream k(s.t.path / "kto.jsonl");
+    for (int i = 0; i < 8; ++i)
+      k << R"({"prompt": "Reverse w)" << i << R"(", "completion": ")" << i << R"(w", "label": )"
+        << (i % 3 ? "true" : "false") << "}\n";
+  }
+  const fs::path cfg = s.config("axolotl-llama-3-qlora-1b-kto.yaml", "kto.jsonl", "llama");
+  const test::CliRun r = s.sft(cfg, "--set max_steps=1 --set loss_type=apo_zero_unpaired");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE((r.out + r.err).find("undesirable_weight 1; loss_type apo_zero_unpaired (no KL estimate); LoRA r32"),
+            std::string::npos)
+      << r.out << r.err;
+  fs::path prepared;
+  for (const auto& e : fs::recursive_directory_iterator(s.t.path))
+    if (e.is_directory() && e.path().filename().string().starts_with("dpo-train-0-")) prepared = e.path();
+  ASSERT_FALSE(prepared.empty());
+  const ShardSet docs = load_shards(prepared);
+  for (int64_t i = 0; i < 8; ++i)
+    EXPECT_EQ(docs.doc_offsets[size_t(2 * i + 2)] - docs.doc_offsets[size_t(2 * i + 1)], 1);
+  const test::CliRun dpo = s.sft(s.config("axolotl-qwen2-dpo.yaml", "dpo_chat.jsonl"),
+                                 "--set loss_type=apo_zero_unpaired --set max_steps=1");
+  EXPECT_EQ(dpo.code, 2) << dpo.out << dpo.err;
+  EXPECT_NE(dpo.err.find("loss_type apo_zero_unpaired is KTO's (TRL's KTOTrainer): set rl: kto"), std::string::npos)
+      << dpo.err;
+}
+
 // Axolotl's Qwen2 reward-model example (reward_model: true, AutoModelForSequenceClassification with num_labels 1,
 // bradley_terry.chat_template rows: system, input, chosen, rejected as argilla/distilabel-intel-orca-dpo-pairs has
 // them): a Bradley-Terry reward model trained in full, TRL's RewardTrainer metrics logged, saved as the family's

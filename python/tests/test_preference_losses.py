@@ -186,7 +186,8 @@ def completion_logps(model, rows):
     return torch.stack(out)
 
 
-def test_kto_loss_metrics_and_gradients_match_trl(peaked_model, tmp_path):
+@pytest.mark.parametrize("loss_type", ["kto", "apo_zero_unpaired"])
+def test_kto_loss_metrics_and_gradients_match_trl(peaked_model, tmp_path, loss_type):
     import types
     from trl import KTOTrainer
 
@@ -231,14 +232,16 @@ def test_kto_loss_metrics_and_gradients_match_trl(peaked_model, tmp_path):
     trainer = object.__new__(KTOTrainer)
     identity = lambda t: t  # noqa: E731
     trainer.__dict__.update(dict(
-        model=types.SimpleNamespace(training=True), calculate_KL=True, precompute_ref_logps=True, loss_type="kto",
+        model=types.SimpleNamespace(training=True), calculate_KL=loss_type == "kto", precompute_ref_logps=True,
+        loss_type=loss_type,
         beta=0.3, desirable_weight=1.3, undesirable_weight=0.7, aux_loss_enabled=False, _tp_size=1,
         _total_train_tokens=0, _metrics={"train": defaultdict(list)},
         accelerator=types.SimpleNamespace(device=torch.device("cpu"), gather_for_metrics=identity)))
     loss = trainer._compute_loss(fused_head, batch, False)
     loss.backward()
     metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
-    assert metrics["kl"] > 0, metrics  # the floor is not what is compared
+    # kto: the floor is not what is compared; apo_zero_unpaired: TRL makes no KL estimate
+    assert metrics["kl"] > 0 if loss_type == "kto" else metrics["kl"] == 0, metrics
 
     # soltrain's batch: example i in row 2i, its KL document in row 2i + 1; the reference sums from the file
     rows = [r for pair in zip(ex, kl_rows) for r in pair]
@@ -260,7 +263,7 @@ def test_kto_loss_metrics_and_gradients_match_trl(peaked_model, tmp_path):
             (tmp_path / "moved" / f.name).write_bytes(f.read_bytes())
     r = subprocess.run([str(BIN), "dump", "--model", str(tmp_path / "moved"), "--batch",
                         str(tmp_path / "batch.safetensors"), "--out", str(tmp_path / "ours.safetensors"),
-                        "--preference", "kto", "--beta", "0.3", "--desirable-weight", "1.3",
+                        "--preference", loss_type, "--beta", "0.3", "--desirable-weight", "1.3",
                         "--undesirable-weight", "0.7"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     ours = load_file(str(tmp_path / "ours.safetensors"))

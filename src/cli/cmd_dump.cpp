@@ -60,7 +60,9 @@ int dump_preference(const PreferenceDump& d, float beta, Ops& ops, Transformer& 
   // The run's settings as `soltrain dpo` reads them (rl: for the methods TRL gives a trainer of their own), turned
   // into the objective by the run's own preference_objective
   DpoSettings s;
-  s.loss = parse_preference_loss(d.loss, "--preference");
+  // (apo_zero_unpaired: KTO's loss with kl 0, as the config's loss_type reads it)
+  s.apo_zero_unpaired = d.loss == "apo_zero_unpaired";
+  s.loss = s.apo_zero_unpaired ? PreferenceLoss::Kto : parse_preference_loss(d.loss, "--preference");
   if (s.loss == PreferenceLoss::Simpo || s.loss == PreferenceLoss::Orpo || s.loss == PreferenceLoss::Kto)
     s.method = s.loss;
   s.beta = beta;
@@ -265,7 +267,8 @@ std::function<int()> add_dump_command(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--preference", pd->loss,
                 "a preference loss over the batch file's pairs (and ref_nll, prompt_targets as the loss needs): "
-                "sigmoid, ipo, hinge, simpo, orpo or kto (KTO: pairs are each example and its KL document, with the "
+                "sigmoid, ipo, hinge, simpo, orpo, kto or apo_zero_unpaired (KTO: pairs are each example and its KL "
+                "document, with the "
                 "file's desirable labels) (beta from --beta)")
       ->excludes("--grpo");
   c->add_option("--label-smoothing", pd->label_smoothing, "preference: the share of pairs assumed flipped")

@@ -260,17 +260,20 @@ void add_objective_keys(std::vector<KeySpec>& v) {
                                  "yet)");
                   }));
   // loss_type and beta are TRL's names in both trainers: what they set follows the run.
-  v.push_back(only(key("loss_type", "choice",
-                       "sigmoid, ipo, hinge or simpo (dpo); kto (rl: kto); grpo, bnpo, dr_grpo or dapo (grpo)",
-                       "sigmoid (dpo), dapo (grpo)", "the loss (TRL's names)",
-                       [](const Entry& e, const std::string& k, ReadContext& x) {
-                         const std::string s = get_string(e, k);
-                         if (x.mode == TrainMode::kGrpo)
-                           x.c.grpo.loss.loss_type = parse_grpo_loss_type(s, e.where);
-                         else
-                           x.c.dpo.loss = parse_preference_loss(s, e.where), x.c.dpo.loss_given = true;
-                       }),
-                   kDpoBit | kGrpoBit));
+  v.push_back(only(
+      key("loss_type", "choice",
+          "sigmoid, ipo, hinge or simpo (dpo); kto or apo_zero_unpaired (rl: kto); grpo, bnpo, dr_grpo or dapo (grpo)",
+          "sigmoid (dpo), dapo (grpo)", "the loss (TRL's names)",
+          [](const Entry& e, const std::string& k, ReadContext& x) {
+            const std::string s = get_string(e, k);
+            if (x.mode == TrainMode::kGrpo)
+              x.c.grpo.loss.loss_type = parse_grpo_loss_type(s, e.where);
+            else if (s == "apo_zero_unpaired")  // TRL's KTO variant without the KL estimate
+              x.c.dpo.loss = PreferenceLoss::Kto, x.c.dpo.loss_given = x.c.dpo.apo_zero_unpaired = true;
+            else
+              x.c.dpo.loss = parse_preference_loss(s, e.where), x.c.dpo.loss_given = true;
+          }),
+      kDpoBit | kGrpoBit));
   v.push_back(only(aka(key("beta", "number", "a number >= 0 (dpo: > 0)", "0.1 (dpo), 0 (grpo)",
                            "DPO's temperature on the log-ratio margin; GRPO's weight on the KL to the reference",
                            [](const Entry& e, const std::string& k, ReadContext& x) {

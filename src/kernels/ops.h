@@ -105,6 +105,8 @@ struct PreferenceParams {
   PreferenceLoss loss = PreferenceLoss::Sigmoid;
   float beta = 0.1f, label_smoothing = 0, nll_alpha = 0, simpo_gamma = 0.5f;
   float desirable_weight = 1, undesirable_weight = 1;  // KTO's
+  // KTO's KL estimate (TRL's calculate_KL); false: loss_type apo_zero_unpaired, the KTO loss with kl 0
+  bool kto_kl = true;
   float pair_scale = 1, nll_scale = 0;
 };
 // Ints per pair of preference_loss's pairs: chosen (KTO: the example), rejected (KTO: its KL document), their

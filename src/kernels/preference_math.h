@@ -115,7 +115,8 @@ SOLTRAIN_HOST_DEVICE inline void apply_pair(const PreferenceParams& p, const Pai
 }
 
 // KTO's example (model/dpo_objective.h): x = π − ref of its completion (summed log-probs), kl the call's KL
-// estimate. dz = d ℓ / d x; dnll_c = d x / d NLL = −1 (the KL document gets no gradient).
+// estimate (0 for apo_zero_unpaired: desirable 1 − σ(βx), undesirable σ(βx), as TRL writes it). dz = d ℓ / d x; dnll_c
+// = d x / d NLL = −1 (the KL document gets no gradient).
 SOLTRAIN_HOST_DEVICE inline PairResult kto_example(const PreferenceParams& p, double nll, double ref_nll, double kl,
                                                    bool desirable) {
   PairResult r;

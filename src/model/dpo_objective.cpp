@@ -173,6 +173,7 @@ void DpoObjective::add_loss(Ops& ops, const ForwardOutputs& out) {
   p.simpo_gamma = cfg_.simpo_gamma;
   p.desirable_weight = cfg_.desirable_weight;
   p.undesirable_weight = cfg_.undesirable_weight;
+  p.kto_kl = cfg_.kto_kl;
   p.pair_scale = update_pairs_ > 0 ? 1.0f / float(update_pairs_) : 0.0f;
   p.nll_scale = update_chosen_tokens_ > 0 ? 1.0f / float(update_chosen_tokens_) : 0.0f;
   ops.preference_loss(Tensor{doc_weight_.data(), DType::F32, {docs_}, doc_weight_.device()},

@@ -20,6 +20,7 @@ struct DpoConfig {
   // nll_alpha: the chosen answers' mean NLL term's weight (TRL's rpo_alpha for DPO, cpo_alpha for SimPO, 1 for ORPO)
   float beta = 0.1f, label_smoothing = 0, nll_alpha = 0, simpo_gamma = 0.5f;
   float desirable_weight = 1, undesirable_weight = 1;  // KTO's
+  bool kto_kl = true;  // KTO's KL estimate; false: TRL's loss_type apo_zero_unpaired (kl 0, no KL documents needed)
 };
 // sigmoid | ipo | hinge | simpo | orpo | kto
 PreferenceLoss parse_preference_loss(const std::string& s, const std::string& where);

@@ -52,7 +52,9 @@ size_t prompt_length(const Document& d) {
   return n;
 }
 
-int64_t write_unpaired_block(ShardWriter& writer, std::vector<std::pair<Document, bool>>& block, int64_t seq_len) {
+// (`with_kl` false, apo_zero_unpaired: no KL estimate is made, and each KL document is its example's first token)
+int64_t write_unpaired_block(ShardWriter& writer, std::vector<std::pair<Document, bool>>& block, int64_t seq_len,
+                             bool with_kl) {
   int64_t tokens = 0;
   for (size_t i = 0; i < block.size(); ++i) {
     const Document& ex = block[i].first;
@@ -61,8 +63,9 @@ int64_t write_unpaired_block(ShardWriter& writer, std::vector<std::pair<Document
     const size_t p = prompt_length(ex), q = prompt_length(other);
     kl.ids.assign(ex.ids.begin(), ex.ids.begin() + std::ptrdiff_t(p));
     kl.mask.assign(p, 0);
-    for (size_t k = q; k < other.ids.size() && int64_t(kl.ids.size()) < seq_len; ++k)
+    for (size_t k = q; with_kl && k < other.ids.size() && int64_t(kl.ids.size()) < seq_len; ++k)
       kl.ids.push_back(other.ids[k]), kl.mask.push_back(1);
+    if (!with_kl) kl.ids.resize(1), kl.mask.resize(1);
     Document marked = ex;
     if (!block[i].second) marked.mask[0] = kUndesirableMark;
     writer.add(marked);
@@ -93,6 +96,7 @@ ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs:
                        {"format", 1}};
   const bool unpaired = c.dpo.method == PreferenceLoss::Kto;
   if (unpaired) key["preference"]["kto_block"] = c.per_device_train_batch_size;  // the KL documents' blocks
+  if (unpaired && c.dpo.apo_zero_unpaired) key["preference"]["kto_kl"] = false;
   if (shards_match(out, key)) {
     const json m = read_json_file(out / "manifest.json");
     log << "dpo: " << out.string() << " is up to date: reusing " << m.value("pairs", int64_t(0)) << " pairs\n";
@@ -123,7 +127,7 @@ ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs:
         block.emplace_back(enc.encode(u), u.desirable);
         ++pairs;
         if (int(block.size()) == c.per_device_train_batch_size)
-          tokens += write_unpaired_block(writer, block, c.sequence_len);
+          tokens += write_unpaired_block(writer, block, c.sequence_len, !c.dpo.apo_zero_unpaired);
         continue;
       }
       const auto [chosen, rejected] = enc.encode(to_preference_sample(rec, format, f));
@@ -137,7 +141,7 @@ ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs:
       if (skipped++ == 0) first_skip = cat(where, ": ", e.what());
     }
   }
-  if (!block.empty()) tokens += write_unpaired_block(writer, block, c.sequence_len);
+  if (!block.empty()) tokens += write_unpaired_block(writer, block, c.sequence_len, !c.dpo.apo_zero_unpaired);
   if (pairs == 0)
     user_error(spec.path.string(), unpaired ? ": no usable KTO examples" : ": no usable preference pairs",
                skipped ? cat(" (", skipped, " skipped as bad)") : "");

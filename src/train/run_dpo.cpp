@@ -126,8 +126,7 @@ DpoConfig preference_objective(const DpoSettings& s) {
   if (s.method) {  // rl: orpo / simpo / kto chooses the trainer; a loss_type given must be its own
     if (s.loss_given && s.loss != *s.method)
       user_error("loss_type ", preference_loss_name(s.loss), " is not one rl: ", preference_loss_name(*s.method),
-                 " trains (",
-                 *s.method == PreferenceLoss::Kto ? "kto; apo_zero_unpaired is not built yet" : "leave it out", ")");
+                 " trains (", *s.method == PreferenceLoss::Kto ? "kto or apo_zero_unpaired" : "leave it out", ")");
     d.loss = *s.method;
   }
   // Axolotl's order: trl.beta / rl_beta, else orpo_alpha, for every preference method
@@ -138,6 +137,11 @@ DpoConfig preference_objective(const DpoSettings& s) {
                       : d.loss == PreferenceLoss::Kto   ? 0.0
                                                         : s.rpo_alpha);
   d.simpo_gamma = float(s.simpo_gamma);
+  // KTO's losses read unpaired examples with their KL documents: only rl: kto prepares them
+  if (d.loss == PreferenceLoss::Kto && !(s.method && *s.method == PreferenceLoss::Kto))
+    user_error("loss_type ", s.apo_zero_unpaired ? "apo_zero_unpaired" : "kto",
+               " is KTO's (TRL's KTOTrainer): set rl: kto");
+  d.kto_kl = !s.apo_zero_unpaired;
   d.desirable_weight = float(s.desirable_weight);
   d.undesirable_weight = float(s.undesirable_weight);
   return d;
@@ -191,7 +195,9 @@ RunResult run_dpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks h
   log << "dpo: " << preference_loss_name(objective.loss) << " loss, beta " << objective.beta
       << (objective.loss == PreferenceLoss::Simpo ? cat(", simpo_gamma ", objective.simpo_gamma) : "")
       << (kto ? cat(", desirable_weight ", objective.desirable_weight, ", undesirable_weight ",
-                    objective.undesirable_weight, "; examples in order with their KL documents")
+                    objective.undesirable_weight,
+                    objective.kto_kl ? "; examples in order with their KL documents"
+                                     : "; loss_type apo_zero_unpaired (no KL estimate)")
               : "")
       << (objective.label_smoothing > 0 ? cat(", label_smoothing ", objective.label_smoothing) : "")
       << (objective.nll_alpha > 0 ? cat(", ", nll_name, objective.nll_alpha) : "") << "; "

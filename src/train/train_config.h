@@ -41,6 +41,7 @@ struct DpoSettings {
   std::optional<PreferenceLoss> method;
   double beta = 0.1, label_smoothing = 0, rpo_alpha = 0;
   double desirable_weight = 1, undesirable_weight = 1;  // KTO's (Axolotl: kto_desirable_weight, ...)
+  bool apo_zero_unpaired = false;           // loss_type apo_zero_unpaired (rl: kto): KTO's loss with the KL estimate 0
   bool beta_given = false;                  // beta (rl_beta) set: Axolotl's orpo_alpha then does not replace it
   std::optional<double> orpo_alpha;         // Axolotl's: beta when beta is not given (meant for ORPO)
   double cpo_alpha = 1, simpo_gamma = 0.5;  // TRL's CPOConfig: SimPO's NLL term's weight and target margin

@@ -38,7 +38,7 @@ void CpuOps::preference_loss(Tensor doc_weight, Tensor stats, const Tensor& doc_
       SOLTRAIN_CHECK(k >= 0 && k < D, "preference_loss: pair ", i, " names document ", k, " of ", D);
       kl_sum += double(ref[k]) - double(nll[k]);
     }
-    const double kl = P > 0 ? std::fmax(kl_sum / double(P), 0.0) : 0.0;
+    const double kl = P > 0 && p.kto_kl ? std::fmax(kl_sum / double(P), 0.0) : 0.0;
     for (int64_t i = 0; i < P; ++i) {
       const int32_t* f = pr + kPairFields * i;
       SOLTRAIN_CHECK(f[0] >= 0 && f[0] < D && f[0] != f[1], "preference_loss: pair ", i, " names document ", f[0]);

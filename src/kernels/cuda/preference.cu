@@ -31,7 +31,7 @@ __global__ void preference_loss_kernel(float* w, double* stats, const float* nll
       if (int(threadIdx.x) < half) s[threadIdx.x] += s[threadIdx.x + half];
       __syncthreads();
     }
-    kl = P > 0 ? fmax(s[0] / double(P), 0.0) : 0.0;
+    kl = P > 0 && p.kto_kl ? fmax(s[0] / double(P), 0.0) : 0.0;
   }
   __syncthreads();  // a pair's weights are written after every document's zero (and s is read before reuse)
   for (int i = threadIdx.x; i < P; i += blockDim.x) {
