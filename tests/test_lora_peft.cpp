@@ -175,7 +175,7 @@ std::filesystem::path adapter_with(const TempDir& t, const std::string& key, con
 TEST(LoraPeft, UnsupportedAdapterFeaturesAreUserErrors) {
   TempDir t;
   const std::vector<std::pair<std::string, nlohmann::json>> cases = {{"use_dora", true},
-                                                                     {"modules_to_save", {"lm_head"}},
+                                                                     {"modules_to_save", {"classifier"}},
                                                                      {"bias", "all"},
                                                                      {"rank_pattern", {{"q_proj", 8}}},
                                                                      {"alpha_pattern", {{"q_proj", 8}}},

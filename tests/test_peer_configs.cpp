@@ -139,14 +139,43 @@ TEST(PeerConfigs, AxolotlLlama3FullFineTuneRunsWith8bitAdamW) {
   EXPECT_TRUE(fs::exists(s.t.path / "out" / "model" / "model.safetensors")) << all;
 }
 
-// Llama 3 8B LoRA over an 8-bit base with embed/lm_head trained next to it: the missing feature named in one
-// line, exit 2 (its 8-bit base and 8-bit AdamW are not among them).
-TEST(PeerConfigs, AxolotlLlama3Lora8bNamesTheMissingFeatures) {
+// Llama 3 8B LoRA over an 8-bit base with embed_tokens and lm_head trained next to it (lora_modules_to_save, PEFT's
+// modules_to_save): on an untied model it trains and the adapter holds both in full under PEFT's names; on a tied
+// one (the stand-in as written) it is one line, exit 2.
+TEST(PeerConfigs, AxolotlLlama3Lora8bTrainsEmbeddingAndHeadBesideTheAdapters) {
   PeerSetup s;
   const fs::path cfg = s.config("axolotl-llama-3-lora-8b.yml");
-  const test::CliRun r = test::run("sft " + cfg.string(), s.t);
-  EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_EQ(r.err, problems(cfg, {{31, "lora_modules_to_save: training full modules next to LoRA is not built yet"}}));
+  const test::CliRun tied = test::run("sft " + cfg.string(), s.t);
+  EXPECT_EQ(tied.code, 2) << tied.out << tied.err;
+  EXPECT_NE(tied.err.find("ties its embedding and LM head, and PEFT would train two untied copies"), std::string::npos)
+      << tied.err;
+  {  // untie the stand-in: its own lm_head (the embedding's values), tie_word_embeddings false
+    const fs::path m = s.t.path / "model";
+    nlohmann::json config = nlohmann::json::parse(read_text(m / "config.json"));
+    config["tie_word_embeddings"] = false;
+    test::write_text(m / "config.json", config.dump(2));
+    std::vector<std::vector<float>> store;
+    std::vector<NamedTensor> tensors;
+    {
+      const SafetensorsFile f(m / "model.safetensors");
+      for (const auto& [name, e] : f.entries()) {
+        store.emplace_back(size_t(shape_numel(e.shape)));
+        read_as_f32(e, e.shape, store.back().data(), name);
+        tensors.push_back({name, Tensor{store.back().data(), DType::F32, e.shape, Device::CPU}});
+        if (name == "model.embed_tokens.weight")
+          tensors.push_back({"lm_head.weight", Tensor{store.back().data(), DType::F32, e.shape, Device::CPU}});
+      }
+    }
+    write_safetensors(m / "model.safetensors", tensors);
+    s.guard.changed_on_purpose();
+  }
+  const test::CliRun r = test::run("sft " + cfg.string() + " --set max_steps=2", s.t);
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const SafetensorsFile adapter(s.t.path / "out" / "adapter" / "adapter_model.safetensors");
+  EXPECT_TRUE(adapter.find("base_model.model.model.embed_tokens.weight"));
+  EXPECT_TRUE(adapter.find("base_model.model.lm_head.weight"));
+  const nlohmann::json acfg = nlohmann::json::parse(read_text(s.t.path / "out" / "adapter" / "adapter_config.json"));
+  EXPECT_EQ(acfg["modules_to_save"], nlohmann::json({"embed_tokens", "lm_head"}));
 }
 
 // Llama 3.2 1B QLoRA: the 4-bit base asked for twice (load_in_4bit, adapter: qlora) trains LoRA over NF4, and
@@ -217,14 +246,18 @@ TEST(PeerConfigs, AxolotlLlama3LoraKernelsRunsToTheEnd) {
   EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << all;
 }
 
-// Sequential packing with curriculum sampling: modules_to_save is named; without it the documents are trained
-// (over the example's 8-bit base) in the datasets' order (the first micro-batch starts with the first record).
+// Sequential packing with curriculum sampling: modules_to_save on the tied stand-in is named; without it the documents
+// are trained (over the example's 8-bit base) in the datasets' order (the first micro-batch starts with the first
+// record).
 TEST(PeerConfigs, AxolotlSamplePackingSequentiallyTrainsInOrder) {
   PeerSetup s;
   const fs::path cfg = s.config("axolotl-llama-3-lora-1b-sample-packing-sequentially.yml", "alpaca.jsonl", "llama");
   const test::CliRun r = s.sft(cfg);
   EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_EQ(r.err, problems(cfg, {{37, "lora_modules_to_save: training full modules next to LoRA is not built yet"}}));
+  // (the stand-in ties its embedding and LM head: training them beside LoRA is refused there, in one line)
+  EXPECT_NE(r.err.find("error: lora_modules_to_save: Qwen3ForCausalLM ties its embedding and LM head"),
+            std::string::npos)
+      << r.err;
   const fs::path dump = s.t.path / "batches";
   const std::string sets = "--set lora_modules_to_save=null --set max_steps=1";
   const test::CliRun ok = s.sft(cfg, sets + " --dump-batches " + dump.string());
@@ -273,14 +306,18 @@ TEST(PeerConfigs, AxolotlConfigsLeaveOverlongDocumentsOut) {
       << raise.err;
 }
 
-// The same dataset twice with dataset_exact_deduplication: modules_to_save is named; without it the second
+// The same dataset twice with dataset_exact_deduplication: modules_to_save on the tied stand-in is named; without
+// it the second
 // copy's 40 documents are dropped.
 TEST(PeerConfigs, AxolotlDeduplicateDropsTheSecondCopy) {
   PeerSetup s;
   const fs::path cfg = s.config("axolotl-llama-3-lora-1b-deduplicate-sft.yml", "alpaca.jsonl", "llama");
   const test::CliRun r = s.sft(cfg);
   EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_EQ(r.err, problems(cfg, {{35, "lora_modules_to_save: training full modules next to LoRA is not built yet"}}));
+  // (the stand-in ties its embedding and LM head: training them beside LoRA is refused there, in one line)
+  EXPECT_NE(r.err.find("error: lora_modules_to_save: Qwen3ForCausalLM ties its embedding and LM head"),
+            std::string::npos)
+      << r.err;
   const test::CliRun ok = s.sft(cfg, "--set lora_modules_to_save=null --set max_steps=1");
   ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
   const std::string all = ok.out + ok.err;

@@ -438,6 +438,18 @@ void add_adapter_keys(std::vector<KeySpec>& v) {
                         unknown_key(e.where, s, known, "lora_target_modules entry");
                     x.c.lora.target_modules = m;
                   }));
+  v.push_back(key("lora_modules_to_save", "list", "a list of embed_tokens, lm_head", "",
+                  "Axolotl's (PEFT's modules_to_save): the embedding / LM head trained in full beside the adapters "
+                  "and saved with them (not on tied embeddings)",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    static const std::vector<std::string> known = {"embed_tokens", "lm_head"};
+                    for (const std::string& s : get_string_list(e, k))
+                      if (std::find(known.begin(), known.end(), s) == known.end())
+                        unknown_key(e.where, s, known, "lora_modules_to_save entry");
+                      else if (std::find(x.c.lora.modules_to_save.begin(), x.c.lora.modules_to_save.end(), s) ==
+                               x.c.lora.modules_to_save.end())
+                        x.c.lora.modules_to_save.push_back(s);
+                  }));
   v.push_back(flag("use_rslora", FIELD(lora.use_rslora), "rank-stabilised scale alpha / sqrt(rank)"));
   v.push_back(flag("merge_adapter", FIELD(merge_adapter),
                    "Surogate's: the trained adapter also folded into the base, written to output_dir/merged"));

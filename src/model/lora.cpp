@@ -28,6 +28,11 @@ void LoraConfig::validate(const std::string& source) const {
     if (std::find(kLoraModuleNames.begin(), kLoraModuleNames.end(), m) == kLoraModuleNames.end())
       user_error(source, ": lora target module '", m,
                  "' is not supported: use q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj or down_proj");
+  for (const std::string& m : modules_to_save)
+    if (m != "embed_tokens" && m != "lm_head")
+      user_error(source, ": modules_to_save '", m,
+                 "': soltrain trains embed_tokens and lm_head in full beside the "
+                 "adapters");
   if (offload_base && base_format != WeightFormat::Dense)
     user_error(source, ": offload_weights streams a bf16 base; a quantised QLoRA base (",
                weight_format_name(base_format), ") stays on the device: drop one of them");

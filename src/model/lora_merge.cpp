@@ -155,6 +155,21 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
     const bool stored_fp8 = fp8 && stored_as_fp8(base, name);
     if (fp8 && name.ends_with("_scale_inv") && stored_as_fp8(base, name.substr(0, name.size() - 10))) continue;
     const DType out_dtype = stored_fp8 ? DType::BF16 : e.dtype;
+    // a module trained in full beside the adapters (modules_to_save: embed_tokens, lm_head) replaces the base's
+    if (const std::string saved = "base_model.model." + name; adapter.find(saved)) {
+      if (adapter.at(saved).shape != e.shape)
+        user_error(adapter_file.string(), ": ", saved, " is ", shape_str(adapter.at(saved).shape), ", ", name, " ",
+                   shape_str(e.shape));
+      used.insert(saved);
+      tensors.push_back({name, e.dtype, e.shape, [&adapter, saved, dtype = e.dtype](void* dst) {
+                           const TensorEntry& se = adapter.at(saved);
+                           std::vector<float> w(size_t(shape_numel(se.shape)));
+                           read_as_f32(se, se.shape, w.data(), saved);
+                           const std::vector<char> bytes = encode(w, dtype);
+                           std::memcpy(dst, bytes.data(), bytes.size());
+                         }});
+      continue;
+    }
     auto it = deltas.find(name);
     if (it == deltas.end() && stored_fp8) {
       tensors.push_back({name, out_dtype, e.shape, [&base, name](void* dst) {

@@ -72,7 +72,6 @@ LoraConfig read_adapter_config(const fs::path& adapter_dir) {
   // Features that change the math or the tensor set; silently ignoring any of them would give wrong outputs.
   const std::pair<const char*, const char*> unsupported[] = {
       {"use_dora", "DoRA"},
-      {"modules_to_save", "fully trained extra modules (modules_to_save)"},
       {"layers_to_transform", "adapting a subset of layers (layers_to_transform)"},
       {"layer_replication", "layer_replication"},
       {"fan_in_fan_out", "fan_in_fan_out (Conv1D-style weights)"},
@@ -130,6 +129,9 @@ LoraConfig read_adapter_config(const fs::path& adapter_dir) {
       }
     }
     read_expert_targets(cfg, lora, src);
+    if (!unset(cfg, "modules_to_save"))  // (the model checks them: embed_tokens, lm_head, untied)
+      for (const std::string& m : cfg.at("modules_to_save").get<std::vector<std::string>>())
+        lora.modules_to_save.push_back(m);
   } catch (const nlohmann::json::exception& e) {
     user_error(src, ": ", e.what());
   }
@@ -251,7 +253,9 @@ nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& ba
            {"megatron_config", nullptr},
            {"megatron_core", "megatron.core"},
            // (PEFT's SEQ_CLS task keeps its classification heads in full: modules_to_save ["classifier", "score"])
-           {"modules_to_save", classifier ? J::array({"classifier", "score"}) : J(nullptr)},
+           {"modules_to_save", classifier                     ? J::array({"classifier", "score"})
+                               : lora.modules_to_save.empty() ? J(nullptr)
+                                                              : J(lora.modules_to_save)},
            {"monteclora_config", nullptr},
            {"peft_type", "LORA"},
            {"peft_version", "0.21.0"},

@@ -80,18 +80,29 @@ struct Transformer::Activations {
 void add_model_parameters(ParameterStore& ps, const ModelConfig& c, const std::optional<LoraConfig>& lora) {
   const bool base_trains = !lora;
   const int outer = c.num_layers;  // the group of the embedding, final norm and LM head
-  ps.add(kEmbed, {c.vocab_size, c.hidden_size}, base_trains, outer);
+  ps.add(kEmbed, {c.vocab_size, c.hidden_size}, base_trains || lora->saves("embed_tokens"), outer);
   for (int l = 0; l < c.num_layers; ++l) add_layer_parameters(ps, c, l, lora);
   ps.add(kFinalNorm, {c.hidden_size}, base_trains, outer);
   // A classifier's score head trains under LoRA too (PEFT's modules_to_save for SEQ_CLS: it starts untrained)
   if (c.num_labels > 0)
     ps.add(kScore, {c.num_labels, c.hidden_size}, true, outer);
   else if (!c.tie_word_embeddings)
-    ps.add(kLmHead, {c.vocab_size, c.hidden_size}, base_trains, outer);
+    ps.add(kLmHead, {c.vocab_size, c.hidden_size}, base_trains || lora->saves("lm_head"), outer);
   if (lora)
     for (int l = 0; l < c.num_layers; ++l) add_lora_parameters(ps, c, l, *lora);
   if (lora && lora->offload_base)
     ps.keep_frozen_on_host(WeightStream::streamed_layers(c.num_layers, lora->offload_resident_layers));
+}
+
+std::string modules_to_save_refusal(const std::vector<std::string>& modules, const ModelConfig& c) {
+  if (modules.empty()) return "";
+  if (c.tie_word_embeddings)
+    return cat("lora_modules_to_save: ", c.architecture, " ties its embedding and LM head, and PEFT would train two ",
+               "untied copies of them; training tied modules beside LoRA is not built yet");
+  if (c.num_labels > 0)
+    return "lora_modules_to_save on a reward model (its score head already trains beside the adapters) is not built "
+           "yet";
+  return "";
 }
 
 Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig> lora, bool gradients)
@@ -99,6 +110,8 @@ Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig>
   const auto& c = config_;
   const int64_t hd = c.head_dim;
   if (lora_) lora_->validate("lora config");
+  if (lora_)
+    if (const std::string why = modules_to_save_refusal(lora_->modules_to_save, c); !why.empty()) user_error(why);
   if (hd > ops.max_attention_head_dim())
     user_error("head_dim ", hd, " is not supported on ", ops.device() == Device::CUDA ? "CUDA" : "this device",
                " yet (at most ", ops.max_attention_head_dim(), ")");

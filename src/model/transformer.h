@@ -247,6 +247,10 @@ class Transformer {
 // host memory with its offload_base), then the adapters.
 void add_model_parameters(ParameterStore& ps, const ModelConfig& c, const std::optional<LoraConfig>& lora);
 
+// Why `modules` (LoRA's modules_to_save) cannot train beside the adapters of a model of config `c`, or "" (the run's
+// early check and the model's own say it alike).
+std::string modules_to_save_refusal(const std::vector<std::string>& modules, const ModelConfig& c);
+
 // Checks every id and target against the vocabulary; errors name `source`.
 void validate_batch(const HostBatch& b, int vocab_size, const std::string& source);
 

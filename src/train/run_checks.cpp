@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "model/config.h"
+#include "model/transformer.h"
 
 namespace fs = std::filesystem;
 
@@ -14,7 +15,13 @@ void check_run_inputs(const TrainConfig& c) {
   if (!fs::is_directory(c.model, ec))
     user_error("model: ", c.model.string(), ": ", fs::exists(c.model, ec) ? "is not a folder" : "no such folder",
                " (expected a Hugging Face model folder with config.json, the weights and tokenizer.json)");
-  const ModelConfig m = load_model_config(c.model);
+  ModelConfig m = load_model_config(c.model);
+  if (m.num_labels > 0 && !c.dpo.reward_model)
+    user_error(c.model.string(), ": ", m.architecture,
+               " is a sequence classifier (a reward model): train it with reward_model: true");
+  if (c.dpo.reward_model) make_sequence_classifier(m, 1, m.pad_token_id);
+  if (c.lora.enabled)
+    if (const std::string why = modules_to_save_refusal(c.lora.modules_to_save, m); !why.empty()) user_error(why);
   if (c.sequence_len > m.max_position_embeddings)
     user_error("sequence_len ", c.sequence_len, " is longer than the model's max_position_embeddings (",
                m.max_position_embeddings, ", ", (c.model / "config.json").string(),

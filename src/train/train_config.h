@@ -88,6 +88,7 @@ struct LoraSettings {  // as written in the YAML; the model layer's LoraConfig i
   int rank = 16;
   double alpha = 32, dropout = 0.0;
   std::vector<std::string> target_modules = all_lora_module_names();
+  std::vector<std::string> modules_to_save;  // Axolotl's lora_modules_to_save: embed_tokens, lm_head
   // Given as PEFT's `all-linear` (or Axolotl's lora_target_linear): every linear layer, which on an MoE model
   // PEFT takes to include the router and Qwen2-MoE's shared_expert_gate (model/transformer.cpp refuses it there).
   bool all_linear = false;

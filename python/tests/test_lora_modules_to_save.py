@@ -1,0 +1,89 @@
+"""LoRA with modules trained in full beside the adapters (PEFT's modules_to_save, Axolotl's lora_modules_to_save:
+embed_tokens and lm_head) against PEFT itself, live on CPU: a PEFT adapter whose saved embedding and LM head differ
+from the base's is read (`soltrain dump --adapter`) with the same logits, loss, adapter gradients and the full
+modules' gradients as PEFT's, written back under PEFT's names with modules_to_save in its config, and merged into
+the weights PEFT's merge_and_unload gives; a tied model is one line."""
+import json
+import subprocess
+
+import pytest
+
+from conftest import BIN, randomize, reference_batch, rel
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+
+def tiny(tmp_path, tied):
+    torch.manual_seed(13)
+    config = transformers.Qwen3Config(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                      max_position_embeddings=128, tie_word_embeddings=tied,
+                                      attn_implementation="eager")
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    randomize(model)
+    model.save_pretrained(tmp_path / "model")
+    return transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32,
+                                                             attn_implementation="eager")
+
+
+def test_modules_saved_in_full_match_peft(tmp_path):
+    model = tiny(tmp_path, tied=False)
+    pm = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                    modules_to_save=["embed_tokens", "lm_head"]))
+    with torch.no_grad():  # the adapters and the trained copies away from the base
+        for n, p in pm.named_parameters():
+            if "lora_" in n or "modules_to_save" in n:
+                p.add_(torch.randn_like(p) * 0.1)
+    pm.save_pretrained(tmp_path / "adapter")
+    ids, targets = reference_batch(300, masked=False)
+    save_file({"input_ids": ids.int(), "targets": targets.int()}, str(tmp_path / "batch.safetensors"))
+    subprocess.run([str(BIN), "dump", "--model", str(tmp_path / "model"), "--adapter", str(tmp_path / "adapter"),
+                    "--batch", str(tmp_path / "batch.safetensors"), "--out", str(tmp_path / "ours.safetensors"),
+                    "--save-adapter", str(tmp_path / "again")], check=True, capture_output=True)
+    ours = load_file(str(tmp_path / "ours.safetensors"))
+    pm.train(False)
+    out = pm(input_ids=ids)
+    loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+    loss.backward()
+    assert rel(ours["logits"].reshape(out.logits.shape), out.logits.detach()) <= 1e-5
+    assert abs(float(ours["loss"].flatten()[0]) - loss.item()) / loss.item() <= 1e-6
+    grads = {}
+    for n, p in pm.named_parameters():
+        if p.grad is None:
+            continue
+        n = n.replace(".default", "")
+        grads[n.replace("base_model.model.", "", 1).replace(".modules_to_save", "") if "modules_to_save" in n else n] = p
+    assert sorted("grad." + n for n in grads) == sorted(n for n in ours if n.startswith("grad."))
+    for name, p in grads.items():
+        assert rel(ours["grad." + name], p.grad) <= 1e-4, name
+    assert {"grad.model.embed_tokens.weight", "grad.lm_head.weight"} <= set(ours)
+    # written back as PEFT writes it
+    theirs, again = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors")), load_file(
+        str(tmp_path / "again" / "adapter_model.safetensors"))
+    assert sorted(theirs) == sorted(again) and all(torch.equal(theirs[k], again[k]) for k in theirs)
+    cfg = json.loads((tmp_path / "again" / "adapter_config.json").read_text())
+    assert sorted(cfg["modules_to_save"]) == ["embed_tokens", "lm_head"]
+    # merged: PEFT's merge_and_unload's weights
+    subprocess.run([str(BIN), "merge", "--model", str(tmp_path / "model"), "--adapter", str(tmp_path / "adapter"),
+                    "--out", str(tmp_path / "merged")], check=True, capture_output=True)
+    merged = load_file(str(tmp_path / "merged" / "model.safetensors"))
+    want = pm.merge_and_unload().state_dict()
+    for k in ["model.embed_tokens.weight", "lm_head.weight", "model.layers.1.self_attn.q_proj.weight"]:
+        assert rel(merged[k].float(), want[k]) <= 1e-6, k
+    base = load_file(str(tmp_path / "model" / "model.safetensors"))
+    assert rel(merged["lm_head.weight"].float(), base["lm_head.weight"].float()) > 1e-3  # the trained copy, not the base's
+
+
+def test_tied_embeddings_are_one_line(tmp_path):
+    model = tiny(tmp_path, tied=True)
+    pm = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"]))
+    pm.save_pretrained(tmp_path / "adapter")
+    ids, targets = reference_batch(300, masked=False)
+    save_file({"input_ids": ids.int(), "targets": targets.int()}, str(tmp_path / "batch.safetensors"))
+    r = subprocess.run([str(BIN), "dump", "--model", str(tmp_path / "model"), "--adapter", str(tmp_path / "adapter"),
+                        "--batch", str(tmp_path / "batch.safetensors"), "--out", str(tmp_path / "o.safetensors")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "ties its embedding and LM head" in r.stderr.strip().splitlines()[-1], r.stderr
