@@ -22,8 +22,7 @@ std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops, std:
   if (classifier)
     make_sequence_classifier(config, 1, classifier->pad_token_id);
   else if (config.num_labels > 0)
-    user_error(dir.string(), ": ", config.architecture,
-               " is a sequence classifier (a reward model): train it with reward_model: true");
+    refuse_classifier(dir, config);
   check_config_fits_checkpoint(config, CheckpointReader(dir), dir);  // before anything is allocated
   // (an uneven split is refused with the ranks in view: Transformer::set_expert_parallel)
   if (share.of > 1 && lora && config.moe_layers() > 0 && config.moe.num_experts % share.of == 0) {

@@ -243,6 +243,12 @@ void make_sequence_classifier(ModelConfig& c, int num_labels, int pad_token_id) 
   c.raw["pad_token_id"] = pad_token_id;
 }
 
+void refuse_classifier(const std::filesystem::path& dir, const ModelConfig& c) {
+  user_error(dir.string(), ": ", c.architecture,
+             " is a sequence classifier (a reward model): train it with "
+             "reward_model: true");
+}
+
 ModelConfig load_model_config(const std::filesystem::path& model_dir) {
   const auto path = model_dir / "config.json";
   if (!std::filesystem::exists(path))

@@ -115,6 +115,8 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& where
 // AutoModelForSequenceClassification makes of it, raw included: architectures, id2label / label2id and
 // pad_token_id as saves must say them). A classifier's config is kept, its pad_token_id set.
 void make_sequence_classifier(ModelConfig& c, int num_labels, int pad_token_id);
+// A classifier folder read where a causal LM is expected: the one line that says so (UserError).
+[[noreturn]] void refuse_classifier(const std::filesystem::path& dir, const ModelConfig& c);
 ModelConfig load_model_config(const std::filesystem::path& model_dir);
 
 // RoPE inverse frequencies (head_dim / 2 of them) in fp32, computed as transformers does.

@@ -16,9 +16,7 @@ void check_run_inputs(const TrainConfig& c) {
     user_error("model: ", c.model.string(), ": ", fs::exists(c.model, ec) ? "is not a folder" : "no such folder",
                " (expected a Hugging Face model folder with config.json, the weights and tokenizer.json)");
   ModelConfig m = load_model_config(c.model);
-  if (m.num_labels > 0 && !c.dpo.reward_model)
-    user_error(c.model.string(), ": ", m.architecture,
-               " is a sequence classifier (a reward model): train it with reward_model: true");
+  if (m.num_labels > 0 && !c.dpo.reward_model) refuse_classifier(c.model, m);
   if (c.dpo.reward_model) make_sequence_classifier(m, 1, m.pad_token_id);
   if (c.lora.enabled)
     if (const std::string why = modules_to_save_refusal(c.lora.modules_to_save, m); !why.empty()) user_error(why);
