@@ -13,6 +13,7 @@
 #include "model/checkpoint.h"
 #include "model/dpo_objective.h"
 #include "model/peft_adapter.h"
+#include "train/pair_run_driver.h"
 #include "train/preference_data.h"
 #include "train/run_builder.h"
 #include "train/run_training.h"
@@ -55,26 +56,21 @@ DpoMetrics evaluate_pairs(Transformer& model, DpoObjective& dpo, const std::vect
 }
 
 // DPO in the loop: pairs from the PairLoader, DpoStep's update, TRL's metrics read back from the objective.
-class DpoDriver final : public RunDriver {
+class DpoDriver final : public PairRunDriver {
  public:
   DpoDriver(const TrainConfig& c, const DpoConfig& objective, Ops& ops, Transformer& model, PairLoader& loader,
             std::vector<HostBatch> val)
-      : c_(c),
+      : PairRunDriver(c, loader, std::move(val)),
         ops_(ops),
         model_(model),
-        loader_(loader),
-        val_(std::move(val)),
         dcfg_(objective),
         dpo_(ops, dcfg_, int64_t(2 * c.per_device_train_batch_size) * c.sequence_len),
-        eval_dpo_(ops, dcfg_, int64_t(2 * c.per_device_train_batch_size) * c.sequence_len),
-        micro_(size_t(c.gradient_accumulation_steps)) {
+        eval_dpo_(ops, dcfg_, int64_t(2 * c.per_device_train_batch_size) * c.sequence_len) {
     for (const HostBatch& b : val_) val_tokens_ += b.counted();  // the answers' counted targets: eval_tokens
   }
   void update(TrainStep& step, int64_t done, float lr) override {
-    for (HostBatch& b : micro_) b = loader_.next();
-    if (!c_.dump_batches.empty()) save_update_batches(c_.dump_batches, done + 1, micro_);
     DpoStep objective(dpo_);
-    step.run(micro_, lr, -1, &objective);
+    step.run(next_update(done), lr, -1, &objective);
   }
   Readout read(const TrainStep&) override {
     const DpoMetrics m = dpo_.read(ops_);  // waits for the update
@@ -82,16 +78,6 @@ class DpoDriver final : public RunDriver {
     for (auto& load : model_.moe_load()) v.push_back(std::move(load));
     return {m.loss, m.pairs > 0, std::move(v)};
   }
-  // tokens/s counts the chosen and rejected tokens the step ran (rows × sequence_len), as SFT counts its rows
-  double tokens_per_update() const override {
-    return double(2 * c_.per_device_train_batch_size) * c_.sequence_len * c_.gradient_accumulation_steps;
-  }
-  double epoch() const override {
-    return double(loader_.state().epoch) + double(loader_.state().index) / double(loader_.pairs());
-  }
-  LoaderState loader_state() const override { return loader_.state(); }
-  void restore(const LoaderState& s) override { loader_.restore(s); }
-  bool has_validation() const override { return !val_.empty(); }
   std::optional<Evaluation> evaluate() override {
     if (val_.empty()) return std::nullopt;
     const DpoMetrics m = evaluate_pairs(model_, eval_dpo_, val_);
@@ -104,18 +90,13 @@ class DpoDriver final : public RunDriver {
                     m.loss, m.accuracy, m.margin, static_cast<long long>(m.pairs));
     return Evaluation{m.loss, val_tokens_, trl_values(m, dcfg_.loss), line};
   }
-  const char* order_name() const override { return "pair order"; }
 
  private:
-  const TrainConfig& c_;
   Ops& ops_;
   Transformer& model_;
-  PairLoader& loader_;
-  std::vector<HostBatch> val_;
   int64_t val_tokens_ = 0;
   DpoConfig dcfg_;
   DpoObjective dpo_, eval_dpo_;
-  std::vector<HostBatch> micro_;
 };
 
 }  // namespace

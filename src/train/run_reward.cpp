@@ -8,6 +8,7 @@
 #include "data/batch_file.h"
 #include "data/pair_loader.h"
 #include "model/reward_objective.h"
+#include "train/pair_run_driver.h"
 #include "train/preference_data.h"
 #include "train/run_builder.h"
 #include "train/run_dpo.h"
@@ -27,43 +28,29 @@ NamedValues trl_values(const RewardMetrics& m) {
           {"max_reward", m.max_reward}};
 }
 
-class RewardDriver final : public RunDriver {
+class RewardDriver final : public PairRunDriver {
  public:
   RewardDriver(const TrainConfig& c, Ops& ops, PairLoader& loader, Transformer& model, std::vector<HostBatch> val)
-      : c_(c),
+      : PairRunDriver(c, loader, std::move(val)),
         ops_(ops),
-        loader_(loader),
         model_(model),
-        val_(std::move(val)),
         reward_(ops, objective_config(c), int64_t(2 * c.per_device_train_batch_size) * c.sequence_len,
                 model.config().pad_token_id),
         eval_(ops, objective_config(c), int64_t(2 * c.per_device_train_batch_size) * c.sequence_len,
-              model.config().pad_token_id),
-        micro_(size_t(c.gradient_accumulation_steps)) {
+              model.config().pad_token_id) {
     for (const HostBatch& b : val_) val_tokens_ += int64_t(b.rows) * b.seq_len;
   }
   static RewardConfig objective_config(const TrainConfig& c) {
     return RewardConfig{float(c.dpo.center_rewards_coefficient)};
   }
   void update(TrainStep& step, int64_t done, float lr) override {
-    for (HostBatch& b : micro_) b = loader_.next();
-    if (!c_.dump_batches.empty()) save_update_batches(c_.dump_batches, done + 1, micro_);
     RewardStep objective(reward_);
-    step.run(micro_, lr, -1, &objective);
+    step.run(next_update(done), lr, -1, &objective);
   }
   Readout read(const TrainStep&) override {
     const RewardMetrics m = reward_.read(ops_);  // waits for the update
     return {m.loss, m.pairs > 0, trl_values(m)};
   }
-  double tokens_per_update() const override {
-    return double(2 * c_.per_device_train_batch_size) * c_.sequence_len * c_.gradient_accumulation_steps;
-  }
-  double epoch() const override {
-    return double(loader_.state().epoch) + double(loader_.state().index) / double(loader_.pairs());
-  }
-  LoaderState loader_state() const override { return loader_.state(); }
-  void restore(const LoaderState& s) override { loader_.restore(s); }
-  bool has_validation() const override { return !val_.empty(); }
   std::optional<Evaluation> evaluate() override {
     if (val_.empty()) return std::nullopt;
     reward_begin_update(eval_, val_);  // the divisor: every validation pair
@@ -74,17 +61,12 @@ class RewardDriver final : public RunDriver {
                   m.accuracy, m.margin, static_cast<long long>(m.pairs));
     return Evaluation{m.loss, val_tokens_, trl_values(m), line};
   }
-  const char* order_name() const override { return "pair order"; }
 
  private:
-  const TrainConfig& c_;
   Ops& ops_;
-  PairLoader& loader_;
   Transformer& model_;
-  std::vector<HostBatch> val_;
   int64_t val_tokens_ = 0;
   RewardObjective reward_, eval_;
-  std::vector<HostBatch> micro_;
 };
 
 }  // namespace
