@@ -132,6 +132,21 @@ def test_loss_metrics_and_gradients_match_trl(classifier, tmp_path, center, pack
     check_full_gradients(ours, trl_grads)
 
 
+def transformers_rewards(model, tok, pairs):
+    """A transformers (or PEFT) sequence classifier's rewards of each pair's chosen and rejected answer, each
+    conversation rendered by the tokenizer's chat template (as the run renders it), one sequence at a time."""
+    model.train(False)
+    rewards = []
+    with torch.no_grad():
+        for r in pairs:
+            for answer in (r["chosen"], r["rejected"]):
+                ids = tok.apply_chat_template([{"role": "user", "content": r["prompt"]},
+                                               {"role": "assistant", "content": answer}], tokenize=True)
+                ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+                rewards.append(float(model(input_ids=torch.tensor([ids])).logits[0, 0]))
+    return torch.tensor(rewards[0::2]), torch.tensor(rewards[1::2])
+
+
 def test_reward_config_trains_a_classifier_transformers_loads(demo, tmp_path):
     """soltrain.RewardConfig (TRL's name) on prompt / chosen / rejected rows from a list: the reward model learns
     (the demo's chosen answer is the reversed prompt), `soltrain dpo` with `reward_model: true` trains the same, and
@@ -167,16 +182,7 @@ def test_reward_config_trains_a_classifier_transformers_loads(demo, tmp_path):
     model = transformers.AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32)
     tok = transformers.AutoTokenizer.from_pretrained(folder)
     assert model.config.num_labels == 1 and model.config.pad_token_id is not None
-    model.train(False)
-    rewards = []
-    with torch.no_grad():
-        for r in val:
-            for answer in (r["chosen"], r["rejected"]):
-                ids = tok.apply_chat_template([{"role": "user", "content": r["prompt"]},
-                                               {"role": "assistant", "content": answer}], tokenize=True)
-                ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-                rewards.append(float(model(input_ids=torch.tensor([ids])).logits[0, 0]))
-    rc, rr = torch.tensor(rewards[0::2]), torch.tensor(rewards[1::2])
+    rc, rr = transformers_rewards(model, tok, val)
     assert float((rc > rr).float().mean()) == pytest.approx(last_eval["eval_accuracy"], abs=1e-6)
     assert float((rc - rr).mean()) == pytest.approx(last_eval["eval_margin"], abs=1e-4)
     loss = float(-torch.nn.functional.logsigmoid(rc - rr).mean())
@@ -218,16 +224,7 @@ def test_lora_reward_model_loads_in_peft(demo, tmp_path):
     base = transformers.AutoModelForSequenceClassification.from_pretrained(demo / "model", num_labels=1,
                                                                            pad_token_id=pad, dtype=torch.float32)
     model = peft.PeftModel.from_pretrained(base, folder)
-    model.train(False)
-    rewards = []
-    with torch.no_grad():
-        for r in val:
-            for answer in (r["chosen"], r["rejected"]):
-                ids = tok.apply_chat_template([{"role": "user", "content": r["prompt"]},
-                                               {"role": "assistant", "content": answer}], tokenize=True)
-                ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-                rewards.append(float(model(input_ids=torch.tensor([ids])).logits[0, 0]))
-    rc, rr = torch.tensor(rewards[0::2]), torch.tensor(rewards[1::2])
+    rc, rr = transformers_rewards(model, tok, val)
     assert float((rc - rr).mean()) == pytest.approx(last_eval["eval_margin"], abs=1e-4)
     assert float(-torch.nn.functional.logsigmoid(rc - rr).mean()) == pytest.approx(last_eval["eval_loss"], abs=1e-4)
 
