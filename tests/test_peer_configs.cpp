@@ -698,6 +698,13 @@ TEST(PeerConfigs, AxolotlRewardModelTrainsASequenceClassifier) {
   EXPECT_NE(causal.err.find("is a sequence classifier (a reward model): train it with reward_model: true"),
             std::string::npos)
       << causal.err;
+  // a preference loss's settings are not silently ignored
+  const test::CliRun beta = s.sft(cfg, "--set rl_beta=0.2 --set loss_type=ipo --set max_steps=1");
+  EXPECT_EQ(beta.code, 2) << beta.out << beta.err;
+  EXPECT_NE(beta.err.find("reward_model: true: loss_type, beta set a preference loss, and a reward model's loss "
+                          "(Bradley-Terry) has no such setting: leave them out"),
+            std::string::npos)
+      << beta.err;
 }
 
 // Surogate's Qwen3 examples with its own spellings: `recompute: false` (a bool there; true is soltrain's full) trains

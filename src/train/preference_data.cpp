@@ -76,6 +76,11 @@ int64_t write_unpaired_block(ShardWriter& writer, std::vector<std::pair<Document
   return tokens;
 }
 
+// The run's name on its log lines: a reward model's preparation says reward.
+const char* log_prefix(const TrainConfig& c) {
+  return c.dpo.reward_model ? "reward: " : "dpo: ";
+}
+
 // One dataset's pairs into `out` (reused when its manifest key matches), returned as documents.
 ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs::path& out, json& key,
                         std::ostream& log) {
@@ -99,7 +104,7 @@ ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs:
   if (unpaired && c.dpo.apo_zero_unpaired) key["preference"]["kto_kl"] = false;
   if (shards_match(out, key)) {
     const json m = read_json_file(out / "manifest.json");
-    log << "dpo: " << out.string() << " is up to date: reusing " << m.value("pairs", int64_t(0)) << " pairs\n";
+    log << log_prefix(c) << out.string() << " is up to date: reusing " << m.value("pairs", int64_t(0)) << " pairs\n";
     return load_shards(out);
   }
   if (unpaired ? !is_unpaired_format(spec.preference_type) : !find_preference_format(spec.preference_type))
@@ -149,11 +154,11 @@ ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs:
   manifest.update({{"documents", 2 * pairs}, {"pairs", pairs}, {"tokens", tokens}, {"skipped_records", skipped}});
   write_file_atomic(staged.path() / "manifest.json", manifest.dump(2) + "\n");
   staged.commit();
-  log << "dpo: wrote " << pairs << (unpaired ? " examples with their KL documents (" : " pairs (") << tokens
+  log << log_prefix(c) << "wrote " << pairs << (unpaired ? " examples with their KL documents (" : " pairs (") << tokens
       << " tokens) to " << out.string() << "\n";
-  if (skipped > 0) log << "dpo: skipped " << skipped << " bad records (first: " << first_skip << ")\n";
+  if (skipped > 0) log << log_prefix(c) << "skipped " << skipped << " bad records (first: " << first_skip << ")\n";
   if (enc.answers_cut() > 0)
-    log << "dpo: " << enc.answers_cut() << " answers were cut to fit sequence_len " << c.sequence_len
+    log << log_prefix(c) << enc.answers_cut() << " answers were cut to fit sequence_len " << c.sequence_len
         << (c.dpo.reward_model ? " (a cut sequence is scored at its last kept token, as Axolotl cuts them; TRL's "
                                  "RewardTrainer drops such pairs: raise sequence_len to keep every answer whole)"
                                : "")

@@ -73,6 +73,18 @@ class RewardDriver final : public PairRunDriver {
 
 RunResult run_reward(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks hooks) {
   SOLTRAIN_CHECK(c.dpo.reward_model, "run_reward without reward_model");
+  // A preference loss's settings mean nothing here (TRL's RewardConfig has none of them): one line, not a no-op.
+  std::string given;
+  for (const auto& [set, key] : {std::pair{c.dpo.loss_given, "loss_type"},
+                                 {c.dpo.beta_given || c.dpo.orpo_alpha.has_value(), "beta"},
+                                 {c.dpo.rpo_alpha != 0, "rpo_alpha"},
+                                 {c.dpo.label_smoothing != 0, "label_smoothing"},
+                                 {c.dpo.precompute_ref, "precompute_ref_log_probs"}})
+    if (set) given += cat(given.empty() ? "" : ", ", key);
+  if (!given.empty())
+    user_error("reward_model: true: ", given,
+               " set a preference loss, and a reward model's loss (Bradley-Terry) has no such setting: leave ",
+               given.find(',') == std::string::npos ? "it" : "them", " out");
   if (c.gpus > 1) user_error("reward_model: data parallel (gpus: ", c.gpus, ") is not built yet; use gpus: 1");
   const std::optional<LoraConfig> lora = lora_config(c);
   // (the score head trains in full beside the adapters and is saved with them, as PEFT's SEQ_CLS task does)
