@@ -347,14 +347,32 @@ TEST(PreferenceObjective, SettingsReadAsAxolotlAndTrl) {
   EXPECT_FLOAT_EQ(preference_objective(s).nll_alpha, 0.2f);
   s.beta = 0.5, s.beta_given = true;
   EXPECT_FLOAT_EQ(preference_objective(s).beta, 0.5f);
+  // another method's setting is one line, not silently unused (rpo_alpha is DPO's; cpo_alpha SimPO's)
+  const auto refused = [](const DpoSettings& x, const std::string& why) {
+    try {
+      preference_objective(x);
+      ADD_FAILURE() << why << " was accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
   s.method = PreferenceLoss::Orpo;
+  refused(s, "rpo_alpha is DPO's NLL term (SimPO's is cpo_alpha, ORPO's is built in); this run trains orpo");
+  s.rpo_alpha = 0;
   EXPECT_EQ(preference_objective(s).loss, PreferenceLoss::Orpo);
   EXPECT_FLOAT_EQ(preference_objective(s).nll_alpha, 1.0f);
   s.method = PreferenceLoss::Simpo;
   s.cpo_alpha = 0.7;
   EXPECT_FLOAT_EQ(preference_objective(s).nll_alpha, 0.7f);
   s.method = PreferenceLoss::Kto;
+  refused(s, "simpo_gamma / cpo_alpha are SimPO's (rl: simpo); this run trains kto");
+  s.cpo_alpha = 1;
   EXPECT_FLOAT_EQ(preference_objective(s).nll_alpha, 0.0f);
+  s.method.reset();
+  s.desirable_weight = 2;
+  refused(s, "desirable_weight / undesirable_weight weigh KTO's examples (rl: kto); this run trains sigmoid");
+  s.desirable_weight = 1;
+  s.method = PreferenceLoss::Kto;
   s.loss_given = true;  // loss_type sigmoid with rl: kto
   try {
     preference_objective(s);

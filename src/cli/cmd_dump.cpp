@@ -68,7 +68,7 @@ int dump_preference(const PreferenceDump& d, float beta, Ops& ops, Transformer& 
   s.beta = beta;
   s.beta_given = true;
   s.label_smoothing = d.label_smoothing;
-  if (d.nll_alpha >= 0) s.rpo_alpha = s.cpo_alpha = d.nll_alpha;
+  if (d.nll_alpha >= 0) (s.loss == PreferenceLoss::Simpo ? s.cpo_alpha : s.rpo_alpha) = d.nll_alpha;
   s.simpo_gamma = d.simpo_gamma;
   s.desirable_weight = d.desirable_weight;
   s.undesirable_weight = d.undesirable_weight;

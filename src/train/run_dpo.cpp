@@ -125,6 +125,17 @@ DpoConfig preference_objective(const DpoSettings& s) {
   d.kto_kl = !s.apo_zero_unpaired;
   d.desirable_weight = float(s.desirable_weight);
   d.undesirable_weight = float(s.undesirable_weight);
+  // Another method's settings would be silently unused here (TRL's config classes have no such field): one line.
+  const bool kto = d.loss == PreferenceLoss::Kto, simpo = d.loss == PreferenceLoss::Simpo;
+  const auto refuse = [&](bool set, const char* keys, const char* whose) {
+    if (set) user_error(keys, " ", whose, "; this run trains ", preference_loss_name(d.loss), ": leave it out");
+  };
+  refuse(!kto && (s.desirable_weight != 1 || s.undesirable_weight != 1), "desirable_weight / undesirable_weight",
+         "weigh KTO's examples (rl: kto)");
+  refuse(!simpo && (s.simpo_gamma != 0.5 || s.cpo_alpha != 1), "simpo_gamma / cpo_alpha", "are SimPO's (rl: simpo)");
+  refuse(s.rpo_alpha != 0 && (kto || simpo || d.loss == PreferenceLoss::Orpo), "rpo_alpha",
+         "is DPO's NLL term (SimPO's is cpo_alpha, ORPO's is built in)");
+  refuse(s.label_smoothing != 0 && (kto || d.loss == PreferenceLoss::Orpo), "label_smoothing", "is DPO's and SimPO's");
   return d;
 }
 
