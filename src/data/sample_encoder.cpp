@@ -200,22 +200,23 @@ Document SampleEncoder::encode(const Sample& s) {
   return d;
 }
 
-std::string read_bos_token(const std::filesystem::path& tokenizer_config) {
+std::string read_special_token(const std::filesystem::path& tokenizer_config, const char* key) {
   const nlohmann::json j = read_json_file(tokenizer_config);
-  auto it = j.find("bos_token");
+  auto it = j.find(key);
   if (it != j.end() && it->is_string()) return it->get<std::string>();
   if (it != j.end() && it->is_object() && it->contains("content") && (*it)["content"].is_string())
     return (*it)["content"].get<std::string>();
   return "";
 }
 
+std::string read_bos_token(const std::filesystem::path& tokenizer_config) {
+  return read_special_token(tokenizer_config, "bos_token");
+}
+
 std::string read_eos_token(const std::filesystem::path& tokenizer_config) {
-  const nlohmann::json j = read_json_file(tokenizer_config);
-  auto it = j.find("eos_token");
-  if (it != j.end() && it->is_string()) return it->get<std::string>();
-  if (it != j.end() && it->is_object() && it->contains("content") && (*it)["content"].is_string())
-    return (*it)["content"].get<std::string>();
-  user_error(tokenizer_config.string(), ": no \"eos_token\" (needed to end text documents)");
+  std::string eos = read_special_token(tokenizer_config, "eos_token");
+  if (eos.empty()) user_error(tokenizer_config.string(), ": no \"eos_token\" (needed to end text documents)");
+  return eos;
 }
 
 }  // namespace soltrain

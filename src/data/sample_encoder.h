@@ -80,7 +80,10 @@ class SampleEncoder {
   std::unordered_set<int32_t> special_;
 };
 
-// tokenizer_config.json's eos_token (a string or {"content": ...}); UserError if absent.
+// tokenizer_config.json's special token `key` (eos_token, bos_token, pad_token: a string or {"content": ...}), ""
+// when absent or null.
+std::string read_special_token(const std::filesystem::path& tokenizer_config, const char* key);
+// tokenizer_config.json's eos_token; UserError if absent.
 std::string read_eos_token(const std::filesystem::path& tokenizer_config);
 // tokenizer_config.json's bos_token, "" when absent or null (Qwen's).
 std::string read_bos_token(const std::filesystem::path& tokenizer_config);

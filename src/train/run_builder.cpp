@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 #include "core/host_memory.h"
-#include "io/json_file.h"
+#include "data/sample_encoder.h"
 #include "model/checkpoint.h"
 #include "model/lora_merge.h"
 #include "model/peft_adapter.h"
@@ -37,16 +37,8 @@ int reward_pad_token_id(const TrainConfig& c) {
   std::string pad;
   if (const auto it = c.special_tokens.find("pad_token"); it != c.special_tokens.end()) pad = it->second;
   const fs::path tc = dir / "tokenizer_config.json";
-  if (pad.empty() && fs::exists(tc)) {
-    const nlohmann::json j = read_json_file(tc);
-    for (const char* key : {"pad_token", "eos_token"}) {
-      const auto t = j.find(key);
-      if (t != j.end() && t->is_string()) pad = t->get<std::string>();
-      if (t != j.end() && t->is_object() && t->contains("content") && (*t)["content"].is_string())
-        pad = (*t)["content"].get<std::string>();
-      if (!pad.empty()) break;
-    }
-  }
+  if (pad.empty() && fs::exists(tc)) pad = read_special_token(tc, "pad_token");
+  if (pad.empty() && fs::exists(tc)) pad = read_special_token(tc, "eos_token");
   if (pad.empty())
     user_error(tc.string(),
                ": no pad_token or eos_token: a reward model needs one to find each sequence's last "

@@ -17,7 +17,7 @@ void check_run_inputs(const TrainConfig& c) {
                " (expected a Hugging Face model folder with config.json, the weights and tokenizer.json)");
   ModelConfig m = load_model_config(c.model);
   if (m.num_labels > 0 && !c.dpo.reward_model) refuse_classifier(c.model, m);
-  if (c.dpo.reward_model) make_sequence_classifier(m, 1, m.pad_token_id);
+  if (c.dpo.reward_model) m.num_labels = 1;  // (the run reads it as its classifier)
   if (c.lora.enabled)
     if (const std::string why = modules_to_save_refusal(c.lora.modules_to_save, m); !why.empty()) user_error(why);
   if (c.sequence_len > m.max_position_embeddings)
