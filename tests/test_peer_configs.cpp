@@ -16,6 +16,7 @@
 #include "io/safetensors.h"
 #include "llama_tokenizer.h"
 #include "test_util.h"
+#include "tokenizer/tokenizer.h"
 
 namespace soltrain {
 namespace {
@@ -705,6 +706,83 @@ TEST(PeerConfigs, AxolotlRewardModelTrainsASequenceClassifier) {
                           "(Bradley-Terry) has no such setting: leave them out"),
             std::string::npos)
       << beta.err;
+}
+
+// Axolotl's qwen2/prm.yaml (a process reward model: TRL's PRMTrainer on stepwise_supervised rows) runs unchanged: the
+// model read as its token classifier with two labels (a new biased score head), each step's label on the last token
+// of the step and its "\n" separator, saved as *ForTokenClassification; what cannot go with it is one line.
+TEST(PeerConfigs, AxolotlProcessRewardModelTrainsATokenClassifier) {
+  PeerSetup s;
+  {
+    std::ofstream a(s.t.path / "shepherd.jsonl"), bad(s.t.path / "shepherd_bad.jsonl");
+    for (int i = 0; i < 24; ++i)
+      a << R"({"prompt": "Add )" << i << R"( and 1.", "completions": ["Take )" << i << R"(.", "Add one: )" << i + 1
+        << R"(."], "labels": [true, )" << (i % 3 ? "true" : "false") << "]}\n";
+    bad << R"({"prompt": "Add 1 and 1.", "completions": ["Two."], "labels": [2]})"
+        << "\n";
+  }
+  const fs::path cfg = s.config("axolotl-qwen2-prm.yaml", "shepherd.jsonl");
+  const test::CliRun r = s.sft(cfg, "--set max_steps=2 --set sequence_len=64 --set micro_batch_size=4");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string all = r.out + r.err;
+  EXPECT_NE(all.find("score.bias is new"), std::string::npos) << all;
+  // the prepared documents: two labels each (the mask byte holds label + 1), each on a step's "\n"
+  fs::path prepared;
+  for (const auto& e : fs::recursive_directory_iterator(s.t.path))
+    if (e.is_directory() && e.path().filename().string().starts_with("train-0-shepherd")) prepared = e.path();
+  ASSERT_FALSE(prepared.empty());
+  const ShardSet docs = load_shards(prepared);
+  ASSERT_TRUE(docs.token_labels);
+  ASSERT_EQ(docs.documents(), 24);
+  Tokenizer tok = Tokenizer::load(s.t.path / "model" / "tokenizer.json");
+  const std::vector<int32_t> newline = tok.encode("\n");
+  ASSERT_EQ(newline.size(), 1u);
+  for (int64_t d = 0; d < 24; ++d) {
+    std::vector<int> labels;
+    for (int64_t i = docs.doc_offsets[size_t(d)]; i < docs.doc_offsets[size_t(d) + 1]; ++i)
+      if (docs.mask[size_t(i)]) {
+        labels.push_back(docs.mask[size_t(i)] - 1);
+        EXPECT_EQ(docs.tokens[size_t(i)], newline[0]) << d;
+      }
+    EXPECT_EQ(labels, (std::vector<int>{1, d % 3 ? 1 : 0})) << d;
+    EXPECT_EQ(docs.mask[size_t(docs.doc_offsets[size_t(d) + 1] - 1)], d % 3 ? 2 : 1) << "the last step's label last";
+  }
+  const fs::path model = s.t.path / "out" / "model";
+  const nlohmann::json config = nlohmann::json::parse(read_text(model / "config.json"));
+  EXPECT_EQ(config["architectures"][0], "Qwen3ForTokenClassification");
+  EXPECT_EQ(config["id2label"], nlohmann::json({{"0", "LABEL_0"}, {"1", "LABEL_1"}}));
+  const CheckpointReader ckpt(model);
+  EXPECT_TRUE(ckpt.has("score.weight") && ckpt.has("score.bias"));
+  EXPECT_FALSE(ckpt.has("lm_head.weight"));
+  // read back as a token classifier (its own head), refused as a causal LM and as a reward model
+  const test::CliRun again = s.sft(cfg, cat("--set max_steps=1 --set sequence_len=64 --set base_model=", model.string(),
+                                            " --set output_dir=", (s.t.path / "out2").string()));
+  EXPECT_EQ(again.code, 0) << again.out << again.err;
+  EXPECT_EQ((again.out + again.err).find("is new"), std::string::npos) << again.out << again.err;
+  const test::CliRun causal =
+      s.sft(s.config("axolotl-llama-3-lora-1b.yml"), cat("--set base_model=", model.string(), " --set max_steps=1"));
+  EXPECT_EQ(causal.code, 2) << causal.out << causal.err;
+  EXPECT_NE(causal.err.find("is a token classifier (a process reward model): train it with process_reward_model: true"),
+            std::string::npos)
+      << causal.err;
+  // stepwise rows without process_reward_model, other rows with it, a label past num_labels, one label: one line each
+  auto refused = [&](const fs::path& c, const std::string& sets, const std::string& line) {
+    const test::CliRun x = s.sft(c, sets + " --set max_steps=1 --set sequence_len=64");
+    EXPECT_EQ(x.code, 2) << sets << x.out << x.err;
+    EXPECT_NE(x.err.find(line), std::string::npos) << sets << x.err;
+  };
+  refused(cfg, "--set process_reward_model=false --set num_labels=null",
+          "stepwise_supervised data (a label per step) trains a process reward model: set process_reward_model: true");
+  const auto dataset = [&](const char* file, const char* type) {
+    return cat("'--set=datasets=[{path: ", (s.t.path / file).string(), ", type: ", type, "}]'");
+  };
+  refused(cfg, dataset("alpaca.jsonl", "alpaca"),
+          "process_reward_model: true trains on stepwise_supervised datasets only");
+  refused(cfg, dataset("shepherd_bad.jsonl", "stepwise_supervised"),
+          "a step's label is 2 but num_labels is 2 (labels are 0 .. num_labels - 1)");
+  refused(cfg, "--set num_labels=1", "num_labels 1: a process reward model labels each step with one of 2 or more");
+  refused(cfg, "--set adapter=lora --set merge_adapter=true",
+          "merging a process reward model's adapter (its score head beside the LoRA tensors) is not built yet");
 }
 
 // Surogate's Qwen3 examples with its own spellings: `recompute: false` (a bool there; true is soltrain's full) trains

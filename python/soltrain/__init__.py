@@ -9,7 +9,8 @@ The engine is soltrain's C++/CUDA core (the `soltrain` command runs the same): a
 file's keys as keyword arguments, and a run from Python is the run `soltrain sft config.yaml` makes.
 """
 from ._native import ConfigError, DataError, SoltrainError
-from .config import DPOConfig, GRPOConfig, KTOConfig, ORPOConfig, PTConfig, RewardConfig, SFTConfig, TrainConfig
+from .config import (DPOConfig, GRPOConfig, KTOConfig, ORPOConfig, PRMConfig, PTConfig, RewardConfig, SFTConfig,
+                     TrainConfig)
 from .model import Model
 from .tokenizer import Tokenizer
 from .trainer import GRPOTrainer, Trainer, TrainerCallback, TrainOutput
@@ -24,6 +25,7 @@ __all__ = [
     "GRPOTrainer",
     "Model",
     "PTConfig",
+    "PRMConfig",
     "RewardConfig",
     "SFTConfig",
     "SoltrainError",

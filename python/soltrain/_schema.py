@@ -83,6 +83,7 @@ def stub_text() -> str:
     for cls, doc in (("ORPOConfig", "ORPO (rl: orpo)."), ("KTOConfig", "KTO (rl: kto)."),
                      ("RewardConfig", "A Bradley-Terry reward model (reward_model: true).")):
         out += [f"class {cls}(DPOConfig):", f'    """{doc}"""', ""]
+    out += ["class PRMConfig(SFTConfig):", '    """A process reward model (process_reward_model: true)."""', ""]
     out.append("class TrainConfig:")
     out.append("    mode: str")
     out.append("    def __init__(self, **keys: Any) -> None: ...")

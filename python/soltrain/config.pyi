@@ -33,6 +33,8 @@ class SFTConfig(TrainConfig):
         special_tokens: dict[str, Any] | None = None,
         rl: str | None = None,
         reward_model: bool | None = None,
+        process_reward_model: bool | None = None,
+        num_labels: int | None = None,
         per_device_train_batch_size: int | None = None,
         gradient_accumulation_steps: int | None = None,
         num_epochs: float | None = None,
@@ -130,6 +132,7 @@ class PTConfig(TrainConfig):
         special_tokens: dict[str, Any] | None = None,
         rl: str | None = None,
         reward_model: bool | None = None,
+        num_labels: int | None = None,
         per_device_train_batch_size: int | None = None,
         gradient_accumulation_steps: int | None = None,
         num_epochs: float | None = None,
@@ -238,6 +241,7 @@ class DPOConfig(TrainConfig):
         precompute_ref_log_probs: bool | None = None,
         max_prompt_len: int | None = None,
         reward_model: bool | None = None,
+        num_labels: int | None = None,
         center_rewards_coefficient: float | None = None,
         per_device_train_batch_size: int | None = None,
         gradient_accumulation_steps: int | None = None,
@@ -338,6 +342,7 @@ class GRPOConfig(TrainConfig):
         loss_type: str | None = None,
         beta: float | None = None,
         reward_model: bool | None = None,
+        num_labels: int | None = None,
         num_generations: int | None = None,
         max_prompt_length: int | None = None,
         max_completion_length: int | None = None,
@@ -437,6 +442,9 @@ class KTOConfig(DPOConfig):
 
 class RewardConfig(DPOConfig):
     """A Bradley-Terry reward model (reward_model: true)."""
+
+class PRMConfig(SFTConfig):
+    """A process reward model (process_reward_model: true)."""
 
 class TrainConfig:
     mode: str

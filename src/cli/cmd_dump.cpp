@@ -294,8 +294,14 @@ std::function<int()> add_dump_command(CLI::App& app) {
   c->add_option("--center-rewards-coefficient", rw->second, "--reward: TRL's center_rewards_coefficient")
       ->needs("--reward")
       ->capture_default_str();
+  auto labels = std::make_shared<int>(0);
+  c->add_option("--token-labels", *labels,
+                "a process reward model: the model read as its token classifier with this many labels, the batch "
+                "file's targets the labels at their own tokens (transformers' TokenClassification loss)")
+      ->check(CLI::Range(2, 254))
+      ->excludes("--reward");
   add_device_option(c, o->device);
-  return [o, g, pd, rw, pad]() {
+  return [o, g, pd, rw, pad, labels]() {
     if (!o->save_adapter.empty()) {
       check_output_dir(o->save_adapter, false, "", "adapter (--save-adapter)");
       check_output_apart_from_inputs(o->save_adapter, "--save-adapter",
@@ -313,17 +319,19 @@ std::function<int()> add_dump_command(CLI::App& app) {
       if (classifier->pad_token_id < 0)
         user_error("--reward: ", o->model, "/config.json has no pad_token_id: give --pad-token-id");
     }
+    if (*labels > 0) classifier = AsClassifier{-1, *labels};
+    if (classifier && !o->adapter.empty()) user_error("--adapter with --reward or --token-labels is not built yet");
     auto model = o->adapter.empty() ? load_pretrained(o->model, *ops, std::nullopt, true, {}, classifier)
                                     : load_pretrained_with_adapter(o->model, o->adapter, *ops, base);
     model->enable_dropout(false);  // a reference to compare with is deterministic (PEFT in eval mode)
     const HostBatch batch = load_batch_file(o->batch);
-    validate_batch(batch, model->config().vocab_size, o->batch);
+    validate_batch(batch, model->config().vocab_size, o->batch, model->config().num_labels);
     model->set_residual_dtype(parse_residual_dtype(o->residual_dtype, "--residual-dtype"));
     if (!g->file.empty()) return dump_grpo(*g, *ops, *model, batch, o->out);
     if (!pd->loss.empty()) return dump_preference(*pd, g->beta, *ops, *model, batch, o->out);
     if (rw->first) return dump_reward(rw->second, *ops, *model, batch, o->out);
     model->plan(batch.rows, batch.seq_len);
-    const int64_t V = model->config().vocab_size;
+    const int64_t V = model->config().head_outputs();  // (a token classifier's: its labels)
     std::vector<float> logits(size_t(batch.rows) * size_t(batch.seq_len) * size_t(V));
     ops->zero(model->params().all_grads());
     const StepResult r = model->step(batch, true, logits.data());

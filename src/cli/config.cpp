@@ -474,7 +474,41 @@ void rule_peer_sharding(const Entries& en, const std::string&, TrainConfig& c, s
   apply_peer_sharding(c, en.has("zero_stage"), en.has("zero_stage") ? en.where("zero_stage") : std::string(), errors);
 }
 
+// A classifier's settings: num_labels belongs to a reward model (1) or a process reward model (2 or more, 2 when not
+// given); a process reward model is an sft run of its own.
+void rule_classifier(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
+  const auto where = [&](const char* k) { return en.by_key.at(k).where; };
+  if (c.process_reward_model) {
+    if (c.dpo.reward_model || en.given({"rl"}))
+      errors.push_back(cat(where("process_reward_model"), ": process_reward_model: true is a run of its own (leave ",
+                           c.dpo.reward_model ? "reward_model" : "rl", " out)"));
+    if (c.num_labels == 0) c.num_labels = 2;  // (AutoModelForTokenClassification's default)
+    // (TRL's PRMTrainer reads prompt / completions / labels rows whatever else they hold)
+    for (auto* list : {&c.datasets, &c.validation_datasets})
+      for (DatasetSpec& d : *list)
+        if (d.type == DatasetType::kAuto) d.type = DatasetType::kStepwiseSupervised;
+    if (c.num_labels < 2)
+      errors.push_back(cat(where("num_labels"), ": num_labels ", c.num_labels,
+                           ": a process reward model labels each step with one of 2 or more classes"));
+  } else if (c.dpo.reward_model) {
+    if (c.num_labels > 1)
+      errors.push_back(cat(where("num_labels"), ": num_labels ", c.num_labels,
+                           ": a reward model has one label (TRL's RewardTrainer scores each sequence once)"));
+  } else if (c.num_labels > 0) {
+    errors.push_back(cat(where("num_labels"),
+                         ": num_labels is a classifier's setting: set reward_model: true "
+                         "(num_labels 1) or process_reward_model: true (2 or more)"));
+  }
+  // (the score head trains in full beside the adapters and is saved with them, as PEFT's SEQ_CLS / TOKEN_CLS tasks do)
+  if ((c.dpo.reward_model || c.process_reward_model) && c.lora.enabled && c.merge_adapter)
+    errors.push_back(cat(where("merge_adapter"), ": merging a ", c.dpo.reward_model ? "" : "process ",
+                         "reward model's adapter (its score head beside the LoRA tensors) is not built yet; load it "
+                         "with PEFT onto AutoModelFor",
+                         c.dpo.reward_model ? "SequenceClassification(num_labels=1)" : "TokenClassification"));
+}
+
 constexpr Rule kRules[] = {rule_lora_settings_imply_lora,
+                           rule_classifier,
                            rule_quantised_base,
                            rule_peer_sharding,
                            rule_batch_size,

@@ -322,6 +322,13 @@ void add_objective_keys(std::vector<KeySpec>& v) {
                   "Axolotl's: the preference pairs train a Bradley-Terry reward model (TRL's RewardTrainer): the "
                   "model as its *ForSequenceClassification with one label, saved so",
                   [](const Entry& e, const std::string& k, ReadContext&) { get_bool(e, k); }));  // (preference_mode)
+  v.push_back(only(flag("process_reward_model", FIELD(process_reward_model),
+                        "Axolotl's: stepwise_supervised rows train a process reward model (TRL's PRMTrainer): the "
+                        "model as its *ForTokenClassification, each step's label at its last token"),
+                   kSftBit));
+  v.push_back(integer("num_labels", FIELD(num_labels), 1,
+                      "a classifier's labels: 1 for a reward model, 2 (the default) or more for a process reward model",
+                      254));
   v.push_back(only(number("center_rewards_coefficient", FIELD(dpo.center_rewards_coefficient), 0, 1e6, false,
                           "reward models: adds this x the mean of (r_chosen + r_rejected)^2 (TRL's)"),
                    kDpoBit));

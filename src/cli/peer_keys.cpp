@@ -258,12 +258,7 @@ void add_accepted(Table& t) {
       {"eval_max_new_tokens", any()},
       {"trust_remote_code", any()},
       {"tokenizer_type", any()},
-      {"model_type", any()},  // (AutoModelForSequenceClassification: reward_model says it)
-      {"num_labels", at_or(1,
-                           "soltrain trains sequence classifiers as reward models (num_labels 1, reward_model: "
-                           "true) only")},
-      {"process_reward_model",
-       off_or("process reward models (token classification, Axolotl's stepwise_supervised) are not built yet")},
+      {"model_type", any()},  // (AutoModelFor*Classification: reward_model / process_reward_model say it)
       {"is_llama_derived_model", any()},
       {"is_qwen_derived_model", any()},
       {"is_mistral_derived_model", any()},

@@ -12,22 +12,24 @@ using nlohmann::ordered_json;
 
 std::optional<DatasetType> find_dataset_type(std::string_view s) {
   // Our names, then the ones Axolotl and other trainers' configs use for the same formats.
-  static const std::map<std::string_view, DatasetType> names = {{"auto", DatasetType::kAuto},
-                                                                {"text", DatasetType::kText},
-                                                                {"completion", DatasetType::kText},
-                                                                {"instruction", DatasetType::kInstruction},
-                                                                {"alpaca", DatasetType::kAlpaca},
-                                                                {"alpaca_chat", DatasetType::kAlpacaChat},
-                                                                // Axolotl's base:prompt_style form (AlpacaPrompter)
-                                                                {"alpaca:chat", DatasetType::kAlpacaChat},
-                                                                {"alpaca:instruct", DatasetType::kAlpaca},
-                                                                {"input_output", DatasetType::kInputOutput},
-                                                                {"conversation", DatasetType::kConversation},
-                                                                {"chat", DatasetType::kConversation},
-                                                                {"chat_template", DatasetType::kConversation},
-                                                                // Axolotl's module.function form of the same loader
-                                                                {"chat_template.default", DatasetType::kConversation},
-                                                                {"sharegpt", DatasetType::kConversation}};
+  static const std::map<std::string_view, DatasetType> names = {
+      {"auto", DatasetType::kAuto},
+      {"text", DatasetType::kText},
+      {"completion", DatasetType::kText},
+      {"instruction", DatasetType::kInstruction},
+      {"alpaca", DatasetType::kAlpaca},
+      {"alpaca_chat", DatasetType::kAlpacaChat},
+      // Axolotl's base:prompt_style form (AlpacaPrompter)
+      {"alpaca:chat", DatasetType::kAlpacaChat},
+      {"alpaca:instruct", DatasetType::kAlpaca},
+      {"input_output", DatasetType::kInputOutput},
+      {"stepwise_supervised", DatasetType::kStepwiseSupervised},
+      {"conversation", DatasetType::kConversation},
+      {"chat", DatasetType::kConversation},
+      {"chat_template", DatasetType::kConversation},
+      // Axolotl's module.function form of the same loader
+      {"chat_template.default", DatasetType::kConversation},
+      {"sharegpt", DatasetType::kConversation}};
   const auto it = names.find(s);
   if (it == names.end()) return std::nullopt;
   return it->second;
@@ -36,7 +38,8 @@ std::optional<DatasetType> find_dataset_type(std::string_view s) {
 DatasetType parse_dataset_type(const std::string& s) {
   if (const auto t = find_dataset_type(s)) return *t;
   user_error("dataset type \"", s,
-             "\": expected auto, text, instruction, alpaca, alpaca_chat, input_output or conversation");
+             "\": expected auto, text, instruction, alpaca, alpaca_chat, input_output, conversation or "
+             "stepwise_supervised");
 }
 
 std::string to_string(DatasetType t) {
@@ -48,6 +51,7 @@ std::string to_string(DatasetType t) {
     case DatasetType::kAlpaca: return "alpaca";
     case DatasetType::kAlpacaChat: return "alpaca_chat";
     case DatasetType::kInputOutput: return "input_output";
+    case DatasetType::kStepwiseSupervised: return "stepwise_supervised";
   }
   return "?";
 }
@@ -235,6 +239,8 @@ std::vector<std::string> needed_fields(DatasetType type, const DatasetFields& f)
   if (any || type == DatasetType::kInstruction || type == DatasetType::kAlpaca || type == DatasetType::kAlpacaChat)
     for (const std::string* k : {&f.instruction, &f.input, &f.output}) add(*k);
   if (any || type == DatasetType::kInputOutput) add(f.segments);
+  if (type == DatasetType::kStepwiseSupervised)
+    for (const std::string* k : {&f.prompt, &f.completions, &f.labels}) add(*k);
   if (any || type == DatasetType::kConversation) {
     add(f.messages);
     add(f.conversations);
@@ -276,6 +282,30 @@ std::vector<std::pair<std::string, bool>> segments_of(const ordered_json& r, con
     }
   }
   return out;
+}
+
+// stepwise_supervised: `completions` a list of step texts and `labels` one label per step (true / false, or a class
+// number below 255), as TRL's PRM datasets (trl-lib/math_shepherd) hold them.
+void steps_of(const ordered_json& r, const DatasetFields& f, Sample& s) {
+  const auto list = [&](const std::string& key) -> const ordered_json& {
+    auto it = r.find(key);
+    if (it == r.end() || it->is_null()) bad(cat("missing field \"", key, "\""));
+    if (!it->is_array()) bad(cat("field \"", key, "\" is ", it->type_name(), ", expected a list"));
+    return *it;
+  };
+  const ordered_json& steps = list(f.completions);
+  const ordered_json& labels = list(f.labels);
+  if (steps.empty()) bad(cat("field \"", f.completions, "\" is empty"));
+  if (steps.size() != labels.size())
+    bad(cat(steps.size(), " steps in \"", f.completions, "\" but ", labels.size(), " labels in \"", f.labels, "\""));
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (!steps[i].is_string()) bad(cat("step ", i, " is ", steps[i].type_name(), ", expected a string"));
+    const ordered_json& l = labels[i];
+    const int64_t v = l.is_boolean() ? int64_t(l.get<bool>()) : l.is_number_integer() ? l.get<int64_t>() : -1;
+    if (v < 0 || v > 254) bad(cat("label ", i, " is ", l.dump(), ": expected true, false or a class number 0..254"));
+    s.steps.push_back(steps[i].get<std::string>());
+    s.step_labels.push_back(int(v));
+  }
 }
 
 // The record's own system message (field_system), else the dataset's system_prompt.
@@ -330,6 +360,11 @@ Sample to_sample(const ordered_json& r, DatasetType type, const DatasetFields& f
       s.is_text = true;
       s.segments = segments_of(r, f);
       for (const auto& [text, label] : s.segments) s.text += text;
+      return s;
+    case DatasetType::kStepwiseSupervised:
+      s.is_text = true;
+      s.text = string_field(r, f.prompt);
+      steps_of(r, f, s);
       return s;
     case DatasetType::kConversation: {
       const bool openai = r.contains(f.messages);

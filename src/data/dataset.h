@@ -1,7 +1,8 @@
 // Dataset records (read by record_reader.h), turned into samples: plain text, or a conversation (messages
 // plus template variables) for the chat template. Types: text, instruction (Surogate's user/assistant
 // turns), conversation (OpenAI `messages` or ShareGPT `conversations`), alpaca and alpaca_chat (Axolotl's
-// prompts as plain text), input_output (Axolotl's labelled segments), auto (detected from the first record).
+// prompts as plain text), input_output (Axolotl's labelled segments), stepwise_supervised (a process reward model's
+// rows: prompt, completions steps, a label per step), auto (detected from the first record).
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -17,7 +18,16 @@
 
 namespace soltrain {
 
-enum class DatasetType { kAuto, kText, kInstruction, kConversation, kAlpaca, kAlpacaChat, kInputOutput };
+enum class DatasetType {
+  kAuto,
+  kText,
+  kInstruction,
+  kConversation,
+  kAlpaca,
+  kAlpacaChat,
+  kInputOutput,
+  kStepwiseSupervised
+};
 // Our type names and their aliases ("alpaca", "sharegpt", "chat_template", ...); nullopt for others.
 std::optional<DatasetType> find_dataset_type(std::string_view s);
 DatasetType parse_dataset_type(const std::string& s);  // find_dataset_type, or a UserError
@@ -47,6 +57,9 @@ struct DatasetFields {
   std::string segments = "segments";  // input_output: a list of {label: bool, text: string}
   // Preference pairs (data/preference.h): Axolotl's field_prompt / field_chosen / field_rejected.
   std::string prompt = "prompt", chosen = "chosen", rejected = "rejected";
+  // stepwise_supervised (TRL's PRM rows; `prompt` as above): the steps, one label per step, and the text that
+  // follows each step (TRL's step_separator; Axolotl's is "\n").
+  std::string completions = "completions", labels = "labels", step_separator = "\n";
   // Which turns the loss covers (Axolotl chat_template `roles_to_train`, `train_on_eos`: turn | all | none |
   // last); the defaults are Axolotl's and soltrain's own.
   std::vector<std::string> roles_to_train = {"assistant"};
@@ -73,6 +86,10 @@ struct Sample {
   size_t prompt_chars = 0;
   // input_output: the text is these pieces, each tokenized alone and trained when its label says so.
   std::vector<std::pair<std::string, bool>> segments;
+  // stepwise_supervised: `text` is the prompt, followed by these steps; step i's label (0, 1, ...) is the target of
+  // its last token (the separator's).
+  std::vector<std::string> steps;
+  std::vector<int> step_labels;
   nlohmann::ordered_json vars;
 };
 

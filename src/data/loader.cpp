@@ -118,8 +118,8 @@ HostBatch Loader::next() {
         const size_t at = row + size_t(fill + k);
         b.input_ids[at] = data_.tokens[size_t(begin + k)];
         b.positions[at] = k;
-        // A target is the document's next token, counted only where that token is trained.
-        if (k + 1 < len && data_.mask[size_t(begin + k + 1)]) b.targets[at] = data_.tokens[size_t(begin + k + 1)];
+        // A target is the document's next token, counted only where that token is trained (a token label: its own)
+        b.targets[at] = target_of(data_, begin, k, len);
       }
       fill += len;
       b.cu_seqlens.push_back(int32_t(row) + fill);

@@ -137,6 +137,25 @@ std::vector<TextSpan> SampleEncoder::trained_spans(const ordered_json& vars, con
 
 Document SampleEncoder::encode(const Sample& s) {
   Document d;
+  if (!s.steps.empty()) {
+    // TRL's PRMTrainer.tokenize_row, as Axolotl's stepwise_supervised runs it: the bos token (when the tokenizer has
+    // one) and the prompt, untrained; each step and then the separator, tokenized apart with no special tokens; the
+    // step's label (stored as label + 1, ShardSet::token_labels) on the separator's last token.
+    if (bos_id_) d.ids.push_back(*bos_id_);
+    const std::vector<int32_t> prompt = tok_.encode(s.text);
+    d.ids.insert(d.ids.end(), prompt.begin(), prompt.end());
+    d.mask.assign(d.ids.size(), 0);
+    const std::vector<int32_t> separator = tok_.encode(step_separator_);
+    for (size_t i = 0; i < s.steps.size(); ++i) {
+      const std::vector<int32_t> step = tok_.encode(s.steps[i]);
+      d.ids.insert(d.ids.end(), step.begin(), step.end());
+      d.ids.insert(d.ids.end(), separator.begin(), separator.end());
+      d.mask.resize(d.ids.size(), 0);
+      if (step.empty() && separator.empty()) throw BadRecord(cat("step ", i, " and the separator are empty"));
+      d.mask.back() = uint8_t(s.step_labels[i] + 1);
+    }
+    return d;
+  }
   if (!s.segments.empty()) {
     // Axolotl's input_output: each segment alone, no eos added.
     for (const auto& [text, label] : s.segments) {

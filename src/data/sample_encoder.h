@@ -14,7 +14,8 @@
 
 namespace soltrain {
 
-// One training document: ids and, per id, 1 if the model is trained to predict it.
+// One training document: ids and, per id, 1 if the model is trained to predict it (a token classifier's document:
+// 0, or the token's own label + 1; ShardSet::token_labels).
 struct Document {
   std::vector<int32_t> ids;
   std::vector<uint8_t> mask;
@@ -51,6 +52,8 @@ class SampleEncoder {
   void set_turn_training(std::vector<std::string> roles, std::string train_on_eos);
   // tokenizer_config's bos_token ("" when it has none): a response that starts with it loses it (below).
   void set_bos(const std::string& bos);
+  // What follows each step of a stepwise_supervised sample (DatasetFields::step_separator).
+  void set_step_separator(std::string separator) { step_separator_ = std::move(separator); }
 
   // BadRecord when the template rejects the conversation or the pieces do not tokenize like the whole.
   Document encode(const Sample& s);
@@ -77,6 +80,7 @@ class SampleEncoder {
   bool train_on_inputs_;
   std::vector<std::string> roles_ = {"assistant"};
   std::string train_on_eos_ = "turn";
+  std::string step_separator_ = "\n";
   std::unordered_set<int32_t> special_;
 };
 

@@ -87,6 +87,7 @@ std::vector<ShardInfo> manifest_shards(const fs::path& dir, const nlohmann::json
 ShardSet load_shards(const fs::path& dir) {
   const nlohmann::json m = read_json_file(dir / "manifest.json");
   ShardSet set;
+  set.token_labels = m.value("token_labels", false);
   for (const ShardInfo& s : manifest_shards(dir, m)) {
     const int64_t base = int64_t(set.tokens.size());
     append_array(dir / (s.name + ".tokens"), s.tokens, set.tokens);
@@ -121,9 +122,17 @@ bool shards_match(const fs::path& dir, const nlohmann::json& key) {
   return true;
 }
 
+int max_token_label(const ShardSet& s) {
+  uint8_t top = 0;
+  if (s.token_labels)
+    for (uint8_t m : s.mask) top = std::max(top, m);
+  return int(top) - 1;
+}
+
 nlohmann::json shard_manifest(const nlohmann::json& key, const std::vector<ShardInfo>& shards) {
   nlohmann::json list = nlohmann::json::array();
-  for (const ShardInfo& s : shards) list.push_back({{"name", s.name}, {"tokens", s.tokens}, {"documents", s.documents}});
+  for (const ShardInfo& s : shards)
+    list.push_back({{"name", s.name}, {"tokens", s.tokens}, {"documents", s.documents}});
   return {{"format", "soltrain-shards"}, {"version", kShardFormatVersion}, {"key", key}, {"shards", list}};
 }
 

@@ -41,8 +41,23 @@ struct ShardSet {
   std::vector<int32_t> tokens;
   std::vector<uint8_t> mask;
   std::vector<int64_t> doc_offsets{0};
+  // A token classifier's data (stepwise_supervised: manifest.json's token_labels): a mask byte is 0 or the token's
+  // own label + 1, the target at that token; otherwise 1 marks a token the model is trained to predict.
+  bool token_labels = false;
   int64_t documents() const { return int64_t(doc_offsets.size()) - 1; }
 };
+
+// The target of token k of the document starting at `begin` with `len` tokens kept: the next token where that one
+// is trained, or (token_labels) the token's own label; -100 where there is none.
+inline int32_t target_of(const ShardSet& s, int64_t begin, int k, int len) {
+  if (s.token_labels) {
+    const uint8_t m = s.mask[size_t(begin + k)];
+    return m ? int32_t(m) - 1 : -100;
+  }
+  return k + 1 < len && s.mask[size_t(begin + k + 1)] ? s.tokens[size_t(begin + k + 1)] : -100;
+}
+// The largest label in token_labels data (-1: none).
+int max_token_label(const ShardSet& s);
 
 // The part of manifest.json every writer shares and load_shards / shards_match read: format, version, the
 // reuse key and the shard list. Writers add their own counts (documents, tokens, ...) to it.

@@ -41,6 +41,9 @@ json fields_json(const DatasetFields& f) {
           {"system_prompt", f.system_prompt},
           {"system", f.system},
           {"segments", f.segments},
+          {"completions", f.completions},
+          {"labels", f.labels},
+          {"step_separator", f.step_separator},
           {"completion", f.completion},
           {"roles_to_train", f.roles_to_train},
           {"train_on_eos", f.train_on_eos},
@@ -127,6 +130,11 @@ TokenizeResult run_tokenize(const TokenizeOptions& o, std::ostream& log) {
   std::optional<SampleEncoder> enc;
   const std::string eos = read_eos_token(dir / "tokenizer_config.json");
   const std::string bos = read_bos_token(dir / "tokenizer_config.json");
+  // A process reward model's rows carry a label per step, every other type trained tokens: one kind per folder.
+  const bool token_labels = o.sources.front().type == DatasetType::kStepwiseSupervised;
+  for (const DatasetSource& src : o.sources)
+    if ((src.type == DatasetType::kStepwiseSupervised) != token_labels)
+      user_error("tokenize: stepwise_supervised data (labels per step) cannot be mixed with other types");
 
   StagedDir staged(o.out);
   ShardWriter writer(staged.path());
@@ -163,12 +171,13 @@ TokenizeResult run_tokenize(const TokenizeOptions& o, std::ostream& log) {
           enc.emplace(tok, tmpl ? &*tmpl : nullptr, eos, o.train_on_inputs);
           enc->set_turn_training(o.fields.roles_to_train, o.fields.train_on_eos);
           enc->set_bos(bos);
+          enc->set_step_separator(o.fields.step_separator);
         }
         const Document d = enc->encode(s);
         writer.add(d);
         ++r.documents;
         r.tokens += int64_t(d.ids.size());
-        for (uint8_t m : d.mask) r.trained_tokens += m;
+        for (uint8_t m : d.mask) r.trained_tokens += m != 0;
         if (o.seq_len > 0 && int64_t(d.ids.size()) > o.seq_len) ++r.longer_than_seq_len;
       } catch (const BadRecord& e) {
         if (o.bad_records == BadRecordPolicy::kError)
@@ -191,7 +200,8 @@ TokenizeResult run_tokenize(const TokenizeOptions& o, std::ostream& log) {
                    {"tokens", r.tokens},
                    {"trained_tokens", r.trained_tokens},
                    {"skipped_records", r.skipped},
-                   {"longer_than_seq_len", r.longer_than_seq_len}});
+                   {"longer_than_seq_len", r.longer_than_seq_len},
+                   {"token_labels", token_labels}});
   write_file_atomic(staged.path() / "manifest.json", manifest.dump(2) + "\n");
   staged.commit();
   log << "tokenize: wrote " << r.documents << " documents, " << r.tokens << " tokens (" << r.trained_tokens

@@ -72,7 +72,7 @@ std::vector<const PlannedBuffer*> ActivationPlan::largest() const {
 ActivationPlan plan_activations(const ModelConfig& c, const ActivationSettings& s) {
   const int64_t N = int64_t(s.rows) * s.seq_len, D = c.hidden_size, F = c.intermediate_size, L = c.num_layers;
   const int64_t H = c.num_heads, Hkv = c.num_kv_heads, hd = c.head_dim;
-  const int64_t V = c.num_labels > 0 ? c.num_labels : c.vocab_size;  // the head's outputs (a classifier's: its labels)
+  const int64_t V = c.head_outputs();  // (a classifier's: its labels)
   const DType act = s.act, res = s.res, f32 = DType::F32, i32 = DType::I32;
   ActivationPlan p;
   p.tokens = N;

@@ -19,7 +19,9 @@ std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops, std:
                                              bool gradients, ExpertShare share,
                                              std::optional<AsClassifier> classifier) {
   ModelConfig config = load_model_config(dir);
-  if (classifier)
+  if (classifier && classifier->token_labels > 0)
+    make_token_classifier(config, classifier->token_labels);
+  else if (classifier)
     make_sequence_classifier(config, 1, classifier->pad_token_id);
   else if (config.num_labels > 0)
     refuse_classifier(dir, config);
@@ -92,15 +94,20 @@ void load_weights(Transformer& model, const fs::path& dir) {
       model.params().upload(model.ops(), p, stacked.slice.data());
       continue;
     }
-    if (!ckpt.has(p.name) && c.num_labels > 0 && p.name == model.lm_head_name()) {
+    const bool new_bias = c.token_classifier && p.name == "score.bias";
+    if (!ckpt.has(p.name) && c.num_labels > 0 && (p.name == model.lm_head_name() || new_bias)) {
       // a causal LM read as a classifier: a new score head, drawn as transformers' _init_weights draws a Linear
+      // (its weight normal(0, initializer_range), its bias zero)
       std::mt19937_64 rng(0x5c0e);
       std::normal_distribution<float> normal(0.0f, float(c.initializer_range));
       staging.resize(size_t(shape_numel(p.shape)));
-      for (float& x : staging) x = normal(rng);
+      for (float& x : staging) x = new_bias ? 0.0f : normal(rng);
       model.params().upload(model.ops(), p, staging.data());
-      std::cerr << "note: " << p.name << " is new (the checkpoint is a causal LM): drawn from normal(0, "
-                << c.initializer_range << ") as transformers initialises it\n";
+      if (new_bias)
+        std::cerr << "note: " << p.name << " is new (the checkpoint is a causal LM): zero as transformers makes it\n";
+      else
+        std::cerr << "note: " << p.name << " is new (the checkpoint is a causal LM): drawn from normal(0, "
+                  << c.initializer_range << ") as transformers initialises it\n";
       continue;
     }
     if (!ckpt.has(p.name))

@@ -15,9 +15,12 @@ struct ExpertShare {
 };
 // With `classifier` (a reward model: the tokenizer's pad token id) a causal LM folder is read as its family's
 // sequence classifier with one label (make_sequence_classifier: a new score head, its lm_head left unread), and a
-// classifier folder keeps its head with that pad id. A classifier folder read without it is a UserError.
+// classifier folder keeps its head with that pad id. With `token_labels` (a process reward model) it is read as
+// the family's token classifier with that many labels instead (make_token_classifier: a new score head and bias).
+// A classifier folder read without it is a UserError.
 struct AsClassifier {
   int pad_token_id = -1;
+  int token_labels = 0;
 };
 std::unique_ptr<Transformer> load_pretrained(const std::filesystem::path& dir, Ops& ops,
                                              std::optional<LoraConfig> lora = std::nullopt, bool gradients = true,

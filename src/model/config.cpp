@@ -141,10 +141,15 @@ ModelConfig parse_model_config(const json& j, const std::string& where) {
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty())
     c.architecture = r.typed<std::string>(j["architectures"][0], "architectures[0]");
   const std::string model_type = r.get<std::string>("model_type", "");
-  // <Family>ForSequenceClassification: the family's decoder under a score head (ModelConfig::num_labels)
-  const std::string_view kClassifier = "ForSequenceClassification";
-  std::string family = c.architecture;
-  if (family.ends_with(kClassifier)) family = family.substr(0, family.size() - kClassifier.size()) + "ForCausalLM";
+  // <Family>ForSequenceClassification / ForTokenClassification: the family's decoder under a score head
+  // (ModelConfig::num_labels, token_classifier)
+  const std::string_view kClassifier = "ForSequenceClassification", kTokenClassifier = "ForTokenClassification";
+  std::string family = c.architecture, head_kind;
+  for (std::string_view kind : {kClassifier, kTokenClassifier})
+    if (family.ends_with(kind)) {
+      family = family.substr(0, family.size() - kind.size()) + "ForCausalLM";
+      head_kind = kind;
+    }
   for (const ModelSpec& spec : kSpecs)
     if (family == spec.architecture || (c.architecture.empty() && model_type == spec.model_type)) c.spec = &spec;
   if (!c.spec) {
@@ -153,24 +158,25 @@ ModelConfig parse_model_config(const json& j, const std::string& where) {
     user_error(where, ": architecture \"", c.architecture.empty() ? model_type : c.architecture,
                "\" is not supported (supported: ", supported, ")");
   }
-  const bool classifier = c.architecture.ends_with(kClassifier);
   c.architecture = c.spec->architecture;
   c.initializer_range = r.get<double>("initializer_range", 0.02);
   if (const auto pad = j.find("pad_token_id"); pad != j.end() && pad->is_number_integer()) {
     const int64_t v = pad->get<int64_t>();
     if (v >= 0 && v < j.value("vocab_size", int64_t(0))) c.padding_idx = int(v);
   }
-  if (classifier) {
+  if (!head_kind.empty()) {
     // transformers keeps num_labels as id2label's size (2 when neither is given)
     c.num_labels =
         j.contains("id2label") && j["id2label"].is_object() ? int(j["id2label"].size()) : r.get<int>("num_labels", 2);
-    if (c.num_labels != 1)
+    c.token_classifier = head_kind == kTokenClassifier;
+    if (!c.token_classifier && c.num_labels != 1)
       user_error(where, ": a sequence classifier with ", c.num_labels,
                  " labels: soltrain trains reward models (one label) only");
+    if (c.token_classifier && c.num_labels < 2)
+      user_error(where, ": a token classifier with ", c.num_labels, " labels: at least 2 are needed");
     c.pad_token_id =
         j.contains("pad_token_id") && j["pad_token_id"].is_number_integer() ? j["pad_token_id"].get<int>() : -1;
-    c.architecture =
-        family.substr(0, family.size() - std::string_view("ForCausalLM").size()) + std::string(kClassifier);
+    c.architecture = family.substr(0, family.size() - std::string_view("ForCausalLM").size()) + head_kind;
   }
 
   c.vocab_size = r.need<int>("vocab_size");
@@ -229,6 +235,8 @@ ModelConfig parse_model_config(const json& j, const std::string& where) {
 
 void make_sequence_classifier(ModelConfig& c, int num_labels, int pad_token_id) {
   SOLTRAIN_CHECK(num_labels == 1, "make_sequence_classifier: ", num_labels, " labels");
+  if (c.token_classifier)
+    user_error(c.architecture, " is a token classifier (a process reward model), not a sequence classifier");
   if (c.num_labels == 0) {
     const std::string family = c.spec->architecture;  // <Family>ForCausalLM
     c.architecture =
@@ -243,10 +251,35 @@ void make_sequence_classifier(ModelConfig& c, int num_labels, int pad_token_id) 
   c.raw["pad_token_id"] = pad_token_id;
 }
 
+void make_token_classifier(ModelConfig& c, int num_labels) {
+  SOLTRAIN_CHECK(num_labels >= 2, "make_token_classifier: ", num_labels, " labels");
+  if (c.num_labels > 0 && !c.token_classifier)
+    user_error(c.architecture, " is a sequence classifier (a reward model), not a token classifier");
+  if (c.token_classifier) {
+    if (c.num_labels != num_labels)
+      user_error(c.architecture, " has ", c.num_labels, " labels, the run asks for ", num_labels, " (num_labels)");
+    return;
+  }
+  const std::string family = c.spec->architecture;  // <Family>ForCausalLM
+  c.architecture = family.substr(0, family.size() - std::string_view("ForCausalLM").size()) + "ForTokenClassification";
+  c.num_labels = num_labels;
+  c.token_classifier = true;
+  c.raw["architectures"] = nlohmann::json::array({c.architecture});
+  nlohmann::json id2label = nlohmann::json::object(), label2id = nlohmann::json::object();
+  for (int i = 0; i < num_labels; ++i) {
+    id2label[std::to_string(i)] = cat("LABEL_", i);
+    label2id[cat("LABEL_", i)] = i;
+  }
+  c.raw["id2label"] = id2label;
+  c.raw["label2id"] = label2id;
+}
+
 void refuse_classifier(const std::filesystem::path& dir, const ModelConfig& c) {
   user_error(dir.string(), ": ", c.architecture,
-             " is a sequence classifier (a reward model): train it with "
-             "reward_model: true");
+             c.token_classifier
+                 ? " is a token classifier (a process reward model): train it with process_reward_model: "
+                   "true"
+                 : " is a sequence classifier (a reward model): train it with reward_model: true");
 }
 
 ModelConfig load_model_config(const std::filesystem::path& model_dir) {

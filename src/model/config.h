@@ -90,6 +90,9 @@ struct ModelConfig {
   // over the final hidden states in place of the LM head; a sequence's output is its last non-pad token's. 0: a
   // causal LM.
   int num_labels = 0;
+  // <Family>ForTokenClassification (a process reward model: num_labels 2): the score head carries a bias and labels
+  // every token; it trains as the LM head does (cross-entropy over num_labels classes, the label at its own token).
+  bool token_classifier = false;
   int pad_token_id = -1;  // the classifier's: which trailing tokens are not the sequence's (config.json's)
   // config.json's pad_token_id as the model is built from it: transformers makes it the embedding's padding_idx,
   // whose row torch never trains (-1: none). A reward run's pad id set later (as TRL sets it) leaves it.
@@ -102,6 +105,10 @@ struct ModelConfig {
   bool is_moe_layer(int l) const { return !moe.sparse.empty() && moe.sparse[size_t(l)]; }
   int moe_layers() const { return int(std::count(moe.sparse.begin(), moe.sparse.end(), true)); }
   int dense_mlp_layers() const { return num_layers - moe_layers(); }
+  // A sequence classifier: one score per sequence (the reward objective reads it), not per-token cross-entropy.
+  bool sequence_classifier() const { return num_labels > 0 && !token_classifier; }
+  // What the head outputs per token: the vocabulary's logits, or a classifier's labels.
+  int head_outputs() const { return num_labels > 0 ? num_labels : vocab_size; }
   // Layer l's index among the MoE layers / among the dense-MLP layers (their activations are numbered so).
   int moe_index(int l) const {
     return moe.sparse.empty() ? 0 : int(std::count(moe.sparse.begin(), moe.sparse.begin() + l, true));
@@ -115,6 +122,9 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& where
 // AutoModelForSequenceClassification makes of it, raw included: architectures, id2label / label2id and
 // pad_token_id as saves must say them). A classifier's config is kept, its pad_token_id set.
 void make_sequence_classifier(ModelConfig& c, int num_labels, int pad_token_id);
+// The family's token classifier with `num_labels` outputs (AutoModelForTokenClassification: architectures and
+// id2label / label2id as saves must say them). A token classifier's config must already have that many labels.
+void make_token_classifier(ModelConfig& c, int num_labels);
 // A classifier folder read where a causal LM is expected: the one line that says so (UserError).
 [[noreturn]] void refuse_classifier(const std::filesystem::path& dir, const ModelConfig& c);
 ModelConfig load_model_config(const std::filesystem::path& model_dir);

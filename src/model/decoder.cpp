@@ -49,7 +49,7 @@ KvDecoder::KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int m
   SOLTRAIN_CHECK(batch > 0 && max_len > 0 && max_chunk > 0, "decoder sizes");
   const ModelConfig& c = model.config();
   if (c.num_labels > 0)
-    user_error(c.architecture, " is a sequence classifier (a reward model): it scores text, it does not generate");
+    user_error(c.architecture, " is a classifier (a reward model): it scores text, it does not generate");
   ParameterStore& ps = model.params();
   embed_ = &ps.at("model.embed_tokens.weight");
   final_norm_ = &ps.at("model.norm.weight");

@@ -204,7 +204,13 @@ std::unique_ptr<Transformer> load_pretrained_with_adapter(const fs::path& model_
   return model;
 }
 
-nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& base, bool moe, bool classifier) {
+std::string peft_task_type(const ModelConfig& c) {
+  return c.num_labels == 0 ? "CAUSAL_LM" : c.token_classifier ? "TOKEN_CLS" : "SEQ_CLS";
+}
+
+nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& base, bool moe,
+                                   const std::string& task_type) {
+  const bool classifier = task_type != "CAUSAL_LM";
   // Every key PEFT 0.21's LoraConfig writes, with its defaults where soltrain has no such feature. PEFT
   // itself writes target_modules from a set (any order); ours follow the layer's order.
   using J = nlohmann::json;
@@ -252,7 +258,8 @@ nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& ba
            {"lora_ga_config", nullptr},
            {"megatron_config", nullptr},
            {"megatron_core", "megatron.core"},
-           // (PEFT's SEQ_CLS task keeps its classification heads in full: modules_to_save ["classifier", "score"])
+           // (PEFT's SEQ_CLS and TOKEN_CLS tasks keep its classification heads in full: modules_to_save ["classifier",
+           // "score"])
            {"modules_to_save", classifier                     ? J::array({"classifier", "score"})
                                : lora.modules_to_save.empty() ? J(nullptr)
                                                               : J(lora.modules_to_save)},
@@ -265,7 +272,7 @@ nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& ba
            {"revision", base.revision.empty() ? J(nullptr) : J(base.revision)},
            {"target_modules", targets},
            {"target_parameters", parameters},
-           {"task_type", classifier ? "SEQ_CLS" : "CAUSAL_LM"},
+           {"task_type", task_type},
            {"trainable_token_indices", nullptr},
            {"use_bdlora", nullptr},
            {"use_dora", false},
@@ -291,7 +298,7 @@ void write_adapter(const Transformer& model, const fs::path& dir, const AdapterB
   write_file_atomic(
       dir / kConfigFile,
       adapter_config_json(*model.lora(), base, model.config().moe_layers() > 0 && model.config().moe.lora_on_experts,
-                          model.config().num_labels > 0)
+                          peft_task_type(model.config()))
           .dump(2));
 }
 

@@ -36,9 +36,12 @@ struct AdapterBase {
 // adapter_config.json as PEFT 0.21 writes it for this configuration; on a model whose LoRA targets gate/up/down
 // adapt its experts (`moe`, MoeConfig::lora_on_experts) they are the experts' stacked parameters: target_parameters
 // gate_up_proj (rank and alpha doubled by rank_pattern / alpha_pattern) and down_proj, as PEFT maps them for
-// transformers 5. A `classifier`'s (a reward model's) is PEFT's SEQ_CLS task, its score head a module saved in full.
+// transformers 5. A classifier's is PEFT's SEQ_CLS task (a reward model) or TOKEN_CLS (a process reward model:
+// `task_type`), its score head a module saved in full.
 nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& base, bool moe = false,
-                                   bool classifier = false);
+                                   const std::string& task_type = "CAUSAL_LM");
+// PEFT's task type of a model: CAUSAL_LM, SEQ_CLS (a sequence classifier) or TOKEN_CLS (a token classifier).
+std::string peft_task_type(const ModelConfig& c);
 
 // Writes the adapter's two files (fp32 tensors under PEFT's names, metadata {"format": "pt"}) into `dir`, an
 // existing (staged) folder. A base parameter trained beside the adapters (a reward model's score head) is saved as

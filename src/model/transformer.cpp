@@ -13,7 +13,8 @@ namespace {
 const char* kEmbed = "model.embed_tokens.weight";
 const char* kFinalNorm = "model.norm.weight";
 const char* kLmHead = "lm_head.weight";
-const char* kScore = "score.weight";  // a sequence classifier's head (transformers' name)
+const char* kScore = "score.weight";    // a classifier's head (transformers' name)
+const char* kScoreBias = "score.bias";  // a token classifier's (its nn.Linear keeps the bias)
 
 // For ops whose weight gradient is not optional (RMSNorm): an empty tensor the op must skip.
 Tensor grad_or_empty(Parameter* p) {
@@ -84,9 +85,10 @@ void add_model_parameters(ParameterStore& ps, const ModelConfig& c, const std::o
   for (int l = 0; l < c.num_layers; ++l) add_layer_parameters(ps, c, l, lora);
   ps.add(kFinalNorm, {c.hidden_size}, base_trains, outer);
   // A classifier's score head trains under LoRA too (PEFT's modules_to_save for SEQ_CLS: it starts untrained)
-  if (c.num_labels > 0)
+  if (c.num_labels > 0) {
     ps.add(kScore, {c.num_labels, c.hidden_size}, true, outer);
-  else if (!c.tie_word_embeddings)
+    if (c.token_classifier) ps.add(kScoreBias, {c.num_labels}, true, outer);
+  } else if (!c.tie_word_embeddings)
     ps.add(kLmHead, {c.vocab_size, c.hidden_size}, base_trains || lora->saves("lm_head"), outer);
   if (lora)
     for (int l = 0; l < c.num_layers; ++l) add_lora_parameters(ps, c, l, *lora);
@@ -529,7 +531,7 @@ void Transformer::upload(const HostBatch& batch) {
 
   a.out =
       ForwardOutputs{a.token_nll, a.doc_nll.rows(0, docs), a.targets, a.token_entropy, a.seq, batch.counted(), &batch};
-  if (config_.num_labels > 0) {  // the head's outputs are scores (one label), in token_nll's buffer
+  if (config_.sequence_classifier()) {  // the head's outputs are scores (one label), in token_nll's buffer
     a.out.scores = a.token_nll;
     a.out.token_nll = a.out.doc_nll = Tensor{};
   }
@@ -564,9 +566,9 @@ void Transformer::forward(const HostBatch& batch, Objective* objective, bool bac
                  "forward() on a batch shape that plan() did not size");
   SOLTRAIN_CHECK(!backward_follows || objective, "a forward for backward needs an objective");
   SOLTRAIN_CHECK(!backward_follows || adapters_on_, "a forward with the adapters off cannot be trained");
-  SOLTRAIN_CHECK(!objective || objective->reads_scores() == (config_.num_labels > 0),
-                 config_.num_labels > 0 ? "a sequence classifier's forward under a language-model objective"
-                                        : "a reward objective on a model without a score head");
+  SOLTRAIN_CHECK(!objective || objective->reads_scores() == config_.sequence_classifier(),
+                 config_.sequence_classifier() ? "a sequence classifier's forward under a language-model objective"
+                                               : "a reward objective on a model without a score head");
   Activations& a = *acts_;
   const auto& c = config_;
   const int64_t L = c.num_layers;
@@ -620,7 +622,7 @@ void Transformer::forward(const HostBatch& batch, Objective* objective, bool bac
 
 void Transformer::head_pass(const Tensor* weights, float* logits_out, bool entropy) {
   Activations& a = *acts_;
-  if (config_.num_labels > 0) {  // a classifier: its score head over every token at once (the plan's one chunk)
+  if (config_.sequence_classifier()) {  // its score head over every token at once (the plan's one chunk)
     const int64_t N = a.hf.dim(0), K = config_.num_labels;
     SOLTRAIN_CHECK(a.head_chunk == N && K == 1 && !entropy, "a score head's pass as planned");
     Parameter& score = params_.at(kScore);
@@ -635,15 +637,17 @@ void Transformer::head_pass(const Tensor* weights, float* logits_out, bool entro
     ops_.linear_backward(&a.dhf, false, score.trainable ? &score.grad : nullptr, nullptr, dy, a.hf, score.value);
     return;
   }
-  const int64_t N = a.hf.dim(0), V = config_.vocab_size;
+  // (a token classifier's head is this one with num_labels outputs and a bias: the label at each token is its target)
+  const int64_t N = a.hf.dim(0), V = config_.head_outputs();
   Parameter& head = params_.at(lm_head_name());
+  Parameter* bias = config_.token_classifier ? &params_.at(kScoreBias) : nullptr;
   // With a temperature the loss reads logits / T: d loss / d logits is then (softmax − onehot) · weight / T.
   if (weights && inv_temperature_ != 1.0f) ops_.scale(*weights, inv_temperature_);
   for (int64_t t0 = 0; t0 < N; t0 += a.head_chunk) {
     const int64_t t1 = std::min(N, t0 + a.head_chunk);
     Tensor logits = a.logits.rows(0, t1 - t0);
     const Tensor hf = a.hf.rows(t0, t1);
-    ops_.linear_forward(logits, hf, head.value, nullptr);
+    ops_.linear_forward(logits, hf, head.value, bias ? &bias->value : nullptr);
     if (inv_temperature_ != 1.0f) ops_.scale(logits, inv_temperature_);
     if (logits_out) ops_.copy(Tensor{logits_out + t0 * V, DType::F32, {t1 - t0, V}, Device::CPU}, logits);
     Tensor dlogits = a.dlogits.rows(0, t1 - t0);
@@ -651,7 +655,8 @@ void Transformer::head_pass(const Tensor* weights, float* logits_out, bool entro
                        weights ? weights->rows(t0, t1) : Tensor{}, entropy ? a.token_entropy.rows(t0, t1) : Tensor{});
     if (weights) {
       Tensor dhf = a.dhf.rows(t0, t1);
-      ops_.linear_backward(&dhf, false, head.trainable ? &head.grad : nullptr, nullptr, dlogits, hf, head.value);
+      ops_.linear_backward(&dhf, false, head.trainable ? &head.grad : nullptr,
+                           bias && bias->trainable ? &bias->grad : nullptr, dlogits, hf, head.value);
     }
   }
 }
@@ -929,7 +934,8 @@ StepResult Transformer::step(const HostBatch& batch, bool backward_too, float* l
   return {own_sft_->read_loss(ops_) + read_aux_loss(), batch.counted()};
 }
 
-void validate_batch(const HostBatch& b, int vocab_size, const std::string& source) {
+void validate_batch(const HostBatch& b, int vocab_size, const std::string& source, int target_classes) {
+  const int classes = target_classes > 0 ? target_classes : vocab_size;
   const size_t n = size_t(b.rows) * size_t(b.seq_len);
   if (b.input_ids.size() != n || b.targets.size() != n)
     user_error(source, ": input_ids and targets must both have ", b.rows, "x", b.seq_len, " tokens");
@@ -937,9 +943,10 @@ void validate_batch(const HostBatch& b, int vocab_size, const std::string& sourc
     if (b.input_ids[i] < 0 || b.input_ids[i] >= vocab_size)
       user_error(source, ": input_ids[", i / b.seq_len, ", ", i % b.seq_len, "] = ", b.input_ids[i],
                  " is outside the vocabulary [0, ", vocab_size, ")");
-    if (b.targets[i] != -100 && (b.targets[i] < 0 || b.targets[i] >= vocab_size))
+    if (b.targets[i] != -100 && (b.targets[i] < 0 || b.targets[i] >= classes))
       user_error(source, ": targets[", i / b.seq_len, ", ", i % b.seq_len, "] = ", b.targets[i],
-                 " is neither -100 nor inside the vocabulary [0, ", vocab_size, ")");
+                 " is neither -100 nor ", target_classes > 0 ? "a label in [0, " : "inside the vocabulary [0, ",
+                 classes, ")");
   }
 }
 

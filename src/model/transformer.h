@@ -252,6 +252,7 @@ void add_model_parameters(ParameterStore& ps, const ModelConfig& c, const std::o
 std::string modules_to_save_refusal(const std::vector<std::string>& modules, const ModelConfig& c);
 
 // Checks every id and target against the vocabulary; errors name `source`.
-void validate_batch(const HostBatch& b, int vocab_size, const std::string& source);
+// (`target_classes`: what a target may be, when not a token: a token classifier's labels)
+void validate_batch(const HostBatch& b, int vocab_size, const std::string& source, int target_classes = 0);
 
 }  // namespace soltrain

@@ -27,8 +27,7 @@ EvalResult evaluate(Transformer& model, const ShardSet& docs, int rows, int seq_
         for (int k = 0; k < len; ++k) {
           b.input_ids[row + size_t(k)] = docs.tokens[size_t(begin + k)];
           b.positions[row + size_t(k)] = k;
-          if (k + 1 < len && docs.mask[size_t(begin + k + 1)])
-            b.targets[row + size_t(k)] = docs.tokens[size_t(begin + k + 1)];
+          b.targets[row + size_t(k)] = target_of(docs, begin, k, len);
         }
         if (len > 0) b.cu_seqlens.push_back(int32_t(row) + len);
       }

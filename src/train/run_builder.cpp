@@ -55,9 +55,20 @@ std::unique_ptr<Transformer> load_run_model(const TrainConfig& c, Ops& ops, cons
   const ExpertShare share = comm && c.ep_size > 1 && comm->size() % c.ep_size == 0
                                 ? ExpertShare{comm->rank() % c.ep_size, c.ep_size}
                                 : ExpertShare{};
-  // reward_model: the family's sequence classifier, its outputs pooled at the tokenizer's pad id as TRL sets it
+  // process_reward_model: labels per step, below num_labels; any other run: no labels
+  for (const ShardSet* set : data) {
+    if (set->documents() > 0 && set->token_labels != c.process_reward_model)
+      user_error(c.process_reward_model ? "process_reward_model: true trains on stepwise_supervised datasets only"
+                                        : "stepwise_supervised data (a label per step) trains a process reward model: "
+                                          "set process_reward_model: true");
+    if (const int top = max_token_label(*set); top >= c.num_labels && c.process_reward_model)
+      user_error("a step's label is ", top, " but num_labels is ", c.num_labels, " (labels are 0 .. num_labels - 1)");
+  }
+  // reward_model: the family's sequence classifier, its outputs pooled at the tokenizer's pad id as TRL sets it;
+  // process_reward_model: its token classifier
   std::optional<AsClassifier> classifier;
   if (c.dpo.reward_model) classifier = AsClassifier{reward_pad_token_id(c)};
+  if (c.process_reward_model) classifier = AsClassifier{-1, c.num_labels};
   auto model = load_pretrained(c.model, ops, lora, gradients, share, classifier);
   for (const ShardSet* set : data)
     for (int32_t id : set->tokens)

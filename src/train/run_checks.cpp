@@ -16,8 +16,10 @@ void check_run_inputs(const TrainConfig& c) {
     user_error("model: ", c.model.string(), ": ", fs::exists(c.model, ec) ? "is not a folder" : "no such folder",
                " (expected a Hugging Face model folder with config.json, the weights and tokenizer.json)");
   ModelConfig m = load_model_config(c.model);
-  if (m.num_labels > 0 && !c.dpo.reward_model) refuse_classifier(c.model, m);
+  if (m.num_labels > 0 && !(m.token_classifier ? c.process_reward_model : c.dpo.reward_model))
+    refuse_classifier(c.model, m);
   if (c.dpo.reward_model) m.num_labels = 1;  // (the run reads it as its classifier)
+  if (c.process_reward_model) make_token_classifier(m, c.num_labels);
   if (c.lora.enabled)
     if (const std::string why = modules_to_save_refusal(c.lora.modules_to_save, m); !why.empty()) user_error(why);
   if (c.sequence_len > m.max_position_embeddings)

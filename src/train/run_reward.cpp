@@ -87,11 +87,6 @@ RunResult run_reward(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHook
                given.find(',') == std::string::npos ? "it" : "them", " out");
   if (c.gpus > 1) user_error("reward_model: data parallel (gpus: ", c.gpus, ") is not built yet; use gpus: 1");
   const std::optional<LoraConfig> lora = lora_config(c);
-  // (the score head trains in full beside the adapters and is saved with them, as PEFT's SEQ_CLS task does)
-  if (lora && c.merge_adapter)
-    user_error(
-        "merge_adapter: merging a reward model's adapter (its score head beside the LoRA tensors) is not "
-        "built yet; load it with PEFT onto AutoModelForSequenceClassification(num_labels=1)");
   for (const std::string& n : c.notes) log << "reward: " << n << "\n";
   std::filesystem::create_directories(c.output_dir);
   const PreferenceData data = as_data_error([&] { return prepare_preference_data(c, log); });

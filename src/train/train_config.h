@@ -213,7 +213,11 @@ struct TrainConfig {
   // it, and trains on without that update's batches, at most this many times; 0 stops the run at once.
   int skip_bad_batches = 1;
   int max_restarts = 3;
-  bool shuffle = true;                       // false (Axolotl's curriculum_sampling): the datasets' order
+  bool shuffle = true;  // false (Axolotl's curriculum_sampling): the datasets' order
+  // process_reward_model (Axolotl's; TRL's PRMTrainer): stepwise_supervised rows train the model read as its family's
+  // token classifier (model/config.h token_classifier) with num_labels labels, each step's label at its last token.
+  bool process_reward_model = false;
+  int num_labels = 0;  // a classifier's labels as the config gives them (0: not given; a PRM's default is 2)
   bool dataset_exact_deduplication = false;  // Axolotl's: identical tokenized documents kept once
   int64_t min_sample_len = 0;                // Axolotl's: documents of fewer tokens are dropped (0: none)
   // Axolotl's excess_length_strategy: documents longer than sequence_len cut (soltrain's default), left out

@@ -18,6 +18,10 @@
 namespace soltrain {
 
 void append_shards(ShardSet& a, const ShardSet& b) {
+  if (a.documents() == 0)
+    a.token_labels = b.token_labels;
+  else if (a.token_labels != b.token_labels)
+    user_error("stepwise_supervised datasets (labels per step) cannot be mixed with other types");
   const int64_t base = int64_t(a.tokens.size());
   a.tokens.insert(a.tokens.end(), b.tokens.begin(), b.tokens.end());
   a.mask.insert(a.mask.end(), b.mask.begin(), b.mask.end());
@@ -26,6 +30,7 @@ void append_shards(ShardSet& a, const ShardSet& b) {
 
 ShardSet select_documents(const ShardSet& from, const std::vector<int64_t>& docs) {
   ShardSet out;
+  out.token_labels = from.token_labels;
   for (int64_t d : docs) {
     const int64_t b = from.doc_offsets[size_t(d)], e = from.doc_offsets[size_t(d) + 1];
     out.tokens.insert(out.tokens.end(), from.tokens.begin() + b, from.tokens.begin() + e);

@@ -94,6 +94,9 @@ std::string model_card(const TrainConfig& c, bool lora) {
   if (c.dpo.reward_model)
     s += "- a Bradley-Terry reward model (TRL's RewardTrainer loss): one score per sequence, at its last non-pad "
          "token\n";
+  else if (c.process_reward_model)
+    s += cat("- a process reward model (TRL's PRMTrainer): each step's label (of ", c.num_labels,
+             ") at its last token\n");
   else if (c.dpo.enabled)
     s += cat("- DPO beta ", c.dpo.beta, "\n");
   s += "- the run's settings: `config.yaml` of its checkpoints; its metrics: `metrics.jsonl` beside this folder\n\n";
@@ -102,12 +105,20 @@ std::string model_card(const TrainConfig& c, bool lora) {
     s += "from peft import PeftModel\nfrom transformers import AutoModelForSequenceClassification\n\nbase = "
          "AutoModelForSequenceClassification.from_pretrained(\"<the base model>\", num_labels=1, pad_token_id=<the "
          "tokenizer's pad id>)\nmodel = PeftModel.from_pretrained(base, \"<this folder>\")  # the reward\n";
+  else if (lora && c.process_reward_model)  // PEFT's TOKEN_CLS adapter
+    s +=
+        cat("from peft import PeftModel\nfrom transformers import AutoModelForTokenClassification\n\nbase = "
+            "AutoModelForTokenClassification.from_pretrained(\"<the base model>\", num_labels=",
+            c.num_labels, ")\nmodel = PeftModel.from_pretrained(base, \"<this folder>\")\n");
   else if (lora)
     s += "from peft import AutoPeftModelForCausalLM\n\nmodel = AutoPeftModelForCausalLM.from_pretrained(\"<this "
          "folder>\")\n";
   else if (c.dpo.reward_model)
     s += "from transformers import AutoModelForSequenceClassification\n\nmodel = "
          "AutoModelForSequenceClassification.from_pretrained(\"<this folder>\")  # num_labels 1: the reward\n";
+  else if (c.process_reward_model)
+    s += "from transformers import AutoModelForTokenClassification\n\nmodel = "
+         "AutoModelForTokenClassification.from_pretrained(\"<this folder>\")  # each step's label at its last token\n";
   else
     s += "from transformers import AutoModelForCausalLM\n\nmodel = AutoModelForCausalLM.from_pretrained(\"<this "
          "folder>\")\n";
