@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy] [prefs] [reward]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy] [prefs] [reward] [prm]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -132,6 +132,23 @@ PY
           --set output_dir=../runs/reward-demo-$lora > "$OUT/reward-demo-lora-$lora.log" 2>&1
         echo "reward lora=$lora: $(grep -E "^step (0|100):|validation loss .* ->|error|tok/s" "$OUT/reward-demo-lora-$lora.log" | tail -4 | cut -c1-160 | tr '\n' ' ')"
       done ;;
+    prm)  # issue 32: process reward models and Muon on the device: the Muon ops and the linear/cross-entropy ops against
+      # their CPU twins; `dump --token-labels 2` on CUDA against the CPU (a biased two-column head); the demo trained
+      # with optimizer: muon (full fine-tune) next to AdamW, and the LoRA reward model (not run on the GPU before)
+      timeout 120 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaOps.Muon*:CudaOps.Linear*:CudaOps.CrossEntropy*' \
+        > "$OUT/prm-tests.log" 2>&1
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|OK \]" "$OUT/prm-tests.log"
+      "$B/soltrain" demo-setup --out runs/demo-data > /dev/null 2>&1
+      timeout 120 python3 tests/tools/check_prm_cuda.py "$B/soltrain" runs/demo-data/model > "$OUT/prm-check.log" 2>&1
+      tail -16 "$OUT/prm-check.log"
+      for opt in muon adamw_torch; do
+        timeout 150 "$B/soltrain" sft examples/demo.yaml --set device=cuda --set lora=false --set optimizer=$opt \
+          --set learning_rate=0.002 --set output_dir=../runs/muon-demo-$opt > "$OUT/muon-demo-$opt.log" 2>&1
+        echo "demo full $opt: $(grep -E "^step (0|100):|validation loss .* ->|error|tok/s" "$OUT/muon-demo-$opt.log" | tail -4 | cut -c1-160 | tr '\n' ' ')"
+      done
+      timeout 150 "$B/soltrain" dpo examples/reward-demo.yaml --set device=cuda --set lora=true \
+        --set output_dir=../runs/reward-demo-lora > "$OUT/reward-demo-lora.log" 2>&1
+      echo "reward lora: $(grep -E "validation loss .* ->|error|tok/s" "$OUT/reward-demo-lora.log" | tail -3 | cut -c1-160 | tr '\n' ' ')" ;;
     offgrads)  # offload_grads: the CUDA tests (bitwise the resident run), then Qwen3-8B full fine-tuning with 8-bit
       # AdamW, the masters and moments offloaded, with and without the layers' gradients (device memory and speed)
       timeout 240 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaOffload*' > "$OUT/offgrads-tests.log" 2>&1

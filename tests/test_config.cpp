@@ -37,6 +37,23 @@ TEST(Config, MinimalConfigGetsDefaults) {
   EXPECT_EQ(c.device, Device::CPU);
 }
 
+// optimizer: muon as Axolotl's factory builds it: betas (0.9, 0.95) unless both are given, the second one Muon's
+// momentum.
+TEST(Config, MuonTakesAxolotlsBetas) {
+  const TrainConfig c = parse_train_config(kBase + "optimizer: muon\n", "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_TRUE(c.muon);
+  EXPECT_EQ(c.adamw_beta1, 0.9);
+  EXPECT_EQ(c.adamw_beta2, 0.95);
+  const TrainConfig one =
+      parse_train_config(kBase + "optimizer: muon\nadamw_beta2: 0.99\n", "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_EQ(one.adamw_beta2, 0.95);  // (Axolotl passes its betas only when both are given)
+  const TrainConfig both = parse_train_config(kBase + "optimizer: muon\nadamw_beta1: 0.8\nadamw_beta2: 0.99\n",
+                                              "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_EQ(both.adamw_beta1, 0.8);
+  EXPECT_EQ(both.adamw_beta2, 0.99);
+  EXPECT_FALSE(parse_train_config(kBase, "cfg.yaml", {}, TrainMode::kSft).muon);
+}
+
 TEST(Config, UnknownKeyNamesLineAndSuggests) {
   EXPECT_EQ(error_of(kBase + "learning_rat: 1e-4\n"),
             "cfg.yaml:6: unknown key \"learning_rat\" (did you mean \"learning_rate\"?)");
@@ -485,8 +502,12 @@ TEST(Config, MissingFeaturesAreNamedInOneLine) {
   EXPECT_EQ(error_of(kBase + "gptq: true\n"), "cfg.yaml:6: gptq: GPTQ-quantised base weights are not supported");
   EXPECT_EQ(error_of(kBase + "qat:\n"), "no error");
   EXPECT_EQ(error_of(kBase + "optimizer: lion_8bit\n"),
-            "cfg.yaml:6: optimizer: \"lion_8bit\": not supported; soltrain trains with AdamW: use optimizer: "
-            "adamw_torch (fp32 moments) or adamw_8bit");
+            "cfg.yaml:6: optimizer: \"lion_8bit\": not supported; use optimizer: adamw_torch (fp32 moments), "
+            "adamw_8bit or muon");
+  EXPECT_EQ(error_of(kBase + "optimizer: normuon\n"),
+            "cfg.yaml:6: optimizer: \"normuon\": not built yet; optimizer: muon is");
+  EXPECT_EQ(error_of(kBase + "optimizer: muon\noffload_optimizer: true\n"),
+            "cfg.yaml:6: optimizer: muon with offloaded optimizer state is not built yet");
   EXPECT_EQ(error_of(kBase + "recipe: fp8_hybrid\n"),
             "cfg.yaml:6: recipe: \"fp8_hybrid\": soltrain's recipes are bf16 and fp8-hybrid");
   EXPECT_EQ(error_of(kBase + "gradient_checkpointing: sometimes\n"),

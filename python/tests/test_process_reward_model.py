@@ -172,29 +172,14 @@ def math_shepherd_rows(n, seed):
     return rows
 
 
-def test_prm_config_trains_and_saves_a_token_classifier(demo, tmp_path):
-    """PRMConfig on a list of rows (no type given: stepwise_supervised) trains; the saved folder is a
-    Qwen3ForTokenClassification that transformers loads, and its eval loss on the validation rows (transformers'
-    TokenClassification loss over the rows tokenized by TRL's rule) is the run's last eval loss."""
-    rows, held = math_shepherd_rows(40, seed=1), math_shepherd_rows(6, seed=2)
-    cfg = soltrain.PRMConfig(model=str(demo / "model"), output_dir=str(tmp_path / "run"), max_steps=8,
-                             per_device_train_batch_size=4, learning_rate=5e-4, sequence_len=64, sample_packing=False,
-                             eval_steps=8, save_steps=0, logging_steps=1)
-    trainer = soltrain.Trainer(cfg, train_dataset=rows, eval_dataset=held)
-    out = trainer.train()
-    assert out.global_step == 8
-    evals = [e for e in trainer.log_history if "eval_loss" in e]
-    assert evals, trainer.log_history
-    folder = tmp_path / "run" / "model"
-    config = json.loads((folder / "config.json").read_text())
-    assert config["architectures"] == ["Qwen3ForTokenClassification"] and len(config["id2label"]) == 2
-    model = transformers.AutoModelForTokenClassification.from_pretrained(folder, dtype=torch.float32)
+def transformers_eval_loss(model, tok, rows):
+    """A transformers (or PEFT) token classifier's loss over rows tokenized by TRL's tokenize_row: the mean
+    cross-entropy over every labelled token."""
     model.train(False)
-    tok = transformers.AutoTokenizer.from_pretrained(demo / "model")
     sep = tok.encode("\n", add_special_tokens=False)
     total, count = 0.0, 0
     with torch.no_grad():
-        for row in held:  # TRL's tokenize_row
+        for row in rows:
             ids = tok(row["prompt"], add_special_tokens=False)["input_ids"]
             if tok.bos_token_id is not None:
                 ids = [tok.bos_token_id] + ids
@@ -207,4 +192,48 @@ def test_prm_config_trains_and_saves_a_token_classifier(demo, tmp_path):
             lab = torch.tensor(labels)
             total += float(torch.nn.functional.cross_entropy(logits, lab, ignore_index=-100, reduction="sum"))
             count += int((lab != -100).sum())
-    assert abs(total / count - evals[-1]["eval_loss"]) <= 2e-3 * max(1.0, total / count), (total / count, evals[-1])
+    return total / count
+
+
+def train_prm(demo, tmp_path, **keys):
+    rows, held = math_shepherd_rows(40, seed=1), math_shepherd_rows(6, seed=2)
+    cfg = soltrain.PRMConfig(model=str(demo / "model"), output_dir=str(tmp_path / "run"), max_steps=8,
+                             per_device_train_batch_size=4, learning_rate=5e-4, sequence_len=64, sample_packing=False,
+                             eval_steps=8, save_steps=0, logging_steps=1, **keys)
+    trainer = soltrain.Trainer(cfg, train_dataset=rows, eval_dataset=held)
+    out = trainer.train()
+    assert out.global_step == 8
+    evals = [e for e in trainer.log_history if "eval_loss" in e]
+    assert evals, trainer.log_history
+    return held, evals[-1]["eval_loss"]
+
+
+def test_prm_config_trains_and_saves_a_token_classifier(demo, tmp_path):
+    """PRMConfig on a list of rows (no type given: stepwise_supervised) trains; the saved folder is a
+    Qwen3ForTokenClassification that transformers loads, and its loss on the validation rows (transformers'
+    TokenClassification loss over the rows tokenized by TRL's rule) is the run's last eval loss."""
+    held, eval_loss = train_prm(demo, tmp_path)
+    folder = tmp_path / "run" / "model"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForTokenClassification"] and len(config["id2label"]) == 2
+    model = transformers.AutoModelForTokenClassification.from_pretrained(folder, dtype=torch.float32)
+    tok = transformers.AutoTokenizer.from_pretrained(demo / "model")
+    ref = transformers_eval_loss(model, tok, held)
+    assert abs(ref - eval_loss) <= 2e-3 * max(1.0, ref), (ref, eval_loss)
+
+
+def test_lora_prm_is_peft_token_classification_adapter(demo, tmp_path):
+    """With LoRA the adapter is PEFT's TOKEN_CLS one (score weight and bias trained in full beside it): PEFT's
+    PeftModel on AutoModelForTokenClassification(num_labels=2) gives the run's last eval loss."""
+    peft = pytest.importorskip("peft")
+    held, eval_loss = train_prm(demo, tmp_path, adapter="lora", lora_r=8, lora_alpha=16,
+                                lora_target_modules=["q_proj", "v_proj"])
+    folder = tmp_path / "run" / "adapter"
+    cfg = json.loads((folder / "adapter_config.json").read_text())
+    assert cfg["task_type"] == "TOKEN_CLS" and cfg["modules_to_save"] == ["classifier", "score"]
+    base = transformers.AutoModelForTokenClassification.from_pretrained(demo / "model", num_labels=2,
+                                                                        dtype=torch.float32)
+    model = peft.PeftModel.from_pretrained(base, folder)
+    tok = transformers.AutoTokenizer.from_pretrained(demo / "model")
+    ref = transformers_eval_loss(model, tok, held)
+    assert abs(ref - eval_loss) <= 2e-3 * max(1.0, ref), (ref, eval_loss)

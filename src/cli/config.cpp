@@ -507,6 +507,22 @@ void rule_classifier(const Entries& en, const std::string&, TrainConfig& c, std:
                          c.dpo.reward_model ? "SequenceClassification(num_labels=1)" : "TokenClassification"));
 }
 
+// optimizer: muon as Axolotl's MuonOptimizerFactory builds it: betas (0.9, 0.95) unless both are given (the second
+// is Muon's momentum); its state is fp32 and on the device.
+void rule_muon(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
+  if (!c.muon) return;
+  const std::string where = en.by_key.at("optimizer").where;
+  if (!(en.given({"adamw_beta1"}) && en.given({"adamw_beta2"}))) {
+    c.adamw_beta1 = 0.9;
+    c.adamw_beta2 = 0.95;
+  }
+  if (c.offload.optimizer || c.offload.master || c.offload.grads)
+    errors.push_back(cat(where, ": optimizer: muon with offloaded optimizer state is not built yet"));
+  if (c.zero_stage >= 1)
+    errors.push_back(cat(where, ": optimizer: muon with zero_stage >= 1 is not built yet (Muon ",
+                         "orthogonalises whole matrices; each rank holds a slice)"));
+}
+
 constexpr Rule kRules[] = {rule_lora_settings_imply_lora,
                            rule_classifier,
                            rule_quantised_base,
@@ -518,7 +534,8 @@ constexpr Rule kRules[] = {rule_lora_settings_imply_lora,
                            rule_streamed_base,
                            rule_hub_push,
                            rule_trackers,
-                           rule_grpo};
+                           rule_grpo,
+                           rule_muon};  // (after the rules that set offload and zero_stage)
 
 }  // namespace
 

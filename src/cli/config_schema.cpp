@@ -382,9 +382,11 @@ void add_schedule_keys(std::vector<KeySpec>& v) {
 void add_optimizer_keys(std::vector<KeySpec>& v) {
   v.push_back(
       key("optimizer", "choice",
-          "adamw_torch (adamw, adamw_torch_fused, adamw_hf, paged_adamw_32bit) or adamw_8bit (adamw_bnb_8bit, "
-          "paged_adamw_8bit)",
-          "adamw_torch", "AdamW with fp32 moments, or bitsandbytes' 8-bit blockwise moments (HF Trainer's names)",
+          "adamw_torch (adamw, adamw_torch_fused, adamw_hf, paged_adamw_32bit), adamw_8bit (adamw_bnb_8bit, "
+          "paged_adamw_8bit) or muon",
+          "adamw_torch",
+          "AdamW with fp32 moments, or bitsandbytes' 8-bit blockwise moments (HF Trainer's names), or Muon on the "
+          "hidden matrices with AdamW on the rest (Axolotl's muon)",
           [](const Entry& e, const std::string& k, ReadContext& x) {
             const std::string s = get_string(e, k);
             if (s == "none" || s == "None" || s == "false" || s == "False") return;  // the default
@@ -396,9 +398,11 @@ void add_optimizer_keys(std::vector<KeySpec>& v) {
                          "\": 4-bit optimizer moments are not built yet; use adamw_8bit or adamw_torch");
             for (const char* o : {"adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit"})
               if (s == o) return void(x.c.moments = Moments::Blockwise8);
+            if (s == "muon") return void(x.c.muon = true);
+            if (s == "normuon" || s == "muon_8bit" || s == "dist_muon")
+              user_error(e.where, ": ", k, ": \"", s, "\": not built yet; optimizer: muon is");
             user_error(e.where, ": ", k, ": \"", s,
-                       "\": not supported; soltrain trains with AdamW: use optimizer: adamw_torch (fp32 moments) "
-                       "or adamw_8bit");
+                       "\": not supported; use optimizer: adamw_torch (fp32 moments), adamw_8bit or muon");
           }));
   v.push_back(number("weight_decay", FIELD(weight_decay), 0, 10, false, "AdamW's decoupled weight decay"));
   v.push_back(number("max_grad_norm", FIELD(max_grad_norm), 0, 1e9, false,

@@ -61,6 +61,18 @@ struct AdamWParams {
   float max_grad_norm = 0;
 };
 
+// Muon (Keller Jordan's; torch.optim.Muon, Axolotl's `optimizer: muon`) on one 2-D parameter: momentum with
+// Nesterov's look-ahead, orthogonalised by Newton–Schulz, applied with decoupled weight decay.
+struct MuonParams {
+  float momentum = 0.95f;
+  float grad_scale = 1.0f;             // as AdamWParams: clipping's factor, folded into the gradient's read
+  const Tensor* grad_sumsq = nullptr;  // ... or decided on the device from Σg²
+  float max_grad_norm = 0;
+  float eps = 1e-7f;  // the Newton–Schulz input is divided by its Frobenius norm + eps
+  int ns_steps = 5;
+  float a = 3.4445f, b = -4.7750f, c = 2.0315f;  // the quintic iteration's coefficients
+};
+
 // A moment stored 8-bit blockwise: U8 codes [n], F32 absmax [ceil(n / 256)], and the F32 [256] map the codes
 // index (on the ops' device).
 struct Blockwise8 {
@@ -527,6 +539,18 @@ class Ops {
   // `master` is one parameter, or a piece of one that starts on a block boundary (blocks start there).
   virtual void adamw_8bit(Tensor master, const Tensor& grad, const Blockwise8& m, const Blockwise8& v,
                           const AdamWParams& p, Tensor* compute_copy) = 0;
+  // Muon's momentum on one parameter (F32 grad and m [n]): m ← m + (1−μ)(g − m), then u (activation dtype [n]) =
+  // g + μ(m − g), Nesterov's input (torch's two lerps), the gradient read times the clip factor; sumsq (F64 [1]) =
+  // Σu² over the stored u.
+  virtual void muon_momentum(Tensor u, Tensor m, const Tensor& grad, Tensor sumsq, const MuonParams& p) = 0;
+  // x [r, c] (activation dtype) ← Newton–Schulz's orthogonalisation of x / (√sumsq + eps): ns_steps of
+  // X ← aX + (bA + cA·A)·X with A = X·Xᵀ, on the wide orientation (a tall x iterates on xᵀ, as torch does), every
+  // product stored in x's dtype (torch's bf16 matmuls). scratch: at least 2·k² + r·c elements of x's dtype, k =
+  // min(r, c).
+  virtual void newton_schulz(Tensor x, const Tensor& sumsq, Tensor scratch, const MuonParams& p) = 0;
+  // master (F32 [n]) ← master · decay − step · x (x in the activation dtype): Muon's decoupled weight decay (decay =
+  // 1 − lr·wd) and its scaled step; `compute_copy` as adamw()'s.
+  virtual void muon_update(Tensor master, const Tensor& x, float decay, float step, Tensor* compute_copy) = 0;
 };
 
 std::unique_ptr<Ops> make_cpu_ops();

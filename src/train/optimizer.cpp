@@ -57,8 +57,9 @@ AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offlo
   return p;
 }
 
-AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload)
-    : params_(params), ops_(ops), moments_(moments), offload_(offload) {
+AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload, bool muon)
+    : params_(params), ops_(ops), moments_(moments), offload_(offload), muon_(muon) {
+  SOLTRAIN_CHECK(!muon || (moments == Moments::F32 && !offload.any()), "Muon's state: fp32 and resident");
   const Plan pl = plan(params, moments, offload);
   chunk_ = pl.chunk;
   // (offload_optimizer: the moments in host memory, pinned on CUDA; alloc_host zeroes too)
@@ -164,8 +165,64 @@ AdamW::AdamW(ParameterStore& params, Ops& ops, std::vector<ParamRange> shard)
   v_ = ops.alloc(n * 4);
 }
 
+bool updated_by_muon(const Parameter& p) {
+  // (Axolotl's factory: embed_tokens and lm_head go to AdamW; a classifier's score head too, a 1 x hidden matrix
+  // Muon would orthogonalise into a unit vector)
+  return p.trainable && p.shape.size() == 2 && p.name.find("embed_tokens") == std::string::npos &&
+         p.name.find("lm_head") == std::string::npos && !p.name.starts_with("score.");
+}
+
+void AdamW::step_muon(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq) {
+  SOLTRAIN_CHECK(moments_ == Moments::F32 && !offload_.any() && !shard_, "Muon with fp32 moments, resident, whole");
+  const DType act = ops_.activation_dtype();
+  if (!muon_u_.data()) {
+    int64_t widest = 1, ns = 1;
+    for (const Parameter& p : params_.all())
+      if (updated_by_muon(p)) {
+        SOLTRAIN_CHECK(p.order.named(), "Muon on a parameter stored in another order: ", p.name);
+        const int64_t r = std::min(p.shape[0], p.shape[1]), n = shape_numel(p.shape);
+        widest = std::max(widest, n);
+        ns = std::max(ns, 2 * r * r + n);
+      }
+    muon_u_ = ops_.alloc(size_t(widest) * dtype_size(act));
+    muon_ns_ = ops_.alloc(size_t(ns) * dtype_size(act));
+    muon_sumsq_ = ops_.alloc(sizeof(double));
+  }
+  const Tensor sumsq{muon_sumsq_.data(), DType::F64, {1}, ops_.device()};
+  MuonParams mp;
+  mp.momentum = cfg.muon->momentum;
+  mp.ns_steps = cfg.muon->ns_steps;
+  mp.grad_scale = grad_scale;
+  mp.grad_sumsq = grad_sumsq;
+  mp.max_grad_norm = cfg.max_grad_norm;
+  for (const Parameter& p : params_.all()) {
+    if (!p.trainable) continue;
+    const Shape flat{shape_numel(p.shape)};
+    Tensor copy = p.value.view(flat);
+    Tensor* copy_out = params_.values_alias_masters() ? nullptr : &copy;
+    Tensor m{static_cast<float*>(m_.data()) + p.offset, DType::F32, flat, ops_.device()};
+    if (!updated_by_muon(p)) {
+      Tensor v{static_cast<float*>(v_.data()) + p.offset, DType::F32, flat, ops_.device()};
+      AdamWParams a{lr, cfg.beta1, cfg.beta2, cfg.eps, p.decay ? cfg.weight_decay : 0.0f, step_, grad_scale};
+      a.grad_sumsq = grad_sumsq;
+      a.max_grad_norm = cfg.max_grad_norm;
+      ops_.adamw(p.master.view(flat), p.grad.view(flat), m, v, a, copy_out);
+      continue;
+    }
+    const Tensor u{muon_u_.data(), act, flat, ops_.device()};
+    ops_.muon_momentum(u, m, p.grad.view(flat), sumsq, mp);
+    ops_.newton_schulz(u.view(p.shape), sumsq,
+                       Tensor{muon_ns_.data(), act, {int64_t(muon_ns_.bytes() / dtype_size(act))}, ops_.device()}, mp);
+    // the "original" step size: lr · √max(1, rows / cols) (Keller Jordan's; torch's adjust_lr_fn default)
+    const float scale = std::sqrt(std::max(1.0f, float(p.shape[0]) / float(p.shape[1])));
+    ops_.muon_update(p.master.view(flat), u, float(1.0 - double(lr) * double(cfg.weight_decay)), lr * scale, copy_out);
+  }
+}
+
 void AdamW::step(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq) {
   ++step_;
+  SOLTRAIN_CHECK(cfg.muon.has_value() == muon_, "an update with another optimizer than the state was made for");
+  if (muon_) return step_muon(cfg, lr, grad_scale, grad_sumsq);
   if (moments_ == Moments::Blockwise8)
     return offload_.any() ? step_streamed_8bit(cfg, lr, grad_scale, grad_sumsq)
                           : step_8bit(cfg, lr, grad_scale, grad_sumsq);
@@ -254,7 +311,8 @@ void AdamW::save(const std::filesystem::path& file) const {
                const Tensor src{static_cast<float*>(buf->data()) + p.offset, DType::F32, p.shape, buf->device()};
                ops_.copy_to_host(Tensor{dst, DType::F32, p.shape, Device::CPU}, src, DeferredWrites::queueing());
              }});
-  write_safetensors_streamed(file, tensors, {{"step", std::to_string(step_)}, {"format", kFormat}});
+  write_safetensors_streamed(file, tensors,
+                             {{"step", std::to_string(step_)}, {"format", kFormat}, {"optimizer", optimizer_name()}});
 }
 
 void AdamW::load(const std::filesystem::path& file) {
@@ -343,6 +401,14 @@ void AdamW::load(const std::vector<std::filesystem::path>& files) {
                  file_8bit ? "adamw (fp32 moments)" : "adamw_8bit",
                  ": resume with the same optimizer, or start a fresh run");
     if (file_8bit) return load_8bit(f, files);
+  }
+  {  // Muon's momentum or AdamW's moments (a file without the key is AdamW's)
+    const SafetensorsFile f(files[0]);
+    const auto it = f.metadata().find("optimizer");
+    const std::string saved = it == f.metadata().end() ? "adamw" : it->second;
+    if (saved != optimizer_name())
+      user_error(files[0].string(), ": optimizer state was saved with ", saved, ", this run uses ", optimizer_name(),
+                 ": resume with the same optimizer, or start a fresh run");
   }
   std::vector<float> m(size_t(params_.numel())), v(m.size());
   std::string step_text;

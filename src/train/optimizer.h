@@ -33,6 +33,16 @@ struct Offload {
   bool any() const { return master || optimizer || grads; }
 };
 
+// `optimizer: muon` (Axolotl's MuonOptimizerFactory, torch.optim.Muon): Muon (kernels/ops.h MuonParams) on every
+// trained 2-D matrix but the embedding, the LM head and a classifier's score head, which, with the 1-D parameters,
+// AdamW updates (the run's lr, betas and eps). Muon's momentum lives in the exp_avg buffer (exp_avg_sq unused).
+struct MuonSettings {
+  float momentum = 0.95f;
+  int ns_steps = 5;
+};
+// Whether Muon updates `p` (a trained 2-D matrix that is not an embedding or head).
+bool updated_by_muon(const Parameter& p);
+
 struct OptimizerConfig {
   float lr = 1e-5f;
   double beta1 = 0.9, beta2 = 0.999;  // doubles, as torch takes them: float(1 - 0.999) is not 1 - float(0.999)
@@ -40,13 +50,15 @@ struct OptimizerConfig {
   float max_grad_norm = 1.0f;  // <= 0 disables clipping
   Moments moments = Moments::F32;
   Offload offload{};  // (a default member initializer: brace-initialised configs that stop earlier stay -Wextra clean)
+  std::optional<MuonSettings> muon{};  // Muon on the hidden matrices, AdamW on the rest
 };
 
 class AdamW {
  public:
   // With `offload.master` the store's masters move to host memory here (before the first update, after they
   // were loaded); with `offload.optimizer` the moments are made there.
-  AdamW(ParameterStore& params, Ops& ops, Moments moments = Moments::F32, Offload offload = {});
+  // With `muon` the state is Muon's and AdamW's (OptimizerConfig::muon; updates must then say muon).
+  AdamW(ParameterStore& params, Ops& ops, Moments moments = Moments::F32, Offload offload = {}, bool muon = false);
   // ZeRO-1/2: moments (and updates) for `shard` only, ranges of the flat buffers (data_parallel.h); fp32.
   AdamW(ParameterStore& params, Ops& ops, std::vector<ParamRange> shard);
   bool sharded() const { return shard_.has_value(); }
@@ -66,6 +78,7 @@ class AdamW {
   // and the update, and no pass scales the gradients (a separate one cost 10.6 ms of a 310 ms Qwen3-4B step).
   void step(const OptimizerConfig& cfg, float lr, float grad_scale = 1.0f, const Tensor* grad_sumsq = nullptr);
   int steps_done() const { return step_; }
+  const char* optimizer_name() const { return muon_ ? "muon" : "adamw"; }
   size_t state_bytes() const;        // the moments' device memory (with offload: the two staging slots)
   size_t host_state_bytes() const {  // the offloaded moments
     return offload_.optimizer ? m_.bytes() + v_.bytes() + mq_.bytes() + vq_.bytes() + mabs_.bytes() + vabs_.bytes() : 0;
@@ -105,6 +118,10 @@ class AdamW {
                      const std::function<void(size_t, const std::vector<Staged>&)>& update);
   void step_streamed(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq);
   void step_streamed_8bit(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq);
+  // Muon's update (cfg.muon): per parameter, Muon's three ops or AdamW; its scratch made on the first call.
+  void step_muon(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq);
+  Buffer muon_u_, muon_ns_, muon_sumsq_;  // the Nesterov input, Newton–Schulz's scratch, Σu² (F64)
+  bool muon_ = false;                     // the state holds Muon's momentum (said in the file's metadata)
 
   ParameterStore& params_;
   Ops& ops_;

@@ -106,8 +106,11 @@ void check_update_batches_fit(const TrainConfig& c, int world, int rows) {
 }
 
 OptimizerConfig optimizer_config(const TrainConfig& c) {
-  return OptimizerConfig{float(c.learning_rate), c.adamw_beta1,          c.adamw_beta2, float(c.adamw_epsilon),
-                         float(c.weight_decay),  float(c.max_grad_norm), c.moments,     c.offload};
+  OptimizerConfig o{float(c.learning_rate), c.adamw_beta1,          c.adamw_beta2, float(c.adamw_epsilon),
+                    float(c.weight_decay),  float(c.max_grad_norm), c.moments,     c.offload};
+  // (Axolotl's Muon: its momentum is the second beta, 0.95 unless both betas are given)
+  if (c.muon) o.muon = MuonSettings{float(c.adamw_beta2)};
+  return o;
 }
 
 ScheduleConfig schedule_config(const TrainConfig& c, int64_t total_steps) {

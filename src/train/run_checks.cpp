@@ -20,6 +20,8 @@ void check_run_inputs(const TrainConfig& c) {
     refuse_classifier(c.model, m);
   if (c.dpo.reward_model) m.num_labels = 1;  // (the run reads it as its classifier)
   if (c.process_reward_model) make_token_classifier(m, c.num_labels);
+  if (c.muon && m.moe_layers() > 0)
+    user_error("optimizer: muon on a mixture-of-experts model (", m.architecture, ") is not built yet");
   if (c.lora.enabled)
     if (const std::string why = modules_to_save_refusal(c.lora.modules_to_save, m); !why.empty()) user_error(why);
   if (c.sequence_len > m.max_position_embeddings)

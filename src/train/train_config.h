@@ -147,6 +147,7 @@ struct TrainConfig {
   double weight_decay = 0.0, max_grad_norm = 1.0;
   double adamw_beta1 = 0.9, adamw_beta2 = 0.999, adamw_epsilon = 1e-8;
   Moments moments = Moments::F32;  // `optimizer: adamw_8bit` (and bitsandbytes' names for it): Blockwise8
+  bool muon = false;               // `optimizer: muon`: Muon on the hidden matrices, AdamW on the rest (optimizer.h)
   Offload offload;                 // `offload_master`, `offload_optimizer`, `offload_grads`: that state in host memory
   uint64_t seed = 42;
   Recompute recompute = Recompute::None;

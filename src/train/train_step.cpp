@@ -10,7 +10,7 @@ namespace soltrain {
 TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt)
     : model_(model),
       opt_(opt),
-      adamw_(std::make_unique<AdamW>(model.params(), model.ops(), opt.moments, opt.offload)),
+      adamw_(std::make_unique<AdamW>(model.params(), model.ops(), opt.moments, opt.offload, opt.muon.has_value())),
       sft_(model.ops()),
       sumsq_(model.ops().alloc(sizeof(double))) {
   if (opt.offload.grads) {
@@ -23,6 +23,7 @@ const char* sharded_update_refusal(const OptimizerConfig& opt, int zero_stage) {
   if (zero_stage < 1) return nullptr;
   if (opt.moments == Moments::Blockwise8) return "8-bit moments are not sharded";
   if (opt.offload.any()) return "the sharded update keeps its state on the device";
+  if (opt.muon) return "Muon orthogonalises whole matrices";
   return nullptr;
 }
 
@@ -44,7 +45,8 @@ TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt, Communicato
       opt_(opt),
       dp_(std::make_unique<DataParallel>(model, comm, checked_stage(opt, zero_stage))),
       adamw_(zero_stage >= 1 ? std::make_unique<AdamW>(model.params(), model.ops(), dp_->plan().owned)
-                             : std::make_unique<AdamW>(model.params(), model.ops(), opt.moments, opt.offload)),
+                             : std::make_unique<AdamW>(model.params(), model.ops(), opt.moments, opt.offload,
+                                                       opt.muon.has_value())),
       sft_(model.ops()),
       sumsq_(model.ops().alloc(sizeof(double))),
       loss_sum_(model.ops().alloc(sizeof(double))) {

@@ -308,6 +308,58 @@ TEST_F(CudaOps, AdamWMatchesTheCpuAndWritesTheBf16Copy) {
   for (size_t i = 0; i < c.size(); ++i) ASSERT_EQ(c[i], bf16_to_f32(f32_to_bf16(got[i]))) << i;
 }
 
+// Muon's three ops against the CPU twin (fp32 there; bf16 Newton-Schulz here, as torch's bf16 matmuls), a wide and a
+// tall matrix, with clipping decided on the device: the momentum to fp32 rounding, Σu² to bf16's, the orthogonalised
+// update to bf16 GEMM rounding, and the masters after the step.
+TEST_F(CudaOps, MuonMatchesTheCpu) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{48, 200}, {320, 96}}) {
+    const int64_t n = rows * cols, k = std::min(rows, cols);
+    auto w = randn(static_cast<size_t>(n)), m0 = randn(static_cast<size_t>(n), 0.01f),
+         g = randn(static_cast<size_t>(n), 0.1f);
+    MuonParams p;
+    p.momentum = 0.9f;
+    double clip_sumsq = 9.0;  // ‖g‖ 3 over a max norm of 1: a factor of 1/3
+    auto f64 = [&] {
+      buffers.push_back(gpu->alloc(sizeof(double)));
+      return Tensor{buffers.back().data(), DType::F64, {1}, Device::CUDA};
+    };
+    Tensor gclip = f64();
+    gpu->copy(gclip, Tensor{&clip_sumsq, DType::F64, {1}, Device::CPU});
+    p.max_grad_norm = 1.0f;
+    // GPU
+    Tensor gw = upload(w, {n}, DType::F32), gm = upload(m0, {n}, DType::F32), gu = poisoned({rows, cols});
+    Tensor gss = f64();
+    Tensor scratch = poisoned({2 * k * k + n});
+    MuonParams pg = p;
+    pg.grad_sumsq = &gclip;
+    gpu->muon_momentum(gu.view({n}), gm, upload(g, {n}, DType::F32), gss, pg);
+    double gpu_ss = 0;
+    gpu->copy(Tensor{&gpu_ss, DType::F64, {1}, Device::CPU}, gss);
+    const std::vector<float> gpu_u = download(gu);
+    gpu->newton_schulz(gu, gss, scratch, pg);
+    const std::vector<float> gpu_x = download(gu);
+    Tensor copy = poisoned({n});
+    gpu->muon_update(gw, gu.view({n}), 0.999f, 0.02f, &copy);
+    // CPU
+    std::vector<float> cw = w, cm = m0, cu(static_cast<size_t>(n)), cscratch(static_cast<size_t>(2 * k * k + n));
+    double cpu_ss = 0;
+    MuonParams pc = p;
+    Tensor csum{&clip_sumsq, DType::F64, {1}, Device::CPU};
+    pc.grad_sumsq = &csum;
+    cpu->muon_momentum(host(cu, {n}), host(cm, {n}), host(g, {n}), Tensor{&cpu_ss, DType::F64, {1}, Device::CPU}, pc);
+    EXPECT_LE(rel(download(gm), cm), 1e-6) << rows << "x" << cols;
+    EXPECT_LE(rel(gpu_u, cu), 5e-3);
+    EXPECT_NEAR(gpu_ss, cpu_ss, 1e-2 * cpu_ss);
+    cpu->newton_schulz(host(cu, {rows, cols}), Tensor{&cpu_ss, DType::F64, {1}, Device::CPU},
+                       host(cscratch, {2 * k * k + n}), pc);
+    EXPECT_LE(rel(gpu_x, cu), 4e-2) << rows << "x" << cols;
+    cpu->muon_update(host(cw, {n}), host(cu, {n}), 0.999f, 0.02f, nullptr);
+    EXPECT_LE(rel(download(gw), cw), 1e-4);
+    const auto c = download(copy), got = download(gw);
+    for (size_t i = 0; i < c.size(); ++i) ASSERT_EQ(c[i], bf16_to_f32(f32_to_bf16(got[i]))) << i;
+  }
+}
+
 // 8-bit blockwise AdamW (bitsandbytes' format) against the CPU twin over several steps, a tail block included:
 // codes may differ only where a moment lands within rounding of a bucket boundary (fused multiply-adds on the
 // GPU), parameters and absmax to fp32 rounding.

@@ -76,8 +76,11 @@ class CpuOps final : public Ops {
   void adamw(Tensor master, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p,
              Tensor* compute_copy) override;
   void adamw_8bit(Tensor master, const Tensor& grad, const Blockwise8& m, const Blockwise8& v, const AdamWParams& p,
-                  Tensor* compute_copy) override;  // FP8: the twin of the CUDA backend's (same codes bit for bit; the
-                                                   // GEMM on the decoded values in fp32).
+                  Tensor* compute_copy) override;
+  void muon_momentum(Tensor u, Tensor m, const Tensor& grad, Tensor sumsq, const MuonParams& p) override;
+  void newton_schulz(Tensor x, const Tensor& sumsq, Tensor scratch, const MuonParams& p) override;
+  void muon_update(Tensor master, const Tensor& x, float decay, float step, Tensor* compute_copy) override;
+  // FP8: the twin of the CUDA backend's (same codes bit for bit; the GEMM on the decoded values in fp32).
   void fp8_quantize(Tensor out, Tensor out_t, const Tensor& x, const Fp8Scaling& s) override;
   void fp8_matmul(Tensor y, const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
                   const Tensor* bias, float alpha, bool accumulate, bool precise) override;

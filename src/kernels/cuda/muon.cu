@@ -1,0 +1,131 @@
+// CUDA: Muon's three steps (kernels/ops.h): the momentum and Nesterov input with a fixed-order Σu², Newton–Schulz
+// on cuBLASLt GEMMs in the activation dtype (bf16 in and out, fp32 accumulation: torch's bf16 matmuls), and the
+// decayed step on the fp32 masters with the compute copy written in the same pass.
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace soltrain {
+
+using cuda::bf16;
+
+namespace {
+constexpr int kThreads = 256, kBlocks = 256;  // a fixed grid: Σu²'s partials are summed in one order
+
+template <typename U>
+__global__ void muon_momentum_kernel(U* u, float* m, const float* g, double* partials, int64_t n, float momentum,
+                                     float scale, const double* grad_sumsq, float max_grad_norm) {
+  if (grad_sumsq) scale *= clip_factor(*grad_sumsq, max_grad_norm);
+  double ss = 0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float gi = g[i] * scale;
+    const float mi = m[i] + (1.0f - momentum) * (gi - m[i]);
+    m[i] = mi;
+    cuda::st(u + i, gi + momentum * (mi - gi));
+    const double stored = cuda::ld(u + i);  // Σ over what the iteration reads
+    ss += stored * stored;
+  }
+  __shared__ double part[kThreads];
+  part[threadIdx.x] = ss;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s >>= 1) {
+    if (int(threadIdx.x) < s) part[threadIdx.x] += part[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partials[blockIdx.x] = part[0];
+}
+
+__global__ void sum_partials(double* out, const double* partials) {
+  if (threadIdx.x == 0) {
+    double s = 0;
+    for (int i = 0; i < kBlocks; ++i) s += partials[i];
+    *out = s;
+  }
+}
+
+template <typename X>
+__global__ void scale_by_inverse_norm(X* x, int64_t n, const double* sumsq, float eps) {
+  const float inv = 1.0f / (float(sqrt(*sumsq)) + eps);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    cuda::st(x + i, cuda::ld(x + i) * inv);
+}
+
+template <typename X>
+__global__ void muon_update_kernel(float* w, const X* u, bf16* copy, int64_t n, float decay, float step) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float wi = w[i] * decay - step * cuda::ld(u + i);
+    w[i] = wi;
+    if (copy) copy[i] = cuda::to_bf(wi);
+  }
+}
+}  // namespace
+
+void CudaOps::muon_momentum(Tensor u, Tensor m, const Tensor& grad, Tensor sumsq, const MuonParams& p) {
+  const auto prof = profile("muon_momentum");
+  SOLTRAIN_CHECK(u.numel() == m.numel() && grad.numel() == m.numel() && sumsq.dtype == DType::F64,
+                 "muon_momentum shapes");
+  auto* partials = static_cast<double*>(scratch(kBlocks * sizeof(double)));
+  const double* gs = p.grad_sumsq ? static_cast<const double*>(p.grad_sumsq->data) : nullptr;
+  if (u.dtype == DType::BF16)
+    muon_momentum_kernel<<<kBlocks, kThreads, 0, stream_>>>(u.as<bf16>(), m.f32(), grad.f32(), partials, m.numel(),
+                                                            p.momentum, p.grad_scale, gs, p.max_grad_norm);
+  else
+    muon_momentum_kernel<<<kBlocks, kThreads, 0, stream_>>>(u.f32(), m.f32(), grad.f32(), partials, m.numel(),
+                                                            p.momentum, p.grad_scale, gs, p.max_grad_norm);
+  CUDA_CHECK_LAUNCH();
+  sum_partials<<<1, 32, 0, stream_>>>(sumsq.as<double>(), partials);
+  CUDA_CHECK_LAUNCH();
+}
+
+// The iteration on W [r, c] (r <= c, the wide orientation), in column-major terms: a row-major x of a wide matrix
+// is Wᵀ to cuBLASLt (ld c), a tall one's is W itself (ld r). A = W·Wᵀ; B = b·A + c·A·A (A symmetric); W ← a·W + B·W.
+void CudaOps::newton_schulz(Tensor x, const Tensor& sumsq, Tensor scratch_t, const MuonParams& p) {
+  const auto prof = profile("newton_schulz");
+  SOLTRAIN_CHECK(x.shape.size() == 2 && scratch_t.dtype == x.dtype, "newton_schulz: a matrix and its scratch");
+  const int64_t rows = x.dim(0), cols = x.dim(1);
+  const bool tall = rows > cols;
+  const int r = int(tall ? cols : rows), c = int(tall ? rows : cols);
+  SOLTRAIN_CHECK(scratch_t.numel() >= 2 * int64_t(r) * r + int64_t(r) * c, "newton_schulz: scratch too small");
+  const size_t es = dtype_size(x.dtype);
+  auto view = [&](int64_t at, Shape s) {
+    return Tensor{static_cast<char*>(scratch_t.data) + at * int64_t(es), x.dtype, std::move(s), x.device};
+  };
+  Tensor A = view(0, {r, r}), B = view(int64_t(r) * r, {r, r}), Y = view(2 * int64_t(r) * r, {rows, cols});
+  const double* ss = static_cast<const double*>(sumsq.data);
+  if (x.dtype == DType::BF16)
+    scale_by_inverse_norm<<<cuda::blocks_for(x.numel(), 256, 4096), 256, 0, stream_>>>(x.as<bf16>(), x.numel(), ss,
+                                                                                       p.eps);
+  else
+    scale_by_inverse_norm<<<cuda::blocks_for(x.numel(), 256, 4096), 256, 0, stream_>>>(x.f32(), x.numel(), ss, p.eps);
+  CUDA_CHECK_LAUNCH();
+  Tensor cur = x, next = Y;
+  for (int s = 0; s < p.ns_steps; ++s) {
+    if (tall)  // W is cur (ld r): A = W·Wᵀ
+      gemm(false, true, r, r, c, cur, r, cur, r, A, r, 0.0f, nullptr);
+    else  // cur is Wᵀ (ld c): A = (Wᵀ)ᵀ·Wᵀ
+      gemm(true, false, r, r, c, cur, c, cur, c, A, r, 0.0f, nullptr);
+    copy(B, A);
+    gemm(false, false, r, r, r, A, r, A, r, B, r, p.b, nullptr, p.c);  // B = c·A·A + b·A
+    copy(next, cur);
+    if (tall)  // W ← B·W + a·W
+      gemm(false, false, r, c, r, B, r, cur, r, next, r, p.a, nullptr);
+    else  // Wᵀ ← Wᵀ·B + a·Wᵀ (B symmetric)
+      gemm(false, false, c, r, r, cur, c, B, r, next, c, p.a, nullptr);
+    std::swap(cur, next);
+  }
+  if (cur.data != x.data) copy(x, cur);
+}
+
+void CudaOps::muon_update(Tensor master, const Tensor& x, float decay, float step, Tensor* compute_copy) {
+  const auto prof = profile("muon_update");
+  SOLTRAIN_CHECK(x.numel() == master.numel(), "muon_update shapes");
+  bf16* copy_out = compute_copy ? compute_copy->as<bf16>() : nullptr;
+  const unsigned blocks = cuda::blocks_for(master.numel(), 256, 4096);
+  if (x.dtype == DType::BF16)
+    muon_update_kernel<<<blocks, 256, 0, stream_>>>(master.f32(), x.as<bf16>(), copy_out, master.numel(), decay, step);
+  else
+    muon_update_kernel<<<blocks, 256, 0, stream_>>>(master.f32(), x.f32(), copy_out, master.numel(), decay, step);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace soltrain
