@@ -5,11 +5,11 @@ cd "$(dirname "$0")/.."
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j3  # many tests wait on subprocesses
 # The Python API (python/tests) over the module just built, its references computed live by transformers,
-# PEFT, TRL and bitsandbytes (the LLM.int8 base's reference) on CPU torch, and the clients soltrain's outputs must
+# PEFT, TRL, bitsandbytes (the LLM.int8 base's reference) and torchao (adamw_torch_8bit's) on CPU torch, and the clients soltrain's outputs must
 # satisfy (openai for serve, wandb and mlflow for report_to, huggingface_hub for push_to_hub): from PyPI when
 # missing (torch pinned to the CPU build this machine kind keeps on disk; an unpinned torch would be a multi-GB
 # CUDA build).
-python3 -c "import pytest, datasets, torch, transformers, peft, trl, bitsandbytes, openai, wandb, mlflow" 2>/dev/null ||
+python3 -c "import pytest, datasets, torch, transformers, peft, trl, bitsandbytes, torchao, openai, wandb, mlflow" 2>/dev/null ||
   python3 -m pip install --quiet --disable-pip-version-check pytest datasets torch==2.13.0 transformers peft trl \
-    bitsandbytes openai wandb mlflow-skinny
+    bitsandbytes torchao openai wandb mlflow-skinny
 python3 -m pytest python/tests -q

@@ -503,7 +503,7 @@ TEST(Config, MissingFeaturesAreNamedInOneLine) {
   EXPECT_EQ(error_of(kBase + "qat:\n"), "no error");
   EXPECT_EQ(error_of(kBase + "optimizer: lion_8bit\n"),
             "cfg.yaml:6: optimizer: \"lion_8bit\": not supported; use optimizer: adamw_torch (fp32 moments), "
-            "adamw_8bit or muon");
+            "adamw_8bit, adamw_torch_8bit or muon");
   EXPECT_EQ(error_of(kBase + "optimizer: normuon\n"),
             "cfg.yaml:6: optimizer: \"normuon\": not built yet; optimizer: muon is");
   EXPECT_EQ(error_of(kBase + "optimizer: muon\noffload_optimizer: true\n"),

@@ -383,7 +383,7 @@ void add_optimizer_keys(std::vector<KeySpec>& v) {
   v.push_back(
       key("optimizer", "choice",
           "adamw_torch (adamw, adamw_torch_fused, adamw_hf, paged_adamw_32bit), adamw_8bit (adamw_bnb_8bit, "
-          "paged_adamw_8bit) or muon",
+          "paged_adamw_8bit), adamw_torch_8bit (torchao's) or muon",
           "adamw_torch",
           "AdamW with fp32 moments, or bitsandbytes' 8-bit blockwise moments (HF Trainer's names), or Muon on the "
           "hidden matrices with AdamW on the rest (Axolotl's muon)",
@@ -399,10 +399,13 @@ void add_optimizer_keys(std::vector<KeySpec>& v) {
             for (const char* o : {"adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit"})
               if (s == o) return void(x.c.moments = Moments::Blockwise8);
             if (s == "muon") return void(x.c.muon = true);
+            // HF's adamw_torch_8bit: torchao's AdamW8bit (bitsandbytes' maps and blocks, whole blocks only)
+            if (s == "adamw_torch_8bit") return void(x.c.moments = Moments::Torchao8);
             if (s == "normuon" || s == "muon_8bit" || s == "dist_muon")
               user_error(e.where, ": ", k, ": \"", s, "\": not built yet; optimizer: muon is");
             user_error(e.where, ": ", k, ": \"", s,
-                       "\": not supported; use optimizer: adamw_torch (fp32 moments), adamw_8bit or muon");
+                       "\": not supported; use optimizer: adamw_torch (fp32 moments), adamw_8bit, adamw_torch_8bit or "
+                       "muon");
           }));
   v.push_back(number("weight_decay", FIELD(weight_decay), 0, 10, false, "AdamW's decoupled weight decay"));
   v.push_back(number("max_grad_norm", FIELD(max_grad_norm), 0, 1e9, false,

@@ -16,6 +16,10 @@
 
 namespace soltrain {
 
+bool quantised_moments(Moments m, int64_t n) {
+  return eight_bit(m) && n >= kBlockwise8MinNumel && (m == Moments::Blockwise8 || n % kBlockwise8Block == 0);
+}
+
 AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offload) {
   constexpr int64_t b = kBlockwise8Block;
   std::map<std::pair<int, bool>, int64_t> ranges;  // (group, decayed): the store's flat ranges, which fp32 pieces cut
@@ -26,7 +30,7 @@ AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offlo
     total += n;
     ranges[{q.group, q.decay}] += n;
     widest_param = std::max(widest_param, n);
-    if (n >= kBlockwise8MinNumel)
+    if (quantised_moments(moments, n))
       codes += n, blocks += (n + b - 1) / b;
     else
       small += n;
@@ -83,7 +87,7 @@ AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload,
   for (const Parameter& p : params.all()) {
     if (!p.trainable) continue;
     const int64_t n = shape_numel(p.shape);
-    if (n >= kBlockwise8MinNumel) {
+    if (quantised_moments(moments_, n)) {
       slots_.push_back({&p, true, bytes, blocks});
       bytes += n;
       blocks += (n + kBlockwise8Block - 1) / kBlockwise8Block;
@@ -223,7 +227,7 @@ void AdamW::step(const OptimizerConfig& cfg, float lr, float grad_scale, const T
   ++step_;
   SOLTRAIN_CHECK(cfg.muon.has_value() == muon_, "an update with another optimizer than the state was made for");
   if (muon_) return step_muon(cfg, lr, grad_scale, grad_sumsq);
-  if (moments_ == Moments::Blockwise8)
+  if (eight_bit(moments_))
     return offload_.any() ? step_streamed_8bit(cfg, lr, grad_scale, grad_sumsq)
                           : step_8bit(cfg, lr, grad_scale, grad_sumsq);
   if (offload_.any()) return step_streamed(cfg, lr, grad_scale, grad_sumsq);
@@ -265,7 +269,7 @@ std::string layout_fingerprint(const ParameterStore& ps) {
 }
 
 void AdamW::save(const std::filesystem::path& file) const {
-  if (moments_ == Moments::Blockwise8) {
+  if (eight_bit(moments_)) {
     std::vector<StreamedTensor> tensors;
     for (const Slot& s : slots_)
       for (bool second : {false, true}) {
@@ -278,7 +282,8 @@ void AdamW::save(const std::filesystem::path& file) const {
           tensors.push_back(fetched(prefix + s.param->name, fp32_moment(s, second).view(s.param->shape), ops_));
         }
       }
-    write_safetensors_streamed(file, tensors, {{"step", std::to_string(step_)}, {"format", kFormat8}});
+    write_safetensors_streamed(
+        file, tensors, {{"step", std::to_string(step_)}, {"format", kFormat8}, {"optimizer", optimizer_name()}});
     return;
   }
   if (shard_) {
@@ -395,20 +400,18 @@ void AdamW::load(const std::vector<std::filesystem::path>& files) {
       return it->second;
     };
     const bool file_8bit = meta("format") == kFormat8;
-    if (file_8bit != (moments_ == Moments::Blockwise8))
+    if (file_8bit != eight_bit(moments_))
       user_error(files[0].string(), ": optimizer state was saved with ",
                  file_8bit ? "adamw_8bit" : "adamw (fp32 moments)", ", this run uses ",
                  file_8bit ? "adamw (fp32 moments)" : "adamw_8bit",
                  ": resume with the same optimizer, or start a fresh run");
-    if (file_8bit) return load_8bit(f, files);
-  }
-  {  // Muon's momentum or AdamW's moments (a file without the key is AdamW's)
-    const SafetensorsFile f(files[0]);
+    // Muon's momentum, torchao's 8-bit moments or AdamW's (a file without the key is AdamW's)
     const auto it = f.metadata().find("optimizer");
     const std::string saved = it == f.metadata().end() ? "adamw" : it->second;
     if (saved != optimizer_name())
       user_error(files[0].string(), ": optimizer state was saved with ", saved, ", this run uses ", optimizer_name(),
                  ": resume with the same optimizer, or start a fresh run");
+    if (file_8bit) return load_8bit(f, files);
   }
   std::vector<float> m(size_t(params_.numel())), v(m.size());
   std::string step_text;

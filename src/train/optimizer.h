@@ -12,8 +12,15 @@ namespace soltrain {
 class SafetensorsFile;
 
 // How AdamW keeps its moments: fp32, or 8-bit blockwise as bitsandbytes' AdamW8bit does (kernels/blockwise8.h;
-// `optimizer: adamw_8bit`): 2.03 bytes per parameter instead of 8, for parameters of 4096 elements or more.
-enum class Moments { F32, Blockwise8 };
+// `optimizer: adamw_8bit`): 2.03 bytes per parameter instead of 8, for parameters of 4096 elements or more; or as
+// torchao's AdamW8bit does (`adamw_torch_8bit`): the same maps, blocks and update, but only a parameter of whole
+// 256-element blocks is quantised (torchao keeps the others in fp32).
+enum class Moments { F32, Blockwise8, Torchao8 };
+inline bool eight_bit(Moments m) {
+  return m != Moments::F32;
+}
+// Whether a parameter of n elements keeps 8-bit moments under `m`.
+bool quantised_moments(Moments m, int64_t n);
 
 // Offload (`offload_master`, `offload_optimizer`; Surogate's and llmq's names): the fp32 masters and/or the
 // moments (fp32 or 8-bit) live in host memory (pinned on CUDA) instead of the device, and each update streams
@@ -78,7 +85,9 @@ class AdamW {
   // and the update, and no pass scales the gradients (a separate one cost 10.6 ms of a 310 ms Qwen3-4B step).
   void step(const OptimizerConfig& cfg, float lr, float grad_scale = 1.0f, const Tensor* grad_sumsq = nullptr);
   int steps_done() const { return step_; }
-  const char* optimizer_name() const { return muon_ ? "muon" : "adamw"; }
+  const char* optimizer_name() const {
+    return muon_ ? "muon" : moments_ == Moments::Torchao8 ? "adamw_torch_8bit" : "adamw";
+  }
   size_t state_bytes() const;        // the moments' device memory (with offload: the two staging slots)
   size_t host_state_bytes() const {  // the offloaded moments
     return offload_.optimizer ? m_.bytes() + v_.bytes() + mq_.bytes() + vq_.bytes() + mabs_.bytes() + vabs_.bytes() : 0;
