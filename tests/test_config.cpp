@@ -297,11 +297,9 @@ TEST(Config, MorePeerKeys) {
   EXPECT_EQ(e.saves_per_epoch, 0);
   EXPECT_EQ(
       error_of(kBase + "plugins: [axolotl.integrations.kd.KDPlugin]\nrl: ebft\noptimizer: adamw_torch_4bit\n"),
-      "cfg.yaml: 3 problems: cfg.yaml:6: plugins: \"axolotl.integrations.kd.KDPlugin\": Axolotl plugins are "
+      "cfg.yaml: 2 problems: cfg.yaml:6: plugins: \"axolotl.integrations.kd.KDPlugin\": Axolotl plugins are "
       "not supported; cfg.yaml:7: rl: \"ebft\": soltrain trains dpo, ipo, orpo, simpo, kto and grpo (other methods "
-      "are not built yet); cfg.yaml:8: "
-      "optimizer: \"adamw_torch_4bit\": 4-bit optimizer moments are not built yet; use adamw_8bit or "
-      "adamw_torch");
+      "are not built yet)");
 }
 
 // Axolotl's default scheduler is cosine (Surogate's and soltrain's: linear): a config with Axolotl's base_model
@@ -503,7 +501,7 @@ TEST(Config, MissingFeaturesAreNamedInOneLine) {
   EXPECT_EQ(error_of(kBase + "qat:\n"), "no error");
   EXPECT_EQ(error_of(kBase + "optimizer: lion_8bit\n"),
             "cfg.yaml:6: optimizer: \"lion_8bit\": not supported; use optimizer: adamw_torch (fp32 moments), "
-            "adamw_8bit, adamw_torch_8bit or muon");
+            "adamw_8bit, adamw_torch_8bit, adamw_torch_4bit or muon");
   EXPECT_EQ(error_of(kBase + "optimizer: normuon\n"),
             "cfg.yaml:6: optimizer: \"normuon\": not built yet; optimizer: muon is");
   EXPECT_EQ(error_of(kBase + "optimizer: muon\noffload_optimizer: true\n"),

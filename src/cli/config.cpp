@@ -510,6 +510,9 @@ void rule_classifier(const Entries& en, const std::string&, TrainConfig& c, std:
 // optimizer: muon as Axolotl's MuonOptimizerFactory builds it: betas (0.9, 0.95) unless both are given (the second
 // is Muon's momentum); its state is fp32 and on the device.
 void rule_muon(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
+  if (c.moments == Moments::Torchao4 && (c.offload.optimizer || c.offload.master || c.offload.grads))
+    errors.push_back(cat(en.by_key.at("optimizer").where,
+                         ": optimizer: adamw_torch_4bit with offloaded optimizer state is not built yet"));
   if (!c.muon) return;
   const std::string where = en.by_key.at("optimizer").where;
   if (!(en.given({"adamw_beta1"}) && en.given({"adamw_beta2"}))) {

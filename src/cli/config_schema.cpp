@@ -383,7 +383,7 @@ void add_optimizer_keys(std::vector<KeySpec>& v) {
   v.push_back(
       key("optimizer", "choice",
           "adamw_torch (adamw, adamw_torch_fused, adamw_hf, paged_adamw_32bit), adamw_8bit (adamw_bnb_8bit, "
-          "paged_adamw_8bit), adamw_torch_8bit (torchao's) or muon",
+          "paged_adamw_8bit), adamw_torch_8bit / adamw_torch_4bit (torchao's) or muon",
           "adamw_torch",
           "AdamW with fp32 moments, or bitsandbytes' 8-bit blockwise moments (HF Trainer's names), or Muon on the "
           "hidden matrices with AdamW on the rest (Axolotl's muon)",
@@ -393,9 +393,7 @@ void add_optimizer_keys(std::vector<KeySpec>& v) {
             // paged_adamw_32bit is bitsandbytes' fp32 AdamW in paged (unified) memory: the same updates.
             for (const char* o : {"adamw_torch", "adamw_torch_fused", "adamw", "adamw_hf", "paged_adamw_32bit"})
               if (s == o) return void(x.c.moments = Moments::F32);
-            if (s == "adamw_torch_4bit")
-              user_error(e.where, ": ", k, ": \"", s,
-                         "\": 4-bit optimizer moments are not built yet; use adamw_8bit or adamw_torch");
+            if (s == "adamw_torch_4bit") return void(x.c.moments = Moments::Torchao4);  // torchao's AdamW4bit
             for (const char* o : {"adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit"})
               if (s == o) return void(x.c.moments = Moments::Blockwise8);
             if (s == "muon") return void(x.c.muon = true);
@@ -404,8 +402,8 @@ void add_optimizer_keys(std::vector<KeySpec>& v) {
             if (s == "normuon" || s == "muon_8bit" || s == "dist_muon")
               user_error(e.where, ": ", k, ": \"", s, "\": not built yet; optimizer: muon is");
             user_error(e.where, ": ", k, ": \"", s,
-                       "\": not supported; use optimizer: adamw_torch (fp32 moments), adamw_8bit, adamw_torch_8bit or "
-                       "muon");
+                       "\": not supported; use optimizer: adamw_torch (fp32 moments), adamw_8bit, adamw_torch_8bit, "
+                       "adamw_torch_4bit or muon");
           }));
   v.push_back(number("weight_decay", FIELD(weight_decay), 0, 10, false, "AdamW's decoupled weight decay"));
   v.push_back(number("max_grad_norm", FIELD(max_grad_norm), 0, 1e9, false,

@@ -539,6 +539,11 @@ class Ops {
   // `master` is one parameter, or a piece of one that starts on a block boundary (blocks start there).
   virtual void adamw_8bit(Tensor master, const Tensor& grad, const Blockwise8& m, const Blockwise8& v,
                           const AdamWParams& p, Tensor* compute_copy) = 0;
+  // The same update with m and v stored 4-bit blockwise as torchao's AdamW4bit stores them (kernels/blockwise4.h):
+  // m.code / v.code U8 [n / 2] (two codes a byte), absmax F32 [n / 128] (the scales), map F32 [16]. `master` is one
+  // parameter of whole 128-element blocks.
+  virtual void adamw_4bit(Tensor master, const Tensor& grad, const Blockwise8& m, const Blockwise8& v,
+                          const AdamWParams& p, Tensor* compute_copy) = 0;
   // Muon's momentum on one parameter (F32 grad and m [n]): m ← m + (1−μ)(g − m), then u (activation dtype [n]) =
   // g + μ(m − g), Nesterov's input (torch's two lerps), the gradient read times the clip factor; sumsq (F64 [1]) =
   // Σu² over the stored u.

@@ -12,16 +12,31 @@
 #include "io/deferred_writes.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
+#include "kernels/blockwise4.h"
 #include "kernels/blockwise8.h"
 
 namespace soltrain {
 
 bool quantised_moments(Moments m, int64_t n) {
-  return eight_bit(m) && n >= kBlockwise8MinNumel && (m == Moments::Blockwise8 || n % kBlockwise8Block == 0);
+  if (m == Moments::Torchao4) return n >= kBlockwise8MinNumel && n % kBlockwise4Block == 0;
+  return low_bit(m) && n >= kBlockwise8MinNumel && (m == Moments::Blockwise8 || n % kBlockwise8Block == 0);
 }
 
+namespace {
+// A quantised moment's layout: elements per scale block, code bytes of n elements, map entries.
+int64_t moment_block(Moments m) {
+  return m == Moments::Torchao4 ? kBlockwise4Block : kBlockwise8Block;
+}
+int64_t code_bytes(Moments m, int64_t n) {
+  return m == Moments::Torchao4 ? n / 2 : n;
+}
+int64_t map_entries(Moments m) {
+  return m == Moments::Torchao4 ? 16 : 256;
+}
+}  // namespace
+
 AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offload) {
-  constexpr int64_t b = kBlockwise8Block;
+  const int64_t b = moment_block(moments);
   std::map<std::pair<int, bool>, int64_t> ranges;  // (group, decayed): the store's flat ranges, which fp32 pieces cut
   int64_t total = 0, small = 0, codes = 0, blocks = 0, widest_param = 0;
   for (const Parameter& q : ps.all()) {
@@ -31,7 +46,7 @@ AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offlo
     ranges[{q.group, q.decay}] += n;
     widest_param = std::max(widest_param, n);
     if (quantised_moments(moments, n))
-      codes += n, blocks += (n + b - 1) / b;
+      codes += code_bytes(moments, n), blocks += (n + b - 1) / b;
     else
       small += n;
   }
@@ -50,7 +65,7 @@ AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offlo
   p.m = p.v = size_t(std::max<int64_t>(small, 1)) * 4;
   p.mq = p.vq = size_t(std::max<int64_t>(codes, 1));
   p.mabs = p.vabs = size_t(std::max<int64_t>(blocks, 1)) * 4;
-  p.maps = 512 * 4;
+  p.maps = size_t(2 * map_entries(moments)) * 4;
   if (offload.any()) {
     // Pieces of whole 256-element blocks (the chunk rounded down to blocks, at least one), so each updates
     // exactly the blocks the resident update does, with their absmax.
@@ -89,8 +104,8 @@ AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload,
     const int64_t n = shape_numel(p.shape);
     if (quantised_moments(moments_, n)) {
       slots_.push_back({&p, true, bytes, blocks});
-      bytes += n;
-      blocks += (n + kBlockwise8Block - 1) / kBlockwise8Block;
+      bytes += code_bytes(moments_, n);
+      blocks += (n + moment_block(moments_) - 1) / moment_block(moments_);
     } else {
       slots_.push_back({&p, false, small, 0});
       small += n;
@@ -109,12 +124,18 @@ AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload,
     for (Buffer& b : stage_) b = ops.alloc(pl.slot);
     ops.synchronize();  // (zeroed on the main stream, first filled on the upload stream)
   }
-  std::array<float, 512> maps{};
-  const auto signed_map = dynamic_quant_map(true), unsigned_map = dynamic_quant_map(false);
-  std::copy(signed_map.begin(), signed_map.end(), maps.begin());
-  std::copy(unsigned_map.begin(), unsigned_map.end(), maps.begin() + 256);
+  std::vector<float> maps;
+  if (moments_ == Moments::Torchao4) {
+    maps.assign(std::begin(kTorchao4SignedMap), std::end(kTorchao4SignedMap));
+    maps.insert(maps.end(), std::begin(kTorchao4UnsignedMap), std::end(kTorchao4UnsignedMap));
+  } else {
+    const auto signed_map = dynamic_quant_map(true), unsigned_map = dynamic_quant_map(false);
+    maps.assign(signed_map.begin(), signed_map.end());
+    maps.insert(maps.end(), unsigned_map.begin(), unsigned_map.end());
+  }
   maps_ = ops.alloc(pl.maps);
-  ops.copy(Tensor{maps_.data(), DType::F32, {512}, ops.device()}, Tensor{maps.data(), DType::F32, {512}, Device::CPU});
+  const Shape ms{int64_t(maps.size())};
+  ops.copy(Tensor{maps_.data(), DType::F32, ms, ops.device()}, Tensor{maps.data(), DType::F32, ms, Device::CPU});
 }
 
 size_t AdamW::state_bytes() const {
@@ -124,12 +145,13 @@ size_t AdamW::state_bytes() const {
 }
 
 Blockwise8 AdamW::quantised(const Slot& s, bool second) const {
-  const int64_t n = shape_numel(s.param->shape), blocks = (n + kBlockwise8Block - 1) / kBlockwise8Block;
+  const int64_t n = shape_numel(s.param->shape), b = moment_block(moments_), blocks = (n + b - 1) / b;
+  const int64_t entries = map_entries(moments_);
   const Buffer& codes = second ? vq_ : mq_;
   const Buffer& absmax = second ? vabs_ : mabs_;
-  return {Tensor{static_cast<uint8_t*>(codes.data()) + s.offset, DType::U8, {n}, codes.device()},
+  return {Tensor{static_cast<uint8_t*>(codes.data()) + s.offset, DType::U8, {code_bytes(moments_, n)}, codes.device()},
           Tensor{static_cast<float*>(absmax.data()) + s.block, DType::F32, {blocks}, absmax.device()},
-          Tensor{static_cast<float*>(maps_.data()) + (second ? 256 : 0), DType::F32, {256}, maps_.device()}};
+          Tensor{static_cast<float*>(maps_.data()) + (second ? entries : 0), DType::F32, {entries}, maps_.device()}};
 }
 
 Tensor AdamW::fp32_moment(const Slot& s, bool second) const {
@@ -147,7 +169,9 @@ void AdamW::step_8bit(const OptimizerConfig& cfg, float lr, float grad_scale, co
     const Shape flat{shape_numel(p.shape)};
     Tensor copy = p.value.view(flat);
     Tensor* copy_out = params_.values_alias_masters() ? nullptr : &copy;
-    if (s.quantised)
+    if (s.quantised && moments_ == Moments::Torchao4)
+      ops_.adamw_4bit(p.master.view(flat), p.grad.view(flat), quantised(s, false), quantised(s, true), a, copy_out);
+    else if (s.quantised)
       ops_.adamw_8bit(p.master.view(flat), p.grad.view(flat), quantised(s, false), quantised(s, true), a, copy_out);
     else
       ops_.adamw(p.master.view(flat), p.grad.view(flat), fp32_moment(s, false), fp32_moment(s, true), a, copy_out);
@@ -227,7 +251,7 @@ void AdamW::step(const OptimizerConfig& cfg, float lr, float grad_scale, const T
   ++step_;
   SOLTRAIN_CHECK(cfg.muon.has_value() == muon_, "an update with another optimizer than the state was made for");
   if (muon_) return step_muon(cfg, lr, grad_scale, grad_sumsq);
-  if (eight_bit(moments_))
+  if (low_bit(moments_))
     return offload_.any() ? step_streamed_8bit(cfg, lr, grad_scale, grad_sumsq)
                           : step_8bit(cfg, lr, grad_scale, grad_sumsq);
   if (offload_.any()) return step_streamed(cfg, lr, grad_scale, grad_sumsq);
@@ -269,14 +293,16 @@ std::string layout_fingerprint(const ParameterStore& ps) {
 }
 
 void AdamW::save(const std::filesystem::path& file) const {
-  if (eight_bit(moments_)) {
+  if (low_bit(moments_)) {
     std::vector<StreamedTensor> tensors;
     for (const Slot& s : slots_)
       for (bool second : {false, true}) {
         const std::string prefix = second ? "exp_avg_sq." : "exp_avg.";
         if (s.quantised) {
           const Blockwise8 q = quantised(s, second);
-          tensors.push_back(fetched(prefix + s.param->name, q.code.view(s.param->shape), ops_));
+          // (4-bit codes, two a byte, as a flat list)
+          tensors.push_back(fetched(prefix + s.param->name,
+                                    moments_ == Moments::Torchao4 ? q.code : q.code.view(s.param->shape), ops_));
           tensors.push_back(fetched(prefix + "absmax." + s.param->name, q.absmax, ops_));
         } else {
           tensors.push_back(fetched(prefix + s.param->name, fp32_moment(s, second).view(s.param->shape), ops_));
@@ -400,7 +426,7 @@ void AdamW::load(const std::vector<std::filesystem::path>& files) {
       return it->second;
     };
     const bool file_8bit = meta("format") == kFormat8;
-    if (file_8bit != eight_bit(moments_))
+    if (file_8bit != low_bit(moments_))
       user_error(files[0].string(), ": optimizer state was saved with ",
                  file_8bit ? "adamw_8bit" : "adamw (fp32 moments)", ", this run uses ",
                  file_8bit ? "adamw (fp32 moments)" : "adamw_8bit",

@@ -14,9 +14,10 @@ class SafetensorsFile;
 // How AdamW keeps its moments: fp32, or 8-bit blockwise as bitsandbytes' AdamW8bit does (kernels/blockwise8.h;
 // `optimizer: adamw_8bit`): 2.03 bytes per parameter instead of 8, for parameters of 4096 elements or more; or as
 // torchao's AdamW8bit does (`adamw_torch_8bit`): the same maps, blocks and update, but only a parameter of whole
-// 256-element blocks is quantised (torchao keeps the others in fp32).
-enum class Moments { F32, Blockwise8, Torchao8 };
-inline bool eight_bit(Moments m) {
+// 256-element blocks is quantised (torchao keeps the others in fp32); or 4-bit as torchao's AdamW4bit does
+// (`adamw_torch_4bit`, kernels/blockwise4.h): 1.06 bytes per parameter, tensors of whole 128-element blocks only.
+enum class Moments { F32, Blockwise8, Torchao8, Torchao4 };
+inline bool low_bit(Moments m) {
   return m != Moments::F32;
 }
 // Whether a parameter of n elements keeps 8-bit moments under `m`.
@@ -86,7 +87,10 @@ class AdamW {
   void step(const OptimizerConfig& cfg, float lr, float grad_scale = 1.0f, const Tensor* grad_sumsq = nullptr);
   int steps_done() const { return step_; }
   const char* optimizer_name() const {
-    return muon_ ? "muon" : moments_ == Moments::Torchao8 ? "adamw_torch_8bit" : "adamw";
+    return muon_                           ? "muon"
+           : moments_ == Moments::Torchao8 ? "adamw_torch_8bit"
+           : moments_ == Moments::Torchao4 ? "adamw_torch_4bit"
+                                           : "adamw";
   }
   size_t state_bytes() const;        // the moments' device memory (with offload: the two staging slots)
   size_t host_state_bytes() const {  // the offloaded moments

@@ -82,11 +82,11 @@ void set_up(Run& r) {
   r.opt = optimizer_config(c);
   // (the config reader refuses offload with ZeRO first; this names the settings for the rest)
   if (const char* why = r.dp ? sharded_update_refusal(r.opt, c.zero_stage) : nullptr)
-    user_error(eight_bit(c.moments) ? "optimizer: adamw_8bit"
+    user_error(low_bit(c.moments) ? "optimizer: adamw_8bit"
                : c.offload.grads    ? "offload_grads"
                                     : "offload_master / offload_optimizer",
                " with zero_stage ", c.zero_stage, " is not built yet (", why, "); use zero_stage: 0",
-               eight_bit(c.moments) ? " or optimizer: adamw_torch" : "");
+               low_bit(c.moments) ? " or optimizer: adamw_torch" : "");
   r.step = r.dp ? std::make_unique<TrainStep>(*r.model, r.opt, *r.comm, c.zero_stage)
                 : std::make_unique<TrainStep>(*r.model, r.opt);
   // Axolotl's per-epoch counts, in optimizer steps of this run's epoch.
@@ -266,7 +266,7 @@ void print_plan(const Run& r) {
         << (r.ops.device() == Device::CUDA ? " (and the CUDA context and workspace, ~0.6 GiB)" : "") << ":\n";
   row("weights", weights + gathered + streamed, quantised.empty() ? "" : quantised.substr(2, quantised.size() - 3));
   row("gradients", grads, "");
-  row("AdamW moments", moments, eight_bit(r.opt.moments) ? "8-bit" : "");
+  row("AdamW moments", moments, low_bit(r.opt.moments) ? "8-bit" : "");
   row("activations", activations,
       cat("recompute ", recompute_name(c.recompute), ", residual stream ",
           r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16", ", MLP token tile ", plan.tile));

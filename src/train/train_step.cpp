@@ -21,7 +21,7 @@ TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt)
 
 const char* sharded_update_refusal(const OptimizerConfig& opt, int zero_stage) {
   if (zero_stage < 1) return nullptr;
-  if (eight_bit(opt.moments)) return "8-bit moments are not sharded";
+  if (low_bit(opt.moments)) return "8-bit and 4-bit moments are not sharded";
   if (opt.offload.any()) return "the sharded update keeps its state on the device";
   if (opt.muon) return "Muon orthogonalises whole matrices";
   return nullptr;

@@ -3,6 +3,7 @@
 #include <bit>
 
 #include "gpu_test_util.h"
+#include "kernels/blockwise4.h"
 #include "kernels/blockwise8.h"
 
 namespace soltrain::test {
@@ -305,6 +306,47 @@ TEST_F(CudaOps, AdamWMatchesTheCpuAndWritesTheBf16Copy) {
   const auto got = download(gw);
   EXPECT_LE(rel(got, cw), 1e-6);
   const auto c = download(copy);
+  for (size_t i = 0; i < c.size(); ++i) ASSERT_EQ(c[i], bf16_to_f32(f32_to_bf16(got[i]))) << i;
+}
+
+// torchao's 4-bit AdamW against the CPU twin over three steps: parameters to fp32 rounding, the scales equal but for
+// rounding, and codes equal but where a moment lands within rounding of a bucket edge (fused multiply-adds here).
+TEST_F(CudaOps, AdamW4bitMatchesTheCpu) {
+  const int64_t n = 128 * 70, blocks = n / 128;
+  auto w = randn(static_cast<size_t>(n));
+  Tensor gw = upload(w, {n}, DType::F32), copy = poisoned({n});
+  std::vector<float> cw = w;
+  std::vector<uint8_t> codes[2] = {std::vector<uint8_t>(size_t(n / 2), 0), std::vector<uint8_t>(size_t(n / 2), 0)};
+  std::vector<float> scales[2] = {std::vector<float>(size_t(blocks), 0), std::vector<float>(size_t(blocks), 0)};
+  std::vector<float> maps[2] = {std::vector<float>(std::begin(kTorchao4SignedMap), std::end(kTorchao4SignedMap)),
+                                std::vector<float>(std::begin(kTorchao4UnsignedMap), std::end(kTorchao4UnsignedMap))};
+  Tensor gcodes[2], gscales[2], gmaps[2];
+  for (int k = 0; k < 2; ++k) {
+    buffers.push_back(gpu->alloc(size_t(n / 2)));
+    gcodes[k] = Tensor{buffers.back().data(), DType::U8, {n / 2}, Device::CUDA};
+    gscales[k] = upload(scales[k], {blocks}, DType::F32);
+    gmaps[k] = upload(maps[k], {16}, DType::F32);
+  }
+  auto host_state = [&](int k) {
+    return Blockwise8{Tensor{codes[k].data(), DType::U8, {n / 2}}, host(scales[k], {blocks}), host(maps[k], {16})};
+  };
+  for (int step = 1; step <= 3; ++step) {
+    auto g = randn(static_cast<size_t>(n), 0.1f);
+    const AdamWParams p{1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step, step == 2 ? 0.5f : 1.0f, nullptr, 0};
+    gpu->adamw_4bit(gw, upload(g, {n}, DType::F32), Blockwise8{gcodes[0], gscales[0], gmaps[0]},
+                    Blockwise8{gcodes[1], gscales[1], gmaps[1]}, p, &copy);
+    cpu->adamw_4bit(host(cw, {n}), host(g, {n}), host_state(0), host_state(1), p, nullptr);
+  }
+  EXPECT_LE(rel(download(gw), cw), 1e-5);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_LE(rel(download(gscales[k]), scales[k]), 1e-5) << k;
+    std::vector<uint8_t> got(size_t(n / 2));
+    gpu->copy(Tensor{got.data(), DType::U8, {n / 2}}, gcodes[k]);
+    int64_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != codes[k][i];
+    EXPECT_LE(differ, n / 200) << "moment " << k << ": " << differ << " code bytes differ";
+  }
+  const auto c = download(copy), got = download(gw);
   for (size_t i = 0; i < c.size(); ++i) ASSERT_EQ(c[i], bf16_to_f32(f32_to_bf16(got[i]))) << i;
 }
 

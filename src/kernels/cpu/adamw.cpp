@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/blockwise4.h"
 #include "kernels/blockwise8.h"
 #include "kernels/cpu/cpu_ops.h"
 
@@ -77,6 +78,44 @@ void CpuOps::adamw_8bit(Tensor param, const Tensor& grad, const Blockwise8& m, c
     }
     ma[blk] = mmax;
     va[blk] = vmax;
+  }
+}
+
+// torchao's AdamW4bit (kernels/blockwise4.h): per block of 128, the moments dequantised, the update above in fp32
+// (the new moments, not their quantised values, make the step, as torchao's), then each moment's block scaled by its
+// max |x| and quantised again.
+void CpuOps::adamw_4bit(Tensor param, const Tensor& grad, const Blockwise8& m, const Blockwise8& v,
+                        const AdamWParams& p, Tensor* compute_copy) {
+  SOLTRAIN_CHECK(!compute_copy || compute_copy->data == param.data, "the CPU computes in fp32: no copy");
+  const int64_t n = param.numel();
+  SOLTRAIN_CHECK(n % kBlockwise4Block == 0 && m.code.numel() == n / 2 && m.absmax.numel() == n / kBlockwise4Block,
+                 "adamw_4bit: a parameter of whole blocks");
+  float* w = param.f32();
+  const float* g = grad.f32();
+  uint8_t *mc = m.code.as<uint8_t>(), *vc = v.code.as<uint8_t>();
+  float *ms = m.absmax.f32(), *vs = v.absmax.f32();
+  const float *mmap = m.map.f32(), *vmap = v.map.f32();
+  const AdamWStep step(p);
+  float mb[kBlockwise4Block], vb[kBlockwise4Block];
+  for (int64_t b0 = 0, blk = 0; b0 < n; b0 += kBlockwise4Block, ++blk) {
+    float am = 0, av = 0;
+    for (int64_t k = 0; k < kBlockwise4Block; ++k) {
+      const int64_t i = b0 + k;
+      const uint8_t mbyte = mc[i / 2], vbyte = vc[i / 2];
+      const int mcode = i % 2 ? mbyte & 15 : mbyte >> 4, vcode = i % 2 ? vbyte & 15 : vbyte >> 4;
+      mb[k] = mmap[mcode] * ms[blk];
+      vb[k] = vmap[vcode] * vs[blk];
+      step.update(w[i], mb[k], vb[k], g[i]);
+      am = std::max(am, std::fabs(mb[k]));
+      av = std::max(av, std::fabs(vb[k]));
+    }
+    ms[blk] = std::max(am, 1e-12f);
+    vs[blk] = std::max(av, 1e-12f);
+    for (int64_t k = 0; k < kBlockwise4Block; k += 2) {
+      const int64_t i = b0 + k;
+      mc[i / 2] = uint8_t(quantize4(mb[k] / ms[blk], mmap) << 4 | quantize4(mb[k + 1] / ms[blk], mmap));
+      vc[i / 2] = uint8_t(quantize4(vb[k] / vs[blk], vmap) << 4 | quantize4(vb[k + 1] / vs[blk], vmap));
+    }
   }
 }
 

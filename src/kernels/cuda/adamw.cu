@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/blockwise4.h"
 #include "kernels/blockwise8.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/common.cuh"
@@ -255,6 +256,63 @@ void CudaOps::adamw_8bit(Tensor master, const Tensor& grad, const Blockwise8& m,
   adamw_8bit_kernel<<<ctas((rest + kBlockwise8Block - 1) / kBlockwise8Block), 32 * kWarpsPer8bitCta, 0, stream_>>>(
       w + done, g + done, mc + done, vc + done, ma + whole, va + whole, m.map.f32(), v.map.f32(),
       copy ? copy + done : nullptr, rest, step);
+  CUDA_CHECK_LAUNCH();
+}
+
+namespace {
+// torchao's AdamW4bit: one warp per block of 128, four consecutive elements (two code bytes) per lane; the maps in
+// shared memory; the same update and quantisation as the CPU's (kernels/blockwise4.h).
+__global__ void __launch_bounds__(32 * kWarpsPer8bitCta)
+    adamw_4bit_kernel(float* w, const float* g, uint8_t* mc, uint8_t* vc, float* ms, float* vs, const float* mmap,
+                      const float* vmap, bf16* copy, int64_t blocks, AdamWStep s) {
+  __shared__ float map[2][16];
+  if (threadIdx.x < 16) {
+    map[0][threadIdx.x] = mmap[threadIdx.x];
+    map[1][threadIdx.x] = vmap[threadIdx.x];
+  }
+  __syncthreads();
+  s.clip();
+  const int lane = int(threadIdx.x % 32);
+  for (int64_t blk = int64_t(blockIdx.x) * kWarpsPer8bitCta + threadIdx.x / 32; blk < blocks;
+       blk += int64_t(gridDim.x) * kWarpsPer8bitCta) {
+    const int64_t i0 = blk * kBlockwise4Block + lane * 4, b0 = i0 / 2;
+    const float mscale = ms[blk], vscale = vs[blk];
+    float mi[4], vi[4], am = 0.f, av = 0.f;
+    for (int j = 0; j < 4; ++j) {
+      const uint8_t mb = mc[b0 + j / 2], vb = vc[b0 + j / 2];
+      mi[j] = map[0][j % 2 ? mb & 15 : mb >> 4] * mscale;
+      vi[j] = map[1][j % 2 ? vb & 15 : vb >> 4] * vscale;
+      const float wi = s.update(w[i0 + j], g[i0 + j], mi[j], vi[j]);
+      w[i0 + j] = wi;
+      if (copy) copy[i0 + j] = cuda::to_bf(wi);
+      am = fmaxf(am, fabsf(mi[j]));
+      av = fmaxf(av, fabsf(vi[j]));
+    }
+    am = fmaxf(cuda::warp_max(am), 1e-12f);
+    av = fmaxf(cuda::warp_max(av), 1e-12f);
+    __syncwarp();
+    if (lane == 0) {
+      ms[blk] = am;
+      vs[blk] = av;
+    }
+    for (int j = 0; j < 4; j += 2) {
+      mc[b0 + j / 2] = uint8_t(quantize4(mi[j] / am, map[0]) << 4 | quantize4(mi[j + 1] / am, map[0]));
+      vc[b0 + j / 2] = uint8_t(quantize4(vi[j] / av, map[1]) << 4 | quantize4(vi[j + 1] / av, map[1]));
+    }
+  }
+}
+}  // namespace
+
+void CudaOps::adamw_4bit(Tensor master, const Tensor& grad, const Blockwise8& m, const Blockwise8& v,
+                         const AdamWParams& p, Tensor* compute_copy) {
+  const auto prof = profile("adamw_4bit");
+  const int64_t n = master.numel(), blocks = n / kBlockwise4Block;
+  SOLTRAIN_CHECK(n % kBlockwise4Block == 0 && m.code.numel() == n / 2, "adamw_4bit: a parameter of whole blocks");
+  static_assert(kBlockwise4Block == 128, "one warp per quantisation block, 4 elements per lane");
+  const unsigned ctas = unsigned(std::min<int64_t>((blocks + kWarpsPer8bitCta - 1) / kWarpsPer8bitCta, 132 * 8));
+  adamw_4bit_kernel<<<std::max(ctas, 1u), 32 * kWarpsPer8bitCta, 0, stream_>>>(
+      master.f32(), grad.f32(), m.code.as<uint8_t>(), v.code.as<uint8_t>(), m.absmax.f32(), v.absmax.f32(), m.map.f32(),
+      v.map.f32(), compute_copy ? compute_copy->as<bf16>() : nullptr, blocks, adamw_step(p));
   CUDA_CHECK_LAUNCH();
 }
 

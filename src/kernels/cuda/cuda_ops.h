@@ -124,6 +124,8 @@ class CudaOps final : public Ops {
              Tensor* compute_copy) override;
   void adamw_8bit(Tensor master, const Tensor& grad, const Blockwise8& m, const Blockwise8& v, const AdamWParams& p,
                   Tensor* compute_copy) override;
+  void adamw_4bit(Tensor master, const Tensor& grad, const Blockwise8& m, const Blockwise8& v, const AdamWParams& p,
+                  Tensor* compute_copy) override;
   void muon_momentum(Tensor u, Tensor m, const Tensor& grad, Tensor sumsq, const MuonParams& p) override;
   void newton_schulz(Tensor x, const Tensor& sumsq, Tensor scratch, const MuonParams& p) override;
   void muon_update(Tensor master, const Tensor& x, float decay, float step, Tensor* compute_copy) override;

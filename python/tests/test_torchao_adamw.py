@@ -1,8 +1,9 @@
-"""`optimizer: adamw_torch_8bit` (HF's name for torchao's AdamW8bit) against torchao computed live on CPU torch:
-three updates of a tiny Llama whose matrices are of whole 256-element blocks or not (torchao quantises only the
-former, bitsandbytes both) through soltrain.Model.step, next to transformers' gradients, clip_grad_norm_ and
-torchao.optim.AdamW8bit (run eagerly: its update as written, not compiled). The same run under bitsandbytes'
-rule (adamw_8bit) differs on the partial-block matrices, so the rule is what the comparison sees."""
+"""`optimizer: adamw_torch_8bit` and `adamw_torch_4bit` (HF's names for torchao's AdamW8bit and AdamW4bit) against
+torchao computed live on CPU torch: three updates of a tiny Llama whose matrices are of whole blocks or not (torchao
+quantises only the former; bitsandbytes' 8-bit rule both) through soltrain.Model.step, next to transformers'
+gradients, clip_grad_norm_ and torchao's optimizer (run eagerly: its update as written, not compiled). The 8-bit run
+under bitsandbytes' rule (adamw_8bit) differs on the partial-block matrices, so the rule is what the comparison sees;
+the 4-bit run differs from the 8-bit one, so its own format is."""
 import json
 import pathlib
 
@@ -48,13 +49,13 @@ def batches(vocab):
     return out
 
 
-def torchao_run(folder, data, monkeypatch):
+def torchao_run(folder, data, monkeypatch, cls="AdamW8bit"):
     monkeypatch.setattr(torch, "compile", lambda fn=None, **kw: fn if fn is not None else (lambda f: f))
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     named = dict(model.named_parameters())
     decay = [p for n, p in named.items() if p.ndim >= 2]  # HF's: no decay for norms and biases
     flat = [p for n, p in named.items() if p.ndim < 2]
-    opt = torchao_optim.AdamW8bit([{"params": decay, "weight_decay": WD}, {"params": flat, "weight_decay": 0.0}],
+    opt = getattr(torchao_optim, cls)([{"params": decay, "weight_decay": WD}, {"params": flat, "weight_decay": 0.0}],
                                   lr=LR, betas=(0.9, 0.999), eps=1e-8)
     for ids, targets in data:
         model.zero_grad()
@@ -91,3 +92,22 @@ def test_updates_equal_torchao_adamw8bit(llama, tmp_path, monkeypatch):
             partial += 1
             assert rel(bnb[name] - start[name], moved) > 5 * max(err, 1e-4), name
     assert partial >= 4
+
+
+def test_updates_equal_torchao_adamw4bit(llama, tmp_path, monkeypatch):
+    """4-bit moments (16-entry maps, blocks of 128, only whole-block tensors): torchao's updates to the rounding of
+    a code that lands within fp32 rounding of a bucket edge; far from the 8-bit updates on the quantised matrices."""
+    data = batches(300)
+    start = load_file(str(llama / "model.safetensors"))
+    theirs = torchao_run(llama, data, monkeypatch, "AdamW4bit")
+    ours = soltrain_run(llama, data, tmp_path / "ao4", "adamw_torch_4bit")
+    eight = soltrain_run(llama, data, tmp_path / "ao8", "adamw_torch_8bit")
+    quantised = 0
+    for name, w in theirs.items():
+        moved = w - start[name]
+        err = rel(ours[name] - start[name], moved)
+        assert err <= 2e-3, (name, err)
+        if w.numel() >= 4096 and w.numel() % 128 == 0:
+            quantised += 1
+            assert rel(eight[name] - start[name], moved) > 5 * max(err, 1e-4), name
+    assert quantised >= 4
