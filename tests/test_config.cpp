@@ -51,6 +51,13 @@ TEST(Config, MuonTakesAxolotlsBetas) {
                                               "cfg.yaml", {}, TrainMode::kSft);
   EXPECT_EQ(both.adamw_beta1, 0.8);
   EXPECT_EQ(both.adamw_beta2, 0.99);
+  // Axolotl's (and HF TrainingArguments') names for them
+  const TrainConfig axolotl =
+      parse_train_config(kBase + "optimizer: muon\nadam_beta1: 0.85\nadam_beta2: 0.98\nadam_epsilon: 1e-6\n",
+                         "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_EQ(axolotl.adamw_beta1, 0.85);
+  EXPECT_EQ(axolotl.adamw_beta2, 0.98);
+  EXPECT_EQ(axolotl.adamw_epsilon, 1e-6);
   EXPECT_FALSE(parse_train_config(kBase, "cfg.yaml", {}, TrainMode::kSft).muon);
 }
 

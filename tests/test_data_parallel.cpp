@@ -295,7 +295,8 @@ TEST(DataParallel, PlanOnlyIsWhatEachRankAllocates) {
               " --batch-size 1 --seq-len 32 --steps 1 --warmup 0 --optimizer adamw_8bit --data-parallel 2",
           s.t);
   EXPECT_EQ(bench8.code, 2);
-  EXPECT_EQ(bench8.err, "error: ZeRO stage 2 with this optimizer is not built yet (8-bit moments are not sharded)\n");
+  EXPECT_EQ(bench8.err,
+            "error: ZeRO stage 2 with this optimizer is not built yet (8-bit and 4-bit moments are not sharded)\n");
 }
 
 // The data-parallel path at world size 1 (MPI alone: collectives, hooks, the sharded update and the gathers,

@@ -173,11 +173,11 @@ def math_shepherd_rows(n, seed):
 
 
 def transformers_eval_loss(model, tok, rows):
-    """A transformers (or PEFT) token classifier's loss over rows tokenized by TRL's tokenize_row: the mean
-    cross-entropy over every labelled token."""
+    """A transformers (or PEFT) token classifier's loss over rows tokenized by TRL's tokenize_row (the mean
+    cross-entropy over every labelled token) and TRL's compute_accuracy (argmax against the labels)."""
     model.train(False)
     sep = tok.encode("\n", add_special_tokens=False)
-    total, count = 0.0, 0
+    total, count, correct = 0.0, 0, 0
     with torch.no_grad():
         for row in rows:
             ids = tok(row["prompt"], add_special_tokens=False)["input_ids"]
@@ -192,7 +192,8 @@ def transformers_eval_loss(model, tok, rows):
             lab = torch.tensor(labels)
             total += float(torch.nn.functional.cross_entropy(logits, lab, ignore_index=-100, reduction="sum"))
             count += int((lab != -100).sum())
-    return total / count
+            correct += int((logits.argmax(-1)[lab != -100] == lab[lab != -100]).sum())
+    return total / count, correct / count
 
 
 def train_prm(demo, tmp_path, **keys):
@@ -205,28 +206,29 @@ def train_prm(demo, tmp_path, **keys):
     assert out.global_step == 8
     evals = [e for e in trainer.log_history if "eval_loss" in e]
     assert evals, trainer.log_history
-    return held, evals[-1]["eval_loss"]
+    return held, evals[-1]
 
 
 def test_prm_config_trains_and_saves_a_token_classifier(demo, tmp_path):
     """PRMConfig on a list of rows (no type given: stepwise_supervised) trains; the saved folder is a
     Qwen3ForTokenClassification that transformers loads, and its loss on the validation rows (transformers'
     TokenClassification loss over the rows tokenized by TRL's rule) is the run's last eval loss."""
-    held, eval_loss = train_prm(demo, tmp_path)
+    held, last = train_prm(demo, tmp_path)
     folder = tmp_path / "run" / "model"
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["Qwen3ForTokenClassification"] and len(config["id2label"]) == 2
     model = transformers.AutoModelForTokenClassification.from_pretrained(folder, dtype=torch.float32)
     tok = transformers.AutoTokenizer.from_pretrained(demo / "model")
-    ref = transformers_eval_loss(model, tok, held)
-    assert abs(ref - eval_loss) <= 2e-3 * max(1.0, ref), (ref, eval_loss)
+    ref, accuracy = transformers_eval_loss(model, tok, held)
+    assert abs(ref - last["eval_loss"]) <= 2e-3 * max(1.0, ref), (ref, last)
+    assert abs(accuracy - last["eval_accuracy"]) <= 1e-9, (accuracy, last)
 
 
 def test_lora_prm_is_peft_token_classification_adapter(demo, tmp_path):
     """With LoRA the adapter is PEFT's TOKEN_CLS one (score weight and bias trained in full beside it): PEFT's
     PeftModel on AutoModelForTokenClassification(num_labels=2) gives the run's last eval loss."""
     peft = pytest.importorskip("peft")
-    held, eval_loss = train_prm(demo, tmp_path, adapter="lora", lora_r=8, lora_alpha=16,
+    held, last = train_prm(demo, tmp_path, adapter="lora", lora_r=8, lora_alpha=16,
                                 lora_target_modules=["q_proj", "v_proj"])
     folder = tmp_path / "run" / "adapter"
     cfg = json.loads((folder / "adapter_config.json").read_text())
@@ -235,5 +237,6 @@ def test_lora_prm_is_peft_token_classification_adapter(demo, tmp_path):
                                                                         dtype=torch.float32)
     model = peft.PeftModel.from_pretrained(base, folder)
     tok = transformers.AutoTokenizer.from_pretrained(demo / "model")
-    ref = transformers_eval_loss(model, tok, held)
-    assert abs(ref - eval_loss) <= 2e-3 * max(1.0, ref), (ref, eval_loss)
+    ref, accuracy = transformers_eval_loss(model, tok, held)
+    assert abs(ref - last["eval_loss"]) <= 2e-3 * max(1.0, ref), (ref, last)
+    assert abs(accuracy - last["eval_accuracy"]) <= 1e-9, (accuracy, last)

@@ -515,7 +515,7 @@ void rule_muon(const Entries& en, const std::string&, TrainConfig& c, std::vecto
                          ": optimizer: adamw_torch_4bit with offloaded optimizer state is not built yet"));
   if (!c.muon) return;
   const std::string where = en.by_key.at("optimizer").where;
-  if (!(en.given({"adamw_beta1"}) && en.given({"adamw_beta2"}))) {
+  if (!(en.given({"adamw_beta1", "adam_beta1"}) && en.given({"adamw_beta2", "adam_beta2"}))) {
     c.adamw_beta1 = 0.9;
     c.adamw_beta2 = 0.95;
   }

@@ -408,9 +408,10 @@ void add_optimizer_keys(std::vector<KeySpec>& v) {
   v.push_back(number("weight_decay", FIELD(weight_decay), 0, 10, false, "AdamW's decoupled weight decay"));
   v.push_back(number("max_grad_norm", FIELD(max_grad_norm), 0, 1e9, false,
                      "clip the global gradient norm to this (0: no clipping)"));
-  v.push_back(decay("adamw_beta1", FIELD(adamw_beta1), "AdamW's first-moment decay"));
-  v.push_back(decay("adamw_beta2", FIELD(adamw_beta2), "AdamW's second-moment decay"));
-  v.push_back(number("adamw_epsilon", FIELD(adamw_epsilon), 0, 1, true, "AdamW's epsilon"));
+  // (adam_*: HF TrainingArguments' and Axolotl's names for the same)
+  v.push_back(aka(decay("adamw_beta1", FIELD(adamw_beta1), "AdamW's first-moment decay"), {"adam_beta1"}));
+  v.push_back(aka(decay("adamw_beta2", FIELD(adamw_beta2), "AdamW's second-moment decay"), {"adam_beta2"}));
+  v.push_back(aka(number("adamw_epsilon", FIELD(adamw_epsilon), 0, 1, true, "AdamW's epsilon"), {"adam_epsilon"}));
   v.push_back(integer("seed", FIELD(seed), 0, "the data order's, LoRA's initialisation and dropout's seed"));
 }
 

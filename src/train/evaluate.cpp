@@ -2,12 +2,16 @@
 
 #include <algorithm>
 #include <limits>
+#include <vector>
 
 namespace soltrain {
 
 EvalResult evaluate(Transformer& model, const ShardSet& docs, int rows, int seq_len) {
   double loss_sum = 0;
-  int64_t counted = 0;
+  int64_t counted = 0, correct = 0;
+  // A token classifier's few logits per token come back to the host for its accuracy.
+  const int64_t labels = model.config().token_classifier ? model.config().num_labels : 0;
+  std::vector<float> logits(size_t(labels > 0 ? int64_t(rows) * seq_len * labels : 0));
   const int64_t n = docs.documents();
   for (int64_t d0 = 0; d0 < n; d0 += rows) {
     HostBatch b;
@@ -38,11 +42,18 @@ EvalResult evaluate(Transformer& model, const ShardSet& docs, int rows, int seq_
     }
     const int64_t n = b.counted();
     if (n == 0) continue;
-    model.forward(b, nullptr, /*backward_follows=*/false);
+    model.forward(b, nullptr, /*backward_follows=*/false, labels > 0 ? logits.data() : nullptr);
     loss_sum += model.ops().sum(model.outputs().token_nll);  // a sync per batch: evaluation only
     counted += n;
+    for (size_t t = 0; labels > 0 && t < b.targets.size(); ++t) {
+      if (b.targets[t] == -100) continue;
+      const float* row = logits.data() + t * size_t(labels);
+      correct += std::max_element(row, row + labels) - row == b.targets[t];
+    }
   }
-  return {counted ? loss_sum / double(counted) : std::numeric_limits<double>::quiet_NaN(), counted};
+  EvalResult r{counted ? loss_sum / double(counted) : std::numeric_limits<double>::quiet_NaN(), counted, {}};
+  if (labels > 0 && counted > 0) r.accuracy = double(correct) / double(counted);
+  return r;
 }
 
 }  // namespace soltrain

@@ -2,6 +2,7 @@
 // row (no packing, so each document is seen exactly once, whatever the batch shape).
 #pragma once
 #include <cstdint>
+#include <optional>
 
 #include "data/shards.h"
 #include "model/transformer.h"
@@ -11,6 +12,9 @@ namespace soltrain {
 struct EvalResult {
   double loss = 0;  // NaN when nothing is counted
   int64_t tokens = 0;
+  // A token classifier's (a process reward model's): the share of counted tokens whose likeliest label is the
+  // target (the first of equal ones, numpy's argmax), TRL's compute_accuracy.
+  std::optional<double> accuracy;
 };
 
 // `rows` × `seq_len` must be the shape the model was planned for; longer documents are truncated.

@@ -83,8 +83,8 @@ void set_up(Run& r) {
   // (the config reader refuses offload with ZeRO first; this names the settings for the rest)
   if (const char* why = r.dp ? sharded_update_refusal(r.opt, c.zero_stage) : nullptr)
     user_error(low_bit(c.moments) ? "optimizer: adamw_8bit"
-               : c.offload.grads    ? "offload_grads"
-                                    : "offload_master / offload_optimizer",
+               : c.offload.grads  ? "offload_grads"
+                                  : "offload_master / offload_optimizer",
                " with zero_stage ", c.zero_stage, " is not built yet (", why, "); use zero_stage: 0",
                low_bit(c.moments) ? " or optimizer: adamw_torch" : "");
   r.step = r.dp ? std::make_unique<TrainStep>(*r.model, r.opt, *r.comm, c.zero_stage)
@@ -323,6 +323,12 @@ class SftDriver final : public RunDriver {
     const EvalResult e =
         soltrain::evaluate(*r_.model, r_.data.validation, r_.c.per_device_train_batch_size, r_.c.sequence_len);
     if (!r_.lead()) return std::nullopt;
+    if (e.accuracy)  // a process reward model's labels (TRL's PRMTrainer reports eval_accuracy)
+      return Evaluation{e.loss,
+                        e.tokens,
+                        {{"accuracy", *e.accuracy}},
+                        cat("validation loss ", format_loss(e.loss), ", accuracy ", format_loss(*e.accuracy), " over ",
+                            e.tokens, " labels")};
     return Evaluation{
         e.loss, e.tokens, {}, cat("validation loss ", format_loss(e.loss), " over ", e.tokens, " tokens")};
   }
