@@ -29,4 +29,4 @@ def read_jsonl(path):
 
 
 # The live-reference helpers (live_refs.py: no pytest there, so GPU-side tools import them too), re-exported.
-from live_refs import check_full_gradients, dump, randomize, reference_batch, rel  # noqa: E402,F401
+from live_refs import check_full_gradients, dump, randomize, reference_batch, rel, torch_updates  # noqa: E402,F401

@@ -107,3 +107,22 @@ def hf_grad(model, name):
     g = params[prefix + ".experts.gate_up_proj"].grad[int(e)]
     half = g.shape[0] // 2
     return g[:half] if proj == "gate_proj" else g[half:]
+
+
+def torch_updates(model, batches, step, max_grad_norm=1.0):
+    """Updates of a transformers causal LM as a run (and soltrain.Model.step) makes them, one per (ids, targets)
+    batch (targets already shifted): the mean cross-entropy over the counted targets, backward,
+    clip_grad_norm_, then `step()` (the optimizers' updates). Returns the losses."""
+    import torch
+
+    losses = []
+    for ids, targets in batches:
+        model.zero_grad()
+        logits = model(input_ids=ids).logits
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-100)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        losses.append(float(loss.detach()))
+        step()
+    return losses
+

@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from conftest import randomize, reference_batch, rel
+from conftest import randomize, reference_batch, rel, torch_updates
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -63,14 +63,8 @@ def torch_run(folder, batches, muon):
     ref = torch.optim.Muon([named[n] for n in hidden], lr=LR, weight_decay=WD, momentum=MOMENTUM, nesterov=True,
                            adjust_lr_fn="original") if muon == "torch" else None
     state = {n: {} for n in hidden}
-    losses = []
-    for ids, targets in batches:
-        model.zero_grad()
-        logits = model(input_ids=ids).logits
-        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-100)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        losses.append(float(loss))
+
+    def step():
         adamw.step()
         with torch.no_grad():
             if ref:
@@ -78,6 +72,8 @@ def torch_run(folder, batches, muon):
             else:
                 for n in hidden:
                     muon_by_definition(named[n], named[n].grad, state[n])
+
+    losses = torch_updates(model, batches, step)
     return {n: p.detach().clone() for n, p in named.items()}, losses
 
 

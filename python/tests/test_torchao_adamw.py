@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from conftest import randomize, rel
+from conftest import randomize, rel, torch_updates
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -57,13 +57,7 @@ def torchao_run(folder, data, monkeypatch, cls="AdamW8bit"):
     flat = [p for n, p in named.items() if p.ndim < 2]
     opt = getattr(torchao_optim, cls)([{"params": decay, "weight_decay": WD}, {"params": flat, "weight_decay": 0.0}],
                                   lr=LR, betas=(0.9, 0.999), eps=1e-8)
-    for ids, targets in data:
-        model.zero_grad()
-        logits = model(input_ids=ids).logits
-        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-100)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+    torch_updates(model, data, opt.step)
     return {n: p.detach().clone() for n, p in named.items()}
 
 
