@@ -778,6 +778,33 @@ TEST(PeerConfigs, AxolotlProcessRewardModelTrainsATokenClassifier) {
   refused(cfg, "--set num_labels=1", "num_labels 1: a process reward model labels each step with one of 2 or more");
   refused(cfg, "--set adapter=lora --set merge_adapter=true",
           "merging a process reward model's adapter (its score head beside the LoRA tensors) is not built yet");
+  refused(s.config("axolotl-llama-3-lora-1b.yml"), "--set train_on_last_step_only=true",
+          "train_on_last_step_only is a process reward model's setting (process_reward_model: true)");
+  // TRL's PRMConfig options: another separator, and only the last step labelled in the training data (the
+  // validation data keeps every label, as TRL's is_eval)
+  const test::CliRun trl = s.sft(
+      cfg, cat("--set max_steps=1 --set sequence_len=64 --set output_dir=", (s.t.path / "out3").string(),
+               " --set train_on_last_step_only=true '--set=step_separator=\" ;\"' '--set=validation_datasets=[{path: ",
+               (s.t.path / "shepherd.jsonl").string(), ", type: stepwise_supervised}]'"));
+  ASSERT_EQ(trl.code, 0) << trl.out << trl.err;
+  const int32_t separator_end = tok.encode(" ;").back();
+  for (const char* kind : {"train-0-shepherd", "validation-0-shepherd"}) {
+    fs::path dir;
+    for (const auto& e : fs::recursive_directory_iterator(s.t.path / "out3"))
+      if (e.is_directory() && e.path().filename().string().starts_with(kind)) dir = e.path();
+    ASSERT_FALSE(dir.empty()) << kind;
+    const ShardSet set = load_shards(dir);
+    const bool train = std::string(kind).starts_with("train");
+    for (int64_t d = 0; d < set.documents(); ++d) {
+      int labels = 0;
+      for (int64_t i = set.doc_offsets[size_t(d)]; i < set.doc_offsets[size_t(d) + 1]; ++i)
+        if (set.mask[size_t(i)]) {
+          ++labels;
+          EXPECT_EQ(set.tokens[size_t(i)], separator_end) << kind << d;
+        }
+      EXPECT_EQ(labels, train ? 1 : 2) << kind << " " << d;
+    }
+  }
 }
 
 // Surogate's Qwen3 examples with its own spellings: `recompute: false` (a bool there; true is soltrain's full) trains

@@ -34,6 +34,8 @@ class SFTConfig(TrainConfig):
         rl: str | None = None,
         reward_model: bool | None = None,
         process_reward_model: bool | None = None,
+        step_separator: str | None = None,
+        train_on_last_step_only: bool | None = None,
         num_labels: int | None = None,
         per_device_train_batch_size: int | None = None,
         gradient_accumulation_steps: int | None = None,

@@ -499,6 +499,11 @@ void rule_classifier(const Entries& en, const std::string&, TrainConfig& c, std:
                          ": num_labels is a classifier's setting: set reward_model: true "
                          "(num_labels 1) or process_reward_model: true (2 or more)"));
   }
+  if (!c.process_reward_model)  // TRL's PRMConfig options
+    for (const auto& [k, set] : {std::pair<const char*, bool>{"step_separator", en.given({"step_separator"})},
+                                 {"train_on_last_step_only", c.train_on_last_step_only}})
+      if (set)
+        errors.push_back(cat(where(k), ": ", k, " is a process reward model's setting (process_reward_model: true)"));
   // (the score head trains in full beside the adapters and is saved with them, as PEFT's SEQ_CLS / TOKEN_CLS tasks do)
   if ((c.dpo.reward_model || c.process_reward_model) && c.lora.enabled && c.merge_adapter)
     errors.push_back(cat(where("merge_adapter"), ": merging a ", c.dpo.reward_model ? "" : "process ",

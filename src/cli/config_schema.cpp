@@ -326,6 +326,16 @@ void add_objective_keys(std::vector<KeySpec>& v) {
                         "Axolotl's: stepwise_supervised rows train a process reward model (TRL's PRMTrainer): the "
                         "model as its *ForTokenClassification, each step's label at its last token"),
                    kSftBit));
+  v.push_back(only(key("step_separator", "string", "a string", "\\n",
+                       "process reward models: the text after each step (TRL's PRMConfig)",
+                       [](const Entry& e, const std::string& k, ReadContext& x) {
+                         x.c.step_separator = get_string(e, k);
+                         if (x.c.step_separator.empty()) user_error(e.where, ": ", k, ": must not be empty");
+                       }),
+                   kSftBit));
+  v.push_back(only(flag("train_on_last_step_only", FIELD(train_on_last_step_only),
+                        "process reward models: only each row's last step is labelled in the training data (TRL's)"),
+                   kSftBit));
   v.push_back(integer("num_labels", FIELD(num_labels), 1,
                       "a classifier's labels: 1 for a reward model, 2 (the default) or more for a process reward model",
                       254));

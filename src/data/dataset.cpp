@@ -304,7 +304,7 @@ void steps_of(const ordered_json& r, const DatasetFields& f, Sample& s) {
     const int64_t v = l.is_boolean() ? int64_t(l.get<bool>()) : l.is_number_integer() ? l.get<int64_t>() : -1;
     if (v < 0 || v > 254) bad(cat("label ", i, " is ", l.dump(), ": expected true, false or a class number 0..254"));
     s.steps.push_back(steps[i].get<std::string>());
-    s.step_labels.push_back(int(v));
+    s.step_labels.push_back(f.last_step_label_only && i + 1 < steps.size() ? -1 : int(v));
   }
 }
 

@@ -60,6 +60,7 @@ struct DatasetFields {
   // stepwise_supervised (TRL's PRM rows; `prompt` as above): the steps, one label per step, and the text that
   // follows each step (TRL's step_separator; Axolotl's is "\n").
   std::string completions = "completions", labels = "labels", step_separator = "\n";
+  bool last_step_label_only = false;  // TRL's train_on_last_step_only: the other steps carry no label
   // Which turns the loss covers (Axolotl chat_template `roles_to_train`, `train_on_eos`: turn | all | none |
   // last); the defaults are Axolotl's and soltrain's own.
   std::vector<std::string> roles_to_train = {"assistant"};
@@ -86,8 +87,8 @@ struct Sample {
   size_t prompt_chars = 0;
   // input_output: the text is these pieces, each tokenized alone and trained when its label says so.
   std::vector<std::pair<std::string, bool>> segments;
-  // stepwise_supervised: `text` is the prompt, followed by these steps; step i's label (0, 1, ...) is the target of
-  // its last token (the separator's).
+  // stepwise_supervised: `text` is the prompt, followed by these steps; step i's label (0, 1, ...; -1: none) is the
+  // target of its last token (the separator's).
   std::vector<std::string> steps;
   std::vector<int> step_labels;
   nlohmann::ordered_json vars;

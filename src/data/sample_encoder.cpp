@@ -152,7 +152,7 @@ Document SampleEncoder::encode(const Sample& s) {
       d.ids.insert(d.ids.end(), separator.begin(), separator.end());
       d.mask.resize(d.ids.size(), 0);
       if (step.empty() && separator.empty()) throw BadRecord(cat("step ", i, " and the separator are empty"));
-      d.mask.back() = uint8_t(s.step_labels[i] + 1);
+      d.mask.back() = uint8_t(s.step_labels[i] + 1);  // (-1, no label: 0)
     }
     return d;
   }

@@ -44,6 +44,7 @@ json fields_json(const DatasetFields& f) {
           {"completions", f.completions},
           {"labels", f.labels},
           {"step_separator", f.step_separator},
+          {"last_step_label_only", f.last_step_label_only},
           {"completion", f.completion},
           {"roles_to_train", f.roles_to_train},
           {"train_on_eos", f.train_on_eos},

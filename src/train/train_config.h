@@ -219,6 +219,10 @@ struct TrainConfig {
   // token classifier (model/config.h token_classifier) with num_labels labels, each step's label at its last token.
   bool process_reward_model = false;
   int num_labels = 0;  // a classifier's labels as the config gives them (0: not given; a PRM's default is 2)
+  // TRL's PRMConfig: the text after each step, and only the last step's label in the training data (not the
+  // validation data's)
+  std::string step_separator = "\n";
+  bool train_on_last_step_only = false;
   bool dataset_exact_deduplication = false;  // Axolotl's: identical tokenized documents kept once
   int64_t min_sample_len = 0;                // Axolotl's: documents of fewer tokens are dropped (0: none)
   // Axolotl's excess_length_strategy: documents longer than sequence_len cut (soltrain's default), left out

@@ -166,6 +166,8 @@ ShardSet tokenize_all(const TrainConfig& c, const std::vector<DatasetSpec>& spec
     o.sources = {{specs[i].path, specs[i].type, specs[i].split}};
     o.fields = specs[i].fields;
     if (o.fields.chat_template.empty()) o.fields.chat_template = c.chat_template;
+    o.fields.step_separator = c.step_separator;
+    o.fields.last_step_label_only = c.train_on_last_step_only && kind == "train";  // (TRL's is_eval keeps all)
     // One folder per dataset: each keeps its own cache key, so editing one dataset re-tokenizes only it.
     o.out = c.dataset_prepared_path / cat(kind, "-", i, "-", folder_safe(specs[i].path.stem().string()));
     o.seq_len = c.sequence_len;
