@@ -512,9 +512,10 @@ void rule_classifier(const Entries& en, const std::string&, TrainConfig& c, std:
                          c.dpo.reward_model ? "SequenceClassification(num_labels=1)" : "TokenClassification"));
 }
 
-// optimizer: muon as Axolotl's MuonOptimizerFactory builds it: betas (0.9, 0.95) unless both are given (the second
+// The optimizer's settings: torchao's 4-bit moments stay on the device; optimizer: muon as Axolotl's
+// MuonOptimizerFactory builds it: betas (0.9, 0.95) unless both are given (the second
 // is Muon's momentum); its state is fp32 and on the device.
-void rule_muon(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
+void rule_optimizer(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
   if (c.moments == Moments::Torchao4 && (c.offload.optimizer || c.offload.master || c.offload.grads))
     errors.push_back(cat(en.by_key.at("optimizer").where,
                          ": optimizer: adamw_torch_4bit with offloaded optimizer state is not built yet"));
@@ -543,7 +544,7 @@ constexpr Rule kRules[] = {rule_lora_settings_imply_lora,
                            rule_hub_push,
                            rule_trackers,
                            rule_grpo,
-                           rule_muon};  // (after the rules that set offload and zero_stage)
+                           rule_optimizer};  // (after the rules that set offload and zero_stage)
 
 }  // namespace
 

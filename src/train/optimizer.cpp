@@ -79,6 +79,21 @@ AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offlo
 AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload, bool muon)
     : params_(params), ops_(ops), moments_(moments), offload_(offload), muon_(muon) {
   SOLTRAIN_CHECK(!muon || (moments == Moments::F32 && !offload.any()), "Muon's state: fp32 and resident");
+  if (muon) {  // which parameters Muon updates, and its scratch sized for the widest of them (never in the step)
+    const DType act = ops.activation_dtype();
+    int64_t widest = 1, ns = 1;
+    for (const Parameter& p : params.all()) {
+      muon_param_.push_back(updated_by_muon(p));
+      if (!muon_param_.back()) continue;
+      SOLTRAIN_CHECK(p.order.named(), "Muon on a parameter stored in another order: ", p.name);
+      const int64_t r = std::min(p.shape[0], p.shape[1]), n = shape_numel(p.shape);
+      widest = std::max(widest, n);
+      ns = std::max(ns, 2 * r * r + n);
+    }
+    muon_u_ = ops.alloc(size_t(widest) * dtype_size(act));
+    muon_ns_ = ops.alloc(size_t(ns) * dtype_size(act));
+    muon_sumsq_ = ops.alloc(sizeof(double));
+  }
   const Plan pl = plan(params, moments, offload);
   chunk_ = pl.chunk;
   // (offload_optimizer: the moments in host memory, pinned on CUDA; alloc_host zeroes too)
@@ -203,19 +218,6 @@ bool updated_by_muon(const Parameter& p) {
 void AdamW::step_muon(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq) {
   SOLTRAIN_CHECK(moments_ == Moments::F32 && !offload_.any() && !shard_, "Muon with fp32 moments, resident, whole");
   const DType act = ops_.activation_dtype();
-  if (!muon_u_.data()) {
-    int64_t widest = 1, ns = 1;
-    for (const Parameter& p : params_.all())
-      if (updated_by_muon(p)) {
-        SOLTRAIN_CHECK(p.order.named(), "Muon on a parameter stored in another order: ", p.name);
-        const int64_t r = std::min(p.shape[0], p.shape[1]), n = shape_numel(p.shape);
-        widest = std::max(widest, n);
-        ns = std::max(ns, 2 * r * r + n);
-      }
-    muon_u_ = ops_.alloc(size_t(widest) * dtype_size(act));
-    muon_ns_ = ops_.alloc(size_t(ns) * dtype_size(act));
-    muon_sumsq_ = ops_.alloc(sizeof(double));
-  }
   const Tensor sumsq{muon_sumsq_.data(), DType::F64, {1}, ops_.device()};
   MuonParams mp;
   mp.momentum = cfg.muon->momentum;
@@ -223,13 +225,14 @@ void AdamW::step_muon(const OptimizerConfig& cfg, float lr, float grad_scale, co
   mp.grad_scale = grad_scale;
   mp.grad_sumsq = grad_sumsq;
   mp.max_grad_norm = cfg.max_grad_norm;
-  for (const Parameter& p : params_.all()) {
+  for (size_t i = 0; i < params_.all().size(); ++i) {
+    const Parameter& p = params_.all()[i];
     if (!p.trainable) continue;
     const Shape flat{shape_numel(p.shape)};
     Tensor copy = p.value.view(flat);
     Tensor* copy_out = params_.values_alias_masters() ? nullptr : &copy;
     Tensor m{static_cast<float*>(m_.data()) + p.offset, DType::F32, flat, ops_.device()};
-    if (!updated_by_muon(p)) {
+    if (!muon_param_[i]) {
       Tensor v{static_cast<float*>(v_.data()) + p.offset, DType::F32, flat, ops_.device()};
       AdamWParams a{lr, cfg.beta1, cfg.beta2, cfg.eps, p.decay ? cfg.weight_decay : 0.0f, step_, grad_scale};
       a.grad_sumsq = grad_sumsq;

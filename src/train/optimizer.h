@@ -134,6 +134,7 @@ class AdamW {
   // Muon's update (cfg.muon): per parameter, Muon's three ops or AdamW; its scratch made on the first call.
   void step_muon(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq);
   Buffer muon_u_, muon_ns_, muon_sumsq_;  // the Nesterov input, Newton–Schulz's scratch, Σu² (F64)
+  std::vector<bool> muon_param_;          // per parameter of the store (its order): Muon updates it
   bool muon_ = false;                     // the state holds Muon's momentum (said in the file's metadata)
 
   ParameterStore& params_;
