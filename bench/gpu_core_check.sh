@@ -135,7 +135,7 @@ PY
     prm)  # issue 32: process reward models and Muon on the device: the Muon ops and the linear/cross-entropy ops against
       # their CPU twins; `dump --token-labels 2` on CUDA against the CPU (a biased two-column head); the demo trained
       # with optimizer: muon (full fine-tune) next to AdamW, and the LoRA reward model (not run on the GPU before)
-      timeout 120 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaOps.Muon*:CudaOps.Linear*:CudaOps.CrossEntropy*' \
+      timeout 120 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaOps.Muon*:CudaOps.AdamW4bit*:CudaOps.Linear*:CudaOps.CrossEntropy*' \
         > "$OUT/prm-tests.log" 2>&1
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|OK \]" "$OUT/prm-tests.log"
       "$B/soltrain" demo-setup --out runs/demo-data > /dev/null 2>&1

@@ -505,6 +505,14 @@ TEST(Config, MissingFeaturesAreNamedInOneLine) {
   EXPECT_EQ(error_of(kBase + "qat:\n  weight_dtype: int4\n  group_size: 32\n"),
             "cfg.yaml:6: qat: quantization-aware training (QAT) is not built yet");
   EXPECT_EQ(error_of(kBase + "gptq: true\n"), "cfg.yaml:6: gptq: GPTQ-quantised base weights are not supported");
+  // Axolotl's context and tensor parallel sizes: 1 (or absent) is what soltrain does; more is one line
+  EXPECT_EQ(error_of(kBase + "context_parallel_size: 1\nheads_k_stride: 1\ntensor_parallel_size: 1\n"), "no error");
+  EXPECT_EQ(error_of(kBase + "context_parallel_size: 2\nheads_k_stride: 1\nring_attn_func: varlen_llama3\n"),
+            "cfg.yaml:6: context_parallel_size: context parallelism is not built yet; soltrain fits long sequences on "
+            "one GPU (recompute, offload_activations, token tiles)");
+  EXPECT_EQ(error_of(kBase + "tensor_parallel_size: 2\n"),
+            "cfg.yaml:6: tensor_parallel_size: tensor parallelism is not built yet; zero_stage: 3 (fsdp) shards the "
+            "weights over the GPUs");
   EXPECT_EQ(error_of(kBase + "qat:\n"), "no error");
   EXPECT_EQ(error_of(kBase + "optimizer: lion_8bit\n"),
             "cfg.yaml:6: optimizer: \"lion_8bit\": not supported; use optimizer: adamw_torch (fp32 moments), "

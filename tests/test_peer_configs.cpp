@@ -134,7 +134,11 @@ TEST(PeerConfigs, AxolotlLlama3FullFineTuneRunsWith8bitAdamW) {
   const test::CliRun r = test::run("sft " + cfg.string() + " --set max_steps=1", s.t);
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const std::string all = r.out + r.err;
-  EXPECT_EQ(all.rfind("sft: full fine-tune\n", 0), 0u) << all;
+  // its special_tokens: {pad_token: <|end_of_text|>}, new to the stand-in tokenizer: added, said first
+  EXPECT_EQ(all.rfind("sft: tokenizer: pad_token <|end_of_text|>; 1 new tokens (<|end_of_text|> = ", 0), 0u) << all;
+  EXPECT_NE(all.find("\nsft: full fine-tune\n"), std::string::npos) << all;
+  EXPECT_NE(read_text(s.t.path / "out" / "model" / "tokenizer_config.json").find("\"pad_token\": \"<|end_of_text|>\""),
+            std::string::npos);
   EXPECT_NE(all.find("  8-bit\n  activations"), std::string::npos) << all;
   EXPECT_NE(all.find("  recompute full, "), std::string::npos) << all;
   EXPECT_TRUE(fs::exists(s.t.path / "out" / "model" / "model.safetensors")) << all;
@@ -174,6 +178,14 @@ TEST(PeerConfigs, AxolotlLlama3Lora8bTrainsEmbeddingAndHeadBesideTheAdapters) {
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const SafetensorsFile adapter(s.t.path / "out" / "adapter" / "adapter_model.safetensors");
   EXPECT_TRUE(adapter.find("base_model.model.model.embed_tokens.weight"));
+  // its special_tokens' pad_token, new to the stand-in tokenizer: added, the embedding trained in full holds its row
+  EXPECT_NE(
+      read_text(s.t.path / "out" / "adapter" / "tokenizer_config.json").find("\"pad_token\": \"<|end_of_text|>\""),
+      std::string::npos);
+  const std::optional<int32_t> pad =
+      Tokenizer::load(s.t.path / "out" / "adapter" / "tokenizer.json").token_to_id("<|end_of_text|>");
+  ASSERT_TRUE(pad.has_value());
+  EXPECT_GT(adapter.find("base_model.model.model.embed_tokens.weight")->shape[0], *pad);
   EXPECT_TRUE(adapter.find("base_model.model.lm_head.weight"));
   const nlohmann::json acfg = nlohmann::json::parse(read_text(s.t.path / "out" / "adapter" / "adapter_config.json"));
   EXPECT_EQ(acfg["modules_to_save"], nlohmann::json({"embed_tokens", "lm_head"}));
@@ -240,7 +252,9 @@ TEST(PeerConfigs, AxolotlLlama3LoraKernelsRunsToTheEnd) {
   const test::CliRun r = s.sft(s.config("axolotl-llama-3-lora-1b-kernels.yml", "alpaca.jsonl", "llama"));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const std::string all = r.out + r.err;
-  EXPECT_EQ(all.rfind("sft: LoRA r16 on gate,down,up,q,v,k,o\n", 0), 0u) << all;  // the config's order
+  // (its pad_token <|end_of_text|> is new to the stand-in tokenizer: said first)
+  EXPECT_EQ(all.rfind("sft: tokenizer: pad_token <|end_of_text|>; 1 new tokens", 0), 0u) << all;
+  EXPECT_NE(all.find("\nsft: LoRA r16 on gate,down,up,q,v,k,o\n"), std::string::npos) << all;  // the config's order
   // Axolotl's alpaca with Llama 3.1's tokenizer: the Qwen run's 9140 tokens plus one BOS per document, none
   // of them trained.
   EXPECT_NE(all.find("wrote 40 documents, 9180 tokens (150 trained)"), std::string::npos) << all;
@@ -864,8 +878,10 @@ TEST(PeerConfigs, AxolotlAlstNamesOnlyWhatIsMissing) {
   const test::CliRun r = s.sft(cfg);
   EXPECT_EQ(r.code, 2) << r.out << r.err;
   // (its optimizer, adamw_torch_8bit, is torchao's AdamW8bit: read as such)
-  EXPECT_EQ(r.err,
-            problems(cfg, {{11, "unknown dataset key \"data_files\""}, {25, "unknown key \"context_parallel_size\""}}));
+  EXPECT_EQ(r.err, problems(cfg, {{11, "unknown dataset key \"data_files\""},
+                                  {25,
+                                   "context_parallel_size: context parallelism is not built yet; soltrain fits long "
+                                   "sequences on one GPU (recompute, offload_activations, token tiles)"}}));
 }
 
 // Qwen3 8B LoRA with torch.compile (torch_compile_mode) runs to the end as it is.

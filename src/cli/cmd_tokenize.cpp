@@ -16,6 +16,7 @@
 #include "io/output_dir.h"
 #include "train/output_guard.h"
 #include "train/preference_data.h"
+#include "train/run_tokenizer.h"
 #include "train/train_data.h"
 
 namespace soltrain {
@@ -79,6 +80,7 @@ std::function<int()> add_tokenize_command(CLI::App& app) {
       TrainConfig cfg = load_train_config(o->config, o->set, mode);
       resolve_hub_inputs(cfg, std::cerr);
       const OutputLock lock = prepare_run_outputs(cfg, std::cerr);
+      for (const std::string& n : resolve_run_tokenizer(cfg).notes) std::cerr << "tokenize: " << n << "\n";
       const bool pairs = cfg.mode == TrainMode::kDpo;  // `rl: dpo` in the config makes it a preference run
       ShardSet train, validation;
       if (pairs) {
@@ -94,7 +96,7 @@ std::function<int()> add_tokenize_command(CLI::App& app) {
                 << " validation" << unit << " ready\n";
       if (o->debug) {
         PreviewOptions p{o->debug_num_examples, ::isatty(1) != 0, o->debug_text_only, pairs};
-        print_sample_preview(train, Tokenizer::load(cfg.model), p, std::cout);
+        print_sample_preview(train, Tokenizer::load(run_tokenizer_folder(cfg)), p, std::cout);
       }
       return 0;
     }

@@ -237,15 +237,53 @@ void add_data_keys(std::vector<KeySpec>& v) {
                     x.c.chat_template = s;
                   }));
   v.push_back(key("special_tokens", "map", "a map like {eos_token: ...}", "",
-                  "Axolotl's: checked against the tokenizer's own special tokens when the data is prepared",
+                  "Axolotl's: sets the tokenizer's bos/eos/unk/pad/... token (adding it when new) and "
+                  "additional_special_tokens; the run tokenizes with and saves that tokenizer",
                   [](const Entry& e, const std::string& k, ReadContext& x) {
                     if (!e.node.IsMap()) bad_value(e, k, "a map like {eos_token: ...}");
                     for (const auto& kv : e.node) {
+                      const std::string role = scalar_text(kv.first);
+                      if (role == "additional_special_tokens") {
+                        x.c.tokenizer_edits.has_additional = true;
+                        if (!kv.second.IsSequence() && !kv.second.IsNull())
+                          user_error(e.where, ": ", k, ".", role, ": expected a list of tokens");
+                        for (const auto& t : kv.second) {
+                          if (!t.IsScalar()) user_error(e.where, ": ", k, ".", role, ": expected a list of tokens");
+                          x.c.tokenizer_edits.additional_special.push_back(t.Scalar());
+                        }
+                        continue;
+                      }
                       if (!kv.second.IsScalar())
-                        user_error(e.where, ": ", k, ".", scalar_text(kv.first), ": expected a token (a string)");
-                      x.c.special_tokens[scalar_text(kv.first)] = kv.second.Scalar();
+                        user_error(e.where, ": ", k, ".", role, ": expected a token (a string)");
+                      x.c.tokenizer_edits.special.emplace_back(role, kv.second.Scalar());  // (the file's order)
                     }
                   }));
+  v.push_back(key("tokens", "list", "a list of tokens", "",
+                  "Axolotl's: tokens added to the tokenizer (each matched whole; the embedding grows when the model "
+                  "has no spare rows)",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    x.c.tokenizer_edits.tokens = get_string_list(e, k);
+                  }));
+  v.push_back(key("added_tokens_overrides", "map", "a map of added-token ids to new strings", "",
+                  "Axolotl's: renames reserved added tokens (id: new text) in the run's tokenizer",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    if (!e.node.IsMap()) bad_value(e, k, "a map of added-token ids to new strings");
+                    for (const auto& kv : e.node) {
+                      const std::string id = scalar_text(kv.first);
+                      char* end = nullptr;
+                      const long v = std::strtol(id.c_str(), &end, 10);
+                      if (id.empty() || *end || v < 0 || v > INT32_MAX || !kv.second.IsScalar())
+                        user_error(e.where, ": ", k, ".", id, ": expected an added token's id and its new string");
+                      x.c.tokenizer_edits.overrides[int32_t(v)] = kv.second.Scalar();
+                    }
+                  }));
+  v.push_back(flag("resize_token_embeddings_to_32x", FIELD(resize_to_32x),
+                   "Axolotl's: the embedding's rows rounded up to a multiple of 32 when it is resized"));
+  v.push_back(flag("shrink_embeddings", FIELD(shrink_embeddings),
+                   "Axolotl's: an embedding with more rows than the tokenizer has tokens is cut to the tokenizer"));
+  v.push_back(flag("mean_resizing_embeddings", FIELD(mean_resizing),
+                   "transformers' mean_resizing: new embedding rows start at the mean of the others (else "
+                   "normal(0, initializer_range))"));
 }
 
 void add_objective_keys(std::vector<KeySpec>& v) {

@@ -340,6 +340,22 @@ void add_missing_features(Table& t) {
          if (as_bool(k, n)) set_quantised_base(c, WeightFormat::Int8Row, k);
        }},
       {"gptq", off_or("GPTQ-quantised base weights are not supported")},
+      // Axolotl's context (sequence) and tensor parallelism: one line each rather than a run that silently
+      // places the sequence or the weights otherwise; ring attention's settings go with the first.
+      {"context_parallel_size", at_or(1,
+                                      "context parallelism is not built yet; soltrain fits long sequences on "
+                                      "one GPU (recompute, offload_activations, token tiles)")},
+      {"sequence_parallel_degree", at_or(1,
+                                         "context (sequence) parallelism is not built yet; soltrain fits long "
+                                         "sequences on one GPU (recompute, offload_activations, token tiles)")},
+      {"heads_k_stride", any()},
+      {"ring_attn_func", any()},
+      {"tensor_parallel_size", at_or(1,
+                                     "tensor parallelism is not built yet; zero_stage: 3 (fsdp) shards the "
+                                     "weights over the GPUs")},
+      {"dp_replicate_size", at_or(1,
+                                  "hybrid (replicated + sharded) data parallelism is not built yet; use "
+                                  "zero_stage 0-3 over all the GPUs")},
       // Axolotl's torchao quantization-aware training block (weight_dtype, group_size, fake_quant_after_n_steps)
       {"qat", off_or("quantization-aware training (QAT) is not built yet")},
       {"fp16", off_or("fp16 training is not supported; soltrain computes in bf16 (bf16: true)")},

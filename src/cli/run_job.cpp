@@ -16,6 +16,7 @@
 #include "train/run_checks.h"
 #include "train/run_dpo.h"
 #include "train/run_grpo.h"
+#include "train/run_tokenizer.h"
 #include "train/train_data.h"
 
 namespace soltrain {
@@ -44,6 +45,7 @@ RunResult run_job(TrainConfig cfg, TrainMode mode, std::ostream& log, LoopHooks 
                  cfg.dpo.enabled ? "preference training" : "online RL", "; use gpus: 1");
     check_run_inputs(cfg);
     const OutputLock lock = prepare_run_outputs(cfg, log);
+    prepare_run_tokenizer(cfg);
     auto ops = make_ops(cfg.device);
     if (cfg.dpo.reward_model) return run_reward(cfg, *ops, log, std::move(hooks));
     return cfg.dpo.enabled ? run_dpo(cfg, *ops, log, std::move(hooks))
@@ -65,6 +67,7 @@ RunResult run_job(TrainConfig cfg, TrainMode mode, std::ostream& log, LoopHooks 
   OutputLock lock;  // before any work: nothing the user had is written over, and no other run writes there
   if (comm->rank() == 0) lock = prepare_run_outputs(cfg, log);
   comm->barrier();
+  prepare_run_tokenizer(cfg);
   return run_training(cfg, mode, *ops, log, comm.get(), std::move(hooks));
 }
 
@@ -76,6 +79,7 @@ JobEvaluation evaluate_job(TrainConfig cfg, std::ostream& log) {
         "for dpo is not built yet");
   resolve_hub_inputs(cfg, log);
   check_run_inputs(cfg);
+  prepare_run_tokenizer(cfg);
   const TrainData data = as_data_error([&] { return prepare_train_data(cfg, log); });
   if (data.validation.documents() == 0)
     user_error("evaluate: no validation data: give validation_datasets (eval_dataset) or validation_split_ratio");
@@ -90,7 +94,9 @@ JobEvaluation evaluate_job(TrainConfig cfg, std::ostream& log) {
     model = load_pretrained(trained, *ops);
     out.model = trained.string();
   } else {
-    model = load_pretrained(cfg.model, *ops);
+    std::optional<VocabResize> vocab;
+    if (const int rows = run_vocab_resize(cfg); rows > 0) vocab = VocabResize{rows, cfg.mean_resizing};
+    model = load_pretrained(cfg.model, *ops, std::nullopt, true, {}, std::nullopt, vocab);
     out.model = cfg.model.string();
   }
   configure_model(*model, cfg, *ops, cfg.per_device_train_batch_size);

@@ -16,9 +16,10 @@ namespace fs = std::filesystem;
 namespace soltrain {
 
 std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops, std::optional<LoraConfig> lora,
-                                             bool gradients, ExpertShare share,
-                                             std::optional<AsClassifier> classifier) {
+                                             bool gradients, ExpertShare share, std::optional<AsClassifier> classifier,
+                                             std::optional<VocabResize> vocab) {
   ModelConfig config = load_model_config(dir);
+  if (vocab) resize_vocabulary(config, vocab->rows, vocab->mean_resizing);
   if (classifier && classifier->token_labels > 0)
     make_token_classifier(config, classifier->token_labels);
   else if (classifier)
@@ -74,6 +75,27 @@ struct StackedExperts {
     return true;
   }
 };
+
+// The embedding or LM head of a resized vocabulary (resize_vocabulary) as transformers' resize_token_embeddings
+// leaves it: the stored rows kept (the first ones, when it shrinks); new rows the mean of the stored ones
+// (mean_resizing: transformers draws them from N(mean, 1e-9 covariance), within 3e-5 standard deviations of the
+// mean) or drawn from normal(0, initializer_range) as _init_weights draws them.
+void read_resized_rows(const CheckpointReader& ckpt, const Parameter& p, const ModelConfig& c,
+                       std::vector<float>& rows) {
+  const int64_t stored = c.stored_vocab_size, want = p.shape[0], D = p.shape[1];
+  std::vector<float> old(size_t(stored * D));
+  read_weight_f32(ckpt, p.name, Shape{stored, D}, old.data());
+  rows.assign(old.begin(), old.begin() + std::min(stored, want) * D);
+  if (want <= stored) return;
+  std::vector<double> mean(size_t(D), 0.0);
+  for (int64_t r = 0; r < stored; ++r)
+    for (int64_t j = 0; j < D; ++j) mean[size_t(j)] += old[size_t(r * D + j)];
+  std::mt19937_64 rng(0x7e5e);
+  std::normal_distribution<float> normal(0.0f, float(c.initializer_range));
+  for (int64_t r = stored; r < want; ++r)
+    for (int64_t j = 0; j < D; ++j)
+      rows.push_back(c.mean_resizing ? float(mean[size_t(j)] / double(stored)) : normal(rng));
+}
 }  // namespace
 
 void load_weights(Transformer& model, const fs::path& dir) {
@@ -117,6 +139,12 @@ void load_weights(Transformer& model, const fs::path& dir) {
     if (p.format == WeightFormat::Fp8Block && stored_as_fp8(ckpt, p.name)) {  // as stored: no requantising
       read_fp8_weight(ckpt, p.name, p.shape, codes, scale_inv);
       model.params().upload_quantised(model.ops(), p, codes.data(), scale_inv.data());
+      continue;
+    }
+    if (c.stored_vocab_size > 0 &&
+        (p.name == "model.embed_tokens.weight" || (p.name == model.lm_head_name() && c.num_labels == 0))) {
+      read_resized_rows(ckpt, p, c, staging);
+      model.params().upload(model.ops(), p, staging.data());
       continue;
     }
     staging.resize(size_t(shape_numel(p.shape)));
@@ -182,7 +210,7 @@ void copy_side_files(const fs::path& from, const fs::path& to, bool tokenizer_on
   for (const char* f : kModelSideFiles) {
     if (tokenizer_only && std::string_view(f) == "generation_config.json") continue;
     std::error_code ec;
-    if (fs::exists(from / f)) fs::copy_file(from / f, to / f, ec);
+    if (fs::exists(from / f)) fs::copy_file(from / f, to / f, fs::copy_options::overwrite_existing, ec);
     if (ec) user_error((from / f).string(), ": cannot copy (", ec.message(), ")");
   }
 }

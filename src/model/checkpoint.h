@@ -22,10 +22,17 @@ struct AsClassifier {
   int pad_token_id = -1;
   int token_labels = 0;
 };
+// With `vocab` (a run whose tokenizer grew or shrank: train/run_tokenizer.h) the embedding and an untied LM head
+// are resized to that many rows as transformers' resize_token_embeddings does (resize_vocabulary).
+struct VocabResize {
+  int rows = 0;
+  bool mean_resizing = true;
+};
 std::unique_ptr<Transformer> load_pretrained(const std::filesystem::path& dir, Ops& ops,
                                              std::optional<LoraConfig> lora = std::nullopt, bool gradients = true,
                                              ExpertShare expert_share = {},
-                                             std::optional<AsClassifier> classifier = std::nullopt);
+                                             std::optional<AsClassifier> classifier = std::nullopt,
+                                             std::optional<VocabResize> vocab = std::nullopt);
 
 // Copies every base parameter from the checkpoint (adapters excepted); missing or mis-shaped tensors are
 // UserErrors.
@@ -41,7 +48,8 @@ inline constexpr const char* kModelSideFiles[] = {
     "tokenizer.model",         "added_tokens.json", "chat_template.jinja"};
 // Copies those of kModelSideFiles that `from` has into `to`; UserError naming a file that cannot be copied.
 void copy_model_side_files(const std::filesystem::path& from, const std::filesystem::path& to);
-// The same, the tokenizer's files only (generation_config.json aside): what an adapter's folder carries.
+// The same, the tokenizer's files only (generation_config.json aside): what an adapter's folder carries. Both
+// replace files `to` already has (a run's edited tokenizer over the model's).
 void copy_tokenizer_files(const std::filesystem::path& from, const std::filesystem::path& to);
 
 // The type a model folder's weights are stored in, as transformers reads it: config.json's `dtype` (`torch_dtype`

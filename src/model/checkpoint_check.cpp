@@ -10,8 +10,9 @@ void check_config_fits_checkpoint(const ModelConfig& c, const CheckpointReader& 
   const std::string embed = "model.embed_tokens.weight";
   if (ckpt.has(embed)) {
     const Shape& s = ckpt.entry(embed).shape;
-    if (s.size() != 2 || s[0] != c.vocab_size || s[1] != c.hidden_size)
-      user_error(cfg, ": vocab_size ", c.vocab_size, " and hidden_size ", c.hidden_size, " disagree with ",
+    const int rows = c.stored_vocab_size > 0 ? c.stored_vocab_size : c.vocab_size;  // (before a resize)
+    if (s.size() != 2 || s[0] != rows || s[1] != c.hidden_size)
+      user_error(cfg, ": vocab_size ", rows, " and hidden_size ", c.hidden_size, " disagree with ",
                  ckpt.describe(embed), " of shape ", shape_str(s));
   }
   const std::string last = cat("model.layers.", c.num_layers - 1, ".input_layernorm.weight");
@@ -26,7 +27,8 @@ void check_config_fits_checkpoint(const ModelConfig& c, const CheckpointReader& 
   const double moe = double(c.moe.num_experts) * (D + 3 * D * c.moe.intermediate_size) +
                      (c.moe.shared_intermediate_size ? 3 * D * c.moe.shared_intermediate_size + D : 0);
   const double needed = c.dense_mlp_layers() * (attention + 3 * D * c.intermediate_size) +
-                        c.moe_layers() * (attention + moe) + double(c.vocab_size) * D;
+                        c.moe_layers() * (attention + moe) +
+                        double(c.stored_vocab_size > 0 ? c.stored_vocab_size : c.vocab_size) * D;
   double held = 0;
   for (const std::string& n : ckpt.names()) held += double(shape_numel(ckpt.entry(n).shape));
   if (needed > held)

@@ -274,6 +274,15 @@ void make_token_classifier(ModelConfig& c, int num_labels) {
   c.raw["label2id"] = label2id;
 }
 
+void resize_vocabulary(ModelConfig& c, int rows, bool mean_resizing) {
+  SOLTRAIN_CHECK(rows > 0, "resize_vocabulary to ", rows);
+  if (rows == c.vocab_size) return;
+  if (c.stored_vocab_size == 0) c.stored_vocab_size = c.vocab_size;
+  c.vocab_size = rows;
+  c.mean_resizing = mean_resizing;
+  c.raw["vocab_size"] = rows;
+}
+
 void refuse_classifier(const std::filesystem::path& dir, const ModelConfig& c) {
   user_error(dir.string(), ": ", c.architecture,
              c.token_classifier

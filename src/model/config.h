@@ -98,7 +98,11 @@ struct ModelConfig {
   // whose row torch never trains (-1: none). A reward run's pad id set later (as TRL sets it) leaves it.
   int padding_idx = -1;
   double initializer_range = 0.02;  // std of a new head's normal initialisation (transformers' _init_weights)
-  nlohmann::json raw;               // the file as read, for writing it back unchanged
+  // The rows the checkpoint's embedding (and untied LM head) hold when the run resized them to vocab_size
+  // (resize_vocabulary); 0: as stored.
+  int stored_vocab_size = 0;
+  bool mean_resizing = true;  // new rows: the mean of the stored ones (transformers' default), else normal(0, range)
+  nlohmann::json raw;         // the file as read, for writing it back unchanged
 
   int q_dim() const { return num_heads * head_dim; }
   int kv_dim() const { return num_kv_heads * head_dim; }
@@ -125,6 +129,9 @@ void make_sequence_classifier(ModelConfig& c, int num_labels, int pad_token_id);
 // The family's token classifier with `num_labels` outputs (AutoModelForTokenClassification: architectures and
 // id2label / label2id as saves must say them). A token classifier's config must already have that many labels.
 void make_token_classifier(ModelConfig& c, int num_labels);
+// transformers' resize_token_embeddings(rows, mean_resizing): vocab_size (raw's too, as saves say it) becomes rows,
+// the checkpoint's rows are remembered for loading (load_weights fills or drops the difference).
+void resize_vocabulary(ModelConfig& c, int rows, bool mean_resizing);
 // A classifier folder read where a causal LM is expected: the one line that says so (UserError).
 [[noreturn]] void refuse_classifier(const std::filesystem::path& dir, const ModelConfig& c);
 ModelConfig load_model_config(const std::filesystem::path& model_dir);

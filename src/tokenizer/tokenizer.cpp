@@ -157,6 +157,10 @@ void Tokenizer::encode_text(std::string_view raw, bool at_start, std::vector<int
   }
 }
 
+size_t Tokenizer::model_vocab_size() const {
+  return model_->vocab().size();
+}
+
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
   for (const AddedToken& a : added_)
     if (a.content == token) return a.id;

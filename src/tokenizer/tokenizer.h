@@ -48,6 +48,8 @@ class Tokenizer {
   const std::string& id_to_token(int32_t id) const;
   // One past the largest id of the model vocab and the added tokens.
   size_t vocab_size() const { return id_to_token_.size(); }
+  // The model's own vocabulary (tokenizers' model.get_vocab_size()): where new added tokens' ids start.
+  size_t model_vocab_size() const;
   const std::vector<AddedToken>& added_tokens() const { return added_; }
 
  private:

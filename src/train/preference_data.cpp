@@ -19,6 +19,7 @@
 #include "io/atomic_file.h"
 #include "io/json_file.h"
 #include "io/sha256.h"
+#include "train/run_tokenizer.h"
 #include "train/train_data.h"
 
 namespace soltrain {
@@ -29,7 +30,7 @@ using nlohmann::json;
 namespace {
 
 ChatTemplate load_template(const TrainConfig& c, const DatasetSpec& spec) {
-  const fs::path cfg = (fs::is_directory(c.model) ? c.model : c.model.parent_path()) / "tokenizer_config.json";
+  const fs::path cfg = run_tokenizer_folder(c) / "tokenizer_config.json";
   std::string name = spec.fields.chat_template.empty() ? c.chat_template : spec.fields.chat_template;
   // Axolotl's chatml.* types write ChatML whatever the model's template is.
   if (spec.fields.chat_template.empty() && spec.preference_type.starts_with("chatml.")) name = "chatml";
@@ -85,7 +86,7 @@ const char* log_prefix(const TrainConfig& c) {
 ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs::path& out, json& key,
                         std::ostream& log) {
   TokenizeOptions o;  // its key names the inputs, tokenizer and the settings shared with SFT
-  o.tokenizer = c.model;
+  o.tokenizer = run_tokenizer_folder(c);
   o.sources = {{spec.path, DatasetType::kAuto, spec.split}};
   o.fields = spec.fields;
   o.seq_len = c.sequence_len;
@@ -113,8 +114,7 @@ ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs:
                         : " is an unpaired (KTO) shape: rl: kto reads it");
   const PreferenceFormat format = unpaired ? PreferenceFormat::kAuto : *find_preference_format(spec.preference_type);
   std::vector<std::pair<Document, bool>> block;  // KTO: examples waiting for their block's KL documents
-  const fs::path tok_dir = fs::is_directory(c.model) ? c.model : c.model.parent_path();
-  Tokenizer tok = Tokenizer::load(tok_dir / "tokenizer.json");
+  Tokenizer tok = Tokenizer::load(run_tokenizer_folder(c) / "tokenizer.json");
   const ChatTemplate tmpl = load_template(c, spec);
   PreferenceEncoder enc(tok, tmpl, c.sequence_len, c.dpo.max_prompt_len);
   StagedDir staged(out);
@@ -243,7 +243,10 @@ std::vector<float> cached_reference(const TrainConfig& c, const PreferenceData& 
       model.push_back({e.path().filename().string(), e.file_size(),
                        int64_t(fs::last_write_time(e.path()).time_since_epoch().count())});
   std::sort(model.begin(), model.end());
-  const std::string key = json{{"pairs", d.key}, {"model", model}, {"sequence_len", c.sequence_len}}.dump();
+  json keyed{{"pairs", d.key}, {"model", model}, {"sequence_len", c.sequence_len}};
+  // (a resized vocabulary's new rows are part of the reference model)
+  if (const int rows = run_vocab_resize(c); rows > 0) keyed["vocab_resize"] = rows;
+  const std::string key = keyed.dump();
   const fs::path file = c.dataset_prepared_path / cat("dpo-reference-", sha256_hex(key).substr(0, 16), ".f32");
   const size_t n = size_t(d.train.documents());
   if (fs::exists(file) && fs::file_size(file) == n * sizeof(float)) {

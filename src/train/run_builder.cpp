@@ -11,6 +11,7 @@
 #include "model/lora_merge.h"
 #include "model/peft_adapter.h"
 #include "tokenizer/tokenizer.h"
+#include "train/run_tokenizer.h"
 #include "train/trained_model.h"
 
 namespace soltrain {
@@ -31,13 +32,11 @@ std::optional<LoraConfig> lora_config(const TrainConfig& c, const char* where) {
 }
 
 int reward_pad_token_id(const TrainConfig& c) {
-  const fs::path dir = fs::is_directory(c.model) ? c.model : c.model.parent_path();
-  // TRL's RewardTrainer: pad_token, else the tokenizer's pad token, else its eos token (Axolotl's special_tokens
-  // set the tokenizer's)
+  // TRL's RewardTrainer: the tokenizer's pad token, else its eos token (Axolotl's special_tokens set them in the
+  // run's tokenizer: train/run_tokenizer.h)
+  const fs::path dir = run_tokenizer_folder(c), tc = dir / "tokenizer_config.json";
   std::string pad;
-  if (const auto it = c.special_tokens.find("pad_token"); it != c.special_tokens.end()) pad = it->second;
-  const fs::path tc = dir / "tokenizer_config.json";
-  if (pad.empty() && fs::exists(tc)) pad = read_special_token(tc, "pad_token");
+  if (fs::exists(tc)) pad = read_special_token(tc, "pad_token");
   if (pad.empty() && fs::exists(tc)) pad = read_special_token(tc, "eos_token");
   if (pad.empty())
     user_error(tc.string(),
@@ -69,7 +68,9 @@ std::unique_ptr<Transformer> load_run_model(const TrainConfig& c, Ops& ops, cons
   std::optional<AsClassifier> classifier;
   if (c.dpo.reward_model) classifier = AsClassifier{reward_pad_token_id(c)};
   if (c.process_reward_model) classifier = AsClassifier{-1, c.num_labels};
-  auto model = load_pretrained(c.model, ops, lora, gradients, share, classifier);
+  std::optional<VocabResize> vocab;
+  if (const int rows = run_vocab_resize(c); rows > 0) vocab = VocabResize{rows, c.mean_resizing};
+  auto model = load_pretrained(c.model, ops, lora, gradients, share, classifier, vocab);
   for (const ShardSet* set : data)
     for (int32_t id : set->tokens)
       if (id < 0 || id >= model->config().vocab_size)
@@ -141,6 +142,7 @@ std::string save_final_outputs(const TrainConfig& c, const Transformer& model, b
   if (lora && c.merge_adapter) {
     const fs::path merged = c.output_dir / "merged";
     merge_adapter(c.model, saved, merged);
+    copy_tokenizer_files(run_tokenizer_folder(c), merged);  // the run's tokenizer (tokens / special_tokens)
     summary += cat("; merged model saved to ", merged.string());
   }
   return summary;

@@ -23,6 +23,7 @@
 #include "model/grpo_objective.h"
 #include "tokenizer/stop_strings.h"
 #include "train/run_builder.h"
+#include "train/run_tokenizer.h"
 #include "train/train_data.h"
 #include "train/train_loop.h"
 #include "train/train_step.h"
@@ -357,7 +358,7 @@ class GrpoDriver final : public RunDriver {
 RunResult run_grpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks hooks, InProcessRewards in_process) {
   for (const std::string& n : c.notes) log << "grpo: " << n << "\n";
   fs::create_directories(c.output_dir);
-  const PromptCodec codec(c.model);
+  const PromptCodec codec(run_tokenizer_folder(c));
   PromptSet prompts = read_prompts(c, codec, log);
   // Reward modules are imported from the working folder and the config's: as `python -m` and TRL scripts find them.
   std::vector<std::string> paths{fs::current_path().string()};

@@ -13,6 +13,7 @@
 #include "model/grpo_objective.h"
 #include "model/lora.h"
 #include "model/transformer.h"
+#include "tokenizer/tokenizer_edits.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
 
@@ -182,8 +183,11 @@ struct TrainConfig {
     // DeepSpeed's batch settings given as numbers, not "auto": (name, value), checked against the config's own
     std::vector<std::pair<std::string, double>> fixed;
   } peer_sharding;
-  // Axolotl's special_tokens (name → token): checked against the tokenizer's own when the data is prepared.
-  std::map<std::string, std::string> special_tokens;
+  // Axolotl's special_tokens, tokens and added_tokens_overrides, applied to a copy of the model's tokenizer
+  // (train/run_tokenizer.h), and its embedding resizing rules (resize_token_embeddings_to_32x, shrink_embeddings,
+  // mean_resizing_embeddings: transformers' resize_token_embeddings as Axolotl calls it).
+  TokenizerEdits tokenizer_edits;
+  bool resize_to_32x = false, shrink_embeddings = false, mean_resizing = true;
   int64_t logging_steps = 1;
   Device device = Device::CPU;
   BadRecordPolicy bad_records = BadRecordPolicy::kError;

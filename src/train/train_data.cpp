@@ -14,6 +14,7 @@
 #include "data/tokenize_job.h"
 #include "io/json_file.h"
 #include "io/output_lock.h"
+#include "train/run_tokenizer.h"
 
 namespace soltrain {
 
@@ -162,7 +163,7 @@ ShardSet tokenize_all(const TrainConfig& c, const std::vector<DatasetSpec>& spec
   ShardSet all;
   for (size_t i = 0; i < specs.size(); ++i) {
     TokenizeOptions o;
-    o.tokenizer = c.model;
+    o.tokenizer = run_tokenizer_folder(c);
     o.sources = {{specs[i].path, specs[i].type, specs[i].split}};
     o.fields = specs[i].fields;
     if (o.fields.chat_template.empty()) o.fields.chat_template = c.chat_template;
@@ -186,37 +187,10 @@ ShardSet tokenize_all(const TrainConfig& c, const std::vector<DatasetSpec>& spec
 
 }  // namespace
 
-namespace {
-
 namespace fs = std::filesystem;
-
-// Axolotl's special_tokens sets tokens on the tokenizer; soltrain uses the tokenizer as it is. A pad token
-// never reaches the loss (rows are packed or masked), so any is fine; the others must be what the tokenizer
-// already has, or the documents would end (eos) or start (bos) differently from what the user asked.
-void check_special_tokens(const TrainConfig& c) {
-  if (c.special_tokens.empty()) return;
-  const fs::path file = (fs::is_directory(c.model) ? c.model : c.model.parent_path()) / "tokenizer_config.json";
-  const nlohmann::json j = read_json_file(file);
-  for (const auto& [name, want] : c.special_tokens) {
-    if (name == "pad_token") continue;
-    if (name != "eos_token" && name != "bos_token" && name != "unk_token")
-      user_error("special_tokens: ", name, ": adding tokens to the tokenizer is not built yet");
-    std::string have;
-    if (const auto it = j.find(name); it != j.end()) {
-      if (it->is_string()) have = it->get<std::string>();
-      if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) have = (*it)["content"];
-    }
-    if (have != want)
-      user_error("special_tokens: ", name, " \"", want, "\" differs from the tokenizer's \"", have, "\" (",
-                 file.string(), "); soltrain uses the tokenizer's own: drop it or make it match");
-  }
-}
-
-}  // namespace
 
 TrainData prepare_train_data(const TrainConfig& c, std::ostream& log) {
   TrainData d;
-  check_special_tokens(c);
   // Runs sharing dataset_prepared_path take it in turn: one writes a dataset's shards, the next reuses them
   // (a folder replaced under a reader, or two writers of one folder, would mix their files).
   fs::create_directories(c.dataset_prepared_path);

@@ -5,6 +5,7 @@
 #include "core/version.h"
 #include "io/atomic_file.h"
 #include "model/checkpoint.h"
+#include "train/run_tokenizer.h"
 
 namespace soltrain {
 
@@ -23,10 +24,12 @@ void write_trained_model(const TrainConfig& c, const Transformer& model, const f
   const bool lora = model.lora().has_value();
   if (lora) {
     write_adapter(model, dir, adapter_base(c));
-    copy_tokenizer_files(c.model, dir);  // Axolotl's output has them: one folder serves the adapter and its text
   } else {
     write_pretrained(model, dir, c.model, fp32_masters ? DType::F32 : save_dtype(c));
   }
+  // Axolotl's output has them (one folder serves the weights or adapter and its text): the run's tokenizer, with
+  // the tokens it added (train/run_tokenizer.h), over the model's own
+  copy_tokenizer_files(run_tokenizer_folder(c), dir);
   write_file_atomic(dir / "README.md", model_card(c, lora));
 }
 

@@ -1,0 +1,38 @@
+// Axolotl's tokenizer settings applied to a model's tokenizer files, as transformers applies them and saves the
+// result (tokenizer.json's added_tokens, tokenizer_config.json's special-token keys and added_tokens_decoder):
+// `added_tokens_overrides` (renaming reserved added tokens), then `special_tokens` (each sets that role and adds
+// its token when new), `tokens` (plain added tokens), `special_tokens.additional_special_tokens`, in Axolotl's
+// order (loaders/tokenizer.py), so new tokens get the ids HF tokenizers gives them.
+#pragma once
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace soltrain {
+
+struct TokenizerEdits {
+  std::map<int32_t, std::string> overrides;                  // added_tokens_overrides: id -> new content
+  std::vector<std::pair<std::string, std::string>> special;  // special_tokens in the file's order (role, token)
+  std::vector<std::string> additional_special;               // special_tokens.additional_special_tokens
+  bool has_additional = false;                               // (given, possibly empty: it replaces the list)
+  std::vector<std::string> tokens;                           // tokens
+  bool empty() const { return overrides.empty() && special.empty() && !has_additional && tokens.empty(); }
+};
+
+struct EditedTokenizer {
+  nlohmann::json tokenizer;                            // tokenizer.json
+  nlohmann::json config;                               // tokenizer_config.json
+  std::vector<std::pair<std::string, int32_t>> added;  // tokens new to the vocabulary, with their ids
+  int64_t length = 0;  // transformers' len(tokenizer): distinct token strings, added ones included
+};
+
+// The edited files. Ids as HF tokenizers' AddedVocabulary assigns them: a token already in the model's vocabulary
+// keeps its id (and is matched whole from then on), one already added is left as it is (flags too), a new one takes the
+// next id past both the model's vocabulary and the added tokens. A role other than bos/eos/unk/pad/sep/cls/mask, an
+// override of an id that is no added token, or a BOS change the post_processor would not follow: UserError.
+EditedTokenizer edit_tokenizer(const nlohmann::json& tokenizer_json, const nlohmann::json& tokenizer_config,
+                               const TokenizerEdits& edits, const std::string& where);
+
+}  // namespace soltrain
