@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy] [prefs] [reward] [prm]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy] [prefs] [reward] [prm] [addedtokens]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -149,6 +149,12 @@ PY
       timeout 150 "$B/soltrain" dpo examples/reward-demo.yaml --set device=cuda --set lora=true \
         --set output_dir=../runs/reward-demo-lora > "$OUT/reward-demo-lora.log" 2>&1
       echo "reward lora: $(grep -E "validation loss .* ->|error|tok/s" "$OUT/reward-demo-lora.log" | tail -3 | cut -c1-160 | tr '\n' ' ')" ;;
+    addedtokens)  # issue 32: added tokens on the device: the live transformers/PEFT comparisons of
+      # python/tests/test_added_tokens.py with device: cuda (resized vocabularies of 263 and 288 rows: LM-head GEMMs and
+      # cross-entropy over a vocabulary no multiple of 8)
+      SOLTRAIN_TEST_DEVICE=cuda SOLTRAIN_BIN=$B/soltrain timeout 300 python3 -m pytest -q -p no:cacheprovider \
+        python/tests/test_added_tokens.py > "$OUT/addedtokens.log" 2>&1
+      tail -5 "$OUT/addedtokens.log" ;;
     offgrads)  # offload_grads: the CUDA tests (bitwise the resident run), then Qwen3-8B full fine-tuning with 8-bit
       # AdamW, the masters and moments offloaded, with and without the layers' gradients (device memory and speed)
       timeout 240 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaOffload*' > "$OUT/offgrads-tests.log" 2>&1

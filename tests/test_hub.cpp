@@ -8,7 +8,9 @@
 #include <sstream>
 
 #include "cli/config.h"
+#include "cli/dataset_card.h"
 #include "cli/demo_kit.h"
+#include "cli/hub_inputs.h"
 #include "cli_test_util.h"
 #include "data_test_util.h"
 #include "fake_hub.h"
@@ -326,6 +328,135 @@ TEST(Hub, ASplitOtherThanTrainReadsItsOwnFiles) {
 
 int lines(const std::string& s) {
   return int(std::count(s.begin(), s.end(), '\n'));
+}
+
+std::string user_error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+// datasets' data_files patterns (globs within a folder, ** across) and a dataset card's configs (name, the default,
+// the forms data_files takes there), as datasets.load_dataset chooses a repository's files.
+TEST(Hub, DataFilesAndCardConfigsChooseFiles) {
+  const std::vector<std::string> repo = {"README.md",
+                                         "en/c4-train.00001-of-00002.json.gz",
+                                         "en/c4-train.00000-of-00002.json.gz",
+                                         "en/c4-validation.00000-of-00001.json.gz",
+                                         "realnewslike/c4-train.00000-of-00001.json.gz",
+                                         "pretrain/rp_sub.jsonl.zst"};
+  EXPECT_EQ(pick_data_files(repo, {"pretrain/rp_sub.jsonl.zst"}, "d"),
+            (std::vector<std::string>{"pretrain/rp_sub.jsonl.zst"}));
+  EXPECT_EQ(pick_data_files(repo, {"en/c4-train.*.json.gz", "./en/c4-train.00000-of-00002.json.gz"}, "d"),
+            (std::vector<std::string>{"en/c4-train.00000-of-00002.json.gz", "en/c4-train.00001-of-00002.json.gz"}));
+  EXPECT_EQ(pick_data_files(repo, {"*/c4-train.*"}, "d").size(), 3u);  // * stays within a folder
+  EXPECT_EQ(pick_data_files(repo, {"**/c4-validation*"}, "d"),
+            (std::vector<std::string>{"en/c4-validation.00000-of-00001.json.gz"}));
+  EXPECT_EQ(user_error_of([&] { pick_data_files(repo, {"*.json.gz"}, "dataset org/c4"); }),
+            "dataset org/c4: data_files: \"*.json.gz\" matches no file");
+
+  const std::string card =
+      "---\nlicense: odc-by\nconfigs:\n- config_name: en\n  default: true\n  data_files:\n"
+      "  - split: train\n    path: en/c4-train.*.json.gz\n  - split: validation\n"
+      "    path: en/c4-validation.*.json.gz\n- config_name: realnewslike\n"
+      "  data_files:\n  - split: train\n    path: [realnewslike/c4-train.*.json.gz]\n---\n# C4\n";
+  EXPECT_EQ(card_data_files(card, "", "train", "d"), (std::vector<std::string>{"en/c4-train.*.json.gz"}));
+  EXPECT_EQ(card_data_files(card, "", "validation", "d"), (std::vector<std::string>{"en/c4-validation.*.json.gz"}));
+  EXPECT_EQ(card_data_files(card, "realnewslike", "train", "d"),
+            (std::vector<std::string>{"realnewslike/c4-train.*.json.gz"}));
+  EXPECT_EQ(user_error_of([&] { card_data_files(card, "realnewslike", "validation", "d"); }),
+            "d: config \"realnewslike\" has no split \"validation\" (it has train)");
+  EXPECT_EQ(user_error_of([&] { card_data_files(card, "fr", "train", "d"); }),
+            "d: name: \"fr\": the dataset card has no such config (it has en, realnewslike)");
+  // no default among several: one line; a bare path is the train split; no configs (or no header): nullopt
+  const std::string two =
+      "---\nconfigs:\n- config_name: a\n  data_files: a/*.jsonl\n- config_name: b\n"
+      "  data_files: [b/x.jsonl, b/y.jsonl]\n---\n";
+  EXPECT_EQ(user_error_of([&] { card_data_files(two, "", "train", "d"); }),
+            "d: the dataset has several configs (a, b) and none is the default: choose one with the dataset's name: "
+            "(Axolotl's key)");
+  EXPECT_EQ(card_data_files(two, "b", "train", "d"), (std::vector<std::string>{"b/x.jsonl", "b/y.jsonl"}));
+  EXPECT_FALSE(card_data_files("---\nlicense: mit\n---\n", "", "train", "d").has_value());
+  EXPECT_FALSE(card_data_files("# reversal", "", "train", "d").has_value());
+}
+
+// data_files of a local folder: its files by path or glob, each one dataset entry; on a file, or `name` on a local
+// path, one line.
+TEST(Hub, LocalFolderDataFiles) {
+  test::TempDir t;
+  for (const char* f : {"a/x.jsonl", "b/y.jsonl", "b/z.jsonl"}) {
+    fs::create_directories((t.path / f).parent_path());
+    test::write_text(t.path / f, "{}\n");
+  }
+  TrainConfig c;
+  DatasetSpec d;
+  d.path = t.path;
+  d.data_files = {"b/*.jsonl"};
+  c.datasets = {d};
+  std::ostringstream log;
+  resolve_hub_inputs(c, log);
+  ASSERT_EQ(c.datasets.size(), 2u);
+  EXPECT_EQ(c.datasets[0].path, t.path / "b" / "y.jsonl");
+  EXPECT_EQ(c.datasets[1].path, t.path / "b" / "z.jsonl");
+  EXPECT_TRUE(c.datasets[1].data_files.empty());
+  c.datasets = {d};
+  c.datasets[0].path = t.path / "a" / "x.jsonl";
+  EXPECT_EQ(user_error_of([&] { resolve_hub_inputs(c, log); }),
+            "dataset " + (t.path / "a" / "x.jsonl").string() +
+                ": data_files names files inside a folder or hub dataset; this is a file");
+  c.datasets = {d};
+  c.datasets[0].name = "en";
+  EXPECT_EQ(user_error_of([&] { resolve_hub_inputs(c, log); }),
+            "dataset " + t.path.string() + ": name: picks a config of a hub dataset's card");
+}
+
+// `name` and `data_files` of a hub dataset end to end: only the chosen files are downloaded and trained on.
+TEST(Hub, ConfigNameAndDataFilesChooseWhatIsDownloaded) {
+  std::optional<FakeHub> hub(std::in_place);
+  CliHub h(*hub);
+  HubEnv env(hub->endpoint());
+  const std::string rows = read_file(h.t.path / "train.jsonl");
+  FakeRepo data;
+  data.commit = "abcdefabcdefabcdefabcdefabcdefabcdefabcd";
+  data.files["README.md"] =
+      "---\nconfigs:\n- config_name: en\n  default: true\n  data_files:\n  - split: train\n"
+      "    path: en/c4-train.*.jsonl\n- config_name: realnewslike\n  data_files:\n"
+      "  - split: train\n    path: realnewslike/c4-train.*.jsonl\n---\n";
+  for (const char* f : {"en/c4-train.00000-of-00002.jsonl", "en/c4-train.00001-of-00002.jsonl",
+                        "en/c4-validation.00000-of-00001.jsonl", "realnewslike/c4-train.00000-of-00001.jsonl"})
+    data.files[f] = rows;
+  hub->add("datasets/org/c4", data);
+  auto run = [&](const std::string& out, const std::string& keys) {
+    const fs::path p = h.t.path / (out + ".yaml");
+    test::write_text(p, "model: org/tiny\noutput_dir: " + out +
+                            "\ndatasets:\n  - path: org/c4\n    type: conversation\n" + keys +
+                            "sequence_len: 64\nper_device_train_batch_size: 2\nmax_steps: 1\n");
+    return test::run("sft " + p.string(), h.t);
+  };
+  const fs::path snap = env.cache_dir() / "datasets--org--c4" / "snapshots" / data.commit;
+  const auto named = run("o1", "    name: realnewslike\n");
+  ASSERT_EQ(named.code, 0) << named.err;
+  EXPECT_NE(named.err.find("dataset org/c4: 1 file in"), std::string::npos) << named.err;
+  EXPECT_TRUE(fs::exists(snap / "realnewslike" / "c4-train.00000-of-00001.jsonl"));
+  EXPECT_FALSE(fs::exists(snap / "en"));  // the other config's files are never fetched
+  const auto by_default = run("o2", "");
+  ASSERT_EQ(by_default.code, 0) << by_default.err;
+  EXPECT_NE(by_default.err.find("dataset org/c4: 2 files in"), std::string::npos) << by_default.err;
+  EXPECT_FALSE(fs::exists(snap / "en" / "c4-validation.00000-of-00001.jsonl"));
+  const auto files = run("o3", "    data_files: en/c4-validation.*.jsonl\n");
+  ASSERT_EQ(files.code, 0) << files.err;
+  EXPECT_NE(files.err.find("dataset org/c4: 1 file in"), std::string::npos) << files.err;
+  EXPECT_TRUE(fs::exists(snap / "en" / "c4-validation.00000-of-00001.jsonl"));
+  const auto bad = run("o4", "    name: fr\n");
+  EXPECT_EQ(bad.code, 2);  // (after the model's line) one line
+  EXPECT_NE(bad.err.find("\nerror: dataset org/c4: name: \"fr\": the dataset card has no such config (it has en, "
+                         "realnewslike)\n"),
+            std::string::npos)
+      << bad.err;
+  EXPECT_EQ(lines(bad.err), 2) << bad.err;
 }
 
 TEST(Hub, RefusedAndMissingReposAreOneLine) {

@@ -4,8 +4,10 @@ cause, against transformers live on CPU: the run's tokenizer is what transformer
 resize_token_embeddings(len(tokenizer)) resizes it (new rows at the old rows' mean; mean_resizing_embeddings: false
 draws them instead; shrink_embeddings and resize_token_embeddings_to_32x). An adapter adding tokens without
 lora_modules_to_save [embed_tokens, lm_head] is one line, as in Axolotl; with them, PEFT loads the adapter over the
-base resized by transformers."""
+base resized by transformers. SOLTRAIN_TEST_DEVICE=cuda runs the same on the GPU (bench/gpu_core_check.sh addedtokens:
+vocabularies of 263 and 288 rows, no multiple of 8)."""
 import json
+import os
 import shutil
 import subprocess
 
@@ -54,7 +56,8 @@ def run(tmp_path, model_dir, name, **keys):
     data.write_text(json.dumps({"text": TEXT}) + "\n")
     cfg = dict(base_model=str(model_dir), datasets=[{"path": str(data), "type": "completion"}],
                output_dir=str(tmp_path / name), sequence_len=64, micro_batch_size=1, max_steps=1,
-               learning_rate=1e-12, warmup_steps=0, device="cpu", sample_packing=False, save_safetensors=True)
+               learning_rate=1e-12, warmup_steps=0, device=os.environ.get("SOLTRAIN_TEST_DEVICE", "cpu"),
+               sample_packing=False, save_safetensors=True)
     cfg.update(keys)
     (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     return subprocess.run([str(BIN), "sft", str(tmp_path / f"{name}.yaml"), "--dump-batches",

@@ -67,6 +67,14 @@ void add_field_keys(DatasetKeys& keys) {
       {"field_rejected", [](const Entry& e, DatasetRead& r) { r.f.rejected = get_string(e, "field_rejected"); }},
       {"revision",
        [](const Entry& e, DatasetRead& r) { r.d.revision = get_revision(e, "revision"); }},  // of a hub dataset
+      // datasets.load_dataset(path, name=..., data_files=...): a config of the dataset card, or chosen files
+      {"name", [](const Entry& e, DatasetRead& r) { r.d.name = get_string(e, "name"); }},
+      {"subset", [](const Entry& e, DatasetRead& r) { r.d.name = get_string(e, "subset"); }},  // Surogate's
+      {"data_files",
+       [](const Entry& e, DatasetRead& r) {
+         r.d.data_files = get_string_list(e, "data_files");
+         if (r.d.data_files.empty()) bad_value(e, "data_files", "a file, a glob or a list of them");
+       }},
       {"field", [](const Entry& e, DatasetRead& r) { r.f.text = get_string(e, "field"); }},
       {"field_text", [](const Entry& e, DatasetRead& r) { r.f.text = get_string(e, "field_text"); }},
       {"field_instruction",

@@ -9,7 +9,9 @@
 namespace soltrain {
 
 // Replaces c.model and the hub datasets' paths (a dataset of several files becomes one entry per file,
-// each with the same type and fields) with local paths; says on `log` what it resolved.
+// each with the same type and fields) with local paths; says on `log` what it resolved. A dataset's files are
+// chosen as datasets.load_dataset chooses them: `data_files` (also within a local folder), else the card's configs
+// (`name`, else the default config), else the files whose names say the split.
 void resolve_hub_inputs(TrainConfig& c, std::ostream& log);
 
 // A --model argument: itself when it exists or is no hub id, else the hub model's folder (revision main).

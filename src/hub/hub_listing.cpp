@@ -1,5 +1,7 @@
 #include "hub/hub_listing.h"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -86,6 +88,25 @@ std::vector<std::string> pick_dataset_files(const std::vector<std::string>& repo
   }
   std::sort(data.begin(), data.end());
   return data;
+}
+
+std::vector<std::string> pick_data_files(const std::vector<std::string>& files,
+                                         const std::vector<std::string>& patterns, const std::string& where) {
+  std::vector<std::string> out;
+  std::set<std::string> taken;
+  for (std::string p : patterns) {
+    while (p.rfind("./", 0) == 0) p.erase(0, 2);
+    // ("**" crosses folders: matched without FNM_PATHNAME, where * crosses them too)
+    const int flags = p.find("**") == std::string::npos ? FNM_PATHNAME : 0;
+    std::vector<std::string> hits;
+    for (const std::string& f : files)
+      if (f == p || ::fnmatch(p.c_str(), f.c_str(), flags) == 0) hits.push_back(f);
+    if (hits.empty()) user_error(where, ": data_files: \"", p, "\" matches no file");
+    std::sort(hits.begin(), hits.end());
+    for (const std::string& f : hits)
+      if (taken.insert(f).second) out.push_back(f);
+  }
+  return out;
 }
 
 }  // namespace soltrain

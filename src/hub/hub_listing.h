@@ -31,4 +31,10 @@ std::vector<std::string> parse_shard_index(const std::string& text, const std::s
 std::vector<std::string> pick_dataset_files(const std::vector<std::string>& repo_files,
                                             const std::string& split = "train");
 
+// datasets' data_files patterns over a repository's (or folder's) files: each pattern's files, a path equal to it
+// or matching it as a glob (* and ? within a folder, ** across folders), sorted, in the patterns' order, each file
+// once. A pattern that matches nothing is a UserError naming it and `where`, as datasets' FileNotFoundError.
+std::vector<std::string> pick_data_files(const std::vector<std::string>& files,
+                                         const std::vector<std::string>& patterns, const std::string& where);
+
 }  // namespace soltrain

@@ -1,6 +1,7 @@
 #include "hub/hub_resolve.h"
 
 #include <algorithm>
+#include <fstream>
 #include <set>
 
 #include "core/error.h"
@@ -121,22 +122,40 @@ fs::path resolve_hub_model(const HubClient& c, const std::string& id, const std:
 
 std::vector<fs::path> resolve_hub_dataset(const HubClient& c, const std::string& id, const std::string& revision,
                                           const std::string& split) {
+  return resolve_hub_dataset(
+      c, id, revision,
+      [&](const std::vector<std::string>& files, const RepoFileReader&) { return pick_dataset_files(files, split); },
+      cat("split \"", split, "\""));
+}
+
+std::vector<fs::path> resolve_hub_dataset(const HubClient& c, const std::string& id, const std::string& revision,
+                                          const DataFilePicker& pick, const std::string& what) {
   const RepoRef r{RepoType::kDataset, id, revision};
   check_revision(r);
   fs::path snap;
   std::vector<std::string> files;
+  auto read_at = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
   if (hub_offline()) {
     snap = cached_snapshot(r);
-    files = pick_dataset_files(files_under(snap), split);
-    if (files.empty()) not_cached(r, cat("no data file of split \"", split, "\" is"));
+    files = pick(files_under(snap), [&](const std::string& f) {
+      return is_safe_repo_path(f) && fs::is_regular_file(snap / f) ? read_at(snap / f) : std::string();
+    });
+    if (files.empty()) not_cached(r, cat("no data file of ", what, " is"));
   } else {
     HttpResponse resp;
     const auto listing = list_repo(c, r, resp);
     if (!listing) hub_request_failed(c, r, "file list", resp);
     write_ref(r, listing->commit);
-    files = pick_dataset_files(listing->files, split);
+    files = pick(listing->files, [&](const std::string& f) {
+      const auto& l = listing->files;
+      if (std::find(l.begin(), l.end(), f) == l.end()) return std::string();
+      return read_at(hub_download_file(c, r, listing->commit, f));
+    });
     if (files.empty())
-      user_error("dataset ", id, ": the repository has no parquet, JSONL, JSON or CSV files of split \"", split, "\" (",
+      user_error("dataset ", id, ": the repository has no parquet, JSONL, JSON or CSV files of ", what, " (",
                  listing->files.size(), " files listed)");
     for (const std::string& f : files) hub_download_file(c, r, listing->commit, f);
     snap = repo_cache_dir(r) / "snapshots" / listing->commit;

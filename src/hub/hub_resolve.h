@@ -4,6 +4,7 @@
 // names the commit, and missing files are downloaded (hub_download.h).
 #pragma once
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,5 +22,15 @@ std::filesystem::path resolve_hub_model(const HubClient& c, const std::string& i
 // whose names say the split, hub_listing.h), sorted by path; UserError when none holds it.
 std::vector<std::filesystem::path> resolve_hub_dataset(const HubClient& c, const std::string& id,
                                                        const std::string& revision, const std::string& split = "train");
+
+// The same with the choice made by `pick` from the repository's file list (`read` gives one of its files' text,
+// fetched when missing; "" for one neither cached nor fetchable offline): e.g. the dataset card's configs and
+// data_files (cli/hub_inputs.cpp). `what` names the selection in the error when `pick` chooses nothing.
+using RepoFileReader = std::function<std::string(const std::string& file)>;
+using DataFilePicker =
+    std::function<std::vector<std::string>(const std::vector<std::string>& repo_files, const RepoFileReader& read)>;
+std::vector<std::filesystem::path> resolve_hub_dataset(const HubClient& c, const std::string& id,
+                                                       const std::string& revision, const DataFilePicker& pick,
+                                                       const std::string& what);
 
 }  // namespace soltrain

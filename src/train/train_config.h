@@ -30,6 +30,10 @@ struct DatasetSpec {
   int64_t samples = 0;  // Surogate `samples`: > 0 takes this many documents (see train_data.cpp)
   std::string hub_id;   // `path: org/name` naming a hub dataset (not a local path): resolved by cli/hub_inputs.h
   std::string revision = "main";
+  // Axolotl's `name` (Surogate's `subset`): the hub dataset's config, as its card (README.md) defines configs;
+  // `data_files`: the repository's (or folder's) files to read, paths or globs (cli/hub_inputs.h).
+  std::string name;
+  std::vector<std::string> data_files;
   std::string preference_type = "auto";  // DPO runs: the record shape (data/preference.h find_preference_format)
 };
 
