@@ -186,6 +186,9 @@ class CudaOps final : public Ops {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algos[8] = {};  // the heuristic's candidates, best first
     int algo_count = 0, chosen = -1;     // chosen: the first that ran
+    // cuBLASLt has no BIAS epilogue for this problem (seen: a token classifier's two-label head, bf16 operands and
+    // bias into fp32 logits): the product runs plain and a kernel adds the bias after it.
+    bool bias_apart = false;
     ~Plan();
   };
   std::map<std::vector<int64_t>, std::unique_ptr<Plan>> plans_;  // cuBLASLt set-ups by shape

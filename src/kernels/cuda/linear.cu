@@ -2,6 +2,7 @@
 // weight gradient accumulates straight into the fp32 gradient (beta = 1), the bias gradient is a
 // deterministic column sum.
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/common.cuh"
@@ -21,6 +22,46 @@ cudaDataType_t lt_type(DType t) {
     default: throw std::logic_error("cuBLASLt: unsupported dtype");
   }
 }
+__device__ __forceinline__ float as_f(float x) {
+  return x;
+}
+__device__ __forceinline__ float as_f(cuda::bf16 x) {
+  return cuda::to_f(x);
+}
+
+// D[i, j] += bias[i] for the column-major m x n product D (leading dimension ldd): the bias epilogue done apart.
+template <typename TD, typename TB>
+__global__ void add_bias_kernel(TD* d, int64_t ldd, int m, int64_t n, const TB* bias) {
+  const int64_t total = int64_t(m) * n;
+  for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = t / m, i = t % m;
+    TD& x = d[j * ldd + i];
+    if constexpr (std::is_same_v<TD, float>) {
+      x += as_f(bias[i]);
+    } else {
+      x = cuda::to_bf(cuda::to_f(x) + as_f(bias[i]));
+    }
+  }
+}
+
+void add_bias_apart(const Tensor& D, int64_t ldd, int m, int n, const Tensor& bias, cudaStream_t stream) {
+  const int64_t total = int64_t(m) * n;
+  const int blocks = int(std::min<int64_t>((total + 255) / 256, 4096));
+  auto launch = [&](auto* d) {
+    if (bias.dtype == DType::F32)
+      add_bias_kernel<<<blocks, 256, 0, stream>>>(d, ldd, m, n, static_cast<const float*>(bias.data));
+    else
+      add_bias_kernel<<<blocks, 256, 0, stream>>>(d, ldd, m, n, static_cast<const cuda::bf16*>(bias.data));
+  };
+  if (D.dtype == DType::F32)
+    launch(static_cast<float*>(D.data));
+  else if (D.dtype == DType::BF16)
+    launch(static_cast<cuda::bf16*>(D.data));
+  else
+    throw std::logic_error("add_bias_apart: output dtype");
+  CUDA_CHECK(cudaGetLastError());
+}
+
 // Largest power of two (up to 256) dividing the address: cuBLASLt picks kernels by alignment.
 int64_t alignment(const void* p) {
   const auto a = reinterpret_cast<uintptr_t>(p);
@@ -98,11 +139,19 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref,
                                                              fp8 ? 8 : 1, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+    if ((st != CUBLAS_STATUS_SUCCESS || found == 0) && bias) {
+      plan->bias_apart = true;
+    } else if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
       throw std::runtime_error(cat("cuBLASLt has no algorithm for m=", m, " n=", n, " k=", k, " (", dtype_name(A.dtype),
                                    " x ", dtype_name(B.dtype), " -> ", dtype_name(D.dtype), ")"));
+    }
     for (int i = 0; i < found; ++i) plan->algos[i] = results[i].algo;
     plan->algo_count = found;
+  }
+  if (plan->bias_apart) {
+    gemm(trans_a, trans_b, m, n, k, A, lda, B, ldb, D, ldd, beta, nullptr, alpha, fp8);
+    add_bias_apart(D, ldd, m, n, *bias, stream_);
+    return;
   }
   if (bias)
     CUBLAS_CHECK(
