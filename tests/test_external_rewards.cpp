@@ -38,12 +38,7 @@ GrpoSettings settings(std::vector<std::string> funcs, int timeout_s = 60) {
 }
 
 std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "no error";
+  return test::user_error_text(f);
 }
 
 // A command given the batch on stdin: its scores are the completions' lengths, plus 100 where the column says

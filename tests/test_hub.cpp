@@ -331,12 +331,7 @@ int lines(const std::string& s) {
 }
 
 std::string user_error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "no error";
+  return test::user_error_text(f);
 }
 
 // datasets' data_files patterns (globs within a folder, ** across) and a dataset card's configs (name, the default,

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "test_util.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_edits.h"
 
@@ -32,12 +33,7 @@ json added_token(int id, const std::string& content, bool special) {
 }
 
 std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "no error";
+  return test::user_error_text(f);
 }
 
 TEST(TokenizerEdits, NewTokensTakeTheIdsHfTokenizersGives) {

@@ -6,13 +6,25 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "io/safetensors.h"
 
 namespace soltrain::test {
+
+// The UserError `f` throws (its one line), or "no error".
+inline std::string user_error_text(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "no error";
+}
 
 inline std::filesystem::path fixtures() {
   return SOLTRAIN_FIXTURES;
