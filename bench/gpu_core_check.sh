@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy] [prefs] [reward] [prm] [addedtokens]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy] [prefs] [reward] [prm] [addedtokens] [muon]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -149,6 +149,14 @@ PY
       timeout 150 "$B/soltrain" dpo examples/reward-demo.yaml --set device=cuda --set lora=true \
         --set output_dir=../runs/reward-demo-lora > "$OUT/reward-demo-lora.log" 2>&1
       echo "reward lora: $(grep -E "validation loss .* ->|error|tok/s" "$OUT/reward-demo-lora.log" | tail -3 | cut -c1-160 | tr '\n' ' ')" ;;
+    muon)  # issue 32: Muon's update at real sizes next to AdamW's (bench --optimizer muon; plan 83 estimated ~0.6
+      # PFLOP of Newton–Schulz per update at 8B): Qwen3-0.6B and Qwen3-4B full fine-tuning, 2 x 2048
+      for size in 0.6B 4B; do
+        for opt in adamw muon; do
+          BENCH_TIMEOUT=240 bench_one "muon-$size-$opt" $size --random-weights --batch-size 2 --seq-len 2048 \
+            --recompute full --optimizer $opt --steps 6 --warmup 2
+        done
+      done ;;
     addedtokens)  # issue 32: added tokens on the device: the live transformers/PEFT comparisons of
       # python/tests/test_added_tokens.py with device: cuda (resized vocabularies of 263 and 288 rows: LM-head GEMMs and
       # cross-entropy over a vocabulary no multiple of 8)

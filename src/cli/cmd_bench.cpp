@@ -10,6 +10,7 @@
 #include <random>
 
 #include "cli/commands.h"
+#include "cli/config_schema.h"
 #include "cli/device_option.h"
 #include "cli/launch_workers.h"
 #include "core/error.h"
@@ -98,8 +99,12 @@ TrainConfig bench_config(const BenchOpts& o) {
   c.learning_rate = 1e-5;
   c.adamw_beta2 = 0.95;
   c.weight_decay = 0.1;
-  c.moments = o.optimizer == "adamw_8bit" ? Moments::Blockwise8 : Moments::F32;
+  // the config key's names and meanings (cli/config_schema.h); Muon as its config rule allows it
+  if (!set_optimizer(c, o.optimizer))
+    user_error("bench --optimizer ", o.optimizer, ": ", optimizer_refusal(o.optimizer));
   c.offload = bench_offload(o);
+  if (c.muon && (c.offload.any() || o.data_parallel >= 1))
+    user_error("bench --optimizer muon: not with --offload or --data-parallel (as training: not built yet)");
   return c;
 }
 
@@ -389,8 +394,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
                 "the residual stream's dtype on the GPU: auto (fp32 with LoRA, else bf16), fp32 or bf16")
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
       ->capture_default_str();
-  c->add_option("--optimizer", o->optimizer, "adamw (fp32 moments) or adamw_8bit (bitsandbytes' 8-bit blockwise)")
-      ->check(CLI::IsMember({"adamw", "adamw_8bit"}))
+  c->add_option("--optimizer", o->optimizer,
+                "the config's optimizer names: adamw (fp32 moments), adamw_8bit (bitsandbytes' 8-bit blockwise), "
+                "adamw_torch_8bit / adamw_torch_4bit (torchao's) or muon")
       ->capture_default_str();
   c->add_option("--offload", o->offload,
                 "fp32 state in host memory, streamed through the GPU each update: none, optimizer (the AdamW "

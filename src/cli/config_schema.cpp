@@ -427,6 +427,30 @@ void add_schedule_keys(std::vector<KeySpec>& v) {
                      "Axolotl's constant tail at the cosine floor: not built yet, refused when both ratios are set"));
 }
 
+}  // namespace
+
+bool set_optimizer(TrainConfig& c, const std::string& s) {
+  if (s == "none" || s == "None" || s == "false" || s == "False") return true;  // the default
+  // paged_adamw_32bit is bitsandbytes' fp32 AdamW in paged (unified) memory: the same updates.
+  for (const char* o : {"adamw_torch", "adamw_torch_fused", "adamw", "adamw_hf", "paged_adamw_32bit"})
+    if (s == o) return c.moments = Moments::F32, true;
+  if (s == "adamw_torch_4bit") return c.moments = Moments::Torchao4, true;  // torchao's AdamW4bit
+  for (const char* o : {"adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit"})
+    if (s == o) return c.moments = Moments::Blockwise8, true;
+  if (s == "muon") return c.muon = true, true;
+  // HF's adamw_torch_8bit: torchao's AdamW8bit (bitsandbytes' maps and blocks, whole blocks only)
+  if (s == "adamw_torch_8bit") return c.moments = Moments::Torchao8, true;
+  return false;
+}
+
+std::string optimizer_refusal(const std::string& s) {
+  if (s == "normuon" || s == "muon_8bit" || s == "dist_muon") return "not built yet; optimizer: muon is";
+  return "not supported; use optimizer: adamw_torch (fp32 moments), adamw_8bit, adamw_torch_8bit, adamw_torch_4bit or "
+         "muon";
+}
+
+namespace {
+
 void add_optimizer_keys(std::vector<KeySpec>& v) {
   v.push_back(
       key("optimizer", "choice",
@@ -437,21 +461,7 @@ void add_optimizer_keys(std::vector<KeySpec>& v) {
           "hidden matrices with AdamW on the rest (Axolotl's muon)",
           [](const Entry& e, const std::string& k, ReadContext& x) {
             const std::string s = get_string(e, k);
-            if (s == "none" || s == "None" || s == "false" || s == "False") return;  // the default
-            // paged_adamw_32bit is bitsandbytes' fp32 AdamW in paged (unified) memory: the same updates.
-            for (const char* o : {"adamw_torch", "adamw_torch_fused", "adamw", "adamw_hf", "paged_adamw_32bit"})
-              if (s == o) return void(x.c.moments = Moments::F32);
-            if (s == "adamw_torch_4bit") return void(x.c.moments = Moments::Torchao4);  // torchao's AdamW4bit
-            for (const char* o : {"adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit"})
-              if (s == o) return void(x.c.moments = Moments::Blockwise8);
-            if (s == "muon") return void(x.c.muon = true);
-            // HF's adamw_torch_8bit: torchao's AdamW8bit (bitsandbytes' maps and blocks, whole blocks only)
-            if (s == "adamw_torch_8bit") return void(x.c.moments = Moments::Torchao8);
-            if (s == "normuon" || s == "muon_8bit" || s == "dist_muon")
-              user_error(e.where, ": ", k, ": \"", s, "\": not built yet; optimizer: muon is");
-            user_error(e.where, ": ", k, ": \"", s,
-                       "\": not supported; use optimizer: adamw_torch (fp32 moments), adamw_8bit, adamw_torch_8bit, "
-                       "adamw_torch_4bit or muon");
+            if (!set_optimizer(x.c, s)) user_error(e.where, ": ", k, ": \"", s, "\": ", optimizer_refusal(s));
           }));
   v.push_back(number("weight_decay", FIELD(weight_decay), 0, 10, false, "AdamW's decoupled weight decay"));
   v.push_back(number("max_grad_norm", FIELD(max_grad_norm), 0, 1e9, false,

@@ -39,6 +39,11 @@ struct KeySpec {
 };
 
 // In the README's order: by section, then as listed.
+// `optimizer: NAME` (HF Trainer's, Axolotl's and torchao's names) set on c; false for a name soltrain lacks, whose
+// reason optimizer_refusal gives. Shared by the config key and `bench --optimizer`.
+bool set_optimizer(TrainConfig& c, const std::string& name);
+std::string optimizer_refusal(const std::string& name);
+
 const std::vector<KeySpec>& config_keys();
 // By name or alias; nullptr for neither.
 const KeySpec* find_config_key(const std::string& name);
