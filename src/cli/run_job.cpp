@@ -88,15 +88,13 @@ JobEvaluation evaluate_job(TrainConfig cfg, std::ostream& log) {
   std::unique_ptr<Transformer> model;
   JobEvaluation out;
   if (cfg.lora.enabled && fs::exists(adapter / "adapter_config.json")) {
-    model = load_pretrained_with_adapter(cfg.model, adapter, *ops, cfg.lora.base);
+    model = load_pretrained_with_adapter(cfg.model, adapter, *ops, cfg.lora.base, run_vocab_resize(cfg));
     out.model = adapter.string();
   } else if (!cfg.lora.enabled && fs::exists(trained / "config.json")) {
     model = load_pretrained(trained, *ops);
     out.model = trained.string();
   } else {
-    std::optional<VocabResize> vocab;
-    if (const int rows = run_vocab_resize(cfg); rows > 0) vocab = VocabResize{rows, cfg.mean_resizing};
-    model = load_pretrained(cfg.model, *ops, std::nullopt, true, {}, std::nullopt, vocab);
+    model = load_pretrained(cfg.model, *ops, std::nullopt, true, {}, std::nullopt, run_vocab_resize(cfg));
     out.model = cfg.model.string();
   }
   configure_model(*model, cfg, *ops, cfg.per_device_train_batch_size);

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "io/json_file.h"
+#include "tokenizer/tokenizer_edits.h"
 
 namespace soltrain {
 
@@ -221,11 +222,8 @@ Document SampleEncoder::encode(const Sample& s) {
 
 std::string read_special_token(const std::filesystem::path& tokenizer_config, const char* key) {
   const nlohmann::json j = read_json_file(tokenizer_config);
-  auto it = j.find(key);
-  if (it != j.end() && it->is_string()) return it->get<std::string>();
-  if (it != j.end() && it->is_object() && it->contains("content") && (*it)["content"].is_string())
-    return (*it)["content"].get<std::string>();
-  return "";
+  const auto it = j.find(key);
+  return it == j.end() ? std::string() : special_token_text(*it);
 }
 
 std::string read_bos_token(const std::filesystem::path& tokenizer_config) {

@@ -196,10 +196,11 @@ void load_adapter_weights(Transformer& model, const fs::path& adapter_dir) {
 }
 
 std::unique_ptr<Transformer> load_pretrained_with_adapter(const fs::path& model_dir, const fs::path& adapter_dir,
-                                                          Ops& ops, WeightFormat base) {
+                                                          Ops& ops, WeightFormat base,
+                                                          std::optional<VocabResize> vocab) {
   LoraConfig lora = read_adapter_config(adapter_dir);
   lora.base_format = base;
-  auto model = load_pretrained(model_dir, ops, lora);
+  auto model = load_pretrained(model_dir, ops, lora, true, {}, std::nullopt, vocab);
   load_adapter_weights(*model, adapter_dir);
   return model;
 }

@@ -4,10 +4,12 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "io/safetensors.h"
+#include "model/checkpoint.h"
 #include "model/transformer.h"
 
 namespace soltrain {
@@ -18,9 +20,11 @@ LoraConfig read_adapter_config(const std::filesystem::path& adapter_dir);
 
 // The base model of `model_dir` with the adapter of `adapter_dir` loaded (frozen base, trainable adapter),
 // the base held in `base` (QLoRA: Nf4 / Fp8Block quantise it on load).
+// `vocab`: the base's embedding resized first, as the run that trained the adapter resized it (added tokens).
 std::unique_ptr<Transformer> load_pretrained_with_adapter(const std::filesystem::path& model_dir,
                                                           const std::filesystem::path& adapter_dir, Ops& ops,
-                                                          WeightFormat base = WeightFormat::Dense);
+                                                          WeightFormat base = WeightFormat::Dense,
+                                                          std::optional<VocabResize> vocab = std::nullopt);
 
 // Copies every adapter tensor of `model` from adapter_model.safetensors; missing, mis-shaped or unused
 // tensors are UserErrors.

@@ -14,12 +14,6 @@ using nlohmann::json;
 const char* const kRoles[] = {"bos_token", "eos_token", "unk_token", "pad_token",
                               "sep_token", "cls_token", "mask_token"};
 
-std::string content_of(const json& v) {
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
-  return "";
-}
-
 // The ids the post_processor puts around a sequence by token string (TemplateProcessing's special_tokens), so a
 // BOS change it would not follow is seen.
 std::set<std::string> post_processor_tokens(const json& p) {
@@ -122,6 +116,12 @@ class Editor {
 
 }  // namespace
 
+std::string special_token_text(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  return "";
+}
+
 EditedTokenizer edit_tokenizer(const json& tokenizer_json, const json& tokenizer_config, const TokenizerEdits& e,
                                const std::string& where) {
   EditedTokenizer out{tokenizer_json, tokenizer_config.is_object() ? tokenizer_config : json::object(), {}, 0};
@@ -133,7 +133,7 @@ EditedTokenizer edit_tokenizer(const json& tokenizer_json, const json& tokenizer
       user_error("special_tokens: ", role,
                  ": not a special-token role (bos_token, eos_token, unk_token, pad_token, sep_token, cls_token, "
                  "mask_token, additional_special_tokens)");
-    const std::string before = content_of(out.config.value(role, json()));
+    const std::string before = special_token_text(out.config.value(role, json()));
     if (role == "bos_token" && before != token && around.count(before))
       user_error("special_tokens: bos_token \"", token, "\": tokenizer.json's post_processor puts \"", before,
                  "\" before every text and would not follow the change (not built); drop it");

@@ -21,6 +21,10 @@ struct TokenizerEdits {
   bool empty() const { return overrides.empty() && special.empty() && !has_additional && tokens.empty(); }
 };
 
+// A special-token value of tokenizer_config.json as transformers reads it: a string, or an AddedToken's fields
+// ({"content": ...}); "" otherwise.
+std::string special_token_text(const nlohmann::json& value);
+
 struct EditedTokenizer {
   nlohmann::json tokenizer;                            // tokenizer.json
   nlohmann::json config;                               // tokenizer_config.json

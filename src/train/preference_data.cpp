@@ -245,7 +245,7 @@ std::vector<float> cached_reference(const TrainConfig& c, const PreferenceData& 
   std::sort(model.begin(), model.end());
   json keyed{{"pairs", d.key}, {"model", model}, {"sequence_len", c.sequence_len}};
   // (a resized vocabulary's new rows are part of the reference model)
-  if (const int rows = run_vocab_resize(c); rows > 0) keyed["vocab_resize"] = rows;
+  if (const auto resize = run_vocab_resize(c)) keyed["vocab_resize"] = resize->rows;
   const std::string key = keyed.dump();
   const fs::path file = c.dataset_prepared_path / cat("dpo-reference-", sha256_hex(key).substr(0, 16), ".f32");
   const size_t n = size_t(d.train.documents());

@@ -68,9 +68,7 @@ std::unique_ptr<Transformer> load_run_model(const TrainConfig& c, Ops& ops, cons
   std::optional<AsClassifier> classifier;
   if (c.dpo.reward_model) classifier = AsClassifier{reward_pad_token_id(c)};
   if (c.process_reward_model) classifier = AsClassifier{-1, c.num_labels};
-  std::optional<VocabResize> vocab;
-  if (const int rows = run_vocab_resize(c); rows > 0) vocab = VocabResize{rows, c.mean_resizing};
-  auto model = load_pretrained(c.model, ops, lora, gradients, share, classifier, vocab);
+  auto model = load_pretrained(c.model, ops, lora, gradients, share, classifier, run_vocab_resize(c));
   for (const ShardSet* set : data)
     for (int32_t id : set->tokens)
       if (id < 0 || id >= model->config().vocab_size)

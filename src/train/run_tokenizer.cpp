@@ -41,10 +41,7 @@ void check_adapter_trains_new_rows(const TrainConfig& c, const json& tokenizer_j
         "rows train in full beside the adapter; Axolotl asks the same)");
   Tokenizer tok = Tokenizer::from_json(tokenizer_json);
   for (const auto& [role, token] : c.tokenizer_edits.special) {
-    const json have = config.value(role, json());
-    const std::string before = have.is_string()   ? have.get<std::string>()
-                               : have.is_object() ? have.value("content", "")
-                                                  : "";
+    const std::string before = special_token_text(config.value(role, json()));
     // (Axolotl's test: a token the tokenizer splits into more than two pieces is taken to be new; pad never)
     if (role != "pad_token" && before != token && tok.encode(token).size() > 2)
       user_error("special_tokens: ", role, " \"", token,
@@ -165,8 +162,10 @@ fs::path run_tokenizer_folder(const TrainConfig& c) {
   return resolve_run_tokenizer(c).folder;
 }
 
-int run_vocab_resize(const TrainConfig& c) {
-  return resolve_run_tokenizer(c).vocab_resize;
+std::optional<VocabResize> run_vocab_resize(const TrainConfig& c) {
+  const int rows = resolve_run_tokenizer(c).vocab_resize;
+  if (rows == 0) return std::nullopt;
+  return VocabResize{rows, c.mean_resizing};
 }
 
 void prepare_run_tokenizer(TrainConfig& c) {

@@ -5,9 +5,11 @@
 // of the config alone (resolved once per process), so no path that trains can skip them.
 #pragma once
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "model/checkpoint.h"
 #include "train/train_config.h"
 
 namespace soltrain {
@@ -23,7 +25,8 @@ struct RunTokenizer {
 // UserError, as Axolotl's check is.
 const RunTokenizer& resolve_run_tokenizer(const TrainConfig& c);
 std::filesystem::path run_tokenizer_folder(const TrainConfig& c);
-int run_vocab_resize(const TrainConfig& c);
+// load_pretrained's resize for the run (none when the embedding keeps its rows).
+std::optional<VocabResize> run_vocab_resize(const TrainConfig& c);
 
 // Resolves it before any data work and adds its notes to c.notes (the run's header says them).
 void prepare_run_tokenizer(TrainConfig& c);
