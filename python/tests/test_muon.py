@@ -133,6 +133,11 @@ def test_muon_run_resumes_exactly(demo, tmp_path):
     assert not parts.train(resume_from_checkpoint=True).interrupted
     model = lambda out: (out / "model" / "model.safetensors").read_bytes()  # noqa: E731
     assert model(tmp_path / "parts") == model(tmp_path / "whole")
+    # Muon's matrices keep momentum only (torch.optim.Muon's momentum_buffer); AdamW's parameters both moments
+    state = load_file(tmp_path / "parts" / "checkpoint-3" / "optimizer.safetensors")
+    matrix, embedding = "model.layers.0.mlp.gate_proj.weight", "model.embed_tokens.weight"
+    assert f"exp_avg.{matrix}" in state and f"exp_avg_sq.{matrix}" not in state
+    assert f"exp_avg.{embedding}" in state and state[f"exp_avg_sq.{embedding}"].abs().sum() > 0
     other = soltrain.Trainer(soltrain.SFTConfig(output_dir=str(tmp_path / "parts"), **{**keys, "optimizer": "adamw_torch"}))
     with pytest.raises(soltrain.SoltrainError, match="saved with muon, this run uses adamw"):
         other.train(resume_from_checkpoint=str(tmp_path / "parts" / "checkpoint-3"))

@@ -196,7 +196,7 @@ int print_activation_plan(const BenchOpts& o) {
   const ParameterStore::PlannedBytes w = ps.planned_bytes(act);
   const Offload offload = bench.offload;
   const bool host_master = offload.master, host_moments = offload.optimizer;
-  const AdamW::Plan opt = AdamW::plan(ps, bench.moments, offload);
+  const AdamW::Plan opt = AdamW::plan(ps, bench.moments, offload, bench.muon ? std::optional(act) : std::nullopt);
   const size_t slots = 2 * size_t(w.largest_host_group) * dtype_size(act);
   double weights = double(w.weights() - (host_master ? w.masters : 0) + slots) / gib;
   double optimizer = double(opt.device(host_moments)) / gib, grads = double(w.grads) / gib, host_grads = 0;

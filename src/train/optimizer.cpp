@@ -35,7 +35,29 @@ int64_t map_entries(Moments m) {
 }
 }  // namespace
 
-AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offload) {
+AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offload, std::optional<DType> muon) {
+  if (muon) {  // momentum for every trained parameter, second moments for AdamW's, the scratch of the widest matrix
+    int64_t total = 0, adamw = 0, widest = 1, ns = 1;
+    for (const Parameter& q : ps.all()) {
+      if (!q.trainable) continue;
+      const int64_t n = shape_numel(q.shape);
+      total += n;
+      if (!updated_by_muon(q)) {
+        adamw += n;
+        continue;
+      }
+      const int64_t r = std::min(q.shape[0], q.shape[1]);
+      widest = std::max(widest, n);
+      ns = std::max(ns, 2 * r * r + n);  // (newton_schulz: A = X Xᵀ and B, r x r each, and the next X)
+    }
+    Plan p;
+    p.m = size_t(std::max<int64_t>(total, 1)) * 4;
+    p.v = size_t(std::max<int64_t>(adamw, 1)) * 4;
+    p.muon_u = widest;
+    p.muon_ns = ns;
+    p.muon_scratch = size_t(widest + ns) * dtype_size(*muon) + sizeof(double);
+    return p;
+  }
   const int64_t b = moment_block(moments);
   std::map<std::pair<int, bool>, int64_t> ranges;  // (group, decayed): the store's flat ranges, which fp32 pieces cut
   int64_t total = 0, small = 0, codes = 0, blocks = 0, widest_param = 0;
@@ -79,22 +101,25 @@ AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offlo
 AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload, bool muon)
     : params_(params), ops_(ops), moments_(moments), offload_(offload), muon_(muon) {
   SOLTRAIN_CHECK(!muon || (moments == Moments::F32 && !offload.any()), "Muon's state: fp32 and resident");
-  if (muon) {  // which parameters Muon updates, and its scratch sized for the widest of them (never in the step)
+  const Plan pl = plan(params, moments, offload, muon ? std::optional(ops.activation_dtype()) : std::nullopt);
+  if (muon) {  // which parameters Muon updates, where AdamW's second moments sit, the scratch (never in the step)
     const DType act = ops.activation_dtype();
-    int64_t widest = 1, ns = 1;
+    int64_t v_at = 0;
     for (const Parameter& p : params.all()) {
       muon_param_.push_back(updated_by_muon(p));
-      if (!muon_param_.back()) continue;
+      muon_v_at_.push_back(-1);
+      if (!p.trainable) continue;
+      if (!muon_param_.back()) {
+        muon_v_at_.back() = v_at;
+        v_at += shape_numel(p.shape);
+        continue;
+      }
       SOLTRAIN_CHECK(p.order.named(), "Muon on a parameter stored in another order: ", p.name);
-      const int64_t r = std::min(p.shape[0], p.shape[1]), n = shape_numel(p.shape);
-      widest = std::max(widest, n);
-      ns = std::max(ns, 2 * r * r + n);
     }
-    muon_u_ = ops.alloc(size_t(widest) * dtype_size(act));
-    muon_ns_ = ops.alloc(size_t(ns) * dtype_size(act));
+    muon_u_ = ops.alloc(size_t(pl.muon_u) * dtype_size(act));
+    muon_ns_ = ops.alloc(size_t(pl.muon_ns) * dtype_size(act));
     muon_sumsq_ = ops.alloc(sizeof(double));
   }
-  const Plan pl = plan(params, moments, offload);
   chunk_ = pl.chunk;
   // (offload_optimizer: the moments in host memory, pinned on CUDA; alloc_host zeroes too)
   auto alloc = [&](size_t b) { return offload_.optimizer ? ops.alloc_host(b) : ops.alloc(b); };
@@ -233,7 +258,7 @@ void AdamW::step_muon(const OptimizerConfig& cfg, float lr, float grad_scale, co
     Tensor* copy_out = params_.values_alias_masters() ? nullptr : &copy;
     Tensor m{static_cast<float*>(m_.data()) + p.offset, DType::F32, flat, ops_.device()};
     if (!muon_param_[i]) {
-      Tensor v{static_cast<float*>(v_.data()) + p.offset, DType::F32, flat, ops_.device()};
+      Tensor v{static_cast<float*>(v_.data()) + muon_v_at_[i], DType::F32, flat, ops_.device()};
       AdamWParams a{lr, cfg.beta1, cfg.beta2, cfg.eps, p.decay ? cfg.weight_decay : 0.0f, step_, grad_scale};
       a.grad_sumsq = grad_sumsq;
       a.max_grad_norm = cfg.max_grad_norm;
@@ -337,14 +362,20 @@ void AdamW::save(const std::filesystem::path& file) const {
   // Named per parameter, so the file does not depend on how the flat buffers are laid out; each tensor is
   // fetched from the device as the file is written (the moments are never all in host memory).
   std::vector<StreamedTensor> tensors;
-  for (const Parameter& p : params_.all())
-    if (p.trainable)
-      for (auto [prefix, buf] : {std::pair{"exp_avg.", &m_}, std::pair{"exp_avg_sq.", &v_}})
-        tensors.push_back(
-            {prefix + p.name, DType::F32, p.shape, [this, &p, buf](void* dst) {
-               const Tensor src{static_cast<float*>(buf->data()) + p.offset, DType::F32, p.shape, buf->device()};
-               ops_.copy_to_host(Tensor{dst, DType::F32, p.shape, Device::CPU}, src, DeferredWrites::queueing());
-             }});
+  for (size_t i = 0; i < params_.all().size(); ++i) {
+    const Parameter& p = params_.all()[i];
+    if (!p.trainable) continue;
+    for (const bool second : {false, true}) {
+      const int64_t at = !second ? p.offset : muon_ ? muon_v_at_[i] : p.offset;
+      if (at < 0) continue;  // (a Muon matrix has no second moment)
+      const Buffer* buf = second ? &v_ : &m_;
+      tensors.push_back(
+          {(second ? "exp_avg_sq." : "exp_avg.") + p.name, DType::F32, p.shape, [this, &p, buf, at](void* dst) {
+             const Tensor src{static_cast<float*>(buf->data()) + at, DType::F32, p.shape, buf->device()};
+             ops_.copy_to_host(Tensor{dst, DType::F32, p.shape, Device::CPU}, src, DeferredWrites::queueing());
+           }});
+    }
+  }
   write_safetensors_streamed(file, tensors,
                              {{"step", std::to_string(step_)}, {"format", kFormat}, {"optimizer", optimizer_name()}});
 }
@@ -459,11 +490,14 @@ void AdamW::load(const std::vector<std::filesystem::path>& files) {
     if (meta("format") == kShardFormat) {
       covered += read_shard(f, file, params_, m, v) - params_.numel();
     } else if (meta("format") == kFormat) {
-      for (const Parameter& p : params_.all())
-        if (p.trainable)
-          for (auto [prefix, host] : {std::pair{"exp_avg.", &m}, std::pair{"exp_avg_sq.", &v}})
+      for (size_t i = 0; i < params_.all().size(); ++i) {
+        const Parameter& p = params_.all()[i];
+        if (!p.trainable) continue;
+        for (auto [prefix, host] : {std::pair{"exp_avg.", &m}, std::pair{"exp_avg_sq.", &v}})
+          if (host == &m || !muon_ || !muon_param_[i])  // (a Muon matrix's exp_avg_sq, if an older file has it, unread)
             read_as_f32(f.at(prefix + p.name), p.shape, host->data() + p.offset,
                         file.string() + ": " + prefix + p.name);
+      }
     } else {
       // The first format: two flat tensors laid out [every decayed parameter | the rest], each in model order.
       if (meta("decayed_numel") != std::to_string(params_.decayed_numel()))
@@ -499,7 +533,17 @@ void AdamW::load(const std::vector<std::filesystem::path>& files) {
   } else {
     const Shape shape{params_.numel()};
     ops_.copy(Tensor{m_.data(), DType::F32, shape, m_.device()}, Tensor{m.data(), DType::F32, shape, Device::CPU});
-    ops_.copy(Tensor{v_.data(), DType::F32, shape, v_.device()}, Tensor{v.data(), DType::F32, shape, Device::CPU});
+    if (!muon_) {
+      ops_.copy(Tensor{v_.data(), DType::F32, shape, v_.device()}, Tensor{v.data(), DType::F32, shape, Device::CPU});
+    } else {  // AdamW's parameters' second moments, packed
+      for (size_t i = 0; i < params_.all().size(); ++i) {
+        const Parameter& p = params_.all()[i];
+        if (muon_v_at_[i] < 0) continue;
+        const Shape flat{shape_numel(p.shape)};
+        ops_.copy(Tensor{static_cast<float*>(v_.data()) + muon_v_at_[i], DType::F32, flat, v_.device()},
+                  Tensor{v.data() + p.offset, DType::F32, flat, Device::CPU});
+      }
+    }
   }
   try {
     step_ = std::stoi(step_text);

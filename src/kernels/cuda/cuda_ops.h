@@ -148,9 +148,11 @@ class CudaOps final : public Ops {
     const float *a_scale_inv, *b_scale_inv;
     bool fast_accumulation;
   };
-  // D = alpha·op(A)·op(B) + beta·C in cuBLASLt's column-major terms (C aliases D); FP8 A/B with `fp8`.
+  // D = alpha·op(A)·op(B) + beta·C in cuBLASLt's column-major terms; FP8 A/B with `fp8`. C is D unless `c` is
+  // given (laid out as D: Newton–Schulz's W·B + a·W reads W and writes another buffer without copying W there).
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor& a, int lda, const Tensor& b, int ldb,
-            Tensor d, int ldd, float beta, const Tensor* bias, float alpha = 1.0f, const Fp8Gemm* fp8 = nullptr);
+            Tensor d, int ldd, float beta, const Tensor* bias, float alpha = 1.0f, const Fp8Gemm* fp8 = nullptr,
+            const Tensor* c = nullptr);
   OpProfiler::Scope profile(const char* name) { return OpProfiler::Scope(&profiler_, name, stream_); }
   // Scratch of at least `bytes` bytes on the device (grows; only between steps in practice).
   void* scratch(size_t bytes);

@@ -79,7 +79,9 @@ CudaOps::Plan::~Plan() {
 }
 
 void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor& A, int lda, const Tensor& B, int ldb,
-                   Tensor D, int ldd, float beta, const Tensor* bias, float alpha, const Fp8Gemm* fp8) {
+                   Tensor D, int ldd, float beta, const Tensor* bias, float alpha, const Fp8Gemm* fp8,
+                   const Tensor* C) {
+  const void* c_data = C ? C->data : D.data;
   const std::vector<int64_t> key{trans_a,
                                  trans_b,
                                  m,
@@ -96,7 +98,8 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor
                                  alignment(A.data),
                                  alignment(B.data),
                                  alignment(D.data),
-                                 bias ? alignment(bias->data) : 0};
+                                 bias ? alignment(bias->data) : 0,
+                                 alignment(c_data)};
   auto& plan = plans_[key];
   if (!plan) {
     plan = std::make_unique<Plan>();
@@ -109,10 +112,10 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor
       // take them), and again on every call below.
       const int8_t fast = fp8->fast_accumulation ? 1 : 0;
       CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
-      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                                  &fp8->a_scale_inv, sizeof(void*)));
-      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                                  &fp8->b_scale_inv, sizeof(void*)));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &fp8->a_scale_inv,
+                                                  sizeof(void*)));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &fp8->b_scale_inv,
+                                                  sizeof(void*)));
     }
     if (bias) {
       const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
@@ -127,10 +130,11 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const size_t ws = workspace_.bytes();
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    const uint32_t al_a = uint32_t(key[13]), al_b = uint32_t(key[14]), al_d = uint32_t(key[15]);
+    const uint32_t al_a = uint32_t(key[13]), al_b = uint32_t(key[14]), al_d = uint32_t(key[15]),
+                   al_c = uint32_t(key[17]);
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, 4));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, 4));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, 4));
     // FP8 asks for several candidates: the first suggestion is not always one that runs (cuBLASLt's own FP8
     // sample says to try them in turn); the first call keeps the first that does.
@@ -149,7 +153,7 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor
     plan->algo_count = found;
   }
   if (plan->bias_apart) {
-    gemm(trans_a, trans_b, m, n, k, A, lda, B, ldb, D, ldd, beta, nullptr, alpha, fp8);
+    gemm(trans_a, trans_b, m, n, k, A, lda, B, ldb, D, ldd, beta, nullptr, alpha, fp8, C);
     add_bias_apart(D, ldd, m, n, *bias, stream_);
     return;
   }
@@ -165,7 +169,7 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor
   const size_t first = plan->chosen >= 0 ? size_t(plan->chosen) : 0;
   for (size_t i = first; i < size_t(plan->algo_count); ++i) {
     const cublasStatus_t st =
-        cublasLtMatmul(lt_, plan->desc, &alpha, A.data, plan->a, B.data, plan->b, &beta, D.data, plan->d, D.data,
+        cublasLtMatmul(lt_, plan->desc, &alpha, A.data, plan->a, B.data, plan->b, &beta, c_data, plan->d, D.data,
                        plan->d, &plan->algos[i], workspace_.data(), workspace_.bytes(), stream_);
     if (plan->chosen >= 0) {
       CUBLAS_CHECK(st);
@@ -225,8 +229,8 @@ void CudaOps::fp8_matmul(Tensor y, const Tensor& a, const Tensor& a_scale, const
   const int M = int(a.dim(0)), K = int(a.dim(1)), N = int(b.dim(0));
   SOLTRAIN_CHECK(b.dim(1) == K && y.dim(0) == M && y.dim(1) == N, "fp8_matmul shapes");
   SOLTRAIN_CHECK(!(a.dtype == DType::F8E5M2 && b.dtype == DType::F8E5M2), "fp8_matmul: E5M2 x E5M2");
-  SOLTRAIN_CHECK(K % 16 == 0 && N % 16 == 0 && M % 16 == 0, "fp8_matmul: dims must be multiples of 16, got ", M, "x",
-                 N, "x", K);
+  SOLTRAIN_CHECK(K % 16 == 0 && N % 16 == 0 && M % 16 == 0, "fp8_matmul: dims must be multiples of 16, got ", M, "x", N,
+                 "x", K);
   SOLTRAIN_CHECK(cuda::aligned16(a_scale.data) && cuda::aligned16(b_scale.data), "fp8_matmul: scale records");
   const Fp8Gemm f{b_scale.f32(), a_scale.f32(), !precise};
   gemm(true, false, N, M, K, b, K, a, K, y, N, accumulate ? 1.0f : 0.0f, bias, alpha, &f);

@@ -104,13 +104,12 @@ void CudaOps::newton_schulz(Tensor x, const Tensor& sumsq, Tensor scratch_t, con
       gemm(false, true, r, r, c, cur, r, cur, r, A, r, 0.0f, nullptr);
     else  // cur is Wᵀ (ld c): A = (Wᵀ)ᵀ·Wᵀ
       gemm(true, false, r, r, c, cur, c, cur, c, A, r, 0.0f, nullptr);
-    copy(B, A);
-    gemm(false, false, r, r, r, A, r, A, r, B, r, p.b, nullptr, p.c);  // B = c·A·A + b·A
-    copy(next, cur);
-    if (tall)  // W ← B·W + a·W
-      gemm(false, false, r, c, r, B, r, cur, r, next, r, p.a, nullptr);
+    // (C read from another buffer than D: no copy of A into B, nor of W into the next W)
+    gemm(false, false, r, r, r, A, r, A, r, B, r, p.b, nullptr, p.c, nullptr, &A);  // B = c·A·A + b·A
+    if (tall)                                                                       // W ← B·W + a·W
+      gemm(false, false, r, c, r, B, r, cur, r, next, r, p.a, nullptr, 1.0f, nullptr, &cur);
     else  // Wᵀ ← Wᵀ·B + a·Wᵀ (B symmetric)
-      gemm(false, false, c, r, r, cur, c, B, r, next, c, p.a, nullptr);
+      gemm(false, false, c, r, r, cur, c, B, r, next, c, p.a, nullptr, 1.0f, nullptr, &cur);
     std::swap(cur, next);
   }
   if (cur.data != x.data) copy(x, cur);
