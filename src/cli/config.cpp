@@ -18,6 +18,7 @@
 #include "cli/config_values.h"
 #include "cli/dataset_keys.h"
 #include "cli/key_equivalents.h"
+#include "cli/llama_factory_config.h"
 #include "cli/peer_keys.h"
 #include "cli/peer_sharding.h"
 #include "cli/saved_config.h"
@@ -552,20 +553,47 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
                                const std::vector<std::string>& overrides, TrainMode mode) {
   Entries en = read_entries(yaml, where, overrides);
   TrainConfig c;
+  // A LLaMA-Factory config becomes soltrain's keys first (its stage picks rl / reward_model / pt); its relative
+  // paths then resolve from the working folder, as LLaMA-Factory opens them.
+  const bool llama_factory = is_llama_factory_config(en.order);
+  if (llama_factory) {
+    std::vector<std::pair<std::string, Entry>> keys;
+    for (const std::string& k : en.order) keys.emplace_back(k, en.by_key.at(k));
+    LlamaFactoryTranslation t = translate_llama_factory(keys, where, mode);
+    en.order.clear();
+    en.by_key.clear();
+    for (auto& [k, e] : t.keys) {
+      if (en.has(
+              k)) {  // --set wins over the file (its LLaMA-Factory name or soltrain's); twice in the file is an error
+        const bool set_new = e.where.rfind("--set", 0) == 0, set_old = en.where(k).rfind("--set", 0) == 0;
+        if (set_new) en.by_key[k] = std::move(e);
+        if (!set_new && !set_old)
+          en.errors.push_back(
+              cat(e.where, ": \"", k, "\" is given twice (LLaMA-Factory's name for it and soltrain's); keep one"));
+        continue;
+      }
+      en.order.push_back(k);
+      en.by_key[k] = std::move(e);
+    }
+    mode = t.mode;
+    c.notes.insert(c.notes.end(), t.notes.begin(), t.notes.end());
+  }
   mode = preference_mode(en, mode, c);
   c.dpo.enabled = mode == TrainMode::kDpo;
   c.grpo.enabled = mode == TrainMode::kGrpo;
   c.grpo.config_dir = fs::path(where).parent_path();
   c.mode = mode;
   if (mode == TrainMode::kPretrain) c.train_on_inputs = true;
-  if (const auto lf = llama_factory_config(en.order, where)) throw UserError(*lf);
   // A config in another tool's format (its key names) is resolved as that tool resolves it: Axolotl, Surogate,
   // TRL and HF open a relative path from the working folder; soltrain's own configs from their folder.
   const std::vector<std::string> peer = peer_format_keys(en);
   const fs::path file_dir = fs::path(where).parent_path();
-  ReadContext x{c, mode, where, peer.empty() ? file_dir : fs::path()};
+  ReadContext x{c, mode, where, peer.empty() && !llama_factory ? file_dir : fs::path()};
   std::error_code ec;
-  if (!peer.empty() && !file_dir.empty() && !fs::equivalent(file_dir, fs::current_path(), ec))
+  if (llama_factory && !file_dir.empty() && !fs::equivalent(file_dir, fs::current_path(), ec))
+    c.notes.push_back(cat("relative paths in ", where, " (dataset_dir, deepspeed) resolve from the working folder, as ",
+                          "LLaMA-Factory opens them"));
+  else if (!peer.empty() && !file_dir.empty() && !fs::equivalent(file_dir, fs::current_path(), ec))
     c.notes.push_back(cat("relative paths in ", where, " resolve from the working folder, as Axolotl and the other ",
                           "Python tools resolve them: it uses their keys (", peer[0],
                           peer.size() > 1 ? cat(", ", peer[1]) : "", peer.size() > 2 ? ", ..." : "", ")"));

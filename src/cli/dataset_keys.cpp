@@ -4,6 +4,7 @@
 #include <map>
 
 #include "cli/config.h"
+#include "data/llama_factory.h"
 #include "data/named_templates.h"
 #include "data/preference.h"
 #include "hub/hub_cache.h"
@@ -13,6 +14,28 @@ namespace soltrain {
 namespace fs = std::filesystem;
 
 namespace {
+
+// A YAML mapping as JSON: quoted scalars stay strings, plain true / false become booleans and plain integers numbers.
+nlohmann::json json_of_yaml(const YAML::Node& n) {
+  if (n.IsMap()) {
+    nlohmann::json o = nlohmann::json::object();
+    for (const auto& kv : n) o[kv.first.Scalar()] = json_of_yaml(kv.second);
+    return o;
+  }
+  if (n.IsSequence()) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const YAML::Node& x : n) a.push_back(json_of_yaml(x));
+    return a;
+  }
+  if (n.IsNull()) return nullptr;
+  const std::string& v = n.Scalar();
+  if (n.Tag() != "!") {
+    if (v == "true") return true;
+    if (v == "false") return false;
+    if (!v.empty() && v.size() < 18 && v.find_first_not_of("0123456789") == std::string::npos) return std::stoll(v);
+  }
+  return v;
+}
 
 DatasetType dataset_type(const Entry& e, TrainMode mode) {
   const std::string s = get_string(e, "type");
@@ -76,6 +99,14 @@ void add_field_keys(DatasetKeys& keys) {
          if (r.d.data_files.empty()) bad_value(e, "data_files", "a file, a glob or a list of them");
        }},
       {"field", [](const Entry& e, DatasetRead& r) { r.f.text = get_string(e, "field"); }},
+      // A translated LLaMA-Factory config's dataset (cli/llama_factory_config.h): its dataset_info.json entry, the
+      // template, cutoff_len and train_on_prompt
+      {"llama_factory",
+       [](const Entry& e, DatasetRead& r) {
+         if (!e.node.IsMap()) bad_value(e, "llama_factory", "a LLaMA-Factory dataset_info.json entry (a mapping)");
+         r.f.llama_factory = read_lf_format(json_of_yaml(e.node), e.where);
+         if (r.mode != TrainMode::kDpo) r.d.type = DatasetType::kLlamaFactory;
+       }},
       {"field_text", [](const Entry& e, DatasetRead& r) { r.f.text = get_string(e, "field_text"); }},
       {"field_instruction",
        [](const Entry& e, DatasetRead& r) { r.f.instruction = get_string(e, "field_instruction"); }},

@@ -55,33 +55,12 @@ constexpr KeyEquivalent kEquivalents[] = {
     {"loss", kTrl, "loss_type"},
 };
 
-// Keys only LLaMA-Factory's configs have: two of them make a file LLaMA-Factory's.
-constexpr const char* kLlamaFactoryOnly[] = {
-    "model_name_or_path", "stage",          "do_train", "finetuning_type", "lora_target", "template",
-    "cutoff_len",         "max_samples",    "dataset",  "dataset_dir",     "plot_loss",   "quantization_bit",
-    "pref_beta",          "overwrite_cache"};
-
 }  // namespace
 
 std::optional<KeyEquivalent> key_equivalent(const std::string& key) {
   for (const KeyEquivalent& e : kEquivalents)
     if (key == e.key) return e;
   return std::nullopt;
-}
-
-std::optional<std::string> llama_factory_config(const std::vector<std::string>& keys, const std::string& where) {
-  std::vector<std::string> own;
-  for (const std::string& k : keys)
-    if (std::find(std::begin(kLlamaFactoryOnly), std::end(kLlamaFactoryOnly), k) != std::end(kLlamaFactoryOnly))
-      own.push_back(k);
-  if (own.size() < 2) return std::nullopt;
-  std::string mapped;
-  for (const std::string& k : keys)
-    if (const auto e = key_equivalent(k); e && std::string_view(e->tool) == kLlamaFactory)
-      mapped += cat(mapped.empty() ? "" : "; ", k, " -> ", e->use);
-  return cat(where, ": this is a LLaMA-Factory config (", own[0], ", ", own[1], own.size() > 2 ? ", ..." : "",
-             "): soltrain reads its own keys and Axolotl's, not LLaMA-Factory's yet; write it with soltrain's: ",
-             mapped, " (the other keys are the same; see soltrain config-keys)");
 }
 
 }  // namespace soltrain

@@ -18,8 +18,4 @@ struct KeyEquivalent {
 // The equivalent of an unknown `key`, when a known tool names it.
 std::optional<KeyEquivalent> key_equivalent(const std::string& key);
 
-// When `keys` (a config's top-level keys) are LLaMA-Factory's (two or more of the keys only it uses): the one
-// line saying so, with the equivalents of the keys soltrain does not read; otherwise nothing.
-std::optional<std::string> llama_factory_config(const std::vector<std::string>& keys, const std::string& where);
-
 }  // namespace soltrain

@@ -24,6 +24,7 @@ std::optional<DatasetType> find_dataset_type(std::string_view s) {
       {"alpaca:instruct", DatasetType::kAlpaca},
       {"input_output", DatasetType::kInputOutput},
       {"stepwise_supervised", DatasetType::kStepwiseSupervised},
+      {"llama_factory", DatasetType::kLlamaFactory},
       {"conversation", DatasetType::kConversation},
       {"chat", DatasetType::kConversation},
       {"chat_template", DatasetType::kConversation},
@@ -52,6 +53,7 @@ std::string to_string(DatasetType t) {
     case DatasetType::kAlpacaChat: return "alpaca_chat";
     case DatasetType::kInputOutput: return "input_output";
     case DatasetType::kStepwiseSupervised: return "stepwise_supervised";
+    case DatasetType::kLlamaFactory: return "llama_factory";
   }
   return "?";
 }
@@ -235,6 +237,13 @@ std::vector<std::string> needed_fields(DatasetType type, const DatasetFields& f)
     if (!k.empty() && std::find(out.begin(), out.end(), k) == out.end()) out.push_back(k);
   };
   const bool any = type == DatasetType::kAuto;
+  if (type == DatasetType::kLlamaFactory && f.llama_factory) {
+    const LfFormat& l = *f.llama_factory;
+    for (const std::string* k :
+         {&l.prompt, &l.query, &l.response, &l.history, &l.messages, &l.system, &l.chosen, &l.rejected, &l.kto_tag})
+      add(*k);
+    return out;
+  }
   if (any || type == DatasetType::kText) add(f.text);
   if (any || type == DatasetType::kInstruction || type == DatasetType::kAlpaca || type == DatasetType::kAlpacaChat)
     for (const std::string* k : {&f.instruction, &f.input, &f.output}) add(*k);
@@ -366,6 +375,24 @@ Sample to_sample(const ordered_json& r, DatasetType type, const DatasetFields& f
       s.text = string_field(r, f.prompt);
       steps_of(r, f, s);
       return s;
+    case DatasetType::kLlamaFactory: {
+      SOLTRAIN_CHECK(f.llama_factory.has_value(), "a llama_factory dataset without its format");
+      LfExample x = lf_convert(r, *f.llama_factory);
+      if (x.tmpl) {
+        s.llama_factory = std::move(x);
+        return s;
+      }
+      // No LLaMA-Factory template named: the converted turns through the tokenizer's chat template.
+      if (x.response.size() != 1) bad("not one response: LLaMA-Factory drops such an example");
+      ordered_json messages = ordered_json::array();
+      if (!x.system.empty()) messages.push_back({{"role", "system"}, {"content", x.system}});
+      for (const ordered_json& m : x.prompt) messages.push_back(m);
+      messages.push_back(x.response[0]);
+      for (ordered_json& m : messages)
+        if (m["role"] == "observation") m["role"] = "tool";
+      s.vars["messages"] = std::move(messages);
+      return s;
+    }
     case DatasetType::kConversation: {
       const bool openai = r.contains(f.messages);
       const std::string& key = openai ? f.messages : f.conversations;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "data/llama_factory.h"
 
 namespace soltrain {
 
@@ -26,7 +27,8 @@ enum class DatasetType {
   kAlpaca,
   kAlpacaChat,
   kInputOutput,
-  kStepwiseSupervised
+  kStepwiseSupervised,
+  kLlamaFactory  // a LLaMA-Factory dataset (DatasetFields::llama_factory says its shape)
 };
 // Our type names and their aliases ("alpaca", "sharegpt", "chat_template", ...); nullopt for others.
 std::optional<DatasetType> find_dataset_type(std::string_view s);
@@ -68,6 +70,9 @@ struct DatasetFields {
   // Axolotl's chat_template: "" (not said: the config's top-level choice), "tokenizer_default" (the
   // model's own) or a name from named_templates.h.
   std::string chat_template;
+  // A LLaMA-Factory dataset (a translated LLaMA-Factory config's; data/llama_factory.h): its dataset_info.json shape,
+  // template and cutoff.
+  std::optional<LfFormat> llama_factory;
 };
 
 struct DatasetSource {
@@ -92,6 +97,9 @@ struct Sample {
   std::vector<std::string> steps;
   std::vector<int> step_labels;
   nlohmann::ordered_json vars;
+  // A LLaMA-Factory record with a template (DatasetFields::llama_factory): its converted messages, which
+  // data/llama_factory.h renders and cuts as LLaMA-Factory's SupervisedDatasetProcessor does.
+  std::optional<LfExample> llama_factory;
 };
 
 // A record that cannot be used; `what()` is the reason, without the location (the reader adds it).

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "data/llama_factory.h"
 #include "io/json_file.h"
 #include "tokenizer/tokenizer_edits.h"
 
@@ -157,6 +158,9 @@ Document SampleEncoder::encode(const Sample& s) {
     }
     return d;
   }
+  if (s.llama_factory)  // LLaMA-Factory's template, pairs and cut (data/llama_factory.h)
+    return lf_supervised(tok_, {bos_id_, eos_ids_.size() == 1 ? std::optional(eos_ids_[0]) : std::nullopt},
+                         *s.llama_factory);
   if (!s.segments.empty()) {
     // Axolotl's input_output: each segment alone, no eos added.
     for (const auto& [text, label] : s.segments) {

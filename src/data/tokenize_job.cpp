@@ -48,7 +48,8 @@ json fields_json(const DatasetFields& f) {
           {"completion", f.completion},
           {"roles_to_train", f.roles_to_train},
           {"train_on_eos", f.train_on_eos},
-          {"chat_template", f.chat_template}};
+          {"chat_template", f.chat_template},
+          {"llama_factory", f.llama_factory ? lf_format_json(*f.llama_factory) : json()}};
 }
 
 // Redraws one status line at most 5 times a second.
@@ -155,7 +156,7 @@ TokenizeResult run_tokenize(const TokenizeOptions& o, std::ostream& log) {
         if (type == DatasetType::kAuto) type = detect_auto(rec, fields);
         const Sample s = to_sample(rec, type, fields);
         // The template is parsed only when a conversation needs it: base models often have none.
-        if (!s.is_text && !tmpl) {
+        if (!s.is_text && !s.llama_factory && !tmpl) {
           const std::string& name = o.fields.chat_template;
           if (name.empty() || name == "tokenizer_default") {
             tmpl.emplace(ChatTemplate::from_tokenizer_config(dir / "tokenizer_config.json"));

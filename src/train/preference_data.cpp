@@ -11,6 +11,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "data/llama_factory.h"
 #include "data/named_templates.h"
 #include "data/pair_loader.h"
 #include "data/preference.h"
@@ -28,6 +29,22 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+
+// A LLaMA-Factory preference record: its template's pair (PairwiseDatasetProcessor), or with no template named the
+// converted turns through the chat template as any conversational pair.
+std::pair<Document, Document> llama_factory_pair(const nlohmann::ordered_json& rec, const LfFormat& f, Tokenizer& tok,
+                                                 const LfSpecialIds& ids, PreferenceEncoder& enc) {
+  const LfExample x = lf_convert(rec, f);
+  if (x.tmpl) return lf_pairwise(tok, ids, x);
+  if (x.response.size() != 2)
+    throw BadRecord("not a chosen and a rejected answer: LLaMA-Factory drops such an example");
+  PreferenceSample s;
+  if (!x.system.empty()) s.prompt.push_back({{"role", "system"}, {"content", x.system}});
+  for (const auto& m : x.prompt) s.prompt.push_back(m);
+  s.chosen = nlohmann::ordered_json::array({x.response[0]});
+  s.rejected = nlohmann::ordered_json::array({x.response[1]});
+  return enc.encode(s);
+}
 
 ChatTemplate load_template(const TrainConfig& c, const DatasetSpec& spec) {
   const fs::path cfg = run_tokenizer_folder(c) / "tokenizer_config.json";
@@ -117,6 +134,9 @@ ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs:
   Tokenizer tok = Tokenizer::load(run_tokenizer_folder(c) / "tokenizer.json");
   const ChatTemplate tmpl = load_template(c, spec);
   PreferenceEncoder enc(tok, tmpl, c.sequence_len, c.dpo.max_prompt_len);
+  const fs::path tok_dir = run_tokenizer_folder(c);
+  const LfSpecialIds lf_ids{tok.token_to_id(read_bos_token(tok_dir / "tokenizer_config.json")),
+                            tok.token_to_id(read_eos_token(tok_dir / "tokenizer_config.json"))};
   StagedDir staged(out);
   ShardWriter writer(staged.path());
   int64_t pairs = 0, skipped = 0, tokens = 0;
@@ -135,7 +155,8 @@ ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs:
           tokens += write_unpaired_block(writer, block, c.sequence_len, !c.dpo.apo_zero_unpaired);
         continue;
       }
-      const auto [chosen, rejected] = enc.encode(to_preference_sample(rec, format, f));
+      const auto [chosen, rejected] = f.llama_factory ? llama_factory_pair(rec, *f.llama_factory, tok, lf_ids, enc)
+                                                      : enc.encode(to_preference_sample(rec, format, f));
       writer.add(chosen);  // a pair's two documents stay adjacent: 2i chosen, 2i+1 rejected
       writer.add(rejected);
       ++pairs;
