@@ -41,10 +41,11 @@ def lf():
     from llamafactory.data.processor import (PairwiseDatasetProcessor, PretrainDatasetProcessor,
                                              SupervisedDatasetProcessor)
     from llamafactory.hparams import DataArguments
+    from llamafactory.data.processor import FeedbackDatasetProcessor
     return types.SimpleNamespace(template=get_template_and_fix_tokenizer, converter=get_dataset_converter,
                                  datasets=get_dataset_list, DataArguments=DataArguments,
                                  processors={"sft": SupervisedDatasetProcessor, "dpo": PairwiseDatasetProcessor,
-                                             "pt": PretrainDatasetProcessor})
+                                             "pt": PretrainDatasetProcessor, "kto": FeedbackDatasetProcessor})
 
 
 def tokenizer_folder(name):
@@ -149,6 +150,23 @@ def test_dpo_pairs_equal_llama_factorys(lf, tmp_path):
         assert ours[2 * i + 1] == (ref["rejected_input_ids"][i], ref["rejected_labels"][i]), i
 
 
+def test_kto_examples_equal_llama_factorys(lf, tmp_path):
+    """kto_en_demo (sharegpt messages with a boolean label) as FeedbackDatasetProcessor makes it: prompt + answer, the
+    answer trained, the tag kept; the KL documents pair each prompt with the previous example's answer, as
+    LLaMA-Factory's do when one block holds the dataset (per_device_train_batch_size 6: its 6 rows)."""
+    tok = tokenizer_folder("qwen3")
+    [folder] = tokenize("train_lora/qwen3_lora_kto.yaml", tmp_path, tok, "per_device_train_batch_size=6")
+    docs = documents(folder)
+    ref = reference(lf, "kto", ["kto_en_demo"], "qwen3_nothink", tok, max_samples=1000)
+    assert len(docs) == 2 * len(ref["input_ids"]) == 12
+    for i in range(len(ref["input_ids"])):
+        (ids, labels), (kl_ids, kl_labels) = docs[2 * i], docs[2 * i + 1]
+        undesirable = labels[0] != -100  # (the mark on an undesirable example's first, untrained, token)
+        assert undesirable == (not ref["kto_tags"][i]), i
+        assert ids == ref["input_ids"][i] and [-100] + labels[1:] == ref["labels"][i], i
+        assert kl_ids == ref["kl_input_ids"][i] and kl_labels == ref["kl_labels"][i], i
+
+
 def test_pretraining_text_equals_llama_factorys(lf, tmp_path):
     """c4_demo (stage pt): each text and the eos token, packed (LLaMA-Factory's default for pt) into cutoff_len
     blocks: the same token stream as PretrainDatasetProcessor's blocks."""
@@ -181,7 +199,7 @@ def llama3_standin(demo, folder):
 
 @pytest.mark.parametrize("example", [
     "train_lora/qwen3_lora_sft.yaml", "train_lora/qwen3_lora_dpo.yaml", "train_lora/qwen3_lora_pretrain.yaml",
-    "train_lora/qwen3_lora_reward.yaml", "train_full/qwen3_full_sft.yaml", "train_lora/llama3_lora_sft.yaml",
+    "train_lora/qwen3_lora_reward.yaml", "train_lora/qwen3_lora_kto.yaml", "train_full/qwen3_full_sft.yaml", "train_lora/llama3_lora_sft.yaml",
     "train_lora/llama3_lora_dpo.yaml", "train_lora/llama3_lora_pretrain.yaml", "train_full/llama3_full_sft.yaml"])
 def test_examples_train(demo, tmp_path, example):
     """Each example runs unchanged but for the model (the demo's; for Llama 3's, with its special tokens),
@@ -198,12 +216,13 @@ def test_examples_train(demo, tmp_path, example):
 
 
 def test_what_is_not_built_is_one_line(demo, tmp_path):
-    """stage: kto with LLaMA-Factory's datasets, a template soltrain does not render, a dataset name missing from
-    dataset_info.json: one line each, exit code 2."""
-    for sets, expected in [((), "stage: kto with LLaMA-Factory's datasets is not built yet"),
+    """stage: ppo, a template soltrain does not render, a dataset name missing from dataset_info.json, pref_ftx:
+    one line each, exit code 2."""
+    for sets, expected in [(("stage=ppo",), "stage: ppo is not built"),
                            (("template=glm4",), "template: glm4 is not one soltrain renders"),
-                           (("dataset=nope",), "nope is not in data/dataset_info.json")]:
-        example = "train_lora/qwen3_lora_kto.yaml" if not sets else "train_lora/qwen3_lora_sft.yaml"
+                           (("dataset=nope",), "nope is not in data/dataset_info.json"),
+                           (("pref_ftx=0.5",), "pref_ftx (an SFT term in LLaMA-Factory's DPO loss) is not built")]:
+        example = "train_lora/qwen3_lora_sft.yaml"
         r = subprocess.run([str(BIN), "train", str(FIXTURE / "examples" / example), "--set", f"model={demo / 'model'}",
                             "--set", f"output_dir={tmp_path / 'out'}", *[a for s in sets for a in ("--set", s)]],
                            cwd=FIXTURE, capture_output=True, text=True)

@@ -177,13 +177,12 @@ struct Translator {
         user_error(at("pref_loss").where, ": pref_loss: ", loss,
                    " is not built (sigmoid, ipo, hinge, orpo, simpo are)");
     } else if (stage == "kto") {
-      user_error(at("stage").where, ": stage: kto with LLaMA-Factory's datasets is not built yet (rl: kto with ",
-                 "prompt / completion / label rows is)");
+      put("rl", YAML::Node("kto"), "stage");
     } else if (stage == "rm") {
       put("reward_model", YAML::Node(true), "stage");
     } else if (stage != "sft") {
-      user_error(at("stage").where, ": stage: ", stage, " is not built (sft, pt, dpo and rm are; soltrain grpo is its ",
-                 "online RL)");
+      user_error(at("stage").where, ": stage: ", stage,
+                 " is not built (sft, pt, dpo, kto and rm are; soltrain grpo is its ", "online RL)");
     }
     if (stage != "dpo" && has("pref_loss") && text("pref_loss", "") != "sigmoid")
       user_error(at("pref_loss").where, ": pref_loss is read by stage: dpo");

@@ -2,8 +2,6 @@
 
 #include "core/error.h"
 #include "data/dataset.h"
-#include "data/sample_encoder.h"
-#include "tokenizer/tokenizer.h"
 
 namespace soltrain {
 
@@ -403,121 +401,6 @@ std::pair<int64_t, int64_t> lf_infer_seqlen(int64_t source_len, int64_t target_l
   const int64_t new_target = std::min(max_target_len, target_len);
   const int64_t max_source = std::max<int64_t>(cutoff_len - new_target, 0);
   return {std::min(max_source, source_len), new_target};
-}
-
-}  // namespace soltrain
-
-namespace soltrain {
-
-namespace {
-
-std::vector<int32_t> ids_of(Tokenizer& tok, const LfSpecialIds& e, const std::vector<std::string>& elements) {
-  std::vector<int32_t> ids;
-  for (const std::string& el : elements) {
-    if (el == kBos || el == kEos) {  // (_convert_elements_to_ids: nothing when the tokenizer has no such token)
-      if (const auto& id = el == kBos ? e.bos : e.eos) ids.push_back(*id);
-      continue;
-    }
-    if (el.empty()) continue;
-    const std::vector<int32_t> t = tok.encode(el);
-    ids.insert(ids.end(), t.begin(), t.end());
-  }
-  return ids;
-}
-
-// ReasoningTemplate's thought words; the empty thought LLaMA-Factory puts before an answer that has none.
-constexpr std::string_view kThinkOpen = "<think>\n", kThinkClose = "\n</think>\n\n";
-bool has_thought(const std::string& content) {
-  return content.find("<think>") != std::string::npos || content.find("</think>") != std::string::npos;
-}
-std::string remove_thought(const std::string& content) {  // re.sub("<think>\n(.*?)\n</think>\n\n", "").lstrip("\n")
-  std::string out;
-  size_t pos = 0;
-  for (;;) {
-    const size_t a = content.find(kThinkOpen, pos);
-    const size_t b = a == std::string::npos ? a : content.find(kThinkClose, a + kThinkOpen.size());
-    if (b == std::string::npos) break;
-    out += content.substr(pos, a - pos);
-    pos = b + kThinkClose.size();
-  }
-  out += content.substr(pos);
-  const size_t first = out.find_first_not_of('\n');
-  return first == std::string::npos ? std::string() : out.substr(first);
-}
-std::vector<int32_t> empty_thought(Tokenizer& tok) {
-  return tok.encode(std::string(kThinkOpen) + std::string(kThinkClose));
-}
-
-Document cut_together(const std::vector<int32_t>& prompt, const std::vector<int32_t>& answer, int64_t source,
-                      int64_t target) {
-  Document d;
-  d.ids.assign(prompt.begin(), prompt.begin() + source);
-  d.mask.assign(size_t(source), 0);
-  d.ids.insert(d.ids.end(), answer.begin(), answer.begin() + target);
-  d.mask.resize(d.ids.size(), 1);
-  return d;
-}
-
-}  // namespace
-
-Document lf_supervised(Tokenizer& tok, const LfSpecialIds& e, const LfExample& x) {
-  if (x.prompt.size() % 2 != 1 || x.response.size() != 1)
-    throw BadRecord(cat(x.prompt.size(), " prompt messages and ", x.response.size(),
-                        " responses: LLaMA-Factory drops such an example"));
-  ordered_json messages = x.prompt;
-  messages.push_back(x.response[0]);
-  const auto rendered = lf_render(*x.tmpl, messages, x.system);
-  Document d;
-  int64_t total = 0;
-  for (size_t i = 0; i + 1 < rendered.size(); i += 2) {
-    if (x.cutoff_len > 0 && total >= x.cutoff_len) break;
-    std::vector<int32_t> source = ids_of(tok, e, rendered[i]), target = ids_of(tok, e, rendered[i + 1]);
-    if (x.tmpl->reasoning && !has_thought(messages[i + 1].at("content").get<std::string>())) {
-      const std::vector<int32_t> t = empty_thought(tok);  // (enable_thinking: the empty thought is trained)
-      target.insert(target.begin(), t.begin(), t.end());
-    }
-    int64_t s = int64_t(source.size()), t = int64_t(target.size());
-    if (x.cutoff_len > 0) std::tie(s, t) = lf_infer_seqlen(s, t, x.cutoff_len - total);
-    total += s + t;
-    d.ids.insert(d.ids.end(), source.begin(), source.begin() + s);
-    d.mask.insert(d.mask.end(), size_t(s), x.train_on_prompt ? 1 : 0);
-    d.ids.insert(d.ids.end(), target.begin(), target.begin() + t);
-    d.mask.insert(d.mask.end(), size_t(t), 1);
-  }
-  return d;
-}
-
-std::pair<Document, Document> lf_pairwise(Tokenizer& tok, const LfSpecialIds& e, const LfExample& x) {
-  if (x.prompt.size() % 2 != 1 || x.response.size() < 2)
-    throw BadRecord(cat(x.prompt.size(), " prompt messages and ", x.response.size(),
-                        " answers: LLaMA-Factory drops such a preference example"));
-  // encode_oneturn: every message but the last is the prompt; a reasoning template drops earlier answers' thoughts
-  ordered_json prompt = x.prompt;
-  if (x.tmpl->reasoning)
-    for (size_t i = 1; i + 1 < prompt.size(); i += 2)
-      prompt[i]["content"] = remove_thought(prompt[i].at("content").get<std::string>());
-  std::vector<int32_t> prompt_ids, answers[2];
-  for (int a = 0; a < 2; ++a) {
-    ordered_json messages = prompt;
-    messages.push_back(x.response[size_t(a)]);
-    const auto rendered = lf_render(*x.tmpl, messages, x.system);
-    if (a == 0)
-      for (size_t i = 0; i + 1 < rendered.size(); ++i) {
-        const std::vector<int32_t> ids = ids_of(tok, e, rendered[i]);
-        prompt_ids.insert(prompt_ids.end(), ids.begin(), ids.end());
-      }
-    answers[a] = ids_of(tok, e, rendered.back());
-    if (x.tmpl->reasoning && !has_thought(x.response[size_t(a)].at("content").get<std::string>())) {
-      const std::vector<int32_t> t = empty_thought(tok);
-      answers[a].insert(answers[a].begin(), t.begin(), t.end());
-    }
-  }
-  int64_t s = int64_t(prompt_ids.size()), t = int64_t(std::max(answers[0].size(), answers[1].size()));
-  if (x.cutoff_len > 0) std::tie(s, t) = lf_infer_seqlen(s, t, x.cutoff_len);
-  const auto cut = [&](const std::vector<int32_t>& answer) {
-    return cut_together(prompt_ids, answer, s, std::min<int64_t>(t, int64_t(answer.size())));
-  };
-  return {cut(answers[0]), cut(answers[1])};
 }
 
 }  // namespace soltrain

@@ -2,10 +2,8 @@
 // (alpaca or sharegpt formatting, its column and tag names, ranking), the converter that turns a record into prompt
 // and response messages, and its own templates (template.py's register_template rows, not the tokenizer's Jinja):
 // each message rendered into elements, each element tokenized alone (a text with no special tokens added, or the
-// bos / eos token), a conversation's turns paired (prompt, response) and cut to cutoff_len by infer_seqlen. What
-// LLaMA-Factory trains is the response of each pair, including what its template puts after the content (Qwen's
-// "<|im_end|>\n"): the same tokens and labels as LLaMA-Factory's SupervisedDatasetProcessor and
-// PairwiseDatasetProcessor make.
+// bos / eos token), a conversation's turns paired (prompt, response) and cut to cutoff_len by infer_seqlen
+// (data/llama_factory_encode.h turns them into tokens).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -16,9 +14,6 @@
 #include <vector>
 
 namespace soltrain {
-
-struct Document;
-class Tokenizer;
 
 // One LLaMA-Factory template (template.py register_template): each format is a list of slots, a slot a text with
 // "{{content}}" or one of the markers below. Only what the text-only templates use.
@@ -80,17 +75,5 @@ std::vector<std::vector<std::string>> lf_render(const LfTemplate& t, const nlohm
 
 // processor_utils.py infer_seqlen: how many source and target tokens survive a cutoff.
 std::pair<int64_t, int64_t> lf_infer_seqlen(int64_t source_len, int64_t target_len, int64_t cutoff_len);
-
-// The tokenizer's bos / eos ids: the markers' (eos after the template's replace_eos).
-struct LfSpecialIds {
-  std::optional<int32_t> bos, eos;
-};
-// SupervisedDatasetProcessor: the turns' (prompt, response) pairs, each cut by infer_seqlen to what remains of the
-// cutoff; the responses trained (the prompts too with train_on_prompt). BadRecord when LLaMA-Factory drops it (a prompt
-// of even length, not one response).
-Document lf_supervised(Tokenizer& tok, const LfSpecialIds& e, const LfExample& x);
-// PairwiseDatasetProcessor: prompt + chosen and prompt + rejected, the answers trained, cut together by infer_seqlen
-// (the prompt against the longer answer). BadRecord when it is not a pair.
-std::pair<Document, Document> lf_pairwise(Tokenizer& tok, const LfSpecialIds& e, const LfExample& x);
 
 }  // namespace soltrain

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "data/llama_factory.h"
+#include "data/llama_factory_encode.h"
 #include "io/json_file.h"
 #include "tokenizer/tokenizer_edits.h"
 

@@ -11,7 +11,7 @@
 #include <random>
 
 #include "core/error.h"
-#include "data/llama_factory.h"
+#include "data/llama_factory_encode.h"
 #include "data/named_templates.h"
 #include "data/pair_loader.h"
 #include "data/preference.h"
@@ -70,28 +70,59 @@ size_t prompt_length(const Document& d) {
   return n;
 }
 
+// A KTO example waiting for its block's KL documents: the document, whether it is desirable, and for a LLaMA-Factory
+// row its uncut prompt and answer (its KL documents are cut anew, as LLaMA-Factory's FeedbackDatasetProcessor does).
+struct UnpairedExample {
+  Document doc;
+  bool desirable = false;
+  std::optional<LfUnpaired> llama_factory;
+  int64_t cutoff_len = 0;
+};
+
 // (`with_kl` false, apo_zero_unpaired: no KL estimate is made, and each KL document is its example's first token)
-int64_t write_unpaired_block(ShardWriter& writer, std::vector<std::pair<Document, bool>>& block, int64_t seq_len,
-                             bool with_kl) {
+int64_t write_unpaired_block(ShardWriter& writer, std::vector<UnpairedExample>& block, int64_t seq_len, bool with_kl) {
   int64_t tokens = 0;
   for (size_t i = 0; i < block.size(); ++i) {
-    const Document& ex = block[i].first;
-    const Document& other = block[(i + block.size() - 1) % block.size()].first;
+    const UnpairedExample& ex = block[i];
+    const UnpairedExample& other = block[(i + block.size() - 1) % block.size()];
     Document kl;
-    const size_t p = prompt_length(ex), q = prompt_length(other);
-    kl.ids.assign(ex.ids.begin(), ex.ids.begin() + std::ptrdiff_t(p));
-    kl.mask.assign(p, 0);
-    for (size_t k = q; with_kl && k < other.ids.size() && int64_t(kl.ids.size()) < seq_len; ++k)
-      kl.ids.push_back(other.ids[k]), kl.mask.push_back(1);
+    if (with_kl && ex.llama_factory && other.llama_factory) {
+      kl = lf_kl_document(ex.llama_factory->prompt, other.llama_factory->answer, ex.cutoff_len);
+    } else {
+      const size_t p = prompt_length(ex.doc), q = prompt_length(other.doc);
+      kl.ids.assign(ex.doc.ids.begin(), ex.doc.ids.begin() + std::ptrdiff_t(p));
+      kl.mask.assign(p, 0);
+      for (size_t k = q; with_kl && k < other.doc.ids.size() && int64_t(kl.ids.size()) < seq_len; ++k)
+        kl.ids.push_back(other.doc.ids[k]), kl.mask.push_back(1);
+    }
     if (!with_kl) kl.ids.resize(1), kl.mask.resize(1);
-    Document marked = ex;
-    if (!block[i].second) marked.mask[0] = kUndesirableMark;
+    Document marked = ex.doc;
+    if (!ex.desirable) marked.mask[0] = kUndesirableMark;
     writer.add(marked);
     writer.add(kl);
     tokens += int64_t(marked.ids.size() + kl.ids.size());
   }
   block.clear();
   return tokens;
+}
+
+// A LLaMA-Factory KTO record: its template's example (FeedbackDatasetProcessor), or with no template named the
+// converted turns through the chat template.
+UnpairedExample llama_factory_unpaired(const nlohmann::ordered_json& rec, const LfFormat& f, Tokenizer& tok,
+                                       const LfSpecialIds& ids, PreferenceEncoder& enc) {
+  const LfExample x = lf_convert(rec, f);
+  if (!x.kto_tag) throw BadRecord("no boolean kto_tag: not a KTO example");
+  if (x.tmpl) {
+    LfUnpaired u = lf_unpaired(tok, ids, x);
+    return {u.example, *x.kto_tag, std::move(u), x.cutoff_len};
+  }
+  if (x.response.size() != 2) throw BadRecord("not a KTO answer: LLaMA-Factory drops such an example");
+  UnpairedSample u;
+  if (!x.system.empty()) u.prompt.push_back({{"role", "system"}, {"content", x.system}});
+  for (const auto& m : x.prompt) u.prompt.push_back(m);
+  u.completion = nlohmann::ordered_json::array({x.response[*x.kto_tag ? 0 : 1]});
+  u.desirable = *x.kto_tag;
+  return {enc.encode(u), u.desirable, std::nullopt, 0};
 }
 
 // The run's name on its log lines: a reward model's preparation says reward.
@@ -130,7 +161,7 @@ ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs:
                unpaired ? " is a paired preference shape; rl: kto reads prompt, completion and label records"
                         : " is an unpaired (KTO) shape: rl: kto reads it");
   const PreferenceFormat format = unpaired ? PreferenceFormat::kAuto : *find_preference_format(spec.preference_type);
-  std::vector<std::pair<Document, bool>> block;  // KTO: examples waiting for their block's KL documents
+  std::vector<UnpairedExample> block;  // KTO: examples waiting for their block's KL documents
   Tokenizer tok = Tokenizer::load(run_tokenizer_folder(c) / "tokenizer.json");
   const ChatTemplate tmpl = load_template(c, spec);
   PreferenceEncoder enc(tok, tmpl, c.sequence_len, c.dpo.max_prompt_len);
@@ -148,8 +179,12 @@ ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs:
     try {
       if (!error.empty()) throw BadRecord(error);
       if (unpaired) {
-        const UnpairedSample u = to_unpaired_sample(rec, f);
-        block.emplace_back(enc.encode(u), u.desirable);
+        if (f.llama_factory) {
+          block.push_back(llama_factory_unpaired(rec, *f.llama_factory, tok, lf_ids, enc));
+        } else {
+          const UnpairedSample u = to_unpaired_sample(rec, f);
+          block.push_back({enc.encode(u), u.desirable, std::nullopt, 0});
+        }
         ++pairs;
         if (int(block.size()) == c.per_device_train_batch_size)
           tokens += write_unpaired_block(writer, block, c.sequence_len, !c.dpo.apo_zero_unpaired);
