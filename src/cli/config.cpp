@@ -28,6 +28,7 @@
 #include "hub/hub_cache.h"
 #include "io/input_file.h"
 #include "model/dpo_objective.h"
+#include "tokenizer/chat_template.h"
 
 namespace soltrain {
 
@@ -251,6 +252,26 @@ void rule_required(const Entries& en, const std::string& where, TrainConfig& c, 
 
 // Offload streams the whole-model update (fp32 or 8-bit moments); the sharded (ZeRO) one keeps its on the
 // device. Offloaded checkpoints are recompute full's (the only activations it keeps across the pass).
+// Axolotl's chat_template: jinja takes chat_template_jinja's template (used too when chat_template is not given); the
+// run tokenizer's tokenizer_config.json then holds it (train/run_tokenizer.h), so every path reads it as the model's.
+void rule_chat_template_jinja(const Entries& en, const std::string& where, TrainConfig& c,
+                              std::vector<std::string>& errors) {
+  const std::string& jinja = c.tokenizer_edits.chat_template;
+  if (c.chat_template == "jinja" && jinja.empty() && !en.refused({"chat_template_jinja"}))
+    errors.push_back(cat(en.where("chat_template"), ": chat_template: jinja needs chat_template_jinja (the template)"));
+  if (jinja.empty()) return;
+  if (en.given({"chat_template"}) && c.chat_template != "jinja")
+    errors.push_back(cat(en.where("chat_template_jinja"), ": chat_template_jinja is read with chat_template: jinja ",
+                         "(or none), not with chat_template: ", c.chat_template));
+  try {
+    ChatTemplate check(jinja);
+  } catch (const std::exception& e) {
+    errors.push_back(cat(en.has("chat_template_jinja") ? en.where("chat_template_jinja") : where,
+                         ": chat_template_jinja is not a template soltrain can render: ", e.what()));
+  }
+  c.chat_template = "tokenizer_default";
+}
+
 void rule_offload(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
   for (const auto& [k, on] :
        {std::pair{"offload_master", c.offload.master}, std::pair{"offload_optimizer", c.offload.optimizer},
@@ -540,6 +561,7 @@ constexpr Rule kRules[] = {rule_lora_settings_imply_lora,
                            rule_batch_size,
                            rule_axolotl_schedule,
                            rule_required,
+                           rule_chat_template_jinja,
                            rule_offload,
                            rule_streamed_base,
                            rule_hub_push,

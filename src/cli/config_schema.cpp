@@ -226,15 +226,23 @@ void add_data_keys(std::vector<KeySpec>& v) {
              [](ReadContext& x, const std::string& s, const Entry&) { x.c.overlong = parse_overlong_policy(s); }));
   v.push_back(integer("min_sample_len", FIELD(min_sample_len), 0,
                       "Axolotl's: tokenized documents shorter than this many tokens are dropped (0: none)"));
-  v.push_back(key("chat_template", "string", "tokenizer_default or a template soltrain has", "tokenizer_default",
-                  "the chat template of datasets without their own: the model's, or a named one (chatml, llama3, ...)",
+  v.push_back(key("chat_template", "string", "tokenizer_default, jinja or a template soltrain has", "tokenizer_default",
+                  "the chat template of datasets without their own: the model's, a named one (chatml, llama3, ...) "
+                  "or jinja (chat_template_jinja's)",
                   [](const Entry& e, const std::string& k, ReadContext& x) {
                     const std::string s = get_string(e, k);
-                    if (s != "tokenizer_default" && !named_chat_template(s))
+                    if (s != "tokenizer_default" && s != "jinja" && !named_chat_template(s))
                       user_error(e.where, ": ", k, ": \"", s,
                                  "\": not a template soltrain has; use tokenizer_default (the model's own) or one of ",
                                  named_chat_template_list());
                     x.c.chat_template = s;
+                  }));
+  v.push_back(key("chat_template_jinja", "string", "a Jinja chat template", "",
+                  "Axolotl's: the chat template itself (with chat_template: jinja or none), written into the run's "
+                  "tokenizer_config.json and saved with it",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    x.c.tokenizer_edits.chat_template = get_string(e, k);
+                    if (x.c.tokenizer_edits.chat_template.empty()) bad_value(e, k, "a Jinja chat template");
                   }));
   v.push_back(key("special_tokens", "map", "a map like {eos_token: ...}", "",
                   "Axolotl's: sets the tokenizer's bos/eos/unk/pad/... token (adding it when new) and "

@@ -161,6 +161,8 @@ void add_shape_keys(DatasetKeys& keys) {
            bad_value(e, "ds_type", "json, parquet or csv (the format is read from the file name)");
        }},
       {"field_system", [](const Entry& e, DatasetRead& r) { r.f.system = get_string(e, "field_system"); }},
+      {"drop_system_message",
+       [](const Entry& e, DatasetRead& r) { r.f.drop_system_message = get_bool(e, "drop_system_message"); }},
       {"system_field", [](const Entry& e, DatasetRead& r) { r.f.system = get_string(e, "system_field"); }},  // Surogate
       {"system_prompt_field",
        [](const Entry& e, DatasetRead& r) { r.system_prompt_field = get_string(e, "system_prompt_field"); }},

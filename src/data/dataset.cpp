@@ -418,9 +418,13 @@ Sample to_sample(const ordered_json& r, DatasetType type, const DatasetFields& f
     }
   }
   ordered_json& messages = s.vars["messages"];
+  // Axolotl's drop_system_message (ChatTemplateStrategy): a leading system turn is left out
+  if (f.drop_system_message && !messages.empty() && messages[0].value("role", "") == "system")
+    messages.erase(messages.begin());
   const std::string system = system_message(r, f);
-  if (!system.empty() && messages[0]["role"] != "system")
+  if (!system.empty() && !messages.empty() && messages[0]["role"] != "system")
     messages.insert(messages.begin(), ordered_json{{"role", "system"}, {"content", system}});
+  if (messages.empty()) bad("no messages left once the system message is dropped");
   return s;
 }
 

@@ -70,6 +70,7 @@ struct DatasetFields {
   // Axolotl's chat_template: "" (not said: the config's top-level choice), "tokenizer_default" (the
   // model's own) or a name from named_templates.h.
   std::string chat_template;
+  bool drop_system_message = false;  // Axolotl's: a conversation's leading system message is left out
   // A LLaMA-Factory dataset (a translated LLaMA-Factory config's; data/llama_factory.h): its dataset_info.json shape,
   // template and cutoff.
   std::optional<LfFormat> llama_factory;

@@ -49,6 +49,7 @@ json fields_json(const DatasetFields& f) {
           {"roles_to_train", f.roles_to_train},
           {"train_on_eos", f.train_on_eos},
           {"chat_template", f.chat_template},
+          {"drop_system_message", f.drop_system_message},
           {"llama_factory", f.llama_factory ? lf_format_json(*f.llama_factory) : json()}};
 }
 

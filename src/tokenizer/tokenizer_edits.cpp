@@ -148,6 +148,8 @@ EditedTokenizer edit_tokenizer(const json& tokenizer_json, const json& tokenizer
         out.config.contains("extra_special_tokens") ? "extra_special_tokens" : "additional_special_tokens";
     out.config[key] = e.additional_special;
   }
+  if (!e.chat_template.empty())
+    out.config["chat_template"] = e.chat_template;  // (saved with the tokenizer, as Axolotl)
   std::stable_sort(ed.added().begin(), ed.added().end(),
                    [](const json& a, const json& b) { return a.value("id", int64_t(0)) < b.value("id", int64_t(0)); });
   std::set<std::string> distinct;

@@ -18,7 +18,10 @@ struct TokenizerEdits {
   std::vector<std::string> additional_special;               // special_tokens.additional_special_tokens
   bool has_additional = false;                               // (given, possibly empty: it replaces the list)
   std::vector<std::string> tokens;                           // tokens
-  bool empty() const { return overrides.empty() && special.empty() && !has_additional && tokens.empty(); }
+  std::string chat_template;  // Axolotl's chat_template: jinja's chat_template_jinja: tokenizer_config's template
+  bool empty() const {
+    return overrides.empty() && special.empty() && !has_additional && tokens.empty() && chat_template.empty();
+  }
 };
 
 // A special-token value of tokenizer_config.json as transformers reads it: a string, or an AddedToken's fields

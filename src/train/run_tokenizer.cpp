@@ -101,6 +101,8 @@ RunTokenizer resolve(const TrainConfig& c) {
     for (const auto& [role, token] : c.tokenizer_edits.special) said += cat(said.empty() ? "" : ", ", role, " ", token);
     std::string added;
     for (const auto& [t, id] : e.added) added += cat(added.empty() ? "" : ", ", t, " = ", id);
+    if (!c.tokenizer_edits.chat_template.empty())
+      said += cat(said.empty() ? "" : ", ", "chat_template_jinja's template");
     r.notes.push_back(cat("tokenizer: ", said.empty() ? "" : said + "; ", e.added.size(), " new tokens",
                           added.empty() ? "" : " (" + added + ")", "; the run tokenizes with and saves ",
                           out.string()));
@@ -129,6 +131,7 @@ std::string resolve_key(const TrainConfig& c) {
             {"tokens", c.tokenizer_edits.tokens},
             {"additional", c.tokenizer_edits.additional_special},
             {"has_additional", c.tokenizer_edits.has_additional},
+            {"chat_template", c.tokenizer_edits.chat_template},
             {"lora", c.lora.enabled},
             {"modules_to_save", c.lora.modules_to_save},
             {"flags", {c.resize_to_32x, c.shrink_embeddings, c.mean_resizing}}};
