@@ -125,7 +125,7 @@ TEST(Config, OtherToolsNamesGetTheirEquivalent) {
       error_of(kBase + "pretraining_dataset: x\n"),
       "cfg.yaml:6: unknown key \"pretraining_dataset\" (Axolotl's name; soltrain's: datasets, run with soltrain pt)");
   EXPECT_EQ(error_of(kBase + "loss: sigmoid\n"),
-            "cfg.yaml:6: unknown key \"loss\" (TRL's name; soltrain's: loss_type)");
+            "cfg.yaml:6: loss is a preference-training key: run `soltrain dpo` or set rl: dpo");
   EXPECT_EQ(error_of(kBase + "max_step: 3\n"), "cfg.yaml:6: unknown key \"max_step\" (did you mean \"max_steps\"?)");
   const std::string factory =
       "model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct\nstage: sft\ndo_train: true\nfinetuning_type: lora\n"
@@ -600,6 +600,33 @@ TEST(Config, OffloadKeys) {
   EXPECT_EQ(error_of(kBase + "offload_grads: true\nzero_stage: 1\n"),
             "cfg.yaml:6: offload_grads with zero_stage 1 is not built yet (the sharded update keeps its state on "
             "the device): use zero_stage: 0 or drop offload_grads");
+}
+
+// Surogate's DPO `loss:` block: dpo_beta is beta; its variants are refused by name, not dropped; Surogate's
+// train_vision (off) and debug_memory_breakdown are accepted.
+TEST(Config, SurogatesDpoLossBlock) {
+  const auto dpo = [](const std::string& extra) {
+    return parse_train_config("model: m\noutput_dir: out\ndatasets: [pairs.jsonl]\n" + extra, "cfg.yaml", {},
+                              TrainMode::kDpo);
+  };
+  const TrainConfig c =
+      dpo("loss: {type: dpo, dpo_beta: 0.25, length_norm: false, target_margin: 0}\n"
+          "train_vision: false\ndebug_memory_breakdown: true\n");
+  EXPECT_DOUBLE_EQ(c.dpo.beta, 0.25);
+  EXPECT_TRUE(c.dpo.beta_given);
+  const auto error = [&](const std::string& extra) {
+    try {
+      dpo(extra);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error("loss: {length_norm: true}\n").find("loss.length_norm: true is not built"), std::string::npos);
+  EXPECT_NE(error("loss: {reference_free: true}\n").find("loss.reference_free: true is not built"), std::string::npos);
+  EXPECT_NE(error("loss: {typo: 1}\n").find("loss.typo is not a key of Surogate's DPO block"), std::string::npos);
+  EXPECT_NE(error("loss: sigmoid\n").find("TRL's loss_type names the loss"), std::string::npos);
+  EXPECT_NE(error("train_vision: true\n").find("training a vision encoder is not built"), std::string::npos);
 }
 
 }  // namespace

@@ -251,6 +251,7 @@ class DPOConfig(TrainConfig):
         rl: str | None = None,
         loss_type: str | None = None,
         beta: float | None = None,
+        loss: dict[str, Any] | None = None,
         label_smoothing: float | None = None,
         rpo_alpha: float | None = None,
         orpo_alpha: float | None = None,

@@ -330,6 +330,35 @@ void add_objective_keys(std::vector<KeySpec>& v) {
                            }),
                        {"rl_beta"}),
                    kDpoBit | kGrpoBit));
+  // Surogate's DPO block (surogate/dpo/config.py DPOLossConfig): its sigmoid DPO is TRL's; the variants it adds are
+  // refused by name rather than dropped.
+  v.push_back(only(
+      key("loss", "map", "Surogate's DPO block {type: dpo, dpo_beta: ...}", "",
+          "Surogate's: type dpo and dpo_beta (= beta); length_norm, span_mask, reference_free and target_margin are "
+          "not built (each refused)",
+          [](const Entry& e, const std::string& k, ReadContext& x) {
+            if (!e.node.IsMap())
+              bad_value(e, k, "Surogate's DPO block {type: dpo, dpo_beta: ...} (TRL's loss_type names the loss)");
+            for (const auto& kv : e.node) {
+              const std::string name = scalar_text(kv.first);
+              const Entry v{kv.second, e.where};
+              const std::string sub = cat(k, ".", name);
+              if (name == "type") {
+                if (get_string(v, sub) != "dpo") bad_value(v, sub, "dpo (Surogate's one DPO loss)");
+              } else if (name == "dpo_beta") {
+                x.c.dpo.beta = get_double(v, sub, 0, 1e6, true), x.c.dpo.beta_given = true;
+              } else if (name == "length_norm" || name == "span_mask" || name == "reference_free") {
+                if (get_bool(v, sub))
+                  user_error(e.where, ": ", sub, ": true is not built (Surogate's DPO variant; TRL's sigmoid DPO is)");
+              } else if (name == "target_margin") {
+                if (get_double(v, sub, 0, 1e6) != 0) user_error(e.where, ": ", sub, " is not built (0 is)");
+              } else {
+                user_error(e.where, ": ", sub, " is not a key of Surogate's DPO block (type, dpo_beta, length_norm, ",
+                           "span_mask, reference_free, target_margin)");
+              }
+            }
+          }),
+      kDpoBit));
   v.push_back(only(aka(number("label_smoothing", FIELD(dpo.label_smoothing), 0, 0.49, false,
                               "the share of pairs assumed flipped (conservative DPO)"),
                        {"dpo_label_smoothing"}),

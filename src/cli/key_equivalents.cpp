@@ -52,7 +52,6 @@ constexpr KeyEquivalent kEquivalents[] = {
     {"r", kPeft, "lora_rank"},
     {"target_modules", kPeft, "lora_target_modules"},
     {"pretraining_dataset", kAxolotl, "datasets, run with soltrain pt"},
-    {"loss", kTrl, "loss_type"},
 };
 
 }  // namespace

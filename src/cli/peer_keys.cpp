@@ -394,6 +394,10 @@ void add_missing_features(Table& t) {
       {"use_ray", off_or("Ray is not supported; soltrain runs multi-GPU itself (gpus: N or mpirun)")},
       {"max_packed_sequence_len", off_or("no longer supported (Axolotl deprecated it): use sequence_len with "
                                          "sample_packing: true")},
+      // Surogate's: the vision encoder of a multimodal model (soltrain's models are text-only), and a memory
+      // breakdown printed after allocation (soltrain prints its memory plan at the start of every run)
+      {"train_vision", off_or("training a vision encoder is not built (soltrain trains text-only models)")},
+      {"debug_memory_breakdown", any()},
       // Surogate's Ray cluster block (ray_address, num_nodes, gpus_per_node)
       {"distributed", off_or("Ray clusters are not supported; soltrain runs multi-GPU itself (gpus: N or mpirun)")},
       {"qlora_bnb",  // Surogate: LoRA over a bitsandbytes NF4 base
