@@ -54,6 +54,11 @@ TEST_F(PreferenceData, EveryShapeRendersThePromptAndTrainsOnlyTheAnswer) {
             "rejected": [{"role": "user", "content": "abc"}, {"role": "assistant", "content": "cbb"}]})",
         R"({"prompt": [{"role": "user", "content": "abc"}], "chosen": [{"role": "assistant", "content": "cba"}],
             "rejected": [{"role": "assistant", "content": "cbb"}]})",
+        // HuggingFaceH4/ultrafeedback_binarized: a text `prompt` beside whole conversations is left out (TRL's
+        // maybe_extract_prompt), the shared first messages are the prompt
+        R"({"prompt": "abc", "chosen": [{"role": "user", "content": "abc"}, {"role": "assistant", "content": "cba"}],
+            "rejected": [{"role": "user", "content": "abc"}, {"role": "assistant", "content": "cbb"}],
+            "score_chosen": 8.0, "score_rejected": 3.0})",
         // Axolotl's chat_template.default: the prompt messages and one message per answer
         R"({"messages": [{"role": "user", "content": "abc"}], "chosen": {"role": "assistant", "content": "cba"},
             "rejected": {"role": "assistant", "content": "cbb"}})"}) {

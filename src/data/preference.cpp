@@ -128,7 +128,10 @@ PreferenceSample to_preference_sample(const ordered_json& r, PreferenceFormat fo
     }
     case PreferenceFormat::kConversational:
     case PreferenceFormat::kAuto: {
-      if (r.contains(f.prompt) && !r[f.prompt].is_null()) {
+      // TRL's maybe_extract_prompt: a prompt column is taken when it and the answers are alike (both text, or both
+      // messages); a text prompt beside whole conversations (HuggingFaceH4/ultrafeedback_binarized's `prompt`, the
+      // first user turn again) is left out and the prompt is what the conversations share.
+      if (r.contains(f.prompt) && !r[f.prompt].is_null() && !(r[f.prompt].is_string() && chosen.is_array())) {
         s.prompt = text_prompt(r, f.prompt, f);
         break;
       }
