@@ -66,6 +66,24 @@ TEST_F(PreferenceData, EveryShapeRendersThePromptAndTrainsOnlyTheAnswer) {
     EXPECT_EQ(e.chosen_doc, want.chosen_doc) << rec;
     EXPECT_EQ(e.rejected, want.rejected) << rec;
   }
+  // Axolotl's chatml.argilla (instruction, chosen_response, rejected_response) and chatml.ultra (prompt, the
+  // conversations' second messages)
+  for (
+      const auto& [rec, type] : std::vector<std::pair<std::string, std::string>>{
+          {R"({"instruction": "abc", "chosen_response": "cba", "rejected_response": "cbb"})", "chatml.argilla"},
+          {R"({"prompt": "abc", "chosen": [{"role": "user", "content": "abc"}, {"role": "assistant", "content": "cba"}],
+                "rejected": [{"role": "user", "content": "abc"}, {"role": "assistant", "content": "cbb"}]})",
+           "chatml.ultra"}}) {
+    const Encoded e = encode(rec, *find_preference_format(type));
+    EXPECT_EQ(e.chosen_doc, want.chosen_doc) << type;
+    EXPECT_EQ(e.rejected, want.rejected) << type;
+  }
+  // Axolotl's chatml.icr: system and input
+  const Encoded icr = encode(R"({"system": "be brief", "input": "abc", "chosen": "cba", "rejected": "cbb"})",
+                             *find_preference_format("chatml.icr"));
+  EXPECT_EQ(icr.prompt, ids("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nabc<|im_end|>\n"
+                            "<|im_start|>assistant\n"));
+  EXPECT_EQ(icr.chosen, want.chosen);
   // Axolotl's chatml.intel: system and question
   const Encoded intel = encode(R"({"system": "be brief", "question": "abc", "chosen": "cba", "rejected": "cbb"})");
   EXPECT_EQ(intel.prompt, ids("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nabc<|im_end|>\n"

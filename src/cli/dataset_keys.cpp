@@ -78,7 +78,8 @@ void add_field_keys(DatasetKeys& keys) {
            if (!find_preference_format(t) && !is_unpaired_format(t))  // (rl: kto reads the unpaired ones)
              bad_value(e, "type",
                        "a preference shape: auto, prompt_pairs (chatml.prompt_pairs), intel (chatml.intel), "
-                       "chat_template.default, chat_template.argilla or conversational; for rl: kto, "
+                       "chatml.icr, chatml.argilla, chatml.ultra, chat_template.default, chat_template.argilla or "
+                       "conversational; for rl: kto, "
                        "<template>.ultra, .argilla, .argilla_chat or .intel");
            r.d.preference_type = r.type_name;
            return;

@@ -1,5 +1,7 @@
 #include "data/preference.h"
 
+#include <tuple>
+
 namespace soltrain {
 
 using nlohmann::ordered_json;
@@ -13,6 +15,10 @@ std::optional<PreferenceFormat> find_preference_format(std::string_view t) {
   const std::string_view shape = dot == std::string_view::npos ? t : t.substr(dot + 1);
   if (shape == "prompt_pairs") return PreferenceFormat::kPromptPairs;
   if (shape == "intel") return PreferenceFormat::kIntel;
+  if (dot != std::string_view::npos && shape == "icr") return PreferenceFormat::kIcr;
+  if (dot != std::string_view::npos && shape == "argilla" && t != "chat_template.argilla")
+    return PreferenceFormat::kArgilla;
+  if (dot != std::string_view::npos && shape == "ultra") return PreferenceFormat::kUltra;
   if (t == "chat_template" || t == "chat_template.default") return PreferenceFormat::kChatTemplate;
   if (t == "chat_template.argilla" || shape == "argilla_chat") return PreferenceFormat::kArgillaChat;
   if (t == "bradley_terry.chat_template") return PreferenceFormat::kBradleyTerry;
@@ -87,8 +93,10 @@ ordered_json text_prompt(const ordered_json& r, const std::string& key, const Da
 PreferenceSample to_preference_sample(const ordered_json& r, PreferenceFormat format, const DatasetFields& f) {
   if (!r.is_object()) throw BadRecord("the record is not an object");
   PreferenceSample s;
-  const ordered_json& chosen = field(r, f.chosen);
-  const ordered_json& rejected = field(r, f.rejected);
+  static const ordered_json none;
+  const bool argilla = format == PreferenceFormat::kArgilla;  // (its answers are chosen_response / rejected_response)
+  const ordered_json& chosen = argilla ? none : field(r, f.chosen);
+  const ordered_json& rejected = argilla ? none : field(r, f.rejected);
   if (format == PreferenceFormat::kAuto) {
     if (r.contains("question"))
       format = PreferenceFormat::kIntel;
@@ -101,6 +109,21 @@ PreferenceSample to_preference_sample(const ordered_json& r, PreferenceFormat fo
   }
   switch (format) {
     case PreferenceFormat::kIntel: s.prompt = text_prompt(r, "question", f); break;
+    case PreferenceFormat::kIcr: s.prompt = text_prompt(r, "input", f); break;
+    case PreferenceFormat::kArgilla:
+      s.prompt = text_prompt(r, "instruction", f);
+      s.chosen = answer(field(r, "chosen_response"), f, "chosen");
+      s.rejected = answer(field(r, "rejected_response"), f, "rejected");
+      return s;
+    case PreferenceFormat::kUltra: {  // (Axolotl's chatml.ultra: chosen[1] and rejected[1], the assistant turns)
+      s.prompt = text_prompt(r, f.prompt, f);
+      for (auto [side, which, out] : {std::tuple{&chosen, "chosen", &s.chosen}, {&rejected, "rejected", &s.rejected}}) {
+        if (!side->is_array() || side->size() < 2 || !(*side)[1].is_object())
+          throw BadRecord(cat("\"", which, "\" must be a conversation whose second message is the answer"));
+        *out = answer((*side)[1], f, which);
+      }
+      return s;
+    }
     case PreferenceFormat::kBradleyTerry: s.prompt = text_prompt(r, "input", f); break;
     case PreferenceFormat::kPromptPairs: s.prompt = text_prompt(r, f.prompt, f); break;
     case PreferenceFormat::kChatTemplate: {

@@ -26,7 +26,10 @@ enum class PreferenceFormat {
   kIntel,
   kChatTemplate,
   kArgillaChat,
-  kBradleyTerry
+  kBradleyTerry,
+  kIcr,      // Axolotl's <template>.icr: system, input, chosen, rejected (argilla/distilabel-intel-orca-dpo-pairs)
+  kArgilla,  // Axolotl's <template>.argilla: instruction, chosen_response, rejected_response
+  kUltra     // Axolotl's <template>.ultra: prompt, and chosen / rejected conversations whose second message answers
 };
 // auto, preference, prompt_pairs (chatml.prompt_pairs, ...), conversational, intel (chatml.intel, ...),
 // chat_template (chat_template.default), chat_template.argilla (..., argilla_chat), bradley_terry.chat_template
