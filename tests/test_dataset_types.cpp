@@ -246,5 +246,41 @@ TEST(DatasetTypes, AlpacaChatPromptAndResponseTokenizedApart) {
   EXPECT_EQ(std::count(de.ids.begin(), de.ids.end(), *m.tok.token_to_id("<|im_end|>")), 1);
 }
 
+// Axolotl's user-defined prompt (prompt_strategies/user_defined.py, alpaca_w_system.py SystemDataPrompter): the
+// system_format when a system text is given (the record's field, else system_prompt), then format, or no_input_format
+// when the input is empty; the output follows as alpaca's response. Python's str.format: {{ }} are braces.
+TEST(DatasetTypes, UserDefinedTypeIsAxolotlsFormatString) {
+  const std::string base = "model: m\noutput_dir: o\ndatasets:\n  - path: d.jsonl\n    type:\n";
+  const TrainConfig c = parse_train_config(
+      base +
+          "      field_instruction: q\n      field_output: a\n      system_prompt: Be brief.\n"
+          "      system_format: \"<<{system}>>\\n\"\n      format: \"Q: {instruction} [{input}] {{x}}\\nA: \"\n"
+          "      no_input_format: \"Q: {instruction}\\nA: \"\n",
+      "cfg.yaml", {}, TrainMode::kSft);
+  const DatasetFields& f = c.datasets[0].fields;
+  ASSERT_EQ(c.datasets[0].type, DatasetType::kUserDefined);
+  const Sample with =
+      to_sample(ordered_json::parse(R"({"q": "Add", "input": "1 2", "a": "3"})"), DatasetType::kUserDefined, f);
+  EXPECT_EQ(with.text, "<<Be brief.>>\nQ: Add [1 2] {x}\nA: 3");
+  EXPECT_EQ(with.text.substr(0, with.prompt_chars), "<<Be brief.>>\nQ: Add [1 2] {x}\nA: ");
+  const Sample own =
+      to_sample(ordered_json::parse(R"({"q": "Add", "a": "3", "system": "Terse."})"), DatasetType::kUserDefined, f);
+  EXPECT_EQ(own.text, "<<Terse.>>\nQ: Add\nA: 3");
+  const Sample none =
+      to_sample(ordered_json::parse(R"({"q": "Add", "a": "3", "system": ""})"), DatasetType::kUserDefined, f);
+  EXPECT_EQ(none.text, "Q: Add\nA: 3");  // (an empty system text: no system_format)
+  // Axolotl's defaults: "{instruction} {input} " / "{instruction} ", fields instruction, input, output, system
+  const TrainConfig d = parse_train_config(base + "      system_prompt: \"\"\n", "cfg.yaml", {}, TrainMode::kSft);
+  const Sample plain = to_sample(ordered_json::parse(R"({"instruction": "Add", "input": "1 2", "output": "3"})"),
+                                 DatasetType::kUserDefined, d.datasets[0].fields);
+  EXPECT_EQ(plain.text, "Add 1 2 3");
+  const std::string bad = test::user_error_text([&] {
+    parse_train_config(base + "      format: \"{instruction} {question}\"\n", "cfg.yaml", {}, TrainMode::kSft);
+  });
+  EXPECT_NE(bad.find("{question} in \"{instruction} {question}\" (this format takes {input}, {instruction})"),
+            std::string::npos)
+      << bad;
+}
+
 }  // namespace
 }  // namespace soltrain

@@ -64,6 +64,51 @@ struct DatasetRead {
 };
 
 using DatasetKey = void (*)(const Entry&, DatasetRead&);
+
+// Axolotl's `type:` as a mapping (prompt_strategies/user_defined.py): its field names and prompt formats, defaults
+// as UserDefinedDatasetConfig's. A format's placeholders are checked here, not at the first record.
+void read_user_defined_type(const Entry& e, DatasetRead& r) {
+  if (r.mode != TrainMode::kSft)
+    user_error(e.where, ": type: a mapping (Axolotl's user-defined prompt) is an sft dataset's");
+  r.type_name = "user_defined";
+  r.d.type = DatasetType::kUserDefined;
+  UserDefinedFormat u;
+  r.f.system = "system";
+  for (const auto& kv : e.node) {
+    const std::string k = scalar_text(kv.first);
+    const Entry v{kv.second, e.where};
+    const std::string name = cat("type.", k);
+    // (the prompts and formats may be empty: Axolotl's system_format "" leaves the system text out)
+    const auto text = [&] {
+      if (!v.node.IsScalar()) bad_value(v, name, "a string");
+      return v.node.Scalar();
+    };
+    if (k == "system_prompt")
+      u.system_prompt = text();
+    else if (k == "field_system")
+      r.f.system = get_string(v, name);
+    else if (k == "field_instruction")
+      r.f.instruction = get_string(v, name);
+    else if (k == "field_input")
+      r.f.input = get_string(v, name);
+    else if (k == "field_output")
+      r.f.output = get_string(v, name);
+    else if (k == "format")
+      u.format = text();
+    else if (k == "no_input_format")
+      u.no_input_format = text();
+    else if (k == "system_format")
+      u.system_format = text();
+    else
+      user_error(e.where, ": ", name, " is not a key of Axolotl's user-defined prompt (system_prompt, field_system, ",
+                 "field_instruction, field_input, field_output, format, no_input_format, system_format)");
+  }
+  const std::string w = e.where + ": type";
+  format_placeholders(u.format, {{"instruction", ""}, {"input", ""}}, w + ".format");
+  format_placeholders(u.no_input_format, {{"instruction", ""}}, w + ".no_input_format");
+  format_placeholders(u.system_format, {{"system", ""}}, w + ".system_format");
+  r.f.user_defined = u;
+}
 using DatasetKeys = std::map<std::string, DatasetKey>;
 
 // Where the records are and what shape they have, and which of their fields hold what.
@@ -72,6 +117,7 @@ void add_field_keys(DatasetKeys& keys) {
       {"path", [](const Entry& e, DatasetRead& r) { r.d.path = get_string(e, "path"); }},
       {"type",
        [](const Entry& e, DatasetRead& r) {
+         if (e.node.IsMap()) return read_user_defined_type(e, r);
          r.type_name = e.node.Scalar();
          if (r.mode == TrainMode::kDpo) {  // preference records: their shape (data/preference.h)
            const std::string t = get_string(e, "type");

@@ -54,6 +54,7 @@ std::string to_string(DatasetType t) {
     case DatasetType::kInputOutput: return "input_output";
     case DatasetType::kStepwiseSupervised: return "stepwise_supervised";
     case DatasetType::kLlamaFactory: return "llama_factory";
+    case DatasetType::kUserDefined: return "user_defined";
   }
   return "?";
 }
@@ -231,6 +232,35 @@ std::string alpaca_chat_prompt(const std::string& instruction, const std::string
          instruction + "\n" + input + "\nASSISTANT:";
 }
 
+std::string format_placeholders(const std::string& format, const std::map<std::string, std::string>& values,
+                                const std::string& where) {
+  std::string out;
+  for (size_t i = 0; i < format.size(); ++i) {
+    const char ch = format[i];
+    if ((ch == '{' || ch == '}') && i + 1 < format.size() && format[i + 1] == ch) {
+      out += ch, ++i;
+      continue;
+    }
+    if (ch == '}') user_error(where, ": a single '}' in \"", format, "\" (write }} for a brace)");
+    if (ch != '{') {
+      out += ch;
+      continue;
+    }
+    const size_t close = format.find('}', i);
+    if (close == std::string::npos) user_error(where, ": an unclosed '{' in \"", format, "\"");
+    const std::string name = format.substr(i + 1, close - i - 1);
+    const auto it = values.find(name);
+    if (it == values.end()) {
+      std::string names;
+      for (const auto& [k, v] : values) names += cat(names.empty() ? "" : ", ", "{", k, "}");
+      user_error(where, ": {", name, "} in \"", format, "\" (this format takes ", names, ")");
+    }
+    out += it->second;
+    i = close;
+  }
+  return out;
+}
+
 std::vector<std::string> needed_fields(DatasetType type, const DatasetFields& f) {
   std::vector<std::string> out;
   auto add = [&](const std::string& k) {
@@ -245,7 +275,8 @@ std::vector<std::string> needed_fields(DatasetType type, const DatasetFields& f)
     return out;
   }
   if (any || type == DatasetType::kText) add(f.text);
-  if (any || type == DatasetType::kInstruction || type == DatasetType::kAlpaca || type == DatasetType::kAlpacaChat)
+  if (any || type == DatasetType::kInstruction || type == DatasetType::kAlpaca || type == DatasetType::kAlpacaChat ||
+      type == DatasetType::kUserDefined)
     for (const std::string* k : {&f.instruction, &f.input, &f.output}) add(*k);
   if (any || type == DatasetType::kInputOutput) add(f.segments);
   if (type == DatasetType::kStepwiseSupervised)
@@ -375,6 +406,26 @@ Sample to_sample(const ordered_json& r, DatasetType type, const DatasetFields& f
       s.text = string_field(r, f.prompt);
       steps_of(r, f, s);
       return s;
+    case DatasetType::kUserDefined: {
+      SOLTRAIN_CHECK(f.user_defined.has_value(), "a user-defined dataset without its formats");
+      const UserDefinedFormat& u = *f.user_defined;
+      bool present = false;
+      const std::string instruction = string_field(r, f.instruction);
+      const std::string input = string_field(r, f.input, &present);
+      const std::string output = string_field(r, f.output, &present);
+      std::string system = string_field(r, f.system, &present);
+      if (!present) system = u.system_prompt;  // (the record's field when it has one, even empty)
+      std::string prompt;
+      if (!system.empty() && !u.system_format.empty())
+        prompt = format_placeholders(u.system_format, {{"system", system}}, "system_format");
+      prompt += input.empty()
+                    ? format_placeholders(u.no_input_format, {{"instruction", instruction}}, "no_input_format")
+                    : format_placeholders(u.format, {{"instruction", instruction}, {"input", input}}, "format");
+      s.is_text = true;
+      s.text = prompt + output;
+      s.prompt_chars = prompt.size();
+      return s;
+    }
     case DatasetType::kLlamaFactory: {
       SOLTRAIN_CHECK(f.llama_factory.has_value(), "a llama_factory dataset without its format");
       LfExample x = lf_convert(r, *f.llama_factory);

@@ -28,8 +28,22 @@ enum class DatasetType {
   kAlpacaChat,
   kInputOutput,
   kStepwiseSupervised,
-  kLlamaFactory  // a LLaMA-Factory dataset (DatasetFields::llama_factory says its shape)
+  kLlamaFactory,  // a LLaMA-Factory dataset (DatasetFields::llama_factory says its shape)
+  kUserDefined    // Axolotl's `type:` given as a mapping (DatasetFields::user_defined)
 };
+
+// Axolotl's user-defined prompt (prompt_strategies/user_defined.py): `type: {field_instruction: ..., format: ...}`.
+// The prompt is system_format (when the record or system_prompt gives a system text) then format (or no_input_format
+// when the input is empty), Python str.format placeholders {system}, {instruction}, {input}; the output follows,
+// trained, as alpaca's (InstructionWSystemPromptTokenizingStrategy).
+struct UserDefinedFormat {
+  std::string system_prompt, format = "{instruction} {input} ", no_input_format = "{instruction} ",
+                             system_format = "{system}";
+};
+// Python's str.format with only these names ({{ and }} escape a brace); UserError naming `where` for another
+// placeholder or an unbalanced brace.
+std::string format_placeholders(const std::string& format, const std::map<std::string, std::string>& values,
+                                const std::string& where);
 // Our type names and their aliases ("alpaca", "sharegpt", "chat_template", ...); nullopt for others.
 std::optional<DatasetType> find_dataset_type(std::string_view s);
 DatasetType parse_dataset_type(const std::string& s);  // find_dataset_type, or a UserError
@@ -70,7 +84,8 @@ struct DatasetFields {
   // Axolotl's chat_template: "" (not said: the config's top-level choice), "tokenizer_default" (the
   // model's own) or a name from named_templates.h.
   std::string chat_template;
-  bool drop_system_message = false;  // Axolotl's: a conversation's leading system message is left out
+  bool drop_system_message = false;               // Axolotl's: a conversation's leading system message is left out
+  std::optional<UserDefinedFormat> user_defined;  // kUserDefined's formats (its fields are the ones above)
   // A LLaMA-Factory dataset (a translated LLaMA-Factory config's; data/llama_factory.h): its dataset_info.json shape,
   // template and cutoff.
   std::optional<LfFormat> llama_factory;

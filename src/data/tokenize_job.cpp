@@ -50,6 +50,9 @@ json fields_json(const DatasetFields& f) {
           {"train_on_eos", f.train_on_eos},
           {"chat_template", f.chat_template},
           {"drop_system_message", f.drop_system_message},
+          {"user_defined", f.user_defined ? json{f.user_defined->system_prompt, f.user_defined->format,
+                                                 f.user_defined->no_input_format, f.user_defined->system_format}
+                                          : json()},
           {"llama_factory", f.llama_factory ? lf_format_json(*f.llama_factory) : json()}};
 }
 
