@@ -1,6 +1,7 @@
 // YAML configs: defaults, every error a user can make named with key, line and what is expected, --set.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "cli/config.h"
@@ -627,6 +628,11 @@ TEST(Config, SurogatesDpoLossBlock) {
   EXPECT_NE(error("loss: {typo: 1}\n").find("loss.typo is not a key of Surogate's DPO block"), std::string::npos);
   EXPECT_NE(error("loss: sigmoid\n").find("TRL's loss_type names the loss"), std::string::npos);
   EXPECT_NE(error("train_vision: true\n").find("training a vision encoder is not built"), std::string::npos);
+  // Axolotl's default_system_message: accepted, the note saying it changes nothing (as in Axolotl)
+  const TrainConfig s =
+      parse_train_config(kBase + "default_system_message: Be brief.\n", "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_TRUE(std::any_of(s.notes.begin(), s.notes.end(),
+                          [](const std::string& n) { return n.find("default_system_message: no effect") == 0; }));
 }
 
 }  // namespace

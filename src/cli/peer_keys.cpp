@@ -398,6 +398,15 @@ void add_missing_features(Table& t) {
       // breakdown printed after allocation (soltrain prints its memory plan at the start of every run)
       {"train_vision", off_or("training a vision encoder is not built (soltrain trains text-only models)")},
       {"debug_memory_breakdown", any()},
+      // Axolotl's loaders/tokenizer.py: with chat_template: chatml, "You are a helpful assistant." in the template
+      // becomes this text; its chatml template (as soltrain's) has no such text, so the key changes nothing there
+      {"default_system_message",
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (n.IsNull() || (n.IsScalar() && n.Scalar().empty())) return;
+         c.notes.push_back(cat(k, ": no effect, as in Axolotl (it edits only a chatml template's \"You are a helpful ",
+                               "assistant.\", which the chatml template does not have); a dataset's system_prompt ",
+                               "gives its records a system message"));
+       }},
       // Surogate's Ray cluster block (ray_address, num_nodes, gpus_per_node)
       {"distributed", off_or("Ray clusters are not supported; soltrain runs multi-GPU itself (gpus: N or mpirun)")},
       {"qlora_bnb",  // Surogate: LoRA over a bitsandbytes NF4 base
