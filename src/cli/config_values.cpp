@@ -101,4 +101,33 @@ std::string where_of(const std::string& file, const YAML::Node& n) {
   return cat(file, ":", n.Mark().line + 1);
 }
 
+// YAML as the JSON it spells: scalars read as YAML 1.2's core schema reads them (integers, numbers, booleans,
+// null), the rest strings.
+nlohmann::json yaml_to_json(const YAML::Node& n) {
+  if (n.IsMap()) {
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& kv : n) j[kv.first.Scalar()] = yaml_to_json(kv.second);
+    return j;
+  }
+  if (n.IsSequence()) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const YAML::Node& v : n) j.push_back(yaml_to_json(v));
+    return j;
+  }
+  if (!n.IsDefined() || n.IsNull()) return nullptr;
+  const std::string s = n.Scalar();
+  if (n.Tag() == "!") return s;  // quoted in the file: a string
+  if (s == "true" || s == "True") return true;
+  if (s == "false" || s == "False") return false;
+  try {
+    size_t used = 0;
+    const long long i = std::stoll(s, &used);
+    if (used == s.size()) return i;
+    const double d = std::stod(s, &used);
+    if (used == s.size()) return d;
+  } catch (const std::exception&) {
+  }
+  return s;
+}
+
 }  // namespace soltrain

@@ -5,6 +5,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -45,5 +46,9 @@ int64_t get_int(const Entry& e, const std::string& key, int64_t min, int64_t max
 int get_int32(const Entry& e, const std::string& key, int64_t min, int64_t max = INT32_MAX);
 double get_double(const Entry& e, const std::string& key, double min, double max, bool open_min = false);
 std::vector<std::string> get_string_list(const Entry& e, const std::string& key);
+
+// YAML as the JSON it spells: scalars read as YAML 1.2's core schema reads them (integers, numbers, booleans, null),
+// quoted ones and the rest strings (an inline DeepSpeed config, a LLaMA-Factory dataset_info entry).
+nlohmann::json yaml_to_json(const YAML::Node& n);
 
 }  // namespace soltrain

@@ -15,28 +15,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A YAML mapping as JSON: quoted scalars stay strings, plain true / false become booleans and plain integers numbers.
-nlohmann::json json_of_yaml(const YAML::Node& n) {
-  if (n.IsMap()) {
-    nlohmann::json o = nlohmann::json::object();
-    for (const auto& kv : n) o[kv.first.Scalar()] = json_of_yaml(kv.second);
-    return o;
-  }
-  if (n.IsSequence()) {
-    nlohmann::json a = nlohmann::json::array();
-    for (const YAML::Node& x : n) a.push_back(json_of_yaml(x));
-    return a;
-  }
-  if (n.IsNull()) return nullptr;
-  const std::string& v = n.Scalar();
-  if (n.Tag() != "!") {
-    if (v == "true") return true;
-    if (v == "false") return false;
-    if (!v.empty() && v.size() < 18 && v.find_first_not_of("0123456789") == std::string::npos) return std::stoll(v);
-  }
-  return v;
-}
-
 DatasetType dataset_type(const Entry& e, TrainMode mode) {
   const std::string s = get_string(e, "type");
   const auto t = find_dataset_type(s);
@@ -151,7 +129,7 @@ void add_field_keys(DatasetKeys& keys) {
       {"llama_factory",
        [](const Entry& e, DatasetRead& r) {
          if (!e.node.IsMap()) bad_value(e, "llama_factory", "a LLaMA-Factory dataset_info.json entry (a mapping)");
-         r.f.llama_factory = read_lf_format(json_of_yaml(e.node), e.where);
+         r.f.llama_factory = read_lf_format(yaml_to_json(e.node), e.where);
          if (r.mode != TrainMode::kDpo) r.d.type = DatasetType::kLlamaFactory;
        }},
       {"field_text", [](const Entry& e, DatasetRead& r) { r.f.text = get_string(e, "field_text"); }},

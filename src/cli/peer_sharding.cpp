@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "cli/config_values.h"
 #include "cli/peer_keys.h"
 #include "core/error.h"
 #include "core/format.h"
@@ -127,35 +128,6 @@ const nlohmann::json* axolotl_deepspeed(const std::string& path) {
   return it == known.end() ? nullptr : &it->second;
 }
 
-// YAML as the JSON it spells: scalars read as YAML 1.2's core schema reads them (integers, numbers, booleans,
-// null), the rest strings.
-nlohmann::json to_json(const YAML::Node& n) {
-  if (n.IsMap()) {
-    nlohmann::json j = nlohmann::json::object();
-    for (const auto& kv : n) j[kv.first.Scalar()] = to_json(kv.second);
-    return j;
-  }
-  if (n.IsSequence()) {
-    nlohmann::json j = nlohmann::json::array();
-    for (const YAML::Node& v : n) j.push_back(to_json(v));
-    return j;
-  }
-  if (!n.IsDefined() || n.IsNull()) return nullptr;
-  const std::string s = n.Scalar();
-  if (n.Tag() == "!") return s;  // quoted in the file: a string
-  if (s == "true" || s == "True") return true;
-  if (s == "false" || s == "False") return false;
-  try {
-    size_t used = 0;
-    const long long i = std::stoll(s, &used);
-    if (used == s.size()) return i;
-    const double d = std::stod(s, &used);
-    if (used == s.size()) return d;
-  } catch (const std::exception&) {
-  }
-  return s;
-}
-
 }  // namespace
 
 void read_fsdp(const std::string& key, const YAML::Node& n, TrainConfig& c) {
@@ -249,7 +221,7 @@ void read_deepspeed(const std::string& key, const YAML::Node& n, TrainConfig& c)
   if (is_off(n)) return;
   PeerSharding& p = c.peer_sharding;
   if (n.IsMap()) {  // the JSON inline, as TrainingArguments takes a dict
-    read_deepspeed_json(to_json(n), key, "inline", p);
+    read_deepspeed_json(yaml_to_json(n), key, "inline", p);
   } else {
     const std::string path = scalar(n);
     std::error_code ec;
