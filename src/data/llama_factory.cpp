@@ -1,5 +1,7 @@
 #include "data/llama_factory.h"
 
+#include <map>
+
 #include "core/error.h"
 #include "data/dataset.h"
 
@@ -265,25 +267,12 @@ LfFormat read_lf_format(const nlohmann::json& info, const std::string& where) {
     if (!c->is_object()) user_error(where, ": \"columns\" is ", c->type_name(), ", expected an object");
     for (const auto& [k, v] : c->items()) {
       if (!v.is_string()) user_error(where, ": columns.", k, " is ", v.type_name(), ", expected a column name");
-      const std::string col = v.get<std::string>();
-      if (k == "prompt")
-        f.prompt = col;
-      else if (k == "query")
-        f.query = col;
-      else if (k == "response")
-        f.response = col;
-      else if (k == "history")
-        f.history = col;
-      else if (k == "messages")
-        f.messages = col;
-      else if (k == "system")
-        f.system = col;
-      else if (k == "chosen")
-        f.chosen = col;
-      else if (k == "rejected")
-        f.rejected = col;
-      else if (k == "kto_tag")
-        f.kto_tag = col;
+      static const std::map<std::string, std::string LfFormat::*> columns{
+          {"prompt", &LfFormat::prompt},   {"query", &LfFormat::query},       {"response", &LfFormat::response},
+          {"history", &LfFormat::history}, {"messages", &LfFormat::messages}, {"system", &LfFormat::system},
+          {"chosen", &LfFormat::chosen},   {"rejected", &LfFormat::rejected}, {"kto_tag", &LfFormat::kto_tag}};
+      if (const auto it = columns.find(k); it != columns.end())
+        f.*(it->second) = v.get<std::string>();
       else if (k == "images" || k == "videos" || k == "audios" || k == "tools")
         user_error(where, ": columns.", k, ": soltrain trains text-only models without tool descriptions (the ", k,
                    " column is not read)");
@@ -307,14 +296,15 @@ LfFormat read_lf_format(const nlohmann::json& info, const std::string& where) {
     if (!t->is_object()) user_error(where, ": \"tags\" is ", t->type_name(), ", expected an object");
     for (const auto& [k, v] : t->items()) {
       if (!v.is_string()) user_error(where, ": tags.", k, " is ", v.type_name(), ", expected a string");
-      std::string* slot = k == "role_tag"          ? &f.role_tag
-                          : k == "content_tag"     ? &f.content_tag
-                          : k == "user_tag"        ? &f.user_tag
-                          : k == "assistant_tag"   ? &f.assistant_tag
-                          : k == "observation_tag" ? &f.observation_tag
-                          : k == "function_tag"    ? &f.function_tag
-                          : k == "system_tag"      ? &f.system_tag
-                                                   : nullptr;
+      static const std::map<std::string, std::string LfFormat::*> tags{{"role_tag", &LfFormat::role_tag},
+                                                                       {"content_tag", &LfFormat::content_tag},
+                                                                       {"user_tag", &LfFormat::user_tag},
+                                                                       {"assistant_tag", &LfFormat::assistant_tag},
+                                                                       {"observation_tag", &LfFormat::observation_tag},
+                                                                       {"function_tag", &LfFormat::function_tag},
+                                                                       {"system_tag", &LfFormat::system_tag}};
+      const auto it = tags.find(k);
+      std::string* slot = it == tags.end() ? nullptr : &(f.*(it->second));
       if (!slot) user_error(where, ": tags.", k, " is not a LLaMA-Factory tag");
       *slot = v.get<std::string>();
     }
