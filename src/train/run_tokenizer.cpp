@@ -90,7 +90,9 @@ RunTokenizer resolve(const TrainConfig& c) {
   const json tokenizer_json = read_json_file(tok_file);
   const json config = fs::exists(cfg_file) ? read_json_file(cfg_file) : json::object();
   const EditedTokenizer e = edit_tokenizer(tokenizer_json, config, c.tokenizer_edits, tok_file.string());
-  if (!c.tokenizer_edits.empty()) {
+  // (edits that change nothing, e.g. a LLaMA-Factory template's eos that already is the tokenizer's: no copy)
+  const bool changed = e.tokenizer != tokenizer_json || e.config != config;
+  if (!c.tokenizer_edits.empty() && changed) {
     check_adapter_trains_new_rows(c, tokenizer_json, config);
     const std::string tok_text = e.tokenizer.dump(2) + "\n", cfg_text = e.config.dump(2) + "\n";
     const fs::path out = c.dataset_prepared_path / ("tokenizer-" + sha256_hex(tok_text + cfg_text).substr(0, 16));
