@@ -1,5 +1,6 @@
 """Fixtures for the Python API's tests: the demo's model and data (soltrain demo-setup, from the build tree's
 binary), made once per session, and a private dataset cache."""
+import json
 import os
 import pathlib
 import subprocess
@@ -30,3 +31,17 @@ def read_jsonl(path):
 
 # The live-reference helpers (live_refs.py: no pytest there, so GPU-side tools import them too), re-exported.
 from live_refs import check_full_gradients, dump, randomize, reference_batch, rel, torch_updates  # noqa: E402,F401
+
+
+def prepared_documents(folder):
+    """A prepared dataset's documents in order, each (ids, mask): manifest.json's shards, .tokens int32, .mask a byte
+    per token (0: not trained), .docs the int64 offsets."""
+    manifest = json.loads((pathlib.Path(folder) / "manifest.json").read_text())
+    out = []
+    for shard in manifest["shards"]:
+        base = pathlib.Path(folder) / shard["name"]
+        ids = list(memoryview(base.with_suffix(".tokens").read_bytes()).cast("i"))
+        mask = list(base.with_suffix(".mask").read_bytes())
+        offsets = list(memoryview(base.with_suffix(".docs").read_bytes()).cast("q"))
+        out += [(ids[a:b], mask[a:b]) for a, b in zip(offsets, offsets[1:])]
+    return out

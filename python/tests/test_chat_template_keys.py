@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from conftest import BIN, ROOT  # noqa: F401
+from conftest import BIN, prepared_documents
 
 transformers = pytest.importorskip("transformers")
 
@@ -21,13 +21,7 @@ ROWS = [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user
 
 
 def documents(folder):
-    manifest = json.loads((folder / "manifest.json").read_text())
-    out = []
-    for shard in manifest["shards"]:
-        ids = list(memoryview((folder / f"{shard['name']}.tokens").read_bytes()).cast("i"))
-        offsets = list(memoryview((folder / f"{shard['name']}.docs").read_bytes()).cast("q"))
-        out += [ids[a:b] for a, b in zip(offsets, offsets[1:])]
-    return out
+    return [ids for ids, _ in prepared_documents(folder)]
 
 
 def run(demo, tmp_path, config, command="tokenize"):

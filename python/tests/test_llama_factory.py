@@ -15,7 +15,7 @@ import types
 
 import pytest
 
-from conftest import BIN, ROOT
+from conftest import BIN, ROOT, prepared_documents
 
 FIXTURE = ROOT / "tests" / "fixtures" / "llama_factory"
 TOKENIZERS = ROOT / "build" / "tokenizers"
@@ -80,17 +80,8 @@ def reference(lf, stage, dataset_names, template, tokenizer, cutoff_len=2048, ma
 
 
 def documents(folder):
-    """A prepared dataset's documents in order: (ids, labels) with -100 where not trained (manifest.json, .tokens
-    int32, .mask a byte per token, .docs int64 offsets)."""
-    manifest = json.loads((folder / "manifest.json").read_text())
-    out = []
-    for shard in manifest["shards"]:
-        ids = list(memoryview((folder / f"{shard['name']}.tokens").read_bytes()).cast("i"))
-        mask = list((folder / f"{shard['name']}.mask").read_bytes())
-        offsets = list(memoryview((folder / f"{shard['name']}.docs").read_bytes()).cast("q"))
-        for a, b in zip(offsets, offsets[1:]):
-            out.append((ids[a:b], [t if m else -100 for t, m in zip(ids[a:b], mask[a:b])]))
-    return out
+    """A prepared dataset's documents as (ids, labels), -100 where not trained."""
+    return [(ids, [t if m else -100 for t, m in zip(ids, mask)]) for ids, mask in prepared_documents(folder)]
 
 
 def tokenize(example, tmp_path, tokenizer, *sets):

@@ -4,8 +4,8 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <set>
 
+#include "cli/config_schema.h"
 #include "core/error.h"
 #include "data/llama_factory.h"
 #include "io/json_file.h"
@@ -22,45 +22,59 @@ constexpr const char* kOnly[] = {
     "cutoff_len",         "max_samples", "dataset",        "dataset_dir",     "plot_loss",   "quantization_bit",
     "pref_beta",          "pref_loss",   "overwrite_cache"};
 
-// LLaMA-Factory keys with nothing to do here (its own preprocessing, plotting, remote code, attention choices).
+// LLaMA-Factory's own keys with nothing to do here (its preprocessing, plotting, kernel and attention choices, the
+// steps it runs besides training). Keys soltrain reads itself (report_to, bf16, fp16, save_only_model,
+// dataloader_num_workers, trust_remote_code, ...) pass through to its schema and peer-key rules.
 constexpr const char* kIgnored[] = {"do_train",
+                                    "do_eval",
                                     "plot_loss",
                                     "overwrite_cache",
                                     "preprocessing_num_workers",
-                                    "dataloader_num_workers",
-                                    "trust_remote_code",
                                     "flash_attn",
                                     "use_unsloth",
                                     "enable_liger_kernel",
                                     "upcast_layernorm",
-                                    "save_only_model",
-                                    "report_to",
-                                    "bf16",
-                                    "fp16",
                                     "pure_bf16",
                                     "print_param_status",
                                     "infer_backend",
                                     "disable_gradient_checkpointing",
-                                    "per_device_eval_batch_size",
-                                    "double_quantization",
-                                    "quantization_method",
-                                    "do_eval",
-                                    "do_predict"};
+                                    "double_quantization"};
+
+// Keys the translation reads itself (into other keys, or refusing them): not passed on.
+constexpr const char* kTranslated[] = {"stage",
+                                       "finetuning_type",
+                                       "lora_target",
+                                       "additional_target",
+                                       "quantization_bit",
+                                       "quantization_method",
+                                       "template",
+                                       "dataset",
+                                       "dataset_dir",
+                                       "eval_dataset",
+                                       "max_samples",
+                                       "pref_loss",
+                                       "pref_ftx",
+                                       "mask_history",
+                                       "streaming",
+                                       "tokenized_path",
+                                       "neat_packing",
+                                       "enable_thinking",
+                                       "adapter_name_or_path",
+                                       "default_system",
+                                       "do_predict"};
 
 // Keys LLaMA-Factory names differently, with nothing else to say about the value.
 const std::map<std::string, std::string>& renamed() {
   static const std::map<std::string, std::string> m{{"model_name_or_path", "model"},
                                                     {"cutoff_len", "sequence_len"},
                                                     {"pref_beta", "beta"},
-                                                    {"simpo_gamma", "simpo_gamma"},
+
                                                     {"dpo_label_smoothing", "label_smoothing"},
                                                     {"kto_chosen_weight", "desirable_weight"},
                                                     {"kto_rejected_weight", "undesirable_weight"},
                                                     {"val_size", "val_set_size"},
                                                     {"train_on_prompt", "train_on_inputs"},
-                                                    {"lora_rank", "lora_rank"},
-                                                    {"lora_alpha", "lora_alpha"},
-                                                    {"lora_dropout", "lora_dropout"},
+
                                                     {"packing", "sample_packing"}};
   return m;
 }
@@ -92,7 +106,6 @@ struct Translator {
   const std::map<std::string, Entry>& in;
   const std::string& where;
   LlamaFactoryTranslation out;
-  std::set<std::string> done;
 
   bool has(const std::string& k) const { return in.count(k) > 0 && !in.at(k).node.IsNull(); }
   const Entry& at(const std::string& k) const { return in.at(k); }
@@ -101,8 +114,12 @@ struct Translator {
     const std::string w = in.count(from) ? in.at(from).where : where;
     out.keys.emplace_back(key, Entry{std::move(value), w});
   }
+  // A default for a key the config gives under no name (its own or an alias: the schema's KeySpec says).
   void put_default(const std::string& key, const YAML::Node& value) {
-    if (!in.count(key)) put(key, value, key);
+    const KeySpec* spec = find_config_key(key);
+    for (const auto& [k, e] : in)
+      if (k == key || (spec && find_config_key(k) == spec)) return;
+    put(key, value, key);
   }
 
   // `dataset` (and `eval_dataset`) names → soltrain dataset entries
@@ -125,18 +142,23 @@ struct Translator {
       const nlohmann::json& d = *it;
       const std::string ewhere = cat(info_file.string(), ": ", name);
       YAML::Node e(YAML::NodeType::Map);
+      if (!d.is_object()) user_error(ewhere, ": a dataset_info.json entry is ", d.type_name(), ", expected an object");
+      const auto str = [&](const char* k) {  // (a value of another kind: one line, not a JSON library error)
+        if (!d.at(k).is_string()) user_error(ewhere, ": \"", k, "\" is ", d.at(k).type_name(), ", expected a string");
+        return d.at(k).get<std::string>();
+      };
       if (d.contains("hf_hub_url")) {
-        e["path"] = d.at("hf_hub_url").get<std::string>();
-        if (d.contains("subset")) e["name"] = d.at("subset").get<std::string>();
-        if (d.contains("folder")) e["data_files"] = d.at("folder").get<std::string>() + "/**";
+        e["path"] = str("hf_hub_url");
+        if (d.contains("subset")) e["name"] = str("subset");
+        if (d.contains("folder")) e["data_files"] = str("folder") + "/**";
       } else if (d.contains("file_name")) {
-        e["path"] = (dir / d.at("file_name").get<std::string>()).string();
+        e["path"] = (dir / str("file_name")).string();
       } else {
         user_error(ewhere, ": only hf_hub_url and file_name sources are read (not ModelScope, scripts or cloud files)");
       }
       if (d.contains("num_samples"))
         user_error(ewhere, ": num_samples (a random sample of the rows) is not read; use max_samples (the first rows)");
-      std::string split = d.value("split", "train");
+      std::string split = d.contains("split") ? str("split") : "train";
       if (has("max_samples")) split += cat("[:", get_int(at("max_samples"), "max_samples", 1), "]");
       e["split"] = split;
       if (stage == "pt") {  // pretrain.py: the prompt column's text (alpaca's first user turn), then eos
@@ -222,7 +244,12 @@ struct Translator {
       else
         user_error(at("quantization_bit").where, ": quantization_bit: ", bits, " (4 and 8 are built)");
     }
-    for (const char* k : {"mask_history", "streaming", "tokenized_path", "neat_packing", "adapter_name_or_path"})
+    if (has("quantization_method") && text("quantization_method", "") != "bnb" &&
+        text("quantization_method", "") != "bitsandbytes")
+      user_error(at("quantization_method").where, ": quantization_method: ", text("quantization_method", ""),
+                 " is not built (bnb: bitsandbytes' NF4 / LLM.int8 is)");
+    for (const char* k :
+         {"mask_history", "streaming", "tokenized_path", "neat_packing", "adapter_name_or_path", "do_predict"})
       if (has(k) && !(at(k).node.IsScalar() && (at(k).node.Scalar() == "false")))
         user_error(at(k).where, ": ", k, " is not built for LLaMA-Factory configs yet");
     if (has("enable_thinking") && !get_bool(at("enable_thinking"), "enable_thinking"))
@@ -265,18 +292,12 @@ struct Translator {
                                                          {"save_steps", YAML::Node(500)}})
       put_default(k, v);
     for (const auto& [k, e] : keys) {
-      if (std::find(std::begin(kIgnored), std::end(kIgnored), k) != std::end(kIgnored)) continue;
-      if (k == "stage" || k == "finetuning_type" || k == "lora_target" || k == "additional_target" ||
-          k == "quantization_bit" || k == "template" || k == "dataset" || k == "dataset_dir" || k == "eval_dataset" ||
-          k == "max_samples" || k == "pref_loss" || k == "pref_ftx" || k == "mask_history" || k == "streaming" ||
-          k == "tokenized_path" || k == "neat_packing" || k == "enable_thinking" || k == "adapter_name_or_path")
-        continue;
-      if (k == "lora_rank" || k == "lora_alpha" || k == "lora_dropout")
-        if (ft != "lora") continue;
-      if (k == "train_on_prompt" && stage != "pt") {  // (read by the datasets' rendering; pt trains every token)
-        out.keys.emplace_back("train_on_inputs", e);
-        continue;
-      }
+      const auto listed = [&](const auto& list) {
+        return std::find(std::begin(list), std::end(list), k) != std::end(list);
+      };
+      if (listed(kIgnored) || listed(kTranslated)) continue;
+      if ((k == "lora_rank" || k == "lora_alpha" || k == "lora_dropout") && ft != "lora") continue;
+      if (k == "train_on_prompt" && stage == "pt") continue;  // (pre-training trains every token)
       if (k == "resume_from_checkpoint" && e.node.IsNull()) continue;
       if (k == "ddp_timeout" && get_int(e, k, 1, INT64_MAX) > (1 << 24)) {  // (the examples' 180000000 s: "never")
         out.keys.emplace_back(k, Entry{YAML::Node(1 << 24), e.where});
@@ -304,7 +325,7 @@ LlamaFactoryTranslation translate_llama_factory(const std::vector<std::pair<std:
                                                 const std::string& where, TrainMode mode) {
   std::map<std::string, Entry> in;
   for (const auto& [k, e] : keys) in.emplace(k, e);
-  Translator t{in, where, {}, {}};
+  Translator t{in, where, {}};
   t.run(keys, mode);
   return std::move(t.out);
 }

@@ -409,12 +409,12 @@ Sample to_sample(const ordered_json& r, DatasetType type, const DatasetFields& f
     case DatasetType::kUserDefined: {
       SOLTRAIN_CHECK(f.user_defined.has_value(), "a user-defined dataset without its formats");
       const UserDefinedFormat& u = *f.user_defined;
-      bool present = false;
+      bool optional = false, has_system = false;  // (input and output may be missing: "" as Axolotl reads them)
       const std::string instruction = string_field(r, f.instruction);
-      const std::string input = string_field(r, f.input, &present);
-      const std::string output = string_field(r, f.output, &present);
-      std::string system = string_field(r, f.system, &present);
-      if (!present) system = u.system_prompt;  // (the record's field when it has one, even empty)
+      const std::string input = string_field(r, f.input, &optional);
+      const std::string output = string_field(r, f.output, &optional);
+      std::string system = string_field(r, f.system, &has_system);
+      if (!has_system) system = u.system_prompt;  // (the record's field when it has one, even empty)
       std::string prompt;
       if (!system.empty() && !u.system_format.empty())
         prompt = format_placeholders(u.system_format, {{"system", system}}, "system_format");

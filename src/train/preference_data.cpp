@@ -165,9 +165,12 @@ ShardSet tokenize_pairs(const TrainConfig& c, const DatasetSpec& spec, const fs:
   Tokenizer tok = Tokenizer::load(run_tokenizer_folder(c) / "tokenizer.json");
   const ChatTemplate tmpl = load_template(c, spec);
   PreferenceEncoder enc(tok, tmpl, c.sequence_len, c.dpo.max_prompt_len);
-  const fs::path tok_dir = run_tokenizer_folder(c);
-  const LfSpecialIds lf_ids{tok.token_to_id(read_bos_token(tok_dir / "tokenizer_config.json")),
-                            tok.token_to_id(read_eos_token(tok_dir / "tokenizer_config.json"))};
+  // A LLaMA-Factory dataset's bos / eos markers as ids (other datasets need no eos token here)
+  LfSpecialIds lf_ids;
+  if (f.llama_factory) {
+    const fs::path cfg = run_tokenizer_folder(c) / "tokenizer_config.json";
+    lf_ids = {tok.token_to_id(read_bos_token(cfg)), tok.token_to_id(read_eos_token(cfg))};
+  }
   StagedDir staged(out);
   ShardWriter writer(staged.path());
   int64_t pairs = 0, skipped = 0, tokens = 0;
