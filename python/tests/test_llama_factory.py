@@ -207,12 +207,15 @@ def test_examples_train(demo, tmp_path, example):
 
 
 def test_what_is_not_built_is_one_line(demo, tmp_path):
-    """stage: ppo, a template soltrain does not render, a dataset name missing from dataset_info.json, pref_ftx:
-    one line each, exit code 2."""
+    """stage: ppo, a template soltrain does not render, a dataset name missing from dataset_info.json, pref_ftx,
+    bf16: false, quantization_method hqq: one line each, exit code 2."""
     for sets, expected in [(("stage=ppo",), "stage: ppo is not built"),
                            (("template=glm4",), "template: glm4 is not one soltrain renders"),
                            (("dataset=nope",), "nope is not in data/dataset_info.json"),
-                           (("pref_ftx=0.5",), "pref_ftx (an SFT term in LLaMA-Factory's DPO loss) is not built")]:
+                           (("pref_ftx=0.5",), "pref_ftx (an SFT term in LLaMA-Factory's DPO loss) is not built"),
+                           # keys soltrain reads itself keep its rules (not dropped as LLaMA-Factory-only)
+                           (("bf16=false",), "fp32-only training is not offered"),
+                           (("quantization_method=hqq",), "quantization_method: hqq is not built")]:
         example = "train_lora/qwen3_lora_sft.yaml"
         r = subprocess.run([str(BIN), "train", str(FIXTURE / "examples" / example), "--set", f"model={demo / 'model'}",
                             "--set", f"output_dir={tmp_path / 'out'}", *[a for s in sets for a in ("--set", s)]],
