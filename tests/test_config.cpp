@@ -118,13 +118,57 @@ TEST(Config, BadValuesSayWhatIsExpected) {
   EXPECT_EQ(error_of("model: [unclosed\n").rfind("cfg.yaml:", 0), 0u);
 }
 
+// Axolotl's pretraining_dataset (and streaming: true) stream the datasets: a pt run, with Axolotl's own checks (a
+// max_steps, no val_set_size) and what needs a whole dataset refused by name; an empty one is no dataset.
+TEST(Config, StreamedDatasetsAreAPtRunWithMaxSteps) {
+  const std::string pre =
+      "model: m\noutput_dir: out\npretraining_dataset:\n  - path: allenai/c4\n    name: en\n    type: pretrain\n"
+      "    text_column: body\n";
+  const TrainConfig c = parse_train_config(pre + "max_steps: 5\n", "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_EQ(c.mode, TrainMode::kPretrain);
+  EXPECT_TRUE(c.streaming);
+  EXPECT_TRUE(c.train_on_inputs);
+  ASSERT_EQ(c.datasets.size(), 1u);
+  EXPECT_EQ(c.datasets[0].hub_id, "allenai/c4");
+  EXPECT_EQ(c.datasets[0].name, "en");
+  EXPECT_EQ(c.datasets[0].type, DatasetType::kText);
+  EXPECT_EQ(c.datasets[0].fields.text, "body");
+  EXPECT_EQ(error_of(pre),
+            "cfg.yaml:3: pretraining_dataset: max_steps is required (a stream's length is not known before it is "
+            "read, so num_epochs cannot set the schedule)");
+  EXPECT_EQ(error_of(pre + "max_steps: 5\nval_set_size: 0.1\n"),
+            "cfg.yaml:3: pretraining_dataset: val_set_size holds documents out of the training data, which a stream "
+            "does not have at hand; give test_datasets instead");
+  EXPECT_EQ(error_of(pre + "max_steps: 5\ndatasets: [d.jsonl]\n"),
+            "cfg.yaml:3: pretraining_dataset and datasets: give one (Axolotl trains on pretraining_dataset alone)");
+  EXPECT_EQ(error_of(pre + "max_steps: 5\npretrain_multipack_attn: false\n"),
+            "cfg.yaml:9: pretrain_multipack_attn: \"false\": attention across packed documents is not offered: "
+            "soltrain keeps "
+            "attention within each document (pretrain_multipack_attn: true)");
+  EXPECT_EQ(error_of("model: m\noutput_dir: out\ndatasets: [d.jsonl]\nstreaming: true\nrl: dpo\nmax_steps: 2\n"),
+            "cfg.yaml:4: streaming: streamed datasets train sft and pt runs; a preference run reads its datasets "
+            "whole");
+  const TrainConfig sft = parse_train_config(kBase + "streaming: true\nmax_steps: 2\nshuffle_merged_datasets: true\n",
+                                             "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_EQ(sft.mode, TrainMode::kSft);
+  EXPECT_TRUE(sft.streaming);
+  EXPECT_NE(std::find(sft.notes.begin(), sft.notes.end(),
+                      "streaming: the datasets are read in order; Axolotl's shuffle buffer (shuffle_merged_datasets, "
+                      "streaming_multipack_buffer_size) is not applied"),
+            sft.notes.end());
+  const TrainConfig none =
+      parse_train_config(kBase + "pretraining_dataset:\n", "cfg.yaml", {}, TrainMode::kSft);  // Axolotl's "none"
+  EXPECT_FALSE(none.streaming);
+  EXPECT_EQ(none.mode, TrainMode::kSft);
+}
+
 // Another tool's name for a setting is answered with its equivalent, not a spelling guess (these three used to
 // suggest learning_rate, lora and hub_strategy); a LLaMA-Factory config is read as one (its dataset names then need
 // dataset_info.json).
 TEST(Config, OtherToolsNamesGetTheirEquivalent) {
-  EXPECT_EQ(
-      error_of(kBase + "pretraining_dataset: x\n"),
-      "cfg.yaml:6: unknown key \"pretraining_dataset\" (Axolotl's name; soltrain's: datasets, run with soltrain pt)");
+  EXPECT_EQ(error_of(kBase + "dataset_text_field: x\n"),
+            "cfg.yaml:6: unknown key \"dataset_text_field\" (TRL's name; soltrain's: a dataset's field (type: "
+            "completion, field: ...))");
   EXPECT_EQ(error_of(kBase + "loss: sigmoid\n"),
             "cfg.yaml:6: loss is a preference-training key: run `soltrain dpo` or set rl: dpo");
   EXPECT_EQ(error_of(kBase + "max_step: 3\n"), "cfg.yaml:6: unknown key \"max_step\" (did you mean \"max_steps\"?)");

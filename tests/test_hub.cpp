@@ -5,6 +5,8 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <random>
 #include <sstream>
 
 #include "cli/config.h"
@@ -452,6 +454,67 @@ TEST(Hub, ConfigNameAndDataFilesChooseWhatIsDownloaded) {
             std::string::npos)
       << bad.err;
   EXPECT_EQ(lines(bad.err), 2) << bad.err;
+}
+
+// Axolotl's examples/streaming/pretrain.yaml as written (its model and dataset ids served by the fake hub;
+// fineweb-edu's card config sample-10BT, JSON lines here): a pt run streaming the config's files in order, and a resume
+// from its checkpoint continuing at the exact record: the same losses as the run that was not interrupted.
+TEST(Hub, AxolotlStreamingPretrainExampleRunsAndResumesExactly) {
+  std::optional<FakeHub> hub(std::in_place);
+  CliHub h(*hub);
+  HubEnv env(hub->endpoint());
+  FakeRepo smol;
+  smol.commit = kCommit;
+  for (const auto& e : fs::directory_iterator(h.t.path / "m"))
+    smol.files[e.path().filename().string()] = read_file(e.path());
+  hub->add("models/HuggingFaceTB/SmolLM2-135M", smol);
+  FakeRepo web;
+  web.commit = "5555555555aaaaaaaaaa5555555555aaaaaaaaaa";
+  web.files["README.md"] =
+      "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n    path: data/*/*\n"
+      "- config_name: sample-10BT\n  data_files:\n  - split: train\n    path: sample/10BT/*\n---\n";
+  std::mt19937 rng(test::test_seed(17));
+  const char* words[] = {"soil", "cell", "energy", "the", "of", "water", "history", "is", "a", "light"};
+  for (const char* f : {"sample/10BT/000_00000.jsonl", "sample/10BT/001_00000.jsonl", "data/CC-MAIN/000.jsonl"}) {
+    std::string rows;
+    for (int i = 0; i < 60; ++i) {
+      std::string text;
+      for (int k = 0, n = 20 + int(rng() % 300); k < n; ++k) text += (k ? " " : "") + std::string(words[rng() % 10]);
+      rows += "{\"text\": \"" + text + "\", \"id\": \"<urn:" + std::to_string(i) + ">\", \"score\": 3.1}\n";
+    }
+    web.files[f] = rows;
+  }
+  hub->add("datasets/HuggingFaceFW/fineweb-edu", web);
+  std::string yaml = read_file(fs::path(SOLTRAIN_FIXTURES) / "peer_configs" / "axolotl-streaming-pretrain.yaml");
+  yaml.replace(yaml.find("OUTPUT_DIR"), 10, "out");
+  test::write_text(h.t.path / "pretrain.yaml", yaml);
+  const std::string cfg = (h.t.path / "pretrain.yaml").string();
+  const auto whole = test::run("train " + cfg + " --set max_steps=4 --set save_steps=2 --set logging_steps=1", h.t);
+  ASSERT_EQ(whole.code, 0) << whole.err;
+  EXPECT_NE(whole.err.find("dataset HuggingFaceFW/fineweb-edu: 2 files in"), std::string::npos) << whole.err;
+  EXPECT_NE(whole.err.find("\npt: pretraining_dataset: the datasets are read in order; Axolotl's shuffle buffer "),
+            std::string::npos)
+      << whole.err;
+  EXPECT_NE(whole.err.find("training documents streamed in order from 2 dataset files (1 x 1024 micro-batches)"),
+            std::string::npos)
+      << whole.err;
+  EXPECT_EQ(whole.err.find("tokenize: wrote"), std::string::npos) << "nothing is tokenized ahead: " << whole.err;
+  EXPECT_TRUE(fs::exists(h.t.path / "out" / "model" / "model.safetensors"));
+  const auto resumed = test::run("train " + cfg + " --set max_steps=4 --set save_steps=2 --set logging_steps=1 " +
+                                     "--set output_dir=again --set resume_from_checkpoint=out/checkpoint-2",
+                                 h.t);
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  auto losses = [&](const std::string& dir) {
+    std::map<int64_t, double> out;
+    for (const nlohmann::json& j : test::read_jsonl(h.t.path / dir / "metrics.jsonl"))
+      if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+    return out;
+  };
+  const auto a = losses("out"), b = losses("again");
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 2u);
+  for (int64_t step : {3, 4}) EXPECT_EQ(a.at(step), b.at(step)) << "step " << step;
+  EXPECT_NE(a.at(1), a.at(3));
 }
 
 TEST(Hub, RefusedAndMissingReposAreOneLine) {

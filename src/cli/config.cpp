@@ -240,13 +240,47 @@ void rule_axolotl_schedule(const Entries& en, const std::string&, TrainConfig& c
                          "of training is not built yet; drop it (the cosine then reaches its floor at the end)"));
 }
 
+// A streamed run (streaming, pretraining_dataset) knows no dataset's length before it is read: Axolotl's checks (a
+// max_steps, no val_set_size) and what needs a whole dataset at hand refused by name.
+void rule_streaming(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
+  if (c.pretraining_dataset && en.has("datasets") && !is_off(en.by_key.at("datasets").node))
+    errors.push_back(cat(en.where("pretraining_dataset"),
+                         ": pretraining_dataset and datasets: give one (Axolotl trains on pretraining_dataset alone)"));
+  if (!c.streaming) return;
+  const std::string key = c.pretraining_dataset ? "pretraining_dataset" : "streaming";
+  const std::string at = en.where(key);
+  if (c.mode != TrainMode::kSft && c.mode != TrainMode::kPretrain)
+    errors.push_back(cat(at, ": ", key, ": streamed datasets train sft and pt runs; a ",
+                         c.mode == TrainMode::kDpo ? "preference" : "grpo", " run reads its datasets whole"));
+  if (c.max_steps <= 0 && !en.refused({"max_steps"}))
+    errors.push_back(cat(at, ": ", key, ": max_steps is required (a stream's length is not known before it is read, ",
+                         "so num_epochs cannot set the schedule)"));
+  if ((c.validation_split_ratio > 0 || c.validation_count > 0))
+    errors.push_back(cat(at, ": ", key,
+                         ": val_set_size holds documents out of the training data, which a stream does not have at "
+                         "hand; give test_datasets instead"));
+  if (c.dataset_exact_deduplication)
+    errors.push_back(cat(at, ": ", key,
+                         ": dataset_exact_deduplication compares every document with every other; drop it "
+                         "or streaming"));
+  for (const DatasetSpec& d : c.datasets)
+    if (d.slice || d.samples > 0)
+      errors.push_back(cat(at, ": ", key, ": dataset ", d.hub_id.empty() ? d.path.string() : d.hub_id, ": ",
+                           d.slice ? "a split slice (train[...])" : "samples",
+                           " needs the dataset's length; streamed datasets are read whole, in order"));
+  if (c.shuffle && (en.has("shuffle_merged_datasets") || en.has("streaming_multipack_buffer_size")))
+    c.notes.push_back(cat(key,
+                          ": the datasets are read in order; Axolotl's shuffle buffer "
+                          "(shuffle_merged_datasets, streaming_multipack_buffer_size) is not applied"));
+}
+
 // A key whose value was refused is reported once, not again as missing.
 void rule_required(const Entries& en, const std::string& where, TrainConfig& c, std::vector<std::string>& errors) {
   if (c.model.empty() && !en.refused({"model", "base_model"}))
     errors.push_back(cat(where, ": `model` is required (a Hugging Face model folder)"));
   if (c.output_dir.empty() && !en.refused({"output_dir", "save_path"}))
     errors.push_back(cat(where, ": `output_dir` is required"));
-  if (c.datasets.empty() && !en.refused({"datasets"}))
+  if (c.datasets.empty() && !en.refused({"datasets", "pretraining_dataset"}))
     errors.push_back(cat(where, ": `datasets` is required (a list of {path, type})"));
 }
 
@@ -561,6 +595,7 @@ constexpr Rule kRules[] = {rule_lora_settings_imply_lora,
                            rule_batch_size,
                            rule_axolotl_schedule,
                            rule_required,
+                           rule_streaming,
                            rule_chat_template_jinja,
                            rule_offload,
                            rule_streamed_base,
@@ -601,6 +636,10 @@ TrainConfig parse_train_config(const std::string& yaml, const std::string& where
     c.notes.insert(c.notes.end(), t.notes.begin(), t.notes.end());
   }
   mode = preference_mode(en, mode, c);
+  // Axolotl's pretraining_dataset is a pretraining run whatever the command (`soltrain train` starts as sft)
+  if (const auto pd = en.by_key.find("pretraining_dataset");
+      mode == TrainMode::kSft && pd != en.by_key.end() && !is_off(pd->second.node))
+    mode = TrainMode::kPretrain;
   c.dpo.enabled = mode == TrainMode::kDpo;
   c.grpo.enabled = mode == TrainMode::kGrpo;
   c.grpo.config_dir = fs::path(where).parent_path();

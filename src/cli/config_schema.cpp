@@ -181,6 +181,21 @@ void add_data_keys(std::vector<KeySpec>& v) {
                   [](const Entry& e, const std::string& k, ReadContext& x) {
                     x.c.datasets = parse_datasets(e, k, x.file, x.mode, x.base);
                   }));
+  // Axolotl's pretraining_dataset: its entries (type: pretrain, text_column) streamed as a pt run's text
+  v.push_back(key("pretraining_dataset", "datasets", "a list of datasets", "",
+                  "Axolotl's: text datasets streamed in order as a pt run trains (streaming: true; needs max_steps)",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    if (is_off(e.node)) return;  // (an empty pretraining_dataset: is Axolotl's "none")
+                    x.c.datasets = parse_datasets(e, k, x.file, x.mode, x.base);
+                    x.c.streaming = x.c.pretraining_dataset = true;
+                  }));
+  v.push_back(key("streaming", "bool", "true or false", "false",
+                  "read the training datasets as training goes, in order, never tokenized ahead nor whole in memory "
+                  "(needs max_steps: a stream's length is not known)",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    // (pretraining_dataset streams whatever this says, as Axolotl's does)
+                    x.c.streaming = get_bool(e, k) || x.c.pretraining_dataset;
+                  }));
   v.push_back(aka(key("validation_datasets", "datasets", "a list of datasets", "",
                       "held-out data evaluated every eval_steps (one document per row)",
                       [](const Entry& e, const std::string& k, ReadContext& x) {

@@ -124,6 +124,8 @@ void add_field_keys(DatasetKeys& keys) {
          if (r.d.data_files.empty()) bad_value(e, "data_files", "a file, a glob or a list of them");
        }},
       {"field", [](const Entry& e, DatasetRead& r) { r.f.text = get_string(e, "field"); }},
+      // Axolotl's pretraining_dataset entries name their text column so (streaming.py's text_column)
+      {"text_column", [](const Entry& e, DatasetRead& r) { r.f.text = get_string(e, "text_column"); }},
       // A translated LLaMA-Factory config's dataset (cli/llama_factory_config.h): its dataset_info.json entry, the
       // template, cutoff_len and train_on_prompt
       {"llama_factory",

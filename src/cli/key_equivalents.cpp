@@ -12,7 +12,6 @@ constexpr const char* kLlamaFactory = "LLaMA-Factory";
 constexpr const char* kTrainingArguments = "HF TrainingArguments";
 constexpr const char* kTrl = "TRL";
 constexpr const char* kPeft = "PEFT";
-constexpr const char* kAxolotl = "Axolotl";
 
 // Sources: LLaMA-Factory's examples/train_lora/*.yaml and hparams/*_args.py; transformers' TrainingArguments;
 // TRL's SFTConfig / DPOConfig; PEFT's LoraConfig; Axolotl's config reference.
@@ -51,7 +50,6 @@ constexpr KeyEquivalent kEquivalents[] = {
     {"per_device_eval_batch_size", kTrainingArguments, "nothing (evaluation batches as training does)"},
     {"r", kPeft, "lora_rank"},
     {"target_modules", kPeft, "lora_target_modules"},
-    {"pretraining_dataset", kAxolotl, "datasets, run with soltrain pt"},
 };
 
 }  // namespace

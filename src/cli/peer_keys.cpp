@@ -251,7 +251,18 @@ void add_accepted(Table& t) {
       {"pad_to_sequence_len", any()},  // batches are always sequence_len wide
       {"dataset_processes", any()},
       {"dataset_num_proc", any()},
-      {"shuffle_merged_datasets", any()},
+      {"shuffle_merged_datasets", any()},  // (a streamed run says it reads in order: config.cpp rule_streaming)
+      // Axolotl's streaming buffer (rows shuffled and packed per buffer) and its deprecated name: a stream here is
+      // read and packed in order, said in a note when shuffling was asked for
+      {"streaming_multipack_buffer_size", any()},
+      {"pretrain_multipack_buffer_size", any()},
+      // pretraining_sample_concatenation: Axolotl's packing of pretraining rows without sample_packing; soltrain
+      // packs as sample_packing says either way
+      {"pretraining_sample_concatenation", any()},
+      {"pretrain_multipack_attn",
+       one_of({"true", "True"},
+              "attention across packed documents is not offered: soltrain keeps attention within each document "
+              "(pretrain_multipack_attn: true)")},
       {"eval_batch_size", any()},
       {"per_device_eval_batch_size", any()},
       {"eval_table_size", any()},

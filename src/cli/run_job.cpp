@@ -68,7 +68,9 @@ RunResult run_job(TrainConfig cfg, TrainMode mode, std::ostream& log, LoopHooks 
   if (comm->rank() == 0) lock = prepare_run_outputs(cfg, log);
   comm->barrier();
   prepare_run_tokenizer(cfg);
-  return run_training(cfg, mode, *ops, log, comm.get(), std::move(hooks));
+  // (Axolotl's pretraining_dataset or a LLaMA-Factory pt stage makes `soltrain train`'s sft run a pt run)
+  const TrainMode run_mode = mode == TrainMode::kSft && cfg.mode == TrainMode::kPretrain ? cfg.mode : mode;
+  return run_training(cfg, run_mode, *ops, log, comm.get(), std::move(hooks));
 }
 
 JobEvaluation evaluate_job(TrainConfig cfg, std::ostream& log) {

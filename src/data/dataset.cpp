@@ -16,6 +16,7 @@ std::optional<DatasetType> find_dataset_type(std::string_view s) {
       {"auto", DatasetType::kAuto},
       {"text", DatasetType::kText},
       {"completion", DatasetType::kText},
+      {"pretrain", DatasetType::kText},  // Axolotl's pretraining_dataset entries
       {"instruction", DatasetType::kInstruction},
       {"alpaca", DatasetType::kAlpaca},
       {"alpaca_chat", DatasetType::kAlpacaChat},

@@ -94,36 +94,36 @@ int64_t Loader::rows_in_epoch(int64_t epoch) const {
   return rows + (fill > 0);
 }
 
-HostBatch Loader::next() {
-  const int T = o_.seq_len;
+HostBatch pack_batch(const LoaderOptions& o, const std::function<DocView()>& peek, const std::function<void()>& take) {
+  const int T = o.seq_len;
   HostBatch b;
-  b.rows = o_.rows;
+  b.rows = o.rows;
   b.seq_len = T;
-  const size_t n = size_t(o_.rows) * size_t(T);
-  b.input_ids.assign(n, o_.pad_id);
+  const size_t n = size_t(o.rows) * size_t(T);
+  b.input_ids.assign(n, o.pad_id);
   b.targets.assign(n, -100);
   b.positions.assign(n, 0);
   b.cu_seqlens.assign(1, 0);
-  for (int r = 0; r < o_.rows; ++r) {
+  for (int r = 0; r < o.rows; ++r) {
     const size_t row = size_t(r) * size_t(T);
     int fill = 0;
     while (fill < T) {
-      if (!o_.pack && fill > 0) break;  // (before ensure_order, which would roll the epoch over early)
-      ensure_order();
-      const int64_t d = order_[size_t(state_.index)];
-      const int64_t begin = data_.doc_offsets[d];
-      const int len = capped_length(d);
-      if (!fits(fill, len)) break;  // starts the next row
-      for (int k = 0; k < len; ++k) {
+      if (!o.pack && fill > 0) break;  // (before peek, which would roll the epoch over early)
+      const DocView d = peek();
+      if (fill + d.len > T) break;  // starts the next row
+      for (int k = 0; k < d.len; ++k) {
         const size_t at = row + size_t(fill + k);
-        b.input_ids[at] = data_.tokens[size_t(begin + k)];
+        b.input_ids[at] = d.tokens[k];
         b.positions[at] = k;
         // A target is the document's next token, counted only where that token is trained (a token label: its own)
-        b.targets[at] = target_of(data_, begin, k, len);
+        if (d.token_labels)
+          b.targets[at] = d.mask[k] ? int32_t(d.mask[k]) - 1 : -100;
+        else
+          b.targets[at] = k + 1 < d.len && d.mask[k + 1] ? d.tokens[k + 1] : -100;
       }
-      fill += len;
+      fill += d.len;
       b.cu_seqlens.push_back(int32_t(row) + fill);
-      ++state_.index;
+      take();
     }
     // Padding is a segment of its own, so no row's segments reach into the next row.
     if (fill < T) {
@@ -132,6 +132,18 @@ HostBatch Loader::next() {
     }
   }
   return b;
+}
+
+HostBatch Loader::next() {
+  return pack_batch(
+      o_,
+      [&] {
+        ensure_order();
+        const int64_t d = order_[size_t(state_.index)];
+        const int64_t begin = data_.doc_offsets[size_t(d)];
+        return DocView{data_.tokens.data() + begin, data_.mask.data() + begin, capped_length(d), data_.token_labels};
+      },
+      [&] { ++state_.index; });
 }
 
 }  // namespace soltrain

@@ -1,7 +1,9 @@
 // The training data loader: documents from shards, shuffled per epoch by seed, packed greedily in order
-// into rows of seq_len tokens with per-document positions and cu_seqlens, resumable from (epoch, index).
+// into rows of seq_len tokens with per-document positions and cu_seqlens, resumable from (epoch, index); the
+// packing rule (pack_batch) shared with streamed datasets.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -32,19 +34,47 @@ struct LoaderState {
   static LoaderState from_json(const nlohmann::json& j);  // UserError on a malformed state
 };
 
+// Where a run's training rows come from: the Loader over tokenized shards, or a streamed dataset
+// (data/stream_loader.h). Both pack as pack_batch does and resume from a LoaderState.
+class RowSource {
+ public:
+  virtual ~RowSource() = default;
+  virtual HostBatch next() = 0;
+  virtual const LoaderState& state() const = 0;
+  virtual void restore(const LoaderState& s) = 0;  // UserError when s is not a place in this data
+  // Epochs done, as a fraction where the epoch's length is known (a stream's is not: whole epochs only).
+  virtual double epoch_progress() const = 0;
+};
+
+// A document as packing reads it: `len` tokens (already capped at seq_len) and their mask bytes, as a ShardSet
+// holds them (token_labels: the mask byte is the token's label + 1).
+struct DocView {
+  const int32_t* tokens = nullptr;
+  const uint8_t* mask = nullptr;
+  int len = 0;
+  bool token_labels = false;
+};
+
+// One rows x seq_len batch packed greedily in order: `peek` gives the next document without taking it (it may roll
+// the source over to its next epoch), `take` takes it. A document that does not fit starts the next row; with
+// o.pack false each row holds one. Positions restart at 0 per document; padding (o.pad_id, no target) is a segment
+// of its own.
+HostBatch pack_batch(const LoaderOptions& o, const std::function<DocView()>& peek, const std::function<void()>& take);
+
 // Fisher-Yates over mt19937_64 seeded from (seed, epoch): every loader's epoch order (the same on every platform).
 void shuffle_for_epoch(std::vector<int64_t>& order, uint64_t seed, int64_t epoch);
 
-class Loader {
+class Loader : public RowSource {
  public:
   Loader(ShardSet data, LoaderOptions options);  // UserError when no document is usable
 
   // The next rows × seq_len batch (input_ids, targets, positions, cu_seqlens); continues into the next
   // epoch when this one runs out, so every batch is full.
-  HostBatch next();
+  HostBatch next() override;
 
-  const LoaderState& state() const { return state_; }
-  void restore(const LoaderState& s);                            // UserError if s.index is outside the epoch
+  const LoaderState& state() const override { return state_; }
+  void restore(const LoaderState& s) override;  // UserError if s.index is outside the epoch
+  double epoch_progress() const override { return double(state_.epoch) + double(state_.index) / double(documents()); }
   int64_t documents() const { return int64_t(usable_.size()); }  // per epoch, after dropping
   int64_t dropped() const { return dropped_; }
   int64_t dropped_overlong() const { return overlong_; }  // of them, left out as longer than seq_len

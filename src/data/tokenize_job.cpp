@@ -6,9 +6,8 @@
 #include <optional>
 #include <ostream>
 
-#include "data/named_templates.h"
+#include "data/record_encoder.h"
 #include "data/record_reader.h"
-#include "data/sample_encoder.h"
 #include "data/shards.h"
 #include "io/atomic_file.h"
 #include "io/json_file.h"
@@ -132,10 +131,6 @@ TokenizeResult run_tokenize(const TokenizeOptions& o, std::ostream& log) {
   }
   const fs::path dir = tokenizer_dir(o.tokenizer);
   Tokenizer tok = Tokenizer::load(dir / "tokenizer.json");
-  std::optional<ChatTemplate> tmpl;
-  std::optional<SampleEncoder> enc;
-  const std::string eos = read_eos_token(dir / "tokenizer_config.json");
-  const std::string bos = read_bos_token(dir / "tokenizer_config.json");
   // A process reward model's rows carry a label per step, every other type trained tokens: one kind per folder.
   const bool token_labels = o.sources.front().type == DatasetType::kStepwiseSupervised;
   for (const DatasetSource& src : o.sources)
@@ -149,37 +144,14 @@ TokenizeResult run_tokenize(const TokenizeOptions& o, std::ostream& log) {
   int64_t records = 0;
   for (const DatasetSource& src : o.sources) {
     RecordReader reader(src.path, needed_fields(src.type, o.fields), src.split);
-    DatasetType type = src.type;
-    DatasetFields fields = o.fields;  // `type: auto` sets which columns to read from the first record
+    RecordEncoder enc(tok, dir, src.type, o.fields, o.train_on_inputs);
     nlohmann::ordered_json rec;
     std::string where, error;
     while (reader.next(rec, where, error)) {
       ++records;
       try {
         if (!error.empty()) throw BadRecord(error);
-        if (type == DatasetType::kAuto) type = detect_auto(rec, fields);
-        const Sample s = to_sample(rec, type, fields);
-        // The template is parsed only when a conversation needs it: base models often have none.
-        if (!s.is_text && !s.llama_factory && !tmpl) {
-          const std::string& name = o.fields.chat_template;
-          if (name.empty() || name == "tokenizer_default") {
-            tmpl.emplace(ChatTemplate::from_tokenizer_config(dir / "tokenizer_config.json"));
-          } else {
-            const auto source = named_chat_template(name);
-            if (!source) user_error("chat_template: \"", name, "\" is not a template soltrain has");
-            tmpl.emplace(*source);
-            const ChatTemplate own = ChatTemplate::from_tokenizer_config(dir / "tokenizer_config.json");
-            tmpl->set_special_tokens(own.bos_token(), own.eos_token());
-          }
-          enc.reset();
-        }
-        if (!enc) {
-          enc.emplace(tok, tmpl ? &*tmpl : nullptr, eos, o.train_on_inputs);
-          enc->set_turn_training(o.fields.roles_to_train, o.fields.train_on_eos);
-          enc->set_bos(bos);
-          enc->set_step_separator(o.fields.step_separator);
-        }
-        const Document d = enc->encode(s);
+        const Document d = enc.encode(rec);
         writer.add(d);
         ++r.documents;
         r.tokens += int64_t(d.ids.size());

@@ -12,9 +12,9 @@
 
 #include "core/error.h"
 #include "data/llama_factory_encode.h"
-#include "data/named_templates.h"
 #include "data/pair_loader.h"
 #include "data/preference.h"
+#include "data/record_encoder.h"
 #include "data/record_reader.h"
 #include "data/tokenize_job.h"
 #include "io/atomic_file.h"
@@ -51,13 +51,7 @@ ChatTemplate load_template(const TrainConfig& c, const DatasetSpec& spec) {
   std::string name = spec.fields.chat_template.empty() ? c.chat_template : spec.fields.chat_template;
   // Axolotl's chatml.* types write ChatML whatever the model's template is.
   if (spec.fields.chat_template.empty() && spec.preference_type.starts_with("chatml.")) name = "chatml";
-  if (name.empty() || name == "tokenizer_default") return ChatTemplate::from_tokenizer_config(cfg);
-  const auto source = named_chat_template(name);
-  if (!source) user_error("chat_template: \"", name, "\" is not a template soltrain has");
-  ChatTemplate t(*source);
-  const ChatTemplate own = ChatTemplate::from_tokenizer_config(cfg);
-  t.set_special_tokens(own.bos_token(), own.eos_token());
-  return t;
+  return chat_template_for(name, cfg);
 }
 
 // KTO's pairs of one block of per_device_train_batch_size consecutive examples, as TRL makes them: each example,

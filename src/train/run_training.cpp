@@ -39,8 +39,9 @@ struct Run {
   bool lead() const { return rank == 0; }
   TrainData data{};
   std::unique_ptr<Transformer> model{};
-  std::unique_ptr<Loader> loader{};
-  size_t data_bytes = 0;  // the tokenized training and validation data, held in host memory
+  std::unique_ptr<RowSource> loader{};  // a Loader over the tokenized data, or a StreamLoader (streaming)
+  std::string documents{};              // what the plan says of the training documents
+  size_t data_bytes = 0;                // the tokenized training and validation data, held in host memory
   int64_t micro_per_epoch = 0;
   Cadence cadence{};
   ScheduleConfig sched{};
@@ -71,11 +72,23 @@ void set_up(Run& r) {
   lo.pack = c.sample_packing;
   lo.shuffle = c.shuffle;
   lo.overlong = c.overlong;
-  r.loader = std::make_unique<Loader>(std::move(r.data.train), lo);
-  if (r.loader->dropped_overlong() > 0)
-    r.log << r.cmd << ": excess_length_strategy drop: left out " << r.loader->dropped_overlong()
-          << " documents longer than sequence_len " << c.sequence_len << "\n";
-  r.micro_per_epoch = (r.loader->rows_in_epoch(0) + lo.rows - 1) / lo.rows;
+  if (c.streaming) {
+    // A stream's length is unknown: max_steps (required) sets the schedule, and the run is one epoch's worth.
+    r.loader = stream_train_data(c, lo, r.model->config().vocab_size, r.log);
+    r.micro_per_epoch = c.max_steps * c.gradient_accumulation_steps * r.world;
+    r.documents = cat("training documents streamed in order from ", c.datasets.size(), " dataset file",
+                      c.datasets.size() == 1 ? "" : "s", " (", c.per_device_train_batch_size, " x ", c.sequence_len,
+                      " micro-batches)");
+  } else {
+    auto loader = std::make_unique<Loader>(std::move(r.data.train), lo);
+    if (loader->dropped_overlong() > 0)
+      r.log << r.cmd << ": excess_length_strategy drop: left out " << loader->dropped_overlong()
+            << " documents longer than sequence_len " << c.sequence_len << "\n";
+    r.micro_per_epoch = (loader->rows_in_epoch(0) + lo.rows - 1) / lo.rows;
+    r.documents = cat(loader->documents(), " training documents (", r.micro_per_epoch, " micro-batches of ",
+                      c.per_device_train_batch_size, " x ", c.sequence_len, " per epoch)");
+    r.loader = std::move(loader);
+  }
   // Data parallel: an update takes accumulation × world micro-batches (floor(m / (a·w)) = floor(floor(m / w) / a)).
   r.sched = schedule_config(c, total_training_steps(c, r.micro_per_epoch / r.world));
   configure_model(*r.model, c, r.ops, lo.rows, r.dp ? r.comm : nullptr);
@@ -199,11 +212,9 @@ void print_plan(const Run& r) {
   const TrainConfig& c = r.c;
   const ParameterStore& ps = r.model->params();
   r.log << r.cmd << ": " << r.model->config().architecture << " on " << device_name(c.device) << ", "
-        << describe_parameters(ps) << "; " << r.loader->documents() << " training documents (" << r.micro_per_epoch
-        << " micro-batches of " << c.per_device_train_batch_size << " x " << c.sequence_len << " per epoch), "
-        << r.data.validation.documents() << " validation; " << r.sched.total_steps << " steps, gradient accumulation "
-        << c.gradient_accumulation_steps << ", lr " << c.learning_rate << " " << to_string(c.lr_scheduler_type)
-        << " (warmup " << r.sched.warmup_steps << ")\n";
+        << describe_parameters(ps) << "; " << r.documents << ", " << r.data.validation.documents() << " validation; "
+        << r.sched.total_steps << " steps, gradient accumulation " << c.gradient_accumulation_steps << ", lr "
+        << c.learning_rate << " " << to_string(c.lr_scheduler_type) << " (warmup " << r.sched.warmup_steps << ")\n";
   if (r.dp)
     r.log << r.cmd << ": data parallel over " << r.world << " ranks (" << r.comm->backend() << "), ZeRO stage "
           << c.zero_stage << ": global batch " << c.per_device_train_batch_size << " x "
@@ -308,10 +319,7 @@ class SftDriver final : public RunDriver {
   double tokens_per_update() const override {
     return double(r_.c.per_device_train_batch_size) * r_.c.sequence_len * r_.c.gradient_accumulation_steps * r_.world;
   }
-  double epoch() const override {
-    const LoaderState& ls = r_.loader->state();
-    return double(ls.epoch) + double(ls.index) / double(r_.loader->documents());
-  }
+  double epoch() const override { return r_.loader->epoch_progress(); }
   LoaderState loader_state() const override { return r_.loader->state(); }
   void restore(const LoaderState& s) override { r_.loader->restore(s); }
   bool has_validation() const override { return r_.data.validation.documents() > 0; }

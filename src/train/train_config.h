@@ -233,6 +233,10 @@ struct TrainConfig {
   bool train_on_last_step_only = false;
   bool dataset_exact_deduplication = false;  // Axolotl's: identical tokenized documents kept once
   int64_t min_sample_len = 0;                // Axolotl's: documents of fewer tokens are dropped (0: none)
+  // The training datasets read as training goes, in order, never tokenized ahead nor whole in memory
+  // (data/stream_loader.h): `streaming: true`, or Axolotl's pretraining_dataset (which also makes the run pt).
+  bool streaming = false;
+  bool pretraining_dataset = false;  // the datasets came as pretraining_dataset
   // Axolotl's excess_length_strategy: documents longer than sequence_len cut (soltrain's default), left out
   // (Axolotl's default, and so an Axolotl config's: rule_axolotl_defaults) or refused
   OverlongPolicy overlong = OverlongPolicy::kTruncate;

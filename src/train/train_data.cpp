@@ -158,6 +158,15 @@ std::string folder_safe(std::string name) {
   return name;
 }
 
+// A dataset's fields with the run's settings that apply to every dataset.
+DatasetFields run_fields(const TrainConfig& c, const DatasetSpec& spec, const std::string& kind) {
+  DatasetFields f = spec.fields;
+  if (f.chat_template.empty()) f.chat_template = c.chat_template;
+  f.step_separator = c.step_separator;
+  f.last_step_label_only = c.train_on_last_step_only && kind == "train";  // (TRL's is_eval keeps all)
+  return f;
+}
+
 ShardSet tokenize_all(const TrainConfig& c, const std::vector<DatasetSpec>& specs, const std::string& kind,
                       std::ostream& log) {
   ShardSet all;
@@ -165,10 +174,7 @@ ShardSet tokenize_all(const TrainConfig& c, const std::vector<DatasetSpec>& spec
     TokenizeOptions o;
     o.tokenizer = run_tokenizer_folder(c);
     o.sources = {{specs[i].path, specs[i].type, specs[i].split}};
-    o.fields = specs[i].fields;
-    if (o.fields.chat_template.empty()) o.fields.chat_template = c.chat_template;
-    o.fields.step_separator = c.step_separator;
-    o.fields.last_step_label_only = c.train_on_last_step_only && kind == "train";  // (TRL's is_eval keeps all)
+    o.fields = run_fields(c, specs[i], kind);
     // One folder per dataset: each keeps its own cache key, so editing one dataset re-tokenizes only it.
     o.out = c.dataset_prepared_path / cat(kind, "-", i, "-", folder_safe(specs[i].path.stem().string()));
     o.seq_len = c.sequence_len;
@@ -196,13 +202,14 @@ TrainData prepare_train_data(const TrainConfig& c, std::ostream& log) {
   fs::create_directories(c.dataset_prepared_path);
   const OutputLock shards_lock =
       OutputLock::wait_for(c.dataset_prepared_path, kShardsLockFile, "dataset_prepared_path", log);
-  d.train = tokenize_all(c, c.datasets, "train", log);
-  if (c.min_sample_len > 0) {  // (Axolotl drops them from every dataset it prepares, evaluation data too)
+  if (!c.streaming) d.train = tokenize_all(c, c.datasets, "train", log);
+  if (c.min_sample_len > 0 && !c.streaming) {  // (a stream drops them as it reads: stream_train_data)  // (Axolotl
+                                               // drops them from every dataset it prepares, evaluation data too)
     const int64_t dropped = drop_short_documents(d.train, c.min_sample_len);
     log << "min_sample_len: dropped " << dropped << " documents shorter than " << c.min_sample_len << " tokens, "
         << d.train.documents() << " left\n";
   }
-  if (c.dataset_exact_deduplication) {
+  if (c.dataset_exact_deduplication && !c.streaming) {
     const int64_t dropped = drop_duplicate_documents(d.train, nullptr);
     log << "dataset_exact_deduplication: dropped " << dropped << " duplicate documents, " << d.train.documents()
         << " left\n";
@@ -237,6 +244,20 @@ TrainData prepare_train_data(const TrainConfig& c, std::ostream& log) {
     d.train = select_documents(d.train, train);
   }
   return d;
+}
+
+std::unique_ptr<StreamLoader> stream_train_data(const TrainConfig& c, const LoaderOptions& lo, int64_t vocab_size,
+                                                std::ostream& log) {
+  std::vector<StreamInput> inputs;
+  for (const DatasetSpec& d : c.datasets) inputs.push_back({d.path, d.split, d.type, run_fields(c, d, "train"), {}});
+  StreamOptions o;
+  o.loader = lo;
+  o.tokenizer_dir = run_tokenizer_folder(c);
+  o.train_on_inputs = c.train_on_inputs;
+  o.bad_records = c.bad_records;
+  o.vocab_size = vocab_size;
+  o.min_tokens = c.min_sample_len;
+  return std::make_unique<StreamLoader>(std::move(inputs), std::move(o), &log);
 }
 
 }  // namespace soltrain

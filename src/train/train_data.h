@@ -2,8 +2,10 @@
 // documents concatenated, and the validation set taken from validation_datasets or split off by ratio.
 #pragma once
 #include <iosfwd>
+#include <memory>
 
 #include "data/shards.h"
+#include "data/stream_loader.h"
 #include "train/train_config.h"
 
 namespace soltrain {
@@ -12,7 +14,13 @@ struct TrainData {
   ShardSet train, validation;  // validation may have no documents
 };
 
+// A streamed run (c.streaming) tokenizes only its validation data here: its training data is read as it trains.
 TrainData prepare_train_data(const TrainConfig& c, std::ostream& log);
+
+// A streamed run's training rows: c.datasets read in order (data/stream_loader.h), encoded as prepare_train_data
+// would encode them, packed by `lo`'s rule; token ids checked against `vocab_size`.
+std::unique_ptr<StreamLoader> stream_train_data(const TrainConfig& c, const LoaderOptions& lo, int64_t vocab_size,
+                                                std::ostream& log);
 
 // Appends b's documents to a.
 void append_shards(ShardSet& a, const ShardSet& b);
