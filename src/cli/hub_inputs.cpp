@@ -50,7 +50,10 @@ std::vector<std::string> pick_for(const DatasetSpec& d, const std::string& split
   return pick_dataset_files(files, split);
 }
 
-std::vector<DatasetSpec> resolve_datasets(const HubClient* hub, const std::vector<DatasetSpec>& in, std::ostream& log) {
+// `lazy` (a streamed run's training datasets): a hub dataset's files are chosen, each fetched only when the stream
+// reaches it.
+std::vector<DatasetSpec> resolve_datasets(const HubClient* hub, const std::vector<DatasetSpec>& in, std::ostream& log,
+                                          bool lazy = false) {
   std::vector<DatasetSpec> out;
   for (const DatasetSpec& d : in) {
     const std::string split = d.split.empty() ? "train" : d.split;
@@ -78,12 +81,24 @@ std::vector<DatasetSpec> resolve_datasets(const HubClient* hub, const std::vecto
     const std::string what = !d.data_files.empty() ? "data_files"
                              : d.name.empty()      ? cat("split \"", split, "\"")
                                                    : cat("config \"", d.name, "\" split \"", split, "\"");
-    const auto files = resolve_hub_dataset(
-        *hub, d.hub_id, d.revision,
-        [&](const std::vector<std::string>& listed, const RepoFileReader& read) {
-          return pick_for(d, split, listed, read);
-        },
-        what);
+    const auto pick = [&](const std::vector<std::string>& listed, const RepoFileReader& read) {
+      return pick_for(d, split, listed, read);
+    };
+    if (lazy) {
+      const auto files = list_hub_dataset(*hub, d.hub_id, d.revision, pick, what);
+      size_t cached = 0;
+      for (const HubDataFile& f : files) {
+        std::error_code ec;
+        cached += std::filesystem::exists(f.path, ec);
+        push_files(out, d, {f.path});
+        out.back().fetch = DatasetSpec::HubFetch{f.repo.id, f.repo.revision, f.file};
+      }
+      log << "dataset " << d.hub_id << ": " << files.size() << " file" << (files.size() == 1 ? "" : "s") << " in "
+          << files.front().path.parent_path().string() << " (" << cached
+          << " cached), streamed: each downloaded when training reaches it\n";
+      continue;
+    }
+    const auto files = resolve_hub_dataset(*hub, d.hub_id, d.revision, pick, what);
     log << "dataset " << d.hub_id << ": " << files.size() << " file" << (files.size() == 1 ? "" : "s") << " in "
         << files.front().parent_path().string() << "\n";
     push_files(out, d, files);
@@ -107,7 +122,7 @@ void resolve_hub_inputs(TrainConfig& c, std::ostream& log) {
     c.model = resolve_hub_model(*hub, c.model_hub_id, c.revision);
     log << "model " << c.model_hub_id << ": " << c.model.string() << "\n";
   }
-  c.datasets = resolve_datasets(hub ? &*hub : nullptr, c.datasets, log);
+  c.datasets = resolve_datasets(hub ? &*hub : nullptr, c.datasets, log, c.streaming);
   c.validation_datasets = resolve_datasets(hub ? &*hub : nullptr, c.validation_datasets, log);
 }
 

@@ -128,11 +128,12 @@ std::vector<fs::path> resolve_hub_dataset(const HubClient& c, const std::string&
       cat("split \"", split, "\""));
 }
 
-std::vector<fs::path> resolve_hub_dataset(const HubClient& c, const std::string& id, const std::string& revision,
+std::vector<HubDataFile> list_hub_dataset(const HubClient& c, const std::string& id, const std::string& revision,
                                           const DataFilePicker& pick, const std::string& what) {
   const RepoRef r{RepoType::kDataset, id, revision};
   check_revision(r);
   fs::path snap;
+  std::string commit;
   std::vector<std::string> files;
   auto read_at = [](const fs::path& p) {
     std::ifstream in(p, std::ios::binary);
@@ -140,6 +141,7 @@ std::vector<fs::path> resolve_hub_dataset(const HubClient& c, const std::string&
   };
   if (hub_offline()) {
     snap = cached_snapshot(r);
+    commit = snap.filename().string();
     files = pick(files_under(snap), [&](const std::string& f) {
       return is_safe_repo_path(f) && fs::is_regular_file(snap / f) ? read_at(snap / f) : std::string();
     });
@@ -149,6 +151,7 @@ std::vector<fs::path> resolve_hub_dataset(const HubClient& c, const std::string&
     const auto listing = list_repo(c, r, resp);
     if (!listing) hub_request_failed(c, r, "file list", resp);
     write_ref(r, listing->commit);
+    commit = listing->commit;
     files = pick(listing->files, [&](const std::string& f) {
       const auto& l = listing->files;
       if (std::find(l.begin(), l.end(), f) == l.end()) return std::string();
@@ -157,11 +160,20 @@ std::vector<fs::path> resolve_hub_dataset(const HubClient& c, const std::string&
     if (files.empty())
       user_error("dataset ", id, ": the repository has no parquet, JSONL, JSON or CSV files of ", what, " (",
                  listing->files.size(), " files listed)");
-    for (const std::string& f : files) hub_download_file(c, r, listing->commit, f);
     snap = repo_cache_dir(r) / "snapshots" / listing->commit;
   }
+  std::vector<HubDataFile> out;
+  for (const std::string& f : files) out.push_back({snap / f, RepoRef{RepoType::kDataset, id, commit}, f});
+  return out;
+}
+
+std::vector<fs::path> resolve_hub_dataset(const HubClient& c, const std::string& id, const std::string& revision,
+                                          const DataFilePicker& pick, const std::string& what) {
   std::vector<fs::path> out;
-  for (const std::string& f : files) out.push_back(snap / f);
+  for (const HubDataFile& f : list_hub_dataset(c, id, revision, pick, what)) {
+    if (!hub_offline()) hub_download_file(c, f.repo, f.repo.revision, f.file);
+    out.push_back(f.path);
+  }
   return out;
 }
 

@@ -33,4 +33,15 @@ std::vector<std::filesystem::path> resolve_hub_dataset(const HubClient& c, const
                                                        const std::string& revision, const DataFilePicker& pick,
                                                        const std::string& what);
 
+// The same choice, nothing downloaded but what `pick` reads: each chosen file's place in the cache and what
+// hub_download_file needs to fetch it there (a streamed dataset's files are fetched as the stream reaches each).
+// Offline, only files already in the cache are chosen from.
+struct HubDataFile {
+  std::filesystem::path path;  // snapshots/<commit>/<file> (present once fetched)
+  RepoRef repo;                // revision = the commit
+  std::string file;            // the repository path
+};
+std::vector<HubDataFile> list_hub_dataset(const HubClient& c, const std::string& id, const std::string& revision,
+                                          const DataFilePicker& pick, const std::string& what);
+
 }  // namespace soltrain

@@ -35,6 +35,12 @@ struct DatasetSpec {
   std::string name;
   std::vector<std::string> data_files;
   std::string preference_type = "auto";  // DPO runs: the record shape (data/preference.h find_preference_format)
+  // A streamed hub dataset's file, not downloaded when the run starts (cli/hub_inputs.h): fetched into `path` when the
+  // stream reaches it (the dataset repository, its commit and the file's path in it).
+  struct HubFetch {
+    std::string repo, commit, file;
+  };
+  std::optional<HubFetch> fetch;
 };
 
 // Preference training (`soltrain dpo`, or `rl: dpo` in a config): TRL's DPOConfig names and defaults.

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/host_memory.h"
 #include "data/tokenize_job.h"
+#include "hub/hub_download.h"
 #include "io/json_file.h"
 #include "io/output_lock.h"
 #include "train/run_tokenizer.h"
@@ -249,7 +250,17 @@ TrainData prepare_train_data(const TrainConfig& c, std::ostream& log) {
 std::unique_ptr<StreamLoader> stream_train_data(const TrainConfig& c, const LoaderOptions& lo, int64_t vocab_size,
                                                 std::ostream& log) {
   std::vector<StreamInput> inputs;
-  for (const DatasetSpec& d : c.datasets) inputs.push_back({d.path, d.split, d.type, run_fields(c, d, "train"), {}});
+  for (const DatasetSpec& d : c.datasets) {
+    std::function<void()> fetch;
+    if (d.fetch)  // a streamed hub dataset's file: downloaded when the stream first opens it
+      fetch = [path = d.path, f = *d.fetch, &log] {
+        std::error_code ec;
+        if (fs::exists(path, ec)) return;
+        const HubClient hub = hub_client_from_env(log, &log == &std::cerr && ::isatty(2));
+        hub_download_file(hub, RepoRef{RepoType::kDataset, f.repo, f.commit}, f.commit, f.file);
+      };
+    inputs.push_back({d.path, d.split, d.type, run_fields(c, d, "train"), std::move(fetch)});
+  }
   StreamOptions o;
   o.loader = lo;
   o.tokenizer_dir = run_tokenizer_folder(c);
