@@ -521,6 +521,13 @@ TEST(Hub, AxolotlStreamingPretrainExampleRunsAndResumesExactly) {
   ASSERT_EQ(b.size(), 2u);
   for (int64_t step : {3, 4}) EXPECT_EQ(a.at(step), b.at(step)) << "step " << step;
   EXPECT_NE(a.at(1), a.at(3));
+  // nothing to preprocess: as Axolotl's streaming datasets need no `axolotl preprocess`
+  const auto pre = test::run("preprocess " + cfg + " --set output_dir=pre", h.t);
+  ASSERT_EQ(pre.code, 0) << pre.err;
+  EXPECT_NE(pre.err.find("tokenize: the training datasets are streamed (pretraining_dataset): read and tokenized as "
+                         "training reaches them, nothing prepared here\n"),
+            std::string::npos)
+      << pre.err;
 }
 
 TEST(Hub, RefusedAndMissingReposAreOneLine) {

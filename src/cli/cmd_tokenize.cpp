@@ -90,6 +90,10 @@ std::function<int()> add_tokenize_command(CLI::App& app) {
         TrainData d = prepare_train_data(cfg, std::cerr);
         train = std::move(d.train), validation = std::move(d.validation);
       }
+      if (cfg.streaming)  // (as Axolotl's streaming datasets need no `axolotl preprocess`)
+        std::cerr << "tokenize: the training datasets are streamed ("
+                  << (cfg.pretraining_dataset ? "pretraining_dataset" : "streaming")
+                  << "): read and tokenized as training reaches them, nothing prepared here\n";
       const char* unit = pairs ? " pairs" : " documents";
       const int64_t per = pairs ? 2 : 1;
       std::cerr << "tokenize: " << train.documents() / per << " training and " << validation.documents() / per
