@@ -77,3 +77,39 @@ def test_drop_system_message(demo, tmp_path):
 def test_bad_jinja_settings_are_one_line(demo, tmp_path, config, message):
     r = run(demo, tmp_path, config)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# A second template for the dataset-level key: angle-bracketed roles.
+JINJA_B = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}"
+           "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}")
+
+
+def test_dataset_level_chat_template_jinja(demo, tmp_path):
+    """Axolotl's dataset-level chat_template: jinja + chat_template_jinja: each dataset renders with its own template
+    (the other with the top-level one), each as transformers' apply_chat_template does with that template."""
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS[:3]))
+    r = run(demo, tmp_path, {"chat_template": "jinja", "chat_template_jinja": JINJA,
+                             "datasets": [{"path": str(tmp_path / "data.jsonl"), "type": "chat_template"},
+                                          {"path": str(tmp_path / "b.jsonl"), "type": "chat_template",
+                                           "chat_template": "jinja", "chat_template_jinja": JINJA_B}]})
+    assert r.returncode == 0, r.stderr
+    folders = sorted(prepared(tmp_path), key=lambda p: p.name)
+    assert [p.name[:7] for p in folders] == ["train-0", "train-1"]
+    tok = transformers.AutoTokenizer.from_pretrained(str(demo / "model"))
+    for folder, template, rows in [(folders[0], JINJA, ROWS), (folders[1], JINJA_B, ROWS[:3])]:
+        expected = [tok.apply_chat_template(row["messages"], chat_template=template, tokenize=True, return_dict=False)
+                    for row in rows]
+        assert documents(folder) == expected, folder.name
+
+
+@pytest.mark.parametrize("entry,message", [
+    ({"chat_template": "jinja"}, "chat_template: jinja needs chat_template_jinja (the template)"),
+    ({"chat_template_jinja": JINJA_B}, "chat_template_jinja is read with the dataset's chat_template: jinja"),
+    ({"chat_template": "chatml", "chat_template_jinja": JINJA_B},
+     "chat_template_jinja is read with the dataset's chat_template: jinja, not chat_template: chatml"),
+    ({"chat_template": "jinja", "chat_template_jinja": "{% if %}"},
+     "chat_template_jinja is not a template soltrain can render"),
+])
+def test_bad_dataset_jinja_settings_are_one_line(demo, tmp_path, entry, message):
+    r = run(demo, tmp_path, {"datasets": [{"path": str(tmp_path / "data.jsonl"), "type": "chat_template", **entry}]})
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -8,6 +8,7 @@
 #include "data/named_templates.h"
 #include "data/preference.h"
 #include "hub/hub_cache.h"
+#include "tokenizer/chat_template.h"
 
 namespace soltrain {
 
@@ -35,6 +36,7 @@ struct DatasetRead {
   std::string system_prompt_type, system_prompt_type_where, system_prompt_field;
   std::vector<std::string> roles_to_train;
   std::string roles_to_train_where, type_name;
+  std::string chat_template_where, chat_template_jinja_where;
   DatasetRead(TrainMode m, std::string fl) : mode(m), file(std::move(fl)) {
     if (mode == TrainMode::kPretrain) d.type = DatasetType::kText;
   }
@@ -232,11 +234,20 @@ void add_shape_keys(DatasetKeys& keys) {
       {"chat_template",
        [](const Entry& e, DatasetRead& r) {
          const std::string s = get_string(e, "chat_template");
-         if (s != "tokenizer_default" && !named_chat_template(s))
+         if (s != "tokenizer_default" && s != "jinja" && !named_chat_template(s))
            user_error(e.where, ": chat_template: \"", s,
-                      "\": not a template soltrain has; use tokenizer_default (the model's own) or one of ",
+                      "\": not a template soltrain has; use tokenizer_default (the model's own), jinja (with "
+                      "chat_template_jinja) or one of ",
                       named_chat_template_list());
          r.f.chat_template = s;
+         r.chat_template_where = e.where;
+       }},
+      // Axolotl's dataset-level template text, read with chat_template: jinja (or none)
+      {"chat_template_jinja",
+       [](const Entry& e, DatasetRead& r) {
+         if (!e.node.IsScalar() || e.node.Scalar().empty()) bad_value(e, "chat_template_jinja", "a Jinja chat template");
+         r.f.chat_template_jinja = e.node.Scalar();
+         r.chat_template_jinja_where = e.where;
        }},
       {"message_field_role",
        [](const Entry& e, DatasetRead& r) { r.f.role = r.f.from = get_string(e, "message_field_role"); }},
@@ -284,6 +295,22 @@ void resolve_dependent_keys(DatasetRead& r, const std::map<std::string, std::str
       errors.push_back(cat(r.system_prompt_type_where, ": system_prompt_type: field needs system_prompt_field"));
     f.system = r.system_prompt_field;
     f.system_prompt.clear();
+  }
+  // chat_template: jinja and chat_template_jinja come together (Axolotl's extract_chat_template_args reads a dataset's
+  // text only with its chat_template, and silently uses the top-level choice without: refused here)
+  if (!f.chat_template_jinja.empty()) {
+    if (f.chat_template != "jinja")
+      errors.push_back(cat(r.chat_template_jinja_where, ": chat_template_jinja is read with the dataset's ",
+                           "chat_template: jinja", f.chat_template.empty() ? "" : ", not chat_template: ",
+                           f.chat_template));
+    try {
+      ChatTemplate check(f.chat_template_jinja);
+    } catch (const std::exception& e) {
+      errors.push_back(cat(r.chat_template_jinja_where,
+                           ": chat_template_jinja is not a template soltrain can render: ", e.what()));
+    }
+  } else if (f.chat_template == "jinja") {
+    errors.push_back(cat(r.chat_template_where, ": chat_template: jinja needs chat_template_jinja (the template)"));
   }
   // Axolotl's chat_template reads a record's "system" column as its system message unless told another
   // field (ChatTemplatePrompter field_system="system", prompt_strategies/chat_template.py).

@@ -84,6 +84,8 @@ struct DatasetFields {
   // Axolotl's chat_template: "" (not said: the config's top-level choice), "tokenizer_default" (the
   // model's own) or a name from named_templates.h.
   std::string chat_template;
+  // chat_template "jinja": the dataset's own Jinja template (Axolotl's dataset-level chat_template_jinja)
+  std::string chat_template_jinja;
   bool drop_system_message = false;               // Axolotl's: a conversation's leading system message is left out
   std::optional<UserDefinedFormat> user_defined;  // kUserDefined's formats (its fields are the ones above)
   // A LLaMA-Factory dataset (a translated LLaMA-Factory config's; data/llama_factory.h): its dataset_info.json shape,

@@ -4,9 +4,10 @@
 
 namespace soltrain {
 
-ChatTemplate chat_template_for(const std::string& name, const std::filesystem::path& tokenizer_config) {
+ChatTemplate chat_template_for(const std::string& name, const std::string& jinja,
+                               const std::filesystem::path& tokenizer_config) {
   if (name.empty() || name == "tokenizer_default") return ChatTemplate::from_tokenizer_config(tokenizer_config);
-  const auto source = named_chat_template(name);
+  const auto source = name == "jinja" ? std::optional<std::string>(jinja) : named_chat_template(name);
   if (!source) user_error("chat_template: \"", name, "\" is not a template soltrain has");
   ChatTemplate t(*source);
   const ChatTemplate own = ChatTemplate::from_tokenizer_config(tokenizer_config);
@@ -29,7 +30,7 @@ Document RecordEncoder::encode(const nlohmann::ordered_json& record) {
   const Sample s = to_sample(record, type_, fields_);
   // The template is parsed only when a conversation needs it: base models often have none.
   if (!s.is_text && !s.llama_factory && !tmpl_) {
-    tmpl_.emplace(chat_template_for(fields_.chat_template, dir_ / "tokenizer_config.json"));
+    tmpl_.emplace(chat_template_for(fields_.chat_template, fields_.chat_template_jinja, dir_ / "tokenizer_config.json"));
     enc_.reset();
   }
   if (!enc_) {

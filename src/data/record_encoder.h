@@ -38,8 +38,10 @@ class RecordEncoder {
   std::optional<SampleEncoder> enc_;
 };
 
-// The chat template a dataset's conversations render with: `name` one of soltrain's named templates (with the
-// tokenizer's bos/eos), or the tokenizer_config's own when empty or "tokenizer_default". UserError for an unknown name.
-ChatTemplate chat_template_for(const std::string& name, const std::filesystem::path& tokenizer_config);
+// The chat template a dataset's conversations render with: `name` one of soltrain's named templates, or "jinja" with
+// `jinja` its text (both with the tokenizer's bos/eos), or the tokenizer_config's own when empty or
+// "tokenizer_default". UserError for an unknown name.
+ChatTemplate chat_template_for(const std::string& name, const std::string& jinja,
+                               const std::filesystem::path& tokenizer_config);
 
 }  // namespace soltrain

@@ -48,6 +48,7 @@ json fields_json(const DatasetFields& f) {
           {"roles_to_train", f.roles_to_train},
           {"train_on_eos", f.train_on_eos},
           {"chat_template", f.chat_template},
+          {"chat_template_jinja", f.chat_template_jinja},
           {"drop_system_message", f.drop_system_message},
           {"user_defined", f.user_defined ? json{f.user_defined->system_prompt, f.user_defined->format,
                                                  f.user_defined->no_input_format, f.user_defined->system_format}

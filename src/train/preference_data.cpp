@@ -51,7 +51,7 @@ ChatTemplate load_template(const TrainConfig& c, const DatasetSpec& spec) {
   std::string name = spec.fields.chat_template.empty() ? c.chat_template : spec.fields.chat_template;
   // Axolotl's chatml.* types write ChatML whatever the model's template is.
   if (spec.fields.chat_template.empty() && spec.preference_type.starts_with("chatml.")) name = "chatml";
-  return chat_template_for(name, cfg);
+  return chat_template_for(name, spec.fields.chat_template_jinja, cfg);
 }
 
 // KTO's pairs of one block of per_device_train_batch_size consecutive examples, as TRL makes them: each example,
