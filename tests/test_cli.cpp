@@ -4,7 +4,6 @@
 
 #include <cstdio>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
@@ -95,14 +94,15 @@ TEST(Cli, BenchAttentionPrintsItsTimes) {
 // soltrain lacks, or Muon with offloaded state, is one line.
 TEST(Cli, BenchTakesTheConfigsOptimizerNames) {
   TempDir t;
-  const std::string base = "bench --model " + model_dir() + " --device cpu --batch-size 1 --seq-len 16 --steps 1 "
+  const std::string base = "bench --model " + model_dir() +
+                           " --device cpu --batch-size 1 --seq-len 16 --steps 1 "
                            "--warmup 0 --optimizer ";
-  for (const char* opt : {"muon", "adamw_torch_4bit"}) {
+  for (const char* opt : {"muon", "normuon", "adamw_torch_4bit"}) {
     const CliRun r = run(base + opt, t);
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(nlohmann::json::parse(r.out).at("optimizer"), opt);
   }
-  expect_user_error(run(base + "normuon", t), "bench --optimizer normuon: not built yet; optimizer: muon is");
+  expect_user_error(run(base + "muon_8bit", t), "bench --optimizer muon_8bit: not built yet; optimizer: muon is");
   expect_user_error(run(base + "muon --offload both", t),
                     "bench --optimizer muon: not with --offload or --data-parallel (as training: not built yet)");
 }

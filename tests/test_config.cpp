@@ -564,9 +564,12 @@ TEST(Config, MissingFeaturesAreNamedInOneLine) {
   EXPECT_EQ(error_of(kBase + "qat:\n"), "no error");
   EXPECT_EQ(error_of(kBase + "optimizer: lion_8bit\n"),
             "cfg.yaml:6: optimizer: \"lion_8bit\": not supported; use optimizer: adamw_torch (fp32 moments), "
-            "adamw_8bit, adamw_torch_8bit, adamw_torch_4bit or muon");
-  EXPECT_EQ(error_of(kBase + "optimizer: normuon\n"),
-            "cfg.yaml:6: optimizer: \"normuon\": not built yet; optimizer: muon is");
+            "adamw_8bit, adamw_torch_8bit, adamw_torch_4bit, muon or normuon");
+  EXPECT_EQ(error_of(kBase + "optimizer: muon_8bit\n"),
+            "cfg.yaml:6: optimizer: \"muon_8bit\": not built yet; optimizer: muon is");
+  EXPECT_EQ(error_of(kBase + "optimizer: normuon\nzero_stage: 2\n"),
+            "cfg.yaml:6: optimizer: normuon with zero_stage >= 1 is not built yet (Muon orthogonalises whole matrices; "
+            "each rank holds a slice)");
   EXPECT_EQ(error_of(kBase + "optimizer: muon\noffload_optimizer: true\n"),
             "cfg.yaml:6: optimizer: muon with offloaded optimizer state is not built yet");
   EXPECT_EQ(error_of(kBase + "recipe: fp8_hybrid\n"),

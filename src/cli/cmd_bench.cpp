@@ -104,7 +104,8 @@ TrainConfig bench_config(const BenchOpts& o) {
     user_error("bench --optimizer ", o.optimizer, ": ", optimizer_refusal(o.optimizer));
   c.offload = bench_offload(o);
   if (c.muon && (c.offload.any() || o.data_parallel >= 1))
-    user_error("bench --optimizer muon: not with --offload or --data-parallel (as training: not built yet)");
+    user_error("bench --optimizer ", o.optimizer,
+               ": not with --offload or --data-parallel (as training: not built yet)");
   return c;
 }
 
@@ -196,7 +197,8 @@ int print_activation_plan(const BenchOpts& o) {
   const ParameterStore::PlannedBytes w = ps.planned_bytes(act);
   const Offload offload = bench.offload;
   const bool host_master = offload.master, host_moments = offload.optimizer;
-  const AdamW::Plan opt = AdamW::plan(ps, bench.moments, offload, bench.muon ? std::optional(act) : std::nullopt);
+  const AdamW::Plan opt =
+      AdamW::plan(ps, bench.moments, offload, bench.muon ? std::optional(act) : std::nullopt, bench.normuon);
   const size_t slots = 2 * size_t(w.largest_host_group) * dtype_size(act);
   double weights = double(w.weights() - (host_master ? w.masters : 0) + slots) / gib;
   double optimizer = double(opt.device(host_moments)) / gib, grads = double(w.grads) / gib, host_grads = 0;
@@ -396,7 +398,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--optimizer", o->optimizer,
                 "the config's optimizer names: adamw (fp32 moments), adamw_8bit (bitsandbytes' 8-bit blockwise), "
-                "adamw_torch_8bit / adamw_torch_4bit (torchao's) or muon")
+                "adamw_torch_8bit / adamw_torch_4bit (torchao's), muon or normuon")
       ->capture_default_str();
   c->add_option("--offload", o->offload,
                 "fp32 state in host memory, streamed through the GPU each update: none, optimizer (the AdamW "

@@ -577,14 +577,15 @@ void rule_optimizer(const Entries& en, const std::string&, TrainConfig& c, std::
                          ": optimizer: adamw_torch_4bit with offloaded optimizer state is not built yet"));
   if (!c.muon) return;
   const std::string where = en.by_key.at("optimizer").where;
-  if (!(en.given({"adamw_beta1", "adam_beta1"}) && en.given({"adamw_beta2", "adam_beta2"}))) {
+  const char* name = c.normuon ? "normuon" : "muon";
+  if (!c.normuon && !(en.given({"adamw_beta1", "adam_beta1"}) && en.given({"adamw_beta2", "adam_beta2"}))) {
     c.adamw_beta1 = 0.9;
     c.adamw_beta2 = 0.95;
   }
   if (c.offload.optimizer || c.offload.master || c.offload.grads)
-    errors.push_back(cat(where, ": optimizer: muon with offloaded optimizer state is not built yet"));
+    errors.push_back(cat(where, ": optimizer: ", name, " with offloaded optimizer state is not built yet"));
   if (c.zero_stage >= 1)
-    errors.push_back(cat(where, ": optimizer: muon with zero_stage >= 1 is not built yet (Muon ",
+    errors.push_back(cat(where, ": optimizer: ", name, " with zero_stage >= 1 is not built yet (Muon ",
                          "orthogonalises whole matrices; each rank holds a slice)"));
 }
 

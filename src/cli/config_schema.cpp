@@ -490,15 +490,16 @@ bool set_optimizer(TrainConfig& c, const std::string& s) {
   for (const char* o : {"adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit"})
     if (s == o) return c.moments = Moments::Blockwise8, true;
   if (s == "muon") return c.muon = true, true;
+  if (s == "normuon") return c.muon = c.normuon = true, true;  // Surogate's
   // HF's adamw_torch_8bit: torchao's AdamW8bit (bitsandbytes' maps and blocks, whole blocks only)
   if (s == "adamw_torch_8bit") return c.moments = Moments::Torchao8, true;
   return false;
 }
 
 std::string optimizer_refusal(const std::string& s) {
-  if (s == "normuon" || s == "muon_8bit" || s == "dist_muon") return "not built yet; optimizer: muon is";
-  return "not supported; use optimizer: adamw_torch (fp32 moments), adamw_8bit, adamw_torch_8bit, adamw_torch_4bit or "
-         "muon";
+  if (s == "muon_8bit" || s == "dist_muon") return "not built yet; optimizer: muon is";
+  return "not supported; use optimizer: adamw_torch (fp32 moments), adamw_8bit, adamw_torch_8bit, adamw_torch_4bit, "
+         "muon or normuon";
 }
 
 namespace {
@@ -507,15 +508,22 @@ void add_optimizer_keys(std::vector<KeySpec>& v) {
   v.push_back(
       key("optimizer", "choice",
           "adamw_torch (adamw, adamw_torch_fused, adamw_hf, paged_adamw_32bit), adamw_8bit (adamw_bnb_8bit, "
-          "paged_adamw_8bit), adamw_torch_8bit / adamw_torch_4bit (torchao's) or muon",
+          "paged_adamw_8bit), adamw_torch_8bit / adamw_torch_4bit (torchao's), muon or normuon",
           "adamw_torch",
           "AdamW with fp32 moments, or bitsandbytes' 8-bit blockwise moments (HF Trainer's names), or Muon on the "
-          "hidden matrices with AdamW on the rest (Axolotl's muon)",
+          "hidden matrices with AdamW on the rest (Axolotl's muon), or NorMuon there (Surogate's normuon)",
           [](const Entry& e, const std::string& k, ReadContext& x) {
             const std::string s = get_string(e, k);
             if (!set_optimizer(x.c, s)) user_error(e.where, ": ", k, ": \"", s, "\": ", optimizer_refusal(s));
           }));
   v.push_back(number("weight_decay", FIELD(weight_decay), 0, 10, false, "AdamW's decoupled weight decay"));
+  v.push_back(number("normuon_momentum", FIELD(normuon_momentum), 0, 1, true,
+                     "Surogate's: optimizer: normuon's momentum on the hidden matrices"));
+  v.push_back(number("normuon_beta2", FIELD(normuon_beta2), 0, 1, true,
+                     "Surogate's: optimizer: normuon's variance EMA factor"));
+  v.push_back(flag("normuon_cautious_wd", FIELD(normuon_cautious_wd),
+                   "Surogate's: optimizer: normuon decays a weight only where its update agrees in sign (false: no "
+                   "weight decay on its matrices, as Surogate)"));
   v.push_back(number("max_grad_norm", FIELD(max_grad_norm), 0, 1e9, false,
                      "clip the global gradient norm to this (0: no clipping)"));
   // (adam_*: HF TrainingArguments' and Axolotl's names for the same)

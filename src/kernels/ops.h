@@ -68,10 +68,23 @@ struct MuonParams {
   float grad_scale = 1.0f;             // as AdamWParams: clipping's factor, folded into the gradient's read
   const Tensor* grad_sumsq = nullptr;  // ... or decided on the device from Σg²
   float max_grad_norm = 0;
-  float eps = 1e-7f;  // the Newton–Schulz input is divided by its Frobenius norm + eps
+  float eps = 1e-7f;  // the Newton–Schulz input is divided by its Frobenius norm · norm_scale + eps
+  float norm_scale = 1.0f;
   int ns_steps = 5;
   float a = 3.4445f, b = -4.7750f, c = 2.0315f;  // the quintic iteration's coefficients
+  // Per iteration (ns_steps rows of a, b, c) instead of the one triple: Polar Express's schedule (NorMuon's)
+  const float (*coefficients)[3] = nullptr;
+  bool nesterov = true;  // false: the iteration's input is the momentum itself (NorMuon's)
 };
+
+// NorMuon's extra state and step (Surogate's optimizer: normuon, after modded-nanogpt's NorMuon; arXiv 2510.05491):
+// Polar Express's coefficients (arXiv 2505.16932: 5 iterations, safety factor 2e-2, cushion 2) and its input's
+// scale, the Frobenius norm times 1.02 plus 1e-6.
+inline constexpr float kPolarExpress[5][3] = {{8.156554524902461f, -22.48329292557795f, 15.878769915207462f},
+                                              {4.042929935166739f, -2.808917465908714f, 0.5000178451051316f},
+                                              {3.8916678022926607f, -2.772484153217685f, 0.5060648178503393f},
+                                              {3.285753657755655f, -2.3681294933425376f, 0.46449024233003106f},
+                                              {2.3465413258596377f, -1.7097828382687081f, 0.42323551169305323f}};
 
 // A moment stored 8-bit blockwise: U8 codes [n], F32 absmax [ceil(n / 256)], and the F32 [256] map the codes
 // index (on the ops' device).
@@ -556,6 +569,13 @@ class Ops {
   // master (F32 [n]) ← master · decay − step · x (x in the activation dtype): Muon's decoupled weight decay (decay =
   // 1 − lr·wd) and its scaled step; `compute_copy` as adamw()'s.
   virtual void muon_update(Tensor master, const Tensor& x, float decay, float step, Tensor* compute_copy) = 0;
+  // NorMuon's variance reduction on x [r, c] (activation dtype, orthogonalised): the mean of x² over each row when
+  // r >= c (else over each column) moves the F32 EMA `buffer` [r] (else [c]) by 1 − beta2, and the row's (column's)
+  // values are scaled by 1/√max(buffer, 1e-10).
+  virtual void normuon_variance(Tensor x, Tensor buffer, float beta2) = 0;
+  // master (F32 [n]) ← master − wd_step · master · [x·master ≥ 0] − step · x: NorMuon's cautious weight decay (only
+  // where the update and the weight agree in sign) and step; `compute_copy` as adamw()'s.
+  virtual void normuon_update(Tensor master, const Tensor& x, float wd_step, float step, Tensor* compute_copy) = 0;
 };
 
 std::unique_ptr<Ops> make_cpu_ops();

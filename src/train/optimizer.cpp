@@ -35,7 +35,13 @@ int64_t map_entries(Moments m) {
 }
 }  // namespace
 
-AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offload, std::optional<DType> muon) {
+// NorMuon's variance EMA of a matrix: one value per row of a tall (or square) one, per column of a wide one.
+static int64_t normuon_variance_size(const Shape& s) {
+  return std::max(s[0], s[1]);
+}
+
+AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offload, std::optional<DType> muon,
+                        bool normuon) {
   if (muon) {  // momentum for every trained parameter, second moments for AdamW's, the scratch of the widest matrix
     int64_t total = 0, adamw = 0, widest = 1, ns = 1;
     for (const Parameter& q : ps.all()) {
@@ -46,6 +52,7 @@ AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offlo
         adamw += n;
         continue;
       }
+      if (normuon) adamw += normuon_variance_size(q.shape);
       const int64_t r = std::min(q.shape[0], q.shape[1]);
       widest = std::max(widest, n);
       ns = std::max(ns, 2 * r * r + n);  // (newton_schulz: A = X Xᵀ and B, r x r each, and the next X)
@@ -98,10 +105,10 @@ AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offlo
   return p;
 }
 
-AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload, bool muon)
-    : params_(params), ops_(ops), moments_(moments), offload_(offload), muon_(muon) {
+AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload, bool muon, bool normuon)
+    : params_(params), ops_(ops), moments_(moments), offload_(offload), muon_(muon), normuon_(muon && normuon) {
   SOLTRAIN_CHECK(!muon || (moments == Moments::F32 && !offload.any()), "Muon's state: fp32 and resident");
-  const Plan pl = plan(params, moments, offload, muon ? std::optional(ops.activation_dtype()) : std::nullopt);
+  const Plan pl = plan(params, moments, offload, muon ? std::optional(ops.activation_dtype()) : std::nullopt, normuon_);
   if (muon) {  // which parameters Muon updates, where AdamW's second moments sit, the scratch (never in the step)
     const DType act = ops.activation_dtype();
     int64_t v_at = 0;
@@ -113,6 +120,10 @@ AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload,
         muon_v_at_.back() = v_at;
         v_at += shape_numel(p.shape);
         continue;
+      }
+      if (normuon_) {
+        muon_v_at_.back() = v_at;
+        v_at += normuon_variance_size(p.shape);
       }
       SOLTRAIN_CHECK(p.order.named(), "Muon on a parameter stored in another order: ", p.name);
     }
@@ -250,6 +261,13 @@ void AdamW::step_muon(const OptimizerConfig& cfg, float lr, float grad_scale, co
   mp.grad_scale = grad_scale;
   mp.grad_sumsq = grad_sumsq;
   mp.max_grad_norm = cfg.max_grad_norm;
+  if (normuon_) {  // NorMuon: Polar Express on the plain momentum (its own five coefficient triples)
+    mp.nesterov = false;
+    mp.coefficients = kPolarExpress;
+    mp.ns_steps = 5;
+    mp.norm_scale = 1.02f;
+    mp.eps = 1e-6f;
+  }
   for (size_t i = 0; i < params_.all().size(); ++i) {
     const Parameter& p = params_.all()[i];
     if (!p.trainable) continue;
@@ -269,15 +287,29 @@ void AdamW::step_muon(const OptimizerConfig& cfg, float lr, float grad_scale, co
     ops_.muon_momentum(u, m, p.grad.view(flat), sumsq, mp);
     ops_.newton_schulz(u.view(p.shape), sumsq,
                        Tensor{muon_ns_.data(), act, {int64_t(muon_ns_.bytes() / dtype_size(act))}, ops_.device()}, mp);
-    // the "original" step size: lr · √max(1, rows / cols) (Keller Jordan's; torch's adjust_lr_fn default)
+    // the "original" step size: lr · √max(1, rows / cols) (Keller Jordan's; torch's adjust_lr_fn default; NorMuon's
+    // normuon_lr_multiplier)
     const float scale = std::sqrt(std::max(1.0f, float(p.shape[0]) / float(p.shape[1])));
+    if (normuon_) {
+      ops_.normuon_variance(u.view(p.shape),
+                            Tensor{static_cast<float*>(v_.data()) + muon_v_at_[i],
+                                   DType::F32,
+                                   {normuon_variance_size(p.shape)},
+                                   ops_.device()},
+                            cfg.muon->beta2);
+      const float step = lr * scale;
+      ops_.normuon_update(p.master.view(flat), u, cfg.muon->cautious_wd ? step * cfg.weight_decay : 0.0f, step,
+                          copy_out);
+      continue;
+    }
     ops_.muon_update(p.master.view(flat), u, float(1.0 - double(lr) * double(cfg.weight_decay)), lr * scale, copy_out);
   }
 }
 
 void AdamW::step(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq) {
   ++step_;
-  SOLTRAIN_CHECK(cfg.muon.has_value() == muon_, "an update with another optimizer than the state was made for");
+  SOLTRAIN_CHECK(cfg.muon.has_value() == muon_ && (!muon_ || cfg.muon->normuon == normuon_),
+                 "an update with another optimizer than the state was made for");
   if (muon_) return step_muon(cfg, lr, grad_scale, grad_sumsq);
   if (low_bit(moments_))
     return offload_.any() ? step_streamed_8bit(cfg, lr, grad_scale, grad_sumsq)
@@ -369,10 +401,17 @@ void AdamW::save(const std::filesystem::path& file) const {
       const int64_t at = !second ? p.offset : muon_ ? muon_v_at_[i] : p.offset;
       if (at < 0) continue;  // (a Muon matrix has no second moment)
       const Buffer* buf = second ? &v_ : &m_;
+      // (a NorMuon matrix's second state is its variance EMA, one value per row or column)
+      const bool variance = second && normuon_ && muon_param_[i];
+      const Shape shape = variance ? Shape{normuon_variance_size(p.shape)} : p.shape;
       tensors.push_back(
-          {(second ? "exp_avg_sq." : "exp_avg.") + p.name, DType::F32, p.shape, [this, &p, buf, at](void* dst) {
-             const Tensor src{static_cast<float*>(buf->data()) + at, DType::F32, p.shape, buf->device()};
-             ops_.copy_to_host(Tensor{dst, DType::F32, p.shape, Device::CPU}, src, DeferredWrites::queueing());
+          {(variance ? "normuon_variance."
+            : second ? "exp_avg_sq."
+                     : "exp_avg.") +
+               p.name,
+           DType::F32, shape, [this, shape, buf, at](void* dst) {
+             const Tensor src{static_cast<float*>(buf->data()) + at, DType::F32, shape, buf->device()};
+             ops_.copy_to_host(Tensor{dst, DType::F32, shape, Device::CPU}, src, DeferredWrites::queueing());
            }});
     }
   }
@@ -497,6 +536,9 @@ void AdamW::load(const std::vector<std::filesystem::path>& files) {
           if (host == &m || !muon_ || !muon_param_[i])  // (a Muon matrix's exp_avg_sq, if an older file has it, unread)
             read_as_f32(f.at(prefix + p.name), p.shape, host->data() + p.offset,
                         file.string() + ": " + prefix + p.name);
+        if (normuon_ && muon_param_[i])  // its variance EMA, at the start of its place in the flat layout
+          read_as_f32(f.at("normuon_variance." + p.name), Shape{normuon_variance_size(p.shape)}, v.data() + p.offset,
+                      file.string() + ": normuon_variance." + p.name);
       }
     } else {
       // The first format: two flat tensors laid out [every decayed parameter | the rest], each in model order.
@@ -539,7 +581,7 @@ void AdamW::load(const std::vector<std::filesystem::path>& files) {
       for (size_t i = 0; i < params_.all().size(); ++i) {
         const Parameter& p = params_.all()[i];
         if (muon_v_at_[i] < 0) continue;
-        const Shape flat{shape_numel(p.shape)};
+        const Shape flat{muon_param_[i] ? normuon_variance_size(p.shape) : shape_numel(p.shape)};
         ops_.copy(Tensor{static_cast<float*>(v_.data()) + muon_v_at_[i], DType::F32, flat, v_.device()},
                   Tensor{v.data() + p.offset, DType::F32, flat, Device::CPU});
       }

@@ -49,6 +49,12 @@ struct Offload {
 struct MuonSettings {
   float momentum = 0.95f;
   int ns_steps = 5;
+  // Surogate's optimizer: normuon (NorMuon): momentum without Nesterov's look-ahead, Polar Express's iteration, the
+  // variance reduction (an EMA of each row's or column's mean square, factor beta2) and cautious weight decay (none
+  // without it, as Surogate's kernel passes 0).
+  bool normuon = false;
+  float beta2 = 0.95f;
+  bool cautious_wd = true;
 };
 // Whether Muon updates `p` (a trained 2-D matrix that is not an embedding or head).
 bool updated_by_muon(const Parameter& p);
@@ -68,7 +74,9 @@ class AdamW {
   // With `offload.master` the store's masters move to host memory here (before the first update, after they
   // were loaded); with `offload.optimizer` the moments are made there.
   // With `muon` the state is Muon's and AdamW's (OptimizerConfig::muon; updates must then say muon).
-  AdamW(ParameterStore& params, Ops& ops, Moments moments = Moments::F32, Offload offload = {}, bool muon = false);
+  // `normuon` (with muon): NorMuon's, whose matrices also keep a variance EMA (MuonSettings::normuon).
+  AdamW(ParameterStore& params, Ops& ops, Moments moments = Moments::F32, Offload offload = {}, bool muon = false,
+        bool normuon = false);
   // ZeRO-1/2: moments (and updates) for `shard` only, ranges of the flat buffers (data_parallel.h); fp32.
   AdamW(ParameterStore& params, Ops& ops, std::vector<ParamRange> shard);
   bool sharded() const { return shard_.has_value(); }
@@ -83,9 +91,9 @@ class AdamW {
     size_t moments() const { return m + v + mq + vq + mabs + vabs; }  // in host memory with offload_optimizer
     size_t device(bool host_moments) const { return (host_moments ? 0 : moments()) + maps + 2 * slot + muon_scratch; }
   };
-  // `muon`: Muon's state (fp32, resident) with its scratch in that activation dtype.
-  static Plan plan(const ParameterStore& ps, Moments moments, Offload offload,
-                   std::optional<DType> muon = std::nullopt);
+  // `muon`: Muon's state (fp32, resident) with its scratch in that activation dtype; `normuon` NorMuon's.
+  static Plan plan(const ParameterStore& ps, Moments moments, Offload offload, std::optional<DType> muon = std::nullopt,
+                   bool normuon = false);
   // One update with learning rate `lr` (the schedule's value for this step), gradients read times
   // `grad_scale`, and times clipping's factor (torch's clip_grad_norm_, kernels/ops.h clip_factor) computed
   // on the device from `grad_sumsq` (F64 [1], Σg²) when given: nothing waits for the host between backward
@@ -93,7 +101,8 @@ class AdamW {
   void step(const OptimizerConfig& cfg, float lr, float grad_scale = 1.0f, const Tensor* grad_sumsq = nullptr);
   int steps_done() const { return step_; }
   const char* optimizer_name() const {
-    return muon_                           ? "muon"
+    return normuon_                        ? "normuon"
+           : muon_                         ? "muon"
            : moments_ == Moments::Torchao8 ? "adamw_torch_8bit"
            : moments_ == Moments::Torchao4 ? "adamw_torch_4bit"
                                            : "adamw";
@@ -141,8 +150,11 @@ class AdamW {
   void step_muon(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq);
   Buffer muon_u_, muon_ns_, muon_sumsq_;  // the Nesterov input, Newton–Schulz's scratch, Σu² (F64)
   std::vector<bool> muon_param_;          // per parameter of the store (its order): Muon updates it
-  std::vector<int64_t> muon_v_at_;        // per parameter: where its exp_avg_sq starts in v_ (AdamW's only)
-  bool muon_ = false;                     // the state holds Muon's momentum (said in the file's metadata)
+  // per parameter: where its exp_avg_sq starts in v_ (AdamW's only), or NorMuon's variance EMA of a matrix
+  // [max(rows, cols)]
+  std::vector<int64_t> muon_v_at_;
+  bool muon_ = false;     // the state holds Muon's momentum (said in the file's metadata)
+  bool normuon_ = false;  // ... and NorMuon's variance EMAs
 
   ParameterStore& params_;
   Ops& ops_;

@@ -159,7 +159,11 @@ struct TrainConfig {
   double adamw_beta1 = 0.9, adamw_beta2 = 0.999, adamw_epsilon = 1e-8;
   Moments moments = Moments::F32;  // `optimizer: adamw_8bit` (and bitsandbytes' names for it): Blockwise8
   bool muon = false;               // `optimizer: muon`: Muon on the hidden matrices, AdamW on the rest (optimizer.h)
-  Offload offload;                 // `offload_master`, `offload_optimizer`, `offload_grads`: that state in host memory
+  // Surogate's optimizer: normuon (with muon set): NorMuon (train/optimizer.h MuonSettings) and its keys
+  bool normuon = false;
+  double normuon_momentum = 0.95, normuon_beta2 = 0.95;
+  bool normuon_cautious_wd = true;
+  Offload offload;  // `offload_master`, `offload_optimizer`, `offload_grads`: that state in host memory
   uint64_t seed = 42;
   Recompute recompute = Recompute::None;
   int64_t token_tile = 0;            // the MLP's token tile for long sequences; 0 = automatic (model/activation_plan.h)

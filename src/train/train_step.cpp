@@ -10,7 +10,8 @@ namespace soltrain {
 TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt)
     : model_(model),
       opt_(opt),
-      adamw_(std::make_unique<AdamW>(model.params(), model.ops(), opt.moments, opt.offload, opt.muon.has_value())),
+      adamw_(std::make_unique<AdamW>(model.params(), model.ops(), opt.moments, opt.offload, opt.muon.has_value(),
+                                     opt.muon && opt.muon->normuon)),
       sft_(model.ops()),
       sumsq_(model.ops().alloc(sizeof(double))) {
   if (opt.offload.grads) {
@@ -46,7 +47,7 @@ TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt, Communicato
       dp_(std::make_unique<DataParallel>(model, comm, checked_stage(opt, zero_stage))),
       adamw_(zero_stage >= 1 ? std::make_unique<AdamW>(model.params(), model.ops(), dp_->plan().owned)
                              : std::make_unique<AdamW>(model.params(), model.ops(), opt.moments, opt.offload,
-                                                       opt.muon.has_value())),
+                                                       opt.muon.has_value(), opt.muon && opt.muon->normuon)),
       sft_(model.ops()),
       sumsq_(model.ops().alloc(sizeof(double))),
       loss_sum_(model.ops().alloc(sizeof(double))) {

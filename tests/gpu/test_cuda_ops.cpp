@@ -402,6 +402,45 @@ TEST_F(CudaOps, MuonMatchesTheCpu) {
   }
 }
 
+// NorMuon's ops (Surogate's optimizer: normuon) against the CPU twin: the plain momentum, Polar Express's schedule in
+// bf16 GEMMs, the variance EMA per row (tall) or column (wide) and the cautious step; two steps, so the EMA carries.
+TEST_F(CudaOps, NorMuonMatchesTheCpu) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{48, 200}, {320, 96}}) {
+    const int64_t n = rows * cols, k = std::min(rows, cols), lines = std::max(rows, cols);
+    auto w = randn(static_cast<size_t>(n)), m0 = randn(static_cast<size_t>(n), 0.01f);
+    MuonParams p;
+    p.nesterov = false, p.coefficients = kPolarExpress, p.norm_scale = 1.02f, p.eps = 1e-6f;
+    auto f64 = [&] {
+      buffers.push_back(gpu->alloc(sizeof(double)));
+      return Tensor{buffers.back().data(), DType::F64, {1}, Device::CUDA};
+    };
+    Tensor gw = upload(w, {n}, DType::F32), gm = upload(m0, {n}, DType::F32), gu = poisoned({rows, cols});
+    Tensor gv = upload(std::vector<float>(size_t(lines), 0.0f), {lines}, DType::F32), gss = f64();
+    Tensor scratch = poisoned({2 * k * k + n}), copy = poisoned({n});
+    std::vector<float> cw = w, cm = m0, cu(static_cast<size_t>(n)), cv(size_t(lines), 0.0f),
+                       cscratch(static_cast<size_t>(2 * k * k + n));
+    for (int step = 0; step < 2; ++step) {
+      const auto g = randn(static_cast<size_t>(n), 0.1f);
+      gpu->muon_momentum(gu.view({n}), gm, upload(g, {n}, DType::F32), gss, p);
+      gpu->newton_schulz(gu, gss, scratch, p);
+      gpu->normuon_variance(gu, gv, 0.95f);
+      gpu->normuon_update(gw, gu.view({n}), 0.02f * 0.1f, 0.02f, &copy);
+      double cpu_ss = 0;
+      const Tensor css{&cpu_ss, DType::F64, {1}, Device::CPU};
+      cpu->muon_momentum(host(cu, {n}), host(cm, {n}), host(g, {n}), css, p);
+      EXPECT_LE(rel(download(gm), cm), 1e-6) << rows << "x" << cols;
+      cpu->newton_schulz(host(cu, {rows, cols}), css, host(cscratch, {2 * k * k + n}), p);
+      cpu->normuon_variance(host(cu, {rows, cols}), host(cv, {lines}), 0.95f);
+      EXPECT_LE(rel(download(gv), cv), 5e-2) << rows << "x" << cols << " step " << step;
+      EXPECT_LE(rel(download(gu), cu), 5e-2) << rows << "x" << cols << " step " << step;
+      cpu->normuon_update(host(cw, {n}), host(cu, {n}), 0.02f * 0.1f, 0.02f, nullptr);
+      EXPECT_LE(rel(download(gw), cw), 1e-3) << rows << "x" << cols << " step " << step;
+    }
+    const auto c = download(copy), got = download(gw);
+    for (size_t i = 0; i < c.size(); ++i) ASSERT_EQ(c[i], bf16_to_f32(f32_to_bf16(got[i]))) << i;
+  }
+}
+
 // 8-bit blockwise AdamW (bitsandbytes' format) against the CPU twin over several steps, a tail block included:
 // codes may differ only where a moment lands within rounding of a bucket boundary (fused multiply-adds on the
 // GPU), parameters and absmax to fp32 rounding.

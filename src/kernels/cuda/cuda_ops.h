@@ -129,6 +129,8 @@ class CudaOps final : public Ops {
   void muon_momentum(Tensor u, Tensor m, const Tensor& grad, Tensor sumsq, const MuonParams& p) override;
   void newton_schulz(Tensor x, const Tensor& sumsq, Tensor scratch, const MuonParams& p) override;
   void muon_update(Tensor master, const Tensor& x, float decay, float step, Tensor* compute_copy) override;
+  void normuon_variance(Tensor x, Tensor buffer, float beta2) override;
+  void normuon_update(Tensor master, const Tensor& x, float wd_step, float step, Tensor* compute_copy) override;
 
   void fp8_quantize(Tensor out, Tensor out_t, const Tensor& x, const Fp8Scaling& s) override;
   void fp8_matmul(Tensor y, const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
