@@ -103,7 +103,7 @@ TEST(DatasetTypes, SystemPromptTypeAndChatTemplateKeysInConfigs) {
   };
   EXPECT_EQ(error_of("    chat_template: llama2\n"),
             "cfg.yaml:6: chat_template: \"llama2\": not a template soltrain has; use tokenizer_default (the model's "
-            "own) or one of chatml, llama3, qwen3, qwen_25");
+            "own), jinja (with chat_template_jinja) or one of chatml, llama3, qwen3, qwen_25");
   EXPECT_EQ(parse_train_config(chat + "    chat_template: llama3\n", "cfg.yaml", {}, TrainMode::kSft)
                 .datasets[0]
                 .fields.chat_template,
