@@ -30,7 +30,9 @@ def read_jsonl(path):
 
 
 # The live-reference helpers (live_refs.py: no pytest there, so GPU-side tools import them too), re-exported.
-from live_refs import check_full_gradients, dump, randomize, reference_batch, rel, torch_updates  # noqa: E402,F401
+from live_refs import (  # noqa: E402,F401
+    check_full_gradients, dump, muon_parameter_groups, randomize, reference_batch, rel, torch_updates,
+    write_tiny_llama)
 
 
 def prepared_documents(folder):

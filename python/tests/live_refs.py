@@ -24,6 +24,28 @@ def randomize(model):
             p.copy_(torch.randn_like(p) * (0.5 if p.ndim == 1 else 0.08) + (1.0 if p.ndim == 1 else 0.0))
 
 
+def write_tiny_llama(out, seed):
+    """tests/fixtures/models/llama-tiny's architecture with fresh random weights (randomize), saved to `out`."""
+    import torch
+    import transformers
+
+    cfg = transformers.AutoConfig.from_pretrained(ROOT / "tests" / "fixtures" / "models" / "llama-tiny")
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(cfg)
+    randomize(model)
+    model.save_pretrained(out)
+    return out
+
+
+def muon_parameter_groups(named):
+    """How Muon-family optimizers split a model's parameters (train/optimizer.h updated_by_muon): the hidden 2-D
+    matrices' names, then AdamW's decayed matrices (embedding, LM head) and its undecayed 1-D parameters."""
+    hidden = [n for n, p in named.items() if p.ndim == 2 and "embed_tokens" not in n and "lm_head" not in n]
+    decay = [named[n] for n, p in named.items() if n not in hidden and p.ndim == 2]
+    flat = [named[n] for n, p in named.items() if p.ndim < 2]
+    return hidden, decay, flat
+
+
 def reference_batch(vocab, masked=True):
     """2 x 24 random ids and their next-token targets (-100 at each row's end; some leading ones masked)."""
     import torch

@@ -5,11 +5,10 @@ run has them) next to the same three in torch — transformers' gradients, clip_
 Two references for the Muon part: one written here from the definition in fp32 (what the CPU computes), and
 torch.optim.Muon itself (Newton–Schulz in bf16: a looser bound). A run stopped and resumed takes the uninterrupted
 run's losses (the momentum saved with the checkpoint)."""
-import pathlib
 
 import pytest
 
-from conftest import randomize, reference_batch, rel, torch_updates
+from conftest import muon_parameter_groups, reference_batch, rel, torch_updates, write_tiny_llama
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -17,19 +16,12 @@ from safetensors.torch import load_file  # noqa: E402
 
 import soltrain  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 LR, WD, MOMENTUM, STEPS = 0.02, 0.01, 0.95, 3
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    out = tmp_path_factory.mktemp("muon-model")
-    cfg = transformers.AutoConfig.from_pretrained(ROOT / "tests" / "fixtures" / "models" / "llama-tiny")
-    torch.manual_seed(3)
-    model = transformers.LlamaForCausalLM(cfg)
-    randomize(model)
-    model.save_pretrained(out)
-    return out
+    return write_tiny_llama(tmp_path_factory.mktemp("muon-model"), 3)
 
 
 def muon_by_definition(p, grad, state):
@@ -55,9 +47,7 @@ def torch_run(folder, batches, muon):
     """The three updates in torch: `muon` "definition" (fp32, above) or "torch" (torch.optim.Muon)."""
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     named = dict(model.named_parameters())
-    hidden = [n for n, p in named.items() if p.ndim == 2 and "embed_tokens" not in n and "lm_head" not in n]
-    rest_decay = [named[n] for n, p in named.items() if n not in hidden and p.ndim == 2]
-    rest_flat = [named[n] for n, p in named.items() if p.ndim < 2]
+    hidden, rest_decay, rest_flat = muon_parameter_groups(named)
     adamw = torch.optim.AdamW([{"params": rest_decay, "weight_decay": WD}, {"params": rest_flat, "weight_decay": 0.0}],
                               lr=LR, betas=(0.9, 0.95), eps=1e-8)
     ref = torch.optim.Muon([named[n] for n in hidden], lr=LR, weight_decay=WD, momentum=MOMENTUM, nesterov=True,

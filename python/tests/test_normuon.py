@@ -6,11 +6,10 @@ Polar Express's five iterations on m / (1.02 |m|_F + 1e-6), the variance EMA of 
 column's (wide) mean square moved by 1 - beta2 and the matrix scaled by its inverse square root, then the step
 lr x sqrt(max(1, rows / cols)) with cautious weight decay (only where update and weight agree in sign). A run stopped
 and resumed takes the uninterrupted run's model (the variance EMAs saved with the checkpoint)."""
-import pathlib
 
 import pytest
 
-from conftest import randomize, reference_batch, rel, torch_updates
+from conftest import muon_parameter_groups, reference_batch, rel, torch_updates, write_tiny_llama
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -18,7 +17,6 @@ from safetensors.torch import load_file  # noqa: E402
 
 import soltrain  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 LR, WD, MOMENTUM, BETA2, STEPS = 0.02, 0.05, 0.95, 0.95, 3
 POLAR_EXPRESS = [(8.156554524902461, -22.48329292557795, 15.878769915207462),
                  (4.042929935166739, -2.808917465908714, 0.5000178451051316),
@@ -29,13 +27,7 @@ POLAR_EXPRESS = [(8.156554524902461, -22.48329292557795, 15.878769915207462),
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    out = tmp_path_factory.mktemp("normuon-model")
-    cfg = transformers.AutoConfig.from_pretrained(ROOT / "tests" / "fixtures" / "models" / "llama-tiny")
-    torch.manual_seed(5)
-    model = transformers.LlamaForCausalLM(cfg)
-    randomize(model)
-    model.save_pretrained(out)
-    return out
+    return write_tiny_llama(tmp_path_factory.mktemp("normuon-model"), 5)
 
 
 def normuon_by_definition(p, grad, state):
@@ -65,9 +57,7 @@ def normuon_by_definition(p, grad, state):
 def torch_run(folder, batches):
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     named = dict(model.named_parameters())
-    hidden = [n for n, p in named.items() if p.ndim == 2 and "embed_tokens" not in n and "lm_head" not in n]
-    rest_decay = [named[n] for n, p in named.items() if n not in hidden and p.ndim == 2]
-    rest_flat = [named[n] for n, p in named.items() if p.ndim < 2]
+    hidden, rest_decay, rest_flat = muon_parameter_groups(named)
     adamw = torch.optim.AdamW([{"params": rest_decay, "weight_decay": WD}, {"params": rest_flat, "weight_decay": 0.0}],
                               lr=LR, betas=(0.9, 0.999), eps=1e-8)
     state = {n: {} for n in hidden}

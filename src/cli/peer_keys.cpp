@@ -403,6 +403,30 @@ void add_missing_features(Table& t) {
          if (as_bool(k, n)) set_quantised_base(c, WeightFormat::Nf4, k);
        }},
       {"use_ray", off_or("Ray is not supported; soltrain runs multi-GPU itself (gpus: N or mpirun)")},
+      // Axolotl features soltrain lacks, each named in one line (found by bench/peer_sweep over its examples)
+      {"tokenizer_use_mistral_common",
+       off_or("mistral-common's tokenizer is not built; soltrain reads the repository's tokenizer.json and chat "
+              "template (drop the key to use them)")},
+      {"dp_shard_size",
+       off_or("Axolotl's N-D parallelism is not built; zero_stage: 3 shards over every GPU (gpus: N)")},
+      {"dp_replicate_size",
+       off_or("Axolotl's N-D parallelism is not built; zero_stage: 3 shards over every GPU (gpus: N)")},
+      {"reinit_weights", off_or("re-initialising the weights (pretraining from scratch) is not built yet")},
+      {"lisa_n_layers", off_or("LISA (layerwise importance sampling) is not built yet")},
+      {"lisa_step_interval", off_or("LISA (layerwise importance sampling) is not built yet")},
+      {"lisa_layers_attribute", off_or("LISA (layerwise importance sampling) is not built yet")},
+      {"relora", off_or("ReLoRA is not built yet")},
+      {"relora_steps", off_or("ReLoRA is not built yet")},
+      {"relora_warmup_steps", off_or("ReLoRA is not built yet")},
+      {"relora_anneal_steps", off_or("ReLoRA is not built yet")},
+      {"relora_prune_ratio", off_or("ReLoRA is not built yet")},
+      {"relora_cpu_offload", off_or("ReLoRA is not built yet")},
+      {"peft", off_or("PEFT's LoftQ initialisation (peft: loftq_config) is not built yet")},
+      {"use_otel_metrics",
+       off_or("OpenTelemetry metrics export is not built; metrics.jsonl and TensorBoard hold every metric")},
+      {"otel_metrics_host", any()},  // (read with use_otel_metrics, refused above)
+      {"otel_metrics_port", any()},
+      {"float16", off_or("fp16 training is not supported; soltrain computes in bf16 (bf16: true)")},
       {"max_packed_sequence_len", off_or("no longer supported (Axolotl deprecated it): use sequence_len with "
                                          "sample_packing: true")},
       // Surogate's: the vision encoder of a multimodal model (soltrain's models are text-only), and a memory
