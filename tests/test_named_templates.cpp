@@ -8,11 +8,34 @@
 #include <set>
 
 #include "data/named_templates.h"
+#include "data/record_encoder.h"
+#include "data_test_util.h"
 #include "test_util.h"
 #include "tokenizer/chat_template.h"
 
 namespace soltrain {
 namespace {
+
+// A named template (or a dataset's jinja) on a base model whose tokenizer has no chat template of its own (Axolotl's
+// mistral orpo example: Mistral-7B-v0.1 with chat_template: chatml) takes only the tokenizer's bos/eos; the model's
+// own template, asked for, is still one line.
+TEST(NamedTemplates, NeedNoTemplateInTheTokenizer) {
+  test::TempDir t;
+  test::write_text(t.path / "tokenizer_config.json",
+                   R"({"bos_token": "<s>", "eos_token": {"content": "</s>", "special": true}})");
+  const nlohmann::json vars = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  const ChatTemplate chatml = chat_template_for("chatml", "", t.path / "tokenizer_config.json");
+  EXPECT_EQ(chatml.render(vars), "<|im_start|>user\nhi<|im_end|>\n");
+  EXPECT_EQ(chatml.bos_token(), "<s>");
+  EXPECT_EQ(chatml.eos_token(), "</s>");
+  const ChatTemplate own = chat_template_for("jinja", "{{ bos_token }}{{ messages[0]['content'] }}{{ eos_token }}",
+                                             t.path / "tokenizer_config.json");
+  EXPECT_EQ(own.render(vars), "<s>hi</s>");
+  EXPECT_NE(test::user_error_text([&] {
+              chat_template_for("", "", t.path / "tokenizer_config.json");
+            }).find("this tokenizer has no chat template"),
+            std::string::npos);
+}
 
 TEST(NamedTemplates, RenderAsAxolotlsTemplates) {
   std::ifstream in(test::fixtures() / "named_templates" / "axolotl_renders.jsonl");

@@ -10,8 +10,9 @@ ChatTemplate chat_template_for(const std::string& name, const std::string& jinja
   const auto source = name == "jinja" ? std::optional<std::string>(jinja) : named_chat_template(name);
   if (!source) user_error("chat_template: \"", name, "\" is not a template soltrain has");
   ChatTemplate t(*source);
-  const ChatTemplate own = ChatTemplate::from_tokenizer_config(tokenizer_config);
-  t.set_special_tokens(own.bos_token(), own.eos_token());
+  // (only the tokenizer's bos/eos: a base model's tokenizer_config, with no template of its own, is fine here)
+  t.set_special_tokens(read_special_token(tokenizer_config, "bos_token"),
+                       read_special_token(tokenizer_config, "eos_token"));
   return t;
 }
 
@@ -30,7 +31,8 @@ Document RecordEncoder::encode(const nlohmann::ordered_json& record) {
   const Sample s = to_sample(record, type_, fields_);
   // The template is parsed only when a conversation needs it: base models often have none.
   if (!s.is_text && !s.llama_factory && !tmpl_) {
-    tmpl_.emplace(chat_template_for(fields_.chat_template, fields_.chat_template_jinja, dir_ / "tokenizer_config.json"));
+    tmpl_.emplace(
+        chat_template_for(fields_.chat_template, fields_.chat_template_jinja, dir_ / "tokenizer_config.json"));
     enc_.reset();
   }
   if (!enc_) {
