@@ -162,6 +162,27 @@ TEST(Config, StreamedDatasetsAreAPtRunWithMaxSteps) {
   EXPECT_EQ(none.mode, TrainMode::kSft);
 }
 
+// TRL's PRMConfig settings inside an Axolotl stepwise_supervised dataset entry (its current examples/qwen2/prm.yaml):
+// read for that dataset; an empty max_completion_length is none; elsewhere one line.
+TEST(Config, StepwiseDatasetsCarryTheirPrmSettings) {
+  const std::string prm =
+      "model: m\noutput_dir: out\nprocess_reward_model: true\nnum_labels: 2\ndatasets:\n  - path: d.jsonl\n"
+      "    type: stepwise_supervised\n";
+  const TrainConfig c = parse_train_config(
+      prm + "    step_separator: \" ||\"\n    max_completion_length:\n    train_on_last_step_only: true\n", "cfg.yaml",
+      {}, TrainMode::kSft);
+  ASSERT_EQ(c.datasets.size(), 1u);
+  EXPECT_EQ(c.datasets[0].step_separator, std::optional<std::string>(" ||"));
+  EXPECT_EQ(c.datasets[0].train_on_last_step_only, std::optional<bool>(true));
+  EXPECT_EQ(c.step_separator, "\n");  // (the top-level default, for the datasets that say nothing)
+  EXPECT_EQ(error_of(prm + "    max_completion_length: 64\n"),
+            "cfg.yaml:8: max_completion_length: cutting a process reward model's completions is not built yet; "
+            "sequence_len bounds each document (leave it empty)");
+  EXPECT_EQ(error_of(kBase + "    step_separator: \"|\"\n"),
+            "cfg.yaml: step_separator / train_on_last_step_only in a dataset are a stepwise_supervised dataset's (a "
+            "process reward model's)");
+}
+
 // Another tool's name for a setting is answered with its equivalent, not a spelling guess (these three used to
 // suggest learning_rate, lora and hub_strategy); a LLaMA-Factory config is read as one (its dataset names then need
 // dataset_info.json).

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "cli/config.h"
+#include "cli/peer_keys.h"
 #include "data/llama_factory.h"
 #include "data/named_templates.h"
 #include "data/preference.h"
@@ -126,6 +127,21 @@ void add_field_keys(DatasetKeys& keys) {
          if (r.d.data_files.empty()) bad_value(e, "data_files", "a file, a glob or a list of them");
        }},
       {"field", [](const Entry& e, DatasetRead& r) { r.f.text = get_string(e, "field"); }},
+      // TRL's PRMConfig settings in an Axolotl stepwise_supervised entry (examples/qwen2/prm.yaml)
+      {"step_separator",
+       [](const Entry& e, DatasetRead& r) {
+         if (!e.node.IsScalar() || e.node.Scalar().empty()) bad_value(e, "step_separator", "a non-empty string");
+         r.d.step_separator = e.node.Scalar();
+       }},
+      {"train_on_last_step_only",
+       [](const Entry& e, DatasetRead& r) { r.d.train_on_last_step_only = get_bool(e, "train_on_last_step_only"); }},
+      {"max_completion_length",  // (TRL's PRM cut of the completion: empty = none, as the example has it)
+       [](const Entry& e, DatasetRead&) {
+         if (!is_off(e.node))
+           user_error(e.where,
+                      ": max_completion_length: cutting a process reward model's completions is not built "
+                      "yet; sequence_len bounds each document (leave it empty)");
+       }},
       // Axolotl's pretraining_dataset entries name their text column so (streaming.py's text_column)
       {"text_column", [](const Entry& e, DatasetRead& r) { r.f.text = get_string(e, "text_column"); }},
       // A translated LLaMA-Factory config's dataset (cli/llama_factory_config.h): its dataset_info.json entry, the
@@ -245,7 +261,8 @@ void add_shape_keys(DatasetKeys& keys) {
       // Axolotl's dataset-level template text, read with chat_template: jinja (or none)
       {"chat_template_jinja",
        [](const Entry& e, DatasetRead& r) {
-         if (!e.node.IsScalar() || e.node.Scalar().empty()) bad_value(e, "chat_template_jinja", "a Jinja chat template");
+         if (!e.node.IsScalar() || e.node.Scalar().empty())
+           bad_value(e, "chat_template_jinja", "a Jinja chat template");
          r.f.chat_template_jinja = e.node.Scalar();
          r.chat_template_jinja_where = e.where;
        }},
@@ -301,17 +318,20 @@ void resolve_dependent_keys(DatasetRead& r, const std::map<std::string, std::str
   if (!f.chat_template_jinja.empty()) {
     if (f.chat_template != "jinja")
       errors.push_back(cat(r.chat_template_jinja_where, ": chat_template_jinja is read with the dataset's ",
-                           "chat_template: jinja", f.chat_template.empty() ? "" : ", not chat_template: ",
-                           f.chat_template));
+                           "chat_template: jinja",
+                           f.chat_template.empty() ? "" : ", not chat_template: ", f.chat_template));
     try {
       ChatTemplate check(f.chat_template_jinja);
     } catch (const std::exception& e) {
-      errors.push_back(cat(r.chat_template_jinja_where,
-                           ": chat_template_jinja is not a template soltrain can render: ", e.what()));
+      errors.push_back(
+          cat(r.chat_template_jinja_where, ": chat_template_jinja is not a template soltrain can render: ", e.what()));
     }
   } else if (f.chat_template == "jinja") {
     errors.push_back(cat(r.chat_template_where, ": chat_template: jinja needs chat_template_jinja (the template)"));
   }
+  if ((r.d.step_separator || r.d.train_on_last_step_only) && r.d.type != DatasetType::kStepwiseSupervised)
+    errors.push_back(cat(r.file, ": step_separator / train_on_last_step_only in a dataset are a stepwise_supervised ",
+                         "dataset's (a process reward model's)"));
   // Axolotl's chat_template reads a record's "system" column as its system message unless told another
   // field (ChatTemplatePrompter field_system="system", prompt_strategies/chat_template.py).
   if ((r.type_name == "chat_template" || r.type_name == "chat_template.default") && !seen.count("field_system"))

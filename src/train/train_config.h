@@ -35,6 +35,10 @@ struct DatasetSpec {
   std::string name;
   std::vector<std::string> data_files;
   std::string preference_type = "auto";  // DPO runs: the record shape (data/preference.h find_preference_format)
+  // Axolotl's stepwise_supervised entries may carry TRL's PRMConfig settings themselves (examples/qwen2/prm.yaml):
+  // they win over the top-level step_separator / train_on_last_step_only for this dataset
+  std::optional<std::string> step_separator;
+  std::optional<bool> train_on_last_step_only;
   // A streamed hub dataset's file, not downloaded when the run starts (cli/hub_inputs.h): fetched into `path` when the
   // stream reaches it (the dataset repository, its commit and the file's path in it).
   struct HubFetch {

@@ -163,8 +163,9 @@ std::string folder_safe(std::string name) {
 DatasetFields run_fields(const TrainConfig& c, const DatasetSpec& spec, const std::string& kind) {
   DatasetFields f = spec.fields;
   if (f.chat_template.empty()) f.chat_template = c.chat_template;
-  f.step_separator = c.step_separator;
-  f.last_step_label_only = c.train_on_last_step_only && kind == "train";  // (TRL's is_eval keeps all)
+  f.step_separator = spec.step_separator.value_or(c.step_separator);
+  f.last_step_label_only =
+      spec.train_on_last_step_only.value_or(c.train_on_last_step_only) && kind == "train";  // (TRL's is_eval keeps all)
   return f;
 }
 
