@@ -112,6 +112,13 @@ TEST(StreamLoader, ResumesAtTheExactRecordFromAnySavedState) {
     resumed.restore(states[from]);
     for (size_t s = from; s < batches.size(); ++s) expect_same(resumed.next(), batches[s], int(s));
   }
+  // resumed after the last usable record of a pass whose tail is bad records: the next pass, not an error
+  StreamFiles g(test::test_seed(9));
+  test::write_text(g.b, "{not json\n{\"text\": 5}\n");  // the second file: bad records only
+  StreamLoader tail = stream(g, lo);
+  tail.restore(LoaderState{0, 38});  // past the first file's 37 rows and its bad line
+  EXPECT_EQ(tail.next().rows, 2);
+  EXPECT_EQ(tail.state().epoch, 1);
   StreamLoader past = stream(f, lo);
   EXPECT_EQ(test::user_error_text([&] {
               past.restore(LoaderState{0, 1000});

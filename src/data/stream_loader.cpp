@@ -47,12 +47,14 @@ bool StreamLoader::read_record() {
 void StreamLoader::read_document() {
   while (!pending_) {
     if (!read_record()) {
-      if (usable_in_pass_ == 0)
+      // (a pass resumed part-way may end before its next usable document: only a whole pass with none is an error)
+      if (usable_in_pass_ == 0 && whole_pass_)
         user_error("streaming: no usable document in the datasets (", skipped_, " bad records skipped, ", dropped_,
                    " documents dropped)");
       ++state_.epoch;
       state_.index = 0;
       start_pass();
+      whole_pass_ = true;
       continue;
     }
     StreamInput& in = in_[input_];
@@ -111,6 +113,7 @@ HostBatch StreamLoader::next() {
 void StreamLoader::restore(const LoaderState& s) {
   start_pass();
   state_ = LoaderState{s.epoch, 0};
+  whole_pass_ = s.index == 0;
   while (records_ < s.index) {
     if (!read_record())
       user_error("loader state: record ", s.index, " is past the ", records_, " records of the streamed datasets");

@@ -74,6 +74,7 @@ class StreamLoader : public RowSource {
   std::string where_, error_;
   int64_t records_ = 0;         // records read in this pass
   int64_t usable_in_pass_ = 0;  // documents this pass has given (a pass with none would loop for ever)
+  bool whole_pass_ = true;      // this pass was read from its first record (not resumed part-way)
   std::optional<Document> pending_;
   LoaderState state_;
   int64_t skipped_ = 0, dropped_ = 0, overlong_ = 0, documents_ = 0;
