@@ -145,15 +145,22 @@ TEST(PeerConfigs, AxolotlLlama3FullFineTuneRunsWith8bitAdamW) {
 }
 
 // Llama 3 8B LoRA over an 8-bit base with embed_tokens and lm_head trained next to it (lora_modules_to_save, PEFT's
-// modules_to_save): on an untied model it trains and the adapter holds both in full under PEFT's names; on a tied
-// one (the stand-in as written) it is one line, exit 2.
+// modules_to_save): on the tied stand-in as written (two untied copies, as PEFT trains them, both resized for its new
+// pad token) and on an untied model it trains and the adapter holds both in full under PEFT's names.
 TEST(PeerConfigs, AxolotlLlama3Lora8bTrainsEmbeddingAndHeadBesideTheAdapters) {
   PeerSetup s;
   const fs::path cfg = s.config("axolotl-llama-3-lora-8b.yml");
-  const test::CliRun tied = test::run("sft " + cfg.string(), s.t);
-  EXPECT_EQ(tied.code, 2) << tied.out << tied.err;
-  EXPECT_NE(tied.err.find("ties its embedding and LM head, and PEFT would train two untied copies"), std::string::npos)
-      << tied.err;
+  const test::CliRun tied = test::run("sft " + cfg.string() + " --set max_steps=1", s.t);
+  ASSERT_EQ(tied.code, 0) << tied.out << tied.err;
+  {
+    const SafetensorsFile adapter(s.t.path / "out" / "adapter" / "adapter_model.safetensors");
+    const int32_t pad =
+        *Tokenizer::load(s.t.path / "out" / "adapter" / "tokenizer.json").token_to_id("<|end_of_text|>");
+    for (const char* name : {"base_model.model.model.embed_tokens.weight", "base_model.model.lm_head.weight"}) {
+      ASSERT_TRUE(adapter.find(name)) << name;
+      EXPECT_GT(adapter.find(name)->shape[0], pad) << name;
+    }
+  }
   {  // untie the stand-in: its own lm_head (the embedding's values), tie_word_embeddings false
     const fs::path m = s.t.path / "model";
     nlohmann::json config = nlohmann::json::parse(read_text(m / "config.json"));
@@ -174,7 +181,7 @@ TEST(PeerConfigs, AxolotlLlama3Lora8bTrainsEmbeddingAndHeadBesideTheAdapters) {
     write_safetensors(m / "model.safetensors", tensors);
     s.guard.changed_on_purpose();
   }
-  const test::CliRun r = test::run("sft " + cfg.string() + " --set max_steps=2", s.t);
+  const test::CliRun r = test::run("sft " + cfg.string() + " --set max_steps=2 --set overwrite_output_dir=true", s.t);
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const SafetensorsFile adapter(s.t.path / "out" / "adapter" / "adapter_model.safetensors");
   EXPECT_TRUE(adapter.find("base_model.model.model.embed_tokens.weight"));
@@ -261,22 +268,19 @@ TEST(PeerConfigs, AxolotlLlama3LoraKernelsRunsToTheEnd) {
   EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << all;
 }
 
-// Sequential packing with curriculum sampling: modules_to_save on the tied stand-in is named; without it the documents
-// are trained (over the example's 8-bit base) in the datasets' order (the first micro-batch starts with the first
-// record).
+// Sequential packing with curriculum sampling, its embedding and LM head trained beside the adapters (the stand-in
+// ties them: two untied copies, as PEFT trains them, saved under PEFT's names): the documents are trained (over the
+// example's 8-bit base) in the datasets' order (the first micro-batch starts with the first record).
 TEST(PeerConfigs, AxolotlSamplePackingSequentiallyTrainsInOrder) {
   PeerSetup s;
   const fs::path cfg = s.config("axolotl-llama-3-lora-1b-sample-packing-sequentially.yml", "alpaca.jsonl", "llama");
-  const test::CliRun r = s.sft(cfg);
-  EXPECT_EQ(r.code, 2) << r.out << r.err;
-  // (the stand-in ties its embedding and LM head: training them beside LoRA is refused there, in one line)
-  EXPECT_NE(r.err.find("error: lora_modules_to_save: Qwen3ForCausalLM ties its embedding and LM head"),
-            std::string::npos)
-      << r.err;
   const fs::path dump = s.t.path / "batches";
-  const std::string sets = "--set lora_modules_to_save=null --set max_steps=1";
+  const std::string sets = "--set max_steps=1";
   const test::CliRun ok = s.sft(cfg, sets + " --dump-batches " + dump.string());
   ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
+  const SafetensorsFile adapter(s.t.path / "out" / "adapter" / "adapter_model.safetensors");
+  EXPECT_TRUE(adapter.find("base_model.model.model.embed_tokens.weight"));
+  EXPECT_TRUE(adapter.find("base_model.model.lm_head.weight"));
   const HostBatch b = load_batch_file(dump / "step-1-micro-0.safetensors");
   // The first record as Axolotl tokenizes alpaca with Llama 3.1's tokenizer: BOS, prompt, response, eos.
   std::vector<int32_t> first = {test::kLlamaBos};
@@ -300,8 +304,7 @@ TEST(PeerConfigs, AxolotlConfigsLeaveOverlongDocumentsOut) {
   PeerSetup s;
   const fs::path cfg = s.config("axolotl-llama-3-lora-1b-sample-packing-sequentially.yml", "alpaca.jsonl", "llama");
   const size_t fits = 1 + alpaca_prompt("Reverse the word.", "w0").size() + 2 + 1;  // w0..w9 (w10: 2 more)
-  const std::string sets =
-      "--set lora_modules_to_save=null --set max_steps=1 --set sequence_len=" + std::to_string(fits);
+  const std::string sets = "--set max_steps=1 --set sequence_len=" + std::to_string(fits);
   const test::CliRun drop = s.sft(cfg, sets);
   ASSERT_EQ(drop.code, 0) << drop.out << drop.err;
   EXPECT_NE((drop.out + drop.err)
@@ -321,19 +324,12 @@ TEST(PeerConfigs, AxolotlConfigsLeaveOverlongDocumentsOut) {
       << raise.err;
 }
 
-// The same dataset twice with dataset_exact_deduplication: modules_to_save on the tied stand-in is named; without
-// it the second
-// copy's 40 documents are dropped.
+// The same dataset twice with dataset_exact_deduplication (the tied stand-in's embedding and LM head trained beside
+// the adapters): the second copy's 40 documents are dropped.
 TEST(PeerConfigs, AxolotlDeduplicateDropsTheSecondCopy) {
   PeerSetup s;
   const fs::path cfg = s.config("axolotl-llama-3-lora-1b-deduplicate-sft.yml", "alpaca.jsonl", "llama");
-  const test::CliRun r = s.sft(cfg);
-  EXPECT_EQ(r.code, 2) << r.out << r.err;
-  // (the stand-in ties its embedding and LM head: training them beside LoRA is refused there, in one line)
-  EXPECT_NE(r.err.find("error: lora_modules_to_save: Qwen3ForCausalLM ties its embedding and LM head"),
-            std::string::npos)
-      << r.err;
-  const test::CliRun ok = s.sft(cfg, "--set lora_modules_to_save=null --set max_steps=1");
+  const test::CliRun ok = s.sft(cfg, "--set max_steps=1");
   ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
   const std::string all = ok.out + ok.err;
   EXPECT_NE(all.find("dataset_exact_deduplication: dropped 40 duplicate documents, 40 left\n"), std::string::npos)

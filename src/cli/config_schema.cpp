@@ -571,7 +571,7 @@ void add_adapter_keys(std::vector<KeySpec>& v) {
                   }));
   v.push_back(key("lora_modules_to_save", "list", "a list of embed_tokens, lm_head", "",
                   "Axolotl's (PEFT's modules_to_save): the embedding / LM head trained in full beside the adapters "
-                  "and saved with them (not on tied embeddings)",
+                  "and saved with them (on a tied model two untied copies, as PEFT makes them)",
                   [](const Entry& e, const std::string& k, ReadContext& x) {
                     static const std::vector<std::string> known = {"embed_tokens", "lm_head"};
                     for (const std::string& s : get_string_list(e, k))

@@ -382,6 +382,9 @@ void add_missing_features(Table& t) {
        }},
       {"peft_use_dora", off_or("DoRA adapters are not built yet; drop it for plain LoRA")},
       {"lora_model_dir", off_or("continuing from an existing LoRA adapter is not built yet")},
+      {"peft_ensure_weight_tying",
+       off_or("one trained copy of a tied embedding and LM head (PEFT's ensure_weight_tying) is not built yet; left "
+              "unset, lora_modules_to_save trains two untied copies as PEFT does by default")},
       {"lora_fan_in_fan_out", off_or("fan-in/fan-out (Conv1D) weights are not in the models soltrain loads")},
       {"lora_on_cpu", off_or("LoRA on the CPU next to a GPU run is not supported; use device: cpu for a CPU run")},
       {"early_stopping_patience",

@@ -80,11 +80,11 @@ struct StackedExperts {
 // leaves it: the stored rows kept (the first ones, when it shrinks); new rows the mean of the stored ones
 // (mean_resizing: transformers draws them from N(mean, 1e-9 covariance), within 3e-5 standard deviations of the
 // mean) or drawn from normal(0, initializer_range) as _init_weights draws them.
-void read_resized_rows(const CheckpointReader& ckpt, const Parameter& p, const ModelConfig& c,
-                       std::vector<float>& rows) {
+void read_resized_rows(const CheckpointReader& ckpt, const std::string& stored_name, const Parameter& p,
+                       const ModelConfig& c, std::vector<float>& rows) {
   const int64_t stored = c.stored_vocab_size, want = p.shape[0], D = p.shape[1];
   std::vector<float> old(size_t(stored * D));
-  read_weight_f32(ckpt, p.name, Shape{stored, D}, old.data());
+  read_weight_f32(ckpt, stored_name, Shape{stored, D}, old.data());
   rows.assign(old.begin(), old.begin() + std::min(stored, want) * D);
   if (want <= stored) return;
   std::vector<double> mean(size_t(D), 0.0);
@@ -132,9 +132,13 @@ void load_weights(Transformer& model, const fs::path& dir) {
                   << c.initializer_range << ") as transformers initialises it\n";
       continue;
     }
-    if (!ckpt.has(p.name))
+    // an untied copy of a tied model's LM head (modules_to_save beside LoRA) starts as the stored embedding
+    const std::string stored_name = c.lm_head_from_embedding && p.name == "lm_head.weight" && !ckpt.has(p.name)
+                                        ? "model.embed_tokens.weight"
+                                        : p.name;
+    if (!ckpt.has(stored_name))
       user_error(dir.string(), ": checkpoint has no tensor '", p.name, "' (does config.json match the weights?)");
-    used.insert(p.name);
+    used.insert(stored_name);
     if (stored_as_fp8(ckpt, p.name)) used.insert(fp8_scale_name(p.name));
     if (p.format == WeightFormat::Fp8Block && stored_as_fp8(ckpt, p.name)) {  // as stored: no requantising
       read_fp8_weight(ckpt, p.name, p.shape, codes, scale_inv);
@@ -143,19 +147,19 @@ void load_weights(Transformer& model, const fs::path& dir) {
     }
     if (c.stored_vocab_size > 0 &&
         (p.name == "model.embed_tokens.weight" || (p.name == model.lm_head_name() && c.num_labels == 0))) {
-      read_resized_rows(ckpt, p, c, staging);
+      read_resized_rows(ckpt, stored_name, p, c, staging);
       model.params().upload(model.ops(), p, staging.data());
       continue;
     }
     staging.resize(size_t(shape_numel(p.shape)));
-    read_weight_f32(ckpt, p.name, p.shape, staging.data());  // FP8 blocks dequantised, NF4 quantised on upload
+    read_weight_f32(ckpt, stored_name, p.shape, staging.data());  // FP8 blocks dequantised, NF4 quantised on upload
     model.params().upload(model.ops(), p, staging.data());
   }
   // Tied checkpoints sometimes carry lm_head.weight too, and old ones RoPE buffers: transformers ignores
   // them, and so do we. Anything else means config and weights disagree.
   for (const std::string& n : ckpt.names()) {
     if (used.count(n) || n.ends_with("rotary_emb.inv_freq")) continue;
-    if (n == "lm_head.weight" && (model.config().tie_word_embeddings || model.config().num_labels > 0)) continue;
+    if (n == "lm_head.weight" && (c.tie_word_embeddings || c.lm_head_from_embedding || c.num_labels > 0)) continue;
     std::cerr << "warning: " << ckpt.describe(n) << " is not used by " << model.config().architecture << "\n";
   }
 }

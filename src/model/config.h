@@ -76,6 +76,9 @@ struct ModelConfig {
   int max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
+  // Tied in the checkpoint but untied for this run: LoRA's modules_to_save trains the embedding and / or the LM head
+  // beside the adapters as two copies, as PEFT does (its lm_head starts as the stored embedding).
+  bool lm_head_from_embedding = false;
   bool qkv_bias = false;  // q/k/v projections carry biases
   bool o_bias = false;    // o_proj carries a bias
   bool mlp_bias = false;  // gate/up/down carry biases

@@ -52,7 +52,7 @@ struct LoraConfig {
   // all-linear on such a model, or read from an adapter.
   bool shared_expert_gate = false;
   // PEFT's modules_to_save (Axolotl's lora_modules_to_save): embed_tokens and / or lm_head trained in full beside
-  // the adapters and saved with them (base_model.model.<name>); not on tied embeddings.
+  // the adapters and saved with them (base_model.model.<name>); on a tied model two untied copies, as PEFT makes them.
   std::vector<std::string> modules_to_save;
   bool saves(const std::string& module) const {
     return std::find(modules_to_save.begin(), modules_to_save.end(), module) != modules_to_save.end();

@@ -150,7 +150,15 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
   } decoded{adapter, adapter_file.string(), {}};
   std::set<std::string> used;
   std::vector<StreamedTensor> tensors;
+  // A tied model whose embedding or LM head trained beside the adapters (PEFT's two untied copies) merges into an
+  // untied one: its lm_head the trained copy, or the stored embedding when only the embedding trained.
+  const std::string saved_embed = "base_model.model.model.embed_tokens.weight",
+                    saved_head = "base_model.model.lm_head.weight";
+  const bool untie = config.tie_word_embeddings && (adapter.find(saved_embed) || adapter.find(saved_head));
+  if (untie && !base.has("model.embed_tokens.weight"))
+    user_error(base.describe("model.embed_tokens.weight"), ": the tied model has no embedding");
   for (const std::string& name : base.names()) {
+    if (untie && name == "lm_head.weight") continue;  // (a tied checkpoint's stray copy: written below)
     const TensorEntry& e = base.entry(name);
     const bool stored_fp8 = fp8 && stored_as_fp8(base, name);
     if (fp8 && name.ends_with("_scale_inv") && stored_as_fp8(base, name.substr(0, name.size() - 10))) continue;
@@ -216,20 +224,39 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
                          std::memcpy(dst, bytes.data(), bytes.size());
                        }});
   }
+  if (untie) {
+    const TensorEntry& embed = base.entry("model.embed_tokens.weight");
+    const bool trained = adapter.find(saved_head);
+    if (trained) {
+      if (adapter.at(saved_head).shape != embed.shape)
+        user_error(adapter_file.string(), ": ", saved_head, " is ", shape_str(adapter.at(saved_head).shape),
+                   ", the embedding ", shape_str(embed.shape));
+      used.insert(saved_head);
+    }
+    const TensorEntry& from = trained ? adapter.at(saved_head) : embed;
+    tensors.push_back({"lm_head.weight", embed.dtype, embed.shape, [&from, dtype = embed.dtype](void* dst) {
+                         std::vector<float> w(size_t(shape_numel(from.shape)));
+                         read_as_f32(from, from.shape, w.data(), "lm_head.weight");
+                         const std::vector<char> bytes = encode(w, dtype);
+                         std::memcpy(dst, bytes.data(), bytes.size());
+                       }});
+  }
   for (const auto& [name, e] : adapter.entries())
     if (!used.count(name))
       user_error(adapter_file.string(), ": tensor '", name, "' does not match a weight of ", model_dir.string());
 
   StagedDir staged(out_dir);
   write_checkpoint_streamed(staged.path(), tensors, max_shard_bytes);
-  if (fp8) {
+  if (fp8 || untie) {
     nlohmann::json cfg = config.raw;
-    cfg.erase("quantization_config");
-    cfg["dtype"] = "bfloat16";
-    if (cfg.contains("torch_dtype")) cfg["torch_dtype"] = "bfloat16";
+    if (fp8) {
+      cfg.erase("quantization_config");
+      cfg["dtype"] = "bfloat16";
+      if (cfg.contains("torch_dtype")) cfg["torch_dtype"] = "bfloat16";
+    }
+    if (untie) cfg["tie_word_embeddings"] = false;
     write_file_atomic(staged.path() / "config.json", cfg.dump(2) + "\n");
-  }
-  if (!fp8) {  // (an FP8 base's config.json was rewritten above, dequantised)
+  } else {  // (an FP8 or untied model's config.json is rewritten above)
     std::error_code ec;
     fs::copy_file(model_dir / "config.json", staged.path() / "config.json", ec);
     if (ec) user_error((model_dir / "config.json").string(), ": cannot copy (", ec.message(), ")");

@@ -79,6 +79,7 @@ LoraConfig read_adapter_config(const fs::path& adapter_dir) {
       {"use_qalora", "QALoRA"},
       {"trainable_token_indices", "trainable_token_indices"},
       {"exclude_modules", "exclude_modules"},
+      {"ensure_weight_tying", "one trained copy of a tied embedding and LM head (ensure_weight_tying)"},
       // LoRA variants whose forward differs from W·x + scale·B·A·x (or that soltrain does not know)
       {"alora_invocation_tokens", "activated LoRA (alora_invocation_tokens)"},
       {"arrow_config", "Arrow routing (arrow_config)"},

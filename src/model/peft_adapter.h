@@ -14,7 +14,7 @@
 
 namespace soltrain {
 
-// The LoraConfig of an adapter folder. Features soltrain does not implement (DoRA, modules_to_save, trained
+// The LoraConfig of an adapter folder. Features soltrain does not implement (DoRA, tied adapters, trained
 // biases, per-layer ranks or alphas, layer subsets, ...) are UserErrors naming the key.
 LoraConfig read_adapter_config(const std::filesystem::path& adapter_dir);
 

@@ -97,14 +97,20 @@ void add_model_parameters(ParameterStore& ps, const ModelConfig& c, const std::o
 }
 
 std::string modules_to_save_refusal(const std::vector<std::string>& modules, const ModelConfig& c) {
-  if (modules.empty()) return "";
-  if (c.tie_word_embeddings)
-    return cat("lora_modules_to_save: ", c.architecture, " ties its embedding and LM head, and PEFT would train two ",
-               "untied copies of them; training tied modules beside LoRA is not built yet");
-  if (c.num_labels > 0)
+  if (!modules.empty() && c.num_labels > 0)
     return "lora_modules_to_save on a reward model (its score head already trains beside the adapters) is not built "
            "yet";
   return "";
+}
+
+void untie_for_modules_to_save(ModelConfig& c, const std::optional<LoraConfig>& lora) {
+  // PEFT (ensure_weight_tying false, its default and Axolotl's) wraps each listed module in a trained copy of the
+  // one weight both share: the embedding lookup and the LM head then differ, and the one not listed stays the
+  // stored weight, frozen.
+  if (!lora || !c.tie_word_embeddings || c.num_labels > 0) return;
+  if (!lora->saves("embed_tokens") && !lora->saves("lm_head")) return;
+  c.tie_word_embeddings = false;
+  c.lm_head_from_embedding = true;
 }
 
 Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig> lora, bool gradients)
@@ -114,6 +120,7 @@ Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig>
   if (lora_) lora_->validate("lora config");
   if (lora_)
     if (const std::string why = modules_to_save_refusal(lora_->modules_to_save, c); !why.empty()) user_error(why);
+  untie_for_modules_to_save(config_, lora_);
   if (hd > ops.max_attention_head_dim())
     user_error("head_dim ", hd, " is not supported on ", ops.device() == Device::CUDA ? "CUDA" : "this device",
                " yet (at most ", ops.max_attention_head_dim(), ")");

@@ -251,6 +251,10 @@ void add_model_parameters(ParameterStore& ps, const ModelConfig& c, const std::o
 // early check and the model's own say it alike).
 std::string modules_to_save_refusal(const std::vector<std::string>& modules, const ModelConfig& c);
 
+// Unties a tied model whose embedding or LM head trains beside the adapters (modules_to_save), as PEFT does: two
+// copies, the LM head read from the stored embedding (the Transformer calls it on its own config).
+void untie_for_modules_to_save(ModelConfig& c, const std::optional<LoraConfig>& lora);
+
 // Checks every id and target against the vocabulary; errors name `source`.
 // (`target_classes`: what a target may be, when not a token: a token classifier's labels)
 void validate_batch(const HostBatch& b, int vocab_size, const std::string& source, int target_classes = 0);
