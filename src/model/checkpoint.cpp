@@ -8,6 +8,7 @@
 #include "io/atomic_file.h"
 #include "io/deferred_writes.h"
 #include "io/safetensors.h"
+#include "model/bnb_checkpoint.h"
 #include "model/checkpoint_check.h"
 #include "model/fp8_checkpoint.h"
 
@@ -36,6 +37,10 @@ std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops, std:
   // was asked for; without LoRA it is dequantised into the fp32 masters.
   if (is_fp8_block_checkpoint(config, dir) && lora && lora->base_format == WeightFormat::Dense)
     lora->base_format = WeightFormat::Fp8Block;
+  // A bitsandbytes 4-bit checkpoint likewise: its base in NF4 (its codes and scales again, requantised from the
+  // dequantised values), dequantised into the masters without LoRA.
+  if (is_bnb_4bit_checkpoint(config, dir) && lora && lora->base_format == WeightFormat::Dense)
+    lora->base_format = WeightFormat::Nf4;
   auto model = std::make_unique<Transformer>(std::move(config), ops, std::move(lora), gradients);
   load_weights(*model, dir);
   return model;
@@ -159,6 +164,7 @@ void load_weights(Transformer& model, const fs::path& dir) {
   // them, and so do we. Anything else means config and weights disagree.
   for (const std::string& n : ckpt.names()) {
     if (used.count(n) || n.ends_with("rotary_emb.inv_freq")) continue;
+    if (is_bnb_4bit_side_tensor(ckpt, n)) continue;
     if (n == "lm_head.weight" && (c.tie_word_embeddings || c.lm_head_from_embedding || c.num_labels > 0)) continue;
     std::cerr << "warning: " << ckpt.describe(n) << " is not used by " << model.config().architecture << "\n";
   }

@@ -1,6 +1,7 @@
 #include "model/checkpoint_check.h"
 
 #include "core/error.h"
+#include "model/bnb_checkpoint.h"
 
 namespace soltrain {
 
@@ -30,7 +31,9 @@ void check_config_fits_checkpoint(const ModelConfig& c, const CheckpointReader& 
                         c.moe_layers() * (attention + moe) +
                         double(c.stored_vocab_size > 0 ? c.stored_vocab_size : c.vocab_size) * D;
   double held = 0;
-  for (const std::string& n : ckpt.names()) held += double(shape_numel(ckpt.entry(n).shape));
+  for (const std::string& n : ckpt.names())  // (a bitsandbytes 4-bit weight holds the shape its quant state says)
+    if (!is_bnb_4bit_side_tensor(ckpt, n))
+      held += double(shape_numel(stored_as_bnb_4bit(ckpt, n) ? bnb_4bit_shape(ckpt, n) : ckpt.entry(n).shape));
   if (needed > held)
     user_error(cfg, ": describes a model of at least ", needed, " parameters, but the checkpoint's tensors hold ", held,
                " (does config.json match the weights?)");

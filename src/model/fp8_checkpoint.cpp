@@ -4,6 +4,7 @@
 
 #include "kernels/cpu/quantize.h"
 #include "kernels/quant.h"
+#include "model/bnb_checkpoint.h"
 
 namespace soltrain {
 
@@ -13,10 +14,14 @@ bool is_fp8_block_checkpoint(const ModelConfig& c, const std::filesystem::path& 
   const nlohmann::json& q = c.raw["quantization_config"];
   if (!q.is_object()) user_error(where, " is not an object");
   const std::string method = q.value("quant_method", std::string());
+  if (method == "bitsandbytes") {
+    is_bnb_4bit_checkpoint(c, dir);  // (which refuses an 8-bit one)
+    return false;
+  }
   if (method != "fp8")
     user_error(where, ".quant_method \"", method,
-               "\" is not supported: soltrain reads FP8 block checkpoints (quant_method: fp8) and quantises bf16/fp32 "
-               "checkpoints itself (qlora_nf4: true)");
+               "\" is not supported: soltrain reads FP8 block (quant_method: fp8) and bitsandbytes 4-bit checkpoints, "
+               "and quantises bf16/fp32 checkpoints itself (qlora_nf4: true)");
   if (q.contains("fmt") && q["fmt"] != "e4m3")
     user_error(where, ".fmt ", q["fmt"].dump(), " is not supported: expected \"e4m3\"");
   if (q.contains("weight_block_size") && q["weight_block_size"] != nlohmann::json::array({128, 128}))
@@ -60,6 +65,7 @@ void read_fp8_weight(const CheckpointReader& ckpt, const std::string& name, cons
 }
 
 void read_weight_f32(const CheckpointReader& ckpt, const std::string& name, const Shape& shape, float* dst) {
+  if (stored_as_bnb_4bit(ckpt, name)) return read_bnb_4bit_weight(ckpt, name, shape, dst);
   if (!stored_as_fp8(ckpt, name)) return read_as_f32(ckpt.entry(name), shape, dst, ckpt.describe(name));
   std::vector<uint8_t> codes;
   std::vector<float> scale_inv;

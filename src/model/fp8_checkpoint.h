@@ -14,8 +14,8 @@
 
 namespace soltrain {
 
-// True when config.json declares FP8 blocks; any other quantization_config, or FP8 with another block
-// size or format, is a UserError naming the key.
+// True when config.json declares FP8 blocks; a quantization_config other than FP8 or bitsandbytes 4-bit
+// (model/bnb_checkpoint.h), or FP8 with another block size or format, is a UserError naming the key.
 bool is_fp8_block_checkpoint(const ModelConfig& c, const std::filesystem::path& dir);
 
 // The name of a weight's scale tensor, and whether the checkpoint stores `name` as FP8 blocks.
@@ -27,7 +27,8 @@ bool stored_as_fp8(const CheckpointReader& ckpt, const std::string& name);
 void read_fp8_weight(const CheckpointReader& ckpt, const std::string& name, const Shape& shape,
                      std::vector<uint8_t>& codes, std::vector<float>& scale_inv);
 
-// Any weight as fp32: dequantised when stored as FP8 blocks, else widened (read_as_f32).
+// Any weight as fp32: dequantised when stored as FP8 blocks or bitsandbytes 4-bit codes, else widened
+// (read_as_f32).
 void read_weight_f32(const CheckpointReader& ckpt, const std::string& name, const Shape& shape, float* dst);
 
 }  // namespace soltrain

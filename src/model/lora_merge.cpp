@@ -8,6 +8,7 @@
 #include "core/format.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
+#include "model/bnb_checkpoint.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/fp8_checkpoint.h"
@@ -128,6 +129,8 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
   // An FP8 block checkpoint (Qwen3-FP8 layout) merges into bf16: every FP8 weight is dequantised and its
   // scale dropped, so the result is a plain bf16 model (config.json loses its quantization_config).
   const bool fp8 = is_fp8_block_checkpoint(config, model_dir);
+  // So does a bitsandbytes 4-bit checkpoint (as PEFT's merge_and_unload dequantises a 4-bit base).
+  const bool bnb = is_bnb_4bit_checkpoint(config, model_dir);
   // The adapters decoded once for the weights that share them (a layer's E experts' per-expert weights share its two
   // expert adapters): the tensors are written one after another, a layer's together, so the last four suffice.
   struct Decoded {
@@ -160,9 +163,12 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
   for (const std::string& name : base.names()) {
     if (untie && name == "lm_head.weight") continue;  // (a tied checkpoint's stray copy: written below)
     const TensorEntry& e = base.entry(name);
-    const bool stored_fp8 = fp8 && stored_as_fp8(base, name);
     if (fp8 && name.ends_with("_scale_inv") && stored_as_fp8(base, name.substr(0, name.size() - 10))) continue;
-    const DType out_dtype = stored_fp8 ? DType::BF16 : e.dtype;
+    if (bnb && is_bnb_4bit_side_tensor(base, name)) continue;
+    const bool stored_bnb = bnb && stored_as_bnb_4bit(base, name);
+    const bool dequantised = (fp8 && stored_as_fp8(base, name)) || stored_bnb;
+    const Shape shape = stored_bnb ? bnb_4bit_shape(base, name) : e.shape;  // (4-bit codes are stored packed)
+    const DType out_dtype = dequantised ? DType::BF16 : e.dtype;
     // a module trained in full beside the adapters (modules_to_save: embed_tokens, lm_head) replaces the base's
     if (const std::string saved = "base_model.model." + name; adapter.find(saved)) {
       if (adapter.at(saved).shape != e.shape)
@@ -179,11 +185,10 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
       continue;
     }
     auto it = deltas.find(name);
-    if (it == deltas.end() && stored_fp8) {
-      tensors.push_back({name, out_dtype, e.shape, [&base, name](void* dst) {
-                           const TensorEntry& we = base.entry(name);
-                           std::vector<float> w(size_t(shape_numel(we.shape)));
-                           read_weight_f32(base, name, we.shape, w.data());
+    if (it == deltas.end() && dequantised) {
+      tensors.push_back({name, out_dtype, shape, [&base, name, shape](void* dst) {
+                           std::vector<float> w(size_t(shape_numel(shape)));
+                           read_weight_f32(base, name, shape, w.data());
                            const std::vector<char> bytes = encode(w, DType::BF16);
                            std::memcpy(dst, bytes.data(), bytes.size());
                          }});
@@ -195,10 +200,10 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
     }
     const Delta& d = it->second;
     const bool all_experts = d.experts && d.expert < 0;  // a stacked [E, rows, in] weight
-    if (e.shape.size() != (all_experts ? 3u : 2u) || (all_experts && e.shape[0] != d.experts))
+    if (shape.size() != (all_experts ? 3u : 2u) || (all_experts && shape[0] != d.experts))
       user_error(base.describe(name), ": expected ", all_experts ? "[experts, out, in]" : "a matrix", ", got ",
-                 shape_str(e.shape));
-    const int64_t out = e.shape[e.shape.size() - 2], in = e.shape.back(), R = d.rank, E = std::max(d.experts, 1);
+                 shape_str(shape));
+    const int64_t out = shape[shape.size() - 2], in = shape.back(), R = d.rank, E = std::max(d.experts, 1);
     // A [E·R, in]; B [rows, R·E]: a per-expert weight takes `out` of B's rows from row0 (gate_up: 2F rows), the
     // others all of them
     const TensorEntry &ae = adapter.at(d.a), &be = adapter.at(d.b);
@@ -207,14 +212,13 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
                       (some_rows ? be.shape[0] >= d.row0 + out : be.shape[0] == out);
     if (!fits)
       user_error(adapter_file.string(), ": ", d.a, " / ", d.b, " are ", shape_str(ae.shape), " / ", shape_str(be.shape),
-                 ", which do not fit ", name, " ", shape_str(e.shape));
+                 ", which do not fit ", name, " ", shape_str(shape));
     used.insert(d.a);
     used.insert(d.b);
     const Shape a_shape = ae.shape, b_shape = be.shape;
-    tensors.push_back({name, out_dtype, e.shape, [&, name, out, in, d, a_shape, b_shape, out_dtype](void* dst) {
-                         const TensorEntry& we = base.entry(name);
-                         std::vector<float> w(size_t(shape_numel(we.shape)));
-                         read_weight_f32(base, name, we.shape, w.data());
+    tensors.push_back({name, out_dtype, shape, [&, name, out, in, d, a_shape, b_shape, out_dtype, shape](void* dst) {
+                         std::vector<float> w(size_t(shape_numel(shape)));
+                         read_weight_f32(base, name, shape, w.data());
                          const auto [a, b] = decoded.pair(d, a_shape, b_shape);
                          if (d.experts && d.expert < 0)
                            for (int x = 0; x < d.experts; ++x) add_delta(w.data() + x * out * in, out, in, d, x, a, b);
@@ -247,16 +251,16 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
 
   StagedDir staged(out_dir);
   write_checkpoint_streamed(staged.path(), tensors, max_shard_bytes);
-  if (fp8 || untie) {
+  if (fp8 || bnb || untie) {
     nlohmann::json cfg = config.raw;
-    if (fp8) {
+    if (fp8 || bnb) {
       cfg.erase("quantization_config");
       cfg["dtype"] = "bfloat16";
       if (cfg.contains("torch_dtype")) cfg["torch_dtype"] = "bfloat16";
     }
     if (untie) cfg["tie_word_embeddings"] = false;
     write_file_atomic(staged.path() / "config.json", cfg.dump(2) + "\n");
-  } else {  // (an FP8 or untied model's config.json is rewritten above)
+  } else {  // (a quantised or untied model's config.json is rewritten above)
     std::error_code ec;
     fs::copy_file(model_dir / "config.json", staged.path() / "config.json", ec);
     if (ec) user_error((model_dir / "config.json").string(), ": cannot copy (", ec.message(), ")");

@@ -420,7 +420,7 @@ TEST_F(CudaOps, NorMuonMatchesTheCpu) {
     std::vector<float> cw = w, cm = m0, cu(static_cast<size_t>(n)), cv(size_t(lines), 0.0f),
                        cscratch(static_cast<size_t>(2 * k * k + n));
     for (int step = 0; step < 2; ++step) {
-      const auto g = randn(static_cast<size_t>(n), 0.1f);
+      auto g = randn(static_cast<size_t>(n), 0.1f);
       gpu->muon_momentum(gu.view({n}), gm, upload(g, {n}, DType::F32), gss, p);
       gpu->newton_schulz(gu, gss, scratch, p);
       gpu->normuon_variance(gu, gv, 0.95f);
