@@ -432,6 +432,19 @@ TEST(DataParallel, FourRanksResumeATwoRankZero3Checkpoint) {
 // 2 and 4 ranks (MPI; TCP workers too) train its trajectory, and 4 ranks resume a 2-rank checkpoint's scaling
 // state onto it (without the reduction each rank scales from its own amaxes only: update 2 on differs, and
 // rank 0's saved state is not the other ranks'). Current scaling needs no reduction; it is run once on 2 ranks.
+// Muon over several ranks with a ZeRO stage is one line naming it (the config reader lets zero_stage pass: one
+// process trains unsharded, as Axolotl's FSDP examples ask on one GPU).
+TEST(DataParallel, MuonOverShardedRanksIsOneLine) {
+  DpSetup s;
+  const CliRun r = s.sft(0, "muon", "--gpus 2 --set zero_stage=2 --set optimizer=muon --set max_steps=1");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("error: optimizer: muon with zero_stage 2 is not built yet (Muon orthogonalises whole "
+                       "matrices); use zero_stage: 0\n"),
+            std::string::npos)
+      << r.err;
+  ASSERT_EQ(s.sft(0, "one", "--set zero_stage=2 --set optimizer=muon --set max_steps=1").code, 0);
+}
+
 TEST(DataParallel, Fp8RanksScaleAsOneProcess) {
   DpSetup s;
   const std::string fp8 = "--set recipe=fp8-hybrid --set fp8_amax_history=4 --set max_steps=4 ";

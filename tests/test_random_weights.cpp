@@ -2,6 +2,8 @@
 // transformers initialises them (matrices normal(0, initializer_range), norms ones, biases zeros; fresh adapters as
 // PEFT's), and a whole bench step on it whose loss is a random model's, ln(vocab).
 #include <cmath>
+#include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
@@ -67,6 +69,49 @@ TEST(RandomWeights, DrawnAsTransformersInitialisesThem) {
   // each parameter from its own start in the pool: two experts' matrices differ
   EXPECT_NE(values(*ops, *m, "model.layers.0.mlp.experts.0.gate_proj.weight"),
             values(*ops, *m, "model.layers.0.mlp.experts.1.gate_proj.weight"));
+}
+
+// reinit_weights (Axolotl's: pretraining from scratch): every base value drawn on its own as _init_weights draws a
+// model built from its config: each matrix normal(0, initializer_range), the padding row zero, norms ones, biases
+// zeros; the same seed draws the same model, another seed another.
+TEST(RandomWeights, ReinitDrawsEveryWeightAfresh) {
+  TempDir t;
+  const auto dir = config_only(t);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+  cfg["pad_token_id"] = 3;
+  write_file_atomic(dir / "config.json", cfg.dump(2));
+  auto ops = make_cpu_ops();
+  auto m = random_pretrained(dir, *ops, std::nullopt, true, 11);
+  const std::vector<float> before = values(*ops, *m, "model.layers.1.self_attn.q_proj.weight");
+  init_weights(*m, 7);
+  std::map<std::string, std::vector<float>> first;
+  for (const Parameter& p : m->params().all()) {
+    const std::vector<float> v = values(*ops, *m, p.name);
+    first[p.name] = v;
+    if (p.shape.size() == 1) {
+      const float want = p.name.ends_with("norm.weight") ? 1.0f : 0.0f;
+      for (float x : v) ASSERT_EQ(x, want) << p.name;
+      continue;
+    }
+    double sum = 0, sq = 0;
+    for (float x : v) sum += x, sq += double(x) * x;
+    const double n = double(v.size()), mean = sum / n, sd = std::sqrt(sq / n - mean * mean);
+    EXPECT_NEAR(mean, 0.0, 5.0 * 0.05 / std::sqrt(n)) << p.name;
+    EXPECT_NEAR(sd, 0.05, 0.05 * 6.0 / std::sqrt(2.0 * n)) << p.name;  // (six standard errors)
+  }
+  const std::vector<float>& embed = first["model.embed_tokens.weight"];
+  for (int j = 0; j < 64; ++j) {
+    EXPECT_EQ(embed[size_t(3 * 64 + j)], 0.0f);  // transformers zeroes padding_idx's row
+    EXPECT_NE(embed[size_t(2 * 64 + j)], 0.0f);
+  }
+  EXPECT_NE(first["model.layers.1.self_attn.q_proj.weight"], before);
+  EXPECT_NE(first["model.layers.0.mlp.experts.0.gate_proj.weight"],
+            first["model.layers.0.mlp.experts.1.gate_proj.weight"]);
+  init_weights(*m, 7);
+  for (const auto& [name, v] : first) EXPECT_EQ(values(*ops, *m, name), v) << name;
+  init_weights(*m, 8);
+  EXPECT_NE(values(*ops, *m, "model.layers.1.self_attn.q_proj.weight"),
+            first["model.layers.1.self_attn.q_proj.weight"]);
 }
 
 TEST(RandomWeights, BenchTimesAModelFromItsConfigAlone) {

@@ -8,7 +8,7 @@ What it does (see README.md beside this file):
      data set id the selected configs name, and lays out each peer's checkout (examples/, deepspeed_configs/)
      as the working folder, as a user running `axolotl train examples/...` from a checkout has it;
   3. runs each config with only output_dir and max_steps changed (text edit: those top-level lines replaced,
-     everything else byte for byte), with HF_HUB_CACHE pointing at the stand-ins and HF_HUB_OFFLINE=1;
+     everything else byte for byte), with HF_HUB_CACHE pointing at the stand-ins and HF_HUB_OFFLINE=1 and WANDB_MODE=offline;
   4. classifies RUNS / REFUSED-ONE-LINE / FAILED and writes results-axolotl.md, results-surogate.md and
      results.json beside this file.
 
@@ -1016,6 +1016,9 @@ def main():
     print("building the stand-in hub cache ...", file=sys.stderr)
     cache, cache_notes = build_cache(work, full, args.rebuild)
     env.update(HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1", HF_HOME=str(work / "hf-home"))
+    # a config naming a wandb_project reports to wandb: offline here, as a logged-in user's run would start
+    env.setdefault("WANDB_MODE", "offline")
+    env.setdefault("WANDB_DIR", str(work / "wandb"))
     version = subprocess.run([args.bin, "--version"], capture_output=True, text=True).stdout.strip()
     results = {}
     for peer, plan in plans.items():

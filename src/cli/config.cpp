@@ -584,9 +584,8 @@ void rule_optimizer(const Entries& en, const std::string&, TrainConfig& c, std::
   }
   if (c.offload.optimizer || c.offload.master || c.offload.grads)
     errors.push_back(cat(where, ": optimizer: ", name, " with offloaded optimizer state is not built yet"));
-  if (c.zero_stage >= 1)
-    errors.push_back(cat(where, ": optimizer: ", name, " with zero_stage >= 1 is not built yet (Muon ",
-                         "orthogonalises whole matrices; each rank holds a slice)"));
+  // (zero_stage with it: one process trains unsharded, as FSDP on one GPU does; over several ranks the run
+  // refuses it, naming the optimizer: each rank would hold a slice of the matrices Muon orthogonalises whole)
 }
 
 constexpr Rule kRules[] = {rule_lora_settings_imply_lora,

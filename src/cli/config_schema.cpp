@@ -300,6 +300,9 @@ void add_data_keys(std::vector<KeySpec>& v) {
                       x.c.tokenizer_edits.overrides[int32_t(v)] = kv.second.Scalar();
                     }
                   }));
+  v.push_back(flag("reinit_weights", FIELD(reinit_weights),
+                   "Axolotl's: the base weights drawn afresh from the seed as transformers initialises a model from "
+                   "its config (pretraining from scratch; the checkpoint's weights are not used)"));
   v.push_back(flag("resize_token_embeddings_to_32x", FIELD(resize_to_32x),
                    "Axolotl's: the embedding's rows rounded up to a multiple of 32 when it is resized"));
   v.push_back(flag("shrink_embeddings", FIELD(shrink_embeddings),

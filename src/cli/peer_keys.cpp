@@ -414,7 +414,6 @@ void add_missing_features(Table& t) {
        off_or("Axolotl's N-D parallelism is not built; zero_stage: 3 shards over every GPU (gpus: N)")},
       {"dp_replicate_size",
        off_or("Axolotl's N-D parallelism is not built; zero_stage: 3 shards over every GPU (gpus: N)")},
-      {"reinit_weights", off_or("re-initialising the weights (pretraining from scratch) is not built yet")},
       {"lisa_n_layers", off_or("LISA (layerwise importance sampling) is not built yet")},
       {"lisa_step_interval", off_or("LISA (layerwise importance sampling) is not built yet")},
       {"lisa_layers_attribute", off_or("LISA (layerwise importance sampling) is not built yet")},

@@ -9,6 +9,15 @@
 
 namespace soltrain {
 
+namespace {
+// transformers' rule for what is not drawn: RMSNorm scales ones, biases zeros
+bool fixed_value(const Parameter& p, float& value) {
+  if (p.shape.size() != 1) return false;
+  value = p.name.ends_with("norm.weight") ? 1.0f : 0.0f;
+  return true;
+}
+}  // namespace
+
 std::unique_ptr<Transformer> random_pretrained(const std::filesystem::path& dir, Ops& ops,
                                                std::optional<LoraConfig> lora, bool gradients, uint64_t seed) {
   ModelConfig config = load_model_config(dir);
@@ -23,8 +32,8 @@ std::unique_ptr<Transformer> random_pretrained(const std::filesystem::path& dir,
   for (Parameter& p : model->params().all()) {
     if (is_lora_name(p.name)) continue;  // the adapters' own initialisation, as a run's
     staging.resize(size_t(shape_numel(p.shape)));
-    if (p.shape.size() == 1) {  // norms' scales are ones, biases zeros
-      std::fill(staging.begin(), staging.end(), p.name.ends_with("norm.weight") ? 1.0f : 0.0f);
+    if (float value; fixed_value(p, value)) {
+      std::fill(staging.begin(), staging.end(), value);
     } else {
       size_t at = size_t(rng() % pool.size());
       for (size_t done = 0; done < staging.size();) {
@@ -36,6 +45,25 @@ std::unique_ptr<Transformer> random_pretrained(const std::filesystem::path& dir,
     model->params().upload(ops, p, staging.data());
   }
   return model;
+}
+
+void init_weights(Transformer& model, uint64_t seed) {
+  const ModelConfig& c = model.config();
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, float(c.initializer_range));
+  std::vector<float> staging;
+  for (Parameter& p : model.params().all()) {
+    if (is_lora_name(p.name)) continue;
+    staging.resize(size_t(shape_numel(p.shape)));
+    if (float value; fixed_value(p, value)) {
+      std::fill(staging.begin(), staging.end(), value);
+    } else {
+      for (float& x : staging) x = normal(rng);
+      if (p.name == "model.embed_tokens.weight" && c.padding_idx >= 0 && c.padding_idx < p.shape[0])
+        std::fill_n(staging.begin() + ptrdiff_t(int64_t(c.padding_idx) * p.shape[1]), p.shape[1], 0.0f);
+    }
+    model.params().upload(model.ops(), p, staging.data());
+  }
 }
 
 }  // namespace soltrain

@@ -16,4 +16,9 @@ namespace soltrain {
 std::unique_ptr<Transformer> random_pretrained(const std::filesystem::path& dir, Ops& ops,
                                                std::optional<LoraConfig> lora, bool gradients, uint64_t seed);
 
+// Every base weight of `model` drawn again, each value on its own, as transformers' _init_weights draws a model built
+// from its config (Axolotl's reinit_weights: pretraining from scratch): matrices and the embedding normal(0,
+// initializer_range), the embedding's padding_idx row zero, norms ones, biases zeros; the adapters keep theirs.
+void init_weights(Transformer& model, uint64_t seed);
+
 }  // namespace soltrain

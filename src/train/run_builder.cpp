@@ -10,6 +10,7 @@
 #include "model/checkpoint.h"
 #include "model/lora_merge.h"
 #include "model/peft_adapter.h"
+#include "model/random_weights.h"
 #include "tokenizer/tokenizer.h"
 #include "train/run_tokenizer.h"
 #include "train/trained_model.h"
@@ -69,6 +70,14 @@ std::unique_ptr<Transformer> load_run_model(const TrainConfig& c, Ops& ops, cons
   if (c.dpo.reward_model) classifier = AsClassifier{reward_pad_token_id(c)};
   if (c.process_reward_model) classifier = AsClassifier{-1, c.num_labels};
   auto model = load_pretrained(c.model, ops, lora, gradients, share, classifier, run_vocab_resize(c));
+  if (c.reinit_weights) {  // (every rank draws the same from the seed)
+    init_weights(*model, c.seed);
+    if (!comm || comm->rank() == 0)
+      std::fprintf(stderr,
+                   "note: reinit_weights: the base weights drawn afresh from seed %llu (normal(0, %g)), not "
+                   "the checkpoint's\n",
+                   static_cast<unsigned long long>(c.seed), model->config().initializer_range);
+  }
   for (const ShardSet* set : data)
     for (int32_t id : set->tokens)
       if (id < 0 || id >= model->config().vocab_size)

@@ -169,6 +169,7 @@ struct TrainConfig {
   bool normuon_cautious_wd = true;
   Offload offload;  // `offload_master`, `offload_optimizer`, `offload_grads`: that state in host memory
   uint64_t seed = 42;
+  bool reinit_weights = false;  // Axolotl's: the base drawn afresh from the seed (model/random_weights.h init_weights)
   Recompute recompute = Recompute::None;
   int64_t token_tile = 0;            // the MLP's token tile for long sequences; 0 = automatic (model/activation_plan.h)
   bool offload_activations = false;  // recompute full's layer-input checkpoints in host memory (Transformer)
