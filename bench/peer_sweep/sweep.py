@@ -951,6 +951,16 @@ def cpu_overrides(peer: str, cfg: dict, cap: int) -> list[str]:
     return out
 
 
+def account_overrides(cfg: dict) -> list[str]:
+    """`--set` overrides for trackers that need an account this machine has not: SwanLab's cloud mode (what its
+    plugin does without swanlab_mode) runs offline, as WANDB_MODE=offline does wandb's. Recorded as changes."""
+    plugins = cfg.get("plugins") or []
+    swanlab = any("SwanLabPlugin" in str(p) for p in plugins) and cfg.get("use_swanlab") is not False
+    if swanlab and cfg.get("swanlab_mode") in (None, "cloud"):
+        return ["swanlab_mode=offline"]
+    return []
+
+
 def run_one(binary: str, verb: str, cwd: Path, rel_cfg: str, sets: list[str], env: dict, timeout: int):
     t0 = time.time()
     cmd = [binary, verb, rel_cfg] + [a for kv in sets for a in ("--set", kv)]
@@ -1041,7 +1051,7 @@ def main():
                 verb = "train"
             else:
                 verb = SUROGATE_VERB.get(path.split("/")[1], "sft")
-            sets = cpu_overrides(peer, cfg, args.cpu_cap)
+            sets = cpu_overrides(peer, cfg, args.cpu_cap) + account_overrides(cfg)
             rc, out, err, dt = run_one(args.bin, verb, tree, path, sets, env, args.timeout)
             outcome, line, how = classify(rc, out, err, outdir)
             logdir = work / "logs" / peer

@@ -1,8 +1,8 @@
-"""The bridge from a soltrain run to experiment trackers (report_to: wandb / mlflow, Axolotl's wandb_* and
-mlflow_* keys). The engine starts it as `python3 -c <this file>` (compiled into the binary) and writes JSON
+"""The bridge from a soltrain run to experiment trackers (report_to: wandb / mlflow / swanlab, Axolotl's wandb_*,
+mlflow_* and swanlab_* keys). The engine starts it as `python3 -c <this file>` (compiled into the binary) and writes JSON
 lines to its stdin: first {"init": ...} (which trackers, their settings, the run's config), then every row it
 writes to metrics.jsonl. Rows go to wandb under HF Trainer's names (train/loss, train/learning_rate, eval/loss,
-..., step = the optimizer step) and to mlflow under metrics.jsonl's own (loss, learning_rate, eval_loss, ...),
+..., step = the optimizer step), to SwanLab under the same and to mlflow under metrics.jsonl's own (loss, learning_rate, eval_loss, ...),
 as HF's WandbCallback and MLflowCallback log them. "ready" on stdout once the trackers have started; the run
 ends when stdin closes."""
 import json
@@ -14,6 +14,8 @@ def numbers(row):
 
 
 def main():
+    # stdout carries "ready" alone: the trackers' own prints (SwanLab's banner) go to stderr with their messages
+    ready_out, sys.stdout = sys.stdout, sys.stderr
     init = json.loads(sys.stdin.readline())["init"]
     config = init.get("config", {})
     wandb_run = None
@@ -35,7 +37,16 @@ def main():
         mlflow.set_experiment(m.get("experiment_name") or "soltrain")
         mlflow.start_run(run_name=m.get("run_name") or init.get("run_name") or None)
         mlflow.log_params({k: str(v)[:500] for k, v in config.items()})
-    print("ready", flush=True)
+    swanlab = None
+    if "swanlab" in init:  # as Axolotl's SwanLab plugin calls swanlab.init (its swanlab_* keys by name)
+        import swanlab
+
+        s = init["swanlab"]
+        kwargs = {k: s[k] for k in ("project", "experiment_name", "description", "workspace", "mode", "api_key",
+                                    "web_host", "api_host") if s.get(k)}
+        kwargs.setdefault("experiment_name", init.get("run_name") or None)
+        swanlab.init(logdir=str(init["output_dir"]) + "/swanlog", config=config, **kwargs)
+    print("ready", file=ready_out, flush=True)
     for line in sys.stdin:
         row = json.loads(line)
         step = int(row.pop("step"))
@@ -46,6 +57,12 @@ def main():
             wandb_run.log(logged, step=step)
         if mlflow is not None:
             mlflow.log_metrics(values, step=step)
+        if swanlab is not None:  # (SwanLab's transformers callback logs HF's names, as wandb's)
+            logged = {("eval/" + k[5:] if k.startswith("eval_") else "train/" + k): v for k, v in values.items()}
+            logged["train/global_step"] = step
+            swanlab.log(logged, step=step)
+    if swanlab is not None:
+        swanlab.finish()
     if wandb_run is not None:
         wandb_run.finish()
     if mlflow is not None:

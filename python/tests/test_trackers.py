@@ -104,3 +104,66 @@ def test_a_missing_tracker_stops_the_run_before_training(demo, tmp_path):
         "error: report_to: wandb: its Python package is not installed for /bin/false (pip install wandb); or drop "
         "it from report_to (metrics.jsonl and TensorBoard hold every metric)")
     assert not (tmp_path / "out" / "model").exists()
+
+
+def swanlab_scalars(path):
+    """The scalars of an offline SwanLab run's .swanlab file, read with SwanLab's own reader: {step: {key: value}}."""
+    from swanlab.sdk.internal.core_python.store import DataStoreReader
+    from swanlab.sdk.internal.core_python.sync import Record
+
+    reader = DataStoreReader()
+    reader.open(path)
+    out = {}
+    for data in reader:
+        rec = Record()
+        rec.ParseFromString(data)
+        if rec.WhichOneof("record_type") == "scalar":
+            out.setdefault(rec.scalar.step, {})[rec.scalar.key] = rec.scalar.value.number
+    reader.close()
+    return out
+
+
+def test_axolotl_swanlab_plugin_gets_metrics_jsonl(demo, tmp_path):
+    # Axolotl's SwanLab plugin as its examples set it (offline here: no account), HF's names as SwanLab's
+    # transformers callback logs them; its run in output_dir/swanlog
+    pytest.importorskip("swanlab")
+    out = tmp_path / "out"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"base_model: {demo / 'model'}\ndatasets: [{{path: {demo / 'train.jsonl'}, type: conversation}}]\n"
+                   f"test_datasets: [{{path: {demo / 'validation.jsonl'}, type: conversation}}]\n"
+                   f"output_dir: {out}\nsequence_len: 64\nmax_steps: 4\neval_steps: 2\nlearning_rate: 1e-3\n"
+                   "plugins:\n  - axolotl.integrations.swanlab.SwanLabPlugin\nuse_swanlab: true\n"
+                   "swanlab_project: soltrain-test\nswanlab_experiment_name: tiny\nswanlab_description: a test\n"
+                   "swanlab_mode: offline\nswanlab_log_completions: false\n")
+    r = subprocess.run([str(BIN), "sft", str(cfg)], capture_output=True, text=True,
+                       env=dict(os.environ, HOME=str(tmp_path)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "report_to: swanlab receives every metrics.jsonl row" in r.stderr
+    rows = read_jsonl(out / "metrics.jsonl")
+    train = {x["step"]: x for x in rows if "loss" in x}
+    evals = {x["step"]: x["eval_loss"] for x in rows if "eval_loss" in x}
+    assert len(train) == 4 and len(evals) >= 2
+    files = glob.glob(str(out / "swanlog" / "run-*" / "run-*.swanlab"))
+    assert len(files) == 1, files
+    logged = swanlab_scalars(files[0])
+    for step, x in train.items():
+        for k in ("loss", "learning_rate", "grad_norm"):
+            assert logged[step]["train/" + k] == pytest.approx(x[k], rel=1e-12), (step, k)
+        assert logged[step]["train/global_step"] == step
+    for step, loss in evals.items():
+        assert logged[step]["eval/loss"] == pytest.approx(loss, rel=1e-12)
+
+
+def test_swanlab_settings_are_checked_as_axolotl_checks_them(demo, tmp_path):
+    base = (f"base_model: {demo / 'model'}\ndatasets: [{{path: {demo / 'train.jsonl'}, type: conversation}}]\n"
+            f"output_dir: {tmp_path / 'out'}\nmax_steps: 1\nplugins: [axolotl.integrations.swanlab.SwanLabPlugin]\n")
+    for extra, want in [("", "plugins: SwanLab is on (its plugin, use_swanlab) but swanlab_project is not set"),
+                        ("swanlab_project: p\nswanlab_mode: online\n",
+                         "swanlab_mode: \"online\" is not valid: expected cloud, local, offline or disabled")]:
+        (tmp_path / "c.yaml").write_text(base + extra)
+        r = subprocess.run([str(BIN), "sft", str(tmp_path / "c.yaml")], capture_output=True, text=True)
+        assert r.returncode == 2 and want in r.stderr.strip().splitlines()[-1], r.stderr
+    (tmp_path / "c.yaml").write_text(base + "use_swanlab: false\n")  # off: no project needed, nothing started
+    r = subprocess.run([str(BIN), "sft", str(tmp_path / "c.yaml")], capture_output=True, text=True)
+    assert r.returncode == 0 and "report_to" not in r.stderr, r.stderr
+    assert not (tmp_path / "out" / "swanlog").exists()

@@ -452,12 +452,30 @@ void rule_hub_push(const Entries& en, const std::string& where, TrainConfig& c, 
                          ": push_to_hub needs hub_model_id: the repository to push to (Org/Name)"));
 }
 
-// Axolotl turns wandb on with a wandb_project (off with wandb_mode: disabled), mlflow with a mlflow_tracking_uri.
-void rule_trackers(const Entries&, const std::string&, TrainConfig& c, std::vector<std::string>&) {
+// Axolotl turns wandb on with a wandb_project (off with wandb_mode: disabled), mlflow with a mlflow_tracking_uri,
+// SwanLab with its plugin.
+void rule_trackers(const Entries& en, const std::string& where, TrainConfig& c, std::vector<std::string>& errors) {
   Trackers& t = c.trackers;
   if (t.wandb_settings.count("project")) t.wandb = true;
   if (t.wandb_settings.count("mode") && t.wandb_settings["mode"] == "disabled") t.wandb = false;
   if (t.mlflow_settings.count("tracking_uri")) t.mlflow = true;
+  // Axolotl's SwanLab plugin: on with the plugin unless use_swanlab: false, which then needs swanlab_project;
+  // swanlab_mode one of its four, disabled turning it off
+  if (t.swanlab_plugin && t.use_swanlab.value_or(true)) {
+    if (!t.swanlab_settings.count("project"))
+      errors.push_back(cat(en.has("plugins") ? en.where("plugins") : where,
+                           ": plugins: SwanLab is on (its plugin, use_swanlab) but swanlab_project is not set; set it, "
+                           "or use_swanlab: false"));
+    t.swanlab = true;
+  }
+  if (t.use_swanlab == false) t.swanlab = false;
+  if (const auto m = t.swanlab_settings.find("mode"); m != t.swanlab_settings.end()) {
+    if (m->second != "cloud" && m->second != "local" && m->second != "offline" && m->second != "disabled")
+      errors.push_back(cat(en.has("swanlab_mode") ? en.where("swanlab_mode") : where, ": swanlab_mode: \"", m->second,
+                           "\" is not valid: expected cloud, local, offline or "
+                           "disabled"));
+    if (m->second == "disabled") t.swanlab = false;
+  }
 }
 
 // GRPO: the clip's upper side defaults to its lower one (TRL), rows hold a prompt and its completion, the update's

@@ -131,8 +131,8 @@ void add_renames(Table& t) {
       // Axolotl: documents in the datasets' order every epoch instead of shuffled.
       {"curriculum_sampling",
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.shuffle = !as_bool(k, n); }},
-      {"plugins",  // Axolotl plugins: the two whose work soltrain does itself are accepted
-       [](const std::string& k, const YAML::Node& n, TrainConfig&) {
+      {"plugins",  // Axolotl plugins: those whose work soltrain does itself are accepted
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          if (is_off(n)) return;
          if (!n.IsSequence()) user_error(k, ": \"", text(n), "\" is not valid: expected a list of plugin classes");
          for (const YAML::Node& p : n) {
@@ -142,6 +142,11 @@ void add_renames(Table& t) {
            if (name == "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin" ||
                name == "axolotl.integrations.liger.LigerPlugin")
              continue;
+           // SwanLab: its swanlab_* settings and use_swanlab go to the trackers' bridge (train/trackers.h)
+           if (name == "axolotl.integrations.swanlab.SwanLabPlugin") {
+             c.trackers.swanlab_plugin = true;
+             continue;
+           }
            user_error(k, ": \"", name, "\": Axolotl plugins are not supported");
          }
        }},
@@ -237,13 +242,17 @@ void add_accepted(Table& t) {
              c.tensorboard = true;
              continue;
            }
-           if (t == "wandb" || t == "mlflow") {
-             (t == "wandb" ? c.trackers.wandb : c.trackers.mlflow) = true;
+           if (t == "wandb" || t == "mlflow" || t == "swanlab") {
+             (t == "wandb" ? c.trackers.wandb : t == "mlflow" ? c.trackers.mlflow : c.trackers.swanlab) = true;
              continue;
            }
            user_error(k, ": \"", t, "\": reporting to it is not built yet; metrics.jsonl and TensorBoard ",
                       "(output_dir/tensorboard, report_to: tensorboard) hold every metric");
          }
+       }},
+      {"use_swanlab",  // the SwanLab plugin's switch (on by default once the plugin is listed)
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (n.IsDefined() && !n.IsNull()) c.trackers.use_swanlab = as_bool(k, n);
        }},
       {"use_tensorboard",  // Axolotl's; metrics.jsonl and training_curves.svg are written either way
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.tensorboard = as_bool(k, n); }},
@@ -494,11 +503,27 @@ bool apply_peer_key(const std::string& key, const YAML::Node& value, TrainConfig
     // turns wandb on with wandb_project, mlflow with mlflow_tracking_uri (rule_trackers in config.cpp).
     static const std::vector<std::string> wandb_keys = {"project", "entity", "name", "mode", "run_id"};
     static const std::vector<std::string> mlflow_keys = {"tracking_uri", "experiment_name", "run_name"};
-    const std::vector<std::string>* known = family == "wandb"    ? &wandb_keys
-                                            : family == "mlflow" ? &mlflow_keys
-                                                                 : nullptr;
+    // Axolotl's SwanLab plugin passes these to swanlab.init; its completion tables need completions in the
+    // trainer's logs, which preference runs do not log (its own callback's placeholder): accepted, nothing sent
+    static const std::vector<std::string> swanlab_keys = {"project",
+                                                          "experiment_name",
+                                                          "description",
+                                                          "mode",
+                                                          "workspace",
+                                                          "api_key",
+                                                          "web_host",
+                                                          "api_host",
+                                                          "log_completions",
+                                                          "completion_log_interval",
+                                                          "completion_max_buffer"};
+    const std::vector<std::string>* known = family == "wandb"     ? &wandb_keys
+                                            : family == "mlflow"  ? &mlflow_keys
+                                            : family == "swanlab" ? &swanlab_keys
+                                                                  : nullptr;
     if (known && std::find(known->begin(), known->end(), what) != known->end()) {
-      (family == "wandb" ? c.trackers.wandb_settings : c.trackers.mlflow_settings)[what] = text(value);
+      (family == "wandb"    ? c.trackers.wandb_settings
+       : family == "mlflow" ? c.trackers.mlflow_settings
+                            : c.trackers.swanlab_settings)[what] = text(value);
       return true;
     }
     if (known && value.IsScalar() && (text(value) == "false" || text(value) == "False")) return true;
@@ -506,7 +531,7 @@ bool apply_peer_key(const std::string& key, const YAML::Node& value, TrainConfig
                known ? "this " + family + " setting is not built yet (soltrain passes on " + family + "_" +
                            (*known)[0] + " and the others of its table)"
                      : "sending metrics to " + family +
-                           " is not built yet; report_to: wandb or mlflow, metrics.jsonl "
+                           " is not built yet; report_to: wandb, mlflow or swanlab, metrics.jsonl "
                            "and TensorBoard (output_dir/tensorboard) hold every metric",
                "; leave it empty");
   }

@@ -57,13 +57,19 @@ nlohmann::json run_config(const TrainConfig& c) {
 
 TrackerBridge::TrackerBridge(const TrainConfig& c, std::ostream& log) : log_(log) {
   const Trackers& t = c.trackers;
-  for (const auto& [on, lib, pkg] : {std::tuple{t.wandb, "wandb", "wandb"}, std::tuple{t.mlflow, "mlflow", "mlflow"}})
+  for (const auto& [on, lib, pkg] : {std::tuple{t.wandb, "wandb", "wandb"}, std::tuple{t.mlflow, "mlflow", "mlflow"},
+                                     std::tuple{t.swanlab, "swanlab", "swanlab"}})
     if (on && !python_ok(std::string("import ") + lib))
       user_error("report_to: ", lib, ": its Python package is not installed for ", python_command(), " (pip install ",
                  pkg, "); or drop it from report_to (metrics.jsonl and TensorBoard hold every metric)");
+  std::string names;  // "wandb", "wandb, mlflow", ...
+  for (const auto& [on, name] :
+       {std::pair{t.wandb, "wandb"}, std::pair{t.mlflow, "mlflow"}, std::pair{t.swanlab, "swanlab"}})
+    if (on) names += (names.empty() ? "" : ", ") + std::string(name);
   nlohmann::json init = {{"config", run_config(c)}, {"output_dir", c.output_dir.string()}, {"run_name", t.run_name}};
   if (t.wandb) init["wandb"] = t.wandb_settings;
   if (t.mlflow) init["mlflow"] = t.mlflow_settings;
+  if (t.swanlab) init["swanlab"] = t.swanlab_settings;
   const PythonProcess proc = start_python(kTrackersScript, "report_to");
   pid_ = proc.pid;
   in_ = proc.in;
@@ -86,11 +92,10 @@ TrackerBridge::TrackerBridge(const TrainConfig& c, std::ostream& log) : log_(log
     int status = 0;
     ::waitpid(pid_, &status, 0);
     pid_ = -1;
-    user_error("report_to: the trackers (", t.wandb ? "wandb" : "", t.wandb && t.mlflow ? ", " : "",
-               t.mlflow ? "mlflow" : "", ") did not start: their message is above");
+    user_error("report_to: the trackers (", names, ") did not start: their message is above");
   }
-  log_ << "report_to: " << (t.wandb ? "wandb" : "") << (t.wandb && t.mlflow ? " and " : "")
-       << (t.mlflow ? "mlflow" : "") << " receive every metrics.jsonl row\n";
+  log_ << "report_to: " << names << " receive" << (names.find(',') == std::string::npos ? "s" : "")
+       << " every metrics.jsonl row\n";
 }
 
 void TrackerBridge::row(const std::string& json_line) {

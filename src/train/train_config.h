@@ -132,11 +132,13 @@ struct HubPush {
   bool private_repo = false;
 };
 
-// Experiment trackers fed through their Python libraries (train/trackers.h): HF's report_to, Axolotl's wandb_* and
-// mlflow_* keys (settings by the key's suffix: wandb_project -> "project").
+// Experiment trackers fed through their Python libraries (train/trackers.h): HF's report_to, Axolotl's wandb_*,
+// mlflow_* and (its SwanLab plugin's) swanlab_* keys (settings by the key's suffix: wandb_project -> "project").
 struct Trackers {
-  bool wandb = false, mlflow = false;
-  std::map<std::string, std::string> wandb_settings, mlflow_settings;
+  bool wandb = false, mlflow = false, swanlab = false;
+  bool swanlab_plugin = false;  // Axolotl's SwanLabPlugin listed in plugins (use_swanlab then defaults to true)
+  std::optional<bool> use_swanlab;
+  std::map<std::string, std::string> wandb_settings, mlflow_settings, swanlab_settings;
   std::string run_name;  // HF's run_name
 };
 
