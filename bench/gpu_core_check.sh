@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy] [prefs] [reward] [prm] [addedtokens] [muon]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy] [prefs] [reward] [prm] [addedtokens] [muon] [normuon]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -154,6 +154,16 @@ PY
       for size in 0.6B 4B; do
         for opt in adamw muon; do
           BENCH_TIMEOUT=240 bench_one "muon-$size-$opt" $size --random-weights --batch-size 2 --seq-len 2048 \
+            --recompute full --optimizer $opt --steps 6 --warmup 2
+        done
+      done ;;
+    normuon)  # issue 32: NorMuon's CUDA ops against their CPU twin (and Muon's), then its update at real sizes beside
+      # Muon's and AdamW's (bench --optimizer normuon), Qwen3-0.6B and 4B full fine-tuning, 2 x 2048
+      timeout 200 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaOps.NorMuon*:CudaOps.Muon*' > "$OUT/normuon-tests.log" 2>&1
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|OK \]" "$OUT/normuon-tests.log"
+      for size in 0.6B 4B; do
+        for opt in adamw muon normuon; do
+          BENCH_TIMEOUT=240 bench_one "normuon-$size-$opt" $size --random-weights --batch-size 2 --seq-len 2048 \
             --recompute full --optimizer $opt --steps 6 --warmup 2
         done
       done ;;

@@ -432,9 +432,12 @@ TEST_F(CudaOps, NorMuonMatchesTheCpu) {
       cpu->newton_schulz(host(cu, {rows, cols}), css, host(cscratch, {2 * k * k + n}), p);
       cpu->normuon_variance(host(cu, {rows, cols}), host(cv, {lines}), 0.95f);
       EXPECT_LE(rel(download(gv), cv), 5e-2) << rows << "x" << cols << " step " << step;
-      EXPECT_LE(rel(download(gu), cu), 5e-2) << rows << "x" << cols << " step " << step;
-      cpu->normuon_update(host(cw, {n}), host(cu, {n}), 0.02f * 0.1f, 0.02f, nullptr);
-      EXPECT_LE(rel(download(gw), cw), 1e-3) << rows << "x" << cols << " step " << step;
+      std::vector<float> u = download(gu);
+      EXPECT_LE(rel(u, cu), 5e-2) << rows << "x" << cols << " step " << step;
+      // the cautious step on the device's own update (its bf16 orthogonalisation's error is bounded just above; at
+      // lr 0.02 it moves the masters ~1.5e-3 relative, more than this step's own rounding could)
+      cpu->normuon_update(host(cw, {n}), host(u, {n}), 0.02f * 0.1f, 0.02f, nullptr);
+      EXPECT_LE(rel(download(gw), cw), 1e-6) << rows << "x" << cols << " step " << step;
     }
     const auto c = download(copy), got = download(gw);
     for (size_t i = 0; i < c.size(); ++i) ASSERT_EQ(c[i], bf16_to_f32(f32_to_bf16(got[i]))) << i;

@@ -86,6 +86,34 @@ __global__ void normuon_variance_kernel(X* x, float* buf, int64_t rows, int64_t 
   for (int64_t k = threadIdx.x; k < along; k += blockDim.x) cuda::st(x + index(k), cuda::ld(x + index(k)) * scale);
 }
 
+// A wide matrix's variance per column: a block holds 32 columns and 32 lanes of rows, so each warp reads 32
+// consecutive values of a row (coalesced; one block per column would stride by cols for every value).
+template <typename X>
+__global__ void normuon_variance_columns_kernel(X* x, float* buf, int64_t rows, int64_t cols, float beta2) {
+  const int64_t c = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  double ss = 0;
+  if (c < cols)
+    for (int64_t r = threadIdx.y; r < rows; r += 32) {
+      const double v = cuda::ld(x + r * cols + c);
+      ss += v * v;
+    }
+  __shared__ double part[32][33];
+  __shared__ float scale[32];
+  part[threadIdx.y][threadIdx.x] = ss;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    double total = 0;
+    for (int k = 0; k < 32; ++k) total += part[k][threadIdx.x];
+    const float b = beta2 * buf[c] + (1.0f - beta2) * float(total / double(rows));
+    buf[c] = b;
+    scale[threadIdx.x] = rsqrtf(fmaxf(b, 1e-10f));
+  }
+  __syncthreads();
+  if (c < cols)
+    for (int64_t r = threadIdx.y; r < rows; r += 32)
+      cuda::st(x + r * cols + c, cuda::ld(x + r * cols + c) * scale[threadIdx.x]);
+}
+
 template <typename X>
 __global__ void normuon_update_kernel(float* w, const X* u, bf16* copy, int64_t n, float wd_step, float step) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -173,11 +201,20 @@ void CudaOps::normuon_variance(Tensor x, Tensor buffer, float beta2) {
   const int64_t rows = x.dim(0), cols = x.dim(1);
   const bool per_row = rows >= cols;
   SOLTRAIN_CHECK(buffer.numel() == (per_row ? rows : cols), "normuon_variance: the buffer's size");
-  const unsigned lines = unsigned(per_row ? rows : cols);
-  if (x.dtype == DType::BF16)
-    normuon_variance_kernel<<<lines, kThreads, 0, stream_>>>(x.as<bf16>(), buffer.f32(), rows, cols, per_row, beta2);
-  else
-    normuon_variance_kernel<<<lines, kThreads, 0, stream_>>>(x.f32(), buffer.f32(), rows, cols, per_row, beta2);
+  if (per_row) {  // a block per row, reading it contiguously
+    if (x.dtype == DType::BF16)
+      normuon_variance_kernel<<<unsigned(rows), kThreads, 0, stream_>>>(x.as<bf16>(), buffer.f32(), rows, cols, true,
+                                                                        beta2);
+    else
+      normuon_variance_kernel<<<unsigned(rows), kThreads, 0, stream_>>>(x.f32(), buffer.f32(), rows, cols, true, beta2);
+  } else {
+    const dim3 block(32, 32);
+    const unsigned grid = unsigned((cols + 31) / 32);
+    if (x.dtype == DType::BF16)
+      normuon_variance_columns_kernel<<<grid, block, 0, stream_>>>(x.as<bf16>(), buffer.f32(), rows, cols, beta2);
+    else
+      normuon_variance_columns_kernel<<<grid, block, 0, stream_>>>(x.f32(), buffer.f32(), rows, cols, beta2);
+  }
   CUDA_CHECK_LAUNCH();
 }
 
