@@ -32,13 +32,15 @@ struct EditedTokenizer {
   nlohmann::json tokenizer;                            // tokenizer.json
   nlohmann::json config;                               // tokenizer_config.json
   std::vector<std::pair<std::string, int32_t>> added;  // tokens new to the vocabulary, with their ids
-  int64_t length = 0;  // transformers' len(tokenizer): distinct token strings, added ones included
+  int64_t length = 0;              // transformers' len(tokenizer): distinct token strings, added ones included
+  std::vector<std::string> notes;  // what the run should say (a BOS change the post_processor does not follow)
 };
 
 // The edited files. Ids as HF tokenizers' AddedVocabulary assigns them: a token already in the model's vocabulary
 // keeps its id (and is matched whole from then on), one already added is left as it is (flags too), a new one takes the
-// next id past both the model's vocabulary and the added tokens. A role other than bos/eos/unk/pad/sep/cls/mask, an
-// override of an id that is no added token, or a BOS change the post_processor would not follow: UserError.
+// next id past both the model's vocabulary and the added tokens. A new bos_token leaves a post_processor that puts the
+// old one before every text as it is, as transformers 5 does (noted). A role other than bos/eos/unk/pad/sep/cls/mask
+// or an override of an id that is no added token: UserError.
 EditedTokenizer edit_tokenizer(const nlohmann::json& tokenizer_json, const nlohmann::json& tokenizer_config,
                                const TokenizerEdits& edits, const std::string& where);
 
