@@ -46,6 +46,24 @@ def main():
                                     "web_host", "api_host") if s.get(k)}
         kwargs.setdefault("experiment_name", init.get("run_name") or None)
         swanlab.init(logdir=str(init["output_dir"]) + "/swanlog", config=config, **kwargs)
+    otel = None
+    if "otel" in init:  # Axolotl's OpenTelemetry callback: its gauges on a Prometheus endpoint
+        from opentelemetry import metrics
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from opentelemetry.sdk.metrics import MeterProvider
+        from prometheus_client import start_http_server
+
+        metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
+        meter = metrics.get_meter("axolotl.training")
+        otel = {k: meter.create_gauge(name=f"axolotl_{name}", description=what, unit="1")
+                for k, name, what in [("loss", "train_loss", "Current training loss"),
+                                      ("eval_loss", "eval_loss", "Current evaluation loss"),
+                                      ("learning_rate", "learning_rate", "Current learning rate"),
+                                      ("epoch", "epoch", "Current training epoch"),
+                                      ("grad_norm", "gradient_norm", "Gradient norm")]}
+        otel["steps"] = meter.create_counter(name="axolotl_global_steps", description="Total training steps completed",
+                                             unit="1")
+        start_http_server(int(init["otel"]["port"]), addr=init["otel"]["host"])
     print("ready", file=ready_out, flush=True)
     for line in sys.stdin:
         row = json.loads(line)
@@ -57,6 +75,12 @@ def main():
             wandb_run.log(logged, step=step)
         if mlflow is not None:
             mlflow.log_metrics(values, step=step)
+        if otel is not None:
+            for k, v in values.items():
+                if k in otel:
+                    otel[k].set(v)
+            if "loss" in values:  # a training step's row (Axolotl counts on_step_end)
+                otel["steps"].add(1)
         if swanlab is not None:  # (SwanLab's transformers callback logs HF's names, as wandb's)
             logged = {("eval/" + k[5:] if k.startswith("eval_") else "train/" + k): v for k, v in values.items()}
             logged["train/global_step"] = step

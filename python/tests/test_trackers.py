@@ -167,3 +167,42 @@ def test_swanlab_settings_are_checked_as_axolotl_checks_them(demo, tmp_path):
     r = subprocess.run([str(BIN), "sft", str(tmp_path / "c.yaml")], capture_output=True, text=True)
     assert r.returncode == 0 and "report_to" not in r.stderr, r.stderr
     assert not (tmp_path / "out" / "swanlog").exists()
+
+
+def test_axolotl_otel_metrics_serve_prometheus(demo, tmp_path):
+    # Axolotl's use_otel_metrics: its gauges (axolotl_train_loss, ...) on http://host:port/metrics while training
+    pytest.importorskip("opentelemetry.exporter.prometheus")
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "out"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"base_model: {demo / 'model'}\ndatasets: [{{path: {demo / 'train.jsonl'}, type: conversation}}]\n"
+                   f"output_dir: {out}\nsequence_len: 64\nmax_steps: 400\nlearning_rate: 1e-3\nuse_wandb: false\n"
+                   f"use_otel_metrics: true\notel_metrics_host: 127.0.0.1\notel_metrics_port: {port}\n")
+    p = subprocess.Popen([str(BIN), "sft", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    scraped = ""
+    deadline = time.time() + 240
+    while time.time() < deadline and p.poll() is None:
+        try:
+            scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            if "axolotl_train_loss" in scraped and "axolotl_global_steps_total" in scraped:
+                break
+        except OSError:
+            pass
+        time.sleep(0.2)
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+    assert "report_to: OpenTelemetry (Prometheus) receives every metrics.jsonl row" in err
+    values = {}
+    for line in scraped.splitlines():
+        if line.startswith("axolotl_") and " " in line:
+            name, value = line.rsplit(" ", 1)
+            values[name.split("{")[0]] = float(value)
+    losses = [x["loss"] for x in read_jsonl(out / "metrics.jsonl") if "loss" in x]
+    assert any(v == pytest.approx(values["axolotl_train_loss"], rel=1e-6) for v in losses), (values, losses[:5])
+    assert values["axolotl_global_steps_total"] >= 1 and "axolotl_learning_rate" in values

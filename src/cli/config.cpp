@@ -458,6 +458,7 @@ void rule_trackers(const Entries& en, const std::string& where, TrainConfig& c, 
   Trackers& t = c.trackers;
   if (t.wandb_settings.count("project")) t.wandb = true;
   if (t.wandb_settings.count("mode") && t.wandb_settings["mode"] == "disabled") t.wandb = false;
+  if (t.use_wandb) t.wandb = *t.use_wandb;
   if (t.mlflow_settings.count("tracking_uri")) t.mlflow = true;
   // Axolotl's SwanLab plugin: on with the plugin unless use_swanlab: false, which then needs swanlab_project;
   // swanlab_mode one of its four, disabled turning it off

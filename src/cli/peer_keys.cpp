@@ -433,10 +433,28 @@ void add_missing_features(Table& t) {
       {"relora_prune_ratio", off_or("ReLoRA is not built yet")},
       {"relora_cpu_offload", off_or("ReLoRA is not built yet")},
       {"peft", off_or("PEFT's LoftQ initialisation (peft: loftq_config) is not built yet")},
-      {"use_otel_metrics",
-       off_or("OpenTelemetry metrics export is not built; metrics.jsonl and TensorBoard hold every metric")},
-      {"otel_metrics_host", any()},  // (read with use_otel_metrics, refused above)
-      {"otel_metrics_port", any()},
+      // Axolotl's OpenTelemetry callback: a Prometheus endpoint of the training metrics (train/trackers.h)
+      {"use_otel_metrics", [](const std::string& k, const YAML::Node& n,
+                              TrainConfig& c) { c.trackers.otel = !is_off(n) && as_bool(k, n); }},
+      {"otel_metrics_host",
+       [](const std::string&, const YAML::Node& n, TrainConfig& c) {
+         if (!is_off(n)) c.trackers.otel_host = text(n);
+       }},
+      {"otel_metrics_port",
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (is_off(n)) return;
+         const std::string v = text(n);
+         char* end = nullptr;
+         const long port = std::strtol(v.c_str(), &end, 10);
+         if (v.empty() || *end || port < 1 || port > 65535)
+           user_error(k, ": \"", v, "\" is not valid: expected a port from 1 to 65535");
+         c.trackers.otel_port = int(port);
+       }},
+      {"use_wandb",  // Axolotl's switch: false keeps wandb off even with a wandb_project, true turns it on
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (n.IsDefined() && !n.IsNull() && !(n.IsScalar() && n.Scalar().empty()))
+           c.trackers.use_wandb = as_bool(k, n);
+       }},
       {"float16", off_or("fp16 training is not supported; soltrain computes in bf16 (bf16: true)")},
       {"max_packed_sequence_len", off_or("no longer supported (Axolotl deprecated it): use sequence_len with "
                                          "sample_packing: true")},

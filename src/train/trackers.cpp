@@ -57,19 +57,24 @@ nlohmann::json run_config(const TrainConfig& c) {
 
 TrackerBridge::TrackerBridge(const TrainConfig& c, std::ostream& log) : log_(log) {
   const Trackers& t = c.trackers;
-  for (const auto& [on, lib, pkg] : {std::tuple{t.wandb, "wandb", "wandb"}, std::tuple{t.mlflow, "mlflow", "mlflow"},
-                                     std::tuple{t.swanlab, "swanlab", "swanlab"}})
+  for (const auto& [on, lib, pkg] :
+       {std::tuple{t.wandb, "wandb", "wandb"}, std::tuple{t.mlflow, "mlflow", "mlflow"},
+        std::tuple{t.swanlab, "swanlab", "swanlab"},
+        std::tuple{t.otel, "opentelemetry.exporter.prometheus", "opentelemetry-exporter-prometheus"}})
     if (on && !python_ok(std::string("import ") + lib))
       user_error("report_to: ", lib, ": its Python package is not installed for ", python_command(), " (pip install ",
-                 pkg, "); or drop it from report_to (metrics.jsonl and TensorBoard hold every metric)");
+                 pkg, "); or ",
+                 std::string(lib).starts_with("opentelemetry") ? "set use_otel_metrics: false" : "drop it from report_to",
+                 " (metrics.jsonl and TensorBoard hold every metric)");
   std::string names;  // "wandb", "wandb, mlflow", ...
-  for (const auto& [on, name] :
-       {std::pair{t.wandb, "wandb"}, std::pair{t.mlflow, "mlflow"}, std::pair{t.swanlab, "swanlab"}})
+  for (const auto& [on, name] : {std::pair{t.wandb, "wandb"}, std::pair{t.mlflow, "mlflow"},
+                                 std::pair{t.swanlab, "swanlab"}, std::pair{t.otel, "OpenTelemetry (Prometheus)"}})
     if (on) names += (names.empty() ? "" : ", ") + std::string(name);
   nlohmann::json init = {{"config", run_config(c)}, {"output_dir", c.output_dir.string()}, {"run_name", t.run_name}};
   if (t.wandb) init["wandb"] = t.wandb_settings;
   if (t.mlflow) init["mlflow"] = t.mlflow_settings;
   if (t.swanlab) init["swanlab"] = t.swanlab_settings;
+  if (t.otel) init["otel"] = {{"host", t.otel_host}, {"port", t.otel_port}};
   const PythonProcess proc = start_python(kTrackersScript, "report_to");
   pid_ = proc.pid;
   in_ = proc.in;

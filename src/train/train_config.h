@@ -140,6 +140,11 @@ struct Trackers {
   std::optional<bool> use_swanlab;
   std::map<std::string, std::string> wandb_settings, mlflow_settings, swanlab_settings;
   std::string run_name;  // HF's run_name
+  // Axolotl's OpenTelemetry metrics (use_otel_metrics): a Prometheus endpoint at http://host:port/metrics
+  bool otel = false;
+  std::string otel_host = "localhost";
+  int otel_port = 8000;
+  std::optional<bool> use_wandb;  // Axolotl's switch (false: no wandb even with a wandb_project)
 };
 
 struct TrainConfig {
