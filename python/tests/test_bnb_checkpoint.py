@@ -32,16 +32,22 @@ def quantised(tmp_path, quant_type="nf4", nested=True, **bnb_kwargs):
     return q
 
 
-@pytest.mark.parametrize("quant_type,nested", [("nf4", True), ("nf4", False), ("fp4", True)])
-def test_merge_dequantises_as_bitsandbytes(tmp_path, quant_type, nested):
-    q = quantised(tmp_path, quant_type, nested)
-    dense = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "dense", dtype=torch.float32)
-    pm = peft.get_peft_model(dense, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+def saved_adapter(model, folder):
+    """PEFT LoRA on q_proj and v_proj, its B drawn (not PEFT's zeros), saved to `folder`."""
+    pm = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     with torch.no_grad():
         for n, p in pm.named_parameters():
             if "lora_B" in n:
                 p.copy_(torch.randn_like(p) * 0.05)
-    pm.save_pretrained(tmp_path / "adapter")
+    pm.save_pretrained(folder)
+    return pm
+
+
+@pytest.mark.parametrize("quant_type,nested", [("nf4", True), ("nf4", False), ("fp4", True)])
+def test_merge_dequantises_as_bitsandbytes(tmp_path, quant_type, nested):
+    q = quantised(tmp_path, quant_type, nested)
+    dense = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "dense", dtype=torch.float32)
+    pm = saved_adapter(dense, tmp_path / "adapter")
     r = subprocess.run([str(BIN), "merge", "--model", str(tmp_path / "q"), "--adapter", str(tmp_path / "adapter"),
                         "--out", str(tmp_path / "merged")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -85,12 +91,7 @@ def test_lora_trains_over_a_4bit_checkpoint(tmp_path):
                 ref.get_submodule(name).weight.copy_(
                     bnb.functional.dequantize_4bit(module.weight.data, module.weight.quant_state).float())
     ref.save_pretrained(tmp_path / "deq")
-    pm = peft.get_peft_model(ref, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    with torch.no_grad():
-        for n, p in pm.named_parameters():
-            if "lora_B" in n:
-                p.copy_(torch.randn_like(p) * 0.05)
-    pm.save_pretrained(tmp_path / "adapter")
+    pm = saved_adapter(ref, tmp_path / "adapter")
     outs = {}
     for model in ["q", "deq"]:
         r = subprocess.run([str(BIN), "dump", "--model", str(tmp_path / model), "--adapter", str(tmp_path / "adapter"),

@@ -29,10 +29,12 @@ def tiny(tmp_path, tied):
                                                              attn_implementation="eager")
 
 
-def test_modules_saved_in_full_match_peft(tmp_path):
-    model = tiny(tmp_path, tied=False)
-    pm = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                    modules_to_save=["embed_tokens", "lm_head"]))
+def dumped_against_peft(tmp_path, model, target_modules, modules):
+    """A PEFT adapter with modules_to_save (its adapters and trained copies moved off the base) read by `soltrain
+    dump` and written back: (PEFT's model after a backward of the batch's loss, its logits and loss, ours, the
+    PEFT gradients by soltrain's names)."""
+    pm = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=target_modules,
+                                                    modules_to_save=modules))
     with torch.no_grad():  # the adapters and the trained copies away from the base
         for n, p in pm.named_parameters():
             if "lora_" in n or "modules_to_save" in n:
@@ -40,22 +42,30 @@ def test_modules_saved_in_full_match_peft(tmp_path):
     pm.save_pretrained(tmp_path / "adapter")
     ids, targets = reference_batch(300, masked=False)
     save_file({"input_ids": ids.int(), "targets": targets.int()}, str(tmp_path / "batch.safetensors"))
-    subprocess.run([str(BIN), "dump", "--model", str(tmp_path / "model"), "--adapter", str(tmp_path / "adapter"),
-                    "--batch", str(tmp_path / "batch.safetensors"), "--out", str(tmp_path / "ours.safetensors"),
-                    "--save-adapter", str(tmp_path / "again")], check=True, capture_output=True)
+    r = subprocess.run([str(BIN), "dump", "--model", str(tmp_path / "model"), "--adapter", str(tmp_path / "adapter"),
+                        "--batch", str(tmp_path / "batch.safetensors"), "--out", str(tmp_path / "ours.safetensors"),
+                        "--save-adapter", str(tmp_path / "again")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
     ours = load_file(str(tmp_path / "ours.safetensors"))
     pm.train(False)
     out = pm(input_ids=ids)
     loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
     loss.backward()
-    assert rel(ours["logits"].reshape(out.logits.shape), out.logits.detach()) <= 1e-5
-    assert abs(float(ours["loss"].flatten()[0]) - loss.item()) / loss.item() <= 1e-6
     grads = {}
     for n, p in pm.named_parameters():
-        if p.grad is None:
-            continue
-        n = n.replace(".default", "")
-        grads[n.replace("base_model.model.", "", 1).replace(".modules_to_save", "") if "modules_to_save" in n else n] = p
+        if p.grad is not None:
+            n = n.replace(".default", "")
+            grads[n.replace("base_model.model.", "", 1).replace(".modules_to_save", "")
+                  if "modules_to_save" in n else n] = p
+    return pm, ids, out, loss, ours, grads
+
+
+def test_modules_saved_in_full_match_peft(tmp_path):
+    model = tiny(tmp_path, tied=False)
+    pm, ids, out, loss, ours, grads = dumped_against_peft(tmp_path, model, ["q_proj", "v_proj"],
+                                                         ["embed_tokens", "lm_head"])
+    assert rel(ours["logits"].reshape(out.logits.shape), out.logits.detach()) <= 1e-5
+    assert abs(float(ours["loss"].flatten()[0]) - loss.item()) / loss.item() <= 1e-6
     assert sorted("grad." + n for n in grads) == sorted(n for n in ours if n.startswith("grad."))
     for name, p in grads.items():
         assert rel(ours["grad." + name], p.grad) <= 1e-4, name
@@ -82,31 +92,8 @@ def test_tied_model_trains_two_copies_as_peft(tmp_path, modules):
     # PEFT's default (ensure_weight_tying False, Axolotl's too) wraps each listed module of a tied model in its own
     # trained copy: the lookup and the head then differ, and an unlisted one stays the stored weight, frozen.
     model = tiny(tmp_path, tied=True)
-    pm = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"],
-                                                    modules_to_save=modules))
-    with torch.no_grad():
-        for n, p in pm.named_parameters():
-            if "lora_" in n or "modules_to_save" in n:
-                p.add_(torch.randn_like(p) * 0.1)
-    pm.save_pretrained(tmp_path / "adapter")
-    ids, targets = reference_batch(300, masked=False)
-    save_file({"input_ids": ids.int(), "targets": targets.int()}, str(tmp_path / "batch.safetensors"))
-    r = subprocess.run([str(BIN), "dump", "--model", str(tmp_path / "model"), "--adapter", str(tmp_path / "adapter"),
-                        "--batch", str(tmp_path / "batch.safetensors"), "--out", str(tmp_path / "ours.safetensors"),
-                        "--save-adapter", str(tmp_path / "again")], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    ours = load_file(str(tmp_path / "ours.safetensors"))
-    pm.train(False)
-    out = pm(input_ids=ids)
-    loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
-    loss.backward()
+    pm, ids, out, loss, ours, grads = dumped_against_peft(tmp_path, model, ["q_proj"], modules)
     assert rel(ours["logits"].reshape(out.logits.shape), out.logits.detach()) <= 1e-5
-    grads = {}
-    for n, p in pm.named_parameters():
-        if p.grad is not None:
-            n = n.replace(".default", "")
-            grads[n.replace("base_model.model.", "", 1).replace(".modules_to_save", "")
-                  if "modules_to_save" in n else n] = p
     want = {"embed_tokens": "model.embed_tokens.weight", "lm_head": "lm_head.weight"}
     assert {want[m] for m in modules} <= set(grads)
     assert sorted("grad." + n for n in grads) == sorted(n for n in ours if n.startswith("grad."))
