@@ -156,7 +156,7 @@ TEST(Fp8Checkpoint, UnknownBlockSizeOrScaleLayoutIsOneLine) {
                   "tensor 'model.layers.0.mlp.gate_proj.weight_scale_inv': shape [3, 1] is not one "
                   "scale per 128x128 block"},
         std::pair{"block64", "quantization_config.weight_block_size [64,64] is not supported"},
-        std::pair{"bnb", "quantization_config.quant_method \"bitsandbytes\" is not supported"}}) {
+        std::pair{"bnb", "stored as FP8 blocks, but config.json's quantization_config is bitsandbytes"}}) {
     SCOPED_TRACE(dir);
     const CliRun r = run("dump --model " + (t.path / dir).string() + " --batch " + batch.string() + " --out " +
                              (t.path / "out.safetensors").string(),

@@ -110,7 +110,8 @@ void load_weights(Transformer& model, const fs::path& dir) {
   std::set<std::string> used;
   StackedExperts stacked;
   const ModelConfig& c = model.config();
-  for (int l = 0; l < c.num_layers; ++l)  // experts held by other ranks (expert parallelism): not missed here
+  const bool bnb = is_bnb_4bit_checkpoint(c, dir);  // (its weights are 4-bit codes or plain, never FP8 blocks)
+  for (int l = 0; l < c.num_layers; ++l)            // experts held by other ranks (expert parallelism): not missed here
     if (c.is_moe_layer(l))
       for (int e = 0; e < c.moe.num_experts; ++e)
         if (e < c.moe.held_first || e >= c.moe.held_end())
@@ -144,6 +145,10 @@ void load_weights(Transformer& model, const fs::path& dir) {
     if (!ckpt.has(stored_name))
       user_error(dir.string(), ": checkpoint has no tensor '", p.name, "' (does config.json match the weights?)");
     used.insert(stored_name);
+    if (bnb && stored_as_fp8(ckpt, p.name))
+      user_error(ckpt.describe(p.name),
+                 ": stored as FP8 blocks, but config.json's quantization_config is "
+                 "bitsandbytes (does config.json match the weights?)");
     if (stored_as_fp8(ckpt, p.name)) used.insert(fp8_scale_name(p.name));
     if (p.format == WeightFormat::Fp8Block && stored_as_fp8(ckpt, p.name)) {  // as stored: no requantising
       read_fp8_weight(ckpt, p.name, p.shape, codes, scale_inv);
