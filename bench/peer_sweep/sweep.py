@@ -1097,16 +1097,15 @@ def causes(row) -> list[str]:
 
 
 def write_reports(results, args):
-    old = {}
-    if args.only and (HERE / "results.json").exists():
+    old = json.loads((HERE / "results.json").read_text()) if (HERE / "results.json").exists() else {}
+    if args.only:
         # A partial run (--only) replaces its configs' rows in the last full results and keeps the rest.
-        old = json.loads((HERE / "results.json").read_text())
         for peer, res in results.items():
             if peer in old:
                 mine = {r["config"]: r for r in res["rows"]}
                 rows = [mine.pop(r["config"], r) for r in old[peer]["rows"]] + list(mine.values())
                 res["rows"] = sorted(rows, key=lambda r: r["config"])
-        results = {**old, **results}
+    results = {**old, **results}  # (a one-peer run keeps the other peer's last results)
     (HERE / "results.json").write_text(json.dumps(results, indent=1))
     for peer, res in results.items():
         rows = res["rows"]
