@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "model/config.h"
+#include "model/fp8_checkpoint.h"
 #include "model/transformer.h"
 
 namespace fs = std::filesystem;
@@ -16,6 +17,7 @@ void check_run_inputs(const TrainConfig& c) {
     user_error("model: ", c.model.string(), ": ", fs::exists(c.model, ec) ? "is not a folder" : "no such folder",
                " (expected a Hugging Face model folder with config.json, the weights and tokenizer.json)");
   ModelConfig m = load_model_config(c.model);
+  is_fp8_block_checkpoint(m, c.model);  // (a quantization_config soltrain does not read: one line, before any work)
   if (m.num_labels > 0 && !(m.token_classifier ? c.process_reward_model : c.dpo.reward_model))
     refuse_classifier(c.model, m);
   if (c.dpo.reward_model) m.num_labels = 1;  // (the run reads it as its classifier)
