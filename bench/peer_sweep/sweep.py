@@ -1105,9 +1105,12 @@ def write_reports(results, args):
                 mine = {r["config"]: r for r in res["rows"]}
                 rows = [mine.pop(r["config"], r) for r in old[peer]["rows"]] + list(mine.values())
                 res["rows"] = sorted(rows, key=lambda r: r["config"])
+    ran = set(results)
     results = {**old, **results}  # (a one-peer run keeps the other peer's last results)
     (HERE / "results.json").write_text(json.dumps(results, indent=1))
     for peer, res in results.items():
+        if peer not in ran:  # (its report stays as its own run wrote it)
+            continue
         rows = res["rows"]
         n = summarize(rows)
         src = "axolotl-ai-cloud/axolotl" if peer == "axolotl" else "invergent-ai/surogate"
