@@ -13,6 +13,14 @@ def numbers(row):
     return {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def hf_names(values, step):
+    """A row under HF Trainer's names (train/loss, eval/loss, ..., train/global_step), as wandb's and SwanLab's
+    transformers callbacks log it."""
+    logged = {("eval/" + k[5:] if k.startswith("eval_") else "train/" + k): v for k, v in values.items()}
+    logged["train/global_step"] = step
+    return logged
+
+
 def main():
     # stdout carries "ready" alone: the trackers' own prints (SwanLab's banner) go to stderr with their messages
     ready_out, sys.stdout = sys.stdout, sys.stderr
@@ -70,9 +78,7 @@ def main():
         step = int(row.pop("step"))
         values = numbers(row)
         if wandb_run is not None:
-            logged = {("eval/" + k[5:] if k.startswith("eval_") else "train/" + k): v for k, v in values.items()}
-            logged["train/global_step"] = step
-            wandb_run.log(logged, step=step)
+            wandb_run.log(hf_names(values, step), step=step)
         if mlflow is not None:
             mlflow.log_metrics(values, step=step)
         if otel is not None:
@@ -81,10 +87,8 @@ def main():
                     otel[k].set(v)
             if "loss" in values:  # a training step's row (Axolotl counts on_step_end)
                 otel["steps"].add(1)
-        if swanlab is not None:  # (SwanLab's transformers callback logs HF's names, as wandb's)
-            logged = {("eval/" + k[5:] if k.startswith("eval_") else "train/" + k): v for k, v in values.items()}
-            logged["train/global_step"] = step
-            swanlab.log(logged, step=step)
+        if swanlab is not None:
+            swanlab.log(hf_names(values, step), step=step)
     if swanlab is not None:
         swanlab.finish()
     if wandb_run is not None:

@@ -57,19 +57,24 @@ nlohmann::json run_config(const TrainConfig& c) {
 
 TrackerBridge::TrackerBridge(const TrainConfig& c, std::ostream& log) : log_(log) {
   const Trackers& t = c.trackers;
-  for (const auto& [on, lib, pkg] :
-       {std::tuple{t.wandb, "wandb", "wandb"}, std::tuple{t.mlflow, "mlflow", "mlflow"},
-        std::tuple{t.swanlab, "swanlab", "swanlab"},
-        std::tuple{t.otel, "opentelemetry.exporter.prometheus", "opentelemetry-exporter-prometheus"}})
-    if (on && !python_ok(std::string("import ") + lib))
-      user_error("report_to: ", lib, ": its Python package is not installed for ", python_command(), " (pip install ",
-                 pkg, "); or ",
-                 std::string(lib).starts_with("opentelemetry") ? "set use_otel_metrics: false" : "drop it from report_to",
-                 " (metrics.jsonl and TensorBoard hold every metric)");
+  // Each tracker: its name in messages, the module it imports, its pip package, how to turn it off.
+  struct Entry {
+    bool on;
+    const char *name, *module, *package, *off;
+  };
+  const Entry trackers[] = {{t.wandb, "wandb", "wandb", "wandb", "drop it from report_to"},
+                            {t.mlflow, "mlflow", "mlflow", "mlflow", "drop it from report_to"},
+                            {t.swanlab, "swanlab", "swanlab", "swanlab", "drop it from report_to"},
+                            {t.otel, "OpenTelemetry (Prometheus)", "opentelemetry.exporter.prometheus",
+                             "opentelemetry-exporter-prometheus", "set use_otel_metrics: false"}};
   std::string names;  // "wandb", "wandb, mlflow", ...
-  for (const auto& [on, name] : {std::pair{t.wandb, "wandb"}, std::pair{t.mlflow, "mlflow"},
-                                 std::pair{t.swanlab, "swanlab"}, std::pair{t.otel, "OpenTelemetry (Prometheus)"}})
-    if (on) names += (names.empty() ? "" : ", ") + std::string(name);
+  for (const Entry& e : trackers) {
+    if (!e.on) continue;
+    if (!python_ok(std::string("import ") + e.module))
+      user_error("report_to: ", e.module, ": its Python package is not installed for ", python_command(),
+                 " (pip install ", e.package, "); or ", e.off, " (metrics.jsonl and TensorBoard hold every metric)");
+    names += (names.empty() ? "" : ", ") + std::string(e.name);
+  }
   nlohmann::json init = {{"config", run_config(c)}, {"output_dir", c.output_dir.string()}, {"run_name", t.run_name}};
   if (t.wandb) init["wandb"] = t.wandb_settings;
   if (t.mlflow) init["mlflow"] = t.mlflow_settings;

@@ -145,6 +145,7 @@ struct Trackers {
   std::string otel_host = "localhost";
   int otel_port = 8000;
   std::optional<bool> use_wandb;  // Axolotl's switch (false: no wandb even with a wandb_project)
+  bool any() const { return wandb || mlflow || swanlab || otel; }
 };
 
 struct TrainConfig {

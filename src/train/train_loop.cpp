@@ -283,8 +283,7 @@ RunResult TrainLoop::run() {
   const char* fault_seam = std::getenv("SOLTRAIN_TEST_RANK_FAULT");
   const NanSeam nan_seam = read_nan_seam();
   std::optional<MetricsLog> metrics_file;
-  if (lead() && (c.trackers.wandb || c.trackers.mlflow || c.trackers.swanlab || c.trackers.otel))
-    trackers_ = std::make_unique<TrackerBridge>(c, s_.log);
+  if (lead() && c.trackers.any()) trackers_ = std::make_unique<TrackerBridge>(c, s_.log);
   if (lead()) metrics_file.emplace(c.output_dir, state_.step, c.tensorboard, trackers_.get());
   if (lead() && c.hub.enabled) hub_ = std::make_unique<HubPusher>(c, s_.log);
   MetricsLog* metrics = metrics_file ? &*metrics_file : nullptr;

@@ -58,12 +58,12 @@ __global__ void muon_update_kernel(float* w, const X* u, bf16* copy, int64_t n, 
     if (copy) copy[i] = cuda::to_bf(wi);
   }
 }
-// One block per row (per_row) or column of x [rows, cols]: the mean of its squares moves its EMA, then the
-// line is scaled by the EMA's inverse square root (NorMuon's variance reduction).
+// NorMuon's variance reduction on a tall or square matrix x [rows, cols], a block per row (read contiguously): the
+// mean of the row's squares moves its EMA, then the row is scaled by the EMA's inverse square root.
 template <typename X>
-__global__ void normuon_variance_kernel(X* x, float* buf, int64_t rows, int64_t cols, bool per_row, float beta2) {
-  const int64_t line = blockIdx.x, along = per_row ? cols : rows;
-  auto index = [&](int64_t k) { return per_row ? line * cols + k : k * cols + line; };
+__global__ void normuon_variance_rows_kernel(X* x, float* buf, int64_t cols, float beta2) {
+  const int64_t line = blockIdx.x, along = cols;
+  auto index = [&](int64_t k) { return line * cols + k; };
   double ss = 0;
   for (int64_t k = threadIdx.x; k < along; k += blockDim.x) {
     const double v = cuda::ld(x + index(k));
@@ -86,7 +86,7 @@ __global__ void normuon_variance_kernel(X* x, float* buf, int64_t rows, int64_t 
   for (int64_t k = threadIdx.x; k < along; k += blockDim.x) cuda::st(x + index(k), cuda::ld(x + index(k)) * scale);
 }
 
-// A wide matrix's variance per column: a block holds 32 columns and 32 lanes of rows, so each warp reads 32
+// The same per column of a wide matrix: a block holds 32 columns and 32 lanes of rows, so each warp reads 32
 // consecutive values of a row (coalesced; one block per column would stride by cols for every value).
 template <typename X>
 __global__ void normuon_variance_columns_kernel(X* x, float* buf, int64_t rows, int64_t cols, float beta2) {
@@ -203,10 +203,9 @@ void CudaOps::normuon_variance(Tensor x, Tensor buffer, float beta2) {
   SOLTRAIN_CHECK(buffer.numel() == (per_row ? rows : cols), "normuon_variance: the buffer's size");
   if (per_row) {  // a block per row, reading it contiguously
     if (x.dtype == DType::BF16)
-      normuon_variance_kernel<<<unsigned(rows), kThreads, 0, stream_>>>(x.as<bf16>(), buffer.f32(), rows, cols, true,
-                                                                        beta2);
+      normuon_variance_rows_kernel<<<unsigned(rows), kThreads, 0, stream_>>>(x.as<bf16>(), buffer.f32(), cols, beta2);
     else
-      normuon_variance_kernel<<<unsigned(rows), kThreads, 0, stream_>>>(x.f32(), buffer.f32(), rows, cols, true, beta2);
+      normuon_variance_rows_kernel<<<unsigned(rows), kThreads, 0, stream_>>>(x.f32(), buffer.f32(), cols, beta2);
   } else {
     const dim3 block(32, 32);
     const unsigned grid = unsigned((cols + 31) / 32);
