@@ -158,6 +158,52 @@ TEST_P(DecoderVsForward, RowsOfDifferentLengthsEqualTrainingForward) {
   }
 }
 
+// The decode step fed from the device (feed_drawn: the drawn ids advanced by Ops::advance_decode, nothing
+// uploaded) equals feeding the same ids from the host, rows of different lengths included, and a copy_row between
+// steps (lengths changed on the host) is seen by the next step.
+TEST_P(DecoderVsForward, FeedDrawnEqualsFeedingTheDrawnIds) {
+  auto ops = make_cpu_ops();
+  auto m = load_pretrained(model_dir(GetParam()), *ops);
+  const int V = m->config().vocab_size, rows = 3, steps = 5;
+  SamplingParams sampled;
+  sampled.temperature = 1.0f;
+  sampled.seed = 5;
+  KvDecoder a(*m, rows, 8 + steps + 1, 4), b(*m, rows, 8 + steps + 1, 4);
+  const std::vector<int> lens{3, 8, 5};
+  for (int r = 0; r < rows; ++r) {
+    const auto prompt = random_ids(lens[size_t(r)], V, 40 + uint32_t(r));
+    a.feed_row(r, prompt);
+    b.feed_row(r, prompt);
+  }
+  std::vector<int32_t> ia(rows), ib(rows);
+  std::vector<float> la(size_t(rows) * size_t(V)), lb(la.size());
+  for (int s = 0; s < steps; ++s) {
+    a.sample(sampled, uint64_t(s), ia.data());
+    b.sample(sampled, uint64_t(s), ib.data());
+    ASSERT_EQ(ia, ib) << "step " << s;
+    if (s == 2) {  // row 2 becomes a copy of row 1 (its length too) on both
+      a.copy_row(1, 2);
+      b.copy_row(1, 2);
+      a.sample(sampled, uint64_t(s), ia.data());
+      b.sample(sampled, uint64_t(s), ib.data());
+    }
+    a.feed_drawn();
+    b.feed(ib, 1);
+    a.read_logits(la.data());
+    b.read_logits(lb.data());
+    EXPECT_EQ(la, lb) << "step " << s;
+    for (int r = 0; r < rows; ++r) EXPECT_EQ(a.length(r), b.length(r)) << "row " << r;
+  }
+  EXPECT_EQ(a.length(0), 3 + steps);
+  EXPECT_EQ(a.length(2), 8 + steps) << "row 1 copied: its length too";
+  EXPECT_FALSE(a.recorded()) << "the CPU runs ops as they are called";
+  EXPECT_FALSE(a.why_not_recorded().empty());
+  KvDecoder full(*m, 1, 2, 4);
+  full.feed(random_ids(2, V, 9), 2);
+  full.sample(sampled, 0, ia.data());
+  EXPECT_THROW(full.feed_drawn(), UserError) << "cache overflow";
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, DecoderVsForward,
                          ::testing::Values("qwen3-tiny", "llama3-tiny-scaled", "qwen2-tiny-mqa-bias"));
 

@@ -19,6 +19,7 @@ std::function<int()> add_chat_template_command(CLI::App& app);
 std::function<int()> add_bench_command(CLI::App& app);
 std::function<int()> add_bench_attention_command(CLI::App& app);
 std::function<int()> add_bench_grouped_gemm_command(CLI::App& app);
+std::function<int()> add_bench_decode_command(CLI::App& app);
 std::function<int()> add_sft_command(CLI::App& app);
 std::function<int()> add_pt_command(CLI::App& app);
 std::function<int()> add_dpo_command(CLI::App& app);         // also what `rl: dpo` in an sft config runs

@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
       soltrain::add_bench_attention_command, soltrain::add_demo_setup_command, soltrain::add_quantize_command,
       soltrain::add_config_keys_command,   soltrain::add_merge_lora_command, soltrain::add_chat_command,
       soltrain::add_inference_command,     soltrain::add_serve_command,
-      soltrain::add_bench_grouped_gemm_command};
+      soltrain::add_bench_grouped_gemm_command, soltrain::add_bench_decode_command};
   // clang-format on
   std::vector<std::pair<CLI::App*, std::function<int()>>> commands;
   for (Registrar add : registrars) {

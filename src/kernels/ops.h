@@ -271,6 +271,22 @@ class Ops {
     else
       copy(dst, src);
   }
+  // A recorded run of ops, replayed as one unit with the same buffers (a CUDA graph: one launch for what were
+  // hundreds). record() calls `ops` once, recording what it queues on the current stream instead of running it
+  // (nothing runs until replay()). It returns null where the backend records nothing (the CPU runs ops as they
+  // are called; CUDA while profiling, or when an op inside could not be recorded: `why`, when given, says
+  // which): the caller then calls its ops itself. What the ops read must stay at the same addresses while the
+  // recording is used, and they must not wait on the host (lazily grown scratch is grown by an earlier run).
+  class Recorded {
+   public:
+    virtual ~Recorded() = default;
+    virtual void replay() = 0;
+  };
+  virtual std::unique_ptr<Recorded> record(const std::function<void()>& ops, std::string* why = nullptr) {
+    (void)ops;
+    if (why) *why = "this backend runs ops as they are called";
+    return nullptr;
+  }
   // A point in the current stream's queue as a callable that blocks until the device has passed it, callable
   // once from any thread (a background checkpoint's writer waits there for the snapshot's queued copies).
   virtual std::function<void()> fence() {
@@ -420,6 +436,10 @@ class Ops {
   virtual void sample_tokens(Tensor ids, Tensor logits, Tensor seen, const SamplingParams& p, uint64_t step) = 0;
   // seen[b, ids[b·T + t]] = 1 for the T tokens of each row b of seen (U8 [B,V]); ids I32 [B·T].
   virtual void flag_tokens(Tensor seen, const Tensor& ids) = 0;
+  // Decoding: each row's drawn token becomes its next input, fed at the row's length. I32 [B] each, on the ops'
+  // device: ids[b] = drawn[b], positions[b] = lens[b], lens[b] += 1. Keeps a decode step's inputs on the device
+  // (nothing uploaded per token), so the step can be recorded once and replayed (record()).
+  virtual void advance_decode(Tensor ids, Tensor positions, Tensor lens, const Tensor& drawn) = 0;
 
   // out = silu(gate) * up; backward writes dgate, dup.
   virtual void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) = 0;

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string_view>
 
 #include "model/lora.h"
 
@@ -107,6 +109,43 @@ KvDecoder::KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int m
 void KvDecoder::reset() {
   lengths_.assign(lengths_.size(), 0);
   if (seen_.defined()) ops_.zero(seen_);
+  lens_current_ = false;
+  decode_steps_ = 0;
+  recorded_.reset();  // (recorded again by the next generation: the weights it read may have moved since)
+}
+
+void KvDecoder::feed_drawn() {
+  check_room(0, batch_, 1);
+  if (!lens_current_) {
+    ops_.copy(view(lens_, {batch_}), host_i32(lengths_));
+    lens_current_ = true;
+  }
+  if (decode_steps_++ == 1) {
+    const char* env = std::getenv("SOLTRAIN_DECODE_GRAPH");
+    if (env && std::string_view(env) == "0")
+      why_not_recorded_ = "SOLTRAIN_DECODE_GRAPH=0";
+    else if (model_.weight_stream())
+      why_not_recorded_ = "the base's layers stream from host memory";
+    else
+      recorded_ = ops_.record([this] { decode_step(); }, &why_not_recorded_);
+  }
+  if (recorded_)
+    recorded_->replay();
+  else
+    decode_step();
+  for (int& len : lengths_) ++len;
+}
+
+void KvDecoder::read_logits(float* out) {
+  ops_.copy(Tensor{out, DType::F32, logits_.shape, Device::CPU}, logits_);
+}
+
+void KvDecoder::decode_step() {
+  const int64_t B = batch_, D = model_.config().hidden_size;
+  // (sample_tokens flagged the drawn tokens as seen already)
+  ops_.advance_decode(view(ids_, {B}), view(positions_, {B}), view(lens_, {B}), sampled_);
+  forward_chunk(0, batch_, 1);
+  head_last(0, batch_, view(x_, {B, D}));
 }
 
 void KvDecoder::sample(const SamplingParams& p, uint64_t step, int32_t* ids) {
@@ -141,13 +180,10 @@ void KvDecoder::copy_row(int from, int to) {
   ops_.copy(logits_.rows(to, to + 1), logits_.rows(from, from + 1));
   if (seen_.defined()) ops_.copy(seen_.rows(to, to + 1), seen_.rows(from, from + 1));
   lengths_[size_t(to)] = int(n);
+  lens_current_ = false;
 }
 
-void KvDecoder::feed_rows(int r0, int B, std::span<const int32_t> tokens, int T, float* last_logits,
-                          float* all_logits) {
-  const int64_t V = model_.config().vocab_size, D = model_.config().hidden_size;
-  SOLTRAIN_CHECK(T > 0 && int64_t(tokens.size()) == int64_t(B) * T, "feed: ", tokens.size(), " tokens for ", B, " x ",
-                 T);
+void KvDecoder::check_room(int r0, int B, int T) const {
   const int window = model_.config().sliding_window;
   for (int b = r0; b < r0 + B; ++b) {
     if (lengths_[size_t(b)] + T > max_len_)
@@ -158,6 +194,21 @@ void KvDecoder::feed_rows(int r0, int B, std::span<const int32_t> tokens, int T,
                  " tokens of context, past the model's sliding_window of ", window,
                  ": sliding-window attention is not built yet");
   }
+}
+
+void KvDecoder::head_last(int r0, int B, const Tensor& lx) {
+  const Tensor lh = view(last_h_, {B, model_.config().hidden_size}), lg = logits_.rows(r0, r0 + B);
+  ops_.rmsnorm_forward(lh, view(last_rstd_, {B}), lx, final_norm_->value, float(model_.config().rms_norm_eps));
+  ops_.linear_forward(lg, lh, head_->value, nullptr);
+}
+
+void KvDecoder::feed_rows(int r0, int B, std::span<const int32_t> tokens, int T, float* last_logits,
+                          float* all_logits) {
+  const int64_t V = model_.config().vocab_size, D = model_.config().hidden_size;
+  SOLTRAIN_CHECK(T > 0 && int64_t(tokens.size()) == int64_t(B) * T, "feed: ", tokens.size(), " tokens for ", B, " x ",
+                 T);
+  check_room(r0, B, T);
+  lens_current_ = false;  // lens_ becomes this call's scratch
   for (int32_t id : tokens)
     if (id < 0 || id >= V) user_error("token id ", id, " is outside the vocabulary of ", V);
   // A single row may take the whole activation budget per chunk: its tokens are the chunk's rows.
@@ -201,12 +252,14 @@ void KvDecoder::feed_rows(int r0, int B, std::span<const int32_t> tokens, int T,
     }
     if (t0 + Tc < T) continue;
     // The LM head on each sequence's last token only: one [B, V] GEMM however long the prompt, into the rows'
-    // own logits (sample() reads them there).
-    const Tensor lx = view(last_x_, {B, D}), lh = view(last_h_, {B, D}), lg = logits_.rows(r0, r0 + B);
-    for (int64_t b = 0; b < B; ++b) ops_.copy(lx.rows(b, b + 1), x.rows(b * Tc + Tc - 1, b * Tc + Tc));
-    ops_.rmsnorm_forward(lh, view(last_rstd_, {B}), lx, final_norm_->value, eps);
-    ops_.linear_forward(lg, lh, head_->value, nullptr);
-    if (last_logits) ops_.copy(Tensor{last_logits, DType::F32, {B, V}, Device::CPU}, lg);
+    // own logits (sample() reads them there). One new token per row: x is those rows already.
+    Tensor lx = x;
+    if (Tc > 1) {
+      lx = view(last_x_, {B, D});
+      for (int64_t b = 0; b < B; ++b) ops_.copy(lx.rows(b, b + 1), x.rows(b * Tc + Tc - 1, b * Tc + Tc));
+    }
+    head_last(r0, B, lx);
+    if (last_logits) ops_.copy(Tensor{last_logits, DType::F32, {B, V}, Device::CPU}, logits_.rows(r0, r0 + B));
   }
 }
 

@@ -6,7 +6,9 @@
 // decoding then feeds one token to every row at its own position.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/buffer.h"
@@ -49,6 +51,16 @@ class KvDecoder {
   // One token per sequence from its last logits, drawn on the device (Ops::sample_tokens; row b with seed + b,
   // `step` numbering the draws); only the ids come back, into `ids` (host, [batch]).
   void sample(const SamplingParams& p, uint64_t step, int32_t* ids);
+  // feed() of the tokens sample() last drew, one per sequence, without them leaving the device: the decode step.
+  // Its inputs advance on the device (Ops::advance_decode), so from the second call after a reset() the step is
+  // recorded once and replayed (Ops::record: one CUDA graph launch instead of a few hundred kernel launches);
+  // the arithmetic is the same either way. SOLTRAIN_DECODE_GRAPH=0 keeps it op by op.
+  void feed_drawn();
+  // Every sequence's last logits (host, [batch, vocab] fp32), as sample() reads them.
+  void read_logits(float* out);
+  // Whether feed_drawn() replays a recording, and if not, why not (empty before its second call).
+  bool recorded() const { return recorded_ != nullptr; }
+  const std::string& why_not_recorded() const { return why_not_recorded_; }
 
  private:
   struct PlanOnly {};
@@ -58,6 +70,13 @@ class KvDecoder {
   void forward_chunk(int r0, int nb, int Tc);
   // Tokens [B, T] for rows [r0, r0 + B) through the model in chunks; logits as feed() says.
   void feed_rows(int r0, int B, std::span<const int32_t> tokens, int T, float* last_logits, float* all_logits);
+  // A UserError when T more tokens would not fit rows [r0, r0 + B).
+  void check_room(int r0, int B, int T) const;
+  // The final norm and the LM head over `lx` ([B, hidden], each row's last position) into rows [r0, r0 + B) of
+  // the logits.
+  void head_last(int r0, int B, const Tensor& lx);
+  // feed_drawn()'s device work: inputs advanced, the layers, the head.
+  void decode_step();
 
   Transformer& model_;
   Ops& ops_;
@@ -76,6 +95,11 @@ class KvDecoder {
   Tensor ids_, positions_, lens_;
   std::vector<std::pair<Tensor*, size_t>> bind_;  // the planned buffers, until the arena is allocated
   Tensor sampled_, seen_;  // I32 [batch] drawn ids; U8 [batch, vocab] tokens held (with repetition_penalty only)
+  // lens_ holds every row's length (feed_rows uses it as per-chunk scratch): what feed_drawn() advances.
+  bool lens_current_ = false;
+  int decode_steps_ = 0;  // feed_drawn() calls since the last reset(): the first runs op by op, sizing scratch
+  std::unique_ptr<Ops::Recorded> recorded_;
+  std::string why_not_recorded_;
 };
 
 }  // namespace soltrain

@@ -22,15 +22,14 @@ std::vector<int32_t> generate(KvDecoder& decoder, std::span<const int32_t> promp
   if (prompt.empty()) user_error("the prompt is empty: nothing to generate from");
   decoder.reset();
   std::vector<int32_t> out;
-  std::span<const int32_t> next = prompt;
   int32_t token = 0;
+  decoder.feed(prompt, int(prompt.size()));
   while (int(out.size()) < opts.max_new_tokens) {
-    decoder.feed(next, int(next.size()));
+    if (!out.empty()) decoder.feed_drawn();  // (`token`, from the device)
     decoder.sample(opts.sampling, out.size(), &token);
     out.push_back(token);
     if (on_token) on_token(token);
     if (is_eos(opts, token) || stops(opts, out)) break;
-    next = std::span<const int32_t>(&token, 1);
   }
   return out;
 }
@@ -46,7 +45,7 @@ std::vector<std::vector<int32_t>> generate_batch(KvDecoder& decoder, std::span<c
   std::vector<bool> done(size_t(n), false);
   std::vector<int32_t> next(size_t(n), 0);
   for (int step = 0; step < opts.max_new_tokens; ++step) {
-    if (step > 0) decoder.feed(next, 1);
+    if (step > 0) decoder.feed_drawn();  // (the tokens in `next`, from the device)
     decoder.sample(opts.sampling, uint64_t(step), next.data());
     bool all_done = true;
     for (int r = 0; r < n; ++r) {
@@ -76,7 +75,7 @@ std::vector<Rollout> generate_groups(KvDecoder& decoder, const std::vector<std::
   std::vector<bool> done(size_t(n), false);
   std::vector<int32_t> next(size_t(n), 0);
   for (int step = 0; step < opts.max_new_tokens; ++step) {
-    if (step > 0) decoder.feed(next, 1);
+    if (step > 0) decoder.feed_drawn();  // (the tokens in `next`, from the device)
     decoder.sample(opts.sampling, uint64_t(step), next.data());
     bool all_done = true;
     for (int r = 0; r < n; ++r) {

@@ -1,6 +1,9 @@
 // CUDA decoding against the CPU reference: the attention_decode kernel on random data (GQA, ragged cache
 // lengths, head_dim not a multiple of 32, a 300-token prefill), and whole-model cached decoding and greedy
 // generation on the fixture models within bf16 error.
+#include <cstdlib>
+#include <functional>
+
 #include "gpu_test_util.h"
 #include "model/checkpoint.h"
 #include "model/generation.h"
@@ -27,6 +30,14 @@ class CudaDecode : public CudaTest {
 };
 
 TEST_F(CudaDecode, KernelMatchesCpu) {
+  // The grouped form (head_dim 16-256, 1, 2, 4 or 8 query heads per KV head) and the per-head one (others).
+  std::vector<int32_t> many(64);
+  for (size_t b = 0; b < many.size(); ++b) many[b] = int32_t(1 + (b * 37) % 300);
+  EXPECT_LE(kernel_err(64, 1, 300, 16, 8, 128, many), 1e-2) << "64 rows of Qwen3-0.6B's heads, ragged";
+  EXPECT_LE(kernel_err(3, 1, 70, 32, 4, 128, {70, 1, 33}), 1e-2) << "GQA 8, head_dim 128";
+  EXPECT_LE(kernel_err(2, 2, 50, 8, 8, 256, {2, 50}), 1e-2) << "head_dim 256, no grouping";
+  EXPECT_LE(kernel_err(2, 1, 30, 4, 2, 32, {30, 9}), 1e-2) << "head_dim 32";
+  EXPECT_LE(kernel_err(2, 1, 30, 12, 4, 64, {30, 9}), 1e-2) << "GQA 3: per head";
   EXPECT_LE(kernel_err(2, 1, 40, 8, 2, 64, {20, 37}), 1e-2) << "one new token, ragged lengths, GQA 4";
   EXPECT_LE(kernel_err(2, 3, 40, 4, 1, 128, {3, 40}), 1e-2) << "three new tokens, MQA, head_dim 128";
   EXPECT_LE(kernel_err(1, 5, 17, 6, 3, 80, {12}), 1e-2) << "head_dim 80";
@@ -119,6 +130,63 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGenerate,
                              if (!isalnum(c)) c = '_';
                            return n;
                          });
+
+// The decode step recorded once as a CUDA graph and replayed (KvDecoder::feed_drawn) runs the same kernels on
+// the same buffers as op by op (SOLTRAIN_DECODE_GRAPH=0): the drawn tokens and the last logits are bitwise equal
+// step after step, for rows of different lengths with copied rows, sampling at temperature 1 with a repetition
+// penalty, on a dense model, under a PEFT adapter and over an NF4 base.
+TEST_F(CudaTest, RecordedDecodeStepEqualsOpByOp) {
+  const auto dir = fixtures() / "models" / "qwen3-tiny";
+  LoraConfig nf4;
+  nf4.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  nf4.base_format = WeightFormat::Nf4;
+  const std::vector<std::pair<std::string, std::function<std::unique_ptr<Transformer>()>>> models{
+      {"dense", [&] { return load_pretrained(dir, *gpu); }},
+      {"peft adapter",
+       [&] { return load_pretrained_with_adapter(dir, fixtures() / "peft" / "qwen3-tiny" / "adapter", *gpu); }},
+      {"nf4 base", [&] { return load_pretrained(dir, *gpu, nf4, /*gradients=*/false); }}};
+  for (const auto& [what, make] : models) {
+    auto m = make();
+    const int V = m->config().vocab_size, rows = 6, steps = 12;
+    SamplingParams p;
+    p.temperature = 1.0f;
+    p.repetition_penalty = 1.3f;
+    p.seed = 11;
+    std::vector<std::unique_ptr<KvDecoder>> d;
+    for (const char* graph : {"1", "0"}) {
+      setenv("SOLTRAIN_DECODE_GRAPH", graph, 1);
+      d.push_back(std::make_unique<KvDecoder>(*m, rows, 40, 16, true));
+    }
+    std::vector<std::vector<int32_t>> ids(2, std::vector<int32_t>(rows));
+    std::vector<std::vector<float>> logits(2, std::vector<float>(size_t(rows) * size_t(V)));
+    for (int k = 0; k < 2; ++k) {
+      setenv("SOLTRAIN_DECODE_GRAPH", k == 0 ? "1" : "0", 1);
+      KvDecoder& dec = *d[size_t(k)];
+      std::mt19937 r(5);
+      for (int row = 0; row < rows; row += 2) {  // prompts of 3, 7, 11 tokens, each copied to the next row
+        std::vector<int32_t> prompt(size_t(3 + 2 * row));
+        for (auto& id : prompt) id = int32_t(r() % uint32_t(V));
+        dec.feed_row(row, prompt);
+        dec.copy_row(row, row + 1);
+      }
+      std::vector<int32_t>& got = ids[size_t(k)];
+      std::vector<int32_t> trace;
+      for (int s = 0; s < steps; ++s) {
+        if (s > 0) dec.feed_drawn();
+        dec.sample(p, uint64_t(s), got.data());
+        trace.insert(trace.end(), got.begin(), got.end());
+      }
+      dec.read_logits(logits[size_t(k)].data());
+      got = trace;
+    }
+    unsetenv("SOLTRAIN_DECODE_GRAPH");
+    EXPECT_TRUE(d[0]->recorded()) << what << ": " << d[0]->why_not_recorded();
+    EXPECT_FALSE(d[1]->recorded()) << what;
+    EXPECT_EQ(ids[0], ids[1]) << what << ": drawn tokens";
+    EXPECT_EQ(logits[0], logits[1]) << what << ": last logits";
+    for (float x : logits[0]) ASSERT_TRUE(std::isfinite(x) || x == -INFINITY) << what;
+  }
+}
 
 TEST_F(CudaTest, DecodeWithLoraAdapterMatchesCpu) {
   const auto base = fixtures() / "models" / "qwen3-tiny", adapter = fixtures() / "peft" / "qwen3-tiny" / "adapter";

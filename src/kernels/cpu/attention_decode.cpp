@@ -25,6 +25,15 @@ void CpuOps::kv_append(Tensor k_cache, Tensor v_cache, const Tensor& k, const Te
   }
 }
 
+void CpuOps::advance_decode(Tensor ids, Tensor positions, Tensor lens, const Tensor& drawn) {
+  const int64_t B = lens.numel();
+  SOLTRAIN_CHECK(ids.numel() == B && positions.numel() == B && drawn.numel() == B, "advance_decode shapes");
+  for (int64_t b = 0; b < B; ++b) {
+    ids.i32()[b] = drawn.i32()[b];
+    positions.i32()[b] = lens.i32()[b]++;
+  }
+}
+
 void CpuOps::attention_decode(Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                               const Tensor& lens, float scale) {
   const int64_t B = k_cache.dim(0), S = k_cache.dim(1), Hkv = k_cache.dim(2), hd = k_cache.dim(3);

@@ -35,6 +35,7 @@ class CpuOps final : public Ops {
                         float scale) override;
   void sample_tokens(Tensor ids, Tensor logits, Tensor seen, const SamplingParams& p, uint64_t step) override;
   void flag_tokens(Tensor seen, const Tensor& ids) override;
+  void advance_decode(Tensor ids, Tensor positions, Tensor lens, const Tensor& drawn) override;
   void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) override;
   void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) override;
   void moe_route(Tensor probs, Tensor expert, Tensor weight, Tensor prob_sum, const Tensor& logits,

@@ -1,6 +1,10 @@
-// CUDA: attention of new query tokens against a bf16 KV cache (decoding and prefill). One block per
-// (query, head); its warps take every kWarps-th key with an online fp32 softmax, then merge.
+// CUDA: attention of new query tokens against a bf16 KV cache (decoding and prefill), and the decode step's
+// small ops (the new keys and values appended, the inputs advanced). Two forms of attention: per (query, KV head)
+// for the usual head sizes (below), else per (query, head), whose warps take every kWarps-th key with an online
+// fp32 softmax, then merge.
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 #include "kernels/cuda/check.h"
@@ -74,6 +78,109 @@ __global__ void attention_decode_kernel(bf16* out, const bf16* q, const bf16* kc
     o[c] = cuda::to_bf(v / L);
   }
 }
+// The grouped form (head_dim 16, 32, 64, 128 or 256 with G = H / Hkv query heads per KV head, G ∈ {1, 2, 4, 8}): one
+// block per (query, KV head) reads that head's keys and values once for its G query heads, L = head_dim / 8 lanes
+// holding one key as 16-byte pieces (8 bf16 a lane), kThreads / L keys in flight per block and the next one's loads
+// issued before the current one is used. The kernel above reads each cached row once per query head and 2 bytes a lane.
+// Scores in the log2 domain (scale · log2 e folded into q), an online softmax per (lane group, head), merged
+// across the groups at the end.
+constexpr int kGqaThreads = 128;
+template <int G, int L>
+__global__ void __launch_bounds__(kGqaThreads)
+    attention_decode_gqa_kernel(bf16* out, const bf16* q, const bf16* kc, const bf16* vc, const int32_t* lens, int Tq,
+                                int H, int Hkv, int S, float scale_log2) {
+  constexpr int kGroups = kGqaThreads / L, hd = 8 * L;
+  const int row = blockIdx.x, kh = blockIdx.y, b = row / Tq, t = row % Tq;
+  const int grp = threadIdx.x / L, lane = threadIdx.x % L;
+  const int pos = lens[b] - Tq + t;  // attends to keys 0..pos
+  float qv[G][8], acc[G][8], m[G], l[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const cuda::F8 f = cuda::load8f(q + (int64_t(row) * H + kh * G + g) * hd + lane * 8);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) qv[g][i] = f.v[i] * scale_log2, acc[g][i] = 0.f;
+    m[g] = -INFINITY, l[g] = 0.f;
+  }
+  const int64_t stride = int64_t(Hkv) * hd;
+  const bf16* kb = kc + (int64_t(b) * S * Hkv + kh) * hd + lane * 8;
+  const bf16* vb = vc + (int64_t(b) * S * Hkv + kh) * hd + lane * 8;
+  const uint4 zero{0, 0, 0, 0};
+  uint4 kr = grp <= pos ? *reinterpret_cast<const uint4*>(kb + grp * stride) : zero;
+  uint4 vr = grp <= pos ? *reinterpret_cast<const uint4*>(vb + grp * stride) : zero;
+  // Every lane runs the same trips (the shuffles need the whole warp); a group past the end skips the update.
+  for (int j0 = 0; j0 <= pos; j0 += kGroups) {
+    const int j = j0 + grp, next = j + kGroups;
+    uint4 kn = zero, vn = zero;
+    if (next <= pos) {
+      kn = *reinterpret_cast<const uint4*>(kb + next * stride);
+      vn = *reinterpret_cast<const uint4*>(vb + next * stride);
+    }
+    const cuda::Vec8 k8{kr}, v8{vr};
+    float s[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float d = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) d += qv[g][i] * k8[i];
+#pragma unroll
+      for (int o = L / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+      s[g] = d;
+    }
+    if (j <= pos) {
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float m_new = fmaxf(m[g], s[g]), corr = exp2f(m[g] - m_new), p = exp2f(s[g] - m_new);
+        l[g] = l[g] * corr + p;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[g][i] = acc[g][i] * corr + p * v8[i];
+        m[g] = m_new;
+      }
+    }
+    kr = kn, vr = vn;
+  }
+  __shared__ float sm[kGroups][G], sl[kGroups][G], sacc[kGroups][G][hd];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (lane == 0) sm[grp][g] = m[g], sl[grp][g] = l[g];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sacc[grp][g][lane * 8 + i] = acc[g][i];
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * hd; idx += kGqaThreads) {
+    const int g = idx / hd, c = idx % hd;
+    float M = -INFINITY;
+    for (int w = 0; w < kGroups; ++w) M = fmaxf(M, sm[w][g]);
+    float den = 0.f, num = 0.f;
+    for (int w = 0; w < kGroups; ++w)
+      if (sm[w][g] != -INFINITY) {
+        const float e = exp2f(sm[w][g] - M);
+        den += sl[w][g] * e;
+        num += sacc[w][g][c] * e;
+      }
+    out[(int64_t(row) * H + kh * G + g) * hd + c] = cuda::to_bf(num / den);
+  }
+}
+
+template <int L>
+bool launch_gqa(int G, dim3 grid, cudaStream_t st, bf16* out, const bf16* q, const bf16* kc, const bf16* vc,
+                const int32_t* lens, int Tq, int H, int Hkv, int S, float scale_log2) {
+  switch (G) {
+    case 1:
+      attention_decode_gqa_kernel<1, L><<<grid, kGqaThreads, 0, st>>>(out, q, kc, vc, lens, Tq, H, Hkv, S, scale_log2);
+      return true;
+    case 2:
+      attention_decode_gqa_kernel<2, L><<<grid, kGqaThreads, 0, st>>>(out, q, kc, vc, lens, Tq, H, Hkv, S, scale_log2);
+      return true;
+    case 4:
+      attention_decode_gqa_kernel<4, L><<<grid, kGqaThreads, 0, st>>>(out, q, kc, vc, lens, Tq, H, Hkv, S, scale_log2);
+      return true;
+    case 8:
+      attention_decode_gqa_kernel<8, L><<<grid, kGqaThreads, 0, st>>>(out, q, kc, vc, lens, Tq, H, Hkv, S, scale_log2);
+      return true;
+    default: return false;
+  }
+}
+
 // One block per new token: its key and value rows into the cache at lens[b] − Tq + t (16-byte pieces where
 // the row allows, else 2-byte elements).
 __global__ void kv_append_kernel(bf16* kc, bf16* vc, const bf16* k, const bf16* v, const int32_t* lens, int Tq, int S,
@@ -90,7 +197,23 @@ __global__ void kv_append_kernel(bf16* kc, bf16* vc, const bf16* k, const bf16* 
     for (int i = threadIdx.x; i < row; i += blockDim.x) kc[at + i] = k[from + i], vc[at + i] = v[from + i];
   }
 }
+__global__ void advance_decode_kernel(int32_t* ids, int32_t* positions, int32_t* lens, const int32_t* drawn, int B) {
+  for (int b = blockIdx.x * blockDim.x + threadIdx.x; b < B; b += gridDim.x * blockDim.x) {
+    ids[b] = drawn[b];
+    positions[b] = lens[b]++;
+  }
+}
 }  // namespace
+
+void CudaOps::advance_decode(Tensor ids, Tensor positions, Tensor lens, const Tensor& drawn) {
+  const auto prof = profile("advance_decode");
+  const int64_t B = lens.numel();
+  SOLTRAIN_CHECK(ids.numel() == B && positions.numel() == B && drawn.numel() == B, "advance_decode shapes");
+  if (B == 0) return;
+  advance_decode_kernel<<<cuda::blocks_for(B, 256), 256, 0, stream_>>>(ids.i32(), positions.i32(), lens.i32(),
+                                                                       drawn.i32(), int(B));
+  CUDA_CHECK_LAUNCH();
+}
 
 void CudaOps::kv_append(Tensor k_cache, Tensor v_cache, const Tensor& k, const Tensor& v, const Tensor& lens) {
   const auto prof = profile("kv_append");
@@ -112,6 +235,32 @@ void CudaOps::attention_decode(Tensor out, const Tensor& q, const Tensor& k_cach
   SOLTRAIN_CHECK(rows % B == 0 && q.dim(2) == hd && lens.numel() == B && H % Hkv == 0, "attention_decode shapes");
   if (hd > 32 * kMaxPerLane) user_error("head_dim ", hd, " is above the decoder's limit of ", 32 * kMaxPerLane);
   if (rows == 0) return;
+  // The grouped form where it has an instance (SOLTRAIN_DECODE_ATTENTION=rows keeps the per-head one, to compare).
+  static const bool per_head = [] {
+    const char* e = std::getenv("SOLTRAIN_DECODE_ATTENTION");
+    return e && std::strcmp(e, "rows") == 0;
+  }();
+  if (!per_head) {
+    const int G = int(H / Hkv);
+    const dim3 gqa{unsigned(rows), unsigned(Hkv)};
+    const float s2 = scale * 1.4426950408889634f;  // log2(e)
+    const auto* qp = q.as<bf16>();
+    const auto* kp = k_cache.as<bf16>();
+    const auto* vp = v_cache.as<bf16>();
+    bf16* op = out.as<bf16>();
+    const int tq = int(rows / B);
+    const bool launched =
+        hd == 16    ? launch_gqa<2>(G, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, int(H), int(Hkv), int(S), s2)
+        : hd == 32  ? launch_gqa<4>(G, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, int(H), int(Hkv), int(S), s2)
+        : hd == 64  ? launch_gqa<8>(G, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, int(H), int(Hkv), int(S), s2)
+        : hd == 128 ? launch_gqa<16>(G, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, int(H), int(Hkv), int(S), s2)
+        : hd == 256 ? launch_gqa<32>(G, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, int(H), int(Hkv), int(S), s2)
+                    : false;
+    if (launched) {
+      CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
   const dim3 grid{unsigned(rows), unsigned(H)};
   attention_decode_kernel<<<grid, 32 * kWarps, 0, stream_>>>(out.as<bf16>(), q.as<bf16>(), k_cache.as<bf16>(),
                                                              v_cache.as<bf16>(), lens.i32(), int(rows / B), int(H),

@@ -188,6 +188,56 @@ double CudaOps::memory_free_gib() const {
   return double(free_b) / double(1u << 30);
 }
 
+namespace {
+// One instantiated CUDA graph, replayed on the stream it was recorded from.
+class CudaRecorded final : public Ops::Recorded {
+ public:
+  CudaRecorded(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  ~CudaRecorded() override { cudaGraphExecDestroy(exec_); }
+  void replay() override { CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
+
+ private:
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+};
+}  // namespace
+
+std::unique_ptr<Ops::Recorded> CudaOps::record(const std::function<void()>& ops, std::string* why) {
+  auto refuse = [&](std::string reason) -> std::unique_ptr<Recorded> {
+    if (why) *why = std::move(reason);
+    return nullptr;
+  };
+  // The profiler times each op with events around it: recorded, they would time nothing.
+  if (profiler_.enabled()) return refuse("ops are being profiled");
+  const cudaStream_t s = stream_;
+  // ThreadLocal: this thread's calls that would break the recording (a host sync, cudaMalloc) fail, other
+  // threads (a background checkpoint's writer) go on as usual.
+  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  std::string failed;
+  try {
+    ops();
+  } catch (const std::exception& e) {
+    failed = e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(s, &graph);
+  cudaGetLastError();  // a failed recording leaves its error behind
+  if (!failed.empty() || ended != cudaSuccess || stream_ != s) {
+    if (graph) cudaGraphDestroy(graph);
+    return refuse(!failed.empty()        ? failed
+                  : ended != cudaSuccess ? cudaGetErrorString(ended)
+                                         : "the ops switched streams");
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (made != cudaSuccess) {
+    cudaGetLastError();
+    return refuse(cudaGetErrorString(made));
+  }
+  return std::make_unique<CudaRecorded>(exec, s);
+}
+
 void* CudaOps::scratch(size_t bytes) {
   if (scratch_.bytes() < bytes) {
     synchronize();  // the old scratch may still be in use

@@ -38,6 +38,7 @@ class CudaOps final : public Ops {
   void host_wait(uint64_t mark) override;
   void wait_mark(uint64_t mark) override;
   void enable_profiling(bool on) override { profiler_.enable(on); }
+  std::unique_ptr<Recorded> record(const std::function<void()>& ops, std::string* why = nullptr) override;
   // Every stream finished first: ops queued on Side (a data-parallel step's gathers) end after Main's last.
   std::map<std::string, double> collect_profile() override {
     synchronize();
@@ -79,6 +80,7 @@ class CudaOps final : public Ops {
                         float scale) override;
   void sample_tokens(Tensor ids, Tensor logits, Tensor seen, const SamplingParams& p, uint64_t step) override;
   void flag_tokens(Tensor seen, const Tensor& ids) override;
+  void advance_decode(Tensor ids, Tensor positions, Tensor lens, const Tensor& drawn) override;
   void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) override;
   void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) override;
   std::string moe_unsupported(int experts, int top_k) const override;  // (cuda/moe.cu)

@@ -1,0 +1,143 @@
+// `soltrain bench-decode`: the KV-cache decoder's token step (model/decoder.h) timed on its own, as GRPO's
+// rollouts and `generate` run it: `--rows` sequences fed a random prompt each, then `--tokens` decode steps
+// (feed_drawn + sample), greedy or sampled. One JSON line: the step's time, tokens/s, and its share of the
+// memory-bandwidth bound (the weights and every row's KV cache read once per step at --hbm-gbps), whether the
+// step ran as one recorded graph, and a per-op device profile of a few steps run op by op.
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "cli/commands.h"
+#include "cli/device_option.h"
+#include "core/error.h"
+#include "model/checkpoint.h"
+#include "model/decoder.h"
+#include "model/random_weights.h"
+#include "train/run_builder.h"
+
+namespace soltrain {
+
+namespace {
+struct DecodeBenchOpts {
+  std::string model, device = "cuda", qlora = "none";
+  int rows = 64, prompt = 64, tokens = 256, lora_rank = 0, profile_steps = 8;
+  bool random_weights = false, greedy = false;
+  double hbm_gbps = 4800;  // the H200's copy rate (METHOD.md); the bound's denominator
+};
+
+int run_bench_decode(const DecodeBenchOpts& o) {
+  if (o.rows < 1 || o.prompt < 1 || o.tokens < 2)
+    user_error("bench-decode: --rows and --prompt must be at least 1, --tokens at least 2");
+  auto ops = make_ops(o.device);
+  TrainConfig c;  // the adapters as `bench` makes them: all seven projections, alpha 2r, no dropout
+  c.seed = 1;
+  c.sequence_len = o.prompt + o.tokens;
+  c.lora.enabled = o.lora_rank > 0;
+  c.lora.rank = o.lora_rank;
+  c.lora.alpha = 2.0 * o.lora_rank;
+  c.lora.dropout = 0.0;
+  if (o.qlora != "none") {
+    if (o.lora_rank <= 0)
+      user_error("bench-decode: --qlora ", o.qlora, " needs --lora-rank (a quantised base is frozen)");
+    c.lora.base = o.qlora == "nf4" ? WeightFormat::Nf4 : WeightFormat::Fp8Block;
+  }
+  c.lora.base_key = "--qlora";
+  const std::optional<LoraConfig> lora = lora_config(c, "bench-decode");
+  auto model = o.random_weights ? random_pretrained(o.model, *ops, lora, /*gradients=*/false, 1)
+                                : load_pretrained(o.model, *ops, lora, /*gradients=*/false);
+  configure_model(*model, c, *ops, o.rows);
+  const ModelConfig& mc = model->config();
+
+  KvDecoder decoder(*model, o.rows, o.prompt + o.tokens);
+  std::mt19937 rng(7);
+  std::vector<int32_t> prompts(size_t(o.rows) * size_t(o.prompt));
+  for (int32_t& id : prompts) id = int32_t(rng() % uint32_t(mc.vocab_size));
+  SamplingParams p;
+  if (!o.greedy) p.temperature = 1.0f, p.top_p = 0.95f, p.top_k = 50;
+  p.seed = 3;
+  std::vector<int32_t> ids(size_t(o.rows));
+  // One generation: the prompts fed, then `steps` decode steps; the seconds of the decode steps.
+  auto generate = [&](int steps) {
+    decoder.reset();
+    decoder.feed(prompts, o.prompt);
+    decoder.sample(p, 0, ids.data());
+    ops->synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int s = 1; s <= steps; ++s) {
+      decoder.feed_drawn();
+      decoder.sample(p, uint64_t(s), ids.data());  // (the ids come back: a sync per step, as generation has)
+    }
+    ops->synchronize();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  generate(std::min(o.tokens - 1, 8));  // warm-up: cuBLASLt's plans, lazily sized scratch
+  const int steps = o.tokens - 1;
+  const double seconds = generate(steps);
+  const bool recorded = decoder.recorded();
+  const std::string why_not = decoder.why_not_recorded();
+
+  // A few steps op by op with device timing per op (a recording would hide them).
+  ops->enable_profiling(true);
+  generate(o.profile_steps);
+  const std::map<std::string, double> profile = ops->collect_profile();
+  ops->enable_profiling(false);
+
+  // The bound: every weight the step reads once (the embedding only by rows, unless it is the head) and each
+  // row's cache at its mean length over the timed steps.
+  double weight_bytes = 0;
+  const std::string& head = model->lm_head_name();
+  for (const Parameter& w : model->params().all()) {
+    if (w.name == "model.embed_tokens.weight" && head != w.name) continue;
+    weight_bytes += double(w.value.bytes()) + (w.scale.defined() ? double(w.scale.bytes()) : 0.0);
+  }
+  const double kv_per_token = double(KvDecoder::kv_cache_bytes(*model, 1, 1));
+  const double mean_len = o.prompt + 1 + (steps - 1) / 2.0;
+  const double step_bytes = weight_bytes + kv_per_token * mean_len * o.rows;
+  const double step_s = seconds / steps, bound_s = step_bytes / (o.hbm_gbps * 1e9);
+  nlohmann::json ops_ms = nlohmann::json::object();
+  for (const auto& [name, ms] : profile) ops_ms[name] = ms / o.profile_steps;  // per decode step
+  nlohmann::json r{{"engine", "soltrain"},
+                   {"rows", o.rows},
+                   {"prompt", o.prompt},
+                   {"tokens", o.tokens},
+                   {"lora_rank", o.lora_rank},
+                   {"qlora", o.qlora},
+                   {"greedy", o.greedy},
+                   {"step_ms", step_s * 1e3},
+                   {"tokens_per_s", o.rows / step_s},
+                   {"weight_gb", weight_bytes / 1e9},
+                   {"kv_gb_per_step", kv_per_token * mean_len * o.rows / 1e9},
+                   {"bound_ms", bound_s * 1e3},
+                   {"bound_tokens_per_s", o.rows / bound_s},
+                   {"share_of_bound", bound_s / step_s},
+                   {"recorded", recorded},
+                   {"why_not_recorded", why_not},
+                   {"profile_ms_per_step", ops_ms}};
+  std::cout << r.dump() << std::endl;
+  return 0;
+}
+}  // namespace
+
+std::function<int()> add_bench_decode_command(CLI::App& app) {
+  auto o = std::make_shared<DecodeBenchOpts>();
+  CLI::App* c = app.add_subcommand("bench-decode", "time the KV-cache decoder's token step (generation, GRPO)");
+  c->add_option("--model", o->model, "a model folder (with --random-weights only its config.json is read)")->required();
+  c->add_flag("--random-weights", o->random_weights, "draw the weights instead of reading them");
+  c->add_option("--rows", o->rows, "sequences decoded together")->capture_default_str();
+  c->add_option("--prompt", o->prompt, "prompt tokens per sequence")->capture_default_str();
+  c->add_option("--tokens", o->tokens, "new tokens per sequence")->capture_default_str();
+  c->add_option("--lora-rank", o->lora_rank, "LoRA adapters on all seven projections (0: none)")->capture_default_str();
+  c->add_option("--qlora", o->qlora, "the LoRA base's storage")
+      ->check(CLI::IsMember({"none", "nf4", "fp8"}))
+      ->capture_default_str();
+  c->add_flag("--greedy", o->greedy, "argmax instead of temperature 1, top_p 0.95, top_k 50");
+  c->add_option("--hbm-gbps", o->hbm_gbps, "memory bandwidth for the bound, GB/s")->capture_default_str();
+  c->add_option("--profile-steps", o->profile_steps, "decode steps timed per op")->capture_default_str();
+  add_device_option(c, o->device);
+  return [o]() { return run_bench_decode(*o); };
+}
+
+}  // namespace soltrain
