@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy] [prefs] [reward] [prm] [addedtokens] [muon] [normuon]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy] [prefs] [reward] [prm] [addedtokens] [muon] [normuon] [decode]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -27,6 +27,20 @@ bench_one() {  # tag size bench-args...
   timeout "${BENCH_TIMEOUT:-150}" "$B/soltrain" bench --model /tmp/soltrain-bench-models/$dir "$@" > "$OUT/$tag.json" 2> "$OUT/$tag.err"
   python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], round(j['tokens_per_s']), 'tok/s,', round(j['memory_gib'], 2), 'GiB, loss', j['loss'], ', streamed layers', j.get('streamed_layers'))" \
     "$OUT/$tag.json" "$tag" || tail -3 "$OUT/$tag.err"
+}
+# One `soltrain bench-decode` run on a config-only model (random weights drawn there): its JSON in $OUT/<tag>.json
+# and a line of the figures with the largest ops of the op-by-op profile.
+decode_one() {  # tag size bench-decode-args...
+  local tag=$1 size=$2
+  shift 2
+  [ -d /tmp/soltrain-bench-models/$size-config ] || python3 -c "import sys; sys.path.insert(0, 'bench'); import run_bench; run_bench.save_model('$size', '/tmp/soltrain-bench-models', config_only=True)"
+  timeout "${BENCH_TIMEOUT:-150}" "$B/soltrain" bench-decode --model /tmp/soltrain-bench-models/$size-config --random-weights "$@" > "$OUT/$tag.json" 2> "$OUT/$tag.err"
+  python3 -c "
+import json, sys
+j = json.load(open(sys.argv[1]))
+top = sorted(j['profile_ms_per_step'].items(), key=lambda kv: -kv[1])[:7]
+print(sys.argv[2], round(j['tokens_per_s']), 'tok/s, step', round(j['step_ms'], 3), 'ms, bound', round(j['bound_ms'], 3), 'ms =', round(100 * j['share_of_bound'], 1), '%, recorded', j['recorded'], j['why_not_recorded'])
+print('   ops/step:', ', '.join(f'{k} {v:.3f}' for k, v in top))" "$OUT/$tag.json" "$tag" || tail -3 "$OUT/$tag.err"
 }
 moe_tests() {
   timeout 220 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaMoe*' > "$OUT/moe-tests.log" 2>&1
@@ -268,6 +282,20 @@ PY
           --real "$B/../build-cuda/tokenizers/qwen3" --concurrency ${GRPO_CONCURRENCY:-64 256} --steps 3 \
           $([ $2 = true ] && echo --lora) 2>&1 | tail -4
         [ -f "$OUT/grpo-bench.json" ] && mv "$OUT/grpo-bench.json" "$OUT/grpo2-bench-$1-lora-$2.json"
+      done ;;
+    decode)  # issue 30: the decode step recorded as a CUDA graph and the grouped decode attention: the decoder's
+      # GPU tests, then bench-decode at 64 and 256 rows (64-token prompts, 256 new tokens) next to op by op
+      # (SOLTRAIN_DECODE_GRAPH=0) and the per-head attention kernel (SOLTRAIN_DECODE_ATTENTION=rows)
+      timeout 200 env "$TESTS_ENV" "$B/soltrain_tests" \
+        --gtest_filter='CudaDecode*:*RecordedDecode*:*CudaGenerate*:*DecodeWithLora*:*Sampling*' > "$OUT/decode-tests.log" 2>&1
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|Failure|recorded" "$OUT/decode-tests.log" | head -20
+      for spec in ${DECODE_RUNS:-0.6B:0 8B:16}; do  # shape:lora rank
+        set -- ${spec/:/ }
+        for rows in ${DECODE_ROWS:-64 256}; do
+          decode_one decode-$1-r$2-$rows $1 --rows $rows --lora-rank $2
+          SOLTRAIN_DECODE_GRAPH=0 decode_one decode-$1-r$2-$rows-nograph $1 --rows $rows --lora-rank $2
+          SOLTRAIN_DECODE_ATTENTION=rows decode_one decode-$1-r$2-$rows-rowsattn $1 --rows $rows --lora-rank $2
+        done
       done ;;
     grpobeta)  # full fine-tuning with beta > 0: the reference a frozen copy of the starting weights (KL 0 at step 1,
       # > 0 after), its memory and the step's cost next to grpo2's beta-0 run

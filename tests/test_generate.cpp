@@ -158,6 +158,66 @@ TEST_P(DecoderVsForward, RowsOfDifferentLengthsEqualTrainingForward) {
   }
 }
 
+// The paged cache (model/decoder.h): prompts longer than a block (37 and 21 tokens: full blocks shared by the
+// rows copied from them, the partly filled last one copied) in a pool sized for groups sharing their prompt, which
+// could not hold the rows unshared. Every row's logits equal the training forward of its own sequence at each
+// step, the rows of a group draw the same greedy tokens as batch-1 generation, and a pool one block too small
+// says so in one line.
+TEST_P(DecoderVsForward, PagedCacheSharesPromptBlocksAndEqualsTrainingForward) {
+  auto ops = make_cpu_ops();
+  auto m = load_pretrained(model_dir(GetParam()), *ops);
+  const int V = m->config().vocab_size, steps = 20, group = 3;
+  const std::vector<int> lens{37, 21};
+  const int64_t pool = KvDecoder::cache_tokens_for_groups(2, group, 37, steps);
+  ASSERT_LT(pool, 2 * group * (37 + steps)) << "the shared pool is smaller than rows x length";
+  KvDecoder d(*m, 2 * group, 37 + steps, 8, false, pool);
+  std::vector<std::vector<int32_t>> seqs;
+  for (int p = 0; p < 2; ++p) {
+    const auto s = random_ids(lens[size_t(p)] + steps, V, 50 + uint32_t(p));
+    d.feed_row(p * group, std::span(s).first(size_t(lens[size_t(p)])));
+    for (int r = 0; r < group; ++r) {
+      if (r > 0) d.copy_row(p * group, p * group + r);
+      seqs.push_back(s);
+    }
+  }
+  std::vector<float> last(size_t(2 * group) * size_t(V));
+  for (int s = 0; s < steps; ++s) {
+    std::vector<int32_t> next;
+    for (int r = 0; r < 2 * group; ++r) {  // rows of a group diverge: each takes another token of its sequence
+      auto& seq = seqs[size_t(r)];
+      if (s == 0 && r % group) seq[size_t(d.length(r))] = int32_t((seq[size_t(d.length(r))] + r * 7) % V);
+      next.push_back(seq[size_t(d.length(r))]);
+    }
+    d.feed(next, 1, last.data());
+    if (s % 6 != 5 && s + 1 != steps) continue;
+    for (int r = 0; r < 2 * group; ++r) {
+      const int n = d.length(r);
+      const auto ref = full_logits(*m, std::vector<int32_t>(seqs[size_t(r)].begin(), seqs[size_t(r)].begin() + n), 1);
+      EXPECT_LE(rel_err(last.data() + r * V, ref.data() + size_t(n - 1) * size_t(V), size_t(V)), 1e-5)
+          << "row " << r << " at length " << n;
+    }
+  }
+  const std::vector<std::vector<int32_t>> prompts{random_ids(37, V, 61), random_ids(21, V, 62)};
+  const GenerationOptions greedy{steps, {}, {}};
+  KvDecoder g(*m, 2 * group, 37 + steps, 8, false, pool);
+  const std::vector<Rollout> got = generate_groups(g, prompts, group, greedy);
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    KvDecoder one(*m, 1, 37 + steps, 8);
+    const auto want = generate(one, prompts[p], greedy);
+    for (size_t r = p * group; r < p * group + group; ++r) EXPECT_EQ(got[r].tokens, want) << "prompt " << p;
+  }
+  // These prompts' groups hold 8 + 7 blocks (a 37-token prompt shares 2 full blocks, a 21-token one 1).
+  KvDecoder exact(*m, 2 * group, 37 + steps, 8, false, 15 * KvDecoder::kBlock);
+  EXPECT_EQ(generate_groups(exact, prompts, group, greedy)[0].tokens, got[0].tokens);
+  KvDecoder small(*m, 2 * group, 37 + steps, 8, false, 14 * KvDecoder::kBlock);
+  try {
+    generate_groups(small, prompts, group, greedy);
+    ADD_FAILURE() << "a pool one block short generated";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("KV cache is full"), std::string::npos) << e.what();
+  }
+}
+
 // The decode step fed from the device (feed_drawn: the drawn ids advanced by Ops::advance_decode, nothing
 // uploaded) equals feeding the same ids from the host, rows of different lengths included, and a copy_row between
 // steps (lengths changed on the host) is seen by the next step.

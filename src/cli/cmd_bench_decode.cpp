@@ -1,5 +1,6 @@
 // `soltrain bench-decode`: the KV-cache decoder's token step (model/decoder.h) timed on its own, as GRPO's
-// rollouts and `generate` run it: `--rows` sequences fed a random prompt each, then `--tokens` decode steps
+// rollouts and `generate` run it: `--rows` sequences fed a random prompt each (or one per `--group` rows, shared),
+// then `--tokens` decode steps
 // (feed_drawn + sample), greedy or sampled. One JSON line: the step's time, tokens/s, and its share of the
 // memory-bandwidth bound (the weights and every row's KV cache read once per step at --hbm-gbps), whether the
 // step ran as one recorded graph, and a per-op device profile of a few steps run op by op.
@@ -23,14 +24,15 @@ namespace soltrain {
 namespace {
 struct DecodeBenchOpts {
   std::string model, device = "cuda", qlora = "none";
-  int rows = 64, prompt = 64, tokens = 256, lora_rank = 0, profile_steps = 8;
+  int rows = 64, group = 1, prompt = 64, tokens = 256, lora_rank = 0, profile_steps = 8;
   bool random_weights = false, greedy = false;
   double hbm_gbps = 4800;  // the H200's copy rate (METHOD.md); the bound's denominator
 };
 
 int run_bench_decode(const DecodeBenchOpts& o) {
-  if (o.rows < 1 || o.prompt < 1 || o.tokens < 2)
-    user_error("bench-decode: --rows and --prompt must be at least 1, --tokens at least 2");
+  if (o.rows < 1 || o.prompt < 1 || o.tokens < 2 || o.group < 1)
+    user_error("bench-decode: --rows, --group and --prompt must be at least 1, --tokens at least 2");
+  if (o.rows % o.group != 0) user_error("bench-decode: --rows ", o.rows, " is not a multiple of --group ", o.group);
   auto ops = make_ops(o.device);
   TrainConfig c;  // the adapters as `bench` makes them: all seven projections, alpha 2r, no dropout
   c.seed = 1;
@@ -51,10 +53,13 @@ int run_bench_decode(const DecodeBenchOpts& o) {
   configure_model(*model, c, *ops, o.rows);
   const ModelConfig& mc = model->config();
 
-  KvDecoder decoder(*model, o.rows, o.prompt + o.tokens);
+  const int groups = o.rows / o.group;
+  KvDecoder decoder(*model, o.rows, o.prompt + o.tokens, 256, false,
+                    KvDecoder::cache_tokens_for_groups(groups, o.group, o.prompt, o.tokens));
   std::mt19937 rng(7);
-  std::vector<int32_t> prompts(size_t(o.rows) * size_t(o.prompt));
-  for (int32_t& id : prompts) id = int32_t(rng() % uint32_t(mc.vocab_size));
+  std::vector<std::vector<int32_t>> prompts(size_t(groups), std::vector<int32_t>(size_t(o.prompt)));
+  for (auto& prompt : prompts)
+    for (int32_t& id : prompt) id = int32_t(rng() % uint32_t(mc.vocab_size));
   SamplingParams p;
   if (!o.greedy) p.temperature = 1.0f, p.top_p = 0.95f, p.top_k = 50;
   p.seed = 3;
@@ -62,7 +67,10 @@ int run_bench_decode(const DecodeBenchOpts& o) {
   // One generation: the prompts fed, then `steps` decode steps; the seconds of the decode steps.
   auto generate = [&](int steps) {
     decoder.reset();
-    decoder.feed(prompts, o.prompt);
+    for (int g = 0; g < groups; ++g) {  // as GRPO's rollouts: each prompt fed once, its blocks shared by its group
+      decoder.feed_row(g * o.group, prompts[size_t(g)]);
+      for (int r = 1; r < o.group; ++r) decoder.copy_row(g * o.group, g * o.group + r);
+    }
     decoder.sample(p, 0, ids.data());
     ops->synchronize();
     const auto t0 = std::chrono::steady_clock::now();
@@ -93,7 +101,7 @@ int run_bench_decode(const DecodeBenchOpts& o) {
     if (w.name == "model.embed_tokens.weight" && head != w.name) continue;
     weight_bytes += double(w.value.bytes()) + (w.scale.defined() ? double(w.scale.bytes()) : 0.0);
   }
-  const double kv_per_token = double(KvDecoder::kv_cache_bytes(*model, 1, 1));
+  const double kv_per_token = double(KvDecoder::kv_cache_bytes(*model, KvDecoder::kBlock)) / KvDecoder::kBlock;
   const double mean_len = o.prompt + 1 + (steps - 1) / 2.0;
   const double step_bytes = weight_bytes + kv_per_token * mean_len * o.rows;
   const double step_s = seconds / steps, bound_s = step_bytes / (o.hbm_gbps * 1e9);
@@ -101,6 +109,7 @@ int run_bench_decode(const DecodeBenchOpts& o) {
   for (const auto& [name, ms] : profile) ops_ms[name] = ms / o.profile_steps;  // per decode step
   nlohmann::json r{{"engine", "soltrain"},
                    {"rows", o.rows},
+                   {"group", o.group},
                    {"prompt", o.prompt},
                    {"tokens", o.tokens},
                    {"lora_rank", o.lora_rank},
@@ -127,6 +136,8 @@ std::function<int()> add_bench_decode_command(CLI::App& app) {
   c->add_option("--model", o->model, "a model folder (with --random-weights only its config.json is read)")->required();
   c->add_flag("--random-weights", o->random_weights, "draw the weights instead of reading them");
   c->add_option("--rows", o->rows, "sequences decoded together")->capture_default_str();
+  c->add_option("--group", o->group, "rows per prompt (GRPO's num_generations): the prompt fed once and shared")
+      ->capture_default_str();
   c->add_option("--prompt", o->prompt, "prompt tokens per sequence")->capture_default_str();
   c->add_option("--tokens", o->tokens, "new tokens per sequence")->capture_default_str();
   c->add_option("--lora-rank", o->lora_rank, "LoRA adapters on all seven projections (0: none)")->capture_default_str();

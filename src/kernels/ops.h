@@ -415,18 +415,23 @@ class Ops {
   // The form the backend runs (where an environment setting won over set_attention_backward, that one).
   virtual AttentionBackward attention_backward_form() const { return AttentionBackward::Split; }
 
-  // Decoding: the new tokens' keys and values into each sequence's cache, one call for every sequence. k/v
-  // [B*Tq, Hkv, hd] (sequence b's rows b*Tq ..), k_cache/v_cache [B, S, Hkv, hd], lens [B] (I32, on the ops'
-  // device) each cache's length after the new tokens: token t of sequence b goes to cache row lens[b] − Tq + t.
-  virtual void kv_append(Tensor k_cache, Tensor v_cache, const Tensor& k, const Tensor& v, const Tensor& lens) = 0;
+  // Decoding's KV cache is paged: a layer's keys (and values) are a pool of blocks [P, bs, Hkv, hd], and
+  // sequence b's position p lives in block table[b, p / bs] at row p % bs (table I32 [B, nb] on the ops'
+  // device, nb · bs positions a sequence at most). Sequences may share blocks (a prompt fed once for its group);
+  // entries past a sequence's length are not read. lens [B] (I32, on the ops' device) is each sequence's length
+  // after the new tokens.
+  //
+  // The new tokens' keys and values into each sequence's blocks, one call for every sequence: k/v
+  // [B*Tq, Hkv, hd] (sequence b's rows b*Tq ..); token t of sequence b goes to position lens[b] − Tq + t.
+  virtual void kv_append(Tensor k_pool, Tensor v_pool, const Tensor& k, const Tensor& v, const Tensor& lens,
+                         const Tensor& table) = 0;
 
-  // Decoding: new query tokens against a KV cache. q/out [B*Tq, H, hd] (sequence b's queries are rows
-  // b*Tq ..), k_cache/v_cache [B, S, Hkv, hd] already holding the new tokens' keys and values, lens [B]
-  // (I32, on the ops' device) the tokens in each sequence's cache including the new ones. Query t of
-  // sequence b sits at position lens[b] - Tq + t and attends to cache rows [0, that position] (causal
-  // within the new tokens too, so a whole prompt is one call); GQA as above, fp32 softmax.
-  virtual void attention_decode(Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                const Tensor& lens, float scale) = 0;
+  // New query tokens against the cache, which already holds the new tokens' keys and values. q/out
+  // [B*Tq, H, hd] (sequence b's queries are rows b*Tq ..). Query t of sequence b sits at position lens[b] − Tq + t
+  // and attends to positions [0, that position] (causal within the new tokens too, so a whole prompt is one
+  // call); GQA as above, fp32 softmax.
+  virtual void attention_decode(Tensor out, const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
+                                const Tensor& lens, const Tensor& table, float scale) = 0;
 
   // Decoding: one token drawn per row from logits (F32 [B,V]; the repetition penalty rewrites them in place) into
   // ids (I32 [B], on the ops' device), with the settings and order of kernels/sampling.h. seen (U8 [B,V], or

@@ -21,27 +21,43 @@ Tensor host_i32(std::vector<int32_t>& v) {
 }
 }  // namespace
 
-KvDecoder::KvDecoder(Transformer& model, int batch, int max_len, int max_chunk, bool repetition_penalty)
-    : KvDecoder(PlanOnly{}, model, batch, max_len, max_chunk, repetition_penalty) {
+KvDecoder::KvDecoder(Transformer& model, int batch, int max_len, int max_chunk, bool repetition_penalty,
+                     int64_t cache_tokens)
+    : KvDecoder(PlanOnly{}, model, batch, max_len, max_chunk, repetition_penalty, cache_tokens) {
   arena_.bind(ops_.alloc(arena_.total_bytes()));
   for (auto& [t, hnd] : bind_) *t = arena_.get(hnd);
   bind_.clear();
   const int64_t V = model.config().vocab_size;
   logits_ = logits_.view({batch, V});
   if (seen_.defined()) seen_ = seen_.view({batch, V});
+  table_ = table_.view({batch, blocks_per_row_});
+  reset();
 }
 
-size_t KvDecoder::memory_bytes(Transformer& model, int batch, int max_len, int max_chunk, bool repetition_penalty) {
-  return KvDecoder(PlanOnly{}, model, batch, max_len, max_chunk, repetition_penalty).arena_.total_bytes();
+size_t KvDecoder::memory_bytes(Transformer& model, int batch, int max_len, int max_chunk, bool repetition_penalty,
+                               int64_t cache_tokens) {
+  return KvDecoder(PlanOnly{}, model, batch, max_len, max_chunk, repetition_penalty, cache_tokens).arena_.total_bytes();
 }
 
-size_t KvDecoder::kv_cache_bytes(Transformer& model, int batch, int max_len) {
+size_t KvDecoder::kv_cache_bytes(const Transformer& model, int64_t tokens) {
   const ModelConfig& c = model.config();
-  return size_t(2) * size_t(c.num_layers) * size_t(batch) * size_t(max_len) * size_t(c.num_kv_heads) *
-         size_t(c.head_dim) * dtype_size(model.ops().activation_dtype());
+  const int64_t blocks = (tokens + kBlock - 1) / kBlock;
+  return size_t(2) * size_t(c.num_layers) * size_t(blocks * kBlock) * size_t(c.num_kv_heads) * size_t(c.head_dim) *
+         dtype_size(const_cast<Transformer&>(model).ops().activation_dtype());
 }
 
-KvDecoder::KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int max_chunk, bool repetition_penalty)
+int64_t KvDecoder::cache_tokens_for_groups(int prompts, int group, int max_prompt, int max_new) {
+  const auto blocks = [](int64_t n) { return (n + kBlock - 1) / kBlock; };
+  // A group whose prompt has p tokens holds blocks(p + new) for the row it was fed to, and each other row the same
+  // less the prompt's full blocks, which it shares; the most over every prompt length up to max_prompt.
+  int64_t most = 0;
+  for (int p = std::max(1, max_prompt - 2 * kBlock); p <= max_prompt; ++p)  // (the maximum is in the last blocks)
+    most = std::max(most, group * blocks(p + max_new) - int64_t(group - 1) * (p / kBlock));
+  return int64_t(prompts) * most * kBlock;
+}
+
+KvDecoder::KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int max_chunk, bool repetition_penalty,
+                     int64_t cache_tokens)
     : model_(model),
       ops_(model.ops()),
       batch_(batch),
@@ -63,11 +79,15 @@ KvDecoder::KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int m
   const DType act = ops_.activation_dtype(), f32 = DType::F32, i32 = DType::I32;
   std::vector<std::pair<Tensor*, size_t>>& bind = bind_;
   auto one = [&](Tensor& t, int64_t n, DType dt) { bind.push_back({&t, arena_.plan({n}, dt)}); };
+  blocks_per_row_ = (max_len + kBlock - 1) / kBlock;
+  const int64_t pool = cache_tokens > 0 ? (cache_tokens + kBlock - 1) / kBlock : int64_t(batch) * blocks_per_row_;
+  SOLTRAIN_CHECK(pool <= std::numeric_limits<int32_t>::max(), "decoder pool of ", pool, " blocks");
+  refs_.assign(size_t(pool), 0);
   k_cache_.resize(size_t(c.num_layers));
   v_cache_.resize(size_t(c.num_layers));
   for (int l = 0; l < c.num_layers; ++l)
     for (Tensor* t : {&k_cache_[size_t(l)], &v_cache_[size_t(l)]})
-      bind.push_back({t, arena_.plan({batch, max_len, Hkv, hd}, act)});
+      bind.push_back({t, arena_.plan({pool, kBlock, Hkv, hd}, act)});
   for (Tensor* t : {&x_, &h_, &tmp_}) one(*t, N * D, act);
   for (Tensor* t : {&q_raw_, &q_, &attn_}) one(*t, N * H * hd, act);
   for (Tensor* t : {&k_raw_, &k_, &v_}) one(*t, N * Hkv * hd, act);
@@ -102,12 +122,18 @@ KvDecoder::KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int m
   one(ids_, N, i32);
   one(positions_, N, i32);
   one(lens_, batch, i32);
+  one(table_, int64_t(batch) * blocks_per_row_, i32);
   one(sampled_, batch, i32);
   if (repetition_penalty) one(seen_, int64_t(batch) * V, DType::U8);
 }
 
 void KvDecoder::reset() {
   lengths_.assign(lengths_.size(), 0);
+  table_host_.assign(size_t(batch_) * size_t(blocks_per_row_), -1);
+  std::fill(refs_.begin(), refs_.end(), 0);
+  free_.resize(refs_.size());
+  for (size_t i = 0; i < free_.size(); ++i) free_[i] = int32_t(free_.size() - 1 - i);  // block 0 first
+  table_current_ = false;
   if (seen_.defined()) ops_.zero(seen_);
   lens_current_ = false;
   decode_steps_ = 0;
@@ -115,7 +141,8 @@ void KvDecoder::reset() {
 }
 
 void KvDecoder::feed_drawn() {
-  check_room(0, batch_, 1);
+  make_room(0, batch_, 1);
+  upload_table();
   if (!lens_current_) {
     ops_.copy(view(lens_, {batch_}), host_i32(lengths_));
     lens_current_ = true;
@@ -169,21 +196,56 @@ void KvDecoder::feed_row(int row, std::span<const int32_t> tokens, float* last_l
 void KvDecoder::copy_row(int from, int to) {
   SOLTRAIN_CHECK(from >= 0 && from < batch_ && to >= 0 && to < batch_, "copy_row: rows ", from, ", ", to);
   if (from == to) return;
-  const int64_t n = lengths_[size_t(from)];
-  for (size_t l = 0; l < k_cache_.size(); ++l)
-    for (const Tensor* c : {&k_cache_[l], &v_cache_[l]}) {
-      const Tensor flat = c->view({int64_t(batch_) * max_len_, c->dim(2), c->dim(3)});
-      if (n > 0)
-        ops_.copy(flat.rows(to * int64_t(max_len_), to * int64_t(max_len_) + n),
-                  flat.rows(from * int64_t(max_len_), from * int64_t(max_len_) + n));
-    }
+  release(to);
+  const int n = lengths_[size_t(from)], full = n / kBlock, part = n % kBlock;
+  const size_t f = size_t(from) * size_t(blocks_per_row_), t = size_t(to) * size_t(blocks_per_row_);
+  for (int i = 0; i < full; ++i) {
+    table_host_[t + size_t(i)] = table_host_[f + size_t(i)];
+    ++refs_[size_t(table_host_[f + size_t(i)])];
+  }
+  if (part > 0) {  // the partly filled last block: `to` appends to its own copy
+    const int64_t src = table_host_[f + size_t(full)], dst = take_block();
+    table_host_[t + size_t(full)] = int32_t(dst);
+    for (size_t l = 0; l < k_cache_.size(); ++l)
+      for (const Tensor* c : {&k_cache_[l], &v_cache_[l]}) {
+        const Tensor flat = c->view({c->dim(0) * kBlock, c->dim(2), c->dim(3)});
+        ops_.copy(flat.rows(dst * kBlock, dst * kBlock + part), flat.rows(src * kBlock, src * kBlock + part));
+      }
+  }
+  table_current_ = false;
   ops_.copy(logits_.rows(to, to + 1), logits_.rows(from, from + 1));
   if (seen_.defined()) ops_.copy(seen_.rows(to, to + 1), seen_.rows(from, from + 1));
-  lengths_[size_t(to)] = int(n);
+  lengths_[size_t(to)] = n;
   lens_current_ = false;
 }
 
-void KvDecoder::check_room(int r0, int B, int T) const {
+int KvDecoder::take_block() {
+  if (free_.empty())
+    user_error("generation's KV cache is full: its ", refs_.size(), " blocks of ", kBlock,
+               " positions are all held (the pool was sized for fewer or shorter sequences)");
+  const int b = free_.back();
+  free_.pop_back();
+  refs_[size_t(b)] = 1;
+  return b;
+}
+
+void KvDecoder::release(int row) {
+  for (int i = 0; i < blocks_per_row_; ++i) {
+    int32_t& b = table_host_[size_t(row) * size_t(blocks_per_row_) + size_t(i)];
+    if (b < 0) continue;
+    if (--refs_[size_t(b)] == 0) free_.push_back(b);
+    b = -1;
+    table_current_ = false;
+  }
+}
+
+void KvDecoder::upload_table() {
+  if (table_current_) return;
+  ops_.copy(table_, Tensor{table_host_.data(), DType::I32, table_.shape, Device::CPU});
+  table_current_ = true;
+}
+
+void KvDecoder::make_room(int r0, int B, int T) {
   const int window = model_.config().sliding_window;
   for (int b = r0; b < r0 + B; ++b) {
     if (lengths_[size_t(b)] + T > max_len_)
@@ -193,6 +255,16 @@ void KvDecoder::check_room(int r0, int B, int T) const {
       user_error("generation needs ", lengths_[size_t(b)] + T,
                  " tokens of context, past the model's sliding_window of ", window,
                  ": sliding-window attention is not built yet");
+  }
+  for (int b = r0; b < r0 + B; ++b) {  // (a shared block is full: new positions always land in a row's own)
+    const int first = (lengths_[size_t(b)] + kBlock - 1) / kBlock, last = (lengths_[size_t(b)] + T - 1) / kBlock;
+    for (int i = first; i <= last; ++i) {
+      int32_t& e = table_host_[size_t(b) * size_t(blocks_per_row_) + size_t(i)];
+      if (e < 0) {
+        e = int32_t(take_block());
+        table_current_ = false;
+      }
+    }
   }
 }
 
@@ -207,7 +279,8 @@ void KvDecoder::feed_rows(int r0, int B, std::span<const int32_t> tokens, int T,
   const int64_t V = model_.config().vocab_size, D = model_.config().hidden_size;
   SOLTRAIN_CHECK(T > 0 && int64_t(tokens.size()) == int64_t(B) * T, "feed: ", tokens.size(), " tokens for ", B, " x ",
                  T);
-  check_room(r0, B, T);
+  make_room(r0, B, T);
+  upload_table();
   lens_current_ = false;  // lens_ becomes this call's scratch
   for (int32_t id : tokens)
     if (id < 0 || id >= V) user_error("token id ", id, " is outside the vocabulary of ", V);
@@ -289,9 +362,11 @@ void KvDecoder::forward_chunk(int r0, int nb, int Tc) {
     o.rmsnorm_forward(h, view(rstd_, {N}), x, w.ln1->value, eps);
     w.attn.forward_qkv(o, h, qkv, seq, model_.inv_freq(), eps, no_dropout, l);
     // Keys and values of the new tokens go to the end of each sequence's cache.
-    const Tensor kc = k_cache_[size_t(l)].rows(r0, r0 + B), vc = v_cache_[size_t(l)].rows(r0, r0 + B);
-    o.kv_append(kc, vc, k, v, view(lens_, {B}));  // lens_ already counts the new tokens
-    o.attention_decode(attn.view({N, H, hd}), q, kc, vc, view(lens_, {B}), scale);
+    const Tensor& kc = k_cache_[size_t(l)];
+    const Tensor& vc = v_cache_[size_t(l)];
+    const Tensor table = table_.rows(r0, r0 + B);
+    o.kv_append(kc, vc, k, v, view(lens_, {B}), table);  // lens_ already counts the new tokens
+    o.attention_decode(attn.view({N, H, hd}), q, kc, vc, view(lens_, {B}), table, scale);
     w.attn.o.forward(o, tmp, attn, u, {}, no_dropout.scratch);
     o.add_inplace(x, tmp);
     o.rmsnorm_forward(h, view(rstd_, {N}), x, w.ln2->value, eps);

@@ -2,8 +2,12 @@
 // projections with LoRA, Qwen3 q/k norm and RoPE, MLP block), fed a few tokens at a time, with keys and
 // values of earlier tokens kept per layer and cached attention in place of flash attention. The LM head
 // runs on each sequence's last token only. Each sequence has its own length: prompts of different lengths are
-// fed row by row (feed_row), a prompt shared by several rows is fed once and its cache copied (copy_row), and
+// fed row by row (feed_row), a prompt shared by several rows is fed once and its cache shared (copy_row), and
 // decoding then feeds one token to every row at its own position.
+//
+// The cache is paged (kernels/ops.h): blocks of kBlock positions from one pool, a block table per row. copy_row
+// shares the full blocks of a prompt (only its last, partly filled block is copied), so a group of G rows holds its
+// prompt's keys and values once; a row takes a block from the pool when its length crosses into a new one.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -18,18 +22,24 @@ namespace soltrain {
 
 class KvDecoder {
  public:
+  static constexpr int kBlock = 16;  // positions per cache block
   // Reads the weights of `model` (which must outlive the decoder) by their HF names. The cache holds
-  // `batch` sequences of up to `max_len` tokens; activations are sized for `max_chunk` new tokens per
-  // sequence per forward (longer inputs are split), so all memory is allocated here.
-  // With `repetition_penalty` each row also flags the tokens it holds (a byte per vocabulary entry), for
-  // sampling with a repetition_penalty.
-  KvDecoder(Transformer& model, int batch, int max_len, int max_chunk = 256, bool repetition_penalty = false);
+  // `batch` sequences of up to `max_len` tokens, in a pool of `cache_tokens` positions (0: batch × max_len, room
+  // for every row without sharing; cache_tokens_for_groups: for groups sharing their prompt); activations are
+  // sized for `max_chunk` new tokens per sequence per forward (longer inputs are split), so all memory is
+  // allocated here. With `repetition_penalty` each row also flags the tokens it holds (a byte per vocabulary
+  // entry), for sampling with a repetition_penalty.
+  KvDecoder(Transformer& model, int batch, int max_len, int max_chunk = 256, bool repetition_penalty = false,
+            int64_t cache_tokens = 0);
   ~KvDecoder();
   // The device bytes a decoder of these sizes allocates (its KV cache, activations, logits), without building it.
   static size_t memory_bytes(Transformer& model, int batch, int max_len, int max_chunk = 256,
-                             bool repetition_penalty = false);
-  // Of those, the KV cache's.
-  static size_t kv_cache_bytes(Transformer& model, int batch, int max_len);
+                             bool repetition_penalty = false, int64_t cache_tokens = 0);
+  // Of those, the KV cache's: keys and values of `tokens` positions in every layer.
+  static size_t kv_cache_bytes(const Transformer& model, int64_t tokens);
+  // The pool that `prompts` groups of `group` rows need when each group's prompt (up to max_prompt tokens) is fed
+  // once and shared (copy_row) and each row then takes up to max_new tokens.
+  static int64_t cache_tokens_for_groups(int prompts, int group, int max_prompt, int max_new);
 
   int batch() const { return batch_; }
   int max_len() const { return max_len_; }
@@ -46,7 +56,7 @@ class KvDecoder {
   // given, [vocab] on the host).
   void feed_row(int row, std::span<const int32_t> tokens, float* last_logits = nullptr);
   // Sequence `to` becomes a copy of sequence `from` (its cache, length and last logits): a prompt fed once for a
-  // group.
+  // group. The full blocks of `from` are shared, its last, partly filled one copied; `to`'s own are given back.
   void copy_row(int from, int to);
   // One token per sequence from its last logits, drawn on the device (Ops::sample_tokens; row b with seed + b,
   // `step` numbering the draws); only the ids come back, into `ids` (host, [batch]).
@@ -64,14 +74,19 @@ class KvDecoder {
 
  private:
   struct PlanOnly {};
-  KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int max_chunk, bool repetition_penalty);
+  KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int max_chunk, bool repetition_penalty,
+            int64_t cache_tokens);
   // Rows [r0, r0 + nb) each take Tc new tokens (ids and positions already on the device, in that order; lens_
   // holds their lengths after them); writes x (the final residual).
   void forward_chunk(int r0, int nb, int Tc);
   // Tokens [B, T] for rows [r0, r0 + B) through the model in chunks; logits as feed() says.
   void feed_rows(int r0, int B, std::span<const int32_t> tokens, int T, float* last_logits, float* all_logits);
-  // A UserError when T more tokens would not fit rows [r0, r0 + B).
-  void check_room(int r0, int B, int T) const;
+  // A UserError when T more tokens would not fit rows [r0, r0 + B); else their blocks taken from the pool.
+  void make_room(int r0, int B, int T);
+  // Row r's blocks back to the pool (a shared block when its last holder lets go).
+  void release(int row);
+  int take_block();
+  void upload_table();  // the host's block table to the device, when it changed
   // The final norm and the LM head over `lx` ([B, hidden], each row's last position) into rows [r0, r0 + B) of
   // the logits.
   void head_last(int r0, int B, const Tensor& lx);
@@ -84,7 +99,12 @@ class KvDecoder {
   std::vector<int> lengths_;  // per sequence
   Parameter *embed_, *final_norm_, *head_;
   Arena arena_;
-  std::vector<Tensor> k_cache_, v_cache_;  // per layer [batch, max_len, Hkv, hd]
+  std::vector<Tensor> k_cache_, v_cache_;  // per layer: the pool [blocks, kBlock, Hkv, hd]
+  int blocks_per_row_ = 0;
+  std::vector<int32_t> table_host_;  // [batch, blocks_per_row_], -1 where a row has no block yet
+  std::vector<int> refs_;            // rows holding each pool block
+  std::vector<int32_t> free_;        // pool blocks nobody holds
+  bool table_current_ = false;       // table_ (device) equals table_host_
   // activations for batch × max_chunk tokens
   Tensor x_, h_, rstd_, q_raw_, k_raw_, q_, k_, v_, attn_, tmp_, gate_, up_, act_, lora_u_;
   Tensor last_x_, last_h_, last_rstd_, logits_;  // [batch, ...]
@@ -92,7 +112,7 @@ class KvDecoder {
   Tensor moe_logits_, moe_probs_, moe_expert_, moe_weight_, moe_rows_, moe_slot_, moe_offsets_, moe_xs_, moe_gate_,
       moe_up_, moe_act_, moe_ys_, moe_counts_, moe_prob_sum_, moe_shared_gate_, moe_shared_up_, moe_shared_act_,
       moe_shared_out_, moe_shared_logit_, moe_u_gate_up_, moe_u_down_, moe_dequant_;
-  Tensor ids_, positions_, lens_;
+  Tensor ids_, positions_, lens_, table_;
   std::vector<std::pair<Tensor*, size_t>> bind_;  // the planned buffers, until the arena is allocated
   Tensor sampled_, seen_;  // I32 [batch] drawn ids; U8 [batch, vocab] tokens held (with repetition_penalty only)
   // lens_ holds every row's length (feed_rows uses it as per-chunk scratch): what feed_drawn() advances.

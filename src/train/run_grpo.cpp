@@ -45,13 +45,21 @@ bool keeps_reference_copy(const TrainConfig& c, const Transformer& model) {
   return c.grpo.loss.beta != 0 && !model.lora();
 }
 
+// The decoder's cache: each group's prompt once (its rows share the prompt's blocks), each row its completion.
+int64_t generation_cache_tokens(const TrainConfig& c, int rows) {
+  const int G = c.grpo.num_generations;
+  const int max_new = c.sequence_len - c.grpo.max_prompt_length;  // max_completion_length
+  return KvDecoder::cache_tokens_for_groups(rows / G, G, c.grpo.max_prompt_length, max_new);
+}
+
 // The decoder's memory against its budget, before anything is allocated: the line the log shows, and one line
 // naming what to change when it does not fit.
 void check_generation_memory(const TrainConfig& c, Ops& ops, Transformer& model, int rows, std::ostream& log) {
   const GrpoSettings& g = c.grpo;
-  const double need =
-      double(KvDecoder::memory_bytes(model, rows, c.sequence_len, generation_chunk(c), g.repetition_penalty != 1));
-  const double kv = double(KvDecoder::kv_cache_bytes(model, rows, c.sequence_len)), gib = double(1ull << 30);
+  const int64_t cache = generation_cache_tokens(c, rows);
+  const double need = double(
+      KvDecoder::memory_bytes(model, rows, c.sequence_len, generation_chunk(c), g.repetition_penalty != 1, cache));
+  const double kv = double(KvDecoder::kv_cache_bytes(model, cache)), gib = double(1ull << 30);
   const bool cuda = ops.device() == Device::CUDA;
   const HostMemory host = cuda ? HostMemory{} : read_host_memory();
   const double total = cuda ? ops.memory_total_gib() * gib : double(host.limit);
@@ -71,8 +79,10 @@ void check_generation_memory(const TrainConfig& c, Ops& ops, Transformer& model,
     from = cat(cuda ? "the GPU memory free" : "the host memory available",
                reference > 0 ? cat(" less the reference copy's ", format_bytes(reference)) : std::string());
   }
-  const std::string what = cat("KV cache ", format_bytes(kv), " for ", rows, " completions of up to ", c.sequence_len,
-                               " tokens, plus activations and logits");
+  const std::string what =
+      cat("KV cache ", format_bytes(kv), " for ", rows, " completions of up to ", c.sequence_len - g.max_prompt_length,
+          " tokens after prompts of up to ", c.grpo.max_prompt_length, " shared by groups of ", g.num_generations,
+          ", plus activations and logits");
   log << "grpo: generation memory " << format_bytes(need) << " (" << what << ")";
   if (budget > 0) log << ", budget " << format_bytes(budget) << " (" << from << ")";
   log << "\n";
@@ -156,7 +166,8 @@ class GrpoDriver final : public RunDriver {
         log_(log),
         completions_(c.per_device_train_batch_size * c.gradient_accumulation_steps),
         grpo_(ops, c.grpo.loss, int64_t(c.per_device_train_batch_size) * c.sequence_len, c.per_device_train_batch_size),
-        decoder_(model, completions_, c.sequence_len, generation_chunk(c), c.grpo.repetition_penalty != 1),
+        decoder_(model, completions_, c.sequence_len, generation_chunk(c), c.grpo.repetition_penalty != 1,
+                 generation_cache_tokens(c, completions_)),
         stop_(codec.tokenizer(), c.grpo.stop_strings, "stop_strings"),
         micro_(size_t(c.gradient_accumulation_steps)) {
     if (keeps_reference_copy(c, model)) {

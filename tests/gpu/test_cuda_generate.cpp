@@ -1,8 +1,10 @@
 // CUDA decoding against the CPU reference: the attention_decode kernel on random data (GQA, ragged cache
 // lengths, head_dim not a multiple of 32, a 300-token prefill), and whole-model cached decoding and greedy
 // generation on the fixture models within bf16 error.
+#include <algorithm>
 #include <cstdlib>
 #include <functional>
+#include <numeric>
 
 #include "gpu_test_util.h"
 #include "model/checkpoint.h"
@@ -14,17 +16,33 @@ namespace {
 
 class CudaDecode : public CudaTest {
  protected:
+  // A paged cache's block table for B sequences of up to S positions in blocks of bs: every sequence's blocks
+  // drawn from a shuffled pool with spare blocks, so neighbouring positions live far apart.
+  std::vector<int32_t> shuffled_table(int64_t B, int64_t S, int64_t bs, int64_t& pool) {
+    const int64_t nb = (S + bs - 1) / bs;
+    pool = B * nb + 3;
+    std::vector<int32_t> blocks(size_t(pool)), table(size_t(B * nb));
+    std::iota(blocks.begin(), blocks.end(), 0);
+    std::shuffle(blocks.begin(), blocks.end(), rng);
+    std::copy(blocks.begin(), blocks.begin() + B * nb, table.begin());
+    return table;
+  }
   // out of the CUDA kernel vs the CPU op on the same bf16-rounded inputs.
-  double kernel_err(int64_t B, int64_t Tq, int64_t S, int64_t H, int64_t Hkv, int64_t hd, std::vector<int32_t> lens) {
-    const auto q = randn(size_t(B * Tq * H * hd)), k = randn(size_t(B * S * Hkv * hd)),
-               v = randn(size_t(B * S * Hkv * hd));
+  double kernel_err(int64_t B, int64_t Tq, int64_t S, int64_t H, int64_t Hkv, int64_t hd, std::vector<int32_t> lens,
+                    int64_t bs = 16) {
+    int64_t pool = 0;
+    std::vector<int32_t> table = shuffled_table(B, S, bs, pool);
+    const int64_t nb = int64_t(table.size()) / B;
+    const auto q = randn(size_t(B * Tq * H * hd)), k = randn(size_t(pool * bs * Hkv * hd)),
+               v = randn(size_t(pool * bs * Hkv * hd));
     const float scale = 1.0f / std::sqrt(float(hd));
     std::vector<float> cq = q, ck = k, cv = v, cout(q.size(), NAN);
-    cpu->attention_decode(host(cout, {B * Tq, H, hd}), host(cq, {B * Tq, H, hd}), host(ck, {B, S, Hkv, hd}),
-                          host(cv, {B, S, Hkv, hd}), host_i32(lens), scale);
+    std::vector<int32_t> ctable = table;
+    cpu->attention_decode(host(cout, {B * Tq, H, hd}), host(cq, {B * Tq, H, hd}), host(ck, {pool, bs, Hkv, hd}),
+                          host(cv, {pool, bs, Hkv, hd}), host_i32(lens), host_i32(ctable).view({B, nb}), scale);
     const Tensor out = poisoned({B * Tq, H, hd});
-    gpu->attention_decode(out, upload(q, {B * Tq, H, hd}), upload(k, {B, S, Hkv, hd}), upload(v, {B, S, Hkv, hd}),
-                          upload_i32(lens), scale);
+    gpu->attention_decode(out, upload(q, {B * Tq, H, hd}), upload(k, {pool, bs, Hkv, hd}),
+                          upload(v, {pool, bs, Hkv, hd}), upload_i32(lens), upload_i32(table).view({B, nb}), scale);
     return rel(download(out), cout);
   }
 };
@@ -43,13 +61,14 @@ TEST_F(CudaDecode, KernelMatchesCpu) {
   EXPECT_LE(kernel_err(1, 5, 17, 6, 3, 80, {12}), 1e-2) << "head_dim 80";
   EXPECT_LE(kernel_err(1, 1, 9, 4, 4, 16, {1}), 1e-2) << "a single cached token, head_dim 16";
   EXPECT_LE(kernel_err(1, 300, 300, 16, 8, 128, {300}), 1e-2) << "a 300-token prefill";
+  EXPECT_LE(kernel_err(2, 1, 33, 8, 2, 128, {33, 17}, 1), 1e-2) << "blocks of one position";
 }
 
 // The K/V append writes each sequence's new rows where its length says, and nothing else: the cache's other rows
 // keep their values (bf16 copies are exact, so the download equals the CPU op's result on the rounded inputs).
 TEST_F(CudaDecode, KvAppendMatchesCpu) {
-  for (auto [B, Tq, S, Hkv, hd] :
-       {std::tuple{3L, 1L, 20L, 2L, 64L}, std::tuple{2L, 4L, 9L, 1L, 12L}, std::tuple{1L, 7L, 7L, 3L, 5L}}) {
+  for (auto [B, Tq, S, Hkv, hd, bs] : {std::tuple{3L, 1L, 20L, 2L, 64L, 16L}, std::tuple{2L, 4L, 9L, 1L, 12L, 4L},
+                                       std::tuple{1L, 7L, 7L, 3L, 5L, 16L}}) {
     const std::vector<int32_t> lens = B == 3   ? std::vector<int32_t>{1, 20, 7}
                                       : B == 2 ? std::vector<int32_t>{4, 9}
                                                : std::vector<int32_t>{7};
@@ -57,13 +76,17 @@ TEST_F(CudaDecode, KvAppendMatchesCpu) {
       for (float& f : x) f = bf16_to_f32(f32_to_bf16(f));
       return x;
     };
-    std::vector<float> kc = bf(randn(size_t(B * S * Hkv * hd))), vc = bf(randn(kc.size()));
+    int64_t pool = 0;
+    std::vector<int32_t> table = shuffled_table(B, S, bs, pool);
+    const int64_t nb = int64_t(table.size()) / B;
+    std::vector<float> kc = bf(randn(size_t(pool * bs * Hkv * hd))), vc = bf(randn(kc.size()));
     std::vector<float> k = bf(randn(size_t(B * Tq * Hkv * hd))), v = bf(randn(k.size()));
-    const Tensor gkc = upload(kc, {B, S, Hkv, hd}), gvc = upload(vc, {B, S, Hkv, hd});
-    gpu->kv_append(gkc, gvc, upload(k, {B * Tq, Hkv, hd}), upload(v, {B * Tq, Hkv, hd}), upload_i32(lens));
+    const Tensor gkc = upload(kc, {pool, bs, Hkv, hd}), gvc = upload(vc, {pool, bs, Hkv, hd});
+    gpu->kv_append(gkc, gvc, upload(k, {B * Tq, Hkv, hd}), upload(v, {B * Tq, Hkv, hd}), upload_i32(lens),
+                   upload_i32(table).view({B, nb}));
     std::vector<int32_t> l = lens;
-    cpu->kv_append(host(kc, {B, S, Hkv, hd}), host(vc, {B, S, Hkv, hd}), host(k, {B * Tq, Hkv, hd}),
-                   host(v, {B * Tq, Hkv, hd}), host_i32(l));
+    cpu->kv_append(host(kc, {pool, bs, Hkv, hd}), host(vc, {pool, bs, Hkv, hd}), host(k, {B * Tq, Hkv, hd}),
+                   host(v, {B * Tq, Hkv, hd}), host_i32(l), host_i32(table).view({B, nb}));
     EXPECT_EQ(download(gkc), kc) << B << " x " << Tq;
     EXPECT_EQ(download(gvc), vc) << B << " x " << Tq;
   }

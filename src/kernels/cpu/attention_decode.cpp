@@ -1,4 +1,4 @@
-// CPU: attention of new query tokens against a KV cache (decoding). The arithmetic follows
+// CPU: attention of new query tokens against a paged KV cache (decoding). The arithmetic follows
 // attention_forward step for step (fp32 dot products, double denominator), so a cached decode
 // reproduces the training forward's logits.
 #include <algorithm>
@@ -9,18 +9,37 @@
 
 namespace soltrain {
 
-void CpuOps::kv_append(Tensor k_cache, Tensor v_cache, const Tensor& k, const Tensor& v, const Tensor& lens) {
-  const int64_t B = k_cache.dim(0), S = k_cache.dim(1), row = k_cache.dim(2) * k_cache.dim(3);
+namespace {
+// The paged cache's addressing (kernels/ops.h): the pool row holding sequence b's position p.
+struct PagedRows {
+  const int32_t* table;
+  int64_t blocks, bs, pool_rows;  // table entries per sequence, block size, rows in the pool
+  PagedRows(const Tensor& t, const Tensor& pool)
+      : table(t.i32()), blocks(t.dim(1)), bs(pool.dim(1)), pool_rows(pool.dim(0) * pool.dim(1)) {}
+  int64_t positions() const { return blocks * bs; }
+  int64_t operator()(int64_t b, int64_t p) const {
+    const int64_t block = table[b * blocks + p / bs], at = block * bs + p % bs;
+    SOLTRAIN_CHECK(block >= 0 && at < pool_rows, "paged KV cache: sequence ", b, " position ", p, " in block ", block);
+    return at;
+  }
+};
+}  // namespace
+
+void CpuOps::kv_append(Tensor k_pool, Tensor v_pool, const Tensor& k, const Tensor& v, const Tensor& lens,
+                       const Tensor& table) {
+  const int64_t B = table.dim(0), row = k_pool.dim(2) * k_pool.dim(3);
   const int64_t Tq = B > 0 ? k.dim(0) / B : 0;
   SOLTRAIN_CHECK(k.dim(0) == B * Tq && k.numel() == B * Tq * row && v.numel() == k.numel() && lens.numel() == B,
                  "kv_append shapes");
+  const PagedRows at(table, k_pool);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t len = lens.i32()[b];
-    SOLTRAIN_CHECK(len >= Tq && len <= S, "kv_append: length ", len, " with ", Tq, " new tokens, cache ", S);
+    SOLTRAIN_CHECK(len >= Tq && len <= at.positions(), "kv_append: length ", len, " with ", Tq,
+                   " new tokens, room for ", at.positions());
     for (int64_t t = 0; t < Tq; ++t) {
-      const int64_t at = (b * S + len - Tq + t) * row, from = (b * Tq + t) * row;
-      std::copy(k.f32() + from, k.f32() + from + row, k_cache.f32() + at);
-      std::copy(v.f32() + from, v.f32() + from + row, v_cache.f32() + at);
+      const int64_t to = at(b, len - Tq + t) * row, from = (b * Tq + t) * row;
+      std::copy(k.f32() + from, k.f32() + from + row, k_pool.f32() + to);
+      std::copy(v.f32() + from, v.f32() + from + row, v_pool.f32() + to);
     }
   }
 }
@@ -34,17 +53,17 @@ void CpuOps::advance_decode(Tensor ids, Tensor positions, Tensor lens, const Ten
   }
 }
 
-void CpuOps::attention_decode(Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                              const Tensor& lens, float scale) {
-  const int64_t B = k_cache.dim(0), S = k_cache.dim(1), Hkv = k_cache.dim(2), hd = k_cache.dim(3);
-  const int64_t Tq = q.dim(0) / B, H = q.dim(1), group = H / Hkv;
+void CpuOps::attention_decode(Tensor out, const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
+                              const Tensor& lens, const Tensor& table, float scale) {
+  const int64_t B = table.dim(0), Hkv = k_pool.dim(2), hd = k_pool.dim(3);
+  const int64_t Tq = B > 0 ? q.dim(0) / B : 0, H = q.dim(1), group = H / Hkv;
   SOLTRAIN_CHECK(q.dim(0) == B * Tq && q.dim(2) == hd && lens.numel() == B, "attention_decode shapes");
+  const PagedRows at(table, k_pool);
+  const int64_t S = at.positions();
   std::vector<float> p(static_cast<size_t>(S));
   for (int64_t b = 0; b < B; ++b) {
     const int64_t len = lens.i32()[b];
-    SOLTRAIN_CHECK(len >= Tq && len <= S, "attention_decode: length ", len, " with ", Tq, " new tokens, cache ", S);
-    const float* kb = k_cache.f32() + b * S * Hkv * hd;
-    const float* vb = v_cache.f32() + b * S * Hkv * hd;
+    SOLTRAIN_CHECK(len >= Tq && len <= S, "attention_decode: length ", len, " with ", Tq, " new tokens, room for ", S);
     for (int64_t t = 0; t < Tq; ++t) {
       const int64_t pos = len - Tq + t, row = b * Tq + t;
       for (int64_t h = 0; h < H; ++h) {
@@ -52,7 +71,7 @@ void CpuOps::attention_decode(Tensor out, const Tensor& q, const Tensor& k_cache
         const float* qi = q.f32() + (row * H + h) * hd;
         float mx = -INFINITY;
         for (int64_t j = 0; j <= pos; ++j) {
-          const float* kj = kb + (j * Hkv + kh) * hd;
+          const float* kj = k_pool.f32() + (at(b, j) * Hkv + kh) * hd;
           float s = 0;
           for (int64_t c = 0; c < hd; ++c) s += qi[c] * kj[c];
           p[size_t(j)] = s * scale;
@@ -64,7 +83,7 @@ void CpuOps::attention_decode(Tensor out, const Tensor& q, const Tensor& k_cache
         for (int64_t c = 0; c < hd; ++c) o[c] = 0;
         for (int64_t j = 0; j <= pos; ++j) {
           const float w = float(p[size_t(j)] / z);
-          const float* vj = vb + (j * Hkv + kh) * hd;
+          const float* vj = v_pool.f32() + (at(b, j) * Hkv + kh) * hd;
           for (int64_t c = 0; c < hd; ++c) o[c] += w * vj[c];
         }
       }

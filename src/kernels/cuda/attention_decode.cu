@@ -17,12 +17,19 @@ using cuda::bf16;
 
 namespace {
 constexpr int kWarps = 8;
+
+// The paged cache's addressing (kernels/ops.h): the pool row of sequence b's position p.
+struct Paged {
+  const int32_t* table;
+  int blocks, bs;  // table entries per sequence, positions per block
+  __device__ int64_t row(int b, int p) const { return int64_t(table[int64_t(b) * blocks + p / bs]) * bs + p % bs; }
+};
 constexpr int kMaxPerLane = 8;  // head_dim ≤ 32·8 = 256
 
 // Lane `lane` owns elements c = lane + 32·i of the head. Keys are walked one per warp iteration: a decode
 // query has at most a few thousand keys per block and this keeps every warp's loads coalesced.
 __global__ void attention_decode_kernel(bf16* out, const bf16* q, const bf16* kc, const bf16* vc, const int32_t* lens,
-                                        int Tq, int H, int Hkv, int S, int hd, float scale) {
+                                        Paged paged, int Tq, int H, int Hkv, int hd, float scale) {
   const int row = blockIdx.x, h = blockIdx.y, b = row / Tq, t = row % Tq;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, kh = h / (H / Hkv);
   const int pos = lens[b] - Tq + t;  // attends to keys 0..pos
@@ -36,10 +43,11 @@ __global__ void attention_decode_kernel(bf16* out, const bf16* q, const bf16* kc
   }
   float m = -INFINITY, l = 0.f;
   const int64_t stride = int64_t(Hkv) * hd;
-  const bf16* kb = kc + (int64_t(b) * S * Hkv + kh) * hd;
-  const bf16* vb = vc + (int64_t(b) * S * Hkv + kh) * hd;
+  const bf16* kb = kc + int64_t(kh) * hd;
+  const bf16* vb = vc + int64_t(kh) * hd;
   for (int j = warp; j <= pos; j += kWarps) {
-    const bf16* kj = kb + j * stride;
+    const int64_t at = paged.row(b, j) * stride;
+    const bf16* kj = kb + at;
     float s = 0.f;
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) {
@@ -49,7 +57,7 @@ __global__ void attention_decode_kernel(bf16* out, const bf16* q, const bf16* kc
     s = cuda::warp_sum(s) * scale;
     const float m_new = fmaxf(m, s), corr = __expf(m - m_new), p = __expf(s - m_new);
     l = l * corr + p;
-    const bf16* vj = vb + j * stride;
+    const bf16* vj = vb + at;
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) {
       const int c = lane + 32 * i;
@@ -88,7 +96,7 @@ constexpr int kGqaThreads = 128;
 template <int G, int L>
 __global__ void __launch_bounds__(kGqaThreads)
     attention_decode_gqa_kernel(bf16* out, const bf16* q, const bf16* kc, const bf16* vc, const int32_t* lens, int Tq,
-                                int H, int Hkv, int S, float scale_log2) {
+                                Paged paged, int H, int Hkv, float scale_log2) {
   constexpr int kGroups = kGqaThreads / L, hd = 8 * L;
   const int row = blockIdx.x, kh = blockIdx.y, b = row / Tq, t = row % Tq;
   const int grp = threadIdx.x / L, lane = threadIdx.x % L;
@@ -102,18 +110,23 @@ __global__ void __launch_bounds__(kGqaThreads)
     m[g] = -INFINITY, l[g] = 0.f;
   }
   const int64_t stride = int64_t(Hkv) * hd;
-  const bf16* kb = kc + (int64_t(b) * S * Hkv + kh) * hd + lane * 8;
-  const bf16* vb = vc + (int64_t(b) * S * Hkv + kh) * hd + lane * 8;
+  const bf16* kb = kc + int64_t(kh) * hd + lane * 8;
+  const bf16* vb = vc + int64_t(kh) * hd + lane * 8;
   const uint4 zero{0, 0, 0, 0};
-  uint4 kr = grp <= pos ? *reinterpret_cast<const uint4*>(kb + grp * stride) : zero;
-  uint4 vr = grp <= pos ? *reinterpret_cast<const uint4*>(vb + grp * stride) : zero;
+  uint4 kr = zero, vr = zero;
+  if (grp <= pos) {
+    const int64_t at = paged.row(b, grp) * stride;
+    kr = *reinterpret_cast<const uint4*>(kb + at);
+    vr = *reinterpret_cast<const uint4*>(vb + at);
+  }
   // Every lane runs the same trips (the shuffles need the whole warp); a group past the end skips the update.
   for (int j0 = 0; j0 <= pos; j0 += kGroups) {
     const int j = j0 + grp, next = j + kGroups;
     uint4 kn = zero, vn = zero;
     if (next <= pos) {
-      kn = *reinterpret_cast<const uint4*>(kb + next * stride);
-      vn = *reinterpret_cast<const uint4*>(vb + next * stride);
+      const int64_t at = paged.row(b, next) * stride;
+      kn = *reinterpret_cast<const uint4*>(kb + at);
+      vn = *reinterpret_cast<const uint4*>(vb + at);
     }
     const cuda::Vec8 k8{kr}, v8{vr};
     float s[G];
@@ -163,30 +176,34 @@ __global__ void __launch_bounds__(kGqaThreads)
 
 template <int L>
 bool launch_gqa(int G, dim3 grid, cudaStream_t st, bf16* out, const bf16* q, const bf16* kc, const bf16* vc,
-                const int32_t* lens, int Tq, int H, int Hkv, int S, float scale_log2) {
+                const int32_t* lens, int Tq, Paged paged, int H, int Hkv, float scale_log2) {
   switch (G) {
     case 1:
-      attention_decode_gqa_kernel<1, L><<<grid, kGqaThreads, 0, st>>>(out, q, kc, vc, lens, Tq, H, Hkv, S, scale_log2);
+      attention_decode_gqa_kernel<1, L>
+          <<<grid, kGqaThreads, 0, st>>>(out, q, kc, vc, lens, Tq, paged, H, Hkv, scale_log2);
       return true;
     case 2:
-      attention_decode_gqa_kernel<2, L><<<grid, kGqaThreads, 0, st>>>(out, q, kc, vc, lens, Tq, H, Hkv, S, scale_log2);
+      attention_decode_gqa_kernel<2, L>
+          <<<grid, kGqaThreads, 0, st>>>(out, q, kc, vc, lens, Tq, paged, H, Hkv, scale_log2);
       return true;
     case 4:
-      attention_decode_gqa_kernel<4, L><<<grid, kGqaThreads, 0, st>>>(out, q, kc, vc, lens, Tq, H, Hkv, S, scale_log2);
+      attention_decode_gqa_kernel<4, L>
+          <<<grid, kGqaThreads, 0, st>>>(out, q, kc, vc, lens, Tq, paged, H, Hkv, scale_log2);
       return true;
     case 8:
-      attention_decode_gqa_kernel<8, L><<<grid, kGqaThreads, 0, st>>>(out, q, kc, vc, lens, Tq, H, Hkv, S, scale_log2);
+      attention_decode_gqa_kernel<8, L>
+          <<<grid, kGqaThreads, 0, st>>>(out, q, kc, vc, lens, Tq, paged, H, Hkv, scale_log2);
       return true;
     default: return false;
   }
 }
 
-// One block per new token: its key and value rows into the cache at lens[b] − Tq + t (16-byte pieces where
-// the row allows, else 2-byte elements).
-__global__ void kv_append_kernel(bf16* kc, bf16* vc, const bf16* k, const bf16* v, const int32_t* lens, int Tq, int S,
-                                 int row) {
+// One block per new token: its key and value rows into the cache at position lens[b] − Tq + t (16-byte pieces
+// where the row allows, else 2-byte elements).
+__global__ void kv_append_kernel(bf16* kc, bf16* vc, const bf16* k, const bf16* v, const int32_t* lens, int Tq,
+                                 Paged paged, int row) {
   const int token = blockIdx.x, b = token / Tq, t = token % Tq;
-  const int64_t at = (int64_t(b) * S + lens[b] - Tq + t) * row, from = int64_t(token) * row;
+  const int64_t at = paged.row(b, lens[b] - Tq + t) * row, from = int64_t(token) * row;
   if (row % 8 == 0) {
     const int4* ks = reinterpret_cast<const int4*>(k + from);
     const int4* vs = reinterpret_cast<const int4*>(v + from);
@@ -215,22 +232,32 @@ void CudaOps::advance_decode(Tensor ids, Tensor positions, Tensor lens, const Te
   CUDA_CHECK_LAUNCH();
 }
 
-void CudaOps::kv_append(Tensor k_cache, Tensor v_cache, const Tensor& k, const Tensor& v, const Tensor& lens) {
+namespace {
+Paged paged_of(const Tensor& table, const Tensor& pool) {
+  SOLTRAIN_CHECK(table.dtype == DType::I32 && table.shape.size() == 2 && pool.shape.size() == 4, "paged cache shapes");
+  return Paged{table.i32(), int(table.dim(1)), int(pool.dim(1))};
+}
+}  // namespace
+
+void CudaOps::kv_append(Tensor k_pool, Tensor v_pool, const Tensor& k, const Tensor& v, const Tensor& lens,
+                        const Tensor& table) {
   const auto prof = profile("kv_append");
-  const int64_t B = k_cache.dim(0), S = k_cache.dim(1), row = k_cache.dim(2) * k_cache.dim(3);
+  const int64_t B = table.dim(0), row = k_pool.dim(2) * k_pool.dim(3);
   const int64_t tokens = k.dim(0);
   SOLTRAIN_CHECK(B > 0 && tokens % B == 0 && k.numel() == tokens * row && v.numel() == k.numel() && lens.numel() == B,
                  "kv_append shapes");
   if (tokens == 0) return;
-  kv_append_kernel<<<unsigned(tokens), 128, 0, stream_>>>(k_cache.as<bf16>(), v_cache.as<bf16>(), k.as<bf16>(),
-                                                          v.as<bf16>(), lens.i32(), int(tokens / B), int(S), int(row));
+  kv_append_kernel<<<unsigned(tokens), 128, 0, stream_>>>(k_pool.as<bf16>(), v_pool.as<bf16>(), k.as<bf16>(),
+                                                          v.as<bf16>(), lens.i32(), int(tokens / B),
+                                                          paged_of(table, k_pool), int(row));
   CUDA_CHECK_LAUNCH();
 }
 
-void CudaOps::attention_decode(Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                               const Tensor& lens, float scale) {
+void CudaOps::attention_decode(Tensor out, const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
+                               const Tensor& lens, const Tensor& table, float scale) {
   const auto prof = profile("attention_decode");
-  const int64_t B = k_cache.dim(0), S = k_cache.dim(1), Hkv = k_cache.dim(2), hd = k_cache.dim(3);
+  const int64_t B = table.dim(0), Hkv = k_pool.dim(2), hd = k_pool.dim(3);
+  const Paged paged = paged_of(table, k_pool);
   const int64_t rows = q.dim(0), H = q.dim(1);
   SOLTRAIN_CHECK(rows % B == 0 && q.dim(2) == hd && lens.numel() == B && H % Hkv == 0, "attention_decode shapes");
   if (hd > 32 * kMaxPerLane) user_error("head_dim ", hd, " is above the decoder's limit of ", 32 * kMaxPerLane);
@@ -245,16 +272,16 @@ void CudaOps::attention_decode(Tensor out, const Tensor& q, const Tensor& k_cach
     const dim3 gqa{unsigned(rows), unsigned(Hkv)};
     const float s2 = scale * 1.4426950408889634f;  // log2(e)
     const auto* qp = q.as<bf16>();
-    const auto* kp = k_cache.as<bf16>();
-    const auto* vp = v_cache.as<bf16>();
+    const auto* kp = k_pool.as<bf16>();
+    const auto* vp = v_pool.as<bf16>();
     bf16* op = out.as<bf16>();
     const int tq = int(rows / B);
     const bool launched =
-        hd == 16    ? launch_gqa<2>(G, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, int(H), int(Hkv), int(S), s2)
-        : hd == 32  ? launch_gqa<4>(G, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, int(H), int(Hkv), int(S), s2)
-        : hd == 64  ? launch_gqa<8>(G, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, int(H), int(Hkv), int(S), s2)
-        : hd == 128 ? launch_gqa<16>(G, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, int(H), int(Hkv), int(S), s2)
-        : hd == 256 ? launch_gqa<32>(G, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, int(H), int(Hkv), int(S), s2)
+        hd == 16    ? launch_gqa<2>(G, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, paged, int(H), int(Hkv), s2)
+        : hd == 32  ? launch_gqa<4>(G, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, paged, int(H), int(Hkv), s2)
+        : hd == 64  ? launch_gqa<8>(G, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, paged, int(H), int(Hkv), s2)
+        : hd == 128 ? launch_gqa<16>(G, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, paged, int(H), int(Hkv), s2)
+        : hd == 256 ? launch_gqa<32>(G, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, paged, int(H), int(Hkv), s2)
                     : false;
     if (launched) {
       CUDA_CHECK_LAUNCH();
@@ -262,9 +289,9 @@ void CudaOps::attention_decode(Tensor out, const Tensor& q, const Tensor& k_cach
     }
   }
   const dim3 grid{unsigned(rows), unsigned(H)};
-  attention_decode_kernel<<<grid, 32 * kWarps, 0, stream_>>>(out.as<bf16>(), q.as<bf16>(), k_cache.as<bf16>(),
-                                                             v_cache.as<bf16>(), lens.i32(), int(rows / B), int(H),
-                                                             int(Hkv), int(S), int(hd), scale);
+  attention_decode_kernel<<<grid, 32 * kWarps, 0, stream_>>>(out.as<bf16>(), q.as<bf16>(), k_pool.as<bf16>(),
+                                                             v_pool.as<bf16>(), lens.i32(), paged, int(rows / B),
+                                                             int(H), int(Hkv), int(hd), scale);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -75,9 +75,10 @@ class CudaOps final : public Ops {
     if (!attention_backward_from_env_) attention_backward_ = form;
   }
   AttentionBackward attention_backward_form() const override { return attention_backward_; }
-  void kv_append(Tensor k_cache, Tensor v_cache, const Tensor& k, const Tensor& v, const Tensor& lens) override;
-  void attention_decode(Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& lens,
-                        float scale) override;
+  void kv_append(Tensor k_pool, Tensor v_pool, const Tensor& k, const Tensor& v, const Tensor& lens,
+                 const Tensor& table) override;
+  void attention_decode(Tensor out, const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& lens,
+                        const Tensor& table, float scale) override;
   void sample_tokens(Tensor ids, Tensor logits, Tensor seen, const SamplingParams& p, uint64_t step) override;
   void flag_tokens(Tensor seen, const Tensor& ids) override;
   void advance_decode(Tensor ids, Tensor positions, Tensor lens, const Tensor& drawn) override;
