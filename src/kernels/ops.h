@@ -378,11 +378,10 @@ class Ops {
   // same work in one pass (the CUDA backend does), matching them within rounding.
   //
   // The residual add and the RMSNorm that follows it: sum = a + b (in the residual stream's dtype, a's; b in
-  // the activation dtype), then
-  // rmsnorm_forward(y, rstd, sum, w, eps).
+  // the activation dtype), then rmsnorm_forward(y, rstd, sum, w, eps). sum may be a (the add in place).
   virtual void add_rmsnorm_forward(Tensor sum, Tensor y, Tensor rstd, const Tensor& a, const Tensor& b, const Tensor& w,
                                    float eps) {
-    copy(sum, a);
+    if (sum.data != a.data) copy(sum, a);
     add_inplace(sum, b);
     rmsnorm_forward(y, rstd, sum, w, eps);
   }

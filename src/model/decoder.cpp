@@ -357,9 +357,10 @@ void KvDecoder::forward_chunk(int r0, int nb, int Tc) {
   const LoraPass no_dropout;
 
   o.embedding_forward(x, view(ids_, {N}), embed_->value);
+  o.rmsnorm_forward(h, view(rstd_, {N}), x, model_.layers()[0].ln1->value, eps);
   for (int l = 0; l < c.num_layers; ++l) {
     const DecoderLayer& w = model_.layers()[size_t(l)];
-    o.rmsnorm_forward(h, view(rstd_, {N}), x, w.ln1->value, eps);
+    // (h is ln1's norm of x: the embedding's, or the previous layer's sum)
     w.attn.forward_qkv(o, h, qkv, seq, model_.inv_freq(), eps, no_dropout, l);
     // Keys and values of the new tokens go to the end of each sequence's cache.
     const Tensor& kc = k_cache_[size_t(l)];
@@ -368,8 +369,7 @@ void KvDecoder::forward_chunk(int r0, int nb, int Tc) {
     o.kv_append(kc, vc, k, v, view(lens_, {B}), table);  // lens_ already counts the new tokens
     o.attention_decode(attn.view({N, H, hd}), q, kc, vc, view(lens_, {B}), table, scale);
     w.attn.o.forward(o, tmp, attn, u, {}, no_dropout.scratch);
-    o.add_inplace(x, tmp);
-    o.rmsnorm_forward(h, view(rstd_, {N}), x, w.ln2->value, eps);
+    o.add_rmsnorm_forward(x, h, view(rstd_, {N}), x, tmp, w.ln2->value, eps);  // x += tmp, then its norm
     Tensor out = tmp;
     if (w.moe) {
       const int64_t E = c.moe.num_experts, K = c.moe.top_k, M = N * K, Fm = c.moe.intermediate_size;
@@ -397,7 +397,10 @@ void KvDecoder::forward_chunk(int r0, int nb, int Tc) {
     } else {
       w.mlp.forward(o, &out, h, mlp, no_dropout, l, tmp);
     }
-    o.add_inplace(x, tmp);
+    if (l + 1 < c.num_layers)  // x += tmp, then the next layer's first norm
+      o.add_rmsnorm_forward(x, h, view(rstd_, {N}), x, tmp, model_.layers()[size_t(l) + 1].ln1->value, eps);
+    else
+      o.add_inplace(x, tmp);
   }
 }
 
