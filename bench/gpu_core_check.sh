@@ -34,7 +34,11 @@ decode_one() {  # tag size bench-decode-args...
   local tag=$1 size=$2
   shift 2
   [ -d /tmp/soltrain-bench-models/$size-config ] || python3 -c "import sys; sys.path.insert(0, 'bench'); import run_bench; run_bench.save_model('$size', '/tmp/soltrain-bench-models', config_only=True)"
-  timeout "${BENCH_TIMEOUT:-150}" "$B/soltrain" bench-decode --model /tmp/soltrain-bench-models/$size-config --random-weights "$@" > "$OUT/$tag.json" 2> "$OUT/$tag.err"
+  # the bound at the datasheet's HBM rate: H200 4.8 TB/s, H100 3.35
+  local hbm=3350
+  nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && hbm=4800
+  timeout "${BENCH_TIMEOUT:-150}" "$B/soltrain" bench-decode --model /tmp/soltrain-bench-models/$size-config --random-weights \
+    --hbm-gbps $hbm "$@" > "$OUT/$tag.json" 2> "$OUT/$tag.err"
   python3 -c "
 import json, sys
 j = json.load(open(sys.argv[1]))
@@ -283,19 +287,20 @@ PY
           $([ $2 = true ] && echo --lora) 2>&1 | tail -4
         [ -f "$OUT/grpo-bench.json" ] && mv "$OUT/grpo-bench.json" "$OUT/grpo2-bench-$1-lora-$2.json"
       done ;;
-    decode)  # issue 30: the decode step recorded as a CUDA graph and the grouped decode attention: the decoder's
-      # GPU tests, then bench-decode at 64 and 256 rows (64-token prompts, 256 new tokens) next to op by op
-      # (SOLTRAIN_DECODE_GRAPH=0) and the per-head attention kernel (SOLTRAIN_DECODE_ATTENTION=rows)
+    decode)  # issue 30: the decode step recorded as a CUDA graph, the grouped decode attention, the paged cache:
+      # the decoder's GPU tests, then bench-decode as GRPO decodes (64-token prompts shared by groups of 8, 256 new
+      # tokens) at 64 and 256 rows, and at 64 rows op by op (SOLTRAIN_DECODE_GRAPH=0) and with the per-head
+      # attention kernel (SOLTRAIN_DECODE_ATTENTION=rows)
       timeout 200 env "$TESTS_ENV" "$B/soltrain_tests" \
         --gtest_filter='CudaDecode*:*RecordedDecode*:*CudaGenerate*:*DecodeWithLora*:*Sampling*' > "$OUT/decode-tests.log" 2>&1
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|Failure|recorded" "$OUT/decode-tests.log" | head -20
       for spec in ${DECODE_RUNS:-0.6B:0 8B:16}; do  # shape:lora rank
         set -- ${spec/:/ }
         for rows in ${DECODE_ROWS:-64 256}; do
-          decode_one decode-$1-r$2-$rows $1 --rows $rows --lora-rank $2
-          SOLTRAIN_DECODE_GRAPH=0 decode_one decode-$1-r$2-$rows-nograph $1 --rows $rows --lora-rank $2
-          SOLTRAIN_DECODE_ATTENTION=rows decode_one decode-$1-r$2-$rows-rowsattn $1 --rows $rows --lora-rank $2
+          decode_one decode-$1-r$2-$rows $1 --rows $rows --group 8 --lora-rank $2 ${DECODE_ARGS:-}
         done
+        SOLTRAIN_DECODE_GRAPH=0 decode_one decode-$1-r$2-64-nograph $1 --rows 64 --group 8 --lora-rank $2 ${DECODE_ARGS:-}
+        SOLTRAIN_DECODE_ATTENTION=rows decode_one decode-$1-r$2-64-rowsattn $1 --rows 64 --group 8 --lora-rank $2 ${DECODE_ARGS:-}
       done ;;
     grpobeta)  # full fine-tuning with beta > 0: the reference a frozen copy of the starting weights (KL 0 at step 1,
       # > 0 after), its memory and the step's cost next to grpo2's beta-0 run

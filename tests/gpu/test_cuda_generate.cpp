@@ -21,7 +21,7 @@ class CudaDecode : public CudaTest {
   std::vector<int32_t> shuffled_table(int64_t B, int64_t S, int64_t bs, int64_t& pool) {
     const int64_t nb = (S + bs - 1) / bs;
     pool = B * nb + 3;
-    std::vector<int32_t> blocks(size_t(pool)), table(size_t(B * nb));
+    std::vector<int32_t> blocks(static_cast<size_t>(pool)), table(static_cast<size_t>(B * nb));
     std::iota(blocks.begin(), blocks.end(), 0);
     std::shuffle(blocks.begin(), blocks.end(), rng);
     std::copy(blocks.begin(), blocks.begin() + B * nb, table.begin());
