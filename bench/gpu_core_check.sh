@@ -301,7 +301,12 @@ PY
         done
         SOLTRAIN_DECODE_GRAPH=0 decode_one decode-$1-r$2-64-nograph $1 --rows 64 --group 8 --lora-rank $2 ${DECODE_ARGS:-}
         SOLTRAIN_DECODE_ATTENTION=rows decode_one decode-$1-r$2-64-rowsattn $1 --rows 64 --group 8 --lora-rank $2 ${DECODE_ARGS:-}
-      done ;;
+        decode_one decode-$1-r$2-64-topp $1 --rows 64 --group 8 --lora-rank $2 --top-p 0.95 --top-k 50 ${DECODE_ARGS:-}
+      done
+      for f in "$OUT"/decode-*-64.json "$OUT"/decode-*-256.json; do  # each projection's GEMM alone
+        python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[1].rsplit('/',1)[1], ' '.join(f\"{g['name']} {g['us']:.1f}us/{100*g['share_of_bound']:.0f}%\" for g in j['gemms']))" "$f"
+      done
+      timeout 120 python3 bench/decode_gemm_torch.py --rows 64 256 --shapes 0.6B 8B ;;
     grpobeta)  # full fine-tuning with beta > 0: the reference a frozen copy of the starting weights (KL 0 at step 1,
       # > 0 after), its memory and the step's cost next to grpo2's beta-0 run
       timeout 200 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='*Grpo*:*PolicyLoss*' 2>&1 | grep -E "^\[  (PASSED|FAILED)"

@@ -26,6 +26,8 @@ struct DecodeBenchOpts {
   std::string model, device = "cuda", qlora = "none";
   int rows = 64, group = 1, prompt = 64, tokens = 256, lora_rank = 0, profile_steps = 8;
   bool random_weights = false, greedy = false;
+  float temperature = 1.0f, top_p = 1.0f;  // TRL's GRPO defaults (and no top_k)
+  int top_k = 0;
   double hbm_gbps = 4800;  // the H200's copy rate (METHOD.md); the bound's denominator
 };
 
@@ -50,7 +52,6 @@ int run_bench_decode(const DecodeBenchOpts& o) {
   const std::optional<LoraConfig> lora = lora_config(c, "bench-decode");
   auto model = o.random_weights ? random_pretrained(o.model, *ops, lora, /*gradients=*/false, 1)
                                 : load_pretrained(o.model, *ops, lora, /*gradients=*/false);
-  configure_model(*model, c, *ops, o.rows);
   const ModelConfig& mc = model->config();
 
   const int groups = o.rows / o.group;
@@ -61,8 +62,9 @@ int run_bench_decode(const DecodeBenchOpts& o) {
   for (auto& prompt : prompts)
     for (int32_t& id : prompt) id = int32_t(rng() % uint32_t(mc.vocab_size));
   SamplingParams p;
-  if (!o.greedy) p.temperature = 1.0f, p.top_p = 0.95f, p.top_k = 50;
+  if (!o.greedy) p.temperature = o.temperature, p.top_p = o.top_p, p.top_k = o.top_k;
   p.seed = 3;
+  p.validate();
   std::vector<int32_t> ids(size_t(o.rows));
   // One generation: the prompts fed, then `steps` decode steps; the seconds of the decode steps.
   auto generate = [&](int steps) {
@@ -105,6 +107,46 @@ int run_bench_decode(const DecodeBenchOpts& o) {
   const double mean_len = o.prompt + 1 + (steps - 1) / 2.0;
   const double step_bytes = weight_bytes + kv_per_token * mean_len * o.rows;
   const double step_s = seconds / steps, bound_s = step_bytes / (o.hbm_gbps * 1e9);
+  // Each projection's GEMM alone at this many rows: 20 calls recorded and replayed (device time without launch
+  // gaps where the backend records), against the bytes of its weight at --hbm-gbps.
+  nlohmann::json gemms = nlohmann::json::array();
+  auto time_gemm = [&](const char* name, int64_t in, int64_t out, DType out_dtype) {
+    const DType act = ops->activation_dtype();
+    const Buffer xb = ops->alloc(size_t(o.rows * in) * dtype_size(act)),
+                 wb = ops->alloc(size_t(out * in) * dtype_size(act)),
+                 yb = ops->alloc(size_t(o.rows * out) * dtype_size(out_dtype));
+    const Tensor x{xb.data(), act, {o.rows, in}, ops->device()}, w{wb.data(), act, {out, in}, ops->device()};
+    const Tensor y{yb.data(), out_dtype, {o.rows, out}, ops->device()};
+    const int calls = 20;
+    auto run = [&] {
+      for (int i = 0; i < calls; ++i) ops->linear_forward(y, x, w, nullptr);
+    };
+    run();  // the plan chosen outside the recording
+    std::unique_ptr<Ops::Recorded> rec = ops->record(run);
+    ops->synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < 5; ++r) rec ? rec->replay() : run();
+    ops->synchronize();
+    const double us = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / (5 * calls) * 1e6;
+    const double bytes = double(out * in) * dtype_size(act);
+    gemms.push_back({{"name", name},
+                     {"in", in},
+                     {"out", out},
+                     {"us", us},
+                     {"gb_per_s", bytes / us * 1e-3},
+                     {"share_of_bound", bytes / (o.hbm_gbps * 1e9) / (us * 1e-6)}});
+  };
+  const int64_t D = mc.hidden_size, F = mc.intermediate_size;
+  time_gemm("q", D, mc.q_dim(), ops->activation_dtype());
+  time_gemm("k/v", D, mc.kv_dim(), ops->activation_dtype());
+  time_gemm("o", mc.q_dim(), D, ops->activation_dtype());
+  time_gemm("gate/up", D, F, ops->activation_dtype());
+  time_gemm("down", F, D, ops->activation_dtype());
+  time_gemm("lm_head", D, mc.vocab_size, DType::F32);
+  if (o.lora_rank > 0) {
+    time_gemm("lora A (hidden -> r)", D, o.lora_rank, ops->activation_dtype());
+    time_gemm("lora B (r -> hidden)", o.lora_rank, D, ops->activation_dtype());
+  }
   nlohmann::json ops_ms = nlohmann::json::object();
   for (const auto& [name, ms] : profile) ops_ms[name] = ms / o.profile_steps;  // per decode step
   nlohmann::json r{{"engine", "soltrain"},
@@ -115,6 +157,9 @@ int run_bench_decode(const DecodeBenchOpts& o) {
                    {"lora_rank", o.lora_rank},
                    {"qlora", o.qlora},
                    {"greedy", o.greedy},
+                   {"temperature", o.temperature},
+                   {"top_p", o.top_p},
+                   {"top_k", o.top_k},
                    {"step_ms", step_s * 1e3},
                    {"tokens_per_s", o.rows / step_s},
                    {"weight_gb", weight_bytes / 1e9},
@@ -124,6 +169,7 @@ int run_bench_decode(const DecodeBenchOpts& o) {
                    {"share_of_bound", bound_s / step_s},
                    {"recorded", recorded},
                    {"why_not_recorded", why_not},
+                   {"gemms", gemms},
                    {"profile_ms_per_step", ops_ms}};
   std::cout << r.dump() << std::endl;
   return 0;
@@ -144,7 +190,10 @@ std::function<int()> add_bench_decode_command(CLI::App& app) {
   c->add_option("--qlora", o->qlora, "the LoRA base's storage")
       ->check(CLI::IsMember({"none", "nf4", "fp8"}))
       ->capture_default_str();
-  c->add_flag("--greedy", o->greedy, "argmax instead of temperature 1, top_p 0.95, top_k 50");
+  c->add_flag("--greedy", o->greedy, "argmax instead of sampling");
+  c->add_option("--temperature", o->temperature, "sampling temperature (TRL's GRPO default)")->capture_default_str();
+  c->add_option("--top-p", o->top_p)->capture_default_str();
+  c->add_option("--top-k", o->top_k, "0: no limit")->capture_default_str();
   c->add_option("--hbm-gbps", o->hbm_gbps, "memory bandwidth for the bound, GB/s")->capture_default_str();
   c->add_option("--profile-steps", o->profile_steps, "decode steps timed per op")->capture_default_str();
   add_device_option(c, o->device);

@@ -54,7 +54,7 @@ __device__ __forceinline__ void token_angles(float* cs, const int32_t* pos, cons
 constexpr int kFwdRows = 4;
 template <int kIters>
 __global__ void qk_norm_rope_fwd(bf16* y, float* rstd, const bf16* x, const bf16* w, const int32_t* pos,
-                                 const float* inv_freq, int64_t N, int heads, int half, float eps) {
+                                 const float* inv_freq, int64_t N, int heads, int half, float eps, int slices) {
   const int C = 2 * half;
   float wlo[kIters][2], whi[kIters][2], freq[kIters][2];
 #pragma unroll
@@ -66,7 +66,12 @@ __global__ void qk_norm_rope_fwd(bf16* y, float* rstd, const bf16* x, const bf16
     whi[m][1] = to_f(w[i + half + 1]);
     freq[m][0] = inv_freq[i], freq[m][1] = inv_freq[i + 1];
   }
-  for (int64_t n = int64_t(blockIdx.x) * kWarps + threadIdx.y; n < N; n += int64_t(gridDim.x) * kWarps) {
+  // A warp per (token, slice of its heads): `slices` > 1 when there are too few tokens to fill the GPU (decoding).
+  const int per = (heads + slices - 1) / slices;
+  for (int64_t item = int64_t(blockIdx.x) * kWarps + threadIdx.y; item < N * slices;
+       item += int64_t(gridDim.x) * kWarps) {
+    const int64_t n = item / slices;
+    const int h_begin = int(item % slices) * per, h_end = min(heads, h_begin + per);
     float cs[kIters][2], sn[kIters][2];
     const float p = float(pos[n]);
 #pragma unroll
@@ -74,7 +79,7 @@ __global__ void qk_norm_rope_fwd(bf16* y, float* rstd, const bf16* x, const bf16
       sincosf(p * freq[m][0], &sn[m][0], &cs[m][0]);
       sincosf(p * freq[m][1], &sn[m][1], &cs[m][1]);
     }
-    for (int h0 = 0; h0 < heads; h0 += kFwdRows) {
+    for (int h0 = h_begin; h0 < h_end; h0 += kFwdRows) {
       float2 lo[kFwdRows][kIters], hi[kFwdRows][kIters];  // x at (i, i+1) and (i + half, i + half + 1)
 #pragma unroll
       for (int r = 0; r < kFwdRows; ++r)
@@ -83,14 +88,14 @@ __global__ void qk_norm_rope_fwd(bf16* y, float* rstd, const bf16* x, const bf16
           const int i = 2 * threadIdx.x + 64 * m;
           const int64_t row = n * heads + h0 + r;
           lo[r][m] = hi[r][m] = make_float2(0.f, 0.f);
-          if (i < half && h0 + r < heads) {
+          if (i < half && h0 + r < h_end) {
             lo[r][m] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + row * C + i));
             hi[r][m] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + row * C + i + half));
           }
         }
 #pragma unroll
       for (int r = 0; r < kFwdRows; ++r) {
-        if (h0 + r >= heads) break;
+        if (h0 + r >= h_end) break;
         const int64_t row = n * heads + h0 + r;
         float ss = 0.f;
 #pragma unroll
@@ -210,13 +215,16 @@ bool with_iters(int64_t half, F&& f) {
 void CudaOps::qk_norm_rope_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, const SeqLayout& seq,
                                    const Tensor& inv_freq, float eps) {
   const int64_t N = x.dim(0), heads = x.dim(1), half = x.dim(2) / 2;
-  // A warp per token, grid-stride: 8 blocks of 8 warps per SM (full occupancy) at most.
-  const unsigned blocks = unsigned(std::min<int64_t>((N + kWarps - 1) / kWarps, int64_t(sm_count_) * 8));
+  // A warp per token, grid-stride: 8 blocks of 8 warps per SM (full occupancy) at most. With fewer tokens than
+  // two warps per SM (decoding), each token's heads split over warps, kFwdRows heads or more each.
+  const int64_t slices =
+      std::clamp<int64_t>(int64_t(sm_count_) * 16 / std::max<int64_t>(N, 1), 1, std::max<int64_t>(heads / kFwdRows, 1));
+  const unsigned blocks = unsigned(std::min<int64_t>((N * slices + kWarps - 1) / kWarps, int64_t(sm_count_) * 8));
   const bool fused = with_iters(half, [&](auto iters) {
     const auto prof = profile("qk_norm_rope_forward");
-    qk_norm_rope_fwd<iters.value>
-        <<<blocks, dim3(32, kWarps), 0, stream_>>>(y.as<bf16>(), rstd.f32(), x.as<bf16>(), w.as<bf16>(),
-                                                   seq.positions.i32(), inv_freq.f32(), N, int(heads), int(half), eps);
+    qk_norm_rope_fwd<iters.value><<<blocks, dim3(32, kWarps), 0, stream_>>>(
+        y.as<bf16>(), rstd.f32(), x.as<bf16>(), w.as<bf16>(), seq.positions.i32(), inv_freq.f32(), N, int(heads),
+        int(half), eps, int(slices));
     CUDA_CHECK_LAUNCH();
   });
   if (!fused) Ops::qk_norm_rope_forward(y, rstd, x, w, seq, inv_freq, eps);
