@@ -120,11 +120,28 @@ __device__ Cut radix_cut(Shared& s, const Row& r, unsigned long long target, dou
     for (int d = threadIdx.x; d < 256; d += kThreads) s.hist[d] = 0;
     __syncthreads();
     const uint32_t prefix = pass ? s.prefix : 0;
-    for (int i = threadIdx.x; i < r.V; i += kThreads) {
-      const float x = l[i];
-      const uint32_t k = order_key(x);
-      if ((pass == 0 || (k >> (shift + 8)) == prefix) && in(i, k, x))
-        atomicAdd(&s.hist[(k >> shift) & 255u], (unsigned long long)weigh(x));
+    // A model's logits crowd into a few bins (a flat row: nearly all in one), so the lanes of a warp that share a
+    // bin first sum their weights (exactly: two 21-bit halves, a weight being at most 2^40) and one of them adds
+    // the sum: one shared-memory atomic per bin per warp instead of one per token. Every lane runs the same trips.
+    for (int base = 0; base < r.V; base += kThreads) {
+      const int i = base + int(threadIdx.x);
+      uint32_t bin = 256u;  // none
+      unsigned long long w = 0;
+      if (i < r.V) {
+        const float x = l[i];
+        const uint32_t k = order_key(x);
+        if ((pass == 0 || (k >> (shift + 8)) == prefix) && in(i, k, x)) {
+          bin = (k >> shift) & 255u;
+          w = (unsigned long long)weigh(x);
+        }
+      }
+      const unsigned peers = __match_any_sync(0xffffffffu, bin);
+      if (bin < 256u) {
+        const unsigned lo = __reduce_add_sync(peers, unsigned(w & 0x1fffffull));
+        const unsigned hi = __reduce_add_sync(peers, unsigned(w >> 21));
+        if (int(threadIdx.x & 31u) == __ffs(peers) - 1)
+          atomicAdd(&s.hist[bin], ((unsigned long long)hi << 21) + (unsigned long long)lo);
+      }
     }
     __syncthreads();
     if (threadIdx.x == 0) {
