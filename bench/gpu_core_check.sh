@@ -299,10 +299,14 @@ PY
         for rows in ${DECODE_ROWS:-64 256}; do
           decode_one decode-$1-r$2-$rows $1 --rows $rows --group 8 --lora-rank $2 ${DECODE_ARGS:-}
         done
-        SOLTRAIN_DECODE_GRAPH=0 decode_one decode-$1-r$2-64-nograph $1 --rows 64 --group 8 --lora-rank $2 ${DECODE_ARGS:-}
-        SOLTRAIN_DECODE_ATTENTION=rows decode_one decode-$1-r$2-64-rowsattn $1 --rows 64 --group 8 --lora-rank $2 ${DECODE_ARGS:-}
-        decode_one decode-$1-r$2-64-topp $1 --rows 64 --group 8 --lora-rank $2 --top-p 0.95 --top-k 50 ${DECODE_ARGS:-}
-        SOLTRAIN_GEMM_WAVES=1 decode_one decode-$1-r$2-64-waves $1 --rows 64 --group 8 --lora-rank $2 ${DECODE_ARGS:-}
+        for v in ${DECODE_VARIANTS:-nograph rowsattn topp waves}; do  # at 64 rows
+          case $v in
+            nograph) SOLTRAIN_DECODE_GRAPH=0 decode_one decode-$1-r$2-64-$v $1 --rows 64 --group 8 --lora-rank $2 ;;
+            rowsattn) SOLTRAIN_DECODE_ATTENTION=rows decode_one decode-$1-r$2-64-$v $1 --rows 64 --group 8 --lora-rank $2 ;;
+            topp) decode_one decode-$1-r$2-64-$v $1 --rows 64 --group 8 --lora-rank $2 --top-p 0.95 --top-k 50 ;;
+            waves) SOLTRAIN_GEMM_WAVES=1 decode_one decode-$1-r$2-64-$v $1 --rows 64 --group 8 --lora-rank $2 ;;
+          esac
+        done
       done
       for f in "$OUT"/decode-*-64.json "$OUT"/decode-*-256.json "$OUT"/decode-*-waves.json; do  # each GEMM alone
         python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[1].rsplit('/',1)[1], ' '.join(f\"{g['name']} {g['us']:.1f}us/{100*g['share_of_bound']:.0f}%\" for g in j['gemms']))" "$f"
