@@ -299,16 +299,15 @@ PY
         for rows in ${DECODE_ROWS:-64 256}; do
           decode_one decode-$1-r$2-$rows $1 --rows $rows --group 8 --lora-rank $2 ${DECODE_ARGS:-}
         done
-        for v in ${DECODE_VARIANTS:-nograph rowsattn topp waves}; do  # at 64 rows
+        for v in ${DECODE_VARIANTS:-nograph rowsattn topp}; do  # at 64 rows
           case $v in
             nograph) SOLTRAIN_DECODE_GRAPH=0 decode_one decode-$1-r$2-64-$v $1 --rows 64 --group 8 --lora-rank $2 ;;
             rowsattn) SOLTRAIN_DECODE_ATTENTION=rows decode_one decode-$1-r$2-64-$v $1 --rows 64 --group 8 --lora-rank $2 ;;
             topp) decode_one decode-$1-r$2-64-$v $1 --rows 64 --group 8 --lora-rank $2 --top-p 0.95 --top-k 50 ;;
-            waves) SOLTRAIN_GEMM_WAVES=1 decode_one decode-$1-r$2-64-$v $1 --rows 64 --group 8 --lora-rank $2 ;;
           esac
         done
       done
-      for f in "$OUT"/decode-*-64.json "$OUT"/decode-*-256.json "$OUT"/decode-*-waves.json; do  # each GEMM alone
+      for f in "$OUT"/decode-*-64.json "$OUT"/decode-*-256.json; do  # each projection's GEMM alone
         python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[1].rsplit('/',1)[1], ' '.join(f\"{g['name']} {g['us']:.1f}us/{100*g['share_of_bound']:.0f}%\" for g in j['gemms']))" "$f"
       done
       timeout 120 python3 bench/decode_gemm_torch.py --rows 64 256 --shapes 0.6B 8B ;;

@@ -2,10 +2,7 @@
 // weight gradient accumulates straight into the fp32 gradient (beta = 1), the bias gradient is a
 // deterministic column sum.
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 #include <type_traits>
-#include <utility>
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/common.cuh"
@@ -141,24 +138,10 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, const Tensor
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, 4));
     // FP8 asks for several candidates: the first suggestion is not always one that runs (cuBLASLt's own FP8
     // sample says to try them in turn); the first call keeps the first that does.
-    // SOLTRAIN_GEMM_WAVES=1 (an experiment, bench/NOTES.md run 96): for a product over few token rows (decoding's
-    // n ≤ 256), the first of the heuristic's candidates that fills at least half the GPU (wavesCount ≥ 0.5), where
-    // its first choice would run on a few SMs.
-    static const bool by_waves = [] {
-      const char* e = std::getenv("SOLTRAIN_GEMM_WAVES");
-      return e && std::string_view(e) == "1";
-    }();
-    const bool few_rows = by_waves && !fp8 && n <= 256;
     cublasLtMatmulHeuristicResult_t results[8] = {};
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref,
-                                                             fp8 || few_rows ? 8 : 1, results, &found);
-    if (few_rows && st == CUBLAS_STATUS_SUCCESS && found > 1 && results[0].wavesCount < 0.5f)
-      for (int i = 1; i < found; ++i)
-        if (results[i].wavesCount >= 0.5f) {
-          std::swap(results[0], results[i]);
-          break;
-        }
+                                                             fp8 ? 8 : 1, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if ((st != CUBLAS_STATUS_SUCCESS || found == 0) && bias) {
       plan->bias_apart = true;
