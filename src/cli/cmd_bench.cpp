@@ -38,6 +38,21 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
+TrainConfig bench_model_settings(int lora_rank, const std::string& qlora, const char* command) {
+  if (lora_rank <= 0 && qlora != "none")
+    user_error(command, ": --qlora ", qlora, " needs --lora-rank (a quantised base is frozen)");
+  TrainConfig c;
+  c.seed = 1;
+  c.lora.enabled = lora_rank > 0;
+  c.lora.rank = lora_rank;
+  c.lora.alpha = 2.0 * lora_rank;
+  c.lora.dropout = 0.0;
+  if (qlora != "none")
+    c.lora.base = qlora == "nf4" ? WeightFormat::Nf4 : qlora == "int8" ? WeightFormat::Int8Row : WeightFormat::Fp8Block;
+  c.lora.base_key = "--qlora";
+  return c;
+}
+
 namespace {
 struct BenchOpts {
   std::string model, device = "cuda";
@@ -69,24 +84,12 @@ Offload bench_offload(const BenchOpts& o) {
 // dropout; its base quantised (--qlora) or streamed (--offload-weights) as asked. One line and exit 2 for a flag
 // that needs another.
 TrainConfig bench_config(const BenchOpts& o) {
-  if (o.lora_rank <= 0) {
-    if (o.qlora != "none") user_error("bench: --qlora ", o.qlora, " needs --lora-rank (a quantised base is frozen)");
-    if (o.offload_weights) user_error("bench --offload-weights needs --lora-rank (it streams a frozen base)");
-  }
+  if (o.lora_rank <= 0 && o.offload_weights)
+    user_error("bench --offload-weights needs --lora-rank (it streams a frozen base)");
   if (o.resident_layers > 0 && !o.offload_weights)
     user_error("bench --offload-weights-resident-layers needs --offload-weights");
-  TrainConfig c;
-  c.seed = 1;
+  TrainConfig c = bench_model_settings(o.lora_rank, o.qlora, "bench");
   c.sequence_len = o.seq;
-  c.lora.enabled = o.lora_rank > 0;
-  c.lora.rank = o.lora_rank;
-  c.lora.alpha = 2.0 * o.lora_rank;
-  c.lora.dropout = 0.0;
-  if (o.qlora != "none")
-    c.lora.base = o.qlora == "nf4"    ? WeightFormat::Nf4
-                  : o.qlora == "int8" ? WeightFormat::Int8Row
-                                      : WeightFormat::Fp8Block;
-  c.lora.base_key = "--qlora";
   c.offload_weights = o.offload_weights;  // (a quantised base and fp8-hybrid are refused where they meet it)
   c.offload_weights_resident_layers = o.resident_layers;
   c.residual_dtype = parse_residual_dtype(o.residual_dtype, "--residual-dtype");

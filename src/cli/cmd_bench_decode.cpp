@@ -36,19 +36,8 @@ int run_bench_decode(const DecodeBenchOpts& o) {
     user_error("bench-decode: --rows, --group and --prompt must be at least 1, --tokens at least 2");
   if (o.rows % o.group != 0) user_error("bench-decode: --rows ", o.rows, " is not a multiple of --group ", o.group);
   auto ops = make_ops(o.device);
-  TrainConfig c;  // the adapters as `bench` makes them: all seven projections, alpha 2r, no dropout
-  c.seed = 1;
+  TrainConfig c = bench_model_settings(o.lora_rank, o.qlora, "bench-decode");  // the adapters as `bench` makes them
   c.sequence_len = o.prompt + o.tokens;
-  c.lora.enabled = o.lora_rank > 0;
-  c.lora.rank = o.lora_rank;
-  c.lora.alpha = 2.0 * o.lora_rank;
-  c.lora.dropout = 0.0;
-  if (o.qlora != "none") {
-    if (o.lora_rank <= 0)
-      user_error("bench-decode: --qlora ", o.qlora, " needs --lora-rank (a quantised base is frozen)");
-    c.lora.base = o.qlora == "nf4" ? WeightFormat::Nf4 : WeightFormat::Fp8Block;
-  }
-  c.lora.base_key = "--qlora";
   const std::optional<LoraConfig> lora = lora_config(c, "bench-decode");
   auto model = o.random_weights ? random_pretrained(o.model, *ops, lora, /*gradients=*/false, 1)
                                 : load_pretrained(o.model, *ops, lora, /*gradients=*/false);
@@ -188,7 +177,7 @@ std::function<int()> add_bench_decode_command(CLI::App& app) {
   c->add_option("--tokens", o->tokens, "new tokens per sequence")->capture_default_str();
   c->add_option("--lora-rank", o->lora_rank, "LoRA adapters on all seven projections (0: none)")->capture_default_str();
   c->add_option("--qlora", o->qlora, "the LoRA base's storage")
-      ->check(CLI::IsMember({"none", "nf4", "fp8"}))
+      ->check(CLI::IsMember({"none", "nf4", "int8", "fp8"}))
       ->capture_default_str();
   c->add_flag("--greedy", o->greedy, "argmax instead of sampling");
   c->add_option("--temperature", o->temperature, "sampling temperature (TRL's GRPO default)")->capture_default_str();

@@ -20,6 +20,10 @@ std::function<int()> add_bench_command(CLI::App& app);
 std::function<int()> add_bench_attention_command(CLI::App& app);
 std::function<int()> add_bench_grouped_gemm_command(CLI::App& app);
 std::function<int()> add_bench_decode_command(CLI::App& app);
+// The benchmarks' model settings (bench, bench-decode): LoRA of `lora_rank` on all seven projections, alpha 2r, no
+// dropout, its base stored as --qlora says (none, nf4, int8, fp8); seed 1. One line, exit 2, for --qlora without
+// a rank.
+TrainConfig bench_model_settings(int lora_rank, const std::string& qlora, const char* command);
 std::function<int()> add_sft_command(CLI::App& app);
 std::function<int()> add_pt_command(CLI::App& app);
 std::function<int()> add_dpo_command(CLI::App& app);         // also what `rl: dpo` in an sft config runs

@@ -39,11 +39,11 @@ size_t KvDecoder::memory_bytes(Transformer& model, int batch, int max_len, int m
   return KvDecoder(PlanOnly{}, model, batch, max_len, max_chunk, repetition_penalty, cache_tokens).arena_.total_bytes();
 }
 
-size_t KvDecoder::kv_cache_bytes(const Transformer& model, int64_t tokens) {
+size_t KvDecoder::kv_cache_bytes(Transformer& model, int64_t tokens) {
   const ModelConfig& c = model.config();
   const int64_t blocks = (tokens + kBlock - 1) / kBlock;
   return size_t(2) * size_t(c.num_layers) * size_t(blocks * kBlock) * size_t(c.num_kv_heads) * size_t(c.head_dim) *
-         dtype_size(const_cast<Transformer&>(model).ops().activation_dtype());
+         dtype_size(model.ops().activation_dtype());
 }
 
 int64_t KvDecoder::cache_tokens_for_groups(int prompts, int group, int max_prompt, int max_new) {
@@ -137,7 +137,8 @@ void KvDecoder::reset() {
   if (seen_.defined()) ops_.zero(seen_);
   lens_current_ = false;
   decode_steps_ = 0;
-  recorded_.reset();  // (recorded again by the next generation: the weights it read may have moved since)
+  recorded_.reset();
+  why_not_recorded_.clear();  // (recorded again by the next generation: the weights it read may have moved since)
 }
 
 void KvDecoder::feed_drawn() {

@@ -36,7 +36,7 @@ class KvDecoder {
   static size_t memory_bytes(Transformer& model, int batch, int max_len, int max_chunk = 256,
                              bool repetition_penalty = false, int64_t cache_tokens = 0);
   // Of those, the KV cache's: keys and values of `tokens` positions in every layer.
-  static size_t kv_cache_bytes(const Transformer& model, int64_t tokens);
+  static size_t kv_cache_bytes(Transformer& model, int64_t tokens);
   // The pool that `prompts` groups of `group` rows need when each group's prompt (up to max_prompt tokens) is fed
   // once and shared (copy_row) and each row then takes up to max_new tokens.
   static int64_t cache_tokens_for_groups(int prompts, int group, int max_prompt, int max_new);
