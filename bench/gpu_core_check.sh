@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy] [prefs] [reward] [prm] [addedtokens] [muon] [normuon] [decode]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy] [prefs] [reward] [prm] [addedtokens] [muon] [normuon] [decode] [grpotrl]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -292,7 +292,7 @@ PY
       # tokens) at 64 and 256 rows, and at 64 rows op by op (SOLTRAIN_DECODE_GRAPH=0) and with the per-head
       # attention kernel (SOLTRAIN_DECODE_ATTENTION=rows)
       timeout 200 env "$TESTS_ENV" "$B/soltrain_tests" \
-        --gtest_filter='CudaDecode*:*RecordedDecode*:*CudaGenerate*:*DecodeWithLora*:*Sampling*' > "$OUT/decode-tests.log" 2>&1
+        --gtest_filter='CudaDecode*:*RecordedDecode*:*FusedDecode*:*CudaGenerate*:*DecodeWithLora*:*Sampling*' > "$OUT/decode-tests.log" 2>&1
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|Failure|recorded" "$OUT/decode-tests.log" | head -20
       for spec in ${DECODE_RUNS:-0.6B:0 8B:16}; do  # shape:lora rank
         set -- ${spec/:/ }
@@ -304,6 +304,7 @@ PY
             nograph) SOLTRAIN_DECODE_GRAPH=0 decode_one decode-$1-r$2-64-$v $1 --rows 64 --group 8 --lora-rank $2 ;;
             rowsattn) SOLTRAIN_DECODE_ATTENTION=rows decode_one decode-$1-r$2-64-$v $1 --rows 64 --group 8 --lora-rank $2 ;;
             topp) decode_one decode-$1-r$2-64-$v $1 --rows 64 --group 8 --lora-rank $2 --top-p 0.95 --top-k 50 ;;
+            unfused) SOLTRAIN_DECODE_FUSED=0 decode_one decode-$1-r$2-64-$v $1 --rows 64 --group 8 --lora-rank $2 ;;
           esac
         done
       done
@@ -311,6 +312,18 @@ PY
         python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[1].rsplit('/',1)[1], ' '.join(f\"{g['name']} {g['us']:.1f}us/{100*g['share_of_bound']:.0f}%\" for g in j['gemms']))" "$f"
       done
       timeout 120 python3 bench/decode_gemm_torch.py --rows 64 256 --shapes 0.6B 8B ;;
+    grpotrl)  # issue 30's whole-step comparison at the real Qwen3-1.7B shape and vocabulary (random weights): 8 prompts
+      # x 8 generations, 512-token completions, full fine-tuning, next to TRL's GRPOTrainer with transformers'
+      # generate on the same model folder (TRL, datasets and their pure-Python needs carried as wheels in .gl/wheels)
+      timeout 300 python3 bench/grpo_bench.py --soltrain "$B/soltrain" --out "$OUT" --shapes 1.7B \
+        --real "$B/../build-cuda/tokenizers/qwen3" --concurrency 64 --completion 512 --steps 3 2>&1 | tail -2
+      [ -f "$OUT/grpo-bench.json" ] && mv "$OUT/grpo-bench.json" "$OUT/grpotrl-soltrain.json"
+      pip install -q --no-index --no-deps --find-links .gl/wheels --target /tmp/trlpy trl datasets dill multiprocess \
+        xxhash fsspec 2>&1 | tail -2
+      PYTHONPATH=/tmp/trlpy timeout ${TRL_TIMEOUT:-360} python3 bench/trl_grpo_step.py \
+        --model /tmp/soltrain-grpo-models/real/1.7B --prompts 8 --generations 8 --completion 512 --steps 3 \
+        > "$OUT/grpotrl-trl.json" 2> "$OUT/grpotrl-trl.err"
+      tail -1 "$OUT/grpotrl-trl.json"; grep -v Warning "$OUT/grpotrl-trl.err" | tail -3 ;;
     grpobeta)  # full fine-tuning with beta > 0: the reference a frozen copy of the starting weights (KL 0 at step 1,
       # > 0 after), its memory and the step's cost next to grpo2's beta-0 run
       timeout 200 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='*Grpo*:*PolicyLoss*' 2>&1 | grep -E "^\[  (PASSED|FAILED)"

@@ -3,13 +3,16 @@
 // the `soltrain generate` command's errors (sampling itself: test_sampling.cpp).
 #include <sys/wait.h>
 
+#include <cstdlib>
 #include <fstream>
+#include <random>
 #include <set>
 
 #include "cli/demo_kit.h"
 #include "cli_test_util.h"
 #include "model/checkpoint.h"
 #include "model/generation.h"
+#include "model/lora.h"
 #include "model/peft_adapter.h"
 #include "test_util.h"
 
@@ -262,6 +265,63 @@ TEST_P(DecoderVsForward, FeedDrawnEqualsFeedingTheDrawnIds) {
   full.feed(random_ids(2, V, 9), 2);
   full.sample(sampled, 0, ia.data());
   EXPECT_THROW(full.feed_drawn(), UserError) << "cache overflow";
+}
+
+// The decoder's fused projections (model/decode_fusion.h: q/k/v and gate/up as one GEMM each over the weights
+// side by side, then decode_qkv and swiglu_packed_forward) give the logits of one GEMM a projection
+// (SOLTRAIN_DECODE_FUSED=0), prefill chunks and decode steps, rows of different lengths; the tests above hold them
+// to the training forward.
+void expect_fused_equals_unfused(Transformer& m, int want_fused) {
+  const int V = m.config().vocab_size, rows = 2, steps = 6;
+  const std::vector<int> lens{9, 5};
+  auto run = [&](bool fused, int* count) {
+    if (!fused) setenv("SOLTRAIN_DECODE_FUSED", "0", 1);
+    KvDecoder d(m, rows, 9 + steps, 4);
+    unsetenv("SOLTRAIN_DECODE_FUSED");
+    *count = d.fused_projections();
+    std::vector<float> all, last(size_t(rows) * size_t(V));
+    for (int r = 0; r < rows; ++r) {
+      d.feed_row(r, random_ids(lens[size_t(r)], V, 70 + uint32_t(r)), last.data());
+      all.insert(all.end(), last.begin(), last.begin() + V);
+    }
+    for (int s = 0; s < steps; ++s) {
+      d.feed(random_ids(rows, V, 80 + uint32_t(s)), 1, last.data());
+      all.insert(all.end(), last.begin(), last.end());
+    }
+    return all;
+  };
+  int fused = -1, plain = -1;
+  const auto a = run(true, &fused), b = run(false, &plain);
+  EXPECT_EQ(fused, want_fused);
+  EXPECT_EQ(plain, 0);
+  EXPECT_LE(rel_err(a.data(), b.data(), a.size()), 1e-6);
+}
+
+TEST_P(DecoderVsForward, FusedProjectionsEqualOneGemmEach) {
+  auto ops = make_cpu_ops();
+  auto m = load_pretrained(model_dir(GetParam()), *ops);
+  expect_fused_equals_unfused(*m, 2 * m->config().num_layers);
+}
+
+TEST(Decoder, FusedProjectionsWithAdapters) {
+  auto ops = make_cpu_ops();
+  const auto peft = fixtures() / "peft" / "qwen3-tiny";
+  auto all = load_pretrained_with_adapter(model_dir("qwen3-tiny"), peft / "adapter", *ops);
+  expect_fused_equals_unfused(*all, 2 * all->config().num_layers);
+  // Adapters on some parts only (the block-diagonal B's other blocks empty), B drawn at random (PEFT starts it at 0).
+  LoraConfig lora;
+  lora.r = 3;
+  lora.alpha = 5;
+  lora.target_modules = {"q_proj", "v_proj", "up_proj", "down_proj"};
+  auto some = load_pretrained(model_dir("llama3-tiny-scaled"), *ops, lora);
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal(0.0f, 0.2f);
+  for (int l = 0; l < some->config().num_layers; ++l)
+    for (LoraTarget t : {LoraTarget::q, LoraTarget::v, LoraTarget::up, LoraTarget::down}) {
+      Parameter& b = some->params().at(lora_b_name(l, t));
+      for (int64_t i = 0; i < b.master.numel(); ++i) b.master.f32()[i] = normal(rng);
+    }
+  expect_fused_equals_unfused(*some, 2 * some->config().num_layers);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DecoderVsForward,

@@ -445,8 +445,31 @@ class Ops {
   // (nothing uploaded per token), so the step can be recorded once and replayed (record()).
   virtual void advance_decode(Tensor ids, Tensor positions, Tensor lens, const Tensor& drawn) = 0;
 
+  // Decoding's q, k and v from one GEMM over the three weights stored side by side: qkv [N, (H + 2·Hkv)·hd] holds
+  // each token's q, k and v projections in that order, for B = table.dim(0) sequences of Tq = N / B new tokens
+  // (sequence b's rows b·Tq ..). q [N, H, hd] receives qk_norm_rope_forward of the q part with q_norm's weight
+  // (rope alone when q_norm is undefined), the k part the same with k_norm, and the rotated k part and the v part
+  // go into the pools as kv_append puts them (lens: each sequence's length after the new tokens). positions [N]
+  // (I32) are RoPE's. head_dim a multiple of 4, at most 256. For inference: no rstd is saved; qkv may be
+  // overwritten.
+  virtual void decode_qkv(Tensor q, Tensor k_pool, Tensor v_pool, Tensor qkv, const Tensor& q_norm,
+                          const Tensor& k_norm, const Tensor& positions, const Tensor& inv_freq, float eps,
+                          const Tensor& lens, const Tensor& table) = 0;
+
   // out = silu(gate) * up; backward writes dgate, dup.
   virtual void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) = 0;
+  // The same over one GEMM's output for gate and up stored side by side: gate_up [N, 2F] holds each token's gate
+  // (columns 0 .. F) then up; out [N, F]. The default runs swiglu_forward row by row.
+  virtual void swiglu_packed_forward(Tensor out, const Tensor& gate_up) {
+    const int64_t N = out.dim(0), F = out.dim(1);
+    SOLTRAIN_CHECK(gate_up.numel() == 2 * N * F, "swiglu_packed_forward shapes");
+    const size_t e = dtype_size(out.dtype);
+    for (int64_t n = 0; n < N; ++n) {
+      char* row = static_cast<char*>(gate_up.data) + size_t(2 * n * F) * e;
+      swiglu_forward(out.rows(n, n + 1), Tensor{row, gate_up.dtype, {1, F}, gate_up.device},
+                     Tensor{row + size_t(F) * e, gate_up.dtype, {1, F}, gate_up.device});
+    }
+  }
   virtual void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) = 0;
 
   // Mixture-of-Experts (model/moe.h). N tokens, E experts, each token routed to k of them; the N·k (token,

@@ -16,6 +16,11 @@ Tensor view(const Tensor& flat, Shape s) {
   SOLTRAIN_CHECK(shape_numel(s) <= flat.numel(), "decoder view ", shape_str(s), " of ", shape_str(flat.shape));
   return Tensor{flat.data, flat.dtype, std::move(s), flat.device};
 }
+// n elements of a flat buffer from element `at` on.
+Tensor part(const Tensor& flat, int64_t at, int64_t n) {
+  SOLTRAIN_CHECK(at + n <= flat.numel(), "decoder part ", at, "+", n, " of ", shape_str(flat.shape));
+  return Tensor{static_cast<char*>(flat.data) + size_t(at) * dtype_size(flat.dtype), flat.dtype, {n}, flat.device};
+}
 Tensor host_i32(std::vector<int32_t>& v) {
   return Tensor{v.data(), DType::I32, {int64_t(v.size())}, Device::CPU};
 }
@@ -31,6 +36,14 @@ KvDecoder::KvDecoder(Transformer& model, int batch, int max_len, int max_chunk, 
   logits_ = logits_.view({batch, V});
   if (seen_.defined()) seen_ = seen_.view({batch, V});
   table_ = table_.view({batch, blocks_per_row_});
+  const ModelConfig& c = model.config();
+  const int64_t N = int64_t(batch) * max_chunk, qn = N * c.num_heads * c.head_dim, kn = N * c.num_kv_heads * c.head_dim;
+  q_raw_ = part(qkv_, 0, qn);
+  k_raw_ = part(qkv_, qn, kn);
+  v_ = part(qkv_, qn + kn, kn);
+  const int64_t NF = c.dense_mlp_layers() > 0 ? N * c.intermediate_size : 0;
+  gate_ = part(gate_up_, 0, NF);
+  up_ = part(gate_up_, NF, NF);
   reset();
 }
 
@@ -89,9 +102,25 @@ KvDecoder::KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int m
     for (Tensor* t : {&k_cache_[size_t(l)], &v_cache_[size_t(l)]})
       bind.push_back({t, arena_.plan({pool, kBlock, Hkv, hd}, act)});
   for (Tensor* t : {&x_, &h_, &tmp_}) one(*t, N * D, act);
-  for (Tensor* t : {&q_raw_, &q_, &attn_}) one(*t, N * H * hd, act);
-  for (Tensor* t : {&k_raw_, &k_, &v_}) one(*t, N * Hkv * hd, act);
-  for (Tensor* t : {&gate_, &up_, &act_}) one(*t, c.dense_mlp_layers() > 0 ? N * F : 1, act);
+  for (Tensor* t : {&q_, &attn_}) one(*t, N * H * hd, act);
+  one(k_, N * Hkv * hd, act);
+  one(qkv_, N * (H + 2 * Hkv) * hd, act);
+  one(gate_up_, c.dense_mlp_layers() > 0 ? N * 2 * F : 1, act);
+  one(act_, c.dense_mlp_layers() > 0 ? N * F : 1, act);
+  // The fused projections' adapter copies, where the weights sit side by side now (fuse_layers() checks again).
+  fused_.resize(size_t(c.num_layers));
+  for (int l = 0; l < c.num_layers; ++l) {
+    FusedLayer& f = fused_[size_t(l)];
+    const DecoderLayer& w = model.layers()[size_t(l)];
+    const bool may = !model.weight_stream() && !ps.sharded();
+    if (may && hd % 4 == 0 && hd <= 256) f.qkv = fuse_projections({&w.attn.q, &w.attn.k, &w.attn.v}, ops_);
+    if (may && !w.moe) f.gate_up = fuse_projections({&w.mlp.gate, &w.mlp.up}, ops_);
+    const std::array<Shape, 3> qkv = f.qkv.copy_shapes(), gu = f.gate_up.copy_shapes();
+    for (size_t i = 0; i < 3; ++i) {
+      if (!qkv[i].empty()) bind.push_back({&f.qkv_copies[i], arena_.plan(qkv[i], act)});
+      if (!gu[i].empty()) bind.push_back({&f.gate_up_copies[i], arena_.plan(gu[i], act)});
+    }
+  }
   if (c.moe_layers() > 0) {
     const int64_t E = c.moe.num_experts, M = N * c.moe.top_k, Fm = c.moe.intermediate_size;
     one(moe_logits_, N * E, act);
@@ -115,7 +144,7 @@ KvDecoder::KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int m
     }
   }
   one(rstd_, N * std::max<int64_t>(H, 1), f32);
-  if (lora_r) one(lora_u_, N * lora_r, act);
+  if (lora_r) one(lora_u_, N * lora_r * 3, act);  // (a fused q/k/v projection's u: three adapters side by side)
   for (Tensor* t : {&last_x_, &last_h_}) one(*t, int64_t(batch) * D, act);
   one(last_rstd_, batch, f32);
   one(logits_, int64_t(batch) * V, f32);
@@ -139,6 +168,32 @@ void KvDecoder::reset() {
   decode_steps_ = 0;
   recorded_.reset();
   why_not_recorded_.clear();  // (recorded again by the next generation: the weights it read may have moved since)
+  fuse_layers();
+}
+
+int KvDecoder::fused_projections() const {
+  int n = 0;
+  for (const FusedLayer& f : fused_) n += int(f.qkv.fused()) + int(f.gate_up.fused());
+  return n;
+}
+
+void KvDecoder::fuse_layers() {
+  for (FusedLayer& f : fused_) {
+    auto again = [&](FusedProjection& p, const std::array<Tensor, 3>& planned) {
+      if (!p.fused()) return;  // (not fused when planned: no buffers for its copies)
+      p = fuse_projections(p.parts, ops_);
+      const std::array<Shape, 3> shapes = p.copy_shapes();
+      for (size_t i = 0; i < 3; ++i)
+        if (shapes[i] != (planned[i].defined() ? planned[i].shape : Shape{})) {
+          p.weight = Tensor{};  // (changed since planning: one GEMM a projection)
+          return;
+        }
+      p.copies = planned;
+      p.refresh(ops_);
+    };
+    again(f.qkv, f.qkv_copies);
+    again(f.gate_up, f.gate_up_copies);
+  }
 }
 
 void KvDecoder::feed_drawn() {
@@ -348,7 +403,7 @@ void KvDecoder::forward_chunk(int r0, int nb, int Tc) {
   // Without q/k norm, RoPE rotates the projections in place (as in training).
   const Tensor q_raw = c.qk_norm ? view(q_raw_, {N, H, hd}) : q, k_raw = c.qk_norm ? view(k_raw_, {N, Hkv, hd}) : k;
   const Tensor attn = view(attn_, {N, H * hd});
-  const int64_t r = lora_u_.defined() ? lora_u_.numel() / (int64_t(batch_) * max_chunk_) : 0;
+  const int64_t r = model_.lora() ? model_.lora()->r : 0;
   const Tensor u = r ? view(lora_u_, {N, r}) : Tensor{};
   // One adapter output at a time: each projection's u is consumed by its own B product at once.
   const QkvTensors qkv{q_raw, k_raw, v, q, k, view(rstd_, {N * H}), view(rstd_, {N * Hkv}), u, u, u};
@@ -361,13 +416,22 @@ void KvDecoder::forward_chunk(int r0, int nb, int Tc) {
   o.rmsnorm_forward(h, view(rstd_, {N}), x, model_.layers()[0].ln1->value, eps);
   for (int l = 0; l < c.num_layers; ++l) {
     const DecoderLayer& w = model_.layers()[size_t(l)];
+    const FusedLayer& f = fused_[size_t(l)];
     // (h is ln1's norm of x: the embedding's, or the previous layer's sum)
-    w.attn.forward_qkv(o, h, qkv, seq, model_.inv_freq(), eps, no_dropout, l);
-    // Keys and values of the new tokens go to the end of each sequence's cache.
+    // Keys and values of the new tokens go to the end of each sequence's cache (lens_ already counts them).
     const Tensor& kc = k_cache_[size_t(l)];
     const Tensor& vc = v_cache_[size_t(l)];
     const Tensor table = table_.rows(r0, r0 + B);
-    o.kv_append(kc, vc, k, v, view(lens_, {B}), table);  // lens_ already counts the new tokens
+    if (f.qkv.fused()) {
+      const Tensor y = view(qkv_, {N, f.qkv.out()});
+      f.qkv.forward(o, y, h, lora_u_);
+      o.decode_qkv(q, kc, vc, y, w.attn.q_norm ? w.attn.q_norm->value : Tensor{},
+                   w.attn.k_norm ? w.attn.k_norm->value : Tensor{}, seq.positions, model_.inv_freq(), eps,
+                   view(lens_, {B}), table);
+    } else {
+      w.attn.forward_qkv(o, h, qkv, seq, model_.inv_freq(), eps, no_dropout, l);
+      o.kv_append(kc, vc, k, v, view(lens_, {B}), table);
+    }
     o.attention_decode(attn.view({N, H, hd}), q, kc, vc, view(lens_, {B}), table, scale);
     w.attn.o.forward(o, tmp, attn, u, {}, no_dropout.scratch);
     o.add_rmsnorm_forward(x, h, view(rstd_, {N}), x, tmp, w.ln2->value, eps);  // x += tmp, then its norm
@@ -395,6 +459,11 @@ void KvDecoder::forward_chunk(int r0, int nb, int Tc) {
       // (no path generates on an expert-parallel model: sft and pt do not generate, dpo and grpo refuse ep_size)
       SOLTRAIN_CHECK(!w.moe->ep, "generation on an expert-parallel model");
       w.moe->forward(o, &out, h, t, &stats, /*route=*/true, no_dropout, l);
+    } else if (f.gate_up.fused()) {
+      const Tensor gu = view(gate_up_, {N, 2 * F});
+      f.gate_up.forward(o, gu, h, lora_u_);
+      o.swiglu_packed_forward(mlp.act, gu);
+      w.mlp.down.forward(o, out, mlp.act, u, {}, no_dropout.scratch);
     } else {
       w.mlp.forward(o, &out, h, mlp, no_dropout, l, tmp);
     }

@@ -9,6 +9,7 @@
 // shares the full blocks of a prompt (only its last, partly filled block is copied), so a group of G rows holds its
 // prompt's keys and values once; a row takes a block from the pool when its length crosses into a new one.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "core/buffer.h"
+#include "model/decode_fusion.h"
 #include "model/transformer.h"
 
 namespace soltrain {
@@ -70,6 +72,8 @@ class KvDecoder {
   void read_logits(float* out);
   // Whether feed_drawn() replays a recording, and if not, why not (empty before its second call).
   bool recorded() const { return recorded_ != nullptr; }
+  // How many q/k/v and gate/up projections run as one GEMM each (model/decode_fusion.h).
+  int fused_projections() const;
   const std::string& why_not_recorded() const { return why_not_recorded_; }
 
  private:
@@ -92,6 +96,9 @@ class KvDecoder {
   void head_last(int r0, int B, const Tensor& lx);
   // feed_drawn()'s device work: inputs advanced, the layers, the head.
   void decode_step();
+  // Each layer's q/k/v and gate/up as one GEMM where their weights sit side by side (model/decode_fusion.h): found
+  // again at each reset() (cheap: pointer checks), the adapters' stacked copies taken again.
+  void fuse_layers();
 
   Transformer& model_;
   Ops& ops_;
@@ -105,8 +112,14 @@ class KvDecoder {
   std::vector<int> refs_;            // rows holding each pool block
   std::vector<int32_t> free_;        // pool blocks nobody holds
   bool table_current_ = false;       // table_ (device) equals table_host_
-  // activations for batch × max_chunk tokens
-  Tensor x_, h_, rstd_, q_raw_, k_raw_, q_, k_, v_, attn_, tmp_, gate_, up_, act_, lora_u_;
+  // activations for batch × max_chunk tokens; q_raw_, k_raw_ and v_ are parts of qkv_ (which a fused q/k/v
+  // projection fills whole), gate_ and up_ of gate_up_
+  Tensor x_, h_, rstd_, qkv_, q_raw_, k_raw_, q_, k_, v_, attn_, tmp_, gate_up_, gate_, up_, act_, lora_u_;
+  struct FusedLayer {
+    FusedProjection qkv, gate_up;
+    std::array<Tensor, 3> qkv_copies, gate_up_copies;  // the copies' buffers planned for them (FusedProjection)
+  };
+  std::vector<FusedLayer> fused_;
   Tensor last_x_, last_h_, last_rstd_, logits_;  // [batch, ...]
   // MoE layers' routing and per-pair tensors for one call (flat, viewed per call), and its statistics' scratch
   Tensor moe_logits_, moe_probs_, moe_expert_, moe_weight_, moe_rows_, moe_slot_, moe_offsets_, moe_xs_, moe_gate_,

@@ -1,5 +1,7 @@
 #include "model/layer.h"
 
+#include <initializer_list>
+
 namespace soltrain {
 
 namespace {
@@ -70,25 +72,32 @@ void add_layer_parameters(ParameterStore& ps, const ModelConfig& c, int l, const
   auto add = [&](const std::string& n, Shape s) { ps.add(n, std::move(s), base_trains, l); };
   // A QLoRA base holds the projection matrices quantised (their biases stay dense).
   const WeightFormat proj = lora ? lora->base_format : WeightFormat::Dense;
-  auto add_proj = [&](LoraTarget t) {
-    const auto [out, in] = projection_shape(c, t);
-    ps.add(lora_module_path(l, t) + ".weight", {out, in}, base_trains, l, proj);
-    if (has_bias(c, t)) add(lora_module_path(l, t) + ".bias", {out});
+  // Projections that read one input are added weights first, then their biases: a frozen base is stored in the
+  // order added, so q/k/v (and gate/up) sit side by side there as in the trainable masters (which keep matrices
+  // apart from vectors), and the decoder runs each group as one GEMM (model/decode_fusion.h).
+  auto add_projs = [&](std::initializer_list<LoraTarget> ts) {
+    for (LoraTarget t : ts) {
+      const auto [out, in] = projection_shape(c, t);
+      ps.add(lora_module_path(l, t) + ".weight", {out, in}, base_trains, l, proj);
+    }
+    for (LoraTarget t : ts)
+      if (has_bias(c, t)) add(lora_module_path(l, t) + ".bias", {projection_shape(c, t).first});
   };
-  // In the order of HF's state dict (q, k, v, q/k norms, o; then the MLP), which checkpoints follow.
+  // Otherwise in the order of HF's state dict (q, k, v, q/k norms, o; then the MLP).
   add(p + "input_layernorm.weight", {c.hidden_size});
-  for (LoraTarget t : {LoraTarget::q, LoraTarget::k, LoraTarget::v}) add_proj(t);
+  add_projs({LoraTarget::q, LoraTarget::k, LoraTarget::v});
   if (c.qk_norm) {
     add(p + "self_attn.q_norm.weight", {c.head_dim});
     add(p + "self_attn.k_norm.weight", {c.head_dim});
   }
-  add_proj(LoraTarget::o);
+  add_projs({LoraTarget::o});
   add(p + "post_attention_layernorm.weight", {c.hidden_size});
   if (c.is_moe_layer(l)) {
     add_moe_parameters(ps, c, l, base_trains, proj);
     return;
   }
-  for (LoraTarget t : {LoraTarget::gate, LoraTarget::up, LoraTarget::down}) add_proj(t);
+  add_projs({LoraTarget::gate, LoraTarget::up});
+  add_projs({LoraTarget::down});
 }
 
 bool layer_has_target(const ModelConfig& c, int l, LoraTarget t) {

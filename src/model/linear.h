@@ -55,6 +55,11 @@ class Linear {
   // FP8 GEMMs cannot take (Fp8Projection::usable) run in bf16.
   void set_fp8(Fp8Projection* f) { fp8_ = f; }
   const Parameter& weight_parameter() const { return *w_; }
+  const Parameter* bias_parameter() const { return b_; }
+  const Parameter* lora_a() const { return lora_a_; }
+  const Parameter* lora_b() const { return lora_b_; }
+  float lora_scale() const { return lora_scale_; }
+  bool on_fp8() const { return fp8_ != nullptr; }
   int64_t lora_rank() const { return lora_a_ ? lora_a_->shape[0] : 0; }
 
   // y = x·Wᵀ (+ b) (+ the adapter's term). u [N, r] receives scale·dropout(x)·Aᵀ, what B's gradient needs.

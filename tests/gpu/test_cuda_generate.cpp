@@ -2,6 +2,7 @@
 // lengths, head_dim not a multiple of 32, a 300-token prefill), and whole-model cached decoding and greedy
 // generation on the fixture models within bf16 error.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <numeric>
@@ -89,6 +90,121 @@ TEST_F(CudaDecode, KvAppendMatchesCpu) {
                    host(v, {B * Tq, Hkv, hd}), host_i32(l), host_i32(table).view({B, nb}));
     EXPECT_EQ(download(gkc), kc) << B << " x " << Tq;
     EXPECT_EQ(download(gvc), vc) << B << " x " << Tq;
+  }
+}
+
+// decode_qkv (one GEMM's q/k/v output normed, rotated and appended in one launch) against the separate ops on the
+// same GPU (qk_norm_rope_forward or rope, then kv_append: bitwise, the kernel follows their rounding) and against the
+// CPU op (within bf16 rounding), over shuffled block tables, several new tokens a row, with and without q/k norm;
+// rows of the pool the tokens do not reach keep their values.
+TEST_F(CudaDecode, DecodeQkvEqualsTheSeparateOps) {
+  for (auto [B, Tq, H, Hkv, hd, norm] :
+       {std::tuple{3L, 1L, 16L, 8L, 128L, true}, std::tuple{2L, 3L, 4L, 2L, 64L, true},
+        std::tuple{2L, 1L, 8L, 1L, 128L, false}, std::tuple{1L, 2L, 4L, 4L, 256L, true},
+        std::tuple{2L, 2L, 4L, 2L, 12L, true}}) {
+    const int64_t N = B * Tq, S = 40, half = hd / 2, bs = 16;
+    std::vector<int32_t> lens, positions;
+    for (int64_t b = 0; b < B; ++b) lens.push_back(int32_t(Tq + int64_t(rng() % uint32_t(S - Tq + 1))));
+    for (int64_t n = 0; n < N; ++n) positions.push_back(int32_t(lens[size_t(n / Tq)] - Tq + n % Tq));
+    int64_t pool = 0;
+    std::vector<int32_t> table = shuffled_table(B, S, bs, pool);
+    const int64_t nb = int64_t(table.size()) / B;
+    std::vector<float> inv(static_cast<size_t>(half));
+    for (int64_t i = 0; i < half; ++i) inv[size_t(i)] = float(1.0 / std::pow(1e6, double(2 * i) / double(hd)));
+    std::vector<float> qkv = randn(size_t(N * (H + 2 * Hkv) * hd), 2.0f), qw = randn(size_t(hd)),
+                       kw = randn(size_t(hd)), kc = randn(size_t(pool * bs * Hkv * hd)), vc = randn(kc.size());
+    const float eps = 1e-6f;
+    const Tensor gtable = upload_i32(table).view({B, nb}), glens = upload_i32(lens), gpos = upload_i32(positions);
+    const Tensor ginv = upload(inv, {half}, DType::F32);
+    const Tensor gqw = norm ? upload(qw, {hd}) : Tensor{}, gkw = norm ? upload(kw, {hd}) : Tensor{};
+    // fused
+    const Tensor gq = poisoned({N, H, hd}), gkc = upload(kc, {pool, bs, Hkv, hd}),
+                 gvc = upload(vc, {pool, bs, Hkv, hd});
+    gpu->decode_qkv(gq, gkc, gvc, upload(qkv, {N, (H + 2 * Hkv) * hd}), gqw, gkw, gpos, ginv, eps, glens, gtable);
+    // the separate ops on the parts
+    std::vector<float> qp, kp, vp;
+    for (int64_t n = 0; n < N; ++n) {
+      const auto row = qkv.begin() + n * (H + 2 * Hkv) * hd;
+      qp.insert(qp.end(), row, row + H * hd);
+      kp.insert(kp.end(), row + H * hd, row + (H + Hkv) * hd);
+      vp.insert(vp.end(), row + (H + Hkv) * hd, row + (H + 2 * Hkv) * hd);
+    }
+    const SeqLayout seq{Tensor{}, gpos, 0};
+    Tensor q2 = upload(qp, {N, H, hd}), k2 = upload(kp, {N, Hkv, hd});
+    const Tensor kc2 = upload(kc, {pool, bs, Hkv, hd}), vc2 = upload(vc, {pool, bs, Hkv, hd});
+    if (norm) {
+      const Tensor qn = poisoned({N, H, hd}), kn = poisoned({N, Hkv, hd});
+      gpu->qk_norm_rope_forward(qn, poisoned({N * H}, DType::F32), q2, gqw, seq, ginv, eps);
+      gpu->qk_norm_rope_forward(kn, poisoned({N * Hkv}, DType::F32), k2, gkw, seq, ginv, eps);
+      q2 = qn;
+      k2 = kn;
+    } else {
+      gpu->rope(q2, seq, ginv, false);
+      gpu->rope(k2, seq, ginv, false);
+    }
+    gpu->kv_append(kc2, vc2, k2, upload(vp, {N, Hkv, hd}), glens, gtable);
+    const std::string what = "B " + std::to_string(B) + " Tq " + std::to_string(Tq) + " hd " + std::to_string(hd);
+    EXPECT_EQ(download(gq), download(q2)) << what;
+    EXPECT_EQ(download(gkc), download(kc2)) << what;
+    EXPECT_EQ(download(gvc), download(vc2)) << what;
+    // the CPU op
+    std::vector<float> cq(size_t(N * H * hd)), ckc = kc, cvc = vc, cqkv = qkv, cqw = qw, ckw = kw;
+    cpu->decode_qkv(host(cq, {N, H, hd}), host(ckc, {pool, bs, Hkv, hd}), host(cvc, {pool, bs, Hkv, hd}),
+                    host(cqkv, {N, (H + 2 * Hkv) * hd}), norm ? host(cqw, {hd}) : Tensor{},
+                    norm ? host(ckw, {hd}) : Tensor{}, host_i32(positions), host(inv, {half}), eps, host_i32(lens),
+                    host_i32(table).view({B, nb}));
+    EXPECT_LE(rel(download(gq), cq), 1e-2) << what;
+    EXPECT_LE(rel(download(gkc), ckc), 1e-2) << what;
+    EXPECT_EQ(download(gvc), cvc) << what;
+  }
+}
+
+// swiglu_packed_forward over [N, 2F] equals swiglu_forward over the halves (vectorised and scalar widths).
+TEST_F(CudaDecode, SwigluPackedEqualsSwiglu) {
+  for (auto [N, F] : {std::pair{64L, 160L}, std::pair{5L, 13L}}) {
+    const std::vector<float> gu = randn(size_t(N * 2 * F), 2.0f);
+    std::vector<float> g, u;
+    for (int64_t n = 0; n < N; ++n) {
+      g.insert(g.end(), gu.begin() + n * 2 * F, gu.begin() + n * 2 * F + F);
+      u.insert(u.end(), gu.begin() + n * 2 * F + F, gu.begin() + (n + 1) * 2 * F);
+    }
+    const Tensor packed = poisoned({N, F}), split = poisoned({N, F});
+    gpu->swiglu_packed_forward(packed, upload(gu, {N, 2 * F}));
+    gpu->swiglu_forward(split, upload(g, {N, F}), upload(u, {N, F}));
+    EXPECT_EQ(download(packed), download(split)) << N << " x " << F;
+    std::vector<float> c(size_t(N * F)), cgu = gu;
+    cpu->swiglu_packed_forward(host(c, {N, F}), host(cgu, {N, 2 * F}));
+    EXPECT_LE(rel(download(packed), c), 1e-2) << N << " x " << F;
+  }
+}
+
+// The fused projections (model/decode_fusion.h) engage on the GPU's bf16 weights (dense, and a frozen base under a
+// PEFT adapter) and give the logits of one GEMM a projection within bf16 rounding.
+TEST_F(CudaTest, FusedDecodeEqualsOneGemmAProjection) {
+  const auto dir = fixtures() / "models" / "qwen3-tiny";
+  for (bool adapter : {false, true}) {
+    auto m = adapter ? load_pretrained_with_adapter(dir, fixtures() / "peft" / "qwen3-tiny" / "adapter", *gpu)
+                     : load_pretrained(dir, *gpu);
+    const int V = m->config().vocab_size, T = 20, P = 12;
+    std::mt19937 r(8);
+    std::vector<int32_t> ids(static_cast<size_t>(2 * T));
+    for (auto& id : ids) id = int32_t(r() % uint32_t(V));
+    std::vector<std::vector<float>> out(2);
+    for (int k = 0; k < 2; ++k) {
+      if (k == 1) setenv("SOLTRAIN_DECODE_FUSED", "0", 1);
+      KvDecoder d(*m, 2, T, 8);
+      unsetenv("SOLTRAIN_DECODE_FUSED");
+      EXPECT_EQ(d.fused_projections(), k == 0 ? 2 * m->config().num_layers : 0) << "adapter " << adapter;
+      std::vector<float> last(2 * size_t(V));
+      std::vector<int32_t> prompt(ids.begin(), ids.begin() + 2 * P);
+      d.feed(prompt, P, last.data());
+      out[size_t(k)] = last;
+      for (int t = P; t < T; ++t) {
+        d.feed(std::vector<int32_t>{ids[size_t(t)], ids[size_t(T + t)]}, 1, last.data());
+        out[size_t(k)].insert(out[size_t(k)].end(), last.begin(), last.end());
+      }
+    }
+    EXPECT_LE(rel(out[0], out[1]), 2e-2) << "adapter " << adapter;
   }
 }
 

@@ -3,6 +3,7 @@
 // reproduces the training forward's logits.
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -50,6 +51,41 @@ void CpuOps::advance_decode(Tensor ids, Tensor positions, Tensor lens, const Ten
   for (int64_t b = 0; b < B; ++b) {
     ids.i32()[b] = drawn.i32()[b];
     positions.i32()[b] = lens.i32()[b]++;
+  }
+}
+
+// Token by token through the separate ops (the definition the CUDA kernel is checked against): the q part normed
+// and rotated into q, the k part into a scratch row and then its cache row, the v part copied.
+void CpuOps::decode_qkv(Tensor q, Tensor k_pool, Tensor v_pool, Tensor qkv, const Tensor& q_norm, const Tensor& k_norm,
+                        const Tensor& positions, const Tensor& inv_freq, float eps, const Tensor& lens,
+                        const Tensor& table) {
+  const int64_t B = table.dim(0), N = q.dim(0), H = q.dim(1), hd = q.dim(2), Hkv = k_pool.dim(2);
+  const int64_t Tq = B > 0 ? N / B : 0, W = (H + 2 * Hkv) * hd, row = Hkv * hd;
+  SOLTRAIN_CHECK(N == B * Tq && k_pool.dim(3) == hd && qkv.numel() == N * W && positions.numel() == N &&
+                     lens.numel() == B && hd % 4 == 0,
+                 "decode_qkv shapes");
+  const PagedRows at(table, k_pool);
+  std::vector<float> rstd(static_cast<size_t>(std::max(H, Hkv))), k(static_cast<size_t>(row));
+  auto host = [](float* p, Shape s) { return Tensor{p, DType::F32, std::move(s), Device::CPU}; };
+  for (int64_t n = 0; n < N; ++n) {
+    float* x = qkv.f32() + n * W;
+    const SeqLayout seq{Tensor{}, positions.rows(n, n + 1), 0};
+    const Tensor qn = host(q.f32() + n * H * hd, {1, H, hd}), kn = host(k.data(), {1, Hkv, hd});
+    const Tensor q_in = host(x, {1, H, hd}), k_in = host(x + H * hd, {1, Hkv, hd});
+    for (auto [y, in, w] : {std::tuple{qn, q_in, q_norm}, std::tuple{kn, k_in, k_norm}}) {
+      if (w.defined()) {
+        qk_norm_rope_forward(y, host(rstd.data(), {in.dim(1)}), in, w, seq, inv_freq, eps);
+      } else {
+        copy(y, in);
+        rope(y, seq, inv_freq, false);
+      }
+    }
+    const int64_t b = n / Tq, len = lens.i32()[b];
+    SOLTRAIN_CHECK(len >= Tq && len <= at.positions(), "decode_qkv: length ", len, " with ", Tq,
+                   " new tokens, room for ", at.positions());
+    const int64_t to = at(b, len - Tq + n % Tq) * row;
+    std::copy(k.begin(), k.end(), k_pool.f32() + to);
+    std::copy(x + (H + Hkv) * hd, x + W, v_pool.f32() + to);
   }
 }
 

@@ -37,6 +37,9 @@ class CpuOps final : public Ops {
   void sample_tokens(Tensor ids, Tensor logits, Tensor seen, const SamplingParams& p, uint64_t step) override;
   void flag_tokens(Tensor seen, const Tensor& ids) override;
   void advance_decode(Tensor ids, Tensor positions, Tensor lens, const Tensor& drawn) override;
+  void decode_qkv(Tensor q, Tensor k_pool, Tensor v_pool, Tensor qkv, const Tensor& q_norm, const Tensor& k_norm,
+                  const Tensor& positions, const Tensor& inv_freq, float eps, const Tensor& lens,
+                  const Tensor& table) override;
   void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) override;
   void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) override;
   void moe_route(Tensor probs, Tensor expert, Tensor weight, Tensor prob_sum, const Tensor& logits,

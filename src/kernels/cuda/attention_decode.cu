@@ -2,6 +2,7 @@
 // small ops (the new keys and values appended, the inputs advanced). Two forms of attention: per (query, KV head)
 // for the usual head sizes (below), else per (query, head), whose warps take every kWarps-th key with an online
 // fp32 softmax, then merge.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -214,6 +215,73 @@ __global__ void kv_append_kernel(bf16* kc, bf16* vc, const bf16* k, const bf16* 
     for (int i = threadIdx.x; i < row; i += blockDim.x) kc[at + i] = k[from + i], vc[at + i] = v[from + i];
   }
 }
+// The decode step's q, k and v from one GEMM's output (Ops::decode_qkv): a warp per (token, head of q, k or v). The
+// lanes are laid out as qk_norm_rope's forward lays them out (pairs (i, i+1) and (i + half, i + half + 1) for
+// i = 2·lane + 64m) with its rounding (x̂ rounded to bf16, the weight and the rotation in fp32, y rounded once), and
+// without a norm as rope's kernel rounds, so q and the cached keys are what qk_norm_rope_forward (or rope) and
+// kv_append give. Three launches a layer become one.
+template <int kIters>
+__global__ void decode_qkv_kernel(bf16* q, bf16* kc, bf16* vc, const bf16* qkv, const bf16* q_norm, const bf16* k_norm,
+                                  const int32_t* pos, const float* inv_freq, const int32_t* lens, Paged paged,
+                                  int64_t N, int Tq, int H, int Hkv, int half, float eps) {
+  const int C = 2 * half, slots = H + 2 * Hkv;
+  for (int64_t item = int64_t(blockIdx.x) * kWarps + threadIdx.y; item < N * slots;
+       item += int64_t(gridDim.x) * kWarps) {
+    const int64_t n = item / slots;
+    const int s = int(item % slots);
+    const bf16* x = qkv + n * slots * C + int64_t(s) * C;
+    bf16* y;
+    if (s < H) {
+      y = q + (n * H + s) * C;
+    } else {
+      const int b = int(n / Tq), t = int(n % Tq), kv = s < H + Hkv ? s - H : s - H - Hkv;
+      y = (s < H + Hkv ? kc : vc) + (paged.row(b, lens[b] - Tq + t) * Hkv + kv) * C;
+    }
+    if (s >= H + Hkv) {  // a value row: copied as it is
+      for (int i = 2 * threadIdx.x; i < C; i += 64)
+        *reinterpret_cast<__nv_bfloat162*>(y + i) = *reinterpret_cast<const __nv_bfloat162*>(x + i);
+      continue;
+    }
+    const bf16* w = s < H ? q_norm : k_norm;  // null: rope alone
+    float2 lo[kIters], hi[kIters];
+#pragma unroll
+    for (int m = 0; m < kIters; ++m) {
+      const int i = 2 * threadIdx.x + 64 * m;
+      lo[m] = hi[m] = make_float2(0.f, 0.f);
+      if (i < half) {
+        lo[m] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + i));
+        hi[m] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + i + half));
+      }
+    }
+    float rs = 0.f;
+    if (w) {
+      float ss = 0.f;
+#pragma unroll
+      for (int m = 0; m < kIters; ++m)
+        ss += lo[m].x * lo[m].x + lo[m].y * lo[m].y + hi[m].x * hi[m].x + hi[m].y * hi[m].y;
+      rs = rsqrtf(cuda::warp_sum(ss) / float(C) + eps);
+    }
+    const float p = float(pos[n]);
+#pragma unroll
+    for (int m = 0; m < kIters; ++m) {
+      const int i = 2 * threadIdx.x + 64 * m;
+      if (i >= half) continue;
+      float a0 = lo[m].x, a1 = lo[m].y, b0 = hi[m].x, b1 = hi[m].y;
+      if (w) {
+        a0 = cuda::to_f(w[i]) * cuda::to_f(cuda::to_bf(a0 * rs));
+        a1 = cuda::to_f(w[i + 1]) * cuda::to_f(cuda::to_bf(a1 * rs));
+        b0 = cuda::to_f(w[i + half]) * cuda::to_f(cuda::to_bf(b0 * rs));
+        b1 = cuda::to_f(w[i + half + 1]) * cuda::to_f(cuda::to_bf(b1 * rs));
+      }
+      float s0, c0, s1, c1;
+      sincosf(p * inv_freq[i], &s0, &c0);  // full precision, as the rope kernels
+      sincosf(p * inv_freq[i + 1], &s1, &c1);
+      *reinterpret_cast<__nv_bfloat162*>(y + i) = __floats2bfloat162_rn(a0 * c0 - b0 * s0, a1 * c1 - b1 * s1);
+      *reinterpret_cast<__nv_bfloat162*>(y + i + half) = __floats2bfloat162_rn(b0 * c0 + a0 * s0, b1 * c1 + a1 * s1);
+    }
+  }
+}
+
 __global__ void advance_decode_kernel(int32_t* ids, int32_t* positions, int32_t* lens, const int32_t* drawn, int B) {
   for (int b = blockIdx.x * blockDim.x + threadIdx.x; b < B; b += gridDim.x * blockDim.x) {
     ids[b] = drawn[b];
@@ -250,6 +318,33 @@ void CudaOps::kv_append(Tensor k_pool, Tensor v_pool, const Tensor& k, const Ten
   kv_append_kernel<<<unsigned(tokens), 128, 0, stream_>>>(k_pool.as<bf16>(), v_pool.as<bf16>(), k.as<bf16>(),
                                                           v.as<bf16>(), lens.i32(), int(tokens / B),
                                                           paged_of(table, k_pool), int(row));
+  CUDA_CHECK_LAUNCH();
+}
+
+void CudaOps::decode_qkv(Tensor q, Tensor k_pool, Tensor v_pool, Tensor qkv, const Tensor& q_norm, const Tensor& k_norm,
+                         const Tensor& positions, const Tensor& inv_freq, float eps, const Tensor& lens,
+                         const Tensor& table) {
+  const auto prof = profile("decode_qkv");
+  const int64_t B = table.dim(0), N = q.dim(0), H = q.dim(1), hd = q.dim(2), Hkv = k_pool.dim(2);
+  SOLTRAIN_CHECK(B > 0 && N % B == 0 && k_pool.dim(3) == hd && qkv.numel() == N * (H + 2 * Hkv) * hd &&
+                     positions.numel() == N && lens.numel() == B && hd % 4 == 0 && hd <= 256,
+                 "decode_qkv shapes");
+  if (N == 0) return;
+  const Paged paged = paged_of(table, k_pool);
+  const int64_t warps = N * (H + 2 * Hkv);
+  const unsigned grid = unsigned(std::min<int64_t>((warps + kWarps - 1) / kWarps, int64_t(1) << 20));
+  const dim3 block{32, kWarps};
+  const bf16* qn = q_norm.defined() ? q_norm.as<bf16>() : nullptr;
+  const bf16* kn = k_norm.defined() ? k_norm.as<bf16>() : nullptr;
+  auto launch = [&](auto kernel) {
+    kernel<<<grid, block, 0, stream_>>>(q.as<bf16>(), k_pool.as<bf16>(), v_pool.as<bf16>(), qkv.as<bf16>(), qn, kn,
+                                        positions.i32(), inv_freq.f32(), lens.i32(), paged, N, int(N / B), int(H),
+                                        int(Hkv), int(hd / 2), eps);
+  };
+  if (hd <= 128)
+    launch(decode_qkv_kernel<1>);
+  else
+    launch(decode_qkv_kernel<2>);
   CUDA_CHECK_LAUNCH();
 }
 
