@@ -43,7 +43,7 @@ decode_one() {  # tag size bench-decode-args...
 import json, sys
 j = json.load(open(sys.argv[1]))
 top = sorted(j['profile_ms_per_step'].items(), key=lambda kv: -kv[1])[:7]
-print(sys.argv[2], round(j['tokens_per_s']), 'tok/s, step', round(j['step_ms'], 3), 'ms, bound', round(j['bound_ms'], 3), 'ms =', round(100 * j['share_of_bound'], 1), '%, recorded', j['recorded'], j['why_not_recorded'])
+print(sys.argv[2], round(j['tokens_per_s']), 'tok/s, step', round(j['step_ms'], 3), 'ms, bound', round(j['bound_ms'], 3), 'ms =', round(100 * j['share_of_bound'], 1), '%, recorded', j['recorded'], j['why_not_recorded'], 'fused', j.get('fused_projections'))
 print('   ops/step:', ', '.join(f'{k} {v:.3f}' for k, v in top))" "$OUT/$tag.json" "$tag" || tail -3 "$OUT/$tag.err"
 }
 moe_tests() {

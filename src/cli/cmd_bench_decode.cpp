@@ -77,6 +77,7 @@ int run_bench_decode(const DecodeBenchOpts& o) {
   const double seconds = generate(steps);
   const bool recorded = decoder.recorded();
   const std::string why_not = decoder.why_not_recorded();
+  const int fused = decoder.fused_projections();
 
   // A few steps op by op with device timing per op (a recording would hide them).
   ops->enable_profiling(true);
@@ -158,6 +159,7 @@ int run_bench_decode(const DecodeBenchOpts& o) {
                    {"share_of_bound", bound_s / step_s},
                    {"recorded", recorded},
                    {"why_not_recorded", why_not},
+                   {"fused_projections", fused},
                    {"gemms", gemms},
                    {"profile_ms_per_step", ops_ms}};
   std::cout << r.dump() << std::endl;
