@@ -267,6 +267,58 @@ TEST_P(DecoderVsForward, FeedDrawnEqualsFeedingTheDrawnIds) {
   EXPECT_THROW(full.feed_drawn(), UserError) << "cache overflow";
 }
 
+// Continuous batching (generate_groups with fewer rows than completions): prompts of different lengths stream
+// through one or two groups of rows, a group taking the next prompt when its rows have ended (EOS ids picked so
+// completions end at different steps; the repetition penalty's flags must be cleared on restart). Greedy decoding
+// gives the rollouts of all rows at once, token for token; in a pool sized for the rows alone, with rows left
+// without a prompt parked within the planned context. Sampled, it repeats under a seed.
+TEST_P(DecoderVsForward, ContinuousBatchingEqualsAllRowsAtOnce) {
+  auto ops = make_cpu_ops();
+  auto m = load_pretrained(model_dir(GetParam()), *ops);
+  const int V = m->config().vocab_size, group = 2, max_new = 12;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int p = 0; p < 5; ++p) prompts.push_back(random_ids(3 + 4 * ((p * 3) % 5), V, 90 + uint32_t(p)));
+  const int longest = 19, n = int(prompts.size()) * group;
+  GenerationOptions o{max_new, {}, {}};
+  o.sampling.repetition_penalty = 1.3f;
+  auto all_at_once = [&](const GenerationOptions& opts) {
+    KvDecoder d(*m, n, longest + max_new, 8, true);
+    return generate_groups(d, prompts, group, opts);
+  };
+  // EOS ids that end some completions early: tokens the free run produces at steps 2 and 5 of two prompts
+  const std::vector<Rollout> free = all_at_once(o);
+  o.eos_ids = {free[2].tokens[2], free[6].tokens[5]};
+  const std::vector<Rollout> want = all_at_once(o);
+  std::set<size_t> lengths;
+  for (const Rollout& r : want) lengths.insert(r.tokens.size());
+  ASSERT_GE(lengths.size(), 2u) << "completions end at different steps";
+  for (int slots : {group, 2 * group}) {
+    const int64_t pool = KvDecoder::cache_tokens_for_groups(slots / group, group, longest, max_new);
+    KvDecoder d(*m, slots, longest + max_new, 8, true, pool);
+    const std::vector<Rollout> got = generate_groups(d, prompts, group, o);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t c = 0; c < want.size(); ++c) {
+      EXPECT_EQ(got[c].tokens, want[c].tokens) << slots << " rows, completion " << c;
+      EXPECT_EQ(got[c].terminated, want[c].terminated) << slots << " rows, completion " << c;
+    }
+  }
+  GenerationOptions sampled = o;
+  sampled.sampling.temperature = 1.0f;
+  sampled.sampling.seed = 21;
+  std::vector<std::vector<Rollout>> runs;
+  for (int k = 0; k < 2; ++k) {
+    KvDecoder d(*m, 2 * group, longest + max_new, 8, true);
+    runs.push_back(generate_groups(d, prompts, group, sampled));
+  }
+  for (size_t c = 0; c < runs[0].size(); ++c) {
+    EXPECT_EQ(runs[0][c].tokens, runs[1][c].tokens) << "completion " << c;
+    const auto& t = runs[0][c].tokens;
+    ASSERT_FALSE(t.empty());
+    EXPECT_EQ(runs[0][c].terminated, std::count(o.eos_ids.begin(), o.eos_ids.end(), t.back()) > 0);
+    EXPECT_TRUE(runs[0][c].terminated || int(t.size()) == max_new);
+  }
+}
+
 // The decoder's fused projections (model/decode_fusion.h: q/k/v and gate/up as one GEMM each over the weights
 // side by side, then decode_qkv and swiglu_packed_forward) give the logits of one GEMM a projection
 // (SOLTRAIN_DECODE_FUSED=0), prefill chunks and decode steps, rows of different lengths; the tests above hold them

@@ -5,6 +5,7 @@ steps), as far as TRL's GRPOTrainer takes the same model with the same settings,
 resumes from a checkpoint; bad reward functions and empty prompts stop with one line and exit 2."""
 import json
 import random
+import re
 import subprocess
 import textwrap
 
@@ -153,6 +154,23 @@ def test_grpo_raises_the_reward_and_resumes(taught, tmp_path):
     assert "checkpoint-100" in r.stderr
     steps = [x["step"] for x in read_jsonl(out / "metrics.jsonl") if "reward" in x]
     assert steps == list(range(1, 105)), steps
+
+
+def test_generation_streams_through_fewer_rows_when_the_budget_is_short(taught, tmp_path):
+    """A generation budget below what all 64 completions need: the most whole groups of 8 that fit are decoded
+    together and the prompts stream through them (continuous batching); the run trains as before."""
+    r = run(["grpo", str(grpo_config(taught, tmp_path / "all", max_steps=1))], taught)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = re.search(r"grpo: generation memory ([0-9.]+) (B|KiB|MiB|GiB) \(KV cache .* for 64 completions", r.stderr)
+    assert m and "stream through" not in r.stderr, r.stderr[-3000:]
+    need_gib = float(m.group(1)) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[m.group(2)] / 2**30
+    out = tmp_path / "stream"
+    r = run(["grpo", str(grpo_config(taught, out, max_steps=3, generation_memory_gib=need_gib * 0.5))], taught)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = re.search(r"the 64 completions of an update stream through (\d+) rows", r.stderr)
+    assert m and 8 <= int(m.group(1)) < 64 and int(m.group(1)) % 8 == 0, r.stderr[-3000:]
+    rows = [x for x in read_jsonl(out / "metrics.jsonl") if "reward" in x]
+    assert [x["step"] for x in rows] == [1, 2, 3] and all(0 < x["completions/mean_length"] <= 12 for x in rows), rows
 
 
 def test_full_fine_tuning_with_beta_keeps_the_starting_weights_as_reference(taught, tmp_path):

@@ -238,6 +238,25 @@ void KvDecoder::sample(const SamplingParams& p, uint64_t step, int32_t* ids) {
   ops_.copy(Tensor{ids, DType::I32, {batch_}, Device::CPU}, sampled_);
 }
 
+void KvDecoder::sample_rows(int r0, int n, const SamplingParams& p, uint64_t step, int32_t* ids) {
+  SOLTRAIN_CHECK(r0 >= 0 && n > 0 && r0 + n <= batch_, "sample_rows: rows ", r0, "+", n, " of ", batch_);
+  if (p.repetition_penalty != 1 && !seen_.defined())
+    throw std::logic_error("KvDecoder::sample_rows: a repetition_penalty needs a decoder built to track tokens");
+  SamplingParams q = p;
+  q.seed = p.seed + uint64_t(r0);  // (Ops::sample_tokens numbers the rows it is given from 0)
+  const Tensor drawn = sampled_.rows(r0, r0 + n);
+  ops_.sample_tokens(drawn, logits_.rows(r0, r0 + n), seen_.defined() ? seen_.rows(r0, r0 + n) : Tensor{}, q, step);
+  ops_.copy(Tensor{ids, DType::I32, {n}, Device::CPU}, drawn);
+}
+
+void KvDecoder::restart_row(int row) {
+  SOLTRAIN_CHECK(row >= 0 && row < batch_, "restart_row: row ", row, " of ", batch_);
+  release(row);
+  lengths_[size_t(row)] = 0;
+  lens_current_ = false;
+  if (seen_.defined()) ops_.zero(seen_.rows(row, row + 1));
+}
+
 KvDecoder::~KvDecoder() = default;
 
 void KvDecoder::feed(std::span<const int32_t> tokens, int T, float* last_logits, float* all_logits) {

@@ -63,6 +63,11 @@ class KvDecoder {
   // One token per sequence from its last logits, drawn on the device (Ops::sample_tokens; row b with seed + b,
   // `step` numbering the draws); only the ids come back, into `ids` (host, [batch]).
   void sample(const SamplingParams& p, uint64_t step, int32_t* ids);
+  // The same for rows [r0, r0 + n) alone (row b still with seed + b), into ids (host, [n]): the first token of
+  // rows restarted while the others decode (continuous batching); the next feed_drawn() feeds it.
+  void sample_rows(int r0, int n, const SamplingParams& p, uint64_t step, int32_t* ids);
+  // Sequence `row` forgets its tokens (its blocks back to the pool, its flags cleared): feed_row starts it afresh.
+  void restart_row(int row);
   // feed() of the tokens sample() last drew, one per sequence, without them leaving the device: the decode step.
   // Its inputs advance on the device (Ops::advance_decode), so from the second call after a reset() the step is
   // recorded once and replayed (Ops::record: one CUDA graph launch instead of a few hundred kernel launches);

@@ -34,11 +34,13 @@ std::vector<int32_t> generate(KvDecoder& decoder, std::span<const int32_t> promp
 std::vector<std::vector<int32_t>> generate_batch(KvDecoder& decoder, std::span<const int32_t> prompt,
                                                  const GenerationOptions& opts);
 
-// GRPO's rollouts: `group` completions of each prompt, in the decoder's rows p·group .. p·group + group − 1 (it
-// must hold prompts.size() × group rows, each sized for its prompt plus max_new_tokens). Each prompt is fed once
-// and its cache copied to the rest of its group; then every row takes one token per step at its own position,
-// row r sampling with seed + r. A row ends at an EOS or a completed stop string (kept, `terminated`) or at
-// max_new_tokens.
+// GRPO's rollouts: `group` completions of each prompt, returned in prompt order (prompt p's at p·group ..). Each
+// prompt is fed once into `group` rows and its cache copied to the rest of them; then every row takes one token
+// per step at its own position, row r sampling with seed + r. A completion ends at an EOS or a completed stop
+// string (kept, `terminated`) or at max_new_tokens. The decoder holds prompts.size() × group rows, or fewer (a
+// multiple of group, each row sized for a prompt plus max_new_tokens): then the prompts stream through them
+// (continuous batching), a group's rows taking the next prompt as soon as all of them have ended (greedy decoding
+// gives what all rows at once give; sampled draws depend on the row and step a completion got, repeatably).
 struct Rollout {
   std::vector<int32_t> tokens;
   bool terminated = false;   // ended by an EOS or a stop string rather than the length limit

@@ -52,14 +52,17 @@ int64_t generation_cache_tokens(const TrainConfig& c, int rows) {
   return KvDecoder::cache_tokens_for_groups(rows / G, G, c.grpo.max_prompt_length, max_new);
 }
 
-// The decoder's memory against its budget, before anything is allocated: the line the log shows, and one line
-// naming what to change when it does not fit.
-void check_generation_memory(const TrainConfig& c, Ops& ops, Transformer& model, int rows, std::ostream& log) {
+// The decoder's rows, from its memory against the budget before anything is allocated: every completion of an
+// update at once when they fit, else the most whole groups that do (the prompts then stream through them:
+// generate_groups' continuous batching). The line the log shows, and one line naming what to change when not
+// even one group fits.
+int generation_rows(const TrainConfig& c, Ops& ops, Transformer& model, int completions, std::ostream& log) {
   const GrpoSettings& g = c.grpo;
-  const int64_t cache = generation_cache_tokens(c, rows);
-  const double need = double(
-      KvDecoder::memory_bytes(model, rows, c.sequence_len, generation_chunk(c), g.repetition_penalty != 1, cache));
-  const double kv = double(KvDecoder::kv_cache_bytes(model, cache)), gib = double(1ull << 30);
+  const double gib = double(1ull << 30);
+  auto need_for = [&](int rows) {
+    return double(KvDecoder::memory_bytes(model, rows, c.sequence_len, generation_chunk(c), g.repetition_penalty != 1,
+                                          generation_cache_tokens(c, rows)));
+  };
   const bool cuda = ops.device() == Device::CUDA;
   const HostMemory host = cuda ? HostMemory{} : read_host_memory();
   const double total = cuda ? ops.memory_total_gib() * gib : double(host.limit);
@@ -79,18 +82,25 @@ void check_generation_memory(const TrainConfig& c, Ops& ops, Transformer& model,
     from = cat(cuda ? "the GPU memory free" : "the host memory available",
                reference > 0 ? cat(" less the reference copy's ", format_bytes(reference)) : std::string());
   }
-  const std::string what =
-      cat("KV cache ", format_bytes(kv), " for ", rows, " completions of up to ", c.sequence_len - g.max_prompt_length,
-          " tokens after prompts of up to ", c.grpo.max_prompt_length, " shared by groups of ", g.num_generations,
-          ", plus activations and logits");
+  const int G = g.num_generations;
+  int rows = completions;
+  double need = need_for(rows);
+  while (budget > 0 && need > budget && rows > G) need = need_for(rows -= G);
+  const double kv = double(KvDecoder::kv_cache_bytes(model, generation_cache_tokens(c, rows)));
+  const std::string what = cat("KV cache ", format_bytes(kv), " for ", rows, " completions of up to ",
+                               c.sequence_len - g.max_prompt_length, " tokens after prompts of up to ",
+                               c.grpo.max_prompt_length, " shared by groups of ", G, ", plus activations and logits");
   log << "grpo: generation memory " << format_bytes(need) << " (" << what << ")";
   if (budget > 0) log << ", budget " << format_bytes(budget) << " (" << from << ")";
+  if (rows < completions)
+    log << "; the " << completions << " completions of an update stream through " << rows
+        << " rows (a group's rows take the next prompt when they have all ended)";
   log << "\n";
   if (budget > 0 && need > budget)
     user_error("generation needs ", format_bytes(need), " (", what, "), more than ", from, " (", format_bytes(budget),
-               "): lower per_device_train_batch_size x gradient_accumulation_steps (the completions generated "
-               "together), max_prompt_length or max_completion_length",
+               "): lower max_prompt_length, max_completion_length or num_generations",
                g.generation_memory_gib > 0 || g.generation_memory_fraction > 0 ? ", or raise the budget" : "");
+  return rows;
 }
 
 struct PromptRecord {
@@ -156,7 +166,7 @@ PromptSet read_prompts(const TrainConfig& c, const PromptCodec& codec, std::ostr
 class GrpoDriver final : public RunDriver {
  public:
   GrpoDriver(const TrainConfig& c, Ops& ops, Transformer& model, const PromptCodec& codec, PromptSet prompts,
-             RewardFunctions& rewards, std::ostream& log)
+             RewardFunctions& rewards, int generation_rows, std::ostream& log)
       : c_(c),
         ops_(ops),
         model_(model),
@@ -166,8 +176,8 @@ class GrpoDriver final : public RunDriver {
         log_(log),
         completions_(c.per_device_train_batch_size * c.gradient_accumulation_steps),
         grpo_(ops, c.grpo.loss, int64_t(c.per_device_train_batch_size) * c.sequence_len, c.per_device_train_batch_size),
-        decoder_(model, completions_, c.sequence_len, generation_chunk(c), c.grpo.repetition_penalty != 1,
-                 generation_cache_tokens(c, completions_)),
+        decoder_(model, generation_rows, c.sequence_len, generation_chunk(c), c.grpo.repetition_penalty != 1,
+                 generation_cache_tokens(c, generation_rows)),
         stop_(codec.tokenizer(), c.grpo.stop_strings, "stop_strings"),
         micro_(size_t(c.gradient_accumulation_steps)) {
     if (keeps_reference_copy(c, model)) {
@@ -395,8 +405,8 @@ RunResult run_grpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks 
       schedule_config(c, total_training_steps(c, steps_per_epoch * c.gradient_accumulation_steps));
   TrainStep step(*model, optimizer_config(c));
   const size_t n_prompts = prompts.entries.size();
-  check_generation_memory(c, ops, *model, c.per_device_train_batch_size * c.gradient_accumulation_steps, log);
-  GrpoDriver driver(c, ops, *model, codec, std::move(prompts), rewards, log);
+  const int rows = generation_rows(c, ops, *model, c.per_device_train_batch_size * c.gradient_accumulation_steps, log);
+  GrpoDriver driver(c, ops, *model, codec, std::move(prompts), rewards, rows, log);
   TrainLoop loop(
       {c, "grpo", log, ops, nullptr, false, *model, step, sched, run_cadence(c, steps_per_epoch), std::move(hooks)},
       driver);
