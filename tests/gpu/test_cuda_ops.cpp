@@ -45,7 +45,7 @@ TEST_F(CudaOps, LinearForwardAndBackward) {
 }
 
 TEST_F(CudaOps, RmsNormForwardAndBackward) {
-  for (auto [R, C] : {std::pair{100, 160}, {4096, 128}, {33, 1024}}) {
+  for (auto [R, C] : {std::pair{100, 160}, {4096, 128}, {33, 1024}, {64, 4096}}) {  // a block a row below 512
     auto x = randn(static_cast<size_t>(R * C), 2.0f), w = randn(static_cast<size_t>(C)),
          dy = randn(static_cast<size_t>(R * C));
     auto dx0 = randn(static_cast<size_t>(R * C)), dw0 = randn(static_cast<size_t>(C));
@@ -83,7 +83,8 @@ TEST_F(CudaOps, RopeBothDirections) {
 // The fused residual-add + RMSNorm: against the CPU's separate ops, and bitwise against the GPU's own
 // separate norm of the sum it wrote (a recompute normalises that stored sum with rmsnorm_forward).
 TEST_F(CudaOps, AddRmsNormMatchesTheSeparateOps) {
-  for (auto [R, C] : {std::pair{100, 160}, {513, 1024}, {37, 100}}) {  // vector paths, then the scalar one
+  // a block a row (fewer than 512 rows; 5120 takes two vectors a thread), a warp a row, the scalar path
+  for (auto [R, C] : {std::pair{100, 160}, {300, 5120}, {64, 4096}, {513, 1024}, {37, 100}}) {
     auto a = randn(static_cast<size_t>(R * C), 2.0f), b = randn(static_cast<size_t>(R * C)),
          w = randn(static_cast<size_t>(C));
     Tensor gsum = poisoned({R, C}), gy = poisoned({R, C}), grs = poisoned({R}, DType::F32), gw = upload(w, {C});

@@ -3,6 +3,7 @@
 // residual stream, exact for an fp32 one (transformers under autocast); y is rounded once, to bf16. The weight gradient
 // is a deterministic column sum. Rows whose width is a multiple of 8 move 16-byte vectors (8 bf16 per lane per access):
 // with 2-byte accesses these kernels ran at a sixth of the memory bandwidth (32 ms of a 270 ms Qwen3-0.6B step).
+#include <algorithm>
 #include <type_traits>
 
 #include "kernels/cuda/check.h"
@@ -69,6 +70,48 @@ __global__ void rmsnorm_fwd(bf16* y, float* rstd, const TR* x, const bf16* w, in
   }
 }
 
+// Few rows (a decode step's tokens): a block per row, so that every SM takes part (a warp per row put 64 rows on 8
+// SMs, each warp walking its 4096 columns alone: ~30 us a call at Qwen3-8B, 72 calls a decode step). Each thread
+// moves 16-byte vectors; the arithmetic is the kernel's above but for the order in which the sum of squares is
+// reduced. rmsnorm_forward and add_rmsnorm_forward pick the form by the same row count, so a recompute through the
+// plain kernel still gives its forward's values bitwise.
+constexpr int64_t kRowsPerBlockBelow = 512;
+template <typename TR, bool kAdd>
+__global__ void rmsnorm_fwd_rows(bf16* y, float* rstd, const TR* x, const bf16* w, int64_t C, float eps, TR* sum,
+                                 const bf16* b) {
+  const int64_t r = blockIdx.x;
+  const TR* xr = (kAdd ? sum : x) + r * C;
+  float ss = 0.f;
+  for (int64_t c = threadIdx.x * 8; c < C; c += int64_t(blockDim.x) * 8) {
+    cuda::F8 v = cuda::load8f(x + r * C + c);
+    if constexpr (kAdd) {
+      const Vec8 u = load8(b + r * C + c);
+      for (int i = 0; i < 8; ++i) v.v[i] = cuda::as_stored<TR>(v.v[i] + u[i]);
+      cuda::store8f(sum + r * C + c, v);  // (read back below by this same thread)
+    }
+    for (int i = 0; i < 8; ++i) ss += v.v[i] * v.v[i];
+  }
+  __shared__ float part[32];
+  ss = cuda::warp_sum(ss);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0.f;
+  for (int i = 0; i < int(blockDim.x / 32); ++i) total += part[i];
+  const float rs = rsqrtf(total / float(C) + eps);
+  if (threadIdx.x == 0) rstd[r] = rs;
+  for (int64_t c = threadIdx.x * 8; c < C; c += int64_t(blockDim.x) * 8) {
+    const cuda::F8 v = cuda::load8f(xr + c);
+    const Vec8 wv = load8(w + c);
+    Vec8 out;
+    for (int i = 0; i < 8; ++i) out.set(i, wv[i] * cuda::as_stored<TR>(v.v[i] * rs));
+    store8(y + r * C + c, out);
+  }
+}
+// Threads for a block per row: a 16-byte vector each where the row allows, 32 to 512.
+unsigned row_threads(int64_t C) {
+  return unsigned(std::min<int64_t>(512, std::max<int64_t>(32, (C / 8 + 31) / 32 * 32)));
+}
+
 // dx (= or +=) in the residual type TR; with dx_rounded, the result also rounded to bf16 there (the GEMMs'
 // input when the residual gradient is kept in fp32).
 template <typename TR, bool kVec>
@@ -127,7 +170,10 @@ void CudaOps::rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tens
   const bool vec = vectorizable(x, C) && vectorizable(y, C) && vectorizable(w, C);
   auto run = [&](auto* xp) {
     using TR = std::remove_pointer_t<decltype(xp)>;
-    if (vec)
+    if (vec && R > 0 && R < kRowsPerBlockBelow)
+      rmsnorm_fwd_rows<TR, false><<<unsigned(R), row_threads(C), 0, stream_>>>(y.as<bf16>(), rstd.f32(), xp,
+                                                                             w.as<bf16>(), C, eps, nullptr, nullptr);
+    else if (vec)
       rmsnorm_fwd<TR, true, false>
           <<<grid, block, 0, stream_>>>(y.as<bf16>(), rstd.f32(), xp, w.as<bf16>(), R, C, eps, nullptr, nullptr);
     else
@@ -151,7 +197,10 @@ void CudaOps::add_rmsnorm_forward(Tensor sum, Tensor y, Tensor rstd, const Tenso
       vectorizable(a, C) && vectorizable(b, C) && vectorizable(sum, C) && vectorizable(y, C) && vectorizable(w, C);
   auto run = [&](auto* ap, auto* sp) {
     using TR = std::remove_pointer_t<decltype(sp)>;
-    if (vec)
+    if (vec && R > 0 && R < kRowsPerBlockBelow)
+      rmsnorm_fwd_rows<TR, true><<<unsigned(R), row_threads(C), 0, stream_>>>(y.as<bf16>(), rstd.f32(), ap,
+                                                                            w.as<bf16>(), C, eps, sp, b.as<bf16>());
+    else if (vec)
       rmsnorm_fwd<TR, true, true>
           <<<grid, block, 0, stream_>>>(y.as<bf16>(), rstd.f32(), ap, w.as<bf16>(), R, C, eps, sp, b.as<bf16>());
     else
