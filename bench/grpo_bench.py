@@ -2,8 +2,8 @@
 tokenizer, so the vocabulary is 320 and the LM head nearly free; the decoder layers are the real shapes' but for
 head_dim = hidden / heads), prompts of random words, completions that run to max_completion_length (a random
 model rarely says EOS). Per setting: the generation throughput the run reports (generation_tokens_per_second) and
-its share of the memory-bandwidth bound (bf16 weights + the KV cache read per decode step at 4.3 TB/s, the copy
-rate KINDS.md measured), and the whole step's time split into generation and training.
+its share of the memory-bandwidth bound (bf16 weights + the KV cache read per decode step at the GPU's datasheet HBM
+rate, as bench-decode counts it), and the whole step's time split into generation and training.
 
     python3 bench/grpo_bench.py --soltrain .devbin/soltrain --out $OUT [--shapes 0.6B 1.7B] [--concurrency 64 256]
 """
@@ -14,7 +14,14 @@ import random
 import subprocess
 import time
 
-HBM = 4.3e12
+def hbm_rate():
+    """The datasheet HBM rate of the GPU here (bench-decode's --hbm-gbps figures): H200 4.8 TB/s, H100 3.35."""
+    try:
+        name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True).stdout
+    except OSError:
+        name = ""
+    return 4.8e12 if "H200" in name else 3.35e12
 SHAPES = {  # hidden, layers, heads, kv heads, intermediate (Qwen3's, head_dim = hidden / heads here)
     "0.6B": (1024, 28, 8, 4, 3072),
     "1.7B": (2048, 28, 16, 8, 6144),
@@ -92,6 +99,7 @@ def main():
             w = " ".join("".join(rng.choice("abcdefghij") for _ in range(5)) for _ in range(8))
             f.write(json.dumps({"prompt": [{"role": "user", "content": w}], "answer": w}) + "\n")
     results = []
+    hbm = hbm_rate()
     for shape in a.shapes:
         model = make_real_model(shape, root, a.real) if a.real else make_model(a.soltrain, shape, root)
         pbytes = real_params_bytes(shape) if a.real else params_bytes(shape)
@@ -121,7 +129,7 @@ def main():
             mean_len = last["completions/mean_length"]
             ctx = 64 + mean_len / 2  # the mean context a decode step reads
             step_bytes = pbytes + n * ctx * kvtok
-            bound = n / (step_bytes / HBM)
+            bound = n / (step_bytes / hbm)
             gen_s = last["generation_seconds"]
             step_s = n * (64 + mean_len) / last["tokens_per_s"]  # tokens_per_s counts prompts and completions
             res = {"shape": shape, "vocab": 151936 if a.real else 320, "lora": a.lora, "concurrency": n, "generation_tok_s": round(gen), "bound_tok_s": round(bound),
