@@ -93,8 +93,9 @@ __global__ void attention_decode_kernel(bf16* out, const bf16* q, const bf16* kc
 // issued before the current one is used. The kernel above reads each cached row once per query head and 2 bytes a lane.
 // Scores in the log2 domain (scale · log2 e folded into q), an online softmax per (lane group, head), merged
 // across the groups at the end.
-// Threads a block (launch_gqa): 256, twice the keys in flight and half the trips over a short context, where the
-// merge's shared memory allows (G ≤ 4: 8 KB per query head); else, or with SOLTRAIN_DECODE_ATTENTION=narrow, 128.
+// Threads a block (launch_gqa): 128, or with SOLTRAIN_DECODE_ATTENTION=wide 256 (twice the keys in flight, half the
+// trips over a short context) where the merge's shared memory allows (G ≤ 4: 8 KB per query head). The wide form
+// is a trial not yet measured on a GPU (bench/NOTES.md run 97b).
 template <int G, int L, int kGqaThreads>
 __global__ void __launch_bounds__(kGqaThreads)
     attention_decode_gqa_kernel(bf16* out, const bf16* q, const bf16* kc, const bf16* vc, const int32_t* lens, int Tq,
@@ -360,7 +361,7 @@ void CudaOps::attention_decode(Tensor out, const Tensor& q, const Tensor& k_pool
   // The grouped form where it has an instance (SOLTRAIN_DECODE_ATTENTION=rows keeps the per-head one, to compare).
   static const char* form = std::getenv("SOLTRAIN_DECODE_ATTENTION");
   static const bool per_head = form && std::strcmp(form, "rows") == 0;
-  static const bool wide = !(form && std::strcmp(form, "narrow") == 0);
+  static const bool wide = form && std::strcmp(form, "wide") == 0;
   if (!per_head) {
     const int G = int(H / Hkv);
     const dim3 gqa{unsigned(rows), unsigned(Hkv)};
