@@ -173,6 +173,19 @@ def test_generation_streams_through_fewer_rows_when_the_budget_is_short(taught, 
     assert [x["step"] for x in rows] == [1, 2, 3] and all(0 < x["completions/mean_length"] <= 12 for x in rows), rows
 
 
+def test_exact_deduplication_drops_repeated_prompt_rows(taught, tmp_path):
+    """dataset_exact_deduplication in a grpo run drops rows whose every column repeats an earlier row's, as Axolotl's
+    rl.py does for grpo (it was read and then not applied); a row differing only in another column stays."""
+    rows = [json.loads(line) for line in (taught / "prompts.jsonl").read_text().splitlines()[:40]]
+    dup = rows + rows[:15] + [dict(rows[0], answer="other")]
+    (tmp_path / "dup.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dup))
+    cfg = grpo_config(taught, tmp_path / "d", datasets=[{"path": str(tmp_path / "dup.jsonl")}], max_steps=1,
+                      dataset_exact_deduplication=True)
+    r = run(["grpo", str(cfg)], taught)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "dataset_exact_deduplication: dropped 15 duplicate prompt rows, 41 left" in r.stderr, r.stderr[-3000:]
+
+
 def test_full_fine_tuning_with_beta_keeps_the_starting_weights_as_reference(taught, tmp_path):
     """beta > 0 without LoRA: a frozen copy of the starting weights is the reference, so the first step's KL is 0
     exactly (policy = reference) and later ones are not; a resumed run's reference is still the starting model,

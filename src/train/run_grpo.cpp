@@ -11,6 +11,8 @@
 #include <memory>
 #include <ostream>
 #include <tuple>
+#include <unordered_set>
+#include <vector>
 
 #include "core/error.h"
 #include "core/format.h"
@@ -155,6 +157,17 @@ PromptSet read_prompts(const TrainConfig& c, const PromptCodec& codec, std::ostr
       for (int64_t k = 0; k < end - begin; ++k) picked.push_back(k);
     }
     for (int64_t k : picked) out.entries.push_back(first + begin + k);
+  }
+  if (c.dataset_exact_deduplication) {
+    // Axolotl deduplicates a grpo run's rows as it does SFT's (utils/data/rl.py): a row whose every column equals an
+    // earlier one's is dropped.
+    std::unordered_set<std::string> seen;
+    std::vector<int64_t> kept;
+    for (int64_t e : out.entries)
+      if (seen.insert(out.records[size_t(e)].record.dump()).second) kept.push_back(e);
+    log << "dataset_exact_deduplication: dropped " << out.entries.size() - kept.size() << " duplicate prompt rows, "
+        << kept.size() << " left\n";
+    out.entries = std::move(kept);
   }
   if (out.entries.empty()) throw DataError("grpo: the datasets hold no prompts");
   if (cut > 0)
