@@ -104,6 +104,14 @@ TEST(GrpoConfig, TrlDefaultsAndSharedKeys) {
   EXPECT_EQ(parse_train_config(kGrpo + "generation_kwargs: {stop: END}\n", "cfg.yaml", {}, TrainMode::kGrpo)
                 .grpo.stop_strings,
             std::vector<std::string>{"END"});
+  // SFT's batching keys in a grpo config (copied from an sft one) are said not to apply, not silently dropped.
+  const TrainConfig sp =
+      parse_train_config(kGrpo + "sample_packing: true\ntrain_on_inputs: true\n", "cfg.yaml", {}, TrainMode::kGrpo);
+  for (const char* k : {"sample_packing", "train_on_inputs"})
+    EXPECT_EQ(std::count_if(sp.notes.begin(), sp.notes.end(),
+                            [&](const std::string& n) { return n.starts_with(k) && n.ends_with("not used"); }),
+              1)
+        << k;
 }
 
 TEST(GrpoConfig, ErrorsNameTheKey) {

@@ -489,6 +489,12 @@ void rule_grpo(const Entries& en, const std::string& where, TrainConfig& c, std:
     c.notes.push_back(
         "sequence_len is max_prompt_length + max_completion_length in a grpo run: the given one is not used");
   c.sequence_len = g.max_prompt_length + g.loss.max_completion_length;
+  // SFT's batching keys say nothing to a grpo run: each completion trains as its own row with its prompt, on its
+  // completion's tokens alone (as TRL's GRPOTrainer). Said, not silently dropped.
+  for (const char* k : {"sample_packing", "train_on_inputs", "pad_to_sequence_len"})
+    if (en.given({k}))
+      c.notes.push_back(cat(k, " does not apply to a grpo run (each completion trains as its own row with its prompt, ",
+                            "on the completion's tokens alone): not used"));
   const int64_t completions = int64_t(c.per_device_train_batch_size) * c.gradient_accumulation_steps;
   if (completions % g.num_generations != 0)
     errors.push_back(cat(where, ": per_device_train_batch_size x gradient_accumulation_steps = ", completions,
