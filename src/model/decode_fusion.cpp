@@ -16,10 +16,6 @@ bool fusion_off() {
   const char* e = std::getenv("SOLTRAIN_DECODE_FUSED");
   return e && std::string_view(e) == "0";
 }
-// n elements of a flat tensor from element `at` on.
-Tensor slice(const Tensor& flat, int64_t at, int64_t n) {
-  return Tensor{static_cast<char*>(flat.data) + size_t(at) * dtype_size(flat.dtype), flat.dtype, {n}, flat.device};
-}
 }  // namespace
 
 FusedProjection fuse_projections(std::vector<const Linear*> parts, const Ops& ops) {
@@ -79,7 +75,7 @@ void FusedProjection::refresh(Ops& o) const {
   int64_t row0 = 0;
   for (const Linear* p : parts) {
     const int64_t rows = p->weight_parameter().shape[0];
-    if (biased()) o.copy(slice(copies[0], row0, rows), p->bias_parameter()->value.view({rows}));
+    if (biased()) o.copy(copies[0].rows(row0, row0 + rows), p->bias_parameter()->value.view({rows}));
     row0 += rows;
   }
   if (adapted.empty()) return;

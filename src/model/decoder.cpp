@@ -16,11 +16,6 @@ Tensor view(const Tensor& flat, Shape s) {
   SOLTRAIN_CHECK(shape_numel(s) <= flat.numel(), "decoder view ", shape_str(s), " of ", shape_str(flat.shape));
   return Tensor{flat.data, flat.dtype, std::move(s), flat.device};
 }
-// n elements of a flat buffer from element `at` on.
-Tensor part(const Tensor& flat, int64_t at, int64_t n) {
-  SOLTRAIN_CHECK(at + n <= flat.numel(), "decoder part ", at, "+", n, " of ", shape_str(flat.shape));
-  return Tensor{static_cast<char*>(flat.data) + size_t(at) * dtype_size(flat.dtype), flat.dtype, {n}, flat.device};
-}
 Tensor host_i32(std::vector<int32_t>& v) {
   return Tensor{v.data(), DType::I32, {int64_t(v.size())}, Device::CPU};
 }
@@ -38,12 +33,12 @@ KvDecoder::KvDecoder(Transformer& model, int batch, int max_len, int max_chunk, 
   table_ = table_.view({batch, blocks_per_row_});
   const ModelConfig& c = model.config();
   const int64_t N = int64_t(batch) * max_chunk, qn = N * c.num_heads * c.head_dim, kn = N * c.num_kv_heads * c.head_dim;
-  q_raw_ = part(qkv_, 0, qn);
-  k_raw_ = part(qkv_, qn, kn);
-  v_ = part(qkv_, qn + kn, kn);
+  q_raw_ = qkv_.rows(0, qn);
+  k_raw_ = qkv_.rows(qn, qn + kn);
+  v_ = qkv_.rows(qn + kn, qn + 2 * kn);
   const int64_t NF = c.dense_mlp_layers() > 0 ? N * c.intermediate_size : 0;
-  gate_ = part(gate_up_, 0, NF);
-  up_ = part(gate_up_, NF, NF);
+  gate_ = gate_up_.rows(0, NF);
+  up_ = gate_up_.rows(NF, 2 * NF);
   reset();
 }
 
@@ -109,10 +104,10 @@ KvDecoder::KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int m
   one(act_, c.dense_mlp_layers() > 0 ? N * F : 1, act);
   // The fused projections' adapter copies, where the weights sit side by side now (fuse_layers() checks again).
   fused_.resize(size_t(c.num_layers));
+  const bool may = !model.weight_stream() && !ps.sharded();
   for (int l = 0; l < c.num_layers; ++l) {
     FusedLayer& f = fused_[size_t(l)];
     const DecoderLayer& w = model.layers()[size_t(l)];
-    const bool may = !model.weight_stream() && !ps.sharded();
     if (may && hd % 4 == 0 && hd <= 256) f.qkv = fuse_projections({&w.attn.q, &w.attn.k, &w.attn.v}, ops_);
     if (may && !w.moe) f.gate_up = fuse_projections({&w.mlp.gate, &w.mlp.up}, ops_);
     const std::array<Shape, 3> qkv = f.qkv.copy_shapes(), gu = f.gate_up.copy_shapes();
@@ -232,16 +227,13 @@ void KvDecoder::decode_step() {
 }
 
 void KvDecoder::sample(const SamplingParams& p, uint64_t step, int32_t* ids) {
-  if (p.repetition_penalty != 1 && !seen_.defined())
-    throw std::logic_error("KvDecoder::sample: a repetition_penalty needs a decoder built to track tokens");
-  ops_.sample_tokens(sampled_, logits_, seen_, p, step);
-  ops_.copy(Tensor{ids, DType::I32, {batch_}, Device::CPU}, sampled_);
+  sample_rows(0, batch_, p, step, ids);
 }
 
 void KvDecoder::sample_rows(int r0, int n, const SamplingParams& p, uint64_t step, int32_t* ids) {
   SOLTRAIN_CHECK(r0 >= 0 && n > 0 && r0 + n <= batch_, "sample_rows: rows ", r0, "+", n, " of ", batch_);
   if (p.repetition_penalty != 1 && !seen_.defined())
-    throw std::logic_error("KvDecoder::sample_rows: a repetition_penalty needs a decoder built to track tokens");
+    throw std::logic_error("KvDecoder::sample: a repetition_penalty needs a decoder built to track tokens");
   SamplingParams q = p;
   q.seed = p.seed + uint64_t(r0);  // (Ops::sample_tokens numbers the rows it is given from 0)
   const Tensor drawn = sampled_.rows(r0, r0 + n);

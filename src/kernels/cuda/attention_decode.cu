@@ -93,10 +93,8 @@ __global__ void attention_decode_kernel(bf16* out, const bf16* q, const bf16* kc
 // issued before the current one is used. The kernel above reads each cached row once per query head and 2 bytes a lane.
 // Scores in the log2 domain (scale · log2 e folded into q), an online softmax per (lane group, head), merged
 // across the groups at the end.
-// Threads a block (launch_gqa): 128, or with SOLTRAIN_DECODE_ATTENTION=wide 256 (twice the keys in flight, half the
-// trips over a short context) where the merge's shared memory allows (G ≤ 4: 8 KB per query head). The wide form
-// is a trial not yet measured on a GPU (bench/NOTES.md run 97b).
-template <int G, int L, int kGqaThreads>
+constexpr int kGqaThreads = 128;
+template <int G, int L>
 __global__ void __launch_bounds__(kGqaThreads)
     attention_decode_gqa_kernel(bf16* out, const bf16* q, const bf16* kc, const bf16* vc, const int32_t* lens, int Tq,
                                 Paged paged, int H, int Hkv, float scale_log2) {
@@ -177,25 +175,26 @@ __global__ void __launch_bounds__(kGqaThreads)
   }
 }
 
-template <int G, int L>
-void launch_gqa_g(bool wide, dim3 grid, cudaStream_t st, bf16* out, const bf16* q, const bf16* kc, const bf16* vc,
-                  const int32_t* lens, int Tq, Paged paged, int H, int Hkv, float scale_log2) {
-  if constexpr (G <= 4) {
-    if (wide) {
-      attention_decode_gqa_kernel<G, L, 256><<<grid, 256, 0, st>>>(out, q, kc, vc, lens, Tq, paged, H, Hkv, scale_log2);
-      return;
-    }
-  }
-  attention_decode_gqa_kernel<G, L, 128><<<grid, 128, 0, st>>>(out, q, kc, vc, lens, Tq, paged, H, Hkv, scale_log2);
-}
 template <int L>
-bool launch_gqa(int G, bool wide, dim3 grid, cudaStream_t st, bf16* out, const bf16* q, const bf16* kc, const bf16* vc,
+bool launch_gqa(int G, dim3 grid, cudaStream_t st, bf16* out, const bf16* q, const bf16* kc, const bf16* vc,
                 const int32_t* lens, int Tq, Paged paged, int H, int Hkv, float scale_log2) {
   switch (G) {
-    case 1: launch_gqa_g<1, L>(wide, grid, st, out, q, kc, vc, lens, Tq, paged, H, Hkv, scale_log2); return true;
-    case 2: launch_gqa_g<2, L>(wide, grid, st, out, q, kc, vc, lens, Tq, paged, H, Hkv, scale_log2); return true;
-    case 4: launch_gqa_g<4, L>(wide, grid, st, out, q, kc, vc, lens, Tq, paged, H, Hkv, scale_log2); return true;
-    case 8: launch_gqa_g<8, L>(wide, grid, st, out, q, kc, vc, lens, Tq, paged, H, Hkv, scale_log2); return true;
+    case 1:
+      attention_decode_gqa_kernel<1, L>
+          <<<grid, kGqaThreads, 0, st>>>(out, q, kc, vc, lens, Tq, paged, H, Hkv, scale_log2);
+      return true;
+    case 2:
+      attention_decode_gqa_kernel<2, L>
+          <<<grid, kGqaThreads, 0, st>>>(out, q, kc, vc, lens, Tq, paged, H, Hkv, scale_log2);
+      return true;
+    case 4:
+      attention_decode_gqa_kernel<4, L>
+          <<<grid, kGqaThreads, 0, st>>>(out, q, kc, vc, lens, Tq, paged, H, Hkv, scale_log2);
+      return true;
+    case 8:
+      attention_decode_gqa_kernel<8, L>
+          <<<grid, kGqaThreads, 0, st>>>(out, q, kc, vc, lens, Tq, paged, H, Hkv, scale_log2);
+      return true;
     default: return false;
   }
 }
@@ -359,9 +358,10 @@ void CudaOps::attention_decode(Tensor out, const Tensor& q, const Tensor& k_pool
   if (hd > 32 * kMaxPerLane) user_error("head_dim ", hd, " is above the decoder's limit of ", 32 * kMaxPerLane);
   if (rows == 0) return;
   // The grouped form where it has an instance (SOLTRAIN_DECODE_ATTENTION=rows keeps the per-head one, to compare).
-  static const char* form = std::getenv("SOLTRAIN_DECODE_ATTENTION");
-  static const bool per_head = form && std::strcmp(form, "rows") == 0;
-  static const bool wide = form && std::strcmp(form, "wide") == 0;
+  static const bool per_head = [] {
+    const char* e = std::getenv("SOLTRAIN_DECODE_ATTENTION");
+    return e && std::strcmp(e, "rows") == 0;
+  }();
   if (!per_head) {
     const int G = int(H / Hkv);
     const dim3 gqa{unsigned(rows), unsigned(Hkv)};
@@ -372,11 +372,11 @@ void CudaOps::attention_decode(Tensor out, const Tensor& q, const Tensor& k_pool
     bf16* op = out.as<bf16>();
     const int tq = int(rows / B);
     const bool launched =
-        hd == 16    ? launch_gqa<2>(G, wide, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, paged, int(H), int(Hkv), s2)
-        : hd == 32  ? launch_gqa<4>(G, wide, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, paged, int(H), int(Hkv), s2)
-        : hd == 64  ? launch_gqa<8>(G, wide, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, paged, int(H), int(Hkv), s2)
-        : hd == 128 ? launch_gqa<16>(G, wide, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, paged, int(H), int(Hkv), s2)
-        : hd == 256 ? launch_gqa<32>(G, wide, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, paged, int(H), int(Hkv), s2)
+        hd == 16    ? launch_gqa<2>(G, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, paged, int(H), int(Hkv), s2)
+        : hd == 32  ? launch_gqa<4>(G, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, paged, int(H), int(Hkv), s2)
+        : hd == 64  ? launch_gqa<8>(G, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, paged, int(H), int(Hkv), s2)
+        : hd == 128 ? launch_gqa<16>(G, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, paged, int(H), int(Hkv), s2)
+        : hd == 256 ? launch_gqa<32>(G, gqa, stream_, op, qp, kp, vp, lens.i32(), tq, paged, int(H), int(Hkv), s2)
                     : false;
     if (launched) {
       CUDA_CHECK_LAUNCH();
