@@ -136,6 +136,11 @@ def main():
                    "share_of_bound": round(gen / bound, 4), "step_s": round(step_s, 3), "generation_s": round(gen_s, 3),
                    "training_s": round(step_s - gen_s, 3), "train_tok_s": round(last["tokens_per_s"]),
                    "mean_completion": mean_len, "wall_s": round(wall, 1)}
+            for k in ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
+                      "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
+                      "sampling/importance_sampling_ratio/max"):
+                if k in last:
+                    res[k] = last[k]
             results.append(res)
             print(json.dumps(res), flush=True)
     with open(os.path.join(a.out, "grpo-bench.json"), "w") as f:

@@ -112,6 +112,24 @@ TEST(GrpoConfig, TrlDefaultsAndSharedKeys) {
                             [&](const std::string& n) { return n.starts_with(k) && n.ends_with("not used"); }),
               1)
         << k;
+  // TRL's correction for the generation engine's log-probs: off by default; use_vllm turns it on with TRL's defaults
+  // (sequence_mask, clip_max 3, no clip_min) unless it is turned off; its keys are read, the older cap too.
+  auto parse = [&](const std::string& extra) {
+    return parse_train_config(kGrpo + extra, "cfg.yaml", {}, TrainMode::kGrpo).grpo.loss;
+  };
+  EXPECT_EQ(parse("").sampling_correction, SamplingCorrection::None);
+  const GrpoConfig v = parse("use_vllm: true\n");
+  EXPECT_EQ(v.sampling_correction, SamplingCorrection::SequenceMask);
+  EXPECT_FLOAT_EQ(v.sampling_clip_max, 3.0f);
+  EXPECT_TRUE(std::isnan(v.sampling_clip_min));
+  EXPECT_EQ(parse("use_vllm: true\nvllm_importance_sampling_correction: false\n").sampling_correction,
+            SamplingCorrection::None);
+  const GrpoConfig t = parse(
+      "vllm_importance_sampling_correction: true\nvllm_importance_sampling_mode: token_truncate\n"
+      "vllm_importance_sampling_clip_min: 0.5\nvllm_importance_sampling_cap: 2\n");
+  EXPECT_EQ(t.sampling_correction, SamplingCorrection::TokenTruncate);
+  EXPECT_FLOAT_EQ(t.sampling_clip_min, 0.5f);
+  EXPECT_FLOAT_EQ(t.sampling_clip_max, 2.0f);
 }
 
 TEST(GrpoConfig, ErrorsNameTheKey) {
@@ -133,6 +151,13 @@ TEST(GrpoConfig, ErrorsNameTheKey) {
                 .find("give one of generation_memory_gib and generation_memory_fraction"),
             std::string::npos);
   EXPECT_NE(error_of(kGrpo + "min_p: 1.5\n").find("min_p"), std::string::npos);
+  EXPECT_NE(error_of(kGrpo + "use_vllm: true\nvllm_importance_sampling_clip_min: 2\n"
+                             "vllm_importance_sampling_clip_max: 1.5\n")
+                .find("vllm_importance_sampling_clip_min 2 is above vllm_importance_sampling_clip_max 1.5"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of(kGrpo + "use_vllm: true\nvllm_importance_sampling_mode: clip\n").find("vllm_importance_sampling_mode"),
+      std::string::npos);
   EXPECT_NE(error_of(kGrpo + "repetition_penalty: 0\n").find("repetition_penalty"), std::string::npos);
   // What a grpo run does not read is refused, not ignored.
   EXPECT_NE(error_of(kGrpo + "validation_datasets:\n  - path: v.jsonl\n").find("is not evaluated by grpo runs yet"),

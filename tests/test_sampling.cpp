@@ -59,6 +59,45 @@ TEST(Sampling, SeededDrawsRepeatAndTopKOneIsGreedy) {
   for (int32_t id : draw(logits, SamplingParams{}, 4)) EXPECT_EQ(id, argmax(logits));
 }
 
+// Each drawn token's log-probability (what GRPO's importance-sampling correction reads, vLLM's processed_logprobs):
+// the log of its probability under transformers' processors for that setting (sampling_test_util.h), and greedy's
+// the log softmax of the penalised logits.
+TEST(Sampling, DrawnLogProbsAreThoseOfTheDistributionDrawnFrom) {
+  const auto ops = make_cpu_ops();
+  std::mt19937 rng(3);
+  const int64_t V = 40, rows = 64;
+  const std::vector<float> row = random_vec(size_t(V), rng, 2.5f);
+  const std::vector<int> seen{3, 17, 29};
+  for (const SamplingParams& p :
+       {SamplingParams{1.0f, 0, 1.0f, 3}, SamplingParams{0.7f, 5, 1.0f, 4}, SamplingParams{1.3f, 0, 0.8f, 5},
+        SamplingParams{1.0f, 0, 1.0f, 6, 0.1f}, SamplingParams{0.9f, 8, 0.9f, 7, 0.05f, 1.4f},
+        SamplingParams{0, 0, 1.0f, 0, 0, 1.2f}}) {
+    SCOPED_TRACE(testing::Message() << "T " << p.temperature << " top_k " << p.top_k << " top_p " << p.top_p
+                                    << " min_p " << p.min_p << " repetition_penalty " << p.repetition_penalty);
+    const bool penalty = p.repetition_penalty != 1;
+    std::vector<float> all;
+    std::vector<uint8_t> flags(penalty ? size_t(rows * V) : 0, 0);
+    for (int64_t b = 0; b < rows; ++b) {
+      all.insert(all.end(), row.begin(), row.end());
+      for (int id : seen)
+        if (penalty) flags[size_t(b * V + id)] = 1;
+    }
+    std::vector<int32_t> ids(static_cast<size_t>(rows));
+    std::vector<float> logp(static_cast<size_t>(rows), NAN);
+    ops->sample_tokens(Tensor{ids.data(), DType::I32, {rows}, Device::CPU},
+                       Tensor{all.data(), DType::F32, {rows, V}, Device::CPU},
+                       penalty ? Tensor{flags.data(), DType::U8, {rows, V}, Device::CPU} : Tensor{}, p, 2,
+                       Tensor{logp.data(), DType::F32, {rows}, Device::CPU});
+    SamplingParams q = p;
+    if (p.greedy()) q.temperature = 1;  // greedy's: the whole softmax of the (penalised) logits
+    const std::vector<double> want = expected_distribution(row, q, penalty ? seen : std::vector<int>{});
+    for (int64_t b = 0; b < rows; ++b) {
+      ASSERT_GT(want[size_t(ids[size_t(b)])], 0.0) << "drawn outside the kept set";
+      EXPECT_NEAR(logp[size_t(b)], std::log(want[size_t(ids[size_t(b)])]), 1e-5) << "row " << b;
+    }
+  }
+}
+
 TEST(Sampling, RepetitionPenaltyRewritesTheLogitsAndFlagsTheDraw) {
   const auto ops = make_cpu_ops();
   std::vector<float> logits{2.0f, -1.0f, 0.5f, 3.0f}, want{2.0f, -1.5f, 0.5f, 2.0f};

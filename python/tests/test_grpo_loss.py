@@ -51,16 +51,35 @@ def rollouts(tok, seed):
     return prompts, completions, rewards
 
 
-def trl_reference(model_dir, tmp_path, cfg, prompts, completions, rewards, micro):
+def sampling_logprobs(model, prompts, completions, temperature, noise_seed):
+    """What a generation engine would report: each completion token's log-prob under the model (logits /
+    temperature), moved by seeded noise (an engine's numerics, or a policy a step behind)."""
+    g = torch.Generator().manual_seed(noise_seed)
+    out = []
+    with torch.no_grad():
+        for i, c in enumerate(completions):
+            p = prompts[i // G]
+            ids = torch.tensor([p + c])
+            logp = torch.log_softmax(model(ids).logits[0].float() / temperature, -1)
+            lp = [float(logp[len(p) - 1 + j, t]) for j, t in enumerate(c)]
+            out.append([x + 0.25 * float(torch.randn(1, generator=g)) for x in lp])
+    return out
+
+
+def trl_reference(model_dir, tmp_path, cfg, prompts, completions, rewards, micro, correction=None):
+    """correction: TRL's vllm_importance_sampling_* settings; the rollouts then report sampling log-probs and TRL
+    takes the vLLM path for them (use_vllm set on the trainer after it is built: no vLLM is needed for it)."""
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
     texts = [f"p{i}" for i in range(PROMPTS)]
     reward_of = {tuple(c): r for c, r in zip(completions, rewards)}
+    sampled = (sampling_logprobs(model, prompts, completions, cfg.get("temperature", 1.0), 17) if correction
+               else [[0.0] * len(c) for c in completions])
 
     def rollout(batch_prompts, trainer):
         assert batch_prompts == [t for t in texts for _ in range(G)]
         return {"prompt_ids": [prompts[i // G] for i in range(PROMPTS * G)], "completion_ids": completions,
-                "logprobs": [[0.0] * len(c) for c in completions]}
+                "logprobs": sampled}
 
     def reward(prompts, completions, completion_ids, **kw):
         return [reward_of[tuple(c)] for c in completion_ids]
@@ -68,9 +87,13 @@ def trl_reference(model_dir, tmp_path, cfg, prompts, completions, rewards, micro
     args = trl.GRPOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=PROMPTS * G // micro,
                           gradient_accumulation_steps=micro, num_generations=G,
                           max_completion_length=MAX_COMPLETION, report_to=[], use_cpu=True, bf16=False,
-                          logging_steps=1, **cfg)
+                          logging_steps=1, **cfg, **(correction or {}))
     trainer = trl.GRPOTrainer(model=model, reward_funcs=[reward], args=args, processing_class=tok,
                               train_dataset=datasets.Dataset.from_dict({"prompt": texts}), rollout_func=rollout)
+    if correction:
+        trainer.use_vllm = True
+        trainer.vllm_importance_sampling_correction = True
+        trainer._last_loaded_step = trainer.state.global_step  # (no weights to send to an engine)
     model.train()
     inputs = trainer._generate_and_score_completions([{"prompt": t} for t in texts for _ in range(G)])
     if cfg.get("num_iterations", 1) > 1:  # the second iteration: the weights have moved since sampling
@@ -231,3 +254,102 @@ def test_dump_reference_refuses_what_it_cannot_use(random_model, tmp_path):
         last = r.stderr.strip().splitlines()[-1]
         assert r.returncode == 2 and message in last, r.stderr
         assert not (tmp_path / "o.safetensors").exists()
+
+
+# TRL's importance-sampling correction for the generation engine's log-probs (vllm_importance_sampling_*): each mode,
+# with bounds that clip or mask some ratios, at one and two iterations; soltrain reads the same sampling log-probs
+# (the --grpo file's sampling_nll) and must give TRL's loss, ratios, metrics and gradients.
+CORRECTIONS = [
+    (dict(loss_type="dapo", scale_rewards="group", beta=0.0, num_iterations=1),
+     dict(vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=1.2)),
+    (dict(loss_type="grpo", scale_rewards="batch", beta=0.04, num_iterations=2),
+     dict(vllm_importance_sampling_mode="token_mask", vllm_importance_sampling_clip_min=0.8,
+          vllm_importance_sampling_clip_max=1.25)),
+    (dict(loss_type="bnpo", scale_rewards="group", beta=0.0, num_iterations=1),
+     dict(vllm_importance_sampling_mode="sequence_truncate", vllm_importance_sampling_clip_min=0.5,
+          vllm_importance_sampling_clip_max=1.5)),
+    (dict(loss_type="dr_grpo", scale_rewards="none", beta=0.04, num_iterations=2),
+     dict(vllm_importance_sampling_mode="sequence_mask", vllm_importance_sampling_clip_max=1.4)),
+    (dict(loss_type="dapo", scale_rewards="group", beta=0.0, num_iterations=1, importance_sampling_level="sequence",
+          top_entropy_quantile=0.5),
+     dict(vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=1.3)),
+]
+
+
+@pytest.mark.parametrize("cfg,correction", CORRECTIONS,
+                         ids=[case_id({**c, **k}) for c, k in CORRECTIONS])
+def test_sampling_correction_matches_trl(cfg, correction, random_model, tmp_path):
+    tok = transformers.AutoTokenizer.from_pretrained(random_model)
+    prompts, completions, rewards = rollouts(tok, seed=len(case_id(cfg)) + 7)
+    micro = 2
+    cfg = {"epsilon": 0.02, **cfg} if cfg["num_iterations"] > 1 else dict(cfg)
+    inputs, trl_loss, trl_metrics, trl_grads = trl_reference(random_model, tmp_path, cfg, prompts, completions,
+                                                             rewards, micro, correction)
+    ratio = inputs["importance_sampling_ratio"]
+    counted = inputs["completion_mask"].bool()
+    seq = correction["vllm_importance_sampling_mode"].startswith("sequence")
+    flat = ratio.flatten() if seq else ratio[counted]
+    lo = correction.get("vllm_importance_sampling_clip_min") or 0.0
+    hi = correction["vllm_importance_sampling_clip_max"]
+    if correction["vllm_importance_sampling_mode"].endswith("truncate"):
+        assert ((flat == hi) | (flat == lo)).any() and ((flat > lo) & (flat < hi)).any(), flat  # bounds bite
+    else:
+        assert (flat == 0).any() and (flat > 0).any(), flat
+    ids, targets, place = soltrain_rows(inputs)
+    save_file({"input_ids": ids, "targets": targets}, str(tmp_path / "batch.safetensors"))
+    grpo = {"rewards": torch.tensor(rewards, dtype=torch.float32),
+            "old_nll": per_token(inputs["old_per_token_logps"], inputs, place).contiguous(),
+            "sampling_nll": per_token(inputs["sampling_per_token_logps"], inputs, place).contiguous()}
+    if cfg["beta"] > 0:
+        grpo["ref_nll"] = per_token(inputs["ref_per_token_logps"], inputs, place).contiguous()
+    save_file(grpo, str(tmp_path / "grpo.safetensors"))
+    model_dir = tmp_path / "moved" if cfg["num_iterations"] > 1 else random_model
+    if cfg["num_iterations"] > 1:
+        for f in random_model.iterdir():
+            if f.name.startswith("tokenizer") or f.name.endswith(".jinja"):
+                (model_dir / f.name).write_bytes(f.read_bytes())
+    cmd = [str(BIN), "dump", "--model", str(model_dir), "--batch", str(tmp_path / "batch.safetensors"),
+           "--out", str(tmp_path / "ours.safetensors"), "--grpo", str(tmp_path / "grpo.safetensors"),
+           "--num-generations", str(G), "--micro-batches", str(micro), "--max-completion-length", str(MAX_COMPLETION),
+           "--loss-type", cfg["loss_type"], "--scale-rewards", cfg["scale_rewards"], "--beta", str(cfg["beta"]),
+           "--importance-sampling-level", cfg.get("importance_sampling_level", "token"),
+           "--epsilon", str(cfg.get("epsilon", 0.2)),
+           "--sampling-correction", correction["vllm_importance_sampling_mode"],
+           "--sampling-clip-max", str(hi)]
+    if "vllm_importance_sampling_clip_min" in correction:
+        cmd += ["--sampling-clip-min", str(correction["vllm_importance_sampling_clip_min"])]
+    if "top_entropy_quantile" in cfg:
+        cmd += ["--top-entropy-quantile", str(cfg["top_entropy_quantile"])]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    ours = load_file(str(tmp_path / "ours.safetensors"))
+    assert abs(float(ours["loss"][0]) - trl_loss) <= 1e-5 * max(1.0, abs(trl_loss)), (float(ours["loss"][0]), trl_loss)
+    for k in ["sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
+              "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
+              "sampling/importance_sampling_ratio/max", "clip_ratio/region_mean"]:
+        assert abs(float(ours[k][0]) - trl_metrics[k]) <= 1e-5 * max(1.0, abs(trl_metrics[k])), (
+            k, float(ours[k][0]), trl_metrics[k])
+    check_full_gradients(ours, trl_grads)
+    # Without the correction the loss differs: the ratios were not all 1
+    i = cmd.index("--sampling-correction")
+    plain = cmd[:i] + cmd[i + 2:]
+    plain[plain.index(str(tmp_path / "ours.safetensors"))] = str(tmp_path / "plain.safetensors")
+    assert subprocess.run(plain, capture_output=True, text=True).returncode == 0
+    assert abs(float(load_file(str(tmp_path / "plain.safetensors"))["loss"][0]) - trl_loss) > 1e-4
+
+
+def test_dump_sampling_correction_needs_its_inputs(random_model, tmp_path):
+    """--sampling-correction without the file's old_nll / sampling_nll, or with a truncate mode and no bound: one
+    line and exit 2."""
+    tok = transformers.AutoTokenizer.from_pretrained(random_model)
+    prompts, completions, rewards = rollouts(tok, seed=3)
+    ids = torch.tensor([(p + c + [0] * MAX_COMPLETION)[:PROMPT_LEN + MAX_COMPLETION]
+                        for p, c in zip([p for p in prompts for _ in range(G)], completions)], dtype=torch.int32)
+    save_file({"input_ids": ids, "targets": ids.clone()}, str(tmp_path / "batch.safetensors"))
+    save_file({"rewards": torch.tensor(rewards, dtype=torch.float32)}, str(tmp_path / "grpo.safetensors"))
+    base = [str(BIN), "dump", "--model", str(random_model), "--batch", str(tmp_path / "batch.safetensors"),
+            "--out", str(tmp_path / "o.safetensors"), "--grpo", str(tmp_path / "grpo.safetensors"),
+            "--num-generations", str(G), "--sampling-correction", "token_mask"]
+    r = subprocess.run(base, capture_output=True, text=True)
+    assert r.returncode == 2 and "needs old_nll and sampling_nll" in r.stderr.strip().splitlines()[-1], r.stderr
+    assert not (tmp_path / "o.safetensors").exists()

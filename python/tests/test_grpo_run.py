@@ -173,6 +173,41 @@ def test_generation_streams_through_fewer_rows_when_the_budget_is_short(taught, 
     assert [x["step"] for x in rows] == [1, 2, 3] and all(0 < x["completions/mean_length"] <= 12 for x in rows), rows
 
 
+def test_use_vllm_turns_on_the_sampling_correction_over_the_engines_log_probs(taught, tmp_path):
+    """use_vllm: true (a TRL config's): soltrain still generates in its own engine, and TRL's importance-sampling
+    correction (vllm_importance_sampling_*, sequence_mask at 3 by TRL's default) runs over the log-probs the sampler
+    reports. On the CPU the engine and the trainer compute in fp32 from the same weights, so each token's sampling
+    log-prob must equal the trainer's within rounding: the ratios are 1 (a wrong token, position or temperature
+    would show here as a difference of order 1). Bounds the wrong way round: one line, exit 2."""
+    out = tmp_path / "vllm"
+    r = run(["grpo", str(grpo_config(taught, out, max_steps=2, use_vllm=True, temperature=0.7, top_k=20))], taught)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "use_vllm: soltrain generates in its own engine" in r.stderr, r.stderr[-3000:]
+    assert "sampling correction sequence_mask" in r.stderr, r.stderr[-3000:]
+    rows = [x for x in read_jsonl(out / "metrics.jsonl") if "reward" in x]
+    assert len(rows) == 2, rows
+    for x in rows:
+        # top_k 20 renormalises the sampled distribution: its log-probs sit above the trainer's full softmax by
+        # the log of the kept mass, at most a little (the 20 likeliest of a taught model hold nearly all of it)
+        assert 0 <= x["sampling/sampling_logp_difference/max"] < 0.05, x
+        assert 0.9 < x["sampling/importance_sampling_ratio/min"] <= x["sampling/importance_sampling_ratio/max"] <= 1 + 1e-5, x
+    out = tmp_path / "exact"
+    r = run(["grpo", str(grpo_config(taught, out, max_steps=1, vllm_importance_sampling_correction=True,
+                                     vllm_importance_sampling_mode="token_truncate"))], taught)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "applied to the log-probs of soltrain's generation engine" in r.stderr, r.stderr[-3000:]
+    x = [x for x in read_jsonl(out / "metrics.jsonl") if "reward" in x][0]
+    assert x["sampling/sampling_logp_difference/max"] < 1e-4, x  # no top_k: the same distribution exactly
+    assert abs(x["sampling/importance_sampling_ratio/mean"] - 1) < 1e-4, x
+    r = run(["grpo", str(grpo_config(taught, tmp_path / "bad", max_steps=1, use_vllm=True,
+                                     vllm_importance_sampling_clip_min=2, vllm_importance_sampling_clip_max=1.5))],
+            taught)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "vllm_importance_sampling_clip_min 2 is above vllm_importance_sampling_clip_max 1.5" in \
+        r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
+    assert not (tmp_path / "bad").exists()
+
+
 def test_exact_deduplication_drops_repeated_prompt_rows(taught, tmp_path):
     """dataset_exact_deduplication in a grpo run drops rows whose every column repeats an earlier row's, as Axolotl's
     rl.py does for grpo (it was read and then not applied); a row differing only in another column stays."""

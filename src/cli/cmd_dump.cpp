@@ -22,10 +22,11 @@ namespace soltrain {
 namespace {
 
 struct GrpoDump {
-  std::string file;       // rewards [rows]; optional old_nll, ref_nll [rows, T]
+  std::string file;       // rewards [rows]; optional old_nll, ref_nll, sampling_nll [rows, T]
   std::string reference;  // a model folder: the reference pass computes ref_nll with its weights (full fine-tuning)
-  std::string loss_type = "dapo", scale_rewards = "group", level = "token";
+  std::string loss_type = "dapo", scale_rewards = "group", level = "token", correction = "none";
   float beta = 0, epsilon = 0.2f, epsilon_high = -1, delta = 0, temperature = 1, top_entropy_quantile = 1;
+  float clip_min = NAN, clip_max = 3;
   int num_generations = 2, max_completion_length = 0, micro_batches = 1;
   bool kl_ratio = true;
 };
@@ -130,7 +131,8 @@ int dump_reward(float center, Ops& ops, Transformer& model, const HostBatch& bat
 // The batch's rows split into `k` micro-batches of rows / k (an update's), each with its completions'
 // advantages and the file's per-token NLLs.
 std::vector<HostBatch> grpo_micro_batches(const HostBatch& all, const std::vector<float>& adv,
-                                          const std::vector<float>& old_nll, const std::vector<float>& ref_nll, int k) {
+                                          const std::vector<float>& old_nll, const std::vector<float>& ref_nll,
+                                          const std::vector<float>& sampling_nll, int k) {
   if (k < 1 || all.rows % k != 0) user_error("--micro-batches ", k, " does not divide the batch's ", all.rows, " rows");
   const int rows = all.rows / k, T = all.seq_len;
   std::vector<HostBatch> out;
@@ -144,6 +146,7 @@ std::vector<HostBatch> grpo_micro_batches(const HostBatch& all, const std::vecto
     b.advantages.assign(adv.begin() + m * rows, adv.begin() + (m + 1) * rows);
     if (!old_nll.empty()) b.old_nll.assign(old_nll.begin() + long(t0), old_nll.begin() + long(t1));
     if (!ref_nll.empty()) b.ref_token_nll.assign(ref_nll.begin() + long(t0), ref_nll.begin() + long(t1));
+    if (!sampling_nll.empty()) b.sampling_nll.assign(sampling_nll.begin() + long(t0), sampling_nll.begin() + long(t1));
     out.push_back(std::move(b));
   }
   return out;
@@ -161,9 +164,15 @@ int dump_grpo(const GrpoDump& g, Ops& ops, Transformer& model, const HostBatch& 
   c.kl_ratio = g.kl_ratio;
   c.top_entropy_quantile = g.top_entropy_quantile;
   c.max_completion_length = g.max_completion_length > 0 ? g.max_completion_length : batch.seq_len;
+  if (g.correction != "none") {
+    c.sampling_correction = parse_sampling_correction(g.correction, "--sampling-correction");
+    c.sampling_clip_min = g.clip_min;
+    c.sampling_clip_max = g.clip_max;
+  }
+  c.validate("dump --grpo");
   const SafetensorsFile f(g.file);
   const int R = batch.rows, T = batch.seq_len;
-  std::vector<float> rewards_f(size_t(R), 0.0f), old_nll, ref_nll;
+  std::vector<float> rewards_f(size_t(R), 0.0f), old_nll, ref_nll, sampling_nll;
   read_as_f32(f.at("rewards"), {R}, rewards_f.data(), "rewards");
   if (f.find("old_nll")) {
     old_nll.resize(size_t(R) * size_t(T));
@@ -173,11 +182,18 @@ int dump_grpo(const GrpoDump& g, Ops& ops, Transformer& model, const HostBatch& 
     ref_nll.resize(size_t(R) * size_t(T));
     read_as_f32(f.at("ref_nll"), {R, T}, ref_nll.data(), "ref_nll");
   }
+  if (c.sampling_correction != SamplingCorrection::None) {
+    if (old_nll.empty() || !f.find("sampling_nll"))
+      user_error("--sampling-correction ", g.correction, ": the --grpo file needs old_nll and sampling_nll [rows, T]");
+    sampling_nll.resize(size_t(R) * size_t(T));
+    read_as_f32(f.at("sampling_nll"), {R, T}, sampling_nll.data(), "sampling_nll");
+  }
   const std::vector<double> rewards(rewards_f.begin(), rewards_f.end());
   if (g.num_generations < 1 || R % g.num_generations != 0)
     user_error("--num-generations ", g.num_generations, " does not divide the batch's ", R, " rows");
   const std::vector<float> adv = grpo_advantages(rewards, g.num_generations, c.scale_rewards);
-  const std::vector<HostBatch> micro = grpo_micro_batches(batch, adv, old_nll, ref_nll, g.micro_batches);
+  const std::vector<HostBatch> micro = grpo_micro_batches(batch, adv, old_nll, ref_nll, sampling_nll, g.micro_batches);
+  const SamplingCorrectionStats cs = sampling_correction_stats(c, micro);
   model.set_logit_temperature(g.temperature);
   model.plan(micro[0].rows, T);
   GrpoObjective grpo(ops, c, int64_t(micro[0].rows) * T, micro[0].rows);
@@ -199,11 +215,24 @@ int dump_grpo(const GrpoDump& g, Ops& ops, Transformer& model, const HostBatch& 
 
   std::vector<float> scalars{float(m.loss),        float(m.kl),           float(m.clip_low),      float(m.clip_high),
                              float(m.clip_region), float(m.clip_low_min), float(m.clip_high_max), float(m.entropy)};
+  std::vector<const char*> names{"loss",
+                                 "kl",
+                                 "clip_ratio/low_mean",
+                                 "clip_ratio/high_mean",
+                                 "clip_ratio/region_mean",
+                                 "clip_ratio/low_min",
+                                 "clip_ratio/high_max",
+                                 "entropy"};
+  if (c.sampling_correction != SamplingCorrection::None) {
+    for (const char* n : {"sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
+                          "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
+                          "sampling/importance_sampling_ratio/max"})
+      names.push_back(n);
+    for (double v : {cs.logp_diff_mean, cs.logp_diff_max, cs.ratio_min, cs.ratio_mean, cs.ratio_max})
+      scalars.push_back(float(v));
+  }
   std::vector<NamedTensor> out;
-  add_scalars(out,
-              {"loss", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
-               "clip_ratio/low_min", "clip_ratio/high_max", "entropy"},
-              scalars);
+  add_scalars(out, names, scalars);
   out.push_back({"advantages", Tensor{const_cast<float*>(adv.data()), DType::F32, {R}, Device::CPU}});
   std::vector<std::vector<float>> grads;
   add_gradients(model, ops, out, grads);
@@ -260,6 +289,12 @@ std::function<int()> add_dump_command(CLI::App& app) {
   c->add_option("--top-entropy-quantile", g->top_entropy_quantile,
                 "GRPO: the policy term at the micro-batch's highest-entropy completion tokens only (1: all)")
       ->capture_default_str();
+  c->add_option("--sampling-correction", g->correction,
+                "GRPO: TRL's vllm_importance_sampling_mode over the file's sampling_nll: none, token_truncate, "
+                "token_mask, sequence_truncate or sequence_mask")
+      ->capture_default_str();
+  c->add_option("--sampling-clip-min", g->clip_min, "GRPO: the correction's lower bound (default: none)");
+  c->add_option("--sampling-clip-max", g->clip_max, "GRPO: the correction's upper bound")->capture_default_str();
   c->add_option("--num-generations", g->num_generations, "GRPO: completions per prompt (consecutive rows)")
       ->capture_default_str();
   c->add_option("--max-completion-length", g->max_completion_length, "GRPO: dr_grpo's divisor (default: T)");

@@ -495,6 +495,26 @@ void rule_grpo(const Entries& en, const std::string& where, TrainConfig& c, std:
     if (en.given({k}))
       c.notes.push_back(cat(k, " does not apply to a grpo run (each completion trains as its own row with its prompt, ",
                             "on the completion's tokens alone): not used"));
+  // TRL's correction for the generation engine's log-probs: on where TRL's would be (use_vllm, its default
+  // vllm_importance_sampling_correction true), or when asked for; applied to soltrain's own engine.
+  const bool correction = g.sampling_correction_given == 1 || (g.sampling_correction_given == -1 && g.use_vllm);
+  if (correction) {
+    g.loss.sampling_correction = parse_sampling_correction(g.sampling_correction_mode, where);
+    g.loss.sampling_clip_min = float(g.sampling_clip_min);
+    g.loss.sampling_clip_max = float(g.sampling_clip_max);
+    try {
+      g.loss.validate(where);
+    } catch (const UserError& e) {
+      errors.push_back(e.what());
+    }
+  }
+  if (g.use_vllm)
+    c.notes.push_back(cat("use_vllm: soltrain generates in its own engine, on the training weights (no vLLM)",
+                          correction ? "; TRL's importance-sampling correction applies to its log-probs" : ""));
+  else if (correction)
+    c.notes.push_back(
+        "vllm_importance_sampling_correction: applied to the log-probs of soltrain's generation engine "
+        "(TRL applies it only with use_vllm)");
   const int64_t completions = int64_t(c.per_device_train_batch_size) * c.gradient_accumulation_steps;
   if (completions % g.num_generations != 0)
     errors.push_back(cat(where, ": per_device_train_batch_size x gradient_accumulation_steps = ", completions,

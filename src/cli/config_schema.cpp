@@ -738,6 +738,33 @@ void add_grpo_keys(std::vector<KeySpec>& v) {
                     [](const Entry& e, const std::string& k, ReadContext& x) {
                       x.c.grpo.loss.top_entropy_quantile = float(get_double(e, k, 0, 1));
                     })));
+  v.push_back(g(flag("use_vllm", FIELD(grpo.use_vllm),
+                     "TRL's: soltrain generates in its own engine either way (no vLLM); true turns on "
+                     "vllm_importance_sampling_correction when that is not given, as TRL's default does")));
+  v.push_back(g(key("vllm_importance_sampling_correction", "bool", "true or false", "use_vllm",
+                    "weigh each completion token by pi_old / pi_sampling (the trainer's log-prob over the generation "
+                    "engine's), TRL's correction for the engine's numerics",
+                    [](const Entry& e, const std::string& k, ReadContext& x) {
+                      x.c.grpo.sampling_correction_given = get_bool(e, k) ? 1 : 0;
+                    })));
+  v.push_back(
+      g(choice("vllm_importance_sampling_mode", {"token_truncate", "token_mask", "sequence_truncate", "sequence_mask"},
+               "sequence_mask",
+               "the correction's ratio per token or per completion, clipped (truncate) or zeroed outside "
+               "[clip_min, clip_max] (mask)",
+               [](ReadContext& x, const std::string& s, const Entry&) { x.c.grpo.sampling_correction_mode = s; })));
+  for (const char* name : {"vllm_importance_sampling_clip_max", "vllm_importance_sampling_cap"})
+    v.push_back(g(key(name, "number", "a number > 0", "3",
+                      std::string(name) == "vllm_importance_sampling_cap"
+                          ? "TRL's older name of vllm_importance_sampling_clip_max"
+                          : "the correction's upper bound",
+                      [](const Entry& e, const std::string& k, ReadContext& x) {
+                        x.c.grpo.sampling_clip_max = get_double(e, k, 0, 1e30, true);
+                      })));
+  v.push_back(g(key("vllm_importance_sampling_clip_min", "number", "a number >= 0", "none",
+                    "the correction's lower bound", [](const Entry& e, const std::string& k, ReadContext& x) {
+                      x.c.grpo.sampling_clip_min = get_double(e, k, 0, 1e30);
+                    })));
   v.push_back(g(flag("mask_truncated_completions", FIELD(grpo.mask_truncated_completions),
                      "completions cut by max_completion_length count nothing in the loss")));
   v.push_back(g(key("reward_funcs", "list", "a list of names", "",

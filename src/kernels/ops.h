@@ -437,7 +437,11 @@ class Ops {
   // empty when p.repetition_penalty is 1) flags the tokens each row already holds: their logits are penalised,
   // and the drawn token is flagged. Row b draws sample_uniform(p.seed + b, step) and takes, in token order, the
   // first kept token where the running kept probability exceeds it (greedy: the first largest logit).
-  virtual void sample_tokens(Tensor ids, Tensor logits, Tensor seen, const SamplingParams& p, uint64_t step) = 0;
+  // logprobs (F32 [B], or empty) receives the drawn token's log-probability under the distribution it was drawn
+  // from (vLLM's processed_logprobs, which TRL's importance-sampling correction reads): log softmax of the penalised
+  // logits / temperature renormalised over the kept set; greedy: log softmax of the penalised logits.
+  virtual void sample_tokens(Tensor ids, Tensor logits, Tensor seen, const SamplingParams& p, uint64_t step,
+                             Tensor logprobs = {}) = 0;
   // seen[b, ids[b·T + t]] = 1 for the T tokens of each row b of seen (U8 [B,V]); ids I32 [B·T].
   virtual void flag_tokens(Tensor seen, const Tensor& ids) = 0;
   // Decoding: each row's drawn token becomes its next input, fed at the row's length. I32 [B] each, on the ops'
@@ -581,9 +585,9 @@ class Ops {
   // and under the reference; old_nll empty: the current ones, a ratio of 1; ref_nll read only when β ≠ 0); a
   // token counts
   // where targets (I32 [N]) is not -100. Per completion (F32 [D]): its advantage and its scale (the loss type's
-  // normaliser, 0 for padding). keep (F32 [N], 1 or 0; empty: all 1) masks each token's policy term (TRL's
-  // top_entropy_quantile), not its KL. weight (F32 [N]) = d loss / d token_nll (0 where not counted); stats (F64
-  // [kPolicyStats]) as PolicyStat says.
+  // normaliser, 0 for padding). keep (F32 [N]; empty: all 1) multiplies each token's policy term, not its
+  // KL: TRL's top_entropy_quantile mask (1 or 0) times its importance-sampling correction. weight (F32 [N]) = d loss /
+  // d token_nll (0 where not counted); stats (F64 [kPolicyStats]) as PolicyStat says.
   virtual void policy_loss(Tensor weight, Tensor stats, const Tensor& token_nll, const Tensor& targets,
                            const Tensor& old_nll, const Tensor& ref_nll, const Tensor& keep,
                            const Tensor& doc_advantage, const Tensor& doc_scale, const Tensor& cu_seqlens,

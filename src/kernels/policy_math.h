@@ -88,12 +88,12 @@ struct PolicyDocument {
 };
 
 // Completion d (tokens [begin, end); nll, old and ref: −log p of each target under the policy, the sampling
-// policy and the reference; keep, when given, 1 or 0 per token: TRL's top_entropy_quantile mask, which multiplies
-// the policy term alone, not the KL, nor the clip metrics): every token's weight into w, and what it adds to the
-// stats. Tokens whose
-// target is -100 get weight 0 and count nothing. With sequence-level importance sampling the log ratio is the
-// mean over the counted tokens (TRL: Σ log_ratio·mask / max(Σ mask, 1)); its derivative 1/len reaches each of
-// the len tokens through the completion's len terms, so every token's weight takes the term's derivative once.
+// policy and the reference; keep, when given, a factor per token: TRL's top_entropy_quantile mask (1 or 0) times
+// its importance-sampling correction, which multiply the policy term alone, not the KL, nor the clip metrics): every
+// token's weight into w, and what it adds to the stats. Tokens whose target is -100 get weight 0 and count nothing.
+// With sequence-level importance sampling the log ratio is the mean over the counted tokens (TRL: Σ log_ratio·mask /
+// max(Σ mask, 1)); its derivative 1/len reaches each of the len tokens through the completion's len terms, so every
+// token's weight takes the term's derivative once.
 SOLTRAIN_HOST_DEVICE inline PolicyDocument policy_document(const PolicyLossParams& p, int32_t begin, int32_t end,
                                                            const float* nll, const int32_t* targets, const float* old,
                                                            const float* ref, const float* keep, double adv,

@@ -148,6 +148,7 @@ KvDecoder::KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int m
   one(lens_, batch, i32);
   one(table_, int64_t(batch) * blocks_per_row_, i32);
   one(sampled_, batch, i32);
+  one(sampled_logp_, batch, f32);
   if (repetition_penalty) one(seen_, int64_t(batch) * V, DType::U8);
 }
 
@@ -226,19 +227,22 @@ void KvDecoder::decode_step() {
   head_last(0, batch_, view(x_, {B, D}));
 }
 
-void KvDecoder::sample(const SamplingParams& p, uint64_t step, int32_t* ids) {
-  sample_rows(0, batch_, p, step, ids);
+void KvDecoder::sample(const SamplingParams& p, uint64_t step, int32_t* ids, float* logprobs) {
+  sample_rows(0, batch_, p, step, ids, logprobs);
 }
 
-void KvDecoder::sample_rows(int r0, int n, const SamplingParams& p, uint64_t step, int32_t* ids) {
+void KvDecoder::sample_rows(int r0, int n, const SamplingParams& p, uint64_t step, int32_t* ids, float* logprobs) {
   SOLTRAIN_CHECK(r0 >= 0 && n > 0 && r0 + n <= batch_, "sample_rows: rows ", r0, "+", n, " of ", batch_);
   if (p.repetition_penalty != 1 && !seen_.defined())
     throw std::logic_error("KvDecoder::sample: a repetition_penalty needs a decoder built to track tokens");
   SamplingParams q = p;
   q.seed = p.seed + uint64_t(r0);  // (Ops::sample_tokens numbers the rows it is given from 0)
   const Tensor drawn = sampled_.rows(r0, r0 + n);
-  ops_.sample_tokens(drawn, logits_.rows(r0, r0 + n), seen_.defined() ? seen_.rows(r0, r0 + n) : Tensor{}, q, step);
+  const Tensor logp = logprobs ? sampled_logp_.rows(r0, r0 + n) : Tensor{};
+  ops_.sample_tokens(drawn, logits_.rows(r0, r0 + n), seen_.defined() ? seen_.rows(r0, r0 + n) : Tensor{}, q, step,
+                     logp);
   ops_.copy(Tensor{ids, DType::I32, {n}, Device::CPU}, drawn);
+  if (logprobs) ops_.copy(Tensor{logprobs, DType::F32, {n}, Device::CPU}, logp);
 }
 
 void KvDecoder::restart_row(int row) {

@@ -61,11 +61,12 @@ class KvDecoder {
   // group. The full blocks of `from` are shared, its last, partly filled one copied; `to`'s own are given back.
   void copy_row(int from, int to);
   // One token per sequence from its last logits, drawn on the device (Ops::sample_tokens; row b with seed + b,
-  // `step` numbering the draws); only the ids come back, into `ids` (host, [batch]).
-  void sample(const SamplingParams& p, uint64_t step, int32_t* ids);
+  // `step` numbering the draws); only the ids come back, into `ids` (host, [batch]), and when `logprobs` is given
+  // (host, [batch]) each drawn token's log-probability under the distribution it was drawn from.
+  void sample(const SamplingParams& p, uint64_t step, int32_t* ids, float* logprobs = nullptr);
   // The same for rows [r0, r0 + n) alone (row b still with seed + b), into ids (host, [n]): the first token of
   // rows restarted while the others decode (continuous batching); the next feed_drawn() feeds it.
-  void sample_rows(int r0, int n, const SamplingParams& p, uint64_t step, int32_t* ids);
+  void sample_rows(int r0, int n, const SamplingParams& p, uint64_t step, int32_t* ids, float* logprobs = nullptr);
   // Sequence `row` forgets its tokens (its blocks back to the pool, its flags cleared): feed_row starts it afresh.
   void restart_row(int row);
   // feed() of the tokens sample() last drew, one per sequence, without them leaving the device: the decode step.
@@ -132,7 +133,8 @@ class KvDecoder {
       moe_shared_out_, moe_shared_logit_, moe_u_gate_up_, moe_u_down_, moe_dequant_;
   Tensor ids_, positions_, lens_, table_;
   std::vector<std::pair<Tensor*, size_t>> bind_;  // the planned buffers, until the arena is allocated
-  Tensor sampled_, seen_;  // I32 [batch] drawn ids; U8 [batch, vocab] tokens held (with repetition_penalty only)
+  // I32 [batch] drawn ids; F32 [batch] their log-probs; U8 [batch, vocab] tokens held (with repetition_penalty only)
+  Tensor sampled_, sampled_logp_, seen_;
   // lens_ holds every row's length (feed_rows uses it as per-chunk scratch): what feed_drawn() advances.
   bool lens_current_ = false;
   int decode_steps_ = 0;  // feed_drawn() calls since the last reset(): the first runs op by op, sizing scratch

@@ -72,6 +72,8 @@ std::vector<Rollout> generate_groups(KvDecoder& decoder, const std::vector<std::
   std::vector<int> holds(size_t(slots), -1);  // the completion each row decodes for (-1: none)
   std::vector<bool> done(size_t(n), false);
   std::vector<int32_t> next(size_t(slots), 0);
+  std::vector<float> next_logp(opts.logprobs ? size_t(slots) : 0);
+  float* const logp = opts.logprobs ? next_logp.data() : nullptr;
   int fed = 0;  // prompts started
   // Row r's draw `id` taken into its completion; true when that ends it.
   auto take = [&](int r, int32_t id) {
@@ -79,6 +81,7 @@ std::vector<Rollout> generate_groups(KvDecoder& decoder, const std::vector<std::
     if (c < 0 || done[size_t(c)]) return;  // (a finished row keeps decoding into its own slot, unread)
     Rollout& ro = out[size_t(c)];
     ro.tokens.push_back(id);
+    if (logp) ro.logprobs.push_back(logp[r]);
     ro.stop_string = !is_eos(opts, id) && stops(opts, ro.tokens);
     if (is_eos(opts, id) || ro.stop_string) done[size_t(c)] = ro.terminated = true;
     if (int(ro.tokens.size()) >= opts.max_new_tokens) done[size_t(c)] = true;
@@ -107,7 +110,7 @@ std::vector<Rollout> generate_groups(KvDecoder& decoder, const std::vector<std::
   const int32_t park_token = prompts[0][0];
   for (uint64_t step = 0; std::find(done.begin(), done.end(), false) != done.end(); ++step) {
     if (step > 0) decoder.feed_drawn();  // (the tokens in `next`, from the device)
-    decoder.sample(opts.sampling, step, next.data());
+    decoder.sample(opts.sampling, step, next.data(), logp);
     for (int r = 0; r < slots; ++r) take(r, next[size_t(r)]);
     if (!streams) continue;
     for (int r0 = 0; r0 < slots; r0 += group) {
@@ -121,7 +124,8 @@ std::vector<Rollout> generate_groups(KvDecoder& decoder, const std::vector<std::
       }
       start(r0);
       // (a step number of its own: the rows' previous draws at this step were the ended completions')
-      decoder.sample_rows(r0, group, opts.sampling, step | (uint64_t(1) << 40), next.data() + r0);
+      decoder.sample_rows(r0, group, opts.sampling, step | (uint64_t(1) << 40), next.data() + r0,
+                          logp ? logp + r0 : nullptr);
       for (int i = 0; i < group; ++i) take(r0 + i, next[size_t(r0 + i)]);
     }
   }

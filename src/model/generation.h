@@ -19,6 +19,9 @@ struct GenerationOptions {
   // A row's tokens so far, the newest last: true ends the row after that token (stop strings,
   // tokenizer/stop_strings.h). Not set: EOS ids and the budget alone end rows.
   std::function<bool(std::span<const int32_t>)> stop_after;
+  // generate_groups: each token's log-probability under the distribution it was drawn from into Rollout::logprobs
+  // (GRPO's importance-sampling correction reads them).
+  bool logprobs = false;
 };
 
 // Generates after `prompt` with a batch-1 decoder (reset first; built for a repetition_penalty when one is
@@ -43,8 +46,9 @@ std::vector<std::vector<int32_t>> generate_batch(KvDecoder& decoder, std::span<c
 // gives what all rows at once give; sampled draws depend on the row and step a completion got, repeatably).
 struct Rollout {
   std::vector<int32_t> tokens;
-  bool terminated = false;   // ended by an EOS or a stop string rather than the length limit
-  bool stop_string = false;  // ... by a stop string
+  bool terminated = false;      // ended by an EOS or a stop string rather than the length limit
+  bool stop_string = false;     // ... by a stop string
+  std::vector<float> logprobs;  // per token, with GenerationOptions::logprobs (Ops::sample_tokens' definition)
 };
 std::vector<Rollout> generate_groups(KvDecoder& decoder, const std::vector<std::vector<int32_t>>& prompts, int group,
                                      const GenerationOptions& opts);

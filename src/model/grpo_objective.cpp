@@ -43,6 +43,25 @@ const char* scale_rewards_name(ScaleRewards s) {
   return "?";
 }
 
+SamplingCorrection parse_sampling_correction(const std::string& s, const std::string& where) {
+  if (s == "token_truncate") return SamplingCorrection::TokenTruncate;
+  if (s == "token_mask") return SamplingCorrection::TokenMask;
+  if (s == "sequence_truncate") return SamplingCorrection::SequenceTruncate;
+  if (s == "sequence_mask") return SamplingCorrection::SequenceMask;
+  user_error(where, ": '", s, "' is not one of token_truncate, token_mask, sequence_truncate, sequence_mask");
+}
+
+const char* sampling_correction_name(SamplingCorrection c) {
+  switch (c) {
+    case SamplingCorrection::None: return "none";
+    case SamplingCorrection::TokenTruncate: return "token_truncate";
+    case SamplingCorrection::TokenMask: return "token_mask";
+    case SamplingCorrection::SequenceTruncate: return "sequence_truncate";
+    case SamplingCorrection::SequenceMask: return "sequence_mask";
+  }
+  return "?";
+}
+
 void GrpoConfig::validate(const std::string& where) const {
   if (!(epsilon >= 0 && epsilon < 1)) user_error(where, ": epsilon ", epsilon, " must be in [0, 1)");
   if (!(epsilon_high >= 0)) user_error(where, ": epsilon_high ", epsilon_high, " must be >= 0");
@@ -52,6 +71,119 @@ void GrpoConfig::validate(const std::string& where) const {
   if (max_completion_length < 1) user_error(where, ": max_completion_length ", max_completion_length, " must be >= 1");
   if (!(top_entropy_quantile >= 0 && top_entropy_quantile <= 1))
     user_error(where, ": top_entropy_quantile ", top_entropy_quantile, " must be in [0, 1]");
+  if (sampling_correction != SamplingCorrection::None) {
+    if (!std::isnan(sampling_clip_min) && !(sampling_clip_min >= 0))
+      user_error(where, ": vllm_importance_sampling_clip_min ", sampling_clip_min, " must be >= 0 (or none)");
+    if (!std::isnan(sampling_clip_max) && !(sampling_clip_max > 0))
+      user_error(where, ": vllm_importance_sampling_clip_max ", sampling_clip_max, " must be > 0 (or none)");
+    if (sampling_clip_min > sampling_clip_max)
+      user_error(where, ": vllm_importance_sampling_clip_min ", sampling_clip_min,
+                 " is above vllm_importance_sampling_clip_max ", sampling_clip_max);
+    if (std::isnan(sampling_clip_min) && std::isnan(sampling_clip_max) &&
+        (sampling_correction == SamplingCorrection::TokenTruncate ||
+         sampling_correction == SamplingCorrection::SequenceTruncate))
+      user_error(where, ": vllm_importance_sampling_mode ", sampling_correction_name(sampling_correction),
+                 " needs vllm_importance_sampling_clip_max or _clip_min (a bound to truncate at)");
+  }
+}
+
+namespace {
+// TRL's per-token (or per-completion) log ratio log p_old − log p_sampling, a token that counts nothing or has no
+// sampling log-prob giving 0; then exp, and the clip or mask. Computed in fp32 as TRL does (its tensors are fp32).
+struct CorrectionRow {
+  std::vector<float> diff;  // per token of the row (0 where nothing counts)
+  float sequence = 0;       // Σ over the row
+};
+
+float correction_bound(const GrpoConfig& c, float ratio) {
+  const bool truncate = c.sampling_correction == SamplingCorrection::TokenTruncate ||
+                        c.sampling_correction == SamplingCorrection::SequenceTruncate;
+  if (truncate) {
+    if (!std::isnan(c.sampling_clip_min)) ratio = std::max(ratio, c.sampling_clip_min);
+    if (!std::isnan(c.sampling_clip_max)) ratio = std::min(ratio, c.sampling_clip_max);
+    return ratio;
+  }
+  const float lo = std::isnan(c.sampling_clip_min) ? -INFINITY : c.sampling_clip_min;
+  const float hi = std::isnan(c.sampling_clip_max) ? INFINITY : c.sampling_clip_max;
+  return (ratio < lo || ratio > hi) ? 0.0f : ratio;
+}
+
+bool sequence_correction(const GrpoConfig& c) {
+  return c.sampling_correction == SamplingCorrection::SequenceTruncate ||
+         c.sampling_correction == SamplingCorrection::SequenceMask;
+}
+
+CorrectionRow correction_row(const HostBatch& b, int row) {
+  const size_t T = size_t(b.seq_len), t0 = size_t(row) * T;
+  CorrectionRow r;
+  r.diff.assign(T, 0.0f);
+  for (size_t t = 0; t < T; ++t) {
+    if (b.targets[t0 + t] == -100) continue;
+    const float d = (-b.old_nll[t0 + t]) - (-b.sampling_nll[t0 + t]);
+    r.diff[t] = std::isnan(d) ? 0.0f : d;
+    r.sequence += r.diff[t];
+  }
+  return r;
+}
+
+void check_correction_inputs(const HostBatch& b) {
+  const size_t N = size_t(b.rows) * size_t(b.seq_len);
+  SOLTRAIN_CHECK(b.old_nll.size() == N && b.sampling_nll.size() == N,
+                 "the sampling correction needs the batch's old_nll and sampling_nll, one per token");
+}
+}  // namespace
+
+std::vector<float> sampling_correction_weights(const GrpoConfig& c, const HostBatch& b) {
+  if (c.sampling_correction == SamplingCorrection::None) return {};
+  check_correction_inputs(b);
+  std::vector<float> w(size_t(b.rows) * size_t(b.seq_len), 1.0f);
+  for (int r = 0; r < b.rows; ++r) {
+    const CorrectionRow row = correction_row(b, r);
+    const float seq = correction_bound(c, std::exp(row.sequence));
+    for (size_t t = 0; t < row.diff.size(); ++t)
+      w[size_t(r) * row.diff.size() + t] = sequence_correction(c) ? seq : correction_bound(c, std::exp(row.diff[t]));
+  }
+  return w;
+}
+
+SamplingCorrectionStats sampling_correction_stats(const GrpoConfig& c, std::span<const HostBatch> micro_batches) {
+  SamplingCorrectionStats s;
+  if (c.sampling_correction == SamplingCorrection::None) return s;
+  double diff_sum = 0, ratio_sum = 0;
+  int64_t diffs = 0, ratios = 0;
+  s.ratio_min = INFINITY;
+  s.ratio_max = -INFINITY;
+  auto ratio = [&](double x) {
+    s.ratio_min = std::min(s.ratio_min, x);
+    s.ratio_max = std::max(s.ratio_max, x);
+    ratio_sum += x;
+    ++ratios;
+  };
+  for (const HostBatch& b : micro_batches) {
+    check_correction_inputs(b);
+    const std::vector<float> w = sampling_correction_weights(c, b);
+    const size_t T = size_t(b.seq_len);
+    for (int r = 0; r < b.rows; ++r) {
+      for (size_t t = 0; t < T; ++t) {
+        const size_t i = size_t(r) * T + t;
+        if (b.targets[i] == -100) continue;
+        const double d = std::fabs(double(-b.old_nll[i]) - double(-b.sampling_nll[i]));
+        if (!std::isnan(d)) diff_sum += d, s.logp_diff_max = std::max(s.logp_diff_max, d), ++diffs;
+        if (!sequence_correction(c)) ratio(w[i]);
+      }
+      if (sequence_correction(c)) {  // one ratio per completion (every row's, as TRL flattens them)
+        const CorrectionRow row = correction_row(b, r);
+        ratio(correction_bound(c, std::exp(row.sequence)));
+      }
+    }
+  }
+  s.logp_diff_mean = diffs ? diff_sum / double(diffs) : 0.0;
+  if (ratios) {
+    s.ratio_mean = ratio_sum / double(ratios);
+  } else {
+    s.ratio_min = s.ratio_max = 0;
+  }
+  return s;
 }
 
 std::vector<float> high_entropy_mask(std::span<const float> entropy, std::span<const int32_t> targets,
@@ -148,7 +280,9 @@ GrpoObjective::GrpoObjective(Ops& ops, GrpoConfig cfg, int64_t max_tokens, int64
       scale_(ops.alloc(size_t(max_rows) * sizeof(float))),
       weight_(ops.alloc(size_t(max_tokens) * sizeof(float))),
       stats_(ops.alloc((kPolicyStats + 1) * sizeof(double))),
-      keep_(cfg.top_entropy_quantile < 1 ? ops.alloc(size_t(max_tokens) * sizeof(float)) : Buffer{}),
+      keep_(cfg.top_entropy_quantile < 1 || cfg.sampling_correction != SamplingCorrection::None
+                ? ops.alloc(size_t(max_tokens) * sizeof(float))
+                : Buffer{}),
       upload_old_(ops, size_t(max_tokens) * sizeof(float)),
       upload_ref_(ops, size_t(max_tokens) * sizeof(float)),
       upload_adv_(ops, size_t(max_rows) * sizeof(float)),
@@ -178,6 +312,7 @@ void GrpoObjective::set_micro_batch(Ops& ops, const HostBatch& b, std::span<cons
     SOLTRAIN_CHECK(int64_t(b.ref_token_nll.size()) == N, "ref_token_nll: one value per token");
     upload_ref_(ops, Tensor{ref_.data(), DType::F32, {N}, ref_.device()}, b.ref_token_nll.data());
   }
+  host_correction_ = sampling_correction_weights(cfg_, b);
   weights_ready_ = false;
 }
 
@@ -198,15 +333,25 @@ void GrpoObjective::add_loss(Ops& ops, const ForwardOutputs& out) {
   auto f32 = [](const Buffer& b, int64_t n) { return Tensor{b.data(), DType::F32, {n}, b.device()}; };
   const Tensor ent = out.token_entropy.rows(0, N);
   Tensor keep;
+  std::vector<float> k;
   if (cfg_.top_entropy_quantile < 1) {
     // TRL's high-entropy mask from this micro-batch's entropies (read back: a sync per micro-batch while it is on)
     host_entropy_.resize(size_t(N));
     host_targets_.resize(size_t(N));
     ops.copy(Tensor{host_entropy_.data(), DType::F32, {N}, Device::CPU}, ent);
     ops.copy(Tensor{host_targets_.data(), DType::I32, {N}, Device::CPU}, out.targets.rows(0, N));
-    const std::vector<float> k = high_entropy_mask(host_entropy_, host_targets_, 1.0f - cfg_.top_entropy_quantile);
+    k = high_entropy_mask(host_entropy_, host_targets_, 1.0f - cfg_.top_entropy_quantile);
+  }
+  if (!host_correction_.empty()) {  // TRL multiplies the policy term by the mask, then by the correction
+    SOLTRAIN_CHECK(int64_t(host_correction_.size()) == N, "sampling correction weights: one per token");
+    if (k.empty())
+      k = host_correction_;
+    else
+      for (size_t i = 0; i < k.size(); ++i) k[i] *= host_correction_[i];
+  }
+  if (!k.empty()) {
     keep = f32(keep_, N);
-    ops.copy(keep, Tensor{const_cast<float*>(k.data()), DType::F32, {N}, Device::CPU});
+    ops.copy(keep, Tensor{k.data(), DType::F32, {N}, Device::CPU});
   }
   ops.policy_loss(f32(weight_, N), Tensor{stats_.data(), DType::F64, {kPolicyStats}, stats_.device()}, out.token_nll,
                   out.targets, has_old_ ? f32(old_, N) : Tensor{}, f32(ref_, N), keep, f32(adv_, D), f32(scale_, D),

@@ -4,6 +4,7 @@
 // NLL per token for backward. The loss types differ only in each completion's share of the update's loss
 // (grpo_document_scales): what TRL divides by.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -33,6 +34,14 @@ enum class ScaleRewards { Group, Batch, None };
 ScaleRewards parse_scale_rewards(const std::string& s, const std::string& where);
 const char* scale_rewards_name(ScaleRewards s);
 
+// TRL's vllm_importance_sampling_mode (what TRL applies to vLLM's rollouts, soltrain to its decoder's): the ratio
+// π(old) / π(sampling) of each completion token (token_*) or of the whole completion (sequence_*: the product over
+// its tokens), clipped to [clip_min, clip_max] (*_truncate) or zeroed outside it (*_mask), multiplies the policy
+// term. None: no correction (TRL without vLLM, or vllm_importance_sampling_correction false).
+enum class SamplingCorrection { None, TokenTruncate, TokenMask, SequenceTruncate, SequenceMask };
+SamplingCorrection parse_sampling_correction(const std::string& s, const std::string& where);
+const char* sampling_correction_name(SamplingCorrection c);
+
 struct GrpoConfig {
   GrpoLossType loss_type = GrpoLossType::Dapo;
   ScaleRewards scale_rewards = ScaleRewards::Group;
@@ -43,6 +52,8 @@ struct GrpoConfig {
   // TRL's top_entropy_quantile: each micro-batch's policy term counts only at completion tokens whose entropy is
   // at least the (1 − q) quantile of its completion tokens' (torch.quantile, linear); 1: every token.
   float top_entropy_quantile = 1;
+  SamplingCorrection sampling_correction = SamplingCorrection::None;
+  float sampling_clip_min = NAN, sampling_clip_max = 3;  // NaN: no bound (TRL's None)
   // The values a config can hold, checked; UserErrors name `where`'s keys.
   void validate(const std::string& where) const;
 };
@@ -67,6 +78,19 @@ std::vector<std::vector<float>> grpo_document_scales(const GrpoConfig& c, std::s
 // 1e-6 of it: tied entropies computed in different rows may differ in their last bits), else 0; all 0 without
 // counted tokens.
 std::vector<float> high_entropy_mask(std::span<const float> entropy, std::span<const int32_t> targets, float threshold);
+
+// TRL's importance_sampling_ratio for one micro-batch (one completion per row): per token, from its old_nll (the
+// trainer's −log p when the completions were generated) and sampling_nll (the generation engine's), as `c`'s
+// sampling_correction says; 1 at tokens that count nothing, and where a sampling log-prob is NaN (TRL's
+// nan_to_num). Empty when the correction is off.
+std::vector<float> sampling_correction_weights(const GrpoConfig& c, const HostBatch& b);
+
+// TRL's sampling/* metrics over an update's micro-batches: |log p_old − log p_sampling| over counted tokens (mean,
+// max), and the ratios (min, mean, max: over counted tokens, or per completion in the sequence modes).
+struct SamplingCorrectionStats {
+  double logp_diff_mean = 0, logp_diff_max = 0, ratio_min = 0, ratio_mean = 0, ratio_max = 0;
+};
+SamplingCorrectionStats sampling_correction_stats(const GrpoConfig& c, std::span<const HostBatch> micro_batches);
 
 // What an update measured, under TRL's names; the means are over its micro-batches, as TRL averages them.
 struct GrpoMetrics {
@@ -105,8 +129,11 @@ class GrpoObjective final : public Objective {
   // stats_: F64 [kPolicyStats + 1], the policy loss's sums, then Σ over micro-batches of the mean entropy of their
   // completion tokens (read back together: one sync)
   Buffer old_, ref_, adv_, scale_, weight_, stats_;
-  Buffer keep_;  // top_entropy_quantile < 1: this micro-batch's high_entropy_mask (F32 [max_tokens])
-  std::vector<float> host_entropy_;  // ... and the entropies and targets it is computed from, read back
+  // top_entropy_quantile < 1 or a sampling_correction: this micro-batch's high_entropy_mask times its sampling
+  // correction weights (F32 [max_tokens]); both multiply the policy term alone
+  Buffer keep_;
+  std::vector<float> host_entropy_;     // ... and the entropies and targets it is computed from, read back
+  std::vector<float> host_correction_;  // sampling_correction: this micro-batch's weights (also into keep_)
   std::vector<int32_t> host_targets_;
   StagedUpload upload_old_, upload_ref_, upload_adv_, upload_scale_;
   bool has_old_ = false, first_ = true, weights_ready_ = false;

@@ -48,8 +48,9 @@ struct HostBatch {
   // GRPO batches (model/grpo_objective.h): one completion per row, its prompt's targets -100; per row its
   // advantage; per token −log p of the target under the policy that sampled it (old_nll: kept when a batch is
   // trained more than once) and under the reference (ref_token_nll, when the reference is not a pass of its
-  // own). Empty when not used.
-  std::vector<float> advantages, old_nll, ref_token_nll;
+  // own), and under the generation engine's sampling distribution (sampling_nll: TRL's sampling_per_token_logps,
+  // for its importance-sampling correction). Empty when not used.
+  std::vector<float> advantages, old_nll, ref_token_nll, sampling_nll;
 
   int64_t counted() const;  // targets != -100
 };

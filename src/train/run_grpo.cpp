@@ -263,6 +263,8 @@ class GrpoDriver final : public RunDriver {
                   float(g.min_p),       float(g.repetition_penalty)};
     o.eos_ids = codec_.eos();
     o.stop_after = stop_.stop_after();
+    const bool correction = g.loss.sampling_correction != SamplingCorrection::None;
+    o.logprobs = correction;  // TRL's sampling_per_token_logps
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<Rollout> rollouts = generate_groups(decoder_, prompt_ids, G, o);
     const double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -301,6 +303,7 @@ class GrpoDriver final : public RunDriver {
       b.seq_len = T;
       b.input_ids.assign(size_t(B) * size_t(T), 0);
       b.targets.assign(size_t(B) * size_t(T), -100);
+      if (correction) b.sampling_nll.assign(size_t(B) * size_t(T), 0.0f);
       for (int i = 0; i < B; ++i) {
         const size_t r = m * size_t(B) + size_t(i);
         const std::vector<int32_t>& p = prompt_ids[r / size_t(G)];
@@ -312,6 +315,9 @@ class GrpoDriver final : public RunDriver {
         const bool counted = ro.terminated || !g.mask_truncated_completions;
         if (counted)
           for (size_t j = 0; j < ro.tokens.size(); ++j) tg[p.size() - 1 + j] = ro.tokens[j];
+        if (correction)
+          for (size_t j = 0; j < ro.tokens.size(); ++j)
+            b.sampling_nll[size_t(i) * size_t(T) + p.size() - 1 + j] = -ro.logprobs[j];
         b.advantages.push_back(adv[r]);
         const int64_t n = int64_t(ro.tokens.size());
         tokens_ += int64_t(p.size()) + n;
@@ -324,7 +330,9 @@ class GrpoDriver final : public RunDriver {
           ++clipped;
       }
     }
-    if (g.num_iterations > 1) keep_sampling_logprobs();
+    // The trainer's log-probs at generation: the ratio's denominator for later iterations, and (TRL's rule under
+    // the correction) the correction's numerator.
+    if (g.num_iterations > 1 || correction) keep_sampling_logprobs();
     fresh_ = true;
 
     // TRL's generation metrics.
@@ -344,6 +352,14 @@ class GrpoDriver final : public RunDriver {
     gen_values_.push_back({"completions/max_length", double(max_len)});
     gen_values_.push_back({"completions/clipped_ratio", double(clipped) / double(completions_)});
     gen_values_.push_back({"completions/mean_terminated_length", terminated ? double(term_sum) / terminated : 0.0});
+    if (correction) {
+      const SamplingCorrectionStats s = sampling_correction_stats(g.loss, micro_);
+      gen_values_.push_back({"sampling/sampling_logp_difference/mean", s.logp_diff_mean});
+      gen_values_.push_back({"sampling/sampling_logp_difference/max", s.logp_diff_max});
+      gen_values_.push_back({"sampling/importance_sampling_ratio/min", s.ratio_min});
+      gen_values_.push_back({"sampling/importance_sampling_ratio/mean", s.ratio_mean});
+      gen_values_.push_back({"sampling/importance_sampling_ratio/max", s.ratio_max});
+    }
     gen_values_.push_back({"generation_tokens_per_second", double(gen_tokens) / std::max(gen_s, 1e-9)});
     gen_values_.push_back({"generation_seconds", gen_s});
     if (g.log_completions && (done + 1) % std::max<int64_t>(1, c_.logging_steps) == 0) {
@@ -429,12 +445,16 @@ RunResult run_grpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks 
   for (const std::string& f : c.grpo.reward_funcs) funcs += (funcs.empty() ? "" : ", ") + f;
   log << "grpo: " << grpo_loss_type_name(g.loss_type) << " loss, scale_rewards " << scale_rewards_name(g.scale_rewards)
       << ", beta " << g.beta << ", epsilon " << g.epsilon << "/" << g.epsilon_high
-      << (g.sequence_level ? ", sequence-level ratios" : "") << "; rewards: " << funcs << "; "
-      << (lora ? describe_lora(c) : std::string("full fine-tune")) << "; " << describe_parameters(model->params())
-      << "; " << n_prompts << " prompts, " << prompts_per_update << " per update x " << c.grpo.num_generations
-      << " generations of up to " << g.max_completion_length << " tokens (temperature " << c.grpo.temperature << "), "
-      << c.grpo.num_iterations << " update" << (c.grpo.num_iterations > 1 ? "s" : "") << " per batch; "
-      << sched.total_steps << " steps, lr " << c.learning_rate << " " << to_string(c.lr_scheduler_type) << "\n";
+      << (g.sequence_level ? ", sequence-level ratios" : "")
+      << (g.sampling_correction != SamplingCorrection::None
+              ? cat(", sampling correction ", sampling_correction_name(g.sampling_correction))
+              : std::string())
+      << "; rewards: " << funcs << "; " << (lora ? describe_lora(c) : std::string("full fine-tune")) << "; "
+      << describe_parameters(model->params()) << "; " << n_prompts << " prompts, " << prompts_per_update
+      << " per update x " << c.grpo.num_generations << " generations of up to " << g.max_completion_length
+      << " tokens (temperature " << c.grpo.temperature << "), " << c.grpo.num_iterations << " update"
+      << (c.grpo.num_iterations > 1 ? "s" : "") << " per batch; " << sched.total_steps << " steps, lr "
+      << c.learning_rate << " " << to_string(c.lr_scheduler_type) << "\n";
   return loop.run();
 }
 

@@ -96,6 +96,13 @@ struct GrpoSettings {
   double generation_memory_gib = 0, generation_memory_fraction = 0;
   bool log_completions = false;
   int num_completions_to_print = 4;
+  // TRL's use_vllm and vllm_importance_sampling_* (its correction for the generation engine's log-probs): soltrain
+  // generates in its own engine either way; the correction is on when vllm_importance_sampling_correction says so, or
+  // (not given) with use_vllm, TRL's default there. Resolved into loss.sampling_correction (cli/config.cpp).
+  bool use_vllm = false;
+  int sampling_correction_given = -1;  // -1: not given; else the value of vllm_importance_sampling_correction
+  std::string sampling_correction_mode = "sequence_mask";
+  double sampling_clip_min = NAN, sampling_clip_max = 3.0;  // NaN: none
 };
 
 struct LoraSettings {  // as written in the YAML; the model layer's LoraConfig is built from it

@@ -18,7 +18,8 @@ class CudaSampling : public CudaTest {
                                                              std::vector<uint8_t>* seen = nullptr) {
     cpu_logits = logits;
     const Tensor gl = upload(logits, {B, V}, DType::F32);
-    Buffer gs_buf = gpu->alloc(seen ? seen->size() : 1), gid_buf = gpu->alloc(size_t(B) * 4);
+    Buffer gs_buf = gpu->alloc(seen ? seen->size() : 1), gid_buf = gpu->alloc(size_t(B) * 4),
+           glp_buf = gpu->alloc(size_t(B) * 4);
     Tensor gs, cs;
     std::vector<uint8_t> cpu_seen;
     if (seen) {
@@ -27,12 +28,18 @@ class CudaSampling : public CudaTest {
       cpu_seen = *seen;
       cs = Tensor{cpu_seen.data(), DType::U8, {B, V}};
     }
-    const Tensor gid{gid_buf.data(), DType::I32, {B}, Device::CUDA};
-    gpu->sample_tokens(gid, gl, gs, p, step);
+    const Tensor gid{gid_buf.data(), DType::I32, {B}, Device::CUDA}, glp{glp_buf.data(), DType::F32, {B}, Device::CUDA};
+    gpu->sample_tokens(gid, gl, gs, p, step, glp);
     std::vector<int32_t> g(static_cast<size_t>(B)), c(static_cast<size_t>(B));
     gpu->copy(Tensor{g.data(), DType::I32, {B}}, gid);
     gpu_logits = download(gl);
-    cpu->sample_tokens(Tensor{c.data(), DType::I32, {B}}, Tensor{cpu_logits.data(), DType::F32, {B, V}}, cs, p, step);
+    gpu_logp = download(glp);
+    cpu_logp.assign(size_t(B), NAN);
+    cpu->sample_tokens(Tensor{c.data(), DType::I32, {B}}, Tensor{cpu_logits.data(), DType::F32, {B, V}}, cs, p, step,
+                       Tensor{cpu_logp.data(), DType::F32, {B}});
+    for (int64_t b = 0; b < B; ++b)  // the drawn token's log-prob (where both drew the same token)
+      if (g[size_t(b)] == c[size_t(b)])
+        EXPECT_NEAR(gpu_logp[size_t(b)], cpu_logp[size_t(b)], 2e-5) << "row " << b << " log-prob";
     if (seen) {
       std::vector<uint8_t> back(seen->size());
       gpu->copy(Tensor{back.data(), DType::U8, {B, V}}, gs);
@@ -40,7 +47,7 @@ class CudaSampling : public CudaTest {
     }
     return {g, c};
   }
-  std::vector<float> cpu_logits, gpu_logits;
+  std::vector<float> cpu_logits, gpu_logits, cpu_logp, gpu_logp;
 };
 
 TEST_F(CudaSampling, SameTokensAsTheCpuOnAQwen3Vocabulary) {
@@ -70,6 +77,44 @@ TEST_F(CudaSampling, SameTokensAsTheCpuOnAQwen3Vocabulary) {
     }
   }
   EXPECT_GE(same, total - 2) << same << " of " << total << " draws agree";
+}
+
+// Without top_k / top_p a row is split over blocks (sample.cu's split form): the same tokens, penalised logits and
+// flags as the one-block form (SOLTRAIN_SAMPLE_SPLIT=0), bit for bit, whatever the chunk count (a vocabulary under
+// one chunk, Qwen3's 152k in 19 uneven ones) and on coarse logits full of exact ties.
+TEST_F(CudaSampling, SplitRowsDrawWhatOneBlockDraws) {
+  struct Shape {
+    int64_t B, V;
+    bool coarse;
+  };
+  for (const Shape& sh : {Shape{64, 151936, false}, Shape{7, 5000, true}, Shape{300, 20000, true}}) {
+    const int64_t B = sh.B, V = sh.V;
+    std::vector<float> logits = randn(size_t(B * V), 3.0f);
+    if (sh.coarse)
+      for (float& x : logits) x = std::round(x * 2) / 2;
+    std::vector<uint8_t> seen(size_t(B * V), 0);
+    for (int64_t b = 0; b < B; ++b)
+      for (int k = 0; k < 40; ++k) seen[size_t(b * V + int64_t(rng() % uint64_t(V)))] = 1;
+    for (const SamplingParams& p :
+         {SamplingParams{}, SamplingParams{1.0f, 0, 1.0f, 7}, SamplingParams{0.7f, 0, 1.0f, 8},
+          SamplingParams{1.2f, 0, 1.0f, 11, 0.1f}, SamplingParams{1.0f, 0, 1.0f, 12, 0, 1.3f},
+          SamplingParams{0.6f, 0, 1.0f, 13, 0.01f, 0.9f}, SamplingParams{0, 0, 1.0f, 0, 0, 1.5f}}) {
+      SCOPED_TRACE(testing::Message() << "B " << B << " V " << V << " T " << p.temperature << " min_p " << p.min_p
+                                      << " repetition_penalty " << p.repetition_penalty);
+      for (uint64_t step : {0, 3}) {
+        std::vector<uint8_t> split_flags = seen, block_flags = seen;
+        const bool penalty = p.repetition_penalty != 1;
+        const std::vector<int32_t> split = both(logits, B, V, p, step, penalty ? &split_flags : nullptr).first;
+        const std::vector<float> split_logits = gpu_logits, split_logp = gpu_logp;
+        setenv("SOLTRAIN_SAMPLE_SPLIT", "0", 1);
+        const std::vector<int32_t> block = both(logits, B, V, p, step, penalty ? &block_flags : nullptr).first;
+        unsetenv("SOLTRAIN_SAMPLE_SPLIT");
+        EXPECT_EQ(split, block);
+        EXPECT_EQ(split_logits, gpu_logits) << "penalised logits";
+        EXPECT_EQ(split_logp, gpu_logp) << "drawn log-probs";
+      }
+    }
+  }
 }
 
 TEST_F(CudaSampling, TiesAtTheThresholdsAreTakenInTokenOrder) {

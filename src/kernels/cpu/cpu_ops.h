@@ -34,7 +34,8 @@ class CpuOps final : public Ops {
                  const Tensor& table) override;
   void attention_decode(Tensor out, const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& lens,
                         const Tensor& table, float scale) override;
-  void sample_tokens(Tensor ids, Tensor logits, Tensor seen, const SamplingParams& p, uint64_t step) override;
+  void sample_tokens(Tensor ids, Tensor logits, Tensor seen, const SamplingParams& p, uint64_t step,
+                     Tensor logprobs = {}) override;
   void flag_tokens(Tensor seen, const Tensor& ids) override;
   void advance_decode(Tensor ids, Tensor positions, Tensor lens, const Tensor& drawn) override;
   void decode_qkv(Tensor q, Tensor k_pool, Tensor v_pool, Tensor qkv, const Tensor& q_norm, const Tensor& k_norm,

@@ -89,9 +89,19 @@ int32_t pick_in_token_order(std::vector<std::pair<int32_t, double>> c, double u)
   return c.back().first;  // u within rounding of 1
 }
 
-void CpuOps::sample_tokens(Tensor ids, Tensor logits, Tensor seen, const SamplingParams& p, uint64_t step) {
+// log softmax(logits)[id], in double.
+double log_softmax_at(std::span<const float> logits, int32_t id) {
+  const double mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float l : logits) sum += std::exp(double(l) - mx);
+  return double(logits[size_t(id)]) - mx - std::log(sum);
+}
+
+void CpuOps::sample_tokens(Tensor ids, Tensor logits, Tensor seen, const SamplingParams& p, uint64_t step,
+                           Tensor logprobs) {
   const int64_t B = logits.dim(0), V = logits.dim(1);
-  SOLTRAIN_CHECK(ids.numel() == B && (!seen.defined() || (seen.dtype == DType::U8 && seen.numel() == B * V)),
+  SOLTRAIN_CHECK(ids.numel() == B && (!seen.defined() || (seen.dtype == DType::U8 && seen.numel() == B * V)) &&
+                     (!logprobs.defined() || (logprobs.dtype == DType::F32 && logprobs.numel() == B)),
                  "sample_tokens: shapes");
   const bool penalise = p.repetition_penalty != 1 && seen.defined();
   for (int64_t b = 0; b < B; ++b) {
@@ -101,9 +111,17 @@ void CpuOps::sample_tokens(Tensor ids, Tensor logits, Tensor seen, const Samplin
       for (int64_t i = 0; i < V; ++i)
         if (flags[i]) row[i] = repetition_penalised(row[i], p.repetition_penalty);
     const std::span<const float> r(row, size_t(V));
-    const int32_t id = p.greedy()
-                           ? argmax(r)
-                           : pick_in_token_order(sampling_candidates(r, p), sample_uniform(p.seed + uint64_t(b), step));
+    int32_t id;
+    if (p.greedy()) {
+      id = argmax(r);
+      if (logprobs.defined()) logprobs.f32()[b] = float(log_softmax_at(r, id));
+    } else {
+      const std::vector<std::pair<int32_t, double>> c = sampling_candidates(r, p);
+      id = pick_in_token_order(c, sample_uniform(p.seed + uint64_t(b), step));
+      if (logprobs.defined())
+        for (const auto& [k, prob] : c)
+          if (k == id) logprobs.f32()[b] = float(std::log(prob));
+    }
     ids.i32()[b] = id;
     if (flags) flags[id] = 1;
   }

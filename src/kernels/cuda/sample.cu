@@ -11,8 +11,15 @@
 //   the uniform, and the one thread whose share holds it walks to the token (token order, as on the host).
 // Logits below 2^-40 of the likeliest weigh 0 here and are never drawn (the host reference would draw them
 // with that probability).
+// Without top_k and top_p (transformers' and TRL's defaults) a row is split over blocks of kSplitChunk tokens
+// instead (sample_split): a decode step's few rows would otherwise each stream the whole vocabulary through one SM
+// (64 rows of Qwen3's 152k logits: 64 of 132 SMs, 0.15 ms a step). The same integer weights summed in another
+// grouping, the same walk in token order: the same tokens as the one-block form, bit for bit.
+// SOLTRAIN_SAMPLE_SPLIT=0 keeps the one-block form (its comparison in the GPU tests and the decode benchmark).
 #include <climits>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -69,6 +76,17 @@ struct Row {
 };
 
 using Scan = cub::BlockScan<unsigned long long, kThreads>;
+
+// log p of the drawn token (logit l) under what it was drawn from: (l − max) / T less the log of the kept weights'
+// sum (in units of the likeliest's, 2^40; the likeliest is always kept, so the sum is at least 2^40 and its
+// truncated tails cost under V·2^-40 of it). Greedy: T = 1 over the whole row. NaN where the row has no finite
+// largest logit.
+__device__ __forceinline__ float drawn_logprob(float l, float max, const SamplingParams& p,
+                                               unsigned long long kept_total) {
+  if (!isfinite(max) || kept_total == 0) return NAN;
+  const double t = p.temperature > 0 ? double(p.temperature) : 1.0;
+  return float((double(l) - double(max)) / t - log(double(kept_total) / kOne));
+}
 
 struct Shared {
   unsigned long long hist[256];
@@ -177,7 +195,7 @@ __device__ Cut radix_cut(Shared& s, const Row& r, unsigned long long target, dou
 }
 
 __global__ void __launch_bounds__(kThreads)
-    sample_kernel(int32_t* ids, float* logits, uint8_t* seen, int V, SamplingParams p, uint64_t step) {
+    sample_kernel(int32_t* ids, float* logits, uint8_t* seen, int V, SamplingParams p, uint64_t step, float* logprobs) {
   __shared__ Shared s;
   const int b = blockIdx.x;
   float* l = logits + int64_t(b) * V;
@@ -190,7 +208,7 @@ __global__ void __launch_bounds__(kThreads)
   Best mine{-INFINITY, INT_MAX};
   for (int i = threadIdx.x; i < V; i += kThreads) mine = BestOp()(mine, Best{l[i], i});
   const Best best = cub::BlockReduce<Best, kThreads>(s.reduce).Reduce(mine, BestOp());
-  if (threadIdx.x == 0) s.found = best.i == INT_MAX ? 0 : best.i;
+  if (threadIdx.x == 0) s.found = best.i == INT_MAX ? 0 : best.i, s.total = 0;
   __syncthreads();
   int pick = s.found;
   const float max = l[pick];
@@ -225,10 +243,128 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
     pick = s.found;  // (unchanged, the likeliest, if rounding left u·total past every share)
+    if (threadIdx.x == 0) s.total = total;
+  } else if (logprobs && isfinite(max)) {  // greedy: the kept set is the whole row at temperature 1
+    const Row r{l, V, max, 1.f, Cut{}, Cut{}, 0};
+    unsigned long long own = 0, before = 0, total = 0;
+    for (int i = threadIdx.x; i < V; i += kThreads) own += r.weight(l[i]);
+    Scan(s.scan).ExclusiveSum(own, before, total);
+    if (threadIdx.x == 0) s.total = total;
   }
+  __syncthreads();
   if (threadIdx.x == 0) {
     ids[b] = pick;
     if (flags) flags[pick] = 1;
+    if (logprobs) logprobs[b] = drawn_logprob(l[pick], max, p, s.total);
+  }
+}
+
+// The split form: three launches. Each chunk's largest logit (after the repetition penalty, written in place);
+// each chunk's kept weight under its row's largest; then a block per row finds the chunk where the uniform lands
+// and the token in it.
+constexpr int kSplitThreads = 256;
+constexpr int kSplitChunk = 8192;
+constexpr int kSplitPer = kSplitChunk / kSplitThreads;  // a thread's contiguous share in the draw
+
+struct SplitPart {
+  Best best;
+  unsigned long long kept;
+};
+
+// The row's largest logit (first index on ties) from its chunks' (in chunk order: the same as one block's).
+__device__ int split_pick(const SplitPart* parts, int C) {
+  Best r = parts[0].best;
+  for (int c = 1; c < C; ++c) r = BestOp()(r, parts[c].best);
+  return r.i == INT_MAX ? 0 : r.i;
+}
+
+__global__ void __launch_bounds__(kSplitThreads)
+    split_max_kernel(float* logits, const uint8_t* flags, int V, int C, float penalty, SplitPart* parts) {
+  using Reduce = cub::BlockReduce<Best, kSplitThreads>;
+  __shared__ typename Reduce::TempStorage tmp;
+  const int b = blockIdx.y, c = blockIdx.x;
+  float* l = logits + int64_t(b) * V;
+  const uint8_t* f = flags ? flags + int64_t(b) * V : nullptr;
+  const int end = min(V, (c + 1) * kSplitChunk);
+  Best mine{-INFINITY, INT_MAX};
+  for (int i = c * kSplitChunk + int(threadIdx.x); i < end; i += kSplitThreads) {
+    float x = l[i];
+    if (f && f[i]) l[i] = x = repetition_penalised(x, penalty);
+    mine = BestOp()(mine, Best{x, i});
+  }
+  const Best best = Reduce(tmp).Reduce(mine, BestOp());
+  if (threadIdx.x == 0) parts[int64_t(b) * C + c].best = best;
+}
+
+__global__ void __launch_bounds__(kSplitThreads)
+    split_weight_kernel(const float* logits, int V, int C, SamplingParams p, SplitPart* parts) {
+  using Reduce = cub::BlockReduce<unsigned long long, kSplitThreads>;
+  __shared__ typename Reduce::TempStorage tmp;
+  __shared__ float max;
+  const int b = blockIdx.y, c = blockIdx.x;
+  const float* l = logits + int64_t(b) * V;
+  SplitPart* row = parts + int64_t(b) * C;
+  if (threadIdx.x == 0) max = l[split_pick(row, C)];
+  __syncthreads();
+  // (the draw's weights, computed as the draw and the one-block form compute them)
+  const Row r{l, V, max, 1.f / p.temperature, Cut{}, Cut{}, p.min_p > 0 ? uint64_t(double(p.min_p) * kOne) : 0};
+  const int end = min(V, (c + 1) * kSplitChunk);
+  unsigned long long own = 0;
+  if (isfinite(max))
+    for (int i = c * kSplitChunk + int(threadIdx.x); i < end; i += kSplitThreads)
+      if (r.kept(i, order_key(l[i]), l[i])) own += r.weight(l[i]);
+  const unsigned long long kept = Reduce(tmp).Sum(own);
+  if (threadIdx.x == 0) row[c].kept = kept;
+}
+
+__global__ void __launch_bounds__(kSplitThreads)
+    split_draw_kernel(int32_t* ids, const float* logits, uint8_t* seen, int V, int C, SamplingParams p, uint64_t step,
+                      const SplitPart* parts, float* logprobs) {
+  using SplitScan = cub::BlockScan<unsigned long long, kSplitThreads>;
+  __shared__ typename SplitScan::TempStorage scan;
+  __shared__ int found, chunk;
+  __shared__ float max;
+  __shared__ unsigned long long at, chunk_before, total;
+  const int b = blockIdx.x;
+  const float* l = logits + int64_t(b) * V;
+  const SplitPart* row = parts + int64_t(b) * C;
+  if (threadIdx.x == 0) {
+    found = split_pick(row, C);
+    max = l[found];
+    chunk = -1;
+    total = 0;
+    if (isfinite(max) && (p.temperature > 0 || logprobs))
+      for (int c = 0; c < C; ++c) total += row[c].kept;
+    if (p.temperature > 0 && isfinite(max)) {
+      at = (unsigned long long)(sample_uniform(p.seed + uint64_t(b), step) * double(total));
+      unsigned long long before = 0;
+      for (int c = 0; c < C && chunk < 0; before += row[c].kept, ++c)
+        if (at < before + row[c].kept) chunk = c, chunk_before = before;
+    }
+  }
+  __syncthreads();
+  if (chunk >= 0) {  // (none: greedy, or rounding left u·total past every token: the likeliest, as one block does)
+    const Row r{l, V, max, 1.f / p.temperature, Cut{}, Cut{}, p.min_p > 0 ? uint64_t(double(p.min_p) * kOne) : 0};
+    const int begin = min(V, chunk * kSplitChunk + int(threadIdx.x) * kSplitPer), end = min(V, begin + kSplitPer);
+    unsigned long long own = 0, before = 0;
+    for (int i = begin; i < end; ++i)
+      if (r.kept(i, order_key(l[i]), l[i])) own += r.weight(l[i]);
+    SplitScan(scan).ExclusiveSum(own, before);
+    before += chunk_before;
+    if (before <= at && at < before + own) {
+      unsigned long long cum = before;
+      for (int i = begin; i < end; ++i)
+        if (r.kept(i, order_key(l[i]), l[i]) && (cum += r.weight(l[i])) > at) {
+          found = i;
+          break;
+        }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    ids[b] = found;
+    if (seen) seen[int64_t(b) * V + found] = 1;
+    if (logprobs) logprobs[b] = drawn_logprob(l[found], max, p, total);
   }
 }
 
@@ -239,15 +375,41 @@ __global__ void flag_kernel(uint8_t* seen, const int32_t* ids, int64_t N, int T,
 
 }  // namespace
 
-void CudaOps::sample_tokens(Tensor ids, Tensor logits, Tensor seen, const SamplingParams& p, uint64_t step) {
+void CudaOps::sample_tokens(Tensor ids, Tensor logits, Tensor seen, const SamplingParams& p, uint64_t step,
+                            Tensor logprobs) {
   const auto prof = profile("sample_tokens");
   const int64_t B = logits.dim(0), V = logits.dim(1);
   SOLTRAIN_CHECK(logits.dtype == DType::F32 && ids.numel() == B && V > 0 && V < INT_MAX &&
-                     (!seen.defined() || (seen.dtype == DType::U8 && seen.numel() == B * V)),
+                     (!seen.defined() || (seen.dtype == DType::U8 && seen.numel() == B * V)) &&
+                     (!logprobs.defined() || (logprobs.dtype == DType::F32 && logprobs.numel() == B)),
                  "sample_tokens: shapes");
   if (B == 0) return;
+  const bool cuts = (p.top_k > 0 && p.top_k < V) || p.top_p < 1.f;
+  const char* split_env = std::getenv("SOLTRAIN_SAMPLE_SPLIT");
+  if (!cuts && !(split_env && std::strcmp(split_env, "0") == 0)) {
+    const int C = int((V + kSplitChunk - 1) / kSplitChunk);
+    SOLTRAIN_CHECK(B <= 65535, "sample_tokens: at most 65535 rows");
+    auto* parts = static_cast<SplitPart*>(scratch(size_t(B) * size_t(C) * sizeof(SplitPart)));
+    uint8_t* flags = seen.defined() ? seen.as<uint8_t>() : nullptr;
+    const dim3 grid(unsigned(C), unsigned(B));
+    split_max_kernel<<<grid, kSplitThreads, 0, stream_>>>(logits.f32(), p.repetition_penalty != 1.f ? flags : nullptr,
+                                                          int(V), C, p.repetition_penalty, parts);
+    CUDA_CHECK_LAUNCH();
+    float* lp = logprobs.defined() ? logprobs.f32() : nullptr;
+    if (p.temperature > 0 || lp) {
+      SamplingParams w = p;  // greedy's log-probs: the weights of the whole row at temperature 1
+      if (p.greedy()) w.temperature = 1, w.min_p = 0;
+      split_weight_kernel<<<grid, kSplitThreads, 0, stream_>>>(logits.f32(), int(V), C, w, parts);
+      CUDA_CHECK_LAUNCH();
+    }
+    split_draw_kernel<<<unsigned(B), kSplitThreads, 0, stream_>>>(ids.i32(), logits.f32(), flags, int(V), C, p, step,
+                                                                  parts, lp);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   sample_kernel<<<unsigned(B), kThreads, 0, stream_>>>(ids.i32(), logits.f32(),
-                                                       seen.defined() ? seen.as<uint8_t>() : nullptr, int(V), p, step);
+                                                       seen.defined() ? seen.as<uint8_t>() : nullptr, int(V), p, step,
+                                                       logprobs.defined() ? logprobs.f32() : nullptr);
   CUDA_CHECK_LAUNCH();
 }
 
