@@ -391,7 +391,7 @@ void CudaOps::sample_tokens(Tensor ids, Tensor logits, Tensor seen, const Sampli
     SOLTRAIN_CHECK(B <= 65535, "sample_tokens: at most 65535 rows");
     auto* parts = static_cast<SplitPart*>(scratch(size_t(B) * size_t(C) * sizeof(SplitPart)));
     uint8_t* flags = seen.defined() ? seen.as<uint8_t>() : nullptr;
-    const dim3 grid(unsigned(C), unsigned(B));
+    const dim3 grid{unsigned(C), unsigned(B)};
     split_max_kernel<<<grid, kSplitThreads, 0, stream_>>>(logits.f32(), p.repetition_penalty != 1.f ? flags : nullptr,
                                                           int(V), C, p.repetition_penalty, parts);
     CUDA_CHECK_LAUNCH();
