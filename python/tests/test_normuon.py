@@ -18,6 +18,11 @@ from safetensors.torch import load_file  # noqa: E402
 import soltrain  # noqa: E402
 
 LR, WD, MOMENTUM, BETA2, STEPS = 0.02, 0.05, 0.95, 0.95, 3
+# AdamW's epsilon on the embedding, the LM head and the norms, both sides: at torch's 1e-8 an embedding row whose
+# gradient sits near epsilon turns the fp32 rounding of two gradient computations into a 2% difference of its
+# update (0.8% of the whole embedding's on an AMD EPYC here, where it passed elsewhere): the test is of NorMuon's
+# matrices, not of Adam's conditioning.
+EPS = 1e-6
 POLAR_EXPRESS = [(8.156554524902461, -22.48329292557795, 15.878769915207462),
                  (4.042929935166739, -2.808917465908714, 0.5000178451051316),
                  (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
@@ -59,7 +64,7 @@ def torch_run(folder, batches):
     named = dict(model.named_parameters())
     hidden, rest_decay, rest_flat = muon_parameter_groups(named)
     adamw = torch.optim.AdamW([{"params": rest_decay, "weight_decay": WD}, {"params": rest_flat, "weight_decay": 0.0}],
-                              lr=LR, betas=(0.9, 0.999), eps=1e-8)
+                              lr=LR, betas=(0.9, 0.999), eps=EPS)
     state = {n: {} for n in hidden}
 
     def step():
@@ -78,7 +83,7 @@ def test_updates_equal_normuon_by_definition(llama, tmp_path):
     batches = [reference_batch(vocab) for _ in range(STEPS)]
     start = load_file(str(llama / "model.safetensors"))
     model = soltrain.Model.from_pretrained(llama, sequence_len=24, rows=2, optimizer="normuon", learning_rate=LR,
-                                           weight_decay=WD, max_grad_norm=1.0)
+                                           weight_decay=WD, max_grad_norm=1.0, adamw_epsilon=EPS)
     our_losses = [model.step(ids, targets, lr=LR)["loss"] for ids, targets in batches]
     model.save_pretrained(tmp_path)
     ours = load_file(str(tmp_path / "model.safetensors"))
@@ -87,9 +92,7 @@ def test_updates_equal_normuon_by_definition(llama, tmp_path):
         assert abs(a - b) <= 1e-5 * b, (our_losses, losses)
     errors = {name: rel(ours[name] - start[name], w - start[name]) for name, w in theirs.items()}
     assert len(errors) >= 10
-    # (the embedding's AdamW rows: most are seen once or never in three batches of 48 tokens, and Adam's ratio at
-    # gradients near eps = 1e-8 with beta2 0.999 magnifies the fp32 differences of the two gradient computations)
-    assert all(e <= (2e-3 if name == "model.embed_tokens.weight" else 2e-4) for name, e in errors.items()), errors
+    assert all(e <= (5e-4 if name == "model.embed_tokens.weight" else 2e-4) for name, e in errors.items()), errors
 
 
 def test_normuon_run_resumes_exactly(demo, tmp_path):
