@@ -153,6 +153,29 @@ def rel(a, b):
     return float((a - b).norm() / max(float(b.norm()), 1e-30))
 
 
+def dump_command(cfg, random_model, tmp_path, micro):
+    """`soltrain dump --grpo` over the files the test wrote, for cfg's loss settings; the weights TRL moved after
+    sampling (num_iterations > 1) beside the tokenizer soltrain reads."""
+    model_dir = tmp_path / "moved" if cfg["num_iterations"] > 1 else random_model
+    if cfg["num_iterations"] > 1:
+        for f in random_model.iterdir():
+            if f.name.startswith("tokenizer") or f.name.endswith(".jinja"):
+                (model_dir / f.name).write_bytes(f.read_bytes())
+    cmd = [str(BIN), "dump", "--model", str(model_dir), "--batch", str(tmp_path / "batch.safetensors"),
+           "--out", str(tmp_path / "ours.safetensors"), "--grpo", str(tmp_path / "grpo.safetensors"),
+           "--num-generations", str(G), "--micro-batches", str(micro), "--max-completion-length", str(MAX_COMPLETION),
+           "--loss-type", cfg["loss_type"], "--scale-rewards", cfg["scale_rewards"], "--beta", str(cfg["beta"]),
+           "--importance-sampling-level", cfg.get("importance_sampling_level", "token"),
+           "--epsilon", str(cfg.get("epsilon", 0.2)), "--temperature", str(cfg.get("temperature", 1.0))]
+    for key, flag in [("epsilon_high", "--epsilon-high"), ("delta", "--delta"),
+                      ("top_entropy_quantile", "--top-entropy-quantile")]:
+        if key in cfg:
+            cmd += [flag, str(cfg[key])]
+    if "use_bias_correction_kl" in cfg:
+        cmd += ["--use-bias-correction-kl", str(cfg["use_bias_correction_kl"]).lower()]
+    return cmd
+
+
 CASES = [dict(loss_type=lt, scale_rewards=sr, beta=beta, num_iterations=it)
          for lt, sr, beta, it in itertools.product(["grpo", "bnpo", "dr_grpo", "dapo"], ["group", "batch", "none"],
                                                    [0.0, 0.04], [1, 2])]
@@ -195,27 +218,9 @@ def test_grpo_loss_and_gradients_match_trl(cfg, random_model, tmp_path):
     if cfg["beta"] > 0 and not reference_pass:
         grpo["ref_nll"] = per_token(inputs["ref_per_token_logps"], inputs, place).contiguous()
     save_file(grpo, str(tmp_path / "grpo.safetensors"))
-    model_dir = tmp_path / "moved" if cfg["num_iterations"] > 1 else random_model
-    if cfg["num_iterations"] > 1:  # the moved weights beside the tokenizer soltrain reads
-        for f in random_model.iterdir():
-            if f.name.startswith("tokenizer") or f.name.endswith(".jinja"):
-                (model_dir / f.name).write_bytes(f.read_bytes())
-    cmd = [str(BIN), "dump", "--model", str(model_dir), "--batch", str(tmp_path / "batch.safetensors"),
-           "--out", str(tmp_path / "ours.safetensors"), "--grpo", str(tmp_path / "grpo.safetensors"),
-           "--num-generations", str(G), "--micro-batches", str(micro), "--max-completion-length", str(MAX_COMPLETION),
-           "--loss-type", cfg["loss_type"], "--scale-rewards", cfg["scale_rewards"], "--beta", str(cfg["beta"]),
-           "--importance-sampling-level", cfg.get("importance_sampling_level", "token"),
-           "--epsilon", str(cfg.get("epsilon", 0.2)), "--temperature", str(cfg.get("temperature", 1.0))]
-    if "epsilon_high" in cfg:
-        cmd += ["--epsilon-high", str(cfg["epsilon_high"])]
+    cmd = dump_command(cfg, random_model, tmp_path, micro)
     if reference_pass:  # TRL's reference is the model before the weights moved
         cmd += ["--reference", str(random_model)]
-    if "delta" in cfg:
-        cmd += ["--delta", str(cfg["delta"])]
-    if "top_entropy_quantile" in cfg:
-        cmd += ["--top-entropy-quantile", str(cfg["top_entropy_quantile"])]
-    if "use_bias_correction_kl" in cfg:
-        cmd += ["--use-bias-correction-kl", str(cfg["use_bias_correction_kl"]).lower()]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     ours = load_file(str(tmp_path / "ours.safetensors"))
@@ -303,23 +308,10 @@ def test_sampling_correction_matches_trl(cfg, correction, random_model, tmp_path
     if cfg["beta"] > 0:
         grpo["ref_nll"] = per_token(inputs["ref_per_token_logps"], inputs, place).contiguous()
     save_file(grpo, str(tmp_path / "grpo.safetensors"))
-    model_dir = tmp_path / "moved" if cfg["num_iterations"] > 1 else random_model
-    if cfg["num_iterations"] > 1:
-        for f in random_model.iterdir():
-            if f.name.startswith("tokenizer") or f.name.endswith(".jinja"):
-                (model_dir / f.name).write_bytes(f.read_bytes())
-    cmd = [str(BIN), "dump", "--model", str(model_dir), "--batch", str(tmp_path / "batch.safetensors"),
-           "--out", str(tmp_path / "ours.safetensors"), "--grpo", str(tmp_path / "grpo.safetensors"),
-           "--num-generations", str(G), "--micro-batches", str(micro), "--max-completion-length", str(MAX_COMPLETION),
-           "--loss-type", cfg["loss_type"], "--scale-rewards", cfg["scale_rewards"], "--beta", str(cfg["beta"]),
-           "--importance-sampling-level", cfg.get("importance_sampling_level", "token"),
-           "--epsilon", str(cfg.get("epsilon", 0.2)),
-           "--sampling-correction", correction["vllm_importance_sampling_mode"],
-           "--sampling-clip-max", str(hi)]
+    cmd = dump_command(cfg, random_model, tmp_path, micro) + [
+        "--sampling-correction", correction["vllm_importance_sampling_mode"], "--sampling-clip-max", str(hi)]
     if "vllm_importance_sampling_clip_min" in correction:
         cmd += ["--sampling-clip-min", str(correction["vllm_importance_sampling_clip_min"])]
-    if "top_entropy_quantile" in cfg:
-        cmd += ["--top-entropy-quantile", str(cfg["top_entropy_quantile"])]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     ours = load_file(str(tmp_path / "ours.safetensors"))
@@ -339,8 +331,7 @@ def test_sampling_correction_matches_trl(cfg, correction, random_model, tmp_path
 
 
 def test_dump_sampling_correction_needs_its_inputs(random_model, tmp_path):
-    """--sampling-correction without the file's old_nll / sampling_nll, or with a truncate mode and no bound: one
-    line and exit 2."""
+    """--sampling-correction without the file's old_nll / sampling_nll: one line, exit 2, nothing written."""
     tok = transformers.AutoTokenizer.from_pretrained(random_model)
     prompts, completions, rewards = rollouts(tok, seed=3)
     ids = torch.tensor([(p + c + [0] * MAX_COMPLETION)[:PROMPT_LEN + MAX_COMPLETION]
