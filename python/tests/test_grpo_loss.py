@@ -241,8 +241,9 @@ def test_grpo_loss_and_gradients_match_trl(cfg, random_model, tmp_path):
         assert trl_metrics["clip_ratio/region_mean"] > 0, trl_metrics
 
 
-def test_dump_reference_refuses_what_it_cannot_use(random_model, tmp_path):
-    """`dump --reference`: one line and exit 2 without --beta, and for a folder of another shape."""
+def test_dump_refuses_what_it_cannot_use(random_model, tmp_path):
+    """`dump --reference`: one line and exit 2 without --beta, and for a folder of another shape; so is
+    `--sampling-correction` without the file's old_nll and sampling_nll. Nothing is written."""
     tok = transformers.AutoTokenizer.from_pretrained(random_model)
     prompts, completions, rewards = rollouts(tok, seed=3)
     ids = torch.tensor([(p + c + [0] * MAX_COMPLETION)[:PROMPT_LEN + MAX_COMPLETION]
@@ -254,7 +255,8 @@ def test_dump_reference_refuses_what_it_cannot_use(random_model, tmp_path):
             "--out", str(tmp_path / "o.safetensors"), "--grpo", str(tmp_path / "grpo.safetensors"),
             "--num-generations", str(G)]
     for extra, message in [(["--reference", str(random_model)], "the reference counts only with --beta > 0"),
-                           (["--beta", "0.04", "--reference", str(other)], "not the model's shape")]:
+                           (["--beta", "0.04", "--reference", str(other)], "not the model's shape"),
+                           (["--sampling-correction", "token_mask"], "needs old_nll and sampling_nll")]:
         r = subprocess.run(base + extra, capture_output=True, text=True)
         last = r.stderr.strip().splitlines()[-1]
         assert r.returncode == 2 and message in last, r.stderr
@@ -329,18 +331,3 @@ def test_sampling_correction_matches_trl(cfg, correction, random_model, tmp_path
     assert subprocess.run(plain, capture_output=True, text=True).returncode == 0
     assert abs(float(load_file(str(tmp_path / "plain.safetensors"))["loss"][0]) - trl_loss) > 1e-4
 
-
-def test_dump_sampling_correction_needs_its_inputs(random_model, tmp_path):
-    """--sampling-correction without the file's old_nll / sampling_nll: one line, exit 2, nothing written."""
-    tok = transformers.AutoTokenizer.from_pretrained(random_model)
-    prompts, completions, rewards = rollouts(tok, seed=3)
-    ids = torch.tensor([(p + c + [0] * MAX_COMPLETION)[:PROMPT_LEN + MAX_COMPLETION]
-                        for p, c in zip([p for p in prompts for _ in range(G)], completions)], dtype=torch.int32)
-    save_file({"input_ids": ids, "targets": ids.clone()}, str(tmp_path / "batch.safetensors"))
-    save_file({"rewards": torch.tensor(rewards, dtype=torch.float32)}, str(tmp_path / "grpo.safetensors"))
-    base = [str(BIN), "dump", "--model", str(random_model), "--batch", str(tmp_path / "batch.safetensors"),
-            "--out", str(tmp_path / "o.safetensors"), "--grpo", str(tmp_path / "grpo.safetensors"),
-            "--num-generations", str(G), "--sampling-correction", "token_mask"]
-    r = subprocess.run(base, capture_output=True, text=True)
-    assert r.returncode == 2 and "needs old_nll and sampling_nll" in r.stderr.strip().splitlines()[-1], r.stderr
-    assert not (tmp_path / "o.safetensors").exists()
