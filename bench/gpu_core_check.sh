@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy] [prefs] [reward] [prm] [addedtokens] [muon] [normuon] [decode] [decodeprof] [grpocorr] [grpotrl]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy] [prefs] [reward] [prm] [addedtokens] [muon] [normuon] [decode] [grpocorr] [grpotrl]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -322,22 +322,6 @@ PY
           --sampling "{\"use_vllm\": $corr}" 2>&1 | tail -2
         [ -f "$OUT/grpo-bench.json" ] && mv "$OUT/grpo-bench.json" "$OUT/grpocorr-$corr.json"
       done ;;
-    decodeprof)  # the 0.6B x 64 decode step's kernels as the recorded graph runs them (nsys, where the machine has
-      # it): each kernel's share of the timed steps, to say where the step's time goes
-      nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-      if [ -z "$nsys" ]; then echo "no nsys here"; else
-        [ -d /tmp/soltrain-bench-models/0.6B-config ] || python3 -c "import sys; sys.path.insert(0, 'bench'); import run_bench; run_bench.save_model('0.6B', '/tmp/soltrain-bench-models', config_only=True)"
-        timeout 200 "$nsys" profile --cuda-graph-trace=node -t cuda -o /tmp/decodeprof -f true "$B/soltrain" bench-decode \
-          --model /tmp/soltrain-bench-models/0.6B-config --random-weights --rows 64 --group 8 --profile-steps 0 > /dev/null 2>&1
-        "$nsys" stats -q --report cuda_gpu_kern_sum --format csv /tmp/decodeprof.nsys-rep 2>/dev/null |
-          python3 -c "
-import csv, sys
-rows = list(csv.DictReader(l for l in sys.stdin if l.count(',') > 3))
-tot = sum(float(r['Total Time (ns)']) for r in rows)
-for r in rows[:16]:
-    print(f\"{float(r['Total Time (ns)'])/tot*100:5.1f}% {int(r['Instances']):7d} x {float(r['Avg (ns)'])/1e3:7.2f} us  {r['Name'][:90]}\")
-print('total kernel ms', tot / 1e6)" 2>&1 | head -20
-      fi ;;
     grpotrl)  # issue 30's whole-step comparison at the real Qwen3-1.7B shape and vocabulary (random weights): 8 prompts
       # x 8 generations, 512-token completions, full fine-tuning, next to TRL's GRPOTrainer with transformers'
       # generate on the same model folder (TRL, datasets and their pure-Python needs carried as wheels in .gl/wheels)

@@ -88,13 +88,6 @@ void GrpoConfig::validate(const std::string& where) const {
 }
 
 namespace {
-// TRL's per-token (or per-completion) log ratio log p_old − log p_sampling, a token that counts nothing or has no
-// sampling log-prob giving 0; then exp, and the clip or mask. Computed in fp32 as TRL does (its tensors are fp32).
-struct CorrectionRow {
-  std::vector<float> diff;  // per token of the row (0 where nothing counts)
-  float sequence = 0;       // Σ over the row
-};
-
 float correction_bound(const GrpoConfig& c, float ratio) {
   const bool truncate = c.sampling_correction == SamplingCorrection::TokenTruncate ||
                         c.sampling_correction == SamplingCorrection::SequenceTruncate;
@@ -113,35 +106,29 @@ bool sequence_correction(const GrpoConfig& c) {
          c.sampling_correction == SamplingCorrection::SequenceMask;
 }
 
-CorrectionRow correction_row(const HostBatch& b, int row) {
-  const size_t T = size_t(b.seq_len), t0 = size_t(row) * T;
-  CorrectionRow r;
-  r.diff.assign(T, 0.0f);
-  for (size_t t = 0; t < T; ++t) {
-    if (b.targets[t0 + t] == -100) continue;
-    const float d = (-b.old_nll[t0 + t]) - (-b.sampling_nll[t0 + t]);
-    r.diff[t] = std::isnan(d) ? 0.0f : d;
-    r.sequence += r.diff[t];
-  }
-  return r;
-}
-
-void check_correction_inputs(const HostBatch& b) {
-  const size_t N = size_t(b.rows) * size_t(b.seq_len);
-  SOLTRAIN_CHECK(b.old_nll.size() == N && b.sampling_nll.size() == N,
-                 "the sampling correction needs the batch's old_nll and sampling_nll, one per token");
+// TRL's log p_old − log p_sampling at token i, in fp32 as TRL's tensors are: 0 where nothing counts and where the
+// sampling log-prob is NaN (its nan_to_num).
+float correction_log_ratio(const HostBatch& b, size_t i) {
+  if (b.targets[i] == -100) return 0.0f;
+  const float d = (-b.old_nll[i]) - (-b.sampling_nll[i]);
+  return std::isnan(d) ? 0.0f : d;
 }
 }  // namespace
 
 std::vector<float> sampling_correction_weights(const GrpoConfig& c, const HostBatch& b) {
   if (c.sampling_correction == SamplingCorrection::None) return {};
-  check_correction_inputs(b);
-  std::vector<float> w(size_t(b.rows) * size_t(b.seq_len), 1.0f);
-  for (int r = 0; r < b.rows; ++r) {
-    const CorrectionRow row = correction_row(b, r);
-    const float seq = correction_bound(c, std::exp(row.sequence));
-    for (size_t t = 0; t < row.diff.size(); ++t)
-      w[size_t(r) * row.diff.size() + t] = sequence_correction(c) ? seq : correction_bound(c, std::exp(row.diff[t]));
+  const size_t T = size_t(b.seq_len), N = size_t(b.rows) * T;
+  SOLTRAIN_CHECK(b.old_nll.size() == N && b.sampling_nll.size() == N,
+                 "the sampling correction needs the batch's old_nll and sampling_nll, one per token");
+  std::vector<float> w(N, 1.0f);
+  for (size_t t0 = 0; t0 < N; t0 += T) {
+    if (sequence_correction(c)) {  // the completion's summed log ratio, one ratio for all its tokens
+      float sum = 0.0f;
+      for (size_t t = 0; t < T; ++t) sum += correction_log_ratio(b, t0 + t);
+      std::fill(w.begin() + long(t0), w.begin() + long(t0 + T), correction_bound(c, std::exp(sum)));
+    } else {
+      for (size_t t = 0; t < T; ++t) w[t0 + t] = correction_bound(c, std::exp(correction_log_ratio(b, t0 + t)));
+    }
   }
   return w;
 }
@@ -160,20 +147,16 @@ SamplingCorrectionStats sampling_correction_stats(const GrpoConfig& c, std::span
     ++ratios;
   };
   for (const HostBatch& b : micro_batches) {
-    check_correction_inputs(b);
     const std::vector<float> w = sampling_correction_weights(c, b);
     const size_t T = size_t(b.seq_len);
-    for (int r = 0; r < b.rows; ++r) {
-      for (size_t t = 0; t < T; ++t) {
-        const size_t i = size_t(r) * T + t;
+    for (size_t t0 = 0; t0 < w.size(); t0 += T) {
+      // a ratio per completion in the sequence modes (every row's, as TRL flattens them), else per counted token
+      if (sequence_correction(c)) ratio(w[t0]);
+      for (size_t i = t0; i < t0 + T; ++i) {
         if (b.targets[i] == -100) continue;
         const double d = std::fabs(double(-b.old_nll[i]) - double(-b.sampling_nll[i]));
         if (!std::isnan(d)) diff_sum += d, s.logp_diff_max = std::max(s.logp_diff_max, d), ++diffs;
         if (!sequence_correction(c)) ratio(w[i]);
-      }
-      if (sequence_correction(c)) {  // one ratio per completion (every row's, as TRL flattens them)
-        const CorrectionRow row = correction_row(b, r);
-        ratio(correction_bound(c, std::exp(row.sequence)));
       }
     }
   }
@@ -288,6 +271,8 @@ GrpoObjective::GrpoObjective(Ops& ops, GrpoConfig cfg, int64_t max_tokens, int64
       upload_adv_(ops, size_t(max_rows) * sizeof(float)),
       upload_scale_(ops, size_t(max_rows) * sizeof(float)) {
   cfg_.validate("grpo");
+  if (cfg_.sampling_correction != SamplingCorrection::None && cfg_.top_entropy_quantile >= 1)
+    upload_keep_.emplace(ops, size_t(max_tokens) * sizeof(float));
 }
 
 void GrpoObjective::begin_update() {
@@ -313,6 +298,8 @@ void GrpoObjective::set_micro_batch(Ops& ops, const HostBatch& b, std::span<cons
     upload_ref_(ops, Tensor{ref_.data(), DType::F32, {N}, ref_.device()}, b.ref_token_nll.data());
   }
   host_correction_ = sampling_correction_weights(cfg_, b);
+  if (upload_keep_)  // known before the forward: staged like the advantages, no sync in add_loss
+    (*upload_keep_)(ops, Tensor{keep_.data(), DType::F32, {N}, keep_.device()}, host_correction_.data());
   weights_ready_ = false;
 }
 
@@ -342,16 +329,16 @@ void GrpoObjective::add_loss(Ops& ops, const ForwardOutputs& out) {
     ops.copy(Tensor{host_targets_.data(), DType::I32, {N}, Device::CPU}, out.targets.rows(0, N));
     k = high_entropy_mask(host_entropy_, host_targets_, 1.0f - cfg_.top_entropy_quantile);
   }
-  if (!host_correction_.empty()) {  // TRL multiplies the policy term by the mask, then by the correction
-    SOLTRAIN_CHECK(int64_t(host_correction_.size()) == N, "sampling correction weights: one per token");
-    if (k.empty())
-      k = host_correction_;
-    else
-      for (size_t i = 0; i < k.size(); ++i) k[i] *= host_correction_[i];
-  }
   if (!k.empty()) {
+    // TRL multiplies the policy term by the mask, then by the correction
+    if (!host_correction_.empty()) {
+      SOLTRAIN_CHECK(int64_t(host_correction_.size()) == N, "sampling correction weights: one per token");
+      for (size_t i = 0; i < k.size(); ++i) k[i] *= host_correction_[i];
+    }
     keep = f32(keep_, N);
     ops.copy(keep, Tensor{k.data(), DType::F32, {N}, Device::CPU});
+  } else if (upload_keep_) {
+    keep = f32(keep_, N);  // (the correction's weights, staged by set_micro_batch)
   }
   ops.policy_loss(f32(weight_, N), Tensor{stats_.data(), DType::F64, {kPolicyStats}, stats_.device()}, out.token_nll,
                   out.targets, has_old_ ? f32(old_, N) : Tensor{}, f32(ref_, N), keep, f32(adv_, D), f32(scale_, D),

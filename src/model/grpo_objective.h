@@ -132,8 +132,9 @@ class GrpoObjective final : public Objective {
   // top_entropy_quantile < 1 or a sampling_correction: this micro-batch's high_entropy_mask times its sampling
   // correction weights (F32 [max_tokens]); both multiply the policy term alone
   Buffer keep_;
-  std::vector<float> host_entropy_;     // ... and the entropies and targets it is computed from, read back
-  std::vector<float> host_correction_;  // sampling_correction: this micro-batch's weights (also into keep_)
+  std::vector<float> host_entropy_;          // ... and the entropies and targets it is computed from, read back
+  std::vector<float> host_correction_;       // sampling_correction: this micro-batch's weights (also into keep_)
+  std::optional<StagedUpload> upload_keep_;  // ... staged into keep_ when no entropy mask waits for the forward
   std::vector<int32_t> host_targets_;
   StagedUpload upload_old_, upload_ref_, upload_adv_, upload_scale_;
   bool has_old_ = false, first_ = true, weights_ready_ = false;

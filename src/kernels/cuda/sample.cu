@@ -77,6 +77,15 @@ struct Row {
 
 using Scan = cub::BlockScan<unsigned long long, kThreads>;
 
+// min_p as a floor on the fixed-point weights (0: off).
+__device__ __forceinline__ uint64_t min_weight_of(const SamplingParams& p) {
+  return p.min_p > 0 ? uint64_t(double(p.min_p) * kOne) : 0;
+}
+// A row drawn from without top_k / top_p cuts (the split form's): weights at p's temperature, min_p's floor.
+__device__ __forceinline__ Row uncut_row(const float* l, int V, float max, const SamplingParams& p) {
+  return Row{l, V, max, 1.f / p.temperature, Cut{}, Cut{}, min_weight_of(p)};
+}
+
 // log p of the drawn token (logit l) under what it was drawn from: (l − max) / T less the log of the kept weights'
 // sum (in units of the likeliest's, 2^40; the likeliest is always kept, so the sum is at least 2^40 and its
 // truncated tails cost under V·2^-40 of it). Greedy: T = 1 over the whole row. NaN where the row has no finite
@@ -222,7 +231,7 @@ __global__ void __launch_bounds__(kThreads)
       r.top_p = radix_cut(
           s, r, 0ull, double(p.top_p), [&](int i, uint32_t k, float) { return r.top_k.keeps(k, i); },
           [&](float x) { return (unsigned long long)r.weight(x); });
-    r.min_weight = p.min_p > 0 ? uint64_t(double(p.min_p) * kOne) : 0;
+    r.min_weight = min_weight_of(p);
     // The draw: the first kept token, in token order, where the running weight exceeds u × the kept total.
     int begin, end;
     share(V, begin, end);
@@ -307,7 +316,7 @@ __global__ void __launch_bounds__(kSplitThreads)
   if (threadIdx.x == 0) max = l[split_pick(row, C)];
   __syncthreads();
   // (the draw's weights, computed as the draw and the one-block form compute them)
-  const Row r{l, V, max, 1.f / p.temperature, Cut{}, Cut{}, p.min_p > 0 ? uint64_t(double(p.min_p) * kOne) : 0};
+  const Row r = uncut_row(l, V, max, p);
   const int end = min(V, (c + 1) * kSplitChunk);
   unsigned long long own = 0;
   if (isfinite(max))
@@ -344,7 +353,7 @@ __global__ void __launch_bounds__(kSplitThreads)
   }
   __syncthreads();
   if (chunk >= 0) {  // (none: greedy, or rounding left u·total past every token: the likeliest, as one block does)
-    const Row r{l, V, max, 1.f / p.temperature, Cut{}, Cut{}, p.min_p > 0 ? uint64_t(double(p.min_p) * kOne) : 0};
+    const Row r = uncut_row(l, V, max, p);
     const int begin = min(V, chunk * kSplitChunk + int(threadIdx.x) * kSplitPer), end = min(V, begin + kSplitPer);
     unsigned long long own = 0, before = 0;
     for (int i = begin; i < end; ++i)
