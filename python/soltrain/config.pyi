@@ -420,6 +420,7 @@ class GRPOConfig(TrainConfig):
         stop_strings: list[str] | str | None = None,
         generation_memory_gib: float | None = None,
         generation_memory_fraction: float | None = None,
+        generation_overlap: bool | None = None,
         log_completions: bool | None = None,
         num_completions_to_print: int | None = None,
         per_device_train_batch_size: int | None = None,

@@ -806,6 +806,9 @@ void add_grpo_keys(std::vector<KeySpec>& v) {
                        "the most memory generation may take (KV cache, activations, logits), GiB (0: what is free)")));
   v.push_back(g(number("generation_memory_fraction", FIELD(grpo.generation_memory_fraction), 0, 1, false,
                        "the same as a share of the device's memory (0: not set)")));
+  v.push_back(g(flag("generation_overlap", FIELD(grpo.generation_overlap),
+                     "one step off-policy: the next batch generates from the update's starting weights while the "
+                     "update trains (the importance ratio to the weights that sampled carries the staleness)")));
   v.push_back(g(flag("log_completions", FIELD(grpo.log_completions),
                      "print a sample of completions and their rewards at each logged step")));
   v.push_back(g(integer("num_completions_to_print", FIELD(grpo.num_completions_to_print), 1,

@@ -632,5 +632,10 @@ class Ops {
 std::unique_ptr<Ops> make_cpu_ops();
 // The CUDA backend on the current device; a UserError when this build has none or no GPU is present.
 std::unique_ptr<Ops> make_cuda_ops();
+// Another backend of `device`'s kind for work run beside the first one's from a host thread of its own (GRPO's
+// one-step-off-policy generation): its own streams, BLAS handle and scratch, so neither waits on the other's queue.
+// On CUDA its streams take the device's highest priority: a decode step's small kernels are then scheduled ahead of
+// the waiting blocks of the training step's large ones instead of queueing behind them.
+std::unique_ptr<Ops> make_ops_beside(Device device);
 
 }  // namespace soltrain

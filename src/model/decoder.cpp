@@ -22,8 +22,8 @@ Tensor host_i32(std::vector<int32_t>& v) {
 }  // namespace
 
 KvDecoder::KvDecoder(Transformer& model, int batch, int max_len, int max_chunk, bool repetition_penalty,
-                     int64_t cache_tokens)
-    : KvDecoder(PlanOnly{}, model, batch, max_len, max_chunk, repetition_penalty, cache_tokens) {
+                     int64_t cache_tokens, Ops* ops)
+    : KvDecoder(PlanOnly{}, model, batch, max_len, max_chunk, repetition_penalty, cache_tokens, ops) {
   arena_.bind(ops_.alloc(arena_.total_bytes()));
   for (auto& [t, hnd] : bind_) *t = arena_.get(hnd);
   bind_.clear();
@@ -44,7 +44,8 @@ KvDecoder::KvDecoder(Transformer& model, int batch, int max_len, int max_chunk, 
 
 size_t KvDecoder::memory_bytes(Transformer& model, int batch, int max_len, int max_chunk, bool repetition_penalty,
                                int64_t cache_tokens) {
-  return KvDecoder(PlanOnly{}, model, batch, max_len, max_chunk, repetition_penalty, cache_tokens).arena_.total_bytes();
+  return KvDecoder(PlanOnly{}, model, batch, max_len, max_chunk, repetition_penalty, cache_tokens, nullptr)
+      .arena_.total_bytes();
 }
 
 size_t KvDecoder::kv_cache_bytes(Transformer& model, int64_t tokens) {
@@ -65,9 +66,9 @@ int64_t KvDecoder::cache_tokens_for_groups(int prompts, int group, int max_promp
 }
 
 KvDecoder::KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int max_chunk, bool repetition_penalty,
-                     int64_t cache_tokens)
+                     int64_t cache_tokens, Ops* ops)
     : model_(model),
-      ops_(model.ops()),
+      ops_(ops ? *ops : model.ops()),
       batch_(batch),
       max_len_(max_len),
       max_chunk_(max_chunk),

@@ -30,9 +30,11 @@ class KvDecoder {
   // for every row without sharing; cache_tokens_for_groups: for groups sharing their prompt); activations are
   // sized for `max_chunk` new tokens per sequence per forward (longer inputs are split), so all memory is
   // allocated here. With `repetition_penalty` each row also flags the tokens it holds (a byte per vocabulary
-  // entry), for sampling with a repetition_penalty.
+  // entry), for sampling with a repetition_penalty. `ops`: the backend it queues its work on (the model's when
+  // null; make_ops_beside's to decode in a thread of its own while the model trains, which must then leave the
+  // weights unchanged until the decoding is done).
   KvDecoder(Transformer& model, int batch, int max_len, int max_chunk = 256, bool repetition_penalty = false,
-            int64_t cache_tokens = 0);
+            int64_t cache_tokens = 0, Ops* ops = nullptr);
   ~KvDecoder();
   // The device bytes a decoder of these sizes allocates (its KV cache, activations, logits), without building it.
   static size_t memory_bytes(Transformer& model, int batch, int max_len, int max_chunk = 256,
@@ -85,7 +87,7 @@ class KvDecoder {
  private:
   struct PlanOnly {};
   KvDecoder(PlanOnly, Transformer& model, int batch, int max_len, int max_chunk, bool repetition_penalty,
-            int64_t cache_tokens);
+            int64_t cache_tokens, Ops* ops);
   // Rows [r0, r0 + nb) each take Tc new tokens (ids and positions already on the device, in that order; lens_
   // holds their lengths after them); writes x (the final residual).
   void forward_chunk(int r0, int nb, int Tc);

@@ -8,8 +8,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <future>
 #include <memory>
+#include <optional>
 #include <ostream>
+#include <string>
 #include <tuple>
 #include <unordered_set>
 #include <vector>
@@ -176,10 +181,36 @@ PromptSet read_prompts(const TrainConfig& c, const PromptCodec& codec, std::ostr
   return out;
 }
 
+// Why generation cannot overlap training on this model (null: it can). The decoder reads the layers' weights from
+// another thread while the trainer's forward and backward run: whatever those passes write beside the gradients
+// and activations would be read half-written.
+const char* why_no_overlap(const Transformer& model) {
+  if (model.fp8()) return "the fp8 recipe (each forward rescales the weights' fp8 copies the decoder would read)";
+  if (model.weight_stream()) return "offload_weights (the layers stream through one set of device buffers)";
+  if (model.params().sharded()) return "sharded weights (gathered per layer for the trainer's passes)";
+  if (model.config().moe_layers() > 0) return "Mixture-of-Experts models (not built yet)";
+  return nullptr;
+}
+
+// One batch's rollouts: its prompts (records and ids) and their completions, with the seconds they took.
+struct Generated {
+  std::vector<size_t> picked;
+  std::vector<std::vector<int32_t>> prompt_ids;
+  std::vector<Rollout> rollouts;
+  double seconds = 0;
+};
+
+// A batch made ready for its updates: the micro-batches, their tokens and the generation's metrics.
+struct ReadyBatch {
+  std::vector<HostBatch> micro;
+  int64_t tokens = 0;
+  NamedValues values;
+};
+
 class GrpoDriver final : public RunDriver {
  public:
   GrpoDriver(const TrainConfig& c, Ops& ops, Transformer& model, const PromptCodec& codec, PromptSet prompts,
-             RewardFunctions& rewards, int generation_rows, std::ostream& log)
+             RewardFunctions& rewards, int generation_rows, int64_t total_updates, std::ostream& log)
       : c_(c),
         ops_(ops),
         model_(model),
@@ -188,28 +219,63 @@ class GrpoDriver final : public RunDriver {
         rewards_(rewards),
         log_(log),
         completions_(c.per_device_train_batch_size * c.gradient_accumulation_steps),
+        total_updates_(total_updates),
         grpo_(ops, c.grpo.loss, int64_t(c.per_device_train_batch_size) * c.sequence_len, c.per_device_train_batch_size),
+        beside_(c.grpo.generation_overlap ? make_ops_beside(ops.device()) : nullptr),
         decoder_(model, generation_rows, c.sequence_len, generation_chunk(c), c.grpo.repetition_penalty != 1,
-                 generation_cache_tokens(c, generation_rows)),
-        stop_(codec.tokenizer(), c.grpo.stop_strings, "stop_strings"),
-        micro_(size_t(c.gradient_accumulation_steps)) {
+                 generation_cache_tokens(c, generation_rows), beside_.get()),
+        stop_(codec.tokenizer(), c.grpo.stop_strings, "stop_strings") {
     if (keeps_reference_copy(c, model)) {
       reference_ = std::make_unique<ReferenceWeights>(ops, model.params());
       grpo_.set_reference_weights(reference_.get());
       log_ << "grpo: beta " << c.grpo.loss.beta << ": the reference is a frozen copy of the starting weights ("
            << format_bytes(double(reference_->bytes())) << ")\n";
     }
+    // SOLTRAIN_GRPO_OVERLAP_INLINE=1 runs the overlapped schedule with the next batch generated on this thread just
+    // before the update changes the weights: the same batches from the same weights, nothing concurrent (the test
+    // that the concurrent run equals it).
+    const char* inline_env = std::getenv("SOLTRAIN_GRPO_OVERLAP_INLINE");
+    overlap_inline_ = inline_env && std::string(inline_env) == "1";
   }
 
   void update(TrainStep& step, int64_t done, float lr) override {
-    if (!fresh_ || done % c_.grpo.num_iterations == 0) generate(done);
-    GrpoStep objective(grpo_);
-    step.run(micro_, lr, -1, &objective);
+    const int iterations = c_.grpo.num_iterations;
+    if (done % iterations == 0 && next_.has_value()) {  // generated during the last update
+      current_ = std::move(*next_);
+      next_.reset();
+    } else if (!fresh_ || done % iterations == 0) {
+      Generated g = generate(done);
+      current_ = prepare(done, g);
+    }
+    fresh_ = true;
+    // One step off-policy: the next batch (due at the next update) generates from these weights while this update
+    // trains on them; the update waits for it before it changes them.
+    std::function<void()> before_update;
+    if (beside_ && (done + 1) % iterations == 0 && done + 1 < total_updates_) {
+      state_before_next_ = state_;
+      Picked next = pick();
+      // The beside backend's work starts after what this one has queued (the last update's new weights).
+      std::function<void()> weights_written = ops_.fence();
+      auto work = [this, d = done + 1, next = std::move(next), weights_written]() mutable {
+        weights_written();
+        return generate(d, std::move(next));
+      };
+      pending_ = std::async(overlap_inline_ ? std::launch::deferred : std::launch::async, std::move(work));
+      before_update = [this, d = done + 1] {
+        const auto t0 = std::chrono::steady_clock::now();
+        Generated g = pending_.get();
+        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        next_ = prepare(d, g);
+        next_->values.push_back({"generation_wait_seconds", overlap_inline_ ? g.seconds : waited});
+      };
+    }
+    GrpoStep objective(grpo_, std::move(before_update));
+    step.run(current_.micro, lr, -1, &objective);
   }
 
   Readout read(const TrainStep&) override {
     const GrpoMetrics m = grpo_.read(ops_);  // waits for the update
-    NamedValues v = gen_values_;
+    NamedValues v = current_.values;
     if (c_.grpo.loss.beta != 0) v.push_back({"kl", m.kl});
     v.push_back({"entropy", m.entropy});
     v.push_back({"clip_ratio/low_mean", m.clip_low});
@@ -221,14 +287,16 @@ class GrpoDriver final : public RunDriver {
     return {m.loss, m.tokens > 0, std::move(v)};
   }
 
-  double tokens_per_update() const override { return double(tokens_); }
+  double tokens_per_update() const override { return double(current_.tokens); }
   double epoch() const override {
     return double(state_.epoch) + double(state_.index) / double(prompts_.entries.size());
   }
-  LoaderState loader_state() const override { return state_; }
+  // A batch generated ahead is not in a checkpoint: a resumed run generates it again from the weights it resumes.
+  LoaderState loader_state() const override { return next_.has_value() ? state_before_next_ : state_; }
   void restore(const LoaderState& s) override {
     state_ = s;
     order_.clear();
+    next_.reset();
     fresh_ = false;  // the next update generates anew (num_iterations restarts there)
   }
   bool has_validation() const override { return false; }
@@ -236,6 +304,11 @@ class GrpoDriver final : public RunDriver {
   const char* order_name() const override { return "prompt order and sampling"; }
 
  private:
+  struct Picked {
+    std::vector<size_t> records;
+    std::vector<std::vector<int32_t>> ids;
+  };
+
   // The next prompt of the shuffled order (a new order every epoch).
   size_t next_prompt() {
     if (order_.empty() || state_.index >= int64_t(order_.size())) {
@@ -246,32 +319,49 @@ class GrpoDriver final : public RunDriver {
     return size_t(order_[size_t(state_.index++)]);
   }
 
-  // The update's rollouts: prompts, completions, rewards, advantages, and the micro-batches built from them.
-  void generate(int64_t done) {
-    const GrpoSettings& g = c_.grpo;
-    const int G = g.num_generations, P = completions_ / G;
-    std::vector<size_t> picked;
-    std::vector<std::vector<int32_t>> prompt_ids;
-    for (int p = 0; p < P; ++p) {
-      picked.push_back(next_prompt());
-      prompt_ids.push_back(prompts_.records[picked.back()].ids);
+  // A batch's prompts, taken from the order.
+  Picked pick() {
+    Picked p;
+    for (int i = 0; i < completions_ / c_.grpo.num_generations; ++i) {
+      p.records.push_back(next_prompt());
+      p.ids.push_back(prompts_.records[p.records.back()].ids);
     }
+    return p;
+  }
+
+  Generated generate(int64_t d) { return generate(d, pick()); }
+
+  // The completions of update d's batch from the weights as they stand (on the beside backend with
+  // generation_overlap: then possibly in another thread, touching nothing of this one's but the decoder).
+  Generated generate(int64_t d, Picked p) {
+    const GrpoSettings& g = c_.grpo;
     GenerationOptions o;
     o.max_new_tokens = g.loss.max_completion_length;
-    o.sampling = {float(g.temperature), g.top_k,
-                  float(g.top_p),       c_.seed + uint64_t(done) * 1000003u,
-                  float(g.min_p),       float(g.repetition_penalty)};
+    o.sampling = {float(g.temperature),       g.top_k, float(g.top_p), c_.seed + uint64_t(d) * 1000003u, float(g.min_p),
+                  float(g.repetition_penalty)};
     o.eos_ids = codec_.eos();
     o.stop_after = stop_.stop_after();
-    const bool correction = g.loss.sampling_correction != SamplingCorrection::None;
-    o.logprobs = correction;  // TRL's sampling_per_token_logps
+    o.logprobs = g.loss.sampling_correction != SamplingCorrection::None;  // TRL's sampling_per_token_logps
     const auto t0 = std::chrono::steady_clock::now();
-    const std::vector<Rollout> rollouts = generate_groups(decoder_, prompt_ids, G, o);
-    const double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    Generated out;
+    out.rollouts = generate_groups(decoder_, p.ids, g.num_generations, o);
+    if (beside_) beside_->synchronize();  // (nothing of it still queued once the thread hands it over)
+    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    out.picked = std::move(p.records);
+    out.prompt_ids = std::move(p.ids);
+    return out;
+  }
 
+  // Update d's batch from its rollouts: rewards, advantages, the micro-batches and TRL's generation metrics. Runs
+  // while the weights are still those that generated it (the old log-probs are taken under them).
+  ReadyBatch prepare(int64_t d, const Generated& gen) {
+    const GrpoSettings& g = c_.grpo;
+    const int G = g.num_generations;
+    const std::vector<Rollout>& rollouts = gen.rollouts;
+    const bool correction = g.loss.sampling_correction != SamplingCorrection::None;
     RewardRequest req;
     for (int r = 0; r < completions_; ++r) {
-      const PromptRecord& pr = prompts_.records[picked[size_t(r / G)]];
+      const PromptRecord& pr = prompts_.records[gen.picked[size_t(r / G)]];
       req.prompts.push_back(pr.prompt);
       req.records.push_back(pr.record);
       req.completions.push_back(codec_.text(rollouts[size_t(r)].tokens));
@@ -294,11 +384,11 @@ class GrpoDriver final : public RunDriver {
     // Rows: prompt, completion, padding; the completion's tokens are the targets (none for a truncated one
     // under mask_truncated_completions).
     const int B = c_.per_device_train_batch_size, T = c_.sequence_len;
-    tokens_ = 0;
+    ReadyBatch out;
+    out.micro.resize(size_t(c_.gradient_accumulation_steps));
     int64_t gen_tokens = 0, min_len = INT64_MAX, max_len = 0, clipped = 0, term_sum = 0, terminated = 0;
-    for (size_t m = 0; m < micro_.size(); ++m) {
-      HostBatch& b = micro_[m];
-      b = HostBatch{};
+    for (size_t m = 0; m < out.micro.size(); ++m) {
+      HostBatch& b = out.micro[m];
       b.rows = B;
       b.seq_len = T;
       b.input_ids.assign(size_t(B) * size_t(T), 0);
@@ -306,7 +396,7 @@ class GrpoDriver final : public RunDriver {
       if (correction) b.sampling_nll.assign(size_t(B) * size_t(T), 0.0f);
       for (int i = 0; i < B; ++i) {
         const size_t r = m * size_t(B) + size_t(i);
-        const std::vector<int32_t>& p = prompt_ids[r / size_t(G)];
+        const std::vector<int32_t>& p = gen.prompt_ids[r / size_t(G)];
         const Rollout& ro = rollouts[r];
         int32_t* ids = b.input_ids.data() + size_t(i) * size_t(T);
         int32_t* tg = b.targets.data() + size_t(i) * size_t(T);
@@ -320,7 +410,7 @@ class GrpoDriver final : public RunDriver {
             b.sampling_nll[size_t(i) * size_t(T) + p.size() - 1 + j] = -ro.logprobs[j];
         b.advantages.push_back(adv[r]);
         const int64_t n = int64_t(ro.tokens.size());
-        tokens_ += int64_t(p.size()) + n;
+        out.tokens += int64_t(p.size()) + n;
         gen_tokens += n;
         min_len = std::min(min_len, n);
         max_len = std::max(max_len, n);
@@ -330,40 +420,40 @@ class GrpoDriver final : public RunDriver {
           ++clipped;
       }
     }
-    // The trainer's log-probs at generation: the ratio's denominator for later iterations, and (TRL's rule under
-    // the correction) the correction's numerator.
-    if (g.num_iterations > 1 || correction) keep_sampling_logprobs();
-    fresh_ = true;
+    // The trainer's log-probs under the weights that generated the batch: the ratio's denominator for later
+    // iterations and (one step off-policy) for its update, and (TRL's rule under the correction) the correction's
+    // numerator.
+    if (g.num_iterations > 1 || correction || beside_) keep_sampling_logprobs(out.micro);
 
     // TRL's generation metrics.
-    gen_values_.clear();
+    NamedValues& v = out.values;
     const auto [rmean, rstd] = nan_mean_std(total);
-    gen_values_.push_back({"reward", rmean});
-    gen_values_.push_back({"reward_std", rstd});
+    v.push_back({"reward", rmean});
+    v.push_back({"reward_std", rstd});
     for (size_t f = 0; f < per_func.size(); ++f) {
       const auto [fm, fs] = nan_mean_std(per_func[f]);
-      gen_values_.push_back({"rewards/" + rewards_.names()[f] + "/mean", fm});
-      gen_values_.push_back({"rewards/" + rewards_.names()[f] + "/std", fs});
+      v.push_back({"rewards/" + rewards_.names()[f] + "/mean", fm});
+      v.push_back({"rewards/" + rewards_.names()[f] + "/std", fs});
     }
-    gen_values_.push_back(
+    v.push_back(
         {"frac_reward_zero_std", double(std::count(zero_std.begin(), zero_std.end(), true)) / double(completions_)});
-    gen_values_.push_back({"completions/mean_length", double(gen_tokens) / double(completions_)});
-    gen_values_.push_back({"completions/min_length", double(min_len)});
-    gen_values_.push_back({"completions/max_length", double(max_len)});
-    gen_values_.push_back({"completions/clipped_ratio", double(clipped) / double(completions_)});
-    gen_values_.push_back({"completions/mean_terminated_length", terminated ? double(term_sum) / terminated : 0.0});
+    v.push_back({"completions/mean_length", double(gen_tokens) / double(completions_)});
+    v.push_back({"completions/min_length", double(min_len)});
+    v.push_back({"completions/max_length", double(max_len)});
+    v.push_back({"completions/clipped_ratio", double(clipped) / double(completions_)});
+    v.push_back({"completions/mean_terminated_length", terminated ? double(term_sum) / terminated : 0.0});
     if (correction) {
-      const SamplingCorrectionStats s = sampling_correction_stats(g.loss, micro_);
-      gen_values_.push_back({"sampling/sampling_logp_difference/mean", s.logp_diff_mean});
-      gen_values_.push_back({"sampling/sampling_logp_difference/max", s.logp_diff_max});
-      gen_values_.push_back({"sampling/importance_sampling_ratio/min", s.ratio_min});
-      gen_values_.push_back({"sampling/importance_sampling_ratio/mean", s.ratio_mean});
-      gen_values_.push_back({"sampling/importance_sampling_ratio/max", s.ratio_max});
+      const SamplingCorrectionStats s = sampling_correction_stats(g.loss, out.micro);
+      v.push_back({"sampling/sampling_logp_difference/mean", s.logp_diff_mean});
+      v.push_back({"sampling/sampling_logp_difference/max", s.logp_diff_max});
+      v.push_back({"sampling/importance_sampling_ratio/min", s.ratio_min});
+      v.push_back({"sampling/importance_sampling_ratio/mean", s.ratio_mean});
+      v.push_back({"sampling/importance_sampling_ratio/max", s.ratio_max});
     }
-    gen_values_.push_back({"generation_tokens_per_second", double(gen_tokens) / std::max(gen_s, 1e-9)});
-    gen_values_.push_back({"generation_seconds", gen_s});
-    if (g.log_completions && (done + 1) % std::max<int64_t>(1, c_.logging_steps) == 0) {
-      log_ << "step " << done + 1 << ": completions (reward):\n";
+    v.push_back({"generation_tokens_per_second", double(gen_tokens) / std::max(gen.seconds, 1e-9)});
+    v.push_back({"generation_seconds", gen.seconds});
+    if (g.log_completions && (d + 1) % std::max<int64_t>(1, c_.logging_steps) == 0) {
+      log_ << "step " << d + 1 << ": completions (reward):\n";
       for (int r = 0; r < std::min(completions_, g.num_completions_to_print); ++r) {
         std::string text = req.completions[size_t(r)];
         if (text.size() > 300) text = text.substr(0, 300) + "...";
@@ -373,11 +463,12 @@ class GrpoDriver final : public RunDriver {
              << nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
       }
     }
+    return out;
   }
 
-  // num_iterations > 1: each token's NLL under the policy that sampled it, before the first of its updates.
-  void keep_sampling_logprobs() {
-    for (HostBatch& b : micro_) {
+  // Each token's NLL under the weights as they stand (those that sampled it), before the first of its updates.
+  void keep_sampling_logprobs(std::vector<HostBatch>& micro) {
+    for (HostBatch& b : micro) {
       NllReader keep(b.old_nll);
       model_.forward(b, &keep, /*backward_follows=*/false);
     }
@@ -391,16 +482,21 @@ class GrpoDriver final : public RunDriver {
   RewardFunctions& rewards_;
   std::ostream& log_;
   int completions_;
+  int64_t total_updates_;
   GrpoObjective grpo_;
   std::unique_ptr<ReferenceWeights> reference_;  // full fine-tuning with beta > 0
+  std::unique_ptr<Ops> beside_;                  // generation_overlap: the decoder's own backend
   KvDecoder decoder_;
   StopStrings stop_;  // stop_strings (none: EOS and the budget end completions)
-  std::vector<HostBatch> micro_;
+  ReadyBatch current_;
   LoaderState state_;
   std::vector<int64_t> order_;
-  bool fresh_ = false;  // micro_ holds rollouts of this run (not before a resume)
-  int64_t tokens_ = 0;
-  NamedValues gen_values_;
+  bool fresh_ = false;  // current_ holds rollouts of this run (not before a resume)
+  // generation_overlap: the next batch, generating (pending_) and then ready (next_); the order's state before it
+  std::optional<ReadyBatch> next_;
+  LoaderState state_before_next_;
+  bool overlap_inline_ = false;
+  std::future<Generated> pending_;  // (last: a running generation is waited for before the decoder goes)
 };
 
 }  // namespace
@@ -426,6 +522,8 @@ RunResult run_grpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks 
     user_error("max_prompt_length + max_completion_length = ", c.sequence_len,
                " exceeds the model's max_position_embeddings (", model->config().max_position_embeddings, ")");
   configure_model(*model, c, ops, c.per_device_train_batch_size);
+  if (c.grpo.generation_overlap)
+    if (const char* why = why_no_overlap(*model)) user_error("generation_overlap is not built for ", why);
   model->set_logit_temperature(float(c.grpo.temperature));
   const int64_t prompts_per_update =
       int64_t(c.per_device_train_batch_size) * c.gradient_accumulation_steps / c.grpo.num_generations;
@@ -435,7 +533,7 @@ RunResult run_grpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks 
   TrainStep step(*model, optimizer_config(c));
   const size_t n_prompts = prompts.entries.size();
   const int rows = generation_rows(c, ops, *model, c.per_device_train_batch_size * c.gradient_accumulation_steps, log);
-  GrpoDriver driver(c, ops, *model, codec, std::move(prompts), rewards, rows, log);
+  GrpoDriver driver(c, ops, *model, codec, std::move(prompts), rewards, rows, sched.total_steps, log);
   TrainLoop loop(
       {c, "grpo", log, ops, nullptr, false, *model, step, sched, run_cadence(c, steps_per_epoch), std::move(hooks)},
       driver);

@@ -94,6 +94,11 @@ struct GrpoSettings {
   // The memory generation may take (generation_memory_gib, or generation_memory_fraction of the device's); both
   // 0: whatever is free when it is allocated.
   double generation_memory_gib = 0, generation_memory_fraction = 0;
+  // One step off-policy (TRL's AsyncGRPOTrainer at max_staleness 1, NeMo-RL's async GRPO at age 1): the next
+  // batch's completions are generated from the update's starting weights while the update trains, on a second
+  // backend in a thread of its own; its old log-probs are the trainer's under those weights (the PPO ratio carries
+  // the staleness).
+  bool generation_overlap = false;
   bool log_completions = false;
   int num_completions_to_print = 4;
   // TRL's use_vllm and vllm_importance_sampling_* (its correction for the generation engine's log-probs): soltrain

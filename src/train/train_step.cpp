@@ -141,6 +141,7 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
     if (grad_offload_ && i == last) grad_offload_->set_last_pass(&sumsq);
     obj.train_micro_batch(model_, b);
   }
+  obj.before_update();
   if (dp_) {
     dp_->finish_gradients();
     const Tensor loss_sum{loss_sum_.data(), DType::F64, {1}, loss_sum_.device()};

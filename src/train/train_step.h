@@ -4,6 +4,7 @@
 // computed on the device, AdamW. Nothing in it waits
 // for the device; the loss and the gradient norm are read back only when asked for (logging steps).
 #pragma once
+#include <functional>
 #include <memory>
 #include <span>
 
@@ -34,6 +35,9 @@ class StepObjective {
   virtual void begin_update(std::span<const HostBatch> micro_batches) = 0;
   virtual bool trains(const HostBatch& b) const = 0;  // false: the micro-batch adds nothing (no targets)
   virtual void train_micro_batch(Transformer& model, const HostBatch& b) = 0;
+  // After every micro-batch's backward, before the weights change: the last moment the update's starting weights
+  // can be read (GRPO's overlapped generation finishes there, and the next batch's old log-probs are taken).
+  virtual void before_update() {}
 };
 
 // DPO's update: the pairs and chosen tokens of all micro-batches are its divisors (model/dpo_objective.h).
@@ -69,13 +73,19 @@ class RewardStep final : public StepObjective {
 // forward and backward.
 class GrpoStep final : public StepObjective {
  public:
-  explicit GrpoStep(GrpoObjective& grpo) : grpo_(grpo) {}
+  // `before_update`: called where StepObjective::before_update is (none: nothing)
+  explicit GrpoStep(GrpoObjective& grpo, std::function<void()> before_update = {})
+      : grpo_(grpo), before_update_(std::move(before_update)) {}
   void begin_update(std::span<const HostBatch> micro_batches) override;
   bool trains(const HostBatch& b) const override { return b.counted() > 0; }
   void train_micro_batch(Transformer& model, const HostBatch& b) override;
+  void before_update() override {
+    if (before_update_) before_update_();
+  }
 
  private:
   GrpoObjective& grpo_;
+  std::function<void()> before_update_;
   const HostBatch* first_ = nullptr;
   std::vector<std::vector<float>> scales_;  // per micro-batch, per completion
 };

@@ -10,16 +10,30 @@
 
 namespace soltrain {
 
-std::unique_ptr<Ops> make_cuda_ops() {
+namespace {
+void require_gpu() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     cudaGetLastError();  // clear the sticky "no device" error
     user_error("--device cuda: no CUDA GPU is visible (use --device cpu)");
   }
+}
+}  // namespace
+
+std::unique_ptr<Ops> make_cuda_ops() {
+  require_gpu();
   return std::make_unique<CudaOps>();
 }
 
-CudaOps::CudaOps() {
+std::unique_ptr<Ops> make_ops_beside(Device device) {
+  if (device == Device::CPU) return make_cpu_ops();
+  require_gpu();
+  int least = 0, greatest = 0;  // (the greatest priority is the lowest number)
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  return std::make_unique<CudaOps>(greatest);
+}
+
+CudaOps::CudaOps(int stream_priority) {
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, dev));
@@ -47,7 +61,8 @@ CudaOps::CudaOps() {
     else
       user_error("SOLTRAIN_ATTENTION_ORDER is '", order, "': expected shortest or longest");
   }
-  for (cudaStream_t& st : streams_) CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  for (cudaStream_t& st : streams_)
+    CUDA_CHECK(cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, stream_priority));
   stream_ = streams_[0];
   for (cudaEvent_t& e : marks_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventCreateWithFlags(&order_, cudaEventDisableTiming));

@@ -18,7 +18,8 @@ namespace soltrain {
 
 class CudaOps final : public Ops {
  public:
-  CudaOps();
+  // stream_priority: cudaStreamCreateWithPriority's (lower is more urgent; 0 is the default's)
+  explicit CudaOps(int stream_priority = 0);
   ~CudaOps() override;
   Device device() const override { return Device::CUDA; }
   DType activation_dtype() const override { return DType::BF16; }
