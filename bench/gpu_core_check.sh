@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy] [prefs] [reward] [prm] [addedtokens] [muon] [normuon] [decode] [grpocorr] [grpotrl]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy] [prefs] [reward] [prm] [addedtokens] [muon] [normuon] [decode] [grpocorr] [grpooverlap] [grpotrl]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -321,6 +321,21 @@ PY
           --real "$B/../build-cuda/tokenizers/qwen3" --concurrency 64 --completion 512 --steps 3 \
           --sampling "{\"use_vllm\": $corr}" 2>&1 | tail -2
         [ -f "$OUT/grpo-bench.json" ] && mv "$OUT/grpo-bench.json" "$OUT/grpocorr-$corr.json"
+      done ;;
+    grpooverlap)  # generation_overlap (one step off-policy) against the serial step at the real Qwen3-1.7B shape (8 x 8 x
+      # 512, full fine-tuning) and 0.6B; the threaded run against the same schedule on one thread
+      # (SOLTRAIN_GRPO_OVERLAP_INLINE=1): losses and rewards equal if the update waits for the generation as it must
+      for shape in ${OVERLAP_SHAPES:-1.7B 0.6B}; do
+        for mode in serial overlap inline; do
+          ov=false; [ $mode != serial ] && ov=true
+          SOLTRAIN_GRPO_OVERLAP_INLINE=$([ $mode = inline ] && echo 1 || echo 0) timeout 300 python3 bench/grpo_bench.py \
+            --soltrain "$B/soltrain" --out "$OUT" --shapes $shape --real "$B/../build-cuda/tokenizers/qwen3" \
+            --concurrency 64 --completion 512 --steps 5 --sampling "{\"generation_overlap\": $ov}" 2>&1 | tail -1
+          [ -f "$OUT/grpo-bench.json" ] && mv "$OUT/grpo-bench.json" "$OUT/overlap-$shape-$mode.json"
+          grep -iE "error|not built" "$OUT/grpo-$shape-64.log" | tail -2
+        done
+        python3 -c "import json,sys; a,b=(json.load(open(f))[0] for f in sys.argv[1:]); print('threaded == inline:', a['losses']==b['losses'] and a['rewards']==b['rewards'], a['losses'], b['losses'])" \
+          "$OUT/overlap-$shape-overlap.json" "$OUT/overlap-$shape-inline.json"
       done ;;
     grpotrl)  # issue 30's whole-step comparison at the real Qwen3-1.7B shape and vocabulary (random weights): 8 prompts
       # x 8 generations, 512-token completions, full fine-tuning, next to TRL's GRPOTrainer with transformers'

@@ -125,17 +125,25 @@ def main():
                 continue
             rows = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl")) if '"reward"' in x]
             last = rows[-1]
+            # With generation_overlap the last update generates nothing ahead and the first generates twice: the
+            # steady step is the mean of the others (in the serial run every step is alike).
+            mid = rows[1:-1] if a.steps >= 3 else rows[-1:]
+            mean = lambda k: sum(x[k] for x in mid) / len(mid)
             gen = last["generation_tokens_per_second"]
             mean_len = last["completions/mean_length"]
             ctx = 64 + mean_len / 2  # the mean context a decode step reads
             step_bytes = pbytes + n * ctx * kvtok
             bound = n / (step_bytes / hbm)
-            gen_s = last["generation_seconds"]
-            step_s = n * (64 + mean_len) / last["tokens_per_s"]  # tokens_per_s counts prompts and completions
+            gen_s = mean("generation_seconds")
+            step_s = sum(n * (64 + x["completions/mean_length"]) / x["tokens_per_s"] for x in mid) / len(mid)  # (prompts and completions)
             res = {"shape": shape, "vocab": 151936 if a.real else 320, "lora": a.lora, "concurrency": n, "generation_tok_s": round(gen), "bound_tok_s": round(bound),
                    "share_of_bound": round(gen / bound, 4), "step_s": round(step_s, 3), "generation_s": round(gen_s, 3),
                    "training_s": round(step_s - gen_s, 3), "train_tok_s": round(last["tokens_per_s"]),
-                   "mean_completion": mean_len, "wall_s": round(wall, 1)}
+                   "mean_completion": mean_len, "wall_s": round(wall, 1),
+                   "losses": [x["loss"] for x in rows], "rewards": [x["reward"] for x in rows]}
+            if "generation_wait_seconds" in mid[0]:  # overlapped: what the update waited for, not the generation's time
+                res["generation_wait_s"] = round(mean("generation_wait_seconds"), 3)
+                res["training_s"] = round(step_s - res["generation_wait_s"], 3)
             for k in ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
                       "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
                       "sampling/importance_sampling_ratio/max"):
