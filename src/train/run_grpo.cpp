@@ -184,7 +184,9 @@ PromptSet read_prompts(const TrainConfig& c, const PromptCodec& codec, std::ostr
 // Why generation cannot overlap training on this model (null: it can). The decoder reads the layers' weights from
 // another thread while the trainer's forward and backward run: whatever those passes write beside the gradients
 // and activations would be read half-written.
-const char* why_no_overlap(const Transformer& model) {
+const char* why_no_overlap(const TrainConfig& c, const Transformer& model) {
+  if (keeps_reference_copy(c, model))
+    return "beta > 0 with full fine-tuning (the reference's forward lends its frozen copy to the model's parameters)";
   if (model.fp8()) return "the fp8 recipe (each forward rescales the weights' fp8 copies the decoder would read)";
   if (model.weight_stream()) return "offload_weights (the layers stream through one set of device buffers)";
   if (model.params().sharded()) return "sharded weights (gathered per layer for the trainer's passes)";
@@ -254,9 +256,7 @@ class GrpoDriver final : public RunDriver {
     if (beside_ && (done + 1) % iterations == 0 && done + 1 < total_updates_) {
       state_before_next_ = state_;
       Picked next = pick();
-      // The beside backend's work starts after what this one has queued (the last update's new weights).
-      std::function<void()> weights_written = ops_.fence();
-      auto work = [this, d = done + 1, next = std::move(next), weights_written]() mutable {
+      auto work = [this, d = done + 1, next = std::move(next), weights_written = weights_fence()]() mutable {
         weights_written();
         return generate(d, std::move(next));
       };
@@ -329,7 +329,20 @@ class GrpoDriver final : public RunDriver {
     return p;
   }
 
-  Generated generate(int64_t d) { return generate(d, pick()); }
+  // A wait, callable from any thread, until the weights this backend has been told to write are written (the last
+  // update's, an offloaded update's uploads among them, or those loaded or restored): the beside backend's work
+  // must start after them.
+  std::function<void()> weights_fence() {
+    ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
+    ops_.wait(Ops::Stream::Main, Ops::Stream::Upload);
+    return ops_.fence();
+  }
+
+  // Update d's batch generated now, on this thread.
+  Generated generate(int64_t d) {
+    if (beside_) weights_fence()();
+    return generate(d, pick());
+  }
 
   // The completions of update d's batch from the weights as they stand (on the beside backend with
   // generation_overlap: then possibly in another thread, touching nothing of this one's but the decoder).
@@ -523,7 +536,7 @@ RunResult run_grpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks 
                " exceeds the model's max_position_embeddings (", model->config().max_position_embeddings, ")");
   configure_model(*model, c, ops, c.per_device_train_batch_size);
   if (c.grpo.generation_overlap)
-    if (const char* why = why_no_overlap(*model)) user_error("generation_overlap is not built for ", why);
+    if (const char* why = why_no_overlap(c, *model)) user_error("generation_overlap is not built for ", why);
   model->set_logit_temperature(float(c.grpo.temperature));
   const int64_t prompts_per_update =
       int64_t(c.per_device_train_batch_size) * c.gradient_accumulation_steps / c.grpo.num_generations;
