@@ -219,7 +219,7 @@ def test_generation_overlap_is_one_step_off_policy(taught, tmp_path):
     (3) Each batch's old log-probs are the trainer's under the weights that sampled it: with TRL's correction on
     (token_truncate, no top_k) the sampler's log-probs equal them within rounding at every step (measured 9e-6 at
     most). Taken after the update instead (at the swap), they differed by 3e-2 to 0.12 (measured): far above 1e-4.
-    A model it is not built for (the fp8 recipe) gets one line and exit 2."""
+    What it is not built for (the fp8 recipe, full fine-tuning's frozen reference) gets one line and exit 2."""
     cfg = dict(max_steps=4, per_device_train_batch_size=16, gradient_accumulation_steps=2,
                vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="token_truncate")
     timing = ("generation_seconds", "generation_tokens_per_second", "generation_wait_seconds", "tokens_per_s")
@@ -248,10 +248,13 @@ def test_generation_overlap_is_one_step_off_policy(taught, tmp_path):
     assert threaded[1]["loss"] != serial[1]["loss"], (threaded[1], serial[1])
     for x in threaded:
         assert x["sampling/sampling_logp_difference/max"] < 1e-4, x
-    r = run(["grpo", str(grpo_config(taught, tmp_path / "fp8", generation_overlap=True, recipe="fp8-hybrid",
-                                     max_steps=1))], taught)
-    assert r.returncode == 2, r.stderr[-2000:]
-    assert "generation_overlap is not built for the fp8 recipe" in r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
+    for name, extra, message in [("fp8", {"recipe": "fp8-hybrid"}, "generation_overlap is not built for the fp8 recipe"),
+                                 ("ref", {"beta": 0.1}, "generation_overlap is not built for beta > 0 with full")]:
+        r = run(["grpo", str(grpo_config(taught, tmp_path / name, generation_overlap=True, max_steps=1, **extra))],
+                taught)
+        assert r.returncode == 2, r.stderr[-2000:]
+        assert message in r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
+        assert not (tmp_path / name).exists()
 
 
 def test_exact_deduplication_drops_repeated_prompt_rows(taught, tmp_path):

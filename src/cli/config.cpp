@@ -530,6 +530,19 @@ void rule_grpo(const Entries& en, const std::string& where, TrainConfig& c, std:
     errors.push_back(cat(where, ": beta ", g.loss.beta, " with full fine-tuning and the fp8-hybrid recipe: the ",
                          "reference's frozen copy is not kept in fp8 yet; use LoRA, bf16, or beta: 0"));
   if (c.gpus > 1) errors.push_back(cat(where, ": grpo runs on one GPU for now (gpus: ", c.gpus, ")"));
+  // What the decoder would read half-written while the update runs beside it (run_grpo.cpp's why_no_overlap says
+  // the same of the model once it is loaded: Mixture-of-Experts models too).
+  if (g.generation_overlap) {
+    const char* why = g.loss.beta > 0 && !c.lora.enabled
+                          ? "beta > 0 with full fine-tuning (the reference's forward lends its frozen copy to the "
+                            "model's parameters)"
+                      : c.fp8_hybrid
+                          ? "the fp8 recipe (each forward rescales the weights' fp8 copies the decoder would "
+                            "read)"
+                      : c.offload_weights ? "offload_weights (the layers stream through one set of device buffers)"
+                                          : nullptr;
+    if (why) errors.push_back(cat(where, ": generation_overlap is not built for ", why));
+  }
   if (g.generation_memory_gib > 0 && g.generation_memory_fraction > 0)
     errors.push_back(cat(where, ": give one of generation_memory_gib and generation_memory_fraction"));
   // What a grpo run does not read yet is refused, not ignored: evaluation, and datasets read other than as
