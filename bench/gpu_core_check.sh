@@ -325,16 +325,18 @@ PY
     grpooverlap)  # generation_overlap (one step off-policy) against the serial step at the real Qwen3-1.7B shape (8 x 8 x
       # 512, full fine-tuning) and 0.6B; the threaded run against the same schedule on one thread
       # (SOLTRAIN_GRPO_OVERLAP_INLINE=1): losses and rewards equal if the update waits for the generation as it must
+      # (a reward that varies on random weights and a learning rate that moves them: equal losses mean something)
       for shape in ${OVERLAP_SHAPES:-1.7B 0.6B}; do
-        for mode in serial overlap inline; do
+        for mode in ${OVERLAP_MODES:-serial overlap inline}; do  # noprio: overlap at the default stream priority
           ov=false; [ $mode != serial ] && ov=true
-          SOLTRAIN_GRPO_OVERLAP_INLINE=$([ $mode = inline ] && echo 1 || echo 0) timeout 300 python3 bench/grpo_bench.py \
+          SOLTRAIN_GRPO_OVERLAP_INLINE=$([ $mode = inline ] && echo 1 || echo 0) \
+          SOLTRAIN_BESIDE_PRIORITY=$([ $mode = noprio ] && echo 0 || echo 1) timeout 300 python3 bench/grpo_bench.py \
             --soltrain "$B/soltrain" --out "$OUT" --shapes $shape --real "$B/../build-cuda/tokenizers/qwen3" \
-            --concurrency 64 --completion 512 --steps 5 --sampling "{\"generation_overlap\": $ov}" 2>&1 | tail -1
+            --concurrency 64 --completion 512 --steps 5 --sampling "{\"generation_overlap\": $ov, \"learning_rate\": 1e-5, \"reward_funcs\": [\"bench.grpo_length_reward:text_length\"]}" 2>&1 | tail -1
           [ -f "$OUT/grpo-bench.json" ] && mv "$OUT/grpo-bench.json" "$OUT/overlap-$shape-$mode.json"
           grep -iE "error|not built" "$OUT/grpo-$shape-64.log" | tail -2
         done
-        python3 -c "import json,sys; a,b=(json.load(open(f))[0] for f in sys.argv[1:]); print('threaded == inline:', a['losses']==b['losses'] and a['rewards']==b['rewards'], a['losses'], b['losses'])" \
+        [ -f "$OUT/overlap-$shape-inline.json" ] && python3 -c "import json,sys; a,b=(json.load(open(f))[0] for f in sys.argv[1:]); print('threaded == inline:', a['losses']==b['losses'] and a['rewards']==b['rewards'], a['losses'], b['losses'])" \
           "$OUT/overlap-$shape-overlap.json" "$OUT/overlap-$shape-inline.json"
       done ;;
     grpotrl)  # issue 30's whole-step comparison at the real Qwen3-1.7B shape and vocabulary (random weights): 8 prompts
