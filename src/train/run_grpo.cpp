@@ -183,14 +183,12 @@ PromptSet read_prompts(const TrainConfig& c, const PromptCodec& codec, std::ostr
 
 // Why generation cannot overlap training on this model (null: it can). The decoder reads the layers' weights from
 // another thread while the trainer's forward and backward run: whatever those passes write beside the gradients
-// and activations would be read half-written.
-const char* why_no_overlap(const TrainConfig& c, const Transformer& model) {
-  if (keeps_reference_copy(c, model))
-    return "beta > 0 with full fine-tuning (the reference's forward lends its frozen copy to the model's parameters)";
-  if (model.fp8()) return "the fp8 recipe (each forward rescales the weights' fp8 copies the decoder would read)";
-  if (model.weight_stream()) return "offload_weights (the layers stream through one set of device buffers)";
+// and activations would be read half-written. What the config says (the fp8 recipe, full fine-tuning's frozen
+// reference, offload_weights) cli/config.cpp refuses before anything is written; these are the model's own facts.
+const char* why_no_overlap(const Transformer& model) {
   if (model.params().sharded()) return "sharded weights (gathered per layer for the trainer's passes)";
   if (model.config().moe_layers() > 0) return "Mixture-of-Experts models (not built yet)";
+  SOLTRAIN_CHECK(!model.fp8() && !model.weight_stream(), "generation_overlap past the config's refusals");
   return nullptr;
 }
 
@@ -247,7 +245,7 @@ class GrpoDriver final : public RunDriver {
       next_.reset();
     } else if (!fresh_ || done % iterations == 0) {
       Generated g = generate(done);
-      current_ = prepare(done, g);
+      current_ = prepare(done, g, /*ahead=*/false);
     }
     fresh_ = true;
     // One step off-policy: the next batch (due at the next update) generates from these weights while this update
@@ -265,7 +263,7 @@ class GrpoDriver final : public RunDriver {
         const auto t0 = std::chrono::steady_clock::now();
         Generated g = pending_.get();
         const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        next_ = prepare(d, g);
+        next_ = prepare(d, g, /*ahead=*/true);
         next_->values.push_back({"generation_wait_seconds", overlap_inline_ ? g.seconds : waited});
       };
     }
@@ -367,7 +365,8 @@ class GrpoDriver final : public RunDriver {
 
   // Update d's batch from its rollouts: rewards, advantages, the micro-batches and TRL's generation metrics. Runs
   // while the weights are still those that generated it (the old log-probs are taken under them).
-  ReadyBatch prepare(int64_t d, const Generated& gen) {
+  // `ahead`: generated during the update before d (one step off-policy), whose old log-probs the ratio then needs.
+  ReadyBatch prepare(int64_t d, const Generated& gen, bool ahead) {
     const GrpoSettings& g = c_.grpo;
     const int G = g.num_generations;
     const std::vector<Rollout>& rollouts = gen.rollouts;
@@ -436,7 +435,7 @@ class GrpoDriver final : public RunDriver {
     // The trainer's log-probs under the weights that generated the batch: the ratio's denominator for later
     // iterations and (one step off-policy) for its update, and (TRL's rule under the correction) the correction's
     // numerator.
-    if (g.num_iterations > 1 || correction || beside_) keep_sampling_logprobs(out.micro);
+    if (g.num_iterations > 1 || correction || ahead) keep_sampling_logprobs(out.micro);
 
     // TRL's generation metrics.
     NamedValues& v = out.values;
@@ -536,7 +535,7 @@ RunResult run_grpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks 
                " exceeds the model's max_position_embeddings (", model->config().max_position_embeddings, ")");
   configure_model(*model, c, ops, c.per_device_train_batch_size);
   if (c.grpo.generation_overlap)
-    if (const char* why = why_no_overlap(c, *model)) user_error("generation_overlap is not built for ", why);
+    if (const char* why = why_no_overlap(*model)) user_error("generation_overlap is not built for ", why);
   model->set_logit_temperature(float(c.grpo.temperature));
   const int64_t prompts_per_update =
       int64_t(c.per_device_train_batch_size) * c.gradient_accumulation_steps / c.grpo.num_generations;
