@@ -60,6 +60,7 @@ struct BenchOpts {
   int resident_layers = 0;
   int64_t token_tile = 0;
   bool plan_only = false, offload_activations = false, offload_weights = false, profile = true, random_weights = false;
+  bool optimizer_in_backward = false;
   std::string recompute = "none", residual_dtype = "auto", optimizer = "adamw", qlora = "none", recipe = "bf16";
   std::string attention_backward = "split";
   std::string offload = "none";
@@ -106,6 +107,12 @@ TrainConfig bench_config(const BenchOpts& o) {
   if (!set_optimizer(c, o.optimizer))
     user_error("bench --optimizer ", o.optimizer, ": ", optimizer_refusal(o.optimizer));
   c.offload = bench_offload(o);
+  if (o.optimizer_in_backward) {  // (as the config rule asks: no clipping; bench's updates are one micro-batch)
+    if (o.accumulation > 1) user_error("bench --optimizer-in-backward: one micro-batch an update (--accumulation 1)");
+    if (c.offload.grads) user_error("bench --optimizer-in-backward keeps no layer gradients: not with --offload grads");
+    c.optimizer_in_backward = true;
+    c.max_grad_norm = 0;
+  }
   if (c.muon && (c.offload.any() || o.data_parallel >= 1))
     user_error("bench --optimizer ", o.optimizer,
                ": not with --offload or --data-parallel (as training: not built yet)");
@@ -205,9 +212,9 @@ int print_activation_plan(const BenchOpts& o) {
   const size_t slots = 2 * size_t(w.largest_host_group) * dtype_size(act);
   double weights = double(w.weights() - (host_master ? w.masters : 0) + slots) / gib;
   double optimizer = double(opt.device(host_moments)) / gib, grads = double(w.grads) / gib, host_grads = 0;
-  if (offload.grads) {  // the head's group stays; the layers' go home through two slots (train/grad_offload.h)
-    const GradOffload::Plan g = GradOffload::plan(ps, int(c.num_layers));
-    host_grads = double(g.host) / gib;
+  if (offload.grads || bench.optimizer_in_backward) {  // the head's group stays; the layers' use two slots
+    const GradOffload::Plan g = GradOffload::plan(ps, int(c.num_layers));  // (train/grad_offload.h, backward_update.h)
+    host_grads = offload.grads ? double(g.host) / gib : 0.0;
     grads = double(g.device()) / gib;
   }
   PlannedTotals t{weights, grads, optimizer};
@@ -348,6 +355,7 @@ int run_bench(const BenchOpts& o) {
       {"recipe", o.recipe == "bf16" ? o.recipe : o.recipe + " " + o.fp8_scaling},
       {"optimizer", o.optimizer},
       {"offload", o.offload},
+      {"optimizer_in_backward", o.optimizer_in_backward},
       {"data_parallel", o.data_parallel},
       {"gpus", world},
       {"residual_dtype", model->residual_dtype() == DType::F32 ? "fp32" : "bf16"},
@@ -409,6 +417,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
                 "offload_grads) or all three")
       ->check(CLI::IsMember({"none", "optimizer", "master", "both", "grads", "all"}))
       ->capture_default_str();
+  c->add_flag("--optimizer-in-backward", o->optimizer_in_backward,
+              "each layer updated as its backward ends (optimizer_in_backward): no whole-model gradients, no "
+              "clipping");
   c->add_option("--data-parallel", o->data_parallel,
                 "run the step through the data-parallel path at this ZeRO stage (0-3) with a communicator of one "
                 "rank (NCCL on the GPU): what its collectives, events and hooks cost")

@@ -630,6 +630,28 @@ void rule_classifier(const Entries& en, const std::string&, TrainConfig& c, std:
 // MuonOptimizerFactory builds it: betas (0.9, 0.95) unless both are given (the second
 // is Muon's momentum); its state is fp32 and on the device.
 void rule_optimizer(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
+  if (c.optimizer_in_backward) {  // (torchtune refuses the same: its optimizer_in_bwd neither clips nor accumulates)
+    std::string where = "optimizer_in_backward";
+    for (const char* k : {"optimizer_in_backward", "optimizer_in_bwd"})
+      if (en.has(k)) where = en.by_key.at(k).where;
+    auto no = [&](const std::string& why) { errors.push_back(cat(where, ": optimizer_in_backward ", why)); };
+    if (c.max_grad_norm > 0)
+      no(
+          cat("updates each layer before the global gradient norm is known, so it cannot clip: set max_grad_norm: 0 "
+              "(got ",
+              c.max_grad_norm, ")"));
+    if (c.gradient_accumulation_steps > 1)
+      no(
+          cat("changes the weights during backward, so each update is one micro-batch: set "
+              "gradient_accumulation_steps: 1 (got ",
+              c.gradient_accumulation_steps, ")"));
+    if (c.gpus > 1 || c.zero_stage >= 1)
+      no("with data parallel is not built yet (each layer's gradients would be reduced over the ranks before its "
+         "update): run one process");
+    if (c.offload.grads) no("keeps no layer gradients to offload: drop offload_grads");
+    if (c.grpo.generation_overlap)
+      no("changes the weights the overlapped generation reads before it ends: drop generation_overlap");
+  }
   if (c.moments == Moments::Torchao4 && (c.offload.optimizer || c.offload.master || c.offload.grads))
     errors.push_back(cat(en.by_key.at("optimizer").where,
                          ": optimizer: adamw_torch_4bit with offloaded optimizer state is not built yet"));

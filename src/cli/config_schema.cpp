@@ -529,6 +529,11 @@ void add_optimizer_keys(std::vector<KeySpec>& v) {
                    "weight decay on its matrices, as Surogate)"));
   v.push_back(number("max_grad_norm", FIELD(max_grad_norm), 0, 1e9, false,
                      "clip the global gradient norm to this (0: no clipping)"));
+  // (torchtune's optimizer_in_bwd)
+  v.push_back(aka(flag("optimizer_in_backward", FIELD(optimizer_in_backward),
+                       "update each decoder layer as soon as its backward ends: no whole-model gradients (needs "
+                       "max_grad_norm: 0 and gradient_accumulation_steps: 1; one process)"),
+                  {"optimizer_in_bwd"}));
   // (adam_*: HF TrainingArguments' and Axolotl's names for the same)
   v.push_back(aka(decay("adamw_beta1", FIELD(adamw_beta1), "AdamW's first-moment decay"), {"adam_beta1"}));
   v.push_back(aka(decay("adamw_beta2", FIELD(adamw_beta2), "AdamW's second-moment decay"), {"adam_beta2"}));

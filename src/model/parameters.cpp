@@ -202,8 +202,30 @@ void ParameterStore::move_layer_grads_to_host(Ops& ops, int layers) {
     if (p.trainable) p.grad = grad_home(p.offset, shape_numel(p.shape)).view(p.shape);
 }
 
+void ParameterStore::drop_layer_grads(Ops& ops, int layers) {
+  SOLTRAIN_CHECK(gradients_ && !sharded() && host_grads_end_ == 0 && layers >= 1 && layers < groups(),
+                 "drop_layer_grads: a whole gradient buffer, once, and a group left on the device");
+  const int64_t split = group_begin(layers);
+  Buffer rest = ops.alloc(size_t(std::max<int64_t>(numel_ - split, 1)) * 4);
+  if (numel_ > split)
+    ops.copy(flat(rest, DType::F32, 0, numel_ - split), flat(grads_, DType::F32, split, numel_ - split));
+  grads_ = std::move(rest);
+  host_grads_end_ = split;
+  layer_grads_bound_only_ = true;
+  bound_grads_.assign(size_t(groups()), Tensor{});
+  for (Parameter& p : params_)
+    if (p.trainable) p.grad = p.offset >= split ? grad_home(p.offset, shape_numel(p.shape)).view(p.shape) : Tensor{};
+}
+
 Tensor ParameterStore::grad_home(int64_t offset, int64_t numel) const {
   if (offset >= host_grads_end_) return flat(grads_, DType::F32, offset - host_grads_end_, numel);
+  if (layer_grads_bound_only_) {  // the group's slot while bound (drop_layer_grads)
+    const int g = int(std::upper_bound(group_begin_.begin(), group_begin_.end(), offset) - group_begin_.begin()) - 1;
+    const Tensor& base = bound_grads_.at(size_t(g));
+    SOLTRAIN_CHECK(base.data && offset + numel <= group_begin(g + 1), "gradient range [", offset, ", ", offset + numel,
+                   ") of group ", g, " read while no slot is bound to it");
+    return Tensor{static_cast<float*>(base.data) + (offset - group_begin(g)), DType::F32, {numel}, base.device};
+  }
   SOLTRAIN_CHECK(offset + numel <= host_grads_end_, "gradient range [", offset, ", ", offset + numel,
                  ") straddles host and device memory");
   return flat(grads_host_, DType::F32, offset, numel);
@@ -323,7 +345,7 @@ const Parameter& ParameterStore::at(const std::string& name) const {
 
 Tensor ParameterStore::all_grads() const {
   SOLTRAIN_CHECK(gradients_, "the model was made without gradients (for ZeRO-3, which allocates their slices)");
-  SOLTRAIN_CHECK(host_grads_end_ == 0, "all_grads() with the layers' gradients in host memory");
+  SOLTRAIN_CHECK(host_grads_end_ == 0, "all_grads() with the layers' gradients in host memory or not kept");
   return flat(grads_, DType::F32, 0, sharded() ? held_ : numel_);
 }
 
@@ -476,6 +498,8 @@ void ParameterStore::bind_frozen(int group, const Tensor& base) {
 void ParameterStore::bind(int group, const Tensor& base, Tensor Parameter::*member) {
   SOLTRAIN_CHECK(!base.data || base.numel() >= group_numel(group), "binding group ", group, " to ", base.numel(),
                  " elements");
+  if (member == &Parameter::grad && layer_grads_bound_only_ && group_begin(group) < host_grads_end_)
+    bound_grads_.at(size_t(group)) = base;
   for (Parameter& p : params_) {
     if (!p.trainable || p.group != group) continue;
     if (!base.data) {

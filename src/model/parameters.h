@@ -96,8 +96,14 @@ class ParameterStore {
   // (train/grad_offload.h binds one per layer and copies it home after). grads(r) and group_grads(g) are the
   // homes; all_grads() is refused (the gradients are no longer one buffer). Not with ZeRO-3's slices.
   void move_layer_grads_to_host(Ops& ops, int layers);
-  bool grads_on_host(const ParamRange& r) const { return r.offset < host_grads_end_; }
-  bool group_grads_on_host(int group) const { return group_begin(group) < host_grads_end_; }
+  bool grads_on_host(const ParamRange& r) const { return r.offset < host_grads_end_ && !layer_grads_bound_only_; }
+  // `optimizer_in_backward`: the gradients of groups 0 .. layers-1 are not kept at all: a layer has gradients
+  // only while bind_grads points its group at a device slot, for its backward and its update right after
+  // (train/backward_update.h); grads(r) and group_grads(g) of such a group are that slot (refused while
+  // unbound). The head's group keeps its buffer. all_grads() is refused. Not with ZeRO-3's slices.
+  void drop_layer_grads(Ops& ops, int layers);
+  bool layer_grads_dropped() const { return layer_grads_bound_only_; }
+  bool group_grads_on_host(int group) const { return group_begin(group) < host_grads_end_ && !layer_grads_bound_only_; }
   size_t host_grad_bytes() const { return host_grads_end_ > 0 ? grads_host_.bytes() : 0; }
   size_t quantised_bytes() const { return quantised_.bytes(); }
   int groups() const { return int(group_begin_.size()) - 1; }
@@ -202,6 +208,9 @@ class ParameterStore {
   // device tensors only); round to nearest even, as convert does.
   void round_value(Ops& ops, const Tensor& value, const float* host) const;
   bool gradients_ = true;  // allocate() made the flat gradient buffer (or keep_shards the slices')
+  // drop_layer_grads: flat elements [0, host_grads_end_) have no home; each group's is what bind_grads bound
+  bool layer_grads_bound_only_ = false;
+  std::vector<Tensor> bound_grads_;  // per group (drop_layer_grads): the slot bound, or empty
   // move_layer_grads_to_host: flat elements [0, host_grads_end_) live in grads_host_, the rest in grads_ (from 0)
   Buffer grads_host_;
   int64_t host_grads_end_ = 0;

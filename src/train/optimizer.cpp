@@ -214,6 +214,7 @@ Tensor AdamW::fp32_moment(const Slot& s, bool second) const {
 void AdamW::step_8bit(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq) {
   for (const Slot& s : slots_) {
     const Parameter& p = *s.param;
+    if (!updates(p.group)) continue;
     AdamWParams a{lr, cfg.beta1, cfg.beta2, cfg.eps, p.decay ? cfg.weight_decay : 0.0f, step_, grad_scale};
     a.grad_sumsq = grad_sumsq;
     a.max_grad_norm = cfg.max_grad_norm;
@@ -270,7 +271,7 @@ void AdamW::step_muon(const OptimizerConfig& cfg, float lr, float grad_scale, co
   }
   for (size_t i = 0; i < params_.all().size(); ++i) {
     const Parameter& p = params_.all()[i];
-    if (!p.trainable) continue;
+    if (!p.trainable || !updates(p.group)) continue;
     const Shape flat{shape_numel(p.shape)};
     Tensor copy = p.value.view(flat);
     Tensor* copy_out = params_.values_alias_masters() ? nullptr : &copy;
@@ -308,6 +309,17 @@ void AdamW::step_muon(const OptimizerConfig& cfg, float lr, float grad_scale, co
 
 void AdamW::step(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq) {
   ++step_;
+  update(cfg, lr, grad_scale, grad_sumsq);
+}
+
+void AdamW::step_part(const OptimizerConfig& cfg, float lr, int group) {
+  SOLTRAIN_CHECK(!shard_ && group >= 0 && group < params_.groups(), "step_part: a whole store's group");
+  only_group_ = group;
+  update(cfg, lr, 1.0f, nullptr);
+  only_group_ = -1;
+}
+
+void AdamW::update(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq) {
   SOLTRAIN_CHECK(cfg.muon.has_value() == muon_ && (!muon_ || cfg.muon->normuon == normuon_),
                  "an update with another optimizer than the state was made for");
   if (muon_) return step_muon(cfg, lr, grad_scale, grad_sumsq);
@@ -317,6 +329,7 @@ void AdamW::step(const OptimizerConfig& cfg, float lr, float grad_scale, const T
   if (offload_.any()) return step_streamed(cfg, lr, grad_scale, grad_sumsq);
   int64_t local = 0;
   for (const ParamRange& r : shard_ ? *shard_ : params_.ranges()) {
+    if (!updates(r.group)) continue;
     Tensor master = params_.masters(r);
     const int64_t at = shard_ ? local : r.offset;
     local += r.numel;

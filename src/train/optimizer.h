@@ -67,6 +67,8 @@ struct OptimizerConfig {
   Moments moments = Moments::F32;
   Offload offload{};  // (a default member initializer: brace-initialised configs that stop earlier stay -Wextra clean)
   std::optional<MuonSettings> muon{};  // Muon on the hidden matrices, AdamW on the rest
+  // `optimizer_in_backward`: each layer updated as its backward ends (train/backward_update.h); no clipping
+  bool in_backward = false;
 };
 
 class AdamW {
@@ -99,6 +101,12 @@ class AdamW {
   // on the device from `grad_sumsq` (F64 [1], Σg²) when given: nothing waits for the host between backward
   // and the update, and no pass scales the gradients (a separate one cost 10.6 ms of a 310 ms Qwen3-4B step).
   void step(const OptimizerConfig& cfg, float lr, float grad_scale = 1.0f, const Tensor* grad_sumsq = nullptr);
+  // The same update in parts (`optimizer_in_backward`, train/backward_update.h): begin_parts() counts it, then
+  // step_part(g) updates group g's parameters alone, once per group, each as soon as its gradients are final
+  // (a layer's from the slot bound for its backward). No clipping: the global norm is known only after the last.
+  // Every group updated so gives the bits step() gives (the same kernel on the same values, per element).
+  void begin_parts() { ++step_; }
+  void step_part(const OptimizerConfig& cfg, float lr, int group);
   int steps_done() const { return step_; }
   const char* optimizer_name() const {
     return normuon_                        ? "normuon"
@@ -145,6 +153,10 @@ class AdamW {
   void stream_pieces(size_t count, const std::function<std::vector<Staged>(size_t)>& staged,
                      const std::function<void(size_t, const std::vector<Staged>&)>& update);
   void step_streamed(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq);
+  // The update after the count: every group's, or (step_part) only_group_'s.
+  void update(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq);
+  int only_group_ = -1;
+  bool updates(int group) const { return only_group_ < 0 || group == only_group_; }
   void step_streamed_8bit(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq);
   // Muon's update (cfg.muon): per parameter, Muon's three ops or AdamW; its scratch made on the first call.
   void step_muon(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq);

@@ -50,13 +50,16 @@ void AdamW::stream_pieces(size_t count, const std::function<std::vector<Staged>(
     written_back[i % 2] = ops_.mark();
   }
   // Whatever runs next on the main stream (a checkpoint reading the host masters and moments, the next step)
-  // sees the written-back values.
+  // sees the written-back values. (A part of an update in backward leaves them in flight while the next layers'
+  // backward runs: the caller waits once the update's last part is queued.)
   ops_.use_stream(Ops::Stream::Main);
-  ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
+  if (only_group_ < 0) ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
 }
 
 void AdamW::step_streamed(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq) {
-  const std::vector<ParamRange>& pieces = pieces_;  // cut once, in the constructor
+  std::vector<ParamRange> pieces;  // cut once, in the constructor; a part's are its group's
+  for (const ParamRange& p : pieces_)
+    if (updates(p.group)) pieces.push_back(p);
   const bool host_master = offload_.master, host_moments = offload_.optimizer;
   // The home of piece i's master (0) / m (1) / v (2): the store's masters, or the moments' buffers.
   auto home = [&](size_t i, int which) {
@@ -100,6 +103,9 @@ void AdamW::step_streamed(const OptimizerConfig& cfg, float lr, float grad_scale
 }
 
 void AdamW::step_streamed_8bit(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq) {
+  std::vector<Piece8> pieces8;  // cut once, in the constructor; a part's are its group's
+  for (const Piece8& pc : pieces8_)
+    if (updates(slots_[pc.slot].param->group)) pieces8.push_back(pc);
   const bool host_master = offload_.master, host_moments = offload_.optimizer;
   const int64_t blocks = chunk_ / kBlockwise8Block;  // chunk_ is a whole number of blocks
   // Slot i % 2 holds [master (offload_master) | m | v | m absmax | v absmax (offload_optimizer)]: chunk_ floats
@@ -110,7 +116,7 @@ void AdamW::step_streamed_8bit(const OptimizerConfig& cfg, float lr, float grad_
     return params_.grads_on_host(ParamRange{p.group, p.decay, p.offset, shape_numel(p.shape)});
   };
   auto staged_state = [&](size_t i) {
-    const Piece8& pc = pieces8_[i];
+    const Piece8& pc = pieces8[i];
     const Slot& s = slots_[pc.slot];
     const Buffer& slot = stage_[i % 2];
     auto at = [&](int64_t floats, DType t, int64_t n) {
@@ -142,7 +148,7 @@ void AdamW::step_streamed_8bit(const OptimizerConfig& cfg, float lr, float grad_
   };
   auto staged = [&](size_t i) {
     std::vector<Staged> st = staged_state(i);
-    const Piece8& pc = pieces8_[i];
+    const Piece8& pc = pieces8[i];
     const Parameter& p = *slots_[pc.slot].param;
     if (host_grad(p)) {
       const Buffer& slot = stage_[i % 2];
@@ -151,8 +157,8 @@ void AdamW::step_streamed_8bit(const OptimizerConfig& cfg, float lr, float grad_
     }
     return st;
   };
-  stream_pieces(pieces8_.size(), staged, [&](size_t i, const std::vector<Staged>& st) {
-    const Piece8& pc = pieces8_[i];
+  stream_pieces(pieces8.size(), staged, [&](size_t i, const std::vector<Staged>& st) {
+    const Piece8& pc = pieces8[i];
     const Slot& s = slots_[pc.slot];
     const Parameter& p = *s.param;
     const Shape flat{shape_numel(p.shape)};

@@ -117,6 +117,7 @@ OptimizerConfig optimizer_config(const TrainConfig& c) {
   OptimizerConfig o{float(c.learning_rate), c.adamw_beta1,          c.adamw_beta2, float(c.adamw_epsilon),
                     float(c.weight_decay),  float(c.max_grad_norm), c.moments,     c.offload};
   // (Axolotl's Muon: its momentum is the second beta, 0.95 unless both betas are given)
+  o.in_backward = c.optimizer_in_backward;
   if (c.muon) o.muon = MuonSettings{float(c.adamw_beta2)};
   if (c.normuon)
     o.muon = MuonSettings{float(c.normuon_momentum), 5, true, float(c.normuon_beta2), c.normuon_cautious_wd};

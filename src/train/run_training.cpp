@@ -198,6 +198,10 @@ void print_memory_notes(const Run& r) {
       r.log << r.cmd << ": offload_grads: each layer's backward writes its gradients into one of two device slots, "
             << size(g->device_bytes()) << " (counted in gradients above), copied home as the next layer runs\n";
   }
+  if (const BackwardUpdate* b = r.step->backward_update())
+    r.log << r.cmd << ": optimizer_in_backward: each decoder layer is updated as its backward ends, from gradients "
+          << "that live only in one of two device slots, " << size(b->device_bytes())
+          << " (counted in gradients above); no clipping, one micro-batch an update\n";
   if (const Fp8Recipe* f = r.model->fp8()) {
     const Fp8Settings& s = f->settings();
     r.log << r.cmd << ": recipe fp8-hybrid: the decoder layers' projections in FP8 (E4M3 forward, E5M2 gradients; "
@@ -260,9 +264,11 @@ void print_plan(const Run& r) {
   // ZeRO-3: the slices, plus the buffers a group is gathered into and its gradients computed in.
   const Zero3* z = r.zero3();
   const double gathered = z ? double(z->bytes().gathered) : 0.0;
-  const GradOffload* go = r.step->grad_offload();  // offload_grads: the head's group and the two layer slots
+  const GradOffload* go = r.step->grad_offload();        // offload_grads: the head's group and the two layer slots
+  const BackwardUpdate* bu = r.step->backward_update();  // optimizer_in_backward: the same
   const double grads = z    ? double(ps.trainable_bytes().grads + z->bytes().grad_scratch)
                        : go ? double(ps.trainable_bytes().grads + go->device_bytes())
+                       : bu ? double(ps.trainable_bytes().grads + bu->device_bytes())
                             : 4 * trainable;
   const double streamed = double(stream_slot_bytes(*r.model));
   const double moments = double(r.step->optimizer().state_bytes()), activations = double(r.model->activation_bytes());

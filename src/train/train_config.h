@@ -188,6 +188,7 @@ struct TrainConfig {
   double normuon_momentum = 0.95, normuon_beta2 = 0.95;
   bool normuon_cautious_wd = true;
   Offload offload;  // `offload_master`, `offload_optimizer`, `offload_grads`: that state in host memory
+  bool optimizer_in_backward = false;  // each layer updated as its backward ends (train/backward_update.h)
   uint64_t seed = 42;
   bool reinit_weights = false;  // Axolotl's: the base drawn afresh from the seed (model/random_weights.h init_weights)
   Recompute recompute = Recompute::None;

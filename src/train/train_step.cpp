@@ -14,9 +14,19 @@ TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt)
                                      opt.muon && opt.muon->normuon)),
       sft_(model.ops()),
       sumsq_(model.ops().alloc(sizeof(double))) {
+  if (opt.in_backward && opt.offload.grads)
+    user_error("optimizer_in_backward keeps no gradients of the layers to offload: drop offload_grads");
+  if (opt.in_backward && opt.max_grad_norm > 0)
+    user_error(
+        "optimizer_in_backward updates each layer before the global gradient norm is known, so it cannot "
+        "clip: set max_grad_norm: 0");
   if (opt.offload.grads) {
     grad_offload_ = std::make_unique<GradOffload>(model);
     model.set_hooks(grad_offload_.get());
+  }
+  if (opt.in_backward) {
+    backward_update_ = std::make_unique<BackwardUpdate>(model, *adamw_);
+    model.set_hooks(backward_update_.get());
   }
 }
 
@@ -31,6 +41,10 @@ const char* sharded_update_refusal(const OptimizerConfig& opt, int zero_stage) {
 namespace {
 int checked_stage(const OptimizerConfig& opt, int zero_stage) {
   // (the data-parallel hooks are the collectives': one set of layer hooks per model)
+  if (opt.in_backward)
+    user_error(
+        "optimizer_in_backward with data parallel is not built yet (each layer's gradients must be reduced "
+        "over the ranks before its update): run one process, or drop optimizer_in_backward");
   if (opt.offload.grads)
     user_error(
         "offload_grads with data parallel is not built yet (each rank's layer gradients are reduced on the "
@@ -55,7 +69,7 @@ TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt, Communicato
 }
 
 TrainStep::~TrainStep() {
-  if (dp_ || grad_offload_) model_.set_hooks(nullptr);
+  if (dp_ || grad_offload_ || backward_update_) model_.set_hooks(nullptr);
 }
 
 namespace {
@@ -109,7 +123,11 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
   Ops& ops = model_.ops();
   const ParameterStore& ps = model_.params();
   const Tensor sumsq{sumsq_.data(), DType::F64, {1}, sumsq_.device()};
-  if (grad_offload_) {  // the layers' host gradients are overwritten by the first pass; the head's are zeroed
+  if (backward_update_) {  // the layers' slots are zeroed as each layer's backward begins; the head's are zeroed
+    ops.zero(ps.group_grads(model_.head_group()));
+    ops.zero(sumsq);
+    backward_update_->begin_update(opt_, lr, sumsq);
+  } else if (grad_offload_) {  // the layers' host gradients are overwritten by the first pass; the head's are zeroed
     ops.zero(ps.group_grads(model_.head_group()));
     ops.zero(sumsq);
     grad_offload_->begin_update();
@@ -129,8 +147,14 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
   const bool every = model_.expert_parallel() != nullptr;
   auto trains = [&](const HostBatch& b) { return every || obj.trains(b); };
   size_t last = micro_batches.size();  // the last micro-batch with targets: its backward reduces the groups
+  size_t passes = 0;
   for (size_t i = 0; i < micro_batches.size(); ++i)
-    if (trains(micro_batches[i])) last = i;
+    if (trains(micro_batches[i])) last = i, ++passes;
+  if (backward_update_ && passes > 1)
+    user_error(
+        "optimizer_in_backward updates the weights during the backward pass, so an update has one "
+        "micro-batch: set gradient_accumulation_steps: 1 (got ",
+        passes, " micro-batches with targets)");
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const HostBatch& b = micro_batches[i];
     if (!trains(b)) {             // nothing trained in it: contributes nothing
@@ -163,6 +187,11 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
     return;
   }
   ops.wait(Ops::Stream::Main, Ops::Stream::Side);  // whatever the layer hooks queued
+  if (backward_update_) {  // the layers were updated in backward: the rest (and Σ g² of the head's group) now
+    backward_update_->finish_update();
+    model_.after_update();
+    return;
+  }
   if (grad_offload_) {  // Σ g² of the layers was summed as each was copied home; the head's group joins it
     grad_offload_->finish_update();
     ops.reduce_sum(sumsq, ps.group_grads(model_.head_group()), /*squares=*/true, /*accumulate=*/true);

@@ -15,6 +15,7 @@
 #include "model/objective.h"
 #include "model/reward_objective.h"
 #include "model/transformer.h"
+#include "train/backward_update.h"
 #include "train/data_parallel.h"
 #include "train/grad_offload.h"
 #include "train/optimizer.h"
@@ -115,7 +116,8 @@ class TrainStep {
   AdamW& optimizer() { return *adamw_; }
   const AdamW& optimizer() const { return *adamw_; }
   DataParallel* data_parallel() { return dp_.get(); }
-  const GradOffload* grad_offload() const { return grad_offload_.get(); }  // null unless offload_grads
+  const GradOffload* grad_offload() const { return grad_offload_.get(); }           // null unless offload_grads
+  const BackwardUpdate* backward_update() const { return backward_update_.get(); }  // null unless optimizer_in_backward
 
  private:
   Transformer& model_;
@@ -123,6 +125,7 @@ class TrainStep {
   std::unique_ptr<DataParallel> dp_;           // null in a single process
   std::unique_ptr<GradOffload> grad_offload_;  // offload_grads (one process): the layers' gradients in host memory
   std::unique_ptr<AdamW> adamw_;
+  std::unique_ptr<BackwardUpdate> backward_update_;  // optimizer_in_backward (one process): layers updated in backward
   mutable SftObjective sft_;
   Buffer sumsq_;     // F64: Σ g² of the last update
   Buffer loss_sum_;  // F64: data parallel: Σ token NLL of the update over every rank

@@ -1,0 +1,169 @@
+// optimizer_in_backward: each decoder layer updated the moment its backward ends, from gradients that live only
+// in one of two slots (train/backward_update.h). A layer's backward never reads a later layer's weights, and the
+// update is the same kernel on the same gradient values, so without clipping (refused anyway) the run equals
+// the ordinary one bit for bit: losses, saved weights and optimizer state, with fp32 and 8-bit moments, with
+// masters and moments offloaded (the streamed update run one layer at a time), LoRA, a Mixture-of-Experts model,
+// and across a resume. The gradient norm is still logged (summed layer by layer: to rounding). What cannot run
+// so is refused in one line.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "cli/config.h"
+#include "core/error.h"
+#include "data_test_util.h"
+#include "demo_run_util.h"
+#include "test_util.h"
+#include "train/run_training.h"
+
+namespace soltrain {
+namespace {
+
+namespace fs = std::filesystem;
+using test::read_jsonl;
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+constexpr const char* kRunKeys =
+    "per_device_train_batch_size: 2\nlogging_steps: 1\nweight_decay: 0.1\nmax_grad_norm: 0\n"
+    "max_steps: 8\nsave_steps: 4\n";
+constexpr const char* kInBackward = "optimizer_in_backward: true\n";
+
+// The demo's tiny model, or (experts > 0) a Qwen3-MoE of that many experts, 2 per token.
+struct InBackwardRun {
+  test::TempDir t;
+  explicit InBackwardRun(int experts = 0) {
+    DemoModelShape s;
+    s.hidden = 64, s.layers = 3, s.heads = 2, s.kv_heads = 1, s.head_dim = 32, s.intermediate = 128;
+    s.experts = experts;
+    write_random_model(t.path / "model", s, 11);
+    write_reversal_dataset(t.path / "train.jsonl", 200, 8);
+  }
+  fs::path config(const std::string& out, const std::string& extra) const {
+    const fs::path p = t.path / (out + ".yaml");
+    test::write_text(p, test::yaml_with("model: model\noutput_dir: " + out +
+                                            "\ndatasets:\n  - path: train.jsonl\n    type: conversation\n"
+                                            "dataset_prepared_path: prepared\nsequence_len: 64\nlearning_rate: "
+                                            "3.0e-3\nlr_scheduler_type: cosine\nwarmup_steps: 2\n" +
+                                            std::string(kRunKeys),
+                                        extra));
+    return p;
+  }
+  std::string train(const std::string& out, const std::string& extra, std::vector<std::string> set = {}) const {
+    auto ops = make_cpu_ops();
+    std::ostringstream log;
+    run_training(load_train_config(config(out, extra), set, TrainMode::kSft), TrainMode::kSft, *ops, log);
+    return log.str();
+  }
+  std::string file(const std::string& run, const std::string& name) const { return read_bytes(t.path / run / name); }
+};
+
+// Loss bit for bit; the logged gradient norm to rounding (per layer here, over one buffer there).
+void expect_same_run(const fs::path& a, const fs::path& b) {
+  const auto ma = read_jsonl(a / "metrics.jsonl"), mb = read_jsonl(b / "metrics.jsonl");
+  ASSERT_EQ(ma.size(), mb.size());
+  int steps = 0;
+  for (size_t i = 0; i < ma.size(); ++i) {
+    if (!ma[i].contains("loss")) continue;
+    ++steps;
+    EXPECT_EQ(ma[i]["loss"].get<double>(), mb[i]["loss"].get<double>()) << "line " << i;
+    const double na = ma[i]["grad_norm"].get<double>(), nb = mb[i]["grad_norm"].get<double>();
+    EXPECT_GT(na, 0) << "line " << i;
+    EXPECT_LE(std::abs(na - nb), 1e-12 * na) << "line " << i;
+  }
+  EXPECT_EQ(steps, 8);
+}
+
+void expect_same_files(const InBackwardRun& s, const std::string& a, const std::string& b, const std::string& saved) {
+  const std::string wa = s.file(a, saved);
+  ASSERT_FALSE(wa.empty()) << a << "/" << saved;
+  EXPECT_EQ(wa, s.file(b, saved)) << b << "/" << saved;
+  EXPECT_EQ(s.file(a, "checkpoint-8/optimizer.safetensors"), s.file(b, "checkpoint-8/optimizer.safetensors")) << b;
+}
+
+TEST(OptimizerInBackward, FullFineTuneEqualsTheOrdinaryUpdateAndResumes) {
+  InBackwardRun s;
+  s.train("ordinary", "");
+  const std::string log = s.train("in_backward", kInBackward);
+  EXPECT_NE(log.find("optimizer_in_backward: each decoder layer is updated as its backward ends"), std::string::npos)
+      << log;
+  // killed after step 4 and resumed
+  s.train("resumed", kInBackward);
+  fs::remove_all(s.t.path / "resumed" / "checkpoint-8");
+  fs::remove_all(s.t.path / "resumed" / "model");
+  EXPECT_NE(s.train("resumed", kInBackward, {"resume_from_checkpoint=true"}).find("checkpoint-4 at step 4"),
+            std::string::npos);
+  for (const char* other : {"in_backward", "resumed"}) {
+    SCOPED_TRACE(other);
+    expect_same_run(s.t.path / "ordinary", s.t.path / other);
+    expect_same_files(s, "ordinary", other, "model/model.safetensors");
+  }
+  // the runs trained: the weights moved from the start (else equal files would prove nothing)
+  EXPECT_NE(s.file("ordinary", "model/model.safetensors"), read_bytes(s.t.path / "model" / "model.safetensors"));
+}
+
+// 8-bit moments with the masters and moments in host memory: the streamed update runs layer by layer during
+// backward (its write-backs left in flight until the update's end); and LoRA (the adapters of each layer).
+TEST(OptimizerInBackward, EightBitOffloadedAndLoraEqualTheOrdinaryUpdate) {
+  InBackwardRun s;
+  const std::string eight = "optimizer: adamw_8bit\n", off = "offload_master: true\noffload_optimizer: true\n",
+                    lora = "lora: true\nlora_rank: 4\nlora_alpha: 8\nlearning_rate: 2.0e-2\n";
+  s.train("eight", eight);
+  s.train("eight_in_backward", eight + off + kInBackward);
+  expect_same_run(s.t.path / "eight", s.t.path / "eight_in_backward");
+  expect_same_files(s, "eight", "eight_in_backward", "model/model.safetensors");
+  s.train("fp32_off", off);
+  s.train("fp32_off_in_backward", off + kInBackward);
+  expect_same_run(s.t.path / "fp32_off", s.t.path / "fp32_off_in_backward");
+  expect_same_files(s, "fp32_off", "fp32_off_in_backward", "model/model.safetensors");
+  s.train("lora", lora);
+  s.train("lora_in_backward", lora + kInBackward);
+  expect_same_run(s.t.path / "lora", s.t.path / "lora_in_backward");
+  expect_same_files(s, "lora", "lora_in_backward", "adapter/adapter_model.safetensors");
+}
+
+// A Qwen3-MoE: the experts, router and the load-balancing loss's gradient, each layer's updated in backward.
+TEST(OptimizerInBackward, MixtureOfExpertsEqualsTheOrdinaryUpdate) {
+  InBackwardRun s(/*experts=*/4);
+  s.train("ordinary", "");  // (the model's config.json turns the load-balancing loss on, coefficient 0.01)
+  s.train("in_backward", kInBackward);
+  expect_same_run(s.t.path / "ordinary", s.t.path / "in_backward");
+  expect_same_files(s, "ordinary", "in_backward", "model/model.safetensors");
+}
+
+TEST(OptimizerInBackward, RefusedWhereItCannotRunInOneLine) {
+  InBackwardRun s;
+  const std::pair<const char*, const char*> cases[] = {
+      {"max_grad_norm: 1.0\n", "cannot clip: set max_grad_norm: 0 (got 1)"},
+      {"gradient_accumulation_steps: 2\n", "set gradient_accumulation_steps: 1 (got 2)"},
+      {"offload_grads: true\n", "keeps no layer gradients to offload: drop offload_grads"},
+      {"gpus: 2\n", "with data parallel is not built yet"},
+  };
+  for (const auto& [extra, expected] : cases) {
+    SCOPED_TRACE(extra);
+    try {
+      load_train_config(s.config("r", std::string(kInBackward) + extra), {}, TrainMode::kSft);
+      ADD_FAILURE() << "accepted";
+    } catch (const UserError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("optimizer_in_backward"), std::string::npos) << what;
+      EXPECT_NE(what.find(expected), std::string::npos) << what;
+    }
+  }
+  // torchtune's name for it reads the same
+  try {
+    load_train_config(s.config("r", "optimizer_in_bwd: true\nmax_grad_norm: 1.0\n"), {}, TrainMode::kSft);
+    ADD_FAILURE() << "optimizer_in_bwd with clipping was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot clip"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(s.t.path / "r"));
+}
+
+}  // namespace
+}  // namespace soltrain
