@@ -60,7 +60,7 @@ struct BenchOpts {
   int resident_layers = 0;
   int64_t token_tile = 0;
   bool plan_only = false, offload_activations = false, offload_weights = false, profile = true, random_weights = false;
-  bool optimizer_in_backward = false;
+  bool optimizer_in_backward = false, bf16_stochastic_round = false;
   std::string recompute = "none", residual_dtype = "auto", optimizer = "adamw", qlora = "none", recipe = "bf16";
   std::string attention_backward = "split";
   std::string offload = "none";
@@ -113,6 +113,11 @@ TrainConfig bench_config(const BenchOpts& o) {
     c.optimizer_in_backward = true;
     c.max_grad_norm = 0;
   }
+  c.bf16_stochastic_round = o.bf16_stochastic_round;
+  if (o.bf16_stochastic_round && (c.muon || c.moments == Moments::Torchao4 || c.offload.master || o.data_parallel >= 1))
+    user_error(
+        "bench --bf16-stochastic-round: AdamW with fp32 or 8-bit moments, without --offload master/both/all "
+        "or --data-parallel (as training: not built yet)");
   if (c.muon && (c.offload.any() || o.data_parallel >= 1))
     user_error("bench --optimizer ", o.optimizer,
                ": not with --offload or --data-parallel (as training: not built yet)");
@@ -204,7 +209,7 @@ int print_activation_plan(const BenchOpts& o) {
   // lays them out), so one line says whether a run fits; the CUDA context and cuBLAS workspace are not counted.
   ParameterStore ps;
   add_model_parameters(ps, c, lora);
-  const ParameterStore::PlannedBytes w = ps.planned_bytes(act);
+  const ParameterStore::PlannedBytes w = ps.planned_bytes(act, store_options(bench).masters);
   const Offload offload = bench.offload;
   const bool host_master = offload.master, host_moments = offload.optimizer;
   const AdamW::Plan opt =
@@ -288,8 +293,9 @@ int run_bench(const BenchOpts& o) {
         "(the CPU only emulates them, for tests)");
   // (ZeRO-3 allocates only this rank's slices of the gradients)
   const bool gradients = !(comm && zero_stage == 3);
-  auto model = o.random_weights ? random_pretrained(o.model, *ops, lora, gradients, uint64_t(bench.seed))
-                                : load_pretrained(o.model, *ops, lora, gradients);
+  const StoreOptions store = store_options(bench, gradients);
+  auto model = o.random_weights ? random_pretrained(o.model, *ops, lora, store, uint64_t(bench.seed))
+                                : load_pretrained(o.model, *ops, lora, store);
   const HostBatch batch = random_rows(o, model->config().vocab_size, rank);
   configure_model(*model, bench, *ops, o.batch);
   if (bench.offload.any() && (o.data_parallel >= 1 || world > 1))
@@ -356,6 +362,7 @@ int run_bench(const BenchOpts& o) {
       {"optimizer", o.optimizer},
       {"offload", o.offload},
       {"optimizer_in_backward", o.optimizer_in_backward},
+      {"bf16_stochastic_round", o.bf16_stochastic_round},
       {"data_parallel", o.data_parallel},
       {"gpus", world},
       {"residual_dtype", model->residual_dtype() == DType::F32 ? "fp32" : "bf16"},
@@ -417,6 +424,8 @@ std::function<int()> add_bench_command(CLI::App& app) {
                 "offload_grads) or all three")
       ->check(CLI::IsMember({"none", "optimizer", "master", "both", "grads", "all"}))
       ->capture_default_str();
+  c->add_flag("--bf16-stochastic-round", o->bf16_stochastic_round,
+              "the trained weights in bf16 only, updates rounded stochastically (bf16_stochastic_round)");
   c->add_flag("--optimizer-in-backward", o->optimizer_in_backward,
               "each layer updated as its backward ends (optimizer_in_backward): no whole-model gradients, no "
               "clipping");

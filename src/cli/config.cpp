@@ -630,6 +630,17 @@ void rule_classifier(const Entries& en, const std::string&, TrainConfig& c, std:
 // MuonOptimizerFactory builds it: betas (0.9, 0.95) unless both are given (the second
 // is Muon's momentum); its state is fp32 and on the device.
 void rule_optimizer(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
+  if (c.bf16_stochastic_round) {  // what keeps or updates an fp32 master is not built over bf16 ones
+    const std::string where = en.has("bf16_stochastic_round") ? en.by_key.at("bf16_stochastic_round").where
+                                                              : std::string("bf16_stochastic_round");
+    auto no = [&](const std::string& what) {
+      errors.push_back(cat(where, ": bf16_stochastic_round with ", what, " is not built yet"));
+    };
+    if (c.muon) no(c.normuon ? "optimizer: normuon" : "optimizer: muon");
+    if (c.moments == Moments::Torchao4) no("optimizer: adamw_torch_4bit");
+    if (c.offload.master) no("offload_master (the bf16 masters are the compute weights, kept on the device)");
+    if (c.zero_stage >= 1) no(cat("zero_stage ", c.zero_stage, " (its sharded update keeps fp32 masters)"));
+  }
   if (c.optimizer_in_backward) {  // (torchtune refuses the same: its optimizer_in_bwd neither clips nor accumulates)
     std::string where = "optimizer_in_backward";
     for (const char* k : {"optimizer_in_backward", "optimizer_in_bwd"})

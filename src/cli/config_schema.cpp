@@ -529,6 +529,10 @@ void add_optimizer_keys(std::vector<KeySpec>& v) {
                    "weight decay on its matrices, as Surogate)"));
   v.push_back(number("max_grad_norm", FIELD(max_grad_norm), 0, 1e9, false,
                      "clip the global gradient norm to this (0: no clipping)"));
+  // (torchao's AdamW8bit / AdamWFp8 argument)
+  v.push_back(flag("bf16_stochastic_round", FIELD(bf16_stochastic_round),
+                   "the trained weights kept in bf16 only (no fp32 masters: 4 bytes a parameter less), each update "
+                   "rounded stochastically"));
   // (torchtune's optimizer_in_bwd)
   v.push_back(aka(flag("optimizer_in_backward", FIELD(optimizer_in_backward),
                        "update each decoder layer as soon as its backward ends: no whole-model gradients (needs "

@@ -59,6 +59,9 @@ struct AdamWParams {
   // and multiplies it into grad_scale. No host round trip between backward and the update.
   const Tensor* grad_sumsq = nullptr;
   float max_grad_norm = 0;
+  // A BF16 master (`bf16_stochastic_round`: no fp32 copy exists) is updated in fp32 and rounded stochastically,
+  // element i with the bits stochastic_bits(sr_seed, i) (kernels/stochastic_round.h).
+  uint64_t sr_seed = 0;
 };
 
 // Muon (Keller Jordan's; torch.optim.Muon, Axolotl's `optimizer: muon`) on one 2-D parameter: momentum with
@@ -595,7 +598,9 @@ class Ops {
   virtual void fill(Tensor x, float value) = 0;  // F32
   virtual void scale(Tensor x, float factor) = 0;
   // torch.optim.AdamW on one flat range of fp32 master parameters (decoupled decay, bias correction);
-  // `compute_copy`, when given, receives the updated values in the activation dtype in the same pass.
+  // `compute_copy`, when given, receives the updated values in the activation dtype in the same pass. A BF16
+  // master is read, updated in fp32 and written back rounded stochastically (AdamWParams::sr_seed); its compute
+  // copy, if any (an fp32 one on the CPU), receives the rounded value. adamw_8bit takes such masters too.
   virtual void adamw(Tensor master, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p,
                      Tensor* compute_copy) = 0;
   // The same update with m and v stored 8-bit blockwise (kernels/blockwise8.h: bitsandbytes' format): each is

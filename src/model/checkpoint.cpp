@@ -17,8 +17,8 @@ namespace fs = std::filesystem;
 namespace soltrain {
 
 std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops, std::optional<LoraConfig> lora,
-                                             bool gradients, ExpertShare share, std::optional<AsClassifier> classifier,
-                                             std::optional<VocabResize> vocab) {
+                                             StoreOptions store, ExpertShare share,
+                                             std::optional<AsClassifier> classifier, std::optional<VocabResize> vocab) {
   ModelConfig config = load_model_config(dir);
   if (vocab) resize_vocabulary(config, vocab->rows, vocab->mean_resizing);
   if (classifier && classifier->token_labels > 0)
@@ -41,7 +41,7 @@ std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops, std:
   // dequantised values), dequantised into the masters without LoRA.
   if (is_bnb_4bit_checkpoint(config, dir) && lora && lora->base_format == WeightFormat::Dense)
     lora->base_format = WeightFormat::Nf4;
-  auto model = std::make_unique<Transformer>(std::move(config), ops, std::move(lora), gradients);
+  auto model = std::make_unique<Transformer>(std::move(config), ops, std::move(lora), store);
   load_weights(*model, dir);
   return model;
 }

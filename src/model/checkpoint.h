@@ -29,7 +29,7 @@ struct VocabResize {
   bool mean_resizing = true;
 };
 std::unique_ptr<Transformer> load_pretrained(const std::filesystem::path& dir, Ops& ops,
-                                             std::optional<LoraConfig> lora = std::nullopt, bool gradients = true,
+                                             std::optional<LoraConfig> lora = std::nullopt, StoreOptions store = {},
                                              ExpertShare expert_share = {},
                                              std::optional<AsClassifier> classifier = std::nullopt,
                                              std::optional<VocabResize> vocab = std::nullopt);

@@ -110,9 +110,13 @@ void ParameterStore::lay_out() {
   }
 }
 
-void ParameterStore::allocate(Ops& ops, bool gradients) {
+void ParameterStore::allocate(Ops& ops, StoreOptions options) {
   const DType act = ops.activation_dtype();
+  const bool gradients = options.gradients;
+  SOLTRAIN_CHECK(options.masters == DType::F32 || options.masters == DType::BF16, "masters in ",
+                 dtype_name(options.masters));
   gradients_ = gradients;
+  master_dtype_ = options.masters;
   values_dtype_ = act;
   frozen_numel_ = 0;
   lay_out();
@@ -133,11 +137,11 @@ void ParameterStore::allocate(Ops& ops, bool gradients) {
     }
     frozen_host_range_[size_t(g)] = {begin, host_frozen};
   }
-  const PlannedBytes b = planned_bytes(act);  // the buffers' sizes, as bench --plan-only reports them
+  const PlannedBytes b = planned_bytes(act, master_dtype_);  // the buffers' sizes, as bench --plan-only reports them
   frozen_numel_ = b.frozen_elements;
   masters_ = ops.alloc(b.masters);
   if (gradients) grads_ = ops.alloc(b.grads);
-  if (act != DType::F32) values_ = ops.alloc(b.values);
+  if (act != master_dtype_) values_ = ops.alloc(b.values);
   frozen_ = ops.alloc(b.frozen);
   if (b.frozen_host > 0) frozen_host_ = ops.alloc_host(b.frozen_host);
   quantised_ = ops.alloc(b.quantised);
@@ -167,7 +171,7 @@ void ParameterStore::allocate(Ops& ops, bool gradients) {
       continue;
     }
     const int64_t n = shape_numel(p.shape);
-    p.master = flat(masters_, DType::F32, p.offset, n).view(p.shape);
+    p.master = flat(masters_, master_dtype_, p.offset, n).view(p.shape);
     p.grad = gradients ? flat(grads_, DType::F32, p.offset, n).view(p.shape) : Tensor{};
     p.value = values_.data() ? flat(values_, act, p.offset, n).view(p.shape) : p.master;
   }
@@ -175,6 +179,7 @@ void ParameterStore::allocate(Ops& ops, bool gradients) {
 
 void ParameterStore::move_masters_to_host(Ops& ops) {
   SOLTRAIN_CHECK(!sharded() && !masters_on_host_, "move_masters_to_host on a sharded store or twice");
+  SOLTRAIN_CHECK(master_dtype_ == DType::F32, "offload_master with bf16 masters (they are the compute weights)");
   Buffer host = ops.alloc_host(size_t(std::max<int64_t>(numel_, 1)) * 4);
   if (numel_ > 0) ops.copy(flat(host, DType::F32, 0, numel_), flat(masters_, DType::F32, 0, numel_));
   masters_ = std::move(host);
@@ -244,7 +249,7 @@ void ParameterStore::sync_values(Ops& ops) {
     for (const ParamRange& r : ranges_) round_value(ops, values(r), static_cast<const float*>(masters(r).data));
     return;
   }
-  if (sharded()) return ops.convert(flat(values_, values_dtype_, 0, held_), flat(masters_, DType::F32, 0, held_));
+  if (sharded()) return ops.convert(flat(values_, values_dtype_, 0, held_), flat(masters_, master_dtype_, 0, held_));
   for (const ParamRange& r : ranges_) ops.convert(values(r), masters(r));
 }
 void ParameterStore::upload(Ops& ops, Parameter& p, const float* host) {
@@ -266,6 +271,11 @@ void ParameterStore::upload(Ops& ops, Parameter& p, const float* host) {
     else
       fp8_block_quantize(host, p.shape[0], p.shape[1], codes.data(), reinterpret_cast<float*>(scale.data()));
     return upload_quantised(ops, p, codes.data(), scale.data());
+  }
+  if (p.trainable && p.master.dtype == DType::BF16) {  // bf16 masters: rounded to nearest on the host, as .to()
+    round_value(ops, p.master, host);
+    if (p.value.data && p.value.data != p.master.data) ops.convert(p.value, p.master);
+    return;
   }
   if (p.trainable) {
     ops.copy(p.master, h);
@@ -365,7 +375,7 @@ int64_t ParameterStore::held_offset(const ParamRange& r) const {
 }
 
 Tensor ParameterStore::masters(const ParamRange& r) const {
-  return flat(masters_, DType::F32, held_offset(r), r.numel);
+  return flat(masters_, master_dtype_, held_offset(r), r.numel);
 }
 
 Tensor ParameterStore::values(const ParamRange& r) const {
@@ -383,6 +393,7 @@ void ParameterStore::keep_shards(Ops& ops, const std::vector<std::pair<int64_t, 
                                  const std::vector<int64_t>& chunk) {
   SOLTRAIN_CHECK(!sharded() && host_grads_end_ == 0 && int(owned.size()) == groups() && int(chunk.size()) == groups(),
                  "keep_shards");
+  SOLTRAIN_CHECK(master_dtype_ == DType::F32, "ZeRO-3's slices of bf16 masters are not built");
   std::vector<Slice> slices;
   int64_t held = 0;
   for (int g = 0; g < groups(); ++g) {
@@ -427,7 +438,7 @@ Tensor ParameterStore::shard_grads(int group) const {
   return flat(grads_, DType::F32, s.at, s.chunk);
 }
 
-ParameterStore::PlannedBytes ParameterStore::planned_bytes(DType act) const {
+ParameterStore::PlannedBytes ParameterStore::planned_bytes(DType act, DType masters) const {
   // Frozen weights in whole 256-byte units (frozen_units), quantised ones by their layout.
   PlannedBytes b;
   std::map<int, int64_t> host_groups;
@@ -451,9 +462,9 @@ ParameterStore::PlannedBytes ParameterStore::planned_bytes(DType act) const {
     b.frozen_host += size_t(n) * dtype_size(act);
     b.largest_host_group = std::max(b.largest_host_group, n);
   }
-  b.masters = size_t(b.trainable) * 4;
+  b.masters = size_t(b.trainable) * dtype_size(masters);
   b.grads = size_t(b.trainable) * 4;
-  b.values = act == DType::F32 ? 0 : size_t(b.trainable) * dtype_size(act);
+  b.values = act == masters ? 0 : size_t(b.trainable) * dtype_size(act);  // (none where the master is the copy)
   return b;
 }
 

@@ -48,6 +48,16 @@ struct Parameter {
 void named_to_stored(const Parameter& p, const float* named, float* stored);
 void stored_to_named(const Parameter& p, const float* stored, float* named);
 
+// How allocate() keeps the trainable tensors: with gradients or without (a model ZeRO-3 will shard gets only its
+// slices of them), and the masters in fp32, or in bf16 (`bf16_stochastic_round`, torchao's name: no fp32 copy at
+// all, the optimizer rounds each update stochastically, kernels/stochastic_round.h; where the compute dtype is
+// bf16 the master is the compute copy). A bool reads as `gradients` (the settings' older form).
+struct StoreOptions {
+  bool gradients = true;
+  DType masters = DType::F32;
+  StoreOptions(bool g = true, DType m = DType::F32) : gradients(g), masters(m) {}  // NOLINT: a bool converts
+};
+
 // A contiguous range of trainable elements sharing a group and a decay setting.
 struct ParamRange {
   int group;
@@ -62,7 +72,8 @@ class ParameterStore {
   // Lays out the groups in order and allocates the flat buffers on the ops' device (zeroed). Without
   // `gradients` no gradient buffer is allocated: a model that ZeRO-3 will shard gets only its rank's slices
   // of them (keep_shards), so a full-size gradient buffer never exists there.
-  void allocate(Ops& ops, bool gradients = true);
+  void allocate(Ops& ops, StoreOptions options = {});
+  DType master_dtype() const { return master_dtype_; }
   // The flat layout alone (offsets, groups, ranges), as allocate() makes it: for plans made without memory.
   void lay_out();
   // Refreshes the compute copy from the masters (after loading; the optimizer does it itself).
@@ -133,7 +144,7 @@ class ParameterStore {
     int64_t trainable = 0, frozen_elements = 0, largest_host_group = 0;       // elements
     size_t weights() const { return masters + values + frozen + quantised; }  // as weight_bytes()
   };
-  PlannedBytes planned_bytes(DType act) const;
+  PlannedBytes planned_bytes(DType act, DType masters = DType::F32) const;
 
   // Sets a parameter from fp32 host values (master and compute copy, or the frozen compute copy).
   void upload(Ops& ops, Parameter& p, const float* host);
@@ -203,6 +214,7 @@ class ParameterStore {
   Tensor host_copy(const Parameter& p) const;  // a host-held frozen parameter's home
   Buffer quantised_;                           // frozen quantised weights: each one's codes, then its scales
   DType values_dtype_ = DType::F32;
+  DType master_dtype_ = DType::F32;  // StoreOptions::masters
   bool masters_on_host_ = false;
   // The compute copy of `p` rounded on the host from fp32 `host` (masters in host memory: convert() reads
   // device tensors only); round to nearest even, as convert does.

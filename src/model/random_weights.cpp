@@ -19,11 +19,11 @@ bool fixed_value(const Parameter& p, float& value) {
 }  // namespace
 
 std::unique_ptr<Transformer> random_pretrained(const std::filesystem::path& dir, Ops& ops,
-                                               std::optional<LoraConfig> lora, bool gradients, uint64_t seed) {
+                                               std::optional<LoraConfig> lora, StoreOptions store, uint64_t seed) {
   ModelConfig config = load_model_config(dir);
   const auto range = config.raw.find("initializer_range");
   const float std_dev = range != config.raw.end() && range->is_number() ? range->get<float>() : 0.02f;
-  auto model = std::make_unique<Transformer>(std::move(config), ops, std::move(lora), gradients);
+  auto model = std::make_unique<Transformer>(std::move(config), ops, std::move(lora), store);
   // One pool of 2^22 normals (16 MiB), tiled: drawing each of 30 billion weights would take minutes.
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, std_dev);

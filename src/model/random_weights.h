@@ -14,7 +14,7 @@ namespace soltrain {
 // zeros. The draws are tiled from one pool of normals (each parameter from its own random start): weights for
 // timing a step, not for training.
 std::unique_ptr<Transformer> random_pretrained(const std::filesystem::path& dir, Ops& ops,
-                                               std::optional<LoraConfig> lora, bool gradients, uint64_t seed);
+                                               std::optional<LoraConfig> lora, StoreOptions store, uint64_t seed);
 
 // Every base weight of `model` drawn again, each value on its own, as transformers' _init_weights draws a model built
 // from its config (Axolotl's reinit_weights: pretraining from scratch): matrices and the embedding normal(0,

@@ -113,7 +113,7 @@ void untie_for_modules_to_save(ModelConfig& c, const std::optional<LoraConfig>& 
   c.lm_head_from_embedding = true;
 }
 
-Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig> lora, bool gradients)
+Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig> lora, StoreOptions store)
     : config_(std::move(config)), lora_(std::move(lora)), ops_(ops) {
   const auto& c = config_;
   const int64_t hd = c.head_dim;
@@ -150,7 +150,7 @@ Transformer::Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig>
                  ") take no dropout; set lora_dropout: 0 or target the attention projections only");
   }
   add_model_parameters(params_, c, lora_);
-  params_.allocate(ops_, gradients);
+  params_.allocate(ops_, store);
   if (c.moe_layers() > 0) {
     aux_loss_ = ops_.alloc(sizeof(double));
     aux_loss_t_ = Tensor{aux_loss_.data(), DType::F64, {1}, ops_.device()};

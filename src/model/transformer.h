@@ -83,7 +83,7 @@ class Transformer {
   // Without `lora` every parameter trains (full fine-tuning); with it only the adapters do (A initialised as
   // PEFT does, B zero). Without `gradients` no gradient buffer is allocated (ParameterStore::allocate: for a
   // model ZeRO-3 shards, which gives each rank only its slices of them).
-  Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig> lora = std::nullopt, bool gradients = true);
+  Transformer(ModelConfig config, Ops& ops, std::optional<LoraConfig> lora = std::nullopt, StoreOptions store = {});
   ~Transformer();
 
   const ModelConfig& config() const { return config_; }

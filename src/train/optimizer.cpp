@@ -14,6 +14,7 @@
 #include "io/safetensors_writer.h"
 #include "kernels/blockwise4.h"
 #include "kernels/blockwise8.h"
+#include "kernels/stochastic_round.h"
 
 namespace soltrain {
 
@@ -108,6 +109,8 @@ AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offlo
 AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload, bool muon, bool normuon)
     : params_(params), ops_(ops), moments_(moments), offload_(offload), muon_(muon), normuon_(muon && normuon) {
   SOLTRAIN_CHECK(!muon || (moments == Moments::F32 && !offload.any()), "Muon's state: fp32 and resident");
+  SOLTRAIN_CHECK(params.master_dtype() == DType::F32 || (!muon && moments != Moments::Torchao4 && !offload.master),
+                 "bf16 masters: AdamW with fp32 or 8-bit moments, the masters on the device");
   const Plan pl = plan(params, moments, offload, muon ? std::optional(ops.activation_dtype()) : std::nullopt, normuon_);
   if (muon) {  // which parameters Muon updates, where AdamW's second moments sit, the scratch (never in the step)
     const DType act = ops.activation_dtype();
@@ -218,6 +221,7 @@ void AdamW::step_8bit(const OptimizerConfig& cfg, float lr, float grad_scale, co
     AdamWParams a{lr, cfg.beta1, cfg.beta2, cfg.eps, p.decay ? cfg.weight_decay : 0.0f, step_, grad_scale};
     a.grad_sumsq = grad_sumsq;
     a.max_grad_norm = cfg.max_grad_norm;
+    a.sr_seed = sr_seed(p.offset);
     const Shape flat{shape_numel(p.shape)};
     Tensor copy = p.value.view(flat);
     Tensor* copy_out = params_.values_alias_masters() ? nullptr : &copy;
@@ -312,6 +316,10 @@ void AdamW::step(const OptimizerConfig& cfg, float lr, float grad_scale, const T
   update(cfg, lr, grad_scale, grad_sumsq);
 }
 
+uint64_t AdamW::sr_seed(int64_t offset) const {
+  return stochastic_seed_at(stochastic_step_seed(step_), uint64_t(offset));
+}
+
 void AdamW::step_part(const OptimizerConfig& cfg, float lr, int group) {
   SOLTRAIN_CHECK(!shard_ && group >= 0 && group < params_.groups(), "step_part: a whole store's group");
   only_group_ = group;
@@ -338,6 +346,7 @@ void AdamW::update(const OptimizerConfig& cfg, float lr, float grad_scale, const
     AdamWParams p{lr, cfg.beta1, cfg.beta2, cfg.eps, r.decay ? cfg.weight_decay : 0.0f, step_, grad_scale};
     p.grad_sumsq = grad_sumsq;
     p.max_grad_norm = cfg.max_grad_norm;
+    p.sr_seed = sr_seed(r.offset);
     Tensor copy = params_.values(r);
     ops_.adamw(master, params_.grads(r), mt, vt, p, params_.values_alias_masters() ? nullptr : &copy);
   }

@@ -156,6 +156,9 @@ class AdamW {
   // The update after the count: every group's, or (step_part) only_group_'s.
   void update(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq);
   int only_group_ = -1;
+  // AdamWParams::sr_seed of a call whose first element is the store's flat `offset` (bf16 masters' rounding: each
+  // element draws from (step, its offset), however the update is cut)
+  uint64_t sr_seed(int64_t offset) const;
   bool updates(int group) const { return only_group_ < 0 || group == only_group_; }
   void step_streamed_8bit(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq);
   // Muon's update (cfg.muon): per parameter, Muon's three ops or AdamW; its scratch made on the first call.

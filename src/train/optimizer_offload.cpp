@@ -96,6 +96,7 @@ void AdamW::step_streamed(const OptimizerConfig& cfg, float lr, float grad_scale
     AdamWParams a{lr, cfg.beta1, cfg.beta2, cfg.eps, p.decay ? cfg.weight_decay : 0.0f, step_, grad_scale};
     a.grad_sumsq = grad_sumsq;
     a.max_grad_norm = cfg.max_grad_norm;
+    a.sr_seed = sr_seed(p.offset);
     Tensor copy = params_.values(p);
     // On the CPU the masters are the compute copy: the written-back master is what the model reads.
     ops_.adamw(master, grad, m, v, a, params_.values_alias_masters() ? nullptr : &copy);
@@ -165,6 +166,7 @@ void AdamW::step_streamed_8bit(const OptimizerConfig& cfg, float lr, float grad_
     AdamWParams a{lr, cfg.beta1, cfg.beta2, cfg.eps, p.decay ? cfg.weight_decay : 0.0f, step_, grad_scale};
     a.grad_sumsq = grad_sumsq;
     a.max_grad_norm = cfg.max_grad_norm;
+    a.sr_seed = sr_seed(p.offset + pc.at);
     size_t k = 0;  // st holds the staged ones in the order master, m, v, m absmax, v absmax
     Tensor master = host_master ? st[k++].stage : part(p.master.view(flat), pc.at, pc.numel);
     Tensor copy = part(p.value.view(flat), pc.at, pc.numel);

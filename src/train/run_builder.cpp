@@ -69,7 +69,7 @@ std::unique_ptr<Transformer> load_run_model(const TrainConfig& c, Ops& ops, cons
   std::optional<AsClassifier> classifier;
   if (c.dpo.reward_model) classifier = AsClassifier{reward_pad_token_id(c)};
   if (c.process_reward_model) classifier = AsClassifier{-1, c.num_labels};
-  auto model = load_pretrained(c.model, ops, lora, gradients, share, classifier, run_vocab_resize(c));
+  auto model = load_pretrained(c.model, ops, lora, store_options(c, gradients), share, classifier, run_vocab_resize(c));
   if (c.reinit_weights) {  // (every rank draws the same from the seed)
     init_weights(*model, c.seed);
     if (!comm || comm->rank() == 0)
@@ -111,6 +111,10 @@ void check_update_batches_fit(const TrainConfig& c, int world, int rows) {
                     cat("one update's ", micro, " micro-batches (gradient_accumulation_steps ",
                         c.gradient_accumulation_steps, world > 1 ? cat(" x ", world, " ranks") : "", ")"),
                     "lower gradient_accumulation_steps");
+}
+
+StoreOptions store_options(const TrainConfig& c, bool gradients) {
+  return {gradients, c.bf16_stochastic_round ? DType::BF16 : DType::F32};
 }
 
 OptimizerConfig optimizer_config(const TrainConfig& c) {

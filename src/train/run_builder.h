@@ -61,6 +61,8 @@ void configure_model(Transformer& model, const TrainConfig& c, Ops& ops, int row
 void check_update_batches_fit(const TrainConfig& c, int world, int rows);
 
 OptimizerConfig optimizer_config(const TrainConfig& c);
+// How the model's store keeps its trainable tensors: gradients or not, masters fp32 or (bf16_stochastic_round) bf16.
+StoreOptions store_options(const TrainConfig& c, bool gradients = true);
 
 // The learning-rate schedule over `total_steps` updates (warmup from warmup_ratio when no warmup_steps).
 ScheduleConfig schedule_config(const TrainConfig& c, int64_t total_steps);

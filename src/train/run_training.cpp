@@ -198,6 +198,9 @@ void print_memory_notes(const Run& r) {
       r.log << r.cmd << ": offload_grads: each layer's backward writes its gradients into one of two device slots, "
             << size(g->device_bytes()) << " (counted in gradients above), copied home as the next layer runs\n";
   }
+  if (c.bf16_stochastic_round)
+    r.log << r.cmd << ": bf16_stochastic_round: the trained weights are kept in bf16 only (no fp32 masters, "
+          << size(size_t(ps.numel()) * 2) << "), each update computed in fp32 and rounded to bf16 stochastically\n";
   if (const BackwardUpdate* b = r.step->backward_update())
     r.log << r.cmd << ": optimizer_in_backward: each decoder layer is updated as its backward ends, from gradients "
           << "that live only in one of two device slots, " << size(b->device_bytes())

@@ -189,6 +189,7 @@ struct TrainConfig {
   bool normuon_cautious_wd = true;
   Offload offload;  // `offload_master`, `offload_optimizer`, `offload_grads`: that state in host memory
   bool optimizer_in_backward = false;  // each layer updated as its backward ends (train/backward_update.h)
+  bool bf16_stochastic_round = false;  // trainable weights kept in bf16 only, updates rounded stochastically
   uint64_t seed = 42;
   bool reinit_weights = false;  // Axolotl's: the base drawn afresh from the seed (model/random_weights.h init_weights)
   Recompute recompute = Recompute::None;

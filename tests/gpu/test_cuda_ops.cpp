@@ -5,6 +5,7 @@
 #include "gpu_test_util.h"
 #include "kernels/blockwise4.h"
 #include "kernels/blockwise8.h"
+#include "kernels/stochastic_round.h"
 
 namespace soltrain::test {
 namespace {
@@ -308,6 +309,68 @@ TEST_F(CudaOps, AdamWMatchesTheCpuAndWritesTheBf16Copy) {
   EXPECT_LE(rel(got, cw), 1e-6);
   const auto c = download(copy);
   for (size_t i = 0; i < c.size(); ++i) ASSERT_EQ(c[i], bf16_to_f32(f32_to_bf16(got[i]))) << i;
+}
+
+// bf16_stochastic_round: a BF16 master (no fp32 copy) updated in fp32 and rounded stochastically with the bits
+// stochastic_bits(sr_seed, i): the device and the CPU twin draw the same bits, so the masters agree but where the
+// fp32 update itself differs by rounding near a bf16 boundary (then by one ulp), fp32 and 8-bit moments, three steps
+// each; the moments to fp32 rounding.
+TEST_F(CudaOps, AdamWBf16StochasticMastersMatchTheCpu) {
+  const int64_t n = 256 * 41 + 77, blocks = (n + 255) / 256;
+  const auto w0 = random_vec(static_cast<size_t>(n), rng, 1.0f);
+  const auto ms = dynamic_quant_map(true), us = dynamic_quant_map(false);
+  std::vector<float> maps(ms.begin(), ms.end());
+  maps.insert(maps.end(), us.begin(), us.end());
+  for (const bool eight : {false, true}) {
+    SCOPED_TRACE(eight ? "8-bit moments" : "fp32 moments");
+    std::vector<uint16_t> cb(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) cb[size_t(i)] = f32_to_bf16(w0[size_t(i)]);
+    Tensor gw = upload(w0, {n}, DType::BF16);  // (rounded to nearest, as cb)
+    std::vector<float> cm(static_cast<size_t>(n), 0.0f), cv(static_cast<size_t>(n), 0.0f);
+    Tensor gm = upload(cm, {n}, DType::F32), gv = upload(cv, {n}, DType::F32), gmaps = upload(maps, {512}, DType::F32);
+    buffers.push_back(gpu->alloc(size_t(2 * n)));
+    Tensor gcodes{buffers.back().data(), DType::U8, {2 * n}, Device::CUDA};
+    gpu->zero(gcodes);
+    Tensor gabs = upload(std::vector<float>(size_t(2 * blocks), 0.0f), {2 * blocks}, DType::F32);
+    std::vector<uint8_t> ccodes(size_t(2 * n), 0);
+    std::vector<float> cabs(size_t(2 * blocks), 0.0f);
+    auto part = [&](Tensor codes, Tensor abs, Tensor map, int k) {
+      return Blockwise8{Tensor{codes.as<uint8_t>() + k * n, DType::U8, {n}, codes.device},
+                        Tensor{abs.as<float>() + k * blocks, DType::F32, {blocks}, abs.device},
+                        Tensor{map.as<float>() + k * 256, DType::F32, {256}, map.device}};
+    };
+    Tensor hcodes{ccodes.data(), DType::U8, {2 * n}}, habs = host(cabs, {2 * blocks}), hmaps = host(maps, {512});
+    Tensor cmaster{cb.data(), DType::BF16, {n}};
+    for (int step = 1; step <= 3; ++step) {
+      auto g = random_vec(static_cast<size_t>(n), rng, 0.1f);
+      AdamWParams p{1e-2f, 0.9, 0.999, 1e-8f, 0.1f, step, 1.0f, nullptr, 0};
+      p.sr_seed = stochastic_seed_at(stochastic_step_seed(step), 4242);
+      if (eight) {
+        gpu->adamw_8bit(gw, upload(g, {n}, DType::F32), part(gcodes, gabs, gmaps, 0), part(gcodes, gabs, gmaps, 1), p,
+                        nullptr);
+        cpu->adamw_8bit(cmaster, host(g, {n}), part(hcodes, habs, hmaps, 0), part(hcodes, habs, hmaps, 1), p, nullptr);
+      } else {
+        gpu->adamw(gw, upload(g, {n}, DType::F32), gm, gv, p, nullptr);
+        cpu->adamw(cmaster, host(g, {n}), host(cm, {n}), host(cv, {n}), p, nullptr);
+      }
+    }
+    const auto got = download(gw);
+    int64_t differ = 0, moved = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t a = f32_to_bf16(got[size_t(i)]), b = cb[size_t(i)];
+      ASSERT_LE(std::abs(int(a) - int(b)), 1) << i << ": " << got[size_t(i)] << " vs " << bf16_to_f32(b);
+      differ += a != b;
+      moved += b != f32_to_bf16(w0[size_t(i)]);
+    }
+    EXPECT_LE(differ, n / 200) << "masters one ulp apart";
+    EXPECT_GT(moved, n / 2) << "the updates moved the weights";
+    if (eight) {
+      EXPECT_LE(rel(download(gabs), cabs), 1e-5);
+    } else {
+      EXPECT_LE(rel(download(gm), cm), 1e-5);
+      EXPECT_LE(rel(download(gv), cv), 1e-5);
+    }
+  }
 }
 
 // torchao's 4-bit AdamW against the CPU twin over three steps: parameters to fp32 rounding, the scales equal but for

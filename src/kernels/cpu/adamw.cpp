@@ -1,10 +1,12 @@
 // CPU: torch.optim.AdamW's single-tensor update, operation for operation (so fp32 results match).
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/blockwise4.h"
 #include "kernels/blockwise8.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/stochastic_round.h"
 
 namespace soltrain {
 
@@ -31,21 +33,59 @@ struct AdamWStep {
   }
   float bc2_sqrt, step_size, decay, b1c, b2c, beta2, eps, grad_scale;
 };
+
+// The master's elements as fp32 for the update, and the updated values back: in place for an fp32 master; a
+// BF16 one (bf16_stochastic_round) is widened into a scratch and rounded back stochastically, its fp32 compute
+// copy (the CPU computes in fp32) receiving the rounded values.
+class MasterAccess {
+ public:
+  MasterAccess(Tensor& master, Tensor* copy, const AdamWParams& p) : master_(master), seed_(p.sr_seed) {
+    if (master.dtype == DType::F32) {
+      SOLTRAIN_CHECK(!copy || copy->data == master.data, "the CPU computes in fp32: no copy");
+      w_ = master.f32();
+      return;
+    }
+    SOLTRAIN_CHECK(master.dtype == DType::BF16 && (!copy || copy->dtype == DType::F32), "AdamW on a ",
+                   dtype_name(master.dtype), " master (fp32, or bf16 with an fp32 copy)");
+    copy_ = copy ? copy->f32() : nullptr;
+    wide_.resize(size_t(master.numel()));
+    const uint16_t* b = master.as<uint16_t>();
+    for (size_t i = 0; i < wide_.size(); ++i) wide_[i] = bf16_to_f32(b[i]);
+    w_ = wide_.data();
+  }
+  float* w() { return w_; }
+  void write_back() {
+    if (wide_.empty()) return;
+    uint16_t* b = master_.as<uint16_t>();
+    for (size_t i = 0; i < wide_.size(); ++i) {
+      b[i] = bf16_round_stochastic(wide_[i], stochastic_bits(seed_, i));
+      if (copy_) copy_[i] = bf16_to_f32(b[i]);
+    }
+  }
+
+ private:
+  Tensor& master_;
+  uint64_t seed_;
+  float* w_ = nullptr;
+  float* copy_ = nullptr;
+  std::vector<float> wide_;
+};
 }  // namespace
 
 void CpuOps::adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p, Tensor* compute_copy) {
-  SOLTRAIN_CHECK(!compute_copy || compute_copy->data == param.data, "the CPU computes in fp32: no copy");
-  float *w = param.f32(), *mp = m.f32(), *vp = v.f32();
+  MasterAccess access(param, compute_copy, p);
+  float *w = access.w(), *mp = m.f32(), *vp = v.f32();
   const float* g = grad.f32();
   const AdamWStep step(p);
   for (int64_t i = 0, n = param.numel(); i < n; ++i) step.update(w[i], mp[i], vp[i], g[i]);
+  access.write_back();
 }
 
 // bitsandbytes' 8-bit blockwise AdamW (kernels/blockwise8.h) with the update above, element for element.
 void CpuOps::adamw_8bit(Tensor param, const Tensor& grad, const Blockwise8& m, const Blockwise8& v,
                         const AdamWParams& p, Tensor* compute_copy) {
-  SOLTRAIN_CHECK(!compute_copy || compute_copy->data == param.data, "the CPU computes in fp32: no copy");
-  float* w = param.f32();
+  MasterAccess access(param, compute_copy, p);
+  float* w = access.w();
   const float* g = grad.f32();
   uint8_t *mc = m.code.as<uint8_t>(), *vc = v.code.as<uint8_t>();
   float *ma = m.absmax.f32(), *va = v.absmax.f32();
@@ -79,6 +119,7 @@ void CpuOps::adamw_8bit(Tensor param, const Tensor& grad, const Blockwise8& m, c
     ma[blk] = mmax;
     va[blk] = vmax;
   }
+  access.write_back();
 }
 
 // torchao's AdamW4bit (kernels/blockwise4.h): per block of 128, the moments dequantised, the update above in fp32
@@ -87,6 +128,7 @@ void CpuOps::adamw_8bit(Tensor param, const Tensor& grad, const Blockwise8& m, c
 void CpuOps::adamw_4bit(Tensor param, const Tensor& grad, const Blockwise8& m, const Blockwise8& v,
                         const AdamWParams& p, Tensor* compute_copy) {
   SOLTRAIN_CHECK(!compute_copy || compute_copy->data == param.data, "the CPU computes in fp32: no copy");
+  SOLTRAIN_CHECK(param.dtype == DType::F32, "adamw_4bit: an fp32 master");
   const int64_t n = param.numel();
   SOLTRAIN_CHECK(n % kBlockwise4Block == 0 && m.code.numel() == n / 2 && m.absmax.numel() == n / kBlockwise4Block,
                  "adamw_4bit: a parameter of whole blocks");

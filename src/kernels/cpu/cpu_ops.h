@@ -11,7 +11,7 @@ class CpuOps final : public Ops {
   DType activation_dtype() const override { return DType::F32; }
   Buffer alloc(size_t bytes) override { return Buffer::host(bytes); }
   void copy(Tensor dst, const Tensor& src) override;
-  void convert(Tensor dst, const Tensor& src) override { copy(dst, src); }
+  void convert(Tensor dst, const Tensor& src) override;  // F32 <-> BF16 (bf16 masters), else a copy
   void zero(Tensor t) override;
 
   void embedding_forward(Tensor out, const Tensor& ids, const Tensor& table) override;

@@ -15,6 +15,23 @@ void CpuOps::copy(Tensor dst, const Tensor& src) {
   std::memcpy(dst.data, src.data, src.bytes());
 }
 
+void CpuOps::convert(Tensor dst, const Tensor& src) {
+  if (dst.dtype == src.dtype) return copy(dst, src);
+  SOLTRAIN_CHECK(dst.numel() == src.numel(), "convert ", shape_str(src.shape), " -> ", shape_str(dst.shape));
+  const int64_t n = src.numel();
+  if (dst.dtype == DType::F32 && src.dtype == DType::BF16) {
+    const uint16_t* s = src.as<uint16_t>();
+    float* d = dst.f32();
+    for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
+    return;
+  }
+  SOLTRAIN_CHECK(dst.dtype == DType::BF16 && src.dtype == DType::F32, "convert ", dtype_name(src.dtype), " -> ",
+                 dtype_name(dst.dtype));
+  const float* s = src.f32();
+  uint16_t* d = dst.as<uint16_t>();
+  for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
+}
+
 void CpuOps::zero(Tensor t) {
   std::memset(t.data, 0, t.bytes());
 }

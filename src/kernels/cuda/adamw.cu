@@ -7,6 +7,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/stochastic_round.h"
 
 namespace soltrain {
 
@@ -20,6 +21,7 @@ struct AdamWStep {
   float grad_scale;
   const double* grad_sumsq;  // clipping's Σg² on the device, or null
   float max_grad_norm;
+  uint64_t sr_seed;  // a BF16 master's stochastic rounding (kernels/stochastic_round.h)
   // Folds clipping's factor into grad_scale (the same double arithmetic as the host's clip_factor).
   __device__ void clip() {
     if (grad_sumsq) grad_scale *= clip_factor(*grad_sumsq, max_grad_norm);
@@ -46,15 +48,34 @@ AdamWStep adamw_step(const AdamWParams& p) {
           p.eps,
           p.grad_scale,
           p.grad_sumsq ? static_cast<const double*>(p.grad_sumsq->data) : nullptr,
-          p.max_grad_norm};
+          p.max_grad_norm,
+          p.sr_seed};
 }
 
-__global__ void adamw_kernel(float* w, const float* g, float* m, float* v, bf16* copy, int64_t n, AdamWStep s) {
+// A master element as fp32, and the updated value stored back (what was stored returned): an fp32 master as
+// is, a BF16 one (bf16_stochastic_round: the compute copy itself) rounded stochastically.
+__device__ inline float load_master(const float* w, int64_t i) {
+  return w[i];
+}
+__device__ inline float load_master(const bf16* w, int64_t i) {
+  return __bfloat162float(w[i]);
+}
+__device__ inline float store_master(float* w, int64_t i, float x, uint64_t) {
+  w[i] = x;
+  return x;
+}
+__device__ inline float store_master(bf16* w, int64_t i, float x, uint64_t seed) {
+  const bf16 b = __ushort_as_bfloat16(bf16_round_stochastic(x, stochastic_bits(seed, uint64_t(i))));
+  w[i] = b;
+  return __bfloat162float(b);
+}
+
+template <typename W>
+__global__ void adamw_kernel(W* w, const float* g, float* m, float* v, bf16* copy, int64_t n, AdamWStep s) {
   s.clip();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     float mi = m[i], vi = v[i];
-    const float wi = s.update(w[i], g[i], mi, vi);
-    w[i] = wi;
+    const float wi = store_master(w, i, s.update(load_master(w, i), g[i], mi, vi), s.sr_seed);
     m[i] = mi;
     v[i] = vi;
     if (copy) copy[i] = cuda::to_bf(wi);
@@ -94,8 +115,9 @@ struct QuantTables {
   }
 };
 
+template <typename W>
 __global__ void __launch_bounds__(32 * kWarpsPer8bitCta)
-    adamw_8bit_kernel(float* w, const float* g, uint8_t* mc, uint8_t* vc, float* ma, float* va, const float* mmap,
+    adamw_8bit_kernel(W* w, const float* g, uint8_t* mc, uint8_t* vc, float* ma, float* va, const float* mmap,
                       const float* vmap, bf16* copy, int64_t n, AdamWStep s) {
   __shared__ QuantTables t;
   t.stage(mmap, vmap);
@@ -112,7 +134,7 @@ __global__ void __launch_bounds__(32 * kWarpsPer8bitCta)
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       const int64_t i = blk * 256 + k * 32 + lane;
-      if (i < n) wv[k] = w[i], gv[k] = g[i], mq[k] = mc[i], vq[k] = vc[i];
+      if (i < n) wv[k] = load_master(w, i), gv[k] = g[i], mq[k] = mc[i], vq[k] = vc[i];
     }
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
@@ -121,8 +143,7 @@ __global__ void __launch_bounds__(32 * kWarpsPer8bitCta)
       if (i < n) {
         mi[k] = t.map[0][mq[k]] * mscale;
         vi[k] = t.map[1][vq[k]] * vscale;
-        const float wi = s.update(wv[k], gv[k], mi[k], vi[k]);
-        w[i] = wi;
+        const float wi = store_master(w, i, s.update(wv[k], gv[k], mi[k], vi[k]), s.sr_seed);
         if (copy) copy[i] = cuda::to_bf(wi);
       }
       am = fmaxf(am, fabsf(mi[k]));
@@ -221,6 +242,13 @@ bool aligned(const void* p, size_t bytes) {
 void CudaOps::adamw(Tensor master, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p, Tensor* compute_copy) {
   const auto prof = profile("adamw");
   const int64_t n = master.numel();
+  if (master.dtype == DType::BF16) {  // bf16_stochastic_round: the master is the compute copy
+    SOLTRAIN_CHECK(!compute_copy || compute_copy->data == master.data, "adamw: a bf16 master is its own copy");
+    adamw_kernel<<<cuda::blocks_for(n, 256, 8 * 1024), 256, 0, stream_>>>(master.as<bf16>(), grad.f32(), m.f32(),
+                                                                          v.f32(), nullptr, n, adamw_step(p));
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   adamw_kernel<<<cuda::blocks_for(n, 256, 8 * 1024), 256, 0, stream_>>>(
       master.f32(), grad.f32(), m.f32(), v.f32(), compute_copy ? compute_copy->as<bf16>() : nullptr, n, adamw_step(p));
   CUDA_CHECK_LAUNCH();
@@ -232,14 +260,22 @@ void CudaOps::adamw_8bit(Tensor master, const Tensor& grad, const Blockwise8& m,
   const AdamWStep step = adamw_step(p);
   const int64_t n = master.numel();
   static_assert(kBlockwise8Block == 256, "one warp per quantisation block, 8 elements per lane");
-  float *w = master.f32(), *ma = m.absmax.f32(), *va = v.absmax.f32();
+  float *ma = m.absmax.f32(), *va = v.absmax.f32();
   const float* g = grad.f32();
   uint8_t *mc = m.code.as<uint8_t>(), *vc = v.code.as<uint8_t>();
-  bf16* copy = compute_copy ? compute_copy->as<bf16>() : nullptr;
   // Enough CTAs to fill the GPU several times over; each warp then walks the blocks grid-stride.
   auto ctas = [](int64_t blocks) {
     return unsigned(std::min<int64_t>((blocks + kWarpsPer8bitCta - 1) / kWarpsPer8bitCta, 132 * 8));
   };
+  if (master.dtype == DType::BF16) {  // bf16_stochastic_round: the element-wise kernel over its own bf16 master
+    SOLTRAIN_CHECK(!compute_copy || compute_copy->data == master.data, "adamw_8bit: a bf16 master is its own copy");
+    adamw_8bit_kernel<<<ctas((n + kBlockwise8Block - 1) / kBlockwise8Block), 32 * kWarpsPer8bitCta, 0, stream_>>>(
+        master.as<bf16>(), g, mc, vc, ma, va, m.map.f32(), v.map.f32(), nullptr, n, step);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
+  float* w = master.f32();
+  bf16* copy = compute_copy ? compute_copy->as<bf16>() : nullptr;
   // Whole blocks take the 16-byte path when every pointer allows it (parameters sit at any offset of the
   // store); a partial last block, or unaligned storage, the element-wise kernel (the same arithmetic).
   int64_t whole = 0;
@@ -253,9 +289,10 @@ void CudaOps::adamw_8bit(Tensor master, const Tensor& grad, const Blockwise8& m,
   }
   const int64_t done = whole * kBlockwise8Block, rest = n - done;
   if (rest == 0) return;
-  adamw_8bit_kernel<<<ctas((rest + kBlockwise8Block - 1) / kBlockwise8Block), 32 * kWarpsPer8bitCta, 0, stream_>>>(
-      w + done, g + done, mc + done, vc + done, ma + whole, va + whole, m.map.f32(), v.map.f32(),
-      copy ? copy + done : nullptr, rest, step);
+  adamw_8bit_kernel<float>
+      <<<ctas((rest + kBlockwise8Block - 1) / kBlockwise8Block), 32 * kWarpsPer8bitCta, 0, stream_>>>(
+          w + done, g + done, mc + done, vc + done, ma + whole, va + whole, m.map.f32(), v.map.f32(),
+          copy ? copy + done : nullptr, rest, step);
   CUDA_CHECK_LAUNCH();
 }
 
