@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [policy] [prefs] [reward] [prm] [addedtokens] [muon] [normuon] [decode] [grpocorr] [grpooverlap] [grpotrl]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [fullmoe] [policy] [prefs] [reward] [prm] [addedtokens] [muon] [normuon] [decode] [grpocorr] [grpooverlap] [grpotrl]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -199,6 +199,27 @@ PY
         BENCH_TIMEOUT=200 bench_one "offgrads-8B-$off" 8B --random-weights --batch-size 2 --seq-len 2048 \
           --recompute full --optimizer adamw_8bit --offload $off --steps 3 --warmup 1
       done ;;
+    fullmoe)  # issue 31: full fine-tuning of the whole Qwen3-30B-A3B on one GPU with 8-bit AdamW: bf16 weights
+      # rounded stochastically (bf16_stochastic_round: no fp32 masters) and each layer updated as its backward ends
+      # (optimizer_in_backward: no whole-model gradients); the moments offloaded on a card under 120 GiB. First the
+      # CUDA tests of both, then Qwen3-8B full 8-bit: the ordinary update (masters and moments offloaded: they do not
+      # fit an H100 otherwise) next to in-backward + bf16 SR (resident, and moments offloaded).
+      timeout 200 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='CudaOps.AdamW*:CudaOffload.*' \
+        > "$OUT/fullmoe-tests.log" 2>&1
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|OK \]" "$OUT/fullmoe-tests.log"
+      if [ "${FULLMOE_8B:-1}" = 1 ]; then
+        for v in "ordinary-offload-both:--offload both" "inbwd-sr:--optimizer-in-backward --bf16-stochastic-round" \
+          "inbwd-sr-offload-opt:--optimizer-in-backward --bf16-stochastic-round --offload optimizer"; do
+          BENCH_TIMEOUT=150 bench_one "full8b-${v%%:*}" 8B --random-weights --batch-size 2 --seq-len 2048 \
+            --recompute full --optimizer adamw_8bit --steps 3 --warmup 1 ${v#*:}
+        done
+      fi
+      mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+      off=""
+      [ "$mem" -lt 120000 ] && off="--offload optimizer"
+      BENCH_TIMEOUT=${FULLMOE_TIMEOUT:-330} bench_one "fullmoe-a3b" 30B-A3B --random-weights --batch-size 2 \
+        --seq-len 2048 --recompute full --optimizer adamw_8bit --bf16-stochastic-round --optimizer-in-backward $off \
+        --steps 3 --warmup 1 ;;
     moe48q)  # the whole A3B under QLoRA (NF4 and FP8 experts), weights drawn from config.json alone
       for q in ${MOE_QLORA:-nf4 fp8}; do
         BENCH_TIMEOUT=280 bench_one "moe48-qlora-$q" 30B-A3B --random-weights --batch-size 2 --seq-len 2048 \

@@ -81,5 +81,43 @@ TEST_F(CudaOffload, OffloadedGradientsTrainAsResident) {
   }
 }
 
+// optimizer_in_backward on the device: each layer updated on the main stream as its backward ends (the streamed
+// update's write-backs left in flight meanwhile) gives the ordinary run's bits, with fp32 and with 8-bit moments
+// offloaded; bf16_stochastic_round (bf16 masters, no fp32 copy) equals itself in backward and tracks the fp32 run.
+TEST_F(CudaOffload, OptimizerInBackwardTrainsAsTheOrdinaryUpdate) {
+  const test::DemoRunSetup s("", 4);
+  const std::string keys =
+      "device: cuda\nper_device_train_batch_size: 2\nlogging_steps: 1\nweight_decay: 0.1\nmax_grad_norm: 0\n"
+      "max_steps: 6\n";
+  const std::string ib = "optimizer_in_backward: true\n", eight = "optimizer: adamw_8bit\noffload_optimizer: true\n",
+                    sr = "bf16_stochastic_round: true\n";
+  s.train(*gpu, "ordinary", keys);
+  const std::string log = s.train(*gpu, "in_backward", keys + ib);
+  EXPECT_NE(log.find("optimizer_in_backward: each decoder layer is updated"), std::string::npos) << log;
+  s.train(*gpu, "eight", keys + eight);
+  s.train(*gpu, "eight_in_backward", keys + eight + ib);
+  s.train(*gpu, "sr", keys + sr);
+  s.train(*gpu, "sr_in_backward", keys + sr + ib + eight);
+  s.train(*gpu, "sr_eight", keys + sr + eight);
+  auto losses = [&](const char* run) {
+    std::vector<double> l;
+    for (const auto& j : test::read_jsonl(s.t.path / run / "metrics.jsonl"))
+      if (j.contains("loss")) l.push_back(j["loss"].get<double>());
+    return l;
+  };
+  auto weights = [&](const char* run) { return test::read_bytes(s.t.path / run / "model" / "model.safetensors"); };
+  for (const auto& [a, b] : {std::pair{"ordinary", "in_backward"}, std::pair{"eight", "eight_in_backward"},
+                             std::pair{"sr_eight", "sr_in_backward"}}) {
+    SCOPED_TRACE(b);
+    EXPECT_EQ(losses(a), losses(b));
+    EXPECT_EQ(weights(a), weights(b));
+  }
+  const auto a = losses("ordinary"), b = losses("sr");
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_EQ(a.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 0.03 * a[i]) << "step " << i + 1;
+  EXPECT_NE(weights("ordinary"), weights("sr"));
+}
+
 }  // namespace
 }  // namespace soltrain
