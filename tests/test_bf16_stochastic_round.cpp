@@ -8,23 +8,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
-#include "cli/config.h"
-#include "cli/demo_kit.h"
 #include "core/error.h"
-#include "data_test_util.h"
 #include "kernels/blockwise8.h"
 #include "kernels/stochastic_round.h"
-#include "test_util.h"
-#include "train/run_training.h"
+#include "update_run_util.h"
 
 namespace soltrain {
 namespace {
 
 namespace fs = std::filesystem;
-using test::read_jsonl;
 
 TEST(Bf16StochasticRound, UnbiasedOverEveryRandomValue) {
   const uint32_t seed = test::test_seed(20261207u);
@@ -163,46 +156,8 @@ TEST(Bf16StochasticRound, UpdatesBelowAnUlpStillTrain) {
   EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f - 1e-4f)), 1.0f);  // (where round to nearest would stay)
 }
 
-constexpr const char* kRunKeys =
-    "per_device_train_batch_size: 2\nlogging_steps: 1\nweight_decay: 0.1\nmax_grad_norm: 0\n"
-    "max_steps: 8\nsave_steps: 4\n";
 constexpr const char* kSr = "bf16_stochastic_round: true\n";
-
-struct SrRun {
-  test::TempDir t;
-  SrRun() {
-    DemoModelShape s;
-    s.hidden = 64, s.layers = 3, s.heads = 2, s.kv_heads = 1, s.head_dim = 32, s.intermediate = 128;
-    write_random_model(t.path / "model", s, 11);
-    write_reversal_dataset(t.path / "train.jsonl", 200, 8);
-  }
-  fs::path config(const std::string& out, const std::string& extra) const {
-    const fs::path p = t.path / (out + ".yaml");
-    test::write_text(p, test::yaml_with("model: model\noutput_dir: " + out +
-                                            "\ndatasets:\n  - path: train.jsonl\n    type: conversation\n"
-                                            "dataset_prepared_path: prepared\nsequence_len: 64\nlearning_rate: "
-                                            "3.0e-3\nlr_scheduler_type: cosine\nwarmup_steps: 2\n" +
-                                            std::string(kRunKeys),
-                                        extra));
-    return p;
-  }
-  std::string train(const std::string& out, const std::string& extra, std::vector<std::string> set = {}) const {
-    auto ops = make_cpu_ops();
-    std::ostringstream log;
-    run_training(load_train_config(config(out, extra), set, TrainMode::kSft), TrainMode::kSft, *ops, log);
-    return log.str();
-  }
-  std::string file(const std::string& run, const std::string& name) const {
-    std::ifstream in(t.path / run / name, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
-  std::vector<double> losses(const std::string& run) const {
-    std::vector<double> l;
-    for (const auto& j : read_jsonl(t.path / run / "metrics.jsonl"))
-      if (j.contains("loss")) l.push_back(j["loss"].get<double>());
-    return l;
-  }
-};
+using SrRun = test::UpdateRunSetup;
 
 TEST(Bf16StochasticRound, TrainsLikeFp32MastersAndIsOneRunEveryWay) {
   SrRun s;

@@ -8,60 +8,19 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
-#include "cli/config.h"
 #include "core/error.h"
-#include "data_test_util.h"
-#include "demo_run_util.h"
-#include "test_util.h"
-#include "train/run_training.h"
+#include "update_run_util.h"
 
 namespace soltrain {
 namespace {
 
 namespace fs = std::filesystem;
+using test::read_bytes;
 using test::read_jsonl;
+using InBackwardRun = test::UpdateRunSetup;
 
-std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-constexpr const char* kRunKeys =
-    "per_device_train_batch_size: 2\nlogging_steps: 1\nweight_decay: 0.1\nmax_grad_norm: 0\n"
-    "max_steps: 8\nsave_steps: 4\n";
 constexpr const char* kInBackward = "optimizer_in_backward: true\n";
-
-// The demo's tiny model, or (experts > 0) a Qwen3-MoE of that many experts, 2 per token.
-struct InBackwardRun {
-  test::TempDir t;
-  explicit InBackwardRun(int experts = 0) {
-    DemoModelShape s;
-    s.hidden = 64, s.layers = 3, s.heads = 2, s.kv_heads = 1, s.head_dim = 32, s.intermediate = 128;
-    s.experts = experts;
-    write_random_model(t.path / "model", s, 11);
-    write_reversal_dataset(t.path / "train.jsonl", 200, 8);
-  }
-  fs::path config(const std::string& out, const std::string& extra) const {
-    const fs::path p = t.path / (out + ".yaml");
-    test::write_text(p, test::yaml_with("model: model\noutput_dir: " + out +
-                                            "\ndatasets:\n  - path: train.jsonl\n    type: conversation\n"
-                                            "dataset_prepared_path: prepared\nsequence_len: 64\nlearning_rate: "
-                                            "3.0e-3\nlr_scheduler_type: cosine\nwarmup_steps: 2\n" +
-                                            std::string(kRunKeys),
-                                        extra));
-    return p;
-  }
-  std::string train(const std::string& out, const std::string& extra, std::vector<std::string> set = {}) const {
-    auto ops = make_cpu_ops();
-    std::ostringstream log;
-    run_training(load_train_config(config(out, extra), set, TrainMode::kSft), TrainMode::kSft, *ops, log);
-    return log.str();
-  }
-  std::string file(const std::string& run, const std::string& name) const { return read_bytes(t.path / run / name); }
-};
 
 // Loss bit for bit; the logged gradient norm to rounding (per layer here, over one buffer there).
 void expect_same_run(const fs::path& a, const fs::path& b) {

@@ -99,7 +99,7 @@ SOLTRAIN_HOST_DEVICE inline void fill_quant_bucket(uint8_t (*below)[kQuantBucket
 }
 // quantize_to_map(x, midpoints), from the table filled for those midpoints.
 SOLTRAIN_HOST_DEVICE inline uint8_t quantize_bucketed(float x, const float* midpoints,
-                                                 const uint8_t (*below)[kQuantBuckets]) {
+                                                      const uint8_t (*below)[kQuantBuckets]) {
   int i = below[x < 0.0f][blockwise8_detail::bucket_of(x)];
   while (i < 255 && midpoints[i] < x) ++i;
   return uint8_t(i);

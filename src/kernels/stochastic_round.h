@@ -3,26 +3,18 @@
 // up with probability equal to its distance from the lower neighbour over the gap, and E[round(x)] = x. An
 // update much smaller than a bf16 ulp still moves the weight on average, which round-to-nearest would drop: what
 // lets bf16 weights train without fp32 masters. The bits are a counter-based hash of (seed, element index)
-// (splitmix64, as the dropout mask), so the CPU and CUDA backends round the same elements the same way and a
-// range updated in pieces draws what the whole range draws.
+// (kernels/counter_hash.h, as the dropout mask's), so the CPU and CUDA backends round the same elements the same way
+// and a range updated in pieces draws what the whole range draws.
 #pragma once
 #include <cstdint>
 #include <cstring>
 
-#ifdef __CUDACC__
-#define SOLTRAIN_HOST_DEVICE __host__ __device__
-#else
-#define SOLTRAIN_HOST_DEVICE
-#endif
+#include "kernels/counter_hash.h"
 
 namespace soltrain {
 
 SOLTRAIN_HOST_DEVICE inline uint32_t stochastic_bits(uint64_t seed, uint64_t i) {
-  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return uint32_t(z >> 48);  // 16 bits
+  return uint32_t(counter_hash(seed, i) >> 48);  // 16 bits
 }
 
 // x's bf16 bits, rounded up with probability (x - lower) / ulp by the random 16 bits r. NaN and infinities round
@@ -43,7 +35,7 @@ SOLTRAIN_HOST_DEVICE inline uint16_t bf16_round_stochastic(float x, uint32_t r) 
 
 // The seed under which element i draws what element offset + i draws under `seed` (a slice keeps the whole's bits).
 SOLTRAIN_HOST_DEVICE inline uint64_t stochastic_seed_at(uint64_t seed, uint64_t offset) {
-  return seed + offset * 0x9E3779B97F4A7C15ull;
+  return counter_seed_at(seed, offset);
 }
 
 // The seed of one update's rounding: every element of the store draws from (step, its flat offset), whatever
