@@ -208,12 +208,15 @@ void ParameterStore::move_layer_grads_to_host(Ops& ops, int layers) {
 }
 
 void ParameterStore::drop_layer_grads(Ops& ops, int layers) {
-  SOLTRAIN_CHECK(gradients_ && !sharded() && host_grads_end_ == 0 && layers >= 1 && layers < groups(),
-                 "drop_layer_grads: a whole gradient buffer, once, and a group left on the device");
+  SOLTRAIN_CHECK(!sharded() && host_grads_end_ == 0 && layers >= 1 && layers < groups(),
+                 "drop_layer_grads: an unsharded store, once, and a group left on the device");
   const int64_t split = group_begin(layers);
+  // (a store allocated without gradients, as optimizer_in_backward's is, never holds the whole model's: only
+  // the head's group's are made here, zeroed)
   Buffer rest = ops.alloc(size_t(std::max<int64_t>(numel_ - split, 1)) * 4);
-  if (numel_ > split)
+  if (gradients_ && numel_ > split)
     ops.copy(flat(rest, DType::F32, 0, numel_ - split), flat(grads_, DType::F32, split, numel_ - split));
+  gradients_ = true;
   grads_ = std::move(rest);
   host_grads_end_ = split;
   layer_grads_bound_only_ = true;

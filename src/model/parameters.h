@@ -111,7 +111,8 @@ class ParameterStore {
   // `optimizer_in_backward`: the gradients of groups 0 .. layers-1 are not kept at all: a layer has gradients
   // only while bind_grads points its group at a device slot, for its backward and its update right after
   // (train/backward_update.h); grads(r) and group_grads(g) of such a group are that slot (refused while
-  // unbound). The head's group keeps its buffer. all_grads() is refused. Not with ZeRO-3's slices.
+  // unbound). The head's group keeps its buffer (made here when the store was allocated without gradients, as
+  // optimizer_in_backward's is: the whole model's never exist). all_grads() is refused. Not with ZeRO-3's slices.
   void drop_layer_grads(Ops& ops, int layers);
   bool layer_grads_dropped() const { return layer_grads_bound_only_; }
   bool group_grads_on_host(int group) const { return group_begin(group) < host_grads_end_ && !layer_grads_bound_only_; }

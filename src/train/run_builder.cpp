@@ -114,7 +114,9 @@ void check_update_batches_fit(const TrainConfig& c, int world, int rows) {
 }
 
 StoreOptions store_options(const TrainConfig& c, bool gradients) {
-  return {gradients, c.bf16_stochastic_round ? DType::BF16 : DType::F32};
+  // (optimizer_in_backward: no whole-model gradient buffer is ever allocated; TrainStep's BackwardUpdate makes the
+  // head's group's and the two layer slots)
+  return {gradients && !c.optimizer_in_backward, c.bf16_stochastic_round ? DType::BF16 : DType::F32};
 }
 
 OptimizerConfig optimizer_config(const TrainConfig& c) {
