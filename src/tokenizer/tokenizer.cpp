@@ -104,8 +104,11 @@ void Tokenizer::read_post_processor(const nlohmann::json& p) {
       const std::string id = json_req<std::string>(json_req<nlohmann::json>(item, "SpecialToken", w), "id", w);
       const auto s = specials.find(id);
       if (s == specials.end()) user_error(w, ": special token '", id, "' of the template is not in special_tokens");
-      for (const nlohmann::json& v : json_req<nlohmann::json>(*s, "ids", w))
+      for (const nlohmann::json& v : json_req<nlohmann::json>(*s, "ids", w)) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+          user_error(w, ": special token '", id, "' has an id that is not a token id (", v.dump(), ")");
         (after ? special_suffix_ : special_prefix_).push_back(v.get<int32_t>());
+      }
     }
   } else if (type == "BertProcessing" || type == "RobertaProcessing") {  // [cls] text [sep]
     special_prefix_.push_back(json_req<nlohmann::json>(p, "cls", w).at(1).get<int32_t>());
