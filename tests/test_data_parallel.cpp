@@ -240,6 +240,60 @@ TEST(DataParallel, ExpertParallelRanksMatchOneProcess) {
   refused(dense.sft(2, "ep-dense", "--set ep_size=2"), "has no Mixture-of-Experts layers");
 }
 
+// LLEP (ep_llep) on CPU ranks: with the threshold at 1 and full capacity every imbalanced layer is re-placed, the
+// busiest experts' excess rows run on other ranks, and the run is still one process's (full and LoRA, ZeRO 0 and
+// 2): only where rows run changes. The metrics show the balance it reached next to the native placement's, and
+// every rank holds every expert (a LoRA base is not shared out). Its settings outside it are one line each.
+TEST(DataParallel, LeastLoadedExpertParallelMatchesOneProcess) {
+  DpSetup s(/*experts=*/4);
+  const std::string llep =
+      " --set ep_llep=true --set ep_llep_threshold=1 --set ep_llep_capacity=1 --set ep_llep_min_rows=1";
+  const std::string lora = " --set adapter=lora --set lora_r=4 --set lora_alpha=8 --set lora_target_linear=true";
+  for (const std::string& kind : {std::string(), lora}) {
+    const std::string name = kind.empty() ? "llep-full" : "llep-lora";
+    const fs::path file =
+        kind.empty() ? fs::path("model") / "model.safetensors" : fs::path("adapter") / "adapter_model.safetensors";
+    const CliRun one = s.sft(0, name + "-1", kind + " --set gradient_accumulation_steps=4");
+    ASSERT_EQ(one.code, 0) << one.err;
+    const auto want = s.losses(name + "-1");
+    ASSERT_EQ(want.size(), 3u);
+    struct Case {
+      int ranks, ep, zero;
+    };
+    for (const Case c : {Case{2, 2, 0}, Case{4, 4, 2}}) {
+      const std::string out = cat(name, "-", c.ranks, "-ep", c.ep, "-z", c.zero);
+      const CliRun r = s.sft(c.ranks, out,
+                             cat(kind, llep, " --set gradient_accumulation_steps=", 4 / c.ranks,
+                                 " --set zero_stage=", c.zero, " --set ep_size=", c.ep));
+      ASSERT_EQ(r.code, 0) << out << "\n" << r.err;
+      EXPECT_NE(r.err.find("LLEP moves rows of the busiest experts to the least loaded ranks"), std::string::npos)
+          << r.err;
+      EXPECT_EQ(all_params(r.err), all_params(one.err)) << out << ": every rank holds every expert's weights";
+      expect_same_losses(want, s.losses(out), out);
+      expect_same_model(s.t.path / (name + "-1") / file, s.t.path / out / file, out);
+      const auto placed = s.losses(out, "ep_load_imbalance"), native = s.losses(out, "ep_load_imbalance_native");
+      ASSERT_EQ(placed.size(), 3u) << out;
+      ASSERT_EQ(native.size(), 3u) << out;
+      bool moved = false;
+      for (const auto& [step, v] : placed) {
+        EXPECT_GE(v, 1.0) << out;
+        EXPECT_LE(v, native.at(step) + 1e-12) << out << ": LLEP never worsens the balance";
+        moved = moved || v < native.at(step) - 1e-9;
+      }
+      EXPECT_TRUE(moved) << out << ": no step was re-placed, so the test proves nothing";
+    }
+  }
+  auto refused = [&](const CliRun& r, const std::string& want) {
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+  };
+  refused(s.sft(0, "llep-alone", "--set ep_llep=true"),
+          "ep_llep balances expert parallelism's ranks: it needs ep_size > 1");
+  refused(s.sft(0, "llep-threshold", "--set ep_llep_threshold=1.5"),
+          "ep_llep_threshold tunes LLEP, which is off: set ep_llep: true");
+}
+
 // `bench --plan-only --gpus N --data-parallel Z` prints, without loading anything, the bytes each rank then
 // allocates: ZeRO-3's line of a real 2-rank run (full and LoRA), ZeRO-2's sharded moments, and one rank alone
 // (ZeRO-3's slices whole: no pass buffers). What the sharded update cannot run (8-bit moments) is refused in

@@ -679,6 +679,16 @@ void rule_optimizer(const Entries& en, const std::string&, TrainConfig& c, std::
   // refuses it, naming the optimizer: each rank would hold a slice of the matrices Muon orthogonalises whole)
 }
 
+// LLEP's settings do something only under expert parallelism with ep_llep on: given elsewhere, one line each rather
+// than silently unused.
+void rule_expert_parallel(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
+  if (c.ep_balance.on && en.has("ep_llep") && c.ep_size <= 1)
+    errors.push_back(cat(en.where("ep_llep"), ": ep_llep balances expert parallelism's ranks: it needs ep_size > 1"));
+  for (const char* k : {"ep_llep_threshold", "ep_llep_capacity", "ep_llep_min_rows"})
+    if (en.has(k) && !c.ep_balance.on)
+      errors.push_back(cat(en.where(k), ": ", k, " tunes LLEP, which is off: set ep_llep: true (with ep_size > 1)"));
+}
+
 constexpr Rule kRules[] = {rule_lora_settings_imply_lora,
                            rule_classifier,
                            rule_quantised_base,
@@ -689,6 +699,7 @@ constexpr Rule kRules[] = {rule_lora_settings_imply_lora,
                            rule_streaming,
                            rule_chat_template_jinja,
                            rule_offload,
+                           rule_expert_parallel,
                            rule_streamed_base,
                            rule_hub_push,
                            rule_trackers,

@@ -665,6 +665,17 @@ void add_memory_keys(std::vector<KeySpec>& v) {
   v.push_back(integer("zero_stage", FIELD(zero_stage), 0, "ZeRO's stage with several ranks (DeepSpeed's meaning)", 3));
   v.push_back(integer("ep_size", FIELD(ep_size), 1,
                       "Mixture-of-Experts: each group of this many ranks splits the experts among its ranks", 1024));
+  v.push_back(flag("ep_llep", FIELD(ep_balance.on),
+                   "ep_size: least-loaded expert parallelism (LLEP): an imbalanced layer's busiest experts run part "
+                   "of their rows on the least loaded ranks (every rank then holds every expert's weights)"));
+  v.push_back(number("ep_llep_threshold", FIELD(ep_balance.threshold), 1, 1e9, false,
+                     "ep_llep: re-place a layer's rows only when its busiest rank would run more than this times "
+                     "the group's mean (LLEP's lambda)"));
+  v.push_back(number("ep_llep_capacity", FIELD(ep_balance.capacity), 1, 1e9, false,
+                     "ep_llep: a rank takes at most this times the group's mean rows before the rest spills to "
+                     "others (LLEP's alpha)"));
+  v.push_back(integer("ep_llep_min_rows", FIELD(ep_balance.min_rows), 1,
+                      "ep_llep: a spilled piece of an expert smaller than this goes to a roomier rank (LLEP's m)"));
   v.push_back(integer("ddp_timeout", FIELD(ddp_timeout), 1,
                       "seconds a rank waits for another (rendezvous, CPU collectives) before the job ends naming it",
                       1 << 24));

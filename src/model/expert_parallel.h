@@ -20,53 +20,68 @@
 #include "core/buffer.h"
 #include "dist/communicator.h"
 #include "kernels/ops.h"
+#include "model/expert_placement.h"
 
 namespace soltrain {
 
 class ExpertParallel {
  public:
   // `group`: this rank's expert-parallel group (Communicator::split of the job by rank / ep_size).
-  ExpertParallel(std::unique_ptr<Communicator> group, int num_experts, int num_layers);
+  ExpertParallel(std::unique_ptr<Communicator> group, int num_experts, int num_layers, LoadBalance balance = {});
   int size() const { return group_->size(); }
+  // the experts this rank owns
   int64_t first_expert() const { return int64_t(group_->rank()) * local_experts(); }
   int64_t local_experts() const { return experts_ / size(); }
+  const LoadBalance& balance() const { return balance_; }
+  // The experts whose rows this rank may run (local_offsets' window): its own, or every one with LLEP.
+  int64_t run_first() const { return balance_.on ? 0 : first_expert(); }
+  int64_t run_count() const { return balance_.on ? experts_ : local_experts(); }
 
   // Before layer `layer`'s experts run, from this rank's pairs' offsets by expert (I32 [E+1]): every rank
-  // learns how many rows each sends each of its experts, and the order that sorts what it receives by expert.
+  // learns every rank's rows per expert, places them (natively, or by LLEP when the native placement's imbalance
+  // is above the threshold: every rank computes the same placement), and so what it sends each rank and the order
+  // that sorts what it receives by expert.
   // Kept for the layer's backward and its recompute (a sync: the counts go through the host).
   void plan(int64_t layer, const Tensor& offsets);
   int64_t received(int64_t layer) const { return plans_.at(size_t(layer)).received; }
-  // This rank's experts' offsets into what it received (I32 [local_experts + 1]).
+  // The run window's experts' offsets into what this rank received (I32 [run_count + 1]).
   Tensor local_offsets(int64_t layer) const;
   // This rank's pairs [M, w] (by expert) → the rows its experts received [received, w] (by expert).
   void dispatch(Ops& ops, int64_t layer, Tensor experts_rows, const Tensor& pairs);
   // The inverse: the experts' rows back to the ranks (and pair positions) they came from.
   void send_back(Ops& ops, int64_t layer, Tensor pairs, const Tensor& experts_rows);
 
-  // The group's balance: the most rows any rank's experts received over the group's mean (1: even; P: one rank
-  // took everything), at each layer's last plan. Worst and mean over the layers planned (metrics
-  // ep_load_imbalance and ep_load_imbalance_mean); {} before any plan.
+  // The group's balance: the most rows any rank ran over the group's mean (1: even; P: one rank took
+  // everything), at each layer's last plan. Worst and mean over the layers planned (metrics ep_load_imbalance and
+  // ep_load_imbalance_mean), and the same of the native placement (what it would have been without LLEP); {}
+  // before any plan.
   struct Load {
     double worst = 0, mean = 0;
+    double native_worst = 0, native_mean = 0;
   };
   Load load() const;
 
  private:
   struct Plan {
     std::vector<int64_t> send, recv;  // rows to / from each rank of the group
-    std::vector<int32_t> by_expert;   // row i (by expert) of what was received is row by_expert[i] (by sender)
-    std::vector<int32_t> by_sender;   // its inverse
-    std::vector<int32_t> offsets;     // [local_experts + 1]
+    // row i of what is sent is pair send_order[i], and pair j is row send_inverse[j] of it (both empty when the
+    // pairs already are in the order sent: the native placement)
+    std::vector<int32_t> send_order, send_inverse;
+    std::vector<int32_t> by_expert;  // row i (by expert) of what was received is row by_expert[i] (by sender)
+    std::vector<int32_t> by_sender;  // its inverse
+    std::vector<int32_t> offsets;    // [run_count + 1]
     int64_t received = 0;
-    double imbalance = 0;  // 0: not planned (not an MoE layer)
+    double imbalance = 0, native_imbalance = 0;  // 0: not planned (not an MoE layer)
   };
   static Tensor indices(const std::vector<int32_t>& v);
-  Tensor transit(int64_t rows, const Tensor& like);  // rows by sender, grown as needed
+  // `rows` rows shaped as `like`'s, in `buffer` (grown as needed)
+  static Tensor transit(std::vector<char>& buffer, int64_t rows, const Tensor& like);
 
   std::unique_ptr<Communicator> group_;
   int64_t experts_;
-  std::vector<Plan> plans_;  // per layer (MoE layers only used)
-  std::vector<char> transit_;
+  LoadBalance balance_;
+  std::vector<Plan> plans_;            // per layer (MoE layers only used)
+  std::vector<char> received_, sent_;  // what arrives (by sender) and what leaves (by destination) when reordered
 };
 
 }  // namespace soltrain

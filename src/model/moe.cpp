@@ -60,7 +60,7 @@ MoeSwiGLU::ExpertRows MoeSwiGLU::expert_rows(const MoeTensors& t, const MoeGrads
   }
   const int64_t n = ep->received(layer);
   auto cut = [n](const Tensor& a) { return a.data ? a.rows(0, n) : a; };
-  x = {ep->first_expert(), ep->local_experts(), cut(t.xl),        cut(t.gate),  cut(t.up),
+  x = {ep->run_first(), ep->run_count(), cut(t.xl),        cut(t.gate),  cut(t.up),
        cut(t.act),         cut(t.yl),           cut(t.u_gate_up), cut(t.u_down)};
   if (g) {
     x.dys = cut(g->dyl);

@@ -361,7 +361,7 @@ void Transformer::bind_planned_buffers(Activations& a, Ops& ops) {
     for (size_t i = copies; i < v->size(); ++i) (*v)[i] = (*v)[i % copies];
 }
 
-void Transformer::set_expert_parallel(std::unique_ptr<Communicator> group) {
+void Transformer::set_expert_parallel(std::unique_ptr<Communicator> group, const LoadBalance& balance) {
   SOLTRAIN_CHECK(!acts_ && group, "set_expert_parallel after plan()");
   const ModelConfig& c = config_;
   const int P = group->size();
@@ -371,10 +371,10 @@ void Transformer::set_expert_parallel(std::unique_ptr<Communicator> group) {
     user_error("ep_size ", P,
                ": expert parallelism runs on CPU ranks for now (its all-to-all over NCCL is not built); "
                "leave ep_size unset on GPUs");
-  ep_ = std::make_unique<ExpertParallel>(std::move(group), c.moe.num_experts, c.num_layers);
-  SOLTRAIN_CHECK(
-      !c.moe.held_count || (c.moe.held_first == ep_->first_expert() && c.moe.held_count == ep_->local_experts()),
-      "the experts held are not the ones this rank runs");
+  ep_ = std::make_unique<ExpertParallel>(std::move(group), c.moe.num_experts, c.num_layers, balance);
+  SOLTRAIN_CHECK(!c.moe.held_count || (!balance.on && c.moe.held_first == ep_->first_expert() &&
+                                       c.moe.held_count == ep_->local_experts()),
+                 "the experts held are not the ones this rank runs");
   for (DecoderLayer& layer : layers_)
     if (layer.moe) layer.moe->ep = ep_.get();
 }
@@ -928,6 +928,10 @@ std::vector<std::pair<std::string, double>> Transformer::moe_load() const {
     if (const ExpertParallel::Load l = ep_->load(); l.worst > 0) {
       v.push_back({"ep_load_imbalance", l.worst});
       v.push_back({"ep_load_imbalance_mean", l.mean});
+      if (ep_->balance().on) {  // what the native placement would have run: LLEP's effect
+        v.push_back({"ep_load_imbalance_native", l.native_worst});
+        v.push_back({"ep_load_imbalance_native_mean", l.native_mean});
+      }
     }
   return v;
 }

@@ -131,8 +131,9 @@ class Transformer {
   void set_offload_checkpoints(bool on) { offload_checkpoints_ = on; }
   // Expert parallelism (model/expert_parallel.h) over `group`, this rank's group of the job: every MoE layer
   // runs its share of the experts for the group's tokens. Set before plan(); refused in one line where the
-  // model or backend cannot (no MoE layers, experts not divisible by the group, not on CPU ranks).
-  void set_expert_parallel(std::unique_ptr<Communicator> group);
+  // model or backend cannot (no MoE layers, experts not divisible by the group, not on CPU ranks). `balance`:
+  // LLEP's settings (with it on, every expert's weights must be held here).
+  void set_expert_parallel(std::unique_ptr<Communicator> group, const LoadBalance& balance = {});
   const ExpertParallel* expert_parallel() const { return ep_.get(); }
   // Sizes and allocates every activation for batches of `rows` × `seq_len` tokens.
   void plan(int rows, int seq_len, Recompute recompute = Recompute::None);

@@ -51,8 +51,9 @@ int reward_pad_token_id(const TrainConfig& c) {
 std::unique_ptr<Transformer> load_run_model(const TrainConfig& c, Ops& ops, const std::optional<LoraConfig>& lora,
                                             std::initializer_list<const ShardSet*> data, bool gradients,
                                             const Communicator* comm) {
-  // (the rank's place in its expert-parallel group, as configure_model splits the ranks)
-  const ExpertShare share = comm && c.ep_size > 1 && comm->size() % c.ep_size == 0
+  // (the rank's place in its expert-parallel group, as configure_model splits the ranks; with LLEP any rank may
+  // run any expert's rows, so each holds them all)
+  const ExpertShare share = comm && c.ep_size > 1 && comm->size() % c.ep_size == 0 && !c.ep_balance.on
                                 ? ExpertShare{comm->rank() % c.ep_size, c.ep_size}
                                 : ExpertShare{};
   // process_reward_model: labels per step, below num_labels; any other run: no labels
@@ -93,7 +94,7 @@ void configure_model(Transformer& model, const TrainConfig& c, Ops& ops, int row
       user_error("ep_size ", c.ep_size, " needs an sft or pt run over a multiple of ", c.ep_size,
                  " ranks (gpus: N or mpirun); this one has ", world);
     // groups of ep_size consecutive ranks; every rank joins the split, in the same order
-    model.set_expert_parallel(comm->split(comm->rank() / c.ep_size));
+    model.set_expert_parallel(comm->split(comm->rank() / c.ep_size), c.ep_balance);
   }
   model.set_residual_dtype(c.residual_dtype);
   ops.set_attention_backward(c.attention_backward);

@@ -230,8 +230,11 @@ void print_plan(const Run& r) {
   if (const ExpertParallel* ep = r.model->expert_parallel())
     r.log << r.cmd << ": expert parallel in groups of " << ep->size() << " ranks, " << ep->local_experts() << " of "
           << ep->local_experts() * ep->size() << " experts run on each"
-          << (r.model->config().moe.held_count ? ", which holds only their base weights"
-                                               : " (full fine-tuning: every expert's weights kept on every rank)")
+          << (ep->balance().on ? cat(", and LLEP moves rows of the busiest experts to the least loaded ranks when a "
+                                     "layer's imbalance passes ",
+                                     ep->balance().threshold, " (every expert's weights kept on every rank)")
+              : r.model->config().moe.held_count ? ", which holds only their base weights"
+                                                 : " (full fine-tuning: every expert's weights kept on every rank)")
           << "\n";
   if (const Zero3* z = r.zero3()) {
     // Exact bytes as allocated, so a test can check that each persistent piece is 1/world of the model.

@@ -10,6 +10,7 @@
 
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "model/expert_placement.h"
 #include "model/grpo_objective.h"
 #include "model/lora.h"
 #include "model/transformer.h"
@@ -245,6 +246,9 @@ struct TrainConfig {
   // Expert parallelism (Surogate's key, model/expert_parallel.h): MoE experts split over groups of this many
   // ranks, tokens sent to their experts' ranks and back. 1: off.
   int ep_size = 1;
+  // LLEP (model/expert_placement.h): with ep_size > 1, a layer whose experts' rows are imbalanced over the
+  // group runs the busiest experts' excess on the least loaded ranks; every rank then holds every expert.
+  LoadBalance ep_balance;
   // Seconds a rank waits on another at the rendezvous or in a host collective before the job ends naming
   // the silent rank (HF TrainingArguments' ddp_timeout, 1800 s).
   int ddp_timeout = 1800;
