@@ -123,6 +123,24 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
   Ops& ops = model_.ops();
   const ParameterStore& ps = model_.params();
   const Tensor sumsq{sumsq_.data(), DType::F64, {1}, sumsq_.device()};
+  counted_ = 0;
+  for (const HostBatch& b : micro_batches) counted_ += b.counted();
+  if (counted_all >= 0) counted_ = counted_all;
+  SftStep sft(sft_, counted_);
+  StepObjective& obj = objective ? *objective : sft;
+  // Expert parallelism: every rank's pass serves the other ranks' tokens to its experts, so every micro-batch
+  // runs, targets or not (one without contributes only those experts' gradients).
+  const bool every = model_.expert_parallel() != nullptr;
+  auto trains = [&](const HostBatch& b) { return every || obj.trains(b); };
+  size_t last = micro_batches.size();  // the last micro-batch with targets: its backward reduces the groups
+  size_t passes = 0;
+  for (size_t i = 0; i < micro_batches.size(); ++i)
+    if (trains(micro_batches[i])) last = i, ++passes;
+  if (backward_update_ && passes > 1)  // (refused before anything of the update is begun or counted)
+    user_error(
+        "optimizer_in_backward updates the weights during the backward pass, so an update has one "
+        "micro-batch: set gradient_accumulation_steps: 1 (got ",
+        passes, " micro-batches with targets)");
   if (backward_update_) {  // the layers' slots are zeroed as each layer's backward begins; the head's are zeroed
     ops.zero(ps.group_grads(model_.head_group()));
     ops.zero(sumsq);
@@ -136,25 +154,7 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
   }
   model_.reset_aux_loss();
   if (dp_) dp_->begin_update();
-  counted_ = 0;
-  for (const HostBatch& b : micro_batches) counted_ += b.counted();
-  if (counted_all >= 0) counted_ = counted_all;
-  SftStep sft(sft_, counted_);
-  StepObjective& obj = objective ? *objective : sft;
   obj.begin_update(micro_batches);
-  // Expert parallelism: every rank's pass serves the other ranks' tokens to its experts, so every micro-batch
-  // runs, targets or not (one without contributes only those experts' gradients).
-  const bool every = model_.expert_parallel() != nullptr;
-  auto trains = [&](const HostBatch& b) { return every || obj.trains(b); };
-  size_t last = micro_batches.size();  // the last micro-batch with targets: its backward reduces the groups
-  size_t passes = 0;
-  for (size_t i = 0; i < micro_batches.size(); ++i)
-    if (trains(micro_batches[i])) last = i, ++passes;
-  if (backward_update_ && passes > 1)
-    user_error(
-        "optimizer_in_backward updates the weights during the backward pass, so an update has one "
-        "micro-batch: set gradient_accumulation_steps: 1 (got ",
-        passes, " micro-batches with targets)");
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const HostBatch& b = micro_batches[i];
     if (!trains(b)) {             // nothing trained in it: contributes nothing
