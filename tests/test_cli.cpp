@@ -103,8 +103,14 @@ TEST(Cli, BenchTakesTheConfigsOptimizerNames) {
     EXPECT_EQ(nlohmann::json::parse(r.out).at("optimizer"), opt);
   }
   expect_user_error(run(base + "muon_8bit", t), "bench --optimizer muon_8bit: not built yet; optimizer: muon is");
+  // what training refuses, bench refuses in the same words (train/optimizer_settings.h)
   expect_user_error(run(base + "muon --offload both", t),
-                    "bench --optimizer muon: not with --offload or --data-parallel (as training: not built yet)");
+                    "bench: optimizer: muon with offloaded optimizer state is not built yet");
+  expect_user_error(run(base + "adamw --bf16-stochastic-round --offload master", t),
+                    "bench: bf16_stochastic_round with offload_master");
+  expect_user_error(run(base + "adamw --optimizer-in-backward --gradient-accumulation 2", t),
+                    "bench: optimizer_in_backward changes the weights during backward, so each update is one "
+                    "micro-batch: set gradient_accumulation_steps: 1 (got 2)");
 }
 
 TEST(Cli, TrainLowersTheLossAndSavesALoadableModel) {

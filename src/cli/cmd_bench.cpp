@@ -22,6 +22,7 @@
 #include "model/random_weights.h"
 #include "train/background_save.h"
 #include "train/data_parallel.h"
+#include "train/optimizer_settings.h"
 #include "train/run_builder.h"
 #include "train/train_step.h"
 #include "train/zero3.h"
@@ -107,20 +108,17 @@ TrainConfig bench_config(const BenchOpts& o) {
   if (!set_optimizer(c, o.optimizer))
     user_error("bench --optimizer ", o.optimizer, ": ", optimizer_refusal(o.optimizer));
   c.offload = bench_offload(o);
-  if (o.optimizer_in_backward) {  // (as the config rule asks: no clipping; bench's updates are one micro-batch)
-    if (o.accumulation > 1) user_error("bench --optimizer-in-backward: one micro-batch an update (--accumulation 1)");
-    if (c.offload.grads) user_error("bench --optimizer-in-backward keeps no layer gradients: not with --offload grads");
+  if (o.optimizer_in_backward) {  // (as the config rule asks: no clipping)
     c.optimizer_in_backward = true;
     c.max_grad_norm = 0;
   }
   c.bf16_stochastic_round = o.bf16_stochastic_round;
-  if (o.bf16_stochastic_round && (c.muon || c.moments == Moments::Torchao4 || c.offload.master || o.data_parallel >= 1))
-    user_error(
-        "bench --bf16-stochastic-round: AdamW with fp32 or 8-bit moments, without --offload master/both/all "
-        "or --data-parallel (as training: not built yet)");
-  if (c.muon && (c.offload.any() || o.data_parallel >= 1))
-    user_error("bench --optimizer ", o.optimizer,
-               ": not with --offload or --data-parallel (as training: not built yet)");
+  // what training refuses, in its words (bench's own flags stand for the keys the rule reads)
+  TrainConfig as_trained = c;
+  as_trained.gradient_accumulation_steps = o.accumulation;
+  as_trained.zero_stage = std::max(0, o.data_parallel);
+  as_trained.gpus = o.gpus;
+  for (const SettingRefusal& r : optimizer_setting_refusals(as_trained)) user_error("bench: ", r.text);
   return c;
 }
 

@@ -29,6 +29,7 @@
 #include "io/input_file.h"
 #include "model/dpo_objective.h"
 #include "tokenizer/chat_template.h"
+#include "train/optimizer_settings.h"
 
 namespace soltrain {
 
@@ -630,53 +631,18 @@ void rule_classifier(const Entries& en, const std::string&, TrainConfig& c, std:
 // MuonOptimizerFactory builds it: betas (0.9, 0.95) unless both are given (the second
 // is Muon's momentum); its state is fp32 and on the device.
 void rule_optimizer(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
-  if (c.bf16_stochastic_round) {  // what keeps or updates an fp32 master is not built over bf16 ones
-    const std::string where = en.has("bf16_stochastic_round") ? en.by_key.at("bf16_stochastic_round").where
-                                                              : std::string("bf16_stochastic_round");
-    auto no = [&](const std::string& what) {
-      errors.push_back(cat(where, ": bf16_stochastic_round with ", what, " is not built yet"));
-    };
-    if (c.muon) no(c.normuon ? "optimizer: normuon" : "optimizer: muon");
-    if (c.moments == Moments::Torchao4) no("optimizer: adamw_torch_4bit");
-    if (c.offload.master) no("offload_master (the bf16 masters are the compute weights, kept on the device)");
-    if (c.zero_stage >= 1) no(cat("zero_stage ", c.zero_stage, " (its sharded update keeps fp32 masters)"));
-  }
-  if (c.optimizer_in_backward) {  // (torchtune refuses the same: its optimizer_in_bwd neither clips nor accumulates)
-    std::string where = "optimizer_in_backward";
-    for (const char* k : {"optimizer_in_backward", "optimizer_in_bwd"})
-      if (en.has(k)) where = en.by_key.at(k).where;
-    auto no = [&](const std::string& why) { errors.push_back(cat(where, ": optimizer_in_backward ", why)); };
-    if (c.max_grad_norm > 0)
-      no(
-          cat("updates each layer before the global gradient norm is known, so it cannot clip: set max_grad_norm: 0 "
-              "(got ",
-              c.max_grad_norm, ")"));
-    if (c.gradient_accumulation_steps > 1)
-      no(
-          cat("changes the weights during backward, so each update is one micro-batch: set "
-              "gradient_accumulation_steps: 1 (got ",
-              c.gradient_accumulation_steps, ")"));
-    if (c.gpus > 1 || c.zero_stage >= 1)
-      no("with data parallel is not built yet (each layer's gradients would be reduced over the ranks before its "
-         "update): run one process");
-    if (c.offload.grads) no("keeps no layer gradients to offload: drop offload_grads");
-    if (c.grpo.generation_overlap)
-      no("changes the weights the overlapped generation reads before it ends: drop generation_overlap");
-  }
-  if (c.moments == Moments::Torchao4 && (c.offload.optimizer || c.offload.master || c.offload.grads))
-    errors.push_back(cat(en.by_key.at("optimizer").where,
-                         ": optimizer: adamw_torch_4bit with offloaded optimizer state is not built yet"));
-  if (!c.muon) return;
-  const std::string where = en.by_key.at("optimizer").where;
-  const char* name = c.normuon ? "normuon" : "muon";
-  if (!c.normuon && !(en.given({"adamw_beta1", "adam_beta1"}) && en.given({"adamw_beta2", "adam_beta2"}))) {
-    c.adamw_beta1 = 0.9;
+  if (c.muon && !c.normuon && !(en.given({"adamw_beta1", "adam_beta1"}) && en.given({"adamw_beta2", "adam_beta2"}))) {
+    c.adamw_beta1 = 0.9;  // (Axolotl's Muon betas unless both are given)
     c.adamw_beta2 = 0.95;
   }
-  if (c.offload.optimizer || c.offload.master || c.offload.grads)
-    errors.push_back(cat(where, ": optimizer: ", name, " with offloaded optimizer state is not built yet"));
-  // (zero_stage with it: one process trains unsharded, as FSDP on one GPU does; over several ranks the run
+  // (zero_stage with Muon: one process trains unsharded, as FSDP on one GPU does; over several ranks the run
   // refuses it, naming the optimizer: each rank would hold a slice of the matrices Muon orthogonalises whole)
+  for (const SettingRefusal& r : optimizer_setting_refusals(c)) {
+    std::string where = r.key;
+    for (const char* k : {r.key.c_str(), r.key == "optimizer_in_backward" ? "optimizer_in_bwd" : ""})
+      if (*k && en.has(k)) where = en.where(k);
+    errors.push_back(cat(where, ": ", r.text));
+  }
 }
 
 // LLEP's settings do something only under expert parallelism with ep_llep on: given elsewhere, one line each rather

@@ -14,12 +14,9 @@ TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt)
                                      opt.muon && opt.muon->normuon)),
       sft_(model.ops()),
       sumsq_(model.ops().alloc(sizeof(double))) {
-  if (opt.in_backward && opt.offload.grads)
-    user_error("optimizer_in_backward keeps no gradients of the layers to offload: drop offload_grads");
-  if (opt.in_backward && opt.max_grad_norm > 0)
-    user_error(
-        "optimizer_in_backward updates each layer before the global gradient norm is known, so it cannot "
-        "clip: set max_grad_norm: 0");
+  // (refused in the user's words before this: train/optimizer_settings.h)
+  SOLTRAIN_CHECK(!(opt.in_backward && opt.offload.grads), "optimizer_in_backward with offload_grads");
+  SOLTRAIN_CHECK(!(opt.in_backward && opt.max_grad_norm > 0), "optimizer_in_backward with clipping");
   if (opt.offload.grads) {
     grad_offload_ = std::make_unique<GradOffload>(model);
     model.set_hooks(grad_offload_.get());
