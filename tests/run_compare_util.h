@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -96,6 +97,24 @@ inline void expect_same_metrics(const std::filesystem::path& a, const std::files
           << k << " line " << i;
     }
   EXPECT_GT(evals, 0) << "no evaluation ran: forward-only passes went untested";
+}
+
+// Two training runs' metrics.jsonl: the same losses bitwise and grad norms within `norm_tolerance` relative (a
+// norm summed in another order), `steps` logged updates, each with a nonzero norm.
+inline void expect_same_losses_and_norms(const std::filesystem::path& a, const std::filesystem::path& b,
+                                         double norm_tolerance, int steps) {
+  const auto ma = read_jsonl(a / "metrics.jsonl"), mb = read_jsonl(b / "metrics.jsonl");
+  ASSERT_EQ(ma.size(), mb.size());
+  int logged = 0;
+  for (size_t i = 0; i < ma.size(); ++i) {
+    if (!ma[i].contains("loss")) continue;
+    ++logged;
+    EXPECT_EQ(ma[i]["loss"].get<double>(), mb[i]["loss"].get<double>()) << "line " << i;
+    const double na = ma[i]["grad_norm"].get<double>(), nb = mb[i]["grad_norm"].get<double>();
+    EXPECT_GT(na, 0) << "line " << i;
+    EXPECT_LE(std::abs(na - nb), norm_tolerance * na) << "line " << i;
+  }
+  EXPECT_EQ(logged, steps);
 }
 
 // DPO with LoRA on the CPU over `dir`'s `model` folder and a preference train.jsonl there: output_dir `out`

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "data_test_util.h"
 #include "demo_run_util.h"
+#include "run_compare_util.h"
 #include "test_util.h"
 #include "train/run_training.h"
 
@@ -84,20 +85,6 @@ struct RunSetup : test::DemoRunSetup {
 };
 
 // Loss bit for bit, the gradient norm to rounding (summed layer by layer when offloaded) or bit for bit.
-void expect_same_run(const fs::path& a, const fs::path& b, double norm_tolerance) {
-  const auto ma = read_jsonl(a / "metrics.jsonl"), mb = read_jsonl(b / "metrics.jsonl");
-  ASSERT_EQ(ma.size(), mb.size());
-  int steps = 0;
-  for (size_t i = 0; i < ma.size(); ++i) {
-    if (!ma[i].contains("loss")) continue;
-    ++steps;
-    EXPECT_EQ(ma[i]["loss"].get<double>(), mb[i]["loss"].get<double>()) << "line " << i;
-    const double na = ma[i]["grad_norm"].get<double>(), nb = mb[i]["grad_norm"].get<double>();
-    EXPECT_LE(std::abs(na - nb), norm_tolerance * na) << "line " << i;
-  }
-  EXPECT_EQ(steps, 8);
-}
-
 TEST(OffloadGrads, TrainingRunEqualsResidentAndResumes) {
   RunSetup s;
   s.train("resident", "");
@@ -117,7 +104,7 @@ TEST(OffloadGrads, TrainingRunEqualsResidentAndResumes) {
   for (const char* other : {"grads", "all", "resumed"}) {
     SCOPED_TRACE(other);
     const fs::path b = s.t.path / other;
-    expect_same_run(a, b, 1e-12);
+    test::expect_same_losses_and_norms(a, b, 1e-12, 8);
     EXPECT_EQ(read_bytes(a / "model" / "model.safetensors"), read_bytes(b / "model" / "model.safetensors"));
     EXPECT_EQ(read_bytes(a / "checkpoint-8" / "optimizer.safetensors"),
               read_bytes(b / "checkpoint-8" / "optimizer.safetensors"));
@@ -135,12 +122,12 @@ TEST(OffloadGrads, EightBitAndLoraRunsEqualResident) {
                     all = "offload_grads: true\noffload_master: true\noffload_optimizer: true\n";
   s.train("eight", eight);
   s.train("eight_offloaded", eight + all);
-  expect_same_run(s.t.path / "eight", s.t.path / "eight_offloaded", 1e-12);
+  test::expect_same_losses_and_norms(s.t.path / "eight", s.t.path / "eight_offloaded", 1e-12, 8);
   EXPECT_EQ(read_bytes(s.t.path / "eight" / "model" / "model.safetensors"),
             read_bytes(s.t.path / "eight_offloaded" / "model" / "model.safetensors"));
   s.train("lora", lora);
   s.train("lora_offloaded", lora + "offload_grads: true\n");
-  expect_same_run(s.t.path / "lora", s.t.path / "lora_offloaded", 1e-12);
+  test::expect_same_losses_and_norms(s.t.path / "lora", s.t.path / "lora_offloaded", 1e-12, 8);
   const std::string adapter = read_bytes(s.t.path / "lora" / "adapter" / "adapter_model.safetensors");
   EXPECT_FALSE(adapter.empty());
   EXPECT_EQ(adapter, read_bytes(s.t.path / "lora_offloaded" / "adapter" / "adapter_model.safetensors"));

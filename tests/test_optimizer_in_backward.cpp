@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "run_compare_util.h"
 #include "update_run_util.h"
 
 namespace soltrain {
@@ -23,21 +24,6 @@ using InBackwardRun = test::UpdateRunSetup;
 constexpr const char* kInBackward = "optimizer_in_backward: true\n";
 
 // Loss bit for bit; the logged gradient norm to rounding (per layer here, over one buffer there).
-void expect_same_run(const fs::path& a, const fs::path& b) {
-  const auto ma = read_jsonl(a / "metrics.jsonl"), mb = read_jsonl(b / "metrics.jsonl");
-  ASSERT_EQ(ma.size(), mb.size());
-  int steps = 0;
-  for (size_t i = 0; i < ma.size(); ++i) {
-    if (!ma[i].contains("loss")) continue;
-    ++steps;
-    EXPECT_EQ(ma[i]["loss"].get<double>(), mb[i]["loss"].get<double>()) << "line " << i;
-    const double na = ma[i]["grad_norm"].get<double>(), nb = mb[i]["grad_norm"].get<double>();
-    EXPECT_GT(na, 0) << "line " << i;
-    EXPECT_LE(std::abs(na - nb), 1e-12 * na) << "line " << i;
-  }
-  EXPECT_EQ(steps, 8);
-}
-
 void expect_same_files(const InBackwardRun& s, const std::string& a, const std::string& b, const std::string& saved) {
   const std::string wa = s.file(a, saved);
   ASSERT_FALSE(wa.empty()) << a << "/" << saved;
@@ -59,7 +45,7 @@ TEST(OptimizerInBackward, FullFineTuneEqualsTheOrdinaryUpdateAndResumes) {
             std::string::npos);
   for (const char* other : {"in_backward", "resumed"}) {
     SCOPED_TRACE(other);
-    expect_same_run(s.t.path / "ordinary", s.t.path / other);
+    test::expect_same_losses_and_norms(s.t.path / "ordinary", s.t.path / other, 1e-12, 8);
     expect_same_files(s, "ordinary", other, "model/model.safetensors");
   }
   // the runs trained: the weights moved from the start (else equal files would prove nothing)
@@ -74,15 +60,15 @@ TEST(OptimizerInBackward, EightBitOffloadedAndLoraEqualTheOrdinaryUpdate) {
                     lora = "lora: true\nlora_rank: 4\nlora_alpha: 8\nlearning_rate: 2.0e-2\n";
   s.train("eight", eight);
   s.train("eight_in_backward", eight + off + kInBackward);
-  expect_same_run(s.t.path / "eight", s.t.path / "eight_in_backward");
+  test::expect_same_losses_and_norms(s.t.path / "eight", s.t.path / "eight_in_backward", 1e-12, 8);
   expect_same_files(s, "eight", "eight_in_backward", "model/model.safetensors");
   s.train("fp32_off", off);
   s.train("fp32_off_in_backward", off + kInBackward);
-  expect_same_run(s.t.path / "fp32_off", s.t.path / "fp32_off_in_backward");
+  test::expect_same_losses_and_norms(s.t.path / "fp32_off", s.t.path / "fp32_off_in_backward", 1e-12, 8);
   expect_same_files(s, "fp32_off", "fp32_off_in_backward", "model/model.safetensors");
   s.train("lora", lora);
   s.train("lora_in_backward", lora + kInBackward);
-  expect_same_run(s.t.path / "lora", s.t.path / "lora_in_backward");
+  test::expect_same_losses_and_norms(s.t.path / "lora", s.t.path / "lora_in_backward", 1e-12, 8);
   expect_same_files(s, "lora", "lora_in_backward", "adapter/adapter_model.safetensors");
 }
 
@@ -91,7 +77,7 @@ TEST(OptimizerInBackward, MixtureOfExpertsEqualsTheOrdinaryUpdate) {
   InBackwardRun s(/*experts=*/4);
   s.train("ordinary", "");  // (the model's config.json turns the load-balancing loss on, coefficient 0.01)
   s.train("in_backward", kInBackward);
-  expect_same_run(s.t.path / "ordinary", s.t.path / "in_backward");
+  test::expect_same_losses_and_norms(s.t.path / "ordinary", s.t.path / "in_backward", 1e-12, 8);
   expect_same_files(s, "ordinary", "in_backward", "model/model.safetensors");
 }
 
