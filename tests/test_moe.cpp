@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/format.h"
+#include "dp_test_util.h"
 #include "model/fp8_recipe.h"
 #include "model/transformer.h"
 #include "test_util.h"
@@ -370,6 +371,22 @@ TEST(Moe, SettingsThatDoNotCoverExpertsAreRefusedInOneLine) {
   m->set_token_tile(1024);
   expect_user_error([&] { m->plan(1, 16); }, "token_tile: Mixture-of-Experts layers run");
   expect_user_error([&] { m->enable_fp8(Fp8Settings{}); }, "recipe fp8-hybrid does not cover Mixture-of-Experts");
+}
+
+// The same settings in a run are refused by its early checks, from the model's config.json, before the run makes
+// its output folder.
+TEST(Moe, SettingsThatDoNotCoverExpertsAreRefusedBeforeAnyOutput) {
+  DpSetup s(/*experts=*/4);
+  const std::pair<const char*, const char*> cases[] = {
+      {"--set recipe=fp8-hybrid",
+       "recipe fp8-hybrid does not cover Mixture-of-Experts layers yet (Qwen3MoeForCausalLM)"},
+      {"--set token_tile=1024", "token_tile: Mixture-of-Experts layers run all of a micro-batch's tokens at once"}};
+  for (const auto& [set, want] : cases) {
+    const CliRun r = s.sft(0, "out", set);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(s.t.path / "out")) << set;
+  }
 }
 
 // QLoRA over an MoE model: the experts' (and Qwen2-MoE's shared expert's) projections stored in NF4 or FP8

@@ -212,9 +212,7 @@ void Transformer::enable_fp8(const Fp8Settings& s) {
   const std::string why = ops_.fp8_unsupported();
   if (!why.empty()) user_error("recipe fp8-hybrid: ", why);
   const int L = config_.num_layers;
-  if (config_.moe_layers() > 0)
-    user_error("recipe fp8-hybrid does not cover Mixture-of-Experts layers yet (", config_.architecture,
-               "): use recipe: bf16");
+  if (config_.moe_layers() > 0) user_error(moe_refusal(config_, MoeUnsupported::Fp8Recipe));
   if (s.skip_first_layers < 0 || s.skip_last_layers < 0 || s.skip_first_layers + s.skip_last_layers > L)
     user_error("skip_quant_first_layers + skip_quant_last_layers must be between 0 and the model's ", L, " layers");
   for (const DecoderLayer& layer : layers_)
@@ -361,6 +359,21 @@ void Transformer::bind_planned_buffers(Activations& a, Ops& ops) {
     for (size_t i = copies; i < v->size(); ++i) (*v)[i] = (*v)[i % copies];
 }
 
+std::string moe_refusal(const ModelConfig& c, MoeUnsupported what) {
+  switch (what) {
+    case MoeUnsupported::Fp8Recipe:
+      return cat("recipe fp8-hybrid does not cover Mixture-of-Experts layers yet (", c.architecture,
+                 "): use recipe: bf16");
+    case MoeUnsupported::TokenTile:
+      return cat("token_tile: Mixture-of-Experts layers run all of a micro-batch's tokens at once (", c.architecture,
+                 "); leave token_tile unset");
+    case MoeUnsupported::GenerationOverlap:
+      return cat("generation_overlap is not built for Mixture-of-Experts models (", c.architecture,
+                 "): drop generation_overlap");
+  }
+  return {};
+}
+
 void Transformer::set_expert_parallel(std::unique_ptr<Communicator> group, const LoadBalance& balance) {
   SOLTRAIN_CHECK(!acts_ && group, "set_expert_parallel after plan()");
   const ModelConfig& c = config_;
@@ -382,8 +395,7 @@ void Transformer::set_expert_parallel(std::unique_ptr<Communicator> group, const
 void Transformer::plan(int rows, int seq_len, Recompute recompute) {
   const int64_t N = int64_t(rows) * seq_len;
   if (config_.moe_layers() > 0 && token_tile_ != kTokenTileAuto)
-    user_error("token_tile: Mixture-of-Experts layers run all of a micro-batch's tokens at once (",
-               config_.architecture, "); leave token_tile unset");
+    user_error(moe_refusal(config_, MoeUnsupported::TokenTile));
   if (offload_checkpoints_ && recompute != Recompute::Full)
     user_error(
         "offload_activations needs recompute: full (it offloads the layer-input checkpoints, the only "

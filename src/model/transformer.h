@@ -78,6 +78,11 @@ class LayerHooks {
   virtual void grads_ready(int /*group*/) {}      // ParameterStore::group_grads(group) is final for this pass
 };
 
+// Settings Mixture-of-Experts layers do not run yet, refused in the same line by the run's early checks (before
+// any output is made: train/run_checks.h) and by the model itself.
+enum class MoeUnsupported { Fp8Recipe, TokenTile, GenerationOverlap };
+std::string moe_refusal(const ModelConfig& c, MoeUnsupported what);
+
 class Transformer {
  public:
   // Without `lora` every parameter trains (full fine-tuning); with it only the adapters do (A initialised as

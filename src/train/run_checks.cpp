@@ -24,6 +24,11 @@ void check_run_inputs(const TrainConfig& c) {
   if (c.process_reward_model) make_token_classifier(m, c.num_labels);
   if (c.muon && m.moe_layers() > 0)
     user_error("optimizer: muon on a mixture-of-experts model (", m.architecture, ") is not built yet");
+  if (m.moe_layers() > 0) {  // (the model refuses them too, once loaded: here no output is made first)
+    if (c.fp8_hybrid) user_error(moe_refusal(m, MoeUnsupported::Fp8Recipe));
+    if (c.token_tile != kTokenTileAuto) user_error(moe_refusal(m, MoeUnsupported::TokenTile));
+    if (c.grpo.generation_overlap) user_error(moe_refusal(m, MoeUnsupported::GenerationOverlap));
+  }
   if (c.lora.enabled)
     if (const std::string why = modules_to_save_refusal(c.lora.modules_to_save, m); !why.empty()) user_error(why);
   if (c.sequence_len > m.max_position_embeddings)
