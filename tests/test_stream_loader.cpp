@@ -126,6 +126,38 @@ TEST(StreamLoader, ResumesAtTheExactRecordFromAnySavedState) {
             "loader state: record 1000 is past the 62 records of the streamed datasets");
 }
 
+// A checkpoint's loader state says which reader it is a place in: resumed under the other (streaming toggled
+// between save and resume) it would land on another row, so it is one line; a state saved before the field
+// existed (no kind) is taken as before.
+TEST(StreamLoader, AStateOfTheOtherReaderIsRefused) {
+  StreamFiles f(test::test_seed(6));
+  const LoaderOptions lo = rows_of(2, 40, OverlongPolicy::kTruncate);
+  StreamLoader streamed = stream(f, lo);
+  Loader tokenized = ahead(f, lo);
+  streamed.next();
+  tokenized.next();
+  const LoaderState s = LoaderState::from_json(streamed.state().to_json()),
+                    t = LoaderState::from_json(tokenized.state().to_json());
+  EXPECT_EQ(s.kind, LoaderState::kStreamed);
+  EXPECT_EQ(t.kind, LoaderState::kTokenized);
+  Loader other_t = ahead(f, lo);
+  EXPECT_EQ(test::user_error_text([&] { other_t.restore(s); }),
+            "resume_from_checkpoint: the checkpoint read its datasets streamed as training goes (streaming: true or "
+            "pretraining_dataset), this run reads them tokenized ahead (no streaming): its place in the data (" +
+                std::to_string(s.index) + ") would be another row here; resume with the checkpoint's setting");
+  StreamLoader other_s = stream(f, lo);
+  EXPECT_NE(test::user_error_text([&] { other_s.restore(t); }).find("the checkpoint read its datasets tokenized ahead"),
+            std::string::npos);
+  // the same reader, and a state without a kind, resume
+  StreamLoader same = stream(f, lo);
+  same.restore(s);
+  EXPECT_EQ(same.state(), streamed.state());
+  Loader old = ahead(f, lo);
+  old.restore(LoaderState::from_json(nlohmann::json{{"epoch", t.epoch}, {"index", t.index}}));
+  EXPECT_EQ(old.state(), tokenized.state());
+  EXPECT_EQ(old.state().kind, LoaderState::kTokenized);
+}
+
 TEST(StreamLoader, BadInputIsOneLine) {
   StreamFiles f(3);
   StreamOptions o;

@@ -16,12 +16,14 @@ OverlongPolicy parse_overlong_policy(const std::string& s) {
 }
 
 nlohmann::json LoaderState::to_json() const {
-  return {{"epoch", epoch}, {"index", index}};
+  nlohmann::json j{{"epoch", epoch}, {"index", index}};
+  if (!kind.empty()) j["kind"] = kind;
+  return j;
 }
 
 LoaderState LoaderState::from_json(const nlohmann::json& j) {
   try {
-    LoaderState s{j.at("epoch").get<int64_t>(), j.at("index").get<int64_t>()};
+    LoaderState s{j.at("epoch").get<int64_t>(), j.at("index").get<int64_t>(), j.value("kind", std::string())};
     if (s.epoch < 0 || s.index < 0) user_error("loader state: negative epoch or index");
     return s;
   } catch (const nlohmann::json::exception& e) {
@@ -29,7 +31,20 @@ LoaderState LoaderState::from_json(const nlohmann::json& j) {
   }
 }
 
+void LoaderState::check_reader(const char* reader) const {
+  if (kind.empty() || kind == reader) return;
+  auto how = [](const std::string& k) {
+    return k == kStreamed ? "streamed as training goes (streaming: true or pretraining_dataset)"
+                          : "tokenized ahead (no streaming)";
+  };
+  user_error("resume_from_checkpoint: the checkpoint read its datasets ", how(kind), ", this run reads them ",
+             how(reader), ": its place in the data (", index,
+             ") would be another row here; resume with the "
+             "checkpoint's setting");
+}
+
 Loader::Loader(ShardSet data, LoaderOptions options) : data_(std::move(data)), o_(options) {
+  state_.kind = LoaderState::kTokenized;
   if (o_.rows <= 0 || o_.seq_len <= 0) user_error("loader: rows and seq_len must be positive");
   for (int64_t d = 0; d < data_.documents(); ++d) {
     const int64_t len = data_.doc_offsets[d + 1] - data_.doc_offsets[d];
@@ -74,9 +89,10 @@ void Loader::ensure_order() {
 }
 
 void Loader::restore(const LoaderState& s) {
+  s.check_reader(LoaderState::kTokenized);
   if (s.index > int64_t(usable_.size()))
     user_error("loader state: index ", s.index, " is past the ", usable_.size(), " documents of an epoch");
-  state_ = s;
+  state_ = {s.epoch, s.index, LoaderState::kTokenized};
 }
 
 int Loader::capped_length(int64_t doc) const {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "data/shards.h"
@@ -29,9 +30,17 @@ struct LoaderOptions {
 // Where the next batch starts: document `index` of epoch `epoch`'s order. Saved with checkpoints.
 struct LoaderState {
   int64_t epoch = 0, index = 0;
-  bool operator==(const LoaderState&) const = default;
+  // Which reader's place it is (kTokenized: the Loader's document in a shuffled order; kStreamed: the
+  // StreamLoader's record in file order), so a resume under the other reader is refused rather than landing
+  // on another row. Empty: unknown (a checkpoint older than the field, or another run kind's driver).
+  std::string kind;
+  static constexpr const char* kTokenized = "tokenized";
+  static constexpr const char* kStreamed = "streamed";
+  bool operator==(const LoaderState& o) const { return epoch == o.epoch && index == o.index; }
   nlohmann::json to_json() const;
   static LoaderState from_json(const nlohmann::json& j);  // UserError on a malformed state
+  // UserError when this state is another reader's than `reader` (one of the kinds above).
+  void check_reader(const char* reader) const;
 };
 
 // Where a run's training rows come from: the Loader over tokenized shards, or a streamed dataset

@@ -14,6 +14,7 @@ StreamLoader::StreamLoader(std::vector<StreamInput> inputs, StreamOptions option
       enc_(in_.size()) {
   if (in_.empty()) user_error("streaming: no dataset to read");
   if (o_.loader.rows <= 0 || o_.loader.seq_len <= 0) user_error("loader: rows and seq_len must be positive");
+  state_.kind = LoaderState::kStreamed;
   start_pass();
 }
 
@@ -111,8 +112,9 @@ HostBatch StreamLoader::next() {
 }
 
 void StreamLoader::restore(const LoaderState& s) {
+  s.check_reader(LoaderState::kStreamed);
   start_pass();
-  state_ = LoaderState{s.epoch, 0};
+  state_ = LoaderState{s.epoch, 0, LoaderState::kStreamed};
   whole_pass_ = s.index == 0;
   while (records_ < s.index) {
     if (!read_record())
