@@ -142,6 +142,23 @@ int64_t all_params(const std::string& log) {
   return std::stoll(digits);
 }
 
+// The one-process run an expert-parallel run must equal: `kind` ("" full fine-tuning, else LoRA settings) with
+// the accumulation of 4 ranks, into output_dir name + "-1": its saved weights' file, losses and log.
+struct OneProcess {
+  fs::path file;
+  std::map<int64_t, double> losses;
+  std::string err;
+};
+OneProcess one_process(const DpSetup& s, const std::string& name, const std::string& kind) {
+  OneProcess o{kind.empty() ? fs::path("model") / "model.safetensors"
+                            : fs::path("adapter") / "adapter_model.safetensors"};
+  const CliRun r = s.sft(0, name + "-1", kind + " --set gradient_accumulation_steps=4");
+  EXPECT_EQ(r.code, 0) << r.err;
+  o.losses = s.losses(name + "-1");
+  o.err = r.err;
+  return o;
+}
+
 // Expert parallelism (ep_size) on CPU ranks: each group of ep_size ranks splits the 4 experts, the pairs go to
 // their experts' ranks and back by all-to-all, and the run is one process's with the matching accumulation:
 // EP 2 on 2 and 4 ranks, EP 4 on 4, ZeRO 0 and 2, full and LoRA on every linear (experts and router included).
@@ -155,12 +172,10 @@ TEST(DataParallel, ExpertParallelRanksMatchOneProcess) {
       "--set eval_steps=2";
   for (const std::string& kind : {std::string(), lora}) {
     const std::string name = kind.empty() ? "ep-full" : "ep-lora";
-    const fs::path file =
-        kind.empty() ? fs::path("model") / "model.safetensors" : fs::path("adapter") / "adapter_model.safetensors";
-    const CliRun one = s.sft(0, name + "-1", kind + " --set gradient_accumulation_steps=4");
-    ASSERT_EQ(one.code, 0) << one.err;
-    const auto want = s.losses(name + "-1");
-    ASSERT_EQ(want.size(), 3u);
+    const OneProcess one = one_process(s, name, kind);
+    ASSERT_EQ(one.losses.size(), 3u);
+    const fs::path& file = one.file;
+    const auto& want = one.losses;
     std::map<int, int64_t> held = {{1, all_params(one.err)}};  // ep_size → the weights rank 0 holds
     struct Case {
       int ranks, ep, zero;
@@ -251,12 +266,10 @@ TEST(DataParallel, LeastLoadedExpertParallelMatchesOneProcess) {
   const std::string lora = " --set adapter=lora --set lora_r=4 --set lora_alpha=8 --set lora_target_linear=true";
   for (const std::string& kind : {std::string(), lora}) {
     const std::string name = kind.empty() ? "llep-full" : "llep-lora";
-    const fs::path file =
-        kind.empty() ? fs::path("model") / "model.safetensors" : fs::path("adapter") / "adapter_model.safetensors";
-    const CliRun one = s.sft(0, name + "-1", kind + " --set gradient_accumulation_steps=4");
-    ASSERT_EQ(one.code, 0) << one.err;
-    const auto want = s.losses(name + "-1");
-    ASSERT_EQ(want.size(), 3u);
+    const OneProcess one = one_process(s, name, kind);
+    ASSERT_EQ(one.losses.size(), 3u);
+    const fs::path& file = one.file;
+    const auto& want = one.losses;
     struct Case {
       int ranks, ep, zero;
     };
