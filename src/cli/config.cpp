@@ -217,11 +217,6 @@ void rule_quantised_base(const Entries& en, const std::string& where, TrainConfi
         cat(at({c.lora.base_key}), ": ", c.lora.base_key,
             ": a quantised base is frozen, so it trains LoRA adapters only (QLoRA): add `adapter: lora`, or "
             "drop it for full fine-tuning in bf16/fp32"));
-  // The FP8 recipe's GEMMs read a bf16 base (Transformer::enable_fp8 says the same at run time).
-  if (c.fp8_hybrid && c.lora.base != WeightFormat::Dense)
-    errors.push_back(cat(at({"recipe", "fp8"}), ": recipe fp8-hybrid runs on a bf16 base; a quantised QLoRA base (",
-                         weight_format_name(c.lora.base), ", ", c.lora.base_key,
-                         ") dequantises into bf16 GEMMs: use recipe: bf16 with it"));
 }
 
 // Axolotl's scheduler is cosine unless the config says otherwise (Surogate's and HF's: linear, soltrain's

@@ -19,8 +19,10 @@ size_t round256(size_t n) {
 
 Fp8Recipe::Fp8Recipe(Ops& ops, Fp8Settings s) : ops_(ops), settings_(s) {}
 
-Fp8Projection* Fp8Recipe::add(int64_t out, int64_t in, bool trains, Fp8Projection* same_input_as) {
+Fp8Projection* Fp8Recipe::add(int64_t out, int64_t in, bool trains, Fp8Projection* same_input_as, bool quantised) {
   SOLTRAIN_CHECK(!weights_.data(), "Fp8Recipe::add after allocate");
+  SOLTRAIN_CHECK(!(quantised && trains), "a quantised base weight is frozen");
+  quantised_left_ += quantised;
   auto p = std::make_unique<Fp8Projection>();
   p->recipe_ = this;
   p->out_ = out;
@@ -153,13 +155,31 @@ Ops::Fp8Scaling Fp8Projection::scaling(Ops::Fp8Scaling s, bool seen) const {
   return s;
 }
 
-void Fp8Projection::refresh_weight(Ops& o, const Tensor& w) {
+Tensor Fp8Recipe::dequantised(int64_t rows, int64_t cols) {
+  const DType t = ops_.activation_dtype();
+  const size_t bytes = size_t(rows * cols) * dtype_size(t);
+  if (dequant_.bytes() < bytes) dequant_ = ops_.alloc(bytes);
+  return Tensor{dequant_.data(), t, {rows, cols}, dequant_.device()};
+}
+
+void Fp8Recipe::dequantised_done() {
+  if (--quantised_left_ == 0) dequant_ = {};  // (stream order: the casts before it have been queued)
+}
+
+void Fp8Projection::refresh_weight(Ops& o, const Weight& w) {
   if (!weight_stale_) return;
-  o.fp8_quantize(w8_, w8t_, w, Ops::Fp8Scaling{w_scale_, {}, true});
+  if (w.format == WeightFormat::Dense) {
+    o.fp8_quantize(w8_, w8t_, w.data, Ops::Fp8Scaling{w_scale_, {}, true});
+  } else {  // a frozen QLoRA base: its dequantised values cast once
+    const Tensor dense = recipe_->dequantised(out_, in_);
+    o.dequantize(dense, w);
+    o.fp8_quantize(w8_, w8t_, dense, Ops::Fp8Scaling{w_scale_, {}, true});
+    recipe_->dequantised_done();
+  }
   weight_stale_ = false;
 }
 
-void Fp8Projection::forward(Ops& o, Tensor y, const Tensor& x, const Tensor& w, const Tensor* bias) {
+void Fp8Projection::forward(Ops& o, Tensor y, const Tensor& x, const Weight& w, const Tensor* bias) {
   refresh_weight(o, w);
   recipe_->xt_cast_by_ = nullptr;
   const int64_t N = x.dim(0);
@@ -176,7 +196,7 @@ void Fp8Projection::forward(Ops& o, Tensor y, const Tensor& x, const Tensor& w, 
 }
 
 void Fp8Projection::backward(Ops& o, Tensor* dx, bool accumulate_dx, Tensor* dw, const Tensor& dy, const Tensor& x,
-                             const Tensor& w) {
+                             const Weight& w) {
   if (!dx && !dw) return;
   refresh_weight(o, w);
   const int64_t N = dy.dim(0);

@@ -39,14 +39,15 @@ class Fp8Projection {
  public:
   // Whether this pass's token count suits the FP8 GEMMs (multiples of 16); otherwise the bf16 path runs.
   static bool usable(int64_t tokens) { return tokens % 16 == 0 && tokens > 0; }
-  // y = x·Wᵀ (+ bias) with W = `w` (the bf16 compute copy, cast here when it changed).
-  void forward(Ops& o, Tensor y, const Tensor& x, const Tensor& w, const Tensor* bias);
+  // y = x·Wᵀ (+ bias) with W = `w` (the bf16 compute copy, cast here when it changed; a quantised QLoRA base's
+  // weight is dequantised first, once: it is frozen).
+  void forward(Ops& o, Tensor y, const Tensor& x, const Weight& w, const Tensor* bias);
   // dx (when given; = or +=) dy·W; dw (when given) += dyᵀ·x.
-  void backward(Ops& o, Tensor* dx, bool accumulate_dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w);
+  void backward(Ops& o, Tensor* dx, bool accumulate_dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Weight& w);
 
  private:
   friend class Fp8Recipe;
-  void refresh_weight(Ops& o, const Tensor& w);
+  void refresh_weight(Ops& o, const Weight& w);
   Ops::Fp8Scaling scaling(Ops::Fp8Scaling s, bool seen) const;
   Fp8Projection& input() { return input_owner_ ? *input_owner_ : *this; }  // whose input scale this one uses
 
@@ -67,7 +68,9 @@ class Fp8Recipe {
   // Registers a projection's weight [out, in]; pointers stay valid. Then allocate() once. With
   // `same_input_as`, the projection reads the same input as that one (k and v as q, up as gate), runs
   // right after it, and reuses its FP8 input and its scale rather than casting the input again.
-  Fp8Projection* add(int64_t out, int64_t in, bool trains, Fp8Projection* same_input_as = nullptr);
+  // `quantised`: a frozen QLoRA base weight (NF4 / FP8 blocks), dequantised for its one cast.
+  Fp8Projection* add(int64_t out, int64_t in, bool trains, Fp8Projection* same_input_as = nullptr,
+                     bool quantised = false);
   void allocate();
   // Sizes the shared cast scratch for passes of up to `tokens` tokens.
   void plan(int64_t tokens);
@@ -88,11 +91,17 @@ class Fp8Recipe {
  private:
   friend class Fp8Projection;
   Tensor scratch(int i, int64_t rows, int64_t cols, DType t) const;  // shared buffer i as [rows, cols]
+  // A quantised base weight dequantised for its one cast (`quantised` casts in all): the buffer is made for the
+  // first and released after the last, so it costs memory only while the base's FP8 copies are made.
+  Tensor dequantised(int64_t rows, int64_t cols);
+  void dequantised_done();
 
   Ops& ops_;
   Fp8Settings settings_;
   std::vector<std::unique_ptr<Fp8Projection>> projections_;
   Buffer weights_, state_, scratch_[4];  // scratch: x, xᵀ, dy, dyᵀ codes
+  Buffer dequant_;                       // see dequantised()
+  int quantised_left_ = 0;               // quantised projections not cast yet
   int64_t widest_ = 0, scratch_tokens_ = 0;
   Tensor x_history_, x_scales_, dy_history_, dy_scales_;
   // What the input scratch holds: whose cast of which tensor (a sharing projection skips its own cast then);

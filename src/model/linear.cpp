@@ -16,7 +16,7 @@ Tensor rows_of(const Tensor& flat, int64_t n, int64_t width) {
 
 void Linear::forward(Ops& o, Tensor y, const Tensor& x, Tensor u, const LoraDropout& d, const LoraScratch& s) const {
   if (fp8_ && Fp8Projection::usable(x.dim(0)))
-    fp8_->forward(o, y, x, w_->value, b_ ? &b_->value : nullptr);
+    fp8_->forward(o, y, x, weight(), b_ ? &b_->value : nullptr);
   else
     o.linear_forward(y, x, weight(), b_ ? &b_->value : nullptr);
   if (!lora_a_ || d.off) return;
@@ -35,7 +35,7 @@ void Linear::backward(Ops& o, Tensor* dx, bool accumulate_dx, const Tensor& dy, 
                       const LoraDropout& d, const LoraScratch& s) const {
   // A frozen base linear still passes the gradient on to its input, but computes no dW / db.
   if (fp8_ && Fp8Projection::usable(dy.dim(0))) {
-    fp8_->backward(o, dx, accumulate_dx, grad(w_), dy, x, w_->value);
+    fp8_->backward(o, dx, accumulate_dx, grad(w_), dy, x, weight());
     if (grad(b_)) o.linear_backward(nullptr, false, nullptr, grad(b_), dy, x, weight());
   } else {
     o.linear_backward(dx, accumulate_dx, grad(w_), grad(b_), dy, x, weight());

@@ -215,13 +215,6 @@ void Transformer::enable_fp8(const Fp8Settings& s) {
   if (config_.moe_layers() > 0) user_error(moe_refusal(config_, MoeUnsupported::Fp8Recipe));
   if (s.skip_first_layers < 0 || s.skip_last_layers < 0 || s.skip_first_layers + s.skip_last_layers > L)
     user_error("skip_quant_first_layers + skip_quant_last_layers must be between 0 and the model's ", L, " layers");
-  for (const DecoderLayer& layer : layers_)
-    for (const Linear* lin :
-         {&layer.attn.q, &layer.attn.k, &layer.attn.v, &layer.attn.o, &layer.mlp.gate, &layer.mlp.up, &layer.mlp.down})
-      if (lin->weight_parameter().format != WeightFormat::Dense)
-        user_error("recipe fp8-hybrid runs on a bf16 base; a quantised QLoRA base (",
-                   weight_format_name(lin->weight_parameter().format),
-                   ") dequantises into bf16 GEMMs: use recipe: bf16 with it");
   if (weight_stream_)
     user_error(
         "recipe fp8-hybrid keeps FP8 copies of the base's projections on the device, and offload_weights "
@@ -231,7 +224,7 @@ void Transformer::enable_fp8(const Fp8Settings& s) {
     DecoderLayer& layer = layers_[size_t(l)];
     auto add = [&](Linear& lin, Fp8Projection* same_input_as) {
       const Parameter& w = lin.weight_parameter();
-      Fp8Projection* p = fp8_->add(w.shape[0], w.shape[1], w.trainable, same_input_as);
+      Fp8Projection* p = fp8_->add(w.shape[0], w.shape[1], w.trainable, same_input_as, w.format != WeightFormat::Dense);
       lin.set_fp8(p);
       return p;
     };
