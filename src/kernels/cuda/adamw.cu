@@ -172,8 +172,37 @@ __global__ void __launch_bounds__(32 * kWarpsPer8bitCta)
 // 32-bit words and the bf16 copy as two 8-byte stores: 8 loads and 8-10 stores per lane where the kernel
 // above issues 32 and 32 (byte-wide code accesses use a quarter of a load instruction's width). Which lane
 // holds which element of a block does not change the result: the absmax is over the whole block.
+// Four consecutive master elements at i (16-byte aligned for fp32, 8-byte for bf16) as fp32, and stored back
+// (what was stored returned in x: a bf16 master's stochastically rounded values).
+__device__ inline float4 load_master4(const float* w, int64_t i) {
+  return *reinterpret_cast<const float4*>(w + i);
+}
+__device__ inline float4 load_master4(const bf16* w, int64_t i) {
+  const uint2 u = *reinterpret_cast<const uint2*>(w + i);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x)),
+               hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+__device__ inline void store_master4(float* w, int64_t i, float4& x, uint64_t) {
+  *reinterpret_cast<float4*>(w + i) = x;
+}
+__device__ inline void store_master4(bf16* w, int64_t i, float4& x, uint64_t seed) {
+  float* f = &x.x;
+  uint16_t b[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    b[j] = bf16_round_stochastic(f[j], stochastic_bits(seed, uint64_t(i + j)));
+    f[j] = __bfloat162float(__ushort_as_bfloat16(b[j]));
+  }
+  uint2 u;
+  u.x = uint32_t(b[0]) | uint32_t(b[1]) << 16;
+  u.y = uint32_t(b[2]) | uint32_t(b[3]) << 16;
+  *reinterpret_cast<uint2*>(w + i) = u;
+}
+
+template <typename W>
 __global__ void __launch_bounds__(32 * kWarpsPer8bitCta)
-    adamw_8bit_vec_kernel(float* w, const float* g, uint8_t* mc, uint8_t* vc, float* ma, float* va, const float* mmap,
+    adamw_8bit_vec_kernel(W* w, const float* g, uint8_t* mc, uint8_t* vc, float* ma, float* va, const float* mmap,
                           const float* vmap, bf16* copy, int64_t blocks, AdamWStep s) {
   __shared__ QuantTables t;
   t.stage(mmap, vmap);
@@ -187,7 +216,7 @@ __global__ void __launch_bounds__(32 * kWarpsPer8bitCta)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // every load first (see the scalar kernel)
       const int64_t i = blk * 256 + h * 128 + lane * 4;
-      const float4 a = *reinterpret_cast<const float4*>(w + i), b = *reinterpret_cast<const float4*>(g + i);
+      const float4 a = load_master4(w, i), b = *reinterpret_cast<const float4*>(g + i);
       wv[4 * h] = a.x, wv[4 * h + 1] = a.y, wv[4 * h + 2] = a.z, wv[4 * h + 3] = a.w;
       gv[4 * h] = b.x, gv[4 * h + 1] = b.y, gv[4 * h + 2] = b.z, gv[4 * h + 3] = b.w;
       mq[h] = *reinterpret_cast<const uint32_t*>(mc + i);
@@ -208,10 +237,10 @@ __global__ void __launch_bounds__(32 * kWarpsPer8bitCta)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t i = blk * 256 + h * 128 + lane * 4;
-      *reinterpret_cast<float4*>(w + i) = make_float4(wv[4 * h], wv[4 * h + 1], wv[4 * h + 2], wv[4 * h + 3]);
+      float4 stored = make_float4(wv[4 * h], wv[4 * h + 1], wv[4 * h + 2], wv[4 * h + 3]);
+      store_master4(w, i, stored, s.sr_seed);
       if (copy) {
-        __nv_bfloat162 lo = __floats2bfloat162_rn(wv[4 * h], wv[4 * h + 1]),
-                       hi = __floats2bfloat162_rn(wv[4 * h + 2], wv[4 * h + 3]);
+        __nv_bfloat162 lo = __floats2bfloat162_rn(stored.x, stored.y), hi = __floats2bfloat162_rn(stored.z, stored.w);
         uint2 packed;
         packed.x = *reinterpret_cast<uint32_t*>(&lo);
         packed.y = *reinterpret_cast<uint32_t*>(&hi);
@@ -267,33 +296,37 @@ void CudaOps::adamw_8bit(Tensor master, const Tensor& grad, const Blockwise8& m,
   auto ctas = [](int64_t blocks) {
     return unsigned(std::min<int64_t>((blocks + kWarpsPer8bitCta - 1) / kWarpsPer8bitCta, 132 * 8));
   };
-  if (master.dtype == DType::BF16) {  // bf16_stochastic_round: the element-wise kernel over its own bf16 master
-    SOLTRAIN_CHECK(!compute_copy || compute_copy->data == master.data, "adamw_8bit: a bf16 master is its own copy");
-    adamw_8bit_kernel<<<ctas((n + kBlockwise8Block - 1) / kBlockwise8Block), 32 * kWarpsPer8bitCta, 0, stream_>>>(
-        master.as<bf16>(), g, mc, vc, ma, va, m.map.f32(), v.map.f32(), nullptr, n, step);
-    CUDA_CHECK_LAUNCH();
-    return;
-  }
-  float* w = master.f32();
-  bf16* copy = compute_copy ? compute_copy->as<bf16>() : nullptr;
   // Whole blocks take the 16-byte path when every pointer allows it (parameters sit at any offset of the
-  // store); a partial last block, or unaligned storage, the element-wise kernel (the same arithmetic).
-  int64_t whole = 0;
-  if (aligned(w, 16) && aligned(g, 16) && aligned(mc, 4) && aligned(vc, 4) && (!copy || aligned(copy, 8))) {
-    whole = n / kBlockwise8Block;
-    if (whole > 0) {
-      adamw_8bit_vec_kernel<<<ctas(whole), 32 * kWarpsPer8bitCta, 0, stream_>>>(w, g, mc, vc, ma, va, m.map.f32(),
-                                                                                v.map.f32(), copy, whole, step);
-      CUDA_CHECK_LAUNCH();
+  // store); a partial last block, or unaligned storage, the element-wise kernel (the same arithmetic). A bf16
+  // master (bf16_stochastic_round) is its own compute copy and is rounded stochastically by element index, so
+  // both kernels store the same bits.
+  auto run = [&](auto* w, bf16* copy) {
+    int64_t whole = 0;
+    if (aligned(w, 4 * sizeof(*w)) && aligned(g, 16) && aligned(mc, 4) && aligned(vc, 4) &&
+        (!copy || aligned(copy, 8))) {
+      whole = n / kBlockwise8Block;
+      if (whole > 0) {
+        adamw_8bit_vec_kernel<<<ctas(whole), 32 * kWarpsPer8bitCta, 0, stream_>>>(w, g, mc, vc, ma, va, m.map.f32(),
+                                                                                  v.map.f32(), copy, whole, step);
+        CUDA_CHECK_LAUNCH();
+      }
     }
+    const int64_t done = whole * kBlockwise8Block, rest = n - done;
+    if (rest == 0) return;
+    // (the element-wise kernel's element i is w[done + i]: its stochastic rounding draws from there on)
+    AdamWStep tail = step;
+    tail.sr_seed = stochastic_seed_at(step.sr_seed, uint64_t(done));
+    adamw_8bit_kernel<<<ctas((rest + kBlockwise8Block - 1) / kBlockwise8Block), 32 * kWarpsPer8bitCta, 0, stream_>>>(
+        w + done, g + done, mc + done, vc + done, ma + whole, va + whole, m.map.f32(), v.map.f32(),
+        copy ? copy + done : nullptr, rest, tail);
+    CUDA_CHECK_LAUNCH();
+  };
+  if (master.dtype == DType::BF16) {
+    SOLTRAIN_CHECK(!compute_copy || compute_copy->data == master.data, "adamw_8bit: a bf16 master is its own copy");
+    run(master.as<bf16>(), nullptr);
+  } else {
+    run(master.f32(), compute_copy ? compute_copy->as<bf16>() : nullptr);
   }
-  const int64_t done = whole * kBlockwise8Block, rest = n - done;
-  if (rest == 0) return;
-  adamw_8bit_kernel<float>
-      <<<ctas((rest + kBlockwise8Block - 1) / kBlockwise8Block), 32 * kWarpsPer8bitCta, 0, stream_>>>(
-          w + done, g + done, mc + done, vc + done, ma + whole, va + whole, m.map.f32(), v.map.f32(),
-          copy ? copy + done : nullptr, rest, step);
-  CUDA_CHECK_LAUNCH();
 }
 
 namespace {
