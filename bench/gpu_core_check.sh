@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [fullmoe] [moe48lowmem] [policy] [prefs] [reward] [prm] [addedtokens] [muon] [normuon] [decode] [grpocorr] [grpooverlap] [grpotrl]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [fullmoe] [moe48lowmem] [fp8qlora] [policy] [prefs] [reward] [prm] [addedtokens] [muon] [normuon] [decode] [grpocorr] [grpooverlap] [grpotrl]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -220,6 +220,17 @@ PY
       BENCH_TIMEOUT=${FULLMOE_TIMEOUT:-330} bench_one "fullmoe-a3b" 30B-A3B --random-weights --batch-size 2 \
         --seq-len 2048 --recompute full --optimizer adamw_8bit --bf16-stochastic-round --optimizer-in-backward $off \
         --steps 3 --warmup 1 ;;
+    fp8qlora)  # recipe fp8-hybrid over a QLoRA base (each frozen quantised projection dequantised once into its FP8
+      # copies): the FP8 GPU tests, then Qwen3-4B LoRA r16 2 x 2048 over an NF4 base in bf16 and under the recipe, and
+      # over the bf16 base under the recipe, in one call
+      timeout 200 env "$TESTS_ENV" "$B/soltrain_tests" --gtest_filter='*Fp8*:CudaOps.Dequant*:*Qlora*' \
+        > "$OUT/fp8qlora-tests.log" 2>&1
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/fp8qlora-tests.log"
+      for v in "nf4-bf16:--qlora nf4" "nf4-fp8:--qlora nf4 --recipe fp8-hybrid" "fp8blocks-fp8:--qlora fp8 --recipe fp8-hybrid" \
+        "bf16base-fp8:--recipe fp8-hybrid"; do
+        bench_one "fp8qlora-${v%%:*}" 4B --random-weights --batch-size 2 --seq-len 2048 --lora-rank 16 --steps 5 \
+          --warmup 2 ${v#*:}
+      done ;;
     moe48lowmem)  # issue 31's memory item: the whole A3B LoRA r16 (all linear incl. experts), 2 x 2048, with the
       # adapters' state cut down (8-bit AdamW, bf16 adapters rounded stochastically, each layer updated in backward)
       # at recompute selective (plan 69.5 GiB); on a card of 120 GiB or more also recompute none that way (90.4) and
