@@ -26,8 +26,8 @@ TEST(ExpertPlacement, NativeRunsEachExpertOnItsOwner) {
   EXPECT_TRUE(p[2] == chunks({{1, 0, 7}}));
   EXPECT_TRUE(p[3] == chunks({{1, 0, 1}}));
   EXPECT_EQ(placement_loads(p, 2), (std::vector<int64_t>{5, 8}));
-  EXPECT_DOUBLE_EQ(native_imbalance({5, 0, 7, 1}, 2), 16.0 / 13.0);
-  EXPECT_DOUBLE_EQ(native_imbalance({0, 0}, 2), 1.0);
+  EXPECT_DOUBLE_EQ(placement_imbalance(p, 2), 16.0 / 13.0);
+  EXPECT_DOUBLE_EQ(placement_imbalance(native_placement({0, 0}, 2), 2), 1.0);
 }
 
 // Rank 0 owns experts 0 and 1 (110 rows), rank 1 experts 2 and 3 (10): capacity 60. Expert 0 (100) keeps what

@@ -45,13 +45,12 @@ void ExpertParallel::plan(int64_t layer, const Tensor& offsets) {
   std::vector<int64_t> rows(static_cast<size_t>(E), 0);  // the group's rows per expert
   for (int q = 0; q < P; ++q)
     for (int64_t e = 0; e < E; ++e) rows[size_t(e)] += count(q, e);
-  p.native_imbalance = native_imbalance(rows, P);
+  const ExpertPlacement native = native_placement(rows, P);
+  p.native_imbalance = placement_imbalance(native, P);
   const ExpertPlacement placement = balance_.on && p.native_imbalance > balance_.threshold
                                         ? least_loaded_placement(rows, P, balance_.capacity, balance_.min_rows)
-                                        : native_placement(rows, P);
-  const std::vector<int64_t> loads = placement_loads(placement, P);
-  const int64_t total = std::accumulate(loads.begin(), loads.end(), int64_t(0));
-  p.imbalance = total > 0 ? double(*std::max_element(loads.begin(), loads.end())) * double(P) / double(total) : 1.0;
+                                        : native;
+  p.imbalance = placement_imbalance(placement, P);
 
   // Each expert's rows in the group's order (rank 0's first) cut by its chunks: how many of rank q's rows of
   // expert e rank g runs (to_me for g = this rank), and this rank's own pieces (destination, expert, first pair).

@@ -31,8 +31,8 @@ std::vector<int64_t> placement_loads(const ExpertPlacement& p, int ranks) {
   return load;
 }
 
-double native_imbalance(const std::vector<int64_t>& rows, int ranks) {
-  const std::vector<int64_t> load = placement_loads(native_placement(rows, ranks), ranks);
+double placement_imbalance(const ExpertPlacement& p, int ranks) {
+  const std::vector<int64_t> load = placement_loads(p, ranks);
   const int64_t total = std::accumulate(load.begin(), load.end(), int64_t(0));
   if (total == 0) return 1.0;
   return double(*std::max_element(load.begin(), load.end())) * double(ranks) / double(total);

@@ -30,8 +30,8 @@ struct LoadBalance {
 
 // Every expert's rows on its owner. `rows`: the group's rows per expert (E), `ranks`: P (dividing E).
 ExpertPlacement native_placement(const std::vector<int64_t>& rows, int ranks);
-// The native placement's balance: the busiest rank's rows over the mean (1 when there are none).
-double native_imbalance(const std::vector<int64_t>& rows, int ranks);
+// A placement's balance: the busiest rank's rows over the mean (1 when there are none).
+double placement_imbalance(const ExpertPlacement& p, int ranks);
 // LLA: the experts in decreasing load (ties by index). Each fills its owner up to the capacity left there after
 // what is assigned to it and its native experts not yet placed (the "pending" load); the rest spills to the other
 // ranks in increasing effective load (assigned + pending): a chunk as large as the rank's room, a rank skipped when

@@ -23,6 +23,7 @@ Fp8Projection* Fp8Recipe::add(int64_t out, int64_t in, bool trains, Fp8Projectio
   SOLTRAIN_CHECK(!weights_.data(), "Fp8Recipe::add after allocate");
   SOLTRAIN_CHECK(!(quantised && trains), "a quantised base weight is frozen");
   quantised_left_ += quantised;
+  if (quantised) widest_quantised_ = std::max(widest_quantised_, out * in);
   auto p = std::make_unique<Fp8Projection>();
   p->recipe_ = this;
   p->out_ = out;
@@ -157,8 +158,9 @@ Ops::Fp8Scaling Fp8Projection::scaling(Ops::Fp8Scaling s, bool seen) const {
 
 Tensor Fp8Recipe::dequantised(int64_t rows, int64_t cols) {
   const DType t = ops_.activation_dtype();
-  const size_t bytes = size_t(rows * cols) * dtype_size(t);
-  if (dequant_.bytes() < bytes) dequant_ = ops_.alloc(bytes);
+  SOLTRAIN_CHECK(rows * cols <= widest_quantised_, "a quantised projection the recipe was not told of");
+  // (one allocation, for the widest: the first pass casts the projections of every size in turn)
+  if (!dequant_.data()) dequant_ = ops_.alloc(size_t(widest_quantised_) * dtype_size(t));
   return Tensor{dequant_.data(), t, {rows, cols}, dequant_.device()};
 }
 

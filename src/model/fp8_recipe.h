@@ -102,6 +102,7 @@ class Fp8Recipe {
   Buffer weights_, state_, scratch_[4];  // scratch: x, xᵀ, dy, dyᵀ codes
   Buffer dequant_;                       // see dequantised()
   int quantised_left_ = 0;               // quantised projections not cast yet
+  int64_t widest_quantised_ = 0;         // the largest of them, in elements
   int64_t widest_ = 0, scratch_tokens_ = 0;
   Tensor x_history_, x_scales_, dy_history_, dy_scales_;
   // What the input scratch holds: whose cast of which tensor (a sharing projection skips its own cast then);

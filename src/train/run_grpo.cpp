@@ -187,7 +187,8 @@ PromptSet read_prompts(const TrainConfig& c, const PromptCodec& codec, std::ostr
 // reference, offload_weights) cli/config.cpp refuses before anything is written; these are the model's own facts.
 const char* why_no_overlap(const Transformer& model) {
   if (model.params().sharded()) return "sharded weights (gathered per layer for the trainer's passes)";
-  SOLTRAIN_CHECK(!model.fp8() && !model.weight_stream(), "generation_overlap past the config's refusals");
+  SOLTRAIN_CHECK(!model.fp8() && !model.weight_stream() && model.config().moe_layers() == 0,
+                 "generation_overlap past the config's and the run's early refusals (train/run_checks.h)");
   return nullptr;
 }
 
@@ -533,8 +534,6 @@ RunResult run_grpo(const TrainConfig& c, Ops& ops, std::ostream& log, LoopHooks 
     user_error("max_prompt_length + max_completion_length = ", c.sequence_len,
                " exceeds the model's max_position_embeddings (", model->config().max_position_embeddings, ")");
   configure_model(*model, c, ops, c.per_device_train_batch_size);
-  if (c.grpo.generation_overlap && model->config().moe_layers() > 0)
-    user_error(moe_refusal(model->config(), MoeUnsupported::GenerationOverlap));
   if (c.grpo.generation_overlap)
     if (const char* why = why_no_overlap(*model)) user_error("generation_overlap is not built for ", why);
   model->set_logit_temperature(float(c.grpo.temperature));
