@@ -27,13 +27,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Every step of `got` within 1e-6 relative of `want` (and the same steps).
+// Every step of `got` within 1e-6 relative of `want` (and the same steps); from step `loose_from` on within
+// `loose` relative instead.
 void expect_same_losses(const std::map<int64_t, double>& want, const std::map<int64_t, double>& got,
-                        const std::string& what) {
+                        const std::string& what, int64_t loose_from = INT64_MAX, double loose = 1e-6) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (const auto& [step, loss] : want) {
     ASSERT_TRUE(got.count(step)) << what << ": step " << step;
-    EXPECT_NEAR(got.at(step), loss, 1e-6 * loss) << what << ": step " << step;
+    EXPECT_NEAR(got.at(step), loss, (step >= loose_from ? loose : 1e-6) * loss) << what << ": step " << step;
   }
 }
 
@@ -512,24 +513,37 @@ TEST(DataParallel, MuonOverShardedRanksIsOneLine) {
   ASSERT_EQ(s.sft(0, "one", "--set zero_stage=2 --set optimizer=muon --set max_steps=1").code, 0);
 }
 
+// Steps 1-2 within 1e-6 and the scaling state after step 2 bitwise: step 1's learning rate is 0 (warmup), so step
+// 2 is the same weights under delayed scales built from step 1's amaxes, which only the ranks' max-reduction makes
+// equal to one process's (without it each rank's history holds its own micro-batches' maxima). Later steps within
+// 1e-4: the ranks sum step 2's gradients in another order (fp32 ulps in the masters), and an FP8 cast can turn an
+// ulp into a flipped code (one process against the ranks differed by 9e-6 at step 4 with Debian's reference BLAS,
+// where OpenBLAS happens to agree within 1e-6).
 TEST(DataParallel, Fp8RanksScaleAsOneProcess) {
   DpSetup s;
-  const std::string fp8 = "--set recipe=fp8-hybrid --set fp8_amax_history=4 --set max_steps=4 ";
+  const std::string fp8 = "--set recipe=fp8-hybrid --set fp8_amax_history=4 --set max_steps=4 --set save_steps=2 ";
   ASSERT_EQ(s.sft(0, "one", fp8 + "--set gradient_accumulation_steps=4").code, 0);
   const auto want = s.losses("one");
   ASSERT_EQ(want.size(), 4u);
+  const auto scaling_state = [&](const std::string& out) {
+    return read_bytes(s.t.path / out / "checkpoint-2" / "fp8_state.safetensors");
+  };
+  const std::string want_state = scaling_state("one");
+  ASSERT_FALSE(want_state.empty());
   for (const auto& [ranks, zero] : {std::pair{2, 0}, std::pair{2, 3}, std::pair{4, 2}}) {
     const std::string out = "r" + std::to_string(ranks) + "-z" + std::to_string(zero);
     const CliRun r = s.sft(ranks, out,
                            fp8 + "--set gradient_accumulation_steps=" + std::to_string(4 / ranks) +
-                               " --set save_steps=2 --set zero_stage=" + std::to_string(zero));
+                               " --set zero_stage=" + std::to_string(zero));
     ASSERT_EQ(r.code, 0) << out << "\n" << r.err;
     EXPECT_NE(r.err.find("recipe fp8-hybrid"), std::string::npos) << r.err;
-    expect_same_losses(want, s.losses(out), "fp8, " + out);
+    expect_same_losses(want, s.losses(out), "fp8, " + out, 3, 1e-4);
+    EXPECT_TRUE(scaling_state(out) == want_state) << "fp8, " << out << ": the scaling state after step 2";
   }
   const CliRun tcp = s.sft(0, "tcp", fp8 + "--gpus 2 --set gradient_accumulation_steps=2 --set zero_stage=2");
   ASSERT_EQ(tcp.code, 0) << tcp.err;
-  expect_same_losses(want, s.losses("tcp"), "fp8, 2 workers over TCP");
+  expect_same_losses(want, s.losses("tcp"), "fp8, 2 workers over TCP", 3, 1e-4);
+  EXPECT_TRUE(scaling_state("tcp") == want_state) << "fp8, 2 workers over TCP: the scaling state after step 2";
   const fs::path ck = s.t.path / "r2-z0" / "checkpoint-2";
   ASSERT_TRUE(fs::exists(ck / "fp8_state.safetensors"));
   const CliRun four =
@@ -537,7 +551,7 @@ TEST(DataParallel, Fp8RanksScaleAsOneProcess) {
   ASSERT_EQ(four.code, 0) << four.err;
   auto later = want;
   later.erase(1), later.erase(2);
-  expect_same_losses(later, s.losses("four"), "fp8: 4 ranks from a 2-rank checkpoint");
+  expect_same_losses(later, s.losses("four"), "fp8: 4 ranks from a 2-rank checkpoint", 3, 1e-4);
   const std::string current = "--set recipe=fp8-hybrid --set fp8_scaling=current --set max_steps=4 ";
   ASSERT_EQ(s.sft(0, "cur-one", current + "--set gradient_accumulation_steps=2").code, 0);
   ASSERT_EQ(s.sft(2, "cur-two", current + "--set gradient_accumulation_steps=1").code, 0);

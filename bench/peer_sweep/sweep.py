@@ -138,19 +138,20 @@ MODELS: dict[str, dict] = {
                                       vocab=32000, sliding_window=4096),
     "mistralai/Mistral-7B-Instruct-v0.2": dict(arch="mistral", tok="sp-mistral-inst", real_max_pos=32768,
                                                rope={"rope_theta": 1000000.0}, vocab=32000, sliding_window=None),
-    "mistralai/Ministral-8B-Instruct-2410": dict(arch="mistral", tok="llama3-base", real_max_pos=32768,
+    "mistralai/Ministral-8B-Instruct-2410": dict(arch="mistral", tok="tekken-v3", real_max_pos=32768,
                                                  rope={"rope_theta": 100000000.0}, vocab=131072, sliding_window=32768,
-                                                 note="real tokenizer is Tekken (tokenizer.json + tekken.json); stand-in Llama 3's"),
-    "mistralai/Devstral-Small-2507": dict(arch="mistral", tok="llama3-base", real_max_pos=131072,
+                                                 note="real repo has tokenizer.json + tekken.json (v3); stand-in: "
+                                                      "mistral-common's NeMo tekken.json only"),
+    "mistralai/Devstral-Small-2507": dict(arch="mistral", tok="tekken-v11", real_max_pos=131072,
                                           rope={"rope_theta": 1000000000.0}, vocab=131072, sliding_window=None,
-                                          head_dim=32, note="head_dim != hidden/heads as in Mistral Small 3; Tekken "
-                                                            "tokenizer stand-in Llama 3's"),
-    "mistralai/Magistral-Small-2506": dict(arch="mistral", tok="llama3-base", real_max_pos=40960,
+                                          head_dim=32, note="head_dim != hidden/heads as in Mistral Small 3; tekken.json "
+                                                            "stand-in: mistral-common's NeMo vocabulary as format v11"),
+    "mistralai/Magistral-Small-2506": dict(arch="mistral", tok="tekken-v11", real_max_pos=40960,
                                            rope={"rope_theta": 1000000000.0}, vocab=131072, sliding_window=None,
                                            head_dim=32, note="as Devstral"),
-    "mistralai/Magistral-Small-2507": dict(arch="mistral", tok="llama3-base", real_max_pos=40960,
+    "mistralai/Magistral-Small-2507": dict(arch="mistral", tok="tekken-v13", real_max_pos=40960,
                                            rope={"rope_theta": 1000000000.0}, vocab=131072, sliding_window=None,
-                                           head_dim=32, note="as Devstral"),
+                                           head_dim=32, note="as Devstral, format v13 ([THINK] chunks)"),
 }
 # Surogate's pt example names a local folder (its README: download Qwen/Qwen3-0.6B there first).
 LOCAL_MODELS = {"./Qwen3-0.6B": "Qwen/Qwen3-0.6B"}
@@ -450,6 +451,18 @@ def tokenizer_files(kind: str) -> tuple[dict[str, bytes], int]:
                  "special_tokens_map.json": json.dumps({"bos_token": cfg["bos_token"], "eos_token": cfg["eos_token"],
                                                         "unk_token": "<unk>"}).encode()}
         return files, n
+    if kind.startswith("tekken-"):
+        # mistral-common's own tekken.json (Mistral NeMo's vocabulary, format v3, the first layout without a
+        # special_tokens list) under the real repository's format version; v7 and later list the special tokens
+        import mistral_common
+        from mistral_common.tokens.tokenizers.base import SpecialTokens
+        raw = json.loads((Path(mistral_common.__file__).parent / "data" / "tekken_240911.json").read_text())
+        version = kind.split("-", 1)[1]
+        raw["config"]["version"] = version
+        if version != "v3":
+            raw["special_tokens"] = [{"rank": i, "token_str": t.value, "is_control": True}
+                                     for i, t in enumerate(SpecialTokens)]
+        return {"tekken.json": json.dumps(raw).encode()}, raw["config"]["default_vocab_size"]
     raise ValueError(kind)
 
 
@@ -466,13 +479,16 @@ def hf_model_files(rid: str, spec: dict, need_pos: int, tmp: Path) -> dict[str, 
     vocab = max(spec.get("vocab", tok_n), tok_n)
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[spec.get("dtype", "bfloat16")]
     max_pos = max(spec["real_max_pos"], 8192, need_pos)
-    tok_cfg = json.loads(tok_files["tokenizer_config.json"])
-    tj = json.loads(tok_files["tokenizer.json"])
-    ids = {t["content"]: t["id"] for t in tj["added_tokens"]}
-    ids.update({k: v for k, v in tj["model"]["vocab"].items() if k in ("<s>", "</s>", "<unk>", "<|startoftext|>",
-                                                                         "<|endoftext|>")})
-    bos = ids.get(tok_cfg.get("bos_token")) if isinstance(tok_cfg.get("bos_token"), str) else None
-    eos = ids.get(tok_cfg.get("eos_token")) if isinstance(tok_cfg.get("eos_token"), str) else None
+    if "tekken.json" in tok_files:  # (mistral-common's control tokens: <s> 1, </s> 2)
+        bos, eos = 1, 2
+    else:
+        tok_cfg = json.loads(tok_files["tokenizer_config.json"])
+        tj = json.loads(tok_files["tokenizer.json"])
+        ids = {t["content"]: t["id"] for t in tj["added_tokens"]}
+        ids.update({k: v for k, v in tj["model"]["vocab"].items() if k in ("<s>", "</s>", "<unk>", "<|startoftext|>",
+                                                                             "<|endoftext|>")})
+        bos = ids.get(tok_cfg.get("bos_token")) if isinstance(tok_cfg.get("bos_token"), str) else None
+        eos = ids.get(tok_cfg.get("eos_token")) if isinstance(tok_cfg.get("eos_token"), str) else None
     common = dict(DIMS, vocab_size=vocab, max_position_embeddings=max_pos, rms_norm_eps=1e-5,
                   tie_word_embeddings=bool(spec.get("tie", False)), bos_token_id=bos, eos_token_id=eos)
     rope = dict(spec.get("rope", {"rope_theta": 10000.0}))

@@ -307,6 +307,9 @@ void add_data_keys(std::vector<KeySpec>& v) {
                    "Axolotl's: the embedding's rows rounded up to a multiple of 32 when it is resized"));
   v.push_back(flag("shrink_embeddings", FIELD(shrink_embeddings),
                    "Axolotl's: an embedding with more rows than the tokenizer has tokens is cut to the tokenizer"));
+  v.push_back(flag("tokenizer_use_mistral_common", FIELD(mistral_common),
+                   "Axolotl's: tokenize with the model's tekken.json and mistral-common's chat format for its "
+                   "version (Devstral, Magistral, Ministral), converted to the tokenizer.json the run saves"));
   v.push_back(flag("mean_resizing_embeddings", FIELD(mean_resizing),
                    "transformers' mean_resizing: new embedding rows start at the mean of the others (else "
                    "normal(0, initializer_range))"));

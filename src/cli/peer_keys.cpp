@@ -416,9 +416,6 @@ void add_missing_features(Table& t) {
        }},
       {"use_ray", off_or("Ray is not supported; soltrain runs multi-GPU itself (gpus: N or mpirun)")},
       // Axolotl features soltrain lacks, each named in one line (found by bench/peer_sweep over its examples)
-      {"tokenizer_use_mistral_common",
-       off_or("mistral-common's tokenizer is not built; soltrain reads the repository's tokenizer.json and chat "
-              "template (drop the key to use them)")},
       {"dp_shard_size",
        off_or("Axolotl's N-D parallelism is not built; zero_stage: 3 shards over every GPU (gpus: N)")},
       {"dp_replicate_size",

@@ -109,11 +109,20 @@ ordered_json openai_messages(const ordered_json& list, const DatasetFields& f) {
     ordered_json msg = ordered_json::object();
     try {
       msg["role"] = map_role(string_field(m, f.role), f);
-      bool has_content = false;
-      const std::string& content = string_field(m, f.content, &has_content);
-      // An assistant turn that only calls tools may have no content.
-      if (!has_content && !m.contains("tool_calls")) bad(cat("missing field \"", f.content, "\""));
-      msg["content"] = content;
+      if (const auto c = m.find(f.content); c != m.end() && c->is_array()) {
+        // (a list of content chunks, {"type": "text", "text": ...} / {"type": "thinking", ...}: passed to the
+        // template as transformers' apply_chat_template passes it)
+        for (const auto& chunk : *c)
+          if (!chunk.is_object() || !chunk.contains("type"))
+            bad(cat("field \"", f.content, "\" is a list whose items are not {\"type\": ...} chunks"));
+        msg["content"] = *c;
+      } else {
+        bool has_content = false;
+        const std::string& content = string_field(m, f.content, &has_content);
+        // An assistant turn that only calls tools may have no content.
+        if (!has_content && !m.contains("tool_calls")) bad(cat("missing field \"", f.content, "\""));
+        msg["content"] = content;
+      }
     } catch (const BadRecord& e) {
       bad(cat("message ", i, ": ", e.what()));
     }

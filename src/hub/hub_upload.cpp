@@ -1,12 +1,11 @@
 #include "hub/hub_upload.h"
 
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/base64.h"
 #include "io/sha256.h"
 
 namespace soltrain {
@@ -120,14 +119,6 @@ void upload_lfs_object(const HubClient& c, const RepoRef& r, const UploadFile& f
 }
 
 }  // namespace
-
-std::string base64(std::string_view bytes) {
-  std::string out(4 * ((bytes.size() + 2) / 3), '\0');
-  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                                reinterpret_cast<const unsigned char*>(bytes.data()), int(bytes.size()));
-  out.resize(size_t(n));
-  return out;
-}
 
 std::vector<UploadFile> folder_files(const fs::path& dir, const std::string& prefix) {
   std::vector<UploadFile> out;

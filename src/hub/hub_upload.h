@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "hub/hub_client.h"
+#include "io/base64.h"
 
 namespace soltrain {
 
@@ -29,8 +30,5 @@ void create_repo(const HubClient& c, const RepoRef& r, bool private_repo);
 // the step that failed.
 std::string upload_files(const HubClient& c, const RepoRef& r, const std::vector<UploadFile>& files,
                          const std::string& message);
-
-// RFC 4648 base64, as the commit API carries a regular file's bytes.
-std::string base64(std::string_view bytes);
 
 }  // namespace soltrain

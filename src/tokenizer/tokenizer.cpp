@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "io/json_file.h"
 #include "tokenizer/json_fields.h"
+#include "tokenizer/tekken.h"
 #include "tokenizer/utf8.h"
 
 namespace soltrain {
@@ -12,8 +13,10 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
   std::filesystem::path file = path;
   if (std::filesystem::is_directory(path)) {
     file = path / "tokenizer.json";
-    if (!std::filesystem::exists(file))
-      user_error(path.string(), ": folder has no tokenizer.json (only the tokenizer.json format is supported)");
+    // (a Mistral repository may hold only mistral-common's tekken.json: read as transformers converts it)
+    if (!std::filesystem::exists(file) && std::filesystem::exists(path / "tekken.json"))
+      return from_json(convert_tekken(path / "tekken.json").tokenizer, (path / "tekken.json").string());
+    if (!std::filesystem::exists(file)) user_error(path.string(), ": folder has no tokenizer.json or tekken.json");
   }
   return from_json(read_json_file(file), file.string());
 }

@@ -12,9 +12,11 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/input_file.h"
 #include "io/json_file.h"
 #include "io/sha256.h"
 #include "model/config.h"
+#include "tokenizer/tekken.h"
 #include "tokenizer/tokenizer.h"
 
 namespace soltrain {
@@ -64,9 +66,13 @@ void write_folder_once(const fs::path& out, const fs::path& model_dir, const std
   fs::remove_all(tmp);
   fs::create_directories(tmp);
   // the model's other tokenizer files stay beside them
+  // (not a chat_template.jinja when the written config carries the template the run used: transformers would
+  // read the file first)
+  const bool own_template = json::parse(cfg_text).contains("chat_template");
   for (const char* n : {"special_tokens_map.json", "chat_template.jinja", "added_tokens.json", "vocab.json",
                         "merges.txt", "tokenizer.model"})
-    if (fs::is_regular_file(model_dir / n)) fs::copy_file(model_dir / n, tmp / n);
+    if (fs::is_regular_file(model_dir / n) && !(own_template && std::string(n) == "chat_template.jinja"))
+      fs::copy_file(model_dir / n, tmp / n);
   write_file_atomic(tmp / "tokenizer.json", tok_text);
   write_file_atomic(tmp / "tokenizer_config.json", cfg_text);
   if (::rename(tmp.c_str(), out.c_str()) != 0) {
@@ -82,18 +88,36 @@ RunTokenizer resolve(const TrainConfig& c) {
   const fs::path dir = model_folder(c);
   r.folder = dir;
   const fs::path tok_file = dir / "tokenizer.json", cfg_file = dir / "tokenizer_config.json";
-  if (!fs::exists(tok_file)) {
+  const fs::path tekken_file = dir / "tekken.json";
+  // mistral-common's tekken.json, asked for or the only tokenizer there: converted as transformers converts it,
+  // with mistral-common's chat format for its version, into a copy the run tokenizes with and saves
+  const bool tekken = c.mistral_common || (!fs::exists(tok_file) && fs::exists(tekken_file));
+  if (c.mistral_common && !fs::exists(tekken_file))
+    user_error("tokenizer_use_mistral_common: ", dir.string(), " has no tekken.json");
+  if (!tekken && !fs::exists(tok_file)) {
     if (!c.tokenizer_edits.empty())
       user_error(tok_file.string(), ": no tokenizer.json to add tokens to (tokens / special_tokens)");
     return r;
   }
-  const json tokenizer_json = read_json_file(tok_file);
-  const json config = fs::exists(cfg_file) ? read_json_file(cfg_file) : json::object();
+  json tokenizer_json, config;
+  if (tekken) {
+    TekkenConversion t = convert_tekken(tekken_file);
+    tokenizer_json = std::move(t.tokenizer), config = std::move(t.config);
+    // (without the key, the repository's own template where it has one, as transformers' conversion takes it)
+    if (!c.mistral_common && fs::is_regular_file(dir / "chat_template.jinja"))
+      config["chat_template"] = read_input_file(dir / "chat_template.jinja", "chat template");
+    r.notes.push_back(cat("tokenizer: ", tekken_file.string(), " (mistral-common's tekken ", t.version,
+                          ") converted to tokenizer.json, with mistral-common's ", t.version, " chat format",
+                          c.mistral_common ? "" : " (the folder has no tokenizer.json)"));
+  } else {
+    tokenizer_json = read_json_file(tok_file);
+    config = fs::exists(cfg_file) ? read_json_file(cfg_file) : json::object();
+  }
   const EditedTokenizer e = edit_tokenizer(tokenizer_json, config, c.tokenizer_edits, tok_file.string());
   for (const std::string& note : e.notes) r.notes.push_back(note);
   // (edits that change nothing, e.g. a LLaMA-Factory template's eos that already is the tokenizer's: no copy)
-  const bool changed = e.tokenizer != tokenizer_json || e.config != config;
-  if (!c.tokenizer_edits.empty() && changed) {
+  const bool changed = tekken || e.tokenizer != tokenizer_json || e.config != config;
+  if ((tekken || !c.tokenizer_edits.empty()) && changed) {
     check_adapter_trains_new_rows(c, tokenizer_json, config);
     const std::string tok_text = e.tokenizer.dump(2) + "\n", cfg_text = e.config.dump(2) + "\n";
     const fs::path out = c.dataset_prepared_path / ("tokenizer-" + sha256_hex(tok_text + cfg_text).substr(0, 16));
@@ -106,9 +130,12 @@ RunTokenizer resolve(const TrainConfig& c) {
     for (const auto& [t, id] : e.added) added += cat(added.empty() ? "" : ", ", t, " = ", id);
     if (!c.tokenizer_edits.chat_template.empty())
       said += cat(said.empty() ? "" : ", ", "chat_template_jinja's template");
-    r.notes.push_back(cat("tokenizer: ", said.empty() ? "" : said + "; ", e.added.size(), " new tokens",
-                          added.empty() ? "" : " (" + added + ")", "; the run tokenizes with and saves ",
-                          out.string()));
+    if (c.tokenizer_edits.empty())
+      r.notes.push_back(cat("tokenizer: the run tokenizes with and saves ", out.string()));
+    else
+      r.notes.push_back(cat("tokenizer: ", said.empty() ? "" : said + "; ", e.added.size(), " new tokens",
+                            added.empty() ? "" : " (" + added + ")", "; the run tokenizes with and saves ",
+                            out.string()));
   }
   // transformers' resize_token_embeddings(len(tokenizer), rounded up to 32 with resize_token_embeddings_to_32x),
   // when the model has fewer rows (or more, with shrink_embeddings), as Axolotl's model loader calls it
@@ -137,9 +164,9 @@ std::string resolve_key(const TrainConfig& c) {
             {"chat_template", c.tokenizer_edits.chat_template},
             {"lora", c.lora.enabled},
             {"modules_to_save", c.lora.modules_to_save},
-            {"flags", {c.resize_to_32x, c.shrink_embeddings, c.mean_resizing}}};
+            {"flags", {c.resize_to_32x, c.shrink_embeddings, c.mean_resizing, c.mistral_common}}};
   for (const auto& [id, s] : c.tokenizer_edits.overrides) k["overrides"][std::to_string(id)] = s;
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "config.json"}) {
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "config.json", "tekken.json"}) {
     std::error_code ec;
     const fs::path p = model_folder(c) / f;
     const auto size = fs::file_size(p, ec);

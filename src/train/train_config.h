@@ -230,6 +230,9 @@ struct TrainConfig {
   // mean_resizing_embeddings: transformers' resize_token_embeddings as Axolotl calls it).
   TokenizerEdits tokenizer_edits;
   bool resize_to_32x = false, shrink_embeddings = false, mean_resizing = true;
+  // Axolotl's tokenizer_use_mistral_common: the model's tekken.json and mistral-common's chat format (its version's)
+  // instead of tokenizer.json and the repository's template (tokenizer/tekken.h)
+  bool mistral_common = false;
   int64_t logging_steps = 1;
   Device device = Device::CPU;
   BadRecordPolicy bad_records = BadRecordPolicy::kError;
