@@ -90,11 +90,22 @@ __global__ void adamw_kernel(W* w, const float* g, float* m, float* v, bf16* cop
 // most of its time there and in two barriers (69 ms for Qwen3-4B where fp32 AdamW takes 33; 58 with the
 // warps, the binary searches then dominating: see quantize_bucketed).
 constexpr int kWarpsPer8bitCta = 8;
-// The two moments' maps, their midpoints and quantize_bucketed's tables, staged in shared memory once per CTA.
-struct QuantTables {
+// The two moments' maps, their midpoints and quantize_bucketed's tables, built once per pair of maps
+// (build_quant_tables, CudaOps::quant_tables) and copied into shared memory by each CTA. Building them in every
+// CTA (3,460 bucket searches and three barriers) cost more than the update itself where a parameter is small:
+// the A3B's 18,432 expert matrices of 6,144 blocks each are one launch apiece, a warp then updating one block.
+struct alignas(16) QuantTables {
   float map[2][256], mid[2][255];
   uint8_t below[2][2][kQuantBuckets];  // [moment][x < 0][bucket]: see quantize_bucketed
-  __device__ void stage(const float* mmap, const float* vmap) {
+  // Copies the built tables in (16 bytes a thread per pass).
+  __device__ void stage(const QuantTables* built) {
+    static_assert(sizeof(QuantTables) % 16 == 0, "copied as int4");
+    const int4* from = reinterpret_cast<const int4*>(built);
+    int4* to = reinterpret_cast<int4*>(this);
+    for (int i = threadIdx.x; i < int(sizeof(QuantTables) / 16); i += blockDim.x) to[i] = from[i];
+    __syncthreads();
+  }
+  __device__ void build(const float* mmap, const float* vmap) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) {
       map[0][i] = mmap[i];
       map[1][i] = vmap[i];
@@ -117,10 +128,10 @@ struct QuantTables {
 
 template <typename W>
 __global__ void __launch_bounds__(32 * kWarpsPer8bitCta)
-    adamw_8bit_kernel(W* w, const float* g, uint8_t* mc, uint8_t* vc, float* ma, float* va, const float* mmap,
-                      const float* vmap, bf16* copy, int64_t n, AdamWStep s) {
+    adamw_8bit_kernel(W* w, const float* g, uint8_t* mc, uint8_t* vc, float* ma, float* va, const QuantTables* tables,
+                      bf16* copy, int64_t n, AdamWStep s) {
   __shared__ QuantTables t;
-  t.stage(mmap, vmap);
+  t.stage(tables);
   s.clip();
   const int lane = int(threadIdx.x % 32);
   const int64_t blocks = (n + 255) / 256;
@@ -202,10 +213,10 @@ __device__ inline void store_master4(bf16* w, int64_t i, float4& x, uint64_t see
 
 template <typename W>
 __global__ void __launch_bounds__(32 * kWarpsPer8bitCta)
-    adamw_8bit_vec_kernel(W* w, const float* g, uint8_t* mc, uint8_t* vc, float* ma, float* va, const float* mmap,
-                          const float* vmap, bf16* copy, int64_t blocks, AdamWStep s) {
+    adamw_8bit_vec_kernel(W* w, const float* g, uint8_t* mc, uint8_t* vc, float* ma, float* va,
+                          const QuantTables* tables, bf16* copy, int64_t blocks, AdamWStep s) {
   __shared__ QuantTables t;
-  t.stage(mmap, vmap);
+  t.stage(tables);
   s.clip();
   const int lane = int(threadIdx.x % 32);
   for (int64_t blk = int64_t(blockIdx.x) * kWarpsPer8bitCta + threadIdx.x / 32; blk < blocks;
@@ -263,10 +274,30 @@ __global__ void __launch_bounds__(32 * kWarpsPer8bitCta)
   }
 }
 
+// One CTA builds the tables for a pair of maps into `out` (global memory).
+__global__ void build_quant_tables(const float* mmap, const float* vmap, QuantTables* out) {
+  __shared__ QuantTables t;
+  t.build(mmap, vmap);
+  const int4* from = reinterpret_cast<const int4*>(&t);
+  int4* to = reinterpret_cast<int4*>(out);
+  for (int i = threadIdx.x; i < int(sizeof(QuantTables) / 16); i += blockDim.x) to[i] = from[i];
+}
+
 bool aligned(const void* p, size_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 }  // namespace
+
+const void* CudaOps::quant_tables(const Tensor& mmap, const Tensor& vmap) {
+  // (built again only when another optimizer's maps come: the maps of one run are two buffers for every parameter)
+  if (quant_tables_.bytes() == 0 || quant_maps_[0] != mmap.data || quant_maps_[1] != vmap.data) {
+    if (quant_tables_.bytes() == 0) quant_tables_ = alloc(sizeof(QuantTables));
+    build_quant_tables<<<1, 256, 0, stream_>>>(mmap.f32(), vmap.f32(), static_cast<QuantTables*>(quant_tables_.data()));
+    CUDA_CHECK_LAUNCH();
+    quant_maps_[0] = mmap.data, quant_maps_[1] = vmap.data;
+  }
+  return quant_tables_.data();
+}
 
 void CudaOps::adamw(Tensor master, const Tensor& grad, Tensor m, Tensor v, const AdamWParams& p, Tensor* compute_copy) {
   const auto prof = profile("adamw");
@@ -292,6 +323,7 @@ void CudaOps::adamw_8bit(Tensor master, const Tensor& grad, const Blockwise8& m,
   float *ma = m.absmax.f32(), *va = v.absmax.f32();
   const float* g = grad.f32();
   uint8_t *mc = m.code.as<uint8_t>(), *vc = v.code.as<uint8_t>();
+  const auto* tables = static_cast<const QuantTables*>(quant_tables(m.map, v.map));
   // Enough CTAs to fill the GPU several times over; each warp then walks the blocks grid-stride.
   auto ctas = [](int64_t blocks) {
     return unsigned(std::min<int64_t>((blocks + kWarpsPer8bitCta - 1) / kWarpsPer8bitCta, 132 * 8));
@@ -306,8 +338,8 @@ void CudaOps::adamw_8bit(Tensor master, const Tensor& grad, const Blockwise8& m,
         (!copy || aligned(copy, 8))) {
       whole = n / kBlockwise8Block;
       if (whole > 0) {
-        adamw_8bit_vec_kernel<<<ctas(whole), 32 * kWarpsPer8bitCta, 0, stream_>>>(w, g, mc, vc, ma, va, m.map.f32(),
-                                                                                  v.map.f32(), copy, whole, step);
+        adamw_8bit_vec_kernel<<<ctas(whole), 32 * kWarpsPer8bitCta, 0, stream_>>>(w, g, mc, vc, ma, va, tables, copy,
+                                                                                  whole, step);
         CUDA_CHECK_LAUNCH();
       }
     }
@@ -317,8 +349,8 @@ void CudaOps::adamw_8bit(Tensor master, const Tensor& grad, const Blockwise8& m,
     AdamWStep tail = step;
     tail.sr_seed = stochastic_seed_at(step.sr_seed, uint64_t(done));
     adamw_8bit_kernel<<<ctas((rest + kBlockwise8Block - 1) / kBlockwise8Block), 32 * kWarpsPer8bitCta, 0, stream_>>>(
-        w + done, g + done, mc + done, vc + done, ma + whole, va + whole, m.map.f32(), v.map.f32(),
-        copy ? copy + done : nullptr, rest, tail);
+        w + done, g + done, mc + done, vc + done, ma + whole, va + whole, tables, copy ? copy + done : nullptr, rest,
+        tail);
     CUDA_CHECK_LAUNCH();
   };
   if (master.dtype == DType::BF16) {

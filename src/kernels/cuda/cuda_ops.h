@@ -183,6 +183,10 @@ class CudaOps final : public Ops {
   // steps, never holds more than one weight: the quantised base stays quantised).
   Buffer dequantised_;
   Tensor dense_weight(const Weight& w);
+  // The 8-bit update's quantisation tables (adamw.cu's QuantTables) for the maps they were built from.
+  Buffer quant_tables_;
+  const void* quant_maps_[2] = {nullptr, nullptr};
+  const void* quant_tables(const Tensor& mmap, const Tensor& vmap);
   double* host_result_ = nullptr;  // pinned
   int sm_count_ = 0;
   int compute_capability_ = 0;     // major · 10 + minor
