@@ -55,10 +55,10 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
     const char* base = static_cast<const char*>(map_);
     json header;
     try {
-      header = json::parse(base + 8, base + 8 + header_len, [](int depth, json::parse_event_t, json&) {
-        if (depth > kMaxJsonDepth) throw json::other_error::create(600, "nested too deep", nullptr);
-        return true;
-      });
+      const std::string text(base + 8, base + 8 + header_len);
+      if (json_nesting_depth(text) > kMaxJsonDepth)
+        throw json::other_error::create(600, "nested too deep", nullptr);
+      header = json::parse(text);
     } catch (const json::exception& e) {  // syntax, or a number out of range
       bad(path, cat("header is not JSON (", e.what(), ")"));
     }
