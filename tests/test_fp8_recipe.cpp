@@ -8,8 +8,11 @@
 #include <sstream>
 
 #include "cli/config.h"
+#include "cli_test_util.h"
 #include "demo_run_util.h"
 #include "kernels/quant.h"
+#include "model/checkpoint.h"
+#include "model/transformer.h"
 #include "test_util.h"
 #include "train/run_training.h"
 
@@ -279,6 +282,46 @@ TEST(Fp8Recipe, BadSettingsAreOneLine) {
   EXPECT_NE(error_of("fp8_amax_history: 0\n", false).find("fp8_amax_history"), std::string::npos);
   EXPECT_EQ(error_of("recipe: fp8-hybrid\nskip_quant_first_layers: 2\nskip_quant_last_layers: 1\n", true),
             "skip_quant_first_layers + skip_quant_last_layers must be between 0 and the model's 2 layers");
+}
+
+}  // namespace
+}  // namespace soltrain
+
+namespace soltrain {
+namespace {
+
+// `bench --plan-only --recipe fp8-hybrid` counts what the recipe allocates (its FP8 W and Wᵀ copies, scaling state
+// and cast scratch): the projections planned from config.json alone are the ones enable_fp8 registers (it checks
+// that itself, skipped layers too), and their planned bytes are the recipe's device bytes once planned for the
+// batch's tokens. The plan grows by them over the bf16 plan.
+TEST(Fp8Recipe, ThePlanCountsWhatTheRecipeAllocates) {
+  const auto dir = test::fixtures() / "models" / "qwen3-tiny";
+  const ModelConfig c = load_model_config(dir);
+  auto ops = make_cpu_ops();
+  size_t allocated = 0;
+  for (const int skip : {0, 1}) {
+    auto model = load_pretrained(dir, *ops);
+    Fp8Settings s;
+    s.skip_first_layers = skip;
+    model->enable_fp8(s);
+    model->plan(2, 32);
+    const auto shapes = Transformer::fp8_projection_shapes(c, s);
+    EXPECT_EQ(shapes.size(), size_t(7 * (c.num_layers - skip)));
+    EXPECT_EQ(Fp8Recipe::planned(shapes, s, 2 * 32).total(), model->fp8()->device_bytes()) << skip;
+    if (skip == 0) allocated = model->fp8()->device_bytes();
+  }
+  const auto plan = [&](const std::string& extra) {
+    test::TempDir t;
+    const test::CliRun r = test::run(
+        "bench --plan-only --device cpu --model " + dir.string() + " --batch-size 2 --seq-len 32 " + extra, t);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  const auto bf16 = plan(""), fp8 = plan("--recipe fp8-hybrid");
+  const double gib = double(size_t(1) << 30);
+  EXPECT_EQ(bf16["fp8_gib"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(fp8["fp8_gib"].get<double>(), double(allocated) / gib);
+  EXPECT_NEAR(fp8["total_gib"].get<double>() - bf16["total_gib"].get<double>(), fp8["fp8_gib"].get<double>(), 1e-12);
 }
 
 }  // namespace

@@ -220,6 +220,16 @@ int print_activation_plan(const BenchOpts& o) {
     host_grads = offload.grads ? double(g.host) / gib : 0.0;
     grads = double(g.device()) / gib;
   }
+  // recipe fp8-hybrid: the projections' FP8 W and Wᵀ copies (2 bytes a weight), their scaling state and the casts'
+  // scratch, as the run's Fp8Recipe allocates them
+  double fp8 = 0;
+  if (bench.fp8_hybrid) {
+    if (c.moe_layers() > 0) user_error(moe_refusal(c, MoeUnsupported::Fp8Recipe));
+    fp8 =
+        double(Fp8Recipe::planned(Transformer::fp8_projection_shapes(c, bench.fp8), bench.fp8, int64_t(o.batch) * o.seq)
+                   .total()) /
+        gib;
+  }
   PlannedTotals t{weights, grads, optimizer};
   const nlohmann::json parallel =
       o.data_parallel >= 0 || o.gpus > 1 ? data_parallel_plan(o, c, ps, w, opt, p, act, slots, offload, t) : nullptr;
@@ -243,9 +253,10 @@ int print_activation_plan(const BenchOpts& o) {
                    {"weight_slots_gib", double(slots) / gib},
                    {"grad_gib", grads},
                    {"optimizer_gib", optimizer},
+                   {"fp8_gib", fp8},  // recipe fp8-hybrid's FP8 weight copies, scaling state and cast scratch
                    {"optimizer_host_gib", host_moments ? double(opt.moments()) / gib : 0.0},
                    {"grad_host_gib", host_grads},
-                   {"total_gib", double(p.total_bytes()) / gib + weights + grads + optimizer},
+                   {"total_gib", double(p.total_bytes()) / gib + weights + grads + optimizer + fp8},
                    {"data_parallel", parallel},  // per rank (null: one process)
                    {"buffers", buffers}};
   std::cout << r.dump() << std::endl;

@@ -36,14 +36,29 @@ Fp8Projection* Fp8Recipe::add(int64_t out, int64_t in, bool trains, Fp8Projectio
   return projections_.back().get();
 }
 
-void Fp8Recipe::allocate() {
-  const int64_t P = int64_t(projections_.size()), H = settings_.amax_history;
-  size_t wbytes = 0;
-  for (const auto& p : projections_) wbytes += 2 * round256(size_t(p->out_ * p->in_));
-  weights_ = ops_.alloc(std::max<size_t>(wbytes, 256));
+Fp8Recipe::Bytes Fp8Recipe::planned(const std::vector<std::pair<int64_t, int64_t>>& shapes, const Fp8Settings& s,
+                                    int64_t tokens) {
+  Bytes b;
+  int64_t widest = 0;
+  for (const auto& [out, in] : shapes) {
+    b.weights += 2 * round256(size_t(out * in));  // W [out, in] and Wᵀ, E4M3
+    widest = std::max({widest, out, in});
+  }
+  b.weights = std::max<size_t>(b.weights, 256);
   // F32 state: scale records (16 bytes each: Ops::Fp8Scaling) of the inputs [P], of the output gradients [P]
   // and of the weights [P], then the x and dy amax histories [P, H] each.
-  state_ = ops_.alloc(size_t(P * (12 + 2 * H)) * sizeof(float) + 256);
+  b.state = size_t(int64_t(shapes.size()) * (12 + 2 * int64_t(s.amax_history))) * sizeof(float) + 256;
+  b.scratch = 4 * size_t(tokens * widest);  // x, xᵀ, dy, dyᵀ codes
+  return b;
+}
+
+void Fp8Recipe::allocate() {
+  const int64_t P = int64_t(projections_.size()), H = settings_.amax_history;
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  for (const auto& p : projections_) shapes.emplace_back(p->out_, p->in_);
+  const Bytes b = planned(shapes, settings_, 0);
+  weights_ = ops_.alloc(b.weights);
+  state_ = ops_.alloc(b.state);
   const size_t f = sizeof(float);
   x_scales_ = at(state_, 0, DType::F32, {P, 4});
   dy_scales_ = at(state_, size_t(4 * P) * f, DType::F32, {P, 4});
@@ -70,7 +85,7 @@ void Fp8Recipe::allocate() {
 
 void Fp8Recipe::plan(int64_t tokens) {
   if (tokens <= scratch_tokens_) return;
-  for (Buffer& b : scratch_) b = ops_.alloc(size_t(tokens * widest_));
+  for (Buffer& b : scratch_) b = ops_.alloc(size_t(tokens * widest_));  // (planned(): 4 · tokens · widest)
   scratch_tokens_ = tokens;
 }
 

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/buffer.h"
@@ -74,6 +75,13 @@ class Fp8Recipe {
   void allocate();
   // Sizes the shared cast scratch for passes of up to `tokens` tokens.
   void plan(int64_t tokens);
+  // What a recipe over projections of these [out, in] shapes allocates for passes of up to `tokens` tokens:
+  // allocate() and plan() size their buffers by it, and `bench --plan-only` plans a run with it.
+  struct Bytes {
+    size_t weights = 0, state = 0, scratch = 0;  // the FP8 W and Wᵀ copies; scales and histories; cast scratch
+    size_t total() const { return weights + state + scratch; }
+  };
+  static Bytes planned(const std::vector<std::pair<int64_t, int64_t>>& shapes, const Fp8Settings& s, int64_t tokens);
   // The amax histories of the inputs and output gradients ([2 · projections, amax_history], F32; empty with
   // current scaling): data parallel makes each rank's the largest over the ranks before after_update(), so
   // every rank scales alike (TransformerEngine's reduce_amax) and a checkpoint's state is every rank's.

@@ -220,11 +220,13 @@ void Transformer::enable_fp8(const Fp8Settings& s) {
         "recipe fp8-hybrid keeps FP8 copies of the base's projections on the device, and offload_weights "
         "streams the base from host memory: use one of them");
   fp8_ = std::make_unique<Fp8Recipe>(ops_, s);
+  std::vector<std::pair<int64_t, int64_t>> registered;
   for (int l = s.skip_first_layers; l < L - s.skip_last_layers; ++l) {
     DecoderLayer& layer = layers_[size_t(l)];
     auto add = [&](Linear& lin, Fp8Projection* same_input_as) {
       const Parameter& w = lin.weight_parameter();
       Fp8Projection* p = fp8_->add(w.shape[0], w.shape[1], w.trainable, same_input_as, w.format != WeightFormat::Dense);
+      registered.emplace_back(w.shape[0], w.shape[1]);
       lin.set_fp8(p);
       return p;
     };
@@ -237,8 +239,25 @@ void Transformer::enable_fp8(const Fp8Settings& s) {
     add(layer.mlp.up, gate);
     add(layer.mlp.down, nullptr);
   }
+  SOLTRAIN_CHECK(registered == fp8_projection_shapes(config_, s), "enable_fp8: the planned projections differ");
   fp8_->allocate();
   if (acts_) fp8_->plan(int64_t(acts_->rows) * acts_->seq_len);
+}
+
+std::vector<std::pair<int64_t, int64_t>> Transformer::fp8_projection_shapes(const ModelConfig& c,
+                                                                            const Fp8Settings& s) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  const int64_t D = c.hidden_size, F = c.intermediate_size;
+  for (int l = s.skip_first_layers; l < c.num_layers - s.skip_last_layers; ++l)
+    for (const auto& shape : {std::pair<int64_t, int64_t>{c.q_dim(), D},
+                              {c.kv_dim(), D},
+                              {c.kv_dim(), D},
+                              {D, c.q_dim()},
+                              {F, D},
+                              {F, D},
+                              {D, F}})
+      out.push_back(shape);  // q, k, v, o, gate, up, down: enable_fp8's order
+  return out;
 }
 
 void Transformer::after_update() {

@@ -149,6 +149,9 @@ class Transformer {
   // The fp8-hybrid recipe (model/fp8_recipe.h) for the decoder layers' projections; a UserError when the
   // backend cannot run FP8 GEMMs (with the GPU it needs) or the base is quantised. Call once, before training.
   void enable_fp8(const Fp8Settings& s);
+  // The [out, in] shapes of the projections enable_fp8 puts under the recipe, from the config alone (it checks
+  // that they are the ones it registered): `bench --plan-only` sizes the recipe's buffers with them.
+  static std::vector<std::pair<int64_t, int64_t>> fp8_projection_shapes(const ModelConfig& c, const Fp8Settings& s);
   const Fp8Recipe* fp8() const { return fp8_.get(); }
   Fp8Recipe* fp8() { return fp8_.get(); }
   size_t fp8_bytes() const;  // device memory of the recipe's FP8 copies, scales and scratch

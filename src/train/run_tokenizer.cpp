@@ -104,10 +104,11 @@ RunTokenizer resolve(const TrainConfig& c) {
     TekkenConversion t = convert_tekken(tekken_file);
     tokenizer_json = std::move(t.tokenizer), config = std::move(t.config);
     // (without the key, the repository's own template where it has one, as transformers' conversion takes it)
-    if (!c.mistral_common && fs::is_regular_file(dir / "chat_template.jinja"))
-      config["chat_template"] = read_input_file(dir / "chat_template.jinja", "chat template");
+    const bool own = !c.mistral_common && fs::is_regular_file(dir / "chat_template.jinja");
+    if (own) config["chat_template"] = read_input_file(dir / "chat_template.jinja", "chat template");
     r.notes.push_back(cat("tokenizer: ", tekken_file.string(), " (mistral-common's tekken ", t.version,
-                          ") converted to tokenizer.json, with mistral-common's ", t.version, " chat format",
+                          ") converted to tokenizer.json, with ",
+                          own ? "the folder's chat_template.jinja" : "mistral-common's " + t.version + " chat format",
                           c.mistral_common ? "" : " (the folder has no tokenizer.json)"));
   } else {
     tokenizer_json = read_json_file(tok_file);
