@@ -587,6 +587,9 @@ TEST(Config, MissingFeaturesAreNamedInOneLine) {
             "cfg.yaml:6: optimizer: \"lion_8bit\": not supported; use optimizer: adamw_torch (fp32 moments), "
             "adamw_8bit, adamw_torch_8bit, adamw_torch_4bit, muon or normuon");
   EXPECT_EQ(error_of(kBase + "tokenizer_use_mistral_common: true\n"), "no error");  // (tests/test_tekken.cpp)
+  EXPECT_EQ(error_of(kBase + "tokenizer_use_mistral_common: true\nchat_template: chatml\n"),
+            "cfg.yaml:7: chat_template is not supported with tokenizer_use_mistral_common (the tokens and chat format "
+            "are mistral-common's; Axolotl refuses it too)");
   EXPECT_EQ(error_of(kBase + "relora: true\n"), "cfg.yaml:6: relora: ReLoRA is not built yet");
   EXPECT_EQ(error_of(kBase + "dp_shard_size: 2\n"),
             "cfg.yaml:6: dp_shard_size: Axolotl's N-D parallelism is not built; zero_stage: 3 shards over every GPU "
@@ -704,6 +707,33 @@ TEST(Config, SurogatesDpoLossBlock) {
       parse_train_config(kBase + "default_system_message: Be brief.\n", "cfg.yaml", {}, TrainMode::kSft);
   EXPECT_TRUE(std::any_of(s.notes.begin(), s.notes.end(),
                           [](const std::string& n) { return n.find("default_system_message: no effect") == 0; }));
+}
+
+}  // namespace
+}  // namespace soltrain
+
+namespace soltrain {
+namespace {
+
+// Axolotl infers tokenizer_use_mistral_common for a Magistral model (its validator: "magistral" in the model's
+// name) and says so; given false it stays off; edits of the tokenizer are refused with it, as Axolotl's are.
+TEST(Config, MistralCommonIsInferredForMagistralAsAxolotlDoes) {
+  const std::string rest = "output_dir: out\ndatasets:\n  - path: d.jsonl\n    type: conversation\n";
+  const TrainConfig m =
+      parse_train_config("model: models/Magistral-Small-2506\n" + rest, "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_TRUE(m.mistral_common);
+  EXPECT_NE(std::find(m.notes.begin(), m.notes.end(),
+                      "tokenizer_use_mistral_common: true for a Magistral model, as Axolotl infers it (set it false "
+                      "to use the repository's tokenizer.json)"),
+            m.notes.end());
+  EXPECT_FALSE(parse_train_config("model: models/Magistral-Small-2506\ntokenizer_use_mistral_common: false\n" + rest,
+                                  "cfg.yaml", {}, TrainMode::kSft)
+                   .mistral_common);
+  EXPECT_FALSE(
+      parse_train_config("model: models/Ministral-8B\n" + rest, "cfg.yaml", {}, TrainMode::kSft).mistral_common);
+  EXPECT_EQ(error_of("model: models/magistral\n" + rest + "tokens: [\"<x>\"]\n"),
+            "cfg.yaml:6: tokens is not supported with tokenizer_use_mistral_common (the tokens and chat format are "
+            "mistral-common's; Axolotl refuses it too)");
 }
 
 }  // namespace

@@ -650,6 +650,27 @@ void rule_expert_parallel(const Entries& en, const std::string&, TrainConfig& c,
       errors.push_back(cat(en.where(k), ": ", k, " tunes LLEP, which is off: set ep_llep: true (with ep_size > 1)"));
 }
 
+// Axolotl's tokenizer_use_mistral_common: inferred true for a Magistral model when not given (Axolotl's validator,
+// its warning a note here), and the tokenizer edits and templates mistral-common's tokenizer does not take refused as
+// Axolotl refuses them (its tokens and chat format are mistral-common's).
+void rule_mistral_common(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
+  if (!en.given({"tokenizer_use_mistral_common"})) {
+    std::string name = c.model.string();
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
+    if (name.find("magistral") == std::string::npos) return;
+    c.mistral_common = true;
+    c.notes.push_back(
+        "tokenizer_use_mistral_common: true for a Magistral model, as Axolotl infers it (set it false to use the "
+        "repository's tokenizer.json)");
+  }
+  if (!c.mistral_common) return;
+  for (const char* k : {"added_tokens_overrides", "special_tokens", "tokens", "chat_template", "chat_template_jinja"})
+    if (en.given({k}))
+      errors.push_back(cat(en.where(k), ": ", k,
+                           " is not supported with tokenizer_use_mistral_common (the tokens and chat format are "
+                           "mistral-common's; Axolotl refuses it too)"));
+}
+
 constexpr Rule kRules[] = {rule_lora_settings_imply_lora,
                            rule_classifier,
                            rule_quantised_base,
@@ -659,6 +680,7 @@ constexpr Rule kRules[] = {rule_lora_settings_imply_lora,
                            rule_required,
                            rule_streaming,
                            rule_chat_template_jinja,
+                           rule_mistral_common,
                            rule_offload,
                            rule_expert_parallel,
                            rule_streamed_base,
