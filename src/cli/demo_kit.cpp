@@ -11,6 +11,7 @@
 #include "kernels/ops.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "tokenizer/hf_tokenizer_json.h"
 
 namespace soltrain {
 
@@ -65,35 +66,14 @@ void write_byte_tokenizer(const fs::path& dir) {
   for (int b = 0; b < 256; ++b) vocab[byte_symbol(b)] = b;
   json added = json::array();
   const char* specials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
-  for (int i = 0; i < 3; ++i)
-    added.push_back({{"id", 256 + i},
-                     {"content", specials[i]},
-                     {"single_word", false},
-                     {"lstrip", false},
-                     {"rstrip", false},
-                     {"normalized", false},
-                     {"special", true}});
-  const json tok = {
-      {"version", "1.0"},
-      {"added_tokens", added},
-      {"normalizer", nullptr},
-      // Every field HF tokenizers' own serialisation has: its loader rejects a ByteLevel without them
-      // ("data did not match any variant of untagged enum PyDecoderWrapper").
-      {"pre_tokenizer",
-       {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
-      {"post_processor", nullptr},
-      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
-      {"model",
-       {{"type", "BPE"},
-        {"dropout", nullptr},
-        {"unk_token", nullptr},
-        {"continuing_subword_prefix", nullptr},
-        {"end_of_word_suffix", nullptr},
-        {"fuse_unk", false},
-        {"byte_fallback", false},
-        {"ignore_merges", false},
-        {"vocab", vocab},
-        {"merges", json::array()}}}};
+  for (int i = 0; i < 3; ++i) added.push_back(hf_added_special_token(256 + i, specials[i]));
+  const json tok = {{"version", "1.0"},
+                    {"added_tokens", added},
+                    {"normalizer", nullptr},
+                    {"pre_tokenizer", hf_byte_level(false, true, true)},
+                    {"post_processor", nullptr},
+                    {"decoder", hf_byte_level(true, true, true)},
+                    {"model", hf_bpe_model(std::move(vocab), json::array(), /*ignore_merges=*/false)}};
   write_file_atomic(dir / "tokenizer.json", tok.dump(1) + "\n");
   const std::string tmpl =
       "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"

@@ -9,6 +9,7 @@
 #include "io/base64.h"
 #include "io/json_file.h"
 #include "tokenizer/byte_level.h"
+#include "tokenizer/hf_tokenizer_json.h"
 
 namespace soltrain {
 
@@ -66,14 +67,6 @@ std::vector<std::string> special_strings(const json& raw, size_t num_special, co
     user_error(where, ": ", out.size(), " special tokens but default_num_special_tokens is ", num_special);
   for (size_t i = out.size(); i < num_special; ++i) out.push_back("<SPECIAL_" + std::to_string(i) + ">");
   return out;
-}
-
-// {"type": "ByteLevel", ...} with the flags transformers writes
-json byte_level(bool add_prefix_space, bool trim_offsets, bool use_regex) {
-  return {{"type", "ByteLevel"},
-          {"add_prefix_space", add_prefix_space},
-          {"trim_offsets", trim_offsets},
-          {"use_regex", use_regex}};
 }
 
 // Text of a message's content: a string, or chunks joined as mistral-common joins them (consecutive text chunks
@@ -211,14 +204,7 @@ TekkenConversion convert_tekken(const fs::path& tekken_json) {
       merges.push_back(json::array({byte_level_encode(t.substr(0, k)), byte_level_encode(t.substr(k))}));
   }
   json added = json::array();
-  for (size_t i = 0; i < specials.size(); ++i)
-    added.push_back({{"id", int64_t(i)},
-                     {"content", specials[i]},
-                     {"single_word", false},
-                     {"lstrip", false},
-                     {"rstrip", false},
-                     {"normalized", false},
-                     {"special", true}});
+  for (size_t i = 0; i < specials.size(); ++i) added.push_back(hf_added_special_token(int64_t(i), specials[i]));
   TekkenConversion out;
   out.version = cfg.value("version", std::string("v3"));
   out.tokenizer = {{"version", "1.0"},
@@ -232,20 +218,10 @@ TekkenConversion convert_tekken(const fs::path& tekken_json) {
                                                      {"pattern", {{"Regex", cfg["pattern"]}}},
                                                      {"behavior", "Isolated"},
                                                      {"invert", false}},
-                                                    byte_level(false, true, false)})}}},
-                   {"post_processor", byte_level(true, false, true)},
-                   {"decoder", byte_level(true, true, true)},
-                   {"model",
-                    {{"type", "BPE"},
-                     {"dropout", nullptr},
-                     {"unk_token", nullptr},
-                     {"continuing_subword_prefix", nullptr},
-                     {"end_of_word_suffix", nullptr},
-                     {"fuse_unk", false},
-                     {"byte_fallback", false},
-                     {"ignore_merges", true},
-                     {"vocab", vocab},
-                     {"merges", merges}}}};
+                                                    hf_byte_level(false, true, false)})}}},
+                   {"post_processor", hf_byte_level(true, false, true)},
+                   {"decoder", hf_byte_level(true, true, true)},
+                   {"model", hf_bpe_model(std::move(vocab), std::move(merges), /*ignore_merges=*/true)}};
   const auto has = [&](const char* s) { return std::find(specials.begin(), specials.end(), s) != specials.end(); };
   json config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
                  {"clean_up_tokenization_spaces", false},
