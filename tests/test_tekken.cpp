@@ -172,6 +172,22 @@ TEST(Tekken, ChatFormatsRenderAsMistralCommon) {
   EXPECT_THROW(mistral_chat_template("v15", "tekken.json"), UserError);
 }
 
+TEST(Tekken, AMalformedFileIsOneLineNamingIt) {
+  TempDir t;
+  json j = tekken_json(random_vocab(4, 3), "\\S+", "v7", 8, true);
+  j["config"]["default_vocab_size"] = "many";
+  write_text(t.path / "tekken.json", j.dump());
+  try {
+    convert_tekken(t.path / "tekken.json");
+    ADD_FAILURE() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()), (t.path / "tekken.json").string() + ": config.default_vocab_size is not a count");
+  }
+  j["config"]["default_vocab_size"] = 300, j["config"]["version"] = 7;
+  write_text(t.path / "tekken.json", j.dump());
+  EXPECT_THROW(convert_tekken(t.path / "tekken.json"), UserError);
+}
+
 TEST(Tekken, TheKeyWithoutATekkenFileIsOneLine) {
   TempDir t;
   fs::create_directories(t.path / "model");

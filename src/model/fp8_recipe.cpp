@@ -15,6 +15,10 @@ Tensor at(const Buffer& b, size_t offset_bytes, DType t, Shape s) {
 size_t round256(size_t n) {
   return (n + 255) / 256 * 256;
 }
+// One of the four cast scratch buffers (FP8 codes of a pass's input or output gradient, or their transposes).
+size_t scratch_bytes(int64_t tokens, int64_t widest) {
+  return size_t(tokens * widest);
+}
 }  // namespace
 
 Fp8Recipe::Fp8Recipe(Ops& ops, Fp8Settings s) : ops_(ops), settings_(s) {}
@@ -48,7 +52,7 @@ Fp8Recipe::Bytes Fp8Recipe::planned(const std::vector<std::pair<int64_t, int64_t
   // F32 state: scale records (16 bytes each: Ops::Fp8Scaling) of the inputs [P], of the output gradients [P]
   // and of the weights [P], then the x and dy amax histories [P, H] each.
   b.state = size_t(int64_t(shapes.size()) * (12 + 2 * int64_t(s.amax_history))) * sizeof(float) + 256;
-  b.scratch = 4 * size_t(tokens * widest);  // x, xᵀ, dy, dyᵀ codes
+  b.scratch = 4 * scratch_bytes(tokens, widest);  // x, xᵀ, dy, dyᵀ codes
   return b;
 }
 
@@ -85,7 +89,7 @@ void Fp8Recipe::allocate() {
 
 void Fp8Recipe::plan(int64_t tokens) {
   if (tokens <= scratch_tokens_) return;
-  for (Buffer& b : scratch_) b = ops_.alloc(size_t(tokens * widest_));  // (planned(): 4 · tokens · widest)
+  for (Buffer& b : scratch_) b = ops_.alloc(scratch_bytes(tokens, widest_));
   scratch_tokens_ = tokens;
 }
 

@@ -138,6 +138,13 @@ const char* kV7 = R"J(
 {%- endfor -%}
 )J";
 
+// config's `key` as a count, or `fallback` when absent; a UserError naming the file when it is not one.
+size_t config_count(const json& cfg, const char* key, size_t fallback, const std::string& where) {
+  if (!cfg.contains(key)) return fallback;
+  if (!cfg[key].is_number_unsigned()) user_error(where, ": config.", key, " is not a count");
+  return cfg[key].get<size_t>();
+}
+
 }  // namespace
 
 std::string mistral_chat_template(const std::string& version, const std::string& where) {
@@ -164,15 +171,14 @@ TekkenConversion convert_tekken(const fs::path& tekken_json) {
   const json& cfg = raw["config"];
   if (!cfg.contains("pattern") || !cfg["pattern"].is_string()) user_error(where, ": config.pattern is missing");
   const json& vocab_raw = raw["vocab"];
-  const size_t num_special =
-      cfg.contains("default_num_special_tokens")
-          ? cfg["default_num_special_tokens"].get<size_t>()
-          : (raw.contains("special_tokens") ? raw["special_tokens"].size() : std::size(kFirstLayoutSpecials));
+  const size_t num_special = config_count(
+      cfg, "default_num_special_tokens",
+      raw.contains("special_tokens") ? raw["special_tokens"].size() : std::size(kFirstLayoutSpecials), where);
   const std::vector<std::string> specials = special_strings(raw, num_special, where);
   // mistral-common keeps the first default_vocab_size - num_special ranks (the file may list more)
   size_t inner = vocab_raw.size();
   if (cfg.contains("default_vocab_size")) {
-    const size_t total = cfg["default_vocab_size"].get<size_t>();
+    const size_t total = config_count(cfg, "default_vocab_size", 0, where);
     if (total < num_special) user_error(where, ": default_vocab_size is below the special tokens' count");
     inner = std::min(inner, total - num_special);
   }
@@ -206,6 +212,7 @@ TekkenConversion convert_tekken(const fs::path& tekken_json) {
   json added = json::array();
   for (size_t i = 0; i < specials.size(); ++i) added.push_back(hf_added_special_token(int64_t(i), specials[i]));
   TekkenConversion out;
+  if (cfg.contains("version") && !cfg["version"].is_string()) user_error(where, ": config.version is not a string");
   out.version = cfg.value("version", std::string("v3"));
   out.tokenizer = {{"version", "1.0"},
                    {"truncation", nullptr},

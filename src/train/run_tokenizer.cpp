@@ -114,7 +114,8 @@ RunTokenizer resolve(const TrainConfig& c) {
     tokenizer_json = read_json_file(tok_file);
     config = fs::exists(cfg_file) ? read_json_file(cfg_file) : json::object();
   }
-  const EditedTokenizer e = edit_tokenizer(tokenizer_json, config, c.tokenizer_edits, tok_file.string());
+  const EditedTokenizer e =
+      edit_tokenizer(tokenizer_json, config, c.tokenizer_edits, (tekken ? tekken_file : tok_file).string());
   for (const std::string& note : e.notes) r.notes.push_back(note);
   // (edits that change nothing, e.g. a LLaMA-Factory template's eos that already is the tokenizer's: no copy)
   const bool changed = tekken || e.tokenizer != tokenizer_json || e.config != config;
