@@ -43,7 +43,8 @@ struct PeerSetup {
     write_random_model(t.path / "llama", s, 7);
     test::add_llama3_specials(t.path / "llama", true);
     std::ofstream d(t.path / "alpaca.jsonl"), m(t.path / "messages.jsonl"), g(t.path / "sharegpt.jsonl"),
-        q(t.path / "gsm8k.jsonl"), pc(t.path / "prompt_completion.jsonl"), pref(t.path / "dpo_chat.jsonl");
+        q(t.path / "gsm8k.jsonl"), pc(t.path / "prompt_completion.jsonl"), pref(t.path / "dpo_chat.jsonl"),
+        jeo(t.path / "jeopardy.jsonl"), txt(t.path / "text.jsonl");
     for (int i = 0; i < 40; ++i) {
       const std::string w = "w" + std::to_string(i), r = std::to_string(i) + "w";
       d << "{\"instruction\": \"Reverse the word.\", \"input\": \"" << w << "\", \"output\": \"" << r << "\"}\n";
@@ -54,6 +55,11 @@ struct PeerSetup {
       q << R"({"question": "Reverse )" << w << R"(", "answer": ")" << r << "\"}\n";
       pc << R"({"prompt": [{"role": "system", "content": "Reverse the text."}, {"role": "user", "content": ")" << w
          << R"("}], "completion": [{"role": "assistant", "content": ")" << r << "\"}]}\n";
+      // openaccess-ai-collective/jeopardy's columns; plain text rows (Axolotl's completion type)
+      jeo << R"({"question": "This word reversed is )" << w << R"(", "category": "WORDS", "answer": ")" << r
+          << R"(", "value": "$200", "round": "Jeopardy!"})"
+          << "\n";
+      txt << R"({"text": "Reverse )" << w << " and you get " << r << "\"}\n";
       // Axolotl's chat_template.default preference rows (field_messages: conversation, chosen/rejected turns)
       pref << R"({"conversation": [{"role": "user", "content": "Reverse )" << w
            << R"("}], "chosen": {"role": "assistant", "content": ")" << r
@@ -65,10 +71,12 @@ struct PeerSetup {
         test(t.path / "shakespeare" / "test-00000-of-00001.jsonl");
     for (int i = 0; i < 30; ++i) train << R"({"Text": "To be, or not to be, line )" << i << "\"}\n";
     for (int i = 0; i < 5; ++i) test << R"({"Text": "That is the question, line )" << i << "\"}\n";
-    train.close(), test.close(), d.close(), m.close(), g.close(), q.close(), pc.close(), pref.close();
+    train.close(), test.close(), d.close(), m.close(), g.close(), q.close(), pc.close(), pref.close(), jeo.close(),
+        txt.close();
     guard.arm({t.path / "model", t.path / "llama", t.path / "alpaca.jsonl", t.path / "messages.jsonl",
                t.path / "sharegpt.jsonl", t.path / "gsm8k.jsonl", t.path / "prompt_completion.jsonl",
-               t.path / "dpo_chat.jsonl", t.path / "shakespeare", fs::path(SOLTRAIN_FIXTURES) / "peer_configs"});
+               t.path / "dpo_chat.jsonl", t.path / "jeopardy.jsonl", t.path / "text.jsonl", t.path / "shakespeare",
+               fs::path(SOLTRAIN_FIXTURES) / "peer_configs"});
   }
   test::InputsGuard guard;  // (after t: compared before the folder goes)
   // The fixture config with MODEL_DIR (`model`: "model" or "llama"), every DATA_FILE (as `data`) and
@@ -900,6 +908,49 @@ TEST(PeerConfigs, SurogatePretrainingRunsWithNormuonUnderFp8) {
   EXPECT_NE(all.find("recipe fp8-hybrid: the decoder layers' projections in FP8"), std::string::npos) << all;
   EXPECT_NE(all.find(", 5 validation;"), std::string::npos) << all;
   EXPECT_TRUE(fs::exists(s.t.path / "out" / "model" / "model.safetensors")) << all;
+}
+
+// Axolotl's archived Jeopardy bot: `type: jeopardy` is its AlpacaPrompter over question / category and the response
+// "what is " + answer (prompt_tokenizers.py JeopardyPromptTokenizingStrategy); its `tokens:` map (the first releases'
+// special tokens) is read as special_tokens, said. The demo tokenizer is byte-level: the 40 prompts are Axolotl's
+// "{system}\n\n### Instruction:\n{question}\n\n### Input:\n{category}\n\n### Response:\n" (9,390 bytes), the
+// trained responses "what is 0w".."what is 39w" (430) plus an eos each.
+TEST(PeerConfigs, AxolotlJeopardyRunsWithItsPrompt) {
+  PeerSetup s;
+  const test::CliRun r = s.sft(s.config("axolotl-jeopardy-bot.yml", "jeopardy.jsonl"), "--set max_steps=2");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string all = r.out + r.err;
+  EXPECT_EQ(all.rfind("sft: tokens: a map of special tokens (an early Axolotl form) is read as special_tokens\n"
+                      "sft: tokenizer: bos_token <s>, eos_token </s>, unk_token <unk>; 3 new tokens",
+                      0),
+            0u)
+      << all;
+  EXPECT_NE(all.find("wrote 40 documents, 9860 tokens (470 trained)"), std::string::npos) << all;
+  EXPECT_TRUE(fs::exists(s.t.path / "out" / "model" / "model.safetensors")) << all;
+}
+
+// Axolotl's archived XGen QLoRA with early_stopping_patience 3 over evals_per_epoch 4: with a threshold no fall in
+// the validation loss passes (set here; the example's is 0), the run stops after the fourth evaluation (the first
+// sets the best, three more without gain); saves_per_epoch 1 leaves no checkpoint per evaluation, so the last
+// step's adapter is the final one, said. (sample_packing: false is Axolotl's default, soltrain's is true: given here so
+// that an epoch has Axolotl's 38 steps; sequence_len 64 so that those rows are not padded to 8192 on CI's cores.)
+TEST(PeerConfigs, AxolotlXgenStopsEarly) {
+  PeerSetup s;
+  const test::CliRun r = s.sft(s.config("axolotl-xgen-7b-8k-qlora.yml", "text.jsonl"),
+                               "--set early_stopping_threshold=100 --set sample_packing=false --set sequence_len=64");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string all = r.out + r.err;
+  EXPECT_NE(all.find("sft: note: early stopping keeps the last step's model (the best is restored only with a "
+                     "checkpoint at every evaluation"),
+            std::string::npos)
+      << all;
+  // 38 training documents a step (micro-batch 1, no packing), 4 epochs: evaluations every 9 steps
+  EXPECT_NE(all.find("step 36: early stopping: 3 evaluations in a row without a validation loss below the best by "
+                     "more than 100 ("),
+            std::string::npos)
+      << all;
+  EXPECT_NE(all.find("sft: done, 36 steps;"), std::string::npos) << all;
+  EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << all;
 }
 
 }  // namespace

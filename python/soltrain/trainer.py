@@ -33,6 +33,7 @@ class TrainOutput:
     training_loss: float  # the last logged step's loss
     metrics: dict[str, Any] = field(default_factory=dict)
     interrupted: bool = False  # stopped (Ctrl-C, SIGTERM or Trainer.stop()) after a checkpoint
+    stopped_early: bool = False  # early_stopping_patience ended it (the final model was saved)
 
 
 class Trainer:
@@ -90,6 +91,7 @@ class Trainer:
             training_loss=logged[-1]["loss"] if logged else float("nan"),
             metrics=result,
             interrupted=result["interrupted"],
+            stopped_early=result.get("stopped_early", False),
         )
 
     def evaluate(self) -> dict[str, Any]:

@@ -671,7 +671,20 @@ void rule_mistral_common(const Entries& en, const std::string&, TrainConfig& c, 
                            "mistral-common's; Axolotl refuses it too)"));
 }
 
-constexpr Rule kRules[] = {rule_lora_settings_imply_lora,
+// Early stopping counts evaluations during training, of held-out data (Axolotl and transformers refuse it
+// without them too).
+void rule_early_stopping(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
+  const bool best_asked = c.load_best_model_at_end.value_or(false);
+  if (c.early_stopping_patience == 0 && !best_asked) return;
+  const char* k = c.early_stopping_patience > 0 ? "early_stopping_patience" : "load_best_model_at_end";
+  if (c.validation_datasets.empty() && c.validation_split_ratio == 0 && c.validation_count == 0)
+    errors.push_back(cat(en.where(k), ": ", k, " needs a validation set (val_set_size or test_datasets)"));
+  else if (c.eval_steps == 0 && c.evals_per_epoch == 0)
+    errors.push_back(cat(en.where(k), ": ", k, " needs evaluations during training (eval_steps or evals_per_epoch)"));
+}
+
+constexpr Rule kRules[] = {rule_early_stopping,
+                           rule_lora_settings_imply_lora,
                            rule_classifier,
                            rule_quantised_base,
                            rule_peer_sharding,

@@ -175,6 +175,26 @@ void add_model_keys(std::vector<KeySpec>& v) {
                      }));
 }
 
+// special_tokens: {bos_token: ..., additional_special_tokens: [...]}, in the file's order.
+void read_special_tokens(const Entry& e, const std::string& k, ReadContext& x) {
+  if (!e.node.IsMap()) bad_value(e, k, "a map like {eos_token: ...}");
+  for (const auto& kv : e.node) {
+    const std::string role = scalar_text(kv.first);
+    if (role == "additional_special_tokens") {
+      x.c.tokenizer_edits.has_additional = true;
+      if (!kv.second.IsSequence() && !kv.second.IsNull())
+        user_error(e.where, ": ", k, ".", role, ": expected a list of tokens");
+      for (const auto& t : kv.second) {
+        if (!t.IsScalar()) user_error(e.where, ": ", k, ".", role, ": expected a list of tokens");
+        x.c.tokenizer_edits.additional_special.push_back(t.Scalar());
+      }
+      continue;
+    }
+    if (!kv.second.IsScalar()) user_error(e.where, ": ", k, ".", role, ": expected a token (a string)");
+    x.c.tokenizer_edits.special.emplace_back(role, kv.second.Scalar());  // (the file's order)
+  }
+}
+
 void add_data_keys(std::vector<KeySpec>& v) {
   v.push_back(key("datasets", "datasets", "a list of datasets", "",
                   "training data: paths or {path, type, field_*, ...} entries (see Datasets), required",
@@ -262,29 +282,18 @@ void add_data_keys(std::vector<KeySpec>& v) {
   v.push_back(key("special_tokens", "map", "a map like {eos_token: ...}", "",
                   "Axolotl's: sets the tokenizer's bos/eos/unk/pad/... token (adding it when new) and "
                   "additional_special_tokens; the run tokenizes with and saves that tokenizer",
-                  [](const Entry& e, const std::string& k, ReadContext& x) {
-                    if (!e.node.IsMap()) bad_value(e, k, "a map like {eos_token: ...}");
-                    for (const auto& kv : e.node) {
-                      const std::string role = scalar_text(kv.first);
-                      if (role == "additional_special_tokens") {
-                        x.c.tokenizer_edits.has_additional = true;
-                        if (!kv.second.IsSequence() && !kv.second.IsNull())
-                          user_error(e.where, ": ", k, ".", role, ": expected a list of tokens");
-                        for (const auto& t : kv.second) {
-                          if (!t.IsScalar()) user_error(e.where, ": ", k, ".", role, ": expected a list of tokens");
-                          x.c.tokenizer_edits.additional_special.push_back(t.Scalar());
-                        }
-                        continue;
-                      }
-                      if (!kv.second.IsScalar())
-                        user_error(e.where, ": ", k, ".", role, ": expected a token (a string)");
-                      x.c.tokenizer_edits.special.emplace_back(role, kv.second.Scalar());  // (the file's order)
-                    }
-                  }));
+                  read_special_tokens));
   v.push_back(key("tokens", "list", "a list of tokens", "",
                   "Axolotl's: tokens added to the tokenizer (each matched whole; the embedding grows when the model "
                   "has no spare rows)",
                   [](const Entry& e, const std::string& k, ReadContext& x) {
+                    if (e.node.IsMap()) {  // Axolotl's first releases: special tokens under this key
+                      read_special_tokens(e, k, x);
+                      x.c.notes.push_back(cat(k,
+                                              ": a map of special tokens (an early Axolotl form) is read as "
+                                              "special_tokens"));
+                      return;
+                    }
                     x.c.tokenizer_edits.tokens = get_string_list(e, k);
                   }));
   v.push_back(key("added_tokens_overrides", "map", "a map of added-token ids to new strings", "",
@@ -714,6 +723,14 @@ void add_run_keys(std::vector<KeySpec>& v) {
   v.push_back(integer("eval_steps", FIELD(eval_steps), 0, "evaluate every this many updates (0: first and last)"));
   v.push_back(number("evals_per_epoch", FIELD(evals_per_epoch), 0, 1e6, false,
                      "Axolotl's: evaluations per epoch, when eval_steps is not given (0: none)"));
+  v.push_back(integer("early_stopping_patience", FIELD(early_stopping_patience), 0,
+                      "stop after this many evaluations in a row without a lower validation loss (0: never)", 1000000));
+  v.push_back(number("early_stopping_threshold", FIELD(early_stopping_threshold), 0, 1e9, false,
+                     "... lower by more than this (transformers' EarlyStoppingCallback)"));
+  v.push_back(
+      key("load_best_model_at_end", "bool", "true or false", "early stopping with a checkpoint per evaluation",
+          "the final model is the checkpoint with the lowest validation loss",
+          [](const Entry& e, const std::string& k, ReadContext& x) { x.c.load_best_model_at_end = get_bool(e, k); }));
   v.push_back(integer("logging_steps", FIELD(logging_steps), 1, "log the loss every this many updates"));
   v.push_back(integer("skip_bad_batches", FIELD(skip_bad_batches), 0,
                       "a NaN/inf loss restores the last checkpoint and skips the update's batches, this many times"));

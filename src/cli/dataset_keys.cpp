@@ -22,7 +22,8 @@ DatasetType dataset_type(const Entry& e, TrainMode mode) {
   const auto t = find_dataset_type(s);
   if (!t)
     bad_value(e, "type",
-              "text, completion, instruction, alpaca, alpaca_chat, input_output, conversation, chat_template or auto");
+              "text, completion, instruction, alpaca, alpaca_chat, jeopardy, input_output, conversation, chat_template "
+              "or auto");
   if (mode == TrainMode::kPretrain && *t != DatasetType::kText && *t != DatasetType::kAuto)
     user_error(e.where, ": type: \"", s, "\": pt trains on text datasets (use `soltrain sft` for ", s, ")");
   return *t;
@@ -112,6 +113,10 @@ void add_field_keys(DatasetKeys& keys) {
            return;
          }
          r.d.type = dataset_type(e, r.mode);
+         if (r.type_name == "jeopardy") {  // Axolotl's JeopardyPromptTokenizingStrategy.parse_instruction_fields
+           r.f.instruction = "question", r.f.input = "category", r.f.output = "answer";
+           r.f.output_prefix = "what is ";
+         }
        }},
       {"field_prompt", [](const Entry& e, DatasetRead& r) { r.f.prompt = get_string(e, "field_prompt"); }},
       {"field_chosen", [](const Entry& e, DatasetRead& r) { r.f.chosen = get_string(e, "field_chosen"); }},

@@ -396,8 +396,6 @@ void add_missing_features(Table& t) {
               "unset, lora_modules_to_save trains two untied copies as PEFT does by default")},
       {"lora_fan_in_fan_out", off_or("fan-in/fan-out (Conv1D) weights are not in the models soltrain loads")},
       {"lora_on_cpu", off_or("LoRA on the CPU next to a GPU run is not supported; use device: cpu for a CPU run")},
-      {"early_stopping_patience",
-       off_or("early stopping is not built yet; loss_watchdog_threshold stops a diverging run")},
       {"neftune_noise_alpha", off_or("NEFTune noise is not built yet")},
       {"s2_attention", off_or("shifted-sparse attention is not built yet")},
       {"group_by_length", off_or("length-grouped batches are not built; sample_packing fills batches instead")},

@@ -23,6 +23,9 @@ std::optional<DatasetType> find_dataset_type(std::string_view s) {
       // Axolotl's base:prompt_style form (AlpacaPrompter)
       {"alpaca:chat", DatasetType::kAlpacaChat},
       {"alpaca:instruct", DatasetType::kAlpaca},
+      // Axolotl's jeopardy: AlpacaPrompter over question / category / "what is " + answer (its JeopardyPrompter's
+      // own prompt_input is never read; dataset_keys.cpp sets the fields)
+      {"jeopardy", DatasetType::kAlpaca},
       {"input_output", DatasetType::kInputOutput},
       {"stepwise_supervised", DatasetType::kStepwiseSupervised},
       {"llama_factory", DatasetType::kLlamaFactory},
@@ -402,7 +405,7 @@ Sample to_sample(const ordered_json& r, DatasetType type, const DatasetFields& f
       const std::string prompt =
           type == DatasetType::kAlpaca ? alpaca_prompt(instruction, input) : alpaca_chat_prompt(instruction, input);
       s.is_text = true;
-      s.text = prompt + string_field(r, f.output);
+      s.text = prompt + f.output_prefix + string_field(r, f.output);
       s.prompt_chars = prompt.size();
       return s;
     }

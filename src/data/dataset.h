@@ -57,6 +57,7 @@ BadRecordPolicy parse_bad_record_policy(const std::string& s);
 struct DatasetFields {
   std::string text = "text";
   std::string instruction = "instruction", input = "input", output = "output";
+  std::string output_prefix;  // alpaca: put before the response (Axolotl's jeopardy: "what is " + answer)
   std::string messages = "messages", conversations = "conversations";
   // Surogate's completion_field: a message (or list of them) appended to the conversation's messages.
   std::string completion;

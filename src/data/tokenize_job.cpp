@@ -30,6 +30,7 @@ json fields_json(const DatasetFields& f) {
           {"instruction", f.instruction},
           {"input", f.input},
           {"output", f.output},
+          {"output_prefix", f.output_prefix},
           {"messages", f.messages},
           {"conversations", f.conversations},
           {"role", f.role},

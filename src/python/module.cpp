@@ -101,6 +101,7 @@ nb::dict run(ParsedConfig& p, nb::object on_log, nb::object on_evaluate, nb::obj
   out["first_eval_loss"] = r.first_eval_loss;
   out["last_eval_loss"] = r.last_eval_loss;
   out["interrupted"] = r.interrupted;
+  out["stopped_early"] = r.stopped_early;
   return out;
 }
 

@@ -79,6 +79,20 @@ void verify_checksums(const fs::path& dir) {
 
 namespace {
 
+nlohmann::json best_eval_json(const BestEval& b) {
+  if (std::isnan(b.loss)) return nullptr;
+  return {{"loss", b.loss}, {"step", b.step}, {"without_gain", b.without_gain}};
+}
+
+BestEval best_eval_from_json(const nlohmann::json& j) {
+  BestEval b;
+  if (j.is_null()) return b;
+  b.loss = j.at("loss").get<double>();
+  b.step = j.at("step").get<int64_t>();
+  b.without_gain = j.at("without_gain").get<int>();
+  return b;
+}
+
 // HF Trainer's trainer_state.json (transformers.TrainerState loads it): the step, the schedule's length and
 // log_history, the rows of metrics.jsonl up to this step under their HF names (loss, learning_rate, grad_norm,
 // epoch, eval_loss), so tools that plot or pick checkpoints from it read ours.
@@ -92,9 +106,14 @@ nlohmann::json hf_trainer_state(const TrainConfig& c, const TrainerState& s) {
     if (row.contains("epoch") && row["epoch"].is_number()) epoch = row["epoch"].get<double>();
     history.push_back(std::move(row));
   }
-  return {{"best_global_step", nullptr},
-          {"best_metric", nullptr},
-          {"best_model_checkpoint", nullptr},
+  // The best validation loss as the Trainer records it (metric_for_best_model "loss"), once there is one.
+  const BestEval& b = s.best_eval;
+  const bool best = !std::isnan(b.loss);
+  const fs::path best_dir = c.output_dir / ("checkpoint-" + std::to_string(b.step));
+  const bool best_saved = best && (b.step == s.step || fs::is_directory(best_dir));
+  return {{"best_global_step", best ? nlohmann::json(b.step) : nlohmann::json(nullptr)},
+          {"best_metric", best ? nlohmann::json(b.loss) : nlohmann::json(nullptr)},
+          {"best_model_checkpoint", best_saved ? nlohmann::json(best_dir.string()) : nlohmann::json(nullptr)},
           {"epoch", epoch},
           {"eval_steps", c.eval_steps},
           {"global_step", s.step},
@@ -128,7 +147,8 @@ void write_contents(const fs::path& staged, const TrainConfig& c, const Transfor
                                 {"seed", s.seed},
                                 {"dropout_passes", model.dropout_step()},
                                 {"lr_scheduler_type", to_string(c.lr_scheduler_type)},
-                                {"learning_rate", c.learning_rate}};
+                                {"learning_rate", c.learning_rate},
+                                {"best_eval", best_eval_json(s.best_eval)}};
   write_file_atomic(staged / kSoltrainState, state.dump(2) + "\n");
   write_file_atomic(staged / "trainer_state.json", hf_trainer_state(c, s).dump(2) + "\n");
   write_file_atomic(staged / "config.yaml", c.source_text);
@@ -286,6 +306,7 @@ TrainerState load_checkpoint(const fs::path& dir, Transformer& model, AdamW& opt
     s.seed = j.at("seed").get<uint64_t>();
     s.loader = LoaderState::from_json(j.at("loader"));
     dropout_passes = j.value("dropout_passes", s.step);
+    if (j.contains("best_eval")) s.best_eval = best_eval_from_json(j.at("best_eval"));
   } catch (const nlohmann::json::exception& e) {
     user_error(state_file.string(), ": malformed (", e.what(), ")");
   }
@@ -321,9 +342,12 @@ std::vector<fs::path> list_checkpoints(const fs::path& output_dir) {
   return out;
 }
 
-void prune_checkpoints(const fs::path& output_dir, int keep) {
+void prune_checkpoints(const fs::path& output_dir, int keep, int64_t protect) {
   if (keep <= 0) return;
-  const std::vector<fs::path> all = list_checkpoints(output_dir);
+  std::vector<fs::path> all = list_checkpoints(output_dir);
+  // As the Trainer rotates them: the best moved last, and with a limit of 1 the newest kept beside it.
+  const fs::path kept = output_dir / ("checkpoint-" + std::to_string(protect));
+  if (protect >= 0 && !all.empty() && all.back() != kept && std::erase(all, kept) > 0) keep = std::max(keep - 1, 1);
   for (size_t i = 0; i + size_t(keep) < all.size(); ++i) fs::remove_all(all[i]);
 }
 

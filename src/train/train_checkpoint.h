@@ -21,6 +21,7 @@
 #include "io/atomic_file.h"
 #include "io/deferred_writes.h"
 #include "model/transformer.h"
+#include "train/early_stopping.h"
 #include "train/optimizer.h"
 #include "train/train_config.h"
 
@@ -30,6 +31,7 @@ struct TrainerState {
   int64_t step = 0, total_steps = 0;
   LoaderState loader;
   uint64_t seed = 0;
+  BestEval best_eval;  // early stopping and load_best_model_at_end
 };
 
 // With `comm` (world size > 1) every rank calls it: rank 0 writes the model and the state, each rank its
@@ -74,8 +76,9 @@ TrainerState load_checkpoint(const std::filesystem::path& dir, Transformer& mode
 // checkpoint-<N> folders of output_dir, oldest (smallest N) first.
 std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& output_dir);
 
-// Removes the oldest checkpoints beyond `keep` (0 keeps all).
-void prune_checkpoints(const std::filesystem::path& output_dir, int keep);
+// Removes the oldest checkpoints beyond `keep` (0 keeps all). checkpoint-<protect> (load_best_model_at_end's best)
+// is kept and counts among them, as the Trainer keeps its best; with keep 1 and an older best that makes two.
+void prune_checkpoints(const std::filesystem::path& output_dir, int keep, int64_t protect = -1);
 
 // resume_from_checkpoint → the folder to resume from, or nothing ("" or "true" with no checkpoint yet).
 std::optional<std::filesystem::path> resolve_resume(const TrainConfig& c);

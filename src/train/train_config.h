@@ -209,6 +209,12 @@ struct TrainConfig {
   int save_total_limit = 0;  // 0 = keep all
   ResumeFrom resume_from_checkpoint;
   int64_t eval_steps = 0;  // 0 = only before and after training
+  // train/early_stopping.h: stop after this many evaluations without a lower validation loss (0: never) ...
+  int early_stopping_patience = 0;
+  double early_stopping_threshold = 0;  // ... lower by more than this
+  // The final model is the checkpoint with the lowest validation loss; unset: on with early stopping where a
+  // checkpoint is written at every evaluation (as Axolotl sets it).
+  std::optional<bool> load_best_model_at_end;
   // Axolotl's saves_per_epoch / evals_per_epoch: turned into steps once the steps per epoch are known;
   // save_steps / eval_steps win when both are given.
   double saves_per_epoch = 0, evals_per_epoch = 0;

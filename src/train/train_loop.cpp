@@ -145,9 +145,24 @@ void test_fault(const char* v, int rank, int64_t step) {
 
 }  // namespace
 
-TrainLoop::TrainLoop(LoopSetup s, RunDriver& driver) : s_(std::move(s)), driver_(driver) {
+TrainLoop::TrainLoop(LoopSetup s, RunDriver& driver)
+    : s_(std::move(s)), driver_(driver), early_(s_.c.early_stopping_patience, s_.c.early_stopping_threshold) {
   state_.total_steps = s_.sched.total_steps;
   state_.seed = s_.c.seed;
+  // The best checkpoint exists only where one is written at every evaluation (Axolotl turns it on for early
+  // stopping only then; asked for otherwise, it is refused as transformers refuses it).
+  const int64_t save = s_.cadence.save_steps, eval = s_.cadence.eval_steps;
+  const bool covered = save > 0 && eval > 0 && save % eval == 0;
+  best_at_end_ = s_.c.load_best_model_at_end.value_or(s_.c.early_stopping_patience > 0 && covered);
+  if (best_at_end_ && !covered)
+    user_error("load_best_model_at_end needs a checkpoint at every evaluation: save steps (", save,
+               ") a multiple of eval steps (", eval, ")");
+  if (s_.c.early_stopping_patience > 0 && !best_at_end_ && lead())
+    s_.log << s_.cmd << ": note: early stopping keeps the last step's model"
+           << (covered ? " (load_best_model_at_end: false)"
+                       : " (the best is restored only with a checkpoint at every evaluation: save_steps a multiple "
+                         "of eval_steps)")
+           << "\n";
 }
 
 void TrainLoop::restore_from(const fs::path& from) {
@@ -179,15 +194,45 @@ void TrainLoop::resume() {
   last_saved_ = state_.step;
 }
 
-void TrainLoop::evaluate_at(int64_t step, MetricsLog* metrics, ProgressLine& progress, RunResult& result) {
+bool TrainLoop::evaluate_at(int64_t step, MetricsLog* metrics, ProgressLine& progress, RunResult& result) {
   s_.step.settle();
+  last_eval_step_ = step;
   const std::optional<RunDriver::Evaluation> e = driver_.evaluate();
-  if (!e || !metrics) return;
-  metrics->eval(step, e->loss, e->tokens);
-  if (!e->extra.empty()) metrics->eval_values(step, e->extra);
-  result.last_eval_loss = e->loss;
-  progress.message(cat("step ", step, ": ", e->line));
-  if (s_.hooks.on_evaluate) s_.hooks.on_evaluate(step, *e);
+  // Data parallel: rank 0 (which evaluates) decides, every rank stops and keeps the best's step alike.
+  bool stop = e && step > 0 && early_.after_eval(step, e->loss, state_.best_eval);
+  if (s_.dp) {
+    stop = s_.comm->all_max_host(stop ? 1 : 0) > 0;
+    state_.best_eval.step = s_.comm->all_max_host(lead() ? state_.best_eval.step : 0);
+  }
+  if (e && metrics) {
+    metrics->eval(step, e->loss, e->tokens);
+    if (!e->extra.empty()) metrics->eval_values(step, e->extra);
+    result.last_eval_loss = e->loss;
+    progress.message(cat("step ", step, ": ", e->line));
+    if (s_.hooks.on_evaluate) s_.hooks.on_evaluate(step, *e);
+  }
+  if (stop)
+    progress.message(cat("step ", step, ": early stopping: ", s_.c.early_stopping_patience,
+                         " evaluations in a row without a validation loss below the best",
+                         s_.c.early_stopping_threshold > 0 ? cat(" by more than ", s_.c.early_stopping_threshold) : "",
+                         " (", format_loss(state_.best_eval.loss), " at step ", state_.best_eval.step, ")"));
+  return stop;
+}
+
+void TrainLoop::restore_best(ProgressLine& progress) {
+  const BestEval best = state_.best_eval;
+  if (!best_at_end_ || best.step <= 0 || best.step == state_.step) return;  // the model in hand is the best
+  const fs::path dir = s_.c.output_dir / cat("checkpoint-", best.step);
+  if (!fs::is_directory(dir)) {  // (removed by hand since: said, not hidden)
+    progress.message(
+        cat("load_best_model_at_end: ", dir.string(), " is gone; the final model is step ", state_.step, "'s"));
+    return;
+  }
+  const int64_t step = state_.step;
+  restore_from(dir);
+  state_.step = step;  // (the count of updates run stays; the weights are the best's)
+  progress.message(cat("load_best_model_at_end: the final model is ", dir.string(), "'s (validation loss ",
+                       format_loss(best.loss), ", the lowest)"));
 }
 
 bool TrainLoop::background_saves() const {
@@ -226,7 +271,7 @@ void TrainLoop::saved(std::optional<int64_t> step, ProgressLine& progress) {
   const fs::path dir = s_.c.output_dir / cat("checkpoint-", *step);
   progress.message(cat("step ", *step, ": saved ", dir.string()));
   if (hub_) hub_->checkpoint_saved(dir, *step);  // (a pruned checkpoint's push fails with a warning)
-  if (lead()) prune_checkpoints(s_.c.output_dir, s_.c.save_total_limit);
+  if (lead()) prune_checkpoints(s_.c.output_dir, s_.c.save_total_limit, best_at_end_ ? state_.best_eval.step : -1);
 }
 
 void TrainLoop::checkpoint(ProgressLine& progress, bool background) {
@@ -342,10 +387,15 @@ RunResult TrainLoop::run() {
       continue;
     }
     if (state_.step >= check_until_) check_until_ = 0;  // replayed to the divergence without meeting it again
+    bool stop_early = false;
     if (s_.cadence.eval_steps > 0 && state_.step % s_.cadence.eval_steps == 0 && state_.step < state_.total_steps)
-      evaluate_at(state_.step, metrics, progress, result);
+      stop_early = evaluate_at(state_.step, metrics, progress, result);
     if (save_step) checkpoint(progress, /*background=*/true);
     saved(writer_.finished(), progress);
+    if (stop_early) {
+      result.stopped_early = true;
+      break;
+    }
   }
   result.steps = state_.step;
   s_.step.settle();
@@ -359,7 +409,8 @@ RunResult TrainLoop::run() {
     result.interrupted = true;
     return result;
   }
-  evaluate_at(state_.step, metrics, progress, result);
+  if (last_eval_step_ != state_.step) evaluate_at(state_.step, metrics, progress, result);
+  restore_best(progress);
   if (zero3()) zero3()->masters_to_host();
   if (lead()) {
     std::string summary =

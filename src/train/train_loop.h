@@ -29,6 +29,7 @@ struct RunResult {
   int64_t steps = 0, total_steps = 0;
   double first_eval_loss = 0, last_eval_loss = 0;  // NaN without a validation set
   bool interrupted = false;                        // stopped by SIGINT / SIGTERM (or the caller) after a checkpoint
+  bool stopped_early = false;                      // early_stopping_patience ended it (the final save was made)
 };
 
 using NamedValues = std::vector<std::pair<std::string, double>>;
@@ -98,7 +99,11 @@ class TrainLoop {
  private:
   bool lead() const { return !s_.comm || s_.comm->rank() == 0; }
   Zero3* zero3() const { return s_.step.data_parallel() ? s_.step.data_parallel()->zero3() : nullptr; }
-  void evaluate_at(int64_t step, MetricsLog* metrics, ProgressLine& progress, RunResult& result);
+  // An evaluation after update `step` (0: before the first); whether early stopping ends the run there (every rank
+  // the same answer).
+  bool evaluate_at(int64_t step, MetricsLog* metrics, ProgressLine& progress, RunResult& result);
+  // load_best_model_at_end: the checkpoint of the lowest validation loss restored before the final save (said).
+  void restore_best(ProgressLine& progress);
   // `background`: from a host snapshot by a writer thread (background_checkpoints; not ZeRO-3), else written
   // before it returns.
   void checkpoint(ProgressLine& progress, bool background);
@@ -125,6 +130,9 @@ class TrainLoop {
   SnapshotPool snapshots_{[this](size_t n) { return s_.ops.alloc_host(n); }};  // outlives writer_
   int64_t job_ = 0;  // data parallel: names the shards' folder of background checkpoints (rank 0's PID)
   BackgroundSave writer_;
+  EarlyStopping early_;
+  bool best_at_end_ = false;  // load_best_model_at_end, as asked or as its default resolved
+  int64_t last_eval_step_ = -1;
   int64_t check_until_ = 0;  // replaying after a divergence: every update through this one is checked
   int64_t bad_step_ = 0;     // the update to skip (its batches passed over), 0 for none
   LoaderState bad_loader_;   // the loader past that update's batches
