@@ -953,5 +953,17 @@ TEST(PeerConfigs, AxolotlXgenStopsEarly) {
   EXPECT_TRUE(fs::exists(s.t.path / "out" / "adapter" / "adapter_model.safetensors")) << all;
 }
 
+// Axolotl's Llama 2 LoftQ example (peft: {loftq_config: {loftq_bits: 4}}): each adapted projection starts as its NF4
+// round trip with the adapter at the SVD of what that loses (python/tests/test_loftq.py checks it against PEFT's
+// loftq_init); the adapter is saved as PEFT writes a LoftQ one.
+TEST(PeerConfigs, AxolotlLoftqRunsToTheEnd) {
+  PeerSetup s;
+  const test::CliRun r = s.sft(s.config("axolotl-llama-2-loftq.yml", "alpaca.jsonl", "llama"), "--set max_steps=2");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const nlohmann::json cfg = nlohmann::json::parse(read_text(s.t.path / "out" / "adapter" / "adapter_config.json"));
+  EXPECT_EQ(cfg["init_lora_weights"], "loftq");
+  EXPECT_EQ(cfg["loftq_config"], (nlohmann::json{{"loftq_bits", 4}, {"loftq_iter", 1}}));
+}
+
 }  // namespace
 }  // namespace soltrain

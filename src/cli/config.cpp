@@ -671,6 +671,19 @@ void rule_mistral_common(const Entries& en, const std::string&, TrainConfig& c, 
                            "mistral-common's; Axolotl refuses it too)"));
 }
 
+// LoftQ (model/loftq.h) starts a LoRA adapter over a full-precision base, which it quantises itself (PEFT refuses
+// it over a quantised one).
+void rule_loftq(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
+  if (c.lora.loftq_iter == 0) return;
+  const std::string at = cat(en.where("peft"), ": peft.loftq_config: ");
+  if (!c.lora.enabled)
+    errors.push_back(cat(at, "LoftQ initialises a LoRA adapter (adapter: lora)"));
+  else if (c.lora.base != WeightFormat::Dense)
+    errors.push_back(cat(at, "LoftQ quantises a full-precision base itself: use adapter: lora, not ", c.lora.base_key));
+  else if (c.zero_stage == 3)
+    errors.push_back(cat(at, "LoftQ with zero_stage 3 is not built (each rank would need the whole base weights)"));
+}
+
 // Early stopping counts evaluations during training, of held-out data (Axolotl and transformers refuse it
 // without them too).
 void rule_early_stopping(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
@@ -684,6 +697,7 @@ void rule_early_stopping(const Entries& en, const std::string&, TrainConfig& c, 
 }
 
 constexpr Rule kRules[] = {rule_early_stopping,
+                           rule_loftq,
                            rule_lora_settings_imply_lora,
                            rule_classifier,
                            rule_quantised_base,

@@ -427,7 +427,31 @@ void add_missing_features(Table& t) {
       {"relora_anneal_steps", off_or("ReLoRA is not built yet")},
       {"relora_prune_ratio", off_or("ReLoRA is not built yet")},
       {"relora_cpu_offload", off_or("ReLoRA is not built yet")},
-      {"peft", off_or("PEFT's LoftQ initialisation (peft: loftq_config) is not built yet")},
+      // Axolotl's PEFT block: LoftQ's initialisation (model/loftq.h), 4-bit as PEFT's LoftQConfig defaults it
+      {"peft",
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (is_off(n)) return;
+         if (!n.IsMap()) user_error(k, ": \"", text(n), "\" is not valid: expected {loftq_config: {loftq_bits: 4}}");
+         for (const auto& kv : n) {
+           const std::string name = kv.first.Scalar();
+           if (name != "loftq_config")
+             user_error(k, ".", name, ": not read (soltrain reads peft: {loftq_config: ...})");
+           if (is_off(kv.second)) continue;
+           const YAML::Node bits = kv.second["loftq_bits"], iter = kv.second["loftq_iter"];
+           if (bits.IsDefined() && !bits.IsNull() && text(bits) != "4")
+             user_error(k, ".loftq_config.loftq_bits: \"", text(bits),
+                        "\": LoftQ over 8-bit (LLM.int8) quantisation is not built; 4 is");
+           c.lora.loftq_iter = 1;
+           if (iter.IsDefined() && !iter.IsNull()) {
+             const std::string s = text(iter);
+             char* end = nullptr;
+             const long v = std::strtol(s.c_str(), &end, 10);
+             if (s.empty() || *end || v < 1 || v > 100)
+               user_error(k, ".loftq_config.loftq_iter: \"", s, "\" is not valid: expected an integer from 1 to 100");
+             c.lora.loftq_iter = int(v);
+           }
+         }
+       }},
       // Axolotl's OpenTelemetry callback: a Prometheus endpoint of the training metrics (train/trackers.h)
       {"use_otel_metrics", [](const std::string& k, const YAML::Node& n,
                               TrainConfig& c) { c.trackers.otel = !is_off(n) && as_bool(k, n); }},

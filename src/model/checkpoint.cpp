@@ -11,6 +11,7 @@
 #include "model/bnb_checkpoint.h"
 #include "model/checkpoint_check.h"
 #include "model/fp8_checkpoint.h"
+#include "model/loftq.h"
 
 namespace fs = std::filesystem;
 
@@ -43,6 +44,9 @@ std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops, std:
     lora->base_format = WeightFormat::Nf4;
   auto model = std::make_unique<Transformer>(std::move(config), ops, std::move(lora), store);
   load_weights(*model, dir);
+  // LoftQ (a run that asks for it, or an adapter PEFT initialised so): the base is its NF4 round trip from here on,
+  // in a run, a resume (the checkpoint holds the adapter, not the base) and under a saved adapter, as PEFT loads it.
+  if (model->lora() && model->lora()->loftq_iter > 0) loftq_initialise(*model, model->lora()->loftq_iter);
   return model;
 }
 

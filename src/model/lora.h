@@ -29,7 +29,7 @@ struct LoraConfig {
   float dropout = 0;                        // on the adapter's input only, in training steps
   std::vector<std::string> target_modules;  // names from kLoraModuleNames
   bool use_rslora = false;                  // scale alpha / sqrt(r) instead of alpha / r
-  uint64_t seed = 0;                        // adapter initialisation and the dropout masks
+  uint64_t seed = 0;  // adapter initialisation and the dropout masks
   // QLoRA: how the frozen projections (q, k, v, o, gate, up, down) of the base are held. Dense keeps them
   // in the compute dtype; Nf4 / Fp8Block quantise them on load (or keep a pre-quantised FP8 checkpoint as
   // stored). Embedding, LM head, norms and biases stay dense.
@@ -57,6 +57,10 @@ struct LoraConfig {
   bool saves(const std::string& module) const {
     return std::find(modules_to_save.begin(), modules_to_save.end(), module) != modules_to_save.end();
   }
+
+  // PEFT's init_lora_weights "loftq" (model/loftq.h) with this many iterations; 0: PEFT's default initialisation.
+  // (Last: the fields above are brace-initialised in order.)
+  int loftq_iter = 0;
 
   // scale · B·A is what the adapter adds to a weight.
   float scale() const;

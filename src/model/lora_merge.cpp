@@ -12,6 +12,7 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/fp8_checkpoint.h"
+#include "model/loftq.h"
 #include "model/lora.h"
 #include "model/moe.h"
 #include "model/peft_adapter.h"
@@ -219,6 +220,9 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
     tensors.push_back({name, out_dtype, shape, [&, name, out, in, d, a_shape, b_shape, out_dtype, shape](void* dst) {
                          std::vector<float> w(size_t(shape_numel(shape)));
                          read_weight_f32(base, name, shape, w.data());
+                         // a LoftQ adapter adds to the base's NF4 round trip, as PEFT's load of it does
+                         if (lora.loftq_iter > 0 && !d.experts)
+                           w = loftq_decompose(w, out, in, lora.r, lora.loftq_iter).q;
                          const auto [a, b] = decoded.pair(d, a_shape, b_shape);
                          if (d.experts && d.expert < 0)
                            for (int x = 0; x < d.experts; ++x) add_delta(w.data() + x * out * in, out, in, d, x, a, b);

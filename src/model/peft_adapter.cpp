@@ -104,6 +104,14 @@ LoraConfig read_adapter_config(const fs::path& adapter_dir) {
     lora.alpha = cfg.at("lora_alpha").get<float>();
     lora.dropout = cfg.value("lora_dropout", 0.0f);
     lora.use_rslora = cfg.value("use_rslora", false);
+    // PEFT's LoftQ: the adapter was trained over each base weight's NF4 round trip (model/loftq.h), which PEFT
+    // redoes when it loads it and soltrain's merge too.
+    if (const auto init = cfg.find("init_lora_weights"); init != cfg.end() && *init == "loftq") {
+      const nlohmann::json loftq = cfg.value("loftq_config", nlohmann::json::object());
+      if (loftq.value("loftq_bits", 4) != 4)
+        user_error(src, ": LoftQ with loftq_bits ", loftq.value("loftq_bits", 4), " (soltrain reads 4-bit LoftQ)");
+      lora.loftq_iter = loftq.value("loftq_iter", 1);
+    }
     const auto& t = cfg.at("target_modules");
     if (t.is_string()) {
       // "all-linear" is PEFT's shorthand for every linear layer but the output head: our seven projections.
@@ -248,12 +256,12 @@ nlohmann::json adapter_config_json(const LoraConfig& lora, const AdapterBase& ba
            {"exclude_modules", nullptr},
            {"fan_in_fan_out", false},
            {"inference_mode", true},
-           {"init_lora_weights", true},
+           {"init_lora_weights", lora.loftq_iter > 0 ? J("loftq") : J(true)},
            {"kasa_config", nullptr},
            {"layer_replication", nullptr},
            {"layers_pattern", nullptr},
            {"layers_to_transform", nullptr},
-           {"loftq_config", J::object()},
+           {"loftq_config", lora.loftq_iter > 0 ? J{{"loftq_bits", 4}, {"loftq_iter", lora.loftq_iter}} : J::object()},
            {"lora_alpha", alpha},
            {"lora_bias", false},
            {"lora_dropout", std::stod(cat(lora.dropout))},

@@ -24,6 +24,7 @@ std::optional<LoraConfig> lora_config(const TrainConfig& c, const char* where) {
   LoraConfig l{c.lora.rank,           float(c.lora.alpha), float(c.lora.dropout),
                c.lora.target_modules, c.lora.use_rslora,   c.seed};
   l.all_linear = c.lora.all_linear;
+  l.loftq_iter = c.lora.loftq_iter;
   l.modules_to_save = c.lora.modules_to_save;
   l.base_format = c.lora.base;
   l.offload_base = c.offload_weights;

@@ -121,6 +121,7 @@ struct LoraSettings {  // as written in the YAML; the model layer's LoraConfig i
   // PEFT takes to include the router and Qwen2-MoE's shared_expert_gate (model/transformer.cpp refuses it there).
   bool all_linear = false;
   bool use_rslora = false;
+  int loftq_iter = 0;  // Axolotl's peft: {loftq_config: ...}: LoftQ's initialisation (model/loftq.h); 0: off
   // QLoRA (`qlora_nf4`, `qlora_fp8`, Axolotl's `load_in_4bit` / `adapter: qlora`): the frozen base's
   // projections held quantised. `base_key` is the key that asked, for messages.
   WeightFormat base = WeightFormat::Dense;

@@ -47,6 +47,21 @@ uint8_t code_of(float s, const std::array<float, 15>& mid) {
 }
 }  // namespace
 
+void nf4_round_trip(const float* x, int64_t n, float* out) {
+  std::array<float, 15> mid{};
+  for (int i = 0; i < 15; ++i) mid[size_t(i)] = (quant::nf4_code(i) + quant::nf4_code(i + 1)) / 2.0f;
+  const int64_t blocks = (n + quant::kNf4Block - 1) / quant::kNf4Block;
+  parallel_chunks(blocks, quant::kNf4Block, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t begin = b * quant::kNf4Block, end = std::min(n, begin + quant::kNf4Block);
+      float m = 0;
+      for (int64_t i = begin; i < end; ++i) m = std::max(m, std::fabs(x[i]));
+      const float inv = reciprocal(m);
+      for (int64_t i = begin; i < end; ++i) out[i] = quant::nf4_code(code_of(scaled(x[i], inv), mid)) * m;
+    }
+  });
+}
+
 void nf4_quantize(const float* x, int64_t n, uint8_t* data, uint8_t* scale) {
   const quant::Nf4Layout l(n);
   // The 15 midpoints between neighbouring codes, computed in fp32 as torch does ((code[:-1] + code[1:]) / 2).

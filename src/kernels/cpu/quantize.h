@@ -10,6 +10,9 @@ namespace soltrain {
 // data receives Nf4Layout(n).data_bytes() bytes, scale Nf4Layout(n).scale_bytes().
 void nf4_quantize(const float* x, int64_t n, uint8_t* data, uint8_t* scale);
 void nf4_dequantize(const uint8_t* data, const uint8_t* scale, int64_t n, float* out);
+// The NF4 round trip without double quantisation (compress_statistics=False: each 64-block's absmax kept in
+// fp32): quantize_4bit then dequantize_4bit, code · absmax in fp32.
+void nf4_round_trip(const float* x, int64_t n, float* out);
 
 // FP8 128×128 blocks of a row-major [rows, cols] matrix: q [rows·cols] E4M3, scale_inv
 // [ceil(rows/128), ceil(cols/128)] fp32. Per tile, as transformers' FP8 quantizer: scale = 448 / amax as torch
