@@ -42,7 +42,7 @@ AXOLOTL_GIT = Path("/work/.mirror/axolotl-ai-cloud+axolotl/repo")
 SUROGATE_GIT = Path("/work/.mirror/invergent-ai+surogate/repo")
 TOKENIZERS = REPO / "build" / "tokenizers"          # tests/tools/fetch_tokenizers.sh output (real files)
 LLAMA3_TOKCFG = REPO / "tests" / "fixtures" / "tokenizers" / "llama3" / "tokenizer_config.json"
-CACHE_VERSION = "9"  # bump when a stand-in changes, so an old cache is rebuilt
+CACHE_VERSION = "10"  # bump when a stand-in changes, so an old cache is rebuilt
 
 # --------------------------------------------------------------------------------------------------------
 # Selection: the architecture each base model id is (from the hub repositories' config.json).
@@ -82,9 +82,10 @@ MODELS: dict[str, dict] = {
                                                  note="real vocab 156940 (Llama 3 + audio tokens); stand-in Llama 3 tokenizer"),
     "HuggingFaceTB/SmolLM2-135M": dict(arch="llama", tok="llama3-base", real_max_pos=8192, rope={"rope_theta": 100000.0},
                                        tie=True, note="real tokenizer is SmolLM's 49152-token BPE; stand-in Llama 3's"),
-    "Salesforce/xgen-7b-8k-base": dict(arch="llama", tok="llama3-base", real_max_pos=8192, rope={"rope_theta": 10000.0},
+    "Salesforce/xgen-7b-8k-base": dict(arch="llama", tok="qwen3", real_max_pos=8192, rope={"rope_theta": 10000.0},
                                        dtype="float32",
-                                       note="real tokenizer is remote code (tiktoken, no tokenizer.json); stand-in Llama 3's"),
+                                       note="real tokenizer is remote code (tiktoken's GPT-2 BPE, <|endoftext|> its eos; "
+                                            "no tokenizer.json); stand-in Qwen3's, which has <|endoftext|>"),
     # ---- Llama 1/2 family (SentencePiece-layout BPE tokenizer stand-in) ----
     "NousResearch/Llama-2-7b-hf": dict(arch="llama", tok="sp", real_max_pos=4096, rope={"rope_theta": 10000.0},
                                        dtype="float16", vocab=32000),
