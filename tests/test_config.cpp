@@ -379,16 +379,24 @@ TEST(Config, MorePeerKeys) {
 }
 
 // Axolotl's default scheduler is cosine (Surogate's and soltrain's: linear): a config with Axolotl's base_model
-// and no scheduler gets cosine, and says so; one with `model:` keeps linear.
+// and no scheduler gets cosine, and says so; one with `model:` keeps linear. Packing, Axolotl's off by default, is
+// said.
 TEST(Config, AxolotlConfigsDefaultToCosine) {
   const std::string axolotl = "base_model: m\noutput_dir: out\ndatasets: [d.jsonl]\n";
   const TrainConfig a = parse_train_config(axolotl, "cfg.yaml", {}, TrainMode::kSft);
   EXPECT_EQ(a.lr_scheduler_type, ScheduleType::kCosine);
-  ASSERT_EQ(a.notes.size(), 1u);
-  EXPECT_EQ(a.notes[0], "lr_scheduler is not given: cosine, Axolotl's default (the config uses Axolotl's base_model)");
+  ASSERT_EQ(a.notes.size(), 2u);
+  EXPECT_EQ(a.notes[1], "lr_scheduler is not given: cosine, Axolotl's default (the config uses Axolotl's base_model)");
   EXPECT_EQ(parse_train_config(axolotl + "lr_scheduler: linear\n", "cfg.yaml", {}, TrainMode::kSft).lr_scheduler_type,
             ScheduleType::kLinear);
   EXPECT_EQ(parse_train_config(kBase, "cfg.yaml", {}, TrainMode::kSft).lr_scheduler_type, ScheduleType::kLinear);
+  // Axolotl packs only when asked (sample_packing defaults to false there); soltrain packs, and says so.
+  EXPECT_TRUE(a.sample_packing);
+  EXPECT_EQ(a.notes[0],
+            "sample_packing is not given: soltrain packs documents into rows (Axolotl's default is false, a row per "
+            "document, which gives more and smaller steps: set sample_packing: false for that)");
+  EXPECT_EQ(parse_train_config(axolotl + "sample_packing: true\n", "cfg.yaml", {}, TrainMode::kSft).notes.size(), 1u);
+  EXPECT_TRUE(parse_train_config(kBase, "cfg.yaml", {}, TrainMode::kSft).notes.empty());
 }
 
 // Axolotl's and HF's names for what soltrain has (issue "configs round 2", item 9), each as the peer reads it.

@@ -163,6 +163,32 @@ TEST(DatasetTypes, RolesToTrainLlama3) {
   EXPECT_EQ(runs("llama3", kChat, {"user"}, "none"), (V{"What is 2+2?", "And 3+3?"}));
 }
 
+// A user turn given as a list of content chunks (OpenAI's / mistral-common's form) cannot be found in the rendered
+// text by its content: training it (roles_to_train: user) is refused for that record in one line, not with a JSON
+// library's type error; the assistant's turns, found by the template's prompts, train as usual.
+TEST(DatasetTypes, RolesToTrainOverChunkListContentIsOneLine) {
+  const char* chunks = R"([{"role": "user", "content": [{"type": "text", "text": "What is 2+2?"}]},)"
+                       R"( {"role": "assistant", "content": "4"}])";
+  test::ChatModel& m = test::chat_model("qwen3");
+  // ChatML whose turns may be chunk lists (as mistral-common's formats render them: the chunks' text joined)
+  const ChatTemplate chunked(
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content is string %}{{ m.content }}{% else %}"
+      "{% for c in m.content %}{{ c.text }}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}");
+  SampleEncoder enc(m.tok, &chunked, "<|im_end|>", false);
+  enc.set_turn_training({"user", "assistant"}, "turn");
+  Sample s;
+  s.vars["messages"] = ordered_json::parse(chunks);
+  try {
+    enc.encode(s);
+    ADD_FAILURE() << "no error";
+  } catch (const BadRecord& e) {
+    EXPECT_STREQ(e.what(),
+                 "message 0: a user turn whose content is a list of chunks cannot be trained by roles_to_train (only "
+                 "the assistant's; give the turn's content as one string)");
+  }
+}
+
 // Axolotl prompt_strategies/input_output.py: each segment tokenized alone (no special tokens, no eos
 // appended), trained where its label is true.
 TEST(DatasetTypes, InputOutputSegmentsTokenizedAloneWithTheirLabels) {

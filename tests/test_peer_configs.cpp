@@ -921,6 +921,9 @@ TEST(PeerConfigs, AxolotlJeopardyRunsWithItsPrompt) {
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const std::string all = r.out + r.err;
   EXPECT_EQ(all.rfind("sft: tokens: a map of special tokens (an early Axolotl form) is read as special_tokens\n"
+                      "sft: sample_packing is not given: soltrain packs documents into rows (Axolotl's default is "
+                      "false, a row per document, which gives more and smaller steps: set sample_packing: false for "
+                      "that)\n"
                       "sft: tokenizer: bos_token <s>, eos_token </s>, unk_token <unk>; 3 new tokens",
                       0),
             0u)
@@ -932,8 +935,8 @@ TEST(PeerConfigs, AxolotlJeopardyRunsWithItsPrompt) {
 // Axolotl's archived XGen QLoRA with early_stopping_patience 3 over evals_per_epoch 4: with a threshold no fall in
 // the validation loss passes (set here; the example's is 0), the run stops after the fourth evaluation (the first
 // sets the best, three more without gain); saves_per_epoch 1 leaves no checkpoint per evaluation, so the last
-// step's adapter is the final one, said. (sample_packing: false is Axolotl's default, soltrain's is true: given here so
-// that an epoch has Axolotl's 38 steps; sequence_len 64 so that those rows are not padded to 8192 on CI's cores.)
+// step's adapter is the final one, said. (sample_packing: false, Axolotl's default, given: an epoch is 38 steps;
+// sequence_len 64 so that those rows are not padded to 8192 on CI's cores.)
 TEST(PeerConfigs, AxolotlXgenStopsEarly) {
   PeerSetup s;
   const test::CliRun r = s.sft(s.config("axolotl-xgen-7b-8k-qlora.yml", "text.jsonl"),

@@ -226,6 +226,14 @@ void rule_axolotl_schedule(const Entries& en, const std::string&, TrainConfig& c
   // Axolotl leaves documents longer than sequence_len out (excess_length_strategy: drop) where soltrain cuts them;
   // the run says how many it left out, when any.
   if (en.has("base_model") && !en.given({"excess_length_strategy"})) c.overlong = OverlongPolicy::kDrop;
+  // Axolotl packs only when asked (its sample_packing defaults to false): soltrain packs by default, since its
+  // unpacked rows are padded to sequence_len (Axolotl pads to the batch's longest), which would cost a run of
+  // short documents most of its time. Said, not silent: the steps and batches differ from Axolotl's.
+  // (A streamed pretraining set is packed either way.)
+  if (en.has("base_model") && !en.given({"sample_packing"}) && !c.streaming)
+    c.notes.push_back(
+        "sample_packing is not given: soltrain packs documents into rows (Axolotl's default is false, a row per "
+        "document, which gives more and smaller steps: set sample_packing: false for that)");
   if (en.has("base_model") && !en.given({"lr_scheduler", "lr_scheduler_type"})) {
     c.lr_scheduler_type = ScheduleType::kCosine;
     c.notes.push_back("lr_scheduler is not given: cosine, Axolotl's default (the config uses Axolotl's base_model)");

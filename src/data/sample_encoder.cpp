@@ -84,6 +84,11 @@ SampleEncoder::Turn SampleEncoder::assistant_turn(const ordered_json& vars, cons
 SampleEncoder::Turn SampleEncoder::other_turn(const ordered_json& vars, const std::string& full, size_t i) {
   // Axolotl's find_turn (prompt_strategies/chat_template.py): the conversation through this turn, rendered
   // with the turn's content and with "[[dummy_message]]", differs in the content alone.
+  const ordered_json& message = vars["messages"][i];
+  if (message.contains("content") && !message["content"].is_string() && !message["content"].is_null())
+    throw BadRecord(cat("message ", i, ": a ", message.value("role", "?"),
+                        " turn whose content is a list of chunks cannot be trained by roles_to_train (only the "
+                        "assistant's; give the turn's content as one string)"));
   const std::string with = render(vars, i + 1, false);
   ordered_json dummy_vars = vars;
   dummy_vars["messages"][i]["content"] = "[[dummy_message]]";
