@@ -52,6 +52,14 @@ Apply any() {
   return [](const std::string&, const YAML::Node&, TrainConfig&) {};
 }
 
+// An integer in [lo, hi], else one line naming `key` and what was `expected`.
+long integer_in(const std::string& key, const YAML::Node& n, long lo, long hi, const std::string& expected) {
+  const std::string v = text(n);
+  char* end = nullptr;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end || x < lo || x > hi) user_error(key, ": \"", v, "\" is not valid: expected ", expected);
+  return x;
+}
 // Accepted when off; otherwise refused with `feature` (which says what to use instead).
 Apply off_or(const std::string& feature) {
   return [feature](const std::string& key, const YAML::Node& n, TrainConfig&) {
@@ -443,12 +451,8 @@ void add_missing_features(Table& t) {
                         "\": LoftQ over 8-bit (LLM.int8) quantisation is not built; 4 is");
            c.lora.loftq_iter = 1;
            if (iter.IsDefined() && !iter.IsNull()) {
-             const std::string s = text(iter);
-             char* end = nullptr;
-             const long v = std::strtol(s.c_str(), &end, 10);
-             if (s.empty() || *end || v < 1 || v > 100)
-               user_error(k, ".loftq_config.loftq_iter: \"", s, "\" is not valid: expected an integer from 1 to 100");
-             c.lora.loftq_iter = int(v);
+             c.lora.loftq_iter =
+                 int(integer_in(k + ".loftq_config.loftq_iter", iter, 1, 100, "an integer from 1 to 100"));
            }
          }
        }},
@@ -462,12 +466,7 @@ void add_missing_features(Table& t) {
       {"otel_metrics_port",
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          if (is_off(n)) return;
-         const std::string v = text(n);
-         char* end = nullptr;
-         const long port = std::strtol(v.c_str(), &end, 10);
-         if (v.empty() || *end || port < 1 || port > 65535)
-           user_error(k, ": \"", v, "\" is not valid: expected a port from 1 to 65535");
-         c.trackers.otel_port = int(port);
+         c.trackers.otel_port = int(integer_in(k, n, 1, 65535, "a port from 1 to 65535"));
        }},
       {"use_wandb",  // Axolotl's switch: false keeps wandb off even with a wandb_project, true turns it on
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {

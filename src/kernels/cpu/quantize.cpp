@@ -45,28 +45,39 @@ uint8_t code_of(float s, const std::array<float, 15>& mid) {
   }
   return uint8_t(lo);
 }
+// The 15 midpoints between neighbouring NF4 codes, computed in fp32 as torch does ((code[:-1] + code[1:]) / 2).
+std::array<float, 15> nf4_midpoints() {
+  std::array<float, 15> mid{};
+  for (int i = 0; i < 15; ++i) mid[size_t(i)] = (quant::nf4_code(i) + quant::nf4_code(i + 1)) / 2.0f;
+  return mid;
+}
+// A 64-value block's absmax (its scale) and each value's NF4 code, given to emit(i, code).
+template <typename Emit>
+float nf4_block(const float* x, int64_t begin, int64_t end, const std::array<float, 15>& mid, Emit emit) {
+  float m = 0;
+  for (int64_t i = begin; i < end; ++i) m = std::max(m, std::fabs(x[i]));
+  const float inv = reciprocal(m);
+  for (int64_t i = begin; i < end; ++i) emit(i, code_of(scaled(x[i], inv), mid));
+  return m;
+}
 }  // namespace
 
 void nf4_round_trip(const float* x, int64_t n, float* out) {
-  std::array<float, 15> mid{};
-  for (int i = 0; i < 15; ++i) mid[size_t(i)] = (quant::nf4_code(i) + quant::nf4_code(i + 1)) / 2.0f;
+  const std::array<float, 15> mid = nf4_midpoints();
   const int64_t blocks = (n + quant::kNf4Block - 1) / quant::kNf4Block;
   parallel_chunks(blocks, quant::kNf4Block, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t begin = b * quant::kNf4Block, end = std::min(n, begin + quant::kNf4Block);
-      float m = 0;
-      for (int64_t i = begin; i < end; ++i) m = std::max(m, std::fabs(x[i]));
-      const float inv = reciprocal(m);
-      for (int64_t i = begin; i < end; ++i) out[i] = quant::nf4_code(code_of(scaled(x[i], inv), mid)) * m;
+      // (codes first, then code · absmax once the block's absmax is known)
+      const float m = nf4_block(x, begin, end, mid, [&](int64_t i, uint8_t q) { out[i] = quant::nf4_code(q); });
+      for (int64_t i = begin; i < end; ++i) out[i] *= m;
     }
   });
 }
 
 void nf4_quantize(const float* x, int64_t n, uint8_t* data, uint8_t* scale) {
   const quant::Nf4Layout l(n);
-  // The 15 midpoints between neighbouring codes, computed in fp32 as torch does ((code[:-1] + code[1:]) / 2).
-  std::array<float, 15> mid{};
-  for (int i = 0; i < 15; ++i) mid[size_t(i)] = (quant::nf4_code(i) + quant::nf4_code(i + 1)) / 2.0f;
+  const std::array<float, 15> mid = nf4_midpoints();
   std::vector<float> absmax(size_t(l.blocks));
   std::fill(data, data + l.data_bytes(), uint8_t(0));
   // An odd count leaves the last byte's low nibble over: bitsandbytes (quantize_4bit) pads the codes with index
@@ -75,14 +86,8 @@ void nf4_quantize(const float* x, int64_t n, uint8_t* data, uint8_t* scale) {
   parallel_chunks(l.blocks, quant::kNf4Block, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t begin = b * quant::kNf4Block, end = std::min(n, begin + quant::kNf4Block);
-      float m = 0;
-      for (int64_t i = begin; i < end; ++i) m = std::max(m, std::fabs(x[i]));
-      absmax[size_t(b)] = m;
-      const float inv = reciprocal(m);
-      for (int64_t i = begin; i < end; ++i) {
-        const uint8_t q = code_of(scaled(x[i], inv), mid);
-        data[i / 2] |= (i & 1) ? q : uint8_t(q << 4);
-      }
+      absmax[size_t(b)] =
+          nf4_block(x, begin, end, mid, [&](int64_t i, uint8_t q) { data[i / 2] |= (i & 1) ? q : uint8_t(q << 4); });
     }
   });
   // Double quantisation: the absmaxes less their mean, blockwise 8-bit over 256 blocks with the signed map.
