@@ -58,14 +58,14 @@ def reference_batch(vocab, masked=True):
     return ids, targets
 
 
-def dump(tmp_path, ids, targets, model="model", adapter=None, device="cpu", binary=None):
+def dump(tmp_path, ids, targets, model="model", adapter=None, device="cpu", binary=None, extra=()):
     """`soltrain dump` of tmp_path/model (with a PEFT adapter folder) on this batch: its tensors by name."""
     from safetensors.torch import load_file, save_file
 
     save_file({"input_ids": ids.int(), "targets": targets.int()}, str(tmp_path / "batch.safetensors"))
     args = [str(binary or BIN), "dump", "--device", device, "--model", str(tmp_path / model), "--batch", str(tmp_path / "batch.safetensors"),
             "--out", str(tmp_path / "ours.safetensors")]
-    subprocess.run(args + (["--adapter", str(adapter)] if adapter else []), check=True, capture_output=True)
+    subprocess.run(args + (["--adapter", str(adapter)] if adapter else []) + list(extra), check=True, capture_output=True)
     return load_file(str(tmp_path / "ours.safetensors"))
 
 

@@ -246,6 +246,7 @@ int dump_grpo(const GrpoDump& g, Ops& ops, Transformer& model, const HostBatch& 
 std::function<int()> add_dump_command(CLI::App& app) {
   struct Opts {
     std::string model, adapter, save_adapter, batch, out, device = "cpu", residual_dtype = "auto", qlora = "none";
+    std::string qat;
   };
   auto o = std::make_shared<Opts>();
   auto g = std::make_shared<GrpoDump>();
@@ -262,6 +263,10 @@ std::function<int()> add_dump_command(CLI::App& app) {
       ->check(CLI::IsMember({"none", "nf4", "fp8", "int8"}))
       ->needs("--adapter")
       ->capture_default_str();
+  c->add_option("--qat", o->qat,
+                "quantisation-aware training's fake quantisation (model/qat.h): WEIGHT[:ACTIVATION[:GROUP]], e.g. "
+                "int4:int8:32, int4:none:32, mxfp4:mxfp4, nvfp4:nvfp4")
+      ->excludes("--adapter");
   c->add_option("--batch", o->batch, "safetensors with input_ids and targets [B,T]")->required();
   c->add_option("--out", o->out, "output .safetensors file")->required();
   c->add_option("--residual-dtype", o->residual_dtype,
@@ -365,6 +370,17 @@ std::function<int()> add_dump_command(CLI::App& app) {
     if (!g->file.empty()) return dump_grpo(*g, *ops, *model, batch, o->out);
     if (!pd->loss.empty()) return dump_preference(*pd, g->beta, *ops, *model, batch, o->out);
     if (rw->first) return dump_reward(rw->second, *ops, *model, batch, o->out);
+    if (!o->qat.empty()) {
+      std::vector<std::string> f{""};
+      for (char ch : o->qat)
+        if (ch == ':')
+          f.emplace_back();
+        else
+          f.back().push_back(ch);
+      int64_t group = 32;
+      if (f.size() > 2) group = std::stoll(f[2]);
+      model->enable_qat(parse_qat(f[0], f.size() > 1 ? f[1] : "", group, f.size() > 2, 0, "--qat: "));
+    }
     model->plan(batch.rows, batch.seq_len);
     const int64_t V = model->config().head_outputs();  // (a token classifier's: its labels)
     std::vector<float> logits(size_t(batch.rows) * size_t(batch.seq_len) * size_t(V));

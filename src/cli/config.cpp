@@ -704,8 +704,31 @@ void rule_early_stopping(const Entries& en, const std::string&, TrainConfig& c, 
     errors.push_back(cat(en.where(k), ": ", k, " needs evaluations during training (eval_steps or evals_per_epoch)"));
 }
 
+// QAT (model/qat.h) trains every weight of a dense causal LM with its projections fake-quantised: Axolotl refuses it
+// with peft and 8/4-bit loading too; the rest is what soltrain has not built it for.
+void rule_qat(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
+  if (!c.qat) return;
+  const std::string at = cat(en.where("qat"), ": qat: ");
+  if (c.lora.enabled)
+    errors.push_back(cat(at, "QAT trains the whole model and does not combine with adapter: ",
+                         c.lora.base_key.empty() ? "lora" : c.lora.base_key, " (Axolotl refuses QAT with PEFT too)"));
+  if (c.fp8_hybrid) errors.push_back(cat(at, "QAT does not combine with recipe fp8-hybrid"));
+  if (c.grpo.enabled) errors.push_back(cat(at, "QAT with rl: grpo is not built (its generation would need it too)"));
+  if (c.dpo.reward_model || c.process_reward_model)
+    errors.push_back(cat(at, "QAT of a reward model's score head is not built"));
+  if (c.qat->fake_quant_after_n_steps > 0)
+    c.notes.push_back(cat("qat: fake_quant_after_n_steps ", c.qat->fake_quant_after_n_steps, ": the first ",
+                          c.qat->fake_quant_after_n_steps,
+                          " steps compute without fake quantisation, weights and activations both (torchao 0.17's "
+                          "int4 weight quantiser has no off switch, so Axolotl's keeps fake-quantising the weights)"));
+  c.notes.push_back(cat("qat: ", c.qat->describe(),
+                        " fake-quantised in every projection and the LM head; the run saves the trained model "
+                        "unquantised, as Axolotl's convert step does: quantise it with the same scheme to deploy it"));
+}
+
 constexpr Rule kRules[] = {rule_early_stopping,
                            rule_loftq,
+                           rule_qat,
                            rule_lora_settings_imply_lora,
                            rule_classifier,
                            rule_quantised_base,

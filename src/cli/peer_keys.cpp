@@ -385,7 +385,42 @@ void add_missing_features(Table& t) {
                                   "hybrid (replicated + sharded) data parallelism is not built yet; use "
                                   "zero_stage 0-3 over all the GPUs")},
       // Axolotl's torchao quantization-aware training block (weight_dtype, group_size, fake_quant_after_n_steps)
-      {"qat", off_or("quantization-aware training (QAT) is not built yet")},
+      // Axolotl's QAT block (model/qat.h): its schema's defaults (weight_dtype int8, group_size 32)
+      {"qat",
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (is_off(n)) return;
+         if (!n.IsMap())
+           user_error(k, ": \"", text(n),
+                      "\" is not valid: expected {weight_dtype: int4, activation_dtype: int8, ...}");
+         std::string weight = "int8", activation;
+         long group = 32, after = 0;
+         bool group_given = false;
+         for (const auto& kv : n) {
+           const std::string name = kv.first.Scalar();
+           const YAML::Node& v = kv.second;
+           if (name == "weight_dtype") {
+             if (!is_off(v)) weight = text(v);
+           } else if (name == "activation_dtype") {
+             if (!is_off(v)) activation = text(v);
+           } else if (name == "group_size") {
+             if (is_off(v)) continue;
+             group = integer_in(k + ".group_size", v, 1, 1 << 20, "a positive integer");
+             group_given = true;
+           } else if (name == "fake_quant_after_n_steps") {
+             if (!is_off(v)) after = integer_in(k + "." + name, v, 0, 1L << 40, "0 or a positive integer");
+           } else if (name == "quantize_embedding") {
+             if (!is_off(v) && as_bool(k + "." + name, v))
+               user_error(k,
+                          ".quantize_embedding: fake-quantising the embedding is not built (the projections and the "
+                          "LM head are)");
+           } else {
+             user_error(k, ".", name,
+                        ": not a QAT setting (weight_dtype, activation_dtype, group_size, "
+                        "fake_quant_after_n_steps, quantize_embedding)");
+           }
+         }
+         c.qat = parse_qat(weight, activation, group, group_given, after, k + ": ");
+       }},
       {"fp16", off_or("fp16 training is not supported; soltrain computes in bf16 (bf16: true)")},
       // Axolotl's torchao float8 training: per-tensor dynamic scales, E4M3 forward and E5M2 gradients: our
       // fp8-hybrid recipe with current scaling.

@@ -16,6 +16,7 @@
 
 #include "core/buffer.h"
 #include "core/tensor.h"
+#include "kernels/fake_quant.h"
 #include "kernels/sampling.h"
 
 namespace soltrain {
@@ -364,6 +365,16 @@ class Ops {
   // out [out, in] (activation dtype) = a quantised weight's values (kernels/quant.h: fp32 arithmetic, then
   // rounded once to the activation dtype); what the linear ops run on before their dense GEMM.
   virtual void dequantize(Tensor out, const Weight& w) = 0;
+
+  // Quantisation-aware training (kernels/fake_quant.h): out = x fake-quantised by `q` along x's last dim (x [R, C],
+  // C a multiple of the group; out in x's dtype, may not alias it). Nvfp4 needs `amax` (F32 [1] on the device) for
+  // its per-tensor scale.
+  virtual void fake_quantize(Tensor out, const Tensor& x, const FakeQuant& q, Tensor amax) = 0;
+  // dx (= or +=) the gradient through fake_quantize given g = d loss / d out: straight through, masked where the
+  // clamp bound (Int8Token, Int4Weight), plus Int4Weight's terms at each group's max and min. With dx and g the same
+  // tensor (not accumulating) the mask applies in place; masking again what it masked changes nothing.
+  virtual void fake_quantize_backward(Tensor dx, bool accumulate, const Tensor& g, const Tensor& x,
+                                      const FakeQuant& q) = 0;
 
   // Row-wise over the last dim C of x [R, C]: y = x / sqrt(mean(x²) + eps) * w; rstd [R] saved. x may be in
   // the residual stream's dtype (fp32 next to bf16 activations), y is in the activation dtype.

@@ -15,6 +15,11 @@ Tensor rows_of(const Tensor& flat, int64_t n, int64_t width) {
 }  // namespace
 
 void Linear::forward(Ops& o, Tensor y, const Tensor& x, Tensor u, const LoraDropout& d, const LoraScratch& s) const {
+  if (qat_ && qat_->active()) {  // (QAT trains the whole model: no adapters, no fp8 recipe)
+    const Tensor xq = qat_->input(x);
+    o.linear_forward(y, xq, Weight(qat_->weight(w_->value)), b_ ? &b_->value : nullptr);
+    return;
+  }
   if (fp8_ && Fp8Projection::usable(x.dim(0)))
     fp8_->forward(o, y, x, weight(), b_ ? &b_->value : nullptr);
   else
@@ -33,6 +38,16 @@ void Linear::forward(Ops& o, Tensor y, const Tensor& x, Tensor u, const LoraDrop
 
 void Linear::backward(Ops& o, Tensor* dx, bool accumulate_dx, const Tensor& dy, const Tensor& x, const Tensor& u,
                       const LoraDropout& d, const LoraScratch& s) const {
+  if (qat_ && qat_->active()) {  // forward's fake-quantised operands again, then their gradients' way back
+    const Tensor xq = qat_->input(x);
+    const Tensor wq = qat_->weight(w_->value);
+    Tensor* gw = grad(w_);
+    Tensor target = gw ? qat_->weight_grad_target(*gw) : Tensor{};
+    o.linear_backward(dx, accumulate_dx, gw ? &target : nullptr, grad(b_), dy, xq, Weight(wq));
+    if (dx) qat_->input_backward(*dx, x);
+    if (gw) qat_->weight_backward(*gw, w_->value);
+    return;
+  }
   // A frozen base linear still passes the gradient on to its input, but computes no dW / db.
   if (fp8_ && Fp8Projection::usable(dy.dim(0))) {
     fp8_->backward(o, dx, accumulate_dx, grad(w_), dy, x, weight());

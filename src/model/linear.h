@@ -9,6 +9,7 @@
 #include "model/fp8_recipe.h"
 #include "model/lora.h"
 #include "model/parameters.h"
+#include "model/qat.h"
 
 namespace soltrain {
 
@@ -54,6 +55,8 @@ class Linear {
   // The fp8-hybrid recipe's state for this projection's base GEMMs (null: bf16). Passes whose token count
   // FP8 GEMMs cannot take (Fp8Projection::usable) run in bf16.
   void set_fp8(Fp8Projection* f) { fp8_ = f; }
+  // Quantisation-aware training (model/qat.h): the weight and input fake-quantised while `q` is active.
+  void set_qat(const QatState* q) { qat_ = q; }
   const Parameter& weight_parameter() const { return *w_; }
   const Parameter* bias_parameter() const { return b_; }
   const Parameter* lora_a() const { return lora_a_; }
@@ -72,6 +75,7 @@ class Linear {
   Parameter *w_ = nullptr, *b_ = nullptr, *lora_a_ = nullptr, *lora_b_ = nullptr;
   float lora_scale_ = 0;
   Fp8Projection* fp8_ = nullptr;
+  const QatState* qat_ = nullptr;
 };
 
 }  // namespace soltrain

@@ -244,6 +244,38 @@ void Transformer::enable_fp8(const Fp8Settings& s) {
   if (acts_) fp8_->plan(int64_t(acts_->rows) * acts_->seq_len);
 }
 
+void Transformer::enable_qat(const QatSettings& s) {
+  SOLTRAIN_CHECK(!qat_, "enable_qat twice");
+  const auto refuse = [](const std::string& what) {
+    user_error("qat: quantisation-aware training trains the whole model; ", what);
+  };
+  if (lora_) refuse("it does not combine with LoRA adapters (Axolotl refuses QAT with peft as well)");
+  if (config_.moe_layers() > 0) refuse("Mixture-of-Experts layers are not built for it");
+  if (fp8_) refuse("it does not combine with recipe fp8-hybrid");
+  if (config_.sequence_classifier() || config_.token_classifier)
+    refuse("reward and process reward models' score heads are not built for it");
+  const int64_t D = config_.hidden_size, F = config_.intermediate_size;
+  for (const int64_t in : {D, F, int64_t(config_.q_dim())})
+    if (s.weight.on() && in % s.weight.group != 0)
+      user_error("qat: group_size ", s.weight.group, " does not divide the model's projection input width ", in);
+  qat_ = std::make_unique<QatState>(ops_, s);
+  for (DecoderLayer& layer : layers_)
+    for (Linear* lin :
+         {&layer.attn.q, &layer.attn.k, &layer.attn.v, &layer.attn.o, &layer.mlp.gate, &layer.mlp.up, &layer.mlp.down})
+      lin->set_qat(qat_.get());
+  if (acts_) plan_qat();
+}
+
+void Transformer::plan_qat() {
+  const int64_t N = int64_t(acts_->rows) * acts_->seq_len, D = config_.hidden_size, F = config_.intermediate_size;
+  const int64_t widest = std::max({D, F, int64_t(config_.q_dim())});
+  int64_t weight = 0;
+  for (const Parameter& p : params_.all())
+    if (p.shape.size() == 2) weight = std::max(weight, p.shape[0] * p.shape[1]);  // (the LM head's among them)
+  // (the compute copies are in the activation dtype: fp32 on the CPU, bf16 on the GPU)
+  qat_->plan(N, widest, weight, ops_.activation_dtype(), ops_.activation_dtype());
+}
+
 std::vector<std::pair<int64_t, int64_t>> Transformer::fp8_projection_shapes(const ModelConfig& c,
                                                                             const Fp8Settings& s) {
   std::vector<std::pair<int64_t, int64_t>> out;
@@ -414,6 +446,10 @@ void Transformer::plan(int rows, int seq_len, Recompute recompute) {
         "activations full recompute keeps); got recompute: ",
         recompute_name(recompute));
   if (fp8_) fp8_->plan(N);
+  if (qat_ && token_tile_ != kTokenTileAuto && qat_->settings().activation.kind == FakeQuantKind::Nvfp4)
+    user_error(
+        "qat: nvfp4 activations take one per-tensor scale over each projection's whole input; token_tile "
+        "would split the MLP's into tiles (leave token_tile unset)");
   auto a = std::make_unique<Activations>();
   a->rows = rows;
   a->seq_len = seq_len;
@@ -451,6 +487,7 @@ void Transformer::plan(int rows, int seq_len, Recompute recompute) {
     ring.holds.assign(size_t(ring.slots), -1);
   }
   acts_ = std::move(a);
+  if (qat_) plan_qat();
 }
 
 Tensor Transformer::lora_u(LoraTarget t, int64_t l) const {
@@ -674,11 +711,20 @@ void Transformer::head_pass(const Tensor* weights, float* logits_out, bool entro
   Parameter* bias = config_.token_classifier ? &params_.at(kScoreBias) : nullptr;
   // With a temperature the loss reads logits / T: d loss / d logits is then (softmax − onehot) · weight / T.
   if (weights && inv_temperature_ != 1.0f) ops_.scale(*weights, inv_temperature_);
+  // QAT: the head's input and weight fake-quantised once for every chunk (nvfp4's per-tensor scale is the whole
+  // input's, as torchao's lm_head sees it), and its weight gradient gathered over the chunks before Int4Weight's
+  // extremes' terms (a sum over each group of the whole gradient).
+  const bool qat = qat_ && qat_->active();
+  const Tensor head_in = qat ? qat_->input(a.hf) : a.hf;
+  const Tensor head_w = qat ? qat_->weight(head.value) : head.value;
+  Tensor* head_grad = weights && head.trainable ? &head.grad : nullptr;
+  Tensor head_target = head_grad && qat ? qat_->weight_grad_target(*head_grad) : Tensor{};
+  if (qat && head_grad) head_grad = &head_target;
   for (int64_t t0 = 0; t0 < N; t0 += a.head_chunk) {
     const int64_t t1 = std::min(N, t0 + a.head_chunk);
     Tensor logits = a.logits.rows(0, t1 - t0);
-    const Tensor hf = a.hf.rows(t0, t1);
-    ops_.linear_forward(logits, hf, head.value, bias ? &bias->value : nullptr);
+    const Tensor hf = head_in.rows(t0, t1);
+    ops_.linear_forward(logits, hf, head_w, bias ? &bias->value : nullptr);
     if (inv_temperature_ != 1.0f) ops_.scale(logits, inv_temperature_);
     if (logits_out) ops_.copy(Tensor{logits_out + t0 * V, DType::F32, {t1 - t0, V}, Device::CPU}, logits);
     Tensor dlogits = a.dlogits.rows(0, t1 - t0);
@@ -686,9 +732,13 @@ void Transformer::head_pass(const Tensor* weights, float* logits_out, bool entro
                        weights ? weights->rows(t0, t1) : Tensor{}, entropy ? a.token_entropy.rows(t0, t1) : Tensor{});
     if (weights) {
       Tensor dhf = a.dhf.rows(t0, t1);
-      ops_.linear_backward(&dhf, false, head.trainable ? &head.grad : nullptr,
-                           bias && bias->trainable ? &bias->grad : nullptr, dlogits, hf, head.value);
+      ops_.linear_backward(&dhf, false, head_grad, bias && bias->trainable ? &bias->grad : nullptr, dlogits, hf,
+                           head_w);
     }
+  }
+  if (qat && weights) {
+    qat_->input_backward(a.dhf, a.hf);
+    if (head.trainable) qat_->weight_backward(head.grad, head.value);
   }
 }
 

@@ -22,6 +22,7 @@
 #include "model/lora.h"
 #include "model/objective.h"
 #include "model/parameters.h"
+#include "model/qat.h"
 #include "model/weight_stream.h"
 
 namespace soltrain {
@@ -155,6 +156,15 @@ class Transformer {
   const Fp8Recipe* fp8() const { return fp8_.get(); }
   Fp8Recipe* fp8() { return fp8_.get(); }
   size_t fp8_bytes() const;  // device memory of the recipe's FP8 copies, scales and scratch
+  // Quantisation-aware training (model/qat.h) over every projection and the LM head; a UserError for what it
+  // does not combine with (adapters, MoE layers, the fp8 recipe, a quantised base, classifier heads). Call once,
+  // before plan().
+  void enable_qat(const QatSettings& s);
+  const QatState* qat() const { return qat_.get(); }
+  // The optimizer steps completed before the next pass (QAT's fake_quant_after_n_steps reads it).
+  void set_completed_steps(int64_t steps) {
+    if (qat_) qat_->set_step(steps);
+  }
   // After every optimizer update (the trainer's step does it): the recipe's scales and weight copies follow.
   void after_update();
   void set_hooks(LayerHooks* hooks) { hooks_ = hooks; }
@@ -247,6 +257,8 @@ class Transformer {
   bool offload_checkpoints_ = false;
   std::unique_ptr<SftObjective> own_sft_;  // step()'s objective
   std::unique_ptr<Fp8Recipe> fp8_;
+  std::unique_ptr<QatState> qat_;
+  void plan_qat();
   std::unique_ptr<ExpertParallel> ep_;
   Buffer aux_loss_;  // F64 [1]: the load-balancing loss of the passes since reset_aux_loss (MoE models)
   Tensor aux_loss_t_;

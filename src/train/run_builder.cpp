@@ -100,6 +100,7 @@ void configure_model(Transformer& model, const TrainConfig& c, Ops& ops, int row
   model.set_residual_dtype(c.residual_dtype);
   ops.set_attention_backward(c.attention_backward);
   if (c.fp8_hybrid) model.enable_fp8(c.fp8);  // (data parallel: TrainStep max-reduces the amaxes)
+  if (c.qat) model.enable_qat(*c.qat);
   model.set_token_tile(c.token_tile);
   model.set_offload_checkpoints(c.offload_activations);
   model.plan(rows, c.sequence_len, c.recompute);

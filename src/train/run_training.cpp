@@ -278,7 +278,9 @@ void print_plan(const Run& r) {
                             : 4 * trainable;
   const double streamed = double(stream_slot_bytes(*r.model));
   const double moments = double(r.step->optimizer().state_bytes()), activations = double(r.model->activation_bytes());
-  const double total = weights + gathered + streamed + grads + moments + activations + double(r.model->fp8_bytes());
+  const double qat = r.model->qat() ? double(r.model->qat()->device_bytes()) : 0.0;
+  const double total =
+      weights + gathered + streamed + grads + moments + activations + double(r.model->fp8_bytes()) + qat;
   // A short table a person reads at a glance; the whole activation plan (every buffer) under --verbose.
   const ActivationPlan& plan = r.model->activation_plan();
   auto row = [&](const char* what, double bytes, const std::string& note) {
@@ -294,6 +296,7 @@ void print_plan(const Run& r) {
   row("activations", activations,
       cat("recompute ", recompute_name(c.recompute), ", residual stream ",
           r.model->residual_dtype() == DType::F32 ? "fp32" : "bf16", ", MLP token tile ", plan.tile));
+  if (qat > 0) row("QAT scratch", qat, "fake-quantised input and weight copies (model/qat.h)");
   r.log << "  largest: " << describe_largest(plan, c.verbose ? plan.largest().size() : 4) << "\n";
   print_memory_notes(r);
   print_host_plan(r);

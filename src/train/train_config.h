@@ -202,6 +202,7 @@ struct TrainConfig {
   std::optional<DType> residual_dtype;      // the residual stream on the GPU; unset: the run chooses (Transformer)
   AttentionBackward attention_backward = AttentionBackward::Split;  // how attention's backward forms dQ (kernels/ops.h)
   bool fp8_hybrid = false;                                          // recipe: fp8-hybrid (model/fp8_recipe.h)
+  std::optional<QatSettings> qat;  // Axolotl's qat: block, quantisation-aware training (model/qat.h)
   Fp8Settings fp8;
   LoraSettings lora;
   DpoSettings dpo;

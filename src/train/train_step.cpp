@@ -120,6 +120,7 @@ void TrainStep::run(std::span<const HostBatch> micro_batches, float lr, int64_t 
   Ops& ops = model_.ops();
   const ParameterStore& ps = model_.params();
   const Tensor sumsq{sumsq_.data(), DType::F64, {1}, sumsq_.device()};
+  model_.set_completed_steps(adamw_->steps_done());  // (QAT's fake_quant_after_n_steps; a resume restores the count)
   counted_ = 0;
   for (const HostBatch& b : micro_batches) counted_ += b.counted();
   if (counted_all >= 0) counted_ = counted_all;

@@ -54,6 +54,9 @@ class CudaOps final : public Ops {
   void linear_forward(Tensor y, const Tensor& x, const Weight& w, const Tensor* bias, float alpha,
                       bool accumulate) override;
   void dequantize(Tensor out, const Weight& w) override;
+  void fake_quantize(Tensor out, const Tensor& x, const FakeQuant& q, Tensor amax) override;
+  void fake_quantize_backward(Tensor dx, bool accumulate, const Tensor& g, const Tensor& x,
+                              const FakeQuant& q) override;
   void linear_backward(Tensor* dx, bool accumulate_dx, Tensor* dw, Tensor* dbias, const Tensor& dy, const Tensor& x,
                        const Weight& w, float dx_alpha) override;
   void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) override;
