@@ -49,7 +49,10 @@ TrainConfig bench_model_settings(int lora_rank, const std::string& qlora, const 
   c.lora.alpha = 2.0 * lora_rank;
   c.lora.dropout = 0.0;
   if (qlora != "none")
-    c.lora.base = qlora == "nf4" ? WeightFormat::Nf4 : qlora == "int8" ? WeightFormat::Int8Row : WeightFormat::Fp8Block;
+    c.lora.base = qlora == "nf4"     ? WeightFormat::Nf4
+                  : qlora == "int8"  ? WeightFormat::Int8Row
+                  : qlora == "nvfp4" ? WeightFormat::Nvfp4
+                                     : WeightFormat::Fp8Block;
   c.lora.base_key = "--qlora";
   return c;
 }
@@ -453,7 +456,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
   c->add_option("--qlora", o->qlora,
                 "hold the frozen base of a LoRA run quantised: nf4 (bitsandbytes' NF4, double quantised), fp8 "
                 "(E4M3, 128x128 blocks) or int8 (LLM.int8's rows, load_in_8bit); needs --lora-rank")
-      ->check(CLI::IsMember({"none", "nf4", "fp8", "int8"}))
+      ->check(CLI::IsMember({"none", "nf4", "fp8", "int8", "nvfp4"}))
       ->capture_default_str();
   c->add_option("--recipe", o->recipe, "bf16, or fp8-hybrid (the projections' GEMMs in FP8: needs a GPU of sm_89+)")
       ->check(CLI::IsMember({"bf16", "fp8-hybrid"}))

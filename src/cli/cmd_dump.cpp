@@ -257,10 +257,11 @@ std::function<int()> add_dump_command(CLI::App& app) {
   c->add_option("--save-adapter", o->save_adapter,
                 "also write the loaded adapter back out as soltrain saves adapters (PEFT round-trip checks)")
       ->needs("--adapter");
-  c->add_option("--qlora", o->qlora,
-                "hold the frozen base quantised: nf4, fp8 or int8 (quantised on load; an FP8 checkpoint is fp8 as "
-                "stored)")
-      ->check(CLI::IsMember({"none", "nf4", "fp8", "int8"}))
+  c->add_option(
+       "--qlora", o->qlora,
+       "hold the frozen base quantised: nf4, fp8, int8 or nvfp4 (quantised on load; an FP8 or NVFP4 checkpoint "
+       "is as stored)")
+      ->check(CLI::IsMember({"none", "nf4", "fp8", "int8", "nvfp4"}))
       ->needs("--adapter")
       ->capture_default_str();
   c->add_option("--qat", o->qat,
@@ -348,10 +349,11 @@ std::function<int()> add_dump_command(CLI::App& app) {
                                      {{o->model, "--model"}, {o->adapter, "--adapter"}});
     }
     auto ops = make_ops(o->device);
-    const WeightFormat base = o->qlora == "nf4"    ? WeightFormat::Nf4
-                              : o->qlora == "fp8"  ? WeightFormat::Fp8Block
-                              : o->qlora == "int8" ? WeightFormat::Int8Row
-                                                   : WeightFormat::Dense;
+    const WeightFormat base = o->qlora == "nf4"     ? WeightFormat::Nf4
+                              : o->qlora == "fp8"   ? WeightFormat::Fp8Block
+                              : o->qlora == "int8"  ? WeightFormat::Int8Row
+                              : o->qlora == "nvfp4" ? WeightFormat::Nvfp4
+                                                    : WeightFormat::Dense;
     std::optional<AsClassifier> classifier;
     if (rw->first) {
       const int from_config = load_model_config(o->model).pad_token_id;

@@ -23,7 +23,9 @@ std::function<int()> add_quantize_command(CLI::App& app) {
   c->group("");  // hidden: for tests/tools/check_quant.py
   c->add_option("--in", o->in, "safetensors file")->required();
   c->add_option("--out", o->out, "output safetensors file")->required();
-  c->add_option("--format", o->format, "nf4, fp8 or int8")->required()->check(CLI::IsMember({"nf4", "fp8", "int8"}));
+  c->add_option("--format", o->format, "nf4, fp8, int8 or nvfp4")
+      ->required()
+      ->check(CLI::IsMember({"nf4", "fp8", "int8", "nvfp4"}));
   return [o]() {
     const SafetensorsFile in(o->in);
     // Every output tensor's bytes live here until the file is written.
@@ -47,6 +49,15 @@ std::function<int()> add_quantize_command(CLI::App& app) {
         fp8_block_quantize(w.data(), rows, cols, q.data(), s.data());
         add(name, DType::F8E4M3, e.shape, q.data());
         add(name + "_scale_inv", DType::F32, {(rows + T - 1) / T, (cols + T - 1) / T}, s.data());
+        continue;
+      }
+      if (o->format == "nvfp4") {  // ModelOpt's names: X (the codes, two a byte), X_scale (E4M3), X_scale_2 (F32)
+        if (cols % quant::kNvfp4Block != 0) continue;
+        std::vector<uint8_t> q(static_cast<size_t>(n / 2)), s(size_t(quant::nvfp4_scale_bytes(rows, cols)));
+        nvfp4_quantize(w.data(), rows, cols, q.data(), s.data());
+        add(name, DType::U8, {rows, cols / 2}, q.data());
+        add(name + "_scale", DType::F8E4M3, {rows, cols / quant::kNvfp4Block}, s.data() + quant::kNvfp4BlockScalesAt);
+        add(name + "_scale_2", DType::F32, {}, s.data());
         continue;
       }
       if (o->format == "int8") {  // bitsandbytes' names: the codes (int8 stored as U8 bytes) and SCB

@@ -576,6 +576,11 @@ void add_adapter_keys(std::vector<KeySpec>& v) {
                   [](const Entry& e, const std::string& k, ReadContext& x) {
                     if (get_bool(e, k)) set_quantised_base(x.c, WeightFormat::Fp8Block, k, e.where);
                   }));
+  v.push_back(key("qlora_fp4", "bool", "true or false", "false",
+                  "the frozen base in NVFP4 (E2M1 codes, an E4M3 scale per 16 and a tensor scale: ModelOpt's format)",
+                  [](const Entry& e, const std::string& k, ReadContext& x) {
+                    if (get_bool(e, k)) set_quantised_base(x.c, WeightFormat::Nvfp4, k, e.where);
+                  }));
   v.push_back(aka(integer("lora_rank", FIELD(lora.rank), 1, "the adapters' rank"), {"lora_r"}));
   v.push_back(number("lora_alpha", FIELD(lora.alpha), 0, 1e6, true, "scale alpha / rank (alpha / sqrt(rank) rsLoRA)"));
   v.push_back(number("lora_dropout", FIELD(lora.dropout), 0, 0.99, false, "dropout on the adapters' input"));

@@ -530,7 +530,6 @@ void add_missing_features(Table& t) {
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          if (as_bool(k, n)) set_quantised_base(c, WeightFormat::Nf4, k);
        }},
-      {"qlora_fp4", off_or("FP4 quantised base weights are not built yet; drop it for bf16 LoRA")},
   });
 }
 

@@ -213,10 +213,11 @@ enum PolicyStat {
 // and their arithmetic are kernels/quant.h): Nf4: `data` U8 [ceil(out·in / 2)] packed codes, `scale` U8, the
 // byte blob of Nf4Layout (absmax codes, nested absmax, their mean, the map); Fp8Block: `data` F8E4M3
 // [out, in], `scale` F32 [ceil(out/128), ceil(in/128)] (scale_inv, what the checkpoints store); Int8Row
-// (LLM.int8, load_in_8bit): `data` U8 [out, in] holding int8 codes, `scale` F32 [out] (each row's absmax). A backend
-// dequantises a quantised weight into scratch in the activation dtype, one weight at a time, and runs its
-// dense GEMM on that: never the whole model.
-enum class WeightFormat { Dense, Nf4, Fp8Block, Int8Row };
+// (LLM.int8, load_in_8bit): `data` U8 [out, in] holding int8 codes, `scale` F32 [out] (each row's absmax); Nvfp4
+// (ModelOpt's NVFP4, qlora_fp4): `data` U8 [out·in / 2] packed E2M1 codes, `scale` U8, its blob (the tensor scale, then
+// the E4M3 block scales). A backend dequantises a quantised weight into scratch in the activation dtype, one weight at
+// a time, and runs its dense GEMM on that: never the whole model.
+enum class WeightFormat { Dense, Nf4, Fp8Block, Int8Row, Nvfp4 };
 struct Weight {
   Tensor data;
   WeightFormat format = WeightFormat::Dense;
@@ -234,6 +235,7 @@ inline std::string_view weight_format_name(WeightFormat f) {
     case WeightFormat::Nf4: return "nf4";
     case WeightFormat::Fp8Block: return "fp8";
     case WeightFormat::Int8Row: return "int8";
+    case WeightFormat::Nvfp4: return "nvfp4";
   }
   return "?";
 }

@@ -19,6 +19,12 @@
 //     would divide by zero, keeps codes 0.) LLM.int8's matmul also rounds the activations to int8 around outlier
 //     columns; soltrain's GEMMs read the dequantised weight in bf16 (fp32 on the CPU), as they read every quantised
 //     base.
+//   Nvfp4: NVIDIA's FP4 as ModelOpt exports it and torchao's NVFP4Tensor quantises it (with its per-tensor scale):
+//     E2M1 codes (0, .5, 1, 1.5, 2, 3, 4, 6 and their negatives; sign in bit 3), two a byte with the even element in
+//     the LOW nibble, an E4M3 scale per 16 values along a row, and one fp32 scale for the tensor (ModelOpt's
+//     weight_scale_2); w = code · (tensor_scale · block_scale). Quantising (kernels/fake_quant.h's arithmetic):
+//     tensor_scale = amax / (448·6), block_scale = E4M3(clamp(block_amax / 6 / tensor_scale, 2^-9, 448)), code =
+//     E2M1(clamp(x · ((1 / tensor_scale) / block_scale), ±6)), ties to the even code.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -209,6 +215,34 @@ constexpr float kInt8Recip = 7.874015718698502e-3f;  // bitsandbytes' 1/127 (a P
 SOLTRAIN_HOST_DEVICE inline float int8_row_value(const uint8_t* q, const float* absmax, int64_t cols, int64_t r,
                                                  int64_t c) {
   return mul_rn(mul_rn(float(int8_t(q[r * cols + c])), absmax[r]), kInt8Recip);
+}
+
+// ---- Nvfp4 ----
+// The scale blob of an [rows, cols] weight: the fp32 tensor scale at byte 0, the E4M3 block scales [rows, cols/16]
+// from byte kNvfp4BlockScalesAt.
+constexpr int64_t kNvfp4Block = 16, kNvfp4BlockScalesAt = 16;
+SOLTRAIN_HOST_DEVICE inline int64_t nvfp4_scale_bytes(int64_t rows, int64_t cols) {
+  return kNvfp4BlockScalesAt + rows * (cols / kNvfp4Block);
+}
+SOLTRAIN_HOST_DEVICE inline float e2m1_to_f32(uint8_t code) {
+  const uint8_t m = code & 7;
+  const float v = m < 4 ? 0.5f * float(m) : (m == 4 ? 2.0f : m == 5 ? 3.0f : m == 6 ? 4.0f : 6.0f);
+  return (code & 8) ? -v : v;
+}
+// The code of an E2M1 value (e2m1_round's output).
+SOLTRAIN_HOST_DEVICE inline uint8_t e2m1_code(float v) {
+  const float a = v < 0 ? -v : v;
+  const uint8_t m = a < 2.0f ? uint8_t(a * 2.0f) : (a == 2.0f ? 4 : a == 3.0f ? 5 : a == 4.0f ? 6 : 7);
+  return uint8_t((bits_of(v) >> 28) & 8) | m;
+}
+SOLTRAIN_HOST_DEVICE inline float nvfp4_value(const uint8_t* data, const uint8_t* scale, int64_t cols, int64_t r,
+                                              int64_t c) {
+  const int64_t i = r * cols + c;
+  const uint8_t byte = data[i / 2];
+  float tensor_scale;
+  memcpy(&tensor_scale, scale, 4);
+  const uint8_t block = scale[kNvfp4BlockScalesAt + r * (cols / kNvfp4Block) + c / kNvfp4Block];
+  return mul_rn(e2m1_to_f32((i & 1) ? (byte >> 4) : (byte & 15)), mul_rn(tensor_scale, e4m3_to_f32(block)));
 }
 
 }  // namespace soltrain::quant

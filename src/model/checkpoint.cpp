@@ -8,10 +8,12 @@
 #include "io/atomic_file.h"
 #include "io/deferred_writes.h"
 #include "io/safetensors.h"
+#include "kernels/quant.h"
 #include "model/bnb_checkpoint.h"
 #include "model/checkpoint_check.h"
 #include "model/fp8_checkpoint.h"
 #include "model/loftq.h"
+#include "model/nvfp4_checkpoint.h"
 
 namespace fs = std::filesystem;
 
@@ -42,6 +44,14 @@ std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops, std:
   // dequantised values), dequantised into the masters without LoRA.
   if (is_bnb_4bit_checkpoint(config, dir) && lora && lora->base_format == WeightFormat::Dense)
     lora->base_format = WeightFormat::Nf4;
+  // A ModelOpt NVFP4 checkpoint keeps its base as stored (QLoRA over NVFP4), dequantised into the masters without LoRA.
+  if (is_nvfp4_checkpoint(config, dir) && lora && lora->base_format == WeightFormat::Dense)
+    lora->base_format = WeightFormat::Nvfp4;
+  if (lora && lora->base_format == WeightFormat::Nvfp4)
+    for (const int64_t in : {int64_t(config.hidden_size), int64_t(config.intermediate_size), int64_t(config.q_dim())})
+      if (in % quant::kNvfp4Block != 0)
+        user_error(dir.string(), ": an NVFP4 base scales blocks of 16 along each row, and this model has projections ",
+                   in, " wide");
   auto model = std::make_unique<Transformer>(std::move(config), ops, std::move(lora), store);
   load_weights(*model, dir);
   // LoftQ (a run that asks for it, or an adapter PEFT initialised so): the base is its NF4 round trip from here on,
@@ -154,6 +164,15 @@ void load_weights(Transformer& model, const fs::path& dir) {
                  ": stored as FP8 blocks, but config.json's quantization_config is "
                  "bitsandbytes (does config.json match the weights?)");
     if (stored_as_fp8(ckpt, p.name)) used.insert(fp8_scale_name(p.name));
+    if (stored_as_nvfp4(ckpt, p.name))
+      for (const std::string& side : nvfp4_side_names(p.name))
+        if (ckpt.has(side)) used.insert(side);
+    if (p.format == WeightFormat::Nvfp4 && stored_as_nvfp4(ckpt, p.name)) {  // as stored: no requantising
+      std::vector<uint8_t> blob;
+      read_nvfp4_weight(ckpt, p.name, p.shape, codes, blob);
+      model.params().upload_quantised(model.ops(), p, codes.data(), blob.data());
+      continue;
+    }
     if (p.format == WeightFormat::Fp8Block && stored_as_fp8(ckpt, p.name)) {  // as stored: no requantising
       read_fp8_weight(ckpt, p.name, p.shape, codes, scale_inv);
       model.params().upload_quantised(model.ops(), p, codes.data(), scale_inv.data());
@@ -185,7 +204,7 @@ DType model_dtype(const fs::path& model_dir) {
     if (const auto it = config.raw.find(key); it != config.raw.end() && it->is_string())
       if (const auto t = dtype_from_torch_name(it->get<std::string>())) return *t;
   const CheckpointReader ckpt(model_dir);
-  if (is_fp8_block_checkpoint(config, model_dir)) return DType::BF16;
+  if (is_fp8_block_checkpoint(config, model_dir) || is_nvfp4_checkpoint(config, model_dir)) return DType::BF16;
   for (const std::string& n : ckpt.names())
     if (const DType t = ckpt.entry(n).dtype; t == DType::BF16 || t == DType::F16 || t == DType::F32) return t;
   return DType::F32;

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "model/bnb_checkpoint.h"
+#include "model/nvfp4_checkpoint.h"
 
 namespace soltrain {
 
@@ -33,7 +34,8 @@ void check_config_fits_checkpoint(const ModelConfig& c, const CheckpointReader& 
   double held = 0;
   for (const std::string& n : ckpt.names())  // (a bitsandbytes 4-bit weight holds the shape its quant state says)
     if (!is_bnb_4bit_side_tensor(ckpt, n))
-      held += double(shape_numel(stored_as_bnb_4bit(ckpt, n) ? bnb_4bit_shape(ckpt, n) : ckpt.entry(n).shape));
+      held += double(shape_numel(stored_as_bnb_4bit(ckpt, n) ? bnb_4bit_shape(ckpt, n) : ckpt.entry(n).shape)) *
+              (stored_as_nvfp4(ckpt, n) ? 2 : 1);  // (NVFP4: two values a byte)
   if (needed > held)
     user_error(cfg, ": describes a model of at least ", needed, " parameters, but the checkpoint's tensors hold ", held,
                " (does config.json match the weights?)");

@@ -5,6 +5,7 @@
 #include "kernels/cpu/quantize.h"
 #include "kernels/quant.h"
 #include "model/bnb_checkpoint.h"
+#include "model/nvfp4_checkpoint.h"
 
 namespace soltrain {
 
@@ -18,10 +19,14 @@ bool is_fp8_block_checkpoint(const ModelConfig& c, const std::filesystem::path& 
     is_bnb_4bit_checkpoint(c, dir);  // (which refuses an 8-bit one)
     return false;
   }
+  if (method == "modelopt") {
+    is_nvfp4_checkpoint(c, dir);  // (which refuses another ModelOpt algorithm)
+    return false;
+  }
   if (method != "fp8")
     user_error(where, ".quant_method \"", method,
-               "\" is not supported: soltrain reads FP8 block (quant_method: fp8) and bitsandbytes 4-bit checkpoints, "
-               "and quantises bf16/fp32 checkpoints itself (qlora_nf4: true)");
+               "\" is not supported: soltrain reads FP8 block (quant_method: fp8), bitsandbytes 4-bit and ModelOpt "
+               "NVFP4 checkpoints, and quantises bf16/fp32 checkpoints itself (qlora_nf4: true)");
   if (q.contains("fmt") && q["fmt"] != "e4m3")
     user_error(where, ".fmt ", q["fmt"].dump(), " is not supported: expected \"e4m3\"");
   if (q.contains("weight_block_size") && q["weight_block_size"] != nlohmann::json::array({128, 128}))
@@ -66,6 +71,11 @@ void read_fp8_weight(const CheckpointReader& ckpt, const std::string& name, cons
 
 void read_weight_f32(const CheckpointReader& ckpt, const std::string& name, const Shape& shape, float* dst) {
   if (stored_as_bnb_4bit(ckpt, name)) return read_bnb_4bit_weight(ckpt, name, shape, dst);
+  if (stored_as_nvfp4(ckpt, name)) {
+    std::vector<uint8_t> codes, scale;
+    read_nvfp4_weight(ckpt, name, shape, codes, scale);
+    return nvfp4_dequantize(codes.data(), scale.data(), shape[0], shape[1], dst);
+  }
   if (!stored_as_fp8(ckpt, name)) return read_as_f32(ckpt.entry(name), shape, dst, ckpt.describe(name));
   std::vector<uint8_t> codes;
   std::vector<float> scale_inv;

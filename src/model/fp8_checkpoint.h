@@ -27,7 +27,7 @@ bool stored_as_fp8(const CheckpointReader& ckpt, const std::string& name);
 void read_fp8_weight(const CheckpointReader& ckpt, const std::string& name, const Shape& shape,
                      std::vector<uint8_t>& codes, std::vector<float>& scale_inv);
 
-// Any weight as fp32: dequantised when stored as FP8 blocks or bitsandbytes 4-bit codes, else widened
+// Any weight as fp32: dequantised when stored as FP8 blocks, bitsandbytes 4-bit or ModelOpt NVFP4 codes, else widened
 // (read_as_f32).
 void read_weight_f32(const CheckpointReader& ckpt, const std::string& name, const Shape& shape, float* dst);
 

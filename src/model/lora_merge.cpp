@@ -15,6 +15,7 @@
 #include "model/loftq.h"
 #include "model/lora.h"
 #include "model/moe.h"
+#include "model/nvfp4_checkpoint.h"
 #include "model/peft_adapter.h"
 
 namespace fs = std::filesystem;
@@ -130,6 +131,10 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
   // An FP8 block checkpoint (Qwen3-FP8 layout) merges into bf16: every FP8 weight is dequantised and its
   // scale dropped, so the result is a plain bf16 model (config.json loses its quantization_config).
   const bool fp8 = is_fp8_block_checkpoint(config, model_dir);
+  if (is_nvfp4_checkpoint(config, model_dir))
+    user_error(model_dir.string(),
+               ": merging into a ModelOpt NVFP4 checkpoint is not built (the adapter is saved; merge it "
+               "into the bf16 model the checkpoint was quantised from)");
   // So does a bitsandbytes 4-bit checkpoint (as PEFT's merge_and_unload dequantises a 4-bit base).
   const bool bnb = is_bnb_4bit_checkpoint(config, model_dir);
   // The adapters decoded once for the weights that share them (a layer's E experts' per-expert weights share its two

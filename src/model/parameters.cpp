@@ -29,12 +29,16 @@ QuantisedLayout quantised_layout(const Parameter& p) {
   } else if (p.format == WeightFormat::Int8Row) {
     l.codes = size_t(n);
     l.scales = size_t(p.shape[0]);  // floats: each row's absmax
+  } else if (p.format == WeightFormat::Nvfp4) {
+    l.codes = size_t(n / 2);
+    l.scales = size_t(quant::nvfp4_scale_bytes(p.shape[0], p.shape[1]));  // bytes
   } else {
     l.codes = size_t(n);
     l.scales = size_t(shape_numel(fp8_scale_shape(p.shape)));  // floats
   }
   l.scale_at = align256(l.codes);
-  l.total = l.scale_at + align256(p.format == WeightFormat::Nf4 ? l.scales : 4 * l.scales);
+  const bool byte_scales = p.format == WeightFormat::Nf4 || p.format == WeightFormat::Nvfp4;
+  l.total = l.scale_at + align256(byte_scales ? l.scales : 4 * l.scales);
   return l;
 }
 // A frozen weight's elements rounded up to whole 256-byte units, on the host and the device alike: each then
@@ -151,7 +155,8 @@ void ParameterStore::allocate(Ops& ops, StoreOptions options) {
     if (!p.trainable && p.format != WeightFormat::Dense) {
       const QuantisedLayout l = quantised_layout(p);
       char* base = static_cast<char*>(quantised_.data()) + quantised_off;
-      const bool nf4 = p.format == WeightFormat::Nf4, int8 = p.format == WeightFormat::Int8Row;
+      const bool nf4 = p.format == WeightFormat::Nf4 || p.format == WeightFormat::Nvfp4,
+                 int8 = p.format == WeightFormat::Int8Row;  // (Nvfp4 is laid out as Nf4: codes and a byte blob)
       p.value = nf4    ? Tensor{base, DType::U8, {int64_t(l.codes)}, quantised_.device()}
                 : int8 ? Tensor{base, DType::U8, p.shape, quantised_.device()}
                        : Tensor{base, DType::F8E4M3, p.shape, quantised_.device()};
@@ -271,6 +276,8 @@ void ParameterStore::upload(Ops& ops, Parameter& p, const float* host) {
       nf4_quantize(host, shape_numel(p.shape), codes.data(), scale.data());
     else if (p.format == WeightFormat::Int8Row)
       int8_row_quantize(host, p.shape[0], p.shape[1], codes.data(), reinterpret_cast<float*>(scale.data()));
+    else if (p.format == WeightFormat::Nvfp4)
+      nvfp4_quantize(host, p.shape[0], p.shape[1], codes.data(), scale.data());
     else
       fp8_block_quantize(host, p.shape[0], p.shape[1], codes.data(), reinterpret_cast<float*>(scale.data()));
     return upload_quantised(ops, p, codes.data(), scale.data());
@@ -323,6 +330,8 @@ void ParameterStore::download(Ops& ops, const Parameter& p, float* host, bool qu
     if (p.format == WeightFormat::Int8Row)
       return int8_row_dequantize(codes.data(), reinterpret_cast<const float*>(scale.data()), p.shape[0], p.shape[1],
                                  host);
+    if (p.format == WeightFormat::Nvfp4)
+      return nvfp4_dequantize(codes.data(), scale.data(), p.shape[0], p.shape[1], host);
     return fp8_block_dequantize(codes.data(), reinterpret_cast<const float*>(scale.data()), p.shape[0], p.shape[1],
                                 host);
   }

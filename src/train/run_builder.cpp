@@ -193,6 +193,7 @@ std::string describe_lora(const TrainConfig& c) {
     out += cat(" over a frozen ",
                c.lora.base == WeightFormat::Nf4       ? "NF4"
                : c.lora.base == WeightFormat::Int8Row ? "LLM.int8 (row-wise int8)"
+               : c.lora.base == WeightFormat::Nvfp4   ? "NVFP4 (E2M1, E4M3 scales per 16)"
                                                       : "FP8 (128x128 blocks)",
                " base (", c.lora.base_key, ")");
   return out;

@@ -30,6 +30,8 @@ void CpuOps::dequantize(Tensor out, const Weight& w) {
     nf4_dequantize(q, static_cast<const uint8_t*>(w.scale.data), w.out() * w.in(), out.f32());
   else if (w.format == WeightFormat::Int8Row)
     int8_row_dequantize(q, w.scale.f32(), w.out(), w.in(), out.f32());
+  else if (w.format == WeightFormat::Nvfp4)
+    nvfp4_dequantize(q, static_cast<const uint8_t*>(w.scale.data), w.out(), w.in(), out.f32());
   else
     fp8_block_dequantize(q, w.scale.f32(), w.out(), w.in(), out.f32());
 }

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <thread>
 
 #include "kernels/blockwise8.h"
+#include "kernels/fake_quant.h"
 #include "kernels/quant.h"
 
 namespace soltrain {
@@ -164,6 +166,38 @@ void int8_row_quantize(const float* x, int64_t rows, int64_t cols, uint8_t* q, f
 void int8_row_dequantize(const uint8_t* q, const float* absmax, int64_t rows, int64_t cols, float* out) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = quant::int8_row_value(q, absmax, cols, r, c);
+}
+
+void nvfp4_quantize(const float* x, int64_t rows, int64_t cols, uint8_t* data, uint8_t* scale) {
+  float amax = 0;
+  for (int64_t i = 0, n = rows * cols; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float tensor_scale = fq::nv_tensor_scale(amax);
+  std::memcpy(scale, &tensor_scale, 4);
+  std::fill(scale + 4, scale + quant::kNvfp4BlockScalesAt, uint8_t(0));
+  const int64_t per_row = cols / quant::kNvfp4Block;
+  parallel_chunks(rows, cols, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t b = 0; b < per_row; ++b) {
+        const float* v = x + r * cols + b * quant::kNvfp4Block;
+        float m = 0;
+        for (int64_t k = 0; k < quant::kNvfp4Block; ++k) m = std::max(m, std::fabs(v[k]));
+        const fq::NvParams p = fq::nv_params(m, tensor_scale, false);
+        // the block's E4M3 scale as nv_params rounded it (its value is tensor_scale · block; 0 for an all-zero tensor)
+        const float s =
+            tensor_scale > 0 ? fq::clampf(fq::div_rn(fq::div_rn(m, 6.0f), tensor_scale), 0.001953125f, 448.0f) : 0.0f;
+        scale[quant::kNvfp4BlockScalesAt + r * per_row + b] = quant::f32_to_e4m3(s, false);
+        for (int64_t k = 0; k < quant::kNvfp4Block; ++k) {
+          const int64_t i = r * cols + b * quant::kNvfp4Block + k;
+          const uint8_t code = quant::e2m1_code(fq::e2m1_round(fq::clampf(quant::mul_rn(v[k], p.mul), -6.0f, 6.0f)));
+          data[i / 2] = (i & 1) ? uint8_t((data[i / 2] & 15) | (code << 4)) : uint8_t((data[i / 2] & 0xf0) | code);
+        }
+      }
+  });
+}
+
+void nvfp4_dequantize(const uint8_t* data, const uint8_t* scale, int64_t rows, int64_t cols, float* out) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = quant::nvfp4_value(data, scale, cols, r, c);
 }
 
 }  // namespace soltrain

@@ -24,4 +24,9 @@ void fp8_block_dequantize(const uint8_t* q, const float* scale_inv, int64_t rows
 void int8_row_quantize(const float* x, int64_t rows, int64_t cols, uint8_t* q, float* absmax);
 void int8_row_dequantize(const uint8_t* q, const float* absmax, int64_t rows, int64_t cols, float* out);
 
+// NVFP4 (kernels/quant.h, Nvfp4) of a row-major [rows, cols] matrix, cols a multiple of 16: data [rows·cols / 2]
+// packed codes, scale [nvfp4_scale_bytes(rows, cols)] (the tensor scale, then the E4M3 block scales).
+void nvfp4_quantize(const float* x, int64_t rows, int64_t cols, uint8_t* data, uint8_t* scale);
+void nvfp4_dequantize(const uint8_t* data, const uint8_t* scale, int64_t rows, int64_t cols, float* out);
+
 }  // namespace soltrain

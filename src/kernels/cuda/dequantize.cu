@@ -1,4 +1,4 @@
-// CUDA: a QLoRA base weight (NF4 double-quantised, FP8 128×128 blocks, or LLM.int8 rows) dequantised to bf16
+// CUDA: a QLoRA base weight (NF4 double-quantised, FP8 128×128 blocks, LLM.int8 rows or NVFP4) dequantised to bf16
 // for one GEMM, with kernels/quant.h's arithmetic (the CPU twin's), rounded once to bf16. Each thread writes 8
 // values as one 16-byte store; the weights are read at 0.5 (NF4) or 1 (FP8, int8) byte per value.
 #include "kernels/cuda/check.h"
@@ -78,6 +78,26 @@ __global__ void dequantize_int8_row_kernel(bf16* out, const uint8_t* q, const fl
     }
   }
 }
+// NVFP4: 8 values (4 bytes of codes, one 16-block's half: cols is a multiple of 16) share a block scale.
+__global__ void dequantize_nvfp4_kernel(bf16* out, const uint8_t* data, const uint8_t* scale, int64_t rows,
+                                        int64_t cols) {
+  const int64_t n = rows * cols, groups = n / kPer;
+  float tensor_scale;
+  memcpy(&tensor_scale, scale, 4);
+  const uint8_t* blocks = scale + quant::kNvfp4BlockScalesAt;
+  for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i0 = g * kPer;
+    const uint32_t packed = *reinterpret_cast<const uint32_t*>(data + i0 / 2);
+    // (the row-major block index: row i0 / cols, block (i0 % cols) / 16, as nvfp4_value computes it)
+    const float s = quant::mul_rn(tensor_scale, quant::e4m3_to_f32(blocks[i0 / quant::kNvfp4Block]));
+    cuda::Vec8 v;
+    for (int k = 0; k < kPer; ++k) {
+      const uint8_t byte = uint8_t(packed >> (8 * (k / 2)));
+      v.set(k, quant::mul_rn(quant::e2m1_to_f32((k & 1) ? (byte >> 4) : (byte & 15)), s));
+    }
+    cuda::store8(out + i0, v);
+  }
+}
 }  // namespace
 
 void CudaOps::dequantize(Tensor out, const Weight& w) {
@@ -95,6 +115,11 @@ void CudaOps::dequantize(Tensor out, const Weight& w) {
     const bool vector = cols % kPer == 0 && reinterpret_cast<uintptr_t>(data) % 8 == 0;
     dequantize_int8_row_kernel<<<blocks, kThreads, 0, stream_>>>(out.as<bf16>(), data, w.scale.f32(), rows, cols,
                                                                  vector);
+  } else if (w.format == WeightFormat::Nvfp4) {
+    SOLTRAIN_CHECK(cols % quant::kNvfp4Block == 0 && reinterpret_cast<uintptr_t>(data) % 4 == 0,
+                   "dequantize: NVFP4 rows in blocks of 16, codes 4-byte aligned");
+    dequantize_nvfp4_kernel<<<blocks, kThreads, 0, stream_>>>(out.as<bf16>(), data,
+                                                              static_cast<const uint8_t*>(w.scale.data), rows, cols);
   } else {
     SOLTRAIN_CHECK(w.format == WeightFormat::Fp8Block && w.scale.dtype == DType::F32, "dequantize: format");
     const bool vector = cols % kPer == 0 && reinterpret_cast<uintptr_t>(data) % 8 == 0;

@@ -26,9 +26,7 @@ struct Params {
 };
 
 template <typename T>
-constexpr bool is_bf16() {
-  return sizeof(T) == 2;
-}
+constexpr bool kIsBf16 = sizeof(T) == 2;
 
 __device__ Params params_for(const FakeQuant& q, const Stats& s, float tensor_scale, bool bf16) {
   Params p{};
@@ -98,7 +96,7 @@ __global__ void forward_thread_kernel(T* out, const T* x, int64_t groups, int64_
   const float ts = tensor_scale_of(q, amax);
   for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
     const T* v = x + g * G;
-    const Params p = params_for(q, thread_stats(v, G), ts, is_bf16<T>());
+    const Params p = params_for(q, thread_stats(v, G), ts, kIsBf16<T>);
     for (int64_t i = 0; i < G; ++i) cuda::st(out + g * G + i, value_for(q, p, cuda::ld(v + i)));
   }
 }
@@ -108,7 +106,7 @@ __global__ void forward_block_kernel(T* out, const T* x, int64_t groups, int64_t
   const float ts = tensor_scale_of(q, amax);
   for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
     const T* v = x + g * G;
-    const Params p = params_for(q, block_stats(v, G), ts, is_bf16<T>());
+    const Params p = params_for(q, block_stats(v, G), ts, kIsBf16<T>);
     for (int64_t i = threadIdx.x; i < G; i += blockDim.x) cuda::st(out + g * G + i, value_for(q, p, cuda::ld(v + i)));
   }
 }
@@ -172,7 +170,7 @@ __global__ void backward_thread_kernel(D* dx, const G* g, const X* x, int64_t gr
     const G* gv = g + k * n;
     const Stats s = thread_stats(v, n);
     if (q.kind == FakeQuantKind::Int8Token) {
-      const fq::Int8Params p = fq::int8_params(s.lo, s.hi, is_bf16<X>());
+      const fq::Int8Params p = fq::int8_params(s.lo, s.hi, kIsBf16<X>);
       for (int64_t i = 0; i < n; ++i) put(dx, k * n + i, int8_grad(v, gv, i, p), accumulate);
       continue;
     }
@@ -192,7 +190,7 @@ __global__ void backward_block_kernel(D* dx, const G* g, const X* x, int64_t gro
     const G* gv = g + k * n;
     const Stats s = block_stats(v, n);
     if (q.kind == FakeQuantKind::Int8Token) {
-      const fq::Int8Params p = fq::int8_params(s.lo, s.hi, is_bf16<X>());
+      const fq::Int8Params p = fq::int8_params(s.lo, s.hi, kIsBf16<X>);
       for (int64_t i = threadIdx.x; i < n; i += blockDim.x) put(dx, k * n + i, int8_grad(v, gv, i, p), accumulate);
       continue;
     }

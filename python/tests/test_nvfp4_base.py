@@ -1,0 +1,147 @@
+"""The NVFP4 base (Surogate's `qlora_fp4: true`, `--qlora nvfp4`, and ModelOpt NVFP4 checkpoints read as stored)
+against torchao's NVFP4Tensor, live on the CPU: the codes, block scales and tensor scale soltrain stores equal
+NVFP4Tensor.to_nvfp4's (with its per-tensor scale, unswizzled: the layout ModelOpt exports), and LoRA over the NVFP4
+base gives the logits, loss and adapter gradients of PEFT over the weights torchao dequantises, whether soltrain
+quantised the base itself or read a ModelOpt checkpoint torchao's codes were written into."""
+import json
+import subprocess
+import warnings
+
+import pytest
+
+from conftest import BIN, randomize, reference_batch, rel
+from live_refs import check_against_peft
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+pytest.importorskip("torchao")
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+warnings.filterwarnings("ignore")
+
+
+def torchao_nvfp4(w):
+    from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor, per_tensor_amax_to_scale
+
+    t = NVFP4Tensor.to_nvfp4(w.contiguous(), per_tensor_scale=per_tensor_amax_to_scale(torch.max(torch.abs(w))),
+                             is_swizzled_scales=False, use_triton_kernel=False)
+    return t
+
+
+def nvfp4_values(w):
+    """torchao's codes and scales decoded as the format defines them, in fp32: code · (tensor scale · block scale)
+    (NVFP4Tensor.dequantize would round that product to the bf16 of its source first, as ModelOpt's readers do not)."""
+    from torchao.prototype.mx_formats.kernels import f4_unpacked_to_f32, unpack_uint4
+
+    t = torchao_nvfp4(w)
+    codes = f4_unpacked_to_f32(unpack_uint4(t.qdata.view(torch.uint8).contiguous()))
+    scale = t.per_tensor_scale.float() * t.scale.float()
+    return (codes.view(w.shape[0], -1, 16) * scale.unsqueeze(-1)).reshape(w.shape)
+
+
+def test_codes_and_scales_equal_torchao(tmp_path):
+    torch.manual_seed(7)
+    mats = {"w.a": torch.randn(64, 96) * 0.05, "w.b": torch.randn(32, 48) * 3.0, "w.c": torch.randn(16, 256)}
+    mats["w.b"][3] = 0.25 * torch.arange(48) - 6.0  # exact binary fractions: ties after scaling
+    mats = {n: m.to(torch.bfloat16) for n, m in mats.items()}
+    save_file(mats, str(tmp_path / "in.safetensors"))
+    subprocess.run([str(BIN), "quantize", "--format", "nvfp4", "--in", str(tmp_path / "in.safetensors"), "--out",
+                    str(tmp_path / "out.safetensors")], check=True, capture_output=True)
+    ours = load_file(str(tmp_path / "out.safetensors"))
+    for name, w in mats.items():
+        t = torchao_nvfp4(w)
+        assert torch.equal(ours[name], t.qdata.view(torch.uint8)), name
+        assert torch.equal(ours[name + "_scale"].view(torch.uint8), t.scale.view(torch.uint8)), name
+        assert torch.equal(ours[name + "_scale_2"].reshape(()), t.per_tensor_scale.reshape(())), name
+
+
+def tiny_qwen3(tmp_path):
+    torch.manual_seed(9)
+    config = transformers.Qwen3Config(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                      max_position_embeddings=128, tie_word_embeddings=False,
+                                      attn_implementation="eager")
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    randomize(model)
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "model")
+    return transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32,
+                                                             attn_implementation="eager")
+
+
+def write_modelopt(tmp_path):
+    """tmp_path/model as ModelOpt exports NVFP4 (torchao's codes and scales under ModelOpt's names) in tmp_path/mo."""
+    src = tmp_path / "model"
+    dst = tmp_path / "mo"
+    dst.mkdir()
+    sd = load_file(str(src / "model.safetensors"))
+    out = {}
+    for k, w in sd.items():
+        if k.endswith("_proj.weight"):
+            t = torchao_nvfp4(w)
+            base = k[: -len(".weight")]
+            out[k] = t.qdata.view(torch.uint8).contiguous()
+            out[base + ".weight_scale"] = t.scale.contiguous()
+            out[base + ".weight_scale_2"] = t.per_tensor_scale.reshape(()).float()
+            out[base + ".input_scale"] = torch.tensor(1.0)
+        else:
+            out[k] = w
+    save_file(out, str(dst / "model.safetensors"))
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+                                  "ignore": ["lm_head"]}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.mark.parametrize("source", ["quantised-on-load", "modelopt-checkpoint"])
+def test_lora_over_nvfp4_matches_peft_on_torchaos_dequantised_base(tmp_path, source):
+    model = tiny_qwen3(tmp_path)
+    quantised = 0
+    with torch.no_grad():
+        for name, m in model.named_modules():
+            if isinstance(m, torch.nn.Linear) and name != "lm_head":
+                m.weight.copy_(nvfp4_values(m.weight.to(torch.bfloat16)))
+                quantised += 1
+    assert quantised == 2 * 7
+    pm = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "lora_" in n:
+                p.copy_(torch.randn_like(p) * 0.1)
+    pm.save_pretrained(tmp_path / "adapter")
+    ids, targets = reference_batch(300, masked=False)
+    save_file({"input_ids": ids.int(), "targets": targets.int()}, str(tmp_path / "batch.safetensors"))
+    base = ["--model", str(tmp_path / "model"), "--qlora", "nvfp4"] if source == "quantised-on-load" else \
+        ["--model", str(write_modelopt(tmp_path))]
+    subprocess.run([str(BIN), "dump", *base, "--adapter", str(tmp_path / "adapter"), "--batch",
+                    str(tmp_path / "batch.safetensors"), "--out", str(tmp_path / "ours.safetensors")], check=True,
+                   capture_output=True)
+    ours = load_file(str(tmp_path / "ours.safetensors"))
+    pm.train(False)
+    out = pm(input_ids=ids)
+    loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+    loss.backward()
+    check_against_peft(ours, pm, out.logits, loss)
+    # the NVFP4 base is not the bf16 one: the same adapter over the unquantised weights gives other logits
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32,
+                                                              attn_implementation="eager")
+    plain = peft.PeftModel.from_pretrained(plain, tmp_path / "adapter")
+    assert rel(plain(input_ids=ids).logits.detach(), out.logits.detach()) > 1e-3
+
+
+def test_a_modelopt_checkpoint_fine_tunes_in_full_from_its_dequantised_weights(tmp_path):
+    model = tiny_qwen3(tmp_path)
+    mo = write_modelopt(tmp_path)
+    with torch.no_grad():
+        for name, m in model.named_modules():
+            if isinstance(m, torch.nn.Linear) and name != "lm_head":
+                m.weight.copy_(nvfp4_values(m.weight.to(torch.bfloat16)))
+    ids, targets = reference_batch(300)
+    save_file({"input_ids": ids.int(), "targets": targets.int()}, str(tmp_path / "batch.safetensors"))
+    subprocess.run([str(BIN), "dump", "--model", str(mo), "--batch", str(tmp_path / "batch.safetensors"), "--out",
+                    str(tmp_path / "ours.safetensors")], check=True, capture_output=True)
+    ours = load_file(str(tmp_path / "ours.safetensors"))
+    model.train(False)
+    logits = model(input_ids=ids).logits
+    assert rel(ours["logits"].reshape(logits.shape), logits.detach()) <= 1e-5
