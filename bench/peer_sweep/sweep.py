@@ -473,7 +473,7 @@ def tokenizer_files(kind: str) -> tuple[dict[str, bytes], int]:
 DIMS = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
 
 
-def hf_model_files(rid: str, spec: dict, need_pos: int, tmp: Path) -> dict[str, bytes | Path]:
+def hf_model_files(rid: str, spec: dict, need_pos: int, tmp: Path, width: int = 0) -> dict[str, bytes | Path]:
     import torch
     import transformers as T
     tok_files, tok_n = tokenizer_files(spec["tok"])
@@ -490,7 +490,10 @@ def hf_model_files(rid: str, spec: dict, need_pos: int, tmp: Path) -> dict[str, 
                                                                              "<|endoftext|>")})
         bos = ids.get(tok_cfg.get("bos_token")) if isinstance(tok_cfg.get("bos_token"), str) else None
         eos = ids.get(tok_cfg.get("eos_token")) if isinstance(tok_cfg.get("eos_token"), str) else None
-    common = dict(DIMS, vocab_size=vocab, max_position_embeddings=max_pos, rms_norm_eps=1e-5,
+    dims = dict(DIMS)
+    if width > dims["hidden_size"]:  # a config's QAT group needs projections at least this wide (a multiple of it)
+        dims.update(hidden_size=width, intermediate_size=2 * width)
+    common = dict(dims, vocab_size=vocab, max_position_embeddings=max_pos, rms_norm_eps=1e-5,
                   tie_word_embeddings=bool(spec.get("tie", False)), bos_token_id=bos, eos_token_id=eos)
     rope = dict(spec.get("rope", {"rope_theta": 10000.0}))
     rope.setdefault("rope_type", "default")
@@ -858,6 +861,7 @@ def build_cache(work: Path, configs: list[tuple[str, Path, dict]], rebuild: bool
     cache = work / "hub"
     stamp = cache / ".standin-version"
     need_pos: dict[str, int] = {}
+    need_width: dict[str, int] = {}
     dsets: set[str] = set()
     for _, _, cfg in configs:
         mid = model_key(cfg)
@@ -865,10 +869,14 @@ def build_cache(work: Path, configs: list[tuple[str, Path, dict]], rebuild: bool
         seq = cfg.get("sequence_len") or 0
         if isinstance(seq, int):
             need_pos[mid] = max(need_pos.get(mid, 0), seq)
+        qat = cfg.get("qat")
+        if isinstance(qat, dict) and isinstance(qat.get("group_size"), int):
+            need_width[mid] = max(need_width.get(mid, 0), qat["group_size"])
         for d in dataset_ids(cfg):
             if not d.startswith(("/", ".")) and d not in ("<your-hf-dataset-id>",):
                 dsets.add(d)
-    want = json.dumps({"v": CACHE_VERSION, "models": sorted(need_pos.items()), "datasets": sorted(dsets)})
+    want = json.dumps({"v": CACHE_VERSION, "models": sorted(need_pos.items()), "datasets": sorted(dsets)} |
+                      ({"widths": sorted(need_width.items())} if need_width else {}))
     notes = []
     if not rebuild and stamp.exists() and stamp.read_text() == want:
         return cache, notes
@@ -880,7 +888,7 @@ def build_cache(work: Path, configs: list[tuple[str, Path, dict]], rebuild: bool
     t0 = time.time()
     for mid, pos in sorted(need_pos.items()):
         print(f"  model {mid}", file=sys.stderr, flush=True)
-        write_repo(cache, "model", mid, hf_model_files(mid, MODELS[mid], pos, tmp))
+        write_repo(cache, "model", mid, hf_model_files(mid, MODELS[mid], pos, tmp, need_width.get(mid, 0)))
     for d in sorted(dsets):
         try:
             files = dataset_files(d)
