@@ -510,7 +510,8 @@ def hf_model_files(rid: str, spec: dict, need_pos: int, tmp: Path, width: int = 
         cfg = T.Qwen2Config(**common, rope_parameters=rope, use_sliding_window=False, sliding_window=None)
         model = T.Qwen2ForCausalLM(cfg)
     elif arch == "qwen3":
-        cfg = T.Qwen3Config(**common, rope_parameters=rope, head_dim=16, use_sliding_window=False, sliding_window=None)
+        cfg = T.Qwen3Config(**common, rope_parameters=rope, head_dim=max(16, width // 2), use_sliding_window=False,
+                            sliding_window=None)
         if spec.get("head") == "seqcls":
             cfg.num_labels = 1
             cfg.pad_token_id = ids.get("<|endoftext|>")

@@ -59,6 +59,19 @@ QatSettings parse_qat(const std::string& weight_dtype, const std::string& activa
              " is not built: soltrain's QAT fake-quantises int4 (with int8 or no activations), mxfp4 or nvfp4");
 }
 
+std::string qat_refusal(const QatSettings& s, const ModelConfig& c) {
+  const std::string lead = "qat: quantisation-aware training ";
+  if (c.moe_layers() > 0) return lead + "of Mixture-of-Experts layers is not built";
+  if (c.sequence_classifier() || c.token_classifier)
+    return lead + "of a reward or process reward model's score head is not built";
+  for (const int64_t in : {int64_t(c.hidden_size), int64_t(c.intermediate_size), int64_t(c.q_dim())})
+    if (s.weight.on() && in % s.weight.group != 0)
+      return cat("qat: group_size ", s.weight.group, " does not divide the model's projection input width ", in, " (",
+                 c.architecture, ": hidden ", c.hidden_size, ", intermediate ", c.intermediate_size, ", attention ",
+                 c.q_dim(), ")");
+  return "";
+}
+
 void QatState::plan(int64_t tokens, int64_t widest_in, int64_t weight_numel, DType act, DType weight) {
   act_ = act;
   wdt_ = weight;

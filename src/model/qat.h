@@ -16,6 +16,7 @@
 
 #include "core/buffer.h"
 #include "kernels/ops.h"
+#include "model/config.h"
 
 namespace soltrain {
 
@@ -29,6 +30,10 @@ struct QatSettings {
 // float4_e2m1fn_x2 for mxfp4). `where` prefixes the one-line errors.
 QatSettings parse_qat(const std::string& weight_dtype, const std::string& activation_dtype, int64_t group_size,
                       bool group_given, int64_t fake_quant_after_n_steps, const std::string& where);
+
+// Why QAT with `s` cannot train a model of config `c`, from the config alone ("" when it can): Mixture-of-Experts
+// layers, classifier heads, a group size that does not divide every projection's input width. One line.
+std::string qat_refusal(const QatSettings& s, const ModelConfig& c);
 
 // The run's fake quantisation: the settings and the scratch the projections share (one input and one weight
 // copy at a time: the projections run one after another).

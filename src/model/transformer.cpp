@@ -250,14 +250,8 @@ void Transformer::enable_qat(const QatSettings& s) {
     user_error("qat: quantisation-aware training trains the whole model; ", what);
   };
   if (lora_) refuse("it does not combine with LoRA adapters (Axolotl refuses QAT with peft as well)");
-  if (config_.moe_layers() > 0) refuse("Mixture-of-Experts layers are not built for it");
   if (fp8_) refuse("it does not combine with recipe fp8-hybrid");
-  if (config_.sequence_classifier() || config_.token_classifier)
-    refuse("reward and process reward models' score heads are not built for it");
-  const int64_t D = config_.hidden_size, F = config_.intermediate_size;
-  for (const int64_t in : {D, F, int64_t(config_.q_dim())})
-    if (s.weight.on() && in % s.weight.group != 0)
-      user_error("qat: group_size ", s.weight.group, " does not divide the model's projection input width ", in);
+  if (const std::string why = qat_refusal(s, config_); !why.empty()) user_error(why);
   qat_ = std::make_unique<QatState>(ops_, s);
   for (DecoderLayer& layer : layers_)
     for (Linear* lin :

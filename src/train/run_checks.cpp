@@ -29,6 +29,8 @@ void check_run_inputs(const TrainConfig& c) {
     if (c.token_tile != kTokenTileAuto) user_error(moe_refusal(m, MoeUnsupported::TokenTile));
     if (c.grpo.generation_overlap) user_error(moe_refusal(m, MoeUnsupported::GenerationOverlap));
   }
+  if (c.qat)
+    if (const std::string why = qat_refusal(*c.qat, m); !why.empty()) user_error(why);
   if (c.lora.enabled)
     if (const std::string why = modules_to_save_refusal(c.lora.modules_to_save, m); !why.empty()) user_error(why);
   if (c.sequence_len > m.max_position_embeddings)
