@@ -968,5 +968,27 @@ TEST(PeerConfigs, AxolotlLoftqRunsToTheEnd) {
   EXPECT_EQ(cfg["loftq_config"], (nlohmann::json{{"loftq_bits", 4}, {"loftq_iter", 1}}));
 }
 
+// Axolotl's QAT examples (model/qat.h; python/tests/test_qat.py checks the fake quantisation against torchao): int4
+// weights with int8 activations under FSDP's full_shard (ZeRO-3 here), and NVFP4 weights and activations. Each trains
+// fake-quantised and saves the plain model.
+TEST(PeerConfigs, AxolotlQatExamplesRunToTheEnd) {
+  for (const auto& [name, scheme] :
+       {std::pair<std::string, std::string>{"axolotl-llama-3-3b-qat-fsdp2.yaml",
+                                            "int4 (group 32) weights, int8 (per token) activations"},
+        {"axolotl-llama-3-3b-qat-nvfp4.yaml",
+         "nvfp4 (block 16, per-tensor scale) weights, nvfp4 (block 16, "
+         "per-tensor scale) activations"}}) {
+    PeerSetup s;
+    const test::CliRun r = s.sft(s.config(name, "alpaca.jsonl", "llama"),
+                                 "--set max_steps=2 --set micro_batch_size=1 --set sequence_len=256");
+    ASSERT_EQ(r.code, 0) << name << r.out << r.err;
+    const std::string all = r.out + r.err;
+    EXPECT_NE(all.find("sft: qat: " + scheme + " fake-quantised in every projection and the LM head"),
+              std::string::npos)
+        << all;
+    EXPECT_TRUE(fs::exists(s.t.path / "out" / "model" / "model.safetensors")) << all;
+  }
+}
+
 }  // namespace
 }  // namespace soltrain
