@@ -81,6 +81,24 @@ def check_against_peft(ours, pm, logits, loss):
     return adapters
 
 
+def check_lora_dump(tmp_path, pm, ids, targets, args):
+    """`soltrain dump` with `args` (the model, its --adapter, a --qlora base, ...) on this batch against the PEFT model
+    `pm` (its adapter saved where args point): logits, loss and every adapter gradient. Returns PEFT's logits."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    save_file({"input_ids": ids.int(), "targets": targets.int()}, str(tmp_path / "batch.safetensors"))
+    subprocess.run([str(BIN), "dump", *args, "--batch", str(tmp_path / "batch.safetensors"), "--out",
+                    str(tmp_path / "ours.safetensors")], check=True, capture_output=True)
+    ours = load_file(str(tmp_path / "ours.safetensors"))
+    pm.train(False)
+    out = pm(input_ids=ids)
+    loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+    loss.backward()
+    check_against_peft(ours, pm, out.logits, loss)
+    return out.logits
+
+
 def check_full_gradients(ours, grads, tol=1e-5):
     """`soltrain dump`'s gradient of every weight of a full fine-tune against torch's ({name: grad}): a tied head's
     weight is the embedding's, one gradient. At least 10 compared."""

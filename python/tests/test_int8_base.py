@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from conftest import BIN, randomize, reference_batch, rel
-from live_refs import check_against_peft
+from live_refs import check_lora_dump
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -72,18 +72,10 @@ def test_lora_over_int8_matches_peft_on_the_dequantised_base(tmp_path):
     saved_targets = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["target_modules"]
     assert len(saved_targets) == 14 and all(t.startswith("model.layers.") for t in saved_targets)
     ids, targets = reference_batch(300, masked=False)
-    save_file({"input_ids": ids.int(), "targets": targets.int()}, str(tmp_path / "batch.safetensors"))
-    subprocess.run([str(BIN), "dump", "--model", str(tmp_path / "model"), "--adapter", str(tmp_path / "adapter"),
-                    "--qlora", "int8", "--batch", str(tmp_path / "batch.safetensors"), "--out",
-                    str(tmp_path / "ours.safetensors")], check=True, capture_output=True)
-    ours = load_file(str(tmp_path / "ours.safetensors"))
-    pm.train(False)
-    out = pm(input_ids=ids)
-    loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
-    loss.backward()
-    check_against_peft(ours, pm, out.logits, loss)
+    logits = check_lora_dump(tmp_path, pm, ids, targets, ["--model", str(tmp_path / "model"), "--adapter",
+                                                          str(tmp_path / "adapter"), "--qlora", "int8"])
     # the int8 base is not the bf16 one: the same adapter over the unquantised weights gives other logits
     plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32,
                                                               attn_implementation="eager")
     plain = peft.PeftModel.from_pretrained(plain, tmp_path / "adapter")
-    assert rel(plain(input_ids=ids).logits.detach(), out.logits.detach()) > 1e-4
+    assert rel(plain(input_ids=ids).logits.detach(), logits.detach()) > 1e-4

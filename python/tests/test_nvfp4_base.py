@@ -10,12 +10,12 @@ import warnings
 import pytest
 
 from conftest import BIN, randomize, reference_batch, rel
-from live_refs import check_against_peft
+from live_refs import check_lora_dump
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
-pytest.importorskip("torchao")
+import torchao  # noqa: E402,F401  (scripts/test.sh installs 0.17, Axolotl's pin: a reference, never skipped)
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 warnings.filterwarnings("ignore")
@@ -111,23 +111,14 @@ def test_lora_over_nvfp4_matches_peft_on_torchaos_dequantised_base(tmp_path, sou
                 p.copy_(torch.randn_like(p) * 0.1)
     pm.save_pretrained(tmp_path / "adapter")
     ids, targets = reference_batch(300, masked=False)
-    save_file({"input_ids": ids.int(), "targets": targets.int()}, str(tmp_path / "batch.safetensors"))
     base = ["--model", str(tmp_path / "model"), "--qlora", "nvfp4"] if source == "quantised-on-load" else \
         ["--model", str(write_modelopt(tmp_path))]
-    subprocess.run([str(BIN), "dump", *base, "--adapter", str(tmp_path / "adapter"), "--batch",
-                    str(tmp_path / "batch.safetensors"), "--out", str(tmp_path / "ours.safetensors")], check=True,
-                   capture_output=True)
-    ours = load_file(str(tmp_path / "ours.safetensors"))
-    pm.train(False)
-    out = pm(input_ids=ids)
-    loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
-    loss.backward()
-    check_against_peft(ours, pm, out.logits, loss)
+    logits = check_lora_dump(tmp_path, pm, ids, targets, [*base, "--adapter", str(tmp_path / "adapter")])
     # the NVFP4 base is not the bf16 one: the same adapter over the unquantised weights gives other logits
     plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32,
                                                               attn_implementation="eager")
     plain = peft.PeftModel.from_pretrained(plain, tmp_path / "adapter")
-    assert rel(plain(input_ids=ids).logits.detach(), out.logits.detach()) > 1e-3
+    assert rel(plain(input_ids=ids).logits.detach(), logits.detach()) > 1e-3
 
 
 def test_a_modelopt_checkpoint_fine_tunes_in_full_from_its_dequantised_weights(tmp_path):
