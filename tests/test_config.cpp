@@ -579,8 +579,13 @@ TEST(Config, MissingFeaturesAreNamedInOneLine) {
   EXPECT_EQ(error_of(kBase + "load_in_4bit: true\n"),
             "cfg.yaml:6: load_in_4bit: a quantised base is frozen, so it trains LoRA adapters only (QLoRA): add "
             "`adapter: lora`, or drop it for full fine-tuning in bf16/fp32");
+  // QAT (model/qat.h): the schemes torchao's QAT has that soltrain does not build are each one line
   EXPECT_EQ(error_of(kBase + "qat:\n  weight_dtype: int4\n  group_size: 32\n"),
-            "cfg.yaml:6: qat: quantization-aware training (QAT) is not built yet");
+            "cfg.yaml:6: qat: int4 weights train with activation_dtype int8 here; without it torchao's int4 QAT casts "
+            "each weight row to fp8 first (its fp8-activation scheme), which is not built");
+  EXPECT_EQ(error_of(kBase + "qat:\n  weight_dtype: float8_e4m3fn\n  activation_dtype: float8_e4m3fn\n"),
+            "cfg.yaml:6: qat: weight_dtype float8_e4m3fn is not built: soltrain's QAT fake-quantises int4 (with int8 "
+            "activations), mxfp4 or nvfp4");
   EXPECT_EQ(error_of(kBase + "gptq: true\n"), "cfg.yaml:6: gptq: GPTQ-quantised base weights are not supported");
   // Axolotl's context and tensor parallel sizes: 1 (or absent) is what soltrain does; more is one line
   EXPECT_EQ(error_of(kBase + "context_parallel_size: 1\nheads_k_stride: 1\ntensor_parallel_size: 1\n"), "no error");

@@ -56,7 +56,7 @@ QatSettings parse_qat(const std::string& weight_dtype, const std::string& activa
   }
   if (w.empty()) user_error(where, "weight_dtype is required (int4, mxfp4 or nvfp4)");
   user_error(where, "weight_dtype ", w,
-             " is not built: soltrain's QAT fake-quantises int4 (with int8 or no activations), mxfp4 or nvfp4");
+             " is not built: soltrain's QAT fake-quantises int4 (with int8 activations), mxfp4 or nvfp4");
 }
 
 std::string qat_refusal(const QatSettings& s, const ModelConfig& c) {
