@@ -37,6 +37,52 @@ def write_tiny_llama(out, seed):
     return out
 
 
+def tiny_qwen3(out, seed=9, tied=False, bf16=True):
+    """A small random Qwen3 (2 layers) saved to `out` (in bf16 by default, as a base to quantise would come), and read
+    back in fp32 (not .float() in place: the cast rounded RoPE's inv_freq buffer to bf16 too)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.Qwen3Config(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                      max_position_embeddings=128, tie_word_embeddings=tied,
+                                      attn_implementation="eager")
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    randomize(model)
+    (model.to(torch.bfloat16) if bf16 else model).save_pretrained(out)
+    return transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
+
+
+def random_adapter(model, out, r=4, targets="all-linear", drawn="lora_", scale=0.1):
+    """PEFT LoRA (alpha 2r) on `targets` of `model`, the factors whose names hold `drawn` drawn from normal(0, scale)
+    (not PEFT's zero B), saved to `out`."""
+    import peft
+    import torch
+
+    pm = peft.get_peft_model(model, peft.LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets))
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if drawn in n:
+                p.copy_(torch.randn_like(p) * scale)
+    pm.save_pretrained(out)
+    return pm
+
+
+def replace_projections(model, fn):
+    """Every decoder projection's weight (each nn.Linear but the LM head, as transformers' quantised loading leaves the
+    head) replaced by fn(its bf16 weight), in place; checks there are 7 a layer."""
+    import torch
+
+    done = 0
+    with torch.no_grad():
+        for name, m in model.named_modules():
+            if isinstance(m, torch.nn.Linear) and name != "lm_head":
+                m.weight.copy_(fn(m.weight.to(torch.bfloat16)))
+                done += 1
+    assert done == 7 * model.config.num_hidden_layers
+
+
 def muon_parameter_groups(named):
     """How Muon-family optimizers split a model's parameters (train/optimizer.h updated_by_muon): the hidden 2-D
     matrices' names, then AdamW's decayed matrices (embedding, LM head) and its undecayed 1-D parameters."""

@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from conftest import BIN, randomize, reference_batch, rel
+from live_refs import random_adapter
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -34,13 +35,7 @@ def quantised(tmp_path, quant_type="nf4", nested=True, **bnb_kwargs):
 
 def saved_adapter(model, folder):
     """PEFT LoRA on q_proj and v_proj, its B drawn (not PEFT's zeros), saved to `folder`."""
-    pm = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    with torch.no_grad():
-        for n, p in pm.named_parameters():
-            if "lora_B" in n:
-                p.copy_(torch.randn_like(p) * 0.05)
-    pm.save_pretrained(folder)
-    return pm
+    return random_adapter(model, folder, targets=["q_proj", "v_proj"], drawn="lora_B", scale=0.05)
 
 
 @pytest.mark.parametrize("quant_type,nested", [("nf4", True), ("nf4", False), ("fp4", True)])

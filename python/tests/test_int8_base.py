@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from conftest import BIN, randomize, reference_batch, rel
-from live_refs import check_lora_dump
+from conftest import BIN, reference_batch, rel
+from live_refs import check_lora_dump, random_adapter, replace_projections, tiny_qwen3
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -43,31 +43,9 @@ def test_codes_and_scales_equal_bitsandbytes(tmp_path):
 
 
 def test_lora_over_int8_matches_peft_on_the_dequantised_base(tmp_path):
-    torch.manual_seed(9)
-    config = transformers.Qwen3Config(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                      max_position_embeddings=128, tie_word_embeddings=False,
-                                      attn_implementation="eager")
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    randomize(model)
-    model.to(torch.bfloat16).save_pretrained(tmp_path / "model")  # bf16, as the base would come
-    # read back in fp32 (not .float() in place: the cast rounded RoPE's inv_freq buffer to bf16 too)
-    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32,
-                                                              attn_implementation="eager")
-    quantised = 0
-    with torch.no_grad():
-        for name, m in model.named_modules():
-            if isinstance(m, torch.nn.Linear) and name != "lm_head":
-                codes, scb = bnb_int8(m.weight.to(torch.bfloat16))
-                m.weight.copy_(bnb_f.int8_vectorwise_dequant(codes, scb))
-                quantised += 1
-    assert quantised == 2 * 7
-    pm = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
-    with torch.no_grad():
-        for n, p in pm.named_parameters():
-            if "lora_" in n:
-                p.copy_(torch.randn_like(p) * 0.1)
-    pm.save_pretrained(tmp_path / "adapter")
+    model = tiny_qwen3(tmp_path / "model")
+    replace_projections(model, lambda w: bnb_f.int8_vectorwise_dequant(*bnb_int8(w)))
+    pm = random_adapter(model, tmp_path / "adapter")
     # (PEFT writes all-linear on a two-layer model as full module paths, not names: soltrain reads those too)
     saved_targets = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["target_modules"]
     assert len(saved_targets) == 14 and all(t.startswith("model.layers.") for t in saved_targets)

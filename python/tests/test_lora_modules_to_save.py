@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from conftest import BIN, randomize, reference_batch, rel
+from conftest import BIN, reference_batch, rel
+from live_refs import tiny_qwen3
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -17,16 +18,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 
 def tiny(tmp_path, tied):
-    torch.manual_seed(13)
-    config = transformers.Qwen3Config(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                      max_position_embeddings=128, tie_word_embeddings=tied,
-                                      attn_implementation="eager")
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    randomize(model)
-    model.save_pretrained(tmp_path / "model")
-    return transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32,
-                                                             attn_implementation="eager")
+    return tiny_qwen3(tmp_path / "model", seed=13, tied=tied, bf16=False)
 
 
 def dumped_against_peft(tmp_path, model, target_modules, modules):

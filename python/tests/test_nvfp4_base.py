@@ -9,8 +9,8 @@ import warnings
 
 import pytest
 
-from conftest import BIN, randomize, reference_batch, rel
-from live_refs import check_lora_dump
+from conftest import BIN, reference_batch, rel
+from live_refs import check_lora_dump, random_adapter, replace_projections, tiny_qwen3
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -56,19 +56,6 @@ def test_codes_and_scales_equal_torchao(tmp_path):
         assert torch.equal(ours[name + "_scale_2"].reshape(()), t.per_tensor_scale.reshape(())), name
 
 
-def tiny_qwen3(tmp_path):
-    torch.manual_seed(9)
-    config = transformers.Qwen3Config(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                      max_position_embeddings=128, tie_word_embeddings=False,
-                                      attn_implementation="eager")
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    randomize(model)
-    model.to(torch.bfloat16).save_pretrained(tmp_path / "model")
-    return transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32,
-                                                             attn_implementation="eager")
-
-
 def write_modelopt(tmp_path):
     """tmp_path/model as ModelOpt exports NVFP4 (torchao's codes and scales under ModelOpt's names) in tmp_path/mo."""
     src = tmp_path / "model"
@@ -96,20 +83,9 @@ def write_modelopt(tmp_path):
 
 @pytest.mark.parametrize("source", ["quantised-on-load", "modelopt-checkpoint"])
 def test_lora_over_nvfp4_matches_peft_on_torchaos_dequantised_base(tmp_path, source):
-    model = tiny_qwen3(tmp_path)
-    quantised = 0
-    with torch.no_grad():
-        for name, m in model.named_modules():
-            if isinstance(m, torch.nn.Linear) and name != "lm_head":
-                m.weight.copy_(nvfp4_values(m.weight.to(torch.bfloat16)))
-                quantised += 1
-    assert quantised == 2 * 7
-    pm = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
-    with torch.no_grad():
-        for n, p in pm.named_parameters():
-            if "lora_" in n:
-                p.copy_(torch.randn_like(p) * 0.1)
-    pm.save_pretrained(tmp_path / "adapter")
+    model = tiny_qwen3(tmp_path / "model")
+    replace_projections(model, nvfp4_values)
+    pm = random_adapter(model, tmp_path / "adapter")
     ids, targets = reference_batch(300, masked=False)
     base = ["--model", str(tmp_path / "model"), "--qlora", "nvfp4"] if source == "quantised-on-load" else \
         ["--model", str(write_modelopt(tmp_path))]
@@ -122,12 +98,9 @@ def test_lora_over_nvfp4_matches_peft_on_torchaos_dequantised_base(tmp_path, sou
 
 
 def test_a_modelopt_checkpoint_fine_tunes_in_full_from_its_dequantised_weights(tmp_path):
-    model = tiny_qwen3(tmp_path)
+    model = tiny_qwen3(tmp_path / "model")
     mo = write_modelopt(tmp_path)
-    with torch.no_grad():
-        for name, m in model.named_modules():
-            if isinstance(m, torch.nn.Linear) and name != "lm_head":
-                m.weight.copy_(nvfp4_values(m.weight.to(torch.bfloat16)))
+    replace_projections(model, nvfp4_values)
     ids, targets = reference_batch(300)
     save_file({"input_ids": ids.int(), "targets": targets.int()}, str(tmp_path / "batch.safetensors"))
     subprocess.run([str(BIN), "dump", "--model", str(mo), "--batch", str(tmp_path / "batch.safetensors"), "--out",
