@@ -1,6 +1,7 @@
 // QAT's fake quantisation (kernels/cuda/fake_quant.cu) against its CPU twin (kernels/cpu/fake_quant.cpp) on fresh
 // random tensors: fp32 inputs give the CPU's values bit for bit, forward and backward, for every scheme and both
-// kernel shapes (groups of up to 64 a thread, longer ones a block). bf16 inputs (what a run feeds it) give the CPU's
+// kernel shapes (groups of up to 64 a thread, longer ones a block); Int4Weight's backward to 1e-6 (its terms at a
+// group's extremes are sums, the CPU's in double, the device's in fp32 in another order). bf16 inputs (what a run feeds it) give the CPU's
 // values on the same inputs rounded once to bf16 (Int8Token's qparams computed in bf16 as torchao does: its CPU twin is
 // the fp32 arithmetic, so that scheme is checked in fp32 only). And the NVFP4 base's dequantise kernel equals the CPU's.
 #include "gpu_test_util.h"
@@ -33,7 +34,10 @@ TEST_F(CudaFakeQuant, Fp32ForwardAndBackwardEqualTheCpuTwinBitForBit) {
     cpu->fake_quantize_backward(host(dx, {R, C}), true, host(g, {R, C}), host(x, {R, C}), q);
     const Tensor dxd = upload(acc, {R, C}, DType::F32);
     gpu->fake_quantize_backward(dxd, true, upload(g, {R, C}, DType::F32), xd, q);
-    EXPECT_EQ(download(dxd), dx);
+    if (q.kind == FakeQuantKind::Int4Weight)  // its extremes' terms are sums over a group: summed in another order
+      EXPECT_LE(rel(download(dxd), dx), 1e-6);
+    else
+      EXPECT_EQ(download(dxd), dx);
   }
 }
 
