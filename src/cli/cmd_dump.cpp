@@ -2,6 +2,7 @@
 // --adapter the LoRA tensors under PEFT's names), for comparison with PyTorch / PEFT; with --grpo the same
 // under GRPO's loss (rewards, the sampling policy's and the reference's NLL from a file), with --preference under
 // a preference loss over the batch file's pairs (DPO and relatives, SimPO, ORPO), for TRL.
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 
@@ -266,7 +267,7 @@ std::function<int()> add_dump_command(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--qat", o->qat,
                 "quantisation-aware training's fake quantisation (model/qat.h): WEIGHT[:ACTIVATION[:GROUP]], e.g. "
-                "int4:int8:32, int4:none:32, mxfp4:mxfp4, nvfp4:nvfp4")
+                "int4:int8:32, mxfp4:mxfp4, nvfp4:nvfp4")
       ->excludes("--adapter");
   c->add_option("--batch", o->batch, "safetensors with input_ids and targets [B,T]")->required();
   c->add_option("--out", o->out, "output .safetensors file")->required();
@@ -380,7 +381,11 @@ std::function<int()> add_dump_command(CLI::App& app) {
         else
           f.back().push_back(ch);
       int64_t group = 32;
-      if (f.size() > 2) group = std::stoll(f[2]);
+      if (f.size() > 2) {  // (a bad number is one line, as the config's group_size is)
+        char* end = nullptr;
+        group = std::strtoll(f[2].c_str(), &end, 10);
+        if (f[2].empty() || *end || group <= 0) user_error("--qat: group \"", f[2], "\" is not a positive integer");
+      }
       model->enable_qat(parse_qat(f[0], f.size() > 1 ? f[1] : "", group, f.size() > 2, 0, "--qat: "));
     }
     model->plan(batch.rows, batch.seq_len);

@@ -714,6 +714,10 @@ void rule_qat(const Entries& en, const std::string&, TrainConfig& c, std::vector
                          c.lora.base_key.empty() ? "lora" : c.lora.base_key, " (Axolotl refuses QAT with PEFT too)"));
   if (c.fp8_hybrid) errors.push_back(cat(at, "QAT does not combine with recipe fp8-hybrid"));
   if (c.grpo.enabled) errors.push_back(cat(at, "QAT with rl: grpo is not built (its generation would need it too)"));
+  if (c.token_tile != 0 && c.qat->activation.kind == FakeQuantKind::Nvfp4)  // (the model refuses it too, later)
+    errors.push_back(cat(at,
+                         "nvfp4 activations take one per-tensor scale over each projection's whole input; "
+                         "token_tile would split the MLP's into tiles (leave token_tile unset)"));
   if (c.dpo.reward_model || c.process_reward_model)
     errors.push_back(cat(at, "QAT of a reward model's score head is not built"));
   if (c.qat->fake_quant_after_n_steps > 0)
