@@ -40,7 +40,8 @@ void add_gradients(Transformer& model, Ops& ops, std::vector<NamedTensor>& out,
     if (!p.trainable) continue;
     store.emplace_back(size_t(shape_numel(p.shape)));
     model.params().download_grad(ops, p, store.back().data());
-    out.push_back({"grad." + p.name, Tensor{store.back().data(), DType::F32, p.shape, Device::CPU}});
+    out.push_back({"grad." + checkpoint_name(model.config(), p.name),
+                   Tensor{store.back().data(), DType::F32, p.shape, Device::CPU}});
   }
 }
 

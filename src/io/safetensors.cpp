@@ -56,8 +56,7 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
     json header;
     try {
       const std::string text(base + 8, base + 8 + header_len);
-      if (json_nesting_depth(text) > kMaxJsonDepth)
-        throw json::other_error::create(600, "nested too deep", nullptr);
+      if (json_nesting_depth(text) > kMaxJsonDepth) throw json::other_error::create(600, "nested too deep", nullptr);
       header = json::parse(text);
     } catch (const json::exception& e) {  // syntax, or a number out of range
       bad(path, cat("header is not JSON (", e.what(), ")"));
@@ -207,10 +206,35 @@ CheckpointReader::CheckpointReader(const fs::path& dir) : dir_(dir) {
   }
 }
 
+CheckpointReader::CheckpointReader(const fs::path& dir, const std::function<std::string(const std::string&)>& rename)
+    : CheckpointReader(dir) {
+  std::map<std::string, size_t> renamed;
+  for (const auto& [name, file] : where_) {
+    const std::string ours = rename(name);
+    if (ours.empty()) {
+      outside_.push_back(name);
+      outside_where_[name] = file;
+      continue;
+    }
+    if (ours != name) stored_[ours] = name;
+    renamed[ours] = file;
+  }
+  where_ = std::move(renamed);
+}
+
+const TensorEntry& CheckpointReader::outside_entry(const std::string& stored_name) const {
+  return files_[outside_where_.at(stored_name)]->entries().at(stored_name);
+}
+
+std::string CheckpointReader::stored(const std::string& name) const {
+  const auto it = stored_.find(name);
+  return it == stored_.end() ? name : it->second;
+}
+
 const TensorEntry& CheckpointReader::entry(const std::string& name) const {
   auto it = where_.find(name);
-  if (it == where_.end()) user_error(dir_.string(), ": checkpoint has no tensor '", name, "'");
-  return files_[it->second]->entries().at(name);
+  if (it == where_.end()) user_error(dir_.string(), ": checkpoint has no tensor '", stored(name), "'");
+  return files_[it->second]->entries().at(stored(name));
 }
 
 std::vector<std::string> CheckpointReader::names() const {
@@ -221,8 +245,8 @@ std::vector<std::string> CheckpointReader::names() const {
 
 std::string CheckpointReader::describe(const std::string& name) const {
   auto it = where_.find(name);
-  return it == where_.end() ? cat(dir_.string(), ": ", name)
-                            : cat(files_[it->second]->path().string(), ": tensor '", name, "'");
+  return it == where_.end() ? cat(dir_.string(), ": ", stored(name))
+                            : cat(files_[it->second]->path().string(), ": tensor '", stored(name), "'");
 }
 
 std::vector<StreamedTensor> as_streamed(const std::vector<NamedTensor>& tensors) {

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -53,15 +54,24 @@ std::vector<int32_t> read_as_i32(const TensorEntry& e, const std::string& what);
 class CheckpointReader {
  public:
   explicit CheckpointReader(const std::filesystem::path& dir);
+  // Its tensors under the names a model gives them: `rename` maps a stored name to the model's, or to "" for one
+  // the model does not read (a vision-language checkpoint's vision tower: listed by outside(), not by names()).
+  CheckpointReader(const std::filesystem::path& dir, const std::function<std::string(const std::string&)>& rename);
   bool has(const std::string& name) const { return where_.count(name) != 0; }
   const TensorEntry& entry(const std::string& name) const;
   std::vector<std::string> names() const;
-  std::string describe(const std::string& name) const;  // "file: tensor name" for messages
+  const std::vector<std::string>& outside() const { return outside_; }  // stored names
+  const TensorEntry& outside_entry(const std::string& stored_name) const;
+  std::string describe(const std::string& name) const;  // "file: tensor name" (as stored) for messages
 
  private:
+  std::string stored(const std::string& name) const;
   std::filesystem::path dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
-  std::map<std::string, size_t> where_;  // tensor name -> index in files_
+  std::map<std::string, size_t> where_;        // tensor name -> index in files_
+  std::map<std::string, std::string> stored_;  // a renamed tensor's name -> its stored name
+  std::vector<std::string> outside_;
+  std::map<std::string, size_t> outside_where_;
 };
 
 struct NamedTensor {

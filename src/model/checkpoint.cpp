@@ -1,7 +1,9 @@
 #include "model/checkpoint.h"
 
 #include <cstdio>
+#include <cstring>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -19,6 +21,11 @@ namespace fs = std::filesystem;
 
 namespace soltrain {
 
+CheckpointReader open_model_checkpoint(const fs::path& dir, const ModelConfig& c) {
+  if (!c.spec || !c.spec->language_model) return CheckpointReader(dir);
+  return CheckpointReader(dir, [&c](const std::string& stored) { return model_tensor_name(c, stored); });
+}
+
 std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops, std::optional<LoraConfig> lora,
                                              StoreOptions store, ExpertShare share,
                                              std::optional<AsClassifier> classifier, std::optional<VocabResize> vocab) {
@@ -30,7 +37,7 @@ std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops, std:
     make_sequence_classifier(config, 1, classifier->pad_token_id);
   else if (config.num_labels > 0)
     refuse_classifier(dir, config);
-  check_config_fits_checkpoint(config, CheckpointReader(dir), dir);  // before anything is allocated
+  check_config_fits_checkpoint(config, open_model_checkpoint(dir, config), dir);  // before anything is allocated
   // (an uneven split is refused with the ranks in view: Transformer::set_expert_parallel)
   if (share.of > 1 && lora && config.moe_layers() > 0 && config.moe.num_experts % share.of == 0) {
     config.moe.held_count = config.moe.num_experts / share.of;
@@ -118,7 +125,7 @@ void read_resized_rows(const CheckpointReader& ckpt, const std::string& stored_n
 }  // namespace
 
 void load_weights(Transformer& model, const fs::path& dir) {
-  const CheckpointReader ckpt(dir);
+  const CheckpointReader ckpt = open_model_checkpoint(dir, model.config());
   std::vector<float> staging, scale_inv;
   std::vector<uint8_t> codes;
   std::set<std::string> used;
@@ -196,6 +203,10 @@ void load_weights(Transformer& model, const fs::path& dir) {
     if (n == "lm_head.weight" && (c.tie_word_embeddings || c.lm_head_from_embedding || c.num_labels > 0)) continue;
     std::cerr << "warning: " << ckpt.describe(n) << " is not used by " << model.config().architecture << "\n";
   }
+  if (!ckpt.outside().empty())
+    std::cerr << "note: " << c.architecture << ": its language model trains on text; the other "
+              << ckpt.outside().size()
+              << " tensors (the vision tower) are not loaded, and a saved model carries them over unchanged\n";
 }
 
 DType model_dtype(const fs::path& model_dir) {
@@ -219,14 +230,25 @@ void write_pretrained(const Transformer& model, const fs::path& dir, const fs::p
   // at a time as the file is written (never the whole model in host memory).
   std::vector<StreamedTensor> tensors;
   Ops& ops = const_cast<Transformer&>(model).ops();
+  const ModelConfig& c = model.config();
   for (const Parameter& p : model.params().all())
-    tensors.push_back({p.name, dtype, p.shape, [&ops, &model, &p, dtype](void* dst) {
+    tensors.push_back({checkpoint_name(c, p.name), dtype, p.shape, [&ops, &model, &p, dtype](void* dst) {
                          if (dtype == DType::F32)  // (a background snapshot's fill: queued into its pinned slab)
                            return model.params().download(ops, p, static_cast<float*>(dst), DeferredWrites::queueing());
                          std::vector<float> f32(size_t(shape_numel(p.shape)));
                          model.params().download(ops, p, f32.data());
                          encode_f32(f32.data(), f32.size(), dtype, dst);
                        }});
+  // a vision-language model's vision tower, not trained: its tensors as the source folder stores them
+  std::optional<CheckpointReader> source;
+  if (c.spec->language_model) {
+    if (source_dir.empty()) user_error(c.architecture, ": saving it needs the folder its vision tower is read from");
+    source.emplace(open_model_checkpoint(source_dir, c));
+    for (const std::string& n : source->outside()) {
+      const TensorEntry& e = source->outside_entry(n);
+      tensors.push_back({n, e.dtype, e.shape, [&e](void* dst) { std::memcpy(dst, e.data, e.bytes); }});
+    }
+  }
   write_checkpoint_streamed(dir, tensors, max_shard_bytes);
   nlohmann::json cfg = model.config().raw;
   cfg["dtype"] = torch_dtype_name(dtype);

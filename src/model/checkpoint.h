@@ -2,6 +2,7 @@
 #pragma once
 #include <filesystem>
 
+#include "io/safetensors.h"
 #include "model/transformer.h"
 
 namespace soltrain {
@@ -33,6 +34,10 @@ std::unique_ptr<Transformer> load_pretrained(const std::filesystem::path& dir, O
                                              ExpertShare expert_share = {},
                                              std::optional<AsClassifier> classifier = std::nullopt,
                                              std::optional<VocabResize> vocab = std::nullopt);
+
+// A model folder's weights under soltrain's names: a vision-language model's language model as a causal LM's
+// (model_tensor_name), its vision tower aside (CheckpointReader::outside).
+CheckpointReader open_model_checkpoint(const std::filesystem::path& dir, const ModelConfig& c);
 
 // Copies every base parameter from the checkpoint (adapters excepted); missing or mis-shaped tensors are
 // UserErrors.

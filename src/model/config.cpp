@@ -93,6 +93,10 @@ constexpr ModelSpec kSpecs[] = {
     {"Qwen2MoeForCausalLM", "qwen2_moe", ModelSpec::Bias::QkvBiasKey, false, false, &kQwen2MoeBlock},
     {"Qwen3MoeForCausalLM", "qwen3_moe", ModelSpec::Bias::AttentionBiasKey, false, true, &kQwen3MoeBlock},
     {"MistralForCausalLM", "mistral", ModelSpec::Bias::None, false, false, nullptr, true},
+    // (its text decoder is Qwen3's; on text alone its interleaved multimodal RoPE is 1-D RoPE: the three position
+    // ids of a text token are equal, so every frequency sees the token's position)
+    {"Qwen3VLForConditionalGeneration", "qwen3_vl", ModelSpec::Bias::AttentionBiasKey, false, true, nullptr, false,
+     "model.language_model."},
 };
 
 // The MoE fields, as transformers' Qwen3MoeConfig / Qwen2MoeConfig read them (their defaults where a field is
@@ -133,14 +137,14 @@ MoeConfig parse_moe(const Reader& r, int layers, const ModelSpec::Moe& d) {
 
 }  // namespace
 
-ModelConfig parse_model_config(const json& j, const std::string& where) {
-  if (!j.is_object()) user_error(where, ": expected a JSON object");
-  Reader r{j, where};
+ModelConfig parse_model_config(const json& top, const std::string& where) {
+  if (!top.is_object()) user_error(where, ": expected a JSON object");
+  Reader rt{top, where};
   ModelConfig c;
-  c.raw = j;
-  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty())
-    c.architecture = r.typed<std::string>(j["architectures"][0], "architectures[0]");
-  const std::string model_type = r.get<std::string>("model_type", "");
+  c.raw = top;
+  if (top.contains("architectures") && top["architectures"].is_array() && !top["architectures"].empty())
+    c.architecture = rt.typed<std::string>(top["architectures"][0], "architectures[0]");
+  const std::string model_type = rt.get<std::string>("model_type", "");
   // <Family>ForSequenceClassification / ForTokenClassification: the family's decoder under a score head
   // (ModelConfig::num_labels, token_classifier)
   const std::string_view kClassifier = "ForSequenceClassification", kTokenClassifier = "ForTokenClassification";
@@ -159,6 +163,12 @@ ModelConfig parse_model_config(const json& j, const std::string& where) {
                "\" is not supported (supported: ", supported, ")");
   }
   c.architecture = c.spec->architecture;
+  // A vision-language model's decoder fields are its text_config's (tie_word_embeddings at the top, where
+  // transformers 5 keeps it, else there)
+  if (c.spec->language_model && (!top.contains("text_config") || !top["text_config"].is_object()))
+    user_error(where, ": ", c.architecture, " without a \"text_config\" object");
+  const json& j = c.spec->language_model ? top["text_config"] : top;
+  const Reader r{j, c.spec->language_model ? where + ": text_config" : where};
   c.initializer_range = r.get<double>("initializer_range", 0.02);
   if (const auto pad = j.find("pad_token_id"); pad != j.end() && pad->is_number_integer()) {
     const int64_t v = pad->get<int64_t>();
@@ -187,7 +197,7 @@ ModelConfig parse_model_config(const json& j, const std::string& where) {
   c.num_kv_heads = r.get<int>("num_key_value_heads", c.num_heads);
   c.max_position_embeddings = r.get<int>("max_position_embeddings", 4096);
   c.rms_norm_eps = r.get<double>("rms_norm_eps", 1e-6);
-  c.tie_word_embeddings = r.get<bool>("tie_word_embeddings", false);
+  c.tie_word_embeddings = rt.get<bool>("tie_word_embeddings", r.get<bool>("tie_word_embeddings", false));
   for (auto [v, name] : {std::pair{c.vocab_size, "vocab_size"},
                          {c.hidden_size, "hidden_size"},
                          {c.intermediate_size, "intermediate_size"},
@@ -233,8 +243,16 @@ ModelConfig parse_model_config(const json& j, const std::string& where) {
   return c;
 }
 
+namespace {
+void refuse_vision_language_head(const ModelConfig& c, const char* what) {
+  if (c.spec->language_model)
+    user_error(c.architecture, ": ", what, " over a vision-language model's language model is not built");
+}
+}  // namespace
+
 void make_sequence_classifier(ModelConfig& c, int num_labels, int pad_token_id) {
   SOLTRAIN_CHECK(num_labels == 1, "make_sequence_classifier: ", num_labels, " labels");
+  refuse_vision_language_head(c, "a reward model (a sequence classifier)");
   if (c.token_classifier)
     user_error(c.architecture, " is a token classifier (a process reward model), not a sequence classifier");
   if (c.num_labels == 0) {
@@ -253,6 +271,7 @@ void make_sequence_classifier(ModelConfig& c, int num_labels, int pad_token_id) 
 
 void make_token_classifier(ModelConfig& c, int num_labels) {
   SOLTRAIN_CHECK(num_labels >= 2, "make_token_classifier: ", num_labels, " labels");
+  refuse_vision_language_head(c, "a process reward model (a token classifier)");
   if (c.num_labels > 0 && !c.token_classifier)
     user_error(c.architecture, " is a sequence classifier (a reward model), not a token classifier");
   if (c.token_classifier) {
@@ -280,7 +299,7 @@ void resize_vocabulary(ModelConfig& c, int rows, bool mean_resizing) {
   if (c.stored_vocab_size == 0) c.stored_vocab_size = c.vocab_size;
   c.vocab_size = rows;
   c.mean_resizing = mean_resizing;
-  c.raw["vocab_size"] = rows;
+  (c.spec && c.spec->language_model ? c.raw["text_config"] : c.raw)["vocab_size"] = rows;
 }
 
 void refuse_classifier(const std::filesystem::path& dir, const ModelConfig& c) {
@@ -289,6 +308,29 @@ void refuse_classifier(const std::filesystem::path& dir, const ModelConfig& c) {
                  ? " is a token classifier (a process reward model): train it with process_reward_model: "
                    "true"
                  : " is a sequence classifier (a reward model): train it with reward_model: true");
+}
+
+namespace {
+// (`prefix` is where the decoder's names start: the model's own, or PEFT's over it)
+std::string swap_prefix(const std::string& name, std::string_view from, std::string_view to) {
+  for (std::string_view peft : {"", "base_model.model."}) {
+    const std::string a = cat(peft, from);
+    if (name.starts_with(a)) return cat(peft, to, std::string_view(name).substr(a.size()));
+  }
+  return name;
+}
+}  // namespace
+
+std::string checkpoint_name(const ModelConfig& c, const std::string& name) {
+  return c.spec && c.spec->language_model ? swap_prefix(name, "model.", c.spec->language_model) : name;
+}
+
+std::string model_tensor_name(const ModelConfig& c, const std::string& stored) {
+  if (!c.spec || !c.spec->language_model) return stored;
+  const std::string ours = swap_prefix(stored, c.spec->language_model, "model.");
+  if (ours != stored) return ours;
+  // the LM head is outside the language model in the checkpoint; everything else there is the vision tower's
+  return stored == "lm_head.weight" || stored == "base_model.model.lm_head.weight" ? stored : std::string();
 }
 
 ModelConfig load_model_config(const std::filesystem::path& model_dir) {

@@ -29,6 +29,10 @@ struct ModelSpec {
   const Moe* moe;
   // Mistral: `sliding_window` (when not null) limits each token's attention to that many tokens back
   bool sliding_window_key = false;
+  // A vision-language model whose language model is trained on text (Qwen3-VL): config.json's text_config holds
+  // the decoder's fields, and its tensors sit under this prefix in the checkpoint (PEFT's names too) instead of
+  // "model."; the vision tower is neither loaded nor trained, and saves carry it over unchanged. Null: a causal LM.
+  const char* language_model = nullptr;
 };
 
 struct RopeConfig {
@@ -138,6 +142,14 @@ void resize_vocabulary(ModelConfig& c, int rows, bool mean_resizing);
 // A classifier folder read where a causal LM is expected: the one line that says so (UserError).
 [[noreturn]] void refuse_classifier(const std::filesystem::path& dir, const ModelConfig& c);
 ModelConfig load_model_config(const std::filesystem::path& model_dir);
+
+// soltrain names the decoder's tensors as a causal LM's ("model.layers.0...", PEFT's "base_model.model.model....");
+// a vision-language checkpoint keeps them under its language model (ModelSpec::language_model). The name a tensor
+// has in the checkpoint or the adapter file:
+std::string checkpoint_name(const ModelConfig& c, const std::string& name);
+// and back: a checkpoint's (or adapter file's) name as soltrain's, or empty for a tensor outside the language model
+// (the vision tower).
+std::string model_tensor_name(const ModelConfig& c, const std::string& stored);
 
 // RoPE inverse frequencies (head_dim / 2 of them) in fp32, computed as transformers does.
 std::vector<float> rope_inv_freq(const RopeConfig& rope, int head_dim);

@@ -88,7 +88,7 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
                                                       scale, 0, lora.r};
         continue;
       }
-      if (mlp && config.moe_layers() > 0 && !adapter.find(lora_a_name(l, target))) continue;
+      if (mlp && config.moe_layers() > 0 && !adapter.find(checkpoint_name(config, lora_a_name(l, target)))) continue;
       deltas[lora_module_path(l, target) + ".weight"] = {lora_a_name(l, target), lora_b_name(l, target), scale, 0,
                                                          lora.r};
     }
@@ -114,16 +114,28 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
     };
     const std::string stacked = cat("model.layers.", l, ".mlp.experts.");
     if (gate_up) {
-      if (base.has(stacked + "gate_up_proj")) deltas[stacked + "gate_up_proj"] = expert_delta(true, -1, 0);
+      if (base.has(checkpoint_name(config, stacked + "gate_up_proj")))
+        deltas[stacked + "gate_up_proj"] = expert_delta(true, -1, 0);
       for (int e = 0; e < E; ++e) {
         deltas[expert_weight_name(l, e, "gate_proj")] = expert_delta(true, e, 0);
         deltas[expert_weight_name(l, e, "up_proj")] = expert_delta(true, e, F);
       }
     }
     if (down) {
-      if (base.has(stacked + "down_proj")) deltas[stacked + "down_proj"] = expert_delta(false, -1, 0);
+      if (base.has(checkpoint_name(config, stacked + "down_proj")))
+        deltas[stacked + "down_proj"] = expert_delta(false, -1, 0);
       for (int e = 0; e < E; ++e) deltas[expert_weight_name(l, e, "down_proj")] = expert_delta(false, e, 0);
     }
+  }
+  // (the names as the checkpoint and the adapter file have them: a vision-language model's under its language model)
+  if (config.spec->language_model) {
+    std::map<std::string, Delta> stored;
+    for (auto& [name, d] : deltas) {
+      d.a = checkpoint_name(config, d.a);
+      d.b = checkpoint_name(config, d.b);
+      stored[checkpoint_name(config, name)] = d;
+    }
+    deltas = std::move(stored);
   }
   // Everything is checked before anything is written; then each tensor is produced as the file is
   // written (an unchanged one straight from the mapped base, a merged one computed then): the merged model
@@ -161,11 +173,11 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
   std::vector<StreamedTensor> tensors;
   // A tied model whose embedding or LM head trained beside the adapters (PEFT's two untied copies) merges into an
   // untied one: its lm_head the trained copy, or the stored embedding when only the embedding trained.
-  const std::string saved_embed = "base_model.model.model.embed_tokens.weight",
-                    saved_head = "base_model.model.lm_head.weight";
+  const std::string saved_embed = checkpoint_name(config, "base_model.model.model.embed_tokens.weight"),
+                    saved_head = "base_model.model.lm_head.weight",
+                    embed_name = checkpoint_name(config, "model.embed_tokens.weight");
   const bool untie = config.tie_word_embeddings && (adapter.find(saved_embed) || adapter.find(saved_head));
-  if (untie && !base.has("model.embed_tokens.weight"))
-    user_error(base.describe("model.embed_tokens.weight"), ": the tied model has no embedding");
+  if (untie && !base.has(embed_name)) user_error(base.describe(embed_name), ": the tied model has no embedding");
   for (const std::string& name : base.names()) {
     if (untie && name == "lm_head.weight") continue;  // (a tied checkpoint's stray copy: written below)
     const TensorEntry& e = base.entry(name);
@@ -238,7 +250,7 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
                        }});
   }
   if (untie) {
-    const TensorEntry& embed = base.entry("model.embed_tokens.weight");
+    const TensorEntry& embed = base.entry(embed_name);
     const bool trained = adapter.find(saved_head);
     if (trained) {
       if (adapter.at(saved_head).shape != embed.shape)
@@ -268,6 +280,8 @@ void merge_adapter(const fs::path& model_dir, const fs::path& adapter_dir, const
       if (cfg.contains("torch_dtype")) cfg["torch_dtype"] = "bfloat16";
     }
     if (untie) cfg["tie_word_embeddings"] = false;
+    if (untie && cfg.contains("text_config") && cfg["text_config"].contains("tie_word_embeddings"))
+      cfg["text_config"]["tie_word_embeddings"] = false;
     write_file_atomic(staged.path() / "config.json", cfg.dump(2) + "\n");
   } else {  // (a quantised or untied model's config.json is rewritten above)
     std::error_code ec;

@@ -126,7 +126,8 @@ LoraConfig read_adapter_config(const fs::path& adapter_dir) {
       // an adapter on some layers only then misses the others' tensors (refused naming the first, at loading).
       for (std::string name : t.get<std::vector<std::string>>()) {
         const size_t dot = name.rfind('.');
-        if (name.rfind("model.layers.", 0) == 0 && dot != std::string::npos) name = name.substr(dot + 1);
+        const bool path = name.starts_with("model.layers.") || name.starts_with("model.language_model.layers.");
+        if (path && dot != std::string::npos) name = name.substr(dot + 1);
         if (std::find(lora.target_modules.begin(), lora.target_modules.end(), name) == lora.target_modules.end())
           lora.target_modules.push_back(name);
       }
@@ -187,7 +188,7 @@ void load_adapter_weights(Transformer& model, const fs::path& adapter_dir) {
   std::set<std::string> used;
   for (Parameter& p : model.params().all()) {
     if (!is_lora_name(p.name) && !trained_beside_adapters(p)) continue;
-    const std::string name = is_lora_name(p.name) ? p.name : beside_adapters_name(p);
+    const std::string name = checkpoint_name(model.config(), is_lora_name(p.name) ? p.name : beside_adapters_name(p));
     if (!is_lora_name(p.name) && !file.find(name))
       user_error(path.string(), ": no tensor '", name, "': the adapter was not trained with its ", p.name,
                  " (a reward model's adapter holds its score head)");
@@ -298,10 +299,10 @@ void write_adapter(const Transformer& model, const fs::path& dir, const AdapterB
   std::vector<StreamedTensor> tensors;
   for (const Parameter& p : model.params().all())
     if (is_lora_name(p.name) || trained_beside_adapters(p))
-      tensors.push_back(
-          {is_lora_name(p.name) ? p.name : beside_adapters_name(p), DType::F32, p.shape, [&model, &ops, &p](void* dst) {
-             model.params().download(ops, p, static_cast<float*>(dst), DeferredWrites::queueing());
-           }});
+      tensors.push_back({checkpoint_name(model.config(), is_lora_name(p.name) ? p.name : beside_adapters_name(p)),
+                         DType::F32, p.shape, [&model, &ops, &p](void* dst) {
+                           model.params().download(ops, p, static_cast<float*>(dst), DeferredWrites::queueing());
+                         }});
   // safetensors' own writer orders tensors by name (all share one dtype): do the same, so files compare.
   std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   write_safetensors_streamed(dir / kWeightsFile, tensors, {{"format", "pt"}});

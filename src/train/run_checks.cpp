@@ -20,7 +20,7 @@ void check_run_inputs(const TrainConfig& c) {
   is_fp8_block_checkpoint(m, c.model);  // (a quantization_config soltrain does not read: one line, before any work)
   if (m.num_labels > 0 && !(m.token_classifier ? c.process_reward_model : c.dpo.reward_model))
     refuse_classifier(c.model, m);
-  if (c.dpo.reward_model) m.num_labels = 1;  // (the run reads it as its classifier)
+  if (c.dpo.reward_model) make_sequence_classifier(m, 1, m.pad_token_id);  // (the run reads it as its classifier)
   if (c.process_reward_model) make_token_classifier(m, c.num_labels);
   if (c.muon && m.moe_layers() > 0)
     user_error("optimizer: muon on a mixture-of-experts model (", m.architecture, ") is not built yet");
