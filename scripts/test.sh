@@ -8,13 +8,13 @@ ctest --test-dir build --output-on-failure -j3  # many tests wait on subprocesse
 # PEFT, TRL, LLaMA-Factory, bitsandbytes (the LLM.int8 base's reference), torchao 0.17 (adamw_torch_8bit's, QAT's and the NVFP4 base's;
 # the version Axolotl pins) and mistral-common (the tekken tokenizer's
 # and Mistral chat formats') on CPU torch, and the clients soltrain's outputs must
-# satisfy (openai for serve, wandb, mlflow, swanlab and OpenTelemetry's Prometheus exporter for report_to, huggingface_hub for push_to_hub): from PyPI when
+# satisfy (Ray for the Ray launcher's jobs, openai for serve, wandb, mlflow, swanlab and OpenTelemetry's Prometheus exporter for report_to, huggingface_hub for push_to_hub): from PyPI when
 # missing (torch pinned to the CPU build this machine kind keeps on disk; an unpinned torch would be a multi-GB
 # CUDA build).
-python3 -c "import pytest, datasets, torch, transformers, peft, trl, bitsandbytes, torchao, mistral_common, openai, wandb, mlflow, swanlab, opentelemetry.exporter.prometheus; assert torchao.__version__ == '0.17.0'" 2>/dev/null ||
+python3 -c "import pytest, datasets, torch, transformers, peft, trl, bitsandbytes, torchao, mistral_common, openai, wandb, mlflow, swanlab, opentelemetry.exporter.prometheus, ray; assert torchao.__version__ == '0.17.0'" 2>/dev/null ||
   python3 -m pip install --quiet --disable-pip-version-check pytest datasets torch==2.13.0 transformers peft trl \
     bitsandbytes torchao==0.17.0 mistral-common==1.13.1 openai wandb mlflow-skinny swanlab \
-    opentelemetry-exporter-prometheus
+    opentelemetry-exporter-prometheus ray
 # LLaMA-Factory's data code (python/tests/test_llama_factory.py's reference): its wheel without its dependencies,
 # whose pins (transformers <= 5.6) would replace the ones above; what its data code imports is among them, and omegaconf.
 python3 -c "import omegaconf, importlib.metadata as m; assert m.version('llamafactory') == '0.9.5'" 2>/dev/null || {

@@ -490,16 +490,21 @@ TEST(PeerConfigs, AxolotlFp8Fsdp2RunsAsZero3) {
   EXPECT_TRUE(fs::exists(s.t.path / "out" / "model" / "model.safetensors")) << all;
 }
 
-// Ray is refused in one line; the DeepSpeed file it names (deepspeed_configs/zero3.json, not in the working
-// folder) is read as Axolotl ships it: ZeRO-3, and without Ray the example trains.
+// use_ray hands the job to soltrain's Python Ray launcher (python/tests/test_ray.py runs it on a local cluster):
+// an interpreter without it is one line. The DeepSpeed file the example names (deepspeed_configs/zero3.json, not in
+// the working folder) is read as Axolotl ships it: ZeRO-3, and without Ray the example trains.
 TEST(PeerConfigs, AxolotlRayNamesRayAndRunsDeepspeedAsZero3) {
   PeerSetup s;
   const fs::path cfg = s.config("axolotl-llama-3-lora-1b-ray.yml", "alpaca.jsonl", "llama");
+  setenv("SOLTRAIN_PYTHON", "/nonexistent/python3", 1);
   const test::CliRun r = s.sft(cfg);
+  unsetenv("SOLTRAIN_PYTHON");
   EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_EQ(r.err, problems(cfg, {{67,
-                                   "use_ray: Ray is not supported; soltrain runs multi-GPU itself (gpus: N or "
-                                   "mpirun)"}}));
+  EXPECT_EQ(
+      r.err,
+      "error: this config is a Ray job (use_ray, distributed), started by soltrain's Python package with Ray "
+      "installed (pip install \".[ray]\"); /nonexistent/python3 cannot import soltrain.ray and ray (SOLTRAIN_PYTHON "
+      "names another interpreter)\n");
   const test::CliRun ok = s.sft(cfg, "--set use_ray=false --set max_steps=1 --set sequence_len=256");
   ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
   const std::string all = ok.out + ok.err;
@@ -822,20 +827,21 @@ TEST(PeerConfigs, AxolotlProcessRewardModelTrainsATokenClassifier) {
 }
 
 // Surogate's Qwen3 examples with its own spellings: `recompute: false` (a bool there; true is soltrain's full) trains
-// with nothing recomputed; the Ray cluster block (`distributed:`) is one line; NVFP4's backend setting is not a
-// second problem beside the refused recipe.
+// with nothing recomputed; the Ray cluster block (`distributed:`) is a Ray job (one line where Ray is not installed);
+// NVFP4's backend setting is not a second problem beside the refused recipe.
 TEST(PeerConfigs, SurogateRecomputeBoolRayAndFp4Backend) {
   PeerSetup s;
   const fs::path norecompute = s.config("surogate-qwen3-lora-bf16-bench-norecompute.yaml", "gsm8k.jsonl");
   const test::CliRun r = s.sft(norecompute, "--set max_steps=1");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE((r.out + r.err).find("recompute none, "), std::string::npos) << r.out << r.err;
-  const fs::path ray = s.config("surogate-qwen3-lora-bf16-ray.yaml", "gsm8k.jsonl");
+  const fs::path ray = s.config("surogate-qwen3-lora-bf16-ray.yaml", "gsm8k.jsonl");  // (a Ray job: test_ray.py)
+  setenv("SOLTRAIN_PYTHON", "/nonexistent/python3", 1);
   const test::CliRun rr = s.sft(ray);
+  unsetenv("SOLTRAIN_PYTHON");
   EXPECT_EQ(rr.code, 2) << rr.out << rr.err;
-  EXPECT_EQ(rr.err, problems(ray, {{6,
-                                    "distributed: Ray clusters are not supported; soltrain runs multi-GPU itself "
-                                    "(gpus: N or mpirun)"}}));
+  EXPECT_NE(rr.err.find("error: this config is a Ray job (use_ray, distributed), started by"), std::string::npos)
+      << rr.err;
   const fs::path fp4 = s.config("surogate-qwen3-lora-fp4.yaml", "gsm8k.jsonl");
   const test::CliRun rf = s.sft(fp4);
   EXPECT_EQ(rf.code, 2) << rf.out << rf.err;

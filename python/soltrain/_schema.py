@@ -34,7 +34,7 @@ def check_names(given: dict[str, Any], cls_name: str) -> None:
     from ._native import ConfigError
 
     for name in given:
-        if name not in known_names():
+        if name not in known_names() and not native.is_peer_key(name):
             close = difflib.get_close_matches(name, sorted(known_names()), n=1)
             hint = f' (did you mean "{close[0]}"?)' if close else ""
             raise ConfigError(f'{cls_name}: unknown key "{name}"{hint}')

@@ -77,6 +77,8 @@ class TrainConfig:
         return config
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # (not a key; and unpickling asks before _keys exists)
+            raise AttributeError(name)
         try:
             return self._keys[name]
         except KeyError:

@@ -1,5 +1,5 @@
-"""Qwen3-VL's language model fine-tuned on text (Surogate's qwen3vl-text-lora example): a Qwen3VLForConditionalGeneration
-folder as transformers writes it, its decoder under model.language_model and a vision tower beside it. The reference is
+"""Qwen3-VL's language model fine-tuned on text (Surogate's qwen3vl-text-lora example): a
+Qwen3VLForConditionalGeneration folder as transformers writes it, its decoder under model.language_model and a vision tower beside it. The reference is
 transformers' own Qwen3VLForConditionalGeneration on text-only input (its interleaved multimodal RoPE with three equal
 position ids) and PEFT on it: logits, loss and every gradient; the adapter, merged model and full fine-tune soltrain
 saves load back there with the vision tower untouched."""
@@ -28,8 +28,8 @@ def tiny_qwen3_vl(out, vocab, seed=11, tied=True, tokenizer_from=None):
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
                   spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64, deepstack_visual_indexes=[0])
     cfg = transformers.Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=tied,
-                                     image_token_id=vocab - 3, video_token_id=vocab - 2, vision_start_token_id=vocab - 4,
-                                     vision_end_token_id=vocab - 1)
+                                     image_token_id=vocab - 3, video_token_id=vocab - 2,
+                                     vision_start_token_id=vocab - 4, vision_end_token_id=vocab - 1)
     cfg._attn_implementation = "eager"
     model = transformers.Qwen3VLForConditionalGeneration(cfg).float()
     randomize(model)
@@ -192,7 +192,8 @@ def test_surogates_qwen3vl_text_lora_example_runs(demo, tmp_path):
     (tmp_path / "gsm8k.jsonl").write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": f"{i + 1}"})
                                                   + "\n" for i in range(24)))
     text = (ROOT / "tests" / "fixtures" / "peer_configs" / "surogate-qwen3vl-text-lora-bf16.yaml").read_text()
-    for k, v in {"MODEL_DIR": tmp_path / "model", "DATA_FILE": tmp_path / "gsm8k.jsonl", "OUTPUT_DIR": tmp_path / "out"}.items():
+    paths = {"MODEL_DIR": tmp_path / "model", "DATA_FILE": tmp_path / "gsm8k.jsonl", "OUTPUT_DIR": tmp_path / "out"}
+    for k, v in paths.items():
         assert k in text
         text = text.replace(k, str(v))
     (tmp_path / "run.yaml").write_text(text)

@@ -658,6 +658,20 @@ void rule_expert_parallel(const Entries& en, const std::string&, TrainConfig& c,
       errors.push_back(cat(en.where(k), ": ", k, " tunes LLEP, which is off: set ep_llep: true (with ep_size > 1)"));
 }
 
+// A Ray job (use_ray, distributed): its worker count and resources settled once every key is read; what the Ray
+// launcher cannot run refused here, before any work.
+void rule_ray(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
+  if (!c.ray.enabled) return;
+  if (c.ray.nodes > 0) c.ray.num_workers = c.ray.nodes * c.gpus;
+  if (c.ray.resources.empty()) c.ray.resources = {{c.device == Device::CPU ? "CPU" : "GPU", 1.0}};
+  const std::string key = en.has("use_ray") ? "use_ray" : "distributed";
+  const std::string where = en.has(key) ? en.where(key) : key;
+  if (c.dpo.enabled || c.grpo.enabled)
+    errors.push_back(cat(where, ": a Ray job runs sft and pt for now (", c.dpo.enabled ? "preference training" : "grpo",
+                         " runs on one GPU)"));
+  if (c.auto_resume) errors.push_back(cat(where, ": auto_resume with Ray is not built (Ray restarts no soltrain job)"));
+}
+
 // Axolotl's tokenizer_use_mistral_common: inferred true for a Magistral model when not given (Axolotl's validator,
 // its warning a note here), and the tokenizer edits and templates mistral-common's tokenizer does not take refused as
 // Axolotl refuses them (its tokens and chat format are mistral-common's).
@@ -745,6 +759,7 @@ constexpr Rule kRules[] = {rule_early_stopping,
                            rule_mistral_common,
                            rule_offload,
                            rule_expert_parallel,
+                           rule_ray,
                            rule_streamed_base,
                            rule_hub_push,
                            rule_trackers,

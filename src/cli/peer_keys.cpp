@@ -224,7 +224,6 @@ void add_accepted(Table& t) {
       // Axolotl's total batch per GPU: gradient_accumulation_steps = batch_size // micro_batch_size when the
       // accumulation is not given (cli/config.cpp's rule_batch_size), as its normalize_config does
       {"batch_size", any()},
-      {"ray_num_workers", any()},
       {"cut_cross_entropy", any()},  // soltrain never materialises the full logits either
       {"torch_compile", any()},
       {"use_cuda_graphs", any()},
@@ -455,7 +454,28 @@ void add_missing_features(Table& t) {
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          if (as_bool(k, n)) set_quantised_base(c, WeightFormat::Nf4, k);
        }},
-      {"use_ray", off_or("Ray is not supported; soltrain runs multi-GPU itself (gpus: N or mpirun)")},
+      // Axolotl's Ray launch (its TorchTrainer over ray_num_workers workers of resources_per_worker): the command
+      // hands the job to soltrain's Python Ray launcher (python/soltrain/ray.py)
+      {"use_ray", [](const std::string& k, const YAML::Node& n, TrainConfig& c) { c.ray.enabled = as_bool(k, n); }},
+      {"ray_num_workers",
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (!is_off(n)) c.ray.num_workers = int(integer_in(k, n, 1, 1 << 16, "a number of workers (1 or more)"));
+       }},
+      {"resources_per_worker",
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (is_off(n)) return;
+         if (!n.IsMap()) user_error(k, ": expected a map of Ray resources to amounts, e.g. {GPU: 1}");
+         c.ray.resources.clear();
+         for (const auto& kv : n) {
+           const std::string name = kv.first.as<std::string>(), v = text(kv.second);
+           char* end = nullptr;
+           const double x = std::strtod(v.c_str(), &end);
+           if (v.empty() || *end || !(x >= 0) || x > 1e9)
+             user_error(k, ".", name, ": \"", v, "\" is not valid: expected a non-negative amount");
+           c.ray.resources[name] = x;
+         }
+       }},
+      {"ray_run_name", any()},  // (Ray Train's run name: soltrain's actors are not a Ray Train run)
       // Axolotl features soltrain lacks, each named in one line (found by bench/peer_sweep over its examples)
       {"dp_shard_size",
        off_or("Axolotl's N-D parallelism is not built; zero_stage: 3 shards over every GPU (gpus: N)")},
@@ -525,7 +545,33 @@ void add_missing_features(Table& t) {
                                "gives its records a system message"));
        }},
       // Surogate's Ray cluster block (ray_address, num_nodes, gpus_per_node)
-      {"distributed", off_or("Ray clusters are not supported; soltrain runs multi-GPU itself (gpus: N or mpirun)")},
+      // Surogate's Ray cluster block: num_nodes > 1 runs num_nodes x gpus_per_node (0: gpus) Ray workers of a GPU
+      // each, on the cluster at ray_address (default "auto"); one node is a local run, as there.
+      {"distributed",
+       [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
+         if (is_off(n)) return;
+         if (!n.IsMap()) user_error(k, ": expected a map (ray_address, num_nodes, gpus_per_node)");
+         int nodes = 1, per_node = 0;
+         std::string address = "auto";
+         for (const auto& kv : n) {
+           const std::string name = kv.first.as<std::string>();
+           if (name == "num_nodes")
+             nodes = int(integer_in(k + ".num_nodes", kv.second, 1, 1 << 16, "a number of nodes (1 or more)"));
+           else if (name == "gpus_per_node")
+             per_node = int(integer_in(k + ".gpus_per_node", kv.second, 0, 1 << 10, "a number of GPUs (0: gpus)"));
+           else if (name == "ray_address")
+             address = text(kv.second);
+           else
+             user_error(k, ".", name, ": unknown key (Surogate's distributed block has ray_address, num_nodes, ",
+                        "gpus_per_node)");
+         }
+         if (nodes <= 1) return;
+         c.ray.enabled = true;
+         c.ray.address = address;
+         c.ray.num_workers = nodes * per_node;
+         c.ray.nodes = per_node > 0 ? 0 : nodes;  // (x gpus, once every key is read)
+         c.ray.resources = {{"GPU", 1.0}};
+       }},
       {"qlora_bnb",  // Surogate: LoRA over a bitsandbytes NF4 base
        [](const std::string& k, const YAML::Node& n, TrainConfig& c) {
          if (as_bool(k, n)) set_quantised_base(c, WeightFormat::Nf4, k);
@@ -609,6 +655,10 @@ bool apply_peer_key(const std::string& key, const YAML::Node& value, TrainConfig
   if (it == table().end()) return false;
   it->second(key, value, c);
   return true;
+}
+
+bool is_peer_key(const std::string& key) {
+  return is_logging_family(key) || table().count(key) > 0;
 }
 
 std::vector<std::string> peer_key_names() {

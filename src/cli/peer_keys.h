@@ -25,6 +25,8 @@ void set_quantised_base(TrainConfig& c, WeightFormat f, const std::string& key, 
 bool is_off(const YAML::Node& n);
 bool as_bool(const std::string& key, const YAML::Node& n);
 
+// Whether apply_peer_key takes `key` (the table's keys and the trackers' wandb_* / mlflow_* / ... families).
+bool is_peer_key(const std::string& key);
 // Every peer key, for "did you mean" suggestions.
 std::vector<std::string> peer_key_names();
 

@@ -52,6 +52,10 @@ RunResult run_job(TrainConfig cfg, TrainMode mode, std::ostream& log, LoopHooks 
                            : run_grpo(cfg, *ops, log, std::move(hooks), std::move(rewards));
   }
   LaunchEnv env = read_launch_env();
+  if (cfg.ray.enabled && env.kind == LaunchEnv::Kind::Single)  // (Ray's actors run it with torchrun's variables)
+    user_error(
+        "this config is a Ray job (use_ray, distributed): start it with `soltrain sft CONFIG` or "
+        "soltrain.ray.train(config)");
   env.timeout_s = cfg.ddp_timeout;
   select_local_device(env, cfg.device);
   auto ops = make_ops(cfg.device);

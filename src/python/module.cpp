@@ -259,6 +259,20 @@ NB_MODULE(_soltrain, m) {
       },
       nb::arg("yaml"), nb::arg("where"), nb::arg("overrides"), nb::arg("mode"),
       "Reads a config's YAML text (paths relative to where's folder); ConfigError with the CLI's line.");
+  m.def(
+      "ray_settings",
+      [](ParsedConfig& p) {
+        const TrainConfig::RayJob& r = p.config.ray;
+        nb::dict d, resources;
+        for (const auto& [name, amount] : r.resources) resources[name.c_str()] = amount;
+        d["enabled"] = r.enabled;
+        d["address"] = r.address;
+        d["num_workers"] = r.num_workers;
+        d["resources"] = resources;
+        return d;
+      },
+      nb::arg("config"),
+      "A config's Ray job settings (use_ray, distributed) as the reader took them (soltrain/ray.py).");
   bind_session(m);
   bind_tokenizer(m);
   m.def(
@@ -280,6 +294,8 @@ NB_MODULE(_soltrain, m) {
       "config_keys_json", [] { return config_keys_json().dump(); },
       "the config key table (soltrain config-keys --json)");
   m.def("peer_key_names", &peer_key_names, "the peers' keys soltrain reads (Axolotl, Surogate)");
+  m.def("is_peer_key", &is_peer_key, nb::arg("key"),
+        "whether soltrain reads this peer key (the named ones and the trackers' wandb_* / mlflow_* families)");
   m.def("run", &run, nb::arg("config"), nb::arg("on_log").none(), nb::arg("on_evaluate").none(),
         nb::arg("should_stop").none(), nb::arg("rewards").none() = nb::none(),
         "Runs the job in this process (resumable, checkpointed on a stop); returns its result. `rewards`: GRPO's "

@@ -254,6 +254,17 @@ struct TrainConfig {
   // device: cpu); ZeRO's stage (DeepSpeed's meaning) when there is more than one rank.
   int gpus = 1;
   int zero_stage = 0;
+  // A Ray job (Axolotl's use_ray / ray_num_workers / resources_per_worker, Surogate's distributed block): the
+  // command hands the run to soltrain's Python launcher (python/soltrain/ray.py), which starts num_workers Ray
+  // actors as the job's ranks (torchrun's variables, rank 0's node as the rendezvous) in a placement group of
+  // `resources` each; with none given, a GPU each (a CPU each with device: cpu).
+  struct RayJob {
+    bool enabled = false;
+    std::string address;  // "auto", "ray://host:port", or "" (a cluster already joined, else a local one)
+    int num_workers = 1;
+    int nodes = 0;  // Surogate's num_nodes with gpus_per_node 0: num_workers = nodes x gpus (rule_ray)
+    std::map<std::string, double> resources;
+  } ray;
   // Expert parallelism (Surogate's key, model/expert_parallel.h): MoE experts split over groups of this many
   // ranks, tokens sent to their experts' ranks and back. 1: off.
   int ep_size = 1;
