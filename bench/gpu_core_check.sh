@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [fullmoe] [moe48lowmem] [fp8qlora] [policy] [prefs] [reward] [prm] [addedtokens] [muon] [normuon] [decode] [grpocorr] [grpooverlap] [grpotrl] [qat] [nvfp4]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [fullmoe] [moe48lowmem] [fp8qlora] [policy] [prefs] [reward] [prm] [addedtokens] [muon] [normuon] [decode] [grpocorr] [grpooverlap] [grpotrl] [qat] [nvfp4] [qwen3vl]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -306,6 +306,8 @@ PY
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/quant-tests.log" ;;
     qat)  # Axolotl's qat: block on the GPU against the CPU twin (bench/qat_cuda_check.sh), then a qat run
       timeout 300 bash bench/qat_cuda_check.sh "$OUT" 2>&1 | tail -14 ;;
+    qwen3vl)  # Qwen3-VL's language model (LoRA) on cuda next to the CPU and PEFT (tests/tools/check_qwen3_vl_cuda.py)
+      timeout 200 python3 tests/tools/check_qwen3_vl_cuda.py "$B/soltrain" "$OUT/qwen3vl" 2>&1 | tail -4 ;;
     nvfp4)  # the NVFP4 base (qlora_fp4) next to NF4: Qwen3-4B LoRA r16 2 x 2048, bf16 GEMMs over the dequantised base
       for v in "nf4:--qlora nf4" "nvfp4:--qlora nvfp4" "nvfp4-fp8:--qlora nvfp4 --recipe fp8-hybrid"; do
         bench_one "nvfp4-${v%%:*}" 4B --random-weights --batch-size 2 --seq-len 2048 --lora-rank 16 --steps 5 \

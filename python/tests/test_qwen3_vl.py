@@ -1,45 +1,19 @@
 """Qwen3-VL's language model fine-tuned on text (Surogate's qwen3vl-text-lora example): a
-Qwen3VLForConditionalGeneration folder as transformers writes it, its decoder under model.language_model and a vision tower beside it. The reference is
-transformers' own Qwen3VLForConditionalGeneration on text-only input (its interleaved multimodal RoPE with three equal
+Qwen3VLForConditionalGeneration folder as transformers writes it, its decoder under model.language_model and a vision
+tower beside it (live_refs.tiny_qwen3_vl). The reference is transformers' own Qwen3VLForConditionalGeneration on text-only input (its interleaved multimodal RoPE with three equal
 position ids) and PEFT on it: logits, loss and every gradient; the adapter, merged model and full fine-tune soltrain
 saves load back there with the vision tower untouched."""
 import json
-import shutil
 import subprocess
 
 import pytest
 import torch
 
 from conftest import BIN
-from live_refs import check_full_gradients, check_lora_dump, dump, random_adapter, randomize, reference_batch, rel
+from live_refs import (check_full_gradients, check_lora_dump, dump, random_adapter, reference_batch, rel,
+                       tiny_qwen3_vl)
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def tiny_qwen3_vl(out, vocab, seed=11, tied=True, tokenizer_from=None):
-    """A small random Qwen3-VL (2 text layers, a 1-block vision tower) saved to `out` in fp32, every weight drawn."""
-    import transformers
-
-    torch.manual_seed(seed)
-    text = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6,
-                rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [2, 3, 3],
-                                 "mrope_interleaved": True})
-    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
-                  spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64, deepstack_visual_indexes=[0])
-    cfg = transformers.Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=tied,
-                                     image_token_id=vocab - 3, video_token_id=vocab - 2,
-                                     vision_start_token_id=vocab - 4, vision_end_token_id=vocab - 1)
-    cfg._attn_implementation = "eager"
-    model = transformers.Qwen3VLForConditionalGeneration(cfg).float()
-    randomize(model)
-    model.save_pretrained(out)
-    if tokenizer_from:
-        for f in tokenizer_from.iterdir():
-            if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "chat_template.jinja"):
-                shutil.copy(f, out / f.name)
-    return transformers.Qwen3VLForConditionalGeneration.from_pretrained(out, dtype=torch.float32,
-                                                                        attn_implementation="eager")
 
 
 def hf_loss(model, ids, targets):
