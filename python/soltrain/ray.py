@@ -64,8 +64,14 @@ def train(config: _config.TrainConfig | str | os.PathLike, num_workers: int | No
         # (the workers import this package from where this process has it: a checkout's python/ folder too)
         here = str(pathlib.Path(__file__).resolve().parent.parent)
         paths = [here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != here]
-        ray.init(address=None if address in (None, "", "local") else address, include_dashboard=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}})
+        try:
+            ray.init(address=None if address in (None, "", "local") else address, include_dashboard=False,
+                     runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}})
+        except ConnectionError as e:  # ("auto" and an address name a running cluster)
+            lines = str(e).strip().splitlines()
+            raise SoltrainError(f"Ray cluster at {address!r}: {lines[0] if lines else 'not reachable'} (start one "
+                                f"with `ray start --head`, or give ray_address: local for one on this machine)") \
+                from None
     total = ray.cluster_resources()
     for name, amount in resources.items():
         if amount * n > total.get(name, 0) + 1e-9:

@@ -144,6 +144,10 @@ def test_surogates_ray_example(demo, tmp_path):
     data.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": f"{i + 1}"}) + "\n"
                             for i in range(24)))
     config = peer_example(tmp_path, demo, "surogate-qwen3-lora-bf16-ray.yaml", data)
+    # as written: ray_address auto names a running cluster, and none runs here (Surogate's ray.init fails the same way)
+    r = sft(config, "device=cpu", env={"RAY_ADDRESS": ""})
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: Ray cluster at 'auto': "), r.stderr
     r = sft(config, "distributed={ray_address: local, num_nodes: 2, gpus_per_node: 4}", "device=cpu")
     assert r.returncode == 2, r.stderr
     assert "Ray job: 8 workers of {GPU: 1}" in r.stderr
