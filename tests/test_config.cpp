@@ -751,3 +751,43 @@ TEST(Config, MistralCommonIsInferredForMagistralAsAxolotlDoes) {
 
 }  // namespace
 }  // namespace soltrain
+
+namespace soltrain {
+namespace {
+
+bool has_note(const TrainConfig& c, const std::string& text) {
+  return std::find(c.notes.begin(), c.notes.end(), text) != c.notes.end();
+}
+
+// Axolotl's keys for what it does through transformers' loading (its llama-2/gptq-lora.yml and cerebras examples):
+// lr_quadratic_warmup on its cosine schedule; torch_dtype and adam_eps have no effect there (a note says so);
+// the slow tokenizer, its non-legacy mode and a device map are one line each, naming the feature.
+TEST(Config, AxolotlLoadingKeys) {
+  const TrainConfig c = parse_train_config(
+      kBase + "lr_scheduler: cosine\nlr_quadratic_warmup: true\ntorch_dtype: float16\nadam_eps: 1.0e-5\n"
+              "tokenizer_use_fast: true\ntokenizer_legacy: true\nhf_use_auth_token: true\nflash_optimum: true\n"
+              "device_map: auto\nddp: true\ngptq_disable_exllama: true\n",
+      "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_TRUE(c.quadratic_warmup);
+  EXPECT_EQ(c.adamw_epsilon, 1e-8);
+  EXPECT_TRUE(has_note(c, "torch_dtype: no effect, as in Axolotl (it sets the dtype from bf16 / fp16); soltrain "
+                          "computes in bf16"));
+  EXPECT_TRUE(has_note(c, "adam_eps: no effect, as in Axolotl (its key is adam_epsilon); the default epsilon stands"));
+  const TrainConfig linear =
+      parse_train_config(kBase + "lr_scheduler: linear\nlr_quadratic_warmup: true\n", "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_FALSE(linear.quadratic_warmup);
+  EXPECT_TRUE(has_note(linear, "lr_quadratic_warmup: no effect with lr_scheduler linear (Axolotl applies it to cosine "
+                               "only)"));
+  EXPECT_EQ(error_of(kBase + "tokenizer_use_fast: false\n"),
+            "cfg.yaml:6: tokenizer_use_fast: false: the slow (sentencepiece) tokenizer is not built; soltrain "
+            "tokenizes with the model's tokenizer.json, the fast tokenizer's file");
+  EXPECT_EQ(error_of(kBase + "tokenizer_legacy: false\n"),
+            "cfg.yaml:6: tokenizer_legacy: false: the sentencepiece tokenizer's non-legacy mode is not built; "
+            "soltrain tokenizes as the model's tokenizer.json says");
+  EXPECT_EQ(error_of(kBase + "device_map: {\"\": 0}\n"),
+            "cfg.yaml:6: device_map: {\"\": 0}: soltrain places the model itself (device, gpus, offload_params); a "
+            "device map is not built");
+}
+
+}  // namespace
+}  // namespace soltrain

@@ -102,5 +102,23 @@ TEST(Schedule, CosineWithAFloor) {
   EXPECT_NEAR(lr_factor(s, 10), 0.0, 1e-15);
 }
 
+// Axolotl's lr_quadratic_warmup (get_cosine_schedule_with_quadratic_warmup, src/axolotl/utils/schedulers.py): the
+// warmup (k / w)², then the plain cosine to 0 (a min_lr_ratio given too is not applied, as Axolotl picks the quadratic
+// schedule over its min-lr one); other schedules keep their linear warmup.
+TEST(Schedule, CosineWithQuadraticWarmup) {
+  ScheduleConfig s{ScheduleType::kCosine, 12, 4, 0.1, 0.0, true};
+  EXPECT_DOUBLE_EQ(lr_factor(s, 0), 0.0);
+  EXPECT_DOUBLE_EQ(lr_factor(s, 1), 1.0 / 16.0);
+  EXPECT_DOUBLE_EQ(lr_factor(s, 2), 0.25);
+  EXPECT_DOUBLE_EQ(lr_factor(s, 3), 9.0 / 16.0);
+  EXPECT_DOUBLE_EQ(lr_factor(s, 4), 1.0);
+  EXPECT_NEAR(lr_factor(s, 6), 0.5 * (1 + std::sqrt(0.5)), 1e-15);  // the cosine as without it
+  s.min_lr_ratio = 0.1;
+  EXPECT_NEAR(lr_factor(s, 12), 0.0, 1e-15);
+  EXPECT_DOUBLE_EQ(lr_factor(s, 2), 0.25);
+  s.type = ScheduleType::kLinear;
+  EXPECT_DOUBLE_EQ(lr_factor(s, 2), 0.5);
+}
+
 }  // namespace
 }  // namespace soltrain

@@ -238,6 +238,17 @@ void rule_axolotl_schedule(const Entries& en, const std::string&, TrainConfig& c
     c.lr_scheduler_type = ScheduleType::kCosine;
     c.notes.push_back("lr_scheduler is not given: cosine, Axolotl's default (the config uses Axolotl's base_model)");
   }
+  // Axolotl's lr_quadratic_warmup acts only on its cosine schedule (its scheduler mixin), and wins over a
+  // cosine_min_lr_ratio there, as Axolotl warns
+  if (c.quadratic_warmup && c.lr_scheduler_type != ScheduleType::kCosine) {
+    c.quadratic_warmup = false;
+    c.notes.push_back(cat("lr_quadratic_warmup: no effect with lr_scheduler ", to_string(c.lr_scheduler_type),
+                          " (Axolotl applies it to cosine only)"));
+  } else if (c.quadratic_warmup && c.cosine_min_lr_ratio > 0) {
+    c.notes.push_back(
+        "lr_quadratic_warmup with cosine_min_lr_ratio: the quadratic warmup's cosine decays to 0 (as "
+        "Axolotl does when both are given)");
+  }
   if (c.cosine_min_lr_ratio > 0 && c.cosine_constant_lr_ratio > 0)
     errors.push_back(cat(en.where("cosine_constant_lr_ratio"),
                          ": cosine_constant_lr_ratio: a constant learning rate at the cosine floor for the last part "

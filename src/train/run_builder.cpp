@@ -134,7 +134,8 @@ OptimizerConfig optimizer_config(const TrainConfig& c) {
 }
 
 ScheduleConfig schedule_config(const TrainConfig& c, int64_t total_steps) {
-  ScheduleConfig s{c.lr_scheduler_type, total_steps, c.warmup_steps, c.wsd_decay_ratio, c.cosine_min_lr_ratio};
+  ScheduleConfig s{c.lr_scheduler_type, total_steps,           c.warmup_steps,
+                   c.wsd_decay_ratio,   c.cosine_min_lr_ratio, c.quadratic_warmup};
   if (c.warmup_steps == 0 && c.warmup_ratio > 0) s.warmup_steps = warmup_from_ratio(total_steps, c.warmup_ratio);
   return s;
 }

@@ -39,6 +39,8 @@ double lr_factor(const ScheduleConfig& s, int64_t step) {
   const double k = double(step), w = double(s.warmup_steps), total = double(s.total_steps);
   // HF's plain "constant" ignores warmup; every other schedule ramps linearly from 0.
   if (s.type == ScheduleType::kConstant) return 1.0;
+  if (step < s.warmup_steps && s.quadratic_warmup && s.type == ScheduleType::kCosine)
+    return (k / std::max(1.0, w)) * (k / std::max(1.0, w));
   if (step < s.warmup_steps) return k / std::max(1.0, w);
   switch (s.type) {
     case ScheduleType::kConstantWithWarmup: return 1.0;
@@ -48,7 +50,7 @@ double lr_factor(const ScheduleConfig& s, int64_t step) {
       const double scaling = std::max(0.0, 0.5 * (1.0 + std::cos(std::numbers::pi * 0.5 * 2.0 * progress)));
       // Axolotl's get_cosine_schedule_with_min_lr (src/axolotl/utils/schedulers.py): the cosine between the
       // base lr and the floor.
-      if (s.min_lr_ratio > 0) return (1 - s.min_lr_ratio) * scaling + s.min_lr_ratio;
+      if (s.min_lr_ratio > 0 && !s.quadratic_warmup) return (1 - s.min_lr_ratio) * scaling + s.min_lr_ratio;
       return scaling;
     }
     case ScheduleType::kWsd: {

@@ -15,6 +15,9 @@ struct ScheduleConfig {
   int64_t total_steps = 0, warmup_steps = 0;
   double decay_ratio = 0.1;  // wsd: the last decay_ratio × total_steps steps decay (cosine) to 0
   double min_lr_ratio = 0;   // cosine: decays to this fraction of the base lr (Axolotl's cosine_min_lr_ratio)
+  // cosine: the warmup rises as (k / warmup)², the decay goes to 0 (Axolotl's
+  // get_cosine_schedule_with_quadratic_warmup, which its lr_quadratic_warmup picks over a min_lr_ratio)
+  bool quadratic_warmup = false;
 };
 
 // The multiplier of the base lr for update `step` (0-based), in [0, 1].

@@ -181,6 +181,8 @@ struct TrainConfig {
   // Axolotl's cosine_min_lr_ratio (the cosine schedule's floor) and cosine_constant_lr_ratio (a constant tail
   // at the floor, not built: refused when both are non-zero).
   double cosine_min_lr_ratio = 0, cosine_constant_lr_ratio = 0;
+  // Axolotl's lr_quadratic_warmup with its cosine schedule: the warmup rises as (k / warmup)² (rule_axolotl_schedule)
+  bool quadratic_warmup = false;
   double weight_decay = 0.0, max_grad_norm = 1.0;
   double adamw_beta1 = 0.9, adamw_beta2 = 0.999, adamw_epsilon = 1e-8;
   Moments moments = Moments::F32;  // `optimizer: adamw_8bit` (and bitsandbytes' names for it): Blockwise8
