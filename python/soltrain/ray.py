@@ -16,6 +16,7 @@ stopped and the error names its rank; the checkpoints in output_dir resume the j
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import pathlib
 import socket
@@ -66,7 +67,8 @@ def train(config: _config.TrainConfig | str | os.PathLike, num_workers: int | No
         paths = [here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != here]
         try:
             ray.init(address=None if address in (None, "", "local") else address, include_dashboard=False,
-                     runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}})
+                     runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}},
+                     logging_level=logging.ERROR)  # (its start-up lines would precede a refusal's one line)
         except ConnectionError as e:  # ("auto" and an address name a running cluster)
             lines = str(e).strip().splitlines()
             raise SoltrainError(f"Ray cluster at {address!r}: {lines[0] if lines else 'not reachable'} (start one "
@@ -84,6 +86,10 @@ def train(config: _config.TrainConfig | str | os.PathLike, num_workers: int | No
         if not ready:
             raise SoltrainError(f"the Ray cluster did not place {n} workers of {resources} within "
                                 f"{PLACEMENT_TIMEOUT_S} s")
+        shown = ", ".join(f"{k}: {v:g}" for k, v in resources.items())
+        print(f"Ray job: {n} worker{'' if n == 1 else 's'} of {{{shown}}} on "
+              f"{'the Ray cluster at ' + address if address not in (None, '', 'local') else 'a local Ray cluster'}",
+              file=sys.stderr, flush=True)
         options = dict(num_cpus=resources.get("CPU", 0), num_gpus=resources.get("GPU", 0),
                        resources={k: v for k, v in resources.items() if k not in ("CPU", "GPU")})
         worker = ray.remote(_Worker)

@@ -22,7 +22,7 @@ int run_config_job(const std::string& config, const std::vector<std::string>& se
   cfg.dump_batches = dump_batches;
   cfg.verbose = verbose;
   if (gpus > 0) cfg.gpus = gpus;
-  if (cfg.ray.enabled && read_launch_env().kind == LaunchEnv::Kind::Single) hand_to_ray(cfg, config, set, mode);
+  if (cfg.ray.enabled && read_launch_env().kind == LaunchEnv::Kind::Single) hand_to_ray(config, set, mode);
   // auto_resume needs a process that outlives the trainer: the launcher, also for one worker.
   if (!cfg.dpo.enabled && !cfg.grpo.enabled && (cfg.gpus > 1 || cfg.auto_resume) &&
       read_launch_env().kind == LaunchEnv::Kind::Single) {

@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <iostream>
 
 #include "core/error.h"
 
@@ -39,7 +38,7 @@ int run_to_end(const std::vector<std::string>& args) {
 
 }  // namespace
 
-void hand_to_ray(const TrainConfig& c, const std::string& config, const std::vector<std::string>& set, TrainMode mode) {
+void hand_to_ray(const std::string& config, const std::vector<std::string>& set, TrainMode mode) {
   if (mode != TrainMode::kSft && mode != TrainMode::kPretrain)
     user_error("a Ray job (use_ray, distributed) runs sft and pt for now");
   const char* given = std::getenv("SOLTRAIN_PYTHON");
@@ -49,14 +48,6 @@ void hand_to_ray(const TrainConfig& c, const std::string& config, const std::vec
         "this config is a Ray job (use_ray, distributed), started by soltrain's Python package with Ray "
         "installed (pip install \".[ray]\"); ",
         python, " cannot import soltrain.ray and ray (SOLTRAIN_PYTHON names another interpreter)");
-  std::string resources;
-  for (const auto& [name, amount] : c.ray.resources)
-    resources += cat(resources.empty() ? "" : ", ", name, ": ", amount);
-  std::cerr << "Ray job: " << c.ray.num_workers << " worker" << (c.ray.num_workers == 1 ? "" : "s") << " of {"
-            << resources << "} on "
-            << (c.ray.address.empty() ? std::string("the Ray cluster this machine has (else a local one)")
-                                      : "the Ray cluster at " + c.ray.address)
-            << ", started by " << python << " -m soltrain.ray" << std::endl;
   std::vector<std::string> args = {python, "-m", "soltrain.ray", mode == TrainMode::kSft ? "sft" : "pt", config};
   for (const std::string& s : set) args.insert(args.end(), {"--set", s});
   std::vector<char*> argv;

@@ -10,8 +10,8 @@
 namespace soltrain {
 
 // Replaces this process with `python3 -m soltrain.ray MODE CONFIG --set ...` (SOLTRAIN_PYTHON names another
-// interpreter) after saying so; UserError in one line when that interpreter cannot import soltrain.ray and ray.
-[[noreturn]] void hand_to_ray(const TrainConfig& c, const std::string& config, const std::vector<std::string>& set,
-                              TrainMode mode);
+// interpreter), which says what it starts; UserError in one line when that interpreter cannot import soltrain.ray and
+// ray.
+[[noreturn]] void hand_to_ray(const std::string& config, const std::vector<std::string>& set, TrainMode mode);
 
 }  // namespace soltrain
