@@ -764,20 +764,23 @@ bool has_note(const TrainConfig& c, const std::string& text) {
 // the slow tokenizer, its non-legacy mode and a device map are one line each, naming the feature.
 TEST(Config, AxolotlLoadingKeys) {
   const TrainConfig c = parse_train_config(
-      kBase + "lr_scheduler: cosine\nlr_quadratic_warmup: true\ntorch_dtype: float16\nadam_eps: 1.0e-5\n"
-              "tokenizer_use_fast: true\ntokenizer_legacy: true\nhf_use_auth_token: true\nflash_optimum: true\n"
-              "device_map: auto\nddp: true\ngptq_disable_exllama: true\n",
+      kBase +
+          "lr_scheduler: cosine\nlr_quadratic_warmup: true\ntorch_dtype: float16\nadam_eps: 1.0e-5\n"
+          "tokenizer_use_fast: true\ntokenizer_legacy: true\nhf_use_auth_token: true\nflash_optimum: true\n"
+          "device_map: auto\nddp: true\ngptq_disable_exllama: true\n",
       "cfg.yaml", {}, TrainMode::kSft);
   EXPECT_TRUE(c.quadratic_warmup);
   EXPECT_EQ(c.adamw_epsilon, 1e-8);
-  EXPECT_TRUE(has_note(c, "torch_dtype: no effect, as in Axolotl (it sets the dtype from bf16 / fp16); soltrain "
-                          "computes in bf16"));
+  EXPECT_TRUE(has_note(c,
+                       "torch_dtype: no effect, as in Axolotl (it sets the dtype from bf16 / fp16); soltrain "
+                       "computes in bf16"));
   EXPECT_TRUE(has_note(c, "adam_eps: no effect, as in Axolotl (its key is adam_epsilon); the default epsilon stands"));
   const TrainConfig linear =
       parse_train_config(kBase + "lr_scheduler: linear\nlr_quadratic_warmup: true\n", "cfg.yaml", {}, TrainMode::kSft);
   EXPECT_FALSE(linear.quadratic_warmup);
-  EXPECT_TRUE(has_note(linear, "lr_quadratic_warmup: no effect with lr_scheduler linear (Axolotl applies it to cosine "
-                               "only)"));
+  EXPECT_TRUE(has_note(linear,
+                       "lr_quadratic_warmup: no effect with lr_scheduler linear (Axolotl applies it to cosine "
+                       "only)"));
   EXPECT_EQ(error_of(kBase + "tokenizer_use_fast: false\n"),
             "cfg.yaml:6: tokenizer_use_fast: false: the slow (sentencepiece) tokenizer is not built; soltrain "
             "tokenizes with the model's tokenizer.json, the fast tokenizer's file");
@@ -787,6 +790,40 @@ TEST(Config, AxolotlLoadingKeys) {
   EXPECT_EQ(error_of(kBase + "device_map: {\"\": 0}\n"),
             "cfg.yaml:6: device_map: {\"\": 0}: soltrain places the model itself (device, gpus, offload_params); a "
             "device map is not built");
+}
+
+}  // namespace
+}  // namespace soltrain
+
+namespace soltrain {
+namespace {
+
+// A Ray job's settings as the launcher gets them (python/soltrain/ray.py reads them through the module): Axolotl's
+// keys, Surogate's block (num_nodes x gpus_per_node; 0 = gpus, read after every key; one node is a local run), the
+// default resources, and what a Ray job cannot run, each one line.
+TEST(Config, RayJobs) {
+  const TrainConfig a =
+      parse_train_config(kBase + "use_ray: true\nray_num_workers: 4\n", "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_TRUE(a.ray.enabled);
+  EXPECT_EQ(a.ray.num_workers, 4);
+  EXPECT_EQ(a.ray.resources, (std::map<std::string, double>{{"CPU", 1.0}}));  // (device: cpu here)
+  const TrainConfig b = parse_train_config(kBase + "distributed:\n  num_nodes: 2\n  gpus_per_node: 0\ngpus: 4\n",
+                                           "cfg.yaml", {}, TrainMode::kSft);
+  EXPECT_TRUE(b.ray.enabled);
+  EXPECT_EQ(b.ray.num_workers, 8);
+  EXPECT_EQ(b.ray.address, "auto");
+  EXPECT_EQ(b.ray.resources, (std::map<std::string, double>{{"GPU", 1.0}}));
+  EXPECT_FALSE(
+      parse_train_config(kBase + "distributed:\n  num_nodes: 1\n", "cfg.yaml", {}, TrainMode::kSft).ray.enabled);
+  EXPECT_EQ(error_of(kBase + "use_ray: true\nauto_resume: true\n"),
+            "cfg.yaml:6: auto_resume with Ray is not built (Ray restarts no soltrain job)");
+  EXPECT_NE(error_of(kBase + "use_ray: true\nrl: dpo\n").find("cfg.yaml:6: a Ray job runs sft and pt for now"),
+            std::string::npos);
+  EXPECT_EQ(error_of(kBase + "resources_per_worker: [1]\n"),
+            "cfg.yaml:6: resources_per_worker: expected a map of Ray resources to amounts, e.g. {GPU: 1}");
+  EXPECT_EQ(error_of(kBase + "distributed:\n  nodes: 2\n"),
+            "cfg.yaml:6: distributed.nodes: unknown key (Surogate's distributed block has ray_address, num_nodes, "
+            "gpus_per_node)");
 }
 
 }  // namespace
