@@ -51,10 +51,7 @@ def train(config: _config.TrainConfig | str | os.PathLike, num_workers: int | No
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     if not isinstance(config, _config.TrainConfig):
-        cls = {"sft": _config.SFTConfig, "pt": _config.PTConfig}.get(mode)
-        if cls is None:
-            raise ConfigError(f"mode {mode!r}: a Ray job runs sft or pt")
-        config = cls.from_yaml(config)
+        config = _config_class(mode).from_yaml(config)
     given = settings(config)
     n = int(num_workers if num_workers is not None else given["num_workers"])
     if n < 1:
@@ -118,6 +115,14 @@ def train(config: _config.TrainConfig | str | os.PathLike, num_workers: int | No
         return results[0]
     finally:
         remove_placement_group(pg)
+
+
+def _config_class(mode: str) -> type:
+    """The config class of a Ray job's mode (sft or pt)."""
+    classes = {"sft": _config.SFTConfig, "pt": _config.PTConfig}
+    if mode not in classes:
+        raise ConfigError(f"mode {mode!r}: a Ray job runs sft or pt")
+    return classes[mode]
 
 
 class _Worker:
@@ -203,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args(argv)
     try:
-        config = {"sft": _config.SFTConfig, "pt": _config.PTConfig}[args.mode].from_yaml(args.config)
+        config = _config_class(args.mode).from_yaml(args.config)
         changes = {}
         for item in args.set:
             key, eq, value = item.partition("=")

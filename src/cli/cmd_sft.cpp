@@ -22,10 +22,10 @@ int run_config_job(const std::string& config, const std::vector<std::string>& se
   cfg.dump_batches = dump_batches;
   cfg.verbose = verbose;
   if (gpus > 0) cfg.gpus = gpus;
-  if (cfg.ray.enabled && read_launch_env().kind == LaunchEnv::Kind::Single) hand_to_ray(config, set, mode);
+  const bool launcher = read_launch_env().kind == LaunchEnv::Kind::Single;  // (not a rank another launcher started)
+  if (cfg.ray.enabled && launcher) hand_to_ray(config, set, mode);
   // auto_resume needs a process that outlives the trainer: the launcher, also for one worker.
-  if (!cfg.dpo.enabled && !cfg.grpo.enabled && (cfg.gpus > 1 || cfg.auto_resume) &&
-      read_launch_env().kind == LaunchEnv::Kind::Single) {
+  if (!cfg.dpo.enabled && !cfg.grpo.enabled && (cfg.gpus > 1 || cfg.auto_resume) && launcher) {
     resolve_hub_inputs(cfg, std::cerr);
     check_worker_count(cfg.gpus, cfg.device);
     check_run_inputs(cfg);

@@ -59,6 +59,14 @@ Apply noted(const std::string& what) {
   };
 }
 
+// Accepted when true or empty; false is refused with `feature` (what is not built and what soltrain does instead).
+Apply true_or(const std::string& feature) {
+  return [feature](const std::string& key, const YAML::Node& n, TrainConfig&) {
+    if (n.IsNull() || (n.IsScalar() && n.Scalar().empty()) || as_bool(key, n)) return;
+    user_error(key, ": false: ", feature);
+  };
+}
+
 // An integer in [lo, hi], else one line naming `key` and what was `expected`.
 long integer_in(const std::string& key, const YAML::Node& n, long lo, long hi, const std::string& expected) {
   const std::string v = text(n);
@@ -482,7 +490,7 @@ void add_missing_features(Table& t) {
            c.ray.resources[name] = x;
          }
        }},
-      {"ray_run_name", any()},
+      {"ray_run_name", any()},  // (Ray Train's run name: soltrain's actors are not a Ray Train run)
       // Axolotl's keys for the loading it does through transformers; soltrain loads and places the model itself.
       // torch_dtype: Axolotl sets it from bf16 / fp16, over the YAML's value; adam_eps: Axolotl reads adam_epsilon,
       // not this (two examples carry it); ddp: in its schema, read nowhere; hf_use_auth_token: the hub token is the
@@ -500,25 +508,17 @@ void add_missing_features(Table& t) {
       // transformers' fast tokenizer is tokenizer.json, which is what soltrain reads; the slow (sentencepiece) one
       // and its non-legacy handling of text after special tokens are not built
       {"tokenizer_use_fast",
-       [](const std::string& k, const YAML::Node& n, TrainConfig&) {
-         if (!is_off(n) || n.IsNull() || (n.IsScalar() && n.Scalar().empty())) return;
-         user_error(k,
-                    ": false: the slow (sentencepiece) tokenizer is not built; soltrain tokenizes with the model's "
-                    "tokenizer.json, the fast tokenizer's file");
-       }},
+       true_or("the slow (sentencepiece) tokenizer is not built; soltrain tokenizes with the model's tokenizer.json, "
+               "the fast tokenizer's file")},
       {"tokenizer_legacy",
-       [](const std::string& k, const YAML::Node& n, TrainConfig&) {
-         if (n.IsNull() || (n.IsScalar() && n.Scalar().empty()) || as_bool(k, n)) return;
-         user_error(k,
-                    ": false: the sentencepiece tokenizer's non-legacy mode is not built; soltrain tokenizes as the "
-                    "model's tokenizer.json says");
-       }},
+       true_or("the sentencepiece tokenizer's non-legacy mode is not built; soltrain tokenizes as the model's "
+               "tokenizer.json says")},
       {"device_map",
        [](const std::string& k, const YAML::Node& n, TrainConfig&) {
          if (n.IsNull() || (n.IsScalar() && (n.Scalar().empty() || n.Scalar() == "auto"))) return;
          user_error(k, ": ", text(n),
-                    ": soltrain places the model itself (device, gpus, offload_params); a device map ", "is not built");
-       }},  // (Ray Train's run name: soltrain's actors are not a Ray Train run)
+                    ": soltrain places the model itself (device, gpus, offload_params); a device map is not built");
+       }},
       // Axolotl features soltrain lacks, each named in one line (found by bench/peer_sweep over its examples)
       {"dp_shard_size",
        off_or("Axolotl's N-D parallelism is not built; zero_stage: 3 shards over every GPU (gpus: N)")},

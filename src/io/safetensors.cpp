@@ -212,8 +212,7 @@ CheckpointReader::CheckpointReader(const fs::path& dir, const std::function<std:
   for (const auto& [name, file] : where_) {
     const std::string ours = rename(name);
     if (ours.empty()) {
-      outside_.push_back(name);
-      outside_where_[name] = file;
+      outside_[name] = file;
       continue;
     }
     if (ours != name) stored_[ours] = name;
@@ -222,8 +221,14 @@ CheckpointReader::CheckpointReader(const fs::path& dir, const std::function<std:
   where_ = std::move(renamed);
 }
 
+std::vector<std::string> CheckpointReader::outside() const {
+  std::vector<std::string> r;
+  for (const auto& [n, i] : outside_) r.push_back(n);
+  return r;
+}
+
 const TensorEntry& CheckpointReader::outside_entry(const std::string& stored_name) const {
-  return files_[outside_where_.at(stored_name)]->entries().at(stored_name);
+  return files_[outside_.at(stored_name)]->entries().at(stored_name);
 }
 
 std::string CheckpointReader::stored(const std::string& name) const {

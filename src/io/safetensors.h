@@ -60,7 +60,7 @@ class CheckpointReader {
   bool has(const std::string& name) const { return where_.count(name) != 0; }
   const TensorEntry& entry(const std::string& name) const;
   std::vector<std::string> names() const;
-  const std::vector<std::string>& outside() const { return outside_; }  // stored names
+  std::vector<std::string> outside() const;  // stored names
   const TensorEntry& outside_entry(const std::string& stored_name) const;
   std::string describe(const std::string& name) const;  // "file: tensor name" (as stored) for messages
 
@@ -70,8 +70,7 @@ class CheckpointReader {
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, size_t> where_;        // tensor name -> index in files_
   std::map<std::string, std::string> stored_;  // a renamed tensor's name -> its stored name
-  std::vector<std::string> outside_;
-  std::map<std::string, size_t> outside_where_;
+  std::map<std::string, size_t> outside_;      // a tensor the model does not read -> index in files_
 };
 
 struct NamedTensor {

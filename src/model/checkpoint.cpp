@@ -203,9 +203,8 @@ void load_weights(Transformer& model, const fs::path& dir) {
     if (n == "lm_head.weight" && (c.tie_word_embeddings || c.lm_head_from_embedding || c.num_labels > 0)) continue;
     std::cerr << "warning: " << ckpt.describe(n) << " is not used by " << model.config().architecture << "\n";
   }
-  if (!ckpt.outside().empty())
-    std::cerr << "note: " << c.architecture << ": its language model trains on text; the other "
-              << ckpt.outside().size()
+  if (const size_t tower = ckpt.outside().size(); tower > 0)
+    std::cerr << "note: " << c.architecture << ": its language model trains on text; the other " << tower
               << " tensors (the vision tower) are not loaded, and a saved model carries them over unchanged\n";
 }
 

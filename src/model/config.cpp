@@ -330,7 +330,7 @@ std::string model_tensor_name(const ModelConfig& c, const std::string& stored) {
   const std::string ours = swap_prefix(stored, c.spec->language_model, "model.");
   if (ours != stored) return ours;
   // the LM head is outside the language model in the checkpoint; everything else there is the vision tower's
-  return stored == "lm_head.weight" || stored == "base_model.model.lm_head.weight" ? stored : std::string();
+  return stored == "lm_head.weight" ? stored : std::string();
 }
 
 ModelConfig load_model_config(const std::filesystem::path& model_dir) {

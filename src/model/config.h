@@ -147,8 +147,8 @@ ModelConfig load_model_config(const std::filesystem::path& model_dir);
 // a vision-language checkpoint keeps them under its language model (ModelSpec::language_model). The name a tensor
 // has in the checkpoint or the adapter file:
 std::string checkpoint_name(const ModelConfig& c, const std::string& name);
-// and back: a checkpoint's (or adapter file's) name as soltrain's, or empty for a tensor outside the language model
-// (the vision tower).
+// and back: a model checkpoint's name as soltrain's, or empty for a tensor outside the language model (the vision
+// tower). (Adapter files are read and written through checkpoint_name.)
 std::string model_tensor_name(const ModelConfig& c, const std::string& stored);
 
 // RoPE inverse frequencies (head_dim / 2 of them) in fp32, computed as transformers does.
