@@ -20,11 +20,9 @@ namespace soltrain::test {
 struct DpSetup {
   TempDir t;
   // experts > 0: the model is a Qwen3-MoE of that many experts (DemoModelShape)
-  explicit DpSetup(int experts = 0) {
-    DemoModelShape s;
-    s.hidden = 32, s.layers = 3, s.heads = 2, s.kv_heads = 1, s.head_dim = 16, s.intermediate = 64;
-    s.experts = experts;
-    write_random_model(t.path / "model", s, 7);
+  explicit DpSetup(int experts = 0) : DpSetup(tiny_shape(experts)) {}
+  explicit DpSetup(const DemoModelShape& shape) {
+    write_random_model(t.path / "model", shape, 7);
     write_reversal_dataset(t.path / "train.jsonl", 200, 8);
     write_text(t.path / "base.yaml",
                "model: model\ndatasets:\n  - path: train.jsonl\n    type: conversation\n"
@@ -34,6 +32,12 @@ struct DpSetup {
     guard.arm({t.path / "model", t.path / "train.jsonl"});
   }
   InputsGuard guard;
+  static DemoModelShape tiny_shape(int experts) {
+    DemoModelShape s;
+    s.hidden = 32, s.layers = 3, s.heads = 2, s.kv_heads = 1, s.head_dim = 16, s.intermediate = 64;
+    s.experts = experts;
+    return s;
+  }
   // `soltrain sft base.yaml` into output_dir `out` with these --set overrides, under `ranks` MPI ranks (0: no
   // mpirun at all).
   CliRun sft(int ranks, const std::string& out, const std::string& sets) const {

@@ -21,6 +21,7 @@
 #include "dist/launch.h"
 #include "dp_test_util.h"
 #include "io/safetensors.h"
+#include "train/data_parallel.h"
 
 namespace soltrain::test {
 namespace {
@@ -40,9 +41,9 @@ void expect_same_losses(const std::map<int64_t, double>& want, const std::map<in
 
 const std::string kLora = "--set adapter=lora --set lora_r=4 --set lora_alpha=8 --set lora_dropout=0.1";
 
-// Every tensor of two saved models (one safetensors file each) within 1e-5 of each other: the same training
-// with its sums in another order, not merely the same names and shapes.
-void expect_same_model(const fs::path& want, const fs::path& got, const std::string& what) {
+// Every tensor of two saved models (one safetensors file each) within `tolerance` (1e-5) of each other: the same
+// training with its sums in another order, not merely the same names and shapes.
+void expect_same_model(const fs::path& want, const fs::path& got, const std::string& what, double tolerance = 1e-5) {
   const SafetensorsFile a(want), b(got);
   ASSERT_EQ(a.entries().size(), b.entries().size()) << what;
   for (const auto& [name, e] : a.entries()) {
@@ -53,7 +54,7 @@ void expect_same_model(const fs::path& want, const fs::path& got, const std::str
     read_as_f32(*f, e.shape, y.data(), name);
     double worst = 0;
     for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, double(std::abs(x[i] - y[i])));
-    EXPECT_LT(worst, 1e-5) << what << ": " << name;
+    EXPECT_LT(worst, tolerance) << what << ": " << name;
   }
 }
 
@@ -309,9 +310,9 @@ TEST(DataParallel, LeastLoadedExpertParallelMatchesOneProcess) {
 }
 
 // `bench --plan-only --gpus N --data-parallel Z` prints, without loading anything, the bytes each rank then
-// allocates: ZeRO-3's line of a real 2-rank run (full and LoRA), ZeRO-2's sharded moments, and one rank alone
-// (ZeRO-3's slices whole: no pass buffers). What the sharded update cannot run (8-bit moments) is refused in
-// one line by the plan and by the run alike.
+// allocates: ZeRO-3's line of a real 2-rank run (full, LoRA, full with 8-bit moments: its chunks moved onto the
+// embedding's blocks), ZeRO-2's sharded moments (fp32 and 8-bit), and one rank alone (ZeRO-3's slices whole: no
+// pass buffers).
 TEST(DataParallel, PlanOnlyIsWhatEachRankAllocates) {
   DpSetup s;
   const auto plan = [&](int gpus, int zero, const std::string& extra) {
@@ -328,7 +329,8 @@ TEST(DataParallel, PlanOnlyIsWhatEachRankAllocates) {
       "(\\d+) B");
   for (const auto& [name, sets, flag] :
        {std::tuple{"full", std::string(), std::string()},
-        std::tuple{"lora", kLora + " --set lora_dropout=0", std::string(" --lora-rank 4")}}) {
+        std::tuple{"lora", kLora + " --set lora_dropout=0", std::string(" --lora-rank 4")},
+        std::tuple{"full-8bit", std::string(" --set optimizer=adamw_8bit"), std::string(" --optimizer adamw_8bit")}}) {
     SCOPED_TRACE(name);
     const CliRun r =
         s.sft(2, std::string(name) + "-z3", sets + " --set gradient_accumulation_steps=1 --set zero_stage=3");
@@ -352,19 +354,150 @@ TEST(DataParallel, PlanOnlyIsWhatEachRankAllocates) {
   EXPECT_LT(p2["moment_bytes"].get<int64_t>(), plan(1, 0, "")["moment_bytes"].get<int64_t>());
   const auto alone = plan(1, 3, "");
   EXPECT_EQ(alone["gather_bytes"].get<int64_t>() + alone["grad_scratch_bytes"].get<int64_t>(), 0);
-  EXPECT_EQ(run("bench --plan-only --device cpu --model " + (s.t.path / "model").string() +
-                    " --gpus 2 --data-parallel 1 --optimizer adamw_8bit",
-                s.t)
-                .code,
-            2);
-  // The run itself refuses it too (TrainStep: it used to train with fp32 moments, silently).
+  // 8-bit moments over 2 ranks, ZeRO-2: rank 0's pieces, codes and absmax, planned as the run allocates them.
+  const CliRun z2q = s.sft(2, "z2-8bit", "--set gradient_accumulation_steps=1 --set zero_stage=2 --set optimizer=adamw_8bit");
+  ASSERT_EQ(z2q.code, 0) << z2q.err;
+  const auto p2q = plan(2, 2, " --optimizer adamw_8bit");
+  EXPECT_TRUE(std::regex_search(
+      z2q.err, std::regex("\n  AdamW moments +" + format_bytes(p2q["moment_bytes"].get<double>()) + "\n")))
+      << z2q.err;
+  EXPECT_LT(p2q["moment_bytes"].get<int64_t>(), p2["moment_bytes"].get<int64_t>() / 2);
+  // bench itself trains with them at ZeRO-2 (it refused them before they were sharded).
   const CliRun bench8 =
       run("bench --device cpu --model " + (s.t.path / "model").string() +
               " --batch-size 1 --seq-len 32 --steps 1 --warmup 0 --optimizer adamw_8bit --data-parallel 2",
           s.t);
-  EXPECT_EQ(bench8.code, 2);
-  EXPECT_EQ(bench8.err,
-            "error: ZeRO stage 2 with this optimizer is not built yet (8-bit and 4-bit moments are not sharded)\n");
+  EXPECT_EQ(bench8.code, 0) << bench8.err;
+}
+
+// A shape whose low-bit parameters start off block boundaries of their layer (q_proj is 72 x 72 = 5184 elements,
+// 20.25 blocks of 256, and o_proj starts 10368 elements in), so the shard plan must move its cuts onto blocks.
+DemoModelShape odd_blocks_shape() {
+  DemoModelShape s;
+  s.hidden = 72, s.layers = 2, s.heads = 2, s.kv_heads = 1, s.head_dim = 36, s.intermediate = 136;
+  return s;
+}
+
+// Low-bit AdamW under ZeRO 1-3 is the unsharded update's bits: each rank's pieces hold exactly the blocks (and
+// absmax) one process holds. Two ranks without clipping and with one micro-batch sum the same two gradients
+// whatever the stage, so ZeRO 1, 2 and 3 save the model ZeRO 0 saves bit for bit (bitsandbytes' 8-bit, torchao's
+// 8-bit and 4-bit); with clipping and accumulation over 2 and 4 ranks, the run is one process's within the
+// data-parallel tolerance.
+TEST(DataParallel, LowBitMomentsShardedAreTheUnshardedUpdate) {
+  DpSetup s(odd_blocks_shape());
+  const fs::path model = fs::path("model") / "model.safetensors";
+  const std::string plain = " --set max_grad_norm=0 --set gradient_accumulation_steps=1";
+  auto same_bits = [&](int ranks, const std::string& opt, int zero, const std::string& want) {
+    const std::string out = cat(opt, "-", ranks, "-z", zero);
+    const CliRun r = s.sft(ranks, out, cat("--set optimizer=", opt, plain, " --set zero_stage=", zero));
+    ASSERT_EQ(r.code, 0) << out << "\n" << r.err;
+    EXPECT_EQ(s.losses(out), s.losses(want)) << out;
+    EXPECT_TRUE(s.read(s.t.path / out / model) == s.read(s.t.path / want / model)) << out << " is not " << want;
+  };
+  for (const std::string opt : {"adamw_8bit", "adamw_torch_8bit", "adamw_torch_4bit"}) {
+    const std::string want = opt + "-2-z0";
+    ASSERT_EQ(s.sft(2, want, cat("--set optimizer=", opt, plain, " --set zero_stage=0")).code, 0);
+    for (int zero : {1, 2, 3})
+      if (opt == "adamw_8bit" || zero == 3) same_bits(2, opt, zero, want);
+  }
+  // Clipped, accumulated, 4 ranks: one process's trajectory (its sums in another order; a sum's last bit can move an
+  // 8-bit code a step, so the weights agree to a tenth of one update, 5e-3 · 0.1).
+  const double low_bit = 5e-4;
+  const std::string clipped = " --set optimizer=adamw_8bit";
+  ASSERT_EQ(s.sft(0, "one", clipped + " --set gradient_accumulation_steps=4").code, 0);
+  for (const auto& [ranks, zero] : {std::pair{2, 2}, std::pair{2, 3}, std::pair{4, 3}}) {
+    const std::string out = cat("clipped-", ranks, "-z", zero);
+    const CliRun r =
+        s.sft(ranks, out, cat(clipped, " --set gradient_accumulation_steps=", 4 / ranks, " --set zero_stage=", zero));
+    ASSERT_EQ(r.code, 0) << r.err;
+    expect_same_losses(s.losses("one"), s.losses(out), out);
+    expect_same_model(s.t.path / "one" / model, s.t.path / out / model, out, low_bit);
+  }
+}
+
+// Sharded low-bit moments checkpoint as pieces of each parameter (optimizer-shard-<r>-of-<n>), which any rank
+// count reads: a 2-rank ZeRO-2 checkpoint resumed by 4 ZeRO-3 ranks and by one process, and one process's whole
+// 8-bit file resumed by 2 ZeRO-1 ranks, each continue the uninterrupted run; a missing shard is one line.
+TEST(DataParallel, LowBitShardsResumeAtAnyRankCount) {
+  DpSetup s(odd_blocks_shape());
+  const std::string opt = " --set optimizer=adamw_8bit";
+  ASSERT_EQ(s.sft(0, "one", opt + " --set gradient_accumulation_steps=4 --set save_steps=1").code, 0);
+  auto want = s.losses("one");
+  want.erase(1);
+  const CliRun two = s.sft(2, "two", opt + " --set gradient_accumulation_steps=2 --set zero_stage=2 --set save_steps=1");
+  ASSERT_EQ(two.code, 0) << two.err;
+  const fs::path ck = s.t.path / "two" / "checkpoint-1";
+  ASSERT_TRUE(fs::exists(ck / "optimizer-shard-1-of-2.safetensors"));
+  EXPECT_FALSE(fs::exists(ck / "optimizer.safetensors"));
+  {
+    const SafetensorsFile shard(ck / "optimizer-shard-1-of-2.safetensors");
+    EXPECT_EQ(shard.metadata().at("format"), "soltrain-adamw-8bit-shard-1");
+    EXPECT_NE(shard.metadata().at("pieces").find("model.embed_tokens.weight"), std::string::npos);
+  }
+  const CliRun four = s.sft(4, "four",
+                            opt + " --set gradient_accumulation_steps=1 --set zero_stage=3 --set resume_from_checkpoint=" +
+                                ck.string());
+  ASSERT_EQ(four.code, 0) << four.err;
+  expect_same_losses(want, s.losses("four"), "4 ZeRO-3 ranks from a 2-rank 8-bit checkpoint");
+  expect_same_model(s.t.path / "one" / "model" / "model.safetensors",
+                    s.t.path / "four" / "model" / "model.safetensors", "4 ZeRO-3 ranks' final model", 5e-4);
+  ASSERT_EQ(s.sft(0, "again", opt + " --set gradient_accumulation_steps=4 --set resume_from_checkpoint=" + ck.string())
+                .code,
+            0);
+  expect_same_losses(want, s.losses("again"), "1 process from a 2-rank 8-bit checkpoint");
+  // One process's whole file, read by two ZeRO-1 ranks.
+  const fs::path whole = s.t.path / "one" / "checkpoint-1";
+  ASSERT_TRUE(fs::exists(whole / "optimizer.safetensors"));
+  const CliRun z1 = s.sft(
+      2, "z1", opt + " --set gradient_accumulation_steps=2 --set zero_stage=1 --set resume_from_checkpoint=" + whole.string());
+  ASSERT_EQ(z1.code, 0) << z1.err;
+  expect_same_losses(want, s.losses("z1"), "2 ZeRO-1 ranks from one process's 8-bit checkpoint");
+  // Rank 0's shard in place of rank 1's (and no checksums to tell): the pieces' own count names what is missing.
+  fs::copy_file(ck / "optimizer-shard-0-of-2.safetensors", ck / "optimizer-shard-1-of-2.safetensors",
+                fs::copy_options::overwrite_existing);
+  fs::remove(ck / "checksums.sha256");
+  const CliRun gone = s.sft(0, "gone", opt + " --set gradient_accumulation_steps=4 --set resume_from_checkpoint=" + ck.string());
+  EXPECT_EQ(gone.code, 2) << gone.err;
+  EXPECT_NE(gone.err.find("moments this rank needs (a shard file is missing or repeated)"), std::string::npos)
+      << gone.err;
+  EXPECT_EQ(gone.err.find("error:"), gone.err.rfind("error:")) << gone.err;
+}
+
+// The shard plan with low-bit moments: every cut inside a parameter that keeps them falls on one of its block
+// boundaries, each rank's chunk is at least the even split, and where parameters sit on block boundaries (real
+// models) the chunk is the even split rounded up to a block; fp32 moments keep the even split.
+TEST(DataParallel, LowBitShardCutsFallOnBlocks) {
+  ParameterStore ps;
+  // group 0: odd sizes (a quantised 8-bit parameter needs 4096 elements; 4100 and 5184 are not whole blocks)
+  ps.add("a", {4100}, true, 0);
+  ps.add("b", {100}, true, 0);
+  ps.add("c", {72, 72}, true, 0);
+  ps.add("d", {3000}, true, 0);
+  ps.add("e", {8192}, true, 0);
+  // group 1: every parameter whole blocks
+  ps.add("f", {64, 256}, true, 1);
+  ps.add("g", {32, 256}, true, 1);
+  ps.lay_out();
+  for (const Moments m : {Moments::Blockwise8, Moments::Torchao8, Moments::Torchao4})
+    for (int size = 2; size <= 8; ++size) {
+      const ShardPlan p = make_shard_plan(ps, 0, size, m);
+      const int64_t block = moment_block(m);
+      for (int g = 0; g < 2; ++g) {
+        const auto& gr = p.groups[size_t(g)];
+        const int64_t even = (gr.numel + size - 1) / size;
+        EXPECT_GE(gr.chunk, even);
+        if (g == 1) EXPECT_EQ(gr.chunk, (even + block - 1) / block * block) << size;
+        for (int r = 1; r < size; ++r) {
+          const int64_t cut = gr.begin + r * gr.chunk;
+          for (const Parameter& q : ps.all()) {
+            const int64_t n = shape_numel(q.shape);
+            if (q.group == g && quantised_moments(m, n) && cut > q.offset && cut < q.offset + n)
+              EXPECT_EQ((cut - q.offset) % block, 0) << q.name << " cut at " << cut << ", " << size << " ranks";
+          }
+        }
+      }
+      EXPECT_EQ(make_shard_plan(ps, 0, size).groups[0].chunk, (ps.group_numel(0) + size - 1) / size);
+    }
 }
 
 // The data-parallel path at world size 1 (MPI alone: collectives, hooks, the sharded update and the gathers,

@@ -118,8 +118,7 @@ def peer_example(tmp_path, demo, name, data):
 
 def test_axolotls_ray_example(demo, tmp_path):
     """Axolotl's examples/llama-3/lora-1b-ray.yml (use_ray, ray_num_workers 4 of a GPU each, DeepSpeed ZeRO-3,
-    adamw_8bit) on this CPU cluster: on one CPU worker it trains; on two, 8-bit AdamW under ZeRO-3 is refused naming
-    the rank (not built: the models-bigger-than-one-GPU issue)."""
+    adamw_8bit) on this CPU cluster: on one CPU worker and on two (8-bit AdamW under ZeRO-3) it trains."""
     import json
 
     data = tmp_path / "alpaca.jsonl"
@@ -130,10 +129,10 @@ def test_axolotls_ray_example(demo, tmp_path):
     r = sft(config, *short, "ray_num_workers=1", "resources_per_worker={CPU: 1}")
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "out" / "adapter" / "adapter_model.safetensors").exists()
-    r = sft(config, *short, "ray_num_workers=2", "resources_per_worker={CPU: 1}", "output_dir=two")
-    assert r.returncode == 2, r.stderr
-    assert r.stderr.strip().splitlines()[-1].startswith("error: rank 0: optimizer: adamw_8bit with zero_stage 3"), \
-        r.stderr
+    r = sft(config, *short, "ray_num_workers=2", "resources_per_worker={CPU: 1}", f"output_dir={tmp_path / 'two'}")
+    assert r.returncode == 0, r.stderr
+    assert "data parallel over 2 ranks" in r.stderr and "ZeRO stage 3" in r.stderr, r.stderr
+    assert (tmp_path / "two" / "adapter" / "adapter_model.safetensors").exists()
 
 
 def test_surogates_ray_example(demo, tmp_path):

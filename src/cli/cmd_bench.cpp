@@ -144,14 +144,12 @@ nlohmann::json data_parallel_plan(const BenchOpts& o, const ModelConfig& c, Para
   opt_cfg.moments = bench_config(o).moments;
   opt_cfg.offload = offload;
   if (const char* why = sharded_update_refusal(opt_cfg, zero))
-    user_error("bench ", opt_cfg.moments == Moments::Blockwise8 ? "--optimizer adamw_8bit" : "--offload " + o.offload,
-               " with --data-parallel ", zero, " is not built yet (", why, ")");
+    user_error("bench --offload ", o.offload, " with --data-parallel ", zero, " is not built yet (", why, ")");
   ps.lay_out();
-  const ShardPlan sp = make_shard_plan(ps, 0, world);
-  int64_t owned = 0;
-  for (const ParamRange& r : sp.owned) owned += r.numel;
+  const ShardPlan sp = make_shard_plan(ps, 0, world, opt_cfg.moments);
   size_t masters = w.masters, values = w.values, grad_bytes = w.grads, gathered = 0, scratch = 0, peak = 0;
-  size_t moments = zero >= 1 ? size_t(std::max<int64_t>(owned, 1)) * 8 : opt.device(host_moments);
+  size_t moments = zero >= 1 ? AdamW::plan(ps, opt_cfg.moments, {}, std::nullopt, false, &sp.owned).device(false)
+                             : opt.device(host_moments);
   const size_t staging = DataParallel::staging_bytes(sp, zero, /*comm_in_place=*/true);
   if (zero == 3) {
     const Zero3::Bytes z = Zero3::planned(sp, c.num_layers, dtype_size(act), /*whole=*/world == 1);

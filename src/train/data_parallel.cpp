@@ -12,14 +12,42 @@ std::pair<int64_t, int64_t> ShardPlan::owned_span(int g) const {
   return {gr.begin + b, gr.begin + e};
 }
 
-ShardPlan make_shard_plan(const ParameterStore& params, int rank, int size) {
+namespace {
+// Group g's chunk: the smallest from ceil(n / size) on whose cuts r·chunk (0 < r < size, inside the group) each
+// fall outside the parameters keeping low-bit moments or on one of their block boundaries. Real models' such
+// parameters start on block boundaries of the group (their sizes are multiples of 256), so that is ceil(n / size)
+// rounded up to a block; where a few thousand candidates find none (odd shapes), one rank holds the group whole
+// (correct, unbalanced).
+int64_t block_aligned_chunk(const ParameterStore& params, int g, int size, Moments moments) {
+  const int64_t begin = params.group_begin(g), n = params.group_numel(g), even = (n + size - 1) / size;
+  if (!low_bit(moments) || size == 1) return even;
+  const int64_t b = moment_block(moments);
+  std::vector<std::pair<int64_t, int64_t>> blocked;  // [first, end) of each such parameter, from the group's start
+  for (const Parameter& p : params.all())
+    if (p.trainable && p.group == g && quantised_moments(moments, shape_numel(p.shape)))
+      blocked.push_back({p.offset - begin, p.offset - begin + shape_numel(p.shape)});
+  std::sort(blocked.begin(), blocked.end());
+  auto cut_ok = [&](int64_t x) {
+    auto it = std::upper_bound(blocked.begin(), blocked.end(), std::pair{x, INT64_MAX});
+    if (it == blocked.begin()) return true;
+    --it;  // the last parameter starting at or before x
+    return x >= it->second || (x - it->first) % b == 0;
+  };
+  for (int64_t chunk = even; chunk < even + 64 * b && chunk < n; ++chunk) {
+    bool ok = true;
+    for (int64_t r = 1; r < size && ok && r * chunk < n; ++r) ok = cut_ok(r * chunk);
+    if (ok) return chunk;
+  }
+  return n;
+}
+}  // namespace
+
+ShardPlan make_shard_plan(const ParameterStore& params, int rank, int size, Moments moments) {
   ShardPlan p;
   p.rank = rank;
   p.size = size;
-  for (int g = 0; g < params.groups(); ++g) {
-    const int64_t n = params.group_numel(g);
-    p.groups.push_back({params.group_begin(g), n, (n + size - 1) / size});
-  }
+  for (int g = 0; g < params.groups(); ++g)
+    p.groups.push_back({params.group_begin(g), params.group_numel(g), block_aligned_chunk(params, g, size, moments)});
   for (const ParamRange& r : params.ranges()) {
     const auto [b, e] = p.owned_span(r.group);
     const int64_t lo = std::max(b, r.offset), hi = std::min(e, r.offset + r.numel);
@@ -39,10 +67,10 @@ bool group_in_place(const ShardPlan::Group& gr, int size, bool comm_in_place) {
 }
 }  // namespace
 
-DataParallel::DataParallel(Transformer& model, Communicator& comm, int zero_stage)
+DataParallel::DataParallel(Transformer& model, Communicator& comm, int zero_stage, Moments moments)
     : model_(model), comm_(comm), ops_(model.ops()), stage_(zero_stage) {
   SOLTRAIN_CHECK(zero_stage >= 0 && zero_stage <= 3, "ZeRO stage ", zero_stage);
-  plan_ = make_shard_plan(model.params(), comm.rank(), comm.size());
+  plan_ = make_shard_plan(model.params(), comm.rank(), comm.size(), moments);
   reduced_.assign(plan_.groups.size(), false);
   gathered_.assign(plan_.groups.size(), 0);
   if (stage_ == 3) {  // its own buffers, never staged

@@ -16,14 +16,17 @@
 #include "core/buffer.h"
 #include "dist/communicator.h"
 #include "model/transformer.h"
+#include "train/optimizer.h"
 #include "train/zero3.h"
 
 namespace soltrain {
 
 // Which elements of the flat trainable buffers a rank owns.
+// With low-bit moments (train/optimizer.h) a group's chunk may be longer than ceil(numel / size): see
+// make_shard_plan.
 struct ShardPlan {
   struct Group {
-    int64_t begin = 0, numel = 0, chunk = 0;  // chunk = ceil(numel / size)
+    int64_t begin = 0, numel = 0, chunk = 0;  // chunk >= ceil(numel / size)
   };
   std::vector<Group> groups;
   std::vector<ParamRange> owned;  // ParameterStore::ranges() cut to the owned chunks, in order
@@ -31,12 +34,16 @@ struct ShardPlan {
   // [begin, end) of group g owned by this rank (empty when the group is smaller than size chunks).
   std::pair<int64_t, int64_t> owned_span(int g) const;
 };
-ShardPlan make_shard_plan(const ParameterStore& params, int rank, int size);
+// `moments`: the optimizer's. Low-bit moments are blocks from each parameter's first element, so a cut inside
+// a parameter that keeps them must fall on one of its block boundaries: then each rank's pieces hold exactly
+// the single process's blocks (and their absmax), and the sharded update is its bits.
+ShardPlan make_shard_plan(const ParameterStore& params, int rank, int size, Moments moments = Moments::F32);
 
 class DataParallel final : public LayerHooks {
  public:
-  // Stage 3 shards the model's parameters at once (it must hold the loaded model whole).
-  DataParallel(Transformer& model, Communicator& comm, int zero_stage);
+  // Stage 3 shards the model's parameters at once (it must hold the loaded model whole). `moments`: the
+  // optimizer's (the shard plan's cuts).
+  DataParallel(Transformer& model, Communicator& comm, int zero_stage, Moments moments = Moments::F32);
   // Stages 1-2: the staging buffers' bytes the constructor allocates (for groups whose collectives cannot run
   // in place), given whether the communicator works in place.
   static size_t staging_bytes(const ShardPlan& plan, int zero_stage, bool comm_in_place);

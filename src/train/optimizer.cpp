@@ -23,16 +23,44 @@ bool quantised_moments(Moments m, int64_t n) {
   return low_bit(m) && n >= kBlockwise8MinNumel && (m == Moments::Blockwise8 || n % kBlockwise8Block == 0);
 }
 
-namespace {
-// A quantised moment's layout: elements per scale block, code bytes of n elements, map entries.
 int64_t moment_block(Moments m) {
   return m == Moments::Torchao4 ? kBlockwise4Block : kBlockwise8Block;
 }
+
+namespace {
+// A quantised moment's layout: code bytes of n elements, map entries.
 int64_t code_bytes(Moments m, int64_t n) {
   return m == Moments::Torchao4 ? n / 2 : n;
 }
 int64_t map_entries(Moments m) {
   return m == Moments::Torchao4 ? 16 : 256;
+}
+int64_t total(const std::vector<ParamRange>& rs) {
+  int64_t n = 0;
+  for (const ParamRange& r : rs) n += r.numel;
+  return n;
+}
+// The low-bit state's pieces: every trainable parameter whole, or a sharded optimizer's part of each inside its
+// ranges (one interval: a rank owns one span of each group).
+struct MomentPiece {
+  const Parameter* param;
+  int64_t at, numel;
+};
+std::vector<MomentPiece> moment_pieces(const ParameterStore& ps, const std::vector<ParamRange>* shard) {
+  std::vector<MomentPiece> out;
+  for (const Parameter& p : ps.all()) {
+    if (!p.trainable) continue;
+    const int64_t n = shape_numel(p.shape);
+    if (!shard) {
+      out.push_back({&p, 0, n});
+      continue;
+    }
+    for (const ParamRange& r : *shard) {
+      const int64_t lo = std::max(r.offset, p.offset), hi = std::min(r.offset + r.numel, p.offset + n);
+      if (r.group == p.group && hi > lo) out.push_back({&p, lo - p.offset, hi - lo});
+    }
+  }
+  return out;
 }
 }  // namespace
 
@@ -42,7 +70,13 @@ static int64_t normuon_variance_size(const Shape& s) {
 }
 
 AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offload, std::optional<DType> muon,
-                        bool normuon) {
+                        bool normuon, const std::vector<ParamRange>* shard) {
+  SOLTRAIN_CHECK(!shard || (!muon && !offload.any()), "a sharded optimizer: AdamW, resident");
+  if (shard && moments == Moments::F32) {  // the owned ranges one after another
+    Plan p;
+    p.m = p.v = size_t(std::max<int64_t>(1, total(*shard))) * 4;
+    return p;
+  }
   if (muon) {  // momentum for every trained parameter, second moments for AdamW's, the scratch of the widest matrix
     int64_t total = 0, adamw = 0, widest = 1, ns = 1;
     for (const Parameter& q : ps.all()) {
@@ -69,13 +103,13 @@ AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offlo
   const int64_t b = moment_block(moments);
   std::map<std::pair<int, bool>, int64_t> ranges;  // (group, decayed): the store's flat ranges, which fp32 pieces cut
   int64_t total = 0, small = 0, codes = 0, blocks = 0, widest_param = 0;
-  for (const Parameter& q : ps.all()) {
-    if (!q.trainable) continue;
-    const int64_t n = shape_numel(q.shape);
+  for (const Parameter& q : ps.all())
+    if (q.trainable) ranges[{q.group, q.decay}] += shape_numel(q.shape);
+  for (const MomentPiece& pc : moment_pieces(ps, shard)) {
+    const int64_t n = pc.numel;
     total += n;
-    ranges[{q.group, q.decay}] += n;
     widest_param = std::max(widest_param, n);
-    if (quantised_moments(moments, n))
+    if (quantised_moments(moments, shape_numel(pc.param->shape)))
       codes += code_bytes(moments, n), blocks += (n + b - 1) / b;
     else
       small += n;
@@ -135,48 +169,55 @@ AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload,
     muon_sumsq_ = ops.alloc(sizeof(double));
   }
   chunk_ = pl.chunk;
-  // (offload_optimizer: the moments in host memory, pinned on CUDA; alloc_host zeroes too)
-  auto alloc = [&](size_t b) { return offload_.optimizer ? ops.alloc_host(b) : ops.alloc(b); };
-  m_ = alloc(pl.m);
-  v_ = alloc(pl.v);
-  if (moments_ == Moments::F32) {
-    if (offload_.master) params.move_masters_to_host(ops);
-    if (offload_.any()) {
-      for (const ParamRange& r : params.ranges())
-        for (int64_t o = 0; o < r.numel; o += chunk_)
-          pieces_.push_back({r.group, r.decay, r.offset + o, std::min(chunk_, r.numel - o)});
-      for (Buffer& b : stage_) b = ops.alloc(pl.slot);
-      // The slots are zeroed on the main stream and first filled on the upload stream, which waits for nothing.
-      ops.synchronize();
-    }
+  if (low_bit(moments_)) {
+    make_low_bit_state(pl);
     return;
   }
+  // (offload_optimizer: the moments in host memory, pinned on CUDA; alloc_host zeroes too)
+  m_ = offload_.optimizer ? ops.alloc_host(pl.m) : ops.alloc(pl.m);
+  v_ = offload_.optimizer ? ops.alloc_host(pl.v) : ops.alloc(pl.v);
+  if (offload_.master) params.move_masters_to_host(ops);
+  if (offload_.any()) {
+    for (const ParamRange& r : params.ranges())
+      for (int64_t o = 0; o < r.numel; o += chunk_)
+        pieces_.push_back({r.group, r.decay, r.offset + o, std::min(chunk_, r.numel - o)});
+    for (Buffer& b : stage_) b = ops.alloc(pl.slot);
+    // The slots are zeroed on the main stream and first filled on the upload stream, which waits for nothing.
+    ops.synchronize();
+  }
+}
+
+void AdamW::make_low_bit_state(const Plan& pl) {
+  // (offload_optimizer: the moments in host memory, pinned on CUDA; alloc_host zeroes too)
+  auto alloc = [&](size_t b) { return offload_.optimizer ? ops_.alloc_host(b) : ops_.alloc(b); };
+  m_ = alloc(pl.m);
+  v_ = alloc(pl.v);
   // Zeroed codes are zero moments: code 0 is -1 (signed map) or 0 (unsigned), times an absmax of 0.
   int64_t small = 0, bytes = 0, blocks = 0;
-  for (const Parameter& p : params.all()) {
-    if (!p.trainable) continue;
-    const int64_t n = shape_numel(p.shape);
-    if (quantised_moments(moments_, n)) {
-      slots_.push_back({&p, true, bytes, blocks});
-      bytes += code_bytes(moments_, n);
-      blocks += (n + moment_block(moments_) - 1) / moment_block(moments_);
+  const int64_t b = moment_block(moments_);
+  for (const MomentPiece& pc : moment_pieces(params_, shard_ ? &*shard_ : nullptr)) {
+    if (quantised_moments(moments_, shape_numel(pc.param->shape))) {
+      SOLTRAIN_CHECK(pc.at % b == 0, pc.param->name, ": a piece of its low-bit moments from element ", pc.at,
+                     ", inside a block");
+      slots_.push_back({pc.param, true, bytes, blocks, pc.at, pc.numel});
+      bytes += code_bytes(moments_, pc.numel);
+      blocks += (pc.numel + b - 1) / b;
     } else {
-      slots_.push_back({&p, false, small, 0});
-      small += n;
+      slots_.push_back({pc.param, false, small, 0, pc.at, pc.numel});
+      small += pc.numel;
     }
   }
   mq_ = alloc(pl.mq);
   vq_ = alloc(pl.vq);
   mabs_ = alloc(pl.mabs);
   vabs_ = alloc(pl.vabs);
-  if (offload_.master) params.move_masters_to_host(ops);
+  if (offload_.master) params_.move_masters_to_host(ops_);
   if (offload_.any()) {
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      const int64_t n = shape_numel(slots_[i].param->shape);
-      for (int64_t o = 0; o < n; o += chunk_) pieces8_.push_back({i, o, std::min(chunk_, n - o)});
-    }
-    for (Buffer& b : stage_) b = ops.alloc(pl.slot);
-    ops.synchronize();  // (zeroed on the main stream, first filled on the upload stream)
+    for (size_t i = 0; i < slots_.size(); ++i)
+      for (int64_t o = 0; o < slots_[i].numel; o += chunk_)
+        pieces8_.push_back({i, o, std::min(chunk_, slots_[i].numel - o)});
+    for (Buffer& buf : stage_) buf = ops_.alloc(pl.slot);
+    ops_.synchronize();  // (zeroed on the main stream, first filled on the upload stream)
   }
   std::vector<float> maps;
   if (moments_ == Moments::Torchao4) {
@@ -187,9 +228,9 @@ AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload,
     maps.assign(signed_map.begin(), signed_map.end());
     maps.insert(maps.end(), unsigned_map.begin(), unsigned_map.end());
   }
-  maps_ = ops.alloc(pl.maps);
+  maps_ = ops_.alloc(pl.maps);
   const Shape ms{int64_t(maps.size())};
-  ops.copy(Tensor{maps_.data(), DType::F32, ms, ops.device()}, Tensor{maps.data(), DType::F32, ms, Device::CPU});
+  ops_.copy(Tensor{maps_.data(), DType::F32, ms, ops_.device()}, Tensor{maps.data(), DType::F32, ms, Device::CPU});
 }
 
 size_t AdamW::state_bytes() const {
@@ -198,8 +239,12 @@ size_t AdamW::state_bytes() const {
          stage_[0].bytes() + stage_[1].bytes() + maps_.bytes();
 }
 
+ParamRange AdamW::range(const Slot& s, int64_t at, int64_t numel) const {
+  return {s.param->group, s.param->decay, s.param->offset + s.at + at, numel};
+}
+
 Blockwise8 AdamW::quantised(const Slot& s, bool second) const {
-  const int64_t n = shape_numel(s.param->shape), b = moment_block(moments_), blocks = (n + b - 1) / b;
+  const int64_t n = s.numel, b = moment_block(moments_), blocks = (n + b - 1) / b;
   const int64_t entries = map_entries(moments_);
   const Buffer& codes = second ? vq_ : mq_;
   const Buffer& absmax = second ? vabs_ : mabs_;
@@ -210,43 +255,41 @@ Blockwise8 AdamW::quantised(const Slot& s, bool second) const {
 
 Tensor AdamW::fp32_moment(const Slot& s, bool second) const {
   const Buffer& b = second ? v_ : m_;
-  return Tensor{static_cast<float*>(b.data()) + s.offset, DType::F32, {shape_numel(s.param->shape)}, b.device()};
+  return Tensor{static_cast<float*>(b.data()) + s.offset, DType::F32, {s.numel}, b.device()};
 }
 
-// One launch per parameter (8-bit blocks start at each parameter's first element, as bitsandbytes' do).
+// One launch per slot (low-bit blocks start at each parameter's first element, as bitsandbytes' do, and a sharded
+// slot starts on one). The flat ranges read the store wherever it keeps them (ZeRO-3: the rank's slices).
 void AdamW::step_8bit(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq) {
   for (const Slot& s : slots_) {
     const Parameter& p = *s.param;
     if (!updates(p.group)) continue;
+    const ParamRange r = range(s, 0, s.numel);
     AdamWParams a{lr, cfg.beta1, cfg.beta2, cfg.eps, p.decay ? cfg.weight_decay : 0.0f, step_, grad_scale};
     a.grad_sumsq = grad_sumsq;
     a.max_grad_norm = cfg.max_grad_norm;
-    a.sr_seed = sr_seed(p.offset);
-    const Shape flat{shape_numel(p.shape)};
-    Tensor copy = p.value.view(flat);
+    a.sr_seed = sr_seed(r.offset);
+    Tensor copy = params_.values(r);
     Tensor* copy_out = params_.values_alias_masters() ? nullptr : &copy;
+    const Tensor master = params_.masters(r), grad = params_.grads(r);
     if (s.quantised && moments_ == Moments::Torchao4)
-      ops_.adamw_4bit(p.master.view(flat), p.grad.view(flat), quantised(s, false), quantised(s, true), a, copy_out);
+      ops_.adamw_4bit(master, grad, quantised(s, false), quantised(s, true), a, copy_out);
     else if (s.quantised)
-      ops_.adamw_8bit(p.master.view(flat), p.grad.view(flat), quantised(s, false), quantised(s, true), a, copy_out);
+      ops_.adamw_8bit(master, grad, quantised(s, false), quantised(s, true), a, copy_out);
     else
-      ops_.adamw(p.master.view(flat), p.grad.view(flat), fp32_moment(s, false), fp32_moment(s, true), a, copy_out);
+      ops_.adamw(master, grad, fp32_moment(s, false), fp32_moment(s, true), a, copy_out);
   }
 }
 
-namespace {
-int64_t total(const std::vector<ParamRange>& rs) {
-  int64_t n = 0;
-  for (const ParamRange& r : rs) n += r.numel;
-  return n;
-}
-}  // namespace
-
-AdamW::AdamW(ParameterStore& params, Ops& ops, std::vector<ParamRange> shard)
-    : params_(params), ops_(ops), shard_(std::move(shard)) {
-  const size_t n = size_t(std::max<int64_t>(1, total(*shard_)));
-  m_ = ops.alloc(n * 4);
-  v_ = ops.alloc(n * 4);
+AdamW::AdamW(ParameterStore& params, Ops& ops, std::vector<ParamRange> shard, Moments moments)
+    : params_(params), ops_(ops), moments_(moments), shard_(std::move(shard)) {
+  const Plan pl = plan(params, moments, {}, std::nullopt, false, &*shard_);
+  if (low_bit(moments_)) {
+    make_low_bit_state(pl);
+    return;
+  }
+  m_ = ops.alloc(pl.m);
+  v_ = ops.alloc(pl.v);
 }
 
 bool updated_by_muon(const Parameter& p) {
@@ -362,6 +405,8 @@ StreamedTensor fetched(std::string name, const Tensor& src, Ops& ops) {
           }};
 }
 constexpr const char* kShardFormat = "soltrain-adamw-shard-1";  // one rank's ranges of the flat moments
+// one rank's pieces of the low-bit moments: kFormat8's tensors, each a part of its parameter's
+constexpr const char* kShardFormat8 = "soltrain-adamw-8bit-shard-1";
 }  // namespace
 
 // The flat layout a shard's offsets refer to: every trainable parameter's name, offset and size.
@@ -377,21 +422,28 @@ std::string layout_fingerprint(const ParameterStore& ps) {
 void AdamW::save(const std::filesystem::path& file) const {
   if (low_bit(moments_)) {
     std::vector<StreamedTensor> tensors;
-    for (const Slot& s : slots_)
+    nlohmann::json pieces = nlohmann::json::object();  // a shard's: name -> [first element, length]
+    for (const Slot& s : slots_) {
+      if (shard_) pieces[s.param->name] = {s.at, s.numel};
+      // (a whole parameter's moments in its shape; 4-bit codes, two a byte, and a shard's pieces flat)
+      auto shaped = [&](const Tensor& t, bool codes) {
+        return shard_ || (codes && moments_ == Moments::Torchao4) ? t : t.view(s.param->shape);
+      };
       for (bool second : {false, true}) {
         const std::string prefix = second ? "exp_avg_sq." : "exp_avg.";
         if (s.quantised) {
           const Blockwise8 q = quantised(s, second);
-          // (4-bit codes, two a byte, as a flat list)
-          tensors.push_back(fetched(prefix + s.param->name,
-                                    moments_ == Moments::Torchao4 ? q.code : q.code.view(s.param->shape), ops_));
+          tensors.push_back(fetched(prefix + s.param->name, shaped(q.code, true), ops_));
           tensors.push_back(fetched(prefix + "absmax." + s.param->name, q.absmax, ops_));
         } else {
-          tensors.push_back(fetched(prefix + s.param->name, fp32_moment(s, second).view(s.param->shape), ops_));
+          tensors.push_back(fetched(prefix + s.param->name, shaped(fp32_moment(s, second), false), ops_));
         }
       }
-    write_safetensors_streamed(
-        file, tensors, {{"step", std::to_string(step_)}, {"format", kFormat8}, {"optimizer", optimizer_name()}});
+    }
+    std::map<std::string, std::string> meta{
+        {"step", std::to_string(step_)}, {"format", shard_ ? kShardFormat8 : kFormat8}, {"optimizer", optimizer_name()}};
+    if (shard_) meta["pieces"] = pieces.dump();
+    write_safetensors_streamed(file, tensors, meta);
     return;
   }
   if (shard_) {
@@ -483,44 +535,95 @@ int64_t read_shard(const SafetensorsFile& f, const std::filesystem::path& file, 
 }
 }  // namespace
 
-void AdamW::load_8bit(const SafetensorsFile& f, const std::vector<std::filesystem::path>& files) {
-  auto meta = [&](const std::string& k) { return meta_of(f, files[0], k); };
-  if (files.size() != 1) user_error(files[0].string(), ": 8-bit optimizer state is saved whole, not in shards");
-  for (const Slot& s : slots_)
-    for (bool second : {false, true}) {
-      const std::string name = (second ? "exp_avg_sq." : "exp_avg.") + s.param->name;
-      const std::string abs_name = (second ? "exp_avg_sq.absmax." : "exp_avg.absmax.") + s.param->name;
-      const Tensor dst = s.quantised ? quantised(s, second).code : fp32_moment(s, second);
-      const TensorEntry& e = f.at(name);
-      if (e.dtype != dst.dtype || shape_numel(e.shape) != dst.numel())
-        user_error(files[0].string(), ": ", name, " is ", dtype_name(e.dtype), " ", shape_str(e.shape), ", expected ",
-                   dtype_name(dst.dtype), " ", shape_str(s.param->shape));
-      ops_.copy(dst, Tensor{const_cast<void*>(e.data), dst.dtype, dst.shape, Device::CPU});
-      if (!s.quantised) continue;
-      const Tensor abs_dst = quantised(s, second).absmax;
-      const TensorEntry& a = f.at(abs_name);
-      if (a.dtype != DType::F32 || a.shape != abs_dst.shape)
-        user_error(files[0].string(), ": ", abs_name, " is ", dtype_name(a.dtype), " ", shape_str(a.shape),
-                   ", expected F32 ", shape_str(abs_dst.shape));
-      ops_.copy(abs_dst, Tensor{const_cast<void*>(a.data), DType::F32, abs_dst.shape, Device::CPU});
+namespace {
+// `count` elements of `dtype` from element `from` of the memory at `base`.
+Tensor elements(void* base, DType dtype, int64_t from, int64_t count, Device device) {
+  return Tensor{static_cast<char*>(base) + size_t(from) * dtype_size(dtype), dtype, {count}, device};
+}
+}  // namespace
+
+void AdamW::load_low_bit(const std::vector<std::filesystem::path>& files) {
+  const int64_t b = moment_block(moments_);
+  std::vector<int64_t> covered(slots_.size(), 0);
+  std::string step_text;
+  for (const std::filesystem::path& file : files) {
+    const SafetensorsFile f(file);
+    auto meta = [&](const std::string& k) { return meta_of(f, file, k); };
+    const bool pieces = meta("format") == kShardFormat8;
+    if (!pieces && meta("format") != kFormat8)
+      user_error(file.string(), ": optimizer state of another format (", meta("format"), ") among ", optimizer_name(),
+                 "'s");
+    if (!step_text.empty() && meta("step") != step_text)
+      user_error(file.string(), ": optimizer shard at step ", meta("step"), ", another at ", step_text);
+    step_text = meta("step");
+    std::map<std::string, std::pair<int64_t, int64_t>> held;  // name -> [first element, length] of the file's piece
+    if (pieces) try {
+        held = nlohmann::json::parse(meta("pieces")).get<std::map<std::string, std::pair<int64_t, int64_t>>>();
+      } catch (const nlohmann::json::exception&) {
+        user_error(file.string(), ": malformed 'pieces' in its metadata");
+      }
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const Slot& s = slots_[i];
+      const int64_t n = shape_numel(s.param->shape);
+      std::pair<int64_t, int64_t> piece{0, n};
+      if (pieces) {
+        const auto it = held.find(s.param->name);
+        if (it == held.end()) continue;  // another rank's file holds it
+        piece = it->second;
+        if (piece.first < 0 || piece.second <= 0 || piece.first + piece.second > n ||
+            (s.quantised && piece.first % b != 0))
+          user_error(file.string(), ": ", s.param->name, "'s piece [", piece.first, ", ", piece.first + piece.second,
+                     ") is not a piece of its ", n, " elements");
+      }
+      // The elements both hold; both start on a block boundary of the parameter, so whole blocks map over.
+      const int64_t lo = std::max(s.at, piece.first), hi = std::min(s.at + s.numel, piece.first + piece.second);
+      if (hi <= lo) continue;
+      covered[i] += hi - lo;
+      for (bool second : {false, true}) {
+        const std::string name = (second ? "exp_avg_sq." : "exp_avg.") + s.param->name;
+        const Tensor dst = s.quantised ? quantised(s, second).code : fp32_moment(s, second);
+        const int64_t want = s.quantised ? code_bytes(moments_, piece.second) : piece.second;
+        const TensorEntry& e = f.at(name);
+        if (e.dtype != dst.dtype || shape_numel(e.shape) != want)
+          user_error(file.string(), ": ", name, " is ", dtype_name(e.dtype), " ", shape_str(e.shape), ", expected ",
+                     dtype_name(dst.dtype), " of ", want, " elements");
+        // [lo, hi) in each: codes (bytes) or fp32 moments, then the blocks' absmax
+        const int64_t count = s.quantised ? code_bytes(moments_, hi - lo) : hi - lo;
+        const int64_t from = s.quantised ? code_bytes(moments_, lo - piece.first) : lo - piece.first;
+        ops_.copy(elements(dst.data, dst.dtype, s.quantised ? code_bytes(moments_, lo - s.at) : lo - s.at, count,
+                           dst.device),
+                  elements(const_cast<void*>(e.data), dst.dtype, from, count, Device::CPU));
+        if (!s.quantised) continue;
+        const std::string abs_name = (second ? "exp_avg_sq.absmax." : "exp_avg.absmax.") + s.param->name;
+        const Tensor abs_dst = quantised(s, second).absmax;
+        const TensorEntry& a = f.at(abs_name);
+        const int64_t blocks = (piece.second + b - 1) / b, nb = (hi - lo + b - 1) / b;
+        if (a.dtype != DType::F32 || shape_numel(a.shape) != blocks)
+          user_error(file.string(), ": ", abs_name, " is ", dtype_name(a.dtype), " ", shape_str(a.shape),
+                     ", expected F32 [", blocks, "]");
+        ops_.copy(elements(abs_dst.data, DType::F32, (lo - s.at) / b, nb, abs_dst.device),
+                  elements(const_cast<void*>(a.data), DType::F32, (lo - piece.first) / b, nb, Device::CPU));
+      }
     }
+  }
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (covered[i] != slots_[i].numel)
+      user_error(files[0].parent_path().string(), ": the optimizer files hold ", covered[i], " of ",
+                 slots_[i].param->name, "'s ", slots_[i].numel, " moments this rank needs (a shard file is missing or "
+                 "repeated)");
   try {
-    step_ = std::stoi(meta("step"));
+    step_ = std::stoi(step_text);
   } catch (const std::exception&) {
-    user_error(files[0].string(), ": optimizer step \"", meta("step"), "\" is not a number");
+    user_error(files[0].string(), ": optimizer step \"", step_text, "\" is not a number");
   }
 }
 
 void AdamW::load(const std::vector<std::filesystem::path>& files) {
   SOLTRAIN_CHECK(!files.empty());
-  {  // 8-bit state: one file, never sharded
+  {  // low-bit state: a whole file or shards of pieces
     const SafetensorsFile f(files[0]);
-    auto meta = [&](const std::string& k) {
-      const auto it = f.metadata().find(k);
-      if (it == f.metadata().end()) user_error(files[0].string(), ": optimizer state has no '", k, "' in its metadata");
-      return it->second;
-    };
-    const bool file_8bit = meta("format") == kFormat8;
+    auto meta = [&](const std::string& k) { return meta_of(f, files[0], k); };
+    const bool file_8bit = meta("format") == kFormat8 || meta("format") == kShardFormat8;
     if (file_8bit != low_bit(moments_))
       user_error(files[0].string(), ": optimizer state was saved with ",
                  file_8bit ? "adamw_8bit" : "adamw (fp32 moments)", ", this run uses ",
@@ -532,7 +635,7 @@ void AdamW::load(const std::vector<std::filesystem::path>& files) {
     if (saved != optimizer_name())
       user_error(files[0].string(), ": optimizer state was saved with ", saved, ", this run uses ", optimizer_name(),
                  ": resume with the same optimizer, or start a fresh run");
-    if (file_8bit) return load_8bit(f, files);
+    if (file_8bit) return load_low_bit(files);
   }
   std::vector<float> m(size_t(params_.numel())), v(m.size());
   std::string step_text;

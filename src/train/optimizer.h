@@ -22,6 +22,8 @@ inline bool low_bit(Moments m) {
 }
 // Whether a parameter of n elements keeps 8-bit moments under `m`.
 bool quantised_moments(Moments m, int64_t n);
+// Elements per scale block of a quantised moment under low-bit `m` (blocks start at each parameter's first element).
+int64_t moment_block(Moments m);
 
 // Offload (`offload_master`, `offload_optimizer`; Surogate's and llmq's names): the fp32 masters and/or the
 // moments (fp32 or 8-bit) live in host memory (pinned on CUDA) instead of the device, and each update streams
@@ -79,8 +81,10 @@ class AdamW {
   // `normuon` (with muon): NorMuon's, whose matrices also keep a variance EMA (MuonSettings::normuon).
   AdamW(ParameterStore& params, Ops& ops, Moments moments = Moments::F32, Offload offload = {}, bool muon = false,
         bool normuon = false);
-  // ZeRO-1/2: moments (and updates) for `shard` only, ranges of the flat buffers (data_parallel.h); fp32.
-  AdamW(ParameterStore& params, Ops& ops, std::vector<ParamRange> shard);
+  // ZeRO 1-3: moments (and updates) for `shard` only, ranges of the flat buffers (data_parallel.h). Low-bit
+  // moments need the shard cut on their blocks inside a quantised parameter (make_shard_plan cuts so): each
+  // rank's pieces then hold exactly the single process's blocks, and the update is its bits.
+  AdamW(ParameterStore& params, Ops& ops, std::vector<ParamRange> shard, Moments moments = Moments::F32);
   bool sharded() const { return shard_.has_value(); }
   // What an AdamW over `ps` allocates, from the parameters' shapes alone: the constructor sizes its buffers from
   // this, and `bench --plan-only` sizes a run with it before anything is allocated.
@@ -94,8 +98,9 @@ class AdamW {
     size_t device(bool host_moments) const { return (host_moments ? 0 : moments()) + maps + 2 * slot + muon_scratch; }
   };
   // `muon`: Muon's state (fp32, resident) with its scratch in that activation dtype; `normuon` NorMuon's.
+  // `shard`: a sharded optimizer's (the ranges it owns; resident, not Muon).
   static Plan plan(const ParameterStore& ps, Moments moments, Offload offload, std::optional<DType> muon = std::nullopt,
-                   bool normuon = false);
+                   bool normuon = false, const std::vector<ParamRange>* shard = nullptr);
   // One update with learning rate `lr` (the schedule's value for this step), gradients read times
   // `grad_scale`, and times clipping's factor (torch's clip_grad_norm_, kernels/ops.h clip_factor) computed
   // on the device from `grad_sumsq` (F64 [1], Σg²) when given: nothing waits for the host between backward
@@ -124,22 +129,29 @@ class AdamW {
   // or the 8-bit codes with `exp_avg.absmax.<name>` / `exp_avg_sq.absmax.<name>`: resumed bit for bit) and the
   // step count in the metadata. load() also reads the first format (two flat tensors).
   // A sharded optimizer saves its shard: flat `exp_avg` / `exp_avg_sq` with the ranges they hold (offsets
-  // into the flat buffers) and a fingerprint of that layout in the metadata.
+  // into the flat buffers) and a fingerprint of that layout in the metadata; with low-bit moments the pieces of
+  // each parameter it holds, named as the whole file names them, with each piece's first element and length.
   void save(const std::filesystem::path& file) const;
   void load(const std::filesystem::path& file);
   // Reads one full file or a set of shard files (any number of ranks) and keeps what this one holds.
   void load(const std::vector<std::filesystem::path>& files);
 
  private:
-  // load()'s 8-bit form: one file of codes and absmax per quantised moment, fp32 for the rest, and the step.
-  void load_8bit(const SafetensorsFile& f, const std::vector<std::filesystem::path>& files);
-  // With 8-bit moments, where each parameter's state lives: codes at `offset` bytes and absmax at `block`
-  // floats into the 8-bit buffers, or (parameters under 4096 elements) fp32 at `offset` floats into m_ / v_.
+  // load()'s low-bit form: files of codes and absmax per quantised moment, fp32 for the rest, and the step; a
+  // whole file or any rank count's pieces, each slot filled from every piece that overlaps it.
+  void load_low_bit(const std::vector<std::filesystem::path>& files);
+  // With low-bit moments, where each parameter's state lives (a sharded optimizer's: each piece it owns,
+  // elements [at, at + numel) of the parameter, `at` on a block boundary): codes at `offset` bytes and absmax at
+  // `block` floats into the low-bit buffers, or (parameters under 4096 elements) fp32 at `offset` floats into
+  // m_ / v_.
   struct Slot {
     const Parameter* param;
     bool quantised;
     int64_t offset, block;
+    int64_t at, numel;
   };
+  ParamRange range(const Slot& s, int64_t at, int64_t numel) const;  // elements [at, at + numel) of the slot
+  void make_low_bit_state(const Plan& pl);  // slots_, the codes, absmax and maps (both constructors)
   Blockwise8 quantised(const Slot& s, bool second) const;
   Tensor fp32_moment(const Slot& s, bool second) const;
   void step_8bit(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq);
@@ -186,7 +198,7 @@ class AdamW {
   // Offload: the update's pieces, each range cut into chunks of at most chunk_ (fixed by the store's layout:
   // cut once here, not every step). adamw() is elementwise, so any cut gives the resident update's bits.
   std::vector<ParamRange> pieces_;
-  // 8-bit offload: pieces of one parameter (slots_[slot]) each, from element `at`, whole blocks but the last.
+  // 8-bit offload: pieces of one slot (slots_[slot]) each, from its element `at`, whole blocks but the last.
   struct Piece8 {
     size_t slot;
     int64_t at, numel;

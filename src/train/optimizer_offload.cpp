@@ -113,9 +113,7 @@ void AdamW::step_streamed_8bit(const OptimizerConfig& cfg, float lr, float grad_
   // for each of the first three (codes take a quarter of it, small parameters' fp32 moments all), then
   // `blocks` floats for each absmax; then (offload_grads, a decoder layer's parameter) chunk_ floats of gradient.
   const int64_t grad_at = chunk_ * (int64_t(host_master) + 2 * int64_t(host_moments)) + 2 * blocks * host_moments;
-  auto host_grad = [&](const Parameter& p) {
-    return params_.grads_on_host(ParamRange{p.group, p.decay, p.offset, shape_numel(p.shape)});
-  };
+  auto piece_range = [&](const Piece8& pc) { return range(slots_[pc.slot], pc.at, pc.numel); };
   auto staged_state = [&](size_t i) {
     const Piece8& pc = pieces8[i];
     const Slot& s = slots_[pc.slot];
@@ -126,8 +124,7 @@ void AdamW::step_streamed_8bit(const OptimizerConfig& cfg, float lr, float grad_
     std::vector<Staged> st;
     int64_t next = 0;
     if (host_master) {
-      st.push_back(
-          {part(s.param->master.view({shape_numel(s.param->shape)}), pc.at, pc.numel), at(0, DType::F32, pc.numel)});
+      st.push_back({params_.masters(piece_range(pc)), at(0, DType::F32, pc.numel)});
       next = chunk_;
     }
     if (!host_moments) return st;
@@ -149,29 +146,27 @@ void AdamW::step_streamed_8bit(const OptimizerConfig& cfg, float lr, float grad_
   };
   auto staged = [&](size_t i) {
     std::vector<Staged> st = staged_state(i);
-    const Piece8& pc = pieces8[i];
-    const Parameter& p = *slots_[pc.slot].param;
-    if (host_grad(p)) {
+    const ParamRange r = piece_range(pieces8[i]);
+    if (params_.grads_on_host(r)) {
       const Buffer& slot = stage_[i % 2];
-      st.push_back({part(p.grad.view({shape_numel(p.shape)}), pc.at, pc.numel),
-                    Tensor{static_cast<float*>(slot.data()) + grad_at, DType::F32, {pc.numel}, slot.device()}, false});
+      st.push_back({params_.grads(r),
+                    Tensor{static_cast<float*>(slot.data()) + grad_at, DType::F32, {r.numel}, slot.device()}, false});
     }
     return st;
   };
   stream_pieces(pieces8.size(), staged, [&](size_t i, const std::vector<Staged>& st) {
     const Piece8& pc = pieces8[i];
     const Slot& s = slots_[pc.slot];
-    const Parameter& p = *s.param;
-    const Shape flat{shape_numel(p.shape)};
-    AdamWParams a{lr, cfg.beta1, cfg.beta2, cfg.eps, p.decay ? cfg.weight_decay : 0.0f, step_, grad_scale};
+    const ParamRange r = piece_range(pc);
+    AdamWParams a{lr, cfg.beta1, cfg.beta2, cfg.eps, r.decay ? cfg.weight_decay : 0.0f, step_, grad_scale};
     a.grad_sumsq = grad_sumsq;
     a.max_grad_norm = cfg.max_grad_norm;
-    a.sr_seed = sr_seed(p.offset + pc.at);
+    a.sr_seed = sr_seed(r.offset);
     size_t k = 0;  // st holds the staged ones in the order master, m, v, m absmax, v absmax
-    Tensor master = host_master ? st[k++].stage : part(p.master.view(flat), pc.at, pc.numel);
-    Tensor copy = part(p.value.view(flat), pc.at, pc.numel);
+    Tensor master = host_master ? st[k++].stage : params_.masters(r);
+    Tensor copy = params_.values(r);
     Tensor* copy_out = params_.values_alias_masters() ? nullptr : &copy;
-    const Tensor grad = host_grad(p) ? st.back().stage : part(p.grad.view(flat), pc.at, pc.numel);
+    const Tensor grad = params_.grads_on_host(r) ? st.back().stage : params_.grads(r);
     if (!s.quantised) {
       Tensor m = host_moments ? st[k++].stage : part(fp32_moment(s, false), pc.at, pc.numel);
       Tensor v = host_moments ? st[k++].stage : part(fp32_moment(s, true), pc.at, pc.numel);

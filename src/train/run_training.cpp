@@ -95,12 +95,10 @@ void set_up(Run& r) {
   r.opt = optimizer_config(c);
   // (the config reader refuses offload with ZeRO first; this names the settings for the rest)
   if (const char* why = r.dp ? sharded_update_refusal(r.opt, c.zero_stage) : nullptr)
-    user_error(c.muon               ? (c.normuon ? "optimizer: normuon" : "optimizer: muon")
-               : low_bit(c.moments) ? "optimizer: adamw_8bit"
-               : c.offload.grads    ? "offload_grads"
-                                    : "offload_master / offload_optimizer",
-               " with zero_stage ", c.zero_stage, " is not built yet (", why, "); use zero_stage: 0",
-               low_bit(c.moments) ? " or optimizer: adamw_torch" : "");
+    user_error(c.muon              ? (c.normuon ? "optimizer: normuon" : "optimizer: muon")
+               : c.offload.grads ? "offload_grads"
+                                 : "offload_master / offload_optimizer",
+               " with zero_stage ", c.zero_stage, " is not built yet (", why, "); use zero_stage: 0");
   r.step = r.dp ? std::make_unique<TrainStep>(*r.model, r.opt, *r.comm, c.zero_stage)
                 : std::make_unique<TrainStep>(*r.model, r.opt);
   // Axolotl's per-epoch counts, in optimizer steps of this run's epoch.
