@@ -359,9 +359,10 @@ TEST(DataParallel, PlanOnlyIsWhatEachRankAllocates) {
   ASSERT_EQ(z2q.code, 0) << z2q.err;
   const auto p2q = plan(2, 2, " --optimizer adamw_8bit");
   EXPECT_TRUE(std::regex_search(
-      z2q.err, std::regex("\n  AdamW moments +" + format_bytes(p2q["moment_bytes"].get<double>()) + "\n")))
+      z2q.err, std::regex("\n  AdamW moments +" + format_bytes(p2q["moment_bytes"].get<double>()) + "  8-bit\n")))
       << z2q.err;
-  EXPECT_LT(p2q["moment_bytes"].get<int64_t>(), p2["moment_bytes"].get<int64_t>() / 2);
+  // (this model's layers are under 4096 elements a tensor, so only the embedding's moments are 8-bit)
+  EXPECT_LT(p2q["moment_bytes"].get<int64_t>(), p2["moment_bytes"].get<int64_t>());
   // bench itself trains with them at ZeRO-2 (it refused them before they were sharded).
   const CliRun bench8 =
       run("bench --device cpu --model " + (s.t.path / "model").string() +
