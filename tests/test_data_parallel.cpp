@@ -501,6 +501,48 @@ TEST(DataParallel, LowBitShardCutsFallOnBlocks) {
     }
 }
 
+// Offloaded state under ZeRO 1-3 (offload_master: the masters, ZeRO-3's slices of them, in host memory;
+// offload_optimizer: the shard's moments there; each streamed through the device piece by piece) trains as the
+// resident state does, bit for bit: fp32 and 8-bit moments, each stage, on 2 ranks (the model rank 0 saves
+// gathered through the device from host-held slices); one MPI rank alone (ZeRO-3's slices whole); and a 2-rank
+// ZeRO-3 checkpoint of offloaded slices resumes onto the uninterrupted run's model.
+TEST(DataParallel, OffloadedStateUnderZeroTrainsAsResident) {
+  DpSetup s(odd_blocks_shape());
+  const fs::path model = fs::path("model") / "model.safetensors";
+  const std::string off = " --set offload_master=true --set offload_optimizer=true";
+  auto same = [&](const std::string& a, const std::string& b) {
+    EXPECT_EQ(s.losses(a), s.losses(b)) << a << " vs " << b;
+    EXPECT_TRUE(s.read(s.t.path / a / model) == s.read(s.t.path / b / model)) << a << " is not " << b;
+  };
+  for (const std::string opt : {"adamw", "adamw_8bit"})
+    for (int zero : {1, 2, 3}) {
+      const std::string sets =
+          cat("--set optimizer=", opt, " --set gradient_accumulation_steps=2 --set zero_stage=", zero);
+      const std::string tag = cat(opt, "-z", zero);
+      ASSERT_EQ(s.sft(2, tag + "-resident", sets).code, 0) << tag;
+      const CliRun r = s.sft(2, tag + "-offloaded", sets + off);
+      ASSERT_EQ(r.code, 0) << tag << "\n" << r.err;
+      EXPECT_NE(r.err.find("offload: host memory holds the fp32 masters"), std::string::npos) << r.err;
+      same(tag + "-resident", tag + "-offloaded");
+    }
+  // One MPI rank alone: ZeRO-3's slices are the groups, offloaded; the single process offloads the same.
+  ASSERT_EQ(s.sft(0, "one-offloaded", "--set gradient_accumulation_steps=2" + off).code, 0);
+  ::setenv("SOLTRAIN_COMMUNICATOR", "mpi", 1);
+  const CliRun alone = s.sft(0, "mpi1-z3-offloaded", "--set gradient_accumulation_steps=2 --set zero_stage=3" + off);
+  ::unsetenv("SOLTRAIN_COMMUNICATOR");
+  ASSERT_EQ(alone.code, 0) << alone.err;
+  same("one-offloaded", "mpi1-z3-offloaded");
+  // A ZeRO-3 checkpoint of host-held slices, resumed by the same ranks, continues to the same model.
+  const std::string z3 = "--set gradient_accumulation_steps=1 --set zero_stage=3 --set optimizer=adamw_8bit" + off;
+  ASSERT_EQ(s.sft(2, "z3-saving", z3 + " --set save_steps=1").code, 0);
+  const fs::path ck = s.t.path / "z3-saving" / "checkpoint-2";
+  ASSERT_TRUE(fs::exists(ck / "optimizer-shard-1-of-2.safetensors"));
+  const CliRun resumed = s.sft(2, "z3-resumed", z3 + " --set resume_from_checkpoint=" + ck.string());
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_TRUE(s.read(s.t.path / "z3-saving" / model) == s.read(s.t.path / "z3-resumed" / model));
+  EXPECT_EQ(s.losses("z3-resumed").at(3), s.losses("z3-saving").at(3));
+}
+
 // The data-parallel path at world size 1 (MPI alone: collectives, hooks, the sharded update and the gathers,
 // in place as NCCL runs them) trains bitwise as the single process does; ZeRO-3 too (a lone rank's slices
 // are whole groups: its gather and gradient buffers).

@@ -148,17 +148,20 @@ nlohmann::json data_parallel_plan(const BenchOpts& o, const ModelConfig& c, Para
   ps.lay_out();
   const ShardPlan sp = make_shard_plan(ps, 0, world, opt_cfg.moments);
   size_t masters = w.masters, values = w.values, grad_bytes = w.grads, gathered = 0, scratch = 0, peak = 0;
-  size_t moments = zero >= 1 ? AdamW::plan(ps, opt_cfg.moments, {}, std::nullopt, false, &sp.owned).device(false)
+  size_t moments = zero >= 1 ? AdamW::plan(ps, opt_cfg.moments, offload, std::nullopt, false, &sp.owned)
+                                   .device(host_moments)
                              : opt.device(host_moments);
-  const size_t staging = DataParallel::staging_bytes(sp, zero, /*comm_in_place=*/true);
+  const size_t staging = DataParallel::staging_bytes(sp, zero, /*comm_in_place=*/true, offload.master);
+  if (offload.master) masters = 0;  // (in host memory)
   if (zero == 3) {
     const Zero3::Bytes z = Zero3::planned(sp, c.num_layers, dtype_size(act), /*whole=*/world == 1);
-    masters = grad_bytes = size_t(z.held_elements) * 4;
+    grad_bytes = size_t(z.held_elements) * 4;
+    masters = offload.master ? 0 : grad_bytes;
     values = act == DType::F32 ? 0 : size_t(z.held_elements) * dtype_size(act);  // (the CPU's are the masters)
     gathered = z.gathered, scratch = z.grad_scratch;
     // The load's peak: the model is loaded whole (after the activations are planned), then keep_shards
-    // allocates the slices before it frees the whole buffers.
-    peak = p.total_bytes() + w.weights() + slots + masters + values + grad_bytes;
+    // allocates the slices before it frees the whole buffers (offload_master moves the masters' slices after).
+    peak = p.total_bytes() + w.weights() + slots + size_t(z.held_elements) * 4 + values + grad_bytes;
   }
   t.weights = double(w.weights() - w.masters - w.values + masters + values + gathered + slots) / gib;
   t.grads = double(grad_bytes + scratch + staging) / gib;

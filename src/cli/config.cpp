@@ -322,14 +322,10 @@ void rule_chat_template_jinja(const Entries& en, const std::string& where, Train
 }
 
 void rule_offload(const Entries& en, const std::string&, TrainConfig& c, std::vector<std::string>& errors) {
-  for (const auto& [k, on] :
-       {std::pair{"offload_master", c.offload.master}, std::pair{"offload_optimizer", c.offload.optimizer},
-        std::pair{"offload_grads", c.offload.grads}})
-    if (on && en.has(k) && c.zero_stage >= 1)
-      errors.push_back(cat(en.where(k), ": ", k, " with zero_stage ", c.zero_stage,
-                           " is not built yet (the sharded update keeps its state on the device): use zero_stage: 0 "
-                           "or drop ",
-                           k));
+  if (c.offload.grads && en.has("offload_grads") && c.zero_stage >= 1)
+    errors.push_back(cat(en.where("offload_grads"), ": offload_grads with zero_stage ", c.zero_stage,
+                         " is not built yet (each rank's gradients are reduced on the device): use zero_stage: 0 or "
+                         "drop offload_grads"));
   for (const char* k : {"offload_activations", "activation_offloading"})  // (Axolotl's name for it)
     if (c.offload_activations && en.has(k) && c.recompute != Recompute::Full) {
       errors.push_back(cat(en.where(k), ": ", k,

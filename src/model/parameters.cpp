@@ -183,12 +183,14 @@ void ParameterStore::allocate(Ops& ops, StoreOptions options) {
 }
 
 void ParameterStore::move_masters_to_host(Ops& ops) {
-  SOLTRAIN_CHECK(!sharded() && !masters_on_host_, "move_masters_to_host on a sharded store or twice");
+  SOLTRAIN_CHECK(!masters_on_host_, "move_masters_to_host twice");
   SOLTRAIN_CHECK(master_dtype_ == DType::F32, "offload_master with bf16 masters (they are the compute weights)");
-  Buffer host = ops.alloc_host(size_t(std::max<int64_t>(numel_, 1)) * 4);
-  if (numel_ > 0) ops.copy(flat(host, DType::F32, 0, numel_), flat(masters_, DType::F32, 0, numel_));
+  const int64_t n = sharded() ? held_ : numel_;  // (ZeRO-3: the rank's slices)
+  Buffer host = ops.alloc_host(size_t(std::max<int64_t>(n, 1)) * 4);
+  if (n > 0) ops.copy(flat(host, DType::F32, 0, n), flat(masters_, DType::F32, 0, n));
   masters_ = std::move(host);
   masters_on_host_ = true;
+  if (sharded()) return;  // (its parameters are bound only while a group is whole)
   for (auto& p : params_) {
     if (!p.trainable) continue;
     p.master = flat(masters_, DType::F32, p.offset, shape_numel(p.shape)).view(p.shape);
@@ -253,6 +255,8 @@ void ParameterStore::round_value(Ops& ops, const Tensor& value, const float* hos
 
 void ParameterStore::sync_values(Ops& ops) {
   if (values_alias_masters()) return;
+  if (masters_on_host_ && sharded())
+    return round_value(ops, flat(values_, values_dtype_, 0, held_), static_cast<const float*>(masters_.data()));
   if (masters_on_host_) {
     for (const ParamRange& r : ranges_) round_value(ops, values(r), static_cast<const float*>(masters(r).data));
     return;

@@ -96,7 +96,7 @@ class ParameterStore {
   // `offload_master`: the fp32 masters move into host memory the device copies from asynchronously (pinned on
   // CUDA), freeing 4 bytes per trainable parameter on the device; the compute copy stays on the device (on the
   // CPU the masters are the compute copy and move with them). Only the optimizer's streamed update
-  // (train/optimizer_offload.cpp) writes them afterwards. Not with ZeRO-3's slices.
+  // (train/optimizer_offload.cpp) writes them afterwards. With ZeRO-3's slices (keep_shards first) the slices move.
   void move_masters_to_host(Ops& ops);
   bool masters_on_host() const { return masters_on_host_; }
   size_t host_master_bytes() const { return masters_on_host_ ? masters_.bytes() : 0; }

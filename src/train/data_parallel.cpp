@@ -67,36 +67,39 @@ bool group_in_place(const ShardPlan::Group& gr, int size, bool comm_in_place) {
 }
 }  // namespace
 
-DataParallel::DataParallel(Transformer& model, Communicator& comm, int zero_stage, Moments moments)
-    : model_(model), comm_(comm), ops_(model.ops()), stage_(zero_stage) {
+DataParallel::DataParallel(Transformer& model, Communicator& comm, int zero_stage, const OptimizerConfig& opt)
+    : model_(model), comm_(comm), ops_(model.ops()), stage_(zero_stage), host_masters_(opt.offload.master) {
   SOLTRAIN_CHECK(zero_stage >= 0 && zero_stage <= 3, "ZeRO stage ", zero_stage);
-  plan_ = make_shard_plan(model.params(), comm.rank(), comm.size(), moments);
+  plan_ = make_shard_plan(model.params(), comm.rank(), comm.size(), opt.moments);
   reduced_.assign(plan_.groups.size(), false);
   gathered_.assign(plan_.groups.size(), 0);
   if (stage_ == 3) {  // its own buffers, never staged
     zero3_ = std::make_unique<Zero3>(model.params(), ops_, comm, plan_, model.head_group());
     return;
   }
-  if (const size_t chunk = size_t(staged_chunk(plan_, stage_, comm.shards_in_place()))) {
+  if (const size_t chunk = size_t(staged_chunk(plan_, stage_, comm.shards_in_place(), host_masters_))) {
     stage_in_ = ops_.alloc(chunk * size_t(comm.size()) * 4);
     stage_out_ = ops_.alloc(chunk * 4);  // one rank's chunk
   }
 }
 
-// Staging only for the groups whose collectives cannot run in place (padded chunks, or a communicator
-// that needs separate buffers): with an in-place communicator and evenly divisible groups none.
-int64_t DataParallel::staged_chunk(const ShardPlan& plan, int zero_stage, bool comm_in_place) {
+// Staging only for the groups whose collectives cannot run in place (padded chunks, a communicator that needs
+// separate buffers, or masters in host memory, which collectives do not read): with an in-place communicator,
+// evenly divisible groups and masters on the device none.
+int64_t DataParallel::staged_chunk(const ShardPlan& plan, int zero_stage, bool comm_in_place, bool host_masters) {
   if (zero_stage != 1 && zero_stage != 2) return 0;
   int64_t chunk = 0;
   for (const auto& g : plan.groups)
-    if (g.numel > 0 && !group_in_place(g, plan.size, comm_in_place)) chunk = std::max(chunk, g.chunk);
+    if (g.numel > 0 && (host_masters || !group_in_place(g, plan.size, comm_in_place))) chunk = std::max(chunk, g.chunk);
   return chunk;
 }
 
-size_t DataParallel::staging_bytes(const ShardPlan& plan, int zero_stage, bool comm_in_place) {
-  return size_t(staged_chunk(plan, zero_stage, comm_in_place)) * size_t(plan.size + 1) * 4;  // size chunks in, one out
+size_t DataParallel::staging_bytes(const ShardPlan& plan, int zero_stage, bool comm_in_place, bool host_masters) {
+  // size chunks in, one out
+  return size_t(staged_chunk(plan, zero_stage, comm_in_place, host_masters)) * size_t(plan.size + 1) * 4;
 }
 
+// The gradients' reductions may run in place whatever holds the masters; the gathers of host-held masters not.
 bool DataParallel::in_place(const ShardPlan::Group& gr) const {
   return group_in_place(gr, comm_.size(), comm_.shards_in_place());
 }
@@ -217,7 +220,7 @@ void DataParallel::gather_group(int g) {
   if (gr.numel == 0) return;
   const ParamRange whole{g, false, gr.begin, gr.numel};
   const Tensor masters = ps.masters(whole);
-  if (in_place(gr)) {  // this rank's slice gathered in place
+  if (in_place(gr) && !host_masters_) {  // this rank's slice gathered in place
     comm_.all_gather(masters, slice(masters, int64_t(comm_.rank()) * gr.chunk, gr.chunk));
     // The update wrote this rank's compute copy itself: only the other ranks' slices need converting.
     const auto [b, e] = plan_.owned_span(g);
@@ -232,8 +235,8 @@ void DataParallel::gather_group(int g) {
     if (e > b) ops_.copy(slice(mine, 0, e - b), slice(masters, b - gr.begin, e - b));
     if (e - b < gr.chunk) ops_.zero(slice(mine, e - b, gr.chunk - (e - b)));
     comm_.all_gather(all, mine);
-    ops_.copy(masters, slice(all, 0, gr.numel));
-    if (!ps.values_alias_masters()) ops_.convert(ps.values(whole), masters);
+    ops_.copy(masters, slice(all, 0, gr.numel));  // (into host memory with offload_master)
+    if (!ps.values_alias_masters()) ops_.convert(ps.values(whole), slice(all, 0, gr.numel));
   }
   gathered_[size_t(g)] = ops_.mark();  // taken on Side, after the group's gather
 }

@@ -41,12 +41,12 @@ ShardPlan make_shard_plan(const ParameterStore& params, int rank, int size, Mome
 
 class DataParallel final : public LayerHooks {
  public:
-  // Stage 3 shards the model's parameters at once (it must hold the loaded model whole). `moments`: the
-  // optimizer's (the shard plan's cuts).
-  DataParallel(Transformer& model, Communicator& comm, int zero_stage, Moments moments = Moments::F32);
+  // Stage 3 shards the model's parameters at once (it must hold the loaded model whole). `opt`: the optimizer's
+  // settings (its moments decide the shard plan's cuts; offload_master the gathers' staging).
+  DataParallel(Transformer& model, Communicator& comm, int zero_stage, const OptimizerConfig& opt = {});
   // Stages 1-2: the staging buffers' bytes the constructor allocates (for groups whose collectives cannot run
-  // in place), given whether the communicator works in place.
-  static size_t staging_bytes(const ShardPlan& plan, int zero_stage, bool comm_in_place);
+  // in place: every group when the masters live in host memory), given whether the communicator works in place.
+  static size_t staging_bytes(const ShardPlan& plan, int zero_stage, bool comm_in_place, bool host_masters = false);
   int zero_stage() const { return stage_; }
   const ShardPlan& plan() const { return plan_; }
   Zero3* zero3() { return zero3_.get(); }  // stage 3's weights and gradients (null below it)
@@ -87,7 +87,7 @@ class DataParallel final : public LayerHooks {
   void before_backward(int group) override { zero3_ ? zero3_->before_backward(group) : await_gather(group); }
 
  private:
-  static int64_t staged_chunk(const ShardPlan& plan, int zero_stage, bool comm_in_place);  // 0: no staging
+  static int64_t staged_chunk(const ShardPlan& plan, int zero_stage, bool comm_in_place, bool host_masters);
   void on_side_between(const std::function<void()>& collective);
   void reduce_group(int g);
   Tensor scratch(int64_t elements, int which);
@@ -100,6 +100,7 @@ class DataParallel final : public LayerHooks {
   Ops& ops_;
   int stage_;
   ShardPlan plan_;
+  bool host_masters_ = false;  // offload_master: the masters are gathered through the device staging
   bool armed_ = false;
   std::vector<bool> reduced_;
   std::vector<uint64_t> gathered_;  // per group: the Side mark after its gather still awaited (0: none)

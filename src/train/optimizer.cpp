@@ -71,12 +71,7 @@ static int64_t normuon_variance_size(const Shape& s) {
 
 AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offload, std::optional<DType> muon,
                         bool normuon, const std::vector<ParamRange>* shard) {
-  SOLTRAIN_CHECK(!shard || (!muon && !offload.any()), "a sharded optimizer: AdamW, resident");
-  if (shard && moments == Moments::F32) {  // the owned ranges one after another
-    Plan p;
-    p.m = p.v = size_t(std::max<int64_t>(1, total(*shard))) * 4;
-    return p;
-  }
+  SOLTRAIN_CHECK(!shard || (!muon && !offload.grads), "a sharded optimizer: AdamW, the gradients on the device");
   if (muon) {  // momentum for every trained parameter, second moments for AdamW's, the scratch of the widest matrix
     int64_t total = 0, adamw = 0, widest = 1, ns = 1;
     for (const Parameter& q : ps.all()) {
@@ -101,10 +96,14 @@ AdamW::Plan AdamW::plan(const ParameterStore& ps, Moments moments, Offload offlo
     return p;
   }
   const int64_t b = moment_block(moments);
-  std::map<std::pair<int, bool>, int64_t> ranges;  // (group, decayed): the store's flat ranges, which fp32 pieces cut
+  // (group, decayed) -> elements: the store's flat ranges, or the shard's, which fp32 pieces cut
+  std::map<std::pair<int, bool>, int64_t> ranges;
   int64_t total = 0, small = 0, codes = 0, blocks = 0, widest_param = 0;
-  for (const Parameter& q : ps.all())
-    if (q.trainable) ranges[{q.group, q.decay}] += shape_numel(q.shape);
+  if (shard)
+    for (const ParamRange& r : *shard) ranges[{r.group, r.decay}] = std::max(ranges[{r.group, r.decay}], r.numel);
+  else
+    for (const Parameter& q : ps.all())
+      if (q.trainable) ranges[{q.group, q.decay}] += shape_numel(q.shape);
   for (const MomentPiece& pc : moment_pieces(ps, shard)) {
     const int64_t n = pc.numel;
     total += n;
@@ -176,15 +175,21 @@ AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload,
   // (offload_optimizer: the moments in host memory, pinned on CUDA; alloc_host zeroes too)
   m_ = offload_.optimizer ? ops.alloc_host(pl.m) : ops.alloc(pl.m);
   v_ = offload_.optimizer ? ops.alloc_host(pl.v) : ops.alloc(pl.v);
-  if (offload_.master) params.move_masters_to_host(ops);
-  if (offload_.any()) {
-    for (const ParamRange& r : params.ranges())
-      for (int64_t o = 0; o < r.numel; o += chunk_)
-        pieces_.push_back({r.group, r.decay, r.offset + o, std::min(chunk_, r.numel - o)});
-    for (Buffer& b : stage_) b = ops.alloc(pl.slot);
-    // The slots are zeroed on the main stream and first filled on the upload stream, which waits for nothing.
-    ops.synchronize();
+  make_fp32_pieces(pl);
+}
+
+void AdamW::make_fp32_pieces(const Plan& pl) {
+  if (offload_.master) params_.move_masters_to_host(ops_);
+  if (!offload_.any()) return;
+  int64_t local = 0;  // a shard's moments: its ranges one after another
+  for (const ParamRange& r : shard_ ? *shard_ : params_.ranges()) {
+    for (int64_t o = 0; o < r.numel; o += chunk_)
+      pieces_.push_back({{r.group, r.decay, r.offset + o, std::min(chunk_, r.numel - o)}, (shard_ ? local : r.offset) + o});
+    local += r.numel;
   }
+  for (Buffer& b : stage_) b = ops_.alloc(pl.slot);
+  // The slots are zeroed on the main stream and first filled on the upload stream, which waits for nothing.
+  ops_.synchronize();
 }
 
 void AdamW::make_low_bit_state(const Plan& pl) {
@@ -281,15 +286,17 @@ void AdamW::step_8bit(const OptimizerConfig& cfg, float lr, float grad_scale, co
   }
 }
 
-AdamW::AdamW(ParameterStore& params, Ops& ops, std::vector<ParamRange> shard, Moments moments)
-    : params_(params), ops_(ops), moments_(moments), shard_(std::move(shard)) {
-  const Plan pl = plan(params, moments, {}, std::nullopt, false, &*shard_);
+AdamW::AdamW(ParameterStore& params, Ops& ops, std::vector<ParamRange> shard, Moments moments, Offload offload)
+    : params_(params), ops_(ops), moments_(moments), shard_(std::move(shard)), offload_(offload) {
+  const Plan pl = plan(params, moments, offload, std::nullopt, false, &*shard_);
+  chunk_ = pl.chunk;
   if (low_bit(moments_)) {
     make_low_bit_state(pl);
     return;
   }
-  m_ = ops.alloc(pl.m);
-  v_ = ops.alloc(pl.v);
+  m_ = offload_.optimizer ? ops.alloc_host(pl.m) : ops.alloc(pl.m);
+  v_ = offload_.optimizer ? ops.alloc_host(pl.v) : ops.alloc(pl.v);
+  make_fp32_pieces(pl);
 }
 
 bool updated_by_muon(const Parameter& p) {

@@ -83,8 +83,11 @@ class AdamW {
         bool normuon = false);
   // ZeRO 1-3: moments (and updates) for `shard` only, ranges of the flat buffers (data_parallel.h). Low-bit
   // moments need the shard cut on their blocks inside a quantised parameter (make_shard_plan cuts so): each
-  // rank's pieces then hold exactly the single process's blocks, and the update is its bits.
-  AdamW(ParameterStore& params, Ops& ops, std::vector<ParamRange> shard, Moments moments = Moments::F32);
+  // rank's pieces then hold exactly the single process's blocks, and the update is its bits. `offload` (master,
+  // optimizer; not grads) streams the shard's pieces as the whole update streams the model's: with ZeRO-3 the
+  // masters that move to host memory are the rank's slices.
+  AdamW(ParameterStore& params, Ops& ops, std::vector<ParamRange> shard, Moments moments = Moments::F32,
+        Offload offload = {});
   bool sharded() const { return shard_.has_value(); }
   // What an AdamW over `ps` allocates, from the parameters' shapes alone: the constructor sizes its buffers from
   // this, and `bench --plan-only` sizes a run with it before anything is allocated.
@@ -98,7 +101,7 @@ class AdamW {
     size_t device(bool host_moments) const { return (host_moments ? 0 : moments()) + maps + 2 * slot + muon_scratch; }
   };
   // `muon`: Muon's state (fp32, resident) with its scratch in that activation dtype; `normuon` NorMuon's.
-  // `shard`: a sharded optimizer's (the ranges it owns; resident, not Muon).
+  // `shard`: a sharded optimizer's (the ranges it owns; not Muon, no offloaded gradients).
   static Plan plan(const ParameterStore& ps, Moments moments, Offload offload, std::optional<DType> muon = std::nullopt,
                    bool normuon = false, const std::vector<ParamRange>* shard = nullptr);
   // One update with learning rate `lr` (the schedule's value for this step), gradients read times
@@ -152,6 +155,7 @@ class AdamW {
   };
   ParamRange range(const Slot& s, int64_t at, int64_t numel) const;  // elements [at, at + numel) of the slot
   void make_low_bit_state(const Plan& pl);  // slots_, the codes, absmax and maps (both constructors)
+  void make_fp32_pieces(const Plan& pl);    // offload: the masters moved, pieces_ and the staging slots
   Blockwise8 quantised(const Slot& s, bool second) const;
   Tensor fp32_moment(const Slot& s, bool second) const;
   void step_8bit(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq);
@@ -195,9 +199,14 @@ class AdamW {
   int step_ = 0;
   Offload offload_;
   int64_t chunk_ = 0;  // elements per staged chunk (offload only)
-  // Offload: the update's pieces, each range cut into chunks of at most chunk_ (fixed by the store's layout:
-  // cut once here, not every step). adamw() is elementwise, so any cut gives the resident update's bits.
-  std::vector<ParamRange> pieces_;
+  // Offload: the update's pieces, each range (the shard's when sharded) cut into chunks of at most chunk_ (fixed
+  // by the store's layout: cut once here, not every step), and where each one's moments start in m_ / v_ (the
+  // flat offset, or the shard's local one). adamw() is elementwise, so any cut gives the resident update's bits.
+  struct Piece {
+    ParamRange range;
+    int64_t moments_at;
+  };
+  std::vector<Piece> pieces_;
   // 8-bit offload: pieces of one slot (slots_[slot]) each, from its element `at`, whole blocks but the last.
   struct Piece8 {
     size_t slot;

@@ -58,15 +58,16 @@ void AdamW::stream_pieces(size_t count, const std::function<std::vector<Staged>(
 
 void AdamW::step_streamed(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq) {
   std::vector<ParamRange> pieces;  // cut once, in the constructor; a part's are its group's
-  for (const ParamRange& p : pieces_)
-    if (updates(p.group)) pieces.push_back(p);
+  std::vector<int64_t> moments_at;
+  for (const Piece& p : pieces_)
+    if (updates(p.range.group)) pieces.push_back(p.range), moments_at.push_back(p.moments_at);
   const bool host_master = offload_.master, host_moments = offload_.optimizer;
   // The home of piece i's master (0) / m (1) / v (2): the store's masters, or the moments' buffers.
   auto home = [&](size_t i, int which) {
     const ParamRange& p = pieces[i];
     if (which == 0) return params_.masters(p);
     const Buffer& b = which == 1 ? m_ : v_;
-    return Tensor{static_cast<float*>(b.data()) + p.offset, DType::F32, {p.numel}, b.device()};
+    return Tensor{static_cast<float*>(b.data()) + moments_at[i], DType::F32, {p.numel}, b.device()};
   };
   // Slot i % 2 holds [master (offload_master) | m | v (offload_optimizer)], chunk_ floats each.
   auto staged = [&](size_t i) {

@@ -95,10 +95,8 @@ void set_up(Run& r) {
   r.opt = optimizer_config(c);
   // (the config reader refuses offload with ZeRO first; this names the settings for the rest)
   if (const char* why = r.dp ? sharded_update_refusal(r.opt, c.zero_stage) : nullptr)
-    user_error(c.muon              ? (c.normuon ? "optimizer: normuon" : "optimizer: muon")
-               : c.offload.grads ? "offload_grads"
-                                 : "offload_master / offload_optimizer",
-               " with zero_stage ", c.zero_stage, " is not built yet (", why, "); use zero_stage: 0");
+    user_error(c.muon ? (c.normuon ? "optimizer: normuon" : "optimizer: muon") : "offload_grads", " with zero_stage ",
+               c.zero_stage, " is not built yet (", why, "); use zero_stage: 0");
   r.step = r.dp ? std::make_unique<TrainStep>(*r.model, r.opt, *r.comm, c.zero_stage)
                 : std::make_unique<TrainStep>(*r.model, r.opt);
   // Axolotl's per-epoch counts, in optimizer steps of this run's epoch.

@@ -29,7 +29,7 @@ TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt)
 
 const char* sharded_update_refusal(const OptimizerConfig& opt, int zero_stage) {
   if (zero_stage < 1) return nullptr;
-  if (opt.offload.any()) return "the sharded update keeps its state on the device";
+  if (opt.offload.grads) return "each rank's gradients are reduced on the device";
   if (opt.muon) return "Muon orthogonalises whole matrices";
   return nullptr;
 }
@@ -54,8 +54,9 @@ int checked_stage(const OptimizerConfig& opt, int zero_stage) {
 TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt, Communicator& comm, int zero_stage)
     : model_(model),
       opt_(opt),
-      dp_(std::make_unique<DataParallel>(model, comm, checked_stage(opt, zero_stage), opt.moments)),
-      adamw_(zero_stage >= 1 ? std::make_unique<AdamW>(model.params(), model.ops(), dp_->plan().owned, opt.moments)
+      dp_(std::make_unique<DataParallel>(model, comm, checked_stage(opt, zero_stage), opt)),
+      adamw_(zero_stage >= 1 ? std::make_unique<AdamW>(model.params(), model.ops(), dp_->plan().owned, opt.moments,
+                                                       opt.offload)
                              : std::make_unique<AdamW>(model.params(), model.ops(), opt.moments, opt.offload,
                                                        opt.muon.has_value(), opt.muon && opt.muon->normuon)),
       sft_(model.ops()),

@@ -23,7 +23,7 @@
 namespace soltrain {
 
 // Why ZeRO `zero_stage` cannot run the optimizer `opt` (nullptr: it can). Stages 1-3 update through AdamW's
-// sharded form, which keeps its moments (fp32 or low-bit) on the device: offloaded state is not built there.
+// sharded form (fp32 or low-bit moments, resident or offloaded): Muon and offloaded gradients are not built there.
 // TrainStep refuses such a pair in one line; callers ask first to name their own settings.
 const char* sharded_update_refusal(const OptimizerConfig& opt, int zero_stage);
 

@@ -175,12 +175,23 @@ void Zero3::masters_to_host() {
     if (empty(g)) continue;
     // The gradient scratch is idle between updates (settled): the masters are gathered through it (whole_:
     // in place, onto themselves; the scratch is then the gradient slice, which must be left as it is).
+    // With offload_master the slices live in host memory, which collectives do not read: a rank's slice goes
+    // through the reduced-part buffer (one chunk, idle here too); alone, its slice is the group and needs no gather.
+    const bool host = ps_.masters_on_host();
     const Tensor all = whole_ ? ps_.shard_masters(g) : grad_scratch(g);
-    ops_.wait(Ops::Stream::Side, Ops::Stream::Main);
-    ops_.use_stream(Ops::Stream::Side);
-    comm_.all_gather(all, ps_.shard_masters(g));
-    ops_.use_stream(Ops::Stream::Main);
-    ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
+    if (!(whole_ && host)) {
+      ops_.wait(Ops::Stream::Side, Ops::Stream::Main);
+      ops_.use_stream(Ops::Stream::Side);
+      Tensor mine = ps_.shard_masters(g);
+      if (host) {
+        const Tensor part{reduced_part_.data(), DType::F32, {mine.numel()}, reduced_part_.device()};
+        ops_.copy(part, mine);
+        mine = part;
+      }
+      comm_.all_gather(all, mine);
+      ops_.use_stream(Ops::Stream::Main);
+      ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
+    }
     if (lead) {
       const Tensor host{static_cast<float*>(host_masters_.data()) + ps_.group_begin(g),
                         DType::F32,
