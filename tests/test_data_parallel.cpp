@@ -363,6 +363,24 @@ TEST(DataParallel, PlanOnlyIsWhatEachRankAllocates) {
       << z2q.err;
   // (this model's layers are under 4096 elements a tensor, so only the embedding's moments are 8-bit)
   EXPECT_LT(p2q["moment_bytes"].get<int64_t>(), p2["moment_bytes"].get<int64_t>());
+  // Over a cluster: rank 0's collectives per update (train/comm_volume.h; what a rank calls is
+  // tests/test_comm_volume.cpp's), timed over the slowest link its rings cross: NVLink in one node, InfiniBand across.
+  const auto one_node = plan(4, 3, " --nodes 1"), two_nodes = plan(4, 3, " --nodes 2 --ib-gbs 25");
+  const auto& c1 = one_node["communication"];
+  const auto& c2 = two_nodes["communication"];
+  EXPECT_EQ(c1["link"], "nvlink");
+  EXPECT_EQ(c2["link"], "infiniband");
+  EXPECT_EQ(c2["link_gb_per_s"].get<double>(), 25.0);
+  const double bytes = (c1["all_gather_gib"].get<double>() + c1["reduce_scatter_gib"].get<double>() +
+                        c1["all_reduce_gib"].get<double>()) * double(1 << 30);
+  EXPECT_GT(c1["reduce_scatter_gib"].get<double>(), 0);
+  EXPECT_NEAR(c2["comm_ms"].get<double>(), bytes / 25e9 * 1e3, 1e-9 * bytes);
+  EXPECT_NEAR(c1["comm_ms"].get<double>(), bytes / 360e9 * 1e3, 1e-9 * bytes);
+  const CliRun uneven = run("bench --plan-only --device cpu --model " + (s.t.path / "model").string() +
+                                " --gpus 4 --nodes 3 --data-parallel 3",
+                            s.t);
+  EXPECT_EQ(uneven.code, 2);
+  EXPECT_EQ(uneven.err, "error: bench --nodes 3 needs --gpus a multiple of it (got --gpus 4)\n");
   // bench itself trains with them at ZeRO-2 (it refused them before they were sharded).
   const CliRun bench8 =
       run("bench --device cpu --model " + (s.t.path / "model").string() +

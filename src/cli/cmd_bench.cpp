@@ -21,7 +21,9 @@
 #include "model/lora.h"
 #include "model/random_weights.h"
 #include "train/background_save.h"
+#include "train/comm_volume.h"
 #include "train/data_parallel.h"
+#include "train/mfu.h"
 #include "train/optimizer_settings.h"
 #include "train/run_builder.h"
 #include "train/train_step.h"
@@ -69,6 +71,11 @@ struct BenchOpts {
   std::string attention_backward = "split";
   std::string offload = "none";
   std::string fp8_scaling = "delayed";
+  // --plan-only over a cluster: the --gpus ranks on this many nodes, the links' bandwidths (GB/s a GPU sends
+  // in a ring: NCCL's bus bandwidth) and the compute rate the step time is estimated from
+  int nodes = 1;
+  std::string intra_node = "nvlink";
+  double nvlink_gbs = 360, pcie_gbs = 50, ib_gbs = 45, tflops = 989, mfu = 0.4;
   // Checkpoints during the timed steps (their cost on the step time): every save_steps, written as training
   // writes them (background: from a host snapshot by a writer thread; direct: before the next step).
   int save_steps = 0;
@@ -166,6 +173,32 @@ nlohmann::json data_parallel_plan(const BenchOpts& o, const ModelConfig& c, Para
   t.weights = double(w.weights() - w.masters - w.values + masters + values + gathered + slots) / gib;
   t.grads = double(grad_bytes + scratch + staging) / gib;
   t.optimizer = double(moments) / gib;
+  // What rank 0 sends per update (the shard plan's collectives), over the slowest link its rings cross, next to
+  // its compute at the given rate: the step takes the longer of the two when the collectives hide behind compute
+  // (the side stream's design), their sum when nothing overlaps.
+  const CommVolume v = comm_volume(sp, zero, int(c.num_layers), o.accumulation, dtype_size(act));
+  const bool across = o.nodes > 1;
+  const double link = across ? std::min(o.ib_gbs, o.intra_node == "pcie" ? o.pcie_gbs : o.nvlink_gbs)
+                             : (o.intra_node == "pcie" ? o.pcie_gbs : o.nvlink_gbs);
+  const double tokens = double(o.batch) * o.seq * o.accumulation;
+  const bool lora = o.lora_rank > 0;
+  // (recompute full runs each layer's forward again: 2N more per token over 6N, or over LoRA's 4N)
+  const double recompute = o.recompute == "full" ? (lora ? 6.0 / 4.0 : 8.0 / 6.0) : 1.0;
+  const double compute_ms = model_flops_per_token(c, o.seq, lora) * recompute * tokens / (o.tflops * 1e12 * o.mfu) * 1e3;
+  const double comm_ms = v.total() / (link * 1e9) * 1e3;
+  const nlohmann::json communication{
+      {"nodes", o.nodes},
+      {"link", across ? "infiniband" : o.intra_node},
+      {"link_gb_per_s", link},
+      {"all_gather_gib", v.all_gather / gib},
+      {"reduce_scatter_gib", v.reduce_scatter / gib},
+      {"all_reduce_gib", v.all_reduce / gib},
+      {"collectives", v.all_gathers + v.reduce_scatters + v.all_reduces},
+      {"comm_ms", comm_ms},
+      {"compute_ms", compute_ms},  // at tflops x mfu
+      {"step_ms", std::max(comm_ms, compute_ms)},
+      {"step_ms_serial", comm_ms + compute_ms},
+      {"tokens_per_s", double(world) * tokens / std::max(comm_ms, compute_ms) * 1e3}};
   return {{"ranks", world},
           {"zero_stage", zero},
           {"master_bytes", masters},
@@ -175,7 +208,8 @@ nlohmann::json data_parallel_plan(const BenchOpts& o, const ModelConfig& c, Para
           {"gather_bytes", gathered},
           {"grad_scratch_bytes", scratch},
           {"staging_bytes", staging},
-          {"load_peak_gib", double(peak) / gib}};  // ZeRO-3: the peak while the loaded model is sharded
+          {"load_peak_gib", double(peak) / gib},  // ZeRO-3: the peak while the loaded model is sharded
+          {"communication", communication}};     // per update, rank 0
 }
 
 int print_activation_plan(const BenchOpts& o) {
@@ -282,7 +316,10 @@ HostBatch random_rows(const BenchOpts& o, int vocab, int rank) {
 // The timed run: the trainer's own step path over random rows, steps back to back; one JSON line of the
 // median step, throughput, memory and the per-op profile.
 int run_bench(const BenchOpts& o) {
+  if (o.gpus % o.nodes != 0)
+    user_error("bench --nodes ", o.nodes, " needs --gpus a multiple of it (got --gpus ", o.gpus, ")");
   if (o.plan_only) return print_activation_plan(o);
+  if (o.nodes > 1) user_error("bench --nodes plans a cluster run: use it with --plan-only (a run uses this node)");
   const LaunchEnv env = read_launch_env();
   const Device device = o.device == "cuda" ? Device::CUDA : Device::CPU;  // the flag admits only these two
   if (o.gpus > 1 && env.kind == LaunchEnv::Kind::Single) return launch_workers(o.gpus, device);
@@ -485,6 +522,28 @@ std::function<int()> add_bench_command(CLI::App& app) {
               "print the activation plan (every buffer, largest first) from config.json alone and exit: no "
               "weights are loaded, no device is needed (a 500k-token plan on any machine); with --gpus N and "
               "--data-parallel Z, what each rank holds");
+  c->add_option("--nodes", o->nodes,
+                "with --plan-only: the --gpus ranks spread over this many nodes (their rings cross InfiniBand)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  c->add_option("--intra-node", o->intra_node, "with --plan-only: the link between a node's GPUs, nvlink or pcie")
+      ->check(CLI::IsMember({"nvlink", "pcie"}))
+      ->capture_default_str();
+  c->add_option("--nvlink-gbs", o->nvlink_gbs, "with --plan-only: NVLink's GB/s per GPU in a ring (H100 NVLink4)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  c->add_option("--pcie-gbs", o->pcie_gbs, "with --plan-only: PCIe's GB/s per GPU in a ring (PCIe 5 x16)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  c->add_option("--ib-gbs", o->ib_gbs, "with --plan-only: InfiniBand's GB/s per GPU in a ring (one NDR 400 port)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  c->add_option("--tflops", o->tflops, "with --plan-only: the GPU's dense bf16 TFLOP/s (H100/H200 SXM)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  c->add_option("--mfu", o->mfu, "with --plan-only: the share of --tflops the step's FLOPs run at")
+      ->check(CLI::Range(0.01, 1.0))
+      ->capture_default_str();
   c->add_flag("--random-weights", o->random_weights,
               "base weights drawn as transformers initialises them instead of read: the model folder needs only "
               "config.json (a 61 GB model timed without its checkpoint on the disk)");

@@ -135,6 +135,34 @@ TEST_F(CudaDataParallel, NcclWithOffloadTrainsAsResident) {
     }
 }
 
+// 8-bit moments and offloaded state (offload_master + offload_optimizer: the masters, ZeRO-3's slices of them, in
+// pinned host memory, gathered through device staging; the moments streamed) under ZeRO 1-3 at world size 1: the
+// sharded update over NCCL trains bitwise as the single process with the same settings, and saves its model.
+TEST_F(CudaDataParallel, NcclShardedLowBitAndOffloadedStateTrainAsOneProcess) {
+  auto bytes = [&](const std::string& out) {
+    std::ifstream f(t.path / out / "model" / "model.safetensors", std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  for (const auto& [tag, sets] :
+       {std::pair{"8bit", "--set optimizer=adamw_8bit"},
+        std::pair{"offload", "--set offload_master=true --set offload_optimizer=true"},
+        std::pair{"8bit-offload", "--set optimizer=adamw_8bit --set offload_master=true --set offload_optimizer=true"}}) {
+    SCOPED_TRACE(sets);
+    const std::string base = std::string("--set gradient_accumulation_steps=2 ") + sets, plain = tag + std::string("-plain");
+    ASSERT_EQ(sft("", plain, base).code, 0);
+    const auto want = metrics(plain);
+    ASSERT_EQ(want.size(), 4u);
+    for (int zero : {1, 2, 3}) {
+      const std::string out = tag + std::string("-nccl-z") + std::to_string(zero);
+      const CliRun r = sft("SOLTRAIN_COMMUNICATOR=nccl", out, base + " --set zero_stage=" + std::to_string(zero));
+      ASSERT_EQ(r.code, 0) << r.err;
+      EXPECT_NE(r.err.find("data parallel over 1 ranks (nccl)"), std::string::npos) << r.err;
+      EXPECT_EQ(metrics(out), want) << out;
+      EXPECT_TRUE(bytes(out) == bytes(plain)) << out << ": its saved model differs";
+    }
+  }
+}
+
 TEST_F(CudaDataParallel, TwoGpusTrainWhatOneDoesWithTwiceTheAccumulation) {
   if (visible_gpus() < 2) GTEST_SKIP() << "skipped: needs 2 GPUs, sees " << visible_gpus();
   ASSERT_EQ(sft("", "one", "--set gradient_accumulation_steps=2").code, 0);

@@ -1,0 +1,45 @@
+#include "train/comm_volume.h"
+
+#include <algorithm>
+
+namespace soltrain {
+
+CommVolume comm_volume(const ShardPlan& plan, int zero_stage, int head, int micro_batches, size_t value_bytes) {
+  CommVolume v;
+  const double n = plan.size, others = n - 1;
+  auto gather = [&](const ShardPlan::Group& g, size_t bytes, int times) {
+    v.all_gather += others * double(g.chunk) * double(bytes) * times;
+    v.all_gathers += times;
+  };
+  auto scatter = [&](const ShardPlan::Group& g, int times) {
+    v.reduce_scatter += others * double(g.chunk) * 4 * times;
+    v.reduce_scatters += times;
+  };
+  auto reduce = [&](double elements, size_t bytes) {
+    v.all_reduce += 2 * others / n * elements * double(bytes);
+    ++v.all_reduces;
+  };
+  const int layers = int(plan.groups.size()) - 1;
+  for (int g = 0; g <= layers; ++g) {
+    const ShardPlan::Group& gr = plan.groups[size_t(g)];
+    if (gr.numel == 0) continue;  // nothing trains in it (a LoRA run's embedding and head)
+    if (zero_stage < 2) reduce(double(gr.numel), 4);  // the last micro-batch's gradients
+    if (zero_stage == 2) scatter(gr, 1);
+    if (zero_stage == 1 || zero_stage == 2) gather(gr, 4, 1);  // the updated fp32 masters
+    if (zero_stage != 3) continue;
+    scatter(gr, micro_batches);  // every micro-batch's gradients
+    if (g == head) {
+      gather(gr, value_bytes, 1);  // gathered once, kept for the update's passes
+      continue;
+    }
+    // Forward gathers every layer the first pass; after it two layer buffers hold the last two layers, so
+    // backward gathers the others, and every later pass finds the two its predecessor left (Zero3's slots).
+    const int again = g < layers - 2 ? 1 : 0, first_again = g < 2 ? 0 : 1;
+    gather(gr, value_bytes, 1 + again + (micro_batches - 1) * (first_again + again));
+  }
+  reduce(1, 8);                       // the loss sum (F64)
+  if (zero_stage >= 2) reduce(1, 8);  // Σg² over the shards
+  return v;
+}
+
+}  // namespace soltrain
