@@ -4,7 +4,7 @@
 # bf16 autocast), and the benchmark next to transformers and the previous build. Binaries come in .devbin
 # (bench/NOTES.md: "How these runs were made"); logs and fixtures go to $OUT.
 #   bash bench/gpu_core_check.sh [refs] [tests] [dp] [probe] [peft] [bench] [bench8b] [bench4b] [quant] [qlora8b] [dpo] [fp8]
-#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [fullmoe] [moe48lowmem] [fp8qlora] [policy] [prefs] [reward] [prm] [addedtokens] [muon] [normuon] [decode] [grpocorr] [grpooverlap] [grpotrl] [qat] [nvfp4] [qwen3vl]
+#     [pyapi] [ckptcuda] [outputs29] [grpo] [grpo2] [grpobeta] [train16k] [ckpt] [memory] [full8b] [conv] [offloadact] [long256k] [offloadw] [offloadw1] [full4b40] [attnfused] [zero1] [fp8dp] [splitorder] [off8b] [attne2e] [attnq] [attnprof] [attn] [peers8b] [peers4b] [moe] [moetests] [narrowdw] [moebench] [moeqlora] [moe48] [moe48q] [offgrads] [fullmoe] [moe48lowmem] [fp8qlora] [policy] [prefs] [reward] [prm] [addedtokens] [muon] [normuon] [decode] [grpocorr] [grpooverlap] [grpotrl] [qat] [nvfp4] [qwen3vl] [zero8]
 #   (no argument: refs tests peft bench)
 set -u
 steps=("$@")
@@ -306,6 +306,20 @@ PY
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/quant-tests.log" ;;
     qat)  # Axolotl's qat: block on the GPU against the CPU twin (bench/qat_cuda_check.sh), then a qat run
       timeout 300 bash bench/qat_cuda_check.sh "$OUT" 2>&1 | tail -14 ;;
+    zero8)  # issue 34 item 3: 8-bit moments and offloaded state under ZeRO 1-3 over NCCL at world size 1 (bitwise the
+      # single process: tests/gpu/test_cuda_data_parallel.cpp), then Qwen3-4B full 2 x 2048 with 8-bit moments: the
+      # previous build (.devbin/soltrain-before: pack_devbin.sh's baseline) and this one plain, ZeRO-3 at world size 1,
+      # offloaded alone and at ZeRO-3
+      timeout 300 env "$TESTS_ENV" "$B/soltrain_tests" \
+        --gtest_filter='CudaDataParallel.Nccl*:-*NeverFinishes*:CudaOffload*:CudaOps.AdamW*:AdamW8bit*' > "$OUT/zero8-tests.log" 2>&1
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/zero8-tests.log"
+      if [ -x "$B/soltrain-before" ]; then
+        mkdir -p /tmp/before && ln -sf "$B/soltrain-before" /tmp/before/soltrain
+        (B=/tmp/before; bench_one zero8-plain-before 4B --random-weights --batch-size 2 --seq-len 2048 --optimizer adamw_8bit --steps 5 --warmup 2)
+      fi
+      for v in "plain:" "z3:--data-parallel 3" "off:--offload both" "z3off:--data-parallel 3 --offload both"; do
+        bench_one "zero8-${v%%:*}" 4B --random-weights --batch-size 2 --seq-len 2048 --optimizer adamw_8bit --steps 5 --warmup 2 ${v#*:}
+      done ;;
     qwen3vl)  # Qwen3-VL's language model (LoRA) on cuda next to the CPU and PEFT (tests/tools/check_qwen3_vl_cuda.py)
       timeout 200 python3 tests/tools/check_qwen3_vl_cuda.py "$B/soltrain" "$OUT/qwen3vl" 2>&1 | tail -4 ;;
     nvfp4)  # the NVFP4 base (qlora_fp4) next to NF4: Qwen3-4B LoRA r16 2 x 2048, bf16 GEMMs over the dequantised base
