@@ -355,7 +355,8 @@ TEST(DataParallel, PlanOnlyIsWhatEachRankAllocates) {
   const auto alone = plan(1, 3, "");
   EXPECT_EQ(alone["gather_bytes"].get<int64_t>() + alone["grad_scratch_bytes"].get<int64_t>(), 0);
   // 8-bit moments over 2 ranks, ZeRO-2: rank 0's pieces, codes and absmax, planned as the run allocates them.
-  const CliRun z2q = s.sft(2, "z2-8bit", "--set gradient_accumulation_steps=1 --set zero_stage=2 --set optimizer=adamw_8bit");
+  const CliRun z2q =
+      s.sft(2, "z2-8bit", "--set gradient_accumulation_steps=1 --set zero_stage=2 --set optimizer=adamw_8bit");
   ASSERT_EQ(z2q.code, 0) << z2q.err;
   const auto p2q = plan(2, 2, " --optimizer adamw_8bit");
   EXPECT_TRUE(std::regex_search(
@@ -372,7 +373,8 @@ TEST(DataParallel, PlanOnlyIsWhatEachRankAllocates) {
   EXPECT_EQ(c2["link"], "infiniband");
   EXPECT_EQ(c2["link_gb_per_s"].get<double>(), 25.0);
   const double bytes = (c1["all_gather_gib"].get<double>() + c1["reduce_scatter_gib"].get<double>() +
-                        c1["all_reduce_gib"].get<double>()) * double(1 << 30);
+                        c1["all_reduce_gib"].get<double>()) *
+                       double(1 << 30);
   EXPECT_GT(c1["reduce_scatter_gib"].get<double>(), 0);
   EXPECT_NEAR(c2["comm_ms"].get<double>(), bytes / 25e9 * 1e3, 1e-9 * bytes);
   EXPECT_NEAR(c1["comm_ms"].get<double>(), bytes / 360e9 * 1e3, 1e-9 * bytes);
@@ -419,6 +421,21 @@ TEST(DataParallel, LowBitMomentsShardedAreTheUnshardedUpdate) {
     for (int zero : {1, 2, 3})
       if (opt == "adamw_8bit" || zero == 3) same_bits(2, opt, zero, want);
   }
+  // One MPI rank alone (its shard is the whole model): each stage is the single process's 8-bit run, bit for bit.
+  ASSERT_EQ(s.sft(0, "adamw_8bit-single", cat("--set optimizer=adamw_8bit", plain)).code, 0);
+  ::setenv("SOLTRAIN_COMMUNICATOR", "mpi", 1);
+  for (int zero : {1, 2, 3})
+    ASSERT_EQ(
+        s.sft(0, cat("adamw_8bit-1-z", zero), cat("--set optimizer=adamw_8bit", plain, " --set zero_stage=", zero))
+            .code,
+        0);
+  ::unsetenv("SOLTRAIN_COMMUNICATOR");
+  for (int zero : {1, 2, 3}) {
+    EXPECT_EQ(s.losses(cat("adamw_8bit-1-z", zero)), s.losses("adamw_8bit-single")) << zero;
+    EXPECT_TRUE(s.read(s.t.path / cat("adamw_8bit-1-z", zero) / model) ==
+                s.read(s.t.path / "adamw_8bit-single" / model))
+        << "one rank, ZeRO " << zero;
+  }
   // Clipped, accumulated, 4 ranks: one process's trajectory (its sums in another order; a sum's last bit can move an
   // 8-bit code a step, so the weights agree to a tenth of one update, 5e-3 · 0.1).
   const double low_bit = 5e-4;
@@ -443,7 +460,8 @@ TEST(DataParallel, LowBitShardsResumeAtAnyRankCount) {
   ASSERT_EQ(s.sft(0, "one", opt + " --set gradient_accumulation_steps=4 --set save_steps=1").code, 0);
   auto want = s.losses("one");
   want.erase(1);
-  const CliRun two = s.sft(2, "two", opt + " --set gradient_accumulation_steps=2 --set zero_stage=2 --set save_steps=1");
+  const CliRun two =
+      s.sft(2, "two", opt + " --set gradient_accumulation_steps=2 --set zero_stage=2 --set save_steps=1");
   ASSERT_EQ(two.code, 0) << two.err;
   const fs::path ck = s.t.path / "two" / "checkpoint-1";
   ASSERT_TRUE(fs::exists(ck / "optimizer-shard-1-of-2.safetensors"));
@@ -453,29 +471,31 @@ TEST(DataParallel, LowBitShardsResumeAtAnyRankCount) {
     EXPECT_EQ(shard.metadata().at("format"), "soltrain-adamw-8bit-shard-1");
     EXPECT_NE(shard.metadata().at("pieces").find("model.embed_tokens.weight"), std::string::npos);
   }
-  const CliRun four = s.sft(4, "four",
-                            opt + " --set gradient_accumulation_steps=1 --set zero_stage=3 --set resume_from_checkpoint=" +
-                                ck.string());
+  const CliRun four = s.sft(
+      4, "four",
+      opt + " --set gradient_accumulation_steps=1 --set zero_stage=3 --set resume_from_checkpoint=" + ck.string());
   ASSERT_EQ(four.code, 0) << four.err;
   expect_same_losses(want, s.losses("four"), "4 ZeRO-3 ranks from a 2-rank 8-bit checkpoint");
-  expect_same_model(s.t.path / "one" / "model" / "model.safetensors",
-                    s.t.path / "four" / "model" / "model.safetensors", "4 ZeRO-3 ranks' final model", 5e-4);
-  ASSERT_EQ(s.sft(0, "again", opt + " --set gradient_accumulation_steps=4 --set resume_from_checkpoint=" + ck.string())
-                .code,
-            0);
+  expect_same_model(s.t.path / "one" / "model" / "model.safetensors", s.t.path / "four" / "model" / "model.safetensors",
+                    "4 ZeRO-3 ranks' final model", 5e-4);
+  ASSERT_EQ(
+      s.sft(0, "again", opt + " --set gradient_accumulation_steps=4 --set resume_from_checkpoint=" + ck.string()).code,
+      0);
   expect_same_losses(want, s.losses("again"), "1 process from a 2-rank 8-bit checkpoint");
   // One process's whole file, read by two ZeRO-1 ranks.
   const fs::path whole = s.t.path / "one" / "checkpoint-1";
   ASSERT_TRUE(fs::exists(whole / "optimizer.safetensors"));
   const CliRun z1 = s.sft(
-      2, "z1", opt + " --set gradient_accumulation_steps=2 --set zero_stage=1 --set resume_from_checkpoint=" + whole.string());
+      2, "z1",
+      opt + " --set gradient_accumulation_steps=2 --set zero_stage=1 --set resume_from_checkpoint=" + whole.string());
   ASSERT_EQ(z1.code, 0) << z1.err;
   expect_same_losses(want, s.losses("z1"), "2 ZeRO-1 ranks from one process's 8-bit checkpoint");
   // Rank 0's shard in place of rank 1's (and no checksums to tell): the pieces' own count names what is missing.
   fs::copy_file(ck / "optimizer-shard-0-of-2.safetensors", ck / "optimizer-shard-1-of-2.safetensors",
                 fs::copy_options::overwrite_existing);
   fs::remove(ck / "checksums.sha256");
-  const CliRun gone = s.sft(0, "gone", opt + " --set gradient_accumulation_steps=4 --set resume_from_checkpoint=" + ck.string());
+  const CliRun gone =
+      s.sft(0, "gone", opt + " --set gradient_accumulation_steps=4 --set resume_from_checkpoint=" + ck.string());
   EXPECT_EQ(gone.code, 2) << gone.err;
   EXPECT_NE(gone.err.find("moments this rank needs (a shard file is missing or repeated)"), std::string::npos)
       << gone.err;

@@ -155,9 +155,9 @@ nlohmann::json data_parallel_plan(const BenchOpts& o, const ModelConfig& c, Para
   ps.lay_out();
   const ShardPlan sp = make_shard_plan(ps, 0, world, opt_cfg.moments);
   size_t masters = w.masters, values = w.values, grad_bytes = w.grads, gathered = 0, scratch = 0, peak = 0;
-  size_t moments = zero >= 1 ? AdamW::plan(ps, opt_cfg.moments, offload, std::nullopt, false, &sp.owned)
-                                   .device(host_moments)
-                             : opt.device(host_moments);
+  size_t moments = zero >= 1
+                       ? AdamW::plan(ps, opt_cfg.moments, offload, std::nullopt, false, &sp.owned).device(host_moments)
+                       : opt.device(host_moments);
   const size_t staging = DataParallel::staging_bytes(sp, zero, /*comm_in_place=*/true, offload.master);
   if (offload.master) masters = 0;  // (in host memory)
   if (zero == 3) {
@@ -184,21 +184,21 @@ nlohmann::json data_parallel_plan(const BenchOpts& o, const ModelConfig& c, Para
   const bool lora = o.lora_rank > 0;
   // (recompute full runs each layer's forward again: 2N more per token over 6N, or over LoRA's 4N)
   const double recompute = o.recompute == "full" ? (lora ? 6.0 / 4.0 : 8.0 / 6.0) : 1.0;
-  const double compute_ms = model_flops_per_token(c, o.seq, lora) * recompute * tokens / (o.tflops * 1e12 * o.mfu) * 1e3;
+  const double compute_ms =
+      model_flops_per_token(c, o.seq, lora) * recompute * tokens / (o.tflops * 1e12 * o.mfu) * 1e3;
   const double comm_ms = v.total() / (link * 1e9) * 1e3;
-  const nlohmann::json communication{
-      {"nodes", o.nodes},
-      {"link", across ? "infiniband" : o.intra_node},
-      {"link_gb_per_s", link},
-      {"all_gather_gib", v.all_gather / gib},
-      {"reduce_scatter_gib", v.reduce_scatter / gib},
-      {"all_reduce_gib", v.all_reduce / gib},
-      {"collectives", v.all_gathers + v.reduce_scatters + v.all_reduces},
-      {"comm_ms", comm_ms},
-      {"compute_ms", compute_ms},  // at tflops x mfu
-      {"step_ms", std::max(comm_ms, compute_ms)},
-      {"step_ms_serial", comm_ms + compute_ms},
-      {"tokens_per_s", double(world) * tokens / std::max(comm_ms, compute_ms) * 1e3}};
+  const nlohmann::json communication{{"nodes", o.nodes},
+                                     {"link", across ? "infiniband" : o.intra_node},
+                                     {"link_gb_per_s", link},
+                                     {"all_gather_gib", v.all_gather / gib},
+                                     {"reduce_scatter_gib", v.reduce_scatter / gib},
+                                     {"all_reduce_gib", v.all_reduce / gib},
+                                     {"collectives", v.all_gathers + v.reduce_scatters + v.all_reduces},
+                                     {"comm_ms", comm_ms},
+                                     {"compute_ms", compute_ms},  // at tflops x mfu
+                                     {"step_ms", std::max(comm_ms, compute_ms)},
+                                     {"step_ms_serial", comm_ms + compute_ms},
+                                     {"tokens_per_s", double(world) * tokens / std::max(comm_ms, compute_ms) * 1e3}};
   return {{"ranks", world},
           {"zero_stage", zero},
           {"master_bytes", masters},
@@ -209,7 +209,7 @@ nlohmann::json data_parallel_plan(const BenchOpts& o, const ModelConfig& c, Para
           {"grad_scratch_bytes", scratch},
           {"staging_bytes", staging},
           {"load_peak_gib", double(peak) / gib},  // ZeRO-3: the peak while the loaded model is sharded
-          {"communication", communication}};     // per update, rank 0
+          {"communication", communication}};      // per update, rank 0
 }
 
 int print_activation_plan(const BenchOpts& o) {

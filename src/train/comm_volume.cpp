@@ -22,7 +22,7 @@ CommVolume comm_volume(const ShardPlan& plan, int zero_stage, int head, int micr
   const int layers = int(plan.groups.size()) - 1;
   for (int g = 0; g <= layers; ++g) {
     const ShardPlan::Group& gr = plan.groups[size_t(g)];
-    if (gr.numel == 0) continue;  // nothing trains in it (a LoRA run's embedding and head)
+    if (gr.numel == 0) continue;                      // nothing trains in it (a LoRA run's embedding and head)
     if (zero_stage < 2) reduce(double(gr.numel), 4);  // the last micro-batch's gradients
     if (zero_stage == 2) scatter(gr, 1);
     if (zero_stage == 1 || zero_stage == 2) gather(gr, 4, 1);  // the updated fp32 masters

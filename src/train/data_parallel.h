@@ -104,7 +104,7 @@ class DataParallel final : public LayerHooks {
   bool armed_ = false;
   std::vector<bool> reduced_;
   std::vector<uint64_t> gathered_;  // per group: the Side mark after its gather still awaited (0: none)
-  Buffer stage_in_, stage_out_;  // staging for collectives not in place (size × the largest such chunk)
+  Buffer stage_in_, stage_out_;     // staging for collectives not in place (size × the largest such chunk)
   std::unique_ptr<Zero3> zero3_;
 };
 

@@ -184,7 +184,8 @@ void AdamW::make_fp32_pieces(const Plan& pl) {
   int64_t local = 0;  // a shard's moments: its ranges one after another
   for (const ParamRange& r : shard_ ? *shard_ : params_.ranges()) {
     for (int64_t o = 0; o < r.numel; o += chunk_)
-      pieces_.push_back({{r.group, r.decay, r.offset + o, std::min(chunk_, r.numel - o)}, (shard_ ? local : r.offset) + o});
+      pieces_.push_back(
+          {{r.group, r.decay, r.offset + o, std::min(chunk_, r.numel - o)}, (shard_ ? local : r.offset) + o});
     local += r.numel;
   }
   for (Buffer& b : stage_) b = ops_.alloc(pl.slot);
@@ -447,8 +448,9 @@ void AdamW::save(const std::filesystem::path& file) const {
         }
       }
     }
-    std::map<std::string, std::string> meta{
-        {"step", std::to_string(step_)}, {"format", shard_ ? kShardFormat8 : kFormat8}, {"optimizer", optimizer_name()}};
+    std::map<std::string, std::string> meta{{"step", std::to_string(step_)},
+                                            {"format", shard_ ? kShardFormat8 : kFormat8},
+                                            {"optimizer", optimizer_name()}};
     if (shard_) meta["pieces"] = pieces.dump();
     write_safetensors_streamed(file, tensors, meta);
     return;
@@ -597,9 +599,9 @@ void AdamW::load_low_bit(const std::vector<std::filesystem::path>& files) {
         // [lo, hi) in each: codes (bytes) or fp32 moments, then the blocks' absmax
         const int64_t count = s.quantised ? code_bytes(moments_, hi - lo) : hi - lo;
         const int64_t from = s.quantised ? code_bytes(moments_, lo - piece.first) : lo - piece.first;
-        ops_.copy(elements(dst.data, dst.dtype, s.quantised ? code_bytes(moments_, lo - s.at) : lo - s.at, count,
-                           dst.device),
-                  elements(const_cast<void*>(e.data), dst.dtype, from, count, Device::CPU));
+        ops_.copy(
+            elements(dst.data, dst.dtype, s.quantised ? code_bytes(moments_, lo - s.at) : lo - s.at, count, dst.device),
+            elements(const_cast<void*>(e.data), dst.dtype, from, count, Device::CPU));
         if (!s.quantised) continue;
         const std::string abs_name = (second ? "exp_avg_sq.absmax." : "exp_avg.absmax.") + s.param->name;
         const Tensor abs_dst = quantised(s, second).absmax;
@@ -616,7 +618,8 @@ void AdamW::load_low_bit(const std::vector<std::filesystem::path>& files) {
   for (size_t i = 0; i < slots_.size(); ++i)
     if (covered[i] != slots_[i].numel)
       user_error(files[0].parent_path().string(), ": the optimizer files hold ", covered[i], " of ",
-                 slots_[i].param->name, "'s ", slots_[i].numel, " moments this rank needs (a shard file is missing or "
+                 slots_[i].param->name, "'s ", slots_[i].numel,
+                 " moments this rank needs (a shard file is missing or "
                  "repeated)");
   try {
     step_ = std::stoi(step_text);

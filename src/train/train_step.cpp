@@ -55,10 +55,10 @@ TrainStep::TrainStep(Transformer& model, const OptimizerConfig& opt, Communicato
     : model_(model),
       opt_(opt),
       dp_(std::make_unique<DataParallel>(model, comm, checked_stage(opt, zero_stage), opt)),
-      adamw_(zero_stage >= 1 ? std::make_unique<AdamW>(model.params(), model.ops(), dp_->plan().owned, opt.moments,
-                                                       opt.offload)
-                             : std::make_unique<AdamW>(model.params(), model.ops(), opt.moments, opt.offload,
-                                                       opt.muon.has_value(), opt.muon && opt.muon->normuon)),
+      adamw_(zero_stage >= 1
+                 ? std::make_unique<AdamW>(model.params(), model.ops(), dp_->plan().owned, opt.moments, opt.offload)
+                 : std::make_unique<AdamW>(model.params(), model.ops(), opt.moments, opt.offload, opt.muon.has_value(),
+                                           opt.muon && opt.muon->normuon)),
       sft_(model.ops()),
       sumsq_(model.ops().alloc(sizeof(double))),
       loss_sum_(model.ops().alloc(sizeof(double))) {

@@ -146,9 +146,11 @@ TEST_F(CudaDataParallel, NcclShardedLowBitAndOffloadedStateTrainAsOneProcess) {
   for (const auto& [tag, sets] :
        {std::pair{"8bit", "--set optimizer=adamw_8bit"},
         std::pair{"offload", "--set offload_master=true --set offload_optimizer=true"},
-        std::pair{"8bit-offload", "--set optimizer=adamw_8bit --set offload_master=true --set offload_optimizer=true"}}) {
+        std::pair{"8bit-offload",
+                  "--set optimizer=adamw_8bit --set offload_master=true --set offload_optimizer=true"}}) {
     SCOPED_TRACE(sets);
-    const std::string base = std::string("--set gradient_accumulation_steps=2 ") + sets, plain = tag + std::string("-plain");
+    const std::string base = std::string("--set gradient_accumulation_steps=2 ") + sets,
+                      plain = tag + std::string("-plain");
     ASSERT_EQ(sft("", plain, base).code, 0);
     const auto want = metrics(plain);
     ASSERT_EQ(want.size(), 4u);
