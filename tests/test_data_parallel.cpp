@@ -673,6 +673,22 @@ TEST(DataParallel, FourRanksResumeATwoRankCheckpoint) {
   ASSERT_EQ(s.sft(0, "again", "--set gradient_accumulation_steps=4 --set resume_from_checkpoint=" + ck.string()).code,
             0);
   expect_same_losses(want, s.losses("again"), "1 process from a 2-rank checkpoint");
+  // The other way: one process's whole file, each of 2 ZeRO-2 ranks reading only its ranges of it.
+  ASSERT_EQ(s.sft(0, "one-saving", "--set gradient_accumulation_steps=4 --set save_steps=1").code, 0);
+  const fs::path whole = s.t.path / "one-saving" / "checkpoint-1";
+  const CliRun z2 = s.sft(
+      2, "z2", "--set gradient_accumulation_steps=2 --set zero_stage=2 --set resume_from_checkpoint=" + whole.string());
+  ASSERT_EQ(z2.code, 0) << z2.err;
+  expect_same_losses(want, s.losses("z2"), "2 ZeRO-2 ranks from one process's checkpoint");
+  // A shard given twice (rank 0's in rank 1's place, no checksums to tell): the ranks' own count says so.
+  fs::copy_file(ck / "optimizer-shard-0-of-2.safetensors", ck / "optimizer-shard-1-of-2.safetensors",
+                fs::copy_options::overwrite_existing);
+  fs::remove(ck / "checksums.sha256");
+  const CliRun twice = s.sft(
+      2, "twice", "--set gradient_accumulation_steps=2 --set zero_stage=2 --set resume_from_checkpoint=" + ck.string());
+  EXPECT_EQ(twice.code, 2) << twice.err;
+  EXPECT_NE(twice.err.find("moments this rank needs (a shard file is missing or repeated)"), std::string::npos)
+      << twice.err;
 }
 
 // ZeRO-3 checkpoints: rank 0 writes the model gathered from the slices, each rank its optimizer shard; 4 ranks
@@ -698,6 +714,17 @@ TEST(DataParallel, FourRanksResumeATwoRankZero3Checkpoint) {
                                   "--set resume_from_checkpoint=" +
                                   ck.string());
     ASSERT_EQ(four.code, 0) << four.err;
+    if (kind.empty()) {  // each rank read its own quarter of the checkpoint's weights, no more (rank 0 says)
+      const SafetensorsFile saved(ck / "model.safetensors");
+      int64_t whole = 0;
+      for (const auto& [n, e] : saved.entries()) whole += int64_t(e.bytes);
+      std::smatch m;
+      ASSERT_TRUE(std::regex_search(four.err, m, std::regex("ZeRO-3: this rank read [^(]*\\((\\d+) bytes\\)")))
+          << four.err;
+      const int64_t read = std::stoll(m[1]);
+      EXPECT_GE(read * 4, whole);
+      EXPECT_LE(read * 4, whole + 4 * 4 * 4) << "more than its slices (a chunk's rounding up, 4 groups)";
+    }
     auto want = s.losses(name + "-one");
     want.erase(1);
     expect_same_losses(want, s.losses(name + "-four"), name + ": 4 ZeRO-3 ranks from a 2-rank ZeRO-3 checkpoint");

@@ -139,18 +139,25 @@ const TensorEntry& SafetensorsFile::at(const std::string& name) const {
 }
 
 void read_as_f32(const TensorEntry& e, const Shape& expected, float* dst, const std::string& what) {
+  read_range_as_f32(e, expected, 0, shape_numel(expected), dst, what);
+}
+
+void read_range_as_f32(const TensorEntry& e, const Shape& expected, int64_t first, int64_t count, float* dst,
+                       const std::string& what) {
   if (e.shape != expected)
     user_error(what, ": shape ", shape_str(e.shape), " does not match the expected ", shape_str(expected));
-  const size_t n = size_t(shape_numel(e.shape));
+  SOLTRAIN_CHECK(first >= 0 && count >= 0 && first + count <= shape_numel(e.shape), what, ": elements [", first, ", ",
+                 first + count, ")");
+  const size_t n = size_t(count);
   switch (e.dtype) {
-    case DType::F32: std::memcpy(dst, e.data, n * 4); break;
+    case DType::F32: std::memcpy(dst, static_cast<const float*>(e.data) + first, n * 4); break;
     case DType::BF16: {
-      auto* s = static_cast<const uint16_t*>(e.data);
+      auto* s = static_cast<const uint16_t*>(e.data) + first;
       for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
       break;
     }
     case DType::F16: {
-      auto* s = static_cast<const uint16_t*>(e.data);
+      auto* s = static_cast<const uint16_t*>(e.data) + first;
       for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
       break;
     }

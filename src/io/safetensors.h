@@ -46,6 +46,9 @@ class SafetensorsFile {
 
 // Copies an entry into fp32 (F32/BF16/F16 sources) after checking its shape; `what` names it in errors.
 void read_as_f32(const TensorEntry& e, const Shape& expected, float* dst, const std::string& what);
+// The same for its flat elements [first, first + count) alone: only those bytes of the mapping are read.
+void read_range_as_f32(const TensorEntry& e, const Shape& expected, int64_t first, int64_t count, float* dst,
+                       const std::string& what);
 // Integer tensors (I32/I64) into int32, range-checked.
 std::vector<int32_t> read_as_i32(const TensorEntry& e, const std::string& what);
 

@@ -124,8 +124,9 @@ void read_resized_rows(const CheckpointReader& ckpt, const std::string& stored_n
 }
 }  // namespace
 
-void load_weights(Transformer& model, const fs::path& dir) {
+size_t load_weights(Transformer& model, const fs::path& dir) {
   const CheckpointReader ckpt = open_model_checkpoint(dir, model.config());
+  size_t read = 0;  // bytes of the plainly stored weights read (the sliced path's measure)
   std::vector<float> staging, scale_inv;
   std::vector<uint8_t> codes;
   std::set<std::string> used;
@@ -191,9 +192,22 @@ void load_weights(Transformer& model, const fs::path& dir) {
       model.params().upload(model.ops(), p, staging.data());
       continue;
     }
+    ParameterStore& ps = model.params();
+    if (ps.sharded() && p.trainable && p.order.named() && !stored_as_fp8(ckpt, stored_name) &&
+        !stored_as_nvfp4(ckpt, stored_name) && !stored_as_bnb_4bit(ckpt, stored_name)) {
+      // ZeRO-3: the rank's own elements alone, read from the mapping by their byte range
+      const auto [first, count] = ps.owned_part(p);
+      const TensorEntry& e = ckpt.entry(stored_name);
+      staging.resize(size_t(count));
+      read_range_as_f32(e, p.shape, first, count, staging.data(), ckpt.describe(stored_name));
+      ps.upload_owned(model.ops(), p, staging.data());
+      read += size_t(count) * dtype_size(e.dtype);
+      continue;
+    }
     staging.resize(size_t(shape_numel(p.shape)));
     read_weight_f32(ckpt, stored_name, p.shape, staging.data());  // FP8 blocks dequantised, NF4 quantised on upload
-    model.params().upload(model.ops(), p, staging.data());
+    ps.upload(model.ops(), p, staging.data());
+    read += ckpt.entry(stored_name).bytes;
   }
   // Tied checkpoints sometimes carry lm_head.weight too, and old ones RoPE buffers: transformers ignores
   // them, and so do we. Anything else means config and weights disagree.
@@ -206,6 +220,7 @@ void load_weights(Transformer& model, const fs::path& dir) {
   if (const size_t tower = ckpt.outside().size(); tower > 0)
     std::cerr << "note: " << c.architecture << ": its language model trains on text; the other " << tower
               << " tensors (the vision tower) are not loaded, and a saved model carries them over unchanged\n";
+  return read;
 }
 
 DType model_dtype(const fs::path& model_dir) {

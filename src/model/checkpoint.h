@@ -40,8 +40,10 @@ std::unique_ptr<Transformer> load_pretrained(const std::filesystem::path& dir, O
 CheckpointReader open_model_checkpoint(const std::filesystem::path& dir, const ModelConfig& c);
 
 // Copies every base parameter from the checkpoint (adapters excepted); missing or mis-shaped tensors are
-// UserErrors.
-void load_weights(Transformer& model, const std::filesystem::path& dir);
+// UserErrors. Into a sharded store (ZeRO-3's slices) each plainly stored trainable weight is read by the byte
+// range of the elements this rank owns, nothing else of it. Returns the bytes of the weights it read (a tensor
+// read whole counts whole).
+size_t load_weights(Transformer& model, const std::filesystem::path& dir);
 
 // What a model folder carries besides config.json and the weights, as transformers' save_pretrained and the
 // tokenizer's save write them (chat_template.jinja included: transformers 4.45+ keeps the template there): every

@@ -271,6 +271,7 @@ void ParameterStore::upload(Ops& ops, Parameter& p, const float* host) {
     named_to_stored(p, host, stored.data());
     host = stored.data();
   }
+  if (p.trainable && sharded()) return upload_owned(ops, p, host + owned_part(p).first);
   const Tensor h{const_cast<float*>(host), DType::F32, p.shape, Device::CPU};
   if (p.format != WeightFormat::Dense) {
     // Quantised on the host (the CPU twin's arithmetic), then copied up as stored.
@@ -310,6 +311,30 @@ void ParameterStore::upload(Ops& ops, Parameter& p, const float* host) {
     for (size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16(host[i]);
     ops.copy(value, Tensor{b.data(), DType::BF16, p.shape, Device::CPU});
   }
+}
+
+std::pair<int64_t, int64_t> ParameterStore::owned_part(const Parameter& p) const {
+  const int64_t n = shape_numel(p.shape);
+  if (!sharded()) return {0, n};
+  SOLTRAIN_CHECK(p.trainable, p.name, " is frozen: it has no slices");
+  const Slice& s = slices_.at(size_t(p.group));
+  const int64_t lo = std::max(s.begin, p.offset), hi = std::min(s.end, p.offset + n);
+  return hi > lo ? std::pair{lo - p.offset, hi - lo} : std::pair{int64_t(0), int64_t(0)};
+}
+
+void ParameterStore::upload_owned(Ops& ops, const Parameter& p, const float* host) {
+  const auto [first, count] = owned_part(p);
+  if (count == 0) return;
+  if (!sharded()) return upload(ops, const_cast<Parameter&>(p), host);
+  SOLTRAIN_CHECK(master_dtype_ == DType::F32, "ZeRO-3's slices of bf16 masters");
+  const ParamRange r{p.group, p.decay, p.offset + first, count};
+  const Tensor h{const_cast<float*>(host), DType::F32, {count}, Device::CPU};
+  ops.copy(masters(r), h);
+  if (values_alias_masters()) return;
+  if (masters_on_host_)
+    round_value(ops, values(r), host);
+  else
+    ops.convert(values(r), masters(r));
 }
 
 void ParameterStore::upload_quantised(Ops& ops, Parameter& p, const void* codes, const void* scale) {

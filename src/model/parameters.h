@@ -147,8 +147,15 @@ class ParameterStore {
   };
   PlannedBytes planned_bytes(DType act, DType masters = DType::F32) const;
 
-  // Sets a parameter from fp32 host values (master and compute copy, or the frozen compute copy).
+  // Sets a parameter from fp32 host values (master and compute copy, or the frozen compute copy). In a sharded
+  // store (ZeRO-3) a trainable parameter's values go to this rank's slices: only the part it owns is kept.
   void upload(Ops& ops, Parameter& p, const float* host);
+  // ZeRO-3: the elements [first, first + count) of trainable `p` (in its stored order) this rank's slices hold
+  // (count 0: none of them); the whole parameter in a store that is not sharded.
+  std::pair<int64_t, int64_t> owned_part(const Parameter& p) const;
+  // Sets exactly that part from fp32 host values host[0 .. count): masters and compute copy (a checkpoint read
+  // by its owned byte ranges, model/checkpoint.h, so no rank reads or holds the whole model).
+  void upload_owned(Ops& ops, const Parameter& p, const float* host);
   // A quantised parameter as stored (a pre-quantised checkpoint): codes and scales in its own layout.
   void upload_quantised(Ops& ops, Parameter& p, const void* codes, const void* scale);
   // Reads a parameter back as fp32 (the master, or the frozen compute copy widened or dequantised).

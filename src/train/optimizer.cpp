@@ -628,6 +628,80 @@ void AdamW::load_low_bit(const std::vector<std::filesystem::path>& files) {
   }
 }
 
+// A sharded optimizer's fp32 moments, each file's ranges (a shard's, or a whole file's parameters) copied where
+// they meet this rank's shard: no rank reads or holds more than its own moments and one file's range at a time.
+void AdamW::load_shard_fp32(const std::vector<std::filesystem::path>& files) {
+  struct Mine {
+    int64_t offset, numel, local;
+  };
+  std::vector<Mine> mine;
+  int64_t local = 0;
+  for (const ParamRange& r : *shard_) mine.push_back({r.offset, r.numel, local}), local += r.numel;
+  int64_t covered = 0;
+  std::vector<float> staged;
+  // Flat elements [offset, offset + len) of the moments, held in `m` / `v` from element `first` on.
+  auto place = [&](int64_t offset, int64_t len, const TensorEntry& m, const TensorEntry& v, int64_t first,
+                   const std::string& what) {
+    for (const Mine& r : mine) {
+      const int64_t lo = std::max(offset, r.offset), hi = std::min(offset + len, r.offset + r.numel);
+      if (hi <= lo) continue;
+      covered += hi - lo;
+      staged.resize(size_t(hi - lo));
+      for (const auto& [e, buf] : {std::pair{&m, &m_}, std::pair{&v, &v_}}) {
+        read_range_as_f32(*e, e->shape, first + lo - offset, hi - lo, staged.data(), what);
+        ops_.copy(elements(buf->data(), DType::F32, r.local + lo - r.offset, hi - lo, buf->device()),
+                  Tensor{staged.data(), DType::F32, {hi - lo}, Device::CPU});
+      }
+    }
+  };
+  std::string step_text;
+  for (const std::filesystem::path& file : files) {
+    const SafetensorsFile f(file);
+    auto meta = [&](const std::string& k) { return meta_of(f, file, k); };
+    if (!step_text.empty() && meta("step") != step_text)
+      user_error(file.string(), ": optimizer shard at step ", meta("step"), ", another at ", step_text);
+    step_text = meta("step");
+    if (meta("format") == kShardFormat) {
+      if (meta("numel") != std::to_string(params_.numel()) || meta("layout") != layout_fingerprint(params_))
+        user_error(file.string(), ": optimizer shard was saved for another model (parameter layout differs)");
+      std::vector<std::pair<int64_t, int64_t>> ranges;
+      try {
+        ranges = nlohmann::json::parse(meta("ranges")).get<std::vector<std::pair<int64_t, int64_t>>>();
+      } catch (const nlohmann::json::exception&) {
+        user_error(file.string(), ": malformed 'ranges' in its metadata");
+      }
+      const TensorEntry &m = f.at("exp_avg"), &v = f.at("exp_avg_sq");
+      int64_t at = 0;
+      for (const auto& [off, len] : ranges) {
+        if (off < 0 || len < 0 || off + len > params_.numel() || at + len > shape_numel(m.shape) || m.shape != v.shape)
+          user_error(file.string(), ": range outside the model or its tensors");
+        place(off, len, m, v, at, file.string());
+        at += len;
+      }
+    } else if (meta("format") == kFormat) {
+      for (const Parameter& p : params_.all()) {
+        if (!p.trainable) continue;
+        const TensorEntry &m = f.at("exp_avg." + p.name), &v = f.at("exp_avg_sq." + p.name);
+        for (const TensorEntry* e : {&m, &v})
+          if (e->shape != p.shape)
+            user_error(file.string(), ": ", p.name, "'s moments are ", shape_str(e->shape), ", expected ",
+                       shape_str(p.shape));
+        place(p.offset, shape_numel(p.shape), m, v, 0, file.string() + ": " + p.name);
+      }
+    } else {
+      user_error(file.string(), ": optimizer state of another format (", meta("format"), ")");
+    }
+  }
+  if (covered != total(*shard_))
+    user_error(files[0].parent_path().string(), ": the optimizer files hold ", covered, " of the ", total(*shard_),
+               " moments this rank needs (a shard file is missing or repeated)");
+  try {
+    step_ = std::stoi(step_text);
+  } catch (const std::exception&) {
+    user_error(files[0].string(), ": optimizer step \"", step_text, "\" is not a number");
+  }
+}
+
 void AdamW::load(const std::vector<std::filesystem::path>& files) {
   SOLTRAIN_CHECK(!files.empty());
   {  // low-bit state: a whole file or shards of pieces
@@ -646,6 +720,7 @@ void AdamW::load(const std::vector<std::filesystem::path>& files) {
       user_error(files[0].string(), ": optimizer state was saved with ", saved, ", this run uses ", optimizer_name(),
                  ": resume with the same optimizer, or start a fresh run");
     if (file_8bit) return load_low_bit(files);
+    if (shard_ && (meta("format") == kShardFormat || meta("format") == kFormat)) return load_shard_fp32(files);
   }
   std::vector<float> m(size_t(params_.numel())), v(m.size());
   std::string step_text;

@@ -143,6 +143,8 @@ class AdamW {
   // load()'s low-bit form: files of codes and absmax per quantised moment, fp32 for the rest, and the step; a
   // whole file or any rank count's pieces, each slot filled from every piece that overlaps it.
   void load_low_bit(const std::vector<std::filesystem::path>& files);
+  // load()'s sharded fp32 form: every file's ranges copied where they meet the shard (optimizer.cpp)
+  void load_shard_fp32(const std::vector<std::filesystem::path>& files);
   // With low-bit moments, where each parameter's state lives (a sharded optimizer's: each piece it owns,
   // elements [at, at + numel) of the parameter, `at` on a block boundary): codes at `offset` bytes and absmax at
   // `block` floats into the low-bit buffers, or (parameters under 4096 elements) fp32 at `offset` floats into

@@ -313,7 +313,7 @@ TrainerState load_checkpoint(const fs::path& dir, Transformer& model, AdamW& opt
   if (lora)
     load_adapter_weights(model, weights);
   else
-    load_weights(model, weights);
+    s.weight_bytes_read = load_weights(model, weights);
   // The dropout masks continue where the interrupted run was: they are drawn per pass (micro-batch), so the
   // count of passes is stored; a checkpoint from before it was (one pass per step then) falls back to the step.
   model.set_dropout_step(dropout_passes);

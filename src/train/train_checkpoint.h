@@ -31,7 +31,8 @@ struct TrainerState {
   int64_t step = 0, total_steps = 0;
   LoaderState loader;
   uint64_t seed = 0;
-  BestEval best_eval;  // early stopping and load_best_model_at_end
+  BestEval best_eval;            // early stopping and load_best_model_at_end
+  size_t weight_bytes_read = 0;  // load_checkpoint: the model's weights this rank read (not saved)
 };
 
 // With `comm` (world size > 1) every rank calls it: rank 0 writes the model and the state, each rank its

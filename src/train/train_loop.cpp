@@ -12,6 +12,7 @@
 #include <ostream>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "train/curves_svg.h"
 #include "train/failed_write.h"
 #include "train/loss_watchdog.h"
@@ -167,9 +168,11 @@ TrainLoop::TrainLoop(LoopSetup s, RunDriver& driver)
 
 void TrainLoop::restore_from(const fs::path& from) {
   const int64_t total = state_.total_steps;
-  if (zero3()) zero3()->masters_for_loading();  // read whole, then each rank keeps its slices
+  if (zero3()) zero3()->before_loading();  // each rank reads its own slices
   state_ = load_checkpoint(from, s_.model, s_.step.optimizer());
-  if (zero3()) zero3()->scatter_loaded_masters();
+  if (zero3() && lead())
+    s_.log << s_.cmd << ": ZeRO-3: this rank read " << format_bytes(double(state_.weight_bytes_read)) << " ("
+           << state_.weight_bytes_read << " bytes) of the checkpoint's weights: its slices\n";
   if (state_.seed != s_.c.seed)
     user_error(from.string(), ": checkpoint was trained with seed ", state_.seed, ", config says ", s_.c.seed, " (the ",
                driver_.order_name(), " would differ)");

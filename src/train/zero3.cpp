@@ -204,26 +204,8 @@ void Zero3::masters_to_host() {
   }
 }
 
-void Zero3::masters_for_loading() {
-  host_masters_ = Buffer::host(size_t(ps_.numel()) * 4);
-  for (int g = 0; g < int(plan_.groups.size()); ++g)
-    if (!empty(g))
-      ps_.bind_masters(g, Tensor{static_cast<float*>(host_masters_.data()) + ps_.group_begin(g),
-                                 DType::F32,
-                                 {ps_.group_numel(g)},
-                                 Device::CPU});
-}
-
-void Zero3::scatter_loaded_masters() {
+void Zero3::before_loading() {
   ops_.wait(Ops::Stream::Main, Ops::Stream::Side);  // no gather still reads the slices
-  for (int g = 0; g < int(plan_.groups.size()); ++g) {
-    const auto [b, e] = plan_.owned_span(g);
-    if (e > b)
-      ops_.copy(slice(ps_.shard_masters(g), 0, e - b),
-                Tensor{static_cast<float*>(host_masters_.data()) + b, DType::F32, {e - b}, Device::CPU});
-  }
-  ps_.sync_values(ops_);
-  release_host_masters();
   weights_changed();
 }
 

@@ -51,10 +51,10 @@ class Zero3 {
   // Checkpoints: the fp32 masters whole on the host of rank 0 (gathered group by group; every rank calls
   // it), bound as the parameters' masters so the usual writers read them; release() unbinds and frees.
   void masters_to_host();
-  // Loading: every rank binds a whole host copy of the masters to be written, then scatter() keeps its
-  // slices (masters and compute copy) and frees it.
-  void masters_for_loading();
-  void scatter_loaded_masters();
+  // Loading a checkpoint: the readers write each rank's own parts into its slices (ParameterStore::upload and
+  // upload_owned; model/checkpoint.h reads only those bytes), so no rank holds the whole model. Call this first:
+  // no gather still reads the slices, and every gathered copy is stale.
+  void before_loading();
   void release_host_masters();
 
   // Bytes this rank holds persistently (slices) and as per-pass buffers, for the memory plan and tests.
