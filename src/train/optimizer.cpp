@@ -514,18 +514,36 @@ std::string meta_of(const SafetensorsFile& f, const std::filesystem::path& file,
   return it->second;
 }
 
+// Every file of a set at one step: the first file's step kept in `step_text`, a later one at another is an error.
+void same_step(const SafetensorsFile& f, const std::filesystem::path& file, std::string& step_text) {
+  const std::string step = meta_of(f, file, "step");
+  if (!step_text.empty() && step != step_text)
+    user_error(file.string(), ": optimizer shard at step ", step, ", another at ", step_text);
+  step_text = step;
+}
+int parsed_step(const std::string& step_text, const std::filesystem::path& file) {
+  try {
+    return std::stoi(step_text);
+  } catch (const std::exception&) {
+    user_error(file.string(), ": optimizer step \"", step_text, "\" is not a number");
+  }
+}
+// A shard's [offset, length] ranges (its metadata).
+std::vector<std::pair<int64_t, int64_t>> shard_ranges(const SafetensorsFile& f, const std::filesystem::path& file) {
+  try {
+    return nlohmann::json::parse(meta_of(f, file, "ranges")).get<std::vector<std::pair<int64_t, int64_t>>>();
+  } catch (const nlohmann::json::exception&) {
+    user_error(file.string(), ": malformed 'ranges' in its metadata");
+  }
+}
+
 // One rank's shard (kShardFormat) into the whole model's flat moments; returns how many it covers.
 int64_t read_shard(const SafetensorsFile& f, const std::filesystem::path& file, const ParameterStore& params,
                    std::vector<float>& m, std::vector<float>& v) {
   auto meta = [&](const std::string& k) { return meta_of(f, file, k); };
   if (meta("numel") != std::to_string(params.numel()) || meta("layout") != layout_fingerprint(params))
     user_error(file.string(), ": optimizer shard was saved for another model (parameter layout differs)");
-  std::vector<std::pair<int64_t, int64_t>> ranges;
-  try {
-    ranges = nlohmann::json::parse(meta("ranges")).get<std::vector<std::pair<int64_t, int64_t>>>();
-  } catch (const nlohmann::json::exception&) {
-    user_error(file.string(), ": malformed 'ranges' in its metadata");
-  }
+  const std::vector<std::pair<int64_t, int64_t>> ranges = shard_ranges(f, file);
   int64_t n = 0;
   for (const auto& [off, len] : ranges) {
     if (off < 0 || len < 0 || off + len > params.numel()) user_error(file.string(), ": range outside the model");
@@ -562,9 +580,7 @@ void AdamW::load_low_bit(const std::vector<std::filesystem::path>& files) {
     if (!pieces && meta("format") != kFormat8)
       user_error(file.string(), ": optimizer state of another format (", meta("format"), ") among ", optimizer_name(),
                  "'s");
-    if (!step_text.empty() && meta("step") != step_text)
-      user_error(file.string(), ": optimizer shard at step ", meta("step"), ", another at ", step_text);
-    step_text = meta("step");
+    same_step(f, file, step_text);
     std::map<std::string, std::pair<int64_t, int64_t>> held;  // name -> [first element, length] of the file's piece
     if (pieces) try {
         held = nlohmann::json::parse(meta("pieces")).get<std::map<std::string, std::pair<int64_t, int64_t>>>();
@@ -621,11 +637,7 @@ void AdamW::load_low_bit(const std::vector<std::filesystem::path>& files) {
                  slots_[i].param->name, "'s ", slots_[i].numel,
                  " moments this rank needs (a shard file is missing or "
                  "repeated)");
-  try {
-    step_ = std::stoi(step_text);
-  } catch (const std::exception&) {
-    user_error(files[0].string(), ": optimizer step \"", step_text, "\" is not a number");
-  }
+  step_ = parsed_step(step_text, files[0]);
 }
 
 // A sharded optimizer's fp32 moments, each file's ranges (a shard's, or a whole file's parameters) copied where
@@ -658,18 +670,11 @@ void AdamW::load_shard_fp32(const std::vector<std::filesystem::path>& files) {
   for (const std::filesystem::path& file : files) {
     const SafetensorsFile f(file);
     auto meta = [&](const std::string& k) { return meta_of(f, file, k); };
-    if (!step_text.empty() && meta("step") != step_text)
-      user_error(file.string(), ": optimizer shard at step ", meta("step"), ", another at ", step_text);
-    step_text = meta("step");
+    same_step(f, file, step_text);
     if (meta("format") == kShardFormat) {
       if (meta("numel") != std::to_string(params_.numel()) || meta("layout") != layout_fingerprint(params_))
         user_error(file.string(), ": optimizer shard was saved for another model (parameter layout differs)");
-      std::vector<std::pair<int64_t, int64_t>> ranges;
-      try {
-        ranges = nlohmann::json::parse(meta("ranges")).get<std::vector<std::pair<int64_t, int64_t>>>();
-      } catch (const nlohmann::json::exception&) {
-        user_error(file.string(), ": malformed 'ranges' in its metadata");
-      }
+      const std::vector<std::pair<int64_t, int64_t>> ranges = shard_ranges(f, file);
       const TensorEntry &m = f.at("exp_avg"), &v = f.at("exp_avg_sq");
       int64_t at = 0;
       for (const auto& [off, len] : ranges) {
@@ -695,11 +700,7 @@ void AdamW::load_shard_fp32(const std::vector<std::filesystem::path>& files) {
   if (covered != total(*shard_))
     user_error(files[0].parent_path().string(), ": the optimizer files hold ", covered, " of the ", total(*shard_),
                " moments this rank needs (a shard file is missing or repeated)");
-  try {
-    step_ = std::stoi(step_text);
-  } catch (const std::exception&) {
-    user_error(files[0].string(), ": optimizer step \"", step_text, "\" is not a number");
-  }
+  step_ = parsed_step(step_text, files[0]);
 }
 
 void AdamW::load(const std::vector<std::filesystem::path>& files) {
@@ -732,9 +733,7 @@ void AdamW::load(const std::vector<std::filesystem::path>& files) {
       if (it == f.metadata().end()) user_error(file.string(), ": optimizer state has no '", k, "' in its metadata");
       return it->second;
     };
-    if (!step_text.empty() && meta("step") != step_text)
-      user_error(file.string(), ": optimizer shard at step ", meta("step"), ", another at ", step_text);
-    step_text = meta("step");
+    same_step(f, file, step_text);
     covered += params_.numel();
     if (meta("format") == kShardFormat) {
       covered += read_shard(f, file, params_, m, v) - params_.numel();
@@ -797,11 +796,7 @@ void AdamW::load(const std::vector<std::filesystem::path>& files) {
       }
     }
   }
-  try {
-    step_ = std::stoi(step_text);
-  } catch (const std::exception&) {
-    user_error(files[0].string(), ": optimizer step \"", step_text, "\" is not a number");
-  }
+  step_ = parsed_step(step_text, files[0]);
 }
 
 }  // namespace soltrain
