@@ -167,18 +167,15 @@ AdamW::AdamW(ParameterStore& params, Ops& ops, Moments moments, Offload offload,
     muon_ns_ = ops.alloc(size_t(pl.muon_ns) * dtype_size(act));
     muon_sumsq_ = ops.alloc(sizeof(double));
   }
-  chunk_ = pl.chunk;
-  if (low_bit(moments_)) {
-    make_low_bit_state(pl);
-    return;
-  }
-  // (offload_optimizer: the moments in host memory, pinned on CUDA; alloc_host zeroes too)
-  m_ = offload_.optimizer ? ops.alloc_host(pl.m) : ops.alloc(pl.m);
-  v_ = offload_.optimizer ? ops.alloc_host(pl.v) : ops.alloc(pl.v);
-  make_fp32_pieces(pl);
+  make_state(pl);
 }
 
-void AdamW::make_fp32_pieces(const Plan& pl) {
+void AdamW::make_state(const Plan& pl) {
+  chunk_ = pl.chunk;
+  if (low_bit(moments_)) return make_low_bit_state(pl);
+  // (offload_optimizer: the moments in host memory, pinned on CUDA; alloc_host zeroes too)
+  m_ = offload_.optimizer ? ops_.alloc_host(pl.m) : ops_.alloc(pl.m);
+  v_ = offload_.optimizer ? ops_.alloc_host(pl.v) : ops_.alloc(pl.v);
   if (offload_.master) params_.move_masters_to_host(ops_);
   if (!offload_.any()) return;
   int64_t local = 0;  // a shard's moments: its ranges one after another
@@ -289,15 +286,7 @@ void AdamW::step_8bit(const OptimizerConfig& cfg, float lr, float grad_scale, co
 
 AdamW::AdamW(ParameterStore& params, Ops& ops, std::vector<ParamRange> shard, Moments moments, Offload offload)
     : params_(params), ops_(ops), moments_(moments), shard_(std::move(shard)), offload_(offload) {
-  const Plan pl = plan(params, moments, offload, std::nullopt, false, &*shard_);
-  chunk_ = pl.chunk;
-  if (low_bit(moments_)) {
-    make_low_bit_state(pl);
-    return;
-  }
-  m_ = offload_.optimizer ? ops.alloc_host(pl.m) : ops.alloc(pl.m);
-  v_ = offload_.optimizer ? ops.alloc_host(pl.v) : ops.alloc(pl.v);
-  make_fp32_pieces(pl);
+  make_state(plan(params, moments, offload, std::nullopt, false, &*shard_));
 }
 
 bool updated_by_muon(const Parameter& p) {

@@ -156,8 +156,10 @@ class AdamW {
     int64_t at, numel;
   };
   ParamRange range(const Slot& s, int64_t at, int64_t numel) const;  // elements [at, at + numel) of the slot
-  void make_low_bit_state(const Plan& pl);  // slots_, the codes, absmax and maps (both constructors)
-  void make_fp32_pieces(const Plan& pl);    // offload: the masters moved, pieces_ and the staging slots
+  // Both constructors' state from the plan: fp32 moments (offload: the masters moved, pieces_ and the staging
+  // slots), or make_low_bit_state's slots_, codes, absmax and maps.
+  void make_state(const Plan& pl);
+  void make_low_bit_state(const Plan& pl);
   Blockwise8 quantised(const Slot& s, bool second) const;
   Tensor fp32_moment(const Slot& s, bool second) const;
   void step_8bit(const OptimizerConfig& cfg, float lr, float grad_scale, const Tensor* grad_sumsq);
