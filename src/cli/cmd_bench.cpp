@@ -178,8 +178,8 @@ nlohmann::json data_parallel_plan(const BenchOpts& o, const ModelConfig& c, Para
   // (the side stream's design), their sum when nothing overlaps.
   const CommVolume v = comm_volume(sp, zero, int(c.num_layers), o.accumulation, dtype_size(act));
   const bool across = o.nodes > 1;
-  const double link = across ? std::min(o.ib_gbs, o.intra_node == "pcie" ? o.pcie_gbs : o.nvlink_gbs)
-                             : (o.intra_node == "pcie" ? o.pcie_gbs : o.nvlink_gbs);
+  const double intra = o.intra_node == "pcie" ? o.pcie_gbs : o.nvlink_gbs;
+  const double link = across ? std::min(o.ib_gbs, intra) : intra;
   const double tokens = double(o.batch) * o.seq * o.accumulation;
   const bool lora = o.lora_rank > 0;
   // (recompute full runs each layer's forward again: 2N more per token over 6N, or over LoRA's 4N)
@@ -529,18 +529,15 @@ std::function<int()> add_bench_command(CLI::App& app) {
   c->add_option("--intra-node", o->intra_node, "with --plan-only: the link between a node's GPUs, nvlink or pcie")
       ->check(CLI::IsMember({"nvlink", "pcie"}))
       ->capture_default_str();
-  c->add_option("--nvlink-gbs", o->nvlink_gbs, "with --plan-only: NVLink's GB/s per GPU in a ring (H100 NVLink4)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  c->add_option("--pcie-gbs", o->pcie_gbs, "with --plan-only: PCIe's GB/s per GPU in a ring (PCIe 5 x16)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  c->add_option("--ib-gbs", o->ib_gbs, "with --plan-only: InfiniBand's GB/s per GPU in a ring (one NDR 400 port)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  c->add_option("--tflops", o->tflops, "with --plan-only: the GPU's dense bf16 TFLOP/s (H100/H200 SXM)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+  // (the figures the step time is planned from: GB/s a GPU moves in a ring, and its compute rate)
+  for (const auto& [flag, value, what] :
+       {std::tuple{"--nvlink-gbs", &o->nvlink_gbs, "NVLink's GB/s per GPU in a ring (H100 NVLink4)"},
+        std::tuple{"--pcie-gbs", &o->pcie_gbs, "PCIe's GB/s per GPU in a ring (PCIe 5 x16)"},
+        std::tuple{"--ib-gbs", &o->ib_gbs, "InfiniBand's GB/s per GPU in a ring (one NDR 400 port)"},
+        std::tuple{"--tflops", &o->tflops, "the GPU's dense bf16 TFLOP/s (H100/H200 SXM)"}})
+    c->add_option(flag, *value, std::string("with --plan-only: ") + what)
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
   c->add_option("--mfu", o->mfu, "with --plan-only: the share of --tflops the step's FLOPs run at")
       ->check(CLI::Range(0.01, 1.0))
       ->capture_default_str();

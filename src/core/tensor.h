@@ -48,6 +48,12 @@ struct Tensor {
     SOLTRAIN_CHECK(dtype == DType::I32, "tensor is ", dtype_name(dtype), ", expected I32");
     return static_cast<int32_t*>(data);
   }
+  // Elements [first, first + count) of the flat tensor, as a 1-D tensor of the same memory.
+  Tensor flat_part(int64_t first, int64_t count) const {
+    SOLTRAIN_CHECK(first >= 0 && count >= 0 && first + count <= numel(), "elements [", first, ", ", first + count,
+                   ") of ", shape_str(shape));
+    return Tensor{static_cast<char*>(data) + size_t(first) * dtype_size(dtype), dtype, {count}, device};
+  }
   // Same memory, another shape with the same element count.
   Tensor view(Shape s) const {
     SOLTRAIN_CHECK(shape_numel(s) == numel(), "view ", shape_str(s), " of ", shape_str(shape));

@@ -254,14 +254,13 @@ void ParameterStore::round_value(Ops& ops, const Tensor& value, const float* hos
 }
 
 void ParameterStore::sync_values(Ops& ops) {
+  // (a sharded store's compute copy is written with its masters: upload_owned, the sharded update)
+  SOLTRAIN_CHECK(!sharded(), "sync_values on a sharded store");
   if (values_alias_masters()) return;
-  if (masters_on_host_ && sharded())
-    return round_value(ops, flat(values_, values_dtype_, 0, held_), static_cast<const float*>(masters_.data()));
   if (masters_on_host_) {
     for (const ParamRange& r : ranges_) round_value(ops, values(r), static_cast<const float*>(masters(r).data));
     return;
   }
-  if (sharded()) return ops.convert(flat(values_, values_dtype_, 0, held_), flat(masters_, master_dtype_, 0, held_));
   for (const ParamRange& r : ranges_) ops.convert(values(r), masters(r));
 }
 void ParameterStore::upload(Ops& ops, Parameter& p, const float* host) {
@@ -322,10 +321,10 @@ std::pair<int64_t, int64_t> ParameterStore::owned_part(const Parameter& p) const
   return hi > lo ? std::pair{lo - p.offset, hi - lo} : std::pair{int64_t(0), int64_t(0)};
 }
 
-void ParameterStore::upload_owned(Ops& ops, const Parameter& p, const float* host) {
+void ParameterStore::upload_owned(Ops& ops, Parameter& p, const float* host) {
   const auto [first, count] = owned_part(p);
   if (count == 0) return;
-  if (!sharded()) return upload(ops, const_cast<Parameter&>(p), host);
+  if (!sharded()) return upload(ops, p, host);
   SOLTRAIN_CHECK(master_dtype_ == DType::F32, "ZeRO-3's slices of bf16 masters");
   const ParamRange r{p.group, p.decay, p.offset + first, count};
   const Tensor h{const_cast<float*>(host), DType::F32, {count}, Device::CPU};

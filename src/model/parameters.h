@@ -155,7 +155,7 @@ class ParameterStore {
   std::pair<int64_t, int64_t> owned_part(const Parameter& p) const;
   // Sets exactly that part from fp32 host values host[0 .. count): masters and compute copy (a checkpoint read
   // by its owned byte ranges, model/checkpoint.h, so no rank reads or holds the whole model).
-  void upload_owned(Ops& ops, const Parameter& p, const float* host);
+  void upload_owned(Ops& ops, Parameter& p, const float* host);
   // A quantised parameter as stored (a pre-quantised checkpoint): codes and scales in its own layout.
   void upload_quantised(Ops& ops, Parameter& p, const void* codes, const void* scale);
   // Reads a parameter back as fp32 (the master, or the frozen compute copy widened or dequantised).

@@ -57,9 +57,6 @@ ShardPlan make_shard_plan(const ParameterStore& params, int rank, int size, Mome
 }
 
 namespace {
-Tensor slice(const Tensor& t, int64_t offset, int64_t n) {
-  return Tensor{static_cast<char*>(t.data) + size_t(offset) * dtype_size(t.dtype), t.dtype, {n}, t.device};
-}
 // A group's collectives can run on its own buffer: the communicator allows it and the ranks' slices tile the
 // group exactly (no padding).
 bool group_in_place(const ShardPlan::Group& gr, int size, bool comm_in_place) {
@@ -125,15 +122,15 @@ void DataParallel::reduce_group(int g) {
     comm_.all_reduce_sum(grads);
   } else if (in_place(gr)) {
     // Straight from the gradients into this rank's own slice of them: no staging copy either way.
-    comm_.reduce_scatter_sum(slice(grads, int64_t(comm_.rank()) * gr.chunk, gr.chunk), grads);
+    comm_.reduce_scatter_sum(grads.flat_part(int64_t(comm_.rank()) * gr.chunk, gr.chunk), grads);
   } else {
     const int64_t padded = gr.chunk * comm_.size();
     const Tensor in = scratch(padded, 0), out = scratch(gr.chunk, 1);
-    ops_.copy(slice(in, 0, gr.numel), grads);
-    if (padded > gr.numel) ops_.zero(slice(in, gr.numel, padded - gr.numel));
+    ops_.copy(in.flat_part(0, gr.numel), grads);
+    if (padded > gr.numel) ops_.zero(in.flat_part(gr.numel, padded - gr.numel));
     comm_.reduce_scatter_sum(out, in);
     const auto [b, e] = plan_.owned_span(g);
-    if (e > b) ops_.copy(slice(grads, b - gr.begin, e - b), slice(out, 0, e - b));
+    if (e > b) ops_.copy(grads.flat_part(b - gr.begin, e - b), out.flat_part(0, e - b));
   }
   ops_.use_stream(Ops::Stream::Main);
 }
@@ -220,8 +217,10 @@ void DataParallel::gather_group(int g) {
   if (gr.numel == 0) return;
   const ParamRange whole{g, false, gr.begin, gr.numel};
   const Tensor masters = ps.masters(whole);
-  if (in_place(gr) && !host_masters_) {  // this rank's slice gathered in place
-    comm_.all_gather(masters, slice(masters, int64_t(comm_.rank()) * gr.chunk, gr.chunk));
+  // (masters in host memory, offload_master: through the staging, which the constructor sized for them)
+  SOLTRAIN_CHECK(!ps.masters_on_host() || host_masters_, "host-held masters without the staging to gather them");
+  if (in_place(gr) && !ps.masters_on_host()) {  // this rank's slice gathered in place
+    comm_.all_gather(masters, masters.flat_part(int64_t(comm_.rank()) * gr.chunk, gr.chunk));
     // The update wrote this rank's compute copy itself: only the other ranks' slices need converting.
     const auto [b, e] = plan_.owned_span(g);
     for (const auto& [lo, hi] : {std::pair{gr.begin, b}, std::pair{e, gr.begin + gr.numel}})
@@ -232,11 +231,11 @@ void DataParallel::gather_group(int g) {
   } else {
     const auto [b, e] = plan_.owned_span(g);
     const Tensor mine = scratch(gr.chunk, 1), all = scratch(gr.chunk * comm_.size(), 0);
-    if (e > b) ops_.copy(slice(mine, 0, e - b), slice(masters, b - gr.begin, e - b));
-    if (e - b < gr.chunk) ops_.zero(slice(mine, e - b, gr.chunk - (e - b)));
+    if (e > b) ops_.copy(mine.flat_part(0, e - b), masters.flat_part(b - gr.begin, e - b));
+    if (e - b < gr.chunk) ops_.zero(mine.flat_part(e - b, gr.chunk - (e - b)));
     comm_.all_gather(all, mine);
-    ops_.copy(masters, slice(all, 0, gr.numel));  // (into host memory with offload_master)
-    if (!ps.values_alias_masters()) ops_.convert(ps.values(whole), slice(all, 0, gr.numel));
+    ops_.copy(masters, all.flat_part(0, gr.numel));  // (into host memory with offload_master)
+    if (!ps.values_alias_masters()) ops_.convert(ps.values(whole), all.flat_part(0, gr.numel));
   }
   gathered_[size_t(g)] = ops_.mark();  // taken on Side, after the group's gather
 }

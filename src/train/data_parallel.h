@@ -100,7 +100,7 @@ class DataParallel final : public LayerHooks {
   Ops& ops_;
   int stage_;
   ShardPlan plan_;
-  bool host_masters_ = false;  // offload_master: the masters are gathered through the device staging
+  bool host_masters_ = false;  // offload_master: staging sized for gathering every group through it
   bool armed_ = false;
   std::vector<bool> reduced_;
   std::vector<uint64_t> gathered_;  // per group: the Side mark after its gather still awaited (0: none)

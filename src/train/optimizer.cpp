@@ -552,9 +552,9 @@ int64_t read_shard(const SafetensorsFile& f, const std::filesystem::path& file, 
 }  // namespace
 
 namespace {
-// `count` elements of `dtype` from element `from` of the memory at `base`.
-Tensor elements(void* base, DType dtype, int64_t from, int64_t count, Device device) {
-  return Tensor{static_cast<char*>(base) + size_t(from) * dtype_size(dtype), dtype, {count}, device};
+// A mapped file's tensor, flat, as host memory to copy from.
+Tensor mapped(const TensorEntry& e) {
+  return Tensor{const_cast<void*>(e.data), e.dtype, {shape_numel(e.shape)}, Device::CPU};
 }
 }  // namespace
 
@@ -604,9 +604,8 @@ void AdamW::load_low_bit(const std::vector<std::filesystem::path>& files) {
         // [lo, hi) in each: codes (bytes) or fp32 moments, then the blocks' absmax
         const int64_t count = s.quantised ? code_bytes(moments_, hi - lo) : hi - lo;
         const int64_t from = s.quantised ? code_bytes(moments_, lo - piece.first) : lo - piece.first;
-        ops_.copy(
-            elements(dst.data, dst.dtype, s.quantised ? code_bytes(moments_, lo - s.at) : lo - s.at, count, dst.device),
-            elements(const_cast<void*>(e.data), dst.dtype, from, count, Device::CPU));
+        ops_.copy(dst.flat_part(s.quantised ? code_bytes(moments_, lo - s.at) : lo - s.at, count),
+                  mapped(e).flat_part(from, count));
         if (!s.quantised) continue;
         const std::string abs_name = (second ? "exp_avg_sq.absmax." : "exp_avg.absmax.") + s.param->name;
         const Tensor abs_dst = quantised(s, second).absmax;
@@ -615,8 +614,7 @@ void AdamW::load_low_bit(const std::vector<std::filesystem::path>& files) {
         if (a.dtype != DType::F32 || shape_numel(a.shape) != blocks)
           user_error(file.string(), ": ", abs_name, " is ", dtype_name(a.dtype), " ", shape_str(a.shape),
                      ", expected F32 [", blocks, "]");
-        ops_.copy(elements(abs_dst.data, DType::F32, (lo - s.at) / b, nb, abs_dst.device),
-                  elements(const_cast<void*>(a.data), DType::F32, (lo - piece.first) / b, nb, Device::CPU));
+        ops_.copy(abs_dst.flat_part((lo - s.at) / b, nb), mapped(a).flat_part((lo - piece.first) / b, nb));
       }
     }
   }
@@ -650,7 +648,8 @@ void AdamW::load_shard_fp32(const std::vector<std::filesystem::path>& files) {
       staged.resize(size_t(hi - lo));
       for (const auto& [e, buf] : {std::pair{&m, &m_}, std::pair{&v, &v_}}) {
         read_range_as_f32(*e, e->shape, first + lo - offset, hi - lo, staged.data(), what);
-        ops_.copy(elements(buf->data(), DType::F32, r.local + lo - r.offset, hi - lo, buf->device()),
+        const Tensor moments{buf->data(), DType::F32, {total(*shard_)}, buf->device()};
+        ops_.copy(moments.flat_part(r.local + lo - r.offset, hi - lo),
                   Tensor{staged.data(), DType::F32, {hi - lo}, Device::CPU});
       }
     }

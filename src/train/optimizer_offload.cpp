@@ -11,13 +11,6 @@
 
 namespace soltrain {
 
-namespace {
-// Elements [at, at + n) of a flat tensor.
-Tensor part(const Tensor& t, int64_t at, int64_t n) {
-  return Tensor{static_cast<char*>(t.data) + size_t(at) * dtype_size(t.dtype), t.dtype, {n}, t.device};
-}
-}  // namespace
-
 void AdamW::stream_pieces(size_t count, const std::function<std::vector<Staged>(size_t)>& staged,
                           const std::function<void(size_t, const std::vector<Staged>&)>& update) {
   if (count == 0) return;
@@ -132,16 +125,16 @@ void AdamW::step_streamed_8bit(const OptimizerConfig& cfg, float lr, float grad_
     for (bool second : {false, true}) {
       const int64_t where = next + (second ? chunk_ : 0);
       if (!s.quantised) {
-        st.push_back({part(fp32_moment(s, second), pc.at, pc.numel), at(where, DType::F32, pc.numel)});
+        st.push_back({fp32_moment(s, second).flat_part(pc.at, pc.numel), at(where, DType::F32, pc.numel)});
         continue;
       }
-      st.push_back({part(quantised(s, second).code, pc.at, pc.numel), at(where, DType::U8, pc.numel)});
+      st.push_back({quantised(s, second).code.flat_part(pc.at, pc.numel), at(where, DType::U8, pc.numel)});
     }
     if (s.quantised) {
       const int64_t b0 = pc.at / kBlockwise8Block, nb = (pc.numel + kBlockwise8Block - 1) / kBlockwise8Block;
       for (bool second : {false, true})
-        st.push_back(
-            {part(quantised(s, second).absmax, b0, nb), at(next + 2 * chunk_ + (second ? blocks : 0), DType::F32, nb)});
+        st.push_back({quantised(s, second).absmax.flat_part(b0, nb),
+                      at(next + 2 * chunk_ + (second ? blocks : 0), DType::F32, nb)});
     }
     return st;
   };
@@ -169,8 +162,8 @@ void AdamW::step_streamed_8bit(const OptimizerConfig& cfg, float lr, float grad_
     Tensor* copy_out = params_.values_alias_masters() ? nullptr : &copy;
     const Tensor grad = params_.grads_on_host(r) ? st.back().stage : params_.grads(r);
     if (!s.quantised) {
-      Tensor m = host_moments ? st[k++].stage : part(fp32_moment(s, false), pc.at, pc.numel);
-      Tensor v = host_moments ? st[k++].stage : part(fp32_moment(s, true), pc.at, pc.numel);
+      Tensor m = host_moments ? st[k++].stage : fp32_moment(s, false).flat_part(pc.at, pc.numel);
+      Tensor v = host_moments ? st[k++].stage : fp32_moment(s, true).flat_part(pc.at, pc.numel);
       return ops_.adamw(master, grad, m, v, a, copy_out);
     }
     // A piece starts on a block boundary, so its blocks are the parameter's blocks from b0 on.
@@ -179,8 +172,8 @@ void AdamW::step_streamed_8bit(const OptimizerConfig& cfg, float lr, float grad_
     if (host_moments) {
       m.code = st[k].stage, v.code = st[k + 1].stage, m.absmax = st[k + 2].stage, v.absmax = st[k + 3].stage;
     } else {
-      m.code = part(m.code, pc.at, pc.numel), v.code = part(v.code, pc.at, pc.numel);
-      m.absmax = part(m.absmax, b0, nb), v.absmax = part(v.absmax, b0, nb);
+      m.code = m.code.flat_part(pc.at, pc.numel), v.code = v.code.flat_part(pc.at, pc.numel);
+      m.absmax = m.absmax.flat_part(b0, nb), v.absmax = v.absmax.flat_part(b0, nb);
     }
     ops_.adamw_8bit(master, grad, m, v, a, copy_out);
   });

@@ -8,9 +8,6 @@
 namespace soltrain {
 
 namespace {
-Tensor slice(const Tensor& t, int64_t offset, int64_t n) {
-  return Tensor{static_cast<char*>(t.data) + size_t(offset) * dtype_size(t.dtype), t.dtype, {n}, t.device};
-}
 Buffer alloc_nonempty(Ops& ops, size_t bytes) {
   return bytes ? ops.alloc(bytes) : Buffer{};
 }
@@ -197,7 +194,7 @@ void Zero3::masters_to_host() {
                         DType::F32,
                         {ps_.group_numel(g)},
                         Device::CPU};
-      ops_.copy(host, slice(all, 0, ps_.group_numel(g)));
+      ops_.copy(host, all.flat_part(0, ps_.group_numel(g)));
       ps_.bind_masters(g, host);
     }
     if (!whole_) ops_.zero(all);  // the scratch starts every use from zero
