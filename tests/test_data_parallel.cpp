@@ -736,6 +736,56 @@ TEST(DataParallel, FourRanksResumeATwoRankZero3Checkpoint) {
   }
 }
 
+// ZeRO-3 over a frozen base: each rank keeps only its slices of the base (bf16/fp32 values, NF4 or FP8 codes with
+// their scales, gathered in that format a layer at a time beside the adapters), so a rank holds about 1/world of
+// it, and 2 and 4 ranks train the one process's trajectory and save its adapter (under the fp8-hybrid recipe too).
+// `bench --plan-only` plans the slices the run holds. (Without the frozen gathers a rank would compute with the
+// parameters unbound: no run.)
+TEST(DataParallel, Zero3ShardsTheFrozenBase) {
+  DpSetup s;
+  const std::regex held("ZeRO-3 per rank: frozen base (\\d+) of its (\\d+) B held");
+  const fs::path adapter = fs::path("adapter") / "adapter_model.safetensors";
+  std::map<std::string, std::map<int64_t, double>> one_process;
+  for (const auto& [base, sets, bench] :
+       {std::tuple{"dense", std::string(), std::string()},
+        std::tuple{"nf4", std::string(" --set qlora_nf4=true"), std::string(" --qlora nf4")},
+        std::tuple{"fp8", std::string(" --set qlora_fp8=true"), std::string(" --qlora fp8")},
+        // (the recipe casts each frozen projection once, from its gathered layer, and keeps that FP8 copy)
+        std::tuple{"recipe", std::string(" --set recipe=fp8-hybrid"), std::string(" --recipe fp8-hybrid")}}) {
+    SCOPED_TRACE(base);
+    const std::string kind = kLora + sets, one = std::string(base) + "-1";
+    const CliRun r1 = s.sft(0, one, kind + " --set gradient_accumulation_steps=4");
+    ASSERT_EQ(r1.code, 0) << r1.err;
+    one_process[base] = s.losses(one);
+    for (int ranks : {2, 4}) {
+      const std::string out = std::string(base) + "-z3-" + std::to_string(ranks);
+      const CliRun r = s.sft(
+          ranks, out, kind + " --set zero_stage=3 --set gradient_accumulation_steps=" + std::to_string(4 / ranks));
+      ASSERT_EQ(r.code, 0) << r.err;
+      const bool recipe = std::string(base) == "recipe";  // (FP8 scaling: as Fp8RanksScaleAsOneProcess allows)
+      expect_same_losses(one_process[base], s.losses(out), out, recipe ? 3 : INT64_MAX, 1e-4);
+      expect_same_model(s.t.path / one / adapter, s.t.path / out / adapter, out, recipe ? 1e-3 : 1e-5);
+      std::smatch m;
+      ASSERT_TRUE(std::regex_search(r.err, m, held)) << r.err;
+      const int64_t mine = std::stoll(m[1]), whole = std::stoll(m[2]);
+      EXPECT_GE(mine * ranks, whole);
+      // (each of the 4 groups' slices rounded up to 256 bytes)
+      EXPECT_LE(mine * ranks, whole + 4 * ranks * 256) << "more than its slices";
+      EXPECT_LT(mine, whole / ranks + 4 * 256);
+      if (ranks == 2) {  // what bench --plan-only plans for rank 0 is what the run held
+        const CliRun p = run("bench --plan-only --device cpu --model " + (s.t.path / "model").string() +
+                                 " --batch-size 2 --seq-len 48 --lora-rank 4 --gpus 2 --data-parallel 3" + bench,
+                             s.t);
+        ASSERT_EQ(p.code, 0) << p.err;
+        EXPECT_EQ(nlohmann::json::parse(p.out)["data_parallel"]["frozen_bytes"].get<int64_t>(), mine);
+      }
+    }
+  }
+  EXPECT_NE(one_process["nf4"], one_process["dense"]) << "the NF4 base is not the dense one";
+  EXPECT_NE(one_process["fp8"], one_process["dense"]) << "the FP8 base is not the dense one";
+  EXPECT_NE(one_process["recipe"], one_process["dense"]) << "the recipe's FP8 GEMMs are not bf16 ones";
+}
+
 // FP8 (delayed scaling) over ranks: each update's amax histories are max-reduced before the scales are made
 // from them, so the ranks (each casting its own micro-batches) scale as one process casting all of them does:
 // 2 and 4 ranks (MPI; TCP workers too) train its trajectory, and 4 ranks resume a 2-rank checkpoint's scaling

@@ -153,8 +153,10 @@ nlohmann::json data_parallel_plan(const BenchOpts& o, const ModelConfig& c, Para
   if (const char* why = sharded_update_refusal(opt_cfg, zero))
     user_error("bench --offload ", o.offload, " with --data-parallel ", zero, " is not built yet (", why, ")");
   ps.lay_out();
-  const ShardPlan sp = make_shard_plan(ps, 0, world, opt_cfg.moments);
+  ShardPlan sp = make_shard_plan(ps, 0, world, opt_cfg.moments);
+  if (zero == 3) sp.frozen_chunk = frozen_chunks(ps.frozen_packed_bytes(act), world);  // (as DataParallel cuts it)
   size_t masters = w.masters, values = w.values, grad_bytes = w.grads, gathered = 0, scratch = 0, peak = 0;
+  size_t frozen = w.frozen + w.quantised;  // the base on the device: whole, or this rank's slices of it
   size_t moments = zero >= 1
                        ? AdamW::plan(ps, opt_cfg.moments, offload, std::nullopt, false, &sp.owned).device(host_moments)
                        : opt.device(host_moments);
@@ -166,11 +168,17 @@ nlohmann::json data_parallel_plan(const BenchOpts& o, const ModelConfig& c, Para
     masters = offload.master ? 0 : grad_bytes;
     values = act == DType::F32 ? 0 : size_t(z.held_elements) * dtype_size(act);  // (the CPU's are the masters)
     gathered = z.gathered, scratch = z.grad_scratch;
+    if (!sp.frozen_chunk.empty()) frozen = z.frozen_held;
     // The load's peak: the model is loaded whole (after the activations are planned), then keep_shards
-    // allocates the slices before it frees the whole buffers (offload_master moves the masters' slices after).
+    // allocates the slices before it frees the whole buffers (offload_master moves the masters' slices after),
+    // and keep_frozen_shards the frozen base's slices before it frees the whole base.
     peak = p.total_bytes() + w.weights() + slots + size_t(z.held_elements) * 4 + values + grad_bytes;
+    peak = std::max(peak, p.total_bytes() + w.weights() - w.masters - w.values + masters + values + grad_bytes + slots +
+                              z.frozen_held);
   }
-  t.weights = double(w.weights() - w.masters - w.values + masters + values + gathered + slots) / gib;
+  t.weights = double(w.weights() - w.masters - w.values - w.frozen - w.quantised + masters + values + frozen +
+                     gathered + slots) /
+              gib;
   t.grads = double(grad_bytes + scratch + staging) / gib;
   t.optimizer = double(moments) / gib;
   // What rank 0 sends per update (the shard plan's collectives), over the slowest link its rings cross, next to
@@ -205,7 +213,8 @@ nlohmann::json data_parallel_plan(const BenchOpts& o, const ModelConfig& c, Para
           {"value_bytes", values},
           {"grad_bytes", grad_bytes},
           {"moment_bytes", moments},
-          {"gather_bytes", gathered},
+          {"gather_bytes", gathered},  // (a sharded frozen base's gather buffers too)
+          {"frozen_bytes", frozen},    // the frozen base held on the device: its slices under ZeRO-3
           {"grad_scratch_bytes", scratch},
           {"staging_bytes", staging},
           {"load_peak_gib", double(peak) / gib},  // ZeRO-3: the peak while the loaded model is sharded

@@ -83,8 +83,13 @@ class MpiCommunicator final : public Communicator {
     SOLTRAIN_CHECK(out.numel() == in.numel() * size_ && in.dtype == out.dtype);
     const size_t bytes = size_t(in.numel()) * dtype_size(in.dtype);
     const bool in_place = in.data == static_cast<const char*>(out.data) + size_t(rank_) * bytes;
-    check(MPI_Allgather(in_place ? MPI_IN_PLACE : in.data, in_place ? 0 : int(in.numel()),
-                        in_place ? MPI_DATATYPE_NULL : mpi_type(in), out.data, int(in.numel()), mpi_type(out), comm_),
+    // Moved, not summed: any dtype as its bytes (a sharded frozen base's codes and scales are U8).
+    const bool raw = in.dtype != DType::F32 && in.dtype != DType::F64;
+    const int count = int(raw ? bytes : size_t(in.numel()));
+    SOLTRAIN_CHECK(in.device == Device::CPU, "MPI collectives take host tensors (CUDA ranks use NCCL)");
+    const MPI_Datatype type = raw ? MPI_BYTE : mpi_type(in);
+    check(MPI_Allgather(in_place ? MPI_IN_PLACE : in.data, in_place ? 0 : count, in_place ? MPI_DATATYPE_NULL : type,
+                        out.data, count, type, comm_),
           "MPI_Allgather");
   }
   void broadcast(Tensor t, int root) override {

@@ -102,7 +102,11 @@ class NcclCommunicator final : public Communicator {
   void all_gather(Tensor out, const Tensor& in) override {
     SOLTRAIN_CHECK(out.numel() == in.numel() * size_ && in.dtype == out.dtype);
     before("all_gather");
-    NCCL_CHECK(ncclAllGather(in.data, out.data, size_t(in.numel()), nccl_type(in), comm_, stream()));
+    // Moved, not summed: other dtypes as their bytes (a sharded frozen base's codes and scales are U8).
+    const bool raw = in.dtype != DType::F32 && in.dtype != DType::F64 && in.dtype != DType::BF16;
+    SOLTRAIN_CHECK(in.device == Device::CUDA, "NCCL collectives take device tensors");
+    NCCL_CHECK(ncclAllGather(in.data, out.data, raw ? in.bytes() : size_t(in.numel()), raw ? ncclUint8 : nccl_type(in),
+                             comm_, stream()));
     after("all_gather", out.numel());
   }
   void broadcast(Tensor t, int root) override {

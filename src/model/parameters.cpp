@@ -153,17 +153,8 @@ void ParameterStore::allocate(Ops& ops, StoreOptions options) {
   size_t quantised_off = 0;
   for (auto& p : params_) {
     if (!p.trainable && p.format != WeightFormat::Dense) {
-      const QuantisedLayout l = quantised_layout(p);
-      char* base = static_cast<char*>(quantised_.data()) + quantised_off;
-      const bool nf4 = p.format == WeightFormat::Nf4 || p.format == WeightFormat::Nvfp4,
-                 int8 = p.format == WeightFormat::Int8Row;  // (Nvfp4 is laid out as Nf4: codes and a byte blob)
-      p.value = nf4    ? Tensor{base, DType::U8, {int64_t(l.codes)}, quantised_.device()}
-                : int8 ? Tensor{base, DType::U8, p.shape, quantised_.device()}
-                       : Tensor{base, DType::F8E4M3, p.shape, quantised_.device()};
-      p.scale = nf4    ? Tensor{base + l.scale_at, DType::U8, {int64_t(l.scales)}, quantised_.device()}
-                : int8 ? Tensor{base + l.scale_at, DType::F32, {p.shape[0]}, quantised_.device()}
-                       : Tensor{base + l.scale_at, DType::F32, fp8_scale_shape(p.shape), quantised_.device()};
-      quantised_off += l.total;
+      bind_storage(p, static_cast<char*>(quantised_.data()) + quantised_off, quantised_.device());
+      quantised_off += quantised_layout(p).total;
       continue;
     }
     if (on_host(p)) {
@@ -171,7 +162,7 @@ void ParameterStore::allocate(Ops& ops, StoreOptions options) {
       continue;
     }
     if (!p.trainable) {
-      p.value = flat(frozen_, act, frozen_off, shape_numel(p.shape)).view(p.shape);
+      bind_storage(p, static_cast<char*>(frozen_.data()) + size_t(frozen_off) * dtype_size(act), frozen_.device());
       frozen_off += frozen_units(shape_numel(p.shape), act);
       continue;
     }
@@ -180,6 +171,22 @@ void ParameterStore::allocate(Ops& ops, StoreOptions options) {
     p.grad = gradients ? flat(grads_, DType::F32, p.offset, n).view(p.shape) : Tensor{};
     p.value = values_.data() ? flat(values_, act, p.offset, n).view(p.shape) : p.master;
   }
+}
+
+void ParameterStore::bind_storage(Parameter& p, char* base, Device device) const {
+  if (p.format == WeightFormat::Dense) {
+    p.value = Tensor{base, values_dtype_, p.shape, device};
+    return;
+  }
+  const QuantisedLayout l = quantised_layout(p);
+  const bool nf4 = p.format == WeightFormat::Nf4 || p.format == WeightFormat::Nvfp4,
+             int8 = p.format == WeightFormat::Int8Row;  // (Nvfp4 is laid out as Nf4: codes and a byte blob)
+  p.value = nf4    ? Tensor{base, DType::U8, {int64_t(l.codes)}, device}
+            : int8 ? Tensor{base, DType::U8, p.shape, device}
+                   : Tensor{base, DType::F8E4M3, p.shape, device};
+  p.scale = nf4    ? Tensor{base + l.scale_at, DType::U8, {int64_t(l.scales)}, device}
+            : int8 ? Tensor{base + l.scale_at, DType::F32, {p.shape[0]}, device}
+                   : Tensor{base + l.scale_at, DType::F32, fp8_scale_shape(p.shape), device};
 }
 
 void ParameterStore::move_masters_to_host(Ops& ops) {
@@ -272,6 +279,7 @@ void ParameterStore::upload(Ops& ops, Parameter& p, const float* host) {
   }
   if (p.trainable && sharded()) return upload_owned(ops, p, host + owned_part(p).first);
   const Tensor h{const_cast<float*>(host), DType::F32, p.shape, Device::CPU};
+  SOLTRAIN_CHECK(p.trainable || p.value.data, "frozen ", p.name, " is sharded (ZeRO-3): it is set before sharding");
   if (p.format != WeightFormat::Dense) {
     // Quantised on the host (the CPU twin's arithmetic), then copied up as stored.
     std::vector<uint8_t> codes(size_t(p.value.bytes()));
@@ -343,6 +351,8 @@ void ParameterStore::upload_quantised(Ops& ops, Parameter& p, const void* codes,
 }
 
 void ParameterStore::download(Ops& ops, const Parameter& p, float* host, bool queued) const {
+  SOLTRAIN_CHECK(p.trainable || p.value.data || on_host(p), "frozen ", p.name,
+                 " is sharded (ZeRO-3) and not gathered now: read it from the model's folder");
   if (!p.order.named()) {
     std::vector<float> stored(size_t(shape_numel(p.shape)));
     Parameter as_stored = p;
@@ -506,6 +516,83 @@ ParameterStore::PlannedBytes ParameterStore::planned_bytes(DType act, DType mast
   b.grads = size_t(b.trainable) * 4;
   b.values = act == masters ? 0 : size_t(b.trainable) * dtype_size(act);  // (none where the master is the copy)
   return b;
+}
+
+std::vector<int64_t> ParameterStore::packed_offsets(DType act, std::vector<int64_t>* group_bytes) const {
+  // Each frozen tensor on the device takes its storage as allocate() lays it out (whole 256-byte units), in the
+  // order added within its group.
+  group_bytes->assign(size_t(groups()), 0);
+  std::vector<int64_t> at(params_.size(), -1);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Parameter& p = params_[i];
+    if (p.trainable ||
+        std::find(frozen_host_groups_.begin(), frozen_host_groups_.end(), p.group) != frozen_host_groups_.end())
+      continue;
+    int64_t& end = (*group_bytes)[size_t(p.group)];
+    at[i] = end;
+    end += p.format == WeightFormat::Dense ? frozen_units(shape_numel(p.shape), act) * int64_t(dtype_size(act))
+                                           : int64_t(quantised_layout(p).total);
+  }
+  return at;
+}
+
+std::vector<int64_t> ParameterStore::frozen_packed_bytes(DType act) const {
+  std::vector<int64_t> bytes;
+  packed_offsets(act, &bytes);
+  return bytes;
+}
+
+void ParameterStore::keep_frozen_shards(Ops& ops, int rank, const std::vector<int64_t>& chunk) {
+  SOLTRAIN_CHECK(!frozen_sharded() && int(chunk.size()) == groups(), "keep_frozen_shards");
+  std::vector<int64_t> bytes;
+  packed_at_ = packed_offsets(values_dtype_, &bytes);
+  int64_t held = 0;
+  for (int g = 0; g < groups(); ++g) {
+    const int64_t c = chunk[size_t(g)];
+    SOLTRAIN_CHECK(c >= 0 && (bytes[size_t(g)] == 0 || c > 0), "frozen chunk of group ", g);
+    frozen_slices_.push_back({held, c});
+    held += c;
+  }
+  Buffer slices = ops.alloc(size_t(std::max<int64_t>(held, 1)));  // zeroed: the padding stays 0
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = params_[i];
+    if (packed_at_[i] < 0) continue;
+    // The part of this tensor's storage [at, at + n) inside the rank's slice [lo, lo + chunk) of its group.
+    const FrozenSlice& f = frozen_slices_[size_t(p.group)];
+    const int64_t at = packed_at_[i], lo = int64_t(rank) * f.chunk;
+    const int64_t n = p.format == WeightFormat::Dense
+                          ? frozen_units(shape_numel(p.shape), values_dtype_) * int64_t(dtype_size(values_dtype_))
+                          : int64_t(quantised_layout(p).total);
+    const int64_t from = std::max(at, lo), to = std::min(at + n, lo + f.chunk);
+    if (to > from) {
+      const Tensor src{static_cast<char*>(p.value.data) + (from - at), DType::U8, {to - from}, p.value.device};
+      ops.copy(flat(slices, DType::U8, f.at + (from - lo), to - from), src);
+    }
+  }
+  frozen_slices_buf_ = std::move(slices);
+  frozen_ = Buffer{};  // (every frozen tensor on the device was packed)
+  quantised_ = Buffer{};
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (packed_at_[i] >= 0) params_[i].value = params_[i].scale = Tensor{};
+}
+
+Tensor ParameterStore::frozen_shard(int group) const {
+  const FrozenSlice& f = frozen_slices_.at(size_t(group));
+  return flat(frozen_slices_buf_, DType::U8, f.at, f.chunk);
+}
+
+void ParameterStore::bind_frozen_packed(int group, const Tensor& bytes) {
+  SOLTRAIN_CHECK(frozen_sharded() && (!bytes.data || bytes.dtype == DType::U8), "bind_frozen_packed");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = params_[i];
+    if (p.group != group || packed_at_[i] < 0) continue;
+    if (!bytes.data) {
+      p.value = p.scale = Tensor{};
+      continue;
+    }
+    SOLTRAIN_CHECK(packed_at_[i] < bytes.numel(), "binding frozen group ", group, " to ", bytes.numel(), " bytes");
+    bind_storage(p, static_cast<char*>(bytes.data) + packed_at_[i], bytes.device);
+  }
 }
 
 Tensor ParameterStore::host_copy(const Parameter& p) const {

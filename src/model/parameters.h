@@ -7,8 +7,9 @@
 // tensor. Frozen parameters (a LoRA run's base weights) keep only the compute copy, in a buffer of their
 // own: no master, no gradient, nothing for the optimizer. A frozen projection of a QLoRA base is held
 // quantised (NF4 or FP8 blocks, kernels/quant.h) in a third buffer: `value` the codes, `scale` its scales.
-// ZeRO-3 (train/zero3.h) shards the trainable buffers: the store then holds one slice per group and the
-// data-parallel machinery points the parameters' tensors at wherever a group is whole for a while.
+// ZeRO-3 (train/zero3.h) shards the trainable buffers (and, over several ranks, the frozen base's bytes): the store
+// then holds one slice per group and the data-parallel machinery points the parameters' tensors at wherever a
+// group is whole for a while.
 #pragma once
 #include <map>
 #include <string>
@@ -91,7 +92,8 @@ class ParameterStore {
   // Device bytes of every weight's storage: masters, compute copies, frozen copies, quantised codes + scales.
   // (Frozen weights kept on the host, keep_frozen_on_host, are not device bytes: host_frozen_bytes.)
   size_t weight_bytes() const {
-    return (masters_on_host_ ? 0 : masters_.bytes()) + values_.bytes() + frozen_.bytes() + quantised_.bytes();
+    return (masters_on_host_ ? 0 : masters_.bytes()) + values_.bytes() + frozen_.bytes() + quantised_.bytes() +
+           frozen_slices_buf_.bytes();
   }
   // `offload_master`: the fp32 masters move into host memory the device copies from asynchronously (pinned on
   // CUDA), freeing 4 bytes per trainable parameter on the device; the compute copy stays on the device (on the
@@ -187,6 +189,24 @@ class ParameterStore {
   // clipping keep their one way of reading it whatever the stage.
   void keep_shards(Ops& ops, const std::vector<std::pair<int64_t, int64_t>>& owned, const std::vector<int64_t>& chunk);
   bool sharded() const { return !slices_.empty(); }
+
+  // ZeRO-3 over a frozen base (a LoRA run's): the frozen weights each group keeps on the device (dense compute
+  // copies, a QLoRA base's codes and scales) as one run of bytes, each tensor's storage at a 256-byte boundary as
+  // allocate() laid it out, so a group gathered whole has the alignment it had resident (the GEMMs pick the same
+  // algorithms: the same bits). Per group, its packed bytes (0 where nothing frozen is on the device; groups kept
+  // on the host, keep_frozen_on_host, stream from there and are not packed).
+  std::vector<int64_t> frozen_packed_bytes(DType act) const;
+  // Keeps only this rank's slice of each group's packed bytes: [rank·chunk[g], (rank + 1)·chunk[g]) (zero padding
+  // past the end), and frees the whole frozen buffers, so a rank holds about 1/world of the base. The packed
+  // parameters' value (and scale) stay unbound until bind_frozen_packed points them into a gathered copy.
+  void keep_frozen_shards(Ops& ops, int rank, const std::vector<int64_t>& chunk);
+  bool frozen_sharded() const { return !frozen_slices_.empty(); }
+  // Group g's slice (U8, chunk[g] bytes; empty when the group packs nothing).
+  Tensor frozen_shard(int group) const;
+  // Points group g's packed parameters into `bytes` (U8: the group's packed bytes gathered, at least
+  // frozen_packed_bytes(act)[g] long), or unbinds them when it is empty.
+  void bind_frozen_packed(int group, const Tensor& bytes);
+  size_t frozen_shard_bytes() const { return frozen_slices_buf_.bytes(); }
   // Device bytes of the trainable buffers as allocated (the slices when sharded; values 0 where they are the
   // masters, on the CPU): what the memory plan and its test read.
   struct TrainableBytes {
@@ -240,8 +260,18 @@ class ParameterStore {
     int64_t begin, end, at, chunk;
   };
   std::vector<Slice> slices_;
-  int64_t held_ = 0;                               // Σ chunk: the held buffers' length in elements
-  int64_t held_offset(const ParamRange& r) const;  // r's first element in the held buffers
+  // keep_frozen_shards: per group where its slice starts in frozen_slices_buf_ and its length (bytes); per
+  // parameter its storage's byte offset in its group's packed bytes (-1: not packed).
+  struct FrozenSlice {
+    int64_t at = 0, chunk = 0;
+  };
+  std::vector<FrozenSlice> frozen_slices_;
+  std::vector<int64_t> packed_at_;
+  Buffer frozen_slices_buf_;
+  std::vector<int64_t> packed_offsets(DType act, std::vector<int64_t>* group_bytes) const;
+  void bind_storage(Parameter& p, char* base, Device device) const;  // value (and scale) over storage at `base`
+  int64_t held_ = 0;                                                 // Σ chunk: the held buffers' length in elements
+  int64_t held_offset(const ParamRange& r) const;                    // r's first element in the held buffers
   void bind(int group, const Tensor& base, Tensor Parameter::*member);
 };
 

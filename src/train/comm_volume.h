@@ -20,6 +20,7 @@ struct CommVolume {
 
 // `head`: the embedding/final norm/LM head group (stage 3 keeps it gathered for a pass); `micro_batches` per
 // update; `value_bytes`: the compute copy's element size (stage 3 gathers it; stages 1-2 gather fp32 masters).
+// Stage 3 over a sharded frozen base (plan.frozen_chunk) gathers its bytes with each gather of their group.
 // The two scalar all-reduces every update makes (the loss and, sharded, Σg²) are counted too.
 CommVolume comm_volume(const ShardPlan& plan, int zero_stage, int head, int micro_batches, size_t value_bytes);
 

@@ -56,6 +56,13 @@ ShardPlan make_shard_plan(const ParameterStore& params, int rank, int size, Mome
   return p;
 }
 
+std::vector<int64_t> frozen_chunks(const std::vector<int64_t>& packed, int size) {
+  if (size <= 1 || std::all_of(packed.begin(), packed.end(), [](int64_t b) { return b == 0; })) return {};
+  std::vector<int64_t> chunk;
+  for (int64_t b : packed) chunk.push_back(((b + size - 1) / size + 255) / 256 * 256);
+  return chunk;
+}
+
 namespace {
 // A group's collectives can run on its own buffer: the communicator allows it and the ranks' slices tile the
 // group exactly (no padding).
@@ -71,6 +78,7 @@ DataParallel::DataParallel(Transformer& model, Communicator& comm, int zero_stag
   reduced_.assign(plan_.groups.size(), false);
   gathered_.assign(plan_.groups.size(), 0);
   if (stage_ == 3) {  // its own buffers, never staged
+    plan_.frozen_chunk = frozen_chunks(model.params().frozen_packed_bytes(ops_.activation_dtype()), comm.size());
     zero3_ = std::make_unique<Zero3>(model.params(), ops_, comm, plan_, model.head_group());
     return;
   }

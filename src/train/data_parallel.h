@@ -21,7 +21,7 @@
 
 namespace soltrain {
 
-// Which elements of the flat trainable buffers a rank owns.
+// Which elements of the flat trainable buffers a rank owns (and, under ZeRO-3, which bytes of the frozen base).
 // With low-bit moments (train/optimizer.h) a group's chunk may be longer than ceil(numel / size): see
 // make_shard_plan.
 struct ShardPlan {
@@ -31,9 +31,16 @@ struct ShardPlan {
   std::vector<Group> groups;
   std::vector<ParamRange> owned;  // ParameterStore::ranges() cut to the owned chunks, in order
   int rank = 0, size = 1;
+  // ZeRO-3 over a frozen base on more than one rank: per group the bytes of each rank's slice of its packed frozen
+  // weights (ParameterStore::frozen_packed_bytes), 0 where it packs none; empty: the base stays whole on every rank.
+  std::vector<int64_t> frozen_chunk;
   // [begin, end) of group g owned by this rank (empty when the group is smaller than size chunks).
   std::pair<int64_t, int64_t> owned_span(int g) const;
+  int64_t frozen_chunk_of(int g) const { return frozen_chunk.empty() ? 0 : frozen_chunk[size_t(g)]; }
 };
+// The frozen chunks of groups whose packed frozen weights take `packed` bytes each, over `size` ranks: an even
+// split rounded up to 256 bytes (each slice starts aligned); none at all for one rank (nothing to share).
+std::vector<int64_t> frozen_chunks(const std::vector<int64_t>& packed, int size);
 // `moments`: the optimizer's. Low-bit moments are blocks from each parameter's first element, so a cut inside
 // a parameter that keeps them must fall on one of its block boundaries: then each rank's pieces hold exactly
 // the single process's blocks (and their absmax), and the sharded update is its bits.

@@ -245,6 +245,13 @@ void print_plan(const Run& r) {
     else
       r.log << "while a pass runs, gather buffers " << b.gathered << " B and gradient scratch " << b.grad_scratch
             << " B (two layers and the embedding/head group)\n";
+    if (ps.frozen_sharded()) {
+      int64_t whole = 0;
+      for (int64_t g : ps.frozen_packed_bytes(r.ops.activation_dtype())) whole += g;
+      r.log << r.cmd << ": ZeRO-3 per rank: frozen base " << b.frozen_held << " of its " << whole
+            << " B held (this rank's slices, in the format it is stored in), gathered a layer at a time into "
+            << b.frozen_gathered << " B of the gather buffers\n";
+    }
   }
   // The memory plan, all allocated already (a run that does not fit has stopped before this line).
   const double trainable = double(ps.numel());

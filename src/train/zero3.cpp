@@ -22,7 +22,9 @@ Zero3::Zero3(ParameterStore& ps, Ops& ops, Communicator& comm, const ShardPlan& 
     chunk.push_back(plan.groups[size_t(g)].chunk);
   }
   ps.keep_shards(ops, owned, chunk);
+  if (!plan.frozen_chunk.empty()) ps.keep_frozen_shards(ops, comm.rank(), plan.frozen_chunk);
   const BufferElements e = buffer_elements(plan, head, whole_);
+  for (int i = 0; i < 3; ++i) frozen_gathered_[i] = alloc_nonempty(ops, size_t(i < 2 ? e.frozen_layer : e.frozen_head));
   const size_t act = dtype_size(ps.shard_values(head).dtype);
   for (int i = 0; i < 2; ++i) {
     gathered_[i] = alloc_nonempty(ops, size_t(e.layer) * act);
@@ -35,11 +37,15 @@ Zero3::Zero3(ParameterStore& ps, Ops& ops, Communicator& comm, const ShardPlan& 
     if (b.bytes()) ops.zero(Tensor{b.data(), DType::F32, {int64_t(b.bytes() / 4)}, b.device()});
   in_slice_.assign(plan.groups.size(), false);
   // The head group's gradients start in forward (the LM head's backward fused into its chunks): bound for good.
-  if (!empty(head)) ps.bind_grads(head, grad_scratch(head));
+  if (!untrained(head)) ps.bind_grads(head, grad_scratch(head));
+}
+
+bool Zero3::untrained(int g) const {
+  return plan_.groups[size_t(g)].numel == 0;  // (a LoRA run's embedding and head)
 }
 
 bool Zero3::empty(int g) const {
-  return plan_.groups[size_t(g)].numel == 0;  // nothing trains in it (a LoRA run's embedding and head)
+  return untrained(g) && plan_.frozen_chunk_of(g) == 0;
 }
 
 int Zero3::next(int g, bool forward) const {
@@ -64,19 +70,27 @@ Zero3::Slot& Zero3::gather(int g) {
     const bool busy0 = current_ >= 0 && slots_[0].group == current_;
     const bool busy1 = current_ >= 0 && slots_[1].group == current_;
     s = busy0 ? 1 : busy1 ? 0 : slots_[0].used <= slots_[1].used ? 0 : 1;
-    if (slots_[s].group >= 0) ps_.bind_values(slots_[s].group, Tensor{});
+    if (const int held = slots_[s].group; held >= 0) {
+      ps_.bind_values(held, Tensor{});
+      if (plan_.frozen_chunk_of(held)) ps_.bind_frozen_packed(held, Tensor{});
+    }
   }
   Slot& slot = slots_[s];
   const Tensor out = whole_ ? ps_.shard_values(g) : slot_tensor(s, plan_.groups[size_t(g)].chunk * comm_.size());
+  const int64_t frozen = plan_.frozen_chunk_of(g);
+  const Tensor frozen_out{frozen_gathered_[s].data(), DType::U8, {frozen * comm_.size()}, frozen_gathered_[s].device()};
   // Main's reads of what the buffer held, and the update that wrote the slices, are queued before this.
   ops_.wait(Ops::Stream::Side, Ops::Stream::Main);
   ops_.use_stream(Ops::Stream::Side);
-  comm_.all_gather(out, ps_.shard_values(g));  // rank r's slice at r·chunk: the group's flat layout, padded
+  // rank r's slice at r·chunk: the group's flat layout (its packed frozen bytes), padded
+  if (!untrained(g)) comm_.all_gather(out, ps_.shard_values(g));
+  if (frozen) comm_.all_gather(frozen_out, ps_.frozen_shard(g));
   slot.ready = ops_.mark();
   ops_.use_stream(Ops::Stream::Main);
   slot.group = g;
   slot.awaited = false;
-  ps_.bind_values(g, out);
+  if (!untrained(g)) ps_.bind_values(g, out);
+  if (frozen) ps_.bind_frozen_packed(g, frozen_out);
   return slot;
 }
 
@@ -104,13 +118,13 @@ void Zero3::prefetch(int g) {
 void Zero3::before_forward(int g) {
   ensure(g);
   prefetch(next(g, true));
-  if (g == head_ && !empty(g) && reduced_[2]) ops_.wait_mark(reduced_[2]);  // its scratch, read and cleared
+  if (g == head_ && !untrained(g) && reduced_[2]) ops_.wait_mark(reduced_[2]);  // its scratch, read and cleared
 }
 
 void Zero3::before_backward(int g) {
   ensure(g);
   prefetch(next(g, false));
-  if (g == head_ || empty(g)) return;
+  if (g == head_ || untrained(g)) return;
   const int s = g % 2;  // backward alternates the two: one is reduced while the other fills
   if (grad_bound_[s] != g) {
     if (grad_bound_[s] >= 0) ps_.bind_grads(grad_bound_[s], Tensor{});
@@ -121,7 +135,7 @@ void Zero3::before_backward(int g) {
 }
 
 void Zero3::grads_ready(int g) {
-  if (empty(g)) return;
+  if (untrained(g)) return;
   const int64_t chunk = plan_.groups[size_t(g)].chunk;
   const Tensor part{reduced_part_.data(), DType::F32, {chunk}, reduced_part_.device()};
   ops_.wait(Ops::Stream::Side, Ops::Stream::Main);  // backward has written the group's gradients
@@ -158,8 +172,12 @@ void Zero3::idle_pass() {
 }
 
 void Zero3::weights_changed() {
+  // (a frozen base did not change, but its gathered copy goes with its slot: regathered with the group)
   for (Slot& s : slots_) {
-    if (s.group >= 0) ps_.bind_values(s.group, Tensor{});
+    if (s.group >= 0) {
+      ps_.bind_values(s.group, Tensor{});
+      if (plan_.frozen_chunk_of(s.group)) ps_.bind_frozen_packed(s.group, Tensor{});
+    }
     s = Slot{};
   }
   current_ = -1;
@@ -169,7 +187,7 @@ void Zero3::masters_to_host() {
   const bool lead = comm_.rank() == 0;
   if (lead) host_masters_ = Buffer::host(size_t(ps_.numel()) * 4);
   for (int g = 0; g < int(plan_.groups.size()); ++g) {
-    if (empty(g)) continue;
+    if (untrained(g)) continue;
     // The gradient scratch is idle between updates (settled): the masters are gathered through it (whole_:
     // in place, onto themselves; the scratch is then the gradient slice, which must be left as it is).
     // With offload_master the slices live in host memory, which collectives do not read: a rank's slice goes
@@ -208,7 +226,7 @@ void Zero3::before_loading() {
 
 void Zero3::release_host_masters() {
   for (int g = 0; g < int(plan_.groups.size()); ++g)
-    if (!empty(g)) ps_.bind_masters(g, Tensor{});
+    if (!untrained(g)) ps_.bind_masters(g, Tensor{});
   host_masters_ = Buffer{};
 }
 
@@ -222,6 +240,9 @@ Zero3::BufferElements Zero3::buffer_elements(const ShardPlan& plan, int head, bo
     e.part = std::max(e.part, gr.chunk);
   }
   e.head = plan.groups[size_t(head)].chunk * plan.size;
+  for (int g = 0; g < int(plan.frozen_chunk.size()); ++g)
+    if (g != head) e.frozen_layer = std::max(e.frozen_layer, plan.frozen_chunk[size_t(g)] * plan.size);
+  e.frozen_head = plan.frozen_chunk_of(head) * plan.size;
   return e;
 }
 
@@ -229,7 +250,9 @@ Zero3::Bytes Zero3::planned(const ShardPlan& plan, int head, size_t value_bytes,
   const BufferElements e = buffer_elements(plan, head, whole);
   Bytes b;
   for (const auto& g : plan.groups) b.held_elements += g.chunk, b.trainable_elements += g.numel;
-  b.gathered = size_t(2 * e.layer + e.head) * value_bytes;
+  for (int64_t c : plan.frozen_chunk) b.frozen_held += size_t(c);
+  b.frozen_gathered = size_t(2 * e.frozen_layer + e.frozen_head);
+  b.gathered = size_t(2 * e.layer + e.head) * value_bytes + b.frozen_gathered;
   b.grad_scratch = size_t(2 * e.layer + e.head + e.part) * 4;
   return b;
 }
@@ -239,9 +262,11 @@ Zero3::Bytes Zero3::bytes() const {
   b.held_elements = ps_.all_grads().numel();
   b.trainable_elements = ps_.numel();
   for (int i = 0; i < 3; ++i) {
-    b.gathered += gathered_[i].bytes();
+    b.gathered += gathered_[i].bytes() + frozen_gathered_[i].bytes();
+    b.frozen_gathered += frozen_gathered_[i].bytes();
     b.grad_scratch += grads_[i].bytes();
   }
+  b.frozen_held = ps_.frozen_shard_bytes();
   b.grad_scratch += reduced_part_.bytes();
   return b;
 }

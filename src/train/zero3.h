@@ -18,6 +18,11 @@
 // place (NCCL then moves nothing). The hooks, streams, marks and collectives are the same calls; what the
 // copies cost at world size 1 was an artefact of one rank (run 32: -10.9% on Qwen3-4B), and the step
 // is the single process's bitwise.
+// A frozen base (LoRA, QLoRA) on more than one rank is sharded the same way (ShardPlan::frozen_chunk): each rank
+// keeps its slice of every group's packed frozen bytes (ParameterStore::keep_frozen_shards: bf16 values, or NF4 /
+// FP8 codes with their scales, gathered in the format they are stored in), and a group's gather brings them
+// whole into a frozen buffer beside its slot's, bound for the same span. Frozen weights have no gradients, so a
+// group with nothing trainable (a LoRA run's embedding and head) is gathered and never reduced.
 // All of it is queued on Ops::Stream::Side and ordered with marks; the CPU runs it all at once.
 #pragma once
 #include <cstdint>
@@ -60,7 +65,8 @@ class Zero3 {
   // Bytes this rank holds persistently (slices) and as per-pass buffers, for the memory plan and tests.
   struct Bytes {
     int64_t held_elements = 0, trainable_elements = 0;  // Σ slices vs the model's trainable elements
-    size_t gathered = 0, grad_scratch = 0;              // the gather buffers; gradient scratch + reduce staging
+    size_t gathered = 0, grad_scratch = 0;  // the gather buffers (frozen ones too); gradient scratch + reduce staging
+    size_t frozen_held = 0, frozen_gathered = 0;  // the frozen base's slices and its gather buffers (0: not sharded)
   };
   Bytes bytes() const;
   // The per-pass buffers' elements (one layer buffer, the head group's, a reduced part) as the constructor
@@ -68,6 +74,7 @@ class Zero3 {
   // `value_bytes` each: what `bench --plan-only` prints before anything is allocated.
   struct BufferElements {
     int64_t layer = 0, head = 0, part = 0;
+    int64_t frozen_layer = 0, frozen_head = 0;  // bytes: a layer's and the head group's packed frozen weights, gathered
   };
   static BufferElements buffer_elements(const ShardPlan& plan, int head, bool whole);
   static Bytes planned(const ShardPlan& plan, int head, size_t value_bytes, bool whole);
@@ -79,7 +86,8 @@ class Zero3 {
     bool awaited = true;  // Main has waited for `ready`
     uint64_t used = 0;    // when it was last needed (picks which to reuse)
   };
-  bool empty(int g) const;
+  bool untrained(int g) const;          // nothing of group g trains: no gradients to reduce
+  bool empty(int g) const;              // nothing of group g to gather either
   int next(int g, bool forward) const;  // the group after g in a pass's order (-1: none)
   void ensure(int g);                   // g's weights whole and bound, Main ordered after their gather
   void prefetch(int g);                 // g's gather queued (into a buffer not holding the current group)
@@ -96,6 +104,7 @@ class Zero3 {
   uint64_t clock_ = 0;
   Slot slots_[3];  // two for the layers, the third for the head group
   Buffer gathered_[3];
+  Buffer frozen_gathered_[3];        // the frozen base's bytes of the group each slot holds (a sharded base only)
   Buffer grads_[3];                  // scratch: layers g % 2, then the head group's
   uint64_t reduced_[3] = {0, 0, 0};  // Side mark after the last reduction that read each scratch
   int grad_bound_[2] = {-1, -1};     // the layer whose gradients each layer scratch holds
