@@ -736,6 +736,54 @@ TEST(DataParallel, FourRanksResumeATwoRankZero3Checkpoint) {
   }
 }
 
+// ZeRO-3 loads by slices: each rank allocates only its slices and reads only their byte ranges of the model's
+// weights (the whole model is never on one rank), then trains the one process's trajectory and saves its model;
+// a 2-rank checkpoint resumes on 4 ranks (FourRanksResumeATwoRankZero3Checkpoint), a 4-rank one on 2 here.
+TEST(DataParallel, Zero3LoadsOnlyEachRanksSlices) {
+  DpSetup s;
+  int64_t whole = 0;  // the model's weights as stored
+  const SafetensorsFile stored(s.t.path / "model" / "model.safetensors");
+  for (const auto& [n, e] : stored.entries()) whole += int64_t(e.bytes);
+  const CliRun one = s.sft(0, "one", "--set gradient_accumulation_steps=4 --set save_steps=2");
+  ASSERT_EQ(one.code, 0) << one.err;
+  const std::regex loaded(
+      "ZeRO-3: loading, this rank read [^(]*\\((\\d+) bytes\\) of the model's weights and held at "
+      "most (\\d+) bytes of device memory");
+  const std::regex plan("masters (\\d+) B, compute copy (\\d+) B[^,]*, gradients (\\d+) B");
+  for (int ranks : {2, 4}) {
+    const std::string out = "z3-" + std::to_string(ranks);
+    const CliRun r =
+        s.sft(ranks, out,
+              "--set zero_stage=3 --set save_steps=2 --set gradient_accumulation_steps=" + std::to_string(4 / ranks));
+    ASSERT_EQ(r.code, 0) << r.err;
+    std::smatch m, p;
+    ASSERT_TRUE(std::regex_search(r.err, m, loaded)) << r.err;
+    ASSERT_TRUE(std::regex_search(r.err, p, plan)) << r.err;
+    const int64_t read = std::stoll(m[1]), held = std::stoll(m[2]);
+    const int64_t slices = std::stoll(p[1]) + std::stoll(p[2]) + std::stoll(p[3]);
+    EXPECT_GE(read * ranks, whole);
+    EXPECT_LE(read * ranks, whole + 4 * ranks * 4) << "more than its slices (a chunk's rounding up, 4 groups)";
+    // What it held while loading: its slices (masters, gradients) and the model's small fixed buffers, nothing
+    // whole (the masters alone would be the model's size).
+    EXPECT_GE(held, slices);
+    EXPECT_LT(held, slices + 4096) << "more than its slices while loading";
+    expect_same_losses(s.losses("one"), s.losses(out), out);
+    expect_same_model(s.t.path / "one" / "model" / "model.safetensors", s.t.path / out / "model" / "model.safetensors",
+                      out);
+  }
+  // 4 ranks' checkpoint, resumed on 2: the one process's later steps and model
+  const fs::path ck = s.t.path / "z3-4" / "checkpoint-2";
+  const CliRun two =
+      s.sft(2, "z3-2-resumed",
+            "--set zero_stage=3 --set gradient_accumulation_steps=2 --set resume_from_checkpoint=" + ck.string());
+  ASSERT_EQ(two.code, 0) << two.err;
+  auto later = s.losses("one");
+  later.erase(1), later.erase(2);
+  expect_same_losses(later, s.losses("z3-2-resumed"), "2 ZeRO-3 ranks from a 4-rank checkpoint");
+  expect_same_model(s.t.path / "one" / "model" / "model.safetensors",
+                    s.t.path / "z3-2-resumed" / "model" / "model.safetensors", "resumed on 2");
+}
+
 // ZeRO-3 over a frozen base: each rank keeps only its slices of the base (bf16/fp32 values, NF4 or FP8 codes with
 // their scales, gathered in that format a layer at a time beside the adapters), so a rank holds about 1/world of
 // it, and 2 and 4 ranks train the one process's trajectory and save its adapter (under the fp8-hybrid recipe too).

@@ -169,12 +169,10 @@ nlohmann::json data_parallel_plan(const BenchOpts& o, const ModelConfig& c, Para
     values = act == DType::F32 ? 0 : size_t(z.held_elements) * dtype_size(act);  // (the CPU's are the masters)
     gathered = z.gathered, scratch = z.grad_scratch;
     if (!sp.frozen_chunk.empty()) frozen = z.frozen_held;
-    // The load's peak: the model is loaded whole (after the activations are planned), then keep_shards
-    // allocates the slices before it frees the whole buffers (offload_master moves the masters' slices after),
-    // and keep_frozen_shards the frozen base's slices before it frees the whole base.
-    peak = p.total_bytes() + w.weights() + slots + size_t(z.held_elements) * 4 + values + grad_bytes;
-    peak = std::max(peak, p.total_bytes() + w.weights() - w.masters - w.values + masters + values + grad_bytes + slots +
-                              z.frozen_held);
+    // The load's peak: each rank allocates its slices alone and reads only their bytes (StoreOptions::shards),
+    // so loading holds the slices (masters on the device until offload_master moves them), the frozen base's
+    // slices and offload_weights' slots, all of which the steady plan holds too: the run's peak is that plan.
+    peak = size_t(z.held_elements) * 4 + values + grad_bytes + frozen + slots;
   }
   t.weights = double(w.weights() - w.masters - w.values - w.frozen - w.quantised + masters + values + frozen +
                      gathered + slots) /
@@ -217,7 +215,7 @@ nlohmann::json data_parallel_plan(const BenchOpts& o, const ModelConfig& c, Para
           {"frozen_bytes", frozen},    // the frozen base held on the device: its slices under ZeRO-3
           {"grad_scratch_bytes", scratch},
           {"staging_bytes", staging},
-          {"load_peak_gib", double(peak) / gib},  // ZeRO-3: the peak while the loaded model is sharded
+          {"load_peak_gib", double(peak) / gib},  // ZeRO-3: what a rank holds when its slices are loaded
           {"communication", communication}};      // per update, rank 0
 }
 

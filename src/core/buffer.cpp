@@ -9,7 +9,7 @@
 
 namespace soltrain {
 
-Buffer Buffer::host(size_t bytes) {
+Buffer Buffer::host(size_t bytes, void (*release)(void*)) {
   // Under a container's cgroup limit malloc succeeds (overcommit) and the memset below gets the process
   // killed without a word; so a large buffer is checked against the real limit first. Small ones are not:
   // reading the limit costs a few file reads, and they cannot decide whether a run fits.
@@ -21,7 +21,8 @@ Buffer Buffer::host(size_t bytes) {
     user_error("out of memory: cannot allocate ", double(bytes) / double(1u << 30),
                " GiB of host memory (a smaller batch, sequence length or model needs less)");
   std::memset(p, 0, rounded);
-  return Buffer(p, bytes, Device::CPU, [](void* q) { std::free(q); });
+  return Buffer(
+      p, bytes, Device::CPU, release ? release : [](void* q) { std::free(q); });
 }
 
 size_t Arena::plan(Shape shape, DType dtype) {

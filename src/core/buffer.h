@@ -14,7 +14,8 @@ class Buffer {
   Buffer() = default;
   // Host memory, 64-byte aligned and zeroed. From kCheckedHostBytes on, refused (UserError, with the
   // figures) when it exceeds the host memory still available under the cgroup limit (core/host_memory.h).
-  static Buffer host(size_t bytes);
+  // `release` frees it (std::free unless a caller tracks it: core/device_memory.h).
+  static Buffer host(size_t bytes, void (*release)(void*) = nullptr);
   static constexpr size_t kCheckedHostBytes = size_t(64) << 20;
   // Takes ownership of memory a backend allocated; `release` frees it.
   Buffer(void* ptr, size_t bytes, Device device, void (*release)(void*))

@@ -28,7 +28,8 @@ CheckpointReader open_model_checkpoint(const fs::path& dir, const ModelConfig& c
 
 std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops, std::optional<LoraConfig> lora,
                                              StoreOptions store, ExpertShare share,
-                                             std::optional<AsClassifier> classifier, std::optional<VocabResize> vocab) {
+                                             std::optional<AsClassifier> classifier, std::optional<VocabResize> vocab,
+                                             size_t* weight_bytes_read) {
   ModelConfig config = load_model_config(dir);
   if (vocab) resize_vocabulary(config, vocab->rows, vocab->mean_resizing);
   if (classifier && classifier->token_labels > 0)
@@ -60,7 +61,8 @@ std::unique_ptr<Transformer> load_pretrained(const fs::path& dir, Ops& ops, std:
         user_error(dir.string(), ": an NVFP4 base scales blocks of 16 along each row, and this model has projections ",
                    in, " wide");
   auto model = std::make_unique<Transformer>(std::move(config), ops, std::move(lora), store);
-  load_weights(*model, dir);
+  const size_t read = load_weights(*model, dir);
+  if (weight_bytes_read) *weight_bytes_read = read;
   // LoftQ (a run that asks for it, or an adapter PEFT initialised so): the base is its NF4 round trip from here on,
   // in a run, a resume (the checkpoint holds the adapter, not the base) and under a saved adapter, as PEFT loads it.
   if (model->lora() && model->lora()->loftq_iter > 0) loftq_initialise(*model, model->lora()->loftq_iter);

@@ -33,7 +33,8 @@ std::unique_ptr<Transformer> load_pretrained(const std::filesystem::path& dir, O
                                              std::optional<LoraConfig> lora = std::nullopt, StoreOptions store = {},
                                              ExpertShare expert_share = {},
                                              std::optional<AsClassifier> classifier = std::nullopt,
-                                             std::optional<VocabResize> vocab = std::nullopt);
+                                             std::optional<VocabResize> vocab = std::nullopt,
+                                             size_t* weight_bytes_read = nullptr);  // (load_weights' count)
 
 // A model folder's weights under soltrain's names: a vision-language model's language model as a causal LM's
 // (model_tensor_name), its vision tower aside (CheckpointReader::outside).

@@ -1,6 +1,7 @@
 #include "model/parameters.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "kernels/cpu/quantize.h"
 #include "kernels/quant.h"
@@ -18,6 +19,11 @@ size_t align256(size_t n) {
 }
 Shape fp8_scale_shape(const Shape& s) {
   return {(s[0] + quant::kFp8Tile - 1) / quant::kFp8Tile, (s[1] + quant::kFp8Tile - 1) / quant::kFp8Tile};
+}
+// The scales' bytes (NF4's and NVFP4's are bytes, the others' floats).
+size_t scale_bytes(const Parameter& p, const QuantisedLayout& l) {
+  const bool byte_scales = p.format == WeightFormat::Nf4 || p.format == WeightFormat::Nvfp4;
+  return byte_scales ? l.scales : 4 * l.scales;
 }
 QuantisedLayout quantised_layout(const Parameter& p) {
   const int64_t n = shape_numel(p.shape);
@@ -37,9 +43,20 @@ QuantisedLayout quantised_layout(const Parameter& p) {
     l.scales = size_t(shape_numel(fp8_scale_shape(p.shape)));  // floats
   }
   l.scale_at = align256(l.codes);
-  const bool byte_scales = p.format == WeightFormat::Nf4 || p.format == WeightFormat::Nvfp4;
-  l.total = l.scale_at + align256(byte_scales ? l.scales : 4 * l.scales);
+  l.total = l.scale_at + align256(scale_bytes(p, l));
   return l;
+}
+
+// A weight quantised on the host (the CPU twin's arithmetic) into its codes and scales, laid out as stored.
+void quantise_on_host(const Parameter& p, const float* host, uint8_t* codes, uint8_t* scale) {
+  if (p.format == WeightFormat::Nf4)
+    nf4_quantize(host, shape_numel(p.shape), codes, scale);
+  else if (p.format == WeightFormat::Int8Row)
+    int8_row_quantize(host, p.shape[0], p.shape[1], codes, reinterpret_cast<float*>(scale));
+  else if (p.format == WeightFormat::Nvfp4)
+    nvfp4_quantize(host, p.shape[0], p.shape[1], codes, scale);
+  else
+    fp8_block_quantize(host, p.shape[0], p.shape[1], codes, reinterpret_cast<float*>(scale));
 }
 // A frozen weight's elements rounded up to whole 256-byte units, on the host and the device alike: each then
 // starts on such a boundary, so a layer streamed into a slot has the alignment it has when resident, and the
@@ -143,15 +160,25 @@ void ParameterStore::allocate(Ops& ops, StoreOptions options) {
   }
   const PlannedBytes b = planned_bytes(act, master_dtype_);  // the buffers' sizes, as bench --plan-only reports them
   frozen_numel_ = b.frozen_elements;
-  masters_ = ops.alloc(b.masters);
-  if (gradients) grads_ = ops.alloc(b.grads);
-  if (act != master_dtype_) values_ = ops.alloc(b.values);
-  frozen_ = ops.alloc(b.frozen);
+  if (options.shards) {  // ZeRO-3 by slices: only this rank's, nothing whole (keep_shards' and keep_frozen_shards')
+    const StoreShards cut = options.shards(*this, act);
+    const int64_t held = cut_slices(cut.owned, cut.chunk);
+    masters_ = ops.alloc(size_t(held) * 4), grads_ = ops.alloc(size_t(held) * 4);  // zeroed: the padding stays 0
+    if (act != master_dtype_) values_ = ops.alloc(size_t(held) * dtype_size(act));
+    gradients_ = true;  // the slices'
+    if (!cut.frozen_chunk.empty())
+      frozen_slices_buf_ = ops.alloc(size_t(std::max<int64_t>(cut_frozen(cut.rank, cut.frozen_chunk), 1)));
+  } else {
+    masters_ = ops.alloc(b.masters);
+    if (gradients) grads_ = ops.alloc(b.grads);
+    if (act != master_dtype_) values_ = ops.alloc(b.values);
+  }
+  if (!frozen_sharded()) frozen_ = ops.alloc(b.frozen), quantised_ = ops.alloc(b.quantised);
   if (b.frozen_host > 0) frozen_host_ = ops.alloc_host(b.frozen_host);
-  quantised_ = ops.alloc(b.quantised);
   int64_t frozen_off = 0;
   size_t quantised_off = 0;
   for (auto& p : params_) {
+    if (packed(p) || (p.trainable && sharded())) continue;  // unbound until a gather binds it
     if (!p.trainable && p.format != WeightFormat::Dense) {
       bind_storage(p, static_cast<char*>(quantised_.data()) + quantised_off, quantised_.device());
       quantised_off += quantised_layout(p).total;
@@ -279,19 +306,12 @@ void ParameterStore::upload(Ops& ops, Parameter& p, const float* host) {
   }
   if (p.trainable && sharded()) return upload_owned(ops, p, host + owned_part(p).first);
   const Tensor h{const_cast<float*>(host), DType::F32, p.shape, Device::CPU};
-  SOLTRAIN_CHECK(p.trainable || p.value.data, "frozen ", p.name, " is sharded (ZeRO-3): it is set before sharding");
+  if (packed(p)) return upload_frozen_packed(ops, p, host);  // (ZeRO-3's slices of a frozen base)
   if (p.format != WeightFormat::Dense) {
     // Quantised on the host (the CPU twin's arithmetic), then copied up as stored.
-    std::vector<uint8_t> codes(size_t(p.value.bytes()));
-    std::vector<uint8_t> scale(size_t(p.scale.bytes()));
-    if (p.format == WeightFormat::Nf4)
-      nf4_quantize(host, shape_numel(p.shape), codes.data(), scale.data());
-    else if (p.format == WeightFormat::Int8Row)
-      int8_row_quantize(host, p.shape[0], p.shape[1], codes.data(), reinterpret_cast<float*>(scale.data()));
-    else if (p.format == WeightFormat::Nvfp4)
-      nvfp4_quantize(host, p.shape[0], p.shape[1], codes.data(), scale.data());
-    else
-      fp8_block_quantize(host, p.shape[0], p.shape[1], codes.data(), reinterpret_cast<float*>(scale.data()));
+    const QuantisedLayout l = quantised_layout(p);
+    std::vector<uint8_t> codes(l.codes), scale(scale_bytes(p, l));
+    quantise_on_host(p, host, codes.data(), scale.data());
     return upload_quantised(ops, p, codes.data(), scale.data());
   }
   if (p.trainable && p.master.dtype == DType::BF16) {  // bf16 masters: rounded to nearest on the host, as .to()
@@ -346,6 +366,13 @@ void ParameterStore::upload_owned(Ops& ops, Parameter& p, const float* host) {
 
 void ParameterStore::upload_quantised(Ops& ops, Parameter& p, const void* codes, const void* scale) {
   SOLTRAIN_CHECK(p.format != WeightFormat::Dense, p.name, " is not quantised");
+  if (packed(p)) {  // its storage assembled on the host as allocate() lays it out, this rank's bytes kept
+    const QuantisedLayout l = quantised_layout(p);
+    std::vector<uint8_t> span(l.total, 0);
+    std::memcpy(span.data(), codes, l.codes);
+    std::memcpy(span.data() + l.scale_at, scale, scale_bytes(p, l));
+    return store_packed(ops, p, span.data());
+  }
   ops.copy(p.value, Tensor{const_cast<void*>(codes), p.value.dtype, p.value.shape, Device::CPU});
   ops.copy(p.scale, Tensor{const_cast<void*>(scale), p.scale.dtype, p.scale.shape, Device::CPU});
 }
@@ -439,8 +466,8 @@ Tensor ParameterStore::grads(const ParamRange& r) const {
   return grad_home(r.offset, r.numel);
 }
 
-void ParameterStore::keep_shards(Ops& ops, const std::vector<std::pair<int64_t, int64_t>>& owned,
-                                 const std::vector<int64_t>& chunk) {
+int64_t ParameterStore::cut_slices(const std::vector<std::pair<int64_t, int64_t>>& owned,
+                                   const std::vector<int64_t>& chunk) {
   SOLTRAIN_CHECK(!sharded() && host_grads_end_ == 0 && int(owned.size()) == groups() && int(chunk.size()) == groups(),
                  "keep_shards");
   SOLTRAIN_CHECK(master_dtype_ == DType::F32, "ZeRO-3's slices of bf16 masters are not built");
@@ -453,10 +480,18 @@ void ParameterStore::keep_shards(Ops& ops, const std::vector<std::pair<int64_t, 
     slices.push_back({b, e, held, chunk[size_t(g)]});
     held += chunk[size_t(g)];
   }
+  slices_ = std::move(slices);
+  held_ = held;
+  return held;
+}
+
+void ParameterStore::keep_shards(Ops& ops, const std::vector<std::pair<int64_t, int64_t>>& owned,
+                                 const std::vector<int64_t>& chunk) {
+  const int64_t held = cut_slices(owned, chunk);
   const DType act = values_dtype_;
   Buffer m = ops.alloc(size_t(held) * 4), gr = ops.alloc(size_t(held) * 4);  // zeroed: the padding stays 0
   Buffer v = values_.data() ? ops.alloc(size_t(held) * dtype_size(act)) : Buffer{};
-  for (const Slice& s : slices) {
+  for (const Slice& s : slices_) {
     if (s.end == s.begin) continue;
     const int64_t n = s.end - s.begin;
     ops.copy(flat(m, DType::F32, s.at, n), flat(masters_, DType::F32, s.begin, n));
@@ -465,8 +500,6 @@ void ParameterStore::keep_shards(Ops& ops, const std::vector<std::pair<int64_t, 
   masters_ = std::move(m);
   grads_ = std::move(gr);
   values_ = std::move(v);
-  slices_ = std::move(slices);
-  held_ = held;
   gradients_ = true;  // the slices'
   for (Parameter& p : params_)
     if (p.trainable) p.master = p.value = p.grad = Tensor{};
@@ -542,10 +575,17 @@ std::vector<int64_t> ParameterStore::frozen_packed_bytes(DType act) const {
   return bytes;
 }
 
-void ParameterStore::keep_frozen_shards(Ops& ops, int rank, const std::vector<int64_t>& chunk) {
+int64_t ParameterStore::storage_bytes(const Parameter& p) const {
+  return p.format == WeightFormat::Dense
+             ? frozen_units(shape_numel(p.shape), values_dtype_) * int64_t(dtype_size(values_dtype_))
+             : int64_t(quantised_layout(p).total);
+}
+
+int64_t ParameterStore::cut_frozen(int rank, const std::vector<int64_t>& chunk) {
   SOLTRAIN_CHECK(!frozen_sharded() && int(chunk.size()) == groups(), "keep_frozen_shards");
   std::vector<int64_t> bytes;
   packed_at_ = packed_offsets(values_dtype_, &bytes);
+  frozen_rank_ = rank;
   int64_t held = 0;
   for (int g = 0; g < groups(); ++g) {
     const int64_t c = chunk[size_t(g)];
@@ -553,27 +593,70 @@ void ParameterStore::keep_frozen_shards(Ops& ops, int rank, const std::vector<in
     frozen_slices_.push_back({held, c});
     held += c;
   }
-  Buffer slices = ops.alloc(size_t(std::max<int64_t>(held, 1)));  // zeroed: the padding stays 0
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Parameter& p = params_[i];
-    if (packed_at_[i] < 0) continue;
-    // The part of this tensor's storage [at, at + n) inside the rank's slice [lo, lo + chunk) of its group.
+  return held;
+}
+
+void ParameterStore::keep_frozen_shards(Ops& ops, int rank, const std::vector<int64_t>& chunk) {
+  frozen_slices_buf_ = ops.alloc(size_t(std::max<int64_t>(cut_frozen(rank, chunk), 1)));  // zeroed: padding 0
+  for (Parameter& p : params_) {
+    if (!packed(p)) continue;
+    // The part of this tensor's storage [at, at + n) inside the rank's slice [lo, lo + chunk) of its group,
+    // copied where it lies (the whole buffers are freed below).
     const FrozenSlice& f = frozen_slices_[size_t(p.group)];
-    const int64_t at = packed_at_[i], lo = int64_t(rank) * f.chunk;
-    const int64_t n = p.format == WeightFormat::Dense
-                          ? frozen_units(shape_numel(p.shape), values_dtype_) * int64_t(dtype_size(values_dtype_))
-                          : int64_t(quantised_layout(p).total);
+    const int64_t at = packed_at_[size_t(&p - params_.data())], lo = int64_t(rank) * f.chunk, n = storage_bytes(p);
     const int64_t from = std::max(at, lo), to = std::min(at + n, lo + f.chunk);
-    if (to > from) {
-      const Tensor src{static_cast<char*>(p.value.data) + (from - at), DType::U8, {to - from}, p.value.device};
-      ops.copy(flat(slices, DType::U8, f.at + (from - lo), to - from), src);
-    }
+    if (to > from)
+      ops.copy(flat(frozen_slices_buf_, DType::U8, f.at + (from - lo), to - from),
+               Tensor{static_cast<char*>(p.value.data) + (from - at), DType::U8, {to - from}, p.value.device});
   }
-  frozen_slices_buf_ = std::move(slices);
   frozen_ = Buffer{};  // (every frozen tensor on the device was packed)
   quantised_ = Buffer{};
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (packed_at_[i] >= 0) params_[i].value = params_[i].scale = Tensor{};
+  for (Parameter& p : params_)
+    if (packed(p)) p.value = p.scale = Tensor{};
+}
+
+void ParameterStore::store_packed(Ops& ops, const Parameter& p, const uint8_t* span) {
+  const FrozenSlice& f = frozen_slices_[size_t(p.group)];
+  const int64_t at = packed_at_[size_t(&p - params_.data())], lo = int64_t(frozen_rank_) * f.chunk;
+  const int64_t from = std::max(at, lo), to = std::min(at + storage_bytes(p), lo + f.chunk);
+  if (to > from)
+    ops.copy(flat(frozen_slices_buf_, DType::U8, f.at + (from - lo), to - from),
+             Tensor{const_cast<uint8_t*>(span) + (from - at), DType::U8, {to - from}, Device::CPU});
+}
+
+void ParameterStore::upload_frozen_packed(Ops& ops, const Parameter& p, const float* host) {
+  // The tensor's storage as allocate() would hold it (the compute dtype, rounded to nearest even, or the format's
+  // codes and scales), then this rank's bytes of it.
+  std::vector<uint8_t> span(size_t(storage_bytes(p)), 0);
+  const size_t n = size_t(shape_numel(p.shape));
+  if (p.format != WeightFormat::Dense) {
+    const QuantisedLayout l = quantised_layout(p);
+    quantise_on_host(p, host, span.data(), span.data() + l.scale_at);
+  } else if (values_dtype_ == DType::F32) {
+    std::memcpy(span.data(), host, n * 4);
+  } else {
+    SOLTRAIN_CHECK(values_dtype_ == DType::BF16, "frozen ", p.name, " in ", dtype_name(values_dtype_));
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t b = f32_to_bf16(host[i]);
+      std::memcpy(span.data() + 2 * i, &b, 2);
+    }
+  }
+  store_packed(ops, p, span.data());
+}
+
+bool ParameterStore::holds_cut(const StoreShards& cut) const {
+  if (int(cut.owned.size()) != groups() || int(slices_.size()) != groups()) return false;
+  for (int g = 0; g < groups(); ++g) {
+    const Slice& s = slices_[size_t(g)];
+    if (s.begin != cut.owned[size_t(g)].first || s.end != cut.owned[size_t(g)].second ||
+        s.chunk != cut.chunk[size_t(g)])
+      return false;
+  }
+  if (cut.frozen_chunk.empty()) return !frozen_sharded();
+  if (int(frozen_slices_.size()) != groups() || frozen_rank_ != cut.rank) return false;
+  for (int g = 0; g < groups(); ++g)
+    if (frozen_slices_[size_t(g)].chunk != cut.frozen_chunk[size_t(g)]) return false;
+  return true;
 }
 
 Tensor ParameterStore::frozen_shard(int group) const {
@@ -585,7 +668,7 @@ void ParameterStore::bind_frozen_packed(int group, const Tensor& bytes) {
   SOLTRAIN_CHECK(frozen_sharded() && (!bytes.data || bytes.dtype == DType::U8), "bind_frozen_packed");
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = params_[i];
-    if (p.group != group || packed_at_[i] < 0) continue;
+    if (p.group != group || !packed(p)) continue;
     if (!bytes.data) {
       p.value = p.scale = Tensor{};
       continue;

@@ -11,6 +11,7 @@
 // then holds one slice per group and the data-parallel machinery points the parameters' tensors at wherever a
 // group is whole for a while.
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -53,9 +54,21 @@ void stored_to_named(const Parameter& p, const float* stored, float* named);
 // slices of them), and the masters in fp32, or in bf16 (`bf16_stochastic_round`, torchao's name: no fp32 copy at
 // all, the optimizer rounds each update stochastically, kernels/stochastic_round.h; where the compute dtype is
 // bf16 the master is the compute copy). A bool reads as `gradients` (the settings' older form).
+// ZeRO-3's cut of a laid-out store for one rank (train/data_parallel.h makes it): per group the owned flat range
+// and the slice length (keep_shards), and the frozen base's byte chunks (keep_frozen_shards; empty: whole).
+struct StoreShards {
+  int rank = 0;
+  std::vector<std::pair<int64_t, int64_t>> owned;
+  std::vector<int64_t> chunk, frozen_chunk;
+};
+class ParameterStore;
 struct StoreOptions {
   bool gradients = true;
   DType masters = DType::F32;
+  // ZeRO-3 loading by slices: allocate() cuts the laid-out store (for the compute dtype given) and allocates
+  // only this rank's slices, as keep_shards and keep_frozen_shards would leave them, so the whole model never
+  // exists on the rank; uploads then keep only the parts it owns (null: everything whole).
+  std::function<StoreShards(const ParameterStore&, DType act)> shards;
   StoreOptions(bool g = true, DType m = DType::F32) : gradients(g), masters(m) {}  // NOLINT: a bool converts
 };
 
@@ -200,6 +213,8 @@ class ParameterStore {
   // past the end), and frees the whole frozen buffers, so a rank holds about 1/world of the base. The packed
   // parameters' value (and scale) stay unbound until bind_frozen_packed points them into a gathered copy.
   void keep_frozen_shards(Ops& ops, int rank, const std::vector<int64_t>& chunk);
+  // Whether the store holds exactly this cut (a store allocated by slices, StoreOptions::shards).
+  bool holds_cut(const StoreShards& cut) const;
   bool frozen_sharded() const { return !frozen_slices_.empty(); }
   // Group g's slice (U8, chunk[g] bytes; empty when the group packs nothing).
   Tensor frozen_shard(int group) const;
@@ -268,7 +283,17 @@ class ParameterStore {
   std::vector<FrozenSlice> frozen_slices_;
   std::vector<int64_t> packed_at_;
   Buffer frozen_slices_buf_;
+  int frozen_rank_ = 0;
   std::vector<int64_t> packed_offsets(DType act, std::vector<int64_t>* group_bytes) const;
+  bool packed(const Parameter& p) const { return !packed_at_.empty() && packed_at_[size_t(&p - params_.data())] >= 0; }
+  int64_t storage_bytes(const Parameter& p) const;  // a frozen tensor's storage on the device, as allocated
+  // The cuts: slices_ / held_ from the owned ranges, frozen_slices_ / packed_at_ from the byte chunks (each
+  // returns the elements / bytes a rank holds), then the buffers are the caller's to make.
+  int64_t cut_slices(const std::vector<std::pair<int64_t, int64_t>>& owned, const std::vector<int64_t>& chunk);
+  int64_t cut_frozen(int rank, const std::vector<int64_t>& chunk);
+  // A packed tensor's storage bytes (`span`, storage_bytes long): this rank's part of them into its slice.
+  void store_packed(Ops& ops, const Parameter& p, const uint8_t* span);
+  void upload_frozen_packed(Ops& ops, const Parameter& p, const float* host);
   void bind_storage(Parameter& p, char* base, Device device) const;  // value (and scale) over storage at `base`
   int64_t held_ = 0;                                                 // Σ chunk: the held buffers' length in elements
   int64_t held_offset(const ParamRange& r) const;                    // r's first element in the held buffers

@@ -63,6 +63,23 @@ std::vector<int64_t> frozen_chunks(const std::vector<int64_t>& packed, int size)
   return chunk;
 }
 
+StoreShards store_cut(const ShardPlan& plan) {
+  StoreShards cut;
+  cut.rank = plan.rank;
+  for (int g = 0; g < int(plan.groups.size()); ++g) {
+    cut.owned.push_back(plan.owned_span(g));
+    cut.chunk.push_back(plan.groups[size_t(g)].chunk);
+  }
+  cut.frozen_chunk = plan.frozen_chunk;
+  return cut;
+}
+
+StoreShards zero3_cut(const ParameterStore& ps, int rank, int size, Moments moments, DType act) {
+  ShardPlan plan = make_shard_plan(ps, rank, size, moments);
+  plan.frozen_chunk = frozen_chunks(ps.frozen_packed_bytes(act), size);  // (as the constructor below cuts it)
+  return store_cut(plan);
+}
+
 namespace {
 // A group's collectives can run on its own buffer: the communicator allows it and the ranks' slices tile the
 // group exactly (no padding).

@@ -41,6 +41,12 @@ struct ShardPlan {
 // The frozen chunks of groups whose packed frozen weights take `packed` bytes each, over `size` ranks: an even
 // split rounded up to 256 bytes (each slice starts aligned); none at all for one rank (nothing to share).
 std::vector<int64_t> frozen_chunks(const std::vector<int64_t>& packed, int size);
+// ZeRO-3's cut of a store as the plan makes it (its frozen chunks included): what Zero3 keeps of a loaded store.
+StoreShards store_cut(const ShardPlan& plan);
+// The cut of laid-out `ps` that DataParallel's ZeRO-3 makes for `rank` of `size` with the optimizer's `moments`
+// and compute dtype `act`: a store allocated with it (StoreOptions::shards) is loaded by slices, the whole model
+// never held on one rank, and Zero3 finds it already cut.
+StoreShards zero3_cut(const ParameterStore& ps, int rank, int size, Moments moments, DType act);
 // `moments`: the optimizer's. Low-bit moments are blocks from each parameter's first element, so a cut inside
 // a parameter that keeps them must fall on one of its block boundaries: then each rank's pieces hold exactly
 // the single process's blocks (and their absmax), and the sharded update is its bits.
@@ -48,7 +54,8 @@ ShardPlan make_shard_plan(const ParameterStore& params, int rank, int size, Mome
 
 class DataParallel final : public LayerHooks {
  public:
-  // Stage 3 shards the model's parameters at once (it must hold the loaded model whole). `opt`: the optimizer's
+  // Stage 3 shards the model's parameters at once, unless the store was loaded by its slices already (zero3_cut).
+  // `opt`: the optimizer's
   // settings (its moments decide the shard plan's cuts; offload_master the gathers' staging).
   DataParallel(Transformer& model, Communicator& comm, int zero_stage, const OptimizerConfig& opt = {});
   // Stages 1-2: the staging buffers' bytes the constructor allocates (for groups whose collectives cannot run

@@ -12,6 +12,7 @@
 #include "model/peft_adapter.h"
 #include "model/random_weights.h"
 #include "tokenizer/tokenizer.h"
+#include "train/data_parallel.h"
 #include "train/run_tokenizer.h"
 #include "train/trained_model.h"
 
@@ -51,7 +52,7 @@ int reward_pad_token_id(const TrainConfig& c) {
 
 std::unique_ptr<Transformer> load_run_model(const TrainConfig& c, Ops& ops, const std::optional<LoraConfig>& lora,
                                             std::initializer_list<const ShardSet*> data, bool gradients,
-                                            const Communicator* comm) {
+                                            const Communicator* comm, size_t* weight_bytes_read) {
   // (the rank's place in its expert-parallel group, as configure_model splits the ranks; with LLEP any rank may
   // run any expert's rows, so each holds them all)
   const ExpertShare share = comm && c.ep_size > 1 && comm->size() % c.ep_size == 0 && !c.ep_balance.on
@@ -71,7 +72,15 @@ std::unique_ptr<Transformer> load_run_model(const TrainConfig& c, Ops& ops, cons
   std::optional<AsClassifier> classifier;
   if (c.dpo.reward_model) classifier = AsClassifier{reward_pad_token_id(c)};
   if (c.process_reward_model) classifier = AsClassifier{-1, c.num_labels};
-  auto model = load_pretrained(c.model, ops, lora, store_options(c, gradients), share, classifier, run_vocab_resize(c));
+  StoreOptions store = store_options(c, gradients);
+  if (comm && c.zero_stage == 3) {  // each rank allocates and reads only its slices (DataParallel's cut)
+    const int rank = comm->rank(), size = comm->size();
+    const Moments moments = optimizer_config(c).moments;
+    store.shards = [rank, size, moments](const ParameterStore& ps, DType act) {
+      return zero3_cut(ps, rank, size, moments, act);
+    };
+  }
+  auto model = load_pretrained(c.model, ops, lora, store, share, classifier, run_vocab_resize(c), weight_bytes_read);
   if (c.reinit_weights) {  // (every rank draws the same from the seed)
     init_weights(*model, c.seed);
     if (!comm || comm->rank() == 0)

@@ -39,17 +39,19 @@ auto as_data_error(Prepare&& prepare) {
 // `where` names the settings in its errors.
 std::optional<LoraConfig> lora_config(const TrainConfig& c, const char* where = "config.yaml");
 
-// The config's model as loaded (with its adapters), every token id of `data` checked against its vocabulary.
-// `gradients`: false when ZeRO-3 gives each rank only its gradient slices. With ep_size over `comm`'s ranks and a
-// frozen base, each rank holds only its share of the experts' base weights.
 // A reward model's pad token id, as TRL's RewardTrainer chooses it: special_tokens' pad_token, else the
 // tokenizer's pad_token, else its eos_token.
 int reward_pad_token_id(const TrainConfig& c);
 
+// The config's model as loaded (with its adapters), every token id of `data` checked against its vocabulary.
+// `gradients`: false when ZeRO-3 gives each rank only its gradient slices. With `comm` (data parallel) and
+// zero_stage 3 each rank allocates and reads only its slices (zero3_cut: the whole model is never on one rank);
+// `weight_bytes_read` gets the bytes of the checkpoint's weights it read. With ep_size over `comm`'s ranks and a
+// frozen base, each rank holds only its share of the experts' base weights.
 // (reward_model: the model read as its family's sequence classifier, model/checkpoint.h AsClassifier)
 std::unique_ptr<Transformer> load_run_model(const TrainConfig& c, Ops& ops, const std::optional<LoraConfig>& lora,
                                             std::initializer_list<const ShardSet*> data, bool gradients = true,
-                                            const Communicator* comm = nullptr);
+                                            const Communicator* comm = nullptr, size_t* weight_bytes_read = nullptr);
 
 // The model's run settings (residual dtype, attention backward form, FP8 recipe, token tile, offloaded
 // checkpoints, expert parallelism over `comm`'s ranks), then its plan for micro-batches of `rows` x

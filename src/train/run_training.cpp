@@ -9,6 +9,7 @@
 #include <ostream>
 #include <span>
 
+#include "core/device_memory.h"
 #include "core/error.h"
 #include "core/format.h"
 #include "core/host_memory.h"
@@ -61,8 +62,17 @@ void set_up(Run& r) {
   if (!r.lead()) r.data = prepare();
   // ZeRO-3 gives each rank only its slices of the gradients: no full-size buffer is made for them here.
   check_update_batches_fit(c, r.world, c.per_device_train_batch_size);
+  const bool zero3 = r.dp && c.zero_stage == 3;
+  const size_t held_before = device_memory().live;
+  reset_device_peak();
+  size_t read = 0;
   r.model = load_run_model(c, r.ops, lora_config(c), {&r.data.train, &r.data.validation},
-                           /*gradients=*/!(r.dp && c.zero_stage == 3), r.dp ? r.comm : nullptr);
+                           /*gradients=*/!zero3, r.dp ? r.comm : nullptr, &read);
+  // ZeRO-3 loads by slices: what a rank read and the most it held, as the load left them (a test checks both).
+  if (zero3 && r.lead())
+    r.log << r.cmd << ": ZeRO-3: loading, this rank read " << format_bytes(double(read)) << " (" << read
+          << " bytes) of the model's weights and held at most " << device_memory().peak - held_before
+          << " bytes of device memory\n";
   for (const ShardSet* set : {&r.data.train, &r.data.validation})
     r.data_bytes += set->tokens.size() * sizeof(int32_t) + set->mask.size() + set->doc_offsets.size() * sizeof(int64_t);
   LoaderOptions lo;

@@ -15,14 +15,13 @@ Buffer alloc_nonempty(Ops& ops, size_t bytes) {
 
 Zero3::Zero3(ParameterStore& ps, Ops& ops, Communicator& comm, const ShardPlan& plan, int head)
     : ps_(ps), ops_(ops), comm_(comm), plan_(plan), head_(head), whole_(comm.size() == 1 && comm.shards_in_place()) {
-  std::vector<std::pair<int64_t, int64_t>> owned;
-  std::vector<int64_t> chunk;
-  for (int g = 0; g < int(plan.groups.size()); ++g) {
-    owned.push_back(plan.owned_span(g));
-    chunk.push_back(plan.groups[size_t(g)].chunk);
+  const StoreShards cut = store_cut(plan);
+  if (ps.sharded()) {  // loaded by its slices (zero3_cut): nothing whole to cut
+    SOLTRAIN_CHECK(ps.holds_cut(cut), "the model was loaded by slices other than ZeRO-3's plan cuts");
+  } else {
+    ps.keep_shards(ops, cut.owned, cut.chunk);
+    if (!cut.frozen_chunk.empty()) ps.keep_frozen_shards(ops, comm.rank(), cut.frozen_chunk);
   }
-  ps.keep_shards(ops, owned, chunk);
-  if (!plan.frozen_chunk.empty()) ps.keep_frozen_shards(ops, comm.rank(), plan.frozen_chunk);
   const BufferElements e = buffer_elements(plan, head, whole_);
   for (int i = 0; i < 3; ++i) frozen_gathered_[i] = alloc_nonempty(ops, size_t(i < 2 ? e.frozen_layer : e.frozen_head));
   const size_t act = dtype_size(ps.shard_values(head).dtype);

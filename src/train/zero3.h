@@ -38,7 +38,8 @@ struct ShardPlan;
 
 class Zero3 {
  public:
-  // Shards `ps` (which must hold the loaded model whole) by `plan`; `head` is the embedding/head group.
+  // Shards `ps` (the loaded model whole) by `plan`, or takes it as loaded by those slices (ParameterStore's
+  // StoreOptions::shards with zero3_cut); `head` is the embedding/head group.
   Zero3(ParameterStore& ps, Ops& ops, Communicator& comm, const ShardPlan& plan, int head);
 
   // The LayerHooks of a pass, in the model's order (transformer.h).

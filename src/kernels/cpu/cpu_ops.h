@@ -9,7 +9,7 @@ class CpuOps final : public Ops {
  public:
   Device device() const override { return Device::CPU; }
   DType activation_dtype() const override { return DType::F32; }
-  Buffer alloc(size_t bytes) override { return Buffer::host(bytes); }
+  Buffer alloc(size_t bytes) override;  // (host memory, in the device ledger: core/device_memory.h)
   void copy(Tensor dst, const Tensor& src) override;
   void convert(Tensor dst, const Tensor& src) override;  // F32 <-> BF16 (bf16 masters), else a copy
   void zero(Tensor t) override;

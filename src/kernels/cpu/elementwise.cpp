@@ -1,12 +1,23 @@
 // CPU: copies, fills, residual adds, reductions and scaling over flat tensors.
+#include <cstdlib>
 #include <cstring>
 
+#include "core/device_memory.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace soltrain {
 
 std::unique_ptr<Ops> make_cpu_ops() {
   return std::make_unique<CpuOps>();
+}
+
+Buffer CpuOps::alloc(size_t bytes) {
+  Buffer b = Buffer::host(bytes, [](void* q) {
+    device_freed(q);
+    std::free(q);
+  });
+  device_allocated(b.data(), bytes);
+  return b;
 }
 
 void CpuOps::copy(Tensor dst, const Tensor& src) {

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/device_memory.h"
 #include "core/error.h"
 #include "core/host_memory.h"
 #include "kernels/cuda/check.h"
@@ -102,7 +103,11 @@ Buffer CudaOps::alloc(size_t bytes) {
   }
   CUDA_CHECK(err);
   CUDA_CHECK(cudaMemsetAsync(p, 0, rounded ? rounded : 256, stream_));
-  return Buffer(p, bytes, Device::CUDA, [](void* q) { cudaFree(q); });
+  device_allocated(p, rounded);
+  return Buffer(p, bytes, Device::CUDA, [](void* q) {
+    device_freed(q);
+    cudaFree(q);
+  });
 }
 
 void CudaOps::copy(Tensor dst, const Tensor& src) {
