@@ -130,7 +130,8 @@ void one_rank_trains_as_the_single_process(bool in_place) {
       }
       // Every reduction was issued (one per group and micro-batch) and every group gathered in each update.
       const auto count = [&](const char* kind) {
-        return std::count_if(comm.calls.begin(), comm.calls.end(), [&](const std::string& c) { return c.starts_with(kind); });
+        return std::count_if(comm.calls.begin(), comm.calls.end(),
+                             [&](const std::string& c) { return c.starts_with(kind); });
       };
       const int groups = int(sharded->params().groups());
       EXPECT_EQ(count("reduce_scatter"), 2 * 2 * groups);
@@ -138,11 +139,11 @@ void one_rank_trains_as_the_single_process(bool in_place) {
       if (in_place) {
         EXPECT_EQ(comm.copies, 0);
       }
-      // The sharded model's masters, gathered to the host as a checkpoint reads them.
+      // The sharded model's masters, streamed group by group as a checkpoint reads them.
       b.settle();
-      b.data_parallel()->zero3()->masters_to_host();
+      b.data_parallel()->zero3()->begin_masters();
       const std::vector<float> want = masters(*ops, *single), got = masters(*ops, *sharded);
-      b.data_parallel()->zero3()->release_host_masters();
+      b.data_parallel()->zero3()->end_masters();
       ASSERT_EQ(got.size(), want.size());
       double worst = 0;
       for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, double(std::abs(got[i] - want[i])));

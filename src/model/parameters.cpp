@@ -380,6 +380,8 @@ void ParameterStore::upload_quantised(Ops& ops, Parameter& p, const void* codes,
 void ParameterStore::download(Ops& ops, const Parameter& p, float* host, bool queued) const {
   SOLTRAIN_CHECK(p.trainable || p.value.data || on_host(p), "frozen ", p.name,
                  " is sharded (ZeRO-3) and not gathered now: read it from the model's folder");
+  if (p.trainable && !p.master.data && master_source_) master_source_(p.group);
+  SOLTRAIN_CHECK(!p.trainable || p.master.data, p.name, " has no master bound (ZeRO-3: nothing streams it)");
   if (!p.order.named()) {
     std::vector<float> stored(size_t(shape_numel(p.shape)));
     Parameter as_stored = p;

@@ -177,6 +177,9 @@ class ParameterStore {
   // `queued`: an fp32 device value's copy is queued into `host` (pinned: Ops::copy_to_host), not waited for.
   // A parameter in a stored order other than its named one is read synchronously (`queued` aside) and reordered.
   void download(Ops& ops, const Parameter& p, float* host, bool queued = false) const;
+  // ZeRO-3 checkpoints stream: while a trainable parameter's master is unbound, download() first calls this with
+  // its group, which binds that group's masters somewhere readable (train/zero3.h: gathered one group at a time).
+  void set_master_source(std::function<void(int group)> source) { master_source_ = std::move(source); }
   // A trainable parameter's gradient as fp32 in its named layout (what `soltrain dump` writes).
   void download_grad(Ops& ops, const Parameter& p, float* host) const;
 
@@ -284,6 +287,7 @@ class ParameterStore {
   std::vector<int64_t> packed_at_;
   Buffer frozen_slices_buf_;
   int frozen_rank_ = 0;
+  std::function<void(int group)> master_source_;
   std::vector<int64_t> packed_offsets(DType act, std::vector<int64_t>* group_bytes) const;
   bool packed(const Parameter& p) const { return !packed_at_.empty() && packed_at_[size_t(&p - params_.data())] >= 0; }
   int64_t storage_bytes(const Parameter& p) const;  // a frozen tensor's storage on the device, as allocated

@@ -20,6 +20,7 @@
 #include "model/checkpoint.h"
 #include "model/peft_adapter.h"
 #include "train/trained_model.h"
+#include "train/zero3.h"
 
 namespace soltrain {
 
@@ -157,7 +158,7 @@ void write_contents(const fs::path& staged, const TrainConfig& c, const Transfor
 }  // namespace
 
 void save_checkpoint(const fs::path& dir, const TrainConfig& c, const Transformer& model, const AdamW& opt,
-                     const TrainerState& s, Communicator* comm) {
+                     const TrainerState& s, Communicator* comm, Zero3* zero3) {
   const bool many = comm && comm->size() > 1, lead = !comm || comm->rank() == 0;
   // Sharded moments: every rank writes its shard into a folder beside the checkpoint; rank 0 moves them in.
   const fs::path shards = dir.parent_path() / (dir.filename().string() + ".shards.tmp");
@@ -171,7 +172,8 @@ void save_checkpoint(const fs::path& dir, const TrainConfig& c, const Transforme
     comm->barrier();
   }
   if (!lead) {
-    comm->barrier();  // until rank 0 has committed the checkpoint
+    if (zero3) zero3->serve_masters();  // (until rank 0 has written the weights)
+    comm->barrier();                    // until rank 0 has committed the checkpoint
     return;
   }
   StagedDir staged(dir);
@@ -180,7 +182,9 @@ void save_checkpoint(const fs::path& dir, const TrainConfig& c, const Transforme
       fs::rename(shards / shard_name(r, comm->size()), staged.path() / shard_name(r, comm->size()));
     fs::remove_all(shards);
   }
+  if (zero3) zero3->begin_masters();
   write_contents(staged.path(), c, model, opt, s, /*optimizer=*/!(many && opt.sharded()));
+  if (zero3) zero3->end_masters();
   write_checksums(staged.path());
   staged.commit();
   if (many) comm->barrier();

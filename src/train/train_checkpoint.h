@@ -27,6 +27,8 @@
 
 namespace soltrain {
 
+class Zero3;
+
 struct TrainerState {
   int64_t step = 0, total_steps = 0;
   LoaderState loader;
@@ -36,9 +38,10 @@ struct TrainerState {
 };
 
 // With `comm` (world size > 1) every rank calls it: rank 0 writes the model and the state, each rank its
-// optimizer shard; it returns on every rank once the checkpoint is complete.
+// optimizer shard; it returns on every rank once the checkpoint is complete. With `zero3` rank 0 reads the
+// weights group by group as the other ranks serve its gathers (Zero3::begin_masters): none holds them whole.
 void save_checkpoint(const std::filesystem::path& dir, const TrainConfig& c, const Transformer& model, const AdamW& opt,
-                     const TrainerState& s, Communicator* comm = nullptr);
+                     const TrainerState& s, Communicator* comm = nullptr, Zero3* zero3 = nullptr);
 
 // Background checkpoints: snapshot_checkpoint copies the state into host memory and stages the folder's small
 // files on the calling thread (the step waits only for that); finish_checkpoint writes the snapshot's tensor

@@ -293,9 +293,7 @@ void TrainLoop::checkpoint(ProgressLine& progress, bool background) {
     if (s_.dp && s_.comm->all_max_host(p ? 0 : 1) > 0) p.reset();
     if (p) return writer_.start(std::move(p), state_.step);
   }
-  if (zero3()) zero3()->masters_to_host();  // ZeRO-3: rank 0 writes the masters gathered whole
-  save_checkpoint(dir, s_.c, s_.model, s_.step.optimizer(), state_, s_.dp ? s_.comm : nullptr);
-  if (zero3()) zero3()->release_host_masters();
+  save_checkpoint(dir, s_.c, s_.model, s_.step.optimizer(), state_, s_.dp ? s_.comm : nullptr, zero3());
   saved(state_.step, progress);
 }
 
@@ -414,10 +412,13 @@ RunResult TrainLoop::run() {
   }
   if (last_eval_step_ != state_.step) evaluate_at(state_.step, metrics, progress, result);
   restore_best(progress);
-  if (zero3()) zero3()->masters_to_host();
+  // ZeRO-3: rank 0 writes the model as the other ranks serve its groups' gathers (Zero3::begin_masters)
+  if (zero3() && !lead()) zero3()->serve_masters();
   if (lead()) {
-    std::string summary =
-        cat(s_.cmd, ": done, ", state_.step, " steps; ", save_final_outputs(c, s_.model, c.lora.enabled));
+    if (zero3()) zero3()->begin_masters();
+    std::string outputs = save_final_outputs(c, s_.model, c.lora.enabled);
+    if (zero3()) zero3()->end_masters();
+    std::string summary = cat(s_.cmd, ": done, ", state_.step, " steps; ", outputs);
     write_training_curves(metrics->jsonl_path(), c.output_dir / "training_curves.svg");
     if (hub_) hub_->push_final(c.output_dir / (c.lora.enabled ? "adapter" : "model"), state_.step);
     if (driver_.has_validation())
@@ -425,7 +426,6 @@ RunResult TrainLoop::run() {
           cat("; validation loss ", format_loss(result.first_eval_loss), " -> ", format_loss(result.last_eval_loss));
     progress.message(summary);
   }
-  if (zero3()) zero3()->release_host_masters();
   if (s_.dp) s_.comm->barrier();  // no rank reports done before the model is written
   return result;
 }

@@ -182,51 +182,69 @@ void Zero3::weights_changed() {
   current_ = -1;
 }
 
-void Zero3::masters_to_host() {
+void Zero3::gather_masters(int g) {
   const bool lead = comm_.rank() == 0;
-  if (lead) host_masters_ = Buffer::host(size_t(ps_.numel()) * 4);
-  for (int g = 0; g < int(plan_.groups.size()); ++g) {
-    if (untrained(g)) continue;
-    // The gradient scratch is idle between updates (settled): the masters are gathered through it (whole_:
-    // in place, onto themselves; the scratch is then the gradient slice, which must be left as it is).
-    // With offload_master the slices live in host memory, which collectives do not read: a rank's slice goes
-    // through the reduced-part buffer (one chunk, idle here too); alone, its slice is the group and needs no gather.
-    const bool host = ps_.masters_on_host();
-    const Tensor all = whole_ ? ps_.shard_masters(g) : grad_scratch(g);
-    if (!(whole_ && host)) {
-      ops_.wait(Ops::Stream::Side, Ops::Stream::Main);
-      ops_.use_stream(Ops::Stream::Side);
-      Tensor mine = ps_.shard_masters(g);
-      if (host) {
-        const Tensor part{reduced_part_.data(), DType::F32, {mine.numel()}, reduced_part_.device()};
-        ops_.copy(part, mine);
-        mine = part;
-      }
-      comm_.all_gather(all, mine);
-      ops_.use_stream(Ops::Stream::Main);
-      ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
-    }
-    if (lead) {
-      const Tensor host{static_cast<float*>(host_masters_.data()) + ps_.group_begin(g),
-                        DType::F32,
-                        {ps_.group_numel(g)},
-                        Device::CPU};
-      ops_.copy(host, all.flat_part(0, ps_.group_numel(g)));
-      ps_.bind_masters(g, host);
-    }
-    if (!whole_) ops_.zero(all);  // the scratch starts every use from zero
+  // The gradient scratch is idle between updates (settled): the masters are gathered through it. With
+  // offload_master the slices live in host memory, which collectives do not read: a rank's slice goes through
+  // the reduced-part buffer (one chunk, idle here too).
+  const Tensor all = grad_scratch(g);
+  ops_.wait(Ops::Stream::Side, Ops::Stream::Main);
+  ops_.use_stream(Ops::Stream::Side);
+  Tensor mine = ps_.shard_masters(g);
+  if (ps_.masters_on_host()) {
+    const Tensor part{reduced_part_.data(), DType::F32, {mine.numel()}, reduced_part_.device()};
+    ops_.copy(part, mine);
+    mine = part;
   }
+  comm_.all_gather(all, mine);
+  ops_.use_stream(Ops::Stream::Main);
+  ops_.wait(Ops::Stream::Main, Ops::Stream::Side);
+  if (lead) {
+    if (streamed_ >= 0) ps_.bind_masters(streamed_, Tensor{});
+    const Tensor host{host_group_.data(), DType::F32, {ps_.group_numel(g)}, Device::CPU};
+    ops_.copy(host, all.flat_part(0, ps_.group_numel(g)));
+    ps_.bind_masters(g, host);
+    streamed_ = g;
+  }
+  ops_.zero(all);  // the scratch starts every use from zero
+}
+
+void Zero3::begin_masters() {
+  SOLTRAIN_CHECK(comm_.rank() == 0, "begin_masters on rank ", comm_.rank());
+  if (whole_) {  // the slices are the groups, in place: read as they are
+    for (int g = 0; g < int(plan_.groups.size()); ++g)
+      if (!untrained(g)) ps_.bind_masters(g, ps_.shard_masters(g));
+    return;
+  }
+  int64_t largest = 1;
+  for (int g = 0; g < int(plan_.groups.size()); ++g) largest = std::max(largest, ps_.group_numel(g));
+  host_group_ = Buffer::host(size_t(largest) * 4);
+  ps_.set_master_source([this](int g) {
+    SOLTRAIN_CHECK(!untrained(g), "group ", g, " trains nothing: no masters to stream");
+    (void)comm_.all_max_host(g);  // the others, in serve_masters, learn which group to gather
+    gather_masters(g);
+  });
+}
+
+void Zero3::serve_masters() {
+  if (whole_) return;
+  // Rank 0 announces a group (>= 0) or the end (-1); the others offer -1, so the maximum is rank 0's.
+  for (int64_t g; (g = comm_.all_max_host(-1)) >= 0;) gather_masters(int(g));
+}
+
+void Zero3::end_masters() {
+  ps_.set_master_source(nullptr);
+  for (int g = 0; g < int(plan_.groups.size()); ++g)
+    if (!untrained(g)) ps_.bind_masters(g, Tensor{});
+  if (whole_) return;
+  (void)comm_.all_max_host(-1);  // the others stop serving
+  streamed_ = -1;
+  host_group_ = Buffer{};
 }
 
 void Zero3::before_loading() {
   ops_.wait(Ops::Stream::Main, Ops::Stream::Side);  // no gather still reads the slices
   weights_changed();
-}
-
-void Zero3::release_host_masters() {
-  for (int g = 0; g < int(plan_.groups.size()); ++g)
-    if (!untrained(g)) ps_.bind_masters(g, Tensor{});
-  host_masters_ = Buffer{};
 }
 
 Zero3::BufferElements Zero3::buffer_elements(const ShardPlan& plan, int head, bool whole) {

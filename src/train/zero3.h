@@ -54,14 +54,19 @@ class Zero3 {
   // After the optimizer wrote the slices: every gathered copy is stale (the next use gathers again).
   void weights_changed();
 
-  // Checkpoints: the fp32 masters whole on the host of rank 0 (gathered group by group; every rank calls
-  // it), bound as the parameters' masters so the usual writers read them; release() unbinds and frees.
-  void masters_to_host();
+  // Checkpoints and the final model, streamed: no rank ever holds the whole model. Rank 0's writers read each
+  // trainable parameter through ParameterStore::download, which asks for its group (set_master_source): rank 0
+  // announces the group to the others (a host max-reduction every rank joins), every rank takes part in its
+  // gather, and rank 0 keeps it in a one-group host buffer bound as that group's masters until another is asked
+  // for. The other ranks serve those gathers (serve_masters) until rank 0 ends the service (end_masters).
+  // Alone (world size 1, in place) the slices are the groups: they are bound as they are, nothing is gathered.
+  void begin_masters();  // rank 0
+  void serve_masters();  // every other rank, while rank 0 writes
+  void end_masters();    // rank 0, once its writers are done
   // Loading a checkpoint: the readers write each rank's own parts into its slices (ParameterStore::upload and
   // upload_owned; model/checkpoint.h reads only those bytes), so no rank holds the whole model. Call this first:
   // no gather still reads the slices, and every gathered copy is stale.
   void before_loading();
-  void release_host_masters();
 
   // Bytes this rank holds persistently (slices) and as per-pass buffers, for the memory plan and tests.
   struct Bytes {
@@ -95,6 +100,7 @@ class Zero3 {
   Slot& gather(int g);
   Tensor slot_tensor(int s, int64_t n) const;
   Tensor grad_scratch(int g) const;  // where group g's gradients of one micro-batch land (whole_: its slice)
+  void gather_masters(int g);        // every rank: group g's masters whole; rank 0 keeps them in host_group_
 
   ParameterStore& ps_;
   Ops& ops_;
@@ -111,7 +117,8 @@ class Zero3 {
   int grad_bound_[2] = {-1, -1};     // the layer whose gradients each layer scratch holds
   Buffer reduced_part_;              // one rank's part of a reduce-scatter (the largest chunk)
   std::vector<bool> in_slice_;       // a group's reduced gradients of this update are in its slice
-  Buffer host_masters_;              // rank 0's whole masters while a checkpoint is written or read
+  Buffer host_group_;                // rank 0's one group of masters while a checkpoint is written
+  int streamed_ = -1;                // the group bound there (-1: none)
 };
 
 }  // namespace soltrain
