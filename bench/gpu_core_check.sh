@@ -306,18 +306,19 @@ PY
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/quant-tests.log" ;;
     qat)  # Axolotl's qat: block on the GPU against the CPU twin (bench/qat_cuda_check.sh), then a qat run
       timeout 300 bash bench/qat_cuda_check.sh "$OUT" 2>&1 | tail -14 ;;
-    zero8)  # issue 34 item 3: 8-bit moments and offloaded state under ZeRO 1-3 over NCCL at world size 1 (bitwise the
+    zero8)  # issue 34: 8-bit moments and offloaded state under ZeRO 1-3 over NCCL at world size 1 (bitwise the
       # single process: tests/gpu/test_cuda_data_parallel.cpp), then Qwen3-4B full 2 x 2048 with 8-bit moments: the
-      # previous build (.devbin/soltrain-before: pack_devbin.sh's baseline) and this one plain, ZeRO-3 at world size 1,
-      # offloaded alone and at ZeRO-3
+      # previous build (.devbin/soltrain-before: pack_devbin.sh's baseline) plain and ZeRO-3 at world size 1, and this
+      # one plain, ZeRO-3 (its store allocated by slices: whole at one rank), offloaded alone and at ZeRO-3, plain again
       timeout 300 env "$TESTS_ENV" "$B/soltrain_tests" \
         --gtest_filter='CudaDataParallel.Nccl*:-*NeverFinishes*:CudaOffload*:CudaOps.AdamW*:AdamW8bit*' > "$OUT/zero8-tests.log" 2>&1
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran" "$OUT/zero8-tests.log"
       if [ -x "$B/soltrain-before" ]; then
         mkdir -p /tmp/before && ln -sf "$B/soltrain-before" /tmp/before/soltrain
         (B=/tmp/before; bench_one zero8-plain-before 4B --random-weights --batch-size 2 --seq-len 2048 --optimizer adamw_8bit --steps 5 --warmup 2)
+        (B=/tmp/before; bench_one zero8-z3-before 4B --random-weights --batch-size 2 --seq-len 2048 --optimizer adamw_8bit --steps 5 --warmup 2 --data-parallel 3)
       fi
-      for v in "plain:" "z3:--data-parallel 3" "off:--offload both" "z3off:--data-parallel 3 --offload both"; do
+      for v in "plain:" "z3:--data-parallel 3" "off:--offload both" "z3off:--data-parallel 3 --offload both" "plain2:"; do
         bench_one "zero8-${v%%:*}" 4B --random-weights --batch-size 2 --seq-len 2048 --optimizer adamw_8bit --steps 5 --warmup 2 ${v#*:}
       done ;;
     qwen3vl)  # Qwen3-VL's language model (LoRA) on cuda next to the CPU and PEFT (tests/tools/check_qwen3_vl_cuda.py)

@@ -348,9 +348,10 @@ int run_bench(const BenchOpts& o) {
     user_error(
         "bench --recipe fp8-hybrid times FP8 GEMMs: it needs an NVIDIA GPU of compute capability 8.9 or newer "
         "(the CPU only emulates them, for tests)");
-  // (ZeRO-3 allocates only this rank's slices of the gradients)
+  // (ZeRO-3 allocates and loads only this rank's slices, as training does)
   const bool gradients = !(comm && zero_stage == 3);
-  const StoreOptions store = store_options(bench, gradients);
+  StoreOptions store = store_options(bench, gradients);
+  if (comm && zero_stage == 3) store = sliced_for_zero3(store, *comm, bench.moments);
   auto model = o.random_weights ? random_pretrained(o.model, *ops, lora, store, uint64_t(bench.seed))
                                 : load_pretrained(o.model, *ops, lora, store);
   const HostBatch batch = random_rows(o, model->config().vocab_size, rank);

@@ -80,6 +80,14 @@ StoreShards zero3_cut(const ParameterStore& ps, int rank, int size, Moments mome
   return store_cut(plan);
 }
 
+StoreOptions sliced_for_zero3(StoreOptions store, const Communicator& comm, Moments moments) {
+  const int rank = comm.rank(), size = comm.size();
+  store.shards = [rank, size, moments](const ParameterStore& ps, DType act) {
+    return zero3_cut(ps, rank, size, moments, act);
+  };
+  return store;
+}
+
 namespace {
 // A group's collectives can run on its own buffer: the communicator allows it and the ranks' slices tile the
 // group exactly (no padding).

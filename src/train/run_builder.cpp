@@ -73,13 +73,8 @@ std::unique_ptr<Transformer> load_run_model(const TrainConfig& c, Ops& ops, cons
   if (c.dpo.reward_model) classifier = AsClassifier{reward_pad_token_id(c)};
   if (c.process_reward_model) classifier = AsClassifier{-1, c.num_labels};
   StoreOptions store = store_options(c, gradients);
-  if (comm && c.zero_stage == 3) {  // each rank allocates and reads only its slices (DataParallel's cut)
-    const int rank = comm->rank(), size = comm->size();
-    const Moments moments = optimizer_config(c).moments;
-    store.shards = [rank, size, moments](const ParameterStore& ps, DType act) {
-      return zero3_cut(ps, rank, size, moments, act);
-    };
-  }
+  // ZeRO-3: each rank allocates and reads only its slices (DataParallel's cut)
+  if (comm && c.zero_stage == 3) store = sliced_for_zero3(store, *comm, optimizer_config(c).moments);
   auto model = load_pretrained(c.model, ops, lora, store, share, classifier, run_vocab_resize(c), weight_bytes_read);
   if (c.reinit_weights) {  // (every rank draws the same from the seed)
     init_weights(*model, c.seed);
