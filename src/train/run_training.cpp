@@ -271,15 +271,15 @@ void print_plan(const Run& r) {
   // fp32 per 128x128 block).
   const double weights = double(ps.weight_bytes());
   std::string quantised;
-  if (ps.quantised_bytes() > 0) {
-    // Plus the scratch a linear dequantises its weight into, sized for the largest projection.
-    int64_t widest = 0;
-    for (const Parameter& p : ps.all())
-      if (p.format != WeightFormat::Dense) widest = std::max(widest, shape_numel(p.shape));
-    quantised = cat(" (the quantised base ", format_bytes(double(ps.quantised_bytes())), " of it; + ",
-                    format_bytes(double(widest) * double(dtype_size(r.ops.activation_dtype()))),
+  // Plus the scratch a linear dequantises its weight into, sized for the largest projection.
+  int64_t widest = 0;
+  for (const Parameter& p : ps.all())
+    if (p.format != WeightFormat::Dense) widest = std::max(widest, shape_numel(p.shape));
+  if (widest > 0)  // (ZeRO-3 over several ranks: the base is in the frozen slices, its line above)
+    quantised = cat(" (the quantised base ",
+                    ps.frozen_sharded() ? std::string("sharded") : format_bytes(double(ps.quantised_bytes())),
+                    " of it; + ", format_bytes(double(widest) * double(dtype_size(r.ops.activation_dtype()))),
                     " to dequantise one weight at a time)");
-  }
   // ZeRO-3: the slices, plus the buffers a group is gathered into and its gradients computed in.
   const Zero3* z = r.zero3();
   const double gathered = z ? double(z->bytes().gathered) : 0.0;
