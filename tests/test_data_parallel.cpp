@@ -182,7 +182,8 @@ TEST(DataParallel, ExpertParallelRanksMatchOneProcess) {
     struct Case {
       int ranks, ep, zero;
     };
-    for (const Case c : {Case{2, 2, 0}, Case{2, 2, 2}, Case{4, 2, 0}, Case{4, 4, 0}, Case{4, 4, 2}}) {
+    // (ZeRO-3 over a LoRA base whose ranks hold different experts keeps the frozen base whole: not one base to gather)
+    for (const Case c : {Case{2, 2, 0}, Case{2, 2, 2}, Case{2, 2, 3}, Case{4, 2, 0}, Case{4, 4, 0}, Case{4, 4, 2}}) {
       const std::string out = cat(name, "-", c.ranks, "-ep", c.ep, "-z", c.zero);
       const CliRun r = s.sft(c.ranks, out,
                              cat(kind, " --set gradient_accumulation_steps=", 4 / c.ranks, " --set zero_stage=", c.zero,
@@ -829,6 +830,14 @@ TEST(DataParallel, Zero3ShardsTheFrozenBase) {
       }
     }
   }
+  // `gpus: 2` workers over TCP gather the NF4 base's bytes too
+  const CliRun tcp = s.sft(0, "nf4-tcp",
+                           kLora +
+                               " --set qlora_nf4=true --gpus 2 --set zero_stage=3 "
+                               "--set gradient_accumulation_steps=2");
+  ASSERT_EQ(tcp.code, 0) << tcp.err;
+  EXPECT_TRUE(std::regex_search(tcp.err, held)) << tcp.err;
+  expect_same_losses(one_process["nf4"], s.losses("nf4-tcp"), "nf4 over TCP workers");
   EXPECT_NE(one_process["nf4"], one_process["dense"]) << "the NF4 base is not the dense one";
   EXPECT_NE(one_process["fp8"], one_process["dense"]) << "the FP8 base is not the dense one";
   EXPECT_NE(one_process["recipe"], one_process["dense"]) << "the recipe's FP8 GEMMs are not bf16 ones";

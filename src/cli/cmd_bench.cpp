@@ -341,6 +341,11 @@ int run_bench(const BenchOpts& o) {
   }
   const int zero_stage = std::max(0, o.data_parallel), rank = comm ? comm->rank() : 0;
   const int world = comm ? comm->size() : 1;
+  // (bench's checkpoints are one process's: over ranks, or ZeRO-3's streamed saves, `soltrain sft` writes them)
+  if (o.save_steps > 0 && (world > 1 || zero_stage == 3))
+    user_error("bench --save-steps times one process's checkpoints: not with ", world > 1 ? "several ranks" : "",
+               world > 1 && zero_stage == 3 ? " or " : "", zero_stage == 3 ? "--data-parallel 3" : "",
+               " (soltrain sft writes those)");
   const TrainConfig bench = bench_config(o);
   const std::optional<LoraConfig> lora = lora_config(bench, "bench");
   // A speed run of FP8 on the CPU's emulation would time nothing real.
@@ -351,7 +356,7 @@ int run_bench(const BenchOpts& o) {
   // (ZeRO-3 allocates and loads only this rank's slices, as training does)
   const bool gradients = !(comm && zero_stage == 3);
   StoreOptions store = store_options(bench, gradients);
-  if (comm && zero_stage == 3) store = sliced_for_zero3(store, *comm, bench.moments);
+  if (comm && zero_stage == 3) store = sliced_for_zero3(store, *comm, bench.moments, /*shard_frozen=*/true);
   auto model = o.random_weights ? random_pretrained(o.model, *ops, lora, store, uint64_t(bench.seed))
                                 : load_pretrained(o.model, *ops, lora, store);
   const HostBatch batch = random_rows(o, model->config().vocab_size, rank);

@@ -675,7 +675,8 @@ void ParameterStore::bind_frozen_packed(int group, const Tensor& bytes) {
       p.value = p.scale = Tensor{};
       continue;
     }
-    SOLTRAIN_CHECK(packed_at_[i] < bytes.numel(), "binding frozen group ", group, " to ", bytes.numel(), " bytes");
+    SOLTRAIN_CHECK(packed_at_[i] + storage_bytes(p) <= bytes.numel(), "binding frozen group ", group, " to ",
+                   bytes.numel(), " bytes");
     bind_storage(p, static_cast<char*>(bytes.data) + packed_at_[i], bytes.device);
   }
 }

@@ -74,16 +74,16 @@ StoreShards store_cut(const ShardPlan& plan) {
   return cut;
 }
 
-StoreShards zero3_cut(const ParameterStore& ps, int rank, int size, Moments moments, DType act) {
+StoreShards zero3_cut(const ParameterStore& ps, int rank, int size, Moments moments, DType act, bool shard_frozen) {
   ShardPlan plan = make_shard_plan(ps, rank, size, moments);
-  plan.frozen_chunk = frozen_chunks(ps.frozen_packed_bytes(act), size);  // (as the constructor below cuts it)
+  if (shard_frozen) plan.frozen_chunk = frozen_chunks(ps.frozen_packed_bytes(act), size);  // (as DataParallel cuts)
   return store_cut(plan);
 }
 
-StoreOptions sliced_for_zero3(StoreOptions store, const Communicator& comm, Moments moments) {
+StoreOptions sliced_for_zero3(StoreOptions store, const Communicator& comm, Moments moments, bool shard_frozen) {
   const int rank = comm.rank(), size = comm.size();
-  store.shards = [rank, size, moments](const ParameterStore& ps, DType act) {
-    return zero3_cut(ps, rank, size, moments, act);
+  store.shards = [rank, size, moments, shard_frozen](const ParameterStore& ps, DType act) {
+    return zero3_cut(ps, rank, size, moments, act, shard_frozen);
   };
   return store;
 }
@@ -103,7 +103,11 @@ DataParallel::DataParallel(Transformer& model, Communicator& comm, int zero_stag
   reduced_.assign(plan_.groups.size(), false);
   gathered_.assign(plan_.groups.size(), 0);
   if (stage_ == 3) {  // its own buffers, never staged
-    plan_.frozen_chunk = frozen_chunks(model.params().frozen_packed_bytes(ops_.activation_dtype()), comm.size());
+    // The frozen base is sharded unless the ranks hold different parts of it (expert parallelism's shares of
+    // the experts); a store loaded by slices was cut by the same rule (zero3_cut), and Zero3 checks it is.
+    const ParameterStore& ps = model.params();
+    if (ps.sharded() ? ps.frozen_sharded() : model.config().moe.held_count == 0)
+      plan_.frozen_chunk = frozen_chunks(ps.frozen_packed_bytes(ops_.activation_dtype()), comm.size());
     zero3_ = std::make_unique<Zero3>(model.params(), ops_, comm, plan_, model.head_group());
     return;
   }

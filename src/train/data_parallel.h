@@ -46,9 +46,11 @@ StoreShards store_cut(const ShardPlan& plan);
 // The cut of laid-out `ps` that DataParallel's ZeRO-3 makes for `rank` of `size` with the optimizer's `moments`
 // and compute dtype `act`: a store allocated with it (StoreOptions::shards) is loaded by slices, the whole model
 // never held on one rank, and Zero3 finds it already cut.
-StoreShards zero3_cut(const ParameterStore& ps, int rank, int size, Moments moments, DType act);
+// `shard_frozen` false: the frozen base stays whole (a rank holding only its share of the experts' base weights,
+// expert parallelism over LoRA: the ranks' frozen bytes are not one base, so they cannot be gathered as one).
+StoreShards zero3_cut(const ParameterStore& ps, int rank, int size, Moments moments, DType act, bool shard_frozen);
 // `store` cut so (StoreOptions::shards) for this rank of `comm`: how a ZeRO-3 run (sft, bench) loads its model.
-StoreOptions sliced_for_zero3(StoreOptions store, const Communicator& comm, Moments moments);
+StoreOptions sliced_for_zero3(StoreOptions store, const Communicator& comm, Moments moments, bool shard_frozen);
 // `moments`: the optimizer's. Low-bit moments are blocks from each parameter's first element, so a cut inside
 // a parameter that keeps them must fall on one of its block boundaries: then each rank's pieces hold exactly
 // the single process's blocks (and their absmax), and the sharded update is its bits.

@@ -74,7 +74,9 @@ std::unique_ptr<Transformer> load_run_model(const TrainConfig& c, Ops& ops, cons
   if (c.process_reward_model) classifier = AsClassifier{-1, c.num_labels};
   StoreOptions store = store_options(c, gradients);
   // ZeRO-3: each rank allocates and reads only its slices (DataParallel's cut)
-  if (comm && c.zero_stage == 3) store = sliced_for_zero3(store, *comm, optimizer_config(c).moments);
+  // (a rank holding a share of the experts keeps its frozen base whole: DataParallel's rule)
+  if (comm && c.zero_stage == 3)
+    store = sliced_for_zero3(store, *comm, optimizer_config(c).moments, /*shard_frozen=*/share.of == 1);
   auto model = load_pretrained(c.model, ops, lora, store, share, classifier, run_vocab_resize(c), weight_bytes_read);
   if (c.reinit_weights) {  // (every rank draws the same from the seed)
     init_weights(*model, c.seed);
